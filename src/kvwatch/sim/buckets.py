@@ -1,0 +1,35 @@
+"""vLLM's histogram buckets (``vllm/v1/metrics/buckets.py`` and ``vllm/engine/metrics.py``).
+
+The engine records observations against the *union* of every bucket bound any supported vLLM version
+uses for a family, so one run can be rendered exactly as any version would expose it: every
+version's bounds are a subset of the union.
+"""
+
+from __future__ import annotations
+
+
+def build_1_2_5_buckets(max_value: int) -> list[int]:
+    """vLLM's ``build_1_2_5_buckets``: 1, 2, 5, 10, 20, 50, ... up to ``max_value`` inclusive."""
+    out: list[int] = []
+    exponent = 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10**exponent
+            if value > max_value:
+                return out
+            out.append(value)
+        exponent += 1
+
+
+# Current (V1 >= 0.8.5) bounds; older generations use a prefix of these (see metrics.py).
+TTFT_SECONDS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_SECONDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0)
+REQUEST_LATENCY_SECONDS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                           120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+ITERATION_TOKENS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+PARAMS_N = (1, 2, 5, 10, 20)
+NUM_PREEMPTIONS = (1, 2, 3, 4, 5, 10, 20)
+# Token-count histograms use 1-2-5 up to max_model_len; record up to 10^8 so any max_model_len renders.
+REQUEST_TOKENS = tuple(build_1_2_5_buckets(100_000_000))
