@@ -1,0 +1,76 @@
+"""Engine adapters: turn a parsed exposition into :class:`kvwatch.model.Poll` readings.
+
+Only vLLM exists today (:mod:`kvwatch.engines.vllm`); SGLang/TensorRT-LLM adapters would sit beside it
+with the same ``read(exposition, overrides, *, timestamp) -> Poll`` shape.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+
+class UnrecognisedPayload(ValueError):
+    """The exposition parsed, but it is not from an engine kvwatch understands."""
+
+
+_SELECTOR = re.compile(r'^\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?:\{(.*)\})?\s*$', re.S)
+_MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+
+
+@dataclass(frozen=True)
+class Selector:
+    """A source metric picked by the operator: ``name`` or ``name{label="value",...}``."""
+
+    name: str
+    labels: MappingProxyType[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    @classmethod
+    def parse(cls, text: str) -> Selector:
+        match = _SELECTOR.match(text)
+        if not match:
+            raise ValueError(f'not a metric name or name{{label="value"}}: {text!r}')
+        labels: dict[str, str] = {}
+        body = match.group(2) or ""
+        pos = 0
+        while pos < len(body.rstrip()):
+            m = _MATCHER.match(body, pos)
+            if not m:
+                raise ValueError(f"bad label matcher in {text!r}")
+            labels[m.group(1)] = m.group(2).replace('\\"', '"').replace("\\\\", "\\")
+            pos = m.end()
+        return cls(match.group(1), MappingProxyType(labels))
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        return all(labels.get(k) == v for k, v in self.labels.items())
+
+    def __str__(self) -> str:
+        if not self.labels:
+            return self.name
+        inner = ",".join(f'{k}="{v}"' for k, v in self.labels.items())
+        return f"{self.name}{{{inner}}}"
+
+
+@dataclass(frozen=True)
+class SourceOverrides:
+    """Operator-chosen source metrics; each wins over the auto-detected name when set."""
+
+    usage: Selector | None = None
+    running: Selector | None = None
+    waiting: Selector | None = None
+
+    @classmethod
+    def from_strings(cls, usage: str | None = None, running: str | None = None,
+                     waiting: str | None = None) -> SourceOverrides:
+        return cls(*(Selector.parse(v) if v else None for v in (usage, running, waiting)))
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> SourceOverrides:
+        """From any object with ``usage_metric``/``running_metric``/``waiting_metric`` (ServeSettings)."""
+        return cls.from_strings(getattr(settings, "usage_metric", None), getattr(settings, "running_metric", None),
+                                getattr(settings, "waiting_metric", None))
+
+    def names(self) -> set[str]:
+        return {s.name for s in (self.usage, self.running, self.waiting) if s is not None}

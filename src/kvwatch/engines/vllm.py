@@ -1,0 +1,299 @@
+"""vLLM adapter: detect the generation, resolve each concept to the name present, one Reading per series.
+
+Detection follows vLLM's own metric history (docs/metrics.md, "Source metrics"), first match wins:
+
+1. ``num_requests_swapped`` / ``cpu_cache_usage_perc`` present, or the running-requests help says
+   "currently running on GPU" → ``v0``;
+2. no ``engine`` label → ``v1-0.8-early`` (0.7.3 opt-in to ~0.8.4);
+3. no ``kv_cache_usage_perc`` → ``0.8.5-0.8.x``;
+4. both usage names (or the deprecated ``gpu_prefix_cache_*`` beside the new one) → ``0.9-0.10``;
+5. no ``engine_sleep_state`` → ``0.11``;
+6. ``kv_cache_size_tokens`` in ``cache_config_info`` → ``>=0.25``;
+7. otherwise ``0.12-0.2x``.
+
+Combining duplicates: in multiprocess mode gauges carry a ``pid`` label, one sample per API-server process.
+Queue counts (running, waiting, swapped) are summed over ``pid``; KV usage takes the maximum (every process
+reports the same engine's block pool, the largest is the most conservative and vLLM ≥0.12 already reports
+``mostrecent``). Identical series repeated in a payload count once (the last wins).
+
+Capacity per engine: ``kv_cache_size_tokens`` when vLLM reports it, else
+``num_gpu_blocks / n_engines × block_size``, because vLLM sums ``num_gpu_blocks`` over data-parallel engines
+(on hybrid models ``block_size`` is rewritten, so this fallback over-states; only the reported value is exact).
+Label values ``"None"`` read as unknown.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from types import MappingProxyType
+
+from kvwatch.engines import Selector, SourceOverrides, UnrecognisedPayload
+from kvwatch.exposition import Exposition, Sample
+from kvwatch.model import Detection, Poll, Reading, SeriesKey
+
+__all__ = ["FAMILIES", "UnrecognisedPayload", "detect", "read", "wanted_for"]
+
+KV_USAGE = "vllm:kv_cache_usage_perc"
+GPU_CACHE_USAGE = "vllm:gpu_cache_usage_perc"
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
+SWAPPED = "vllm:num_requests_swapped"
+CPU_CACHE_USAGE = "vllm:cpu_cache_usage_perc"
+PREEMPTIONS = "vllm:num_preemptions_total"
+SUCCESS = "vllm:request_success_total"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+OLD_PREFIX_QUERIES = "vllm:gpu_prefix_cache_queries_total"
+OLD_PREFIX_HITS = "vllm:gpu_prefix_cache_hits_total"
+REQUEST_PROMPT_TOKENS = "vllm:request_prompt_tokens"
+REQUEST_GENERATION_TOKENS = "vllm:request_generation_tokens"
+CACHE_CONFIG = "vllm:cache_config_info"
+SLEEP_STATE = "vllm:engine_sleep_state"
+PROCESS_START = "process_start_time_seconds"
+
+FAMILIES: frozenset[str] = frozenset({
+    KV_USAGE, GPU_CACHE_USAGE, RUNNING, WAITING, WAITING_BY_REASON, SWAPPED, CPU_CACHE_USAGE, PREEMPTIONS, SUCCESS,
+    PROMPT_TOKENS, GENERATION_TOKENS, PREFIX_QUERIES, PREFIX_HITS, OLD_PREFIX_QUERIES, OLD_PREFIX_HITS,
+    REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS, CACHE_CONFIG, SLEEP_STATE, PROCESS_START,
+})
+"""Every family the adapter reads; pass ``wanted_for(overrides)`` to :func:`kvwatch.exposition.parse`."""
+
+
+def wanted_for(overrides: SourceOverrides | None = None) -> Callable[[str], bool]:
+    names = FAMILIES | (overrides.names() if overrides else set())
+    return names.__contains__
+
+
+def detect(exposition: Exposition, overrides: SourceOverrides | None = None) -> Detection:
+    """Which vLLM generation wrote ``exposition``; raises UnrecognisedPayload when it is not vLLM."""
+    overrides = overrides or SourceOverrides()
+    override_present = any(n in exposition for n in overrides.names())
+    if not override_present and not any(n.startswith("vllm:") for n in exposition.names):
+        raise UnrecognisedPayload("no vllm:* metrics in the payload (is the target a vLLM /metrics endpoint?)")
+    version = _version_range(exposition)
+    usage = _usage_name(exposition, overrides)
+    return Detection(engine_kind="vllm", version_range=version, usage_metric=usage)
+
+
+def _version_range(exposition: Exposition) -> str:
+    running = exposition.get(RUNNING)
+    if SWAPPED in exposition or CPU_CACHE_USAGE in exposition or (
+        running is not None and "currently running on GPU" in running.help
+    ):
+        return "v0"
+    if not any("engine" in s.labels for name in (KV_USAGE, GPU_CACHE_USAGE, RUNNING, WAITING, CACHE_CONFIG)
+               for s in exposition.samples(name)):
+        return "v1-0.8-early"
+    if KV_USAGE not in exposition:
+        return "0.8.5-0.8.x"
+    if GPU_CACHE_USAGE in exposition or OLD_PREFIX_QUERIES in exposition or OLD_PREFIX_HITS in exposition:
+        return "0.9-0.10"
+    if SLEEP_STATE not in exposition:
+        return "0.11"
+    if any("kv_cache_size_tokens" in s.labels for s in exposition.samples(CACHE_CONFIG)):
+        return ">=0.25"
+    return "0.12-0.2x"
+
+
+def _usage_name(exposition: Exposition, overrides: SourceOverrides) -> str | None:
+    if overrides.usage is not None:
+        return str(overrides.usage)
+    for name in (KV_USAGE, GPU_CACHE_USAGE):
+        if exposition.samples(name):
+            return name
+    return None
+
+
+def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, timestamp: float) -> Poll:
+    """One :class:`Poll` from a parsed vLLM payload: a Reading per ``(model_name, engine)``."""
+    overrides = overrides or SourceOverrides()
+    detection = detect(exposition, overrides)
+    usage = overrides.usage or _first_present(exposition, KV_USAGE, GPU_CACHE_USAGE)
+    running = overrides.running or Selector(RUNNING)
+    waiting = overrides.waiting or Selector(WAITING)
+
+    usage_samples = _selected(exposition, usage)
+    running_samples = _selected(exposition, running)
+    waiting_samples = _selected(exposition, waiting)
+    keys = _series_keys((usage_samples, running_samples, waiting_samples))
+    if not keys:
+        raise UnrecognisedPayload(
+            f"vLLM payload has no {usage or KV_USAGE}, {running} or {waiting} samples "
+            "(engine still starting, or renamed: see --usage-metric)"
+        )
+
+    configs = _cache_configs(exposition)
+    n_engines = max(1, len(configs))
+    prefix_queries, prefix_hits, prefix_unit = _prefix_families(exposition, detection.version_range)
+    process_start = _unlabelled(exposition, PROCESS_START)
+
+    readings = []
+    for key in sorted(keys, key=_sort_key):
+        config = _config_for(configs, key)
+        capacity, blocks, block_size, concurrency = _capacity(config, n_engines)
+        readings.append(Reading(
+            model_name=key[0],
+            engine=key[1],
+            kv_usage_ratio=_combine(usage_samples, key, max),
+            requests_running=_combine(running_samples, key, sum),
+            requests_waiting=_combine(waiting_samples, key, sum),
+            waiting_by_reason=_by_label(exposition.samples(WAITING_BY_REASON), key, "reason", sum),
+            requests_swapped=_combine(exposition.samples(SWAPPED), key, sum),
+            preemptions_total=_combine(exposition.samples(PREEMPTIONS), key, sum),
+            finished_by_reason=_by_label(exposition.samples(SUCCESS), key, "finished_reason", sum),
+            prompt_tokens_total=_combine(exposition.samples(PROMPT_TOKENS), key, sum),
+            generation_tokens_total=_combine(exposition.samples(GENERATION_TOKENS), key, sum),
+            prefix_cache_queries_total=_combine(prefix_queries, key, sum),
+            prefix_cache_hits_total=_combine(prefix_hits, key, sum),
+            prefix_cache_unit=prefix_unit if prefix_queries else None,
+            request_prompt_tokens_sum=_combine(_suffixed(exposition, REQUEST_PROMPT_TOKENS, "_sum"), key, sum),
+            request_prompt_tokens_count=_combine(_suffixed(exposition, REQUEST_PROMPT_TOKENS, "_count"), key, sum),
+            request_generation_tokens_sum=_combine(
+                _suffixed(exposition, REQUEST_GENERATION_TOKENS, "_sum"), key, sum),
+            request_generation_tokens_count=_combine(
+                _suffixed(exposition, REQUEST_GENERATION_TOKENS, "_count"), key, sum),
+            kv_capacity_tokens=capacity,
+            kv_max_concurrency=concurrency,
+            num_gpu_blocks=blocks,
+            block_size=block_size,
+            gpu_memory_utilization=_number(config.get("gpu_memory_utilization")),
+            cache_config=MappingProxyType(dict(config)),
+            process_start_time_seconds=process_start,
+        ))
+    return Poll(timestamp=timestamp, detection=detection, readings=tuple(readings))
+
+
+# ---------------------------------------------------------------- helpers
+
+def _first_present(exposition: Exposition, *names: str) -> Selector | None:
+    for name in names:
+        if exposition.samples(name):
+            return Selector(name)
+    return None
+
+
+def _selected(exposition: Exposition, selector: Selector | None) -> list[Sample]:
+    if selector is None:
+        return []
+    samples = exposition.samples(selector.name)
+    if not samples:
+        # An override may name a histogram/summary sample or a counter declared oddly: look it up by sample name.
+        samples = [s for f in exposition for s in f.samples if s.name == selector.name]
+    return [s for s in samples if selector.matches(s.labels)] if selector.labels else samples
+
+
+def _key_of(labels: dict[str, str]) -> SeriesKey:
+    return (labels.get("model_name", ""), labels.get("engine", "0"))
+
+
+def _series_keys(groups: Iterable[list[Sample]]) -> set[SeriesKey]:
+    keys = {_key_of(s.labels) for group in groups for s in group}
+    named = {k for k in keys if k[0]}
+    # A proxy-renamed metric without model_name joins the named series instead of inventing one.
+    if named:
+        return named
+    return {("unknown", k[1]) for k in keys}
+
+
+def _sort_key(key: SeriesKey) -> tuple[str, int, str]:
+    engine = key[1]
+    return (key[0], int(engine) if engine.isdigit() else 1 << 30, engine)
+
+
+def _applies(labels: dict[str, str], key: SeriesKey) -> bool:
+    """A sample belongs to a series when its model_name/engine match or are absent."""
+    model = labels.get("model_name")
+    engine = labels.get("engine")
+    return (model is None or model == key[0]) and (engine is None or engine == key[1])
+
+
+def _dedupe(samples: Iterable[Sample]) -> list[Sample]:
+    """Identical series repeated in one payload count once (the last wins)."""
+    by_labels: dict[tuple[str, tuple[tuple[str, str], ...]], Sample] = {}
+    for s in samples:
+        by_labels[(s.name, tuple(sorted(s.labels.items())))] = s
+    return list(by_labels.values())
+
+
+def _combine(samples: list[Sample], key: SeriesKey, how: Callable[[Iterable[float]], float]) -> float | None:
+    values = [s.value for s in _dedupe(s for s in samples if _applies(s.labels, key))]
+    if not values:
+        return None
+    values = [v for v in values if not math.isnan(v)] or values
+    return float(how(values))
+
+
+def _by_label(samples: list[Sample], key: SeriesKey, label: str,
+              how: Callable[[Iterable[float]], float]) -> MappingProxyType[str, float]:
+    groups: dict[str, list[float]] = {}
+    for s in _dedupe(s for s in samples if _applies(s.labels, key)):
+        value = s.labels.get(label)
+        if value is not None:
+            groups.setdefault(value, []).append(s.value)
+    return MappingProxyType({k: float(how(v)) for k, v in sorted(groups.items())})
+
+
+def _suffixed(exposition: Exposition, family: str, suffix: str) -> list[Sample]:
+    name = family + suffix
+    return [s for s in exposition.samples(family) if s.name == name]
+
+
+def _unlabelled(exposition: Exposition, name: str) -> float | None:
+    samples = exposition.samples(name)
+    return samples[-1].value if samples else None
+
+
+def _prefix_families(exposition: Exposition, version: str) -> tuple[list[Sample], list[Sample], str | None]:
+    if exposition.samples(PREFIX_QUERIES):
+        return exposition.samples(PREFIX_QUERIES), exposition.samples(PREFIX_HITS), "tokens"
+    queries = exposition.samples(OLD_PREFIX_QUERIES)
+    if not queries:
+        return [], [], None
+    family = exposition.get(OLD_PREFIX_QUERIES)
+    help_text = family.help if family else ""
+    # 0.8.x counted blocks; 0.9-0.10 kept the old name but counted tokens (its help says so).
+    unit = "tokens" if "token" in help_text else "blocks" if "block" in help_text else (
+        "tokens" if version == "0.9-0.10" else "blocks")
+    return queries, exposition.samples(OLD_PREFIX_HITS), unit
+
+
+def _cache_configs(exposition: Exposition) -> dict[str | None, dict[str, str]]:
+    """cache_config_info labels per engine (``None`` when vLLM has no engine label)."""
+    configs: dict[str | None, dict[str, str]] = {}
+    for s in exposition.samples(CACHE_CONFIG):
+        labels = dict(s.labels)
+        engine = labels.pop("engine", None)
+        labels.pop("model_name", None)
+        labels.pop("pid", None)
+        configs[engine] = labels
+    return configs
+
+
+def _config_for(configs: dict[str | None, dict[str, str]], key: SeriesKey) -> dict[str, str]:
+    return configs.get(key[1]) or configs.get(None) or {}
+
+
+def _number(text: str | None) -> float | None:
+    if text is None or text in ("None", ""):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _capacity(config: dict[str, str], n_engines: int) -> tuple[float | None, float | None, float | None,
+                                                               float | None]:
+    """(capacity tokens, gpu blocks, block size, max concurrency), all per engine."""
+    total_blocks = _number(config.get("num_gpu_blocks"))
+    blocks = total_blocks / n_engines if total_blocks is not None else None
+    block_size = _number(config.get("block_size"))
+    capacity = _number(config.get("kv_cache_size_tokens"))
+    if capacity is None and blocks is not None and block_size is not None:
+        capacity = blocks * block_size
+    return capacity, blocks, block_size, _number(config.get("kv_cache_max_concurrency"))

@@ -1,0 +1,104 @@
+"""Plain data the pure core passes around: what one poll of an inference engine says.
+
+A :class:`Reading` is one series: one ``(model_name, engine)`` pair of vLLM (``engine`` is vLLM's
+data-parallel engine index, ``"0"`` when vLLM has no ``engine`` label). Every value is optional because
+every vLLM family may be missing in some version or configuration; ``None`` means "not reported", never 0.
+Counters are raw cumulative totals; rates come from :mod:`kvwatch.history`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal
+
+SeriesKey = tuple[str, str]
+"""``(model_name, engine)``."""
+
+PrefixCacheUnit = Literal["tokens", "blocks"]
+
+
+
+def _empty() -> Mapping[str, float]:
+    return MappingProxyType({})
+
+
+def _empty_str() -> Mapping[str, str]:
+    return MappingProxyType({})
+
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One series' values from one poll (per ``model_name`` and data-parallel ``engine``)."""
+
+    model_name: str
+    engine: str = "0"
+    kv_usage_ratio: float | None = None
+    requests_running: float | None = None
+    requests_waiting: float | None = None
+    waiting_by_reason: Mapping[str, float] = field(default_factory=_empty)
+    requests_swapped: float | None = None
+    preemptions_total: float | None = None
+    finished_by_reason: Mapping[str, float] = field(default_factory=_empty)
+    prompt_tokens_total: float | None = None
+    generation_tokens_total: float | None = None
+    prefix_cache_queries_total: float | None = None
+    prefix_cache_hits_total: float | None = None
+    prefix_cache_unit: PrefixCacheUnit | None = None
+    request_prompt_tokens_sum: float | None = None
+    request_prompt_tokens_count: float | None = None
+    request_generation_tokens_sum: float | None = None
+    request_generation_tokens_count: float | None = None
+    # Capacity, per engine (vLLM sums num_gpu_blocks over data-parallel engines; this is divided back).
+    kv_capacity_tokens: float | None = None
+    kv_max_concurrency: float | None = None
+    num_gpu_blocks: float | None = None
+    block_size: float | None = None
+    gpu_memory_utilization: float | None = None
+    cache_config: Mapping[str, str] = field(default_factory=_empty_str)
+    process_start_time_seconds: float | None = None
+
+    @property
+    def key(self) -> SeriesKey:
+        return (self.model_name, self.engine)
+
+    @property
+    def kv_used_tokens(self) -> float | None:
+        """Tokens held in the KV cache: usage × capacity (evictable prefix-cache blocks count as free)."""
+        if self.kv_usage_ratio is None or self.kv_capacity_tokens is None:
+            return None
+        return self.kv_usage_ratio * self.kv_capacity_tokens
+
+    @property
+    def prefix_cache_hit_ratio(self) -> float | None:
+        """Lifetime hits / queries, or None when unknown or nothing was queried yet."""
+        if not self.prefix_cache_queries_total or self.prefix_cache_hits_total is None:
+            return None
+        return self.prefix_cache_hits_total / self.prefix_cache_queries_total
+
+    @property
+    def prefix_caching_enabled(self) -> bool | None:
+        value = self.cache_config.get("enable_prefix_caching")
+        if value is None or value == "None":
+            return None
+        return value == "True"
+
+
+@dataclass(frozen=True)
+class Detection:
+    """Which engine and generation produced the payload, and which name carries KV usage."""
+
+    engine_kind: str
+    version_range: str
+    usage_metric: str | None
+
+
+@dataclass(frozen=True)
+class Poll:
+    """Everything one successful poll produced, stamped with the caller's clock (seconds)."""
+
+    timestamp: float
+    detection: Detection
+    readings: tuple[Reading, ...]

@@ -1,0 +1,174 @@
+"""The vLLM adapter: generation detection, name resolution, DP capacity, pid combining, overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvwatch.engines import Selector, SourceOverrides, UnrecognisedPayload, vllm
+from kvwatch.exposition import parse
+from kvwatch.model import Poll, Reading
+
+FIXTURES = Path(__file__).parent / "fixtures" / "vllm-metrics"
+
+
+def read_fixture(name: str, overrides: SourceOverrides | None = None) -> Poll:
+    text = (FIXTURES / name).read_text()
+    return vllm.read(parse(text, vllm.wanted_for(overrides)), overrides, timestamp=100.0)
+
+
+def only(poll: Poll) -> Reading:
+    assert len(poll.readings) == 1
+    return poll.readings[0]
+
+
+def test_real_v0_capture() -> None:
+    poll = read_fixture("v0-engine-qwenvl.prom")
+    assert poll.timestamp == 100.0
+    assert (poll.detection.version_range, poll.detection.usage_metric) == ("v0", "vllm:gpu_cache_usage_perc")
+    r = only(poll)
+    assert (r.model_name, r.engine) == ("qwenvl", "0")
+    assert (r.kv_usage_ratio, r.requests_running, r.requests_waiting, r.requests_swapped) == (0.0, 0.0, 0.0, 0.0)
+    # cache_config_info has no model_name in V0: it still applies to the only model.
+    assert (r.num_gpu_blocks, r.block_size, r.kv_capacity_tokens) == (2048.0, 16.0, 32768.0)
+    assert r.gpu_memory_utilization == 0.9
+    assert r.cache_config["swap_space_bytes"] == "0.0"
+    assert r.prefix_caching_enabled is False
+    assert r.kv_used_tokens == 0.0
+
+
+def test_real_v1_early_capture() -> None:
+    poll = read_fixture("v1-0.8-early-model-name-only.prom")
+    assert poll.detection.version_range == "v1-0.8-early"
+    r = only(poll)
+    assert (r.model_name, r.engine) == ("Qwen/Qwen2.5-Coder-32B-Instruct", "0")
+    assert (r.kv_usage_ratio, r.requests_running, r.requests_waiting) == (0.0, 0.0, 0.0)
+    assert r.process_start_time_seconds == 1.74262400557e9
+    assert r.kv_capacity_tokens is None and r.preemptions_total is None  # missing families are normal
+
+
+def test_real_0_10_capture_with_deprecated_and_new_names() -> None:
+    poll = read_fixture("v0.10.0-glm45-deprecated-and-new.prom")
+    assert poll.detection.version_range == "0.9-0.10"
+    assert poll.detection.usage_metric == "vllm:kv_cache_usage_perc"
+    r = only(poll)
+    assert (r.model_name, r.engine) == ("zai-org/GLM-4.5", "0")
+    assert r.kv_usage_ratio == 9.75010481363281e-06
+    assert (r.prefix_cache_queries_total, r.prefix_cache_unit) == (32.0, "tokens")
+    assert r.requests_running is None
+
+
+def test_0_8_5_engine_label_blocks_prefix_and_none_blocks() -> None:
+    poll = read_fixture("gen-0.8.5-engine-label.prom")
+    assert poll.detection.version_range == "0.8.5-0.8.x"
+    r = only(poll)
+    assert (r.kv_usage_ratio, r.requests_running, r.requests_waiting, r.preemptions_total) == (0.5, 12.0, 3.0, 7.0)
+    assert (r.prefix_cache_queries_total, r.prefix_cache_hits_total, r.prefix_cache_unit) == (400.0, 100.0, "blocks")
+    assert r.prefix_cache_hit_ratio == 0.25
+    assert dict(r.finished_by_reason) == {"abort": 1.0, "length": 9.0, "stop": 90.0}
+    assert r.num_gpu_blocks is None and r.kv_capacity_tokens is None  # "None" label value is unknown
+    assert r.block_size == 16.0
+
+
+def test_0_9_both_usage_names_prefers_kv_cache_usage() -> None:
+    poll = read_fixture("gen-0.9-both-usage-names.prom")
+    assert poll.detection == vllm.detect(parse((FIXTURES / "gen-0.9-both-usage-names.prom").read_text()))
+    assert (poll.detection.version_range, poll.detection.usage_metric) == ("0.9-0.10", "vllm:kv_cache_usage_perc")
+    r = only(poll)
+    assert (r.kv_usage_ratio, r.kv_capacity_tokens, r.kv_used_tokens) == (0.25, 192000.0, 48000.0)
+    assert (r.prompt_tokens_total, r.generation_tokens_total) == (123456.0, 65432.0)
+    assert (r.prefix_cache_unit, r.prefix_cache_hit_ratio) == ("tokens", 0.25)
+
+
+def test_0_11() -> None:
+    assert read_fixture("gen-0.11-kv-only.prom").detection.version_range == "0.11"
+
+
+def test_0_16_dp2_divides_summed_blocks() -> None:
+    poll = read_fixture("gen-0.16-sleep-state-dp2.prom")
+    assert poll.detection.version_range == "0.12-0.2x"
+    e0, e1 = poll.readings
+    assert (e0.engine, e1.engine) == ("0", "1")
+    # num_gpu_blocks=20000 is the sum over 2 engines: 10000 blocks × 16 tokens each.
+    assert (e0.num_gpu_blocks, e0.kv_capacity_tokens) == (10000.0, 160000.0)
+    assert (e1.kv_usage_ratio, e1.requests_running, e1.requests_waiting) == (0.97, 30.0, 5.0)
+
+
+def test_0_33_capacity_labels_win_and_histograms() -> None:
+    poll = read_fixture("gen-0.33-dp2-capacity-labels.prom")
+    assert poll.detection.version_range == ">=0.25"
+    e0, e1 = poll.readings
+    assert (e0.kv_capacity_tokens, e0.kv_max_concurrency, e0.num_gpu_blocks) == (163840.0, 20.0, 10240.0)
+    assert dict(e0.waiting_by_reason) == {"capacity": 3.0, "deferred": 1.0}
+    assert (e0.request_prompt_tokens_sum, e0.request_prompt_tokens_count) == (200000.0, 100.0)
+    assert (e0.request_generation_tokens_sum, e0.request_generation_tokens_count) == (50000.0, 100.0)
+    assert e1.request_generation_tokens_sum is None
+    assert (e0.preemptions_total, e1.prefix_cache_hits_total) == (42.0, 1500.0)
+    assert e0.process_start_time_seconds == e1.process_start_time_seconds == 1.79e9
+
+
+def test_multiprocess_pid_gauges_are_combined() -> None:
+    poll = read_fixture("gen-multiprocess-pid.prom")
+    r = only(poll)
+    assert r.requests_waiting == 5.0  # queue counts sum over API-server processes
+    assert r.kv_usage_ratio == 0.6  # usage takes the largest report
+    assert r.requests_running == 7.0
+    assert (r.num_gpu_blocks, r.kv_capacity_tokens) == (500.0, 8000.0)
+    assert (r.request_prompt_tokens_sum, r.request_prompt_tokens_count) == (3000.0, 3.0)
+
+
+def test_duplicate_series_count_once() -> None:
+    text = (
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 4\n'
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 4\n'
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.1\n'
+    )
+    assert only(vllm.read(parse(text), timestamp=0.0)).requests_waiting == 4.0
+
+
+def test_overridden_usage_name_with_label_matcher() -> None:
+    text = (
+        'gpu_cache_usage_sys{model_name="m",kind="gpu"} 0.7\n'
+        'gpu_cache_usage_sys{model_name="m",kind="cpu"} 0.1\n'
+        'vllm:num_requests_running{model_name="m"} 3\n'
+    )
+    overrides = SourceOverrides.from_strings(usage='gpu_cache_usage_sys{kind="gpu"}')
+    poll = vllm.read(parse(text, vllm.wanted_for(overrides)), overrides, timestamp=0.0)
+    assert poll.detection.usage_metric == 'gpu_cache_usage_sys{kind="gpu"}'
+    assert only(poll).kv_usage_ratio == 0.7
+
+
+def test_override_wins_over_detected_name() -> None:
+    text = (FIXTURES / "gen-0.9-both-usage-names.prom").read_text().replace(
+        'vllm:gpu_cache_usage_perc{engine="0",model_name="qwen3-8b"} 0.25',
+        'vllm:gpu_cache_usage_perc{engine="0",model_name="qwen3-8b"} 0.75')
+    overrides = SourceOverrides.from_strings(usage="vllm:gpu_cache_usage_perc", waiting="vllm:num_requests_running")
+    r = only(vllm.read(parse(text), overrides, timestamp=0.0))
+    assert (r.kv_usage_ratio, r.requests_waiting) == (0.75, 20.0)
+
+
+def test_proxy_metric_without_labels_gets_a_named_series() -> None:
+    overrides = SourceOverrides.from_strings(usage="kv_usage", running="running", waiting="waiting")
+    poll = vllm.read(parse("kv_usage 0.5\nrunning 2\nwaiting 1\n"), overrides, timestamp=0.0)
+    r = only(poll)
+    assert (r.model_name, r.engine, r.kv_usage_ratio, r.requests_waiting) == ("unknown", "0", 0.5, 1.0)
+
+
+@pytest.mark.parametrize("text", ["", "# HELP x y\n", "node_load1 0.5\nprocess_start_time_seconds 1\n"])
+def test_not_vllm_is_unrecognised(text: str) -> None:
+    with pytest.raises(UnrecognisedPayload, match="vllm"):
+        vllm.read(parse(text), timestamp=0.0)
+
+
+def test_vllm_without_core_gauges_is_unrecognised() -> None:
+    with pytest.raises(UnrecognisedPayload, match="no vllm:kv_cache_usage_perc"):
+        vllm.read(parse('vllm:prompt_tokens_total{model_name="m"} 1\n'), timestamp=0.0)
+
+
+def test_selector_parsing() -> None:
+    s = Selector.parse('vllm:x{a="1", b="q\\"x"}')
+    assert (s.name, dict(s.labels)) == ("vllm:x", {"a": "1", "b": 'q"x'})
+    assert s.matches({"a": "1", "b": 'q"x', "c": "z"}) and not s.matches({"a": "1"})
+    with pytest.raises(ValueError):
+        Selector.parse("not a name{")
