@@ -29,6 +29,9 @@ ITL_SECONDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 REQUEST_LATENCY_SECONDS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                            120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 ITERATION_TOKENS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+# The V0 engine used the CUDA-graph capture sizes (default [1, 2, 4] + 8..512 step 8).
+ITERATION_TOKENS_V0 = (1, 2, 4, *range(8, 513, 8))
+ITERATION_TOKENS_UNION = tuple(sorted(set(ITERATION_TOKENS) | set(ITERATION_TOKENS_V0)))
 PARAMS_N = (1, 2, 5, 10, 20)
 NUM_PREEMPTIONS = (1, 2, 3, 4, 5, 10, 20)
 # Token-count histograms use 1-2-5 up to max_model_len; record up to 10^8 so any max_model_len renders.

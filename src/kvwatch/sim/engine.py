@@ -155,7 +155,7 @@ HISTOGRAMS: dict[str, tuple[float, ...]] = {
     "request_inference_time_seconds": buckets.REQUEST_LATENCY_SECONDS,
     "request_prefill_time_seconds": buckets.REQUEST_LATENCY_SECONDS,
     "request_decode_time_seconds": buckets.REQUEST_LATENCY_SECONDS,
-    "iteration_tokens": buckets.ITERATION_TOKENS,
+    "iteration_tokens": buckets.ITERATION_TOKENS_UNION,
     "request_prompt_tokens": buckets.REQUEST_TOKENS,
     "request_generation_tokens": buckets.REQUEST_TOKENS,
     "request_max_num_generation_tokens": buckets.REQUEST_TOKENS,
@@ -181,6 +181,7 @@ class EngineSnapshot:
     preemptions_total: int
     finished_by_reason: MappingProxyType[str, int]
     prompt_tokens_total: int
+    prompt_tokens_cached_total: int
     generation_tokens_total: int
     prefix_cache_queries_tokens: int
     prefix_cache_hits_tokens: int
@@ -274,6 +275,7 @@ class EngineCore:
         self.preemptions_total = 0
         self.finished = dict.fromkeys(FINISH_REASONS, 0)
         self.prompt_tokens_total = 0
+        self.prompt_tokens_cached_total = 0  # prompt tokens served from the prefix cache at first scheduling
         self.generation_tokens_total = 0
         self.pc_queries_tokens = self.pc_hits_tokens = 0
         self.pc_queries_blocks = self.pc_hits_blocks = 0
@@ -506,6 +508,7 @@ class EngineCore:
             if req.first_token is None:
                 req.first_token = end
                 self.prompt_tokens_total += req.prompt
+                self.prompt_tokens_cached_total += req.prompt - req.prefill_kv_computed
                 self.hist["time_to_first_token_seconds"].observe(end - req.arrival)
             else:
                 itl.observe(end - req.last_token)
@@ -567,6 +570,7 @@ class EngineCore:
             preemptions_total=self.preemptions_total,
             finished_by_reason=MappingProxyType(dict(self.finished)),
             prompt_tokens_total=self.prompt_tokens_total,
+            prompt_tokens_cached_total=self.prompt_tokens_cached_total,
             generation_tokens_total=self.generation_tokens_total,
             prefix_cache_queries_tokens=self.pc_queries_tokens,
             prefix_cache_hits_tokens=self.pc_hits_tokens,

@@ -1,0 +1,371 @@
+"""Render engine snapshots as the ``/metrics`` text of a given vLLM generation (pure).
+
+Families, HELP texts, label sets and buckets follow vLLM's own ``PrometheusStatLogger`` (V1) and
+``vllm/engine/metrics.py`` (V0) per version profile; see ``/work/shared/vllm-reference.md`` §1-§2 and
+``kvwatch/data/vllm_catalogue.json``. The text itself is produced by ``prometheus_client`` (what vLLM
+uses), so number formatting, label order, ``_total`` and ``_created`` samples come out as vLLM's do.
+
+Families that vLLM only emits behind a feature switch (LoRA, speculative decoding, KV connectors,
+``--kv-cache-metrics``, MFU) are not rendered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.utils import floatToGoString
+
+from kvwatch.sim import buckets
+from kvwatch.sim.engine import EngineSnapshot, HistogramSnapshot
+
+PROFILES = ("0.33", "0.10", "0.8", "v0")
+# Profiles whose labels carry no `engine` (one series per endpoint, so one engine).
+SINGLE_ENGINE_PROFILES = frozenset({"0.8", "v0"})
+DEFAULT_START_TIME = 1_750_000_000.0  # unix time the simulated process "started" (for *_created)
+
+_TOKEN_BUCKETS = "request_tokens"  # 1-2-5 up to max_model_len
+
+
+def _prefix(bounds: Sequence[float], upto: float) -> tuple[float, ...]:
+    return tuple(b for b in bounds if b <= upto)
+
+
+# Bucket sets per profile: (ttft, tpot/itl, request latency, iteration tokens)
+_BUCKETS = {
+    "0.33": (buckets.TTFT_SECONDS, buckets.ITL_SECONDS, buckets.REQUEST_LATENCY_SECONDS, buckets.ITERATION_TOKENS),
+    "0.10": (buckets.TTFT_SECONDS, buckets.ITL_SECONDS, buckets.REQUEST_LATENCY_SECONDS, buckets.ITERATION_TOKENS),
+    "0.8": (_prefix(buckets.TTFT_SECONDS, 10.0), _prefix(buckets.ITL_SECONDS, 2.5),
+            _prefix(buckets.REQUEST_LATENCY_SECONDS, 60.0), buckets.ITERATION_TOKENS),
+    "v0": (_prefix(buckets.TTFT_SECONDS, 10.0), _prefix(buckets.ITL_SECONDS, 2.5),
+           _prefix(buckets.REQUEST_LATENCY_SECONDS, 60.0), buckets.ITERATION_TOKENS_V0),
+}
+
+_FINISH_REASONS = {
+    "0.33": ("stop", "length", "abort", "error", "repetition"),
+    "0.10": ("stop", "length", "abort"),
+    "0.8": ("stop", "length", "abort"),
+    "v0": ("stop", "length", "abort"),
+}
+
+
+@dataclass
+class _Builder:
+    """Collects families in order, then lets prometheus_client format them."""
+
+    profile: str
+    multiprocess: bool
+    start_time: float
+    pid: int
+    families: list[Metric] = field(default_factory=list)
+
+    @property
+    def created(self) -> bool:
+        # V0 disabled *_created (prometheus_client.disable_created_metrics); multiprocess mode never has them.
+        return self.profile != "v0" and not self.multiprocess
+
+    def gauge(self, name: str, help_text: str, samples: Iterable[tuple[dict[str, str], float]],
+              mp_pid: bool = False) -> None:
+        """``mp_pid``: the gauge has no ``multiprocess_mode``, so multiprocess mode adds a ``pid`` label."""
+        metric = Metric(name, help_text, "gauge")
+        for labels, value in samples:
+            if self.multiprocess and mp_pid:
+                labels = {**labels, "pid": str(self.pid)}
+            metric.add_sample(name, labels, float(value))
+        self.families.append(metric)
+
+    def counter(self, name: str, help_text: str, samples: Iterable[tuple[dict[str, str], float]]) -> None:
+        """``name`` without ``_total`` (as in vLLM's code); the wire name gets ``_total``."""
+        metric = Metric(name, help_text, "counter")
+        rows = list(samples)
+        for labels, value in rows:
+            metric.add_sample(name + "_total", labels, float(value))
+        if self.created:
+            for labels, _ in rows:
+                metric.add_sample(name + "_created", labels, self.start_time)
+        self.families.append(metric)
+
+    def histogram(self, name: str, help_text: str, bounds: Sequence[float],
+                  samples: Iterable[tuple[dict[str, str], HistogramSnapshot]]) -> None:
+        metric = Metric(name, help_text, "histogram")
+        rows = list(samples)
+        if self.multiprocess:
+            # prometheus_client's MultiProcessCollector: every _sum first, then per series buckets + _count.
+            for labels, hist in rows:
+                metric.add_sample(name + "_sum", labels, hist.sum)
+        for labels, hist in rows:
+            cumulative = hist.cumulative(bounds)
+            for bound, count in zip((*bounds, float("inf")), cumulative, strict=True):
+                metric.add_sample(name + "_bucket", {**labels, "le": floatToGoString(bound)}, float(count))
+            metric.add_sample(name + "_count", labels, float(hist.count))
+            if not self.multiprocess:
+                metric.add_sample(name + "_sum", labels, hist.sum)
+        if self.created:
+            for labels, _ in rows:
+                metric.add_sample(name + "_created", labels, self.start_time)
+        self.families.append(metric)
+
+    def text(self) -> str:
+        families = self.families
+
+        class _Registry:
+            def collect(self) -> Iterable[Metric]:
+                return iter(families)
+
+        return generate_latest(_Registry()).decode()  # type: ignore[arg-type]
+
+
+def render(snaps: Sequence[EngineSnapshot], profile: str = "0.33", *, model_name: str = "meta-llama/Llama-3.1-8B-Instruct",
+           multiprocess: bool = False, max_model_len: int = 8192, start_time: float = DEFAULT_START_TIME,
+           pid: int = 1, gpu_memory_utilization: float | None = None, enable_prefix_caching: bool = False) -> str:
+    """The ``/metrics`` body vLLM ``profile`` would serve for these engines (one snapshot per DP engine)."""
+    if profile not in PROFILES:
+        raise ValueError(f"unknown vLLM profile {profile!r}; choose one of {', '.join(PROFILES)}")
+    if not snaps:
+        raise ValueError("render needs at least one engine snapshot")
+    if profile in SINGLE_ENGINE_PROFILES and len(snaps) > 1:
+        raise ValueError(f"vLLM {profile} has no engine label: it cannot expose {len(snaps)} data-parallel engines")
+    if multiprocess and profile in SINGLE_ENGINE_PROFILES:
+        raise ValueError(f"multiprocess mode (api-server-count > 1) does not exist in vLLM {profile}")
+    if max_model_len < 1:
+        raise ValueError("max_model_len must be >= 1")
+    b = _Builder(profile, multiprocess, start_time, pid)
+    if profile == "v0":
+        _render_v0(b, snaps[0], model_name, max_model_len, gpu_memory_utilization, enable_prefix_caching)
+    else:
+        _render_v1(b, snaps, profile, model_name, max_model_len, gpu_memory_utilization, enable_prefix_caching)
+    return b.text()
+
+
+def _render_v1(b: _Builder, snaps: Sequence[EngineSnapshot], profile: str, model_name: str, max_model_len: int,
+               gmu: float | None, prefix_caching: bool) -> None:
+    with_engine = profile not in SINGLE_ENGINE_PROFILES
+
+    def base(s: EngineSnapshot) -> dict[str, str]:
+        return {"model_name": model_name, "engine": str(s.engine)} if with_engine else {"model_name": model_name}
+
+    def per(fn):  # type: ignore[no-untyped-def]
+        return [(base(s), fn(s)) for s in snaps]
+
+    ttft, tpot, latency, iteration = _BUCKETS[profile]
+    tokens = buckets.build_1_2_5_buckets(max_model_len)
+    new = profile == "0.33"
+
+    b.gauge("vllm:num_requests_running", "Number of requests in model execution batches.", per(lambda s: s.num_running))
+    b.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", per(lambda s: s.num_waiting))
+    if new:
+        b.gauge("vllm:num_requests_waiting_by_reason",
+                "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; "
+                "'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked status). "
+                "Sum of all reasons equals vllm:num_requests_waiting.",
+                [({**base(s), "reason": r}, s.num_waiting_capacity if r == "capacity" else 0)
+                 for s in snaps for r in ("capacity", "deferred")])
+        b.gauge("vllm:engine_sleep_state",
+                "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "
+                "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
+                [({**base(s), "sleep_state": st}, 1 if st == "awake" else 0)
+                 for s in snaps for st in ("awake", "weights_offloaded", "discard_all")])
+    if profile == "0.8":
+        b.gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.", per(lambda s: s.kv_usage))
+        b.counter("vllm:gpu_prefix_cache_queries", "GPU prefix cache queries, in terms of number of queried blocks.",
+                  per(lambda s: s.prefix_cache_queries_blocks))
+        b.counter("vllm:gpu_prefix_cache_hits", "GPU prefix cache hits, in terms of number of cached blocks.",
+                  per(lambda s: s.prefix_cache_hits_blocks))
+    if profile == "0.10":
+        b.gauge("vllm:gpu_cache_usage_perc",
+                "GPU KV-cache usage. 1 means 100 percent usage.DEPRECATED: Use vllm:kv_cache_usage_perc instead.",
+                per(lambda s: s.kv_usage))
+        b.counter("vllm:gpu_prefix_cache_queries",
+                  "GPU prefix cache queries, in terms of number of queriedtokens. "
+                  "DEPRECATED: Use vllm:prefix_cache_queries instead.",
+                  per(lambda s: s.prefix_cache_queries_tokens))
+        b.counter("vllm:gpu_prefix_cache_hits",
+                  "GPU prefix cache hits, in terms of number of cached tokens. "
+                  "DEPRECATED: Use vllm:prefix_cache_hits instead.",
+                  per(lambda s: s.prefix_cache_hits_tokens))
+    if profile in ("0.10", "0.33"):
+        # 0.9-0.11 registered this gauge without a multiprocess_mode; 0.12+ uses "mostrecent".
+        b.gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", per(lambda s: s.kv_usage),
+                mp_pid=profile == "0.10")
+        b.counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+                  per(lambda s: s.prefix_cache_queries_tokens))
+        b.counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+                  per(lambda s: s.prefix_cache_hits_tokens))
+    if new:
+        b.counter("vllm:external_prefix_cache_queries",
+                  "External prefix cache queries from KV connector cross-instance cache sharing, "
+                  "in terms of number of queried tokens.", per(lambda s: 0))
+        b.counter("vllm:external_prefix_cache_hits",
+                  "External prefix cache hits from KV connector cross-instance cache sharing, "
+                  "in terms of number of cached tokens.", per(lambda s: 0))
+        b.counter("vllm:mm_cache_queries", "Multi-modal cache queries, in terms of number of queried items.",
+                  per(lambda s: 0))
+        b.counter("vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items.",
+                  per(lambda s: 0))
+    b.counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
+              per(lambda s: s.preemptions_total))
+    b.counter("vllm:prompt_tokens", "Number of prefill tokens processed.", per(lambda s: s.prompt_tokens_total))
+    if new:
+        b.counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
+                  [({**base(s), "source": src}, v) for s in snaps for src, v in (
+                      ("local_compute", s.prompt_tokens_total - s.prompt_tokens_cached_total),
+                      ("local_cache_hit", s.prompt_tokens_cached_total),
+                      ("external_kv_transfer", 0))])
+        b.counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).",
+                  per(lambda s: s.prompt_tokens_cached_total))
+    b.counter("vllm:generation_tokens", "Number of generation tokens processed.",
+              per(lambda s: s.generation_tokens_total))
+    b.counter("vllm:request_success", "Count of successfully processed requests.",
+              [({**base(s), "finished_reason": r}, s.finished_by_reason.get(r, 0))
+               for s in snaps for r in _FINISH_REASONS[profile]])
+    if new:
+        b.counter("vllm:admission_rejections", "Number of admission attempts rejected by a queue limit, by reason.",
+                  [({"model_name": model_name, "reason": r}, 0) for r in ("max_num_queued_reqs", "max_num_queued_tokens")])
+
+    def hist(name: str, help_text: str, bounds: Sequence[float], key: str) -> None:
+        b.histogram(name, help_text, bounds, [(base(s), s.histograms[key]) for s in snaps])
+
+    hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens, "request_prompt_tokens")
+    hist("vllm:request_generation_tokens", "Number of generation tokens processed.", tokens,
+         "request_generation_tokens")
+    hist("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", iteration, "iteration_tokens")
+    hist("vllm:request_max_num_generation_tokens", "Histogram of maximum number of requested generation tokens.",
+         tokens, "request_max_num_generation_tokens")
+    hist("vllm:request_params_n", "Histogram of the n request parameter.", buckets.PARAMS_N, "request_params_n")
+    hist("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", tokens,
+         "request_params_max_tokens")
+    if new:
+        hist("vllm:request_prefill_kv_computed_tokens",
+             "Histogram of new KV tokens computed during prefill (excluding cached tokens).", tokens,
+             "request_prefill_kv_computed_tokens")
+        hist("vllm:request_num_preemptions", "Histogram of the number of times a request was preempted.",
+             buckets.NUM_PREEMPTIONS, "request_num_preemptions")
+    hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttft,
+         "time_to_first_token_seconds")
+    if new:
+        hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", tpot,
+             "inter_token_latency_seconds")
+        hist("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.",
+             tpot, "request_time_per_output_token_seconds")
+    else:
+        hist("vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", tpot,
+             "inter_token_latency_seconds")
+    hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", latency,
+         "e2e_request_latency_seconds")
+    for phase, key in (("WAITING", "queue"), ("RUNNING", "inference"), ("PREFILL", "prefill"), ("DECODE", "decode")):
+        hist(f"vllm:request_{key}_time_seconds", f"Histogram of time spent in {phase} phase for request.", latency,
+             f"request_{key}_time_seconds")
+    b.gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+            [(_cache_config_labels(profile, s, snaps, max_model_len, gmu, prefix_caching), 1) for s in snaps]
+            if with_engine else [(_cache_config_labels(profile, snaps[0], snaps, max_model_len, gmu, prefix_caching), 1)])
+
+
+def _render_v0(b: _Builder, s: EngineSnapshot, model_name: str, max_model_len: int, gmu: float | None,
+               prefix_caching: bool) -> None:
+    base = {"model_name": model_name}
+    ttft, tpot, latency, iteration = _BUCKETS["v0"]
+    tokens = buckets.build_1_2_5_buckets(max_model_len)
+    b.gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+            [(_cache_config_labels("v0", s, [s], max_model_len, gmu, prefix_caching), 1)])
+    b.gauge("vllm:num_requests_running", "Number of requests currently running on GPU.", [(base, s.num_running)])
+    b.gauge("vllm:num_requests_swapped", "Number of requests swapped to CPU.", [(base, 0)])
+    b.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", [(base, s.num_waiting)])
+    b.gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.", [(base, s.kv_usage)])
+    b.gauge("vllm:cpu_cache_usage_perc", "CPU KV-cache usage. 1 means 100 percent usage.", [(base, 0)])
+    hit_rate = s.prefix_cache_hits_blocks / s.prefix_cache_queries_blocks if s.prefix_cache_queries_blocks else 0.0
+    b.gauge("vllm:cpu_prefix_cache_hit_rate", "CPU prefix cache block hit rate.", [(base, 0)])
+    b.gauge("vllm:gpu_prefix_cache_hit_rate", "GPU prefix cache block hit rate.", [(base, hit_rate)])
+    b.counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
+              [(base, s.preemptions_total)])
+    b.counter("vllm:prompt_tokens", "Number of prefill tokens processed.", [(base, s.prompt_tokens_total)])
+    b.counter("vllm:generation_tokens", "Number of generation tokens processed.", [(base, s.generation_tokens_total)])
+    b.histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", iteration,
+                [(base, s.histograms["iteration_tokens"])])
+    b.histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttft,
+                [(base, s.histograms["time_to_first_token_seconds"])])
+    b.histogram("vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", tpot,
+                [(base, s.histograms["inter_token_latency_seconds"])])
+    b.histogram("vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", latency,
+                [(base, s.histograms["e2e_request_latency_seconds"])])
+    for phase, key in (("WAITING", "queue"), ("RUNNING", "inference"), ("PREFILL", "prefill"), ("DECODE", "decode")):
+        b.histogram(f"vllm:request_{key}_time_seconds", f"Histogram of time spent in {phase} phase for request.",
+                    latency, [(base, s.histograms[f"request_{key}_time_seconds"])])
+    for name, help_text, key in (
+        ("vllm:request_prompt_tokens", "Number of prefill tokens processed.", "request_prompt_tokens"),
+        ("vllm:request_generation_tokens", "Number of generation tokens processed.", "request_generation_tokens"),
+        ("vllm:request_max_num_generation_tokens", "Histogram of maximum number of requested generation tokens.",
+         "request_max_num_generation_tokens"),
+    ):
+        b.histogram(name, help_text, tokens, [(base, s.histograms[key])])
+    b.histogram("vllm:request_params_n", "Histogram of the n request parameter.", buckets.PARAMS_N,
+                [(base, s.histograms["request_params_n"])])
+    b.histogram("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", tokens,
+                [(base, s.histograms["request_params_max_tokens"])])
+    b.counter("vllm:request_success", "Count of successfully processed requests.",
+              [({**base, "finished_reason": r}, s.finished_by_reason.get(r, 0)) for r in _FINISH_REASONS["v0"]])
+
+
+def _cache_config_labels(profile: str, s: EngineSnapshot, snaps: Sequence[EngineSnapshot], max_model_len: int,
+                         gmu: float | None, prefix_caching: bool) -> dict[str, str]:
+    """``CacheConfig.metrics_info()``: every field as ``str(value)``; num_gpu_blocks summed over DP engines."""
+    total_blocks = sum(x.num_gpu_blocks for x in snaps)
+    common = {
+        "block_size": str(s.block_size),
+        "cache_dtype": "auto",
+        "enable_prefix_caching": str(prefix_caching),
+        "num_gpu_blocks_override": "None",
+        "sliding_window": "None",
+    }
+    if profile == "v0":
+        return {**common, "cpu_offload_gb": "0", "gpu_memory_utilization": str(gmu or 0.9), "num_cpu_blocks": "2048",
+                "num_gpu_blocks": str(total_blocks), "swap_space_bytes": "4294967296"}
+    if profile == "0.8":
+        # 0.8.x emitted this at logger init, before the engine core reported its block count (vllm#15538).
+        return {**common, "calculate_kv_scales": "False", "cpu_offload_gb": "0",
+                "gpu_memory_utilization": str(gmu or 0.9), "is_attention_free": "False", "num_cpu_blocks": "None",
+                "num_gpu_blocks": "None", "swap_space_bytes": "4294967296"}
+    if profile == "0.10":
+        return {**common, "calculate_kv_scales": "False", "cpu_kvcache_space_bytes": "None", "cpu_offload_gb": "0",
+                "engine": str(s.engine), "gpu_memory_utilization": str(gmu or 0.9), "is_attention_free": "False",
+                "num_cpu_blocks": "None", "num_gpu_blocks": str(total_blocks), "prefix_caching_hash_algo": "builtin",
+                "swap_space": "4"}
+    blocks_per_request = -(-max_model_len // s.block_size)
+    concurrency = s.num_gpu_blocks / blocks_per_request
+    return {
+        **common,
+        "_block_size_resolved": "True",
+        "cache_hit_alignment_tokens": "None",
+        "effective_attention_block_size": "None",
+        "enable_mamba_shared_prefix_checkpoint": "False",
+        "engine": str(s.engine),
+        "gpu_memory_utilization": str(gmu or 0.92),
+        "hash_block_size": "None",
+        "is_attention_free": "False",
+        "kv_cache_dtype_skip_layers": "[]",
+        "kv_cache_layout": "None",
+        "kv_cache_max_concurrency": str(concurrency),
+        "kv_cache_memory_bytes": "None",
+        "kv_cache_size_tokens": str(int(concurrency * max_model_len)),
+        "kv_offloading_backend": "None",
+        "kv_offloading_size": "None",
+        "kv_sharing_fast_prefill": "False",
+        "mamba_block_size": "None",
+        "mamba_cache_dtype": "auto",
+        "mamba_cache_mode": "none",
+        "mamba_page_size_padded": "None",
+        "mamba_ssm_cache_dtype": "auto",
+        "num_cpu_blocks": "None",
+        "num_gpu_blocks": str(total_blocks),
+        "prefix_cache_retention_interval": "None",
+        "prefix_caching_hash_algo": "sha256",
+        "prefix_match_unit": "None",
+        "replayssm_buffer_len": "None",
+        "simple_cpu_offload_num_blocks": "None",
+        "skip_page_size_padded": "False",
+        "swa_bounded_replay": "False",
+        "use_kda_recoverssm": "False",
+        "use_replayssm": "False",
+        "user_specified_block_size": "False",
+    }
