@@ -1,0 +1,204 @@
+{{/*
+Names and labels, after the prometheus-community charts' conventions.
+*/}}
+{{- define "kvwatch.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "kvwatch.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "kvwatch.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "kvwatch.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kvwatch.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "kvwatch.labels" -}}
+helm.sh/chart: {{ include "kvwatch.chart" . }}
+{{ include "kvwatch.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: kvwatch
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+A values scalar as text. Helm reads YAML numbers as float64, so 16777216 would print as 1.6777216e+07,
+which kvwatch's settings (and vLLM's argparse) reject: whole numbers print as integers.
+*/}}
+{{- define "kvwatch.scalar" -}}
+{{- if and (kindIs "float64" .) (eq (floor .) .) -}}
+{{- int64 . -}}
+{{- else -}}
+{{- toString . -}}
+{{- end -}}
+{{- end }}
+
+{{/* Port kvwatch serves /metrics and /healthz on: config.port, else kvwatch's default 9747. */}}
+{{- define "kvwatch.metricsPort" -}}
+{{- include "kvwatch.scalar" (.Values.config.port | default 9747) -}}
+{{- end }}
+
+{{/* GPUs per pod: one per tensor-parallel rank and pipeline stage. */}}
+{{- define "kvwatch.gpuCount" -}}
+{{- mul (int (.Values.config.tensorParallelSize | default 1)) (int (.Values.config.pipelineParallelSize | default 1)) -}}
+{{- end }}
+
+{{/*
+The kvwatch settings as KVWATCH_* variables: every non-null `config:` key, camelCase -> KVWATCH_SNAKE_CASE.
+Defaults the chart decides: listen on all interfaces (probes and Prometheus use the pod IP) and, when vLLM
+runs in the same pod, poll it on localhost.
+*/}}
+{{- define "kvwatch.env" -}}
+{{- $config := deepCopy (.Values.config | default dict) }}
+{{- if kindIs "invalid" $config.listenAddress }}
+{{- $_ := set $config "listenAddress" "0.0.0.0" }}
+{{- end }}
+{{- $vllm := .Values.vllm | default dict }}
+{{- if and $vllm.enabled (kindIs "invalid" $config.targetUrl) }}
+{{- $_ := set $config "targetUrl" (printf "http://127.0.0.1:%s/metrics" (include "kvwatch.scalar" $vllm.port)) }}
+{{- end }}
+{{- range $key, $value := $config }}
+{{- if not (kindIs "invalid" $value) }}
+- name: {{ printf "KVWATCH_%s" ($key | snakecase | upper) }}
+  value: {{ include "kvwatch.scalar" $value | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The kvwatch container. Uses only .Values (config, kvwatch, vllm.enabled/port), so another chart can embed it:
+  containers:
+    {{- include "kvwatch.sidecarContainer" (dict "Values" .Values.kvwatchSidecar) | nindent 4 }}
+with .Values.kvwatchSidecar holding `config:` and `kvwatch:` shaped like this chart's values (docs/deploy.md).
+*/}}
+{{- define "kvwatch.sidecarContainer" -}}
+{{- $kvwatch := .Values.kvwatch | default dict }}
+{{- $image := $kvwatch.image | default dict }}
+{{- $appVersion := "" }}
+{{- with .Chart }}{{ $appVersion = .AppVersion }}{{ end }}
+{{- $tag := $image.tag | default $appVersion }}
+{{- if not $tag }}{{ fail "kvwatch.image.tag is required when the chart's appVersion is not available" }}{{ end }}
+- name: kvwatch
+  image: {{ printf "%s:%s" (required "kvwatch.image.repository is required" $image.repository) (toString $tag) | quote }}
+  imagePullPolicy: {{ $image.pullPolicy | default "IfNotPresent" }}
+  args:
+    - serve
+  env:
+    {{- include "kvwatch.env" . | trim | nindent 4 }}
+    {{- with $kvwatch.extraEnv }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  ports:
+    - name: metrics
+      containerPort: {{ include "kvwatch.metricsPort" . }}
+      protocol: TCP
+  {{- with $kvwatch.readinessProbe }}
+  readinessProbe:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $kvwatch.livenessProbe }}
+  livenessProbe:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $kvwatch.resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $kvwatch.securityContext }}
+  securityContext:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $kvwatch.extraVolumeMounts }}
+  volumeMounts:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}
+
+{{/* vLLM's command-line arguments, built from the same `config:` keys kvwatch's capacity model reads. */}}
+{{- define "kvwatch.vllmArgs" -}}
+{{- $c := .Values.config }}
+{{- $v := .Values.vllm }}
+- {{ required "config.model is required when vllm.enabled is true (the model vLLM serves)" $c.model | quote }}
+- "--port"
+- {{ include "kvwatch.scalar" $v.port | quote }}
+{{- with $v.servedModelName }}
+- "--served-model-name"
+- {{ . | quote }}
+{{- end }}
+{{- $flags := dict
+      "gpuMemoryUtilization" "--gpu-memory-utilization"
+      "tensorParallelSize" "--tensor-parallel-size"
+      "pipelineParallelSize" "--pipeline-parallel-size"
+      "dtype" "--dtype"
+      "kvCacheDtype" "--kv-cache-dtype"
+      "blockSize" "--block-size"
+      "maxModelLen" "--max-model-len"
+      "maxNumBatchedTokens" "--max-num-batched-tokens"
+      "maxNumSeqs" "--max-num-seqs" }}
+{{- range $key, $flag := $flags }}
+{{- $value := index $c $key }}
+{{- if not (kindIs "invalid" $value) }}
+- {{ $flag | quote }}
+- {{ include "kvwatch.scalar" $value | quote }}
+{{- end }}
+{{- end }}
+{{- if eq (toString $v.enableChunkedPrefill) "true" }}
+- "--enable-chunked-prefill"
+{{- else if eq (toString $v.enableChunkedPrefill) "false" }}
+- "--no-enable-chunked-prefill"
+{{- end }}
+{{- range $v.extraArgs }}
+- {{ toString . | quote }}
+{{- end }}
+{{- end }}
+
+{{/*
+Scrape endpoints shared by the ServiceMonitor and the PodMonitor (the Service and container ports carry the
+same names): kvwatch on `metrics`, and in mode 1 optionally vLLM's own /metrics on `http`.
+*/}}
+{{- define "kvwatch.monitorEndpoints" -}}
+{{- $m := .monitor }}
+- port: metrics
+  path: /metrics
+  {{- with $m.interval }}
+  interval: {{ . }}
+  {{- end }}
+  {{- with $m.scrapeTimeout }}
+  scrapeTimeout: {{ . }}
+  {{- end }}
+  {{- with $m.relabelings }}
+  relabelings:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $m.metricRelabelings }}
+  metricRelabelings:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- if and .root.Values.vllm.enabled $m.scrapeVllm }}
+- port: http
+  path: /metrics
+  {{- with $m.interval }}
+  interval: {{ . }}
+  {{- end }}
+  {{- with $m.scrapeTimeout }}
+  scrapeTimeout: {{ . }}
+  {{- end }}
+{{- end }}
+{{- end }}
