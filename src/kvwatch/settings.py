@@ -131,6 +131,11 @@ class ServeSettings(DeploymentSettings):
     ca_file: Path | None = Field(None, description="CA bundle to verify the target's TLS certificate.")
     tls_verify: bool = Field(True, description="Verify the target's TLS certificate (false to skip).")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
+    clock_speed: float = Field(
+        1.0, gt=0, description="Demo/test knob: kvwatch's clock runs this many times real time, to watch a "
+        "simulator running --speed times faster (rates are then per simulated second; intervals stay real "
+        "seconds). Leave 1 in production."
+    )
 
     @field_validator("log_level", mode="before")
     @classmethod

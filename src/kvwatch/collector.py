@@ -1,0 +1,141 @@
+"""The custom Prometheus collector: fresh ``kvwatch_*`` families from one State per scrape.
+
+It never raises: a bug while building per-series families is logged and the health families are still
+served, so Prometheus keeps seeing ``kvwatch_up``. Derived per-series gauges are left out once the last
+good poll is older than ``stale_after`` seconds (poll clock); health families always stay.
+Sample timestamps are never attached: kvwatch polls on its own timer and Prometheus stamps on scrape.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from kvwatch import __version__
+from kvwatch.fetch import REASONS
+from kvwatch.state import Analyzer, SeriesState, State
+
+log = logging.getLogger(__name__)
+
+SERIES_LABELS = ["model_name", "engine"]
+_POLL_NOTE = " kvwatch polls vLLM on its own timer (--poll-interval-seconds), not on Prometheus' scrape."
+
+
+class KvwatchCollector(Collector):
+    def __init__(self, get_state: Callable[[], State], *, now: Callable[[], float], stale_after: float,
+                 analyzers: Sequence[Analyzer] = ()) -> None:
+        self._get_state = get_state
+        self._now = now
+        self._stale_after = stale_after
+        self._analyzers = tuple(analyzers)
+
+    def describe(self) -> list[Metric]:
+        return []  # families vary with the state; registering must not run a collection
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            state = self._get_state()
+            now = self._now()
+        except Exception:  # never fail a scrape
+            log.exception("cannot read state")
+            yield from _build_info()
+            return
+        yield from _health(state)
+        try:
+            fresh = state.fresh(now, self._stale_after)
+            series = state.series if fresh else {}
+            families = list(_series_families(series))
+            for analyzer in self._analyzers:
+                results = {k: s.extra[analyzer.name] for k, s in series.items()
+                           if s.extra.get(analyzer.name) is not None}
+                try:
+                    families.extend(analyzer.families(results, now))
+                except Exception:
+                    log.exception("analyzer %s failed to export", analyzer.name)
+        except Exception:
+            log.exception("cannot export per-series metrics")
+            return
+        yield from families
+
+
+def make_registry(collector: KvwatchCollector) -> CollectorRegistry:
+    """A private registry holding only kvwatch's collector (no process/python defaults)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return registry
+
+
+def _build_info() -> Iterator[Metric]:
+    info = GaugeMetricFamily("kvwatch_build_info", "kvwatch build; always 1.", labels=["version"])
+    info.add_metric([__version__], 1.0)
+    yield info
+
+
+def _health(state: State) -> Iterator[Metric]:
+    health = state.health
+    yield from _build_info()
+    yield GaugeMetricFamily(
+        "kvwatch_up", "1 if the last poll fetched and recognised a vLLM payload, else 0." + _POLL_NOTE,
+        value=1.0 if health.up else 0.0)
+    if health.scrape_duration_seconds is not None:
+        yield GaugeMetricFamily("kvwatch_scrape_duration_seconds",
+                                "Duration of the last poll of the vLLM target (fetch, parse, analyse).",
+                                value=health.scrape_duration_seconds)
+    errors = CounterMetricFamily("kvwatch_scrape_errors", "Failed polls of the vLLM target, by reason.",
+                                 labels=["reason"])
+    for reason in REASONS:
+        errors.add_metric([reason], float(health.errors_total.get(reason, 0)))
+    yield errors
+    if health.last_success_timestamp is not None:
+        yield GaugeMetricFamily("kvwatch_last_success_timestamp_seconds",
+                                "Unix time of the last successful poll of the vLLM target.",
+                                value=health.last_success_timestamp)
+    if state.detection is not None:
+        info = GaugeMetricFamily(
+            "kvwatch_source_info", "Which engine generation and usage metric the last good poll detected; 1.",
+            labels=["engine_kind", "version_range", "usage_metric"])
+        d = state.detection
+        info.add_metric([d.engine_kind, d.version_range, d.usage_metric or ""], 1.0)
+        yield info
+
+
+def _gauge(name: str, help_text: str, series: dict, value: Callable[[SeriesState], float | None]) -> Metric | None:
+    family = GaugeMetricFamily(name, help_text, labels=SERIES_LABELS)
+    for key, s in series.items():
+        v = value(s)
+        if v is not None:
+            family.add_metric(list(key), float(v))
+    return family if family.samples else None
+
+
+def _series_families(series: dict) -> Iterator[Metric]:
+    specs: list[tuple[str, str, Callable[[SeriesState], float | None]]] = [
+        ("kvwatch_kv_usage_ratio", "KV-cache usage of the engine, 0..1 (evictable prefix-cache blocks are free).",
+         lambda s: s.reading.kv_usage_ratio),
+        ("kvwatch_kv_capacity_tokens", "KV-cache capacity of the engine in tokens (vLLM-reported, else blocks x "
+         "block size per engine).", lambda s: s.reading.kv_capacity_tokens),
+        ("kvwatch_kv_used_tokens", "Tokens held in the KV cache: usage ratio x capacity.",
+         lambda s: s.reading.kv_used_tokens),
+        ("kvwatch_requests_running", "Requests in vLLM's running batch.", lambda s: s.reading.requests_running),
+        ("kvwatch_requests_waiting", "Requests waiting in vLLM's queue.", lambda s: s.reading.requests_waiting),
+        ("kvwatch_preemptions_per_second", "Preemptions per second over the last minute of polls.",
+         lambda s: s.preemptions_per_second),
+        ("kvwatch_concurrency_headroom", "Concurrency ceiling at the observed request mix minus running requests.",
+         lambda s: s.concurrency_headroom),
+    ]
+    for name, help_text, value in specs:
+        family = _gauge(name, help_text + _POLL_NOTE, series, value)
+        if family is not None:
+            yield family
+    ceiling = GaugeMetricFamily(
+        "kvwatch_max_concurrency",
+        "Concurrent requests the KV cache holds: basis=observed_mix (mean finished request's prompt+output "
+        "tokens) or basis=max_model_len (every request at max length).", labels=[*SERIES_LABELS, "basis"])
+    for key, s in series.items():
+        for basis, value in sorted(s.max_concurrency.items()):
+            ceiling.add_metric([*key, basis], value)
+    if ceiling.samples:
+        yield ceiling

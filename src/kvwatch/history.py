@@ -1,0 +1,143 @@
+"""Bounded per-series history of Readings, counter rates and restart detection (pure: caller's timestamps).
+
+One :class:`SeriesHistory` per ``(model_name, engine)``, a ring of the last ``max_samples`` polls. Rates
+follow Prometheus' ``rate()``: a counter that goes down was reset, and its new value is the increase since
+the reset. A restart of vLLM is recognised when any counter goes down, ``process_start_time_seconds``
+changes, or ``vllm:cache_config_info`` changes (a new KV configuration); it is counted and stamped so that
+analyzers can discard what came before (``samples(since_restart=True)``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from itertools import pairwise
+
+from kvwatch.model import Poll, Reading, SeriesKey
+
+COUNTER_FIELDS: tuple[str, ...] = (
+    "preemptions_total", "prompt_tokens_total", "generation_tokens_total", "prefix_cache_queries_total",
+    "prefix_cache_hits_total", "request_prompt_tokens_sum", "request_prompt_tokens_count",
+    "request_generation_tokens_sum", "request_generation_tokens_count",
+)
+
+DEFAULT_MAX_SAMPLES = 720  # one hour at the default 5 s poll interval
+
+
+@dataclass(frozen=True)
+class Entry:
+    timestamp: float
+    reading: Reading
+
+
+def restart_reason(previous: Reading, current: Reading) -> str | None:
+    """Why ``current`` looks like a new vLLM process compared with ``previous``, or None."""
+    if (previous.process_start_time_seconds is not None and current.process_start_time_seconds is not None
+            and previous.process_start_time_seconds != current.process_start_time_seconds):
+        return "process_start_time_seconds changed"
+    if previous.cache_config and current.cache_config and dict(previous.cache_config) != dict(current.cache_config):
+        return "cache_config_info changed"
+    for name in COUNTER_FIELDS:
+        before, now = getattr(previous, name), getattr(current, name)
+        if before is not None and now is not None and now < before:
+            return f"{name} went down"
+    for reason in set(previous.finished_by_reason) & set(current.finished_by_reason):
+        if current.finished_by_reason[reason] < previous.finished_by_reason[reason]:
+            return "request_success_total went down"
+    return None
+
+
+class SeriesHistory:
+    """The last ``max_samples`` readings of one series, oldest first."""
+
+    def __init__(self, max_samples: int = DEFAULT_MAX_SAMPLES) -> None:
+        if max_samples < 2:
+            raise ValueError("max_samples must be at least 2")
+        self._entries: deque[Entry] = deque(maxlen=max_samples)
+        self.restarts = 0
+        self.last_restart_timestamp: float | None = None
+        self.last_restart_reason: str | None = None
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(self._entries)
+
+    @property
+    def latest(self) -> Entry | None:
+        return self._entries[-1] if self._entries else None
+
+    def append(self, timestamp: float, reading: Reading) -> str | None:
+        """Record one reading; returns the restart reason when this reading starts a new vLLM process."""
+        if self._entries and timestamp <= self._entries[-1].timestamp:
+            raise ValueError(f"timestamps must increase: {timestamp} after {self._entries[-1].timestamp}")
+        reason = restart_reason(self._entries[-1].reading, reading) if self._entries else None
+        if reason is not None:
+            self.restarts += 1
+            self.last_restart_timestamp = timestamp
+            self.last_restart_reason = reason
+        self._entries.append(Entry(timestamp, reading))
+        return reason
+
+    def samples(self, since_restart: bool = False, window: float | None = None) -> list[Entry]:
+        """Entries, optionally only those after the last restart and/or within ``window`` s of the newest."""
+        entries = list(self._entries)
+        if since_restart and self.last_restart_timestamp is not None:
+            entries = [e for e in entries if e.timestamp >= self.last_restart_timestamp]
+        if window is not None and entries:
+            start = entries[-1].timestamp - window
+            entries = [e for e in entries if e.timestamp >= start]
+        return entries
+
+    def increase(self, field: str, window: float | None = None) -> tuple[float, float] | None:
+        """(increase, elapsed seconds) of counter ``field`` over ``window``, resets handled; None if < 2 points."""
+        points = [(e.timestamp, getattr(e.reading, field)) for e in self.samples(window=window)]
+        points = [(t, v) for t, v in points if v is not None]
+        if len(points) < 2:
+            return None
+        total = 0.0
+        for (_, before), (_, now) in pairwise(points):
+            total += now - before if now >= before else now  # a reset: the new value counts from zero
+        return total, points[-1][0] - points[0][0]
+
+    def rate(self, field: str, window: float | None = None) -> float | None:
+        """Per-second increase of counter ``field`` over the last ``window`` seconds (None when unknown)."""
+        result = self.increase(field, window)
+        if result is None or result[1] <= 0:
+            return None
+        return result[0] / result[1]
+
+
+class History:
+    """SeriesHistory per (model_name, engine); series unseen for ``forget_after`` seconds are dropped."""
+
+    def __init__(self, max_samples: int = DEFAULT_MAX_SAMPLES, forget_after: float = 3600.0) -> None:
+        self.max_samples = max_samples
+        self.forget_after = forget_after
+        self._series: dict[SeriesKey, SeriesHistory] = {}
+
+    def __getitem__(self, key: SeriesKey) -> SeriesHistory:
+        return self._series[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._series
+
+    def keys(self) -> Iterable[SeriesKey]:
+        return self._series.keys()
+
+    def record(self, poll: Poll) -> dict[SeriesKey, str]:
+        """Append every reading of ``poll``; returns the series that restarted, with the reason."""
+        restarted: dict[SeriesKey, str] = {}
+        for reading in poll.readings:
+            series = self._series.get(reading.key)
+            if series is None:
+                series = self._series[reading.key] = SeriesHistory(self.max_samples)
+            reason = series.append(poll.timestamp, reading)
+            if reason is not None:
+                restarted[reading.key] = reason
+        for key in [k for k, s in self._series.items()
+                    if s.latest is not None and poll.timestamp - s.latest.timestamp > self.forget_after]:
+            del self._series[key]
+        return restarted

@@ -1,0 +1,132 @@
+"""The frozen snapshot the exporter reads, and how each series' derived values are computed.
+
+Each poll builds a new :class:`State` and the app swaps one reference; the collector reads that reference
+once per scrape, so a scrape never sees half of a poll.
+
+Extending it (capacity model, forecaster, advisor): write an :class:`Analyzer` and add it to the app's
+analyzer list. Each poll the app calls ``analyze(key, history, reading, now)`` for every series and stores
+the result under ``SeriesState.extra[analyzer.name]``; at scrape time the collector calls
+``analyzer.families(results, now)`` with the fresh series' results, and exports what it yields. An analyzer
+that raises loses only its own result for that poll (logged); it never breaks the poll or the scrape.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Protocol
+
+from kvwatch.fetch import REASONS
+from kvwatch.history import SeriesHistory
+from kvwatch.model import Detection, Reading, SeriesKey
+
+RATE_WINDOW_SECONDS = 60.0
+"""Window of ``kvwatch_preemptions_per_second`` and of the recent request mix (poll-clock seconds)."""
+
+
+class Analyzer(Protocol):
+    """A per-series plug-in run each poll (pure: no clock, no I/O; ``now`` is the poll timestamp)."""
+
+    name: str
+
+    def analyze(self, key: SeriesKey, history: SeriesHistory, reading: Reading, now: float) -> Any:
+        """The per-series result (any immutable value), or None when there is nothing to say."""
+
+    def families(self, results: Mapping[SeriesKey, Any], now: float) -> Iterable[Any]:
+        """prometheus_client metric families for the fresh series' results (``{key: result}``)."""
+
+
+@dataclass(frozen=True)
+class SeriesState:
+    """One series as exported: the reading plus derived values and analyzer results."""
+
+    reading: Reading
+    preemptions_per_second: float | None = None
+    max_concurrency: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    concurrency_headroom: float | None = None
+    mean_request_tokens: float | None = None
+    extra: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True)
+class Health:
+    up: bool = False
+    scrape_duration_seconds: float | None = None
+    errors_total: Mapping[str, int] = field(default_factory=lambda: MappingProxyType(dict.fromkeys(REASONS, 0)))
+    last_error_reason: str | None = None
+    last_error: str | None = None
+    last_success_timestamp: float | None = None
+    polls_total: int = 0
+
+
+@dataclass(frozen=True)
+class State:
+    """Everything one scrape exports. ``timestamp`` and ``last_success_timestamp`` use the poll clock."""
+
+    timestamp: float | None = None
+    health: Health = field(default_factory=Health)
+    detection: Detection | None = None
+    series: Mapping[SeriesKey, SeriesState] = field(default_factory=lambda: MappingProxyType({}))
+
+    def fresh(self, now: float, stale_after: float) -> bool:
+        """Whether derived per-series values may still be exported at ``now``."""
+        last = self.health.last_success_timestamp
+        return last is not None and now - last <= stale_after
+
+
+def mean_request_tokens(reading: Reading, history: SeriesHistory | None = None,
+                        window: float = RATE_WINDOW_SECONDS) -> float | None:
+    """Mean KV footprint of a finished request (prompt + generated tokens), recent window first, else lifetime."""
+    if history is not None:
+        parts = [history.increase(f, window) for f in (
+            "request_prompt_tokens_sum", "request_prompt_tokens_count",
+            "request_generation_tokens_sum", "request_generation_tokens_count")]
+        if all(p is not None for p in parts):
+            p_sum, p_count, g_sum, g_count = (p[0] for p in parts)  # type: ignore[index]
+            if p_count > 0 and g_count > 0:
+                return p_sum / p_count + g_sum / g_count
+    if reading.request_prompt_tokens_count and reading.request_generation_tokens_count and \
+            reading.request_prompt_tokens_sum is not None and reading.request_generation_tokens_sum is not None:
+        return (reading.request_prompt_tokens_sum / reading.request_prompt_tokens_count
+                + reading.request_generation_tokens_sum / reading.request_generation_tokens_count)
+    return None
+
+
+def max_concurrency(reading: Reading, mean_tokens: float | None, max_model_len: int | None) -> dict[str, float]:
+    """Concurrency ceilings by basis: ``observed_mix`` (capacity / mean request footprint; else the current
+    running requests / usage) and ``max_model_len`` (vLLM's own figure when reported, else blocks per request)."""
+    out: dict[str, float] = {}
+    capacity = reading.kv_capacity_tokens
+    if capacity is not None and mean_tokens:
+        out["observed_mix"] = capacity / mean_tokens
+    elif reading.kv_usage_ratio and reading.kv_usage_ratio > 0.01 and reading.requests_running:
+        out["observed_mix"] = reading.requests_running / reading.kv_usage_ratio
+    if reading.kv_max_concurrency is not None:
+        out["max_model_len"] = reading.kv_max_concurrency
+    elif max_model_len:
+        if reading.num_gpu_blocks is not None and reading.block_size:
+            out["max_model_len"] = reading.num_gpu_blocks / math.ceil(max_model_len / reading.block_size)
+        elif capacity is not None:
+            out["max_model_len"] = capacity / max_model_len
+    return out
+
+
+def derive(reading: Reading, history: SeriesHistory | None, max_model_len: int | None = None,
+           extra: Mapping[str, Any] | None = None) -> SeriesState:
+    """The exported view of one series (history may be None for a one-shot ``kvwatch check``)."""
+    mean_tokens = mean_request_tokens(reading, history)
+    ceilings = max_concurrency(reading, mean_tokens, max_model_len)
+    headroom = None
+    if "observed_mix" in ceilings and reading.requests_running is not None:
+        headroom = ceilings["observed_mix"] - reading.requests_running
+    rate = history.rate("preemptions_total", RATE_WINDOW_SECONDS) if history is not None else None
+    return SeriesState(
+        reading=reading,
+        preemptions_per_second=rate,
+        max_concurrency=MappingProxyType(ceilings),
+        concurrency_headroom=headroom,
+        mean_request_tokens=mean_tokens,
+        extra=MappingProxyType(dict(extra or {})),
+    )
