@@ -1,0 +1,155 @@
+"""The rule pack is valid, tested by promtool, and keeps the conventions the docs promise.
+
+Runs the real ``promtool`` (Debian's prometheus package; ``make tools`` installs it): a missing promtool
+fails these tests with a message saying how to install it, it never skips them.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from e2e.rules_for_e2e import differences_besides_for, for_durations, parse_duration, shorten_for
+
+ROOT = Path(__file__).resolve().parents[1]
+RULES = ROOT / "alerts" / "kvwatch-rules.yaml"
+RULE_TESTS = sorted((ROOT / "alerts" / "tests").glob("*.yaml"))
+RUNBOOKS = ROOT / "docs" / "runbooks.md"
+
+# Contract (design.md): alert names and their severities.
+ALERTS = {
+    "KVCacheBottleneck": "critical",
+    "KVCacheExhaustionForecast": "warning",
+    "KVCachePreemptionStorm": "warning",
+    "VLLMSchedulerLimited": "info",
+    "VLLMEngineStalled": "critical",
+    "KvwatchTargetDown": "warning",
+    "KvwatchAbsent": "warning",
+}
+# kvwatch gauges that vanish or go stale with the sidecar: alerts reading them need the kvwatch_up guard.
+DERIVED = re.compile(
+    r"kvwatch_(kv_usage_ratio|kv_used_tokens|kv_capacity_tokens|requests_running|requests_waiting|"
+    r"preemptions_per_second|max_concurrency|concurrency_headroom|kv_exhaustion_eta_seconds|"
+    r"kv_usage_forecast_ratio|state|whatif_max_concurrency|formula_kv_capacity_tokens)\b"
+)
+GUARD = re.compile(r"\)\s*and on \(instance, job\) \(kvwatch_up == 1\)\s*$")
+RECORD_NAME = re.compile(r"^[a-z_]+:[a-z0-9_]+:[a-z0-9_]+$")
+
+
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.fail("promtool not found on PATH: run `make tools` (installs Debian's prometheus package)")
+    return path
+
+
+def load_rules() -> list[dict]:
+    return [rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]]
+
+
+def alert_rules() -> list[dict]:
+    return [rule for rule in load_rules() if "alert" in rule]
+
+
+def test_promtool_check_rules_passes_including_lint() -> None:
+    result = subprocess.run([promtool(), "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+def test_promtool_unit_tests_pass() -> None:
+    assert len(RULE_TESTS) >= 5
+    result = subprocess.run(
+        [promtool(), "test", "rules", *map(str, RULE_TESTS)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("SUCCESS") == len(RULE_TESTS)
+
+
+def test_promtool_unit_tests_catch_a_missing_guard(tmp_path: Path) -> None:
+    """The unit tests are not vacuous: the same tests against a pack without the guard must fail."""
+    (tmp_path / "tests").mkdir()
+    for test in RULE_TESTS:
+        (tmp_path / "tests" / test.name).write_text(test.read_text())
+    (tmp_path / "kvwatch-rules.yaml").write_text(RULES.read_text().replace("(kvwatch_up == 1)", "(kvwatch_up >= 0)"))
+    result = subprocess.run(
+        [promtool(), "test", "rules", str(tmp_path / "tests" / "forecast.test.yaml")],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode != 0
+    assert "stale sidecar with a high forecast does not fire" in result.stdout + result.stderr
+
+
+def test_pack_has_exactly_the_contract_alerts() -> None:
+    assert {rule["alert"] for rule in alert_rules()} == set(ALERTS)
+
+
+@pytest.mark.parametrize("rule", alert_rules(), ids=lambda r: r["alert"])
+def test_every_alert_has_for_severity_and_annotations(rule: dict) -> None:
+    assert parse_duration(rule["for"]) >= 60
+    assert rule["labels"] == {"severity": ALERTS[rule["alert"]]}
+    annotations = rule["annotations"]
+    assert set(annotations) == {"summary", "description", "runbook_url"}
+    if rule["alert"] not in {"KvwatchTargetDown", "KvwatchAbsent"}:  # their value is a constant 0
+        assert "$value" in annotations["description"]
+        assert "$labels.model_name" in annotations["description"]
+    assert "$labels.pod" in annotations["description"]
+
+
+@pytest.mark.parametrize("rule", alert_rules(), ids=lambda r: r["alert"])
+def test_runbook_url_points_to_an_existing_section(rule: dict) -> None:
+    url = rule["annotations"]["runbook_url"]
+    assert url.startswith("https://") and "/docs/runbooks.md#" in url
+    anchor = url.rsplit("#", 1)[1]
+    headings = re.findall(r"^#{2,3} (.+)$", RUNBOOKS.read_text(), flags=re.MULTILINE)
+    anchors = {re.sub(r"[^a-z0-9 _-]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+    assert anchor == rule["alert"].lower()
+    assert anchor in anchors, f"docs/runbooks.md has no section for #{anchor}"
+
+
+@pytest.mark.parametrize("rule", alert_rules(), ids=lambda r: r["alert"])
+def test_alerts_on_derived_gauges_are_guarded_by_kvwatch_up(rule: dict) -> None:
+    expr = rule["expr"]
+    if DERIVED.search(expr):
+        assert GUARD.search(expr.strip()), f"{rule['alert']} reads derived gauges without the kvwatch_up guard"
+
+
+def test_recording_rules_follow_level_metric_operation() -> None:
+    records = [rule for rule in load_rules() if "record" in rule]
+    assert len(records) >= 8
+    for rule in records:
+        assert RECORD_NAME.match(rule["record"]), rule["record"]
+        level = rule["record"].split(":")[0]
+        assert f"by ({level.replace('_model_name', ', model_name').replace('_state', ', state')})" in rule["expr"]
+
+
+def test_every_alert_has_a_firing_and_a_silent_promtool_case() -> None:
+    fired: set[str] = set()
+    silent: set[str] = set()
+    for path in RULE_TESTS:
+        for case in yaml.safe_load(path.read_text())["tests"]:
+            for check in case.get("alert_rule_test", []):
+                (fired if check.get("exp_alerts") else silent).add(check["alertname"])
+    assert fired == set(ALERTS)
+    assert silent == set(ALERTS)
+
+
+def test_e2e_copy_differs_only_in_shorter_for() -> None:
+    source = RULES.read_text()
+    copy = shorten_for(source, 60)
+    assert differences_besides_for(source, copy) == []
+    long, short = for_durations(source), for_durations(copy)
+    assert long.keys() == short.keys()
+    for name in long:
+        assert all(s < lg for s, lg in zip(short[name], long[name], strict=True)), name
+
+
+def test_difference_check_catches_a_changed_threshold() -> None:
+    source = RULES.read_text()
+    tampered = shorten_for(source, 60).replace("< 1800", "< 3600")
+    assert differences_besides_for(source, tampered) == ["rule KVCacheExhaustionForecast differs"]
