@@ -1,0 +1,194 @@
+"""Check the capacity model against real vLLM startup logs and print the per-row error table.
+
+``python -m kvwatch.capacity.calibrate [CSV]`` (default ``tests/fixtures/calibration/vllm_kv_capacity.csv``)
+prints the Markdown table published in docs/capacity.md. Two modes per row:
+
+- ``logged``: the row's own weights, activation peak and non-torch memory (as vLLM printed them) go in;
+  only the budget -> blocks -> tokens arithmetic is tested.
+- ``estimated``: only the model name and the settings go in (weights, activation and non-torch are the
+  model's estimates); this is what ``kvwatch plan --model X --gpu Y`` would say.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from kvwatch.capacity import memory
+from kvwatch.capacity.memory import GIB
+from kvwatch.capacity.planner import DeploymentSpec, SpecError, parse_version, plan_capacity
+from kvwatch.capacity.presets import PresetError, match_model, resolve_gpu
+
+DEFAULT_CSV = Path("tests/fixtures/calibration/vllm_kv_capacity.csv")
+
+
+@dataclass(frozen=True)
+class RowResult:
+    line: int  # CSV line number (header = 1)
+    model: str
+    setting: str
+    kind: str  # standard, mla, sliding
+    mode: str  # logged, estimated
+    predicted: int
+    actual: int
+
+    @property
+    def error(self) -> float:
+        """Signed relative error of the predicted token count."""
+        return (self.predicted - self.actual) / self.actual
+
+
+def load_rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def _float(row: dict[str, str], key: str) -> float | None:
+    text = (row.get(key) or "").strip()
+    return float(text) if text else None
+
+
+def _int(row: dict[str, str], key: str) -> int | None:
+    value = _float(row, key)
+    return int(value) if value is not None else None
+
+
+def _quantization(row: dict[str, str], implied: str | None) -> str | None:
+    text = (row.get("quantization") or "").strip().split(" ")[0].lower()
+    if not text or text == "compressed-tensors":
+        return implied
+    return text
+
+
+def _base_spec(row: dict[str, str]) -> tuple[DeploymentSpec, str] | None:
+    """The settings part of a row (no measured memory), or None when the model has no preset."""
+    try:
+        match = match_model(row["model"].split(" (")[0])
+    except PresetError:
+        return None
+    arch = match.arch
+    kind = "mla" if arch.is_mla else "sliding" if arch.has_sliding_window else "standard"
+    gpu_bytes = _float(row, "gpu_total_gib")
+    gpu_name = row.get("gpu") or None
+    if gpu_bytes is not None:
+        gpu_bytes *= GIB
+    elif gpu_name:
+        try:
+            gpu_bytes = float(resolve_gpu(gpu_name.split(" (")[0]).total_memory_bytes)
+        except PresetError:
+            gpu_bytes = None
+    spec = DeploymentSpec(
+        arch=arch,
+        gpu_memory_bytes=gpu_bytes,
+        gpu_name=gpu_name,
+        gpu_memory_utilization=_float(row, "gpu_memory_utilization"),
+        tensor_parallel_size=_int(row, "tp") or 1,
+        pipeline_parallel_size=_int(row, "pp") or 1,
+        dtype=(row.get("dtype") or "auto").strip() or "auto",
+        kv_cache_dtype=(row.get("kv_cache_dtype") or "auto").strip() or "auto",
+        quantization=_quantization(row, match.quantization),
+        block_size=_int(row, "block_size") or 16,
+        max_model_len=_int(row, "max_model_len"),
+        vllm_version=parse_version(row.get("vllm_version") or None),
+    )
+    return spec, kind
+
+
+def _setting(spec: DeploymentSpec, row: dict[str, str]) -> str:
+    parts = [row.get("gpu") or "?", f"TP{spec.tensor_parallel_size}"]
+    if spec.pipeline_parallel_size > 1:
+        parts.append(f"PP{spec.pipeline_parallel_size}")
+    parts.append(f"len {spec.max_model_len}" if spec.max_model_len else "len default")
+    if spec.dtype != "auto":
+        parts.append(spec.dtype)
+    if spec.kv_cache_dtype != "auto":
+        parts.append(f"kv {spec.kv_cache_dtype}")
+    if spec.quantization:
+        parts.append(f"q {spec.quantization}")
+    parts.append(f"v{row.get('vllm_version') or '?'}")
+    return ", ".join(parts)
+
+
+def evaluate(rows: Sequence[dict[str, str]]) -> list[RowResult]:
+    """Every row with vLLM's token count and a known model, in both modes where the row allows."""
+    results: list[RowResult] = []
+    for line, row in enumerate(rows, start=2):
+        actual = _int(row, "kv_cache_tokens")
+        base = _base_spec(row)
+        if actual is None or base is None:
+            continue
+        spec, kind = base
+        setting = _setting(spec, row)
+        logged = [_float(row, k) for k in ("gpu_total_gib", "gpu_memory_utilization", "weights_gib",
+                                           "activation_peak_gib", "non_torch_gib")]
+        if all(v is not None for v in logged):
+            activation = float(logged[3] or 0) * GIB
+            if spec.pipeline_parallel_size > 1 and spec.arch is not None:
+                # The log is stage 0's; vLLM sizes KV on the tightest stage, the last one, which also samples.
+                _, seqs = memory.default_batch_limits(spec.gpu_memory_bytes or 0, spec.gpu_name)
+                activation += memory.pp_last_stage_extra_bytes(spec.arch, seqs)
+            measured = replace(spec, weights_bytes=float(logged[2] or 0) * GIB, activation_bytes=activation,
+                               non_torch_bytes=float(logged[4] or 0) * GIB)
+            results.append(RowResult(line, row["model"], setting, kind, "logged",
+                                     plan_capacity(measured).kv_cache_tokens, actual))
+        if spec.gpu_memory_bytes is not None:
+            try:
+                estimate = plan_capacity(spec)
+            except SpecError:
+                continue
+            results.append(RowResult(line, row["model"], setting, kind, "estimated", estimate.kv_cache_tokens,
+                                     actual))
+    return results
+
+
+def summary(results: Iterable[RowResult]) -> dict[str, float]:
+    res = list(results)
+    logged = [r for r in res if r.mode == "logged"]
+    estimated = [r for r in res if r.mode == "estimated"]
+
+    def worst(kinds: set[str]) -> float:
+        errs = [abs(r.error) for r in logged if r.kind in kinds]
+        return max(errs) if errs else 0.0
+
+    return {
+        "logged_rows": len(logged),
+        "estimated_rows": len(estimated),
+        "logged_max_error_standard_mla": worst({"standard", "mla"}),
+        "logged_max_error_sliding": worst({"sliding"}),
+        "estimated_median_abs_error": statistics.median(abs(r.error) for r in estimated) if estimated else 0.0,
+    }
+
+
+def render_markdown(results: Sequence[RowResult]) -> str:
+    lines = ["| line | model | setting | kind | mode | kvwatch tokens | vLLM tokens | error |",
+             "|---:|---|---|---|---|---:|---:|---:|"]
+    for r in results:
+        lines.append(f"| {r.line} | {r.model} | {r.setting} | {r.kind} | {r.mode} | {r.predicted:,} | "
+                     f"{r.actual:,} | {r.error * 100:+.2f}% |")
+    s = summary(results)
+    lines += [
+        "",
+        f"- logged mode, {s['logged_rows']:.0f} rows: worst error {s['logged_max_error_standard_mla'] * 100:.2f}% on "
+        f"standard/MLA rows, {s['logged_max_error_sliding'] * 100:.2f}% on sliding-window rows",
+        f"- estimated mode, {s['estimated_rows']:.0f} rows: median absolute error "
+        f"{s['estimated_median_abs_error'] * 100:.2f}%",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    path = Path(args[0]) if args else DEFAULT_CSV
+    if not path.is_file():
+        print(f"calibrate: no such file {path}", file=sys.stderr)
+        return 2
+    print(render_markdown(evaluate(load_rows(path))))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

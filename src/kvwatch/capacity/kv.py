@@ -1,0 +1,185 @@
+"""KV cache geometry: bytes per token, layer groups, blocks, tokens and concurrency (pure).
+
+Follows vLLM's own arithmetic (``vllm/v1/core/kv_cache_utils.py``, ``kv_cache_interface.py``):
+
+- standard attention, per rank: ``2 × layers_on_rank × max(1, kv_heads // TP) × head_dim × kv_bytes``
+  (heads are replicated, not split, once TP exceeds them; PP divides the layers);
+- MLA: ``layers × (kv_lora_rank + qk_rope_head_dim) × kv_bytes``, not divided by TP;
+- sliding-window / hybrid models: layers are bucketed by attention type and cut into equal groups of
+  ``group_size`` layers (the smallest bucket, or the largest when it is under 1.5× the smallest);
+  one block id spans one page per layer slot of a group, so a "block row" costs
+  ``group_size × page`` bytes, and every group draws its own block ids from the shared pool.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvwatch.capacity.architecture import FULL, SLIDING, ModelArch
+
+# vLLM versions that matter for the reported token count, as (major, minor) tuples.
+HYBRID_GROUPING_SINCE = (0, 9)  # before: every attention layer treated as full attention, one group
+TOKENS_FROM_CONCURRENCY_SINCE = (0, 20)  # from here "KV cache size" = int(max_concurrency × max_model_len)
+
+
+@dataclass(frozen=True)
+class KVGroup:
+    kind: str  # FULL or SLIDING
+    num_layers: int  # real layers in this group (<= group_size; the rest is padding)
+    sliding_window: int | None = None
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """How one rank lays out its KV cache."""
+
+    block_size: int
+    bytes_per_token_per_layer: int  # one layer slot, one token, this rank
+    group_size: int  # layer slots per group (a block row spans this many pages)
+    groups: tuple[KVGroup, ...]
+    num_attention_layers: int  # on this rank
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.groups)
+
+    @property
+    def bytes_per_block_row(self) -> int:
+        return self.block_size * self.group_size * self.bytes_per_token_per_layer
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes one token costs in every attention layer of this rank (the textbook figure)."""
+        return self.bytes_per_token_per_layer * self.num_attention_layers
+
+    @property
+    def is_hybrid(self) -> bool:
+        return self.num_groups > 1
+
+
+def kv_dtype_bytes(kv_cache_dtype: str, model_dtype_bytes: int) -> int:
+    """Bytes per KV element: ``fp8*`` is stored as uint8 (1 byte); ``auto`` follows the model dtype."""
+    kv = kv_cache_dtype.lower()
+    if kv.startswith("fp8"):
+        return 1
+    if kv in {"bfloat16", "bf16", "float16", "fp16", "half"}:
+        return 2
+    if kv in {"float32", "fp32", "float"}:
+        return 4
+    return model_dtype_bytes
+
+
+def layers_on_rank(num_layers: int, pp: int) -> int:
+    """Layers held by the largest pipeline stage (vLLM splits evenly, remainder to the last stages)."""
+    return math.ceil(num_layers / pp)
+
+
+def kv_bytes_per_token_per_layer(arch: ModelArch, tp: int, kv_bytes: int) -> int:
+    if arch.is_mla:
+        return (int(arch.kv_lora_rank or 0) + int(arch.qk_rope_head_dim or 0)) * kv_bytes
+    return 2 * max(1, arch.num_kv_heads // tp) * arch.head_dim * kv_bytes
+
+
+def group_layers(layer_types: tuple[str, ...], sliding_window: int | None,
+                 version: tuple[int, int]) -> tuple[int, tuple[KVGroup, ...]]:
+    """vLLM's equal-size grouping of attention layers by type: returns (group_size, groups)."""
+    if not layer_types:
+        return 0, ()
+    buckets: dict[str, int] = {}
+    for kind in layer_types:
+        key = SLIDING if kind == SLIDING and version >= HYBRID_GROUPING_SINCE else FULL
+        buckets[key] = buckets.get(key, 0) + 1
+    if len(buckets) == 1:
+        kind, count = next(iter(buckets.items()))
+        return count, (KVGroup(kind, count, sliding_window if kind == SLIDING else None),)
+    smallest, largest = min(buckets.values()), max(buckets.values())
+    group_size = largest if largest < smallest * 1.5 else smallest
+    groups: list[KVGroup] = []
+    for kind in (FULL, SLIDING):
+        remaining = buckets.get(kind, 0)
+        while remaining > 0:
+            groups.append(KVGroup(kind, min(group_size, remaining), sliding_window if kind == SLIDING else None))
+            remaining -= group_size
+    return group_size, tuple(groups)
+
+
+def kv_layout(arch: ModelArch, tp: int, pp: int, kv_bytes: int, block_size: int,
+              version: tuple[int, int]) -> KVLayout:
+    types = arch.attention_layer_types
+    on_rank = layers_on_rank(len(types), pp)
+    stage_types = types[:on_rank]  # the first (largest) stage's contiguous slice of layers
+    group_size, groups = group_layers(stage_types, arch.sliding_window, version)
+    return KVLayout(
+        block_size=block_size,
+        bytes_per_token_per_layer=kv_bytes_per_token_per_layer(arch, tp, kv_bytes),
+        group_size=group_size,
+        groups=groups,
+        num_attention_layers=on_rank,
+    )
+
+
+def uniform_layout(kv_bytes_per_token: int, block_size: int) -> KVLayout:
+    """A layout when only the per-token byte count is known (one group, one 'layer')."""
+    return KVLayout(block_size=block_size, bytes_per_token_per_layer=kv_bytes_per_token, group_size=1,
+                    groups=(KVGroup(FULL, 1),), num_attention_layers=1)
+
+
+def num_gpu_blocks(available_bytes: float, layout: KVLayout) -> int:
+    if available_bytes <= 0 or layout.bytes_per_block_row <= 0:
+        return 0
+    return int(available_bytes // layout.bytes_per_block_row)
+
+
+def tokens_needed(layout: KVLayout, seq_len: float, max_num_batched_tokens: int) -> float:
+    """Block-row tokens one request of ``seq_len`` tokens holds, summed over groups (continuous).
+
+    A sliding-window group keeps at most ``window - 1 + max_num_batched_tokens`` tokens plus one
+    block for a window that does not start on a block boundary (vLLM's ``max_memory_usage_bytes``).
+    """
+    total = 0.0
+    for group in layout.groups:
+        if group.kind == SLIDING and group.sliding_window:
+            cap = group.sliding_window - 1 + max_num_batched_tokens
+            total += min(seq_len, cap) + layout.block_size
+        else:
+            total += seq_len
+    return total
+
+
+def blocks_needed(layout: KVLayout, seq_len: int, max_num_batched_tokens: int) -> int:
+    """Whole blocks one request of ``seq_len`` tokens holds, summed over groups (vLLM's figure)."""
+    total = 0
+    for group in layout.groups:
+        if group.kind == SLIDING and group.sliding_window:
+            cap = group.sliding_window - 1 + max_num_batched_tokens
+            total += math.ceil(min(seq_len, cap) / layout.block_size) + 1
+        else:
+            total += math.ceil(seq_len / layout.block_size)
+    return total
+
+
+def max_concurrency_at(layout: KVLayout, blocks: int, seq_len: float, max_num_batched_tokens: int) -> float:
+    """How many requests of ``seq_len`` tokens fit: pool tokens ÷ tokens one request holds."""
+    if seq_len <= 0:
+        raise ValueError("sequence length must be positive")
+    return blocks * layout.block_size / tokens_needed(layout, seq_len, max_num_batched_tokens)
+
+
+def max_concurrency_at_max_model_len(layout: KVLayout, blocks: int, max_model_len: int,
+                                     max_num_batched_tokens: int) -> float:
+    """vLLM's "Maximum concurrency for N tokens per request" (whole blocks per request)."""
+    return blocks / blocks_needed(layout, max_model_len, max_num_batched_tokens)
+
+
+def reported_kv_cache_tokens(layout: KVLayout, blocks: int, max_model_len: int | None,
+                             max_num_batched_tokens: int, version: tuple[int, int]) -> int:
+    """The "GPU KV cache size: N tokens" figure vLLM prints and exports, per version.
+
+    Before 0.20: ``blocks // num_groups × block_size``. From 0.20: ``int(max_concurrency × max_model_len)``,
+    which on sliding-window models depends on max_model_len (it is not a byte-linear capacity).
+    """
+    if version >= TOKENS_FROM_CONCURRENCY_SINCE and max_model_len:
+        conc = max_concurrency_at_max_model_len(layout, blocks, max_model_len, max_num_batched_tokens)
+        return int(conc * max_model_len)
+    return blocks // max(1, layout.num_groups) * layout.block_size

@@ -1,0 +1,140 @@
+"""The memory budget and the estimates used when a figure was not measured (pure).
+
+vLLM (V1, per GPU worker): ``available_kv = total × gpu_memory_utilization − weights − activation_peak
+− non_torch``. The estimates below are simple documented models calibrated on the startup logs in
+``tests/fixtures/calibration`` (see docs/capacity.md for the error they leave).
+"""
+
+from __future__ import annotations
+
+from kvwatch.capacity.architecture import ModelArch
+
+GIB = 1 << 30
+
+# Bytes per parameter of quantized linear weights, including typical scale overhead.
+_QUANT_BYTES: dict[str, float] = {
+    "fp8": 1.0, "fp8_dynamic": 1.0, "fbgemm_fp8": 1.0, "int8": 1.0, "w8a8": 1.0, "w8a16": 1.0,
+    "modelopt": 1.0, "experts_int8": 1.0,
+    "int4": 0.5 + 2 / 128, "w4a16": 0.5 + 2 / 128, "awq": 0.5 + 2 / 128, "awq_marlin": 0.5 + 2 / 128,
+    "gptq": 0.5 + 2 / 128, "gptq_marlin": 0.5 + 2 / 128, "bitsandbytes": 0.5 + 2 / 64,
+    "mxfp4": 0.5 + 1 / 32, "nvfp4": 0.5 + 1 / 16, "modelopt_fp4": 0.5 + 1 / 16,
+}
+# Quantization methods that apply only to MoE experts (attention and dense layers stay in the dtype).
+_EXPERTS_ONLY = frozenset({"mxfp4", "experts_int8"})
+
+_DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2, "float32": 4, "fp32": 4,
+                "float": 4}
+
+# Activation model constants (fitted on vLLM 0.19 logs, see docs/capacity.md).
+SAMPLER_BYTES_PER_LOGIT = 14  # dummy sampler run: fp32 logits for max_num_seqs rows + ~2.5 working copies
+HIDDEN_COPIES = 2  # live hidden-state-sized buffers per batched token during the profile forward pass
+ACTIVATION_BASE_BYTES = 64 << 20
+NON_TORCH_TP1_BYTES = int(0.25 * GIB)  # CUDA context, cuBLAS workspaces
+NON_TORCH_MULTI_GPU_BYTES = int(2.1 * GIB)  # + NCCL buffers / custom all-reduce at TP >= 2
+
+
+class QuantizationError(ValueError):
+    """Unknown --quantization value (message lists the known ones)."""
+
+
+def known_quantizations() -> list[str]:
+    return sorted(_QUANT_BYTES)
+
+
+def model_dtype_bytes(dtype: str, arch: ModelArch | None) -> int:
+    """Bytes per element of the model dtype; ``auto`` follows the checkpoint, float32 downcast to bf16."""
+    d = dtype.lower()
+    if d == "auto":
+        checkpoint = (arch.torch_dtype if arch else "bfloat16").lower()
+        return 2 if checkpoint in {"float32", "fp32", "float"} else _DTYPE_BYTES.get(checkpoint, 2)
+    return _DTYPE_BYTES.get(d, 2)
+
+
+def quantized_bytes_per_param(quantization: str | None) -> float | None:
+    """Bytes per quantized linear parameter, ``None`` when unquantized."""
+    if quantization is None or quantization.lower() in {"", "none"}:
+        return None
+    q = quantization.lower().replace("-", "_")
+    if q in _QUANT_BYTES:
+        return _QUANT_BYTES[q]
+    raise QuantizationError(f"unknown quantization {quantization!r}; known: {', '.join(known_quantizations())}")
+
+
+def parameter_counts(arch: ModelArch) -> tuple[int, int, int]:
+    """(embedding + head, dense linear, expert linear) parameter counts the config implies.
+
+    When the preset records the model's published total, the linear part is scaled to match it.
+    """
+    embed = arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
+    h = arch.hidden_size
+    if arch.is_mla:
+        attn = h * (arch.num_attention_heads * 192 + int(arch.kv_lora_rank or 0) + int(arch.qk_rope_head_dim or 0))
+        attn += int(arch.kv_lora_rank or 0) * arch.num_attention_heads * 256 + arch.num_attention_heads * 128 * h
+    else:
+        q_out = arch.num_attention_heads * arch.head_dim
+        attn = h * q_out * 2 + 2 * h * arch.num_kv_heads * arch.head_dim
+    attn_layers = len(arch.attention_layer_types)
+    dense_mlp_layers = arch.num_layers if not arch.num_experts else arch.first_k_dense_layers
+    dense = attn * attn_layers + dense_mlp_layers * 3 * h * arch.intermediate_size
+    experts = 0
+    if arch.num_experts:
+        moe_layers = arch.num_layers - arch.first_k_dense_layers
+        per_expert = 3 * h * arch.moe_intermediate_size
+        experts = moe_layers * (arch.num_experts + arch.num_shared_experts) * per_expert
+    if arch.num_parameters:
+        implied = embed + dense + experts
+        scale = (arch.num_parameters - embed) / max(1, implied - embed)
+        dense, experts = int(dense * scale), int(experts * scale)
+    return embed, dense, experts
+
+
+def estimate_weights_bytes(arch: ModelArch, dtype_bytes: int, quantization: str | None, tp: int, pp: int) -> int:
+    """Weights per GPU: parameters × bytes per parameter, split over TP and PP ranks.
+
+    Embeddings and the LM head stay in the model dtype under every quantization method here.
+    """
+    embed, dense, experts = parameter_counts(arch)
+    q = quantized_bytes_per_param(quantization or arch.checkpoint_quantization)
+    experts_only = (quantization or arch.checkpoint_quantization or "").lower() in _EXPERTS_ONLY
+    dense_bytes = dense * (q if q is not None and not experts_only else dtype_bytes)
+    expert_bytes = experts * (q if q is not None else dtype_bytes)
+    total = embed * dtype_bytes + dense_bytes + expert_bytes
+    return int(total / (tp * pp))
+
+
+def default_batch_limits(gpu_memory_bytes: float, gpu_name: str | None = None) -> tuple[int, int]:
+    """vLLM's V1 serving defaults: (max_num_batched_tokens, max_num_seqs).
+
+    vLLM uses the larger pair on cards of 70 GiB or more except A100s (H100, H200, MI300X, ...).
+    """
+    if gpu_memory_bytes >= 70 * GIB and "a100" not in (gpu_name or "").lower():
+        return 8192, 1024
+    return 2048, 256
+
+
+def estimate_activation_bytes(arch: ModelArch, dtype_bytes: int, max_num_batched_tokens: int,
+                              max_num_seqs: int, tp: int, pp: int) -> int:
+    """Peak activation of vLLM's profile run, per GPU.
+
+    Two terms: the dummy sampler run holds fp32 logits for ``max_num_seqs`` rows of the vocabulary (plus
+    working copies), which dominates for large vocabularies; the forward pass holds a few hidden-state
+    sized buffers per batched token. Only the last PP stage samples, and it is the tightest rank.
+    """
+    sampler = max_num_seqs * arch.vocab_size * SAMPLER_BYTES_PER_LOGIT
+    hidden = max_num_batched_tokens * arch.hidden_size * HIDDEN_COPIES * dtype_bytes
+    del tp, pp  # vocab logits are gathered on every rank; hidden states are not split by TP
+    return int(sampler + hidden + ACTIVATION_BASE_BYTES)
+
+
+def estimate_non_torch_bytes(tp: int, pp: int) -> int:
+    """CUDA context and communication buffers per GPU: ~0.25 GiB alone, ~2.1 GiB with TP >= 2."""
+    if tp >= 2:
+        return NON_TORCH_MULTI_GPU_BYTES
+    if pp >= 2:
+        return int(0.07 * GIB)  # PP-only runs logged ~0.07 GiB (no all-reduce buffers)
+    return NON_TORCH_TP1_BYTES
+
+
+def pp_last_stage_extra_bytes(arch: ModelArch, max_num_seqs: int) -> int:
+    """With PP, stage 0 logs its figures but the last stage also runs the sampler: the tightest rank."""
+    return max_num_seqs * arch.vocab_size * SAMPLER_BYTES_PER_LOGIT // 2

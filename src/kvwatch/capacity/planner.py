@@ -1,0 +1,252 @@
+"""The capacity plan: memory budget -> KV blocks -> tokens -> concurrency ceilings (pure core).
+
+:class:`DeploymentSpec` is everything the sums need; :func:`plan_capacity` does them without I/O.
+``DeploymentSpec.from_settings`` (the shell) resolves presets and config files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from kvwatch.capacity import kv, memory
+from kvwatch.capacity.architecture import ModelArch
+from kvwatch.capacity.memory import GIB
+
+DEFAULT_VLLM_VERSION = (0, 20)  # default utilization 0.92 and tokens = concurrency x max_model_len
+_OLD_DEFAULT_UTILIZATION_BEFORE = (0, 20)
+
+
+class SpecError(ValueError):
+    """The deployment is under-specified (message names the flag that would fix it)."""
+
+
+def parse_version(text: str | None) -> tuple[int, int]:
+    """``"0.19.0"`` -> (0, 19); ``None`` -> the default (a current vLLM)."""
+    if not text:
+        return DEFAULT_VLLM_VERSION
+    parts = [p for p in text.strip().lstrip("v").split(".")[:2]]
+    try:
+        return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0) if len(parts) > 1 else 0
+    except (ValueError, IndexError):
+        raise SpecError(f"invalid vLLM version {text!r} (expected e.g. 0.19.0)") from None
+
+
+def default_gpu_memory_utilization(version: tuple[int, int]) -> float:
+    """vLLM's default --gpu-memory-utilization: 0.9 up to 0.16, 0.92 from 0.20."""
+    return 0.92 if version >= _OLD_DEFAULT_UTILIZATION_BEFORE else 0.9
+
+
+@dataclass(frozen=True)
+class DeploymentSpec:
+    """One vLLM deployment, per GPU. Measured ``*_bytes`` overrides win over estimates."""
+
+    arch: ModelArch | None = None
+    gpu_memory_bytes: float | None = None
+    gpu_name: str | None = None  # only to pick vLLM's default batch limits (A100s get the small ones)
+    gpu_memory_utilization: float | None = None
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
+    quantization: str | None = None
+    block_size: int = 16
+    max_model_len: int | None = None
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = None
+    vllm_version: tuple[int, int] = DEFAULT_VLLM_VERSION
+    weights_bytes: float | None = None
+    activation_bytes: float | None = None
+    non_torch_bytes: float | None = None
+    available_kv_bytes: float | None = None
+    kv_bytes_per_token: float | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Any, **overrides: Any) -> DeploymentSpec:
+        """From a ``DeploymentSettings`` (model/GPU presets resolved here) plus measured overrides.
+
+        Overrides are any field of this class (e.g. ``weights_bytes=...``, ``vllm_version=(0, 19)``).
+        """
+        from kvwatch.capacity import presets  # I/O lives in the shell
+
+        arch: ModelArch | None = None
+        quantization = settings.quantization
+        if settings.model_config_path is not None:
+            arch = presets.load_config_file(settings.model_config_path)
+        elif settings.model:
+            match = presets.match_model(settings.model)
+            arch, quantization = match.arch, quantization or match.quantization
+        gpu_bytes, gpu_name = None, settings.gpu
+        if settings.gpu:
+            gpu = presets.resolve_gpu(settings.gpu)
+            gpu_bytes, gpu_name = float(gpu.total_memory_bytes), gpu.name
+        if settings.gpu_memory_gib is not None:  # what the card really reports wins over the preset
+            gpu_bytes = settings.gpu_memory_gib * GIB
+        version = overrides.pop("vllm_version", DEFAULT_VLLM_VERSION)
+        if isinstance(version, str):
+            version = parse_version(version)
+        spec = cls(
+            arch=arch,
+            gpu_memory_bytes=gpu_bytes,
+            gpu_name=gpu_name,
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+            tensor_parallel_size=settings.tensor_parallel_size,
+            pipeline_parallel_size=settings.pipeline_parallel_size,
+            dtype=settings.dtype,
+            kv_cache_dtype=settings.kv_cache_dtype,
+            quantization=quantization,
+            block_size=settings.block_size,
+            max_model_len=settings.max_model_len,
+            max_num_batched_tokens=settings.max_num_batched_tokens,
+            max_num_seqs=settings.max_num_seqs,
+            vllm_version=version,
+        )
+        return replace(spec, **overrides)
+
+
+@dataclass(frozen=True)
+class CapacityPlan:
+    """The sums for one GPU (rank) of a deployment; every byte figure is per GPU."""
+
+    spec: DeploymentSpec
+    total_memory_bytes: float | None
+    gpu_memory_utilization: float
+    usable_bytes: float | None  # total x utilization
+    weights_bytes: float | None
+    activation_bytes: float | None
+    non_torch_bytes: float | None
+    available_kv_bytes: float
+    kv_bytes_per_token: float
+    layout: kv.KVLayout
+    num_gpu_blocks: int
+    kv_cache_tokens: int
+    max_model_len: int | None
+    max_num_batched_tokens: int
+    estimated: tuple[str, ...]  # which terms are estimates rather than measured
+    warnings: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def will_start(self) -> bool:
+        return not self.errors
+
+    def max_concurrency_at(self, avg_seq_len: float) -> float:
+        """Requests of ``avg_seq_len`` KV tokens that fit at once (the tutorial's ceiling)."""
+        return kv.max_concurrency_at(self.layout, self.num_gpu_blocks, avg_seq_len, self.max_num_batched_tokens)
+
+    @property
+    def max_concurrency_at_max_model_len(self) -> float | None:
+        """vLLM's "Maximum concurrency for max_model_len tokens per request"; None without max_model_len."""
+        if not self.max_model_len:
+            return None
+        return kv.max_concurrency_at_max_model_len(self.layout, self.num_gpu_blocks, self.max_model_len,
+                                                   self.max_num_batched_tokens)
+
+
+def _arch_or_error(spec: DeploymentSpec, what: str) -> ModelArch:
+    if spec.arch is None:
+        raise SpecError(f"{what} needs the model: pass --model NAME or --model-config PATH")
+    return spec.arch
+
+
+def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
+    """The whole calculation, step by step as vLLM does it (pure)."""
+    tp, pp = spec.tensor_parallel_size, spec.pipeline_parallel_size
+    arch = spec.arch
+    estimated: list[str] = []
+    warnings: list[str] = []
+    errors: list[str] = []
+    notes: list[str] = list(arch.notes) if arch else []
+    dtype_bytes = memory.model_dtype_bytes(spec.dtype, arch)
+    kv_bytes = kv.kv_dtype_bytes(spec.kv_cache_dtype, dtype_bytes)
+    util = spec.gpu_memory_utilization or default_gpu_memory_utilization(spec.vllm_version)
+    total = spec.gpu_memory_bytes
+    batched_default, seqs_default = memory.default_batch_limits(total or 80 * GIB, spec.gpu_name)
+    batched = spec.max_num_batched_tokens or batched_default
+    seqs = spec.max_num_seqs or seqs_default
+    max_model_len = spec.max_model_len or (arch.max_position_embeddings if arch else None)
+
+    # KV geometry
+    if spec.kv_bytes_per_token is not None:
+        layout = kv.uniform_layout(round(spec.kv_bytes_per_token), spec.block_size)
+        per_token = float(spec.kv_bytes_per_token)
+    else:
+        arch = _arch_or_error(spec, "the KV bytes per token")
+        layout = kv.kv_layout(arch, tp, pp, kv_bytes, spec.block_size, spec.vllm_version)
+        per_token = float(layout.kv_bytes_per_token)
+    if arch is not None and arch.num_kv_heads < tp and not arch.is_mla and spec.kv_bytes_per_token is None:
+        notes.append(f"TP={tp} exceeds the {arch.num_kv_heads} KV heads: heads are replicated, so more TP "
+                     "does not shrink the KV per token any further")
+
+    # Memory budget
+    weights = activation = non_torch = usable = None
+    if spec.available_kv_bytes is not None:
+        available = float(spec.available_kv_bytes)
+        weights, activation, non_torch = spec.weights_bytes, spec.activation_bytes, spec.non_torch_bytes
+        if total is not None:
+            usable = total * util
+    else:
+        if total is None:
+            raise SpecError("the memory budget needs the GPU: pass --gpu NAME or --gpu-memory-gib X "
+                            "(or --available-kv-gib)")
+        usable = total * util
+        if spec.weights_bytes is not None:
+            weights = float(spec.weights_bytes)
+        else:
+            weights = float(memory.estimate_weights_bytes(_arch_or_error(spec, "estimating weights (--weights-gib)"),
+                                                          dtype_bytes, spec.quantization, tp, pp))
+            estimated.append("weights")
+        if spec.activation_bytes is not None:
+            activation = float(spec.activation_bytes)
+            if pp > 1:
+                warnings.append("with pipeline parallelism vLLM sizes KV on the tightest stage; the last stage "
+                                "also runs the sampler, so a rank-0 activation figure overstates the KV pool")
+        else:
+            activation = float(memory.estimate_activation_bytes(
+                _arch_or_error(spec, "estimating activations (--activation-gib)"), dtype_bytes, batched, seqs, tp, pp))
+            estimated.append("activation")
+        if spec.non_torch_bytes is not None:
+            non_torch = float(spec.non_torch_bytes)
+        else:
+            non_torch = float(memory.estimate_non_torch_bytes(tp, pp))
+            estimated.append("non_torch")
+        available = usable - weights - activation - non_torch
+
+    blocks = kv.num_gpu_blocks(available, layout)
+    tokens = kv.reported_kv_cache_tokens(layout, blocks, max_model_len, batched, spec.vllm_version)
+    if available <= 0:
+        errors.append(f"vLLM will not start: no memory left for the KV cache "
+                      f"(short by {-available / GIB:.2f} GiB per GPU)")
+    elif max_model_len and blocks < kv.blocks_needed(layout, max_model_len, batched):
+        need = kv.blocks_needed(layout, max_model_len, batched) * layout.bytes_per_block_row
+        errors.append(f"vLLM will not start: one {max_model_len}-token request needs {need / GIB:.2f} GiB of KV "
+                      f"but only {available / GIB:.2f} GiB is available (short by {(need - available) / GIB:.2f} "
+                      f"GiB); lower --max-model-len to about {_fitting_len(layout, blocks, batched)}")
+    if estimated:
+        warnings.append(f"estimated (not measured): {', '.join(estimated)}; pass --weights-gib/--activation-gib/"
+                        "--non-torch-gib from vLLM's startup log for exact figures")
+    if layout.is_hybrid and spec.vllm_version >= kv.TOKENS_FROM_CONCURRENCY_SINCE:
+        notes.append("sliding-window model: vLLM derives 'KV cache size' from max_model_len, so it is not a "
+                     "byte-linear capacity")
+    return CapacityPlan(
+        spec=spec, total_memory_bytes=total, gpu_memory_utilization=util, usable_bytes=usable,
+        weights_bytes=weights, activation_bytes=activation, non_torch_bytes=non_torch,
+        available_kv_bytes=available, kv_bytes_per_token=per_token, layout=layout, num_gpu_blocks=blocks,
+        kv_cache_tokens=tokens, max_model_len=max_model_len, max_num_batched_tokens=batched,
+        estimated=tuple(estimated), warnings=tuple(warnings), errors=tuple(errors), notes=tuple(notes),
+    )
+
+
+def _fitting_len(layout: kv.KVLayout, blocks: int, batched: int) -> int:
+    """The longest max_model_len one request can still reach with ``blocks`` blocks (a hint)."""
+    lo, hi = 0, 1 << 24
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if kv.blocks_needed(layout, mid, batched) <= blocks:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo - lo % layout.block_size if lo >= layout.block_size else lo
+
+

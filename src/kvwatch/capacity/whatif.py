@@ -1,0 +1,149 @@
+"""What-if scenarios, cheapest fix first as the tutorial ranks them (pure).
+
+Each scenario changes one thing in the deployment and re-runs :func:`plan_capacity`. Measured
+overrides are carried over and adjusted for the change (e.g. FP8 weights scale measured weights by the
+estimated ratio), so a plan built from a startup log stays anchored to that log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from kvwatch.capacity import memory
+from kvwatch.capacity.memory import GIB
+from kvwatch.capacity.planner import CapacityPlan, DeploymentSpec, SpecError, plan_capacity
+
+UTILIZATIONS = (0.85, 0.95)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    kv_cache_tokens: int | None  # None when the change cannot be computed from what is known (see note)
+    max_concurrency: float | None  # at the base's avg_seq_len if given, else at the scenario's max_model_len
+    note: str
+    plan: CapacityPlan | None = None
+
+    def max_concurrency_at(self, avg_kv_tokens_per_request: float) -> float | None:
+        """This scenario's ceiling for a live average of KV tokens per running request."""
+        if self.plan is None or avg_kv_tokens_per_request <= 0:
+            return None
+        return self.plan.max_concurrency_at(avg_kv_tokens_per_request)
+
+
+def whatif_ceilings(scenarios: Iterable[Scenario], avg_kv_tokens_per_request: float) -> dict[str, float]:
+    """``{scenario name: ceiling}`` at a live average (what ``kvwatch_whatif_max_concurrency`` exports)."""
+    out: dict[str, float] = {}
+    for s in scenarios:
+        value = s.max_concurrency_at(avg_kv_tokens_per_request)
+        if value is not None:
+            out[s.name] = value
+    return out
+
+
+def _utilization(spec: DeploymentSpec, base: CapacityPlan, util: float) -> tuple[DeploymentSpec | None, str]:
+    if spec.available_kv_bytes is not None:
+        if base.total_memory_bytes is None:
+            return None, "needs the GPU memory (--gpu or --gpu-memory-gib) to re-budget a measured KV pool"
+        delta = base.total_memory_bytes * (util - base.gpu_memory_utilization)
+        return replace(spec, gpu_memory_utilization=util, available_kv_bytes=spec.available_kv_bytes + delta), ""
+    return replace(spec, gpu_memory_utilization=util), ""
+
+
+def _weights_ratio(spec: DeploymentSpec, quantization: str, dtype_bytes: int) -> float:
+    if spec.arch is None:
+        return 1.0 / dtype_bytes  # unquantized linear weights, 1 byte each in FP8
+    tp, pp = spec.tensor_parallel_size, spec.pipeline_parallel_size
+    now = memory.estimate_weights_bytes(spec.arch, dtype_bytes, spec.quantization, tp, pp)
+    after = memory.estimate_weights_bytes(spec.arch, dtype_bytes, quantization, tp, pp)
+    return after / now if now else 1.0
+
+
+def _fp8_weights(spec: DeploymentSpec, base: CapacityPlan) -> tuple[DeploymentSpec | None, str]:
+    dtype_bytes = memory.model_dtype_bytes(spec.dtype, spec.arch)
+    current = spec.quantization or (spec.arch.checkpoint_quantization if spec.arch else None)
+    q = memory.quantized_bytes_per_param(current)
+    if q is not None and q <= 1.0:
+        return replace(spec), f"weights are already {current}: no gain"
+    ratio = _weights_ratio(spec, "fp8", dtype_bytes)
+    changed = replace(spec, quantization="fp8")
+    if spec.weights_bytes is not None:
+        saved = spec.weights_bytes * (1 - ratio)
+        changed = replace(changed, weights_bytes=spec.weights_bytes - saved)
+        if spec.available_kv_bytes is not None:
+            changed = replace(changed, available_kv_bytes=spec.available_kv_bytes + saved)
+    elif spec.available_kv_bytes is not None:
+        return None, "needs the weights (--weights-gib or --model) to know what FP8 frees"
+    return changed, "frees weight memory for KV (quantization does not shrink the KV cache itself)"
+
+
+def _tp_x2(spec: DeploymentSpec, base: CapacityPlan) -> tuple[DeploymentSpec | None, str]:
+    tp = spec.tensor_parallel_size * 2
+    changed = replace(spec, tensor_parallel_size=tp)
+    if spec.available_kv_bytes is not None and spec.weights_bytes is None:
+        return None, "needs the weights (--weights-gib or --model) to re-budget a measured KV pool"
+    if spec.weights_bytes is not None:
+        changed = replace(changed, weights_bytes=spec.weights_bytes / 2)
+    if spec.non_torch_bytes is not None and spec.tensor_parallel_size == 1:
+        changed = replace(changed, non_torch_bytes=float(memory.estimate_non_torch_bytes(tp, 1)))
+    if spec.available_kv_bytes is not None and spec.weights_bytes is not None:
+        extra_non_torch = (memory.estimate_non_torch_bytes(tp, 1) - (spec.non_torch_bytes or 0.25 * GIB)
+                           if spec.tensor_parallel_size == 1 else 0.0)
+        changed = replace(changed, available_kv_bytes=spec.available_kv_bytes + spec.weights_bytes / 2
+                          - max(0.0, extra_non_torch))
+    if spec.kv_bytes_per_token is not None:
+        heads_note = ""
+        if spec.arch is None or spec.arch.num_kv_heads >= tp:
+            changed = replace(changed, kv_bytes_per_token=spec.kv_bytes_per_token / 2)
+        else:
+            heads_note = "; KV heads already replicated"
+        return changed, f"twice the GPUs per replica: half the weights and KV per token on each{heads_note}"
+    return changed, "twice the GPUs per replica: half the weights per GPU and fewer KV heads per GPU"
+
+
+def whatif_scenarios(spec: DeploymentSpec, avg_seq_len: float | None = None) -> list[Scenario]:
+    """Utilization 0.85 and 0.95, max-model-len halved, FP8 KV cache, FP8 weights, TP x2 (in that order)."""
+    base = plan_capacity(spec)
+    candidates: list[tuple[str, DeploymentSpec | None, str]] = []
+    for util in UTILIZATIONS:
+        changed, why = _utilization(spec, base, util)
+        candidates.append((f"gpu_memory_utilization_{util:.2f}", changed,
+                           why or f"--gpu-memory-utilization {util:.2f} (now {base.gpu_memory_utilization:.2f})"))
+    if base.max_model_len:
+        half = max(spec.block_size, base.max_model_len // 2)
+        candidates.append(("max_model_len_halved", replace(spec, max_model_len=half),
+                           f"--max-model-len {half}: the V1 pool is unchanged; each worst-case request needs half"))
+    else:
+        candidates.append(("max_model_len_halved", None, "needs --max-model-len"))
+    if spec.kv_cache_dtype.startswith("fp8"):
+        candidates.append(("fp8_kv_cache", replace(spec), "KV cache is already FP8: no gain"))
+    else:
+        fp8 = replace(spec, kv_cache_dtype="fp8")
+        if spec.kv_bytes_per_token is not None:
+            fp8 = replace(fp8, kv_bytes_per_token=spec.kv_bytes_per_token * 1 / max(1, _kv_elem_bytes(spec)))
+        candidates.append(("fp8_kv_cache", fp8, "--kv-cache-dtype fp8: one byte per KV element, about 2x tokens"))
+    candidates.append(("fp8_weights", *_fp8_weights(spec, base)))
+    candidates.append(("tensor_parallel_x2", *_tp_x2(spec, base)))
+
+    out: list[Scenario] = []
+    for name, changed, note in candidates:
+        if changed is None:
+            out.append(Scenario(name, None, None, note))
+            continue
+        try:
+            plan = plan_capacity(changed)
+        except SpecError as exc:
+            out.append(Scenario(name, None, None, str(exc)))
+            continue
+        ceiling = plan.max_concurrency_at(avg_seq_len) if avg_seq_len else plan.max_concurrency_at_max_model_len
+        if plan.errors:
+            note = f"{note}; {plan.errors[0]}"
+        out.append(Scenario(name, plan.kv_cache_tokens, ceiling, note, plan))
+    return out
+
+
+def _kv_elem_bytes(spec: DeploymentSpec) -> int:
+    from kvwatch.capacity.kv import kv_dtype_bytes
+
+    return kv_dtype_bytes(spec.kv_cache_dtype, memory.model_dtype_bytes(spec.dtype, spec.arch))

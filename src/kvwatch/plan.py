@@ -1,0 +1,315 @@
+"""``kvwatch plan``: the KV capacity sums step by step, then the what-if table (or ``--json``/``--plot``).
+
+Exit codes: 0 the deployment fits, 1 it will not start (the shortfall is printed) or the plot failed,
+2 bad usage or config (the message names the flag).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from kvwatch.capacity import (
+    ArchitectureError,
+    CapacityPlan,
+    DeploymentSpec,
+    PresetError,
+    QuantizationError,
+    Scenario,
+    SpecError,
+    parse_bytes,
+    parse_version,
+    plan_capacity,
+    whatif_scenarios,
+)
+from kvwatch.capacity import presets as preset_data
+from kvwatch.capacity.architecture import SLIDING, ModelArch
+from kvwatch.capacity.memory import GIB, parameter_counts
+from kvwatch.settings import DeploymentSettings, SettingsError, add_settings_flags, load_settings
+
+_GIB_FLAGS = ("weights_gib", "activation_gib", "non_torch_gib", "available_kv_gib")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = (
+        "Per-GPU figures. Measured overrides (from vLLM's startup log: 'Model loading took', 'Available KV cache "
+        "memory', the memory-profiling line) replace the estimates. Exit 1 when vLLM would not start. "
+        "Example (the tutorial): kvwatch plan --gpu-memory-gib 80 --gpu-memory-utilization 0.90 --weights-gib 42 "
+        "--activation-gib 4 --non-torch-gib 0 --kv-bytes-per-token 0.0008GiB --avg-seq-len 4096"
+    )
+    add_settings_flags(parser, DeploymentSettings)
+    plan = parser.add_argument_group("plan-only")
+    plan.add_argument("--avg-seq-len", type=float, metavar="TOKENS",
+                      help="Average KV tokens per request (prompt + output) for the concurrency ceiling.")
+    plan.add_argument("--weights-gib", metavar="GIB", help="Measured weights per GPU ('Model loading took X GiB').")
+    plan.add_argument("--activation-gib", metavar="GIB", help="Measured activation peak per GPU (profiling line).")
+    plan.add_argument("--non-torch-gib", metavar="GIB", help="Measured non-torch memory per GPU (profiling line).")
+    plan.add_argument("--available-kv-gib", metavar="GIB",
+                      help="Measured 'Available KV cache memory' per GPU (skips the budget sums).")
+    plan.add_argument("--kv-bytes-per-token", metavar="BYTES",
+                      help="KV bytes per token per GPU: a byte count or a number with a unit (0.8MiB, 0.0008GiB).")
+    plan.add_argument("--vllm-version", metavar="X.Y",
+                      help="vLLM version whose rules to follow (default utilization, token count on sliding-window "
+                           "models); default: a current one (>= 0.20).")
+    plan.add_argument("--json", action="store_true", help="Print one JSON object instead of the walk-through.")
+    plan.add_argument("--plot", metavar="PNG", type=Path,
+                      help="Write a PNG of the concurrency ceiling against context length (needs kvwatch[plot]).")
+    plan.add_argument("--list-models", action="store_true", help="List the model presets and exit.")
+    plan.add_argument("--list-gpus", action="store_true", help="List the GPU presets and exit.")
+
+
+def _gib_flag(args: argparse.Namespace, name: str) -> float | None:
+    raw = getattr(args, name)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"invalid value {raw!r} for --{name.replace('_', '-')}: must be a number of GiB") from None
+    if value < 0:
+        raise SettingsError(f"invalid value {raw!r} for --{name.replace('_', '-')}: must not be negative")
+    return value * GIB
+
+
+def build_spec(args: argparse.Namespace) -> DeploymentSpec:
+    """Settings + plan-only overrides -> DeploymentSpec; every failure is a SettingsError naming a flag."""
+    settings = load_settings(DeploymentSettings, args)
+    overrides: dict[str, Any] = {}
+    for name in _GIB_FLAGS:
+        value = _gib_flag(args, name)
+        if value is not None:
+            overrides[name.replace("_gib", "_bytes")] = value
+    if args.kv_bytes_per_token is not None:
+        try:
+            overrides["kv_bytes_per_token"] = parse_bytes(args.kv_bytes_per_token)
+        except ValueError as exc:
+            raise SettingsError(f"invalid value for --kv-bytes-per-token: {exc}") from None
+    if args.avg_seq_len is not None and args.avg_seq_len <= 0:
+        raise SettingsError("invalid value for --avg-seq-len: must be positive")
+    try:
+        overrides["vllm_version"] = parse_version(args.vllm_version)
+    except SpecError as exc:
+        raise SettingsError(f"invalid value for --vllm-version: {exc}") from None
+    try:
+        return DeploymentSpec.from_settings(settings, **overrides)
+    except PresetError as exc:
+        flag = "--gpu" if "GPU" in str(exc) else "--model"
+        raise SettingsError(f"invalid value for {flag}: {exc}") from None
+    except ArchitectureError as exc:
+        raise SettingsError(f"invalid value for --model-config: {exc}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list_models:
+        print("\n".join(preset_data.preset_names()))
+        return 0
+    if args.list_gpus:
+        print("\n".join(preset_data.gpu_names()))
+        return 0
+    spec = build_spec(args)
+    try:
+        plan = plan_capacity(spec)
+        scenarios = whatif_scenarios(spec, args.avg_seq_len)
+    except SpecError as exc:
+        raise SettingsError(str(exc)) from None
+    except QuantizationError as exc:
+        raise SettingsError(f"invalid value for --quantization: {exc}") from None
+    if args.json:
+        print(json.dumps(plan_to_dict(plan, scenarios, args.avg_seq_len), indent=2))
+    else:
+        print(render_text(plan, scenarios, args.avg_seq_len))
+    if args.plot is not None:
+        try:
+            write_plot(args.plot, plan, scenarios, args.avg_seq_len)
+        except ImportError:
+            print("kvwatch plan: --plot needs matplotlib: pip install 'kvwatch[plot]'", file=sys.stderr)
+            return 1
+        except OSError as exc:
+            print(f"kvwatch plan: cannot write {args.plot}: {exc.strerror}", file=sys.stderr)
+            return 1
+    return 0 if plan.will_start else 1
+
+
+# ----------------------------------------------------------------------------------------------- output
+
+def _max_concurrency(plan: CapacityPlan, avg_seq_len: float | None) -> float | None:
+    return plan.max_concurrency_at(avg_seq_len) if avg_seq_len else plan.max_concurrency_at_max_model_len
+
+
+def plan_to_dict(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: float | None) -> dict[str, Any]:
+    spec = plan.spec
+    return {
+        "model": spec.arch.name if spec.arch else None,
+        "will_start": plan.will_start,
+        "total_memory_bytes": plan.total_memory_bytes,
+        "gpu_memory_utilization": plan.gpu_memory_utilization,
+        "usable_bytes": plan.usable_bytes,
+        "weights_bytes": plan.weights_bytes,
+        "activation_bytes": plan.activation_bytes,
+        "non_torch_bytes": plan.non_torch_bytes,
+        "available_kv_bytes": plan.available_kv_bytes,
+        "kv_bytes_per_token": plan.kv_bytes_per_token,
+        "block_size": plan.layout.block_size,
+        "kv_cache_groups": plan.layout.num_groups,
+        "num_gpu_blocks": plan.num_gpu_blocks,
+        "kv_cache_tokens": plan.kv_cache_tokens,
+        "avg_seq_len": avg_seq_len,
+        "max_model_len": plan.max_model_len,
+        "max_concurrency": _max_concurrency(plan, avg_seq_len),
+        "max_concurrency_at_max_model_len": plan.max_concurrency_at_max_model_len,
+        "tensor_parallel_size": spec.tensor_parallel_size,
+        "pipeline_parallel_size": spec.pipeline_parallel_size,
+        "vllm_version": ".".join(map(str, spec.vllm_version)),
+        "estimated": list(plan.estimated),
+        "warnings": list(plan.warnings),
+        "errors": list(plan.errors),
+        "notes": list(plan.notes),
+        "scenarios": [
+            {"name": s.name, "kv_cache_tokens": s.kv_cache_tokens, "max_concurrency": s.max_concurrency,
+             "note": s.note}
+            for s in scenarios
+        ],
+    }
+
+
+def _g(n_bytes: float | None) -> str:
+    return "?" if n_bytes is None else f"{n_bytes / GIB:,.2f} GiB"
+
+
+def _bytes(n: float) -> str:
+    if n >= 1 << 20:
+        return f"{n:,.0f} B ({n / (1 << 20):.4g} MiB)"
+    return f"{n:,.0f} B ({n / 1024:.4g} KiB)"
+
+
+def _kv_formula(plan: CapacityPlan) -> str:
+    spec, arch, layout = plan.spec, plan.spec.arch, plan.layout
+    if spec.kv_bytes_per_token is not None or arch is None:
+        return f"given (--kv-bytes-per-token) = {_bytes(plan.kv_bytes_per_token)}"
+    elem = layout.bytes_per_token_per_layer
+    layers = layout.num_attention_layers
+    if arch.is_mla:
+        per = f"{layers} layers × ({arch.kv_lora_rank} kv_lora_rank + {arch.qk_rope_head_dim} rope dims) × " \
+              f"{elem // (int(arch.kv_lora_rank or 0) + int(arch.qk_rope_head_dim or 0))} B (MLA, not split by TP)"
+    else:
+        heads = max(1, arch.num_kv_heads // spec.tensor_parallel_size)
+        per = f"2 × {layers} layers × {heads} KV heads × {arch.head_dim} head_dim × " \
+              f"{elem // (2 * heads * arch.head_dim)} B"
+    return f"{per} = {_bytes(plan.kv_bytes_per_token)}"
+
+
+def _weights_detail(arch: ModelArch | None, plan: CapacityPlan) -> str:
+    if "weights" not in plan.estimated or arch is None:
+        return "measured"
+    embed, dense, experts = parameter_counts(arch)
+    quant = plan.spec.quantization or arch.checkpoint_quantization or plan.spec.dtype
+    return f"estimated: {(embed + dense + experts) / 1e9:.2f} B params, {quant}, / TP×PP"
+
+
+def render_text(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: float | None) -> str:
+    spec, layout = plan.spec, plan.layout
+    name = spec.arch.name if spec.arch else "model given by its KV bytes per token"
+    out = [f"kvwatch plan: {name}, TP={spec.tensor_parallel_size} PP={spec.pipeline_parallel_size}, "
+           f"vLLM {'.'.join(map(str, spec.vllm_version))} rules (figures per GPU)", ""]
+    out.append("1. KV budget = total × gpu_memory_utilization − weights − activation peak − non-torch")
+    if spec.available_kv_bytes is not None:
+        out.append(f"   given (--available-kv-gib)                         = {_g(plan.available_kv_bytes)}")
+    else:
+        out += [
+            f"   usable      {_g(plan.total_memory_bytes)} × {plan.gpu_memory_utilization:.2f}"
+            f"{'':>18}= {_g(plan.usable_bytes)}",
+            f"   − weights     {_g(plan.weights_bytes):>12}  ({_weights_detail(spec.arch, plan)})",
+            f"   − activation  {_g(plan.activation_bytes):>12}  ("
+            + (f"estimated: profile run of {plan.max_num_batched_tokens} batched tokens and the sampler"
+               if "activation" in plan.estimated else "measured") + ")",
+            f"   − non-torch   {_g(plan.non_torch_bytes):>12}  "
+            f"({'estimated' if 'non_torch' in plan.estimated else 'measured'})",
+            f"   = KV budget                                        = {_g(plan.available_kv_bytes)}",
+        ]
+    out += ["", "2. KV bytes per token per GPU", f"   {_kv_formula(plan)}"]
+    if layout.is_hybrid:
+        kinds = ", ".join(f"{g.kind.split('_')[0]}{'(' + str(g.sliding_window) + ')' if g.kind == SLIDING else ''}"
+                          for g in layout.groups)
+        out.append(f"   layers grouped by attention type: {layout.num_groups} groups of {layout.group_size} "
+                   f"layer slots [{kinds}]; one block row = {layout.group_size} pages")
+    out += ["", "3. Blocks and tokens"]
+    if layout.is_hybrid:
+        out += [f"   blocks = floor({_g(plan.available_kv_bytes)} ÷ ({layout.block_size} tokens × {layout.group_size} "
+                f"layer slots × {_bytes(layout.bytes_per_token_per_layer)})) = {plan.num_gpu_blocks:,}",
+                f"   tokens as vLLM reports them ({_tokens_rule(plan)}) = {plan.kv_cache_tokens:,}"]
+    else:
+        out += [f"   blocks = floor({_g(plan.available_kv_bytes)} ÷ ({layout.block_size} tokens × "
+                f"{_bytes(plan.kv_bytes_per_token)})) = {plan.num_gpu_blocks:,}",
+                f"   tokens = {plan.num_gpu_blocks:,} × {layout.block_size} = {plan.kv_cache_tokens:,}"]
+    out += ["", "4. Concurrency ceiling"]
+    if avg_seq_len and layout.is_hybrid:
+        out.append(f"   at {avg_seq_len:,.0f} tokens per request: {plan.num_gpu_blocks:,} blocks × {layout.block_size}"
+                   f" ÷ tokens one request holds in all {layout.num_groups} groups (sliding groups capped at the "
+                   f"window) ≈ {plan.max_concurrency_at(avg_seq_len):.2f} requests")
+    elif avg_seq_len:
+        ceiling = plan.max_concurrency_at(avg_seq_len)
+        out.append(f"   at {avg_seq_len:,.0f} tokens per request: {_g(plan.available_kv_bytes)} ÷ "
+                   f"({avg_seq_len:,.0f} × {_bytes(plan.kv_bytes_per_token)}) ≈ {ceiling:.2f} requests")
+    if plan.max_concurrency_at_max_model_len is not None:
+        out.append(f"   at max_model_len {plan.max_model_len:,}: {plan.max_concurrency_at_max_model_len:.2f} requests "
+                   "(vLLM's 'Maximum concurrency')")
+    if not avg_seq_len and plan.max_concurrency_at_max_model_len is None:
+        out.append("   pass --avg-seq-len or --max-model-len for a ceiling")
+    basis = f"at {avg_seq_len:,.0f} tokens" if avg_seq_len else "at max_model_len"
+    out += ["", f"What-if, cheapest first (ceiling {basis}):",
+            f"   {'scenario':<30} {'KV tokens':>12} {'ceiling':>9}  note",
+            f"   {'(now)':<30} {plan.kv_cache_tokens:>12,} {_fmt(_max_concurrency(plan, avg_seq_len)):>9}"]
+    for s in scenarios:
+        tokens = f"{s.kv_cache_tokens:,}" if s.kv_cache_tokens is not None else "-"
+        out.append(f"   {s.name:<30} {tokens:>12} {_fmt(s.max_concurrency):>9}  {s.note}")
+    for label, items in (("error", plan.errors), ("warning", plan.warnings), ("note", plan.notes)):
+        out += [f"{label}: {item}" for item in items]
+    return "\n".join(out)
+
+
+def _tokens_rule(plan: CapacityPlan) -> str:
+    from kvwatch.capacity.kv import TOKENS_FROM_CONCURRENCY_SINCE
+
+    if plan.spec.vllm_version >= TOKENS_FROM_CONCURRENCY_SINCE and plan.max_model_len:
+        return "max concurrency × max_model_len"
+    return f"blocks // {plan.layout.num_groups} groups × {plan.layout.block_size}"
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def write_plot(path: Path, plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: float | None) -> None:
+    """Concurrency ceiling against context length, base and every computable scenario."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    top = max(plan.max_model_len or 0, int(4 * (avg_seq_len or 0)), 8192)
+    lengths = [float(2 ** (i / 8)) for i in range(7 * 8, int(8 * math.log2(top)) + 1)]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    ax.plot(lengths, [plan.max_concurrency_at(x) for x in lengths], label="now", linewidth=2.5, color="black")
+    for s in scenarios:
+        if s.plan is not None and s.plan.num_gpu_blocks > 0 and s.name != "max_model_len_halved":
+            ax.plot(lengths, [s.plan.max_concurrency_at(x) for x in lengths], label=s.name)
+    if avg_seq_len:
+        ax.axvline(avg_seq_len, linestyle=":", color="grey", label=f"avg {avg_seq_len:,.0f} tokens")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("KV tokens per request (context length)")
+    ax.set_ylabel("max concurrent requests (per replica)")
+    ax.set_title(f"KV concurrency ceiling: {plan.spec.arch.name if plan.spec.arch else 'given KV bytes/token'}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, format="png", dpi=100)
+    finally:
+        plt.close(fig)
+
+
