@@ -117,7 +117,10 @@ class _Builder:
         return generate_latest(_Registry()).decode()  # type: ignore[arg-type]
 
 
-def render(snaps: Sequence[EngineSnapshot], profile: str = "0.33", *, model_name: str = "meta-llama/Llama-3.1-8B-Instruct",
+DEFAULT_MODEL_NAME = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def render(snaps: Sequence[EngineSnapshot], profile: str = "0.33", *, model_name: str = DEFAULT_MODEL_NAME,
            multiprocess: bool = False, max_model_len: int = 8192, start_time: float = DEFAULT_START_TIME,
            pid: int = 1, gpu_memory_utilization: float | None = None, enable_prefix_caching: bool = False) -> str:
     """The ``/metrics`` body vLLM ``profile`` would serve for these engines (one snapshot per DP engine)."""
@@ -168,7 +171,8 @@ def _render_v1(b: _Builder, snaps: Sequence[EngineSnapshot], profile: str, model
                 [({**base(s), "sleep_state": st}, 1 if st == "awake" else 0)
                  for s in snaps for st in ("awake", "weights_offloaded", "discard_all")])
     if profile == "0.8":
-        b.gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.", per(lambda s: s.kv_usage))
+        b.gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.",
+                per(lambda s: s.kv_usage))
         b.counter("vllm:gpu_prefix_cache_queries", "GPU prefix cache queries, in terms of number of queried blocks.",
                   per(lambda s: s.prefix_cache_queries_blocks))
         b.counter("vllm:gpu_prefix_cache_hits", "GPU prefix cache hits, in terms of number of cached blocks.",
@@ -222,7 +226,8 @@ def _render_v1(b: _Builder, snaps: Sequence[EngineSnapshot], profile: str, model
                for s in snaps for r in _FINISH_REASONS[profile]])
     if new:
         b.counter("vllm:admission_rejections", "Number of admission attempts rejected by a queue limit, by reason.",
-                  [({"model_name": model_name, "reason": r}, 0) for r in ("max_num_queued_reqs", "max_num_queued_tokens")])
+                  [({"model_name": model_name, "reason": r}, 0)
+                   for r in ("max_num_queued_reqs", "max_num_queued_tokens")])
 
     def hist(name: str, help_text: str, bounds: Sequence[float], key: str) -> None:
         b.histogram(name, help_text, bounds, [(base(s), s.histograms[key]) for s in snaps])
@@ -257,9 +262,9 @@ def _render_v1(b: _Builder, snaps: Sequence[EngineSnapshot], profile: str, model
     for phase, key in (("WAITING", "queue"), ("RUNNING", "inference"), ("PREFILL", "prefill"), ("DECODE", "decode")):
         hist(f"vllm:request_{key}_time_seconds", f"Histogram of time spent in {phase} phase for request.", latency,
              f"request_{key}_time_seconds")
+    # One series per engine; without an engine label (0.8) there is one engine anyway.
     b.gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-            [(_cache_config_labels(profile, s, snaps, max_model_len, gmu, prefix_caching), 1) for s in snaps]
-            if with_engine else [(_cache_config_labels(profile, snaps[0], snaps, max_model_len, gmu, prefix_caching), 1)])
+            [(_cache_config_labels(profile, s, snaps, max_model_len, gmu, prefix_caching), 1) for s in snaps])
 
 
 def _render_v0(b: _Builder, s: EngineSnapshot, model_name: str, max_model_len: int, gmu: float | None,
