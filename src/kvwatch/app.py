@@ -162,6 +162,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     settings: ServeSettings = load_settings(ServeSettings, args)
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.log_level != "DEBUG":
+        # Their INFO lines repeat every poll; kvwatch logs only changes.
+        for noisy in ("apscheduler", "httpx", "httpcore"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         SourceOverrides.from_settings(settings)  # fail at startup, not at the first poll
     except ValueError as exc:

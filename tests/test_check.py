@@ -1,0 +1,139 @@
+"""kvwatch check: JSON shape, findings, human report, live URL on loopback, failures."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from kvwatch.check import build_report, findings
+from kvwatch.cli import main
+from kvwatch.model import Reading
+from kvwatch.state import derive
+
+FIXTURES = Path(__file__).parent / "fixtures" / "vllm-metrics"
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for key in list(os.environ):
+        if key.startswith("KVWATCH_"):
+            monkeypatch.delenv(key)
+
+
+def check_json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict:
+    assert main(["check", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def ids(report: dict) -> list[tuple[str, str]]:
+    return [(f["id"], f["engine"]) for f in report["findings"]]
+
+
+def test_json_shape_for_dp_payload(capsys: pytest.CaptureFixture[str]) -> None:
+    report = check_json(["--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom")], capsys)
+    assert (report["engine_kind"], report["version_range"], report["usage_metric"]) == (
+        "vllm", ">=0.25", "vllm:kv_cache_usage_perc")
+    e0 = report["series"][0]
+    assert {k: e0[k] for k in ("model_name", "engine", "kv_usage_ratio", "requests_running", "requests_waiting",
+                               "kv_capacity_tokens", "max_concurrency")} == {
+        "model_name": "llama", "engine": "0", "kv_usage_ratio": 0.96, "requests_running": 16.0,
+        "requests_waiting": 4.0, "kv_capacity_tokens": 163840.0, "max_concurrency": 65.536}
+    assert e0["kv_used_tokens"] == pytest.approx(157286.4)
+    assert ids(report) == [("kv_bound", "0"), ("preemptions", "0"), ("prefix_cache_ineffective", "0")]
+    assert all(set(f) >= {"id", "severity", "message"} for f in report["findings"])
+
+
+def test_scheduler_limited_and_capacity_unknown(capsys: pytest.CaptureFixture[str]) -> None:
+    report = check_json(["--file", str(FIXTURES / "gen-0.8.5-engine-label.prom")], capsys)
+    assert ids(report) == [("scheduler_limited", "0"), ("preemptions", "0"), ("capacity_unknown", "0")]
+
+
+def test_healthy_payload_has_no_findings(capsys: pytest.CaptureFixture[str]) -> None:
+    report = check_json(["--file", str(FIXTURES / "v0-engine-qwenvl.prom")], capsys)
+    assert report["findings"] == [] and report["series"][0]["engine"] == "0"
+
+
+def test_override_flag_changes_usage_source(capsys: pytest.CaptureFixture[str]) -> None:
+    report = check_json(["--file", str(FIXTURES / "gen-0.9-both-usage-names.prom"),
+                         "--usage-metric", "vllm:gpu_cache_usage_perc"], capsys)
+    assert report["usage_metric"] == "vllm:gpu_cache_usage_perc"
+
+
+def test_max_model_len_gives_the_second_ceiling(capsys: pytest.CaptureFixture[str]) -> None:
+    report = check_json(["--file", str(FIXTURES / "gen-0.9-both-usage-names.prom"), "--max-model-len", "8192"],
+                        capsys)
+    assert report["series"][0]["max_concurrency_max_model_len"] == 12000 / 512
+
+
+def test_kv_bound_needs_a_queue() -> None:
+    full_no_queue = derive(Reading("m", kv_usage_ratio=0.99, requests_waiting=0.0, kv_capacity_tokens=1.0), None)
+    assert [f.id for f in findings([full_no_queue])] == []
+
+
+def test_human_report(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--file", str(FIXTURES / "gen-0.16-sleep-state-dp2.prom")]) == 0
+    out = capsys.readouterr().out
+    assert "Detected: vllm 0.12-0.2x" in out and "m engine 1:" in out and "kv_bound" in out
+    assert "160,000 tokens" in out
+
+
+class _Handler(BaseHTTPRequestHandler):
+    body = b""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def live_target() -> Iterator[str]:
+    _Handler.body = (FIXTURES / "gen-0.11-kv-only.prom").read_bytes()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_live_url(live_target: str, capsys: pytest.CaptureFixture[str]) -> None:
+    report = check_json([live_target], capsys)
+    assert report["version_range"] == "0.11" and report["series"][0]["kv_usage_ratio"] == 0.1
+
+
+def test_unreachable_url_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    with ThreadingHTTPServer(("127.0.0.1", 0), _Handler) as probe:
+        port = probe.server_address[1]  # closed right after: nothing listens there
+    assert main(["check", f"http://127.0.0.1:{port}/metrics", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["error"]["reason"] == "connect"
+
+
+def test_garbage_file_exits_1_and_missing_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    garbage = tmp_path / "page.html"
+    garbage.write_text("<html>nope</html>")
+    assert main(["check", "--file", str(garbage)]) == 1
+    assert "parse" in capsys.readouterr().err
+    assert main(["check", "--file", str(tmp_path / "missing.prom")]) == 2
+    assert "--file" in capsys.readouterr().err
+
+
+def test_build_report_is_pure() -> None:
+    from kvwatch.engines import vllm
+    from kvwatch.exposition import parse
+
+    poll = vllm.read(parse((FIXTURES / "gen-multiprocess-pid.prom").read_text()), timestamp=1.0)
+    assert build_report(poll)["series"][0]["requests_waiting"] == 5.0

@@ -1,0 +1,117 @@
+"""The collector: exported families from one State, staleness, analyzers, never raising."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvwatch.collector import KvwatchCollector, make_registry
+from kvwatch.engines import vllm
+from kvwatch.exposition import parse
+from kvwatch.history import History, SeriesHistory
+from kvwatch.model import Reading, SeriesKey
+from kvwatch.state import Health, State, derive
+
+FIXTURE = (Path(__file__).parent / "fixtures" / "vllm-metrics" / "gen-0.33-dp2-capacity-labels.prom").read_text()
+
+
+def state_at(t: float) -> State:
+    poll = vllm.read(parse(FIXTURE), timestamp=t)
+    history = History()
+    history.record(poll)
+    series = {r.key: derive(r, history[r.key], max_model_len=8192, extra={"demo": r.kv_usage_ratio})
+              for r in poll.readings}
+    return State(timestamp=t, health=Health(up=True, last_success_timestamp=t, scrape_duration_seconds=0.01),
+                 detection=poll.detection, series=series)
+
+
+def scrape(collector: KvwatchCollector) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = generate_latest(make_registry(collector)).decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def value(samples: dict, name: str, **labels: str) -> float | None:
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+class DemoAnalyzer:
+    name = "demo"
+
+    def analyze(self, key: SeriesKey, history: SeriesHistory, reading: Reading, now: float) -> Any:
+        return reading.kv_usage_ratio
+
+    def families(self, results: Mapping[SeriesKey, Any], now: float) -> Iterable[Any]:
+        family = GaugeMetricFamily("kvwatch_demo_ratio", "demo", labels=["model_name", "engine"])
+        for key, result in results.items():
+            family.add_metric(list(key), result * 2)
+        yield family
+
+
+def test_fresh_state_exports_health_and_series() -> None:
+    samples = scrape(KvwatchCollector(lambda: state_at(1000.0), now=lambda: 1001.0, stale_after=15.0,
+                                      analyzers=[DemoAnalyzer()]))
+    e0 = {"model_name": "llama", "engine": "0"}
+    assert value(samples, "kvwatch_up") == 1.0
+    assert value(samples, "kvwatch_last_success_timestamp_seconds") == 1000.0
+    assert value(samples, "kvwatch_scrape_errors_total", reason="timeout") == 0.0
+    assert value(samples, "kvwatch_source_info", engine_kind="vllm", version_range=">=0.25",
+                 usage_metric="vllm:kv_cache_usage_perc") == 1.0
+    assert value(samples, "kvwatch_kv_usage_ratio", **e0) == 0.96
+    assert value(samples, "kvwatch_kv_capacity_tokens", **e0) == 163840.0
+    assert value(samples, "kvwatch_kv_used_tokens", **e0) == 0.96 * 163840.0
+    assert value(samples, "kvwatch_requests_waiting", **e0) == 4.0
+    # Mean finished request: 2000 prompt + 500 output tokens; 163840 / 2500 = 65.536 at the observed mix.
+    assert value(samples, "kvwatch_max_concurrency", basis="observed_mix", **e0) == 65.536
+    assert value(samples, "kvwatch_max_concurrency", basis="max_model_len", **e0) == 20.0
+    assert value(samples, "kvwatch_concurrency_headroom", **e0) == 65.536 - 16
+    assert value(samples, "kvwatch_demo_ratio", **e0) == 1.92
+    assert value(samples, "kvwatch_build_info", version=__import__("kvwatch").__version__) == 1.0
+
+
+def test_stale_state_keeps_only_health() -> None:
+    samples = scrape(KvwatchCollector(lambda: state_at(1000.0), now=lambda: 1016.0, stale_after=15.0,
+                                      analyzers=[DemoAnalyzer()]))
+    names = {name for name, _ in samples}
+    assert "kvwatch_up" in names and "kvwatch_scrape_errors_total" in names
+    assert not any(n.startswith(("kvwatch_kv_", "kvwatch_requests_", "kvwatch_demo", "kvwatch_max_c"))
+                   for n in names)
+
+
+def test_empty_state_before_first_poll() -> None:
+    samples = scrape(KvwatchCollector(State, now=lambda: 0.0, stale_after=15.0))
+    assert value(samples, "kvwatch_up") == 0.0
+    assert value(samples, "kvwatch_last_success_timestamp_seconds") is None
+
+
+def test_collector_never_raises() -> None:
+    class Broken:
+        name = "demo"
+
+        def families(self, results: Any, now: float) -> Iterable[Any]:
+            raise RuntimeError("bug")
+
+    def bad_state() -> State:
+        raise RuntimeError("bug")
+
+    assert value(scrape(KvwatchCollector(bad_state, now=lambda: 0.0, stale_after=1.0)),
+                 "kvwatch_build_info", version=__import__("kvwatch").__version__) == 1.0
+    samples = scrape(KvwatchCollector(lambda: state_at(10.0), now=lambda: 10.0, stale_after=1.0,
+                                      analyzers=[Broken()]))  # type: ignore[list-item]
+    assert value(samples, "kvwatch_kv_usage_ratio", model_name="llama", engine="1") == 0.5
+
+
+def test_preemption_rate_from_history() -> None:
+    history = SeriesHistory()
+    for t in range(0, 70, 10):
+        history.append(float(t), Reading("m", preemptions_total=3.0 * t, kv_usage_ratio=0.5, requests_running=10.0))
+    state = derive(history.latest.reading, history)  # type: ignore[union-attr]
+    assert state.preemptions_per_second == 3.0
+    # No histograms: the ceiling at the observed mix falls back to running / usage.
+    assert state.max_concurrency["observed_mix"] == 20.0 and math.isclose(state.concurrency_headroom or 0, 10.0)

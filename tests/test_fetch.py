@@ -1,0 +1,119 @@
+"""Fetching and classifying failures: every way a target can fail maps to one scrape error reason."""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import respx
+
+from kvwatch.fetch import ACCEPT, REASONS, Fetcher, ScrapeError, interpret
+
+URL = "http://vllm.test:8000/metrics"
+FIXTURE = (Path(__file__).parent / "fixtures" / "vllm-metrics" / "gen-0.33-dp2-capacity-labels.prom").read_text()
+
+
+def fetch_and_read(max_body_bytes: int = 1 << 20, **kwargs: object) -> object:
+    with Fetcher(URL, timeout=2.0, max_body_bytes=max_body_bytes, **kwargs) as fetcher:  # type: ignore[arg-type]
+        return interpret(fetcher.fetch(), None, timestamp=5.0)
+
+
+def reason_of(**kwargs: object) -> str:
+    with pytest.raises(ScrapeError) as info:
+        fetch_and_read(**kwargs)
+    assert info.value.reason in REASONS
+    return info.value.reason
+
+
+@respx.mock
+def test_success_sends_classic_text_accept_and_reads_readings() -> None:
+    route = respx.get(URL).mock(return_value=httpx.Response(200, text=FIXTURE))
+    poll = fetch_and_read()
+    assert [r.engine for r in poll.readings] == ["0", "1"]  # type: ignore[attr-defined]
+    request = route.calls.last.request
+    assert request.headers["Accept"] == ACCEPT and "text/plain; version=0.0.4" in ACCEPT
+    assert "gzip" in request.headers["Accept-Encoding"]
+
+
+@respx.mock
+def test_gzip_body_is_decoded() -> None:
+    respx.get(URL).mock(return_value=httpx.Response(
+        200, content=gzip.compress(FIXTURE.encode()), headers={"Content-Encoding": "gzip"}))
+    assert len(fetch_and_read().readings) == 2  # type: ignore[attr-defined]
+
+
+@respx.mock
+def test_bearer_token_is_read_from_file(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    route = respx.get(URL).mock(return_value=httpx.Response(200, text=FIXTURE))
+    fetch_and_read(bearer_token_file=token)
+    assert route.calls.last.request.headers["Authorization"] == "Bearer s3cret"
+
+
+@respx.mock
+def test_http_500() -> None:
+    respx.get(URL).mock(return_value=httpx.Response(500, text="oops"))
+    assert reason_of() == "http_status"
+
+
+@respx.mock
+def test_connect_error() -> None:
+    respx.get(URL).mock(side_effect=httpx.ConnectError("refused"))
+    assert reason_of() == "connect"
+
+
+@respx.mock
+def test_timeout() -> None:
+    respx.get(URL).mock(side_effect=httpx.ReadTimeout("slow"))
+    assert reason_of() == "timeout"
+
+
+@respx.mock
+def test_oversize_declared_length_is_refused_before_reading() -> None:
+    respx.get(URL).mock(return_value=httpx.Response(200, content=b"x" * 5000))
+    assert reason_of(max_body_bytes=4096) == "too_large"
+
+
+@respx.mock
+def test_endless_body_stops_at_the_cap() -> None:
+    produced = 0
+
+    def endless() -> Iterator[bytes]:  # a "10 GB" body: only the cap's worth may ever be produced
+        nonlocal produced
+        while True:
+            produced += 65536
+            yield b"a 1\n" * 16384
+
+    respx.get(URL).mock(return_value=httpx.Response(200, content=endless()))
+    assert reason_of(max_body_bytes=1 << 20) == "too_large"
+    assert produced <= (1 << 20) + 65536
+
+
+@respx.mock
+def test_gzip_bomb_is_capped_after_decoding() -> None:
+    respx.get(URL).mock(return_value=httpx.Response(
+        200, content=gzip.compress(b"a 1\n" * (1 << 20)), headers={"Content-Encoding": "gzip"}))
+    assert reason_of(max_body_bytes=1 << 16) == "too_large"
+
+
+@respx.mock
+@pytest.mark.parametrize(("body", "reason"), [
+    ("\x00\x01garbage{{{", "parse"),
+    ("<!DOCTYPE html>\n<html><body><h1>502 Bad Gateway</h1></body></html>\n", "parse"),
+    ("", "unrecognised"),
+    ("# HELP node_load1 1m load average.\n# TYPE node_load1 gauge\nnode_load1 0.21\n", "unrecognised"),
+])
+def test_bodies_that_are_not_vllm(body: str, reason: str) -> None:
+    respx.get(URL).mock(return_value=httpx.Response(200, text=body))
+    assert reason_of() == reason
+
+
+def test_missing_token_file_is_a_connect_error(tmp_path: Path) -> None:
+    fetcher = Fetcher(URL, timeout=1.0, max_body_bytes=4096, bearer_token_file=tmp_path / "gone")
+    with pytest.raises(ScrapeError) as info:
+        fetcher.fetch()
+    assert info.value.reason == "connect" and "token" in str(info.value)

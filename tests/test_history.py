@@ -1,0 +1,78 @@
+"""History: bounded rings, counter rates across resets, restart detection."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+import pytest
+
+from kvwatch.history import History, SeriesHistory, restart_reason
+from kvwatch.model import Detection, Poll, Reading
+
+
+def reading(**fields: object) -> Reading:
+    return Reading(model_name="m", engine="0", **fields)  # type: ignore[arg-type]
+
+
+def test_ring_is_bounded() -> None:
+    h = SeriesHistory(max_samples=3)
+    for t in range(10):
+        h.append(float(t), reading(preemptions_total=float(t)))
+    assert [e.timestamp for e in h] == [7.0, 8.0, 9.0]
+
+
+def test_rate_over_window() -> None:
+    h = SeriesHistory()
+    for t in range(0, 100, 10):
+        h.append(float(t), reading(preemptions_total=2.0 * t))
+    assert h.rate("preemptions_total") == pytest.approx(2.0)
+    assert h.rate("preemptions_total", window=30) == pytest.approx(2.0)
+    assert h.increase("preemptions_total", window=30) == (60.0, 30.0)
+
+
+def test_rate_counts_through_a_reset() -> None:
+    h = SeriesHistory()
+    for t, v in [(0, 100.0), (10, 110.0), (20, 5.0), (30, 15.0)]:
+        h.append(float(t), reading(preemptions_total=v))
+    # 10 before the reset, 5 counted from zero at the reset, 10 after: 25 over 30 s.
+    assert h.increase("preemptions_total") == (25.0, 30.0)
+    assert h.restarts == 1 and h.last_restart_timestamp == 20.0
+    assert h.last_restart_reason == "preemptions_total went down"
+    assert [e.timestamp for e in h.samples(since_restart=True)] == [20.0, 30.0]
+
+
+def test_rate_unknown_with_one_point_or_missing_counter() -> None:
+    h = SeriesHistory()
+    h.append(0.0, reading(preemptions_total=1.0))
+    assert h.rate("preemptions_total") is None
+    h.append(5.0, reading())
+    assert h.rate("preemptions_total") is None
+
+
+def test_timestamps_must_increase() -> None:
+    h = SeriesHistory()
+    h.append(1.0, reading())
+    with pytest.raises(ValueError, match="increase"):
+        h.append(1.0, reading())
+
+
+def test_restart_reasons() -> None:
+    base = reading(process_start_time_seconds=1.0, cache_config=MappingProxyType({"num_gpu_blocks": "100"}))
+    assert restart_reason(base, base) is None
+    assert restart_reason(base, reading(process_start_time_seconds=2.0)) == "process_start_time_seconds changed"
+    assert restart_reason(base, reading(cache_config=MappingProxyType({"num_gpu_blocks": "200"}))) == \
+        "cache_config_info changed"
+    a = reading(finished_by_reason=MappingProxyType({"stop": 10.0}))
+    b = reading(finished_by_reason=MappingProxyType({"stop": 3.0}))
+    assert restart_reason(a, b) == "request_success_total went down"
+
+
+def test_history_tracks_series_and_forgets_gone_ones() -> None:
+    d = Detection("vllm", "0.12-0.2x", "vllm:kv_cache_usage_perc")
+    history = History(forget_after=100.0)
+    history.record(Poll(0.0, d, (reading(), Reading("m", "1"))))
+    restarted = history.record(Poll(50.0, d, (reading(preemptions_total=1.0),)))
+    assert restarted == {} and set(history.keys()) == {("m", "0"), ("m", "1")}
+    history.record(Poll(200.0, d, (reading(preemptions_total=0.0),)))
+    assert set(history.keys()) == {("m", "0")}
+    assert history[("m", "0")].restarts == 1

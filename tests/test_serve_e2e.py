@@ -1,0 +1,154 @@
+"""End to end: a real ``kvwatch serve`` process polling a real HTTP target on loopback.
+
+The target serves a vLLM payload, then garbage, then goes away, then comes back. kvwatch must stay up,
+report ``kvwatch_up`` 0 with the right error reasons, drop derived gauges after stale-after, keep
+``/healthz`` at 200 throughout, and recover when the target returns; SIGTERM stops it cleanly.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.e2e
+
+PAYLOAD = (Path(__file__).parent / "fixtures" / "vllm-metrics" / "gen-0.33-dp2-capacity-labels.prom").read_bytes()
+HTML = b"<!DOCTYPE html><html><body><h1>502 Bad Gateway</h1></body></html>\n"
+
+
+class Target:
+    """A stand-in vLLM on loopback whose answer the test switches."""
+
+    def __init__(self) -> None:
+        self.body = PAYLOAD
+        self.port = free_port()
+        self.server: ThreadingHTTPServer | None = None
+
+    def start(self) -> None:
+        target = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = target.body
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2.0).text
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def get(samples: dict, name: str, **labels: str) -> float | None:
+    return samples.get((name, frozenset(labels.items())))
+
+
+def has_derived(samples: dict) -> bool:
+    return any(name.startswith(("kvwatch_kv_", "kvwatch_requests_")) for name, _ in samples)
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 8.0) -> None:
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            if condition():
+                return
+        except httpx.HTTPError as exc:  # kvwatch not listening yet
+            last_error = exc
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what} (last error: {last_error})")
+
+
+@pytest.fixture
+def target() -> Iterator[Target]:
+    t = Target()
+    t.start()
+    try:
+        yield t
+    finally:
+        t.stop()
+
+
+def test_serve_survives_garbage_and_outage(target: Target) -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVWATCH_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvwatch", "serve", "--target-url", f"http://127.0.0.1:{target.port}/metrics",
+         "--listen-address", "127.0.0.1", "--port", str(port), "--poll-interval-seconds", "0.2",
+         "--poll-timeout-seconds", "0.15", "--stale-after-seconds", "1"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        e1 = {"model_name": "llama", "engine": "1"}
+        wait_for(lambda: get(scrape(port), "kvwatch_kv_usage_ratio", **e1) == 0.5, "first good poll")
+        samples = scrape(port)
+        assert get(samples, "kvwatch_up") == 1.0
+        assert get(samples, "kvwatch_kv_capacity_tokens", **e1) == 163840.0
+        assert get(samples, "kvwatch_source_info", engine_kind="vllm", version_range=">=0.25",
+                   usage_metric="vllm:kv_cache_usage_perc") == 1.0
+
+        target.body = HTML  # the target answers, but not with metrics
+        wait_for(lambda: (get(scrape(port), "kvwatch_scrape_errors_total", reason="parse") or 0) > 0, "parse error")
+        assert get(scrape(port), "kvwatch_up") == 0.0
+        wait_for(lambda: not has_derived(scrape(port)), "derived gauges to go stale")
+
+        target.stop()  # the target is gone
+        wait_for(lambda: (get(scrape(port), "kvwatch_scrape_errors_total", reason="connect") or 0) > 0,
+                 "connect error")
+        samples = scrape(port)
+        assert get(samples, "kvwatch_up") == 0.0 and not has_derived(samples)
+        assert get(samples, "kvwatch_last_success_timestamp_seconds") is not None
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2.0).status_code == 200
+        assert proc.poll() is None
+
+        target.body = PAYLOAD
+        target.start()  # back on the same port
+        wait_for(lambda: get(scrape(port), "kvwatch_up") == 1.0 and has_derived(scrape(port)), "recovery")
+        assert get(scrape(port), "kvwatch_requests_waiting", model_name="llama", engine="0") == 4.0
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        log = proc.stdout.read() if proc.stdout else ""
+        # Only changes are logged: one "down" per outage kind, not one per poll.
+        assert log.count("is down (parse)") == 1 and log.count("is down (connect)") == 1
+        assert log.count("is up") == 2
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=5)
+        if proc.stdout:
+            proc.stdout.close()

@@ -1,0 +1,84 @@
+"""Settings: flags and KVWATCH_* variables; bad values stop startup with exit 2 naming the source."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from kvwatch.cli import main
+from kvwatch.settings import ServeSettings, SettingsError, add_settings_flags, load_settings
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for key in list(os.environ):
+        if key.startswith("KVWATCH_"):
+            monkeypatch.delenv(key)
+
+
+def settings_from(argv: list[str]) -> ServeSettings:
+    parser = argparse.ArgumentParser()
+    add_settings_flags(parser, ServeSettings)
+    return load_settings(ServeSettings, parser.parse_args(argv))
+
+
+def test_defaults() -> None:
+    s = settings_from([])
+    assert (s.target_url, s.port, s.poll_interval_seconds) == ("http://127.0.0.1:8000/metrics", 9747, 5.0)
+    assert (s.poll_timeout_seconds, s.stale_after_seconds, s.max_body_bytes) == (4.0, 15.0, 16 * 1024 * 1024)
+    assert s.clock_speed == 1.0 and s.tls_verify is True
+
+
+def test_flag_beats_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVWATCH_POLL_INTERVAL_SECONDS", "2")
+    monkeypatch.setenv("KVWATCH_CLOCK_SPEED", "10")
+    s = settings_from(["--poll-interval-seconds", "3"])
+    assert (s.poll_interval_seconds, s.clock_speed, s.stale_after_seconds) == (3.0, 10.0, 9.0)
+
+
+def test_override_selectors_accepted() -> None:
+    s = settings_from(["--usage-metric", 'gpu_cache_usage_sys{kind="gpu"}', "--waiting-metric", "q"])
+    assert s.usage_metric == 'gpu_cache_usage_sys{kind="gpu"}' and s.waiting_metric == "q"
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["--poll-interval-seconds", "0"], "--poll-interval-seconds"),
+    (["--poll-interval-seconds", "2", "--poll-timeout-seconds", "2"], "--poll-timeout-seconds"),
+    (["--port", "70000"], "--port"),
+    (["--target-url", "vllm:8000"], "--target-url"),
+    (["--usage-metric", "bad name{"], "--usage-metric"),
+    (["--clock-speed", "0"], "--clock-speed"),
+    (["--max-body-bytes", "ten"], "--max-body-bytes"),
+    (["--log-level", "chatty"], "--log-level"),
+    (["--bearer-token-file", "/nonexistent/token"], "--bearer-token-file"),
+])
+def test_bad_flag_exits_2_naming_it(argv: list[str], named: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert named in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(("variable", "value"), [
+    ("KVWATCH_PORT", "-1"),
+    ("KVWATCH_STALE_AFTER_SECONDS", "soon"),
+    ("KVWATCH_TLS_VERIFY", "maybe"),
+    ("KVWATCH_POLL_INTERVALL_SECONDS", "5"),  # a typo is refused, not ignored
+])
+def test_bad_variable_exits_2_naming_it(variable: str, value: str, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv(variable, value)
+    assert main(["serve"]) == 2
+    assert variable in capsys.readouterr().err
+
+
+def test_check_takes_the_same_override_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--file", "x.prom", "--usage-metric", "{"]) == 2
+    assert "--usage-metric" in capsys.readouterr().err
+
+
+def test_settings_error_is_a_value_error() -> None:
+    with pytest.raises(SettingsError):
+        settings_from(["--stale-after-seconds", "-3"])
