@@ -1,0 +1,152 @@
+"""Model architecture from config.json and presets; GPU presets."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import pytest
+
+from kvwatch.capacity import (
+    ArchitectureError,
+    PresetError,
+    arch_from_config,
+    match_model,
+    resolve_gpu,
+    resolve_model,
+)
+from kvwatch.capacity.architecture import FULL, MAMBA, SLIDING
+from kvwatch.capacity.presets import gpu_names, preset_names
+
+BASE = {"num_hidden_layers": 4, "num_attention_heads": 8, "hidden_size": 512, "vocab_size": 1000}
+
+
+def test_missing_head_dim_and_kv_heads_default_to_mha():
+    arch = arch_from_config(dict(BASE))
+    assert arch.head_dim == 64 and arch.num_kv_heads == 8
+
+
+def test_explicit_head_dim_wins_over_hidden_over_heads():
+    arch = arch_from_config({**BASE, "head_dim": 128, "num_key_value_heads": 2})
+    assert arch.head_dim == 128 and arch.num_kv_heads == 2
+
+
+def test_multimodal_text_config_is_used():
+    cfg = {"model_type": "gemma3", "vision_config": {"hidden_size": 1152, "num_hidden_layers": 27},
+           "text_config": {**BASE, "num_hidden_layers": 12, "sliding_window": 1024, "sliding_window_pattern": 6}}
+    arch = arch_from_config(cfg)
+    assert arch.num_layers == 12
+    assert arch.layer_types == (SLIDING,) * 5 + (FULL,) + (SLIDING,) * 5 + (FULL,)
+    assert arch.sliding_window == 1024
+
+
+def test_layer_types_list_is_read():
+    arch = arch_from_config({**BASE, "sliding_window": 128,
+                             "layer_types": ["sliding_attention", "full_attention"] * 2})
+    assert arch.layer_types == (SLIDING, FULL, SLIDING, FULL)
+
+
+def test_mla_fields():
+    arch = arch_from_config({**BASE, "model_type": "deepseek_v3", "kv_lora_rank": 512, "qk_rope_head_dim": 64})
+    assert arch.is_mla and arch.kv_lora_rank == 512 and arch.qk_rope_head_dim == 64
+    with pytest.raises(ArchitectureError, match="kv_lora_rank"):
+        arch_from_config({**BASE, "model_type": "deepseek_v3"})
+
+
+def test_hybrid_mamba_is_detected_and_says_what_is_not_modelled():
+    arch = arch_from_config({**BASE, "model_type": "jamba", "attn_layer_period": 2, "attn_layer_offset": 1})
+    assert arch.is_hybrid_mamba
+    assert arch.layer_types == (MAMBA, FULL, MAMBA, FULL)
+    assert len(arch.attention_layer_types) == 2
+    assert any("NOT modelled" in n for n in arch.notes)
+    granite = resolve_model("ibm-granite/granite-4.0-h-small")
+    assert granite.is_hybrid_mamba and len(granite.attention_layer_types) == 4
+
+
+def test_missing_required_field_is_named():
+    with pytest.raises(ArchitectureError, match="num_hidden_layers"):
+        arch_from_config({"hidden_size": 10})
+
+
+@pytest.mark.parametrize("name", [
+    "meta-llama/Llama-3.1-8B-Instruct",
+    "META-LLAMA/llama-3.1-8b-instruct",
+    "/models/Llama-3.1-8B-Instruct",
+    "/mnt/models/meta-llama/Llama-3.1-8B-Instruct/",
+    "Llama-3.1-8B-Instruct",
+    "llama3.1-8b",
+])
+def test_model_name_forms_resolve_to_the_preset(name):
+    assert resolve_model(name).name == "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def test_quantized_alias_carries_its_quantization():
+    match = match_model("RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic")
+    assert match.arch.name == "meta-llama/Llama-3.3-70B-Instruct" and match.quantization == "fp8"
+
+
+def test_unknown_model_suggests_model_config():
+    with pytest.raises(PresetError, match="--model-config"):
+        resolve_model("acme/NotAModel-7B")
+
+
+def test_config_path_and_bad_json(tmp_path):
+    good = tmp_path / "config.json"
+    good.write_text(json.dumps({**BASE, "_name_or_path": "me/tiny"}))
+    assert resolve_model(str(good)).name == "me/tiny"
+    assert resolve_model(str(tmp_path)).num_layers == 4  # a model directory
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ArchitectureError, match="not valid JSON"):
+        resolve_model(str(bad))
+
+
+def test_every_preset_loads_and_records_its_source():
+    names = preset_names()
+    assert len(names) >= 40
+    for entry in (resources.files("kvwatch") / "data" / "models").iterdir():
+        if entry.name.endswith(".json") and entry.name != "aliases.json":
+            data = json.loads(entry.read_text())
+            assert data["source"].startswith("https://"), entry.name
+            assert entry.name == data["id"].replace("/", "__") + ".json"
+    for name in names:
+        arch = resolve_model(name)
+        assert arch.num_layers > 0 and arch.head_dim > 0 and arch.source
+
+
+def test_families_required_by_the_issue_are_present():
+    names = " ".join(preset_names()).lower()
+    for family in ["llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "qwen2.5-7b", "qwen3-8b", "qwen3-30b-a3b",
+                   "mistral-7b", "mixtral-8x7b", "mistral-small", "gemma-2-9b", "gemma-3-27b", "phi-3", "phi-4",
+                   "granite", "deepseek-v2", "deepseek-v3", "deepseek-r1", "distill", "glm-4", "gpt-oss",
+                   "codellama"]:
+        assert family in names, family
+
+
+def test_calibration_architectures_match_presets():
+    # tests/fixtures/calibration/model_architectures.csv rows (layers, heads, kv heads, hidden)
+    expected = {
+        "meta-llama/Llama-3.1-8B-Instruct": (32, 32, 8, 4096, 128),
+        "Qwen/Qwen2.5-7B-Instruct": (28, 28, 4, 3584, 128),
+        "Qwen/Qwen3-0.6B": (28, 16, 8, 1024, 128),
+        "Qwen/Qwen3-32B": (64, 64, 8, 5120, 128),
+        "google/gemma-2-27b-it": (46, 32, 16, 4608, 128),
+        "google/gemma-2-9b-it": (42, 16, 8, 3584, 256),
+        "openai/gpt-oss-20b": (24, 64, 8, 2880, 64),
+        "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B": (48, 40, 8, 5120, 128),
+    }
+    for name, (layers, heads, kv, hidden, head_dim) in expected.items():
+        a = resolve_model(name)
+        assert (a.num_layers, a.num_attention_heads, a.num_kv_heads, a.hidden_size, a.head_dim) == \
+            (layers, heads, kv, hidden, head_dim), name
+
+
+def test_gpu_presets():
+    assert resolve_gpu("H100").total_memory_bytes == pytest.approx(79.19 * (1 << 30), rel=1e-6)
+    assert resolve_gpu("nvidia a100-sxm4-80gb").name == "A100-80GB"
+    for name in ["A10G", "L4", "L40S", "A100-40GB", "A100-80GB", "H100", "H200", "B200", "RTX 3090", "RTX 4090",
+                 "T4", "V100", "MI300X"]:
+        assert resolve_gpu(name).source
+    assert len(gpu_names()) >= 13
+    with pytest.raises(PresetError, match="--gpu-memory-gib"):
+        resolve_gpu("Voodoo2")

@@ -1,0 +1,128 @@
+"""KV geometry: bytes per token, vLLM's layer grouping, blocks, tokens and concurrency."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvwatch.capacity import arch_from_config, resolve_model
+from kvwatch.capacity.architecture import FULL, SLIDING
+from kvwatch.capacity.kv import (
+    group_layers,
+    kv_dtype_bytes,
+    kv_layout,
+    max_concurrency_at,
+    max_concurrency_at_max_model_len,
+    num_gpu_blocks,
+    reported_kv_cache_tokens,
+)
+
+GIB = 1 << 30
+V19, V20, V08 = (0, 19), (0, 20), (0, 8)
+
+
+def llama8b():
+    return resolve_model("meta-llama/Llama-3.1-8B-Instruct")
+
+
+def test_llama_8b_worked_example_from_reference():
+    # 2*32*8*128*2 = 128 KiB per token; one 16-token block across all layers = 2 MiB.
+    layout = kv_layout(llama8b(), tp=1, pp=1, kv_bytes=2, block_size=16, version=V20)
+    assert layout.kv_bytes_per_token == 131072
+    assert layout.bytes_per_block_row == 2 << 20
+    blocks = num_gpu_blocks(20 * GIB, layout)
+    assert blocks == 10240
+    assert reported_kv_cache_tokens(layout, blocks, 8192, 8192, V20) == 163840
+    assert max_concurrency_at_max_model_len(layout, blocks, 8192, 8192) == pytest.approx(20.0)
+    fp8 = kv_layout(llama8b(), 1, 1, kv_dtype_bytes("fp8", 2), 16, V20)
+    assert num_gpu_blocks(20 * GIB, fp8) == 20480
+
+
+@pytest.mark.parametrize(("tp", "expected"), [(1, 131072), (2, 65536), (8, 16384), (16, 16384)])
+def test_kv_heads_split_by_tp_then_replicated(tp, expected):
+    assert kv_layout(llama8b(), tp, 1, 2, 16, V20).kv_bytes_per_token == expected
+
+
+def test_pipeline_parallel_divides_layers():
+    assert kv_layout(llama8b(), 1, 2, 2, 16, V20).kv_bytes_per_token == 65536
+    assert kv_layout(llama8b(), 1, 4, 2, 16, V20).kv_bytes_per_token == 32768
+
+
+def test_mla_is_latent_per_layer_and_not_divided_by_tp():
+    ds = resolve_model("deepseek-ai/DeepSeek-V3")
+    for tp in (1, 8, 16):
+        assert kv_layout(ds, tp, 1, 2, 16, V20).kv_bytes_per_token == 61 * (512 + 64) * 2
+
+
+@pytest.mark.parametrize(("kv", "model", "expected"),
+                         [("auto", 2, 2), ("auto", 4, 4), ("fp8", 2, 1), ("fp8_e5m2", 2, 1), ("bf16", 4, 2)])
+def test_kv_dtype_bytes(kv, model, expected):
+    assert kv_dtype_bytes(kv, model) == expected
+
+
+def test_gemma2_groups_equal_buckets_and_v019_token_rule():
+    g = resolve_model("google/gemma-2-2b-it")
+    layout = kv_layout(g, 1, 1, 2, 16, V19)
+    assert (layout.group_size, layout.num_groups) == (13, 2)
+    assert layout.bytes_per_block_row == 16 * 13 * 4 * 256 * 2 * 2  # as in the v0.19 log
+    blocks = num_gpu_blocks(66.47 * GIB, layout)
+    # vLLM logged 83,770 blocks and 670,160 tokens from 66.47 GiB (rounded to 0.01 GiB in the log)
+    assert abs(blocks - 83770) <= 5
+    assert reported_kv_cache_tokens(layout, 83770, 8192, 8192, V19) == 670160
+    # "Maximum concurrency for 8,192 tokens per request: 81.73x": full group 512 blocks + sliding 513
+    assert max_concurrency_at_max_model_len(layout, 83770, 8192, 8192) == pytest.approx(81.73, abs=0.005)
+
+
+def test_gemma3_five_to_one_pattern_makes_seven_groups():
+    g3 = resolve_model("google/gemma-3-27b-it")
+    assert g3.layer_types.count(FULL) == 10 and g3.layer_types.count(SLIDING) == 52
+    layout = kv_layout(g3, 1, 1, 2, 16, V20)
+    assert (layout.group_size, layout.num_groups) == (10, 7)
+
+
+def test_group_size_uses_largest_bucket_when_close():
+    size, groups = group_layers((FULL,) * 12 + (SLIDING,) * 14, 128, V20)
+    assert size == 14 and len(groups) == 2
+
+
+def test_before_hybrid_grouping_every_layer_counts_as_full():
+    g = resolve_model("google/gemma-2-2b-it")
+    layout = kv_layout(g, 1, 1, 2, 16, V08)
+    assert layout.num_groups == 1 and layout.group_size == 26
+
+
+def test_v020_tokens_come_from_concurrency_and_depend_on_max_model_len():
+    g = resolve_model("google/gemma-2-2b-it")
+    layout = kv_layout(g, 1, 1, 2, 16, V20)
+    short = reported_kv_cache_tokens(layout, 10000, 8192, 2048, V20)
+    long = reported_kv_cache_tokens(layout, 10000, 65536, 2048, V20)
+    assert short != long
+    # uniform models: the same figure in both rules when max_model_len is a block multiple
+    lay = kv_layout(llama8b(), 1, 1, 2, 16, V20)
+    assert reported_kv_cache_tokens(lay, 1234, 8192, 8192, V20) == reported_kv_cache_tokens(lay, 1234, 8192, 8192, V19)
+
+
+def test_gpt_oss_120b_v0_10_concurrency_matches_log():
+    # A100 TP4, max_model_len 16384, max_num_batched_tokens 2048: vLLM logged 284.25x and 2,640,144 tokens.
+    oss = resolve_model("openai/gpt-oss-120b")
+    layout = kv_layout(oss, 4, 1, 2, 16, (0, 10))
+    blocks = 2640144 // 16 * 2
+    assert max_concurrency_at_max_model_len(layout, blocks, 16384, 2048) == pytest.approx(284.25, abs=0.01)
+
+
+def test_continuous_ceiling_matches_tutorial_formula_on_uniform_models():
+    layout = kv_layout(llama8b(), 1, 1, 2, 16, V20)
+    blocks = num_gpu_blocks(20 * GIB, layout)
+    assert max_concurrency_at(layout, blocks, 4096, 8192) == pytest.approx(20 * GIB / (4096 * 131072))
+    with pytest.raises(ValueError):
+        max_concurrency_at(layout, blocks, 0, 8192)
+
+
+def test_sliding_layers_cap_at_window_for_long_requests():
+    g = arch_from_config({"model_type": "gemma2", "num_hidden_layers": 4, "num_attention_heads": 4,
+                          "num_key_value_heads": 1, "hidden_size": 256, "head_dim": 64, "sliding_window": 1024})
+    layout = kv_layout(g, 1, 1, 2, 16, V20)
+    short = max_concurrency_at(layout, 100000, 1000, 512)
+    long = max_concurrency_at(layout, 100000, 100000, 512)
+    # at 100k tokens the sliding group holds ~1.5k tokens, so the ceiling is ~half the all-full one
+    assert long == pytest.approx(100000 * 16 / (100000 + 1024 - 1 + 512 + 16))
+    assert short > long

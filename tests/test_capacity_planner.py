@@ -1,0 +1,175 @@
+"""The memory budget, estimates, plan_capacity and the what-if scenarios."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from kvwatch.capacity import (
+    DeploymentSpec,
+    QuantizationError,
+    SpecError,
+    default_gpu_memory_utilization,
+    parse_bytes,
+    plan_capacity,
+    resolve_model,
+    whatif_ceilings,
+    whatif_scenarios,
+)
+from kvwatch.capacity.memory import estimate_non_torch_bytes, estimate_weights_bytes
+from kvwatch.settings import DeploymentSettings
+
+GIB = 1 << 30
+TUTORIAL = DeploymentSpec(gpu_memory_bytes=80 * GIB, gpu_memory_utilization=0.90, weights_bytes=42 * GIB,
+                          activation_bytes=4 * GIB, non_torch_bytes=0, kv_bytes_per_token=0.0008 * GIB)
+SCENARIO_ORDER = ["gpu_memory_utilization_0.85", "gpu_memory_utilization_0.95", "max_model_len_halved",
+                  "fp8_kv_cache", "fp8_weights", "tensor_parallel_x2"]
+
+
+def llama_h100(**kw):
+    base = DeploymentSpec(arch=resolve_model("meta-llama/Llama-3.1-8B-Instruct"), gpu_memory_bytes=79.19 * GIB,
+                          gpu_name="H100-80GB", gpu_memory_utilization=0.95, max_model_len=8192,
+                          vllm_version=(0, 19))
+    return replace(base, **kw)
+
+
+def test_tutorial_worked_example():
+    plan = plan_capacity(TUTORIAL)
+    assert plan.available_kv_bytes == pytest.approx(26 * GIB)
+    ceiling = plan.max_concurrency_at(4096)
+    # 26 / (0.0008 x 4096) = 7.93 (whole 16-token blocks: 2031 x 16 / 4096 = 7.93); the tutorial's 7.8 is 26 / 3.3
+    assert ceiling == pytest.approx(26 / (0.0008 * 4096), rel=1e-3)
+    assert 7.8 <= ceiling < 8.0
+    assert plan.will_start and plan.max_concurrency_at_max_model_len is None
+
+
+def test_logged_components_reproduce_vllm_llama_row():
+    plan = plan_capacity(llama_h100(weights_bytes=14.99 * GIB, activation_bytes=1.89 * GIB,
+                                    non_torch_bytes=0.25 * GIB))
+    assert plan.available_kv_bytes / GIB == pytest.approx(58.11, abs=0.01)
+    assert plan.kv_cache_tokens == pytest.approx(476016, rel=0.001)
+    assert plan.max_concurrency_at_max_model_len == pytest.approx(58.11, abs=0.02)
+    assert plan.estimated == ()
+
+
+def test_estimates_are_flagged_and_close():
+    plan = plan_capacity(llama_h100())
+    assert set(plan.estimated) == {"weights", "activation", "non_torch"}
+    assert any("estimated" in w for w in plan.warnings)
+    assert plan.weights_bytes / GIB == pytest.approx(14.99, abs=0.1)
+    assert plan.activation_bytes / GIB == pytest.approx(1.89, abs=0.2)
+
+
+def test_negative_budget_says_will_not_start_with_shortfall():
+    plan = plan_capacity(llama_h100(weights_bytes=80 * GIB, activation_bytes=GIB, non_torch_bytes=0))
+    assert not plan.will_start and plan.num_gpu_blocks == 0 and plan.kv_cache_tokens == 0
+    assert "short by" in plan.errors[0] and "will not start" in plan.errors[0]
+
+
+def test_budget_too_small_for_one_max_model_len_request():
+    plan = plan_capacity(llama_h100(available_kv_bytes=2 * GIB, max_model_len=32768))
+    assert not plan.will_start
+    assert "lower --max-model-len to about 16384" in plan.errors[0]
+
+
+def test_default_utilization_by_version():
+    assert default_gpu_memory_utilization((0, 11)) == 0.9
+    assert default_gpu_memory_utilization((0, 33)) == 0.92
+    plan = plan_capacity(llama_h100(gpu_memory_utilization=None, vllm_version=(0, 33)))
+    assert plan.gpu_memory_utilization == 0.92
+
+
+def test_weights_by_quantization():
+    arch = resolve_model("meta-llama/Llama-3.1-8B-Instruct")
+    bf16 = estimate_weights_bytes(arch, 2, None, 1, 1)
+    fp8 = estimate_weights_bytes(arch, 2, "fp8", 1, 1)
+    int4 = estimate_weights_bytes(arch, 2, "awq", 1, 1)
+    assert bf16 / GIB == pytest.approx(14.96, abs=0.05)
+    assert fp8 / GIB == pytest.approx(8.49, abs=0.1)  # vLLM logged 8.49 GiB for the FP8 checkpoint
+    assert int4 / GIB == pytest.approx(5.38, abs=0.15)  # and 5.38 GiB for w4a16
+    assert estimate_weights_bytes(arch, 2, None, 2, 1) == bf16 // 2
+    with pytest.raises(QuantizationError, match="known"):
+        estimate_weights_bytes(arch, 2, "int3", 1, 1)
+
+
+def test_gpt_oss_checkpoint_quantization_is_mxfp4_on_experts_only():
+    oss = resolve_model("openai/gpt-oss-20b")
+    assert oss.checkpoint_quantization == "mxfp4"
+    # vLLM logged 13.47 GiB for gpt-oss-20b on an H100
+    assert estimate_weights_bytes(oss, 2, None, 1, 1) / GIB == pytest.approx(13.47, rel=0.08)
+
+
+def test_non_torch_estimate():
+    assert estimate_non_torch_bytes(1, 1) == pytest.approx(0.25 * GIB)
+    assert estimate_non_torch_bytes(2, 1) == pytest.approx(2.1 * GIB)
+
+
+def test_missing_inputs_name_the_flags():
+    with pytest.raises(SpecError, match="--gpu"):
+        plan_capacity(DeploymentSpec(arch=resolve_model("Qwen/Qwen3-8B")))
+    with pytest.raises(SpecError, match="--model"):
+        plan_capacity(DeploymentSpec(gpu_memory_bytes=80 * GIB))
+
+
+def test_scenarios_in_cheapest_first_order_and_effects():
+    spec = llama_h100(weights_bytes=14.99 * GIB, activation_bytes=1.89 * GIB, non_torch_bytes=0.25 * GIB)
+    base = plan_capacity(spec)
+    scenarios = {s.name: s for s in whatif_scenarios(spec, avg_seq_len=2000)}
+    assert list(scenarios) == SCENARIO_ORDER
+    assert scenarios["gpu_memory_utilization_0.85"].kv_cache_tokens < base.kv_cache_tokens
+    assert scenarios["gpu_memory_utilization_0.95"].kv_cache_tokens == base.kv_cache_tokens
+    # V1: halving max_model_len does not change the pool, only the worst-case request
+    assert scenarios["max_model_len_halved"].kv_cache_tokens == base.kv_cache_tokens
+    assert scenarios["max_model_len_halved"].plan.max_concurrency_at_max_model_len == pytest.approx(
+        2 * base.max_concurrency_at_max_model_len, rel=1e-3)
+    assert scenarios["fp8_kv_cache"].kv_cache_tokens == pytest.approx(2 * base.kv_cache_tokens, rel=1e-3)
+    fp8w = scenarios["fp8_weights"]
+    assert fp8w.plan.weights_bytes / GIB == pytest.approx(8.49, abs=0.1)
+    assert fp8w.plan.kv_bytes_per_token == base.kv_bytes_per_token  # quantization does not shrink KV
+    assert scenarios["tensor_parallel_x2"].kv_cache_tokens > 2 * base.kv_cache_tokens
+    assert scenarios["fp8_kv_cache"].max_concurrency == pytest.approx(2 * base.max_concurrency_at(2000), rel=1e-3)
+
+
+def test_scenarios_that_cannot_gain_say_so():
+    spec = llama_h100(kv_cache_dtype="fp8", quantization="fp8")
+    by_name = {s.name: s for s in whatif_scenarios(spec)}
+    assert "already" in by_name["fp8_kv_cache"].note and "already" in by_name["fp8_weights"].note
+    no_len = {s.name: s for s in whatif_scenarios(TUTORIAL, 4096)}
+    assert no_len["max_model_len_halved"].kv_cache_tokens is None
+
+
+def test_whatif_ceilings_at_live_average():
+    scenarios = whatif_scenarios(TUTORIAL, 4096)
+    at_4096 = whatif_ceilings(scenarios, 4096)
+    at_2048 = whatif_ceilings(scenarios, 2048)
+    assert set(at_4096) == set(SCENARIO_ORDER) - {"max_model_len_halved"}
+    for name, value in at_4096.items():
+        assert at_2048[name] == pytest.approx(2 * value, rel=1e-9)
+    assert whatif_ceilings(scenarios, 0) == {}
+
+
+def test_from_settings_resolves_presets_and_overrides(monkeypatch):
+    for key in list(__import__("os").environ):
+        if key.startswith("KVWATCH_"):
+            monkeypatch.delenv(key)
+    settings = DeploymentSettings(model="RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic", gpu="H100",
+                                  tensor_parallel_size=2, gpu_memory_utilization=0.95, max_model_len=8192)
+    spec = DeploymentSpec.from_settings(settings, weights_bytes=33.88 * GIB, vllm_version="0.19.0")
+    assert spec.quantization == "fp8" and spec.vllm_version == (0, 19)
+    assert spec.gpu_memory_bytes == pytest.approx(79.19 * GIB)
+    plan = plan_capacity(spec)
+    assert plan.weights_bytes == pytest.approx(33.88 * GIB)
+    assert plan.kv_cache_tokens == pytest.approx(244304, rel=0.01)
+
+
+@pytest.mark.parametrize(("text", "expected"), [("131072", 131072), ("128KiB", 131072), ("0.8MiB", 0.8 * 2**20),
+                                                 ("0.0008GiB", 0.0008 * 2**30), ("1.5 GB", 1.5e9)])
+def test_parse_bytes(text, expected):
+    assert parse_bytes(text) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("text", ["", "abc", "12 parsecs", "-3MiB", "0"])
+def test_parse_bytes_rejects(text):
+    with pytest.raises(ValueError):
+        parse_bytes(text)

@@ -1,0 +1,139 @@
+"""`kvwatch plan` end to end through the real CLI dispatcher."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from kvwatch.cli import main
+
+TUTORIAL = ["plan", "--gpu-memory-gib", "80", "--gpu-memory-utilization", "0.90", "--weights-gib", "42",
+            "--activation-gib", "4", "--non-torch-gib", "0", "--kv-bytes-per-token", "0.0008GiB",
+            "--avg-seq-len", "4096"]
+GIB = 1 << 30
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    for key in list(os.environ):
+        if key.startswith("KVWATCH_"):
+            monkeypatch.delenv(key)
+
+
+def run(argv, capsys):
+    code = main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_tutorial_text_walks_through_the_sums(capsys):
+    code, out, _ = run(TUTORIAL, capsys)
+    assert code == 0
+    assert "80.00 GiB × 0.90" in out and "72.00 GiB" in out
+    assert "= KV budget" in out and "26.00 GiB" in out
+    assert "≈ 7.93 requests" in out
+    assert "What-if, cheapest first" in out
+    assert out.index("gpu_memory_utilization_0.85") < out.index("fp8_kv_cache") < out.index("tensor_parallel_x2")
+
+
+def test_tutorial_json(capsys):
+    code, out, _ = run([*TUTORIAL, "--json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    assert data["available_kv_bytes"] == pytest.approx(26 * GIB)
+    assert data["kv_bytes_per_token"] == pytest.approx(0.0008 * GIB)
+    assert 7.8 <= data["max_concurrency"] < 8.0
+    for key in ["num_gpu_blocks", "kv_cache_tokens", "max_concurrency_at_max_model_len", "weights_bytes",
+                "activation_bytes", "non_torch_bytes"]:
+        assert key in data
+    assert [s["name"] for s in data["scenarios"]][:2] == ["gpu_memory_utilization_0.85",
+                                                          "gpu_memory_utilization_0.95"]
+    assert all({"name", "kv_cache_tokens", "max_concurrency"} <= set(s) for s in data["scenarios"])
+
+
+def test_preset_model_and_gpu_json_matches_vllm_log(capsys):
+    code, out, _ = run(["plan", "--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "H100", "--gpu-memory-utilization",
+                        "0.95", "--max-model-len", "8192", "--weights-gib", "14.25", "--activation-gib", "2.21",
+                        "--non-torch-gib", "0.24", "--vllm-version", "0.19.0", "--json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    assert data["kv_cache_tokens"] == pytest.approx(1096000, rel=0.001)  # vLLM 0.19 logged 1,096,000
+    assert data["max_concurrency"] == pytest.approx(133.79, abs=0.05)
+    assert data["estimated"] == []
+
+
+def test_settings_come_from_environment_too(capsys, monkeypatch):
+    monkeypatch.setenv("KVWATCH_MODEL", "google/gemma-2-9b-it")
+    monkeypatch.setenv("KVWATCH_GPU", "H100")
+    code, out, _ = run(["plan", "--max-model-len", "8192", "--json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    assert data["model"] == "google/gemma-2-9b-it" and data["kv_cache_groups"] == 2
+
+
+def test_model_config_path(tmp_path, capsys):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                               "hidden_size": 4096, "vocab_size": 128256, "intermediate_size": 14336,
+                               "max_position_embeddings": 8192}))
+    code, out, _ = run(["plan", "--model-config", str(cfg), "--gpu", "A100-80GB", "--json"], capsys)
+    assert code == 0
+    assert json.loads(out)["kv_bytes_per_token"] == 131072
+
+
+def test_will_not_start_exits_1_with_shortfall(capsys):
+    code, out, _ = run(["plan", "--model", "Qwen/Qwen3-32B", "--gpu", "L4"], capsys)
+    assert code == 1
+    assert "will not start" in out and "short by" in out
+
+
+@pytest.mark.parametrize(("argv", "flag"), [
+    (["--kv-bytes-per-token", "lots"], "--kv-bytes-per-token"),
+    (["--weights-gib", "x"], "--weights-gib"),
+    (["--model", "acme/Nope-1B", "--gpu", "H100"], "--model"),
+    (["--model", "Qwen/Qwen3-8B", "--gpu", "Voodoo2"], "--gpu"),
+    (["--model", "Qwen/Qwen3-8B", "--gpu", "H100", "--quantization", "int3"], "--quantization"),
+    (["--model", "Qwen/Qwen3-8B"], "--gpu"),
+    (["--gpu", "H100", "--tensor-parallel-size", "0"], "--tensor-parallel-size"),
+    (["--model", "Qwen/Qwen3-8B", "--gpu", "H100", "--vllm-version", "abc"], "--vllm-version"),
+])
+def test_bad_input_exits_2_naming_the_flag(argv, flag, capsys):
+    code, out, err = run(["plan", *argv], capsys)
+    assert code == 2
+    assert flag in err and out == ""
+
+
+def test_plot_writes_png(tmp_path, capsys):
+    png = tmp_path / "ceiling.png"
+    code, _, _ = run(["plan", "--model", "openai/gpt-oss-20b", "--gpu", "H100", "--max-model-len", "32768",
+                      "--avg-seq-len", "3000", "--plot", str(png)], capsys)
+    assert code == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_is_a_clear_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what Python does when the package is absent
+    code, _, err = run([*TUTORIAL, "--plot", str(tmp_path / "x.png")], capsys)
+    assert code == 1
+    assert "kvwatch[plot]" in err
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_lists(capsys):
+    code, out, _ = run(["plan", "--list-models"], capsys)
+    assert code == 0 and "meta-llama/Llama-3.1-8B-Instruct" in out.splitlines()
+    code, out, _ = run(["plan", "--list-gpus"], capsys)
+    assert code == 0 and "H100-80GB" in out.splitlines()
+
+
+def test_help_lists_plan_flags(capsys):
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    out = capsys.readouterr().out
+    for flag in ["--model", "--model-config", "--gpu", "--gpu-memory-gib", "--avg-seq-len", "--weights-gib",
+                 "--activation-gib", "--non-torch-gib", "--available-kv-gib", "--kv-bytes-per-token", "--json",
+                 "--plot"]:
+        assert flag in out
