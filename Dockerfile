@@ -14,7 +14,7 @@ COPY pyproject.toml README.md ./
 COPY src ./src
 RUN pip wheel --no-deps --wheel-dir /wheels /src
 RUN python -m venv /opt/kvwatch
-RUN /opt/kvwatch/bin/pip install --no-cache-dir /wheels/*.whl
+RUN /opt/kvwatch/bin/pip install /wheels/*.whl
 
 FROM python:3.12.12-slim-bookworm AS runtime
 LABEL org.opencontainers.image.title="kvwatch" \

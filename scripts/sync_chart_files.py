@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Keep the Helm chart in step with its single sources.
+
+1. Copies `alerts/kvwatch-rules.yaml` and `dashboards/kvwatch.json` into `deploy/helm/kvwatch/files/`
+   (Helm can only read files inside the chart).
+2. Regenerates the `config` block of `deploy/helm/kvwatch/values.schema.json` from kvwatch's settings
+   (`kvwatch.settings.ServeSettings`: one camelCase key per setting, its type, bounds and description).
+   A new setting still needs its commented line under `config:` in values.yaml (a test checks that).
+
+Usage (from the repository's venv):  .venv/bin/python scripts/sync_chart_files.py [--check]
+--check changes nothing and exits 1 if anything is out of date. tests/test_helm_chart.py runs the same checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "deploy" / "helm" / "kvwatch"
+SCHEMA = CHART / "values.schema.json"
+COPIES = {
+    ROOT / "alerts" / "kvwatch-rules.yaml": CHART / "files" / "kvwatch-rules.yaml",
+    ROOT / "dashboards" / "kvwatch.json": CHART / "files" / "kvwatch.json",
+}
+# Values the settings validators accept, written out for the chart's schema (the settings lower-case them;
+# log levels are upper-cased). A test checks that kvwatch accepts every one.
+ENUMS: dict[str, list[str]] = {
+    "dtype": ["auto", "bfloat16", "float16", "float32", "bf16", "fp16", "fp32", "half", "float"],
+    "kv_cache_dtype": ["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16", "bf16", "fp16"],
+    "log_level": ["DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning", "error"],
+}
+PATTERNS = {"target_url": "^https?://[^/\\s]+"}
+
+
+def camel(name: str) -> str:
+    """`poll_interval_seconds` -> `pollIntervalSeconds` (the chart's spelling of a setting)."""
+    head, *rest = name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+def config_schema() -> dict[str, Any]:
+    """JSON schema properties of the chart's `config:` block, one per ServeSettings field (null = unset)."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from kvwatch.settings import ServeSettings, public_name
+
+    fields = ServeSettings.model_json_schema()["properties"]
+    properties: dict[str, Any] = {}
+    for field, info in ServeSettings.model_fields.items():
+        spec = fields[field]
+        branch = next((b for b in spec.get("anyOf", [spec]) if b.get("type") != "null"), spec)
+        prop: dict[str, Any] = {"type": [branch["type"], "null"], "description": info.description}
+        for bound in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+            if bound in branch:
+                prop[bound] = branch[bound]
+        if field in ENUMS:
+            prop["enum"] = [*ENUMS[field], None]
+        if field in PATTERNS:
+            prop["pattern"] = PATTERNS[field]
+        properties[camel(public_name(field))] = prop
+    return properties
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if anything is stale")
+    args = parser.parse_args(argv)
+    stale = False
+
+    for source, target in COPIES.items():
+        name = target.relative_to(ROOT)
+        if not source.is_file():
+            print(f"missing source: {source.relative_to(ROOT)}", file=sys.stderr)
+            stale = True
+        elif target.is_file() and target.read_bytes() == source.read_bytes():
+            print(f"up to date: {name}")
+        elif args.check:
+            print(f"out of date: {name} (differs from {source.relative_to(ROOT)})", file=sys.stderr)
+            stale = True
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(source.read_bytes())
+            print(f"copied: {source.relative_to(ROOT)} -> {name}")
+
+    schema = json.loads(SCHEMA.read_text())
+    wanted = config_schema()
+    if schema["properties"]["config"]["properties"] == wanted:
+        print(f"up to date: {SCHEMA.relative_to(ROOT)} (config)")
+    elif args.check:
+        print(f"out of date: {SCHEMA.relative_to(ROOT)}: config differs from the settings", file=sys.stderr)
+        stale = True
+    else:
+        schema["properties"]["config"]["properties"] = wanted
+        SCHEMA.write_text(json.dumps(schema, indent=2) + "\n")
+        print(f"regenerated: {SCHEMA.relative_to(ROOT)} (config)")
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,562 @@
+"""The Helm chart, rendered by the real `helm` and checked against real schemas.
+
+Every object of every render (default values and each `ci/*-values.yaml`) is validated: built-in kinds with
+kubernetes-validate's schemas for a recent Kubernetes, prometheus-operator kinds against the CRDs' own
+openAPIV3Schema (tests/fixtures/k8s-schemas). Then the behaviour the chart promises is asserted on the objects.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from kvwatch.settings import ServeSettings, env_name, load_settings, public_name
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "deploy" / "helm" / "kvwatch"
+CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+CRD_DIR = Path(__file__).parent / "fixtures" / "k8s-schemas"
+KUBERNETES_VERSION = "1.35"  # helm v4's client version; kubernetes-validate ships up to 1.37
+NAMESPACE = "inference"
+CASES = ["default", *(p.name for p in CI_VALUES)]
+
+# config key -> vLLM flag, for the keys the chart passes to both containers.
+VLLM_FLAGS = {
+    "gpuMemoryUtilization": "--gpu-memory-utilization",
+    "tensorParallelSize": "--tensor-parallel-size",
+    "pipelineParallelSize": "--pipeline-parallel-size",
+    "dtype": "--dtype",
+    "kvCacheDtype": "--kv-cache-dtype",
+    "blockSize": "--block-size",
+    "maxModelLen": "--max-model-len",
+    "maxNumBatchedTokens": "--max-num-batched-tokens",
+    "maxNumSeqs": "--max-num-seqs",
+}
+
+
+def camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+# camelCase `config:` key -> field name, from the settings themselves (model_config_path is modelConfig).
+CONFIG_KEYS = {camel(public_name(field)): field for field in ServeSettings.model_fields}
+
+
+# ---------------------------------------------------------------- helm
+
+@functools.cache
+def helm_binary() -> str:
+    found = shutil.which("helm")
+    if found is None:
+        pytest.fail("helm is not on PATH: run `make tools` (.ci/install-tools.sh puts helm v4 in ~/.local/bin)")
+    return found
+
+
+def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm_binary(), *args], capture_output=True, text=True, timeout=60, check=False)
+
+
+def values_args(case: str) -> list[str]:
+    return [] if case == "default" else ["-f", str(CHART / "ci" / case)]
+
+
+@functools.cache
+def _render(args: tuple[str, ...]) -> tuple[dict[str, Any], ...]:
+    result = run_helm("template", "kvw", str(CHART), "--namespace", NAMESPACE, *args)
+    assert result.returncode == 0, f"helm template {' '.join(args)} failed:\n{result.stderr}"
+    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+
+
+def render(*args: str) -> list[dict[str, Any]]:
+    """The rendered objects (a deep copy: tests may not corrupt the cache)."""
+    return copy.deepcopy(list(_render(tuple(args))))
+
+
+def render_fails(*args: str) -> str:
+    result = run_helm("template", "kvw", str(CHART), "--namespace", NAMESPACE, *args)
+    assert result.returncode != 0, f"helm template {' '.join(args)} should have failed"
+    return result.stderr
+
+
+def only(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, got {[o['kind'] for o in objects]}"
+    return found[0]
+
+
+def containers(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    pod = only(objects, "Deployment")["spec"]["template"]["spec"]
+    return {c["name"]: c for c in pod["containers"]}
+
+
+def merged_values(case: str) -> dict[str, Any]:
+    """values.yaml overlaid with a ci file (maps merge, other values replace), as Helm does."""
+
+    def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+        out = dict(base)
+        for key, value in over.items():
+            out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        return out
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    if case != "default":
+        values = merge(values, yaml.safe_load((CHART / "ci" / case).read_text()))
+    return values
+
+
+# ---------------------------------------------------------------- schemas
+
+def _strict(schema: Any) -> Any:
+    """Close every object schema that lists its properties, so a misspelt field fails (the API server would
+    silently prune it), except where the CRD keeps unknown fields on purpose."""
+    if isinstance(schema, dict):
+        schema = {k: _strict(v) for k, v in schema.items()}
+        if ("properties" in schema and "additionalProperties" not in schema
+                and not schema.get("x-kubernetes-preserve-unknown-fields")):
+            schema["additionalProperties"] = False
+        return schema
+    if isinstance(schema, list):
+        return [_strict(v) for v in schema]
+    return schema
+
+
+@functools.cache
+def crd_validators() -> dict[tuple[str, str], jsonschema.protocols.Validator]:
+    validators = {}
+    for path in sorted(CRD_DIR.glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
+        for version in crd["spec"]["versions"]:
+            schema = _strict(version["schema"]["openAPIV3Schema"])
+            validators[(f"{group}/{version['name']}", kind)] = jsonschema.Draft7Validator(schema)
+    return validators
+
+
+def validate_object(obj: dict[str, Any]) -> None:
+    key = (obj["apiVersion"], obj["kind"])
+    if key in crd_validators():
+        errors = sorted(crd_validators()[key].iter_errors(obj), key=lambda e: list(e.absolute_path))
+        assert not errors, f"{key} {obj['metadata']['name']}: " + "; ".join(
+            f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors)
+    else:
+        try:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{key} {obj['metadata']['name']}: {'/'.join(map(str, exc.path))}: {exc.message}")
+
+
+# ---------------------------------------------------------------- lint and validity
+
+@pytest.mark.parametrize("case", CASES)
+def test_helm_lint_strict_passes(case: str) -> None:
+    result = run_helm("lint", "--strict", str(CHART), *values_args(case))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_rendered_object_is_valid_for_kubernetes_and_the_operator(case: str) -> None:
+    objects = render(*values_args(case))
+    assert objects
+    for obj in objects:
+        validate_object(obj)
+        assert obj["metadata"]["labels"]["app.kubernetes.io/instance"] == "kvw"
+
+
+def test_the_validators_catch_a_misspelt_field() -> None:
+    objects = render("-f", str(CHART / "ci" / "sidecar-full-values.yaml"))
+    monitor = only(objects, "ServiceMonitor")
+    monitor["spec"]["endpoints"][0]["scrapeTimout"] = "5s"
+    with pytest.raises(AssertionError, match="scrapeTimout"):
+        validate_object(monitor)
+    deployment = only(objects, "Deployment")
+    deployment["spec"]["template"]["spec"]["containers"][0]["livenessprobe"] = {}
+    with pytest.raises(pytest.fail.Exception, match="livenessprobe"):
+        validate_object(deployment)
+
+
+# ---------------------------------------------------------------- the sidecar and its settings
+
+def expected_env(values: dict[str, Any]) -> dict[str, str]:
+    env = {}
+    for key, value in values["config"].items():
+        if value is not None:
+            text = json.dumps(value) if isinstance(value, bool) else str(value)
+            env[env_name(public_name(CONFIG_KEYS[key]))] = text
+    env.setdefault("KVWATCH_LISTEN_ADDRESS", "0.0.0.0")
+    if values["vllm"]["enabled"]:
+        env.setdefault("KVWATCH_TARGET_URL", f"http://127.0.0.1:{values['vllm']['port']}/metrics")
+    return env
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_sidecar_env_is_the_config_block_in_kvwatch_variables(case: str) -> None:
+    values = merged_values(case)
+    kvwatch = containers(render(*values_args(case)))["kvwatch"]
+    rendered = {e["name"]: e["value"] for e in kvwatch["env"]}
+    assert rendered == expected_env(values)
+    assert kvwatch["args"] == ["serve"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_kvwatch_accepts_the_rendered_env(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The env is not just well-named: kvwatch's own settings loader parses every value (no 1.6e+07)."""
+    values = merged_values(case)
+    env = containers(render(*values_args(case)))["kvwatch"]["env"]
+    for entry in env:
+        monkeypatch.setenv(entry["name"], entry["value"])
+    settings = load_settings(ServeSettings)
+    for key, value in values["config"].items():
+        if value is not None:
+            loaded = getattr(settings, CONFIG_KEYS[key])
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                assert loaded == value, key
+            else:
+                assert str(loaded).lower() == str(value).lower(), key
+    assert settings.listen_address == "0.0.0.0"
+
+
+def test_large_integers_and_set_values_stay_integers() -> None:
+    env = containers(render("--set", "config.maxBodyBytes=67108864", "--set", "config.blockSize=32"))["kvwatch"]["env"]
+    rendered = {e["name"]: e["value"] for e in env}
+    assert rendered["KVWATCH_MAX_BODY_BYTES"] == "67108864"
+    assert rendered["KVWATCH_BLOCK_SIZE"] == "32"
+    from_file = {e["name"]: e["value"] for e in containers(render(*values_args("sidecar-full-values.yaml")))[
+        "kvwatch"]["env"]}
+    assert from_file["KVWATCH_MAX_BODY_BYTES"] == "33554432"
+
+
+def vllm_flags(args: list[str]) -> dict[str, str | None]:
+    flags: dict[str, str | None] = {}
+    i = 1  # args[0] is the model
+    while i < len(args):
+        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+            flags[args[i]] = args[i + 1]
+            i += 2
+        else:
+            flags[args[i]] = None
+            i += 1
+    return flags
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if merged_values(c)["vllm"]["enabled"]])
+def test_vllm_and_the_sidecar_describe_the_same_deployment(case: str) -> None:
+    values = merged_values(case)
+    pod = containers(render(*values_args(case)))
+    vllm, kvwatch = pod["vllm"], pod["kvwatch"]
+    env = {e["name"]: e["value"] for e in kvwatch["env"]}
+    assert vllm["args"][0] == values["config"]["model"] == env["KVWATCH_MODEL"]
+    flags = vllm_flags(vllm["args"])
+    assert flags["--port"] == str(values["vllm"]["port"])
+    for key, flag in VLLM_FLAGS.items():
+        variable = env_name(public_name(CONFIG_KEYS[key]))
+        assert flags.get(flag) == env.get(variable), f"{flag} vs {variable}"
+    chunked = values["vllm"]["enableChunkedPrefill"]
+    assert ("--enable-chunked-prefill" in flags) is (chunked is True)
+    assert ("--no-enable-chunked-prefill" in flags) is (chunked is False)
+    for arg in values["vllm"]["extraArgs"]:
+        assert arg in vllm["args"]
+    gpus = str((values["config"]["tensorParallelSize"] or 1) * (values["config"]["pipelineParallelSize"] or 1))
+    assert vllm["resources"]["limits"]["nvidia.com/gpu"] == gpus
+    assert vllm["resources"]["requests"]["nvidia.com/gpu"] == gpus
+
+
+def test_gpus_follow_tensor_parallel_size() -> None:
+    vllm = containers(render("--set", "config.tensorParallelSize=4"))["vllm"]
+    assert vllm["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert vllm_flags(vllm["args"])["--tensor-parallel-size"] == "4"
+
+
+# ---------------------------------------------------------------- probes, security, volumes
+
+def test_vllm_probes_survive_model_loading_and_long_prefill() -> None:
+    vllm = containers(render())["vllm"]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert vllm[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    startup = vllm["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 20 * 60, "model loading takes minutes"
+    liveness = vllm["livenessProbe"]
+    assert liveness["timeoutSeconds"] >= 10, "the kubelet's 1 s default kills pods busy with a long prefill"
+    assert liveness["periodSeconds"] * liveness["failureThreshold"] >= 120
+    assert vllm["readinessProbe"]["timeoutSeconds"] >= 5
+    assert {p["name"]: p["containerPort"] for p in vllm["ports"]} == {"http": 8000}
+
+
+def test_probes_are_configurable() -> None:
+    vllm = containers(render("--set", "vllm.startupProbe.failureThreshold=360"))["vllm"]
+    assert vllm["startupProbe"]["failureThreshold"] == 360
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_kvwatch_container_is_restricted_and_probed_on_its_metrics_port(case: str) -> None:
+    values = merged_values(case)
+    kvwatch = containers(render(*values_args(case)))["kvwatch"]
+    port = values["config"]["port"] or 9747
+    assert kvwatch["ports"] == [{"name": "metrics", "containerPort": port, "protocol": "TCP"}]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert kvwatch[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    sc = kvwatch["securityContext"]
+    assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 65532
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert kvwatch["resources"]["limits"]["memory"]
+    assert kvwatch["image"] == f"kvwatch:{yaml.safe_load((CHART / 'Chart.yaml').read_text())['appVersion']}"
+
+
+def test_shared_memory_and_model_cache_volumes() -> None:
+    objects = render(*values_args("sidecar-full-values.yaml"))
+    pod = only(objects, "Deployment")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
+    assert volumes["model-cache"]["persistentVolumeClaim"] == {"claimName": "model-cache"}
+    vllm = containers(objects)["vllm"]
+    mounts = {m["name"]: m["mountPath"] for m in vllm["volumeMounts"]}
+    assert mounts == {"dshm": "/dev/shm", "model-cache": "/models"}
+    env = {e["name"]: e for e in vllm["env"]}
+    assert env["HF_HOME"]["value"] == "/models"
+    assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
+    assert pod["automountServiceAccountToken"] is False
+    emptydir = only(render(*values_args("podmonitor-values.yaml")), "Deployment")["spec"]["template"]["spec"]
+    assert {v["name"]: v for v in emptydir["volumes"]}["model-cache"]["emptyDir"] == {"sizeLimit": "100Gi"}
+
+
+# ---------------------------------------------------------------- modes
+
+def test_standalone_mode_runs_kvwatch_alone_against_one_pod() -> None:
+    objects = render(*values_args("standalone-values.yaml"))
+    deployment = only(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    pod = containers(objects)
+    assert set(pod) == {"kvwatch"}
+    env = {e["name"]: e["value"] for e in pod["kvwatch"]["env"]}
+    assert env["KVWATCH_TARGET_URL"] == merged_values("standalone-values.yaml")["config"]["targetUrl"]
+    assert [p["name"] for p in only(objects, "Service")["spec"]["ports"]] == ["metrics"]
+    assert "volumes" not in deployment["spec"]["template"]["spec"]
+
+
+def test_standalone_mode_without_a_target_is_refused() -> None:
+    stderr = render_fails("--set", "vllm.enabled=false")
+    assert "targetUrl" in stderr
+
+
+def test_sidecar_mode_without_a_model_is_refused() -> None:
+    stderr = render_fails("--set", "config.model=null")
+    assert "config.model is required" in stderr
+
+
+def test_named_sidecar_template_embeds_in_another_chart(tmp_path: Path) -> None:
+    """The documented way to add kvwatch to an existing vLLM chart (docs/deploy.md)."""
+    parent = tmp_path / "my-vllm"
+    (parent / "templates").mkdir(parents=True)
+    shutil.copytree(CHART, parent / "charts" / "kvwatch")
+    (parent / "Chart.yaml").write_text(
+        "apiVersion: v2\nname: my-vllm\nversion: 1.0.0\n"
+        "dependencies:\n  - name: kvwatch\n    version: 0.1.0\n")
+    (parent / "values.yaml").write_text(
+        "kvwatch:\n  deployment:\n    enabled: false\n  config:\n    model: Qwen/Qwen3-8B\n    maxNumSeqs: 64\n"
+        "  podMonitor:\n    enabled: true\n    selector:\n      app: my-vllm\n")
+    (parent / "templates" / "deployment.yaml").write_text(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: my-vllm\nspec:\n"
+        "  selector:\n    matchLabels:\n      app: my-vllm\n  template:\n    metadata:\n      labels:\n"
+        "        app: my-vllm\n    spec:\n      containers:\n        - name: vllm\n"
+        "          image: vllm/vllm-openai:v0.33.0\n"
+        '        {{- include "kvwatch.sidecarContainer" .Subcharts.kvwatch | trim | nindent 8 }}\n')
+    result = run_helm("template", "rel", str(parent), "--namespace", NAMESPACE)
+    assert result.returncode == 0, result.stderr
+    objects = [d for d in yaml.safe_load_all(result.stdout) if d]
+    assert sorted(o["kind"] for o in objects) == ["Deployment", "PodMonitor"]
+    for obj in objects:
+        validate_object(obj)
+    pod = {c["name"]: c for c in only(objects, "Deployment")["spec"]["template"]["spec"]["containers"]}
+    env = {e["name"]: e["value"] for e in pod["kvwatch"]["env"]}
+    assert env["KVWATCH_MODEL"] == "Qwen/Qwen3-8B" and env["KVWATCH_MAX_NUM_SEQS"] == "64"
+    assert env["KVWATCH_TARGET_URL"] == "http://127.0.0.1:8000/metrics"
+    assert only(objects, "PodMonitor")["spec"]["selector"]["matchLabels"] == {"app": "my-vllm"}
+
+
+# ---------------------------------------------------------------- monitors, rules, dashboard
+
+def _matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def test_service_monitor_selects_the_metrics_port_of_the_service() -> None:
+    objects = render(*values_args("sidecar-full-values.yaml"))
+    service, monitor = only(objects, "Service"), only(objects, "ServiceMonitor")
+    pod_labels = only(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert _matches(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
+    assert _matches(service["spec"]["selector"], pod_labels)
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    endpoints = {e["port"]: e for e in monitor["spec"]["endpoints"]}
+    assert set(endpoints) == {"metrics", "http"}  # kvwatch, and vLLM's own /metrics (scrapeVllm)
+    assert ports["metrics"]["port"] == 9747 and ports["metrics"]["targetPort"] == "metrics"
+    assert endpoints["metrics"]["path"] == "/metrics"
+    assert endpoints["metrics"]["interval"] == "10s" and endpoints["metrics"]["scrapeTimeout"] == "5s"
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+
+
+def test_pod_monitor_selects_the_kvwatch_container_port() -> None:
+    objects = render(*values_args("podmonitor-values.yaml"))
+    monitor = only(objects, "PodMonitor")
+    pod = only(objects, "Deployment")["spec"]["template"]
+    assert _matches(monitor["spec"]["selector"]["matchLabels"], pod["metadata"]["labels"])
+    assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics"]
+    kvwatch = containers(objects)["kvwatch"]
+    assert kvwatch["ports"][0] == {"name": "metrics", "containerPort": 9800, "protocol": "TCP"}
+    assert monitor["metadata"]["labels"]["team"] == "inference"
+    assert not [o for o in objects if o["kind"] == "ServiceMonitor"]
+
+
+def test_both_monitors_at_once_are_refused() -> None:
+    stderr = render_fails("--set", "serviceMonitor.enabled=true", "--set", "podMonitor.enabled=true")
+    assert "not both" in stderr
+
+
+def test_chart_copy_of_the_rules_is_the_alerts_file() -> None:
+    source = ROOT / "alerts" / "kvwatch-rules.yaml"
+    assert source.is_file(), "alerts/kvwatch-rules.yaml is missing"
+    assert (CHART / "files" / "kvwatch-rules.yaml").read_bytes() == source.read_bytes(), (
+        "the chart's rule file is stale: run .venv/bin/python scripts/sync_chart_files.py")
+
+
+def test_prometheus_rule_spec_is_the_rule_file() -> None:
+    rule = only(render(*values_args("sidecar-full-values.yaml")), "PrometheusRule")
+    assert rule["spec"] == yaml.safe_load((CHART / "files" / "kvwatch-rules.yaml").read_text())
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    assert {"KVCacheBottleneck", "KVCacheExhaustionForecast", "KvwatchTargetDown"} <= alerts
+
+
+def test_chart_copy_of_the_dashboard_is_the_dashboards_file() -> None:
+    source = ROOT / "dashboards" / "kvwatch.json"
+    assert source.is_file(), "dashboards/kvwatch.json is missing"
+    assert (CHART / "files" / "kvwatch.json").read_bytes() == source.read_bytes(), (
+        "the chart's dashboard is stale: run .venv/bin/python scripts/sync_chart_files.py")
+
+
+def test_dashboard_configmap_carries_the_dashboard_for_the_grafana_sidecar() -> None:
+    configmap = only(render(*values_args("sidecar-full-values.yaml")), "ConfigMap")
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert configmap["metadata"]["annotations"] == {"grafana_folder": "LLM serving"}
+    assert json.loads(configmap["data"]["kvwatch.json"]) == json.loads((CHART / "files" / "kvwatch.json").read_text())
+
+
+def test_integrations_are_off_by_default() -> None:
+    kinds = sorted(o["kind"] for o in render())
+    assert kinds == ["Deployment", "Service"]
+
+
+# ---------------------------------------------------------------- values and schema
+
+@pytest.mark.parametrize(("flag", "culprit"), [
+    ("confg.model=x", "confg"),
+    ("config.pollIntervalSecond=5", "pollIntervalSecond"),
+    ("vllm.tensorParallelSize=2", "tensorParallelSize"),
+    ("serviceMonitor.intervall=5s", "intervall"),
+    ("config.logLevel=LOUD", "logLevel"),
+    ("config.targetUrl=localhost:8000", "targetUrl"),
+    ("config.gpuMemoryUtilization=1.5", "gpuMemoryUtilization"),
+])
+def test_schema_rejects_typos_and_bad_values(flag: str, culprit: str) -> None:
+    stderr = render_fails("--set", flag)
+    assert culprit in stderr
+
+
+def test_schema_config_keys_are_the_settings_fields() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+    config = schema["properties"]["config"]
+    assert config["additionalProperties"] is False
+    assert set(config["properties"]) == set(CONFIG_KEYS)
+    assert set(yaml.safe_load((CHART / "values.yaml").read_text())["config"]) == set(CONFIG_KEYS)
+    assert CONFIG_KEYS["modelConfig"] == "model_config_path"
+
+
+def _sync_script() -> Any:
+    spec = importlib.util.spec_from_file_location("sync_chart_files", ROOT / "scripts" / "sync_chart_files.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_schema_config_is_what_the_sync_script_generates_from_the_settings() -> None:
+    """Types, bounds and enums; descriptions may lag (the script refreshes them too)."""
+
+    def without_descriptions(props: dict[str, Any]) -> dict[str, Any]:
+        return {k: {kk: vv for kk, vv in v.items() if kk != "description"} for k, v in props.items()}
+
+    committed = json.loads((CHART / "values.schema.json").read_text())["properties"]["config"]["properties"]
+    assert without_descriptions(committed) == without_descriptions(_sync_script().config_schema()), (
+        "values.schema.json is behind kvwatch's settings: run .venv/bin/python scripts/sync_chart_files.py")
+
+
+def test_schema_config_types_match_the_settings() -> None:
+    json_types = {"integer": int, "number": float, "string": str, "boolean": bool}
+    settings_schema = ServeSettings.model_json_schema()["properties"]
+    config = json.loads((CHART / "values.schema.json").read_text())["properties"]["config"]["properties"]
+    for key, field in CONFIG_KEYS.items():
+        branches = settings_schema[field].get("anyOf", [settings_schema[field]])
+        wanted = {b["type"] for b in branches if b.get("type") != "null"}
+        declared = set(config[key]["type"]) - {"null"}
+        assert declared == wanted, key
+        for value in config[key].get("enum", []):
+            if value is not None:  # every value the chart allows, kvwatch accepts
+                ServeSettings(**{field: value})
+        assert json_types[next(iter(declared))]
+
+
+def _schema_paths(schema: dict[str, Any], prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    paths = set()
+    for key, sub in schema.get("properties", {}).items():
+        paths.add((*prefix, key))
+        paths |= _schema_paths(sub, (*prefix, key))
+    return paths
+
+
+def test_every_chart_key_in_values_yaml_has_a_comment() -> None:
+    """Keys the chart defines (in the schema's properties) need a comment; Kubernetes objects inside
+    (resources, probes, security contexts) are documented by Kubernetes."""
+    text = (CHART / "values.yaml").read_text()
+    lines = text.splitlines()
+    chart_keys = _schema_paths(json.loads((CHART / "values.schema.json").read_text()))
+    missing = []
+
+    def walk(node: yaml.Node, prefix: tuple[str, ...]) -> None:
+        if not isinstance(node, yaml.MappingNode):
+            return
+        for key_node, value_node in node.value:
+            path = (*prefix, key_node.value)
+            if path in chart_keys:
+                line = key_node.start_mark.line
+                commented = " # " in lines[line] or (line > 0 and lines[line - 1].lstrip().startswith("#"))
+                if not commented:
+                    missing.append(".".join(path))
+                walk(value_node, path)
+
+    walk(yaml.compose(text), ())
+    assert not missing, f"values.yaml keys without a comment: {missing}"
+    assert len(chart_keys) > 80
+
+
+def test_ci_values_cover_both_modes_and_every_integration() -> None:
+    combined = [merged_values(c) for c in CASES]
+    assert {v["vllm"]["enabled"] for v in combined} == {True, False}
+    for toggle in ("serviceMonitor", "podMonitor", "prometheusRule", "dashboards"):
+        assert any(v[toggle]["enabled"] for v in combined), toggle
+    assert re.fullmatch(r"v\d+\.\d+\.\d+", merged_values("default")["vllm"]["image"]["tag"])
