@@ -173,3 +173,23 @@ def test_parse_bytes(text, expected):
 def test_parse_bytes_rejects(text):
     with pytest.raises(ValueError):
         parse_bytes(text)
+
+
+def test_sidecar_capacity_from_label_and_reasons(monkeypatch):
+    from kvwatch.capacity import build_sidecar_capacity
+
+    for key in list(__import__("os").environ):
+        if key.startswith("KVWATCH_"):
+            monkeypatch.delenv(key)
+    settings = DeploymentSettings(gpu="H100", max_model_len=8192, gpu_memory_utilization=0.95)
+    capacity, why = build_sidecar_capacity(settings, model_name="/models/Llama-3.1-8B-Instruct")
+    assert capacity is not None and why == ""
+    assert capacity.formula_kv_capacity_tokens == pytest.approx(476016, rel=0.02)
+    ceilings = capacity.whatif_max_concurrency(2000)
+    assert list(ceilings) == SCENARIO_ORDER
+    assert ceilings["fp8_kv_cache"] > ceilings["gpu_memory_utilization_0.95"]
+    none, why = build_sidecar_capacity(settings, model_name="acme/unknown")
+    assert none is None and "no preset" in why
+    none, why = build_sidecar_capacity(DeploymentSettings(model="Qwen/Qwen3-8B"))
+    assert none is None and "--gpu" in why
+    assert build_sidecar_capacity(DeploymentSettings(), None)[0] is None

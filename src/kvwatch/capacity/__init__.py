@@ -15,6 +15,7 @@ from kvwatch.capacity.planner import (
     plan_capacity,
 )
 from kvwatch.capacity.presets import GpuPreset, PresetError, match_model, resolve_gpu, resolve_model
+from kvwatch.capacity.sidecar import SidecarCapacity, build_sidecar_capacity
 from kvwatch.capacity.units import parse_bytes
 from kvwatch.capacity.whatif import Scenario, whatif_ceilings, whatif_scenarios
 
@@ -27,8 +28,10 @@ __all__ = [
     "PresetError",
     "QuantizationError",
     "Scenario",
+    "SidecarCapacity",
     "SpecError",
     "arch_from_config",
+    "build_sidecar_capacity",
     "default_gpu_memory_utilization",
     "match_model",
     "parse_bytes",
