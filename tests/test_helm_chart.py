@@ -294,6 +294,13 @@ def test_vllm_probes_survive_model_loading_and_long_prefill() -> None:
     assert {p["name"]: p["containerPort"] for p in vllm["ports"]} == {"http": 8000}
 
 
+def test_vllm_pods_are_replaced_without_surging() -> None:
+    """No extra GPUs needed during an upgrade: maxSurge 0, one pod at a time."""
+    strategy = only(render(*values_args("sidecar-full-values.yaml")), "Deployment")["spec"]["strategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    assert "strategy" not in only(render(*values_args("standalone-values.yaml")), "Deployment")["spec"]
+
+
 def test_probes_are_configurable() -> None:
     vllm = containers(render("--set", "vllm.startupProbe.failureThreshold=360"))["vllm"]
     assert vllm["startupProbe"]["failureThreshold"] == 360
@@ -386,6 +393,17 @@ def test_named_sidecar_template_embeds_in_another_chart(tmp_path: Path) -> None:
     assert env["KVWATCH_MODEL"] == "Qwen/Qwen3-8B" and env["KVWATCH_MAX_NUM_SEQS"] == "64"
     assert env["KVWATCH_TARGET_URL"] == "http://127.0.0.1:8000/metrics"
     assert only(objects, "PodMonitor")["spec"]["selector"]["matchLabels"] == {"app": "my-vllm"}
+
+
+def test_documented_sidecar_snippet_is_what_the_chart_renders() -> None:
+    """docs/deploy.md's copy-paste container for existing Deployments stays true to the chart."""
+    docs = (ROOT / "docs" / "deploy.md").read_text()
+    match = re.search(r"<!-- sidecar-snippet:[^>]*-->\s*```yaml\n(.*?)```", docs, re.S)
+    assert match, "docs/deploy.md lost its sidecar-snippet block"
+    documented = yaml.safe_load(match.group(1))
+    rendered = containers(render("--set", "kvwatch.image.repository=REGISTRY/kvwatch", "--set", "config.gpu=H100",
+                                 "--set", "config.maxNumSeqs=128"))["kvwatch"]
+    assert documented == [rendered]
 
 
 # ---------------------------------------------------------------- monitors, rules, dashboard
