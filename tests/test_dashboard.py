@@ -1,0 +1,166 @@
+"""The Grafana dashboard is a valid schemaVersion-39 dashboard whose queries parse and show what the
+issue asks for. The schema (tests/fixtures/grafana/) is written from Grafana's documented dashboard
+model; query metric names are linted in test_metric_lint.py."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from e2e.queries import dashboard_queries, promtool_parse_errors
+
+ROOT = Path(__file__).resolve().parents[1]
+DASHBOARD = json.loads((ROOT / "dashboards" / "kvwatch.json").read_text())
+SCHEMA = json.loads((ROOT / "tests" / "fixtures" / "grafana" / "dashboard-v39.schema.json").read_text())
+DOC = (ROOT / "docs" / "dashboards.md").read_text()
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+
+# What the issue lists, and the panel (by title) that shows it.
+REQUIRED_PANELS = {
+    "KV usage with the 0.95 line": "KV cache usage",
+    "KV usage vs concurrency curve": "KV usage vs running requests ($pod)",
+    "forecast vs actual": "Forecast vs actual",
+    "the ETA": "Time to KV exhaustion (ETA)",
+    "queue: running, waiting, by reason": "Requests: running and waiting",
+    "preemption rate": "Preemption rate",
+    "engine-reported vs formula capacity": "KV capacity: engine-reported vs formula",
+    "concurrency ceiling and headroom": "Concurrency ceiling and headroom",
+    "what-if ceilings": "What-if concurrency ceilings",
+    "state timeline": "Forecast state",
+    "kvwatch health": "kvwatch reads vLLM (kvwatch_up)",
+}
+
+
+def panels() -> list[dict]:
+    return [p for p in DASHBOARD["panels"] if p["type"] != "row"]
+
+
+def panel(title: str) -> dict:
+    return next(p for p in panels() if p["title"] == title)
+
+
+def validator() -> jsonschema.Draft202012Validator:
+    jsonschema.Draft202012Validator.check_schema(SCHEMA)
+    return jsonschema.Draft202012Validator(SCHEMA)
+
+
+def test_dashboard_validates_against_the_schema_version_it_declares() -> None:
+    assert DASHBOARD["schemaVersion"] == 39
+    errors = [f"{list(e.absolute_path)}: {e.message}" for e in validator().iter_errors(DASHBOARD)]
+    assert errors == []
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda d: d["panels"][1].__setitem__("gridpos", d["panels"][1].pop("gridPos")),  # misspelt key
+        lambda d: d["panels"][1]["gridPos"].__setitem__("w", 25),  # wider than the grid
+        lambda d: d["panels"][1]["fieldConfig"]["defaults"]["thresholds"]["steps"][0].__setitem__("value", 0),
+        lambda d: d["templating"]["list"][1].__setitem__("type", "querry"),
+        lambda d: d.__setitem__("schemaVersion", 41),
+    ],
+    ids=["misspelt-key", "too-wide", "first-threshold-not-base", "bad-variable-type", "other-schema-version"],
+)
+def test_schema_rejects_broken_dashboards(mutate) -> None:
+    broken = copy.deepcopy(DASHBOARD)
+    mutate(broken)
+    assert list(validator().iter_errors(broken)), "the schema should have rejected this dashboard"
+
+
+def test_variables_datasource_namespace_model_pod() -> None:
+    variables = {v["name"]: v for v in DASHBOARD["templating"]["list"]}
+    assert list(variables) == ["datasource", "namespace", "model", "pod"]
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    for name, label in (("namespace", "namespace"), ("model", "model_name"), ("pod", "pod")):
+        variable = variables[name]
+        assert variable["type"] == "query" and variable["datasource"] == DATASOURCE
+        assert variable["includeAll"] and variable["multi"] and variable["allValue"] == ".*"
+        assert variable["query"]["query"].endswith(f", {label})")
+    # Each variable narrows the next one.
+    assert '$namespace' in variables["model"]["query"]["query"]
+    assert '$model' in variables["pod"]["query"]["query"]
+
+
+def test_every_query_uses_the_datasource_variable_and_the_filters() -> None:
+    for p in panels():
+        assert p["datasource"] == DATASOURCE, p["title"]
+        assert p["targets"], p["title"]
+        ref_ids = [t["refId"] for t in p["targets"]]
+        assert len(set(ref_ids)) == len(ref_ids), p["title"]
+        for target in p["targets"]:
+            assert target["datasource"] == DATASOURCE
+            assert 'namespace=~"$namespace"' in target["expr"], (p["title"], target["refId"])
+            per_pod = not target["expr"].startswith("namespace_model_name")  # fleet panels aggregate pods
+            assert ('pod=~"$pod"' in target["expr"]) == per_pod, (p["title"], target["refId"])
+
+
+def test_layout_ids_unique_and_no_overlap() -> None:
+    ids = [p["id"] for p in DASHBOARD["panels"]]
+    assert len(set(ids)) == len(ids)
+    cells: dict[tuple[int, int], str] = {}
+    for p in DASHBOARD["panels"]:
+        pos = p["gridPos"]
+        assert pos["x"] + pos["w"] <= 24, p["title"]
+        for x in range(pos["x"], pos["x"] + pos["w"]):
+            for y in range(pos["y"], pos["y"] + pos["h"]):
+                assert (x, y) not in cells, f"{p['title']} overlaps {cells[(x, y)]}"
+                cells[(x, y)] = p["title"]
+
+
+@pytest.mark.parametrize(("item", "title"), REQUIRED_PANELS.items(), ids=list(REQUIRED_PANELS))
+def test_issue_panels_present_and_described(item: str, title: str) -> None:
+    p = panel(title)
+    assert len(p["description"]) > 40
+
+
+def test_usage_panel_draws_the_095_line() -> None:
+    defaults = panel("KV cache usage")["fieldConfig"]["defaults"]
+    assert defaults["custom"]["thresholdsStyle"]["mode"] == "line"
+    assert {"color": "red", "value": 0.95} in defaults["thresholds"]["steps"]
+    assert defaults["unit"] == "percentunit"
+
+
+def test_usage_vs_concurrency_is_an_xy_chart_per_pod() -> None:
+    p = panel("KV usage vs running requests ($pod)")
+    assert p["type"] == "xychart" and p["repeat"] == "pod"
+    assert {t["legendFormat"] for t in p["targets"]} == {"running", "usage"}
+    assert p["options"]["dims"]["x"] == "running"
+
+
+def test_state_timeline_maps_every_state() -> None:
+    p = panel("Forecast state")
+    states = {"ok", "warming_up", "filling", "bottleneck", "scheduler_limited", "stalled", "unknown"}
+    expr = p["targets"][0]["expr"]
+    assert set(re.findall(r'state="(\w+)"', expr)) == states
+    texts = {r["text"] for m in p["fieldConfig"]["defaults"]["mappings"] for r in m["options"].values()}
+    assert states <= texts
+
+
+def test_queue_panel_shows_waiting_by_reason() -> None:
+    exprs = [t["expr"] for t in panel("Requests: running and waiting")["targets"]]
+    assert any(e.startswith("vllm:num_requests_waiting_by_reason") for e in exprs)
+
+
+def test_every_panel_is_described_in_the_docs() -> None:
+    for p in panels():
+        assert f"**{p['title']}**" in DOC, f"docs/dashboards.md does not describe {p['title']!r}"
+    for row in (p for p in DASHBOARD["panels"] if p["type"] == "row"):
+        assert f'### Row "{row["title"]}"' in DOC
+
+
+def test_queries_parse_with_promtool(tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool not found on PATH: run `make tools` (installs Debian's prometheus package)")
+    queries = dashboard_queries()
+    assert promtool_parse_errors(queries, promtool, tmp_path) == ""
+    # and the check is real: a broken query is reported with its panel
+    broken = [*queries[:1], type(queries[0])("panel 'Broken' A", "sum by (pod (kvwatch_up)")]
+    assert "panel 'Broken' A" in promtool_parse_errors(broken, promtool, tmp_path)
