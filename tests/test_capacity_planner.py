@@ -193,3 +193,13 @@ def test_sidecar_capacity_from_label_and_reasons(monkeypatch):
     none, why = build_sidecar_capacity(DeploymentSettings(model="Qwen/Qwen3-8B"))
     assert none is None and "--gpu" in why
     assert build_sidecar_capacity(DeploymentSettings(), None)[0] is None
+
+
+def test_tp_scenario_for_mla_keeps_kv_per_token():
+    spec = DeploymentSpec(arch=resolve_model("deepseek-ai/DeepSeek-R1"), gpu_memory_bytes=139.81 * GIB,
+                          tensor_parallel_size=8, max_model_len=32768)
+    base = plan_capacity(spec)
+    tp16 = {s.name: s for s in whatif_scenarios(spec)}["tensor_parallel_x2"]
+    assert tp16.plan.kv_bytes_per_token == base.kv_bytes_per_token == 61 * 576 * 2
+    assert "MLA" in tp16.note
+    assert tp16.kv_cache_tokens > base.kv_cache_tokens  # freed weight memory still helps

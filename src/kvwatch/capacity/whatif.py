@@ -99,7 +99,14 @@ def _tp_x2(spec: DeploymentSpec, base: CapacityPlan) -> tuple[DeploymentSpec | N
         else:
             heads_note = "; KV heads already replicated"
         return changed, f"twice the GPUs per replica: half the weights and KV per token on each{heads_note}"
-    return changed, "twice the GPUs per replica: half the weights per GPU and fewer KV heads per GPU"
+    arch = spec.arch
+    if arch is not None and arch.is_mla:
+        kv_note = "MLA KV is not split by TP, so only the freed weight memory helps"
+    elif arch is not None and arch.num_kv_heads < tp:
+        kv_note = f"only {arch.num_kv_heads} KV heads: they are replicated beyond TP={arch.num_kv_heads}"
+    else:
+        kv_note = "half the KV heads per GPU"
+    return changed, f"twice the GPUs per replica: half the weights per GPU; {kv_note}"
 
 
 def whatif_scenarios(spec: DeploymentSpec, avg_seq_len: float | None = None) -> list[Scenario]:
