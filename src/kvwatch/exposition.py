@@ -93,37 +93,43 @@ def _parse(text: str, wanted: Callable[[str], bool] | None) -> Exposition:
     names: set[str] = set(types) | set(helps)
     names = {n for n in names if not n.endswith("_created")}
     resolved: dict[str, object] = {}
-    for lineno, raw in enumerate(lines, 1):
-        line = raw.strip() if raw[-1:] in "\r \t" or raw[:1] in " \t" else raw
+    label_keys: dict[str, str] = {}  # raw fragment before a value ('name=' or ',name=') -> label name
+    for lineno, line in enumerate(lines, 1):
         if not line or line[0] == "#":
             continue
+        # Fast path: the name ends at '{' or the first space; a cached name needs no validation.
         brace = line.find("{")
+        name = line[:brace] if brace != -1 else line.partition(" ")[0]
+        target = resolved.get(name)
+        if target is _SKIP:
+            continue
+        if target is None:
+            line = line.strip()
+            if not line or line[0] == "#":
+                continue
+            brace = line.find("{")
+            name = line[:brace].rstrip() if brace != -1 else line.split(None, 1)[0]
+            target = resolved.get(name)
+            if target is None:
+                target = _resolve(name, types, helps, families, wanted, names, lineno, line)
+                resolved[name] = target
+            if target is _SKIP:
+                continue
         if brace == -1:
-            name, _, rest = line.partition(" ")
-            if not rest:
-                name, _, rest = line.partition("\t")
-            label_text = None
+            parts = line.split()[1:]
+            labels: dict[str, str] = {}
         else:
-            name = line[:brace].rstrip()
             close = line.rfind("}")
             if close < brace:
                 raise ParseError(f"line {lineno}: unterminated label set: {_clip(line)}")
-            label_text = line[brace + 1 : close]
-            rest = line[close + 1 :]
-        target = resolved.get(name)
-        if target is None:
-            target = _resolve(name, types, helps, families, wanted, names, lineno, line)
-            resolved[name] = target
-        if target is _SKIP:
-            continue
-        parts = rest.split()
+            parts = line[close + 1 :].split()
+            labels = _labels(line[brace + 1 : close], lineno, line, label_keys)
         if not parts or len(parts) > 2:
-            raise ParseError(f"line {lineno}: expected a value after the name: {_clip(line)}")
+            raise ParseError(f"line {lineno}: expected a value (and optional timestamp): {_clip(line)}")
         try:
             value = float(parts[0])
         except ValueError:
             raise ParseError(f"line {lineno}: bad value {parts[0][:40]!r}: {_clip(line)}") from None
-        labels = _labels(label_text, lineno, line) if label_text else {}
         target.samples.append(Sample(name, labels, value))  # type: ignore[union-attr]
     return Exposition(families=families, names=frozenset(names))
 
@@ -168,26 +174,34 @@ def _resolve(name: str, types: dict[str, str], helps: dict[str, str], families: 
     return family
 
 
-def _labels(text: str, lineno: int, line: str) -> dict[str, str]:
-    if "\\" not in text:
-        # No escapes: every '"' delimits a value, so split on it.
-        parts = text.split('"')
-        if len(parts) % 2 == 0:
-            raise ParseError(f"line {lineno}: unbalanced quotes in labels: {_clip(line)}")
-        labels: dict[str, str] = {}
-        for i in range(0, len(parts) - 1, 2):
-            key = parts[i].strip().lstrip(",").strip()
-            if key[-1:] != "=":
-                raise ParseError(f"line {lineno}: bad label set: {_clip(line)}")
-            key = key[:-1].rstrip()
-            if not _LABEL_NAME.match(key):
-                raise ParseError(f"line {lineno}: bad label name {key[:40]!r}: {_clip(line)}")
-            labels[key] = parts[i + 1]
-        tail = parts[-1].strip()
-        if tail not in ("", ","):
-            raise ParseError(f"line {lineno}: bad label set: {_clip(line)}")
-        return labels
-    return _labels_escaped(text, lineno, line)
+def _labels(text: str, lineno: int, line: str, label_keys: dict[str, str]) -> dict[str, str]:
+    if "\\" in text:
+        return _labels_escaped(text, lineno, line)
+    # No escapes: every '"' delimits a value, so split on it: [key=, value, ,key=, value, tail].
+    parts = text.split('"')
+    if len(parts) % 2 == 0:
+        raise ParseError(f"line {lineno}: unbalanced quotes in labels: {_clip(line)}")
+    tail = parts[-1]
+    if tail and tail.strip() not in ("", ","):
+        raise ParseError(f"line {lineno}: bad label set: {_clip(line)}")
+    keys = []
+    for fragment in parts[0:-1:2]:
+        key = label_keys.get(fragment)
+        if key is None:
+            key = _label_key(fragment, lineno, line)
+            label_keys[fragment] = key
+        keys.append(key)
+    return dict(zip(keys, parts[1::2], strict=True))
+
+
+def _label_key(fragment: str, lineno: int, line: str) -> str:
+    key = fragment.strip().lstrip(",").strip()
+    if key[-1:] != "=":
+        raise ParseError(f"line {lineno}: bad label set: {_clip(line)}")
+    key = key[:-1].rstrip()
+    if not _LABEL_NAME.match(key):
+        raise ParseError(f"line {lineno}: bad label name {key[:40]!r}: {_clip(line)}")
+    return key
 
 
 def _labels_escaped(text: str, lineno: int, line: str) -> dict[str, str]:

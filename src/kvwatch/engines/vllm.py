@@ -131,6 +131,15 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     prefix_queries, prefix_hits, prefix_unit = _prefix_families(exposition, detection.version_range)
     process_start = _unlabelled(exposition, PROCESS_START)
 
+    prompt_sum, prompt_count, generation_sum, generation_count = (
+        _suffixed(exposition, family, suffix)
+        for family in (REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS) for suffix in ("_sum", "_count"))
+    index = {name: _split(exposition.samples(name)) for name in (
+        WAITING_BY_REASON, SWAPPED, PREEMPTIONS, SUCCESS, PROMPT_TOKENS, GENERATION_TOKENS)}
+    usage_idx, running_idx, waiting_idx = _split(usage_samples), _split(running_samples), _split(waiting_samples)
+    prompt_sum, prompt_count, generation_sum, generation_count = (
+        _split(x) for x in (prompt_sum, prompt_count, generation_sum, generation_count))
+    queries_idx, hits_idx = _split(prefix_queries), _split(prefix_hits)
     readings = []
     for key in sorted(keys, key=_sort_key):
         config = _config_for(configs, key)
@@ -138,24 +147,22 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
         readings.append(Reading(
             model_name=key[0],
             engine=key[1],
-            kv_usage_ratio=_combine(usage_samples, key, max),
-            requests_running=_combine(running_samples, key, sum),
-            requests_waiting=_combine(waiting_samples, key, sum),
-            waiting_by_reason=_by_label(exposition.samples(WAITING_BY_REASON), key, "reason", sum),
-            requests_swapped=_combine(exposition.samples(SWAPPED), key, sum),
-            preemptions_total=_combine(exposition.samples(PREEMPTIONS), key, sum),
-            finished_by_reason=_by_label(exposition.samples(SUCCESS), key, "finished_reason", sum),
-            prompt_tokens_total=_combine(exposition.samples(PROMPT_TOKENS), key, sum),
-            generation_tokens_total=_combine(exposition.samples(GENERATION_TOKENS), key, sum),
-            prefix_cache_queries_total=_combine(prefix_queries, key, sum),
-            prefix_cache_hits_total=_combine(prefix_hits, key, sum),
+            kv_usage_ratio=_combine(usage_idx, key, max),
+            requests_running=_combine(running_idx, key, sum),
+            requests_waiting=_combine(waiting_idx, key, sum),
+            waiting_by_reason=_by_label(index[WAITING_BY_REASON], key, "reason", sum),
+            requests_swapped=_combine(index[SWAPPED], key, sum),
+            preemptions_total=_combine(index[PREEMPTIONS], key, sum),
+            finished_by_reason=_by_label(index[SUCCESS], key, "finished_reason", sum),
+            prompt_tokens_total=_combine(index[PROMPT_TOKENS], key, sum),
+            generation_tokens_total=_combine(index[GENERATION_TOKENS], key, sum),
+            prefix_cache_queries_total=_combine(queries_idx, key, sum),
+            prefix_cache_hits_total=_combine(hits_idx, key, sum),
             prefix_cache_unit=prefix_unit if prefix_queries else None,
-            request_prompt_tokens_sum=_combine(_suffixed(exposition, REQUEST_PROMPT_TOKENS, "_sum"), key, sum),
-            request_prompt_tokens_count=_combine(_suffixed(exposition, REQUEST_PROMPT_TOKENS, "_count"), key, sum),
-            request_generation_tokens_sum=_combine(
-                _suffixed(exposition, REQUEST_GENERATION_TOKENS, "_sum"), key, sum),
-            request_generation_tokens_count=_combine(
-                _suffixed(exposition, REQUEST_GENERATION_TOKENS, "_count"), key, sum),
+            request_prompt_tokens_sum=_combine(prompt_sum, key, sum),
+            request_prompt_tokens_count=_combine(prompt_count, key, sum),
+            request_generation_tokens_sum=_combine(generation_sum, key, sum),
+            request_generation_tokens_count=_combine(generation_count, key, sum),
             kv_capacity_tokens=capacity,
             kv_max_concurrency=concurrency,
             num_gpu_blocks=blocks,
@@ -204,11 +211,20 @@ def _sort_key(key: SeriesKey) -> tuple[str, int, str]:
     return (key[0], int(engine) if engine.isdigit() else 1 << 30, engine)
 
 
-def _applies(labels: dict[str, str], key: SeriesKey) -> bool:
-    """A sample belongs to a series when its model_name/engine match or are absent."""
-    model = labels.get("model_name")
-    engine = labels.get("engine")
-    return (model is None or model == key[0]) and (engine is None or engine == key[1])
+_Index = dict[tuple[str | None, str | None], list[Sample]]
+
+
+def _split(samples: list[Sample]) -> _Index:
+    """Samples by (model_name, engine), None where the label is absent (such samples apply to every series)."""
+    index: _Index = {}
+    for s in samples:
+        index.setdefault((s.labels.get("model_name"), s.labels.get("engine")), []).append(s)
+    return index
+
+
+def _for_key(index: _Index, key: SeriesKey) -> list[Sample]:
+    model, engine = key
+    return [s for k in ((model, engine), (model, None), (None, engine), (None, None)) for s in index.get(k, ())]
 
 
 def _dedupe(samples: Iterable[Sample]) -> list[Sample]:
@@ -219,18 +235,18 @@ def _dedupe(samples: Iterable[Sample]) -> list[Sample]:
     return list(by_labels.values())
 
 
-def _combine(samples: list[Sample], key: SeriesKey, how: Callable[[Iterable[float]], float]) -> float | None:
-    values = [s.value for s in _dedupe(s for s in samples if _applies(s.labels, key))]
+def _combine(index: _Index, key: SeriesKey, how: Callable[[Iterable[float]], float]) -> float | None:
+    values = [s.value for s in _dedupe(_for_key(index, key))]
     if not values:
         return None
     values = [v for v in values if not math.isnan(v)] or values
     return float(how(values))
 
 
-def _by_label(samples: list[Sample], key: SeriesKey, label: str,
+def _by_label(index: _Index, key: SeriesKey, label: str,
               how: Callable[[Iterable[float]], float]) -> MappingProxyType[str, float]:
     groups: dict[str, list[float]] = {}
-    for s in _dedupe(s for s in samples if _applies(s.labels, key)):
+    for s in _dedupe(_for_key(index, key)):
         value = s.labels.get(label)
         if value is not None:
             groups.setdefault(value, []).append(s.value)
