@@ -1,0 +1,176 @@
+"""Per-minute aggregation of 5-/10-s samples, with counter-reset handling and gap splitting.
+
+Forecasts are fitted on one point per minute: p90 of usage tracks the peaks that cause saturation
+while averaging out 10-s jitter, and counter deltas over a minute give rates that are not dominated by
+the batching noise of single polls. Counter deltas follow PromQL ``rate()``: a decrease means the
+counter restarted from zero, so the delta is the new value. Each sample-to-sample delta belongs to the
+bucket of the later sample; deltas across a gap longer than ``max_delta_seconds`` are dropped (their
+rate is unknowable), so a bucket's rates are sums over the time its deltas actually cover.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvwatch.forecast.robust import quantile
+
+
+def counter_delta(previous: float | None, current: float | None) -> float | None:
+    """Increase of a counter between two reads, like ``rate()``: a decrease is a reset to zero."""
+    if previous is None or current is None:
+        return None
+    return current if current < previous else current - previous
+
+
+@dataclass(frozen=True)
+class SampleDeltas:
+    """Changes between two consecutive samples of one series (None where a counter is not exposed)."""
+
+    seconds: float
+    finished: float | None
+    queue_change: float  # Δ(running + waiting)
+    preemptions: float | None
+    prompt_tokens: float | None
+    generation_tokens: float | None
+    request_prompt_sum: float | None
+    request_prompt_count: float | None
+    request_generation_sum: float | None
+    request_generation_count: float | None
+
+
+@dataclass(frozen=True)
+class MinuteBucket:
+    """One minute of one series. Token quantities are KV tokens in use (``usage × capacity``)."""
+
+    minute: int
+    samples: int
+    u_mean: float
+    u_p90: float
+    u_max: float
+    capacity_tokens: float | None
+    running_mean: float
+    waiting_max: float
+    covered_seconds: float
+    finished: float | None
+    arrivals: float | None
+    preemptions: float
+    request_prompt_sum: float | None
+    request_prompt_count: float | None
+    request_generation_sum: float | None
+    request_generation_count: float | None
+
+    @property
+    def k_mean(self) -> float | None:
+        return None if self.capacity_tokens is None else self.u_mean * self.capacity_tokens
+
+    @property
+    def k_p90(self) -> float | None:
+        return None if self.capacity_tokens is None else self.u_p90 * self.capacity_tokens
+
+    @property
+    def departure_rate(self) -> float | None:
+        """Finished requests per second, None when no counter delta covered this minute."""
+        if self.finished is None or self.covered_seconds <= 0:
+            return None
+        return self.finished / self.covered_seconds
+
+    @property
+    def arrival_rate(self) -> float | None:
+        """Arrivals per second ≈ departures + growth of running + waiting (never negative)."""
+        if self.arrivals is None or self.covered_seconds <= 0:
+            return None
+        return max(0.0, self.arrivals / self.covered_seconds)
+
+
+def _add(total: float | None, value: float | None) -> float | None:
+    if value is None:
+        return total
+    return value if total is None else total + value
+
+
+class BucketAggregator:
+    """Accumulates samples of the current minute; ``add`` returns the previous minute once it closes."""
+
+    def __init__(self, bucket_seconds: float = 60.0) -> None:
+        self.bucket_seconds = bucket_seconds
+        self._minute: int | None = None
+        self._reset_accumulators()
+
+    def _reset_accumulators(self) -> None:
+        self._usages: list[float] = []
+        self._running_sum = 0.0
+        self._waiting_max = 0.0
+        self._capacity: float | None = None
+        self._covered = 0.0
+        self._finished: float | None = None
+        self._arrivals: float | None = None
+        self._preemptions = 0.0
+        self._prompt_sum: float | None = None
+        self._prompt_count: float | None = None
+        self._gen_sum: float | None = None
+        self._gen_count: float | None = None
+
+    def minute_of(self, timestamp: float) -> int:
+        return math.floor(timestamp / self.bucket_seconds)
+
+    def add(
+        self,
+        timestamp: float,
+        usage: float,
+        capacity_tokens: float | None,
+        running: float,
+        waiting: float,
+        deltas: SampleDeltas | None,
+    ) -> MinuteBucket | None:
+        minute = self.minute_of(timestamp)
+        closed = None
+        if self._minute is not None and minute != self._minute:
+            closed = self._close()
+        self._minute = minute
+        self._usages.append(usage)
+        self._running_sum += running
+        self._waiting_max = max(self._waiting_max, waiting)
+        if capacity_tokens is not None:
+            self._capacity = capacity_tokens
+        if deltas is not None:
+            self._covered += deltas.seconds
+            self._finished = _add(self._finished, deltas.finished)
+            if deltas.finished is not None:
+                self._arrivals = _add(self._arrivals, deltas.finished + deltas.queue_change)
+            self._preemptions += deltas.preemptions or 0.0
+            self._prompt_sum = _add(self._prompt_sum, deltas.request_prompt_sum)
+            self._prompt_count = _add(self._prompt_count, deltas.request_prompt_count)
+            self._gen_sum = _add(self._gen_sum, deltas.request_generation_sum)
+            self._gen_count = _add(self._gen_count, deltas.request_generation_count)
+        return closed
+
+    def clear(self) -> None:
+        """Forget the open minute (restart or long gap)."""
+        self._minute = None
+        self._reset_accumulators()
+
+    def _close(self) -> MinuteBucket | None:
+        if self._minute is None or not self._usages:
+            return None
+        usages = self._usages
+        bucket = MinuteBucket(
+            minute=self._minute,
+            samples=len(usages),
+            u_mean=sum(usages) / len(usages),
+            u_p90=quantile(usages, 0.9),
+            u_max=max(usages),
+            capacity_tokens=self._capacity,
+            running_mean=self._running_sum / len(usages),
+            waiting_max=self._waiting_max,
+            covered_seconds=self._covered,
+            finished=self._finished,
+            arrivals=self._arrivals,
+            preemptions=self._preemptions,
+            request_prompt_sum=self._prompt_sum,
+            request_prompt_count=self._prompt_count,
+            request_generation_sum=self._gen_sum,
+            request_generation_count=self._gen_count,
+        )
+        self._reset_accumulators()
+        return bucket

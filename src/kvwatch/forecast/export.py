@@ -1,0 +1,106 @@
+"""``kvwatch_*`` metric families of the forecast, the state machine and the advisor (names are contract).
+
+The collector calls ``forecast_metric_families`` once per scrape with every series' latest result; each
+family appears once with one sample per series (labels ``model_name``, ``engine``). Gauges with no value
+(e.g. the ETA while the state is ``unknown``) are left out rather than exported as NaN; the state family
+is always complete: all seven states, exactly one of them 1.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from kvwatch.advisor import ACTIONS, Advice
+from kvwatch.forecast.detector import STATES
+from kvwatch.forecast.forecaster import ForecastResult
+
+HORIZON_LABELS: dict[int, str] = {600: "10m", 1800: "30m"}
+_POLL_NOTE = " kvwatch polls vLLM on its own timer; estimates use per-minute aggregates of those polls."
+
+# (metric name, estimates key, HELP)
+INNER_ESTIMATES: tuple[tuple[str, str, str], ...] = (
+    ("kvwatch_forecast_token_seconds_per_request", "token_seconds_per_request",
+     "KV token-seconds one request holds (Little's law A = mean KV tokens / request rate, mix-corrected)."),
+    ("kvwatch_forecast_demand_tokens", "demand_tokens",
+     "Mean KV demand in tokens: request rate level times token-seconds per request (not capped at capacity)."),
+    ("kvwatch_forecast_burst_factor", "burst_factor",
+     "Ratio of per-minute p90 to mean KV tokens in use (how far bursts rise above the mean)."),
+    ("kvwatch_forecast_request_rate_slope", "request_rate_slope",
+     "Theil-Sen slope of the arrival rate over the last hour, requests per second per second."),
+    ("kvwatch_forecast_request_rate_slope_lower", "request_rate_slope_lower",
+     "Lower 80% confidence bound of the arrival-rate slope (above 0: significantly rising)."),
+    ("kvwatch_forecast_usage_level_ratio", "usage_level",
+     "Mean of the last 5 per-minute p90 KV usages (the trend forecaster's level)."),
+    ("kvwatch_forecast_usage_slope_per_second", "usage_slope_per_second",
+     "Theil-Sen slope of per-minute p90 KV usage over the last 30 minutes, per second."),
+    ("kvwatch_forecast_usage_slope_lower_per_second", "usage_slope_lower_per_second",
+     "Lower 80% confidence bound of the usage slope (above 0: significantly rising)."),
+    ("kvwatch_forecast_saturated_sample_ratio", "saturated_sample_fraction",
+     "Share of the last 2 minutes' polls that were saturated (bottleneck fires at 0.8)."),
+)
+
+
+def forecast_metric_families(
+    series: Iterable[tuple[Mapping[str, str], ForecastResult, Sequence[Advice]]],
+) -> list[Metric]:
+    """Families for ``(series_labels, result, advice)`` triples; labels are e.g. ``{"model_name", "engine"}``."""
+    items = list(series)
+    if not items:
+        return []
+    label_names = list(items[0][0].keys())
+
+    def gauge(name: str, doc: str, extra: Sequence[str] = ()) -> GaugeMetricFamily:
+        return GaugeMetricFamily(name, doc + _POLL_NOTE, labels=[*label_names, *extra])
+
+    eta = gauge("kvwatch_kv_exhaustion_eta_seconds",
+                "Forecast time until KV cache saturation: 0 in bottleneck, +Inf when not filling, absent when unknown.")
+    ratio = gauge("kvwatch_kv_usage_forecast_ratio",
+                  "Forecast KV usage at the horizon, in demand units (may exceed 1: demand beyond capacity).",
+                  ["horizon"])
+    state = gauge("kvwatch_state", "Forecaster state, one-hot over all states.", ["state"])
+    rate = gauge("kvwatch_request_rate_per_second", "Smoothed arrival rate (finished + growth of running+waiting).")
+    headroom = gauge("kvwatch_headroom_requests_per_second",
+                     "Additional arrival rate before bursts reach the saturation threshold (negative: over).")
+    concurrency = gauge("kvwatch_recommended_max_concurrency",
+                        "Gateway concurrency limit that keeps KV usage under the threshold at the observed mix.")
+    recommendation = gauge("kvwatch_recommendation",
+                           "Advisor: rank of each fix (1 = cheapest first) while filling or in bottleneck, else 0.",
+                           ["action"])
+    etas = gauge("kvwatch_forecast_eta_seconds", "ETA of each forecaster alone (+Inf: not rising).", ["method"])
+    inner = {key: gauge(name, doc) for name, key, doc in INNER_ESTIMATES}
+    restart = gauge("kvwatch_forecast_seconds_since_restart",
+                    "Seconds since the last detected restart (or kvwatch start); warm-up lasts 900 s.")
+
+    for labels, result, advice in items:
+        values = [labels[n] for n in label_names]
+        for s in STATES:
+            state.add_metric([*values, s], 1.0 if result.state == s else 0.0)
+        if result.eta_seconds is None:
+            continue  # unknown: only the state is exported
+        eta.add_metric(values, result.eta_seconds)
+        for horizon, label in HORIZON_LABELS.items():
+            forecast = result.forecast_ratio.get(horizon)
+            if forecast is not None:
+                ratio.add_metric([*values, label], forecast)
+        _maybe(rate, values, result.request_rate_per_second)
+        _maybe(headroom, values, result.headroom_requests_per_second)
+        _maybe(concurrency, values, result.recommended_max_concurrency)
+        ranks = {a.action: a.rank for a in advice}
+        for action in ACTIONS:
+            recommendation.add_metric([*values, action], float(ranks.get(action, 0)))
+        for method in ("demand", "trend"):
+            _maybe(etas, [*values, method], result.estimates.get(f"{method}_eta_seconds"))
+        for _, key, _ in INNER_ESTIMATES:
+            _maybe(inner[key], values, result.estimates.get(key))
+        minutes = result.estimates.get("minutes_since_restart")
+        _maybe(restart, values, None if minutes is None else minutes * 60.0)
+    families = [eta, ratio, state, rate, headroom, concurrency, recommendation, etas, *inner.values(), restart]
+    return [f for f in families if f.samples]
+
+
+def _maybe(family: GaugeMetricFamily, labels: list[str], value: float | None) -> None:
+    if value is not None and not math.isnan(value):
+        family.add_metric(labels, float(value))

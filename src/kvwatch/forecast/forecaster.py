@@ -1,0 +1,392 @@
+"""The per-series facade: ``Forecaster(params).observe(sample) -> ForecastResult``.
+
+Pure and clock-free: every call carries its own timestamp, so tests and the backtest replay hours in
+milliseconds and the sidecar feeds it from its poll loop. One ``Forecaster`` per (model_name, engine).
+
+Hygiene rules (see docs/forecasting.md):
+- a restart (the sample's flag, any counter going down, or a capacity change) clears all estimator
+  state and starts a warm-up during which only the reactive states may fire; kvwatch's own start counts
+  as a restart, because it has no history;
+- no sample for longer than ``stale_after_seconds`` (or a sample without usage) means ``unknown``;
+- counter rates are not computed across a gap longer than ``stale_after_seconds``, and a gap longer
+  than ``split_gap_seconds`` starts a fresh fit window (the fits need ``min_buckets`` minutes again).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvwatch.forecast.buckets import BucketAggregator, MinuteBucket, SampleDeltas, counter_delta
+from kvwatch.forecast.demand import DemandEstimate, DemandModel, DemandParams
+from kvwatch.forecast.detector import (
+    BOTTLENECK,
+    FILLING,
+    OK,
+    SCHEDULER_LIMITED,
+    STALLED,
+    UNKNOWN,
+    WARMING_UP,
+    DetectorParams,
+    ReactiveDetectors,
+    SampleFlags,
+    WarningLatch,
+    WarningParams,
+)
+from kvwatch.forecast.trend import TrendEstimate, estimate_trend
+
+HORIZONS_SECONDS: tuple[int, ...] = (600, 1800)
+
+
+@dataclass(frozen=True)
+class ForecastParams:
+    """Every knob of the algorithm; defaults are the tuned values (docs/forecasting.md §Parameters)."""
+
+    bucket_seconds: float = 60.0
+    u_sat: float = 0.95  # the saturation threshold forecasts aim at
+    u_busy: float = 0.90  # at or above this, requests waiting mean KV is the limit
+    warn_horizon_seconds: float = 1800.0
+    urgent_horizon_seconds: float = 600.0
+    level_floor: float = 0.5
+    urgent_level: float = 0.8
+    trend_window_buckets: int = 30
+    level_buckets: int = 5
+    min_buckets: int = 15
+    warmup_seconds: float = 900.0
+    stale_after_seconds: float = 30.0
+    split_gap_seconds: float = 300.0
+    history_buckets: int = 120
+    demand: DemandParams = field(default_factory=DemandParams)
+    detector: DetectorParams = field(default_factory=DetectorParams)
+    warning: WarningParams = field(default_factory=WarningParams)
+
+
+@dataclass(frozen=True)
+class ForecastSample:
+    """One poll of one series, in the units the forecaster needs (None where vLLM does not expose it)."""
+
+    timestamp: float
+    kv_usage: float | None
+    capacity_tokens: float | None = None
+    running: float = 0.0
+    waiting: float = 0.0
+    preemptions_total: float | None = None
+    finished_total: float | None = None
+    prompt_tokens_total: float | None = None
+    generation_tokens_total: float | None = None
+    request_prompt_tokens_sum: float | None = None
+    request_prompt_tokens_count: float | None = None
+    request_generation_tokens_sum: float | None = None
+    request_generation_tokens_count: float | None = None
+    restarted: bool = False
+
+    @classmethod
+    def from_reading(cls, reading: Any, timestamp: float, *, restarted: bool = False) -> ForecastSample:
+        """Adapt core's ``kvwatch.model.Reading`` (duck-typed: only the documented field names are read)."""
+
+        def get(name: str) -> Any:
+            return getattr(reading, name, None)
+
+        finished = get("finished_by_reason")
+        return cls(
+            timestamp=timestamp,
+            kv_usage=get("kv_usage_ratio"),
+            capacity_tokens=_capacity_of(reading),
+            running=get("requests_running") or 0.0,
+            waiting=get("requests_waiting") or 0.0,
+            preemptions_total=get("preemptions_total"),
+            finished_total=sum(finished.values()) if finished else None,
+            prompt_tokens_total=get("prompt_tokens_total"),
+            generation_tokens_total=get("generation_tokens_total"),
+            request_prompt_tokens_sum=get("request_prompt_tokens_sum"),
+            request_prompt_tokens_count=get("request_prompt_tokens_count"),
+            request_generation_tokens_sum=get("request_generation_tokens_sum"),
+            request_generation_tokens_count=get("request_generation_tokens_count"),
+            restarted=restarted,
+        )
+
+
+def _capacity_of(reading: Any) -> float | None:
+    tokens = getattr(reading, "kv_capacity_tokens", None)
+    if tokens:
+        return float(tokens)
+    blocks, block_size = getattr(reading, "num_gpu_blocks", None), getattr(reading, "block_size", None)
+    if blocks and block_size:
+        return float(blocks) * float(block_size)
+    return None
+
+
+@dataclass(frozen=True)
+class ForecastResult:
+    """What the forecaster concluded at ``timestamp``; ``estimates`` holds the inner numbers for debugging."""
+
+    timestamp: float
+    state: str
+    eta_seconds: float | None  # inf when not filling, 0 in bottleneck, None while unknown
+    forecast_ratio: Mapping[int, float | None]  # horizon seconds -> usage (demand units, may exceed 1)
+    request_rate_per_second: float | None
+    headroom_requests_per_second: float | None
+    recommended_max_concurrency: int | None
+    estimates: Mapping[str, float | None]
+    warning_raw: bool = False
+
+
+_COUNTERS = (
+    "finished_total",
+    "preemptions_total",
+    "prompt_tokens_total",
+    "generation_tokens_total",
+    "request_prompt_tokens_count",
+    "request_generation_tokens_count",
+)
+
+
+class Forecaster:
+    """Forecast, bottleneck and state machine for one (model_name, engine) series."""
+
+    def __init__(self, params: ForecastParams | None = None) -> None:
+        self.params = params or ForecastParams()
+        self._aggregator = BucketAggregator(self.params.bucket_seconds)
+        self._detectors = ReactiveDetectors(_detector_params(self.params))
+        self._latch = WarningLatch(self.params.warning)
+        self._buckets: deque[MinuteBucket] = deque(maxlen=self.params.history_buckets)
+        self._demand_model = DemandModel(_demand_params(self.params))
+        self._previous: ForecastSample | None = None
+        self._warm_after: float | None = None
+        self._restart_at: float | None = None
+        self._trend: TrendEstimate | None = None
+        self._demand: DemandEstimate | None = None
+        self._raw = False
+        self._last: ForecastResult | None = None
+        self.restarts = 0
+
+    # ------------------------------------------------------------------ public API
+
+    def observe(self, sample: ForecastSample) -> ForecastResult:
+        prev = self._previous
+        if prev is not None and sample.timestamp <= prev.timestamp:
+            return self._last or self._unknown(sample.timestamp)  # duplicate or out of order: ignore
+        if sample.kv_usage is None or not math.isfinite(sample.kv_usage):
+            self._last = self._unknown(sample.timestamp)
+            return self._last
+        if prev is None or sample.restarted or self._is_restart(prev, sample):
+            self._start_over(sample.timestamp, counted=prev is not None)
+            prev = None
+        elif sample.timestamp - prev.timestamp > self.params.split_gap_seconds:
+            self._split(sample.timestamp)
+        deltas = self._deltas(prev, sample)
+        closed = self._aggregator.add(
+            sample.timestamp, sample.kv_usage, sample.capacity_tokens, sample.running, sample.waiting, deltas
+        )
+        if closed is not None:
+            self._on_minute(closed)
+        self._detectors.update(self._flags(sample, deltas))
+        self._previous = sample
+        self._last = self._result(sample)
+        return self._last
+
+    def status(self, now: float) -> ForecastResult:
+        """The result at ``now`` without a new sample: ``unknown`` once the last sample is stale."""
+        if self._previous is None or now - self._previous.timestamp > self.params.stale_after_seconds:
+            return self._unknown(now)
+        return self._last or self._unknown(now)
+
+    # ------------------------------------------------------------------ hygiene
+
+    def _is_restart(self, prev: ForecastSample, cur: ForecastSample) -> bool:
+        for name in _COUNTERS:
+            a, b = getattr(prev, name), getattr(cur, name)
+            if a is not None and b is not None and b < a:
+                return True
+        return (
+            prev.capacity_tokens is not None
+            and cur.capacity_tokens is not None
+            and abs(cur.capacity_tokens - prev.capacity_tokens) > 1e-9 * max(1.0, prev.capacity_tokens)
+        )
+
+    def _start_over(self, timestamp: float, *, counted: bool) -> None:
+        self.restarts += int(counted)
+        self._restart_at = timestamp
+        self._warm_after = timestamp + self.params.warmup_seconds
+        self._split(timestamp)
+        self._detectors.clear()
+        self._latch.clear()
+
+    def _split(self, timestamp: float) -> None:
+        self._aggregator.clear()
+        self._buckets.clear()
+        self._demand_model = DemandModel(_demand_params(self.params))
+        self._trend = self._demand = None
+        self._raw = False
+
+    def _deltas(self, prev: ForecastSample | None, cur: ForecastSample) -> SampleDeltas | None:
+        if prev is None:
+            return None
+        seconds = cur.timestamp - prev.timestamp
+        if seconds > self.params.stale_after_seconds:
+            return None  # no rate across a gap
+        return SampleDeltas(
+            seconds=seconds,
+            finished=counter_delta(prev.finished_total, cur.finished_total),
+            queue_change=(cur.running + cur.waiting) - (prev.running + prev.waiting),
+            preemptions=counter_delta(prev.preemptions_total, cur.preemptions_total),
+            prompt_tokens=counter_delta(prev.prompt_tokens_total, cur.prompt_tokens_total),
+            generation_tokens=counter_delta(prev.generation_tokens_total, cur.generation_tokens_total),
+            request_prompt_sum=counter_delta(prev.request_prompt_tokens_sum, cur.request_prompt_tokens_sum),
+            request_prompt_count=counter_delta(prev.request_prompt_tokens_count, cur.request_prompt_tokens_count),
+            request_generation_sum=counter_delta(
+                prev.request_generation_tokens_sum, cur.request_generation_tokens_sum
+            ),
+            request_generation_count=counter_delta(
+                prev.request_generation_tokens_count, cur.request_generation_tokens_count
+            ),
+        )
+
+    def _flags(self, sample: ForecastSample, deltas: SampleDeltas | None) -> SampleFlags:
+        p = self.params
+        u = sample.kv_usage or 0.0
+        preempted = bool(deltas and deltas.preemptions)
+        progressed: bool | None = None
+        if deltas is not None and (deltas.finished is not None or deltas.generation_tokens is not None):
+            progressed = bool(deltas.finished) or bool(deltas.generation_tokens)
+        return SampleFlags(
+            timestamp=sample.timestamp,
+            usage=u,
+            waiting=sample.waiting,
+            saturated=u >= p.u_sat or (u >= p.u_busy and sample.waiting >= 1) or preempted,
+            queued_below_kv_limit=sample.waiting >= 1 and u < p.u_busy,
+            progressed=progressed,
+        )
+
+    # ------------------------------------------------------------------ per minute
+
+    def _on_minute(self, bucket: MinuteBucket) -> None:
+        p = self.params
+        self._buckets.append(bucket)
+        buckets = list(self._buckets)
+        self._demand = self._demand_model.update(buckets)
+        self._trend = estimate_trend(
+            buckets,
+            bucket_seconds=p.bucket_seconds,
+            window_buckets=p.trend_window_buckets,
+            min_points=p.min_buckets,
+            level_points=p.level_buckets,
+            u_sat=p.u_sat,
+            confidence=p.demand.confidence,
+        )
+        self._raw = self._warning_raw(bucket.minute * p.bucket_seconds + p.bucket_seconds)
+        self._latch.update(self._raw, self._combined_eta())
+
+    def _warm(self, now: float) -> bool:
+        return (
+            self._warm_after is not None
+            and now >= self._warm_after
+            and self._trend is not None
+            and len(self._buckets) >= self.params.min_buckets
+        )
+
+    def _warning_raw(self, now: float) -> bool:
+        p, trend, demand = self.params, self._trend, self._demand
+        if not self._warm(now) or trend is None or trend.level < p.level_floor:
+            return False
+        demand_says = (
+            demand is not None
+            and demand.eta_seconds <= p.warn_horizon_seconds
+            and (trend.significant or demand.significant)
+        )
+        trend_says = trend.eta_seconds <= p.urgent_horizon_seconds and trend.level >= p.urgent_level
+        return demand_says or trend_says
+
+    def _combined_eta(self) -> float:
+        etas = [e.eta_seconds for e in (self._demand, self._trend) if e is not None]
+        return min(etas) if etas else math.inf
+
+    # ------------------------------------------------------------------ results
+
+    def _state(self, now: float) -> str:
+        d = self._detectors
+        if d.bottleneck:
+            return BOTTLENECK
+        if d.stalled:
+            return STALLED
+        if d.scheduler_limited:
+            return SCHEDULER_LIMITED
+        if not self._warm(now):
+            return WARMING_UP
+        if self._latch.active:
+            return FILLING
+        return OK
+
+    def _result(self, sample: ForecastSample) -> ForecastResult:
+        now = sample.timestamp
+        state = self._state(now)
+        demand, trend = self._demand, self._trend
+        if state == BOTTLENECK:
+            eta = 0.0
+        elif state == FILLING:
+            eta = self._combined_eta()
+        else:
+            eta = math.inf
+        ratios: dict[int, float | None] = {}
+        for horizon in HORIZONS_SECONDS:
+            if demand is not None:
+                ratios[horizon] = demand.forecast(horizon)
+            elif trend is not None:
+                ratios[horizon] = trend.forecast(horizon)
+            else:
+                ratios[horizon] = None
+        estimates: dict[str, float | None] = {
+            "usage_level": trend.level if trend else None,
+            "usage_slope_per_second": trend.slope_per_second if trend else None,
+            "usage_slope_lower_per_second": trend.slope_lower_per_second if trend else None,
+            "trend_eta_seconds": trend.eta_seconds if trend else None,
+            "demand_eta_seconds": demand.eta_seconds if demand else None,
+            "token_seconds_per_request": demand.token_seconds_per_request if demand else None,
+            "request_rate_slope": demand.rate_slope if demand else None,
+            "request_rate_slope_lower": demand.rate_slope_lower if demand else None,
+            "burst_factor": demand.burst_factor if demand else None,
+            "demand_tokens": demand.demand_tokens if demand else None,
+            "tokens_per_running_request": demand.tokens_per_running_request if demand else None,
+            "capacity_tokens": sample.capacity_tokens,
+            "saturated_sample_fraction": self._detectors.saturated_fraction,
+            "minutes_since_restart": (now - self._restart_at) / 60.0 if self._restart_at is not None else None,
+            "buckets": float(len(self._buckets)),
+        }
+        return ForecastResult(
+            timestamp=now,
+            state=state,
+            eta_seconds=eta,
+            forecast_ratio=ratios,
+            request_rate_per_second=demand.rate_level if demand else None,
+            headroom_requests_per_second=demand.headroom_rate if demand else None,
+            recommended_max_concurrency=demand.recommended_max_concurrency if demand else None,
+            estimates=estimates,
+            warning_raw=self._raw,
+        )
+
+    def _unknown(self, now: float) -> ForecastResult:
+        return ForecastResult(
+            timestamp=now,
+            state=UNKNOWN,
+            eta_seconds=None,
+            forecast_ratio=dict.fromkeys(HORIZONS_SECONDS),
+            request_rate_per_second=None,
+            headroom_requests_per_second=None,
+            recommended_max_concurrency=None,
+            estimates={},
+        )
+
+
+def _demand_params(p: ForecastParams) -> DemandParams:
+    from dataclasses import replace
+
+    return replace(p.demand, bucket_seconds=p.bucket_seconds, u_sat=p.u_sat)
+
+
+def _detector_params(p: ForecastParams) -> DetectorParams:
+    from dataclasses import replace
+
+    return replace(p.detector, u_sat=p.u_sat)
