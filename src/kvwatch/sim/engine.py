@@ -220,23 +220,9 @@ class EngineSnapshot:
 class _Req:
     """Mutable per-request state inside one engine."""
 
-    __slots__ = (
-        "arrival",
-        "computed",
-        "first_scheduled",
-        "first_token",
-        "generated",
-        "held",
-        "keys",
-        "last_token",
-        "max_tokens",
-        "num_preemptions",
-        "output",
-        "prefill_kv_computed",
-        "prefix_keys",
-        "prompt",
-        "reason",
-    )
+    __slots__ = ("arrival", "computed", "first_scheduled", "first_token", "generated", "held", "keys",
+                 "last_token", "max_tokens", "num_preemptions", "output", "prefill_kv_computed", "prefix_keys",
+                 "prompt", "reason", "registered")
 
     def __init__(self, request: Request, prefix_keys: tuple) -> None:
         self.arrival = request.arrival_time
@@ -249,6 +235,7 @@ class _Req:
         self.generated = 0
         self.held = 0  # blocks held, including shared prefix blocks
         self.keys: list = []  # prefix-cache keys among the held blocks (each holds one reference)
+        self.registered = 0  # leading prompt blocks already offered to the prefix cache
         self.first_scheduled: float | None = None
         self.first_token: float | None = None
         self.last_token = 0.0
@@ -308,14 +295,14 @@ class EngineCore:
         req.keys = []
 
     def _register_prefix(self, req: _Req) -> None:
-        """Newly computed full prompt blocks become shareable (first computer wins, as vLLM's hash map)."""
+        """Prompt blocks that just became full become shareable (only then, as vLLM caches full blocks)."""
         full = min(req.computed // self.config.block_size, len(req.prefix_keys))
-        for i in range(len(req.keys), full):
+        for i in range(req.registered, full):
             key = req.prefix_keys[i]
-            if key in self.cache_refs:
-                break  # computed twice concurrently: this copy stays private, later blocks too
-            self.cache_refs[key] = 1
-            req.keys.append(key)
+            if key not in self.cache_refs:  # else computed twice concurrently: this copy stays private
+                self.cache_refs[key] = 1
+                req.keys.append(key)
+        req.registered = max(req.registered, full)
 
     def _prefix_hits(self, req: _Req) -> int:
         """Leading prompt blocks already cached; the last prompt token is always recomputed."""
@@ -469,6 +456,7 @@ class EngineCore:
                     self.cache_refs[key] = self.cache_refs.get(key, 0) + 1
                 self._allocate(need)
                 req.keys = list(hit_keys)
+                req.registered = hits
                 req.held = hits + need
                 req.computed = computed
                 if req.prefix_keys or cfg.enable_prefix_caching:
