@@ -46,13 +46,18 @@ VLLM_FLAGS = {
 }
 
 
-def camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(part.capitalize() for part in rest)
+def _load_sync_script() -> Any:
+    """scripts/sync_chart_files.py: the chart's spelling of a setting, and the schema it generates."""
+    spec = importlib.util.spec_from_file_location("sync_chart_files", ROOT / "scripts" / "sync_chart_files.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
+SYNC = _load_sync_script()
 # camelCase `config:` key -> field name, from the settings themselves (model_config_path is modelConfig).
-CONFIG_KEYS = {camel(public_name(field)): field for field in ServeSettings.model_fields}
+CONFIG_KEYS = {SYNC.camel(public_name(field)): field for field in ServeSettings.model_fields}
 
 
 # ---------------------------------------------------------------- helm
@@ -312,8 +317,11 @@ def test_kvwatch_container_is_restricted_and_probed_on_its_metrics_port(case: st
     kvwatch = containers(render(*values_args(case)))["kvwatch"]
     port = values["config"]["port"] or 9747
     assert kvwatch["ports"] == [{"name": "metrics", "containerPort": port, "protocol": "TCP"}]
-    for probe in ("readinessProbe", "livenessProbe"):
-        assert kvwatch[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert kvwatch["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    if values["vllm"]["enabled"]:
+        assert "readinessProbe" not in kvwatch, "a not-ready sidecar would take vLLM out of its Service"
+    else:
+        assert kvwatch["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     sc = kvwatch["securityContext"]
     assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 65532
     assert sc["readOnlyRootFilesystem"] is True
@@ -505,14 +513,6 @@ def test_schema_config_keys_are_the_settings_fields() -> None:
     assert CONFIG_KEYS["modelConfig"] == "model_config_path"
 
 
-def _sync_script() -> Any:
-    spec = importlib.util.spec_from_file_location("sync_chart_files", ROOT / "scripts" / "sync_chart_files.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_schema_config_is_what_the_sync_script_generates_from_the_settings() -> None:
     """Types, bounds and enums; descriptions may lag (the script refreshes them too)."""
 
@@ -520,7 +520,7 @@ def test_schema_config_is_what_the_sync_script_generates_from_the_settings() -> 
         return {k: {kk: vv for kk, vv in v.items() if kk != "description"} for k, v in props.items()}
 
     committed = json.loads((CHART / "values.schema.json").read_text())["properties"]["config"]["properties"]
-    assert without_descriptions(committed) == without_descriptions(_sync_script().config_schema()), (
+    assert without_descriptions(committed) == without_descriptions(SYNC.config_schema()), (
         "values.schema.json is behind kvwatch's settings: run .venv/bin/python scripts/sync_chart_files.py")
 
 

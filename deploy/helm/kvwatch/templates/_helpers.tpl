@@ -91,6 +91,11 @@ with .Values.kvwatchSidecar holding `config:` and `kvwatch:` shaped like this ch
 {{- define "kvwatch.sidecarContainer" -}}
 {{- $kvwatch := .Values.kvwatch | default dict }}
 {{- $image := $kvwatch.image | default dict }}
+{{- $deployment := .Values.deployment | default dict }}
+{{- $vllm := .Values.vllm | default dict }}
+{{- /* Readiness only when kvwatch is the pod's only container: in a vLLM pod, a not-ready sidecar would take
+vLLM out of its Service, and a watchdog must never stop the serving. */}}
+{{- $standalone := and (ne (toString $deployment.enabled) "false") (eq (toString $vllm.enabled) "false") }}
 {{- $appVersion := "" }}
 {{- with .Chart }}{{ $appVersion = .AppVersion }}{{ end }}
 {{- $tag := $image.tag | default $appVersion }}
@@ -109,9 +114,11 @@ with .Values.kvwatchSidecar holding `config:` and `kvwatch:` shaped like this ch
     - name: metrics
       containerPort: {{ include "kvwatch.metricsPort" . }}
       protocol: TCP
+  {{- if $standalone }}
   {{- with $kvwatch.readinessProbe }}
   readinessProbe:
     {{- toYaml . | nindent 4 }}
+  {{- end }}
   {{- end }}
   {{- with $kvwatch.livenessProbe }}
   livenessProbe:
