@@ -1,0 +1,156 @@
+"""Each vLLM profile the simulator speaks, against the catalogue and against real captured payloads."""
+
+from __future__ import annotations
+
+import json
+import random
+from importlib import resources
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvwatch.sim.engine import EngineConfig, Request, Simulator
+from kvwatch.sim.metrics import PROFILES, render
+
+FIXTURES = Path(__file__).parent / "fixtures" / "vllm-metrics"
+CATALOGUE = json.loads(resources.files("kvwatch").joinpath("data/vllm_catalogue.json").read_text())
+# Real captures (copied from the shared vLLM reference) and the profile that must reproduce them.
+CAPTURES = {
+    "v0-engine-qwenvl.prom": "v0",
+    "v1-0.8-early-model-name-only.prom": "0.8",
+    "v0.10.0-glm45-deprecated-and-new.prom": "0.10",
+}
+
+
+def _snapshots(dp: int = 1, prefix_caching: bool = True):
+    rng = random.Random(0)
+    requests = [Request(i * 0.05, rng.randint(20, 3000), rng.randint(1, 400),
+                        tuple(rng.randint(0, 5) for _ in range(6))) for i in range(600)]
+    sim = Simulator(EngineConfig(num_gpu_blocks=700, data_parallel_size=dp, enable_prefix_caching=prefix_caching),
+                    seed=0)
+    sim.submit(requests)
+    sim.run_until(40.0)
+    return sim.snapshot()
+
+
+def _families(text: str) -> dict:
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def _wire_name(family) -> str:  # prometheus_client's parser strips _total from counters
+    return family.name + "_total" if family.type == "counter" else family.name
+
+
+def _catalogue_buckets(spec, max_model_len: int) -> list[float]:
+    if isinstance(spec, str):
+        out, exponent = [], 0
+        while True:
+            for mantissa in (1, 2, 5):
+                if mantissa * 10**exponent > max_model_len:
+                    return out
+                out.append(float(mantissa * 10**exponent))
+            exponent += 1
+    return [float(b) for b in spec]
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("multiprocess", [False, True])
+def test_profile_matches_the_catalogue(profile: str, multiprocess: bool) -> None:
+    if multiprocess and profile in ("0.8", "v0"):
+        with pytest.raises(ValueError, match="multiprocess"):
+            render(_snapshots(), profile, multiprocess=True)
+        return
+    dp = 1 if profile in ("0.8", "v0") else 2
+    text = render(_snapshots(dp), profile, max_model_len=4096, multiprocess=multiprocess)
+    families = _families(text)
+    expected = CATALOGUE["profiles"][profile]
+    created = {n for n in families if n.endswith("_created")}
+    if multiprocess or not CATALOGUE["created_samples"][profile]:
+        assert not created
+    real = {_wire_name(f): f for n, f in families.items() if n not in created}
+    assert set(real) == set(expected)
+    for name, spec in expected.items():
+        family = real[name]
+        assert family.type == spec["type"], name
+        assert family.documentation == spec["help"], name
+        for sample in family.samples:
+            labels = set(sample.labels) - {"le", "pid"}
+            assert labels == set(spec["labels"]), name
+            for label, values in spec.get("label_values", {}).items():
+                assert sample.labels[label] in values, name
+        if spec["type"] == "histogram":
+            bounds = sorted({float(s.labels["le"]) for s in family.samples if s.name.endswith("_bucket")})
+            assert bounds == [*_catalogue_buckets(spec["buckets"], 4096), float("inf")], name
+        if "engine" in spec["labels"] and name != "vllm:cache_config_info":
+            assert {s.labels["engine"] for s in family.samples} == {"0", "1"}, name
+
+
+@pytest.mark.parametrize(("capture", "profile"), sorted(CAPTURES.items()))
+def test_profile_reproduces_real_capture(capture: str, profile: str) -> None:
+    """Every family in the real payload exists in the profile with the same TYPE, HELP and label names."""
+    real = _families((FIXTURES / capture).read_text())
+    ours = _families(render(_snapshots(), profile, model_name="m"))
+    vllm_families = [f for f in real.values() if f.name.startswith("vllm:")]
+    assert vllm_families
+    for fam in vllm_families:
+        assert fam.name in ours, fam.name
+        mine = ours[fam.name]
+        if not fam.samples:  # a HELP line whose TYPE and samples were cut off in the stored copy
+            assert mine.documentation == fam.documentation, fam.name
+            continue
+        assert (mine.type, mine.documentation) == (fam.type, fam.documentation), fam.name
+        real_labels = {frozenset(set(s.labels) - {"le"}) for s in fam.samples}
+        my_labels = {frozenset(set(s.labels) - {"le"}) for s in mine.samples}
+        assert real_labels <= my_labels, fam.name
+
+
+def test_values_follow_the_engine_and_config_info_is_per_engine() -> None:
+    snaps = _snapshots(dp=2)
+    text = render(snaps, "0.33", model_name="m", max_model_len=8192)
+    families = _families(text)
+    usage = {s.labels["engine"]: s.value for s in families["vllm:kv_cache_usage_perc"].samples}
+    assert usage == {str(s.engine): pytest.approx(s.kv_usage) for s in snaps}
+    waiting = {(s.labels["engine"], s.labels["reason"]): s.value
+               for s in families["vllm:num_requests_waiting_by_reason"].samples}
+    assert waiting[("0", "capacity")] == snaps[0].num_waiting and waiting[("0", "deferred")] == 0
+    info = families["vllm:cache_config_info"].samples
+    assert len(info) == 2
+    for sample in info:
+        # num_gpu_blocks is summed over DP engines; size and concurrency stay per engine (vLLM's core_client).
+        assert sample.labels["num_gpu_blocks"] == "1400"
+        assert sample.labels["kv_cache_max_concurrency"] == str(700 / (8192 / 16))
+        assert sample.labels["kv_cache_size_tokens"] == str(int(700 / 512 * 8192))
+    success = sum(s.value for s in families["vllm:request_success"].samples)
+    assert success == sum(s.requests_completed for s in snaps)
+    prompt = families["vllm:request_prompt_tokens"]
+    counts = [s.value for s in prompt.samples if s.name.endswith("_count")]
+    assert sum(counts) == sum(s.request_prompt_tokens_count for s in snaps)
+
+
+def test_multiprocess_mode_orders_sum_before_buckets_and_adds_pid() -> None:
+    text = render(_snapshots(dp=2), "0.10", multiprocess=True, pid=4242)
+    lines = [line for line in text.splitlines() if line.startswith("vllm:e2e_request_latency_seconds")]
+    assert lines[0].startswith("vllm:e2e_request_latency_seconds_sum") and "_sum" in lines[1]
+    assert "_bucket" in lines[2]
+    families = _families(text)
+    assert all(s.labels["pid"] == "4242" for s in families["vllm:kv_cache_usage_perc"].samples)
+    assert all("pid" not in s.labels for s in families["vllm:num_requests_running"].samples)
+
+
+def test_version_specific_units_and_created_samples() -> None:
+    snaps = _snapshots()
+    old = _families(render(snaps, "0.8"))
+    assert old["vllm:gpu_prefix_cache_queries"].samples[0].value == snaps[0].prefix_cache_queries_blocks
+    assert old["vllm:cache_config_info"].samples[0].labels["num_gpu_blocks"] == "None"  # emitted before init
+    new = _families(render(snaps, "0.10"))
+    assert new["vllm:prefix_cache_queries"].samples[0].value == snaps[0].prefix_cache_queries_tokens
+    assert "vllm:prefix_cache_queries_created" in new
+    assert snaps[0].prefix_cache_hits_tokens > 0
+
+
+def test_bad_render_arguments_are_refused() -> None:
+    with pytest.raises(ValueError, match="unknown vLLM profile"):
+        render(_snapshots(), "0.9")
+    with pytest.raises(ValueError, match="no engine label"):
+        render(_snapshots(dp=2), "v0")
