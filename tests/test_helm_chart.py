@@ -487,6 +487,26 @@ def test_integrations_are_off_by_default() -> None:
     assert kinds == ["Deployment", "Service"]
 
 
+def test_chart_app_version_is_the_package_version() -> None:
+    """appVersion is the default kvwatch image tag: it must name the release the chart was written for."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert version and chart["appVersion"] == version.group(1)
+
+
+@pytest.mark.parametrize(("case", "says"), [
+    ("default", "sidecar next to vLLM"),
+    ("standalone-values.yaml", "ONE vLLM pod"),
+])
+def test_install_notes_render_for_each_mode(case: str, says: str) -> None:
+    result = run_helm("install", "kvw", str(CHART), "--namespace", NAMESPACE, "--dry-run=client",
+                      *values_args(case))
+    assert result.returncode == 0, result.stderr
+    notes = result.stdout.split("NOTES:", 1)[1]
+    assert says in notes
+    assert "port-forward svc/kvw-kvwatch 9747:9747" in notes
+
+
 # ---------------------------------------------------------------- values and schema
 
 @pytest.mark.parametrize(("flag", "culprit"), [
