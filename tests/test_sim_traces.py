@@ -1,0 +1,141 @@
+"""Trace readers on the shipped samples, rate scaling, time compression, block bootstrap, load profiles."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from kvwatch.sim.engine import Request
+from kvwatch.sim.load import PROFILE_KINDS, LoadGenerator, LoadProfile, generate
+from kvwatch.sim.traces import (
+    TraceError,
+    block_bootstrap,
+    compress_time,
+    load_trace,
+    packaged_trace,
+    read_azure_csv,
+    read_mooncake_jsonl,
+    scale_rate,
+)
+
+
+def test_azure_sample_is_read_with_its_quirks() -> None:
+    path = packaged_trace("azure_conv_sample.csv")
+    raw = path.read_bytes()
+    assert b"\r\n" in raw and not raw.endswith(b"\n")  # CRLF, no trailing newline, as upstream
+    requests = read_azure_csv(path)
+    assert len(requests) == raw.count(b"\r\n")  # header + n rows joined by n separators
+    first, second = requests[0], requests[1]
+    # 2023-11-16 18:15:46.6805900,374,44 then 18:15:50.9951690,396,109
+    assert (first.arrival_time, first.prompt_tokens, first.output_tokens) == (0.0, 374, 44)
+    assert second.arrival_time == pytest.approx(50.9951690 - 46.6805900, abs=1e-6)
+    assert (second.prompt_tokens, second.output_tokens) == (396, 109)
+    times = [r.arrival_time for r in requests]
+    assert times == sorted(times) and times[-1] < 600.0
+    assert read_azure_csv(path.read_text()) == requests  # text works as well as a path
+
+
+def test_azure_code_sample_and_load_trace_dispatch() -> None:
+    requests = load_trace(packaged_trace("azure_code_sample.csv"))
+    assert len(requests) > 1000
+    assert statistics.mean(r.prompt_tokens for r in requests) > 1000  # the code trace is prompt-heavy
+
+
+def test_mooncake_sample_is_jittered_over_three_seconds() -> None:
+    path = packaged_trace("mooncake_conversation_sample.jsonl")
+    quantized = read_mooncake_jsonl(path, jitter_seconds=0)
+    jittered = read_mooncake_jsonl(path, seed=1)
+    assert len(quantized) == len(jittered) == len(path.read_text().splitlines())
+    assert len({r.arrival_time for r in quantized}) < len(quantized) / 3  # many share a timestamp
+    assert len({r.arrival_time for r in jittered}) == len(jittered)
+    by_size = Counter((r.prompt_tokens, r.output_tokens, r.hash_ids) for r in quantized)
+    assert by_size == Counter((r.prompt_tokens, r.output_tokens, r.hash_ids) for r in jittered)
+    first = quantized[0]
+    assert (first.prompt_tokens, first.output_tokens, first.hash_ids[:3]) == (6758, 500, (0, 1, 2))
+    assert all(len(r.hash_ids) == -(-r.prompt_tokens // 512) for r in quantized)
+    assert max(j.arrival_time - q.arrival_time for q, j in zip(
+        sorted(quantized, key=lambda r: (r.arrival_time, r.hash_ids)),
+        sorted(jittered, key=lambda r: (r.arrival_time - (r.arrival_time % 3), r.hash_ids)), strict=True)) < 6
+    assert read_mooncake_jsonl(path, seed=1) == jittered
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("a,b,c\r\n2023-11-16 18:15:46.68,1,2", "header"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\r\n2023-11-16 18:15:46.68,1,2\r\n2023-11-16 18:15:47,x,2",
+     "line 3"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\r\n", "no requests"),
+])
+def test_malformed_azure_input_names_the_line(text: str, message: str) -> None:
+    with pytest.raises(TraceError, match=message):
+        read_azure_csv(text + "\n" if "\n" not in text else text)
+
+
+def test_malformed_mooncake_input_and_missing_file() -> None:
+    with pytest.raises(TraceError, match="line 2"):
+        read_mooncake_jsonl('{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1}\n')
+    with pytest.raises(TraceError, match="cannot read"):
+        read_mooncake_jsonl(Path("/nonexistent/trace.jsonl"))
+    with pytest.raises(TraceError, match="unknown trace format"):
+        load_trace("trace.parquet")
+
+
+def test_rate_scaling_thins_and_superposes() -> None:
+    requests = read_azure_csv(packaged_trace("azure_conv_sample.csv"))
+    half = scale_rate(requests, 0.5, seed=3)
+    assert len(half) == pytest.approx(len(requests) / 2, rel=0.06)
+    assert set(half) <= set(requests)
+    triple = scale_rate(requests, 3.0, seed=3)
+    assert len(triple) == 3 * len(requests)
+    assert max(r.arrival_time for r in triple) < 600.0
+    assert Counter(r.prompt_tokens for r in triple) == Counter({k: 3 * v for k, v in
+                                                                Counter(r.prompt_tokens for r in requests).items()})
+    ramp = scale_rate(requests, lambda t: 2.0 * t / 600.0, seed=3)  # 0 -> 2x over the sample
+    early = sum(1 for r in ramp if r.arrival_time < 300)
+    late = len(ramp) - early
+    assert late > 2 * early
+    assert scale_rate(requests, 2.5, seed=9) == scale_rate(requests, 2.5, seed=9)
+
+
+def test_time_compression_and_block_bootstrap() -> None:
+    requests = read_azure_csv(packaged_trace("azure_conv_sample.csv"))
+    fast = compress_time(requests, 10.0)
+    assert fast[-1].arrival_time == pytest.approx(requests[-1].arrival_time / 10)
+    assert [r.prompt_tokens for r in fast] == [r.prompt_tokens for r in requests]
+    long = block_bootstrap(requests, 3600.0, block_seconds=120.0, seed=4)
+    assert min(r.arrival_time for r in long) >= 0 and max(r.arrival_time for r in long) < 3600.0
+    assert len(long) == pytest.approx(6 * len(requests), rel=0.15)
+    assert {(r.prompt_tokens, r.output_tokens) for r in long} <= {(r.prompt_tokens, r.output_tokens) for r in requests}
+    assert block_bootstrap(requests, 3600.0, block_seconds=120.0, seed=4) == long
+    with pytest.raises(ValueError, match="shorter than one"):
+        block_bootstrap(requests, 100.0, block_seconds=10_000.0)
+
+
+@pytest.mark.parametrize("kind", PROFILE_KINDS)
+def test_load_profiles_follow_their_rate(kind: str) -> None:
+    profile = LoadProfile(kind, rate=2.0, rate_end=8.0, period_seconds=1000.0, prompt_tokens=500, output_tokens=100)
+    requests = generate(profile, 4000.0, seed=1)
+    assert requests == generate(profile, 4000.0, seed=1)
+    assert all(isinstance(r, Request) and r.prompt_tokens <= profile.max_prompt_tokens for r in requests)
+    first = sum(1 for r in requests if r.arrival_time < 500) / 500
+    late = sum(1 for r in requests if 1000 <= r.arrival_time < 1500) / 500
+    expected = {"constant": (2.0, 2.0), "ramp": (3.5, 8.0), "step": (2.0, 8.0), "diurnal": (5.0, 5.0)}
+    if kind in expected:
+        assert first == pytest.approx(expected[kind][0], rel=0.2)
+        assert late == pytest.approx(expected[kind][1], rel=0.2)
+        if kind == "diurnal":  # trough at 0, peak at half a period
+            trough = sum(1 for r in requests if r.arrival_time < 100)
+            assert sum(1 for r in requests if 450 <= r.arrival_time < 550) > 2.5 * trough
+    else:  # bursty: the mean lies between the calm and the burst rate
+        assert 2.0 < len(requests) / 4000 < 8.0
+    assert statistics.mean(r.prompt_tokens for r in requests) == pytest.approx(500, rel=0.15)
+    assert statistics.mean(r.output_tokens for r in requests) == pytest.approx(100, rel=0.15)
+
+
+def test_generator_streams_the_same_requests_in_chunks() -> None:
+    profile = LoadProfile("bursty", rate=1.0, rate_end=10.0, period_seconds=100.0)
+    streamed = LoadGenerator(profile, seed=5)
+    chunks = [r for t in range(10, 1001, 10) for r in streamed.take_until(float(t))]
+    assert chunks == generate(profile, 1000.0, seed=5)
