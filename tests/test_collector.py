@@ -115,3 +115,67 @@ def test_preemption_rate_from_history() -> None:
     assert state.preemptions_per_second == 3.0
     # No histograms: the ceiling at the observed mix falls back to running / usage.
     assert state.max_concurrency["observed_mix"] == 20.0 and math.isclose(state.concurrency_headroom or 0, 10.0)
+
+
+# ---------------------------------------------------------------- the poll loop (Sidecar) with a driven clock
+
+class ManualClock:
+    def __init__(self, start: float = 1000.0) -> None:
+        self.t = start
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def payload(preemptions: float, usage: float = 0.5) -> str:
+    return (
+        f'vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} {usage}\n'
+        'vllm:num_requests_running{engine="0",model_name="m"} 4\n'
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 0\n'
+        f'vllm:num_preemptions_total{{engine="0",model_name="m"}} {preemptions}\n'
+    )
+
+
+def test_sidecar_polls_swap_state_and_count_errors(monkeypatch: Any) -> None:
+    import httpx
+    import respx
+
+    from kvwatch.app import Sidecar
+    from kvwatch.fetch import Fetcher
+    from kvwatch.settings import ServeSettings
+
+    for key in list(__import__("os").environ):
+        if key.startswith("KVWATCH_"):
+            monkeypatch.delenv(key)
+    url = "http://vllm.test/metrics"
+    settings = ServeSettings(target_url=url, poll_interval_seconds=5)
+    clock = ManualClock()
+    with respx.mock, Fetcher(url, timeout=1.0, max_body_bytes=1 << 20) as fetcher:
+        route = respx.get(url)
+        sidecar = Sidecar(settings, fetcher, clock, analyzers=[DemoAnalyzer()])
+        states = []
+        for preemptions in (0, 10, 20):
+            route.mock(return_value=httpx.Response(200, text=payload(preemptions)))
+            states.append(sidecar.poll())
+            clock.t += 5.0
+        assert sidecar.state is states[-1] and states[0] is not states[1]
+        series = states[-1].series[("m", "0")]
+        assert series.preemptions_per_second == 2.0  # 20 preemptions over 10 poll-clock seconds
+        assert series.extra == {"demo": 0.5}
+        route.mock(return_value=httpx.Response(503))
+        down = sidecar.poll()
+        assert (down.health.up, down.health.last_error_reason, down.health.errors_total["http_status"]) == (
+            False, "http_status", 1)
+        assert down.series is states[-1].series  # kept until stale, then the collector hides them
+        assert down.health.last_success_timestamp == 1010.0 and down.health.polls_total == 4
+
+
+def test_clock_speed_scales_elapsed_time() -> None:
+    import time
+
+    from kvwatch.app import Clock
+
+    clock = Clock(speed=100.0)
+    start = clock()
+    time.sleep(0.05)
+    assert clock() - start >= 100.0 * 0.05 * 0.9  # at least, never asserting an upper bound on a busy machine

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvwatch.engines import Selector, SourceOverrides, UnrecognisedPayload, vllm
 from kvwatch.exposition import parse
@@ -172,3 +175,23 @@ def test_selector_parsing() -> None:
     assert s.matches({"a": "1", "b": 'q"x', "c": "z"}) and not s.matches({"a": "1"})
     with pytest.raises(ValueError):
         Selector.parse("not a name{")
+
+
+_VLLM_NAMES = sorted(vllm.FAMILIES)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(
+    st.sampled_from([*_VLLM_NAMES, "vllm:request_prompt_tokens_sum", "gpu_cache_usage_sys"]),
+    st.dictionaries(st.sampled_from(["model_name", "engine", "pid", "reason", "finished_reason", "num_gpu_blocks",
+                                     "block_size", "kv_cache_size_tokens", "enable_prefix_caching"]),
+                    st.sampled_from(["0", "1", "m", "None", "nan", "-5", "True", "", "1e400"]), max_size=4),
+    st.sampled_from(["0", "1", "NaN", "+Inf", "-Inf", "-3", "1e308"])), max_size=12))
+def test_adapter_only_raises_unrecognised(samples: list[tuple[str, dict[str, str], str]]) -> None:
+    lines = []
+    for name, labels, value in samples:
+        body = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        lines.append(f"{name}{{{body}}} {value}")
+    overrides = SourceOverrides.from_strings(usage="gpu_cache_usage_sys")
+    with contextlib.suppress(UnrecognisedPayload):
+        vllm.read(parse("\n".join(lines)), overrides, timestamp=0.0)

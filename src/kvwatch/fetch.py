@@ -8,6 +8,7 @@ request, not just each socket read.
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from kvwatch import __version__
 from kvwatch.engines import SourceOverrides, UnrecognisedPayload, vllm
 from kvwatch.exposition import ParseError, parse
 from kvwatch.model import Poll
+
+log = logging.getLogger(__name__)
 
 REASONS: tuple[str, ...] = ("connect", "timeout", "http_status", "too_large", "parse", "unrecognised")
 ACCEPT = "text/plain; version=0.0.4; q=1.0, */*; q=0.1"
@@ -87,7 +90,7 @@ class Fetcher:
                 from None
         except httpx.DecodingError as exc:
             raise ScrapeError("parse", f"{self.url}: cannot decode body: {exc}") from None
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, OSError, ValueError) as exc:  # transport, TLS and URL failures alike
             raise ScrapeError("connect", f"{self.url}: {type(exc).__name__}: {exc}") from None
         charset = response.charset_encoding or "utf-8"
         try:
@@ -114,3 +117,6 @@ def interpret(text: str, overrides: SourceOverrides | None, *, timestamp: float)
         return vllm.read(exposition, overrides, timestamp=timestamp)
     except UnrecognisedPayload as exc:
         raise ScrapeError("unrecognised", str(exc)) from None
+    except Exception as exc:  # an adapter bug must cost one poll, not the sidecar
+        log.exception("vLLM adapter failed on this payload")
+        raise ScrapeError("unrecognised", f"adapter error: {type(exc).__name__}: {exc}") from None
