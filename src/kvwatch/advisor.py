@@ -99,11 +99,16 @@ def advise(
     quantized = whatif.get("fp8_weights")
     if quantized is not None and base_tokens and quantized.kv_cache_tokens and quantized.kv_cache_tokens > base_tokens:
         gain = quantized.kv_cache_tokens / base_tokens
+        kv_fp8 = whatif.get("fp8_kv_cache")
+        also = ""
+        if kv_fp8 is not None and kv_fp8.kv_cache_tokens and kv_fp8.kv_cache_tokens > base_tokens:
+            also = (f" An FP8 KV cache (--kv-cache-dtype fp8) instead gives "
+                    f"x{kv_fp8.kv_cache_tokens / base_tokens:.2f} tokens.")
         candidates.append((
             QUANTIZE_WEIGHTS,
             "Quantize the weights to FP8 (--quantization fp8): frees GPU memory for the KV cache.",
             f"KV capacity {base_tokens:.0f} -> {quantized.kv_cache_tokens:.0f} tokens (x{gain:.2f})"
-            + _ceiling_text(base_tokens, quantized.kv_cache_tokens, kv_tokens_per_request) + ".",
+            + _ceiling_text(base_tokens, quantized.kv_cache_tokens, kv_tokens_per_request) + "." + also,
         ))
 
     tp = whatif.get("tensor_parallel_x2")

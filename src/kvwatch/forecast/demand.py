@@ -118,8 +118,12 @@ class DemandModel:
         self._rate = Ewma(params.rate_halflife_buckets)
         self._burst = Ewma(params.burst_halflife_buckets)
 
-    def update(self, buckets: Sequence[MinuteBucket]) -> DemandEstimate | None:
-        """Fold in the newest bucket (``buckets[-1]``) and estimate from the recent ones."""
+    def update(self, buckets: Sequence[MinuteBucket], first_fit_minute: int | None = None) -> DemandEstimate | None:
+        """Fold in the newest bucket (``buckets[-1]``) and estimate from the recent ones.
+
+        The rate slope is fitted only on minutes from ``first_fit_minute`` (after a restart's warm-up,
+        traffic returning is not a trend).
+        """
         p = self.params
         newest = buckets[-1]
         capacity = newest.capacity_tokens
@@ -146,6 +150,7 @@ class DemandModel:
             (float(b.minute), b.arrival_rate)
             for b in buckets
             if b.minute > newest.minute - p.rate_window_buckets and b.arrival_rate is not None
+            and (first_fit_minute is None or b.minute >= first_fit_minute)
         ]
         slope = lower = 0.0
         if len(rate_points) >= p.rate_min_points:

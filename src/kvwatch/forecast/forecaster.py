@@ -267,9 +267,12 @@ class Forecaster:
         p = self.params
         self._buckets.append(bucket)
         buckets = list(self._buckets)
-        self._demand = self._demand_model.update(buckets)
+        # Slopes are fitted after the warm-up only: usage and rate climbing back after a restart is no trend.
+        first_fit = math.ceil(self._warm_after / p.bucket_seconds) if self._warm_after is not None else None
+        self._demand = self._demand_model.update(buckets, first_fit)
+        fit_buckets = [b for b in buckets if first_fit is None or b.minute >= first_fit]
         self._trend = estimate_trend(
-            buckets,
+            fit_buckets,
             bucket_seconds=p.bucket_seconds,
             window_buckets=p.trend_window_buckets,
             min_points=p.min_buckets,

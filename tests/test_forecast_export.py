@@ -1,0 +1,80 @@
+"""kvwatch_* forecast families: names and labels are contract (alerts and dashboards read them)."""
+
+from __future__ import annotations
+
+import math
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from kvwatch.advisor import advise
+from kvwatch.forecast import STATES, Forecaster, ForecastSample
+from kvwatch.forecast.export import forecast_metric_families
+
+
+class _Collector:
+    def __init__(self, families):
+        self.families = families
+
+    def collect(self):
+        return iter(self.families)
+
+
+def _exposition(families) -> str:
+    registry = CollectorRegistry()
+    registry.register(_Collector(families))
+    return generate_latest(registry).decode()
+
+
+def _steady_result(seconds=3600.0, usage=0.6):
+    f = Forecaster()
+    result = None
+    finished = 0.0
+    for i in range(int(seconds / 10)):
+        finished += 30.0
+        result = f.observe(ForecastSample(i * 10.0, usage, 100_000.0, 60.0, 0.0, 0.0, finished, 1e6 + i, 1e5 + i))
+    return f, result
+
+
+def test_state_is_one_hot_over_all_seven_states_and_eta_is_inf_when_ok():
+    _, result = _steady_result()
+    assert result.state == "ok"
+    text = _exposition(forecast_metric_families([({"model_name": "m", "engine": "0"}, result, [])]))
+    for state in STATES:
+        value = 1.0 if state == "ok" else 0.0
+        assert f'kvwatch_state{{engine="0",model_name="m",state="{state}"}} {value}' in text
+    assert 'kvwatch_kv_exhaustion_eta_seconds{engine="0",model_name="m"} +Inf' in text
+    assert 'kvwatch_kv_usage_forecast_ratio{engine="0",horizon="10m",model_name="m"}' in text
+    assert 'kvwatch_kv_usage_forecast_ratio{engine="0",horizon="30m",model_name="m"}' in text
+    for name in ("kvwatch_request_rate_per_second", "kvwatch_headroom_requests_per_second",
+                 "kvwatch_recommended_max_concurrency", "kvwatch_forecast_token_seconds_per_request",
+                 "kvwatch_forecast_burst_factor", 'kvwatch_forecast_eta_seconds{engine="0",method="demand"'):
+        assert name in text
+    assert 'kvwatch_recommendation{action="limit_concurrency",engine="0",model_name="m"} 0.0' in text
+
+
+def test_unknown_exports_only_the_state():
+    f, last = _steady_result(seconds=600)
+    stale = f.status(last.timestamp + 60)
+    families = forecast_metric_families([({"model_name": "m", "engine": "1"}, stale, [])])
+    assert [fam.name for fam in families] == ["kvwatch_state"]
+    assert {s.labels["state"]: s.value for s in families[0].samples}["unknown"] == 1.0
+
+
+def test_one_family_per_name_across_series_and_recommendation_ranks():
+    _, result = _steady_result()
+    bottleneck = type(result)(**{**result.__dict__, "state": "bottleneck", "eta_seconds": 0.0})
+    advice = advise("bottleneck", recommended_max_concurrency=57, capacity_tokens=100_000.0)
+    families = forecast_metric_families([
+        ({"model_name": "m", "engine": "0"}, result, []),
+        ({"model_name": "m", "engine": "1"}, bottleneck, advice),
+    ])
+    names = [f.name for f in families]
+    assert len(names) == len(set(names))
+    recs = {(s.labels["engine"], s.labels["action"]): s.value
+            for f in families if f.name == "kvwatch_recommendation" for s in f.samples}
+    assert recs[("1", "limit_concurrency")] == 1.0
+    assert recs[("1", "add_tensor_parallelism")] == 2.0
+    assert recs[("1", "quantize_weights")] == 0.0
+    eta = {s.labels["engine"]: s.value for f in families if f.name == "kvwatch_kv_exhaustion_eta_seconds"
+           for s in f.samples}
+    assert eta["1"] == 0.0 and math.isinf(eta["0"])

@@ -1,0 +1,107 @@
+"""Estimators: Theil–Sen with Sen's bounds, EWMA, damped trend, per-minute buckets with resets."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from kvwatch.forecast.buckets import BucketAggregator, SampleDeltas, counter_delta
+from kvwatch.forecast.robust import Ewma, damped_trend_offset, quantile, theil_sen
+
+
+def test_theil_sen_recovers_a_line_and_ignores_outliers():
+    xs = [float(i) for i in range(30)]
+    ys = [0.5 + 0.01 * x for x in xs]
+    for i in (3, 11, 19, 25):  # 4 of 30 points are wild bursts
+        ys[i] = 1.0
+    fit = theil_sen(xs, ys)
+    assert fit is not None
+    assert fit.slope == pytest.approx(0.01, abs=1e-3)
+    assert fit.lower <= fit.slope <= fit.upper
+    assert fit.significantly_positive
+
+
+def test_theil_sen_lower_bound_rarely_positive_on_flat_noise():
+    # An 80 % two-sided interval puts its lower bound above 0 for ~10 % of flat noisy series.
+    xs = [float(i) for i in range(30)]
+    positives = 0
+    for seed in range(200):
+        rng = random.Random(seed)
+        fit = theil_sen(xs, [0.7 + rng.gauss(0, 0.05) for _ in xs], confidence=0.8)
+        positives += fit.significantly_positive
+    assert 0.03 <= positives / 200 <= 0.2
+
+
+def test_theil_sen_wider_confidence_gives_wider_bounds():
+    rng = random.Random(1)
+    xs = [float(i) for i in range(40)]
+    ys = [0.01 * x + rng.gauss(0, 0.05) for x in xs]
+    narrow, wide = theil_sen(xs, ys, 0.5), theil_sen(xs, ys, 0.95)
+    assert wide.lower < narrow.lower and wide.upper > narrow.upper
+
+
+def test_theil_sen_needs_three_points_and_equal_lengths():
+    assert theil_sen([0.0, 1.0], [0.0, 1.0]) is None
+    with pytest.raises(ValueError):
+        theil_sen([0.0, 1.0, 2.0], [0.0, 1.0])
+
+
+def test_sawtooth_has_no_trend_under_theil_sen():
+    # A sawtooth sampled over whole periods: robust slope ~0 (least squares would depend on the phase).
+    xs = [float(i) for i in range(30)]
+    ys = [0.5 + 0.4 * ((i % 5) / 4) for i in range(30)]
+    fit = theil_sen(xs, ys)
+    assert abs(fit.slope) < 0.01
+    assert not fit.significantly_positive
+
+
+def test_ewma_halflife_and_seed():
+    e = Ewma(halflife_steps=1.0)
+    assert e.update(10.0) == 10.0  # the first value seeds it
+    assert e.update(0.0) == pytest.approx(5.0)  # one half-life: half way
+
+
+def test_damped_trend_offset_saturates():
+    assert damped_trend_offset(1.0, 1.0, 10) == 10
+    assert damped_trend_offset(1.0, 0.97, 10) < 10
+    limit = 0.97 / 0.03
+    assert damped_trend_offset(1.0, 0.97, 10_000) == pytest.approx(limit, rel=1e-6)
+    assert damped_trend_offset(1.0, 0.97, 0) == 0.0
+
+
+def test_quantile_interpolates():
+    assert quantile([1, 2, 3, 4, 5], 0.5) == 3
+    assert quantile([0, 10], 0.9) == pytest.approx(9.0)
+
+
+def test_counter_delta_treats_a_decrease_as_a_reset():
+    assert counter_delta(10, 15) == 5
+    assert counter_delta(100, 7) == 7
+    assert counter_delta(None, 7) is None
+
+
+def _deltas(seconds=10.0, finished=2.0, queue_change=0.0):
+    return SampleDeltas(seconds, finished, queue_change, 0.0, 100.0, 50.0, 200.0, 2.0, 100.0, 2.0)
+
+
+def test_buckets_close_per_minute_with_rates_over_covered_time():
+    agg = BucketAggregator(60.0)
+    closed = [agg.add(t, 0.1 * (t // 10 % 6), 1000.0, 4.0, 0.0, _deltas()) for t in range(0, 60, 10)]
+    assert closed == [None] * 6
+    bucket = agg.add(60.0, 0.5, 1000.0, 4.0, 1.0, _deltas(queue_change=3.0))
+    assert bucket is not None and bucket.minute == 0 and bucket.samples == 6
+    assert bucket.u_max == pytest.approx(0.5)
+    assert bucket.u_mean == pytest.approx(0.25)
+    assert bucket.departure_rate == pytest.approx(0.2)  # 12 finished over 60 s
+    assert bucket.k_mean == pytest.approx(250.0)
+    assert bucket.request_prompt_count == 12
+
+
+def test_bucket_without_counter_deltas_has_no_rates():
+    agg = BucketAggregator(60.0)
+    agg.add(0.0, 0.5, None, 1.0, 0.0, None)
+    bucket = agg.add(60.0, 0.5, None, 1.0, 0.0, None)
+    assert bucket.departure_rate is None and bucket.arrival_rate is None and bucket.k_mean is None
+    assert math.isclose(bucket.u_p90, 0.5)

@@ -1,0 +1,233 @@
+"""The forecaster's state machine on synthetic poll streams with explicit timestamps (no clock).
+
+Each stream is self-consistent: usage × capacity KV tokens, departures from Little's law (K / A),
+running requests from a fixed KV size per request, and counters that only move when requests finish.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from kvwatch.forecast import Forecaster, ForecastParams, ForecastResult, ForecastSample
+from kvwatch.model import Reading
+
+CAPACITY = 100_000.0
+A = 2_000.0  # KV token-seconds per request
+TOKENS_PER_REQUEST = 1_000.0
+
+
+def stream(
+    usage: Callable[[float], float],
+    *,
+    start: float = 0.0,
+    seconds: float,
+    dt: float = 10.0,
+    waiting: Callable[[float], float] = lambda t: 0.0,
+    progressing: Callable[[float], bool] = lambda t: True,
+    counters: dict[str, float] | None = None,
+    capacity: float = CAPACITY,
+) -> Iterator[ForecastSample]:
+    """Polls every ``dt`` s; ``counters`` carries totals across calls (pass {} to start from zero)."""
+    c = counters if counters is not None else {}
+    c.setdefault("finished", 0.0)
+    c.setdefault("generated", 0.0)
+    c.setdefault("preemptions", 0.0)
+    for i in range(int(seconds / dt)):
+        t = start + i * dt
+        u = usage(t)
+        if progressing(t):
+            rate = u * capacity / A
+            c["finished"] += rate * dt
+            c["generated"] += rate * dt * 200
+        if u >= 0.999:
+            c["preemptions"] += 1
+        yield ForecastSample(
+            timestamp=t,
+            kv_usage=u,
+            capacity_tokens=capacity,
+            running=u * capacity / TOKENS_PER_REQUEST,
+            waiting=waiting(t),
+            preemptions_total=c["preemptions"],
+            finished_total=c["finished"],
+            prompt_tokens_total=c["generated"] * 4,
+            generation_tokens_total=c["generated"],
+            request_prompt_tokens_sum=c["finished"] * 800,
+            request_prompt_tokens_count=c["finished"],
+            request_generation_tokens_sum=c["finished"] * 200,
+            request_generation_tokens_count=c["finished"],
+        )
+
+
+def noisy(level: Callable[[float], float], sigma: float, seed: int = 0) -> Callable[[float], float]:
+    rng = random.Random(seed)
+    return lambda t: min(1.0, max(0.0, level(t) + rng.gauss(0.0, sigma)))
+
+
+def run(forecaster: Forecaster, samples) -> list[ForecastResult]:
+    return [forecaster.observe(s) for s in samples]
+
+
+def states_between(results: list[ForecastResult], t0: float, t1: float) -> set[str]:
+    return {r.state for r in results if t0 <= r.timestamp < t1}
+
+
+def test_kvwatch_start_is_a_warm_up():
+    results = run(Forecaster(), stream(lambda t: 0.6, seconds=1200))
+    assert {r.state for r in results} == {"warming_up"}
+    assert all(r.eta_seconds == math.inf for r in results)
+
+
+def test_slow_ramp_warns_well_before_saturation():
+    # Usage climbs 0.4 -> 1.0 over two hours with noise: the warning must come >= 10 min before 0.95.
+    ramp = noisy(lambda t: min(1.0, 0.4 + 0.6 * t / 7200), 0.02, seed=1)
+    results = run(Forecaster(), stream(ramp, seconds=7800))
+    saturated_at = next(r.timestamp for r in results if r.state == "bottleneck")
+    warned_at = next(r.timestamp for r in results if r.state == "filling")
+    assert saturated_at - warned_at >= 600
+    first_warning = next(r for r in results if r.state == "filling")
+    assert 0 < first_warning.eta_seconds <= 1800
+    assert first_warning.forecast_ratio[1800] > first_warning.forecast_ratio[600]
+
+
+def test_busy_but_steady_cache_is_ok_not_filling():
+    results = run(Forecaster(), stream(noisy(lambda t: 0.75, 0.05, seed=2), seconds=4 * 3600))
+    assert states_between(results, 1800, 4 * 3600) == {"ok"}
+    last = results[-1]
+    assert last.eta_seconds == math.inf
+    assert last.headroom_requests_per_second > 0
+    assert last.recommended_max_concurrency == pytest.approx(95, abs=2)  # 0.95 x 100k tokens / 1k per request
+
+
+def test_sawtooth_is_not_a_trend():
+    # Fills from 0.55 to 0.9 and drops every 3 minutes (batches of long requests completing together).
+    sawtooth = lambda t: 0.55 + 0.35 * ((t % 180) / 180)  # noqa: E731
+    results = run(Forecaster(), stream(sawtooth, seconds=4 * 3600))
+    assert states_between(results, 1800, 4 * 3600) == {"ok"}
+
+
+def test_short_bursts_are_not_a_bottleneck():
+    # 40-second bursts to 0.99 every 20 minutes on a 0.6 base.
+    burst = lambda t: 0.99 if t % 1200 < 40 else 0.6  # noqa: E731
+    results = run(Forecaster(), stream(burst, seconds=3 * 3600))
+    assert "bottleneck" not in {r.state for r in results}
+    assert "filling" not in {r.state for r in results}
+
+
+def test_plateau_at_one_with_a_growing_queue_is_a_bottleneck_with_demand_beyond_capacity():
+    # Reaches 0.99 after 40 minutes and stays there while the queue keeps growing.
+    usage = lambda t: min(0.99, 0.5 + 0.49 * t / 2400)  # noqa: E731
+    queue = lambda t: max(0.0, 2.0 * (t - 2400))  # noqa: E731  (arrivals 4 % above the service rate)
+    results = run(Forecaster(), stream(usage, waiting=queue, seconds=5400))
+    late = [r for r in results if r.timestamp >= 3000]
+    assert {r.state for r in late} == {"bottleneck"}
+    assert all(r.eta_seconds == 0.0 for r in late)
+    # In demand units the forecast keeps rising where the usage gauge is flat at 0.99.
+    assert late[-1].forecast_ratio[1800] > 1.0
+    assert late[-1].headroom_requests_per_second < 0
+
+
+def test_bottleneck_clears_with_hysteresis():
+    usage = lambda t: 0.97 if 1800 <= t < 2400 else 0.5  # noqa: E731
+    results = run(Forecaster(), stream(usage, seconds=3600))
+    on = [r.timestamp for r in results if r.state == "bottleneck"]
+    assert on, "ten saturated minutes must fire"
+    assert 1800 + 90 <= on[0] <= 1800 + 130  # >= 80 % of a 2-minute window
+    assert on[-1] >= 2400 + 60  # clears only when <= 20 % of 5 minutes are saturated
+
+
+def test_queue_at_low_usage_is_scheduler_limited_not_kv():
+    results = run(Forecaster(), stream(lambda t: 0.4, waiting=lambda t: 5.0, seconds=1800))
+    assert results[-1].state == "scheduler_limited"
+    assert "bottleneck" not in {r.state for r in results}
+
+
+def test_waiting_without_progress_is_stalled_and_recovers():
+    frozen = lambda t: not (1800 <= t < 2400)  # noqa: E731
+    results = run(Forecaster(), stream(lambda t: 0.5, waiting=lambda t: 3.0, progressing=frozen, seconds=3000))
+    at = {r.timestamp: r.state for r in results}
+    assert at[2300] == "stalled"
+    assert at[1900] != "stalled"  # needs 3 minutes without progress
+    assert at[2990] != "stalled"
+
+
+def test_restart_warms_up_and_the_returning_traffic_is_not_a_warning():
+    f = Forecaster()
+    counters: dict[str, float] = {}
+    run(f, stream(lambda t: 0.6, seconds=3600, counters=counters))
+    # Restart at t=3600: counters from zero, usage climbs back steeply to 0.85 in 10 minutes and holds.
+    back = noisy(lambda t: min(0.85, 0.85 * (t - 3600) / 600), 0.02, seed=4)
+    after = run(f, stream(back, start=3600, seconds=2 * 3600, counters={}))
+    assert f.restarts == 1
+    assert states_between(after, 3600, 3600 + 900) == {"warming_up"}
+    assert "filling" not in {r.state for r in after}
+    assert after[-1].state == "ok"
+
+
+def test_a_restart_flag_or_capacity_change_resets():
+    f = Forecaster()
+    samples = list(stream(lambda t: 0.6, seconds=2400))
+    run(f, samples)
+    assert f.observe(ForecastSample(2400.0, 0.6, CAPACITY * 2)).state == "warming_up"
+    assert f.restarts == 1
+    f.observe(ForecastSample(2410.0, 0.6, CAPACITY * 2, restarted=True))
+    assert f.restarts == 2
+
+
+def test_gap_splits_fit_windows_and_drops_rates_across_it():
+    f = Forecaster()
+    counters: dict[str, float] = {}
+    run(f, stream(lambda t: 0.6, seconds=3600, counters=counters))
+    counters["finished"] += 50_000  # finishes during a 10-minute blackout must not become a rate spike
+    after = run(f, stream(lambda t: 0.6, start=4200, seconds=3600, counters=counters))
+    assert after[0].state == "warming_up"  # fit windows restart after a long gap
+    assert f.restarts == 0  # a gap is not a restart
+    rates = [r.request_rate_per_second for r in after if r.request_rate_per_second is not None]
+    true_rate = 0.6 * CAPACITY / A
+    assert rates and max(rates) < 1.5 * true_rate
+    assert after[-1].state == "ok"
+
+
+def test_stale_data_is_unknown_never_ok():
+    f = Forecaster(ForecastParams(stale_after_seconds=30.0))
+    results = run(f, stream(lambda t: 0.6, seconds=3600))
+    last = results[-1]
+    assert f.status(last.timestamp + 20).state == "ok"
+    stale = f.status(last.timestamp + 31)
+    assert stale.state == "unknown" and stale.eta_seconds is None
+    assert all(v is None for v in stale.forecast_ratio.values())
+    missing = f.observe(ForecastSample(last.timestamp + 10, None, CAPACITY))
+    assert missing.state == "unknown"
+
+
+def test_duplicate_or_old_sample_is_ignored():
+    f = Forecaster()
+    results = run(f, stream(lambda t: 0.6, seconds=600))
+    again = f.observe(ForecastSample(results[-1].timestamp, 0.99, CAPACITY))
+    assert again is results[-1]
+
+
+def test_without_capacity_only_the_trend_forecaster_runs():
+    samples = [ForecastSample(s.timestamp, s.kv_usage) for s in stream(lambda t: 0.5, seconds=3600)]
+    last = run(Forecaster(), samples)[-1]
+    assert last.state == "ok"
+    assert last.request_rate_per_second is None
+    assert last.forecast_ratio[1800] == pytest.approx(0.5, abs=0.01)
+
+
+def test_from_reading_maps_core_fields():
+    reading = Reading(
+        model_name="m", kv_usage_ratio=0.42, requests_running=7, requests_waiting=2, preemptions_total=3,
+        finished_by_reason={"stop": 10, "length": 5}, generation_tokens_total=900, prompt_tokens_total=4000,
+        request_prompt_tokens_sum=3000, request_prompt_tokens_count=15, num_gpu_blocks=1000, block_size=16,
+    )
+    sample = ForecastSample.from_reading(reading, 123.0)
+    assert sample.timestamp == 123.0 and sample.kv_usage == 0.42
+    assert sample.capacity_tokens == 16_000
+    assert sample.finished_total == 15 and sample.waiting == 2 and sample.running == 7
+    assert sample.request_generation_tokens_sum is None
+    explicit = ForecastSample.from_reading(Reading(model_name="m", kv_capacity_tokens=5000.0), 1.0)
+    assert explicit.capacity_tokens == 5000.0 and explicit.kv_usage is None
