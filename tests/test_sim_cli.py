@@ -1,0 +1,133 @@
+"""``kvwatch simulate`` headless and over HTTP, and ``kvwatch demo``, as real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvwatch.cli import main
+from kvwatch.demo import status_line
+from kvwatch.sim.traces import packaged_trace
+
+ENV = {k: v for k, v in os.environ.items() if not k.startswith("KVWATCH_")}
+
+
+def _kvwatch(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvwatch", *args], capture_output=True, text=True, timeout=timeout,
+                          env=ENV)
+
+
+def test_headless_json_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["simulate", "--no-serve", "--duration-seconds", "300", "--json", "--profile", "step", "--rate", "1",
+                 "--rate-end", "12", "--period-seconds", "100", "--num-gpu-blocks", "800", "--seed", "3"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    for key in ("requests_completed", "preemptions", "kv_usage_mean", "kv_usage_max", "simulated_seconds",
+                "wall_seconds"):
+        assert key in summary
+    assert summary["simulated_seconds"] == 300.0
+    assert 0 < summary["kv_usage_mean"] <= summary["kv_usage_max"] <= 1.0
+    assert summary["preemptions"] > 0 and summary["requests_completed"] > 100
+    again = main(["simulate", "--no-serve", "--duration-seconds", "300", "--json", "--profile", "step", "--rate", "1",
+                  "--rate-end", "12", "--period-seconds", "100", "--num-gpu-blocks", "800", "--seed", "3"])
+    assert again == 0
+    second = json.loads(capsys.readouterr().out)
+    assert {k: v for k, v in second.items() if "wall" not in k and k != "speedup"} == \
+        {k: v for k, v in summary.items() if "wall" not in k and k != "speedup"}
+
+
+def test_headless_trace_replay_with_rate_scale(capsys: pytest.CaptureFixture[str]) -> None:
+    trace = str(packaged_trace("mooncake_conversation_sample.jsonl"))
+    code = main(["simulate", "--no-serve", "--json", "--duration-seconds", "240", "--trace", trace, "--rate-scale",
+                 "0.5", "--enable-prefix-caching", "--num-gpu-blocks", "20000", "--max-model-len", "131072"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["requests_submitted"] > 0 and summary["requests_completed"] > 0
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["--num-gpu-blocks", "1"], "--num-gpu-blocks"),
+    (["--speed", "0"], "--speed"),
+    (["--max-model-len", "100000"], "--max-model-len"),
+    (["--vllm-version", "v0", "--data-parallel-size", "2"], "--data-parallel-size"),
+    (["--trace", "/nonexistent.csv"], "--trace"),
+])
+def test_bad_flags_exit_2_naming_the_flag(args: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--no-serve", "--duration-seconds", "10", *args]) == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_no_serve_needs_a_duration(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--no-serve"]) == 2
+    assert "--duration-seconds" in capsys.readouterr().err
+
+
+def test_simulate_serves_metrics_over_http() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvwatch", "simulate", "--port", "0", "--speed", "50", "--rate", "20",
+         "--vllm-version", "0.10", "--data-parallel-size", "2", "--model-name", "sim-model"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("serving http://127.0.0.1:")
+        url = line.split()[1]
+        time.sleep(1.0)
+        with urllib.request.urlopen(url, timeout=5) as response:
+            assert response.status == 200
+            assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            first = response.read().decode()
+        time.sleep(0.5)
+        with urllib.request.urlopen(url, timeout=5) as response:
+            second = response.read().decode()
+        families = {f.name: f for f in text_string_to_metric_families(first)}
+        engines = {s.labels["engine"] for s in families["vllm:kv_cache_usage_perc"].samples}
+        assert engines == {"0", "1"}
+        assert all(s.labels["model_name"] == "sim-model" for s in families["vllm:num_requests_running"].samples)
+
+        def generated(text: str) -> float:
+            fams = {f.name: f for f in text_string_to_metric_families(text)}
+            return sum(s.value for s in fams["vllm:generation_tokens"].samples if s.name.endswith("_total"))
+
+        assert generated(second) > generated(first) > 0  # the clock runs
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(url.replace("/metrics", "/nope"), timeout=5)
+        assert missing.value.code == 404
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert proc.returncode == 0  # SIGTERM is a clean stop
+
+
+def test_status_line_reads_kvwatch_metrics() -> None:
+    text = "\n".join([
+        "# TYPE kvwatch_up gauge", 'kvwatch_up{model_name="m",engine="0"} 1',
+        "# TYPE kvwatch_kv_usage_ratio gauge", 'kvwatch_kv_usage_ratio{model_name="m",engine="0"} 0.873',
+        "# TYPE kvwatch_requests_running gauge", 'kvwatch_requests_running{model_name="m",engine="0"} 41',
+        "# TYPE kvwatch_requests_waiting gauge", 'kvwatch_requests_waiting{model_name="m",engine="0"} 3',
+        "# TYPE kvwatch_kv_exhaustion_eta_seconds gauge",
+        'kvwatch_kv_exhaustion_eta_seconds{model_name="m",engine="0"} 540',
+        "# TYPE kvwatch_state gauge", 'kvwatch_state{model_name="m",engine="0",state="filling"} 1',
+        'kvwatch_state{model_name="m",engine="0",state="ok"} 0', "",
+    ])
+    line = status_line(text, 12.0)
+    assert "usage 87.3%" in line and "running   41" in line and "waiting    3" in line
+    assert "ETA 9.0 min" in line and "state filling" in line
+    assert "first good poll" in status_line("# TYPE kvwatch_up gauge\nkvwatch_up 0\n", 1.0)
+
+
+def test_demo_runs_both_processes_and_stops_them() -> None:
+    result = _kvwatch("demo", "--sim-port", "0", "--port", "0", "--duration-seconds", "7", "--speed", "200",
+                      "--status-interval-seconds", "1.5", timeout=60)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "http://127.0.0.1:" in out and "kvwatch:" in out
+    assert "usage" in out, out  # kvwatch polled the simulator and the status line read kvwatch's /metrics
