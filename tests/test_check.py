@@ -137,3 +137,8 @@ def test_build_report_is_pure() -> None:
 
     poll = vllm.read(parse((FIXTURES / "gen-multiprocess-pid.prom").read_text()), timestamp=1.0)
     assert build_report(poll)["series"][0]["requests_waiting"] == 5.0
+
+
+def test_long_timeout_is_fine_for_a_one_shot_check(capsys: pytest.CaptureFixture[str]) -> None:
+    report = check_json(["--file", str(FIXTURES / "gen-0.11-kv-only.prom"), "--poll-timeout-seconds", "30"], capsys)
+    assert report["version_range"] == "0.11"

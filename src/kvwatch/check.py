@@ -57,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
         args.target_url = args.url
     if args.file is not None and args.url is not None:
         raise SettingsError("give either URL or --file, not both")
+    # check runs once, so the serve-only rule "timeout below the poll interval" must not bite here.
+    args.poll_interval_seconds = "1e9"
     settings: ServeSettings = load_settings(ServeSettings, args)
     try:
         overrides = SourceOverrides.from_settings(settings)
