@@ -92,8 +92,10 @@ def _parse(text: str, wanted: Callable[[str], bool] | None) -> Exposition:
             _metadata(line, types, helps)
     names: set[str] = set(types) | set(helps)
     names = {n for n in names if not n.endswith("_created")}
-    resolved: dict[str, object] = {}
+    resolved: dict[str, object] = {}  # sample name -> its family's samples.append, or _SKIP
     label_keys: dict[str, str] = {}  # raw fragment before a value ('name=' or ',name=') -> label name
+    label_key = label_keys.__getitem__
+    new_sample = tuple.__new__
     for lineno, line in enumerate(lines, 1):
         if not line or line[0] == "#":
             continue
@@ -111,7 +113,8 @@ def _parse(text: str, wanted: Callable[[str], bool] | None) -> Exposition:
             name = line[:brace].rstrip() if brace != -1 else line.split(None, 1)[0]
             target = resolved.get(name)
             if target is None:
-                target = _resolve(name, types, helps, families, wanted, names, lineno, line)
+                family = _resolve(name, types, helps, families, wanted, names, lineno, line)
+                target = family if family is _SKIP else family.samples.append  # type: ignore[attr-defined]
                 resolved[name] = target
             if target is _SKIP:
                 continue
@@ -123,14 +126,22 @@ def _parse(text: str, wanted: Callable[[str], bool] | None) -> Exposition:
             if close < brace:
                 raise ParseError(f"line {lineno}: unterminated label set: {_clip(line)}")
             parts = line[close + 1 :].split()
-            labels = _labels(line[brace + 1 : close], lineno, line, label_keys)
+            label_text = line[brace + 1 : close]
+            pieces = label_text.split('"')
+            # Inline fast path (no escapes, known label names); anything else goes through _labels.
+            try:
+                if "\\" in label_text or not len(pieces) & 1 or pieces[-1] not in ("", ","):
+                    raise KeyError
+                labels = dict(zip(map(label_key, pieces[0:-1:2]), pieces[1::2], strict=True))
+            except KeyError:
+                labels = _labels(label_text, lineno, line, label_keys)
         if not parts or len(parts) > 2:
             raise ParseError(f"line {lineno}: expected a value (and optional timestamp): {_clip(line)}")
         try:
             value = float(parts[0])
         except ValueError:
             raise ParseError(f"line {lineno}: bad value {parts[0][:40]!r}: {_clip(line)}") from None
-        target.samples.append(Sample(name, labels, value))  # type: ignore[union-attr]
+        target(new_sample(Sample, (name, labels, value)))  # type: ignore[operator]
     return Exposition(families=families, names=frozenset(names))
 
 
@@ -179,19 +190,19 @@ def _labels(text: str, lineno: int, line: str, label_keys: dict[str, str]) -> di
         return _labels_escaped(text, lineno, line)
     # No escapes: every '"' delimits a value, so split on it: [key=, value, ,key=, value, tail].
     parts = text.split('"')
-    if len(parts) % 2 == 0:
+    if not len(parts) & 1:
         raise ParseError(f"line {lineno}: unbalanced quotes in labels: {_clip(line)}")
     tail = parts[-1]
-    if tail and tail.strip() not in ("", ","):
+    if tail and tail != "," and tail.strip() not in ("", ","):
         raise ParseError(f"line {lineno}: bad label set: {_clip(line)}")
-    keys = []
-    for fragment in parts[0:-1:2]:
-        key = label_keys.get(fragment)
-        if key is None:
-            key = _label_key(fragment, lineno, line)
-            label_keys[fragment] = key
-        keys.append(key)
-    return dict(zip(keys, parts[1::2], strict=True))
+    fragments = parts[0:-1:2]
+    try:  # fragments repeat on every line, so each is validated once and then looked up
+        return dict(zip(map(label_keys.__getitem__, fragments), parts[1::2], strict=True))
+    except KeyError:
+        for fragment in fragments:
+            if fragment not in label_keys:
+                label_keys[fragment] = _label_key(fragment, lineno, line)
+        return dict(zip(map(label_keys.__getitem__, fragments), parts[1::2], strict=True))
 
 
 def _label_key(fragment: str, lineno: int, line: str) -> str:
