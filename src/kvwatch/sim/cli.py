@@ -52,11 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     eng.add_argument("--model-name", default="meta-llama/Llama-3.1-8B-Instruct", help="served model name label")
     eng.add_argument("--multiprocess", action="store_true",
                      help="expose as vLLM with --api-server-count > 1 does (pid labels, _sum before _bucket)")
-    eng.add_argument("--step-fixed-ms", type=float, default=StepTimeModel.fixed_seconds * 1000,
+    step = StepTimeModel()
+    eng.add_argument("--step-fixed-ms", type=float, default=round(step.fixed_seconds * 1000, 6),
                      help="fixed cost of one engine step")
-    eng.add_argument("--step-decode-token-ms", type=float, default=StepTimeModel.per_decode_token_seconds * 1000,
+    eng.add_argument("--step-decode-token-ms", type=float, default=round(step.per_decode_token_seconds * 1000, 6),
                      help="cost per decode token in a step")
-    eng.add_argument("--step-prefill-token-ms", type=float, default=StepTimeModel.per_prefill_token_seconds * 1000,
+    eng.add_argument("--step-prefill-token-ms", type=float, default=round(step.per_prefill_token_seconds * 1000, 6),
                      help="cost per prefill token in a step")
 
     load = parser.add_argument_group("load")
