@@ -1,0 +1,55 @@
+"""``--plot PNG``: usage, forecast, warnings and events on one timeline (matplotlib, optional extra)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvwatch.backtest.runner import KVWATCH, RunResult
+from kvwatch.backtest.scoring import find_episodes
+from kvwatch.settings import SettingsError
+
+
+def plot_run(result: RunResult, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:  # pragma: no cover - the plot extra is installed in dev
+        raise SettingsError("--plot needs matplotlib: pip install 'kvwatch[plot]'") from exc
+
+    tl = result.timeline
+    minutes = [t / 60.0 for t in tl.times]
+    fig, (ax, lanes) = plt.subplots(2, 1, figsize=(12, 6.5), sharex=True, height_ratios=[3, 1.4])
+    ax.plot(minutes, tl.usage, lw=0.6, color="0.55", label="KV usage (10-s polls)")
+    forecast = [(m, v) for m, v in zip(minutes, tl.forecast_30m, strict=True) if v is not None]
+    if forecast:
+        ax.plot([m for m, _ in forecast], [v for _, v in forecast], lw=1.4, color="tab:blue",
+                label="kvwatch forecast, 30 min ahead (demand units)")
+    load = [result.scenario.load_at(t) for t in tl.times]
+    ax.plot(minutes, load, lw=1.0, ls=":", color="k", label="offered load (scenario)")
+    ax.axhline(0.95, color="tab:red", lw=0.8, ls="--", label="saturation threshold 0.95")
+    for i, event in enumerate(result.events):
+        ax.axvspan(event.onset / 60, event.end / 60, color="tab:red", alpha=0.12,
+                   label="saturation event" if i == 0 else None)
+        ax.axvline(event.onset / 60, color="tab:red", lw=1.0)
+    ax.set_ylabel("fraction of KV capacity")
+    ax.set_ylim(0, max(1.3, max(load) * 1.05))
+    ax.legend(loc="upper left", fontsize=8)
+    s = result.scenario
+    ax.set_title(f"{s.trace_name}: {s.profile} {s.start_load:g}→{s.peak_load:g}, {s.hours:g} h, seed {s.seed}")
+
+    methods = list(tl.warnings)
+    for row, method in enumerate(methods):
+        y = len(methods) - 1 - row
+        for ep in find_episodes(tl.times, tl.warnings[method]):
+            lanes.broken_barh([(ep.start / 60, max(ep.end - ep.start, 10) / 60)], (y - 0.35, 0.7),
+                              color="tab:orange" if method == KVWATCH else "tab:gray")
+    for event in result.events:
+        lanes.axvline(event.onset / 60, color="tab:red", lw=1.0)
+    lanes.set_yticks(range(len(methods)), list(reversed(methods)), fontsize=8)
+    lanes.set_xlabel("minutes")
+    lanes.set_title("warnings (kvwatch: filling or bottleneck)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,231 @@
+"""Run one scenario: simulator → 10-s polls → kvwatch's forecaster and the baselines → scores.
+
+The simulator is driven through its library API (no HTTP). Every method sees the same poll stream;
+ground truth comes from the same polls (the engine's own usage, queue and preemption counters).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from kvwatch.backtest.baselines import make_baselines
+from kvwatch.backtest.scenarios import Scenario, scenario_arrivals
+from kvwatch.backtest.scoring import (
+    Event,
+    Outcome,
+    detection_delays,
+    find_episodes,
+    find_events,
+    saturated_samples,
+    score_run,
+    summarize,
+)
+from kvwatch.forecast import Forecaster, ForecastParams, ForecastSample
+from kvwatch.forecast.detector import BOTTLENECK, FILLING
+from kvwatch.sim.engine import EngineConfig, EngineSnapshot, Request, Simulator, StepTimeModel
+from kvwatch.sim.traces import block_bootstrap, scale_rate
+
+POLL_SECONDS = 10.0
+BLOCK_SIZE = 16
+CALIBRATION_SECONDS = 3600.0
+KVWATCH = "kvwatch"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Capacity that makes load 1.0 = mean KV demand equal to the cache, measured in an unlimited cache."""
+
+    mean_demand_tokens: float
+    capacity_tokens: float
+    num_gpu_blocks: int
+
+
+def engine_config(num_gpu_blocks: int, speedup: float = 1.0) -> EngineConfig:
+    """The simulator's default engine with per-token costs and the token budget scaled by ``speedup``.
+
+    A step over ``speedup`` × the batch then takes as long as the default engine's step over the batch,
+    so ``speedup`` × the arrival rate keeps the same latencies with ``speedup`` × more requests in flight:
+    a larger, smoother KV population without making the engine compute-bound.
+    """
+    default = StepTimeModel()
+    return EngineConfig(
+        num_gpu_blocks=num_gpu_blocks,
+        block_size=BLOCK_SIZE,
+        max_num_seqs=4096,  # keep the KV cache, not the sequence cap, the binding limit
+        max_num_batched_tokens=round(8192 * speedup),
+        step=StepTimeModel(
+            fixed_seconds=default.fixed_seconds,
+            per_decode_token_seconds=default.per_decode_token_seconds / speedup,
+            per_prefill_token_seconds=default.per_prefill_token_seconds / speedup,
+        ),
+    )
+
+
+def calibrate(trace: Sequence[Request], rate_scale: float, seed: int, *, speedup: float = 1.0,
+              seconds: float = CALIBRATION_SECONDS) -> Calibration:
+    """Mean KV tokens in use at ``rate_scale`` × the native rate, in a cache too large to ever fill."""
+    base = block_bootstrap(trace, seconds, seed=seed + 7919)
+    requests = scale_rate(base, rate_scale, seed=seed + 7920, span=seconds)
+    largest = max(r.prompt_tokens + r.output_tokens for r in requests)
+    unlimited_blocks = max(1 << 22, 4 * math.ceil(largest / BLOCK_SIZE))
+    sim = Simulator(engine_config(unlimited_blocks, speedup), seed=seed)
+    sim.submit(requests)
+    used: list[float] = []
+    t = POLL_SECONDS
+    while t <= seconds:
+        sim.run_until(t)
+        if t >= 600.0:  # skip the first 10 minutes: the cache starts empty
+            used.append(sim.snapshot()[0].used_blocks * BLOCK_SIZE)
+        t += POLL_SECONDS
+    mean = sum(used) / len(used) if used else 0.0
+    blocks_needed = max(math.ceil(mean / BLOCK_SIZE), math.ceil(largest / BLOCK_SIZE) + 1) + 1
+    return Calibration(mean_demand_tokens=mean, capacity_tokens=(blocks_needed - 1) * BLOCK_SIZE,
+                       num_gpu_blocks=blocks_needed)
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """The poll stream of one simulated scenario (what a sidecar polling every 10 s would have seen)."""
+
+    scenario: Scenario
+    calibration: Calibration
+    samples: tuple[ForecastSample, ...]
+    requests: int
+
+
+def simulate(scenario: Scenario, trace: Sequence[Request], *, calibration: Calibration | None = None) -> Simulation:
+    calibration = calibration or calibrate(trace, scenario.rate_scale, scenario.seed, speedup=scenario.engine_speedup)
+    requests = scenario_arrivals(scenario, trace)
+    sim = Simulator(engine_config(calibration.num_gpu_blocks, scenario.engine_speedup), seed=scenario.seed)
+    sim.submit(requests)
+    restarts = list(scenario.restart_times)
+    restarted = False
+    samples: list[ForecastSample] = []
+    for i in range(1, int(scenario.seconds // POLL_SECONDS) + 1):
+        t = i * POLL_SECONDS
+        while restarts and restarts[0] <= t:
+            sim.run_until(restarts.pop(0))
+            sim.restart()
+            restarted = True
+        sim.run_until(t)
+        samples.append(sample_from(sim.snapshot()[0], restarted=restarted))
+        restarted = False
+    return Simulation(scenario, calibration, tuple(samples), len(requests))
+
+
+@dataclass
+class Timeline:
+    """Per-poll series for scoring and plotting."""
+
+    times: list[float] = field(default_factory=list)
+    usage: list[float] = field(default_factory=list)
+    waiting: list[float] = field(default_factory=list)
+    running: list[float] = field(default_factory=list)
+    preemptions_total: list[float] = field(default_factory=list)
+    forecast_30m: list[float | None] = field(default_factory=list)
+    eta_seconds: list[float | None] = field(default_factory=list)
+    states: list[str] = field(default_factory=list)
+    warnings: dict[str, list[bool]] = field(default_factory=dict)
+
+
+@dataclass
+class RunResult:
+    scenario: Scenario
+    calibration: Calibration
+    timeline: Timeline
+    events: list[Event]
+    outcomes: dict[str, Outcome]
+    requests: int
+
+    def to_json(self) -> dict:
+        return {
+            "events": len(self.events),
+            "hours": self.scenario.hours,
+            "methods": {
+                name: summarize(outcome, with_detection=name == KVWATCH) for name, outcome in self.outcomes.items()
+            },
+            "scenario": {
+                "trace": self.scenario.trace_name,
+                "profile": self.scenario.profile,
+                "seed": self.scenario.seed,
+                "start_load": self.scenario.start_load,
+                "peak_load": self.scenario.peak_load,
+                "rate_scale": self.scenario.rate_scale,
+                "engine_speedup": self.scenario.engine_speedup,
+                "capacity_tokens": self.calibration.capacity_tokens,
+                "requests": self.requests,
+                "event_onsets_seconds": [e.onset for e in self.events],
+            },
+        }
+
+
+def sample_from(snap: EngineSnapshot, *, restarted: bool) -> ForecastSample:
+    return ForecastSample(
+        timestamp=snap.time,
+        kv_usage=snap.kv_usage,
+        capacity_tokens=float((snap.num_gpu_blocks - 1) * snap.block_size),
+        running=float(snap.num_running),
+        waiting=float(snap.num_waiting),
+        preemptions_total=float(snap.preemptions_total),
+        finished_total=float(snap.requests_completed),
+        prompt_tokens_total=float(snap.prompt_tokens_total),
+        generation_tokens_total=float(snap.generation_tokens_total),
+        request_prompt_tokens_sum=float(snap.request_prompt_tokens_sum),
+        request_prompt_tokens_count=float(snap.request_prompt_tokens_count),
+        request_generation_tokens_sum=float(snap.request_generation_tokens_sum),
+        request_generation_tokens_count=float(snap.request_generation_tokens_count),
+        restarted=restarted,
+    )
+
+
+def evaluate(simulation: Simulation, params: ForecastParams | None = None) -> RunResult:
+    """Run kvwatch and every baseline over the same polls; find the events; score each method."""
+    forecaster = Forecaster(params or ForecastParams())
+    baselines = make_baselines()
+    timeline = Timeline(warnings={KVWATCH: [], **{name: [] for name in baselines}})
+    bottleneck: list[bool] = []
+    for sample in simulation.samples:
+        result = forecaster.observe(sample)
+        t, usage = sample.timestamp, sample.kv_usage or 0.0
+        timeline.times.append(t)
+        timeline.usage.append(usage)
+        timeline.waiting.append(sample.waiting)
+        timeline.running.append(sample.running)
+        timeline.preemptions_total.append(sample.preemptions_total or 0.0)
+        timeline.forecast_30m.append(result.forecast_ratio.get(1800))
+        timeline.eta_seconds.append(result.eta_seconds)
+        timeline.states.append(result.state)
+        timeline.warnings[KVWATCH].append(result.state in (FILLING, BOTTLENECK))
+        bottleneck.append(result.state == BOTTLENECK)
+        for name, baseline in baselines.items():
+            timeline.warnings[name].append(baseline.observe(t, usage))
+    # Counters restart with the engine: a drop is a reset, not a preemption count going backwards.
+    saturated = saturated_samples(timeline.usage, timeline.waiting, _monotone(timeline.preemptions_total))
+    events = find_events(timeline.times, saturated)
+    outcomes: dict[str, Outcome] = {}
+    seconds = simulation.scenario.seconds
+    for name, active in timeline.warnings.items():
+        outcome = score_run(events, find_episodes(timeline.times, active), monitored_seconds=seconds)
+        if name == KVWATCH:
+            outcome.detect_delays = detection_delays(events, timeline.times, bottleneck)
+        outcomes[name] = outcome
+    return RunResult(simulation.scenario, simulation.calibration, timeline, events, outcomes, simulation.requests)
+
+
+def _monotone(counter: Sequence[float]) -> list[float]:
+    """Undo counter resets (like PromQL's rate): add the value before each reset."""
+    out: list[float] = []
+    offset = previous = 0.0
+    for value in counter:
+        if value < previous:
+            offset += previous
+        out.append(value + offset)
+        previous = value
+    return out
+
+
+def run_scenario(scenario: Scenario, trace: Sequence[Request], *, params: ForecastParams | None = None,
+                 calibration: Calibration | None = None) -> RunResult:
+    return evaluate(simulate(scenario, trace, calibration=calibration), params)

@@ -1,0 +1,119 @@
+"""Scenarios: a real trace, block-bootstrapped to any length, shaped by a load profile.
+
+Load is offered KV demand as a fraction of the simulated capacity. ``calibrate`` replays the trace at
+``rate_scale`` × its native rate through an unlimited cache and measures the mean KV tokens in use; the
+capacity is set to that mean, so load 1.0 is the arrival rate whose *mean* demand equals the cache (bursts
+saturate it earlier, around 0.85–0.95). A load of X then means X × that arrival rate.
+
+Rate shaping keeps the traffic real: the trace is block-bootstrapped (5-minute blocks, requests keep their
+relative times and prompt/output pairs) to the scenario's length, then the simulator's ``scale_rate``
+thins it (m < 1) or superposes shifted copies (m > 1) so the rate follows ``load(t) × rate_scale``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from kvwatch.sim.engine import Request
+from kvwatch.sim.traces import block_bootstrap, scale_rate, span_of
+
+PROFILES: tuple[str, ...] = ("ramp", "step", "diurnal", "steady", "restart", "mixshift")
+BLOCK_SECONDS = 300.0
+DAY_SECONDS = 86400.0
+
+
+class ScenarioError(ValueError):
+    """Bad scenario input (unreadable trace, impossible profile); the message names the flag."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    trace_name: str
+    profile: str
+    hours: float
+    seed: int
+    start_load: float
+    peak_load: float
+    rate_scale: float = 1.0
+    engine_speedup: float = 1.0
+
+    @property
+    def seconds(self) -> float:
+        return self.hours * 3600.0
+
+    def load_at(self, t: float) -> float:
+        """Offered load (fraction of capacity) at ``t`` seconds; for ``mixshift`` the rate stays at start."""
+        s, p, total = self.start_load, self.peak_load, self.seconds
+        if self.profile == "ramp":
+            return s + (p - s) * min(1.0, max(0.0, t / total))
+        if self.profile == "step":
+            return s if t < self.shift_time else p
+        if self.profile == "diurnal":
+            return s + (p - s) * 0.5 * (1.0 - math.cos(2.0 * math.pi * t / DAY_SECONDS))
+        if self.profile in ("steady", "restart"):
+            return p
+        if self.profile == "mixshift":
+            return s
+        raise ScenarioError(f"unknown --profile {self.profile!r}: choose one of {', '.join(PROFILES)}")
+
+    @property
+    def shift_time(self) -> float:
+        """When ``step`` jumps, ``mixshift`` changes lengths and ``restart`` restarts the engine."""
+        return 0.5 * self.seconds
+
+    @property
+    def restart_times(self) -> tuple[float, ...]:
+        return (self.shift_time,) if self.profile == "restart" else ()
+
+    @property
+    def length_scale_after_shift(self) -> float:
+        """``mixshift``: scale prompts and outputs by √(peak/start); token-time ∝ P·D + D²/2 grows ≈ peak/start."""
+        return math.sqrt(self.peak_load / self.start_load) if self.profile == "mixshift" else 1.0
+
+
+def validate(scenario: Scenario) -> None:
+    if scenario.profile not in PROFILES:
+        raise ScenarioError(f"unknown --profile {scenario.profile!r}: choose one of {', '.join(PROFILES)}")
+    if not scenario.hours > 0:
+        raise ScenarioError("--hours must be positive")
+    if not (0 < scenario.start_load <= 5 and 0 < scenario.peak_load <= 5):
+        raise ScenarioError("--start-load and --peak-load must be in (0, 5]")
+    if not scenario.rate_scale > 0:
+        raise ScenarioError("--rate-scale must be positive")
+
+
+def load_trace(path: Path) -> list[Request]:
+    """Read an Azure 2023 CSV or a Mooncake JSONL trace (the simulator's readers; times start at 0)."""
+    from kvwatch.sim.traces import TraceError
+    from kvwatch.sim.traces import load_trace as read
+
+    if not path.is_file():
+        raise ScenarioError(f"--trace {path}: no such file")
+    try:
+        requests = read(path)
+    except (OSError, TraceError, ValueError) as exc:
+        raise ScenarioError(f"--trace {path}: {exc}") from exc
+    if len(requests) < 10 or span_of(requests) < BLOCK_SECONDS:
+        raise ScenarioError(f"--trace {path}: need at least 10 requests over {BLOCK_SECONDS:.0f} s to bootstrap")
+    return requests
+
+
+def scenario_arrivals(scenario: Scenario, trace: Sequence[Request]) -> list[Request]:
+    """The scenario's arrivals: block bootstrap to its length, then the load profile as a rate multiplier."""
+    seconds = scenario.seconds
+    base = block_bootstrap(trace, seconds, block_seconds=BLOCK_SECONDS, seed=scenario.seed)
+    shaped = scale_rate(base, lambda t: scenario.load_at(t) * scenario.rate_scale, seed=scenario.seed + 1,
+                        span=seconds)
+    factor = scenario.length_scale_after_shift
+    if factor == 1.0:
+        return shaped
+    shift = scenario.shift_time
+    return [
+        replace(r, prompt_tokens=max(1, round(r.prompt_tokens * factor)),
+                output_tokens=max(1, round(r.output_tokens * factor)))
+        if r.arrival_time >= shift else r
+        for r in shaped
+    ]

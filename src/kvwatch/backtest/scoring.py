@@ -1,0 +1,212 @@
+"""Ground truth and scores, following docs/forecasting.md §Evaluation (pure functions).
+
+- A sample is *saturated* when usage ≥ 0.95, or usage ≥ 0.90 with a request waiting, or a preemption
+  happened since the previous sample. A *saturation event* is a stretch where ≥ 80 % of the samples in
+  a trailing 2-minute window are saturated; its onset is the first saturated sample of that stretch.
+  Events closer than 10 minutes are merged.
+- A *warning episode* is a contiguous run of samples with the method's warning active. It is a true
+  positive when an event starts within it or within 60 minutes after it started, a false alarm when
+  not; episodes that start during an event are not early warnings and are left out of precision.
+- The *lead* of an event is its onset minus the start of the earliest episode that began at most 60
+  minutes before it (an episode that began during an earlier event counts too: the operator was
+  warned). No such episode: the event was missed early.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+LEADS_SECONDS: tuple[int, ...] = (0, 300, 900, 1800)
+
+
+@dataclass(frozen=True)
+class Event:
+    onset: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Episode:
+    start: float
+    end: float
+
+
+def saturated_samples(
+    usage: Sequence[float],
+    waiting: Sequence[float],
+    preemptions_total: Sequence[float],
+    *,
+    u_sat: float = 0.95,
+    u_busy: float = 0.90,
+) -> list[bool]:
+    flags = []
+    previous = None
+    for u, w, p in zip(usage, waiting, preemptions_total, strict=True):
+        preempted = previous is not None and p > previous
+        flags.append(u >= u_sat or (u >= u_busy and w >= 1) or preempted)
+        previous = p
+    return flags
+
+
+def find_events(
+    times: Sequence[float],
+    saturated: Sequence[bool],
+    *,
+    window_seconds: float = 120.0,
+    fraction: float = 0.8,
+    merge_gap_seconds: float = 600.0,
+) -> list[Event]:
+    """Sustained saturated stretches (offline, may look at the whole window)."""
+    marked = [False] * len(times)
+    left = 0
+    count = 0
+    for right, t in enumerate(times):
+        count += saturated[right]
+        while times[left] <= t - window_seconds:
+            count -= saturated[left]
+            left += 1
+        span = t - times[left]
+        size = right - left + 1
+        if size >= 3 and span >= 0.75 * window_seconds and count >= fraction * size:
+            for i in range(left, right + 1):
+                if saturated[i]:
+                    marked[i] = True
+    events: list[Event] = []
+    for i, t in enumerate(times):
+        if not marked[i]:
+            continue
+        if events and t - events[-1].end < merge_gap_seconds:
+            events[-1] = Event(events[-1].onset, t)
+        else:
+            events.append(Event(t, t))
+    return events
+
+
+def find_episodes(times: Sequence[float], active: Sequence[bool]) -> list[Episode]:
+    episodes: list[Episode] = []
+    start = None
+    last = None
+    for t, on in zip(times, active, strict=True):
+        if on and start is None:
+            start = t
+        elif not on and start is not None:
+            episodes.append(Episode(start, last if last is not None else start))
+            start = None
+        last = t
+    if start is not None and last is not None:
+        episodes.append(Episode(start, last))
+    return episodes
+
+
+@dataclass
+class Outcome:
+    """Raw tallies of one method over one or more runs (poolable)."""
+
+    leads: list[float | None] = field(default_factory=list)  # one per event; None = missed early
+    true_positive_episodes: int = 0
+    false_alarm_episodes: int = 0
+    late_episodes: int = 0  # started during an event: not scored for precision
+    monitored_seconds: float = 0.0
+    detect_delays: list[float | None] = field(default_factory=list)  # bottleneck time-to-detect per event
+
+    def add(self, other: Outcome) -> Outcome:
+        return Outcome(
+            leads=self.leads + other.leads,
+            true_positive_episodes=self.true_positive_episodes + other.true_positive_episodes,
+            false_alarm_episodes=self.false_alarm_episodes + other.false_alarm_episodes,
+            late_episodes=self.late_episodes + other.late_episodes,
+            monitored_seconds=self.monitored_seconds + other.monitored_seconds,
+            detect_delays=self.detect_delays + other.detect_delays,
+        )
+
+
+def score_run(
+    events: Sequence[Event],
+    episodes: Sequence[Episode],
+    *,
+    monitored_seconds: float,
+    match_seconds: float = 3600.0,
+) -> Outcome:
+    def during_event(t: float) -> bool:
+        return any(e.onset <= t <= e.end for e in events)
+
+    early = [ep for ep in episodes if not during_event(ep.start)]
+    outcome = Outcome(late_episodes=len(episodes) - len(early), monitored_seconds=monitored_seconds)
+    for ep in early:
+        matched = any(
+            ep.start < e.onset <= ep.start + match_seconds or ep.start <= e.onset <= ep.end for e in events
+        )
+        if matched:
+            outcome.true_positive_episodes += 1
+        else:
+            outcome.false_alarm_episodes += 1
+    for e in events:
+        # Any episode running into this onset counts, including one that began during an earlier event.
+        candidates = [ep.start for ep in episodes
+                      if e.onset - match_seconds <= ep.start <= e.onset and not (e.onset <= ep.start <= e.end)]
+        outcome.leads.append(e.onset - min(candidates) if candidates else None)
+    return outcome
+
+
+def detection_delays(events: Sequence[Event], times: Sequence[float], firing: Sequence[bool],
+                     *, grace_seconds: float = 300.0) -> list[float | None]:
+    """Per event: first time the reactive alert fires at or after onset (within the event + grace)."""
+    delays: list[float | None] = []
+    for e in events:
+        delay = None
+        for t, on in zip(times, firing, strict=True):
+            if t < e.onset:
+                continue
+            if t > e.end + grace_seconds:
+                break
+            if on:
+                delay = t - e.onset
+                break
+        delays.append(delay)
+    return delays
+
+
+def _quantile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = q * (len(ordered) - 1)
+    low = math.floor(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def summarize(outcome: Outcome, *, with_detection: bool = False) -> dict:
+    """The JSON block of one method (keys are the ``kvwatch backtest --json`` contract)."""
+    n = len(outcome.leads)
+    detected = [lead for lead in outcome.leads if lead is not None]
+    recall = {str(L): (sum(lead >= L for lead in detected) / n if n else None) for L in LEADS_SECONDS}
+    episodes = outcome.true_positive_episodes + outcome.false_alarm_episodes
+    days = outcome.monitored_seconds / 86400.0
+    summary: dict = {
+        "recall": recall,
+        "median_lead_seconds": _quantile(detected, 0.5),
+        "p10_lead_seconds": _quantile(detected, 0.1),
+        "precision": outcome.true_positive_episodes / episodes if episodes else None,
+        "false_alarms_per_day": outcome.false_alarm_episodes / days if days > 0 else None,
+        "episodes": episodes,
+        "late_episodes": outcome.late_episodes,
+        "episodes_per_event": outcome.true_positive_episodes / len(detected) if detected else None,
+    }
+    if with_detection:
+        found = [d for d in outcome.detect_delays if d is not None]
+        summary["bottleneck"] = {
+            "recall": len(found) / len(outcome.detect_delays) if outcome.detect_delays else None,
+            "median_time_to_detect_seconds": _quantile(found, 0.5),
+            "p95_time_to_detect_seconds": _quantile(found, 0.95),
+        }
+    return summary
+
+
+def pool(outcomes: Iterable[Outcome]) -> Outcome:
+    total = Outcome()
+    for o in outcomes:
+        total = total.add(o)
+    return total
