@@ -1,0 +1,84 @@
+"""The capacity model inside ``serve``: the formula's KV capacity beside vLLM's, and what-if ceilings.
+
+Exports, per (``model_name``, ``engine``), when the model and the card are known:
+``kvwatch_formula_kv_capacity_tokens`` (what the formula says vLLM should have; a gap to
+``kvwatch_kv_capacity_tokens`` means the settings kvwatch was given do not match the engine) and
+``kvwatch_whatif_max_concurrency{scenario}`` (each scenario's ceiling at the live average KV tokens per
+running request).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily
+
+from kvwatch.capacity.sidecar import SidecarCapacity, build_sidecar_capacity
+from kvwatch.history import SeriesHistory
+from kvwatch.model import Reading, SeriesKey
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CapacityResult:
+    formula_kv_capacity_tokens: int
+    whatif_max_concurrency: Mapping[str, float]
+
+
+def live_kv_tokens_per_request(reading: Reading) -> float | None:
+    """Average KV tokens a running request holds right now (used tokens ÷ running requests)."""
+    used = reading.kv_used_tokens
+    if used is None or not reading.requests_running:
+        return None
+    return used / reading.requests_running
+
+
+class CapacityAnalyzer:
+    name = "capacity"
+
+    def __init__(self, settings: Any) -> None:
+        self._settings = settings
+        # One plan per vLLM model_name: a preset may only match once the engine names its model.
+        self._plans: dict[str, SidecarCapacity | None] = {}
+
+    def _plan(self, model_name: str) -> SidecarCapacity | None:
+        if model_name not in self._plans:
+            capacity, why = build_sidecar_capacity(self._settings, model_name)
+            if capacity is None:
+                log.info("capacity model off for %s: %s", model_name, why)
+            self._plans[model_name] = capacity
+        return self._plans[model_name]
+
+    def analyze(self, key: SeriesKey, history: SeriesHistory, reading: Reading, now: float) -> CapacityResult | None:
+        capacity = self._plan(reading.model_name)
+        if capacity is None:
+            return None
+        per_request = live_kv_tokens_per_request(reading)
+        whatif = capacity.whatif_max_concurrency(per_request) if per_request else {}
+        return CapacityResult(capacity.formula_kv_capacity_tokens, MappingProxyType(whatif))
+
+    def families(self, results: Mapping[SeriesKey, CapacityResult], now: float) -> Iterable[GaugeMetricFamily]:
+        formula = GaugeMetricFamily(
+            "kvwatch_formula_kv_capacity_tokens",
+            "KV cache capacity in tokens per engine as the capacity model computes it from the model and "
+            "deployment settings kvwatch was given (compare with kvwatch_kv_capacity_tokens).",
+            labels=["model_name", "engine"])
+        whatif = GaugeMetricFamily(
+            "kvwatch_whatif_max_concurrency",
+            "Concurrency ceiling under a what-if scenario, at the live average KV tokens per running request.",
+            labels=["model_name", "engine", "scenario"])
+        for (model_name, engine), result in sorted(results.items()):
+            formula.add_metric([model_name, engine], float(result.formula_kv_capacity_tokens))
+            for scenario, ceiling in result.whatif_max_concurrency.items():
+                whatif.add_metric([model_name, engine, scenario], ceiling)
+        yield formula
+        yield whatif
+
+
+def make_analyzer(settings: Any) -> CapacityAnalyzer:
+    return CapacityAnalyzer(settings)
