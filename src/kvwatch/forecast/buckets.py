@@ -59,6 +59,7 @@ class MinuteBucket:
     request_prompt_count: float | None
     request_generation_sum: float | None
     request_generation_count: float | None
+    usages: tuple[float, ...] = ()  # the raw polls, for burst quantiles over several minutes
 
     @property
     def k_mean(self) -> float | None:
@@ -171,6 +172,7 @@ class BucketAggregator:
             request_prompt_count=self._prompt_count,
             request_generation_sum=self._gen_sum,
             request_generation_count=self._gen_count,
+            usages=tuple(usages),
         )
         self._reset_accumulators()
         return bucket

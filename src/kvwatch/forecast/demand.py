@@ -4,7 +4,7 @@ Time-average KV tokens in use ``E[K] = λ·A`` with ``A`` the KV token-seconds o
 measured, not modelled (``ΣK / Σλ`` over 30 minutes, so it includes block rounding, prefix sharing and
 the current decode speed), and a request-mix index from the length histograms moves it at once when the
 mix shifts. The arrival rate ``λ`` is projected with a Theil–Sen slope damped by ``φ`` per minute, and a
-burst factor (p90/mean of K within minutes) turns the mean into the peaks that actually saturate. The
+burst factor (a high quantile of the polls over their mean) turns the mean into the peaks that actually saturate. The
 result is in unbounded demand units: it keeps rising where usage flattens at 1.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvwatch.forecast.buckets import MinuteBucket
-from kvwatch.forecast.robust import Ewma, damped_trend_offset, theil_sen
+from kvwatch.forecast.robust import Ewma, damped_trend_offset, quantile, theil_sen
 
 
 @dataclass(frozen=True)
@@ -23,13 +23,17 @@ class DemandParams:
     bucket_seconds: float = 60.0
     a_window_buckets: int = 30
     a_halflife_buckets: float = 10.0
+    mix_correction: bool = True
     mix_window_buckets: int = 5
     mix_correction_halflife_buckets: float = 30.0
     rate_halflife_buckets: float = 5.0
     rate_window_buckets: int = 60
     rate_min_points: int = 10
-    burst_halflife_buckets: float = 10.0
+    burst_window_buckets: int = 30
+    burst_quantile: float = 0.98
     damping: float = 0.97
+    # Decode steps slow down as the batch grows, so each request holds its KV longer: A ∝ λ^κ near the knee.
+    knee_elasticity: float = 0.0
     confidence: float = 0.80
     max_horizon_buckets: int = 60
     u_sat: float = 0.95
@@ -48,6 +52,7 @@ class DemandEstimate:
     bucket_seconds: float
     u_sat: float
     eta_seconds: float
+    knee_elasticity: float = 0.0
 
     @property
     def significant(self) -> bool:
@@ -67,9 +72,13 @@ class DemandEstimate:
         rate = self.rate_at(horizon_seconds)
         if rate <= 0.0:
             return 0.0
+        if self.rate_level <= 0:
+            return rate * self.token_seconds_per_request / self.capacity_tokens
+        growth = rate / self.rate_level
         # Relative bursts shrink like 1/sqrt(load): more requests average out.
-        burst = 1.0 + (self.burst_factor - 1.0) * math.sqrt(self.rate_level / rate) if self.rate_level > 0 else 1.0
-        return rate * self.token_seconds_per_request * burst / self.capacity_tokens
+        burst = 1.0 + (self.burst_factor - 1.0) / math.sqrt(growth)
+        knee = min(2.0, max(1.0, growth) ** self.knee_elasticity)
+        return rate * self.token_seconds_per_request * knee * burst / self.capacity_tokens
 
     @property
     def saturation_rate(self) -> float:
@@ -85,6 +94,20 @@ class DemandEstimate:
         if not self.tokens_per_running_request:
             return None
         return max(1, math.floor(self.u_sat * self.capacity_tokens / self.tokens_per_running_request))
+
+
+def burst_factor(buckets: Sequence[MinuteBucket], window_buckets: int, q: float) -> float:
+    """High quantile over mean of the raw polls of the last ``window_buckets`` minutes (≥ 1).
+
+    Preemption starts when the cache is full for an instant, so what matters is how far single polls
+    rise above the mean, across minutes as well as within them.
+    """
+    newest = buckets[-1].minute
+    usages = [u for b in buckets if b.minute > newest - window_buckets for u in b.usages]
+    if len(usages) < 10:
+        return 1.0
+    mean = sum(usages) / len(usages)
+    return max(1.0, quantile(usages, q) / mean) if mean > 0 else 1.0
 
 
 def _mean_lengths(buckets: Sequence[MinuteBucket]) -> tuple[float, float] | None:
@@ -116,7 +139,6 @@ class DemandModel:
         self._a = Ewma(params.a_halflife_buckets)
         self._mix_correction = Ewma(params.mix_correction_halflife_buckets)
         self._rate = Ewma(params.rate_halflife_buckets)
-        self._burst = Ewma(params.burst_halflife_buckets)
 
     def update(self, buckets: Sequence[MinuteBucket], first_fit_minute: int | None = None) -> DemandEstimate | None:
         """Fold in the newest bucket (``buckets[-1]``) and estimate from the recent ones.
@@ -130,8 +152,6 @@ class DemandModel:
         arrival = newest.arrival_rate
         if arrival is not None:
             self._rate.update(arrival)
-        if newest.k_mean is not None and newest.k_mean > 0 and newest.k_p90 is not None:
-            self._burst.update(max(1.0, newest.k_p90 / newest.k_mean))
         window = [b for b in buckets if b.minute > newest.minute - p.a_window_buckets]
         k_sum = sum(b.k_mean for b in window if b.k_mean is not None and b.departure_rate is not None)
         rate_sum = sum(b.departure_rate for b in window if b.k_mean is not None and b.departure_rate is not None)
@@ -144,7 +164,7 @@ class DemandModel:
             return None
         a_est = self._a.value
         recent_lengths = _mean_lengths(window[-p.mix_window_buckets:])
-        if recent_lengths is not None and self._mix_correction.value is not None:
+        if p.mix_correction and recent_lengths is not None and self._mix_correction.value is not None:
             a_est = self._mix_correction.value * mix_index(*recent_lengths)
         rate_points = [
             (float(b.minute), b.arrival_rate)
@@ -167,12 +187,13 @@ class DemandModel:
             rate_level=self._rate.value,
             rate_slope=slope,
             rate_slope_lower=lower,
-            burst_factor=self._burst.value or 1.0,
+            burst_factor=burst_factor(buckets, p.burst_window_buckets, p.burst_quantile),
             tokens_per_running_request=tokens_per_running,
             damping=p.damping,
             bucket_seconds=p.bucket_seconds,
             u_sat=p.u_sat,
             eta_seconds=math.inf,
+            knee_elasticity=p.knee_elasticity,
         )
         return _with_eta(estimate, p)
 

@@ -1,0 +1,111 @@
+"""Pure parts of the backtest: ground-truth events, warning episodes, matching, baselines."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvwatch.backtest.baselines import ForDuration, HoltBaseline, LinearFit, PredictLinearBaseline, ThresholdBaseline
+from kvwatch.backtest.scoring import (
+    Episode,
+    Event,
+    detection_delays,
+    find_episodes,
+    find_events,
+    saturated_samples,
+    score_run,
+    summarize,
+)
+
+TIMES = [10.0 * i for i in range(1, 721)]  # two hours of 10-s polls
+
+
+def test_saturated_samples_follow_the_three_rules():
+    usage = [0.96, 0.91, 0.91, 0.5, 0.5]
+    waiting = [0, 1, 0, 0, 0]
+    preempted = [0, 0, 0, 0, 3]
+    assert saturated_samples(usage, waiting, preempted) == [True, True, False, False, True]
+
+
+def test_an_event_needs_a_sustained_run_and_close_events_merge():
+    sat = [False] * len(TIMES)
+    for i in range(300, 330):  # 5 minutes saturated from t=3010
+        sat[i] = True
+    sat[100] = sat[101] = True  # a 20-second blip is not an event
+    for i in range(360, 380):  # again after a 5-minute gap: merged into the first event
+        sat[i] = True
+    events = find_events(TIMES, sat)
+    assert events == [Event(onset=3010.0, end=3800.0)]
+
+
+def test_episodes_are_contiguous_runs():
+    active = [False, True, True, False, True]
+    assert find_episodes([1, 2, 3, 4, 5], active) == [Episode(2, 3), Episode(5, 5)]
+
+
+def test_matching_leads_false_alarms_and_late_episodes():
+    events = [Event(5000.0, 6000.0), Event(20000.0, 21000.0)]
+    episodes = [
+        Episode(3800.0, 6500.0),  # 20 minutes before the first event: lead 1200 s
+        Episode(5500.0, 5600.0),  # starts during the first event: late, not scored for precision
+        Episode(9000.0, 9100.0),  # nothing follows within an hour: false alarm
+    ]
+    outcome = score_run(events, episodes, monitored_seconds=86400.0)
+    assert outcome.leads == [1200.0, None]
+    assert (outcome.true_positive_episodes, outcome.false_alarm_episodes, outcome.late_episodes) == (1, 1, 1)
+    summary = summarize(outcome)
+    assert summary["recall"] == {"0": 0.5, "300": 0.5, "900": 0.5, "1800": 0.0}
+    assert summary["median_lead_seconds"] == 1200.0
+    assert summary["precision"] == 0.5
+    assert summary["false_alarms_per_day"] == 1.0
+
+
+def test_an_episode_more_than_an_hour_early_is_not_a_lead():
+    outcome = score_run([Event(10000.0, 11000.0)], [Episode(5000.0, 5100.0)], monitored_seconds=43200.0)
+    assert outcome.leads == [None]
+    assert outcome.false_alarm_episodes == 1
+
+
+def test_detection_delay_of_the_reactive_alert():
+    events = [Event(100.0, 400.0)]
+    firing = [t >= 210.0 for t in TIMES[:60]]
+    assert detection_delays(events, TIMES[:60], firing) == [110.0]
+
+
+def test_for_duration_resets_on_a_false_evaluation():
+    f = ForDuration(30.0)
+    assert [f.update(t, c) for t, c in [(0, True), (20, True), (30, True), (40, False), (50, True)]] == [
+        False, False, True, False, False]
+
+
+def test_linear_fit_matches_least_squares_and_predicts_from_eval_time():
+    fit = LinearFit(window_seconds=1800.0)
+    for t in range(0, 1800, 10):
+        fit.add(float(t), 0.2 + 0.0001 * t + (0.01 if t % 20 else -0.01))
+    # Slope 1e-4 per second: 1800 s after t=1790 the line is at 0.2 + 1e-4 * 3590.
+    assert fit.predict(1790.0, 1800.0) == pytest.approx(0.2 + 0.0001 * 3590, abs=2e-3)
+
+
+def test_linear_fit_window_is_left_open_and_drops_old_points():
+    fit = LinearFit(window_seconds=60.0)
+    for t in range(0, 300, 10):
+        fit.add(float(t), 1.0 if t < 200 else 0.0)
+    assert fit.predict(290.0, 0.0) == pytest.approx(0.0, abs=1e-9)  # only flat zeros remain
+
+
+def test_baselines_fire_on_their_rules():
+    threshold = ThresholdBaseline(0.95, for_seconds=60.0)
+    assert not any(threshold.observe(t, 0.96) for t in (0.0, 30.0))
+    assert threshold.observe(60.0, 0.96)
+    rising = PredictLinearBaseline(1800.0, 1800.0, 0.95)
+    fired = [rising.observe(float(t), 0.3 + 0.0003 * t) for t in range(0, 1200, 10)]
+    assert fired[-1] and not fired[0]
+    guarded = PredictLinearBaseline(1800.0, 1800.0, 1.0, level_floor=0.7, for_seconds=300.0)
+    assert not any(guarded.observe(float(t), 0.3 + 0.0003 * t) for t in range(0, 1200, 10))  # under the floor
+
+
+def test_holt_extrapolates_per_minute_means():
+    holt = HoltBaseline(horizon_minutes=30.0, threshold=0.95, for_seconds=0.0)
+    states = [holt.observe(float(t), 0.4 + 0.01 * (t // 60)) for t in range(0, 40 * 60, 10)]
+    assert not states[0] and states[-1]  # 1 %/min from ~0.78: 30 min ahead exceeds 0.95
+    flat = HoltBaseline(for_seconds=0.0)
+    assert not any(flat.observe(float(t), 0.8) for t in range(0, 3600, 10))
