@@ -7,6 +7,8 @@ import random
 from dataclasses import fields
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kvwatch.sim.engine import EngineConfig, EngineCore, Request, Simulator, StepTimeModel
 from kvwatch.sim.load import LoadProfile, generate
@@ -241,3 +243,44 @@ def test_bad_configuration_and_time_travel_are_refused() -> None:
     with pytest.raises(ValueError, match="before the simulated time"):
         sim.submit([Request(1.0, 10, 10)])
     assert math.isclose(sim.snapshot()[0].time, 10.0)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    blocks=st.integers(min_value=20, max_value=400),
+    block_size=st.sampled_from([1, 4, 16, 32]),
+    max_num_seqs=st.integers(min_value=1, max_value=40),
+    budget=st.integers(min_value=8, max_value=1024),
+    dp=st.integers(min_value=1, max_value=3),
+    prefix_caching=st.booleans(),
+    seed=st.integers(min_value=0, max_value=10_000),
+)
+def test_any_configuration_keeps_the_invariants_and_batching_stays_exact(
+        blocks: int, block_size: int, max_num_seqs: int, budget: int, dp: int, prefix_caching: bool,
+        seed: int) -> None:
+    config = EngineConfig(num_gpu_blocks=blocks, block_size=block_size, max_num_seqs=max_num_seqs,
+                          max_num_batched_tokens=budget, data_parallel_size=dp,
+                          enable_prefix_caching=prefix_caching, step=STEP, hash_block_tokens=64)
+    rng = random.Random(seed)
+    requests, t = [], 0.0
+    for _ in range(60):
+        t += rng.expovariate(20.0)
+        prompt = rng.randint(1, 600)
+        requests.append(Request(t, prompt, rng.randint(1, 120),
+                                tuple(rng.randint(0, 3) for _ in range(-(-prompt // 64)))))
+    fast, slow = Simulator(config, seed=seed), Simulator(config, seed=seed, batch_decode=False)
+    for sim in (fast, slow):
+        sim.submit(requests)
+    for k in range(1, 16):
+        for sim in (fast, slow):
+            sim.run_until(k * 0.7)
+        for a, b in zip(fast.snapshot(), slow.snapshot(), strict=True):
+            assert 0 <= a.used_blocks <= blocks - 1 and a.num_running <= max_num_seqs
+            assert (a.used_blocks, a.num_running, a.num_waiting, a.preemptions_total, a.generation_tokens_total,
+                    a.requests_completed) == (b.used_blocks, b.num_running, b.num_waiting, b.preemptions_total,
+                                              b.generation_tokens_total, b.requests_completed)
+    for sim in (fast, slow):
+        sim.run_until(100_000.0)
+    final = fast.snapshot()
+    assert sum(s.requests_completed + s.requests_rejected_total for s in final) == len(requests)
+    assert all(s.used_blocks == 0 and s.num_running == s.num_waiting == 0 for s in final)

@@ -285,7 +285,8 @@ class EngineCore:
             del self.cache_refs[key]
 
     def _free(self, req: _Req) -> None:
-        for key in req.keys:
+        # Reverse order, as vLLM frees: a prefix's tail blocks are evicted before its head.
+        for key in reversed(req.keys):
             refs = self.cache_refs[key] - 1
             self.cache_refs[key] = refs
             if refs == 0:
@@ -378,6 +379,10 @@ class EngineCore:
             return False
         bs = self.config.block_size
         free = self.free_blocks
+        if self.waiting and self.evictable:
+            # Evicting a cached block can make the waiting head admissible (fewer prefix hits to pin), so
+            # batch only the steps that take never-cached blocks.
+            free = self.free_plain
 
         def need(steps: int) -> int:
             return sum(-(-(r.computed + steps) // bs) - r.held for r in running)
