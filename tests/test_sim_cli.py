@@ -116,11 +116,15 @@ def test_status_line_reads_kvwatch_metrics() -> None:
         "# TYPE kvwatch_kv_exhaustion_eta_seconds gauge",
         'kvwatch_kv_exhaustion_eta_seconds{model_name="m",engine="0"} 540',
         "# TYPE kvwatch_state gauge", 'kvwatch_state{model_name="m",engine="0",state="filling"} 1',
-        'kvwatch_state{model_name="m",engine="0",state="ok"} 0', "",
+        'kvwatch_state{model_name="m",engine="0",state="ok"} 0',
+        "# TYPE kvwatch_recommendation gauge",
+        'kvwatch_recommendation{model_name="m",engine="0",action="quantize_kv"} 2',
+        'kvwatch_recommendation{model_name="m",engine="0",action="limit_concurrency"} 1',
+        'kvwatch_recommendation{model_name="m",engine="0",action="add_replica"} 0', "",
     ])
     line = status_line(text, 12.0)
     assert "usage 87.3%" in line and "running   41" in line and "waiting    3" in line
-    assert "ETA 9.0 min" in line and "state filling" in line
+    assert "ETA 9.0 min" in line and "state filling" in line and "advice limit_concurrency" in line
     assert "first good poll" in status_line("# TYPE kvwatch_up gauge\nkvwatch_up 0\n", 1.0)
 
 

@@ -90,7 +90,8 @@ def status_line(text: str, elapsed: float) -> str:
     states = sorted({s.labels.get("state", "?") for s in exp.samples("kvwatch_state") if s.value >= 1})
     if states:
         parts.append("state " + ",".join(states))
-    advice = [s for s in exp.samples("kvwatch_recommendation") if s.value >= 1]
+    # Each fix has a rank (1 = cheapest first) while filling or in bottleneck, else 0: show the first.
+    advice = sorted((s for s in exp.samples("kvwatch_recommendation") if s.value >= 1), key=lambda s: s.value)
     if advice:
         labels = advice[0].labels
         parts.append("advice " + next((labels[k] for k in ("action", "recommendation", "kind") if k in labels),
