@@ -1,0 +1,160 @@
+"""End to end with real components: the simulator saturates at an accelerated clock, ``kvwatch serve``
+watches it with its forecast clock at the same speed, a real Prometheus scrapes kvwatch and evaluates the
+rule pack, a real Alertmanager routes to a webhook this test runs. ``KVCacheExhaustionForecast`` must reach
+the webhook before ``KVCacheBottleneck``, with the right labels, and the recording rules must answer.
+
+Prometheus evaluates ``for:`` in real time, so it loads a copy of the pack whose ``for:`` values are divided
+by the clock speed (tests/e2e/rules_for_e2e.py); the test proves nothing else differs. Every process is
+started on loopback with free ports and stopped by its PID in ``finally``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from e2e.harness import (
+    LOOPBACK,
+    Process,
+    WebhookReceiver,
+    alertmanager_config,
+    free_port,
+    get_json,
+    http_get,
+    prometheus_config,
+    prometheus_query,
+    require_binary,
+    wait_until_ready,
+)
+from e2e.rules_for_e2e import differences_besides_for, for_durations, shorten_for
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[1]
+RULES = ROOT / "alerts" / "kvwatch-rules.yaml"
+
+SPEED = 60.0  # simulated seconds per wall second, for the simulator and kvwatch's forecast clock alike
+MODEL = "e2e-llama"
+BLOCKS, BLOCK_SIZE = 4096, 16
+# A ramp that crosses the forecaster's warm-up (15 simulated minutes + 15 one-minute buckets) below
+# saturation, then reaches the cache's limit (~12 req/s with this engine) around minute 45.
+SIMULATOR_ARGS = [
+    "--vllm-version", "0.33", "--model-name", MODEL, "--num-gpu-blocks", str(BLOCKS), "--block-size",
+    str(BLOCK_SIZE), "--profile", "ramp", "--rate", "5", "--rate-end", "14.3", "--period-seconds", "3600",
+    "--prompt-tokens", "1000", "--output-tokens", "400", "--step-decode-token-ms", "0.03",
+    "--step-prefill-token-ms", "0.015", "--seed", "0",
+]
+POLL_SECONDS = 0.2  # real seconds: 12 simulated seconds between kvwatch's samples
+TARGET_LABELS = {"namespace": "e2e", "pod": "vllm-e2e-0"}
+DEADLINE_SECONDS = 170.0  # from Prometheus start to both notifications (simulated ~2.8 h)
+
+
+def test_forecast_reaches_alertmanager_before_bottleneck(tmp_path: Path) -> None:
+    prometheus_bin = require_binary("prometheus")
+    alertmanager_bin = require_binary("prometheus-alertmanager")
+
+    source = RULES.read_text()
+    rules_copy = shorten_for(source, SPEED)
+    assert differences_besides_for(source, rules_copy) == []
+    rule_file = tmp_path / "kvwatch-rules-e2e.yaml"
+    rule_file.write_text(rules_copy)
+
+    sim_port, kvwatch_port, prometheus_port, alertmanager_port = (free_port() for _ in range(4))
+    prometheus_url = f"http://{LOOPBACK}:{prometheus_port}"
+    webhook = WebhookReceiver()
+    processes: list[Process] = []
+    try:
+        (tmp_path / "alertmanager.yml").write_text(alertmanager_config(webhook.url))
+        processes.append(Process("alertmanager", [
+            alertmanager_bin, f"--config.file={tmp_path / 'alertmanager.yml'}",
+            f"--storage.path={tmp_path / 'am-data'}", f"--web.listen-address={LOOPBACK}:{alertmanager_port}",
+            "--cluster.listen-address=",
+        ], tmp_path))
+        wait_until_ready(f"http://{LOOPBACK}:{alertmanager_port}/-/ready", processes[-1], 30)
+
+        processes.append(Process("simulator", [
+            sys.executable, "-m", "kvwatch", "simulate", "--listen-address", LOOPBACK, "--port", str(sim_port),
+            "--speed", str(SPEED), *SIMULATOR_ARGS,
+        ], tmp_path))
+        wait_until_ready(f"http://{LOOPBACK}:{sim_port}/metrics", processes[-1], 30)
+
+        processes.append(Process("kvwatch", [
+            sys.executable, "-m", "kvwatch", "serve", "--target-url", f"http://{LOOPBACK}:{sim_port}/metrics",
+            "--listen-address", LOOPBACK, "--port", str(kvwatch_port),
+            "--poll-interval-seconds", str(POLL_SECONDS), "--clock-speed", str(SPEED),
+        ], tmp_path))
+        kvwatch = processes[-1]
+        wait_until_ready(f"http://{LOOPBACK}:{kvwatch_port}/metrics", kvwatch, 30)
+
+        (tmp_path / "prometheus.yml").write_text(
+            prometheus_config(rule_file, kvwatch_port, alertmanager_port, TARGET_LABELS))
+        processes.append(Process("prometheus", [
+            prometheus_bin, f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'prom-data'}", f"--web.listen-address={LOOPBACK}:{prometheus_port}",
+            "--rules.alert.resend-delay=2s", "--storage.tsdb.retention.time=1d",
+        ], tmp_path))
+        wait_until_ready(f"{prometheus_url}/-/ready", processes[-1], 60)
+
+        # Prometheus evaluates exactly the shortened copy.
+        loaded = {rule["name"]: rule["duration"] for group in get_json(f"{prometheus_url}/api/v1/rules")["data"]
+                  ["groups"] for rule in group["rules"] if rule["type"] == "alerting"}
+        expected = {name: durations[0] for name, durations in for_durations(rules_copy).items()}
+        assert loaded == expected
+
+        deadline = time.monotonic() + DEADLINE_SECONDS
+        while time.monotonic() < deadline and not webhook.first("KVCacheBottleneck"):
+            dead = [p.name for p in processes if not p.alive()]
+            assert not dead, f"{dead} exited:\n" + "\n".join(p.tail() for p in processes)
+            time.sleep(1.0)
+
+        forecast, bottleneck = webhook.first("KVCacheExhaustionForecast"), webhook.first("KVCacheBottleneck")
+        diagnosis = _diagnosis(prometheus_url, kvwatch_port, webhook, processes)
+        assert forecast is not None, "KVCacheExhaustionForecast never reached the webhook\n" + diagnosis
+        assert bottleneck is not None, "KVCacheBottleneck never reached the webhook\n" + diagnosis
+        assert forecast.received < bottleneck.received, diagnosis
+
+        target = {"instance": f"{LOOPBACK}:{kvwatch_port}", "job": "kvwatch", **TARGET_LABELS,
+                  "model_name": MODEL, "engine": "0"}
+        assert forecast.labels == {"alertname": "KVCacheExhaustionForecast", "severity": "warning", **target}
+        assert bottleneck.labels == {"alertname": "KVCacheBottleneck", "severity": "critical", **target}
+        for note in (forecast, bottleneck):
+            assert f"model {MODEL} (engine 0) on pod e2e/vllm-e2e-0" in note.annotations["description"]
+            assert note.annotations["runbook_url"].endswith("#" + note.labels["alertname"].lower())
+
+        # The fleet recording rules answer: the cache is full now, its capacity is the simulator's.
+        capacity = prometheus_query(prometheus_url, 'namespace_model_name:kvwatch_kv_capacity_tokens:sum'
+                                                    f'{{namespace="e2e", model_name="{MODEL}"}}')
+        assert [float(s["value"][1]) for s in capacity] == [BLOCKS * BLOCK_SIZE]
+        usage = prometheus_query(prometheus_url, 'max_over_time(namespace_model_name:kvwatch_kv_usage:ratio'
+                                                 f'{{namespace="e2e", model_name="{MODEL}"}}[1m])')
+        assert len(usage) == 1 and 0.9 <= float(usage[0]["value"][1]) <= 1.0
+        states = prometheus_query(prometheus_url, 'namespace_model_name_state:kvwatch_state:sum{namespace="e2e"}')
+        assert {s["metric"]["state"] for s in states} >= {"ok", "filling", "bottleneck"}
+    finally:
+        for process in reversed(processes):
+            process.stop()
+        webhook.close()
+    assert all(not p.alive() for p in processes)
+
+
+def _diagnosis(prometheus_url: str, kvwatch_port: int, webhook: WebhookReceiver, processes: list[Process]) -> str:
+    """What a person needs to see why an alert did not arrive (best effort: never raises)."""
+    parts = [f"webhook received: {webhook.names()}"]
+    try:
+        alerts = get_json(f"{prometheus_url}/api/v1/alerts")["data"]["alerts"]
+        parts.append("prometheus alerts: " + ", ".join(f"{a['labels']['alertname']}={a['state']}" for a in alerts))
+    except Exception as exc:  # diagnostics only
+        parts.append(f"prometheus alerts unavailable: {exc}")
+    try:
+        metrics = http_get(f"http://{LOOPBACK}:{kvwatch_port}/metrics").decode()
+        parts.append("kvwatch now:\n" + "\n".join(
+            line for line in metrics.splitlines()
+            if line.startswith(("kvwatch_state", "kvwatch_kv_usage_ratio", "kvwatch_kv_exhaustion_eta",
+                                "kvwatch_requests_waiting", "kvwatch_up")) and not line.endswith(" 0.0")))
+    except Exception as exc:  # diagnostics only
+        parts.append(f"kvwatch metrics unavailable: {exc}")
+    parts.extend(f"--- {p.name} log:\n{p.tail(15)}" for p in processes)
+    return "\n".join(parts)
