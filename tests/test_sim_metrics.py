@@ -68,8 +68,14 @@ def test_profile_matches_the_catalogue(profile: str, multiprocess: bool) -> None
     created = {n for n in families if n.endswith("_created")}
     if multiprocess or not CATALOGUE["created_samples"][profile]:
         assert not created
-    real = {_wire_name(f): f for n, f in families.items() if n not in created}
+    real = {_wire_name(f): f for n, f in families.items() if n not in created and n.startswith("vllm:")}
     assert set(real) == set(expected)
+    runtime = {_wire_name(f): f for n, f in families.items() if not n.startswith("vllm:") and n not in created}
+    expected_runtime = {} if multiprocess else CATALOGUE["runtime_families"]["families"]
+    assert set(runtime) == set(expected_runtime)
+    for name, spec in expected_runtime.items():
+        assert (runtime[name].type, runtime[name].documentation) == (spec["type"], spec["help"]), name
+        assert all(set(s.labels) == set(spec["labels"]) for s in runtime[name].samples), name
     for name, spec in expected.items():
         family = real[name]
         assert family.type == spec["type"], name
@@ -91,9 +97,8 @@ def test_profile_reproduces_real_capture(capture: str, profile: str) -> None:
     """Every family in the real payload exists in the profile with the same TYPE, HELP and label names."""
     real = _families((FIXTURES / capture).read_text())
     ours = _families(render(_snapshots(), profile, model_name="m"))
-    vllm_families = [f for f in real.values() if f.name.startswith("vllm:")]
-    assert vllm_families
-    for fam in vllm_families:
+    assert any(name.startswith("vllm:") for name in real)
+    for fam in real.values():  # vllm:* and the process_* families of prometheus_client's default registry
         assert fam.name in ours, fam.name
         mine = ours[fam.name]
         if not fam.samples:  # a HELP line whose TYPE and samples were cut off in the stored copy
@@ -147,6 +152,20 @@ def test_version_specific_units_and_created_samples() -> None:
     assert new["vllm:prefix_cache_queries"].samples[0].value == snaps[0].prefix_cache_queries_tokens
     assert "vllm:prefix_cache_queries_created" in new
     assert snaps[0].prefix_cache_hits_tokens > 0
+
+
+def test_process_start_time_moves_on_restart() -> None:
+    sim = Simulator(EngineConfig(num_gpu_blocks=100))
+    sim.run_until(50.0)
+
+    def start() -> float:
+        fams = _families(render(sim.snapshot(), "0.33", start_time=1_000_000.0))
+        return fams["process_start_time_seconds"].samples[0].value
+
+    assert start() == 1_000_000.0
+    sim.restart()
+    sim.run_until(80.0)
+    assert start() == 1_000_050.0
 
 
 def test_bad_render_arguments_are_refused() -> None:

@@ -191,6 +191,7 @@ class EngineSnapshot:
     requests_admitted_total: int
     requests_rejected_total: int  # longer than max_model_len or the whole cache: vLLM answers 400
     running_tokens: int  # tokens (prompt + generated) of running requests: KV demand without block rounding
+    started_at: float = 0.0  # simulated time of the engine's last (re)start
 
     @property
     def requests_completed(self) -> int:
@@ -251,6 +252,7 @@ class EngineCore:
         self.index = index
         self.batch_decode = batch_decode  # False: step one by one (the reference the batching must equal)
         self.now = 0.0  # when the next step can start
+        self.started_at = 0.0  # simulated time of the last (re)start
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -573,10 +575,12 @@ class EngineCore:
             requests_admitted_total=self.admitted_total,
             requests_rejected_total=self.rejected_total,
             running_tokens=sum(r.prompt + r.generated for r in self.running),
+            started_at=self.started_at,
         )
 
     def restart(self) -> None:
         """A process restart: in-flight work is lost, counters and histograms start from zero."""
+        self.started_at = self.now
         self._reset_state()
 
 

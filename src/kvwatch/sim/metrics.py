@@ -135,11 +135,43 @@ def render(snaps: Sequence[EngineSnapshot], profile: str = "0.33", *, model_name
     if max_model_len < 1:
         raise ValueError("max_model_len must be >= 1")
     b = _Builder(profile, multiprocess, start_time, pid)
+    if not multiprocess:  # the default registry's collectors; a multiprocess registry has only vLLM's families
+        _render_runtime(b, snaps, start_time)
     if profile == "v0":
         _render_v0(b, snaps[0], model_name, max_model_len, gpu_memory_utilization, enable_prefix_caching)
     else:
         _render_v1(b, snaps, profile, model_name, max_model_len, gpu_memory_utilization, enable_prefix_caching)
     return b.text()
+
+
+def _render_runtime(b: _Builder, snaps: Sequence[EngineSnapshot], start_time: float) -> None:
+    """prometheus_client's GC, platform and process collectors, with plausible values for a vLLM server.
+
+    ``process_start_time_seconds`` moves with a simulated restart, as it does when a pod restarts.
+    """
+    started = max(s.started_at for s in snaps)
+    uptime = max(0.0, snaps[0].time - started)
+    generations = ("0", "1", "2")
+    for name, help_text, per_second in (
+        ("python_gc_objects_collected", "Objects collected during gc", (120.0, 11.0, 0.5)),
+        ("python_gc_objects_uncollectable", "Uncollectable objects found during GC", (0.0, 0.0, 0.0)),
+        ("python_gc_collections", "Number of times this generation was collected", (2.1, 0.19, 0.017)),
+    ):
+        metric = Metric(name, help_text, "counter")
+        for generation, rate in zip(generations, per_second, strict=True):
+            metric.add_sample(name + "_total", {"generation": generation}, float(int(rate * uptime)))
+        b.families.append(metric)
+    b.gauge("python_info", "Python platform information",
+            [({"implementation": "CPython", "major": "3", "minor": "12", "patchlevel": "3", "version": "3.12.3"}, 1)])
+    b.gauge("process_virtual_memory_bytes", "Virtual memory size in bytes.", [({}, 1.2e10)])
+    b.gauge("process_resident_memory_bytes", "Resident memory size in bytes.", [({}, 3.1e9)])
+    b.gauge("process_start_time_seconds", "Start time of the process since unix epoch in seconds.",
+            [({}, round(start_time + started, 2))])
+    cpu = Metric("process_cpu_seconds", "Total user and system CPU time spent in seconds.", "counter")
+    cpu.add_sample("process_cpu_seconds_total", {}, round(1.1 * uptime, 2))
+    b.families.append(cpu)
+    b.gauge("process_open_fds", "Number of open file descriptors.", [({}, 120)])
+    b.gauge("process_max_fds", "Maximum number of open file descriptors.", [({}, 1048576)])
 
 
 def _render_v1(b: _Builder, snaps: Sequence[EngineSnapshot], profile: str, model_name: str, max_model_len: int,
