@@ -135,3 +135,19 @@ def test_demo_runs_both_processes_and_stops_them() -> None:
     out = result.stdout
     assert "http://127.0.0.1:" in out and "kvwatch:" in out
     assert "usage" in out, out  # kvwatch polled the simulator and the status line read kvwatch's /metrics
+
+
+def test_restart_injection_resets_counters_once_at_the_given_time() -> None:
+    from kvwatch.sim.engine import EngineConfig, Simulator
+    from kvwatch.sim.load import LoadGenerator, LoadProfile
+    from kvwatch.sim.server import SimulationService
+
+    service = SimulationService(Simulator(EngineConfig(num_gpu_blocks=2000)),
+                                LoadGenerator(LoadProfile(rate=5.0), seed=1), {"profile": "0.33"}, restarts=[100.0])
+    before = service.advance(99.0)[0]
+    after = service.advance(101.0)[0]
+    later = service.advance(200.0)[0]
+    assert before.generation_tokens_total > after.generation_tokens_total  # a counter reset
+    assert after.started_at == pytest.approx(100.0, abs=0.1) and later.started_at == after.started_at
+    assert later.generation_tokens_total > after.generation_tokens_total  # traffic resumes
+    assert service.submitted > 0

@@ -37,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     srv.add_argument("--duration-seconds", type=float, default=None,
                      help="simulated seconds to run (required with --no-serve; when serving, stop after it)")
     srv.add_argument("--json", action="store_true", help="with --no-serve: print the summary as one JSON object")
+    srv.add_argument("--restart-at-seconds", type=_times, default=(), metavar="T[,T...]",
+                     help="simulated times at which the server restarts (in-flight work lost, counters reset)")
 
     eng = parser.add_argument_group("engine (vLLM's own flag names)")
     eng.add_argument("--vllm-version", choices=PROFILES, default="0.33", help="which vLLM's /metrics to speak")
@@ -72,6 +74,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="replay a trace instead (.csv Azure, .jsonl Mooncake); loops when it ends")
     load.add_argument("--rate-scale", type=float, default=1.0, help="with --trace: arrival-rate multiplier")
     load.add_argument("--seed", type=int, default=0, help="random seed (runs are deterministic for a seed)")
+
+
+def _times(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected comma-separated seconds, e.g. 600,1800") from None
+    if any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError("restart times must be > 0")
+    return values
 
 
 def _check(ok: bool, flag: str, message: str, value: Any) -> None:
@@ -140,9 +152,10 @@ def build(args: argparse.Namespace) -> tuple[Simulator, Feed, dict]:
 
 def run(args: argparse.Namespace) -> int:
     simulator, feed, render_options = build(args)
+    service = SimulationService(simulator, feed, render_options, speed=args.speed, restarts=args.restart_at_seconds)
     if args.no_serve:
-        return _headless(simulator, feed, args)
-    return _serve(SimulationService(simulator, feed, render_options, speed=args.speed), args)
+        return _headless(service, args)
+    return _serve(service, args)
 
 
 def summarize(samples: list[tuple[EngineSnapshot, ...]], submitted: int, wall_seconds: float) -> dict[str, Any]:
@@ -167,20 +180,15 @@ def summarize(samples: list[tuple[EngineSnapshot, ...]], submitted: int, wall_se
     }
 
 
-def _headless(simulator: Simulator, feed: Feed, args: argparse.Namespace) -> int:
+def _headless(service: SimulationService, args: argparse.Namespace) -> int:
     duration = float(args.duration_seconds)
     started = time.perf_counter()
-    submitted = 0
     samples = []
     t = 0.0
     while t < duration:
         t = min(duration, t + SAMPLE_EVERY_SECONDS)
-        new = feed.take_until(t)
-        submitted += len(new)
-        simulator.submit(new)
-        simulator.run_until(t)
-        samples.append(simulator.snapshot())
-    summary = summarize(samples, submitted, time.perf_counter() - started)
+        samples.append(service.advance(t))
+    summary = summarize(samples, service.submitted, time.perf_counter() - started)
     if args.json:
         print(json.dumps(summary))
     else:

@@ -52,11 +52,12 @@ class SimulationService:
     """A simulator fed by a load source, advanced to a given simulated time (thread-safe)."""
 
     def __init__(self, simulator: Simulator, feed: Feed, render_options: dict, *, speed: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, restarts: Sequence[float] = ()) -> None:
         self.simulator = simulator
         self.feed = feed
         self.render_options = render_options
         self.speed = speed
+        self._restarts = sorted(restarts)  # simulated times at which the server restarts
         self._clock = clock
         self._start = clock()
         self._lock = threading.Lock()
@@ -69,11 +70,18 @@ class SimulationService:
         """Advance to simulated time ``t`` (default: the clock's now) and return the snapshot there."""
         with self._lock:
             target = max(self.simulator.time, self.sim_now() if t is None else t)
-            new = self.feed.take_until(target)
-            self.submitted += len(new)
-            self.simulator.submit(new)
-            self.simulator.run_until(target)
+            while self._restarts and self._restarts[0] <= target:
+                self._run_to(self._restarts.pop(0))
+                self.simulator.restart()
+            self._run_to(target)
             return self.simulator.snapshot()
+
+    def _run_to(self, t: float) -> None:
+        t = max(t, self.simulator.time)
+        new = self.feed.take_until(t)
+        self.submitted += len(new)
+        self.simulator.submit(new)
+        self.simulator.run_until(t)
 
     def metrics_text(self) -> str:
         return render(self.advance(), **self.render_options)
