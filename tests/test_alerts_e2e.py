@@ -132,7 +132,10 @@ def test_forecast_reaches_alertmanager_before_bottleneck(tmp_path: Path) -> None
                                                  f'{{namespace="e2e", model_name="{MODEL}"}}[1m])')
         assert len(usage) == 1 and 0.9 <= float(usage[0]["value"][1]) <= 1.0
         states = prometheus_query(prometheus_url, 'namespace_model_name_state:kvwatch_state:sum{namespace="e2e"}')
-        assert {s["metric"]["state"] for s in states} >= {"ok", "filling", "bottleneck"}
+        engines_by_state = {s["metric"]["state"]: float(s["value"][1]) for s in states}
+        assert set(engines_by_state) == {"ok", "warming_up", "filling", "bottleneck", "scheduler_limited", "stalled",
+                                         "unknown"}
+        assert engines_by_state["bottleneck"] == 1 and sum(engines_by_state.values()) == 1
     finally:
         for process in reversed(processes):
             process.stop()
