@@ -23,18 +23,19 @@ class DemandParams:
     bucket_seconds: float = 60.0
     a_window_buckets: int = 30
     a_halflife_buckets: float = 10.0
-    mix_correction: bool = True
+    mix_correction: bool = False  # off by default: noisier than it helps on the tuning traces
     mix_window_buckets: int = 5
     mix_correction_halflife_buckets: float = 30.0
     rate_halflife_buckets: float = 5.0
     rate_window_buckets: int = 60
     rate_min_points: int = 10
+    rate_shrink_points: float = 0.0
     burst_window_buckets: int = 30
     burst_quantile: float = 0.98
     damping: float = 0.97
     # Decode steps slow down as the batch grows, so each request holds its KV longer: A ∝ λ^κ near the knee.
-    knee_elasticity: float = 0.0
-    confidence: float = 0.80
+    knee_elasticity: float = 0.5
+    confidence: float = 0.90
     max_horizon_buckets: int = 60
     u_sat: float = 0.95
 
@@ -176,7 +177,9 @@ class DemandModel:
         if len(rate_points) >= p.rate_min_points:
             fit = theil_sen([x for x, _ in rate_points], [y for _, y in rate_points], p.confidence)
             if fit is not None:
-                slope, lower = fit.slope / p.bucket_seconds, fit.lower / p.bucket_seconds
+                # Shrink short fits towards "no trend": a few 5-minute swings of a bursty trace are not a ramp.
+                shrink = len(rate_points) / (len(rate_points) + p.rate_shrink_points)
+                slope, lower = shrink * fit.slope / p.bucket_seconds, shrink * fit.lower / p.bucket_seconds
         running = sum(b.running_mean for b in window if b.k_mean is not None)
         tokens_per_running = (
             sum(b.k_mean for b in window if b.k_mean is not None) / running if running > 0 else None

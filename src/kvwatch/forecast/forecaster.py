@@ -48,9 +48,16 @@ class ForecastParams:
     bucket_seconds: float = 60.0
     u_sat: float = 0.95  # the saturation threshold forecasts aim at
     u_busy: float = 0.90  # at or above this, requests waiting mean KV is the limit
+    demand_target: float | None = None  # level the burst-adjusted demand forecast aims at (default u_sat)
     warn_horizon_seconds: float = 1800.0
     urgent_horizon_seconds: float = 600.0
     level_floor: float = 0.5
+    # "either": a significant rise of usage or of the request rate confirms a demand ETA; "both": both must.
+    significance: str = "both"
+    # The demand forecast must also grow by this share over the warning horizon: a busy cache whose bursts
+    # already brush the threshold, with no growth, is at its edge, not filling.
+    min_rise: float = 0.10
+    trend_confidence: float = 0.90
     urgent_level: float = 0.8
     trend_window_buckets: int = 30
     level_buckets: int = 5
@@ -268,9 +275,10 @@ class Forecaster:
         self._buckets.append(bucket)
         buckets = list(self._buckets)
         # Slopes are fitted after the warm-up only: usage and rate climbing back after a restart is no trend.
+        # The cache filling back up is no trend either, and it would bias A low: the demand model starts then too.
         first_fit = math.ceil(self._warm_after / p.bucket_seconds) if self._warm_after is not None else None
-        self._demand = self._demand_model.update(buckets, first_fit)
         fit_buckets = [b for b in buckets if first_fit is None or b.minute >= first_fit]
+        self._demand = self._demand_model.update(fit_buckets) if fit_buckets else None
         self._trend = estimate_trend(
             fit_buckets,
             bucket_seconds=p.bucket_seconds,
@@ -278,7 +286,7 @@ class Forecaster:
             min_points=p.min_buckets,
             level_points=p.level_buckets,
             u_sat=p.u_sat,
-            confidence=p.demand.confidence,
+            confidence=p.trend_confidence,
         )
         self._raw = self._warning_raw(bucket.minute * p.bucket_seconds + p.bucket_seconds)
         self._latch.update(self._raw, self._combined_eta())
@@ -295,10 +303,13 @@ class Forecaster:
         p, trend, demand = self.params, self._trend, self._demand
         if not self._warm(now) or trend is None or trend.level < p.level_floor:
             return False
+        rising = trend.significant and demand is not None and demand.significant if p.significance == "both" else (
+            trend.significant or (demand is not None and demand.significant))
         demand_says = (
             demand is not None
             and demand.eta_seconds <= p.warn_horizon_seconds
-            and (trend.significant or demand.significant)
+            and rising
+            and demand.forecast(p.warn_horizon_seconds) >= (1.0 + p.min_rise) * demand.forecast(0.0)
         )
         trend_says = trend.eta_seconds <= p.urgent_horizon_seconds and trend.level >= p.urgent_level
         return demand_says or trend_says
@@ -386,7 +397,8 @@ class Forecaster:
 def _demand_params(p: ForecastParams) -> DemandParams:
     from dataclasses import replace
 
-    return replace(p.demand, bucket_seconds=p.bucket_seconds, u_sat=p.u_sat)
+    return replace(p.demand, bucket_seconds=p.bucket_seconds,
+                   u_sat=p.demand_target if p.demand_target is not None else p.u_sat)
 
 
 def _detector_params(p: ForecastParams) -> DetectorParams:
