@@ -43,8 +43,12 @@ SUITE: tuple[Case, ...] = (
 )
 
 
+# Bump when scenario generation or the simulator changes, so cached simulations are not reused.
+CACHE_VERSION = 2
+
+
 def _cache_path(cache_dir: Path, scenario: Scenario) -> Path:
-    key = hashlib.sha256(repr(scenario).encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{CACHE_VERSION}:{scenario!r}".encode()).hexdigest()[:16]
     return cache_dir / f"{scenario.trace_name}-{scenario.profile}-{key}.pickle"
 
 

@@ -23,6 +23,7 @@ from kvwatch.sim.traces import block_bootstrap, scale_rate, span_of
 PROFILES: tuple[str, ...] = ("ramp", "step", "diurnal", "steady", "restart", "mixshift")
 BLOCK_SECONDS = 300.0
 DAY_SECONDS = 86400.0
+RAMP_LEAD_IN_SECONDS = 1800.0
 
 
 class ScenarioError(ValueError):
@@ -48,7 +49,9 @@ class Scenario:
         """Offered load (fraction of capacity) at ``t`` seconds; for ``mixshift`` the rate stays at start."""
         s, p, total = self.start_load, self.peak_load, self.seconds
         if self.profile == "ramp":
-            return s + (p - s) * min(1.0, max(0.0, t / total))
+            # Hold the start for a lead-in (the service ran before the ramp; monitors have history).
+            lead_in = self.ramp_lead_in
+            return s + (p - s) * min(1.0, max(0.0, (t - lead_in) / (total - lead_in)))
         if self.profile == "step":
             return s if t < self.shift_time else p
         if self.profile == "diurnal":
@@ -58,6 +61,11 @@ class Scenario:
         if self.profile == "mixshift":
             return s
         raise ScenarioError(f"unknown --profile {self.profile!r}: choose one of {', '.join(PROFILES)}")
+
+    @property
+    def ramp_lead_in(self) -> float:
+        """``ramp`` holds ``start_load`` this long first: 30 minutes, at most a fifth of the run."""
+        return min(RAMP_LEAD_IN_SECONDS, 0.2 * self.seconds)
 
     @property
     def shift_time(self) -> float:

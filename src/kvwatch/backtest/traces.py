@@ -15,8 +15,10 @@ from pathlib import Path
 TRACE_DEFAULTS: dict[str, tuple[float, float]] = {
     "conv": (4.0, 4.0),  # Azure conversation: 5.5 req/s native, 1.2k-token prompts
     "code": (8.0, 8.0),  # Azure code: 2.6 req/s native, 2k-token prompts, tiny outputs
-    "mooncake": (1.0, 4.0),  # Mooncake conversation: 3.4 req/s, 12k-token prompts
-    "conversation_trace": (1.0, 4.0),
+    # Mooncake conversation: 3.4 req/s of 12k-token prompts (p99 85k) needs ~41k prefill tokens/s natively,
+    # 2.5x the default engine: the engine runs 12x faster so the KV cache, not prefill, is the limit.
+    "mooncake": (2.0, 12.0),
+    "conversation_trace": (2.0, 12.0),
 }
 
 
