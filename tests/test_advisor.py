@@ -61,3 +61,23 @@ def test_already_fp8_weights_are_not_advised_again():
     actions = [a.action for a in advise("bottleneck", recommended_max_concurrency=50, capacity_plan=plan)]
     assert "quantize_weights" not in actions
     assert actions[0] == "limit_concurrency" and actions[-1] == "add_tensor_parallelism"
+
+
+def test_advise_from_a_forecast_result_and_a_reading():
+    from kvwatch.advisor import advise_from_result
+    from kvwatch.forecast import ForecastResult
+    from kvwatch.model import Reading
+
+    result = ForecastResult(
+        timestamp=0.0, state="bottleneck", eta_seconds=0.0, forecast_ratio={600: 1.1, 1800: 1.2},
+        request_rate_per_second=20.0, headroom_requests_per_second=-2.0, recommended_max_concurrency=60,
+        estimates={"capacity_tokens": 80_000.0, "tokens_per_running_request": 1_300.0},
+    )
+    reading = Reading(model_name="m", requests_running=70, request_prompt_tokens_sum=115_500,
+                      request_prompt_tokens_count=100, request_generation_tokens_sum=21_100,
+                      request_generation_tokens_count=100)
+    advice = advise_from_result(result, reading, max_model_len=32768)
+    assert [a.action for a in advice] == ["limit_concurrency", "lower_max_model_len", "add_tensor_parallelism"]
+    assert "60" in advice[0].message and "70 running" in advice[0].message
+    ok = ForecastResult(**{**result.__dict__, "state": "ok"})
+    assert advise_from_result(ok, reading) == []

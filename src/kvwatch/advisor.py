@@ -157,3 +157,28 @@ def _ceiling_text(before: float, after: float, kv_tokens_per_request: float | No
         return ""
     return (f"; at the observed mix the ceiling goes from {before / kv_tokens_per_request:.0f} to "
             f"{after / kv_tokens_per_request:.0f} concurrent requests")
+
+
+def advise_from_result(result: Any, reading: Any | None = None, *, capacity_plan: Any | None = None,
+                       max_model_len: int | None = None) -> list[Advice]:
+    """``advise`` fed from a :class:`kvwatch.forecast.ForecastResult` and core's ``Reading`` (what the
+    sidecar, ``kvwatch check`` and the demo call). Lifetime length means come from the reading's histograms."""
+    lengths = None
+    if reading is not None:
+        p_sum, p_count = getattr(reading, "request_prompt_tokens_sum", None), getattr(
+            reading, "request_prompt_tokens_count", None)
+        g_sum, g_count = getattr(reading, "request_generation_tokens_sum", None), getattr(
+            reading, "request_generation_tokens_count", None)
+        if p_sum is not None and p_count and g_sum is not None and g_count:
+            lengths = RequestLengths(p_sum / p_count, g_sum / g_count)
+    running = getattr(reading, "requests_running", None) if reading is not None else None
+    return advise(
+        result.state,
+        recommended_max_concurrency=result.recommended_max_concurrency,
+        running=running,
+        capacity_tokens=result.estimates.get("capacity_tokens"),
+        capacity_plan=capacity_plan,
+        request_lengths=lengths,
+        max_model_len=max_model_len,
+        kv_tokens_per_request=result.estimates.get("tokens_per_running_request"),
+    )

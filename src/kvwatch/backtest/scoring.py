@@ -14,9 +14,10 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+
+from kvwatch.forecast.robust import quantile
 
 LEADS_SECONDS: tuple[int, ...] = (0, 300, 900, 1800)
 
@@ -169,13 +170,7 @@ def detection_delays(events: Sequence[Event], times: Sequence[float], firing: Se
 
 
 def _quantile(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = q * (len(ordered) - 1)
-    low = math.floor(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+    return quantile(values, q) if values else None
 
 
 def summarize(outcome: Outcome, *, with_detection: bool = False) -> dict:
