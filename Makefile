@@ -33,7 +33,8 @@ lint: install
 
 ## bench: the benchmarks behind docs/performance.md
 bench: install
-	$(BIN)/python -m pytest benchmarks --benchmark-only
+	$(BIN)/python -m pytest benchmarks/bench_*.py --benchmark-only -q
+	$(BIN)/python benchmarks/capacity_plan.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache .benchmarks
