@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvwatch.forecast.buckets import BucketAggregator, MinuteBucket, SampleDeltas, counter_delta
@@ -395,13 +395,9 @@ class Forecaster:
 
 
 def _demand_params(p: ForecastParams) -> DemandParams:
-    from dataclasses import replace
-
     return replace(p.demand, bucket_seconds=p.bucket_seconds,
                    u_sat=p.demand_target if p.demand_target is not None else p.u_sat)
 
 
 def _detector_params(p: ForecastParams) -> DetectorParams:
-    from dataclasses import replace
-
     return replace(p.detector, u_sat=p.u_sat)
