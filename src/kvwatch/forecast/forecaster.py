@@ -195,6 +195,15 @@ class Forecaster:
         self._last = self._result(sample)
         return self._last
 
+    @property
+    def last_timestamp(self) -> float | None:
+        """Timestamp of the last sample with a usage reading (None before the first)."""
+        return self._previous.timestamp if self._previous is not None else None
+
+    def unknown(self, now: float) -> ForecastResult:
+        """The ``unknown`` result at ``now`` (for a series missing from a poll)."""
+        return self._unknown(now)
+
     def status(self, now: float) -> ForecastResult:
         """The result at ``now`` without a new sample: ``unknown`` once the last sample is stale."""
         if self._previous is None or now - self._previous.timestamp > self.params.stale_after_seconds:
@@ -376,10 +385,19 @@ class Forecaster:
             forecast_ratio=ratios,
             request_rate_per_second=demand.rate_level if demand else None,
             headroom_requests_per_second=demand.headroom_rate if demand else None,
-            recommended_max_concurrency=demand.recommended_max_concurrency if demand else None,
+            recommended_max_concurrency=self._recommended_concurrency(sample),
             estimates=estimates,
             warning_raw=self._raw,
         )
+
+    def _recommended_concurrency(self, sample: ForecastSample) -> int | None:
+        """From the 30-minute mix when fitted, else from this poll (a bottleneck right after a restart)."""
+        if self._demand is not None and self._demand.recommended_max_concurrency is not None:
+            return self._demand.recommended_max_concurrency
+        u, capacity = sample.kv_usage or 0.0, sample.capacity_tokens
+        if capacity and u >= 0.05 and sample.running >= 1:
+            return max(1, math.floor(self.params.u_sat * sample.running / u))
+        return None
 
     def _unknown(self, now: float) -> ForecastResult:
         return ForecastResult(

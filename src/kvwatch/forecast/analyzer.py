@@ -1,0 +1,87 @@
+"""The forecaster inside ``kvwatch serve``: one :class:`Forecaster` per series, plus the advisor.
+
+Plugged in through ``kvwatch.app.ANALYZER_MODULES`` (``make_analyzer(settings)``). Each poll,
+``analyze`` feeds the series' reading to its forecaster (the history's restart detection is passed on as
+the restart flag) and ranks fixes while filling or in bottleneck. At scrape time ``families`` exports every
+series kvwatch has seen: fresh results as they are, the others as ``kvwatch_state{state="unknown"} 1``
+(stale data is never ``ok``) until they have been gone for ``FORGET_AFTER_SECONDS``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvwatch.advisor import Advice, advise_from_result
+from kvwatch.forecast.export import forecast_metric_families
+from kvwatch.forecast.forecaster import Forecaster, ForecastParams, ForecastResult, ForecastSample
+
+log = logging.getLogger(__name__)
+FORGET_AFTER_SECONDS = 3600.0
+
+
+@dataclass(frozen=True)
+class SeriesForecast:
+    result: ForecastResult
+    advice: tuple[Advice, ...]
+
+
+class ForecastAnalyzer:
+    name = "forecast"
+
+    def __init__(self, params: ForecastParams | None = None, *, max_model_len: int | None = None,
+                 settings: Any | None = None) -> None:
+        self.params = params or ForecastParams()
+        self.max_model_len = max_model_len
+        self._settings = settings
+        self._forecasters: dict[tuple[str, str], Forecaster] = {}
+        self._plans: dict[str, Any] = {}
+
+    def _plan(self, model_name: str) -> Any | None:
+        """The capacity plan for advice (quantization, TP sizes) when the model is known; cached per model."""
+        if self._settings is None:
+            return None
+        if model_name not in self._plans:
+            from kvwatch.capacity.sidecar import build_sidecar_capacity
+
+            capacity, _ = build_sidecar_capacity(self._settings, model_name)
+            self._plans[model_name] = capacity.plan if capacity is not None else None
+        return self._plans[model_name]
+
+    def analyze(self, key: tuple[str, str], history: Any, reading: Any, now: float) -> SeriesForecast:
+        forecaster = self._forecasters.get(key)
+        if forecaster is None:
+            forecaster = self._forecasters[key] = Forecaster(self.params)
+        restarted = getattr(history, "last_restart_timestamp", None) == now
+        result = forecaster.observe(ForecastSample.from_reading(reading, now, restarted=restarted))
+        advice: tuple[Advice, ...] = ()
+        if result.state in ("filling", "bottleneck"):
+            advice = tuple(advise_from_result(result, reading, capacity_plan=self._plan(reading.model_name),
+                                              max_model_len=self.max_model_len))
+        return SeriesForecast(result, advice)
+
+    def families(self, results: Mapping[tuple[str, str], SeriesForecast], now: float) -> Iterable[Any]:
+        rows = []
+        for key, forecaster in sorted(list(self._forecasters.items())):
+            fresh = results.get(key)
+            if fresh is not None:
+                rows.append((key, fresh.result, fresh.advice))
+                continue
+            # Not in the latest good poll, or the data is stale: unknown, never ok.
+            last = forecaster.last_timestamp
+            if last is not None and now - last > FORGET_AFTER_SECONDS:
+                self._forecasters.pop(key, None)  # the series is gone (model removed, engine scaled down)
+                continue
+            rows.append((key, forecaster.unknown(now), ()))
+        return forecast_metric_families(
+            ({"model_name": model_name, "engine": engine}, result, advice)
+            for (model_name, engine), result, advice in rows
+        )
+
+
+def make_analyzer(settings: Any) -> ForecastAnalyzer:
+    stale = getattr(settings, "stale_after_seconds", None)
+    params = ForecastParams(stale_after_seconds=float(stale)) if stale else ForecastParams()
+    return ForecastAnalyzer(params, max_model_len=getattr(settings, "max_model_len", None), settings=settings)

@@ -1,0 +1,60 @@
+"""The forecast analyzer as ``kvwatch serve`` runs it: per-series forecasters fed from core's Readings."""
+
+from __future__ import annotations
+
+from kvwatch.forecast.analyzer import ForecastAnalyzer, make_analyzer
+from kvwatch.history import SeriesHistory
+from kvwatch.model import Reading
+from kvwatch.settings import ServeSettings
+
+
+def _reading(usage: float, finished: float, engine: str = "0", waiting: float = 0.0) -> Reading:
+    return Reading(model_name="m", engine=engine, kv_usage_ratio=usage, requests_running=40, requests_waiting=waiting,
+                   preemptions_total=0, finished_by_reason={"stop": finished}, generation_tokens_total=finished * 100,
+                   kv_capacity_tokens=50_000.0)
+
+
+def _feed(analyzer, history, start, seconds, usage, counter, engine="0", waiting=0.0):
+    out = None
+    for i in range(int(seconds / 5)):
+        now = start + i * 5.0
+        counter[0] += 10
+        reading = _reading(usage, counter[0], engine, waiting)
+        history.append(now, reading)
+        out = analyzer.analyze(reading.key, history, reading, now)
+    return out
+
+
+def _states(families, engine):
+    return {s.labels["state"]: s.value for f in families if f.name == "kvwatch_state"
+            for s in f.samples if s.labels["engine"] == engine}
+
+
+def test_serve_analyzer_exports_state_and_unknown_for_missing_or_stale_series():
+    analyzer = make_analyzer(ServeSettings())
+    assert analyzer.params.stale_after_seconds == 15.0  # 3 x the default 5 s poll interval
+    h0, h1 = SeriesHistory(), SeriesHistory()
+    c0, c1 = [0.0], [0.0]
+    r0 = _feed(analyzer, h0, 0.0, 600, 0.5, c0, "0")
+    _feed(analyzer, h1, 2.5, 600, 0.5, c1, "1")
+    assert r0.result.state == "warming_up" and r0.advice == ()
+    fams = list(analyzer.families({("m", "0"): r0}, 600.0))
+    assert _states(fams, "0")["warming_up"] == 1.0
+    assert _states(fams, "1")["unknown"] == 1.0  # engine 1 missing from this poll
+    stale = list(analyzer.families({}, 700.0))  # no fresh results: the collector found the data stale
+    assert _states(stale, "0")["unknown"] == 1.0 and _states(stale, "1")["unknown"] == 1.0
+    assert not any(f.name == "kvwatch_kv_exhaustion_eta_seconds" for f in stale)
+    assert list(analyzer.families({}, 600.0 + 7200.0)) == []  # long gone: forgotten
+
+
+def test_restart_from_history_and_advice_in_bottleneck():
+    analyzer = ForecastAnalyzer(max_model_len=32768)
+    history = SeriesHistory()
+    counter = [0.0]
+    _feed(analyzer, history, 0.0, 600, 0.5, counter)
+    counter[0] = 0.0  # vLLM restarted: counters from zero
+    after = _feed(analyzer, history, 600.0, 300, 0.97, counter, waiting=5.0)
+    assert history.restarts == 1
+    assert after.result.state == "bottleneck"
+    assert after.advice[0].action == "limit_concurrency"
+    assert after.advice[-1].action == "add_tensor_parallelism"
