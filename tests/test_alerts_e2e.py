@@ -40,10 +40,12 @@ SPEED = 60.0  # simulated seconds per wall second, for the simulator and kvwatch
 MODEL = "e2e-llama"
 BLOCKS, BLOCK_SIZE = 4096, 16
 # A ramp that crosses the forecaster's warm-up (15 simulated minutes + 15 one-minute buckets) below
-# saturation, then reaches the cache's limit (~12 req/s with this engine) around minute 45.
+# saturation, then reaches the cache's limit (~11 req/s with this engine) around minute 50. Replayed
+# offline through kvwatch's parser, adapter and forecaster (12-s polls), the forecaster says `filling`
+# from minute 33 to 50 (ETA 12 min at first) and `bottleneck` from minute 50; the queue grows from 51.
 SIMULATOR_ARGS = [
     "--vllm-version", "0.33", "--model-name", MODEL, "--num-gpu-blocks", str(BLOCKS), "--block-size",
-    str(BLOCK_SIZE), "--profile", "ramp", "--rate", "5", "--rate-end", "14.3", "--period-seconds", "3600",
+    str(BLOCK_SIZE), "--profile", "ramp", "--rate", "4", "--rate-end", "13", "--period-seconds", "3600",
     "--prompt-tokens", "1000", "--output-tokens", "400", "--step-decode-token-ms", "0.03",
     "--step-prefill-token-ms", "0.015", "--seed", "0",
 ]
@@ -151,6 +153,18 @@ def _diagnosis(prometheus_url: str, kvwatch_port: int, webhook: WebhookReceiver,
         parts.append("prometheus alerts: " + ", ".join(f"{a['labels']['alertname']}={a['state']}" for a in alerts))
     except Exception as exc:  # diagnostics only
         parts.append(f"prometheus alerts unavailable: {exc}")
+    history = {  # the whole run (a few wall minutes) as Prometheus saw it
+        "seconds in state filling": 'count_over_time((kvwatch_state{state="filling"} == 1)[10m:1s])',
+        "seconds in state bottleneck": 'count_over_time((kvwatch_state{state="bottleneck"} == 1)[10m:1s])',
+        "lowest finite ETA": "min_over_time((kvwatch_kv_exhaustion_eta_seconds < +Inf)[10m:1s])",
+        "seconds with usage >= 0.95": "count_over_time((kvwatch_kv_usage_ratio >= 0.95)[10m:1s])",
+    }
+    for label, promql in history.items():
+        try:
+            values = [s["value"][1] for s in prometheus_query(prometheus_url, promql)]
+            parts.append(f"{label}: {values or 'none'}")
+        except Exception as exc:  # diagnostics only
+            parts.append(f"{label}: unavailable ({exc})")
     try:
         metrics = http_get(f"http://{LOOPBACK}:{kvwatch_port}/metrics").decode()
         parts.append("kvwatch now:\n" + "\n".join(
