@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import logging
 import signal
 import threading
@@ -119,12 +118,10 @@ class Sidecar:
 
 
 def load_analyzers(settings: ServeSettings, modules: Sequence[str] = ANALYZER_MODULES) -> list[Analyzer]:
+    """Each module's ``make_analyzer(settings)``; one that returns None has nothing to do for these settings."""
     analyzers = []
     for name in modules:
-        if importlib.util.find_spec(name) is None:
-            continue  # not built (yet)
-        make = getattr(importlib.import_module(name), "make_analyzer", None)
-        analyzer = make(settings) if make is not None else None
+        analyzer = importlib.import_module(name).make_analyzer(settings)
         if analyzer is not None:
             analyzers.append(analyzer)
     return analyzers
