@@ -87,6 +87,10 @@ def test_forecast_reaches_alertmanager_before_bottleneck(tmp_path: Path) -> None
             sys.executable, "-m", "kvwatch", "serve", "--target-url", f"http://{LOOPBACK}:{sim_port}/metrics",
             "--listen-address", LOOPBACK, "--port", str(kvwatch_port),
             "--poll-interval-seconds", str(POLL_SECONDS), "--clock-speed", str(SPEED),
+            # The forecast analyzer takes --stale-after-seconds as its own staleness bound without scaling it by
+            # --clock-speed: the default (3 x 0.2 real s) would call every 12-simulated-second gap stale and
+            # leave only the trend forecaster. 30 s is right either way (no gap in this run is that long).
+            "--stale-after-seconds", "30",
         ], tmp_path))
         kvwatch = processes[-1]
         wait_until_ready(f"http://{LOOPBACK}:{kvwatch_port}/metrics", kvwatch, 30)
