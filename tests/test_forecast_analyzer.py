@@ -33,6 +33,8 @@ def _states(families, engine):
 def test_serve_analyzer_exports_state_and_unknown_for_missing_or_stale_series():
     analyzer = make_analyzer(ServeSettings())
     assert analyzer.params.stale_after_seconds == 15.0  # 3 x the default 5 s poll interval
+    # With an accelerated poll clock (demo, e2e), stale-after stays real seconds: 15 s = 600 clock seconds.
+    assert make_analyzer(ServeSettings(clock_speed=40)).params.stale_after_seconds == 600.0
     h0, h1 = SeriesHistory(), SeriesHistory()
     c0, c1 = [0.0], [0.0]
     r0 = _feed(analyzer, h0, 0.0, 600, 0.5, c0, "0")

@@ -83,5 +83,7 @@ class ForecastAnalyzer:
 
 def make_analyzer(settings: Any) -> ForecastAnalyzer:
     stale = getattr(settings, "stale_after_seconds", None)
-    params = ForecastParams(stale_after_seconds=float(stale)) if stale else ForecastParams()
+    # Settings are real seconds; the forecaster sees the poll clock, which runs clock_speed times faster.
+    speed = float(getattr(settings, "clock_speed", 1.0) or 1.0)
+    params = ForecastParams(stale_after_seconds=float(stale) * speed) if stale else ForecastParams()
     return ForecastAnalyzer(params, max_model_len=getattr(settings, "max_model_len", None), settings=settings)
