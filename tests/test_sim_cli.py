@@ -1,4 +1,4 @@
-"""``kvwatch simulate`` headless and over HTTP, and ``kvwatch demo``, as real processes."""
+"""``kvwatch simulate`` headless and over HTTP, as real processes (``kvwatch demo``: tests/test_demo.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvwatch.cli import main
-from kvwatch.demo import status_line
 from kvwatch.sim.traces import packaged_trace
 
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("KVWATCH_")}
@@ -105,36 +104,6 @@ def test_simulate_serves_metrics_over_http() -> None:
         proc.terminate()
         proc.wait(timeout=10)
     assert proc.returncode == 0  # SIGTERM is a clean stop
-
-
-def test_status_line_reads_kvwatch_metrics() -> None:
-    text = "\n".join([
-        "# TYPE kvwatch_up gauge", 'kvwatch_up{model_name="m",engine="0"} 1',
-        "# TYPE kvwatch_kv_usage_ratio gauge", 'kvwatch_kv_usage_ratio{model_name="m",engine="0"} 0.873',
-        "# TYPE kvwatch_requests_running gauge", 'kvwatch_requests_running{model_name="m",engine="0"} 41',
-        "# TYPE kvwatch_requests_waiting gauge", 'kvwatch_requests_waiting{model_name="m",engine="0"} 3',
-        "# TYPE kvwatch_kv_exhaustion_eta_seconds gauge",
-        'kvwatch_kv_exhaustion_eta_seconds{model_name="m",engine="0"} 540',
-        "# TYPE kvwatch_state gauge", 'kvwatch_state{model_name="m",engine="0",state="filling"} 1',
-        'kvwatch_state{model_name="m",engine="0",state="ok"} 0',
-        "# TYPE kvwatch_recommendation gauge",
-        'kvwatch_recommendation{model_name="m",engine="0",action="quantize_kv"} 2',
-        'kvwatch_recommendation{model_name="m",engine="0",action="limit_concurrency"} 1',
-        'kvwatch_recommendation{model_name="m",engine="0",action="add_replica"} 0', "",
-    ])
-    line = status_line(text, 12.0)
-    assert "usage 87.3%" in line and "running   41" in line and "waiting    3" in line
-    assert "ETA 9.0 min" in line and "state filling" in line and "advice limit_concurrency" in line
-    assert "first good poll" in status_line("# TYPE kvwatch_up gauge\nkvwatch_up 0\n", 1.0)
-
-
-def test_demo_runs_both_processes_and_stops_them() -> None:
-    result = _kvwatch("demo", "--sim-port", "0", "--port", "0", "--duration-seconds", "7", "--speed", "200",
-                      "--status-interval-seconds", "1.5", timeout=60)
-    assert result.returncode == 0, result.stderr
-    out = result.stdout
-    assert "http://127.0.0.1:" in out and "kvwatch:" in out
-    assert "usage" in out, out  # kvwatch polled the simulator and the status line read kvwatch's /metrics
 
 
 def test_restart_injection_resets_counters_once_at_the_given_time() -> None:

@@ -1,9 +1,9 @@
 """``kvwatch demo``: the simulator filling a KV cache while ``kvwatch serve`` watches it.
 
-Starts two child processes, ``kvwatch simulate`` (vLLM 0.33, a ramp that saturates the cache about two
-minutes in) and ``kvwatch serve`` polling it with its forecast clock at the simulator's speed, prints both
-URLs, then a status line every few seconds read from kvwatch's own ``/metrics``. Ctrl-C or SIGTERM stops
-both children.
+Starts two child processes, ``kvwatch simulate`` (vLLM 0.33, one engine whose load ramps into KV
+saturation) and ``kvwatch serve`` polling it every 10 simulated seconds with its forecast clock at the
+simulator's speed, prints both URLs, then a status line every few seconds read from kvwatch's own
+``/metrics``. Ctrl-C or SIGTERM stops both children.
 """
 
 from __future__ import annotations
@@ -22,23 +22,69 @@ from collections.abc import Sequence
 from kvwatch.exposition import ParseError, parse
 from kvwatch.settings import SettingsError
 
-# The load: 0.5 -> 12 requests/s over 4500 simulated seconds into 4096 blocks (65k tokens). Saturation comes
-# at about 3300 s, i.e. ~2 min of wall time at the default speed of 25.
-SIMULATOR_FLAGS = ("--vllm-version", "0.33", "--profile", "ramp", "--rate", "0.5", "--rate-end", "12",
-                   "--period-seconds", "4500", "--num-gpu-blocks", "4096", "--prompt-tokens", "800",
-                   "--output-tokens", "250", "--max-model-len", "8192")
-SATURATION_SIM_SECONDS = 3300.0
+DEFAULT_SPEED = 30.0
+# The load: one engine of 16,384 blocks (262k tokens, ~250 requests in flight at saturation, so usage is
+# smooth enough for a trend), requests of 600 + 600 tokens on average, arrivals ramping from 4/s to 14/s
+# over the simulated hour. The step-time model is a fast GPU's (25 ms per step, cheap tokens) so the KV
+# cache, not compute, is what saturates, and usage grows about linearly with the arrival rate.
+# Replayed headlessly through kvwatch's own pipeline (tests/test_demo.py), the forecaster leaves warm-up at
+# ~31 simulated minutes, says `filling` from ~34 (ETA ~17 min) and `bottleneck` from ~51.
+SIMULATOR_FLAGS = ("--vllm-version", "0.33", "--profile", "ramp", "--rate", "4", "--rate-end", "14",
+                   "--period-seconds", "3600", "--num-gpu-blocks", "16384", "--max-num-seqs", "512",
+                   "--prompt-tokens", "600", "--output-tokens", "600", "--max-model-len", "8192",
+                   "--step-fixed-ms", "25", "--step-decode-token-ms", "0.02", "--step-prefill-token-ms", "0.01")
+POLL_SIMULATED_SECONDS = 10.0  # kvwatch's forecaster works on evenly spaced samples; 10 s is a fine grain
+STALE_AFTER_MIN_SECONDS = 2.0  # real seconds: a busy laptop may delay a poll; do not call that stale
+FORECAST_READY_SIM_SECONDS = 31 * 60.0  # 15 min warm-up, then 15 one-minute buckets of history
+FILLING_SIM_SECONDS = 34 * 60.0
+SATURATION_SIM_SECONDS = 51 * 60.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
-    parser.add_argument("--speed", type=float, default=25.0, help="simulated seconds per wall-clock second")
+    parser.add_argument("--speed", type=float, default=DEFAULT_SPEED,
+                        help="simulated seconds per wall-clock second (the simulator's and kvwatch's clocks)")
     parser.add_argument("--sim-port", type=int, default=8000, help="simulator /metrics port (0: a free one)")
     parser.add_argument("--port", type=int, default=9747, help="kvwatch /metrics port (0: a free one)")
-    parser.add_argument("--poll-interval-seconds", type=float, default=1.0, help="kvwatch poll interval (real s)")
+    parser.add_argument("--poll-interval-seconds", type=float, default=None,
+                        help=f"kvwatch poll interval in real seconds (default: every {POLL_SIMULATED_SECONDS:g} "
+                             "simulated seconds, i.e. this divided by --speed)")
     parser.add_argument("--status-interval-seconds", type=float, default=3.0, help="seconds between status lines")
     parser.add_argument("--duration-seconds", type=float, default=None, help="stop after this many wall seconds")
     parser.add_argument("--seed", type=int, default=0, help="simulator seed")
+
+
+def simulator_argv(speed: float, port: int, seed: int = 0) -> list[str]:
+    """``kvwatch simulate`` arguments of the demo (after the subcommand)."""
+    return [*SIMULATOR_FLAGS, "--listen-address", "127.0.0.1", "--port", str(port), "--speed", str(speed),
+            "--seed", str(seed)]
+
+
+def serve_argv(target_url: str, port: int, speed: float, poll_interval_seconds: float | None = None) -> list[str]:
+    """``kvwatch serve`` arguments of the demo (after the subcommand): its clock runs at the simulator's speed."""
+    poll = poll_interval_seconds if poll_interval_seconds is not None else POLL_SIMULATED_SECONDS / speed
+    stale = max(3.0 * poll, STALE_AFTER_MIN_SECONDS)
+    return ["--target-url", target_url, "--listen-address", "127.0.0.1", "--port", str(port),
+            "--poll-interval-seconds", str(poll), "--stale-after-seconds", str(stale),
+            "--clock-speed", str(speed), "--log-level", "WARNING"]
+
+
+def intro(speed: float, sim_url: str, kvwatch_url: str) -> list[str]:
+    """The lines printed before the status lines: what runs, where, and that the clock is accelerated."""
+
+    def wall(sim_seconds: float) -> str:
+        return f"~{sim_seconds / speed:.0f} s"
+
+    return [
+        f"kvwatch demo: the clock is accelerated x{speed:g} (1 wall second = {speed:g} simulated seconds); "
+        "lines start [wall seconds | simulated minutes], ETAs are simulated minutes",
+        f"simulated vLLM 0.33: {sim_url}",
+        f"kvwatch:             {kvwatch_url}",
+        f"load ramps 4 -> 14 requests/s into a 262k-token KV cache: forecast after warm-up at sim "
+        f"{FORECAST_READY_SIM_SECONDS / 60:.0f} min ({wall(FORECAST_READY_SIM_SECONDS)}), 'filling' warning "
+        f"with an ETA from ~{FILLING_SIM_SECONDS / 60:.0f} min ({wall(FILLING_SIM_SECONDS)}), bottleneck at "
+        f"~{SATURATION_SIM_SECONDS / 60:.0f} min ({wall(SATURATION_SIM_SECONDS)}); Ctrl-C stops both",
+    ]
 
 
 def _free_port() -> int:
@@ -55,26 +101,33 @@ def _fetch(url: str, timeout: float = 2.0) -> str | None:
         return None
 
 
-def status_line(text: str, elapsed: float) -> str:
-    """One line from kvwatch's /metrics: usage, queue, and the forecast once it exists (pure)."""
+def status_line(text: str, elapsed: float, speed: float = 1.0) -> str:
+    """One line from kvwatch's /metrics: usage, queue, and the forecast and advice once they exist (pure).
+
+    ``elapsed`` is wall seconds since the start; ``speed`` turns it into simulated time. ETAs are read from
+    kvwatch, whose clock runs at the simulator's speed, so they are simulated minutes already.
+    """
+    stamp = f"[{elapsed:4.0f}s | sim {elapsed * speed / 60:5.1f} min]"
     try:
         exp = parse(text)
     except ParseError as exc:
-        return f"[{elapsed:5.0f}s] kvwatch /metrics unreadable: {exc}"
+        return f"{stamp} kvwatch /metrics unreadable: {exc}"
+
+    def values(name: str, **labels: str) -> list[float]:
+        return [s.value for s in exp.samples(name) if not math.isnan(s.value)
+                and all(s.labels.get(k) == v for k, v in labels.items())]
 
     def total(name: str) -> float | None:
-        values = [s.value for s in exp.samples(name) if not math.isnan(s.value)]
-        return sum(values) if values else None
+        found = values(name)
+        return sum(found) if found else None
 
-    def worst(name: str) -> float | None:
-        values = [s.value for s in exp.samples(name) if not math.isnan(s.value)]
-        return max(values) if values else None
+    def worst(name: str, **labels: str) -> float | None:
+        found = values(name, **labels)
+        return max(found) if found else None
 
-    parts = [f"[{elapsed:5.0f}s]"]
-    up = total("kvwatch_up")
-    if not up:
-        parts.append("waiting for the first good poll of the simulator")
-        return " ".join(parts)
+    if not total("kvwatch_up"):
+        return f"{stamp} waiting for the first good poll of the simulator"
+    parts = [stamp]
     usage = worst("kvwatch_kv_usage_ratio")
     parts.append("usage " + ("  n/a" if usage is None else f"{usage:5.1%}"))
     for label, name in (("running", "kvwatch_requests_running"), ("waiting", "kvwatch_requests_waiting")):
@@ -83,19 +136,24 @@ def status_line(text: str, elapsed: float) -> str:
     preempt = total("kvwatch_preemptions_per_second")
     if preempt:
         parts.append(f"preemptions/s {preempt:.2f}")
-    eta = [s.value for s in exp.samples("kvwatch_kv_exhaustion_eta_seconds")]
-    if eta:
-        soonest = min(eta)
-        parts.append("ETA " + ("not filling" if math.isinf(soonest) else f"{soonest / 60:.1f} min"))
     states = sorted({s.labels.get("state", "?") for s in exp.samples("kvwatch_state") if s.value >= 1})
     if states:
         parts.append("state " + ",".join(states))
+    eta = values("kvwatch_kv_exhaustion_eta_seconds")
+    if eta:
+        soonest = min(eta)
+        parts.append("ETA " + ("not filling" if math.isinf(soonest) else
+                               "now" if soonest <= 0 else f"{soonest / 60:.1f} min"))
+    forecast = worst("kvwatch_kv_usage_forecast_ratio", horizon="30m")
+    if forecast is not None:
+        parts.append(f"forecast in 30 min {forecast:4.0%}")
     # Each fix has a rank (1 = cheapest first) while filling or in bottleneck, else 0: show the first.
     advice = sorted((s for s in exp.samples("kvwatch_recommendation") if s.value >= 1), key=lambda s: s.value)
     if advice:
-        labels = advice[0].labels
-        parts.append("advice " + next((labels[k] for k in ("action", "recommendation", "kind") if k in labels),
-                                      ",".join(f"{k}={v}" for k, v in sorted(labels.items()))))
+        action = advice[0].labels.get("action", "?")
+        limit = worst("kvwatch_recommended_max_concurrency")
+        parts.append(f"fix: limit concurrency to {limit:.0f}" if action == "limit_concurrency" and limit else
+                     "fix: " + action.replace("_", " "))
     return " | ".join([" ".join(parts[:2]), *parts[2:]])
 
 
@@ -114,7 +172,8 @@ def _stop(processes: Sequence[subprocess.Popen]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     for flag, value, ok in (("--speed", args.speed, args.speed > 0),
-                            ("--poll-interval-seconds", args.poll_interval_seconds, args.poll_interval_seconds > 0),
+                            ("--poll-interval-seconds", args.poll_interval_seconds,
+                             args.poll_interval_seconds is None or args.poll_interval_seconds > 0),
                             ("--status-interval-seconds", args.status_interval_seconds,
                              args.status_interval_seconds > 0),
                             ("--duration-seconds", args.duration_seconds,
@@ -132,17 +191,12 @@ def run(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     processes: list[subprocess.Popen] = []
     try:
-        processes.append(subprocess.Popen(
-            [py, "-m", "kvwatch", "simulate", *SIMULATOR_FLAGS, "--port", str(sim_port), "--speed", str(args.speed),
-             "--seed", str(args.seed)], stdout=subprocess.DEVNULL))
-        processes.append(subprocess.Popen(
-            [py, "-m", "kvwatch", "serve", "--target-url", sim_url, "--listen-address", "127.0.0.1",
-             "--port", str(port), "--poll-interval-seconds", str(args.poll_interval_seconds),
-             "--clock-speed", str(args.speed), "--log-level", "WARNING"]))
-        print(f"simulated vLLM 0.33 (x{args.speed:g} real time): {sim_url}")
-        print(f"kvwatch:                          {kvwatch_url}")
-        print(f"load rises into KV saturation about {SATURATION_SIM_SECONDS / args.speed:.0f} s in; Ctrl-C stops both",
-              flush=True)
+        processes.append(subprocess.Popen([py, "-m", "kvwatch", "simulate", *simulator_argv(args.speed, sim_port,
+                                                                                          args.seed)],
+                                          stdout=subprocess.DEVNULL))
+        processes.append(subprocess.Popen([py, "-m", "kvwatch", "serve", *serve_argv(
+            sim_url, port, args.speed, args.poll_interval_seconds)]))
+        print("\n".join(intro(args.speed, sim_url, kvwatch_url)), flush=True)
         started = time.monotonic()
         while not stop.is_set():
             elapsed = time.monotonic() - started
@@ -153,8 +207,8 @@ def run(args: argparse.Namespace) -> int:
                     print(f"kvwatch demo: the {name} exited with code {proc.returncode}", file=sys.stderr)
                     return 1
             text = _fetch(kvwatch_url)
-            print(status_line(text, elapsed) if text is not None else f"[{elapsed:5.0f}s] starting kvwatch ...",
-                  flush=True)
+            print(status_line(text, elapsed, args.speed) if text is not None else
+                  f"[{elapsed:4.0f}s] starting kvwatch ...", flush=True)
             wait = args.status_interval_seconds
             if args.duration_seconds is not None:
                 wait = min(wait, max(0.0, args.duration_seconds - elapsed))

@@ -1,0 +1,173 @@
+"""``kvwatch demo``: the scenario shows ``filling`` with an ETA well before the bottleneck, and the real
+processes start, report and stop.
+
+The scenario test runs the demo's own simulator and serve arguments through the real code of both
+processes, without HTTP or wall-clock waits: the simulator library behind ``/metrics`` rendering on an
+explicit clock, and kvwatch serve's ``Sidecar`` (parser, adapter, history, capacity and forecast
+analyzers) polling it every 10 simulated seconds, its collector rendered to the text the demo reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+from prometheus_client.exposition import generate_latest
+
+from kvwatch import app, demo
+from kvwatch.collector import KvwatchCollector, make_registry
+from kvwatch.settings import ServeSettings, load_settings
+from kvwatch.sim import cli as sim_cli
+from kvwatch.sim.server import SimulationService
+
+ENV = {k: v for k, v in os.environ.items() if not k.startswith("KVWATCH_")}
+EPOCH = 1_764_000_017.0  # kvwatch's clock starts at wall time, not on a minute boundary
+STATE = re.compile(r"state (\w+)")
+ETA_MINUTES = re.compile(r"ETA (\d+\.\d) min")
+
+
+def _parse(add_arguments: Callable[[argparse.ArgumentParser], None], argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+class _Now:
+    """The one explicit clock both 'processes' read, in simulated seconds since the demo started."""
+
+    def __init__(self) -> None:
+        self.sim_seconds = 0.0
+
+
+class _SimulatorEndpoint:
+    """What kvwatch's fetcher gets from the simulator's GET /metrics at the current simulated time."""
+
+    def __init__(self, service: SimulationService) -> None:
+        self.service = service
+
+    def fetch(self) -> str:
+        return self.service.metrics_text()
+
+
+def _run_demo_scenario(until_sim_seconds: float) -> list[tuple[float, str]]:
+    """(simulated seconds, status line) per kvwatch poll, until one minute into the bottleneck."""
+    speed = demo.DEFAULT_SPEED
+    now = _Now()
+    simulator, feed, render_options = sim_cli.build(_parse(sim_cli.add_arguments, demo.simulator_argv(speed, 0)))
+    service = SimulationService(simulator, feed, render_options, speed=1.0, clock=lambda: now.sim_seconds)
+
+    settings = load_settings(ServeSettings, _parse(app.add_arguments, demo.serve_argv(
+        "http://127.0.0.1:8000/metrics", 9747, speed)))
+    assert settings.clock_speed == speed
+    poll_sim_seconds = settings.poll_interval_seconds * settings.clock_speed
+    assert poll_sim_seconds == pytest.approx(demo.POLL_SIMULATED_SECONDS)
+
+    def kvwatch_clock() -> float:
+        return EPOCH + now.sim_seconds
+
+    analyzers = app.load_analyzers(settings)
+    sidecar = app.Sidecar(settings, _SimulatorEndpoint(service), kvwatch_clock, analyzers)  # type: ignore[arg-type]
+    registry = make_registry(KvwatchCollector(
+        lambda: sidecar.state, now=kvwatch_clock,
+        stale_after=float(settings.stale_after_seconds or 0) * settings.clock_speed, analyzers=analyzers))
+
+    lines: list[tuple[float, str]] = []
+    bottleneck_at: float | None = None
+    while now.sim_seconds < until_sim_seconds:
+        now.sim_seconds += poll_sim_seconds
+        sidecar.poll()
+        line = demo.status_line(generate_latest(registry).decode(), now.sim_seconds / speed, speed)
+        lines.append((now.sim_seconds, line))
+        if bottleneck_at is None and "state bottleneck" in line:
+            bottleneck_at = now.sim_seconds
+        if bottleneck_at is not None and now.sim_seconds >= bottleneck_at + 60:
+            break
+    return lines
+
+
+def test_demo_scenario_warns_filling_with_an_eta_minutes_before_the_bottleneck() -> None:
+    lines = _run_demo_scenario(until_sim_seconds=demo.SATURATION_SIM_SECONDS + 15 * 60)
+    states = [(t, m.group(1) if (m := STATE.search(line)) else None, line) for t, line in lines]
+    first = {}
+    for t, state, _ in states:
+        first.setdefault(state, t)
+    history = "\n".join(line for _, line in lines[::6])
+    assert states[0][1] == "warming_up", history
+    assert "filling" in first and "bottleneck" in first, history
+    assert first["filling"] + 5 * 60 <= first["bottleneck"], history  # several simulated minutes of warning
+    assert not {"unknown", "stalled", "scheduler_limited"} & set(first), history
+    assert all(state != "ok" for t, state, _ in states if t >= first["filling"] and t < first["bottleneck"]), \
+        history  # one warning, held until the bottleneck
+
+    filling_line = next(line for t, line in lines if t == first["filling"])
+    eta = ETA_MINUTES.search(filling_line)
+    assert eta is not None, filling_line
+    predicted = first["filling"] + float(eta.group(1)) * 60
+    assert abs(predicted - first["bottleneck"]) <= 10 * 60, (filling_line, first)  # an ETA worth reading
+    assert "forecast in 30 min" in filling_line and "fix: limit concurrency to" in filling_line, filling_line
+
+    bottleneck_line = next(line for t, line in lines if t == first["bottleneck"])
+    assert "ETA now" in bottleneck_line and "fix: limit concurrency to" in bottleneck_line, bottleneck_line
+
+    # What the demo's first lines announce holds, and saturation comes within the wall-time budget.
+    assert abs(first["filling"] - demo.FILLING_SIM_SECONDS) <= 5 * 60, first
+    assert abs(first["bottleneck"] - demo.SATURATION_SIM_SECONDS) <= 5 * 60, first
+    assert abs(first["ok"] - demo.FORECAST_READY_SIM_SECONDS) <= 3 * 60, first
+    assert first["bottleneck"] / demo.DEFAULT_SPEED <= 4 * 60
+
+
+def test_status_line_reads_kvwatch_metrics() -> None:
+    text = "\n".join([
+        "# TYPE kvwatch_up gauge", 'kvwatch_up{model_name="m",engine="0"} 1',
+        "# TYPE kvwatch_kv_usage_ratio gauge", 'kvwatch_kv_usage_ratio{model_name="m",engine="0"} 0.873',
+        "# TYPE kvwatch_requests_running gauge", 'kvwatch_requests_running{model_name="m",engine="0"} 41',
+        "# TYPE kvwatch_requests_waiting gauge", 'kvwatch_requests_waiting{model_name="m",engine="0"} 3',
+        "# TYPE kvwatch_kv_exhaustion_eta_seconds gauge",
+        'kvwatch_kv_exhaustion_eta_seconds{model_name="m",engine="0"} 540',
+        "# TYPE kvwatch_kv_usage_forecast_ratio gauge",
+        'kvwatch_kv_usage_forecast_ratio{model_name="m",engine="0",horizon="10m"} 0.97',
+        'kvwatch_kv_usage_forecast_ratio{model_name="m",engine="0",horizon="30m"} 1.234',
+        "# TYPE kvwatch_state gauge", 'kvwatch_state{model_name="m",engine="0",state="filling"} 1',
+        'kvwatch_state{model_name="m",engine="0",state="ok"} 0',
+        "# TYPE kvwatch_recommended_max_concurrency gauge",
+        'kvwatch_recommended_max_concurrency{model_name="m",engine="0"} 44',
+        "# TYPE kvwatch_recommendation gauge",
+        'kvwatch_recommendation{model_name="m",engine="0",action="add_tensor_parallelism"} 2',
+        'kvwatch_recommendation{model_name="m",engine="0",action="limit_concurrency"} 1',
+        'kvwatch_recommendation{model_name="m",engine="0",action="quantize_weights"} 0', "",
+    ])
+    line = demo.status_line(text, 12.0, speed=30.0)
+    assert line.startswith("[  12s | sim   6.0 min]")
+    assert "usage 87.3%" in line and "running   41" in line and "waiting    3" in line
+    assert "ETA 9.0 min" in line and "state filling" in line and "forecast in 30 min 123%" in line
+    assert "fix: limit concurrency to 44" in line
+    quantize_first = text.replace('action="limit_concurrency"} 1', 'action="limit_concurrency"} 3').replace(
+        'action="add_tensor_parallelism"} 2', 'action="add_tensor_parallelism"} 1')
+    assert "fix: add tensor parallelism" in demo.status_line(quantize_first, 12.0, 30.0)
+    assert "waiting for the first good poll" in demo.status_line(
+        '# TYPE kvwatch_up gauge\nkvwatch_up{model_name="m",engine="0"} 0\n', 1.0)
+
+
+def test_demo_runs_both_processes_says_the_clock_is_accelerated_and_stops_them() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "kvwatch", "demo", "--sim-port", "0", "--port", "0", "--duration-seconds", "8",
+         "--status-interval-seconds", "1"], capture_output=True, text=True, timeout=60, env=ENV)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert f"clock is accelerated x{demo.DEFAULT_SPEED:g}" in lines[0]
+    assert re.search(r"simulated vLLM 0\.33: http://127\.0\.0\.1:\d+/metrics", lines[1]), lines[1]
+    assert re.search(r"kvwatch: +http://127\.0\.0\.1:\d+/metrics", lines[2]), lines[2]
+    assert "filling" in lines[3] and "bottleneck" in lines[3]
+    # kvwatch polled the simulator and the status line read kvwatch's /metrics: still warming up this early.
+    assert any("usage" in line and "state warming_up" in line for line in lines[4:]), result.stdout
+
+
+def test_demo_rejects_a_bad_flag_naming_it() -> None:
+    result = subprocess.run([sys.executable, "-m", "kvwatch", "demo", "--speed", "0"], capture_output=True,
+                            text=True, timeout=60, env=ENV)
+    assert result.returncode == 2 and "--speed" in result.stderr
