@@ -142,3 +142,63 @@ def test_build_report_is_pure() -> None:
 def test_long_timeout_is_fine_for_a_one_shot_check(capsys: pytest.CaptureFixture[str]) -> None:
     report = check_json(["--file", str(FIXTURES / "gen-0.11-kv-only.prom"), "--poll-timeout-seconds", "30"], capsys)
     assert report["version_range"] == "0.11"
+
+
+def _advice(report: dict) -> dict[str, list[str]]:
+    return {s["engine"]: [a["action"] for a in s["advice"]] for s in report["series"]}
+
+
+def test_kv_bound_series_gets_the_advisors_fixes_cheapest_first(capsys: pytest.CaptureFixture[str]) -> None:
+    report = check_json(["--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom")], capsys)
+    # Engine 0 is KV-bound; engine 1 (50 %, no queue) gets no advice. Without the model, no quantization.
+    assert _advice(report) == {"0": ["limit_concurrency", "add_tensor_parallelism"], "1": []}
+    fixes = report["series"][0]["advice"]
+    assert [a["rank"] for a in fixes] == [1, 2]
+    assert all(set(a) == {"action", "rank", "message", "projected_effect"} and a["message"] and a["projected_effect"]
+               for a in fixes)
+    # The limit keeps usage under 95 % at this poll's mix: one more request would cross it.
+    e0 = report["series"][0]
+    per_request = e0["kv_used_tokens"] / e0["requests_running"]
+    limit = int(fixes[0]["message"].split("Limit concurrency to ")[1].split()[0])
+    assert limit * per_request <= 0.95 * e0["kv_capacity_tokens"] < (limit + 1) * per_request
+
+
+def test_deployment_flags_size_the_quantization_and_tp_advice(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvwatch.capacity.sidecar import build_sidecar_capacity
+    from kvwatch.settings import ServeSettings
+
+    flags = ["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--max-model-len", "32768"]
+    report = check_json(["--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom"), *flags], capsys)
+    assert _advice(report)["0"] == ["limit_concurrency", "lower_max_model_len", "quantize_weights",
+                                    "add_tensor_parallelism"]
+    capacity, _ = build_sidecar_capacity(ServeSettings(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100",
+                                                       max_model_len=32768))
+    assert capacity is not None
+    fixes = {a["action"]: a for a in report["series"][0]["advice"]}
+    assert f"KV capacity {capacity.plan.kv_cache_tokens:.0f} -> " in fixes["quantize_weights"]["projected_effect"]
+    assert f"KV capacity {capacity.plan.kv_cache_tokens:.0f} -> " in fixes["add_tensor_parallelism"][
+        "projected_effect"]
+    assert "from 32768 to" in fixes["lower_max_model_len"]["message"]
+
+
+def test_unusable_deployment_flags_are_explained_and_advice_still_comes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom"), "--model", "no/such-model",
+                 "--gpu", "H100", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "no capacity plan for llama" in captured.err and "no/such-model" in captured.err
+    assert _advice(json.loads(captured.out))["0"] == ["limit_concurrency", "add_tensor_parallelism"]
+
+
+def test_no_advice_without_a_kv_bottleneck(capsys: pytest.CaptureFixture[str]) -> None:
+    for fixture in ("v0-engine-qwenvl.prom", "gen-0.8.5-engine-label.prom"):  # healthy; scheduler-limited
+        report = check_json(["--file", str(FIXTURES / fixture)], capsys)
+        assert all(s["advice"] == [] for s in report["series"]), fixture
+
+
+def test_human_report_lists_the_fixes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom")]) == 0
+    out = capsys.readouterr().out
+    fixes = out.split("Fixes for llama engine 0, cheapest first:\n")[1].splitlines()
+    assert fixes[0].startswith("  1. Limit concurrency to ") and fixes[1].startswith("     Effect: ")
+    assert fixes[2].startswith("  2. Add tensor parallelism")
+    assert "Fixes for llama engine 1" not in out

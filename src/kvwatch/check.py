@@ -3,7 +3,9 @@
 Findings follow the troubleshooting checklist (stable ids, see docs/metrics.md):
 ``kv_bound`` (KV ≥ 0.95 with a queue), ``scheduler_limited`` (a queue while KV < 0.9), ``preemptions``
 (any preemption since vLLM started), ``prefix_cache_ineffective`` (prefix caching on, hit ratio < 10 %),
-``capacity_unknown`` and ``usage_unknown`` (kvwatch cannot read them from this vLLM).
+``capacity_unknown`` and ``usage_unknown`` (kvwatch cannot read them from this vLLM). A ``kv_bound``
+series also gets the advisor's fixes, cheapest first (``advice``; the deployment flags ``--model``,
+``--gpu``, ``--tensor-parallel-size``, ... size the quantization and tensor-parallel gains).
 Exit codes: 0 when the payload was read (whatever the findings), 1 when it could not be, 2 bad usage.
 """
 
@@ -13,15 +15,17 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from kvwatch.advisor import Advice, advise_from_result
 from kvwatch.engines import SourceOverrides
 from kvwatch.fetch import Fetcher, ScrapeError, interpret
-from kvwatch.model import Poll
-from kvwatch.settings import ServeSettings, SettingsError, add_settings_flags, load_settings
+from kvwatch.forecast import Forecaster, ForecastSample
+from kvwatch.model import Poll, Reading
+from kvwatch.settings import DeploymentSettings, ServeSettings, SettingsError, add_settings_flags, load_settings
 from kvwatch.state import SeriesState, derive
 
 KV_BOUND_USAGE = 0.95
@@ -29,8 +33,9 @@ SCHEDULER_LIMITED_BELOW = 0.9
 PREFIX_HIT_RATIO_LOW = 0.10
 PREFIX_MIN_QUERIES = 1000  # fewer queried tokens/blocks than this says nothing about the hit ratio
 
+# The model/deployment flags (shared with plan and serve) let the advice size quantization and TP.
 _FLAGS = {"usage_metric", "running_metric", "waiting_metric", "poll_timeout_seconds", "max_body_bytes",
-          "bearer_token_file", "ca_file", "tls_verify", "max_model_len"}
+          "bearer_token_file", "ca_file", "tls_verify"} | set(DeploymentSettings.model_fields)
 
 
 @dataclass(frozen=True)
@@ -76,7 +81,14 @@ def run(args: argparse.Namespace) -> int:
             print(f"kvwatch check: {exc.reason}: {exc}" if args.file is None else
                   f"kvwatch check: cannot read {source} ({exc.reason}): {exc}", file=sys.stderr)
         return 1
-    report = build_report(poll, settings.max_model_len)
+    plans, unsized = _capacity_plans(settings, poll)
+    if unsized and any(getattr(settings, f) is not None for f in ("model", "model_config_path", "gpu",
+                                                                    "gpu_memory_gib")):
+        # The deployment flags were meant for the advice: say why they could not be used.
+        for reason in unsized:
+            print(f"kvwatch check: no capacity plan for {reason}; advice without quantization and TP sizes",
+                  file=sys.stderr)
+    report = build_report(poll, settings.max_model_len, plans)
     print(json.dumps(report, indent=2) if args.json else render(report))
     return 0
 
@@ -97,20 +109,56 @@ def _fetch(settings: ServeSettings) -> str:
         return fetcher.fetch()
 
 
-def build_report(poll: Poll, max_model_len: int | None = None) -> dict[str, Any]:
-    """The ``--json`` object (pure)."""
+def _capacity_plans(settings: ServeSettings, poll: Poll) -> tuple[dict[str, Any], list[str]]:
+    """Capacity plan per model, as serve builds it: --model/--model-config, else a preset matching the
+    model_name label. Returns (plans, why not) for the models the capacity model cannot size."""
+    from kvwatch.capacity.sidecar import build_sidecar_capacity
+
+    plans, reasons = {}, []
+    for name in sorted({r.model_name for r in poll.readings}):
+        capacity, why = build_sidecar_capacity(settings, name)
+        if capacity is not None:
+            plans[name] = capacity.plan
+        else:
+            reasons.append(f"{name}: {why}")
+    return plans, reasons
+
+
+def build_report(poll: Poll, max_model_len: int | None = None,
+                 capacity_plans: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The ``--json`` object (pure). ``capacity_plans`` maps model_name to a CapacityPlan, for the advice."""
     states = [derive(r, None, max_model_len) for r in poll.readings]
+    found = findings(states)
+    bound = {(f.model_name, f.engine) for f in found if f.id == "kv_bound"}
+    plans = capacity_plans or {}
     d = poll.detection
     return {
         "engine_kind": d.engine_kind,
         "version_range": d.version_range,
         "usage_metric": d.usage_metric,
-        "series": [_series_json(s) for s in states],
-        "findings": [f.__dict__ for f in findings(states)],
+        "series": [_series_json(s, advice(s.reading, poll.timestamp, max_model_len, plans.get(s.reading.model_name))
+                                if (s.reading.model_name, s.reading.engine) in bound else [])
+                   for s in states],
+        "findings": [f.__dict__ for f in found],
     }
 
 
-def _series_json(s: SeriesState) -> dict[str, Any]:
+def advice(reading: Reading, timestamp: float, max_model_len: int | None = None,
+           capacity_plan: Any | None = None) -> list[Advice]:
+    """The advisor's fixes for a series ``check`` found KV-bound, cheapest first (pure).
+
+    One poll has no forecast history: the forecaster's one-sample result supplies the concurrency limit
+    (95 % of the cache at this poll's mix), and the state is the bottleneck ``check`` diagnosed.
+    """
+    result = Forecaster().observe(ForecastSample.from_reading(reading, timestamp))
+    estimates = dict(result.estimates)
+    if reading.kv_used_tokens and reading.requests_running:
+        estimates["tokens_per_running_request"] = reading.kv_used_tokens / reading.requests_running
+    return advise_from_result(replace(result, state="bottleneck", estimates=estimates), reading,
+                              capacity_plan=capacity_plan, max_model_len=max_model_len)
+
+
+def _series_json(s: SeriesState, fixes: Iterable[Advice] = ()) -> dict[str, Any]:
     r = s.reading
     return {
         "model_name": r.model_name,
@@ -132,6 +180,8 @@ def _series_json(s: SeriesState) -> dict[str, Any]:
         "prefix_cache_hit_ratio": r.prefix_cache_hit_ratio,
         "prefix_cache_unit": r.prefix_cache_unit,
         "prefix_caching_enabled": r.prefix_caching_enabled,
+        "advice": [{"action": a.action, "rank": a.rank, "message": a.message, "projected_effect": a.projected_effect}
+                   for a in fixes],
     }
 
 
@@ -148,8 +198,7 @@ def findings(states: Iterable[SeriesState]) -> list[Finding]:
         elif usage >= KV_BOUND_USAGE and waiting > 0:
             out.append(Finding("kv_bound", "critical", (
                 f"KV cache is {usage:.0%} full with {waiting:g} requests waiting: the KV cache is the bottleneck. "
-                "Cheapest fixes first: limit concurrency (--max-num-seqs or the router), lower --max-model-len, "
-                "quantize (--kv-cache-dtype fp8, then weights), add tensor parallelism."), **where))
+                "The advisor's fixes for this series follow, cheapest first (\"advice\" in --json)."), **where))
         elif usage < SCHEDULER_LIMITED_BELOW and waiting > 0:
             out.append(Finding("scheduler_limited", "warning", (
                 f"{waiting:g} requests wait while KV is only {usage:.0%} used: the scheduler limits, not KV. "
@@ -194,4 +243,9 @@ def render(report: dict[str, Any]) -> str:
     lines.append("\nFindings:" if report["findings"] else "\nFindings: none, nothing to fix.")
     for f in report["findings"]:
         lines.append(f"  [{f['severity']}] {f['id']} ({f['model_name']}/{f['engine']}): {f['message']}")
+    for s in report["series"]:
+        if s["advice"]:
+            lines.append(f"\nFixes for {s['model_name']} engine {s['engine']}, cheapest first:")
+            for a in s["advice"]:
+                lines.append(f"  {a['rank']}. {a['message']}\n     Effect: {a['projected_effect']}")
     return "\n".join(lines)
