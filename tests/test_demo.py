@@ -155,7 +155,7 @@ def test_status_line_reads_kvwatch_metrics() -> None:
 
 def test_demo_runs_both_processes_says_the_clock_is_accelerated_and_stops_them() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "kvwatch", "demo", "--sim-port", "0", "--port", "0", "--duration-seconds", "8",
+        [sys.executable, "-m", "kvwatch", "demo", "--sim-port", "0", "--port", "0", "--duration-seconds", "10",
          "--status-interval-seconds", "1"], capture_output=True, text=True, timeout=60, env=ENV)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()

@@ -46,9 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="simulated seconds per wall-clock second (the simulator's and kvwatch's clocks)")
     parser.add_argument("--sim-port", type=int, default=8000, help="simulator /metrics port (0: a free one)")
     parser.add_argument("--port", type=int, default=9747, help="kvwatch /metrics port (0: a free one)")
+    # "%(default).0s" prints nothing: it only stops the formatter from appending "(default: None)".
     parser.add_argument("--poll-interval-seconds", type=float, default=None,
-                        help=f"kvwatch poll interval in real seconds (default: every {POLL_SIMULATED_SECONDS:g} "
-                             "simulated seconds, i.e. this divided by --speed)")
+                        help=f"kvwatch poll interval in real seconds (default: {POLL_SIMULATED_SECONDS:g} simulated "
+                             "seconds, i.e. %(default).0s" f"{POLL_SIMULATED_SECONDS:g} / --speed)")
     parser.add_argument("--status-interval-seconds", type=float, default=3.0, help="seconds between status lines")
     parser.add_argument("--duration-seconds", type=float, default=None, help="stop after this many wall seconds")
     parser.add_argument("--seed", type=int, default=0, help="simulator seed")
