@@ -162,9 +162,9 @@ def test_demo_runs_both_processes_says_the_clock_is_accelerated_and_stops_them()
     assert f"clock is accelerated x{demo.DEFAULT_SPEED:g}" in lines[0]
     assert re.search(r"simulated vLLM 0\.33: http://127\.0\.0\.1:\d+/metrics", lines[1]), lines[1]
     assert re.search(r"kvwatch: +http://127\.0\.0\.1:\d+/metrics", lines[2]), lines[2]
-    assert "filling" in lines[3] and "bottleneck" in lines[3]
+    assert "filling" in lines[4] and "bottleneck" in lines[4]
     # kvwatch polled the simulator and the status line read kvwatch's /metrics: still warming up this early.
-    assert any("usage" in line and "state warming_up" in line for line in lines[4:]), result.stdout
+    assert any("usage" in line and "state warming_up" in line for line in lines[5:]), result.stdout
 
 
 def test_demo_rejects_a_bad_flag_naming_it() -> None:

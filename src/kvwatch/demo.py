@@ -28,7 +28,7 @@ DEFAULT_SPEED = 30.0
 # over the simulated hour. The step-time model is a fast GPU's (25 ms per step, cheap tokens) so the KV
 # cache, not compute, is what saturates, and usage grows about linearly with the arrival rate.
 # Replayed headlessly through kvwatch's own pipeline (tests/test_demo.py), the forecaster leaves warm-up at
-# ~31 simulated minutes, says `filling` from ~34 (ETA ~17 min) and `bottleneck` from ~51.
+# ~31 simulated minutes, says `filling` from ~34 (ETA 15-18 min) and `bottleneck` from ~51-53.
 SIMULATOR_FLAGS = ("--vllm-version", "0.33", "--profile", "ramp", "--rate", "4", "--rate-end", "14",
                    "--period-seconds", "3600", "--num-gpu-blocks", "16384", "--max-num-seqs", "512",
                    "--prompt-tokens", "600", "--output-tokens", "600", "--max-model-len", "8192",
@@ -81,10 +81,11 @@ def intro(speed: float, sim_url: str, kvwatch_url: str) -> list[str]:
         "lines start [wall seconds | simulated minutes], ETAs are simulated minutes",
         f"simulated vLLM 0.33: {sim_url}",
         f"kvwatch:             {kvwatch_url}",
-        f"load ramps 4 -> 14 requests/s into a 262k-token KV cache: forecast after warm-up at sim "
-        f"{FORECAST_READY_SIM_SECONDS / 60:.0f} min ({wall(FORECAST_READY_SIM_SECONDS)}), 'filling' warning "
-        f"with an ETA from ~{FILLING_SIM_SECONDS / 60:.0f} min ({wall(FILLING_SIM_SECONDS)}), bottleneck at "
-        f"~{SATURATION_SIM_SECONDS / 60:.0f} min ({wall(SATURATION_SIM_SECONDS)}); Ctrl-C stops both",
+        "load: 4 -> 14 requests/s over the simulated hour into a 262k-token KV cache; Ctrl-C stops both",
+        f"expect: the forecast after warm-up at sim {FORECAST_READY_SIM_SECONDS / 60:.0f} min "
+        f"({wall(FORECAST_READY_SIM_SECONDS)}), 'filling' with an ETA from ~{FILLING_SIM_SECONDS / 60:.0f} min "
+        f"({wall(FILLING_SIM_SECONDS)}), bottleneck at ~{SATURATION_SIM_SECONDS / 60:.0f} min "
+        f"({wall(SATURATION_SIM_SECONDS)})",
     ]
 
 
