@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import gzip
-from collections.abc import Iterator
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -82,7 +85,7 @@ def test_oversize_declared_length_is_refused_before_reading() -> None:
 def test_endless_body_stops_at_the_cap() -> None:
     produced = 0
 
-    def endless() -> Iterator[bytes]:  # a "10 GB" body: only the cap's worth may ever be produced
+    async def endless() -> AsyncIterator[bytes]:  # a "10 GB" body: only the cap's worth may ever be produced
         nonlocal produced
         while True:
             produced += 65536
@@ -117,3 +120,62 @@ def test_missing_token_file_is_a_connect_error(tmp_path: Path) -> None:
     with pytest.raises(ScrapeError) as info:
         fetcher.fetch()
     assert info.value.reason == "connect" and "token" in str(info.value)
+
+
+# ---------------------------------------------------------------- real loopback servers that misbehave
+
+class _RawServer:
+    """A loopback TCP server whose ``answer(conn)`` writes whatever bytes a test needs."""
+
+    def __init__(self, answer: Callable[[socket.socket], None]) -> None:
+        self._answer = answer
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}/metrics"
+        self._stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.recv(65536)
+                self._answer(conn)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self._sock.close()
+
+
+@pytest.fixture
+def raw_server() -> Iterator[Callable[[Callable[[socket.socket], None]], _RawServer]]:
+    servers: list[_RawServer] = []
+
+    def start(answer: Callable[[socket.socket], None]) -> _RawServer:
+        servers.append(_RawServer(answer))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+def test_target_dripping_its_headers_times_out_at_the_poll_deadline(raw_server: Callable) -> None:
+    def drip(conn: socket.socket) -> None:
+        # Each byte arrives well inside httpx's per-read timeout, so only a whole-request deadline can stop it.
+        for byte in b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Slow: " + b"a" * 40:
+            conn.sendall(bytes([byte]))
+            time.sleep(0.1)
+
+    server = raw_server(drip)
+    with Fetcher(server.url, timeout=0.5, max_body_bytes=4096) as fetcher, pytest.raises(ScrapeError) as info:
+        fetcher.fetch()
+    assert info.value.reason == "timeout" and "0.5 s" in str(info.value)

@@ -8,8 +8,10 @@ request, not just each socket read.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
-import time
+import threading
 from pathlib import Path
 
 import httpx
@@ -23,6 +25,7 @@ log = logging.getLogger(__name__)
 
 REASONS: tuple[str, ...] = ("connect", "timeout", "http_status", "too_large", "parse", "unrecognised")
 ACCEPT = "text/plain; version=0.0.4; q=1.0, */*; q=0.1"
+_CLOSE_SECONDS = 2.0  # bound on closing the client, and the grace past the deadline before fetch() gives up
 
 
 class ScrapeError(Exception):
@@ -35,26 +38,51 @@ class ScrapeError(Exception):
 
 
 class Fetcher:
-    """A reusable HTTP client for one target (keep-alive between polls)."""
+    """A reusable HTTP client for one target (keep-alive between polls).
+
+    httpx timeouts bound each socket operation, not the request: a target that drips its headers a byte
+    at a time never trips them. So each request runs on the fetcher's own event loop (one daemon thread)
+    under ``asyncio.wait_for``, which cancels it, connection and all, when ``timeout`` runs out.
+    """
 
     def __init__(self, url: str, *, timeout: float, max_body_bytes: int, bearer_token_file: Path | None = None,
                  ca_file: Path | None = None, tls_verify: bool = True,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.url = url
         self.timeout = timeout
         self.max_body_bytes = max_body_bytes
         self.bearer_token_file = bearer_token_file
-        verify: bool | str = str(ca_file) if ca_file is not None and tls_verify else tls_verify
-        self._client = httpx.Client(
+        self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(timeout),
-            verify=verify,
+            verify=str(ca_file) if ca_file is not None and tls_verify else tls_verify,
             transport=transport,
             follow_redirects=True,
             headers={"Accept": ACCEPT, "Accept-Encoding": "gzip", "User-Agent": f"kvwatch/{__version__}"},
         )
+        self._closed = False
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="kvwatch-fetch", daemon=True)
+        self._thread.start()
 
     def close(self) -> None:
-        self._client.close()
+        """Cancel a request in flight, close the client and stop the loop; bounded, safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+
+        async def shutdown() -> None:
+            for task in asyncio.all_tasks() - {asyncio.current_task()}:
+                task.cancel()
+            await self._client.aclose()
+
+        try:
+            asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(_CLOSE_SECONDS)
+        except Exception as exc:  # closing must never hang or raise: the process is on its way out
+            log.debug("closing the HTTP client: %s: %s", type(exc).__name__, exc)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(_CLOSE_SECONDS)
+        if not self._thread.is_alive():
+            self._loop.close()
 
     def __enter__(self) -> Fetcher:
         return self
@@ -63,13 +91,32 @@ class Fetcher:
         self.close()
 
     def fetch(self) -> str:
-        """The decoded body text, or ScrapeError."""
+        """The decoded body text, or ScrapeError; returns or raises within ``timeout`` (plus a grace)."""
         headers = {}
         if self.bearer_token_file is not None:
             headers["Authorization"] = f"Bearer {self._token()}"
-        deadline = time.monotonic() + self.timeout
+        if self._closed:
+            raise ScrapeError("connect", f"{self.url}: the fetcher is closed (kvwatch is shutting down)")
+        future = asyncio.run_coroutine_threadsafe(self._fetch(headers), self._loop)
         try:
-            with self._client.stream("GET", self.url, headers=headers) as response:
+            # The loop's own deadline answers first; this one only covers a loop that cannot run.
+            return future.result(self.timeout + _CLOSE_SECONDS)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise ScrapeError("timeout", f"{self.url}: no answer within {self.timeout:g} s") from None
+        except concurrent.futures.CancelledError:
+            raise ScrapeError("connect", f"{self.url}: request cancelled (kvwatch is shutting down)") from None
+
+    async def _fetch(self, headers: dict[str, str]) -> str:
+        try:
+            return await asyncio.wait_for(self._request(headers), self.timeout)
+        except asyncio.TimeoutError:
+            raise ScrapeError("timeout", f"{self.url}: no complete answer within {self.timeout:g} s "
+                              "(connect, headers and body)") from None
+
+    async def _request(self, headers: dict[str, str]) -> str:
+        try:
+            async with self._client.stream("GET", self.url, headers=headers) as response:
                 if response.status_code != 200:
                     raise ScrapeError("http_status", f"{self.url} answered HTTP {response.status_code}")
                 declared = response.headers.get("Content-Length")
@@ -78,12 +125,10 @@ class Fetcher:
                     raise ScrapeError("too_large", f"body of {declared} bytes exceeds {self.max_body_bytes}")
                 chunks: list[bytes] = []
                 size = 0
-                for chunk in response.iter_bytes():
+                async for chunk in response.aiter_bytes():
                     size += len(chunk)
                     if size > self.max_body_bytes:
                         raise ScrapeError("too_large", f"body exceeds --max-body-bytes {self.max_body_bytes}")
-                    if time.monotonic() > deadline:
-                        raise ScrapeError("timeout", f"body not read within {self.timeout:g} s")
                     chunks.append(chunk)
         except httpx.TimeoutException as exc:
             raise ScrapeError("timeout", f"{self.url}: timed out after {self.timeout:g} s ({type(exc).__name__})")\
