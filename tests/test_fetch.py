@@ -179,3 +179,26 @@ def test_target_dripping_its_headers_times_out_at_the_poll_deadline(raw_server: 
     with Fetcher(server.url, timeout=0.5, max_body_bytes=4096) as fetcher, pytest.raises(ScrapeError) as info:
         fetcher.fetch()
     assert info.value.reason == "timeout" and "0.5 s" in str(info.value)
+
+
+HEAD_200 = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+
+
+@pytest.mark.parametrize("answer", [
+    # Content-Length promises more than arrives before the connection closes.
+    HEAD_200 + b"Content-Length: 1000\r\n\r\n" + FIXTURE.encode()[:100],
+    # A chunk size that is not hex.
+    HEAD_200 + b"Transfer-Encoding: chunked\r\n\r\n10\r\nvllm:x 1\nvllm:y 2\r\nzz\r\nbroken\r\n",
+], ids=["truncated", "bad-chunked"])
+def test_body_that_breaks_off_after_200_is_a_parse_error(raw_server: Callable, answer: bytes) -> None:
+    server = raw_server(lambda conn: conn.sendall(answer))
+    with Fetcher(server.url, timeout=2.0, max_body_bytes=4096) as fetcher, pytest.raises(ScrapeError) as info:
+        fetcher.fetch()
+    assert info.value.reason == "parse" and "incomplete body" in str(info.value)
+
+
+def test_connection_closed_before_any_answer_is_still_connect(raw_server: Callable) -> None:
+    server = raw_server(lambda conn: None)  # reads the request, closes without a word
+    with Fetcher(server.url, timeout=2.0, max_body_bytes=4096) as fetcher, pytest.raises(ScrapeError) as info:
+        fetcher.fetch()
+    assert info.value.reason == "connect"

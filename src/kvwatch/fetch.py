@@ -115,6 +115,7 @@ class Fetcher:
                               "(connect, headers and body)") from None
 
     async def _request(self, headers: dict[str, str]) -> str:
+        in_body = False
         try:
             async with self._client.stream("GET", self.url, headers=headers) as response:
                 if response.status_code != 200:
@@ -123,6 +124,7 @@ class Fetcher:
                 if declared and declared.isdigit() and int(declared) > self.max_body_bytes and \
                         not response.headers.get("Content-Encoding"):
                     raise ScrapeError("too_large", f"body of {declared} bytes exceeds {self.max_body_bytes}")
+                in_body = True
                 chunks: list[bytes] = []
                 size = 0
                 async for chunk in response.aiter_bytes():
@@ -135,6 +137,11 @@ class Fetcher:
                 from None
         except httpx.DecodingError as exc:
             raise ScrapeError("parse", f"{self.url}: cannot decode body: {exc}") from None
+        except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+            if not in_body:
+                raise ScrapeError("connect", f"{self.url}: {type(exc).__name__}: {exc}") from None
+            # The target answered 200, then the body broke off (truncated, bad chunked encoding).
+            raise ScrapeError("parse", f"{self.url}: incomplete body ({type(exc).__name__}: {exc})") from None
         except (httpx.HTTPError, OSError, ValueError) as exc:  # transport, TLS and URL failures alike
             raise ScrapeError("connect", f"{self.url}: {type(exc).__name__}: {exc}") from None
         charset = response.charset_encoding or "utf-8"
