@@ -202,3 +202,19 @@ def test_connection_closed_before_any_answer_is_still_connect(raw_server: Callab
     with Fetcher(server.url, timeout=2.0, max_body_bytes=4096) as fetcher, pytest.raises(ScrapeError) as info:
         fetcher.fetch()
     assert info.value.reason == "connect"
+
+
+def test_ca_file_goes_in_as_an_ssl_context_not_a_deprecated_path() -> None:
+    import ssl
+    import warnings
+
+    import certifi
+
+    from kvwatch.fetch import tls_context
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # httpx 0.28 deprecates verify=<str>
+        Fetcher("https://vllm.test/metrics", timeout=1.0, max_body_bytes=4096, ca_file=Path(certifi.where())).close()
+    context = tls_context(Path(certifi.where()), True)
+    assert isinstance(context, ssl.SSLContext) and context.cert_store_stats()["x509_ca"] > 0
+    assert tls_context(Path(certifi.where()), False) is False and tls_context(None, True) is True

@@ -54,6 +54,7 @@ def test_override_selectors_accepted() -> None:
     (["--max-body-bytes", "ten"], "--max-body-bytes"),
     (["--log-level", "chatty"], "--log-level"),
     (["--bearer-token-file", "/nonexistent/token"], "--bearer-token-file"),
+    (["--ca-file", __file__], "--ca-file"),  # exists, but is no CA bundle
 ])
 def test_bad_flag_exits_2_naming_it(argv: list[str], named: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", *argv]) == 2

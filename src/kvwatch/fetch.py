@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import ssl
 import threading
 from pathlib import Path
 
@@ -54,7 +55,7 @@ class Fetcher:
         self.bearer_token_file = bearer_token_file
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(timeout),
-            verify=str(ca_file) if ca_file is not None and tls_verify else tls_verify,
+            verify=tls_context(ca_file, tls_verify),
             transport=transport,
             follow_redirects=True,
             headers={"Accept": ACCEPT, "Accept-Encoding": "gzip", "User-Agent": f"kvwatch/{__version__}"},
@@ -157,6 +158,15 @@ class Fetcher:
             return self.bearer_token_file.read_text().strip()
         except OSError as exc:
             raise ScrapeError("connect", f"cannot read bearer token file {self.bearer_token_file}: {exc}") from None
+
+
+def tls_context(ca_file: Path | None, verify: bool) -> ssl.SSLContext | bool:
+    """httpx's ``verify``: a context trusting ``ca_file`` (httpx 0.28 deprecates a path), else True/False."""
+    if not verify:
+        return False
+    if ca_file is None:
+        return True
+    return ssl.create_default_context(cafile=str(ca_file))
 
 
 def interpret(text: str, overrides: SourceOverrides | None, *, timestamp: float) -> Poll:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import ssl
 from pathlib import Path
 from typing import Any, Literal
 
@@ -161,6 +162,16 @@ class ServeSettings(DeploymentSettings):
     def _readable(cls, v: Path | None) -> Path | None:
         if v is not None and not v.is_file():
             raise ValueError(f"file {v} does not exist")
+        return v
+
+    @field_validator("ca_file")
+    @classmethod
+    def _ca_bundle(cls, v: Path | None) -> Path | None:
+        if v is not None:
+            try:  # load it now: a bad bundle is a config error at startup, not a traceback
+                ssl.create_default_context(cafile=str(v))
+            except (ssl.SSLError, OSError) as exc:
+                raise ValueError(f"not a PEM CA bundle: {exc}") from None
         return v
 
     @model_validator(mode="after")
