@@ -152,3 +152,82 @@ def test_serve_survives_garbage_and_outage(target: Target) -> None:
             proc.wait(timeout=5)
         if proc.stdout:
             proc.stdout.close()
+
+
+def test_sigterm_stops_serve_while_a_poll_hangs() -> None:
+    accepted = threading.Event()
+    hung: list[socket.socket] = []
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, reads nothing, never answers
+
+    def accept() -> None:
+        try:
+            hung.append(silent.accept()[0])
+            accepted.set()
+        except OSError:
+            pass
+
+    threading.Thread(target=accept, daemon=True).start()
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVWATCH_")}
+    # A poll may run for 50 s; SIGTERM must not wait for it.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvwatch", "serve", "--target-url",
+         f"http://127.0.0.1:{silent.getsockname()[1]}/metrics", "--listen-address", "127.0.0.1", "--port", str(port),
+         "--poll-interval-seconds", "60", "--poll-timeout-seconds", "50"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert accepted.wait(30), "kvwatch never polled"
+        wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1.0).status_code == 200, "serving")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+        log = proc.stdout.read() if proc.stdout else ""
+        assert "is down" not in log  # the cancelled poll is not reported as an outage
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=5)
+        if proc.stdout:
+            proc.stdout.close()
+        for conn in hung:
+            conn.close()
+        silent.close()
+
+
+class _SlowThenFast:
+    """A fetcher whose first polls overrun the interval, then keep to it."""
+
+    def __init__(self, slow_polls: int, seconds: float) -> None:
+        self.slow_polls, self.seconds, self.calls = slow_polls, seconds, 0
+        self.done = threading.Event()
+
+    def fetch(self) -> str:
+        self.calls += 1
+        if self.calls <= self.slow_polls:
+            time.sleep(self.seconds)
+        elif self.calls > self.slow_polls + 3:
+            self.done.set()
+        return PAYLOAD.decode()
+
+    def close(self) -> None:
+        pass
+
+
+def test_overrunning_polls_are_logged_once_not_per_skipped_run(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from kvwatch.app import Sidecar, start_polling, stop_polling
+    from kvwatch.settings import ServeSettings
+
+    fetcher = _SlowThenFast(slow_polls=3, seconds=0.35)
+    sidecar = Sidecar(ServeSettings(poll_interval_seconds=0.1), fetcher, time.time)  # type: ignore[arg-type]
+    with caplog.at_level(logging.INFO):
+        scheduler = start_polling(sidecar, 0.1)
+        try:
+            assert fetcher.done.wait(30)
+        finally:
+            stop_polling(scheduler, sidecar)
+    messages = [r.getMessage() for r in caplog.records]
+    assert not any("maximum number of running instances" in m for m in messages)
+    assert sum("taking longer than the 0.1s interval" in m for m in messages) == 1
+    caught_up = [m for m in messages if "keep to the interval again" in m]
+    assert len(caught_up) == 1 and "runs skipped" in caught_up[0]

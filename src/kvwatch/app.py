@@ -27,6 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import MappingProxyType
 from typing import Any
 
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
@@ -68,8 +69,38 @@ class Sidecar:
         self.history = History(forget_after=max(3600.0, 10 * float(settings.stale_after_seconds or 0)))
         self.state = State()
         self._last_logged: tuple[Any, ...] | None = None
+        self._stopping = False
+        # Overrun bookkeeping: the scheduler thread counts skipped runs, the poll thread reads them.
+        self._skips_lock = threading.Lock()
+        self._skips_this_poll = 0
+        self._skipped_runs = 0  # since polls last kept to the interval
+
+    def stop(self) -> None:
+        """From now on a poll ending (cancelled by the fetcher's close) neither logs nor swaps the state."""
+        self._stopping = True
+
+    def run_skipped(self, event: Any = None) -> None:
+        """The scheduler skipped a run because the previous poll is still going: log once per overrun."""
+        with self._skips_lock:
+            self._skips_this_poll += 1
+            self._skipped_runs += 1
+            first = self._skipped_runs == 1
+        if first:
+            log.warning("a poll of %s is taking longer than the %gs interval: skipping runs until polls keep up",
+                        self.settings.target_url, self.settings.poll_interval_seconds)
 
     def poll(self) -> State:
+        with self._skips_lock:
+            self._skips_this_poll = 0
+        state = self._poll()
+        with self._skips_lock:
+            caught_up = self._skipped_runs > 0 and self._skips_this_poll == 0
+            skipped, self._skipped_runs = (self._skipped_runs, 0) if caught_up else (0, self._skipped_runs)
+        if caught_up and not self._stopping:
+            log.info("polls keep to the interval again (%d runs skipped)", skipped)
+        return state
+
+    def _poll(self) -> State:
         started = time.monotonic()
         now = self.clock()
         previous = self.state
@@ -77,6 +108,8 @@ class Sidecar:
         try:
             poll = interpret(self.fetcher.fetch(), self.overrides, timestamp=now)
         except ScrapeError as exc:
+            if self._stopping:
+                return previous
             errors[exc.reason] += 1
             health = replace(previous.health, up=False, scrape_duration_seconds=time.monotonic() - started,
                              errors_total=MappingProxyType(errors), last_error_reason=exc.reason,
@@ -187,24 +220,43 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    scheduler = BackgroundScheduler(timezone="UTC")
-    # Real-time interval: with --clock-speed the core sees interval × speed poll-clock seconds between polls.
-    scheduler.add_job(sidecar.poll, "interval", seconds=settings.poll_interval_seconds,
-                      max_instances=1, coalesce=True, next_run_time=_utcnow(), id="poll",
-                      misfire_grace_time=None)
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     log.info("kvwatch serving on http://%s:%d/metrics, polling %s every %gs", settings.listen_address,
              settings.port, settings.target_url, settings.poll_interval_seconds)
-    scheduler.start()
+    scheduler = start_polling(sidecar, settings.poll_interval_seconds)
     try:
         stop.wait()
     finally:
         log.info("shutting down")
-        scheduler.shutdown(wait=True)
+        stop_polling(scheduler, sidecar)
         server.shutdown()
         server.server_close()
-        fetcher.close()
     return 0
+
+
+def start_polling(sidecar: Sidecar, interval_seconds: float) -> BackgroundScheduler:
+    """The poll job: one at a time, late runs coalesced, a skipped run reported to the sidecar (not logged)."""
+    logging.getLogger("apscheduler.scheduler").addFilter(_drop_skip_warnings)
+    scheduler = BackgroundScheduler(timezone="UTC")
+    # Real-time interval: with --clock-speed the core sees interval × speed poll-clock seconds between polls.
+    scheduler.add_job(sidecar.poll, "interval", seconds=interval_seconds,
+                      max_instances=1, coalesce=True, next_run_time=_utcnow(), id="poll",
+                      misfire_grace_time=None)
+    scheduler.add_listener(sidecar.run_skipped, EVENT_JOB_MAX_INSTANCES)
+    scheduler.start()
+    return scheduler
+
+
+def stop_polling(scheduler: BackgroundScheduler, sidecar: Sidecar) -> None:
+    """Bounded: a poll in flight is cancelled by closing the fetcher, not waited for."""
+    sidecar.stop()
+    scheduler.shutdown(wait=False)
+    sidecar.fetcher.close()
+
+
+def _drop_skip_warnings(record: logging.LogRecord) -> bool:
+    # APScheduler warns on every skipped run; the sidecar logs an overrun once instead.
+    return "maximum number of running instances" not in str(record.msg)
 
 
 def _utcnow() -> Any:
