@@ -202,3 +202,51 @@ def test_human_report_lists_the_fixes(capsys: pytest.CaptureFixture[str]) -> Non
     assert fixes[0].startswith("  1. Limit concurrency to ") and fixes[1].startswith("     Effect: ")
     assert fixes[2].startswith("  2. Add tensor parallelism")
     assert "Fixes for llama engine 1" not in out
+
+
+def _fetch_timeouts(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Record the timeout each check fetch is given (the fetch itself then fails as connect)."""
+    from kvwatch import check
+    from kvwatch.fetch import ScrapeError
+
+    seen: list[float] = []
+
+    class Recorder:
+        def __init__(self, url: str, *, timeout: float, **kwargs: object) -> None:
+            seen.append(timeout)
+
+        def __enter__(self) -> Recorder:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def fetch(self) -> str:
+            raise ScrapeError("connect", "not fetched in this test")
+
+    monkeypatch.setattr(check, "Fetcher", Recorder)
+    return seen
+
+
+def test_check_has_a_short_default_timeout_and_honours_the_flag(monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    seen = _fetch_timeouts(monkeypatch)
+    assert main(["check", "http://127.0.0.1:9/metrics"]) == 1
+    assert main(["check", "http://127.0.0.1:9/metrics", "--poll-timeout-seconds", "30"]) == 1
+    assert seen == [5.0, 30.0]
+
+
+def test_check_ignores_serve_only_settings(monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    for variable, value in (("KVWATCH_PORT", "abc"), ("KVWATCH_POLL_INTERVAL_SECONDS", "1"),
+                            ("KVWATCH_LOG_LEVEL", "chatty"), ("KVWATCH_CLOCK_SPEED", "-1")):
+        monkeypatch.setenv(variable, value)
+    report = check_json(["--file", str(FIXTURES / "gen-0.11-kv-only.prom")], capsys)
+    assert report["version_range"] == "0.11"
+
+
+def test_check_still_validates_what_it_uses(monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("KVWATCH_MAX_BODY_BYTES", "ten")
+    assert main(["check", "--file", str(FIXTURES / "gen-0.11-kv-only.prom")]) == 2
+    assert "KVWATCH_MAX_BODY_BYTES" in capsys.readouterr().err

@@ -25,17 +25,13 @@ from kvwatch.engines import SourceOverrides
 from kvwatch.fetch import Fetcher, ScrapeError, interpret
 from kvwatch.forecast import Forecaster, ForecastSample
 from kvwatch.model import Poll, Reading
-from kvwatch.settings import DeploymentSettings, ServeSettings, SettingsError, add_settings_flags, load_settings
+from kvwatch.settings import CheckSettings, SettingsError, add_settings_flags, load_settings
 from kvwatch.state import SeriesState, derive
 
 KV_BOUND_USAGE = 0.95
 SCHEDULER_LIMITED_BELOW = 0.9
 PREFIX_HIT_RATIO_LOW = 0.10
 PREFIX_MIN_QUERIES = 1000  # fewer queried tokens/blocks than this says nothing about the hit ratio
-
-# The model/deployment flags (shared with plan and serve) let the advice size quantization and TP.
-_FLAGS = {"usage_metric", "running_metric", "waiting_metric", "poll_timeout_seconds", "max_body_bytes",
-          "bearer_token_file", "ca_file", "tls_verify"} | set(DeploymentSettings.model_fields)
 
 
 @dataclass(frozen=True)
@@ -54,7 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--file", type=Path, default=None, metavar="PATH",
                         help="read a saved /metrics payload instead of fetching ('-' for stdin)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a report")
-    add_settings_flags(parser, ServeSettings, only=_FLAGS | {"target_url"})
+    # The model/deployment flags (shared with plan and serve) let the advice size quantization and TP.
+    add_settings_flags(parser, CheckSettings)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,9 +59,7 @@ def run(args: argparse.Namespace) -> int:
         args.target_url = args.url
     if args.file is not None and args.url is not None:
         raise SettingsError("give either URL or --file, not both")
-    # check runs once, so the serve-only rule "timeout below the poll interval" must not bite here.
-    args.poll_interval_seconds = "1e9"
-    settings: ServeSettings = load_settings(ServeSettings, args)
+    settings: CheckSettings = load_settings(CheckSettings, args)
     try:
         overrides = SourceOverrides.from_settings(settings)
     except ValueError as exc:
@@ -102,14 +97,14 @@ def _read_file(path: Path) -> str:
         raise SettingsError(f"cannot read --file {path}: {exc.strerror}") from None
 
 
-def _fetch(settings: ServeSettings) -> str:
-    with Fetcher(settings.target_url, timeout=float(settings.poll_timeout_seconds or 4.0),
+def _fetch(settings: CheckSettings) -> str:
+    with Fetcher(settings.target_url, timeout=settings.poll_timeout_seconds,
                  max_body_bytes=settings.max_body_bytes, bearer_token_file=settings.bearer_token_file,
                  ca_file=settings.ca_file, tls_verify=settings.tls_verify) as fetcher:
         return fetcher.fetch()
 
 
-def _capacity_plans(settings: ServeSettings, poll: Poll) -> tuple[dict[str, Any], list[str]]:
+def _capacity_plans(settings: CheckSettings, poll: Poll) -> tuple[dict[str, Any], list[str]]:
     """Capacity plan per model, as serve builds it: --model/--model-config, else a preset matching the
     model_name label. Returns (plans, why not) for the models the capacity model cannot size."""
     from kvwatch.capacity.sidecar import build_sidecar_capacity

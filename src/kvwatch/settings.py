@@ -107,23 +107,15 @@ def public_name(field: str) -> str:
     return PUBLIC_NAMES.get(field, field)
 
 
-class ServeSettings(DeploymentSettings):
-    """The sidecar: where to read vLLM, where to serve, how often."""
+class TargetSettings(DeploymentSettings):
+    """What one poll of vLLM needs: where, how long at most, and how to read it (``serve`` and ``check``)."""
 
     target_url: str = Field("http://127.0.0.1:8000/metrics", description="vLLM /metrics URL to poll.")
-    listen_address: str = Field(
-        "127.0.0.1", description="Address kvwatch serves /metrics on (the container image sets 0.0.0.0)."
-    )
-    port: int = Field(9747, ge=1, le=65535, description="Port kvwatch serves /metrics and /healthz on.")
-    poll_interval_seconds: float = Field(5.0, gt=0, description="How often kvwatch polls vLLM (its own timer).")
     poll_timeout_seconds: float | None = Field(
         None, gt=0, description="Timeout of one poll; must be below the interval (default 0.8 x interval)."
     )
     max_body_bytes: int = Field(
         16 * 1024 * 1024, ge=1024, description="Largest /metrics body read; larger is an error."
-    )
-    stale_after_seconds: float | None = Field(
-        None, gt=0, description="Derived gauges vanish when the last good poll is older (default 3 x interval)."
     )
     usage_metric: str | None = Field(None, description='Override the KV usage source: name or name{label="value"}.')
     running_metric: str | None = Field(None, description="Override the running-requests source metric.")
@@ -131,17 +123,6 @@ class ServeSettings(DeploymentSettings):
     bearer_token_file: Path | None = Field(None, description="File holding a bearer token sent to the target.")
     ca_file: Path | None = Field(None, description="CA bundle to verify the target's TLS certificate.")
     tls_verify: bool = Field(True, description="Verify the target's TLS certificate (false to skip).")
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
-    clock_speed: float = Field(
-        1.0, gt=0, description="Demo/test knob: kvwatch's clock runs this many times real time, to watch a "
-        "simulator running --speed times faster (rates are then per simulated second; intervals stay real "
-        "seconds). Leave 1 in production."
-    )
-
-    @field_validator("log_level", mode="before")
-    @classmethod
-    def _upper(cls, v: Any) -> Any:
-        return v.upper() if isinstance(v, str) else v
 
     @field_validator("usage_metric", "running_metric", "waiting_metric")
     @classmethod
@@ -173,6 +154,36 @@ class ServeSettings(DeploymentSettings):
             except (ssl.SSLError, OSError) as exc:
                 raise ValueError(f"not a PEM CA bundle: {exc}") from None
         return v
+
+
+class CheckSettings(TargetSettings):
+    """``kvwatch check``: one poll, so no interval, port or log level to validate."""
+
+    poll_timeout_seconds: float = Field(5.0, gt=0, description="Timeout of the one poll (connect, headers and body).")
+
+
+class ServeSettings(TargetSettings):
+    """The sidecar: where to read vLLM, where to serve, how often."""
+
+    listen_address: str = Field(
+        "127.0.0.1", description="Address kvwatch serves /metrics on (the container image sets 0.0.0.0)."
+    )
+    port: int = Field(9747, ge=1, le=65535, description="Port kvwatch serves /metrics and /healthz on.")
+    poll_interval_seconds: float = Field(5.0, gt=0, description="How often kvwatch polls vLLM (its own timer).")
+    stale_after_seconds: float | None = Field(
+        None, gt=0, description="Derived gauges vanish when the last good poll is older (default 3 x interval)."
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
+    clock_speed: float = Field(
+        1.0, gt=0, description="Demo/test knob: kvwatch's clock runs this many times real time, to watch a "
+        "simulator running --speed times faster (rates are then per simulated second; intervals stay real "
+        "seconds). Leave 1 in production."
+    )
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, v: Any) -> Any:
+        return v.upper() if isinstance(v, str) else v
 
     @model_validator(mode="after")
     def _derived(self) -> ServeSettings:
@@ -256,4 +267,5 @@ def _blame(field: str, flags: dict[str, Any], msg: str, value: Any = None) -> st
 
 
 # Every KVWATCH_* variable any command understands; anything else is a typo and stops startup.
-KNOWN_ENV: frozenset[str] = frozenset(env_name(public_name(f)) for f in ServeSettings.model_fields)
+KNOWN_ENV: frozenset[str] = frozenset(env_name(public_name(f)) for cls in (ServeSettings, CheckSettings)
+                                       for f in cls.model_fields)
