@@ -55,6 +55,18 @@ def test_override_selectors_accepted() -> None:
     (["--log-level", "chatty"], "--log-level"),
     (["--bearer-token-file", "/nonexistent/token"], "--bearer-token-file"),
     (["--ca-file", __file__], "--ca-file"),  # exists, but is no CA bundle
+    # Infinite or absurd values, which used to crash the scheduler (exit 1) or be accepted.
+    (["--poll-interval-seconds", "inf"], "--poll-interval-seconds"),
+    (["--poll-interval-seconds", "1e300"], "--poll-interval-seconds"),
+    (["--poll-interval-seconds", "nan"], "--poll-interval-seconds"),
+    (["--stale-after-seconds", "inf"], "--stale-after-seconds"),
+    (["--clock-speed", "inf"], "--clock-speed"),
+    (["--clock-speed", "1e9"], "--clock-speed"),
+    (["--gpu-memory-gib", "inf"], "--gpu-memory-gib"),
+    (["--poll-interval-seconds", "10", "--stale-after-seconds", "5"], "--stale-after-seconds"),
+    (["--target-url", "http://x y/metrics"], "--target-url"),
+    (["--target-url", "http://:8000/metrics"], "--target-url"),
+    (["--target-url", "http://vllm:99999/metrics"], "--target-url"),
 ])
 def test_bad_flag_exits_2_naming_it(argv: list[str], named: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", *argv]) == 2
@@ -73,6 +85,27 @@ def test_bad_variable_exits_2_naming_it(variable: str, value: str, monkeypatch: 
     monkeypatch.setenv(variable, value)
     assert main(["serve"]) == 2
     assert variable in capsys.readouterr().err
+
+
+def test_cross_field_message_names_where_each_value_came_from(monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("KVWATCH_POLL_INTERVAL_SECONDS", "2")
+    assert main(["serve", "--poll-timeout-seconds", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "'3' for --poll-timeout-seconds" in err and "below KVWATCH_POLL_INTERVAL_SECONDS (2)" in err
+    monkeypatch.setenv("KVWATCH_STALE_AFTER_SECONDS", "1")
+    assert main(["serve"]) == 2
+    err = capsys.readouterr().err
+    assert "'1' for KVWATCH_STALE_AFTER_SECONDS" in err and "at least KVWATCH_POLL_INTERVAL_SECONDS (2)" in err
+    monkeypatch.delenv("KVWATCH_POLL_INTERVAL_SECONDS")
+    assert main(["serve", "--stale-after-seconds", "1"]) == 2
+    assert "at least the default --poll-interval-seconds (5)" in capsys.readouterr().err
+
+
+def test_stale_after_equal_to_the_interval_and_an_ipv6_url_are_fine() -> None:
+    s = settings_from(["--poll-interval-seconds", "10", "--stale-after-seconds", "10",
+                       "--target-url", "http://[::1]:8000/metrics"])
+    assert s.stale_after_seconds == 10.0
 
 
 def test_check_takes_the_same_override_flags(capsys: pytest.CaptureFixture[str]) -> None:

@@ -15,6 +15,7 @@ import re
 import ssl
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -46,6 +47,7 @@ class _Base(BaseSettings):
         extra="forbid",
         protected_namespaces=(),
         validate_default=True,
+        allow_inf_nan=False,  # "inf" parses as a float; no setting means anything infinite
     )
 
 
@@ -134,8 +136,15 @@ class TargetSettings(DeploymentSettings):
     @field_validator("target_url")
     @classmethod
     def _url(cls, v: str) -> str:
-        if not re.match(r"^https?://[^/\s]+", v):
-            raise ValueError("must be an http:// or https:// URL")
+        if any(c.isspace() or not c.isprintable() for c in v):
+            raise ValueError("must be a URL without spaces or control characters")
+        try:
+            parts = urlsplit(v)
+            parts.port  # noqa: B018 - raises ValueError on a bad port
+        except ValueError as exc:
+            raise ValueError(f"must be an http:// or https:// URL ({exc})") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL with a host")
         return v
 
     @field_validator("bearer_token_file", "ca_file")
@@ -161,6 +170,11 @@ class CheckSettings(TargetSettings):
 
     poll_timeout_seconds: float = Field(5.0, gt=0, description="Timeout of the one poll (connect, headers and body).")
 
+    @field_validator("poll_timeout_seconds")
+    @classmethod
+    def _timeout_bound(cls, v: float) -> float:
+        return _at_most(v, MAX_INTERVAL_SECONDS, "one hour")
+
 
 class ServeSettings(TargetSettings):
     """The sidecar: where to read vLLM, where to serve, how often."""
@@ -185,19 +199,53 @@ class ServeSettings(TargetSettings):
     def _upper(cls, v: Any) -> Any:
         return v.upper() if isinstance(v, str) else v
 
+    # Upper bounds live in validators, not Field(le=...), so the chart's generated schema stays as it is.
+    @field_validator("poll_interval_seconds")
+    @classmethod
+    def _interval_bounds(cls, v: float) -> float:
+        if v < MIN_INTERVAL_SECONDS:
+            raise ValueError(f"must be at least {MIN_INTERVAL_SECONDS:g}")
+        return _at_most(v, MAX_INTERVAL_SECONDS, "one hour")
+
+    @field_validator("stale_after_seconds")
+    @classmethod
+    def _stale_bound(cls, v: float | None) -> float | None:
+        return v if v is None else _at_most(v, MAX_STALE_AFTER_SECONDS, "one day")
+
+    @field_validator("clock_speed")
+    @classmethod
+    def _speed_bound(cls, v: float) -> float:
+        return _at_most(v, MAX_CLOCK_SPEED)
+
     @model_validator(mode="after")
     def _derived(self) -> ServeSettings:
+        interval = self.poll_interval_seconds
         if self.poll_timeout_seconds is None:
-            self.poll_timeout_seconds = 0.8 * self.poll_interval_seconds
-        elif self.poll_timeout_seconds >= self.poll_interval_seconds:
-            raise _FieldError("poll_timeout_seconds", "must be below --poll-interval-seconds")
+            self.poll_timeout_seconds = 0.8 * interval
+        elif self.poll_timeout_seconds >= interval:
+            raise _FieldError("poll_timeout_seconds", f"must be below {{poll_interval_seconds}} ({interval:g})")
         if self.stale_after_seconds is None:
-            self.stale_after_seconds = 3 * self.poll_interval_seconds
+            self.stale_after_seconds = 3 * interval
+        elif self.stale_after_seconds < interval:
+            # Staler than one interval between polls would blank the gauges between two good polls.
+            raise _FieldError("stale_after_seconds", f"must be at least {{poll_interval_seconds}} ({interval:g})")
         return self
 
 
+MIN_INTERVAL_SECONDS = 0.01
+MAX_INTERVAL_SECONDS = 3600.0
+MAX_STALE_AFTER_SECONDS = 86400.0
+MAX_CLOCK_SPEED = 10000.0
+
+
+def _at_most(v: float, limit: float, words: str = "") -> float:
+    if v > limit:
+        raise ValueError(f"must be at most {limit:g}" + (f" ({words})" if words else ""))
+    return v
+
+
 class _FieldError(ValueError):
-    """A cross-field check that blames one field."""
+    """A cross-field check that blames one field; ``{other_field}`` in the message names that field's source."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
@@ -256,7 +304,20 @@ def load_settings(settings_cls: type[_Base], args: argparse.Namespace | None = N
             field = cause.field
         msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
         value = err.get("input") if field in flags or not isinstance(err.get("input"), dict) else None
+        if isinstance(cause, _FieldError):
+            msg = msg.format(**{f: _source(f, flags) for f in settings_cls.model_fields})
+            value = values.get(field, os.environ.get(env_name(public_name(field))))
         raise SettingsError(_blame(field, flags, msg, value)) from None
+
+
+def _source(field: str, flags: dict[str, Any]) -> str:
+    """Where a field's value came from, as the user would write it: the flag, the variable, or the default."""
+    pub = public_name(field)
+    if field in flags:
+        return flag_name(pub)
+    if env_name(pub) in {k.upper() for k in os.environ}:
+        return env_name(pub)
+    return f"the default {flag_name(pub)}"
 
 
 def _blame(field: str, flags: dict[str, Any], msg: str, value: Any = None) -> str:
