@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from kvwatch import __version__
 from kvwatch.settings import SettingsError
@@ -26,8 +28,18 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+EXIT_BROKEN_PIPE = 128 + 13  # what the shell reports for a process killed by SIGPIPE
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors as one line naming the command (``kvwatch serve: ...``), not the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="kvwatch",
         description="KV-cache watchdog for vLLM: exporter, exhaustion forecaster and alerting sidecar.",
     )
@@ -46,16 +58,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command not in COMMANDS:
         command = None
     parser = build_parser(command)
-    args = parser.parse_args(argv)
+    # Unknown flags end up with the top-level parser, which would blame "kvwatch": name the subcommand.
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        prog = f"kvwatch {args.command}" if args.command else "kvwatch"
+        noun = "argument" if len(unknown) == 1 else "arguments"
+        parser.exit(2, f"{prog}: unrecognized {noun}: {' '.join(unknown)} (see {prog} --help)\n")
     if args.command is None:
         parser.print_help()
         return 2
     module = importlib.import_module(COMMANDS[args.command][0])
     try:
-        return int(module.run(args) or 0)
+        code = int(module.run(args) or 0)
+        sys.stdout.flush()  # a closed pipe must fail here, inside the handler, not at interpreter exit
+        return code
     except SettingsError as exc:
         print(f"kvwatch {args.command}: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # Whatever is still buffered would fail again at exit: send it nowhere.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
         return 130
 

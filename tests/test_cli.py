@@ -1,0 +1,42 @@
+"""The kvwatch dispatcher: usage errors are one line naming the subcommand (exit 2); a closed pipe is quiet."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvwatch.cli import main
+
+FIXTURE = Path(__file__).parent / "fixtures" / "vllm-metrics" / "gen-0.33-dp2-capacity-labels.prom"
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["serve", "--bad-flag"], ["kvwatch serve", "--bad-flag"]),
+    (["check", "--file", str(FIXTURE), "--nope", "--json", "-x"], ["kvwatch check", "arguments: --nope -x"]),
+    (["serve", "--port"], ["kvwatch serve", "--port", "expected one argument"]),
+    (["bogus"], ["kvwatch", "bogus"]),
+])
+def test_usage_errors_are_one_line_naming_the_command(argv: list[str], words: list[str],
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "usage:" not in err, err
+    assert all(w in err for w in words), err
+
+
+def test_output_into_a_closed_pipe_exits_quietly() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVWATCH_")}
+    proc = subprocess.Popen([sys.executable, "-m", "kvwatch", "check", "--file", str(FIXTURE), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # like `| head` that has gone before kvwatch writes a byte
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert proc.wait(timeout=60) == 141
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
