@@ -116,3 +116,17 @@ def test_check_takes_the_same_override_flags(capsys: pytest.CaptureFixture[str])
 def test_settings_error_is_a_value_error() -> None:
     with pytest.raises(SettingsError):
         settings_from(["--stale-after-seconds", "-3"])
+
+
+def test_help_shows_the_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    for flag, default in (("--port N", "9747"), ("--poll-interval-seconds X", "5"),
+                          ("--max-body-bytes N", "16777216 = 16 MiB"), ("--tls-verify [BOOL]", "true"),
+                          ("--target-url VALUE", "http://127.0.0.1:8000/metrics")):
+        # The flag's own help (not the usage line): description, default, then its variable.
+        own_help = re.escape(flag) + r" [^\[]*\(default: " + re.escape(default) + r"\) \[env KVWATCH_"
+        assert re.search(own_help, text), flag

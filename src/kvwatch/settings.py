@@ -18,6 +18,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ENV_PREFIX = "KVWATCH_"
@@ -183,15 +184,18 @@ class ServeSettings(TargetSettings):
         "127.0.0.1", description="Address kvwatch serves /metrics on (the container image sets 0.0.0.0)."
     )
     port: int = Field(9747, ge=1, le=65535, description="Port kvwatch serves /metrics and /healthz on.")
-    poll_interval_seconds: float = Field(5.0, gt=0, description="How often kvwatch polls vLLM (its own timer).")
+    poll_interval_seconds: float = Field(
+        5.0, gt=0, description="How often kvwatch polls vLLM (its own timer), 0.01 s to 1 h."
+    )
     stale_after_seconds: float | None = Field(
-        None, gt=0, description="Derived gauges vanish when the last good poll is older (default 3 x interval)."
+        None, gt=0, description="Derived gauges vanish when the last good poll is older: at least the interval, "
+        "at most a day (default 3 x interval)."
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
     clock_speed: float = Field(
         1.0, gt=0, description="Demo/test knob: kvwatch's clock runs this many times real time, to watch a "
         "simulator running --speed times faster (rates are then per simulated second; intervals stay real "
-        "seconds). Leave 1 in production."
+        "seconds). At most 10000; leave 1 in production."
     )
 
     @field_validator("log_level", mode="before")
@@ -261,13 +265,28 @@ def add_settings_flags(parser: argparse.ArgumentParser | Any, settings_cls: type
         if only is not None and name not in only:
             continue
         pub = public_name(name)
-        help_text = f"{info.description or ''} [env {env_name(pub)}]"
+        help_text = f"{info.description or ''}{_default_text(info.default)} [env {env_name(pub)}]"
         if info.annotation is bool:
             parser.add_argument(flag_name(pub), dest=name, nargs="?", const="true", default=None,
                                 metavar="BOOL", help=help_text)
         else:
             parser.add_argument(flag_name(pub), dest=name, default=None, metavar=_metavar(info.annotation),
                                 help=help_text)
+
+
+def _default_text(default: Any) -> str:
+    """`` (default: 9747)`` for --help; nothing for an unset default (the description says what applies)."""
+    if default is None or default is PydanticUndefined:
+        return ""
+    if isinstance(default, bool):
+        shown = str(default).lower()
+    elif isinstance(default, int) and default >= 1 << 20 and default % (1 << 20) == 0:
+        shown = f"{default} = {default >> 20} MiB"
+    elif isinstance(default, float):
+        shown = f"{default:g}"
+    else:
+        shown = str(default)
+    return f" (default: {shown.replace('%', '%%')})"  # argparse %-formats help texts
 
 
 def _metavar(annotation: Any) -> str:
