@@ -114,11 +114,28 @@ def test_0_33_capacity_labels_win_and_histograms() -> None:
 def test_multiprocess_pid_gauges_are_combined() -> None:
     poll = read_fixture("gen-multiprocess-pid.prom")
     r = only(poll)
-    assert r.requests_waiting == 5.0  # queue counts sum over API-server processes
+    # Each API-server process holds a whole-engine snapshot (2 and 3 waiting): the largest, not the sum 5.
+    assert r.requests_waiting == 3.0
     assert r.kv_usage_ratio == 0.6  # usage takes the largest report
     assert r.requests_running == 7.0
     assert (r.num_gpu_blocks, r.kv_capacity_tokens) == (500.0, 8000.0)
     assert (r.request_prompt_tokens_sum, r.request_prompt_tokens_count) == (3000.0, 3.0)
+
+
+def test_pid_copies_of_a_queue_gauge_take_the_largest_not_the_sum() -> None:
+    text = (
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.9\n'
+        'vllm:num_requests_running{engine="0",model_name="m",pid="1"} 12\n'
+        'vllm:num_requests_running{engine="0",model_name="m",pid="2"} 16\n'
+        'vllm:num_requests_running{engine="0",model_name="m",pid="3"} NaN\n'
+        'vllm:num_requests_waiting_by_reason{engine="0",model_name="m",pid="1",reason="capacity"} 4\n'
+        'vllm:num_requests_waiting_by_reason{engine="0",model_name="m",pid="2",reason="capacity"} 3\n'
+        'vllm:num_requests_waiting_by_reason{engine="0",model_name="m",pid="1",reason="deferred"} 1\n'
+        'vllm:num_requests_waiting_by_reason{engine="0",model_name="m",pid="2",reason="deferred"} 1\n'
+    )
+    r = only(vllm.read(parse(text), timestamp=0.0))
+    assert r.requests_running == 16.0
+    assert dict(r.waiting_by_reason) == {"capacity": 4.0, "deferred": 1.0}
 
 
 def test_duplicate_series_count_once() -> None:

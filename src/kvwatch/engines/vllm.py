@@ -11,10 +11,14 @@ Detection follows vLLM's own metric history (docs/metrics.md, "Source metrics"),
 6. ``kv_cache_size_tokens`` in ``cache_config_info`` → ``>=0.25``;
 7. otherwise ``0.12-0.2x``.
 
-Combining duplicates: in multiprocess mode gauges carry a ``pid`` label, one sample per API-server process.
-Queue counts (running, waiting, swapped) are summed over ``pid``; KV usage takes the maximum (every process
-reports the same engine's block pool, the largest is the most conservative and vLLM ≥0.12 already reports
-``mostrecent``). Identical series repeated in a payload count once (the last wins).
+Combining duplicates: in multiprocess mode (``--api-server-count > 1``) gauges without a multiprocess mode
+carry a ``pid`` label, one sample per API-server process. Each is a whole-engine snapshot, not a share: the
+engine's scheduler returns its stats to only one front-end per step (``vllm/v1/core/sched/scheduler.py``,
+"Return stats to only one of the front-ends"), and that process sets the gauge from them. So every gauge
+(usage, running, waiting, waiting by reason, swapped) takes the maximum over ``pid``, the most conservative
+of the recent snapshots (vLLM ≥0.12 already declares usage and running ``mostrecent``, without ``pid``);
+summing would count the same requests once per process. Identical series repeated in a payload count once
+(the last wins).
 
 Capacity per engine: ``kv_cache_size_tokens`` when vLLM reports it, else
 ``num_gpu_blocks / n_engines × block_size``, because vLLM sums ``num_gpu_blocks`` over data-parallel engines
@@ -228,10 +232,17 @@ def _for_key(index: _Index, key: SeriesKey) -> list[Sample]:
 
 
 def _dedupe(samples: Iterable[Sample]) -> list[Sample]:
-    """Identical series repeated in one payload count once (the last wins)."""
+    """One sample per series: identical series repeated in one payload count once (the last wins), and
+    copies that differ only in multiprocess mode's ``pid`` collapse to the largest (see the module doc)."""
     by_labels: dict[tuple[str, tuple[tuple[str, str], ...]], Sample] = {}
     for s in samples:
-        by_labels[(s.name, tuple(sorted(s.labels.items())))] = s
+        if "pid" not in s.labels:
+            by_labels[(s.name, tuple(sorted(s.labels.items())))] = s
+            continue
+        key = (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "pid")))
+        seen = by_labels.get(key)
+        if seen is None or math.isnan(seen.value) or s.value > seen.value:
+            by_labels[key] = s
     return list(by_labels.values())
 
 
