@@ -44,7 +44,7 @@ def test_json_shape_for_dp_payload(capsys: pytest.CaptureFixture[str]) -> None:
     assert {k: e0[k] for k in ("model_name", "engine", "kv_usage_ratio", "requests_running", "requests_waiting",
                                "kv_capacity_tokens", "max_concurrency")} == {
         "model_name": "llama", "engine": "0", "kv_usage_ratio": 0.96, "requests_running": 16.0,
-        "requests_waiting": 4.0, "kv_capacity_tokens": 163840.0, "max_concurrency": 65.536}
+        "requests_waiting": 4.0, "kv_capacity_tokens": 163840.0, "max_concurrency": pytest.approx(16 / 0.96)}
     assert e0["kv_used_tokens"] == pytest.approx(157286.4)
     assert ids(report) == [("kv_bound", "0"), ("preemptions", "0"), ("prefix_cache_ineffective", "0")]
     assert all(set(f) >= {"id", "severity", "message"} for f in report["findings"])
@@ -70,6 +70,25 @@ def test_max_model_len_gives_the_second_ceiling(capsys: pytest.CaptureFixture[st
     report = check_json(["--file", str(FIXTURES / "gen-0.9-both-usage-names.prom"), "--max-model-len", "8192"],
                         capsys)
     assert report["series"][0]["max_concurrency_max_model_len"] == 12000 / 512
+
+
+def test_observed_mix_ceiling_agrees_with_the_advice_on_a_kv_bound_series(capsys: pytest.CaptureFixture[str]) -> None:
+    report = check_json(["--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom")], capsys)
+    e0 = report["series"][0]
+    limit = int(e0["advice"][0]["message"].split("Limit concurrency to ")[1].split()[0])
+    # 96 % full with 4 waiting: the cache holds about the 16 running, not 65 (capacity / mean finished size).
+    assert limit <= e0["max_concurrency"] < 17.0
+    assert 0 <= e0["concurrency_headroom"] < 1.0
+
+
+def test_observed_mix_is_the_smaller_estimate() -> None:
+    young = Reading("m", kv_usage_ratio=0.05, requests_running=10.0, kv_capacity_tokens=100000.0,
+                    request_prompt_tokens_sum=1500.0, request_prompt_tokens_count=1.0,
+                    request_generation_tokens_sum=500.0, request_generation_tokens_count=1.0)
+    # Live footprint says 200 (requests still young); the finished mean, 2000 tokens, says 50.
+    assert derive(young, None).max_concurrency["observed_mix"] == 50.0
+    idle = Reading("m", kv_usage_ratio=0.0, requests_running=0.0, kv_capacity_tokens=100000.0)
+    assert "observed_mix" not in derive(idle, None).max_concurrency
 
 
 def test_kv_bound_needs_a_queue() -> None:

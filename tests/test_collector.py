@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
@@ -67,10 +68,11 @@ def test_fresh_state_exports_health_and_series() -> None:
     assert value(samples, "kvwatch_kv_capacity_tokens", **e0) == 163840.0
     assert value(samples, "kvwatch_kv_used_tokens", **e0) == 0.96 * 163840.0
     assert value(samples, "kvwatch_requests_waiting", **e0) == 4.0
-    # Mean finished request: 2000 prompt + 500 output tokens; 163840 / 2500 = 65.536 at the observed mix.
-    assert value(samples, "kvwatch_max_concurrency", basis="observed_mix", **e0) == 65.536
+    # Live footprint: 16 running hold 96 % of the cache, so 16 / 0.96 fit. (The mean finished request,
+    # 2000 + 500 tokens, would claim 163840 / 2500 = 65.5: long requests stay longer than that mean says.)
+    assert value(samples, "kvwatch_max_concurrency", basis="observed_mix", **e0) == pytest.approx(16 / 0.96)
     assert value(samples, "kvwatch_max_concurrency", basis="max_model_len", **e0) == 20.0
-    assert value(samples, "kvwatch_concurrency_headroom", **e0) == 65.536 - 16
+    assert value(samples, "kvwatch_concurrency_headroom", **e0) == pytest.approx(16 / 0.96 - 16)
     assert value(samples, "kvwatch_demo_ratio", **e0) == 1.92
     assert value(samples, "kvwatch_build_info", version=__import__("kvwatch").__version__) == 1.0
 
@@ -179,3 +181,12 @@ def test_clock_speed_scales_elapsed_time() -> None:
     start = clock()
     time.sleep(0.05)
     assert clock() - start >= 100.0 * 0.05 * 0.9  # at least, never asserting an upper bound on a busy machine
+
+
+def test_every_per_series_help_says_kvwatch_polls_on_its_own_timer() -> None:
+    collector = KvwatchCollector(lambda: state_at(1000.0), now=lambda: 1001.0, stale_after=15.0)
+    text = generate_latest(make_registry(collector)).decode()
+    per_series = [f for f in text_string_to_metric_families(text)
+                  if any("engine" in s.labels for s in f.samples)]
+    assert {f.name for f in per_series} >= {"kvwatch_max_concurrency", "kvwatch_kv_usage_ratio"}
+    assert [f.name for f in per_series if "on its own timer" not in f.documentation] == []

@@ -132,8 +132,9 @@ def _series_families(series: dict) -> Iterator[Metric]:
             yield family
     ceiling = GaugeMetricFamily(
         "kvwatch_max_concurrency",
-        "Concurrent requests the KV cache holds: basis=observed_mix (mean finished request's prompt+output "
-        "tokens) or basis=max_model_len (every request at max length).", labels=[*SERIES_LABELS, "basis"])
+        "Concurrent requests the KV cache holds: basis=observed_mix (the smaller of capacity / live KV tokens "
+        "per running request and capacity / mean finished request's prompt+output tokens) or "
+        "basis=max_model_len (every request at max length)." + _POLL_NOTE, labels=[*SERIES_LABELS, "basis"])
     for key, s in series.items():
         for basis, value in sorted(s.max_concurrency.items()):
             ceiling.add_metric([*key, basis], value)

@@ -94,15 +94,30 @@ def mean_request_tokens(reading: Reading, history: SeriesHistory | None = None,
     return None
 
 
+LIVE_FOOTPRINT_MIN_USAGE = 0.01
+"""Below this usage the live KV footprint per running request is a block or two: too coarse to size by."""
+
+
 def max_concurrency(reading: Reading, mean_tokens: float | None, max_model_len: int | None) -> dict[str, float]:
-    """Concurrency ceilings by basis: ``observed_mix`` (capacity / mean request footprint; else the current
-    running requests / usage) and ``max_model_len`` (vLLM's own figure when reported, else blocks per request)."""
+    """Concurrency ceilings by basis: ``observed_mix`` and ``max_model_len`` (vLLM's own figure when reported,
+    else blocks per request at max length).
+
+    ``observed_mix`` is the smaller of two estimates, whichever are known: capacity ÷ the live footprint
+    (KV tokens in use ÷ running requests, i.e. running ÷ usage) and capacity ÷ the mean finished request
+    (prompt + output tokens). Neither alone is conservative: the finished mean under-weights long requests,
+    which stay in flight longest and so dominate what the cache holds; the live footprint under-counts
+    young requests, which will still grow. Under KV pressure the live one is the smaller, and it is the
+    same footprint the advisor's concurrency limit uses."""
     out: dict[str, float] = {}
     capacity = reading.kv_capacity_tokens
+    estimates = []
+    usage, running = reading.kv_usage_ratio, reading.requests_running
+    if usage is not None and usage > LIVE_FOOTPRINT_MIN_USAGE and running:
+        estimates.append(running / usage)
     if capacity is not None and mean_tokens:
-        out["observed_mix"] = capacity / mean_tokens
-    elif reading.kv_usage_ratio and reading.kv_usage_ratio > 0.01 and reading.requests_running:
-        out["observed_mix"] = reading.requests_running / reading.kv_usage_ratio
+        estimates.append(capacity / mean_tokens)
+    if estimates:
+        out["observed_mix"] = min(estimates)
     if reading.kv_max_concurrency is not None:
         out["max_model_len"] = reading.kv_max_concurrency
     elif max_model_len:
