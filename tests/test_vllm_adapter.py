@@ -212,3 +212,29 @@ def test_adapter_only_raises_unrecognised(samples: list[tuple[str, dict[str, str
     overrides = SourceOverrides.from_strings(usage="gpu_cache_usage_sys")
     with contextlib.suppress(UnrecognisedPayload):
         vllm.read(parse("\n".join(lines)), overrides, timestamp=0.0)
+
+
+PROXY = """\
+# TYPE proxy_queue summary
+proxy_queue_count{model_name="m"} 7
+proxy_queue_sum{model_name="m"} 70
+# TYPE proxy_running histogram
+proxy_running_bucket{model_name="m",le="+Inf"} 3
+proxy_running_count{model_name="m"} 3
+proxy_running_sum{model_name="m"} 30
+# TYPE proxy_served counter
+proxy_served_total{model_name="m"} 12
+"""
+
+
+def test_overrides_may_name_a_histogram_summary_or_counter_sample() -> None:
+    # Through the parser's family filter, as a poll does: the families are proxy_queue and proxy_running.
+    overrides = SourceOverrides.from_strings(usage="proxy_served_total", running="proxy_running_count",
+                                             waiting="proxy_queue_count")
+    r = only(vllm.read(parse(PROXY, vllm.wanted_for(overrides)), overrides, timestamp=0.0))
+    assert (r.requests_running, r.requests_waiting, r.kv_usage_ratio) == (3.0, 7.0, 12.0)
+
+
+def test_a_payload_of_override_samples_alone_is_recognised() -> None:
+    overrides = SourceOverrides.from_strings(waiting="proxy_queue_count")
+    assert only(vllm.read(parse(PROXY, vllm.wanted_for(overrides)), overrides, timestamp=0.0)).requests_waiting == 7.0

@@ -67,15 +67,28 @@ FAMILIES: frozenset[str] = frozenset({
 """Every family the adapter reads; pass ``wanted_for(overrides)`` to :func:`kvwatch.exposition.parse`."""
 
 
+SAMPLE_SUFFIXES = ("_count", "_sum", "_bucket", "_total")
+"""How a histogram, summary or counter sample name extends its family's name."""
+
+
+def _families_of(name: str) -> set[str]:
+    """The family names a sample called ``name`` may belong to: itself, or it minus a sample suffix."""
+    return {name} | {name[: -len(suffix)] for suffix in SAMPLE_SUFFIXES if name.endswith(suffix)}
+
+
 def wanted_for(overrides: SourceOverrides | None = None) -> Callable[[str], bool]:
-    names = FAMILIES | (overrides.names() if overrides else set())
-    return names.__contains__
+    """The parser's family filter: the adapter's families, and every family an override's sample may be in
+    (``--waiting-metric proxy_queue_count`` needs the family ``proxy_queue``)."""
+    names = set(FAMILIES)
+    for name in overrides.names() if overrides else ():
+        names |= _families_of(name)
+    return frozenset(names).__contains__
 
 
 def detect(exposition: Exposition, overrides: SourceOverrides | None = None) -> Detection:
     """Which vLLM generation wrote ``exposition``; raises UnrecognisedPayload when it is not vLLM."""
     overrides = overrides or SourceOverrides()
-    override_present = any(n in exposition for n in overrides.names())
+    override_present = any(f in exposition for n in overrides.names() for f in _families_of(n))
     if not override_present and not any(n.startswith("vllm:") for n in exposition.names):
         raise UnrecognisedPayload("no vllm:* metrics in the payload (is the target a vLLM /metrics endpoint?)")
     version = _version_range(exposition)
