@@ -269,3 +269,34 @@ def test_check_still_validates_what_it_uses(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setenv("KVWATCH_MAX_BODY_BYTES", "ten")
     assert main(["check", "--file", str(FIXTURES / "gen-0.11-kv-only.prom")]) == 2
     assert "KVWATCH_MAX_BODY_BYTES" in capsys.readouterr().err
+
+
+NAN_PAYLOAD = """\
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} NaN
+vllm:num_requests_running{engine="0",model_name="m"} +Inf
+vllm:num_requests_waiting{engine="0",model_name="m"} 2
+vllm:cache_config_info{engine="0",block_size="16",num_gpu_blocks="100"} 1
+"""
+
+
+def _strict_json(text: str) -> dict:
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_nan_and_inf_are_null_in_json_and_nan_usage_is_unknown(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    payload = tmp_path / "nan.prom"
+    payload.write_text(NAN_PAYLOAD)
+    assert main(["check", "--file", str(payload), "--json"]) == 0
+    report = _strict_json(capsys.readouterr().out)
+    s = report["series"][0]
+    assert (s["kv_usage_ratio"], s["requests_running"], s["kv_used_tokens"]) == (None, None, None)
+    assert [f["id"] for f in report["findings"]] == ["usage_unknown"]
+    assert "NaN" in report["findings"][0]["message"]
+    assert main(["check", "--file", str(payload)]) == 0
+    out = capsys.readouterr().out
+    assert "KV usage        unknown\n" in out and "unknown running, 2 waiting" in out
+    assert "nan%" not in out and "nan of" not in out

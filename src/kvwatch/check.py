@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections.abc import Iterable, Mapping
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"kvwatch check: no capacity plan for {reason}; advice without quantization and TP sizes",
                   file=sys.stderr)
     report = build_report(poll, settings.max_model_len, plans)
-    print(json.dumps(report, indent=2) if args.json else render(report))
+    print(json.dumps(report, indent=2, allow_nan=False) if args.json else render(report))
     return 0
 
 
@@ -127,7 +128,7 @@ def build_report(poll: Poll, max_model_len: int | None = None,
     bound = {(f.model_name, f.engine) for f in found if f.id == "kv_bound"}
     plans = capacity_plans or {}
     d = poll.detection
-    return {
+    report = {
         "engine_kind": d.engine_kind,
         "version_range": d.version_range,
         "usage_metric": d.usage_metric,
@@ -136,6 +137,18 @@ def build_report(poll: Poll, max_model_len: int | None = None,
                    for s in states],
         "findings": [f.__dict__ for f in found],
     }
+    return _json_safe(report)
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN and ±Inf (a vLLM gauge can read NaN) become None: JSON has no such numbers, and both mean unknown."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 def advice(reading: Reading, timestamp: float, max_model_len: int | None = None,
@@ -190,6 +203,11 @@ def findings(states: Iterable[SeriesState]) -> list[Finding]:
         if usage is None:
             out.append(Finding("usage_unknown", "warning", "No KV usage metric found: pass --usage-metric with the "
                                "name your vLLM (or proxy) exports.", **where))
+        elif not math.isfinite(usage):
+            out.append(Finding("usage_unknown", "warning", (
+                f"KV usage reads {_prom_number(usage)} this poll: kvwatch cannot tell how full the KV cache is. "
+                "Look at the engine (is it serving?), or point --usage-metric at a metric that has a value."),
+                **where))
         elif usage >= KV_BOUND_USAGE and waiting > 0:
             out.append(Finding("kv_bound", "critical", (
                 f"KV cache is {usage:.0%} full with {waiting:g} requests waiting: the KV cache is the bottleneck. "
@@ -215,6 +233,11 @@ def findings(states: Iterable[SeriesState]) -> list[Finding]:
                 "use `kvwatch plan` with --model and --gpu to estimate it."), **where))
     order = {"critical": 0, "warning": 1, "info": 2}
     return sorted(out, key=lambda f: order[f.severity])
+
+
+def _prom_number(value: float) -> str:
+    """As the exposition format spells it: NaN, +Inf, -Inf."""
+    return "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf") if math.isinf(value) else f"{value:g}"
 
 
 def _fmt(value: Any, spec: str = "g") -> str:
