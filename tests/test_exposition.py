@@ -152,3 +152,32 @@ def test_roundtrip_escaped_labels(labels: dict[str, str], value: float) -> None:
     body = ",".join(f'{k}="{esc(v)}"' for k, v in labels.items())
     parsed = parse(f"m{{{body}}} {value!r}\n").samples("m")
     assert parsed[0].labels == labels and parsed[0].value == value
+
+
+def test_openmetrics_exemplars_are_ignored_not_an_error() -> None:
+    text = (
+        "# TYPE h histogram\n"
+        'h_bucket{le="1"} 1 # {trace_id="x"} 0.5\n'
+        'h_bucket{le="+Inf"} 2 # {trace_id="y"} 3.5 1700000000.5\n'
+        "h_count 2\n"
+        "# TYPE c counter\n"
+        'c_total 5 # {span="a # b"} 1\n'
+        'g{path="/a # b"} 3\n'  # ' # ' inside a label value is not an exemplar
+        "# EOF\n"  # exemplars exist only in OpenMetrics, which always ends so
+    )
+    e = parse(text)
+    assert [(s.labels, s.value) for s in e.samples("h")] == [({"le": "1"}, 1.0), ({"le": "+Inf"}, 2.0), ({}, 2.0)]
+    assert e.samples("c_total")[0].value == 5.0
+    assert e.samples("g")[0].labels == {"path": "/a # b"}
+
+
+def test_nothing_after_eof_is_parsed() -> None:
+    e = parse("a 1\n# EOF\nb 2\n{{not metrics at all\n")
+    assert "b" not in e and e.samples("a")[0].value == 1.0
+    assert "b" in parse("a 1\n# HELP b not the end # EOF\nb 2\n")  # only a line of its own ends the text
+
+
+@pytest.mark.parametrize("value", ["1_000", "1_0.5", "0x10", "1e", "one"])
+def test_values_python_reads_but_prometheus_does_not_are_errors(value: str) -> None:
+    with pytest.raises(ParseError, match="bad value"):
+        parse(f"a {value}\n")

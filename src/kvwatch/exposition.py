@@ -3,8 +3,10 @@
 Handles what vLLM's ``prometheus_client`` emits, in both single- and multi-process mode: ``# HELP`` /
 ``# TYPE`` lines, escaped label values, ``NaN``/``+Inf``/``-Inf``, optional sample timestamps (dropped),
 samples in any order (multiprocess mode puts ``_sum`` before ``_bucket``), duplicate series, and the
-OpenMetrics text variant (``# EOF``, ``# UNIT``, counters declared without ``_total``). ``*_created``
-samples and families are dropped: kvwatch never needs them.
+OpenMetrics text variant (``# EOF`` ends the text, ``# UNIT``, counters declared without ``_total``,
+exemplars after `` # `` are ignored; OpenMetrics always ends in ``# EOF``, which is how it is told apart).
+``*_created`` samples and families are dropped: kvwatch never needs them. Values follow Prometheus, not
+Python: ``1_000`` is an error.
 
 Why it is fast: it scans lines with ``str`` methods, resolves each distinct sample name to its family
 once (a dict cache), and skips samples of unwanted families before looking at their labels.
@@ -86,10 +88,18 @@ def _parse(text: str, wanted: Callable[[str], bool] | None) -> Exposition:
     families: dict[str, Family] = {}
     types: dict[str, str] = {}
     helps: dict[str, str] = {}
+    openmetrics = False
     # Pass 1: metadata, so that a sample seen before its TYPE line still finds its family.
     for line in lines:
         if line[:1] == "#":
+            if line[:5] == "# EOF" and not line[5:].strip():
+                del lines[lines.index(line):]  # OpenMetrics ends here; nothing after it is part of the text
+                openmetrics = True
+                break
             _metadata(line, types, helps)
+    if openmetrics:
+        # Exemplars are OpenMetrics only, and OpenMetrics always ends in # EOF: Prometheus text (vLLM's) skips this.
+        lines = [_without_exemplar(line) if " # " in line and line[:1] != "#" else line for line in lines]
     names: set[str] = set(types) | set(helps)
     names = {n for n in names if not n.endswith("_created")}
     resolved: dict[str, object] = {}  # sample name -> its family's samples.append, or _SKIP
@@ -139,10 +149,33 @@ def _parse(text: str, wanted: Callable[[str], bool] | None) -> Exposition:
             raise ParseError(f"line {lineno}: expected a value (and optional timestamp): {_clip(line)}")
         try:
             value = float(parts[0])
+            if "_" in parts[0]:  # Python reads 1_000; Prometheus does not
+                raise ValueError
         except ValueError:
             raise ParseError(f"line {lineno}: bad value {parts[0][:40]!r}: {_clip(line)}") from None
         target(new_sample(Sample, (name, labels, value)))  # type: ignore[operator]
     return Exposition(families=families, names=frozenset(names))
+
+
+def _without_exemplar(line: str) -> str:
+    """A sample line without its OpenMetrics exemplar (`` # {trace_id="..."} 0.5``), which kvwatch ignores.
+
+    The exemplar starts at the first `` # `` outside a quoted label value."""
+    quoted = False
+    i, n = 0, len(line)
+    while i < n:
+        ch = line[i]
+        if quoted:
+            if ch == "\\":
+                i += 1
+            elif ch == '"':
+                quoted = False
+        elif ch == '"':
+            quoted = True
+        elif ch == "#" and line[i - 1 : i + 2] == " # ":
+            return line[: i - 1]
+        i += 1
+    return line
 
 
 def _metadata(line: str, types: dict[str, str], helps: dict[str, str]) -> None:
