@@ -65,6 +65,20 @@ def test_preset_model_and_gpu_json_matches_vllm_log(capsys):
     assert data["estimated"] == []
 
 
+def test_pipeline_parallel_logged_figures_match_vllm_like_the_calibration(capsys):
+    # Row 15 of the calibration data: vLLM 0.19 logged rank 0's figures and reported 1,075,312 tokens.
+    code, out, _ = run(["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu-memory-gib", "79.19",
+                        "--gpu-memory-utilization", "0.95", "--max-model-len", "8192", "--vllm-version", "0.19.0",
+                        "--pipeline-parallel-size", "2", "--weights-gib", "7.51", "--activation-gib", "1.1",
+                        "--non-torch-gib", "0.07", "--json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    assert data["kv_cache_tokens"] == pytest.approx(1075312, rel=0.01)  # was 1,090,352 (+1.40%) without the term
+    assert "pp_last_stage_sampler" in data["estimated"]
+    assert data["pp_last_stage_extra_bytes"] == pytest.approx(1024 * 128256 * 7)
+    assert any("rank 0" in n for n in data["notes"])
+
+
 def test_settings_come_from_environment_too(capsys, monkeypatch):
     monkeypatch.setenv("KVWATCH_MODEL", "google/gemma-2-9b-it")
     monkeypatch.setenv("KVWATCH_GPU", "H100")

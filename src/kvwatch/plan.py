@@ -151,6 +151,7 @@ def plan_to_dict(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: flo
         "weights_bytes": plan.weights_bytes,
         "activation_bytes": plan.activation_bytes,
         "non_torch_bytes": plan.non_torch_bytes,
+        "pp_last_stage_extra_bytes": plan.pp_last_stage_extra_bytes,
         "available_kv_bytes": plan.available_kv_bytes,
         "kv_bytes_per_token": plan.kv_bytes_per_token,
         "block_size": plan.layout.block_size,
@@ -210,6 +211,16 @@ def _weights_detail(arch: ModelArch | None, plan: CapacityPlan) -> str:
     return f"estimated: {(embed + dense + experts) / 1e9:.2f} B params, {quant}, / TP×PP"
 
 
+def _activation_detail(plan: CapacityPlan) -> str:
+    if "activation" in plan.estimated:
+        return f"estimated: profile run of {plan.max_num_batched_tokens} batched tokens and the sampler"
+    if plan.pp_last_stage_extra_bytes:
+        rank0 = (plan.activation_bytes or 0) - plan.pp_last_stage_extra_bytes
+        return (f"measured on rank 0: {_g(rank0)} + {_g(plan.pp_last_stage_extra_bytes)} estimated for the last "
+                "PP stage's sampler")
+    return "measured"
+
+
 def render_text(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: float | None) -> str:
     spec, layout = plan.spec, plan.layout
     name = spec.arch.name if spec.arch else "model given by its KV bytes per token"
@@ -223,9 +234,7 @@ def render_text(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: floa
             f"   usable      {_g(plan.total_memory_bytes)} × {plan.gpu_memory_utilization:.2f}"
             f"{'':>18}= {_g(plan.usable_bytes)}",
             f"   − weights     {_g(plan.weights_bytes):>12}  ({_weights_detail(spec.arch, plan)})",
-            f"   − activation  {_g(plan.activation_bytes):>12}  ("
-            + (f"estimated: profile run of {plan.max_num_batched_tokens} batched tokens and the sampler"
-               if "activation" in plan.estimated else "measured") + ")",
+            f"   − activation  {_g(plan.activation_bytes):>12}  ({_activation_detail(plan)})",
             f"   − non-torch   {_g(plan.non_torch_bytes):>12}  "
             f"({'estimated' if 'non_torch' in plan.estimated else 'measured'})",
             f"   = KV budget                                        = {_g(plan.available_kv_bytes)}",

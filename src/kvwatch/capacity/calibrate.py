@@ -4,7 +4,9 @@
 prints the Markdown table published in docs/capacity.md. Two modes per row:
 
 - ``logged``: the row's own weights, activation peak and non-torch memory (as vLLM printed them) go in;
-  only the budget -> blocks -> tokens arithmetic is tested.
+  only the budget -> blocks -> tokens arithmetic is tested. With pipeline parallelism ``plan_capacity`` adds
+  the last stage's sampler to rank 0's logged activation (an estimate), so those rows are marked
+  ``logged + est. PP sampler`` and their error from the logged figures alone is reported too.
 - ``estimated``: only the model name and the settings go in (weights, activation and non-torch are the
   model's estimates); this is what ``kvwatch plan --model X --gpu Y`` would say.
 """
@@ -18,7 +20,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kvwatch.capacity import memory
 from kvwatch.capacity.memory import GIB
 from kvwatch.capacity.planner import DeploymentSpec, SpecError, parse_version, plan_capacity
 from kvwatch.capacity.presets import PresetError, match_model, resolve_gpu
@@ -32,14 +33,24 @@ class RowResult:
     model: str
     setting: str
     kind: str  # standard, mla, sliding
-    mode: str  # logged, estimated
+    mode: str  # "logged", "logged + est. PP sampler" or "estimated"
     predicted: int
     actual: int
+    raw_predicted: int | None = None  # PP rows: from the logged rank-0 figures alone (no last-stage term)
 
     @property
     def error(self) -> float:
         """Signed relative error of the predicted token count."""
         return (self.predicted - self.actual) / self.actual
+
+    @property
+    def raw_error(self) -> float | None:
+        """PP rows: the error of the logged figures alone, without the estimated last-stage sampler term."""
+        return None if self.raw_predicted is None else (self.raw_predicted - self.actual) / self.actual
+
+    @property
+    def is_logged(self) -> bool:
+        return self.mode.startswith("logged")
 
 
 def load_rows(path: Path) -> list[dict[str, str]]:
@@ -126,15 +137,19 @@ def evaluate(rows: Sequence[dict[str, str]]) -> list[RowResult]:
         logged = [_float(row, k) for k in ("gpu_total_gib", "gpu_memory_utilization", "weights_gib",
                                            "activation_peak_gib", "non_torch_gib")]
         if all(v is not None for v in logged):
-            activation = float(logged[3] or 0) * GIB
-            if spec.pipeline_parallel_size > 1 and spec.arch is not None:
-                # The log is stage 0's; vLLM sizes KV on the tightest stage, the last one, which also samples.
-                _, seqs = memory.default_batch_limits(spec.gpu_memory_bytes or 0, spec.gpu_name)
-                activation += memory.pp_last_stage_extra_bytes(spec.arch, seqs)
-            measured = replace(spec, weights_bytes=float(logged[2] or 0) * GIB, activation_bytes=activation,
-                               non_torch_bytes=float(logged[4] or 0) * GIB)
-            results.append(RowResult(line, row["model"], setting, kind, "logged",
-                                     plan_capacity(measured).kv_cache_tokens, actual))
+            total, util, weights, activation, non_torch = (float(v or 0) for v in logged)
+            measured = replace(spec, weights_bytes=weights * GIB, activation_bytes=activation * GIB,
+                               non_torch_bytes=non_torch * GIB)
+            plan = plan_capacity(measured)
+            # With PP the planner adds the last stage's sampler to rank 0's logged activation (an estimate), so
+            # such rows are not purely "logged"; the raw figure is what the logged numbers alone give.
+            raw = None
+            mode = "logged"
+            if plan.pp_last_stage_extra_bytes:
+                mode = "logged + est. PP sampler"
+                raw_spec = replace(spec, available_kv_bytes=(total * util - weights - activation - non_torch) * GIB)
+                raw = plan_capacity(raw_spec).kv_cache_tokens
+            results.append(RowResult(line, row["model"], setting, kind, mode, plan.kv_cache_tokens, actual, raw))
         if spec.gpu_memory_bytes is not None:
             try:
                 estimate = plan_capacity(spec)
@@ -147,7 +162,7 @@ def evaluate(rows: Sequence[dict[str, str]]) -> list[RowResult]:
 
 def summary(results: Iterable[RowResult]) -> dict[str, float]:
     res = list(results)
-    logged = [r for r in res if r.mode == "logged"]
+    logged = [r for r in res if r.is_logged]
     estimated = [r for r in res if r.mode == "estimated"]
 
     def worst(kinds: set[str]) -> float:
@@ -159,6 +174,8 @@ def summary(results: Iterable[RowResult]) -> dict[str, float]:
         "estimated_rows": len(estimated),
         "logged_max_error_standard_mla": worst({"standard", "mla"}),
         "logged_max_error_sliding": worst({"sliding"}),
+        "logged_pp_rows": len([r for r in logged if r.raw_error is not None]),
+        "logged_max_raw_error_pp": max((abs(r.raw_error) for r in logged if r.raw_error is not None), default=0.0),
         "estimated_median_abs_error": statistics.median(abs(r.error) for r in estimated) if estimated else 0.0,
     }
 
@@ -174,6 +191,10 @@ def render_markdown(results: Sequence[RowResult]) -> str:
         "",
         f"- logged mode, {s['logged_rows']:.0f} rows: worst error {s['logged_max_error_standard_mla'] * 100:.2f}% on "
         f"standard/MLA rows, {s['logged_max_error_sliding'] * 100:.2f}% on sliding-window rows",
+        f"- of those, {s['logged_pp_rows']:.0f} pipeline-parallel rows include the estimated last-stage sampler "
+        "term (`logged + est. PP sampler`, as `kvwatch plan` applies it); from the logged rank-0 figures alone "
+        "they are off by " + ", ".join(f"{r.raw_error * 100:+.2f}% (line {r.line})" for r in results
+                                     if r.raw_error is not None),
         f"- estimated mode, {s['estimated_rows']:.0f} rows: median absolute error "
         f"{s['estimated_median_abs_error'] * 100:.2f}%",
     ]

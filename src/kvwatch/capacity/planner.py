@@ -113,7 +113,7 @@ class CapacityPlan:
     gpu_memory_utilization: float
     usable_bytes: float | None  # total x utilization
     weights_bytes: float | None
-    activation_bytes: float | None
+    activation_bytes: float | None  # with PP and a measured figure: rank 0's + pp_last_stage_extra_bytes
     non_torch_bytes: float | None
     available_kv_bytes: float
     kv_bytes_per_token: float
@@ -125,6 +125,7 @@ class CapacityPlan:
     estimated: tuple[str, ...]  # which terms are estimates rather than measured
     warnings: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
+    pp_last_stage_extra_bytes: float = 0.0  # the last PP stage's sampler, added to a measured rank-0 activation
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -181,6 +182,7 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
 
     # Memory budget
     weights = activation = non_torch = usable = None
+    pp_extra = 0.0
     if spec.available_kv_bytes is not None:
         available = float(spec.available_kv_bytes)
         weights, activation, non_torch = spec.weights_bytes, spec.activation_bytes, spec.non_torch_bytes
@@ -199,9 +201,20 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
             estimated.append("weights")
         if spec.activation_bytes is not None:
             activation = float(spec.activation_bytes)
-            if pp > 1:
+            if pp > 1 and arch is not None:
+                # vLLM prints rank 0's profile, but sizes the pool on the tightest stage: the last one, which
+                # also runs the sampler. Same term as the calibration uses (docs/capacity.md, section 2).
+                pp_extra = float(memory.pp_last_stage_extra_bytes(arch, seqs))
+                activation += pp_extra
+                estimated.append("pp_last_stage_sampler")
+                notes.append(f"pipeline parallelism: --activation-gib is read as rank 0's figure (the rank whose "
+                             f"log vLLM prints); the last stage also runs the sampler, so "
+                             f"{pp_extra / GIB:.2f} GiB (max_num_seqs {seqs} × vocab {arch.vocab_size:,} × "
+                             f"{memory.SAMPLER_BYTES_PER_LOGIT // 2} B, estimated) is added for it")
+            elif pp > 1:
                 warnings.append("with pipeline parallelism vLLM sizes KV on the tightest stage; the last stage "
-                                "also runs the sampler, so a rank-0 activation figure overstates the KV pool")
+                                "also runs the sampler, which a rank-0 --activation-gib does not include, and "
+                                "without the model (its vocabulary) kvwatch cannot add it: the pool is overstated")
         else:
             activation = float(memory.estimate_activation_bytes(
                 _arch_or_error(spec, "estimating activations (--activation-gib)"), dtype_bytes, batched, seqs, tp, pp))
@@ -223,7 +236,7 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
         errors.append(f"vLLM will not start: one {max_model_len}-token request needs {need / GIB:.2f} GiB of KV "
                       f"but only {available / GIB:.2f} GiB is available (short by {(need - available) / GIB:.2f} "
                       f"GiB); lower --max-model-len to about {_fitting_len(layout, blocks, batched)}")
-    if estimated:
+    if estimated and estimated != ["pp_last_stage_sampler"]:
         warnings.append(f"estimated (not measured): {', '.join(estimated)}; pass --weights-gib/--activation-gib/"
                         "--non-torch-gib from vLLM's startup log for exact figures")
     if layout.is_hybrid and spec.vllm_version >= kv.TOKENS_FROM_CONCURRENCY_SINCE:
@@ -232,6 +245,7 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
     return CapacityPlan(
         spec=spec, total_memory_bytes=total, gpu_memory_utilization=util, usable_bytes=usable,
         weights_bytes=weights, activation_bytes=activation, non_torch_bytes=non_torch,
+        pp_last_stage_extra_bytes=pp_extra,
         available_kv_bytes=available, kv_bytes_per_token=per_token, layout=layout, num_gpu_blocks=blocks,
         kv_cache_tokens=tokens, max_model_len=max_model_len, max_num_batched_tokens=batched,
         estimated=tuple(estimated), warnings=tuple(warnings), errors=tuple(errors), notes=tuple(notes),
