@@ -79,6 +79,20 @@ def test_pipeline_parallel_logged_figures_match_vllm_like_the_calibration(capsys
     assert any("rank 0" in n for n in data["notes"])
 
 
+@pytest.mark.parametrize(("version", "expected"), [
+    # >= 0.20: int(max_concurrency x max_model_len); 20,001 is not a block multiple, so this is not blocks x 16
+    ("0.20", "int(2,332 blocks ÷ 1,251 blocks per 20,001-token request × 20,001) = 37,284 "
+             "(2,332 × 16 = 37,312 token slots)"),
+    ("0.19", "tokens = 2,332 × 16 = 37,312"),
+])
+def test_walk_through_prints_the_token_rule_vllm_uses(version, expected, capsys):
+    code, out, _ = run(["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "L4", "--max-model-len",
+                        "20001", "--gpu-memory-utilization", "0.92", "--vllm-version", version], capsys)
+    assert code == 0
+    assert expected in out
+    assert "2,332 × 16 = 37,284" not in out  # the old line: wrong arithmetic
+
+
 def test_settings_come_from_environment_too(capsys, monkeypatch):
     monkeypatch.setenv("KVWATCH_MODEL", "google/gemma-2-9b-it")
     monkeypatch.setenv("KVWATCH_GPU", "H100")

@@ -253,7 +253,7 @@ def render_text(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: floa
     else:
         out += [f"   blocks = floor({_g(plan.available_kv_bytes)} ÷ ({layout.block_size} tokens × "
                 f"{_bytes(plan.kv_bytes_per_token)})) = {plan.num_gpu_blocks:,}",
-                f"   tokens = {plan.num_gpu_blocks:,} × {layout.block_size} = {plan.kv_cache_tokens:,}"]
+                f"   {_uniform_tokens_line(plan)}"]
     out += ["", "4. Concurrency ceiling"]
     if avg_seq_len and layout.is_hybrid:
         out.append(f"   at {avg_seq_len:,.0f} tokens per request: {plan.num_gpu_blocks:,} blocks × {layout.block_size}"
@@ -278,6 +278,22 @@ def render_text(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: floa
     for label, items in (("error", plan.errors), ("warning", plan.warnings), ("note", plan.notes)):
         out += [f"{label}: {item}" for item in items]
     return "\n".join(out)
+
+
+def _uniform_tokens_line(plan: CapacityPlan) -> str:
+    """The token figure of a one-group model, with the arithmetic of the rule that produced it."""
+    from kvwatch.capacity.kv import TOKENS_FROM_CONCURRENCY_SINCE, blocks_needed
+
+    layout, blocks = plan.layout, plan.num_gpu_blocks
+    slots = blocks * layout.block_size
+    if plan.spec.vllm_version >= TOKENS_FROM_CONCURRENCY_SINCE and plan.max_model_len:
+        per_request = blocks_needed(layout, plan.max_model_len, plan.max_num_batched_tokens)
+        line = (f"tokens as vLLM ≥ 0.20 reports them = int({blocks:,} blocks ÷ {per_request:,} blocks per "
+                f"{plan.max_model_len:,}-token request × {plan.max_model_len:,}) = {plan.kv_cache_tokens:,}")
+        if plan.kv_cache_tokens != slots:
+            line += f" ({blocks:,} × {layout.block_size} = {slots:,} token slots)"
+        return line
+    return f"tokens = {blocks:,} × {layout.block_size} = {plan.kv_cache_tokens:,}"
 
 
 def _tokens_rule(plan: CapacityPlan) -> str:
