@@ -17,7 +17,7 @@ from kvwatch.capacity import (
     whatif_ceilings,
     whatif_scenarios,
 )
-from kvwatch.capacity.memory import estimate_non_torch_bytes, estimate_weights_bytes
+from kvwatch.capacity.memory import estimate_non_torch_bytes, estimate_weights_bytes, resolve_quantization
 from kvwatch.settings import DeploymentSettings
 
 GIB = 1 << 30
@@ -156,7 +156,10 @@ def test_from_settings_resolves_presets_and_overrides(monkeypatch):
     settings = DeploymentSettings(model="RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic", gpu="H100",
                                   tensor_parallel_size=2, gpu_memory_utilization=0.95, max_model_len=8192)
     spec = DeploymentSpec.from_settings(settings, weights_bytes=33.88 * GIB, vllm_version="0.19.0")
-    assert spec.quantization == "fp8" and spec.vllm_version == (0, 19)
+    # the name implies the checkpoint's scheme; --quantization (None here) stays the user's
+    assert spec.quantization is None and spec.vllm_version == (0, 19)
+    assert spec.arch.checkpoint_quantization == "fp8"
+    assert resolve_quantization(spec.quantization, spec.arch).scheme == "fp8"
     assert spec.gpu_memory_bytes == pytest.approx(79.19 * GIB)
     plan = plan_capacity(spec)
     assert plan.weights_bytes == pytest.approx(33.88 * GIB)

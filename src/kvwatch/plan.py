@@ -28,7 +28,7 @@ from kvwatch.capacity import (
 )
 from kvwatch.capacity import presets as preset_data
 from kvwatch.capacity.architecture import SLIDING, ModelArch
-from kvwatch.capacity.memory import GIB, parameter_counts
+from kvwatch.capacity.memory import GIB, parameter_counts, resolve_quantization
 from kvwatch.settings import DeploymentSettings, SettingsError, add_settings_flags, load_settings
 
 _GIB_FLAGS = ("weights_gib", "activation_gib", "non_torch_gib", "available_kv_gib")
@@ -116,8 +116,8 @@ def run(args: argparse.Namespace) -> int:
         scenarios = whatif_scenarios(spec, args.avg_seq_len)
     except SpecError as exc:
         raise SettingsError(str(exc)) from None
-    except QuantizationError as exc:
-        raise SettingsError(f"invalid value for --quantization: {exc}") from None
+    except QuantizationError as exc:  # names the flag that brought the quantization in (and the config field)
+        raise SettingsError(f"invalid value for {exc.flag}: {exc}") from None
     if args.json:
         print(json.dumps(plan_to_dict(plan, scenarios, args.avg_seq_len), indent=2))
     else:
@@ -207,7 +207,8 @@ def _weights_detail(arch: ModelArch | None, plan: CapacityPlan) -> str:
     if "weights" not in plan.estimated or arch is None:
         return "measured"
     embed, dense, experts = parameter_counts(arch)
-    quant = plan.spec.quantization or arch.checkpoint_quantization or plan.spec.dtype
+    resolved = resolve_quantization(plan.spec.quantization, arch)
+    quant = resolved.how if resolved else plan.spec.dtype
     return f"estimated: {(embed + dense + experts) / 1e9:.2f} B params, {quant}, / TP×PP"
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvwatch.capacity.quantization import scheme_from_config
+
 FULL = "full_attention"
 SLIDING = "sliding_attention"
 MAMBA = "mamba"
@@ -57,8 +59,11 @@ class ModelArch:
     first_k_dense_layers: int = 0
     # Total parameters when the preset knows it better than the config implies (MLA/MoE details).
     num_parameters: int | None = None
-    # Quantization the checkpoint ships with (e.g. gpt-oss: mxfp4) when --quantization is not given.
+    # Quantization scheme the checkpoint ships with (e.g. gpt-oss: mxfp4), and where it was read (a config.json
+    # field, or the name that implies it); None source = the preset's own data.
     checkpoint_quantization: str | None = None
+    checkpoint_quantization_source: str | None = None
+    from_config_file: bool = False  # built from a user's config.json (--model-config), not a preset
     source: str | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
 
@@ -161,6 +166,7 @@ def arch_from_config(config: dict[str, Any], name: str = "custom", source: str |
         )
     num_experts = int(cfg.get("num_local_experts") or cfg.get("n_routed_experts") or cfg.get("num_experts") or 0)
     tie = cfg.get("tie_word_embeddings")
+    quant_scheme, quant_source = _checkpoint_quantization(config)
     return ModelArch(
         name=name,
         num_layers=num_layers,
@@ -183,15 +189,16 @@ def arch_from_config(config: dict[str, Any], name: str = "custom", source: str |
         num_shared_experts=int(cfg.get("n_shared_experts") or cfg.get("num_shared_experts") or 0),
         first_k_dense_layers=int(cfg.get("first_k_dense_replace") or 0),
         num_parameters=int(config["num_parameters"]) if config.get("num_parameters") else None,
-        checkpoint_quantization=_checkpoint_quantization(config),
+        checkpoint_quantization=quant_scheme,
+        checkpoint_quantization_source=quant_source,
         source=source,
         notes=tuple(notes),
     )
 
 
-def _checkpoint_quantization(config: dict[str, Any]) -> str | None:
+def _checkpoint_quantization(config: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(scheme, where it was read) from ``quantization_config``; a preset's ``checkpoint_quantization`` as is."""
     qc = config.get("quantization_config")
-    if isinstance(qc, dict):
-        method = str(qc.get("quant_method") or "").lower()
-        return method or None
-    return config.get("checkpoint_quantization")
+    if isinstance(qc, dict) and qc:
+        return scheme_from_config(qc)
+    return config.get("checkpoint_quantization"), None

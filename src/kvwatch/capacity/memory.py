@@ -7,20 +7,13 @@ vLLM (V1, per GPU worker): ``available_kv = total × gpu_memory_utilization − 
 
 from __future__ import annotations
 
+from kvwatch.capacity import quantization as quant
 from kvwatch.capacity.architecture import ModelArch
+from kvwatch.capacity.quantization import QuantizationError
+
+__all__ = ["QuantizationError"]
 
 GIB = 1 << 30
-
-# Bytes per parameter of quantized linear weights, including typical scale overhead.
-_QUANT_BYTES: dict[str, float] = {
-    "fp8": 1.0, "fp8_dynamic": 1.0, "fbgemm_fp8": 1.0, "int8": 1.0, "w8a8": 1.0, "w8a16": 1.0,
-    "modelopt": 1.0, "experts_int8": 1.0,
-    "int4": 0.5 + 2 / 128, "w4a16": 0.5 + 2 / 128, "awq": 0.5 + 2 / 128, "awq_marlin": 0.5 + 2 / 128,
-    "gptq": 0.5 + 2 / 128, "gptq_marlin": 0.5 + 2 / 128, "bitsandbytes": 0.5 + 2 / 64,
-    "mxfp4": 0.5 + 1 / 32, "nvfp4": 0.5 + 1 / 16, "modelopt_fp4": 0.5 + 1 / 16,
-}
-# Quantization methods that apply only to MoE experts (attention and dense layers stay in the dtype).
-_EXPERTS_ONLY = frozenset({"mxfp4", "experts_int8"})
 
 _DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2, "float32": 4, "fp32": 4,
                 "float": 4}
@@ -33,12 +26,17 @@ NON_TORCH_TP1_BYTES = int(0.25 * GIB)  # CUDA context, cuBLAS workspaces
 NON_TORCH_MULTI_GPU_BYTES = int(2.1 * GIB)  # + NCCL buffers / custom all-reduce at TP >= 2
 
 
-class QuantizationError(ValueError):
-    """Unknown --quantization value (message lists the known ones)."""
-
-
 def known_quantizations() -> list[str]:
-    return sorted(_QUANT_BYTES)
+    return quant.known_names()
+
+
+def resolve_quantization(quantization: str | None, arch: ModelArch | None) -> quant.Resolved | None:
+    """The scheme the weights are priced as: ``--quantization`` (a vLLM method name defers to the checkpoint)
+    or the checkpoint's own; None when unquantized. Raises :class:`QuantizationError` naming the source."""
+    checkpoint = arch.checkpoint_quantization if arch else None
+    source = arch.checkpoint_quantization_source if arch else None
+    flag = "--model-config" if arch is not None and arch.from_config_file else "--model"
+    return quant.resolve(quantization, checkpoint, source, flag)
 
 
 def model_dtype_bytes(dtype: str, arch: ModelArch | None) -> int:
@@ -50,14 +48,10 @@ def model_dtype_bytes(dtype: str, arch: ModelArch | None) -> int:
     return _DTYPE_BYTES.get(d, 2)
 
 
-def quantized_bytes_per_param(quantization: str | None) -> float | None:
+def quantized_bytes_per_param(quantization: str | None, arch: ModelArch | None = None) -> float | None:
     """Bytes per quantized linear parameter, ``None`` when unquantized."""
-    if quantization is None or quantization.lower() in {"", "none"}:
-        return None
-    q = quantization.lower().replace("-", "_")
-    if q in _QUANT_BYTES:
-        return _QUANT_BYTES[q]
-    raise QuantizationError(f"unknown quantization {quantization!r}; known: {', '.join(known_quantizations())}")
+    resolved = resolve_quantization(quantization, arch)
+    return resolved.bytes_per_param if resolved else None
 
 
 def parameter_counts(arch: ModelArch) -> tuple[int, int, int]:
@@ -94,8 +88,9 @@ def estimate_weights_bytes(arch: ModelArch, dtype_bytes: int, quantization: str 
     Embeddings and the LM head stay in the model dtype under every quantization method here.
     """
     embed, dense, experts = parameter_counts(arch)
-    q = quantized_bytes_per_param(quantization or arch.checkpoint_quantization)
-    experts_only = (quantization or arch.checkpoint_quantization or "").lower() in _EXPERTS_ONLY
+    resolved = resolve_quantization(quantization, arch)
+    q = resolved.bytes_per_param if resolved else None
+    experts_only = resolved.experts_only if resolved else False
     dense_bytes = dense * (q if q is not None and not experts_only else dtype_bytes)
     expert_bytes = experts * (q if q is not None else dtype_bytes)
     total = embed * dtype_bytes + dense_bytes + expert_bytes

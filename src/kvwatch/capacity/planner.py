@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kvwatch.capacity import kv, memory
+from kvwatch.capacity import kv, memory, quantization
 from kvwatch.capacity.architecture import ModelArch
 from kvwatch.capacity.memory import GIB
 
@@ -75,7 +75,10 @@ class DeploymentSpec:
             arch = presets.load_config_file(settings.model_config_path)
         elif settings.model:
             match = presets.match_model(settings.model)
-            arch, quantization = match.arch, quantization or match.quantization
+            arch = match.arch
+            if match.quantization:  # e.g. an -FP8 repack: the checkpoint's scheme, unless --quantization says
+                arch = replace(arch, checkpoint_quantization=match.quantization,
+                               checkpoint_quantization_source=f"the model name {settings.model!r}")
         gpu_bytes, gpu_name = None, settings.gpu
         if settings.gpu:
             gpu = presets.resolve_gpu(settings.gpu)
@@ -159,6 +162,7 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
     warnings: list[str] = []
     errors: list[str] = []
     notes: list[str] = list(arch.notes) if arch else []
+    quantization.check_name(spec.quantization)
     dtype_bytes = memory.model_dtype_bytes(spec.dtype, arch)
     kv_bytes = kv.kv_dtype_bytes(spec.kv_cache_dtype, dtype_bytes)
     util = spec.gpu_memory_utilization or default_gpu_memory_utilization(spec.vllm_version)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache, lru_cache
 from importlib import resources
 from pathlib import Path
@@ -123,7 +123,7 @@ def load_config_file(path: str | Path) -> ModelArch:
     except json.JSONDecodeError as exc:
         raise ArchitectureError(f"{p} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
     name = str(data.get("_name_or_path") or p.parent.name or "custom") if isinstance(data, dict) else "custom"
-    return arch_from_config(data, name=name, source=str(p))
+    return replace(arch_from_config(data, name=name, source=str(p)), from_config_file=True)
 
 
 def resolve_model(name_or_config: str | Path | dict[str, Any]) -> ModelArch:

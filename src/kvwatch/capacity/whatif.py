@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from kvwatch.capacity import memory
-from kvwatch.capacity.memory import GIB
+from kvwatch.capacity.memory import GIB, QuantizationError
 from kvwatch.capacity.planner import CapacityPlan, DeploymentSpec, SpecError, plan_capacity
 
 UTILIZATIONS = (0.85, 0.95)
@@ -62,10 +62,12 @@ def _weights_ratio(spec: DeploymentSpec, quantization: str, dtype_bytes: int) ->
 
 def _fp8_weights(spec: DeploymentSpec, base: CapacityPlan) -> tuple[DeploymentSpec | None, str]:
     dtype_bytes = memory.model_dtype_bytes(spec.dtype, spec.arch)
-    current = spec.quantization or (spec.arch.checkpoint_quantization if spec.arch else None)
-    q = memory.quantized_bytes_per_param(current)
-    if q is not None and q <= 1.0:
-        return replace(spec), f"weights are already {current}: no gain"
+    try:
+        current = memory.resolve_quantization(spec.quantization, spec.arch)
+    except QuantizationError as exc:
+        return None, f"cannot price today's weights: {exc}"
+    if current is not None and current.bytes_per_param <= 1.0:
+        return replace(spec), f"weights are already {current.scheme}: no gain"
     ratio = _weights_ratio(spec, "fp8", dtype_bytes)
     changed = replace(spec, quantization="fp8")
     if spec.weights_bytes is not None:
