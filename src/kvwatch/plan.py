@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         plan = plan_capacity(spec)
         scenarios = whatif_scenarios(spec, args.avg_seq_len)
     except SpecError as exc:
-        raise SettingsError(str(exc)) from None
+        raise SettingsError(f"{exc} {exc.plan_hint}".rstrip()) from None
     except QuantizationError as exc:  # names the flag that brought the quantization in (and the config field)
         raise SettingsError(f"invalid value for {exc.flag}: {exc}") from None
     if args.json:

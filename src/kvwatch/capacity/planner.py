@@ -18,7 +18,15 @@ _OLD_DEFAULT_UTILIZATION_BEFORE = (0, 20)
 
 
 class SpecError(ValueError):
-    """The deployment is under-specified (message names the flag that would fix it)."""
+    """The deployment is under-specified (message names the flag that would fix it).
+
+    ``plan_hint`` is an extra way out that only ``kvwatch plan`` has (its measured-memory flags); ``serve``
+    logs the message without it.
+    """
+
+    def __init__(self, message: str, plan_hint: str = "") -> None:
+        super().__init__(message)
+        self.plan_hint = plan_hint
 
 
 def parse_version(text: str | None) -> tuple[int, int]:
@@ -194,8 +202,8 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
             usable = total * util
     else:
         if total is None:
-            raise SpecError("the memory budget needs the GPU: pass --gpu NAME or --gpu-memory-gib X "
-                            "(or --available-kv-gib)")
+            raise SpecError("the memory budget needs the GPU: pass --gpu NAME or --gpu-memory-gib X",
+                            plan_hint="(or a measured --available-kv-gib)")
         usable = total * util
         if spec.weights_bytes is not None:
             weights = float(spec.weights_bytes)
