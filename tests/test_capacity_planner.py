@@ -100,6 +100,27 @@ def test_gpt_oss_checkpoint_quantization_is_mxfp4_on_experts_only():
     assert estimate_weights_bytes(oss, 2, None, 1, 1) / GIB == pytest.approx(13.47, rel=0.08)
 
 
+@pytest.mark.parametrize(("model", "capability", "tp", "logged_gib"), [
+    ("openai/gpt-oss-20b", (9, 0), 1, 13.47),    # H100 (calibration line 33)
+    ("openai/gpt-oss-120b", (9, 0), 1, 64.38),   # H100 (line 34); 60.69 GiB without the padding
+    ("openai/gpt-oss-120b", (8, 0), 4, 17.2217),  # A100, Marlin kernel, TP4 (line 44)
+    ("openai/gpt-oss-120b", (8, 0), 1, 65.9651),  # the Marlin path's padding (line 53 logged a Marlin warning)
+])
+def test_mxfp4_expert_weights_are_priced_at_vllms_padded_sizes(model, capability, tp, logged_gib):
+    arch = resolve_model(model)
+    estimate = estimate_weights_bytes(arch, 2, None, tp, 1, compute_capability=capability) / GIB
+    assert estimate == pytest.approx(logged_gib, rel=0.01)
+
+
+def test_mxfp4_padding_by_kernel():
+    from kvwatch.capacity.memory import mxfp4_moe_padding
+
+    assert mxfp4_moe_padding(2880, 720, (8, 0)) == (3072, 768)  # Marlin: hidden to 256, intermediate to 128
+    assert mxfp4_moe_padding(2880, 2880, (10, 0)) == (3072, 3072)  # SM100 FlashInfer: both to 256
+    assert mxfp4_moe_padding(2880, 2880, (9, 0)) == (3072, 2880)  # SM90: intermediate to 64 (2880 already is)
+    assert mxfp4_moe_padding(2880, 720, (12, 0)) == (3072, 768)  # SM120: no Triton kernels, Marlin
+
+
 def test_non_torch_estimate():
     assert estimate_non_torch_bytes(1, 1) == pytest.approx(0.25 * GIB)
     assert estimate_non_torch_bytes(2, 1) == pytest.approx(2.1 * GIB)

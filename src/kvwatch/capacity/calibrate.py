@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kvwatch.capacity.memory import GIB
+from kvwatch.capacity.memory import GIB, resolve_quantization
 from kvwatch.capacity.planner import DeploymentSpec, SpecError, parse_version, plan_capacity
 from kvwatch.capacity.presets import PresetError, match_model, resolve_gpu
 
@@ -68,11 +68,11 @@ def _int(row: dict[str, str], key: str) -> int | None:
     return int(value) if value is not None else None
 
 
-def _quantization(row: dict[str, str], implied: str | None) -> str | None:
+def _quantization(row: dict[str, str]) -> str | None:
+    """The row's vLLM quantization method as --quantization (a loader name defers to the checkpoint's scheme,
+    which for a quantized repack is the one its name implies)."""
     text = (row.get("quantization") or "").strip().split(" ")[0].lower()
-    if not text or text == "compressed-tensors":
-        return implied
-    return text
+    return text or None
 
 
 def _base_spec(row: dict[str, str]) -> tuple[DeploymentSpec, str] | None:
@@ -85,23 +85,27 @@ def _base_spec(row: dict[str, str]) -> tuple[DeploymentSpec, str] | None:
     kind = "mla" if arch.is_mla else "sliding" if arch.has_sliding_window else "standard"
     gpu_bytes = _float(row, "gpu_total_gib")
     gpu_name = row.get("gpu") or None
+    preset = None
+    if gpu_name:
+        try:
+            preset = resolve_gpu(gpu_name.split(" (")[0])
+        except PresetError:
+            preset = None
     if gpu_bytes is not None:
         gpu_bytes *= GIB
-    elif gpu_name:
-        try:
-            gpu_bytes = float(resolve_gpu(gpu_name.split(" (")[0]).total_memory_bytes)
-        except PresetError:
-            gpu_bytes = None
+    elif preset is not None:
+        gpu_bytes = float(preset.total_memory_bytes)
     spec = DeploymentSpec(
         arch=arch,
         gpu_memory_bytes=gpu_bytes,
         gpu_name=gpu_name,
+        gpu_compute_capability=preset.compute_capability if preset else None,
         gpu_memory_utilization=_float(row, "gpu_memory_utilization"),
         tensor_parallel_size=_int(row, "tp") or 1,
         pipeline_parallel_size=_int(row, "pp") or 1,
         dtype=(row.get("dtype") or "auto").strip() or "auto",
         kv_cache_dtype=(row.get("kv_cache_dtype") or "auto").strip() or "auto",
-        quantization=_quantization(row, match.quantization),
+        quantization=_quantization(row),
         block_size=_int(row, "block_size") or 16,
         max_model_len=_int(row, "max_model_len"),
         vllm_version=parse_version(row.get("vllm_version") or None),
@@ -118,8 +122,11 @@ def _setting(spec: DeploymentSpec, row: dict[str, str]) -> str:
         parts.append(spec.dtype)
     if spec.kv_cache_dtype != "auto":
         parts.append(f"kv {spec.kv_cache_dtype}")
-    if spec.quantization:
-        parts.append(f"q {spec.quantization}")
+    resolved = resolve_quantization(spec.quantization, spec.arch)
+    if spec.quantization and resolved and resolved.scheme != spec.quantization:
+        parts.append(f"q {spec.quantization} → {resolved.scheme}")
+    elif resolved:
+        parts.append(f"q {resolved.scheme}")
     parts.append(f"v{row.get('vllm_version') or '?'}")
     return ", ".join(parts)
 
@@ -160,6 +167,43 @@ def evaluate(rows: Sequence[dict[str, str]]) -> list[RowResult]:
     return results
 
 
+@dataclass(frozen=True)
+class BudgetResult:
+    """A row with vLLM's "Available KV cache memory": the budget estimate and the start / no-start verdict."""
+
+    line: int
+    model: str
+    setting: str
+    logged_available_gib: float
+    estimated_available_gib: float
+    logged_starts: bool  # the plan from vLLM's own available figure (no memory, or one request does not fit)
+    estimated_starts: bool  # the plan from the name and the settings alone
+    has_tokens: bool  # the row also has a token count (it is in the token table)
+
+    @property
+    def available_error_gib(self) -> float:
+        return self.estimated_available_gib - self.logged_available_gib
+
+
+def evaluate_budgets(rows: Sequence[dict[str, str]]) -> list[BudgetResult]:
+    """Every row with a logged available KV figure, a preset model and a known GPU, failed starts included."""
+    out: list[BudgetResult] = []
+    for line, row in enumerate(rows, start=2):
+        logged = _float(row, "available_kv_gib")
+        base = _base_spec(row)
+        if logged is None or base is None or base[0].gpu_memory_bytes is None:
+            continue
+        spec, _ = base
+        try:
+            from_log = plan_capacity(replace(spec, available_kv_bytes=logged * GIB))
+            estimate = plan_capacity(spec)
+        except SpecError:
+            continue
+        out.append(BudgetResult(line, row["model"], _setting(spec, row), logged, estimate.available_kv_bytes / GIB,
+                                from_log.will_start, estimate.will_start, _int(row, "kv_cache_tokens") is not None))
+    return out
+
+
 def summary(results: Iterable[RowResult]) -> dict[str, float]:
     res = list(results)
     logged = [r for r in res if r.is_logged]
@@ -178,6 +222,27 @@ def summary(results: Iterable[RowResult]) -> dict[str, float]:
         "logged_max_raw_error_pp": max((abs(r.raw_error) for r in logged if r.raw_error is not None), default=0.0),
         "estimated_median_abs_error": statistics.median(abs(r.error) for r in estimated) if estimated else 0.0,
     }
+
+
+def render_budgets(budgets: Sequence[BudgetResult]) -> str:
+    """The available-KV table: vLLM's figure, the estimate from the name and settings, both verdicts."""
+    def verdict(starts: bool) -> str:
+        return "starts" if starts else "**fails**"
+
+    lines = ["| line | model | setting | vLLM available KV | estimated | difference | vLLM's figure says | "
+             "estimate says |",
+             "|---:|---|---|---:|---:|---:|---|---|"]
+    for b in budgets:
+        lines.append(f"| {b.line} | {b.model} | {b.setting} | {b.logged_available_gib:.2f} GiB | "
+                     f"{b.estimated_available_gib:.2f} GiB | {b.available_error_gib:+.2f} GiB | "
+                     f"{verdict(b.logged_starts)} | {verdict(b.estimated_starts)} |")
+    agree = sum(b.logged_starts == b.estimated_starts for b in budgets)
+    misses = ", ".join(str(b.line) for b in budgets if b.logged_starts != b.estimated_starts) or "none"
+    errs = [abs(b.available_error_gib) for b in budgets]
+    lines += ["", f"- {len(budgets)} rows with vLLM's available KV ({sum(not b.has_tokens for b in budgets)} without "
+              f"a token count): the verdict from the estimate agrees on {agree} (disagrees on lines {misses}); "
+              f"median absolute budget error {statistics.median(errs) if errs else 0.0:.2f} GiB"]
+    return "\n".join(lines)
 
 
 def render_markdown(results: Sequence[RowResult]) -> str:
@@ -207,7 +272,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not path.is_file():
         print(f"calibrate: no such file {path}", file=sys.stderr)
         return 2
-    print(render_markdown(evaluate(load_rows(path))))
+    rows = load_rows(path)
+    print(render_markdown(evaluate(rows)))
+    print()
+    print(render_budgets(evaluate_budgets(rows)))
     return 0
 
 

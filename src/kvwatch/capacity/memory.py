@@ -82,10 +82,33 @@ def parameter_counts(arch: ModelArch) -> tuple[int, int, int]:
     return embed, dense, experts
 
 
-def estimate_weights_bytes(arch: ModelArch, dtype_bytes: int, quantization: str | None, tp: int, pp: int) -> int:
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def mxfp4_moe_padding(hidden: int, intermediate_per_rank: int,
+                      compute_capability: tuple[int, int] | None) -> tuple[int, int]:
+    """(hidden, intermediate per TP rank) as vLLM allocates MXFP4 MoE expert weights on this GPU.
+
+    vLLM's ``Mxfp4MoEMethod.create_weights`` pads by kernel: Marlin (CUDA below SM90 or from SM110, where the
+    Triton kernels are not supported) rounds hidden up to 256 and the per-rank intermediate to 128; the SM100
+    FlashInfer kernels round both to 256; the SM90 Triton path pads the intermediate to 64, and the H100 logs
+    (gpt-oss-20b 13.47 GiB, gpt-oss-120b 64.38 GiB) show the hidden dimension padded to 256 as well (2880 ->
+    3072; 12.82 / 60.77 GiB without it), which is what is modelled for SM90, ROCm and unknown cards.
+    """
+    if compute_capability is not None and (compute_capability < (9, 0) or compute_capability >= (11, 0)):
+        return _round_up(hidden, 256), _round_up(intermediate_per_rank, 128)
+    if compute_capability is not None and compute_capability >= (10, 0):
+        return _round_up(hidden, 256), _round_up(intermediate_per_rank, 256)
+    return _round_up(hidden, 256), _round_up(intermediate_per_rank, 64)
+
+
+def estimate_weights_bytes(arch: ModelArch, dtype_bytes: int, quantization: str | None, tp: int, pp: int,
+                           compute_capability: tuple[int, int] | None = None) -> int:
     """Weights per GPU: parameters × bytes per parameter, split over TP and PP ranks.
 
-    Embeddings and the LM head stay in the model dtype under every quantization method here.
+    Embeddings and the LM head stay in the model dtype under every quantization method here. MXFP4 experts
+    are priced at the padded sizes vLLM allocates on this GPU (:func:`mxfp4_moe_padding`).
     """
     embed, dense, experts = parameter_counts(arch)
     resolved = resolve_quantization(quantization, arch)
@@ -93,6 +116,10 @@ def estimate_weights_bytes(arch: ModelArch, dtype_bytes: int, quantization: str 
     experts_only = resolved.experts_only if resolved else False
     dense_bytes = dense * (q if q is not None and not experts_only else dtype_bytes)
     expert_bytes = experts * (q if q is not None else dtype_bytes)
+    if resolved is not None and resolved.scheme == "mxfp4" and arch.num_experts and arch.moe_intermediate_size:
+        per_rank = max(1, arch.moe_intermediate_size // tp)
+        h_pad, i_pad = mxfp4_moe_padding(arch.hidden_size, per_rank, compute_capability)
+        expert_bytes *= (h_pad * i_pad) / (arch.hidden_size * per_rank)
     total = embed * dtype_bytes + dense_bytes + expert_bytes
     return int(total / (tp * pp))
 

@@ -52,6 +52,7 @@ class DeploymentSpec:
     arch: ModelArch | None = None
     gpu_memory_bytes: float | None = None
     gpu_name: str | None = None  # only to pick vLLM's default batch limits (A100s get the small ones)
+    gpu_compute_capability: tuple[int, int] | None = None  # picks vLLM's MXFP4 MoE kernel (weight padding)
     gpu_memory_utilization: float | None = None
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
@@ -82,15 +83,11 @@ class DeploymentSpec:
         if settings.model_config_path is not None:
             arch = presets.load_config_file(settings.model_config_path)
         elif settings.model:
-            match = presets.match_model(settings.model)
-            arch = match.arch
-            if match.quantization:  # e.g. an -FP8 repack: the checkpoint's scheme, unless --quantization says
-                arch = replace(arch, checkpoint_quantization=match.quantization,
-                               checkpoint_quantization_source=f"the model name {settings.model!r}")
-        gpu_bytes, gpu_name = None, settings.gpu
+            arch = presets.match_model(settings.model).arch  # a repack's implied scheme is its checkpoint's
+        gpu_bytes, gpu_name, capability = None, settings.gpu, None
         if settings.gpu:
             gpu = presets.resolve_gpu(settings.gpu)
-            gpu_bytes, gpu_name = float(gpu.total_memory_bytes), gpu.name
+            gpu_bytes, gpu_name, capability = float(gpu.total_memory_bytes), gpu.name, gpu.compute_capability
         if settings.gpu_memory_gib is not None:  # what the card really reports wins over the preset
             gpu_bytes = settings.gpu_memory_gib * GIB
         version = overrides.pop("vllm_version", DEFAULT_VLLM_VERSION)
@@ -100,6 +97,7 @@ class DeploymentSpec:
             arch=arch,
             gpu_memory_bytes=gpu_bytes,
             gpu_name=gpu_name,
+            gpu_compute_capability=capability,
             gpu_memory_utilization=settings.gpu_memory_utilization,
             tensor_parallel_size=settings.tensor_parallel_size,
             pipeline_parallel_size=settings.pipeline_parallel_size,
@@ -209,7 +207,8 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
             weights = float(spec.weights_bytes)
         else:
             weights = float(memory.estimate_weights_bytes(_arch_or_error(spec, "estimating weights (--weights-gib)"),
-                                                          dtype_bytes, spec.quantization, tp, pp))
+                                                          dtype_bytes, spec.quantization, tp, pp,
+                                                          compute_capability=spec.gpu_compute_capability))
             estimated.append("weights")
         if spec.activation_bytes is not None:
             activation = float(spec.activation_bytes)

@@ -29,12 +29,13 @@ class GpuPreset:
     name: str
     total_memory_bytes: int  # what vLLM's total_gpu_memory reads (torch.cuda.mem_get_info total)
     source: str
+    compute_capability: tuple[int, int] | None = None  # CUDA (major, minor); None for ROCm
 
 
 @dataclass(frozen=True)
 class ModelMatch:
     arch: ModelArch
-    quantization: str | None  # quantization implied by the name (e.g. a RedHatAI -FP8-dynamic alias)
+    quantization: str | None  # implied by the name (e.g. a RedHatAI -FP8-dynamic alias); also arch's checkpoint
 
 
 def _data_dir() -> Any:
@@ -104,14 +105,23 @@ def match_model(name: str) -> ModelMatch:
         k = key.lower()
         if k in index:
             target, quant = index[k]
-            return ModelMatch(_load_preset(target), quant)
+            return _matched(name, target, quant)
         if k in by_tail and len(by_tail[k]) == 1:
             target, quant = index[by_tail[k][0]]
-            return ModelMatch(_load_preset(target), quant)
+            return _matched(name, target, quant)
     raise PresetError(
         f"no preset for model {name!r}; pass --model-config PATH (its config.json) "
         f"or one of {len(preset_names())} presets (kvwatch plan --list-models)"
     )
+
+
+def _matched(name: str, target: str, quantization: str | None) -> ModelMatch:
+    """The preset, with the scheme a quantized repack's name implies as its checkpoint quantization."""
+    arch = _load_preset(target)
+    if quantization:
+        arch = replace(arch, checkpoint_quantization=quantization,
+                       checkpoint_quantization_source=f"the model name {name!r}")
+    return ModelMatch(arch, quantization)
 
 
 def load_config_file(path: str | Path) -> ModelArch:
@@ -143,7 +153,9 @@ def _gpus() -> dict[str, GpuPreset]:
     data = json.loads((_data_dir() / "gpus.json").read_text(encoding="utf-8"))
     out: dict[str, GpuPreset] = {}
     for gpu in data["gpus"]:
-        preset = GpuPreset(gpu["name"], round(gpu["total_gib"] * GIB), gpu["source"])
+        cc = gpu.get("compute_capability")
+        capability = (int(cc.split(".")[0]), int(cc.split(".")[1])) if cc else None
+        preset = GpuPreset(gpu["name"], round(gpu["total_gib"] * GIB), gpu["source"], capability)
         for key in [gpu["name"], *gpu.get("aliases", [])]:
             out[_gpu_key(key)] = preset
     return out

@@ -97,6 +97,8 @@ def resolve(user: str | None, checkpoint: str | None, checkpoint_source: str | N
     """
     if user is not None and normalise(user) in {"", "none"}:
         user = None
+    if checkpoint is not None and _METHOD_DEFAULTS.get(normalise(checkpoint)):
+        checkpoint = _METHOD_DEFAULTS[normalise(checkpoint)]  # e.g. a name implying "awq": 4-bit
     if user is not None:
         u = normalise(user)
         if u in _METHOD_DEFAULTS:

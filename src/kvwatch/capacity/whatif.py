@@ -55,8 +55,9 @@ def _weights_ratio(spec: DeploymentSpec, quantization: str, dtype_bytes: int) ->
     if spec.arch is None:
         return 1.0 / dtype_bytes  # unquantized linear weights, 1 byte each in FP8
     tp, pp = spec.tensor_parallel_size, spec.pipeline_parallel_size
-    now = memory.estimate_weights_bytes(spec.arch, dtype_bytes, spec.quantization, tp, pp)
-    after = memory.estimate_weights_bytes(spec.arch, dtype_bytes, quantization, tp, pp)
+    cc = spec.gpu_compute_capability
+    now = memory.estimate_weights_bytes(spec.arch, dtype_bytes, spec.quantization, tp, pp, compute_capability=cc)
+    after = memory.estimate_weights_bytes(spec.arch, dtype_bytes, quantization, tp, pp, compute_capability=cc)
     return after / now if now else 1.0
 
 
