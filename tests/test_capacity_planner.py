@@ -187,10 +187,19 @@ def test_from_settings_resolves_presets_and_overrides(monkeypatch):
     assert plan.kv_cache_tokens == pytest.approx(244304, rel=0.01)
 
 
-@pytest.mark.parametrize(("text", "expected"), [("131072", 131072), ("128KiB", 131072), ("0.8MiB", 0.8 * 2**20),
-                                                 ("0.0008GiB", 0.0008 * 2**30), ("1.5 GB", 1.5e9)])
+@pytest.mark.parametrize(("text", "expected"), [("131072", 131072), ("128KiB", 131072), ("0.8MiB", 838_860.8),
+                                                 ("0.0008GiB", 858_993.4592), ("1.5 GB", 1.5e9),
+                                                 ("0.0008GB", 800_000), ("128kB", 128_000)])
 def test_parse_bytes(text, expected):
     assert parse_bytes(text) == pytest.approx(expected)
+
+
+def test_decimal_unit_note():
+    from kvwatch.capacity.units import decimal_unit_note
+
+    assert decimal_unit_note("0.0008GiB") is None and decimal_unit_note("131072") is None
+    note = decimal_unit_note("0.0008GB")
+    assert note is not None and "800,000 B" in note and "0.0008GiB would be 858,993 B" in note
 
 
 @pytest.mark.parametrize("text", ["", "abc", "12 parsecs", "-3MiB", "0"])

@@ -93,6 +93,24 @@ def test_walk_through_prints_the_token_rule_vllm_uses(version, expected, capsys)
     assert "2,332 × 16 = 37,284" not in out  # the old line: wrong arithmetic
 
 
+def test_decimal_unit_is_read_as_decimal_and_says_so(capsys):
+    # The tutorial writes "0.0008 GB": taken literally that is 800,000 B, not the 858,993 B of 0.0008 GiB.
+    argv = [arg if arg != "0.0008GiB" else "0.0008GB" for arg in TUTORIAL]
+    code, out, err = run([*argv, "--json"], capsys)
+    assert code == 0
+    assert json.loads(out)["kv_bytes_per_token"] == 800_000
+    assert err.count("\n") == 1 and "decimal unit" in err and "858,993 B" in err
+    code, _, err = run(TUTORIAL, capsys)
+    assert code == 0 and err == ""  # binary units: no note
+
+
+def test_help_does_not_call_different_byte_counts_equal(capsys):
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "0.8MiB = 838,861 B" in out and "0.0008GiB = 858,993 B" in out
+
+
 def test_settings_come_from_environment_too(capsys, monkeypatch):
     monkeypatch.setenv("KVWATCH_MODEL", "google/gemma-2-9b-it")
     monkeypatch.setenv("KVWATCH_GPU", "H100")

@@ -29,6 +29,7 @@ from kvwatch.capacity import (
 from kvwatch.capacity import presets as preset_data
 from kvwatch.capacity.architecture import SLIDING, ModelArch
 from kvwatch.capacity.memory import GIB, parameter_counts, resolve_quantization
+from kvwatch.capacity.units import decimal_unit_note
 from kvwatch.settings import DeploymentSettings, SettingsError, add_settings_flags, load_settings
 
 _GIB_FLAGS = ("weights_gib", "activation_gib", "non_torch_gib", "available_kv_gib")
@@ -51,7 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     plan.add_argument("--available-kv-gib", metavar="GIB",
                       help="Measured 'Available KV cache memory' per GPU (skips the budget sums).")
     plan.add_argument("--kv-bytes-per-token", metavar="BYTES",
-                      help="KV bytes per token per GPU: a byte count or a number with a unit (0.8MiB, 0.0008GiB).")
+                      help="KV bytes per token per GPU: a byte count or a number with a unit. KiB/MiB/GiB are "
+                           "binary (0.8MiB = 838,861 B, 0.0008GiB = 858,993 B); kB/MB/GB are decimal "
+                           "(0.0008GB = 800,000 B) and a note on stderr says so.")
     plan.add_argument("--vllm-version", metavar="X.Y",
                       help="vLLM version whose rules to follow (default utilization, token count on sliding-window "
                            "models); default: a current one (>= 0.20).")
@@ -88,6 +91,9 @@ def build_spec(args: argparse.Namespace) -> DeploymentSpec:
             overrides["kv_bytes_per_token"] = parse_bytes(args.kv_bytes_per_token)
         except ValueError as exc:
             raise SettingsError(f"invalid value for --kv-bytes-per-token: {exc}") from None
+        note = decimal_unit_note(args.kv_bytes_per_token)
+        if note:
+            print(f"kvwatch plan: note: --kv-bytes-per-token {note}", file=sys.stderr)
     if args.avg_seq_len is not None and args.avg_seq_len <= 0:
         raise SettingsError("invalid value for --avg-seq-len: must be positive")
     try:
