@@ -145,11 +145,51 @@ def test_will_not_start_exits_1_with_shortfall(capsys):
     (["--model", "Qwen/Qwen3-8B"], "--gpu"),
     (["--gpu", "H100", "--tensor-parallel-size", "0"], "--tensor-parallel-size"),
     (["--model", "Qwen/Qwen3-8B", "--gpu", "H100", "--vllm-version", "abc"], "--vllm-version"),
+    # what vLLM itself refuses at startup
+    (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--tensor-parallel-size", "3"],
+     "--tensor-parallel-size"),
+    (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--pipeline-parallel-size", "33"],
+     "--pipeline-parallel-size"),
+    (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--block-size", "24"], "--block-size"),
+    (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--kv-cache-dtype", "fp8_ds_mla"],
+     "--kv-cache-dtype"),
+    (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--kv-cache-dtype", "int2"],
+     "--kv-cache-dtype"),
 ])
 def test_bad_input_exits_2_naming_the_flag(argv, flag, capsys):
     code, out, err = run(["plan", *argv], capsys)
     assert code == 2
-    assert flag in err and out == ""
+    assert flag in err and out == "" and err.count("\n") == 1
+
+
+def test_model_and_model_config_together_is_an_error_not_a_silent_choice(tmp_path, capsys):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 256}))
+    code, out, err = run(["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--model-config", str(cfg),
+                          "--gpu", "H100"], capsys)
+    assert code == 2 and out == ""
+    assert "--model" in err and "--model-config" in err and err.count("\n") == 1
+
+
+def test_the_reason_is_in_the_message(capsys):
+    _, _, err = run(["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100",
+                     "--tensor-parallel-size", "3"], capsys)
+    assert "divide the model's 32 attention heads" in err
+    _, _, err = run(["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--block-size", "24"],
+                    capsys)
+    assert "1, 8, 16, 32, 64, 128, 256" in err
+
+
+@pytest.mark.parametrize(("model", "dtype", "bytes_per_token"), [
+    ("meta-llama/Llama-3.1-8B-Instruct", "fp8_inc", 2 * 32 * 8 * 128),  # Gaudi's fp8: one byte
+    ("meta-llama/Llama-3.1-8B-Instruct", "fp8_e5m2", 2 * 32 * 8 * 128),
+    ("deepseek-ai/DeepSeek-R1", "fp8_ds_mla", 61 * 656),  # FlashMLA's layout, not 61 x 576 x 1
+])
+def test_vllm_kv_cache_dtypes_are_accepted_and_priced(model, dtype, bytes_per_token, capsys):
+    code, out, err = run(["plan", "--model", model, "--gpu", "H200", "--tensor-parallel-size", "8",
+                          "--kv-cache-dtype", dtype, "--json"], capsys)
+    assert code in (0, 1), err
+    assert json.loads(out)["kv_bytes_per_token"] == bytes_per_token // (8 if "llama" in model.lower() else 1)
 
 
 def test_plot_writes_png(tmp_path, capsys):

@@ -107,6 +107,8 @@ def build_spec(args: argparse.Namespace) -> DeploymentSpec:
         raise SettingsError(f"invalid value for {flag}: {exc}") from None
     except ArchitectureError as exc:
         raise SettingsError(f"invalid value for --model-config: {exc}") from None
+    except SpecError as exc:
+        raise SettingsError(f"{exc} {exc.plan_hint}".rstrip()) from None
 
 
 def run(args: argparse.Namespace) -> int:

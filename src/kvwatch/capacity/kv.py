@@ -58,8 +58,16 @@ class KVLayout:
         return self.num_groups > 1
 
 
+# vLLM's --block-size values (CacheConfig's BlockSize literal: 1..128 in 0.10-era copies, 256 added later).
+VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
+# fp8_ds_mla: DeepSeek's FlashMLA layout, 656 B per token and layer (512 fp8 latent + 4 fp32 scales + 64 bf16
+# rope dims) instead of (kv_lora_rank + rope) x 1 B (vllm-reference.md, section 3d).
+FP8_DS_MLA_BYTES = 656
+
+
 def kv_dtype_bytes(kv_cache_dtype: str, model_dtype_bytes: int) -> int:
-    """Bytes per KV element: ``fp8*`` is stored as uint8 (1 byte); ``auto`` follows the model dtype."""
+    """Bytes per KV element: ``fp8*`` (fp8, fp8_e4m3, fp8_e5m2, fp8_inc, fp8_ds_mla) is stored as uint8 (1 byte);
+    ``auto`` follows the model dtype."""
     kv = kv_cache_dtype.lower()
     if kv.startswith("fp8"):
         return 1
@@ -75,8 +83,10 @@ def layers_on_rank(num_layers: int, pp: int) -> int:
     return math.ceil(num_layers / pp)
 
 
-def kv_bytes_per_token_per_layer(arch: ModelArch, tp: int, kv_bytes: int) -> int:
+def kv_bytes_per_token_per_layer(arch: ModelArch, tp: int, kv_bytes: int, kv_cache_dtype: str = "auto") -> int:
     if arch.is_mla:
+        if kv_cache_dtype.lower() == "fp8_ds_mla":
+            return FP8_DS_MLA_BYTES
         return (int(arch.kv_lora_rank or 0) + int(arch.qk_rope_head_dim or 0)) * kv_bytes
     return 2 * max(1, arch.num_kv_heads // tp) * arch.head_dim * kv_bytes
 
@@ -105,14 +115,14 @@ def group_layers(layer_types: tuple[str, ...], sliding_window: int | None,
 
 
 def kv_layout(arch: ModelArch, tp: int, pp: int, kv_bytes: int, block_size: int,
-              version: tuple[int, int]) -> KVLayout:
+              version: tuple[int, int], kv_cache_dtype: str = "auto") -> KVLayout:
     types = arch.attention_layer_types
     on_rank = layers_on_rank(len(types), pp)
     stage_types = types[:on_rank]  # the first (largest) stage's contiguous slice of layers
     group_size, groups = group_layers(stage_types, arch.sliding_window, version)
     return KVLayout(
         block_size=block_size,
-        bytes_per_token_per_layer=kv_bytes_per_token_per_layer(arch, tp, kv_bytes),
+        bytes_per_token_per_layer=kv_bytes_per_token_per_layer(arch, tp, kv_bytes, kv_cache_dtype),
         group_size=group_size,
         groups=groups,
         num_attention_layers=on_rank,

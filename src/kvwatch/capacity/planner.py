@@ -80,6 +80,9 @@ class DeploymentSpec:
 
         arch: ModelArch | None = None
         quantization = settings.quantization
+        if settings.model_config_path is not None and settings.model:
+            raise SpecError("--model and --model-config are both set: pass one of them (the config.json would "
+                            "silently win over the preset)")
         if settings.model_config_path is not None:
             arch = presets.load_config_file(settings.model_config_path)
         elif settings.model:
@@ -169,6 +172,9 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
     errors: list[str] = []
     notes: list[str] = list(arch.notes) if arch else []
     quantization.check_name(spec.quantization)
+    if spec.block_size not in kv.VLLM_BLOCK_SIZES:
+        raise SpecError(f"invalid value {spec.block_size} for --block-size: vLLM accepts "
+                        f"{', '.join(map(str, kv.VLLM_BLOCK_SIZES))}")
     dtype_bytes = memory.model_dtype_bytes(spec.dtype, arch)
     kv_bytes = kv.kv_dtype_bytes(spec.kv_cache_dtype, dtype_bytes)
     util = spec.gpu_memory_utilization or default_gpu_memory_utilization(spec.vllm_version)
@@ -184,7 +190,8 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
         per_token = float(spec.kv_bytes_per_token)
     else:
         arch = _arch_or_error(spec, "the KV bytes per token")
-        layout = kv.kv_layout(arch, tp, pp, kv_bytes, spec.block_size, spec.vllm_version)
+        _check_parallelism_and_dtype(spec, arch)
+        layout = kv.kv_layout(arch, tp, pp, kv_bytes, spec.block_size, spec.vllm_version, spec.kv_cache_dtype)
         per_token = float(layout.kv_bytes_per_token)
     if arch is not None and arch.num_kv_heads < tp and not arch.is_mla and spec.kv_bytes_per_token is None:
         notes.append(f"TP={tp} exceeds the {arch.num_kv_heads} KV heads: heads are replicated, so more TP "
@@ -261,6 +268,20 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
         kv_cache_tokens=tokens, max_model_len=max_model_len, max_num_batched_tokens=batched,
         estimated=tuple(estimated), warnings=tuple(warnings), errors=tuple(errors), notes=tuple(notes),
     )
+
+
+def _check_parallelism_and_dtype(spec: DeploymentSpec, arch: ModelArch) -> None:
+    """What vLLM refuses at startup (``ModelConfig.verify_with_parallel_config``), as a SpecError naming the flag."""
+    tp, pp = spec.tensor_parallel_size, spec.pipeline_parallel_size
+    if arch.num_attention_heads % tp:
+        raise SpecError(f"invalid value {tp} for --tensor-parallel-size: vLLM requires it to divide the model's "
+                        f"{arch.num_attention_heads} attention heads")
+    if pp > arch.num_layers:
+        raise SpecError(f"invalid value {pp} for --pipeline-parallel-size: more pipeline stages than the model's "
+                        f"{arch.num_layers} layers")
+    if spec.kv_cache_dtype.lower() == "fp8_ds_mla" and not arch.is_mla:
+        raise SpecError("invalid value 'fp8_ds_mla' for --kv-cache-dtype: it is DeepSeek's MLA cache layout and "
+                        f"{arch.name} has no MLA (use fp8)")
 
 
 def _fitting_len(layout: kv.KVLayout, blocks: int, batched: int) -> int:

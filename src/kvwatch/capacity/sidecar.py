@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvwatch.capacity.architecture import ArchitectureError
+from kvwatch.capacity.kv import VLLM_BLOCK_SIZES
 from kvwatch.capacity.memory import QuantizationError
 from kvwatch.capacity.planner import CapacityPlan, DeploymentSpec, SpecError, plan_capacity
 from kvwatch.capacity.presets import PresetError
@@ -99,7 +100,7 @@ def engine_settings(settings: Any, cache_config: Mapping[str, str]) -> tuple[Any
         update["gpu_memory_utilization"] = util
         taken.append(f"gpu_memory_utilization {util:g}")
     block = _number(cache_config.get("block_size"))
-    if "block_size" not in given and block is not None and block >= 1 and block == int(block):
+    if "block_size" not in given and block is not None and block in VLLM_BLOCK_SIZES:
         update["block_size"] = int(block)
         taken.append(f"block_size {int(block)}")
     dtype = (cache_config.get("cache_dtype") or "").lower()
