@@ -85,6 +85,62 @@ def test_quantized_alias_carries_its_quantization():
     assert match.arch.name == "meta-llama/Llama-3.3-70B-Instruct" and match.quantization == "fp8"
 
 
+@pytest.mark.parametrize(("name", "preset", "scheme"), [
+    ("Qwen/Qwen3-8B-FP8", "Qwen/Qwen3-8B", "fp8"),
+    ("meta-llama/Llama-3.1-405B-Instruct-FP8", "meta-llama/Llama-3.1-405B-Instruct", "fp8"),
+    ("zai-org/GLM-4.5-FP8", "zai-org/GLM-4.5", "fp8"),
+    ("deepseek-ai/DeepSeek-V3.1", "deepseek-ai/DeepSeek-V3", "fp8"),  # the V3 architecture and FP8 checkpoint
+    ("Qwen/Qwen3-30B-A3B-Instruct-2507", "Qwen/Qwen3-30B-A3B", None),
+    ("/models/Qwen3-8B-FP8", "Qwen/Qwen3-8B", "fp8"),  # vLLM's model_name label for a local copy
+    ("Qwen/Qwen2.5-7B-Instruct-AWQ", "Qwen/Qwen2.5-7B-Instruct", "w4a16"),
+    ("Qwen/Qwen2.5-7B-Instruct-GPTQ-Int8", "Qwen/Qwen2.5-7B-Instruct", "w8a16"),
+    ("Qwen/Qwen2.5-7B-Instruct-GPTQ-Int4", "Qwen/Qwen2.5-7B-Instruct", "w4a16"),
+    ("RedHatAI/Qwen3-8B-FP8-dynamic", "Qwen/Qwen3-8B", "fp8"),
+    ("RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w8a8", "meta-llama/Llama-3.1-8B-Instruct", "w8a8"),
+    ("Qwen/Qwen3-235B-A22B-Instruct-2507", "Qwen/Qwen3-235B-A22B", None),
+])
+def test_common_names_find_their_preset_and_imply_the_scheme(name, preset, scheme):
+    from kvwatch.capacity.memory import resolve_quantization
+
+    arch = match_model(name).arch
+    assert arch.name == preset
+    resolved = resolve_quantization(None, arch)
+    assert (resolved.scheme if resolved else None) == scheme
+
+
+def test_a_dated_release_with_a_longer_context_carries_it():
+    assert resolve_model("Qwen/Qwen3-30B-A3B").max_position_embeddings == 40960
+    assert resolve_model("Qwen/Qwen3-30B-A3B-Instruct-2507").max_position_embeddings == 262144
+    assert resolve_model("Qwen/Qwen3-30B-A3B-Instruct-2507-FP8").max_position_embeddings == 262144
+
+
+def test_a_loose_match_says_so_in_a_note():
+    arch = match_model("Qwen/Qwen3-235B-A22B-Instruct-2507").arch
+    assert any("without variant words" in n and "--model-config" in n for n in arch.notes)
+    assert any("quantization suffix" in n for n in match_model("Qwen/Qwen3-8B-FP8").arch.notes)
+    assert not match_model("meta-llama/Llama-3.1-8B-Instruct").arch.notes
+
+
+@pytest.mark.parametrize("name", ["acme/Nope-1B-FP8", "acme/Nope-1B-Instruct-2507", "FP8"])
+def test_stripping_does_not_invent_presets(name):
+    with pytest.raises(PresetError):
+        match_model(name)
+
+
+def test_sidecar_matches_vllms_label_for_a_quantized_local_copy(monkeypatch):
+    from kvwatch.capacity import build_sidecar_capacity
+    from kvwatch.settings import DeploymentSettings
+
+    for key in list(__import__("os").environ):
+        if key.startswith("KVWATCH_"):
+            monkeypatch.delenv(key)
+    capacity, why = build_sidecar_capacity(DeploymentSettings(gpu="H100"), model_name="/models/Qwen3-8B-FP8")
+    assert capacity is not None, why
+    bf16, _ = build_sidecar_capacity(DeploymentSettings(gpu="H100"), model_name="/models/Qwen3-8B")
+    assert bf16 is not None
+    assert capacity.plan.weights_bytes < 0.7 * bf16.plan.weights_bytes  # priced as FP8
+
+
 def test_unknown_model_suggests_model_config():
     with pytest.raises(PresetError, match="--model-config"):
         resolve_model("acme/NotAModel-7B")
