@@ -18,6 +18,7 @@ from kvwatch.capacity import (
 from kvwatch.capacity.architecture import FULL, MAMBA, SLIDING
 from kvwatch.capacity.presets import gpu_names, preset_names
 
+GIB = 1 << 30
 BASE = {"num_hidden_layers": 4, "num_attention_heads": 8, "hidden_size": 512, "vocab_size": 1000}
 
 
@@ -61,6 +62,63 @@ def test_hybrid_mamba_is_detected_and_says_what_is_not_modelled():
     assert any("NOT modelled" in n for n in arch.notes)
     granite = resolve_model("ibm-granite/granite-4.0-h-small")
     assert granite.is_hybrid_mamba and len(granite.attention_layer_types) == 4
+
+
+BAMBA_9B = {"model_type": "bamba", "num_hidden_layers": 32, "attn_layer_indices": [9, 18, 27],
+            "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096, "intermediate_size": 14336,
+            "vocab_size": 128256, "mamba_expand": 2, "tie_word_embeddings": False}
+JAMBA_V01 = {"model_type": "jamba", "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+             "hidden_size": 4096, "intermediate_size": 14336, "vocab_size": 65536, "num_experts": 16,
+             "expert_layer_period": 2, "expert_layer_offset": 1, "attn_layer_period": 8, "attn_layer_offset": 4,
+             "mamba_expand": 2, "tie_word_embeddings": False}
+ZAMBA2_2B7 = {"model_type": "zamba2", "num_hidden_layers": 54, "num_attention_heads": 32, "hidden_size": 2560,
+              "vocab_size": 32000, "layers_block_type": ["mamba"] + (["mamba"] * 5 + ["hybrid"]) * 7
+              + ["mamba"] * 4 + ["hybrid"] + ["mamba"] * 3 + ["hybrid"] + ["mamba"] * 2}
+
+
+@pytest.mark.parametrize(("config", "attention_layers"), [
+    (BAMBA_9B, 3),  # attn_layer_indices (was: all 32 counted, ~10x the KV per token)
+    (ZAMBA2_2B7, 9),  # layers_block_type: "hybrid" layers carry the shared attention block
+    ({**BASE, "model_type": "minimax_text_01", "num_hidden_layers": 16, "attn_type_list": ([0] * 7 + [1]) * 2},
+     2),  # MiniMax: 1 = softmax attention, 0 = lightning attention
+    ({**BASE, "model_type": "nemotron_h", "num_hidden_layers": 6, "hybrid_override_pattern": "M-M*-M"}, 1),
+    ({**BASE, "model_type": "falcon_h1"}, 4),  # attention (and a Mamba mixer) in every layer
+])
+def test_hybrid_layouts_count_only_attention_layers_for_kv(config, attention_layers):
+    arch = arch_from_config(config)
+    assert arch.is_hybrid_mamba
+    assert len(arch.attention_layer_types) == attention_layers
+    assert not any("not recognised" in n for n in arch.notes)
+    assert any(f"{attention_layers} layers has attention" in n or f"{attention_layers} attention layers" in n
+               for n in arch.notes)
+
+
+def test_bamba_kv_per_token_is_its_three_attention_layers():
+    from kvwatch.capacity.kv import kv_layout
+
+    layout = kv_layout(arch_from_config(BAMBA_9B), 1, 1, 2, 16, (0, 20))
+    assert layout.kv_bytes_per_token == 3 * 2 * 8 * 128 * 2
+
+
+def test_zamba2_attention_head_dim_is_twice_hidden_over_heads():
+    assert arch_from_config(ZAMBA2_2B7).head_dim == 2 * 2560 // 32
+
+
+def test_unrecognised_hybrid_layout_says_what_was_computed():
+    arch = arch_from_config({**BASE, "model_type": "plamo2"})
+    assert arch.is_hybrid_mamba and len(arch.attention_layer_types) == 4
+    [note] = arch.notes
+    assert "not recognised" in note and "all 4 layers are counted as attention" in note
+    assert "only attention layers are counted" not in note
+
+
+def test_jamba_weights_count_experts_only_on_expert_layers():
+    from kvwatch.capacity.memory import estimate_weights_bytes, parameter_counts
+
+    arch = arch_from_config(JAMBA_V01)
+    assert arch.moe_layers == 16 and len(arch.attention_layer_types) == 4
+    assert sum(parameter_counts(arch)) / 1e9 == pytest.approx(51.6, rel=0.03)  # Jamba-v0.1: 52B parameters
+    assert estimate_weights_bytes(arch, 2, None, 1, 1) / GIB == pytest.approx(96.0, rel=0.03)  # was 169 GiB
 
 
 def test_missing_required_field_is_named():

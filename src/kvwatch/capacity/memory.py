@@ -57,6 +57,10 @@ def quantized_bytes_per_param(quantization: str | None, arch: ModelArch | None =
 def parameter_counts(arch: ModelArch) -> tuple[int, int, int]:
     """(embedding + head, dense linear, expert linear) parameter counts the config implies.
 
+    Attention projections for attention layers only; a gated MLP for layers without an MoE (all of them in
+    a dense model; Jamba's non-expert layers); experts for MoE layers; Mamba / linear-attention mixers as
+    ``3 × hidden × inner`` (in and out projections, the small convolution and SSM parameters ignored).
+
     When the preset records the model's published total, the linear part is scaled to match it.
     """
     embed = arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
@@ -68,11 +72,14 @@ def parameter_counts(arch: ModelArch) -> tuple[int, int, int]:
         q_out = arch.num_attention_heads * arch.head_dim
         attn = h * q_out * 2 + 2 * h * arch.num_kv_heads * arch.head_dim
     attn_layers = len(arch.attention_layer_types)
-    dense_mlp_layers = arch.num_layers if not arch.num_experts else arch.first_k_dense_layers
-    dense = attn * attn_layers + dense_mlp_layers * 3 * h * arch.intermediate_size
+    moe_layers = 0
+    if arch.num_experts:
+        moe_layers = arch.moe_layers if arch.moe_layers is not None else arch.num_layers - arch.first_k_dense_layers
+    dense_mlp_layers = arch.dense_mlp_layers if arch.dense_mlp_layers is not None else arch.num_layers - moe_layers
+    mamba = arch.mamba_layers * 3 * h * arch.mamba_inner_size  # in_proj (2 x inner) + out_proj, roughly
+    dense = attn * attn_layers + dense_mlp_layers * 3 * h * arch.intermediate_size + mamba
     experts = 0
     if arch.num_experts:
-        moe_layers = arch.num_layers - arch.first_k_dense_layers
         per_expert = 3 * h * arch.moe_intermediate_size
         experts = moe_layers * (arch.num_experts + arch.num_shared_experts) * per_expert
     if arch.num_parameters:
