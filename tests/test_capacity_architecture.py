@@ -105,7 +105,7 @@ def test_zamba2_attention_head_dim_is_twice_hidden_over_heads():
 
 
 def test_unrecognised_hybrid_layout_says_what_was_computed():
-    arch = arch_from_config({**BASE, "model_type": "plamo2"})
+    arch = arch_from_config({**BASE, "model_type": "plamo2", "tie_word_embeddings": False})
     assert arch.is_hybrid_mamba and len(arch.attention_layer_types) == 4
     [note] = arch.notes
     assert "not recognised" in note and "all 4 layers are counted as attention" in note
@@ -119,6 +119,50 @@ def test_jamba_weights_count_experts_only_on_expert_layers():
     assert arch.moe_layers == 16 and len(arch.attention_layer_types) == 4
     assert sum(parameter_counts(arch)) / 1e9 == pytest.approx(51.6, rel=0.03)  # Jamba-v0.1: 52B parameters
     assert estimate_weights_bytes(arch, 2, None, 1, 1) / GIB == pytest.approx(96.0, rel=0.03)  # was 169 GiB
+
+
+def _preset_config(preset: str) -> dict:
+    entry = resources.files("kvwatch") / "data" / "models" / (preset.replace("/", "__") + ".json")
+    data = json.loads(entry.read_text())
+    return {**data["config"], **({"num_parameters": data["num_parameters"]} if data.get("num_parameters") else {}),
+            **({"checkpoint_quantization": data["checkpoint_quantization"]}
+               if data.get("checkpoint_quantization") else {})}
+
+
+def _without_tie(preset: str) -> dict:
+    config = _preset_config(preset)
+    config.pop("tie_word_embeddings")
+    return config
+
+
+@pytest.mark.parametrize(("preset", "tied"), [
+    ("google/gemma-2-2b-it", True),  # Gemma2Config defaults to True (its config.json does not say)
+    ("google/gemma-3-1b-it", True),  # Gemma3TextConfig: True
+    ("meta-llama/Llama-3.1-8B-Instruct", False),  # LlamaConfig: False
+    ("Qwen/Qwen3-8B", False),  # Qwen3Config: False
+    ("openai/gpt-oss-20b", False),  # GptOssConfig: False
+])
+def test_absent_tie_word_embeddings_defaults_like_transformers(preset, tied):
+    from kvwatch.capacity.memory import estimate_weights_bytes
+
+    arch = arch_from_config(_without_tie(preset))
+    assert arch.tie_word_embeddings is tied
+    assert estimate_weights_bytes(arch, 2, None, 1, 1) == estimate_weights_bytes(resolve_model(preset), 2, None, 1, 1)
+    assert not any("tie_word_embeddings" in n for n in arch.notes)
+
+
+def test_gemma_2_2b_config_without_tie_matches_the_preset_weights():
+    from kvwatch.capacity.memory import estimate_weights_bytes
+
+    config = {k: v for k, v in _without_tie("google/gemma-2-2b-it").items() if k != "num_parameters"}  # a config.json
+    weights = estimate_weights_bytes(arch_from_config(config), 2, None, 1, 1)
+    assert weights / GIB == pytest.approx(4.87, abs=0.05)  # was 5.97 GiB: an untied 256k x 2304 LM head
+
+
+def test_unknown_model_type_follows_pretrained_config_and_says_so():
+    arch = arch_from_config({**BASE, "model_type": "acme_lm"})
+    assert arch.tie_word_embeddings is True
+    assert any("PreTrainedConfig default" in n for n in arch.notes)
 
 
 def test_missing_required_field_is_named():

@@ -32,6 +32,30 @@ _MAMBA_LAYER_WORDS = ("mamba", "linear", "ssm", "conv", "deltanet")
 _MLA_TYPES = frozenset({"deepseek_v2", "deepseek_v3", "kimi_k2", "deepseek_v32"})
 
 
+# transformers' default for tie_word_embeddings when config.json omits it: PreTrainedConfig's own default is True;
+# config classes override it. Read in transformers' configuration_<type>.py: llama, mistral, qwen2, qwen3, phi3,
+# gpt_oss, deepseek_v3 and falcon_h1 say False; gemma, gemma2 and gemma3_text say True; zamba2 does not set it
+# (True). The other entries belong to the same families (their classes are copies of those) and were not read
+# one by one.
+_TIE_DEFAULT_FALSE = frozenset({
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "phi3", "gpt_oss",
+    "deepseek_v2", "deepseek_v3", "kimi_k2", "falcon_h1", "glm4", "glm4_moe", "granite", "granitemoe",
+    "granitemoehybrid", "jamba", "bamba", "nemotron_h", "minimax", "minimax_text_01", "minimax_m1",
+})
+_TIE_DEFAULT_TRUE = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text", "zamba2"})
+
+
+def _default_tie(model_type: str) -> tuple[bool, str | None]:
+    """(tie_word_embeddings, note) when config.json does not say, as transformers would default it."""
+    if model_type in _TIE_DEFAULT_FALSE:
+        return False, None
+    if model_type in _TIE_DEFAULT_TRUE:
+        return True, None
+    return True, (f"tie_word_embeddings is not in config.json and model_type {model_type or '(none)'!r} is not one "
+                  "kvwatch knows: assumed True (transformers' PreTrainedConfig default), so the LM head is not "
+                  "counted; if the model unties it, the weights are vocab × hidden larger")
+
+
 class ArchitectureError(ValueError):
     """The config lacks a field the capacity model needs (message names it)."""
 
@@ -249,6 +273,12 @@ def arch_from_config(config: dict[str, Any], name: str = "custom", source: str |
                      f"{attention} attention layers of {num_layers}; {not_modelled}")
     num_experts = int(cfg.get("num_local_experts") or cfg.get("n_routed_experts") or cfg.get("num_experts") or 0)
     tie = cfg.get("tie_word_embeddings")
+    if tie is None:
+        tie = config.get("tie_word_embeddings")
+    if tie is None:
+        tie, tie_note = _default_tie(model_type)
+        if tie_note:
+            notes.append(tie_note)
     quant_scheme, quant_source = _checkpoint_quantization(config)
     return ModelArch(
         name=name,
@@ -259,7 +289,7 @@ def arch_from_config(config: dict[str, Any], name: str = "custom", source: str |
         hidden_size=hidden,
         vocab_size=int(cfg.get("vocab_size") or config.get("vocab_size") or 32000),
         intermediate_size=int(cfg.get("intermediate_size") or cfg.get("ffn_hidden_size") or 4 * hidden),
-        tie_word_embeddings=bool(tie if tie is not None else config.get("tie_word_embeddings", False)),
+        tie_word_embeddings=bool(tie),
         torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or config.get("torch_dtype") or "bfloat16"),
         max_position_embeddings=cfg.get("max_position_embeddings"),
         layer_types=layer_types,
