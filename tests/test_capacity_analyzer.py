@@ -125,3 +125,11 @@ def test_serve_reasons_do_not_point_at_plan_only_flags() -> None:
     none, why = build_sidecar_capacity(ServeSettings(), LLAMA, cache_config())
     assert none is None and "--gpu" in why
     assert "--available-kv-gib" not in why and "--weights-gib" not in why
+
+
+def test_formula_help_says_cuda_graph_memory_is_not_modelled() -> None:
+    analyzer = CapacityAnalyzer(ServeSettings(gpu="H100"))
+    r = reading()
+    result = analyzer.analyze(r.key, None, r, 0.0)  # type: ignore[arg-type]
+    [formula, _] = list(analyzer.families({r.key: result}, 0.0))
+    assert "CUDA-graph" in formula.documentation and "0.21" in formula.documentation

@@ -223,3 +223,13 @@ def test_help_lists_plan_flags(capsys):
                  "--activation-gib", "--non-torch-gib", "--available-kv-gib", "--kv-bytes-per-token", "--json",
                  "--plot"]:
         assert flag in out
+
+
+def test_current_rules_note_the_unmodelled_cuda_graph_memory(capsys):
+    base = ["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--json"]
+    notes = json.loads(run(base, capsys)[1])["notes"]
+    assert any("CUDA-graph" in n and "0.21" in n for n in notes)
+    old = json.loads(run([*base, "--vllm-version", "0.19"], capsys)[1])["notes"]
+    assert not any("CUDA-graph" in n for n in old)
+    measured = json.loads(run([*base, "--available-kv-gib", "40"], capsys)[1])["notes"]
+    assert not any("CUDA-graph" in n for n in measured)  # a measured pool already has it taken out

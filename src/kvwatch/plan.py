@@ -296,7 +296,7 @@ def _uniform_tokens_line(plan: CapacityPlan) -> str:
     layout, blocks = plan.layout, plan.num_gpu_blocks
     slots = blocks * layout.block_size
     if plan.spec.vllm_version >= TOKENS_FROM_CONCURRENCY_SINCE and plan.max_model_len:
-        per_request = blocks_needed(layout, plan.max_model_len, plan.max_num_batched_tokens)
+        per_request = blocks_needed(layout, plan.max_model_len, plan.in_flight_tokens)
         line = (f"tokens as vLLM ≥ 0.20 reports them = int({blocks:,} blocks ÷ {per_request:,} blocks per "
                 f"{plan.max_model_len:,}-token request × {plan.max_model_len:,}) = {plan.kv_cache_tokens:,}")
         if plan.kv_cache_tokens != slots:

@@ -14,6 +14,13 @@ from kvwatch.capacity.architecture import ModelArch
 from kvwatch.capacity.memory import GIB
 
 DEFAULT_VLLM_VERSION = (0, 20)  # default utilization 0.92 and tokens = concurrency x max_model_len
+# From 0.21 vLLM subtracts its CUDA-graph memory estimate before sizing the KV cache
+# (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 by default); the reference gives no rule for its size.
+CUDA_GRAPHS_SUBTRACTED_SINCE = (0, 21)
+CUDA_GRAPH_NOTE = ("vLLM >= 0.21 also subtracts its CUDA-graph memory estimate before sizing the KV cache (unless "
+                   "--enforce-eager); it is not modelled, and the calibration logs show 0.5-1.8 GiB per GPU, so "
+                   "expect vLLM's pool to be about that much smaller (pass the measured --available-kv-gib, or add "
+                   "the estimate to --non-torch-gib)")
 _OLD_DEFAULT_UTILIZATION_BEFORE = (0, 20)
 
 
@@ -134,6 +141,7 @@ class CapacityPlan:
     kv_cache_tokens: int
     max_model_len: int | None
     max_num_batched_tokens: int
+    in_flight_tokens: int  # what a sliding-window group holds beyond its window (kv.in_flight_tokens)
     estimated: tuple[str, ...]  # which terms are estimates rather than measured
     warnings: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
@@ -146,7 +154,7 @@ class CapacityPlan:
 
     def max_concurrency_at(self, avg_seq_len: float) -> float:
         """Requests of ``avg_seq_len`` KV tokens that fit at once (the tutorial's ceiling)."""
-        return kv.max_concurrency_at(self.layout, self.num_gpu_blocks, avg_seq_len, self.max_num_batched_tokens)
+        return kv.max_concurrency_at(self.layout, self.num_gpu_blocks, avg_seq_len, self.in_flight_tokens)
 
     @property
     def max_concurrency_at_max_model_len(self) -> float | None:
@@ -154,7 +162,7 @@ class CapacityPlan:
         if not self.max_model_len:
             return None
         return kv.max_concurrency_at_max_model_len(self.layout, self.num_gpu_blocks, self.max_model_len,
-                                                   self.max_num_batched_tokens)
+                                                   self.in_flight_tokens)
 
 
 def _arch_or_error(spec: DeploymentSpec, what: str) -> ModelArch:
@@ -245,18 +253,21 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
         available = usable - weights - activation - non_torch
 
     blocks = kv.num_gpu_blocks(available, layout)
-    tokens = kv.reported_kv_cache_tokens(layout, blocks, max_model_len, batched, spec.vllm_version)
+    in_flight = kv.in_flight_tokens(batched, pp, spec.vllm_version)
+    tokens = kv.reported_kv_cache_tokens(layout, blocks, max_model_len, in_flight, spec.vllm_version)
     if available <= 0:
         errors.append(f"vLLM will not start: no memory left for the KV cache "
                       f"(short by {-available / GIB:.2f} GiB per GPU)")
-    elif max_model_len and blocks < kv.blocks_needed(layout, max_model_len, batched):
-        need = kv.blocks_needed(layout, max_model_len, batched) * layout.bytes_per_block_row
+    elif max_model_len and blocks < kv.blocks_needed(layout, max_model_len, in_flight):
+        need = kv.blocks_needed(layout, max_model_len, in_flight) * layout.bytes_per_block_row
         errors.append(f"vLLM will not start: one {max_model_len}-token request needs {need / GIB:.2f} GiB of KV "
                       f"but only {available / GIB:.2f} GiB is available (short by {(need - available) / GIB:.2f} "
-                      f"GiB); lower --max-model-len to about {_fitting_len(layout, blocks, batched)}")
+                      f"GiB); lower --max-model-len to about {_fitting_len(layout, blocks, in_flight)}")
     if estimated and estimated != ["pp_last_stage_sampler"]:
         warnings.append(f"estimated (not measured): {', '.join(estimated)}; pass --weights-gib/--activation-gib/"
                         "--non-torch-gib from vLLM's startup log for exact figures")
+    if spec.available_kv_bytes is None and spec.vllm_version >= DEFAULT_VLLM_VERSION:
+        notes.append(CUDA_GRAPH_NOTE)  # the default rules are a current vLLM, so they include 0.21+
     if layout.is_hybrid and spec.vllm_version >= kv.TOKENS_FROM_CONCURRENCY_SINCE:
         notes.append("sliding-window model: vLLM derives 'KV cache size' from max_model_len, so it is not a "
                      "byte-linear capacity")
@@ -266,6 +277,7 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
         pp_last_stage_extra_bytes=pp_extra,
         available_kv_bytes=available, kv_bytes_per_token=per_token, layout=layout, num_gpu_blocks=blocks,
         kv_cache_tokens=tokens, max_model_len=max_model_len, max_num_batched_tokens=batched,
+        in_flight_tokens=in_flight,
         estimated=tuple(estimated), warnings=tuple(warnings), errors=tuple(errors), notes=tuple(notes),
     )
 
@@ -284,12 +296,12 @@ def _check_parallelism_and_dtype(spec: DeploymentSpec, arch: ModelArch) -> None:
                         f"{arch.name} has no MLA (use fp8)")
 
 
-def _fitting_len(layout: kv.KVLayout, blocks: int, batched: int) -> int:
+def _fitting_len(layout: kv.KVLayout, blocks: int, in_flight: int) -> int:
     """The longest max_model_len one request can still reach with ``blocks`` blocks (a hint)."""
     lo, hi = 0, 1 << 24
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if kv.blocks_needed(layout, mid, batched) <= blocks:
+        if kv.blocks_needed(layout, mid, in_flight) <= blocks:
             lo = mid
         else:
             hi = mid - 1
