@@ -42,6 +42,13 @@ def test_name_and_settings_alone_median_within_10pct(results):
     s = summary(results)
     assert s["estimated_rows"] >= 30
     assert s["estimated_median_abs_error"] <= 0.10
+    # ... which is mostly in-sample: both medians are published, and out of sample is far worse
+    assert s["estimated_in_sample_rows"] + s["estimated_out_of_sample_rows"] == s["estimated_rows"]
+    assert s["estimated_in_sample_rows"] >= 30 and s["estimated_out_of_sample_rows"] >= 7
+    assert s["estimated_median_abs_error_in_sample"] <= 0.005
+    assert 0.03 <= s["estimated_median_abs_error_out_of_sample"] <= 0.10
+    table = render_markdown(results)
+    assert "in-sample" in table and "other versions and GPUs" in table
 
 
 def test_table_renders_every_result(results, capsys):
