@@ -47,7 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     plan.add_argument("--avg-seq-len", type=float, metavar="TOKENS",
                       help="Average KV tokens per request (prompt + output) for the concurrency ceiling.")
     plan.add_argument("--weights-gib", metavar="GIB", help="Measured weights per GPU ('Model loading took X GiB').")
-    plan.add_argument("--activation-gib", metavar="GIB", help="Measured activation peak per GPU (profiling line).")
+    plan.add_argument("--activation-gib", metavar="GIB",
+                      help="Measured activation peak per GPU (profiling line). With --pipeline-parallel-size > 1 it "
+                           "is read as rank 0's, and the last stage's sampler (estimated) is added.")
     plan.add_argument("--non-torch-gib", metavar="GIB", help="Measured non-torch memory per GPU (profiling line).")
     plan.add_argument("--available-kv-gib", metavar="GIB",
                       help="Measured 'Available KV cache memory' per GPU (skips the budget sums).")
@@ -56,8 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "binary (0.8MiB = 838,861 B, 0.0008GiB = 858,993 B); kB/MB/GB are decimal "
                            "(0.0008GB = 800,000 B) and a note on stderr says so.")
     plan.add_argument("--vllm-version", metavar="X.Y",
-                      help="vLLM version whose rules to follow (default utilization, token count on sliding-window "
-                           "models); default: a current one (>= 0.20).")
+                      help="vLLM version whose rules to follow (default utilization, how the token count is "
+                           "reported, what a sliding window holds per request, hybrid grouping); default: a current "
+                           "one (>= 0.20).")
     plan.add_argument("--json", action="store_true", help="Print one JSON object instead of the walk-through.")
     plan.add_argument("--plot", metavar="PNG", type=Path,
                       help="Write a PNG of the concurrency ceiling against context length (needs kvwatch[plot]).")
