@@ -58,3 +58,78 @@ def test_unknown_model_or_gpu_exports_nothing_and_does_not_raise() -> None:
     assert analyzer.analyze(r.key, None, r, 0.0) is None  # type: ignore[arg-type]
     no_gpu = CapacityAnalyzer(ServeSettings())
     assert no_gpu.analyze(reading().key, None, reading(), 0.0) is None  # type: ignore[arg-type]
+
+
+def cache_config(**labels: str) -> dict[str, str]:
+    return {"block_size": "16", "cache_dtype": "auto", "enable_prefix_caching": "True", "num_gpu_blocks": "30000",
+            **labels}
+
+
+def formula(analyzer: CapacityAnalyzer, r: Reading) -> float:
+    return families(analyzer, r)["kvwatch_formula_kv_capacity_tokens"][0].value
+
+
+def test_formula_uses_the_engines_utilization_and_kv_dtype_when_not_given() -> None:
+    settings = ServeSettings(gpu="H100", max_model_len=8192)
+    engine = reading(cache_config=cache_config(gpu_memory_utilization="0.9", cache_dtype="fp8",
+                                               user_specified_block_size="False"))
+    got = formula(CapacityAnalyzer(settings), engine)
+    arch_settings = settings.model_copy(update={"model": LLAMA})
+    at_090_fp8 = plan_capacity(DeploymentSpec.from_settings(
+        arch_settings.model_copy(update={"gpu_memory_utilization": 0.9, "kv_cache_dtype": "fp8"})))
+    at_092_auto = plan_capacity(DeploymentSpec.from_settings(arch_settings))
+    assert got == at_090_fp8.kv_cache_tokens
+    assert got != at_092_auto.kv_cache_tokens  # what it was: vLLM's 0.92 default and a bf16 KV cache
+
+
+def test_flags_win_over_the_engines_labels() -> None:
+    settings = ServeSettings(gpu="H100", max_model_len=8192, gpu_memory_utilization=0.8, block_size=32)
+    engine = reading(cache_config=cache_config(gpu_memory_utilization="0.9", block_size="16"))
+    expected = plan_capacity(DeploymentSpec.from_settings(settings.model_copy(update={"model": LLAMA})))
+    assert formula(CapacityAnalyzer(settings), engine) == expected.kv_cache_tokens
+
+
+def test_version_rules_follow_the_label_set() -> None:
+    from kvwatch.capacity.sidecar import build_sidecar_capacity, vllm_version_from_cache_config
+
+    old = cache_config(gpu_memory_utilization="0.9", swap_space="4", cpu_offload_gb="0",
+                       kv_offloading_backend="None")
+    assert vllm_version_from_cache_config(old) == (0, 12)
+    assert vllm_version_from_cache_config(cache_config(user_specified_block_size="False")) == (0, 20)
+    assert vllm_version_from_cache_config(cache_config(kv_cache_size_tokens="163840")) == (0, 25)
+    assert vllm_version_from_cache_config(cache_config(swap_space_bytes="0.0")) == (0, 7)
+    assert vllm_version_from_cache_config(cache_config()) is None
+    # Gemma-2 at max_model_len 20,001: before 0.20 tokens are blocks // groups x block_size, from 0.20 they are
+    # int(concurrency x max_model_len); the engine's label set picks the rule serve has no flag for.
+    settings = ServeSettings(gpu="H100", max_model_len=20001)
+    before, _ = build_sidecar_capacity(settings, "google/gemma-2-9b-it", old)
+    new = cache_config(gpu_memory_utilization="0.9", user_specified_block_size="False")
+    after, _ = build_sidecar_capacity(settings, "google/gemma-2-9b-it", new)
+    assert before is not None and after is not None
+    assert before.plan.spec.vllm_version == (0, 12) and after.plan.spec.vllm_version == (0, 20)
+    assert before.plan.num_gpu_blocks == after.plan.num_gpu_blocks
+    assert before.formula_kv_capacity_tokens != after.formula_kv_capacity_tokens
+    layout, blocks = before.plan.layout, before.plan.num_gpu_blocks
+    assert before.formula_kv_capacity_tokens == blocks // layout.num_groups * layout.block_size
+
+
+def test_kv_cache_memory_bytes_label_replaces_the_budget() -> None:
+    analyzer = CapacityAnalyzer(ServeSettings(gpu="H100", max_model_len=8192))
+    r = reading(cache_config=cache_config(kv_cache_memory_bytes=str(20 * 2**30)))
+    assert formula(analyzer, r) == 20 * 2**30 // (16 * 131072) * 16  # 20 GiB of 128 KiB tokens
+
+
+def test_serve_reasons_do_not_point_at_plan_only_flags() -> None:
+    from kvwatch.capacity.sidecar import build_sidecar_capacity
+
+    none, why = build_sidecar_capacity(ServeSettings(), LLAMA, cache_config())
+    assert none is None and "--gpu" in why
+    assert "--available-kv-gib" not in why and "--weights-gib" not in why
+
+
+def test_formula_help_says_cuda_graph_memory_is_not_modelled() -> None:
+    analyzer = CapacityAnalyzer(ServeSettings(gpu="H100"))
+    r = reading()
+    result = analyzer.analyze(r.key, None, r, 0.0)  # type: ignore[arg-type]
+    [formula, _] = list(analyzer.families({r.key: result}, 0.0))
+    assert "CUDA-graph" in formula.documentation and "0.21" in formula.documentation

@@ -18,6 +18,7 @@ from kvwatch.capacity import (
 from kvwatch.capacity.architecture import FULL, MAMBA, SLIDING
 from kvwatch.capacity.presets import gpu_names, preset_names
 
+GIB = 1 << 30
 BASE = {"num_hidden_layers": 4, "num_attention_heads": 8, "hidden_size": 512, "vocab_size": 1000}
 
 
@@ -63,6 +64,107 @@ def test_hybrid_mamba_is_detected_and_says_what_is_not_modelled():
     assert granite.is_hybrid_mamba and len(granite.attention_layer_types) == 4
 
 
+BAMBA_9B = {"model_type": "bamba", "num_hidden_layers": 32, "attn_layer_indices": [9, 18, 27],
+            "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096, "intermediate_size": 14336,
+            "vocab_size": 128256, "mamba_expand": 2, "tie_word_embeddings": False}
+JAMBA_V01 = {"model_type": "jamba", "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+             "hidden_size": 4096, "intermediate_size": 14336, "vocab_size": 65536, "num_experts": 16,
+             "expert_layer_period": 2, "expert_layer_offset": 1, "attn_layer_period": 8, "attn_layer_offset": 4,
+             "mamba_expand": 2, "tie_word_embeddings": False}
+ZAMBA2_2B7 = {"model_type": "zamba2", "num_hidden_layers": 54, "num_attention_heads": 32, "hidden_size": 2560,
+              "vocab_size": 32000, "layers_block_type": ["mamba"] + (["mamba"] * 5 + ["hybrid"]) * 7
+              + ["mamba"] * 4 + ["hybrid"] + ["mamba"] * 3 + ["hybrid"] + ["mamba"] * 2}
+
+
+@pytest.mark.parametrize(("config", "attention_layers"), [
+    (BAMBA_9B, 3),  # attn_layer_indices (was: all 32 counted, ~10x the KV per token)
+    (ZAMBA2_2B7, 9),  # layers_block_type: "hybrid" layers carry the shared attention block
+    ({**BASE, "model_type": "minimax_text_01", "num_hidden_layers": 16, "attn_type_list": ([0] * 7 + [1]) * 2},
+     2),  # MiniMax: 1 = softmax attention, 0 = lightning attention
+    ({**BASE, "model_type": "nemotron_h", "num_hidden_layers": 6, "hybrid_override_pattern": "M-M*-M"}, 1),
+    ({**BASE, "model_type": "falcon_h1"}, 4),  # attention (and a Mamba mixer) in every layer
+])
+def test_hybrid_layouts_count_only_attention_layers_for_kv(config, attention_layers):
+    arch = arch_from_config(config)
+    assert arch.is_hybrid_mamba
+    assert len(arch.attention_layer_types) == attention_layers
+    assert not any("not recognised" in n for n in arch.notes)
+    assert any(f"{attention_layers} layers has attention" in n or f"{attention_layers} attention layers" in n
+               for n in arch.notes)
+
+
+def test_bamba_kv_per_token_is_its_three_attention_layers():
+    from kvwatch.capacity.kv import kv_layout
+
+    layout = kv_layout(arch_from_config(BAMBA_9B), 1, 1, 2, 16, (0, 20))
+    assert layout.kv_bytes_per_token == 3 * 2 * 8 * 128 * 2
+
+
+def test_zamba2_attention_head_dim_is_twice_hidden_over_heads():
+    assert arch_from_config(ZAMBA2_2B7).head_dim == 2 * 2560 // 32
+
+
+def test_unrecognised_hybrid_layout_says_what_was_computed():
+    arch = arch_from_config({**BASE, "model_type": "plamo2", "tie_word_embeddings": False})
+    assert arch.is_hybrid_mamba and len(arch.attention_layer_types) == 4
+    [note] = arch.notes
+    assert "not recognised" in note and "all 4 layers are counted as attention" in note
+    assert "only attention layers are counted" not in note
+
+
+def test_jamba_weights_count_experts_only_on_expert_layers():
+    from kvwatch.capacity.memory import estimate_weights_bytes, parameter_counts
+
+    arch = arch_from_config(JAMBA_V01)
+    assert arch.moe_layers == 16 and len(arch.attention_layer_types) == 4
+    assert sum(parameter_counts(arch)) / 1e9 == pytest.approx(51.6, rel=0.03)  # Jamba-v0.1: 52B parameters
+    assert estimate_weights_bytes(arch, 2, None, 1, 1) / GIB == pytest.approx(96.0, rel=0.03)  # was 169 GiB
+
+
+def _preset_config(preset: str) -> dict:
+    entry = resources.files("kvwatch") / "data" / "models" / (preset.replace("/", "__") + ".json")
+    data = json.loads(entry.read_text())
+    return {**data["config"], **({"num_parameters": data["num_parameters"]} if data.get("num_parameters") else {}),
+            **({"checkpoint_quantization": data["checkpoint_quantization"]}
+               if data.get("checkpoint_quantization") else {})}
+
+
+def _without_tie(preset: str) -> dict:
+    config = _preset_config(preset)
+    config.pop("tie_word_embeddings")
+    return config
+
+
+@pytest.mark.parametrize(("preset", "tied"), [
+    ("google/gemma-2-2b-it", True),  # Gemma2Config defaults to True (its config.json does not say)
+    ("google/gemma-3-1b-it", True),  # Gemma3TextConfig: True
+    ("meta-llama/Llama-3.1-8B-Instruct", False),  # LlamaConfig: False
+    ("Qwen/Qwen3-8B", False),  # Qwen3Config: False
+    ("openai/gpt-oss-20b", False),  # GptOssConfig: False
+])
+def test_absent_tie_word_embeddings_defaults_like_transformers(preset, tied):
+    from kvwatch.capacity.memory import estimate_weights_bytes
+
+    arch = arch_from_config(_without_tie(preset))
+    assert arch.tie_word_embeddings is tied
+    assert estimate_weights_bytes(arch, 2, None, 1, 1) == estimate_weights_bytes(resolve_model(preset), 2, None, 1, 1)
+    assert not any("tie_word_embeddings" in n for n in arch.notes)
+
+
+def test_gemma_2_2b_config_without_tie_matches_the_preset_weights():
+    from kvwatch.capacity.memory import estimate_weights_bytes
+
+    config = {k: v for k, v in _without_tie("google/gemma-2-2b-it").items() if k != "num_parameters"}  # a config.json
+    weights = estimate_weights_bytes(arch_from_config(config), 2, None, 1, 1)
+    assert weights / GIB == pytest.approx(4.87, abs=0.05)  # was 5.97 GiB: an untied 256k x 2304 LM head
+
+
+def test_unknown_model_type_follows_pretrained_config_and_says_so():
+    arch = arch_from_config({**BASE, "model_type": "acme_lm"})
+    assert arch.tie_word_embeddings is True
+    assert any("PreTrainedConfig default" in n for n in arch.notes)
+
+
 def test_missing_required_field_is_named():
     with pytest.raises(ArchitectureError, match="num_hidden_layers"):
         arch_from_config({"hidden_size": 10})
@@ -83,6 +185,62 @@ def test_model_name_forms_resolve_to_the_preset(name):
 def test_quantized_alias_carries_its_quantization():
     match = match_model("RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic")
     assert match.arch.name == "meta-llama/Llama-3.3-70B-Instruct" and match.quantization == "fp8"
+
+
+@pytest.mark.parametrize(("name", "preset", "scheme"), [
+    ("Qwen/Qwen3-8B-FP8", "Qwen/Qwen3-8B", "fp8"),
+    ("meta-llama/Llama-3.1-405B-Instruct-FP8", "meta-llama/Llama-3.1-405B-Instruct", "fp8"),
+    ("zai-org/GLM-4.5-FP8", "zai-org/GLM-4.5", "fp8"),
+    ("deepseek-ai/DeepSeek-V3.1", "deepseek-ai/DeepSeek-V3", "fp8"),  # the V3 architecture and FP8 checkpoint
+    ("Qwen/Qwen3-30B-A3B-Instruct-2507", "Qwen/Qwen3-30B-A3B", None),
+    ("/models/Qwen3-8B-FP8", "Qwen/Qwen3-8B", "fp8"),  # vLLM's model_name label for a local copy
+    ("Qwen/Qwen2.5-7B-Instruct-AWQ", "Qwen/Qwen2.5-7B-Instruct", "w4a16"),
+    ("Qwen/Qwen2.5-7B-Instruct-GPTQ-Int8", "Qwen/Qwen2.5-7B-Instruct", "w8a16"),
+    ("Qwen/Qwen2.5-7B-Instruct-GPTQ-Int4", "Qwen/Qwen2.5-7B-Instruct", "w4a16"),
+    ("RedHatAI/Qwen3-8B-FP8-dynamic", "Qwen/Qwen3-8B", "fp8"),
+    ("RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w8a8", "meta-llama/Llama-3.1-8B-Instruct", "w8a8"),
+    ("Qwen/Qwen3-235B-A22B-Instruct-2507", "Qwen/Qwen3-235B-A22B", None),
+])
+def test_common_names_find_their_preset_and_imply_the_scheme(name, preset, scheme):
+    from kvwatch.capacity.memory import resolve_quantization
+
+    arch = match_model(name).arch
+    assert arch.name == preset
+    resolved = resolve_quantization(None, arch)
+    assert (resolved.scheme if resolved else None) == scheme
+
+
+def test_a_dated_release_with_a_longer_context_carries_it():
+    assert resolve_model("Qwen/Qwen3-30B-A3B").max_position_embeddings == 40960
+    assert resolve_model("Qwen/Qwen3-30B-A3B-Instruct-2507").max_position_embeddings == 262144
+    assert resolve_model("Qwen/Qwen3-30B-A3B-Instruct-2507-FP8").max_position_embeddings == 262144
+
+
+def test_a_loose_match_says_so_in_a_note():
+    arch = match_model("Qwen/Qwen3-235B-A22B-Instruct-2507").arch
+    assert any("without variant words" in n and "--model-config" in n for n in arch.notes)
+    assert any("quantization suffix" in n for n in match_model("Qwen/Qwen3-8B-FP8").arch.notes)
+    assert not match_model("meta-llama/Llama-3.1-8B-Instruct").arch.notes
+
+
+@pytest.mark.parametrize("name", ["acme/Nope-1B-FP8", "acme/Nope-1B-Instruct-2507", "FP8"])
+def test_stripping_does_not_invent_presets(name):
+    with pytest.raises(PresetError):
+        match_model(name)
+
+
+def test_sidecar_matches_vllms_label_for_a_quantized_local_copy(monkeypatch):
+    from kvwatch.capacity import build_sidecar_capacity
+    from kvwatch.settings import DeploymentSettings
+
+    for key in list(__import__("os").environ):
+        if key.startswith("KVWATCH_"):
+            monkeypatch.delenv(key)
+    capacity, why = build_sidecar_capacity(DeploymentSettings(gpu="H100"), model_name="/models/Qwen3-8B-FP8")
+    assert capacity is not None, why
+    bf16, _ = build_sidecar_capacity(DeploymentSettings(gpu="H100"), model_name="/models/Qwen3-8B")
+    assert bf16 is not None
+    assert capacity.plan.weights_bytes < 0.7 * bf16.plan.weights_bytes  # priced as FP8
 
 
 def test_unknown_model_suggests_model_config():

@@ -126,3 +126,40 @@ def test_sliding_layers_cap_at_window_for_long_requests():
     # at 100k tokens the sliding group holds ~1.5k tokens, so the ceiling is ~half the all-full one
     assert long == pytest.approx(100000 * 16 / (100000 + 1024 - 1 + 512 + 16))
     assert short > long
+
+
+def test_sliding_window_holds_in_flight_tokens_from_0_20():
+    from kvwatch.capacity.kv import blocks_needed, in_flight_tokens
+    from kvwatch.capacity.planner import DeploymentSpec, plan_capacity
+
+    # 0.10.2/0.11: window - 1 + max_num_batched_tokens; 0.27-0.33: window - 1 + max_concurrent_batches x batched,
+    # with 2 batches in flight under async scheduling (PP 1) and PP batches under pipeline parallelism.
+    assert in_flight_tokens(8192, 1, V19) == 8192
+    assert in_flight_tokens(8192, 1, V20) == 16384
+    assert in_flight_tokens(8192, 4, V20) == 32768
+    gemma = resolve_model("google/gemma-2-9b-it")
+    for version, sliding_blocks in ((V19, 768 + 1), (V20, 1251 + 1)):  # cdiv(min(4095 + X, 20001), 16) + 1
+        spec = DeploymentSpec(arch=gemma, gpu_memory_bytes=79.19 * GIB, gpu_name="H100-80GB", max_model_len=20001,
+                              gpu_memory_utilization=0.95, vllm_version=version)
+        plan = plan_capacity(spec)
+        assert blocks_needed(plan.layout, 20001, plan.in_flight_tokens) == 1251 + sliding_blocks
+
+
+def test_only_documented_presets_depend_on_the_grouping_threshold_version():
+    # vLLM copies differ on when the larger attention-type bucket sets the group size: under 1.25x the smaller
+    # one (2025-06 code) or under 1.5x (later; kvwatch's rule). Only bucket ratios in [1.25, 1.5) tell them apart;
+    # docs/capacity.md lists the cases among the presets.
+    from kvwatch.capacity.kv import layers_on_rank
+    from kvwatch.capacity.presets import preset_names
+
+    affected = set()
+    for pp in (1, 2, 4, 8):
+        for name in preset_names():
+            types = resolve_model(name).attention_layer_types
+            if pp > len(types):
+                continue
+            stage = types[:layers_on_rank(len(types), pp)]
+            full, sliding = stage.count("full_attention"), stage.count("sliding_attention")
+            if full and sliding and 1.25 <= max(full, sliding) / min(full, sliding) < 1.5:
+                affected.add((name, pp))
+    assert affected == {("google/gemma-2-2b-it", 4), ("openai/gpt-oss-120b", 4)}

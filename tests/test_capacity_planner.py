@@ -17,7 +17,7 @@ from kvwatch.capacity import (
     whatif_ceilings,
     whatif_scenarios,
 )
-from kvwatch.capacity.memory import estimate_non_torch_bytes, estimate_weights_bytes
+from kvwatch.capacity.memory import estimate_non_torch_bytes, estimate_weights_bytes, resolve_quantization
 from kvwatch.settings import DeploymentSettings
 
 GIB = 1 << 30
@@ -100,6 +100,27 @@ def test_gpt_oss_checkpoint_quantization_is_mxfp4_on_experts_only():
     assert estimate_weights_bytes(oss, 2, None, 1, 1) / GIB == pytest.approx(13.47, rel=0.08)
 
 
+@pytest.mark.parametrize(("model", "capability", "tp", "logged_gib"), [
+    ("openai/gpt-oss-20b", (9, 0), 1, 13.47),    # H100 (calibration line 33)
+    ("openai/gpt-oss-120b", (9, 0), 1, 64.38),   # H100 (line 34); 60.69 GiB without the padding
+    ("openai/gpt-oss-120b", (8, 0), 4, 17.2217),  # A100, Marlin kernel, TP4 (line 44)
+    ("openai/gpt-oss-120b", (8, 0), 1, 65.9651),  # the Marlin path's padding (line 53 logged a Marlin warning)
+])
+def test_mxfp4_expert_weights_are_priced_at_vllms_padded_sizes(model, capability, tp, logged_gib):
+    arch = resolve_model(model)
+    estimate = estimate_weights_bytes(arch, 2, None, tp, 1, compute_capability=capability) / GIB
+    assert estimate == pytest.approx(logged_gib, rel=0.01)
+
+
+def test_mxfp4_padding_by_kernel():
+    from kvwatch.capacity.memory import mxfp4_moe_padding
+
+    assert mxfp4_moe_padding(2880, 720, (8, 0)) == (3072, 768)  # Marlin: hidden to 256, intermediate to 128
+    assert mxfp4_moe_padding(2880, 2880, (10, 0)) == (3072, 3072)  # SM100 FlashInfer: both to 256
+    assert mxfp4_moe_padding(2880, 2880, (9, 0)) == (3072, 2880)  # SM90: intermediate to 64 (2880 already is)
+    assert mxfp4_moe_padding(2880, 720, (12, 0)) == (3072, 768)  # SM120: no Triton kernels, Marlin
+
+
 def test_non_torch_estimate():
     assert estimate_non_torch_bytes(1, 1) == pytest.approx(0.25 * GIB)
     assert estimate_non_torch_bytes(2, 1) == pytest.approx(2.1 * GIB)
@@ -156,17 +177,29 @@ def test_from_settings_resolves_presets_and_overrides(monkeypatch):
     settings = DeploymentSettings(model="RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic", gpu="H100",
                                   tensor_parallel_size=2, gpu_memory_utilization=0.95, max_model_len=8192)
     spec = DeploymentSpec.from_settings(settings, weights_bytes=33.88 * GIB, vllm_version="0.19.0")
-    assert spec.quantization == "fp8" and spec.vllm_version == (0, 19)
+    # the name implies the checkpoint's scheme; --quantization (None here) stays the user's
+    assert spec.quantization is None and spec.vllm_version == (0, 19)
+    assert spec.arch.checkpoint_quantization == "fp8"
+    assert resolve_quantization(spec.quantization, spec.arch).scheme == "fp8"
     assert spec.gpu_memory_bytes == pytest.approx(79.19 * GIB)
     plan = plan_capacity(spec)
     assert plan.weights_bytes == pytest.approx(33.88 * GIB)
     assert plan.kv_cache_tokens == pytest.approx(244304, rel=0.01)
 
 
-@pytest.mark.parametrize(("text", "expected"), [("131072", 131072), ("128KiB", 131072), ("0.8MiB", 0.8 * 2**20),
-                                                 ("0.0008GiB", 0.0008 * 2**30), ("1.5 GB", 1.5e9)])
+@pytest.mark.parametrize(("text", "expected"), [("131072", 131072), ("128KiB", 131072), ("0.8MiB", 838_860.8),
+                                                 ("0.0008GiB", 858_993.4592), ("1.5 GB", 1.5e9),
+                                                 ("0.0008GB", 800_000), ("128kB", 128_000)])
 def test_parse_bytes(text, expected):
     assert parse_bytes(text) == pytest.approx(expected)
+
+
+def test_decimal_unit_note():
+    from kvwatch.capacity.units import decimal_unit_note
+
+    assert decimal_unit_note("0.0008GiB") is None and decimal_unit_note("131072") is None
+    note = decimal_unit_note("0.0008GB")
+    assert note is not None and "800,000 B" in note and "0.0008GiB would be 858,993 B" in note
 
 
 @pytest.mark.parametrize("text", ["", "abc", "12 parsecs", "-3MiB", "0"])

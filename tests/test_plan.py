@@ -65,6 +65,52 @@ def test_preset_model_and_gpu_json_matches_vllm_log(capsys):
     assert data["estimated"] == []
 
 
+def test_pipeline_parallel_logged_figures_match_vllm_like_the_calibration(capsys):
+    # Row 15 of the calibration data: vLLM 0.19 logged rank 0's figures and reported 1,075,312 tokens.
+    code, out, _ = run(["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu-memory-gib", "79.19",
+                        "--gpu-memory-utilization", "0.95", "--max-model-len", "8192", "--vllm-version", "0.19.0",
+                        "--pipeline-parallel-size", "2", "--weights-gib", "7.51", "--activation-gib", "1.1",
+                        "--non-torch-gib", "0.07", "--json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    assert data["kv_cache_tokens"] == pytest.approx(1075312, rel=0.01)  # was 1,090,352 (+1.40%) without the term
+    assert "pp_last_stage_sampler" in data["estimated"]
+    assert data["pp_last_stage_extra_bytes"] == pytest.approx(1024 * 128256 * 7)
+    assert any("rank 0" in n for n in data["notes"])
+
+
+@pytest.mark.parametrize(("version", "expected"), [
+    # >= 0.20: int(max_concurrency x max_model_len); 20,001 is not a block multiple, so this is not blocks x 16
+    ("0.20", "int(2,332 blocks ÷ 1,251 blocks per 20,001-token request × 20,001) = 37,284 "
+             "(2,332 × 16 = 37,312 token slots)"),
+    ("0.19", "tokens = 2,332 × 16 = 37,312"),
+])
+def test_walk_through_prints_the_token_rule_vllm_uses(version, expected, capsys):
+    code, out, _ = run(["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "L4", "--max-model-len",
+                        "20001", "--gpu-memory-utilization", "0.92", "--vllm-version", version], capsys)
+    assert code == 0
+    assert expected in out
+    assert "2,332 × 16 = 37,284" not in out  # the old line: wrong arithmetic
+
+
+def test_decimal_unit_is_read_as_decimal_and_says_so(capsys):
+    # The tutorial writes "0.0008 GB": taken literally that is 800,000 B, not the 858,993 B of 0.0008 GiB.
+    argv = [arg if arg != "0.0008GiB" else "0.0008GB" for arg in TUTORIAL]
+    code, out, err = run([*argv, "--json"], capsys)
+    assert code == 0
+    assert json.loads(out)["kv_bytes_per_token"] == 800_000
+    assert err.count("\n") == 1 and "decimal unit" in err and "858,993 B" in err
+    code, _, err = run(TUTORIAL, capsys)
+    assert code == 0 and err == ""  # binary units: no note
+
+
+def test_help_does_not_call_different_byte_counts_equal(capsys):
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "0.8MiB = 838,861 B" in out and "0.0008GiB = 858,993 B" in out
+
+
 def test_settings_come_from_environment_too(capsys, monkeypatch):
     monkeypatch.setenv("KVWATCH_MODEL", "google/gemma-2-9b-it")
     monkeypatch.setenv("KVWATCH_GPU", "H100")
@@ -99,11 +145,51 @@ def test_will_not_start_exits_1_with_shortfall(capsys):
     (["--model", "Qwen/Qwen3-8B"], "--gpu"),
     (["--gpu", "H100", "--tensor-parallel-size", "0"], "--tensor-parallel-size"),
     (["--model", "Qwen/Qwen3-8B", "--gpu", "H100", "--vllm-version", "abc"], "--vllm-version"),
+    # what vLLM itself refuses at startup
+    (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--tensor-parallel-size", "3"],
+     "--tensor-parallel-size"),
+    (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--pipeline-parallel-size", "33"],
+     "--pipeline-parallel-size"),
+    (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--block-size", "24"], "--block-size"),
+    (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--kv-cache-dtype", "fp8_ds_mla"],
+     "--kv-cache-dtype"),
+    (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--kv-cache-dtype", "int2"],
+     "--kv-cache-dtype"),
 ])
 def test_bad_input_exits_2_naming_the_flag(argv, flag, capsys):
     code, out, err = run(["plan", *argv], capsys)
     assert code == 2
-    assert flag in err and out == ""
+    assert flag in err and out == "" and err.count("\n") == 1
+
+
+def test_model_and_model_config_together_is_an_error_not_a_silent_choice(tmp_path, capsys):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 256}))
+    code, out, err = run(["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--model-config", str(cfg),
+                          "--gpu", "H100"], capsys)
+    assert code == 2 and out == ""
+    assert "--model" in err and "--model-config" in err and err.count("\n") == 1
+
+
+def test_the_reason_is_in_the_message(capsys):
+    _, _, err = run(["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100",
+                     "--tensor-parallel-size", "3"], capsys)
+    assert "divide the model's 32 attention heads" in err
+    _, _, err = run(["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--block-size", "24"],
+                    capsys)
+    assert "1, 8, 16, 32, 64, 128, 256" in err
+
+
+@pytest.mark.parametrize(("model", "dtype", "bytes_per_token"), [
+    ("meta-llama/Llama-3.1-8B-Instruct", "fp8_inc", 2 * 32 * 8 * 128),  # Gaudi's fp8: one byte
+    ("meta-llama/Llama-3.1-8B-Instruct", "fp8_e5m2", 2 * 32 * 8 * 128),
+    ("deepseek-ai/DeepSeek-R1", "fp8_ds_mla", 61 * 656),  # FlashMLA's layout, not 61 x 576 x 1
+])
+def test_vllm_kv_cache_dtypes_are_accepted_and_priced(model, dtype, bytes_per_token, capsys):
+    code, out, err = run(["plan", "--model", model, "--gpu", "H200", "--tensor-parallel-size", "8",
+                          "--kv-cache-dtype", dtype, "--json"], capsys)
+    assert code in (0, 1), err
+    assert json.loads(out)["kv_bytes_per_token"] == bytes_per_token // (8 if "llama" in model.lower() else 1)
 
 
 def test_plot_writes_png(tmp_path, capsys):
@@ -137,3 +223,13 @@ def test_help_lists_plan_flags(capsys):
                  "--activation-gib", "--non-torch-gib", "--available-kv-gib", "--kv-bytes-per-token", "--json",
                  "--plot"]:
         assert flag in out
+
+
+def test_current_rules_note_the_unmodelled_cuda_graph_memory(capsys):
+    base = ["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--json"]
+    notes = json.loads(run(base, capsys)[1])["notes"]
+    assert any("CUDA-graph" in n and "0.21" in n for n in notes)
+    old = json.loads(run([*base, "--vllm-version", "0.19"], capsys)[1])["notes"]
+    assert not any("CUDA-graph" in n for n in old)
+    measured = json.loads(run([*base, "--available-kv-gib", "40"], capsys)[1])["notes"]
+    assert not any("CUDA-graph" in n for n in measured)  # a measured pool already has it taken out

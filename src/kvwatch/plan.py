@@ -28,7 +28,8 @@ from kvwatch.capacity import (
 )
 from kvwatch.capacity import presets as preset_data
 from kvwatch.capacity.architecture import SLIDING, ModelArch
-from kvwatch.capacity.memory import GIB, parameter_counts
+from kvwatch.capacity.memory import GIB, parameter_counts, resolve_quantization
+from kvwatch.capacity.units import decimal_unit_note
 from kvwatch.settings import DeploymentSettings, SettingsError, add_settings_flags, load_settings
 
 _GIB_FLAGS = ("weights_gib", "activation_gib", "non_torch_gib", "available_kv_gib")
@@ -46,15 +47,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     plan.add_argument("--avg-seq-len", type=float, metavar="TOKENS",
                       help="Average KV tokens per request (prompt + output) for the concurrency ceiling.")
     plan.add_argument("--weights-gib", metavar="GIB", help="Measured weights per GPU ('Model loading took X GiB').")
-    plan.add_argument("--activation-gib", metavar="GIB", help="Measured activation peak per GPU (profiling line).")
+    plan.add_argument("--activation-gib", metavar="GIB",
+                      help="Measured activation peak per GPU (profiling line). With --pipeline-parallel-size > 1 it "
+                           "is read as rank 0's, and the last stage's sampler (estimated) is added.")
     plan.add_argument("--non-torch-gib", metavar="GIB", help="Measured non-torch memory per GPU (profiling line).")
     plan.add_argument("--available-kv-gib", metavar="GIB",
                       help="Measured 'Available KV cache memory' per GPU (skips the budget sums).")
     plan.add_argument("--kv-bytes-per-token", metavar="BYTES",
-                      help="KV bytes per token per GPU: a byte count or a number with a unit (0.8MiB, 0.0008GiB).")
+                      help="KV bytes per token per GPU: a byte count or a number with a unit. KiB/MiB/GiB are "
+                           "binary (0.8MiB = 838,861 B, 0.0008GiB = 858,993 B); kB/MB/GB are decimal "
+                           "(0.0008GB = 800,000 B) and a note on stderr says so.")
     plan.add_argument("--vllm-version", metavar="X.Y",
-                      help="vLLM version whose rules to follow (default utilization, token count on sliding-window "
-                           "models); default: a current one (>= 0.20).")
+                      help="vLLM version whose rules to follow (default utilization, how the token count is "
+                           "reported, what a sliding window holds per request, hybrid grouping); default: a current "
+                           "one (>= 0.20).")
     plan.add_argument("--json", action="store_true", help="Print one JSON object instead of the walk-through.")
     plan.add_argument("--plot", metavar="PNG", type=Path,
                       help="Write a PNG of the concurrency ceiling against context length (needs kvwatch[plot]).")
@@ -88,6 +94,9 @@ def build_spec(args: argparse.Namespace) -> DeploymentSpec:
             overrides["kv_bytes_per_token"] = parse_bytes(args.kv_bytes_per_token)
         except ValueError as exc:
             raise SettingsError(f"invalid value for --kv-bytes-per-token: {exc}") from None
+        note = decimal_unit_note(args.kv_bytes_per_token)
+        if note:
+            print(f"kvwatch plan: note: --kv-bytes-per-token {note}", file=sys.stderr)
     if args.avg_seq_len is not None and args.avg_seq_len <= 0:
         raise SettingsError("invalid value for --avg-seq-len: must be positive")
     try:
@@ -101,6 +110,8 @@ def build_spec(args: argparse.Namespace) -> DeploymentSpec:
         raise SettingsError(f"invalid value for {flag}: {exc}") from None
     except ArchitectureError as exc:
         raise SettingsError(f"invalid value for --model-config: {exc}") from None
+    except SpecError as exc:
+        raise SettingsError(f"{exc} {exc.plan_hint}".rstrip()) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,9 +126,9 @@ def run(args: argparse.Namespace) -> int:
         plan = plan_capacity(spec)
         scenarios = whatif_scenarios(spec, args.avg_seq_len)
     except SpecError as exc:
-        raise SettingsError(str(exc)) from None
-    except QuantizationError as exc:
-        raise SettingsError(f"invalid value for --quantization: {exc}") from None
+        raise SettingsError(f"{exc} {exc.plan_hint}".rstrip()) from None
+    except QuantizationError as exc:  # names the flag that brought the quantization in (and the config field)
+        raise SettingsError(f"invalid value for {exc.flag}: {exc}") from None
     if args.json:
         print(json.dumps(plan_to_dict(plan, scenarios, args.avg_seq_len), indent=2))
     else:
@@ -151,6 +162,7 @@ def plan_to_dict(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: flo
         "weights_bytes": plan.weights_bytes,
         "activation_bytes": plan.activation_bytes,
         "non_torch_bytes": plan.non_torch_bytes,
+        "pp_last_stage_extra_bytes": plan.pp_last_stage_extra_bytes,
         "available_kv_bytes": plan.available_kv_bytes,
         "kv_bytes_per_token": plan.kv_bytes_per_token,
         "block_size": plan.layout.block_size,
@@ -206,8 +218,19 @@ def _weights_detail(arch: ModelArch | None, plan: CapacityPlan) -> str:
     if "weights" not in plan.estimated or arch is None:
         return "measured"
     embed, dense, experts = parameter_counts(arch)
-    quant = plan.spec.quantization or arch.checkpoint_quantization or plan.spec.dtype
+    resolved = resolve_quantization(plan.spec.quantization, arch)
+    quant = resolved.how if resolved else plan.spec.dtype
     return f"estimated: {(embed + dense + experts) / 1e9:.2f} B params, {quant}, / TP×PP"
+
+
+def _activation_detail(plan: CapacityPlan) -> str:
+    if "activation" in plan.estimated:
+        return f"estimated: profile run of {plan.max_num_batched_tokens} batched tokens and the sampler"
+    if plan.pp_last_stage_extra_bytes:
+        rank0 = (plan.activation_bytes or 0) - plan.pp_last_stage_extra_bytes
+        return (f"measured on rank 0: {_g(rank0)} + {_g(plan.pp_last_stage_extra_bytes)} estimated for the last "
+                "PP stage's sampler")
+    return "measured"
 
 
 def render_text(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: float | None) -> str:
@@ -223,9 +246,7 @@ def render_text(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: floa
             f"   usable      {_g(plan.total_memory_bytes)} × {plan.gpu_memory_utilization:.2f}"
             f"{'':>18}= {_g(plan.usable_bytes)}",
             f"   − weights     {_g(plan.weights_bytes):>12}  ({_weights_detail(spec.arch, plan)})",
-            f"   − activation  {_g(plan.activation_bytes):>12}  ("
-            + (f"estimated: profile run of {plan.max_num_batched_tokens} batched tokens and the sampler"
-               if "activation" in plan.estimated else "measured") + ")",
+            f"   − activation  {_g(plan.activation_bytes):>12}  ({_activation_detail(plan)})",
             f"   − non-torch   {_g(plan.non_torch_bytes):>12}  "
             f"({'estimated' if 'non_torch' in plan.estimated else 'measured'})",
             f"   = KV budget                                        = {_g(plan.available_kv_bytes)}",
@@ -244,7 +265,7 @@ def render_text(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: floa
     else:
         out += [f"   blocks = floor({_g(plan.available_kv_bytes)} ÷ ({layout.block_size} tokens × "
                 f"{_bytes(plan.kv_bytes_per_token)})) = {plan.num_gpu_blocks:,}",
-                f"   tokens = {plan.num_gpu_blocks:,} × {layout.block_size} = {plan.kv_cache_tokens:,}"]
+                f"   {_uniform_tokens_line(plan)}"]
     out += ["", "4. Concurrency ceiling"]
     if avg_seq_len and layout.is_hybrid:
         out.append(f"   at {avg_seq_len:,.0f} tokens per request: {plan.num_gpu_blocks:,} blocks × {layout.block_size}"
@@ -269,6 +290,22 @@ def render_text(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: floa
     for label, items in (("error", plan.errors), ("warning", plan.warnings), ("note", plan.notes)):
         out += [f"{label}: {item}" for item in items]
     return "\n".join(out)
+
+
+def _uniform_tokens_line(plan: CapacityPlan) -> str:
+    """The token figure of a one-group model, with the arithmetic of the rule that produced it."""
+    from kvwatch.capacity.kv import TOKENS_FROM_CONCURRENCY_SINCE, blocks_needed
+
+    layout, blocks = plan.layout, plan.num_gpu_blocks
+    slots = blocks * layout.block_size
+    if plan.spec.vllm_version >= TOKENS_FROM_CONCURRENCY_SINCE and plan.max_model_len:
+        per_request = blocks_needed(layout, plan.max_model_len, plan.in_flight_tokens)
+        line = (f"tokens as vLLM ≥ 0.20 reports them = int({blocks:,} blocks ÷ {per_request:,} blocks per "
+                f"{plan.max_model_len:,}-token request × {plan.max_model_len:,}) = {plan.kv_cache_tokens:,}")
+        if plan.kv_cache_tokens != slots:
+            line += f" ({blocks:,} × {layout.block_size} = {slots:,} token slots)"
+        return line
+    return f"tokens = {blocks:,} × {layout.block_size} = {plan.kv_cache_tokens:,}"
 
 
 def _tokens_rule(plan: CapacityPlan) -> str:

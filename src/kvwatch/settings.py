@@ -69,7 +69,9 @@ class DeploymentSettings(_Base):
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM --tensor-parallel-size.")
     pipeline_parallel_size: int = Field(1, ge=1, description="vLLM --pipeline-parallel-size.")
     dtype: str = Field("auto", description="vLLM --dtype: auto, bfloat16, float16, float32 (bf16, fp16, fp32).")
-    kv_cache_dtype: str = Field("auto", description="vLLM --kv-cache-dtype: auto, fp8, fp8_e4m3, fp8_e5m2.")
+    kv_cache_dtype: str = Field(
+        "auto", description="vLLM --kv-cache-dtype: auto, fp8, fp8_e4m3, fp8_e5m2, fp8_inc, fp8_ds_mla."
+    )
     quantization: str | None = Field(
         None, description="Weight quantization: fp8, int8, w8a8, int4, awq, gptq, mxfp4, nvfp4, ..."
     )
@@ -96,7 +98,8 @@ class DeploymentSettings(_Base):
     @field_validator("kv_cache_dtype")
     @classmethod
     def _kv_dtype(cls, v: str) -> str:
-        allowed = {"auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16", "bf16", "fp16"}
+        allowed = {"auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
+                   "bfloat16", "float16", "bf16", "fp16"}
         if v.lower() not in allowed:
             raise ValueError(f"must be one of {', '.join(sorted(allowed))}")
         return v.lower()

@@ -1,7 +1,8 @@
 """The capacity model inside ``serve``: the formula's KV capacity beside vLLM's, and what-if ceilings.
 
 Exports, per (``model_name``, ``engine``), when the model and the card are known:
-``kvwatch_formula_kv_capacity_tokens`` (what the formula says vLLM should have; a gap to
+``kvwatch_formula_kv_capacity_tokens`` (what the formula says vLLM should have, from kvwatch's settings plus
+the engine's own ``cache_config_info`` values for what was not given; a large gap to
 ``kvwatch_kv_capacity_tokens`` means the settings kvwatch was given do not match the engine) and
 ``kvwatch_whatif_max_concurrency{scenario}`` (each scenario's ceiling at the live average KV tokens per
 running request).
@@ -17,7 +18,7 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 
-from kvwatch.capacity.sidecar import SidecarCapacity, build_sidecar_capacity
+from kvwatch.capacity.sidecar import ENGINE_LABELS, VERSION_LABELS, SidecarCapacity, build_sidecar_capacity
 from kvwatch.history import SeriesHistory
 from kvwatch.model import Reading, SeriesKey
 
@@ -43,19 +44,25 @@ class CapacityAnalyzer:
 
     def __init__(self, settings: Any) -> None:
         self._settings = settings
-        # One plan per vLLM model_name: a preset may only match once the engine names its model.
-        self._plans: dict[str, SidecarCapacity | None] = {}
+        # One plan per vLLM model_name and engine configuration (the cache_config_info labels the formula
+        # reads): a preset may only match once the engine names its model, and a restart may change them.
+        self._plans: dict[tuple[str, tuple[tuple[str, str], ...]], SidecarCapacity | None] = {}
 
-    def _plan(self, model_name: str) -> SidecarCapacity | None:
-        if model_name not in self._plans:
-            capacity, why = build_sidecar_capacity(self._settings, model_name)
+    def _plan(self, reading: Reading) -> SidecarCapacity | None:
+        config = {k: v for k, v in reading.cache_config.items() if k in ENGINE_LABELS or k in VERSION_LABELS}
+        key = (reading.model_name, tuple(sorted(config.items())))
+        if key not in self._plans:
+            capacity, why = build_sidecar_capacity(self._settings, reading.model_name, reading.cache_config)
             if capacity is None:
-                log.info("capacity model off for %s: %s", model_name, why)
-            self._plans[model_name] = capacity
-        return self._plans[model_name]
+                log.info("capacity model off for %s: %s", reading.model_name, why)
+            else:
+                log.info("capacity model for %s: %s", reading.model_name,
+                         "; ".join(n for n in capacity.plan.notes if "cache_config_info" in n) or "kvwatch's settings")
+            self._plans[key] = capacity
+        return self._plans[key]
 
     def analyze(self, key: SeriesKey, history: SeriesHistory, reading: Reading, now: float) -> CapacityResult | None:
-        capacity = self._plan(reading.model_name)
+        capacity = self._plan(reading)
         if capacity is None:
             return None
         per_request = live_kv_tokens_per_request(reading)
@@ -65,8 +72,12 @@ class CapacityAnalyzer:
     def families(self, results: Mapping[SeriesKey, CapacityResult], now: float) -> Iterable[GaugeMetricFamily]:
         formula = GaugeMetricFamily(
             "kvwatch_formula_kv_capacity_tokens",
-            "KV cache capacity in tokens per engine as the capacity model computes it from the model and "
-            "deployment settings kvwatch was given (compare with kvwatch_kv_capacity_tokens).",
+            "KV cache capacity in tokens per engine as the capacity model computes it from the model, the GPU and "
+            "the deployment flags kvwatch was given, with gpu_memory_utilization, block_size, cache_dtype and the "
+            "vLLM version's rules taken from vllm:cache_config_info where not given; weights and activations are "
+            "estimates, and the CUDA-graph memory vLLM >= 0.21 subtracts before sizing the cache is not modelled, "
+            "so on those versions this is higher than vLLM's figure by the tokens that memory would hold (compare "
+            "with kvwatch_kv_capacity_tokens).",
             labels=["model_name", "engine"])
         whatif = GaugeMetricFamily(
             "kvwatch_whatif_max_concurrency",

@@ -3,8 +3,11 @@
 Pure: :func:`arch_from_config` takes an already-parsed dict. It handles multimodal configs (the
 language model lives in ``text_config``), a missing ``head_dim`` (= hidden / heads), a missing
 ``num_key_value_heads`` (= heads, i.e. MHA), per-layer ``layer_types`` or a Gemma-3 style
-``sliding_window_pattern``, MLA (``kv_lora_rank`` + ``qk_rope_head_dim``) and hybrid Mamba models,
-which are detected but whose state pages are not modelled.
+``sliding_window_pattern``, MLA (``kv_lora_rank`` + ``qk_rope_head_dim``) and hybrid Mamba / linear-attention
+models, whose attention layers are read from the field each family uses (``layer_types``, ``layers_block_type``
+(Jamba, Zamba2's "hybrid"), ``attn_type_list`` (MiniMax), ``attn_layer_indices`` (Bamba), ``attn_layer_period``
+(Jamba), ``hybrid_override_pattern`` (Nemotron-H), Falcon-H1's attention in every layer); their Mamba state
+pages are not modelled.
 """
 
 from __future__ import annotations
@@ -12,17 +15,45 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvwatch.capacity.quantization import scheme_from_config
+
 FULL = "full_attention"
 SLIDING = "sliding_attention"
-MAMBA = "mamba"
+MAMBA = "mamba"  # a Mamba / linear-attention mixer: state pages, no KV cache
+MLP_ONLY = "mlp_only"  # a layer with an MLP and no mixer (Nemotron-H's "-" and "E"): neither KV nor state
+_NO_KV = frozenset({MAMBA, MLP_ONLY})
 
 # model_type values of hybrid attention + Mamba/linear-attention models (vLLM keeps SSM state pages).
 _HYBRID_MAMBA_TYPES = frozenset({
     "jamba", "bamba", "nemotron_h", "falcon_h1", "zamba2", "granitemoehybrid", "qwen3_next", "minimax_m1",
-    "plamo2", "lfm2",
+    "minimax_text_01", "plamo2", "lfm2",
 })
 _MAMBA_LAYER_WORDS = ("mamba", "linear", "ssm", "conv", "deltanet")
 _MLA_TYPES = frozenset({"deepseek_v2", "deepseek_v3", "kimi_k2", "deepseek_v32"})
+
+
+# transformers' default for tie_word_embeddings when config.json omits it: PreTrainedConfig's own default is True;
+# config classes override it. Read in transformers' configuration_<type>.py: llama, mistral, qwen2, qwen3, phi3,
+# gpt_oss, deepseek_v3 and falcon_h1 say False; gemma, gemma2 and gemma3_text say True; zamba2 does not set it
+# (True). The other entries belong to the same families (their classes are copies of those) and were not read
+# one by one.
+_TIE_DEFAULT_FALSE = frozenset({
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "phi3", "gpt_oss",
+    "deepseek_v2", "deepseek_v3", "kimi_k2", "falcon_h1", "glm4", "glm4_moe", "granite", "granitemoe",
+    "granitemoehybrid", "jamba", "bamba", "nemotron_h", "minimax", "minimax_text_01", "minimax_m1",
+})
+_TIE_DEFAULT_TRUE = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text", "zamba2"})
+
+
+def _default_tie(model_type: str) -> tuple[bool, str | None]:
+    """(tie_word_embeddings, note) when config.json does not say, as transformers would default it."""
+    if model_type in _TIE_DEFAULT_FALSE:
+        return False, None
+    if model_type in _TIE_DEFAULT_TRUE:
+        return True, None
+    return True, (f"tie_word_embeddings is not in config.json and model_type {model_type or '(none)'!r} is not one "
+                  "kvwatch knows: assumed True (transformers' PreTrainedConfig default), so the LM head is not "
+                  "counted; if the model unties it, the weights are vocab × hidden larger")
 
 
 class ArchitectureError(ValueError):
@@ -55,10 +86,22 @@ class ModelArch:
     moe_intermediate_size: int = 0
     num_shared_experts: int = 0
     first_k_dense_layers: int = 0
+    # Layers with an MoE / a dense MLP when not all of them have one (Jamba's expert_layer_period, Qwen-MoE's
+    # decoder_sparse_step, Nemotron-H's pattern); None = the usual rule (MoE after first_k_dense_layers).
+    moe_layers: int | None = None
+    dense_mlp_layers: int | None = None
+    # Hybrid Mamba / linear-attention models: layers with such a mixer and its inner width (for the weights),
+    # and whether vLLM keeps state pages for them (not modelled).
+    mamba_layers: int = 0
+    mamba_inner_size: int = 0
+    has_mamba_state: bool = False
     # Total parameters when the preset knows it better than the config implies (MLA/MoE details).
     num_parameters: int | None = None
-    # Quantization the checkpoint ships with (e.g. gpt-oss: mxfp4) when --quantization is not given.
+    # Quantization scheme the checkpoint ships with (e.g. gpt-oss: mxfp4), and where it was read (a config.json
+    # field, or the name that implies it); None source = the preset's own data.
     checkpoint_quantization: str | None = None
+    checkpoint_quantization_source: str | None = None
+    from_config_file: bool = False  # built from a user's config.json (--model-config), not a preset
     source: str | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
 
@@ -68,13 +111,13 @@ class ModelArch:
 
     @property
     def is_hybrid_mamba(self) -> bool:
-        return MAMBA in self.layer_types
+        return self.has_mamba_state or MAMBA in self.layer_types
 
     @property
     def attention_layer_types(self) -> tuple[str, ...]:
-        """Layer types of layers that hold a KV cache (Mamba layers excluded)."""
+        """Layer types of layers that hold a KV cache (Mamba / linear-attention and MLP-only layers excluded)."""
         types = self.layer_types or (FULL,) * self.num_layers
-        return tuple(t for t in types if t != MAMBA)
+        return tuple(t for t in types if t not in _NO_KV)
 
     @property
     def has_sliding_window(self) -> bool:
@@ -99,27 +142,61 @@ def _require(cfg: dict[str, Any], *keys: str) -> int:
     raise ArchitectureError(f"config.json has no {' / '.join(keys)}")
 
 
+def _word_type(word: str) -> str:
+    w = word.lower()
+    if any(m in w for m in _MAMBA_LAYER_WORDS):
+        return MAMBA
+    if "sliding" in w or "local" in w:
+        return SLIDING
+    return FULL  # "attention", "full_attention", Zamba2's "hybrid" (a shared attention block + Mamba)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    types: tuple[str, ...]
+    source: str | None = None  # the config field the hybrid layout came from
+    mamba_layers: int = 0  # layers with a Mamba / linear mixer (Falcon-H1 and Zamba2: every layer)
+
+
+def _hybrid_layout(cfg: dict[str, Any], num_layers: int, model_type: str) -> _Layout | None:
+    """Attention vs Mamba / linear-attention layers, from whichever field the model family uses."""
+    raw = cfg.get("layer_types")
+    if isinstance(raw, list) and raw and any(_word_type(str(t)) == MAMBA for t in raw):
+        types = tuple(_word_type(str(t)) for t in raw[:num_layers])
+        return _Layout(types, "layer_types", types.count(MAMBA))
+    blocks = cfg.get("layers_block_type")  # Jamba-style ("attention"/"mamba"), Zamba2 ("hybrid"/"mamba")
+    if isinstance(blocks, list) and blocks:
+        types = tuple(_word_type(str(t)) for t in blocks[:num_layers])
+        mixers = len(types) if model_type == "zamba2" else types.count(MAMBA)
+        return _Layout(types, "layers_block_type", mixers)
+    kinds = cfg.get("attn_type_list")  # MiniMax: 1 = softmax attention, 0 = lightning (linear) attention
+    if isinstance(kinds, list) and kinds:
+        types = tuple(FULL if int(k) == 1 else MAMBA for k in kinds[:num_layers])
+        return _Layout(types, "attn_type_list", types.count(MAMBA))
+    indices = cfg.get("attn_layer_indices")  # Bamba: the attention layers; the rest are Mamba2
+    if isinstance(indices, list) and indices:
+        wanted = {int(i) for i in indices}
+        types = tuple(FULL if i in wanted else MAMBA for i in range(num_layers))
+        return _Layout(types, "attn_layer_indices", types.count(MAMBA))
+    period = cfg.get("attn_layer_period")  # Jamba: attention every attn_layer_period layers
+    if period and model_type in _HYBRID_MAMBA_TYPES:
+        offset = int(cfg.get("attn_layer_offset", 0))
+        types = tuple(FULL if i % int(period) == offset else MAMBA for i in range(num_layers))
+        return _Layout(types, "attn_layer_period", types.count(MAMBA))
+    pattern = cfg.get("hybrid_override_pattern")  # Nemotron-H: M = Mamba, * = attention, - = MLP, E = MoE
+    if isinstance(pattern, str) and pattern:
+        mapping = {"M": MAMBA, "*": FULL, "-": MLP_ONLY, "E": MLP_ONLY}
+        types = tuple(mapping[ch] for ch in pattern[:num_layers] if ch in mapping)
+        return _Layout(types, "hybrid_override_pattern", types.count(MAMBA))
+    if model_type == "falcon_h1":  # attention and a Mamba2 mixer side by side in every layer
+        return _Layout((FULL,) * num_layers, "model_type falcon_h1 (parallel hybrid)", num_layers)
+    return None
+
+
 def _layer_types(cfg: dict[str, Any], num_layers: int, model_type: str) -> tuple[str, ...]:
     raw = cfg.get("layer_types")
     if isinstance(raw, list) and raw:
-        out = []
-        for item in raw:
-            word = str(item).lower()
-            if any(w in word for w in _MAMBA_LAYER_WORDS):
-                out.append(MAMBA)
-            elif "sliding" in word or "local" in word:
-                out.append(SLIDING)
-            else:
-                out.append(FULL)
-        return tuple(out[:num_layers])
-    # Jamba-style hybrids: attention every `attn_layer_period` layers, Mamba elsewhere.
-    period = cfg.get("attn_layer_period")
-    if period and model_type in _HYBRID_MAMBA_TYPES:
-        offset = int(cfg.get("attn_layer_offset", 0))
-        return tuple(FULL if i % int(period) == offset else MAMBA for i in range(num_layers))
-    pattern = cfg.get("hybrid_override_pattern")  # Nemotron-H: "M-M*-..." (* = attention)
-    if isinstance(pattern, str) and pattern:
-        return tuple(FULL if ch == "*" else MAMBA for ch in pattern[:num_layers] if ch in "*M-E")
+        return tuple(_word_type(str(t)) for t in raw[:num_layers])
     window = cfg.get("sliding_window")
     swp = cfg.get("sliding_window_pattern")
     if window and swp:  # Gemma-3: every swp-th layer is global, the others local.
@@ -134,6 +211,31 @@ def _layer_types(cfg: dict[str, Any], num_layers: int, model_type: str) -> tuple
     return (FULL,) * num_layers
 
 
+def _moe_layers(cfg: dict[str, Any], num_layers: int, num_experts: int, layout: _Layout | None) -> int | None:
+    """Layers with an MoE block when the family says not all have one; None = the usual rule."""
+    if not num_experts:
+        return None
+    period = cfg.get("expert_layer_period")  # Jamba: MoE every expert_layer_period layers
+    if period:
+        offset = int(cfg.get("expert_layer_offset", 0))
+        return sum(1 for i in range(num_layers) if i % int(period) == offset)
+    step, dense_only = cfg.get("decoder_sparse_step"), cfg.get("mlp_only_layers")  # Qwen2/3-MoE
+    if (step and int(step) > 1) or dense_only:
+        skip = {int(i) for i in dense_only or []}
+        return sum(1 for i in range(num_layers) if i not in skip and (i + 1) % int(step or 1) == 0)
+    if layout is not None and layout.source == "hybrid_override_pattern":
+        return str(cfg.get("hybrid_override_pattern"))[:num_layers].count("E")
+    return None
+
+
+def _mamba_inner_size(cfg: dict[str, Any], hidden: int) -> int:
+    if cfg.get("mamba_d_ssm"):
+        return int(cfg["mamba_d_ssm"])
+    if cfg.get("linear_num_value_heads") and cfg.get("linear_value_head_dim"):
+        return int(cfg["linear_num_value_heads"]) * int(cfg["linear_value_head_dim"])
+    return int(cfg.get("mamba_expand") or cfg.get("expand") or 2) * hidden
+
+
 def arch_from_config(config: dict[str, Any], name: str = "custom", source: str | None = None) -> ModelArch:
     """Build a :class:`ModelArch` from a parsed Hugging Face ``config.json``."""
     if not isinstance(config, dict):
@@ -144,23 +246,40 @@ def arch_from_config(config: dict[str, Any], name: str = "custom", source: str |
     heads = _require(cfg, "num_attention_heads", "n_head")
     hidden = _require(cfg, "hidden_size", "n_embd", "d_model")
     kv_heads = int(cfg.get("num_key_value_heads") or cfg.get("multi_query_group_num") or heads)
-    head_dim = int(cfg.get("head_dim") or hidden // heads)
-    layer_types = _layer_types(cfg, num_layers, model_type)
+    # Zamba2's shared attention works on 2 x hidden: attention_head_dim = 2 * hidden / heads
+    head_dim = int(cfg.get("head_dim") or cfg.get("attention_head_dim")
+                   or (2 * hidden // heads if model_type == "zamba2" else hidden // heads))
+    layout = _hybrid_layout(cfg, num_layers, model_type)
+    layer_types = layout.types if layout is not None else _layer_types(cfg, num_layers, model_type)
     notes: list[str] = []
     kv_lora_rank = cfg.get("kv_lora_rank")
     is_mla = kv_lora_rank is not None or model_type in _MLA_TYPES
     if is_mla and (kv_lora_rank is None or cfg.get("qk_rope_head_dim") is None):
         raise ArchitectureError("MLA config.json needs kv_lora_rank and qk_rope_head_dim")
-    is_hybrid = MAMBA in layer_types or model_type in _HYBRID_MAMBA_TYPES
-    if is_hybrid and MAMBA not in layer_types:
-        notes.append(f"{model_type} is a hybrid Mamba model but its layer layout was not recognised")
-    if is_hybrid:
-        notes.append(
-            "hybrid Mamba/linear-attention model: only attention layers are counted; vLLM's Mamba state pages "
-            "and the page-size unification that pads attention pages are NOT modelled, so vLLM reports fewer tokens"
-        )
+    is_hybrid = layout is not None or model_type in _HYBRID_MAMBA_TYPES
+    attention = sum(1 for t in layer_types if t not in _NO_KV)
+    not_modelled = ("vLLM's Mamba state pages and the page-size unification that pads attention pages are NOT "
+                    "modelled, so vLLM reports fewer tokens")
+    if is_hybrid and layout is None:
+        notes.append(f"{model_type} is a hybrid Mamba model but its layer layout was not recognised (no layer_types, "
+                     "layers_block_type, attn_type_list, attn_layer_indices, attn_layer_period or "
+                     f"hybrid_override_pattern): all {num_layers} layers are counted as attention, which overstates "
+                     f"the KV per token; {not_modelled}")
+    elif layout is not None and layout.mamba_layers and attention == num_layers:
+        notes.append(f"hybrid model ({layout.source}): every one of the {num_layers} layers has attention and a "
+                     f"Mamba mixer, so all are counted for the KV cache; {not_modelled}")
+    elif layout is not None:
+        notes.append(f"hybrid Mamba/linear-attention model ({layout.source}): the KV cache is counted for its "
+                     f"{attention} attention layers of {num_layers}; {not_modelled}")
     num_experts = int(cfg.get("num_local_experts") or cfg.get("n_routed_experts") or cfg.get("num_experts") or 0)
     tie = cfg.get("tie_word_embeddings")
+    if tie is None:
+        tie = config.get("tie_word_embeddings")
+    if tie is None:
+        tie, tie_note = _default_tie(model_type)
+        if tie_note:
+            notes.append(tie_note)
+    quant_scheme, quant_source = _checkpoint_quantization(config)
     return ModelArch(
         name=name,
         num_layers=num_layers,
@@ -170,7 +289,7 @@ def arch_from_config(config: dict[str, Any], name: str = "custom", source: str |
         hidden_size=hidden,
         vocab_size=int(cfg.get("vocab_size") or config.get("vocab_size") or 32000),
         intermediate_size=int(cfg.get("intermediate_size") or cfg.get("ffn_hidden_size") or 4 * hidden),
-        tie_word_embeddings=bool(tie if tie is not None else config.get("tie_word_embeddings", False)),
+        tie_word_embeddings=bool(tie),
         torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or config.get("torch_dtype") or "bfloat16"),
         max_position_embeddings=cfg.get("max_position_embeddings"),
         layer_types=layer_types,
@@ -182,16 +301,23 @@ def arch_from_config(config: dict[str, Any], name: str = "custom", source: str |
                                   if num_experts else 0),
         num_shared_experts=int(cfg.get("n_shared_experts") or cfg.get("num_shared_experts") or 0),
         first_k_dense_layers=int(cfg.get("first_k_dense_replace") or 0),
+        moe_layers=_moe_layers(cfg, num_layers, num_experts, layout),
+        dense_mlp_layers=(str(cfg.get("hybrid_override_pattern"))[:num_layers].count("-")
+                          if layout is not None and layout.source == "hybrid_override_pattern" else None),
+        mamba_layers=layout.mamba_layers if layout is not None else 0,
+        mamba_inner_size=_mamba_inner_size(cfg, hidden) if layout is not None else 0,
+        has_mamba_state=is_hybrid,
         num_parameters=int(config["num_parameters"]) if config.get("num_parameters") else None,
-        checkpoint_quantization=_checkpoint_quantization(config),
+        checkpoint_quantization=quant_scheme,
+        checkpoint_quantization_source=quant_source,
         source=source,
         notes=tuple(notes),
     )
 
 
-def _checkpoint_quantization(config: dict[str, Any]) -> str | None:
+def _checkpoint_quantization(config: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(scheme, where it was read) from ``quantization_config``; a preset's ``checkpoint_quantization`` as is."""
     qc = config.get("quantization_config")
-    if isinstance(qc, dict):
-        method = str(qc.get("quant_method") or "").lower()
-        return method or None
-    return config.get("checkpoint_quantization")
+    if isinstance(qc, dict) and qc:
+        return scheme_from_config(qc)
+    return config.get("checkpoint_quantization"), None

@@ -4,7 +4,9 @@
 prints the Markdown table published in docs/capacity.md. Two modes per row:
 
 - ``logged``: the row's own weights, activation peak and non-torch memory (as vLLM printed them) go in;
-  only the budget -> blocks -> tokens arithmetic is tested.
+  only the budget -> blocks -> tokens arithmetic is tested. With pipeline parallelism ``plan_capacity`` adds
+  the last stage's sampler to rank 0's logged activation (an estimate), so those rows are marked
+  ``logged + est. PP sampler`` and their error from the logged figures alone is reported too.
 - ``estimated``: only the model name and the settings go in (weights, activation and non-torch are the
   model's estimates); this is what ``kvwatch plan --model X --gpu Y`` would say.
 """
@@ -18,12 +20,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kvwatch.capacity import memory
-from kvwatch.capacity.memory import GIB
+from kvwatch.capacity.memory import GIB, resolve_quantization
 from kvwatch.capacity.planner import DeploymentSpec, SpecError, parse_version, plan_capacity
 from kvwatch.capacity.presets import PresetError, match_model, resolve_gpu
 
 DEFAULT_CSV = Path("tests/fixtures/calibration/vllm_kv_capacity.csv")
+FITTED_ON = "v0.19"  # the rows the estimate constants in memory.py were fitted on (in-sample)
 
 
 @dataclass(frozen=True)
@@ -32,14 +34,29 @@ class RowResult:
     model: str
     setting: str
     kind: str  # standard, mla, sliding
-    mode: str  # logged, estimated
+    mode: str  # "logged", "logged + est. PP sampler" or "estimated"
     predicted: int
     actual: int
+    raw_predicted: int | None = None  # PP rows: from the logged rank-0 figures alone (no last-stage term)
 
     @property
     def error(self) -> float:
         """Signed relative error of the predicted token count."""
         return (self.predicted - self.actual) / self.actual
+
+    @property
+    def raw_error(self) -> float | None:
+        """PP rows: the error of the logged figures alone, without the estimated last-stage sampler term."""
+        return None if self.raw_predicted is None else (self.raw_predicted - self.actual) / self.actual
+
+    @property
+    def in_sample(self) -> bool:
+        """The estimate constants (activation, non-torch) were fitted on the vLLM 0.19 rows."""
+        return FITTED_ON in self.setting
+
+    @property
+    def is_logged(self) -> bool:
+        return self.mode.startswith("logged")
 
 
 def load_rows(path: Path) -> list[dict[str, str]]:
@@ -57,11 +74,11 @@ def _int(row: dict[str, str], key: str) -> int | None:
     return int(value) if value is not None else None
 
 
-def _quantization(row: dict[str, str], implied: str | None) -> str | None:
+def _quantization(row: dict[str, str]) -> str | None:
+    """The row's vLLM quantization method as --quantization (a loader name defers to the checkpoint's scheme,
+    which for a quantized repack is the one its name implies)."""
     text = (row.get("quantization") or "").strip().split(" ")[0].lower()
-    if not text or text == "compressed-tensors":
-        return implied
-    return text
+    return text or None
 
 
 def _base_spec(row: dict[str, str]) -> tuple[DeploymentSpec, str] | None:
@@ -74,23 +91,27 @@ def _base_spec(row: dict[str, str]) -> tuple[DeploymentSpec, str] | None:
     kind = "mla" if arch.is_mla else "sliding" if arch.has_sliding_window else "standard"
     gpu_bytes = _float(row, "gpu_total_gib")
     gpu_name = row.get("gpu") or None
+    preset = None
+    if gpu_name:
+        try:
+            preset = resolve_gpu(gpu_name.split(" (")[0])
+        except PresetError:
+            preset = None
     if gpu_bytes is not None:
         gpu_bytes *= GIB
-    elif gpu_name:
-        try:
-            gpu_bytes = float(resolve_gpu(gpu_name.split(" (")[0]).total_memory_bytes)
-        except PresetError:
-            gpu_bytes = None
+    elif preset is not None:
+        gpu_bytes = float(preset.total_memory_bytes)
     spec = DeploymentSpec(
         arch=arch,
         gpu_memory_bytes=gpu_bytes,
         gpu_name=gpu_name,
+        gpu_compute_capability=preset.compute_capability if preset else None,
         gpu_memory_utilization=_float(row, "gpu_memory_utilization"),
         tensor_parallel_size=_int(row, "tp") or 1,
         pipeline_parallel_size=_int(row, "pp") or 1,
         dtype=(row.get("dtype") or "auto").strip() or "auto",
         kv_cache_dtype=(row.get("kv_cache_dtype") or "auto").strip() or "auto",
-        quantization=_quantization(row, match.quantization),
+        quantization=_quantization(row),
         block_size=_int(row, "block_size") or 16,
         max_model_len=_int(row, "max_model_len"),
         vllm_version=parse_version(row.get("vllm_version") or None),
@@ -107,8 +128,11 @@ def _setting(spec: DeploymentSpec, row: dict[str, str]) -> str:
         parts.append(spec.dtype)
     if spec.kv_cache_dtype != "auto":
         parts.append(f"kv {spec.kv_cache_dtype}")
-    if spec.quantization:
-        parts.append(f"q {spec.quantization}")
+    resolved = resolve_quantization(spec.quantization, spec.arch)
+    if spec.quantization and resolved and resolved.scheme != spec.quantization:
+        parts.append(f"q {spec.quantization} → {resolved.scheme}")
+    elif resolved:
+        parts.append(f"q {resolved.scheme}")
     parts.append(f"v{row.get('vllm_version') or '?'}")
     return ", ".join(parts)
 
@@ -126,15 +150,19 @@ def evaluate(rows: Sequence[dict[str, str]]) -> list[RowResult]:
         logged = [_float(row, k) for k in ("gpu_total_gib", "gpu_memory_utilization", "weights_gib",
                                            "activation_peak_gib", "non_torch_gib")]
         if all(v is not None for v in logged):
-            activation = float(logged[3] or 0) * GIB
-            if spec.pipeline_parallel_size > 1 and spec.arch is not None:
-                # The log is stage 0's; vLLM sizes KV on the tightest stage, the last one, which also samples.
-                _, seqs = memory.default_batch_limits(spec.gpu_memory_bytes or 0, spec.gpu_name)
-                activation += memory.pp_last_stage_extra_bytes(spec.arch, seqs)
-            measured = replace(spec, weights_bytes=float(logged[2] or 0) * GIB, activation_bytes=activation,
-                               non_torch_bytes=float(logged[4] or 0) * GIB)
-            results.append(RowResult(line, row["model"], setting, kind, "logged",
-                                     plan_capacity(measured).kv_cache_tokens, actual))
+            total, util, weights, activation, non_torch = (float(v or 0) for v in logged)
+            measured = replace(spec, weights_bytes=weights * GIB, activation_bytes=activation * GIB,
+                               non_torch_bytes=non_torch * GIB)
+            plan = plan_capacity(measured)
+            # With PP the planner adds the last stage's sampler to rank 0's logged activation (an estimate), so
+            # such rows are not purely "logged"; the raw figure is what the logged numbers alone give.
+            raw = None
+            mode = "logged"
+            if plan.pp_last_stage_extra_bytes:
+                mode = "logged + est. PP sampler"
+                raw_spec = replace(spec, available_kv_bytes=(total * util - weights - activation - non_torch) * GIB)
+                raw = plan_capacity(raw_spec).kv_cache_tokens
+            results.append(RowResult(line, row["model"], setting, kind, mode, plan.kv_cache_tokens, actual, raw))
         if spec.gpu_memory_bytes is not None:
             try:
                 estimate = plan_capacity(spec)
@@ -145,9 +173,46 @@ def evaluate(rows: Sequence[dict[str, str]]) -> list[RowResult]:
     return results
 
 
+@dataclass(frozen=True)
+class BudgetResult:
+    """A row with vLLM's "Available KV cache memory": the budget estimate and the start / no-start verdict."""
+
+    line: int
+    model: str
+    setting: str
+    logged_available_gib: float
+    estimated_available_gib: float
+    logged_starts: bool  # the plan from vLLM's own available figure (no memory, or one request does not fit)
+    estimated_starts: bool  # the plan from the name and the settings alone
+    has_tokens: bool  # the row also has a token count (it is in the token table)
+
+    @property
+    def available_error_gib(self) -> float:
+        return self.estimated_available_gib - self.logged_available_gib
+
+
+def evaluate_budgets(rows: Sequence[dict[str, str]]) -> list[BudgetResult]:
+    """Every row with a logged available KV figure, a preset model and a known GPU, failed starts included."""
+    out: list[BudgetResult] = []
+    for line, row in enumerate(rows, start=2):
+        logged = _float(row, "available_kv_gib")
+        base = _base_spec(row)
+        if logged is None or base is None or base[0].gpu_memory_bytes is None:
+            continue
+        spec, _ = base
+        try:
+            from_log = plan_capacity(replace(spec, available_kv_bytes=logged * GIB))
+            estimate = plan_capacity(spec)
+        except SpecError:
+            continue
+        out.append(BudgetResult(line, row["model"], _setting(spec, row), logged, estimate.available_kv_bytes / GIB,
+                                from_log.will_start, estimate.will_start, _int(row, "kv_cache_tokens") is not None))
+    return out
+
+
 def summary(results: Iterable[RowResult]) -> dict[str, float]:
     res = list(results)
-    logged = [r for r in res if r.mode == "logged"]
+    logged = [r for r in res if r.is_logged]
     estimated = [r for r in res if r.mode == "estimated"]
 
     def worst(kinds: set[str]) -> float:
@@ -159,8 +224,39 @@ def summary(results: Iterable[RowResult]) -> dict[str, float]:
         "estimated_rows": len(estimated),
         "logged_max_error_standard_mla": worst({"standard", "mla"}),
         "logged_max_error_sliding": worst({"sliding"}),
-        "estimated_median_abs_error": statistics.median(abs(r.error) for r in estimated) if estimated else 0.0,
+        "logged_pp_rows": len([r for r in logged if r.raw_error is not None]),
+        "logged_max_raw_error_pp": max((abs(r.raw_error) for r in logged if r.raw_error is not None), default=0.0),
+        "estimated_median_abs_error": _median_abs(estimated),
+        "estimated_in_sample_rows": len([r for r in estimated if r.in_sample]),
+        "estimated_median_abs_error_in_sample": _median_abs([r for r in estimated if r.in_sample]),
+        "estimated_out_of_sample_rows": len([r for r in estimated if not r.in_sample]),
+        "estimated_median_abs_error_out_of_sample": _median_abs([r for r in estimated if not r.in_sample]),
     }
+
+
+def _median_abs(rows: Sequence[RowResult]) -> float:
+    return statistics.median(abs(r.error) for r in rows) if rows else 0.0
+
+
+def render_budgets(budgets: Sequence[BudgetResult]) -> str:
+    """The available-KV table: vLLM's figure, the estimate from the name and settings, both verdicts."""
+    def verdict(starts: bool) -> str:
+        return "starts" if starts else "**fails**"
+
+    lines = ["| line | model | setting | vLLM available KV | estimated | difference | vLLM's figure says | "
+             "estimate says |",
+             "|---:|---|---|---:|---:|---:|---|---|"]
+    for b in budgets:
+        lines.append(f"| {b.line} | {b.model} | {b.setting} | {b.logged_available_gib:.2f} GiB | "
+                     f"{b.estimated_available_gib:.2f} GiB | {b.available_error_gib:+.2f} GiB | "
+                     f"{verdict(b.logged_starts)} | {verdict(b.estimated_starts)} |")
+    agree = sum(b.logged_starts == b.estimated_starts for b in budgets)
+    misses = ", ".join(str(b.line) for b in budgets if b.logged_starts != b.estimated_starts) or "none"
+    errs = [abs(b.available_error_gib) for b in budgets]
+    lines += ["", f"- {len(budgets)} rows with vLLM's available KV ({sum(not b.has_tokens for b in budgets)} without "
+              f"a token count): the verdict from the estimate agrees on {agree} (disagrees on lines {misses}); "
+              f"median absolute budget error {statistics.median(errs) if errs else 0.0:.2f} GiB"]
+    return "\n".join(lines)
 
 
 def render_markdown(results: Sequence[RowResult]) -> str:
@@ -174,8 +270,16 @@ def render_markdown(results: Sequence[RowResult]) -> str:
         "",
         f"- logged mode, {s['logged_rows']:.0f} rows: worst error {s['logged_max_error_standard_mla'] * 100:.2f}% on "
         f"standard/MLA rows, {s['logged_max_error_sliding'] * 100:.2f}% on sliding-window rows",
+        f"- of those, {s['logged_pp_rows']:.0f} pipeline-parallel rows include the estimated last-stage sampler "
+        "term (`logged + est. PP sampler`, as `kvwatch plan` applies it); from the logged rank-0 figures alone "
+        "they are off by " + ", ".join(f"{r.raw_error * 100:+.2f}% (line {r.line})" for r in results
+                                     if r.raw_error is not None),
         f"- estimated mode, {s['estimated_rows']:.0f} rows: median absolute error "
-        f"{s['estimated_median_abs_error'] * 100:.2f}%",
+        f"{s['estimated_median_abs_error'] * 100:.2f}%, but that is mostly in-sample: the estimate constants were "
+        f"fitted on the {s['estimated_in_sample_rows']:.0f} vLLM 0.19 rows (median "
+        f"{s['estimated_median_abs_error_in_sample'] * 100:.2f}%); on the other "
+        f"{s['estimated_out_of_sample_rows']:.0f} rows (other versions and GPUs) the median absolute error is "
+        f"{s['estimated_median_abs_error_out_of_sample'] * 100:.2f}%",
     ]
     return "\n".join(lines)
 
@@ -186,7 +290,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not path.is_file():
         print(f"calibrate: no such file {path}", file=sys.stderr)
         return 2
-    print(render_markdown(evaluate(load_rows(path))))
+    rows = load_rows(path)
+    print(render_markdown(evaluate(rows)))
+    print()
+    print(render_budgets(evaluate_budgets(rows)))
     return 0
 
 

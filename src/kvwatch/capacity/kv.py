@@ -21,6 +21,18 @@ from kvwatch.capacity.architecture import FULL, SLIDING, ModelArch
 # vLLM versions that matter for the reported token count, as (major, minor) tuples.
 HYBRID_GROUPING_SINCE = (0, 9)  # before: every attention layer treated as full attention, one group
 TOKENS_FROM_CONCURRENCY_SINCE = (0, 20)  # from here "KV cache size" = int(max_concurrency × max_model_len)
+# A sliding-window group holds window - 1 + X tokens per request: X = max_num_batched_tokens in 0.10.2/0.11,
+# VllmConfig.max_in_flight_tokens (max_concurrent_batches × max_num_batched_tokens) in 0.27-0.33. The reference
+# does not pin the release in between that switched; kvwatch switches with its other current rules, at 0.20.
+IN_FLIGHT_TOKENS_SINCE = (0, 20)
+
+
+def in_flight_tokens(max_num_batched_tokens: int, pp: int, version: tuple[int, int]) -> int:
+    """The X above. From 0.20: ``max_concurrent_batches × max_num_batched_tokens``, where vLLM's V1 runner has
+    2 batches in flight with async scheduling (its default, PP = 1) and ``pp`` with pipeline parallelism."""
+    if version < IN_FLIGHT_TOKENS_SINCE:
+        return max_num_batched_tokens
+    return max_num_batched_tokens * (2 if pp <= 1 else pp)
 
 
 @dataclass(frozen=True)
@@ -58,8 +70,16 @@ class KVLayout:
         return self.num_groups > 1
 
 
+# vLLM's --block-size values (CacheConfig's BlockSize literal: 1..128 in 0.10-era copies, 256 added later).
+VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
+# fp8_ds_mla: DeepSeek's FlashMLA layout, 656 B per token and layer (512 fp8 latent + 4 fp32 scales + 64 bf16
+# rope dims) instead of (kv_lora_rank + rope) x 1 B (vllm-reference.md, section 3d).
+FP8_DS_MLA_BYTES = 656
+
+
 def kv_dtype_bytes(kv_cache_dtype: str, model_dtype_bytes: int) -> int:
-    """Bytes per KV element: ``fp8*`` is stored as uint8 (1 byte); ``auto`` follows the model dtype."""
+    """Bytes per KV element: ``fp8*`` (fp8, fp8_e4m3, fp8_e5m2, fp8_inc, fp8_ds_mla) is stored as uint8 (1 byte);
+    ``auto`` follows the model dtype."""
     kv = kv_cache_dtype.lower()
     if kv.startswith("fp8"):
         return 1
@@ -75,8 +95,10 @@ def layers_on_rank(num_layers: int, pp: int) -> int:
     return math.ceil(num_layers / pp)
 
 
-def kv_bytes_per_token_per_layer(arch: ModelArch, tp: int, kv_bytes: int) -> int:
+def kv_bytes_per_token_per_layer(arch: ModelArch, tp: int, kv_bytes: int, kv_cache_dtype: str = "auto") -> int:
     if arch.is_mla:
+        if kv_cache_dtype.lower() == "fp8_ds_mla":
+            return FP8_DS_MLA_BYTES
         return (int(arch.kv_lora_rank or 0) + int(arch.qk_rope_head_dim or 0)) * kv_bytes
     return 2 * max(1, arch.num_kv_heads // tp) * arch.head_dim * kv_bytes
 
@@ -105,14 +127,14 @@ def group_layers(layer_types: tuple[str, ...], sliding_window: int | None,
 
 
 def kv_layout(arch: ModelArch, tp: int, pp: int, kv_bytes: int, block_size: int,
-              version: tuple[int, int]) -> KVLayout:
+              version: tuple[int, int], kv_cache_dtype: str = "auto") -> KVLayout:
     types = arch.attention_layer_types
     on_rank = layers_on_rank(len(types), pp)
     stage_types = types[:on_rank]  # the first (largest) stage's contiguous slice of layers
     group_size, groups = group_layers(stage_types, arch.sliding_window, version)
     return KVLayout(
         block_size=block_size,
-        bytes_per_token_per_layer=kv_bytes_per_token_per_layer(arch, tp, kv_bytes),
+        bytes_per_token_per_layer=kv_bytes_per_token_per_layer(arch, tp, kv_bytes, kv_cache_dtype),
         group_size=group_size,
         groups=groups,
         num_attention_layers=on_rank,
@@ -131,55 +153,55 @@ def num_gpu_blocks(available_bytes: float, layout: KVLayout) -> int:
     return int(available_bytes // layout.bytes_per_block_row)
 
 
-def tokens_needed(layout: KVLayout, seq_len: float, max_num_batched_tokens: int) -> float:
+def tokens_needed(layout: KVLayout, seq_len: float, in_flight_tokens: int) -> float:
     """Block-row tokens one request of ``seq_len`` tokens holds, summed over groups (continuous).
 
-    A sliding-window group keeps at most ``window - 1 + max_num_batched_tokens`` tokens plus one
-    block for a window that does not start on a block boundary (vLLM's ``max_memory_usage_bytes``).
+    A sliding-window group keeps at most ``window - 1 + in_flight_tokens`` tokens (:func:`in_flight_tokens`) plus
+    one block for a window that does not start on a block boundary (vLLM's ``max_memory_usage_bytes``).
     """
     total = 0.0
     for group in layout.groups:
         if group.kind == SLIDING and group.sliding_window:
-            cap = group.sliding_window - 1 + max_num_batched_tokens
+            cap = group.sliding_window - 1 + in_flight_tokens
             total += min(seq_len, cap) + layout.block_size
         else:
             total += seq_len
     return total
 
 
-def blocks_needed(layout: KVLayout, seq_len: int, max_num_batched_tokens: int) -> int:
+def blocks_needed(layout: KVLayout, seq_len: int, in_flight_tokens: int) -> int:
     """Whole blocks one request of ``seq_len`` tokens holds, summed over groups (vLLM's figure)."""
     total = 0
     for group in layout.groups:
         if group.kind == SLIDING and group.sliding_window:
-            cap = group.sliding_window - 1 + max_num_batched_tokens
+            cap = group.sliding_window - 1 + in_flight_tokens
             total += math.ceil(min(seq_len, cap) / layout.block_size) + 1
         else:
             total += math.ceil(seq_len / layout.block_size)
     return total
 
 
-def max_concurrency_at(layout: KVLayout, blocks: int, seq_len: float, max_num_batched_tokens: int) -> float:
+def max_concurrency_at(layout: KVLayout, blocks: int, seq_len: float, in_flight_tokens: int) -> float:
     """How many requests of ``seq_len`` tokens fit: pool tokens ÷ tokens one request holds."""
     if seq_len <= 0:
         raise ValueError("sequence length must be positive")
-    return blocks * layout.block_size / tokens_needed(layout, seq_len, max_num_batched_tokens)
+    return blocks * layout.block_size / tokens_needed(layout, seq_len, in_flight_tokens)
 
 
 def max_concurrency_at_max_model_len(layout: KVLayout, blocks: int, max_model_len: int,
-                                     max_num_batched_tokens: int) -> float:
+                                     in_flight_tokens: int) -> float:
     """vLLM's "Maximum concurrency for N tokens per request" (whole blocks per request)."""
-    return blocks / blocks_needed(layout, max_model_len, max_num_batched_tokens)
+    return blocks / blocks_needed(layout, max_model_len, in_flight_tokens)
 
 
 def reported_kv_cache_tokens(layout: KVLayout, blocks: int, max_model_len: int | None,
-                             max_num_batched_tokens: int, version: tuple[int, int]) -> int:
+                             in_flight_tokens: int, version: tuple[int, int]) -> int:
     """The "GPU KV cache size: N tokens" figure vLLM prints and exports, per version.
 
     Before 0.20: ``blocks // num_groups × block_size``. From 0.20: ``int(max_concurrency × max_model_len)``,
     which on sliding-window models depends on max_model_len (it is not a byte-linear capacity).
     """
     if version >= TOKENS_FROM_CONCURRENCY_SINCE and max_model_len:
-        conc = max_concurrency_at_max_model_len(layout, blocks, max_model_len, max_num_batched_tokens)
+        conc = max_concurrency_at_max_model_len(layout, blocks, max_model_len, in_flight_tokens)
         return int(conc * max_model_len)
     return blocks // max(1, layout.num_groups) * layout.block_size

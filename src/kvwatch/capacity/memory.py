@@ -7,20 +7,13 @@ vLLM (V1, per GPU worker): ``available_kv = total × gpu_memory_utilization − 
 
 from __future__ import annotations
 
+from kvwatch.capacity import quantization as quant
 from kvwatch.capacity.architecture import ModelArch
+from kvwatch.capacity.quantization import QuantizationError
+
+__all__ = ["QuantizationError"]
 
 GIB = 1 << 30
-
-# Bytes per parameter of quantized linear weights, including typical scale overhead.
-_QUANT_BYTES: dict[str, float] = {
-    "fp8": 1.0, "fp8_dynamic": 1.0, "fbgemm_fp8": 1.0, "int8": 1.0, "w8a8": 1.0, "w8a16": 1.0,
-    "modelopt": 1.0, "experts_int8": 1.0,
-    "int4": 0.5 + 2 / 128, "w4a16": 0.5 + 2 / 128, "awq": 0.5 + 2 / 128, "awq_marlin": 0.5 + 2 / 128,
-    "gptq": 0.5 + 2 / 128, "gptq_marlin": 0.5 + 2 / 128, "bitsandbytes": 0.5 + 2 / 64,
-    "mxfp4": 0.5 + 1 / 32, "nvfp4": 0.5 + 1 / 16, "modelopt_fp4": 0.5 + 1 / 16,
-}
-# Quantization methods that apply only to MoE experts (attention and dense layers stay in the dtype).
-_EXPERTS_ONLY = frozenset({"mxfp4", "experts_int8"})
 
 _DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2, "float32": 4, "fp32": 4,
                 "float": 4}
@@ -33,12 +26,17 @@ NON_TORCH_TP1_BYTES = int(0.25 * GIB)  # CUDA context, cuBLAS workspaces
 NON_TORCH_MULTI_GPU_BYTES = int(2.1 * GIB)  # + NCCL buffers / custom all-reduce at TP >= 2
 
 
-class QuantizationError(ValueError):
-    """Unknown --quantization value (message lists the known ones)."""
-
-
 def known_quantizations() -> list[str]:
-    return sorted(_QUANT_BYTES)
+    return quant.known_names()
+
+
+def resolve_quantization(quantization: str | None, arch: ModelArch | None) -> quant.Resolved | None:
+    """The scheme the weights are priced as: ``--quantization`` (a vLLM method name defers to the checkpoint)
+    or the checkpoint's own; None when unquantized. Raises :class:`QuantizationError` naming the source."""
+    checkpoint = arch.checkpoint_quantization if arch else None
+    source = arch.checkpoint_quantization_source if arch else None
+    flag = "--model-config" if arch is not None and arch.from_config_file else "--model"
+    return quant.resolve(quantization, checkpoint, source, flag)
 
 
 def model_dtype_bytes(dtype: str, arch: ModelArch | None) -> int:
@@ -50,18 +48,18 @@ def model_dtype_bytes(dtype: str, arch: ModelArch | None) -> int:
     return _DTYPE_BYTES.get(d, 2)
 
 
-def quantized_bytes_per_param(quantization: str | None) -> float | None:
+def quantized_bytes_per_param(quantization: str | None, arch: ModelArch | None = None) -> float | None:
     """Bytes per quantized linear parameter, ``None`` when unquantized."""
-    if quantization is None or quantization.lower() in {"", "none"}:
-        return None
-    q = quantization.lower().replace("-", "_")
-    if q in _QUANT_BYTES:
-        return _QUANT_BYTES[q]
-    raise QuantizationError(f"unknown quantization {quantization!r}; known: {', '.join(known_quantizations())}")
+    resolved = resolve_quantization(quantization, arch)
+    return resolved.bytes_per_param if resolved else None
 
 
 def parameter_counts(arch: ModelArch) -> tuple[int, int, int]:
     """(embedding + head, dense linear, expert linear) parameter counts the config implies.
+
+    Attention projections for attention layers only; a gated MLP for layers without an MoE (all of them in
+    a dense model; Jamba's non-expert layers); experts for MoE layers; Mamba / linear-attention mixers as
+    ``3 × hidden × inner`` (in and out projections, the small convolution and SSM parameters ignored).
 
     When the preset records the model's published total, the linear part is scaled to match it.
     """
@@ -74,11 +72,14 @@ def parameter_counts(arch: ModelArch) -> tuple[int, int, int]:
         q_out = arch.num_attention_heads * arch.head_dim
         attn = h * q_out * 2 + 2 * h * arch.num_kv_heads * arch.head_dim
     attn_layers = len(arch.attention_layer_types)
-    dense_mlp_layers = arch.num_layers if not arch.num_experts else arch.first_k_dense_layers
-    dense = attn * attn_layers + dense_mlp_layers * 3 * h * arch.intermediate_size
+    moe_layers = 0
+    if arch.num_experts:
+        moe_layers = arch.moe_layers if arch.moe_layers is not None else arch.num_layers - arch.first_k_dense_layers
+    dense_mlp_layers = arch.dense_mlp_layers if arch.dense_mlp_layers is not None else arch.num_layers - moe_layers
+    mamba = arch.mamba_layers * 3 * h * arch.mamba_inner_size  # in_proj (2 x inner) + out_proj, roughly
+    dense = attn * attn_layers + dense_mlp_layers * 3 * h * arch.intermediate_size + mamba
     experts = 0
     if arch.num_experts:
-        moe_layers = arch.num_layers - arch.first_k_dense_layers
         per_expert = 3 * h * arch.moe_intermediate_size
         experts = moe_layers * (arch.num_experts + arch.num_shared_experts) * per_expert
     if arch.num_parameters:
@@ -88,16 +89,44 @@ def parameter_counts(arch: ModelArch) -> tuple[int, int, int]:
     return embed, dense, experts
 
 
-def estimate_weights_bytes(arch: ModelArch, dtype_bytes: int, quantization: str | None, tp: int, pp: int) -> int:
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def mxfp4_moe_padding(hidden: int, intermediate_per_rank: int,
+                      compute_capability: tuple[int, int] | None) -> tuple[int, int]:
+    """(hidden, intermediate per TP rank) as vLLM allocates MXFP4 MoE expert weights on this GPU.
+
+    vLLM's ``Mxfp4MoEMethod.create_weights`` pads by kernel: Marlin (CUDA below SM90 or from SM110, where the
+    Triton kernels are not supported) rounds hidden up to 256 and the per-rank intermediate to 128; the SM100
+    FlashInfer kernels round both to 256; the SM90 Triton path pads the intermediate to 64, and the H100 logs
+    (gpt-oss-20b 13.47 GiB, gpt-oss-120b 64.38 GiB) show the hidden dimension padded to 256 as well (2880 ->
+    3072; 12.82 / 60.77 GiB without it), which is what is modelled for SM90, ROCm and unknown cards.
+    """
+    if compute_capability is not None and (compute_capability < (9, 0) or compute_capability >= (11, 0)):
+        return _round_up(hidden, 256), _round_up(intermediate_per_rank, 128)
+    if compute_capability is not None and compute_capability >= (10, 0):
+        return _round_up(hidden, 256), _round_up(intermediate_per_rank, 256)
+    return _round_up(hidden, 256), _round_up(intermediate_per_rank, 64)
+
+
+def estimate_weights_bytes(arch: ModelArch, dtype_bytes: int, quantization: str | None, tp: int, pp: int,
+                           compute_capability: tuple[int, int] | None = None) -> int:
     """Weights per GPU: parameters × bytes per parameter, split over TP and PP ranks.
 
-    Embeddings and the LM head stay in the model dtype under every quantization method here.
+    Embeddings and the LM head stay in the model dtype under every quantization method here. MXFP4 experts
+    are priced at the padded sizes vLLM allocates on this GPU (:func:`mxfp4_moe_padding`).
     """
     embed, dense, experts = parameter_counts(arch)
-    q = quantized_bytes_per_param(quantization or arch.checkpoint_quantization)
-    experts_only = (quantization or arch.checkpoint_quantization or "").lower() in _EXPERTS_ONLY
+    resolved = resolve_quantization(quantization, arch)
+    q = resolved.bytes_per_param if resolved else None
+    experts_only = resolved.experts_only if resolved else False
     dense_bytes = dense * (q if q is not None and not experts_only else dtype_bytes)
     expert_bytes = experts * (q if q is not None else dtype_bytes)
+    if resolved is not None and resolved.scheme == "mxfp4" and arch.num_experts and arch.moe_intermediate_size:
+        per_rank = max(1, arch.moe_intermediate_size // tp)
+        h_pad, i_pad = mxfp4_moe_padding(arch.hidden_size, per_rank, compute_capability)
+        expert_bytes *= (h_pad * i_pad) / (arch.hidden_size * per_rank)
     total = embed * dtype_bytes + dense_bytes + expert_bytes
     return int(total / (tp * pp))
 

@@ -9,16 +9,31 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kvwatch.capacity import kv, memory
+from kvwatch.capacity import kv, memory, quantization
 from kvwatch.capacity.architecture import ModelArch
 from kvwatch.capacity.memory import GIB
 
 DEFAULT_VLLM_VERSION = (0, 20)  # default utilization 0.92 and tokens = concurrency x max_model_len
+# From 0.21 vLLM subtracts its CUDA-graph memory estimate before sizing the KV cache
+# (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 by default); the reference gives no rule for its size.
+CUDA_GRAPHS_SUBTRACTED_SINCE = (0, 21)
+CUDA_GRAPH_NOTE = ("vLLM >= 0.21 also subtracts its CUDA-graph memory estimate before sizing the KV cache (unless "
+                   "--enforce-eager); it is not modelled, and the calibration logs show 0.5-1.8 GiB per GPU, so "
+                   "expect vLLM's pool to be about that much smaller (pass the measured --available-kv-gib, or add "
+                   "the estimate to --non-torch-gib)")
 _OLD_DEFAULT_UTILIZATION_BEFORE = (0, 20)
 
 
 class SpecError(ValueError):
-    """The deployment is under-specified (message names the flag that would fix it)."""
+    """The deployment is under-specified (message names the flag that would fix it).
+
+    ``plan_hint`` is an extra way out that only ``kvwatch plan`` has (its measured-memory flags); ``serve``
+    logs the message without it.
+    """
+
+    def __init__(self, message: str, plan_hint: str = "") -> None:
+        super().__init__(message)
+        self.plan_hint = plan_hint
 
 
 def parse_version(text: str | None) -> tuple[int, int]:
@@ -44,6 +59,7 @@ class DeploymentSpec:
     arch: ModelArch | None = None
     gpu_memory_bytes: float | None = None
     gpu_name: str | None = None  # only to pick vLLM's default batch limits (A100s get the small ones)
+    gpu_compute_capability: tuple[int, int] | None = None  # picks vLLM's MXFP4 MoE kernel (weight padding)
     gpu_memory_utilization: float | None = None
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
@@ -71,15 +87,17 @@ class DeploymentSpec:
 
         arch: ModelArch | None = None
         quantization = settings.quantization
+        if settings.model_config_path is not None and settings.model:
+            raise SpecError("--model and --model-config are both set: pass one of them (the config.json would "
+                            "silently win over the preset)")
         if settings.model_config_path is not None:
             arch = presets.load_config_file(settings.model_config_path)
         elif settings.model:
-            match = presets.match_model(settings.model)
-            arch, quantization = match.arch, quantization or match.quantization
-        gpu_bytes, gpu_name = None, settings.gpu
+            arch = presets.match_model(settings.model).arch  # a repack's implied scheme is its checkpoint's
+        gpu_bytes, gpu_name, capability = None, settings.gpu, None
         if settings.gpu:
             gpu = presets.resolve_gpu(settings.gpu)
-            gpu_bytes, gpu_name = float(gpu.total_memory_bytes), gpu.name
+            gpu_bytes, gpu_name, capability = float(gpu.total_memory_bytes), gpu.name, gpu.compute_capability
         if settings.gpu_memory_gib is not None:  # what the card really reports wins over the preset
             gpu_bytes = settings.gpu_memory_gib * GIB
         version = overrides.pop("vllm_version", DEFAULT_VLLM_VERSION)
@@ -89,6 +107,7 @@ class DeploymentSpec:
             arch=arch,
             gpu_memory_bytes=gpu_bytes,
             gpu_name=gpu_name,
+            gpu_compute_capability=capability,
             gpu_memory_utilization=settings.gpu_memory_utilization,
             tensor_parallel_size=settings.tensor_parallel_size,
             pipeline_parallel_size=settings.pipeline_parallel_size,
@@ -113,7 +132,7 @@ class CapacityPlan:
     gpu_memory_utilization: float
     usable_bytes: float | None  # total x utilization
     weights_bytes: float | None
-    activation_bytes: float | None
+    activation_bytes: float | None  # with PP and a measured figure: rank 0's + pp_last_stage_extra_bytes
     non_torch_bytes: float | None
     available_kv_bytes: float
     kv_bytes_per_token: float
@@ -122,9 +141,11 @@ class CapacityPlan:
     kv_cache_tokens: int
     max_model_len: int | None
     max_num_batched_tokens: int
+    in_flight_tokens: int  # what a sliding-window group holds beyond its window (kv.in_flight_tokens)
     estimated: tuple[str, ...]  # which terms are estimates rather than measured
     warnings: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
+    pp_last_stage_extra_bytes: float = 0.0  # the last PP stage's sampler, added to a measured rank-0 activation
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -133,7 +154,7 @@ class CapacityPlan:
 
     def max_concurrency_at(self, avg_seq_len: float) -> float:
         """Requests of ``avg_seq_len`` KV tokens that fit at once (the tutorial's ceiling)."""
-        return kv.max_concurrency_at(self.layout, self.num_gpu_blocks, avg_seq_len, self.max_num_batched_tokens)
+        return kv.max_concurrency_at(self.layout, self.num_gpu_blocks, avg_seq_len, self.in_flight_tokens)
 
     @property
     def max_concurrency_at_max_model_len(self) -> float | None:
@@ -141,7 +162,7 @@ class CapacityPlan:
         if not self.max_model_len:
             return None
         return kv.max_concurrency_at_max_model_len(self.layout, self.num_gpu_blocks, self.max_model_len,
-                                                   self.max_num_batched_tokens)
+                                                   self.in_flight_tokens)
 
 
 def _arch_or_error(spec: DeploymentSpec, what: str) -> ModelArch:
@@ -158,6 +179,10 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
     warnings: list[str] = []
     errors: list[str] = []
     notes: list[str] = list(arch.notes) if arch else []
+    quantization.check_name(spec.quantization)
+    if spec.block_size not in kv.VLLM_BLOCK_SIZES:
+        raise SpecError(f"invalid value {spec.block_size} for --block-size: vLLM accepts "
+                        f"{', '.join(map(str, kv.VLLM_BLOCK_SIZES))}")
     dtype_bytes = memory.model_dtype_bytes(spec.dtype, arch)
     kv_bytes = kv.kv_dtype_bytes(spec.kv_cache_dtype, dtype_bytes)
     util = spec.gpu_memory_utilization or default_gpu_memory_utilization(spec.vllm_version)
@@ -173,7 +198,8 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
         per_token = float(spec.kv_bytes_per_token)
     else:
         arch = _arch_or_error(spec, "the KV bytes per token")
-        layout = kv.kv_layout(arch, tp, pp, kv_bytes, spec.block_size, spec.vllm_version)
+        _check_parallelism_and_dtype(spec, arch)
+        layout = kv.kv_layout(arch, tp, pp, kv_bytes, spec.block_size, spec.vllm_version, spec.kv_cache_dtype)
         per_token = float(layout.kv_bytes_per_token)
     if arch is not None and arch.num_kv_heads < tp and not arch.is_mla and spec.kv_bytes_per_token is None:
         notes.append(f"TP={tp} exceeds the {arch.num_kv_heads} KV heads: heads are replicated, so more TP "
@@ -181,6 +207,7 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
 
     # Memory budget
     weights = activation = non_torch = usable = None
+    pp_extra = 0.0
     if spec.available_kv_bytes is not None:
         available = float(spec.available_kv_bytes)
         weights, activation, non_torch = spec.weights_bytes, spec.activation_bytes, spec.non_torch_bytes
@@ -188,20 +215,32 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
             usable = total * util
     else:
         if total is None:
-            raise SpecError("the memory budget needs the GPU: pass --gpu NAME or --gpu-memory-gib X "
-                            "(or --available-kv-gib)")
+            raise SpecError("the memory budget needs the GPU: pass --gpu NAME or --gpu-memory-gib X",
+                            plan_hint="(or a measured --available-kv-gib)")
         usable = total * util
         if spec.weights_bytes is not None:
             weights = float(spec.weights_bytes)
         else:
             weights = float(memory.estimate_weights_bytes(_arch_or_error(spec, "estimating weights (--weights-gib)"),
-                                                          dtype_bytes, spec.quantization, tp, pp))
+                                                          dtype_bytes, spec.quantization, tp, pp,
+                                                          compute_capability=spec.gpu_compute_capability))
             estimated.append("weights")
         if spec.activation_bytes is not None:
             activation = float(spec.activation_bytes)
-            if pp > 1:
+            if pp > 1 and arch is not None:
+                # vLLM prints rank 0's profile, but sizes the pool on the tightest stage: the last one, which
+                # also runs the sampler. Same term as the calibration uses (docs/capacity.md, section 2).
+                pp_extra = float(memory.pp_last_stage_extra_bytes(arch, seqs))
+                activation += pp_extra
+                estimated.append("pp_last_stage_sampler")
+                notes.append(f"pipeline parallelism: --activation-gib is read as rank 0's figure (the rank whose "
+                             f"log vLLM prints); the last stage also runs the sampler, so "
+                             f"{pp_extra / GIB:.2f} GiB (max_num_seqs {seqs} × vocab {arch.vocab_size:,} × "
+                             f"{memory.SAMPLER_BYTES_PER_LOGIT // 2} B, estimated) is added for it")
+            elif pp > 1:
                 warnings.append("with pipeline parallelism vLLM sizes KV on the tightest stage; the last stage "
-                                "also runs the sampler, so a rank-0 activation figure overstates the KV pool")
+                                "also runs the sampler, which a rank-0 --activation-gib does not include, and "
+                                "without the model (its vocabulary) kvwatch cannot add it: the pool is overstated")
         else:
             activation = float(memory.estimate_activation_bytes(
                 _arch_or_error(spec, "estimating activations (--activation-gib)"), dtype_bytes, batched, seqs, tp, pp))
@@ -214,36 +253,55 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
         available = usable - weights - activation - non_torch
 
     blocks = kv.num_gpu_blocks(available, layout)
-    tokens = kv.reported_kv_cache_tokens(layout, blocks, max_model_len, batched, spec.vllm_version)
+    in_flight = kv.in_flight_tokens(batched, pp, spec.vllm_version)
+    tokens = kv.reported_kv_cache_tokens(layout, blocks, max_model_len, in_flight, spec.vllm_version)
     if available <= 0:
         errors.append(f"vLLM will not start: no memory left for the KV cache "
                       f"(short by {-available / GIB:.2f} GiB per GPU)")
-    elif max_model_len and blocks < kv.blocks_needed(layout, max_model_len, batched):
-        need = kv.blocks_needed(layout, max_model_len, batched) * layout.bytes_per_block_row
+    elif max_model_len and blocks < kv.blocks_needed(layout, max_model_len, in_flight):
+        need = kv.blocks_needed(layout, max_model_len, in_flight) * layout.bytes_per_block_row
         errors.append(f"vLLM will not start: one {max_model_len}-token request needs {need / GIB:.2f} GiB of KV "
                       f"but only {available / GIB:.2f} GiB is available (short by {(need - available) / GIB:.2f} "
-                      f"GiB); lower --max-model-len to about {_fitting_len(layout, blocks, batched)}")
-    if estimated:
+                      f"GiB); lower --max-model-len to about {_fitting_len(layout, blocks, in_flight)}")
+    if estimated and estimated != ["pp_last_stage_sampler"]:
         warnings.append(f"estimated (not measured): {', '.join(estimated)}; pass --weights-gib/--activation-gib/"
                         "--non-torch-gib from vLLM's startup log for exact figures")
+    if spec.available_kv_bytes is None and spec.vllm_version >= DEFAULT_VLLM_VERSION:
+        notes.append(CUDA_GRAPH_NOTE)  # the default rules are a current vLLM, so they include 0.21+
     if layout.is_hybrid and spec.vllm_version >= kv.TOKENS_FROM_CONCURRENCY_SINCE:
         notes.append("sliding-window model: vLLM derives 'KV cache size' from max_model_len, so it is not a "
                      "byte-linear capacity")
     return CapacityPlan(
         spec=spec, total_memory_bytes=total, gpu_memory_utilization=util, usable_bytes=usable,
         weights_bytes=weights, activation_bytes=activation, non_torch_bytes=non_torch,
+        pp_last_stage_extra_bytes=pp_extra,
         available_kv_bytes=available, kv_bytes_per_token=per_token, layout=layout, num_gpu_blocks=blocks,
         kv_cache_tokens=tokens, max_model_len=max_model_len, max_num_batched_tokens=batched,
+        in_flight_tokens=in_flight,
         estimated=tuple(estimated), warnings=tuple(warnings), errors=tuple(errors), notes=tuple(notes),
     )
 
 
-def _fitting_len(layout: kv.KVLayout, blocks: int, batched: int) -> int:
+def _check_parallelism_and_dtype(spec: DeploymentSpec, arch: ModelArch) -> None:
+    """What vLLM refuses at startup (``ModelConfig.verify_with_parallel_config``), as a SpecError naming the flag."""
+    tp, pp = spec.tensor_parallel_size, spec.pipeline_parallel_size
+    if arch.num_attention_heads % tp:
+        raise SpecError(f"invalid value {tp} for --tensor-parallel-size: vLLM requires it to divide the model's "
+                        f"{arch.num_attention_heads} attention heads")
+    if pp > arch.num_layers:
+        raise SpecError(f"invalid value {pp} for --pipeline-parallel-size: more pipeline stages than the model's "
+                        f"{arch.num_layers} layers")
+    if spec.kv_cache_dtype.lower() == "fp8_ds_mla" and not arch.is_mla:
+        raise SpecError("invalid value 'fp8_ds_mla' for --kv-cache-dtype: it is DeepSeek's MLA cache layout and "
+                        f"{arch.name} has no MLA (use fp8)")
+
+
+def _fitting_len(layout: kv.KVLayout, blocks: int, in_flight: int) -> int:
     """The longest max_model_len one request can still reach with ``blocks`` blocks (a hint)."""
     lo, hi = 0, 1 << 24
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if kv.blocks_needed(layout, mid, batched) <= blocks:
+        if kv.blocks_needed(layout, mid, in_flight) <= blocks:
             lo = mid
         else:
             hi = mid - 1

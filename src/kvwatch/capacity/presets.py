@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache, lru_cache
 from importlib import resources
 from pathlib import Path
@@ -29,43 +29,59 @@ class GpuPreset:
     name: str
     total_memory_bytes: int  # what vLLM's total_gpu_memory reads (torch.cuda.mem_get_info total)
     source: str
+    compute_capability: tuple[int, int] | None = None  # CUDA (major, minor); None for ROCm
 
 
 @dataclass(frozen=True)
 class ModelMatch:
     arch: ModelArch
-    quantization: str | None  # quantization implied by the name (e.g. a RedHatAI -FP8-dynamic alias)
+    quantization: str | None  # implied by the name (e.g. a RedHatAI -FP8-dynamic alias); also arch's checkpoint
 
 
 def _data_dir() -> Any:
     return resources.files("kvwatch") / "data"
 
 
+@dataclass(frozen=True)
+class _Entry:
+    target: str  # preset id
+    quantization: str | None = None  # scheme a quantized repack implies
+    config: tuple[tuple[str, Any], ...] = ()  # config.json fields the alias changes (e.g. a longer context)
+    source: str | None = None  # where those come from
+
+
 @lru_cache(maxsize=1)
-def _model_index() -> dict[str, tuple[str, str | None]]:
-    """lower-case key -> (preset id, implied quantization)."""
-    index: dict[str, tuple[str, str | None]] = {}
+def _model_index() -> dict[str, _Entry]:
+    """lower-case key -> preset id, implied quantization and config changes."""
+    index: dict[str, _Entry] = {}
     for entry in (_data_dir() / "models").iterdir():
         if entry.name.endswith(".json") and entry.name != "aliases.json":
             data = json.loads(entry.read_text(encoding="utf-8"))
-            index[data["id"].lower()] = (data["id"], None)
+            index[data["id"].lower()] = _Entry(data["id"])
     aliases = json.loads((_data_dir() / "models" / "aliases.json").read_text(encoding="utf-8"))
     for alias, target in aliases["aliases"].items():
         if isinstance(target, str):
-            index[alias.lower()] = (target, None)
+            index[alias.lower()] = _Entry(target)
         else:
-            index[alias.lower()] = (target["model"], target.get("quantization"))
+            index[alias.lower()] = _Entry(target["model"], target.get("quantization"),
+                                          tuple(sorted((target.get("config") or {}).items())), target.get("source"))
     return index
 
 
 @cache
-def _load_preset(preset_id: str) -> ModelArch:
+def _preset_data(preset_id: str) -> dict[str, Any]:
     for entry in (_data_dir() / "models").iterdir():
         if entry.name.endswith(".json") and entry.name != "aliases.json":
             data = json.loads(entry.read_text(encoding="utf-8"))
             if data["id"] == preset_id:
-                return arch_from_config(data["config"] | _extra(data), name=preset_id, source=data["source"])
+                return dict(data)
     raise PresetError(f"preset file for {preset_id} is missing")
+
+
+@cache
+def _load_preset(preset_id: str) -> ModelArch:
+    data = _preset_data(preset_id)
+    return arch_from_config(data["config"] | _extra(data), name=preset_id, source=data["source"])
 
 
 def _extra(data: dict[str, Any]) -> dict[str, Any]:
@@ -78,7 +94,7 @@ def _extra(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def preset_names() -> list[str]:
-    return sorted({target for target, _ in _model_index().values()})
+    return sorted({entry.target for entry in _model_index().values()})
 
 
 def _candidates(name: str) -> list[str]:
@@ -94,24 +110,115 @@ def _candidates(name: str) -> list[str]:
     return keys
 
 
-def match_model(name: str) -> ModelMatch:
-    """A preset by HF id, bare name, path-like label or alias; raises :class:`PresetError`."""
+# Quantization suffixes of repacked checkpoints (Qwen/Qwen3-8B-FP8, ...-AWQ, ...-GPTQ-Int8, RedHatAI's
+# ...-quantized.w4a16) and the scheme each implies; tried in this order (longer forms first).
+_QUANT_SUFFIXES: tuple[tuple[str, str], ...] = (
+    (r"fp8[-_.]?(dynamic|static|block)", "fp8"), (r"fp8", "fp8"),
+    (r"(quantized[-_.])?w4a16", "w4a16"), (r"(quantized[-_.])?w8a8", "w8a8"), (r"(quantized[-_.])?w8a16", "w8a16"),
+    (r"(quantized[-_.])?w4a8", "w4a8"),
+    (r"gptq[-_.]?int8", "w8a16"), (r"gptq[-_.]?(int4|4bit)", "w4a16"), (r"gptq", "w4a16"),
+    (r"awq([-_.]?int4)?", "w4a16"), (r"nvfp4", "nvfp4"), (r"mxfp4", "mxfp4"), (r"fp4", "nvfp4"),
+    (r"int8", "int8"), (r"int4", "w4a16"), (r"bnb[-_.]?4bit", "bitsandbytes"),
+)
+# Name parts that do not change the attention geometry: chat/instruct tuning, dated refreshes.
+_VARIANT = re.compile(r"[-_.](instruct|chat|it|hf|base|thinking|\d{4})$", re.I)
+
+
+def _strip_quantization(tail: str) -> tuple[str, str | None]:
+    for pattern, scheme in _QUANT_SUFFIXES:
+        stripped = re.sub(rf"[-_.]{pattern}$", "", tail, flags=re.I)
+        if stripped != tail and stripped:
+            return stripped, scheme
+    return tail, None
+
+
+def _normalised(tail: str) -> str:
+    """A name's tail without its quantization suffix and variant words (lower case)."""
+    tail = _strip_quantization(tail)[0]
+    while True:
+        shorter = _VARIANT.sub("", tail)
+        if shorter == tail or not shorter:
+            return tail.lower()
+        tail = shorter
+
+
+def _lookup(keys: list[str]) -> _Entry | None:
     index = _model_index()
     by_tail: dict[str, list[str]] = {}
     for key in index:
         by_tail.setdefault(key.rsplit("/", 1)[-1], []).append(key)
-    for key in _candidates(name):
+    for key in keys:
         k = key.lower()
         if k in index:
-            target, quant = index[k]
-            return ModelMatch(_load_preset(target), quant)
-        if k in by_tail and len(by_tail[k]) == 1:
-            target, quant = index[by_tail[k][0]]
-            return ModelMatch(_load_preset(target), quant)
+            return index[k]
+        if k in by_tail and len({index[t].target for t in by_tail[k]}) == 1 and len(by_tail[k]) == 1:
+            return index[by_tail[k][0]]
+    return None
+
+
+def _geometry(arch: ModelArch) -> tuple[Any, ...]:
+    return (arch.num_layers, arch.num_attention_heads, arch.num_kv_heads, arch.head_dim, arch.hidden_size,
+            arch.vocab_size, arch.layer_types, arch.kv_lora_rank, arch.num_experts)
+
+
+def _by_normalised_name(raw: str) -> str | None:
+    """The one preset whose normalised name equals ``raw``'s (or several with the same architecture)."""
+    wanted = _normalised(raw.rsplit("/", 1)[-1])
+    targets = sorted({e.target for key, e in _model_index().items() if _normalised(key.rsplit("/", 1)[-1]) == wanted})
+    if not targets:
+        return None
+    exact = [t for t in targets if t.rsplit("/", 1)[-1].lower() == wanted]
+    if len(exact) == 1:
+        return exact[0]
+    return targets[0] if len({_geometry(_load_preset(t)) for t in targets}) == 1 else None
+
+
+def match_model(name: str) -> ModelMatch:
+    """A preset by HF id, bare name, path-like label or alias; raises :class:`PresetError`.
+
+    Tried in order: the name as given (and its ``org/name`` and bare tail, so vLLM's ``model_name`` label
+    ``/models/Qwen3-8B`` works); the name without a quantization suffix (``Qwen/Qwen3-8B-FP8`` ->
+    ``Qwen/Qwen3-8B``, implying fp8); the name without variant words as well (``-Instruct``, ``-Chat``,
+    ``-it``, ``-Base``, ``-Thinking``, a 4-digit date). The last two say so in a note on the model.
+    """
+    entry = _lookup(_candidates(name))
+    if entry is not None:
+        return _matched(name, entry)
+    raw = name.strip().rstrip("/")
+    head, _, tail = raw.rpartition("/")
+    stripped, scheme = _strip_quantization(tail)
+    if scheme is not None:
+        entry = _lookup(_candidates(f"{head}/{stripped}" if head else stripped))
+        if entry is not None:
+            implied = entry.quantization or scheme
+            note = f"{name!r} is preset {entry.target} with a quantization suffix: weights priced as {implied}"
+            return _matched(name, replace(entry, quantization=implied), note)
+    target = _by_normalised_name(raw)
+    if target is not None:
+        note = (f"{name!r} matched preset {target} by its name without variant words"
+                + (f" (quantization suffix: {scheme})" if scheme else "")
+                + "; its config (e.g. max_position_embeddings) may differ: pass --model-config to be sure")
+        return _matched(name, _Entry(target, scheme), note)
     raise PresetError(
         f"no preset for model {name!r}; pass --model-config PATH (its config.json) "
         f"or one of {len(preset_names())} presets (kvwatch plan --list-models)"
     )
+
+
+def _matched(name: str, entry: _Entry, note: str | None = None) -> ModelMatch:
+    """The preset with the alias's config changes, and the scheme a repack's name implies as its checkpoint's."""
+    arch = _load_preset(entry.target)
+    if entry.config:
+        data = _preset_data(entry.target)
+        changed = ", ".join(f"{k} {v}" for k, v in entry.config)
+        arch = arch_from_config(data["config"] | dict(entry.config) | _extra(data), name=arch.name,
+                                source=f"{data['source']}; for {name}: {changed} ({entry.source})")
+    if entry.quantization:
+        arch = replace(arch, checkpoint_quantization=entry.quantization,
+                       checkpoint_quantization_source=f"the model name {name!r}")
+    if note:
+        arch = replace(arch, notes=(*arch.notes, note))
+    return ModelMatch(arch, entry.quantization)
 
 
 def load_config_file(path: str | Path) -> ModelArch:
@@ -123,7 +230,7 @@ def load_config_file(path: str | Path) -> ModelArch:
     except json.JSONDecodeError as exc:
         raise ArchitectureError(f"{p} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
     name = str(data.get("_name_or_path") or p.parent.name or "custom") if isinstance(data, dict) else "custom"
-    return arch_from_config(data, name=name, source=str(p))
+    return replace(arch_from_config(data, name=name, source=str(p)), from_config_file=True)
 
 
 def resolve_model(name_or_config: str | Path | dict[str, Any]) -> ModelArch:
@@ -143,7 +250,9 @@ def _gpus() -> dict[str, GpuPreset]:
     data = json.loads((_data_dir() / "gpus.json").read_text(encoding="utf-8"))
     out: dict[str, GpuPreset] = {}
     for gpu in data["gpus"]:
-        preset = GpuPreset(gpu["name"], round(gpu["total_gib"] * GIB), gpu["source"])
+        cc = gpu.get("compute_capability")
+        capability = (int(cc.split(".")[0]), int(cc.split(".")[1])) if cc else None
+        preset = GpuPreset(gpu["name"], round(gpu["total_gib"] * GIB), gpu["source"], capability)
         for key in [gpu["name"], *gpu.get("aliases", [])]:
             out[_gpu_key(key)] = preset
     return out

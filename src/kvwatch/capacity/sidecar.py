@@ -1,20 +1,38 @@
-"""What ``serve`` needs from the capacity model: built once at startup, asked once per poll.
+"""What ``serve`` needs from the capacity model: built once per engine configuration, asked once per poll.
 
 ``build_sidecar_capacity`` resolves the model (``--model``/``--model-config``, else vLLM's ``model_name``
 label when a preset matches) and the GPU; it never raises for a missing or unknown model/GPU, it returns
 ``None`` with the reason to log, so the sidecar keeps running and simply omits the formula metrics.
+
+``serve`` has no measured-memory flags (``--weights-gib`` & co. are ``plan``'s), so weights, activation
+and non-torch memory are always estimates there. What the engine does tell is used: the labels of
+``vllm:cache_config_info`` (:func:`engine_settings`) fill in ``gpu_memory_utilization``, ``block_size`` and
+``cache_dtype`` when kvwatch was not given them, ``kv_cache_memory_bytes`` (vLLM skipped profiling and used
+that pool) replaces the memory budget, and the label set says which vLLM version's rules apply
+(:func:`vllm_version_from_cache_config`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvwatch.capacity.architecture import ArchitectureError
+from kvwatch.capacity.kv import VLLM_BLOCK_SIZES
 from kvwatch.capacity.memory import QuantizationError
 from kvwatch.capacity.planner import CapacityPlan, DeploymentSpec, SpecError, plan_capacity
 from kvwatch.capacity.presets import PresetError
 from kvwatch.capacity.whatif import Scenario, whatif_ceilings, whatif_scenarios
+
+# cache_config_info labels the formula reads (a change in any of them means another engine configuration).
+ENGINE_LABELS = ("gpu_memory_utilization", "block_size", "cache_dtype", "kv_cache_memory_bytes")
+# Labels whose presence tells the vLLM version (vllm_version_from_cache_config).
+VERSION_LABELS = ("kv_cache_size_tokens", "kv_cache_max_concurrency", "user_specified_block_size",
+                  "swap_space_bytes", "cpu_offload_gb", "swap_space", "kv_offloading_backend", "mamba_block_size",
+                  "kv_cache_memory_bytes", "kv_sharing_fast_prefill", "cpu_kvcache_space_bytes")
+_KV_DTYPES = frozenset({"auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"})
 
 
 @dataclass(frozen=True)
@@ -32,17 +50,104 @@ class SidecarCapacity:
         return whatif_ceilings(self.scenarios, avg_kv_tokens_per_request)
 
 
+def _number(text: str | None) -> float | None:
+    if text is None or text in ("", "None"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def vllm_version_from_cache_config(labels: Mapping[str, str]) -> tuple[int, int] | None:
+    """The vLLM version whose capacity rules apply, from the ``cache_config_info`` label set; None if unknown.
+
+    ``CacheConfig`` gained and lost fields over time (docs/capacity.md, section 5): ``kv_cache_size_tokens``
+    from ~0.25 (the adapter's ``>=0.25``), ``user_specified_block_size`` from 0.20.2, while ``cpu_offload_gb``
+    and ``swap_space`` were dropped in 0.20.2; ``kv_offloading_backend``/``mamba_block_size`` appeared in 0.12,
+    ``kv_cache_memory_bytes``/``kv_sharing_fast_prefill`` in 0.10.2, ``cpu_kvcache_space_bytes`` in 0.9 and
+    ``swap_space_bytes`` is V0's. The adapter's own ranges (``0.12-0.2x``) cannot tell the 0.20 rules apart.
+    """
+    if "kv_cache_size_tokens" in labels or "kv_cache_max_concurrency" in labels:
+        return (0, 25)
+    if "user_specified_block_size" in labels:
+        return (0, 20)
+    if "swap_space_bytes" in labels:
+        return (0, 7)
+    if "cpu_offload_gb" in labels or "swap_space" in labels:
+        if "kv_offloading_backend" in labels or "mamba_block_size" in labels:
+            return (0, 12)
+        if "kv_cache_memory_bytes" in labels or "kv_sharing_fast_prefill" in labels:
+            return (0, 10)
+        if "cpu_kvcache_space_bytes" in labels:
+            return (0, 9)
+        return (0, 8)
+    return None
+
+
+def engine_settings(settings: Any, cache_config: Mapping[str, str]) -> tuple[Any, dict[str, Any], list[str]]:
+    """(settings with the engine's values for what kvwatch was not given, spec overrides, what was taken).
+
+    A setting passed as a flag or variable (pydantic's ``model_fields_set``) is never replaced.
+    """
+    given = set(getattr(settings, "model_fields_set", set()))
+    update: dict[str, Any] = {}
+    overrides: dict[str, Any] = {}
+    taken: list[str] = []
+    util = _number(cache_config.get("gpu_memory_utilization"))
+    if "gpu_memory_utilization" not in given and util is not None and 0 < util <= 1:
+        update["gpu_memory_utilization"] = util
+        taken.append(f"gpu_memory_utilization {util:g}")
+    block = _number(cache_config.get("block_size"))
+    if "block_size" not in given and block is not None and block in VLLM_BLOCK_SIZES:
+        update["block_size"] = int(block)
+        taken.append(f"block_size {int(block)}")
+    dtype = (cache_config.get("cache_dtype") or "").lower()
+    if "kv_cache_dtype" not in given and dtype in _KV_DTYPES:
+        update["kv_cache_dtype"] = dtype
+        taken.append(f"cache_dtype {dtype}")
+    pool = _number(cache_config.get("kv_cache_memory_bytes"))
+    if pool is not None and pool > 0:
+        overrides["available_kv_bytes"] = pool
+        taken.append(f"kv_cache_memory_bytes {pool:,.0f} (vLLM skipped profiling)")
+    version = vllm_version_from_cache_config(cache_config)
+    if version is not None:
+        overrides["vllm_version"] = version
+        taken.append(f"vLLM {version[0]}.{version[1]}+ rules (from the label set)")
+    return (settings.model_copy(update=update) if update else settings), overrides, taken
+
+
 def build_sidecar_capacity(settings: Any, model_name: str | None = None,
+                           cache_config: Mapping[str, str] | None = None,
                            **overrides: Any) -> tuple[SidecarCapacity | None, str]:
-    """(capacity, "") when the model and the deployment are known, else (None, why)."""
+    """(capacity, "") when the model and the deployment are known, else (None, why).
+
+    ``cache_config`` is the engine's ``vllm:cache_config_info`` labels (see :func:`engine_settings`).
+    """
+    original = settings
     if settings.model is None and settings.model_config_path is None:
         if not model_name:
             return None, "model unknown: pass --model or --model-config"
         settings = settings.model_copy(update={"model": model_name})
+    notes: list[str] = []
+    if cache_config:
+        settings, engine_overrides, taken = engine_settings(settings, cache_config)
+        overrides = {**engine_overrides, **overrides}
+        if taken:
+            notes.append("from vllm:cache_config_info: " + ", ".join(taken))
+    if "vllm_version" not in overrides:
+        notes.append("vLLM version not known from cache_config_info: current (>= 0.20) rules")
     try:
         spec = DeploymentSpec.from_settings(settings, **overrides)
+        if spec.arch is not None and spec.arch.is_hybrid_mamba and spec.block_size != original.block_size:
+            # vLLM rewrites block_size after KV init on hybrid models: the label is not the attention block size
+            spec = replace(spec, block_size=original.block_size)
+            notes.append(f"hybrid Mamba model: vLLM rewrites cache_config_info's block_size, so "
+                         f"{original.block_size} is used")
         plan = plan_capacity(spec)
         scenarios = tuple(whatif_scenarios(spec))
     except (PresetError, ArchitectureError, SpecError, QuantizationError) as exc:
         return None, str(exc)
+    plan = replace(plan, notes=(*plan.notes, *notes))
     return SidecarCapacity(plan, scenarios), ""

@@ -1,26 +1,46 @@
-"""Byte quantities with units: ``131072``, ``128KiB``, ``0.8MiB``, ``0.0008GiB``, ``1.5 GB`` (pure)."""
+"""Byte quantities with units (pure): ``131072``, ``128KiB``, ``0.8MiB`` (838,861 B), ``0.0008GiB`` (858,993 B).
+
+KiB/MiB/GiB/TiB are binary (2^10 ...), the units of vLLM's logs and of every budget kvwatch prints; kB/MB/
+GB/TB are decimal (10^3 ...). A decimal unit next to a GiB budget is usually a slip (a tutorial's "GB" that
+means GiB), so :func:`decimal_unit_note` says what it was read as.
+"""
 
 from __future__ import annotations
 
 import re
 
-_UNITS = {
-    "": 1, "b": 1,
-    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-}
+_BINARY = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+_DECIMAL = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_UNITS = {"": 1, "b": 1, **_BINARY, **_DECIMAL}
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+EXAMPLES = "131072, 128KiB, 0.8MiB (= 838,861 B), 0.0008GiB (= 858,993 B)"
+
+
+def _split(text: str) -> tuple[float, str]:
+    match = _PATTERN.match(text)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise ValueError(f"{text!r} is not a byte count (examples: {EXAMPLES})")
+    return float(match.group(1)), match.group(2).lower()
 
 
 def parse_bytes(text: str) -> float:
-    """Bytes in ``text``; binary (KiB, MiB, GiB) and decimal (KB, MB, GB) units, case-insensitive."""
-    match = _PATTERN.match(text)
-    if not match or match.group(2).lower() not in _UNITS:
-        raise ValueError(f"{text!r} is not a byte count (examples: 131072, 128KiB, 0.8MiB, 0.0008GiB)")
-    value = float(match.group(1)) * _UNITS[match.group(2).lower()]
+    """Bytes in ``text``; binary (KiB, MiB, GiB) and decimal (kB, MB, GB) units, case-insensitive."""
+    number, unit = _split(text)
+    value = number * _UNITS[unit]
     if value <= 0:
         raise ValueError(f"{text!r} must be positive")
     return value
+
+
+def decimal_unit_note(text: str) -> str | None:
+    """A note when ``text`` uses a decimal unit: what it was read as and what the binary unit would give."""
+    number, unit = _split(text)
+    if unit not in _DECIMAL:
+        return None
+    binary = unit[0] + "i" + unit[1:]
+    pretty = {"kib": "KiB", "mib": "MiB", "gib": "GiB", "tib": "TiB"}[binary]
+    return (f"{text.strip()} is a decimal unit: {number * _DECIMAL[unit]:,.0f} B; kvwatch's budgets are in binary "
+            f"units (GiB, like vLLM's logs), where {number:g}{pretty} would be {number * _BINARY[binary]:,.0f} B")
 
 
 def gib(n_bytes: float) -> float:

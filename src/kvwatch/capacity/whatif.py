@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from kvwatch.capacity import memory
-from kvwatch.capacity.memory import GIB
+from kvwatch.capacity.memory import GIB, QuantizationError
 from kvwatch.capacity.planner import CapacityPlan, DeploymentSpec, SpecError, plan_capacity
 
 UTILIZATIONS = (0.85, 0.95)
@@ -55,17 +55,20 @@ def _weights_ratio(spec: DeploymentSpec, quantization: str, dtype_bytes: int) ->
     if spec.arch is None:
         return 1.0 / dtype_bytes  # unquantized linear weights, 1 byte each in FP8
     tp, pp = spec.tensor_parallel_size, spec.pipeline_parallel_size
-    now = memory.estimate_weights_bytes(spec.arch, dtype_bytes, spec.quantization, tp, pp)
-    after = memory.estimate_weights_bytes(spec.arch, dtype_bytes, quantization, tp, pp)
+    cc = spec.gpu_compute_capability
+    now = memory.estimate_weights_bytes(spec.arch, dtype_bytes, spec.quantization, tp, pp, compute_capability=cc)
+    after = memory.estimate_weights_bytes(spec.arch, dtype_bytes, quantization, tp, pp, compute_capability=cc)
     return after / now if now else 1.0
 
 
 def _fp8_weights(spec: DeploymentSpec, base: CapacityPlan) -> tuple[DeploymentSpec | None, str]:
     dtype_bytes = memory.model_dtype_bytes(spec.dtype, spec.arch)
-    current = spec.quantization or (spec.arch.checkpoint_quantization if spec.arch else None)
-    q = memory.quantized_bytes_per_param(current)
-    if q is not None and q <= 1.0:
-        return replace(spec), f"weights are already {current}: no gain"
+    try:
+        current = memory.resolve_quantization(spec.quantization, spec.arch)
+    except QuantizationError as exc:
+        return None, f"cannot price today's weights: {exc}"
+    if current is not None and current.bytes_per_param <= 1.0:
+        return replace(spec), f"weights are already {current.scheme}: no gain"
     ratio = _weights_ratio(spec, "fp8", dtype_bytes)
     changed = replace(spec, quantization="fp8")
     if spec.weights_bytes is not None:

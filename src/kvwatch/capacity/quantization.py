@@ -1,0 +1,209 @@
+"""Weight quantization: what a checkpoint's ``quantization_config`` or a ``--quantization`` name costs (pure).
+
+Two kinds of names:
+
+- **schemes** say how many bytes a linear weight takes: ``fp8``, ``int8``, ``w8a8``, ``w8a16``, ``w4a16``,
+  ``nvfp4``, ``mxfp4``, ... (any ``w<bits>a<bits>`` is understood);
+- **vLLM method names** (``compressed-tensors``, ``gptq``, ``gptq_marlin``, ``awq``, ``awq_marlin``,
+  ``modelopt``, ``modelopt_fp4``) say which loader reads the checkpoint; the scheme itself is in the
+  checkpoint. Given as ``--quantization``, they defer to the checkpoint's scheme when it is known.
+
+:func:`scheme_from_config` reads a Hugging Face ``quantization_config``: compressed-tensors from its
+``config_groups`` (``weights.num_bits``, ``weights.type``, the group or top-level ``format``), GPTQ/AWQ from
+``bits`` (``w_bit``), ModelOpt from ``quant_algo`` (FP8 or NVFP4), plus ``fp8``, ``fbgemm_fp8``, ``mxfp4`` and
+``bitsandbytes``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+# Bytes per parameter of quantized linear weights, including typical scale overhead.
+_SCHEME_BYTES: dict[str, float] = {
+    "fp8": 1.0, "fp8_dynamic": 1.0, "int8": 1.0, "experts_int8": 1.0,
+    "int4": 0.5 + 2 / 128, "bitsandbytes": 0.5 + 2 / 64,
+    "mxfp4": 0.5 + 1 / 32, "nvfp4": 0.5 + 1 / 16,
+}
+# vLLM quantization method names whose scheme lives in the checkpoint, and what they mean without one.
+_METHOD_DEFAULTS: dict[str, str | None] = {
+    "compressed_tensors": None,  # the scheme is only in config_groups
+    "gptq": "w4a16", "gptq_marlin": "w4a16", "awq": "w4a16", "awq_marlin": "w4a16",
+    "modelopt": "fp8", "modelopt_fp4": "nvfp4", "fbgemm_fp8": "fp8",
+}
+# Methods that quantize only the MoE experts (attention and dense layers stay in the model dtype).
+EXPERTS_ONLY = frozenset({"mxfp4", "experts_int8"})
+_WXAY = re.compile(r"^w(\d+)a(\d+)$")
+_SCHEME_EXAMPLES = "fp8, int8, w8a8, w8a16, w4a16, awq, gptq, nvfp4, mxfp4"
+
+
+class QuantizationError(ValueError):
+    """A quantization kvwatch cannot price; ``flag`` is where it came from (the message names the field)."""
+
+    def __init__(self, message: str, flag: str = "--quantization") -> None:
+        super().__init__(message)
+        self.flag = flag
+
+
+def normalise(name: str) -> str:
+    return name.strip().lower().replace("-", "_")
+
+
+def known_names() -> list[str]:
+    return sorted({*_SCHEME_BYTES, "w8a8", "w8a16", "w4a16", "w4a8",
+                   *(m.replace("_", "-") if m == "compressed_tensors" else m for m in _METHOD_DEFAULTS)})
+
+
+def is_method(name: str) -> bool:
+    """A vLLM loader name (compressed-tensors, gptq, awq, modelopt, ...) rather than a scheme."""
+    return normalise(name) in _METHOD_DEFAULTS
+
+
+def scheme_bytes(scheme: str) -> float | None:
+    """Bytes per linear parameter of a scheme, None when it is not one kvwatch can price."""
+    s = normalise(scheme)
+    if s in _SCHEME_BYTES:
+        return _SCHEME_BYTES[s]
+    match = _WXAY.match(s)
+    if match:
+        bits = int(match.group(1))
+        return bits / 8 + (2 / 128 if bits < 8 else 0.0)  # sub-byte ints carry a 16-bit scale per 128 weights
+    return None
+
+
+def check_name(user: str | None) -> None:
+    """Raise :class:`QuantizationError` when ``--quantization`` is neither a scheme nor a vLLM method name."""
+    if user is None or normalise(user) in {"", "none"} or is_method(user) or scheme_bytes(user) is not None:
+        return
+    raise QuantizationError(f"unknown quantization {user!r}; known: {', '.join(known_names())}")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    scheme: str  # what the weights are priced as
+    bytes_per_param: float
+    experts_only: bool
+    how: str  # where the scheme came from, for the walk-through
+
+
+def resolve(user: str | None, checkpoint: str | None, checkpoint_source: str | None,
+            checkpoint_flag: str) -> Resolved | None:
+    """The scheme that prices the weights, or None when they are unquantized.
+
+    ``user`` is ``--quantization`` (wins, except that a vLLM method name defers to the checkpoint's scheme);
+    ``checkpoint`` is the scheme the checkpoint ships with (from its config, or implied by the preset or the
+    name), described by ``checkpoint_source``; ``checkpoint_flag`` is the flag that supplied the checkpoint.
+    """
+    if user is not None and normalise(user) in {"", "none"}:
+        user = None
+    if checkpoint is not None and _METHOD_DEFAULTS.get(normalise(checkpoint)):
+        checkpoint = _METHOD_DEFAULTS[normalise(checkpoint)]  # e.g. a name implying "awq": 4-bit
+    if user is not None:
+        u = normalise(user)
+        if u in _METHOD_DEFAULTS:
+            if checkpoint is not None and scheme_bytes(checkpoint) is not None:
+                return _resolved(checkpoint, f"--quantization {user}: {_describe(checkpoint, checkpoint_source)}")
+            default = _METHOD_DEFAULTS[u]
+            if default is None:
+                raise QuantizationError(
+                    f"--quantization {user}: the scheme (bits, int or float) is in the checkpoint's "
+                    "quantization_config.config_groups; pass --model-config with that config.json, or the scheme "
+                    f"itself ({_SCHEME_EXAMPLES})")
+            return _resolved(default, f"--quantization {user} (assumed {default}: the checkpoint's bits are not known)")
+        check_name(user)
+        return _resolved(u, f"--quantization {user}")
+    if checkpoint is None:
+        return None
+    if scheme_bytes(checkpoint) is None:
+        where = checkpoint_source or "the checkpoint"
+        raise QuantizationError(
+            f"{where}: {checkpoint!r} is not a quantization kvwatch can price (known schemes: {_SCHEME_EXAMPLES}, "
+            "any w<bits>a<bits>); pass --quantization with the scheme that matches its bytes per weight",
+            flag=checkpoint_flag)
+    return _resolved(checkpoint, _describe(checkpoint, checkpoint_source))
+
+
+def _describe(scheme: str, source: str | None) -> str:
+    return f"{scheme} from {source}" if source else f"{scheme} (the checkpoint's)"
+
+
+def _resolved(scheme: str, how: str) -> Resolved:
+    s = normalise(scheme)
+    return Resolved(s, float(scheme_bytes(s) or 0.0), s in EXPERTS_ONLY, how)
+
+
+# ------------------------------------------------------------------------------------ checkpoint configs
+
+def scheme_from_config(qc: dict[str, Any]) -> tuple[str, str]:
+    """(scheme, where it was read) from a Hugging Face ``quantization_config``.
+
+    An unknown method or an unreadable compressed-tensors config returns the raw method name and the field
+    that says so; :func:`resolve` turns that into an error naming the field.
+    """
+    method = normalise(str(qc.get("quant_method") or ""))
+    field = "config.json quantization_config"
+    if method == "compressed_tensors":
+        return _compressed_tensors(qc, field)
+    if method in {"gptq", "gptq_marlin", "awq", "awq_marlin", "moe_wna16"}:
+        bits = qc.get("bits", qc.get("w_bit"))
+        if bits is None:
+            return "w4a16", f"{field} (quant_method {method}, bits not given: 4 assumed)"
+        return f"w{int(bits)}a16", f"{field} (quant_method {method}, bits {int(bits)})"
+    if method in {"modelopt", "modelopt_fp4"}:
+        algo = qc.get("quant_algo") or (qc.get("quantization") or {}).get("quant_algo")
+        a = str(algo or "").upper()
+        if "NVFP4" in a or "FP4" in a:
+            return "nvfp4", f"{field} (quant_method {method}, quant_algo {algo})"
+        if "FP8" in a:
+            return "fp8", f"{field} (quant_method {method}, quant_algo {algo})"
+        if not algo and method == "modelopt_fp4":
+            return "nvfp4", f"{field} (quant_method {method})"
+        return f"modelopt quant_algo {algo}", f"{field}.quant_algo"
+    if method in {"fp8", "fbgemm_fp8"}:
+        return "fp8", f"{field} (quant_method {method})"
+    if method == "bitsandbytes":
+        if qc.get("load_in_8bit"):
+            return "int8", f"{field} (bitsandbytes, load_in_8bit)"
+        return "bitsandbytes", f"{field} (bitsandbytes 4-bit)"
+    if method in {"mxfp4", "experts_int8"}:
+        return method, f"{field} (quant_method {method})"
+    return method or "?", f"{field}.quant_method"
+
+
+def _compressed_tensors(qc: dict[str, Any], field: str) -> tuple[str, str]:
+    groups = qc.get("config_groups")
+    top_format = str(qc.get("format") or "")
+    found: list[tuple[float, str, str]] = []
+    if isinstance(groups, dict):
+        for name, group in groups.items():
+            if not isinstance(group, dict):
+                continue
+            weights = group.get("weights") or {}
+            bits = weights.get("num_bits") if isinstance(weights, dict) else None
+            if bits is None:
+                continue
+            kind = str(weights.get("type") or "int").lower()
+            fmt = str(group.get("format") or top_format)
+            acts = group.get("input_activations") or {}
+            act_bits = acts.get("num_bits") if isinstance(acts, dict) else None
+            scheme = _ct_scheme(int(bits), kind, fmt, act_bits)
+            detail = f"config_groups.{name}.weights: num_bits {int(bits)}, type {kind}"
+            detail += f", format {fmt}" if fmt else ""
+            found.append((float(scheme_bytes(scheme) or 0.0), scheme, detail))
+    if not found:
+        return "compressed-tensors", f"{field}.config_groups (compressed-tensors without any weights.num_bits)"
+    found.sort(reverse=True)  # several groups: price every linear weight as the widest scheme (conservative)
+    _, scheme, detail = found[0]
+    extra = f"; {len(found) - 1} more group(s), priced as this widest one" if len(found) > 1 else ""
+    return scheme, f"{field} (compressed-tensors, {detail}{extra})"
+
+
+def _ct_scheme(bits: int, kind: str, fmt: str, act_bits: Any) -> str:
+    if "nvfp4" in fmt or (bits == 4 and kind == "float"):
+        return "nvfp4"
+    if kind == "float" and bits == 8:
+        return "fp8"
+    if act_bits is not None and int(act_bits) == 8:
+        return f"w{bits}a8"
+    return f"w{bits}a16"

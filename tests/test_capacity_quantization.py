@@ -1,0 +1,145 @@
+"""Weight quantization read from a checkpoint's quantization_config, and --quantization method names."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from kvwatch.capacity import resolve_model
+from kvwatch.capacity.memory import estimate_weights_bytes, resolve_quantization
+from kvwatch.capacity.quantization import QuantizationError, scheme_from_config
+from kvwatch.cli import main
+
+GIB = 1 << 30
+LLAMA_8B = {"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "hidden_size": 4096, "intermediate_size": 14336, "vocab_size": 128256, "tie_word_embeddings": False,
+            "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}
+FP8_DYNAMIC = {  # the shape of a RedHatAI ...-FP8-dynamic checkpoint's quantization_config
+    "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+    "ignore": ["lm_head"],
+    "config_groups": {"group_0": {
+        "targets": ["Linear"],
+        "weights": {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True, "dynamic": False},
+        "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}}}}
+W4A16 = {"quant_method": "compressed-tensors", "format": "pack-quantized",
+         "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None,
+                                       "weights": {"num_bits": 4, "type": "int", "group_size": 128,
+                                                   "strategy": "group", "symmetric": True}}}}
+W8A8_INT = {"quant_method": "compressed-tensors", "format": "int-quantized",
+            "config_groups": {"group_0": {"targets": ["Linear"],
+                                          "weights": {"num_bits": 8, "type": "int", "strategy": "channel"},
+                                          "input_activations": {"num_bits": 8, "type": "int", "dynamic": True}}}}
+NVFP4 = {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
+         "config_groups": {"group_0": {"targets": ["Linear"],
+                                       "weights": {"num_bits": 4, "type": "float", "group_size": 16,
+                                                   "strategy": "tensor_group"}}}}
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    for key in list(os.environ):
+        if key.startswith("KVWATCH_"):
+            monkeypatch.delenv(key)
+
+
+def config_file(tmp_path, quantization_config):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**LLAMA_8B, "quantization_config": quantization_config}))
+    return path
+
+
+def plan_json(argv, capsys):
+    code = main(["plan", *argv, "--json"])
+    out = capsys.readouterr()
+    return code, (json.loads(out.out) if out.out else None), out.err
+
+
+@pytest.mark.parametrize(("qc", "scheme"), [
+    (FP8_DYNAMIC, "fp8"), (W4A16, "w4a16"), (W8A8_INT, "w8a8"), (NVFP4, "nvfp4"),
+    ({"quant_method": "gptq", "bits": 8, "group_size": 128}, "w8a16"),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128}, "w4a16"),
+    ({"quant_method": "awq", "bits": 4, "version": "gemm"}, "w4a16"),
+    ({"quant_method": "awq", "w_bit": 4}, "w4a16"),
+    ({"quant_method": "modelopt", "quant_algo": "FP8"}, "fp8"),
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8"}, "nvfp4"),
+    ({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}, "fp8"),
+])
+def test_scheme_read_from_the_config(qc, scheme):
+    assert scheme_from_config(qc)[0] == scheme
+
+
+def test_compressed_tensors_config_plans_instead_of_blaming_a_flag_never_passed(tmp_path, capsys):
+    path = config_file(tmp_path, FP8_DYNAMIC)
+    code, data, err = plan_json(["--model-config", str(path), "--gpu", "H100"], capsys)
+    assert code == 0, err
+    assert data["weights_bytes"] / GIB == pytest.approx(8.49, abs=0.1)  # vLLM logged 8.49 GiB for Llama-8B FP8
+    # vLLM's own method name defers to the scheme in the checkpoint
+    code, same, err = plan_json(["--model-config", str(path), "--gpu", "H100", "--quantization",
+                                 "compressed-tensors"], capsys)
+    assert code == 0, err
+    assert same["weights_bytes"] == data["weights_bytes"]
+
+
+def test_w4a16_and_nvfp4_checkpoints_are_priced_by_their_bits(tmp_path):
+    arch = resolve_model(str(config_file(tmp_path, W4A16)))
+    assert estimate_weights_bytes(arch, 2, None, 1, 1) / GIB == pytest.approx(5.38, abs=0.15)  # vLLM: 5.38 GiB
+    nv = resolve_model(str(config_file(tmp_path, NVFP4)))
+    fp8 = resolve_model(str(config_file(tmp_path, FP8_DYNAMIC)))
+    # nvfp4: 4 bits + an fp8 scale per 16 weights, a little above w4a16 and well below fp8
+    w4, w_nv, w8 = (estimate_weights_bytes(a, 2, None, 1, 1) for a in (arch, nv, fp8))
+    assert w4 < w_nv < 0.75 * w8
+
+
+def test_gptq_8bit_is_not_priced_as_4bit(tmp_path):
+    arch8 = resolve_model(str(config_file(tmp_path, {"quant_method": "gptq", "bits": 8, "group_size": 128})))
+    w8 = estimate_weights_bytes(arch8, 2, None, 1, 1)
+    assert w8 / GIB == pytest.approx(8.49, abs=0.1)  # 1 byte per linear weight, like FP8
+    # --quantization gptq (vLLM's loader name) keeps the checkpoint's 8 bits
+    assert estimate_weights_bytes(arch8, 2, "gptq", 1, 1) == w8
+    assert estimate_weights_bytes(arch8, 2, "gptq_marlin", 1, 1) == w8
+
+
+def test_modelopt_fp8_and_nvfp4_differ(tmp_path):
+    fp8 = resolve_model(str(config_file(tmp_path, {"quant_method": "modelopt", "quant_algo": "FP8"})))
+    fp4 = resolve_model(str(config_file(tmp_path, {"quant_method": "modelopt", "quant_algo": "NVFP4"})))
+    assert resolve_quantization(None, fp8).scheme == "fp8"
+    assert resolve_quantization(None, fp4).scheme == "nvfp4"
+    assert estimate_weights_bytes(fp4, 2, None, 1, 1) < 0.7 * estimate_weights_bytes(fp8, 2, None, 1, 1)
+
+
+@pytest.mark.parametrize(("qc", "field"), [
+    ({"quant_method": "hqq", "nbits": 4}, "quantization_config.quant_method"),
+    ({"quant_method": "compressed-tensors", "format": "float-quantized"}, "quantization_config.config_groups"),
+    ({"quant_method": "modelopt", "quant_algo": "W1A1"}, "quantization_config.quant_algo"),
+])
+def test_unpriceable_checkpoint_blames_the_config_field_not_quantization(tmp_path, capsys, qc, field):
+    code, _, err = plan_json(["--model-config", str(config_file(tmp_path, qc)), "--gpu", "H100"], capsys)
+    assert code == 2
+    assert err.count("\n") == 1 and "--model-config" in err and field in err
+    assert "invalid value for --quantization" not in err
+
+
+def test_method_name_without_a_checkpoint_scheme_says_what_is_missing(capsys):
+    code, _, err = plan_json(["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--quantization",
+                              "compressed-tensors"], capsys)
+    assert code == 2
+    assert "invalid value for --quantization" in err and "config_groups" in err
+
+
+def test_a_preset_alias_implies_the_scheme_and_the_method_name_defers_to_it(capsys):
+    base = ["--model", "RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w4a16", "--gpu", "H100"]
+    code, implied, _ = plan_json(base, capsys)
+    assert code == 0
+    code, ct, _ = plan_json([*base, "--quantization", "compressed-tensors"], capsys)
+    assert code == 0 and ct["weights_bytes"] == implied["weights_bytes"]
+    assert implied["weights_bytes"] / GIB == pytest.approx(5.38, abs=0.15)
+
+
+def test_user_scheme_wins_and_unknown_user_value_names_quantization():
+    arch = resolve_model("meta-llama/Llama-3.1-8B-Instruct")
+    assert resolve_quantization("fp8", arch).scheme == "fp8"
+    with pytest.raises(QuantizationError) as exc:
+        resolve_quantization("int3", arch)
+    assert exc.value.flag == "--quantization"
