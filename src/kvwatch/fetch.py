@@ -72,8 +72,12 @@ class Fetcher:
         self._closed = True
 
         async def shutdown() -> None:
-            for task in asyncio.all_tasks() - {asyncio.current_task()}:
+            tasks = asyncio.all_tasks() - {asyncio.current_task()}
+            for task in tasks:
                 task.cancel()
+            # Let the cancellations finish before the loop stops: a task still unwinding would leave its
+            # caller's future pending, and the poll thread (joined at exit) blocked for the whole timeout.
+            await asyncio.gather(*tasks, return_exceptions=True)
             await self._client.aclose()
 
         try:
