@@ -32,6 +32,9 @@ CRD_DIR = Path(__file__).parent / "fixtures" / "k8s-schemas"
 KUBERNETES_VERSION = "1.35"  # helm v4's client version; kubernetes-validate ships up to 1.37
 NAMESPACE = "inference"
 CASES = ["default", *(p.name for p in CI_VALUES)]
+# values.yaml names no model (kvwatch alone must not inherit one): the smallest mode-1 install is this.
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+MINIMAL = ("--set", f"config.model={MODEL}")
 
 # config key -> vLLM flag, for the keys the chart passes to both containers.
 VLLM_FLAGS = {
@@ -80,7 +83,7 @@ def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def values_args(case: str) -> list[str]:
-    return [] if case == "default" else ["-f", str(CHART / "ci" / case)]
+    return list(MINIMAL) if case == "default" else ["-f", str(CHART / "ci" / case)]
 
 
 @functools.cache
@@ -122,7 +125,9 @@ def merged_values(case: str) -> dict[str, Any]:
         return out
 
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    if case != "default":
+    if case == "default":
+        values["config"]["model"] = MODEL
+    else:
         values = merge(values, yaml.safe_load((CHART / "ci" / case).read_text()))
     return values
 
@@ -239,7 +244,7 @@ def test_kvwatch_accepts_the_rendered_env(case: str, monkeypatch: pytest.MonkeyP
 
 
 def test_large_integers_and_set_values_stay_integers() -> None:
-    env = containers(render("--set", "config.maxBodyBytes=67108864", "--set", "config.blockSize=32"))["kvwatch"]["env"]
+    env = containers(render(*MINIMAL, "--set", "config.maxBodyBytes=67108864", "--set", "config.blockSize=32"))["kvwatch"]["env"]
     rendered = {e["name"]: e["value"] for e in env}
     assert rendered["KVWATCH_MAX_BODY_BYTES"] == "67108864"
     assert rendered["KVWATCH_BLOCK_SIZE"] == "32"
@@ -284,7 +289,7 @@ def test_vllm_and_the_sidecar_describe_the_same_deployment(case: str) -> None:
 
 
 def test_gpus_follow_tensor_parallel_size() -> None:
-    vllm = containers(render("--set", "config.tensorParallelSize=4"))["vllm"]
+    vllm = containers(render(*MINIMAL, "--set", "config.tensorParallelSize=4"))["vllm"]
     assert vllm["resources"]["limits"]["nvidia.com/gpu"] == "4"
     assert vllm_flags(vllm["args"])["--tensor-parallel-size"] == "4"
 
@@ -292,7 +297,7 @@ def test_gpus_follow_tensor_parallel_size() -> None:
 # ---------------------------------------------------------------- probes, security, volumes
 
 def test_vllm_probes_survive_model_loading_and_long_prefill() -> None:
-    vllm = containers(render())["vllm"]
+    vllm = containers(render(*MINIMAL))["vllm"]
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert vllm[probe]["httpGet"] == {"path": "/health", "port": "http"}
     startup = vllm["startupProbe"]
@@ -312,7 +317,7 @@ def test_vllm_pods_are_replaced_without_surging() -> None:
 
 
 def test_probes_are_configurable() -> None:
-    vllm = containers(render("--set", "vllm.startupProbe.failureThreshold=360"))["vllm"]
+    vllm = containers(render(*MINIMAL, "--set", "vllm.startupProbe.failureThreshold=360"))["vllm"]
     assert vllm["startupProbe"]["failureThreshold"] == 360
 
 
@@ -374,8 +379,20 @@ def test_standalone_mode_without_a_target_is_refused() -> None:
 
 
 def test_sidecar_mode_without_a_model_is_refused() -> None:
-    stderr = render_fails("--set", "config.model=null")
-    assert "config.model is required" in stderr
+    assert yaml.safe_load((CHART / "values.yaml").read_text())["config"]["model"] is None
+    assert "config.model is required" in render_fails()
+    assert "config.model is required" in render_fails("--set", "config.maxNumSeqs=64")
+
+
+def test_standalone_mode_inherits_no_model_from_the_chart_defaults() -> None:
+    """kvwatch alone watches someone else's vLLM: a default model would feed its capacity model a wrong one."""
+    objects = render("--set", "vllm.enabled=false", "--set", "config.targetUrl=http://vllm-0.vllm:8000/metrics")
+    env = {e["name"]: e["value"] for e in containers(objects)["kvwatch"]["env"]}
+    assert "KVWATCH_MODEL" not in env
+    assert env["KVWATCH_TARGET_URL"] == "http://vllm-0.vllm:8000/metrics"
+    named = render("--set", "vllm.enabled=false", "--set", "config.targetUrl=http://vllm-0.vllm:8000/metrics",
+                   "--set", "config.model=Qwen/Qwen3-8B")
+    assert {e["name"]: e["value"] for e in containers(named)["kvwatch"]["env"]}["KVWATCH_MODEL"] == "Qwen/Qwen3-8B"
 
 
 def test_named_sidecar_template_embeds_in_another_chart(tmp_path: Path) -> None:
@@ -414,7 +431,7 @@ def test_documented_sidecar_snippet_is_what_the_chart_renders() -> None:
     match = re.search(r"<!-- sidecar-snippet:[^>]*-->\s*```yaml\n(.*?)```", docs, re.S)
     assert match, "docs/deploy.md lost its sidecar-snippet block"
     documented = yaml.safe_load(match.group(1))
-    rendered = containers(render("--set", "kvwatch.image.repository=REGISTRY/kvwatch", "--set", "config.gpu=H100",
+    rendered = containers(render(*MINIMAL, "--set", "kvwatch.image.repository=REGISTRY/kvwatch", "--set", "config.gpu=H100",
                                  "--set", "config.maxNumSeqs=128"))["kvwatch"]
     assert documented == [rendered]
 
@@ -454,7 +471,7 @@ def test_pod_monitor_selects_the_kvwatch_container_port() -> None:
 
 
 def test_both_monitors_at_once_are_refused() -> None:
-    stderr = render_fails("--set", "serviceMonitor.enabled=true", "--set", "podMonitor.enabled=true")
+    stderr = render_fails(*MINIMAL, "--set", "serviceMonitor.enabled=true", "--set", "podMonitor.enabled=true")
     assert "not both" in stderr
 
 
@@ -488,7 +505,7 @@ def test_dashboard_configmap_carries_the_dashboard_for_the_grafana_sidecar() -> 
 
 
 def test_integrations_are_off_by_default() -> None:
-    kinds = sorted(o["kind"] for o in render())
+    kinds = sorted(o["kind"] for o in render(*MINIMAL))
     assert kinds == ["Deployment", "Service"]
 
 
@@ -524,7 +541,7 @@ def test_install_notes_render_for_each_mode(case: str, says: str) -> None:
     ("config.gpuMemoryUtilization=1.5", "gpuMemoryUtilization"),
 ])
 def test_schema_rejects_typos_and_bad_values(flag: str, culprit: str) -> None:
-    stderr = render_fails("--set", flag)
+    stderr = render_fails(*MINIMAL, "--set", flag)
     assert culprit in stderr
 
 
