@@ -244,7 +244,8 @@ def test_kvwatch_accepts_the_rendered_env(case: str, monkeypatch: pytest.MonkeyP
 
 
 def test_large_integers_and_set_values_stay_integers() -> None:
-    env = containers(render(*MINIMAL, "--set", "config.maxBodyBytes=67108864", "--set", "config.blockSize=32"))["kvwatch"]["env"]
+    env = containers(render(*MINIMAL, "--set", "config.maxBodyBytes=67108864", "--set", "config.blockSize=32"))[
+        "kvwatch"]["env"]
     rendered = {e["name"]: e["value"] for e in env}
     assert rendered["KVWATCH_MAX_BODY_BYTES"] == "67108864"
     assert rendered["KVWATCH_BLOCK_SIZE"] == "32"
@@ -431,8 +432,8 @@ def test_documented_sidecar_snippet_is_what_the_chart_renders() -> None:
     match = re.search(r"<!-- sidecar-snippet:[^>]*-->\s*```yaml\n(.*?)```", docs, re.S)
     assert match, "docs/deploy.md lost its sidecar-snippet block"
     documented = yaml.safe_load(match.group(1))
-    rendered = containers(render(*MINIMAL, "--set", "kvwatch.image.repository=REGISTRY/kvwatch", "--set", "config.gpu=H100",
-                                 "--set", "config.maxNumSeqs=128"))["kvwatch"]
+    rendered = containers(render(*MINIMAL, "--set", "kvwatch.image.repository=REGISTRY/kvwatch",
+                                 "--set", "config.gpu=H100", "--set", "config.maxNumSeqs=128"))["kvwatch"]
     assert documented == [rendered]
 
 
@@ -516,17 +517,33 @@ def test_chart_app_version_is_the_package_version() -> None:
     assert version and chart["appVersion"] == version.group(1)
 
 
+def install_notes(*args: str) -> str:
+    """NOTES.txt as `helm install` prints it (helm template does not render NOTES; a client dry run needs no
+    cluster)."""
+    result = run_helm("install", "kvw", str(CHART), "--namespace", NAMESPACE, "--dry-run=client", *args)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split("NOTES:", 1)[1]
+
+
 @pytest.mark.parametrize(("case", "says"), [
     ("default", "sidecar next to vLLM"),
     ("standalone-values.yaml", "ONE vLLM pod"),
 ])
 def test_install_notes_render_for_each_mode(case: str, says: str) -> None:
-    result = run_helm("install", "kvw", str(CHART), "--namespace", NAMESPACE, "--dry-run=client",
-                      *values_args(case))
-    assert result.returncode == 0, result.stderr
-    notes = result.stdout.split("NOTES:", 1)[1]
+    notes = install_notes(*values_args(case))
     assert says in notes
     assert "port-forward svc/kvw-kvwatch 9747:9747" in notes
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    ((), "startupProbe allows 1800 s"),
+    (("--set", "vllm.startupProbe.failureThreshold=360"), "--timeout=3600s"),
+    (("--set", "vllm.startupProbe.periodSeconds=null"), "startupProbe allows 1800 s"),  # Kubernetes' 10 s
+    (("--set", "vllm.startupProbe=null"), "vLLM has no startupProbe"),
+])
+def test_install_notes_follow_the_startup_probe(args: tuple[str, ...], says: str) -> None:
+    """The notes read the probe's fields: a removed probe (or field) must not crash the install."""
+    assert says in install_notes(*MINIMAL, *args)
 
 
 # ---------------------------------------------------------------- values and schema
