@@ -476,6 +476,45 @@ def test_both_monitors_at_once_are_refused() -> None:
     assert "not both" in stderr
 
 
+@pytest.mark.parametrize(("monitor", "interval", "timeout", "ok"), [
+    ("serviceMonitor", "15s", "20s", False),
+    ("podMonitor", "1m", "1m500ms", False),
+    ("serviceMonitor", "1m30s", "1m", True),
+    ("podMonitor", "10s", "10s", True),
+    ("podMonitor", "", "1m", True),  # Prometheus' global interval: unknown to the chart
+])
+def test_scrape_timeout_longer_than_the_interval_is_refused(monitor: str, interval: str, timeout: str,
+                                                             ok: bool) -> None:
+    """prometheus-operator rejects such a monitor (the admission webhook, or it drops it): fail at install."""
+    args = (*MINIMAL, "--set", f"{monitor}.enabled=true", "--set", f"{monitor}.interval={interval}",
+            "--set", f"{monitor}.scrapeTimeout={timeout}")
+    if ok:
+        kind = "ServiceMonitor" if monitor == "serviceMonitor" else "PodMonitor"
+        endpoints = only(render(*args), kind)["spec"]["endpoints" if monitor == "serviceMonitor" else
+                                                         "podMetricsEndpoints"]
+        assert endpoints[0]["scrapeTimeout"] == timeout
+    else:
+        stderr = render_fails(*args)
+        assert f"{monitor}.scrapeTimeout ({timeout}) is longer than {monitor}.interval ({interval})" in stderr
+
+
+@pytest.mark.parametrize("args", [
+    ("--set", "config.port=8000"),
+    ("--set", "vllm.port=9747"),
+    ("--set", "config.port=9000", "--set", "vllm.port=9000"),
+])
+def test_kvwatch_and_vllm_on_one_port_are_refused(args: tuple[str, ...]) -> None:
+    stderr = render_fails(*MINIMAL, *args)
+    assert "config.port, default 9747) and vllm.port are both" in stderr
+
+
+def test_kvwatch_alone_may_use_the_port_vllm_would_have() -> None:
+    """Mode 2 runs no vLLM in the pod: vllm.port is not in use there."""
+    objects = render("--set", "vllm.enabled=false", "--set", "config.targetUrl=http://vllm-0.vllm:8000/metrics",
+                     "--set", "config.port=8000")
+    assert containers(objects)["kvwatch"]["ports"][0]["containerPort"] == 8000
+
+
 def test_chart_copy_of_the_rules_is_the_alerts_file() -> None:
     source = ROOT / "alerts" / "kvwatch-rules.yaml"
     assert source.is_file(), "alerts/kvwatch-rules.yaml is missing"
