@@ -601,6 +601,62 @@ def test_schema_rejects_typos_and_bad_values(flag: str, culprit: str) -> None:
     assert culprit in stderr
 
 
+@pytest.mark.parametrize(("flag", "where", "culprit"), [
+    ("kvwatch.resources.limit.memory=1Gi", "/kvwatch/resources", "limit"),
+    ("vllm.startupProbe.failureTreshold=360", "/vllm/startupProbe", "failureTreshold"),
+    ("kvwatch.securityContext.readOnlyRootFileSystem=true", "/kvwatch/securityContext", "readOnlyRootFileSystem"),
+    ("vllm.updateStrategy.rollingupdate.maxSurge=1", "/vllm/updateStrategy", "rollingupdate"),
+    ("podSecurityContext.fsgroup=1000", "/podSecurityContext", "fsgroup"),
+    ("kvwatch.livenessProbe.httpGet.prot=metrics", "/kvwatch/livenessProbe/httpGet", "prot"),
+    ("vllm.resources.request.cpu=8", "/vllm/resources", "request"),
+    ("vllm.securityContext.capabilities.add=SYS_ADMIN", "/vllm/securityContext/capabilities/add", "array"),
+])
+def test_schema_rejects_typos_inside_kubernetes_objects(flag: str, where: str, culprit: str) -> None:
+    """Probes, resources, security contexts and the strategy are rendered verbatim: without a closed schema a
+    misspelt field renders silently (and the API server prunes it)."""
+    stderr = render_fails(*MINIMAL, "--set", flag)
+    assert f"at '{where}'" in stderr and culprit in stderr
+
+
+@pytest.mark.parametrize("args", [
+    ("--set", "vllm.startupProbe.failureThreshold=360", "--set", "vllm.startupProbe.initialDelaySeconds=30"),
+    ("--set", "kvwatch.resources.limits.cpu=500m", "--set", "vllm.resources.limits.memory=80Gi"),
+    ("--set", "podSecurityContext.fsGroup=1000", "--set", "kvwatch.securityContext.runAsUser=1234"),
+    ("--set", "vllm.updateStrategy.type=Recreate", "--set", "vllm.updateStrategy.rollingUpdate=null"),
+    ("--set-json", 'vllm.livenessProbe={"tcpSocket": {"port": "http"}, "periodSeconds": 30}'),
+])
+def test_schema_accepts_real_kubernetes_fields(args: tuple[str, ...]) -> None:
+    for obj in render(*MINIMAL, *args):
+        validate_object(obj)
+
+
+def test_kubernetes_objects_in_values_use_the_generated_closed_definitions() -> None:
+    """The definitions are Kubernetes' own (kubernetes-validate, the version the rendered objects are checked
+    with), closed; scripts/sync_chart_files.py writes them."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert SYNC.KUBERNETES_VERSION == KUBERNETES_VERSION
+    assert schema["definitions"] == SYNC.kubernetes_definitions(), (
+        "values.schema.json's Kubernetes definitions are stale: run .venv/bin/python scripts/sync_chart_files.py")
+    props = schema["properties"]
+    refs = {
+        ("kvwatch", "resources"): "core.v1.ResourceRequirements",
+        ("kvwatch", "securityContext"): "core.v1.SecurityContext",
+        ("kvwatch", "readinessProbe"): "core.v1.Probe",
+        ("kvwatch", "livenessProbe"): "core.v1.Probe",
+        ("vllm", "resources"): "core.v1.ResourceRequirements",
+        ("vllm", "securityContext"): "core.v1.SecurityContext",
+        ("vllm", "startupProbe"): "core.v1.Probe",
+        ("vllm", "readinessProbe"): "core.v1.Probe",
+        ("vllm", "livenessProbe"): "core.v1.Probe",
+        ("vllm", "updateStrategy"): "apps.v1.DeploymentStrategy",
+    }
+    for (section, key), kind in refs.items():
+        assert props[section]["properties"][key] == {"$ref": f"#/definitions/io.k8s.api.{kind}"}, (section, key)
+    assert props["podSecurityContext"] == {"$ref": "#/definitions/io.k8s.api.core.v1.PodSecurityContext"}
+    probe = schema["definitions"]["io.k8s.api.core.v1.Probe"]
+    assert probe["additionalProperties"] is False and "failureThreshold" in probe["properties"]
+
+
 def test_schema_config_keys_are_the_settings_fields() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
