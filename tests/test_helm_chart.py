@@ -657,6 +657,21 @@ def test_kubernetes_objects_in_values_use_the_generated_closed_definitions() -> 
     assert probe["additionalProperties"] is False and "failureThreshold" in probe["properties"]
 
 
+def test_decimals_go_through_set_json_as_docs_deploy_md_says() -> None:
+    """`--set` keeps 0.9 a string (the schema refuses it); `--set-json` passes the number."""
+    docs = (ROOT / "docs" / "deploy.md").read_text()
+    assert "--set-json config.gpuMemoryUtilization=0.9" in docs
+    stderr = render_fails(*MINIMAL, "--set", "config.gpuMemoryUtilization=0.9")
+    assert "at '/config/gpuMemoryUtilization': got string, want null or number" in stderr
+    assert "at '/config/gpuMemoryUtilization': got string, want null or number" in docs
+    objects = render(*MINIMAL, "--set-json", "config.gpuMemoryUtilization=0.9", "--set-json",
+                     "config.pollIntervalSeconds=2.5")
+    pod = containers(objects)
+    env = {e["name"]: e["value"] for e in pod["kvwatch"]["env"]}
+    assert env["KVWATCH_GPU_MEMORY_UTILIZATION"] == "0.9" and env["KVWATCH_POLL_INTERVAL_SECONDS"] == "2.5"
+    assert vllm_flags(pod["vllm"]["args"])["--gpu-memory-utilization"] == "0.9"
+
+
 def test_schema_config_keys_are_the_settings_fields() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
