@@ -471,6 +471,51 @@ def test_pod_monitor_selects_the_kvwatch_container_port() -> None:
     assert not [o for o in objects if o["kind"] == "ServiceMonitor"]
 
 
+def relabel(labels: dict[str, str], configs: list[dict[str, Any]]) -> dict[str, str]:
+    """Prometheus' `replace` relabelling (the only action the chart writes), applied in order."""
+    out = dict(labels)
+    for config in configs:
+        assert config.get("action", "replace") == "replace", config
+        value = config.get("separator", ";").join(out.get(name, "") for name in config.get("sourceLabels", []))
+        match = re.fullmatch(config.get("regex", "(.*)"), value)
+        if match:
+            out[config["targetLabel"]] = match.expand(config.get("replacement", "$1").replace("$", "\\"))
+    return out
+
+
+def absent_job_regex() -> str:
+    rules = yaml.safe_load((ROOT / "alerts" / "kvwatch-rules.yaml").read_text())
+    expr = next(r["expr"] for g in rules["groups"] for r in g["rules"] if r.get("alert") == "KvwatchAbsent")
+    found = re.search(r'up\{job=~"([^"]+)"\}', expr)
+    assert found, expr
+    return found.group(1)
+
+
+@pytest.mark.parametrize("monitor", ["serviceMonitor", "podMonitor"])
+@pytest.mark.parametrize("name_override", ["", "llama"])
+def test_monitors_give_kvwatch_and_vllm_the_jobs_the_rule_pack_expects(monitor: str, name_override: str) -> None:
+    """KvwatchAbsent pages on up == 0 of kvwatch's job: vLLM's own endpoint (down while a model loads) must
+    not share it, and nameOverride (the operator's default job source) must not move kvwatch out of it."""
+    kind, key = ("ServiceMonitor", "endpoints") if monitor == "serviceMonitor" else ("PodMonitor",
+                                                                                      "podMetricsEndpoints")
+    user = [{"targetLabel": "cluster", "replacement": "eu-1"}]
+    objects = render(*MINIMAL, "--set", f"{monitor}.enabled=true", "--set", f"nameOverride={name_override}",
+                     "--set-json", f"{monitor}.relabelings={json.dumps(user)}")
+    endpoints = {e["port"]: e for e in only(objects, kind)["spec"][key]}
+    assert set(endpoints) == {"metrics", "http"}
+    assert "jobLabel" not in only(objects, kind)["spec"]
+    # What the operator would have set before the endpoint's relabelings run.
+    operator_job = "kvw-" + (name_override or "kvwatch") if kind == "ServiceMonitor" else f"{NAMESPACE}/kvw"
+    kvwatch = relabel({"job": operator_job}, endpoints["metrics"]["relabelings"])
+    vllm = relabel({"job": operator_job}, endpoints["http"]["relabelings"])
+    assert kvwatch == {"job": "kvwatch", "cluster": "eu-1"}, "the user's relabelings run after the chart's"
+    assert vllm == {"job": "vllm"}
+    assert re.fullmatch(absent_job_regex(), kvwatch["job"])
+    assert not re.fullmatch(absent_job_regex(), vllm["job"])
+    # The regex was the problem before: vLLM's endpoint inherited the kvwatch-named job.
+    assert re.fullmatch(absent_job_regex(), "kvwatch") and re.fullmatch(absent_job_regex(), "kvw-kvwatch")
+
+
 def test_both_monitors_at_once_are_refused() -> None:
     stderr = render_fails(*MINIMAL, "--set", "serviceMonitor.enabled=true", "--set", "podMonitor.enabled=true")
     assert "not both" in stderr

@@ -213,10 +213,15 @@ same names): kvwatch on `metrics`, and in mode 1 optionally vLLM's own /metrics 
   {{- with $m.scrapeTimeout }}
   scrapeTimeout: {{ . }}
   {{- end }}
-  {{- with $m.relabelings }}
   relabelings:
+    # The rule pack finds kvwatch's own scrape by this job (KvwatchAbsent: up{job=~".*kvwatch.*"} == 0),
+    # whatever nameOverride or the Service is called. The operator sets job before these run.
+    - action: replace
+      targetLabel: job
+      replacement: kvwatch
+    {{- with $m.relabelings }}
     {{- toYaml . | nindent 4 }}
-  {{- end }}
+    {{- end }}
   {{- with $m.metricRelabelings }}
   metricRelabelings:
     {{- toYaml . | nindent 4 }}
@@ -230,5 +235,10 @@ same names): kvwatch on `metrics`, and in mode 1 optionally vLLM's own /metrics 
   {{- with $m.scrapeTimeout }}
   scrapeTimeout: {{ . }}
   {{- end }}
+  relabelings:
+    # vLLM's own endpoint is not kvwatch: vLLM down (or loading) is KvwatchTargetDown's, not KvwatchAbsent's.
+    - action: replace
+      targetLabel: job
+      replacement: vllm
 {{- end }}
 {{- end }}
