@@ -624,10 +624,17 @@ def test_install_notes_render_for_each_mode(case: str, says: str) -> None:
     (("--set", "vllm.startupProbe.failureThreshold=360"), "--timeout=3600s"),
     (("--set", "vllm.startupProbe.periodSeconds=null"), "startupProbe allows 1800 s"),  # Kubernetes' 10 s
     (("--set", "vllm.startupProbe=null"), "vLLM has no startupProbe"),
+    (("--set", "vllm.startupProbe.failureThreshold=360", "--set", "prometheusRule.enabled=true"),
+     'Warning: the startupProbe allows 3600 s, but KvwatchTargetDown{since="start"} fires after 35m'),
 ])
 def test_install_notes_follow_the_startup_probe(args: tuple[str, ...], says: str) -> None:
     """The notes read the probe's fields: a removed probe (or field) must not crash the install."""
     assert says in install_notes(*MINIMAL, *args)
+
+
+def test_install_notes_warn_only_when_the_startup_budget_outlasts_the_target_down_rule() -> None:
+    assert "Warning: the startupProbe" not in install_notes(*MINIMAL, "--set", "prometheusRule.enabled=true")
+    assert "Warning: the startupProbe" not in install_notes(*MINIMAL, "--set", "vllm.startupProbe.failureThreshold=360")
 
 
 # ---------------------------------------------------------------- values and schema
