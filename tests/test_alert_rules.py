@@ -78,18 +78,42 @@ def test_promtool_unit_tests_pass() -> None:
     assert result.stdout.count("SUCCESS") == len(RULE_TESTS)
 
 
-def test_promtool_unit_tests_catch_a_missing_guard(tmp_path: Path) -> None:
-    """The unit tests are not vacuous: the same tests against a pack without the guard must fail."""
+# (what the mutation breaks, old text, new text, promtool cases that must then fail)
+MUTATIONS = [
+    ("the kvwatch_up guard", "(kvwatch_up == 1)", "(kvwatch_up >= 0)",
+     ["stale sidecar with a high forecast does not fire"]),
+    ("the bottleneck's queue condition", "quantile_over_time(0.5, kvwatch_requests_waiting[2m]) > 0",
+     "quantile_over_time(0.5, kvwatch_requests_waiting[2m]) >= 0",
+     ["full cache without queue and stale sidecar do not fire",
+      "forecast fires after its for, with the model, pod and ETA"]),
+    ("the bottleneck's median", "quantile_over_time(0.5, kvwatch_kv_usage_ratio[2m]) >= 0.95",
+     "max_over_time(kvwatch_kv_usage_ratio[2m]) >= 0.95",
+     ["draining caches with requests still waiting resolve or never fire"]),
+    ("the forecast's hand-off to bottleneck", 'kvwatch_state{state=~"filling|bottleneck"}',
+     'kvwatch_state{state="filling"}', ["forecast stays firing through bottleneck until KVCacheBottleneck"]),
+    ("target down's wait for a model load", "for: 35m", "for: 10m",
+     ["a slow model load during a rollout does not fire target down"]),
+]
+
+
+@pytest.mark.parametrize(("what", "old", "new", "failing"), MUTATIONS, ids=[m[0] for m in MUTATIONS])
+def test_promtool_unit_tests_catch_a_broken_rule(tmp_path: Path, what: str, old: str, new: str,
+                                                  failing: list[str]) -> None:
+    """The unit tests are not vacuous: the same tests against a pack with one condition broken must fail, in
+    the cases written for that condition."""
+    source = RULES.read_text()
+    assert old in source, f"mutation for {what} no longer applies"
     (tmp_path / "tests").mkdir()
     for test in RULE_TESTS:
         (tmp_path / "tests" / test.name).write_text(test.read_text())
-    (tmp_path / "kvwatch-rules.yaml").write_text(RULES.read_text().replace("(kvwatch_up == 1)", "(kvwatch_up >= 0)"))
+    (tmp_path / "kvwatch-rules.yaml").write_text(source.replace(old, new))
     result = subprocess.run(
-        [promtool(), "test", "rules", str(tmp_path / "tests" / "forecast.test.yaml")],
-        capture_output=True, text=True, timeout=60,
+        [promtool(), "test", "rules", *sorted(map(str, (tmp_path / "tests").glob("*.yaml")))],
+        capture_output=True, text=True, timeout=120,
     )
-    assert result.returncode != 0
-    assert "stale sidecar with a high forecast does not fire" in result.stdout + result.stderr
+    assert result.returncode != 0, f"no promtool case notices a broken {what}"
+    for name in failing:
+        assert f"name: {name}" in result.stdout + result.stderr, f"{name!r} did not notice a broken {what}"
 
 
 def test_pack_has_exactly_the_contract_alerts() -> None:
