@@ -172,6 +172,17 @@ def test_alerts_on_derived_gauges_are_guarded_by_kvwatch_up(rule: dict) -> None:
         assert GUARD.search(expr.strip()), f"{rule['alert']} reads derived gauges without the kvwatch_up guard"
 
 
+def test_runbooks_say_how_to_act_in_mode_2() -> None:
+    """kvwatch alone: the alert's pod is kvwatch's, so `kubectl exec POD -c kvwatch -- kvwatch check
+    http://127.0.0.1:8000/metrics` and `logs POD -c vllm` would miss. The runbooks give the mode-2 forms."""
+    text = RUNBOOKS.read_text()
+    assert "vllm_target" in text
+    assert "kubectl -n NS exec POD -c kvwatch -- kvwatch check VLLM_TARGET" in text
+    assert "VLLM_POD" in text
+    for rule in alert_rules():  # every text can name the watched vLLM
+        assert "$labels.vllm_target" in rule["annotations"]["description"], rule_id(rule)
+
+
 def test_recording_rules_follow_level_metric_operation() -> None:
     records = [rule for rule in load_rules() if "record" in rule]
     assert len(records) >= 8

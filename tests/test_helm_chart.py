@@ -479,7 +479,12 @@ def relabel(labels: dict[str, str], configs: list[dict[str, Any]]) -> dict[str, 
         value = config.get("separator", ";").join(out.get(name, "") for name in config.get("sourceLabels", []))
         match = re.fullmatch(config.get("regex", "(.*)"), value)
         if match:
-            out[config["targetLabel"]] = match.expand(config.get("replacement", "$1").replace("$", "\\"))
+            groups = (match.group(0), *match.groups())
+
+            def expand(ref: re.Match[str], groups: tuple[str | None, ...] = groups) -> str:
+                return "$" if ref.group(0) == "$$" else groups[int(ref.group(1))] or ""
+
+            out[config["targetLabel"]] = re.sub(r"\$\$|\$(\d+)", expand, config.get("replacement", "$1"))
     return out
 
 
@@ -514,6 +519,35 @@ def test_monitors_give_kvwatch_and_vllm_the_jobs_the_rule_pack_expects(monitor: 
     assert not re.fullmatch(absent_job_regex(), vllm["job"])
     # The regex was the problem before: vLLM's endpoint inherited the kvwatch-named job.
     assert re.fullmatch(absent_job_regex(), "kvwatch") and re.fullmatch(absent_job_regex(), "kvw-kvwatch")
+
+
+@pytest.mark.parametrize("monitor", ["serviceMonitor", "podMonitor"])
+def test_mode_2_monitors_label_kvwatchs_series_with_the_vllm_it_watches(monitor: str) -> None:
+    """Alone, kvwatch's namespace/pod labels are its own pod: alerts name the watched vLLM by vllm_target."""
+    kind, key = ("ServiceMonitor", "endpoints") if monitor == "serviceMonitor" else ("PodMonitor",
+                                                                                      "podMetricsEndpoints")
+    url = merged_values("standalone-values.yaml")["config"]["targetUrl"]
+    objects = render("-f", str(CHART / "ci" / "standalone-values.yaml"), "--set", "serviceMonitor.enabled=false",
+                     "--set", f"{monitor}.enabled=true")
+    endpoints = only(objects, kind)["spec"][key]
+    assert [e["port"] for e in endpoints] == ["metrics"]  # no vLLM in this pod
+    assert relabel({"job": "x"}, endpoints[0]["relabelings"]) == {"job": "kvwatch", "vllm_target": url}
+    rules = (ROOT / "alerts" / "kvwatch-rules.yaml").read_text()
+    assert rules.count("$labels.vllm_target") >= 8, "the alert texts name the watched vLLM where the label is set"
+    # A '$' in the URL would be a regex group reference in the replacement: it is escaped.
+    odd = render("--set", "vllm.enabled=false", "--set", "config.targetUrl=http://vllm-0:8000/metrics?x=$1",
+                 "--set", f"{monitor}.enabled=true")
+    labels = relabel({}, only(odd, kind)["spec"][key][0]["relabelings"])
+    assert labels["vllm_target"] == "http://vllm-0:8000/metrics?x=$1"
+
+
+@pytest.mark.parametrize("case", ["sidecar-full-values.yaml", "podmonitor-values.yaml"])
+def test_sidecar_monitors_add_no_vllm_target(case: str) -> None:
+    """In a vLLM pod, pod is the vLLM pod already."""
+    for obj in render(*values_args(case)):
+        if obj["kind"] in ("ServiceMonitor", "PodMonitor"):
+            for endpoint in obj["spec"].get("endpoints", obj["spec"].get("podMetricsEndpoints")):
+                assert "vllm_target" not in relabel({}, endpoint.get("relabelings", []))
 
 
 def test_both_monitors_at_once_are_refused() -> None:

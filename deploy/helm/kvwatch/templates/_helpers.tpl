@@ -219,6 +219,12 @@ same names): kvwatch on `metrics`, and in mode 1 optionally vLLM's own /metrics 
     - action: replace
       targetLabel: job
       replacement: kvwatch
+    {{- if and (eq (toString .root.Values.vllm.enabled) "false") .root.Values.config.targetUrl }}
+    # Mode 2: namespace and pod are kvwatch's own pod; alerts and runbooks name the vLLM it watches by this.
+    - action: replace
+      targetLabel: vllm_target
+      replacement: {{ .root.Values.config.targetUrl | replace "$" "$$" | quote }}
+    {{- end }}
     {{- with $m.relabelings }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
