@@ -6,6 +6,10 @@
 2. Regenerates the `config` block of `deploy/helm/kvwatch/values.schema.json` from kvwatch's settings
    (`kvwatch.settings.ServeSettings`: one camelCase key per setting, its type, bounds and description).
    A new setting still needs its commented line under `config:` in values.yaml (a test checks that).
+3. Regenerates the schema's `definitions` (the Kubernetes objects values pass through verbatim: Probe,
+   ResourceRequirements, SecurityContext, PodSecurityContext, DeploymentStrategy) from the strict Kubernetes
+   JSON schemas shipped in the kubernetes-validate package (a dev dependency), closed against unknown fields,
+   so `kvwatch.resources.limit.memory` fails the install instead of rendering a container without limits.
 
 Usage (from the repository's venv):  .venv/bin/python scripts/sync_chart_files.py [--check]
 --check changes nothing and exits 1 if anything is out of date. tests/test_helm_chart.py runs the same checks.
@@ -34,6 +38,19 @@ ENUMS: dict[str, list[str]] = {
     "log_level": ["DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning", "error"],
 }
 PATTERNS = {"target_url": "^https?://[^/\\s]+"}
+# Kubernetes version of the definitions: the one tests/test_helm_chart.py validates rendered objects with.
+KUBERNETES_VERSION = "1.35"
+KUBERNETES_TYPES = (
+    "io.k8s.api.apps.v1.DeploymentStrategy",
+    "io.k8s.api.core.v1.PodSecurityContext",
+    "io.k8s.api.core.v1.Probe",
+    "io.k8s.api.core.v1.ResourceRequirements",
+    "io.k8s.api.core.v1.SecurityContext",
+)
+# Kept from the upstream schemas: what validates. Descriptions (long, and ignored next to a draft-07 $ref),
+# formats (int32 is no JSON-schema format) and x-kubernetes-* annotations are dropped.
+_KEPT = {"type", "properties", "additionalProperties", "items", "oneOf", "anyOf", "allOf", "enum", "required",
+         "minimum", "maximum", "pattern", "$ref"}
 
 
 def camel(name: str) -> str:
@@ -62,6 +79,44 @@ def config_schema() -> dict[str, Any]:
             prop["pattern"] = PATTERNS[field]
         properties[camel(public_name(field))] = prop
     return properties
+
+
+def kubernetes_definitions(version: str = KUBERNETES_VERSION) -> dict[str, Any]:
+    """The closed JSON schemas of KUBERNETES_TYPES and every type they reference, as draft-07 `definitions`."""
+    from importlib.resources import files
+
+    schemas = files("kubernetes_validate") / "kubernetes-json-schema" / f"v{version}.0-local-strict"
+    source = schemas / "_definitions.json"
+    upstream = json.loads(source.read_text())["$defs"]
+    found: dict[str, Any] = {}
+
+    def convert(node: Any) -> Any:
+        if isinstance(node, list):
+            return [convert(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            if key == "$ref":
+                name = value.rsplit("/", 1)[1]
+                add(name)
+                out[key] = f"#/definitions/{name}"
+            elif key in ("properties", "additionalProperties") and isinstance(value, dict):
+                out[key] = ({k: convert(v) for k, v in value.items()} if key == "properties" else convert(value))
+            elif key in _KEPT:
+                out[key] = convert(value)
+        if "properties" in out:
+            out["additionalProperties"] = False  # the point: a misspelt field fails
+        return out
+
+    def add(name: str) -> None:
+        if name not in found:
+            found[name] = {}  # placeholder: breaks reference cycles
+            found[name] = convert(upstream[name])
+
+    for name in KUBERNETES_TYPES:
+        add(name)
+    return dict(sorted(found.items()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,6 +151,18 @@ def main(argv: list[str] | None = None) -> int:
         schema["properties"]["config"]["properties"] = wanted
         SCHEMA.write_text(json.dumps(schema, indent=2) + "\n")
         print(f"regenerated: {SCHEMA.relative_to(ROOT)} (config)")
+
+    definitions = kubernetes_definitions()
+    if schema.get("definitions") == definitions:
+        print(f"up to date: {SCHEMA.relative_to(ROOT)} (Kubernetes definitions)")
+    elif args.check:
+        print(f"out of date: {SCHEMA.relative_to(ROOT)}: definitions differ from Kubernetes {KUBERNETES_VERSION}'s",
+              file=sys.stderr)
+        stale = True
+    else:
+        schema["definitions"] = definitions
+        SCHEMA.write_text(json.dumps(schema, indent=2) + "\n")
+        print(f"regenerated: {SCHEMA.relative_to(ROOT)} (Kubernetes {KUBERNETES_VERSION} definitions)")
     return 1 if stale else 0
 
 

@@ -37,6 +37,13 @@ DERIVED = re.compile(
     r"preemptions_per_second|max_concurrency|concurrency_headroom|kv_exhaustion_eta_seconds|"
     r"kv_usage_forecast_ratio|state|whatif_max_concurrency|formula_kv_capacity_tokens)\b"
 )
+# Health alerts: one per target, and no series carries a model_name once polls fail (documented exception).
+NO_MODEL = {"KvwatchTargetDown", "KvwatchAbsent"}
+# Rules whose value is a constant (kvwatch_up == 0, up == 0, absent() == 1): their text cannot quote it.
+CONSTANT_VALUE = {("KvwatchTargetDown", "start"), ("KvwatchAbsent", None)}
+# Labels besides severity: KvwatchTargetDown is two rules (promtool's lint refuses two with equal labels).
+EXTRA_LABELS = {"KvwatchTargetDown": {"since"}}
+CHART_VALUES = ROOT / "deploy" / "helm" / "kvwatch" / "values.yaml"
 GUARD = re.compile(r"\)\s*and on \(instance, job\) \(kvwatch_up == 1\)\s*$")
 RECORD_NAME = re.compile(r"^[a-z_]+:[a-z0-9_]+:[a-z0-9_]+$")
 
@@ -71,37 +78,83 @@ def test_promtool_unit_tests_pass() -> None:
     assert result.stdout.count("SUCCESS") == len(RULE_TESTS)
 
 
-def test_promtool_unit_tests_catch_a_missing_guard(tmp_path: Path) -> None:
-    """The unit tests are not vacuous: the same tests against a pack without the guard must fail."""
+# (what the mutation breaks, old text, new text, promtool cases that must then fail)
+MUTATIONS = [
+    ("the kvwatch_up guard", "(kvwatch_up == 1)", "(kvwatch_up >= 0)",
+     ["stale sidecar with a high forecast does not fire"]),
+    ("the bottleneck's queue condition", "quantile_over_time(0.5, kvwatch_requests_waiting[2m]) > 0",
+     "quantile_over_time(0.5, kvwatch_requests_waiting[2m]) >= 0",
+     ["full cache without queue and stale sidecar do not fire",
+      "forecast fires after its for, with the model, pod and ETA"]),
+    ("the bottleneck's median", "quantile_over_time(0.5, kvwatch_kv_usage_ratio[2m]) >= 0.95",
+     "max_over_time(kvwatch_kv_usage_ratio[2m]) >= 0.95",
+     ["draining caches with requests still waiting resolve or never fire"]),
+    ("the forecast's hand-off to bottleneck", 'kvwatch_state{state=~"filling|bottleneck"}',
+     'kvwatch_state{state="filling"}', ["forecast stays firing through bottleneck until KVCacheBottleneck"]),
+    ("target down's wait for a model load", "for: 35m", "for: 10m",
+     ["a slow model load during a rollout does not fire target down"]),
+]
+
+
+@pytest.mark.parametrize(("what", "old", "new", "failing"), MUTATIONS, ids=[m[0] for m in MUTATIONS])
+def test_promtool_unit_tests_catch_a_broken_rule(tmp_path: Path, what: str, old: str, new: str,
+                                                  failing: list[str]) -> None:
+    """The unit tests are not vacuous: the same tests against a pack with one condition broken must fail, in
+    the cases written for that condition."""
+    source = RULES.read_text()
+    assert old in source, f"mutation for {what} no longer applies"
     (tmp_path / "tests").mkdir()
     for test in RULE_TESTS:
         (tmp_path / "tests" / test.name).write_text(test.read_text())
-    (tmp_path / "kvwatch-rules.yaml").write_text(RULES.read_text().replace("(kvwatch_up == 1)", "(kvwatch_up >= 0)"))
+    (tmp_path / "kvwatch-rules.yaml").write_text(source.replace(old, new))
     result = subprocess.run(
-        [promtool(), "test", "rules", str(tmp_path / "tests" / "forecast.test.yaml")],
-        capture_output=True, text=True, timeout=60,
+        [promtool(), "test", "rules", *sorted(map(str, (tmp_path / "tests").glob("*.yaml")))],
+        capture_output=True, text=True, timeout=120,
     )
-    assert result.returncode != 0
-    assert "stale sidecar with a high forecast does not fire" in result.stdout + result.stderr
+    assert result.returncode != 0, f"no promtool case notices a broken {what}"
+    for name in failing:
+        assert f"name: {name}" in result.stdout + result.stderr, f"{name!r} did not notice a broken {what}"
 
 
 def test_pack_has_exactly_the_contract_alerts() -> None:
     assert {rule["alert"] for rule in alert_rules()} == set(ALERTS)
 
 
-@pytest.mark.parametrize("rule", alert_rules(), ids=lambda r: r["alert"])
+def rule_id(rule: dict) -> str:
+    return rule["alert"] + (f"[since={rule['labels']['since']}]" if "since" in rule.get("labels", {}) else "")
+
+
+@pytest.mark.parametrize("rule", alert_rules(), ids=rule_id)
 def test_every_alert_has_for_severity_and_annotations(rule: dict) -> None:
     assert parse_duration(rule["for"]) >= 60
-    assert rule["labels"] == {"severity": ALERTS[rule["alert"]]}
+    assert rule["labels"]["severity"] == ALERTS[rule["alert"]]
+    assert set(rule["labels"]) == {"severity"} | EXTRA_LABELS.get(rule["alert"], set())
     annotations = rule["annotations"]
     assert set(annotations) == {"summary", "description", "runbook_url"}
-    if rule["alert"] not in {"KvwatchTargetDown", "KvwatchAbsent"}:  # their value is a constant 0
+    if (rule["alert"], rule["labels"].get("since")) not in CONSTANT_VALUE:
         assert "$value" in annotations["description"]
+    if rule["alert"] not in NO_MODEL:
         assert "$labels.model_name" in annotations["description"]
     assert "$labels.pod" in annotations["description"]
 
 
-@pytest.mark.parametrize("rule", alert_rules(), ids=lambda r: r["alert"])
+def test_target_down_waits_out_the_charts_startup_budget_only_before_the_first_good_poll() -> None:
+    """A model load (the chart's vLLM startupProbe allows it) must not fire KvwatchTargetDown on every rollout;
+    a vLLM lost after kvwatch had read it fires sooner. The texts quote the same numbers."""
+    rules = {r["labels"]["since"]: r for r in alert_rules() if r["alert"] == "KvwatchTargetDown"}
+    assert set(rules) == {"last_success", "start"}
+    probe = yaml.safe_load(CHART_VALUES.read_text())["vllm"]["startupProbe"]
+    budget = probe["periodSeconds"] * probe["failureThreshold"]
+    lost, start = parse_duration(rules["last_success"]["for"]), parse_duration(rules["start"]["for"])
+    assert lost < budget < start
+    assert "kvwatch_last_success_timestamp_seconds" in rules["last_success"]["expr"]
+    assert "unless on (instance, job) kvwatch_last_success_timestamp_seconds" in rules["start"]["expr"]
+    text = " ".join(rules["start"]["annotations"]["description"].split())
+    assert f"in the {start / 60:.0f} minutes since it started" in text
+    assert f"the chart's startupProbe allows {budget / 60:.0f} minutes" in text
+
+
+@pytest.mark.parametrize("rule", alert_rules(), ids=rule_id)
 def test_runbook_url_points_to_an_existing_section(rule: dict) -> None:
     url = rule["annotations"]["runbook_url"]
     assert url.startswith("https://") and "/docs/runbooks.md#" in url
@@ -112,11 +165,22 @@ def test_runbook_url_points_to_an_existing_section(rule: dict) -> None:
     assert anchor in anchors, f"docs/runbooks.md has no section for #{anchor}"
 
 
-@pytest.mark.parametrize("rule", alert_rules(), ids=lambda r: r["alert"])
+@pytest.mark.parametrize("rule", alert_rules(), ids=rule_id)
 def test_alerts_on_derived_gauges_are_guarded_by_kvwatch_up(rule: dict) -> None:
     expr = rule["expr"]
     if DERIVED.search(expr):
         assert GUARD.search(expr.strip()), f"{rule['alert']} reads derived gauges without the kvwatch_up guard"
+
+
+def test_runbooks_say_how_to_act_in_mode_2() -> None:
+    """kvwatch alone: the alert's pod is kvwatch's, so `kubectl exec POD -c kvwatch -- kvwatch check
+    http://127.0.0.1:8000/metrics` and `logs POD -c vllm` would miss. The runbooks give the mode-2 forms."""
+    text = RUNBOOKS.read_text()
+    assert "vllm_target" in text
+    assert "kubectl -n NS exec POD -c kvwatch -- kvwatch check VLLM_TARGET" in text
+    assert "VLLM_POD" in text
+    for rule in alert_rules():  # every text can name the watched vLLM
+        assert "$labels.vllm_target" in rule["annotations"]["description"], rule_id(rule)
 
 
 def test_recording_rules_follow_level_metric_operation() -> None:

@@ -143,6 +143,25 @@ def test_state_timeline_maps_every_state() -> None:
     assert states <= texts
 
 
+def test_earliest_eta_maps_what_kvwatch_exports() -> None:
+    """kvwatch exports the ETA as 0 in bottleneck, +Inf when not filling (also while warming up) and nothing
+    while unknown: the stat maps 0, the 24-h cap and no value, and the docs say which is which."""
+    p = panel("Earliest ETA")
+    assert p["targets"][0]["expr"].startswith("clamp_max(min(kvwatch_kv_exhaustion_eta_seconds{")
+    defaults = p["fieldConfig"]["defaults"]
+    texts = {}
+    for mapping in defaults["mappings"]:
+        if mapping["type"] == "value":
+            texts.update({float(k): v["text"] for k, v in mapping["options"].items()})
+        else:
+            texts[float(mapping["options"]["from"])] = mapping["options"]["result"]["text"]
+    assert texts == {0.0: "saturated", 86400.0: "not filling"}
+    assert defaults["noValue"] == "unknown"
+    doc = DOC[DOC.index("**Earliest ETA**"):].split("\n- ", 1)[0]
+    assert '"not filling" when none is filling, which includes the 15-minute warm-up' in " ".join(doc.split())
+    assert "unknown" in doc and "absent" in doc
+
+
 def test_queue_panel_shows_waiting_by_reason() -> None:
     exprs = [t["expr"] for t in panel("Requests: running and waiting")["targets"]]
     assert any(e.startswith("vllm:num_requests_waiting_by_reason") for e in exprs)

@@ -11,6 +11,7 @@ import copy
 import functools
 import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -31,6 +32,9 @@ CRD_DIR = Path(__file__).parent / "fixtures" / "k8s-schemas"
 KUBERNETES_VERSION = "1.35"  # helm v4's client version; kubernetes-validate ships up to 1.37
 NAMESPACE = "inference"
 CASES = ["default", *(p.name for p in CI_VALUES)]
+# values.yaml names no model (kvwatch alone must not inherit one): the smallest mode-1 install is this.
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+MINIMAL = ("--set", f"config.model={MODEL}")
 
 # config key -> vLLM flag, for the keys the chart passes to both containers.
 VLLM_FLAGS = {
@@ -64,10 +68,14 @@ CONFIG_KEYS = {SYNC.camel(public_name(field)): field for field in ServeSettings.
 
 @functools.cache
 def helm_binary() -> str:
+    """helm on PATH, else where .ci/install-tools.sh puts it ($HELM_BIN, default ~/.local/bin/helm)."""
     found = shutil.which("helm")
-    if found is None:
-        pytest.fail("helm is not on PATH: run `make tools` (.ci/install-tools.sh puts helm v4 in ~/.local/bin)")
-    return found
+    if found is not None:
+        return found
+    installed = Path(os.environ.get("HELM_BIN") or Path.home() / ".local" / "bin" / "helm")
+    if installed.is_file() and os.access(installed, os.X_OK):
+        return str(installed)
+    pytest.fail(f"helm is neither on PATH nor at {installed}: run `make tools` (.ci/install-tools.sh installs helm v4)")
 
 
 def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
@@ -75,7 +83,7 @@ def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def values_args(case: str) -> list[str]:
-    return [] if case == "default" else ["-f", str(CHART / "ci" / case)]
+    return list(MINIMAL) if case == "default" else ["-f", str(CHART / "ci" / case)]
 
 
 @functools.cache
@@ -117,7 +125,9 @@ def merged_values(case: str) -> dict[str, Any]:
         return out
 
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    if case != "default":
+    if case == "default":
+        values["config"]["model"] = MODEL
+    else:
         values = merge(values, yaml.safe_load((CHART / "ci" / case).read_text()))
     return values
 
@@ -234,7 +244,8 @@ def test_kvwatch_accepts_the_rendered_env(case: str, monkeypatch: pytest.MonkeyP
 
 
 def test_large_integers_and_set_values_stay_integers() -> None:
-    env = containers(render("--set", "config.maxBodyBytes=67108864", "--set", "config.blockSize=32"))["kvwatch"]["env"]
+    env = containers(render(*MINIMAL, "--set", "config.maxBodyBytes=67108864", "--set", "config.blockSize=32"))[
+        "kvwatch"]["env"]
     rendered = {e["name"]: e["value"] for e in env}
     assert rendered["KVWATCH_MAX_BODY_BYTES"] == "67108864"
     assert rendered["KVWATCH_BLOCK_SIZE"] == "32"
@@ -279,7 +290,7 @@ def test_vllm_and_the_sidecar_describe_the_same_deployment(case: str) -> None:
 
 
 def test_gpus_follow_tensor_parallel_size() -> None:
-    vllm = containers(render("--set", "config.tensorParallelSize=4"))["vllm"]
+    vllm = containers(render(*MINIMAL, "--set", "config.tensorParallelSize=4"))["vllm"]
     assert vllm["resources"]["limits"]["nvidia.com/gpu"] == "4"
     assert vllm_flags(vllm["args"])["--tensor-parallel-size"] == "4"
 
@@ -287,7 +298,7 @@ def test_gpus_follow_tensor_parallel_size() -> None:
 # ---------------------------------------------------------------- probes, security, volumes
 
 def test_vllm_probes_survive_model_loading_and_long_prefill() -> None:
-    vllm = containers(render())["vllm"]
+    vllm = containers(render(*MINIMAL))["vllm"]
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert vllm[probe]["httpGet"] == {"path": "/health", "port": "http"}
     startup = vllm["startupProbe"]
@@ -307,7 +318,7 @@ def test_vllm_pods_are_replaced_without_surging() -> None:
 
 
 def test_probes_are_configurable() -> None:
-    vllm = containers(render("--set", "vllm.startupProbe.failureThreshold=360"))["vllm"]
+    vllm = containers(render(*MINIMAL, "--set", "vllm.startupProbe.failureThreshold=360"))["vllm"]
     assert vllm["startupProbe"]["failureThreshold"] == 360
 
 
@@ -369,8 +380,20 @@ def test_standalone_mode_without_a_target_is_refused() -> None:
 
 
 def test_sidecar_mode_without_a_model_is_refused() -> None:
-    stderr = render_fails("--set", "config.model=null")
-    assert "config.model is required" in stderr
+    assert yaml.safe_load((CHART / "values.yaml").read_text())["config"]["model"] is None
+    assert "config.model is required" in render_fails()
+    assert "config.model is required" in render_fails("--set", "config.maxNumSeqs=64")
+
+
+def test_standalone_mode_inherits_no_model_from_the_chart_defaults() -> None:
+    """kvwatch alone watches someone else's vLLM: a default model would feed its capacity model a wrong one."""
+    objects = render("--set", "vllm.enabled=false", "--set", "config.targetUrl=http://vllm-0.vllm:8000/metrics")
+    env = {e["name"]: e["value"] for e in containers(objects)["kvwatch"]["env"]}
+    assert "KVWATCH_MODEL" not in env
+    assert env["KVWATCH_TARGET_URL"] == "http://vllm-0.vllm:8000/metrics"
+    named = render("--set", "vllm.enabled=false", "--set", "config.targetUrl=http://vllm-0.vllm:8000/metrics",
+                   "--set", "config.model=Qwen/Qwen3-8B")
+    assert {e["name"]: e["value"] for e in containers(named)["kvwatch"]["env"]}["KVWATCH_MODEL"] == "Qwen/Qwen3-8B"
 
 
 def test_named_sidecar_template_embeds_in_another_chart(tmp_path: Path) -> None:
@@ -409,8 +432,8 @@ def test_documented_sidecar_snippet_is_what_the_chart_renders() -> None:
     match = re.search(r"<!-- sidecar-snippet:[^>]*-->\s*```yaml\n(.*?)```", docs, re.S)
     assert match, "docs/deploy.md lost its sidecar-snippet block"
     documented = yaml.safe_load(match.group(1))
-    rendered = containers(render("--set", "kvwatch.image.repository=REGISTRY/kvwatch", "--set", "config.gpu=H100",
-                                 "--set", "config.maxNumSeqs=128"))["kvwatch"]
+    rendered = containers(render(*MINIMAL, "--set", "kvwatch.image.repository=REGISTRY/kvwatch",
+                                 "--set", "config.gpu=H100", "--set", "config.maxNumSeqs=128"))["kvwatch"]
     assert documented == [rendered]
 
 
@@ -448,9 +471,127 @@ def test_pod_monitor_selects_the_kvwatch_container_port() -> None:
     assert not [o for o in objects if o["kind"] == "ServiceMonitor"]
 
 
+def relabel(labels: dict[str, str], configs: list[dict[str, Any]]) -> dict[str, str]:
+    """Prometheus' `replace` relabelling (the only action the chart writes), applied in order."""
+    out = dict(labels)
+    for config in configs:
+        assert config.get("action", "replace") == "replace", config
+        value = config.get("separator", ";").join(out.get(name, "") for name in config.get("sourceLabels", []))
+        match = re.fullmatch(config.get("regex", "(.*)"), value)
+        if match:
+            groups = (match.group(0), *match.groups())
+
+            def expand(ref: re.Match[str], groups: tuple[str | None, ...] = groups) -> str:
+                return "$" if ref.group(0) == "$$" else groups[int(ref.group(1))] or ""
+
+            out[config["targetLabel"]] = re.sub(r"\$\$|\$(\d+)", expand, config.get("replacement", "$1"))
+    return out
+
+
+def absent_job_regex() -> str:
+    rules = yaml.safe_load((ROOT / "alerts" / "kvwatch-rules.yaml").read_text())
+    expr = next(r["expr"] for g in rules["groups"] for r in g["rules"] if r.get("alert") == "KvwatchAbsent")
+    found = re.search(r'up\{job=~"([^"]+)"\}', expr)
+    assert found, expr
+    return found.group(1)
+
+
+@pytest.mark.parametrize("monitor", ["serviceMonitor", "podMonitor"])
+@pytest.mark.parametrize("name_override", ["", "llama"])
+def test_monitors_give_kvwatch_and_vllm_the_jobs_the_rule_pack_expects(monitor: str, name_override: str) -> None:
+    """KvwatchAbsent pages on up == 0 of kvwatch's job: vLLM's own endpoint (down while a model loads) must
+    not share it, and nameOverride (the operator's default job source) must not move kvwatch out of it."""
+    kind, key = ("ServiceMonitor", "endpoints") if monitor == "serviceMonitor" else ("PodMonitor",
+                                                                                      "podMetricsEndpoints")
+    user = [{"targetLabel": "cluster", "replacement": "eu-1"}]
+    objects = render(*MINIMAL, "--set", f"{monitor}.enabled=true", "--set", f"nameOverride={name_override}",
+                     "--set-json", f"{monitor}.relabelings={json.dumps(user)}")
+    endpoints = {e["port"]: e for e in only(objects, kind)["spec"][key]}
+    assert set(endpoints) == {"metrics", "http"}
+    assert "jobLabel" not in only(objects, kind)["spec"]
+    # What the operator would have set before the endpoint's relabelings run.
+    operator_job = "kvw-" + (name_override or "kvwatch") if kind == "ServiceMonitor" else f"{NAMESPACE}/kvw"
+    kvwatch = relabel({"job": operator_job}, endpoints["metrics"]["relabelings"])
+    vllm = relabel({"job": operator_job}, endpoints["http"]["relabelings"])
+    assert kvwatch == {"job": "kvwatch", "cluster": "eu-1"}, "the user's relabelings run after the chart's"
+    assert vllm == {"job": "vllm"}
+    assert re.fullmatch(absent_job_regex(), kvwatch["job"])
+    assert not re.fullmatch(absent_job_regex(), vllm["job"])
+    # The regex was the problem before: vLLM's endpoint inherited the kvwatch-named job.
+    assert re.fullmatch(absent_job_regex(), "kvwatch") and re.fullmatch(absent_job_regex(), "kvw-kvwatch")
+
+
+@pytest.mark.parametrize("monitor", ["serviceMonitor", "podMonitor"])
+def test_mode_2_monitors_label_kvwatchs_series_with_the_vllm_it_watches(monitor: str) -> None:
+    """Alone, kvwatch's namespace/pod labels are its own pod: alerts name the watched vLLM by vllm_target."""
+    kind, key = ("ServiceMonitor", "endpoints") if monitor == "serviceMonitor" else ("PodMonitor",
+                                                                                      "podMetricsEndpoints")
+    url = merged_values("standalone-values.yaml")["config"]["targetUrl"]
+    objects = render("-f", str(CHART / "ci" / "standalone-values.yaml"), "--set", "serviceMonitor.enabled=false",
+                     "--set", f"{monitor}.enabled=true")
+    endpoints = only(objects, kind)["spec"][key]
+    assert [e["port"] for e in endpoints] == ["metrics"]  # no vLLM in this pod
+    assert relabel({"job": "x"}, endpoints[0]["relabelings"]) == {"job": "kvwatch", "vllm_target": url}
+    rules = (ROOT / "alerts" / "kvwatch-rules.yaml").read_text()
+    assert rules.count("$labels.vllm_target") >= 8, "the alert texts name the watched vLLM where the label is set"
+    # A '$' in the URL would be a regex group reference in the replacement: it is escaped.
+    odd = render("--set", "vllm.enabled=false", "--set", "config.targetUrl=http://vllm-0:8000/metrics?x=$1",
+                 "--set", f"{monitor}.enabled=true")
+    labels = relabel({}, only(odd, kind)["spec"][key][0]["relabelings"])
+    assert labels["vllm_target"] == "http://vllm-0:8000/metrics?x=$1"
+
+
+@pytest.mark.parametrize("case", ["sidecar-full-values.yaml", "podmonitor-values.yaml"])
+def test_sidecar_monitors_add_no_vllm_target(case: str) -> None:
+    """In a vLLM pod, pod is the vLLM pod already."""
+    for obj in render(*values_args(case)):
+        if obj["kind"] in ("ServiceMonitor", "PodMonitor"):
+            for endpoint in obj["spec"].get("endpoints", obj["spec"].get("podMetricsEndpoints")):
+                assert "vllm_target" not in relabel({}, endpoint.get("relabelings", []))
+
+
 def test_both_monitors_at_once_are_refused() -> None:
-    stderr = render_fails("--set", "serviceMonitor.enabled=true", "--set", "podMonitor.enabled=true")
+    stderr = render_fails(*MINIMAL, "--set", "serviceMonitor.enabled=true", "--set", "podMonitor.enabled=true")
     assert "not both" in stderr
+
+
+@pytest.mark.parametrize(("monitor", "interval", "timeout", "ok"), [
+    ("serviceMonitor", "15s", "20s", False),
+    ("podMonitor", "1m", "1m500ms", False),
+    ("serviceMonitor", "1m30s", "1m", True),
+    ("podMonitor", "10s", "10s", True),
+    ("podMonitor", "", "1m", True),  # Prometheus' global interval: unknown to the chart
+])
+def test_scrape_timeout_longer_than_the_interval_is_refused(monitor: str, interval: str, timeout: str,
+                                                             ok: bool) -> None:
+    """prometheus-operator rejects such a monitor (the admission webhook, or it drops it): fail at install."""
+    args = (*MINIMAL, "--set", f"{monitor}.enabled=true", "--set", f"{monitor}.interval={interval}",
+            "--set", f"{monitor}.scrapeTimeout={timeout}")
+    if ok:
+        kind = "ServiceMonitor" if monitor == "serviceMonitor" else "PodMonitor"
+        endpoints = only(render(*args), kind)["spec"]["endpoints" if monitor == "serviceMonitor" else
+                                                         "podMetricsEndpoints"]
+        assert endpoints[0]["scrapeTimeout"] == timeout
+    else:
+        stderr = render_fails(*args)
+        assert f"{monitor}.scrapeTimeout ({timeout}) is longer than {monitor}.interval ({interval})" in stderr
+
+
+@pytest.mark.parametrize("args", [
+    ("--set", "config.port=8000"),
+    ("--set", "vllm.port=9747"),
+    ("--set", "config.port=9000", "--set", "vllm.port=9000"),
+])
+def test_kvwatch_and_vllm_on_one_port_are_refused(args: tuple[str, ...]) -> None:
+    stderr = render_fails(*MINIMAL, *args)
+    assert "config.port, default 9747) and vllm.port are both" in stderr
+
+
+def test_kvwatch_alone_may_use_the_port_vllm_would_have() -> None:
+    """Mode 2 runs no vLLM in the pod: vllm.port is not in use there."""
+    objects = render("--set", "vllm.enabled=false", "--set", "config.targetUrl=http://vllm-0.vllm:8000/metrics",
+                     "--set", "config.port=8000")
+    assert containers(objects)["kvwatch"]["ports"][0]["containerPort"] == 8000
 
 
 def test_chart_copy_of_the_rules_is_the_alerts_file() -> None:
@@ -483,7 +624,7 @@ def test_dashboard_configmap_carries_the_dashboard_for_the_grafana_sidecar() -> 
 
 
 def test_integrations_are_off_by_default() -> None:
-    kinds = sorted(o["kind"] for o in render())
+    kinds = sorted(o["kind"] for o in render(*MINIMAL))
     assert kinds == ["Deployment", "Service"]
 
 
@@ -494,17 +635,40 @@ def test_chart_app_version_is_the_package_version() -> None:
     assert version and chart["appVersion"] == version.group(1)
 
 
+def install_notes(*args: str) -> str:
+    """NOTES.txt as `helm install` prints it (helm template does not render NOTES; a client dry run needs no
+    cluster)."""
+    result = run_helm("install", "kvw", str(CHART), "--namespace", NAMESPACE, "--dry-run=client", *args)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split("NOTES:", 1)[1]
+
+
 @pytest.mark.parametrize(("case", "says"), [
     ("default", "sidecar next to vLLM"),
     ("standalone-values.yaml", "ONE vLLM pod"),
 ])
 def test_install_notes_render_for_each_mode(case: str, says: str) -> None:
-    result = run_helm("install", "kvw", str(CHART), "--namespace", NAMESPACE, "--dry-run=client",
-                      *values_args(case))
-    assert result.returncode == 0, result.stderr
-    notes = result.stdout.split("NOTES:", 1)[1]
+    notes = install_notes(*values_args(case))
     assert says in notes
     assert "port-forward svc/kvw-kvwatch 9747:9747" in notes
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    ((), "startupProbe allows 1800 s"),
+    (("--set", "vllm.startupProbe.failureThreshold=360"), "--timeout=3600s"),
+    (("--set", "vllm.startupProbe.periodSeconds=null"), "startupProbe allows 1800 s"),  # Kubernetes' 10 s
+    (("--set", "vllm.startupProbe=null"), "vLLM has no startupProbe"),
+    (("--set", "vllm.startupProbe.failureThreshold=360", "--set", "prometheusRule.enabled=true"),
+     'Warning: the startupProbe allows 3600 s, but KvwatchTargetDown{since="start"} fires after 35m'),
+])
+def test_install_notes_follow_the_startup_probe(args: tuple[str, ...], says: str) -> None:
+    """The notes read the probe's fields: a removed probe (or field) must not crash the install."""
+    assert says in install_notes(*MINIMAL, *args)
+
+
+def test_install_notes_warn_only_when_the_startup_budget_outlasts_the_target_down_rule() -> None:
+    assert "Warning: the startupProbe" not in install_notes(*MINIMAL, "--set", "prometheusRule.enabled=true")
+    assert "Warning: the startupProbe" not in install_notes(*MINIMAL, "--set", "vllm.startupProbe.failureThreshold=360")
 
 
 # ---------------------------------------------------------------- values and schema
@@ -519,8 +683,79 @@ def test_install_notes_render_for_each_mode(case: str, says: str) -> None:
     ("config.gpuMemoryUtilization=1.5", "gpuMemoryUtilization"),
 ])
 def test_schema_rejects_typos_and_bad_values(flag: str, culprit: str) -> None:
-    stderr = render_fails("--set", flag)
+    stderr = render_fails(*MINIMAL, "--set", flag)
     assert culprit in stderr
+
+
+@pytest.mark.parametrize(("flag", "where", "culprit"), [
+    ("kvwatch.resources.limit.memory=1Gi", "/kvwatch/resources", "limit"),
+    ("vllm.startupProbe.failureTreshold=360", "/vllm/startupProbe", "failureTreshold"),
+    ("kvwatch.securityContext.readOnlyRootFileSystem=true", "/kvwatch/securityContext", "readOnlyRootFileSystem"),
+    ("vllm.updateStrategy.rollingupdate.maxSurge=1", "/vllm/updateStrategy", "rollingupdate"),
+    ("podSecurityContext.fsgroup=1000", "/podSecurityContext", "fsgroup"),
+    ("kvwatch.livenessProbe.httpGet.prot=metrics", "/kvwatch/livenessProbe/httpGet", "prot"),
+    ("vllm.resources.request.cpu=8", "/vllm/resources", "request"),
+    ("vllm.securityContext.capabilities.add=SYS_ADMIN", "/vllm/securityContext/capabilities/add", "array"),
+])
+def test_schema_rejects_typos_inside_kubernetes_objects(flag: str, where: str, culprit: str) -> None:
+    """Probes, resources, security contexts and the strategy are rendered verbatim: without a closed schema a
+    misspelt field renders silently (and the API server prunes it)."""
+    stderr = render_fails(*MINIMAL, "--set", flag)
+    assert f"at '{where}'" in stderr and culprit in stderr
+
+
+@pytest.mark.parametrize("args", [
+    ("--set", "vllm.startupProbe.failureThreshold=360", "--set", "vllm.startupProbe.initialDelaySeconds=30"),
+    ("--set", "kvwatch.resources.limits.cpu=500m", "--set", "vllm.resources.limits.memory=80Gi"),
+    ("--set", "podSecurityContext.fsGroup=1000", "--set", "kvwatch.securityContext.runAsUser=1234"),
+    ("--set", "vllm.updateStrategy.type=Recreate", "--set", "vllm.updateStrategy.rollingUpdate=null"),
+    ("--set-json", 'vllm.livenessProbe={"tcpSocket": {"port": "http"}, "periodSeconds": 30}'),
+])
+def test_schema_accepts_real_kubernetes_fields(args: tuple[str, ...]) -> None:
+    for obj in render(*MINIMAL, *args):
+        validate_object(obj)
+
+
+def test_kubernetes_objects_in_values_use_the_generated_closed_definitions() -> None:
+    """The definitions are Kubernetes' own (kubernetes-validate, the version the rendered objects are checked
+    with), closed; scripts/sync_chart_files.py writes them."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert SYNC.KUBERNETES_VERSION == KUBERNETES_VERSION
+    assert schema["definitions"] == SYNC.kubernetes_definitions(), (
+        "values.schema.json's Kubernetes definitions are stale: run .venv/bin/python scripts/sync_chart_files.py")
+    props = schema["properties"]
+    refs = {
+        ("kvwatch", "resources"): "core.v1.ResourceRequirements",
+        ("kvwatch", "securityContext"): "core.v1.SecurityContext",
+        ("kvwatch", "readinessProbe"): "core.v1.Probe",
+        ("kvwatch", "livenessProbe"): "core.v1.Probe",
+        ("vllm", "resources"): "core.v1.ResourceRequirements",
+        ("vllm", "securityContext"): "core.v1.SecurityContext",
+        ("vllm", "startupProbe"): "core.v1.Probe",
+        ("vllm", "readinessProbe"): "core.v1.Probe",
+        ("vllm", "livenessProbe"): "core.v1.Probe",
+        ("vllm", "updateStrategy"): "apps.v1.DeploymentStrategy",
+    }
+    for (section, key), kind in refs.items():
+        assert props[section]["properties"][key] == {"$ref": f"#/definitions/io.k8s.api.{kind}"}, (section, key)
+    assert props["podSecurityContext"] == {"$ref": "#/definitions/io.k8s.api.core.v1.PodSecurityContext"}
+    probe = schema["definitions"]["io.k8s.api.core.v1.Probe"]
+    assert probe["additionalProperties"] is False and "failureThreshold" in probe["properties"]
+
+
+def test_decimals_go_through_set_json_as_docs_deploy_md_says() -> None:
+    """`--set` keeps 0.9 a string (the schema refuses it); `--set-json` passes the number."""
+    docs = (ROOT / "docs" / "deploy.md").read_text()
+    assert "--set-json config.gpuMemoryUtilization=0.9" in docs
+    stderr = render_fails(*MINIMAL, "--set", "config.gpuMemoryUtilization=0.9")
+    assert "at '/config/gpuMemoryUtilization': got string, want null or number" in stderr
+    assert "at '/config/gpuMemoryUtilization': got string, want null or number" in docs
+    objects = render(*MINIMAL, "--set-json", "config.gpuMemoryUtilization=0.9", "--set-json",
+                     "config.pollIntervalSeconds=2.5")
+    pod = containers(objects)
+    env = {e["name"]: e["value"] for e in pod["kvwatch"]["env"]}
+    assert env["KVWATCH_GPU_MEMORY_UTILIZATION"] == "0.9" and env["KVWATCH_POLL_INTERVAL_SECONDS"] == "2.5"
+    assert vllm_flags(pod["vllm"]["args"])["--gpu-memory-utilization"] == "0.9"
 
 
 def test_schema_config_keys_are_the_settings_fields() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.queries import Query, dashboard_queries, metric_names, recorded_names, rule_queries
+from e2e.queries import Query, annotation_queries, dashboard_queries, metric_names, recorded_names, rule_queries
 
 ROOT = Path(__file__).resolve().parents[1]
 METRICS_DOC = ROOT / "docs" / "metrics.md"
@@ -71,6 +71,14 @@ def test_metrics_doc_documents_the_contract_names() -> None:
 def test_rule_pack_reads_only_real_metrics() -> None:
     queries = rule_queries()
     assert len(queries) >= 17
+    assert unknown_names(queries, known_names()) == {}
+
+
+def test_alert_annotations_query_only_real_metrics() -> None:
+    """Some descriptions run a query (the main poll error reason, whether requests queue): same lint."""
+    queries = annotation_queries()
+    assert {q.where for q in queries} >= {"annotation summary of KVCacheBottleneck",
+                                          "annotation description of KvwatchTargetDown"}
     assert unknown_names(queries, known_names()) == {}
 
 

@@ -103,9 +103,18 @@ def prometheus_query(base_url: str, promql: str) -> list[dict[str, Any]]:
     return answer["data"]["result"]
 
 
+def prometheus_samples(base_url: str, selector: str, window: str = "15m") -> list[tuple[float, float]]:
+    """The raw samples of one series (``selector[window]``) as (unix time, value), oldest first."""
+    result = prometheus_query(base_url, f"{selector}[{window}]")
+    if len(result) != 1:
+        raise RuntimeError(f"{selector!r} selects {len(result)} series, not one: {[r['metric'] for r in result]}")
+    return [(float(t), float(v)) for t, v in result[0]["values"]]
+
+
 @dataclass
 class Notification:
     received: float  # time.monotonic() when the webhook got it
+    wall: float  # time.time() then: comparable with Prometheus' sample timestamps
     status: str  # "firing" or "resolved"
     labels: dict[str, str]
     annotations: dict[str, str]
@@ -124,12 +133,12 @@ class WebhookReceiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                now = time.monotonic()
+                now, wall = time.monotonic(), time.time()
                 payload = json.loads(body or b"{}")
                 with receiver._lock:
                     for alert in payload.get("alerts", []):
                         receiver.notifications.append(Notification(
-                            now, alert.get("status", ""), alert.get("labels", {}), alert.get("annotations", {})))
+                            now, wall, alert.get("status", ""), alert.get("labels", {}), alert.get("annotations", {})))
                 self.send_response(200)
                 self.end_headers()
 
@@ -145,6 +154,11 @@ class WebhookReceiver:
         with self._lock:
             return next((n for n in self.notifications
                          if n.labels.get("alertname") == alertname and n.status == status), None)
+
+    def of(self, alertname: str) -> list[Notification]:
+        """Every notification about ``alertname``, in arrival order."""
+        with self._lock:
+            return [n for n in self.notifications if n.labels.get("alertname") == alertname]
 
     def names(self) -> list[str]:
         with self._lock:

@@ -74,6 +74,21 @@ def rule_queries(path: Path = RULES_FILE) -> list[Query]:
     return found
 
 
+_TEMPLATE_QUERY = re.compile(r"printf\s+`([^`]*)`")
+
+
+def annotation_queries(path: Path = RULES_FILE) -> list[Query]:
+    """PromQL that alert annotations run through the template function ``query`` (``printf `...` ... | query``),
+    with each ``%s`` filled in."""
+    found = []
+    for group in yaml.safe_load(path.read_text())["groups"]:
+        for rule in group["rules"]:
+            for key, text in rule.get("annotations", {}).items():
+                for query in _TEMPLATE_QUERY.findall(text):
+                    found.append(Query(f"annotation {key} of {rule['alert']}", query.replace("%s", "x")))
+    return found
+
+
 def recorded_names(path: Path = RULES_FILE) -> set[str]:
     groups = yaml.safe_load(path.read_text())["groups"]
     return {rule["record"] for group in groups for rule in group["rules"] if "record" in rule}

@@ -55,6 +55,19 @@ which kvwatch's settings (and vLLM's argparse) reject: whole numbers print as in
 {{- include "kvwatch.scalar" (.Values.config.port | default 9747) -}}
 {{- end }}
 
+{{/*
+Milliseconds in a Prometheus duration ("15s", "1m30s", "500ms"; the schema checks the syntax). `ms` is tried
+before `m` and `s` (RE2 alternation is leftmost-first).
+*/}}
+{{- define "kvwatch.durationMs" -}}
+{{- $units := dict "ms" 1 "s" 1000 "m" 60000 "h" 3600000 "d" 86400000 "w" 604800000 "y" 31536000000 }}
+{{- $total := 0 }}
+{{- range regexFindAll "[0-9]+(ms|[smhdwy])" (toString .) -1 }}
+{{- $total = add $total (mul (atoi (regexReplaceAll "[a-z]+$" . "")) (index $units (regexReplaceAll "^[0-9]+" . ""))) }}
+{{- end }}
+{{- $total -}}
+{{- end }}
+
 {{/* GPUs per pod: one per tensor-parallel rank and pipeline stage. */}}
 {{- define "kvwatch.gpuCount" -}}
 {{- mul (int (.Values.config.tensorParallelSize | default 1)) (int (.Values.config.pipelineParallelSize | default 1)) -}}
@@ -98,6 +111,9 @@ vLLM out of its Service, and a watchdog must never stop the serving. */}}
 {{- $standalone := and (ne (toString $deployment.enabled) "false") (eq (toString $vllm.enabled) "false") }}
 {{- $appVersion := "" }}
 {{- with .Chart }}{{ $appVersion = .AppVersion }}{{ end }}
+{{- if and (ne (toString $vllm.enabled) "false") (eq (include "kvwatch.metricsPort" .) (include "kvwatch.scalar" ($vllm.port | default 8000))) }}
+{{- fail (printf "kvwatch's port (config.port, default 9747) and vllm.port are both %s: the containers share the pod's network, so one of them could not listen; change one" (include "kvwatch.metricsPort" .)) }}
+{{- end }}
 {{- $tag := $image.tag | default $appVersion }}
 {{- if not $tag }}{{ fail "kvwatch.image.tag is required when the chart's appVersion is not available" }}{{ end }}
 - name: kvwatch
@@ -182,6 +198,13 @@ same names): kvwatch on `metrics`, and in mode 1 optionally vLLM's own /metrics 
 */}}
 {{- define "kvwatch.monitorEndpoints" -}}
 {{- $m := .monitor }}
+{{- if and $m.interval $m.scrapeTimeout }}
+{{- $interval := include "kvwatch.durationMs" $m.interval | atoi }}
+{{- $timeout := include "kvwatch.durationMs" $m.scrapeTimeout | atoi }}
+{{- if and (gt $interval 0) (gt $timeout $interval) }}
+{{- fail (printf "%s.scrapeTimeout (%s) is longer than %s.interval (%s): prometheus-operator rejects such a monitor; lower the timeout or raise the interval" .name $m.scrapeTimeout .name $m.interval) }}
+{{- end }}
+{{- end }}
 - port: metrics
   path: /metrics
   {{- with $m.interval }}
@@ -190,10 +213,21 @@ same names): kvwatch on `metrics`, and in mode 1 optionally vLLM's own /metrics 
   {{- with $m.scrapeTimeout }}
   scrapeTimeout: {{ . }}
   {{- end }}
-  {{- with $m.relabelings }}
   relabelings:
+    # The rule pack finds kvwatch's own scrape by this job (KvwatchAbsent: up{job=~".*kvwatch.*"} == 0),
+    # whatever nameOverride or the Service is called. The operator sets job before these run.
+    - action: replace
+      targetLabel: job
+      replacement: kvwatch
+    {{- if and (eq (toString .root.Values.vllm.enabled) "false") .root.Values.config.targetUrl }}
+    # Mode 2: namespace and pod are kvwatch's own pod; alerts and runbooks name the vLLM it watches by this.
+    - action: replace
+      targetLabel: vllm_target
+      replacement: {{ .root.Values.config.targetUrl | replace "$" "$$" | quote }}
+    {{- end }}
+    {{- with $m.relabelings }}
     {{- toYaml . | nindent 4 }}
-  {{- end }}
+    {{- end }}
   {{- with $m.metricRelabelings }}
   metricRelabelings:
     {{- toYaml . | nindent 4 }}
@@ -207,5 +241,10 @@ same names): kvwatch on `metrics`, and in mode 1 optionally vLLM's own /metrics 
   {{- with $m.scrapeTimeout }}
   scrapeTimeout: {{ . }}
   {{- end }}
+  relabelings:
+    # vLLM's own endpoint is not kvwatch: vLLM down (or loading) is KvwatchTargetDown's, not KvwatchAbsent's.
+    - action: replace
+      targetLabel: job
+      replacement: vllm
 {{- end }}
 {{- end }}
