@@ -59,7 +59,7 @@ class ForecastParams:
     min_rise: float = 0.10
     trend_confidence: float = 0.90
     urgent_level: float = 0.8
-    trend_window_buckets: int = 30
+    trend_window_buckets: int = 45
     level_buckets: int = 5
     min_buckets: int = 15
     warmup_seconds: float = 900.0
