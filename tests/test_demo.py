@@ -21,7 +21,7 @@ from prometheus_client.exposition import generate_latest
 
 from kvwatch import app, demo
 from kvwatch.collector import KvwatchCollector, make_registry
-from kvwatch.settings import ServeSettings, load_settings
+from kvwatch.settings import ServeSettings, SettingsError, load_settings
 from kvwatch.sim import cli as sim_cli
 from kvwatch.sim.server import SimulationService
 
@@ -165,6 +165,21 @@ def test_demo_runs_both_processes_says_the_clock_is_accelerated_and_stops_them()
     assert "filling" in lines[4] and "bottleneck" in lines[4]
     # kvwatch polled the simulator and the status line read kvwatch's /metrics: still warming up this early.
     assert any("usage" in line and "state warming_up" in line for line in lines[5:]), result.stdout
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["--speed", "inf"], "--speed"),  # once named serve's --poll-interval-seconds (10 / inf = 0)
+    (["--speed", "nan"], "--speed"),
+    (["--speed", "1e9"], "--speed"),
+    (["--poll-interval-seconds", "inf"], "--poll-interval-seconds"),
+    (["--status-interval-seconds", "inf"], "--status-interval-seconds"),
+    (["--status-interval-seconds", "0"], "--status-interval-seconds"),
+    (["--duration-seconds", "inf"], "--duration-seconds"),
+    (["--port", "70000"], "--port"),
+])
+def test_demo_flags_must_be_finite_and_in_range(args: list[str], flag: str) -> None:
+    with pytest.raises(SettingsError, match=f"for {flag}: must be"):
+        demo.check_flags(_parse(demo.add_arguments, args))
 
 
 def test_demo_rejects_a_bad_flag_naming_it() -> None:

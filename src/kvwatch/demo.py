@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 from kvwatch.exposition import ParseError, parse
 from kvwatch.settings import SettingsError
+from kvwatch.sim.cli import MAX_SPEED
 
 DEFAULT_SPEED = 30.0
 # The load: one engine of 16,384 blocks (262k tokens, ~250 requests in flight at saturation, so usage is
@@ -43,7 +44,8 @@ SATURATION_SIM_SECONDS = 51 * 60.0
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     parser.add_argument("--speed", type=float, default=DEFAULT_SPEED,
-                        help="simulated seconds per wall-clock second (the simulator's and kvwatch's clocks)")
+                        help="simulated seconds per wall-clock second (the simulator's and kvwatch's clocks; "
+                             "at most 10000)")
     parser.add_argument("--sim-port", type=int, default=8000, help="simulator /metrics port (0: a free one)")
     parser.add_argument("--port", type=int, default=9747, help="kvwatch /metrics port (0: a free one)")
     # "%(default).0s" prints nothing: it only stops the formatter from appending "(default: None)".
@@ -172,18 +174,29 @@ def _stop(processes: Sequence[subprocess.Popen]) -> None:
             proc.wait()
 
 
-def run(args: argparse.Namespace) -> int:
-    for flag, value, ok in (("--speed", args.speed, args.speed > 0),
-                            ("--poll-interval-seconds", args.poll_interval_seconds,
-                             args.poll_interval_seconds is None or args.poll_interval_seconds > 0),
-                            ("--status-interval-seconds", args.status_interval_seconds,
-                             args.status_interval_seconds > 0),
-                            ("--duration-seconds", args.duration_seconds,
-                             args.duration_seconds is None or args.duration_seconds > 0),
-                            ("--sim-port", args.sim_port, 0 <= args.sim_port <= 65535),
-                            ("--port", args.port, 0 <= args.port <= 65535)):
+def check_flags(args: argparse.Namespace) -> None:
+    """SettingsError naming the first bad flag; times and the speed must be finite (``inf`` would hang)."""
+
+    def positive(value: float | None, high: float) -> bool:
+        return value is None or (math.isfinite(value) and 0 < value <= high)
+
+    for flag, value, ok, rule in (
+        ("--speed", args.speed, positive(args.speed, MAX_SPEED), f"must be a finite number > 0 and <= {MAX_SPEED:g}"),
+        ("--poll-interval-seconds", args.poll_interval_seconds, positive(args.poll_interval_seconds, 3600.0),
+         "must be a finite number > 0 and <= 3600"),
+        ("--status-interval-seconds", args.status_interval_seconds, positive(args.status_interval_seconds, 3600.0),
+         "must be a finite number > 0 and <= 3600"),
+        ("--duration-seconds", args.duration_seconds, positive(args.duration_seconds, 1e9),
+         "must be a finite number > 0"),
+        ("--sim-port", args.sim_port, 0 <= args.sim_port <= 65535, "must be 0..65535"),
+        ("--port", args.port, 0 <= args.port <= 65535, "must be 0..65535"),
+    ):
         if not ok:
-            raise SettingsError(f"invalid value {value!r} for {flag}")
+            raise SettingsError(f"invalid value {value!r} for {flag}: {rule}")
+
+
+def run(args: argparse.Namespace) -> int:
+    check_flags(args)
     sim_port = args.sim_port or _free_port()
     port = args.port or _free_port()
     sim_url = f"http://127.0.0.1:{sim_port}/metrics"

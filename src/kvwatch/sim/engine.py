@@ -24,6 +24,7 @@ time boundary) are applied in one batch; the result is identical to stepping one
 from __future__ import annotations
 
 import bisect
+import math
 import random
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
@@ -44,6 +45,9 @@ class StepTimeModel:
     per_prefill_token_seconds: float = 0.00006  # ~16k prompt tokens/s
 
     def __post_init__(self) -> None:
+        if not all(math.isfinite(x) for x in (self.fixed_seconds, self.per_decode_token_seconds,
+                                              self.per_prefill_token_seconds)):
+            raise ValueError("StepTimeModel times must be finite")
         if self.fixed_seconds <= 0:
             raise ValueError("StepTimeModel.fixed_seconds must be > 0")
         if self.per_decode_token_seconds < 0 or self.per_prefill_token_seconds < 0:
