@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
+import subprocess
+import sys
 from importlib import resources
 from pathlib import Path
 
@@ -133,14 +137,46 @@ def test_values_follow_the_engine_and_config_info_is_per_engine() -> None:
     assert sum(counts) == sum(s.request_prompt_tokens_count for s in snaps)
 
 
-def test_multiprocess_mode_orders_sum_before_buckets_and_adds_pid() -> None:
-    text = render(_snapshots(dp=2), "0.10", multiprocess=True, pid=4242)
-    lines = [line for line in text.splitlines() if line.startswith("vllm:e2e_request_latency_seconds")]
-    assert lines[0].startswith("vllm:e2e_request_latency_seconds_sum") and "_sum" in lines[1]
-    assert "_bucket" in lines[2]
-    families = _families(text)
-    assert all(s.labels["pid"] == "4242" for s in families["vllm:kv_cache_usage_perc"].samples)
-    assert all("pid" not in s.labels for s in families["vllm:num_requests_running"].samples)
+_REAL_MULTIPROCESS = """
+import sys
+import prometheus_client as pc
+from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+bounds = [float(b) for b in sys.argv[1].split(",")]
+h = pc.Histogram("vllm:e2e_request_latency_seconds", "x", labelnames=["model_name", "engine"], buckets=bounds)
+g = pc.Gauge("vllm:kv_cache_usage_perc", "x", labelnames=["model_name", "engine"])
+m = pc.Gauge("vllm:num_requests_running", "x", labelnames=["model_name", "engine"], multiprocess_mode="mostrecent")
+for engine in ("0", "1"):
+    h.labels("m", engine).observe(1.0)
+    g.labels("m", engine).set(0.5)
+    m.labels("m", engine).set(3)
+registry = CollectorRegistry()
+multiprocess.MultiProcessCollector(registry)
+print(generate_latest(registry).decode())
+"""
+
+
+def _sample_lines(text: str, family: str) -> list[str]:
+    """The family's sample lines without their values: names and labels, in order."""
+    return [line.rsplit(" ", 1)[0] for line in text.splitlines()
+            if line.startswith(family) and not line.startswith("#")]
+
+
+def test_multiprocess_mode_is_what_prometheus_client_multiprocess_collector_serves(tmp_path: Path) -> None:
+    """Sample order, label order and pid labels, compared with prometheus_client's own MultiProcessCollector."""
+    bounds = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+              480.0, 960.0, 1920.0, 7680.0]
+    real = subprocess.run([sys.executable, "-c", _REAL_MULTIPROCESS, ",".join(map(str, bounds))], check=True,
+                          capture_output=True, text=True, env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)},
+                          timeout=60).stdout
+    pid = int(re.search(r'pid="(\d+)"', real).group(1))  # type: ignore[union-attr]
+    ours = render(_snapshots(dp=2), "0.10", multiprocess=True, pid=pid, model_name="m")
+    for family in ("vllm:e2e_request_latency_seconds", "vllm:kv_cache_usage_perc", "vllm:num_requests_running"):
+        assert _sample_lines(ours, family) == _sample_lines(real, family), family
+    # Per series: _sum, the buckets, _count (not every _sum first).
+    lines = _sample_lines(ours, "vllm:e2e_request_latency_seconds")
+    assert lines[0].startswith("vllm:e2e_request_latency_seconds_sum") and "_bucket" in lines[1]
+    assert lines[len(bounds) + 3].startswith("vllm:e2e_request_latency_seconds_sum")
+    assert "_created" not in ours and "process_start_time_seconds" not in ours
 
 
 def test_version_specific_units_and_created_samples() -> None:

@@ -51,64 +51,88 @@ _FINISH_REASONS = {
 }
 
 
+# prometheus_client's multiprocess mode keeps one value file per kind (and gauge mode) and process, and its
+# collector reads them one file after another: families come out grouped by file, each file in the order its
+# series were first written. The order of the files is the directory's (arbitrary); this one puts
+# mostrecent before sum, as the real V0 capture shows.
+_MP_FILE_ORDER = ("gauge_mostrecent", "gauge_sum", "gauge_livemostrecent", "gauge_all", "counter", "histogram")
+
+
 @dataclass
 class _Builder:
-    """Collects families in order, then lets prometheus_client format them."""
+    """Collects families in order, then lets prometheus_client format them.
+
+    ``multiprocess``: render as prometheus_client's ``MultiProcessCollector`` does (vLLM with
+    ``PROMETHEUS_MULTIPROC_DIR`` set): no ``*_created``, labels sorted, a ``pid`` label on gauges without a
+    ``multiprocess_mode``, per series ``_sum`` then the buckets then ``_count``, families grouped by value
+    file, and no family that no process ever wrote (a multiprocess registry knows only written series).
+    """
 
     profile: str
     multiprocess: bool
     start_time: float
     pid: int
-    families: list[Metric] = field(default_factory=list)
+    families: list[tuple[str, Metric]] = field(default_factory=list)  # (multiprocess value file, family)
 
     @property
     def created(self) -> bool:
         # V0 disabled *_created (prometheus_client.disable_created_metrics); multiprocess mode never has them.
         return self.profile != "v0" and not self.multiprocess
 
+    def _labels(self, labels: dict[str, str]) -> dict[str, str]:
+        return dict(sorted(labels.items())) if self.multiprocess else labels
+
+    def add(self, metric: Metric, value_file: str) -> None:
+        self.families.append((value_file, metric))
+
     def gauge(self, name: str, help_text: str, samples: Iterable[tuple[dict[str, str], float]],
-              mp_pid: bool = False) -> None:
-        """``mp_pid``: the gauge has no ``multiprocess_mode``, so multiprocess mode adds a ``pid`` label."""
+              mp_mode: str | None = "mostrecent") -> None:
+        """``mp_mode``: the gauge's ``multiprocess_mode``; None (none given, prometheus_client's "all") makes
+        multiprocess mode add a ``pid`` label."""
         metric = Metric(name, help_text, "gauge")
         for labels, value in samples:
-            if self.multiprocess and mp_pid:
+            if self.multiprocess and mp_mode is None:
                 labels = {**labels, "pid": str(self.pid)}
-            metric.add_sample(name, labels, float(value))
-        self.families.append(metric)
+            metric.add_sample(name, self._labels(labels), float(value))
+        self.add(metric, f"gauge_{mp_mode or 'all'}")
 
     def counter(self, name: str, help_text: str, samples: Iterable[tuple[dict[str, str], float]]) -> None:
         """``name`` without ``_total`` (as in vLLM's code); the wire name gets ``_total``."""
         metric = Metric(name, help_text, "counter")
         rows = list(samples)
         for labels, value in rows:
-            metric.add_sample(name + "_total", labels, float(value))
+            metric.add_sample(name + "_total", self._labels(labels), float(value))
         if self.created:
             for labels, _ in rows:
                 metric.add_sample(name + "_created", labels, self.start_time)
-        self.families.append(metric)
+        self.add(metric, "counter")
 
     def histogram(self, name: str, help_text: str, bounds: Sequence[float],
                   samples: Iterable[tuple[dict[str, str], HistogramSnapshot]]) -> None:
         metric = Metric(name, help_text, "histogram")
         rows = list(samples)
-        if self.multiprocess:
-            # prometheus_client's MultiProcessCollector: every _sum first, then per series buckets + _count.
-            for labels, hist in rows:
-                metric.add_sample(name + "_sum", labels, hist.sum)
         for labels, hist in rows:
             cumulative = hist.cumulative(bounds)
+            if self.multiprocess:  # MultiProcessCollector: per series _sum, then the buckets, then _count
+                metric.add_sample(name + "_sum", self._labels(labels), hist.sum)
             for bound, count in zip((*bounds, float("inf")), cumulative, strict=True):
-                metric.add_sample(name + "_bucket", {**labels, "le": floatToGoString(bound)}, float(count))
-            metric.add_sample(name + "_count", labels, float(hist.count))
+                metric.add_sample(name + "_bucket", self._labels({**labels, "le": floatToGoString(bound)}),
+                                  float(count))
+            metric.add_sample(name + "_count", self._labels(labels), float(hist.count))
             if not self.multiprocess:
                 metric.add_sample(name + "_sum", labels, hist.sum)
         if self.created:
             for labels, _ in rows:
                 metric.add_sample(name + "_created", labels, self.start_time)
-        self.families.append(metric)
+        self.add(metric, "histogram")
 
     def text(self) -> str:
-        families = self.families
+        if self.multiprocess:
+            order = {value_file: i for i, value_file in enumerate(_MP_FILE_ORDER)}
+            chosen = sorted((pair for pair in self.families if pair[1].samples), key=lambda pair: order[pair[0]])
+        else:
+            chosen = self.families
+        families = [metric for _, metric in chosen]
 
         class _Registry:
             def collect(self) -> Iterable[Metric]:
@@ -160,7 +184,7 @@ def _render_runtime(b: _Builder, snaps: Sequence[EngineSnapshot], start_time: fl
         metric = Metric(name, help_text, "counter")
         for generation, rate in zip(generations, per_second, strict=True):
             metric.add_sample(name + "_total", {"generation": generation}, float(int(rate * uptime)))
-        b.families.append(metric)
+        b.add(metric, "counter")
     b.gauge("python_info", "Python platform information",
             [({"implementation": "CPython", "major": "3", "minor": "12", "patchlevel": "3", "version": "3.12.3"}, 1)])
     b.gauge("process_virtual_memory_bytes", "Virtual memory size in bytes.", [({}, 1.2e10)])
@@ -169,7 +193,7 @@ def _render_runtime(b: _Builder, snaps: Sequence[EngineSnapshot], start_time: fl
             [({}, round(start_time + started, 2))])
     cpu = Metric("process_cpu_seconds", "Total user and system CPU time spent in seconds.", "counter")
     cpu.add_sample("process_cpu_seconds_total", {}, round(1.1 * uptime, 2))
-    b.families.append(cpu)
+    b.add(cpu, "counter")
     b.gauge("process_open_fds", "Number of open file descriptors.", [({}, 120)])
     b.gauge("process_max_fds", "Maximum number of open file descriptors.", [({}, 1048576)])
 
@@ -224,7 +248,7 @@ def _render_v1(b: _Builder, snaps: Sequence[EngineSnapshot], profile: str, model
     if profile in ("0.10", "0.33"):
         # 0.9-0.11 registered this gauge without a multiprocess_mode; 0.12+ uses "mostrecent".
         b.gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", per(lambda s: s.kv_usage),
-                mp_pid=profile == "0.10")
+                mp_mode=None if profile == "0.10" else "mostrecent")
         b.counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
                   per(lambda s: s.prefix_cache_queries_tokens))
         b.counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
