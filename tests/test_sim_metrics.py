@@ -61,14 +61,18 @@ def _catalogue_buckets(spec, max_model_len: int) -> list[float]:
 @pytest.mark.parametrize("profile", PROFILES)
 @pytest.mark.parametrize("multiprocess", [False, True])
 def test_profile_matches_the_catalogue(profile: str, multiprocess: bool) -> None:
-    if multiprocess and profile in ("0.8", "v0"):
+    if multiprocess and profile == "0.8":  # V1 0.8.x had a single API server
         with pytest.raises(ValueError, match="multiprocess"):
             render(_snapshots(), profile, multiprocess=True)
         return
     dp = 1 if profile in ("0.8", "v0") else 2
-    text = render(_snapshots(dp), profile, max_model_len=4096, multiprocess=multiprocess)
+    text = render(_snapshots(dp), profile, max_model_len=4096, multiprocess=multiprocess,
+                  enable_prefix_caching=True)
     families = _families(text)
-    expected = CATALOGUE["profiles"][profile]
+    catalogued = CATALOGUE["profiles"][profile]
+    # Registered but never set: HELP/TYPE only in the default registry, absent in multiprocess mode.
+    never = {name for name, spec in catalogued.items() if spec.get("samples") == "never"}
+    expected = {name: spec for name, spec in catalogued.items() if not (multiprocess and name in never)}
     created = {n for n in families if n.endswith("_created")}
     if multiprocess or not CATALOGUE["created_samples"][profile]:
         assert not created
@@ -84,6 +88,9 @@ def test_profile_matches_the_catalogue(profile: str, multiprocess: bool) -> None
         family = real[name]
         assert family.type == spec["type"], name
         assert family.documentation == spec["help"], name
+        assert bool(family.samples) == (name not in never), name
+        if not family.samples:
+            continue
         for sample in family.samples:
             labels = set(sample.labels) - {"le", "pid"}
             assert labels == set(spec["labels"]), name
@@ -209,3 +216,41 @@ def test_bad_render_arguments_are_refused() -> None:
         render(_snapshots(), "0.9")
     with pytest.raises(ValueError, match="no engine label"):
         render(_snapshots(dp=2), "v0")
+
+
+def test_v0_default_frontend_is_multiprocess_mode_as_in_the_real_capture() -> None:
+    """V0's OpenAI server runs prometheus_client in multiprocess mode: the capture's family order and labels."""
+    real = [f for f in text_string_to_metric_families((FIXTURES / "v0-engine-qwenvl.prom").read_text())]
+    ours = [f for f in text_string_to_metric_families(render(_snapshots(), "v0", model_name="qwenvl",
+                                                             multiprocess=True))]
+    names = [f.name for f in ours]
+    assert names[:len(real)] == [f.name for f in real]  # mostrecent file (cache_config_info), then the sum gauges
+    for mine, theirs in zip(ours, real, strict=False):
+        for a, b in zip(mine.samples, theirs.samples, strict=False):
+            assert list(a.labels) == list(b.labels), mine.name  # same label names in the same (sorted) order
+    assert not any(n.startswith(("python_", "process_")) for n in names)
+    assert not any("pid" in s.labels for f in ours for s in f.samples)  # every V0 gauge has a multiprocess_mode
+
+
+def test_v0_families_get_series_only_once_written() -> None:
+    sim = Simulator(EngineConfig(num_gpu_blocks=100))
+    sim.run_until(5.0)  # nothing arrived: no step, no observation
+    fresh = _families(render(sim.snapshot(), "v0", model_name="m", start_time=1_000_000.0))
+    for name in ("vllm:iteration_tokens_total", "vllm:e2e_request_latency_seconds", "vllm:request_success",
+                 "vllm:tokens", "vllm:model_forward_time_milliseconds", "vllm:spec_decode_efficiency"):
+        assert fresh[name].samples == [], name  # HELP and TYPE only
+    lora = fresh["vllm:lora_requests_info"].samples
+    assert [(s.labels, s.value) for s in lora] == [
+        ({"max_lora": "0", "running_lora_adapters": "", "waiting_lora_adapters": ""}, 1_000_005.0)]
+    assert fresh["vllm:gpu_prefix_cache_hit_rate"].samples[0].value == -1.0  # V0's "prefix caching disabled"
+    assert fresh["vllm:num_preemptions"].samples[0].value == 0  # incremented by 0 on every log call
+    mp = _families(render(sim.snapshot(), "v0", multiprocess=True))
+    assert "vllm:iteration_tokens_total" not in mp and "vllm:tokens" not in mp and "vllm:lora_requests_info" in mp
+
+    busy = _families(render(_snapshots(), "v0", enable_prefix_caching=True))
+    reasons = {s.labels["finished_reason"] for s in busy["vllm:request_success"].samples if s.name.endswith("_total")}
+    assert reasons == {"stop"}  # only the reasons seen (V1 pre-creates every reason)
+    assert busy["vllm:tokens"].samples == []  # V0 registers it and never increments it
+    assert busy["vllm:time_in_queue_requests"].samples[-1].value == \
+        busy["vllm:request_queue_time_seconds"].samples[-1].value
+    assert 0 < busy["vllm:gpu_prefix_cache_hit_rate"].samples[0].value < 1

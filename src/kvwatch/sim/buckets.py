@@ -32,6 +32,8 @@ ITERATION_TOKENS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 163
 # The V0 engine used the CUDA-graph capture sizes (default [1, 2, 4] + 8..512 step 8).
 ITERATION_TOKENS_V0 = (1, 2, 4, *range(8, 513, 8))
 ITERATION_TOKENS_UNION = tuple(sorted(set(ITERATION_TOKENS) | set(ITERATION_TOKENS_V0)))
+# V0's model forward/execute time histograms: build_1_2_3_5_8_buckets(3000), in milliseconds.
+MODEL_TIME_MS_V0 = (1, 2, 3, 5, 8, 10, 20, 30, 50, 80, 100, 200, 300, 500, 800, 1000, 2000, 3000)
 PARAMS_N = (1, 2, 5, 10, 20)
 NUM_PREEMPTIONS = (1, 2, 3, 4, 5, 10, 20)
 # Token-count histograms use 1-2-5 up to max_model_len; record up to 10^8 so any max_model_len renders.

@@ -23,7 +23,7 @@ from kvwatch.settings import SettingsError
 from kvwatch.sim import buckets
 from kvwatch.sim.engine import EngineConfig, EngineSnapshot, Request, Simulator, StepTimeModel
 from kvwatch.sim.load import PROFILE_KINDS, LoadGenerator, LoadProfile
-from kvwatch.sim.metrics import PROFILES, SINGLE_ENGINE_PROFILES
+from kvwatch.sim.metrics import MULTIPROCESS_PROFILES, PROFILES, SINGLE_ENGINE_PROFILES
 from kvwatch.sim.server import Feed, SimulationService, TraceFeed, make_server, start_ticker
 from kvwatch.sim.traces import TraceError, load_trace, scale_rate
 
@@ -56,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     eng.add_argument("--enable-prefix-caching", action="store_true", help="share prefix blocks (trace hash_ids)")
     eng.add_argument("--model-name", default="meta-llama/Llama-3.1-8B-Instruct", help="served model name label")
     eng.add_argument("--multiprocess", action="store_true",
-                     help="expose as vLLM with --api-server-count > 1 does (pid labels, _sum before _bucket)")
+                     help="expose through prometheus_client's multiprocess mode, as V1 with --api-server-count > 1 "
+                     "and V0's default frontend do (no process_* families, pid labels, _sum before _bucket)")
     step = StepTimeModel()
     eng.add_argument("--step-fixed-ms", type=float, default=round(step.fixed_seconds * 1000, 6),
                      help="fixed cost of one engine step")
@@ -161,8 +162,8 @@ def build(args: argparse.Namespace, warn: Callable[[str], None] | None = None) -
            None)
     _check(args.data_parallel_size == 1 or args.vllm_version not in SINGLE_ENGINE_PROFILES, "--data-parallel-size",
            f"vLLM {args.vllm_version} has no engine label, so it serves one engine", args.data_parallel_size)
-    _check(not args.multiprocess or args.vllm_version not in SINGLE_ENGINE_PROFILES, "--multiprocess",
-           f"vLLM {args.vllm_version} has no multiprocess metrics mode", True)
+    _check(not args.multiprocess or args.vllm_version in MULTIPROCESS_PROFILES, "--multiprocess",
+           f"vLLM {args.vllm_version} has no multiprocess metrics mode (one API server)", True)
     _check(1 <= args.port <= 65535 or args.port == 0, "--port", "must be 0..65535", args.port)
 
     step = StepTimeModel(args.step_fixed_ms / 1000, args.step_decode_token_ms / 1000, args.step_prefill_token_ms / 1000)

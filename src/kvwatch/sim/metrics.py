@@ -5,8 +5,9 @@ Families, HELP texts, label sets and buckets follow vLLM's own ``PrometheusStatL
 ``kvwatch/data/vllm_catalogue.json``. The text itself is produced by ``prometheus_client`` (what vLLM
 uses), so number formatting, label order, ``_total`` and ``_created`` samples come out as vLLM's do.
 
-Families that vLLM only emits behind a feature switch (LoRA, speculative decoding, KV connectors,
-``--kv-cache-metrics``, MFU) are not rendered.
+Families that V1 only emits behind a feature switch (LoRA, speculative decoding, KV connectors,
+``--kv-cache-metrics``, MFU) are not rendered; V0 registers its LoRA and speculative-decoding families
+unconditionally, so the ``v0`` profile has them (see ``_render_v0``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ from kvwatch.sim.engine import EngineSnapshot, HistogramSnapshot
 PROFILES = ("0.33", "0.10", "0.8", "v0")
 # Profiles whose labels carry no `engine` (one series per endpoint, so one engine).
 SINGLE_ENGINE_PROFILES = frozenset({"0.8", "v0"})
+# Profiles that can serve /metrics through prometheus_client's multiprocess mode: V1 with --api-server-count > 1,
+# and V0, whose default (multiprocessing) OpenAI frontend always sets PROMETHEUS_MULTIPROC_DIR. V1 0.8.x had one
+# API server.
+MULTIPROCESS_PROFILES = frozenset({"0.33", "0.10", "v0"})
 DEFAULT_START_TIME = 1_750_000_000.0  # unix time the simulated process "started" (for *_created)
 
 _TOKEN_BUCKETS = "request_tokens"  # 1-2-5 up to max_model_len
@@ -154,15 +159,15 @@ def render(snaps: Sequence[EngineSnapshot], profile: str = "0.33", *, model_name
         raise ValueError("render needs at least one engine snapshot")
     if profile in SINGLE_ENGINE_PROFILES and len(snaps) > 1:
         raise ValueError(f"vLLM {profile} has no engine label: it cannot expose {len(snaps)} data-parallel engines")
-    if multiprocess and profile in SINGLE_ENGINE_PROFILES:
-        raise ValueError(f"multiprocess mode (api-server-count > 1) does not exist in vLLM {profile}")
+    if multiprocess and profile not in MULTIPROCESS_PROFILES:
+        raise ValueError(f"vLLM {profile} has no multiprocess metrics mode")
     if max_model_len < 1:
         raise ValueError("max_model_len must be >= 1")
     b = _Builder(profile, multiprocess, start_time, pid)
     if not multiprocess:  # the default registry's collectors; a multiprocess registry has only vLLM's families
         _render_runtime(b, snaps, start_time)
     if profile == "v0":
-        _render_v0(b, snaps[0], model_name, max_model_len, gpu_memory_utilization, enable_prefix_caching)
+        _render_v0(b, snaps[0], model_name, max_model_len, gpu_memory_utilization, enable_prefix_caching, start_time)
     else:
         _render_v1(b, snaps, profile, model_name, max_model_len, gpu_memory_utilization, enable_prefix_caching)
     return b.text()
@@ -324,48 +329,126 @@ def _render_v1(b: _Builder, snaps: Sequence[EngineSnapshot], profile: str, model
 
 
 def _render_v0(b: _Builder, s: EngineSnapshot, model_name: str, max_model_len: int, gmu: float | None,
-               prefix_caching: bool) -> None:
+               prefix_caching: bool, start_time: float) -> None:
+    """V0's ``Metrics`` (vllm/engine/metrics.py, 0.6-0.7) as its ``_log_prometheus`` leaves them after ``s``.
+
+    V0 registers every family, LoRA and speculative decoding included, but a labelled family gets a series only
+    when first set or observed: histograms once something was observed, ``request_success`` only for the
+    reasons seen, ``tokens_total`` never (nothing increments it), ``model_{forward,execute}_time_milliseconds``
+    only with ``--collect-detailed-traces``, spec decode only with a draft model. Those render as bare HELP/TYPE
+    lines in the default registry and not at all in multiprocess mode (V0's default frontend).
+    """
     base = {"model_name": model_name}
     ttft, tpot, latency, iteration = _BUCKETS["v0"]
     tokens = buckets.build_1_2_5_buckets(max_model_len)
-    b.gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-            [(_cache_config_labels("v0", s, [s], max_model_len, gmu, prefix_caching), 1)])
-    b.gauge("vllm:num_requests_running", "Number of requests currently running on GPU.", [(base, s.num_running)])
-    b.gauge("vllm:num_requests_swapped", "Number of requests swapped to CPU.", [(base, 0)])
-    b.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", [(base, s.num_waiting)])
-    b.gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.", [(base, s.kv_usage)])
-    b.gauge("vllm:cpu_cache_usage_perc", "CPU KV-cache usage. 1 means 100 percent usage.", [(base, 0)])
-    hit_rate = s.prefix_cache_hits_blocks / s.prefix_cache_queries_blocks if s.prefix_cache_queries_blocks else 0.0
-    b.gauge("vllm:cpu_prefix_cache_hit_rate", "CPU prefix cache block hit rate.", [(base, 0)])
-    b.gauge("vllm:gpu_prefix_cache_hit_rate", "GPU prefix cache block hit rate.", [(base, hit_rate)])
-    b.counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
-              [(base, s.preemptions_total)])
-    b.counter("vllm:prompt_tokens", "Number of prefill tokens processed.", [(base, s.prompt_tokens_total)])
-    b.counter("vllm:generation_tokens", "Number of generation tokens processed.", [(base, s.generation_tokens_total)])
-    b.histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", iteration,
-                [(base, s.histograms["iteration_tokens"])])
-    b.histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttft,
-                [(base, s.histograms["time_to_first_token_seconds"])])
-    b.histogram("vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", tpot,
-                [(base, s.histograms["inter_token_latency_seconds"])])
-    b.histogram("vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", latency,
-                [(base, s.histograms["e2e_request_latency_seconds"])])
-    for phase, key in (("WAITING", "queue"), ("RUNNING", "inference"), ("PREFILL", "prefill"), ("DECODE", "decode")):
-        b.histogram(f"vllm:request_{key}_time_seconds", f"Histogram of time spent in {phase} phase for request.",
-                    latency, [(base, s.histograms[f"request_{key}_time_seconds"])])
-    for name, help_text, key in (
-        ("vllm:request_prompt_tokens", "Number of prefill tokens processed.", "request_prompt_tokens"),
-        ("vllm:request_generation_tokens", "Number of generation tokens processed.", "request_generation_tokens"),
-        ("vllm:request_max_num_generation_tokens", "Histogram of maximum number of requested generation tokens.",
-         "request_max_num_generation_tokens"),
-    ):
-        b.histogram(name, help_text, tokens, [(base, s.histograms[key])])
-    b.histogram("vllm:request_params_n", "Histogram of the n request parameter.", buckets.PARAMS_N,
-                [(base, s.histograms["request_params_n"])])
-    b.histogram("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", tokens,
-                [(base, s.histograms["request_params_max_tokens"])])
-    b.counter("vllm:request_success", "Count of successfully processed requests.",
-              [({**base, "finished_reason": r}, s.finished_by_reason.get(r, 0)) for r in _FINISH_REASONS["v0"]])
+    h = s.histograms
+
+    def observed(key: str) -> list[tuple[dict[str, str], HistogramSnapshot]]:
+        return [(base, h[key])] if h[key].count else []
+
+    # -1 is V0's "prefix caching disabled" (NaiveBlockAllocator.get_prefix_cache_hit_rate).
+    gpu_hit_rate, cpu_hit_rate = -1.0, -1.0
+    if prefix_caching:
+        q = s.prefix_cache_queries_blocks
+        gpu_hit_rate, cpu_hit_rate = (s.prefix_cache_hits_blocks / q if q else 0.0), 0.0
+    never: list = []
+    families = {
+        "cache_config_info": lambda: b.gauge(
+            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+            [(_cache_config_labels("v0", s, [s], max_model_len, gmu, prefix_caching), 1)], mp_mode="mostrecent"),
+        "running": lambda: b.gauge("vllm:num_requests_running", "Number of requests currently running on GPU.",
+                                   [(base, s.num_running)], mp_mode="sum"),
+        "waiting": lambda: b.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+                                   [(base, s.num_waiting)], mp_mode="sum"),
+        # Set on every log call, LoRA or not; the value is the unix time of that call (set_to_current_time).
+        "lora": lambda: b.gauge("vllm:lora_requests_info", "Running stats on lora requests.",
+                                [({"running_lora_adapters": "", "max_lora": "0", "waiting_lora_adapters": ""},
+                                  round(start_time + s.time, 3))], mp_mode="livemostrecent"),
+        "swapped": lambda: b.gauge("vllm:num_requests_swapped", "Number of requests swapped to CPU.", [(base, 0)],
+                                   mp_mode="sum"),
+        "gpu_usage": lambda: b.gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.",
+                                     [(base, s.kv_usage)], mp_mode="sum"),
+        "cpu_usage": lambda: b.gauge("vllm:cpu_cache_usage_perc", "CPU KV-cache usage. 1 means 100 percent usage.",
+                                     [(base, 0)], mp_mode="sum"),
+        "cpu_hit": lambda: b.gauge("vllm:cpu_prefix_cache_hit_rate", "CPU prefix cache block hit rate.",
+                                   [(base, cpu_hit_rate)], mp_mode="sum"),
+        "gpu_hit": lambda: b.gauge("vllm:gpu_prefix_cache_hit_rate", "GPU prefix cache block hit rate.",
+                                   [(base, gpu_hit_rate)], mp_mode="sum"),
+        "preemptions": lambda: b.counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
+                                         [(base, s.preemptions_total)]),
+        "prompt": lambda: b.counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
+                                    [(base, s.prompt_tokens_total)]),
+        "generation": lambda: b.counter("vllm:generation_tokens", "Number of generation tokens processed.",
+                                        [(base, s.generation_tokens_total)]),
+        "tokens": lambda: b.counter("vllm:tokens", "Number of prefill plus generation tokens processed.", never),
+        "iteration": lambda: b.histogram("vllm:iteration_tokens_total",
+                                         "Histogram of number of tokens per engine_step.", iteration,
+                                         observed("iteration_tokens")),
+        "ttft": lambda: b.histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                                    ttft, observed("time_to_first_token_seconds")),
+        "tpot": lambda: b.histogram("vllm:time_per_output_token_seconds",
+                                    "Histogram of time per output token in seconds.", tpot,
+                                    observed("inter_token_latency_seconds")),
+        "e2e": lambda: b.histogram("vllm:e2e_request_latency_seconds",
+                                   "Histogram of end to end request latency in seconds.", latency,
+                                   observed("e2e_request_latency_seconds")),
+        **{phase: (lambda phase=phase, key=key: b.histogram(
+            f"vllm:request_{key}_time_seconds", f"Histogram of time spent in {phase} phase for request.", latency,
+            observed(f"request_{key}_time_seconds")))
+           for phase, key in (("WAITING", "queue"), ("RUNNING", "inference"), ("PREFILL", "prefill"),
+                              ("DECODE", "decode"))},
+        # first_scheduled - arrival, as request_queue_time_seconds.
+        "in_queue": lambda: b.histogram("vllm:time_in_queue_requests",
+                                        "Histogram of time the request spent in the queue in seconds.", latency,
+                                        observed("request_queue_time_seconds")),
+        "forward": lambda: b.histogram("vllm:model_forward_time_milliseconds",
+                                       "Histogram of time spent in the model forward pass in ms.",
+                                       buckets.MODEL_TIME_MS_V0, never),
+        "execute": lambda: b.histogram("vllm:model_execute_time_milliseconds",
+                                       "Histogram of time spent in the model execute function in ms.",
+                                       buckets.MODEL_TIME_MS_V0, never),
+        "prompt_req": lambda: b.histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens,
+                                          observed("request_prompt_tokens")),
+        "generation_req": lambda: b.histogram("vllm:request_generation_tokens",
+                                              "Number of generation tokens processed.", tokens,
+                                              observed("request_generation_tokens")),
+        "max_generation": lambda: b.histogram("vllm:request_max_num_generation_tokens",
+                                              "Histogram of maximum number of requested generation tokens.", tokens,
+                                              observed("request_max_num_generation_tokens")),
+        "n": lambda: b.histogram("vllm:request_params_n", "Histogram of the n request parameter.", buckets.PARAMS_N,
+                                 observed("request_params_n")),
+        "max_tokens": lambda: b.histogram("vllm:request_params_max_tokens",
+                                          "Histogram of the max_tokens request parameter.", tokens,
+                                          observed("request_params_max_tokens")),
+        "success": lambda: b.counter("vllm:request_success", "Count of successfully processed requests.",
+                                     [({**base, "finished_reason": r}, n) for r in _FINISH_REASONS["v0"]
+                                      if (n := s.finished_by_reason.get(r, 0))]),
+        "spec_rate": lambda: b.gauge("vllm:spec_decode_draft_acceptance_rate", "Speulative token acceptance rate.",
+                                     never, mp_mode="sum"),
+        "spec_efficiency": lambda: b.gauge("vllm:spec_decode_efficiency", "Speculative decoding system efficiency.",
+                                           never, mp_mode="sum"),
+        "spec_accepted": lambda: b.counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", never),
+        "spec_draft": lambda: b.counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", never),
+        "spec_emitted": lambda: b.counter("vllm:spec_decode_num_emitted_tokens", "Number of emitted tokens.", never),
+    }
+    if b.multiprocess:
+        # The order series are first written in: cache_config_info at start-up, then _log_prometheus's order
+        # (request_success and the per-request histograms with the first finished request).
+        order = ("cache_config_info", "running", "swapped", "waiting", "gpu_usage", "cpu_usage", "cpu_hit", "gpu_hit",
+                 "lora", "preemptions", "prompt", "generation", "iteration", "ttft", "tpot", "e2e", "WAITING",
+                 "RUNNING", "PREFILL", "DECODE", "in_queue", "forward", "execute", "success", "prompt_req",
+                 "generation_req", "n", "max_generation", "max_tokens", "tokens", "spec_rate", "spec_efficiency",
+                 "spec_accepted", "spec_draft", "spec_emitted")
+    else:
+        # Registration order (Metrics.__init__); cache_config_info is registered last, by StatLogger.info().
+        order = ("running", "waiting", "lora", "swapped", "gpu_usage", "cpu_usage", "cpu_hit", "gpu_hit", "preemptions",
+                 "prompt", "generation", "tokens", "iteration", "ttft", "tpot", "e2e", "WAITING", "RUNNING", "PREFILL",
+                 "DECODE", "in_queue", "forward", "execute", "prompt_req", "generation_req", "max_generation", "n",
+                 "max_tokens", "success", "spec_rate", "spec_efficiency", "spec_accepted", "spec_draft",
+                 "spec_emitted", "cache_config_info")
+    assert sorted(order) == sorted(families)
+    for name in order:
+        families[name]()
 
 
 def _cache_config_labels(profile: str, s: EngineSnapshot, snaps: Sequence[EngineSnapshot], max_model_len: int,
