@@ -46,8 +46,16 @@ def _wire_name(family) -> str:  # prometheus_client's parser strips _total from 
     return family.name + "_total" if family.type == "counter" else family.name
 
 
-def _catalogue_buckets(spec, max_model_len: int) -> list[float]:
+def _catalogue_buckets(spec, max_model_len: int, max_num_seqs: int = 256,  # type: ignore[no-untyped-def]
+                       max_num_batched_tokens: int = 8192) -> list[float]:
+    if isinstance(spec, str) and spec.startswith("V0 CUDA-graph"):
+        sizes = [1, 2, 4, *range(8, 8193, 8)]
+        cap = min(x for x in sizes if x >= max_num_seqs) if max_num_seqs <= 8192 else 8192
+        return [float(x) for x in sizes if x <= cap]
+    if isinstance(spec, str) and spec.startswith("V1 CUDA-graph"):
+        return [float(x) for x in [1, 2, 4, *range(8, 513, 8)] if x <= max_num_batched_tokens]
     if isinstance(spec, str):
+        assert spec == "1-2-5 up to max_model_len", spec
         out, exponent = [], 0
         while True:
             for mantissa in (1, 2, 5):
@@ -209,6 +217,29 @@ def test_process_start_time_moves_on_restart() -> None:
     sim.restart()
     sim.run_until(80.0)
     assert start() == 1_000_050.0
+
+
+@pytest.mark.parametrize(("profile", "max_num_seqs", "max_num_batched_tokens", "largest"), [
+    ("v0", 256, 8192, 256),  # V0 captured up to the first size >= max_num_seqs
+    ("v0", 100, 8192, 104),
+    ("v0", 1000, 8192, 1000),
+    ("v0", 20000, 8192, 8192),
+    ("0.8", 1024, 8192, 512),  # V1 0.8.x: 512 at most, and none above max_num_batched_tokens
+    ("0.8", 256, 100, 96),
+    ("0.10", 256, 100, 16384),  # fixed buckets from 0.9/0.10 on
+])
+def test_iteration_buckets_follow_the_cuda_graph_capture_sizes(profile: str, max_num_seqs: int,
+                                                              max_num_batched_tokens: int, largest: int) -> None:
+    families = _families(render(_snapshots(), profile, max_num_seqs=max_num_seqs,
+                                max_num_batched_tokens=max_num_batched_tokens))
+    bounds = sorted({float(s.labels["le"]) for s in families["vllm:iteration_tokens_total"].samples
+                     if s.name.endswith("_bucket")})
+    assert bounds[-2] == largest and bounds[-1] == float("inf")
+    spec = CATALOGUE["profiles"][profile]["vllm:iteration_tokens_total"]["buckets"]
+    assert bounds == [*_catalogue_buckets(spec, 8192, max_num_seqs, max_num_batched_tokens), float("inf")]
+    # Every step was counted whatever the buckets (the engine records against the union of all of them).
+    counts = [s.value for s in families["vllm:iteration_tokens_total"].samples if s.name.endswith("_count")]
+    assert counts == [_snapshots()[0].histograms["iteration_tokens"].count]
 
 
 def test_bad_render_arguments_are_refused() -> None:

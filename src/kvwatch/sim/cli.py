@@ -199,7 +199,8 @@ def build(args: argparse.Namespace, warn: Callable[[str], None] | None = None) -
             max_prompt_tokens=max(1, args.max_model_len - max_output), max_output_tokens=max_output,
         ), seed=args.seed)
     render_options = {"profile": args.vllm_version, "model_name": args.model_name, "multiprocess": args.multiprocess,
-                      "max_model_len": args.max_model_len, "enable_prefix_caching": args.enable_prefix_caching}
+                      "max_model_len": args.max_model_len, "enable_prefix_caching": args.enable_prefix_caching,
+                      "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens}
     return Simulator(config, seed=args.seed), feed, render_options
 
 

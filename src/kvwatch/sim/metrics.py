@@ -38,15 +38,24 @@ def _prefix(bounds: Sequence[float], upto: float) -> tuple[float, ...]:
     return tuple(b for b in bounds if b <= upto)
 
 
-# Bucket sets per profile: (ttft, tpot/itl, request latency, iteration tokens)
+# Bucket sets per profile: (ttft, tpot/itl, request latency); iteration tokens: _iteration_buckets.
 _BUCKETS = {
-    "0.33": (buckets.TTFT_SECONDS, buckets.ITL_SECONDS, buckets.REQUEST_LATENCY_SECONDS, buckets.ITERATION_TOKENS),
-    "0.10": (buckets.TTFT_SECONDS, buckets.ITL_SECONDS, buckets.REQUEST_LATENCY_SECONDS, buckets.ITERATION_TOKENS),
+    "0.33": (buckets.TTFT_SECONDS, buckets.ITL_SECONDS, buckets.REQUEST_LATENCY_SECONDS),
+    "0.10": (buckets.TTFT_SECONDS, buckets.ITL_SECONDS, buckets.REQUEST_LATENCY_SECONDS),
     "0.8": (_prefix(buckets.TTFT_SECONDS, 10.0), _prefix(buckets.ITL_SECONDS, 2.5),
-            _prefix(buckets.REQUEST_LATENCY_SECONDS, 60.0), buckets.ITERATION_TOKENS),
+            _prefix(buckets.REQUEST_LATENCY_SECONDS, 60.0)),
     "v0": (_prefix(buckets.TTFT_SECONDS, 10.0), _prefix(buckets.ITL_SECONDS, 2.5),
-           _prefix(buckets.REQUEST_LATENCY_SECONDS, 60.0), buckets.ITERATION_TOKENS_V0),
+           _prefix(buckets.REQUEST_LATENCY_SECONDS, 60.0)),
 }
+
+
+def _iteration_buckets(profile: str, max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, ...]:
+    """``vllm:iteration_tokens_total`` buckets: CUDA-graph capture sizes up to 0.8.x, fixed from 0.9/0.10."""
+    if profile == "v0":
+        return buckets.iteration_tokens_v0(max_num_seqs)
+    if profile == "0.8":
+        return buckets.iteration_tokens_v1_08(max_num_batched_tokens)
+    return buckets.ITERATION_TOKENS
 
 _FINISH_REASONS = {
     "0.33": ("stop", "length", "abort", "error", "repetition"),
@@ -149,10 +158,28 @@ class _Builder:
 DEFAULT_MODEL_NAME = "meta-llama/Llama-3.1-8B-Instruct"
 
 
+@dataclass(frozen=True)
+class _Config:
+    """The server's configuration as far as /metrics shows it."""
+
+    model_name: str
+    max_model_len: int
+    gpu_memory_utilization: float | None
+    enable_prefix_caching: bool
+    start_time: float
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+
 def render(snaps: Sequence[EngineSnapshot], profile: str = "0.33", *, model_name: str = DEFAULT_MODEL_NAME,
            multiprocess: bool = False, max_model_len: int = 8192, start_time: float = DEFAULT_START_TIME,
-           pid: int = 1, gpu_memory_utilization: float | None = None, enable_prefix_caching: bool = False) -> str:
-    """The ``/metrics`` body vLLM ``profile`` would serve for these engines (one snapshot per DP engine)."""
+           pid: int = 1, gpu_memory_utilization: float | None = None, enable_prefix_caching: bool = False,
+           max_num_seqs: int = 256, max_num_batched_tokens: int = 8192) -> str:
+    """The ``/metrics`` body vLLM ``profile`` would serve for these engines (one snapshot per DP engine).
+
+    ``max_num_seqs`` and ``max_num_batched_tokens`` only shape the ``iteration_tokens_total`` buckets of the
+    profiles that used CUDA-graph capture sizes (``v0``, ``0.8``).
+    """
     if profile not in PROFILES:
         raise ValueError(f"unknown vLLM profile {profile!r}; choose one of {', '.join(PROFILES)}")
     if not snaps:
@@ -161,15 +188,17 @@ def render(snaps: Sequence[EngineSnapshot], profile: str = "0.33", *, model_name
         raise ValueError(f"vLLM {profile} has no engine label: it cannot expose {len(snaps)} data-parallel engines")
     if multiprocess and profile not in MULTIPROCESS_PROFILES:
         raise ValueError(f"vLLM {profile} has no multiprocess metrics mode")
-    if max_model_len < 1:
-        raise ValueError("max_model_len must be >= 1")
+    if max_model_len < 1 or max_num_seqs < 1 or max_num_batched_tokens < 1:
+        raise ValueError("max_model_len, max_num_seqs and max_num_batched_tokens must be >= 1")
+    config = _Config(model_name, max_model_len, gpu_memory_utilization, enable_prefix_caching, start_time,
+                     max_num_seqs, max_num_batched_tokens)
     b = _Builder(profile, multiprocess, start_time, pid)
     if not multiprocess:  # the default registry's collectors; a multiprocess registry has only vLLM's families
         _render_runtime(b, snaps, start_time)
     if profile == "v0":
-        _render_v0(b, snaps[0], model_name, max_model_len, gpu_memory_utilization, enable_prefix_caching, start_time)
+        _render_v0(b, snaps[0], config)
     else:
-        _render_v1(b, snaps, profile, model_name, max_model_len, gpu_memory_utilization, enable_prefix_caching)
+        _render_v1(b, snaps, profile, config)
     return b.text()
 
 
@@ -203,9 +232,10 @@ def _render_runtime(b: _Builder, snaps: Sequence[EngineSnapshot], start_time: fl
     b.gauge("process_max_fds", "Maximum number of open file descriptors.", [({}, 1048576)])
 
 
-def _render_v1(b: _Builder, snaps: Sequence[EngineSnapshot], profile: str, model_name: str, max_model_len: int,
-               gmu: float | None, prefix_caching: bool) -> None:
+def _render_v1(b: _Builder, snaps: Sequence[EngineSnapshot], profile: str, c: _Config) -> None:
     with_engine = profile not in SINGLE_ENGINE_PROFILES
+    model_name = c.model_name
+    iteration = _iteration_buckets(profile, c.max_num_seqs, c.max_num_batched_tokens)
 
     def base(s: EngineSnapshot) -> dict[str, str]:
         return {"model_name": model_name, "engine": str(s.engine)} if with_engine else {"model_name": model_name}
@@ -213,8 +243,8 @@ def _render_v1(b: _Builder, snaps: Sequence[EngineSnapshot], profile: str, model
     def per(fn):  # type: ignore[no-untyped-def]
         return [(base(s), fn(s)) for s in snaps]
 
-    ttft, tpot, latency, iteration = _BUCKETS[profile]
-    tokens = buckets.build_1_2_5_buckets(max_model_len)
+    ttft, tpot, latency = _BUCKETS[profile]
+    tokens = buckets.build_1_2_5_buckets(c.max_model_len)
     new = profile == "0.33"
 
     b.gauge("vllm:num_requests_running", "Number of requests in model execution batches.", per(lambda s: s.num_running))
@@ -325,11 +355,10 @@ def _render_v1(b: _Builder, snaps: Sequence[EngineSnapshot], profile: str, model
              f"request_{key}_time_seconds")
     # One series per engine; without an engine label (0.8) there is one engine anyway.
     b.gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-            [(_cache_config_labels(profile, s, snaps, max_model_len, gmu, prefix_caching), 1) for s in snaps])
+            [(_cache_config_labels(profile, s, snaps, c), 1) for s in snaps])
 
 
-def _render_v0(b: _Builder, s: EngineSnapshot, model_name: str, max_model_len: int, gmu: float | None,
-               prefix_caching: bool, start_time: float) -> None:
+def _render_v0(b: _Builder, s: EngineSnapshot, c: _Config) -> None:
     """V0's ``Metrics`` (vllm/engine/metrics.py, 0.6-0.7) as its ``_log_prometheus`` leaves them after ``s``.
 
     V0 registers every family, LoRA and speculative decoding included, but a labelled family gets a series only
@@ -338,9 +367,10 @@ def _render_v0(b: _Builder, s: EngineSnapshot, model_name: str, max_model_len: i
     only with ``--collect-detailed-traces``, spec decode only with a draft model. Those render as bare HELP/TYPE
     lines in the default registry and not at all in multiprocess mode (V0's default frontend).
     """
-    base = {"model_name": model_name}
-    ttft, tpot, latency, iteration = _BUCKETS["v0"]
-    tokens = buckets.build_1_2_5_buckets(max_model_len)
+    base = {"model_name": c.model_name}
+    ttft, tpot, latency = _BUCKETS["v0"]
+    iteration = _iteration_buckets("v0", c.max_num_seqs, c.max_num_batched_tokens)
+    tokens = buckets.build_1_2_5_buckets(c.max_model_len)
     h = s.histograms
 
     def observed(key: str) -> list[tuple[dict[str, str], HistogramSnapshot]]:
@@ -348,14 +378,14 @@ def _render_v0(b: _Builder, s: EngineSnapshot, model_name: str, max_model_len: i
 
     # -1 is V0's "prefix caching disabled" (NaiveBlockAllocator.get_prefix_cache_hit_rate).
     gpu_hit_rate, cpu_hit_rate = -1.0, -1.0
-    if prefix_caching:
+    if c.enable_prefix_caching:
         q = s.prefix_cache_queries_blocks
         gpu_hit_rate, cpu_hit_rate = (s.prefix_cache_hits_blocks / q if q else 0.0), 0.0
     never: list = []
     families = {
         "cache_config_info": lambda: b.gauge(
             "vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-            [(_cache_config_labels("v0", s, [s], max_model_len, gmu, prefix_caching), 1)], mp_mode="mostrecent"),
+            [(_cache_config_labels("v0", s, [s], c), 1)], mp_mode="mostrecent"),
         "running": lambda: b.gauge("vllm:num_requests_running", "Number of requests currently running on GPU.",
                                    [(base, s.num_running)], mp_mode="sum"),
         "waiting": lambda: b.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
@@ -363,7 +393,7 @@ def _render_v0(b: _Builder, s: EngineSnapshot, model_name: str, max_model_len: i
         # Set on every log call, LoRA or not; the value is the unix time of that call (set_to_current_time).
         "lora": lambda: b.gauge("vllm:lora_requests_info", "Running stats on lora requests.",
                                 [({"running_lora_adapters": "", "max_lora": "0", "waiting_lora_adapters": ""},
-                                  round(start_time + s.time, 3))], mp_mode="livemostrecent"),
+                                  round(c.start_time + s.time, 3))], mp_mode="livemostrecent"),
         "swapped": lambda: b.gauge("vllm:num_requests_swapped", "Number of requests swapped to CPU.", [(base, 0)],
                                    mp_mode="sum"),
         "gpu_usage": lambda: b.gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.",
@@ -451,14 +481,16 @@ def _render_v0(b: _Builder, s: EngineSnapshot, model_name: str, max_model_len: i
         families[name]()
 
 
-def _cache_config_labels(profile: str, s: EngineSnapshot, snaps: Sequence[EngineSnapshot], max_model_len: int,
-                         gmu: float | None, prefix_caching: bool) -> dict[str, str]:
+def _cache_config_labels(profile: str, s: EngineSnapshot, snaps: Sequence[EngineSnapshot],
+                         c: _Config) -> dict[str, str]:
     """``CacheConfig.metrics_info()``: every field as ``str(value)``; num_gpu_blocks summed over DP engines."""
     total_blocks = sum(x.num_gpu_blocks for x in snaps)
+    gmu = c.gpu_memory_utilization
+    max_model_len = c.max_model_len
     common = {
         "block_size": str(s.block_size),
         "cache_dtype": "auto",
-        "enable_prefix_caching": str(prefix_caching),
+        "enable_prefix_caching": str(c.enable_prefix_caching),
         "num_gpu_blocks_override": "None",
         "sliding_window": "None",
     }
