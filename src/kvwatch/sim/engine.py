@@ -159,7 +159,13 @@ HISTOGRAMS: dict[str, tuple[float, ...]] = {
     "request_inference_time_seconds": buckets.REQUEST_LATENCY_SECONDS,
     "request_prefill_time_seconds": buckets.REQUEST_LATENCY_SECONDS,
     "request_decode_time_seconds": buckets.REQUEST_LATENCY_SECONDS,
+    # vllm:iteration_tokens_total, one observation per step, as each generation counts a step's tokens:
+    # V1 >= 0.33 (computed prompt tokens + generated tokens; only steps that produced a token), V1 0.8-0.10
+    # (full prompt tokens + generated tokens; same steps) and V0 (scheduled tokens + one per finished prefill,
+    # every step). The prompt counts when the request's first token comes, not chunk by chunk.
     "iteration_tokens": buckets.ITERATION_TOKENS_UNION,
+    "iteration_tokens_full_prompt": buckets.ITERATION_TOKENS_UNION,
+    "iteration_tokens_v0": buckets.ITERATION_TOKENS_UNION,
     "request_prompt_tokens": buckets.REQUEST_TOKENS,
     "request_generation_tokens": buckets.REQUEST_TOKENS,
     "request_max_num_generation_tokens": buckets.REQUEST_TOKENS,
@@ -416,7 +422,8 @@ class EngineCore:
             itl.observe(dt, k - 1)
             r.last_token = end
         self.generation_tokens_total += k * n
-        self.hist["iteration_tokens"].observe(n, k)
+        for name in ("iteration_tokens", "iteration_tokens_full_prompt", "iteration_tokens_v0"):
+            self.hist[name].observe(n, k)
         self.now = end
         if steps_left == k:
             self._finish_done(end)
@@ -487,16 +494,19 @@ class EngineCore:
             self.now += cfg.step.fixed_seconds
             return
         prefill = decode = 0
+        decoding = []
         for req, new in scheduled:
-            if new == 1 and req.generated > 0 and req.computed == req.prompt + req.generated - 1:
+            is_decode = new == 1 and req.generated > 0 and req.computed == req.prompt + req.generated - 1
+            decoding.append(is_decode)
+            if is_decode:
                 decode += 1
             else:
                 prefill += new
         end = self.now + cfg.step.duration(prefill, decode)
-        self.hist["iteration_tokens"].observe(prefill + decode)
         done = False
         itl = self.hist["inter_token_latency_seconds"]
-        for req, new in scheduled:
+        generated = prefills_done = first_prompts = first_prompts_computed = 0
+        for (req, new), is_decode in zip(scheduled, decoding, strict=True):
             req.computed += new
             if req.prefix_keys:
                 self._register_prefix(req)
@@ -504,16 +514,24 @@ class EngineCore:
                 continue  # a prefill chunk: no token yet
             req.generated += 1
             self.generation_tokens_total += 1
+            generated += 1
+            prefills_done += not is_decode
             if req.first_token is None:
                 req.first_token = end
                 self.prompt_tokens_total += req.prompt
                 self.prompt_tokens_cached_total += req.prompt - req.prefill_kv_computed
+                first_prompts += req.prompt
+                first_prompts_computed += req.prefill_kv_computed
                 self.hist["time_to_first_token_seconds"].observe(end - req.arrival)
             else:
                 itl.observe(end - req.last_token)
             req.last_token = end
             if req.generated >= req.output:
                 done = True
+        self.hist["iteration_tokens_v0"].observe(prefill + decode + prefills_done)
+        if generated:  # vLLM V1 records iteration stats only for steps whose output has tokens
+            self.hist["iteration_tokens"].observe(first_prompts_computed + generated)
+            self.hist["iteration_tokens_full_prompt"].observe(first_prompts + generated)
         self.now = end
         if done:
             self._finish_done(end)

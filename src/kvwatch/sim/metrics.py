@@ -326,7 +326,8 @@ def _render_v1(b: _Builder, snaps: Sequence[EngineSnapshot], profile: str, c: _C
     hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens, "request_prompt_tokens")
     hist("vllm:request_generation_tokens", "Number of generation tokens processed.", tokens,
          "request_generation_tokens")
-    hist("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", iteration, "iteration_tokens")
+    hist("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", iteration,
+         "iteration_tokens" if new else "iteration_tokens_full_prompt")
     hist("vllm:request_max_num_generation_tokens", "Histogram of maximum number of requested generation tokens.",
          tokens, "request_max_num_generation_tokens")
     hist("vllm:request_params_n", "Histogram of the n request parameter.", buckets.PARAMS_N, "request_params_n")
@@ -413,7 +414,7 @@ def _render_v0(b: _Builder, s: EngineSnapshot, c: _Config) -> None:
         "tokens": lambda: b.counter("vllm:tokens", "Number of prefill plus generation tokens processed.", never),
         "iteration": lambda: b.histogram("vllm:iteration_tokens_total",
                                          "Histogram of number of tokens per engine_step.", iteration,
-                                         observed("iteration_tokens")),
+                                         observed("iteration_tokens_v0")),
         "ttft": lambda: b.histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                                     ttft, observed("time_to_first_token_seconds")),
         "tpot": lambda: b.histogram("vllm:time_per_output_token_seconds",
