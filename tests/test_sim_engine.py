@@ -305,3 +305,14 @@ def test_any_configuration_keeps_the_invariants_and_batching_stays_exact(
     final = fast.snapshot()
     assert sum(s.requests_completed + s.requests_rejected_total for s in final) == len(requests)
     assert all(s.used_blocks == 0 and s.num_running == s.num_waiting == 0 for s in final)
+
+
+def test_per_request_tpot_is_zero_for_a_single_output_token() -> None:
+    sim = Simulator(EngineConfig(num_gpu_blocks=2000, step=STEP))
+    sim.submit([Request(0.0, 100, 1), Request(5.0, 100, 11)])
+    sim.run_until(30.0)
+    (snap,) = sim.snapshot()
+    tpot = snap.histograms["request_time_per_output_token_seconds"]
+    assert snap.requests_completed == 2 and tpot.count == 2  # vLLM observes every finished request
+    decode_step = STEP.duration(0, 1)
+    assert tpot.sum == pytest.approx(0.0 + decode_step)  # 0 for the 1-token request, the decode step for the other

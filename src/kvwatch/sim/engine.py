@@ -560,8 +560,9 @@ class EngineCore:
             h["request_inference_time_seconds"].observe(end - first_scheduled)
             h["request_prefill_time_seconds"].observe(first_token - first_scheduled)
             h["request_decode_time_seconds"].observe(decode_time)
-            if req.generated > 1:
-                h["request_time_per_output_token_seconds"].observe(decode_time / (req.generated - 1))
+            # vLLM's mean_time_per_output_token: 0 for a request with a single output token.
+            h["request_time_per_output_token_seconds"].observe(
+                decode_time / (req.generated - 1) if req.generated > 1 else 0.0)
             h["request_prompt_tokens"].observe(req.prompt)
             h["request_generation_tokens"].observe(req.generated)
             h["request_max_num_generation_tokens"].observe(req.max_tokens)
