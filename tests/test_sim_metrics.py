@@ -145,6 +145,14 @@ def test_values_follow_the_engine_and_config_info_is_per_engine() -> None:
         assert sample.labels["num_gpu_blocks"] == "1400"
         assert sample.labels["kv_cache_max_concurrency"] == str(700 / (8192 / 16))
         assert sample.labels["kv_cache_size_tokens"] == str(int(700 / 512 * 8192))
+    by_tier = {(s.labels["engine"], s.labels["source"]): s.value
+               for s in families["vllm:prompt_tokens_cached_by_source"].samples if s.name.endswith("_total")}
+    hits = {s.labels["engine"]: s.value for s in families["vllm:prefix_cache_hits"].samples
+            if s.name.endswith("_total")}
+    assert len(by_tier) == 2 * 5
+    for engine in ("0", "1"):  # its HELP: sums to vllm:prefix_cache_hits + vllm:external_prefix_cache_hits
+        assert sum(v for (e, _), v in by_tier.items() if e == engine) == hits[engine] == by_tier[(engine, "device")]
+    assert hits["0"] > 0
     success = sum(s.value for s in families["vllm:request_success"].samples)
     assert success == sum(s.requests_completed for s in snaps)
     prompt = families["vllm:request_prompt_tokens"]

@@ -310,6 +310,14 @@ def _render_v1(b: _Builder, snaps: Sequence[EngineSnapshot], profile: str, c: _C
                       ("external_kv_transfer", 0))])
         b.counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).",
                   per(lambda s: s.prompt_tokens_cached_total))
+        # Incremented by the same prefix_cache_stats.hits as vllm:prefix_cache_hits (all local: "device"); the
+        # other tiers need a KV connector. Every source is pre-created per engine.
+        b.counter("vllm:prompt_tokens_cached_by_source",
+                  "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), host "
+                  "(offloaded to DRAM), disk, p2p (transferred from another vLLM instance) or external_unspecified. "
+                  "Counted at admission; sums to vllm:prefix_cache_hits + vllm:external_prefix_cache_hits.",
+                  [({**base(s), "source": src}, s.prefix_cache_hits_tokens if src == "device" else 0)
+                   for src in ("device", "host", "p2p", "disk", "external_unspecified") for s in snaps])
     b.counter("vllm:generation_tokens", "Number of generation tokens processed.",
               per(lambda s: s.generation_tokens_total))
     b.counter("vllm:request_success", "Count of successfully processed requests.",
