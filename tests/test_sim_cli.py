@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvwatch.cli import main
 from kvwatch.settings import SettingsError
 from kvwatch.sim import cli as sim_cli
+from kvwatch.sim.metrics import render
 from kvwatch.sim.traces import load_trace, packaged_trace
 
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("KVWATCH_")}
@@ -148,6 +149,18 @@ def test_trace_requests_longer_than_max_model_len_are_announced(capsys: pytest.C
     out, err = capsys.readouterr()
     assert f"{expected} of {len(requests)} trace requests" in err
     assert json.loads(out)["requests_rejected"] == expected
+
+
+@pytest.mark.parametrize("flags", [[], ["--enable-prefix-caching"]])
+def test_cache_config_info_says_what_the_engine_does(flags: list[str]) -> None:
+    simulator, _, render_options = _build("--vllm-version", "0.33", "--data-parallel-size", "2", *flags)
+    assert render_options["enable_prefix_caching"] is simulator.config.enable_prefix_caching is bool(flags)
+    simulator.run_until(1.0)
+    text = render(simulator.snapshot(), **render_options)
+    info = next(f for f in text_string_to_metric_families(text) if f.name == "vllm:cache_config_info")
+    for sample in info.samples:
+        assert sample.labels["enable_prefix_caching"] == str(bool(flags))
+        assert sample.labels["num_gpu_blocks_override"] == "2048" and sample.labels["num_gpu_blocks"] == "4096"
 
 
 def test_no_serve_needs_a_duration(capsys: pytest.CaptureFixture[str]) -> None:

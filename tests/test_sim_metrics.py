@@ -143,6 +143,8 @@ def test_values_follow_the_engine_and_config_info_is_per_engine() -> None:
     for sample in info:
         # num_gpu_blocks is summed over DP engines; size and concurrency stay per engine (vLLM's core_client).
         assert sample.labels["num_gpu_blocks"] == "1400"
+        assert sample.labels["num_gpu_blocks_override"] == "700"  # the given per-engine size, as the flag is
+        assert sample.labels["enable_prefix_caching"] == "False"  # render's default, as the engine's
         assert sample.labels["kv_cache_max_concurrency"] == str(700 / (8192 / 16))
         assert sample.labels["kv_cache_size_tokens"] == str(int(700 / 512 * 8192))
     by_tier = {(s.labels["engine"], s.labels["source"]): s.value
@@ -293,3 +295,14 @@ def test_v0_families_get_series_only_once_written() -> None:
     assert busy["vllm:time_in_queue_requests"].samples[-1].value == \
         busy["vllm:request_queue_time_seconds"].samples[-1].value
     assert 0 < busy["vllm:gpu_prefix_cache_hit_rate"].samples[0].value < 1
+
+
+def test_v0_cache_config_info_echoes_the_override_like_the_real_capture() -> None:
+    real = _families((FIXTURES / "v0-engine-qwenvl.prom").read_text())["vllm:cache_config_info"].samples[0].labels
+    assert real["num_gpu_blocks_override"] == real["num_gpu_blocks"] == "2048"
+    sim = Simulator(EngineConfig(num_gpu_blocks=2048))
+    sim.run_until(1.0)
+    ours = _families(render(sim.snapshot(), "v0", enable_prefix_caching=True))["vllm:cache_config_info"]
+    labels = ours.samples[0].labels
+    assert labels["num_gpu_blocks_override"] == labels["num_gpu_blocks"] == "2048"
+    assert labels["enable_prefix_caching"] == "True"

@@ -492,7 +492,11 @@ def _render_v0(b: _Builder, s: EngineSnapshot, c: _Config) -> None:
 
 def _cache_config_labels(profile: str, s: EngineSnapshot, snaps: Sequence[EngineSnapshot],
                          c: _Config) -> dict[str, str]:
-    """``CacheConfig.metrics_info()``: every field as ``str(value)``; num_gpu_blocks summed over DP engines."""
+    """``CacheConfig.metrics_info()``: every field as ``str(value)``; num_gpu_blocks summed over DP engines.
+
+    The simulated cache size is given, not profiled, so it is vLLM's ``--num-gpu-blocks-override`` (per
+    engine, echoed as such, as the real V0 capture does); ``enable_prefix_caching`` is what the engine does.
+    """
     total_blocks = sum(x.num_gpu_blocks for x in snaps)
     gmu = c.gpu_memory_utilization
     max_model_len = c.max_model_len
@@ -500,7 +504,7 @@ def _cache_config_labels(profile: str, s: EngineSnapshot, snaps: Sequence[Engine
         "block_size": str(s.block_size),
         "cache_dtype": "auto",
         "enable_prefix_caching": str(c.enable_prefix_caching),
-        "num_gpu_blocks_override": "None",
+        "num_gpu_blocks_override": str(s.num_gpu_blocks),
         "sliding_window": "None",
     }
     if profile == "v0":
@@ -533,7 +537,7 @@ def _cache_config_labels(profile: str, s: EngineSnapshot, snaps: Sequence[Engine
         "kv_cache_max_concurrency": str(concurrency),
         "kv_cache_memory_bytes": "None",
         "kv_cache_size_tokens": str(int(concurrency * max_model_len)),
-        "kv_offloading_backend": "None",
+        "kv_offloading_backend": "native",
         "kv_offloading_size": "None",
         "kv_sharing_fast_prefill": "False",
         "mamba_block_size": "None",
@@ -543,13 +547,13 @@ def _cache_config_labels(profile: str, s: EngineSnapshot, snaps: Sequence[Engine
         "mamba_ssm_cache_dtype": "auto",
         "num_cpu_blocks": "None",
         "num_gpu_blocks": str(total_blocks),
-        "prefix_cache_retention_interval": "None",
+        "prefix_cache_retention_interval": "0",
         "prefix_caching_hash_algo": "sha256",
         "prefix_match_unit": "None",
-        "replayssm_buffer_len": "None",
+        "replayssm_buffer_len": "16",
         "simple_cpu_offload_num_blocks": "None",
-        "skip_page_size_padded": "False",
-        "swa_bounded_replay": "False",
+        "skip_page_size_padded": "None",
+        "swa_bounded_replay": "True",
         "use_kda_recoverssm": "False",
         "use_replayssm": "False",
         "user_specified_block_size": "False",
