@@ -53,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     eng.add_argument("--max-num-batched-tokens", type=int, default=8192, help="token budget of one step")
     eng.add_argument("--max-model-len", type=int, default=8192,
                      help="longest prompt+output accepted (longer requests are rejected as vLLM does)")
-    eng.add_argument("--enable-prefix-caching", action="store_true", help="share prefix blocks (trace hash_ids)")
+    eng.add_argument("--enable-prefix-caching", action="store_true",
+                     help="share prefix blocks (trace hash_ids); off by default, unlike vLLM V1")
     eng.add_argument("--model-name", default="meta-llama/Llama-3.1-8B-Instruct", help="served model name label")
     eng.add_argument("--multiprocess", action="store_true",
                      help="expose through prometheus_client's multiprocess mode, as V1 with --api-server-count > 1 "
