@@ -90,6 +90,7 @@ def _build(*argv: str, warn=None):  # type: ignore[no-untyped-def]
     (["--step-decode-token-ms", "nan"], "--step-decode-token-ms"),
     (["--step-prefill-token-ms=-inf"], "--step-prefill-token-ms"),
     (["--period-seconds", "inf"], "--period-seconds"),
+    (["--profile", "bursty", "--period-seconds", "1e-300"], "--period-seconds"),
     (["--data-parallel-size", "100000"], "--data-parallel-size"),
     (["--max-model-len", "200000000", "--num-gpu-blocks", "20000000"], "--max-model-len"),
 ])

@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     eng.add_argument("--model-name", default="meta-llama/Llama-3.1-8B-Instruct", help="served model name label")
     eng.add_argument("--multiprocess", action="store_true",
                      help="expose through prometheus_client's multiprocess mode, as V1 with --api-server-count > 1 "
-                     "and V0's default frontend do (no process_* families, pid labels, _sum before _bucket)")
+                     "and V0's default frontend do (no process_* families, pid on gauges without a mode, _sum first)")
     step = StepTimeModel()
     eng.add_argument("--step-fixed-ms", type=float, default=round(step.fixed_seconds * 1000, 6),
                      help="fixed cost of one engine step")
@@ -149,7 +149,8 @@ def build(args: argparse.Namespace, warn: Callable[[str], None] | None = None) -
     _number(args.rate, "--rate", 0, MAX_RATE)
     if args.rate_end is not None:
         _number(args.rate_end, "--rate-end", 0, MAX_RATE)
-    _number(args.period_seconds, "--period-seconds", 0, 1e9, low_open=True)
+    # Below a second, the bursty profile would flip between burst and calm ~10^k times a simulated second.
+    _number(args.period_seconds, "--period-seconds", 1, 1e9)
     # Means above max_model_len make no sense (sizes are capped below it) and overflow the lognormal draw.
     _number(args.prompt_tokens, "--prompt-tokens", 1, args.max_model_len)
     _number(args.output_tokens, "--output-tokens", 1, args.max_model_len)
