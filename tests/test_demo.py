@@ -10,8 +10,10 @@ analyzers) polling it every 10 simulated seconds, its collector rendered to the 
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -21,7 +23,7 @@ from prometheus_client.exposition import generate_latest
 
 from kvwatch import app, demo
 from kvwatch.collector import KvwatchCollector, make_registry
-from kvwatch.settings import ServeSettings, load_settings
+from kvwatch.settings import ServeSettings, SettingsError, load_settings
 from kvwatch.sim import cli as sim_cli
 from kvwatch.sim.server import SimulationService
 
@@ -153,6 +155,76 @@ def test_status_line_reads_kvwatch_metrics() -> None:
         '# TYPE kvwatch_up gauge\nkvwatch_up{model_name="m",engine="0"} 0\n', 1.0)
 
 
+def test_status_line_stamps_the_simulators_own_clock_when_known() -> None:
+    text = '# TYPE kvwatch_up gauge\nkvwatch_up{model_name="m",engine="0"} 0\n'
+    assert demo.status_line(text, 12.0, 30.0).startswith("[  12s | sim   6.0 min]")
+    assert demo.status_line(text, 12.0, 30.0, sim_seconds=330.0).startswith("[  12s | sim   5.5 min]")
+
+
+def test_simulator_clock_starts_when_the_simulator_says_it_serves() -> None:
+    ticks = iter([100.0, 103.0, 104.0])
+    clock = demo.SimulatorClock(io.StringIO("serving http://127.0.0.1:1/metrics\nmore\n"), speed=30.0,
+                                clock=lambda: next(ticks))
+    clock.reader.join(timeout=10)
+    assert not clock.reader.is_alive()
+    assert clock.seconds() == pytest.approx(3.0 * 30)
+    silent = demo.SimulatorClock(io.StringIO(""), speed=30.0, clock=lambda: 0.0)
+    silent.reader.join(timeout=10)
+    assert silent.seconds() is None  # the caller falls back on its own elapsed time x speed
+
+
+class _Child:
+    """A child process that ignores SIGTERM; ``wait`` raises KeyboardInterrupt once, like a second Ctrl-C."""
+
+    def __init__(self, interrupt: bool) -> None:
+        self.calls: list[str] = []
+        self.interrupt = interrupt
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def terminate(self) -> None:
+        self.calls.append("terminate")
+
+    def kill(self) -> None:
+        self.calls.append("kill")
+        self.returncode = -9
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.calls.append("wait" if timeout is None else "wait-grace")
+        if self.returncode is not None:
+            return self.returncode
+        if self.interrupt:
+            self.interrupt = False
+            raise KeyboardInterrupt
+        raise subprocess.TimeoutExpired("child", timeout or 0)
+
+
+def test_a_second_ctrl_c_while_stopping_kills_and_reaps_every_child() -> None:
+    before = signal.getsignal(signal.SIGINT)
+    children = [_Child(interrupt=True), _Child(interrupt=False)]
+    demo._stop(children)  # type: ignore[arg-type]
+    for child in children:
+        assert child.returncode == -9 and child.calls[-2:] == ["kill", "wait"], child.calls
+    assert children[1].calls == ["terminate", "kill", "wait"]  # no grace left to wait for after the interrupt
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_stop_kills_a_child_that_ignores_sigterm_after_the_grace() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
+                              "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\n"
+                              "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        demo._stop([child], grace=0.2)
+        assert child.returncode == -signal.SIGKILL  # reaped: no zombie left
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
 def test_demo_runs_both_processes_says_the_clock_is_accelerated_and_stops_them() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "kvwatch", "demo", "--sim-port", "0", "--port", "0", "--duration-seconds", "10",
@@ -165,6 +237,21 @@ def test_demo_runs_both_processes_says_the_clock_is_accelerated_and_stops_them()
     assert "filling" in lines[4] and "bottleneck" in lines[4]
     # kvwatch polled the simulator and the status line read kvwatch's /metrics: still warming up this early.
     assert any("usage" in line and "state warming_up" in line for line in lines[5:]), result.stdout
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["--speed", "inf"], "--speed"),  # once named serve's --poll-interval-seconds (10 / inf = 0)
+    (["--speed", "nan"], "--speed"),
+    (["--speed", "1e9"], "--speed"),
+    (["--poll-interval-seconds", "inf"], "--poll-interval-seconds"),
+    (["--status-interval-seconds", "inf"], "--status-interval-seconds"),
+    (["--status-interval-seconds", "0"], "--status-interval-seconds"),
+    (["--duration-seconds", "inf"], "--duration-seconds"),
+    (["--port", "70000"], "--port"),
+])
+def test_demo_flags_must_be_finite_and_in_range(args: list[str], flag: str) -> None:
+    with pytest.raises(SettingsError, match=f"for {flag}: must be"):
+        demo.check_flags(_parse(demo.add_arguments, args))
 
 
 def test_demo_rejects_a_bad_flag_naming_it() -> None:

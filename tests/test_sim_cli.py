@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -14,7 +15,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvwatch.cli import main
-from kvwatch.sim.traces import packaged_trace
+from kvwatch.settings import SettingsError
+from kvwatch.sim import cli as sim_cli
+from kvwatch.sim.metrics import render
+from kvwatch.sim.traces import load_trace, packaged_trace
 
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("KVWATCH_")}
 
@@ -62,6 +66,102 @@ def test_headless_trace_replay_with_rate_scale(capsys: pytest.CaptureFixture[str
 def test_bad_flags_exit_2_naming_the_flag(args: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--no-serve", "--duration-seconds", "10", *args]) == 2
     assert flag in capsys.readouterr().err
+
+
+def _build(*argv: str, warn=None):  # type: ignore[no-untyped-def]
+    parser = argparse.ArgumentParser()
+    sim_cli.add_arguments(parser)
+    return sim_cli.build(parser.parse_args(list(argv)), warn=warn)
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    # Each of these passed plain comparisons and then hung (infinite arrival rate, infinite clock, steps that never
+    # end) or crashed (OverflowError in the lognormal draw, ValueError from scale_rate).
+    (["--rate", "inf"], "--rate"),
+    (["--rate", "nan"], "--rate"),
+    (["--profile", "ramp", "--rate-end", "inf"], "--rate-end"),
+    (["--no-serve", "--duration-seconds", "inf"], "--duration-seconds"),
+    (["--prompt-tokens", "inf"], "--prompt-tokens"),
+    (["--output-tokens", "1e308"], "--output-tokens"),
+    (["--prompt-tokens", "9000"], "--prompt-tokens"),  # a mean above --max-model-len
+    (["--speed", "inf"], "--speed"),
+    (["--speed", "1e6"], "--speed"),
+    (["--step-fixed-ms", "inf"], "--step-fixed-ms"),
+    (["--step-decode-token-ms", "nan"], "--step-decode-token-ms"),
+    (["--step-prefill-token-ms=-inf"], "--step-prefill-token-ms"),
+    (["--period-seconds", "inf"], "--period-seconds"),
+    (["--profile", "bursty", "--period-seconds", "1e-300"], "--period-seconds"),
+    (["--data-parallel-size", "100000"], "--data-parallel-size"),
+    (["--max-model-len", "200000000", "--num-gpu-blocks", "20000000"], "--max-model-len"),
+])
+def test_non_finite_and_out_of_range_numbers_are_flag_errors(args: list[str], flag: str) -> None:
+    with pytest.raises(SettingsError, match=f"for {flag}: must be"):
+        _build(*args)
+
+
+def test_infinite_rate_scale_is_a_flag_error_not_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    trace = str(packaged_trace("azure_conv_sample.csv"))
+    for value in ("inf", "nan", "5000"):
+        with pytest.raises(SettingsError, match="for --rate-scale"):
+            _build("--trace", trace, "--rate-scale", value)
+    assert main(["simulate", "--no-serve", "--duration-seconds", "10", "--trace", trace, "--rate-scale", "inf"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--rate-scale" in err and "Traceback" not in err
+
+
+def test_restart_times_must_be_finite(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["simulate", "--no-serve", "--duration-seconds", "10", "--restart-at-seconds", "100,inf"])
+    assert exit_info.value.code == 2 and "--restart-at-seconds" in capsys.readouterr().err
+
+
+def test_a_cache_too_small_for_one_request_names_both_flags_and_the_way_out(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--no-serve", "--duration-seconds", "10", "--num-gpu-blocks", "100"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err
+    assert "--num-gpu-blocks 100 (99 usable blocks x 16 tokens = 1584 tokens) cannot hold one request of " \
+           "--max-model-len 8192 (512 blocks)" in err
+    assert "lower --max-model-len to <= 1584 or raise --num-gpu-blocks to >= 513" in err
+    # The advice is right: either way out starts.
+    _build("--num-gpu-blocks", "100", "--max-model-len", "1584")
+    _build("--num-gpu-blocks", "513")
+    with pytest.raises(SettingsError):
+        _build("--num-gpu-blocks", "100", "--max-model-len", "1585")
+
+
+def test_trace_requests_longer_than_max_model_len_are_announced(capsys: pytest.CaptureFixture[str]) -> None:
+    trace = packaged_trace("mooncake_conversation_sample.jsonl")
+    requests = load_trace(trace)
+    expected, longest = sim_cli.too_long_for(requests, 8192)
+    assert 0 < expected < len(requests)
+    warnings: list[str] = []
+    _build("--trace", str(trace), "--num-gpu-blocks", "20000", warn=warnings.append)
+    assert len(warnings) == 1
+    assert f"{expected} of {len(requests)} trace requests" in warnings[0] and f"longest is {longest}" in warnings[0]
+    warnings.clear()
+    _build("--trace", str(trace), "--num-gpu-blocks", "20000", "--max-model-len", str(longest), warn=warnings.append)
+    assert warnings == []
+    # What the warning says is what happens: exactly those requests are rejected in a headless run.
+    last_arrival = max(r.arrival_time for r in requests)  # before the trace's second pass starts
+    code = main(["simulate", "--no-serve", "--json", "--duration-seconds", str(last_arrival), "--trace",
+                 str(trace), "--num-gpu-blocks", "20000"])
+    assert code == 0
+    out, err = capsys.readouterr()
+    assert f"{expected} of {len(requests)} trace requests" in err
+    assert json.loads(out)["requests_rejected"] == expected
+
+
+@pytest.mark.parametrize("flags", [[], ["--enable-prefix-caching"]])
+def test_cache_config_info_says_what_the_engine_does(flags: list[str]) -> None:
+    simulator, _, render_options = _build("--vllm-version", "0.33", "--data-parallel-size", "2", *flags)
+    assert render_options["enable_prefix_caching"] is simulator.config.enable_prefix_caching is bool(flags)
+    simulator.run_until(1.0)
+    text = render(simulator.snapshot(), **render_options)
+    info = next(f for f in text_string_to_metric_families(text) if f.name == "vllm:cache_config_info")
+    for sample in info.samples:
+        assert sample.labels["enable_prefix_caching"] == str(bool(flags))
+        assert sample.labels["num_gpu_blocks_override"] == "2048" and sample.labels["num_gpu_blocks"] == "4096"
 
 
 def test_no_serve_needs_a_duration(capsys: pytest.CaptureFixture[str]) -> None:

@@ -123,8 +123,29 @@ def test_chunked_prefill_spreads_a_long_prompt_over_steps() -> None:
     # 4 prefill chunks (1000+1000+1000+500 tokens) before the first token.
     expected_ttft = STEP.duration(1000, 0) * 3 + STEP.duration(500, 0)
     assert snap.histograms["time_to_first_token_seconds"].sum == pytest.approx(expected_ttft)
-    assert snap.histograms["iteration_tokens"].count == 5  # 4 chunks + 1 decode step
     assert snap.requests_completed == 1
+    h = snap.histograms
+    # vllm:iteration_tokens_total as each generation records it. V1: nothing for a chunk that produced no token,
+    # the whole prompt (plus its first token) when prefill finishes, then the decode step.
+    for name in ("iteration_tokens", "iteration_tokens_full_prompt"):
+        assert (h[name].count, h[name].sum) == (2, 3501 + 1), name
+        assert h[name].cumulative([512, 4096]) == [1, 2, 2], name
+    # V0: every step's scheduled tokens, plus the token the finished prefill generated.
+    assert (h["iteration_tokens_v0"].count, h["iteration_tokens_v0"].sum) == (5, 1000 * 3 + 501 + 1)
+
+
+def test_iteration_tokens_count_computed_prompt_tokens_from_0_33_and_full_prompts_before() -> None:
+    # The second request finds all but the last prompt block cached: it computes 16 tokens.
+    config = EngineConfig(num_gpu_blocks=2000, enable_prefix_caching=True, step=STEP)
+    sim = Simulator(config)
+    sim.submit([Request(0.0, 1024, 1, hash_ids=(7, 8)), Request(10.0, 1024, 1, hash_ids=(7, 8))])
+    sim.run_until(20.0)
+    (snap,) = sim.snapshot()
+    assert snap.prompt_tokens_cached_total == 1008
+    h = snap.histograms
+    assert h["iteration_tokens"].sum == (1024 + 1) + (16 + 1)  # 0.33: prompt_token_stats.computed + generated
+    assert h["iteration_tokens_full_prompt"].sum == 2 * (1024 + 1)  # 0.8-0.10: num_prompt_tokens + generated
+    assert h["iteration_tokens_v0"].sum == (1024 + 1) + (16 + 1)  # V0: scheduled tokens + first tokens
 
 
 def test_batched_decoding_equals_step_by_step() -> None:
@@ -284,3 +305,14 @@ def test_any_configuration_keeps_the_invariants_and_batching_stays_exact(
     final = fast.snapshot()
     assert sum(s.requests_completed + s.requests_rejected_total for s in final) == len(requests)
     assert all(s.used_blocks == 0 and s.num_running == s.num_waiting == 0 for s in final)
+
+
+def test_per_request_tpot_is_zero_for_a_single_output_token() -> None:
+    sim = Simulator(EngineConfig(num_gpu_blocks=2000, step=STEP))
+    sim.submit([Request(0.0, 100, 1), Request(5.0, 100, 11)])
+    sim.run_until(30.0)
+    (snap,) = sim.snapshot()
+    tpot = snap.histograms["request_time_per_output_token_seconds"]
+    assert snap.requests_completed == 2 and tpot.count == 2  # vLLM observes every finished request
+    decode_step = STEP.duration(0, 1)
+    assert tpot.sum == pytest.approx(0.0 + decode_step)  # 0 for the 1-token request, the decode step for the other

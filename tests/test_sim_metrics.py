@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
+import subprocess
+import sys
 from importlib import resources
 from pathlib import Path
 
@@ -42,8 +46,16 @@ def _wire_name(family) -> str:  # prometheus_client's parser strips _total from 
     return family.name + "_total" if family.type == "counter" else family.name
 
 
-def _catalogue_buckets(spec, max_model_len: int) -> list[float]:
+def _catalogue_buckets(spec, max_model_len: int, max_num_seqs: int = 256,  # type: ignore[no-untyped-def]
+                       max_num_batched_tokens: int = 8192) -> list[float]:
+    if isinstance(spec, str) and spec.startswith("V0 CUDA-graph"):
+        sizes = [1, 2, 4, *range(8, 8193, 8)]
+        cap = min(x for x in sizes if x >= max_num_seqs) if max_num_seqs <= 8192 else 8192
+        return [float(x) for x in sizes if x <= cap]
+    if isinstance(spec, str) and spec.startswith("V1 CUDA-graph"):
+        return [float(x) for x in [1, 2, 4, *range(8, 513, 8)] if x <= max_num_batched_tokens]
     if isinstance(spec, str):
+        assert spec == "1-2-5 up to max_model_len", spec
         out, exponent = [], 0
         while True:
             for mantissa in (1, 2, 5):
@@ -57,14 +69,18 @@ def _catalogue_buckets(spec, max_model_len: int) -> list[float]:
 @pytest.mark.parametrize("profile", PROFILES)
 @pytest.mark.parametrize("multiprocess", [False, True])
 def test_profile_matches_the_catalogue(profile: str, multiprocess: bool) -> None:
-    if multiprocess and profile in ("0.8", "v0"):
+    if multiprocess and profile == "0.8":  # V1 0.8.x had a single API server
         with pytest.raises(ValueError, match="multiprocess"):
             render(_snapshots(), profile, multiprocess=True)
         return
     dp = 1 if profile in ("0.8", "v0") else 2
-    text = render(_snapshots(dp), profile, max_model_len=4096, multiprocess=multiprocess)
+    text = render(_snapshots(dp), profile, max_model_len=4096, multiprocess=multiprocess,
+                  enable_prefix_caching=True)
     families = _families(text)
-    expected = CATALOGUE["profiles"][profile]
+    catalogued = CATALOGUE["profiles"][profile]
+    # Registered but never set: HELP/TYPE only in the default registry, absent in multiprocess mode.
+    never = {name for name, spec in catalogued.items() if spec.get("samples") == "never"}
+    expected = {name: spec for name, spec in catalogued.items() if not (multiprocess and name in never)}
     created = {n for n in families if n.endswith("_created")}
     if multiprocess or not CATALOGUE["created_samples"][profile]:
         assert not created
@@ -80,6 +96,9 @@ def test_profile_matches_the_catalogue(profile: str, multiprocess: bool) -> None
         family = real[name]
         assert family.type == spec["type"], name
         assert family.documentation == spec["help"], name
+        assert bool(family.samples) == (name not in never), name
+        if not family.samples:
+            continue
         for sample in family.samples:
             labels = set(sample.labels) - {"le", "pid"}
             assert labels == set(spec["labels"]), name
@@ -124,8 +143,18 @@ def test_values_follow_the_engine_and_config_info_is_per_engine() -> None:
     for sample in info:
         # num_gpu_blocks is summed over DP engines; size and concurrency stay per engine (vLLM's core_client).
         assert sample.labels["num_gpu_blocks"] == "1400"
+        assert sample.labels["num_gpu_blocks_override"] == "700"  # the given per-engine size, as the flag is
+        assert sample.labels["enable_prefix_caching"] == "False"  # render's default, as the engine's
         assert sample.labels["kv_cache_max_concurrency"] == str(700 / (8192 / 16))
         assert sample.labels["kv_cache_size_tokens"] == str(int(700 / 512 * 8192))
+    by_tier = {(s.labels["engine"], s.labels["source"]): s.value
+               for s in families["vllm:prompt_tokens_cached_by_source"].samples if s.name.endswith("_total")}
+    hits = {s.labels["engine"]: s.value for s in families["vllm:prefix_cache_hits"].samples
+            if s.name.endswith("_total")}
+    assert len(by_tier) == 2 * 5
+    for engine in ("0", "1"):  # its HELP: sums to vllm:prefix_cache_hits + vllm:external_prefix_cache_hits
+        assert sum(v for (e, _), v in by_tier.items() if e == engine) == hits[engine] == by_tier[(engine, "device")]
+    assert hits["0"] > 0
     success = sum(s.value for s in families["vllm:request_success"].samples)
     assert success == sum(s.requests_completed for s in snaps)
     prompt = families["vllm:request_prompt_tokens"]
@@ -133,14 +162,46 @@ def test_values_follow_the_engine_and_config_info_is_per_engine() -> None:
     assert sum(counts) == sum(s.request_prompt_tokens_count for s in snaps)
 
 
-def test_multiprocess_mode_orders_sum_before_buckets_and_adds_pid() -> None:
-    text = render(_snapshots(dp=2), "0.10", multiprocess=True, pid=4242)
-    lines = [line for line in text.splitlines() if line.startswith("vllm:e2e_request_latency_seconds")]
-    assert lines[0].startswith("vllm:e2e_request_latency_seconds_sum") and "_sum" in lines[1]
-    assert "_bucket" in lines[2]
-    families = _families(text)
-    assert all(s.labels["pid"] == "4242" for s in families["vllm:kv_cache_usage_perc"].samples)
-    assert all("pid" not in s.labels for s in families["vllm:num_requests_running"].samples)
+_REAL_MULTIPROCESS = """
+import sys
+import prometheus_client as pc
+from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+bounds = [float(b) for b in sys.argv[1].split(",")]
+h = pc.Histogram("vllm:e2e_request_latency_seconds", "x", labelnames=["model_name", "engine"], buckets=bounds)
+g = pc.Gauge("vllm:kv_cache_usage_perc", "x", labelnames=["model_name", "engine"])
+m = pc.Gauge("vllm:num_requests_running", "x", labelnames=["model_name", "engine"], multiprocess_mode="mostrecent")
+for engine in ("0", "1"):
+    h.labels("m", engine).observe(1.0)
+    g.labels("m", engine).set(0.5)
+    m.labels("m", engine).set(3)
+registry = CollectorRegistry()
+multiprocess.MultiProcessCollector(registry)
+print(generate_latest(registry).decode())
+"""
+
+
+def _sample_lines(text: str, family: str) -> list[str]:
+    """The family's sample lines without their values: names and labels, in order."""
+    return [line.rsplit(" ", 1)[0] for line in text.splitlines()
+            if line.startswith(family) and not line.startswith("#")]
+
+
+def test_multiprocess_mode_is_what_prometheus_client_multiprocess_collector_serves(tmp_path: Path) -> None:
+    """Sample order, label order and pid labels, compared with prometheus_client's own MultiProcessCollector."""
+    bounds = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+              480.0, 960.0, 1920.0, 7680.0]
+    real = subprocess.run([sys.executable, "-c", _REAL_MULTIPROCESS, ",".join(map(str, bounds))], check=True,
+                          capture_output=True, text=True, env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)},
+                          timeout=60).stdout
+    pid = int(re.search(r'pid="(\d+)"', real).group(1))  # type: ignore[union-attr]
+    ours = render(_snapshots(dp=2), "0.10", multiprocess=True, pid=pid, model_name="m")
+    for family in ("vllm:e2e_request_latency_seconds", "vllm:kv_cache_usage_perc", "vllm:num_requests_running"):
+        assert _sample_lines(ours, family) == _sample_lines(real, family), family
+    # Per series: _sum, the buckets, _count (not every _sum first).
+    lines = _sample_lines(ours, "vllm:e2e_request_latency_seconds")
+    assert lines[0].startswith("vllm:e2e_request_latency_seconds_sum") and "_bucket" in lines[1]
+    assert lines[len(bounds) + 3].startswith("vllm:e2e_request_latency_seconds_sum")
+    assert "_created" not in ours and "process_start_time_seconds" not in ours
 
 
 def test_version_specific_units_and_created_samples() -> None:
@@ -168,8 +229,80 @@ def test_process_start_time_moves_on_restart() -> None:
     assert start() == 1_000_050.0
 
 
+@pytest.mark.parametrize(("profile", "max_num_seqs", "max_num_batched_tokens", "largest"), [
+    ("v0", 256, 8192, 256),  # V0 captured up to the first size >= max_num_seqs
+    ("v0", 100, 8192, 104),
+    ("v0", 1000, 8192, 1000),
+    ("v0", 20000, 8192, 8192),
+    ("0.8", 1024, 8192, 512),  # V1 0.8.x: 512 at most, and none above max_num_batched_tokens
+    ("0.8", 256, 100, 96),
+    ("0.10", 256, 100, 16384),  # fixed buckets from 0.9/0.10 on
+])
+def test_iteration_buckets_follow_the_cuda_graph_capture_sizes(profile: str, max_num_seqs: int,
+                                                              max_num_batched_tokens: int, largest: int) -> None:
+    families = _families(render(_snapshots(), profile, max_num_seqs=max_num_seqs,
+                                max_num_batched_tokens=max_num_batched_tokens))
+    bounds = sorted({float(s.labels["le"]) for s in families["vllm:iteration_tokens_total"].samples
+                     if s.name.endswith("_bucket")})
+    assert bounds[-2] == largest and bounds[-1] == float("inf")
+    spec = CATALOGUE["profiles"][profile]["vllm:iteration_tokens_total"]["buckets"]
+    assert bounds == [*_catalogue_buckets(spec, 8192, max_num_seqs, max_num_batched_tokens), float("inf")]
+    # Every step was counted whatever the buckets (the engine records against the union of all of them).
+    counts = [s.value for s in families["vllm:iteration_tokens_total"].samples if s.name.endswith("_count")]
+    assert counts == [_snapshots()[0].histograms["iteration_tokens"].count]
+
+
 def test_bad_render_arguments_are_refused() -> None:
     with pytest.raises(ValueError, match="unknown vLLM profile"):
         render(_snapshots(), "0.9")
     with pytest.raises(ValueError, match="no engine label"):
         render(_snapshots(dp=2), "v0")
+
+
+def test_v0_default_frontend_is_multiprocess_mode_as_in_the_real_capture() -> None:
+    """V0's OpenAI server runs prometheus_client in multiprocess mode: the capture's family order and labels."""
+    real = [f for f in text_string_to_metric_families((FIXTURES / "v0-engine-qwenvl.prom").read_text())]
+    ours = [f for f in text_string_to_metric_families(render(_snapshots(), "v0", model_name="qwenvl",
+                                                             multiprocess=True))]
+    names = [f.name for f in ours]
+    assert names[:len(real)] == [f.name for f in real]  # mostrecent file (cache_config_info), then the sum gauges
+    for mine, theirs in zip(ours, real, strict=False):
+        for a, b in zip(mine.samples, theirs.samples, strict=False):
+            assert list(a.labels) == list(b.labels), mine.name  # same label names in the same (sorted) order
+    assert not any(n.startswith(("python_", "process_")) for n in names)
+    assert not any("pid" in s.labels for f in ours for s in f.samples)  # every V0 gauge has a multiprocess_mode
+
+
+def test_v0_families_get_series_only_once_written() -> None:
+    sim = Simulator(EngineConfig(num_gpu_blocks=100))
+    sim.run_until(5.0)  # nothing arrived: no step, no observation
+    fresh = _families(render(sim.snapshot(), "v0", model_name="m", start_time=1_000_000.0))
+    for name in ("vllm:iteration_tokens_total", "vllm:e2e_request_latency_seconds", "vllm:request_success",
+                 "vllm:tokens", "vllm:model_forward_time_milliseconds", "vllm:spec_decode_efficiency"):
+        assert fresh[name].samples == [], name  # HELP and TYPE only
+    lora = fresh["vllm:lora_requests_info"].samples
+    assert [(s.labels, s.value) for s in lora] == [
+        ({"max_lora": "0", "running_lora_adapters": "", "waiting_lora_adapters": ""}, 1_000_005.0)]
+    assert fresh["vllm:gpu_prefix_cache_hit_rate"].samples[0].value == -1.0  # V0's "prefix caching disabled"
+    assert fresh["vllm:num_preemptions"].samples[0].value == 0  # incremented by 0 on every log call
+    mp = _families(render(sim.snapshot(), "v0", multiprocess=True))
+    assert "vllm:iteration_tokens_total" not in mp and "vllm:tokens" not in mp and "vllm:lora_requests_info" in mp
+
+    busy = _families(render(_snapshots(), "v0", enable_prefix_caching=True))
+    reasons = {s.labels["finished_reason"] for s in busy["vllm:request_success"].samples if s.name.endswith("_total")}
+    assert reasons == {"stop"}  # only the reasons seen (V1 pre-creates every reason)
+    assert busy["vllm:tokens"].samples == []  # V0 registers it and never increments it
+    assert busy["vllm:time_in_queue_requests"].samples[-1].value == \
+        busy["vllm:request_queue_time_seconds"].samples[-1].value
+    assert 0 < busy["vllm:gpu_prefix_cache_hit_rate"].samples[0].value < 1
+
+
+def test_v0_cache_config_info_echoes_the_override_like_the_real_capture() -> None:
+    real = _families((FIXTURES / "v0-engine-qwenvl.prom").read_text())["vllm:cache_config_info"].samples[0].labels
+    assert real["num_gpu_blocks_override"] == real["num_gpu_blocks"] == "2048"
+    sim = Simulator(EngineConfig(num_gpu_blocks=2048))
+    sim.run_until(1.0)
+    ours = _families(render(sim.snapshot(), "v0", enable_prefix_caching=True))["vllm:cache_config_info"]
+    labels = ours.samples[0].labels
+    assert labels["num_gpu_blocks_override"] == labels["num_gpu_blocks"] == "2048"
+    assert labels["enable_prefix_caching"] == "True"

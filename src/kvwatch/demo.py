@@ -9,6 +9,7 @@ simulator's speed, prints both URLs, then a status line every few seconds read f
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import signal
 import socket
@@ -17,10 +18,12 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import IO
 
 from kvwatch.exposition import ParseError, parse
 from kvwatch.settings import SettingsError
+from kvwatch.sim.cli import MAX_SPEED
 
 DEFAULT_SPEED = 30.0
 # The load: one engine of 16,384 blocks (262k tokens, ~250 requests in flight at saturation, so usage is
@@ -43,7 +46,8 @@ SATURATION_SIM_SECONDS = 51 * 60.0
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     parser.add_argument("--speed", type=float, default=DEFAULT_SPEED,
-                        help="simulated seconds per wall-clock second (the simulator's and kvwatch's clocks)")
+                        help="simulated seconds per wall-clock second (the simulator's and kvwatch's clocks; "
+                             "at most 10000)")
     parser.add_argument("--sim-port", type=int, default=8000, help="simulator /metrics port (0: a free one)")
     parser.add_argument("--port", type=int, default=9747, help="kvwatch /metrics port (0: a free one)")
     # "%(default).0s" prints nothing: it only stops the formatter from appending "(default: None)".
@@ -103,13 +107,15 @@ def _fetch(url: str, timeout: float = 2.0) -> str | None:
         return None
 
 
-def status_line(text: str, elapsed: float, speed: float = 1.0) -> str:
+def status_line(text: str, elapsed: float, speed: float = 1.0, sim_seconds: float | None = None) -> str:
     """One line from kvwatch's /metrics: usage, queue, and the forecast and advice once they exist (pure).
 
-    ``elapsed`` is wall seconds since the start; ``speed`` turns it into simulated time. ETAs are read from
-    kvwatch, whose clock runs at the simulator's speed, so they are simulated minutes already.
+    ``elapsed`` is wall seconds since the start; ``sim_seconds`` the simulator's clock (default: ``elapsed``
+    times ``speed``). ETAs are read from kvwatch, whose clock runs at the simulator's speed, so they are
+    simulated minutes already.
     """
-    stamp = f"[{elapsed:4.0f}s | sim {elapsed * speed / 60:5.1f} min]"
+    simulated = elapsed * speed if sim_seconds is None else sim_seconds
+    stamp = f"[{elapsed:4.0f}s | sim {simulated / 60:5.1f} min]"
     try:
         exp = parse(text)
     except ParseError as exc:
@@ -159,31 +165,86 @@ def status_line(text: str, elapsed: float, speed: float = 1.0) -> str:
     return " | ".join([" ".join(parts[:2]), *parts[2:]])
 
 
-def _stop(processes: Sequence[subprocess.Popen]) -> None:
+class SimulatorClock:
+    """The simulator's clock as the demo can read it: ``kvwatch simulate`` starts its clock, then prints
+    ``serving http://...`` on stdout, so simulated time is ``(now - when that line came) * speed``.
+
+    A daemon thread reads (and keeps draining) the child's stdout; until the line comes, ``seconds`` is None.
+    """
+
+    def __init__(self, stream: IO[str], speed: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.speed = speed
+        self._clock = clock
+        self._origin: float | None = None
+        self.reader = threading.Thread(target=self._read, args=(stream,), name="kvwatch-demo-sim-stdout", daemon=True)
+        self.reader.start()
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            if self._origin is None and line.startswith("serving "):
+                self._origin = self._clock()
+
+    def seconds(self) -> float | None:
+        origin = self._origin
+        return None if origin is None else (self._clock() - origin) * self.speed
+
+
+STOP_GRACE_SECONDS = 5.0
+
+
+def _stop(processes: Sequence[subprocess.Popen], grace: float = STOP_GRACE_SECONDS) -> None:
+    """SIGTERM every child, wait up to ``grace`` seconds, SIGKILL what is left, and always reap them all.
+
+    Another Ctrl-C while waiting cuts the grace short (the children are killed at once); none can
+    interrupt the kill and the reaping, so no child outlives the demo or stays a zombie.
+    """
     for proc in processes:
         if proc.poll() is None:
             proc.terminate()
-    deadline = time.monotonic() + 5.0
-    for proc in processes:
+    deadline = time.monotonic() + grace
+    try:
+        for proc in processes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except KeyboardInterrupt:
+        pass  # a second Ctrl-C: stop waiting, kill now
+    finally:
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main else None
         try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            for proc in processes:
+                if proc.poll() is None:
+                    proc.kill()
+            for proc in processes:
+                proc.wait()  # SIGKILL cannot be ignored: this returns at once
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """SettingsError naming the first bad flag; times and the speed must be finite (``inf`` would hang)."""
+
+    def positive(value: float | None, high: float) -> bool:
+        return value is None or (math.isfinite(value) and 0 < value <= high)
+
+    for flag, value, ok, rule in (
+        ("--speed", args.speed, positive(args.speed, MAX_SPEED), f"must be a finite number > 0 and <= {MAX_SPEED:g}"),
+        ("--poll-interval-seconds", args.poll_interval_seconds, positive(args.poll_interval_seconds, 3600.0),
+         "must be a finite number > 0 and <= 3600"),
+        ("--status-interval-seconds", args.status_interval_seconds, positive(args.status_interval_seconds, 3600.0),
+         "must be a finite number > 0 and <= 3600"),
+        ("--duration-seconds", args.duration_seconds, positive(args.duration_seconds, 1e9),
+         "must be a finite number > 0"),
+        ("--sim-port", args.sim_port, 0 <= args.sim_port <= 65535, "must be 0..65535"),
+        ("--port", args.port, 0 <= args.port <= 65535, "must be 0..65535"),
+    ):
+        if not ok:
+            raise SettingsError(f"invalid value {value!r} for {flag}: {rule}")
 
 
 def run(args: argparse.Namespace) -> int:
-    for flag, value, ok in (("--speed", args.speed, args.speed > 0),
-                            ("--poll-interval-seconds", args.poll_interval_seconds,
-                             args.poll_interval_seconds is None or args.poll_interval_seconds > 0),
-                            ("--status-interval-seconds", args.status_interval_seconds,
-                             args.status_interval_seconds > 0),
-                            ("--duration-seconds", args.duration_seconds,
-                             args.duration_seconds is None or args.duration_seconds > 0),
-                            ("--sim-port", args.sim_port, 0 <= args.sim_port <= 65535),
-                            ("--port", args.port, 0 <= args.port <= 65535)):
-        if not ok:
-            raise SettingsError(f"invalid value {value!r} for {flag}")
+    check_flags(args)
     sim_port = args.sim_port or _free_port()
     port = args.port or _free_port()
     sim_url = f"http://127.0.0.1:{sim_port}/metrics"
@@ -193,9 +254,12 @@ def run(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     processes: list[subprocess.Popen] = []
     try:
-        processes.append(subprocess.Popen([py, "-m", "kvwatch", "simulate", *simulator_argv(args.speed, sim_port,
-                                                                                          args.seed)],
-                                          stdout=subprocess.DEVNULL))
+        simulator = subprocess.Popen([py, "-m", "kvwatch", "simulate", *simulator_argv(args.speed, sim_port,
+                                                                                     args.seed)],
+                                     stdout=subprocess.PIPE, text=True)
+        processes.append(simulator)
+        assert simulator.stdout is not None
+        sim_clock = SimulatorClock(simulator.stdout, args.speed)
         processes.append(subprocess.Popen([py, "-m", "kvwatch", "serve", *serve_argv(
             sim_url, port, args.speed, args.poll_interval_seconds)]))
         print("\n".join(intro(args.speed, sim_url, kvwatch_url)), flush=True)
@@ -209,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
                     print(f"kvwatch demo: the {name} exited with code {proc.returncode}", file=sys.stderr)
                     return 1
             text = _fetch(kvwatch_url)
-            print(status_line(text, elapsed, args.speed) if text is not None else
+            print(status_line(text, elapsed, args.speed, sim_clock.seconds()) if text is not None else
                   f"[{elapsed:4.0f}s] starting kvwatch ...", flush=True)
             wait = args.status_interval_seconds
             if args.duration_seconds is not None:
@@ -218,6 +282,8 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        _stop(processes)
-        signal.signal(signal.SIGTERM, previous)
+        try:
+            _stop(processes)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     return 0

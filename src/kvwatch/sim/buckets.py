@@ -29,9 +29,26 @@ ITL_SECONDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 REQUEST_LATENCY_SECONDS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                            120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 ITERATION_TOKENS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-# The V0 engine used the CUDA-graph capture sizes (default [1, 2, 4] + 8..512 step 8).
-ITERATION_TOKENS_V0 = (1, 2, 4, *range(8, 513, 8))
-ITERATION_TOKENS_UNION = tuple(sorted(set(ITERATION_TOKENS) | set(ITERATION_TOKENS_V0)))
+# V0 and V1 up to 0.8.x used the CUDA-graph capture sizes instead (build_cudagraph_buckets in V1), which
+# depend on the engine's limits; see the two functions below (vllm/config.py VllmConfig._set_cudagraph_sizes).
+_V0_CAPTURE_CANDIDATES = (1, 2, 4, *range(8, 8 * 1024 + 1, 8))
+_V1_CAPTURE_CANDIDATES = (1, 2, 4, *range(8, 513, 8))
+
+
+def iteration_tokens_v0(max_num_seqs: int) -> tuple[int, ...]:
+    """V0: ``[1, 2, 4] + [8 * i for i in range(1, 1025)]`` up to the first size >= ``max_num_seqs``."""
+    cap = next((size for size in _V0_CAPTURE_CANDIDATES if size >= max_num_seqs), _V0_CAPTURE_CANDIDATES[-1])
+    return tuple(size for size in _V0_CAPTURE_CANDIDATES if size <= cap)
+
+
+def iteration_tokens_v1_08(max_num_batched_tokens: int) -> tuple[int, ...]:
+    """V1 0.8.x: ``[1, 2, 4] + list(range(8, 513, 8))``, dropping sizes above ``max_num_batched_tokens``."""
+    return tuple(size for size in _V1_CAPTURE_CANDIDATES if size <= max_num_batched_tokens)
+
+
+ITERATION_TOKENS_UNION = tuple(sorted({*ITERATION_TOKENS, *_V0_CAPTURE_CANDIDATES, *_V1_CAPTURE_CANDIDATES}))
+# V0's model forward/execute time histograms: build_1_2_3_5_8_buckets(3000), in milliseconds.
+MODEL_TIME_MS_V0 = (1, 2, 3, 5, 8, 10, 20, 30, 50, 80, 100, 200, 300, 500, 800, 1000, 2000, 3000)
 PARAMS_N = (1, 2, 5, 10, 20)
 NUM_PREEMPTIONS = (1, 2, 3, 4, 5, 10, 20)
 # Token-count histograms use 1-2-5 up to max_model_len; record up to 10^8 so any max_model_len renders.

@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from kvwatch.settings import SettingsError
-from kvwatch.sim.engine import EngineConfig, EngineSnapshot, Simulator, StepTimeModel
+from kvwatch.sim import buckets
+from kvwatch.sim.engine import EngineConfig, EngineSnapshot, Request, Simulator, StepTimeModel
 from kvwatch.sim.load import PROFILE_KINDS, LoadGenerator, LoadProfile
-from kvwatch.sim.metrics import PROFILES, SINGLE_ENGINE_PROFILES
+from kvwatch.sim.metrics import MULTIPROCESS_PROFILES, PROFILES, SINGLE_ENGINE_PROFILES
 from kvwatch.sim.server import Feed, SimulationService, TraceFeed, make_server, start_ticker
 from kvwatch.sim.traces import TraceError, load_trace, scale_rate
 
@@ -32,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     srv = parser.add_argument_group("serving")
     srv.add_argument("--listen-address", default="127.0.0.1", help="address to serve /metrics on")
     srv.add_argument("--port", type=int, default=8000, help="port to serve /metrics on (0: pick a free one)")
-    srv.add_argument("--speed", type=float, default=1.0, help="simulated seconds per wall-clock second")
+    srv.add_argument("--speed", type=float, default=1.0, help="simulated seconds per wall-clock second (at most 10000)")
     srv.add_argument("--no-serve", action="store_true", help="run headless as fast as possible, then print a summary")
     srv.add_argument("--duration-seconds", type=float, default=None,
                      help="simulated seconds to run (required with --no-serve; when serving, stop after it)")
@@ -50,10 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     eng.add_argument("--max-num-batched-tokens", type=int, default=8192, help="token budget of one step")
     eng.add_argument("--max-model-len", type=int, default=8192,
                      help="longest prompt+output accepted (longer requests are rejected as vLLM does)")
-    eng.add_argument("--enable-prefix-caching", action="store_true", help="share prefix blocks (trace hash_ids)")
+    eng.add_argument("--enable-prefix-caching", action="store_true",
+                     help="share prefix blocks (trace hash_ids); off by default, unlike vLLM V1")
     eng.add_argument("--model-name", default="meta-llama/Llama-3.1-8B-Instruct", help="served model name label")
     eng.add_argument("--multiprocess", action="store_true",
-                     help="expose as vLLM with --api-server-count > 1 does (pid labels, _sum before _bucket)")
+                     help="expose through prometheus_client's multiprocess mode, as V1 with --api-server-count > 1 "
+                     "and V0's default frontend do (no process_* families, pid on gauges without a mode, _sum first)")
     step = StepTimeModel()
     eng.add_argument("--step-fixed-ms", type=float, default=round(step.fixed_seconds * 1000, 6),
                      help="fixed cost of one engine step")
@@ -64,15 +69,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     load = parser.add_argument_group("load")
     load.add_argument("--profile", choices=PROFILE_KINDS, default="constant", help="arrival-rate shape")
-    load.add_argument("--rate", type=float, default=2.0, help="requests per second (start of the profile)")
+    load.add_argument("--rate", type=float, default=2.0,
+                      help="requests per second (start of the profile; at most 10000)")
     load.add_argument("--rate-end", type=float, default=None, help="the profile's other rate (ramp end, step, peak)")
     load.add_argument("--period-seconds", type=float, default=600.0,
                       help="ramp length, step time, diurnal period or mean burst cycle (simulated seconds)")
-    load.add_argument("--prompt-tokens", type=float, default=1000.0, help="mean prompt length")
-    load.add_argument("--output-tokens", type=float, default=200.0, help="mean output length")
+    load.add_argument("--prompt-tokens", type=float, default=1000.0,
+                      help="mean prompt length (at most --max-model-len)")
+    load.add_argument("--output-tokens", type=float, default=200.0,
+                      help="mean output length (at most --max-model-len)")
     load.add_argument("--trace", type=Path, default=None,
-                      help="replay a trace instead (.csv Azure, .jsonl Mooncake); loops when it ends")
-    load.add_argument("--rate-scale", type=float, default=1.0, help="with --trace: arrival-rate multiplier")
+                      help="replay a trace instead (.csv Azure, .jsonl Mooncake); loops when it ends; "
+                      "requests longer than --max-model-len are rejected (a warning at startup says how many)")
+    load.add_argument("--rate-scale", type=float, default=1.0,
+                      help="with --trace: arrival-rate multiplier (at most 1000)")
     load.add_argument("--seed", type=int, default=0, help="random seed (runs are deterministic for a seed)")
 
 
@@ -81,9 +91,20 @@ def _times(text: str) -> tuple[float, ...]:
         values = tuple(float(part) for part in text.split(",") if part.strip())
     except ValueError:
         raise argparse.ArgumentTypeError("expected comma-separated seconds, e.g. 600,1800") from None
-    if any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError("restart times must be > 0")
+    if not all(math.isfinite(v) and v > 0 for v in values):
+        raise argparse.ArgumentTypeError("restart times must be finite and > 0")
     return values
+
+
+# Upper bounds: past these a run is not slow but broken (a request flood, a clock the engine cannot follow,
+# a step longer than any real one), so they are flag errors rather than long runs.
+MAX_SPEED = 10_000.0  # the engine simulates ~1,000-4,000x real time; beyond this it could never keep up
+MAX_RATE = 10_000.0  # requests per simulated second
+MAX_RATE_SCALE = 1_000.0  # copies of the trace superposed
+MAX_STEP_FIXED_MS = 60_000.0
+MAX_STEP_TOKEN_MS = 1_000.0
+MAX_DATA_PARALLEL = 1_024
+MAX_MODEL_LEN = buckets.REQUEST_TOKENS[-1]  # token histograms are recorded up to here
 
 
 def _check(ok: bool, flag: str, message: str, value: Any) -> None:
@@ -91,35 +112,60 @@ def _check(ok: bool, flag: str, message: str, value: Any) -> None:
         raise SettingsError(f"invalid value {value!r} for {flag}: {message}")
 
 
-def build(args: argparse.Namespace) -> tuple[Simulator, Feed, dict]:
-    """Simulator, request feed and render options from the flags; SettingsError names a bad flag."""
+def _number(value: float, flag: str, low: float, high: float, *, low_open: bool = False) -> None:
+    """A finite number in [low, high] (or (low, high] with ``low_open``); NaN and infinities are refused."""
+    ok = math.isfinite(value) and (value > low if low_open else value >= low) and value <= high
+    _check(ok, flag, f"must be a finite number {'>' if low_open else '>='} {low:g} and <= {high:g}", value)
+
+
+def _fits_one_request(args: argparse.Namespace) -> None:
+    """vLLM sizes the cache for at least one request of max_model_len; refuse a cache that cannot."""
+    usable = args.num_gpu_blocks - 1
+    needed = -(-args.max_model_len // args.block_size)
+    if needed > usable:
+        raise SettingsError(
+            f"--num-gpu-blocks {args.num_gpu_blocks} ({usable} usable blocks x {args.block_size} tokens = "
+            f"{usable * args.block_size} tokens) cannot hold one request of --max-model-len {args.max_model_len} "
+            f"({needed} blocks): lower --max-model-len to <= {usable * args.block_size} or raise --num-gpu-blocks "
+            f"to >= {needed + 1}")
+
+
+def build(args: argparse.Namespace, warn: Callable[[str], None] | None = None) -> tuple[Simulator, Feed, dict]:
+    """Simulator, request feed and render options from the flags; SettingsError names a bad flag.
+
+    ``warn`` receives one line per thing worth knowing before the run (e.g. trace requests that
+    ``--max-model-len`` will reject).
+    """
     _check(args.num_gpu_blocks >= 2, "--num-gpu-blocks", "must be >= 2", args.num_gpu_blocks)
     _check(args.block_size >= 1, "--block-size", "must be >= 1", args.block_size)
-    _check(args.data_parallel_size >= 1, "--data-parallel-size", "must be >= 1", args.data_parallel_size)
+    _check(1 <= args.data_parallel_size <= MAX_DATA_PARALLEL, "--data-parallel-size",
+           f"must be 1..{MAX_DATA_PARALLEL}", args.data_parallel_size)
     _check(args.max_num_seqs >= 1, "--max-num-seqs", "must be >= 1", args.max_num_seqs)
     _check(args.max_num_batched_tokens >= 1, "--max-num-batched-tokens", "must be >= 1", args.max_num_batched_tokens)
-    _check(args.max_model_len >= 2, "--max-model-len", "must be >= 2", args.max_model_len)
-    _check(-(-args.max_model_len // args.block_size) <= args.num_gpu_blocks - 1, "--max-model-len",
-           f"one request of that length needs more than the {args.num_gpu_blocks - 1} usable blocks "
-           "(vLLM refuses to start)", args.max_model_len)
-    _check(args.speed > 0, "--speed", "must be > 0", args.speed)
-    _check(args.rate >= 0, "--rate", "must be >= 0", args.rate)
-    _check(args.rate_end is None or args.rate_end >= 0, "--rate-end", "must be >= 0", args.rate_end)
-    _check(args.period_seconds > 0, "--period-seconds", "must be > 0", args.period_seconds)
-    _check(args.prompt_tokens >= 1, "--prompt-tokens", "must be >= 1", args.prompt_tokens)
-    _check(args.output_tokens >= 1, "--output-tokens", "must be >= 1", args.output_tokens)
-    _check(args.rate_scale > 0, "--rate-scale", "must be > 0", args.rate_scale)
-    _check(args.step_fixed_ms > 0, "--step-fixed-ms", "must be > 0", args.step_fixed_ms)
-    _check(args.step_decode_token_ms >= 0, "--step-decode-token-ms", "must be >= 0", args.step_decode_token_ms)
-    _check(args.step_prefill_token_ms >= 0, "--step-prefill-token-ms", "must be >= 0", args.step_prefill_token_ms)
-    _check(args.duration_seconds is None or args.duration_seconds > 0, "--duration-seconds", "must be > 0",
-           args.duration_seconds)
+    _check(2 <= args.max_model_len <= MAX_MODEL_LEN, "--max-model-len", f"must be 2..{MAX_MODEL_LEN}",
+           args.max_model_len)
+    _fits_one_request(args)
+    _number(args.speed, "--speed", 0, MAX_SPEED, low_open=True)
+    _number(args.rate, "--rate", 0, MAX_RATE)
+    if args.rate_end is not None:
+        _number(args.rate_end, "--rate-end", 0, MAX_RATE)
+    # Below a second, the bursty profile would flip between burst and calm ~10^k times a simulated second.
+    _number(args.period_seconds, "--period-seconds", 1, 1e9)
+    # Means above max_model_len make no sense (sizes are capped below it) and overflow the lognormal draw.
+    _number(args.prompt_tokens, "--prompt-tokens", 1, args.max_model_len)
+    _number(args.output_tokens, "--output-tokens", 1, args.max_model_len)
+    _number(args.rate_scale, "--rate-scale", 0, MAX_RATE_SCALE, low_open=True)
+    _number(args.step_fixed_ms, "--step-fixed-ms", 0, MAX_STEP_FIXED_MS, low_open=True)
+    _number(args.step_decode_token_ms, "--step-decode-token-ms", 0, MAX_STEP_TOKEN_MS)
+    _number(args.step_prefill_token_ms, "--step-prefill-token-ms", 0, MAX_STEP_TOKEN_MS)
+    if args.duration_seconds is not None:
+        _number(args.duration_seconds, "--duration-seconds", 0, 1e12, low_open=True)
     _check(not (args.no_serve and args.duration_seconds is None), "--duration-seconds", "required with --no-serve",
            None)
     _check(args.data_parallel_size == 1 or args.vllm_version not in SINGLE_ENGINE_PROFILES, "--data-parallel-size",
            f"vLLM {args.vllm_version} has no engine label, so it serves one engine", args.data_parallel_size)
-    _check(not args.multiprocess or args.vllm_version not in SINGLE_ENGINE_PROFILES, "--multiprocess",
-           f"vLLM {args.vllm_version} has no multiprocess metrics mode", True)
+    _check(not args.multiprocess or args.vllm_version in MULTIPROCESS_PROFILES, "--multiprocess",
+           f"vLLM {args.vllm_version} has no multiprocess metrics mode (one API server)", True)
     _check(1 <= args.port <= 65535 or args.port == 0, "--port", "must be 0..65535", args.port)
 
     step = StepTimeModel(args.step_fixed_ms / 1000, args.step_decode_token_ms / 1000, args.step_prefill_token_ms / 1000)
@@ -135,8 +181,17 @@ def build(args: argparse.Namespace) -> tuple[Simulator, Feed, dict]:
         except TraceError as exc:
             raise SettingsError(f"invalid value for --trace: {exc}") from None
         if args.rate_scale != 1.0:
-            requests = scale_rate(requests, args.rate_scale, seed=args.seed)
+            try:
+                requests = scale_rate(requests, args.rate_scale, seed=args.seed)
+            except ValueError as exc:
+                raise SettingsError(f"invalid value {args.rate_scale!r} for --rate-scale: {exc}") from None
         _check(bool(requests), "--rate-scale", "leaves no requests of the trace", args.rate_scale)
+        too_long, longest = too_long_for(requests, args.max_model_len)
+        if too_long and warn is not None:
+            warn(f"warning: {too_long} of {len(requests)} trace requests ({too_long / len(requests):.0%}) are "
+                 f"longer than --max-model-len {args.max_model_len} and will be rejected, as vLLM rejects them "
+                 f"(HTTP 400; counted in requests_rejected); the longest is {longest} tokens: raise "
+                 "--max-model-len (and --num-gpu-blocks) to replay them")
         feed = TraceFeed(requests)
     else:
         max_output = max(1, args.max_model_len // 4)
@@ -146,12 +201,20 @@ def build(args: argparse.Namespace) -> tuple[Simulator, Feed, dict]:
             max_prompt_tokens=max(1, args.max_model_len - max_output), max_output_tokens=max_output,
         ), seed=args.seed)
     render_options = {"profile": args.vllm_version, "model_name": args.model_name, "multiprocess": args.multiprocess,
-                      "max_model_len": args.max_model_len, "enable_prefix_caching": args.enable_prefix_caching}
+                      "max_model_len": args.max_model_len, "enable_prefix_caching": args.enable_prefix_caching,
+                      "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens}
     return Simulator(config, seed=args.seed), feed, render_options
 
 
+def too_long_for(requests: Sequence[Request], max_model_len: int) -> tuple[int, int]:
+    """(requests whose prompt + output exceed ``max_model_len``, the longest prompt + output)."""
+    lengths = [r.prompt_tokens + r.output_tokens for r in requests]
+    return sum(1 for n in lengths if n > max_model_len), max(lengths, default=0)
+
+
 def run(args: argparse.Namespace) -> int:
-    simulator, feed, render_options = build(args)
+    simulator, feed, render_options = build(args, warn=lambda line: print(f"kvwatch simulate: {line}",
+                                                                         file=sys.stderr, flush=True))
     service = SimulationService(simulator, feed, render_options, speed=args.speed, restarts=args.restart_at_seconds)
     if args.no_serve:
         return _headless(service, args)

@@ -24,6 +24,7 @@ time boundary) are applied in one batch; the result is identical to stepping one
 from __future__ import annotations
 
 import bisect
+import math
 import random
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
@@ -44,6 +45,9 @@ class StepTimeModel:
     per_prefill_token_seconds: float = 0.00006  # ~16k prompt tokens/s
 
     def __post_init__(self) -> None:
+        if not all(math.isfinite(x) for x in (self.fixed_seconds, self.per_decode_token_seconds,
+                                              self.per_prefill_token_seconds)):
+            raise ValueError("StepTimeModel times must be finite")
         if self.fixed_seconds <= 0:
             raise ValueError("StepTimeModel.fixed_seconds must be > 0")
         if self.per_decode_token_seconds < 0 or self.per_prefill_token_seconds < 0:
@@ -155,7 +159,13 @@ HISTOGRAMS: dict[str, tuple[float, ...]] = {
     "request_inference_time_seconds": buckets.REQUEST_LATENCY_SECONDS,
     "request_prefill_time_seconds": buckets.REQUEST_LATENCY_SECONDS,
     "request_decode_time_seconds": buckets.REQUEST_LATENCY_SECONDS,
+    # vllm:iteration_tokens_total, one observation per step, as each generation counts a step's tokens:
+    # V1 >= 0.33 (computed prompt tokens + generated tokens; only steps that produced a token), V1 0.8-0.10
+    # (full prompt tokens + generated tokens; same steps) and V0 (scheduled tokens + one per finished prefill,
+    # every step). The prompt counts when the request's first token comes, not chunk by chunk.
     "iteration_tokens": buckets.ITERATION_TOKENS_UNION,
+    "iteration_tokens_full_prompt": buckets.ITERATION_TOKENS_UNION,
+    "iteration_tokens_v0": buckets.ITERATION_TOKENS_UNION,
     "request_prompt_tokens": buckets.REQUEST_TOKENS,
     "request_generation_tokens": buckets.REQUEST_TOKENS,
     "request_max_num_generation_tokens": buckets.REQUEST_TOKENS,
@@ -412,7 +422,8 @@ class EngineCore:
             itl.observe(dt, k - 1)
             r.last_token = end
         self.generation_tokens_total += k * n
-        self.hist["iteration_tokens"].observe(n, k)
+        for name in ("iteration_tokens", "iteration_tokens_full_prompt", "iteration_tokens_v0"):
+            self.hist[name].observe(n, k)
         self.now = end
         if steps_left == k:
             self._finish_done(end)
@@ -483,16 +494,19 @@ class EngineCore:
             self.now += cfg.step.fixed_seconds
             return
         prefill = decode = 0
+        decoding = []
         for req, new in scheduled:
-            if new == 1 and req.generated > 0 and req.computed == req.prompt + req.generated - 1:
+            is_decode = new == 1 and req.generated > 0 and req.computed == req.prompt + req.generated - 1
+            decoding.append(is_decode)
+            if is_decode:
                 decode += 1
             else:
                 prefill += new
         end = self.now + cfg.step.duration(prefill, decode)
-        self.hist["iteration_tokens"].observe(prefill + decode)
         done = False
         itl = self.hist["inter_token_latency_seconds"]
-        for req, new in scheduled:
+        generated = prefills_done = first_prompts = first_prompts_computed = 0
+        for (req, new), is_decode in zip(scheduled, decoding, strict=True):
             req.computed += new
             if req.prefix_keys:
                 self._register_prefix(req)
@@ -500,16 +514,24 @@ class EngineCore:
                 continue  # a prefill chunk: no token yet
             req.generated += 1
             self.generation_tokens_total += 1
+            generated += 1
+            prefills_done += not is_decode
             if req.first_token is None:
                 req.first_token = end
                 self.prompt_tokens_total += req.prompt
                 self.prompt_tokens_cached_total += req.prompt - req.prefill_kv_computed
+                first_prompts += req.prompt
+                first_prompts_computed += req.prefill_kv_computed
                 self.hist["time_to_first_token_seconds"].observe(end - req.arrival)
             else:
                 itl.observe(end - req.last_token)
             req.last_token = end
             if req.generated >= req.output:
                 done = True
+        self.hist["iteration_tokens_v0"].observe(prefill + decode + prefills_done)
+        if generated:  # vLLM V1 records iteration stats only for steps whose output has tokens
+            self.hist["iteration_tokens"].observe(first_prompts_computed + generated)
+            self.hist["iteration_tokens_full_prompt"].observe(first_prompts + generated)
         self.now = end
         if done:
             self._finish_done(end)
@@ -538,8 +560,9 @@ class EngineCore:
             h["request_inference_time_seconds"].observe(end - first_scheduled)
             h["request_prefill_time_seconds"].observe(first_token - first_scheduled)
             h["request_decode_time_seconds"].observe(decode_time)
-            if req.generated > 1:
-                h["request_time_per_output_token_seconds"].observe(decode_time / (req.generated - 1))
+            # vLLM's mean_time_per_output_token: 0 for a request with a single output token.
+            h["request_time_per_output_token_seconds"].observe(
+                decode_time / (req.generated - 1) if req.generated > 1 else 0.0)
             h["request_prompt_tokens"].observe(req.prompt)
             h["request_generation_tokens"].observe(req.generated)
             h["request_max_num_generation_tokens"].observe(req.max_tokens)

@@ -40,6 +40,10 @@ class LoadProfile:
     def __post_init__(self) -> None:
         if self.kind not in PROFILE_KINDS:
             raise ValueError(f"unknown load profile {self.kind!r}; choose one of {', '.join(PROFILE_KINDS)}")
+        numbers = (self.rate, self.end, self.period_seconds, self.prompt_tokens, self.output_tokens,
+                   self.prompt_sigma, self.output_sigma)
+        if not all(math.isfinite(x) for x in numbers):
+            raise ValueError("LoadProfile numbers must be finite (an infinite rate would never stop arriving)")
         if self.rate < 0 or (self.rate_end is not None and self.rate_end < 0):
             raise ValueError("rates must be >= 0")
         if self.period_seconds <= 0:

@@ -17,6 +17,8 @@ from kvwatch.sim.load import LoadGenerator
 from kvwatch.sim.metrics import render
 from kvwatch.sim.traces import span_of
 
+# Always the text format 0.0.4, uncompressed: vLLM's make_asgi_app would also negotiate OpenMetrics and gzip
+# (see docs/simulator.md, "Wire format", for why the simulator does not).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
