@@ -31,7 +31,7 @@ DEFAULT_SPEED = 30.0
 # over the simulated hour. The step-time model is a fast GPU's (25 ms per step, cheap tokens) so the KV
 # cache, not compute, is what saturates, and usage grows about linearly with the arrival rate.
 # Replayed headlessly through kvwatch's own pipeline (tests/test_demo.py), the forecaster leaves warm-up at
-# ~31 simulated minutes, says `filling` from ~34 (ETA 15-18 min) and `bottleneck` from ~51-53.
+# ~31 simulated minutes, says `filling` from ~33 (ETA 15-19 min) and `bottleneck` from ~51-53.
 SIMULATOR_FLAGS = ("--vllm-version", "0.33", "--profile", "ramp", "--rate", "4", "--rate-end", "14",
                    "--period-seconds", "3600", "--num-gpu-blocks", "16384", "--max-num-seqs", "512",
                    "--prompt-tokens", "600", "--output-tokens", "600", "--max-model-len", "8192",
@@ -39,7 +39,7 @@ SIMULATOR_FLAGS = ("--vllm-version", "0.33", "--profile", "ramp", "--rate", "4",
 POLL_SIMULATED_SECONDS = 10.0  # kvwatch's forecaster works on evenly spaced samples; 10 s is a fine grain
 STALE_AFTER_MIN_SECONDS = 2.0  # real seconds: a busy laptop may delay a poll; do not call that stale
 FORECAST_READY_SIM_SECONDS = 31 * 60.0  # 15 min warm-up, then 15 one-minute buckets of history
-FILLING_SIM_SECONDS = 34 * 60.0
+FILLING_SIM_SECONDS = 33 * 60.0
 SATURATION_SIM_SECONDS = 51 * 60.0
 
 
