@@ -14,7 +14,6 @@ that pool) replaces the memory budget, and the label set says which vLLM version
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -25,6 +24,7 @@ from kvwatch.capacity.memory import QuantizationError
 from kvwatch.capacity.planner import CapacityPlan, DeploymentSpec, SpecError, plan_capacity
 from kvwatch.capacity.presets import PresetError
 from kvwatch.capacity.whatif import Scenario, whatif_ceilings, whatif_scenarios
+from kvwatch.engines.vllm import label_number
 
 # cache_config_info labels the formula reads (a change in any of them means another engine configuration).
 ENGINE_LABELS = ("gpu_memory_utilization", "block_size", "cache_dtype", "kv_cache_memory_bytes")
@@ -49,15 +49,6 @@ class SidecarCapacity:
         """``kvwatch_whatif_max_concurrency{scenario}`` at the live average KV tokens per running request."""
         return whatif_ceilings(self.scenarios, avg_kv_tokens_per_request)
 
-
-def _number(text: str | None) -> float | None:
-    if text is None or text in ("", "None"):
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return value if math.isfinite(value) else None
 
 
 def vllm_version_from_cache_config(labels: Mapping[str, str]) -> tuple[int, int] | None:
@@ -95,11 +86,11 @@ def engine_settings(settings: Any, cache_config: Mapping[str, str]) -> tuple[Any
     update: dict[str, Any] = {}
     overrides: dict[str, Any] = {}
     taken: list[str] = []
-    util = _number(cache_config.get("gpu_memory_utilization"))
+    util = label_number(cache_config.get("gpu_memory_utilization"))
     if "gpu_memory_utilization" not in given and util is not None and 0 < util <= 1:
         update["gpu_memory_utilization"] = util
         taken.append(f"gpu_memory_utilization {util:g}")
-    block = _number(cache_config.get("block_size"))
+    block = label_number(cache_config.get("block_size"))
     if "block_size" not in given and block is not None and block in VLLM_BLOCK_SIZES:
         update["block_size"] = int(block)
         taken.append(f"block_size {int(block)}")
@@ -107,7 +98,7 @@ def engine_settings(settings: Any, cache_config: Mapping[str, str]) -> tuple[Any
     if "kv_cache_dtype" not in given and dtype in _KV_DTYPES:
         update["kv_cache_dtype"] = dtype
         taken.append(f"cache_dtype {dtype}")
-    pool = _number(cache_config.get("kv_cache_memory_bytes"))
+    pool = label_number(cache_config.get("kv_cache_memory_bytes"))
     if pool is not None and pool > 0:
         overrides["available_kv_bytes"] = pool
         taken.append(f"kv_cache_memory_bytes {pool:,.0f} (vLLM skipped profiling)")

@@ -184,7 +184,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             kv_max_concurrency=concurrency,
             num_gpu_blocks=blocks,
             block_size=block_size,
-            gpu_memory_utilization=_number(config.get("gpu_memory_utilization")),
+            gpu_memory_utilization=label_number(config.get("gpu_memory_utilization")),
             cache_config=MappingProxyType(dict(config)),
             process_start_time_seconds=process_start,
         ))
@@ -317,7 +317,8 @@ def _config_for(configs: dict[str | None, dict[str, str]], key: SeriesKey) -> di
     return configs.get(key[1]) or configs.get(None) or {}
 
 
-def _number(text: str | None) -> float | None:
+def label_number(text: str | None) -> float | None:
+    """A numeric ``cache_config_info`` label value; None for ``"None"``, empty, non-numeric or non-finite."""
     if text is None or text in ("None", ""):
         return None
     try:
@@ -330,10 +331,10 @@ def _number(text: str | None) -> float | None:
 def _capacity(config: dict[str, str], n_engines: int) -> tuple[float | None, float | None, float | None,
                                                                float | None]:
     """(capacity tokens, gpu blocks, block size, max concurrency), all per engine."""
-    total_blocks = _number(config.get("num_gpu_blocks"))
+    total_blocks = label_number(config.get("num_gpu_blocks"))
     blocks = total_blocks / n_engines if total_blocks is not None else None
-    block_size = _number(config.get("block_size"))
-    capacity = _number(config.get("kv_cache_size_tokens"))
+    block_size = label_number(config.get("block_size"))
+    capacity = label_number(config.get("kv_cache_size_tokens"))
     if capacity is None and blocks is not None and block_size is not None:
         capacity = blocks * block_size
-    return capacity, blocks, block_size, _number(config.get("kv_cache_max_concurrency"))
+    return capacity, blocks, block_size, label_number(config.get("kv_cache_max_concurrency"))
