@@ -27,7 +27,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import MappingProxyType
 from typing import Any
 
-from apscheduler.events import EVENT_JOB_MAX_INSTANCES
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
@@ -70,34 +69,29 @@ class Sidecar:
         self.state = State()
         self._last_logged: tuple[Any, ...] | None = None
         self._stopping = False
-        # Overrun bookkeeping: the scheduler thread counts skipped runs, the poll thread reads them.
-        self._skips_lock = threading.Lock()
-        self._skips_this_poll = 0
-        self._skipped_runs = 0  # since polls last kept to the interval
+        self._skipped_runs = 0  # runs the scheduler skipped since polls last kept to the interval
 
     def stop(self) -> None:
         """From now on a poll ending (cancelled by the fetcher's close) neither logs nor swaps the state."""
         self._stopping = True
 
-    def run_skipped(self, event: Any = None) -> None:
-        """The scheduler skipped a run because the previous poll is still going: log once per overrun."""
-        with self._skips_lock:
-            self._skips_this_poll += 1
-            self._skipped_runs += 1
-            first = self._skipped_runs == 1
-        if first:
-            log.warning("a poll of %s is taking longer than the %gs interval: skipping runs until polls keep up",
-                        self.settings.target_url, self.settings.poll_interval_seconds)
-
     def poll(self) -> State:
-        with self._skips_lock:
-            self._skips_this_poll = 0
+        started = time.monotonic()
         state = self._poll()
-        with self._skips_lock:
-            caught_up = self._skipped_runs > 0 and self._skips_this_poll == 0
-            skipped, self._skipped_runs = (self._skipped_runs, 0) if caught_up else (0, self._skipped_runs)
-        if caught_up and not self._stopping:
-            log.info("polls keep to the interval again (%d runs skipped)", skipped)
+        # A poll longer than the interval makes the scheduler skip runs (one at a time, coalesced): say so
+        # once when it starts and once when polls keep up again, not on every skipped run.
+        interval = self.settings.poll_interval_seconds
+        elapsed = time.monotonic() - started
+        if self._stopping:
+            return state
+        if elapsed > interval:
+            if self._skipped_runs == 0:
+                log.warning("a poll of %s took %.1fs, longer than the %gs interval: skipping runs until polls "
+                            "keep up", self.settings.target_url, elapsed, interval)
+            self._skipped_runs += int(elapsed // interval)
+        elif self._skipped_runs:
+            log.info("polls keep to the interval again (%d runs skipped)", self._skipped_runs)
+            self._skipped_runs = 0
         return state
 
     def _poll(self) -> State:
@@ -235,14 +229,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def start_polling(sidecar: Sidecar, interval_seconds: float) -> BackgroundScheduler:
-    """The poll job: one at a time, late runs coalesced, a skipped run reported to the sidecar (not logged)."""
+    """The poll job: one at a time, late runs coalesced; the sidecar, not APScheduler, logs overruns."""
     logging.getLogger("apscheduler.scheduler").addFilter(_drop_skip_warnings)
     scheduler = BackgroundScheduler(timezone="UTC")
     # Real-time interval: with --clock-speed the core sees interval × speed poll-clock seconds between polls.
     scheduler.add_job(sidecar.poll, "interval", seconds=interval_seconds,
                       max_instances=1, coalesce=True, next_run_time=_utcnow(), id="poll",
                       misfire_grace_time=None)
-    scheduler.add_listener(sidecar.run_skipped, EVENT_JOB_MAX_INSTANCES)
     scheduler.start()
     return scheduler
 

@@ -61,15 +61,17 @@ class Fetcher:
             headers={"Accept": ACCEPT, "Accept-Encoding": "gzip", "User-Agent": f"kvwatch/{__version__}"},
         )
         self._closed = False
+        self._lock = threading.Lock()  # a request is submitted before close() or not at all
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="kvwatch-fetch", daemon=True)
         self._thread.start()
 
     def close(self) -> None:
         """Cancel a request in flight, close the client and stop the loop; bounded, safe to call twice."""
-        if self._closed:
-            return
-        self._closed = True
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
 
         async def shutdown() -> None:
             tasks = asyncio.all_tasks() - {asyncio.current_task()}
@@ -100,9 +102,11 @@ class Fetcher:
         headers = {}
         if self.bearer_token_file is not None:
             headers["Authorization"] = f"Bearer {self._token()}"
-        if self._closed:
-            raise ScrapeError("connect", f"{self.url}: the fetcher is closed (kvwatch is shutting down)")
-        future = asyncio.run_coroutine_threadsafe(self._fetch(headers), self._loop)
+        with self._lock:
+            if self._closed:
+                raise ScrapeError("connect", f"{self.url}: the fetcher is closed (kvwatch is shutting down)")
+            # Queued on the loop before close()'s shutdown, so that shutdown cancels and awaits it.
+            future = asyncio.run_coroutine_threadsafe(self._fetch(headers), self._loop)
         try:
             # The loop's own deadline answers first; this one only covers a loop that cannot run.
             return future.result(self.timeout + _CLOSE_SECONDS)
