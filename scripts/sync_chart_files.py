@@ -12,7 +12,7 @@
    so `kvwatch.resources.limit.memory` fails the install instead of rendering a container without limits.
 
 Usage (from the repository's venv):  .venv/bin/python scripts/sync_chart_files.py [--check]
---check changes nothing and exits 1 if anything is out of date. tests/test_helm_chart.py runs the same checks.
+--check changes nothing and exits 1 if anything is out of date; tests/test_helm_chart.py runs it.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ COPIES = {
 # log levels are upper-cased). A test checks that kvwatch accepts every one.
 ENUMS: dict[str, list[str]] = {
     "dtype": ["auto", "bfloat16", "float16", "float32", "bf16", "fp16", "fp32", "half", "float"],
-    "kv_cache_dtype": ["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16", "bf16", "fp16"],
     "log_level": ["DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning", "error"],
 }
 PATTERNS = {"target_url": "^https?://[^/\\s]+"}
@@ -62,7 +61,7 @@ def camel(name: str) -> str:
 def config_schema() -> dict[str, Any]:
     """JSON schema properties of the chart's `config:` block, one per ServeSettings field (null = unset)."""
     sys.path.insert(0, str(ROOT / "src"))
-    from kvwatch.settings import ServeSettings, public_name
+    from kvwatch.settings import KV_CACHE_DTYPES, ServeSettings, public_name
 
     fields = ServeSettings.model_json_schema()["properties"]
     properties: dict[str, Any] = {}
@@ -75,6 +74,8 @@ def config_schema() -> dict[str, Any]:
                 prop[bound] = branch[bound]
         if field in ENUMS:
             prop["enum"] = [*ENUMS[field], None]
+        elif field == "kv_cache_dtype":
+            prop["enum"] = [*sorted(KV_CACHE_DTYPES), None]
         if field in PATTERNS:
             prop["pattern"] = PATTERNS[field]
         properties[camel(public_name(field))] = prop

@@ -779,6 +779,11 @@ def test_schema_config_is_what_the_sync_script_generates_from_the_settings() -> 
         "values.schema.json is behind kvwatch's settings: run .venv/bin/python scripts/sync_chart_files.py")
 
 
+def test_sync_script_check_finds_nothing_stale() -> None:
+    """Descriptions too: the chart's schema says what kvwatch's --help says."""
+    assert SYNC.main(["--check"]) == 0, "run .venv/bin/python scripts/sync_chart_files.py"
+
+
 def test_schema_config_types_match_the_settings() -> None:
     json_types = {"integer": int, "number": float, "string": str, "boolean": bool}
     settings_schema = ServeSettings.model_json_schema()["properties"]

@@ -25,6 +25,7 @@ from kvwatch.capacity.planner import CapacityPlan, DeploymentSpec, SpecError, pl
 from kvwatch.capacity.presets import PresetError
 from kvwatch.capacity.whatif import Scenario, whatif_ceilings, whatif_scenarios
 from kvwatch.engines.vllm import label_number
+from kvwatch.settings import KV_CACHE_DTYPES
 
 # cache_config_info labels the formula reads (a change in any of them means another engine configuration).
 ENGINE_LABELS = ("gpu_memory_utilization", "block_size", "cache_dtype", "kv_cache_memory_bytes")
@@ -32,9 +33,6 @@ ENGINE_LABELS = ("gpu_memory_utilization", "block_size", "cache_dtype", "kv_cach
 VERSION_LABELS = ("kv_cache_size_tokens", "kv_cache_max_concurrency", "user_specified_block_size",
                   "swap_space_bytes", "cpu_offload_gb", "swap_space", "kv_offloading_backend", "mamba_block_size",
                   "kv_cache_memory_bytes", "kv_sharing_fast_prefill", "cpu_kvcache_space_bytes")
-_KV_DTYPES = frozenset({"auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"})
-
-
 @dataclass(frozen=True)
 class SidecarCapacity:
     plan: CapacityPlan
@@ -95,7 +93,7 @@ def engine_settings(settings: Any, cache_config: Mapping[str, str]) -> tuple[Any
         update["block_size"] = int(block)
         taken.append(f"block_size {int(block)}")
     dtype = (cache_config.get("cache_dtype") or "").lower()
-    if "kv_cache_dtype" not in given and dtype in _KV_DTYPES:
+    if "kv_cache_dtype" not in given and dtype in KV_CACHE_DTYPES:
         update["kv_cache_dtype"] = dtype
         taken.append(f"cache_dtype {dtype}")
     pool = label_number(cache_config.get("kv_cache_memory_bytes"))
