@@ -243,6 +243,7 @@ def test_demo_runs_both_processes_says_the_clock_is_accelerated_and_stops_them()
     (["--speed", "inf"], "--speed"),  # once named serve's --poll-interval-seconds (10 / inf = 0)
     (["--speed", "nan"], "--speed"),
     (["--speed", "1e9"], "--speed"),
+    (["--speed", "2000"], "--speed"),  # kvwatch would poll every 0.005 s, below serve's 0.01 s floor
     (["--poll-interval-seconds", "inf"], "--poll-interval-seconds"),
     (["--status-interval-seconds", "inf"], "--status-interval-seconds"),
     (["--status-interval-seconds", "0"], "--status-interval-seconds"),
@@ -252,6 +253,12 @@ def test_demo_runs_both_processes_says_the_clock_is_accelerated_and_stops_them()
 def test_demo_flags_must_be_finite_and_in_range(args: list[str], flag: str) -> None:
     with pytest.raises(SettingsError, match=f"for {flag}: must be"):
         demo.check_flags(_parse(demo.add_arguments, args))
+
+
+def test_the_fastest_demo_speed_gives_serve_a_valid_interval() -> None:
+    argv = demo.serve_argv("http://127.0.0.1:8000/metrics", 9747, demo.MAX_DEMO_SPEED)
+    settings = load_settings(ServeSettings, _parse(app.add_arguments, argv))
+    assert settings.poll_interval_seconds == pytest.approx(demo.POLL_SIMULATED_SECONDS / demo.MAX_DEMO_SPEED)
 
 
 def test_demo_rejects_a_bad_flag_naming_it() -> None:

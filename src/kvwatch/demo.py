@@ -22,8 +22,8 @@ from collections.abc import Callable, Sequence
 from typing import IO
 
 from kvwatch.exposition import ParseError, parse
-from kvwatch.settings import SettingsError
-from kvwatch.sim.cli import MAX_SPEED
+from kvwatch.settings import MAX_INTERVAL_SECONDS, MIN_INTERVAL_SECONDS
+from kvwatch.sim.cli import check, check_number
 
 DEFAULT_SPEED = 30.0
 # The load: one engine of 16,384 blocks (262k tokens, ~250 requests in flight at saturation, so usage is
@@ -37,6 +37,8 @@ SIMULATOR_FLAGS = ("--vllm-version", "0.33", "--profile", "ramp", "--rate", "4",
                    "--prompt-tokens", "600", "--output-tokens", "600", "--max-model-len", "8192",
                    "--step-fixed-ms", "25", "--step-decode-token-ms", "0.02", "--step-prefill-token-ms", "0.01")
 POLL_SIMULATED_SECONDS = 10.0  # kvwatch's forecaster works on evenly spaced samples; 10 s is a fine grain
+# kvwatch polls every POLL_SIMULATED_SECONDS / speed real seconds, and serve's interval is at least 0.01 s.
+MAX_DEMO_SPEED = POLL_SIMULATED_SECONDS / MIN_INTERVAL_SECONDS
 STALE_AFTER_MIN_SECONDS = 2.0  # real seconds: a busy laptop may delay a poll; do not call that stale
 FORECAST_READY_SIM_SECONDS = 31 * 60.0  # 15 min warm-up, then 15 one-minute buckets of history
 FILLING_SIM_SECONDS = 33 * 60.0
@@ -47,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     parser.add_argument("--speed", type=float, default=DEFAULT_SPEED,
                         help="simulated seconds per wall-clock second (the simulator's and kvwatch's clocks; "
-                             "at most 10000)")
+                             f"at most {MAX_DEMO_SPEED:g})")
     parser.add_argument("--sim-port", type=int, default=8000, help="simulator /metrics port (0: a free one)")
     parser.add_argument("--port", type=int, default=9747, help="kvwatch /metrics port (0: a free one)")
     # "%(default).0s" prints nothing: it only stops the formatter from appending "(default: None)".
@@ -224,23 +226,15 @@ def _stop(processes: Sequence[subprocess.Popen], grace: float = STOP_GRACE_SECON
 
 def check_flags(args: argparse.Namespace) -> None:
     """SettingsError naming the first bad flag; times and the speed must be finite (``inf`` would hang)."""
-
-    def positive(value: float | None, high: float) -> bool:
-        return value is None or (math.isfinite(value) and 0 < value <= high)
-
-    for flag, value, ok, rule in (
-        ("--speed", args.speed, positive(args.speed, MAX_SPEED), f"must be a finite number > 0 and <= {MAX_SPEED:g}"),
-        ("--poll-interval-seconds", args.poll_interval_seconds, positive(args.poll_interval_seconds, 3600.0),
-         "must be a finite number > 0 and <= 3600"),
-        ("--status-interval-seconds", args.status_interval_seconds, positive(args.status_interval_seconds, 3600.0),
-         "must be a finite number > 0 and <= 3600"),
-        ("--duration-seconds", args.duration_seconds, positive(args.duration_seconds, 1e9),
-         "must be a finite number > 0"),
-        ("--sim-port", args.sim_port, 0 <= args.sim_port <= 65535, "must be 0..65535"),
-        ("--port", args.port, 0 <= args.port <= 65535, "must be 0..65535"),
-    ):
-        if not ok:
-            raise SettingsError(f"invalid value {value!r} for {flag}: {rule}")
+    check_number(args.speed, "--speed", 0, MAX_DEMO_SPEED, low_open=True)
+    for flag, value in (("--poll-interval-seconds", args.poll_interval_seconds),
+                        ("--status-interval-seconds", args.status_interval_seconds)):
+        if value is not None:
+            check_number(value, flag, MIN_INTERVAL_SECONDS, MAX_INTERVAL_SECONDS)
+    if args.duration_seconds is not None:
+        check_number(args.duration_seconds, "--duration-seconds", 0, 1e9, low_open=True)
+    for flag, port in (("--sim-port", args.sim_port), ("--port", args.port)):
+        check(0 <= port <= 65535, flag, "must be 0..65535", port)
 
 
 def run(args: argparse.Namespace) -> int:

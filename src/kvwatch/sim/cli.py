@@ -107,15 +107,16 @@ MAX_DATA_PARALLEL = 1_024
 MAX_MODEL_LEN = buckets.REQUEST_TOKENS[-1]  # token histograms are recorded up to here
 
 
-def _check(ok: bool, flag: str, message: str, value: Any) -> None:
+def check(ok: bool, flag: str, message: str, value: Any) -> None:
+    """SettingsError naming ``flag`` unless ``ok``."""
     if not ok:
         raise SettingsError(f"invalid value {value!r} for {flag}: {message}")
 
 
-def _number(value: float, flag: str, low: float, high: float, *, low_open: bool = False) -> None:
+def check_number(value: float, flag: str, low: float, high: float, *, low_open: bool = False) -> None:
     """A finite number in [low, high] (or (low, high] with ``low_open``); NaN and infinities are refused."""
     ok = math.isfinite(value) and (value > low if low_open else value >= low) and value <= high
-    _check(ok, flag, f"must be a finite number {'>' if low_open else '>='} {low:g} and <= {high:g}", value)
+    check(ok, flag, f"must be a finite number {'>' if low_open else '>='} {low:g} and <= {high:g}", value)
 
 
 def _fits_one_request(args: argparse.Namespace) -> None:
@@ -136,37 +137,37 @@ def build(args: argparse.Namespace, warn: Callable[[str], None] | None = None) -
     ``warn`` receives one line per thing worth knowing before the run (e.g. trace requests that
     ``--max-model-len`` will reject).
     """
-    _check(args.num_gpu_blocks >= 2, "--num-gpu-blocks", "must be >= 2", args.num_gpu_blocks)
-    _check(args.block_size >= 1, "--block-size", "must be >= 1", args.block_size)
-    _check(1 <= args.data_parallel_size <= MAX_DATA_PARALLEL, "--data-parallel-size",
+    check(args.num_gpu_blocks >= 2, "--num-gpu-blocks", "must be >= 2", args.num_gpu_blocks)
+    check(args.block_size >= 1, "--block-size", "must be >= 1", args.block_size)
+    check(1 <= args.data_parallel_size <= MAX_DATA_PARALLEL, "--data-parallel-size",
            f"must be 1..{MAX_DATA_PARALLEL}", args.data_parallel_size)
-    _check(args.max_num_seqs >= 1, "--max-num-seqs", "must be >= 1", args.max_num_seqs)
-    _check(args.max_num_batched_tokens >= 1, "--max-num-batched-tokens", "must be >= 1", args.max_num_batched_tokens)
-    _check(2 <= args.max_model_len <= MAX_MODEL_LEN, "--max-model-len", f"must be 2..{MAX_MODEL_LEN}",
+    check(args.max_num_seqs >= 1, "--max-num-seqs", "must be >= 1", args.max_num_seqs)
+    check(args.max_num_batched_tokens >= 1, "--max-num-batched-tokens", "must be >= 1", args.max_num_batched_tokens)
+    check(2 <= args.max_model_len <= MAX_MODEL_LEN, "--max-model-len", f"must be 2..{MAX_MODEL_LEN}",
            args.max_model_len)
     _fits_one_request(args)
-    _number(args.speed, "--speed", 0, MAX_SPEED, low_open=True)
-    _number(args.rate, "--rate", 0, MAX_RATE)
+    check_number(args.speed, "--speed", 0, MAX_SPEED, low_open=True)
+    check_number(args.rate, "--rate", 0, MAX_RATE)
     if args.rate_end is not None:
-        _number(args.rate_end, "--rate-end", 0, MAX_RATE)
+        check_number(args.rate_end, "--rate-end", 0, MAX_RATE)
     # Below a second, the bursty profile would flip between burst and calm ~10^k times a simulated second.
-    _number(args.period_seconds, "--period-seconds", 1, 1e9)
+    check_number(args.period_seconds, "--period-seconds", 1, 1e9)
     # Means above max_model_len make no sense (sizes are capped below it) and overflow the lognormal draw.
-    _number(args.prompt_tokens, "--prompt-tokens", 1, args.max_model_len)
-    _number(args.output_tokens, "--output-tokens", 1, args.max_model_len)
-    _number(args.rate_scale, "--rate-scale", 0, MAX_RATE_SCALE, low_open=True)
-    _number(args.step_fixed_ms, "--step-fixed-ms", 0, MAX_STEP_FIXED_MS, low_open=True)
-    _number(args.step_decode_token_ms, "--step-decode-token-ms", 0, MAX_STEP_TOKEN_MS)
-    _number(args.step_prefill_token_ms, "--step-prefill-token-ms", 0, MAX_STEP_TOKEN_MS)
+    check_number(args.prompt_tokens, "--prompt-tokens", 1, args.max_model_len)
+    check_number(args.output_tokens, "--output-tokens", 1, args.max_model_len)
+    check_number(args.rate_scale, "--rate-scale", 0, MAX_RATE_SCALE, low_open=True)
+    check_number(args.step_fixed_ms, "--step-fixed-ms", 0, MAX_STEP_FIXED_MS, low_open=True)
+    check_number(args.step_decode_token_ms, "--step-decode-token-ms", 0, MAX_STEP_TOKEN_MS)
+    check_number(args.step_prefill_token_ms, "--step-prefill-token-ms", 0, MAX_STEP_TOKEN_MS)
     if args.duration_seconds is not None:
-        _number(args.duration_seconds, "--duration-seconds", 0, 1e12, low_open=True)
-    _check(not (args.no_serve and args.duration_seconds is None), "--duration-seconds", "required with --no-serve",
+        check_number(args.duration_seconds, "--duration-seconds", 0, 1e12, low_open=True)
+    check(not (args.no_serve and args.duration_seconds is None), "--duration-seconds", "required with --no-serve",
            None)
-    _check(args.data_parallel_size == 1 or args.vllm_version not in SINGLE_ENGINE_PROFILES, "--data-parallel-size",
+    check(args.data_parallel_size == 1 or args.vllm_version not in SINGLE_ENGINE_PROFILES, "--data-parallel-size",
            f"vLLM {args.vllm_version} has no engine label, so it serves one engine", args.data_parallel_size)
-    _check(not args.multiprocess or args.vllm_version in MULTIPROCESS_PROFILES, "--multiprocess",
+    check(not args.multiprocess or args.vllm_version in MULTIPROCESS_PROFILES, "--multiprocess",
            f"vLLM {args.vllm_version} has no multiprocess metrics mode (one API server)", True)
-    _check(1 <= args.port <= 65535 or args.port == 0, "--port", "must be 0..65535", args.port)
+    check(1 <= args.port <= 65535 or args.port == 0, "--port", "must be 0..65535", args.port)
 
     step = StepTimeModel(args.step_fixed_ms / 1000, args.step_decode_token_ms / 1000, args.step_prefill_token_ms / 1000)
     config = EngineConfig(
@@ -185,7 +186,7 @@ def build(args: argparse.Namespace, warn: Callable[[str], None] | None = None) -
                 requests = scale_rate(requests, args.rate_scale, seed=args.seed)
             except ValueError as exc:
                 raise SettingsError(f"invalid value {args.rate_scale!r} for --rate-scale: {exc}") from None
-        _check(bool(requests), "--rate-scale", "leaves no requests of the trace", args.rate_scale)
+        check(bool(requests), "--rate-scale", "leaves no requests of the trace", args.rate_scale)
         too_long, longest = too_long_for(requests, args.max_model_len)
         if too_long and warn is not None:
             warn(f"warning: {too_long} of {len(requests)} trace requests ({too_long / len(requests):.0%}) are "
