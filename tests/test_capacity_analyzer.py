@@ -133,3 +133,20 @@ def test_formula_help_says_cuda_graph_memory_is_not_modelled() -> None:
     result = analyzer.analyze(r.key, None, r, 0.0)  # type: ignore[arg-type]
     [formula, _] = list(analyzer.families({r.key: result}, 0.0))
     assert "CUDA-graph" in formula.documentation and "0.21" in formula.documentation
+
+
+def test_a_malformed_model_config_turns_the_model_off_once_not_every_poll(tmp_path, caplog) -> None:
+    import json
+    import logging
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32,
+                                  "hidden_size": 4096, "vocab_size": 128256, "intermediate_size": 14336,
+                                  "quantization_config": {"quant_method": "gptq", "bits": "4bit"}}))
+    analyzer = CapacityAnalyzer(ServeSettings(gpu="H100", model_config_path=config))
+    with caplog.at_level(logging.INFO, logger="kvwatch"):
+        for _ in range(3):
+            assert analyzer.analyze(reading().key, None, reading(), 0.0) is None  # type: ignore[arg-type]
+    off = [r for r in caplog.records if "capacity model off" in r.getMessage()]
+    assert len(off) == 1 and "config.json" in off[0].getMessage()
+    assert not any(r.exc_info for r in caplog.records)

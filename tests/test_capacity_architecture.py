@@ -308,3 +308,15 @@ def test_gpu_presets():
     assert len(gpu_names()) >= 13
     with pytest.raises(PresetError, match="--gpu-memory-gib"):
         resolve_gpu("Voodoo2")
+
+
+@pytest.mark.parametrize("bad", [
+    {"quantization_config": {"quant_method": "gptq", "bits": "4bit"}},
+    {"num_hidden_layers": "thirty"},
+    {"num_attention_heads": 0},
+])
+def test_a_malformed_config_value_is_an_architecture_error(bad: dict) -> None:
+    config = {"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+              "hidden_size": 4096, "intermediate_size": 14336, "vocab_size": 128256, **bad}
+    with pytest.raises(ArchitectureError, match=r"config\.json"):
+        arch_from_config(config)

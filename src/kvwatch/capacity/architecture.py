@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvwatch.capacity.quantization import scheme_from_config
+from kvwatch.capacity.quantization import QuantizationError, scheme_from_config
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
@@ -237,9 +237,18 @@ def _mamba_inner_size(cfg: dict[str, Any], hidden: int) -> int:
 
 
 def arch_from_config(config: dict[str, Any], name: str = "custom", source: str | None = None) -> ModelArch:
-    """Build a :class:`ModelArch` from a parsed Hugging Face ``config.json``."""
+    """Build a :class:`ModelArch` from a parsed Hugging Face ``config.json``; ArchitectureError if it is not one."""
     if not isinstance(config, dict):
         raise ArchitectureError("config.json must be a JSON object")
+    try:
+        return _arch_from_config(config, name, source)
+    except (ArchitectureError, QuantizationError):
+        raise
+    except (TypeError, ValueError, ZeroDivisionError) as exc:  # a field of the wrong type or value ("bits": "4bit")
+        raise ArchitectureError(f"config.json has a value kvwatch cannot read: {type(exc).__name__}: {exc}") from None
+
+
+def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> ModelArch:
     cfg = _text_config(config)
     model_type = str(cfg.get("model_type") or config.get("model_type") or "").lower()
     num_layers = _require(cfg, "num_hidden_layers", "n_layer", "num_layers")
