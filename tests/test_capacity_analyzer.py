@@ -150,3 +150,14 @@ def test_a_malformed_model_config_turns_the_model_off_once_not_every_poll(tmp_pa
     off = [r for r in caplog.records if "capacity model off" in r.getMessage()]
     assert len(off) == 1 and "config.json" in off[0].getMessage()
     assert not any(r.exc_info for r in caplog.records)
+
+
+def test_hybrid_mamba_keeps_the_attention_block_size_and_says_so_once() -> None:
+    from kvwatch.capacity.sidecar import build_sidecar_capacity
+
+    capacity, why = build_sidecar_capacity(ServeSettings(gpu="H100"), "ibm-granite/granite-4.0-h-small",
+                                           {"block_size": "64", "gpu_memory_utilization": "0.9"})
+    assert capacity is not None, why
+    notes = " | ".join(capacity.plan.notes)
+    assert "block_size 64" not in notes and "gpu_memory_utilization 0.9" in notes
+    assert "rewrites cache_config_info's block_size, so 16 is used" in notes

@@ -120,11 +120,10 @@ def build_sidecar_capacity(settings: Any, model_name: str | None = None,
             return None, "model unknown: pass --model or --model-config"
         settings = settings.model_copy(update={"model": model_name})
     notes: list[str] = []
+    taken: list[str] = []
     if cache_config:
         settings, engine_overrides, taken = engine_settings(settings, cache_config)
         overrides = {**engine_overrides, **overrides}
-        if taken:
-            notes.append("from vllm:cache_config_info: " + ", ".join(taken))
     if "vllm_version" not in overrides:
         notes.append("vLLM version not known from cache_config_info: current (>= 0.20) rules")
     try:
@@ -132,11 +131,14 @@ def build_sidecar_capacity(settings: Any, model_name: str | None = None,
         if spec.arch is not None and spec.arch.is_hybrid_mamba and spec.block_size != original.block_size:
             # vLLM rewrites block_size after KV init on hybrid models: the label is not the attention block size
             spec = replace(spec, block_size=original.block_size)
+            taken = [t for t in taken if not t.startswith("block_size ")]
             notes.append(f"hybrid Mamba model: vLLM rewrites cache_config_info's block_size, so "
                          f"{original.block_size} is used")
         plan = plan_capacity(spec)
         scenarios = tuple(whatif_scenarios(spec))
     except (PresetError, ArchitectureError, SpecError, QuantizationError) as exc:
         return None, str(exc)
+    if taken:
+        notes.insert(0, "from vllm:cache_config_info: " + ", ".join(taken))
     plan = replace(plan, notes=(*plan.notes, *notes))
     return SidecarCapacity(plan, scenarios), ""
