@@ -21,6 +21,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.utils import floatToGoString
+
 from kvwatch.advisor import Advice, advise_from_result
 from kvwatch.engines import SourceOverrides
 from kvwatch.fetch import Fetcher, ScrapeError, interpret
@@ -205,7 +207,7 @@ def findings(states: Iterable[SeriesState]) -> list[Finding]:
                                "name your vLLM (or proxy) exports.", **where))
         elif not math.isfinite(usage):
             out.append(Finding("usage_unknown", "warning", (
-                f"KV usage reads {_prom_number(usage)} this poll: kvwatch cannot tell how full the KV cache is. "
+                f"KV usage reads {floatToGoString(usage)} this poll: kvwatch cannot tell how full the KV cache is. "
                 "Look at the engine (is it serving?), or point --usage-metric at a metric that has a value."),
                 **where))
         elif usage >= KV_BOUND_USAGE and waiting > 0:
@@ -233,11 +235,6 @@ def findings(states: Iterable[SeriesState]) -> list[Finding]:
                 "use `kvwatch plan` with --model and --gpu to estimate it."), **where))
     order = {"critical": 0, "warning": 1, "info": 2}
     return sorted(out, key=lambda f: order[f.severity])
-
-
-def _prom_number(value: float) -> str:
-    """As the exposition format spells it: NaN, +Inf, -Inf."""
-    return "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf") if math.isinf(value) else f"{value:g}"
 
 
 def _fmt(value: Any, spec: str = "g") -> str:
