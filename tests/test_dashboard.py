@@ -158,7 +158,7 @@ def test_earliest_eta_maps_what_kvwatch_exports() -> None:
     assert texts == {0.0: "saturated", 86400.0: "not filling"}
     assert defaults["noValue"] == "unknown"
     doc = DOC[DOC.index("**Earliest ETA**"):].split("\n- ", 1)[0]
-    assert '"not filling" when none is filling, which includes the 15-minute warm-up' in " ".join(doc.split())
+    assert '"not filling" when none is filling, which includes the ~30 minutes after a restart' in " ".join(doc.split())
     assert "unknown" in doc and "absent" in doc
 
 
