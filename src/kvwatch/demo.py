@@ -31,7 +31,7 @@ DEFAULT_SPEED = 30.0
 # over the simulated hour. The step-time model is a fast GPU's (25 ms per step, cheap tokens) so the KV
 # cache, not compute, is what saturates, and usage grows about linearly with the arrival rate.
 # Replayed headlessly through kvwatch's own pipeline (tests/test_demo.py), the forecaster leaves warm-up at
-# ~31 simulated minutes, says `filling` from ~33 (ETA 15-25 min) and `bottleneck` from ~51-53.
+# ~31 simulated minutes, says `filling` from ~33 (ETA 10-25 min) and `bottleneck` from ~51-53.
 SIMULATOR_FLAGS = ("--vllm-version", "0.33", "--profile", "ramp", "--rate", "4", "--rate-end", "14",
                    "--period-seconds", "3600", "--num-gpu-blocks", "16384", "--max-num-seqs", "512",
                    "--prompt-tokens", "600", "--output-tokens", "600", "--max-model-len", "8192",
