@@ -229,13 +229,10 @@ def test_stripping_does_not_invent_presets(name):
         match_model(name)
 
 
-def test_sidecar_matches_vllms_label_for_a_quantized_local_copy(monkeypatch):
+def test_sidecar_matches_vllms_label_for_a_quantized_local_copy(no_kvwatch_env):
     from kvwatch.capacity import build_sidecar_capacity
     from kvwatch.settings import DeploymentSettings
 
-    for key in list(__import__("os").environ):
-        if key.startswith("KVWATCH_"):
-            monkeypatch.delenv(key)
     capacity, why = build_sidecar_capacity(DeploymentSettings(gpu="H100"), model_name="/models/Qwen3-8B-FP8")
     assert capacity is not None, why
     bf16, _ = build_sidecar_capacity(DeploymentSettings(gpu="H100"), model_name="/models/Qwen3-8B")

@@ -170,10 +170,7 @@ def test_whatif_ceilings_at_live_average():
     assert whatif_ceilings(scenarios, 0) == {}
 
 
-def test_from_settings_resolves_presets_and_overrides(monkeypatch):
-    for key in list(__import__("os").environ):
-        if key.startswith("KVWATCH_"):
-            monkeypatch.delenv(key)
+def test_from_settings_resolves_presets_and_overrides(no_kvwatch_env):
     settings = DeploymentSettings(model="RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic", gpu="H100",
                                   tensor_parallel_size=2, gpu_memory_utilization=0.95, max_model_len=8192)
     spec = DeploymentSpec.from_settings(settings, weights_bytes=33.88 * GIB, vllm_version="0.19.0")
@@ -208,12 +205,9 @@ def test_parse_bytes_rejects(text):
         parse_bytes(text)
 
 
-def test_sidecar_capacity_from_label_and_reasons(monkeypatch):
+def test_sidecar_capacity_from_label_and_reasons(no_kvwatch_env):
     from kvwatch.capacity import build_sidecar_capacity
 
-    for key in list(__import__("os").environ):
-        if key.startswith("KVWATCH_"):
-            monkeypatch.delenv(key)
     settings = DeploymentSettings(gpu="H100", max_model_len=8192, gpu_memory_utilization=0.95)
     capacity, why = build_sidecar_capacity(settings, model_name="/models/Llama-3.1-8B-Instruct")
     assert capacity is not None and why == ""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -37,11 +36,7 @@ NVFP4 = {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
                                                    "strategy": "tensor_group"}}}}
 
 
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    for key in list(os.environ):
-        if key.startswith("KVWATCH_"):
-            monkeypatch.delenv(key)
+pytestmark = pytest.mark.usefixtures("no_kvwatch_env")
 
 
 def config_file(tmp_path, quantization_config):

@@ -18,13 +18,7 @@ from kvwatch.state import derive
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-metrics"
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
-
-    for key in list(os.environ):
-        if key.startswith("KVWATCH_"):
-            monkeypatch.delenv(key)
+pytestmark = pytest.mark.usefixtures("no_kvwatch_env")
 
 
 def check_json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict:

@@ -138,7 +138,7 @@ def payload(preemptions: float, usage: float = 0.5) -> str:
     )
 
 
-def test_sidecar_polls_swap_state_and_count_errors(monkeypatch: Any) -> None:
+def test_sidecar_polls_swap_state_and_count_errors(no_kvwatch_env: None) -> None:
     import httpx
     import respx
 
@@ -146,9 +146,6 @@ def test_sidecar_polls_swap_state_and_count_errors(monkeypatch: Any) -> None:
     from kvwatch.fetch import Fetcher
     from kvwatch.settings import ServeSettings
 
-    for key in list(__import__("os").environ):
-        if key.startswith("KVWATCH_"):
-            monkeypatch.delenv(key)
     url = "http://vllm.test/metrics"
     settings = ServeSettings(target_url=url, poll_interval_seconds=5)
     clock = ManualClock()

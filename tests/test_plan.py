@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import pytest
@@ -16,11 +15,7 @@ TUTORIAL = ["plan", "--gpu-memory-gib", "80", "--gpu-memory-utilization", "0.90"
 GIB = 1 << 30
 
 
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    for key in list(os.environ):
-        if key.startswith("KVWATCH_"):
-            monkeypatch.delenv(key)
+pytestmark = pytest.mark.usefixtures("no_kvwatch_env")
 
 
 def run(argv, capsys):

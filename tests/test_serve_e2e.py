@@ -147,11 +147,7 @@ def test_serve_survives_garbage_and_outage(target: Target) -> None:
         assert log.count("is down (parse)") == 1 and log.count("is down (connect)") == 1
         assert log.count("is up") == 2
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=5)
-        if proc.stdout:
-            proc.stdout.close()
+        _reap(proc)
 
 
 def test_sigterm_stops_serve_while_a_poll_hangs() -> None:
@@ -183,11 +179,7 @@ def test_sigterm_stops_serve_while_a_poll_hangs() -> None:
         log = proc.stdout.read() if proc.stdout else ""
         assert "is down" not in log  # the cancelled poll is not reported as an outage
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=5)
-        if proc.stdout:
-            proc.stdout.close()
+        _reap(proc)
         for conn in hung:
             conn.close()
         silent.close()
@@ -231,3 +223,12 @@ def test_overrunning_polls_are_logged_once_not_per_skipped_run(caplog: pytest.Lo
     assert sum("longer than the 0.1s interval" in m for m in messages) == 1
     caught_up = [m for m in messages if "keep to the interval again" in m]
     assert len(caught_up) == 1 and "runs skipped" in caught_up[0]
+
+
+def _reap(proc: subprocess.Popen) -> None:
+    """Whatever the test did: no kvwatch left running, no pipe left open."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=5)
+    if proc.stdout:
+        proc.stdout.close()
