@@ -61,6 +61,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="vLLM version whose rules to follow (default utilization, how the token count is "
                            "reported, what a sliding window holds per request, hybrid grouping); default: a current "
                            "one (>= 0.20).")
+    plan.add_argument("--allow-long-max-model-len", action="store_true",
+                      help="The deployment sets VLLM_ALLOW_LONG_MAX_MODEL_LEN=1: a --max-model-len past the model's "
+                           "length (max_position_embeddings with RoPE scaling) is a warning, not a refusal.")
+    plan.add_argument("--no-enable-chunked-prefill", dest="enable_chunked_prefill", action="store_false",
+                      help="The deployment turns chunked prefill off: vLLM then refuses --max-num-batched-tokens "
+                           "below --max-model-len.")
     plan.add_argument("--json", action="store_true", help="Print one JSON object instead of the walk-through.")
     plan.add_argument("--plot", metavar="PNG", type=Path,
                       help="Write a PNG of the concurrency ceiling against context length (needs kvwatch[plot]).")
@@ -99,6 +105,8 @@ def build_spec(args: argparse.Namespace) -> DeploymentSpec:
             print(f"kvwatch plan: note: --kv-bytes-per-token {note}", file=sys.stderr)
     if args.avg_seq_len is not None and args.avg_seq_len <= 0:
         raise SettingsError("invalid value for --avg-seq-len: must be positive")
+    overrides["allow_long_max_model_len"] = bool(getattr(args, "allow_long_max_model_len", False))
+    overrides["enable_chunked_prefill"] = bool(getattr(args, "enable_chunked_prefill", True))
     try:
         overrides["vllm_version"] = parse_version(args.vllm_version)
     except SpecError as exc:
@@ -171,6 +179,7 @@ def plan_to_dict(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: flo
         "kv_cache_tokens": plan.kv_cache_tokens,
         "avg_seq_len": avg_seq_len,
         "max_model_len": plan.max_model_len,
+        "model_max_len": spec.arch.derived_max_model_len if spec.arch else None,
         "max_concurrency": _max_concurrency(plan, avg_seq_len),
         "max_concurrency_at_max_model_len": plan.max_concurrency_at_max_model_len,
         "tensor_parallel_size": spec.tensor_parallel_size,

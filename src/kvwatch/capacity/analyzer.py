@@ -56,6 +56,8 @@ class CapacityAnalyzer:
             if capacity is None:
                 log.info("capacity model off for %s: %s", reading.model_name, why)
             else:
+                for error in capacity.plan.errors:  # e.g. a --max-model-len vLLM refuses: the settings are wrong
+                    log.warning("capacity model for %s: %s", reading.model_name, error)
                 log.info("capacity model for %s: %s", reading.model_name,
                          "; ".join(n for n in capacity.plan.notes if "cache_config_info" in n) or "kvwatch's settings")
             self._plans[key] = capacity

@@ -70,6 +70,8 @@ class DeploymentSpec:
     max_model_len: int | None = None
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None
+    enable_chunked_prefill: bool = True  # vLLM V1's default; off: one step must hold a whole prompt
+    allow_long_max_model_len: bool = False  # vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN=1
     vllm_version: tuple[int, int] = DEFAULT_VLLM_VERSION
     weights_bytes: float | None = None
     activation_bytes: float | None = None
@@ -165,6 +167,24 @@ class CapacityPlan:
                                                    self.in_flight_tokens)
 
 
+def _max_len_errors(spec: DeploymentSpec, arch: ModelArch | None, warnings: list[str]) -> list[str]:
+    """vLLM's refusal of a --max-model-len past the model's derived length (``_get_and_verify_max_len``);
+    with VLLM_ALLOW_LONG_MAX_MODEL_LEN it starts, with a warning (appended to ``warnings``)."""
+    derived = arch.derived_max_model_len if arch else None
+    wanted = spec.max_model_len
+    if not wanted or not derived or wanted <= derived:
+        return []
+    if arch is not None and arch.model_max_length and wanted <= arch.model_max_length:
+        return []  # vLLM lets a config's own model_max_length override the derived length
+    what = f"--max-model-len {wanted} is greater than the model's maximum length {derived} ({arch.max_len_source})"
+    if spec.allow_long_max_model_len:
+        warnings.append(f"{what}: vLLM starts because VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, but positions past {derived} "
+                        "give NaN with RoPE or out-of-bounds errors with absolute positions")
+        return []
+    return [f"vLLM will not start: {what}; lower --max-model-len to at most {derived} (or set "
+            "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, which vLLM says to use with extreme caution)"]
+
+
 def _arch_or_error(spec: DeploymentSpec, what: str) -> ModelArch:
     if spec.arch is None:
         raise SpecError(f"{what} needs the model: pass --model NAME or --model-config PATH")
@@ -188,9 +208,19 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
     util = spec.gpu_memory_utilization or default_gpu_memory_utilization(spec.vllm_version)
     total = spec.gpu_memory_bytes
     batched_default, seqs_default = memory.default_batch_limits(total or 80 * GIB, spec.gpu_name)
-    batched = spec.max_num_batched_tokens or batched_default
     seqs = spec.max_num_seqs or seqs_default
-    max_model_len = spec.max_model_len or (arch.max_position_embeddings if arch else None)
+    derived_len = arch.derived_max_model_len if arch else None
+    max_model_len = spec.max_model_len or derived_len
+    errors += _max_len_errors(spec, arch, warnings)
+    if spec.enable_chunked_prefill:
+        batched = spec.max_num_batched_tokens or batched_default
+    else:
+        # vLLM's SchedulerConfig: without chunked prefill the default step holds a whole max_model_len prompt
+        batched = spec.max_num_batched_tokens or max(max_model_len or 0, batched_default)
+        if max_model_len and batched < max_model_len:
+            errors.append(f"vLLM will not start: max_num_batched_tokens ({batched}) is smaller than max_model_len "
+                          f"({max_model_len}) with chunked prefill off; raise --max-num-batched-tokens to "
+                          f"{max_model_len}, lower --max-model-len, or enable chunked prefill")
 
     # KV geometry
     if spec.kv_bytes_per_token is not None:
