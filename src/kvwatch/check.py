@@ -113,8 +113,9 @@ def _capacity_plans(settings: CheckSettings, poll: Poll) -> tuple[dict[str, Any]
     from kvwatch.capacity.sidecar import build_sidecar_capacity
 
     plans, reasons = {}, []
-    for name in sorted({r.model_name for r in poll.readings}):
-        capacity, why = build_sidecar_capacity(settings, name)
+    engine_config = {r.model_name: r.cache_config for r in reversed(poll.readings)}  # the first engine's labels
+    for name in sorted(engine_config):
+        capacity, why = build_sidecar_capacity(settings, name, engine_config[name])
         if capacity is not None:
             plans[name] = capacity.plan
         else:
@@ -126,9 +127,12 @@ def build_report(poll: Poll, max_model_len: int | None = None,
                  capacity_plans: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The ``--json`` object (pure). ``capacity_plans`` maps model_name to a CapacityPlan, for the advice."""
     states = [derive(r, None, max_model_len) for r in poll.readings]
-    found = findings(states)
-    bound = {(f.model_name, f.engine) for f in found if f.id == "kv_bound"}
     plans = capacity_plans or {}
+    found = findings(states) + _capacity_findings(states, plans, max_model_len)
+    found.sort(key=lambda f: _SEVERITY_ORDER[f.severity])
+    stuck = {(f.model_name, f.engine) for f in found if f.id == "request_exceeds_pool"}
+    found = [f for f in found if not (f.id == "scheduler_limited" and (f.model_name, f.engine) in stuck)]
+    bound = {(f.model_name, f.engine) for f in found if f.id == "kv_bound"}
     d = poll.detection
     report = {
         "engine_kind": d.engine_kind,
@@ -140,6 +144,32 @@ def build_report(poll: Poll, max_model_len: int | None = None,
         "findings": [f.__dict__ for f in found],
     }
     return _json_safe(report)
+
+
+_SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+
+def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any],
+                       max_model_len: int | None) -> list[Finding]:
+    """kvwatch.capacity.findings per series: refused settings, formula vs engine, a leak, a request too big."""
+    from kvwatch.capacity import findings as capacity
+
+    out: list[Finding] = []
+    refused: set[str] = set()
+    for s in states:
+        r = s.reading
+        plan = plans.get(r.model_name)
+        found = [capacity.kv_usage_stuck(r.kv_usage_ratio, r.requests_running, r.requests_waiting),
+                 capacity.request_exceeds_pool(r.kv_usage_ratio, r.requests_running, r.requests_waiting,
+                                               r.kv_capacity_tokens,
+                                               max_model_len or getattr(plan, "max_model_len", None))]
+        if plan is not None:
+            found.append(capacity.capacity_mismatch(plan.kv_cache_tokens, r.kv_capacity_tokens, plan))
+            if r.model_name not in refused:
+                refused.add(r.model_name)
+                found += capacity.plan_refusals(plan)
+        out += [Finding(f.id, f.severity, f.message, r.model_name, r.engine) for f in found if f is not None]
+    return out
 
 
 def _json_safe(value: Any) -> Any:
