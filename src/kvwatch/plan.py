@@ -28,6 +28,7 @@ from kvwatch.capacity import (
 )
 from kvwatch.capacity import presets as preset_data
 from kvwatch.capacity.architecture import SLIDING, ModelArch
+from kvwatch.capacity.longcontext import LongContext, long_context
 from kvwatch.capacity.memory import GIB, parameter_counts, resolve_quantization
 from kvwatch.capacity.units import decimal_unit_note
 from kvwatch.settings import DeploymentSettings, SettingsError, add_settings_flags, load_settings
@@ -141,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(plan_to_dict(plan, scenarios, args.avg_seq_len), indent=2))
     else:
         print(render_text(plan, scenarios, args.avg_seq_len))
+        print(render_long_context(long_context(plan)))
     if args.plot is not None:
         try:
             write_plot(args.plot, plan, scenarios, args.avg_seq_len)
@@ -161,6 +163,7 @@ def _max_concurrency(plan: CapacityPlan, avg_seq_len: float | None) -> float | N
 
 def plan_to_dict(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: float | None) -> dict[str, Any]:
     spec = plan.spec
+    lc = long_context(plan)
     return {
         "model": spec.arch.name if spec.arch else None,
         "will_start": plan.will_start,
@@ -186,14 +189,31 @@ def plan_to_dict(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: flo
         "pipeline_parallel_size": spec.pipeline_parallel_size,
         "vllm_version": ".".join(map(str, spec.vllm_version)),
         "estimated": list(plan.estimated),
-        "warnings": list(plan.warnings),
+        "warnings": [*plan.warnings, *(lc.warnings if lc else ())],
         "errors": list(plan.errors),
         "notes": list(plan.notes),
+        "long_context": _long_context_dict(lc),
         "scenarios": [
             {"name": s.name, "kv_cache_tokens": s.kv_cache_tokens, "max_concurrency": s.max_concurrency,
              "note": s.note}
             for s in scenarios
         ],
+    }
+
+
+def _long_context_dict(lc: LongContext | None) -> dict[str, Any] | None:
+    return None if lc is None else {
+        "max_model_len": lc.max_model_len,
+        "requests_at_max_model_len": lc.requests_at_max_model_len,
+        "prefill_flops": lc.prefill_flops,
+        "prefill_seconds_estimate": lc.prefill_seconds_estimate,
+        "mfu_assumed": lc.mfu,
+        "gpu_bf16_tflops": lc.gpu_bf16_tflops,
+        "chunked_prefill_steps": lc.chunked_prefill_steps,
+        "probe_initial_delay_seconds": lc.probe_initial_delay_seconds,
+        "max_model_len_for_4_requests": lc.max_model_len_for_4,
+        "warnings": list(lc.warnings),
+        "notes": list(lc.notes),
     }
 
 
@@ -298,6 +318,25 @@ def render_text(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: floa
         out.append(f"   {s.name:<30} {tokens:>12} {_fmt(s.max_concurrency):>9}  {s.note}")
     for label, items in (("error", plan.errors), ("warning", plan.warnings), ("note", plan.notes)):
         out += [f"{label}: {item}" for item in items]
+    return "\n".join(out)
+
+
+def render_long_context(lc: LongContext | None) -> str:
+    """The long_context block as text (after the walk-through, so it stays apart from its layout)."""
+    if lc is None:
+        return ""
+    seconds = "not estimated" if lc.prefill_seconds_estimate is None else (
+        f"~{lc.prefill_seconds_estimate:,.0f} s ({lc.prefill_seconds_estimate / 60:.1f} min) at "
+        f"{lc.mfu:.0%} of {lc.gpu_bf16_tflops:g} TFLOPS per GPU")
+    out = ["", f"Long context (max_model_len {lc.max_model_len:,}):",
+           f"   requests that fit at max_model_len   {lc.requests_at_max_model_len:.2f}",
+           f"   one max-length prefill                {seconds}",
+           f"   chunked-prefill steps                 {lc.chunked_prefill_steps:,}",
+           "   startup probe allowance               "
+           + ("-" if lc.probe_initial_delay_seconds is None else f"{lc.probe_initial_delay_seconds:,} s"),
+           "   max_model_len that fits 4 requests    "
+           + ("-" if lc.max_model_len_for_4 is None else f"{lc.max_model_len_for_4:,}")]
+    out += [f"warning: {w}" for w in lc.warnings] + [f"note: {n}" for n in lc.notes]
     return "\n".join(out)
 
 

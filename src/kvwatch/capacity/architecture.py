@@ -131,6 +131,7 @@ class ModelArch:
     qk_rope_head_dim: int | None = None
     # Mixture of experts.
     num_experts: int = 0
+    experts_per_token: int | None = None  # routed experts each token runs (None: config.json does not say)
     moe_intermediate_size: int = 0
     num_shared_experts: int = 0
     first_k_dense_layers: int = 0
@@ -358,6 +359,7 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         kv_lora_rank=int(kv_lora_rank) if kv_lora_rank is not None else None,
         qk_rope_head_dim=int(cfg["qk_rope_head_dim"]) if kv_lora_rank is not None else None,
         num_experts=num_experts,
+        experts_per_token=_experts_per_token(cfg),
         moe_intermediate_size=int(cfg.get("moe_intermediate_size") or (cfg.get("intermediate_size") or 0)
                                   if num_experts else 0),
         num_shared_experts=int(cfg.get("n_shared_experts") or cfg.get("num_shared_experts") or 0),
@@ -374,6 +376,14 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         source=source,
         notes=tuple(notes),
     )
+
+
+def _experts_per_token(cfg: dict[str, Any]) -> int | None:
+    for key in ("num_experts_per_tok", "num_experts_per_token", "experts_per_token", "moe_topk", "moe_k"):
+        if cfg.get(key):
+            value = cfg[key]
+            return int(value[0] if isinstance(value, list) else value)
+    return None
 
 
 def _checkpoint_quantization(config: dict[str, Any]) -> tuple[str | None, str | None]:

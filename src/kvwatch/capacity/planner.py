@@ -60,6 +60,7 @@ class DeploymentSpec:
     gpu_memory_bytes: float | None = None
     gpu_name: str | None = None  # only to pick vLLM's default batch limits (A100s get the small ones)
     gpu_compute_capability: tuple[int, int] | None = None  # picks vLLM's MXFP4 MoE kernel (weight padding)
+    gpu_bf16_tflops: float | None = None  # dense BF16 peak, only for the long-context prefill estimate
     gpu_memory_utilization: float | None = None
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
@@ -96,10 +97,11 @@ class DeploymentSpec:
             arch = presets.load_config_file(settings.model_config_path)
         elif settings.model:
             arch = presets.match_model(settings.model).arch  # a repack's implied scheme is its checkpoint's
-        gpu_bytes, gpu_name, capability = None, settings.gpu, None
+        gpu_bytes, gpu_name, capability, tflops = None, settings.gpu, None, None
         if settings.gpu:
             gpu = presets.resolve_gpu(settings.gpu)
             gpu_bytes, gpu_name, capability = float(gpu.total_memory_bytes), gpu.name, gpu.compute_capability
+            tflops = gpu.bf16_tflops
         if settings.gpu_memory_gib is not None:  # what the card really reports wins over the preset
             gpu_bytes = settings.gpu_memory_gib * GIB
         version = overrides.pop("vllm_version", DEFAULT_VLLM_VERSION)
@@ -110,6 +112,7 @@ class DeploymentSpec:
             gpu_memory_bytes=gpu_bytes,
             gpu_name=gpu_name,
             gpu_compute_capability=capability,
+            gpu_bf16_tflops=tflops,
             gpu_memory_utilization=settings.gpu_memory_utilization,
             tensor_parallel_size=settings.tensor_parallel_size,
             pipeline_parallel_size=settings.pipeline_parallel_size,
