@@ -28,6 +28,7 @@ from kvwatch.capacity import (
 )
 from kvwatch.capacity import presets as preset_data
 from kvwatch.capacity.architecture import SLIDING, ModelArch
+from kvwatch.capacity.inverse import InversePlan, inverse_plan
 from kvwatch.capacity.longcontext import LongContext, long_context
 from kvwatch.capacity.memory import GIB, parameter_counts, resolve_quantization
 from kvwatch.capacity.units import decimal_unit_note
@@ -68,6 +69,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     plan.add_argument("--no-enable-chunked-prefill", dest="enable_chunked_prefill", action="store_false",
                       help="The deployment turns chunked prefill off: vLLM then refuses --max-num-batched-tokens "
                            "below --max-model-len.")
+    plan.add_argument("--target-concurrency", type=int, metavar="N",
+                      help="Inverse planner: list the deployments that carry N concurrent requests of --avg-seq-len "
+                           "tokens, cheapest first (utilization, max-model-len, FP8 KV, FP8 weights, TP within one "
+                           "node, then replicas), each with the vLLM arguments to paste.")
+    plan.add_argument("--gpus-per-node", type=int, default=8, metavar="N",
+                      help="Largest tensor parallelism the inverse planner tries (GPUs in one node; default 8).")
     plan.add_argument("--json", action="store_true", help="Print one JSON object instead of the walk-through.")
     plan.add_argument("--plot", metavar="PNG", type=Path,
                       help="Write a PNG of the concurrency ceiling against context length (needs kvwatch[plot]).")
@@ -131,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(preset_data.gpu_names()))
         return 0
     spec = build_spec(args)
+    if getattr(args, "target_concurrency", None) is not None:
+        return run_inverse(args, spec)
     try:
         plan = plan_capacity(spec)
         scenarios = whatif_scenarios(spec, args.avg_seq_len)
@@ -153,6 +162,55 @@ def run(args: argparse.Namespace) -> int:
             print(f"kvwatch plan: cannot write {args.plot}: {exc.strerror}", file=sys.stderr)
             return 1
     return 0 if plan.will_start else 1
+
+
+def run_inverse(args: argparse.Namespace, spec: DeploymentSpec) -> int:
+    """``--target-concurrency``: the options table (or JSON); exit 1 when no option exists."""
+    if args.target_concurrency < 1:
+        raise SettingsError("invalid value for --target-concurrency: must be at least 1")
+    if args.avg_seq_len is None:
+        raise SettingsError("--target-concurrency needs --avg-seq-len (the tokens one request holds)")
+    if args.gpus_per_node < 1:
+        raise SettingsError("invalid value for --gpus-per-node: must be at least 1")
+    model = args.model or (spec.arch.name if spec.arch else None)
+    try:
+        result = inverse_plan(spec, args.target_concurrency, args.avg_seq_len, args.gpus_per_node, model,
+                              max_model_len_given=spec.max_model_len is not None)
+    except SpecError as exc:
+        raise SettingsError(f"{exc} {exc.plan_hint}".rstrip()) from None
+    except QuantizationError as exc:
+        raise SettingsError(f"invalid value for {exc.flag}: {exc}") from None
+    if args.json:
+        print(json.dumps(inverse_to_dict(result), indent=2))
+    else:
+        print(render_inverse(result))
+    return 0 if result.options else 1
+
+
+def inverse_to_dict(result: InversePlan) -> dict[str, Any]:
+    return {
+        "target_concurrency": result.target_concurrency,
+        "avg_seq_len": result.avg_seq_len,
+        "why_not": result.why_not,
+        "options": [
+            {**plan_to_dict(o.plan, [], result.avg_seq_len), "replicas": o.replicas, "vllm_args": list(o.vllm_args),
+             "requests_per_replica": o.per_replica, "gpus_per_replica": o.gpus_per_replica,
+             "total_gpus": o.total_gpus, "changes": list(o.changes)}
+            for o in result.options
+        ],
+    }
+
+
+def render_inverse(result: InversePlan) -> str:
+    out = [f"kvwatch plan: deployments for {result.target_concurrency} concurrent requests of "
+           f"{result.avg_seq_len:,.0f} tokens, cheapest first", "",
+           f"   {'#':>2} {'GPUs':>5} {'replicas':>8} {'TP':>3} {'per replica':>11}  vLLM arguments"]
+    for i, o in enumerate(result.options, 1):
+        out.append(f"   {i:>2} {o.total_gpus:>5} {o.replicas:>8} {o.plan.spec.tensor_parallel_size:>3} "
+                   f"{o.per_replica:>11.1f}  {' '.join(o.vllm_args)}")
+    if result.why_not:
+        out.append(f"error: nothing reaches {result.target_concurrency}: {result.why_not}")
+    return "\n".join(out)
 
 
 # ----------------------------------------------------------------------------------------------- output
