@@ -75,9 +75,10 @@ def test_formula_uses_the_engines_utilization_and_kv_dtype_when_not_given() -> N
                                                user_specified_block_size="False"))
     got = formula(CapacityAnalyzer(settings), engine)
     arch_settings = settings.model_copy(update={"model": LLAMA})
-    at_090_fp8 = plan_capacity(DeploymentSpec.from_settings(
-        arch_settings.model_copy(update={"gpu_memory_utilization": 0.9, "kv_cache_dtype": "fp8"})))
-    at_092_auto = plan_capacity(DeploymentSpec.from_settings(arch_settings))
+    at_090_fp8 = plan_capacity(DeploymentSpec.from_settings(  # user_specified_block_size: the 0.20 rules
+        arch_settings.model_copy(update={"gpu_memory_utilization": 0.9, "kv_cache_dtype": "fp8"}),
+        vllm_version=(0, 20)))
+    at_092_auto = plan_capacity(DeploymentSpec.from_settings(arch_settings, vllm_version=(0, 20)))
     assert got == at_090_fp8.kv_cache_tokens
     assert got != at_092_auto.kv_cache_tokens  # what it was: vLLM's 0.92 default and a bf16 KV cache
 

@@ -34,7 +34,7 @@ from kvwatch.capacity.memory import GIB, parameter_counts, resolve_quantization
 from kvwatch.capacity.units import decimal_unit_note
 from kvwatch.settings import DeploymentSettings, SettingsError, add_settings_flags, load_settings
 
-_GIB_FLAGS = ("weights_gib", "activation_gib", "non_torch_gib", "available_kv_gib")
+_GIB_FLAGS = ("weights_gib", "activation_gib", "non_torch_gib", "available_kv_gib", "cuda_graph_gib")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,6 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     plan.add_argument("--non-torch-gib", metavar="GIB", help="Measured non-torch memory per GPU (profiling line).")
     plan.add_argument("--available-kv-gib", metavar="GIB",
                       help="Measured 'Available KV cache memory' per GPU (skips the budget sums).")
+    plan.add_argument("--cuda-graph-gib", metavar="GIB",
+                      help="Measured CUDA-graph memory per GPU that vLLM >= 0.21 subtracts before sizing the cache "
+                           "(its memory-profiling line); default: kvwatch's estimate. Not with --non-torch-gib "
+                           "figures that already include it.")
+    plan.add_argument("--enforce-eager", action="store_true",
+                      help="The deployment runs vLLM with --enforce-eager: no CUDA graphs, nothing subtracted.")
     plan.add_argument("--kv-bytes-per-token", metavar="BYTES",
                       help="KV bytes per token per GPU: a byte count or a number with a unit. KiB/MiB/GiB are "
                            "binary (0.8MiB = 838,861 B, 0.0008GiB = 858,993 B); kB/MB/GB are decimal "
@@ -114,6 +120,7 @@ def build_spec(args: argparse.Namespace) -> DeploymentSpec:
     if args.avg_seq_len is not None and args.avg_seq_len <= 0:
         raise SettingsError("invalid value for --avg-seq-len: must be positive")
     overrides["allow_long_max_model_len"] = bool(getattr(args, "allow_long_max_model_len", False))
+    overrides["enforce_eager"] = bool(getattr(args, "enforce_eager", False))
     overrides["enable_chunked_prefill"] = bool(getattr(args, "enable_chunked_prefill", True))
     try:
         overrides["vllm_version"] = parse_version(args.vllm_version)
@@ -232,6 +239,7 @@ def plan_to_dict(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: flo
         "activation_bytes": plan.activation_bytes,
         "non_torch_bytes": plan.non_torch_bytes,
         "pp_last_stage_extra_bytes": plan.pp_last_stage_extra_bytes,
+        "cuda_graph_bytes": plan.cuda_graph_bytes,
         "available_kv_bytes": plan.available_kv_bytes,
         "kv_bytes_per_token": plan.kv_bytes_per_token,
         "block_size": plan.layout.block_size,
@@ -310,6 +318,14 @@ def _weights_detail(arch: ModelArch | None, plan: CapacityPlan) -> str:
     return f"estimated: {(embed + dense + experts) / 1e9:.2f} B params, {quant}, / TP×PP"
 
 
+def _cuda_graph_detail(plan: CapacityPlan) -> str:
+    if "cuda_graphs" in plan.estimated:
+        return "estimated: vLLM >= 0.21 subtracts it before sizing the cache"
+    if plan.cuda_graph_bytes:
+        return "measured"
+    return "--enforce-eager" if plan.spec.enforce_eager else "not subtracted before vLLM 0.21"
+
+
 def _activation_detail(plan: CapacityPlan) -> str:
     if "activation" in plan.estimated:
         return f"estimated: profile run of {plan.max_num_batched_tokens} batched tokens and the sampler"
@@ -336,6 +352,7 @@ def render_text(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: floa
             f"   − activation  {_g(plan.activation_bytes):>12}  ({_activation_detail(plan)})",
             f"   − non-torch   {_g(plan.non_torch_bytes):>12}  "
             f"({'estimated' if 'non_torch' in plan.estimated else 'measured'})",
+            f"   − CUDA graphs {_g(plan.cuda_graph_bytes):>12}  ({_cuda_graph_detail(plan)})",
             f"   = KV budget                                        = {_g(plan.available_kv_bytes)}",
         ]
     out += ["", "2. KV bytes per token per GPU", f"   {_kv_formula(plan)}"]

@@ -13,14 +13,11 @@ from kvwatch.capacity import kv, memory, quantization
 from kvwatch.capacity.architecture import ModelArch
 from kvwatch.capacity.memory import GIB
 
-DEFAULT_VLLM_VERSION = (0, 20)  # default utilization 0.92 and tokens = concurrency x max_model_len
+# The current rules: default utilization 0.92, tokens = concurrency x max_model_len, CUDA graphs subtracted.
+DEFAULT_VLLM_VERSION = (0, 33)
 # From 0.21 vLLM subtracts its CUDA-graph memory estimate before sizing the KV cache
-# (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 by default); the reference gives no rule for its size.
+# (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 by default), unless --enforce-eager captures no graphs.
 CUDA_GRAPHS_SUBTRACTED_SINCE = (0, 21)
-CUDA_GRAPH_NOTE = ("vLLM >= 0.21 also subtracts its CUDA-graph memory estimate before sizing the KV cache (unless "
-                   "--enforce-eager); it is not modelled, and the calibration logs show 0.5-1.8 GiB per GPU, so "
-                   "expect vLLM's pool to be about that much smaller (pass the measured --available-kv-gib, or add "
-                   "the estimate to --non-torch-gib)")
 _OLD_DEFAULT_UTILIZATION_BEFORE = (0, 20)
 
 
@@ -71,6 +68,8 @@ class DeploymentSpec:
     max_model_len: int | None = None
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None
+    enforce_eager: bool = False  # no CUDA graphs: nothing subtracted for them
+    cuda_graph_bytes: float | None = None  # measured ("CUDAGraph memory" in vLLM's log) overrides the estimate
     enable_chunked_prefill: bool = True  # vLLM V1's default; off: one step must hold a whole prompt
     allow_long_max_model_len: bool = False  # vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN=1
     vllm_version: tuple[int, int] = DEFAULT_VLLM_VERSION
@@ -151,6 +150,7 @@ class CapacityPlan:
     warnings: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
     pp_last_stage_extra_bytes: float = 0.0  # the last PP stage's sampler, added to a measured rank-0 activation
+    cuda_graph_bytes: float = 0.0  # subtracted before sizing the cache (vLLM >= 0.21 without --enforce-eager)
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -240,6 +240,7 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
 
     # Memory budget
     weights = activation = non_torch = usable = None
+    cuda_graphs = 0.0
     pp_extra = 0.0
     if spec.available_kv_bytes is not None:
         available = float(spec.available_kv_bytes)
@@ -283,7 +284,16 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
         else:
             non_torch = float(memory.estimate_non_torch_bytes(tp, pp))
             estimated.append("non_torch")
-        available = usable - weights - activation - non_torch
+        if spec.vllm_version >= CUDA_GRAPHS_SUBTRACTED_SINCE and not spec.enforce_eager:
+            if spec.cuda_graph_bytes is not None:
+                cuda_graphs = float(spec.cuda_graph_bytes)
+            elif arch is not None:
+                cuda_graphs = float(memory.estimate_cuda_graph_bytes(arch, pp))
+                estimated.append("cuda_graphs")
+            else:
+                notes.append("vLLM >= 0.21 subtracts its CUDA-graph memory before sizing the KV cache; without the "
+                             "model kvwatch cannot estimate it (the calibration logs show 0.5-1.8 GiB per GPU)")
+        available = usable - weights - activation - non_torch - cuda_graphs
 
     blocks = kv.num_gpu_blocks(available, layout)
     in_flight = kv.in_flight_tokens(batched, pp, spec.vllm_version)
@@ -296,18 +306,16 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
         errors.append(f"vLLM will not start: one {max_model_len}-token request needs {need / GIB:.2f} GiB of KV "
                       f"but only {available / GIB:.2f} GiB is available (short by {(need - available) / GIB:.2f} "
                       f"GiB); lower --max-model-len to about {_fitting_len(layout, blocks, in_flight)}")
-    if estimated and estimated != ["pp_last_stage_sampler"]:
+    if [e for e in estimated if e not in ("pp_last_stage_sampler", "cuda_graphs")]:
         warnings.append(f"estimated (not measured): {', '.join(estimated)}; pass --weights-gib/--activation-gib/"
                         "--non-torch-gib from vLLM's startup log for exact figures")
-    if spec.available_kv_bytes is None and spec.vllm_version >= DEFAULT_VLLM_VERSION:
-        notes.append(CUDA_GRAPH_NOTE)  # the default rules are a current vLLM, so they include 0.21+
     if layout.is_hybrid and spec.vllm_version >= kv.TOKENS_FROM_CONCURRENCY_SINCE:
         notes.append("sliding-window model: vLLM derives 'KV cache size' from max_model_len, so it is not a "
                      "byte-linear capacity")
     return CapacityPlan(
         spec=spec, total_memory_bytes=total, gpu_memory_utilization=util, usable_bytes=usable,
         weights_bytes=weights, activation_bytes=activation, non_torch_bytes=non_torch,
-        pp_last_stage_extra_bytes=pp_extra,
+        pp_last_stage_extra_bytes=pp_extra, cuda_graph_bytes=cuda_graphs,
         available_kv_bytes=available, kv_bytes_per_token=per_token, layout=layout, num_gpu_blocks=blocks,
         kv_cache_tokens=tokens, max_model_len=max_model_len, max_num_batched_tokens=batched,
         in_flight_tokens=in_flight,
