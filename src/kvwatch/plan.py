@@ -31,6 +31,7 @@ from kvwatch.capacity.architecture import SLIDING, ModelArch
 from kvwatch.capacity.inverse import InversePlan, inverse_plan
 from kvwatch.capacity.longcontext import LongContext, long_context
 from kvwatch.capacity.memory import GIB, parameter_counts, resolve_quantization
+from kvwatch.capacity.planner import CUDA_GRAPHS_SUBTRACTED_SINCE
 from kvwatch.capacity.units import decimal_unit_note
 from kvwatch.settings import DeploymentSettings, SettingsError, add_settings_flags, load_settings
 
@@ -323,7 +324,11 @@ def _cuda_graph_detail(plan: CapacityPlan) -> str:
         return "estimated: vLLM >= 0.21 subtracts it before sizing the cache"
     if plan.cuda_graph_bytes:
         return "measured"
-    return "--enforce-eager" if plan.spec.enforce_eager else "not subtracted before vLLM 0.21"
+    if plan.spec.enforce_eager:
+        return "--enforce-eager"
+    if plan.spec.vllm_version >= CUDA_GRAPHS_SUBTRACTED_SINCE:
+        return "not estimated without the model: pass --cuda-graph-gib"
+    return "not subtracted before vLLM 0.21"
 
 
 def _activation_detail(plan: CapacityPlan) -> str:

@@ -77,9 +77,8 @@ class CapacityAnalyzer:
             "KV cache capacity in tokens per engine as the capacity model computes it from the model, the GPU and "
             "the deployment flags kvwatch was given, with gpu_memory_utilization, block_size, cache_dtype and the "
             "vLLM version's rules taken from vllm:cache_config_info where not given; weights and activations are "
-            "estimates, and the CUDA-graph memory vLLM >= 0.21 subtracts before sizing the cache is not modelled, "
-            "so on those versions this is higher than vLLM's figure by the tokens that memory would hold (compare "
-            "with kvwatch_kv_capacity_tokens).",
+            "estimates, as is the CUDA-graph memory vLLM >= 0.21 subtracts before sizing the cache (compare with "
+            "kvwatch_kv_capacity_tokens).",
             labels=["model_name", "engine"])
         whatif = GaugeMetricFamily(
             "kvwatch_whatif_max_concurrency",
