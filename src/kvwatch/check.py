@@ -25,11 +25,12 @@ from prometheus_client.utils import floatToGoString
 
 from kvwatch.advisor import Advice, advise_from_result
 from kvwatch.engines import SourceOverrides
-from kvwatch.fetch import Fetcher, ScrapeError, interpret
+from kvwatch.fetch import Fetcher
 from kvwatch.forecast import Forecaster, ForecastSample
 from kvwatch.model import Poll, Reading
+from kvwatch.payload import ScrapeError, interpret
+from kvwatch.serve.state import SeriesState, derive
 from kvwatch.settings import CheckSettings, SettingsError, add_settings_flags, load_settings
-from kvwatch.state import SeriesState, derive
 
 KV_BOUND_USAGE = 0.95
 SCHEDULER_LIMITED_BELOW = 0.9
@@ -110,7 +111,7 @@ def _fetch(settings: CheckSettings) -> str:
 def _capacity_plans(settings: CheckSettings, poll: Poll) -> tuple[dict[str, Any], list[str]]:
     """Capacity plan per model, as serve builds it: --model/--model-config, else a preset matching the
     model_name label. Returns (plans, why not) for the models the capacity model cannot size."""
-    from kvwatch.capacity.sidecar import build_sidecar_capacity
+    from kvwatch.serve.sidecar_capacity import build_sidecar_capacity
 
     plans, reasons = {}, []
     for name in sorted({r.model_name for r in poll.readings}):

@@ -18,9 +18,9 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 
-from kvwatch.capacity.sidecar import ENGINE_LABELS, VERSION_LABELS, SidecarCapacity, build_sidecar_capacity
 from kvwatch.history import SeriesHistory
 from kvwatch.model import Reading, SeriesKey
+from kvwatch.serve.sidecar_capacity import ENGINE_LABELS, VERSION_LABELS, SidecarCapacity, build_sidecar_capacity
 
 log = logging.getLogger(__name__)
 
