@@ -6,7 +6,7 @@ import pytest
 
 from kvwatch.capacity.planner import DeploymentSpec, plan_capacity
 from kvwatch.model import Reading
-from kvwatch.serve.capacity import CapacityAnalyzer, live_kv_tokens_per_request
+from kvwatch.serve.capacity import CapacityAnalyzer
 from kvwatch.settings import ServeSettings
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
@@ -26,9 +26,9 @@ def families(analyzer: CapacityAnalyzer, r: Reading) -> dict[str, list]:
 
 
 def test_live_tokens_per_request_is_used_tokens_over_running() -> None:
-    assert live_kv_tokens_per_request(reading()) == pytest.approx(20_000.0)
-    assert live_kv_tokens_per_request(reading(requests_running=0.0)) is None
-    assert live_kv_tokens_per_request(reading(kv_capacity_tokens=None)) is None
+    assert reading().kv_tokens_per_running_request == pytest.approx(20_000.0)
+    assert reading(requests_running=0.0).kv_tokens_per_running_request is None
+    assert reading(kv_capacity_tokens=None).kv_tokens_per_running_request is None
 
 
 def test_formula_capacity_matches_the_planner_for_the_preset_named_by_vllm() -> None:
