@@ -12,12 +12,13 @@ from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvwatch.derived import derive
 from kvwatch.engines import vllm
 from kvwatch.exposition import parse
 from kvwatch.history import History, SeriesHistory
 from kvwatch.model import Reading, SeriesKey
 from kvwatch.serve.collector import KvwatchCollector, make_registry
-from kvwatch.serve.state import Health, State, derive
+from kvwatch.serve.state import Health, State
 
 FIXTURE = (Path(__file__).parent / "fixtures" / "vllm-metrics" / "gen-0.33-dp2-capacity-labels.prom").read_text()
 

@@ -24,12 +24,12 @@ from typing import Any
 from prometheus_client.utils import floatToGoString
 
 from kvwatch.advisor import Advice, advise_from_result
+from kvwatch.derived import SeriesState, derive
 from kvwatch.engines import SourceOverrides
 from kvwatch.fetch import Fetcher
 from kvwatch.forecast import Forecaster, ForecastParams, ForecastSample
 from kvwatch.model import Poll, Reading
 from kvwatch.payload import ScrapeError, interpret
-from kvwatch.serve.state import SeriesState, derive
 from kvwatch.settings import CheckSettings, SettingsError, add_settings_flags, load_settings
 
 # The forecaster's thresholds, so that check and serve call the same usage KV-bound.
