@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from kvwatch.cli import main
-from kvwatch.payload import interpret
 from kvwatch.derived import derive
+from kvwatch.payload import interpret
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm-metrics" / "neuron-v0-block1024.prom"
 pytestmark = pytest.mark.usefixtures("no_kvwatch_env")

@@ -112,12 +112,12 @@ def _fetch(settings: CheckSettings) -> str:
 def _capacity_plans(settings: CheckSettings, poll: Poll) -> tuple[dict[str, Any], list[str]]:
     """Capacity plan per model, as serve builds it: --model/--model-config, else a preset matching the
     model_name label. Returns (plans, why not) for the models the capacity model cannot size."""
-    from kvwatch.serve.sidecar_capacity import build_sidecar_capacity
+    from kvwatch.serve.sidecar_capacity import resolver_for
 
     plans, reasons = {}, []
-    engine_config = {r.model_name: r.cache_config for r in reversed(poll.readings)}  # the first engine's labels
-    for name in sorted(engine_config):
-        capacity, why = build_sidecar_capacity(settings, name, engine_config[name])
+    first = {r.model_name: r for r in reversed(poll.readings)}  # the first engine's cache_config_info labels
+    for name in sorted(first):
+        capacity, why = resolver_for(settings).sidecar(first[name])  # the plans serve resolves, the same way
         if capacity is not None:
             plans[name] = capacity.plan
         else:
@@ -128,8 +128,12 @@ def _capacity_plans(settings: CheckSettings, poll: Poll) -> tuple[dict[str, Any]
 def build_report(poll: Poll, max_model_len: int | None = None,
                  capacity_plans: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The ``--json`` object (pure). ``capacity_plans`` maps model_name to a CapacityPlan, for the advice."""
-    states = [derive(r, None, max_model_len) for r in poll.readings]
+    from kvwatch.capacity.series import resolve
+
     plans = capacity_plans or {}
+    # one capacity per series (kvwatch.capacity.series): the engine's figures first, then the plan
+    capacities = {r.key: resolve(r, plans.get(r.model_name)) for r in poll.readings}
+    states = [derive(capacities[r.key].apply(r), None, max_model_len) for r in poll.readings]
     found = findings(states) + _capacity_findings(states, plans, max_model_len)
     found.sort(key=lambda f: _SEVERITY_ORDER[f.severity])
     stuck = {(f.model_name, f.engine) for f in found if f.id == "request_exceeds_pool"}
@@ -141,7 +145,8 @@ def build_report(poll: Poll, max_model_len: int | None = None,
         "version_range": d.version_range,
         "usage_metric": d.usage_metric,
         "series": [_series_json(s, advice(s.reading, poll.timestamp, max_model_len, plans.get(s.reading.model_name))
-                                if (s.reading.model_name, s.reading.engine) in bound else [])
+                                if (s.reading.model_name, s.reading.engine) in bound else [],
+                                capacities[s.reading.key].source)
                    for s in states],
         "findings": [f.__dict__ for f in found],
     }
@@ -200,7 +205,7 @@ def advice(reading: Reading, timestamp: float, max_model_len: int | None = None,
                               capacity_plan=capacity_plan, max_model_len=max_model_len)
 
 
-def _series_json(s: SeriesState, fixes: Iterable[Advice] = ()) -> dict[str, Any]:
+def _series_json(s: SeriesState, fixes: Iterable[Advice] = (), capacity_source: str = "unknown") -> dict[str, Any]:
     r = s.reading
     return {
         "model_name": r.model_name,
@@ -211,6 +216,7 @@ def _series_json(s: SeriesState, fixes: Iterable[Advice] = ()) -> dict[str, Any]
         "waiting_by_reason": dict(r.waiting_by_reason),
         "requests_swapped": r.requests_swapped,
         "kv_capacity_tokens": r.kv_capacity_tokens,
+        "capacity_source": capacity_source,
         "kv_used_tokens": r.kv_used_tokens,
         "max_concurrency": s.max_concurrency.get("observed_mix"),
         "max_concurrency_max_model_len": s.max_concurrency.get("max_model_len"),

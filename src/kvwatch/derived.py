@@ -54,7 +54,7 @@ LIVE_FOOTPRINT_MIN_USAGE = 0.01
 """Below this usage the live KV footprint per running request is a block or two: too coarse to size by."""
 
 
-def _block_pool(reading: Reading) -> tuple[float | None, float | None]:
+def block_pool(reading: Reading) -> tuple[float | None, float | None]:
     """(blocks, tokens per block) when they describe the token pool, else (None, None).
 
     On hybrid models vLLM rewrites ``block_size`` after KV init to the smallest group's (vllm issue 51163), so
@@ -77,7 +77,7 @@ def max_concurrency(reading: Reading, mean_tokens: float | None, max_model_len: 
     (prompt + output tokens). Neither alone is conservative: the finished mean under-weights long requests,
     which stay in flight longest and so dominate what the cache holds; the live footprint under-counts
     young requests, which will still grow. Under KV pressure the live one is the smaller, and it is the
-    same footprint the advisor's concurrency limit uses. When the block pool is known (:func:`_block_pool`),
+    same footprint the advisor's concurrency limit uses. When the block pool is known (:func:`block_pool`),
     the mean request is also counted in whole blocks (``blocks ÷ ceil(mean ÷ block_size)``), and the
     ceiling never exceeds the number of blocks."""
     out: dict[str, float] = {}
@@ -86,7 +86,7 @@ def max_concurrency(reading: Reading, mean_tokens: float | None, max_model_len: 
     usage, running = reading.kv_usage_ratio, reading.requests_running
     if usage is not None and usage > LIVE_FOOTPRINT_MIN_USAGE and running:
         estimates.append(running / usage)
-    blocks, block_size = _block_pool(reading)
+    blocks, block_size = block_pool(reading)
     if capacity is not None and mean_tokens:
         estimates.append(capacity / mean_tokens)
     if blocks is not None and block_size and mean_tokens:
