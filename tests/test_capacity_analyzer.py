@@ -60,8 +60,8 @@ def test_unknown_model_or_gpu_exports_no_formula_and_does_not_raise() -> None:
     for a, rr in ((analyzer, r), (CapacityAnalyzer(ServeSettings()), reading())):
         got = families(a, rr)
         assert got["kvwatch_formula_kv_capacity_tokens"] == [] and got["kvwatch_whatif_max_concurrency"] == []
-        # the capacity itself is still the engine's, and says so
-        assert [s.labels["source"] for s in got["kvwatch_capacity_source_info"]] == ["engine_num_gpu_blocks"]
+        # the capacity itself is still the reading's (no cache_config_info here), and says so
+        assert [s.labels["source"] for s in got["kvwatch_capacity_source_info"]] == ["engine_metric"]
     bare = reading(kv_capacity_tokens=None)
     assert analyzer.analyze(bare.key, None, replace(bare, model_name="x"), 0.0) is None  # type: ignore[arg-type]
 
