@@ -1,8 +1,9 @@
 """Plain data the pure core passes around: what one poll of an inference engine says.
 
-A :class:`Reading` is one series: one ``(model_name, engine)`` pair of vLLM (``engine`` is vLLM's
-data-parallel engine index, ``"0"`` when vLLM has no ``engine`` label). Every value is optional because
-every vLLM family may be missing in some version or configuration; ``None`` means "not reported", never 0.
+A :class:`Reading` is one series: one ``(model_name, engine)`` pair (``engine`` is the
+data-parallel index: vLLM's ``engine`` label, SGLang's ``dp_rank``; ``"0"`` without one). Every value is
+optional because every engine family may be missing in some version or configuration; ``None`` means
+"not reported", never 0.
 Counters are raw cumulative totals; rates come from :mod:`kvwatch.history`.
 """
 
@@ -88,11 +89,19 @@ class Reading:
 
 @dataclass(frozen=True)
 class Detection:
-    """Which engine and generation produced the payload, and which name carries KV usage."""
+    """Which engine and generation produced the payload, and which names the adapter read.
+
+    ``engine_kind`` is ``vllm``, ``sglang`` or ``tensorrt-llm``; each ``*_metric`` names the source of that
+    quantity as the adapter found it (a family, a ``family{label="value"}`` selector or an iteration-stats
+    JSON field), None when the payload has none (the quantity is then unknown, never guessed).
+    """
 
     engine_kind: str
     version_range: str
     usage_metric: str | None
+    running_metric: str | None = None
+    waiting_metric: str | None = None
+    capacity_metric: str | None = None
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from types import MappingProxyType
 
 from kvwatch.engines import Selector, SourceOverrides, UnrecognisedPayload
@@ -188,6 +189,11 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             cache_config=MappingProxyType(dict(config)),
             process_start_time_seconds=process_start,
         ))
+    capacity_name = "vllm:cache_config_info{kv_cache_size_tokens}" if any(
+        "kv_cache_size_tokens" in c for c in configs.values()) else (
+        "vllm:cache_config_info{num_gpu_blocks x block_size}" if configs else None)
+    detection = replace(detection, running_metric=str(running) if running_samples else None,
+                        waiting_metric=str(waiting) if waiting_samples else None, capacity_metric=capacity_name)
     return Poll(timestamp=timestamp, detection=detection, readings=tuple(readings))
 
 
