@@ -62,6 +62,7 @@ def test_sglang_rank_labels_one_series_per_dp_rank_tp_copies_not_summed() -> Non
     # Tokenizer counters carry no dp_rank: they apply to each series; hits / queries is cached / prompt tokens.
     assert r0.prefix_cache_hit_ratio == pytest.approx(1.05e6 / 4.2e6)
     assert r0.prefix_cache_unit == "tokens"
+    assert dict(r0.finished_by_reason) == {"all": 5000.0}  # num_requests_total: no reasons since 2025
 
 
 def test_trtllm_serve_prometheus() -> None:

@@ -28,7 +28,7 @@ from types import MappingProxyType
 from kvwatch.engines import Selector, SourceOverrides, UnrecognisedPayload
 from kvwatch.engines.series import Index, KeyOf, sample_named, selected, series_keys
 from kvwatch.exposition import Exposition
-from kvwatch.model import Detection, Poll, Reading
+from kvwatch.model import Detection, Poll, Reading, SeriesKey
 
 PREFIX = "sglang:"
 TOKEN_USAGE = "sglang:token_usage"
@@ -45,6 +45,7 @@ PROMPT_TOKENS = "sglang:prompt_tokens_total"
 GENERATION_TOKENS = "sglang:generation_tokens_total"
 CACHED_TOKENS = "sglang:cached_tokens_total"
 REQUEST_SUCCESS = "sglang:request_success_total"
+NUM_REQUESTS = "sglang:num_requests_total"
 PROMPT_HISTOGRAM = "sglang:prompt_tokens_histogram"
 GENERATION_HISTOGRAM = "sglang:generation_tokens_histogram"
 PROMPT_HISTOGRAM_2024 = "sglang:request_prompt_tokens"
@@ -53,7 +54,7 @@ PROCESS_START = "process_start_time_seconds"
 
 FAMILIES: frozenset[str] = frozenset({
     TOKEN_USAGE, NUM_USED_TOKENS, MAX_TOTAL_NUM_TOKENS, RUNNING, QUEUE, RUNNING_2024, WAITING_2024, QUEUE_2024,
-    CACHE_HIT_RATE, RETRACTED_TOTAL, PROMPT_TOKENS, GENERATION_TOKENS, CACHED_TOKENS, REQUEST_SUCCESS,
+    CACHE_HIT_RATE, RETRACTED_TOTAL, PROMPT_TOKENS, GENERATION_TOKENS, CACHED_TOKENS, REQUEST_SUCCESS, NUM_REQUESTS,
     PROMPT_HISTOGRAM, GENERATION_HISTOGRAM, PROMPT_HISTOGRAM_2024, GENERATION_HISTOGRAM_2024, PROCESS_START,
 })
 """Every family the adapter reads (the parser keeps only these)."""
@@ -79,6 +80,16 @@ def version_range(exposition: Exposition) -> str:
            for s in exposition.samples(name)) or MAX_TOTAL_NUM_TOKENS in exposition:
         return "rank-labels"
     return "model-name-label"
+
+
+def _finished(success: Index, finished: Index, key: SeriesKey) -> dict[str, float]:
+    """Finished requests by reason: 2024's ``request_success_total{finished_reason}``; later SGLang counts
+    only ``num_requests_total`` (incremented when a request finishes), reported under reason ``all``."""
+    by_reason = success.by_label(key, "finished_reason")
+    if by_reason:
+        return by_reason
+    total = finished.value(key)
+    return {"all": total} if total is not None else {}
 
 
 def _first(exposition: Exposition, override: Selector | None, *names: str) -> Selector | None:
@@ -112,8 +123,8 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     if not (usage_i or running_i or waiting_i):
         raise UnrecognisedPayload("SGLang payload has no token_usage, running or queue samples yet "
                                   "(server started without traffic, or renamed: see --usage-metric)")
-    retracted, prompt, generation, cached, success = (fam(n) for n in (
-        RETRACTED_TOTAL, PROMPT_TOKENS, GENERATION_TOKENS, CACHED_TOKENS, REQUEST_SUCCESS))
+    retracted, prompt, generation, cached, success, finished = (fam(n) for n in (
+        RETRACTED_TOTAL, PROMPT_TOKENS, GENERATION_TOKENS, CACHED_TOKENS, REQUEST_SUCCESS, NUM_REQUESTS))
     prompt_hist = PROMPT_HISTOGRAM if PROMPT_HISTOGRAM in exposition else PROMPT_HISTOGRAM_2024
     generation_hist = GENERATION_HISTOGRAM if GENERATION_HISTOGRAM in exposition else GENERATION_HISTOGRAM_2024
     p_sum, p_count, g_sum, g_count = (
@@ -133,7 +144,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             requests_running=running_i.value(key),
             requests_waiting=waiting_i.value(key),
             preemptions_total=retracted.value(key),
-            finished_by_reason=MappingProxyType(success.by_label(key, "finished_reason")),
+            finished_by_reason=MappingProxyType(_finished(success, finished, key)),
             prompt_tokens_total=queries,
             generation_tokens_total=generation.value(key),
             prefix_cache_queries_total=queries if hits is not None else None,
