@@ -160,3 +160,13 @@ def test_check_json_same_series_fields_for_every_engine(path: Path, kind: str) -
         for name in ("requests_running", "kv_usage_ratio", "kv_capacity_tokens"):
             assert name in series
     assert {"running_metric", "waiting_metric", "capacity_metric"} <= set(report)
+
+
+def test_docs_list_every_name_the_adapters_read() -> None:
+    from kvwatch.engines import sglang, trtllm
+
+    doc = (Path(__file__).parents[1] / "docs" / "metrics.md").read_text()
+    names = {n for n in sglang.FAMILIES if n.startswith("sglang:")} | {
+        n for n in trtllm.FAMILIES if not n.startswith("trtllm:")}
+    missing = sorted(n for n in names if f"`{n}" not in doc)
+    assert not missing, f"docs/metrics.md does not list {missing}"

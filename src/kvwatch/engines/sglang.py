@@ -32,14 +32,12 @@ from kvwatch.model import Detection, Poll, Reading, SeriesKey
 
 PREFIX = "sglang:"
 TOKEN_USAGE = "sglang:token_usage"
-NUM_USED_TOKENS = "sglang:num_used_tokens"
 MAX_TOTAL_NUM_TOKENS = "sglang:max_total_num_tokens"
 RUNNING = "sglang:num_running_reqs"
 QUEUE = "sglang:num_queue_reqs"
 RUNNING_2024 = "sglang:num_requests_running"
 WAITING_2024 = "sglang:num_requests_waiting"
 QUEUE_2024 = "sglang:queue_req"
-CACHE_HIT_RATE = "sglang:cache_hit_rate"
 RETRACTED_TOTAL = "sglang:num_retracted_requests_total"
 PROMPT_TOKENS = "sglang:prompt_tokens_total"
 GENERATION_TOKENS = "sglang:generation_tokens_total"
@@ -53,8 +51,7 @@ GENERATION_HISTOGRAM_2024 = "sglang:request_generation_tokens"
 PROCESS_START = "process_start_time_seconds"
 
 FAMILIES: frozenset[str] = frozenset({
-    TOKEN_USAGE, NUM_USED_TOKENS, MAX_TOTAL_NUM_TOKENS, RUNNING, QUEUE, RUNNING_2024, WAITING_2024, QUEUE_2024,
-    CACHE_HIT_RATE, RETRACTED_TOTAL, PROMPT_TOKENS, GENERATION_TOKENS, CACHED_TOKENS, REQUEST_SUCCESS, NUM_REQUESTS,
+    TOKEN_USAGE, MAX_TOTAL_NUM_TOKENS, RUNNING, QUEUE, RUNNING_2024, WAITING_2024, QUEUE_2024, RETRACTED_TOTAL, PROMPT_TOKENS, GENERATION_TOKENS, CACHED_TOKENS, REQUEST_SUCCESS, NUM_REQUESTS,
     PROMPT_HISTOGRAM, GENERATION_HISTOGRAM, PROMPT_HISTOGRAM_2024, GENERATION_HISTOGRAM_2024, PROCESS_START,
 })
 """Every family the adapter reads (the parser keeps only these)."""

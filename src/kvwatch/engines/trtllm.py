@@ -41,7 +41,6 @@ RUNNING = "num_requests_running"
 WAITING = "num_requests_waiting"
 UTILIZATION = "kv_cache_utilization"
 MAX_BLOCKS = "kv_cache_max_blocks"
-FREE_BLOCKS = "kv_cache_free_blocks"
 USED_BLOCKS = "kv_cache_used_blocks"
 TOKENS_PER_BLOCK = "kv_cache_tokens_per_block"
 SUCCESS = "request_success"
@@ -49,7 +48,7 @@ PROMPT_TOKENS = "prompt_tokens"
 GENERATION_TOKENS = "generation_tokens"
 REUSED_BLOCKS = "kv_cache_reused_blocks"
 MISSED_BLOCKS = "kv_cache_missed_blocks"
-SERVE_FAMILIES = (RUNNING, WAITING, UTILIZATION, MAX_BLOCKS, FREE_BLOCKS, USED_BLOCKS, TOKENS_PER_BLOCK, SUCCESS,
+SERVE_FAMILIES = (RUNNING, WAITING, UTILIZATION, MAX_BLOCKS, USED_BLOCKS, TOKENS_PER_BLOCK, SUCCESS,
                   PROMPT_TOKENS, GENERATION_TOKENS, REUSED_BLOCKS, MISSED_BLOCKS)
 
 TRITON_REQUESTS = "nv_trt_llm_request_metrics"
