@@ -40,7 +40,8 @@ from kvwatch.state import Analyzer, SeriesState, State, derive
 
 log = logging.getLogger("kvwatch")
 
-ANALYZER_MODULES: tuple[str, ...] = ("kvwatch.capacity.analyzer", "kvwatch.forecast.analyzer")
+ANALYZER_MODULES: tuple[str, ...] = ("kvwatch.capacity.analyzer", "kvwatch.forecast.analyzer",
+                                     "kvwatch.latency_analyzer")
 
 
 class Clock:

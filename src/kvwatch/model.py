@@ -31,6 +31,21 @@ def _empty_str() -> Mapping[str, str]:
 
 
 @dataclass(frozen=True)
+class Histogram:
+    """One cumulative Prometheus histogram: ascending upper ``bounds`` (the last is ``+Inf``), the cumulative
+    count at each, and the ``_count``/``_sum`` samples."""
+
+    bounds: tuple[float, ...]
+    cumulative: tuple[float, ...]
+    count: float
+    sum: float
+
+
+def _no_histograms() -> Mapping[str, Histogram]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True)
 class Reading:
     """One series' values from one poll (per ``model_name`` and data-parallel ``engine``)."""
 
@@ -60,6 +75,9 @@ class Reading:
     gpu_memory_utilization: float | None = None
     cache_config: Mapping[str, str] = field(default_factory=_empty_str)
     process_start_time_seconds: float | None = None
+    # Latency histograms by kind (kvwatch.latency.KINDS: ttft, itl, queue, e2e), each as the engine exports it.
+    latency: Mapping[str, Histogram] = field(default_factory=_no_histograms)
+    requests_aborted_total: float | None = None
 
     @property
     def key(self) -> SeriesKey:

@@ -12,10 +12,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
 
 from kvwatch.engines import Selector
 from kvwatch.exposition import Exposition, Sample
-from kvwatch.model import SeriesKey
+from kvwatch.model import Histogram, SeriesKey
 
 PartialKey = tuple[str | None, str | None]
 KeyOf = Callable[[dict[str, str]], PartialKey]
@@ -92,3 +94,58 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     if numerator is None or denominator is None or not denominator > 0:
         return None
     return numerator / denominator
+
+
+def histograms(exposition: Exposition, family: str, key_of: KeyOf) -> dict[PartialKey, Histogram]:
+    """A histogram family's series by partial key; of several copies of one key (ranks, processes) the one
+    with the most observations (the copies are snapshots of one engine, as for gauges)."""
+    groups: dict[tuple[PartialKey, tuple[tuple[str, str], ...]], dict[str, Any]] = {}
+    for s in exposition.samples(family):
+        labels = {k: v for k, v in s.labels.items() if k != "le"}
+        group = groups.setdefault((key_of(labels), tuple(sorted(labels.items()))), {"buckets": []})
+        if s.name == family + "_bucket" and "le" in s.labels:
+            try:
+                group["buckets"].append((float(s.labels["le"]), s.value))
+            except ValueError:
+                continue
+        elif s.name == family + "_count":
+            group["count"] = s.value
+        elif s.name == family + "_sum":
+            group["sum"] = s.value
+    out: dict[PartialKey, Histogram] = {}
+    for (key, _), group in groups.items():
+        buckets = sorted(group["buckets"])
+        if not buckets or not math.isinf(buckets[-1][0]):
+            continue
+        hist = Histogram(tuple(b for b, _ in buckets), tuple(v for _, v in buckets),
+                         group.get("count", buckets[-1][1]), group.get("sum", math.nan))
+        if key not in out or hist.count > out[key].count:
+            out[key] = hist
+    return out
+
+
+def histogram_for(by_key: dict[PartialKey, Histogram], key: SeriesKey) -> Histogram | None:
+    model, engine = key
+    for k in ((model, engine), (model, None), (None, engine), (None, None)):
+        if k in by_key:
+            return by_key[k]
+    return None
+
+
+LatencyIndex = dict[str, dict[PartialKey, Histogram]]
+
+
+def latency_index(exposition: Exposition, families: dict[str, tuple[str, ...]], key_of: KeyOf) -> LatencyIndex:
+    """Each latency kind's histograms: from the first of its candidate families the payload has."""
+    out: LatencyIndex = {}
+    for kind, candidates in families.items():
+        for family in candidates:
+            if exposition.samples(family):
+                out[kind] = histograms(exposition, family, key_of)
+                break
+    return out
+
+
+def latency_for(index: LatencyIndex, key: SeriesKey) -> MappingProxyType[str, Histogram]:
+    found = {kind: histogram_for(by_key, key) for kind, by_key in index.items()}
+    return MappingProxyType({kind: h for kind, h in found.items() if h is not None})

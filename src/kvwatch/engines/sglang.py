@@ -26,7 +26,15 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from kvwatch.engines import Selector, SourceOverrides, UnrecognisedPayload
-from kvwatch.engines.series import Index, KeyOf, sample_named, selected, series_keys
+from kvwatch.engines.series import (
+    Index,
+    KeyOf,
+    latency_for,
+    latency_index,
+    sample_named,
+    selected,
+    series_keys,
+)
 from kvwatch.exposition import Exposition
 from kvwatch.model import Detection, Poll, Reading, SeriesKey
 
@@ -49,10 +57,19 @@ GENERATION_HISTOGRAM = "sglang:generation_tokens_histogram"
 PROMPT_HISTOGRAM_2024 = "sglang:request_prompt_tokens"
 GENERATION_HISTOGRAM_2024 = "sglang:request_generation_tokens"
 PROCESS_START = "process_start_time_seconds"
+ABORTED = "sglang:num_aborted_requests_total"
+LATENCY = {  # kind -> families, newest name first
+    "ttft": ("sglang:time_to_first_token_seconds",),
+    "itl": ("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
+    "queue": ("sglang:queue_time_seconds",),
+    "e2e": ("sglang:e2e_request_latency_seconds",),
+}
 
 FAMILIES: frozenset[str] = frozenset({
-    TOKEN_USAGE, MAX_TOTAL_NUM_TOKENS, RUNNING, QUEUE, RUNNING_2024, WAITING_2024, QUEUE_2024, RETRACTED_TOTAL, PROMPT_TOKENS, GENERATION_TOKENS, CACHED_TOKENS, REQUEST_SUCCESS, NUM_REQUESTS,
+    TOKEN_USAGE, MAX_TOTAL_NUM_TOKENS, RUNNING, QUEUE, RUNNING_2024, WAITING_2024, QUEUE_2024, RETRACTED_TOTAL,
+    PROMPT_TOKENS, GENERATION_TOKENS, CACHED_TOKENS, REQUEST_SUCCESS, NUM_REQUESTS,
     PROMPT_HISTOGRAM, GENERATION_HISTOGRAM, PROMPT_HISTOGRAM_2024, GENERATION_HISTOGRAM_2024, PROCESS_START,
+    ABORTED, *(f for families in LATENCY.values() for f in families),
 })
 """Every family the adapter reads (the parser keeps only these)."""
 
@@ -120,8 +137,9 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     if not (usage_i or running_i or waiting_i):
         raise UnrecognisedPayload("SGLang payload has no token_usage, running or queue samples yet "
                                   "(server started without traffic, or renamed: see --usage-metric)")
-    retracted, prompt, generation, cached, success, finished = (fam(n) for n in (
-        RETRACTED_TOTAL, PROMPT_TOKENS, GENERATION_TOKENS, CACHED_TOKENS, REQUEST_SUCCESS, NUM_REQUESTS))
+    retracted, prompt, generation, cached, success, finished, aborted = (fam(n) for n in (
+        RETRACTED_TOTAL, PROMPT_TOKENS, GENERATION_TOKENS, CACHED_TOKENS, REQUEST_SUCCESS, NUM_REQUESTS, ABORTED))
+    latency = latency_index(exposition, LATENCY, key_of)
     prompt_hist = PROMPT_HISTOGRAM if PROMPT_HISTOGRAM in exposition else PROMPT_HISTOGRAM_2024
     generation_hist = GENERATION_HISTOGRAM if GENERATION_HISTOGRAM in exposition else GENERATION_HISTOGRAM_2024
     p_sum, p_count, g_sum, g_count = (
@@ -153,6 +171,8 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             request_generation_tokens_count=g_count.value(key),
             kv_capacity_tokens=capacity_i.value(key),
             process_start_time_seconds=process_start,
+            latency=latency_for(latency, key),
+            requests_aborted_total=aborted.value(key),
         ))
     detection = Detection(
         engine_kind="sglang", version_range=version_range(exposition),

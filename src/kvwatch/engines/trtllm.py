@@ -31,9 +31,18 @@ from types import MappingProxyType
 from typing import Any
 
 from kvwatch.engines import Selector, SourceOverrides, UnrecognisedPayload
-from kvwatch.engines.series import Index, KeyOf, ratio, sample_named, selected, series_keys
+from kvwatch.engines.series import (
+    Index,
+    KeyOf,
+    latency_for,
+    latency_index,
+    ratio,
+    sample_named,
+    selected,
+    series_keys,
+)
 from kvwatch.exposition import Exposition
-from kvwatch.model import Detection, Poll, Reading, SeriesKey
+from kvwatch.model import Detection, Histogram, Poll, Reading, SeriesKey
 
 PREFIXES = ("trtllm_", "trtllm:")
 # trtllm-serve's families, without prefix (counters by family name: the wire adds _total).
@@ -54,10 +63,12 @@ SERVE_FAMILIES = (RUNNING, WAITING, UTILIZATION, MAX_BLOCKS, USED_BLOCKS, TOKENS
 TRITON_REQUESTS = "nv_trt_llm_request_metrics"
 TRITON_KV_BLOCKS = "nv_trt_llm_kv_cache_block_metrics"
 
+LATENCY = {"ttft": "time_to_first_token_seconds", "itl": "time_per_output_token_seconds",
+           "queue": "request_queue_time_seconds", "e2e": "e2e_request_latency_seconds"}
 _COUNTERS = (SUCCESS, PROMPT_TOKENS, GENERATION_TOKENS, REUSED_BLOCKS, MISSED_BLOCKS)
 
 FAMILIES: frozenset[str] = frozenset(
-    {p + f + ("_total" if f in _COUNTERS else "") for p in PREFIXES for f in SERVE_FAMILIES}
+    {p + f + ("_total" if f in _COUNTERS else "") for p in PREFIXES for f in (*SERVE_FAMILIES, *LATENCY.values())}
     | {TRITON_REQUESTS, TRITON_KV_BLOCKS})
 """Every family the adapter reads from a Prometheus payload."""
 
@@ -109,12 +120,14 @@ def _read_serve(exposition: Exposition, p: str, overrides: SourceOverrides, time
     if not (usage_i or running_i or waiting_i or blocks[USED_BLOCKS]):
         raise UnrecognisedPayload(f"trtllm-serve payload has no {p}{UTILIZATION}, {p}{RUNNING} or {p}{WAITING} "
                                   "samples yet (no iteration statistics logged: is return_perf_metrics on?)")
+    latency = latency_index(exposition, {kind: (p + f,) for kind, f in LATENCY.items()}, key_of)
     readings = [_reading(
         key, usage_i.value(key), running_i.value(key), waiting_i.value(key), blocks[MAX_BLOCKS].value(key),
         blocks[USED_BLOCKS].value(key), blocks[TOKENS_PER_BLOCK].value(key),
         reused=counters[REUSED_BLOCKS].value(key), missed=counters[MISSED_BLOCKS].value(key),
         finished=counters[SUCCESS].by_label(key, "finished_reason"),
         prompt=counters[PROMPT_TOKENS].value(key), generation=counters[GENERATION_TOKENS].value(key),
+        latency=latency_for(latency, key),
     ) for key in keys]
     usage_name = str(usage) if usage else (
         f"{p}{USED_BLOCKS} / {p}{MAX_BLOCKS}" if blocks[USED_BLOCKS] and blocks[MAX_BLOCKS] else None)
@@ -162,7 +175,8 @@ def _read_triton(exposition: Exposition, overrides: SourceOverrides, timestamp: 
 def _reading(key: SeriesKey, usage: float | None, running: float | None, waiting: float | None,
              max_blocks: float | None, used_blocks: float | None, tokens_per_block: float | None, *,
              reused: float | None = None, missed: float | None = None, finished: Mapping[str, float] | None = None,
-             prompt: float | None = None, generation: float | None = None) -> Reading:
+             prompt: float | None = None, generation: float | None = None,
+             latency: Mapping[str, Histogram] | None = None) -> Reading:
     if usage is None:
         usage = ratio(used_blocks, max_blocks)
     capacity = max_blocks * tokens_per_block if max_blocks is not None and tokens_per_block is not None else None
@@ -173,7 +187,8 @@ def _reading(key: SeriesKey, usage: float | None, running: float | None, waiting
         generation_tokens_total=generation, prefix_cache_queries_total=queries,
         prefix_cache_hits_total=reused if queries is not None else None,
         prefix_cache_unit="blocks" if queries is not None else None,
-        kv_capacity_tokens=capacity, num_gpu_blocks=max_blocks, block_size=tokens_per_block)
+        kv_capacity_tokens=capacity, num_gpu_blocks=max_blocks, block_size=tokens_per_block,
+        latency=MappingProxyType(dict(latency or {})))
 
 
 # ---------------------------------------------------------------- iteration statistics JSON
