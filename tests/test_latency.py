@@ -8,8 +8,8 @@ import pytest
 from kvwatch.engines.detect import read_payload
 from kvwatch.history import History
 from kvwatch.latency import delta, quantile, window_quantiles
-from kvwatch.latency_analyzer import LatencyAnalyzer, classify
 from kvwatch.model import Histogram
+from kvwatch.serve.latency import LatencyAnalyzer, classify
 from kvwatch.sim.engine import EngineConfig, Request, Simulator
 from kvwatch.sim.engines_wire import render_any
 

@@ -11,7 +11,7 @@ from kvwatch.check import build_report
 from kvwatch.engines import SourceOverrides, UnrecognisedPayload
 from kvwatch.engines.detect import read_payload
 from kvwatch.exposition import ParseError
-from kvwatch.fetch import ScrapeError, interpret
+from kvwatch.payload import ScrapeError, interpret
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SGLANG = FIXTURES / "sglang-metrics"

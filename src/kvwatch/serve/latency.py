@@ -1,5 +1,6 @@
-"""Latency inside ``kvwatch serve``: p50/p90/p99 of TTFT, inter-token latency, queue time and end-to-end
-latency per series over the last 5 minutes of polls, the abort rate, and the optional TTFT objective.
+"""Latency inside ``kvwatch serve`` (service wing: it builds prometheus_client families): p50/p90/p99 of
+TTFT, inter-token latency, queue time and end-to-end latency per series over the last 5 minutes of polls,
+the abort rate, and the optional TTFT objective.
 
 The quantiles come from the engine's own histograms (:mod:`kvwatch.latency`, bucket increases between the
 oldest and newest poll in the window). ``--ttft-slo-seconds`` adds ``kvwatch_ttft_slo_breach{cause}``:
