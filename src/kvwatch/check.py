@@ -4,7 +4,9 @@ Findings follow the troubleshooting checklist (stable ids, see docs/metrics.md):
 ``kv_bound`` (KV ≥ 0.95 with a queue), ``scheduler_limited`` (a queue while KV < 0.9), ``preemptions``
 (any preemption, or SGLang retraction, since the engine started), ``prefix_cache_ineffective`` (prefix
 caching on, hit ratio < 10 %),
-``capacity_unknown`` and ``usage_unknown`` (kvwatch cannot read them from this engine). A ``kv_bound``
+``capacity_unknown`` and ``usage_unknown`` (kvwatch cannot read them from this engine), and the capacity
+findings ``kv_usage_stuck``, ``request_exceeds_pool``, ``vllm_will_not_start``, ``capacity_mismatch``
+(kvwatch.capacity.findings). A ``kv_bound``
 series also gets the advisor's fixes, cheapest first (``advice``; the deployment flags ``--model``,
 ``--gpu``, ``--tensor-parallel-size``, ... size the quantization and tensor-parallel gains).
 Exit codes: 0 when the payload was read (whatever the findings), 1 when it could not be, 2 bad usage.
