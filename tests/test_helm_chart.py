@@ -838,3 +838,20 @@ def test_ci_values_cover_both_modes_and_every_integration() -> None:
     for toggle in ("serviceMonitor", "podMonitor", "prometheusRule", "dashboards"):
         assert any(v[toggle]["enabled"] for v in combined), toggle
     assert re.fullmatch(r"v\d+\.\d+\.\d+", merged_values("default")["vllm"]["image"]["tag"])
+
+
+@pytest.mark.parametrize("prefill", [551, 2400])
+def test_vllm_probes_are_sized_from_the_prefill_estimate(prefill: int) -> None:
+    # 551 s: `kvwatch plan --model Qwen/Qwen2.5-7B-Instruct-1M --gpu H100 --json`'s long_context estimate.
+    sized = containers(render(*MINIMAL, "--set", f"vllm.prefillSecondsEstimate={prefill}"))["vllm"]
+    default = containers(render(*MINIMAL))["vllm"]
+    startup, liveness = sized["startupProbe"], sized["livenessProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600 + prefill
+    assert liveness["periodSeconds"] * liveness["failureThreshold"] >= prefill
+    for probe in ("startupProbe", "livenessProbe"):  # raised, never lowered
+        assert sized[probe]["failureThreshold"] >= default[probe]["failureThreshold"]
+    assert sized["readinessProbe"] == default["readinessProbe"]
+
+
+def test_prefill_estimate_must_be_a_non_negative_number() -> None:
+    assert "prefillSecondsEstimate" in render_fails(*MINIMAL, "--set", "vllm.prefillSecondsEstimate=-1")
