@@ -33,7 +33,7 @@ def ids(report: dict) -> list[tuple[str, str]]:
 def test_json_shape_for_dp_payload(capsys: pytest.CaptureFixture[str]) -> None:
     report = check_json(["--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom")], capsys)
     assert (report["engine_kind"], report["version_range"], report["usage_metric"]) == (
-        "vllm", ">=0.25", "vllm:kv_cache_usage_perc")
+        "vllm", ">=0.21", "vllm:kv_cache_usage_perc")
     e0 = report["series"][0]
     assert {k: e0[k] for k in ("model_name", "engine", "kv_usage_ratio", "requests_running", "requests_waiting",
                                "kv_capacity_tokens", "max_concurrency")} == {
@@ -93,7 +93,7 @@ def test_kv_bound_needs_a_queue() -> None:
 def test_human_report(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "--file", str(FIXTURES / "gen-0.16-sleep-state-dp2.prom")]) == 0
     out = capsys.readouterr().out
-    assert "Detected: vllm 0.12-0.2x" in out and "m engine 1:" in out and "kv_bound" in out
+    assert "Detected: vllm 0.12-0.25" in out and "m engine 1:" in out and "kv_bound" in out
     assert "160,000 tokens" in out
 
 

@@ -118,7 +118,7 @@ def test_serve_survives_garbage_and_outage(target: Target) -> None:
         samples = scrape(port)
         assert get(samples, "kvwatch_up") == 1.0
         assert get(samples, "kvwatch_kv_capacity_tokens", **e1) == 163840.0
-        assert get(samples, "kvwatch_source_info", engine_kind="vllm", version_range=">=0.25",
+        assert get(samples, "kvwatch_source_info", engine_kind="vllm", version_range=">=0.21",
                    usage_metric="vllm:kv_cache_usage_perc") == 1.0
 
         target.body = HTML  # the target answers, but not with metrics
