@@ -37,6 +37,8 @@ ENUMS: dict[str, list[str]] = {
     "log_level": ["DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning", "error"],
 }
 PATTERNS = {"target_url": "^https?://[^/\\s]+"}
+RATIO = "^(0*\\.[0-9]*[1-9][0-9]*|0*1(\\.0*)?)$"  # a decimal in (0, 1]: 0.9, .5, 1, 1.0
+DECIMAL = "^[0-9]*\\.?[0-9]+([eE][-+]?[0-9]+)?$"  # a non-negative decimal, as `helm --set` passes it
 # Kubernetes version of the definitions: the one tests/test_helm_chart.py validates rendered objects with.
 KUBERNETES_VERSION = "1.35"
 KUBERNETES_TYPES = (
@@ -78,6 +80,14 @@ def config_schema() -> dict[str, Any]:
             prop["enum"] = [*sorted(KV_CACHE_DTYPES), None]
         if field in PATTERNS:
             prop["pattern"] = PATTERNS[field]
+        elif branch["type"] == "number":
+            # `helm --set config.x=0.9` passes the string "0.9" (Helm types only integers, booleans and null on
+            # the command line): accept a decimal string too. Its bounds are checked by kvwatch at start
+            # (exit 2 naming the variable) and by vLLM; the number branch keeps them in the schema, and a ratio
+            # in (0, 1] (gpuMemoryUtilization) is checked as a string too.
+            prop["type"] = ["number", "string", "null"]
+            ratio = branch.get("exclusiveMinimum") == 0 and branch.get("maximum") == 1
+            prop["pattern"] = RATIO if ratio else DECIMAL
         properties[camel(public_name(field))] = prop
     return properties
 
