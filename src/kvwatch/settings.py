@@ -86,6 +86,8 @@ class DeploymentSettings(_Base):
     max_model_len: int | None = Field(None, ge=1, description="vLLM --max-model-len.")
     max_num_batched_tokens: int | None = Field(None, ge=1, description="vLLM --max-num-batched-tokens.")
     max_num_seqs: int | None = Field(None, ge=1, description="vLLM --max-num-seqs.")
+    gpus_per_node: int = Field(8, ge=1, le=1024, description="GPUs in one node: the largest tensor-parallel "
+                               "size the advice proposes (beyond it, it says add a replica).")
 
     @field_validator("dtype")
     @classmethod

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvwatch.advisor import Advice, advise_from_result
+from kvwatch.advisor import DEFAULT_GPUS_PER_NODE, Advice, advise_from_result
 from kvwatch.forecast.export import forecast_metric_families
 from kvwatch.forecast.forecaster import Forecaster, ForecastParams, ForecastResult, ForecastSample
 
@@ -58,8 +58,13 @@ class ForecastAnalyzer:
         result = forecaster.observe(ForecastSample.from_reading(reading, now, restarted=restarted))
         advice: tuple[Advice, ...] = ()
         if result.state in ("filling", "bottleneck"):
-            advice = tuple(advise_from_result(result, reading, capacity_plan=self._plan(reading.model_name),
-                                              max_model_len=self.max_model_len))
+            from kvwatch.state import derive  # the ceiling kvwatch_max_concurrency{basis="observed_mix"} shows
+
+            ceiling = derive(reading, history, self.max_model_len).max_concurrency.get("observed_mix")
+            advice = tuple(advise_from_result(
+                result, reading, capacity_plan=self._plan(reading.model_name), max_model_len=self.max_model_len,
+                concurrency_ceiling=ceiling,
+                gpus_per_node=getattr(self._settings, "gpus_per_node", DEFAULT_GPUS_PER_NODE)))
         return SeriesForecast(result, advice)
 
     def families(self, results: Mapping[tuple[str, str], SeriesForecast], now: float) -> Iterable[Any]:
