@@ -36,6 +36,8 @@ ENUMS: dict[str, list[str]] = {
     "dtype": ["auto", "bfloat16", "float16", "float32", "bf16", "fp16", "fp32", "half", "float"],
     "log_level": ["DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning", "error"],
 }
+# Where the chart is stricter than kvwatch: its Service and probes need a fixed port (kvwatch's 0 picks one).
+CHART_BOUNDS: dict[str, dict[str, Any]] = {"port": {"minimum": 1}}
 PATTERNS = {"target_url": "^https?://[^/\\s]+"}
 RATIO = "^(0*\\.[0-9]*[1-9][0-9]*|0*1(\\.0*)?)$"  # a decimal in (0, 1]: 0.9, .5, 1, 1.0
 DECIMAL = "^[0-9]*\\.?[0-9]+([eE][-+]?[0-9]+)?$"  # a non-negative decimal, as `helm --set` passes it
@@ -74,6 +76,7 @@ def config_schema() -> dict[str, Any]:
         for bound in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
             if bound in branch:
                 prop[bound] = branch[bound]
+        prop.update(CHART_BOUNDS.get(field, {}))
         if field in ENUMS:
             prop["enum"] = [*ENUMS[field], None]
         elif field == "kv_cache_dtype":

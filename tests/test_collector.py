@@ -28,7 +28,8 @@ def state_at(t: float) -> State:
     history.record(poll)
     series = {r.key: derive(r, history[r.key], max_model_len=8192, extra={"demo": r.kv_usage_ratio})
               for r in poll.readings}
-    return State(timestamp=t, health=Health(up=True, last_success_timestamp=t, scrape_duration_seconds=0.01),
+    return State(timestamp=t, health=Health(up=True, last_success_timestamp=t, last_success_wall_seconds=t,
+                                            scrape_duration_seconds=0.01),
                  detection=poll.detection, series=series)
 
 

@@ -189,7 +189,8 @@ class ServeSettings(TargetSettings):
     listen_address: str = Field(
         "127.0.0.1", description="Address kvwatch serves /metrics on (the container image sets 0.0.0.0)."
     )
-    port: int = Field(9747, ge=1, le=65535, description="Port kvwatch serves /metrics and /healthz on.")
+    port: int = Field(9747, ge=0, le=65535, description="Port kvwatch serves /metrics and /healthz on (0: a free "
+                      "port, logged at start).")
     poll_interval_seconds: float = Field(
         5.0, ge=MIN_INTERVAL_SECONDS, le=MAX_INTERVAL_SECONDS,
         description="How often kvwatch polls vLLM (its own timer), 0.01 s to 1 h."
