@@ -15,15 +15,16 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvwatch.app import load_analyzers
-from kvwatch.collector import KvwatchCollector, make_registry
+from kvwatch.derived import derive
 from kvwatch.engines import vllm
 from kvwatch.exposition import parse
 from kvwatch.forecast import Forecaster, ForecastParams, ForecastSample
-from kvwatch.forecast.export import forecast_metric_families
 from kvwatch.history import History
+from kvwatch.serve.app import load_analyzers
+from kvwatch.serve.collector import KvwatchCollector, make_registry
+from kvwatch.serve.forecast_export import forecast_metric_families
+from kvwatch.serve.state import Health, State
 from kvwatch.settings import ServeSettings
-from kvwatch.state import Health, State, derive
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs" / "metrics.md").read_text()
