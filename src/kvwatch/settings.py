@@ -86,8 +86,6 @@ class DeploymentSettings(_Base):
     max_model_len: int | None = Field(None, ge=1, description="vLLM --max-model-len.")
     max_num_batched_tokens: int | None = Field(None, ge=1, description="vLLM --max-num-batched-tokens.")
     max_num_seqs: int | None = Field(None, ge=1, description="vLLM --max-num-seqs.")
-    gpus_per_node: int = Field(8, ge=1, le=1024, description="GPUs in one node: the largest tensor-parallel "
-                               "size the advice proposes (beyond it, it says add a replica).")
 
     @field_validator("dtype")
     @classmethod
@@ -122,6 +120,10 @@ def public_name(field: str) -> str:
 
 class TargetSettings(DeploymentSettings):
     """What one poll of vLLM needs: where, how long at most, and how to read it (``serve`` and ``check``)."""
+
+    # Not the capacity model's (plan has no advice): how far the advisor's tensor-parallel fix may go.
+    gpus_per_node: int = Field(8, ge=1, le=1024, description="GPUs in one node: the largest tensor-parallel "
+                               "size the advice proposes (beyond it, it says add a replica).")
 
     target_url: str = Field("http://127.0.0.1:8000/metrics", description="vLLM /metrics URL to poll.")
     poll_timeout_seconds: float | None = Field(
