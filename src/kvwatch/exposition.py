@@ -99,6 +99,7 @@ _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 _SKIP = None  # resolved-name marker: the sample is not wanted
 _UNKNOWN = object()  # resolved-name marker: not seen yet
 _INF = math.inf
+_INFS = (math.inf, -math.inf)
 _new_sample = tuple.__new__  # Sample(...) without NamedTuple's argument handling, per sample
 
 
@@ -158,8 +159,6 @@ class _Parser:
         self.names: set[str] = set()
         self.targets: dict[str, _Target | None] = {}
         self.seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
-        self.first_keys: dict[str, str] = {}  # 'engine=' -> 'engine' (fast path, first label)
-        self.next_keys: dict[str, str] = {}  # ',model_name=' -> 'model_name'
         self.checked_le: set[str] = set()
         self.openmetrics = False
         self.predicate: Callable[[str], bool] | None = None
@@ -170,7 +169,6 @@ class _Parser:
             self.predicate = wanted
         else:
             self.wanted_set = frozenset(wanted)
-        self.skippable: dict[str, bool] = {}
 
     # ------------------------------------------------------------------ driver
 
@@ -180,13 +178,14 @@ class _Parser:
         if end is not None:
             self.openmetrics = True
             text = text[:end]
-        elif text:
-            last = text.rfind("\n") + 1
-            if text[last:].strip(" \t"):
-                raise _err(text.count("\n") + 1, "unexpected end of input stream (no newline at the end)")
+        # Every line ends in a newline (Go: "unexpected end of input stream"), checked after the last line is
+        # read, so that an error inside that line is the one reported, as in Go.
+        unterminated = end is None and bool(text[text.rfind("\n") + 1 :].strip(" \t"))
         pos, n, lineno = 0, len(text), 0
         find = text.find
         targets = self.targets
+        seen = self.seen
+        first_keys, next_keys = _FIRST_KEYS, _NEXT_KEYS
         while pos < n:
             stop = find("\n", pos)
             if stop == -1:
@@ -215,9 +214,16 @@ class _Parser:
             target = targets.get(name, _UNKNOWN)
             if target is None:
                 continue
-            if target is _UNKNOWN or line[0] in " \t" or "\\" in line or "\t" in line or "  " in line:
+            if line[0] in " \t" or "\\" in line or "\t" in line or "  " in line:
                 self._slow(line, lineno)
                 continue
+            if target is _UNKNOWN:
+                if not _valid_name(name):
+                    self._slow(line, lineno)
+                    continue
+                target = self._target(name, lineno, line)
+                if target is None:
+                    continue
             if brace == -1:
                 labels: dict[str, str] = {}
                 rest = line[len(name) + 1 :]
@@ -233,16 +239,38 @@ class _Parser:
                     continue
                 keys = pieces[0:-1:2]
                 try:
-                    keys[0] = self.first_keys[keys[0]]
+                    keys[0] = first_keys[keys[0]]
                     if len(keys) > 1:
-                        keys[1:] = map(self.next_keys.__getitem__, keys[1:])
-                except (KeyError, IndexError):
-                    self._slow(line, lineno)
+                        keys[1:] = map(next_keys.__getitem__, keys[1:])
+                except IndexError:
+                    self._slow(line, lineno)  # '{}'
                     continue
+                except KeyError:
+                    if not _learn_fragments(pieces[0:-1:2]):
+                        self._slow(line, lineno)  # the careful path names what is wrong
+                        continue
+                    keys = [first_keys[keys[0]] if keys[0] in first_keys else keys[0],
+                            *map(next_keys.__getitem__, pieces[2:-1:2])]
                 labels = dict(zip(keys, pieces[1::2], strict=True))
                 if len(labels) != len(keys):
                     raise _err(lineno, f"duplicate label names for metric {name!r}", line)
-            self._add(target, name, labels, rest, lineno, line)  # type: ignore[arg-type]
+            if target.kind or self.openmetrics or " " in rest:
+                self._add(target, name, labels, rest, lineno, line)  # type: ignore[arg-type]
+                continue
+            # The common case inline: a plain value, no timestamp, a gauge/counter/untyped sample.
+            try:
+                value = float(rest)
+            except ValueError:
+                value = _value(rest, lineno, line)  # raises the error
+            if "_" in rest or not rest.isascii() or value != value or value in _INFS or not rest.isprintable():
+                value = _value(rest, lineno, line)
+            key = (name, frozenset(labels.items()))
+            if key in seen:
+                raise _err(lineno, f"duplicate series {name}{labels}: the payload contradicts itself", line)
+            seen.add(key)
+            target.append(_new_sample(Sample, (name, labels, value)))  # type: ignore[union-attr]
+        if unterminated:
+            raise _err(lineno, "unexpected end of input stream (no newline at the end)")
         return Exposition(families=self.families, names=frozenset(self.names))
 
     def _eof(self, text: str) -> int | None:
@@ -262,16 +290,17 @@ class _Parser:
         """Value (and timestamp) of a sample line whose name and labels are read; then the family checks."""
         if self.openmetrics and " # " in rest:
             rest = rest[: rest.index(" # ")]  # an exemplar (its own labels were already split off the line)
+        when = None
         if " " in rest:
             value_text, _, stamp = rest.partition(" ")
-            self._timestamp(stamp, lineno, line)
+            value = _value(value_text, lineno, line)
+            when = self._timestamp(stamp, lineno, line)
         else:
-            value_text = rest
-        value = _value(value_text, lineno, line)
-        self._store(target, name, labels, value, lineno, line)
+            value = _value(rest, lineno, line)
+        self._store(target, name, labels, value, lineno, line, when)
 
     def _store(self, target: _Target, name: str, labels: dict[str, str], value: float, lineno: int,
-               line: str) -> None:
+               line: str, when: float | None = None) -> None:
         kind = target.kind
         if kind:
             if kind == 3:
@@ -290,19 +319,22 @@ class _Parser:
                     if le is not None and not name.endswith("_sum"):
                         raise _err(lineno, f"negative bucket population for histogram {target.meta.name!r}",
                                    line)
-        key = (name, frozenset(labels.items()))
+        # A series twice at one time (both without a timestamp, as always in vLLM's payloads) is a contradiction;
+        # at two explicit times it is two points (Go's scenario 7 has such a pair).
+        key = (name, frozenset(labels.items())) if when is None else (name, frozenset(labels.items()), when)
         if key in self.seen:
             raise _err(lineno, f"duplicate series {name}{labels}: the payload contradicts itself", line)
         self.seen.add(key)
         target.append(_new_sample(Sample, (name, labels, value)))
 
-    def _timestamp(self, stamp: str, lineno: int, line: str) -> None:
+    def _timestamp(self, stamp: str, lineno: int, line: str) -> float:
+        """A sample's timestamp (milliseconds, or OpenMetrics seconds): validated, used only to tell points apart."""
         if self.openmetrics:
             stamp = stamp.partition(" # ")[0]
             if _GO_FLOAT.fullmatch(stamp) and not stamp.lower().lstrip("+-").startswith(("inf", "nan")):
-                return
+                return float(stamp)
         elif _INT64.fullmatch(stamp) and -(2**63) <= int(stamp) < 2**63:
-            return
+            return int(stamp)
         if " " in stamp or "\t" in stamp:
             raise _err(lineno, "spurious string after timestamp", line)
         raise _err(lineno, f"expected integer as timestamp, got {stamp[:40]!r}", line)
@@ -367,6 +399,18 @@ class _Parser:
 
     def _comment(self, line: str, lineno: int, stop: int) -> int | None:
         """A ``#`` line; returns where to continue when the family's sample block can be skipped whole."""
+        keyword = line[2:6]
+        if line[:2] == "# " and (keyword == "HELP" or keyword == "TYPE") and line[6:7] == " " and line[7:8] != " ":
+            # The canonical spelling ('# TYPE name gauge'): the name ends at the next blank.
+            name, sep, after = line[7:].partition(" ")
+            if not sep or not _valid_name(name) or "\t" in name:
+                return self._comment_careful(line, lineno, stop)
+            after = " " + after
+        else:
+            return self._comment_careful(line, lineno, stop)
+        return self._metadata(keyword, name, after, line, lineno, stop)
+
+    def _comment_careful(self, line: str, lineno: int, stop: int) -> int | None:
         body = line[1:].lstrip(" \t")
         keyword, sep, rest = _split_blank(body)
         if keyword not in ("HELP", "TYPE") or not sep:
@@ -381,6 +425,9 @@ class _Parser:
             return None
         if after[0] not in " \t":
             raise _err(lineno, "invalid metric name in comment", line)
+        return self._metadata(keyword, name, after, line, lineno, stop)
+
+    def _metadata(self, keyword: str, name: str, after: str, line: str, lineno: int, stop: int) -> int | None:
         if self.openmetrics and not name.endswith("_total"):
             # OpenMetrics declares counters without the suffix their samples carry: key them by it.
             counter = self.metas.get(name + "_total")
@@ -417,11 +464,12 @@ class _Parser:
 
     def _skippable(self, family: str) -> bool:
         """True when no wanted name starts with ``family`` (so no wanted sample can hide in its block)."""
-        known = self.skippable.get(family)
+        assert self.wanted_set is not None
+        key = (self.wanted_set, family)
+        known = _SKIPPABLE.get(key)
         if known is None:
-            assert self.wanted_set is not None
             known = not any(w.startswith(family) for w in self.wanted_set)
-            self.skippable[family] = known
+            _remember(_SKIPPABLE, key, known)
         return known
 
     def _block_end(self, family: str, stop: int) -> int | None:
@@ -511,10 +559,11 @@ class _Parser:
             rest = rest[: rest.index(" # ")]
         value_text, sep, stamp = _split_blank(rest)
         value = _value(value_text, lineno, line)
+        when = None
         if sep:
             stamp = stamp.lstrip(" \t")
             stamp_text, sep2, _ = _split_blank(stamp)
-            self._timestamp(stamp_text, lineno, line)
+            when = self._timestamp(stamp_text, lineno, line)
             if sep2:
                 raise _err(lineno, "spurious string after timestamp", line)
         target = self.targets.get(name, _UNKNOWN)
@@ -522,15 +571,48 @@ class _Parser:
             target = self._target(name, lineno, line)
         if target is None:
             return
-        self._store(target, name, labels, value, lineno, line)  # type: ignore[arg-type]
-        self._learn_keys(line, labels)
+        self._store(target, name, labels, value, lineno, line, when)  # type: ignore[arg-type]
 
-    def _learn_keys(self, line: str, labels: dict[str, str]) -> None:
-        """Remember canonical label fragments (``engine=`` / ``,model_name=``) so the fast path takes them."""
-        for key in labels:
-            if _LEGACY_LABEL.fullmatch(key) and key != "__name__":
-                self.first_keys.setdefault(key + "=", key)
-                self.next_keys.setdefault("," + key + "=", key)
+
+# ---------------------------------------------------------------------- caches shared between parses
+
+# A sidecar parses the same shape every poll, so what was validated once (a name, a label fragment such as
+# 'engine=' or ',model_name=') is remembered across parses. Pure functions of the string; bounded, so a
+# hostile target sending ever-new names cannot grow them without limit.
+_CACHE_LIMIT = 4096
+_VALID_NAMES: dict[str, bool] = {}
+_FIRST_KEYS: dict[str, str] = {}  # 'engine=' -> 'engine'
+_NEXT_KEYS: dict[str, str] = {}  # ',model_name=' -> 'model_name'
+_SKIPPABLE: dict[tuple[frozenset[str], str], bool] = {}
+
+
+def _remember(cache: dict, key: object, value: object) -> None:  # type: ignore[type-arg]
+    if len(cache) >= _CACHE_LIMIT:
+        cache.clear()
+    cache[key] = value
+
+
+def _valid_name(name: str) -> bool:
+    known = _VALID_NAMES.get(name)
+    if known is None:
+        known = _LEGACY_NAME.fullmatch(name) is not None
+        _remember(_VALID_NAMES, name, known)
+    return known
+
+
+def _learn_fragments(fragments: list[str]) -> bool:
+    """Validate canonical label fragments (``key=`` first, ``,key=`` after) into the caches; False if one
+    is not canonical (spaces, quotes in names, ``__name__``...), which the careful path then explains."""
+    for index, fragment in enumerate(fragments):
+        cache = _FIRST_KEYS if index == 0 else _NEXT_KEYS
+        if fragment in cache:
+            continue
+        key = fragment[:-1] if index == 0 else fragment[1:-1]
+        if fragment[-1:] != "=" or (index and fragment[:1] != ",") or key == "__name__" \
+                or not _LEGACY_LABEL.fullmatch(key):
+            return False
+        _remember(cache, fragment, key)
+    return True
 
 
 # ---------------------------------------------------------------------- tokens
