@@ -227,3 +227,25 @@ def test_a_body_that_stops_mid_line_is_truncated() -> None:
     with pytest.raises(ParseError, match="line 2: unexpected end of input stream"):
         parse("a 1\nb 2")
     assert parse("a 1\n  ").samples("a")  # blanks after the last newline are not a line (Go agrees)
+
+
+def test_filtered_parse_still_finds_a_wanted_sample_inside_an_unwanted_familys_block() -> None:
+    text = "# TYPE other gauge\nother 1\nwanted 2\nother_x 3\n# TYPE b gauge\nb 1\nb{x=\"1\"} 2\n"
+    e = parse(text, wanted={"wanted"})
+    assert set(e.families) == {"wanted"} and e.samples("wanted")[0].value == 2.0
+    assert {"other", "b", "wanted"} <= e.names
+
+
+def test_filtered_parse_counts_skipped_lines_for_error_messages() -> None:
+    text = ('# HELP other x\n# TYPE other gauge\nother{a="1"} 1\nother{a="2"} 1\n# TYPE h histogram\n'
+            'h_bucket{le="1"} 1\nh_bucket{le="+Inf"} 1\nh_count 1\nh_sum 1 2 3\n')
+    with pytest.raises(ParseError, match="^line 9: spurious string after timestamp"):
+        parse(text, wanted={"h_count", "h_sum"})
+    assert [s.name for s in parse(text[: text.rindex(" 2 3")] + "\n", wanted={"h_count", "h_sum"}).samples("h")] == [
+        "h_count", "h_sum"]
+
+
+def test_filtered_parse_of_a_sample_name_keeps_only_those_samples_of_the_family() -> None:
+    text = '# TYPE h histogram\nh_bucket{le="1"} 1\nh_bucket{le="+Inf"} 2\nh_sum 3\nh_count 2\n'
+    family = parse(text, wanted={"h_sum"}).get("h")
+    assert family is not None and family.type == "histogram" and [s.name for s in family.samples] == ["h_sum"]

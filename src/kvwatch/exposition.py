@@ -168,6 +168,7 @@ class _Parser:
         self.targets: dict[str, _Target | None] = {}
         self.seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
         self.checked_le: set[str] = set()
+        self.block_lines = 0  # lines in the block _block_end last skipped
         self.openmetrics = False
         self.predicate: Callable[[str], bool] | None = None
         self.wanted_set: frozenset[str] | None = None
@@ -194,6 +195,8 @@ class _Parser:
         targets = self.targets
         seen = self.seen
         first_keys, next_keys = _FIRST_KEYS, _NEXT_KEYS
+        wanted_set = self.wanted_set
+        skippable = _SKIPPABLE if wanted_set is not None else None
         while pos < n:
             stop = find("\n", pos)
             if stop == -1:
@@ -212,15 +215,33 @@ class _Parser:
                 if first == "#":
                     line = stripped
             if first == "#":
+                if skippable is not None and line[1:7] in (" TYPE ", " HELP ") and not self.openmetrics:
+                    # An unwanted family's metadata (a filtered parse does not validate those families).
+                    meta_name = line[7 : line.find(" ", 7)]
+                    if skippable.get((wanted_set, meta_name)):
+                        self.names.add(meta_name)
+                        skip_to = self._block_end(meta_name, stop)
+                        if skip_to is not None:
+                            lineno += self.block_lines
+                            pos = skip_to
+                        continue
                 skip_to = self._comment(line, lineno, stop)
                 if skip_to is not None:
-                    lineno += text.count("\n", pos, skip_to)
+                    lineno += self.block_lines
                     pos = skip_to
                 continue
             brace = line.find("{")
             name = line[:brace] if brace != -1 else line.partition(" ")[0]
             target = targets.get(name, _UNKNOWN)
             if target is None:
+                if skippable is not None:  # the run of lines of this unwanted sample name (histogram buckets)
+                    run = name + line[len(name)]
+                    while text.startswith(run, pos):
+                        stop = find("\n", pos)
+                        if stop == -1:
+                            break
+                        lineno += 1
+                        pos = stop + 1
                 continue
             if line[0] in " \t" or "\\" in line or "\t" in line or "  " in line:
                 self._slow(line, lineno)
@@ -276,7 +297,8 @@ class _Parser:
             # with its label names in order already is that text.
             if brace == -1:
                 key = (name, "")
-            elif tail[:2] == "} " and (len(keys) < 2 or (keys[0] < keys[1] if len(keys) == 2 else keys == sorted(keys))):
+            elif tail[:2] == "} " and (len(keys) < 2 or (keys[0] < keys[1] if len(keys) == 2
+                                                         else keys == sorted(keys))):
                 key = (name, line[brace + 1 : len(line) - len(rest) - 2])
             else:
                 key = _series_key(name, labels, None)
@@ -497,9 +519,10 @@ class _Parser:
             end -= 1
         if end <= stop:
             return None
-        lines = text.count("\n", stop, end)
-        if not lines or text.count("\n" + family, stop, end) != lines:
+        lines = text.count("\n" + family, stop, end)  # the long needle first: a fast search
+        if not lines or text.count("\n", stop, end) != lines:
             return None
+        self.block_lines = lines
         return end + 1
 
     # ------------------------------------------------------------------ the careful path
