@@ -234,13 +234,16 @@ def _sort_key(key: SeriesKey) -> tuple[str, int, str]:
     return (key[0], int(engine) if engine.isdigit() else 1 << 30, engine)
 
 
-_Index = dict[tuple[str | None, str | None], list[Sample]]
+class _Index(dict[tuple[str | None, str | None], list[Sample]]):
+    """Samples by (model_name, engine); ``partial`` when some sample lacks one of the two labels."""
+
+    partial = False
 
 
 def _split(samples: list[Sample]) -> _Index:
     """Samples by (model_name, engine), None where the label is absent (such samples apply to every series);
     each group already reduced to one sample per series (:func:`_dedupe`), once per poll, not per reading."""
-    index: _Index = {}
+    index = _Index()
     for s in samples:
         labels = s.labels
         key = (labels.get("model_name"), labels.get("engine"))
@@ -252,15 +255,16 @@ def _split(samples: list[Sample]) -> _Index:
     for key, group in index.items():
         if len(group) > 1:
             index[key] = _dedupe(group)
+        if key[0] is None or key[1] is None:
+            index.partial = True
     return index
 
 
 def _for_key(index: _Index, key: SeriesKey) -> list[Sample]:
     """The samples that apply to one series. Groups differ in which of model_name/engine their samples carry,
     so no series is in two groups and the concatenation needs no second dedupe."""
-    exact = index.get(key)
-    if exact is not None and len(index) == 1:
-        return exact
+    if not index.partial:
+        return index.get(key, [])  # type: ignore[arg-type]
     model, engine = key
     return [s for k in ((model, engine), (model, None), (None, engine), (None, None)) for s in index.get(k, ())]
 
