@@ -196,6 +196,7 @@ class _Parser:
         seen = self.seen
         first_keys, next_keys = _FIRST_KEYS, _NEXT_KEYS
         wanted_set = self.wanted_set
+        openmetrics = self.openmetrics
         skippable = _SKIPPABLE if wanted_set is not None else None
         while pos < n:
             stop = find("\n", pos)
@@ -283,8 +284,17 @@ class _Parser:
                 labels = dict(zip(keys, pieces[1::2], strict=True))
                 if len(labels) != len(keys):
                     raise _err(lineno, f"duplicate label names for metric {name!r}", line)
-            if target.kind or self.openmetrics or " " in rest:
-                self._add(target, name, labels, rest, lineno, line)  # type: ignore[arg-type]
+            # The series' identity is the canonical text of its labels (see _series_key); a fast-path line
+            # with its label names in order (prometheus_client sorts them) already is that text.
+            if brace == -1:
+                key = (name, "")
+            elif tail[:2] == "} " and (len(keys) < 2 or (keys[0] < keys[1] if len(keys) == 2
+                                                         else keys == sorted(keys))):
+                key = (name, line[brace + 1 : len(line) - len(rest) - 2])
+            else:
+                key = _series_key(name, labels)
+            if target.kind or openmetrics or " " in rest:
+                self._add(target, name, labels, rest, lineno, line, key)  # type: ignore[arg-type]
                 continue
             # The common case inline: a plain value, no timestamp, a gauge/counter/untyped sample.
             try:
@@ -293,15 +303,6 @@ class _Parser:
                 value = _value(rest, lineno, line)  # raises the error
             if "_" in rest or not rest.isascii() or value != value or value in _INFS or not rest.isprintable():
                 value = _value(rest, lineno, line)
-            # The series' identity is the canonical text of its labels (see _series_key); a fast-path line
-            # with its label names in order already is that text.
-            if brace == -1:
-                key = (name, "")
-            elif tail[:2] == "} " and (len(keys) < 2 or (keys[0] < keys[1] if len(keys) == 2
-                                                         else keys == sorted(keys))):
-                key = (name, line[brace + 1 : len(line) - len(rest) - 2])
-            else:
-                key = _series_key(name, labels, None)
             if key in seen:
                 raise _err(lineno, f"duplicate series {name}{labels}: the payload contradicts itself", line)
             seen.add(key)
@@ -323,7 +324,8 @@ class _Parser:
 
     # ------------------------------------------------------------------ samples
 
-    def _add(self, target: _Target, name: str, labels: dict[str, str], rest: str, lineno: int, line: str) -> None:
+    def _add(self, target: _Target, name: str, labels: dict[str, str], rest: str, lineno: int, line: str,
+             key: tuple[str, ...]) -> None:
         """Value (and timestamp) of a sample line whose name and labels are read; then the family checks."""
         if self.openmetrics and " # " in rest:
             rest = rest[: rest.index(" # ")]  # an exemplar (its own labels were already split off the line)
@@ -334,10 +336,10 @@ class _Parser:
             when = self._timestamp(stamp, lineno, line)
         else:
             value = _value(rest, lineno, line)
-        self._store(target, name, labels, value, lineno, line, when)
+        self._store(target, name, labels, value, lineno, line, when, key)
 
     def _store(self, target: _Target, name: str, labels: dict[str, str], value: float, lineno: int,
-               line: str, when: float | None = None) -> None:
+               line: str, when: float | None = None, key: tuple[str, ...] | None = None) -> None:
         kind = target.kind
         if kind:
             if kind == 3:
@@ -358,7 +360,10 @@ class _Parser:
                                    line)
         # A series twice at one time (both without a timestamp, as always in vLLM's payloads) is a contradiction;
         # at two explicit times it is two points (Go's scenario 7 has such a pair).
-        key = _series_key(name, labels, when)
+        if key is None:
+            key = _series_key(name, labels)
+        if when is not None:
+            key = (*key, repr(when))
         if key in self.seen:
             raise _err(lineno, f"duplicate series {name}{labels}: the payload contradicts itself", line)
         self.seen.add(key)
@@ -733,9 +738,9 @@ def _unescape(text: str, lineno: int, line: str) -> str:
     return "".join(out)
 
 
-def _series_key(name: str, labels: dict[str, str], when: float | None) -> tuple[str, ...]:
+def _series_key(name: str, labels: dict[str, str]) -> tuple[str, ...]:
     """A series' identity: its name and the canonical exposition text of its labels (sorted, escaped, names
-    quoted when not legacy), plus the timestamp when there is one. Equal for any spelling of one series."""
+    quoted when not legacy). Equal for any spelling of one series."""
     parts = []
     for key in sorted(labels):
         value = labels[key].replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
@@ -743,7 +748,7 @@ def _series_key(name: str, labels: dict[str, str], when: float | None) -> tuple[
             key = '"' + key.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
         parts.append(f'{key}="{value}"')
     text = ",".join(parts)
-    return (name, text) if when is None else (name, text, repr(when))
+    return (name, text)
 
 
 def _is_go_float(text: str) -> bool:
