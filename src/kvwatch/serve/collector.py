@@ -15,8 +15,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from kvwatch import __version__
-from kvwatch.fetch import REASONS
-from kvwatch.state import Analyzer, SeriesState, State
+from kvwatch.derived import SeriesState
+from kvwatch.payload import REASONS
+from kvwatch.serve.state import Analyzer, State
 
 log = logging.getLogger(__name__)
 
