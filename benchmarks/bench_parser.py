@@ -29,13 +29,13 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).parent))
 from vllm_payload import generate
 
+from kvwatch.derived import derive
 from kvwatch.engines import vllm
 from kvwatch.exposition import parse
-from kvwatch.fetch import interpret
 from kvwatch.history import History
+from kvwatch.payload import interpret
 from kvwatch.sim.engine import EngineConfig, Request, Simulator
 from kvwatch.sim.metrics import render
-from kvwatch.state import derive
 
 ENGINES = 8
 ROOT = Path(__file__).resolve().parent.parent

@@ -239,7 +239,7 @@ def test_filtered_parse_still_finds_a_wanted_sample_inside_an_unwanted_familys_b
 def test_filtered_parse_counts_skipped_lines_for_error_messages() -> None:
     text = ('# HELP other x\n# TYPE other gauge\nother{a="1"} 1\nother{a="2"} 1\n# TYPE h histogram\n'
             'h_bucket{le="1"} 1\nh_bucket{le="+Inf"} 1\nh_count 1\nh_sum 1 2 3\n')
-    with pytest.raises(ParseError, match="^line 9: spurious string after timestamp"):
+    with pytest.raises(ParseError, match=r"^line 9: spurious string after timestamp"):
         parse(text, wanted={"h_count", "h_sum"})
     assert [s.name for s in parse(text[: text.rindex(" 2 3")] + "\n", wanted={"h_count", "h_sum"}).samples("h")] == [
         "h_count", "h_sum"]
