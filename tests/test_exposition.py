@@ -249,3 +249,15 @@ def test_filtered_parse_of_a_sample_name_keeps_only_those_samples_of_the_family(
     text = '# TYPE h histogram\nh_bucket{le="1"} 1\nh_bucket{le="+Inf"} 2\nh_sum 3\nh_count 2\n'
     family = parse(text, wanted={"h_sum"}).get("h")
     assert family is not None and family.type == "histogram" and [s.name for s in family.samples] == ["h_sum"]
+
+
+def test_label_sets_remembered_between_parses_are_never_shared() -> None:
+    text = 'a{x="1",y="2"} 1\n'
+    first = parse(text).samples("a")[0]
+    first.labels["x"] = "changed"
+    second = parse(text).samples("a")[0]
+    assert second.labels == {"x": "1", "y": "2"} and second.labels is not first.labels
+    # A remembered 'name{labels}' followed by Go's other blanks still means value and timestamp.
+    assert parse('a{x="1",y="2"} 5\t7\n').samples("a")[0].value == 5.0
+    with pytest.raises(ParseError, match="expected integer as timestamp"):
+        parse('a{x="1",y="2"} 5 \n')

@@ -194,7 +194,7 @@ class _Parser:
         find = text.find
         targets = self.targets
         seen = self.seen
-        first_keys, next_keys = _FIRST_KEYS, _NEXT_KEYS
+        first_keys, next_keys, prefixes = _FIRST_KEYS, _NEXT_KEYS, _PREFIXES
         wanted_set = self.wanted_set
         openmetrics = self.openmetrics
         skippable = _SKIPPABLE if wanted_set is not None else None
@@ -232,11 +232,22 @@ class _Parser:
                     pos = skip_to
                 continue
             brace = line.find("{")
-            name = line[:brace] if brace != -1 else line.partition(" ")[0]
+            hit = None
+            if brace != -1:
+                close = line.find("} ", brace)
+                if close != -1:
+                    hit = prefixes.get(line[: close + 1])
+            if hit is not None:
+                # 'name{labels}' spelled exactly as in an earlier line or poll: validated and split already.
+                name, cached, key = hit
+                rest = line[close + 2 :]
+            else:
+                name = line[:brace] if brace != -1 else line.partition(" ")[0]
             target = targets.get(name, _UNKNOWN)
             if target is None:
-                if skippable is not None:  # the run of lines of this unwanted sample name (histogram buckets)
-                    run = name + line[len(name)]
+                run = line[: len(name) + 1]
+                if skippable is not None and len(run) > len(name):
+                    # The run of lines of this unwanted sample name (histogram buckets): no per-line work.
                     while text.startswith(run, pos):
                         stop = find("\n", pos)
                         if stop == -1:
@@ -244,55 +255,64 @@ class _Parser:
                         lineno += 1
                         pos = stop + 1
                 continue
-            if line[0] in " \t" or "\\" in line or "\t" in line or "  " in line:
-                self._slow(line, lineno)
-                continue
-            if target is _UNKNOWN:
-                if not _valid_name(name):
+            if hit is not None:
+                if "\t" in rest or rest[:1] == " " or "  " in rest:
                     self._slow(line, lineno)
                     continue
-                target = self._target(name, lineno, line)
-                if target is None:
-                    continue
-            if brace == -1:
-                labels: dict[str, str] = {}
-                rest = line[len(name) + 1 :]
-            else:
-                pieces = line[brace + 1 :].split('"')
-                tail = pieces[-1]
-                if tail[:2] == "} ":
-                    rest = tail[2:]
-                elif tail[:3] == ",} ":
-                    rest = tail[3:]
-                else:
-                    self._slow(line, lineno)
-                    continue
-                keys = pieces[0:-1:2]
-                try:
-                    keys[0] = first_keys[keys[0]]
-                    if len(keys) > 1:
-                        keys[1:] = map(next_keys.__getitem__, keys[1:])
-                except IndexError:
-                    self._slow(line, lineno)  # '{}'
-                    continue
-                except KeyError:
-                    if not _learn_fragments(pieces[0:-1:2]):
-                        self._slow(line, lineno)  # the careful path names what is wrong
+                if target is _UNKNOWN:
+                    target = self._target(name, lineno, line)
+                    if target is None:
                         continue
-                    keys = [first_keys[keys[0]] if keys[0] in first_keys else keys[0],
-                            *map(next_keys.__getitem__, pieces[2:-1:2])]
-                labels = dict(zip(keys, pieces[1::2], strict=True))
-                if len(labels) != len(keys):
-                    raise _err(lineno, f"duplicate label names for metric {name!r}", line)
-            # The series' identity is the canonical text of its labels (see _series_key); a fast-path line
-            # with its label names in order (prometheus_client sorts them) already is that text.
-            if brace == -1:
-                key = (name, "")
-            elif tail[:2] == "} " and (len(keys) < 2 or (keys[0] < keys[1] if len(keys) == 2
-                                                         else keys == sorted(keys))):
-                key = (name, line[brace + 1 : len(line) - len(rest) - 2])
+                labels = cached.copy()  # the cached dict itself is never handed out
             else:
-                key = _series_key(name, labels)
+                if line[0] in " \t" or "\\" in line or "\t" in line or "  " in line or (
+                        target is _UNKNOWN and not _valid_name(name)):
+                    self._slow(line, lineno)
+                    continue
+                if target is _UNKNOWN:
+                    target = self._target(name, lineno, line)
+                    if target is None:
+                        continue
+                if brace == -1:
+                    labels = {}
+                    rest = line[len(name) + 1 :]
+                    key = (name, "")
+                else:
+                    pieces = line[brace + 1 :].split('"')
+                    tail = pieces[-1]
+                    if tail[:2] == "} ":
+                        rest = tail[2:]
+                    elif tail[:3] == ",} ":
+                        rest = tail[3:]
+                    else:
+                        self._slow(line, lineno)
+                        continue
+                    keys = pieces[0:-1:2]
+                    try:
+                        keys[0] = first_keys[keys[0]]
+                        if len(keys) > 1:
+                            keys[1:] = map(next_keys.__getitem__, keys[1:])
+                    except IndexError:
+                        self._slow(line, lineno)  # '{}'
+                        continue
+                    except KeyError:
+                        if not _learn_fragments(pieces[0:-1:2]):
+                            self._slow(line, lineno)  # the careful path names what is wrong
+                            continue
+                        keys = [first_keys[keys[0]] if keys[0] in first_keys else keys[0],
+                                *map(next_keys.__getitem__, pieces[2:-1:2])]
+                    labels = dict(zip(keys, pieces[1::2], strict=True))
+                    if len(labels) != len(keys):
+                        raise _err(lineno, f"duplicate label names for metric {name!r}", line)
+                    # The series' identity is the canonical text of its labels (see _series_key); a line with
+                    # its label names in order (prometheus_client sorts them) already is that text.
+                    if tail[:2] == "} " and (len(keys) < 2 or (keys[0] < keys[1] if len(keys) == 2
+                                                               else keys == sorted(keys))):
+                        key = (name, line[brace + 1 : len(line) - len(rest) - 2])
+                    else:
+                        key = _series_key(name, labels)
+                    if tail[:2] == "} ":
+                        _remember(prefixes, line[: len(line) - len(rest) - 1], (name, dict(labels), key))
             if target.kind or openmetrics or " " in rest:
                 self._add(target, name, labels, rest, lineno, line, key)  # type: ignore[arg-type]
                 continue
@@ -627,6 +647,7 @@ _VALID_NAMES: dict[str, bool] = {}
 _FIRST_KEYS: dict[str, str] = {}  # 'engine=' -> 'engine'
 _NEXT_KEYS: dict[str, str] = {}  # ',model_name=' -> 'model_name'
 _SKIPPABLE: dict[tuple[frozenset[str], str], bool] = {}
+_PREFIXES: dict[str, tuple[str, dict[str, str], tuple[str, ...]]] = {}  # 'name{labels}' -> name, labels, key
 
 
 def _remember(cache: dict, key: object, value: object) -> None:  # type: ignore[type-arg]
