@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from vllm_payload import generate
 
 from kvwatch.derived import derive
-from kvwatch.engines import vllm
+from kvwatch.engines.detect import read_payload
 from kvwatch.exposition import parse
 from kvwatch.history import History
 from kvwatch.payload import interpret
@@ -62,12 +62,10 @@ def sim_payload(engines: int = ENGINES) -> str:
 
 
 PAYLOADS: dict[str, Callable[[], str]] = {"fixture": fixture_payload, "sim": sim_payload, "bench": generate}
-WANTED = vllm.wanted_for()
-
-
 def kvwatch_poll(text: str) -> Any:
-    """Parse + read: what every poll does with the body."""
-    return vllm.read(parse(text, WANTED), timestamp=0.0)
+    """Parse + read: what every poll does with the body (the filter of every adapter, engine detection,
+    the vLLM adapter)."""
+    return read_payload(text, timestamp=0.0)
 
 
 def kvwatch_full(text: str) -> Any:

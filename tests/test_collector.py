@@ -64,7 +64,9 @@ def test_fresh_state_exports_health_and_series() -> None:
     assert value(samples, "kvwatch_last_success_timestamp_seconds") == 1000.0
     assert value(samples, "kvwatch_scrape_errors_total", reason="timeout") == 0.0
     assert value(samples, "kvwatch_source_info", engine_kind="vllm", version_range=">=0.25",
-                 usage_metric="vllm:kv_cache_usage_perc") == 1.0
+                 usage_metric="vllm:kv_cache_usage_perc", running_metric="vllm:num_requests_running",
+                 waiting_metric="vllm:num_requests_waiting",
+                 capacity_metric="vllm:cache_config_info{kv_cache_size_tokens}") == 1.0
     assert value(samples, "kvwatch_kv_usage_ratio", **e0) == 0.96
     assert value(samples, "kvwatch_kv_capacity_tokens", **e0) == 163840.0
     assert value(samples, "kvwatch_kv_used_tokens", **e0) == 0.96 * 163840.0

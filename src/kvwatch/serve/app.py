@@ -42,7 +42,7 @@ from kvwatch.settings import ServeSettings, SettingsError, add_settings_flags, l
 
 log = logging.getLogger("kvwatch")
 
-ANALYZER_MODULES: tuple[str, ...] = ("kvwatch.serve.capacity", "kvwatch.serve.forecast")
+ANALYZER_MODULES: tuple[str, ...] = ("kvwatch.serve.capacity", "kvwatch.serve.forecast", "kvwatch.serve.latency")
 
 
 class Clock:
