@@ -13,9 +13,10 @@ are vendored in ``tests/fixtures/exposition-conformance/`` and run by ``tests/te
 - one HELP and one TYPE per family, TYPE before the family's samples; types are Prometheus' own;
   ``le``/``quantile`` of histograms/summaries are numbers; histogram counts are not negative;
   ``__name__`` is not a label; a label appears once per sample.
-- **duplicate series** (one sample name with the same label set twice in one payload) make the whole
-  payload a :class:`ParseError`: the target contradicts itself, and keeping either copy would be a guess
-  (docs/reliability.md). Prometheus' Go parser leaves this check to its caller; kvwatch is that caller.
+- **duplicate series** (one sample name with the same label set twice in one payload, at the same
+  timestamp or both without one) make the whole payload a :class:`ParseError`: the target contradicts
+  itself, and keeping either copy would be a guess (docs/reliability.md). Prometheus' Go parser leaves this
+  check to its caller; kvwatch is that caller.
 
 OpenMetrics (the text ends in a ``# EOF`` line, which is how it is told apart; nothing after it is read):
 counters are declared without ``_total``, the ``unknown``/``info``/``stateset`` types, ``# UNIT``, float
@@ -25,9 +26,12 @@ needs creation times). In Prometheus text, ``x_created`` is a family of its own,
 Speed (docs/performance.md): lines are cut with ``str`` methods; a sample name resolves to its family
 once (a dict); canonical label sets (``k="v",...`` without escapes) split on ``"``, anything else takes a
 character-level path that mirrors Go's state machine. With ``wanted`` (a set of family or sample names)
-samples outside it are skipped before their labels are read, and a whole block of an unwanted family
-(its lines after its HELP/TYPE, all starting with its name) is skipped in C with ``str.count``: lines
-skipped that way are not validated. :func:`parse` never raises anything but :class:`ParseError`.
+samples outside it are skipped before their labels are read, a whole block of an unwanted family (its
+lines after its TYPE, all starting with its name) is skipped in C with ``str.count``, and a run of lines
+of one unwanted sample name (histogram buckets) is stepped over without being split: lines skipped either
+way are not validated. A
+``name{labels}`` text validated once is remembered across parses (bounded caches: a sidecar parses the
+same shape every poll). :func:`parse` never raises anything but :class:`ParseError`.
 """
 
 from __future__ import annotations
@@ -256,63 +260,59 @@ class _Parser:
                         pos = stop + 1
                 continue
             if hit is not None:
-                if "\t" in rest or rest[:1] == " " or "  " in rest:
-                    self._slow(line, lineno)
-                    continue
-                if target is _UNKNOWN:
-                    target = self._target(name, lineno, line)
-                    if target is None:
-                        continue
-                labels = cached.copy()  # the cached dict itself is never handed out
+                careful = "\t" in rest or rest[:1] == " " or "  " in rest
             else:
-                if line[0] in " \t" or "\\" in line or "\t" in line or "  " in line or (
-                        target is _UNKNOWN and not _valid_name(name)):
+                careful = line[0] in " \t" or "\\" in line or "\t" in line or "  " in line or (
+                    target is _UNKNOWN and not _valid_name(name))
+            if careful:
+                self._slow(line, lineno)
+                continue
+            if target is _UNKNOWN:
+                target = self._target(name, lineno, line)
+                if target is None:
+                    continue
+            if hit is not None:
+                labels = cached.copy()  # the cached dict itself is never handed out
+            elif brace == -1:
+                labels = {}
+                rest = line[len(name) + 1 :]
+                key = (name, "")
+            else:
+                pieces = line[brace + 1 :].split('"')
+                tail = pieces[-1]
+                if tail[:2] == "} ":
+                    rest = tail[2:]
+                elif tail[:3] == ",} ":
+                    rest = tail[3:]
+                else:
                     self._slow(line, lineno)
                     continue
-                if target is _UNKNOWN:
-                    target = self._target(name, lineno, line)
-                    if target is None:
+                keys = pieces[0:-1:2]
+                try:
+                    keys[0] = first_keys[keys[0]]
+                    if len(keys) > 1:
+                        keys[1:] = map(next_keys.__getitem__, keys[1:])
+                except IndexError:
+                    self._slow(line, lineno)  # '{}'
+                    continue
+                except KeyError:
+                    if not _learn_fragments(pieces[0:-1:2]):
+                        self._slow(line, lineno)  # the careful path names what is wrong
                         continue
-                if brace == -1:
-                    labels = {}
-                    rest = line[len(name) + 1 :]
-                    key = (name, "")
+                    keys = [first_keys[keys[0]] if keys[0] in first_keys else keys[0],
+                            *map(next_keys.__getitem__, pieces[2:-1:2])]
+                labels = dict(zip(keys, pieces[1::2], strict=True))
+                if len(labels) != len(keys):
+                    raise _err(lineno, f"duplicate label names for metric {name!r}", line)
+                # The series' identity is the canonical text of its labels (see _series_key); a line with
+                # its label names in order (prometheus_client sorts them) already is that text.
+                if tail[:2] == "} " and (len(keys) < 2 or (keys[0] < keys[1] if len(keys) == 2
+                                                           else keys == sorted(keys))):
+                    key = (name, line[brace + 1 : len(line) - len(rest) - 2])
                 else:
-                    pieces = line[brace + 1 :].split('"')
-                    tail = pieces[-1]
-                    if tail[:2] == "} ":
-                        rest = tail[2:]
-                    elif tail[:3] == ",} ":
-                        rest = tail[3:]
-                    else:
-                        self._slow(line, lineno)
-                        continue
-                    keys = pieces[0:-1:2]
-                    try:
-                        keys[0] = first_keys[keys[0]]
-                        if len(keys) > 1:
-                            keys[1:] = map(next_keys.__getitem__, keys[1:])
-                    except IndexError:
-                        self._slow(line, lineno)  # '{}'
-                        continue
-                    except KeyError:
-                        if not _learn_fragments(pieces[0:-1:2]):
-                            self._slow(line, lineno)  # the careful path names what is wrong
-                            continue
-                        keys = [first_keys[keys[0]] if keys[0] in first_keys else keys[0],
-                                *map(next_keys.__getitem__, pieces[2:-1:2])]
-                    labels = dict(zip(keys, pieces[1::2], strict=True))
-                    if len(labels) != len(keys):
-                        raise _err(lineno, f"duplicate label names for metric {name!r}", line)
-                    # The series' identity is the canonical text of its labels (see _series_key); a line with
-                    # its label names in order (prometheus_client sorts them) already is that text.
-                    if tail[:2] == "} " and (len(keys) < 2 or (keys[0] < keys[1] if len(keys) == 2
-                                                               else keys == sorted(keys))):
-                        key = (name, line[brace + 1 : len(line) - len(rest) - 2])
-                    else:
-                        key = _series_key(name, labels)
-                    if tail[:2] == "} ":
-                        _remember(prefixes, line[: len(line) - len(rest) - 1], (name, dict(labels), key))
+                    key = _series_key(name, labels)
+                if tail[:2] == "} ":
+                    _remember(prefixes, line[: len(line) - len(rest) - 1], (name, dict(labels), key))
             if target.kind or openmetrics or " " in rest:
                 self._add(target, name, labels, rest, lineno, line, key)  # type: ignore[arg-type]
                 continue
