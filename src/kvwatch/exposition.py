@@ -171,7 +171,7 @@ class _Parser:
         self.names: set[str] = set()
         self.targets: dict[str, _Target | None] = {}
         self.seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
-        self.checked_le: set[str] = set()
+        self.checked_le: set[str] = {"+Inf"}  # le values known to be numbers (Go's parseFloat)
         self.block_lines = 0  # lines in the block _block_end last skipped
         self.openmetrics = False
         self.predicate: Callable[[str], bool] | None = None
@@ -201,6 +201,7 @@ class _Parser:
         first_keys, next_keys, prefixes = _FIRST_KEYS, _NEXT_KEYS, _PREFIXES
         wanted_set = self.wanted_set
         openmetrics = self.openmetrics
+        checked_le = self.checked_le
         skippable = _SKIPPABLE if wanted_set is not None else None
         while pos < n:
             stop = find("\n", pos)
@@ -313,16 +314,21 @@ class _Parser:
                     key = _series_key(name, labels)
                 if tail[:2] == "} ":
                     _remember(prefixes, line[: len(line) - len(rest) - 1], (name, dict(labels), key))
-            if target.kind or openmetrics or " " in rest:
+            kind = target.kind
+            if kind == 3 or openmetrics or " " in rest:
                 self._add(target, name, labels, rest, lineno, line, key)  # type: ignore[arg-type]
                 continue
-            # The common case inline: a plain value, no timestamp, a gauge/counter/untyped sample.
+            # The common case inline: a plain value, no timestamp.
             try:
                 value = float(rest)
             except ValueError:
                 value = _value(rest, lineno, line)  # raises the error
             if "_" in rest or not rest.isascii() or value != value or value in _INFS or not rest.isprintable():
                 value = _value(rest, lineno, line)
+            if kind and (value < 0 or labels.get("le", "+Inf") not in checked_le):
+                # A histogram sample whose checks are not known to pass: the careful store checks and raises.
+                self._store(target, name, labels, value, lineno, line, None, key)  # type: ignore[arg-type]
+                continue
             if key in seen:
                 raise _err(lineno, f"duplicate series {name}{labels}: the payload contradicts itself", line)
             seen.add(key)
