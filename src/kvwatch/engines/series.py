@@ -101,11 +101,12 @@ def histograms(exposition: Exposition, family: str, key_of: KeyOf) -> dict[Parti
     with the most observations (the copies are snapshots of one engine, as for gauges)."""
     bucket_name, count_name, sum_name = family + "_bucket", family + "_count", family + "_sum"
     # One group per label set without ``le`` (the key follows from the labels). Runs every poll over every
-    # bucket of the latency histograms, hence the plain loop: one sorted tuple per sample, the key per group.
-    groups: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
+    # bucket of the latency histograms, hence the plain loop: one frozenset per sample, the key per group.
+    groups: dict[frozenset[tuple[str, str]], dict[str, Any]] = {}
     for s in exposition.samples(family):
         labels = s.labels
-        ident = tuple(sorted(item for item in labels.items() if item[0] != "le"))
+        le = labels.get("le")
+        ident = frozenset(labels.items()) if le is None else frozenset(labels.items()) - {("le", le)}
         group = groups.get(ident)
         if group is None:
             group = groups[ident] = {"key": key_of(dict(ident)), "buckets": []}
