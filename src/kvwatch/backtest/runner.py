@@ -11,14 +11,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvwatch.backtest.baselines import make_baselines
-from kvwatch.backtest.scenarios import Scenario, scenario_arrivals
+from kvwatch.backtest.scenarios import Scenario, scenario_arrivals, shape_lengths
 from kvwatch.backtest.scoring import (
     Event,
     Outcome,
     detection_delays,
     find_episodes,
     find_events,
+    mask_warmup,
     saturated_samples,
+    warmup_windows,
     score_run,
     summarize,
 )
@@ -64,10 +66,15 @@ def engine_config(num_gpu_blocks: int, speedup: float = 1.0) -> EngineConfig:
 
 
 def calibrate(trace: Sequence[Request], rate_scale: float, seed: int, *, speedup: float = 1.0,
-              seconds: float = CALIBRATION_SECONDS) -> Calibration:
-    """Mean KV tokens in use at ``rate_scale`` × the native rate, in a cache too large to ever fill."""
+              seconds: float = CALIBRATION_SECONDS, lengths: Scenario | None = None) -> Calibration:
+    """Mean KV tokens in use at ``rate_scale`` × the native rate, in a cache too large to ever fill.
+
+    ``lengths``: a scenario whose long-context shaping (prompt scale, long mixture) applies here too.
+    """
     base = block_bootstrap(trace, seconds, seed=seed + 7919)
     requests = scale_rate(base, rate_scale, seed=seed + 7920, span=seconds)
+    if lengths is not None:
+        requests = shape_lengths(requests, lengths, seed=seed + 7921)
     largest = max(r.prompt_tokens + r.output_tokens for r in requests)
     unlimited_blocks = max(1 << 22, 4 * math.ceil(largest / BLOCK_SIZE))
     sim = Simulator(engine_config(unlimited_blocks, speedup), seed=seed)
@@ -96,7 +103,8 @@ class Simulation:
 
 
 def simulate(scenario: Scenario, trace: Sequence[Request], *, calibration: Calibration | None = None) -> Simulation:
-    calibration = calibration or calibrate(trace, scenario.rate_scale, scenario.seed, speedup=scenario.engine_speedup)
+    calibration = calibration or calibrate(trace, scenario.rate_scale, scenario.seed, speedup=scenario.engine_speedup,
+                                           lengths=scenario)
     requests = scenario_arrivals(scenario, trace)
     sim = Simulator(engine_config(calibration.num_gpu_blocks, scenario.engine_speedup), seed=scenario.seed)
     sim.submit(requests)
@@ -176,6 +184,8 @@ def sample_from(snap: EngineSnapshot, *, restarted: bool) -> ForecastSample:
         request_prompt_tokens_count=float(snap.request_prompt_tokens_count),
         request_generation_tokens_sum=float(snap.request_generation_tokens_sum),
         request_generation_tokens_count=float(snap.request_generation_tokens_count),
+        e2e_latency_seconds_sum=float(snap.histograms["e2e_request_latency_seconds"].sum),
+        e2e_latency_seconds_count=float(snap.histograms["e2e_request_latency_seconds"].count),
         restarted=restarted,
     )
 
@@ -206,8 +216,11 @@ def evaluate(simulation: Simulation, params: ForecastParams | None = None) -> Ru
     events = find_events(timeline.times, saturated)
     outcomes: dict[str, Outcome] = {}
     seconds = simulation.scenario.seconds
+    warmup = warmup_windows(simulation.scenario.restart_times, seconds)
     for name, active in timeline.warnings.items():
-        outcome = score_run(events, find_episodes(timeline.times, active), monitored_seconds=seconds)
+        active = timeline.warnings[name] = mask_warmup(timeline.times, active, warmup)
+        outcome = score_run(events, find_episodes(timeline.times, active), monitored_seconds=seconds,
+                            warmup=warmup)
         if name == KVWATCH:
             outcome.detect_delays = detection_delays(events, timeline.times, bottleneck)
         outcomes[name] = outcome

@@ -88,6 +88,8 @@ class ForecastSample:
     request_prompt_tokens_count: float | None = None
     request_generation_tokens_sum: float | None = None
     request_generation_tokens_count: float | None = None
+    e2e_latency_seconds_sum: float | None = None
+    e2e_latency_seconds_count: float | None = None
     restarted: bool = False
 
     @classmethod
@@ -112,6 +114,8 @@ class ForecastSample:
             request_prompt_tokens_count=get("request_prompt_tokens_count"),
             request_generation_tokens_sum=get("request_generation_tokens_sum"),
             request_generation_tokens_count=get("request_generation_tokens_count"),
+            e2e_latency_seconds_sum=get("e2e_latency_seconds_sum"),
+            e2e_latency_seconds_count=get("e2e_latency_seconds_count"),
             restarted=restarted,
         )
 
