@@ -10,22 +10,26 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kvwatch.backtest.baselines import make_baselines
+from kvwatch.backtest.baselines import PredictLinearProbability, make_baselines
 from kvwatch.backtest.scenarios import Scenario, scenario_arrivals, shape_lengths
 from kvwatch.backtest.scoring import (
     Event,
     Outcome,
+    Reliability,
     detection_delays,
     find_episodes,
     find_events,
     mask_warmup,
     saturated_samples,
-    warmup_windows,
+    score_probabilities,
     score_run,
     summarize,
+    summarize_reliability,
+    warmup_windows,
 )
 from kvwatch.forecast import Forecaster, ForecastParams, ForecastSample
 from kvwatch.forecast.detector import BOTTLENECK, FILLING
+from kvwatch.forecast.risk import RISK_HORIZONS_SECONDS
 from kvwatch.sim.engine import EngineConfig, EngineSnapshot, Request, Simulator, StepTimeModel
 from kvwatch.sim.traces import block_bootstrap, scale_rate
 
@@ -136,6 +140,8 @@ class Timeline:
     eta_seconds: list[float | None] = field(default_factory=list)
     states: list[str] = field(default_factory=list)
     warnings: dict[str, list[bool]] = field(default_factory=dict)
+    # method -> horizon -> probability per poll (kvwatch's risk; predict_linear as a probability)
+    probabilities: dict[str, dict[int, list[float | None]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -146,9 +152,13 @@ class RunResult:
     events: list[Event]
     outcomes: dict[str, Outcome]
     requests: int
+    reliability: dict[int, dict[str, Reliability]] = field(default_factory=dict)  # horizon -> method -> tally
 
     def to_json(self) -> dict:
         return {
+            "calibration": {
+                _horizon_label(h): summarize_reliability(by_method) for h, by_method in self.reliability.items()
+            },
             "events": len(self.events),
             "hours": self.scenario.hours,
             "methods": {
@@ -163,6 +173,9 @@ class RunResult:
                 "rate_scale": self.scenario.rate_scale,
                 "engine_speedup": self.scenario.engine_speedup,
                 "capacity_tokens": self.calibration.capacity_tokens,
+                "prompt_scale": self.scenario.prompt_scale,
+                "long_fraction": self.scenario.long_fraction,
+                "max_model_len": self.scenario.max_model_len,
                 "requests": self.requests,
                 "event_onsets_seconds": [e.onset for e in self.events],
             },
@@ -194,7 +207,9 @@ def evaluate(simulation: Simulation, params: ForecastParams | None = None) -> Ru
     """Run kvwatch and every baseline over the same polls; find the events; score each method."""
     forecaster = Forecaster(params or ForecastParams())
     baselines = make_baselines()
-    timeline = Timeline(warnings={KVWATCH: [], **{name: [] for name in baselines}})
+    linear_probability = PredictLinearProbability()
+    timeline = Timeline(warnings={KVWATCH: [], **{name: [] for name in baselines}},
+                        probabilities={m: {h: [] for h in RISK_HORIZONS_SECONDS} for m in (KVWATCH, "predict_linear")})
     bottleneck: list[bool] = []
     for sample in simulation.samples:
         result = forecaster.observe(sample)
@@ -211,6 +226,10 @@ def evaluate(simulation: Simulation, params: ForecastParams | None = None) -> Ru
         bottleneck.append(result.state == BOTTLENECK)
         for name, baseline in baselines.items():
             timeline.warnings[name].append(baseline.observe(t, usage))
+        linear = linear_probability.observe(t, usage, RISK_HORIZONS_SECONDS)
+        for h in RISK_HORIZONS_SECONDS:
+            timeline.probabilities[KVWATCH][h].append(result.risk.get(h))
+            timeline.probabilities["predict_linear"][h].append(linear[h])
     # Counters restart with the engine: a drop is a reset, not a preemption count going backwards.
     saturated = saturated_samples(timeline.usage, timeline.waiting, _monotone(timeline.preemptions_total))
     events = find_events(timeline.times, saturated)
@@ -224,7 +243,17 @@ def evaluate(simulation: Simulation, params: ForecastParams | None = None) -> Ru
         if name == KVWATCH:
             outcome.detect_delays = detection_delays(events, timeline.times, bottleneck)
         outcomes[name] = outcome
-    return RunResult(simulation.scenario, simulation.calibration, timeline, events, outcomes, simulation.requests)
+    reliability = {
+        h: {m: score_probabilities(timeline.times, by_h[h], h, events, end=seconds, warmup=warmup)
+            for m, by_h in timeline.probabilities.items()}
+        for h in RISK_HORIZONS_SECONDS
+    }
+    return RunResult(simulation.scenario, simulation.calibration, timeline, events, outcomes, simulation.requests,
+                     reliability)
+
+
+def _horizon_label(seconds: int) -> str:
+    return f"{seconds // 60}m"
 
 
 def _monotone(counter: Sequence[float]) -> list[float]:

@@ -244,3 +244,104 @@ def pool(outcomes: Iterable[Outcome]) -> Outcome:
     for o in outcomes:
         total = total.add(o)
     return total
+
+
+# ---------------------------------------------------------------- calibration of probabilities
+
+RELIABILITY_BINS = 10
+CALIBRATION_STEP_SECONDS = 60.0  # one forecast per minute is scored (polls within a minute are not independent)
+
+
+@dataclass
+class Reliability:
+    """Brier score and reliability bins of one probabilistic forecast at one horizon (poolable).
+
+    Outcome ``y`` at time ``t``: an event is in progress at some time in ``(t, t + h]``. Scored only at
+    times after warm-up, outside events, with ``t + h`` inside the run.
+    """
+
+    n: int = 0
+    squared_error: float = 0.0
+    outcomes: float = 0.0
+    bin_n: list[int] = field(default_factory=lambda: [0] * RELIABILITY_BINS)
+    bin_p: list[float] = field(default_factory=lambda: [0.0] * RELIABILITY_BINS)
+    bin_y: list[float] = field(default_factory=lambda: [0.0] * RELIABILITY_BINS)
+
+    def add_pair(self, p: float, y: bool) -> None:
+        p = min(1.0, max(0.0, p))
+        self.n += 1
+        self.squared_error += (p - y) ** 2
+        self.outcomes += y
+        i = min(RELIABILITY_BINS - 1, int(p * RELIABILITY_BINS))
+        self.bin_n[i] += 1
+        self.bin_p[i] += p
+        self.bin_y[i] += y
+
+    def add(self, other: Reliability) -> Reliability:
+        return Reliability(
+            self.n + other.n, self.squared_error + other.squared_error, self.outcomes + other.outcomes,
+            [a + b for a, b in zip(self.bin_n, other.bin_n, strict=True)],
+            [a + b for a, b in zip(self.bin_p, other.bin_p, strict=True)],
+            [a + b for a, b in zip(self.bin_y, other.bin_y, strict=True)],
+        )
+
+    @property
+    def brier(self) -> float | None:
+        return self.squared_error / self.n if self.n else None
+
+    @property
+    def climatology_brier(self) -> float | None:
+        """Brier of the constant base rate of these same outcomes (in-sample: the best constant)."""
+        if not self.n:
+            return None
+        rate = self.outcomes / self.n
+        return rate * (1.0 - rate)
+
+    def table(self) -> list[dict]:
+        """Predicted-probability bins: count, mean predicted, observed frequency."""
+        return [
+            {"bin": f"{i / RELIABILITY_BINS:.1f}-{(i + 1) / RELIABILITY_BINS:.1f}", "n": n,
+             "mean_predicted": self.bin_p[i] / n, "observed": self.bin_y[i] / n}
+            for i, n in enumerate(self.bin_n) if n
+        ]
+
+
+def outcome_within(t: float, horizon: float, events: Sequence[Event]) -> bool:
+    """An event is in progress at some time in ``(t, t + horizon]``."""
+    return any(e.onset <= t + horizon and e.end > t for e in events)
+
+
+def score_probabilities(
+    times: Sequence[float],
+    probabilities: Sequence[float | None],
+    horizon: float,
+    events: Sequence[Event],
+    *,
+    end: float,
+    warmup: Sequence[tuple[float, float]] = (),
+    step: float = CALIBRATION_STEP_SECONDS,
+) -> Reliability:
+    """Reliability of one method's ``probabilities`` (per poll; None = no forecast, counted as 0)."""
+    out = Reliability()
+    next_t = 0.0
+    for t, p in zip(times, probabilities, strict=True):
+        if t < next_t:
+            continue
+        next_t = t + step - 1e-6
+        if t + horizon > end or in_windows(t, warmup) or any(e.onset <= t <= e.end for e in events):
+            continue
+        out.add_pair(p if p is not None else 0.0, outcome_within(t, horizon, events))
+    return out
+
+
+def summarize_reliability(by_method: dict[str, Reliability]) -> dict:
+    """``{method: {brier, n, table}}`` plus the constant-rate climatology on the same outcomes."""
+    out: dict = {}
+    any_rel = None
+    for method, rel in by_method.items():
+        out[method] = {"brier": rel.brier, "n": rel.n, "reliability": rel.table()}
+        any_rel = rel
+    if any_rel is not None:
+        base = any_rel.outcomes / any_rel.n if any_rel.n else None
+        out["climatology"] = {"brier": any_rel.climatology_brier, "n": any_rel.n, "base_rate": base}
+    return out

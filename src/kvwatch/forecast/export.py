@@ -18,6 +18,7 @@ from kvwatch.forecast.detector import STATES
 from kvwatch.forecast.forecaster import ForecastResult
 
 HORIZON_LABELS: dict[int, str] = {600: "10m", 1800: "30m"}
+RISK_LABELS: dict[int, str] = {300: "5m", 900: "15m", 1800: "30m"}
 _POLL_NOTE = " kvwatch polls vLLM on its own timer; estimates use per-minute aggregates of those polls."
 
 # (metric name, estimates key, HELP)
@@ -38,6 +39,15 @@ INNER_ESTIMATES: tuple[tuple[str, str, str], ...] = (
      "Theil-Sen slope of per-minute p90 KV usage over the last 30 minutes, per second."),
     ("kvwatch_forecast_usage_slope_lower_per_second", "usage_slope_lower_per_second",
      "Lower 80% confidence bound of the usage slope (above 0: significantly rising)."),
+    ("kvwatch_forecast_occupancy_mean_tokens", "occupancy_mean_tokens",
+     "Mean KV tokens in use over the last 5 minutes (the level the saturation risk projects from)."),
+    ("kvwatch_forecast_occupancy_sd_tokens", "occupancy_sd_tokens",
+     "Standard deviation of per-minute KV tokens in use in the shot-noise model (sqrt(size x mean))."),
+    ("kvwatch_forecast_request_size_tokens", "request_size_tokens",
+     "Footprint-weighted request size E[S^2 D]/E[S D]: dispersion of per-minute KV tokens over 30 minutes, "
+     "at least the mean prompt+output length of finished requests."),
+    ("kvwatch_forecast_residence_seconds", "residence_seconds",
+     "Mean time a request stays in vLLM (e2e latency histogram sum/count; running/rate without it)."),
     ("kvwatch_forecast_saturated_sample_ratio", "saturated_sample_fraction",
      "Share of the last 2 minutes' polls that were saturated (bottleneck fires at 0.8)."),
 )
@@ -56,7 +66,11 @@ def forecast_metric_families(
         return GaugeMetricFamily(name, doc + _POLL_NOTE, labels=[*label_names, *extra])
 
     eta = gauge("kvwatch_kv_exhaustion_eta_seconds",
-                "Forecast time until KV cache saturation: 0 in bottleneck, +Inf when not filling, absent when unknown.")
+                "First time the saturation risk reaches 0.5 (within 60 minutes): 0 in bottleneck, +Inf when it does "
+                "not or while warming up, absent when unknown.")
+    risk = gauge("kvwatch_kv_saturation_risk",
+                 "Probability that KV usage reaches 0.95 of capacity for a sustained stretch within the horizon "
+                 "(1 in bottleneck; absent while warming up or unknown).", ["horizon"])
     ratio = gauge("kvwatch_kv_usage_forecast_ratio",
                   "Forecast KV usage at the horizon, in demand units (may exceed 1: demand beyond capacity).",
                   ["horizon"])
@@ -82,6 +96,8 @@ def forecast_metric_families(
         if result.eta_seconds is None:
             continue  # unknown: only the state is exported
         eta.add_metric(values, result.eta_seconds)
+        for horizon, label in RISK_LABELS.items():
+            _maybe(risk, [*values, label], result.risk.get(horizon))
         for horizon, label in HORIZON_LABELS.items():
             forecast = result.forecast_ratio.get(horizon)
             if forecast is not None:
@@ -98,7 +114,7 @@ def forecast_metric_families(
             _maybe(inner[key], values, result.estimates.get(key))
         minutes = result.estimates.get("minutes_since_restart")
         _maybe(restart, values, None if minutes is None else minutes * 60.0)
-    families = [eta, ratio, state, rate, headroom, concurrency, recommendation, etas, *inner.values(), restart]
+    families = [eta, risk, ratio, state, rate, headroom, concurrency, recommendation, etas, *inner.values(), restart]
     return [f for f in families if f.samples]
 
 

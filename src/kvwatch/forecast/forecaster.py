@@ -36,6 +36,7 @@ from kvwatch.forecast.detector import (
     WarningLatch,
     WarningParams,
 )
+from kvwatch.forecast.risk import RISK_HORIZONS_SECONDS, RiskEstimate, RiskParams, estimate_risk
 from kvwatch.forecast.trend import TrendEstimate, estimate_trend
 
 HORIZONS_SECONDS: tuple[int, ...] = (600, 1800)
@@ -69,6 +70,7 @@ class ForecastParams:
     demand: DemandParams = field(default_factory=DemandParams)
     detector: DetectorParams = field(default_factory=DetectorParams)
     warning: WarningParams = field(default_factory=WarningParams)
+    risk: RiskParams = field(default_factory=RiskParams)
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,8 @@ class ForecastResult:
     recommended_max_concurrency: int | None
     estimates: Mapping[str, float | None]
     warning_raw: bool = False
+    # horizon seconds (300, 900, 1800) -> P(KV occupancy reaches the threshold within it); None = unknown
+    risk: Mapping[int, float | None] = field(default_factory=lambda: dict.fromkeys(RISK_HORIZONS_SECONDS))
 
 
 _COUNTERS = (
@@ -152,6 +156,7 @@ _COUNTERS = (
     "generation_tokens_total",
     "request_prompt_tokens_count",
     "request_generation_tokens_count",
+    "e2e_latency_seconds_count",
 )
 
 
@@ -170,6 +175,7 @@ class Forecaster:
         self._restart_at: float | None = None
         self._trend: TrendEstimate | None = None
         self._demand: DemandEstimate | None = None
+        self._risk: RiskEstimate | None = None
         self._raw = False
         self._last: ForecastResult | None = None
         self.restarts = 0
@@ -240,6 +246,7 @@ class Forecaster:
         self._buckets.clear()
         self._demand_model = DemandModel(_demand_params(self.params))
         self._trend = self._demand = None
+        self._risk = None
         self._raw = False
 
     def _deltas(self, prev: ForecastSample | None, cur: ForecastSample) -> SampleDeltas | None:
@@ -263,6 +270,8 @@ class Forecaster:
             request_generation_count=counter_delta(
                 prev.request_generation_tokens_count, cur.request_generation_tokens_count
             ),
+            e2e_sum=counter_delta(prev.e2e_latency_seconds_sum, cur.e2e_latency_seconds_sum),
+            e2e_count=counter_delta(prev.e2e_latency_seconds_count, cur.e2e_latency_seconds_count),
         )
 
     def _flags(self, sample: ForecastSample, deltas: SampleDeltas | None) -> SampleFlags:
@@ -301,8 +310,14 @@ class Forecaster:
             u_sat=p.u_sat,
             confidence=p.trend_confidence,
         )
-        self._raw = self._warning_raw(bucket.minute * p.bucket_seconds + p.bucket_seconds)
-        self._latch.update(self._raw, self._combined_eta())
+        self._risk = (
+            estimate_risk(fit_buckets, self._demand, replace(p.risk, bucket_seconds=p.bucket_seconds))
+            if self._demand is not None else None
+        )
+        now = bucket.minute * p.bucket_seconds + p.bucket_seconds
+        risk = self._risk.at(p.warning.horizon_seconds) if self._risk is not None and self._warm(now) else None
+        self._raw = risk is not None and risk >= p.warning.risk_on
+        self._latch.update(self._raw, risk is None or risk < p.warning.risk_off)
 
     def _warm(self, now: float) -> bool:
         return (
@@ -311,25 +326,6 @@ class Forecaster:
             and self._trend is not None
             and len(self._buckets) >= self.params.min_buckets
         )
-
-    def _warning_raw(self, now: float) -> bool:
-        p, trend, demand = self.params, self._trend, self._demand
-        if not self._warm(now) or trend is None or trend.level < p.level_floor:
-            return False
-        rising = trend.significant and demand is not None and demand.significant if p.significance == "both" else (
-            trend.significant or (demand is not None and demand.significant))
-        demand_says = (
-            demand is not None
-            and demand.eta_seconds <= p.warn_horizon_seconds
-            and rising
-            and demand.forecast(p.warn_horizon_seconds) >= (1.0 + p.min_rise) * demand.forecast(0.0)
-        )
-        trend_says = trend.eta_seconds <= p.urgent_horizon_seconds and trend.level >= p.urgent_level
-        return demand_says or trend_says
-
-    def _combined_eta(self) -> float:
-        etas = [e.eta_seconds for e in (self._demand, self._trend) if e is not None]
-        return min(etas) if etas else math.inf
 
     # ------------------------------------------------------------------ results
 
@@ -351,12 +347,14 @@ class Forecaster:
         now = sample.timestamp
         state = self._state(now)
         demand, trend = self._demand, self._trend
+        warm = self._warm(now)
+        risk_now = self._risk if warm else None
         if state == BOTTLENECK:
             eta = 0.0
-        elif state == FILLING:
-            eta = self._combined_eta()
+            risks: dict[int, float | None] = dict.fromkeys(RISK_HORIZONS_SECONDS, 1.0)
         else:
-            eta = math.inf
+            eta = risk_now.eta_seconds() if risk_now is not None else math.inf
+            risks = {h: (risk_now.at(h) if risk_now is not None else None) for h in RISK_HORIZONS_SECONDS}
         ratios: dict[int, float | None] = {}
         for horizon in HORIZONS_SECONDS:
             if demand is not None:
@@ -375,6 +373,10 @@ class Forecaster:
             "request_rate_slope": demand.rate_slope if demand else None,
             "request_rate_slope_lower": demand.rate_slope_lower if demand else None,
             "burst_factor": demand.burst_factor if demand else None,
+            "occupancy_mean_tokens": self._risk.mean_tokens if self._risk else None,
+            "occupancy_sd_tokens": math.sqrt(self._risk.variance_tokens2) if self._risk else None,
+            "request_size_tokens": self._risk.size_tokens if self._risk else None,
+            "residence_seconds": self._risk.residence_seconds if self._risk else None,
             "demand_tokens": demand.demand_tokens if demand else None,
             "tokens_per_running_request": demand.tokens_per_running_request if demand else None,
             "capacity_tokens": sample.capacity_tokens,
@@ -392,6 +394,7 @@ class Forecaster:
             recommended_max_concurrency=self._recommended_concurrency(sample),
             estimates=estimates,
             warning_raw=self._raw,
+            risk=risks,
         )
 
     def _recommended_concurrency(self, sample: ForecastSample) -> int | None:
