@@ -107,6 +107,8 @@ def test_0_33_capacity_labels_win_and_histograms() -> None:
     assert (e0.request_prompt_tokens_sum, e0.request_prompt_tokens_count) == (200000.0, 100.0)
     assert (e0.request_generation_tokens_sum, e0.request_generation_tokens_count) == (50000.0, 100.0)
     assert e1.request_generation_tokens_sum is None
+    assert (e0.e2e_latency_seconds_sum, e0.e2e_latency_seconds_count) == (812.5, 100.0)
+    assert e1.e2e_latency_seconds_sum is None and e1.e2e_latency_seconds_count is None  # unknown, not 0
     assert (e0.preemptions_total, e1.prefix_cache_hits_total) == (42.0, 1500.0)
     assert e0.process_start_time_seconds == e1.process_start_time_seconds == 1.79e9
 

@@ -51,6 +51,9 @@ class Reading:
     request_prompt_tokens_count: float | None = None
     request_generation_tokens_sum: float | None = None
     request_generation_tokens_count: float | None = None
+    # vllm:e2e_request_latency_seconds histogram _sum/_count: how long requests stay (the forecast's residence).
+    e2e_latency_seconds_sum: float | None = None
+    e2e_latency_seconds_count: float | None = None
     # Capacity, per engine (vLLM sums num_gpu_blocks over data-parallel engines; this is divided back).
     kv_capacity_tokens: float | None = None
     kv_max_concurrency: float | None = None

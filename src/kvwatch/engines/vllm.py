@@ -55,6 +55,7 @@ OLD_PREFIX_QUERIES = "vllm:gpu_prefix_cache_queries_total"
 OLD_PREFIX_HITS = "vllm:gpu_prefix_cache_hits_total"
 REQUEST_PROMPT_TOKENS = "vllm:request_prompt_tokens"
 REQUEST_GENERATION_TOKENS = "vllm:request_generation_tokens"
+E2E_LATENCY = "vllm:e2e_request_latency_seconds"
 CACHE_CONFIG = "vllm:cache_config_info"
 SLEEP_STATE = "vllm:engine_sleep_state"
 PROCESS_START = "process_start_time_seconds"
@@ -62,7 +63,7 @@ PROCESS_START = "process_start_time_seconds"
 FAMILIES: frozenset[str] = frozenset({
     KV_USAGE, GPU_CACHE_USAGE, RUNNING, WAITING, WAITING_BY_REASON, SWAPPED, CPU_CACHE_USAGE, PREEMPTIONS, SUCCESS,
     PROMPT_TOKENS, GENERATION_TOKENS, PREFIX_QUERIES, PREFIX_HITS, OLD_PREFIX_QUERIES, OLD_PREFIX_HITS,
-    REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS, CACHE_CONFIG, SLEEP_STATE, PROCESS_START,
+    REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS, E2E_LATENCY, CACHE_CONFIG, SLEEP_STATE, PROCESS_START,
 })
 """Every family the adapter reads; pass ``wanted_for(overrides)`` to :func:`kvwatch.exposition.parse`."""
 
@@ -156,6 +157,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     usage_idx, running_idx, waiting_idx = _split(usage_samples), _split(running_samples), _split(waiting_samples)
     prompt_sum, prompt_count, generation_sum, generation_count = (
         _split(x) for x in (prompt_sum, prompt_count, generation_sum, generation_count))
+    e2e_sum, e2e_count = (_split(_suffixed(exposition, E2E_LATENCY, suffix)) for suffix in ("_sum", "_count"))
     queries_idx, hits_idx = _split(prefix_queries), _split(prefix_hits)
     readings = []
     for key in sorted(keys, key=_sort_key):
@@ -180,6 +182,8 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             request_prompt_tokens_count=_combine(prompt_count, key, sum),
             request_generation_tokens_sum=_combine(generation_sum, key, sum),
             request_generation_tokens_count=_combine(generation_count, key, sum),
+            e2e_latency_seconds_sum=_combine(e2e_sum, key, sum),
+            e2e_latency_seconds_count=_combine(e2e_count, key, sum),
             kv_capacity_tokens=capacity,
             kv_max_concurrency=concurrency,
             num_gpu_blocks=blocks,
