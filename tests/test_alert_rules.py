@@ -191,7 +191,8 @@ def test_recording_rules_follow_level_metric_operation() -> None:
     for rule in records:
         assert RECORD_NAME.match(rule["record"]), rule["record"]
         level = rule["record"].split(":")[0]
-        labels = level.replace("_model_name", ", model_name").replace("_state", ", state").replace("_horizon", ", horizon")
+        labels = level.replace("_model_name", ", model_name")
+        labels = labels.replace("_state", ", state").replace("_horizon", ", horizon")
         assert f"by ({labels})" in rule["expr"]
 
 

@@ -6,9 +6,10 @@ theorem). What a sidecar can see gives both without per-request data:
 
 - mean: ``λ·A`` with ``A = E[S·D]`` the measured token-seconds per request (Little's law, demand.py);
 - variance: ``s·mean`` with ``s = E[S²·D]/E[S·D]``, the footprint-weighted request size. ``s`` is the index
-  of dispersion of the polled occupancy (variance over mean, around a straight line through the window so
-  a ramp is not mistaken for noise); the mean KV footprint of finished requests from the length
+  of dispersion of the per-minute mean occupancy (variance over mean, around a straight line through the
+  window so a ramp is not mistaken for noise); the mean KV footprint of finished requests from the length
   histograms (``E[P] + E[G]``) is its floor, so a quiet window does not claim tiny requests.
+- level: the mean occupancy of the last 5 minutes (``λ·A`` from demand.py lags a ramp by its smoothing).
 
 The rate is projected with the damped robust trend of demand.py (and its knee: requests hold KV longer
 as the batch grows), which moves both moments: mean and variance grow with ``λ̂(t)``. The probability of
@@ -17,11 +18,11 @@ reaching the threshold ``c`` by ``h`` uses the rate of excursions above ``c``: R
 (the e2e latency histogram's sum/count; Little's ``running/λ`` without it): ``ν(t) = k·σ_t·f_t(c)/τ``,
 with ``f_t`` the occupancy density (``σ·f(c) = φ(z)`` for a Gaussian) and ``k`` a tuned constant.
 (The gross token inflow as the upward speed was tried first: it counts every jitter of a busy cache as a
-crossing and was 40× too eager.) A saturation event is *sustained* saturation (most of a 2-minute window, backtest/scoring.py), and a
-cache in which requests live a few seconds crosses any level for an instant many times without
-saturating; so the process modelled is the occupancy averaged over ``W = sustain_seconds``: for an
-exponential autocorrelation with time scale ``τ`` its variance is ``σ²·2x(1 − x(1 − e^(−1/x)))`` with
-``x = τ/W``, and its excursions last about ``τ + W``. Then
+crossing and was 40× too eager.) A saturation event is *sustained* saturation (most of a 2-minute
+window, backtest/scoring.py): a cache whose requests live seconds touches any level for an instant many
+times without saturating, so the moments are those of the per-minute mean occupancy (its measured
+dispersion includes the minute-scale bursts of real traffic, which an ideal Poisson model would miss), and
+excursions last about ``τ + W`` with ``W = sustain_seconds``. Then
 ``risk(h) = 1 − (1 − max_t P(K̄_t ≥ c))·exp(−∫₀ʰ ν)``. ``f_t`` is
 Gaussian or moment-matched gamma (the shot noise is right-skewed); docs/forecasting.md has the measured
 comparison.
