@@ -349,12 +349,15 @@ class Forecaster:
         demand, trend = self._demand, self._trend
         warm = self._warm(now)
         risk_now = self._risk if warm else None
+        risks: dict[int, float | None] = {
+            h: (risk_now.at(h) if risk_now is not None else None) for h in RISK_HORIZONS_SECONDS}
         if state == BOTTLENECK:
             eta = 0.0
-            risks: dict[int, float | None] = dict.fromkeys(RISK_HORIZONS_SECONDS, 1.0)
+            # Saturated now. The model's own risk is kept when it has one: the detector clears minutes after
+            # the saturation ends (hysteresis), and "certain" would be wrong about those minutes.
+            risks = {h: (1.0 if r is None else r) for h, r in risks.items()}
         else:
             eta = risk_now.eta_seconds() if risk_now is not None else math.inf
-            risks = {h: (risk_now.at(h) if risk_now is not None else None) for h in RISK_HORIZONS_SECONDS}
         ratios: dict[int, float | None] = {}
         for horizon in HORIZONS_SECONDS:
             if demand is not None:
