@@ -102,7 +102,7 @@ class WarningParams:
     """Hysteresis of ``filling`` on the saturation risk at ``horizon_seconds``."""
 
     horizon_seconds: float = 1800.0
-    risk_on: float = 0.5
+    risk_on: float = 0.7
     risk_off: float = 0.2
     warn_for_buckets: int = 2
     clear_for_buckets: int = 10

@@ -70,7 +70,8 @@ def forecast_metric_families(
                 "not or while warming up, absent when unknown.")
     risk = gauge("kvwatch_kv_saturation_risk",
                  "Probability that KV usage reaches 0.95 of capacity for a sustained stretch within the horizon "
-                 "(in bottleneck the model's risk, 1 before it has one; absent while warming up or unknown).", ["horizon"])
+                 "(in bottleneck the model's risk, 1 before it has one; absent while warming up or unknown).",
+                 ["horizon"])
     ratio = gauge("kvwatch_kv_usage_forecast_ratio",
                   "Forecast KV usage at the horizon, in demand units (may exceed 1: demand beyond capacity).",
                   ["horizon"])

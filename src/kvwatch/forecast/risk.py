@@ -7,9 +7,14 @@ theorem). What a sidecar can see gives both without per-request data:
 - mean: ``λ·A`` with ``A = E[S·D]`` the measured token-seconds per request (Little's law, demand.py);
 - variance: ``s·mean`` with ``s = E[S²·D]/E[S·D]``, the footprint-weighted request size. ``s`` is the index
   of dispersion of the per-minute mean occupancy (variance over mean, around a straight line through the
-  window so a ramp is not mistaken for noise); the mean KV footprint of finished requests from the length
-  histograms (``E[P] + E[G]``) is its floor, so a quiet window does not claim tiny requests.
-- level: the mean occupancy of the last 5 minutes (``λ·A`` from demand.py lags a ramp by its smoothing).
+  window so a ramp is not mistaken for noise). Its floor is what Poisson arrivals alone would give: the
+  mean KV footprint of finished requests from the length histograms (``E[P] + E[G]``) times the averaging
+  factor of a one-minute mean, ``2x(1 − x(1 − e^(−1/x)))`` with ``x = τ / 60 s`` (so a quiet window does
+  not claim tiny requests, and long-lived long-context requests count fully).
+- level: a least-squares line through the last 30 per-minute means, read at the newest minute: it follows
+  a ramp (``λ·A`` from demand.py lags one by its smoothing) without chasing a 5-minute burst, whose size
+  the variance already describes (the mean of the last 5 minutes as the level was tried: steady load then
+  swung the risk from 0 to 0.7 and back every burst).
 
 The rate is projected with the damped robust trend of demand.py (and its knee: requests hold KV longer
 as the batch grows), which moves both moments: mean and variance grow with ``λ̂(t)``. The probability of
@@ -22,8 +27,10 @@ crossing and was 40× too eager.) A saturation event is *sustained* saturation (
 window, backtest/scoring.py): a cache whose requests live seconds touches any level for an instant many
 times without saturating, so the moments are those of the per-minute mean occupancy (its measured
 dispersion includes the minute-scale bursts of real traffic, which an ideal Poisson model would miss), and
-excursions last about ``τ + W`` with ``W = sustain_seconds``. Then
-``risk(h) = 1 − (1 − max_t P(K̄_t ≥ c))·exp(−∫₀ʰ ν)``. ``f_t`` is
+excursions last about ``τ + W`` with ``W = sustain_seconds``. The polls inside a minute
+spread around its mean, so a minute saturates some polls once its mean is within a few within-minute
+standard deviations of the threshold: ``c = 0.95·C − k·σ_within`` (``σ_within`` measured from the polls;
+``k`` tuned). Then ``risk(h) = 1 − (1 − max_t P(K̄_t ≥ c))·exp(−∫₀ʰ ν)``. ``f_t`` is
 Gaussian or moment-matched gamma (the shot noise is right-skewed); docs/forecasting.md has the measured
 comparison.
 """
@@ -44,7 +51,10 @@ _NORMAL = NormalDist()
 
 @dataclass(frozen=True)
 class RiskParams:
-    threshold: float = 0.95  # c as a fraction of capacity (the saturation threshold of the events)
+    threshold: float = 0.95  # the saturation threshold of the polls, a fraction of capacity
+    # A minute whose mean is within_k within-minute standard deviations below the threshold has polls at it:
+    # the per-minute mean's effective threshold is ``threshold·C − within_k·σ_within`` (tuned, forecasting.md).
+    within_k: float = 1.0
     window_buckets: int = 30  # minutes of polls for the dispersion index and the token inflow
     distribution: str = "gamma"  # "gaussian" or "gamma" (moment-matched)
     flux_scale: float = 1.0  # multiplies the crossing rate (tuned on the tuning traces only)
@@ -105,7 +115,7 @@ def dispersion_index(buckets: Sequence[MinuteBucket], window_buckets: int) -> tu
     """(index of dispersion, recent mean) of per-minute mean KV tokens over ``window_buckets`` minutes.
 
     The index is the variance of the minute means around a straight line (a ramp is not noise) over
-    their mean; the recent mean is that of the last 5 minutes (the level the projection starts from).
+    their mean; the level is that line at the newest minute (what the projection starts from).
     """
     newest = buckets[-1].minute
     points = [(float(b.minute), b.k_mean) for b in buckets
@@ -119,9 +129,21 @@ def dispersion_index(buckets: Sequence[MinuteBucket], window_buckets: int) -> tu
     sxy = sum((x - mx) * (y - my) for x, y in points)
     slope = sxy / sxx if sxx > 0 else 0.0
     resid = sum((y - my - slope * (x - mx)) ** 2 for x, y in points) / max(1, n - 2)
-    recent = [y for _, y in points[-5:]]
-    level = sum(recent) / len(recent)
-    return (resid / my if my > 0 else 0.0), level
+    level = my + slope * (points[-1][0] - mx)  # the line at the newest minute: follows a ramp, not a burst
+    return (resid / my if my > 0 else 0.0), max(0.0, level)
+
+
+def within_minute_sd(window: Sequence[MinuteBucket]) -> float:
+    """Pooled standard deviation of the polls around their own minute's mean, in KV tokens."""
+    squares = 0.0
+    dof = 0
+    for b in window:
+        if b.capacity_tokens is None or len(b.usages) < 2:
+            continue
+        mean = sum(b.usages) / len(b.usages)
+        squares += sum((u - mean) ** 2 for u in b.usages) * b.capacity_tokens ** 2
+        dof += len(b.usages) - 1
+    return math.sqrt(squares / dof) if dof else 0.0
 
 
 def _window_sum(window: Sequence[MinuteBucket], name: str) -> float | None:
@@ -157,9 +179,6 @@ def estimate_risk(buckets: Sequence[MinuteBucket], demand: DemandEstimate, p: Ri
     if capacity <= 0 or demand.rate_level <= 0 or dispersion is None:
         return None
     size, mean0 = dispersion
-    footprint = mean_footprint(window)
-    if footprint is not None:
-        size = max(size, p.size_floor * footprint)
     if mean0 <= 0:
         return None  # an empty cache: nothing to project (the risk is unknown, not 0)
     residence = mean_residence(window)
@@ -169,7 +188,13 @@ def estimate_risk(buckets: Sequence[MinuteBucket], demand: DemandEstimate, p: Ri
         residence = (sum(running) / len(running)) / demand.rate_level if running else None
     if residence is None or residence <= 0:
         return None
-    c = p.threshold * capacity
+    footprint = mean_footprint(window)
+    if footprint is not None:
+        # Poisson shot noise averaged over a minute: variance × 2x(1 − x(1 − e^(−1/x))), x = τ / minute.
+        x = residence / p.bucket_seconds
+        averaging = 2.0 * x * (1.0 - x * (1.0 - math.exp(-1.0 / x)))
+        size = max(size, p.size_floor * footprint * averaging)
+    c = max(0.5 * capacity, p.threshold * capacity - p.within_k * within_minute_sd(window))
     time_scale = residence + p.sustain_seconds
     log_survival = 0.0
     worst_tail = 0.0
