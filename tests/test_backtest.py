@@ -43,8 +43,12 @@ def test_kvwatch_stays_quiet_on_steady_load(conv):
     assert result.events == []
     assert result.outcomes["kvwatch"].false_alarm_episodes == 0
     assert not any(result.timeline.warnings["kvwatch"])
-    # The naive baseline cries wolf on the same polls: the comparison has teeth.
-    assert result.outcomes["predict_linear"].false_alarm_episodes >= 1
+    # After the warm-up the risk is computed (not left unknown) and stays below the warning level. (The
+    # baselines' alarms here were all in their first minutes of data, which the fair scorer now masks.)
+    risks = [r for t, r in zip(result.timeline.times, result.timeline.probabilities["kvwatch"][1800], strict=True)
+             if t >= 2400]
+    assert risks and all(r is not None for r in risks)
+    assert max(risks) < 0.7
 
 
 def _cli(argv, capsys):
