@@ -1,7 +1,7 @@
 """CI's deterministic slice of the backtest matrix (benchmarks/forecast_matrix.py runs the whole of it):
 one short ramp of the packaged conversation sample through the report's own code path. Scoring the same
-simulation twice gives the same events, warnings and probabilities; the table carries every method, warm-up events and the Brier
-scores of the risk against its two references."""
+simulation twice gives the same leads; the table carries every method, warm-up events and the Brier scores of
+the risk against its two references."""
 
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ from kvwatch.backtest.scenarios import (
     validate,
 )
 from kvwatch.settings import SettingsError
+from kvwatch.sim.engines_wire import ENGINES
 from kvwatch.sim.traces import TRACE_COLUMNS, TraceError, detect_format
 
 
@@ -54,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--max-model-len; default 0)")
     parser.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN,
                         help=f"longest prompt + output the scenario may create (default {DEFAULT_MAX_MODEL_LEN})")
+    parser.add_argument("--engine", choices=ENGINES, default=None,
+                        help="read each poll through this engine's /metrics names and kvwatch's adapter "
+                             "(default: straight from the simulator)")
     parser.add_argument("--json", action="store_true", help="print the scores as JSON")
     parser.add_argument("--plot", type=Path, default=None, metavar="PNG",
                         help="draw the timeline to PNG (its path is printed on stderr)")
@@ -87,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         trace_format = detect_format(args.trace)
     except (ScenarioError, TraceError) as exc:
         raise SettingsError(str(exc)) from None
-    result = run_scenario(scenario, trace)
+    result = run_scenario(scenario, trace, engine=args.engine)
     if args.plot is not None:
         from kvwatch.backtest.plot import plot_run
 

@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kvwatch.forecast.buckets import BucketAggregator, MinuteBucket, SampleDeltas, counter_delta
+from kvwatch.counters import counter_delta
+from kvwatch.forecast.buckets import BucketAggregator, MinuteBucket, SampleDeltas
 from kvwatch.forecast.demand import DemandEstimate, DemandModel, DemandParams
 from kvwatch.forecast.detector import (
     BOTTLENECK,
@@ -102,6 +103,7 @@ class ForecastSample:
             return getattr(reading, name, None)
 
         finished = get("finished_by_reason")
+        e2e = (get("latency") or {}).get("e2e")  # the e2e latency histogram, when the engine exports one
         return cls(
             timestamp=timestamp,
             kv_usage=get("kv_usage_ratio"),
@@ -116,8 +118,8 @@ class ForecastSample:
             request_prompt_tokens_count=get("request_prompt_tokens_count"),
             request_generation_tokens_sum=get("request_generation_tokens_sum"),
             request_generation_tokens_count=get("request_generation_tokens_count"),
-            e2e_latency_seconds_sum=get("e2e_latency_seconds_sum"),
-            e2e_latency_seconds_count=get("e2e_latency_seconds_count"),
+            e2e_latency_seconds_sum=e2e.sum if e2e is not None else None,
+            e2e_latency_seconds_count=e2e.count if e2e is not None else None,
             restarted=restarted,
         )
 
