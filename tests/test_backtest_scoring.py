@@ -10,6 +10,7 @@ from kvwatch.backtest.scoring import (
     WARMUP_SECONDS,
     Episode,
     Event,
+    active_before_onsets,
     detection_delays,
     find_episodes,
     find_events,
@@ -151,3 +152,12 @@ def test_an_event_needs_the_quiet_gap_before_it():
     events = find_events(times, saturated)
     # The second stretch starts less than N after the first ended: same event; the third is a new one.
     assert [e.onset for e in events] == [300.0, 2400.0]
+
+
+def test_a_warning_on_long_before_an_event_counts_as_active_before_it():
+    times = [float(t) for t in range(0, 14400, 10)]
+    active = [t >= 2000 for t in times]  # on from 2000 s, more than an hour before the onset at 9000 s
+    events = [Event(9000.0, 9500.0), Event(1000.0, 1200.0)]  # the second starts inside the warm-up
+    assert active_before_onsets(events, times, active, warmup_windows((), 14400.0)) == [True]
+    assert score_run(events[:1], find_episodes(times, active), monitored_seconds=14400.0).leads == [None]
+    assert active_before_onsets([Event(2100.0, 2200.0)], times, active) == [False]  # on for only 100 s

@@ -16,6 +16,7 @@ from kvwatch.backtest.scoring import (
     Event,
     Outcome,
     Reliability,
+    active_before_onsets,
     detection_delays,
     find_episodes,
     find_events,
@@ -254,6 +255,7 @@ def evaluate(simulation: Simulation, params: ForecastParams | None = None) -> Ru
         active = timeline.warnings[name] = mask_warmup(timeline.times, active, warmup)
         outcome = score_run(events, find_episodes(timeline.times, active), monitored_seconds=seconds,
                             warmup=warmup)
+        outcome.active_before = active_before_onsets(events, timeline.times, active, warmup)
         if name == KVWATCH:
             outcome.detect_delays = detection_delays(events, timeline.times, bottleneck)
         outcomes[name] = outcome

@@ -122,9 +122,12 @@ class Outcome:
     monitored_seconds: float = 0.0
     detect_delays: list[float | None] = field(default_factory=list)  # bottleneck time-to-detect per event
     warmup_events: int = 0  # onset inside a warm-up: scored separately, not in recall
+    # per scored event: the warning was on through the whole 5 minutes before the onset (however early it began)
+    active_before: list[bool] = field(default_factory=list)
 
     def add(self, other: Outcome) -> Outcome:
         return Outcome(
+            active_before=self.active_before + other.active_before,
             warmup_events=self.warmup_events + other.warmup_events,
             leads=self.leads + other.leads,
             true_positive_episodes=self.true_positive_episodes + other.true_positive_episodes,
@@ -186,6 +189,22 @@ def score_run(
     return outcome
 
 
+def active_before_onsets(events: Sequence[Event], times: Sequence[float], active: Sequence[bool],
+                         warmup: Sequence[tuple[float, float]] = (), *, seconds: float = 300.0) -> list[bool]:
+    """Per scored event: was the warning on at every poll of the ``seconds`` before its onset?
+
+    The steady-load criterion of issue 14 ("warning active ≥ 5 min before"): unlike the lead, a warning that
+    began more than an hour earlier and is still on counts.
+    """
+    out = []
+    for e in events:
+        if in_windows(e.onset, warmup):
+            continue
+        window = [on for t, on in zip(times, active, strict=True) if e.onset - seconds <= t < e.onset]
+        out.append(bool(window) and all(window))
+    return out
+
+
 def detection_delays(events: Sequence[Event], times: Sequence[float], firing: Sequence[bool],
                      *, grace_seconds: float = 300.0) -> list[float | None]:
     """Per event: first time the reactive alert fires at or after onset (within the event + grace)."""
@@ -228,6 +247,8 @@ def summarize(outcome: Outcome, *, with_detection: bool = False) -> dict:
         "episodes": episodes,
         "late_episodes": outcome.late_episodes,
         "episodes_per_event": outcome.true_positive_episodes / len(detected) if detected else None,
+        "active_5m_before": (sum(outcome.active_before) / len(outcome.active_before)
+                             if outcome.active_before else None),
     }
     if with_detection:
         found = [d for d in outcome.detect_delays if d is not None]
