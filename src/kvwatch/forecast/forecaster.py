@@ -51,16 +51,7 @@ class ForecastParams:
     u_sat: float = 0.95  # the saturation threshold forecasts aim at
     u_busy: float = 0.90  # at or above this, requests waiting mean KV is the limit
     demand_target: float | None = None  # level the burst-adjusted demand forecast aims at (default u_sat)
-    warn_horizon_seconds: float = 1800.0
-    urgent_horizon_seconds: float = 600.0
-    level_floor: float = 0.5
-    # "either": a significant rise of usage or of the request rate confirms a demand ETA; "both": both must.
-    significance: str = "both"
-    # The demand forecast must also grow by this share over the warning horizon: a busy cache whose bursts
-    # already brush the threshold, with no growth, is at its edge, not filling.
-    min_rise: float = 0.10
     trend_confidence: float = 0.90
-    urgent_level: float = 0.8
     trend_window_buckets: int = 45
     level_buckets: int = 5
     min_buckets: int = 15
