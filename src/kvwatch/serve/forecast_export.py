@@ -59,7 +59,7 @@ INNER_ESTIMATES: tuple[tuple[str, str, str], ...] = (
     ("kvwatch_forecast_occupancy_sd_tokens", "occupancy_sd_tokens",
      "Standard deviation of per-minute KV tokens in use in the shot-noise model: sqrt(request size x mean)."),
     ("kvwatch_forecast_request_size_tokens", "request_size_tokens",
-     f"Footprint-weighted request size E[S^2 D]/E[S D]: variance over mean of per-minute KV tokens over "
+     f"Footprint-weighted request size E[S²·D]/E[S·D]: variance over mean of per-minute KV tokens over "
      f"{_P.risk.window_buckets} minutes, at least the Poisson value from the mean prompt+output length."),
     ("kvwatch_forecast_residence_seconds", "residence_seconds",
      "Mean time a request stays in the engine (e2e latency histogram sum/count; running/rate without it)."),
