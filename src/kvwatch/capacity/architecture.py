@@ -6,8 +6,8 @@ language model lives in ``text_config``), a missing ``head_dim`` (= hidden / hea
 ``sliding_window_pattern``, MLA (``kv_lora_rank`` + ``qk_rope_head_dim``) and hybrid Mamba / linear-attention
 models, whose attention layers are read from the field each family uses (``layer_types``, ``layers_block_type``
 (Jamba, Zamba2's "hybrid"), ``attn_type_list`` (MiniMax), ``attn_layer_indices`` (Bamba), ``attn_layer_period``
-(Jamba), ``hybrid_override_pattern`` (Nemotron-H), Falcon-H1's attention in every layer); their Mamba state
-pages are not modelled.
+(Jamba), ``hybrid_override_pattern`` (Nemotron-H), ``full_attention_interval`` (Qwen3-Next), Falcon-H1's attention
+in every layer); their state dimensions (:mod:`kvwatch.capacity.mamba`) size vLLM's state pages.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvwatch.capacity.mamba import MambaConfigError, MambaDims, mamba_dims_from_config
 from kvwatch.capacity.quantization import QuantizationError, scheme_from_config
 
 FULL = "full_attention"
@@ -144,6 +145,8 @@ class ModelArch:
     mamba_layers: int = 0
     mamba_inner_size: int = 0
     has_mamba_state: bool = False
+    # The state dimensions of one such layer (None: the config lacks them; the state pages are then not modelled).
+    mamba_dims: MambaDims | None = None
     # Total parameters when the preset knows it better than the config implies (MLA/MoE details).
     num_parameters: int | None = None
     # Quantization scheme the checkpoint ships with (e.g. gpt-oss: mxfp4), and where it was read (a config.json
@@ -232,6 +235,10 @@ def _hybrid_layout(cfg: dict[str, Any], num_layers: int, model_type: str) -> _La
         offset = int(cfg.get("attn_layer_offset", 0))
         types = tuple(FULL if i % int(period) == offset else MAMBA for i in range(num_layers))
         return _Layout(types, "attn_layer_period", types.count(MAMBA))
+    interval = cfg.get("full_attention_interval")  # Qwen3-Next: every interval-th layer is full attention
+    if interval and model_type in _HYBRID_MAMBA_TYPES:
+        types = tuple(FULL if (i + 1) % int(interval) == 0 else MAMBA for i in range(num_layers))
+        return _Layout(types, "full_attention_interval", types.count(MAMBA))
     pattern = cfg.get("hybrid_override_pattern")  # Nemotron-H: M = Mamba, * = attention, - = MLP, E = MoE
     if isinstance(pattern, str) and pattern:
         mapping = {"M": MAMBA, "*": FULL, "-": MLP_ONLY, "E": MLP_ONLY}
@@ -293,6 +300,8 @@ def arch_from_config(config: dict[str, Any], name: str = "custom", source: str |
         return _arch_from_config(config, name, source)
     except (ArchitectureError, QuantizationError):
         raise
+    except MambaConfigError as exc:
+        raise ArchitectureError(str(exc)) from None
     except (TypeError, ValueError, ZeroDivisionError) as exc:  # a field of the wrong type or value ("bits": "4bit")
         raise ArchitectureError(f"config.json has a value kvwatch cannot read: {type(exc).__name__}: {exc}") from None
 
@@ -316,8 +325,11 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         raise ArchitectureError("MLA config.json needs kv_lora_rank and qk_rope_head_dim")
     is_hybrid = layout is not None or model_type in _HYBRID_MAMBA_TYPES
     attention = sum(1 for t in layer_types if t not in _NO_KV)
-    not_modelled = ("vLLM's Mamba state pages and the page-size unification that pads attention pages are NOT "
-                    "modelled, so vLLM reports fewer tokens")
+    dims = mamba_dims_from_config(cfg, model_type, hidden) if is_hybrid else None
+    not_modelled = ("its Mamba state pages and vLLM's page-size unification are modelled from "
+                    f"{dims.source}" if dims is not None else
+                    "the config has no Mamba state dimensions kvwatch reads, so vLLM's state pages and the "
+                    "page-size unification are NOT modelled and vLLM reports fewer tokens")
     if is_hybrid and layout is None:
         notes.append(f"{model_type} is a hybrid Mamba model but its layer layout was not recognised (no layer_types, "
                      "layers_block_type, attn_type_list, attn_layer_indices, attn_layer_period or "
@@ -370,6 +382,7 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         mamba_layers=layout.mamba_layers if layout is not None else 0,
         mamba_inner_size=_mamba_inner_size(cfg, hidden) if layout is not None else 0,
         has_mamba_state=is_hybrid,
+        mamba_dims=dims,
         num_parameters=int(config["num_parameters"]) if config.get("num_parameters") else None,
         checkpoint_quantization=quant_scheme,
         checkpoint_quantization_source=quant_source,
