@@ -147,7 +147,7 @@ class ModelArch:
     moe_layers: int | None = None
     dense_mlp_layers: int | None = None
     # Hybrid Mamba / linear-attention models: layers with such a mixer and its inner width (for the weights),
-    # and whether vLLM keeps state pages for them (not modelled).
+    # and whether vLLM keeps state pages for them (sized from mamba_dims below).
     mamba_layers: int = 0
     mamba_inner_size: int = 0
     has_mamba_state: bool = False
