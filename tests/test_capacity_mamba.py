@@ -86,3 +86,18 @@ def test_tp_that_does_not_divide_the_state_is_refused_as_vllm_does():
     dims = MambaDims(GATED_DELTA_NET, num_heads=6, head_dim=128, num_k_heads=2, head_k_dim=128)
     with pytest.raises(MambaConfigError, match="tensor-parallel-size"):
         dims.page_bytes(4, 2)
+
+
+def test_minimax_lightning_attention_layers_get_a_linear_attention_state():
+    # A MiniMax-style config (attn_type_list: 1 = softmax attention, 0 = lightning); the state is vLLM's
+    # linear_attention_state_shape: (heads / TP, head_dim, head_dim) per layer.
+    from kvwatch.capacity.architecture import arch_from_config
+
+    config = {"model_type": "minimax_m1", "num_hidden_layers": 8, "num_attention_heads": 64, "head_dim": 128,
+              "num_key_value_heads": 8, "hidden_size": 6144, "vocab_size": 1000, "attn_type_list": [0] * 7 + [1]}
+    arch = arch_from_config(config)
+    assert arch.mamba_dims is not None and arch.mamba_dims.kind == "linear_attention"
+    layout = kv.kv_layout(arch, 8, 1, 2, 16, V011, model_dtype_bytes=2)
+    assert layout.mamba_page_bytes == 8 * 128 * 128 * 2
+    # attention: 1 KV head per rank x 128 x K,V x 2 B = 512 B per token: 262,144 / 512 = 512 tokens, no padding
+    assert layout.block_size == 512 and layout.mamba_padding_percent == 0.0
