@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import socket
 import threading
 import time
@@ -218,3 +219,59 @@ def test_ca_file_goes_in_as_an_ssl_context_not_a_deprecated_path() -> None:
     context = tls_context(Path(certifi.where()), True)
     assert isinstance(context, ssl.SSLContext) and context.cert_store_stats()["x509_ca"] > 0
     assert tls_context(Path(certifi.where()), False) is False and tls_context(None, True) is True
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open files through /proc (Linux)")
+def test_polls_cancelled_at_the_deadline_leak_no_connections() -> None:
+    """A target answering in 0-30 ms against a 15 ms deadline: many polls are cancelled mid-request. httpcore
+    leaves such connections in its pool (open socket, slot taken) until every poll fails; the fetcher must
+    not, so open files stay flat and a prompt answer is read again afterwards."""
+    import random
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    delay = {"max": 0.03}
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as vLLM's uvicorn
+
+        def do_GET(self) -> None:
+            time.sleep(random.uniform(0, delay["max"]))
+            body = FIXTURE.encode()
+            try:
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except OSError:
+                pass  # kvwatch hung up at its deadline
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    try:
+        with Fetcher(url, timeout=0.015, max_body_bytes=1 << 20) as fetcher:
+            before = _open_fds()
+            reasons = []
+            for _ in range(300):
+                try:
+                    fetcher.fetch()
+                    reasons.append("ok")
+                except ScrapeError as exc:
+                    reasons.append(exc.reason)
+            assert reasons.count("timeout") >= 30, "the scenario must cancel requests at the deadline"
+            time.sleep(0.2)  # let the server side of cancelled requests finish
+            assert _open_fds() <= before + 5
+            delay["max"] = 0.0
+            fetcher.timeout = 2.0
+            assert "vllm:" in fetcher.fetch()  # the pool is usable: not exhausted by orphaned connections
+    finally:
+        server.shutdown()
+        server.server_close()

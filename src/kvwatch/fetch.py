@@ -53,18 +53,39 @@ class Fetcher:
         self.timeout = timeout
         self.max_body_bytes = max_body_bytes
         self.bearer_token_file = bearer_token_file
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout),
-            verify=tls_context(ca_file, tls_verify),
-            transport=transport,
-            follow_redirects=True,
-            headers={"Accept": ACCEPT, "Accept-Encoding": "gzip", "User-Agent": f"kvwatch/{__version__}"},
-        )
+        verify = tls_context(ca_file, tls_verify)
+        # Built once: loading the CA bundle costs ~40 ms, and a new client is made after each cancelled poll.
+        self._verify = httpx.create_ssl_context() if verify is True else verify
+        self._transport = transport
+        self._client = self._new_client()
         self._closed = False
         self._lock = threading.Lock()  # a request is submitted before close() or not at all
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="kvwatch-fetch", daemon=True)
         self._thread.start()
+
+    def _new_client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            timeout=httpx.Timeout(self.timeout),
+            verify=self._verify,
+            transport=self._transport,
+            follow_redirects=True,
+            headers={"Accept": ACCEPT, "Accept-Encoding": "gzip", "User-Agent": f"kvwatch/{__version__}"},
+        )
+
+    async def _replace_client(self) -> None:
+        """Close the whole pool and start a new one (after a request was cancelled at the deadline).
+
+        httpcore's pool does not reclaim a connection whose request was cancelled between being assigned the
+        connection and using it (encode/httpcore#1093): each one keeps a socket and a pool slot until the
+        pool is full and every poll fails. Closing the pool closes them all; a timed-out poll only costs
+        the next one its keep-alive connection.
+        """
+        old, self._client = self._client, self._new_client()
+        try:
+            await old.aclose()
+        except Exception as exc:  # a half-broken pool must not fail the poll that replaced it
+            log.debug("closing the old HTTP client: %s: %s", type(exc).__name__, exc)
 
     def close(self) -> None:
         """Cancel a request in flight, close the client and stop the loop; bounded, safe to call twice."""
@@ -120,6 +141,7 @@ class Fetcher:
         try:
             return await asyncio.wait_for(self._request(headers), self.timeout)
         except asyncio.TimeoutError:
+            await self._replace_client()
             raise ScrapeError("timeout", f"{self.url}: no complete answer within {self.timeout:g} s "
                               "(connect, headers and body)") from None
 
