@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import gzip
 import os
 import socket
 import threading
 import time
+import tracemalloc
+import zlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -275,3 +278,70 @@ def test_polls_cancelled_at_the_deadline_leak_no_connections() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def _gzip_bomb(decoded_bytes: int) -> bytes:
+    """gzip of ``decoded_bytes`` of a metrics-like line, built a MiB at a time (the test never holds it whole)."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    block = b"a 1\n" * (1 << 18)
+    parts = [packer.compress(block) for _ in range(decoded_bytes // len(block))]
+    return b"".join([*parts, packer.flush()])
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["content-length", "close-delimited"])
+def test_gzip_bomb_never_inflates_past_the_cap_in_memory(raw_server: Callable, declared: bool) -> None:
+    """256 MiB decoded from ~250 KiB on the wire, against a 1 MiB cap: the peak allocation while fetching stays
+    within a few caps (httpx's own decoder inflates each network chunk whole: tens of MiB at once)."""
+    bomb = _gzip_bomb(256 << 20)
+    assert len(bomb) < 1 << 20
+    length = f"Content-Length: {len(bomb)}\r\n".encode() if declared else b"Connection: close\r\n"
+    server = raw_server(lambda conn: conn.sendall(HEAD_200 + b"Content-Encoding: gzip\r\n" + length + b"\r\n" + bomb))
+    with Fetcher(server.url, timeout=5.0, max_body_bytes=1 << 20) as fetcher:
+        tracemalloc.start()
+        try:
+            with pytest.raises(ScrapeError) as info:
+                fetcher.fetch()
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert info.value.reason == "too_large"
+    assert peak < 4 << 20, f"peak {peak >> 20} MiB while fetching a gzip bomb with a 1 MiB cap"
+
+
+@respx.mock
+def test_gzip_body_cut_short_is_a_parse_error() -> None:
+    respx.get(URL).mock(return_value=httpx.Response(
+        200, content=gzip.compress(FIXTURE.encode())[:-40], headers={"Content-Encoding": "gzip"}))
+    assert reason_of() == "parse"
+
+
+@respx.mock
+def test_unsupported_content_encoding_is_a_parse_error() -> None:
+    respx.get(URL).mock(return_value=httpx.Response(200, content=b"\x00\x01", headers={"Content-Encoding": "br"}))
+    assert reason_of() == "parse"
+
+
+def test_credentials_in_the_url_go_as_basic_auth_and_never_into_messages(raw_server: Callable) -> None:
+    seen: list[bytes] = []
+
+    def answer(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
+
+    server = raw_server(answer)
+    original = server._handle
+
+    def record(conn: socket.socket) -> None:  # keep the request head the server read
+        with conn:
+            seen.append(conn.recv(65536))
+            answer(conn)
+
+    server._handle = record  # type: ignore[method-assign]
+    del original
+    url = server.url.replace("http://", "http://kv%40user:s3cr%3At@")
+    with Fetcher(url, timeout=2.0, max_body_bytes=4096) as fetcher, pytest.raises(ScrapeError) as info:
+        fetcher.fetch()
+    assert info.value.reason == "http_status"
+    assert "s3cr" not in str(info.value) and "s3cr" not in fetcher.url and "***@127.0.0.1" in fetcher.url
+    head = seen[0].decode("latin-1")
+    expected = base64.b64encode(b"kv@user:s3cr:t").decode()
+    assert f"Authorization: Basic {expected}" in head and "s3cr" not in head.split("\r\n")[0]

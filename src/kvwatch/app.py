@@ -35,7 +35,7 @@ from kvwatch.collector import KvwatchCollector, make_registry
 from kvwatch.engines import SourceOverrides
 from kvwatch.fetch import Fetcher, ScrapeError, interpret
 from kvwatch.history import History
-from kvwatch.settings import ServeSettings, SettingsError, add_settings_flags, load_settings
+from kvwatch.settings import ServeSettings, SettingsError, add_settings_flags, load_settings, redact_url
 from kvwatch.state import Analyzer, SeriesState, State, derive
 
 log = logging.getLogger("kvwatch")
@@ -65,6 +65,7 @@ class Sidecar:
         self.clock = clock
         self.analyzers = tuple(analyzers)
         self.overrides = SourceOverrides.from_settings(settings)
+        self.target = redact_url(settings.target_url)  # what logs name: never the password in the URL
         self.history = History(forget_after=max(3600.0, 10 * float(settings.stale_after_seconds or 0)))
         self.state = State()
         self._last_logged: tuple[Any, ...] | None = None
@@ -87,7 +88,7 @@ class Sidecar:
         if elapsed > interval:
             if self._skipped_runs == 0:
                 log.warning("a poll of %s took %.1fs, longer than the %gs interval: skipping runs until polls "
-                            "keep up", self.settings.target_url, elapsed, interval)
+                            "keep up", self.target, elapsed, interval)
             self._skipped_runs += int(elapsed // interval)
         elif self._skipped_runs:
             log.info("polls keep to the interval again (%d runs skipped)", self._skipped_runs)
@@ -109,7 +110,7 @@ class Sidecar:
                              errors_total=MappingProxyType(errors), last_error_reason=exc.reason,
                              last_error=str(exc), polls_total=previous.health.polls_total + 1)
             state = replace(previous, timestamp=now, health=health)
-            self._log_change(("down", exc.reason), "target %s is down (%s): %s", self.settings.target_url,
+            self._log_change(("down", exc.reason), "target %s is down (%s): %s", self.target,
                              exc.reason, exc)
         else:
             restarted = self.history.record(poll)
@@ -121,7 +122,7 @@ class Sidecar:
             state = State(timestamp=now, health=health, detection=poll.detection, series=MappingProxyType(series))
             d = poll.detection
             self._log_change(("up", d), "target %s is up: %s %s, usage from %s, %d series",
-                             self.settings.target_url, d.engine_kind, d.version_range, d.usage_metric, len(series))
+                             self.target, d.engine_kind, d.version_range, d.usage_metric, len(series))
         self.state = state  # the one atomic swap readers see
         return state
 
@@ -216,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     log.info("kvwatch serving on http://%s:%d/metrics, polling %s every %gs", settings.listen_address,
-             settings.port, settings.target_url, settings.poll_interval_seconds)
+             settings.port, sidecar.target, settings.poll_interval_seconds)
     scheduler = start_polling(sidecar, settings.poll_interval_seconds)
     try:
         stop.wait()

@@ -28,7 +28,7 @@ from kvwatch.engines import SourceOverrides
 from kvwatch.fetch import Fetcher, ScrapeError, interpret
 from kvwatch.forecast import Forecaster, ForecastSample
 from kvwatch.model import Poll, Reading
-from kvwatch.settings import CheckSettings, SettingsError, add_settings_flags, load_settings
+from kvwatch.settings import CheckSettings, SettingsError, add_settings_flags, load_settings, redact_url
 from kvwatch.state import SeriesState, derive
 
 KV_BOUND_USAGE = 0.95
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         text = _read_file(args.file) if args.file is not None else _fetch(settings)
         poll = interpret(text, overrides, timestamp=now)
     except ScrapeError as exc:
-        source = str(args.file) if args.file is not None else settings.target_url
+        source = str(args.file) if args.file is not None else redact_url(settings.target_url)
         if args.json:
             print(json.dumps({"error": {"reason": exc.reason, "message": str(exc), "source": source}}))
         else:

@@ -13,7 +13,9 @@ import concurrent.futures
 import logging
 import ssl
 import threading
+import zlib
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -21,6 +23,7 @@ from kvwatch import __version__
 from kvwatch.engines import SourceOverrides, UnrecognisedPayload, vllm
 from kvwatch.exposition import ParseError, parse
 from kvwatch.model import Poll
+from kvwatch.settings import redact_url, split_credentials
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +52,10 @@ class Fetcher:
     def __init__(self, url: str, *, timeout: float, max_body_bytes: int, bearer_token_file: Path | None = None,
                  ca_file: Path | None = None, tls_verify: bool = True,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
-        self.url = url
+        # Credentials in the URL go out as basic auth, never into a message: ``url`` is the redacted form.
+        self._request_url, credentials = split_credentials(url)
+        self._auth = httpx.BasicAuth(*credentials) if credentials is not None else None
+        self.url = redact_url(url)
         self.timeout = timeout
         self.max_body_bytes = max_body_bytes
         self.bearer_token_file = bearer_token_file
@@ -148,7 +154,7 @@ class Fetcher:
     async def _request(self, headers: dict[str, str]) -> str:
         in_body = False
         try:
-            async with self._client.stream("GET", self.url, headers=headers) as response:
+            async with self._client.stream("GET", self._request_url, headers=headers, auth=self._auth) as response:
                 if response.status_code != 200:
                     raise ScrapeError("http_status", f"{self.url} answered HTTP {response.status_code}")
                 declared = response.headers.get("Content-Length")
@@ -156,18 +162,10 @@ class Fetcher:
                         not response.headers.get("Content-Encoding"):
                     raise ScrapeError("too_large", f"body of {declared} bytes exceeds {self.max_body_bytes}")
                 in_body = True
-                chunks: list[bytes] = []
-                size = 0
-                async for chunk in response.aiter_bytes():
-                    size += len(chunk)
-                    if size > self.max_body_bytes:
-                        raise ScrapeError("too_large", f"body exceeds --max-body-bytes {self.max_body_bytes}")
-                    chunks.append(chunk)
+                body = await self._read_capped(response)
         except httpx.TimeoutException as exc:
             raise ScrapeError("timeout", f"{self.url}: timed out after {self.timeout:g} s ({type(exc).__name__})")\
                 from None
-        except httpx.DecodingError as exc:
-            raise ScrapeError("parse", f"{self.url}: cannot decode body: {exc}") from None
         except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
             if not in_body:
                 raise ScrapeError("connect", f"{self.url}: {type(exc).__name__}: {exc}") from None
@@ -177,9 +175,41 @@ class Fetcher:
             raise ScrapeError("connect", f"{self.url}: {type(exc).__name__}: {exc}") from None
         charset = response.charset_encoding or "utf-8"
         try:
-            return b"".join(chunks).decode(charset, errors="replace")
+            return body.decode(charset, errors="replace")
         except LookupError:
-            return b"".join(chunks).decode("utf-8", errors="replace")
+            return body.decode("utf-8", errors="replace")
+
+    async def _read_capped(self, response: httpx.Response) -> bytearray:
+        """The decoded body, never more than ``max_body_bytes`` of it held, compressed or not.
+
+        httpx's own gzip decoder inflates each network chunk whole: one 64 KiB chunk of a gzip bomb is
+        ~64 MiB decoded before any cap can look at it. So the raw bytes are inflated here, each step allowed
+        at most the room left under the cap (zlib's ``max_length``)."""
+        cap = self.max_body_bytes
+        body = bytearray()
+        inflate = _decompressor(response.headers.get("Content-Encoding", ""), self.url)
+        async for raw in response.aiter_raw():
+            if inflate is None:
+                body += raw
+            else:
+                data = raw
+                while data:
+                    try:
+                        body += inflate.decompress(data, cap - len(body) + 1)
+                    except zlib.error as exc:
+                        raise ScrapeError("parse", f"{self.url}: cannot decode body: {exc}") from None
+                    if len(body) > cap:
+                        break
+                    data = inflate.unconsumed_tail
+            if len(body) > cap:
+                raise ScrapeError("too_large", f"body exceeds --max-body-bytes {cap}")
+        if inflate is not None:
+            if not inflate.eof:
+                raise ScrapeError("parse", f"{self.url}: incomplete body (compressed stream cut short)")
+            body += inflate.flush()
+            if len(body) > cap:
+                raise ScrapeError("too_large", f"body exceeds --max-body-bytes {cap}")
+        return body
 
     def _token(self) -> str:
         # Re-read each poll: projected service-account tokens rotate.
@@ -188,6 +218,18 @@ class Fetcher:
             return self.bearer_token_file.read_text().strip()
         except OSError as exc:
             raise ScrapeError("connect", f"cannot read bearer token file {self.bearer_token_file}: {exc}") from None
+
+
+def _decompressor(content_encoding: str, url: str) -> Any:
+    """A zlib decompressor for the body's ``Content-Encoding`` (None for identity); kvwatch asks for gzip only."""
+    encoding = content_encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return None
+    if encoding in ("gzip", "x-gzip"):
+        return zlib.decompressobj(16 + zlib.MAX_WBITS)
+    if encoding == "deflate":
+        return zlib.decompressobj()
+    raise ScrapeError("parse", f"{url}: unsupported Content-Encoding {content_encoding!r} (kvwatch asks for gzip)")
 
 
 def tls_context(ca_file: Path | None, verify: bool) -> ssl.SSLContext | bool:

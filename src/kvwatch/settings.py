@@ -15,7 +15,7 @@ import re
 import ssl
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticUndefined
@@ -34,6 +34,27 @@ KV_CACHE_DTYPES: frozenset[str] = frozenset(
 _SELECTOR = re.compile(
     r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{\s*([a-zA-Z_][a-zA-Z0-9_]*\s*=\s*"(?:[^"\\]|\\.)*"\s*,?\s*)*\})?$'
 )
+
+
+def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
+    """``url`` without its ``user:password@`` part, and that (user, password) pair (None when absent)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url, None
+    if parts.username is None and parts.password is None:
+        return url, None
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=host)), (unquote(parts.username or ""), unquote(parts.password or ""))
+
+
+def redact_url(url: str) -> str:
+    """``url`` fit for logs, labels and messages: credentials in it replaced by ``***``."""
+    bare, credentials = split_credentials(url)
+    if credentials is None:
+        return url
+    parts = urlsplit(bare)
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc))
 
 
 class SettingsError(ValueError):
@@ -319,6 +340,8 @@ def _source(field: str, flags: dict[str, Any]) -> str:
 def _blame(field: str, flags: dict[str, Any], msg: str, value: Any = None) -> str:
     pub = public_name(field)
     source = flag_name(pub) if field in flags else env_name(pub)
+    if isinstance(value, str) and "@" in value:
+        value = redact_url(value)  # a rejected --target-url may still carry a password
     shown = "" if value is None or isinstance(value, dict) else f" {value!r}"
     return f"invalid value{shown} for {source}: {msg}"
 
