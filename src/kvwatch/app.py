@@ -21,7 +21,8 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import MappingProxyType
@@ -35,6 +36,7 @@ from kvwatch.collector import KvwatchCollector, make_registry
 from kvwatch.engines import SourceOverrides
 from kvwatch.fetch import Fetcher, ScrapeError, interpret
 from kvwatch.history import History
+from kvwatch.model import Poll
 from kvwatch.settings import ServeSettings, SettingsError, add_settings_flags, load_settings, redact_url
 from kvwatch.state import Analyzer, SeriesState, State, derive
 
@@ -55,6 +57,53 @@ class Clock:
         return self._wall0 + (time.monotonic() - self._mono0) * self.speed
 
 
+class ChangeLog:
+    """Logs each change of a status once, while there are at most ``burst`` changes per ``window`` seconds.
+
+    A flapping target (up, down, up... every poll) would otherwise log two lines a poll. Beyond the burst,
+    changes are counted instead, and :meth:`tick` (called every poll) logs one summary line per window for
+    as long as the flapping lasts; once it calms down, changes are logged one by one again.
+    """
+
+    def __init__(self, logger: logging.Logger, *, burst: int = 10, window: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic, initial: Any = None) -> None:
+        self._log, self._burst, self._window, self._clock = logger, burst, window, clock
+        self._last: Any = initial
+        self._changes: deque[float] = deque()  # times of the changes within the last window
+        self._suppressed = 0
+        self._latest = ""
+        self._summary_at: float | None = None
+
+    def change(self, status: Any, level: int, message: str, *args: Any) -> None:
+        if status == self._last:
+            return
+        self._last = status
+        now = self._clock()
+        self._changes.append(now)
+        while now - self._changes[0] >= self._window:
+            self._changes.popleft()
+        if len(self._changes) <= self._burst and not self._suppressed:
+            self._log.log(level, message, *args)
+            return
+        self._suppressed += 1
+        self._latest = message % args
+        if self._summary_at is None:
+            self._summary_at = now
+        self.tick()
+
+    def tick(self) -> None:
+        """One summary line per window while changes are being held back (and one when they stop)."""
+        if not self._suppressed or self._summary_at is None:
+            return
+        now = self._clock()
+        if now - self._summary_at < self._window:
+            return
+        self._log.warning("%d more changes in the last %.0fs not logged (flapping); latest: %s",
+                          self._suppressed, now - self._summary_at, self._latest)
+        self._suppressed = 0
+        self._summary_at = None
+
+
 class Sidecar:
     """Polls the target and owns the current State (swapped whole, read without locks)."""
 
@@ -66,15 +115,24 @@ class Sidecar:
         self.analyzers = tuple(analyzers)
         self.overrides = SourceOverrides.from_settings(settings)
         self.target = redact_url(settings.target_url)  # what logs name: never the password in the URL
-        self.history = History(forget_after=max(3600.0, 10 * float(settings.stale_after_seconds or 0)))
+        self.max_series = settings.max_series
+        self.history = History(forget_after=max(3600.0, 10 * float(settings.stale_after_seconds or 0)),
+                               max_series=2 * settings.max_series)
         self.state = State()
-        self._last_logged: tuple[Any, ...] | None = None
-        self._stopping = False
+        self._status_log = ChangeLog(log)
+        self._values_log = ChangeLog(log, initial=())
+        self._stop = threading.Event()
+        self._capped = False  # whether the last good poll had more series than --max-series
         self._skipped_runs = 0  # runs the scheduler skipped since polls last kept to the interval
 
     def stop(self) -> None:
-        """From now on a poll ending (cancelled by the fetcher's close) neither logs nor swaps the state."""
-        self._stopping = True
+        """From now on a poll ending (cancelled by the fetcher's close) neither logs nor swaps the state,
+        and a poll still parsing is abandoned."""
+        self._stop.set()
+
+    @property
+    def _stopping(self) -> bool:
+        return self._stop.is_set()
 
     def poll(self) -> State:
         started = time.monotonic()
@@ -85,6 +143,8 @@ class Sidecar:
         elapsed = time.monotonic() - started
         if self._stopping:
             return state
+        self._status_log.tick()
+        self._values_log.tick()
         if elapsed > interval:
             if self._skipped_runs == 0:
                 log.warning("a poll of %s took %.1fs, longer than the %gs interval: skipping runs until polls "
@@ -95,13 +155,37 @@ class Sidecar:
             self._skipped_runs = 0
         return state
 
+    def _interpret(self, text: str, now: float) -> Poll:
+        """``interpret`` on a daemon thread this poll waits for, so SIGTERM never waits for a long parse.
+
+        The parser has no stop check (a 16 MiB body takes seconds): on stop the poll returns at once and
+        the abandoned thread, which touches nothing shared, dies with the process."""
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def work() -> None:
+            try:
+                box["poll"] = interpret(text, self.overrides, timestamp=now)
+            except BaseException as exc:  # handed to the poll thread as is
+                box["error"] = exc
+            finally:
+                done.set()
+
+        threading.Thread(target=work, name="kvwatch-parse", daemon=True).start()
+        while not done.wait(0.05):
+            if self._stopping:
+                raise ScrapeError("connect", "poll abandoned: kvwatch is shutting down")
+        if "error" in box:
+            raise box["error"]
+        return box["poll"]
+
     def _poll(self) -> State:
         started = time.monotonic()
         now = self.clock()
         previous = self.state
         errors = dict(previous.health.errors_total)
         try:
-            poll = interpret(self.fetcher.fetch(), self.overrides, timestamp=now)
+            poll = self._interpret(self.fetcher.fetch(), now)
         except ScrapeError as exc:
             if self._stopping:
                 return previous
@@ -110,21 +194,57 @@ class Sidecar:
                              errors_total=MappingProxyType(errors), last_error_reason=exc.reason,
                              last_error=str(exc), polls_total=previous.health.polls_total + 1)
             state = replace(previous, timestamp=now, health=health)
-            self._log_change(("down", exc.reason), "target %s is down (%s): %s", self.target,
-                             exc.reason, exc)
+            self._status_log.change(("down", exc.reason), logging.WARNING, "target %s is down (%s): %s",
+                                    self.target, exc.reason, exc)
         else:
+            if self._stopping:
+                return previous
+            poll, dropped = self._cap(poll)
+            implausible = self._count_implausible(poll, previous.health.implausible_total)
             restarted = self.history.record(poll)
             for key, reason in restarted.items():
                 log.warning("vLLM series %s/%s restarted: %s", key[0], key[1], reason)
             series = {r.key: self._series(r, now) for r in poll.readings}
             health = replace(previous.health, up=True, scrape_duration_seconds=time.monotonic() - started,
-                             last_success_timestamp=now, polls_total=previous.health.polls_total + 1)
+                             last_success_timestamp=now, polls_total=previous.health.polls_total + 1,
+                             series_dropped_total=previous.health.series_dropped_total + dropped,
+                             implausible_total=implausible)
             state = State(timestamp=now, health=health, detection=poll.detection, series=MappingProxyType(series))
             d = poll.detection
-            self._log_change(("up", d), "target %s is up: %s %s, usage from %s, %d series",
-                             self.target, d.engine_kind, d.version_range, d.usage_metric, len(series))
+            self._status_log.change(("up", d), logging.INFO, "target %s is up: %s %s, usage from %s, %d series",
+                                    self.target, d.engine_kind, d.version_range, d.usage_metric, len(series))
         self.state = state  # the one atomic swap readers see
         return state
+
+    def _cap(self, poll: Poll) -> tuple[Poll, int]:
+        """At most ``--max-series`` readings (the first in the adapter's stable order); one warning per episode."""
+        dropped = max(0, len(poll.readings) - self.max_series)
+        if dropped and not self._capped:
+            log.warning("target %s serves %d (model_name, engine) series, more than --max-series %d: exporting "
+                        "the first %d, dropping the rest (counted in kvwatch_series_dropped) until it serves "
+                        "fewer", self.target, len(poll.readings), self.max_series, self.max_series)
+        elif not dropped and self._capped:
+            log.info("target %s serves %d series again, within --max-series %d", self.target, len(poll.readings),
+                     self.max_series)
+        self._capped = bool(dropped)
+        if not dropped:
+            return poll, 0
+        kept = poll.readings[:self.max_series]
+        keys = {r.key for r in kept}
+        return replace(poll, readings=kept, implausible=tuple(i for i in poll.implausible if i[0] in keys)), dropped
+
+    def _count_implausible(self, poll: Poll, totals: Mapping[str, int]) -> Mapping[str, int]:
+        if not poll.implausible:
+            self._values_log.change((), logging.INFO, "target %s serves no impossible values any more", self.target)
+            return totals
+        counts = dict(totals)
+        for _, name, _ in poll.implausible:
+            counts[name] = counts.get(name, 0) + 1
+        fields = tuple(sorted({name for _, name, _ in poll.implausible}))
+        key, name, value = poll.implausible[0]
+        self._values_log.change(fields, logging.WARNING, "target %s serves impossible values, read as unknown: %s "
+                                "(first: %s/%s %s = %r)", self.target, ", ".join(fields), key[0], key[1], name, value)
+        return MappingProxyType(counts)
 
     def _series(self, reading: Any, now: float) -> SeriesState:
         history = self.history[reading.key]
@@ -138,11 +258,6 @@ class Sidecar:
             if result is not None:
                 extra[analyzer.name] = result
         return derive(reading, history, self.settings.max_model_len, extra)
-
-    def _log_change(self, status: tuple[Any, ...], message: str, *args: Any) -> None:
-        if status != self._last_logged:
-            (log.info if status[0] == "up" else log.warning)(message, *args)
-            self._last_logged = status
 
 
 def load_analyzers(settings: ServeSettings, modules: Sequence[str] = ANALYZER_MODULES) -> list[Analyzer]:

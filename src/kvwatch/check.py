@@ -126,7 +126,7 @@ def build_report(poll: Poll, max_model_len: int | None = None,
                  capacity_plans: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The ``--json`` object (pure). ``capacity_plans`` maps model_name to a CapacityPlan, for the advice."""
     states = [derive(r, None, max_model_len) for r in poll.readings]
-    found = findings(states)
+    found = findings(states, poll.implausible)
     bound = {(f.model_name, f.engine) for f in found if f.id == "kv_bound"}
     plans = capacity_plans or {}
     d = poll.detection
@@ -195,21 +195,27 @@ def _series_json(s: SeriesState, fixes: Iterable[Advice] = ()) -> dict[str, Any]
     }
 
 
-def findings(states: Iterable[SeriesState]) -> list[Finding]:
-    """Checklist findings per series, most severe first (pure)."""
+def findings(states: Iterable[SeriesState],
+             implausible: Iterable[tuple[tuple[str, str], str, float]] = ()) -> list[Finding]:
+    """Checklist findings per series, most severe first (pure). ``implausible`` is the poll's list of
+    impossible values dropped to unknown (:mod:`kvwatch.plausible`)."""
+    dropped: dict[tuple[str, str], dict[str, float]] = {}
+    for key, name, value in implausible:
+        dropped.setdefault(key, {})[name] = value
     out: list[Finding] = []
     for s in states:
         r = s.reading
         where = {"model_name": r.model_name, "engine": r.engine}
         usage, waiting = r.kv_usage_ratio, r.requests_waiting or 0.0
-        if usage is None:
+        bad = dropped.get(r.key, {})
+        if "kv_usage_ratio" in bad:
+            out.append(Finding("usage_unknown", "warning", (
+                f"KV usage reads {floatToGoString(bad['kv_usage_ratio'])} this poll, which no KV cache can be "
+                "(usage is 0..1): kvwatch cannot tell how full the KV cache is. Look at the engine (is it serving?), "
+                "or point --usage-metric at a metric that has a value."), **where))
+        elif usage is None:
             out.append(Finding("usage_unknown", "warning", "No KV usage metric found: pass --usage-metric with the "
                                "name your vLLM (or proxy) exports.", **where))
-        elif not math.isfinite(usage):
-            out.append(Finding("usage_unknown", "warning", (
-                f"KV usage reads {floatToGoString(usage)} this poll: kvwatch cannot tell how full the KV cache is. "
-                "Look at the engine (is it serving?), or point --usage-metric at a metric that has a value."),
-                **where))
         elif usage >= KV_BOUND_USAGE and waiting > 0:
             out.append(Finding("kv_bound", "critical", (
                 f"KV cache is {usage:.0%} full with {waiting:g} requests waiting: the KV cache is the bottleneck. "
@@ -218,6 +224,13 @@ def findings(states: Iterable[SeriesState]) -> list[Finding]:
             out.append(Finding("scheduler_limited", "warning", (
                 f"{waiting:g} requests wait while KV is only {usage:.0%} used: the scheduler limits, not KV. "
                 "Raise --max-num-seqs or --max-num-batched-tokens (token budget); more KV would not help."),
+                **where))
+        others = sorted(n for n in bad if n != "kv_usage_ratio")
+        if others:
+            out.append(Finding("implausible_values", "warning", (
+                "Impossible values ignored (read as unknown): "
+                + ", ".join(f"{n} = {floatToGoString(bad[n])}" for n in others)
+                + ". Counts cannot be negative, infinite or NaN: the target is not serving sane metrics."),
                 **where))
         if r.preemptions_total:
             out.append(Finding("preemptions", "warning", (

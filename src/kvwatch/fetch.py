@@ -23,6 +23,7 @@ from kvwatch import __version__
 from kvwatch.engines import SourceOverrides, UnrecognisedPayload, vllm
 from kvwatch.exposition import ParseError, parse
 from kvwatch.model import Poll
+from kvwatch.plausible import check_poll
 from kvwatch.settings import redact_url, split_credentials
 
 log = logging.getLogger(__name__)
@@ -242,13 +243,14 @@ def tls_context(ca_file: Path | None, verify: bool) -> ssl.SSLContext | bool:
 
 
 def interpret(text: str, overrides: SourceOverrides | None, *, timestamp: float) -> Poll:
-    """Parse a body and read it as vLLM; ScrapeError ``parse`` or ``unrecognised`` when that fails."""
+    """Parse a body and read it as vLLM, impossible values dropped to unknown (:mod:`kvwatch.plausible`);
+    ScrapeError ``parse`` or ``unrecognised`` when that fails."""
     try:
         exposition = parse(text, vllm.wanted_for(overrides))
     except ParseError as exc:
         raise ScrapeError("parse", str(exc)) from None
     try:
-        return vllm.read(exposition, overrides, timestamp=timestamp)
+        return check_poll(vllm.read(exposition, overrides, timestamp=timestamp))
     except UnrecognisedPayload as exc:
         raise ScrapeError("unrecognised", str(exc)) from None
     except Exception as exc:  # an adapter bug must cost one poll, not the sidecar

@@ -111,12 +111,16 @@ class SeriesHistory:
 
 
 class History:
-    """SeriesHistory per (model_name, engine); series unseen for ``forget_after`` seconds are dropped."""
+    """SeriesHistory per (model_name, engine); series unseen for ``forget_after`` seconds are dropped, and
+    beyond ``max_series`` series the longest unseen go first (a target churning label values every poll
+    must not grow memory for an hour)."""
 
-    def __init__(self, max_samples: int = DEFAULT_MAX_SAMPLES, forget_after: float = 3600.0) -> None:
+    def __init__(self, max_samples: int = DEFAULT_MAX_SAMPLES, forget_after: float = 3600.0,
+                 max_series: int | None = None) -> None:
         self.max_samples = max_samples
         self.forget_after = forget_after
-        self._series: dict[SeriesKey, SeriesHistory] = {}
+        self.max_series = max_series
+        self._series: dict[SeriesKey, SeriesHistory] = {}  # least recently seen first
 
     def __getitem__(self, key: SeriesKey) -> SeriesHistory:
         return self._series[key]
@@ -131,13 +135,17 @@ class History:
         """Append every reading of ``poll``; returns the series that restarted, with the reason."""
         restarted: dict[SeriesKey, str] = {}
         for reading in poll.readings:
-            series = self._series.get(reading.key)
+            series = self._series.pop(reading.key, None)  # re-inserted: the dict stays least recently seen first
             if series is None:
-                series = self._series[reading.key] = SeriesHistory(self.max_samples)
+                series = SeriesHistory(self.max_samples)
+            self._series[reading.key] = series
             reason = series.append(poll.timestamp, reading)
             if reason is not None:
                 restarted[reading.key] = reason
         for key in [k for k, s in self._series.items()
                     if s.latest is not None and poll.timestamp - s.latest.timestamp > self.forget_after]:
             del self._series[key]
+        if self.max_series is not None:
+            for key in list(self._series)[:max(0, len(self._series) - self.max_series)]:
+                del self._series[key]
         return restarted

@@ -102,3 +102,5 @@ class Poll:
     timestamp: float
     detection: Detection
     readings: tuple[Reading, ...]
+    # (series, field, value read) of each impossible value the payload held, dropped to None (kvwatch.plausible).
+    implausible: tuple[tuple[SeriesKey, str, float], ...] = ()

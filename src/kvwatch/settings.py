@@ -218,6 +218,11 @@ class ServeSettings(TargetSettings):
         description="Derived gauges vanish when the last good poll is older: at least the interval, "
         "at most a day (default 3 x interval)."
     )
+    max_series: int = Field(
+        1000, ge=1, le=1_000_000,
+        description="Most (model_name, engine) series kvwatch polls and exports; a target serving more has the "
+        "rest dropped (counted in kvwatch_series_dropped_total, one warning)."
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
     clock_speed: float = Field(
         1.0, gt=0, le=MAX_CLOCK_SPEED,

@@ -59,6 +59,8 @@ class Health:
     last_error: str | None = None
     last_success_timestamp: float | None = None
     polls_total: int = 0
+    series_dropped_total: int = 0  # series left out by --max-series, summed over good polls
+    implausible_total: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))  # by field
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,9 @@ def live_kv_tokens_per_request(reading: Reading) -> float | None:
     return used / reading.requests_running
 
 
+MAX_LOGGED_PLANS = 10
+
+
 class CapacityAnalyzer:
     name = "capacity"
 
@@ -47,17 +50,26 @@ class CapacityAnalyzer:
         # One plan per vLLM model_name and engine configuration (the cache_config_info labels the formula
         # reads): a preset may only match once the engine names its model, and a restart may change them.
         self._plans: dict[tuple[str, tuple[tuple[str, str], ...]], SidecarCapacity | None] = {}
-
+        # Bounded like the series (--max-series): a target churning model names must not grow it, nor the log.
+        self._max_plans = 2 * int(getattr(settings, "max_series", 0) or 1000)
+        self._logged = 0
     def _plan(self, reading: Reading) -> SidecarCapacity | None:
         config = {k: v for k, v in reading.cache_config.items() if k in ENGINE_LABELS or k in VERSION_LABELS}
         key = (reading.model_name, tuple(sorted(config.items())))
         if key not in self._plans:
             capacity, why = build_sidecar_capacity(self._settings, reading.model_name, reading.cache_config)
+            # One line per model for the first few; a target serving thousands of models gets no more.
+            self._logged += 1
+            say = log.info if self._logged <= MAX_LOGGED_PLANS else log.debug
+            if self._logged == MAX_LOGGED_PLANS + 1:
+                log.info("capacity model: more models than %d, further per-model lines at DEBUG", MAX_LOGGED_PLANS)
             if capacity is None:
-                log.info("capacity model off for %s: %s", reading.model_name, why)
+                say("capacity model off for %s: %s", reading.model_name, why)
             else:
-                log.info("capacity model for %s: %s", reading.model_name,
-                         "; ".join(n for n in capacity.plan.notes if "cache_config_info" in n) or "kvwatch's settings")
+                say("capacity model for %s: %s", reading.model_name,
+                    "; ".join(n for n in capacity.plan.notes if "cache_config_info" in n) or "kvwatch's settings")
+            if len(self._plans) >= self._max_plans:
+                del self._plans[next(iter(self._plans))]
             self._plans[key] = capacity
         return self._plans[key]
 
