@@ -24,13 +24,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import MappingProxyType
 from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
-from prometheus_client.exposition import choose_encoder
-from prometheus_client.registry import CollectorRegistry
 
 from kvwatch.collector import KvwatchCollector, make_registry
 from kvwatch.engines import SourceOverrides
@@ -39,6 +36,7 @@ from kvwatch.history import History
 from kvwatch.model import Poll
 from kvwatch.settings import ServeSettings, SettingsError, add_settings_flags, load_settings, redact_url
 from kvwatch.state import Analyzer, SeriesState, State, derive
+from kvwatch.web import MetricsServer, RenderCache, WebConfigError, WebConfigWatcher
 
 log = logging.getLogger("kvwatch")
 
@@ -270,31 +268,6 @@ def load_analyzers(settings: ServeSettings, modules: Sequence[str] = ANALYZER_MO
     return analyzers
 
 
-def make_handler(registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-                self._reply(200, content_type, encoder(registry))
-            elif path == "/healthz":
-                self._reply(200, "text/plain; charset=utf-8", b"ok\n")
-            else:
-                self._reply(404, "text/plain; charset=utf-8", b"not found: try /metrics or /healthz\n")
-
-        def _reply(self, status: int, content_type: str, body: bytes) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            log.debug("http: " + format, *args)
-
-    return Handler
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_settings_flags(parser, ServeSettings)
 
@@ -320,19 +293,31 @@ def run(args: argparse.Namespace) -> int:
     stale_after = float(settings.stale_after_seconds or 0) * settings.clock_speed
     collector = KvwatchCollector(lambda: sidecar.state, now=clock, stale_after=stale_after, analyzers=analyzers)
     registry = make_registry(collector)
+
+    def version() -> tuple[int, bool]:
+        # What the rendered body depends on: the State (a new object each poll) and whether it is still fresh.
+        # The cache keeps that State alive, so its id cannot be reused while it is the cached one.
+        state = sidecar.state
+        return id(state), state.fresh(clock(), stale_after)
+
     try:
-        server = ThreadingHTTPServer((settings.listen_address, settings.port), make_handler(registry))
+        web = WebConfigWatcher(settings.web_config_file)
+    except WebConfigError as exc:
+        fetcher.close()
+        raise SettingsError(f"invalid --web-config-file: {exc}") from None
+    try:
+        server = MetricsServer((settings.listen_address, settings.port), RenderCache(registry, version), web)
     except OSError as exc:
         log.error("cannot listen on %s:%d: %s", settings.listen_address, settings.port, exc)
         fetcher.close()
         return 1
-    server.daemon_threads = True
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
-    log.info("kvwatch serving on http://%s:%d/metrics, polling %s every %gs", settings.listen_address,
-             settings.port, sidecar.target, settings.poll_interval_seconds)
+    log.info("kvwatch serving on %s://%s:%d/metrics%s, polling %s every %gs", "https" if web.config.tls else "http",
+             settings.listen_address, settings.port, " (basic auth)" if web.config.users else "", sidecar.target,
+             settings.poll_interval_seconds)
     scheduler = start_polling(sidecar, settings.poll_interval_seconds)
     try:
         stop.wait()

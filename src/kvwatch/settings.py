@@ -218,6 +218,10 @@ class ServeSettings(TargetSettings):
         description="Derived gauges vanish when the last good poll is older: at least the interval, "
         "at most a day (default 3 x interval)."
     )
+    web_config_file: Path | None = Field(
+        None, description="Prometheus exporter-toolkit web config (the YAML node_exporter's --web.config.file "
+        "reads): TLS and bcrypt basic auth for kvwatch's own endpoint; re-read when it changes."
+    )
     max_series: int = Field(
         1000, ge=1, le=1_000_000,
         description="Most (model_name, engine) series kvwatch polls and exports; a target serving more has the "
@@ -230,6 +234,18 @@ class ServeSettings(TargetSettings):
         "simulator running --speed times faster (rates are then per simulated second; intervals stay real "
         "seconds). At most 10000; leave 1 in production."
     )
+
+    @field_validator("web_config_file")
+    @classmethod
+    def _web_config(cls, v: Path | None) -> Path | None:
+        if v is not None:
+            from kvwatch.web import WebConfigError, load_web_config
+
+            try:  # load it now: a bad file is a config error at startup (exit 2), not a traceback
+                load_web_config(v)
+            except WebConfigError as exc:
+                raise ValueError(str(exc)) from None
+        return v
 
     @field_validator("log_level", mode="before")
     @classmethod
