@@ -193,7 +193,7 @@ def test_a_state_is_rendered_once_however_many_scrape_it() -> None:
     registry = CollectorRegistry()
 
     class Counting:
-        def collect(self):  # noqa: ANN201 - a prometheus_client collector
+        def collect(self):
             calls.append(1)
             yield from Gauge("kvwatch_up", "x", registry=None).collect()
 
