@@ -142,3 +142,45 @@ def test_history_keeps_at_most_max_series_when_labels_churn() -> None:
         history.record(Poll(timestamp=float(t), detection=detection, readings=readings))
     keys = list(history.keys())
     assert len(keys) == 100 and ("m49-0", "0") in keys and ("m0-0", "0") not in keys
+
+
+def _lines_run(call: object) -> int:
+    """Python lines executed by ``call()``: a machine-independent measure of work (not wall time)."""
+    import sys
+
+    count = 0
+
+    def trace(frame, event, arg):
+        nonlocal count
+        if event == "line":
+            count += 1
+        return trace
+
+    sys.settrace(trace)
+    try:
+        call()  # type: ignore[operator]
+    finally:
+        sys.settrace(None)
+    return count
+
+
+def test_work_per_poll_does_not_grow_with_history(no_kvwatch_env: None) -> None:
+    """At a 0.05 s interval the rate windows (60 s) and the detectors' windows (up to 300 s) hold thousands of
+    samples: a poll must not walk them all (CPU per poll went 8 -> 23 ms over 3,000 polls)."""
+    from kvwatch.app import load_analyzers
+
+    settings = ServeSettings(poll_interval_seconds=0.05)
+    now = [1.7e9]
+    sidecar = Sidecar(settings, Served(FIXTURE), lambda: now[0], load_analyzers(settings))  # type: ignore[arg-type]
+
+    def poll() -> None:
+        now[0] += 0.05
+        sidecar.poll()
+
+    for _ in range(30):
+        poll()
+    early = min(_lines_run(poll) for _ in range(5))
+    for _ in range(3000):
+        poll()
+    late = min(_lines_run(poll) for _ in range(5))
+    assert late < 1.5 * early, f"a poll ran {early} lines after 35 polls and {late} after 3035"

@@ -119,6 +119,7 @@ class Sidecar:
         self.state = State()
         self._status_log = ChangeLog(log)
         self._values_log = ChangeLog(log, initial=())
+        self._overrun_log = ChangeLog(log, initial="on time")
         self._stop = threading.Event()
         self._capped = False  # whether the last good poll had more series than --max-series
         self._skipped_runs = 0  # runs the scheduler skipped since polls last kept to the interval
@@ -143,13 +144,14 @@ class Sidecar:
             return state
         self._status_log.tick()
         self._values_log.tick()
+        self._overrun_log.tick()
         if elapsed > interval:
-            if self._skipped_runs == 0:
-                log.warning("a poll of %s took %.1fs, longer than the %gs interval: skipping runs until polls "
-                            "keep up", self.target, elapsed, interval)
+            self._overrun_log.change("overrun", logging.WARNING, "a poll of %s took %.1fs, longer than the %gs "
+                                     "interval: skipping runs until polls keep up", self.target, elapsed, interval)
             self._skipped_runs += int(elapsed // interval)
         elif self._skipped_runs:
-            log.info("polls keep to the interval again (%d runs skipped)", self._skipped_runs)
+            self._overrun_log.change("on time", logging.INFO, "polls keep to the interval again (%d runs skipped)",
+                                     self._skipped_runs)
             self._skipped_runs = 0
         return state
 

@@ -55,6 +55,11 @@ class SeriesHistory:
         if max_samples < 2:
             raise ValueError("max_samples must be at least 2")
         self._entries: deque[Entry] = deque(maxlen=max_samples)
+        # Per counter: (timestamp, reset-adjusted running total) of each entry where it is reported, so an
+        # increase over a window is one subtraction, not a walk over every sample kept (CPU per poll grew
+        # with the history at fast poll intervals; docs/reliability.md).
+        self._totals: dict[str, deque[tuple[float, float]]] = {f: deque() for f in COUNTER_FIELDS}
+        self._last_value: dict[str, float] = {}
         self.restarts = 0
         self.last_restart_timestamp: float | None = None
         self.last_restart_reason: str | None = None
@@ -78,7 +83,20 @@ class SeriesHistory:
             self.restarts += 1
             self.last_restart_timestamp = timestamp
             self.last_restart_reason = reason
+        if len(self._entries) == self._entries.maxlen:
+            dropped = self._entries[0].timestamp
+            for totals in self._totals.values():
+                while totals and totals[0][0] <= dropped:
+                    totals.popleft()
         self._entries.append(Entry(timestamp, reading))
+        for name, totals in self._totals.items():
+            value = getattr(reading, name)
+            if value is None:
+                continue
+            before = self._last_value.get(name)
+            step = 0.0 if before is None else (value - before if value >= before else value)  # a reset: from zero
+            totals.append((timestamp, (totals[-1][1] if totals else 0.0) + step))
+            self._last_value[name] = value
         return reason
 
     def samples(self, since_restart: bool = False, window: float | None = None) -> list[Entry]:
@@ -93,14 +111,26 @@ class SeriesHistory:
 
     def increase(self, field: str, window: float | None = None) -> tuple[float, float] | None:
         """(increase, elapsed seconds) of counter ``field`` over ``window``, resets handled; None if < 2 points."""
-        points = [(e.timestamp, getattr(e.reading, field)) for e in self.samples(window=window)]
-        points = [(t, v) for t, v in points if v is not None]
-        if len(points) < 2:
+        totals = self._totals.get(field)
+        if totals is None:  # not a counter this history tracks: walk the samples
+            return _increase([(e.timestamp, getattr(e.reading, field)) for e in self.samples(window=window)])
+        if len(totals) < 2:
             return None
-        total = 0.0
-        for (_, before), (_, now) in pairwise(points):
-            total += now - before if now >= before else now  # a reset: the new value counts from zero
-        return total, points[-1][0] - points[0][0]
+        first = 0
+        if window is not None:
+            start = self._entries[-1].timestamp - window
+            lo, hi = 0, len(totals)
+            while lo < hi:  # the first point at or after start (timestamps increase)
+                mid = (lo + hi) // 2
+                if totals[mid][0] < start:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            first = lo
+        if len(totals) - first < 2:
+            return None
+        (t0, total0), (t1, total1) = totals[first], totals[-1]
+        return total1 - total0, t1 - t0
 
     def rate(self, field: str, window: float | None = None) -> float | None:
         """Per-second increase of counter ``field`` over the last ``window`` seconds (None when unknown)."""
@@ -108,6 +138,16 @@ class SeriesHistory:
         if result is None or result[1] <= 0:
             return None
         return result[0] / result[1]
+
+
+def _increase(points: list[tuple[float, float | None]]) -> tuple[float, float] | None:
+    known = [(t, v) for t, v in points if v is not None]
+    if len(known) < 2:
+        return None
+    total = 0.0
+    for (_, before), (_, now) in pairwise(known):
+        total += now - before if now >= before else now  # a reset: the new value counts from zero
+    return total, known[-1][0] - known[0][0]
 
 
 class History:
