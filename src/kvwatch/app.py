@@ -16,6 +16,7 @@ interval, timeout and stale-after settings stay in real seconds.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import logging
 import signal
@@ -53,6 +54,43 @@ class Clock:
 
     def __call__(self) -> float:
         return self._wall0 + (time.monotonic() - self._mono0) * self.speed
+
+
+RELEASE_AFTER_BYTES = 1 << 20
+"""After a poll that held a body this large (or refused a larger one), freed memory goes back to the OS."""
+
+
+@functools.cache
+def _libc() -> Any:
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+def tune_malloc() -> None:
+    """glibc only, best effort: keep the RSS of a process that now and then holds a 16 MiB body near its floor.
+
+    glibc raises its mmap threshold after the first large buffer is freed, so later bodies land in the heap
+    and in per-thread arenas that never shrink: a gzip bomb at a 0.5 s interval left RSS at ~100 MB after
+    the target healed. A fixed threshold keeps big buffers mmapped (unmapped when freed); two arenas bound
+    what the poll, parse and HTTP threads can strand."""
+    libc = _libc()
+    if libc is not None:
+        m_mmap_threshold, m_arena_max = -3, -8  # glibc's mallopt parameter numbers (malloc.h)
+        libc.mallopt(m_mmap_threshold, 256 * 1024)
+        libc.mallopt(m_arena_max, 2)
+
+
+def release_memory() -> None:
+    """Hand freed heap pages back to the OS (glibc's malloc_trim); a no-op elsewhere."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 class ChangeLog:
@@ -163,32 +201,43 @@ class Sidecar:
         box: dict[str, Any] = {}
         done = threading.Event()
 
-        def work() -> None:
+        def work(body: str) -> None:
             try:
-                box["poll"] = interpret(text, self.overrides, timestamp=now)
+                box["poll"] = interpret(body, self.overrides, timestamp=now, max_series=self.max_series)
             except BaseException as exc:  # handed to the poll thread as is
                 box["error"] = exc
             finally:
                 done.set()
 
-        threading.Thread(target=work, name="kvwatch-parse", daemon=True).start()
+        threading.Thread(target=work, args=(text,), name="kvwatch-parse", daemon=True).start()
         while not done.wait(0.05):
             if self._stopping:
                 raise ScrapeError("connect", "poll abandoned: kvwatch is shutting down")
-        if "error" in box:
-            raise box["error"]
-        return box["poll"]
+        error, poll = box.pop("error", None), box.pop("poll", None)
+        del text  # the body: an error's traceback holds this frame, and the body must not outlive the poll
+        if error is not None:
+            try:
+                raise error
+            finally:
+                del error  # no cycle frame -> error -> traceback -> frame
+        return poll
 
     def _poll(self) -> State:
         started = time.monotonic()
         now = self.clock()
         previous = self.state
         errors = dict(previous.health.errors_total)
+        big = False
+        text = ""
         try:
-            poll = self._interpret(self.fetcher.fetch(), now)
+            text = self.fetcher.fetch()
+            big = len(text) > RELEASE_AFTER_BYTES
+            poll = self._interpret(text, now)
         except ScrapeError as exc:
+            text = ""
             if self._stopping:
                 return previous
+            big = big or exc.reason == "too_large"
             errors[exc.reason] += 1
             health = replace(previous.health, up=False, scrape_duration_seconds=time.monotonic() - started,
                              errors_total=MappingProxyType(errors), last_error_reason=exc.reason,
@@ -197,6 +246,7 @@ class Sidecar:
             self._status_log.change(("down", exc.reason), logging.WARNING, "target %s is down (%s): %s",
                                     self.target, exc.reason, exc)
         else:
+            text = ""
             if self._stopping:
                 return previous
             poll, dropped = self._cap(poll)
@@ -204,7 +254,11 @@ class Sidecar:
             restarted = self.history.record(poll)
             for key, reason in restarted.items():
                 log.warning("vLLM series %s/%s restarted: %s", key[0], key[1], reason)
-            series = {r.key: self._series(r, now) for r in poll.readings}
+            series = {}
+            for reading in poll.readings:
+                if self._stopping:  # up to --max-series analyses: SIGTERM does not wait for them
+                    return previous
+                series[reading.key] = self._series(reading, now)
             health = replace(previous.health, up=True, scrape_duration_seconds=time.monotonic() - started,
                              last_success_timestamp=now, polls_total=previous.health.polls_total + 1,
                              series_dropped_total=previous.health.series_dropped_total + dropped,
@@ -214,24 +268,24 @@ class Sidecar:
             self._status_log.change(("up", d), logging.INFO, "target %s is up: %s %s, usage from %s, %d series",
                                     self.target, d.engine_kind, d.version_range, d.usage_metric, len(series))
         self.state = state  # the one atomic swap readers see
+        if big:
+            release_memory()
         return state
 
     def _cap(self, poll: Poll) -> tuple[Poll, int]:
-        """At most ``--max-series`` readings (the first in the adapter's stable order); one warning per episode."""
-        dropped = max(0, len(poll.readings) - self.max_series)
+        """The adapter read at most ``--max-series`` series (the first in its stable order): one warning when
+        series start being dropped, one line when they stop."""
+        dropped = poll.series_dropped
+        served = len(poll.readings) + dropped
         if dropped and not self._capped:
             log.warning("target %s serves %d (model_name, engine) series, more than --max-series %d: exporting "
-                        "the first %d, dropping the rest (counted in kvwatch_series_dropped) until it serves "
-                        "fewer", self.target, len(poll.readings), self.max_series, self.max_series)
+                        "the first %d, dropping the rest (counted in kvwatch_series_dropped_total) until it "
+                        "serves fewer", self.target, served, self.max_series, self.max_series)
         elif not dropped and self._capped:
-            log.info("target %s serves %d series again, within --max-series %d", self.target, len(poll.readings),
+            log.info("target %s serves %d series again, within --max-series %d", self.target, served,
                      self.max_series)
         self._capped = bool(dropped)
-        if not dropped:
-            return poll, 0
-        kept = poll.readings[:self.max_series]
-        keys = {r.key for r in kept}
-        return replace(poll, readings=kept, implausible=tuple(i for i in poll.implausible if i[0] in keys)), dropped
+        return poll, dropped
 
     def _count_implausible(self, poll: Poll, totals: Mapping[str, int]) -> Mapping[str, int]:
         if not poll.implausible:
@@ -285,6 +339,7 @@ def run(args: argparse.Namespace) -> int:
         SourceOverrides.from_settings(settings)  # fail at startup, not at the first poll
     except ValueError as exc:
         raise SettingsError(f"invalid source-metric override: {exc}") from None
+    tune_malloc()
     clock = Clock(settings.clock_speed)
     fetcher = Fetcher(settings.target_url, timeout=float(settings.poll_timeout_seconds or 1.0),
                       max_body_bytes=settings.max_body_bytes, bearer_token_file=settings.bearer_token_file,
