@@ -288,10 +288,16 @@ def healthy(samples: dict) -> bool:
     return up(samples) == 1.0 and bool(per_series(samples))
 
 
+COUNTS = ("kvwatch_kv_usage_ratio", "kvwatch_kv_capacity_tokens", "kvwatch_kv_used_tokens",
+          "kvwatch_requests_running", "kvwatch_requests_waiting")
+
+
 def _no_impossible(samples: dict) -> bool:
-    values = per_series(samples).values()
-    return all(math.isfinite(v) and v >= 0 for v in values) and all(
-        v <= 1.0 for (name, _), v in per_series(samples).items() if name == "kvwatch_kv_usage_ratio")
+    """Usage, capacity, used tokens and queues finite and not negative, usage at most 1 (an ETA is +Inf when
+    nothing fills and headroom may be negative: those are meant)."""
+    series = [(name, v) for (name, _), v in per_series(samples).items() if name in COUNTS]
+    return all(math.isfinite(v) and v >= 0 for _, v in series) and all(
+        v <= 1.0 for name, v in series if name == "kvwatch_kv_usage_ratio")
 
 
 VALUE_FAULTS = {"nan", "duplicates", "counter_reset", "clock_jump", "label_explosion"}
