@@ -12,11 +12,11 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvwatch.app import ChangeLog, Sidecar
-from kvwatch.collector import KvwatchCollector, make_registry
-from kvwatch.fetch import ScrapeError
 from kvwatch.history import History
 from kvwatch.model import Detection, Poll, Reading
+from kvwatch.payload import ScrapeError
+from kvwatch.serve.app import ChangeLog, Sidecar
+from kvwatch.serve.collector import KvwatchCollector, make_registry
 from kvwatch.settings import ServeSettings
 
 FIXTURE = (Path(__file__).parent / "fixtures" / "vllm-metrics" / "gen-0.33-dp2-capacity-labels.prom").read_text()
@@ -167,7 +167,7 @@ def _lines_run(call: object) -> int:
 def test_work_per_poll_does_not_grow_with_history(no_kvwatch_env: None) -> None:
     """At a 0.05 s interval the rate windows (60 s) and the detectors' windows (up to 300 s) hold thousands of
     samples: a poll must not walk them all (CPU per poll went 8 -> 23 ms over 3,000 polls)."""
-    from kvwatch.app import load_analyzers
+    from kvwatch.serve.app import load_analyzers
 
     settings = ServeSettings(poll_interval_seconds=0.05)
     now = [1.7e9]

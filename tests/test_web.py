@@ -22,7 +22,7 @@ from cryptography.x509.oid import NameOID
 from prometheus_client import Gauge
 from prometheus_client.registry import CollectorRegistry
 
-from kvwatch.web import MetricsServer, RenderCache, WebConfigError, WebConfigWatcher, load_web_config
+from kvwatch.serve.web import MetricsServer, RenderCache, WebConfigError, WebConfigWatcher, load_web_config
 
 PASSWORD = "correct horse"
 

@@ -14,12 +14,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import pairwise
 
+from kvwatch.counters import counter_delta
 from kvwatch.model import Poll, Reading, SeriesKey
 
 COUNTER_FIELDS: tuple[str, ...] = (
     "preemptions_total", "prompt_tokens_total", "generation_tokens_total", "prefix_cache_queries_total",
     "prefix_cache_hits_total", "request_prompt_tokens_sum", "request_prompt_tokens_count",
-    "request_generation_tokens_sum", "request_generation_tokens_count",
+    "request_generation_tokens_sum", "request_generation_tokens_count", "requests_aborted_total",
 )
 
 DEFAULT_MAX_SAMPLES = 720  # one hour at the default 5 s poll interval
@@ -94,20 +95,54 @@ class SeriesHistory:
             if value is None:
                 continue
             before = self._last_value.get(name)
-            step = 0.0 if before is None else (value - before if value >= before else value)  # a reset: from zero
+            step = counter_delta(before, value) or 0.0  # a reset counts from zero
             totals.append((timestamp, (totals[-1][1] if totals else 0.0) + step))
             self._last_value[name] = value
         return reason
 
     def samples(self, since_restart: bool = False, window: float | None = None) -> list[Entry]:
-        """Entries, optionally only those after the last restart and/or within ``window`` s of the newest."""
-        entries = list(self._entries)
+        """Entries, optionally only those after the last restart and/or within ``window`` s of the newest.
+
+        Walks back from the newest entry only as far as the window reaches, so a short window costs what it
+        holds, not the whole history."""
+        start = self._start(since_restart, window)
+        if start is None:
+            return list(self._entries)
+        out = []
+        for entry in reversed(self._entries):
+            if entry.timestamp < start:
+                break
+            out.append(entry)
+        out.reverse()
+        return out
+
+    def first(self, since_restart: bool = False, window: float | None = None) -> Entry | None:
+        """The oldest entry :meth:`samples` would return (binary search: no walk over the window)."""
+        start = self._start(since_restart, window)
+        entries = self._entries
+        if not entries:
+            return None
+        if start is None:
+            return entries[0]
+        lo, hi = 0, len(entries)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if entries[mid].timestamp < start:
+                lo = mid + 1
+            else:
+                hi = mid
+        return entries[lo] if lo < len(entries) else None
+
+    def _start(self, since_restart: bool, window: float | None) -> float | None:
+        start = None
         if since_restart and self.last_restart_timestamp is not None:
-            entries = [e for e in entries if e.timestamp >= self.last_restart_timestamp]
-        if window is not None and entries:
-            start = entries[-1].timestamp - window
-            entries = [e for e in entries if e.timestamp >= start]
-        return entries
+            start = self.last_restart_timestamp
+        if window is not None and self._entries:
+            newest = self._entries[-1].timestamp
+            if start is not None and newest < start:
+                return start  # nothing after the restart: the window has no newest entry
+            start = newest - window if start is None else max(start, newest - window)
+        return start
 
     def increase(self, field: str, window: float | None = None) -> tuple[float, float] | None:
         """(increase, elapsed seconds) of counter ``field`` over ``window``, resets handled; None if < 2 points."""
@@ -144,9 +179,7 @@ def _increase(points: list[tuple[float, float | None]]) -> tuple[float, float] |
     known = [(t, v) for t, v in points if v is not None]
     if len(known) < 2:
         return None
-    total = 0.0
-    for (_, before), (_, now) in pairwise(known):
-        total += now - before if now >= before else now  # a reset: the new value counts from zero
+    total = sum(counter_delta(before, now) or 0.0 for (_, before), (_, now) in pairwise(known))
     return total, known[-1][0] - known[0][0]
 
 

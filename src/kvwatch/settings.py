@@ -228,6 +228,11 @@ class ServeSettings(TargetSettings):
         "rest dropped (counted in kvwatch_series_dropped_total, one warning)."
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
+    ttft_slo_seconds: float | None = Field(
+        None, gt=0, le=3600,
+        description="Time-to-first-token objective: kvwatch_ttft_slo_breach says when the p90 over the last "
+        "5 minutes exceeds it, and whether the KV cache is the cause (unset: no SLO gauge)."
+    )
     clock_speed: float = Field(
         1.0, gt=0, le=MAX_CLOCK_SPEED,
         description="Demo/test knob: kvwatch's clock runs this many times real time, to watch a "
@@ -239,7 +244,7 @@ class ServeSettings(TargetSettings):
     @classmethod
     def _web_config(cls, v: Path | None) -> Path | None:
         if v is not None:
-            from kvwatch.web import WebConfigError, load_web_config
+            from kvwatch.serve.web import WebConfigError, load_web_config
 
             try:  # load it now: a bad file is a config error at startup (exit 2), not a traceback
                 load_web_config(v)

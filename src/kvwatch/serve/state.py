@@ -1,0 +1,63 @@
+"""The frozen snapshot the exporter reads (per-series values are :mod:`kvwatch.derived`'s).
+
+Each poll builds a new :class:`State` and the app swaps one reference; the collector reads that reference
+once per scrape, so a scrape never sees half of a poll.
+
+Extending it (capacity model, forecaster, advisor): write an :class:`Analyzer` and add it to the app's
+analyzer list. Each poll the app calls ``analyze(key, history, reading, now)`` for every series and stores
+the result under ``SeriesState.extra[analyzer.name]``; at scrape time the collector calls
+``analyzer.families(results, now)`` with the fresh series' results, and exports what it yields. An analyzer
+that raises loses only its own result for that poll (logged); it never breaks the poll or the scrape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Protocol
+
+from kvwatch.derived import SeriesState
+from kvwatch.history import SeriesHistory
+from kvwatch.model import Detection, Reading, SeriesKey
+from kvwatch.payload import REASONS
+
+
+class Analyzer(Protocol):
+    """A per-series plug-in run each poll (pure: no clock, no I/O; ``now`` is the poll timestamp)."""
+
+    name: str
+
+    def analyze(self, key: SeriesKey, history: SeriesHistory, reading: Reading, now: float) -> Any:
+        """The per-series result (any immutable value), or None when there is nothing to say."""
+
+    def families(self, results: Mapping[SeriesKey, Any], now: float) -> Iterable[Any]:
+        """prometheus_client metric families for the fresh series' results (``{key: result}``)."""
+
+
+@dataclass(frozen=True)
+class Health:
+    up: bool = False
+    scrape_duration_seconds: float | None = None
+    errors_total: Mapping[str, int] = field(default_factory=lambda: MappingProxyType(dict.fromkeys(REASONS, 0)))
+    last_error_reason: str | None = None
+    last_error: str | None = None
+    last_success_timestamp: float | None = None
+    polls_total: int = 0
+    series_dropped_total: int = 0  # series left out by --max-series, summed over good polls
+    implausible_total: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))  # by field
+
+
+@dataclass(frozen=True)
+class State:
+    """Everything one scrape exports. ``timestamp`` and ``last_success_timestamp`` use the poll clock."""
+
+    timestamp: float | None = None
+    health: Health = field(default_factory=Health)
+    detection: Detection | None = None
+    series: Mapping[SeriesKey, SeriesState] = field(default_factory=lambda: MappingProxyType({}))
+
+    def fresh(self, now: float, stale_after: float) -> bool:
+        """Whether derived per-series values may still be exported at ``now``."""
+        last = self.health.last_success_timestamp
+        return last is not None and now - last <= stale_after
