@@ -16,6 +16,7 @@ interval, timeout and stale-after settings stay in real seconds.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import importlib
 import logging
 import signal
@@ -34,9 +35,11 @@ from prometheus_client.registry import CollectorRegistry
 from kvwatch.derived import SeriesState, derive
 from kvwatch.engines import SourceOverrides
 from kvwatch.fetch import Fetcher
+from kvwatch.gpu_memory import GpuMatch, shared_terms
 from kvwatch.history import History
 from kvwatch.payload import ScrapeError, interpret
 from kvwatch.serve.collector import KvwatchCollector, make_registry
+from kvwatch.serve.gpu import DcgmSource, GpuWatcher, NvmlSource
 from kvwatch.serve.state import Analyzer, State
 from kvwatch.settings import ServeSettings, SettingsError, add_settings_flags, load_settings
 
@@ -61,8 +64,11 @@ class Sidecar:
     """Polls the target and owns the current State (swapped whole, read without locks)."""
 
     def __init__(self, settings: ServeSettings, fetcher: Fetcher, clock: Callable[[], float],
-                 analyzers: Sequence[Analyzer] = ()) -> None:
+                 analyzers: Sequence[Analyzer] = (), gpu: GpuWatcher | None = None) -> None:
         self.settings = settings
+        self.gpu = gpu
+        # The GPU source is read on its own thread beside the engine's poll, so a slow exporter never delays it.
+        self._gpu_pool = concurrent.futures.ThreadPoolExecutor(1, "kvwatch-gpu") if gpu is not None else None
         self.fetcher = fetcher
         self.clock = clock
         self.analyzers = tuple(analyzers)
@@ -72,6 +78,14 @@ class Sidecar:
         self._last_logged: tuple[Any, ...] | None = None
         self._stopping = False
         self._skipped_runs = 0  # runs the scheduler skipped since polls last kept to the interval
+
+    def close(self) -> None:
+        """Close the engine's fetcher and the GPU source (cancelling reads in flight)."""
+        self.fetcher.close()
+        if self.gpu is not None:
+            self.gpu.close()
+        if self._gpu_pool is not None:
+            self._gpu_pool.shutdown(wait=False)
 
     def stop(self) -> None:
         """From now on a poll ending (cancelled by the fetcher's close) neither logs nor swaps the state."""
@@ -101,6 +115,7 @@ class Sidecar:
         now = self.clock()
         previous = self.state
         errors = dict(previous.health.errors_total)
+        gpu_read = self._gpu_pool.submit(self.gpu.read) if self._gpu_pool is not None and self.gpu else None
         try:
             poll = interpret(self.fetcher.fetch(), self.overrides, timestamp=now)
         except ScrapeError as exc:
@@ -110,7 +125,7 @@ class Sidecar:
             health = replace(previous.health, up=False, scrape_duration_seconds=time.monotonic() - started,
                              errors_total=MappingProxyType(errors), last_error_reason=exc.reason,
                              last_error=str(exc), polls_total=previous.health.polls_total + 1)
-            state = replace(previous, timestamp=now, health=health)
+            state = replace(previous, timestamp=now, health=health, gpu=self._gpu_state(gpu_read, now, {}))
             self._log_change(("down", exc.reason), "target %s is down (%s): %s", self.settings.target_url,
                              exc.reason, exc)
         else:
@@ -120,12 +135,23 @@ class Sidecar:
             series = {r.key: self._series(r, now) for r in poll.readings}
             health = replace(previous.health, up=True, scrape_duration_seconds=time.monotonic() - started,
                              last_success_timestamp=now, polls_total=previous.health.polls_total + 1)
-            state = State(timestamp=now, health=health, detection=poll.detection, series=MappingProxyType(series))
+            state = State(timestamp=now, health=health, detection=poll.detection, series=MappingProxyType(series),
+                          gpu=self._gpu_state(gpu_read, now, series))
             d = poll.detection
             self._log_change(("up", d), "target %s is up: %s %s, usage from %s, %d series",
                              self.settings.target_url, d.engine_kind, d.version_range, d.usage_metric, len(series))
         self.state = state  # the one atomic swap readers see
         return state
+
+    def _gpu_state(self, read: concurrent.futures.Future[Any] | None, now: float,
+                   series: dict[Any, SeriesState]) -> Any:
+        if read is None or self.gpu is None:
+            return None
+        # The KV pool and weights per GPU, as the capacity analyzer computed them for the live engine series.
+        kv_pool, weights = shared_terms((getattr(s.extra.get("capacity"), "kv_pool_bytes", None),
+                                         getattr(s.extra.get("capacity"), "weights_bytes", None))
+                                        for s in series.values())
+        return self.gpu.update(read.result(), now, kv_pool, weights)
 
     def _series(self, reading: Any, now: float) -> SeriesState:
         history = self.history[reading.key]
@@ -144,6 +170,18 @@ class Sidecar:
         if status != self._last_logged:
             (log.info if status[0] == "up" else log.warning)(message, *args)
             self._last_logged = status
+
+
+def make_gpu_watcher(settings: ServeSettings) -> GpuWatcher | None:
+    """The GPU memory source the settings ask for (--dcgm-url or --nvml), or None."""
+    uuids = frozenset(settings.gpu_uuids.split(",")) if settings.gpu_uuids else frozenset()
+    if settings.nvml:
+        return GpuWatcher(NvmlSource(uuids))
+    if settings.dcgm_url is None:
+        return None
+    fetcher = Fetcher(settings.dcgm_url, timeout=float(settings.poll_timeout_seconds or 1.0),
+                      max_body_bytes=settings.max_body_bytes)
+    return GpuWatcher(DcgmSource(fetcher, GpuMatch(settings.gpu_pod, settings.gpu_namespace, uuids)))
 
 
 def load_analyzers(settings: ServeSettings, modules: Sequence[str] = ANALYZER_MODULES) -> list[Analyzer]:
@@ -201,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
                       max_body_bytes=settings.max_body_bytes, bearer_token_file=settings.bearer_token_file,
                       ca_file=settings.ca_file, tls_verify=settings.tls_verify)
     analyzers = load_analyzers(settings)
-    sidecar = Sidecar(settings, fetcher, clock, analyzers)
+    sidecar = Sidecar(settings, fetcher, clock, analyzers, make_gpu_watcher(settings))
     # Settings durations are real seconds; the poll clock runs clock_speed times faster.
     stale_after = float(settings.stale_after_seconds or 0) * settings.clock_speed
     collector = KvwatchCollector(lambda: sidecar.state, now=clock, stale_after=stale_after, analyzers=analyzers)
@@ -210,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
         server = ThreadingHTTPServer((settings.listen_address, settings.port), make_handler(registry))
     except OSError as exc:
         log.error("cannot listen on %s:%d: %s", settings.listen_address, settings.port, exc)
-        fetcher.close()
+        sidecar.close()
         return 1
     server.daemon_threads = True
     stop = threading.Event()
@@ -219,6 +257,8 @@ def run(args: argparse.Namespace) -> int:
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     log.info("kvwatch serving on http://%s:%d/metrics, polling %s every %gs", settings.listen_address,
              settings.port, settings.target_url, settings.poll_interval_seconds)
+    if sidecar.gpu is not None:
+        log.info("GPU memory from %s", settings.dcgm_url or "NVML")
     scheduler = start_polling(sidecar, settings.poll_interval_seconds)
     try:
         stop.wait()
@@ -246,7 +286,7 @@ def stop_polling(scheduler: BackgroundScheduler, sidecar: Sidecar) -> None:
     """Bounded: a poll in flight is cancelled by closing the fetcher, not waited for."""
     sidecar.stop()
     scheduler.shutdown(wait=False)
-    sidecar.fetcher.close()
+    sidecar.close()
 
 
 def _drop_skip_warnings(record: logging.LogRecord) -> bool:

@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 class CapacityResult:
     formula_kv_capacity_tokens: int
     whatif_max_concurrency: Mapping[str, float]
+    # Per GPU, for the non-KV memory kvwatch.serve.gpu exports (used - KV pool - weights); None when unknown.
+    kv_pool_bytes: float | None = None
+    weights_bytes: float | None = None
 
 
 class CapacityAnalyzer:
@@ -59,7 +62,9 @@ class CapacityAnalyzer:
             return None
         per_request = reading.kv_tokens_per_running_request
         whatif = capacity.whatif_max_concurrency(per_request) if per_request else {}
-        return CapacityResult(capacity.formula_kv_capacity_tokens, MappingProxyType(whatif))
+        return CapacityResult(capacity.formula_kv_capacity_tokens, MappingProxyType(whatif),
+                              capacity.kv_pool_bytes(reading.num_gpu_blocks, reading.kv_capacity_tokens),
+                              capacity.weights_bytes)
 
     def families(self, results: Mapping[SeriesKey, CapacityResult], now: float) -> Iterable[GaugeMetricFamily]:
         formula = GaugeMetricFamily(

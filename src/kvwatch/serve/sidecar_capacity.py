@@ -47,6 +47,22 @@ class SidecarCapacity:
         """``kvwatch_whatif_max_concurrency{scenario}`` at the live average KV tokens per running request."""
         return whatif_ceilings(self.scenarios, avg_kv_tokens_per_request)
 
+    def kv_pool_bytes(self, num_gpu_blocks: float | None, kv_capacity_tokens: float | None) -> float | None:
+        """The KV pool on each GPU, in bytes, from the engine's own size: its blocks × the formula's bytes per
+        block (per GPU), else (engines that report tokens, not blocks) its tokens × bytes per token when every
+        layer holds every token; None when the engine says neither. The formula's own pool is not used: the
+        engine's figure is what it allocated."""
+        layout = self.plan.layout
+        if num_gpu_blocks is not None and num_gpu_blocks > 0:
+            return float(num_gpu_blocks) * layout.bytes_per_block_row
+        if kv_capacity_tokens is not None and kv_capacity_tokens > 0 and not layout.is_hybrid:
+            return float(kv_capacity_tokens) * self.plan.kv_bytes_per_token
+        return None
+
+    @property
+    def weights_bytes(self) -> float | None:
+        """The weights on each GPU: the plan's figure (estimated from the model; kvwatch has no measured one)."""
+        return self.plan.weights_bytes
 
 
 def vllm_version_from_cache_config(labels: Mapping[str, str]) -> tuple[int, int] | None:
