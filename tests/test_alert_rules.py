@@ -29,6 +29,7 @@ ALERTS = {
     "VLLMSchedulerLimited": "info",
     "VLLMEngineStalled": "critical",
     "TTFTObjectiveBreach": "warning",
+    "KVWatchGPUMemoryPressure": "warning",
     "KvwatchTargetDown": "warning",
     "KvwatchAbsent": "warning",
 }
@@ -40,7 +41,8 @@ DERIVED = re.compile(
     r"latency_seconds)\b"
 )
 # Health alerts: one per target, and no series carries a model_name once polls fail (documented exception).
-NO_MODEL = {"KvwatchTargetDown", "KvwatchAbsent"}
+# Per-GPU alerts: a GPU's series carries no model_name (kvwatch cannot tell data-parallel engines' GPUs apart).
+NO_MODEL = {"KvwatchTargetDown", "KvwatchAbsent", "KVWatchGPUMemoryPressure"}
 # Rules whose value is a constant (kvwatch_up == 0, up == 0, absent() == 1): their text cannot quote it.
 CONSTANT_VALUE = {("KvwatchTargetDown", "start"), ("KvwatchAbsent", None)}
 # Labels besides severity: KvwatchTargetDown is two rules (promtool's lint refuses two with equal labels).
@@ -217,5 +219,5 @@ def test_e2e_copy_differs_only_in_shorter_for() -> None:
 
 def test_difference_check_catches_a_changed_threshold() -> None:
     source = RULES.read_text()
-    tampered = shorten_for(source, 60).replace("< 1800", "< 3600")
+    tampered = shorten_for(source, 60).replace("< 1800", "< 3600", 1)  # the first: the forecast rule
     assert differences_besides_for(source, tampered) == ["rule KVCacheExhaustionForecast differs"]
