@@ -254,6 +254,20 @@ def test_large_integers_and_set_values_stay_integers() -> None:
     assert from_file["KVWATCH_MAX_BODY_BYTES"] == "33554432"
 
 
+def test_decimals_given_with_plain_set_pass_the_schema_and_reach_both_containers() -> None:
+    # helm --set keeps 0.9 as the string "0.9": the schema takes a decimal string where a number goes.
+    assert "--set config.gpuMemoryUtilization=0.9" in (ROOT / "docs" / "deploy.md").read_text()
+    objects = render(*MINIMAL, "--set", "config.gpuMemoryUtilization=0.9", "--set", "config.pollIntervalSeconds=2.5")
+    env = {e["name"]: e["value"] for e in containers(objects)["kvwatch"]["env"]}
+    assert (env["KVWATCH_GPU_MEMORY_UTILIZATION"], env["KVWATCH_POLL_INTERVAL_SECONDS"]) == ("0.9", "2.5")
+    assert vllm_flags(containers(objects)["vllm"]["args"])["--gpu-memory-utilization"] == "0.9"
+    for bad in ("abc", "-0.9"):
+        assert "/config/gpuMemoryUtilization" in render_fails(*MINIMAL, "--set", f"config.gpuMemoryUtilization={bad}")
+    # JSON numbers keep the schema's bounds.
+    assert "/config/gpuMemoryUtilization" in render_fails(*MINIMAL, "--set-json", "config.gpuMemoryUtilization=1.5")
+    assert "/config/gpuMemoryUtilization" in render_fails(*MINIMAL, "--set", "config.gpuMemoryUtilization=0")
+
+
 def vllm_flags(args: list[str]) -> dict[str, str | None]:
     flags: dict[str, str | None] = {}
     i = 1  # args[0] is the model
@@ -743,21 +757,6 @@ def test_kubernetes_objects_in_values_use_the_generated_closed_definitions() -> 
     assert probe["additionalProperties"] is False and "failureThreshold" in probe["properties"]
 
 
-def test_decimals_go_through_set_json_as_docs_deploy_md_says() -> None:
-    """`--set` keeps 0.9 a string (the schema refuses it); `--set-json` passes the number."""
-    docs = (ROOT / "docs" / "deploy.md").read_text()
-    assert "--set-json config.gpuMemoryUtilization=0.9" in docs
-    stderr = render_fails(*MINIMAL, "--set", "config.gpuMemoryUtilization=0.9")
-    assert "at '/config/gpuMemoryUtilization': got string, want null or number" in stderr
-    assert "at '/config/gpuMemoryUtilization': got string, want null or number" in docs
-    objects = render(*MINIMAL, "--set-json", "config.gpuMemoryUtilization=0.9", "--set-json",
-                     "config.pollIntervalSeconds=2.5")
-    pod = containers(objects)
-    env = {e["name"]: e["value"] for e in pod["kvwatch"]["env"]}
-    assert env["KVWATCH_GPU_MEMORY_UTILIZATION"] == "0.9" and env["KVWATCH_POLL_INTERVAL_SECONDS"] == "2.5"
-    assert vllm_flags(pod["vllm"]["args"])["--gpu-memory-utilization"] == "0.9"
-
-
 def test_schema_config_keys_are_the_settings_fields() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
@@ -792,6 +791,9 @@ def test_schema_config_types_match_the_settings() -> None:
         branches = settings_schema[field].get("anyOf", [settings_schema[field]])
         wanted = {b["type"] for b in branches if b.get("type") != "null"}
         declared = set(config[key]["type"]) - {"null"}
+        if wanted == {"number"}:  # `helm --set` passes decimals as strings: accepted as decimal text
+            assert declared == {"number", "string"} and config[key]["pattern"], key
+            declared = wanted
         assert declared == wanted, key
         for value in config[key].get("enum", []):
             if value is not None:  # every value the chart allows, kvwatch accepts
@@ -838,3 +840,20 @@ def test_ci_values_cover_both_modes_and_every_integration() -> None:
     for toggle in ("serviceMonitor", "podMonitor", "prometheusRule", "dashboards"):
         assert any(v[toggle]["enabled"] for v in combined), toggle
     assert re.fullmatch(r"v\d+\.\d+\.\d+", merged_values("default")["vllm"]["image"]["tag"])
+
+
+@pytest.mark.parametrize("prefill", [551, 2400])
+def test_vllm_probes_are_sized_from_the_prefill_estimate(prefill: int) -> None:
+    # 551 s: `kvwatch plan --model Qwen/Qwen2.5-7B-Instruct-1M --gpu H100 --json`'s long_context estimate.
+    sized = containers(render(*MINIMAL, "--set", f"vllm.prefillSecondsEstimate={prefill}"))["vllm"]
+    default = containers(render(*MINIMAL))["vllm"]
+    startup, liveness = sized["startupProbe"], sized["livenessProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600 + prefill
+    assert liveness["periodSeconds"] * liveness["failureThreshold"] >= prefill
+    for probe in ("startupProbe", "livenessProbe"):  # raised, never lowered
+        assert sized[probe]["failureThreshold"] >= default[probe]["failureThreshold"]
+    assert sized["readinessProbe"] == default["readinessProbe"]
+
+
+def test_prefill_estimate_must_be_a_non_negative_number() -> None:
+    assert "prefillSecondsEstimate" in render_fails(*MINIMAL, "--set", "vllm.prefillSecondsEstimate=-1")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -80,6 +80,10 @@ class _Base(BaseSettings):
 class DeploymentSettings(_Base):
     """What the model and the card are: feeds the capacity model (``plan`` and ``serve``)."""
 
+    # The capacity plans resolved for these settings (kvwatch.serve.sidecar_capacity.resolver_for): one object
+    # per series that the capacity analyzer, the forecaster's advice and check all read. Not a setting.
+    _capacity_resolver: Any = PrivateAttr(default=None)
+
     model: str | None = Field(
         None, description="Model preset name (a Hugging Face id, e.g. meta-llama/Llama-3.1-8B-Instruct)."
     )
@@ -139,6 +143,10 @@ def public_name(field: str) -> str:
 class TargetSettings(DeploymentSettings):
     """What one poll of vLLM needs: where, how long at most, and how to read it (``serve`` and ``check``)."""
 
+    # Not the capacity model's (plan has no advice): how far the advisor's tensor-parallel fix may go.
+    gpus_per_node: int = Field(8, ge=1, le=1024, description="GPUs in one node: the largest tensor-parallel "
+                               "size the advice proposes (beyond it, it says add a replica).")
+
     target_url: str = Field("http://127.0.0.1:8000/metrics", description="vLLM /metrics URL to poll.")
     poll_timeout_seconds: float | None = Field(
         None, gt=0, description="Timeout of one poll; must be below the interval (default 0.8 x interval)."
@@ -196,7 +204,8 @@ class ServeSettings(TargetSettings):
     listen_address: str = Field(
         "127.0.0.1", description="Address kvwatch serves /metrics on (the container image sets 0.0.0.0)."
     )
-    port: int = Field(9747, ge=1, le=65535, description="Port kvwatch serves /metrics and /healthz on.")
+    port: int = Field(9747, ge=0, le=65535, description="Port kvwatch serves /metrics and /healthz on (0: a free "
+                      "port, logged at start).")
     poll_interval_seconds: float = Field(
         5.0, ge=MIN_INTERVAL_SECONDS, le=MAX_INTERVAL_SECONDS,
         description="How often kvwatch polls vLLM (its own timer), 0.01 s to 1 h."

@@ -40,6 +40,7 @@ from kvwatch.history import History
 from kvwatch.payload import ScrapeError, interpret
 from kvwatch.serve.collector import KvwatchCollector, make_registry
 from kvwatch.serve.gpu import DcgmSource, GpuWatcher, NvmlSource
+from kvwatch.serve.sidecar_capacity import resolver_for
 from kvwatch.serve.state import Analyzer, State
 from kvwatch.settings import ServeSettings, SettingsError, add_settings_flags, load_settings
 
@@ -134,7 +135,8 @@ class Sidecar:
                 log.warning("vLLM series %s/%s restarted: %s", key[0], key[1], reason)
             series = {r.key: self._series(r, now) for r in poll.readings}
             health = replace(previous.health, up=True, scrape_duration_seconds=time.monotonic() - started,
-                             last_success_timestamp=now, polls_total=previous.health.polls_total + 1)
+                             last_success_timestamp=now, last_success_wall_seconds=time.time(),
+                             polls_total=previous.health.polls_total + 1)
             state = State(timestamp=now, health=health, detection=poll.detection, series=MappingProxyType(series),
                           gpu=self._gpu_state(gpu_read, now, series))
             d = poll.detection
@@ -148,13 +150,15 @@ class Sidecar:
         if read is None or self.gpu is None:
             return None
         # The KV pool and weights per GPU, as the capacity analyzer computed them for the live engine series.
-        kv_pool, weights = shared_terms((getattr(s.extra.get("capacity"), "kv_pool_bytes", None),
+        kv_pool, weights = shared_terms((getattr(s.extra.get("capacity"), "pool_bytes", None),
                                          getattr(s.extra.get("capacity"), "weights_bytes", None))
                                         for s in series.values())
         return self.gpu.update(read.result(), now, kv_pool, weights)
 
     def _series(self, reading: Any, now: float) -> SeriesState:
         history = self.history[reading.key]
+        # The series' one capacity (the engine's figures first, then the formula), filled in for every consumer.
+        reading = resolver_for(self.settings).series(reading).apply(reading)
         extra: dict[str, Any] = {}
         for analyzer in self.analyzers:
             try:
@@ -255,8 +259,9 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
+    port = server.server_address[1]  # --port 0: the free port the system picked
     log.info("kvwatch serving on http://%s:%d/metrics, polling %s every %gs", settings.listen_address,
-             settings.port, settings.target_url, settings.poll_interval_seconds)
+             port, settings.target_url, settings.poll_interval_seconds)
     if sidecar.gpu is not None:
         log.info("GPU memory from %s", settings.dcgm_url or "NVML")
     scheduler = start_polling(sidecar, settings.poll_interval_seconds)

@@ -14,6 +14,7 @@ that pool) replaces the memory budget, and the label set says which vLLM version
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -23,6 +24,8 @@ from kvwatch.capacity.kv import VLLM_BLOCK_SIZES
 from kvwatch.capacity.memory import QuantizationError
 from kvwatch.capacity.planner import CapacityPlan, DeploymentSpec, SpecError, plan_capacity
 from kvwatch.capacity.presets import PresetError
+from kvwatch.capacity.series import SeriesCapacity
+from kvwatch.capacity.series import resolve as resolve_series
 from kvwatch.capacity.whatif import Scenario, whatif_ceilings, whatif_scenarios
 from kvwatch.engines.vllm import label_number
 from kvwatch.settings import KV_CACHE_DTYPES
@@ -47,32 +50,15 @@ class SidecarCapacity:
         """``kvwatch_whatif_max_concurrency{scenario}`` at the live average KV tokens per running request."""
         return whatif_ceilings(self.scenarios, avg_kv_tokens_per_request)
 
-    def kv_pool_bytes(self, num_gpu_blocks: float | None, kv_capacity_tokens: float | None) -> float | None:
-        """The KV pool on each GPU, in bytes, from the engine's own size: its blocks × the formula's bytes per
-        block (per GPU), else (engines that report tokens, not blocks) its tokens × bytes per token when every
-        layer holds every token; None when the engine says neither. The formula's own pool is not used: the
-        engine's figure is what it allocated."""
-        layout = self.plan.layout
-        if num_gpu_blocks is not None and num_gpu_blocks > 0:
-            return float(num_gpu_blocks) * layout.bytes_per_block_row
-        if kv_capacity_tokens is not None and kv_capacity_tokens > 0 and not layout.is_hybrid:
-            return float(kv_capacity_tokens) * self.plan.kv_bytes_per_token
-        return None
-
-    @property
-    def weights_bytes(self) -> float | None:
-        """The weights on each GPU: the plan's figure (estimated from the model; kvwatch has no measured one)."""
-        return self.plan.weights_bytes
-
 
 def vllm_version_from_cache_config(labels: Mapping[str, str]) -> tuple[int, int] | None:
     """The vLLM version whose capacity rules apply, from the ``cache_config_info`` label set; None if unknown.
 
     ``CacheConfig`` gained and lost fields over time (docs/capacity.md, section 5): ``kv_cache_size_tokens``
-    from ~0.25 (the adapter's ``>=0.25``), ``user_specified_block_size`` from 0.20.2, while ``cpu_offload_gb``
+    from ~0.25 (the adapter reports ``>=0.21``), ``user_specified_block_size`` from 0.20.2, while ``cpu_offload_gb``
     and ``swap_space`` were dropped in 0.20.2; ``kv_offloading_backend``/``mamba_block_size`` appeared in 0.12,
     ``kv_cache_memory_bytes``/``kv_sharing_fast_prefill`` in 0.10.2, ``cpu_kvcache_space_bytes`` in 0.9 and
-    ``swap_space_bytes`` is V0's. The adapter's own ranges (``0.12-0.2x``) cannot tell the 0.20 rules apart.
+    ``swap_space_bytes`` is V0's. The adapter's detected range (``0.12-0.25``) spans several rule changes.
     """
     if "kv_cache_size_tokens" in labels or "kv_cache_max_concurrency" in labels:
         return (0, 25)
@@ -158,3 +144,44 @@ def build_sidecar_capacity(settings: Any, model_name: str | None = None,
         notes.insert(0, "from vllm:cache_config_info: " + ", ".join(taken))
     plan = replace(plan, notes=(*plan.notes, *notes))
     return SidecarCapacity(plan, scenarios), ""
+
+
+class CapacityResolver:
+    """One capacity per series for one set of settings, built once per engine configuration.
+
+    ``sidecar(reading)`` is the formula's plan and what-ifs (``build_sidecar_capacity`` with the engine's
+    cache_config_info), cached per ``model_name`` and the labels the formula reads; ``series(reading)`` is the
+    capacity every consumer uses (kvwatch.capacity.series: the engine's figures first, then that plan).
+    """
+
+    def __init__(self, settings: Any) -> None:
+        self._settings = settings
+        self._cache: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[SidecarCapacity | None, str]] = {}
+
+    def _key(self, reading: Any) -> tuple[str, tuple[tuple[str, str], ...]]:
+        config = {k: v for k, v in reading.cache_config.items() if k in ENGINE_LABELS or k in VERSION_LABELS}
+        return reading.model_name, tuple(sorted(config.items()))
+
+    def is_new(self, reading: Any) -> bool:
+        return self._key(reading) not in self._cache
+
+    def sidecar(self, reading: Any) -> tuple[SidecarCapacity | None, str]:
+        """(the formula's plan and what-ifs, why not) for this reading's model and engine configuration."""
+        key = self._key(reading)
+        if key not in self._cache:
+            self._cache[key] = build_sidecar_capacity(self._settings, reading.model_name, reading.cache_config)
+        return self._cache[key]
+
+    def series(self, reading: Any) -> SeriesCapacity:
+        capacity, _ = self.sidecar(reading)
+        return resolve_series(reading, capacity.plan if capacity is not None else None)
+
+
+def resolver_for(settings: Any) -> CapacityResolver:
+    """The settings' one resolver (kept on the settings object, so every consumer shares its plans)."""
+    resolver = getattr(settings, "_capacity_resolver", None)
+    if resolver is None:
+        resolver = CapacityResolver(settings)
+        with contextlib.suppress(AttributeError, ValueError):  # a stand-in without the slot: not shared
+            settings._capacity_resolver = resolver
+    return resolver
