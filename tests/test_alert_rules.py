@@ -29,6 +29,7 @@ ALERTS = {
     "VLLMSchedulerLimited": "info",
     "VLLMEngineStalled": "critical",
     "TTFTObjectiveBreach": "warning",
+    "KVWatchGPUMemoryPressure": "warning",
     "KvwatchTargetDown": "warning",
     "KvwatchAbsent": "warning",
     "VLLMContainerRestartLoop": "critical",
@@ -43,7 +44,8 @@ DERIVED = re.compile(
     r"ttft_slo_breach|latency_seconds|capacity_finding)\b"
 )
 # Health alerts: one per target, and no series carries a model_name once polls fail (documented exception).
-NO_MODEL = {"KvwatchTargetDown", "KvwatchAbsent", "VLLMContainerRestartLoop"}
+# Per-GPU alerts: a GPU's series carries no model_name (kvwatch cannot tell data-parallel engines' GPUs apart).
+NO_MODEL = {"KvwatchTargetDown", "KvwatchAbsent", "VLLMContainerRestartLoop", "KVWatchGPUMemoryPressure"}
 # Rules whose value is a constant (kvwatch_up == 0, up == 0, absent() == 1): their text cannot quote it.
 CONSTANT_VALUE = {("KvwatchTargetDown", "start"), ("KvwatchAbsent", None), ("KVCacheLeakSuspected", None),
                   ("VLLMRequestExceedsPool", None)}

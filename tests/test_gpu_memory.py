@@ -42,3 +42,31 @@ def test_non_kv_memory() -> None:
     gib = 1024.0 ** 3
     assert non_kv_bytes(78 * gib, 50 * gib, 16 * gib) == 12 * gib
     assert non_kv_bytes(78 * gib, None, 16 * gib) is None
+
+
+def test_growth_is_the_least_squares_slope_and_needs_a_span() -> None:
+    from kvwatch.gpu_memory import growth_rate
+
+    steps = [(0.0, 10.0), (60.0, 10.0), (120.0, 70.0), (180.0, 70.0)]  # the caching allocator's steps
+    assert growth_rate(steps) == pytest.approx(0.4)  # the line through the steps, not one step's jump
+    assert growth_rate(steps[:2]) is None  # two points are not a trend
+    assert growth_rate([(0.0, 1.0), (30.0, 2.0), (60.0, 3.0)]) is None  # shorter than 2 minutes
+    assert growth_rate([(0.0, 5.0), (100.0, 3.0), (200.0, 1.0)]) == pytest.approx(-0.02)
+
+
+def test_seconds_to_limit_only_while_memory_grows() -> None:
+    from kvwatch.gpu_memory import seconds_to_limit
+
+    assert seconds_to_limit(1000 * MIB, 1 * MIB) == pytest.approx(1000.0)
+    assert seconds_to_limit(1000 * MIB, 0.0) is None
+    assert seconds_to_limit(1000 * MIB, -5.0) is None
+    assert seconds_to_limit(None, 1.0) is None
+
+
+def test_shared_terms_need_every_engine_to_agree() -> None:
+    from kvwatch.gpu_memory import shared_terms
+
+    assert shared_terms([(50.0, 16.0), (50.0, 16.0)]) == (50.0, 16.0)  # identical data-parallel engines
+    assert shared_terms([(50.0, 16.0), (40.0, 16.0)]) == (None, 16.0)  # which GPU holds which pool: unknown
+    assert shared_terms([(50.0, None)]) == (50.0, None)
+    assert shared_terms([]) == (None, None)

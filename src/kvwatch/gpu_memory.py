@@ -105,3 +105,47 @@ def least_free_ratio(gpus: Iterable[GpuMemory]) -> float | None:
 def xid_errors(gpus: Sequence[GpuMemory]) -> dict[str, float]:
     """``{uuid: last Xid code}`` for GPUs that reported one (non-zero)."""
     return {g.uuid: g.xid_last for g in gpus if g.xid_last}
+
+
+# The trend of non-KV memory. The KV pool and the weights are allocated once at startup, so between restarts
+# non-KV memory grows exactly as framebuffer used does: its slope is the slope of ``used``, which is known even
+# when the model (hence the weights) is not. A least-squares line over the last 10 minutes of polls, with at
+# least 2 minutes between the first and last point, rides out the caching allocator's steps.
+TREND_WINDOW_SECONDS = 600.0
+TREND_MIN_SPAN_SECONDS = 120.0
+TREND_MIN_POINTS = 3
+
+
+def growth_rate(points: Sequence[tuple[float, float]], min_span: float = TREND_MIN_SPAN_SECONDS) -> float | None:
+    """Least-squares slope of ``(t, bytes)`` points in bytes per second; None with too few or too short."""
+    if len(points) < TREND_MIN_POINTS or points[-1][0] - points[0][0] < min_span:
+        return None
+    n = float(len(points))
+    mean_t = sum(t for t, _ in points) / n
+    mean_v = sum(v for _, v in points) / n
+    var = sum((t - mean_t) ** 2 for t, _ in points)
+    if var <= 0:
+        return None
+    return sum((t - mean_t) * (v - mean_v) for t, v in points) / var
+
+
+def seconds_to_limit(free_bytes: float | None, growth_bytes_per_second: float | None) -> float | None:
+    """When the framebuffer fills at the current growth: free ÷ growth; None unless memory grows."""
+    if free_bytes is None or growth_bytes_per_second is None or growth_bytes_per_second <= 0:
+        return None
+    return free_bytes / growth_bytes_per_second
+
+
+def shared_terms(terms: Iterable[tuple[float | None, float | None]]) -> tuple[float | None, float | None]:
+    """The (KV pool, weights) bytes per GPU that every engine series agrees on.
+
+    kvwatch cannot tell which of the pod's GPUs holds which data-parallel engine, so a per-GPU term is only
+    known when every live engine reports the same figure (identical engines); otherwise it is unknown.
+    """
+    pools, weights = set(), set()
+    for pool, weight in terms:
+        pools.add(pool)
+        weights.add(weight)
+    pool_value = pools.pop() if len(pools) == 1 else None
+    weight_value = weights.pop() if len(weights) == 1 else None
+    return pool_value, weight_value

@@ -57,6 +57,24 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc="***@" + parts.netloc))
 
 
+def check_url(v: str) -> str:
+    """An http(s) URL with a host, or ValueError saying what is wrong."""
+    if any(c.isspace() or not c.isprintable() for c in v):
+        raise ValueError("must be a URL without spaces or control characters")
+    try:
+        parts = urlsplit(v)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as exc:
+        raise ValueError(f"must be an http:// or https:// URL ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http:// or https:// URL with a host")
+    if not re.fullmatch(r"[A-Za-z0-9._:%-]+", parts.hostname):
+        # e.g. "$(NODE_IP)" left as is: Kubernetes expands $(VAR) only for variables defined earlier.
+        raise ValueError(f"host {parts.hostname!r} is not a host name or an IP address (an unexpanded "
+                         "$(VARIABLE)?)")
+    return v
+
+
 class SettingsError(ValueError):
     """A setting has a bad value; ``str()`` is a one-line message naming the flag or variable."""
 
@@ -174,16 +192,7 @@ class TargetSettings(DeploymentSettings):
     @field_validator("target_url")
     @classmethod
     def _url(cls, v: str) -> str:
-        if any(c.isspace() or not c.isprintable() for c in v):
-            raise ValueError("must be a URL without spaces or control characters")
-        try:
-            parts = urlsplit(v)
-            parts.port  # noqa: B018 - raises ValueError on a bad port
-        except ValueError as exc:
-            raise ValueError(f"must be an http:// or https:// URL ({exc})") from None
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("must be an http:// or https:// URL with a host")
-        return v
+        return check_url(v)
 
     @field_validator("bearer_token_file", "ca_file")
     @classmethod
@@ -242,6 +251,22 @@ class ServeSettings(TargetSettings):
         description="Time-to-first-token objective: kvwatch_ttft_slo_breach says when the p90 over the last "
         "5 minutes exceeds it, and whether the KV cache is the cause (unset: no SLO gauge)."
     )
+    dcgm_url: str | None = Field(
+        None, description="NVIDIA dcgm-exporter /metrics URL (the node's, port 9400), polled on the same timer "
+        "for framebuffer memory and Xid errors of the engine's GPUs (unset: off)."
+    )
+    gpu_pod: str | None = Field(
+        None, description="Pod whose GPUs are the engine's, as dcgm-exporter's pod mapping labels them "
+        "(the chart sets it to its own pod in sidecar mode)."
+    )
+    gpu_namespace: str | None = Field(None, description="Namespace of --gpu-pod (unset: any namespace).")
+    gpu_uuids: str | None = Field(
+        None, description="Comma-separated GPU UUIDs (GPU-...) that are the engine's; wins over --gpu-pod."
+    )
+    nvml: bool = Field(
+        False, description="Read the engine's GPUs through NVML (needs kvwatch[nvml] and the GPUs visible to "
+        "kvwatch; all visible GPUs unless --gpu-uuids), instead of --dcgm-url."
+    )
     clock_speed: float = Field(
         1.0, gt=0, le=MAX_CLOCK_SPEED,
         description="Demo/test knob: kvwatch's clock runs this many times real time, to watch a "
@@ -266,8 +291,29 @@ class ServeSettings(TargetSettings):
     def _upper(cls, v: Any) -> Any:
         return v.upper() if isinstance(v, str) else v
 
+    @field_validator("dcgm_url")
+    @classmethod
+    def _dcgm_url(cls, v: str | None) -> str | None:
+        return check_url(v) if v is not None else v
+
+    @field_validator("gpu_uuids")
+    @classmethod
+    def _uuids(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        uuids = [u.strip() for u in v.split(",") if u.strip()]
+        if not uuids or any(not u.startswith(("GPU-", "MIG-")) for u in uuids):
+            raise ValueError("must be comma-separated GPU UUIDs as nvidia-smi -L prints them (GPU-...)")
+        return ",".join(uuids)
+
     @model_validator(mode="after")
     def _derived(self) -> ServeSettings:
+        if self.dcgm_url is not None and self.nvml:
+            raise _FieldError("nvml", "cannot be used with {dcgm_url}: pick one GPU source")
+        if self.dcgm_url is not None and not (self.gpu_pod or self.gpu_uuids):
+            # dcgm-exporter lists every GPU of the node: without a key, which are the engine's is unknown.
+            raise _FieldError("dcgm_url", "needs --gpu-pod (KVWATCH_GPU_POD) or --gpu-uuids (KVWATCH_GPU_UUIDS) "
+                              "to tell the engine's GPUs from the node's others")
         interval = self.poll_interval_seconds
         if self.poll_timeout_seconds is None:
             self.poll_timeout_seconds = 0.8 * interval

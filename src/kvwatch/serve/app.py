@@ -16,6 +16,7 @@ interval, timeout and stale-after settings stay in real seconds.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import functools
 import importlib
 import logging
@@ -33,10 +34,12 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from kvwatch.derived import SeriesState, derive
 from kvwatch.engines import SourceOverrides
 from kvwatch.fetch import Fetcher
+from kvwatch.gpu_memory import GpuMatch, shared_terms
 from kvwatch.history import History
 from kvwatch.model import Poll
 from kvwatch.payload import ScrapeError, interpret
 from kvwatch.serve.collector import KvwatchCollector, make_registry
+from kvwatch.serve.gpu import DcgmSource, GpuWatcher, NvmlSource
 from kvwatch.serve.sidecar_capacity import resolver_for
 from kvwatch.serve.state import Analyzer, State
 from kvwatch.serve.web import MetricsServer, RenderCache, WebConfigError, WebConfigWatcher
@@ -147,8 +150,11 @@ class Sidecar:
     """Polls the target and owns the current State (swapped whole, read without locks)."""
 
     def __init__(self, settings: ServeSettings, fetcher: Fetcher, clock: Callable[[], float],
-                 analyzers: Sequence[Analyzer] = ()) -> None:
+                 analyzers: Sequence[Analyzer] = (), gpu: GpuWatcher | None = None) -> None:
         self.settings = settings
+        self.gpu = gpu
+        # The GPU source is read on its own thread beside the engine's poll, so a slow exporter never delays it.
+        self._gpu_pool = concurrent.futures.ThreadPoolExecutor(1, "kvwatch-gpu") if gpu is not None else None
         self.fetcher = fetcher
         self.clock = clock
         self.analyzers = tuple(analyzers)
@@ -164,6 +170,14 @@ class Sidecar:
         self._stop = threading.Event()
         self._capped = False  # whether the last good poll had more series than --max-series
         self._skipped_runs = 0  # runs the scheduler skipped since polls last kept to the interval
+
+    def close(self) -> None:
+        """Close the engine's fetcher and the GPU source (cancelling reads in flight)."""
+        self.fetcher.close()
+        if self.gpu is not None:
+            self.gpu.close()
+        if self._gpu_pool is not None:
+            self._gpu_pool.shutdown(wait=False)
 
     def stop(self) -> None:
         """From now on a poll ending (cancelled by the fetcher's close) neither logs nor swaps the state,
@@ -232,6 +246,7 @@ class Sidecar:
         errors = dict(previous.health.errors_total)
         big = False
         text = ""
+        gpu_read = self._gpu_pool.submit(self.gpu.read) if self._gpu_pool is not None and self.gpu else None
         try:
             text = self.fetcher.fetch()
             big = len(text) > RELEASE_AFTER_BYTES
@@ -245,7 +260,7 @@ class Sidecar:
             health = replace(previous.health, up=False, scrape_duration_seconds=time.monotonic() - started,
                              errors_total=MappingProxyType(errors), last_error_reason=exc.reason,
                              last_error=str(exc), polls_total=previous.health.polls_total + 1)
-            state = replace(previous, timestamp=now, health=health)
+            state = replace(previous, timestamp=now, health=health, gpu=self._gpu_state(gpu_read, now, {}))
             self._status_log.change(("down", exc.reason), logging.WARNING, "target %s is down (%s): %s",
                                     self.target, exc.reason, exc)
         else:
@@ -267,7 +282,8 @@ class Sidecar:
                              polls_total=previous.health.polls_total + 1,
                              series_dropped_total=previous.health.series_dropped_total + dropped,
                              implausible_total=implausible)
-            state = State(timestamp=now, health=health, detection=poll.detection, series=MappingProxyType(series))
+            state = State(timestamp=now, health=health, detection=poll.detection, series=MappingProxyType(series),
+                          gpu=self._gpu_state(gpu_read, now, series))
             d = poll.detection
             self._status_log.change(("up", d), logging.INFO, "target %s is up: %s %s, usage from %s, %d series",
                                     self.target, d.engine_kind, d.version_range, d.usage_metric, len(series))
@@ -304,6 +320,16 @@ class Sidecar:
                                 "(first: %s/%s %s = %r)", self.target, ", ".join(fields), key[0], key[1], name, value)
         return MappingProxyType(counts)
 
+    def _gpu_state(self, read: concurrent.futures.Future[Any] | None, now: float,
+                   series: dict[Any, SeriesState]) -> Any:
+        if read is None or self.gpu is None:
+            return None
+        # The KV pool and weights per GPU, as the capacity analyzer computed them for the live engine series.
+        kv_pool, weights = shared_terms((getattr(s.extra.get("capacity"), "pool_bytes", None),
+                                         getattr(s.extra.get("capacity"), "weights_bytes", None))
+                                        for s in series.values())
+        return self.gpu.update(read.result(), now, kv_pool, weights)
+
     def _series(self, reading: Any, now: float) -> SeriesState:
         history = self.history[reading.key]
         # The series' one capacity (the engine's figures first, then the formula), filled in for every consumer.
@@ -318,6 +344,18 @@ class Sidecar:
             if result is not None:
                 extra[analyzer.name] = result
         return derive(reading, history, self.settings.max_model_len, extra)
+
+
+def make_gpu_watcher(settings: ServeSettings) -> GpuWatcher | None:
+    """The GPU memory source the settings ask for (--dcgm-url or --nvml), or None."""
+    uuids = frozenset(settings.gpu_uuids.split(",")) if settings.gpu_uuids else frozenset()
+    if settings.nvml:
+        return GpuWatcher(NvmlSource(uuids))
+    if settings.dcgm_url is None:
+        return None
+    fetcher = Fetcher(settings.dcgm_url, timeout=float(settings.poll_timeout_seconds or 1.0),
+                      max_body_bytes=settings.max_body_bytes)
+    return GpuWatcher(DcgmSource(fetcher, GpuMatch(settings.gpu_pod, settings.gpu_namespace, uuids)))
 
 
 def load_analyzers(settings: ServeSettings, modules: Sequence[str] = ANALYZER_MODULES) -> list[Analyzer]:
@@ -351,7 +389,7 @@ def run(args: argparse.Namespace) -> int:
                       max_body_bytes=settings.max_body_bytes, bearer_token_file=settings.bearer_token_file,
                       ca_file=settings.ca_file, tls_verify=settings.tls_verify)
     analyzers = load_analyzers(settings)
-    sidecar = Sidecar(settings, fetcher, clock, analyzers)
+    sidecar = Sidecar(settings, fetcher, clock, analyzers, make_gpu_watcher(settings))
     # Settings durations are real seconds; the poll clock runs clock_speed times faster.
     stale_after = float(settings.stale_after_seconds or 0) * settings.clock_speed
     collector = KvwatchCollector(lambda: sidecar.state, now=clock, stale_after=stale_after, analyzers=analyzers)
@@ -372,7 +410,7 @@ def run(args: argparse.Namespace) -> int:
         server = MetricsServer((settings.listen_address, settings.port), RenderCache(registry, version), web)
     except OSError as exc:
         log.error("cannot listen on %s:%d: %s", settings.listen_address, settings.port, exc)
-        fetcher.close()
+        sidecar.close()
         return 1
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -382,6 +420,8 @@ def run(args: argparse.Namespace) -> int:
     log.info("kvwatch serving on %s://%s:%d/metrics%s, polling %s every %gs", "https" if web.config.tls else "http",
              settings.listen_address, port, " (basic auth)" if web.config.users else "", sidecar.target,
              settings.poll_interval_seconds)
+    if sidecar.gpu is not None:
+        log.info("GPU memory from %s", redact_url(settings.dcgm_url) if settings.dcgm_url else "NVML")
     scheduler = start_polling(sidecar, settings.poll_interval_seconds)
     try:
         stop.wait()
@@ -409,7 +449,7 @@ def stop_polling(scheduler: BackgroundScheduler, sidecar: Sidecar) -> None:
     """Bounded: a poll in flight is cancelled by closing the fetcher, not waited for."""
     sidecar.stop()
     scheduler.shutdown(wait=False)
-    sidecar.fetcher.close()
+    sidecar.close()
 
 
 def _drop_skip_warnings(record: logging.LogRecord) -> bool:

@@ -35,10 +35,11 @@ class CapacityResult:
     formula_kv_capacity_tokens: int | None
     whatif_max_concurrency: Mapping[str, float]
     source: str = "unknown"  # kvwatch.capacity.series.SOURCES: where the series' capacity comes from
-    pool_bytes: float | None = None
+    pool_bytes: float | None = None  # per GPU; also the KV term of kvwatch.serve.gpu's non-KV memory
     pool_source: str | None = None
     # LIVE_FINDINGS id -> 1.0 when its condition held for SUSTAINED_SECONDS, else 0.0; empty when not judged
     findings: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    weights_bytes: float | None = None  # per GPU, the plan's (estimated) weights: kvwatch.serve.gpu's other term
 
 
 MAX_LOGGED_PLANS = 10
@@ -87,7 +88,8 @@ class CapacityAnalyzer:
             whatif = capacity.whatif_max_concurrency(per_request)
         return CapacityResult(capacity.formula_kv_capacity_tokens if capacity is not None else None,
                               MappingProxyType(whatif), series.source, series.pool_bytes, series.pool_source,
-                              MappingProxyType(findings))
+                              MappingProxyType(findings),
+                              capacity.plan.weights_bytes if capacity is not None else None)
 
     def _live_findings(self, key: SeriesKey, history: SeriesHistory | None, reading: Reading,
                        capacity: SidecarCapacity | None, now: float) -> dict[str, float]:

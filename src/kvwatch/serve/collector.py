@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -17,6 +18,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from kvwatch import __version__
 from kvwatch.derived import SeriesState
 from kvwatch.payload import REASONS
+from kvwatch.serve.gpu import families as gpu_families
 from kvwatch.serve.state import Analyzer, State
 
 log = logging.getLogger(__name__)
@@ -56,6 +58,10 @@ class KvwatchCollector(Collector):
                     families.extend(analyzer.families(results, now))
                 except Exception:
                     log.exception("analyzer %s failed to export", analyzer.name)
+            if state.gpu is not None:
+                # GPU memory is refreshed by every poll, good or bad: stale only when polling itself stopped.
+                gpu_fresh = state.timestamp is not None and now - state.timestamp <= self._stale_after
+                families.extend(gpu_families(state.gpu if gpu_fresh else replace(state.gpu, gpus=())))
         except Exception:
             log.exception("cannot export per-series metrics")
             return

@@ -51,7 +51,6 @@ class SidecarCapacity:
         return whatif_ceilings(self.scenarios, avg_kv_tokens_per_request)
 
 
-
 def vllm_version_from_cache_config(labels: Mapping[str, str]) -> tuple[int, int] | None:
     """The vLLM version whose capacity rules apply, from the ``cache_config_info`` label set; None if unknown.
 

@@ -21,6 +21,7 @@ from kvwatch.derived import SeriesState
 from kvwatch.history import SeriesHistory
 from kvwatch.model import Detection, Reading, SeriesKey
 from kvwatch.payload import REASONS
+from kvwatch.serve.gpu import GpuState
 
 
 class Analyzer(Protocol):
@@ -59,6 +60,7 @@ class State:
     health: Health = field(default_factory=Health)
     detection: Detection | None = None
     series: Mapping[SeriesKey, SeriesState] = field(default_factory=lambda: MappingProxyType({}))
+    gpu: GpuState | None = None  # the GPU memory source's last read (--dcgm-url/--nvml), None when off
 
     def fresh(self, now: float, stale_after: float) -> bool:
         """Whether derived per-series values may still be exported at ``now``."""

@@ -123,6 +123,35 @@ vLLM out of its Service, and a watchdog must never stop the serving. */}}
   args:
     - serve
   env:
+    {{- $config := .Values.config | default dict }}
+    {{- if $config.dcgmUrl }}
+    {{- /* First: $(NODE_IP) in config.dcgmUrl expands only to variables defined earlier in the list. */}}
+    - name: NODE_IP
+      valueFrom:
+        fieldRef:
+          fieldPath: status.hostIP
+    {{- end }}
+    {{- if and $config.dcgmUrl (not $config.gpuUuids) }}
+    {{- if eq (toString $vllm.enabled) "false" }}
+    {{- if not $config.gpuPod }}
+    {{- fail "config.dcgmUrl in mode 2 needs config.gpuPod (the watched vLLM pod, with config.gpuNamespace) or config.gpuUuids: kvwatch's own pod has no GPUs" }}
+    {{- end }}
+    {{- else }}
+    {{- /* Sidecar: the engine's GPUs are this pod's, as dcgm-exporter's pod mapping labels them. */}}
+    {{- if not $config.gpuPod }}
+    - name: KVWATCH_GPU_POD
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.name
+    {{- end }}
+    {{- if not $config.gpuNamespace }}
+    - name: KVWATCH_GPU_NAMESPACE
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.namespace
+    {{- end }}
+    {{- end }}
+    {{- end }}
     {{- include "kvwatch.env" . | trim | nindent 4 }}
     {{- if $web.secretName }}
     {{- if (.Values.config | default dict).webConfigFile }}
