@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Keep the Helm chart in step with its single sources.
 
-1. Copies `alerts/kvwatch-rules.yaml` and `dashboards/kvwatch.json` into `deploy/helm/kvwatch/files/`
-   (Helm can only read files inside the chart).
+1. Regenerates the rule pack and the chart's copy of it (`alerts/generate.py`, from `alerts/config.yaml` and
+   `alerts/rules.in.yaml`) and copies `dashboards/kvwatch.json` into `deploy/helm/kvwatch/files/` (Helm can
+   only read files inside the chart).
 2. Regenerates the `config` block of `deploy/helm/kvwatch/values.schema.json` from kvwatch's settings
    (`kvwatch.settings.ServeSettings`: one camelCase key per setting, its type, bounds and description).
    A new setting still needs its commented line under `config:` in values.yaml (a test checks that).
@@ -27,7 +28,6 @@ ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "deploy" / "helm" / "kvwatch"
 SCHEMA = CHART / "values.schema.json"
 COPIES = {
-    ROOT / "alerts" / "kvwatch-rules.yaml": CHART / "files" / "kvwatch-rules.yaml",
     ROOT / "dashboards" / "kvwatch.json": CHART / "files" / "kvwatch.json",
 }
 # Values the settings validators accept, written out for the chart's schema (the settings lower-case them;
@@ -120,11 +120,22 @@ def kubernetes_definitions(version: str = KUBERNETES_VERSION) -> dict[str, Any]:
     return dict(sorted(found.items()))
 
 
+def generate_rules(argv: list[str]) -> int:
+    """Run alerts/generate.py (it writes both alerts/kvwatch-rules.yaml and the chart's copy)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("generate_rules", ROOT / "alerts" / "generate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return int(module.main(argv))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if anything is stale")
     args = parser.parse_args(argv)
-    stale = False
+    stale = generate_rules(["--check"] if args.check else []) != 0
 
     for source, target in COPIES.items():
         name = target.relative_to(ROOT)

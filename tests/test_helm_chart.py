@@ -598,7 +598,7 @@ def test_chart_copy_of_the_rules_is_the_alerts_file() -> None:
     source = ROOT / "alerts" / "kvwatch-rules.yaml"
     assert source.is_file(), "alerts/kvwatch-rules.yaml is missing"
     assert (CHART / "files" / "kvwatch-rules.yaml").read_bytes() == source.read_bytes(), (
-        "the chart's rule file is stale: run .venv/bin/python scripts/sync_chart_files.py")
+        "the chart's rule file is stale: run .venv/bin/python alerts/generate.py")
 
 
 def test_prometheus_rule_spec_is_the_rule_file() -> None:
