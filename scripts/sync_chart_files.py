@@ -13,7 +13,7 @@
    so `kvwatch.resources.limit.memory` fails the install instead of rendering a container without limits.
 
 Usage (from the repository's venv):  .venv/bin/python scripts/sync_chart_files.py [--check]
---check changes nothing and exits 1 if anything is out of date; tests/test_helm_chart.py runs it.
+--check changes nothing and exits 1 if anything is out of date; tests/test_helm_schema.py runs it.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ ENUMS: dict[str, list[str]] = {
     "log_level": ["DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning", "error"],
 }
 PATTERNS = {"target_url": "^https?://[^/\\s]+"}
-# Kubernetes version of the definitions: the one tests/test_helm_chart.py validates rendered objects with.
+# Kubernetes version of the definitions: the one tests/helm_helpers.py validates rendered objects with.
 KUBERNETES_VERSION = "1.35"
 KUBERNETES_TYPES = (
     "io.k8s.api.apps.v1.DeploymentStrategy",
