@@ -123,19 +123,24 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, yaml.YAMLError) as error:
         print(f"alerts/generate.py: {error}", file=sys.stderr)
         return 2
-    stale = False
-    for path in OUTPUTS:
-        name = path.relative_to(ROOT)
-        if path.is_file() and path.read_text() == text:
-            print(f"up to date: {name}")
-        elif args.check:
-            print(f"out of date: {name}: run .venv/bin/python alerts/generate.py", file=sys.stderr)
-            stale = True
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-            print(f"generated: {name}")
-    return 1 if stale else 0
+    stale = [not write_or_check(path, text.encode(), check=args.check, why="run .venv/bin/python alerts/generate.py")
+             for path in OUTPUTS]
+    return 1 if any(stale) else 0
+
+
+def write_or_check(path: Path, content: bytes, *, check: bool, why: str) -> bool:
+    """Write ``content`` to ``path`` unless it is there already; with ``check`` only report. False: stale."""
+    name = path.relative_to(ROOT)
+    if path.is_file() and path.read_bytes() == content:
+        print(f"up to date: {name}")
+        return True
+    if check:
+        print(f"out of date: {name}: {why}", file=sys.stderr)
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    print(f"written: {name}")
+    return True
 
 
 if __name__ == "__main__":

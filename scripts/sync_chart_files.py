@@ -120,37 +120,31 @@ def kubernetes_definitions(version: str = KUBERNETES_VERSION) -> dict[str, Any]:
     return dict(sorted(found.items()))
 
 
-def generate_rules(argv: list[str]) -> int:
-    """Run alerts/generate.py (it writes both alerts/kvwatch-rules.yaml and the chart's copy)."""
+def rule_generator() -> Any:
+    """alerts/generate.py: it writes the rule pack and the chart's copy; its file writer serves here too."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("generate_rules", ROOT / "alerts" / "generate.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return int(module.main(argv))
+    return module
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if anything is stale")
     args = parser.parse_args(argv)
-    stale = generate_rules(["--check"] if args.check else []) != 0
+    generator = rule_generator()
+    stale = generator.main(["--check"] if args.check else []) != 0
 
     for source, target in COPIES.items():
-        name = target.relative_to(ROOT)
         if not source.is_file():
             print(f"missing source: {source.relative_to(ROOT)}", file=sys.stderr)
             stale = True
-        elif target.is_file() and target.read_bytes() == source.read_bytes():
-            print(f"up to date: {name}")
-        elif args.check:
-            print(f"out of date: {name} (differs from {source.relative_to(ROOT)})", file=sys.stderr)
+        elif not generator.write_or_check(target, source.read_bytes(), check=args.check,
+                                          why=f"differs from {source.relative_to(ROOT)}"):
             stale = True
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(source.read_bytes())
-            print(f"copied: {source.relative_to(ROOT)} -> {name}")
 
     schema = json.loads(SCHEMA.read_text())
     wanted = config_schema()

@@ -164,11 +164,15 @@ def test_scrape_timeout_longer_than_the_interval_is_refused(monitor: str, interv
         assert f"{monitor}.scrapeTimeout ({timeout}) is longer than {monitor}.interval ({interval})" in stderr
 
 
-def test_chart_copy_of_the_rules_is_the_alerts_file() -> None:
-    source = ROOT / "alerts" / "kvwatch-rules.yaml"
-    assert source.is_file(), "alerts/kvwatch-rules.yaml is missing"
-    assert (CHART / "files" / "kvwatch-rules.yaml").read_bytes() == source.read_bytes(), (
-        "the chart's rule file is stale: run .venv/bin/python alerts/generate.py")
+@pytest.mark.parametrize(("source", "copy", "tool"), [
+    ("alerts/kvwatch-rules.yaml", "kvwatch-rules.yaml", "alerts/generate.py"),
+    ("dashboards/kvwatch.json", "kvwatch.json", "scripts/sync_chart_files.py"),
+])
+def test_chart_copies_are_the_repository_files(source: str, copy: str, tool: str) -> None:
+    """Helm reads only files inside the chart: its copies must be the repository's files, byte for byte."""
+    assert (ROOT / source).is_file(), f"{source} is missing"
+    assert (CHART / "files" / copy).read_bytes() == (ROOT / source).read_bytes(), (
+        f"the chart's {copy} is stale: run .venv/bin/python {tool}")
 
 
 def test_prometheus_rule_spec_is_the_rule_file() -> None:
@@ -177,13 +181,6 @@ def test_prometheus_rule_spec_is_the_rule_file() -> None:
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
     assert {"KVCacheBottleneck", "KVCacheExhaustionForecast", "KvwatchTargetDown"} <= alerts
-
-
-def test_chart_copy_of_the_dashboard_is_the_dashboards_file() -> None:
-    source = ROOT / "dashboards" / "kvwatch.json"
-    assert source.is_file(), "dashboards/kvwatch.json is missing"
-    assert (CHART / "files" / "kvwatch.json").read_bytes() == source.read_bytes(), (
-        "the chart's dashboard is stale: run .venv/bin/python scripts/sync_chart_files.py")
 
 
 def test_dashboard_configmap_carries_the_dashboard_for_the_grafana_sidecar() -> None:
