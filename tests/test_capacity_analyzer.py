@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvwatch.capacity.analyzer import CapacityAnalyzer, live_kv_tokens_per_request
 from kvwatch.capacity.planner import DeploymentSpec, plan_capacity
 from kvwatch.model import Reading
+from kvwatch.serve.capacity import CapacityAnalyzer
 from kvwatch.settings import ServeSettings
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
@@ -26,9 +26,9 @@ def families(analyzer: CapacityAnalyzer, r: Reading) -> dict[str, list]:
 
 
 def test_live_tokens_per_request_is_used_tokens_over_running() -> None:
-    assert live_kv_tokens_per_request(reading()) == pytest.approx(20_000.0)
-    assert live_kv_tokens_per_request(reading(requests_running=0.0)) is None
-    assert live_kv_tokens_per_request(reading(kv_capacity_tokens=None)) is None
+    assert reading().kv_tokens_per_running_request == pytest.approx(20_000.0)
+    assert reading(requests_running=0.0).kv_tokens_per_running_request is None
+    assert reading(kv_capacity_tokens=None).kv_tokens_per_running_request is None
 
 
 def test_formula_capacity_matches_the_planner_for_the_preset_named_by_vllm() -> None:
@@ -90,7 +90,7 @@ def test_flags_win_over_the_engines_labels() -> None:
 
 
 def test_version_rules_follow_the_label_set() -> None:
-    from kvwatch.capacity.sidecar import build_sidecar_capacity, vllm_version_from_cache_config
+    from kvwatch.serve.sidecar_capacity import build_sidecar_capacity, vllm_version_from_cache_config
 
     old = cache_config(gpu_memory_utilization="0.9", swap_space="4", cpu_offload_gb="0",
                        kv_offloading_backend="None")
@@ -120,7 +120,7 @@ def test_kv_cache_memory_bytes_label_replaces_the_budget() -> None:
 
 
 def test_serve_reasons_do_not_point_at_plan_only_flags() -> None:
-    from kvwatch.capacity.sidecar import build_sidecar_capacity
+    from kvwatch.serve.sidecar_capacity import build_sidecar_capacity
 
     none, why = build_sidecar_capacity(ServeSettings(), LLAMA, cache_config())
     assert none is None and "--gpu" in why
@@ -153,7 +153,7 @@ def test_a_malformed_model_config_turns_the_model_off_once_not_every_poll(tmp_pa
 
 
 def test_hybrid_mamba_keeps_the_attention_block_size_and_says_so_once() -> None:
-    from kvwatch.capacity.sidecar import build_sidecar_capacity
+    from kvwatch.serve.sidecar_capacity import build_sidecar_capacity
 
     capacity, why = build_sidecar_capacity(ServeSettings(gpu="H100"), "ibm-granite/granite-4.0-h-small",
                                            {"block_size": "64", "gpu_memory_utilization": "0.9"})

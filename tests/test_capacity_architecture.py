@@ -230,7 +230,7 @@ def test_stripping_does_not_invent_presets(name):
 
 
 def test_sidecar_matches_vllms_label_for_a_quantized_local_copy(no_kvwatch_env):
-    from kvwatch.capacity import build_sidecar_capacity
+    from kvwatch.serve.sidecar_capacity import build_sidecar_capacity
     from kvwatch.settings import DeploymentSettings
 
     capacity, why = build_sidecar_capacity(DeploymentSettings(gpu="H100"), model_name="/models/Qwen3-8B-FP8")

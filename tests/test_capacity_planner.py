@@ -206,7 +206,7 @@ def test_parse_bytes_rejects(text):
 
 
 def test_sidecar_capacity_from_label_and_reasons(no_kvwatch_env):
-    from kvwatch.capacity import build_sidecar_capacity
+    from kvwatch.serve.sidecar_capacity import build_sidecar_capacity
 
     settings = DeploymentSettings(gpu="H100", max_model_len=8192, gpu_memory_utilization=0.95)
     capacity, why = build_sidecar_capacity(settings, model_name="/models/Llama-3.1-8B-Instruct")

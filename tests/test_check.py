@@ -13,7 +13,7 @@ import pytest
 from kvwatch.check import build_report, findings
 from kvwatch.cli import main
 from kvwatch.model import Reading
-from kvwatch.state import derive
+from kvwatch.serve.state import derive
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-metrics"
 
@@ -177,7 +177,7 @@ def test_kv_bound_series_gets_the_advisors_fixes_cheapest_first(capsys: pytest.C
 
 
 def test_deployment_flags_size_the_quantization_and_tp_advice(capsys: pytest.CaptureFixture[str]) -> None:
-    from kvwatch.capacity.sidecar import build_sidecar_capacity
+    from kvwatch.serve.sidecar_capacity import build_sidecar_capacity
     from kvwatch.settings import ServeSettings
 
     flags = ["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--max-model-len", "32768"]
@@ -220,7 +220,7 @@ def test_human_report_lists_the_fixes(capsys: pytest.CaptureFixture[str]) -> Non
 def _fetch_timeouts(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """Record the timeout each check fetch is given (the fetch itself then fails as connect)."""
     from kvwatch import check
-    from kvwatch.fetch import ScrapeError
+    from kvwatch.payload import ScrapeError
 
     seen: list[float] = []
 

@@ -12,12 +12,12 @@ from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvwatch.collector import KvwatchCollector, make_registry
 from kvwatch.engines import vllm
 from kvwatch.exposition import parse
 from kvwatch.history import History, SeriesHistory
 from kvwatch.model import Reading, SeriesKey
-from kvwatch.state import Health, State, derive
+from kvwatch.serve.collector import KvwatchCollector, make_registry
+from kvwatch.serve.state import Health, State, derive
 
 FIXTURE = (Path(__file__).parent / "fixtures" / "vllm-metrics" / "gen-0.33-dp2-capacity-labels.prom").read_text()
 
@@ -142,8 +142,8 @@ def test_sidecar_polls_swap_state_and_count_errors(no_kvwatch_env: None) -> None
     import httpx
     import respx
 
-    from kvwatch.app import Sidecar
     from kvwatch.fetch import Fetcher
+    from kvwatch.serve.app import Sidecar
     from kvwatch.settings import ServeSettings
 
     url = "http://vllm.test/metrics"
@@ -172,7 +172,7 @@ def test_sidecar_polls_swap_state_and_count_errors(no_kvwatch_env: None) -> None
 def test_clock_speed_scales_elapsed_time() -> None:
     import time
 
-    from kvwatch.app import Clock
+    from kvwatch.serve.app import Clock
 
     clock = Clock(speed=100.0)
     start = clock()

@@ -21,8 +21,9 @@ from collections.abc import Callable
 import pytest
 from prometheus_client.exposition import generate_latest
 
-from kvwatch import app, demo
-from kvwatch.collector import KvwatchCollector, make_registry
+from kvwatch import demo
+from kvwatch.serve import app
+from kvwatch.serve.collector import KvwatchCollector, make_registry
 from kvwatch.settings import ServeSettings, SettingsError, load_settings
 from kvwatch.sim import cli as sim_cli
 from kvwatch.sim.server import SimulationService

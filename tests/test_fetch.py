@@ -13,7 +13,8 @@ import httpx
 import pytest
 import respx
 
-from kvwatch.fetch import ACCEPT, REASONS, Fetcher, ScrapeError, interpret
+from kvwatch.fetch import ACCEPT, Fetcher
+from kvwatch.payload import REASONS, ScrapeError, interpret
 
 URL = "http://vllm.test:8000/metrics"
 FIXTURE = (Path(__file__).parent / "fixtures" / "vllm-metrics" / "gen-0.33-dp2-capacity-labels.prom").read_text()

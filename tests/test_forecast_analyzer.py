@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from kvwatch.forecast.analyzer import ForecastAnalyzer, make_analyzer
 from kvwatch.history import SeriesHistory
 from kvwatch.model import Reading
+from kvwatch.serve.forecast import ForecastAnalyzer, make_analyzer
 from kvwatch.settings import ServeSettings
 
 

@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from kvwatch.advisor import advise
 from kvwatch.forecast import STATES, Forecaster, ForecastSample
-from kvwatch.forecast.export import forecast_metric_families
+from kvwatch.serve.forecast_export import forecast_metric_families
 
 
 class _Collector:

@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from kvwatch.forecast.buckets import BucketAggregator, SampleDeltas, counter_delta
+from kvwatch.counters import counter_delta
+from kvwatch.forecast.buckets import BucketAggregator, SampleDeltas
 from kvwatch.forecast.robust import Ewma, damped_trend_offset, quantile, theil_sen
 
 

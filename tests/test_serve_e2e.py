@@ -207,7 +207,7 @@ class _SlowThenFast:
 def test_overrunning_polls_are_logged_once_not_per_skipped_run(caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
-    from kvwatch.app import Sidecar, start_polling, stop_polling
+    from kvwatch.serve.app import Sidecar, start_polling, stop_polling
     from kvwatch.settings import ServeSettings
 
     fetcher = _SlowThenFast(slow_polls=3, seconds=0.35)

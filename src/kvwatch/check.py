@@ -25,14 +25,16 @@ from prometheus_client.utils import floatToGoString
 
 from kvwatch.advisor import Advice, advise_from_result
 from kvwatch.engines import SourceOverrides
-from kvwatch.fetch import Fetcher, ScrapeError, interpret
-from kvwatch.forecast import Forecaster, ForecastSample
+from kvwatch.fetch import Fetcher
+from kvwatch.forecast import Forecaster, ForecastParams, ForecastSample
 from kvwatch.model import Poll, Reading
+from kvwatch.payload import ScrapeError, interpret
+from kvwatch.serve.state import SeriesState, derive
 from kvwatch.settings import CheckSettings, SettingsError, add_settings_flags, load_settings
-from kvwatch.state import SeriesState, derive
 
-KV_BOUND_USAGE = 0.95
-SCHEDULER_LIMITED_BELOW = 0.9
+# The forecaster's thresholds, so that check and serve call the same usage KV-bound.
+KV_BOUND_USAGE = ForecastParams().u_sat
+SCHEDULER_LIMITED_BELOW = ForecastParams().u_busy
 PREFIX_HIT_RATIO_LOW = 0.10
 PREFIX_MIN_QUERIES = 1000  # fewer queried tokens/blocks than this says nothing about the hit ratio
 
@@ -110,7 +112,7 @@ def _fetch(settings: CheckSettings) -> str:
 def _capacity_plans(settings: CheckSettings, poll: Poll) -> tuple[dict[str, Any], list[str]]:
     """Capacity plan per model, as serve builds it: --model/--model-config, else a preset matching the
     model_name label. Returns (plans, why not) for the models the capacity model cannot size."""
-    from kvwatch.capacity.sidecar import build_sidecar_capacity
+    from kvwatch.serve.sidecar_capacity import build_sidecar_capacity
 
     plans, reasons = {}, []
     for name in sorted({r.model_name for r in poll.readings}):
@@ -162,8 +164,8 @@ def advice(reading: Reading, timestamp: float, max_model_len: int | None = None,
     """
     result = Forecaster().observe(ForecastSample.from_reading(reading, timestamp))
     estimates = dict(result.estimates)
-    if reading.kv_used_tokens and reading.requests_running:
-        estimates["tokens_per_running_request"] = reading.kv_used_tokens / reading.requests_running
+    if reading.kv_tokens_per_running_request:
+        estimates["tokens_per_running_request"] = reading.kv_tokens_per_running_request
     return advise_from_result(replace(result, state="bottleneck", estimates=estimates), reading,
                               capacity_plan=capacity_plan, max_model_len=max_model_len)
 

@@ -19,7 +19,7 @@ from kvwatch.settings import SettingsError
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("kvwatch.app", "run the sidecar: poll vLLM, forecast, serve kvwatch_* metrics"),
+    "serve": ("kvwatch.serve.app", "run the sidecar: poll vLLM, forecast, serve kvwatch_* metrics"),
     "check": ("kvwatch.check", "one poll of a vLLM endpoint (or a saved payload), then a diagnosis"),
     "plan": ("kvwatch.plan", "KV capacity sums and what-if scenarios for a model on a GPU"),
     "simulate": ("kvwatch.sim.cli", "the built-in vLLM simulator serving /metrics"),

@@ -1,7 +1,7 @@
-"""Fetch one ``/metrics`` body from the target, and turn a body into a :class:`~kvwatch.model.Poll`.
+"""Fetch one ``/metrics`` body from the target (I/O only: :mod:`kvwatch.payload` reads the body).
 
-Every failure becomes a :class:`ScrapeError` whose ``reason`` is one of :data:`REASONS` (exported as
-``kvwatch_scrape_errors_total{reason}``). The body cap is enforced while streaming the decoded body, so
+Every failure becomes a :class:`~kvwatch.payload.ScrapeError` (``connect``, ``timeout``, ``http_status``,
+``too_large``, or ``parse`` for an undecodable body). The body cap is enforced while streaming the decoded body, so
 neither a huge response nor a gzip bomb is ever held in memory; a wall-clock deadline covers the whole
 request, not just each socket read.
 """
@@ -18,24 +18,12 @@ from pathlib import Path
 import httpx
 
 from kvwatch import __version__
-from kvwatch.engines import SourceOverrides, UnrecognisedPayload, vllm
-from kvwatch.exposition import ParseError, parse
-from kvwatch.model import Poll
+from kvwatch.payload import ScrapeError
 
 log = logging.getLogger(__name__)
 
-REASONS: tuple[str, ...] = ("connect", "timeout", "http_status", "too_large", "parse", "unrecognised")
 ACCEPT = "text/plain; version=0.0.4; q=1.0, */*; q=0.1"
 _CLOSE_SECONDS = 2.0  # bound on closing the client, and the grace past the deadline before fetch() gives up
-
-
-class ScrapeError(Exception):
-    """One failed poll; ``reason`` is one of :data:`REASONS`."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        assert reason in REASONS, reason
-        super().__init__(message)
-        self.reason = reason
 
 
 class Fetcher:
@@ -175,18 +163,3 @@ def tls_context(ca_file: Path | None, verify: bool) -> ssl.SSLContext | bool:
     if ca_file is None:
         return True
     return ssl.create_default_context(cafile=str(ca_file))
-
-
-def interpret(text: str, overrides: SourceOverrides | None, *, timestamp: float) -> Poll:
-    """Parse a body and read it as vLLM; ScrapeError ``parse`` or ``unrecognised`` when that fails."""
-    try:
-        exposition = parse(text, vllm.wanted_for(overrides))
-    except ParseError as exc:
-        raise ScrapeError("parse", str(exc)) from None
-    try:
-        return vllm.read(exposition, overrides, timestamp=timestamp)
-    except UnrecognisedPayload as exc:
-        raise ScrapeError("unrecognised", str(exc)) from None
-    except Exception as exc:  # an adapter bug must cost one poll, not the sidecar
-        log.exception("vLLM adapter failed on this payload")
-        raise ScrapeError("unrecognised", f"adapter error: {type(exc).__name__}: {exc}") from None

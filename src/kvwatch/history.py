@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import pairwise
 
+from kvwatch.counters import counter_delta
 from kvwatch.model import Poll, Reading, SeriesKey
 
 COUNTER_FIELDS: tuple[str, ...] = (
@@ -97,9 +98,7 @@ class SeriesHistory:
         points = [(t, v) for t, v in points if v is not None]
         if len(points) < 2:
             return None
-        total = 0.0
-        for (_, before), (_, now) in pairwise(points):
-            total += now - before if now >= before else now  # a reset: the new value counts from zero
+        total = sum(counter_delta(before, now) or 0.0 for (_, before), (_, now) in pairwise(points))
         return total, points[-1][0] - points[0][0]
 
     def rate(self, field: str, window: float | None = None) -> float | None:

@@ -72,6 +72,17 @@ class Reading:
         return self.kv_usage_ratio * self.kv_capacity_tokens
 
     @property
+    def kv_tokens_per_running_request(self) -> float | None:
+        """The live KV footprint: tokens held ÷ running requests (None when either is unknown or zero).
+
+        The one home of this quantity; the forecaster's ``tokens_per_running_request`` estimate is its
+        average over the forecast window."""
+        used = self.kv_used_tokens
+        if used is None or not self.requests_running:
+            return None
+        return used / self.requests_running
+
+    @property
     def prefix_cache_hit_ratio(self) -> float | None:
         """Lifetime hits / queries, or None when unknown or nothing was queried yet."""
         if not self.prefix_cache_queries_total or self.prefix_cache_hits_total is None:

@@ -1,7 +1,7 @@
 """The KV capacity model: how many concurrent requests a card carries, why, and what each fix buys.
 
 Pure core (``architecture``, ``kv``, ``memory``, ``planner``, ``whatif``) plus presets loaded from
-``kvwatch/data``. See docs/capacity.md.
+``kvwatch/data``; the sidecar's use of it lives in :mod:`kvwatch.serve`. See docs/capacity.md.
 """
 
 from kvwatch.capacity.architecture import ArchitectureError, ModelArch, arch_from_config
@@ -15,7 +15,6 @@ from kvwatch.capacity.planner import (
     plan_capacity,
 )
 from kvwatch.capacity.presets import GpuPreset, PresetError, match_model, resolve_gpu, resolve_model
-from kvwatch.capacity.sidecar import SidecarCapacity, build_sidecar_capacity
 from kvwatch.capacity.units import parse_bytes
 from kvwatch.capacity.whatif import Scenario, whatif_ceilings, whatif_scenarios
 
@@ -28,10 +27,8 @@ __all__ = [
     "PresetError",
     "QuantizationError",
     "Scenario",
-    "SidecarCapacity",
     "SpecError",
     "arch_from_config",
-    "build_sidecar_capacity",
     "default_gpu_memory_utilization",
     "match_model",
     "parse_bytes",

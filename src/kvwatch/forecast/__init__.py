@@ -1,7 +1,7 @@
 """KV-cache exhaustion forecast, bottleneck detection and the state machine (pure, clock-free).
 
 Entry point: ``Forecaster(ForecastParams()).observe(ForecastSample(...)) -> ForecastResult``;
-``forecast_metric_families`` in :mod:`kvwatch.forecast.export` turns a result into ``kvwatch_*`` metrics.
+``forecast_metric_families`` in :mod:`kvwatch.serve.forecast_export` turns a result into ``kvwatch_*`` metrics.
 """
 
 from kvwatch.forecast.detector import STATES

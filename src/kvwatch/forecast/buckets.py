@@ -2,10 +2,10 @@
 
 Forecasts are fitted on one point per minute: p90 of usage tracks the peaks that cause saturation
 while averaging out 10-s jitter, and counter deltas over a minute give rates that are not dominated by
-the batching noise of single polls. Counter deltas follow PromQL ``rate()``: a decrease means the
-counter restarted from zero, so the delta is the new value. Each sample-to-sample delta belongs to the
-bucket of the later sample; deltas across a gap longer than ``max_delta_seconds`` are dropped (their
-rate is unknowable), so a bucket's rates are sums over the time its deltas actually cover.
+the batching noise of single polls. Counter deltas follow :func:`kvwatch.counters.counter_delta`. Each
+sample-to-sample delta belongs to the bucket of the later sample; deltas across a gap longer than
+``max_delta_seconds`` are dropped (their rate is unknowable), so a bucket's rates are sums over the time
+its deltas actually cover.
 """
 
 from __future__ import annotations
@@ -14,13 +14,6 @@ import math
 from dataclasses import dataclass
 
 from kvwatch.forecast.robust import quantile
-
-
-def counter_delta(previous: float | None, current: float | None) -> float | None:
-    """Increase of a counter between two reads, like ``rate()``: a decrease is a reset to zero."""
-    if previous is None or current is None:
-        return None
-    return current if current < previous else current - previous
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kvwatch.forecast.buckets import BucketAggregator, MinuteBucket, SampleDeltas, counter_delta
+from kvwatch.counters import counter_delta
+from kvwatch.forecast.buckets import BucketAggregator, MinuteBucket, SampleDeltas
 from kvwatch.forecast.demand import DemandEstimate, DemandModel, DemandParams
 from kvwatch.forecast.detector import (
     BOTTLENECK,

@@ -1,12 +1,12 @@
 """``kvwatch serve``: poll vLLM on a timer, keep history, serve ``kvwatch_*`` on /metrics and /healthz.
 
 The shell around the pure core. One APScheduler interval job polls (one instance at a time, late runs
-coalesced); each poll builds a new frozen :class:`~kvwatch.state.State` and swaps one reference that the
+coalesced); each poll builds a new frozen :class:`~kvwatch.serve.state.State` and swaps one reference that the
 collector reads per scrape. ``/healthz`` answers 200 while the process serves, whatever vLLM does, so a
 vLLM outage never restarts kvwatch too. Logs only changes (target up/down, detected generation, restarts).
 
 Analyzers (capacity model, forecaster, advisor) plug in through :data:`ANALYZER_MODULES`: each module
-exposes ``make_analyzer(settings: ServeSettings) -> Analyzer | None`` (see :mod:`kvwatch.state`).
+exposes ``make_analyzer(settings: ServeSettings) -> Analyzer | None`` (see :mod:`kvwatch.serve.state`).
 
 The core's clock is ``start + monotonic elapsed × clock_speed`` (``--clock-speed``, a demo/test knob), so
 kvwatch can watch a simulator running faster than real time; rates are then per simulated second. The
@@ -31,16 +31,17 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
-from kvwatch.collector import KvwatchCollector, make_registry
 from kvwatch.engines import SourceOverrides
-from kvwatch.fetch import Fetcher, ScrapeError, interpret
+from kvwatch.fetch import Fetcher
 from kvwatch.history import History
+from kvwatch.payload import ScrapeError, interpret
+from kvwatch.serve.collector import KvwatchCollector, make_registry
+from kvwatch.serve.state import Analyzer, SeriesState, State, derive
 from kvwatch.settings import ServeSettings, SettingsError, add_settings_flags, load_settings
-from kvwatch.state import Analyzer, SeriesState, State, derive
 
 log = logging.getLogger("kvwatch")
 
-ANALYZER_MODULES: tuple[str, ...] = ("kvwatch.capacity.analyzer", "kvwatch.forecast.analyzer")
+ANALYZER_MODULES: tuple[str, ...] = ("kvwatch.serve.capacity", "kvwatch.serve.forecast")
 
 
 class Clock:

@@ -1,6 +1,6 @@
 """The forecaster inside ``kvwatch serve``: one :class:`Forecaster` per series, plus the advisor.
 
-Plugged in through ``kvwatch.app.ANALYZER_MODULES`` (``make_analyzer(settings)``). Each poll,
+Plugged in through ``kvwatch.serve.app.ANALYZER_MODULES`` (``make_analyzer(settings)``). Each poll,
 ``analyze`` feeds the series' reading to its forecaster (the history's restart detection is passed on as
 the restart flag) and ranks fixes while filling or in bottleneck. At scrape time ``families`` exports every
 series kvwatch has seen: fresh results as they are, the others as ``kvwatch_state{state="unknown"} 1``
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvwatch.advisor import Advice, advise_from_result
-from kvwatch.forecast.export import forecast_metric_families
 from kvwatch.forecast.forecaster import Forecaster, ForecastParams, ForecastResult, ForecastSample
+from kvwatch.serve.forecast_export import forecast_metric_families
 
 log = logging.getLogger(__name__)
 FORGET_AFTER_SECONDS = 3600.0
@@ -44,7 +44,7 @@ class ForecastAnalyzer:
         if self._settings is None:
             return None
         if model_name not in self._plans:
-            from kvwatch.capacity.sidecar import build_sidecar_capacity
+            from kvwatch.serve.sidecar_capacity import build_sidecar_capacity
 
             capacity, _ = build_sidecar_capacity(self._settings, model_name)
             self._plans[model_name] = capacity.plan if capacity is not None else None

@@ -18,9 +18,9 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 
-from kvwatch.capacity.sidecar import ENGINE_LABELS, VERSION_LABELS, SidecarCapacity, build_sidecar_capacity
 from kvwatch.history import SeriesHistory
 from kvwatch.model import Reading, SeriesKey
+from kvwatch.serve.sidecar_capacity import ENGINE_LABELS, VERSION_LABELS, SidecarCapacity, build_sidecar_capacity
 
 log = logging.getLogger(__name__)
 
@@ -29,14 +29,6 @@ log = logging.getLogger(__name__)
 class CapacityResult:
     formula_kv_capacity_tokens: int
     whatif_max_concurrency: Mapping[str, float]
-
-
-def live_kv_tokens_per_request(reading: Reading) -> float | None:
-    """Average KV tokens a running request holds right now (used tokens ÷ running requests)."""
-    used = reading.kv_used_tokens
-    if used is None or not reading.requests_running:
-        return None
-    return used / reading.requests_running
 
 
 class CapacityAnalyzer:
@@ -65,7 +57,7 @@ class CapacityAnalyzer:
         capacity = self._plan(reading)
         if capacity is None:
             return None
-        per_request = live_kv_tokens_per_request(reading)
+        per_request = reading.kv_tokens_per_running_request
         whatif = capacity.whatif_max_concurrency(per_request) if per_request else {}
         return CapacityResult(capacity.formula_kv_capacity_tokens, MappingProxyType(whatif))
 

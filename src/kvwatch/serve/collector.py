@@ -15,8 +15,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from kvwatch import __version__
-from kvwatch.fetch import REASONS
-from kvwatch.state import Analyzer, SeriesState, State
+from kvwatch.payload import REASONS
+from kvwatch.serve.state import Analyzer, SeriesState, State
 
 log = logging.getLogger(__name__)
 

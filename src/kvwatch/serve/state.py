@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from kvwatch.fetch import REASONS
 from kvwatch.history import SeriesHistory
 from kvwatch.model import Detection, Reading, SeriesKey
+from kvwatch.payload import REASONS
 
 RATE_WINDOW_SECONDS = 60.0
 """Window of ``kvwatch_preemptions_per_second`` and of the recent request mix (poll-clock seconds)."""

@@ -1,0 +1,42 @@
+"""What a ``/metrics`` body means: the scrape-error vocabulary and ``interpret(body) -> Poll`` (pure).
+
+Every failed poll, whether the fetch or the reading of the body failed, is a :class:`ScrapeError` whose
+``reason`` is one of :data:`REASONS` (exported as ``kvwatch_scrape_errors_total{reason}``). This module
+does no I/O: :mod:`kvwatch.fetch` gets the body, this reads it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from kvwatch.engines import SourceOverrides, UnrecognisedPayload, vllm
+from kvwatch.exposition import ParseError, parse
+from kvwatch.model import Poll
+
+log = logging.getLogger(__name__)
+
+REASONS: tuple[str, ...] = ("connect", "timeout", "http_status", "too_large", "parse", "unrecognised")
+
+
+class ScrapeError(Exception):
+    """One failed poll; ``reason`` is one of :data:`REASONS`."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        assert reason in REASONS, reason
+        super().__init__(message)
+        self.reason = reason
+
+
+def interpret(text: str, overrides: SourceOverrides | None, *, timestamp: float) -> Poll:
+    """Parse a body and read it as vLLM; ScrapeError ``parse`` or ``unrecognised`` when that fails."""
+    try:
+        exposition = parse(text, vllm.wanted_for(overrides))
+    except ParseError as exc:
+        raise ScrapeError("parse", str(exc)) from None
+    try:
+        return vllm.read(exposition, overrides, timestamp=timestamp)
+    except UnrecognisedPayload as exc:
+        raise ScrapeError("unrecognised", str(exc)) from None
+    except Exception as exc:  # an adapter bug must cost one poll, not the sidecar
+        log.exception("vLLM adapter failed on this payload")
+        raise ScrapeError("unrecognised", f"adapter error: {type(exc).__name__}: {exc}") from None
