@@ -18,7 +18,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "kvwatch"
 
 # The pure core (docs/architecture.md): top-level modules and whole packages.
-CORE_MODULES = ("exposition.py", "model.py", "payload.py", "history.py", "advisor.py")
+CORE_MODULES = ("exposition.py", "model.py", "payload.py", "counters.py", "history.py", "advisor.py")
 CORE_PACKAGES = ("engines", "capacity", "forecast")
 # Libraries the core must not import: network, settings/validation, Prometheus client, scheduler.
 IO_LIBRARIES = ("httpx", "pydantic", "pydantic_settings", "prometheus_client", "apscheduler")
@@ -86,7 +86,7 @@ def test_importing_the_core_loads_no_io_library() -> None:
     code = (
         "import json, sys\n"
         "import kvwatch.capacity, kvwatch.forecast, kvwatch.exposition, kvwatch.engines, kvwatch.model, "
-        "kvwatch.history, kvwatch.advisor, kvwatch.payload\n"
+        "kvwatch.history, kvwatch.advisor, kvwatch.payload, kvwatch.counters\n"
         "print(json.dumps(sorted(sys.modules)))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
