@@ -4,7 +4,8 @@
 `alerts/config.yaml` holds every knob once (selectors, thresholds, windows, `for` durations, the phrases the
 alert texts repeat); `alerts/rules.in.yaml` holds the rules, naming knobs as `${name}`, `${name|minutes}`
 ("5m" -> "5 minutes") or `${name|percent}` (0.9 -> "90%"), where `name` is a dotted path into the config
-(`${bottleneck.usage}`). Phrases may name other knobs. The output is the template with the knobs filled in,
+(`${bottleneck.usage}`). Phrases may name other knobs. Lines starting with ``#%`` are notes for the template's
+reader and are not copied. The output is the template with the knobs filled in,
 comments kept, written to `alerts/kvwatch-rules.yaml` and to the Helm chart's copy
 (`deploy/helm/kvwatch/files/kvwatch-rules.yaml`; Helm reads only files inside the chart).
 
@@ -107,7 +108,9 @@ def render(template: str, config: dict[str, Any]) -> str:
 def generate(config_path: Path = CONFIG, template_path: Path = TEMPLATE) -> str:
     """The rule pack's text, checked to be a rule file."""
     config = yaml.safe_load(config_path.read_text())
-    text = HEADER + render(template_path.read_text(), config)
+    template = "".join(line for line in template_path.read_text().splitlines(keepends=True)
+                       if not line.startswith("#%"))
+    text = HEADER + render(template, config)
     doc = yaml.safe_load(text)
     if not isinstance(doc, dict) or not isinstance(doc.get("groups"), list):
         raise ConfigError("the generated file has no `groups:` list")
