@@ -29,6 +29,7 @@ ALERTS = {
     "KVCachePreemptionStorm": "warning",
     "VLLMSchedulerLimited": "info",
     "VLLMEngineStalled": "critical",
+    "TTFTObjectiveBreach": "warning",
     "KvwatchTargetDown": "warning",
     "KvwatchAbsent": "warning",
 }
@@ -36,7 +37,8 @@ ALERTS = {
 DERIVED = re.compile(
     r"kvwatch_(kv_usage_ratio|kv_used_tokens|kv_capacity_tokens|requests_running|requests_waiting|"
     r"preemptions_per_second|max_concurrency|concurrency_headroom|kv_exhaustion_eta_seconds|"
-    r"kv_usage_forecast_ratio|state|whatif_max_concurrency|formula_kv_capacity_tokens)\b"
+    r"kv_usage_forecast_ratio|state|whatif_max_concurrency|formula_kv_capacity_tokens|ttft_slo_breach|"
+    r"latency_seconds)\b"
 )
 # Health alerts: one per target, and no series carries a model_name once polls fail (documented exception).
 NO_MODEL = {"KvwatchTargetDown", "KvwatchAbsent"}

@@ -12,8 +12,8 @@ import pytest
 
 from kvwatch.check import build_report, findings
 from kvwatch.cli import main
+from kvwatch.derived import derive
 from kvwatch.model import Reading
-from kvwatch.serve.state import derive
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-metrics"
 

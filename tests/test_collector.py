@@ -12,12 +12,13 @@ from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvwatch.derived import derive
 from kvwatch.engines import vllm
 from kvwatch.exposition import parse
 from kvwatch.history import History, SeriesHistory
 from kvwatch.model import Reading, SeriesKey
 from kvwatch.serve.collector import KvwatchCollector, make_registry
-from kvwatch.serve.state import Health, State, derive
+from kvwatch.serve.state import Health, State
 
 FIXTURE = (Path(__file__).parent / "fixtures" / "vllm-metrics" / "gen-0.33-dp2-capacity-labels.prom").read_text()
 
@@ -63,7 +64,9 @@ def test_fresh_state_exports_health_and_series() -> None:
     assert value(samples, "kvwatch_last_success_timestamp_seconds") == 1000.0
     assert value(samples, "kvwatch_scrape_errors_total", reason="timeout") == 0.0
     assert value(samples, "kvwatch_source_info", engine_kind="vllm", version_range=">=0.25",
-                 usage_metric="vllm:kv_cache_usage_perc") == 1.0
+                 usage_metric="vllm:kv_cache_usage_perc", running_metric="vllm:num_requests_running",
+                 waiting_metric="vllm:num_requests_waiting",
+                 capacity_metric="vllm:cache_config_info{kv_cache_size_tokens}") == 1.0
     assert value(samples, "kvwatch_kv_usage_ratio", **e0) == 0.96
     assert value(samples, "kvwatch_kv_capacity_tokens", **e0) == 163840.0
     assert value(samples, "kvwatch_kv_used_tokens", **e0) == 0.96 * 163840.0

@@ -119,7 +119,9 @@ def test_serve_survives_garbage_and_outage(target: Target) -> None:
         assert get(samples, "kvwatch_up") == 1.0
         assert get(samples, "kvwatch_kv_capacity_tokens", **e1) == 163840.0
         assert get(samples, "kvwatch_source_info", engine_kind="vllm", version_range=">=0.25",
-                   usage_metric="vllm:kv_cache_usage_perc") == 1.0
+                   usage_metric="vllm:kv_cache_usage_perc", running_metric="vllm:num_requests_running",
+                   waiting_metric="vllm:num_requests_waiting",
+                   capacity_metric="vllm:cache_config_info{kv_cache_size_tokens}") == 1.0
 
         target.body = HTML  # the target answers, but not with metrics
         wait_for(lambda: (get(scrape(port), "kvwatch_scrape_errors_total", reason="parse") or 0) > 0, "parse error")

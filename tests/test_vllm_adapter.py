@@ -76,7 +76,12 @@ def test_0_8_5_engine_label_blocks_prefix_and_none_blocks() -> None:
 
 def test_0_9_both_usage_names_prefers_kv_cache_usage() -> None:
     poll = read_fixture("gen-0.9-both-usage-names.prom")
-    assert poll.detection == vllm.detect(parse((FIXTURES / "gen-0.9-both-usage-names.prom").read_text()))
+    detected = vllm.detect(parse((FIXTURES / "gen-0.9-both-usage-names.prom").read_text()))
+    assert (poll.detection.engine_kind, poll.detection.version_range, poll.detection.usage_metric) == (
+        detected.engine_kind, detected.version_range, detected.usage_metric)
+    # read() also names what it read beyond usage; detect() alone cannot (no series chosen yet).
+    assert (poll.detection.running_metric, poll.detection.waiting_metric) == (
+        "vllm:num_requests_running", "vllm:num_requests_waiting")
     assert (poll.detection.version_range, poll.detection.usage_metric) == ("0.9-0.10", "vllm:kv_cache_usage_perc")
     r = only(poll)
     assert (r.kv_usage_ratio, r.kv_capacity_tokens, r.kv_used_tokens) == (0.25, 192000.0, 48000.0)

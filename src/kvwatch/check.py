@@ -2,8 +2,9 @@
 
 Findings follow the troubleshooting checklist (stable ids, see docs/metrics.md):
 ``kv_bound`` (KV ≥ 0.95 with a queue), ``scheduler_limited`` (a queue while KV < 0.9), ``preemptions``
-(any preemption since vLLM started), ``prefix_cache_ineffective`` (prefix caching on, hit ratio < 10 %),
-``capacity_unknown`` and ``usage_unknown`` (kvwatch cannot read them from this vLLM). A ``kv_bound``
+(any preemption, or SGLang retraction, since the engine started), ``prefix_cache_ineffective`` (prefix
+caching on, hit ratio < 10 %),
+``capacity_unknown`` and ``usage_unknown`` (kvwatch cannot read them from this engine). A ``kv_bound``
 series also gets the advisor's fixes, cheapest first (``advice``; the deployment flags ``--model``,
 ``--gpu``, ``--tensor-parallel-size``, ... size the quantization and tensor-parallel gains).
 Exit codes: 0 when the payload was read (whatever the findings), 1 when it could not be, 2 bad usage.
@@ -24,12 +25,12 @@ from typing import Any
 from prometheus_client.utils import floatToGoString
 
 from kvwatch.advisor import Advice, advise_from_result
+from kvwatch.derived import SeriesState, derive
 from kvwatch.engines import SourceOverrides
 from kvwatch.fetch import Fetcher
 from kvwatch.forecast import Forecaster, ForecastParams, ForecastSample
 from kvwatch.model import Poll, Reading
 from kvwatch.payload import ScrapeError, interpret
-from kvwatch.serve.state import SeriesState, derive
 from kvwatch.settings import CheckSettings, SettingsError, add_settings_flags, load_settings
 
 # The forecaster's thresholds, so that check and serve call the same usage KV-bound.
@@ -50,7 +51,8 @@ class Finding:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", nargs="?", default=None,
-                        help="vLLM /metrics URL (default: --target-url / KVWATCH_TARGET_URL, "
+                        help="inference engine /metrics URL: vLLM, SGLang or TensorRT-LLM "
+                             "(default: --target-url / KVWATCH_TARGET_URL, "
                              "http://127.0.0.1:8000/metrics)")
     parser.add_argument("--file", type=Path, default=None, metavar="PATH",
                         help="read a saved /metrics payload instead of fetching ('-' for stdin)")
@@ -136,6 +138,9 @@ def build_report(poll: Poll, max_model_len: int | None = None,
         "engine_kind": d.engine_kind,
         "version_range": d.version_range,
         "usage_metric": d.usage_metric,
+        "running_metric": d.running_metric,
+        "waiting_metric": d.waiting_metric,
+        "capacity_metric": d.capacity_metric,
         "series": [_series_json(s, advice(s.reading, poll.timestamp, max_model_len, plans.get(s.reading.model_name))
                                 if (s.reading.model_name, s.reading.engine) in bound else [])
                    for s in states],
@@ -206,7 +211,7 @@ def findings(states: Iterable[SeriesState]) -> list[Finding]:
         usage, waiting = r.kv_usage_ratio, r.requests_waiting or 0.0
         if usage is None:
             out.append(Finding("usage_unknown", "warning", "No KV usage metric found: pass --usage-metric with the "
-                               "name your vLLM (or proxy) exports.", **where))
+                               "name your engine (or proxy) exports.", **where))
         elif not math.isfinite(usage):
             out.append(Finding("usage_unknown", "warning", (
                 f"KV usage reads {floatToGoString(usage)} this poll: kvwatch cannot tell how full the KV cache is. "
@@ -223,7 +228,7 @@ def findings(states: Iterable[SeriesState]) -> list[Finding]:
                 **where))
         if r.preemptions_total:
             out.append(Finding("preemptions", "warning", (
-                f"{r.preemptions_total:g} preemptions since vLLM started: requests are evicted and recomputed "
+                f"{r.preemptions_total:g} preemptions since the engine started: requests are evicted and recomputed "
                 "(KV thrash). Lower concurrency or free KV memory."), **where))
         ratio = r.prefix_cache_hit_ratio
         if r.prefix_caching_enabled is not False and ratio is not None and ratio < PREFIX_HIT_RATIO_LOW and \
@@ -233,7 +238,8 @@ def findings(states: Iterable[SeriesState]) -> list[Finding]:
                 "capacity for this traffic; do not count on it when sizing."), **where))
         if r.kv_capacity_tokens is None:
             out.append(Finding("capacity_unknown", "info", (
-                "vLLM does not report KV capacity here (no kv_cache_size_tokens, or num_gpu_blocks is None): "
+                "The engine does not report KV capacity here (vLLM: no kv_cache_size_tokens, or num_gpu_blocks is "
+                "None; SGLang before max_total_num_tokens; TensorRT-LLM without max blocks x tokens per block): "
                 "use `kvwatch plan` with --model and --gpu to estimate it."), **where))
     order = {"critical": 0, "warning": 1, "info": 2}
     return sorted(out, key=lambda f: order[f.severity])

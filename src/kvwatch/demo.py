@@ -24,6 +24,7 @@ from typing import IO
 from kvwatch.exposition import ParseError, parse
 from kvwatch.settings import MAX_INTERVAL_SECONDS, MIN_INTERVAL_SECONDS
 from kvwatch.sim.cli import check, check_number
+from kvwatch.sim.engines_wire import ENGINES
 
 DEFAULT_SPEED = 30.0
 # The load: one engine of 16,384 blocks (262k tokens, ~250 requests in flight at saturation, so usage is
@@ -60,12 +61,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--status-interval-seconds", type=float, default=3.0, help="seconds between status lines")
     parser.add_argument("--duration-seconds", type=float, default=None, help="stop after this many wall seconds")
     parser.add_argument("--seed", type=int, default=0, help="simulator seed")
+    parser.add_argument("--engine", choices=ENGINES, default="vllm",
+                        help="whose /metrics names the simulator speaks (kvwatch detects it; the load is the same)")
 
 
-def simulator_argv(speed: float, port: int, seed: int = 0) -> list[str]:
+def simulator_argv(speed: float, port: int, seed: int = 0, engine: str = "vllm") -> list[str]:
     """``kvwatch simulate`` arguments of the demo (after the subcommand)."""
     return [*SIMULATOR_FLAGS, "--listen-address", "127.0.0.1", "--port", str(port), "--clock-speed", str(speed),
-            "--seed", str(seed)]
+            "--seed", str(seed), "--engine", engine]
 
 
 def serve_argv(target_url: str, port: int, speed: float, poll_interval_seconds: float | None = None) -> list[str]:
@@ -77,7 +80,7 @@ def serve_argv(target_url: str, port: int, speed: float, poll_interval_seconds: 
             "--clock-speed", str(speed), "--log-level", "WARNING"]
 
 
-def intro(speed: float, sim_url: str, kvwatch_url: str) -> list[str]:
+def intro(speed: float, sim_url: str, kvwatch_url: str, engine: str = "vllm") -> list[str]:
     """The lines printed before the status lines: what runs, where, and that the clock is accelerated."""
 
     def wall(sim_seconds: float) -> str:
@@ -86,7 +89,7 @@ def intro(speed: float, sim_url: str, kvwatch_url: str) -> list[str]:
     return [
         f"kvwatch demo: the clock is accelerated x{speed:g} (1 wall second = {speed:g} simulated seconds); "
         "lines start [wall seconds | simulated minutes], ETAs are simulated minutes",
-        f"simulated vLLM 0.33: {sim_url}",
+        f"simulated {'vLLM 0.33' if engine == 'vllm' else engine}: {sim_url}",
         f"kvwatch:             {kvwatch_url}",
         "load: 4 -> 14 requests/s over the simulated hour into a 262k-token KV cache; Ctrl-C stops both",
         f"expect: the forecast after warm-up at sim {FORECAST_READY_SIM_SECONDS / 60:.0f} min "
@@ -250,14 +253,14 @@ def run(args: argparse.Namespace) -> int:
     processes: list[subprocess.Popen] = []
     try:
         simulator = subprocess.Popen([py, "-m", "kvwatch", "simulate", *simulator_argv(args.speed, sim_port,
-                                                                                     args.seed)],
+                                                                                     args.seed, args.engine)],
                                      stdout=subprocess.PIPE, text=True)
         processes.append(simulator)
         assert simulator.stdout is not None
         sim_clock = SimulatorClock(simulator.stdout, args.speed)
         processes.append(subprocess.Popen([py, "-m", "kvwatch", "serve", *serve_argv(
             sim_url, port, args.speed, args.poll_interval_seconds)]))
-        print("\n".join(intro(args.speed, sim_url, kvwatch_url)), flush=True)
+        print("\n".join(intro(args.speed, sim_url, kvwatch_url, args.engine)), flush=True)
         started = time.monotonic()
         while not stop.is_set():
             elapsed = time.monotonic() - started

@@ -1,8 +1,9 @@
 """Plain data the pure core passes around: what one poll of an inference engine says.
 
-A :class:`Reading` is one series: one ``(model_name, engine)`` pair of vLLM (``engine`` is vLLM's
-data-parallel engine index, ``"0"`` when vLLM has no ``engine`` label). Every value is optional because
-every vLLM family may be missing in some version or configuration; ``None`` means "not reported", never 0.
+A :class:`Reading` is one series: one ``(model_name, engine)`` pair (``engine`` is the
+data-parallel index: vLLM's ``engine`` label, SGLang's ``dp_rank``; ``"0"`` without one). Every value is
+optional because every engine family may be missing in some version or configuration; ``None`` means
+"not reported", never 0.
 Counters are raw cumulative totals; rates come from :mod:`kvwatch.history`.
 """
 
@@ -27,6 +28,21 @@ def _empty() -> Mapping[str, float]:
 def _empty_str() -> Mapping[str, str]:
     return MappingProxyType({})
 
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """One cumulative Prometheus histogram: ascending upper ``bounds`` (the last is ``+Inf``), the cumulative
+    count at each, and the ``_count``/``_sum`` samples."""
+
+    bounds: tuple[float, ...]
+    cumulative: tuple[float, ...]
+    count: float
+    sum: float
+
+
+def _no_histograms() -> Mapping[str, Histogram]:
+    return MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -59,6 +75,9 @@ class Reading:
     gpu_memory_utilization: float | None = None
     cache_config: Mapping[str, str] = field(default_factory=_empty_str)
     process_start_time_seconds: float | None = None
+    # Latency histograms by kind (kvwatch.latency.KINDS: ttft, itl, queue, e2e), each as the engine exports it.
+    latency: Mapping[str, Histogram] = field(default_factory=_no_histograms)
+    requests_aborted_total: float | None = None
 
     @property
     def key(self) -> SeriesKey:
@@ -99,11 +118,19 @@ class Reading:
 
 @dataclass(frozen=True)
 class Detection:
-    """Which engine and generation produced the payload, and which name carries KV usage."""
+    """Which engine and generation produced the payload, and which names the adapter read.
+
+    ``engine_kind`` is ``vllm``, ``sglang`` or ``tensorrt-llm``; each ``*_metric`` names the source of that
+    quantity as the adapter found it (a family, a ``family{label="value"}`` selector or an iteration-stats
+    JSON field), None when the payload has none (the quantity is then unknown, never guessed).
+    """
 
     engine_kind: str
     version_range: str
     usage_metric: str | None
+    running_metric: str | None = None
+    waiting_metric: str | None = None
+    capacity_metric: str | None = None
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 
-from kvwatch.engines import SourceOverrides, UnrecognisedPayload, vllm
-from kvwatch.exposition import ParseError, parse
+from kvwatch.engines import SourceOverrides, UnrecognisedPayload
+from kvwatch.engines.detect import read_payload
+from kvwatch.exposition import ParseError
 from kvwatch.model import Poll
 
 log = logging.getLogger(__name__)
@@ -28,15 +29,14 @@ class ScrapeError(Exception):
 
 
 def interpret(text: str, overrides: SourceOverrides | None, *, timestamp: float) -> Poll:
-    """Parse a body and read it as vLLM; ScrapeError ``parse`` or ``unrecognised`` when that fails."""
+    """Parse a body and read it with the adapter of the engine that wrote it (vLLM, SGLang, TensorRT-LLM,
+    picked by :mod:`kvwatch.engines.detect`); ScrapeError ``parse`` or ``unrecognised`` when that fails."""
     try:
-        exposition = parse(text, vllm.wanted_for(overrides))
+        return read_payload(text, overrides, timestamp=timestamp)
     except ParseError as exc:
         raise ScrapeError("parse", str(exc)) from None
-    try:
-        return vllm.read(exposition, overrides, timestamp=timestamp)
     except UnrecognisedPayload as exc:
         raise ScrapeError("unrecognised", str(exc)) from None
     except Exception as exc:  # an adapter bug must cost one poll, not the sidecar
-        log.exception("vLLM adapter failed on this payload")
+        log.exception("engine adapter failed on this payload")
         raise ScrapeError("unrecognised", f"adapter error: {type(exc).__name__}: {exc}") from None

@@ -198,6 +198,11 @@ class ServeSettings(TargetSettings):
         "at most a day (default 3 x interval)."
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
+    ttft_slo_seconds: float | None = Field(
+        None, gt=0, le=3600,
+        description="Time-to-first-token objective: kvwatch_ttft_slo_breach says when the p90 over the last "
+        "5 minutes exceeds it, and whether the KV cache is the cause (unset: no SLO gauge)."
+    )
     clock_speed: float = Field(
         1.0, gt=0, le=MAX_CLOCK_SPEED,
         description="Demo/test knob: kvwatch's clock runs this many times real time, to watch a "

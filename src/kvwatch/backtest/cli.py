@@ -13,6 +13,7 @@ from pathlib import Path
 
 from kvwatch.backtest.scenarios import PROFILES, Scenario, ScenarioError, load_trace, validate
 from kvwatch.settings import SettingsError
+from kvwatch.sim.engines_wire import ENGINES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="multiply the trace's native rate (default per trace, see docs/forecasting.md)")
     parser.add_argument("--engine-speedup", type=float, default=None,
                         help="divide the simulated step costs (default per trace: keeps compute unsaturated)")
+    parser.add_argument("--engine", choices=ENGINES, default=None,
+                        help="read each poll through this engine's /metrics names and kvwatch's adapter "
+                             "(default: straight from the simulator)")
     parser.add_argument("--json", action="store_true", help="print the scores as JSON")
     parser.add_argument("--plot", type=Path, default=None, metavar="PNG", help="draw the timeline to PNG")
 
@@ -64,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         trace = load_trace(args.trace)
     except ScenarioError as exc:
         raise SettingsError(str(exc)) from None
-    result = run_scenario(scenario, trace)
+    result = run_scenario(scenario, trace, engine=args.engine)
     if args.plot is not None:
         from kvwatch.backtest.plot import plot_run
 

@@ -95,7 +95,10 @@ class Simulation:
     requests: int
 
 
-def simulate(scenario: Scenario, trace: Sequence[Request], *, calibration: Calibration | None = None) -> Simulation:
+def simulate(scenario: Scenario, trace: Sequence[Request], *, calibration: Calibration | None = None,
+             engine: str | None = None) -> Simulation:
+    """``engine`` (vllm, sglang, tensorrt-llm): read each poll through that engine's wire names and kvwatch's
+    adapter, as ``kvwatch serve`` would, instead of straight from the simulator's snapshot."""
     calibration = calibration or calibrate(trace, scenario.rate_scale, scenario.seed, speedup=scenario.engine_speedup)
     requests = scenario_arrivals(scenario, trace)
     sim = Simulator(engine_config(calibration.num_gpu_blocks, scenario.engine_speedup), seed=scenario.seed)
@@ -110,7 +113,9 @@ def simulate(scenario: Scenario, trace: Sequence[Request], *, calibration: Calib
             sim.restart()
             restarted = True
         sim.run_until(t)
-        samples.append(sample_from(sim.snapshot()[0], restarted=restarted))
+        snap = sim.snapshot()[0]
+        samples.append(sample_from(snap, restarted=restarted) if engine is None else
+                       sample_through_wire(snap, engine, restarted=restarted))
         restarted = False
     return Simulation(scenario, calibration, tuple(samples), len(requests))
 
@@ -180,6 +185,15 @@ def sample_from(snap: EngineSnapshot, *, restarted: bool) -> ForecastSample:
     )
 
 
+def sample_through_wire(snap: EngineSnapshot, engine: str, *, restarted: bool) -> ForecastSample:
+    """The poll as kvwatch serve sees it: rendered in ``engine``'s names, parsed and read by its adapter."""
+    from kvwatch.engines.detect import read_payload
+    from kvwatch.sim.engines_wire import render_any
+
+    (reading,) = read_payload(render_any([snap], engine=engine, model_name="backtest"), timestamp=snap.time).readings
+    return ForecastSample.from_reading(reading, snap.time, restarted=restarted)
+
+
 def evaluate(simulation: Simulation, params: ForecastParams | None = None) -> RunResult:
     """Run kvwatch and every baseline over the same polls; find the events; score each method."""
     forecaster = Forecaster(params or ForecastParams())
@@ -227,5 +241,5 @@ def _monotone(counter: Sequence[float]) -> list[float]:
 
 
 def run_scenario(scenario: Scenario, trace: Sequence[Request], *, params: ForecastParams | None = None,
-                 calibration: Calibration | None = None) -> RunResult:
-    return evaluate(simulate(scenario, trace, calibration=calibration), params)
+                 calibration: Calibration | None = None, engine: str | None = None) -> RunResult:
+    return evaluate(simulate(scenario, trace, calibration=calibration, engine=engine), params)

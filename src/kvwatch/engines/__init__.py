@@ -1,7 +1,8 @@
 """Engine adapters: turn a parsed exposition into :class:`kvwatch.model.Poll` readings.
 
-Only vLLM exists today (:mod:`kvwatch.engines.vllm`); SGLang/TensorRT-LLM adapters would sit beside it
-with the same ``read(exposition, overrides, *, timestamp) -> Poll`` shape.
+Adapters: :mod:`kvwatch.engines.vllm`, :mod:`kvwatch.engines.sglang`, :mod:`kvwatch.engines.trtllm`, each
+with the same ``read(exposition, overrides, *, timestamp) -> Poll`` shape; :mod:`kvwatch.engines.detect`
+picks one from the payload.
 """
 
 from __future__ import annotations

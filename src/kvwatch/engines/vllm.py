@@ -30,9 +30,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from types import MappingProxyType
 
 from kvwatch.engines import Selector, SourceOverrides, UnrecognisedPayload
+from kvwatch.engines.series import latency_for, latency_index
 from kvwatch.exposition import Exposition, Sample
 from kvwatch.model import Detection, Poll, Reading, SeriesKey
 
@@ -58,11 +60,18 @@ REQUEST_GENERATION_TOKENS = "vllm:request_generation_tokens"
 CACHE_CONFIG = "vllm:cache_config_info"
 SLEEP_STATE = "vllm:engine_sleep_state"
 PROCESS_START = "process_start_time_seconds"
+LATENCY = {  # kind -> families, newest name first
+    "ttft": ("vllm:time_to_first_token_seconds",),
+    "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    "queue": ("vllm:request_queue_time_seconds",),
+    "e2e": ("vllm:e2e_request_latency_seconds",),
+}
 
 FAMILIES: frozenset[str] = frozenset({
     KV_USAGE, GPU_CACHE_USAGE, RUNNING, WAITING, WAITING_BY_REASON, SWAPPED, CPU_CACHE_USAGE, PREEMPTIONS, SUCCESS,
     PROMPT_TOKENS, GENERATION_TOKENS, PREFIX_QUERIES, PREFIX_HITS, OLD_PREFIX_QUERIES, OLD_PREFIX_HITS,
     REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS, CACHE_CONFIG, SLEEP_STATE, PROCESS_START,
+    *(f for families in LATENCY.values() for f in families),
 })
 """Every family the adapter reads; pass ``wanted_for(overrides)`` to :func:`kvwatch.exposition.parse`."""
 
@@ -157,6 +166,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     prompt_sum, prompt_count, generation_sum, generation_count = (
         _split(x) for x in (prompt_sum, prompt_count, generation_sum, generation_count))
     queries_idx, hits_idx = _split(prefix_queries), _split(prefix_hits)
+    latency = latency_index(exposition, LATENCY, lambda labels: (labels.get("model_name"), labels.get("engine")))
     readings = []
     for key in sorted(keys, key=_sort_key):
         config = _config_for(configs, key)
@@ -187,7 +197,14 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             gpu_memory_utilization=label_number(config.get("gpu_memory_utilization")),
             cache_config=MappingProxyType(dict(config)),
             process_start_time_seconds=process_start,
+            latency=latency_for(latency, key),
+            requests_aborted_total=_by_label(index[SUCCESS], key, "finished_reason", sum).get("abort"),
         ))
+    capacity_name = "vllm:cache_config_info{kv_cache_size_tokens}" if any(
+        "kv_cache_size_tokens" in c for c in configs.values()) else (
+        "vllm:cache_config_info{num_gpu_blocks x block_size}" if configs else None)
+    detection = replace(detection, running_metric=str(running) if running_samples else None,
+                        waiting_metric=str(waiting) if waiting_samples else None, capacity_metric=capacity_name)
     return Poll(timestamp=timestamp, detection=detection, readings=tuple(readings))
 
 

@@ -31,17 +31,18 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
+from kvwatch.derived import SeriesState, derive
 from kvwatch.engines import SourceOverrides
 from kvwatch.fetch import Fetcher
 from kvwatch.history import History
 from kvwatch.payload import ScrapeError, interpret
 from kvwatch.serve.collector import KvwatchCollector, make_registry
-from kvwatch.serve.state import Analyzer, SeriesState, State, derive
+from kvwatch.serve.state import Analyzer, State
 from kvwatch.settings import ServeSettings, SettingsError, add_settings_flags, load_settings
 
 log = logging.getLogger("kvwatch")
 
-ANALYZER_MODULES: tuple[str, ...] = ("kvwatch.serve.capacity", "kvwatch.serve.forecast")
+ANALYZER_MODULES: tuple[str, ...] = ("kvwatch.serve.capacity", "kvwatch.serve.forecast", "kvwatch.serve.latency")
 
 
 class Clock:

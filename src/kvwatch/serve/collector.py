@@ -15,13 +15,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from kvwatch import __version__
+from kvwatch.derived import SeriesState
 from kvwatch.payload import REASONS
-from kvwatch.serve.state import Analyzer, SeriesState, State
+from kvwatch.serve.state import Analyzer, State
 
 log = logging.getLogger(__name__)
 
 SERIES_LABELS = ["model_name", "engine"]
-_POLL_NOTE = " kvwatch polls vLLM on its own timer (--poll-interval-seconds), not on Prometheus' scrape."
+_POLL_NOTE = " kvwatch polls the engine on its own timer (--poll-interval-seconds), not on Prometheus' scrape."
 
 
 class KvwatchCollector(Collector):
@@ -78,27 +79,31 @@ def _health(state: State) -> Iterator[Metric]:
     health = state.health
     yield from _build_info()
     yield GaugeMetricFamily(
-        "kvwatch_up", "1 if the last poll fetched and recognised a vLLM payload, else 0." + _POLL_NOTE,
+        "kvwatch_up",
+        "1 if the last poll fetched and recognised a vLLM, SGLang or TensorRT-LLM payload, else 0." + _POLL_NOTE,
         value=1.0 if health.up else 0.0)
     if health.scrape_duration_seconds is not None:
         yield GaugeMetricFamily("kvwatch_scrape_duration_seconds",
-                                "Duration of the last poll of the vLLM target (fetch, parse, analyse).",
+                                "Duration of the last poll of the target (fetch, parse, analyse).",
                                 value=health.scrape_duration_seconds)
-    errors = CounterMetricFamily("kvwatch_scrape_errors", "Failed polls of the vLLM target, by reason.",
+    errors = CounterMetricFamily("kvwatch_scrape_errors", "Failed polls of the target, by reason.",
                                  labels=["reason"])
     for reason in REASONS:
         errors.add_metric([reason], float(health.errors_total.get(reason, 0)))
     yield errors
     if health.last_success_timestamp is not None:
         yield GaugeMetricFamily("kvwatch_last_success_timestamp_seconds",
-                                "Unix time of the last successful poll of the vLLM target.",
+                                "Unix time of the last successful poll of the target.",
                                 value=health.last_success_timestamp)
     if state.detection is not None:
         info = GaugeMetricFamily(
-            "kvwatch_source_info", "Which engine generation and usage metric the last good poll detected; 1.",
-            labels=["engine_kind", "version_range", "usage_metric"])
+            "kvwatch_source_info", "Which engine (vllm, sglang, tensorrt-llm), generation and source metrics the "
+            "last good poll read; an empty name means the engine reports no such metric (unknown); 1.",
+            labels=["engine_kind", "version_range", "usage_metric", "running_metric", "waiting_metric",
+                    "capacity_metric"])
         d = state.detection
-        info.add_metric([d.engine_kind, d.version_range, d.usage_metric or ""], 1.0)
+        info.add_metric([d.engine_kind, d.version_range, d.usage_metric or "", d.running_metric or "",
+                         d.waiting_metric or "", d.capacity_metric or ""], 1.0)
         yield info
 
 
@@ -115,13 +120,15 @@ def _series_families(series: dict) -> Iterator[Metric]:
     specs: list[tuple[str, str, Callable[[SeriesState], float | None]]] = [
         ("kvwatch_kv_usage_ratio", "KV-cache usage of the engine, 0..1 (evictable prefix-cache blocks are free).",
          lambda s: s.reading.kv_usage_ratio),
-        ("kvwatch_kv_capacity_tokens", "KV-cache capacity of the engine in tokens (vLLM-reported, else blocks x "
+        ("kvwatch_kv_capacity_tokens", "KV-cache capacity of the engine in tokens (engine-reported, else blocks x "
          "block size per engine).", lambda s: s.reading.kv_capacity_tokens),
         ("kvwatch_kv_used_tokens", "Tokens held in the KV cache: usage ratio x capacity.",
          lambda s: s.reading.kv_used_tokens),
-        ("kvwatch_requests_running", "Requests in vLLM's running batch.", lambda s: s.reading.requests_running),
-        ("kvwatch_requests_waiting", "Requests waiting in vLLM's queue.", lambda s: s.reading.requests_waiting),
-        ("kvwatch_preemptions_per_second", "Preemptions per second over the last minute of polls.",
+        ("kvwatch_requests_running", "Requests in the engine's running batch (TensorRT-LLM: active requests).",
+         lambda s: s.reading.requests_running),
+        ("kvwatch_requests_waiting", "Requests waiting in the engine's queue.", lambda s: s.reading.requests_waiting),
+        ("kvwatch_preemptions_per_second",
+         "Preemptions (SGLang: retractions) per second over the last minute of polls.",
          lambda s: s.preemptions_per_second),
         ("kvwatch_concurrency_headroom", "Concurrency ceiling at the observed request mix minus running requests.",
          lambda s: s.concurrency_headroom),

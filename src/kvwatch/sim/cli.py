@@ -22,6 +22,7 @@ from typing import Any
 from kvwatch.settings import SettingsError
 from kvwatch.sim import buckets
 from kvwatch.sim.engine import EngineConfig, EngineSnapshot, Request, Simulator, StepTimeModel
+from kvwatch.sim.engines_wire import ENGINES
 from kvwatch.sim.load import PROFILE_KINDS, LoadGenerator, LoadProfile
 from kvwatch.sim.metrics import MULTIPROCESS_PROFILES, PROFILES, SINGLE_ENGINE_PROFILES
 from kvwatch.sim.server import Feed, SimulationService, TraceFeed, make_server, start_ticker
@@ -46,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="simulated times at which the server restarts (in-flight work lost, counters reset)")
 
     eng = parser.add_argument_group("engine (vLLM's own flag names)")
+    eng.add_argument("--engine", choices=ENGINES, default="vllm",
+                     help="whose /metrics names to speak: vllm (see --vllm-version), sglang (current collector.py "
+                     "names) or tensorrt-llm (trtllm-serve's trtllm_* names; one data-parallel engine)")
     eng.add_argument("--vllm-version", choices=PROFILES, default="0.33", help="which vLLM's /metrics to speak")
     eng.add_argument("--num-gpu-blocks", type=int, default=2048, help="KV blocks per engine (like "
                      "--num-gpu-blocks-override)")
@@ -169,6 +173,9 @@ def build(args: argparse.Namespace, warn: Callable[[str], None] | None = None) -
            f"vLLM {args.vllm_version} has no engine label, so it serves one engine", args.data_parallel_size)
     check(not args.multiprocess or args.vllm_version in MULTIPROCESS_PROFILES, "--multiprocess",
            f"vLLM {args.vllm_version} has no multiprocess metrics mode (one API server)", True)
+    check(args.engine != "tensorrt-llm" or args.data_parallel_size == 1, "--data-parallel-size",
+          "trtllm-serve exposes one engine (no rank label)", args.data_parallel_size)
+    check(args.engine == "vllm" or not args.multiprocess, "--multiprocess", "is a vLLM exposition mode", True)
     check(1 <= args.port <= 65535 or args.port == 0, "--port", "must be 0..65535", args.port)
 
     step = StepTimeModel(args.step_fixed_ms / 1000, args.step_decode_token_ms / 1000, args.step_prefill_token_ms / 1000)
@@ -203,6 +210,8 @@ def build(args: argparse.Namespace, warn: Callable[[str], None] | None = None) -
             prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
             max_prompt_tokens=max(1, args.max_model_len - max_output), max_output_tokens=max_output,
         ), seed=args.seed)
+    if args.engine != "vllm":
+        return Simulator(config, seed=args.seed), feed, {"engine": args.engine, "model_name": args.model_name}
     render_options = {"profile": args.vllm_version, "model_name": args.model_name, "multiprocess": args.multiprocess,
                       "max_model_len": args.max_model_len, "enable_prefix_caching": args.enable_prefix_caching,
                       "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens}
@@ -272,7 +281,8 @@ def _serve(service: SimulationService, args: argparse.Namespace) -> int:
         return 1
     host, port = server.server_address[:2]
     print(f"serving http://{host}:{port}/metrics", flush=True)
-    print(f"vLLM {args.vllm_version} simulator: {args.data_parallel_size} x {args.num_gpu_blocks} blocks of "
+    speaks = f"vLLM {args.vllm_version}" if args.engine == "vllm" else args.engine
+    print(f"{speaks} simulator: {args.data_parallel_size} x {args.num_gpu_blocks} blocks of "
           f"{args.block_size} tokens, speed x{args.speed:g}", file=sys.stderr, flush=True)
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())

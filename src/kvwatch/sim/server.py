@@ -13,8 +13,8 @@ from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from kvwatch.sim.engine import EngineSnapshot, Request, Simulator
+from kvwatch.sim.engines_wire import render_any
 from kvwatch.sim.load import LoadGenerator
-from kvwatch.sim.metrics import render
 from kvwatch.sim.traces import span_of
 
 # Always the text format 0.0.4, uncompressed: vLLM's make_asgi_app would also negotiate OpenMetrics and gzip
@@ -86,7 +86,7 @@ class SimulationService:
         self.simulator.run_until(t)
 
     def metrics_text(self) -> str:
-        return render(self.advance(), **self.render_options)
+        return render_any(self.advance(), **self.render_options)
 
 
 def make_server(service: SimulationService, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:

@@ -1,0 +1,103 @@
+"""Per-series derived values, computed in one place for ``serve`` and ``check`` (pure).
+
+:func:`derive` turns one :class:`~kvwatch.model.Reading` (plus its history, when there is one) into the
+:class:`SeriesState` that is exported: the preemption rate, the mean request footprint, the concurrency
+ceilings and the headroom under them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from kvwatch.history import SeriesHistory
+from kvwatch.model import Reading
+
+RATE_WINDOW_SECONDS = 60.0
+"""Window of ``kvwatch_preemptions_per_second`` and of the recent request mix (poll-clock seconds)."""
+
+
+@dataclass(frozen=True)
+class SeriesState:
+    """One series as exported: the reading plus derived values and analyzer results."""
+
+    reading: Reading
+    preemptions_per_second: float | None = None
+    max_concurrency: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    concurrency_headroom: float | None = None
+    mean_request_tokens: float | None = None
+    extra: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+
+def mean_request_tokens(reading: Reading, history: SeriesHistory | None = None,
+                        window: float = RATE_WINDOW_SECONDS) -> float | None:
+    """Mean KV footprint of a finished request (prompt + generated tokens), recent window first, else lifetime."""
+    if history is not None:
+        parts = [history.increase(f, window) for f in (
+            "request_prompt_tokens_sum", "request_prompt_tokens_count",
+            "request_generation_tokens_sum", "request_generation_tokens_count")]
+        if all(p is not None for p in parts):
+            p_sum, p_count, g_sum, g_count = (p[0] for p in parts)  # type: ignore[index]
+            if p_count > 0 and g_count > 0:
+                return p_sum / p_count + g_sum / g_count
+    if reading.request_prompt_tokens_count and reading.request_generation_tokens_count and \
+            reading.request_prompt_tokens_sum is not None and reading.request_generation_tokens_sum is not None:
+        return (reading.request_prompt_tokens_sum / reading.request_prompt_tokens_count
+                + reading.request_generation_tokens_sum / reading.request_generation_tokens_count)
+    return None
+
+
+LIVE_FOOTPRINT_MIN_USAGE = 0.01
+"""Below this usage the live KV footprint per running request is a block or two: too coarse to size by."""
+
+
+def max_concurrency(reading: Reading, mean_tokens: float | None, max_model_len: int | None) -> dict[str, float]:
+    """Concurrency ceilings by basis: ``observed_mix`` and ``max_model_len`` (vLLM's own figure when reported,
+    else blocks per request at max length).
+
+    ``observed_mix`` is the smaller of two estimates, whichever are known: capacity ÷ the live footprint
+    (KV tokens in use ÷ running requests, i.e. running ÷ usage) and capacity ÷ the mean finished request
+    (prompt + output tokens). Neither alone is conservative: the finished mean under-weights long requests,
+    which stay in flight longest and so dominate what the cache holds; the live footprint under-counts
+    young requests, which will still grow. Under KV pressure the live one is the smaller, and it is the
+    same footprint the advisor's concurrency limit uses."""
+    out: dict[str, float] = {}
+    capacity = reading.kv_capacity_tokens
+    estimates = []
+    usage, running = reading.kv_usage_ratio, reading.requests_running
+    if usage is not None and usage > LIVE_FOOTPRINT_MIN_USAGE and running:
+        estimates.append(running / usage)
+    if capacity is not None and mean_tokens:
+        estimates.append(capacity / mean_tokens)
+    if estimates:
+        out["observed_mix"] = min(estimates)
+    if reading.kv_max_concurrency is not None:
+        out["max_model_len"] = reading.kv_max_concurrency
+    elif max_model_len:
+        if reading.num_gpu_blocks is not None and reading.block_size:
+            out["max_model_len"] = reading.num_gpu_blocks / math.ceil(max_model_len / reading.block_size)
+        elif capacity is not None:
+            out["max_model_len"] = capacity / max_model_len
+    return out
+
+
+def derive(reading: Reading, history: SeriesHistory | None, max_model_len: int | None = None,
+           extra: Mapping[str, Any] | None = None) -> SeriesState:
+    """The exported view of one series (history may be None for a one-shot ``kvwatch check``)."""
+    mean_tokens = mean_request_tokens(reading, history)
+    ceilings = max_concurrency(reading, mean_tokens, max_model_len)
+    headroom = None
+    if "observed_mix" in ceilings and reading.requests_running is not None:
+        headroom = ceilings["observed_mix"] - reading.requests_running
+    rate = history.rate("preemptions_total", RATE_WINDOW_SECONDS) if history is not None else None
+    return SeriesState(
+        reading=reading,
+        preemptions_per_second=rate,
+        max_concurrency=MappingProxyType(ceilings),
+        concurrency_headroom=headroom,
+        mean_request_tokens=mean_tokens,
+        extra=MappingProxyType(dict(extra or {})),
+    )

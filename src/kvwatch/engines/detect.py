@@ -1,0 +1,56 @@
+"""Which engine wrote a payload, and its reading: vLLM, SGLang or TensorRT-LLM, picked from the payload itself.
+
+First match wins: any ``vllm:*`` family → vLLM; SGLang's scheduler gauges → SGLang; ``trtllm_*``,
+``trtllm:*`` or Triton's ``nv_trt_llm_*`` families → TensorRT-LLM; a JSON body → TensorRT-LLM iteration
+statistics. A payload with none of them but an operator's ``--usage-metric`` (a proxy's renamed metric)
+is read by the vLLM adapter, which knows overrides best. Raises ParseError (not an exposition) or
+UnrecognisedPayload (no engine kvwatch knows).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from kvwatch.engines import SourceOverrides, UnrecognisedPayload, sglang, trtllm, vllm
+from kvwatch.exposition import Exposition, ParseError, parse
+from kvwatch.model import Poll
+
+ENGINE_KINDS = ("vllm", "sglang", "tensorrt-llm")
+
+
+def wanted_for(overrides: SourceOverrides | None = None) -> Callable[[str], bool]:
+    """The parser's family filter: every adapter's families and the overrides'."""
+    vllm_wanted = vllm.wanted_for(overrides)
+    others = sglang.FAMILIES | trtllm.FAMILIES
+    return lambda name: name in others or vllm_wanted(name)
+
+
+def engine_of(exposition: Exposition) -> str | None:
+    """``vllm``, ``sglang``, ``tensorrt-llm`` or None."""
+    if any(name.startswith("vllm:") for name in exposition.names):
+        return "vllm"
+    if sglang.claims(exposition):
+        return "sglang"
+    if trtllm.claims(exposition):
+        return "tensorrt-llm"
+    return None
+
+
+def read_payload(text: str, overrides: SourceOverrides | None = None, *, timestamp: float) -> Poll:
+    """One :class:`Poll` from a ``/metrics`` body of any supported engine."""
+    if trtllm.looks_like_json(text):
+        try:
+            return trtllm.read_iteration_stats(text, timestamp=timestamp)
+        except json.JSONDecodeError as exc:
+            raise ParseError(f"body starts like JSON but is not: {exc}") from None
+    exposition = parse(text, wanted_for(overrides))
+    kind = engine_of(exposition)
+    if kind == "sglang":
+        return sglang.read(exposition, overrides, timestamp=timestamp)
+    if kind == "tensorrt-llm":
+        return trtllm.read(exposition, overrides, timestamp=timestamp)
+    if kind is None and not (overrides and overrides.names()):
+        raise UnrecognisedPayload("no vllm:*, sglang:*, trtllm_*/trtllm:* or nv_trt_llm_* metrics in the payload "
+                                  "(is the target an inference engine's /metrics endpoint?)")
+    return vllm.read(exposition, overrides, timestamp=timestamp)

@@ -1,0 +1,151 @@
+"""Shared plumbing of the SGLang and TensorRT-LLM adapters: samples grouped by series, one value per series.
+
+Each adapter says how a sample's labels map to a series key ``(model, engine)`` (``None`` where the
+label is absent: such a sample applies to every series, as a tokenizer-side counter without a rank
+label does). Copies of one series that differ only in other labels (SGLang's ``tp_rank``/``pp_rank``/
+``engine_type``, Triton's ``version``) are snapshots of the same engine, so they combine by maximum,
+never by sum: summing would count one request once per tensor-parallel rank. NaN reads as unknown.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from kvwatch.engines import Selector
+from kvwatch.exposition import Exposition, Sample
+from kvwatch.model import Histogram, SeriesKey
+
+PartialKey = tuple[str | None, str | None]
+KeyOf = Callable[[dict[str, str]], PartialKey]
+
+
+@dataclass
+class Index:
+    """Samples of one family (or selector) by partial series key."""
+
+    by_key: dict[PartialKey, list[Sample]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, samples: Iterable[Sample], key_of: KeyOf) -> Index:
+        index = cls()
+        for s in samples:
+            index.by_key.setdefault(key_of(s.labels), []).append(s)
+        return index
+
+    def __bool__(self) -> bool:
+        return bool(self.by_key)
+
+    def for_key(self, key: SeriesKey) -> list[Sample]:
+        model, engine = key
+        return [s for k in ((model, engine), (model, None), (None, engine), (None, None))
+                for s in self.by_key.get(k, ())]
+
+    def value(self, key: SeriesKey) -> float | None:
+        """The series' value: the largest finite copy, NaN when every copy is NaN, None when absent."""
+        values = [s.value for s in self.for_key(key)]
+        if not values:
+            return None
+        finite = [v for v in values if not math.isnan(v)]
+        return max(finite) if finite else values[0]
+
+    def by_label(self, key: SeriesKey, label: str) -> dict[str, float]:
+        groups: dict[str, float] = {}
+        for s in self.for_key(key):
+            value = s.labels.get(label)
+            if value is not None and not math.isnan(s.value):
+                groups[value] = max(groups.get(value, s.value), s.value)
+        return dict(sorted(groups.items()))
+
+    def partial_keys(self) -> set[PartialKey]:
+        return set(self.by_key)
+
+
+def selected(exposition: Exposition, selector: Selector) -> list[Sample]:
+    """Samples a selector picks: by family name, else by sample name (``x_count`` of a histogram)."""
+    samples = exposition.samples(selector.name)
+    if not samples:
+        samples = [s for f in exposition for s in f.samples if s.name == selector.name]
+    return [s for s in samples if selector.matches(s.labels)]
+
+
+def sample_named(exposition: Exposition, family: str, sample_name: str) -> list[Sample]:
+    """The samples of ``family`` called ``sample_name`` (a histogram's ``_sum`` or ``_count``)."""
+    return [s for s in exposition.samples(family) if s.name == sample_name]
+
+
+def series_keys(indexes: Iterable[Index], default_engine: str = "0") -> list[SeriesKey]:
+    """Every series the indexes name, sorted; a sample without a model label joins the named series."""
+    partial = {k for index in indexes for k in index.partial_keys()}
+    models = sorted({m for m, _ in partial if m})
+    engines = {e for _, e in partial if e is not None} or {default_engine}
+    if not models:
+        models = ["unknown"]
+    keys = {(m, e) for m in models for e in engines
+            if any((pm in (m, None)) and (pe in (e, None)) for pm, pe in partial)}
+    return sorted(keys, key=lambda k: (k[0], int(k[1]) if k[1].isdigit() else 1 << 30, k[1]))
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """numerator / denominator, None when either is unknown or the denominator is not positive."""
+    if numerator is None or denominator is None or not denominator > 0:
+        return None
+    return numerator / denominator
+
+
+def histograms(exposition: Exposition, family: str, key_of: KeyOf) -> dict[PartialKey, Histogram]:
+    """A histogram family's series by partial key; of several copies of one key (ranks, processes) the one
+    with the most observations (the copies are snapshots of one engine, as for gauges)."""
+    groups: dict[tuple[PartialKey, tuple[tuple[str, str], ...]], dict[str, Any]] = {}
+    for s in exposition.samples(family):
+        labels = {k: v for k, v in s.labels.items() if k != "le"}
+        group = groups.setdefault((key_of(labels), tuple(sorted(labels.items()))), {"buckets": []})
+        if s.name == family + "_bucket" and "le" in s.labels:
+            try:
+                group["buckets"].append((float(s.labels["le"]), s.value))
+            except ValueError:
+                continue
+        elif s.name == family + "_count":
+            group["count"] = s.value
+        elif s.name == family + "_sum":
+            group["sum"] = s.value
+    out: dict[PartialKey, Histogram] = {}
+    for (key, _), group in groups.items():
+        buckets = sorted(group["buckets"])
+        if not buckets or not math.isinf(buckets[-1][0]):
+            continue
+        hist = Histogram(tuple(b for b, _ in buckets), tuple(v for _, v in buckets),
+                         group.get("count", buckets[-1][1]), group.get("sum", math.nan))
+        if key not in out or hist.count > out[key].count:
+            out[key] = hist
+    return out
+
+
+def histogram_for(by_key: dict[PartialKey, Histogram], key: SeriesKey) -> Histogram | None:
+    model, engine = key
+    for k in ((model, engine), (model, None), (None, engine), (None, None)):
+        if k in by_key:
+            return by_key[k]
+    return None
+
+
+LatencyIndex = dict[str, dict[PartialKey, Histogram]]
+
+
+def latency_index(exposition: Exposition, families: dict[str, tuple[str, ...]], key_of: KeyOf) -> LatencyIndex:
+    """Each latency kind's histograms: from the first of its candidate families the payload has."""
+    out: LatencyIndex = {}
+    for kind, candidates in families.items():
+        for family in candidates:
+            if exposition.samples(family):
+                out[kind] = histograms(exposition, family, key_of)
+                break
+    return out
+
+
+def latency_for(index: LatencyIndex, key: SeriesKey) -> MappingProxyType[str, Histogram]:
+    found = {kind: histogram_for(by_key, key) for kind, by_key in index.items()}
+    return MappingProxyType({kind: h for kind, h in found.items() if h is not None})

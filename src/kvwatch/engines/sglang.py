@@ -1,0 +1,181 @@
+"""SGLang adapter: detect the metric generation, read one Reading per ``(model, dp_rank)``.
+
+Names follow SGLang's own ``python/sglang/srt/metrics/collector.py`` (and, for 2024, its predecessor
+``metrics_collector.py``) and ``docs/references/production_metrics.md``; docs/metrics.md lists them per
+generation and tests/fixtures/sglang-metrics/README.md names the sources. Generations, first match wins:
+
+1. ``2024-name-label``: ``sglang:num_requests_running`` / ``sglang:queue_req`` and a ``name`` label (the
+   model). ``token_usage`` is a 0..1 ratio; ``cache_hit_rate`` is in percent (read for nothing: it is a
+   per-batch figure, not a lifetime ratio).
+2. ``model-name-label``: ``sglang:num_running_reqs`` / ``sglang:num_queue_reqs`` with only ``model_name``
+   (early 2025): no capacity gauge, so capacity is unknown.
+3. ``rank-labels``: scheduler gauges carry ``engine_type``, ``tp_rank``, ``pp_rank`` (and ``dp_rank`` with
+   data-parallel attention) and ``sglang:max_total_num_tokens`` reports the KV pool size in tokens.
+
+Series: the model is ``model_name`` (or 2024's ``name``); the engine is ``dp_rank`` (``"0"`` without it).
+Tokenizer-side families (prompt/generation/cached tokens) carry no rank label and apply to every series.
+Tensor- and pipeline-parallel ranks report the same scheduler state, so copies combine by maximum.
+
+Preemption: SGLang "retracts" decode requests when the KV pool runs out; the cumulative
+``sglang:num_retracted_requests_total`` counter is the preemption count. The older ``num_retracted_reqs``
+gauge holds only the last logging interval's count and is not a total, so it is not used.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+from kvwatch.engines import Selector, SourceOverrides, UnrecognisedPayload
+from kvwatch.engines.series import (
+    Index,
+    KeyOf,
+    latency_for,
+    latency_index,
+    sample_named,
+    selected,
+    series_keys,
+)
+from kvwatch.exposition import Exposition
+from kvwatch.model import Detection, Poll, Reading, SeriesKey
+
+PREFIX = "sglang:"
+TOKEN_USAGE = "sglang:token_usage"
+MAX_TOTAL_NUM_TOKENS = "sglang:max_total_num_tokens"
+RUNNING = "sglang:num_running_reqs"
+QUEUE = "sglang:num_queue_reqs"
+RUNNING_2024 = "sglang:num_requests_running"
+WAITING_2024 = "sglang:num_requests_waiting"
+QUEUE_2024 = "sglang:queue_req"
+RETRACTED_TOTAL = "sglang:num_retracted_requests_total"
+PROMPT_TOKENS = "sglang:prompt_tokens_total"
+GENERATION_TOKENS = "sglang:generation_tokens_total"
+CACHED_TOKENS = "sglang:cached_tokens_total"
+REQUEST_SUCCESS = "sglang:request_success_total"
+NUM_REQUESTS = "sglang:num_requests_total"
+PROMPT_HISTOGRAM = "sglang:prompt_tokens_histogram"
+GENERATION_HISTOGRAM = "sglang:generation_tokens_histogram"
+PROMPT_HISTOGRAM_2024 = "sglang:request_prompt_tokens"
+GENERATION_HISTOGRAM_2024 = "sglang:request_generation_tokens"
+PROCESS_START = "process_start_time_seconds"
+ABORTED = "sglang:num_aborted_requests_total"
+LATENCY = {  # kind -> families, newest name first
+    "ttft": ("sglang:time_to_first_token_seconds",),
+    "itl": ("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
+    "queue": ("sglang:queue_time_seconds",),
+    "e2e": ("sglang:e2e_request_latency_seconds",),
+}
+
+FAMILIES: frozenset[str] = frozenset({
+    TOKEN_USAGE, MAX_TOTAL_NUM_TOKENS, RUNNING, QUEUE, RUNNING_2024, WAITING_2024, QUEUE_2024, RETRACTED_TOTAL,
+    PROMPT_TOKENS, GENERATION_TOKENS, CACHED_TOKENS, REQUEST_SUCCESS, NUM_REQUESTS,
+    PROMPT_HISTOGRAM, GENERATION_HISTOGRAM, PROMPT_HISTOGRAM_2024, GENERATION_HISTOGRAM_2024, PROCESS_START,
+    ABORTED, *(f for families in LATENCY.values() for f in families),
+})
+"""Every family the adapter reads (the parser keeps only these)."""
+
+_SIGNATURE = (TOKEN_USAGE, RUNNING, QUEUE, RUNNING_2024, WAITING_2024, QUEUE_2024, MAX_TOTAL_NUM_TOKENS)
+
+
+def claims(exposition: Exposition) -> bool:
+    """Whether the payload is SGLang's: one of its scheduler gauges is there."""
+    return any(name in exposition for name in _SIGNATURE)
+
+
+def _key_of(labels: dict[str, str]) -> tuple[str | None, str | None]:
+    return (labels.get("model_name") or labels.get("name"), labels.get("dp_rank"))
+
+
+def version_range(exposition: Exposition) -> str:
+    if RUNNING_2024 in exposition or QUEUE_2024 in exposition or any(
+            "name" in s.labels and "model_name" not in s.labels
+            for name in (TOKEN_USAGE, MAX_TOTAL_NUM_TOKENS) for s in exposition.samples(name)):
+        return "2024-name-label"
+    if any("tp_rank" in s.labels for name in (TOKEN_USAGE, RUNNING, QUEUE, MAX_TOTAL_NUM_TOKENS)
+           for s in exposition.samples(name)) or MAX_TOTAL_NUM_TOKENS in exposition:
+        return "rank-labels"
+    return "model-name-label"
+
+
+def _finished(success: Index, finished: Index, key: SeriesKey) -> dict[str, float]:
+    """Finished requests by reason: 2024's ``request_success_total{finished_reason}``; later SGLang counts
+    only ``num_requests_total`` (incremented when a request finishes), reported under reason ``all``."""
+    by_reason = success.by_label(key, "finished_reason")
+    if by_reason:
+        return by_reason
+    total = finished.value(key)
+    return {"all": total} if total is not None else {}
+
+
+def _first(exposition: Exposition, override: Selector | None, *names: str) -> Selector | None:
+    if override is not None:
+        return override
+    for name in names:
+        if exposition.samples(name):
+            return Selector(name)
+    return None
+
+
+def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, timestamp: float) -> Poll:
+    """One :class:`Poll` from a parsed SGLang payload; UnrecognisedPayload when it has no usable series."""
+    overrides = overrides or SourceOverrides()
+    if not claims(exposition) and not any(f in exposition for f in overrides.names()):
+        raise UnrecognisedPayload("no SGLang scheduler metrics (sglang:token_usage, sglang:num_running_reqs, ...)")
+    key_of: KeyOf = _key_of
+    usage = _first(exposition, overrides.usage, TOKEN_USAGE)
+    running = _first(exposition, overrides.running, RUNNING, RUNNING_2024)
+    waiting = _first(exposition, overrides.waiting, QUEUE, WAITING_2024, QUEUE_2024)
+    capacity = _first(exposition, None, MAX_TOTAL_NUM_TOKENS)
+
+    def idx(selector: Selector | None) -> Index:
+        return Index.of(selected(exposition, selector), key_of) if selector is not None else Index()
+
+    def fam(name: str) -> Index:
+        return Index.of(exposition.samples(name), key_of)
+
+    usage_i, running_i, waiting_i, capacity_i = idx(usage), idx(running), idx(waiting), idx(capacity)
+    keys = series_keys((usage_i, running_i, waiting_i, capacity_i))
+    if not (usage_i or running_i or waiting_i):
+        raise UnrecognisedPayload("SGLang payload has no token_usage, running or queue samples yet "
+                                  "(server started without traffic, or renamed: see --usage-metric)")
+    retracted, prompt, generation, cached, success, finished, aborted = (fam(n) for n in (
+        RETRACTED_TOTAL, PROMPT_TOKENS, GENERATION_TOKENS, CACHED_TOKENS, REQUEST_SUCCESS, NUM_REQUESTS, ABORTED))
+    latency = latency_index(exposition, LATENCY, key_of)
+    prompt_hist = PROMPT_HISTOGRAM if PROMPT_HISTOGRAM in exposition else PROMPT_HISTOGRAM_2024
+    generation_hist = GENERATION_HISTOGRAM if GENERATION_HISTOGRAM in exposition else GENERATION_HISTOGRAM_2024
+    p_sum, p_count, g_sum, g_count = (
+        Index.of(sample_named(exposition, family, family + suffix), key_of)
+        for family in (prompt_hist, generation_hist) for suffix in ("_sum", "_count"))
+    starts = exposition.samples(PROCESS_START)
+    process_start = starts[-1].value if starts else None
+
+    readings = []
+    for key in keys:
+        # cached_tokens_total counts prompt tokens served from the radix cache: hits over prompt tokens.
+        hits, queries = cached.value(key), prompt.value(key)
+        readings.append(Reading(
+            model_name=key[0],
+            engine=key[1],
+            kv_usage_ratio=usage_i.value(key),
+            requests_running=running_i.value(key),
+            requests_waiting=waiting_i.value(key),
+            preemptions_total=retracted.value(key),
+            finished_by_reason=MappingProxyType(_finished(success, finished, key)),
+            prompt_tokens_total=queries,
+            generation_tokens_total=generation.value(key),
+            prefix_cache_queries_total=queries if hits is not None else None,
+            prefix_cache_hits_total=hits,
+            prefix_cache_unit="tokens" if hits is not None and queries is not None else None,
+            request_prompt_tokens_sum=p_sum.value(key),
+            request_prompt_tokens_count=p_count.value(key),
+            request_generation_tokens_sum=g_sum.value(key),
+            request_generation_tokens_count=g_count.value(key),
+            kv_capacity_tokens=capacity_i.value(key),
+            process_start_time_seconds=process_start,
+            latency=latency_for(latency, key),
+            requests_aborted_total=aborted.value(key),
+        ))
+    detection = Detection(
+        engine_kind="sglang", version_range=version_range(exposition),
+        usage_metric=str(usage) if usage else None, running_metric=str(running) if running else None,
+        waiting_metric=str(waiting) if waiting else None, capacity_metric=str(capacity) if capacity else None)
+    return Poll(timestamp=timestamp, detection=detection, readings=tuple(readings))

@@ -1,0 +1,231 @@
+"""TensorRT-LLM adapter: trtllm-serve's Prometheus names, Triton's ``nv_trt_llm_*`` families, and the
+iteration statistics JSON that trtllm-serve's ``/metrics`` returned before it had a Prometheus endpoint.
+
+Sources (docs/metrics.md lists every name; tests/fixtures/tensorrt-llm-metrics/README.md names the files):
+
+- ``trtllm-serve`` (PyTorch backend): ``tensorrt_llm/metrics/collector.py``'s ``MetricsCollector`` writes
+  ``trtllm_*`` names labelled ``model_name`` and ``engine_type`` (version ``trtllm-serve``). NVIDIA Dynamo
+  re-exports them with a ``trtllm:`` prefix in some releases (version ``trtllm-serve-colon``); both read alike.
+- Triton's TensorRT-LLM backend: gauge families ``nv_trt_llm_request_metrics{request_type}`` and
+  ``nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type}``, labelled ``model`` and ``version``
+  (version ``triton-backend``).
+- Iteration statistics (version ``iteration-stats``): a JSON list of iterations, each with
+  ``numActiveRequests``, ``numQueuedRequests`` and ``kvCacheStats`` (``maxNumBlocks``, ``freeNumBlocks``,
+  ``usedNumBlocks``, ``tokensPerBlock``, cumulative ``reusedBlocks``/``missedBlocks``). trtllm-serve hands
+  each iteration out once (a queue drained by every reader), so the last iteration of a poll is the state;
+  an empty list (no iteration since the last poll: the engine is idle or another reader drained it) has
+  no state at all and reads as unrecognised, never as an empty cache. The JSON carries no model name.
+
+Meanings, one per quantity: running is TensorRT-LLM's "active requests" (``numActiveRequests``, which
+trtllm-serve itself exports as ``num_requests_running``), waiting its "queued requests". KV usage is the
+engine's own utilisation gauge (``kv_cache_utilization`` / ``fraction``) when present, else used ÷ max
+blocks; capacity is max blocks × tokens per block. TensorRT-LLM counts no preemptions: unknown.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+from kvwatch.engines import Selector, SourceOverrides, UnrecognisedPayload
+from kvwatch.engines.series import (
+    Index,
+    KeyOf,
+    latency_for,
+    latency_index,
+    ratio,
+    sample_named,
+    selected,
+    series_keys,
+)
+from kvwatch.exposition import Exposition
+from kvwatch.model import Detection, Histogram, Poll, Reading, SeriesKey
+
+PREFIXES = ("trtllm_", "trtllm:")
+# trtllm-serve's families, without prefix (counters by family name: the wire adds _total).
+RUNNING = "num_requests_running"
+WAITING = "num_requests_waiting"
+UTILIZATION = "kv_cache_utilization"
+MAX_BLOCKS = "kv_cache_max_blocks"
+USED_BLOCKS = "kv_cache_used_blocks"
+TOKENS_PER_BLOCK = "kv_cache_tokens_per_block"
+SUCCESS = "request_success"
+PROMPT_TOKENS = "prompt_tokens"
+GENERATION_TOKENS = "generation_tokens"
+REUSED_BLOCKS = "kv_cache_reused_blocks"
+MISSED_BLOCKS = "kv_cache_missed_blocks"
+SERVE_FAMILIES = (RUNNING, WAITING, UTILIZATION, MAX_BLOCKS, USED_BLOCKS, TOKENS_PER_BLOCK, SUCCESS,
+                  PROMPT_TOKENS, GENERATION_TOKENS, REUSED_BLOCKS, MISSED_BLOCKS)
+
+TRITON_REQUESTS = "nv_trt_llm_request_metrics"
+TRITON_KV_BLOCKS = "nv_trt_llm_kv_cache_block_metrics"
+
+LATENCY = {"ttft": "time_to_first_token_seconds", "itl": "time_per_output_token_seconds",
+           "queue": "request_queue_time_seconds", "e2e": "e2e_request_latency_seconds"}
+_COUNTERS = (SUCCESS, PROMPT_TOKENS, GENERATION_TOKENS, REUSED_BLOCKS, MISSED_BLOCKS)
+
+FAMILIES: frozenset[str] = frozenset(
+    {p + f + ("_total" if f in _COUNTERS else "") for p in PREFIXES for f in (*SERVE_FAMILIES, *LATENCY.values())}
+    | {TRITON_REQUESTS, TRITON_KV_BLOCKS})
+"""Every family the adapter reads from a Prometheus payload."""
+
+
+def claims(exposition: Exposition) -> bool:
+    return TRITON_KV_BLOCKS in exposition or TRITON_REQUESTS in exposition or _prefix(exposition) is not None
+
+
+def _prefix(exposition: Exposition) -> str | None:
+    for prefix in PREFIXES:
+        if any(prefix + f in exposition for f in (RUNNING, WAITING, UTILIZATION, MAX_BLOCKS)):
+            return prefix
+    return None
+
+
+def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, timestamp: float) -> Poll:
+    """One :class:`Poll` from a trtllm-serve or Triton Prometheus payload."""
+    overrides = overrides or SourceOverrides()
+    prefix = _prefix(exposition)
+    if prefix is not None:
+        return _read_serve(exposition, prefix, overrides, timestamp)
+    if TRITON_KV_BLOCKS in exposition or TRITON_REQUESTS in exposition:
+        return _read_triton(exposition, overrides, timestamp)
+    raise UnrecognisedPayload("no TensorRT-LLM metrics (trtllm_*, nv_trt_llm_*)")
+
+
+def _pick(exposition: Exposition, override: Selector | None, *candidates: Selector) -> Selector | None:
+    if override is not None:
+        return override
+    return next((c for c in candidates if selected(exposition, c)), None)
+
+
+def _read_serve(exposition: Exposition, p: str, overrides: SourceOverrides, timestamp: float) -> Poll:
+    def key_of(labels: dict[str, str]) -> tuple[str | None, str | None]:
+        return (labels.get("model_name"), None)
+
+    def idx(selector: Selector | None) -> Index:
+        return Index.of(selected(exposition, selector), key_of) if selector is not None else Index()
+
+    usage = _pick(exposition, overrides.usage, Selector(p + UTILIZATION))
+    running = _pick(exposition, overrides.running, Selector(p + RUNNING))
+    waiting = _pick(exposition, overrides.waiting, Selector(p + WAITING))
+    blocks = {n: idx(Selector(p + n)) for n in (MAX_BLOCKS, USED_BLOCKS, TOKENS_PER_BLOCK)}
+    usage_i, running_i, waiting_i = idx(usage), idx(running), idx(waiting)
+    # The text format declares a counter family with its _total name; _created samples share the family.
+    counters = {n: Index.of(sample_named(exposition, p + n + "_total", p + n + "_total"), key_of)
+                for n in (SUCCESS, PROMPT_TOKENS, GENERATION_TOKENS, REUSED_BLOCKS, MISSED_BLOCKS)}
+    keys = series_keys((usage_i, running_i, waiting_i, *blocks.values()))
+    if not (usage_i or running_i or waiting_i or blocks[USED_BLOCKS]):
+        raise UnrecognisedPayload(f"trtllm-serve payload has no {p}{UTILIZATION}, {p}{RUNNING} or {p}{WAITING} "
+                                  "samples yet (no iteration statistics logged: is return_perf_metrics on?)")
+    latency = latency_index(exposition, {kind: (p + f,) for kind, f in LATENCY.items()}, key_of)
+    readings = [_reading(
+        key, usage_i.value(key), running_i.value(key), waiting_i.value(key), blocks[MAX_BLOCKS].value(key),
+        blocks[USED_BLOCKS].value(key), blocks[TOKENS_PER_BLOCK].value(key),
+        reused=counters[REUSED_BLOCKS].value(key), missed=counters[MISSED_BLOCKS].value(key),
+        finished=counters[SUCCESS].by_label(key, "finished_reason"),
+        prompt=counters[PROMPT_TOKENS].value(key), generation=counters[GENERATION_TOKENS].value(key),
+        latency=latency_for(latency, key),
+    ) for key in keys]
+    usage_name = str(usage) if usage else (
+        f"{p}{USED_BLOCKS} / {p}{MAX_BLOCKS}" if blocks[USED_BLOCKS] and blocks[MAX_BLOCKS] else None)
+    capacity_name = f"{p}{MAX_BLOCKS} x {p}{TOKENS_PER_BLOCK}" if blocks[MAX_BLOCKS] and blocks[TOKENS_PER_BLOCK] \
+        else None
+    detection = Detection(
+        engine_kind="tensorrt-llm", version_range="trtllm-serve" if p == "trtllm_" else "trtllm-serve-colon",
+        usage_metric=usage_name, running_metric=str(running) if running else None,
+        waiting_metric=str(waiting) if waiting else None, capacity_metric=capacity_name)
+    return Poll(timestamp=timestamp, detection=detection, readings=tuple(readings))
+
+
+def _read_triton(exposition: Exposition, overrides: SourceOverrides, timestamp: float) -> Poll:
+    key_of: KeyOf = lambda labels: (labels.get("model"), None)  # noqa: E731
+
+    def sel(family: str, label: str, value: str) -> Selector:
+        return Selector(family, MappingProxyType({label: value}))
+
+    def idx(selector: Selector | None) -> Index:
+        return Index.of(selected(exposition, selector), key_of) if selector is not None else Index()
+
+    usage = _pick(exposition, overrides.usage, sel(TRITON_KV_BLOCKS, "kv_cache_block_type", "fraction"))
+    running = _pick(exposition, overrides.running, sel(TRITON_REQUESTS, "request_type", "active"))
+    waiting = _pick(exposition, overrides.waiting, sel(TRITON_REQUESTS, "request_type", "waiting"))
+    block = {t: idx(sel(TRITON_KV_BLOCKS, "kv_cache_block_type", t)) for t in ("max", "used", "tokens_per")}
+    usage_i, running_i, waiting_i = idx(usage), idx(running), idx(waiting)
+    keys = series_keys((usage_i, running_i, waiting_i, *block.values()))
+    if not (usage_i or running_i or waiting_i or block["used"]):
+        raise UnrecognisedPayload("Triton payload has nv_trt_llm_* families but no KV block or request samples")
+    readings = [_reading(key, usage_i.value(key), running_i.value(key), waiting_i.value(key),
+                         block["max"].value(key), block["used"].value(key), block["tokens_per"].value(key))
+                for key in keys]
+    usage_name = str(usage) if usage else (
+        f'{TRITON_KV_BLOCKS}{{kv_cache_block_type="used"}} / {{kv_cache_block_type="max"}}'
+        if block["used"] and block["max"] else None)
+    capacity_name = f'{TRITON_KV_BLOCKS}{{kv_cache_block_type="max"}} x {{kv_cache_block_type="tokens_per"}}' \
+        if block["max"] and block["tokens_per"] else None
+    detection = Detection(
+        engine_kind="tensorrt-llm", version_range="triton-backend", usage_metric=usage_name,
+        running_metric=str(running) if running else None, waiting_metric=str(waiting) if waiting else None,
+        capacity_metric=capacity_name)
+    return Poll(timestamp=timestamp, detection=detection, readings=tuple(readings))
+
+
+def _reading(key: SeriesKey, usage: float | None, running: float | None, waiting: float | None,
+             max_blocks: float | None, used_blocks: float | None, tokens_per_block: float | None, *,
+             reused: float | None = None, missed: float | None = None, finished: Mapping[str, float] | None = None,
+             prompt: float | None = None, generation: float | None = None,
+             latency: Mapping[str, Histogram] | None = None) -> Reading:
+    if usage is None:
+        usage = ratio(used_blocks, max_blocks)
+    capacity = max_blocks * tokens_per_block if max_blocks is not None and tokens_per_block is not None else None
+    queries = reused + missed if reused is not None and missed is not None else None
+    return Reading(
+        model_name=key[0], engine=key[1], kv_usage_ratio=usage, requests_running=running, requests_waiting=waiting,
+        finished_by_reason=MappingProxyType(dict(finished or {})), prompt_tokens_total=prompt,
+        generation_tokens_total=generation, prefix_cache_queries_total=queries,
+        prefix_cache_hits_total=reused if queries is not None else None,
+        prefix_cache_unit="blocks" if queries is not None else None,
+        kv_capacity_tokens=capacity, num_gpu_blocks=max_blocks, block_size=tokens_per_block,
+        latency=MappingProxyType(dict(latency or {})))
+
+
+# ---------------------------------------------------------------- iteration statistics JSON
+
+def looks_like_json(text: str) -> bool:
+    return text.lstrip()[:1] in ("[", "{")
+
+
+def read_iteration_stats(text: str, *, timestamp: float, model_name: str = "unknown") -> Poll:
+    """One :class:`Poll` from trtllm-serve's iteration statistics (``[{"iter": ..., "kvCacheStats": ...}]``);
+    ValueError when the text is not JSON, UnrecognisedPayload when it is not iteration statistics."""
+    data: Any = json.loads(text)
+    iterations = data if isinstance(data, list) else [data]
+    stats = [it for it in iterations if isinstance(it, dict) and ("kvCacheStats" in it or "numActiveRequests" in it)]
+    if not stats:
+        if isinstance(data, list) and not data:
+            raise UnrecognisedPayload("TensorRT-LLM iteration statistics: empty list (no iteration since the last "
+                                      "poll; the engine is idle or another reader drained the queue)")
+        raise UnrecognisedPayload("JSON payload is not TensorRT-LLM iteration statistics (no kvCacheStats)")
+    last = stats[-1]
+    kv = last.get("kvCacheStats") if isinstance(last.get("kvCacheStats"), dict) else {}
+
+    def num(source: Mapping[str, Any], name: str) -> float | None:
+        value = source.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return None
+        return float(value)
+
+    reading = _reading(
+        (model_name, "0"), None, num(last, "numActiveRequests"), num(last, "numQueuedRequests"),
+        num(kv, "maxNumBlocks"), num(kv, "usedNumBlocks"), num(kv, "tokensPerBlock"),
+        reused=num(kv, "reusedBlocks"), missed=num(kv, "missedBlocks"))
+    detection = Detection(
+        engine_kind="tensorrt-llm", version_range="iteration-stats",
+        usage_metric="kvCacheStats.usedNumBlocks / maxNumBlocks" if reading.kv_usage_ratio is not None else None,
+        running_metric="numActiveRequests" if reading.requests_running is not None else None,
+        waiting_metric="numQueuedRequests" if reading.requests_waiting is not None else None,
+        capacity_metric="kvCacheStats.maxNumBlocks x tokensPerBlock" if reading.kv_capacity_tokens is not None
+        else None)
+    return Poll(timestamp=timestamp, detection=detection, readings=(reading,))

@@ -1,0 +1,63 @@
+"""Request latency from an engine's histograms (pure): TTFT, inter-token latency, queue time, end to end.
+
+Engines export latency as cumulative Prometheus histograms. A quantile over a window is read the way
+Prometheus' ``histogram_quantile(q, increase(x_bucket[w]))`` reads it: bucket increases between the
+oldest and newest poll in the window, then linear interpolation inside the bucket holding rank ``q``
+(an answer in the ``+Inf`` bucket is the largest finite bound, a lower bound). A window with no finished
+request, a counter reset or bounds that changed (a restart with other buckets) has no answer: None.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from kvwatch.model import Histogram
+
+KINDS = ("ttft", "itl", "queue", "e2e")
+"""``ttft`` time to first token, ``itl`` inter-token latency (TensorRT-LLM: time per output token, a
+per-request mean), ``queue`` time waiting for the scheduler, ``e2e`` end-to-end request latency."""
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+def delta(old: Histogram | None, new: Histogram) -> Histogram | None:
+    """``new - old`` bucket by bucket (``old`` None: since the engine started); None across a reset."""
+    if old is None:
+        return new
+    if old.bounds != new.bounds or new.count < old.count or any(
+            n < o for n, o in zip(new.cumulative, old.cumulative, strict=True)):
+        return None
+    return Histogram(new.bounds, tuple(n - o for n, o in zip(new.cumulative, old.cumulative, strict=True)),
+                     new.count - old.count, new.sum - old.sum)
+
+
+def quantile(q: float, hist: Histogram) -> float | None:
+    """Prometheus' ``histogram_quantile`` on one histogram; None when it holds no observation."""
+    if not hist.cumulative or hist.cumulative[-1] <= 0:
+        return None
+    rank = q * hist.cumulative[-1]
+    previous_bound, previous_count = 0.0, 0.0
+    for bound, count in zip(hist.bounds, hist.cumulative, strict=True):
+        if count >= rank:
+            if math.isinf(bound):
+                return previous_bound  # the +Inf bucket: the largest finite bound is all that is known
+            if count == previous_count:
+                return bound
+            return previous_bound + (bound - previous_bound) * (rank - previous_count) / (count - previous_count)
+        previous_bound, previous_count = bound, count
+    return None
+
+
+def window_quantiles(old: Mapping[str, Histogram], new: Mapping[str, Histogram],
+                     quantiles: Sequence[float] = QUANTILES) -> dict[tuple[str, float], float]:
+    """``{(kind, q): seconds}`` over the window between two readings' histograms (only answerable ones)."""
+    out: dict[tuple[str, float], float] = {}
+    for kind, hist in new.items():
+        window = delta(old.get(kind), hist)
+        if window is None:
+            continue
+        for q in quantiles:
+            value = quantile(q, window)
+            if value is not None:
+                out[(kind, q)] = value
+    return out

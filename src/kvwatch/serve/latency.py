@@ -1,0 +1,99 @@
+"""Latency inside ``kvwatch serve`` (service wing: it builds prometheus_client families): p50/p90/p99 of
+TTFT, inter-token latency, queue time and end-to-end latency per series over the last 5 minutes of polls,
+the abort rate, and the optional TTFT objective.
+
+The quantiles come from the engine's own histograms (:mod:`kvwatch.latency`, bucket increases between the
+oldest and newest poll in the window). ``--ttft-slo-seconds`` adds ``kvwatch_ttft_slo_breach{cause}``:
+1 while TTFT p90 exceeds the objective, with ``cause="kv_cache"`` when the KV cache is saturated
+(median usage over the window's polls >= 0.95, KVCacheBottleneck's threshold; one poll's usage swings by
+several points on a full cache) and requests wait (queue-time p90 is at least half of TTFT p90: the time goes to waiting
+for KV room, and more KV or less load fixes it), else ``cause="other"`` (prefill compute, long prompts,
+the scheduler's budget: more KV would not help). 0 on both while within the objective.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily
+
+from kvwatch.history import SeriesHistory
+from kvwatch.latency import window_quantiles
+from kvwatch.model import Reading, SeriesKey
+
+WINDOW_SECONDS = 300.0
+KV_SATURATED = 0.95
+QUEUE_SHARE = 0.5
+_NOTE = " Over the last 5 minutes of kvwatch's polls, from the engine's histograms (poll-clock seconds)."
+
+
+@dataclass(frozen=True)
+class SeriesLatency:
+    quantiles: Mapping[tuple[str, float], float] = field(default_factory=lambda: MappingProxyType({}))
+    aborted_per_second: float | None = None
+    slo_breach_cause: str | None = None  # "kv_cache", "other", or None within the objective
+    slo_known: bool = False
+
+
+def classify(quantiles: Mapping[tuple[str, float], float], usage: float | None,
+             slo_seconds: float) -> tuple[bool, str | None]:
+    """(known, cause): whether TTFT p90 is known, and ``kv_cache``/``other`` when it breaks the objective."""
+    ttft = quantiles.get(("ttft", 0.9))
+    if ttft is None:
+        return False, None
+    if ttft <= slo_seconds:
+        return True, None
+    queue = quantiles.get(("queue", 0.9))
+    kv_bound = usage is not None and usage >= KV_SATURATED and queue is not None and queue >= QUEUE_SHARE * ttft
+    return True, "kv_cache" if kv_bound else "other"
+
+
+class LatencyAnalyzer:
+    name = "latency"
+
+    def __init__(self, ttft_slo_seconds: float | None = None, window: float = WINDOW_SECONDS) -> None:
+        self.ttft_slo_seconds = ttft_slo_seconds
+        self.window = window
+
+    def analyze(self, key: SeriesKey, history: SeriesHistory, reading: Reading, now: float) -> SeriesLatency | None:
+        entries = history.samples(since_restart=True, window=self.window)
+        aborted = history.rate("requests_aborted_total", self.window)
+        if len(entries) < 2 or not reading.latency:
+            return SeriesLatency(aborted_per_second=aborted) if aborted is not None else None
+        quantiles = window_quantiles(entries[0].reading.latency, reading.latency)
+        known, cause = False, None
+        if self.ttft_slo_seconds is not None:
+            usages = [e.reading.kv_usage_ratio for e in entries if e.reading.kv_usage_ratio is not None]
+            usage = statistics.median(usages) if usages else None
+            known, cause = classify(quantiles, usage, self.ttft_slo_seconds)
+        return SeriesLatency(MappingProxyType(quantiles), aborted, cause, known)
+
+    def families(self, results: Mapping[SeriesKey, Any], now: float) -> Iterable[Any]:
+        latency = GaugeMetricFamily(
+            "kvwatch_latency_seconds", "Request latency quantile by kind: ttft (time to first token), itl "
+            "(inter-token latency; TensorRT-LLM: time per output token), queue (waiting for the scheduler), "
+            "e2e (end to end)." + _NOTE, labels=["model_name", "engine", "kind", "quantile"])
+        aborts = GaugeMetricFamily("kvwatch_requests_aborted_per_second",
+                                   "Requests the engine aborted per second (vLLM: finished_reason=abort; SGLang: "
+                                   "num_aborted_requests_total)." + _NOTE, labels=["model_name", "engine"])
+        slo = GaugeMetricFamily(
+            "kvwatch_ttft_slo_breach", "1 while TTFT p90 exceeds --ttft-slo-seconds; cause=kv_cache when the KV "
+            "cache is saturated and queueing dominates TTFT, else cause=other; 0 on both within the objective."
+            + _NOTE, labels=["model_name", "engine", "cause"])
+        for key, result in sorted(results.items()):
+            for (kind, q), value in sorted(result.quantiles.items()):
+                latency.add_metric([*key, kind, f"{q:g}"], value)
+            if result.aborted_per_second is not None:
+                aborts.add_metric(list(key), result.aborted_per_second)
+            if result.slo_known:
+                for cause in ("kv_cache", "other"):
+                    slo.add_metric([*key, cause], 1.0 if result.slo_breach_cause == cause else 0.0)
+        return [f for f in (latency, aborts, slo) if f.samples]
+
+
+def make_analyzer(settings: Any) -> LatencyAnalyzer:
+    return LatencyAnalyzer(getattr(settings, "ttft_slo_seconds", None))

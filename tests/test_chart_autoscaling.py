@@ -1,0 +1,110 @@
+"""The chart's opt-in autoscaling recipes: a KEDA ScaledObject (validated against KEDA's own CRD schema in
+tests/fixtures/k8s-schemas, as every rendered object is by test_helm_chart.py) and an autoscaling/v2 HPA with
+the prometheus-adapter rules behind it. The two queries are run by promtool on sample series: they ask for
+the replicas KV demand needs, and for one more replica while an engine is forecast to run out of KV."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from test_helm_chart import CHART, NAMESPACE, only, render, render_fails
+
+KEDA = ("-f", str(CHART / "ci" / "autoscaling-keda-values.yaml"))
+HPA = ("-f", str(CHART / "ci" / "autoscaling-hpa-values.yaml"))
+
+
+def _queries_keda() -> dict[str, str]:
+    so = only(render(*KEDA), "ScaledObject")
+    return {t["name"]: t["metadata"]["query"] for t in so["spec"]["triggers"]}
+
+
+def test_keda_scaled_object_targets_the_vllm_deployment_with_stabilization() -> None:
+    objects = render(*KEDA)
+    so, deployment = only(objects, "ScaledObject"), only(objects, "Deployment")
+    assert so["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                            "name": deployment["metadata"]["name"]}
+    assert "replicas" not in deployment["spec"]  # the autoscaler owns them
+    assert so["spec"]["minReplicaCount"] == 1 and so["spec"]["maxReplicaCount"] == 6
+    behavior = so["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior["scaleDown"]["stabilizationWindowSeconds"] == 600
+    assert behavior["scaleDown"]["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": 300}]
+    assert [t["metadata"]["threshold"] for t in so["spec"]["triggers"]] == ["0.8", "1"]
+    assert all(t["type"] == "prometheus" and t["metricType"] == "AverageValue" for t in so["spec"]["triggers"])
+
+
+def test_hpa_and_adapter_rules_share_the_queries() -> None:
+    objects = render(*HPA)
+    hpa, rules = only(objects, "HorizontalPodAutoscaler"), only(objects, "ConfigMap")
+    names = [m["external"]["metric"]["name"] for m in hpa["spec"]["metrics"]]
+    assert names == ["kvw_kvwatch_kv_demand_replicas", "kvw_kvwatch_kv_exhaustion_replicas"]
+    assert hpa["spec"]["metrics"][0]["external"]["target"] == {"type": "AverageValue", "averageValue": "750m"}
+    external = yaml.safe_load(rules["data"]["external-rules.yaml"])["externalRules"]
+    assert [r["name"]["as"] for r in external] == names
+    assert all(set(r) == {"seriesQuery", "resources", "name", "metricsQuery"} for r in external)
+    assert external[0]["metricsQuery"] == _queries_keda()["kv-demand"]
+    assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 600
+
+
+def test_missing_prometheus_or_target_fails_naming_the_value() -> None:
+    assert "autoscaling.prometheusAddress is required" in render_fails(
+        "--set", "config.model=m", "--set", "autoscaling.enabled=true")
+    assert "autoscaling.scaleTargetRef.name is required" in render_fails(
+        "--set", "vllm.enabled=false", "--set", "config.targetUrl=http://10.0.0.1:8000/metrics",
+        "--set", "autoscaling.enabled=true", "--set", "autoscaling.prometheusAddress=http://p:9090")
+
+
+def test_queries_compute_replicas_in_promtool(tmp_path: Path) -> None:
+    """Two pods, each measured to hold 20 concurrent requests: 30 running + 10 waiting need 40 / 20 = 2
+    replica-equivalents (KEDA: ceil(2 / 0.8) = 3 replicas). An ETA of 10 minutes (< 15) asks for 2 + 1."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool not found on PATH: run `make tools`")
+    queries = _queries_keda()
+    rules = {"groups": [{"name": "autoscaling", "rules": [
+        {"record": "demand", "expr": queries["kv-demand"]},
+        {"record": "forecast", "expr": queries["kv-exhaustion-forecast"]}]}]}
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
+    pods = [f'namespace="{NAMESPACE}", pod="kvw-kvwatch-{i}"' for i in (0, 1)]
+    e = ', model_name="m", engine="0"'
+    series = []
+    for pod, running, waiting, eta in zip(pods, (20, 10), (10, 0), ("1200x10", "600x10"), strict=True):
+        series += [
+            {"series": f"kvwatch_up{{{pod}}}", "values": "1x10"},
+            {"series": f"kvwatch_requests_running{{{pod}{e}}}", "values": f"{running}x10"},
+            {"series": f"kvwatch_requests_waiting{{{pod}{e}}}", "values": f"{waiting}x10"},
+            {"series": f'kvwatch_max_concurrency{{{pod}{e}, basis="observed_mix"}}', "values": "20x10"},
+            {"series": f"kvwatch_kv_exhaustion_eta_seconds{{{pod}{e}}}", "values": eta},
+        ]
+    # Another release's pods in the namespace do not count.
+    series.append({"series": f'kvwatch_requests_running{{namespace="{NAMESPACE}", pod="other-0"{e}}}',
+                   "values": "500x10"})
+    test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series,
+        "promql_expr_test": [
+            {"expr": "demand", "eval_time": "5m", "exp_samples": [{"labels": "demand", "value": 2}]},
+            {"expr": "forecast", "eval_time": "5m", "exp_samples": [{"labels": "forecast", "value": 3}]},
+        ]}, {
+        "interval": "1m", "input_series": [s for s in series if "eta" not in s["series"]] + [
+            {"series": f"kvwatch_kv_exhaustion_eta_seconds{{{pods[0]}{e}}}", "values": "1800x10"}],
+        "promql_expr_test": [
+            {"expr": "forecast", "eval_time": "5m", "exp_samples": [{"labels": "forecast", "value": 0}]},
+        ]}]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test))
+    result = subprocess.run([promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_keda_schema_catches_a_misspelt_field() -> None:
+    from test_helm_chart import validate_object
+
+    so = only(render(*KEDA), "ScaledObject")
+    validate_object(so)
+    so["spec"]["maxReplicaCont"] = 6
+    with pytest.raises(AssertionError, match="maxReplicaCont"):
+        validate_object(so)

@@ -1,0 +1,72 @@
+"""Latency quantiles from engine histograms (window deltas, Prometheus' interpolation), the analyzer's
+gauges and the TTFT objective's cause, for every engine's wire names."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvwatch.engines.detect import read_payload
+from kvwatch.history import History
+from kvwatch.latency import delta, quantile, window_quantiles
+from kvwatch.model import Histogram
+from kvwatch.serve.latency import LatencyAnalyzer, classify
+from kvwatch.sim.engine import EngineConfig, Request, Simulator
+from kvwatch.sim.engines_wire import render_any
+
+INF = float("inf")
+
+
+def test_quantile_interpolates_like_histogram_quantile() -> None:
+    # 10 observations: 4 in (0, 1], 4 in (1, 2], 2 in (2, +Inf]
+    h = Histogram((1.0, 2.0, INF), (4.0, 8.0, 10.0), 10.0, 14.0)
+    assert quantile(0.5, h) == pytest.approx(1.25)  # rank 5: a quarter into (1, 2]
+    assert quantile(0.2, h) == pytest.approx(0.5)
+    assert quantile(0.99, h) == 2.0  # in +Inf: the largest finite bound
+    assert quantile(0.5, Histogram((1.0, INF), (0.0, 0.0), 0.0, 0.0)) is None
+
+
+def test_window_delta_and_reset() -> None:
+    old = Histogram((1.0, INF), (5.0, 6.0), 6.0, 3.0)
+    new = Histogram((1.0, INF), (5.0, 16.0), 16.0, 33.0)
+    d = delta(old, new)
+    assert d is not None and d.cumulative == (0.0, 10.0) and d.count == 10.0
+    assert quantile(0.5, d) == 1.0  # every new observation is above 1 s: the old ones do not count
+    assert delta(new, old) is None  # a reset: no answer for this window
+    assert window_quantiles({"ttft": new}, {"ttft": old}) == {}
+
+
+def test_slo_cause() -> None:
+    q = {("ttft", 0.9): 4.0, ("queue", 0.9): 3.0}
+    assert classify(q, 0.99, 2.0) == (True, "kv_cache")
+    assert classify(q, 0.50, 2.0) == (True, "other")  # queueing, but the cache has room: the scheduler limits
+    assert classify({("ttft", 0.9): 4.0, ("queue", 0.9): 0.2}, 0.99, 2.0) == (True, "other")  # prefill-bound
+    assert classify(q, 0.99, 5.0) == (True, None)
+    assert classify({}, 0.99, 5.0) == (False, None)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "tensorrt-llm"])
+def test_analyzer_quantiles_from_each_engine(engine: str) -> None:
+    sim = Simulator(EngineConfig(num_gpu_blocks=200), seed=2)
+    sim.submit([Request(arrival_time=i * 0.05, prompt_tokens=150, output_tokens=300) for i in range(1200)])
+    history, analyzer = History(), LatencyAnalyzer(ttft_slo_seconds=0.5)
+    result = None
+    for t in range(5, 65, 5):
+        sim.run_until(t)
+        poll = read_payload(render_any(sim.snapshot(), engine=engine, model_name="m"), timestamp=float(t))
+        history.record(poll)
+        (reading,) = poll.readings
+        result = analyzer.analyze(reading.key, history[reading.key], reading, float(t))
+    assert result is not None
+    kinds = {kind for kind, _ in result.quantiles}
+    assert kinds == {"ttft", "itl", "queue", "e2e"}
+    for kind in kinds:
+        assert 0 < result.quantiles[(kind, 0.5)] <= result.quantiles[(kind, 0.9)] <= result.quantiles[(kind, 0.99)]
+    # The load saturates this small cache (median usage over the polls >= 0.95) and requests queue for KV
+    # room, so TTFT breaks a 0.5 s objective because of the KV cache.
+    usages = sorted(e.reading.kv_usage_ratio for e in history[reading.key].samples())
+    assert usages[len(usages) // 2] >= 0.95, usages
+    assert result.slo_known and result.slo_breach_cause == "kv_cache", dict(result.quantiles)
+    families = {f.name: f for f in analyzer.families({reading.key: result}, 60.0)}
+    assert {"kvwatch_latency_seconds", "kvwatch_ttft_slo_breach"} <= set(families)
+    breach = {s.labels["cause"]: s.value for s in families["kvwatch_ttft_slo_breach"].samples}
+    assert breach == {"kv_cache": 1.0, "other": 0.0}

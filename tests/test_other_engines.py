@@ -1,0 +1,172 @@
+"""SGLang and TensorRT-LLM adapters and engine detection, on fixtures built from each engine's own sources
+(tests/fixtures/sglang-metrics/README.md, tests/fixtures/tensorrt-llm-metrics/README.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvwatch.check import build_report
+from kvwatch.engines import SourceOverrides, UnrecognisedPayload
+from kvwatch.engines.detect import read_payload
+from kvwatch.exposition import ParseError
+from kvwatch.payload import ScrapeError, interpret
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SGLANG = FIXTURES / "sglang-metrics"
+TRTLLM = FIXTURES / "tensorrt-llm-metrics"
+
+
+def poll(path: Path, overrides: SourceOverrides | None = None):
+    return read_payload(path.read_text(), overrides, timestamp=1.0)
+
+
+def test_sglang_2024_name_label_generation() -> None:
+    p = poll(SGLANG / "v0.3-2024-name-label.prom")
+    d = p.detection
+    assert (d.engine_kind, d.version_range) == ("sglang", "2024-name-label")
+    assert (d.usage_metric, d.running_metric, d.waiting_metric, d.capacity_metric) == (
+        "sglang:token_usage", "sglang:num_requests_running", "sglang:num_requests_waiting",
+        "sglang:max_total_num_tokens")
+    (r,) = p.readings
+    assert (r.model_name, r.engine) == ("google/gemma-2-9b-it", "0")
+    assert (r.kv_usage_ratio, r.requests_running, r.requests_waiting) == (0.87, 41.0, 3.0)
+    assert r.kv_capacity_tokens == 161721.0
+    assert r.kv_used_tokens == pytest.approx(0.87 * 161721)
+    # 2024 had no cumulative retraction counter and no cached-token counter: unknown, not 0.
+    assert r.preemptions_total is None and r.prefix_cache_hit_ratio is None
+    assert (r.request_prompt_tokens_sum, r.request_prompt_tokens_count) == (84000.0, 120.0)
+
+
+def test_sglang_early_2025_has_no_capacity() -> None:
+    p = poll(SGLANG / "v0.4-production-metrics-doc.prom")
+    assert (p.detection.engine_kind, p.detection.version_range) == ("sglang", "model-name-label")
+    assert p.detection.capacity_metric is None
+    (r,) = p.readings
+    assert (r.kv_usage_ratio, r.requests_running, r.requests_waiting) == (0.28, 162.0, 2826.0)
+    assert r.kv_capacity_tokens is None and r.kv_used_tokens is None
+    assert r.prompt_tokens_total == 8.128902e06
+
+
+def test_sglang_rank_labels_one_series_per_dp_rank_tp_copies_not_summed() -> None:
+    p = poll(SGLANG / "gen-rank-labels-dp2.prom")
+    assert p.detection.version_range == "rank-labels"
+    assert [(r.model_name, r.engine) for r in p.readings] == [("Qwen/Qwen3-8B", "0"), ("Qwen/Qwen3-8B", "1")]
+    r0, r1 = p.readings
+    assert (r0.requests_running, r1.requests_running) == (40.0, 57.0)  # two tp ranks each: not 80 and 114
+    assert (r0.requests_waiting, r1.requests_waiting) == (0.0, 12.0)
+    assert r1.kv_usage_ratio == pytest.approx(126976 / 131072)
+    assert r1.kv_capacity_tokens == 131072.0
+    assert (r0.preemptions_total, r1.preemptions_total) == (0.0, 7.0)
+    # Tokenizer counters carry no dp_rank: they apply to each series; hits / queries is cached / prompt tokens.
+    assert r0.prefix_cache_hit_ratio == pytest.approx(1.05e6 / 4.2e6)
+    assert r0.prefix_cache_unit == "tokens"
+    assert dict(r0.finished_by_reason) == {"all": 5000.0}  # num_requests_total: no reasons since 2025
+
+
+def test_trtllm_serve_prometheus() -> None:
+    p = poll(TRTLLM / "gen-trtllm-serve.prom")
+    d = p.detection
+    assert (d.engine_kind, d.version_range, d.usage_metric) == (
+        "tensorrt-llm", "trtllm-serve", "trtllm_kv_cache_utilization")
+    (r,) = p.readings
+    assert (r.model_name, r.kv_usage_ratio, r.requests_running, r.requests_waiting) == (
+        "nvidia/Llama-3.1-8B-Instruct-FP8", 0.75, 24.0, 0.0)
+    assert (r.kv_capacity_tokens, r.num_gpu_blocks, r.block_size) == (8192 * 32, 8192.0, 32.0)
+    assert r.prefix_cache_hit_ratio == pytest.approx(0.2) and r.prefix_cache_unit == "blocks"
+    assert dict(r.finished_by_reason) == {"length": 20.0, "stop": 1180.0}
+    assert r.preemptions_total is None  # TensorRT-LLM counts none
+
+
+def test_trtllm_colon_prefix_reads_alike() -> None:
+    text = (TRTLLM / "gen-trtllm-serve.prom").read_text().replace("trtllm_", "trtllm:")
+    p = read_payload(text, timestamp=1.0)
+    assert p.detection.version_range == "trtllm-serve-colon"
+    assert p.readings[0].kv_usage_ratio == 0.75
+
+
+def test_trtllm_serve_usage_falls_back_to_blocks() -> None:
+    text = "\n".join(line for line in (TRTLLM / "gen-trtllm-serve.prom").read_text().splitlines()
+                     if "kv_cache_utilization" not in line)
+    p = read_payload(text, timestamp=1.0)
+    assert p.readings[0].kv_usage_ratio == 6144 / 8192
+    assert p.detection.usage_metric == "trtllm_kv_cache_used_blocks / trtllm_kv_cache_max_blocks"
+
+
+def test_triton_23_11_has_no_waiting_and_usage_from_blocks() -> None:
+    p = poll(TRTLLM / "triton-23.11-backend-readme.prom")
+    assert (p.detection.engine_kind, p.detection.version_range) == ("tensorrt-llm", "triton-backend")
+    assert p.detection.waiting_metric is None
+    (r,) = p.readings
+    assert r.model_name == "tensorrt_llm"
+    assert r.requests_waiting is None  # unknown: the 23.11 backend has no waiting count
+    assert r.requests_running == 0.0
+    assert r.kv_usage_ratio == pytest.approx(1 / 6239)
+    assert r.kv_capacity_tokens == 6239 * 64
+
+
+def test_triton_with_fraction_and_waiting() -> None:
+    p = poll(TRTLLM / "gen-triton-waiting-fraction.prom")
+    (r,) = p.readings
+    assert (r.kv_usage_ratio, r.requests_running, r.requests_waiting) == (0.96875, 48.0, 9.0)
+    assert p.detection.usage_metric == 'nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction"}'
+
+
+def test_iteration_stats_json() -> None:
+    p = poll(TRTLLM / "trtllm-serve-iteration-stats.json")
+    assert p.detection.version_range == "iteration-stats"
+    (r,) = p.readings
+    assert r.kv_usage_ratio == pytest.approx(3 / 101256)
+    assert r.kv_capacity_tokens == 101256 * 32
+    assert r.requests_running == 1.0 and r.requests_waiting is None
+    assert r.prefix_cache_hits_total == 4.0 and r.prefix_cache_queries_total == 3125.0
+
+
+def test_iteration_stats_empty_list_is_unrecognised_not_empty_cache() -> None:
+    with pytest.raises(UnrecognisedPayload, match="no iteration since the last poll"):
+        read_payload("[]", timestamp=1.0)
+    with pytest.raises(ParseError):
+        read_payload("[not json", timestamp=1.0)
+
+
+def test_unknown_payload_names_all_three_engines() -> None:
+    with pytest.raises(ScrapeError) as info:
+        interpret("# TYPE foo gauge\nfoo 1\n", None, timestamp=1.0)
+    assert info.value.reason == "unrecognised"
+    assert "sglang" in str(info.value) and "nv_trt_llm" in str(info.value)
+
+
+def test_overrides_apply_to_sglang() -> None:
+    overrides = SourceOverrides.from_strings(waiting="sglang:num_running_reqs")
+    p = poll(SGLANG / "v0.4-production-metrics-doc.prom", overrides)
+    assert p.readings[0].requests_waiting == 162.0
+    assert p.detection.waiting_metric == "sglang:num_running_reqs"
+
+
+@pytest.mark.parametrize(("path", "kind"), [
+    (SGLANG / "gen-rank-labels-dp2.prom", "sglang"),
+    (TRTLLM / "gen-trtllm-serve.prom", "tensorrt-llm"),
+    (TRTLLM / "triton-23.11-backend-readme.prom", "tensorrt-llm"),
+    (FIXTURES / "vllm-metrics" / "gen-0.33-dp2-capacity-labels.prom", "vllm"),
+])
+def test_check_json_same_series_fields_for_every_engine(path: Path, kind: str) -> None:
+    report = build_report(poll(path))
+    assert report["engine_kind"] == kind
+    vllm_fields = set(build_report(poll(FIXTURES / "vllm-metrics" / "gen-0.33-dp2-capacity-labels.prom"))
+                      ["series"][0])
+    for series in report["series"]:
+        assert set(series) == vllm_fields
+        for name in ("requests_running", "kv_usage_ratio", "kv_capacity_tokens"):
+            assert name in series
+    assert {"running_metric", "waiting_metric", "capacity_metric"} <= set(report)
+
+
+def test_docs_list_every_name_the_adapters_read() -> None:
+    from kvwatch.engines import sglang, trtllm
+
+    doc = (Path(__file__).parents[1] / "docs" / "metrics.md").read_text()
+    names = {n for n in sglang.FAMILIES if n.startswith("sglang:")} | {
+        n for n in trtllm.FAMILIES if not n.startswith("trtllm:")}
+    missing = sorted(n for n in names if f"`{n}" not in doc)
+    assert not missing, f"docs/metrics.md does not list {missing}"

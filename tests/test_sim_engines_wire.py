@@ -1,0 +1,65 @@
+"""The simulator's SGLang and trtllm-serve wire names: the adapters read back what the engine model holds."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvwatch.engines.detect import read_payload
+from kvwatch.sim.engine import EngineConfig, Request, Simulator
+from kvwatch.sim.engines_wire import kv_pool_tokens, render_any, render_sglang, render_trtllm
+
+
+def _snapshots(dp: int = 1):
+    sim = Simulator(EngineConfig(num_gpu_blocks=300, data_parallel_size=dp, enable_prefix_caching=True), seed=3)
+    sim.submit([Request(arrival_time=i * 0.05, prompt_tokens=900, output_tokens=300) for i in range(200)])
+    sim.run_until(30.0)
+    return sim.snapshot()
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_sglang_wire_reads_back_per_dp_rank(dp: int) -> None:
+    snaps = _snapshots(dp)
+    poll = read_payload(render_sglang(snaps, model_name="m"), timestamp=0.0)
+    assert (poll.detection.engine_kind, poll.detection.version_range) == ("sglang", "rank-labels")
+    assert [r.engine for r in poll.readings] == [str(s.engine) for s in snaps]
+    for r, s in zip(poll.readings, snaps, strict=True):
+        assert r.kv_usage_ratio == pytest.approx(s.kv_usage)
+        assert (r.requests_running, r.requests_waiting) == (s.num_running, s.num_waiting)
+        assert r.kv_capacity_tokens == kv_pool_tokens(s)
+        assert r.preemptions_total == s.preemptions_total
+        # Tokenizer counters are the endpoint's, summed over the ranks (one tokenizer manager).
+        assert r.prompt_tokens_total == sum(x.prompt_tokens_total for x in snaps)
+    assert snaps[0].preemptions_total > 0 and snaps[0].num_waiting > 0  # the load really saturates
+
+
+def test_trtllm_wire_reads_back() -> None:
+    (s,) = _snapshots()
+    poll = read_payload(render_trtllm([s], model_name="m"), timestamp=0.0)
+    assert (poll.detection.engine_kind, poll.detection.version_range) == ("tensorrt-llm", "trtllm-serve")
+    (r,) = poll.readings
+    assert r.kv_usage_ratio == pytest.approx(s.kv_usage)
+    assert (r.requests_running, r.requests_waiting) == (s.num_running, s.num_waiting)
+    assert (r.num_gpu_blocks, r.block_size) == (s.num_gpu_blocks - 1, s.block_size)
+    assert r.prefix_cache_hits_total == s.prefix_cache_hits_blocks
+    assert r.preemptions_total is None
+    with pytest.raises(ValueError, match="one engine"):
+        render_trtllm(_snapshots(2), model_name="m")
+
+
+def test_render_any_keeps_vllm_the_default() -> None:
+    snaps = _snapshots()
+    assert read_payload(render_any(snaps, model_name="m"), timestamp=0.0).detection.engine_kind == "vllm"
+    assert read_payload(render_any(snaps, engine="sglang", model_name="m"), timestamp=0.0).detection.engine_kind \
+        == "sglang"
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["--engine", "tensorrt-llm", "--data-parallel-size", "2"], "--data-parallel-size"),
+    (["--engine", "sglang", "--multiprocess"], "--multiprocess"),
+])
+def test_engine_flag_combinations_exit_2_naming_the_flag(args: list[str], flag: str,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from kvwatch.cli import main
+
+    assert main(["simulate", "--no-serve", "--duration-seconds", "10", *args]) == 2
+    assert flag in capsys.readouterr().err
