@@ -101,7 +101,6 @@ def test_queries_compute_replicas_in_promtool(tmp_path: Path) -> None:
 
 
 def test_keda_schema_catches_a_misspelt_field() -> None:
-
     so = only(render(*KEDA), "ScaledObject")
     validate_object(so)
     so["spec"]["maxReplicaCont"] = 6
