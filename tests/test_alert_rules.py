@@ -32,6 +32,7 @@ ALERTS = {
     "TTFTObjectiveBreach": "warning",
     "KvwatchTargetDown": "warning",
     "KvwatchAbsent": "warning",
+    "VLLMContainerRestartLoop": "critical",
 }
 # kvwatch gauges that vanish or go stale with the sidecar: alerts reading them need the kvwatch_up guard.
 DERIVED = re.compile(
@@ -41,7 +42,7 @@ DERIVED = re.compile(
     r"latency_seconds)\b"
 )
 # Health alerts: one per target, and no series carries a model_name once polls fail (documented exception).
-NO_MODEL = {"KvwatchTargetDown", "KvwatchAbsent"}
+NO_MODEL = {"KvwatchTargetDown", "KvwatchAbsent", "VLLMContainerRestartLoop"}
 # Rules whose value is a constant (kvwatch_up == 0, up == 0, absent() == 1): their text cannot quote it.
 CONSTANT_VALUE = {("KvwatchTargetDown", "start"), ("KvwatchAbsent", None)}
 # Labels besides severity: KvwatchTargetDown is two rules (promtool's lint refuses two with equal labels).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from kvwatch.capacity.planner import DeploymentSpec, plan_capacity
@@ -52,12 +54,16 @@ def test_whatif_ceilings_follow_the_live_mix_and_rank_fp8_above_today() -> None:
     assert small["fp8_kv_cache"] > small["gpu_memory_utilization_0.95"] > small["gpu_memory_utilization_0.85"]
 
 
-def test_unknown_model_or_gpu_exports_nothing_and_does_not_raise() -> None:
+def test_unknown_model_or_gpu_exports_no_formula_and_does_not_raise() -> None:
     analyzer = CapacityAnalyzer(ServeSettings(gpu="H100"))
     r = reading(model_name="my-private-finetune")
-    assert analyzer.analyze(r.key, None, r, 0.0) is None  # type: ignore[arg-type]
-    no_gpu = CapacityAnalyzer(ServeSettings())
-    assert no_gpu.analyze(reading().key, None, reading(), 0.0) is None  # type: ignore[arg-type]
+    for a, rr in ((analyzer, r), (CapacityAnalyzer(ServeSettings()), reading())):
+        got = families(a, rr)
+        assert got["kvwatch_formula_kv_capacity_tokens"] == [] and got["kvwatch_whatif_max_concurrency"] == []
+        # the capacity itself is still the reading's (no cache_config_info here), and says so
+        assert [s.labels["source"] for s in got["kvwatch_capacity_source_info"]] == ["engine_metric"]
+    bare = reading(kv_capacity_tokens=None)
+    assert analyzer.analyze(bare.key, None, replace(bare, model_name="x"), 0.0) is None  # type: ignore[arg-type]
 
 
 def cache_config(**labels: str) -> dict[str, str]:
@@ -75,9 +81,10 @@ def test_formula_uses_the_engines_utilization_and_kv_dtype_when_not_given() -> N
                                                user_specified_block_size="False"))
     got = formula(CapacityAnalyzer(settings), engine)
     arch_settings = settings.model_copy(update={"model": LLAMA})
-    at_090_fp8 = plan_capacity(DeploymentSpec.from_settings(
-        arch_settings.model_copy(update={"gpu_memory_utilization": 0.9, "kv_cache_dtype": "fp8"})))
-    at_092_auto = plan_capacity(DeploymentSpec.from_settings(arch_settings))
+    at_090_fp8 = plan_capacity(DeploymentSpec.from_settings(  # user_specified_block_size: the 0.20 rules
+        arch_settings.model_copy(update={"gpu_memory_utilization": 0.9, "kv_cache_dtype": "fp8"}),
+        vllm_version=(0, 20)))
+    at_092_auto = plan_capacity(DeploymentSpec.from_settings(arch_settings, vllm_version=(0, 20)))
     assert got == at_090_fp8.kv_cache_tokens
     assert got != at_092_auto.kv_cache_tokens  # what it was: vLLM's 0.92 default and a bf16 KV cache
 
@@ -127,11 +134,11 @@ def test_serve_reasons_do_not_point_at_plan_only_flags() -> None:
     assert "--available-kv-gib" not in why and "--weights-gib" not in why
 
 
-def test_formula_help_says_cuda_graph_memory_is_not_modelled() -> None:
+def test_formula_help_names_the_cuda_graph_memory() -> None:
     analyzer = CapacityAnalyzer(ServeSettings(gpu="H100"))
     r = reading()
     result = analyzer.analyze(r.key, None, r, 0.0)  # type: ignore[arg-type]
-    [formula, _] = list(analyzer.families({r.key: result}, 0.0))
+    formula = next(f for f in analyzer.families({r.key: result}, 0.0) if f.name == "kvwatch_formula_kv_capacity_tokens")
     assert "CUDA-graph" in formula.documentation and "0.21" in formula.documentation
 
 
@@ -146,7 +153,8 @@ def test_a_malformed_model_config_turns_the_model_off_once_not_every_poll(tmp_pa
     analyzer = CapacityAnalyzer(ServeSettings(gpu="H100", model_config_path=config))
     with caplog.at_level(logging.INFO, logger="kvwatch"):
         for _ in range(3):
-            assert analyzer.analyze(reading().key, None, reading(), 0.0) is None  # type: ignore[arg-type]
+            result = analyzer.analyze(reading().key, None, reading(), 0.0)  # type: ignore[arg-type]
+            assert result is not None and result.formula_kv_capacity_tokens is None
     off = [r for r in caplog.records if "capacity model off" in r.getMessage()]
     assert len(off) == 1 and "config.json" in off[0].getMessage()
     assert not any(r.exc_info for r in caplog.records)

@@ -178,6 +178,23 @@ def test_shared_memory_and_model_cache_volumes() -> None:
     assert {v["name"]: v for v in emptydir["volumes"]}["model-cache"]["emptyDir"] == {"sizeLimit": "100Gi"}
 
 
+@pytest.mark.parametrize("prefill", [551, 2400])
+def test_vllm_probes_are_sized_from_the_prefill_estimate(prefill: int) -> None:
+    # 551 s: `kvwatch plan --model Qwen/Qwen2.5-7B-Instruct-1M --gpu H100 --json`'s long_context estimate.
+    sized = containers(render(*MINIMAL, "--set", f"vllm.prefillSecondsEstimate={prefill}"))["vllm"]
+    default = containers(render(*MINIMAL))["vllm"]
+    startup, liveness = sized["startupProbe"], sized["livenessProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600 + prefill
+    assert liveness["periodSeconds"] * liveness["failureThreshold"] >= prefill
+    for probe in ("startupProbe", "livenessProbe"):  # raised, never lowered
+        assert sized[probe]["failureThreshold"] >= default[probe]["failureThreshold"]
+    assert sized["readinessProbe"] == default["readinessProbe"]
+
+
+def test_prefill_estimate_must_be_a_non_negative_number() -> None:
+    assert "prefillSecondsEstimate" in render_fails(*MINIMAL, "--set", "vllm.prefillSecondsEstimate=-1")
+
+
 # ---------------------------------------------------------------- modes
 
 def test_standalone_mode_runs_kvwatch_alone_against_one_pod() -> None:

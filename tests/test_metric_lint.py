@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 METRICS_DOC = ROOT / "docs" / "metrics.md"
 CATALOGUE = ROOT / "src" / "kvwatch" / "data" / "vllm_catalogue.json"
 PROMETHEUS_SYNTHESISED = {"up", "ALERTS", "ALERTS_FOR_STATE"}
+# kube-state-metrics' STABLE pod metrics (its docs/metrics/workload/pod-metrics.md), read by VLLMContainerRestartLoop.
+KUBE_STATE_METRICS = {"kube_pod_container_status_restarts_total", "kube_pod_container_status_last_terminated_reason"}
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
 
@@ -42,7 +44,8 @@ def vllm_wire_names() -> set[str]:
 
 
 def known_names() -> set[str]:
-    return documented_kvwatch_metrics() | vllm_wire_names() | recorded_names() | PROMETHEUS_SYNTHESISED
+    return (documented_kvwatch_metrics() | vllm_wire_names() | recorded_names() | PROMETHEUS_SYNTHESISED
+            | KUBE_STATE_METRICS)
 
 
 def unknown_names(queries: list[Query], known: set[str]) -> dict[str, set[str]]:

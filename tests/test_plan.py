@@ -220,11 +220,15 @@ def test_help_lists_plan_flags(capsys):
         assert flag in out
 
 
-def test_current_rules_note_the_unmodelled_cuda_graph_memory(capsys):
+def test_current_rules_subtract_the_cuda_graph_memory(capsys):
     base = ["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--json"]
-    notes = json.loads(run(base, capsys)[1])["notes"]
-    assert any("CUDA-graph" in n and "0.21" in n for n in notes)
-    old = json.loads(run([*base, "--vllm-version", "0.19"], capsys)[1])["notes"]
-    assert not any("CUDA-graph" in n for n in old)
-    measured = json.loads(run([*base, "--available-kv-gib", "40"], capsys)[1])["notes"]
-    assert not any("CUDA-graph" in n for n in measured)  # a measured pool already has it taken out
+    now = json.loads(run(base, capsys)[1])
+    # the v0.19 sweep printed "cuda_graph est" 0.84 GiB for this model at TP 1 (calibration line 8)
+    assert now["cuda_graph_bytes"] / GIB == pytest.approx(0.84, abs=0.05)
+    assert "cuda_graphs" in now["estimated"]
+    for extra in (["--vllm-version", "0.19"], ["--enforce-eager"], ["--available-kv-gib", "40"]):
+        other = json.loads(run([*base, *extra], capsys)[1])
+        assert other["cuda_graph_bytes"] == 0, extra  # before 0.21, no graphs, or a measured pool: nothing
+    measured = json.loads(run([*base, "--cuda-graph-gib", "1.5"], capsys)[1])
+    assert measured["cuda_graph_bytes"] == 1.5 * GIB and "cuda_graphs" not in measured["estimated"]
+    assert measured["available_kv_bytes"] < now["available_kv_bytes"]

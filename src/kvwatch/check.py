@@ -4,7 +4,9 @@ Findings follow the troubleshooting checklist (stable ids, see docs/metrics.md):
 ``kv_bound`` (KV ≥ 0.95 with a queue), ``scheduler_limited`` (a queue while KV < 0.9), ``preemptions``
 (any preemption, or SGLang retraction, since the engine started), ``prefix_cache_ineffective`` (prefix
 caching on, hit ratio < 10 %),
-``capacity_unknown`` and ``usage_unknown`` (kvwatch cannot read them from this engine). A ``kv_bound``
+``capacity_unknown`` and ``usage_unknown`` (kvwatch cannot read them from this engine), and the capacity
+findings ``kv_usage_stuck``, ``request_exceeds_pool``, ``vllm_will_not_start``, ``capacity_mismatch``
+(kvwatch.capacity.findings). A ``kv_bound``
 series also gets the advisor's fixes, cheapest first (``advice``; the deployment flags ``--model``,
 ``--gpu``, ``--tensor-parallel-size``, ... size the quantization and tensor-parallel gains).
 Exit codes: 0 when the payload was read (whatever the findings), 1 when it could not be, 2 bad usage.
@@ -114,11 +116,12 @@ def _fetch(settings: CheckSettings) -> str:
 def _capacity_plans(settings: CheckSettings, poll: Poll) -> tuple[dict[str, Any], list[str]]:
     """Capacity plan per model, as serve builds it: --model/--model-config, else a preset matching the
     model_name label. Returns (plans, why not) for the models the capacity model cannot size."""
-    from kvwatch.serve.sidecar_capacity import build_sidecar_capacity
+    from kvwatch.serve.sidecar_capacity import resolver_for
 
     plans, reasons = {}, []
-    for name in sorted({r.model_name for r in poll.readings}):
-        capacity, why = build_sidecar_capacity(settings, name)
+    first = {r.model_name: r for r in reversed(poll.readings)}  # the first engine's cache_config_info labels
+    for name in sorted(first):
+        capacity, why = resolver_for(settings).sidecar(first[name])  # the plans serve resolves, the same way
         if capacity is not None:
             plans[name] = capacity.plan
         else:
@@ -129,10 +132,17 @@ def _capacity_plans(settings: CheckSettings, poll: Poll) -> tuple[dict[str, Any]
 def build_report(poll: Poll, max_model_len: int | None = None,
                  capacity_plans: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The ``--json`` object (pure). ``capacity_plans`` maps model_name to a CapacityPlan, for the advice."""
-    states = [derive(r, None, max_model_len) for r in poll.readings]
-    found = findings(states)
-    bound = {(f.model_name, f.engine) for f in found if f.id == "kv_bound"}
+    from kvwatch.capacity.series import resolve
+
     plans = capacity_plans or {}
+    # one capacity per series (kvwatch.capacity.series): the engine's figures first, then the plan
+    capacities = {r.key: resolve(r, plans.get(r.model_name)) for r in poll.readings}
+    states = [derive(capacities[r.key].apply(r), None, max_model_len) for r in poll.readings]
+    found = findings(states) + _capacity_findings(states, plans, max_model_len)
+    found.sort(key=lambda f: _SEVERITY_ORDER[f.severity])
+    stuck = {(f.model_name, f.engine) for f in found if f.id == "request_exceeds_pool"}
+    found = [f for f in found if not (f.id == "scheduler_limited" and (f.model_name, f.engine) in stuck)]
+    bound = {(f.model_name, f.engine) for f in found if f.id == "kv_bound"}
     d = poll.detection
     report = {
         "engine_kind": d.engine_kind,
@@ -142,11 +152,38 @@ def build_report(poll: Poll, max_model_len: int | None = None,
         "waiting_metric": d.waiting_metric,
         "capacity_metric": d.capacity_metric,
         "series": [_series_json(s, advice(s.reading, poll.timestamp, max_model_len, plans.get(s.reading.model_name))
-                                if (s.reading.model_name, s.reading.engine) in bound else [])
+                                if (s.reading.model_name, s.reading.engine) in bound else [],
+                                capacities[s.reading.key].source)
                    for s in states],
         "findings": [f.__dict__ for f in found],
     }
     return _json_safe(report)
+
+
+_SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+
+def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any],
+                       max_model_len: int | None) -> list[Finding]:
+    """kvwatch.capacity.findings per series: refused settings, formula vs engine, a leak, a request too big."""
+    from kvwatch.capacity import findings as capacity
+
+    out: list[Finding] = []
+    refused: set[str] = set()
+    for s in states:
+        r = s.reading
+        plan = plans.get(r.model_name)
+        found = [capacity.kv_usage_stuck(r.kv_usage_ratio, r.requests_running, r.requests_waiting),
+                 capacity.request_exceeds_pool(r.kv_usage_ratio, r.requests_running, r.requests_waiting,
+                                               r.kv_capacity_tokens,
+                                               max_model_len or getattr(plan, "max_model_len", None))]
+        if plan is not None:
+            found.append(capacity.capacity_mismatch(plan.kv_cache_tokens, r.kv_capacity_tokens, plan))
+            if r.model_name not in refused:
+                refused.add(r.model_name)
+                found += capacity.plan_refusals(plan)
+        out += [Finding(f.id, f.severity, f.message, r.model_name, r.engine) for f in found if f is not None]
+    return out
 
 
 def _json_safe(value: Any) -> Any:
@@ -175,7 +212,7 @@ def advice(reading: Reading, timestamp: float, max_model_len: int | None = None,
                               capacity_plan=capacity_plan, max_model_len=max_model_len)
 
 
-def _series_json(s: SeriesState, fixes: Iterable[Advice] = ()) -> dict[str, Any]:
+def _series_json(s: SeriesState, fixes: Iterable[Advice] = (), capacity_source: str = "unknown") -> dict[str, Any]:
     r = s.reading
     return {
         "model_name": r.model_name,
@@ -186,6 +223,7 @@ def _series_json(s: SeriesState, fixes: Iterable[Advice] = ()) -> dict[str, Any]
         "waiting_by_reason": dict(r.waiting_by_reason),
         "requests_swapped": r.requests_swapped,
         "kv_capacity_tokens": r.kv_capacity_tokens,
+        "capacity_source": capacity_source,
         "kv_used_tokens": r.kv_used_tokens,
         "max_concurrency": s.max_concurrency.get("observed_mix"),
         "max_concurrency_max_model_len": s.max_concurrency.get("max_model_len"),

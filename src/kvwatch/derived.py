@@ -54,6 +54,20 @@ LIVE_FOOTPRINT_MIN_USAGE = 0.01
 """Below this usage the live KV footprint per running request is a block or two: too coarse to size by."""
 
 
+def block_pool(reading: Reading) -> tuple[float | None, float | None]:
+    """(blocks, tokens per block) when they describe the token pool, else (None, None).
+
+    On hybrid models vLLM rewrites ``block_size`` after KV init to the smallest group's (vllm issue 51163), so
+    ``blocks × block_size`` no longer matches the reported capacity; the block figures are then not used.
+    """
+    blocks, size, capacity = reading.num_gpu_blocks, reading.block_size, reading.kv_capacity_tokens
+    if not blocks or not size or blocks <= 0 or size <= 0:
+        return None, None
+    if capacity is not None and not 0.9 <= blocks * size / capacity <= 1.1:
+        return None, None
+    return blocks, size
+
+
 def max_concurrency(reading: Reading, mean_tokens: float | None, max_model_len: int | None) -> dict[str, float]:
     """Concurrency ceilings by basis: ``observed_mix`` and ``max_model_len`` (vLLM's own figure when reported,
     else blocks per request at max length).
@@ -63,17 +77,24 @@ def max_concurrency(reading: Reading, mean_tokens: float | None, max_model_len: 
     (prompt + output tokens). Neither alone is conservative: the finished mean under-weights long requests,
     which stay in flight longest and so dominate what the cache holds; the live footprint under-counts
     young requests, which will still grow. Under KV pressure the live one is the smaller, and it is the
-    same footprint the advisor's concurrency limit uses."""
+    same footprint the advisor's concurrency limit uses. When the block pool is known (:func:`block_pool`),
+    the mean request is also counted in whole blocks (``blocks ÷ ceil(mean ÷ block_size)``), and the
+    ceiling never exceeds the number of blocks."""
     out: dict[str, float] = {}
     capacity = reading.kv_capacity_tokens
     estimates = []
     usage, running = reading.kv_usage_ratio, reading.requests_running
     if usage is not None and usage > LIVE_FOOTPRINT_MIN_USAGE and running:
         estimates.append(running / usage)
+    blocks, block_size = block_pool(reading)
     if capacity is not None and mean_tokens:
         estimates.append(capacity / mean_tokens)
+    if blocks is not None and block_size and mean_tokens:
+        # A request holds whole blocks: a 287-token request takes one 1024-token block, not 287/1024 of one.
+        estimates.append(blocks / math.ceil(mean_tokens / block_size))
     if estimates:
-        out["observed_mix"] = min(estimates)
+        # Every running request holds at least one block, so no basis can exceed the block count.
+        out["observed_mix"] = min(min(estimates), blocks) if blocks is not None else min(estimates)
     if reading.kv_max_concurrency is not None:
         out["max_model_len"] = reading.kv_max_concurrency
     elif max_model_len:

@@ -69,6 +69,9 @@ class Reading:
     request_generation_tokens_count: float | None = None
     # Capacity, per engine (vLLM sums num_gpu_blocks over data-parallel engines; this is divided back).
     kv_capacity_tokens: float | None = None
+    # None: the engine's own figure (or none); "formula": kvwatch's capacity model filled it in
+    # (kvwatch.capacity.series), because the engine reports none.
+    capacity_source: str | None = None
     kv_max_concurrency: float | None = None
     num_gpu_blocks: float | None = None
     block_size: float | None = None

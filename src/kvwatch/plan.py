@@ -28,11 +28,14 @@ from kvwatch.capacity import (
 )
 from kvwatch.capacity import presets as preset_data
 from kvwatch.capacity.architecture import SLIDING, ModelArch
+from kvwatch.capacity.inverse import InversePlan, inverse_plan
+from kvwatch.capacity.longcontext import LongContext, long_context
 from kvwatch.capacity.memory import GIB, parameter_counts, resolve_quantization
+from kvwatch.capacity.planner import CUDA_GRAPHS_SUBTRACTED_SINCE
 from kvwatch.capacity.units import decimal_unit_note
 from kvwatch.settings import DeploymentSettings, SettingsError, add_settings_flags, load_settings
 
-_GIB_FLAGS = ("weights_gib", "activation_gib", "non_torch_gib", "available_kv_gib")
+_GIB_FLAGS = ("weights_gib", "activation_gib", "non_torch_gib", "available_kv_gib", "cuda_graph_gib")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +56,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     plan.add_argument("--non-torch-gib", metavar="GIB", help="Measured non-torch memory per GPU (profiling line).")
     plan.add_argument("--available-kv-gib", metavar="GIB",
                       help="Measured 'Available KV cache memory' per GPU (skips the budget sums).")
+    plan.add_argument("--cuda-graph-gib", metavar="GIB",
+                      help="Measured CUDA-graph memory per GPU that vLLM >= 0.21 subtracts before sizing the cache "
+                           "(its memory-profiling line); default: kvwatch's estimate. Not with --non-torch-gib "
+                           "figures that already include it.")
+    plan.add_argument("--enforce-eager", action="store_true",
+                      help="The deployment runs vLLM with --enforce-eager: no CUDA graphs, nothing subtracted.")
     plan.add_argument("--kv-bytes-per-token", metavar="BYTES",
                       help="KV bytes per token per GPU: a byte count or a number with a unit. KiB/MiB/GiB are "
                            "binary (0.8MiB = 838,861 B, 0.0008GiB = 858,993 B); kB/MB/GB are decimal "
@@ -61,6 +70,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="vLLM version whose rules to follow (default utilization, how the token count is "
                            "reported, what a sliding window holds per request, hybrid grouping); default: a current "
                            "one (>= 0.20).")
+    plan.add_argument("--allow-long-max-model-len", action="store_true",
+                      help="The deployment sets VLLM_ALLOW_LONG_MAX_MODEL_LEN=1: a --max-model-len past the model's "
+                           "length (max_position_embeddings with RoPE scaling) is a warning, not a refusal.")
+    plan.add_argument("--no-enable-chunked-prefill", dest="enable_chunked_prefill", action="store_false",
+                      help="The deployment turns chunked prefill off: vLLM then refuses --max-num-batched-tokens "
+                           "below --max-model-len.")
+    plan.add_argument("--target-concurrency", type=int, metavar="N",
+                      help="Inverse planner: list the deployments that carry N concurrent requests of --avg-seq-len "
+                           "tokens, cheapest first (utilization, max-model-len, FP8 KV, FP8 weights, TP within one "
+                           "node, then replicas), each with the vLLM arguments to paste.")
+    plan.add_argument("--gpus-per-node", type=int, default=8, metavar="N",
+                      help="Largest tensor parallelism the inverse planner tries (GPUs in one node; default 8).")
     plan.add_argument("--json", action="store_true", help="Print one JSON object instead of the walk-through.")
     plan.add_argument("--plot", metavar="PNG", type=Path,
                       help="Write a PNG of the concurrency ceiling against context length (needs kvwatch[plot]).")
@@ -99,6 +120,9 @@ def build_spec(args: argparse.Namespace) -> DeploymentSpec:
             print(f"kvwatch plan: note: --kv-bytes-per-token {note}", file=sys.stderr)
     if args.avg_seq_len is not None and args.avg_seq_len <= 0:
         raise SettingsError("invalid value for --avg-seq-len: must be positive")
+    overrides["allow_long_max_model_len"] = bool(getattr(args, "allow_long_max_model_len", False))
+    overrides["enforce_eager"] = bool(getattr(args, "enforce_eager", False))
+    overrides["enable_chunked_prefill"] = bool(getattr(args, "enable_chunked_prefill", True))
     try:
         overrides["vllm_version"] = parse_version(args.vllm_version)
     except SpecError as exc:
@@ -122,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(preset_data.gpu_names()))
         return 0
     spec = build_spec(args)
+    if getattr(args, "target_concurrency", None) is not None:
+        return run_inverse(args, spec)
     try:
         plan = plan_capacity(spec)
         scenarios = whatif_scenarios(spec, args.avg_seq_len)
@@ -133,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(plan_to_dict(plan, scenarios, args.avg_seq_len), indent=2))
     else:
         print(render_text(plan, scenarios, args.avg_seq_len))
+        print(render_long_context(long_context(plan)))
     if args.plot is not None:
         try:
             write_plot(args.plot, plan, scenarios, args.avg_seq_len)
@@ -145,6 +172,55 @@ def run(args: argparse.Namespace) -> int:
     return 0 if plan.will_start else 1
 
 
+def run_inverse(args: argparse.Namespace, spec: DeploymentSpec) -> int:
+    """``--target-concurrency``: the options table (or JSON); exit 1 when no option exists."""
+    if args.target_concurrency < 1:
+        raise SettingsError("invalid value for --target-concurrency: must be at least 1")
+    if args.avg_seq_len is None:
+        raise SettingsError("--target-concurrency needs --avg-seq-len (the tokens one request holds)")
+    if args.gpus_per_node < 1:
+        raise SettingsError("invalid value for --gpus-per-node: must be at least 1")
+    model = args.model or (spec.arch.name if spec.arch else None)
+    try:
+        result = inverse_plan(spec, args.target_concurrency, args.avg_seq_len, args.gpus_per_node, model,
+                              max_model_len_given=spec.max_model_len is not None)
+    except SpecError as exc:
+        raise SettingsError(f"{exc} {exc.plan_hint}".rstrip()) from None
+    except QuantizationError as exc:
+        raise SettingsError(f"invalid value for {exc.flag}: {exc}") from None
+    if args.json:
+        print(json.dumps(inverse_to_dict(result), indent=2))
+    else:
+        print(render_inverse(result))
+    return 0 if result.options else 1
+
+
+def inverse_to_dict(result: InversePlan) -> dict[str, Any]:
+    return {
+        "target_concurrency": result.target_concurrency,
+        "avg_seq_len": result.avg_seq_len,
+        "why_not": result.why_not,
+        "options": [
+            {**plan_to_dict(o.plan, [], result.avg_seq_len), "replicas": o.replicas, "vllm_args": list(o.vllm_args),
+             "requests_per_replica": o.per_replica, "gpus_per_replica": o.gpus_per_replica,
+             "total_gpus": o.total_gpus, "changes": list(o.changes)}
+            for o in result.options
+        ],
+    }
+
+
+def render_inverse(result: InversePlan) -> str:
+    out = [f"kvwatch plan: deployments for {result.target_concurrency} concurrent requests of "
+           f"{result.avg_seq_len:,.0f} tokens, cheapest first", "",
+           f"   {'#':>2} {'GPUs':>5} {'replicas':>8} {'TP':>3} {'per replica':>11}  vLLM arguments"]
+    for i, o in enumerate(result.options, 1):
+        out.append(f"   {i:>2} {o.total_gpus:>5} {o.replicas:>8} {o.plan.spec.tensor_parallel_size:>3} "
+                   f"{o.per_replica:>11.1f}  {' '.join(o.vllm_args)}")
+    if result.why_not:
+        out.append(f"error: nothing reaches {result.target_concurrency}: {result.why_not}")
+    return "\n".join(out)
+
+
 # ----------------------------------------------------------------------------------------------- output
 
 def _max_concurrency(plan: CapacityPlan, avg_seq_len: float | None) -> float | None:
@@ -153,6 +229,7 @@ def _max_concurrency(plan: CapacityPlan, avg_seq_len: float | None) -> float | N
 
 def plan_to_dict(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: float | None) -> dict[str, Any]:
     spec = plan.spec
+    lc = long_context(plan)
     return {
         "model": spec.arch.name if spec.arch else None,
         "will_start": plan.will_start,
@@ -163,6 +240,7 @@ def plan_to_dict(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: flo
         "activation_bytes": plan.activation_bytes,
         "non_torch_bytes": plan.non_torch_bytes,
         "pp_last_stage_extra_bytes": plan.pp_last_stage_extra_bytes,
+        "cuda_graph_bytes": plan.cuda_graph_bytes,
         "available_kv_bytes": plan.available_kv_bytes,
         "kv_bytes_per_token": plan.kv_bytes_per_token,
         "block_size": plan.layout.block_size,
@@ -171,20 +249,38 @@ def plan_to_dict(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: flo
         "kv_cache_tokens": plan.kv_cache_tokens,
         "avg_seq_len": avg_seq_len,
         "max_model_len": plan.max_model_len,
+        "model_max_len": spec.arch.derived_max_model_len if spec.arch else None,
         "max_concurrency": _max_concurrency(plan, avg_seq_len),
         "max_concurrency_at_max_model_len": plan.max_concurrency_at_max_model_len,
         "tensor_parallel_size": spec.tensor_parallel_size,
         "pipeline_parallel_size": spec.pipeline_parallel_size,
         "vllm_version": ".".join(map(str, spec.vllm_version)),
         "estimated": list(plan.estimated),
-        "warnings": list(plan.warnings),
+        "warnings": [*plan.warnings, *(lc.warnings if lc else ())],
         "errors": list(plan.errors),
         "notes": list(plan.notes),
+        "long_context": _long_context_dict(lc),
         "scenarios": [
             {"name": s.name, "kv_cache_tokens": s.kv_cache_tokens, "max_concurrency": s.max_concurrency,
              "note": s.note}
             for s in scenarios
         ],
+    }
+
+
+def _long_context_dict(lc: LongContext | None) -> dict[str, Any] | None:
+    return None if lc is None else {
+        "max_model_len": lc.max_model_len,
+        "requests_at_max_model_len": lc.requests_at_max_model_len,
+        "prefill_flops": lc.prefill_flops,
+        "prefill_seconds_estimate": lc.prefill_seconds_estimate,
+        "mfu_assumed": lc.mfu,
+        "gpu_bf16_tflops": lc.gpu_bf16_tflops,
+        "chunked_prefill_steps": lc.chunked_prefill_steps,
+        "probe_initial_delay_seconds": lc.probe_initial_delay_seconds,
+        "max_model_len_for_4_requests": lc.max_model_len_for_4,
+        "warnings": list(lc.warnings),
+        "notes": list(lc.notes),
     }
 
 
@@ -223,6 +319,18 @@ def _weights_detail(arch: ModelArch | None, plan: CapacityPlan) -> str:
     return f"estimated: {(embed + dense + experts) / 1e9:.2f} B params, {quant}, / TP×PP"
 
 
+def _cuda_graph_detail(plan: CapacityPlan) -> str:
+    if "cuda_graphs" in plan.estimated:
+        return "estimated: vLLM >= 0.21 subtracts it before sizing the cache"
+    if plan.cuda_graph_bytes:
+        return "measured"
+    if plan.spec.enforce_eager:
+        return "--enforce-eager"
+    if plan.spec.vllm_version >= CUDA_GRAPHS_SUBTRACTED_SINCE:
+        return "not estimated without the model: pass --cuda-graph-gib"
+    return "not subtracted before vLLM 0.21"
+
+
 def _activation_detail(plan: CapacityPlan) -> str:
     if "activation" in plan.estimated:
         return f"estimated: profile run of {plan.max_num_batched_tokens} batched tokens and the sampler"
@@ -249,6 +357,7 @@ def render_text(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: floa
             f"   − activation  {_g(plan.activation_bytes):>12}  ({_activation_detail(plan)})",
             f"   − non-torch   {_g(plan.non_torch_bytes):>12}  "
             f"({'estimated' if 'non_torch' in plan.estimated else 'measured'})",
+            f"   − CUDA graphs {_g(plan.cuda_graph_bytes):>12}  ({_cuda_graph_detail(plan)})",
             f"   = KV budget                                        = {_g(plan.available_kv_bytes)}",
         ]
     out += ["", "2. KV bytes per token per GPU", f"   {_kv_formula(plan)}"]
@@ -289,6 +398,25 @@ def render_text(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: floa
         out.append(f"   {s.name:<30} {tokens:>12} {_fmt(s.max_concurrency):>9}  {s.note}")
     for label, items in (("error", plan.errors), ("warning", plan.warnings), ("note", plan.notes)):
         out += [f"{label}: {item}" for item in items]
+    return "\n".join(out)
+
+
+def render_long_context(lc: LongContext | None) -> str:
+    """The long_context block as text (after the walk-through, so it stays apart from its layout)."""
+    if lc is None:
+        return ""
+    seconds = "not estimated" if lc.prefill_seconds_estimate is None else (
+        f"~{lc.prefill_seconds_estimate:,.0f} s ({lc.prefill_seconds_estimate / 60:.1f} min) at "
+        f"{lc.mfu:.0%} of {lc.gpu_bf16_tflops:g} TFLOPS per GPU")
+    out = ["", f"Long context (max_model_len {lc.max_model_len:,}):",
+           f"   requests that fit at max_model_len   {lc.requests_at_max_model_len:.2f}",
+           f"   one max-length prefill                {seconds}",
+           f"   chunked-prefill steps                 {lc.chunked_prefill_steps:,}",
+           "   startup probe allowance               "
+           + ("-" if lc.probe_initial_delay_seconds is None else f"{lc.probe_initial_delay_seconds:,} s"),
+           "   max_model_len that fits 4 requests    "
+           + ("-" if lc.max_model_len_for_4 is None else f"{lc.max_model_len_for_4:,}")]
+    out += [f"warning: {w}" for w in lc.warnings] + [f"note: {n}" for n in lc.notes]
     return "\n".join(out)
 
 

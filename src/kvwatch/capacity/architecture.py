@@ -56,6 +56,50 @@ def _default_tie(model_type: str) -> tuple[bool, str | None]:
                   "counted; if the model unties it, the weights are vocab × hidden larger")
 
 
+# vLLM's ModelConfig._get_and_verify_max_len (vllm/config): the smallest of these config fields is the model's
+# length, "model_max_length" wins outright, and rope_scaling multiplies it unless the type already extends
+# max_position_embeddings ("su", "longrope", "llama3") or the model is Gemma-3 (already scaled).
+MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+_ROPE_TYPES_NOT_SCALED = frozenset({"su", "longrope", "llama3"})
+VLLM_DEFAULT_MAX_LEN = 2048  # what vLLM assumes (with a warning) when no field is there
+
+
+def derived_max_model_len(cfg: dict[str, Any], model_type: str = "") -> tuple[int, str]:
+    """(the longest --max-model-len vLLM accepts without VLLM_ALLOW_LONG_MAX_MODEL_LEN, how it was derived).
+
+    Follows vLLM's ``_get_and_verify_max_len``: the smallest of :data:`MAX_LEN_KEYS`, ``model_max_length``
+    taking precedence, then the RoPE scaling factor (YaRN: ``original_max_position_embeddings × factor``;
+    dynamic/linear: ``max_len × factor``; llama3/longrope/su: no change, their max_position_embeddings is
+    already the extended length). The sliding window only limits it under ``--disable-sliding-window``,
+    which kvwatch does not model.
+    """
+    derived: float = float("inf")
+    key: str | None = None
+    for name in MAX_LEN_KEYS:
+        value = cfg.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < derived:
+            derived, key = float(value), name
+    if isinstance(cfg.get("model_max_length"), (int, float)) and cfg["model_max_length"]:
+        derived, key = float(cfg["model_max_length"]), "model_max_length"
+    how = f"{key}={int(derived)}" if key else f"no length field in config.json: vLLM assumes {VLLM_DEFAULT_MAX_LEN}"
+    if key is None:
+        derived = float(VLLM_DEFAULT_MAX_LEN)
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")  # transformers v5 renamed it
+    if isinstance(rope, dict) and rope and "gemma3" not in model_type:
+        rope_type = str(rope.get("rope_type") or rope.get("type") or "default")
+        if rope_type not in _ROPE_TYPES_NOT_SCALED:
+            factor = float(rope.get("factor", 1.0))
+            if rope_type == "yarn" and rope.get("original_max_position_embeddings"):
+                original = int(rope["original_max_position_embeddings"])
+                derived = original * factor
+                how = f"rope_scaling {rope_type}: original_max_position_embeddings={original} × factor {factor:g}"
+            elif factor != 1.0:
+                how = f"{how} × rope_scaling {rope_type} factor {factor:g}"
+                derived *= factor
+    return int(derived), how
+
+
 class ArchitectureError(ValueError):
     """The config lacks a field the capacity model needs (message names it)."""
 
@@ -75,6 +119,10 @@ class ModelArch:
     tie_word_embeddings: bool = False
     torch_dtype: str = "bfloat16"
     max_position_embeddings: int | None = None
+    # vLLM's derived maximum length (:func:`derived_max_model_len`) and the config field it came from.
+    derived_max_model_len: int | None = None
+    max_len_source: str | None = None
+    model_max_length: int | None = None  # config.json's own override ceiling (Command-R style)
     # One entry per decoder layer: FULL, SLIDING or MAMBA.
     layer_types: tuple[str, ...] = ()
     sliding_window: int | None = None
@@ -83,6 +131,7 @@ class ModelArch:
     qk_rope_head_dim: int | None = None
     # Mixture of experts.
     num_experts: int = 0
+    experts_per_token: int | None = None  # routed experts each token runs (None: config.json does not say)
     moe_intermediate_size: int = 0
     num_shared_experts: int = 0
     first_k_dense_layers: int = 0
@@ -289,6 +338,7 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         if tie_note:
             notes.append(tie_note)
     quant_scheme, quant_source = _checkpoint_quantization(config)
+    max_len, max_len_how = derived_max_model_len(cfg, model_type)
     return ModelArch(
         name=name,
         num_layers=num_layers,
@@ -301,11 +351,15 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         tie_word_embeddings=bool(tie),
         torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or config.get("torch_dtype") or "bfloat16"),
         max_position_embeddings=cfg.get("max_position_embeddings"),
+        derived_max_model_len=max_len,
+        max_len_source=max_len_how,
+        model_max_length=int(cfg["model_max_length"]) if cfg.get("model_max_length") else None,
         layer_types=layer_types,
         sliding_window=int(cfg["sliding_window"]) if cfg.get("sliding_window") and SLIDING in layer_types else None,
         kv_lora_rank=int(kv_lora_rank) if kv_lora_rank is not None else None,
         qk_rope_head_dim=int(cfg["qk_rope_head_dim"]) if kv_lora_rank is not None else None,
         num_experts=num_experts,
+        experts_per_token=_experts_per_token(cfg),
         moe_intermediate_size=int(cfg.get("moe_intermediate_size") or (cfg.get("intermediate_size") or 0)
                                   if num_experts else 0),
         num_shared_experts=int(cfg.get("n_shared_experts") or cfg.get("num_shared_experts") or 0),
@@ -322,6 +376,14 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         source=source,
         notes=tuple(notes),
     )
+
+
+def _experts_per_token(cfg: dict[str, Any]) -> int | None:
+    for key in ("num_experts_per_tok", "num_experts_per_token", "experts_per_token", "moe_topk", "moe_k"):
+        if cfg.get(key):
+            value = cfg[key]
+            return int(value[0] if isinstance(value, list) else value)
+    return None
 
 
 def _checkpoint_quantization(config: dict[str, Any]) -> tuple[str | None, str | None]:

@@ -7,6 +7,8 @@ vLLM (V1, per GPU worker): ``available_kv = total × gpu_memory_utilization − 
 
 from __future__ import annotations
 
+import math
+
 from kvwatch.capacity import quantization as quant
 from kvwatch.capacity.architecture import ModelArch
 from kvwatch.capacity.quantization import QuantizationError
@@ -129,6 +131,21 @@ def estimate_weights_bytes(arch: ModelArch, dtype_bytes: int, quantization: str 
         expert_bytes *= (h_pad * i_pad) / (arch.hidden_size * per_rank)
     total = embed * dtype_bytes + dense_bytes + expert_bytes
     return int(total / (tp * pp))
+
+
+# vLLM >= 0.21 subtracts its CUDA-graph memory estimate (``profile_cudagraph_memory``, gpu_worker.py) before sizing
+# the KV cache. Its size, per GPU: a least-squares line through the "cuda_graph est" that vLLM 0.19 printed for the
+# 15 distinct deployments of the calibration sweep (tests/fixtures/calibration/vllm_kv_capacity.csv; 0.49-1.82 GiB):
+# 0.226 GiB + 0.0189 GiB per decoder layer on the rank. Median error 0.08 GiB, worst 0.86 GiB (Llama-3.1-8B at
+# TP 2 printed 1.69); in-sample, docs/capacity.md has the table.
+CUDA_GRAPH_BASE_GIB = 0.226
+CUDA_GRAPH_GIB_PER_LAYER = 0.0189
+
+
+def estimate_cuda_graph_bytes(arch: ModelArch, pp: int) -> int:
+    """The CUDA-graph memory vLLM >= 0.21 subtracts before sizing the KV cache, per GPU (fitted, see above)."""
+    layers = math.ceil(arch.num_layers / max(1, pp))
+    return int((CUDA_GRAPH_BASE_GIB + CUDA_GRAPH_GIB_PER_LAYER * layers) * GIB)
 
 
 def default_batch_limits(gpu_memory_bytes: float, gpu_name: str | None = None) -> tuple[int, int]:

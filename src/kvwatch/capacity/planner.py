@@ -13,14 +13,11 @@ from kvwatch.capacity import kv, memory, quantization
 from kvwatch.capacity.architecture import ModelArch
 from kvwatch.capacity.memory import GIB
 
-DEFAULT_VLLM_VERSION = (0, 20)  # default utilization 0.92 and tokens = concurrency x max_model_len
+# The current rules: default utilization 0.92, tokens = concurrency x max_model_len, CUDA graphs subtracted.
+DEFAULT_VLLM_VERSION = (0, 33)
 # From 0.21 vLLM subtracts its CUDA-graph memory estimate before sizing the KV cache
-# (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 by default); the reference gives no rule for its size.
+# (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 by default), unless --enforce-eager captures no graphs.
 CUDA_GRAPHS_SUBTRACTED_SINCE = (0, 21)
-CUDA_GRAPH_NOTE = ("vLLM >= 0.21 also subtracts its CUDA-graph memory estimate before sizing the KV cache (unless "
-                   "--enforce-eager); it is not modelled, and the calibration logs show 0.5-1.8 GiB per GPU, so "
-                   "expect vLLM's pool to be about that much smaller (pass the measured --available-kv-gib, or add "
-                   "the estimate to --non-torch-gib)")
 _OLD_DEFAULT_UTILIZATION_BEFORE = (0, 20)
 
 
@@ -60,6 +57,7 @@ class DeploymentSpec:
     gpu_memory_bytes: float | None = None
     gpu_name: str | None = None  # only to pick vLLM's default batch limits (A100s get the small ones)
     gpu_compute_capability: tuple[int, int] | None = None  # picks vLLM's MXFP4 MoE kernel (weight padding)
+    gpu_bf16_tflops: float | None = None  # dense BF16 peak, only for the long-context prefill estimate
     gpu_memory_utilization: float | None = None
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
@@ -70,6 +68,10 @@ class DeploymentSpec:
     max_model_len: int | None = None
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None
+    enforce_eager: bool = False  # no CUDA graphs: nothing subtracted for them
+    cuda_graph_bytes: float | None = None  # measured ("CUDAGraph memory" in vLLM's log) overrides the estimate
+    enable_chunked_prefill: bool = True  # vLLM V1's default; off: one step must hold a whole prompt
+    allow_long_max_model_len: bool = False  # vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN=1
     vllm_version: tuple[int, int] = DEFAULT_VLLM_VERSION
     weights_bytes: float | None = None
     activation_bytes: float | None = None
@@ -94,10 +96,11 @@ class DeploymentSpec:
             arch = presets.load_config_file(settings.model_config_path)
         elif settings.model:
             arch = presets.match_model(settings.model).arch  # a repack's implied scheme is its checkpoint's
-        gpu_bytes, gpu_name, capability = None, settings.gpu, None
+        gpu_bytes, gpu_name, capability, tflops = None, settings.gpu, None, None
         if settings.gpu:
             gpu = presets.resolve_gpu(settings.gpu)
             gpu_bytes, gpu_name, capability = float(gpu.total_memory_bytes), gpu.name, gpu.compute_capability
+            tflops = gpu.bf16_tflops
         if settings.gpu_memory_gib is not None:  # what the card really reports wins over the preset
             gpu_bytes = settings.gpu_memory_gib * GIB
         version = overrides.pop("vllm_version", DEFAULT_VLLM_VERSION)
@@ -108,6 +111,7 @@ class DeploymentSpec:
             gpu_memory_bytes=gpu_bytes,
             gpu_name=gpu_name,
             gpu_compute_capability=capability,
+            gpu_bf16_tflops=tflops,
             gpu_memory_utilization=settings.gpu_memory_utilization,
             tensor_parallel_size=settings.tensor_parallel_size,
             pipeline_parallel_size=settings.pipeline_parallel_size,
@@ -146,6 +150,7 @@ class CapacityPlan:
     warnings: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
     pp_last_stage_extra_bytes: float = 0.0  # the last PP stage's sampler, added to a measured rank-0 activation
+    cuda_graph_bytes: float = 0.0  # subtracted before sizing the cache (vLLM >= 0.21 without --enforce-eager)
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -163,6 +168,24 @@ class CapacityPlan:
             return None
         return kv.max_concurrency_at_max_model_len(self.layout, self.num_gpu_blocks, self.max_model_len,
                                                    self.in_flight_tokens)
+
+
+def _max_len_errors(spec: DeploymentSpec, arch: ModelArch | None, warnings: list[str]) -> list[str]:
+    """vLLM's refusal of a --max-model-len past the model's derived length (``_get_and_verify_max_len``);
+    with VLLM_ALLOW_LONG_MAX_MODEL_LEN it starts, with a warning (appended to ``warnings``)."""
+    derived = arch.derived_max_model_len if arch else None
+    wanted = spec.max_model_len
+    if not wanted or not derived or wanted <= derived:
+        return []
+    if arch is not None and arch.model_max_length and wanted <= arch.model_max_length:
+        return []  # vLLM lets a config's own model_max_length override the derived length
+    what = f"--max-model-len {wanted} is greater than the model's maximum length {derived} ({arch.max_len_source})"
+    if spec.allow_long_max_model_len:
+        warnings.append(f"{what}: vLLM starts because VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, but positions past {derived} "
+                        "give NaN with RoPE or out-of-bounds errors with absolute positions")
+        return []
+    return [f"vLLM will not start: {what}; lower --max-model-len to at most {derived} (or set "
+            "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, which vLLM says to use with extreme caution)"]
 
 
 def _arch_or_error(spec: DeploymentSpec, what: str) -> ModelArch:
@@ -188,9 +211,19 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
     util = spec.gpu_memory_utilization or default_gpu_memory_utilization(spec.vllm_version)
     total = spec.gpu_memory_bytes
     batched_default, seqs_default = memory.default_batch_limits(total or 80 * GIB, spec.gpu_name)
-    batched = spec.max_num_batched_tokens or batched_default
     seqs = spec.max_num_seqs or seqs_default
-    max_model_len = spec.max_model_len or (arch.max_position_embeddings if arch else None)
+    derived_len = arch.derived_max_model_len if arch else None
+    max_model_len = spec.max_model_len or derived_len
+    errors += _max_len_errors(spec, arch, warnings)
+    if spec.enable_chunked_prefill:
+        batched = spec.max_num_batched_tokens or batched_default
+    else:
+        # vLLM's SchedulerConfig: without chunked prefill the default step holds a whole max_model_len prompt
+        batched = spec.max_num_batched_tokens or max(max_model_len or 0, batched_default)
+        if max_model_len and batched < max_model_len:
+            errors.append(f"vLLM will not start: max_num_batched_tokens ({batched}) is smaller than max_model_len "
+                          f"({max_model_len}) with chunked prefill off; raise --max-num-batched-tokens to "
+                          f"{max_model_len}, lower --max-model-len, or enable chunked prefill")
 
     # KV geometry
     if spec.kv_bytes_per_token is not None:
@@ -207,6 +240,7 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
 
     # Memory budget
     weights = activation = non_torch = usable = None
+    cuda_graphs = 0.0
     pp_extra = 0.0
     if spec.available_kv_bytes is not None:
         available = float(spec.available_kv_bytes)
@@ -250,7 +284,16 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
         else:
             non_torch = float(memory.estimate_non_torch_bytes(tp, pp))
             estimated.append("non_torch")
-        available = usable - weights - activation - non_torch
+        if spec.vllm_version >= CUDA_GRAPHS_SUBTRACTED_SINCE and not spec.enforce_eager:
+            if spec.cuda_graph_bytes is not None:
+                cuda_graphs = float(spec.cuda_graph_bytes)
+            elif arch is not None:
+                cuda_graphs = float(memory.estimate_cuda_graph_bytes(arch, pp))
+                estimated.append("cuda_graphs")
+            else:
+                notes.append("vLLM >= 0.21 subtracts its CUDA-graph memory before sizing the KV cache; without the "
+                             "model kvwatch cannot estimate it (the calibration logs show 0.5-1.8 GiB per GPU)")
+        available = usable - weights - activation - non_torch - cuda_graphs
 
     blocks = kv.num_gpu_blocks(available, layout)
     in_flight = kv.in_flight_tokens(batched, pp, spec.vllm_version)
@@ -263,18 +306,16 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
         errors.append(f"vLLM will not start: one {max_model_len}-token request needs {need / GIB:.2f} GiB of KV "
                       f"but only {available / GIB:.2f} GiB is available (short by {(need - available) / GIB:.2f} "
                       f"GiB); lower --max-model-len to about {_fitting_len(layout, blocks, in_flight)}")
-    if estimated and estimated != ["pp_last_stage_sampler"]:
+    if [e for e in estimated if e not in ("pp_last_stage_sampler", "cuda_graphs")]:
         warnings.append(f"estimated (not measured): {', '.join(estimated)}; pass --weights-gib/--activation-gib/"
                         "--non-torch-gib from vLLM's startup log for exact figures")
-    if spec.available_kv_bytes is None and spec.vllm_version >= DEFAULT_VLLM_VERSION:
-        notes.append(CUDA_GRAPH_NOTE)  # the default rules are a current vLLM, so they include 0.21+
     if layout.is_hybrid and spec.vllm_version >= kv.TOKENS_FROM_CONCURRENCY_SINCE:
         notes.append("sliding-window model: vLLM derives 'KV cache size' from max_model_len, so it is not a "
                      "byte-linear capacity")
     return CapacityPlan(
         spec=spec, total_memory_bytes=total, gpu_memory_utilization=util, usable_bytes=usable,
         weights_bytes=weights, activation_bytes=activation, non_torch_bytes=non_torch,
-        pp_last_stage_extra_bytes=pp_extra,
+        pp_last_stage_extra_bytes=pp_extra, cuda_graph_bytes=cuda_graphs,
         available_kv_bytes=available, kv_bytes_per_token=per_token, layout=layout, num_gpu_blocks=blocks,
         kv_cache_tokens=tokens, max_model_len=max_model_len, max_num_batched_tokens=batched,
         in_flight_tokens=in_flight,

@@ -30,6 +30,7 @@ class GpuPreset:
     total_memory_bytes: int  # what vLLM's total_gpu_memory reads (torch.cuda.mem_get_info total)
     source: str
     compute_capability: tuple[int, int] | None = None  # CUDA (major, minor); None for ROCm
+    bf16_tflops: float | None = None  # dense BF16 tensor peak (datasheet), for the prefill-time estimate
 
 
 @dataclass(frozen=True)
@@ -252,7 +253,8 @@ def _gpus() -> dict[str, GpuPreset]:
     for gpu in data["gpus"]:
         cc = gpu.get("compute_capability")
         capability = (int(cc.split(".")[0]), int(cc.split(".")[1])) if cc else None
-        preset = GpuPreset(gpu["name"], round(gpu["total_gib"] * GIB), gpu["source"], capability)
+        preset = GpuPreset(gpu["name"], round(gpu["total_gib"] * GIB), gpu["source"], capability,
+                           gpu.get("bf16_tflops"))
         for key in [gpu["name"], *gpu.get("aliases", [])]:
             out[_gpu_key(key)] = preset
     return out

@@ -37,6 +37,7 @@ from kvwatch.fetch import Fetcher
 from kvwatch.history import History
 from kvwatch.payload import ScrapeError, interpret
 from kvwatch.serve.collector import KvwatchCollector, make_registry
+from kvwatch.serve.sidecar_capacity import resolver_for
 from kvwatch.serve.state import Analyzer, State
 from kvwatch.settings import ServeSettings, SettingsError, add_settings_flags, load_settings
 
@@ -129,6 +130,8 @@ class Sidecar:
 
     def _series(self, reading: Any, now: float) -> SeriesState:
         history = self.history[reading.key]
+        # The series' one capacity (the engine's figures first, then the formula), filled in for every consumer.
+        reading = resolver_for(self.settings).series(reading).apply(reading)
         extra: dict[str, Any] = {}
         for analyzer in self.analyzers:
             try:

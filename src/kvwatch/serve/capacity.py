@@ -5,7 +5,8 @@ Exports, per (``model_name``, ``engine``), when the model and the card are known
 the engine's own ``cache_config_info`` values for what was not given; a large gap to
 ``kvwatch_kv_capacity_tokens`` means the settings kvwatch was given do not match the engine) and
 ``kvwatch_whatif_max_concurrency{scenario}`` (each scenario's ceiling at the live average KV tokens per
-running request).
+running request). For every series whose capacity is known by any means: ``kvwatch_capacity_source_info{source}``
+(the engine's figures first, then the formula: kvwatch.capacity.series) and ``kvwatch_kv_cache_pool_bytes``.
 """
 
 from __future__ import annotations
@@ -20,46 +21,53 @@ from prometheus_client.core import GaugeMetricFamily
 
 from kvwatch.history import SeriesHistory
 from kvwatch.model import Reading, SeriesKey
-from kvwatch.serve.sidecar_capacity import ENGINE_LABELS, VERSION_LABELS, SidecarCapacity, build_sidecar_capacity
+from kvwatch.serve.sidecar_capacity import SidecarCapacity, resolver_for
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class CapacityResult:
-    formula_kv_capacity_tokens: int
+    formula_kv_capacity_tokens: int | None
     whatif_max_concurrency: Mapping[str, float]
+    source: str = "unknown"  # kvwatch.capacity.series.SOURCES: where the series' capacity comes from
+    pool_bytes: float | None = None
+    pool_source: str | None = None
 
 
 class CapacityAnalyzer:
     name = "capacity"
 
     def __init__(self, settings: Any) -> None:
-        self._settings = settings
         # One plan per vLLM model_name and engine configuration (the cache_config_info labels the formula
-        # reads): a preset may only match once the engine names its model, and a restart may change them.
-        self._plans: dict[tuple[str, tuple[tuple[str, str], ...]], SidecarCapacity | None] = {}
+        # reads): a preset may only match once the engine names its model, and a restart may change them. The
+        # resolver is the settings' own, shared with the forecaster's advice.
+        self._capacity = resolver_for(settings)
 
     def _plan(self, reading: Reading) -> SidecarCapacity | None:
-        config = {k: v for k, v in reading.cache_config.items() if k in ENGINE_LABELS or k in VERSION_LABELS}
-        key = (reading.model_name, tuple(sorted(config.items())))
-        if key not in self._plans:
-            capacity, why = build_sidecar_capacity(self._settings, reading.model_name, reading.cache_config)
+        new = self._capacity.is_new(reading)
+        capacity, why = self._capacity.sidecar(reading)
+        if new:
             if capacity is None:
                 log.info("capacity model off for %s: %s", reading.model_name, why)
             else:
+                for error in capacity.plan.errors:  # e.g. a --max-model-len vLLM refuses: the settings are wrong
+                    log.warning("capacity model for %s: %s", reading.model_name, error)
                 log.info("capacity model for %s: %s", reading.model_name,
                          "; ".join(n for n in capacity.plan.notes if "cache_config_info" in n) or "kvwatch's settings")
-            self._plans[key] = capacity
-        return self._plans[key]
+        return capacity
 
     def analyze(self, key: SeriesKey, history: SeriesHistory, reading: Reading, now: float) -> CapacityResult | None:
         capacity = self._plan(reading)
-        if capacity is None:
+        series = self._capacity.series(reading)
+        if capacity is None and series.source == "unknown":
             return None
+        whatif: dict[str, float] = {}
         per_request = reading.kv_tokens_per_running_request
-        whatif = capacity.whatif_max_concurrency(per_request) if per_request else {}
-        return CapacityResult(capacity.formula_kv_capacity_tokens, MappingProxyType(whatif))
+        if capacity is not None and per_request:
+            whatif = capacity.whatif_max_concurrency(per_request)
+        return CapacityResult(capacity.formula_kv_capacity_tokens if capacity is not None else None,
+                              MappingProxyType(whatif), series.source, series.pool_bytes, series.pool_source)
 
     def families(self, results: Mapping[SeriesKey, CapacityResult], now: float) -> Iterable[GaugeMetricFamily]:
         formula = GaugeMetricFamily(
@@ -67,20 +75,37 @@ class CapacityAnalyzer:
             "KV cache capacity in tokens per engine as the capacity model computes it from the model, the GPU and "
             "the deployment flags kvwatch was given, with gpu_memory_utilization, block_size, cache_dtype and the "
             "vLLM version's rules taken from vllm:cache_config_info where not given; weights and activations are "
-            "estimates, and the CUDA-graph memory vLLM >= 0.21 subtracts before sizing the cache is not modelled, "
-            "so on those versions this is higher than vLLM's figure by the tokens that memory would hold (compare "
-            "with kvwatch_kv_capacity_tokens).",
+            "estimates, as is the CUDA-graph memory vLLM >= 0.21 subtracts before sizing the cache (compare with "
+            "kvwatch_kv_capacity_tokens).",
             labels=["model_name", "engine"])
         whatif = GaugeMetricFamily(
             "kvwatch_whatif_max_concurrency",
             "Concurrency ceiling under a what-if scenario, at the live average KV tokens per running request.",
             labels=["model_name", "engine", "scenario"])
+        source = GaugeMetricFamily(
+            "kvwatch_capacity_source_info",
+            "Where the series' KV capacity (kvwatch_kv_capacity_tokens, and what the forecaster and advice use) "
+            "comes from: engine_kv_cache_size_tokens, engine_num_gpu_blocks (vllm:cache_config_info), formula "
+            "(kvwatch's capacity model) or unknown. Always 1.",
+            labels=["model_name", "engine", "source"])
+        pool = GaugeMetricFamily(
+            "kvwatch_kv_cache_pool_bytes",
+            "KV cache pool per GPU in bytes (vLLM logs it as 'Available KV cache memory' but does not export it): "
+            "vLLM's kv_cache_memory_bytes when it was given, else the engine's num_gpu_blocks x the capacity "
+            "model's bytes per block, else the capacity model's budget; `source` says which.",
+            labels=["model_name", "engine", "source"])
         for (model_name, engine), result in sorted(results.items()):
-            formula.add_metric([model_name, engine], float(result.formula_kv_capacity_tokens))
+            if result.formula_kv_capacity_tokens is not None:
+                formula.add_metric([model_name, engine], float(result.formula_kv_capacity_tokens))
             for scenario, ceiling in result.whatif_max_concurrency.items():
                 whatif.add_metric([model_name, engine, scenario], ceiling)
+            source.add_metric([model_name, engine, result.source], 1.0)
+            if result.pool_bytes is not None and result.pool_source is not None:
+                pool.add_metric([model_name, engine, result.pool_source], result.pool_bytes)
         yield formula
         yield whatif
+        yield source
+        yield pool
 
 
 def make_analyzer(settings: Any) -> CapacityAnalyzer:

@@ -37,29 +37,26 @@ class ForecastAnalyzer:
         self.max_model_len = max_model_len
         self._settings = settings
         self._forecasters: dict[tuple[str, str], Forecaster] = {}
-        self._plans: dict[str, Any] = {}
 
-    def _plan(self, model_name: str) -> Any | None:
-        """The capacity plan for advice (quantization, TP sizes) when the model is known; cached per model."""
+    def _capacity(self, reading: Any) -> tuple[Any, Any | None]:
+        """(the reading with the series' one capacity filled in, the capacity plan for advice or None)."""
         if self._settings is None:
-            return None
-        if model_name not in self._plans:
-            from kvwatch.serve.sidecar_capacity import build_sidecar_capacity
+            return reading, None
+        from kvwatch.serve.sidecar_capacity import resolver_for
 
-            capacity, _ = build_sidecar_capacity(self._settings, model_name)
-            self._plans[model_name] = capacity.plan if capacity is not None else None
-        return self._plans[model_name]
+        series = resolver_for(self._settings).series(reading)  # the object the capacity analyzer exports
+        return series.apply(reading), series.plan
 
     def analyze(self, key: tuple[str, str], history: Any, reading: Any, now: float) -> SeriesForecast:
         forecaster = self._forecasters.get(key)
         if forecaster is None:
             forecaster = self._forecasters[key] = Forecaster(self.params)
         restarted = getattr(history, "last_restart_timestamp", None) == now
+        reading, plan = self._capacity(reading)
         result = forecaster.observe(ForecastSample.from_reading(reading, now, restarted=restarted))
         advice: tuple[Advice, ...] = ()
         if result.state in ("filling", "bottleneck"):
-            advice = tuple(advise_from_result(result, reading, capacity_plan=self._plan(reading.model_name),
-                                              max_model_len=self.max_model_len))
+            advice = tuple(advise_from_result(result, reading, capacity_plan=plan, max_model_len=self.max_model_len))
         return SeriesForecast(result, advice)
 
     def families(self, results: Mapping[tuple[str, str], SeriesForecast], now: float) -> Iterable[Any]:

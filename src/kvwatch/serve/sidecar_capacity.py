@@ -14,6 +14,7 @@ that pool) replaces the memory budget, and the label set says which vLLM version
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -23,6 +24,8 @@ from kvwatch.capacity.kv import VLLM_BLOCK_SIZES
 from kvwatch.capacity.memory import QuantizationError
 from kvwatch.capacity.planner import CapacityPlan, DeploymentSpec, SpecError, plan_capacity
 from kvwatch.capacity.presets import PresetError
+from kvwatch.capacity.series import SeriesCapacity
+from kvwatch.capacity.series import resolve as resolve_series
 from kvwatch.capacity.whatif import Scenario, whatif_ceilings, whatif_scenarios
 from kvwatch.engines.vllm import label_number
 from kvwatch.settings import KV_CACHE_DTYPES
@@ -142,3 +145,44 @@ def build_sidecar_capacity(settings: Any, model_name: str | None = None,
         notes.insert(0, "from vllm:cache_config_info: " + ", ".join(taken))
     plan = replace(plan, notes=(*plan.notes, *notes))
     return SidecarCapacity(plan, scenarios), ""
+
+
+class CapacityResolver:
+    """One capacity per series for one set of settings, built once per engine configuration.
+
+    ``sidecar(reading)`` is the formula's plan and what-ifs (``build_sidecar_capacity`` with the engine's
+    cache_config_info), cached per ``model_name`` and the labels the formula reads; ``series(reading)`` is the
+    capacity every consumer uses (kvwatch.capacity.series: the engine's figures first, then that plan).
+    """
+
+    def __init__(self, settings: Any) -> None:
+        self._settings = settings
+        self._cache: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[SidecarCapacity | None, str]] = {}
+
+    def _key(self, reading: Any) -> tuple[str, tuple[tuple[str, str], ...]]:
+        config = {k: v for k, v in reading.cache_config.items() if k in ENGINE_LABELS or k in VERSION_LABELS}
+        return reading.model_name, tuple(sorted(config.items()))
+
+    def is_new(self, reading: Any) -> bool:
+        return self._key(reading) not in self._cache
+
+    def sidecar(self, reading: Any) -> tuple[SidecarCapacity | None, str]:
+        """(the formula's plan and what-ifs, why not) for this reading's model and engine configuration."""
+        key = self._key(reading)
+        if key not in self._cache:
+            self._cache[key] = build_sidecar_capacity(self._settings, reading.model_name, reading.cache_config)
+        return self._cache[key]
+
+    def series(self, reading: Any) -> SeriesCapacity:
+        capacity, _ = self.sidecar(reading)
+        return resolve_series(reading, capacity.plan if capacity is not None else None)
+
+
+def resolver_for(settings: Any) -> CapacityResolver:
+    """The settings' one resolver (kept on the settings object, so every consumer shares its plans)."""
+    resolver = getattr(settings, "_capacity_resolver", None)
+    if resolver is None:
+        resolver = CapacityResolver(settings)
+        with contextlib.suppress(AttributeError, ValueError):  # a stand-in without the slot: not shared
+            settings._capacity_resolver = resolver
+    return resolver

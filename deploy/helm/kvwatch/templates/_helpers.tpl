@@ -248,3 +248,20 @@ same names): kvwatch on `metrics`, and in mode 1 optionally vLLM's own /metrics 
       replacement: vllm
 {{- end }}
 {{- end }}
+
+{{/*
+A vLLM probe whose failureThreshold is raised (never lowered) so that periodSeconds x failureThreshold covers
+"seconds": the startup probe gets 600 s for loading plus one max-length prefill, the liveness probe one
+max-length prefill (vllm.prefillSecondsEstimate, from `kvwatch plan --json`'s long_context; docs/capacity.md).
+*/}}
+{{- define "kvwatch.sizedProbe" -}}
+{{- $probe := deepCopy .probe -}}
+{{- if .sized -}}
+{{- $period := $probe.periodSeconds | default 10 | float64 -}}
+{{- $need := ceil (divf .seconds $period) | int -}}
+{{- if gt $need ($probe.failureThreshold | default 3 | int) -}}
+{{- $_ := set $probe "failureThreshold" $need -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $probe -}}
+{{- end -}}

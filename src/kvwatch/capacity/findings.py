@@ -1,0 +1,99 @@
+"""Capacity findings for ``check`` (and the sidecar's log): what the engine's own numbers say is wrong (pure).
+
+- ``vllm_will_not_start``: the settings kvwatch was given describe a deployment vLLM refuses (the plan's errors,
+  e.g. a --max-model-len past the model's length);
+- ``capacity_mismatch``: the formula and the engine's reported pool differ by more than 10 %, with both numbers
+  and the likely causes;
+- ``kv_usage_stuck``: KV usage near 100 % with nothing running or waiting: blocks are not being freed (a leak,
+  vllm issue 27073);
+- ``request_exceeds_pool``: requests wait while nothing runs and the cache is nearly empty: the head of the queue
+  needs more KV than the whole pool, and vLLM's scheduler waits for it forever (vllm issue 39734).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvwatch.capacity.memory import GIB
+
+MISMATCH_RATIO = 0.10
+STUCK_USAGE = 0.95
+EMPTY_USAGE = 0.05
+# What vLLM >= 0.21 subtracts for CUDA graphs before sizing the cache, per GPU, as the calibration logs print
+# it ("cuda_graph est", tests/fixtures/calibration/vllm_kv_capacity.csv): 0.52 to 1.82 GiB.
+CUDA_GRAPH_GIB_RANGE = (0.5, 1.85)
+
+
+@dataclass(frozen=True)
+class CapacityFinding:
+    id: str
+    severity: str  # critical | warning | info
+    message: str
+
+
+def plan_refusals(plan: Any) -> list[CapacityFinding]:
+    """The plan's errors: vLLM would not start with the settings kvwatch was given."""
+    return [CapacityFinding("vllm_will_not_start", "warning", f"With the deployment settings kvwatch was given: "
+                            f"{error}. Either the settings are not the engine's, or a restart with them will fail.")
+            for error in plan.errors]
+
+
+def capacity_mismatch(formula_tokens: float, reported_tokens: float | None,
+                      plan: Any | None = None) -> CapacityFinding | None:
+    """A finding when the formula and the engine's pool differ by more than :data:`MISMATCH_RATIO`."""
+    if not reported_tokens or reported_tokens <= 0 or formula_tokens <= 0:
+        return None
+    gap = formula_tokens / reported_tokens - 1
+    if abs(gap) <= MISMATCH_RATIO:
+        return None
+    causes: list[str] = []
+    per_token = getattr(plan, "kv_bytes_per_token", None)
+    if gap > 0:
+        missing_gib = (formula_tokens - reported_tokens) * per_token / GIB if per_token else None
+        graphs = ""
+        if missing_gib is not None:
+            low, high = CUDA_GRAPH_GIB_RANGE
+            fits = "within" if low <= missing_gib <= high else "outside"
+            graphs = f" ({missing_gib:.2f} GiB per GPU is missing, {fits} the 0.5-1.8 GiB the logs show)"
+        causes += [f"vLLM >= 0.21 subtracts its CUDA-graph memory before sizing the cache{graphs}",
+                   "a lower --gpu-memory-utilization than kvwatch assumed",
+                   "another process on the GPU at startup (its memory counts against vLLM's profile)",
+                   "larger weights (an unquantized or bigger checkpoint) or a longer profiled batch "
+                   "(--max-num-batched-tokens)"]
+    else:
+        causes += ["a higher --gpu-memory-utilization than kvwatch assumed",
+                   "an FP8 KV cache (--kv-cache-dtype fp8) or quantized weights kvwatch was not told about",
+                   "a smaller model, more tensor parallelism, or --kv-cache-memory-bytes"]
+    causes.append("--model/--gpu/--tensor-parallel-size/--dtype not describing this deployment")
+    return CapacityFinding("capacity_mismatch", "warning", (
+        f"The capacity formula says {formula_tokens:,.0f} KV tokens, the engine reports {reported_tokens:,.0f} "
+        f"({gap:+.0%}). Likely causes: {'; '.join(causes)}. The engine's figure is the one kvwatch uses."))
+
+
+def kv_usage_stuck(usage: float | None, running: float | None, waiting: float | None) -> CapacityFinding | None:
+    """KV usage near full with nothing running or waiting: only a leak holds blocks then."""
+    if usage is None or usage < STUCK_USAGE or running or waiting:
+        return None
+    return CapacityFinding("kv_usage_stuck", "critical", (
+        f"KV cache is {usage:.0%} used with no request running or waiting: finished requests' blocks are not "
+        "being freed (a KV leak, as in vllm issue 27073, after over-long requests were rejected). Prefix-cache "
+        "blocks do not count as usage, so this is not caching. If it persists, restart the engine and report "
+        "the vLLM version."))
+
+
+def request_exceeds_pool(usage: float | None, running: float | None, waiting: float | None,
+                         capacity_tokens: float | None = None,
+                         max_model_len: int | None = None) -> CapacityFinding | None:
+    """Requests wait, nothing runs, the cache is (nearly) empty: the first waiting request cannot fit at all."""
+    if not waiting or running or usage is None or usage > EMPTY_USAGE:
+        return None
+    size = ""
+    if capacity_tokens and max_model_len and max_model_len > capacity_tokens:
+        size = (f" The pool holds {capacity_tokens:,.0f} tokens but --max-model-len is {max_model_len:,}, so a "
+                "long request can be admitted that never fits.")
+    return CapacityFinding("request_exceeds_pool", "critical", (
+        f"{waiting:g} requests wait while nothing runs and KV is {usage:.0%} used: the request at the head of the "
+        "queue needs more KV than the whole pool, and vLLM's scheduler waits for it forever (vllm issue 39734)."
+        f"{size} Lower --max-model-len to what the pool holds, or give the engine more KV memory; cancel the "
+        "stuck request to unblock the queue."))

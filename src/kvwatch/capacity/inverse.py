@@ -1,0 +1,168 @@
+"""The inverse planner: which deployments carry N concurrent requests of T tokens, cheapest first (pure).
+
+:func:`inverse_plan` tries every combination of the levers vLLM offers, in the tutorial's order of cost —
+``--gpu-memory-utilization`` 0.95, a shorter ``--max-model-len`` (only when the model's own does not start),
+an FP8 KV cache, FP8 weights, tensor parallelism within one node (a power of two that divides the attention
+heads, at most ``gpus_per_node``) — and then as many replicas as the target needs. Each option is a full
+:class:`CapacityPlan` plus the vLLM arguments that produce it.
+
+Ranking: fewest GPUs in total; then the fewest quality-affecting changes (FP8 weights cost more than an FP8 KV
+cache, which costs more than a utilization or length change); then the highest ceiling. A replica carries
+``min(ceiling at T tokens, max_num_seqs)`` requests.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from kvwatch.capacity import memory
+from kvwatch.capacity.memory import QuantizationError
+from kvwatch.capacity.planner import CapacityPlan, DeploymentSpec, SpecError, plan_capacity
+
+HIGH_UTILIZATION = 0.95
+MAX_OPTIONS = 10
+# What a change costs in model quality or risk (0 = a restart with another flag).
+_QUALITY_COST = {"gpu_memory_utilization": 0, "max_model_len": 0, "kv_cache_dtype": 1, "quantization": 2,
+                 "tensor_parallel_size": 0}
+
+
+@dataclass(frozen=True)
+class Option:
+    plan: CapacityPlan
+    replicas: int
+    per_replica: float  # requests of avg_seq_len one replica carries (ceiling capped by max_num_seqs)
+    changes: tuple[str, ...]  # the DeploymentSpec fields changed from the base
+    vllm_args: tuple[str, ...]
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.plan.spec.tensor_parallel_size * self.plan.spec.pipeline_parallel_size
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpus_per_replica * self.replicas
+
+    @property
+    def total_concurrency(self) -> float:
+        return self.per_replica * self.replicas
+
+
+@dataclass(frozen=True)
+class InversePlan:
+    target_concurrency: int
+    avg_seq_len: float
+    options: tuple[Option, ...]
+    why_not: str | None  # when no option exists
+
+
+def vllm_args(spec: DeploymentSpec, model: str | None) -> tuple[str, ...]:
+    """The flags that make vLLM run ``spec`` (``--flag=value`` strings, ready for a shell or a pod's args)."""
+    args = [f"--model={model}"] if model else []
+    args.append(f"--tensor-parallel-size={spec.tensor_parallel_size}")
+    if spec.pipeline_parallel_size > 1:
+        args.append(f"--pipeline-parallel-size={spec.pipeline_parallel_size}")
+    if spec.gpu_memory_utilization is not None:
+        args.append(f"--gpu-memory-utilization={spec.gpu_memory_utilization:g}")
+    if spec.max_model_len:
+        args.append(f"--max-model-len={spec.max_model_len}")
+    if spec.kv_cache_dtype != "auto":
+        args.append(f"--kv-cache-dtype={spec.kv_cache_dtype}")
+    if spec.quantization:
+        args.append(f"--quantization={spec.quantization}")
+    if spec.block_size != 16:
+        args.append(f"--block-size={spec.block_size}")
+    if spec.max_num_seqs:
+        args.append(f"--max-num-seqs={spec.max_num_seqs}")
+    if spec.max_num_batched_tokens:
+        args.append(f"--max-num-batched-tokens={spec.max_num_batched_tokens}")
+    return tuple(args)
+
+
+def _tp_candidates(spec: DeploymentSpec, gpus_per_node: int) -> list[int]:
+    heads = spec.arch.num_attention_heads if spec.arch else None
+    out, tp = [], 1
+    while tp <= gpus_per_node:
+        if tp >= spec.tensor_parallel_size and (heads is None or heads % tp == 0):
+            out.append(tp)
+        tp *= 2
+    return out or [spec.tensor_parallel_size]
+
+
+def _already_fp8_weights(spec: DeploymentSpec) -> bool:
+    try:
+        current = memory.resolve_quantization(spec.quantization, spec.arch)
+    except QuantizationError:
+        return True  # unpriceable: do not offer a change on top of it
+    return current is not None and current.bytes_per_param <= 1.0
+
+
+def _fitting_length(plan: CapacityPlan) -> int | None:
+    """The longest max_model_len this pool starts with, as the plan's error suggests (None if it has none)."""
+    from kvwatch.capacity.planner import _fitting_len
+
+    if plan.num_gpu_blocks <= 0:
+        return None
+    return _fitting_len(plan.layout, plan.num_gpu_blocks, plan.in_flight_tokens) or None
+
+
+def inverse_plan(spec: DeploymentSpec, target_concurrency: int, avg_seq_len: float, gpus_per_node: int = 8,
+                 model_name: str | None = None, max_model_len_given: bool = False) -> InversePlan:
+    """Options that reach ``target_concurrency`` requests of ``avg_seq_len`` tokens, cheapest first."""
+    if target_concurrency < 1 or avg_seq_len <= 0 or gpus_per_node < 1:
+        raise SpecError("the target concurrency, average length and GPUs per node must be positive")
+    if spec.weights_bytes is not None or spec.available_kv_bytes is not None:
+        raise SpecError("the inverse planner changes TP and quantization, which measured --weights-gib/"
+                        "--available-kv-gib do not follow: leave them out")
+    utils = sorted({spec.gpu_memory_utilization or 0.0, HIGH_UTILIZATION})
+    kv_dtypes = [spec.kv_cache_dtype] + ([] if spec.kv_cache_dtype.startswith("fp8") else ["fp8"])
+    quants = [spec.quantization] + ([] if _already_fp8_weights(spec) else ["fp8"])
+    reasons: list[str] = []
+    options: dict[tuple[object, ...], Option] = {}
+    for tp in _tp_candidates(spec, gpus_per_node):
+        for util in utils:
+            for kv_dtype in kv_dtypes:
+                for quant in quants:
+                    candidate = replace(spec, tensor_parallel_size=tp, gpu_memory_utilization=util or None,
+                                        kv_cache_dtype=kv_dtype, quantization=quant)
+                    option = _option(spec, candidate, target_concurrency, avg_seq_len, model_name,
+                                     max_model_len_given, reasons)
+                    if option is not None:
+                        key = (tp, util, kv_dtype, quant)
+                        options[key] = option
+    ranked = sorted(options.values(), key=lambda o: (o.total_gpus, _quality(o), len(o.changes), -o.per_replica))
+    why = None
+    if not ranked:
+        why = ("no setting starts: " + "; ".join(dict.fromkeys(reasons))) if reasons else "no setting starts"
+    return InversePlan(target_concurrency, avg_seq_len, tuple(ranked[:MAX_OPTIONS]), why)
+
+
+def _quality(option: Option) -> int:
+    return sum(_QUALITY_COST.get(change, 0) for change in option.changes)
+
+
+def _option(base: DeploymentSpec, spec: DeploymentSpec, target: int, avg_seq_len: float, model: str | None,
+            length_given: bool, reasons: list[str]) -> Option | None:
+    try:
+        plan = plan_capacity(spec)
+        if plan.errors and not length_given and plan.max_model_len and plan.num_gpu_blocks > 0 and \
+                not any("greater than the model's maximum" in e for e in plan.errors):
+            shorter = _fitting_length(plan)  # the model's own length does not start: the longest that does
+            if shorter and shorter >= avg_seq_len:
+                spec = replace(spec, max_model_len=shorter)
+                plan = plan_capacity(spec)
+    except (SpecError, QuantizationError) as exc:
+        reasons.append(f"TP={spec.tensor_parallel_size}: {exc}")
+        return None
+    if plan.errors:
+        reasons.append(f"TP={spec.tensor_parallel_size}: {plan.errors[0]}")
+        return None
+    _batched, default_seqs = memory.default_batch_limits(spec.gpu_memory_bytes or 80 * memory.GIB, spec.gpu_name)
+    per_replica = min(plan.max_concurrency_at(avg_seq_len), float(spec.max_num_seqs or default_seqs))
+    if per_replica < 1:
+        reasons.append(f"TP={spec.tensor_parallel_size}: fewer than one {avg_seq_len:,.0f}-token request fits")
+        return None
+    replicas = math.ceil(target / math.floor(per_replica))
+    changes = tuple(name for name in ("gpu_memory_utilization", "max_model_len", "kv_cache_dtype", "quantization",
+                                      "tensor_parallel_size") if getattr(spec, name) != getattr(base, name))
+    return Option(plan, replicas, per_replica, changes, vllm_args(spec, model))

@@ -1,0 +1,73 @@
+"""One capacity per series: which KV capacity every consumer uses, and where it came from (pure).
+
+The engine's own figures come first, then the model/deployment settings:
+
+1. ``engine_kv_cache_size_tokens``: vLLM's ``cache_config_info{kv_cache_size_tokens}`` (>= ~0.25, per engine);
+2. ``engine_num_gpu_blocks``: ``num_gpu_blocks / engines × block_size`` from the same metric (the adapter's
+   fallback; over-states on hybrid models, whose ``block_size`` vLLM rewrites); ``engine_metric``: a capacity
+   the adapter read elsewhere than ``cache_config_info``;
+3. ``formula``: the capacity plan built from the settings and the engine's cache_config_info values;
+4. ``unknown``.
+
+The pool in bytes (vllm issue 26850 asks vLLM to export it; kvwatch does) follows the same order: the engine's
+``kv_cache_memory_bytes`` when vLLM was given it, else the engine's blocks × the plan's bytes per block row, else
+the plan's budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from kvwatch.capacity.planner import CapacityPlan
+from kvwatch.derived import block_pool
+from kvwatch.engines.vllm import label_number
+
+SOURCES = ("engine_kv_cache_size_tokens", "engine_num_gpu_blocks", "engine_metric", "formula", "unknown")
+
+
+@dataclass(frozen=True)
+class SeriesCapacity:
+    tokens: float | None  # the capacity every consumer uses
+    source: str  # one of SOURCES
+    plan: CapacityPlan | None = None  # the formula's plan (what-ifs, advice); None when the model is not known
+    pool_bytes: float | None = None  # the KV pool per GPU
+    pool_source: str | None = None  # engine_kv_cache_memory_bytes | engine_num_gpu_blocks | formula
+
+    @property
+    def formula_tokens(self) -> int | None:
+        return self.plan.kv_cache_tokens if self.plan is not None else None
+
+    def apply(self, reading: Any) -> Any:
+        """The reading with this capacity filled in where the engine reported none (others are unchanged)."""
+        if reading.kv_capacity_tokens is None and self.tokens is not None:
+            # used tokens follow (usage × capacity); the reading remembers that this is the formula's figure
+            return replace(reading, kv_capacity_tokens=self.tokens, capacity_source="formula")
+        return reading
+
+
+def resolve(reading: Any, plan: CapacityPlan | None) -> SeriesCapacity:
+    """The capacity of one series: the engine's figures first, then the plan (docstring above)."""
+    config = reading.cache_config
+    engine_tokens = label_number(config.get("kv_cache_size_tokens"))
+    if reading.capacity_source == "formula" and plan is not None:
+        tokens, source = float(plan.kv_cache_tokens), "formula"  # filled in before (SeriesCapacity.apply)
+    elif engine_tokens is not None and engine_tokens > 0:
+        tokens, source = float(engine_tokens), "engine_kv_cache_size_tokens"
+    elif reading.kv_capacity_tokens and label_number(config.get("num_gpu_blocks")):
+        tokens, source = float(reading.kv_capacity_tokens), "engine_num_gpu_blocks"
+    elif reading.kv_capacity_tokens:  # a capacity the adapter read elsewhere than cache_config_info
+        tokens, source = float(reading.kv_capacity_tokens), "engine_metric"
+    elif plan is not None and plan.will_start:
+        tokens, source = float(plan.kv_cache_tokens), "formula"
+    else:
+        tokens, source = None, "unknown"
+    pool, pool_source = None, None
+    memory = label_number(config.get("kv_cache_memory_bytes"))
+    if memory is not None and memory > 0:
+        pool, pool_source = float(memory), "engine_kv_cache_memory_bytes"
+    elif plan is not None and plan.layout.bytes_per_block_row > 0 and block_pool(reading)[0] is not None:
+        pool, pool_source = reading.num_gpu_blocks * float(plan.layout.bytes_per_block_row), "engine_num_gpu_blocks"
+    elif plan is not None and plan.available_kv_bytes > 0:
+        pool, pool_source = float(plan.available_kv_bytes), "formula"
+    return SeriesCapacity(tokens, source, plan, pool, pool_source)

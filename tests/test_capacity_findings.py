@@ -1,0 +1,93 @@
+"""Capacity findings (kvwatch.capacity.findings) on vLLM's own numbers, and their wiring into `kvwatch check`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvwatch.capacity import DeploymentSpec, plan_capacity, presets
+from kvwatch.capacity.findings import capacity_mismatch, kv_usage_stuck, request_exceeds_pool
+from kvwatch.capacity.memory import GIB
+from kvwatch.cli import main
+
+FIXTURES = Path(__file__).parent / "fixtures" / "vllm-metrics"
+pytestmark = pytest.mark.usefixtures("no_kvwatch_env")
+
+
+def _qwen2_a100(util: float | None) -> object:
+    arch = presets.match_model("Qwen/Qwen2-7B-Instruct").arch
+    return plan_capacity(DeploymentSpec(arch=arch, gpu_memory_bytes=79.3 * GIB, gpu_name="A100-80GB",
+                                        gpu_memory_utilization=util, max_model_len=16384, vllm_version=(0, 10)))
+
+
+def test_mismatch_names_both_numbers_when_the_utilization_was_not_given():
+    # tests/fixtures/calibration/vllm_kv_capacity.csv line 41: vLLM 0.10.1 on an A100 at utilization 0.25
+    # reported 93,872 tokens; a plan at vLLM's default utilization says several times more.
+    plan = _qwen2_a100(None)
+    finding = capacity_mismatch(plan.kv_cache_tokens, 93872, plan)
+    assert finding is not None and finding.id == "capacity_mismatch"
+    assert f"{plan.kv_cache_tokens:,}" in finding.message and "93,872" in finding.message
+    assert "--gpu-memory-utilization" in finding.message
+
+
+def test_no_mismatch_when_the_plan_describes_the_engine():
+    # line 42: the same engine at utilization 0.5 reported 464,848 tokens
+    plan = _qwen2_a100(0.5)
+    assert abs(plan.kv_cache_tokens / 464848 - 1) < 0.10
+    assert capacity_mismatch(plan.kv_cache_tokens, 464848, plan) is None
+
+
+def test_cuda_graph_gap_is_recognised():
+    # line 8: Llama-3.1-8B on an H100, vLLM 0.19: 476,000 tokens, "cuda_graph est" 0.84 GiB. vLLM >= 0.21
+    # subtracts that estimate first: what it would report is 0.84 GiB of tokens fewer (128 KiB per token).
+    reported = 476000 - int(0.84 * GIB / 131072)
+    formula = 476000 * 1.0
+    assert capacity_mismatch(formula, reported) is None  # 1.5 %: inside the 10 % tolerance
+    plan = plan_capacity(DeploymentSpec(arch=presets.match_model("meta-llama/Llama-3.1-8B-Instruct").arch,
+                                        gpu_memory_bytes=79.19 * GIB, max_model_len=8192))
+    finding = capacity_mismatch(plan.kv_cache_tokens, plan.kv_cache_tokens * 0.85, plan)
+    assert finding is not None and "CUDA-graph" in finding.message
+
+
+def test_stuck_usage_and_a_request_bigger_than_the_pool():
+    assert kv_usage_stuck(0.989, 0, 0) is not None  # the level vllm issue 27073 shows, with nothing running
+    assert kv_usage_stuck(0.989, 26, 64) is None  # the same level while serving is just a full cache
+    found = request_exceeds_pool(0.0, 0, 1, capacity_tokens=93872, max_model_len=131072)
+    assert found is not None and "93,872" in found.message and "39734" in found.message
+    assert request_exceeds_pool(0.3, 2, 1) is None
+
+
+def _payload(running: str, waiting: str, usage: str) -> str:
+    text = (FIXTURES / "neuron-v0-block1024.prom").read_text()
+    name = 'model_name="tinyLlama/TinyLlama-1.1B-Chat-v1.0"'
+    return (text.replace(f"vllm:num_requests_running{{{name}}} 0.0", f"vllm:num_requests_running{{{name}}} {running}")
+                .replace(f"vllm:num_requests_waiting{{{name}}} 0.0", f"vllm:num_requests_waiting{{{name}}} {waiting}")
+                .replace(f"vllm:gpu_cache_usage_perc{{{name}}} 0.0", f"vllm:gpu_cache_usage_perc{{{name}}} {usage}"))
+
+
+@pytest.mark.parametrize(("running", "waiting", "usage", "expected", "absent"), [
+    ("0.0", "0.0", "0.99", "kv_usage_stuck", None),
+    ("0.0", "3.0", "0.0", "request_exceeds_pool", "scheduler_limited"),
+])
+def test_check_reports_them(tmp_path, capsys, running, waiting, usage, expected, absent):
+    path = tmp_path / "metrics.prom"
+    path.write_text(_payload(running, waiting, usage))
+    assert main(["check", "--file", str(path), "--json"]) == 0
+    ids = [f["id"] for f in json.loads(capsys.readouterr().out)["findings"]]
+    assert ids[0] == expected
+    assert absent not in ids
+
+
+def test_check_warns_when_the_given_settings_would_not_start(capsys):
+    path = FIXTURES / "gen-0.33-dp2-capacity-labels.prom"
+    code = main(["check", "--file", str(path), "--json", "--model", "meta-llama/Llama-3.1-8B-Instruct",
+                 "--gpu", "H100", "--max-model-len", "1000000"])
+    assert code == 0
+    found: dict[str, str] = {}
+    for f in json.loads(capsys.readouterr().out)["findings"]:
+        found[f["id"]] = found.get(f["id"], "") + f["message"]
+    assert "greater than the model's maximum length 131072" in found["vllm_will_not_start"]
+    # the engine reports 163,840 tokens; the formula with the engine's own utilization is far above it
+    assert "163,840" in found["capacity_mismatch"]

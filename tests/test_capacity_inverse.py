@@ -1,0 +1,76 @@
+"""The inverse planner (`kvwatch plan --target-concurrency N --avg-seq-len T`), checked against vLLM's own figures.
+
+tests/fixtures/calibration/vllm_kv_capacity.csv line 8: Llama-3.1-8B-Instruct on one H100 at utilization 0.95,
+vLLM 0.19, max_model_len 8192: "Maximum concurrency for 8,192 tokens per request: 58.11x". So 58 such requests
+fit one GPU unchanged, and 59 need a change or a second GPU.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvwatch.cli import main
+
+pytestmark = pytest.mark.usefixtures("no_kvwatch_env")
+ROW8 = ["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--gpu-memory-utilization", "0.95",
+        "--max-model-len", "8192", "--vllm-version", "0.19", "--avg-seq-len", "8192", "--json"]
+
+
+def inverse(argv, capsys):
+    code = main(argv)
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_58_requests_fit_the_logged_deployment_unchanged(capsys):
+    code, data = inverse([*ROW8, "--target-concurrency", "58"], capsys)
+    best = data["options"][0]
+    assert code == 0 and data["why_not"] is None
+    assert best["replicas"] == 1 and best["total_gpus"] == 1 and best["changes"] == []
+    assert best["max_concurrency"] == pytest.approx(58.11, rel=0.001)  # estimated weights: 29,757 blocks vs 29,750
+
+
+def test_59_requests_need_a_change(capsys):
+    code, data = inverse([*ROW8, "--target-concurrency", "59"], capsys)
+    best = data["options"][0]
+    assert code == 0 and best["total_gpus"] == 1
+    assert best["changes"] == ["kv_cache_dtype"] and "--kv-cache-dtype=fp8" in best["vllm_args"]
+    assert best["requests_per_replica"] >= 59
+
+
+def test_options_are_full_plans_cheapest_first_and_reach_the_target(capsys):
+    code, data = inverse(["plan", "--model", "meta-llama/Llama-3.1-70B-Instruct", "--gpu", "H100",
+                          "--target-concurrency", "64", "--avg-seq-len", "8192", "--json"], capsys)
+    assert code == 0
+    main(["plan", "--model", "meta-llama/Llama-3.1-70B-Instruct", "--gpu", "H100", "--json"])
+    plan_keys = set(json.loads(capsys.readouterr().out))
+    gpus = [o["total_gpus"] for o in data["options"]]
+    assert gpus == sorted(gpus)
+    for option in data["options"]:
+        assert plan_keys <= set(option)
+        assert option["will_start"] and option["tensor_parallel_size"] <= 8
+        assert option["replicas"] * int(option["requests_per_replica"]) >= 64
+
+
+def test_vllm_args_reproduce_the_option(capsys):
+    code, data = inverse(["plan", "--model", "meta-llama/Llama-3.1-70B-Instruct", "--gpu", "H100",
+                          "--target-concurrency", "64", "--avg-seq-len", "8192", "--json"], capsys)
+    option = data["options"][0]
+    flags = [part for arg in option["vllm_args"] for part in arg.split("=", 1)]
+    code, plan = inverse(["plan", *flags, "--gpu", "H100", "--avg-seq-len", "8192", "--json"], capsys)
+    assert code == 0
+    assert plan["max_concurrency"] == pytest.approx(option["max_concurrency"])
+
+
+def test_nothing_reaches_the_target_says_why(capsys):
+    code = main(["plan", "--model", "meta-llama/Llama-3.1-405B-Instruct", "--gpu", "L4", "--target-concurrency", "1",
+                 "--avg-seq-len", "1000", "--gpus-per-node", "4"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "nothing reaches 1" in out and "will not start" in out
+
+
+def test_target_needs_the_average_length():
+    assert main(["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100",
+                 "--target-concurrency", "10"]) == 2

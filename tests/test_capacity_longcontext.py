@@ -1,0 +1,68 @@
+"""plan --json's long_context block: requests at max_model_len, prefill time, probes, the max_model_len that fits 4.
+
+The prefill estimate is checked against a published measurement, not against its own formula: MInference's
+authors (microsoft/MInference issue 84, correcting their paper) report that prefilling LLaMA-3-8B on one A100
+takes about 3 minutes for 300K tokens and about 30 minutes for 1M tokens with dense attention.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvwatch.capacity import DeploymentSpec, plan_capacity, presets
+from kvwatch.capacity.longcontext import DEFAULT_MFU, long_context, prefill_flops
+from kvwatch.cli import main
+
+pytestmark = pytest.mark.usefixtures("no_kvwatch_env")
+
+
+@pytest.mark.parametrize(("tokens", "published_seconds"), [(300_000, 3 * 60), (1_000_000, 30 * 60)])
+def test_prefill_estimate_is_near_the_published_dense_prefill_times(tokens, published_seconds):
+    arch = presets.match_model("meta-llama/Meta-Llama-3-8B-Instruct").arch
+    a100 = presets.resolve_gpu("A100-80GB")
+    flops, routing_known = prefill_flops(arch, tokens)
+    seconds = flops / (a100.bf16_tflops * 1e12 * DEFAULT_MFU)
+    assert routing_known
+    assert seconds == pytest.approx(published_seconds, rel=0.35)
+
+
+def run(argv, capsys):
+    code = main(argv)
+    return code, capsys.readouterr().out
+
+
+def test_qwen_1m_on_one_h100_warns_and_names_the_length_that_fits_4(capsys):
+    code, out = run(["plan", "--model", "Qwen/Qwen2.5-7B-Instruct-1M", "--gpu", "H100", "--json"], capsys)
+    data = json.loads(out)
+    lc = data["long_context"]
+    assert code == 0 and data["max_model_len"] == 1010000
+    assert lc["requests_at_max_model_len"] == data["max_concurrency_at_max_model_len"] < 2
+    assert lc["chunked_prefill_steps"] == -(-1010000 // 8192)
+    assert lc["prefill_seconds_estimate"] > 60  # minutes, not seconds
+    assert lc["probe_initial_delay_seconds"] >= lc["prefill_seconds_estimate"]
+    fits = lc["max_model_len_for_4_requests"]
+    assert any(f"--max-model-len {fits} fits 4" in w for w in data["warnings"])
+    # that length really fits 4 (vLLM's whole-block rule), one block more does not
+    code, out = run(["plan", "--model", "Qwen/Qwen2.5-7B-Instruct-1M", "--gpu", "H100", "--json",
+                     "--max-model-len", str(fits)], capsys)
+    assert json.loads(out)["max_concurrency_at_max_model_len"] >= 4
+    code, out = run(["plan", "--model", "Qwen/Qwen2.5-7B-Instruct-1M", "--gpu", "H100", "--json",
+                     "--max-model-len", str(fits + 16)], capsys)
+    assert json.loads(out)["max_concurrency_at_max_model_len"] < 4
+
+
+def test_no_warning_when_enough_requests_fit():
+    arch = presets.match_model("meta-llama/Llama-3.1-8B-Instruct").arch
+    plan = plan_capacity(DeploymentSpec(arch=arch, gpu_memory_bytes=79.19 * 2**30, max_model_len=8192,
+                                        gpu_bf16_tflops=989))
+    lc = long_context(plan)
+    assert lc is not None and lc.warnings == () and lc.requests_at_max_model_len > 50
+
+
+def test_moe_without_routing_in_config_is_an_upper_bound():
+    arch = presets.match_model("mistralai/Mixtral-8x7B-Instruct-v0.1").arch
+    assert arch.experts_per_token is None
+    _, known = prefill_flops(arch, 1000)
+    assert not known

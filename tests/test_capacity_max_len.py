@@ -1,0 +1,95 @@
+"""max-model-len validation as vLLM's ``_get_and_verify_max_len`` does it, on real config.json values.
+
+Config excerpts are the published Hugging Face config.json fields of each model (source named per case);
+the expected lengths are what vLLM accepts for them (the model cards' context lengths).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvwatch.capacity.architecture import arch_from_config, derived_max_model_len
+from kvwatch.cli import main
+
+pytestmark = pytest.mark.usefixtures("no_kvwatch_env")
+
+
+@pytest.mark.parametrize(("config", "expected", "how"), [
+    # meta-llama/Llama-3.1-8B-Instruct config.json: llama3 RoPE, max_position_embeddings already extended
+    ({"model_type": "llama", "max_position_embeddings": 131072,
+      "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                       "original_max_position_embeddings": 8192, "rope_type": "llama3"}}, 131072, "max_position"),
+    # Qwen/Qwen2.5-7B-Instruct with the YaRN block its model card says to add for 128K ("type": "yarn")
+    ({"model_type": "qwen2", "max_position_embeddings": 32768,
+      "rope_scaling": {"factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"}}, 131072, "yarn"),
+    # microsoft/Phi-3-mini-128k-instruct: longrope, max_position_embeddings 131072 (original 4096)
+    ({"model_type": "phi3", "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+      "rope_scaling": {"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}}, 131072, "max_position"),
+    # google/gemma-3-27b-it text_config: linear factor 8 is already in max_position_embeddings (vLLM skips gemma3)
+    ({"model_type": "gemma3_text", "max_position_embeddings": 131072,
+      "rope_scaling": {"factor": 8.0, "rope_type": "linear"}}, 131072, "max_position"),
+    # a dynamic-NTK config: max_position_embeddings × factor
+    ({"model_type": "llama", "max_position_embeddings": 4096,
+      "rope_scaling": {"type": "dynamic", "factor": 2.0}}, 8192, "dynamic"),
+    # mosaicml/mpt-7b: max_seq_len; THUDM/chatglm2-6b: seq_length 32768
+    ({"model_type": "mpt", "max_seq_len": 2048}, 2048, "max_seq_len"),
+    ({"model_type": "chatglm", "seq_length": 32768}, 32768, "seq_length"),
+    # the smallest of several fields wins; no field at all: vLLM assumes 2048
+    ({"max_position_embeddings": 8192, "n_positions": 4096}, 4096, "n_positions"),
+    ({"model_type": "x"}, 2048, "assumes 2048"),
+])
+def test_derived_max_model_len_follows_vllm(config, expected, how):
+    length, text = derived_max_model_len(config, config.get("model_type", ""))
+    assert length == expected
+    assert how in text
+
+
+def test_qwen25_1m_preset_takes_its_million_tokens():
+    # Qwen/Qwen2.5-7B-Instruct-1M config.json: max_position_embeddings 1010000, no rope_scaling
+    arch = arch_from_config({"num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+                             "hidden_size": 3584, "max_position_embeddings": 1010000, "model_type": "qwen2"})
+    assert arch.derived_max_model_len == 1010000
+
+
+def run(argv, capsys):
+    code = main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+LLAMA_1M = ["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--tensor-parallel-size", "8",
+            "--max-model-len", "1000000", "--json"]
+
+
+def test_plan_refuses_a_max_model_len_past_the_model(capsys):
+    code, out, _ = run(LLAMA_1M, capsys)
+    data = json.loads(out)
+    assert code == 1
+    assert data["will_start"] is False
+    assert data["model_max_len"] == 131072
+    assert any("131072" in e and "--max-model-len 1000000" in e for e in data["errors"])
+
+
+def test_allow_long_max_model_len_turns_the_refusal_into_a_warning(capsys):
+    code, out, _ = run([*LLAMA_1M, "--allow-long-max-model-len"], capsys)
+    data = json.loads(out)
+    assert code == 0 and data["will_start"] is True
+    assert any("VLLM_ALLOW_LONG_MAX_MODEL_LEN" in w and "131072" in w for w in data["warnings"])
+
+
+def test_default_max_model_len_is_the_derived_one(capsys):
+    code, out, _ = run(["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--json"], capsys)
+    assert code == 0 and json.loads(out)["max_model_len"] == 131072
+
+
+def test_chunked_prefill_off_with_a_small_step_is_refused(capsys):
+    base = ["plan", "--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "H100", "--max-model-len", "32768",
+            "--max-num-batched-tokens", "8192", "--json"]
+    code, out, _ = run([*base, "--no-enable-chunked-prefill"], capsys)
+    data = json.loads(out)
+    assert code == 1 and not data["will_start"]
+    assert any("max_num_batched_tokens (8192) is smaller than max_model_len (32768)" in e for e in data["errors"])
+    code, out, _ = run(base, capsys)  # chunked prefill on (vLLM V1's default): fine
+    assert code == 0 and json.loads(out)["errors"] == []

@@ -1,0 +1,115 @@
+"""One capacity per series (kvwatch.capacity.series + serve's resolver): the engine's figures first, then the
+formula; every consumer (capacity exporter, forecaster and advice, check) reads the same object, and the
+source is exported. Payloads: tests/fixtures/vllm-metrics (README there)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvwatch.capacity.series import resolve
+from kvwatch.cli import main
+from kvwatch.payload import interpret
+from kvwatch.serve import capacity as capacity_module
+from kvwatch.serve import forecast as forecast_module
+from kvwatch.serve.sidecar_capacity import resolver_for
+from kvwatch.settings import ServeSettings
+
+FIXTURES = Path(__file__).parent / "fixtures" / "vllm-metrics"
+LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
+pytestmark = pytest.mark.usefixtures("no_kvwatch_env")
+
+
+def readings(name: str, model: str | None = None):
+    text = (FIXTURES / name).read_text()
+    out = interpret(text, None, timestamp=0.0).readings
+    if model is not None:
+        from dataclasses import replace
+
+        out = tuple(replace(r, model_name=model) for r in out)
+    return out
+
+
+def test_engine_figures_come_first():
+    r033 = readings("gen-0.33-dp2-capacity-labels.prom")[0]
+    assert resolve(r033, None).source == "engine_kv_cache_size_tokens"
+    assert resolve(r033, None).tokens == 163840
+    r09 = readings("gen-0.9-both-usage-names.prom")[0]
+    assert resolve(r09, None).source == "engine_num_gpu_blocks" and resolve(r09, None).tokens == 12000 * 16
+
+
+def test_formula_when_the_engine_reports_none():
+    # vLLM 0.8.5 emitted cache_config_info before the engine knew num_gpu_blocks ("None", vllm issue 15538)
+    r = readings("gen-0.8.5-engine-label.prom", LLAMA)[0]
+    assert r.kv_capacity_tokens is None
+    assert resolve(r, None).source == "unknown"
+    settings = ServeSettings(gpu="H100", max_model_len=8192)
+    series = resolver_for(settings).series(r)
+    assert series.source == "formula" and series.tokens == series.formula_tokens > 0
+    assert series.apply(r).kv_capacity_tokens == series.tokens
+    assert series.apply(r).kv_used_tokens == pytest.approx(r.kv_usage_ratio * series.tokens)
+
+
+def test_the_exporter_and_the_forecasters_advice_read_one_object():
+    settings = ServeSettings(gpu="H100", max_model_len=8192)
+    exporter = capacity_module.make_analyzer(settings)
+    forecaster = forecast_module.make_analyzer(settings)
+    r = readings("gen-0.16-sleep-state-dp2.prom", LLAMA)[0]  # the engine runs at 0.9 with an fp8 KV cache
+    exported = exporter._plan(r)
+    _, advice_plan = forecaster._capacity(r)
+    assert exported is not None and advice_plan is exported.plan  # the same object, not an equal copy
+    # before, the advice planned at vLLM's 0.92 default with a bf16 cache, ignoring cache_config_info
+    assert advice_plan.gpu_memory_utilization == 0.9 and advice_plan.spec.kv_cache_dtype == "fp8"
+
+
+def test_source_and_pool_are_exported():
+    settings = ServeSettings(gpu="H100", max_model_len=8192)
+    exporter = capacity_module.make_analyzer(settings)
+    r = readings("gen-0.33-dp2-capacity-labels.prom", LLAMA)[0]
+    result = exporter.analyze(r.key, None, r, 0.0)
+    fams = {f.name: f.samples for f in exporter.families({r.key: result}, 0.0)}
+    [source] = fams["kvwatch_capacity_source_info"]
+    assert source.labels["source"] == "engine_kv_cache_size_tokens" and source.value == 1
+    [pool] = fams["kvwatch_kv_cache_pool_bytes"]
+    # 20,480 blocks (per engine) × 16 tokens × 128 KiB per token (Llama-3.1-8B, bf16): the reference's 20 GiB
+    assert pool.labels["source"] == "engine_num_gpu_blocks" and pool.value == 20 * 2**30
+
+
+def test_a_given_pool_is_the_engines():
+    from dataclasses import replace
+
+    r = readings("gen-0.33-dp2-capacity-labels.prom", LLAMA)[0]
+    r = replace(r, cache_config={**r.cache_config, "kv_cache_memory_bytes": str(12 * 2**30)})
+    series = resolve(r, None)
+    assert series.pool_bytes == 12 * 2**30 and series.pool_source == "engine_kv_cache_memory_bytes"
+
+
+def test_check_reports_the_source(capsys):
+    assert main(["check", "--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom"), "--json"]) == 0
+    series = json.loads(capsys.readouterr().out)["series"]
+    assert {s["capacity_source"] for s in series} == {"engine_kv_cache_size_tokens"}
+
+
+def test_serve_fills_a_missing_capacity_for_every_consumer():
+    """vLLM 0.8.5 (num_gpu_blocks "None"): with the model and card known, kvwatch_kv_capacity_tokens, the
+    forecaster and the source gauge all carry the formula's one figure."""
+    import httpx
+    import respx
+
+    from kvwatch.fetch import Fetcher
+    from kvwatch.serve.app import Sidecar, load_analyzers
+
+    url = "http://vllm.test/metrics"
+    settings = ServeSettings(target_url=url, gpu="H100", max_model_len=8192)
+    with respx.mock, Fetcher(url, timeout=1.0, max_body_bytes=1 << 20) as fetcher:
+        respx.get(url).mock(return_value=httpx.Response(
+            200, text=(FIXTURES / "gen-0.8.5-engine-label.prom").read_text()))
+        analyzers = load_analyzers(settings)
+        state = Sidecar(settings, fetcher, lambda: 1000.0, analyzers).poll()
+    [series] = state.series.values()
+    formula = resolver_for(settings).series(series.reading).formula_tokens
+    assert series.reading.kv_capacity_tokens == formula > 0
+    assert series.extra["capacity"].source == "formula"
+    assert series.extra["forecast"].result.estimates.get("capacity_tokens", formula) == formula
