@@ -10,7 +10,7 @@ FROM python:3.12.12-slim-bookworm AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY src ./src
 RUN pip wheel --no-deps --wheel-dir /wheels /src
 RUN python -m venv /opt/kvwatch

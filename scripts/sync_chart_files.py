@@ -36,7 +36,11 @@ ENUMS: dict[str, list[str]] = {
     "dtype": ["auto", "bfloat16", "float16", "float32", "bf16", "fp16", "fp32", "half", "float"],
     "log_level": ["DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning", "error"],
 }
+# Where the chart is stricter than kvwatch: its Service and probes need a fixed port (kvwatch's 0 picks one).
+CHART_BOUNDS: dict[str, dict[str, Any]] = {"port": {"minimum": 1}}
 PATTERNS = {"target_url": "^https?://[^/\\s]+"}
+RATIO = "^(0*\\.[0-9]*[1-9][0-9]*|0*1(\\.0*)?)$"  # a decimal in (0, 1]: 0.9, .5, 1, 1.0
+DECIMAL = "^[0-9]*\\.?[0-9]+([eE][-+]?[0-9]+)?$"  # a non-negative decimal, as `helm --set` passes it
 # Kubernetes version of the definitions: the one tests/helm_helpers.py validates rendered objects with.
 KUBERNETES_VERSION = "1.35"
 KUBERNETES_TYPES = (
@@ -72,12 +76,21 @@ def config_schema() -> dict[str, Any]:
         for bound in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
             if bound in branch:
                 prop[bound] = branch[bound]
+        prop.update(CHART_BOUNDS.get(field, {}))
         if field in ENUMS:
             prop["enum"] = [*ENUMS[field], None]
         elif field == "kv_cache_dtype":
             prop["enum"] = [*sorted(KV_CACHE_DTYPES), None]
         if field in PATTERNS:
             prop["pattern"] = PATTERNS[field]
+        elif branch["type"] == "number":
+            # `helm --set config.x=0.9` passes the string "0.9" (Helm types only integers, booleans and null on
+            # the command line): accept a decimal string too. Its bounds are checked by kvwatch at start
+            # (exit 2 naming the variable) and by vLLM; the number branch keeps them in the schema, and a ratio
+            # in (0, 1] (gpuMemoryUtilization) is checked as a string too.
+            prop["type"] = ["number", "string", "null"]
+            ratio = branch.get("exclusiveMinimum") == 0 and branch.get("maximum") == 1
+            prop["pattern"] = RATIO if ratio else DECIMAL
         properties[camel(public_name(field))] = prop
     return properties
 

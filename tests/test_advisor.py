@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from kvwatch.advisor import ACTIONS, RequestLengths, advise
+from kvwatch.advisor import ACTIONS, LIMIT_USAGE, RequestLengths, advise
 from kvwatch.capacity import DeploymentSpec, plan_capacity, resolve_model
 
 GIB = 2**30
@@ -31,10 +33,12 @@ def test_all_four_fixes_cheapest_first_with_the_model_known(llama_plan):
     assert [a.rank for a in advice] == [1, 2, 3, 4]
     limit, lower, quantize, tp = advice
     assert "120" in limit.message and "150 running" in limit.message
+    assert limit.vllm_args == ("--max-num-seqs", "120") and limit.concurrency == 120
     # Longest observed ~4 x 1366 tokens -> 8192 with margin: the worst-case ceiling rises 4x.
     assert "to 8192" in lower.message and "4.0x" in lower.projected_effect
     assert "x1.1" in quantize.projected_effect  # FP8 weights free ~7.5 GB of an 80 GB card for KV
-    assert "x2" in tp.projected_effect and "second card" in tp.projected_effect
+    assert "x2" in tp.projected_effect and tp.vllm_args == ("--tensor-parallel-size", "2")
+    assert lower.vllm_args == ("--max-model-len", "8192") and quantize.vllm_args == ("--quantization", "fp8")
 
 
 def test_max_model_len_not_lowered_when_requests_use_it():
@@ -78,6 +82,62 @@ def test_advise_from_a_forecast_result_and_a_reading():
                       request_generation_tokens_count=100)
     advice = advise_from_result(result, reading, max_model_len=32768)
     assert [a.action for a in advice] == ["limit_concurrency", "lower_max_model_len", "add_tensor_parallelism"]
-    assert "60" in advice[0].message and "70 running" in advice[0].message
+    # The forecaster said 60, but 95 % of the observed-mix ceiling (80,000 / 1,300 = 61.5) is 58.
+    assert advice[0].concurrency == 58 and "70 running" in advice[0].message
     ok = ForecastResult(**{**result.__dict__, "state": "ok"})
     assert advise_from_result(ok, reading) == []
+
+
+def _plan(model: str, tp: int = 1):
+    arch = resolve_model(model)
+    return plan_capacity(DeploymentSpec(arch=arch, gpu_memory_bytes=80 * GIB, gpu_name="H100",
+                                        max_model_len=32768, tensor_parallel_size=tp))
+
+
+def test_next_tensor_parallel_size_divides_the_heads_and_stays_in_the_node():
+    from kvwatch.advisor import next_tensor_parallel_size
+
+    assert next_tensor_parallel_size(32, 8, 1, 8) == 2
+    assert next_tensor_parallel_size(32, 8, 2, 8) == 4
+    assert next_tensor_parallel_size(32, 8, 8, 8) is None  # a full node: a replica instead
+    assert next_tensor_parallel_size(32, 8, 8, 16) == 16  # heads replicated beyond 8
+    assert next_tensor_parallel_size(28, 4, 1, 8) == 2
+    assert next_tensor_parallel_size(28, 4, 4, 8) is None  # 7 divides 28 but not the 4 KV heads; 8 not 28
+    assert next_tensor_parallel_size(40, 8, 4, 8) == 8  # 5 divides 40 heads but not 8 KV heads
+    assert next_tensor_parallel_size(64, 8, 1, 1) is None
+
+
+def test_tp_advice_names_the_next_valid_size_with_its_flag():
+    advice = advise("bottleneck", capacity_plan=_plan("meta-llama/Llama-3.1-8B-Instruct", tp=2),
+                    kv_tokens_per_request=1300)
+    tp = advice[-1]
+    assert tp.action == "add_tensor_parallelism"
+    assert tp.vllm_args == ("--tensor-parallel-size", "4") and "from 2 to 4" in tp.message
+    assert "replicated" not in tp.message and "x2" not in tp.message
+
+
+def test_tp_advice_beyond_one_node_says_add_a_replica():
+    plan = _plan("meta-llama/Llama-3.1-8B-Instruct", tp=4)
+    tp = advise("bottleneck", capacity_plan=plan, kv_tokens_per_request=1300, gpus_per_node=4)[-1]
+    assert tp.vllm_args is None and tp.message.startswith("Add a replica")
+    assert "4-GPU node" in tp.message
+
+
+def test_tp_advice_says_when_kv_heads_are_replicated():
+    plan = _plan("meta-llama/Llama-3.1-8B-Instruct", tp=8)
+    tp = advise("bottleneck", capacity_plan=plan, kv_tokens_per_request=1300, gpus_per_node=16)[-1]
+    assert tp.vllm_args == ("--tensor-parallel-size", "16")
+    assert "8 KV heads are replicated" in tp.message
+
+
+def test_the_limit_never_exceeds_the_observed_mix_ceiling():
+    # The forecaster's mix says 233, the ceiling the report shows (finished-request mean) says 222.
+    advice = advise("bottleneck", recommended_max_concurrency=233, running=240, capacity_tokens=200_000,
+                    kv_tokens_per_request=800, concurrency_ceiling=222.0)
+    limit = advice[0]
+    assert limit.concurrency is not None and limit.concurrency <= 222
+    assert limit.concurrency == math.floor(LIMIT_USAGE * 222.0)
+    assert "~222.0" in limit.message
+    # A forecast below the cap is kept.
+    low = advise("bottleneck", recommended_max_concurrency=100, concurrency_ceiling=222.0)[0]
+    assert low.concurrency == 100

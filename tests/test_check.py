@@ -33,13 +33,18 @@ def ids(report: dict) -> list[tuple[str, str]]:
 def test_json_shape_for_dp_payload(capsys: pytest.CaptureFixture[str]) -> None:
     report = check_json(["--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom")], capsys)
     assert (report["engine_kind"], report["version_range"], report["usage_metric"]) == (
-        "vllm", ">=0.25", "vllm:kv_cache_usage_perc")
+        "vllm", ">=0.21", "vllm:kv_cache_usage_perc")
     e0 = report["series"][0]
     assert {k: e0[k] for k in ("model_name", "engine", "kv_usage_ratio", "requests_running", "requests_waiting",
                                "kv_capacity_tokens", "max_concurrency")} == {
         "model_name": "llama", "engine": "0", "kv_usage_ratio": 0.96, "requests_running": 16.0,
         "requests_waiting": 4.0, "kv_capacity_tokens": 163840.0, "max_concurrency": pytest.approx(16 / 0.96)}
-    assert e0["kv_used_tokens"] == pytest.approx(157286.4)
+    assert e0["kv_used_tokens"] == 157286  # counts and tokens are JSON integers
+    for key in ("requests_running", "requests_waiting", "requests_swapped", "kv_capacity_tokens", "kv_used_tokens",
+                "num_gpu_blocks", "block_size", "preemptions_total"):
+        assert e0[key] is None or type(e0[key]) is int, key
+    assert e0["waiting_by_reason"] == {"capacity": 3, "deferred": 1}
+    assert all(type(v) is int for v in e0["waiting_by_reason"].values())
     assert ids(report) == [("kv_bound", "0"), ("preemptions", "0"), ("prefix_cache_ineffective", "0")]
     assert all(set(f) >= {"id", "severity", "message"} for f in report["findings"])
 
@@ -69,7 +74,7 @@ def test_max_model_len_gives_the_second_ceiling(capsys: pytest.CaptureFixture[st
 def test_observed_mix_ceiling_agrees_with_the_advice_on_a_kv_bound_series(capsys: pytest.CaptureFixture[str]) -> None:
     report = check_json(["--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom")], capsys)
     e0 = report["series"][0]
-    limit = int(e0["advice"][0]["message"].split("Limit concurrency to ")[1].split()[0])
+    limit = e0["advice"][0]["concurrency"]
     # 96 % full with 4 waiting: the cache holds about the 16 running, not 65 (capacity / mean finished size).
     assert limit <= e0["max_concurrency"] < 17.0
     assert 0 <= e0["concurrency_headroom"] < 1.0
@@ -93,7 +98,7 @@ def test_kv_bound_needs_a_queue() -> None:
 def test_human_report(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "--file", str(FIXTURES / "gen-0.16-sleep-state-dp2.prom")]) == 0
     out = capsys.readouterr().out
-    assert "Detected: vllm 0.12-0.2x" in out and "m engine 1:" in out and "kv_bound" in out
+    assert "Detected: vllm 0.12-0.25" in out and "m engine 1:" in out and "kv_bound" in out
     assert "160,000 tokens" in out
 
 
@@ -167,12 +172,17 @@ def test_kv_bound_series_gets_the_advisors_fixes_cheapest_first(capsys: pytest.C
     assert _advice(report) == {"0": ["limit_concurrency", "add_tensor_parallelism"], "1": []}
     fixes = report["series"][0]["advice"]
     assert [a["rank"] for a in fixes] == [1, 2]
-    assert all(set(a) == {"action", "rank", "message", "projected_effect"} and a["message"] and a["projected_effect"]
-               for a in fixes)
+    assert all(set(a) == {"action", "rank", "message", "projected_effect", "vllm_args", "concurrency"}
+               and a["message"] and a["projected_effect"] for a in fixes)
     # The limit keeps usage under 95 % at this poll's mix: one more request would cross it.
     e0 = report["series"][0]
     per_request = e0["kv_used_tokens"] / e0["requests_running"]
-    limit = int(fixes[0]["message"].split("Limit concurrency to ")[1].split()[0])
+    limit = fixes[0]["concurrency"]
+    assert fixes[0]["vllm_args"] == ["--max-num-seqs", str(limit)] and f"to {limit} at the gateway" in fixes[0][
+        "message"]
+    # Without the model the TP size cannot be named: no flag to paste, a replica instead.
+    assert fixes[1]["vllm_args"] is None and fixes[1]["concurrency"] is None
+    assert "Add a replica" in fixes[1]["message"] and "--tensor-parallel-size x2" not in fixes[1]["message"]
     assert limit * per_request <= 0.95 * e0["kv_capacity_tokens"] < (limit + 1) * per_request
 
 
@@ -188,10 +198,15 @@ def test_deployment_flags_size_the_quantization_and_tp_advice(capsys: pytest.Cap
                                                        max_model_len=32768))
     assert capacity is not None
     fixes = {a["action"]: a for a in report["series"][0]["advice"]}
-    assert f"KV capacity {capacity.plan.kv_cache_tokens:.0f} -> " in fixes["quantize_weights"]["projected_effect"]
-    assert f"KV capacity {capacity.plan.kv_cache_tokens:.0f} -> " in fixes["add_tensor_parallelism"][
-        "projected_effect"]
+    # The gains are the plan's ratios applied to the pool vLLM reports (163,840 tokens), not the plan's own figure.
+    assert capacity.plan.kv_cache_tokens != 163840
+    assert "KV capacity 163,840 -> " in fixes["quantize_weights"]["projected_effect"]
+    assert "KV capacity 163,840 -> " in fixes["add_tensor_parallelism"]["projected_effect"]
     assert "from 32768 to" in fixes["lower_max_model_len"]["message"]
+    assert fixes["quantize_weights"]["vllm_args"] == ["--quantization", "fp8"]
+    assert fixes["add_tensor_parallelism"]["vllm_args"] == ["--tensor-parallel-size", "2"]
+    lowered = fixes["lower_max_model_len"]["vllm_args"]
+    assert lowered[0] == "--max-model-len" and int(lowered[1]) < 32768
 
 
 def test_unusable_deployment_flags_are_explained_and_advice_still_comes(capsys: pytest.CaptureFixture[str]) -> None:
@@ -212,8 +227,9 @@ def test_human_report_lists_the_fixes(capsys: pytest.CaptureFixture[str]) -> Non
     assert main(["check", "--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom")]) == 0
     out = capsys.readouterr().out
     fixes = out.split("Fixes for llama engine 0, cheapest first:\n")[1].splitlines()
-    assert fixes[0].startswith("  1. Limit concurrency to ") and fixes[1].startswith("     Effect: ")
-    assert fixes[2].startswith("  2. Add tensor parallelism")
+    assert fixes[0].startswith("  1. Limit concurrency to ") and fixes[1].startswith("     vLLM flags: --max-num-seqs ")
+    assert fixes[2].startswith("     Effect: ")
+    assert fixes[3].startswith("  2. Add a replica behind the gateway")
     assert "Fixes for llama engine 1" not in out
 
 
@@ -294,3 +310,73 @@ def test_nan_and_inf_are_null_in_json_and_nan_usage_is_unknown(tmp_path: Path,
     out = capsys.readouterr().out
     assert "KV usage        unknown\n" in out and "unknown running, 2 waiting" in out
     assert "nan%" not in out and "nan of" not in out
+
+
+@pytest.mark.parametrize(("fixture", "fail_on", "code"), [
+    ("gen-0.33-dp2-capacity-labels.prom", "critical", 1),  # kv_bound
+    ("gen-0.33-dp2-capacity-labels.prom", "info", 1),
+    ("gen-0.8.5-engine-label.prom", "critical", 0),  # warnings and info only
+    ("gen-0.8.5-engine-label.prom", "warning", 1),
+    ("gen-0.9-both-usage-names.prom", "info", 0),  # healthy
+])
+def test_fail_on_exits_1_at_or_above_the_severity(fixture: str, fail_on: str, code: int,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    for extra in ([], ["--json"]):
+        assert main(["check", "--file", str(FIXTURES / fixture), "--fail-on", fail_on, *extra]) == code
+        out = capsys.readouterr().out
+        if extra:
+            json.loads(out)  # the report is still printed
+    assert main(["check", "--file", str(FIXTURES / fixture)]) == 0  # without --fail-on: 0 whatever is found
+
+
+def test_fail_on_keeps_usage_errors_at_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["check", "--file", str(FIXTURES / "gen-0.9-both-usage-names.prom"), "--fail-on", "loud"])
+    assert exc.value.code == 2 and "--fail-on" in capsys.readouterr().err
+    assert main(["check", "--file", "no/such/file.prom", "--fail-on", "info"]) == 2
+
+
+def test_missing_file_with_json_prints_a_json_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--file", "no/such/file.prom", "--json"]) == 2
+    captured = capsys.readouterr()
+    error = json.loads(captured.out)["error"]
+    assert error["reason"] == "usage" and "--file no/such/file.prom" in error["message"]
+    assert "--file" in captured.err
+
+
+def test_a_url_without_metrics_gets_a_hint(capsys: pytest.CaptureFixture[str]) -> None:
+    # Port 9 on loopback: nothing listens, so the fetch fails and the hint names the /metrics path.
+    assert main(["check", "http://127.0.0.1:9", "--json", "--poll-timeout-seconds", "2"]) == 1
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert error["hint"] == "vLLM serves its metrics at /metrics: try http://127.0.0.1:9/metrics"
+    assert main(["check", "http://127.0.0.1:9/", "--poll-timeout-seconds", "2"]) == 1
+    assert "hint: vLLM serves its metrics at /metrics: try http://127.0.0.1:9/metrics" in capsys.readouterr().err
+    assert main(["check", "http://127.0.0.1:9/metrics", "--json", "--poll-timeout-seconds", "2"]) == 1
+    assert "hint" not in json.loads(capsys.readouterr().out)["error"]
+
+
+def test_one_waiting_request_at_low_usage_is_not_scheduler_limited() -> None:
+    def state(waiting: float, running: float, by_reason: dict[str, float] | None = None):
+        return derive(Reading("m", kv_usage_ratio=0.19, requests_running=running, requests_waiting=waiting,
+                              waiting_by_reason=by_reason or {}, kv_capacity_tokens=1000.0), None)
+
+    assert [f.id for f in findings([state(1, 5)])] == []  # one request between scheduler steps
+    assert [f.id for f in findings([state(3, 100)])] == []  # 3 % of the batch: not a standing queue
+    assert [f.id for f in findings([state(3, 12)])] == ["scheduler_limited"]
+    # Deferred requests (LoRA slot, KV transfer) are not the scheduler's limit.
+    assert [f.id for f in findings([state(4, 12, {"capacity": 0.0, "deferred": 4.0})])] == []
+
+
+def test_human_text_has_plurals_no_dicts_and_no_unknown_tokens(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom")]) == 0
+    out = capsys.readouterr().out
+    assert "{" not in out.replace('{state="scheduler_limited"}', "") and "'capacity'" not in out
+    assert "4 waiting (3 capacity, 1 deferred)" in out
+    assert main(["check", "--file", str(FIXTURES / "gen-0.8.5-engine-label.prom")]) == 0
+    out = capsys.readouterr().out
+    assert "unknown tokens" not in out and "KV capacity     unknown" in out
+    one = derive(Reading("m", kv_usage_ratio=0.97, requests_running=5.0, requests_waiting=1.0,
+                         preemptions_total=1.0, kv_capacity_tokens=1000.0), None)
+    messages = " ".join(f.message for f in findings([one]))
+    assert "with 1 request waiting" in messages and "1 preemption since" in messages
+    assert "1 requests" not in messages and "1 preemptions" not in messages

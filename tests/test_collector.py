@@ -29,7 +29,8 @@ def state_at(t: float) -> State:
     history.record(poll)
     series = {r.key: derive(r, history[r.key], max_model_len=8192, extra={"demo": r.kv_usage_ratio})
               for r in poll.readings}
-    return State(timestamp=t, health=Health(up=True, last_success_timestamp=t, scrape_duration_seconds=0.01),
+    return State(timestamp=t, health=Health(up=True, last_success_timestamp=t, last_success_wall_seconds=t,
+                                            scrape_duration_seconds=0.01),
                  detection=poll.detection, series=series)
 
 
@@ -63,7 +64,7 @@ def test_fresh_state_exports_health_and_series() -> None:
     assert value(samples, "kvwatch_up") == 1.0
     assert value(samples, "kvwatch_last_success_timestamp_seconds") == 1000.0
     assert value(samples, "kvwatch_scrape_errors_total", reason="timeout") == 0.0
-    assert value(samples, "kvwatch_source_info", engine_kind="vllm", version_range=">=0.25",
+    assert value(samples, "kvwatch_source_info", engine_kind="vllm", version_range=">=0.21",
                  usage_metric="vllm:kv_cache_usage_perc", running_metric="vllm:num_requests_running",
                  waiting_metric="vllm:num_requests_waiting",
                  capacity_metric="vllm:cache_config_info{kv_cache_size_tokens}") == 1.0

@@ -35,7 +35,8 @@ BLOCKS, BLOCK_SIZE = 1024, 16
 # Enough load to fill this small cache within a few simulated minutes (a few real seconds).
 LOAD = ["--num-gpu-blocks", str(BLOCKS), "--block-size", str(BLOCK_SIZE), "--rate", "8", "--prompt-tokens", "1500",
         "--output-tokens", "400", "--seed", "1"]
-VERSION = {"vllm": ">=0.25", "sglang": "rank-labels", "tensorrt-llm": "trtllm-serve"}
+# The simulator speaks vLLM 0.33 (its admission_rejections family is 0.33 only): the range holds 0.26 on.
+VERSION = {"vllm": ">=0.26", "sglang": "rank-labels", "tensorrt-llm": "trtllm-serve"}
 # vLLM reports num_gpu_blocks x block_size; SGLang and TensorRT-LLM report the pool's usable tokens.
 CAPACITY = {"vllm": 0.0, "sglang": (BLOCKS - 1) * BLOCK_SIZE, "tensorrt-llm": (BLOCKS - 1) * BLOCK_SIZE}
 

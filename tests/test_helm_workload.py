@@ -85,6 +85,20 @@ def test_large_integers_and_set_values_stay_integers() -> None:
     assert from_file["KVWATCH_MAX_BODY_BYTES"] == "33554432"
 
 
+def test_decimals_given_with_plain_set_pass_the_schema_and_reach_both_containers() -> None:
+    # helm --set keeps 0.9 as the string "0.9": the schema takes a decimal string where a number goes.
+    assert "--set config.gpuMemoryUtilization=0.9" in (ROOT / "docs" / "deploy.md").read_text()
+    objects = render(*MINIMAL, "--set", "config.gpuMemoryUtilization=0.9", "--set", "config.pollIntervalSeconds=2.5")
+    env = {e["name"]: e["value"] for e in containers(objects)["kvwatch"]["env"]}
+    assert (env["KVWATCH_GPU_MEMORY_UTILIZATION"], env["KVWATCH_POLL_INTERVAL_SECONDS"]) == ("0.9", "2.5")
+    assert vllm_flags(containers(objects)["vllm"]["args"])["--gpu-memory-utilization"] == "0.9"
+    for bad in ("abc", "-0.9"):
+        assert "/config/gpuMemoryUtilization" in render_fails(*MINIMAL, "--set", f"config.gpuMemoryUtilization={bad}")
+    # JSON numbers keep the schema's bounds.
+    assert "/config/gpuMemoryUtilization" in render_fails(*MINIMAL, "--set-json", "config.gpuMemoryUtilization=1.5")
+    assert "/config/gpuMemoryUtilization" in render_fails(*MINIMAL, "--set", "config.gpuMemoryUtilization=0")
+
+
 @pytest.mark.parametrize("case", [c for c in CASES if merged_values(c)["vllm"]["enabled"]])
 def test_vllm_and_the_sidecar_describe_the_same_deployment(case: str) -> None:
     values = merged_values(case)

@@ -232,3 +232,69 @@ def test_current_rules_subtract_the_cuda_graph_memory(capsys):
     measured = json.loads(run([*base, "--cuda-graph-gib", "1.5"], capsys)[1])
     assert measured["cuda_graph_bytes"] == 1.5 * GIB and "cuda_graphs" not in measured["estimated"]
     assert measured["available_kv_bytes"] < now["available_kv_bytes"]
+
+
+def test_header_and_json_state_the_rules_applied(capsys):
+    base = ["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--max-model-len", "8192"]
+    for extra, rules in (([], ">=0.21"), (["--vllm-version", "0.20"], "0.20"),
+                         (["--vllm-version", "0.12"], "0.9-0.19"), (["--vllm-version", "0.8"], "<0.9")):
+        _, out, _ = run([*base, *extra], capsys)
+        assert out.splitlines()[0].endswith(f"vLLM {rules} rules (figures per GPU)"), out.splitlines()[0]
+        _, out, _ = run([*base, *extra, "--json"], capsys)
+        assert json.loads(out)["vllm_rules"] == rules
+    _, out, _ = run(base, capsys)
+    assert "vLLM 0.20 rules" not in out  # the default is every current vLLM, not 0.20 alone
+
+
+def test_json_counts_and_bytes_are_integers_and_every_plan_says_will_start(capsys):
+    _, out, _ = run([*TUTORIAL, "--json"], capsys)
+    data = json.loads(out)
+    for key in ("usable_bytes", "weights_bytes", "activation_bytes", "non_torch_bytes", "available_kv_bytes",
+                "kv_bytes_per_token", "total_memory_bytes", "num_gpu_blocks", "kv_cache_tokens", "block_size"):
+        assert data[key] is None or type(data[key]) is int, key
+    assert data["kv_bytes_per_token"] == 858993  # 0.0008 GiB, not 858993.4592
+    assert isinstance(data["will_start"], bool)
+    for s in data["scenarios"]:
+        assert "will_start" in s and (s["will_start"] is None) == (s["kv_cache_tokens"] is None), s
+        assert s["kv_cache_tokens"] is None or type(s["kv_cache_tokens"]) is int
+
+
+@pytest.mark.parametrize(("name_or_path", "folder", "shown"), [
+    ("/home/jovyan/qwen3-8b", "snapshot", "qwen3-8b"),  # a local path written by save_pretrained
+    ("Qwen/Qwen3-8B", "whatever", "Qwen/Qwen3-8B"),  # a hub id
+    (None, "my-model", "my-model"),
+    (None, "models--Qwen--Qwen3-8B/snapshots/0123abcd", "Qwen/Qwen3-8B"),  # the Hugging Face cache
+])
+def test_model_config_shows_the_models_name_not_its_folder(tmp_path, capsys, name_or_path, folder, shown):
+    cfg = tmp_path / folder / "config.json"
+    cfg.parent.mkdir(parents=True)
+    config = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096,
+              "vocab_size": 128256, "intermediate_size": 14336, "max_position_embeddings": 8192}
+    if name_or_path:
+        config["_name_or_path"] = name_or_path
+    cfg.write_text(json.dumps(config))
+    _, out, _ = run(["plan", "--model-config", str(cfg), "--gpu", "A100-80GB", "--json"], capsys)
+    assert json.loads(out)["model"] == shown
+    _, out, _ = run(["plan", "--model-config", str(cfg), "--gpu", "A100-80GB"], capsys)
+    assert out.startswith(f"kvwatch plan: {shown}, ") and str(tmp_path) not in out.splitlines()[0]
+
+
+def test_plot_marks_what_will_not_start(tmp_path, capsys):
+    from kvwatch.capacity import DeploymentSpec, plan_capacity, resolve_model, whatif_scenarios
+    from kvwatch.plan import write_plot
+
+    # 64k tokens of Llama-3.1-8B do not fit an L4's pool; FP8 or TP x2 would start.
+    spec = DeploymentSpec(arch=resolve_model("meta-llama/Llama-3.1-8B-Instruct"), gpu_memory_bytes=24 * GIB,
+                          gpu_name="L4", max_model_len=65536)
+    plan = plan_capacity(spec)
+    assert not plan.will_start
+    scenarios = whatif_scenarios(spec)
+    labels = write_plot(tmp_path / "p.png", plan, scenarios, None)
+    assert labels[0] == "now (won't start)"
+    started = {s.name for s in scenarios if s.plan is not None and s.plan.will_start}
+    assert {"fp8_kv_cache", "tensor_parallel_x2"} <= started and "gpu_memory_utilization_0.95 (won't start)" in labels
+    assert all(("(won't start)" in label) != (label in started) for label in labels[1:])
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    code, _, _ = run(["plan", "--model", "Qwen/Qwen3-32B", "--gpu", "L4", "--plot", str(tmp_path / "cli.png")],
+                     capsys)
+    assert code == 1 and (tmp_path / "cli.png").is_file()

@@ -118,7 +118,7 @@ def test_serve_survives_garbage_and_outage(target: Target) -> None:
         samples = scrape(port)
         assert get(samples, "kvwatch_up") == 1.0
         assert get(samples, "kvwatch_kv_capacity_tokens", **e1) == 163840.0
-        assert get(samples, "kvwatch_source_info", engine_kind="vllm", version_range=">=0.25",
+        assert get(samples, "kvwatch_source_info", engine_kind="vllm", version_range=">=0.21",
                    usage_metric="vllm:kv_cache_usage_perc", running_metric="vllm:num_requests_running",
                    waiting_metric="vllm:num_requests_waiting",
                    capacity_metric="vllm:cache_config_info{kv_cache_size_tokens}") == 1.0
@@ -234,3 +234,27 @@ def _reap(proc: subprocess.Popen) -> None:
         proc.wait(timeout=5)
     if proc.stdout:
         proc.stdout.close()
+
+
+def test_port_0_picks_a_free_port_logs_it_and_exports_wall_clock_success(target: Target) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVWATCH_")}
+    # --clock-speed 100: the poll clock runs far ahead of the wall clock, as in the demo.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvwatch", "serve", "--target-url", f"http://127.0.0.1:{target.port}/metrics",
+         "--listen-address", "127.0.0.1", "--port", "0", "--poll-interval-seconds", "0.2",
+         "--clock-speed", "100"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        port = None
+        for line in proc.stdout:  # the start line comes before polling begins
+            if "kvwatch serving on http://127.0.0.1:" in line:
+                port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
+                break
+        assert port is not None and port != 0
+        wait_for(lambda: get(scrape(port), "kvwatch_up") == 1.0, "first good poll on the logged port")
+        started = time.time()
+        success = get(scrape(port), "kvwatch_last_success_timestamp_seconds")
+        assert success is not None and started - 30 < success <= time.time() + 1  # wall clock, not 100x ahead
+    finally:
+        _reap(proc)

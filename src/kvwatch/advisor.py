@@ -2,7 +2,10 @@
 
 The tutorial's decision loop, in order of cost: limit concurrency at the gateway (free, immediate), lower
 ``--max-model-len`` (a restart; only when observed requests sit far below it), quantize the weights (a
-restart and a quality check; needs the model to size the gain), add tensor parallelism (another card).
+restart and a quality check; needs the model to size the gain), add tensor parallelism (the next size vLLM
+accepts, within one node) or, beyond the node, a replica. Every fix that changes a vLLM flag carries
+``vllm_args`` (pasteable onto the vLLM command line); a concurrency limit carries ``concurrency``.
+Capacities are the engine's reported pool when known; the capacity model's what-if plans only scale it.
 Pure: the caller passes the forecast's numbers and, when the model is known, the capacity plan.
 """
 
@@ -12,6 +15,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from kvwatch.forecast.demand import DemandParams
+
 LIMIT_CONCURRENCY = "limit_concurrency"
 LOWER_MAX_MODEL_LEN = "lower_max_model_len"
 QUANTIZE_WEIGHTS = "quantize_weights"
@@ -20,14 +25,25 @@ ACTIONS: tuple[str, ...] = (LIMIT_CONCURRENCY, LOWER_MAX_MODEL_LEN, QUANTIZE_WEI
 ADVISE_IN_STATES: frozenset[str] = frozenset({"filling", "bottleneck"})
 # Lower --max-model-len only when the longest observed request is below this share of it.
 MAX_MODEL_LEN_SLACK = 0.5
+# The concurrency limit keeps KV usage under the forecaster's saturation threshold.
+LIMIT_USAGE = DemandParams().u_sat
+DEFAULT_GPUS_PER_NODE = 8
 
 
 @dataclass(frozen=True)
 class Advice:
     action: str
     rank: int  # 1 = do this first
-    message: str  # what to do, in the operator's terms (flags they can paste)
+    message: str  # what to do, in the operator's terms
     projected_effect: str  # what it buys, in numbers when they are known
+    vllm_args: tuple[str, ...] | None = None  # flags to paste onto the vLLM command line, when it changes one
+    concurrency: int | None = None  # the concurrency limit, when the fix limits concurrency
+
+    def as_json(self) -> dict[str, Any]:
+        return {"action": self.action, "rank": self.rank, "message": self.message,
+                "projected_effect": self.projected_effect,
+                "vllm_args": list(self.vllm_args) if self.vllm_args is not None else None,
+                "concurrency": self.concurrency}
 
 
 @dataclass(frozen=True)
@@ -48,6 +64,21 @@ class RequestLengths:
         return self.max_total_tokens if self.max_total_tokens else 4.0 * self.mean_total_tokens
 
 
+def next_tensor_parallel_size(num_attention_heads: int, num_kv_heads: int, current: int,
+                              gpus_per_node: int) -> int | None:
+    """The smallest tensor-parallel size above ``current`` that vLLM accepts and one node holds, else None.
+
+    vLLM refuses a size that does not divide the attention heads ("Total number of attention heads (28) must
+    be divisible by tensor parallel size (3)"), and its QKV projection needs the KV heads to divide the size
+    or the size to divide the KV heads (beyond the KV head count each head is replicated).
+    """
+    for tp in range(current + 1, gpus_per_node + 1):
+        kv_ok = num_kv_heads % tp == 0 if tp <= num_kv_heads else tp % num_kv_heads == 0
+        if num_attention_heads % tp == 0 and kv_ok:
+            return tp
+    return None
+
+
 def advise(
     state: str,
     *,
@@ -58,76 +89,126 @@ def advise(
     request_lengths: RequestLengths | None = None,
     max_model_len: int | None = None,
     kv_tokens_per_request: float | None = None,
+    concurrency_ceiling: float | None = None,
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
 ) -> list[Advice]:
     """Ranked fixes for ``state`` (empty unless filling or bottleneck).
 
-    ``capacity_plan`` is a :class:`kvwatch.capacity.CapacityPlan` when the model is known; its what-if
-    scenarios size the quantization and tensor-parallel gains. ``kv_tokens_per_request`` is the live
-    average of KV tokens per running request (the observed mix), used to turn capacities into ceilings.
+    ``capacity_tokens`` is the engine's KV pool when known (else the plan's figure is used);
+    ``capacity_plan`` is a :class:`kvwatch.capacity.CapacityPlan` when the model is known: its what-if
+    scenarios size the quantization and tensor-parallel gains, as ratios applied to that pool.
+    ``kv_tokens_per_request`` is the live average of KV tokens per running request (the observed mix) and
+    ``concurrency_ceiling`` the observed-mix ceiling the caller reports beside the advice: the limit never
+    exceeds the threshold's share of it, and the ceilings in the effects start from it.
     """
     if state not in ADVISE_IN_STATES:
         return []
     whatif = _whatif(capacity_plan)
-    base_tokens = float(capacity_plan.kv_cache_tokens) if capacity_plan is not None else capacity_tokens
-    candidates: list[tuple[str, str, str]] = []
+    plan_tokens = float(capacity_plan.kv_cache_tokens) if capacity_plan is not None and \
+        capacity_plan.kv_cache_tokens else None
+    base_tokens = capacity_tokens or plan_tokens
+    ceiling = concurrency_ceiling
+    if ceiling is None and base_tokens and kv_tokens_per_request:
+        ceiling = base_tokens / kv_tokens_per_request
+    out: list[Advice] = []
 
-    if recommended_max_concurrency is not None:
-        now = f" (now {running:.0f} running)" if running is not None else ""
-        candidates.append((
-            LIMIT_CONCURRENCY,
-            f"Limit concurrency to {recommended_max_concurrency} at the gateway (or --max-num-seqs "
-            f"{recommended_max_concurrency}){now}.",
-            "KV usage stays under 95% at the observed request mix; excess requests wait at the gateway "
-            "instead of being preempted and recomputed.",
+    limit = recommended_max_concurrency
+    if ceiling is not None and ceiling > 0:
+        capped = max(1, math.floor(LIMIT_USAGE * ceiling))
+        limit = capped if limit is None else min(limit, capped)
+    if limit is not None:
+        now = f"; now {running:.0f} running" if running is not None else ""
+        held = f"the KV cache holds ~{ceiling:.1f} at the observed mix{now}" if ceiling else now.lstrip("; ")
+        out.append(Advice(
+            LIMIT_CONCURRENCY, 0,
+            f"Limit concurrency to {limit} at the gateway, or pass --max-num-seqs {limit} to vLLM"
+            + (f" ({held})." if held else "."),
+            f"KV usage stays under {LIMIT_USAGE:.0%} at the observed request mix; excess requests wait at the "
+            "gateway instead of being preempted and recomputed.",
+            vllm_args=("--max-num-seqs", str(limit)), concurrency=limit,
         ))
 
     lowered = _lower_max_model_len(max_model_len, request_lengths)
-    if lowered is not None and max_model_len is not None:
+    if lowered is not None and max_model_len is not None and request_lengths is not None:
         factor = max_model_len / lowered
-        ceiling = ""
+        worst = ""
         if base_tokens:
-            ceiling = (f" (from {base_tokens / max_model_len:.1f} to {base_tokens / lowered:.1f} requests "
-                       "of full length)")
-        candidates.append((
-            LOWER_MAX_MODEL_LEN,
+            worst = (f" (from {base_tokens / max_model_len:.1f} to {base_tokens / lowered:.1f} requests "
+                     "of full length)")
+        out.append(Advice(
+            LOWER_MAX_MODEL_LEN, 0,
             f"Lower --max-model-len from {max_model_len} to {lowered}: observed requests are at most "
-            f"~{request_lengths.longest_estimate:.0f} tokens.",
-            f"The worst-case concurrency ceiling rises {factor:.1f}x{ceiling}; the KV pool itself is unchanged, "
+            f"~{request_lengths.longest_estimate:,.0f} tokens.",
+            f"The worst-case concurrency ceiling rises {factor:.1f}x{worst}; the KV pool itself is unchanged, "
             "so usage at today's mix does not drop.",
+            vllm_args=("--max-model-len", str(lowered)),
         ))
 
     quantized = whatif.get("fp8_weights")
-    if quantized is not None and base_tokens and quantized.kv_cache_tokens and quantized.kv_cache_tokens > base_tokens:
-        gain = quantized.kv_cache_tokens / base_tokens
+    if quantized is not None and plan_tokens and base_tokens and quantized.kv_cache_tokens and \
+            quantized.kv_cache_tokens > plan_tokens:
+        gain = quantized.kv_cache_tokens / plan_tokens
         kv_fp8 = whatif.get("fp8_kv_cache")
         also = ""
-        if kv_fp8 is not None and kv_fp8.kv_cache_tokens and kv_fp8.kv_cache_tokens > base_tokens:
+        if kv_fp8 is not None and kv_fp8.kv_cache_tokens and kv_fp8.kv_cache_tokens > plan_tokens:
             also = (f" An FP8 KV cache (--kv-cache-dtype fp8) instead gives "
-                    f"x{kv_fp8.kv_cache_tokens / base_tokens:.2f} tokens.")
-        candidates.append((
-            QUANTIZE_WEIGHTS,
+                    f"x{kv_fp8.kv_cache_tokens / plan_tokens:.2f} tokens.")
+        out.append(Advice(
+            QUANTIZE_WEIGHTS, 0,
             "Quantize the weights to FP8 (--quantization fp8): frees GPU memory for the KV cache.",
-            f"KV capacity {base_tokens:.0f} -> {quantized.kv_cache_tokens:.0f} tokens (x{gain:.2f})"
-            + _ceiling_text(base_tokens, quantized.kv_cache_tokens, kv_tokens_per_request) + "." + also,
+            _capacity_text(base_tokens, gain, ceiling) + "." + also,
+            vllm_args=("--quantization", "fp8"),
         ))
 
-    tp = whatif.get("tensor_parallel_x2")
-    if tp is not None and base_tokens and tp.kv_cache_tokens:
-        effect = (f"KV capacity {base_tokens:.0f} -> {tp.kv_cache_tokens:.0f} tokens "
-                  f"(x{tp.kv_cache_tokens / base_tokens:.2f})"
-                  + _ceiling_text(base_tokens, tp.kv_cache_tokens, kv_tokens_per_request)
-                  + ", at the price of a second card.")
+    out.append(_tensor_parallel_advice(capacity_plan, plan_tokens, base_tokens, ceiling, gpus_per_node))
+    return [Advice(a.action, rank, a.message, a.projected_effect, a.vllm_args, a.concurrency)
+            for rank, a in enumerate(out, 1)]
+
+
+def _capacity_text(base_tokens: float, gain: float, ceiling: float | None) -> str:
+    text = f"KV capacity {base_tokens:,.0f} -> {base_tokens * gain:,.0f} tokens (x{gain:.2f})"
+    if ceiling:
+        text += (f"; at the observed mix the ceiling goes from {math.floor(ceiling)} to "
+                 f"{math.floor(ceiling * gain)} concurrent requests")
+    return text
+
+
+def _tensor_parallel_advice(capacity_plan: Any | None, plan_tokens: float | None, base_tokens: float | None,
+                            ceiling: float | None, gpus_per_node: int) -> Advice:
+    """The next valid --tensor-parallel-size within one node, sized by the plan; else a replica."""
+    replica = ("Add a replica behind the gateway: a second engine with the same "
+               + (f"{base_tokens:,.0f}-token KV pool" if base_tokens else "KV pool")
+               + (f" doubles the ceiling for this traffic (from {math.floor(ceiling)} to {math.floor(2 * ceiling)} "
+                  "concurrent requests)" if ceiling else " doubles the capacity for this traffic")
+               + ", at the price of a second copy of the weights.")
+    spec = getattr(capacity_plan, "spec", None)
+    arch = getattr(spec, "arch", None)
+    if spec is None or arch is None:
+        return Advice(ADD_TENSOR_PARALLELISM, 0,
+                      "Add a replica behind the gateway, or raise --tensor-parallel-size to a size that divides "
+                      "the model's attention heads (pass --model or --model-config and kvwatch names it).",
+                      replica)
+    tp = spec.tensor_parallel_size
+    nxt = next_tensor_parallel_size(arch.num_attention_heads, arch.num_kv_heads, tp, gpus_per_node)
+    if nxt is None:
+        return Advice(ADD_TENSOR_PARALLELISM, 0,
+                      f"Add a replica behind the gateway: no tensor-parallel size above {tp} divides the model's "
+                      f"{arch.num_attention_heads} attention heads within one {gpus_per_node}-GPU node "
+                      "(--gpus-per-node).", replica)
+    from kvwatch.capacity.whatif import tensor_parallel_plan
+
+    replicated = ""
+    if not arch.is_mla and arch.num_kv_heads < nxt:
+        replicated = (f" The model's {arch.num_kv_heads} KV heads are replicated at this size (each GPU keeps "
+                      f"one, {nxt // arch.num_kv_heads} copies of each), so the KV per token stops shrinking.")
+    message = (f"Raise --tensor-parallel-size from {tp} to {nxt} ({nxt - tp} more GPU"
+               f"{'s' if nxt - tp != 1 else ''} per replica), or add a replica behind the gateway.{replicated}")
+    after = tensor_parallel_plan(spec, nxt)
+    if after is not None and plan_tokens and base_tokens:
+        effect = _capacity_text(base_tokens, after.kv_cache_tokens / plan_tokens, ceiling) + "."
     else:
-        doubled = 2.0 * base_tokens if base_tokens else None
-        effect = ("Roughly doubles the KV capacity"
-                  + (_ceiling_text(base_tokens, doubled, kv_tokens_per_request) if base_tokens and doubled else "")
-                  + " (more once the weights are split), at the price of a second card.")
-    candidates.append((
-        ADD_TENSOR_PARALLELISM,
-        "Add tensor parallelism (--tensor-parallel-size x2) or another replica behind the gateway.",
-        effect,
-    ))
-    return [Advice(action, rank, message, effect) for rank, (action, message, effect) in enumerate(candidates, 1)]
+        effect = "More KV capacity once the weights are split (the capacity model cannot size it here). " + replica
+    return Advice(ADD_TENSOR_PARALLELISM, 0, message, effect, vllm_args=("--tensor-parallel-size", str(nxt)))
 
 
 def _whatif(capacity_plan: Any | None) -> dict[str, Any]:
@@ -152,15 +233,9 @@ def _lower_max_model_len(max_model_len: int | None, lengths: RequestLengths | No
     return proposed if proposed <= max_model_len // 2 else None
 
 
-def _ceiling_text(before: float, after: float, kv_tokens_per_request: float | None) -> str:
-    if not kv_tokens_per_request:
-        return ""
-    return (f"; at the observed mix the ceiling goes from {before / kv_tokens_per_request:.0f} to "
-            f"{after / kv_tokens_per_request:.0f} concurrent requests")
-
-
 def advise_from_result(result: Any, reading: Any | None = None, *, capacity_plan: Any | None = None,
-                       max_model_len: int | None = None) -> list[Advice]:
+                       max_model_len: int | None = None, concurrency_ceiling: float | None = None,
+                       gpus_per_node: int = DEFAULT_GPUS_PER_NODE) -> list[Advice]:
     """``advise`` fed from a :class:`kvwatch.forecast.ForecastResult` and core's ``Reading`` (what the
     sidecar, ``kvwatch check`` and the demo call). Lifetime length means come from the reading's histograms."""
     lengths = None
@@ -172,13 +247,16 @@ def advise_from_result(result: Any, reading: Any | None = None, *, capacity_plan
         if p_sum is not None and p_count and g_sum is not None and g_count:
             lengths = RequestLengths(p_sum / p_count, g_sum / g_count)
     running = getattr(reading, "requests_running", None) if reading is not None else None
+    capacity = getattr(reading, "kv_capacity_tokens", None) if reading is not None else None
     return advise(
         result.state,
         recommended_max_concurrency=result.recommended_max_concurrency,
         running=running,
-        capacity_tokens=result.estimates.get("capacity_tokens"),
+        capacity_tokens=capacity or result.estimates.get("capacity_tokens"),
         capacity_plan=capacity_plan,
         request_lengths=lengths,
         max_model_len=max_model_len,
         kv_tokens_per_request=result.estimates.get("tokens_per_running_request"),
+        concurrency_ceiling=concurrency_ceiling,
+        gpus_per_node=gpus_per_node,
     )

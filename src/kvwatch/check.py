@@ -1,15 +1,16 @@
 """``kvwatch check [URL] [--file PATH] [--json]``: one poll, then a diagnosis a person can act on.
 
 Findings follow the troubleshooting checklist (stable ids, see docs/metrics.md):
-``kv_bound`` (KV ≥ 0.95 with a queue), ``scheduler_limited`` (a queue while KV < 0.9), ``preemptions``
+``kv_bound`` (KV ≥ 0.95 with a queue), ``scheduler_limited`` (a standing queue while KV < 0.9), ``preemptions``
 (any preemption, or SGLang retraction, since the engine started), ``prefix_cache_ineffective`` (prefix
 caching on, hit ratio < 10 %),
 ``capacity_unknown`` and ``usage_unknown`` (kvwatch cannot read them from this engine), and the capacity
 findings ``kv_usage_stuck``, ``request_exceeds_pool``, ``vllm_will_not_start``, ``capacity_mismatch``
 (kvwatch.capacity.findings). A ``kv_bound``
 series also gets the advisor's fixes, cheapest first (``advice``; the deployment flags ``--model``,
-``--gpu``, ``--tensor-parallel-size``, ... size the quantization and tensor-parallel gains).
-Exit codes: 0 when the payload was read (whatever the findings), 1 when it could not be, 2 bad usage.
+``--gpu``, ``--tensor-parallel-size``, ``--gpus-per-node`` ... size the quantization and tensor-parallel gains).
+Exit codes: 0 when the payload was read (whatever the findings, unless ``--fail-on``), 1 when it could not be
+or when ``--fail-on SEVERITY`` is given and a finding at or above it exists, 2 bad usage.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from prometheus_client.utils import floatToGoString
 
-from kvwatch.advisor import Advice, advise_from_result
+from kvwatch.advisor import DEFAULT_GPUS_PER_NODE, Advice, advise_from_result
 from kvwatch.derived import SeriesState, derive
 from kvwatch.engines import SourceOverrides
 from kvwatch.fetch import Fetcher
@@ -40,6 +42,11 @@ KV_BOUND_USAGE = ForecastParams().u_sat
 SCHEDULER_LIMITED_BELOW = ForecastParams().u_busy
 PREFIX_HIT_RATIO_LOW = 0.10
 PREFIX_MIN_QUERIES = 1000  # fewer queried tokens/blocks than this says nothing about the hit ratio
+# One poll cannot see a queue persist: a standing queue is at least this many requests and this share of the
+# running ones (a request or two arriving between scheduler steps wait for a moment at any load).
+SCHEDULER_QUEUE_MIN_WAITING = 2
+SCHEDULER_QUEUE_MIN_SHARE = 0.1
+SEVERITIES = ("critical", "warning", "info")  # most severe first
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--file", type=Path, default=None, metavar="PATH",
                         help="read a saved /metrics payload instead of fetching ('-' for stdin)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a report")
+    parser.add_argument("--fail-on", choices=("info", "warning", "critical"), default=None, metavar="SEVERITY",
+                        help="exit 1 when a finding at or above SEVERITY (info, warning, critical) exists, "
+                             "for CI jobs and cron (default: exit 0 whatever the findings)")
     # The model/deployment flags (shared with plan and serve) let the advice size quantization and TP.
     add_settings_flags(parser, CheckSettings)
 
@@ -67,23 +77,29 @@ def run(args: argparse.Namespace) -> int:
     if args.url is not None:
         args.target_url = args.url
     if args.file is not None and args.url is not None:
-        raise SettingsError("give either URL or --file, not both")
-    settings: CheckSettings = load_settings(CheckSettings, args)
+        return _usage_error("give either URL or --file, not both", args.json)
     try:
+        settings: CheckSettings = load_settings(CheckSettings, args)
         overrides = SourceOverrides.from_settings(settings)
+        text = _read_file(args.file) if args.file is not None else None
+    except SettingsError as exc:
+        return _usage_error(str(exc), args.json)
     except ValueError as exc:
-        raise SettingsError(f"invalid source-metric override: {exc}") from None
+        return _usage_error(f"invalid source-metric override: {exc}", args.json)
     now = time.time()
     try:
-        text = _read_file(args.file) if args.file is not None else _fetch(settings)
-        poll = interpret(text, overrides, timestamp=now)
+        poll = interpret(text if text is not None else _fetch(settings), overrides, timestamp=now)
     except ScrapeError as exc:
         source = str(args.file) if args.file is not None else settings.target_url
+        hint = _url_hint(source) if args.file is None else None
         if args.json:
-            print(json.dumps({"error": {"reason": exc.reason, "message": str(exc), "source": source}}))
+            error = {"reason": exc.reason, "message": str(exc), "source": source}
+            print(json.dumps({"error": {**error, **({"hint": hint} if hint else {})}}))
         else:
             print(f"kvwatch check: {exc.reason}: {exc}" if args.file is None else
                   f"kvwatch check: cannot read {source} ({exc.reason}): {exc}", file=sys.stderr)
+            if hint:
+                print(f"kvwatch check: hint: {hint}", file=sys.stderr)
         return 1
     plans, unsized = _capacity_plans(settings, poll)
     if unsized and any(getattr(settings, f) is not None for f in ("model", "model_config_path", "gpu",
@@ -92,9 +108,31 @@ def run(args: argparse.Namespace) -> int:
         for reason in unsized:
             print(f"kvwatch check: no capacity plan for {reason}; advice without quantization and TP sizes",
                   file=sys.stderr)
-    report = build_report(poll, settings.max_model_len, plans)
+    report = build_report(poll, settings.max_model_len, plans, gpus_per_node=settings.gpus_per_node)
     print(json.dumps(report, indent=2, allow_nan=False) if args.json else render(report))
-    return 0
+    return 1 if args.fail_on is not None and fails(report, args.fail_on) else 0
+
+
+def fails(report: dict[str, Any], fail_on: str) -> bool:
+    """Whether a finding of ``report`` is at or above the ``--fail-on`` severity."""
+    worst = SEVERITIES.index(fail_on)
+    return any(SEVERITIES.index(f["severity"]) <= worst for f in report["findings"])
+
+
+def _usage_error(message: str, as_json: bool) -> int:
+    """Exit 2 on bad usage; with --json the error is JSON on stdout too (a script reads one format)."""
+    if as_json:
+        print(json.dumps({"error": {"reason": "usage", "message": message}}))
+    raise SettingsError(message)
+
+
+def _url_hint(url: str) -> str | None:
+    """A nudge when the URL does not end in /metrics (vLLM serves its metrics there, not at the root)."""
+    parts = urlsplit(url)
+    if parts.path.rstrip("/").endswith("/metrics"):
+        return None
+    fixed = urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/") + "/metrics", parts.query, ""))
+    return f"vLLM serves its metrics at /metrics: try {fixed}"
 
 
 def _read_file(path: Path) -> str:
@@ -130,7 +168,8 @@ def _capacity_plans(settings: CheckSettings, poll: Poll) -> tuple[dict[str, Any]
 
 
 def build_report(poll: Poll, max_model_len: int | None = None,
-                 capacity_plans: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                 capacity_plans: Mapping[str, Any] | None = None, *,
+                 gpus_per_node: int = DEFAULT_GPUS_PER_NODE) -> dict[str, Any]:
     """The ``--json`` object (pure). ``capacity_plans`` maps model_name to a CapacityPlan, for the advice."""
     from kvwatch.capacity.series import resolve
 
@@ -151,7 +190,8 @@ def build_report(poll: Poll, max_model_len: int | None = None,
         "running_metric": d.running_metric,
         "waiting_metric": d.waiting_metric,
         "capacity_metric": d.capacity_metric,
-        "series": [_series_json(s, advice(s.reading, poll.timestamp, max_model_len, plans.get(s.reading.model_name))
+        "series": [_series_json(s, advice(s, poll.timestamp, max_model_len, plans.get(s.reading.model_name),
+                                          gpus_per_node=gpus_per_node)
                                 if (s.reading.model_name, s.reading.engine) in bound else [],
                                 capacities[s.reading.key].source)
                    for s in states],
@@ -197,19 +237,23 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def advice(reading: Reading, timestamp: float, max_model_len: int | None = None,
-           capacity_plan: Any | None = None) -> list[Advice]:
+def advice(state: SeriesState, timestamp: float, max_model_len: int | None = None,
+           capacity_plan: Any | None = None, *, gpus_per_node: int = DEFAULT_GPUS_PER_NODE) -> list[Advice]:
     """The advisor's fixes for a series ``check`` found KV-bound, cheapest first (pure).
 
     One poll has no forecast history: the forecaster's one-sample result supplies the concurrency limit
-    (95 % of the cache at this poll's mix), and the state is the bottleneck ``check`` diagnosed.
+    (95 % of the cache at this poll's mix), capped by the observed-mix ceiling the report shows beside it,
+    and the state is the bottleneck ``check`` diagnosed.
     """
+    reading = state.reading
     result = Forecaster().observe(ForecastSample.from_reading(reading, timestamp))
     estimates = dict(result.estimates)
     if reading.kv_tokens_per_running_request:
         estimates["tokens_per_running_request"] = reading.kv_tokens_per_running_request
     return advise_from_result(replace(result, state="bottleneck", estimates=estimates), reading,
-                              capacity_plan=capacity_plan, max_model_len=max_model_len)
+                              capacity_plan=capacity_plan, max_model_len=max_model_len,
+                              concurrency_ceiling=state.max_concurrency.get("observed_mix"),
+                              gpus_per_node=gpus_per_node)
 
 
 def _series_json(s: SeriesState, fixes: Iterable[Advice] = (), capacity_source: str = "unknown") -> dict[str, Any]:
@@ -218,26 +262,32 @@ def _series_json(s: SeriesState, fixes: Iterable[Advice] = (), capacity_source: 
         "model_name": r.model_name,
         "engine": r.engine,
         "kv_usage_ratio": r.kv_usage_ratio,
-        "requests_running": r.requests_running,
-        "requests_waiting": r.requests_waiting,
-        "waiting_by_reason": dict(r.waiting_by_reason),
-        "requests_swapped": r.requests_swapped,
-        "kv_capacity_tokens": r.kv_capacity_tokens,
+        "requests_running": _count(r.requests_running),
+        "requests_waiting": _count(r.requests_waiting),
+        "waiting_by_reason": {k: _count(v) for k, v in r.waiting_by_reason.items()},
+        "requests_swapped": _count(r.requests_swapped),
+        "kv_capacity_tokens": _count(r.kv_capacity_tokens),
         "capacity_source": capacity_source,
-        "kv_used_tokens": r.kv_used_tokens,
+        "kv_used_tokens": _count(r.kv_used_tokens),
         "max_concurrency": s.max_concurrency.get("observed_mix"),
         "max_concurrency_max_model_len": s.max_concurrency.get("max_model_len"),
         "concurrency_headroom": s.concurrency_headroom,
         "mean_request_tokens": s.mean_request_tokens,
-        "num_gpu_blocks": r.num_gpu_blocks,
-        "block_size": r.block_size,
-        "preemptions_total": r.preemptions_total,
+        "num_gpu_blocks": _count(r.num_gpu_blocks),
+        "block_size": _count(r.block_size),
+        "preemptions_total": _count(r.preemptions_total),
         "prefix_cache_hit_ratio": r.prefix_cache_hit_ratio,
         "prefix_cache_unit": r.prefix_cache_unit,
         "prefix_caching_enabled": r.prefix_caching_enabled,
-        "advice": [{"action": a.action, "rank": a.rank, "message": a.message, "projected_effect": a.projected_effect}
-                   for a in fixes],
+        "advice": [a.as_json() for a in fixes],
     }
+
+
+def _count(value: float | None) -> int | float | None:
+    """A count (requests, tokens, blocks) as a JSON integer; a non-finite reading stays for _json_safe."""
+    if value is None or not math.isfinite(value):
+        return value
+    return round(value)
 
 
 def findings(states: Iterable[SeriesState]) -> list[Finding]:
@@ -257,30 +307,55 @@ def findings(states: Iterable[SeriesState]) -> list[Finding]:
                 **where))
         elif usage >= KV_BOUND_USAGE and waiting > 0:
             out.append(Finding("kv_bound", "critical", (
-                f"KV cache is {usage:.0%} full with {waiting:g} requests waiting: the KV cache is the bottleneck. "
+                f"KV cache is {usage:.0%} full with {_requests(waiting)} waiting: the KV cache is the bottleneck. "
                 "The advisor's fixes for this series follow, cheapest first (\"advice\" in --json)."), **where))
-        elif usage < SCHEDULER_LIMITED_BELOW and waiting > 0:
+        elif usage < SCHEDULER_LIMITED_BELOW and _standing_queue(r):
             out.append(Finding("scheduler_limited", "warning", (
-                f"{waiting:g} requests wait while KV is only {usage:.0%} used: the scheduler limits, not KV. "
-                "Raise --max-num-seqs or --max-num-batched-tokens (token budget); more KV would not help."),
+                f"{_requests(waiting)} {_verb(waiting)} while KV is only {usage:.0%} used: the scheduler limits, "
+                "not KV. Raise --max-num-seqs or --max-num-batched-tokens (token budget); more KV would not help. "
+                "One poll: watch kvwatch_state{state=\"scheduler_limited\"} (kvwatch serve) to see it persist."),
                 **where))
         if r.preemptions_total:
             out.append(Finding("preemptions", "warning", (
-                f"{r.preemptions_total:g} preemptions since the engine started: requests are evicted and recomputed "
+                f"{_plural(r.preemptions_total, 'preemption')} since the engine started: requests are evicted and "
+                "recomputed "
                 "(KV thrash). Lower concurrency or free KV memory."), **where))
         ratio = r.prefix_cache_hit_ratio
         if r.prefix_caching_enabled is not False and ratio is not None and ratio < PREFIX_HIT_RATIO_LOW and \
                 (r.prefix_cache_queries_total or 0) >= PREFIX_MIN_QUERIES:
             out.append(Finding("prefix_cache_ineffective", "info", (
-                f"Prefix cache hit ratio is {ratio:.1%} ({r.prefix_cache_unit}): prefix caching will not add "
+                f"Prefix cache hit ratio is {ratio:.1%}"
+                + (f" (of {r.prefix_cache_unit})" if r.prefix_cache_unit else "") + ": prefix caching will not add "
                 "capacity for this traffic; do not count on it when sizing."), **where))
         if r.kv_capacity_tokens is None:
             out.append(Finding("capacity_unknown", "info", (
                 "The engine does not report KV capacity here (vLLM: no kv_cache_size_tokens, or num_gpu_blocks is "
                 "None; SGLang before max_total_num_tokens; TensorRT-LLM without max blocks x tokens per block): "
                 "use `kvwatch plan` with --model and --gpu to estimate it."), **where))
-    order = {"critical": 0, "warning": 1, "info": 2}
-    return sorted(out, key=lambda f: order[f.severity])
+    return sorted(out, key=lambda f: SEVERITIES.index(f.severity))
+
+
+def _standing_queue(r: Reading) -> bool:
+    """Requests waiting for scheduling capacity in a queue one poll can trust (see SCHEDULER_QUEUE_MIN_*).
+
+    vLLM ≥0.17 splits the queue by reason: only ``capacity`` is the scheduler's; ``deferred`` requests wait
+    for a LoRA slot or a KV transfer, which --max-num-seqs does not help."""
+    waiting = r.waiting_by_reason.get("capacity", r.requests_waiting) if r.waiting_by_reason else r.requests_waiting
+    if not waiting:
+        return False
+    return waiting >= max(SCHEDULER_QUEUE_MIN_WAITING, SCHEDULER_QUEUE_MIN_SHARE * (r.requests_running or 0.0))
+
+
+def _plural(n: float, noun: str) -> str:
+    return f"{n:,.0f} {noun}{'' if n == 1 else 's'}"
+
+
+def _requests(n: float) -> str:
+    return _plural(n, "request")
+
+
+def _verb(n: float) -> str:
+    return "waits" if n == 1 else "wait"
 
 
 def _fmt(value: Any, spec: str = "g") -> str:
@@ -292,13 +367,14 @@ def render(report: dict[str, Any]) -> str:
              f"{report['usage_metric'] or 'nothing (no usage metric found)'}"]
     for s in report["series"]:
         lines.append(f"\n{s['model_name']} engine {s['engine']}:")
-        usage = s["kv_usage_ratio"]
+        usage, used, capacity = s["kv_usage_ratio"], s["kv_used_tokens"], s["kv_capacity_tokens"]
         lines.append(f"  KV usage        {_fmt(usage, '.1%')}"
-                     + (f" ({s['kv_used_tokens']:,.0f} of {s['kv_capacity_tokens']:,.0f} tokens)"
-                        if s["kv_used_tokens"] is not None else ""))
-        lines.append(f"  queue           {_fmt(s['requests_running'])} running, {_fmt(s['requests_waiting'])} waiting"
-                     + (f" {s['waiting_by_reason']}" if s["waiting_by_reason"] else ""))
-        lines.append(f"  KV capacity     {_fmt(s['kv_capacity_tokens'], ',.0f')} tokens")
+                     + (f" ({used:,} of {capacity:,} tokens)" if used is not None and capacity is not None else ""))
+        running, waiting = s["requests_running"], s["requests_waiting"]
+        reasons = ", ".join(f"{n:,} {reason}" for reason, n in s["waiting_by_reason"].items() if n)
+        lines.append(f"  queue           {_fmt(running, ',')} running, {_fmt(waiting, ',')} waiting"
+                     + (f" ({reasons})" if reasons else ""))
+        lines.append("  KV capacity     " + (f"{capacity:,} tokens" if capacity is not None else "unknown"))
         lines.append(f"  max concurrency {_fmt(s['max_concurrency'], '.1f')} at the observed mix, "
                      f"{_fmt(s['max_concurrency_max_model_len'], '.1f')} at max-model-len")
     lines.append("\nFindings:" if report["findings"] else "\nFindings: none, nothing to fix.")
@@ -308,5 +384,8 @@ def render(report: dict[str, Any]) -> str:
         if s["advice"]:
             lines.append(f"\nFixes for {s['model_name']} engine {s['engine']}, cheapest first:")
             for a in s["advice"]:
-                lines.append(f"  {a['rank']}. {a['message']}\n     Effect: {a['projected_effect']}")
+                lines.append(f"  {a['rank']}. {a['message']}")
+                if a["vllm_args"]:
+                    lines.append(f"     vLLM flags: {' '.join(a['vllm_args'])}")
+                lines.append(f"     Effect: {a['projected_effect']}")
     return "\n".join(lines)

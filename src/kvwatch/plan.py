@@ -29,6 +29,7 @@ from kvwatch.capacity import (
 from kvwatch.capacity import presets as preset_data
 from kvwatch.capacity.architecture import SLIDING, ModelArch
 from kvwatch.capacity.inverse import InversePlan, inverse_plan
+from kvwatch.capacity.kv import HYBRID_GROUPING_SINCE, IN_FLIGHT_TOKENS_SINCE, TOKENS_FROM_CONCURRENCY_SINCE
 from kvwatch.capacity.longcontext import LongContext, long_context
 from kvwatch.capacity.memory import GIB, parameter_counts, resolve_quantization
 from kvwatch.capacity.planner import CUDA_GRAPHS_SUBTRACTED_SINCE
@@ -233,16 +234,16 @@ def plan_to_dict(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: flo
     return {
         "model": spec.arch.name if spec.arch else None,
         "will_start": plan.will_start,
-        "total_memory_bytes": plan.total_memory_bytes,
+        "total_memory_bytes": _whole(plan.total_memory_bytes),
         "gpu_memory_utilization": plan.gpu_memory_utilization,
-        "usable_bytes": plan.usable_bytes,
-        "weights_bytes": plan.weights_bytes,
-        "activation_bytes": plan.activation_bytes,
-        "non_torch_bytes": plan.non_torch_bytes,
-        "pp_last_stage_extra_bytes": plan.pp_last_stage_extra_bytes,
-        "cuda_graph_bytes": plan.cuda_graph_bytes,
-        "available_kv_bytes": plan.available_kv_bytes,
-        "kv_bytes_per_token": plan.kv_bytes_per_token,
+        "usable_bytes": _whole(plan.usable_bytes),
+        "weights_bytes": _whole(plan.weights_bytes),
+        "activation_bytes": _whole(plan.activation_bytes),
+        "non_torch_bytes": _whole(plan.non_torch_bytes),
+        "pp_last_stage_extra_bytes": _whole(plan.pp_last_stage_extra_bytes),
+        "cuda_graph_bytes": _whole(plan.cuda_graph_bytes),
+        "available_kv_bytes": _whole(plan.available_kv_bytes),
+        "kv_bytes_per_token": _whole(plan.kv_bytes_per_token),
         "block_size": plan.layout.block_size,
         "kv_cache_groups": plan.layout.num_groups,
         "num_gpu_blocks": plan.num_gpu_blocks,
@@ -255,6 +256,7 @@ def plan_to_dict(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: flo
         "tensor_parallel_size": spec.tensor_parallel_size,
         "pipeline_parallel_size": spec.pipeline_parallel_size,
         "vllm_version": ".".join(map(str, spec.vllm_version)),
+        "vllm_rules": rules_range(spec.vllm_version),
         "estimated": list(plan.estimated),
         "warnings": [*plan.warnings, *(lc.warnings if lc else ())],
         "errors": list(plan.errors),
@@ -262,7 +264,7 @@ def plan_to_dict(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: flo
         "long_context": _long_context_dict(lc),
         "scenarios": [
             {"name": s.name, "kv_cache_tokens": s.kv_cache_tokens, "max_concurrency": s.max_concurrency,
-             "note": s.note}
+             "will_start": s.plan.will_start if s.plan is not None else None, "note": s.note}
             for s in scenarios
         ],
     }
@@ -282,6 +284,31 @@ def _long_context_dict(lc: LongContext | None) -> dict[str, Any] | None:
         "warnings": list(lc.warnings),
         "notes": list(lc.notes),
     }
+
+
+def _whole(n: float | None) -> int | None:
+    """Bytes as a JSON integer (the sums are in float; a fraction of a byte means nothing)."""
+    return None if n is None else round(n)
+
+
+# Versions at which a rule the capacity model follows changes (kvwatch.capacity.kv and planner).
+RULE_CHANGES: tuple[tuple[int, int], ...] = tuple(sorted({HYBRID_GROUPING_SINCE, TOKENS_FROM_CONCURRENCY_SINCE,
+                                                          IN_FLIGHT_TOKENS_SINCE, CUDA_GRAPHS_SUBTRACTED_SINCE}))
+
+
+def rules_range(version: tuple[int, int]) -> str:
+    """The vLLM releases whose capacity rules are the ones applied for ``version`` (``>=0.20``, ``0.9-0.19``)."""
+    lower = [c for c in RULE_CHANGES if c <= version]
+    upper = [c for c in RULE_CHANGES if c > version]
+    lo, hi = (max(lower) if lower else None), (min(upper) if upper else None)
+    if lo is None and hi is not None:
+        return f"<{hi[0]}.{hi[1]}"
+    if hi is None and lo is not None:
+        return f">={lo[0]}.{lo[1]}"
+    assert lo is not None and hi is not None
+    last = f"{hi[0]}.{hi[1] - 1}"
+    first = f"{lo[0]}.{lo[1]}"
+    return first if first == last else f"{first}-{last}"
 
 
 def _g(n_bytes: float | None) -> str:
@@ -345,7 +372,7 @@ def render_text(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: floa
     spec, layout = plan.spec, plan.layout
     name = spec.arch.name if spec.arch else "model given by its KV bytes per token"
     out = [f"kvwatch plan: {name}, TP={spec.tensor_parallel_size} PP={spec.pipeline_parallel_size}, "
-           f"vLLM {'.'.join(map(str, spec.vllm_version))} rules (figures per GPU)", ""]
+           f"vLLM {rules_range(spec.vllm_version)} rules (figures per GPU)", ""]
     out.append("1. KV budget = total × gpu_memory_utilization − weights − activation peak − non-torch")
     if spec.available_kv_bytes is not None:
         out.append(f"   given (--available-kv-gib)                         = {_g(plan.available_kv_bytes)}")
@@ -448,8 +475,12 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def write_plot(path: Path, plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: float | None) -> None:
-    """Concurrency ceiling against context length, base and every computable scenario."""
+def write_plot(path: Path, plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: float | None) -> list[str]:
+    """Concurrency ceiling against context length, base and every computable scenario; returns the legend.
+
+    A deployment that won't start (plan errors: weights do not fit, one request at max_model_len does not
+    fit) is drawn dashed and labelled "(won't start)": its ceiling is what the pool would hold, not a promise.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -458,17 +489,30 @@ def write_plot(path: Path, plan: CapacityPlan, scenarios: list[Scenario], avg_se
     top = max(plan.max_model_len or 0, int(4 * (avg_seq_len or 0)), 8192)
     lengths = [float(2 ** (i / 8)) for i in range(7 * 8, int(8 * math.log2(top)) + 1)]
     fig, ax = plt.subplots(figsize=(8, 5))
-    ax.plot(lengths, [plan.max_concurrency_at(x) for x in lengths], label="now", linewidth=2.5, color="black")
+    labels: list[str] = []
+    drawn: list[tuple[float, float]] = []
+
+    def draw(label: str, p: CapacityPlan, **style: Any) -> None:
+        if not p.will_start:
+            label, style = f"{label} (won't start)", {**style, "linestyle": "--"}
+        labels.append(label)
+        points = [(x, y) for x in lengths if (y := p.max_concurrency_at(x)) > 0]  # a log axis shows no zero
+        drawn.extend(points)
+        ax.plot([x for x, _ in points], [y for _, y in points], label=label, **style)
+
+    draw("now", plan, linewidth=2.5, color="black")
     for s in scenarios:
         if s.plan is not None and s.plan.num_gpu_blocks > 0 and s.name != "max_model_len_halved":
-            ax.plot(lengths, [s.plan.max_concurrency_at(x) for x in lengths], label=s.name)
+            draw(s.name, s.plan)
     if avg_seq_len:
         ax.axvline(avg_seq_len, linestyle=":", color="grey", label=f"avg {avg_seq_len:,.0f} tokens")
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    if drawn:  # nothing holds a request when no deployment starts: an empty linear axis then
+        ax.set_yscale("log")
     ax.set_xlabel("KV tokens per request (context length)")
     ax.set_ylabel("max concurrent requests (per replica)")
-    ax.set_title(f"KV concurrency ceiling: {plan.spec.arch.name if plan.spec.arch else 'given KV bytes/token'}")
+    name = plan.spec.arch.name if plan.spec.arch else "given KV bytes/token"
+    ax.set_title(f"KV concurrency ceiling: {name}" + ("" if plan.will_start else " (won't start as configured)"))
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -476,5 +520,6 @@ def write_plot(path: Path, plan: CapacityPlan, scenarios: list[Scenario], avg_se
         fig.savefig(path, format="png", dpi=100)
     finally:
         plt.close(fig)
+    return labels
 
 

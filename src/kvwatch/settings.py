@@ -125,6 +125,10 @@ def public_name(field: str) -> str:
 class TargetSettings(DeploymentSettings):
     """What one poll of vLLM needs: where, how long at most, and how to read it (``serve`` and ``check``)."""
 
+    # Not the capacity model's (plan has no advice): how far the advisor's tensor-parallel fix may go.
+    gpus_per_node: int = Field(8, ge=1, le=1024, description="GPUs in one node: the largest tensor-parallel "
+                               "size the advice proposes (beyond it, it says add a replica).")
+
     target_url: str = Field("http://127.0.0.1:8000/metrics", description="vLLM /metrics URL to poll.")
     poll_timeout_seconds: float | None = Field(
         None, gt=0, description="Timeout of one poll; must be below the interval (default 0.8 x interval)."
@@ -191,7 +195,8 @@ class ServeSettings(TargetSettings):
     listen_address: str = Field(
         "127.0.0.1", description="Address kvwatch serves /metrics on (the container image sets 0.0.0.0)."
     )
-    port: int = Field(9747, ge=1, le=65535, description="Port kvwatch serves /metrics and /healthz on.")
+    port: int = Field(9747, ge=0, le=65535, description="Port kvwatch serves /metrics and /healthz on (0: a free "
+                      "port, logged at start).")
     poll_interval_seconds: float = Field(
         5.0, ge=MIN_INTERVAL_SECONDS, le=MAX_INTERVAL_SECONDS,
         description="How often kvwatch polls vLLM (its own timer), 0.01 s to 1 h."

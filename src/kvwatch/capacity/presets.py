@@ -230,8 +230,22 @@ def load_config_file(path: str | Path) -> ModelArch:
         raise ArchitectureError(f"cannot read {p}: {exc.strerror}") from None
     except json.JSONDecodeError as exc:
         raise ArchitectureError(f"{p} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
-    name = str(data.get("_name_or_path") or p.parent.name or "custom") if isinstance(data, dict) else "custom"
+    name = config_model_name(data, p) if isinstance(data, dict) else "custom"
     return replace(arch_from_config(data, name=name, source=str(p)), from_config_file=True)
+
+
+def config_model_name(data: dict[str, Any], path: Path) -> str:
+    """The model's name for a config.json: a hub id (``org/name``) when the file or its cache folder tells it,
+    else the last part of a local path, never a folder path or a cache hash."""
+    for parent in path.resolve().parents:  # the Hugging Face cache: .../models--org--name/snapshots/<hash>/
+        if parent.name.startswith("models--"):
+            return parent.name[len("models--"):].replace("--", "/")
+    given = str(data.get("_name_or_path") or "").strip()
+    if given and not given.startswith(("/", ".", "~")) and given.count("/") <= 1 and "\\" not in given:
+        return given  # a hub id, as transformers writes it when loading from the hub
+    if given:
+        return Path(given.rstrip("/\\")).name or "custom"
+    return path.resolve().parent.name or "custom"
 
 
 def resolve_model(name_or_config: str | Path | dict[str, Any]) -> ModelArch:

@@ -82,34 +82,53 @@ def _fp8_weights(spec: DeploymentSpec, base: CapacityPlan) -> tuple[DeploymentSp
 
 
 def _tp_x2(spec: DeploymentSpec, base: CapacityPlan) -> tuple[DeploymentSpec | None, str]:
-    tp = spec.tensor_parallel_size * 2
+    return _tensor_parallel(spec, spec.tensor_parallel_size * 2)
+
+
+def _tensor_parallel(spec: DeploymentSpec, tp: int) -> tuple[DeploymentSpec | None, str]:
+    """``spec`` re-sharded over ``tp`` GPUs per replica (weights and, up to the KV head count, KV split)."""
+    share = spec.tensor_parallel_size / tp  # what one GPU keeps of today's per-GPU weights
+    doubled = tp == 2 * spec.tensor_parallel_size
+    times, part = ("twice", "half") if doubled else (f"{tp / spec.tensor_parallel_size:g}x", "less")
     changed = replace(spec, tensor_parallel_size=tp)
     if spec.available_kv_bytes is not None and spec.weights_bytes is None:
         return None, "needs the weights (--weights-gib or --model) to re-budget a measured KV pool"
     if spec.weights_bytes is not None:
-        changed = replace(changed, weights_bytes=spec.weights_bytes / 2)
+        changed = replace(changed, weights_bytes=spec.weights_bytes * share)
     if spec.non_torch_bytes is not None and spec.tensor_parallel_size == 1:
         changed = replace(changed, non_torch_bytes=float(memory.estimate_non_torch_bytes(tp, 1)))
     if spec.available_kv_bytes is not None and spec.weights_bytes is not None:
         extra_non_torch = (memory.estimate_non_torch_bytes(tp, 1) - (spec.non_torch_bytes or 0.25 * GIB)
                            if spec.tensor_parallel_size == 1 else 0.0)
-        changed = replace(changed, available_kv_bytes=spec.available_kv_bytes + spec.weights_bytes / 2
+        changed = replace(changed, available_kv_bytes=spec.available_kv_bytes + spec.weights_bytes * (1 - share)
                           - max(0.0, extra_non_torch))
     if spec.kv_bytes_per_token is not None:
         heads_note = ""
         if spec.arch is None or spec.arch.num_kv_heads >= tp:
-            changed = replace(changed, kv_bytes_per_token=spec.kv_bytes_per_token / 2)
+            changed = replace(changed, kv_bytes_per_token=spec.kv_bytes_per_token * share)
         else:
             heads_note = "; KV heads already replicated"
-        return changed, f"twice the GPUs per replica: half the weights and KV per token on each{heads_note}"
+        return changed, f"{times} the GPUs per replica: {part} the weights and KV per token on each{heads_note}"
     arch = spec.arch
     if arch is not None and arch.is_mla:
         kv_note = "MLA KV is not split by TP, so only the freed weight memory helps"
     elif arch is not None and arch.num_kv_heads < tp:
         kv_note = f"only {arch.num_kv_heads} KV heads: they are replicated beyond TP={arch.num_kv_heads}"
     else:
-        kv_note = "half the KV heads per GPU"
-    return changed, f"twice the GPUs per replica: half the weights per GPU; {kv_note}"
+        kv_note = f"{part} the KV heads per GPU"
+    return changed, f"{times} the GPUs per replica: {part} the weights per GPU; {kv_note}"
+
+
+def tensor_parallel_plan(spec: DeploymentSpec, tp: int) -> CapacityPlan | None:
+    """The plan at ``--tensor-parallel-size tp`` (what the advisor sizes its TP fix with); None if unknown."""
+    changed, _ = _tensor_parallel(spec, tp)
+    if changed is None:
+        return None
+    try:
+        plan = plan_capacity(changed)
+    except (SpecError, ValueError, ArithmeticError):
+        return None
+    return plan if plan.kv_cache_tokens else None
 
 
 def whatif_scenarios(spec: DeploymentSpec, avg_seq_len: float | None = None) -> list[Scenario]:

@@ -1,15 +1,11 @@
 """vLLM adapter: detect the generation, resolve each concept to the name present, one Reading per series.
 
-Detection follows vLLM's own metric history (docs/metrics.md, "Source metrics"), first match wins:
-
-1. ``num_requests_swapped`` / ``cpu_cache_usage_perc`` present, or the running-requests help says
-   "currently running on GPU" → ``v0``;
-2. no ``engine`` label → ``v1-0.8-early`` (0.7.3 opt-in to ~0.8.4);
-3. no ``kv_cache_usage_perc`` → ``0.8.5-0.8.x``;
-4. both usage names (or the deprecated ``gpu_prefix_cache_*`` beside the new one) → ``0.9-0.10``;
-5. no ``engine_sleep_state`` → ``0.11``;
-6. ``kv_cache_size_tokens`` in ``cache_config_info`` → ``>=0.25``;
-7. otherwise ``0.12-0.2x``.
+Detection reports a range, never a guess: every vLLM era (``ERAS``) whose metrics could have produced the
+payload. Each piece of evidence rules eras out: a family, a ``cache_config_info`` label or an ``engine`` label
+that an era never emits, an exact HELP phrase (V0's "currently running on GPU", the "DEPRECATED" gpu_* names),
+and, in a whole payload only (running, waiting and a usage gauge present), a family every vLLM of an era
+emits but that is missing. A partial payload therefore gets a wide range (``>=0.8.5`` for a lone
+``num_requests_running{engine=...}``) or ``unknown``; the table and its sources are in docs/metrics.md.
 
 Combining duplicates: in multiprocess mode (``--api-server-count > 1``) gauges without a multiprocess mode
 carry a ``pid`` label, one sample per API-server process. Each is a whole-engine snapshot, not a share: the
@@ -38,7 +34,8 @@ from kvwatch.engines.series import latency_for, latency_index
 from kvwatch.exposition import Exposition, Sample
 from kvwatch.model import Detection, Poll, Reading, SeriesKey
 
-__all__ = ["FAMILIES", "UnrecognisedPayload", "detect", "read", "wanted_for"]
+__all__ = ["ERAS", "FAMILIES", "UnrecognisedPayload", "detect", "eras_in_range", "format_range", "possible_eras",
+           "read", "wanted_for"]
 
 KV_USAGE = "vllm:kv_cache_usage_perc"
 GPU_CACHE_USAGE = "vllm:gpu_cache_usage_perc"
@@ -100,29 +97,9 @@ def detect(exposition: Exposition, overrides: SourceOverrides | None = None) -> 
     override_present = any(f in exposition for n in overrides.names() for f in _families_of(n))
     if not override_present and not any(n.startswith("vllm:") for n in exposition.names):
         raise UnrecognisedPayload("no vllm:* metrics in the payload (is the target a vLLM /metrics endpoint?)")
-    version = _version_range(exposition)
+    version = format_range(possible_eras(exposition))
     usage = _usage_name(exposition, overrides)
     return Detection(engine_kind="vllm", version_range=version, usage_metric=usage)
-
-
-def _version_range(exposition: Exposition) -> str:
-    running = exposition.get(RUNNING)
-    if SWAPPED in exposition or CPU_CACHE_USAGE in exposition or (
-        running is not None and "currently running on GPU" in running.help
-    ):
-        return "v0"
-    if not any("engine" in s.labels for name in (KV_USAGE, GPU_CACHE_USAGE, RUNNING, WAITING, CACHE_CONFIG)
-               for s in exposition.samples(name)):
-        return "v1-0.8-early"
-    if KV_USAGE not in exposition:
-        return "0.8.5-0.8.x"
-    if GPU_CACHE_USAGE in exposition or OLD_PREFIX_QUERIES in exposition or OLD_PREFIX_HITS in exposition:
-        return "0.9-0.10"
-    if SLEEP_STATE not in exposition:
-        return "0.11"
-    if any("kv_cache_size_tokens" in s.labels for s in exposition.samples(CACHE_CONFIG)):
-        return ">=0.25"
-    return "0.12-0.2x"
 
 
 def _usage_name(exposition: Exposition, overrides: SourceOverrides) -> str | None:
@@ -313,8 +290,9 @@ def _prefix_families(exposition: Exposition, version: str) -> tuple[list[Sample]
     family = exposition.get(OLD_PREFIX_QUERIES)
     help_text = family.help if family else ""
     # 0.8.x counted blocks; 0.9-0.10 kept the old name but counted tokens (its help says so).
+    eras = eras_in_range(version)
     unit = "tokens" if "token" in help_text else "blocks" if "block" in help_text else (
-        "tokens" if version == "0.9-0.10" else "blocks")
+        "tokens" if eras <= TOKEN_PREFIX_ERAS else "blocks" if eras <= BLOCK_PREFIX_ERAS else None)
     return queries, exposition.samples(OLD_PREFIX_HITS), unit
 
 
@@ -355,3 +333,161 @@ def _capacity(config: dict[str, str], n_engines: int) -> tuple[float | None, flo
     if capacity is None and blocks is not None and block_size is not None:
         capacity = blocks * block_size
     return capacity, blocks, block_size, label_number(config.get("kv_cache_max_concurrency"))
+
+
+# ---------------------------------------------------------------- version detection
+
+# vLLM releases grouped into eras whose metrics differ (docs/metrics.md, "Which vLLM wrote the payload").
+# (name, first release, last release); ``v0`` is the V0 engine, the default up to 0.7.x and opt-in to 0.10.
+ERAS: tuple[tuple[str, str | None, str | None], ...] = (
+    ("v0", None, "0.10"),
+    ("0.7.3-0.8.4", "0.7.3", "0.8.4"),
+    ("0.8.5-0.8.x", "0.8.5", "0.8.x"),
+    ("0.9-0.10", "0.9", "0.10"),
+    ("0.11", "0.11", "0.11"),
+    ("0.12-0.13", "0.12", "0.13"),
+    ("0.14-0.16", "0.14", "0.16"),
+    ("0.17-0.20", "0.17", "0.20"),
+    ("0.21-0.25", "0.21", "0.25"),
+    ("0.26+", "0.26", None),
+)
+ERA_NAMES: tuple[str, ...] = tuple(name for name, _, _ in ERAS)
+
+# Per era, in ERAS order: A = every vLLM of that era emits it, M = it may (a hidden or conditional family, or a
+# release boundary the sources do not pin down), N = none does. Present evidence rules out the N eras; absent
+# evidence rules out the A eras, and only where absence can be seen: family rows in a whole payload (running,
+# waiting and a usage gauge all present), cache_config_info label rows wherever cache_config_info has a sample.
+# From vLLM's vllm/v1/metrics/loggers.py and vllm/engine/metrics.py per release (the catalogue,
+# kvwatch/data/vllm_catalogue.json, and docs/metrics.md).
+FAMILY_EVIDENCE: dict[str, str] = {
+    SWAPPED: "MNNNNNNNNN",  # V0 only, hidden from 0.8 and gone from V0 by 0.9
+    CPU_CACHE_USAGE: "MNNNNNNNNN",
+    "vllm:gpu_prefix_cache_hit_rate": "MNNNNNNNNN",
+    GPU_CACHE_USAGE: "AAAAMNNNNN",  # deprecated in 0.9-0.10, hidden in 0.11, removed in 0.12
+    KV_USAGE: "NNNAAAAAAA",  # added in 0.9
+    OLD_PREFIX_QUERIES: "NMMMMNNNNN",
+    OLD_PREFIX_HITS: "NMMMMNNNNN",
+    PREFIX_QUERIES: "NNNMMMMMMM",
+    PREFIX_HITS: "NNNMMMMMMM",
+    SLEEP_STATE: "NNNNNAAAAA",  # added in 0.12
+    WAITING_BY_REASON: "NNNNNNNMMM",  # absent in 0.16, present in 0.20.2
+    "vllm:inter_token_latency_seconds": "NNNMMMMMMM",  # 0.10.1/0.10.2
+    "vllm:request_time_per_output_token_seconds": "NNNNMMMMMM",  # 0.11
+    "vllm:time_per_output_token_seconds": "MMMMMMMNNN",  # hidden in 0.12-0.13, absent in 0.16
+    "vllm:request_prefill_kv_computed_tokens": "NNNNNMMMMM",  # 0.13
+    "vllm:prompt_tokens_by_source_total": "NNNNNNMMMM",  # by 0.16
+    "vllm:num_requests_kv_fetch_by_stage": "NNNNNNNNNM",  # 0.33 (not 0.29)
+    "vllm:admission_rejections_total": "NNNNNNNNNM",
+    "vllm:request_num_preemptions": "NNNNNNNNNM",
+}
+CACHE_LABEL_EVIDENCE: dict[str, str] = {
+    "kv_cache_size_tokens": "NNNNNNNNMA",  # between 0.20.2 and 0.25.1
+    "kv_cache_max_concurrency": "NNNNNNNNMA",
+    "user_specified_block_size": "NNNNNNNMMM",  # 0.20.2
+    "swap_space_bytes": "MMNNNNNNNN",  # CacheConfig up to 0.8.4 (0.8.5 renamed it swap_space)
+    "swap_space": "MMMMMMMMNN",  # dropped in 0.20.2
+    "cpu_offload_gb": "MMMMMMMMNN",
+    "cpu_kvcache_space_bytes": "MNNMMMMMMM",  # 0.9.2
+    "kv_cache_memory_bytes": "MNNMMMMMMM",  # 0.10.2
+    "kv_offloading_backend": "NNNNNMMMMM",  # 0.12
+}
+# Samples of these families carry an ``engine`` label in every V1 from 0.8.5 and in no earlier vLLM.
+ENGINE_LABELLED: tuple[str, ...] = (KV_USAGE, GPU_CACHE_USAGE, RUNNING, WAITING, WAITING_BY_REASON, PREEMPTIONS,
+                                    SUCCESS, PROMPT_TOKENS, GENERATION_TOKENS, PREFIX_QUERIES, PREFIX_HITS,
+                                    OLD_PREFIX_QUERIES, OLD_PREFIX_HITS, SLEEP_STATE)
+V0_ERAS = frozenset({"v0"})
+V1_ERAS = frozenset(ERA_NAMES) - V0_ERAS
+BLOCK_PREFIX_ERAS = frozenset({"0.7.3-0.8.4", "0.8.5-0.8.x"})  # gpu_prefix_cache_* counted blocks
+TOKEN_PREFIX_ERAS = frozenset({"0.9-0.10", "0.11"})  # the same names counted tokens
+
+
+def _eras(row: str, marks: str) -> frozenset[str]:
+    return frozenset(name for name, mark in zip(ERA_NAMES, row, strict=True) if mark in marks)
+
+
+def possible_eras(exposition: Exposition) -> frozenset[str]:
+    """Every era that could have written ``exposition`` (empty when none could: not a vLLM we know)."""
+    eras = frozenset(ERA_NAMES)
+    whole = all(exposition.samples(n) for n in (RUNNING, WAITING)) and bool(
+        exposition.samples(KV_USAGE) or exposition.samples(GPU_CACHE_USAGE))
+    for name, row in FAMILY_EVIDENCE.items():
+        if name in exposition:
+            eras &= _eras(row, "AM")
+        elif whole:
+            eras -= _eras(row, "A")
+    configs = exposition.samples(CACHE_CONFIG)
+    if configs:
+        labels = set().union(*(s.labels for s in configs))
+        for label, row in CACHE_LABEL_EVIDENCE.items():
+            eras &= _eras(row, "AM") if label in labels else frozenset(ERA_NAMES) - _eras(row, "A")
+    labelled = [s for n in ENGINE_LABELLED for s in exposition.samples(n) if "model_name" in s.labels]
+    if labelled:
+        has_engine = any("engine" in s.labels for s in labelled)
+        eras &= frozenset(ERA_NAMES[2:]) if has_engine else frozenset(ERA_NAMES[:2])
+    eras &= _help_eras(exposition)
+    return eras
+
+
+def _help_eras(exposition: Exposition) -> frozenset[str]:
+    """What the HELP texts tell (only exact phrases: multiprocess mode replaces HELP with its own)."""
+    eras = frozenset(ERA_NAMES)
+    running = exposition.get(RUNNING)
+    if running is not None and "currently running on GPU" in running.help:
+        eras &= V0_ERAS
+    elif running is not None and "model execution batches" in running.help:
+        eras &= V1_ERAS
+    old = exposition.get(OLD_PREFIX_QUERIES)
+    if old is not None and "DEPRECATED" in old.help:
+        eras &= TOKEN_PREFIX_ERAS
+    elif old is not None and "block" in old.help:
+        eras &= BLOCK_PREFIX_ERAS
+    gpu = exposition.get(GPU_CACHE_USAGE)
+    if gpu is not None and "DEPRECATED" in gpu.help:
+        eras &= TOKEN_PREFIX_ERAS
+    return eras
+
+
+def _release_key(release: str) -> tuple[int, ...]:
+    return tuple(99 if part == "x" else int(part) for part in release.split("."))
+
+
+def format_range(eras: frozenset[str]) -> str:
+    """``v0``, ``0.11``, ``0.9-0.10``, ``<=0.10``, ``>=0.21``, or ``unknown`` (no era, or every era)."""
+    if not eras or eras == frozenset(ERA_NAMES):
+        return "unknown"
+    if eras == V0_ERAS:
+        return "v0"
+    chosen = [(lo, hi) for name, lo, hi in ERAS if name in eras]
+    los = [lo for lo, _ in chosen]
+    his = [hi for _, hi in chosen]
+    lo = None if None in los else min((x for x in los if x is not None), key=_release_key)
+    hi = None if None in his else max((x for x in his if x is not None), key=_release_key)
+    if lo is None:
+        return f"<={hi}"
+    if hi is None:
+        return f">={lo}"
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def eras_in_range(text: str) -> frozenset[str]:
+    """The eras a ``version_range`` string spans (the inverse of :func:`format_range`, for callers and tests)."""
+    if text == "unknown":
+        return frozenset(ERA_NAMES)
+    if text == "v0":
+        return V0_ERAS
+    lo: str | None
+    hi: str | None
+    if text.startswith("<="):
+        lo, hi = None, text[2:]
+    elif text.startswith(">="):
+        lo, hi = text[2:], None
+    else:
+        lo, _, hi = text.partition("-")
+        hi = hi or lo
+    out = set()
+    for name, era_lo, era_hi in ERAS:
+        above = lo is None or (era_lo is not None and _release_key(era_lo) >= _release_key(lo))
+        below = hi is None or (era_hi is not None and _release_key(era_hi) <= _release_key(hi))
+        if above and below:
+            out.add(name)
+    return frozenset(out)

@@ -120,7 +120,8 @@ class Sidecar:
                 log.warning("vLLM series %s/%s restarted: %s", key[0], key[1], reason)
             series = {r.key: self._series(r, now) for r in poll.readings}
             health = replace(previous.health, up=True, scrape_duration_seconds=time.monotonic() - started,
-                             last_success_timestamp=now, polls_total=previous.health.polls_total + 1)
+                             last_success_timestamp=now, last_success_wall_seconds=time.time(),
+                             polls_total=previous.health.polls_total + 1)
             state = State(timestamp=now, health=health, detection=poll.detection, series=MappingProxyType(series))
             d = poll.detection
             self._log_change(("up", d), "target %s is up: %s %s, usage from %s, %d series",
@@ -220,8 +221,9 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
+    port = server.server_address[1]  # --port 0: the free port the system picked
     log.info("kvwatch serving on http://%s:%d/metrics, polling %s every %gs", settings.listen_address,
-             settings.port, settings.target_url, settings.poll_interval_seconds)
+             port, settings.target_url, settings.poll_interval_seconds)
     scheduler = start_polling(sidecar, settings.poll_interval_seconds)
     try:
         stop.wait()

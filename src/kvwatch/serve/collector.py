@@ -91,10 +91,10 @@ def _health(state: State) -> Iterator[Metric]:
     for reason in REASONS:
         errors.add_metric([reason], float(health.errors_total.get(reason, 0)))
     yield errors
-    if health.last_success_timestamp is not None:
+    if health.last_success_wall_seconds is not None:
         yield GaugeMetricFamily("kvwatch_last_success_timestamp_seconds",
-                                "Unix time of the last successful poll of the target.",
-                                value=health.last_success_timestamp)
+                                "Unix time (wall clock) of the last successful poll of the target.",
+                                value=health.last_success_wall_seconds)
     if state.detection is not None:
         info = GaugeMetricFamily(
             "kvwatch_source_info", "Which engine (vllm, sglang, tensorrt-llm), generation and source metrics the "

@@ -14,7 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvwatch.advisor import Advice, advise_from_result
+from kvwatch.advisor import DEFAULT_GPUS_PER_NODE, Advice, advise_from_result
+from kvwatch.derived import derive
 from kvwatch.forecast.forecaster import Forecaster, ForecastParams, ForecastResult, ForecastSample
 from kvwatch.serve.forecast_export import forecast_metric_families
 
@@ -56,7 +57,12 @@ class ForecastAnalyzer:
         result = forecaster.observe(ForecastSample.from_reading(reading, now, restarted=restarted))
         advice: tuple[Advice, ...] = ()
         if result.state in ("filling", "bottleneck"):
-            advice = tuple(advise_from_result(result, reading, capacity_plan=plan, max_model_len=self.max_model_len))
+            # The ceiling kvwatch_max_concurrency{basis="observed_mix"} shows: the limit never exceeds it.
+            ceiling = derive(reading, history, self.max_model_len).max_concurrency.get("observed_mix")
+            advice = tuple(advise_from_result(
+                result, reading, capacity_plan=plan, max_model_len=self.max_model_len,
+                concurrency_ceiling=ceiling,
+                gpus_per_node=getattr(self._settings, "gpus_per_node", DEFAULT_GPUS_PER_NODE)))
         return SeriesForecast(result, advice)
 
     def families(self, results: Mapping[tuple[str, str], SeriesForecast], now: float) -> Iterable[Any]:

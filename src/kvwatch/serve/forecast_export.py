@@ -15,32 +15,49 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from kvwatch.advisor import ACTIONS, Advice
 from kvwatch.forecast.detector import STATES
-from kvwatch.forecast.forecaster import ForecastResult
+from kvwatch.forecast.forecaster import ForecastParams, ForecastResult
 
 HORIZON_LABELS: dict[int, str] = {600: "10m", 1800: "30m"}
 _POLL_NOTE = " kvwatch polls vLLM on its own timer; estimates use per-minute aggregates of those polls."
 
+# The numbers in the HELP texts come from the parameters the forecaster runs with (serve uses the defaults).
+_P = ForecastParams()
+
+
+def _ordinal(q: float) -> str:
+    n = round(q * 100)
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
 # (metric name, estimates key, HELP)
 INNER_ESTIMATES: tuple[tuple[str, str, str], ...] = (
     ("kvwatch_forecast_token_seconds_per_request", "token_seconds_per_request",
-     "KV token-seconds one request holds (Little's law A = mean KV tokens / request rate, mix-corrected)."),
+     "KV token-seconds one request holds (Little's law A = mean KV tokens / request rate"
+     + (", mix-corrected)." if _P.demand.mix_correction else ").")),
     ("kvwatch_forecast_demand_tokens", "demand_tokens",
      "Mean KV demand in tokens: request rate level times token-seconds per request (not capped at capacity)."),
     ("kvwatch_forecast_burst_factor", "burst_factor",
-     "Ratio of per-minute p90 to mean KV tokens in use (how far bursts rise above the mean)."),
+     f"Ratio of the {_ordinal(_P.demand.burst_quantile)} percentile of the KV usage polls of the last "
+     f"{_P.demand.burst_window_buckets} minutes to their mean (how far bursts rise above the mean, at least 1)."),
     ("kvwatch_forecast_request_rate_slope", "request_rate_slope",
-     "Theil-Sen slope of the arrival rate over the last hour, requests per second per second."),
+     f"Theil-Sen slope of the arrival rate over the last {_P.demand.rate_window_buckets} minutes, "
+     "requests per second per second."),
     ("kvwatch_forecast_request_rate_slope_lower", "request_rate_slope_lower",
-     "Lower 80% confidence bound of the arrival-rate slope (above 0: significantly rising)."),
+     f"Lower bound of the {_P.demand.confidence:.0%} confidence interval of the arrival-rate slope "
+     "(above 0: significantly rising)."),
     ("kvwatch_forecast_usage_level_ratio", "usage_level",
-     "Mean of the last 5 per-minute p90 KV usages (the trend forecaster's level)."),
+     f"Mean of the last {_P.level_buckets} per-minute p90 KV usages (the trend forecaster's level)."),
     ("kvwatch_forecast_usage_slope_per_second", "usage_slope_per_second",
-     "Theil-Sen slope of per-minute p90 KV usage over the last 30 minutes, per second."),
+     f"Theil-Sen slope of per-minute p90 KV usage over the last {_P.trend_window_buckets} minutes, per second."),
     ("kvwatch_forecast_usage_slope_lower_per_second", "usage_slope_lower_per_second",
-     "Lower 80% confidence bound of the usage slope (above 0: significantly rising)."),
+     f"Lower bound of the {_P.trend_confidence:.0%} confidence interval of the usage slope "
+     "(above 0: significantly rising)."),
     ("kvwatch_forecast_saturated_sample_ratio", "saturated_sample_fraction",
-     "Share of the last 2 minutes' polls that were saturated (bottleneck fires at 0.8)."),
+     f"Share of the last {_P.detector.fire_window_seconds / 60:g} minutes' polls that were saturated "
+     f"(bottleneck fires at {_P.detector.fire_fraction:g})."),
 )
+RESTART_HELP = (f"Seconds since the last detected restart (or kvwatch start); warnings need "
+                f"{_P.warmup_seconds:g} s of warm-up and {_P.min_buckets} fitted minutes after it.")
 
 
 def forecast_metric_families(
@@ -71,9 +88,7 @@ def forecast_metric_families(
                            ["action"])
     etas = gauge("kvwatch_forecast_eta_seconds", "ETA of each forecaster alone (+Inf: not rising).", ["method"])
     inner = {key: gauge(name, doc) for name, key, doc in INNER_ESTIMATES}
-    restart = gauge("kvwatch_forecast_seconds_since_restart",
-                    "Seconds since the last detected restart (or kvwatch start); warnings need 900 s of warm-up "
-                    "and 15 fitted minutes after it.")
+    restart = gauge("kvwatch_forecast_seconds_since_restart", RESTART_HELP)
 
     for labels, result, advice in items:
         values = [labels[n] for n in label_names]

@@ -56,10 +56,10 @@ def vllm_version_from_cache_config(labels: Mapping[str, str]) -> tuple[int, int]
     """The vLLM version whose capacity rules apply, from the ``cache_config_info`` label set; None if unknown.
 
     ``CacheConfig`` gained and lost fields over time (docs/capacity.md, section 5): ``kv_cache_size_tokens``
-    from ~0.25 (the adapter's ``>=0.25``), ``user_specified_block_size`` from 0.20.2, while ``cpu_offload_gb``
+    from ~0.25 (the adapter reports ``>=0.21``), ``user_specified_block_size`` from 0.20.2, while ``cpu_offload_gb``
     and ``swap_space`` were dropped in 0.20.2; ``kv_offloading_backend``/``mamba_block_size`` appeared in 0.12,
     ``kv_cache_memory_bytes``/``kv_sharing_fast_prefill`` in 0.10.2, ``cpu_kvcache_space_bytes`` in 0.9 and
-    ``swap_space_bytes`` is V0's. The adapter's own ranges (``0.12-0.2x``) cannot tell the 0.20 rules apart.
+    ``swap_space_bytes`` is V0's. The adapter's detected range (``0.12-0.25``) spans several rule changes.
     """
     if "kv_cache_size_tokens" in labels or "kv_cache_max_concurrency" in labels:
         return (0, 25)

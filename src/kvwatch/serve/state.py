@@ -42,7 +42,10 @@ class Health:
     errors_total: Mapping[str, int] = field(default_factory=lambda: MappingProxyType(dict.fromkeys(REASONS, 0)))
     last_error_reason: str | None = None
     last_error: str | None = None
-    last_success_timestamp: float | None = None
+    last_success_timestamp: float | None = None  # poll clock (accelerated by --clock-speed): staleness
+    # Wall-clock Unix time of the same poll: what kvwatch_last_success_timestamp_seconds exports, since alert
+    # rules compare it with Prometheus' time() (the demo's poll clock runs ahead of it).
+    last_success_wall_seconds: float | None = None
     polls_total: int = 0
 
 
