@@ -1,15 +1,26 @@
-"""Parser benchmark: kvwatch.exposition.parse vs prometheus_client's text parser on a vLLM 0.33 payload.
+"""Parser benchmark: kvwatch's parse + vLLM read against prometheus_client's text parser, on three 8-engine payloads.
 
-The payload (benchmarks/vllm_payload.py): 8 data-parallel engines, every histogram family, ~430 kB.
-Run either way:
+Payloads (all vLLM 0.33, 8 data-parallel engines):
+- ``fixture``: tests/fixtures/vllm-metrics/gen-0.33-dp2-capacity-labels.prom with engine 0's series copied to
+  engines 0..7: only the families kvwatch reads (every line wanted: the worst case for kvwatch);
+- ``sim``: a whole 0.33 ``/metrics`` page from the simulator's catalogue of vLLM's definitions
+  (``kvwatch.sim.metrics.render``), runtime collectors included;
+- ``bench``: benchmarks/vllm_payload.py, every histogram family with vLLM's buckets (~430 kB).
+
+Timings are interleaved (prometheus_client, kvwatch, prometheus_client, ...) and the minimum of each is kept,
+so a load change on a shared machine hits both sides. Also measured: a full parse (no filter), and the poll's
+CPU per engine (parse + interpret + history + derive, no fetch), the sidecar's work per poll.
+
+    .venv/bin/python benchmarks/bench_parser.py                 # the table in docs/performance.md
     .venv/bin/python -m pytest benchmarks/bench_parser.py --benchmark-only
-    .venv/bin/python benchmarks/bench_parser.py            # plain timeit table, no plugin needed
 """
 
 from __future__ import annotations
 
+import statistics
 import sys
-import timeit
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,59 +29,128 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).parent))
 from vllm_payload import generate
 
-from kvwatch.engines import vllm
+from kvwatch.derived import derive
+from kvwatch.engines.detect import read_payload
 from kvwatch.exposition import parse
+from kvwatch.history import History
+from kvwatch.payload import interpret
+from kvwatch.sim.engine import EngineConfig, Request, Simulator
+from kvwatch.sim.metrics import render
 
-PAYLOAD = generate(engines=8)
-WANTED = vllm.wanted_for()
-
-
-def kvwatch_wanted() -> Any:
-    return parse(PAYLOAD, WANTED)
-
-
-def kvwatch_all() -> Any:
-    return parse(PAYLOAD)
+ENGINES = 8
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "tests" / "fixtures" / "vllm-metrics" / "gen-0.33-dp2-capacity-labels.prom"
 
 
-def prometheus_client_all() -> Any:
-    return list(text_string_to_metric_families(PAYLOAD))
+def fixture_payload(engines: int = ENGINES) -> str:
+    """The 0.33 fixture with engine 0's series repeated for engines 0..engines-1 (engine 1's dropped)."""
+    out: list[str] = []
+    for line in FIXTURE.read_text().splitlines():
+        if 'engine="0"' in line:
+            out += [line.replace('engine="0"', f'engine="{e}"') for e in range(engines)]
+        elif 'engine="1"' not in line:
+            out.append(line)
+    return "\n".join(out) + "\n"
 
 
-def kvwatch_poll() -> Any:
-    """What kvwatch does per poll: parse the wanted families and build the readings."""
-    return vllm.read(parse(PAYLOAD, WANTED), timestamp=0.0)
+def sim_payload(engines: int = ENGINES) -> str:
+    """A whole vLLM 0.33 page for ``engines`` engines, each in the state of a simulator after some load."""
+    sim = Simulator(EngineConfig(num_gpu_blocks=4096, max_model_len=16384, data_parallel_size=engines), seed=0)
+    sim.submit(Request(arrival_time=i * 0.05, prompt_tokens=800 + 10 * i, output_tokens=200) for i in range(400))
+    sim.run_until(30.0)
+    return render(sim.snapshot(), "0.33")
 
 
-def test_kvwatch_parse_wanted(benchmark: Any) -> None:
-    assert len(benchmark(kvwatch_wanted).samples("vllm:kv_cache_usage_perc")) == 8
+PAYLOADS: dict[str, Callable[[], str]] = {"fixture": fixture_payload, "sim": sim_payload, "bench": generate}
+def kvwatch_poll(text: str) -> Any:
+    """Parse + read: what every poll does with the body (the filter of every adapter, engine detection,
+    the vLLM adapter)."""
+    return read_payload(text, timestamp=0.0)
 
 
-def test_kvwatch_parse_all(benchmark: Any) -> None:
-    benchmark(kvwatch_all)
+def kvwatch_full(text: str) -> Any:
+    return parse(text)
 
 
-def test_kvwatch_parse_and_read(benchmark: Any) -> None:
-    assert len(benchmark(kvwatch_poll).readings) == 8
+def prometheus_client_parse(text: str) -> Any:
+    return list(text_string_to_metric_families(text))
 
 
-def test_prometheus_client_parse(benchmark: Any) -> None:
-    benchmark(prometheus_client_all)
+def poll_cpu(text: str, polls: int = 200) -> float:
+    """CPU seconds per poll of the sidecar's fetch-free work: interpret, history, derive for every series."""
+    history = History(forget_after=3600.0)
+    started = time.process_time()
+    for i in range(polls):
+        poll = interpret(text, None, timestamp=5.0 * i)
+        history.record(poll)
+        for reading in poll.readings:
+            derive(reading, history[reading.key], None)
+    return (time.process_time() - started) / polls
+
+
+def interleaved(fns: dict[str, Callable[[], Any]], rounds: int = 15, budget: float = 0.05) -> dict[str, float]:
+    """Minimum seconds per call of each fn, timed in alternation (each round runs every fn ~budget seconds)."""
+    numbers = {}
+    for name, fn in fns.items():
+        started = time.perf_counter()
+        fn()
+        numbers[name] = max(1, int(budget / max(time.perf_counter() - started, 1e-6)))
+    best: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            started = time.perf_counter()
+            for _ in range(numbers[name]):
+                fn()
+            best[name].append((time.perf_counter() - started) / numbers[name])
+    return {name: min(times) for name, times in best.items()} | {
+        f"{name} (median)": statistics.median(times) for name, times in best.items()}
+
+
+# ---------------------------------------------------------------- pytest-benchmark
+
+_TEXTS = {name: make() for name, make in PAYLOADS.items()}
+
+
+def test_kvwatch_parse_and_read_fixture(benchmark: Any) -> None:
+    assert len(benchmark(kvwatch_poll, _TEXTS["fixture"]).readings) == ENGINES
+
+
+def test_kvwatch_parse_and_read_sim(benchmark: Any) -> None:
+    assert len(benchmark(kvwatch_poll, _TEXTS["sim"]).readings) == ENGINES
+
+
+def test_kvwatch_parse_and_read_bench(benchmark: Any) -> None:
+    assert len(benchmark(kvwatch_poll, _TEXTS["bench"]).readings) == ENGINES
+
+
+def test_kvwatch_full_parse_bench(benchmark: Any) -> None:
+    benchmark(kvwatch_full, _TEXTS["bench"])
+
+
+def test_prometheus_client_parse_bench(benchmark: Any) -> None:
+    benchmark(prometheus_client_parse, _TEXTS["bench"])
 
 
 def main() -> None:
-    print(f"payload: {len(PAYLOAD):,} bytes, {PAYLOAD.count(chr(10)):,} lines, 8 engines")
-    results = {}
-    for name, fn, number in (("prometheus_client text_string_to_metric_families", prometheus_client_all, 3),
-                             ("kvwatch parse, all families", kvwatch_all, 20),
-                             ("kvwatch parse, wanted families", kvwatch_wanted, 50),
-                             ("kvwatch parse + vllm.read (one poll)", kvwatch_poll, 50)):
-        best = min(timeit.repeat(fn, number=number, repeat=5)) / number
-        results[name] = best
-        print(f"{name:52s} {best * 1000:8.2f} ms")
-    base = results["prometheus_client text_string_to_metric_families"]
-    for name, value in results.items():
-        print(f"speed-up of {name}: {base / value:.1f}x")
+    import platform
+
+    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    print(f"Python {platform.python_version()}, {platform.machine()}, load average {load}")
+    for name, text in _TEXTS.items():
+        t = interleaved({
+            "prometheus_client": lambda text=text: prometheus_client_parse(text),
+            "kvwatch parse+read": lambda text=text: kvwatch_poll(text),
+            "kvwatch full parse": lambda text=text: kvwatch_full(text),
+        })
+        base, base_median = t["prometheus_client"], t["prometheus_client (median)"]
+        print(f"\n{name}: {len(text):,} bytes, {text.count(chr(10)):,} lines")
+        for what in ("prometheus_client", "kvwatch parse+read", "kvwatch full parse"):
+            median = t[what + " (median)"]
+            print(f"  {what:20s} min {t[what] * 1e3:8.3f} ms  median {median * 1e3:8.3f} ms"
+                  f"  speed-up {base / t[what]:6.1f}x (of minima), {base_median / median:6.1f}x (of medians)")
+        cpu = min(poll_cpu(text) for _ in range(3))
+        print(f"  poll CPU (interpret + history + derive): {cpu * 1e3:.3f} ms per poll = "
+              f"{cpu * 1e3 / ENGINES:.3f} ms per engine")
 
 
 if __name__ == "__main__":

@@ -38,8 +38,8 @@ ALERTS = {
 DERIVED = re.compile(
     r"kvwatch_(kv_usage_ratio|kv_used_tokens|kv_capacity_tokens|requests_running|requests_waiting|"
     r"preemptions_per_second|max_concurrency|concurrency_headroom|kv_exhaustion_eta_seconds|"
-    r"kv_usage_forecast_ratio|state|whatif_max_concurrency|formula_kv_capacity_tokens|ttft_slo_breach|"
-    r"latency_seconds)\b"
+    r"kv_usage_forecast_ratio|kv_saturation_risk|state|whatif_max_concurrency|formula_kv_capacity_tokens|"
+    r"ttft_slo_breach|latency_seconds)\b"
 )
 # Health alerts: one per target, and no series carries a model_name once polls fail (documented exception).
 NO_MODEL = {"KvwatchTargetDown", "KvwatchAbsent", "VLLMContainerRestartLoop"}
@@ -89,7 +89,9 @@ MUTATIONS = [
     ("the bottleneck's queue condition", "quantile_over_time(0.5, kvwatch_requests_waiting[2m]) > 0",
      "quantile_over_time(0.5, kvwatch_requests_waiting[2m]) >= 0",
      ["full cache without queue and stale sidecar do not fire",
-      "forecast fires after its for, with the model, pod and ETA"]),
+      "forecast fires after its for, with the model, pod and risk"]),
+    ("the forecast's 30-minute horizon", 'kvwatch_kv_saturation_risk{horizon="30m"}',
+     'kvwatch_kv_saturation_risk{horizon=~".+"}', ["only the 30-minute risk with the filling state fires"]),
     ("the bottleneck's median", "quantile_over_time(0.5, kvwatch_kv_usage_ratio[2m]) >= 0.95",
      "max_over_time(kvwatch_kv_usage_ratio[2m]) >= 0.95",
      ["draining caches with requests still waiting resolve or never fire"]),
@@ -193,7 +195,9 @@ def test_recording_rules_follow_level_metric_operation() -> None:
     for rule in records:
         assert RECORD_NAME.match(rule["record"]), rule["record"]
         level = rule["record"].split(":")[0]
-        assert f"by ({level.replace('_model_name', ', model_name').replace('_state', ', state')})" in rule["expr"]
+        labels = level.replace("_model_name", ", model_name")
+        labels = labels.replace("_state", ", state").replace("_horizon", ", horizon")
+        assert f"by ({labels})" in rule["expr"]
 
 
 def test_every_alert_has_a_firing_and_a_silent_promtool_case() -> None:
@@ -219,7 +223,7 @@ def test_e2e_copy_differs_only_in_shorter_for() -> None:
 
 def test_difference_check_catches_a_changed_threshold() -> None:
     source = RULES.read_text()
-    tampered = shorten_for(source, 60).replace("< 1800", "< 3600")
+    tampered = shorten_for(source, 60).replace('{horizon="30m"}', '{horizon="15m"}')
     assert differences_besides_for(source, tampered) == ["rule KVCacheExhaustionForecast differs"]
 
 

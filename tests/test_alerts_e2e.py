@@ -11,7 +11,7 @@ itself, on Prometheus' own samples of kvwatch (one a second: a simulated minute)
 KVCacheBottleneck's condition first holds in simulated time: the medians of usage (>= 0.95) and of waiting
 requests (> 0) over the last 2 simulated minutes, i.e. when the page would go pending at 1x; single bursts
 to a full cache come earlier (usage on this small cache swings by 0.5 from one minute to the next) and are
-only reported. ``KVCacheExhaustionForecast`` must reach the webhook as a forecast (an ETA, not "saturated
+only reported. ``KVCacheExhaustionForecast`` must reach the webhook as a forecast (a risk, not "saturated
 now") at least ``MIN_LEAD_SIM_MINUTES`` simulated minutes before saturation, and before kvwatch's state
 turns ``bottleneck``; it must not resolve before ``KVCacheBottleneck`` fires (the hand-off); both carry the
 target's labels; the recording rules answer. (The bottleneck's own timing is promtool's job:
@@ -149,7 +149,7 @@ def test_forecast_reaches_alertmanager_before_bottleneck(tmp_path: Path) -> None
             assert f"model {MODEL} (engine 0) on pod e2e/vllm-e2e-0" in note.annotations["description"]
             assert note.annotations["runbook_url"].endswith("#" + note.labels["alertname"].lower())
         # It arrived as a forecast (state filling: "in 5m 7s" or "now"), not as "saturated now" (bottleneck).
-        assert forecast.annotations["summary"].startswith(f"KV cache of {MODEL} predicted to saturate "), (
+        assert forecast.annotations["summary"].startswith(f"KV cache of {MODEL}: "), (
             forecast.annotations["summary"] + "\n" + diagnosis)
 
         # When did the cache saturate? Prometheus' own samples of kvwatch, one a second (a simulated minute).

@@ -6,14 +6,20 @@ import pytest
 
 from kvwatch.backtest.baselines import ForDuration, HoltBaseline, LinearFit, PredictLinearBaseline, ThresholdBaseline
 from kvwatch.backtest.scoring import (
+    QUIET_SECONDS,
+    WARMUP_SECONDS,
     Episode,
     Event,
+    active_before_onsets,
     detection_delays,
     find_episodes,
     find_events,
+    mask_warmup,
+    pool,
     saturated_samples,
     score_run,
     summarize,
+    warmup_windows,
 )
 
 TIMES = [10.0 * i for i in range(1, 721)]  # two hours of 10-s polls
@@ -109,3 +115,49 @@ def test_holt_extrapolates_per_minute_means():
     assert not states[0] and states[-1]  # 1 %/min from ~0.78: 30 min ahead exceeds 0.95
     flat = HoltBaseline(for_seconds=0.0)
     assert not any(flat.observe(float(t), 0.8) for t in range(0, 3600, 10))
+
+
+def test_warmup_is_the_same_for_every_method_and_its_events_are_scored_apart():
+    times = [float(t) for t in range(0, 7200, 10)]
+    windows = warmup_windows((), 7200.0)
+    assert windows == [(0.0, WARMUP_SECONDS)]
+    # A "warning" raised in the first minute of data and held on: masked until the warm-up ends.
+    active = mask_warmup(times, [True] * len(times), windows)
+    assert not any(a for t, a in zip(times, active, strict=True) if t < WARMUP_SECONDS)
+    episodes = find_episodes(times, active)
+    assert episodes[0].start == WARMUP_SECONDS
+    events = [Event(540.0, 900.0), Event(3000.0, 3200.0)]  # the first starts inside the warm-up
+    outcome = score_run(events, episodes, monitored_seconds=7200.0, warmup=windows)
+    assert outcome.warmup_events == 1
+    assert outcome.leads == [3000.0 - WARMUP_SECONDS]  # the 540-s event is not credited with a 9-minute lead
+    assert outcome.monitored_seconds == 7200.0 - WARMUP_SECONDS
+
+
+def test_restarts_open_another_warmup():
+    assert warmup_windows((5000.0,), 6000.0) == [(0.0, WARMUP_SECONDS), (5000.0, 6000.0)]
+
+
+def test_false_alarms_per_day_need_a_monitored_day():
+    short = score_run([], [Episode(9000.0, 9100.0)], monitored_seconds=7200.0)
+    summary = summarize(short)
+    assert summary["false_alarms_per_day"] is None  # never extrapolated from 2 h
+    assert summary["false_alarms"] == 1
+    pooled = pool([short] * 12)  # 24 monitored hours
+    assert summarize(pooled)["false_alarms_per_day"] == 12.0
+
+
+def test_an_event_needs_the_quiet_gap_before_it():
+    times = [float(t) for t in range(0, 3600, 10)]
+    saturated = [300 <= t < 600 or 600 + QUIET_SECONDS - 100 <= t < 1500 or 2400 <= t < 2700 for t in times]
+    events = find_events(times, saturated)
+    # The second stretch starts less than N after the first ended: same event; the third is a new one.
+    assert [e.onset for e in events] == [300.0, 2400.0]
+
+
+def test_a_warning_on_long_before_an_event_counts_as_active_before_it():
+    times = [float(t) for t in range(0, 14400, 10)]
+    active = [t >= 2000 for t in times]  # on from 2000 s, more than an hour before the onset at 9000 s
+    events = [Event(9000.0, 9500.0), Event(1000.0, 1200.0)]  # the second starts inside the warm-up
+    assert active_before_onsets(events, times, active, warmup_windows((), 14400.0)) == [True]
+    assert score_run(events[:1], find_episodes(times, active), monitored_seconds=14400.0).leads == [None]
+    assert active_before_onsets([Event(2100.0, 2200.0)], times, active) == [False]  # on for only 100 s

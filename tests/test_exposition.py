@@ -50,13 +50,26 @@ def test_histogram_samples_in_multiprocess_order_group_under_family() -> None:
                      "vllm:request_prompt_tokens_bucket", "vllm:request_prompt_tokens_count"]
 
 
-def test_created_samples_are_dropped_and_duplicates_kept() -> None:
+def test_created_families_are_kept_as_go_keeps_them() -> None:
     exposition = parse((FIXTURES / "v0.10.0-glm45-deprecated-and-new.prom").read_text())
-    assert "vllm:gpu_prefix_cache_queries_created" not in exposition
-    assert exposition.get("vllm:gpu_prefix_cache_hits_created") is None
+    assert exposition.samples("vllm:gpu_prefix_cache_queries_created")[0].value == 1.7537953269352946e09
     assert exposition.samples("vllm:prefix_cache_queries_total")[0].value == 32.0
-    dup = parse('a{x="1"} 1\na{x="1"} 2\n').samples("a")
-    assert [s.value for s in dup] == [1.0, 2.0]
+
+
+def test_duplicate_series_reject_the_payload() -> None:
+    with pytest.raises(ParseError, match=r"line 2: duplicate series a\{'x': '1'\}"):
+        parse('a{x="1"} 1\na{x="1"} 2\n')
+    with pytest.raises(ParseError, match="duplicate series"):  # label order does not matter
+        parse('a{x="1",y="2"} 1\na{y="2",x="1"} 1\n')
+    with pytest.raises(ParseError, match="duplicate series"):  # nor does the spelling of the line
+        parse('a{x="1"} 1\n a { x = "1" } 1\n')
+    # The same labels on different sample names, or differing in one label, are different series.
+    assert len(parse('a{x="1"} 1\na{x="2"} 1\nb{x="1"} 1\n').samples("a")) == 2
+
+
+def test_duplicate_series_of_a_wanted_family_reject_the_filtered_parse_too() -> None:
+    with pytest.raises(ParseError, match="duplicate series"):
+        parse("# TYPE a gauge\na 1\na 2\n# TYPE b gauge\nb 1\n", wanted={"a"})
 
 
 def test_openmetrics_variant() -> None:
@@ -71,13 +84,17 @@ def test_openmetrics_variant() -> None:
     family = parse(text).get("vllm:prompt_tokens_total")
     assert family is not None and family.type == "counter"
     assert family.help == "Number of prefill tokens processed."
-    assert [s.value for s in family.samples] == [5.0]
+    assert [s.value for s in family.samples] == [5.0]  # OpenMetrics' _created (a creation time) is dropped
 
 
-def test_sample_before_its_type_line_still_finds_family() -> None:
-    text = 'h_sum{a="1"} 3\n# TYPE h histogram\nh_count{a="1"} 2\n'
-    family = parse(text).get("h")
-    assert family is not None and family.type == "histogram" and len(family.samples) == 2
+def test_sample_before_its_type_line_is_a_family_of_its_own_as_in_go() -> None:
+    # Go's parser: h_sum, seen before "TYPE h", starts an untyped family h_sum; h_count then joins h.
+    exposition = parse('h_sum{a="1"} 3\n# TYPE h histogram\nh_count{a="1"} 2\n')
+    assert [s.value for s in exposition.samples("h_sum")] == [3.0]
+    family = exposition.get("h")
+    assert family is not None and family.type == "histogram" and [s.value for s in family.samples] == [2.0]
+    with pytest.raises(ParseError, match="TYPE reported after samples"):
+        parse("m 1\n# TYPE m gauge\n")
 
 
 def test_wanted_skips_families_but_records_their_names() -> None:
@@ -87,9 +104,10 @@ def test_wanted_skips_families_but_records_their_names() -> None:
     assert {"a", "b", "c"} <= exposition.names
 
 
-def test_crlf_and_blank_lines() -> None:
-    exposition = parse("# TYPE a gauge\r\n\r\na 1\r\n")
-    assert exposition.samples("a")[0].value == 1.0
+def test_blank_lines_are_skipped_but_crlf_is_an_error_as_in_go() -> None:
+    assert parse("# TYPE a gauge\n\n \t\na 1\n").samples("a")[0].value == 1.0
+    with pytest.raises(ParseError, match="unknown metric type"):  # Go's blanks are ' ' and '\t' only
+        parse("# TYPE a gauge\r\n\r\na 1\r\n")
 
 
 @pytest.mark.parametrize("text", [
@@ -118,7 +136,6 @@ def test_agrees_with_prometheus_client(path: Path) -> None:
     theirs = {
         (s.name, tuple(sorted(s.labels.items())), s.value)
         for f in text_string_to_metric_families(text) for s in f.samples
-        if not s.name.endswith("_created")
     }
     assert ours == theirs
 
@@ -142,8 +159,8 @@ def test_fuzz_arbitrary_unicode_only_parse_error(text: str) -> None:
 
 @settings(max_examples=150, deadline=None)
 @given(st.dictionaries(st.from_regex(r"[a-z_][a-z0-9_]{0,8}", fullmatch=True),
-                       # NUL is rejected on purpose (binary body), so label values never hold it.
-                       st.text(st.characters(blacklist_characters="\x00"), max_size=12), max_size=4),
+                       # Any Unicode but lone surrogates (not UTF-8, which Go refuses); NUL is a valid character.
+                       st.text(st.characters(blacklist_categories=("Cs",)), max_size=12), max_size=4),
        st.floats(allow_nan=False))
 def test_roundtrip_escaped_labels(labels: dict[str, str], value: float) -> None:
     def esc(v: str) -> str:
@@ -177,7 +194,70 @@ def test_nothing_after_eof_is_parsed() -> None:
     assert "b" in parse("a 1\n# HELP b not the end # EOF\nb 2\n")  # only a line of its own ends the text
 
 
-@pytest.mark.parametrize("value", ["1_000", "1_0.5", "0x10", "1e", "one"])
+@pytest.mark.parametrize("value", ["1_000", "1_0.5", "0x10", "1e", "one", "\u0661\u0662", "\uff11", "+nan", "-NaN",
+                                   "1e999", "-1e400", "\x0c1", "1\x0b", "0x1p-3", "infinit"])
 def test_values_python_reads_but_prometheus_does_not_are_errors(value: str) -> None:
-    with pytest.raises(ParseError, match="bad value"):
+    with pytest.raises(ParseError, match="expected float as value"):
         parse(f"a {value}\n")
+
+
+@pytest.mark.parametrize(("value", "expected"), [("1", 1.0), ("-3e3", -3000.0), (".5", 0.5), ("5.", 5.0), ("08", 8.0),
+                                                 ("+Inf", math.inf), ("-inf", -math.inf), ("Infinity", math.inf),
+                                                 ("1E+05", 1e5), ("nan", math.nan), ("NaN", math.nan)])
+def test_values_both_read(value: str, expected: float) -> None:
+    got = parse(f"a {value}\n").samples("a")[0].value
+    assert got == expected or (math.isnan(got) and math.isnan(expected))
+
+
+def test_nul_in_help_and_label_values_is_kept() -> None:
+    # HELP escapes are resolved once; NUL (a valid character to Go) is kept, not mistaken for a placeholder.
+    e = parse('# HELP a nul \x00 here, \\\\ and \\n\na{x="\x00"} 1\n')
+    family = e.get("a")
+    assert family is not None and family.help == "nul \x00 here, \\ and \n"
+    assert family.samples[0].labels == {"x": "\x00"}
+
+
+def test_bytes_must_be_utf8() -> None:
+    assert parse(b'a{x="\xc3\xa9"} 1\n').samples("a")[0].labels == {"x": "\u00e9"}
+    with pytest.raises(ParseError, match="line 2: invalid UTF-8"):
+        parse(b'a 1\nmetric{l="\xbd"} 3.14\n')
+
+
+def test_a_body_that_stops_mid_line_is_truncated() -> None:
+    with pytest.raises(ParseError, match="line 2: unexpected end of input stream"):
+        parse("a 1\nb 2")
+    assert parse("a 1\n  ").samples("a")  # blanks after the last newline are not a line (Go agrees)
+
+
+def test_filtered_parse_still_finds_a_wanted_sample_inside_an_unwanted_familys_block() -> None:
+    text = "# TYPE other gauge\nother 1\nwanted 2\nother_x 3\n# TYPE b gauge\nb 1\nb{x=\"1\"} 2\n"
+    e = parse(text, wanted={"wanted"})
+    assert set(e.families) == {"wanted"} and e.samples("wanted")[0].value == 2.0
+    assert {"other", "b", "wanted"} <= e.names
+
+
+def test_filtered_parse_counts_skipped_lines_for_error_messages() -> None:
+    text = ('# HELP other x\n# TYPE other gauge\nother{a="1"} 1\nother{a="2"} 1\n# TYPE h histogram\n'
+            'h_bucket{le="1"} 1\nh_bucket{le="+Inf"} 1\nh_count 1\nh_sum 1 2 3\n')
+    with pytest.raises(ParseError, match=r"^line 9: spurious string after timestamp"):
+        parse(text, wanted={"h_count", "h_sum"})
+    assert [s.name for s in parse(text[: text.rindex(" 2 3")] + "\n", wanted={"h_count", "h_sum"}).samples("h")] == [
+        "h_count", "h_sum"]
+
+
+def test_filtered_parse_of_a_sample_name_keeps_only_those_samples_of_the_family() -> None:
+    text = '# TYPE h histogram\nh_bucket{le="1"} 1\nh_bucket{le="+Inf"} 2\nh_sum 3\nh_count 2\n'
+    family = parse(text, wanted={"h_sum"}).get("h")
+    assert family is not None and family.type == "histogram" and [s.name for s in family.samples] == ["h_sum"]
+
+
+def test_label_sets_remembered_between_parses_are_never_shared() -> None:
+    text = 'a{x="1",y="2"} 1\n'
+    first = parse(text).samples("a")[0]
+    first.labels["x"] = "changed"
+    second = parse(text).samples("a")[0]
+    assert second.labels == {"x": "1", "y": "2"} and second.labels is not first.labels
+    # A remembered 'name{labels}' followed by Go's other blanks still means value and timestamp.
+    assert parse('a{x="1",y="2"} 5\t7\n').samples("a")[0].value == 5.0
+    with pytest.raises(ParseError, match="expected integer as timestamp"):
+        parse('a{x="1",y="2"} 5 \n')

@@ -78,3 +78,13 @@ def test_one_family_per_name_across_series_and_recommendation_ranks():
     eta = {s.labels["engine"]: s.value for f in families if f.name == "kvwatch_kv_exhaustion_eta_seconds"
            for s in f.samples}
     assert eta["1"] == 0.0 and math.isinf(eta["0"])
+
+
+def test_saturation_risk_per_horizon_is_a_probability_and_the_eta_follows_it():
+    _, result = _steady_result()
+    text = _exposition(forecast_metric_families([({"model_name": "m", "engine": "0"}, result, [])]))
+    for label in ("5m", "15m", "30m"):
+        line = next(x for x in text.splitlines()
+                    if x.startswith(f'kvwatch_kv_saturation_risk{{engine="0",horizon="{label}",model_name="m"}}'))
+        assert 0.0 <= float(line.split()[-1]) < 0.5  # a steady 0.6 cache: low risk, ETA +Inf
+    assert result.risk[300] <= result.risk[900] <= result.risk[1800]

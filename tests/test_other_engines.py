@@ -87,8 +87,8 @@ def test_trtllm_colon_prefix_reads_alike() -> None:
 
 
 def test_trtllm_serve_usage_falls_back_to_blocks() -> None:
-    text = "\n".join(line for line in (TRTLLM / "gen-trtllm-serve.prom").read_text().splitlines()
-                     if "kv_cache_utilization" not in line)
+    text = "".join(line for line in (TRTLLM / "gen-trtllm-serve.prom").read_text().splitlines(keepends=True)
+                   if "kv_cache_utilization" not in line)  # every line keeps its newline (a valid exposition)
     p = read_payload(text, timestamp=1.0)
     assert p.readings[0].kv_usage_ratio == 6144 / 8192
     assert p.detection.usage_metric == "trtllm_kv_cache_used_blocks / trtllm_kv_cache_max_blocks"

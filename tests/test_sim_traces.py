@@ -14,6 +14,7 @@ from kvwatch.sim.traces import (
     TraceError,
     block_bootstrap,
     compress_time,
+    detect_format,
     load_trace,
     packaged_trace,
     read_azure_csv,
@@ -78,8 +79,22 @@ def test_malformed_mooncake_input_and_missing_file() -> None:
         read_mooncake_jsonl('{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1}\n')
     with pytest.raises(TraceError, match="cannot read"):
         read_mooncake_jsonl(Path("/nonexistent/trace.jsonl"))
-    with pytest.raises(TraceError, match="unknown trace format"):
+    with pytest.raises(TraceError, match="cannot read"):
         load_trace("trace.parquet")
+
+
+def test_format_is_detected_from_content_not_the_file_name(tmp_path: Path) -> None:
+    azure = tmp_path / "requests.txt"
+    azure.write_text(packaged_trace("azure_conv_sample.csv").read_text())
+    mooncake = tmp_path / "requests.csv"  # a misleading extension
+    mooncake.write_text(packaged_trace("mooncake_conversation_sample.jsonl").read_text())
+    assert (detect_format(azure), detect_format(mooncake)) == ("azure", "mooncake")
+    assert load_trace(azure) == read_azure_csv(packaged_trace("azure_conv_sample.csv"))
+    assert len(load_trace(mooncake)) == len(read_mooncake_jsonl(packaged_trace("mooncake_conversation_sample.jsonl")))
+    other = tmp_path / "x.csv"
+    other.write_text("time,prompt,output\n0,1,1\n")
+    with pytest.raises(TraceError, match="not an Azure 2023 CSV"):
+        load_trace(other)
 
 
 def test_rate_scaling_thins_and_superposes() -> None:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvwatch.engines import Selector, SourceOverrides, UnrecognisedPayload, vllm
-from kvwatch.exposition import parse
+from kvwatch.exposition import ParseError, parse
 from kvwatch.model import Poll, Reading
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-metrics"
@@ -143,13 +143,14 @@ def test_pid_copies_of_a_queue_gauge_take_the_largest_not_the_sum() -> None:
     assert dict(r.waiting_by_reason) == {"capacity": 4.0, "deferred": 1.0}
 
 
-def test_duplicate_series_count_once() -> None:
+def test_duplicate_series_are_a_parse_error_not_last_wins() -> None:
     text = (
         'vllm:num_requests_waiting{engine="0",model_name="m"} 4\n'
-        'vllm:num_requests_waiting{engine="0",model_name="m"} 4\n'
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 9\n'
         'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.1\n'
     )
-    assert only(vllm.read(parse(text), timestamp=0.0)).requests_waiting == 4.0
+    with pytest.raises(ParseError, match="line 2: duplicate series"):
+        vllm.read(parse(text, vllm.wanted_for()), timestamp=0.0)
 
 
 def test_overridden_usage_name_with_label_matcher() -> None:
@@ -210,13 +211,13 @@ _VLLM_NAMES = sorted(vllm.FAMILIES)
                     st.sampled_from(["0", "1", "m", "None", "nan", "-5", "True", "", "1e400"]), max_size=4),
     st.sampled_from(["0", "1", "NaN", "+Inf", "-Inf", "-3", "1e308"])), max_size=12))
 def test_adapter_only_raises_unrecognised(samples: list[tuple[str, dict[str, str], str]]) -> None:
-    lines = []
+    lines = {}
     for name, labels, value in samples:
         body = ",".join(f'{k}="{v}"' for k, v in labels.items())
-        lines.append(f"{name}{{{body}}} {value}")
+        lines[f"{name}{{{body}}}"] = f"{name}{{{body}}} {value}\n"  # one line per series (duplicates are errors)
     overrides = SourceOverrides.from_strings(usage="gpu_cache_usage_sys")
     with contextlib.suppress(UnrecognisedPayload):
-        vllm.read(parse("\n".join(lines)), overrides, timestamp=0.0)
+        vllm.read(parse("".join(lines.values())), overrides, timestamp=0.0)
 
 
 PROXY = """\

@@ -1,29 +1,51 @@
-"""A fast parser for the Prometheus text exposition format, as served by vLLM.
+"""A fast, strict parser for the Prometheus text exposition format (and its OpenMetrics variant).
 
-Handles what vLLM's ``prometheus_client`` emits, in both single- and multi-process mode: ``# HELP`` /
-``# TYPE`` lines, escaped label values, ``NaN``/``+Inf``/``-Inf``, optional sample timestamps (dropped),
-samples in any order (multiprocess mode puts ``_sum`` before ``_bucket``), duplicate series, and the
-OpenMetrics text variant (``# EOF`` ends the text, ``# UNIT``, counters declared without ``_total``,
-exemplars after `` # `` are ignored; OpenMetrics always ends in ``# EOF``, which is how it is told apart).
-``*_created`` samples and families are dropped: kvwatch never needs them. Values follow Prometheus, not
-Python: ``1_000`` is an error.
+Conformance: a full parse (no ``wanted``) accepts and rejects what Prometheus' own text parser does
+(``prometheus/common`` ``expfmt`` ``TextParser`` with UTF-8 names, the Prometheus 3 default). The cases
+are vendored in ``tests/fixtures/exposition-conformance/`` and run by ``tests/test_exposition_conformance.py``:
 
-Why it is fast: it scans lines with ``str`` methods, resolves each distinct sample name to its family
-once (a dict cache), and skips samples of unwanted families before looking at their labels.
+- every line ends in ``\\n`` (a body that stops mid-line is truncated); only ``' '`` and ``'\\t'`` are blanks;
+- names are ``[a-zA-Z_:][a-zA-Z0-9_:]*``, or any UTF-8 in quotes (``{"my.metric","label.name"="v"} 1``);
+- escapes: ``\\\\``, ``\\"``, ``\\n`` (others are errors), in HELP text and label values alike;
+- values are what Go's ``strconv.ParseFloat`` *and* Python's ``float()`` both read (ASCII digits, no
+  ``_``, no hex, ``NaN``/``Inf`` spellings): ``1_000``, ``0x10``, ``١٢`` and ``1e999`` are errors;
+  timestamps are decimal int64 (dropped: kvwatch stamps nothing);
+- one HELP and one TYPE per family, TYPE before the family's samples; types are Prometheus' own;
+  ``le``/``quantile`` of histograms/summaries are numbers; histogram counts are not negative;
+  ``__name__`` is not a label; a label appears once per sample.
+- **duplicate series** (one sample name with the same label set twice in one payload, at the same
+  timestamp or both without one) make the whole payload a :class:`ParseError`: the target contradicts
+  itself, and keeping either copy would be a guess (docs/reliability.md). Prometheus' Go parser leaves this
+  check to its caller; kvwatch is that caller.
 
-:func:`parse` never raises anything but :class:`ParseError`.
+OpenMetrics (the text ends in a ``# EOF`` line, which is how it is told apart; nothing after it is read):
+counters are declared without ``_total``, the ``unknown``/``info``/``stateset`` types, ``# UNIT``, float
+timestamps and exemplars (dropped) are accepted; a family's ``*_created`` samples are dropped (kvwatch never
+needs creation times). In Prometheus text, ``x_created`` is a family of its own, as in Go.
+
+Speed (docs/performance.md): lines are cut with ``str`` methods; a sample name resolves to its family
+once (a dict); canonical label sets (``k="v",...`` without escapes) split on ``"``, anything else takes a
+character-level path that mirrors Go's state machine. With ``wanted`` (a set of family or sample names)
+samples outside it are skipped before their labels are read, a whole block of an unwanted family (its
+lines after its TYPE, all starting with its name) is skipped in C with ``str.count``, and a run of lines
+of one unwanted sample name (histogram buckets) is stepped over without being split: lines skipped either
+way are not validated. A
+``name{labels}`` text validated once is remembered across parses (bounded caches: a sidecar parses the
+same shape every poll). :func:`parse` never raises anything but :class:`ParseError`.
 """
 
 from __future__ import annotations
 
+import gc
+import math
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 
 class ParseError(ValueError):
-    """The text is not a Prometheus exposition (message names the line)."""
+    """The text is not a valid Prometheus exposition (the message names the line)."""
 
 
 class Sample(NamedTuple):
@@ -42,10 +64,11 @@ class Family:
 
 @dataclass(frozen=True)
 class Exposition:
-    """Families by name. Counters are keyed by their ``_total`` wire name (also for OpenMetrics input)."""
+    """Families by name (only families with samples). OpenMetrics counters are keyed by their ``_total``
+    sample name, as Prometheus text names them."""
 
     families: Mapping[str, Family]
-    # Every family name seen, including the ones skipped by ``wanted``.
+    # Every family name seen: declared by HELP/TYPE, or with samples read (including unwanted ones).
     names: frozenset[str] = frozenset()
 
     def __contains__(self, name: object) -> bool:
@@ -62,238 +85,718 @@ class Exposition:
         return iter(self.families.values())
 
 
-_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-_SUFFIXES = ("_bucket", "_sum", "_count", "_gsum", "_gcount", "_info")
+Wanted = Callable[[str], bool] | Collection[str]
+"""A family filter: a predicate on family names, or a set of family *and/or sample* names (faster)."""
+
+_LEGACY_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LEGACY_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+# Go's strconv.ParseFloat minus hex/underscores, intersected with Python's float(): ASCII only, and
+# NaN without a sign (Go's special() reads a sign only before "inf").
+_GO_FLOAT = re.compile(r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+                       r"|[iI][nN][fF](?:[iI][nN][iI][tT][yY])?)|[nN][aA][nN]")
+_INT64 = re.compile(r"[+-]?[0-9]+")
+_TYPES = {"counter": "counter", "gauge": "gauge", "histogram": "histogram", "summary": "summary",
+          "untyped": "untyped", "gauge_histogram": "gaugehistogram", "gaugehistogram": "gaugehistogram"}
+_OM_TYPES = {**_TYPES, "unknown": "unknown", "info": "info", "stateset": "stateset"}
+_HISTOGRAMS = ("histogram", "gaugehistogram")
+_OM_SUFFIXES = ("_total", "_created", "_bucket", "_sum", "_count", "_gsum", "_gcount", "_info")
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
-_SKIP = object()  # name cache marker: family not wanted
+_SKIP = None  # resolved-name marker: the sample is not wanted
+_UNKNOWN = object()  # resolved-name marker: not seen yet
+_INF = math.inf
+_INFS = (math.inf, -math.inf)
+_new_sample = tuple.__new__  # Sample(...) without NamedTuple's argument handling, per sample
 
 
-def parse(text: str, wanted: Callable[[str], bool] | None = None) -> Exposition:
-    """Parse exposition ``text``; ``wanted(family_name)`` (called once per family) drops families early."""
+class _Meta:
+    """What Go's parser keeps per family while reading: its type, help, and whether samples came yet."""
+
+    __slots__ = ("family", "help", "name", "type")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.type: str | None = None
+        self.help: str | None = None
+        self.family: Family | None = None
+
+
+class _Target(NamedTuple):
+    """Where samples of one sample name go, resolved once per name."""
+
+    append: Callable[[Sample], None]
+    meta: _Meta
+    kind: int  # 0 plain, 1 histogram bucket-ish (check le, non-negative), 2 histogram count, 3 summary
+
+
+def parse(text: str | bytes, wanted: Wanted | None = None) -> Exposition:
+    """Parse an exposition. ``wanted`` keeps only some families (see :data:`Wanted`)."""
+    # The parse allocates a dict and a tuple per sample and frees nothing until it returns: cyclic GC passes
+    # in between would only rescan them (measured: ~1/4 of the time on a large payload).
+    enabled = gc.isenabled()
+    gc.disable()
     try:
-        return _parse(text, wanted)
+        return _Parser(text, wanted).run()
     except ParseError:
         raise
     except Exception as exc:  # a bug or a hostile input must never escape as anything else
         raise ParseError(f"cannot parse exposition: {type(exc).__name__}: {exc}") from exc
+    finally:
+        if enabled:
+            gc.enable()
 
 
-def _parse(text: str, wanted: Callable[[str], bool] | None) -> Exposition:
-    if not isinstance(text, str):
-        raise ParseError("exposition must be text")
-    if "\x00" in text:
-        raise ParseError("exposition contains NUL bytes (binary data, not text)")
-    lines = text.split("\n")
-    families: dict[str, Family] = {}
-    types: dict[str, str] = {}
-    helps: dict[str, str] = {}
-    openmetrics = False
-    # Pass 1: metadata, so that a sample seen before its TYPE line still finds its family.
-    for line in lines:
-        if line[:1] == "#":
-            if line[:5] == "# EOF" and not line[5:].strip():
-                del lines[lines.index(line):]  # OpenMetrics ends here; nothing after it is part of the text
-                openmetrics = True
-                break
-            _metadata(line, types, helps)
-    if openmetrics:
-        # Exemplars are OpenMetrics only, and OpenMetrics always ends in # EOF: Prometheus text (vLLM's) skips this.
-        lines = [_without_exemplar(line) if " # " in line and line[:1] != "#" else line for line in lines]
-    names: set[str] = set(types) | set(helps)
-    names = {n for n in names if not n.endswith("_created")}
-    resolved: dict[str, object] = {}  # sample name -> its family's samples.append, or _SKIP
-    label_keys: dict[str, str] = {}  # raw fragment before a value ('name=' or ',name=') -> label name
-    label_key = label_keys.__getitem__
-    new_sample = tuple.__new__
-    for lineno, line in enumerate(lines, 1):
-        if not line or line[0] == "#":
-            continue
-        # Fast path: the name ends at '{' or the first space; a cached name needs no validation.
-        brace = line.find("{")
-        name = line[:brace] if brace != -1 else line.partition(" ")[0]
-        target = resolved.get(name)
-        if target is _SKIP:
-            continue
-        if target is None:
-            line = line.strip()
-            if not line or line[0] == "#":
+def _err(lineno: int, msg: str, line: str | None = None) -> ParseError:
+    where = f": {line[:80]!r}" if line is not None else ""
+    return ParseError(f"line {lineno}: {msg}{where}")
+
+
+class _Parser:
+    def __init__(self, text: str | bytes, wanted: Wanted | None) -> None:
+        if isinstance(text, (bytes, bytearray, memoryview)):
+            try:
+                text = bytes(text).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                lineno = bytes(text)[: exc.start].count(b"\n") + 1
+                raise _err(lineno, "invalid UTF-8") from None
+        elif not isinstance(text, str):
+            raise ParseError("exposition must be text")
+        elif not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise _err(text.count("\n", 0, exc.start) + 1, "invalid UTF-8 (lone surrogate)") from None
+        self.text = text
+        self.metas: dict[str, _Meta] = {}
+        self.families: dict[str, Family] = {}
+        self.names: set[str] = set()
+        self.targets: dict[str, _Target | None] = {}
+        self.seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
+        self.checked_le: set[str] = {"+Inf"}  # le values known to be numbers (Go's parseFloat)
+        self.block_lines = 0  # lines in the block _block_end last skipped
+        self.openmetrics = False
+        self.predicate: Callable[[str], bool] | None = None
+        self.wanted_set: frozenset[str] | None = None
+        if wanted is None:
+            pass
+        elif callable(wanted):
+            self.predicate = wanted
+        else:
+            self.wanted_set = frozenset(wanted)
+
+    # ------------------------------------------------------------------ driver
+
+    def run(self) -> Exposition:
+        text = self.text
+        end = self._eof(text)
+        if end is not None:
+            self.openmetrics = True
+            text = text[:end]
+        # Every line ends in a newline (Go: "unexpected end of input stream"), checked after the last line is
+        # read, so that an error inside that line is the one reported, as in Go.
+        unterminated = end is None and bool(text[text.rfind("\n") + 1 :].strip(" \t"))
+        pos, n, lineno = 0, len(text), 0
+        find = text.find
+        targets = self.targets
+        seen = self.seen
+        first_keys, next_keys, prefixes = _FIRST_KEYS, _NEXT_KEYS, _PREFIXES
+        wanted_set = self.wanted_set
+        openmetrics = self.openmetrics
+        checked_le = self.checked_le
+        skippable = _SKIPPABLE if wanted_set is not None else None
+        while pos < n:
+            stop = find("\n", pos)
+            if stop == -1:
+                stop = n
+            line = text[pos:stop]
+            lineno += 1
+            pos = stop + 1
+            if not line:
+                continue
+            first = line[0]
+            if first in " \t":
+                stripped = line.lstrip(" \t")
+                if not stripped:
+                    continue  # a blank line
+                first = stripped[0]
+                if first == "#":
+                    line = stripped
+            if first == "#":
+                if skippable is not None and line[1:7] in (" TYPE ", " HELP ") and not self.openmetrics:
+                    # An unwanted family's metadata (a filtered parse does not validate those families).
+                    meta_name = line[7 : line.find(" ", 7)]
+                    if skippable.get((wanted_set, meta_name)):
+                        self.names.add(meta_name)
+                        skip_to = self._block_end(meta_name, stop)
+                        if skip_to is not None:
+                            lineno += self.block_lines
+                            pos = skip_to
+                        continue
+                skip_to = self._comment(line, lineno, stop)
+                if skip_to is not None:
+                    lineno += self.block_lines
+                    pos = skip_to
                 continue
             brace = line.find("{")
-            name = line[:brace].rstrip() if brace != -1 else line.split(None, 1)[0]
-            target = resolved.get(name)
-            if target is None:
-                family = _resolve(name, types, helps, families, wanted, names, lineno, line)
-                target = family if family is _SKIP else family.samples.append  # type: ignore[attr-defined]
-                resolved[name] = target
-            if target is _SKIP:
-                continue
-        if brace == -1:
-            parts = line.split()[1:]
-            labels: dict[str, str] = {}
-        else:
-            close = line.rfind("}")
-            if close < brace:
-                raise ParseError(f"line {lineno}: unterminated label set: {_clip(line)}")
-            parts = line[close + 1 :].split()
-            label_text = line[brace + 1 : close]
-            pieces = label_text.split('"')
-            # Inline fast path (no escapes, known label names); anything else goes through _labels.
-            try:
-                if "\\" in label_text or not len(pieces) & 1 or pieces[-1] not in ("", ","):
-                    raise KeyError
-                labels = dict(zip(map(label_key, pieces[0:-1:2]), pieces[1::2], strict=True))
-            except KeyError:
-                labels = _labels(label_text, lineno, line, label_keys)
-        if not parts or len(parts) > 2:
-            raise ParseError(f"line {lineno}: expected a value (and optional timestamp): {_clip(line)}")
-        try:
-            value = float(parts[0])
-            if "_" in parts[0]:  # Python reads 1_000; Prometheus does not
-                raise ValueError
-        except ValueError:
-            raise ParseError(f"line {lineno}: bad value {parts[0][:40]!r}: {_clip(line)}") from None
-        target(new_sample(Sample, (name, labels, value)))  # type: ignore[operator]
-    return Exposition(families=families, names=frozenset(names))
-
-
-def _without_exemplar(line: str) -> str:
-    """A sample line without its OpenMetrics exemplar (`` # {trace_id="..."} 0.5``), which kvwatch ignores.
-
-    The exemplar starts at the first `` # `` outside a quoted label value."""
-    quoted = False
-    i, n = 0, len(line)
-    while i < n:
-        ch = line[i]
-        if quoted:
-            if ch == "\\":
-                i += 1
-            elif ch == '"':
-                quoted = False
-        elif ch == '"':
-            quoted = True
-        elif ch == "#" and line[i - 1 : i + 2] == " # ":
-            return line[: i - 1]
-        i += 1
-    return line
-
-
-def _metadata(line: str, types: dict[str, str], helps: dict[str, str]) -> None:
-    parts = line.split(None, 3)
-    if len(parts) < 3 or parts[0] != "#":
-        return
-    kind, name = parts[1], parts[2]
-    if kind == "TYPE":
-        mtype = parts[3].strip().lower() if len(parts) > 3 else "untyped"
-        if mtype == "counter" and not name.endswith("_total"):
-            name += "_total"  # OpenMetrics declares counters without the suffix their samples carry
-        types[name] = mtype
-    elif kind == "HELP":
-        helps[name] = _unescape_help(parts[3]) if len(parts) > 3 else ""
-
-
-def _resolve(name: str, types: dict[str, str], helps: dict[str, str], families: dict[str, Family],
-             wanted: Callable[[str], bool] | None, names: set[str], lineno: int, line: str) -> object:
-    """Which family a sample name belongs to (once per distinct name), or _SKIP."""
-    if not _NAME.match(name):
-        raise ParseError(f"line {lineno}: not a metric sample: {_clip(line)}")
-    if name.endswith("_created"):
-        return _SKIP
-    family_name = name
-    if name not in types:
-        for suffix in _SUFFIXES:
-            if name.endswith(suffix) and name[: -len(suffix)] in types:
-                family_name = name[: -len(suffix)]
-                break
-    names.add(family_name)
-    if wanted is not None and not wanted(family_name):
-        return _SKIP
-    family = families.get(family_name)
-    if family is None:
-        help_text = helps.get(family_name)
-        if help_text is None and family_name.endswith("_total"):
-            help_text = helps.get(family_name[:-6])  # OpenMetrics HELP without the suffix
-        family = Family(family_name, types.get(family_name, "untyped"), help_text or "")
-        families[family_name] = family
-    return family
-
-
-def _labels(text: str, lineno: int, line: str, label_keys: dict[str, str]) -> dict[str, str]:
-    if "\\" in text:
-        return _labels_escaped(text, lineno, line)
-    # No escapes: every '"' delimits a value, so split on it: [key=, value, ,key=, value, tail].
-    parts = text.split('"')
-    if not len(parts) & 1:
-        raise ParseError(f"line {lineno}: unbalanced quotes in labels: {_clip(line)}")
-    tail = parts[-1]
-    if tail and tail != "," and tail.strip() not in ("", ","):
-        raise ParseError(f"line {lineno}: bad label set: {_clip(line)}")
-    fragments = parts[0:-1:2]
-    try:  # fragments repeat on every line, so each is validated once and then looked up
-        return dict(zip(map(label_keys.__getitem__, fragments), parts[1::2], strict=True))
-    except KeyError:
-        for fragment in fragments:
-            if fragment not in label_keys:
-                label_keys[fragment] = _label_key(fragment, lineno, line)
-        return dict(zip(map(label_keys.__getitem__, fragments), parts[1::2], strict=True))
-
-
-def _label_key(fragment: str, lineno: int, line: str) -> str:
-    key = fragment.strip().lstrip(",").strip()
-    if key[-1:] != "=":
-        raise ParseError(f"line {lineno}: bad label set: {_clip(line)}")
-    key = key[:-1].rstrip()
-    if not _LABEL_NAME.match(key):
-        raise ParseError(f"line {lineno}: bad label name {key[:40]!r}: {_clip(line)}")
-    return key
-
-
-def _labels_escaped(text: str, lineno: int, line: str) -> dict[str, str]:
-    labels: dict[str, str] = {}
-    i, n = 0, len(text)
-    while True:
-        while i < n and text[i] in " \t,":
-            i += 1
-        if i >= n:
-            return labels
-        eq = text.find("=", i)
-        if eq == -1:
-            raise ParseError(f"line {lineno}: bad label set: {_clip(line)}")
-        key = text[i:eq].strip()
-        if not _LABEL_NAME.match(key):
-            raise ParseError(f"line {lineno}: bad label name {key[:40]!r}: {_clip(line)}")
-        i = eq + 1
-        while i < n and text[i] in " \t":
-            i += 1
-        if i >= n or text[i] != '"':
-            raise ParseError(f"line {lineno}: label value must be quoted: {_clip(line)}")
-        i += 1
-        out: list[str] = []
-        while True:
-            if i >= n:
-                raise ParseError(f"line {lineno}: unterminated label value: {_clip(line)}")
-            ch = text[i]
-            if ch == "\\" and i + 1 < n:
-                out.append(_ESCAPES.get(text[i + 1], "\\" + text[i + 1]))
-                i += 2
-            elif ch == '"':
-                i += 1
-                break
+            hit = None
+            if brace != -1:
+                close = line.find("} ", brace)
+                if close != -1:
+                    hit = prefixes.get(line[: close + 1])
+            if hit is not None:
+                # 'name{labels}' spelled exactly as in an earlier line or poll: validated and split already.
+                name, cached, key = hit
+                rest = line[close + 2 :]
             else:
-                out.append(ch)
+                name = line[:brace] if brace != -1 else line.partition(" ")[0]
+            target = targets.get(name, _UNKNOWN)
+            if target is None:
+                run = line[: len(name) + 1]
+                if skippable is not None and len(run) > len(name):
+                    # The run of lines of this unwanted sample name (histogram buckets): no per-line work.
+                    while text.startswith(run, pos):
+                        stop = find("\n", pos)
+                        if stop == -1:
+                            break
+                        lineno += 1
+                        pos = stop + 1
+                continue
+            if hit is not None:
+                careful = "\t" in rest or rest[:1] == " " or "  " in rest
+            else:
+                careful = line[0] in " \t" or "\\" in line or "\t" in line or "  " in line or (
+                    target is _UNKNOWN and not _valid_name(name))
+            if careful:
+                self._slow(line, lineno)
+                continue
+            if target is _UNKNOWN:
+                target = self._target(name, lineno, line)
+                if target is None:
+                    continue
+            if hit is not None:
+                labels = cached.copy()  # the cached dict itself is never handed out
+            elif brace == -1:
+                labels = {}
+                rest = line[len(name) + 1 :]
+                key = (name, "")
+            else:
+                pieces = line[brace + 1 :].split('"')
+                tail = pieces[-1]
+                if tail[:2] == "} ":
+                    rest = tail[2:]
+                elif tail[:3] == ",} ":
+                    rest = tail[3:]
+                else:
+                    self._slow(line, lineno)
+                    continue
+                keys = pieces[0:-1:2]
+                try:
+                    keys[0] = first_keys[keys[0]]
+                    if len(keys) > 1:
+                        keys[1:] = map(next_keys.__getitem__, keys[1:])
+                except IndexError:
+                    self._slow(line, lineno)  # '{}'
+                    continue
+                except KeyError:
+                    if not _learn_fragments(pieces[0:-1:2]):
+                        self._slow(line, lineno)  # the careful path names what is wrong
+                        continue
+                    keys = [first_keys[keys[0]] if keys[0] in first_keys else keys[0],
+                            *map(next_keys.__getitem__, pieces[2:-1:2])]
+                labels = dict(zip(keys, pieces[1::2], strict=True))
+                if len(labels) != len(keys):
+                    raise _err(lineno, f"duplicate label names for metric {name!r}", line)
+                # The series' identity is the canonical text of its labels (see _series_key); a line with
+                # its label names in order (prometheus_client sorts them) already is that text.
+                if tail[:2] == "} " and (len(keys) < 2 or (keys[0] < keys[1] if len(keys) == 2
+                                                           else keys == sorted(keys))):
+                    key = (name, line[brace + 1 : len(line) - len(rest) - 2])
+                else:
+                    key = _series_key(name, labels)
+                if tail[:2] == "} ":
+                    _remember(prefixes, line[: len(line) - len(rest) - 1], (name, dict(labels), key))
+            kind = target.kind
+            if kind == 3 or openmetrics or " " in rest:
+                self._add(target, name, labels, rest, lineno, line, key)  # type: ignore[arg-type]
+                continue
+            # The common case inline: a plain value, no timestamp.
+            try:
+                value = float(rest)
+            except ValueError:
+                value = _value(rest, lineno, line)  # raises the error
+            if "_" in rest or not rest.isascii() or value != value or value in _INFS or not rest.isprintable():
+                value = _value(rest, lineno, line)
+            if kind and (value < 0 or labels.get("le", "+Inf") not in checked_le):
+                # A histogram sample whose checks are not known to pass: the careful store checks and raises.
+                self._store(target, name, labels, value, lineno, line, None, key)  # type: ignore[arg-type]
+                continue
+            if key in seen:
+                raise _err(lineno, f"duplicate series {name}{labels}: the payload contradicts itself", line)
+            seen.add(key)
+            target.append(_new_sample(Sample, (name, labels, value)))  # type: ignore[union-attr]
+        if unterminated:
+            raise _err(lineno, "unexpected end of input stream (no newline at the end)")
+        return Exposition(families=self.families, names=frozenset(self.names))
+
+    def _eof(self, text: str) -> int | None:
+        """Where an OpenMetrics ``# EOF`` line starts, if the text has one."""
+        at = text.find("# EOF")
+        while at != -1:
+            if (at == 0 or text[at - 1] == "\n"):
+                stop = text.find("\n", at)
+                if not text[at + 5 : stop if stop != -1 else len(text)].strip():
+                    return at
+            at = text.find("# EOF", at + 5)
+        return None
+
+    # ------------------------------------------------------------------ samples
+
+    def _add(self, target: _Target, name: str, labels: dict[str, str], rest: str, lineno: int, line: str,
+             key: tuple[str, ...]) -> None:
+        """Value (and timestamp) of a sample line whose name and labels are read; then the family checks."""
+        if self.openmetrics and " # " in rest:
+            rest = rest[: rest.index(" # ")]  # an exemplar (its own labels were already split off the line)
+        when = None
+        if " " in rest:
+            value_text, _, stamp = rest.partition(" ")
+            value = _value(value_text, lineno, line)
+            when = self._timestamp(stamp, lineno, line)
+        else:
+            value = _value(rest, lineno, line)
+        self._store(target, name, labels, value, lineno, line, when, key)
+
+    def _store(self, target: _Target, name: str, labels: dict[str, str], value: float, lineno: int,
+               line: str, when: float | None = None, key: tuple[str, ...] | None = None) -> None:
+        kind = target.kind
+        if kind:
+            if kind == 3:
+                quantile = labels.get("quantile")
+                if quantile is not None and not _is_go_float(quantile):
+                    raise _err(lineno, f"expected float as value for 'quantile' label, got {quantile!r}", line)
+            else:
+                le = labels.get("le")
+                if le is not None and le not in self.checked_le:
+                    if not _is_go_float(le):
+                        raise _err(lineno, f"expected float as value for 'le' label, got {le!r}", line)
+                    self.checked_le.add(le)
+                if value < 0:
+                    if kind == 2:
+                        raise _err(lineno, f"negative count for histogram {target.meta.name!r}", line)
+                    if le is not None and not name.endswith("_sum"):
+                        raise _err(lineno, f"negative bucket population for histogram {target.meta.name!r}",
+                                   line)
+        # A series twice at one time (both without a timestamp, as always in vLLM's payloads) is a contradiction;
+        # at two explicit times it is two points (Go's scenario 7 has such a pair).
+        if key is None:
+            key = _series_key(name, labels)
+        if when is not None:
+            key = (*key, repr(when))
+        if key in self.seen:
+            raise _err(lineno, f"duplicate series {name}{labels}: the payload contradicts itself", line)
+        self.seen.add(key)
+        target.append(_new_sample(Sample, (name, labels, value)))
+
+    def _timestamp(self, stamp: str, lineno: int, line: str) -> float:
+        """A sample's timestamp (milliseconds, or OpenMetrics seconds): validated, used only to tell points apart."""
+        if self.openmetrics:
+            stamp = stamp.partition(" # ")[0]
+            if _GO_FLOAT.fullmatch(stamp) and not stamp.lower().lstrip("+-").startswith(("inf", "nan")):
+                return float(stamp)
+        elif _INT64.fullmatch(stamp) and -(2**63) <= int(stamp) < 2**63:
+            return int(stamp)
+        if " " in stamp or "\t" in stamp:
+            raise _err(lineno, "spurious string after timestamp", line)
+        raise _err(lineno, f"expected integer as timestamp, got {stamp[:40]!r}", line)
+
+    def _target(self, name: str, lineno: int, line: str) -> _Target | None:
+        """Which family samples called ``name`` join (Go's setOrCreateCurrentMF), once per name."""
+        meta = self._meta_for(name, create=True)
+        assert meta is not None
+        if meta.type is None:
+            meta.type = "untyped"
+        family_name = meta.name
+        self.names.add(family_name)
+        # OpenMetrics' _created samples are creation times, not values of their family: never wanted.
+        if (self.openmetrics and name != family_name and name.endswith("_created")) or \
+                not self._wanted(name, family_name):
+            self.targets[name] = _SKIP
+            return _SKIP
+        family = meta.family
+        if family is None:
+            family = Family(family_name, meta.type, meta.help or "")
+            meta.family = family
+            self.families[family_name] = family
+        kind = 0
+        if meta.type in _HISTOGRAMS and name != family_name:
+            kind = 2 if name.endswith(("_count", "_gcount")) else 1
+        elif meta.type in _HISTOGRAMS:
+            kind = 1
+        elif meta.type == "summary":
+            kind = 3
+        target = _Target(family.samples.append, meta, kind)
+        self.targets[name] = target
+        return target
+
+    def _wanted(self, name: str, family_name: str) -> bool:
+        if self.wanted_set is not None:
+            return name in self.wanted_set or family_name in self.wanted_set
+        if self.predicate is not None:
+            return bool(self.predicate(family_name))
+        return True
+
+    def _meta_for(self, name: str, *, create: bool) -> _Meta | None:
+        metas = self.metas
+        meta = metas.get(name)
+        if meta is not None:
+            return meta
+        for suffix in (_OM_SUFFIXES if self.openmetrics else ("_count", "_sum", "_bucket")):
+            if name.endswith(suffix) and len(name) > len(suffix):
+                base = metas.get(name[: -len(suffix)])
+                if base is None and self.openmetrics:
+                    base = metas.get(name[: -len(suffix)] + "_total")  # a counter's _created
+                if base is None or base.type is None:
+                    continue
+                if self.openmetrics or (base.type == "summary" and suffix != "_bucket") or base.type in _HISTOGRAMS:
+                    return base
+        if not create:
+            return None
+        meta = _Meta(name)
+        metas[name] = meta
+        return meta
+
+    # ------------------------------------------------------------------ comments
+
+    def _comment(self, line: str, lineno: int, stop: int) -> int | None:
+        """A ``#`` line; returns where to continue when the family's sample block can be skipped whole."""
+        keyword = line[2:6]
+        if line[:2] == "# " and (keyword == "HELP" or keyword == "TYPE") and line[6:7] == " " and line[7:8] != " ":
+            # The canonical spelling ('# TYPE name gauge'): the name ends at the next blank.
+            name, sep, after = line[7:].partition(" ")
+            if not sep or not _valid_name(name) or "\t" in name:
+                return self._comment_careful(line, lineno, stop)
+            after = " " + after
+        else:
+            return self._comment_careful(line, lineno, stop)
+        return self._metadata(keyword, name, after, line, lineno, stop)
+
+    def _comment_careful(self, line: str, lineno: int, stop: int) -> int | None:
+        body = line[1:].lstrip(" \t")
+        keyword, sep, rest = _split_blank(body)
+        if keyword not in ("HELP", "TYPE") or not sep:
+            return None
+        rest = rest.lstrip(" \t")
+        if not rest:
+            return None
+        name, after = _metric_name(rest, lineno, line)
+        if name is None:
+            raise _err(lineno, "invalid metric name in comment", line)
+        if not after:
+            return None
+        if after[0] not in " \t":
+            raise _err(lineno, "invalid metric name in comment", line)
+        return self._metadata(keyword, name, after, line, lineno, stop)
+
+    def _metadata(self, keyword: str, name: str, after: str, line: str, lineno: int, stop: int) -> int | None:
+        if self.openmetrics and not name.endswith("_total"):
+            # OpenMetrics declares counters without the suffix their samples carry: key them by it.
+            counter = self.metas.get(name + "_total")
+            if keyword == "TYPE" and after.strip(" \t").lower() == "counter":
+                base = self.metas.get(name)
+                name += "_total"
+                if base is not None and base.help is not None and name not in self.metas:
+                    self._meta_for(name, create=True).help = base.help  # type: ignore[union-attr]
+            elif counter is not None and counter.type == "counter":
+                name += "_total"
+        meta = self._meta_for(name, create=True)
+        assert meta is not None
+        self.names.add(meta.name)
+        text = after.lstrip(" \t")
+        if not text:
+            return None
+        if keyword == "HELP":
+            if meta.help is not None:
+                raise _err(lineno, f"second HELP line for metric name {meta.name!r}", line)
+            meta.help = _unescape(text, lineno, line)
+            if meta.family is not None:
+                meta.family.help = meta.help
+        else:
+            if meta.type is not None:
+                raise _err(lineno, f"second TYPE line for metric name {meta.name!r}, or TYPE reported after samples",
+                           line)
+            kind = (_OM_TYPES if self.openmetrics else _TYPES).get(text.lower())
+            if kind is None:
+                raise _err(lineno, f"unknown metric type {text[:40]!r}", line)
+            meta.type = kind
+        if self.wanted_set is not None and meta.family is None and self._skippable(meta.name):
+            return self._block_end(meta.name, stop)
+        return None
+
+    def _skippable(self, family: str) -> bool:
+        """True when no wanted name starts with ``family`` (so no wanted sample can hide in its block)."""
+        assert self.wanted_set is not None
+        key = (self.wanted_set, family)
+        known = _SKIPPABLE.get(key)
+        if known is None:
+            known = not any(w.startswith(family) for w in self.wanted_set)
+            _remember(_SKIPPABLE, key, known)
+        return known
+
+    def _block_end(self, family: str, stop: int) -> int | None:
+        """Where the run of lines after this metadata line, all starting with ``family``, ends; None if the
+        run is empty or any line in it is something else (then it is read line by line)."""
+        text = self.text
+        nxt = text.find("\n#", stop)
+        end = len(text) if nxt == -1 else nxt
+        if nxt == -1 and text.endswith("\n"):
+            end -= 1
+        if end <= stop:
+            return None
+        lines = text.count("\n" + family, stop, end)  # the long needle first: a fast search
+        if not lines or text.count("\n", stop, end) != lines:
+            return None
+        self.block_lines = lines
+        return end + 1
+
+    # ------------------------------------------------------------------ the careful path
+
+    def _slow(self, line: str, lineno: int) -> None:
+        """A sample line in full generality (Go's state machine, one line at a time)."""
+        i = len(line) - len(line.lstrip(" \t"))
+        n = len(line)
+        name: str | None = None
+        labels: dict[str, str] = {}
+        inside_braces = i < n and line[i] == "{"  # Go: only then may the braces hold the metric name
+        if i < n and line[i] != "{":
+            name, after = _metric_name(line[i:], lineno, line)
+            if not name:
+                raise _err(lineno, "invalid metric name", line)
+            i = n - len(after)
+            while i < n and line[i] in " \t":
                 i += 1
-        labels[key] = "".join(out)
-        while i < n and text[i] in " \t":
+        if i < n and line[i] == "{":
             i += 1
-        if i < n and text[i] != ",":
-            raise ParseError(f"line {lineno}: expected ',' between labels: {_clip(line)}")
+            while True:
+                while i < n and line[i] in " \t":
+                    i += 1
+                if i < n and line[i] == "}":
+                    i += 1
+                    break
+                label, after = _label_name(line[i:], lineno, line)
+                if not label:
+                    raise _err(lineno, f"invalid label name for metric {name or ''!r}", line)
+                i = n - len(after)
+                while i < n and line[i] in " \t":
+                    i += 1
+                if i >= n or line[i] != "=":
+                    # A quoted metric name inside the braces: {"my.metric", ...}.
+                    if i < n and line[i] in ",}" and inside_braces:
+                        if name is not None:
+                            raise _err(lineno, "multiple metric names", line)
+                        name = _unquote(label, lineno, line) if label.startswith('"') else label
+                        if line[i] == ",":
+                            i += 1
+                            continue
+                        i += 1
+                        break
+                    raise _err(lineno, "expected '=' after label name", line)
+                key = _unquote(label, lineno, line) if label.startswith('"') else label
+                if key == "__name__":
+                    raise _err(lineno, 'label name "__name__" is reserved', line)
+                i += 1
+                while i < n and line[i] in " \t":
+                    i += 1
+                if i >= n or line[i] != '"':
+                    raise _err(lineno, "expected '\"' at start of label value", line)
+                value, i = _quoted(line, i, lineno, "label value")
+                if key in labels:
+                    raise _err(lineno, f"duplicate label names for metric {name or ''!r}", line)
+                labels[key] = value
+                while i < n and line[i] in " \t":
+                    i += 1
+                if i < n and line[i] == ",":
+                    i += 1
+                    continue
+                if i < n and line[i] == "}":
+                    i += 1
+                    break
+                raise _err(lineno, "unexpected end of label value", line)
+            while i < n and line[i] in " \t":
+                i += 1
+        if not name:
+            raise _err(lineno, "invalid metric name", line)
+        rest = line[i:]
+        if self.openmetrics and " # " in rest:
+            rest = rest[: rest.index(" # ")]
+        value_text, sep, stamp = _split_blank(rest)
+        value = _value(value_text, lineno, line)
+        when = None
+        if sep:
+            stamp = stamp.lstrip(" \t")
+            stamp_text, sep2, _ = _split_blank(stamp)
+            when = self._timestamp(stamp_text, lineno, line)
+            if sep2:
+                raise _err(lineno, "spurious string after timestamp", line)
+        target = self.targets.get(name, _UNKNOWN)
+        if target is _UNKNOWN:
+            target = self._target(name, lineno, line)
+        if target is None:
+            return
+        self._store(target, name, labels, value, lineno, line, when)  # type: ignore[arg-type]
 
 
-def _unescape_help(text: str) -> str:
+# ---------------------------------------------------------------------- caches shared between parses
+
+# A sidecar parses the same shape every poll, so what was validated once (a name, a label fragment such as
+# 'engine=' or ',model_name=') is remembered across parses. Pure functions of the string; bounded, so a
+# hostile target sending ever-new names cannot grow them without limit.
+_CACHE_LIMIT = 4096
+_VALID_NAMES: dict[str, bool] = {}
+_FIRST_KEYS: dict[str, str] = {}  # 'engine=' -> 'engine'
+_NEXT_KEYS: dict[str, str] = {}  # ',model_name=' -> 'model_name'
+_SKIPPABLE: dict[tuple[frozenset[str], str], bool] = {}
+_PREFIXES: dict[str, tuple[str, dict[str, str], tuple[str, ...]]] = {}  # 'name{labels}' -> name, labels, key
+
+
+def _remember(cache: dict, key: object, value: object) -> None:  # type: ignore[type-arg]
+    if len(cache) >= _CACHE_LIMIT:
+        cache.clear()
+    cache[key] = value
+
+
+def _valid_name(name: str) -> bool:
+    known = _VALID_NAMES.get(name)
+    if known is None:
+        known = _LEGACY_NAME.fullmatch(name) is not None
+        _remember(_VALID_NAMES, name, known)
+    return known
+
+
+def _learn_fragments(fragments: list[str]) -> bool:
+    """Validate canonical label fragments (``key=`` first, ``,key=`` after) into the caches; False if one
+    is not canonical (spaces, quotes in names, ``__name__``...), which the careful path then explains."""
+    for index, fragment in enumerate(fragments):
+        cache = _FIRST_KEYS if index == 0 else _NEXT_KEYS
+        if fragment in cache:
+            continue
+        key = fragment[:-1] if index == 0 else fragment[1:-1]
+        if fragment[-1:] != "=" or (index and fragment[:1] != ",") or key == "__name__" \
+                or not _LEGACY_LABEL.fullmatch(key):
+            return False
+        _remember(cache, fragment, key)
+    return True
+
+
+# ---------------------------------------------------------------------- tokens
+
+def _split_blank(text: str) -> tuple[str, str, str]:
+    """Split at the first blank or tab (Go's readTokenUntilWhitespace)."""
+    for i, ch in enumerate(text):
+        if ch == " " or ch == "\t":
+            return text[:i], ch, text[i + 1 :]
+    return text, "", ""
+
+
+def _metric_name(text: str, lineno: int, line: str) -> tuple[str | None, str]:
+    """A legacy or quoted metric name at the start of ``text``: (name or None, the rest)."""
+    if text[:1] == '"':
+        value, end = _quoted(text, 0, lineno, "metric name")
+        return value, text[end:]
+    match = _LEGACY_NAME.match(text)
+    if match is None:
+        return None, text
+    return match.group(), text[match.end() :]
+
+
+def _label_name(text: str, lineno: int, line: str) -> tuple[str, str]:
+    """A legacy label name, or a quoted one returned *with* its quotes (it may be a quoted metric name)."""
+    if text[:1] == '"':
+        _, end = _quoted(text, 0, lineno, "label name")
+        return text[:end], text[end:]
+    match = _LEGACY_LABEL.match(text)
+    if match is None:
+        return "", text
+    return match.group(), text[match.end() :]
+
+
+def _unquote(quoted: str, lineno: int, line: str) -> str:
+    return _quoted(quoted, 0, lineno, "name")[0]
+
+
+def _quoted(text: str, start: int, lineno: int, what: str) -> tuple[str, int]:
+    """The string in quotes at ``text[start]`` (escapes resolved) and the index after its closing quote."""
+    i = start + 1
+    close = text.find('"', i)
+    if close != -1 and "\\" not in text[i:close]:
+        return text[i:close], close + 1
+    out: list[str] = []
+    n = len(text)
+    while i < n:
+        ch = text[i]
+        if ch == "\\":
+            nxt = text[i + 1 : i + 2]
+            if nxt not in _ESCAPES:
+                raise _err(lineno, f"invalid escape sequence '\\{nxt}'", text)
+            out.append(_ESCAPES[nxt])
+            i += 2
+        elif ch == '"':
+            return "".join(out), i + 1
+        else:
+            out.append(ch)
+            i += 1
+    raise _err(lineno, f"{what} {''.join(out)[:40]!r} contains unescaped new-line", text)
+
+
+def _unescape(text: str, lineno: int, line: str) -> str:
+    """HELP text: ``\\\\``, ``\\n`` and ``\\"`` are escapes, every other backslash is an error."""
     if "\\" not in text:
         return text
-    return text.replace("\\\\", "\x00").replace("\\n", "\n").replace("\x00", "\\")
+    out: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        j = text.find("\\", i)
+        if j == -1:
+            out.append(text[i:])
+            break
+        out.append(text[i:j])
+        nxt = text[j + 1 : j + 2]
+        if nxt not in _ESCAPES:
+            raise _err(lineno, f"invalid escape sequence '\\{nxt}'", line)
+        out.append(_ESCAPES[nxt])
+        i = j + 2
+    return "".join(out)
 
 
-def _clip(line: str) -> str:
-    return repr(line[:80] + ("…" if len(line) > 80 else ""))
+def _series_key(name: str, labels: dict[str, str]) -> tuple[str, ...]:
+    """A series' identity: its name and the canonical exposition text of its labels (sorted, escaped, names
+    quoted when not legacy). Equal for any spelling of one series."""
+    parts = []
+    for key in sorted(labels):
+        value = labels[key].replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        if not _LEGACY_LABEL.fullmatch(key):
+            key = '"' + key.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+        parts.append(f'{key}="{value}"')
+    text = ",".join(parts)
+    return (name, text)
+
+
+def _is_go_float(text: str) -> bool:
+    return _GO_FLOAT.fullmatch(text) is not None and _finite_or_spelled(text)
+
+
+def _finite_or_spelled(text: str) -> bool:
+    # Go's ParseFloat fails with ErrRange where Python silently gives inf (1e999).
+    value = float(text)
+    return value not in (_INF, -_INF) or "n" in text.lower()
+
+
+def _value(text: str, lineno: int, line: str) -> float:
+    """A sample value Prometheus and Python both read; the common spellings take one ``float()``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise _err(lineno, f"expected float as value, got {text[:40]!r}", line) from None
+    # float() also reads '1_0', ' 1', '١', '+nan' and '0x'-free hex-less forms Go refuses; the fast check
+    # passes plain ASCII numbers, everything else is held against Go's grammar.
+    suspicious = not text.isascii() or "_" in text or value != value or value in (_INF, -_INF)
+    if (suspicious or not text.isprintable()) and not _is_go_float(text):
+        raise _err(lineno, f"expected float as value, got {text[:40]!r}", line)
+    return value

@@ -7,8 +7,10 @@ firing) and any false evaluation resets it.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
+from statistics import NormalDist
 
 
 class ForDuration:
@@ -48,7 +50,7 @@ class LinearFit:
         self._points: deque[tuple[float, float]] = deque()
         self._origin: float | None = None
         self._n = 0
-        self._sx = self._sy = self._sxx = self._sxy = 0.0
+        self._sx = self._sy = self._sxx = self._sxy = self._syy = 0.0
 
     def add(self, timestamp: float, value: float) -> None:
         if self._origin is None:
@@ -60,6 +62,7 @@ class LinearFit:
         self._sy += value
         self._sxx += x * x
         self._sxy += x * value
+        self._syy += value * value
         # Prometheus ranges are left-open: (t - range, t].
         while self._points and self._points[0][0] <= x - self.window_seconds / 60.0:
             ox, oy = self._points.popleft()
@@ -68,6 +71,7 @@ class LinearFit:
             self._sy -= oy
             self._sxx -= ox * ox
             self._sxy -= ox * oy
+            self._syy -= oy * oy
 
     def predict(self, timestamp: float, horizon_seconds: float) -> float | None:
         """Value on the fitted line ``horizon_seconds`` after ``timestamp`` (intercept at eval time)."""
@@ -80,6 +84,42 @@ class LinearFit:
         intercept = (self._sy - slope * self._sx) / self._n
         x = (timestamp - self._origin) / 60.0 + horizon_seconds / 60.0
         return intercept + slope * x
+
+
+    def residual_sd(self) -> float | None:
+        """Standard deviation of the points around the fitted line (None below 3 points)."""
+        if self._n < 3:
+            return None
+        n = self._n
+        sxx = self._sxx - self._sx * self._sx / n
+        sxy = self._sxy - self._sx * self._sy / n
+        syy = self._syy - self._sy * self._sy / n
+        if sxx <= 1e-12:
+            return None
+        return math.sqrt(max(0.0, (syy - sxy * sxy / sxx) / (n - 2)))
+
+
+class PredictLinearProbability:
+    """``predict_linear(usage[30m], h)`` turned into a probability: the chance the fitted line plus Gaussian
+    residual noise is at or above the threshold at ``h`` (the reference forecast of the calibration table)."""
+
+    def __init__(self, window_seconds: float = 1800.0, threshold: float = 0.95) -> None:
+        self.threshold = threshold
+        self._fit = LinearFit(window_seconds)
+
+    def observe(self, timestamp: float, usage: float, horizons: tuple[int, ...]) -> dict[int, float | None]:
+        self._fit.add(timestamp, usage)
+        sd = self._fit.residual_sd()
+        out: dict[int, float | None] = {}
+        for h in horizons:
+            predicted = self._fit.predict(timestamp, h)
+            if predicted is None or sd is None:
+                out[h] = None
+            elif sd <= 1e-9:
+                out[h] = 1.0 if predicted >= self.threshold else 0.0
+            else:
+                out[h] = 1.0 - NormalDist().cdf((self.threshold - predicted) / sd)
+        return out
 
 
 class PredictLinearBaseline:

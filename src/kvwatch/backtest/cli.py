@@ -11,9 +11,17 @@ import math
 import sys
 from pathlib import Path
 
-from kvwatch.backtest.scenarios import PROFILES, Scenario, ScenarioError, load_trace, validate
+from kvwatch.backtest.scenarios import (
+    DEFAULT_MAX_MODEL_LEN,
+    PROFILES,
+    Scenario,
+    ScenarioError,
+    load_trace,
+    validate,
+)
 from kvwatch.settings import SettingsError
 from kvwatch.sim.engines_wire import ENGINES
+from kvwatch.sim.traces import TRACE_COLUMNS, TraceError, detect_format
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,7 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "fraction of the simulated capacity (1.0: mean demand equals the cache)."
     )
     parser.add_argument("--trace", type=Path, required=True,
-                        help="Azure 2023 CSV or Mooncake JSONL trace (see kvwatch/data/traces for samples)")
+                        help="any file in the Azure 2023 CSV format (columns read: TIMESTAMP, ContextTokens, "
+                             "GeneratedTokens) or the Mooncake JSONL format (timestamp ms, input_length, "
+                             "output_length, hash_ids); detected from its content (samples: kvwatch/data/traces)")
     parser.add_argument("--profile", choices=PROFILES, default="ramp",
                         help="ramp: start→peak (after 30 min at start); step: jumps at half time; diurnal: daily "
                              "swing; steady: holds peak; restart: steady with an engine restart at half time; "
@@ -37,11 +47,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="multiply the trace's native rate (default per trace, see docs/forecasting.md)")
     parser.add_argument("--engine-speedup", type=float, default=None,
                         help="divide the simulated step costs (default per trace: keeps compute unsaturated)")
+    parser.add_argument("--prompt-scale", type=float, default=1.0,
+                        help="multiply every prompt length (long-context stress; prompt + output capped at "
+                             "--max-model-len; default 1)")
+    parser.add_argument("--long-fraction", type=float, default=0.0,
+                        help="replace this share of prompts by log-uniform 16k-128k-token ones (capped at "
+                             "--max-model-len; default 0)")
+    parser.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN,
+                        help=f"longest prompt + output the scenario may create (default {DEFAULT_MAX_MODEL_LEN})")
     parser.add_argument("--engine", choices=ENGINES, default=None,
                         help="read each poll through this engine's /metrics names and kvwatch's adapter "
                              "(default: straight from the simulator)")
     parser.add_argument("--json", action="store_true", help="print the scores as JSON")
-    parser.add_argument("--plot", type=Path, default=None, metavar="PNG", help="draw the timeline to PNG")
+    parser.add_argument("--plot", type=Path, default=None, metavar="PNG",
+                        help="draw the timeline to PNG (its path is printed on stderr)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,6 +77,9 @@ def run(args: argparse.Namespace) -> int:
         peak_load=args.peak_load,
         rate_scale=args.rate_scale if args.rate_scale is not None else rate_scale,
         engine_speedup=args.engine_speedup if args.engine_speedup is not None else speedup,
+        prompt_scale=args.prompt_scale,
+        long_fraction=args.long_fraction,
+        max_model_len=args.max_model_len,
     )
     if args.engine_speedup is not None and not args.engine_speedup > 0:
         raise SettingsError("invalid value for --engine-speedup: must be positive")
@@ -66,14 +88,18 @@ def run(args: argparse.Namespace) -> int:
     try:
         validate(scenario)
         trace = load_trace(args.trace)
-    except ScenarioError as exc:
+        trace_format = detect_format(args.trace)
+    except (ScenarioError, TraceError) as exc:
         raise SettingsError(str(exc)) from None
     result = run_scenario(scenario, trace, engine=args.engine)
     if args.plot is not None:
         from kvwatch.backtest.plot import plot_run
 
         plot_run(result, args.plot)
+        sys.stderr.write(f"plot: {args.plot.resolve()}\n")
     report = result.to_json()
+    report["scenario"]["trace_format"] = trace_format
+    report["scenario"]["trace_columns"] = TRACE_COLUMNS[trace_format]
     if args.json:
         json.dump(report, sys.stdout, indent=2, default=_json_number)
         sys.stdout.write("\n")
@@ -92,6 +118,8 @@ def _text(report: dict) -> str:
         f"{scen['trace']} {scen['profile']} {scen['start_load']:g}->{scen['peak_load']:g} for {report['hours']:g} h "
         f"(seed {scen['seed']}, {scen['requests']} requests, capacity {scen['capacity_tokens']:.0f} tokens): "
         f"{report['events']} saturation event(s)",
+        f"trace format {scen['trace_format']}; columns read: "
+        + "; ".join(f"{name} = {meaning}" for name, meaning in scen["trace_columns"].items()),
         f"{'method':24s} {'recall@0':>8s} {'@5m':>6s} {'@15m':>6s} {'@30m':>6s} {'median lead':>12s} "
         f"{'precision':>9s} {'false alarms/day':>16s}",
     ]
@@ -103,6 +131,12 @@ def _text(report: dict) -> str:
             f"{('-' if lead is None else f'{lead / 60:.1f} min'):>12s} {_f(m['precision']):>9s} "
             f"{_f(m['false_alarms_per_day']):>16s}"
         )
+    lines.append("")
+    lines.append(f"{'calibration':24s} {'Brier kvwatch':>13s} {'predict_linear':>14s} {'climatology':>11s} {'n':>5s}")
+    for horizon, block in report["calibration"].items():
+        lines.append(f"{'risk within ' + horizon:24s} {_f(block['kvwatch']['brier']):>13s} "
+                     f"{_f(block['predict_linear']['brier']):>14s} {_f(block['climatology']['brier']):>11s} "
+                     f"{block['kvwatch']['n']:>5d}")
     return "\n".join(lines) + "\n"
 
 

@@ -21,20 +21,28 @@ def plot_run(result: RunResult, path: Path) -> None:
     tl = result.timeline
     minutes = [t / 60.0 for t in tl.times]
     fig, (ax, lanes) = plt.subplots(2, 1, figsize=(12, 6.5), sharex=True, height_ratios=[3, 1.4])
-    ax.plot(minutes, tl.usage, lw=0.6, color="0.55", label="KV usage (10-s polls)")
-    forecast = [(m, v) for m, v in zip(minutes, tl.forecast_30m, strict=True) if v is not None]
-    if forecast:
-        ax.plot([m for m, _ in forecast], [v for _, v in forecast], lw=1.4, color="tab:blue",
-                label="kvwatch forecast, 30 min ahead (demand units)")
     load = [result.scenario.load_at(t) for t in tl.times]
+    # Every line stays inside the axes: the top covers usage and load; the demand forecast is clipped to it.
+    top = max(1.3, max(load) * 1.05)
+    ax.plot(minutes, tl.usage, lw=0.6, color="0.55", label="KV usage (10-s polls)")
+    forecast = [(m, min(v, top)) for m, v in zip(minutes, tl.forecast_30m, strict=True) if v is not None]
+    if forecast:
+        ax.plot([m for m, _ in forecast], [v for _, v in forecast], lw=1.0, color="tab:blue",
+                label=f"kvwatch demand forecast, 30 min ahead (clipped at {top:.2f})")
+    risk = [(m, v) for m, v in zip(minutes, tl.probabilities.get(KVWATCH, {}).get(1800, []), strict=False)
+            if v is not None]
+    if risk:
+        ax.plot([m for m, _ in risk], [v for _, v in risk], lw=1.4, color="tab:green",
+                label="kvwatch saturation risk within 30 min")
     ax.plot(minutes, load, lw=1.0, ls=":", color="k", label="offered load (scenario)")
     ax.axhline(0.95, color="tab:red", lw=0.8, ls="--", label="saturation threshold 0.95")
     for i, event in enumerate(result.events):
         ax.axvspan(event.onset / 60, event.end / 60, color="tab:red", alpha=0.12,
                    label="saturation event" if i == 0 else None)
         ax.axvline(event.onset / 60, color="tab:red", lw=1.0)
-    ax.set_ylabel("fraction of KV capacity")
-    ax.set_ylim(0, max(1.3, max(load) * 1.05))
+    ax.set_ylabel("fraction of KV capacity / probability")
+    ax.set_ylim(0, top)
+    ax.set_xlim(0, result.scenario.seconds / 60.0)
     ax.legend(loc="upper left", fontsize=8)
     s = result.scenario
     ax.set_title(f"{s.trace_name}: {s.profile} {s.start_load:g}→{s.peak_load:g}, {s.hours:g} h, seed {s.seed}")
@@ -49,6 +57,7 @@ def plot_run(result: RunResult, path: Path) -> None:
         lanes.axvline(event.onset / 60, color="tab:red", lw=1.0)
     lanes.set_yticks(range(len(methods)), list(reversed(methods)), fontsize=8)
     lanes.set_xlabel("minutes")
+    lanes.set_ylim(-0.6, len(methods) - 0.4)
     lanes.set_title("warnings (kvwatch: filling or bottleneck)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvwatch.backtest.runner import KVWATCH, Simulation, evaluate, simulate
-from kvwatch.backtest.scenarios import Scenario, load_trace
-from kvwatch.backtest.scoring import Outcome, pool, summarize
+from kvwatch.backtest.scenarios import DEFAULT_MAX_MODEL_LEN, Scenario, load_trace
+from kvwatch.backtest.scoring import Outcome, Reliability, pool, summarize
 from kvwatch.backtest.traces import defaults_for
 from kvwatch.forecast import ForecastParams
 
@@ -26,25 +26,46 @@ METHODS: tuple[str, ...] = (KVWATCH, "threshold", "predict_linear", "guarded_pre
 
 @dataclass(frozen=True)
 class Case:
+    name: str  # the row label: the profile, with the load for ``steady``
     profile: str
     hours: float
     start_load: float
     peak_load: float
-    seeds: tuple[int, ...]
+    seeds: tuple[int, ...] = (0, 1, 2)
+    prompt_scale: float = 1.0
+    long_fraction: float = 0.0
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN
+    speedup_factor: float = 1.0  # × the trace's engine speedup (longer prompts need more prefill compute)
 
 
-SUITE: tuple[Case, ...] = (
-    Case("ramp", 3.0, 0.5, 1.3, tuple(range(20))),  # ~1.2 events per run: ≥ 20 events per trace
-    Case("step", 3.0, 0.6, 1.1, (0, 1)),
-    Case("diurnal", 24.0, 0.35, 1.05, (0,)),
-    Case("steady", 12.0, 0.7, 0.7, (0, 1)),
-    Case("restart", 4.0, 0.7, 0.7, (0, 1)),
-    Case("mixshift", 3.0, 0.55, 1.1, (0, 1)),
+# The issue-14 matrix: 7 profiles × 3 seeds per trace family. Steady 0.7 totals 24 simulated hours so its
+# false alarms per day are counted, not extrapolated; diurnal runs the rising 8 hours of the daily cosine.
+MATRIX: tuple[Case, ...] = (
+    Case("ramp", "ramp", 3.0, 0.5, 1.3),
+    Case("step", "step", 3.0, 0.6, 1.1),
+    Case("diurnal", "diurnal", 8.0, 0.35, 1.25),
+    Case("mixshift", "mixshift", 3.0, 0.55, 1.1),
+    Case("steady 0.7", "steady", 8.0, 0.7, 0.7),
+    Case("steady 0.9", "steady", 4.0, 0.9, 0.9),
+    Case("restart", "restart", 4.0, 0.7, 0.7),
+)
+# Long-context tuning scenarios (run on the tuning trace only): 0.5 % of prompts 16k–32k, or prompts × 4
+# (with a 4× faster engine, so prefill compute does not become the limit).
+LONG_CONTEXT: tuple[Case, ...] = (
+    Case("long-mix ramp", "ramp", 3.0, 0.5, 1.3, long_fraction=0.005, max_model_len=32768),
+    Case("long-mix steady 0.7", "steady", 8.0, 0.7, 0.7, long_fraction=0.005, max_model_len=32768),
+    Case("prompt×4 ramp", "ramp", 3.0, 0.5, 1.3, prompt_scale=4.0, speedup_factor=4.0),
+    Case("prompt×4 steady 0.7", "steady", 8.0, 0.7, 0.7, prompt_scale=4.0, speedup_factor=4.0),
+)
+# CI's deterministic slice (tests/test_backtest_matrix.py): one short ramp and one short steady run.
+CI_SLICE: tuple[Case, ...] = (
+    Case("ramp", "ramp", 2.0, 0.4, 1.2, seeds=(0,)),
+    Case("steady 0.6", "steady", 2.0, 0.6, 0.6, seeds=(0,)),
 )
 
 
 # Bump when scenario generation or the simulator changes, so cached simulations are not reused.
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 
 
 def _cache_path(cache_dir: Path, scenario: Scenario) -> Path:
@@ -52,14 +73,27 @@ def _cache_path(cache_dir: Path, scenario: Scenario) -> Path:
     return cache_dir / f"{scenario.trace_name}-{scenario.profile}-{key}.pickle"
 
 
-def simulations(trace_path: Path, cases: Iterable[Case], cache_dir: Path | None) -> list[Simulation]:
+def case_name(scenario: Scenario) -> str:
+    """The row label of a scenario: its profile, with the load for ``steady`` and the long-context shaping."""
+    name = f"steady {scenario.peak_load:g}" if scenario.profile == "steady" else scenario.profile
+    if scenario.long_fraction:
+        name = f"long-mix {name}"
+    if scenario.prompt_scale != 1.0:
+        name = f"prompt×{scenario.prompt_scale:g} {name}"
+    return name
+
+
+def simulations(trace_path: Path, cases: Iterable[Case], cache_dir: Path | None, *,
+                seeds: Sequence[int] | None = None) -> list[Simulation]:
     trace = None
     rate_scale, speedup = defaults_for(trace_path)
     out = []
     for case in cases:
-        for seed in case.seeds:
+        for seed in (seeds if seeds is not None else case.seeds):
             scenario = Scenario(trace_path.name, case.profile, case.hours, seed, case.start_load, case.peak_load,
-                                rate_scale=rate_scale, engine_speedup=speedup)
+                                rate_scale=rate_scale, engine_speedup=speedup * case.speedup_factor,
+                                prompt_scale=case.prompt_scale, long_fraction=case.long_fraction,
+                                max_model_len=case.max_model_len)
             path = _cache_path(cache_dir, scenario) if cache_dir else None
             if path is not None and path.is_file():
                 out.append(pickle.loads(path.read_bytes()))
@@ -74,15 +108,30 @@ def simulations(trace_path: Path, cases: Iterable[Case], cache_dir: Path | None)
     return out
 
 
-def pooled(sims: Sequence[Simulation], params: ForecastParams | None = None) -> dict[str, dict[str, Outcome]]:
-    """Outcomes per profile (and ``all``) per method."""
-    by_profile: dict[str, dict[str, list[Outcome]]] = {}
+@dataclass
+class Pooled:
+    """Per row label (and ``all``): outcomes per method, and reliability per horizon per method."""
+
+    outcomes: dict[str, dict[str, Outcome]]
+    reliability: dict[str, dict[int, dict[str, Reliability]]]
+    seeds: dict[str, int]
+
+
+def pooled(sims: Sequence[Simulation], params: ForecastParams | None = None) -> Pooled:
+    outcomes: dict[str, dict[str, list[Outcome]]] = {}
+    reliability: dict[str, dict[int, dict[str, Reliability]]] = {}
+    seeds: dict[str, int] = {}
     for sim in sims:
         result = evaluate(sim, params)
-        for method, outcome in result.outcomes.items():
-            for key in (sim.scenario.profile, "all"):
-                by_profile.setdefault(key, {}).setdefault(method, []).append(outcome)
-    return {key: {m: pool(o) for m, o in methods.items()} for key, methods in by_profile.items()}
+        for key in (case_name(sim.scenario), "all"):
+            seeds[key] = seeds.get(key, 0) + 1
+            for method, outcome in result.outcomes.items():
+                outcomes.setdefault(key, {}).setdefault(method, []).append(outcome)
+            for horizon, by_method in result.reliability.items():
+                for method, rel in by_method.items():
+                    slot = reliability.setdefault(key, {}).setdefault(horizon, {})
+                    slot[method] = slot[method].add(rel) if method in slot else rel
+    return Pooled({k: {m: pool(o) for m, o in ms.items()} for k, ms in outcomes.items()}, reliability, seeds)
 
 
 def _fmt(value: float | None, digits: int = 2) -> str:
@@ -93,31 +142,46 @@ def _minutes(value: float | None) -> str:
     return "–" if value is None else f"{value / 60:.1f}"
 
 
-def table(trace_name: str, results: dict[str, dict[str, Outcome]]) -> str:
+def table(trace_name: str, results: Pooled, methods: Sequence[str] = METHODS) -> str:
     lines = [
         f"#### {trace_name}",
         "",
-        "| profile | method | events | recall@0 | @5m | @15m | @30m | median lead (min) | P10 lead (min) "
-        "| precision | false alarms/day |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| profile | runs | method | events | warm-up events | recall@0 | @5m | @15m | @30m | on 5 min before "
+        "| median lead (min) | precision | false alarms (per day) | monitored h |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for profile in [c.profile for c in SUITE if c.profile in results] + ["all"]:
-        for method in METHODS:
-            outcome = results[profile][method]
+    for key in [k for k in results.outcomes if k != "all"] + ["all"]:
+        for method in methods:
+            outcome = results.outcomes[key][method]
             s = summarize(outcome)
             r = s["recall"]
+            per_day = "" if s["false_alarms_per_day"] is None else f" ({s['false_alarms_per_day']:.2f})"
             lines.append(
-                f"| {profile} | {method} | {len(outcome.leads)} | {_fmt(r['0'])} | {_fmt(r['300'])} | "
-                f"{_fmt(r['900'])} | {_fmt(r['1800'])} | {_minutes(s['median_lead_seconds'])} | "
-                f"{_minutes(s['p10_lead_seconds'])} | {_fmt(s['precision'])} | {_fmt(s['false_alarms_per_day'])} |"
+                f"| {key} | {results.seeds[key]} | {method} | {len(outcome.leads)} | {outcome.warmup_events} | "
+                f"{_fmt(r['0'])} | {_fmt(r['300'])} | {_fmt(r['900'])} | {_fmt(r['1800'])} | "
+                f"{_fmt(s['active_5m_before'])} | {_minutes(s['median_lead_seconds'])} | {_fmt(s['precision'])} | "
+                f"{s['false_alarms']}{per_day} | {s['monitored_hours']:.1f} |"
             )
-    kv = summarize(results["all"][KVWATCH], with_detection=True)["bottleneck"]
+    kv = summarize(results.outcomes["all"][KVWATCH], with_detection=True)["bottleneck"]
     lines += [
         "",
         f"Bottleneck state: recall {_fmt(kv['recall'])}, median time to detect "
         f"{_fmt(kv['median_time_to_detect_seconds'], 0)} s, P95 {_fmt(kv['p95_time_to_detect_seconds'], 0)} s.",
         "",
+        "| horizon | Brier kvwatch risk | Brier predict_linear as probability | Brier climatology | minutes scored "
+        "| base rate |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
+    rel_all = results.reliability.get("all", {})
+    for horizon, by_method in sorted(rel_all.items()):
+        k, pl = by_method[KVWATCH], by_method["predict_linear"]
+        base = k.outcomes / k.n if k.n else None
+        lines.append(f"| {horizon // 60}m | {_fmt(k.brier, 4)} | {_fmt(pl.brier, 4)} | {_fmt(k.climatology_brier, 4)} "
+                     f"| {k.n} | {_fmt(base, 3)} |")
+    if 1800 in rel_all:
+        lines += ["", "Reliability of the 30-minute risk (predicted bin: minutes, mean predicted, observed frequency): "
+                  + "; ".join(f"{b['bin']}: {b['n']}, {b['mean_predicted']:.2f}, {b['observed']:.2f}"
+                              for b in rel_all[1800][KVWATCH].table()), ""]
     return "\n".join(lines)
 
 
@@ -125,11 +189,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvwatch.backtest.report", description=__doc__)
     parser.add_argument("traces", nargs="+", type=Path, help="full trace files (Azure CSV or Mooncake JSONL)")
     parser.add_argument("--cache-dir", type=Path, default=None, help="keep simulations here between runs")
-    parser.add_argument("--profiles", default=None, help="comma-separated subset of the suite's profiles")
+    parser.add_argument("--profiles", default=None,
+                        help="comma-separated subset of the matrix's rows (e.g. 'ramp,steady 0.7')")
+    parser.add_argument("--seeds", default=None, help="comma-separated seeds instead of each row's (0,1,2)")
+    parser.add_argument("--long-context", action="store_true",
+                        help="the long-context tuning rows instead of the matrix (for the tuning trace)")
     args = parser.parse_args(argv)
-    cases = [c for c in SUITE if args.profiles is None or c.profile in args.profiles.split(",")]
+    rows = LONG_CONTEXT if args.long_context else MATRIX
+    cases = [c for c in rows if args.profiles is None or c.name in args.profiles.split(",")]
+    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else None
     for trace_path in args.traces:
-        sims = simulations(trace_path, cases, args.cache_dir)
+        sims = simulations(trace_path, cases, args.cache_dir, seeds=seeds)
         print(table(trace_path.name, pooled(sims)))
     return 0
 

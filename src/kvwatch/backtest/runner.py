@@ -10,20 +10,27 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kvwatch.backtest.baselines import make_baselines
-from kvwatch.backtest.scenarios import Scenario, scenario_arrivals
+from kvwatch.backtest.baselines import PredictLinearProbability, make_baselines
+from kvwatch.backtest.scenarios import Scenario, scenario_arrivals, shape_lengths
 from kvwatch.backtest.scoring import (
     Event,
     Outcome,
+    Reliability,
+    active_before_onsets,
     detection_delays,
     find_episodes,
     find_events,
+    mask_warmup,
     saturated_samples,
+    score_probabilities,
     score_run,
     summarize,
+    summarize_reliability,
+    warmup_windows,
 )
 from kvwatch.forecast import Forecaster, ForecastParams, ForecastSample
 from kvwatch.forecast.detector import BOTTLENECK, FILLING
+from kvwatch.forecast.risk import RISK_HORIZONS_SECONDS
 from kvwatch.sim.engine import EngineConfig, EngineSnapshot, Request, Simulator, StepTimeModel
 from kvwatch.sim.traces import block_bootstrap, scale_rate
 
@@ -64,10 +71,15 @@ def engine_config(num_gpu_blocks: int, speedup: float = 1.0) -> EngineConfig:
 
 
 def calibrate(trace: Sequence[Request], rate_scale: float, seed: int, *, speedup: float = 1.0,
-              seconds: float = CALIBRATION_SECONDS) -> Calibration:
-    """Mean KV tokens in use at ``rate_scale`` × the native rate, in a cache too large to ever fill."""
+              seconds: float = CALIBRATION_SECONDS, lengths: Scenario | None = None) -> Calibration:
+    """Mean KV tokens in use at ``rate_scale`` × the native rate, in a cache too large to ever fill.
+
+    ``lengths``: a scenario whose long-context shaping (prompt scale, long mixture) applies here too.
+    """
     base = block_bootstrap(trace, seconds, seed=seed + 7919)
     requests = scale_rate(base, rate_scale, seed=seed + 7920, span=seconds)
+    if lengths is not None:
+        requests = shape_lengths(requests, lengths, seed=seed + 7921)
     largest = max(r.prompt_tokens + r.output_tokens for r in requests)
     unlimited_blocks = max(1 << 22, 4 * math.ceil(largest / BLOCK_SIZE))
     sim = Simulator(engine_config(unlimited_blocks, speedup), seed=seed)
@@ -99,7 +111,8 @@ def simulate(scenario: Scenario, trace: Sequence[Request], *, calibration: Calib
              engine: str | None = None) -> Simulation:
     """``engine`` (vllm, sglang, tensorrt-llm): read each poll through that engine's wire names and kvwatch's
     adapter, as ``kvwatch serve`` would, instead of straight from the simulator's snapshot."""
-    calibration = calibration or calibrate(trace, scenario.rate_scale, scenario.seed, speedup=scenario.engine_speedup)
+    calibration = calibration or calibrate(trace, scenario.rate_scale, scenario.seed, speedup=scenario.engine_speedup,
+                                           lengths=scenario)
     requests = scenario_arrivals(scenario, trace)
     sim = Simulator(engine_config(calibration.num_gpu_blocks, scenario.engine_speedup), seed=scenario.seed)
     sim.submit(requests)
@@ -133,6 +146,8 @@ class Timeline:
     eta_seconds: list[float | None] = field(default_factory=list)
     states: list[str] = field(default_factory=list)
     warnings: dict[str, list[bool]] = field(default_factory=dict)
+    # method -> horizon -> probability per poll (kvwatch's risk; predict_linear as a probability)
+    probabilities: dict[str, dict[int, list[float | None]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -143,9 +158,13 @@ class RunResult:
     events: list[Event]
     outcomes: dict[str, Outcome]
     requests: int
+    reliability: dict[int, dict[str, Reliability]] = field(default_factory=dict)  # horizon -> method -> tally
 
     def to_json(self) -> dict:
         return {
+            "calibration": {
+                _horizon_label(h): summarize_reliability(by_method) for h, by_method in self.reliability.items()
+            },
             "events": len(self.events),
             "hours": self.scenario.hours,
             "methods": {
@@ -160,6 +179,9 @@ class RunResult:
                 "rate_scale": self.scenario.rate_scale,
                 "engine_speedup": self.scenario.engine_speedup,
                 "capacity_tokens": self.calibration.capacity_tokens,
+                "prompt_scale": self.scenario.prompt_scale,
+                "long_fraction": self.scenario.long_fraction,
+                "max_model_len": self.scenario.max_model_len,
                 "requests": self.requests,
                 "event_onsets_seconds": [e.onset for e in self.events],
             },
@@ -181,6 +203,8 @@ def sample_from(snap: EngineSnapshot, *, restarted: bool) -> ForecastSample:
         request_prompt_tokens_count=float(snap.request_prompt_tokens_count),
         request_generation_tokens_sum=float(snap.request_generation_tokens_sum),
         request_generation_tokens_count=float(snap.request_generation_tokens_count),
+        e2e_latency_seconds_sum=float(snap.histograms["e2e_request_latency_seconds"].sum),
+        e2e_latency_seconds_count=float(snap.histograms["e2e_request_latency_seconds"].count),
         restarted=restarted,
     )
 
@@ -198,7 +222,9 @@ def evaluate(simulation: Simulation, params: ForecastParams | None = None) -> Ru
     """Run kvwatch and every baseline over the same polls; find the events; score each method."""
     forecaster = Forecaster(params or ForecastParams())
     baselines = make_baselines()
-    timeline = Timeline(warnings={KVWATCH: [], **{name: [] for name in baselines}})
+    linear_probability = PredictLinearProbability()
+    timeline = Timeline(warnings={KVWATCH: [], **{name: [] for name in baselines}},
+                        probabilities={m: {h: [] for h in RISK_HORIZONS_SECONDS} for m in (KVWATCH, "predict_linear")})
     bottleneck: list[bool] = []
     for sample in simulation.samples:
         result = forecaster.observe(sample)
@@ -215,17 +241,35 @@ def evaluate(simulation: Simulation, params: ForecastParams | None = None) -> Ru
         bottleneck.append(result.state == BOTTLENECK)
         for name, baseline in baselines.items():
             timeline.warnings[name].append(baseline.observe(t, usage))
+        linear = linear_probability.observe(t, usage, RISK_HORIZONS_SECONDS)
+        for h in RISK_HORIZONS_SECONDS:
+            timeline.probabilities[KVWATCH][h].append(result.risk.get(h))
+            timeline.probabilities["predict_linear"][h].append(linear[h])
     # Counters restart with the engine: a drop is a reset, not a preemption count going backwards.
     saturated = saturated_samples(timeline.usage, timeline.waiting, _monotone(timeline.preemptions_total))
     events = find_events(timeline.times, saturated)
     outcomes: dict[str, Outcome] = {}
     seconds = simulation.scenario.seconds
+    warmup = warmup_windows(simulation.scenario.restart_times, seconds)
     for name, active in timeline.warnings.items():
-        outcome = score_run(events, find_episodes(timeline.times, active), monitored_seconds=seconds)
+        active = timeline.warnings[name] = mask_warmup(timeline.times, active, warmup)
+        outcome = score_run(events, find_episodes(timeline.times, active), monitored_seconds=seconds,
+                            warmup=warmup)
+        outcome.active_before = active_before_onsets(events, timeline.times, active, warmup)
         if name == KVWATCH:
             outcome.detect_delays = detection_delays(events, timeline.times, bottleneck)
         outcomes[name] = outcome
-    return RunResult(simulation.scenario, simulation.calibration, timeline, events, outcomes, simulation.requests)
+    reliability = {
+        h: {m: score_probabilities(timeline.times, by_h[h], h, events, end=seconds, warmup=warmup)
+            for m, by_h in timeline.probabilities.items()}
+        for h in RISK_HORIZONS_SECONDS
+    }
+    return RunResult(simulation.scenario, simulation.calibration, timeline, events, outcomes, simulation.requests,
+                     reliability)
+
+
+def _horizon_label(seconds: int) -> str:
+    return f"{seconds // 60}m"
 
 
 def _monotone(counter: Sequence[float]) -> list[float]:

@@ -13,6 +13,7 @@ thins it (m < 1) or superposes shifted copies (m > 1) so the rate follows ``load
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,6 +25,8 @@ PROFILES: tuple[str, ...] = ("ramp", "step", "diurnal", "steady", "restart", "mi
 BLOCK_SECONDS = 300.0
 DAY_SECONDS = 86400.0
 RAMP_LEAD_IN_SECONDS = 1800.0
+DEFAULT_MAX_MODEL_LEN = 131072
+LONG_PROMPT_RANGE = (16384, 131072)
 
 
 class ScenarioError(ValueError):
@@ -40,6 +43,11 @@ class Scenario:
     peak_load: float
     rate_scale: float = 1.0
     engine_speedup: float = 1.0
+    # Long-context stress (tuning scenarios, issue 14): prompts × prompt_scale, and a share of requests
+    # whose prompt is replaced by a log-uniform 16k–128k one; prompt + output never exceed max_model_len.
+    prompt_scale: float = 1.0
+    long_fraction: float = 0.0
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN
 
     @property
     def seconds(self) -> float:
@@ -91,6 +99,30 @@ def validate(scenario: Scenario) -> None:
         raise ScenarioError("--start-load and --peak-load must be in (0, 5]")
     if not scenario.rate_scale > 0:
         raise ScenarioError("--rate-scale must be positive")
+    if not (0 < scenario.prompt_scale <= 1000):
+        raise ScenarioError("--prompt-scale must be in (0, 1000]")
+    if not (0 <= scenario.long_fraction <= 1):
+        raise ScenarioError("--long-fraction must be in [0, 1]")
+    if scenario.max_model_len < 2:
+        raise ScenarioError("--max-model-len must be at least 2")
+
+
+def shape_lengths(requests: Sequence[Request], scenario: Scenario, seed: int) -> list[Request]:
+    """Apply ``prompt_scale`` and the ``long_fraction`` mixture; prompt + output capped at ``max_model_len``."""
+    if scenario.prompt_scale == 1.0 and scenario.long_fraction == 0.0:
+        return list(requests)
+    rng = random.Random(seed)
+    lo, hi = math.log(LONG_PROMPT_RANGE[0]), math.log(LONG_PROMPT_RANGE[1])
+    limit = scenario.max_model_len
+    out = []
+    for r in requests:
+        prompt = r.prompt_tokens * scenario.prompt_scale
+        if scenario.long_fraction and rng.random() < scenario.long_fraction:
+            prompt = math.exp(rng.uniform(lo, hi))
+        output = min(r.output_tokens, limit - 1)
+        prompt = max(1, min(round(prompt), limit - output))
+        out.append(replace(r, prompt_tokens=prompt, output_tokens=output))
+    return out
 
 
 def load_trace(path: Path) -> list[Request]:
@@ -115,6 +147,7 @@ def scenario_arrivals(scenario: Scenario, trace: Sequence[Request]) -> list[Requ
     base = block_bootstrap(trace, seconds, block_seconds=BLOCK_SECONDS, seed=scenario.seed)
     shaped = scale_rate(base, lambda t: scenario.load_at(t) * scenario.rate_scale, seed=scenario.seed + 1,
                         span=seconds)
+    shaped = shape_lengths(shaped, scenario, seed=scenario.seed + 2)
     factor = scenario.length_scale_after_shift
     if factor == 1.0:
         return shaped

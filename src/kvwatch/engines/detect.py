@@ -10,7 +10,6 @@ UnrecognisedPayload (no engine kvwatch knows).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 
 from kvwatch.engines import SourceOverrides, UnrecognisedPayload, sglang, trtllm, vllm
 from kvwatch.exposition import Exposition, ParseError, parse
@@ -19,11 +18,10 @@ from kvwatch.model import Poll
 ENGINE_KINDS = ("vllm", "sglang", "tensorrt-llm")
 
 
-def wanted_for(overrides: SourceOverrides | None = None) -> Callable[[str], bool]:
-    """The parser's family filter: every adapter's families and the overrides'."""
-    vllm_wanted = vllm.wanted_for(overrides)
-    others = sglang.FAMILIES | trtllm.FAMILIES
-    return lambda name: name in others or vllm_wanted(name)
+def wanted_for(overrides: SourceOverrides | None = None) -> frozenset[str]:
+    """The parser's filter: every adapter's families and the overrides'. A set of names, not a predicate, so
+    that the parser can skip whole blocks of the families no adapter reads (:mod:`kvwatch.exposition`)."""
+    return vllm.wanted_for(overrides) | sglang.FAMILIES | trtllm.FAMILIES
 
 
 def engine_of(exposition: Exposition) -> str | None:

@@ -99,21 +99,30 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
 def histograms(exposition: Exposition, family: str, key_of: KeyOf) -> dict[PartialKey, Histogram]:
     """A histogram family's series by partial key; of several copies of one key (ranks, processes) the one
     with the most observations (the copies are snapshots of one engine, as for gauges)."""
-    groups: dict[tuple[PartialKey, tuple[tuple[str, str], ...]], dict[str, Any]] = {}
+    bucket_name, count_name, sum_name = family + "_bucket", family + "_count", family + "_sum"
+    # One group per label set without ``le`` (the key follows from the labels). Runs every poll over every
+    # bucket of the latency histograms, hence the plain loop: one frozenset per sample, the key per group.
+    groups: dict[frozenset[tuple[str, str]], dict[str, Any]] = {}
     for s in exposition.samples(family):
-        labels = {k: v for k, v in s.labels.items() if k != "le"}
-        group = groups.setdefault((key_of(labels), tuple(sorted(labels.items()))), {"buckets": []})
-        if s.name == family + "_bucket" and "le" in s.labels:
+        labels = s.labels
+        le = labels.get("le")
+        ident = frozenset(labels.items()) if le is None else frozenset(labels.items()) - {("le", le)}
+        group = groups.get(ident)
+        if group is None:
+            group = groups[ident] = {"key": key_of(dict(ident)), "buckets": []}
+        name = s.name
+        if name == bucket_name and "le" in labels:
             try:
-                group["buckets"].append((float(s.labels["le"]), s.value))
+                group["buckets"].append((float(labels["le"]), s.value))
             except ValueError:
                 continue
-        elif s.name == family + "_count":
+        elif name == count_name:
             group["count"] = s.value
-        elif s.name == family + "_sum":
+        elif name == sum_name:
             group["sum"] = s.value
     out: dict[PartialKey, Histogram] = {}
-    for (key, _), group in groups.items():
+    for group in groups.values():
+        key = group["key"]
         buckets = sorted(group["buckets"])
         if not buckets or not math.isinf(buckets[-1][0]):
             continue

@@ -13,8 +13,8 @@ engine's scheduler returns its stats to only one front-end per step (``vllm/v1/c
 "Return stats to only one of the front-ends"), and that process sets the gauge from them. So every gauge
 (usage, running, waiting, waiting by reason, swapped) takes the maximum over ``pid``, the most conservative
 of the recent snapshots (vLLM ≥0.12 already declares usage and running ``mostrecent``, without ``pid``);
-summing would count the same requests once per process. Identical series repeated in a payload count once
-(the last wins).
+summing would count the same requests once per process. Identical series repeated in a payload never get
+here: the parser rejects such a payload (:mod:`kvwatch.exposition`).
 
 Capacity per engine: ``kv_cache_size_tokens`` when vLLM reports it, else
 ``num_gpu_blocks / n_engines × block_size``, because vLLM sums ``num_gpu_blocks`` over data-parallel engines
@@ -82,13 +82,19 @@ def _families_of(name: str) -> set[str]:
     return {name} | {name[: -len(suffix)] for suffix in SAMPLE_SUFFIXES if name.endswith(suffix)}
 
 
-def wanted_for(overrides: SourceOverrides | None = None) -> Callable[[str], bool]:
-    """The parser's family filter: the adapter's families, and every family an override's sample may be in
+HISTOGRAM_SAMPLES: frozenset[str] = frozenset(
+    family + suffix for family in (REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS) for suffix in ("_sum", "_count"))
+"""Of the two token histograms the adapter reads only ``_sum`` and ``_count``, never the buckets."""
+
+
+def wanted_for(overrides: SourceOverrides | None = None) -> frozenset[str]:
+    """The parser's filter (family and sample names): the adapter's families (of the token histograms only
+    their ``_sum``/``_count`` samples), and every family an override's sample may be in
     (``--waiting-metric proxy_queue_count`` needs the family ``proxy_queue``)."""
-    names = set(FAMILIES)
+    names = (set(FAMILIES) - {REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS}) | HISTOGRAM_SAMPLES
     for name in overrides.names() if overrides else ():
         names |= _families_of(name)
-    return frozenset(names).__contains__
+    return frozenset(names)
 
 
 def detect(exposition: Exposition, overrides: SourceOverrides | None = None) -> Detection:
@@ -222,25 +228,44 @@ def _sort_key(key: SeriesKey) -> tuple[str, int, str]:
     return (key[0], int(engine) if engine.isdigit() else 1 << 30, engine)
 
 
-_Index = dict[tuple[str | None, str | None], list[Sample]]
+class _Index(dict[tuple[str | None, str | None], list[Sample]]):
+    """Samples by (model_name, engine); ``partial`` when some sample lacks one of the two labels."""
+
+    partial = False
 
 
 def _split(samples: list[Sample]) -> _Index:
-    """Samples by (model_name, engine), None where the label is absent (such samples apply to every series)."""
-    index: _Index = {}
+    """Samples by (model_name, engine), None where the label is absent (such samples apply to every series);
+    each group already reduced to one sample per series (:func:`_dedupe`), once per poll, not per reading."""
+    index = _Index()
     for s in samples:
-        index.setdefault((s.labels.get("model_name"), s.labels.get("engine")), []).append(s)
+        labels = s.labels
+        key = (labels.get("model_name"), labels.get("engine"))
+        group = index.get(key)
+        if group is None:
+            index[key] = [s]
+        else:
+            group.append(s)
+    for key, group in index.items():
+        if len(group) > 1:
+            index[key] = _dedupe(group)
+        if key[0] is None or key[1] is None:
+            index.partial = True
     return index
 
 
 def _for_key(index: _Index, key: SeriesKey) -> list[Sample]:
+    """The samples that apply to one series. Groups differ in which of model_name/engine their samples carry,
+    so no series is in two groups and the concatenation needs no second dedupe."""
+    if not index.partial:
+        return index.get(key, [])  # type: ignore[arg-type]
     model, engine = key
     return [s for k in ((model, engine), (model, None), (None, engine), (None, None)) for s in index.get(k, ())]
 
 
 def _dedupe(samples: Iterable[Sample]) -> list[Sample]:
-    """One sample per series: identical series repeated in one payload count once (the last wins), and
-    copies that differ only in multiprocess mode's ``pid`` collapse to the largest (see the module doc)."""
+    """One sample per series: copies that differ only in multiprocess mode's ``pid`` collapse to the largest
+    (see the module doc); the parser has already refused identical series."""
     by_labels: dict[tuple[str, tuple[tuple[str, str], ...]], Sample] = {}
     for s in samples:
         if "pid" not in s.labels:
@@ -254,7 +279,10 @@ def _dedupe(samples: Iterable[Sample]) -> list[Sample]:
 
 
 def _combine(index: _Index, key: SeriesKey, how: Callable[[Iterable[float]], float]) -> float | None:
-    values = [s.value for s in _dedupe(_for_key(index, key))]
+    samples = _for_key(index, key)
+    if len(samples) == 1:
+        return float(samples[0].value)
+    values = [s.value for s in samples]
     if not values:
         return None
     values = [v for v in values if not math.isnan(v)] or values
@@ -264,7 +292,7 @@ def _combine(index: _Index, key: SeriesKey, how: Callable[[Iterable[float]], flo
 def _by_label(index: _Index, key: SeriesKey, label: str,
               how: Callable[[Iterable[float]], float]) -> MappingProxyType[str, float]:
     groups: dict[str, list[float]] = {}
-    for s in _dedupe(_for_key(index, key)):
+    for s in _for_key(index, key):
         value = s.labels.get(label)
         if value is not None:
             groups.setdefault(value, []).append(s.value)

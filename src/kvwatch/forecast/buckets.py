@@ -30,6 +30,8 @@ class SampleDeltas:
     request_prompt_count: float | None
     request_generation_sum: float | None
     request_generation_count: float | None
+    e2e_sum: float | None = None
+    e2e_count: float | None = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,10 @@ class MinuteBucket:
     request_generation_sum: float | None
     request_generation_count: float | None
     usages: tuple[float, ...] = ()  # the raw polls, for burst quantiles over several minutes
+    prompt_tokens: float | None = None  # prompt tokens admitted (counter delta)
+    generation_tokens: float | None = None  # tokens generated (counter delta)
+    e2e_sum: float | None = None  # e2e latency histogram delta: seconds and requests
+    e2e_count: float | None = None
 
     @property
     def k_mean(self) -> float | None:
@@ -104,6 +110,10 @@ class BucketAggregator:
         self._prompt_count: float | None = None
         self._gen_sum: float | None = None
         self._gen_count: float | None = None
+        self._prompt_tokens: float | None = None
+        self._gen_tokens: float | None = None
+        self._e2e_sum: float | None = None
+        self._e2e_count: float | None = None
 
     def minute_of(self, timestamp: float) -> int:
         return math.floor(timestamp / self.bucket_seconds)
@@ -137,6 +147,10 @@ class BucketAggregator:
             self._prompt_count = _add(self._prompt_count, deltas.request_prompt_count)
             self._gen_sum = _add(self._gen_sum, deltas.request_generation_sum)
             self._gen_count = _add(self._gen_count, deltas.request_generation_count)
+            self._prompt_tokens = _add(self._prompt_tokens, deltas.prompt_tokens)
+            self._gen_tokens = _add(self._gen_tokens, deltas.generation_tokens)
+            self._e2e_sum = _add(self._e2e_sum, deltas.e2e_sum)
+            self._e2e_count = _add(self._e2e_count, deltas.e2e_count)
         return closed
 
     def clear(self) -> None:
@@ -166,6 +180,10 @@ class BucketAggregator:
             request_generation_sum=self._gen_sum,
             request_generation_count=self._gen_count,
             usages=tuple(usages),
+            prompt_tokens=self._prompt_tokens,
+            generation_tokens=self._gen_tokens,
+            e2e_sum=self._e2e_sum,
+            e2e_count=self._e2e_count,
         )
         self._reset_accumulators()
         return bucket

@@ -2,8 +2,8 @@
 
 Reactive states (bottleneck, scheduler_limited, stalled) are judged on the raw samples of the last few
 minutes, with fire/clear hysteresis so one sample cannot flap them. The early warning (``filling``) is
-judged once per minute from the forecasts and needs ``warn_for`` consecutive positive minutes to fire and
-``clear_for`` consecutive minutes with a distant ETA to clear.
+judged once per minute from the saturation risk and needs ``warn_for`` consecutive minutes at or above
+``risk_on`` to fire and ``clear_for`` consecutive minutes below ``risk_off`` to clear.
 """
 
 from __future__ import annotations
@@ -99,8 +99,12 @@ class ReactiveDetectors:
 
 @dataclass(frozen=True)
 class WarningParams:
-    warn_for_buckets: int = 3
-    clear_eta_seconds: float = 2700.0
+    """Hysteresis of ``filling`` on the saturation risk at ``horizon_seconds``."""
+
+    horizon_seconds: float = 1800.0
+    risk_on: float = 0.7
+    risk_off: float = 0.2
+    warn_for_buckets: int = 2
     clear_for_buckets: int = 10
 
 
@@ -117,7 +121,8 @@ class WarningLatch:
         self.active = False
         self._raw_run = self._calm_run = 0
 
-    def update(self, raw: bool, eta_seconds: float) -> bool:
+    def update(self, raw: bool, calm: bool) -> bool:
+        """``raw``: the risk is at or above ``risk_on``; ``calm``: below ``risk_off`` (or unknown)."""
         p = self.params
         self._raw_run = self._raw_run + 1 if raw else 0
         if not self.active:
@@ -125,7 +130,7 @@ class WarningLatch:
                 self.active = True
                 self._calm_run = 0
             return self.active
-        self._calm_run = self._calm_run + 1 if eta_seconds > p.clear_eta_seconds and not raw else 0
+        self._calm_run = self._calm_run + 1 if calm and not raw else 0
         if self._calm_run >= p.clear_for_buckets:
             self.active = False
             self._raw_run = 0

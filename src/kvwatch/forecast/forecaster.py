@@ -37,6 +37,7 @@ from kvwatch.forecast.detector import (
     WarningLatch,
     WarningParams,
 )
+from kvwatch.forecast.risk import RISK_HORIZONS_SECONDS, RiskEstimate, RiskParams, estimate_risk
 from kvwatch.forecast.trend import TrendEstimate, estimate_trend
 
 HORIZONS_SECONDS: tuple[int, ...] = (600, 1800)
@@ -50,16 +51,7 @@ class ForecastParams:
     u_sat: float = 0.95  # the saturation threshold forecasts aim at
     u_busy: float = 0.90  # at or above this, requests waiting mean KV is the limit
     demand_target: float | None = None  # level the burst-adjusted demand forecast aims at (default u_sat)
-    warn_horizon_seconds: float = 1800.0
-    urgent_horizon_seconds: float = 600.0
-    level_floor: float = 0.5
-    # "either": a significant rise of usage or of the request rate confirms a demand ETA; "both": both must.
-    significance: str = "both"
-    # The demand forecast must also grow by this share over the warning horizon: a busy cache whose bursts
-    # already brush the threshold, with no growth, is at its edge, not filling.
-    min_rise: float = 0.10
     trend_confidence: float = 0.90
-    urgent_level: float = 0.8
     trend_window_buckets: int = 45
     level_buckets: int = 5
     min_buckets: int = 15
@@ -70,6 +62,7 @@ class ForecastParams:
     demand: DemandParams = field(default_factory=DemandParams)
     detector: DetectorParams = field(default_factory=DetectorParams)
     warning: WarningParams = field(default_factory=WarningParams)
+    risk: RiskParams = field(default_factory=RiskParams)
 
 
 @dataclass(frozen=True)
@@ -89,6 +82,8 @@ class ForecastSample:
     request_prompt_tokens_count: float | None = None
     request_generation_tokens_sum: float | None = None
     request_generation_tokens_count: float | None = None
+    e2e_latency_seconds_sum: float | None = None
+    e2e_latency_seconds_count: float | None = None
     restarted: bool = False
 
     @classmethod
@@ -99,6 +94,7 @@ class ForecastSample:
             return getattr(reading, name, None)
 
         finished = get("finished_by_reason")
+        e2e = (get("latency") or {}).get("e2e")  # the e2e latency histogram, when the engine exports one
         return cls(
             timestamp=timestamp,
             kv_usage=get("kv_usage_ratio"),
@@ -113,6 +109,8 @@ class ForecastSample:
             request_prompt_tokens_count=get("request_prompt_tokens_count"),
             request_generation_tokens_sum=get("request_generation_tokens_sum"),
             request_generation_tokens_count=get("request_generation_tokens_count"),
+            e2e_latency_seconds_sum=e2e.sum if e2e is not None else None,
+            e2e_latency_seconds_count=e2e.count if e2e is not None else None,
             restarted=restarted,
         )
 
@@ -140,6 +138,8 @@ class ForecastResult:
     recommended_max_concurrency: int | None
     estimates: Mapping[str, float | None]
     warning_raw: bool = False
+    # horizon seconds (300, 900, 1800) -> P(KV occupancy reaches the threshold within it); None = unknown
+    risk: Mapping[int, float | None] = field(default_factory=lambda: dict.fromkeys(RISK_HORIZONS_SECONDS))
 
 
 _COUNTERS = (
@@ -149,6 +149,7 @@ _COUNTERS = (
     "generation_tokens_total",
     "request_prompt_tokens_count",
     "request_generation_tokens_count",
+    "e2e_latency_seconds_count",
 )
 
 
@@ -167,6 +168,7 @@ class Forecaster:
         self._restart_at: float | None = None
         self._trend: TrendEstimate | None = None
         self._demand: DemandEstimate | None = None
+        self._risk: RiskEstimate | None = None
         self._raw = False
         self._last: ForecastResult | None = None
         self.restarts = 0
@@ -237,6 +239,7 @@ class Forecaster:
         self._buckets.clear()
         self._demand_model = DemandModel(_demand_params(self.params))
         self._trend = self._demand = None
+        self._risk = None
         self._raw = False
 
     def _deltas(self, prev: ForecastSample | None, cur: ForecastSample) -> SampleDeltas | None:
@@ -260,6 +263,8 @@ class Forecaster:
             request_generation_count=counter_delta(
                 prev.request_generation_tokens_count, cur.request_generation_tokens_count
             ),
+            e2e_sum=counter_delta(prev.e2e_latency_seconds_sum, cur.e2e_latency_seconds_sum),
+            e2e_count=counter_delta(prev.e2e_latency_seconds_count, cur.e2e_latency_seconds_count),
         )
 
     def _flags(self, sample: ForecastSample, deltas: SampleDeltas | None) -> SampleFlags:
@@ -298,8 +303,14 @@ class Forecaster:
             u_sat=p.u_sat,
             confidence=p.trend_confidence,
         )
-        self._raw = self._warning_raw(bucket.minute * p.bucket_seconds + p.bucket_seconds)
-        self._latch.update(self._raw, self._combined_eta())
+        self._risk = (
+            estimate_risk(fit_buckets, self._demand, replace(p.risk, bucket_seconds=p.bucket_seconds))
+            if self._demand is not None else None
+        )
+        now = bucket.minute * p.bucket_seconds + p.bucket_seconds
+        risk = self._risk.at(p.warning.horizon_seconds) if self._risk is not None and self._warm(now) else None
+        self._raw = risk is not None and risk >= p.warning.risk_on
+        self._latch.update(self._raw, risk is None or risk < p.warning.risk_off)
 
     def _warm(self, now: float) -> bool:
         return (
@@ -308,25 +319,6 @@ class Forecaster:
             and self._trend is not None
             and len(self._buckets) >= self.params.min_buckets
         )
-
-    def _warning_raw(self, now: float) -> bool:
-        p, trend, demand = self.params, self._trend, self._demand
-        if not self._warm(now) or trend is None or trend.level < p.level_floor:
-            return False
-        rising = trend.significant and demand is not None and demand.significant if p.significance == "both" else (
-            trend.significant or (demand is not None and demand.significant))
-        demand_says = (
-            demand is not None
-            and demand.eta_seconds <= p.warn_horizon_seconds
-            and rising
-            and demand.forecast(p.warn_horizon_seconds) >= (1.0 + p.min_rise) * demand.forecast(0.0)
-        )
-        trend_says = trend.eta_seconds <= p.urgent_horizon_seconds and trend.level >= p.urgent_level
-        return demand_says or trend_says
-
-    def _combined_eta(self) -> float:
-        etas = [e.eta_seconds for e in (self._demand, self._trend) if e is not None]
-        return min(etas) if etas else math.inf
 
     # ------------------------------------------------------------------ results
 
@@ -348,12 +340,17 @@ class Forecaster:
         now = sample.timestamp
         state = self._state(now)
         demand, trend = self._demand, self._trend
+        warm = self._warm(now)
+        risk_now = self._risk if warm else None
+        risks: dict[int, float | None] = {
+            h: (risk_now.at(h) if risk_now is not None else None) for h in RISK_HORIZONS_SECONDS}
         if state == BOTTLENECK:
             eta = 0.0
-        elif state == FILLING:
-            eta = self._combined_eta()
+            # Saturated now. The model's own risk is kept when it has one: the detector clears minutes after
+            # the saturation ends (hysteresis), and "certain" would be wrong about those minutes.
+            risks = {h: (1.0 if r is None else r) for h, r in risks.items()}
         else:
-            eta = math.inf
+            eta = risk_now.eta_seconds() if risk_now is not None else math.inf
         ratios: dict[int, float | None] = {}
         for horizon in HORIZONS_SECONDS:
             if demand is not None:
@@ -372,6 +369,10 @@ class Forecaster:
             "request_rate_slope": demand.rate_slope if demand else None,
             "request_rate_slope_lower": demand.rate_slope_lower if demand else None,
             "burst_factor": demand.burst_factor if demand else None,
+            "occupancy_mean_tokens": self._risk.mean_tokens if self._risk else None,
+            "occupancy_sd_tokens": math.sqrt(self._risk.variance_tokens2) if self._risk else None,
+            "request_size_tokens": self._risk.size_tokens if self._risk else None,
+            "residence_seconds": self._risk.residence_seconds if self._risk else None,
             "demand_tokens": demand.demand_tokens if demand else None,
             "tokens_per_running_request": demand.tokens_per_running_request if demand else None,
             "capacity_tokens": sample.capacity_tokens,
@@ -389,6 +390,7 @@ class Forecaster:
             recommended_max_concurrency=self._recommended_concurrency(sample),
             estimates=estimates,
             warning_raw=self._raw,
+            risk=risks,
         )
 
     def _recommended_concurrency(self, sample: ForecastSample) -> int | None:

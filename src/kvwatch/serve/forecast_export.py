@@ -18,6 +18,7 @@ from kvwatch.forecast.detector import STATES
 from kvwatch.forecast.forecaster import ForecastParams, ForecastResult
 
 HORIZON_LABELS: dict[int, str] = {600: "10m", 1800: "30m"}
+RISK_LABELS: dict[int, str] = {300: "5m", 900: "15m", 1800: "30m"}
 _POLL_NOTE = " kvwatch polls vLLM on its own timer; estimates use per-minute aggregates of those polls."
 
 # The numbers in the HELP texts come from the parameters the forecaster runs with (serve uses the defaults).
@@ -52,6 +53,16 @@ INNER_ESTIMATES: tuple[tuple[str, str, str], ...] = (
     ("kvwatch_forecast_usage_slope_lower_per_second", "usage_slope_lower_per_second",
      f"Lower bound of the {_P.trend_confidence:.0%} confidence interval of the usage slope "
      "(above 0: significantly rising)."),
+    ("kvwatch_forecast_occupancy_mean_tokens", "occupancy_mean_tokens",
+     f"KV tokens in use now by a least-squares line through the last {_P.risk.window_buckets} per-minute means "
+     "(the level the saturation risk projects from)."),
+    ("kvwatch_forecast_occupancy_sd_tokens", "occupancy_sd_tokens",
+     "Standard deviation of per-minute KV tokens in use in the shot-noise model: sqrt(request size x mean)."),
+    ("kvwatch_forecast_request_size_tokens", "request_size_tokens",
+     f"Footprint-weighted request size E[S²·D]/E[S·D]: variance over mean of per-minute KV tokens over "
+     f"{_P.risk.window_buckets} minutes, at least the Poisson value from the mean prompt+output length."),
+    ("kvwatch_forecast_residence_seconds", "residence_seconds",
+     "Mean time a request stays in the engine (e2e latency histogram sum/count; running/rate without it)."),
     ("kvwatch_forecast_saturated_sample_ratio", "saturated_sample_fraction",
      f"Share of the last {_P.detector.fire_window_seconds / 60:g} minutes' polls that were saturated "
      f"(bottleneck fires at {_P.detector.fire_fraction:g})."),
@@ -73,7 +84,13 @@ def forecast_metric_families(
         return GaugeMetricFamily(name, doc + _POLL_NOTE, labels=[*label_names, *extra])
 
     eta = gauge("kvwatch_kv_exhaustion_eta_seconds",
-                "Forecast time until KV cache saturation: 0 in bottleneck, +Inf when not filling, absent when unknown.")
+                f"First time the saturation risk reaches 0.5 (within {_P.risk.max_horizon_buckets} minutes): 0 in "
+                "bottleneck, +Inf when it does not or while warming up, absent when unknown.")
+    risk = gauge("kvwatch_kv_saturation_risk",
+                 f"Probability that KV usage reaches {_P.risk.threshold:g} of capacity for a sustained stretch "
+                 "within the horizon "
+                 "(in bottleneck the model's risk, 1 before it has one; absent while warming up or unknown).",
+                 ["horizon"])
     ratio = gauge("kvwatch_kv_usage_forecast_ratio",
                   "Forecast KV usage at the horizon, in demand units (may exceed 1: demand beyond capacity).",
                   ["horizon"])
@@ -97,6 +114,8 @@ def forecast_metric_families(
         if result.eta_seconds is None:
             continue  # unknown: only the state is exported
         eta.add_metric(values, result.eta_seconds)
+        for horizon, label in RISK_LABELS.items():
+            _maybe(risk, [*values, label], result.risk.get(horizon))
         for horizon, label in HORIZON_LABELS.items():
             forecast = result.forecast_ratio.get(horizon)
             if forecast is not None:
@@ -113,7 +132,7 @@ def forecast_metric_families(
             _maybe(inner[key], values, result.estimates.get(key))
         minutes = result.estimates.get("minutes_since_restart")
         _maybe(restart, values, None if minutes is None else minutes * 60.0)
-    families = [eta, ratio, state, rate, headroom, concurrency, recommendation, etas, *inner.values(), restart]
+    families = [eta, risk, ratio, state, rate, headroom, concurrency, recommendation, etas, *inner.values(), restart]
     return [f for f in families if f.samples]
 
 

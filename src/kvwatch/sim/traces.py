@@ -184,14 +184,37 @@ def block_bootstrap(requests: Sequence[Request], duration: float, *, block_secon
     return out
 
 
+# The columns each format's reader uses (everything else in a row is ignored).
+TRACE_COLUMNS: dict[str, dict[str, str]] = {
+    "azure": {"TIMESTAMP": "arrival time (ISO 8601, 7 fractional digits)",
+              "ContextTokens": "prompt tokens", "GeneratedTokens": "output tokens (0 counts as 1)"},
+    "mooncake": {"timestamp": "arrival time in milliseconds", "input_length": "prompt tokens",
+                 "output_length": "output tokens", "hash_ids": "512-token prefix block hashes (prefix caching)"},
+}
+
+
+def detect_format(path: str | Path) -> str:
+    """``"azure"`` or ``"mooncake"`` from the file's first non-empty line, whatever its name."""
+    try:
+        with Path(path).open(encoding="utf-8") as handle:
+            first = next((line for line in handle if line.strip()), "")
+    except OSError as exc:
+        raise TraceError(f"cannot read trace {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise TraceError(f"trace {path} is not UTF-8 text") from None
+    if first.lstrip().startswith("{"):
+        return "mooncake"
+    if tuple(c.strip() for c in first.lstrip("\ufeff").split(",")) == AZURE_HEADER:
+        return "azure"
+    raise TraceError(f"{path}: not an Azure 2023 CSV (header {','.join(AZURE_HEADER)}) nor a Mooncake JSONL trace "
+                     "(one JSON object per line with timestamp, input_length, output_length)")
+
+
 def load_trace(path: str | Path, *, seed: int = 0) -> list[Request]:
-    """Read a trace by its extension: ``.csv`` is Azure, ``.jsonl`` / ``.json`` is Mooncake."""
-    suffix = Path(path).suffix.lower()
-    if suffix == ".csv":
+    """Read a trace of either format, detected from its content (not its file name)."""
+    if detect_format(path) == "azure":
         return read_azure_csv(Path(path))
-    if suffix in (".jsonl", ".json"):
-        return read_mooncake_jsonl(Path(path), seed=seed)
-    raise TraceError(f"{path}: unknown trace format (expected .csv for Azure or .jsonl for Mooncake)")
+    return read_mooncake_jsonl(Path(path), seed=seed)
 
 
 def packaged_trace(name: str) -> Path:

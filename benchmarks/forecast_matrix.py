@@ -1,0 +1,38 @@
+"""The issue-14 backtest matrix in one command: 3 trace families × 7 profiles × 3 seeds, plus the
+long-context tuning rows on the tuning trace. Prints the markdown tables of docs/forecasting.md.
+
+    .venv/bin/python benchmarks/forecast_matrix.py CONV.csv CODE.csv MOONCAKE.jsonl --cache-dir /tmp/kvwatch-bt
+
+CONV is the tuning trace (Azure 2023 conversation); CODE (Azure 2023 code) and MOONCAKE (Mooncake
+conversation) are held out. The traces are not in the repository (see src/kvwatch/data/traces/README.md
+for where they come from). ``--cache-dir`` keeps each simulation, so re-scoring after a change takes
+seconds; simulating everything takes hours of one core (about 2 minutes per simulated 3-hour conversation
+ramp on a shared 2-core machine). CI runs the deterministic slice in tests/test_backtest_matrix.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from kvwatch.backtest.report import LONG_CONTEXT, MATRIX, pooled, simulations, table
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("tuning", type=Path, help="the tuning trace (Azure conversation CSV)")
+    parser.add_argument("held_out", type=Path, nargs="+", help="held-out traces (Azure code CSV, Mooncake JSONL)")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="keep simulations here between runs")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
+    args = parser.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    print(table(f"{args.tuning.name} (tuning)", pooled(simulations(args.tuning, MATRIX, args.cache_dir, seeds=seeds))))
+    print(table(f"{args.tuning.name}, long-context rows (tuning)",
+                pooled(simulations(args.tuning, LONG_CONTEXT, args.cache_dir, seeds=seeds))))
+    for path in args.held_out:
+        print(table(f"{path.name} (held out)", pooled(simulations(path, MATRIX, args.cache_dir, seeds=seeds))))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

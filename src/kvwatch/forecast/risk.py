@@ -1,0 +1,218 @@
+"""Saturation risk: P(KV occupancy reaches capacity within h), from an M/G/∞ shot-noise model.
+
+KV tokens in use are a sum over requests in flight, each holding ``S`` tokens for ``D`` seconds. With
+Poisson arrivals at rate ``λ`` the occupancy has mean ``λ·E[S·D]`` and variance ``λ·E[S²·D]`` (Campbell's
+theorem). What a sidecar can see gives both without per-request data:
+
+- mean: ``λ·A`` with ``A = E[S·D]`` the measured token-seconds per request (Little's law, demand.py);
+- variance: ``s·mean`` with ``s = E[S²·D]/E[S·D]``, the footprint-weighted request size. ``s`` is the index
+  of dispersion of the per-minute mean occupancy (variance over mean, around a straight line through the
+  window so a ramp is not mistaken for noise). Its floor is what Poisson arrivals alone would give: the
+  mean KV footprint of finished requests from the length histograms (``E[P] + E[G]``) times the averaging
+  factor of a one-minute mean, ``2x(1 − x(1 − e^(−1/x)))`` with ``x = τ / 60 s`` (so a quiet window does
+  not claim tiny requests, and long-lived long-context requests count fully).
+- level: a least-squares line through the last 30 per-minute means, read at the newest minute: it follows
+  a ramp (``λ·A`` from demand.py lags one by its smoothing) without chasing a 5-minute burst, whose size
+  the variance already describes (the mean of the last 5 minutes as the level was tried: steady load then
+  swung the risk from 0 to 0.7 and back every burst).
+
+The rate is projected with the damped robust trend of demand.py (and its knee: requests hold KV longer
+as the batch grows), which moves both moments: mean and variance grow with ``λ̂(t)``. The probability of
+reaching the threshold ``c`` by ``h`` uses the rate of excursions above ``c``: Rice's formula
+``ν = (σ'/2πσ)·exp(−z²/2)`` with the occupancy's own time scale, the mean residence ``τ`` of a request
+(the e2e latency histogram's sum/count; Little's ``running/λ`` without it): ``ν(t) = k·σ_t·f_t(c)/τ``,
+with ``f_t`` the occupancy density (``σ·f(c) = φ(z)`` for a Gaussian) and ``k`` a tuned constant.
+(The gross token inflow as the upward speed was tried first: it counts every jitter of a busy cache as a
+crossing and was 40× too eager.) A saturation event is *sustained* saturation (most of a 2-minute
+window, backtest/scoring.py): a cache whose requests live seconds touches any level for an instant many
+times without saturating, so the moments are those of the per-minute mean occupancy (its measured
+dispersion includes the minute-scale bursts of real traffic, which an ideal Poisson model would miss), and
+excursions last about ``τ + W`` with ``W = sustain_seconds``. The polls inside a minute
+spread around its mean, so a minute saturates some polls once its mean is within a few within-minute
+standard deviations of the threshold: ``c = 0.95·C − k·σ_within`` (``σ_within`` measured from the polls;
+``k`` tuned). Then ``risk(h) = 1 − (1 − max_t P(K̄_t ≥ c))·exp(−∫₀ʰ ν)``. ``f_t`` is
+Gaussian or moment-matched gamma (the shot noise is right-skewed); docs/forecasting.md has the measured
+comparison.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+
+from kvwatch.forecast.buckets import MinuteBucket
+from kvwatch.forecast.demand import DemandEstimate
+
+RISK_HORIZONS_SECONDS: tuple[int, ...] = (300, 900, 1800)
+_NORMAL = NormalDist()
+
+
+@dataclass(frozen=True)
+class RiskParams:
+    threshold: float = 0.95  # the saturation threshold of the polls, a fraction of capacity
+    # A minute whose mean is within_k within-minute standard deviations below the threshold has polls at it:
+    # the per-minute mean's effective threshold is ``threshold·C − within_k·σ_within`` (tuned, forecasting.md).
+    within_k: float = 1.0
+    window_buckets: int = 30  # minutes of polls for the dispersion index and the token inflow
+    distribution: str = "gamma"  # "gaussian" or "gamma" (moment-matched)
+    flux_scale: float = 1.0  # multiplies the crossing rate (tuned on the tuning traces only)
+    size_floor: float = 1.0  # × histogram mean footprint as the floor of s (0: dispersion alone)
+    sustain_seconds: float = 120.0  # W: saturation must last this long to be an event
+    max_horizon_buckets: int = 60
+    bucket_seconds: float = 60.0
+
+
+@dataclass(frozen=True)
+class RiskEstimate:
+    risk: tuple[float, ...]  # cumulative P(reach c) by the end of minute 1..max_horizon
+    mean_tokens: float  # λ·E[S·D] now
+    variance_tokens2: float  # λ·E[S²·D] now
+    size_tokens: float  # s = E[S²·D]/E[S·D]
+    residence_seconds: float  # τ, the occupancy's time scale
+    bucket_seconds: float
+
+    def at(self, horizon_seconds: float) -> float:
+        """Risk of reaching the threshold within ``horizon_seconds`` (interpolated between minutes)."""
+        if horizon_seconds <= 0 or not self.risk:
+            return 0.0
+        steps = horizon_seconds / self.bucket_seconds
+        i = min(len(self.risk), math.ceil(steps))
+        lo = self.risk[i - 2] if i >= 2 else 0.0
+        hi = self.risk[i - 1]
+        frac = steps - (i - 1)
+        return lo + (hi - lo) * min(1.0, max(0.0, frac))
+
+    def eta_seconds(self, level: float = 0.5) -> float:
+        """First time the risk reaches ``level`` (interpolated), +Inf beyond the last horizon."""
+        previous = 0.0
+        for i, value in enumerate(self.risk):
+            if value >= level:
+                fraction = (level - previous) / (value - previous) if value > previous else 1.0
+                return (i + fraction) * self.bucket_seconds
+            previous = value
+        return math.inf
+
+
+def _tail_and_density(c: float, mean: float, var: float, distribution: str) -> tuple[float, float]:
+    """(P(K ≥ c), density at c) for a Gaussian or a moment-matched gamma occupancy."""
+    if var <= 0 or mean <= 0:
+        return (1.0 if mean >= c else 0.0), 0.0
+    if distribution == "gaussian":
+        sd = math.sqrt(var)
+        z = (c - mean) / sd
+        return 1.0 - _NORMAL.cdf(z), math.exp(-0.5 * z * z) / (sd * math.sqrt(2.0 * math.pi))
+    shape, scale = mean * mean / var, var / mean
+    x = c / scale
+    log_pdf = (shape - 1.0) * math.log(x) - x - math.lgamma(shape) - math.log(scale)
+    # Wilson–Hilferty: (X/k)^(1/3) is nearly normal with mean 1 − 1/(9k), variance 1/(9k).
+    z = ((x / shape) ** (1.0 / 3.0) - (1.0 - 1.0 / (9.0 * shape))) / math.sqrt(1.0 / (9.0 * shape))
+    return 1.0 - _NORMAL.cdf(z), math.exp(log_pdf) if log_pdf > -700 else 0.0
+
+
+def dispersion_index(buckets: Sequence[MinuteBucket], window_buckets: int) -> tuple[float, float] | None:
+    """(index of dispersion, recent mean) of per-minute mean KV tokens over ``window_buckets`` minutes.
+
+    The index is the variance of the minute means around a straight line (a ramp is not noise) over
+    their mean; the level is that line at the newest minute (what the projection starts from).
+    """
+    newest = buckets[-1].minute
+    points = [(float(b.minute), b.k_mean) for b in buckets
+              if b.minute > newest - window_buckets and b.k_mean is not None]
+    n = len(points)
+    if n < 5:
+        return None
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    sxy = sum((x - mx) * (y - my) for x, y in points)
+    slope = sxy / sxx if sxx > 0 else 0.0
+    resid = sum((y - my - slope * (x - mx)) ** 2 for x, y in points) / max(1, n - 2)
+    level = my + slope * (points[-1][0] - mx)  # the line at the newest minute: follows a ramp, not a burst
+    return (resid / my if my > 0 else 0.0), max(0.0, level)
+
+
+def within_minute_sd(window: Sequence[MinuteBucket]) -> float:
+    """Pooled standard deviation of the polls around their own minute's mean, in KV tokens."""
+    squares = 0.0
+    dof = 0
+    for b in window:
+        if b.capacity_tokens is None or len(b.usages) < 2:
+            continue
+        mean = sum(b.usages) / len(b.usages)
+        squares += sum((u - mean) ** 2 for u in b.usages) * b.capacity_tokens ** 2
+        dof += len(b.usages) - 1
+    return math.sqrt(squares / dof) if dof else 0.0
+
+
+def _window_sum(window: Sequence[MinuteBucket], name: str) -> float | None:
+    values = [getattr(b, name) for b in window]
+    if any(v is None for v in values):
+        return None
+    return float(sum(values))
+
+
+def mean_footprint(window: Sequence[MinuteBucket]) -> float | None:
+    """Mean KV tokens a finished request held at its end, ``E[P] + E[G]`` from the length histograms."""
+    ps, pc = _window_sum(window, "request_prompt_sum"), _window_sum(window, "request_prompt_count")
+    gs, gc = _window_sum(window, "request_generation_sum"), _window_sum(window, "request_generation_count")
+    if None in (ps, pc, gs, gc) or not pc or not gc:
+        return None
+    return ps / pc + gs / gc  # type: ignore[operator]
+
+
+def mean_residence(window: Sequence[MinuteBucket]) -> float | None:
+    """Mean end-to-end latency of requests finished in the window (e2e histogram deltas)."""
+    total, count = _window_sum(window, "e2e_sum"), _window_sum(window, "e2e_count")
+    if total is None or not count:
+        return None
+    return total / count
+
+
+def estimate_risk(buckets: Sequence[MinuteBucket], demand: DemandEstimate, p: RiskParams) -> RiskEstimate | None:
+    """The risk curve for the next ``max_horizon_buckets`` minutes (None while a moment is unknown)."""
+    newest = buckets[-1].minute
+    window = [b for b in buckets if b.minute > newest - p.window_buckets]
+    capacity = demand.capacity_tokens
+    dispersion = dispersion_index(buckets, p.window_buckets)
+    if capacity <= 0 or demand.rate_level <= 0 or dispersion is None:
+        return None
+    size, mean0 = dispersion
+    if mean0 <= 0:
+        return None  # an empty cache: nothing to project (the risk is unknown, not 0)
+    residence = mean_residence(window)
+    if residence is None:
+        # Without the e2e histogram: Little's law, requests in flight over the arrival rate.
+        running = [b.running_mean for b in window]
+        residence = (sum(running) / len(running)) / demand.rate_level if running else None
+    if residence is None or residence <= 0:
+        return None
+    footprint = mean_footprint(window)
+    if footprint is not None:
+        # Poisson shot noise averaged over a minute: variance × 2x(1 − x(1 − e^(−1/x))), x = τ / minute.
+        x = residence / p.bucket_seconds
+        averaging = 2.0 * x * (1.0 - x * (1.0 - math.exp(-1.0 / x)))
+        size = max(size, p.size_floor * footprint * averaging)
+    c = max(0.5 * capacity, p.threshold * capacity - p.within_k * within_minute_sd(window))
+    time_scale = residence + p.sustain_seconds
+    log_survival = 0.0
+    worst_tail = 0.0
+    previous_rate = None
+    risk: list[float] = []
+    for step in range(0, p.max_horizon_buckets + 1):
+        seconds = step * p.bucket_seconds
+        rate = demand.rate_at(seconds)
+        growth = rate / demand.rate_level
+        knee = min(2.0, max(1.0, growth) ** demand.knee_elasticity)
+        mean = mean0 * growth * knee
+        # D grows with the knee, S does not: E[S²·D] scales like E[S·D].
+        var = size * mean * knee
+        tail, density = _tail_and_density(c, mean, var, p.distribution)
+        crossing_rate = p.flux_scale * math.sqrt(var) * density / (time_scale * knee)
+        worst_tail = max(worst_tail, tail)
+        if previous_rate is not None:
+            log_survival -= 0.5 * (previous_rate + crossing_rate) * p.bucket_seconds
+            risk.append(1.0 - (1.0 - worst_tail) * math.exp(log_survival))
+        previous_rate = crossing_rate
+    return RiskEstimate(tuple(risk), mean0, size * mean0, size, residence, p.bucket_seconds)

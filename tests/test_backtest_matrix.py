@@ -1,0 +1,24 @@
+"""CI's deterministic slice of the backtest matrix (benchmarks/forecast_matrix.py runs the whole of it):
+one short ramp of the packaged conversation sample through the report's own code path. Scoring the same
+simulation twice gives the same leads; the table carries every method, warm-up events and the Brier scores of
+the risk against its two references."""
+
+from __future__ import annotations
+
+from kvwatch.backtest.report import CI_SLICE, pooled, simulations, table
+from kvwatch.sim.traces import packaged_trace
+
+
+def test_ci_slice_is_deterministic_and_reports_calibration():
+    trace = packaged_trace("azure_conv_sample.csv")
+    sims = simulations(trace, CI_SLICE[:1], None)
+    result = pooled(sims)
+    kv = result.outcomes["all"]["kvwatch"]
+    assert kv.leads == pooled(sims).outcomes["all"]["kvwatch"].leads
+    assert kv.leads, "a ramp to 1.2 saturates the cache"
+    rel = result.reliability["all"]
+    for horizon in (300, 900, 1800):
+        assert rel[horizon]["kvwatch"].n == rel[horizon]["predict_linear"].n > 0
+    text = table("azure_conv_sample.csv", result)
+    assert "| ramp | 1 | kvwatch |" in text
+    assert "| 30m |" in text and "Reliability of the 30-minute risk" in text
