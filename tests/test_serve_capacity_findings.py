@@ -63,7 +63,10 @@ def test_serve_and_check_share_one_definition():
             findings.request_exceeds_pool(usage, running, waiting) is not None)
 
 
-def test_held_seconds_counts_only_the_unbroken_run_ending_now():
-    assert findings.held_seconds([(30.0, True), (25.0, True), (20.0, False), (15.0, True)]) == 5.0
-    assert findings.held_seconds([(30.0, False), (25.0, True)]) == 0.0
-    assert findings.held_seconds([]) == 0.0
+def test_held_since_counts_only_the_unbroken_run_ending_now():
+    held = findings.HeldSince()
+    assert [held.update(t, h) for t, h in [(15.0, True), (20.0, False), (25.0, True), (30.0, True)]] == [
+        0.0, 0.0, 0.0, 5.0]
+    assert held.update(35.0, False) == 0.0
+    assert held.update(40.0, True) == 0.0 and held.update(45.0, True) == 5.0
+    assert held.update(50.0, True, restarted=True) == 0.0  # a new engine process starts a new run

@@ -11,12 +11,11 @@
 
 ``check`` judges the last two on one snapshot; ``serve`` exports them as ``kvwatch_capacity_finding{finding}``
 once the same condition (:func:`live_finding`, one definition for both) has held on every poll for
-:data:`SUSTAINED_SECONDS` of the poll clock (:func:`held_seconds`), so a moment between two requests is not one.
+:data:`SUSTAINED_SECONDS` of the poll clock (:class:`HeldSince`), so a moment between two requests is not one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,14 +116,18 @@ def live_finding(finding_id: str, usage: float | None, running: float | None, wa
     raise ValueError(f"not a live finding: {finding_id!r} (known: {', '.join(LIVE_FINDINGS)})")
 
 
-def held_seconds(newest_first: Iterable[tuple[float, bool]]) -> float:
-    """How long a condition has held without a break: from the oldest poll of the unbroken run that ends at the
-    newest poll to that newest poll (0 when it does not hold now). ``newest_first``: (poll time, holds)."""
-    newest = oldest = None
-    for timestamp, holds in newest_first:
+@dataclass
+class HeldSince:
+    """How long a condition has held without a break, updated once per poll in O(1): from the first poll of the
+    unbroken run that ends at the newest poll to that poll (0 when it does not hold now). A restart of the
+    engine starts a new run (what came before belongs to another process)."""
+
+    since: float | None = None
+
+    def update(self, now: float, holds: bool, restarted: bool = False) -> float:
         if not holds:
-            break
-        if newest is None:
-            newest = timestamp
-        oldest = timestamp
-    return 0.0 if newest is None or oldest is None else newest - oldest
+            self.since = None
+            return 0.0
+        if self.since is None or restarted:
+            self.since = now
+        return now - self.since

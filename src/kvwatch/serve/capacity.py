@@ -22,7 +22,7 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 
-from kvwatch.capacity.findings import LIVE_FINDINGS, SUSTAINED_SECONDS, held_seconds, live_finding
+from kvwatch.capacity.findings import LIVE_FINDINGS, SUSTAINED_SECONDS, HeldSince, live_finding
 from kvwatch.history import SeriesHistory
 from kvwatch.model import Reading, SeriesKey
 from kvwatch.serve.sidecar_capacity import SidecarCapacity, resolver_for
@@ -41,6 +41,9 @@ class CapacityResult:
     findings: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
 
 
+MAX_LOGGED_PLANS = 10
+
+
 class CapacityAnalyzer:
     name = "capacity"
 
@@ -49,24 +52,33 @@ class CapacityAnalyzer:
         # reads): a preset may only match once the engine names its model, and a restart may change them. The
         # resolver is the settings' own, shared with the forecaster's advice.
         self._capacity = resolver_for(settings)
+        self._logged = 0
+        # Per series and finding: since when its condition has held (O(1) per poll, bounded like the plans).
+        self._held: dict[tuple[SeriesKey, str], HeldSince] = {}
+        self._max_held = 2 * len(LIVE_FINDINGS) * int(getattr(settings, "max_series", 0) or 1000)
 
     def _plan(self, reading: Reading) -> SidecarCapacity | None:
         new = self._capacity.is_new(reading)
         capacity, why = self._capacity.sidecar(reading)
         if new:
+            # One line per model for the first few; a target serving thousands of models gets no more.
+            self._logged += 1
+            say = log.info if self._logged <= MAX_LOGGED_PLANS else log.debug
+            if self._logged == MAX_LOGGED_PLANS + 1:
+                log.info("capacity model: more models than %d, further per-model lines at DEBUG", MAX_LOGGED_PLANS)
             if capacity is None:
-                log.info("capacity model off for %s: %s", reading.model_name, why)
+                say("capacity model off for %s: %s", reading.model_name, why)
             else:
                 for error in capacity.plan.errors:  # e.g. a --max-model-len vLLM refuses: the settings are wrong
-                    log.warning("capacity model for %s: %s", reading.model_name, error)
-                log.info("capacity model for %s: %s", reading.model_name,
-                         "; ".join(n for n in capacity.plan.notes if "cache_config_info" in n) or "kvwatch's settings")
+                    (log.warning if say is log.info else say)("capacity model for %s: %s", reading.model_name, error)
+                say("capacity model for %s: %s", reading.model_name,
+                    "; ".join(n for n in capacity.plan.notes if "cache_config_info" in n) or "kvwatch's settings")
         return capacity
 
     def analyze(self, key: SeriesKey, history: SeriesHistory, reading: Reading, now: float) -> CapacityResult | None:
         capacity = self._plan(reading)
         series = self._capacity.series(reading)
-        findings = _live_findings(history, reading, capacity)
+        findings = self._live_findings(key, history, reading, capacity, now)
         if capacity is None and series.source == "unknown" and not findings:
             return None
         whatif: dict[str, float] = {}
@@ -76,6 +88,26 @@ class CapacityAnalyzer:
         return CapacityResult(capacity.formula_kv_capacity_tokens if capacity is not None else None,
                               MappingProxyType(whatif), series.source, series.pool_bytes, series.pool_source,
                               MappingProxyType(findings))
+
+    def _live_findings(self, key: SeriesKey, history: SeriesHistory | None, reading: Reading,
+                       capacity: SidecarCapacity | None, now: float) -> dict[str, float]:
+        """Each live finding: 1.0 once its condition held for SUSTAINED_SECONDS of polls since the last restart."""
+        if (history is None or reading.kv_usage_ratio is None or reading.requests_running is None
+                or reading.requests_waiting is None):
+            return {}
+        max_model_len = capacity.plan.max_model_len if capacity is not None else None
+        restarted = history.last_restart_timestamp == now
+        out: dict[str, float] = {}
+        for finding_id in LIVE_FINDINGS:
+            holds = live_finding(finding_id, reading.kv_usage_ratio, reading.requests_running,
+                                 reading.requests_waiting, reading.kv_capacity_tokens, max_model_len) is not None
+            timer = self._held.get((key, finding_id))
+            if timer is None:
+                if len(self._held) >= self._max_held:
+                    del self._held[next(iter(self._held))]
+                timer = self._held[(key, finding_id)] = HeldSince()
+            out[finding_id] = 1.0 if timer.update(now, holds, restarted) >= SUSTAINED_SECONDS else 0.0
+        return out
 
     def families(self, results: Mapping[SeriesKey, CapacityResult], now: float) -> Iterable[GaugeMetricFamily]:
         formula = GaugeMetricFamily(
@@ -126,24 +158,6 @@ class CapacityAnalyzer:
         yield source
         yield pool
         yield finding
-
-
-def _live_findings(history: SeriesHistory | None, reading: Reading,
-                   capacity: SidecarCapacity | None) -> dict[str, float]:
-    """Each live finding: 1.0 once its condition held for SUSTAINED_SECONDS of polls since the last restart."""
-    if (history is None or reading.kv_usage_ratio is None or reading.requests_running is None
-            or reading.requests_waiting is None):
-        return {}
-    max_model_len = capacity.plan.max_model_len if capacity is not None else None
-    entries = history.samples(since_restart=True, window=SUSTAINED_SECONDS * 2)
-    out: dict[str, float] = {}
-    for finding_id in LIVE_FINDINGS:
-        def holds(r: Reading, finding_id: str = finding_id) -> bool:
-            return live_finding(finding_id, r.kv_usage_ratio, r.requests_running, r.requests_waiting,
-                                r.kv_capacity_tokens, max_model_len) is not None
-        held = held_seconds((e.timestamp, holds(e.reading)) for e in reversed(entries))
-        out[finding_id] = 1.0 if held >= SUSTAINED_SECONDS else 0.0
-    return out
 
 
 def make_analyzer(settings: Any) -> CapacityAnalyzer:
