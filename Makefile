@@ -26,11 +26,11 @@ tools:
 
 ## test: lint, then the whole suite (unit, promtool, helm, end-to-end with real Prometheus)
 test: install tools
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks tools alerts scripts
 	$(BIN)/python -m pytest
 
 lint: install
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks tools alerts scripts
 	$(BIN)/ruff format --check src tests benchmarks || true
 
 ## bench: the benchmarks behind docs/performance.md

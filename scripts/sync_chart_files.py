@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Keep the Helm chart in step with its single sources.
 
-1. Copies `alerts/kvwatch-rules.yaml` and `dashboards/kvwatch.json` into `deploy/helm/kvwatch/files/`
-   (Helm can only read files inside the chart).
+1. Regenerates the rule pack and the chart's copy of it (`alerts/generate.py`, from `alerts/config.yaml` and
+   `alerts/rules.in.yaml`) and copies `dashboards/kvwatch.json` into `deploy/helm/kvwatch/files/` (Helm can
+   only read files inside the chart).
 2. Regenerates the `config` block of `deploy/helm/kvwatch/values.schema.json` from kvwatch's settings
    (`kvwatch.settings.ServeSettings`: one camelCase key per setting, its type, bounds and description).
    A new setting still needs its commented line under `config:` in values.yaml (a test checks that).
@@ -12,7 +13,7 @@
    so `kvwatch.resources.limit.memory` fails the install instead of rendering a container without limits.
 
 Usage (from the repository's venv):  .venv/bin/python scripts/sync_chart_files.py [--check]
---check changes nothing and exits 1 if anything is out of date; tests/test_helm_chart.py runs it.
+--check changes nothing and exits 1 if anything is out of date; tests/test_helm_schema.py runs it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "deploy" / "helm" / "kvwatch"
 SCHEMA = CHART / "values.schema.json"
 COPIES = {
-    ROOT / "alerts" / "kvwatch-rules.yaml": CHART / "files" / "kvwatch-rules.yaml",
     ROOT / "dashboards" / "kvwatch.json": CHART / "files" / "kvwatch.json",
 }
 # Values the settings validators accept, written out for the chart's schema (the settings lower-case them;
@@ -41,7 +41,7 @@ CHART_BOUNDS: dict[str, dict[str, Any]] = {"port": {"minimum": 1}}
 PATTERNS = {"target_url": "^https?://[^/\\s]+"}
 RATIO = "^(0*\\.[0-9]*[1-9][0-9]*|0*1(\\.0*)?)$"  # a decimal in (0, 1]: 0.9, .5, 1, 1.0
 DECIMAL = "^[0-9]*\\.?[0-9]+([eE][-+]?[0-9]+)?$"  # a non-negative decimal, as `helm --set` passes it
-# Kubernetes version of the definitions: the one tests/test_helm_chart.py validates rendered objects with.
+# Kubernetes version of the definitions: the one tests/helm_helpers.py validates rendered objects with.
 KUBERNETES_VERSION = "1.35"
 KUBERNETES_TYPES = (
     "io.k8s.api.apps.v1.DeploymentStrategy",
@@ -133,26 +133,31 @@ def kubernetes_definitions(version: str = KUBERNETES_VERSION) -> dict[str, Any]:
     return dict(sorted(found.items()))
 
 
+def rule_generator() -> Any:
+    """alerts/generate.py: it writes the rule pack and the chart's copy; its file writer serves here too."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("generate_rules", ROOT / "alerts" / "generate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if anything is stale")
     args = parser.parse_args(argv)
-    stale = False
+    generator = rule_generator()
+    stale = generator.main(["--check"] if args.check else []) != 0
 
     for source, target in COPIES.items():
-        name = target.relative_to(ROOT)
         if not source.is_file():
             print(f"missing source: {source.relative_to(ROOT)}", file=sys.stderr)
             stale = True
-        elif target.is_file() and target.read_bytes() == source.read_bytes():
-            print(f"up to date: {name}")
-        elif args.check:
-            print(f"out of date: {name} (differs from {source.relative_to(ROOT)})", file=sys.stderr)
+        elif not generator.write_or_check(target, source.read_bytes(), check=args.check,
+                                          why=f"differs from {source.relative_to(ROOT)}"):
             stale = True
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(source.read_bytes())
-            print(f"copied: {source.relative_to(ROOT)} -> {name}")
 
     schema = json.loads(SCHEMA.read_text())
     wanted = config_schema()

@@ -6,6 +6,7 @@ fails these tests with a message saying how to install it, it never skips them.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -229,3 +230,51 @@ def test_difference_check_catches_a_changed_threshold() -> None:
     source = RULES.read_text()
     tampered = shorten_for(source, 60).replace('{horizon="30m"}', '{horizon="15m"}')
     assert differences_besides_for(source, tampered) == ["rule KVCacheExhaustionForecast differs"]
+
+
+def _generator():  # alerts/generate.py is a script, not part of the package
+    spec = importlib.util.spec_from_file_location("generate_rules", ROOT / "alerts" / "generate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_shipped_rules_are_generated_from_the_config() -> None:
+    """alerts/kvwatch-rules.yaml and the chart's copy are exactly what alerts/generate.py writes from
+    alerts/config.yaml and alerts/rules.in.yaml: an edit to the YAML alone, or a config change not regenerated,
+    fails here."""
+    generator = _generator()
+    text = generator.generate()
+    for path in generator.OUTPUTS:
+        assert path.read_text() == text, f"{path.relative_to(ROOT)} is stale: run .venv/bin/python alerts/generate.py"
+    assert generator.main(["--check"]) == 0
+
+
+def test_a_knob_changes_every_place_that_quotes_it(tmp_path: Path) -> None:
+    """One number in the config moves the expression, the `for` and the texts that quote them together."""
+    generator = _generator()
+    config = yaml.safe_load(generator.CONFIG.read_text())
+    config["scheduler_limited"].update(usage_below=0.85, **{"for": "15m"})
+    config["selectors"]["kvwatch_job"] = 'job="kvwatch-sidecar"'
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    rules = {r.get("alert"): r for g in yaml.safe_load(generator.generate(tmp_path / "config.yaml"))["groups"]
+             for r in g["rules"]}
+    limited = rules["VLLMSchedulerLimited"]
+    assert "< 0.85)" in limited["expr"] and limited["for"] == "15m"
+    text = " ".join(limited["annotations"]["description"].split())
+    assert "for 15 minutes while its KV cache stayed below 85%" in text
+    assert rules["KvwatchAbsent"]["expr"].startswith('up{job="kvwatch-sidecar"} == 0')
+
+
+def test_generator_refuses_unknown_and_unused_knobs(tmp_path: Path) -> None:
+    generator = _generator()
+    template = generator.TEMPLATE.read_text()
+    (tmp_path / "typo.yaml").write_text(template.replace("${bottleneck.usage}", "${bottleneck.usgae}"))
+    with pytest.raises(generator.ConfigError, match=r"bottleneck\.usgae"):
+        generator.generate(template_path=tmp_path / "typo.yaml")
+    config = yaml.safe_load(generator.CONFIG.read_text())
+    config["bottleneck"]["forgotten"] = 1
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(generator.ConfigError, match=r"bottleneck\.forgotten"):
+        generator.generate(tmp_path / "config.yaml")

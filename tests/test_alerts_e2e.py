@@ -97,7 +97,7 @@ def test_forecast_reaches_alertmanager_before_bottleneck(tmp_path: Path) -> None
 
         processes.append(Process("simulator", [
             sys.executable, "-m", "kvwatch", "simulate", "--listen-address", LOOPBACK, "--port", str(sim_port),
-            "--speed", str(SPEED), *SIMULATOR_ARGS,
+            "--clock-speed", str(SPEED), *SIMULATOR_ARGS,
         ], tmp_path))
         wait_until_ready(f"http://{LOOPBACK}:{sim_port}/metrics", processes[-1], 30)
 

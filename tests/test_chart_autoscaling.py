@@ -1,5 +1,5 @@
 """The chart's opt-in autoscaling recipes: a KEDA ScaledObject (validated against KEDA's own CRD schema in
-tests/fixtures/k8s-schemas, as every rendered object is by test_helm_chart.py) and an autoscaling/v2 HPA with
+tests/fixtures/k8s-schemas, as every rendered object is by tests/helm_helpers.py) and an autoscaling/v2 HPA with
 the prometheus-adapter rules behind it. The two queries are run by promtool on sample series: they ask for
 the replicas KV demand needs, and for one more replica while an engine is forecast to run out of KV."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from test_helm_chart import CHART, NAMESPACE, only, render, render_fails
+from helm_helpers import CHART, NAMESPACE, only, render, render_fails, validate_object
 
 KEDA = ("-f", str(CHART / "ci" / "autoscaling-keda-values.yaml"))
 HPA = ("-f", str(CHART / "ci" / "autoscaling-hpa-values.yaml"))
@@ -101,8 +101,6 @@ def test_queries_compute_replicas_in_promtool(tmp_path: Path) -> None:
 
 
 def test_keda_schema_catches_a_misspelt_field() -> None:
-    from test_helm_chart import validate_object
-
     so = only(render(*KEDA), "ScaledObject")
     validate_object(so)
     so["spec"]["maxReplicaCont"] = 6

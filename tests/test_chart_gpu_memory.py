@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from helm_helpers import MINIMAL, containers, render, render_fails, validate_object
 from kvwatch.settings import ServeSettings, load_settings
-from test_helm_chart import MINIMAL, containers, render, render_fails, validate_object
 
 DCGM = ("--set", "config.dcgmUrl=http://$(NODE_IP):9400/metrics")
 

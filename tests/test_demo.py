@@ -241,10 +241,11 @@ def test_demo_runs_both_processes_says_the_clock_is_accelerated_and_stops_them()
 
 
 @pytest.mark.parametrize(("args", "flag"), [
-    (["--speed", "inf"], "--speed"),  # once named serve's --poll-interval-seconds (10 / inf = 0)
-    (["--speed", "nan"], "--speed"),
-    (["--speed", "1e9"], "--speed"),
-    (["--speed", "2000"], "--speed"),  # kvwatch would poll every 0.005 s, below serve's 0.01 s floor
+    (["--clock-speed", "inf"], "--clock-speed"),  # once named serve's --poll-interval-seconds (10 / inf = 0)
+    (["--clock-speed", "nan"], "--clock-speed"),
+    (["--clock-speed", "1e9"], "--clock-speed"),
+    (["--clock-speed", "2000"], "--clock-speed"),  # kvwatch would poll every 0.005 s, below serve's 0.01 s floor
+    (["--speed", "2000"], "--clock-speed"),  # the deprecated alias is checked as the flag it stands for
     (["--poll-interval-seconds", "inf"], "--poll-interval-seconds"),
     (["--status-interval-seconds", "inf"], "--status-interval-seconds"),
     (["--status-interval-seconds", "0"], "--status-interval-seconds"),
@@ -263,6 +264,18 @@ def test_the_fastest_demo_speed_gives_serve_a_valid_interval() -> None:
 
 
 def test_demo_rejects_a_bad_flag_naming_it() -> None:
-    result = subprocess.run([sys.executable, "-m", "kvwatch", "demo", "--speed", "0"], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "kvwatch", "demo", "--clock-speed", "0"], capture_output=True,
                             text=True, timeout=60, env=ENV)
-    assert result.returncode == 2 and "--speed" in result.stderr
+    assert result.returncode == 2 and "--clock-speed" in result.stderr
+
+
+def test_demo_and_simulate_name_the_clock_as_serve_does_and_keep_speed_as_an_alias() -> None:
+    """One flag name per idea: --clock-speed everywhere (serve's setting); --speed still works, --help says
+    it is deprecated."""
+    assert _parse(demo.add_arguments, ["--speed", "30"]).speed == 30.0
+    assert _parse(demo.add_arguments, ["--clock-speed", "30"]).speed == 30.0
+    assert "--clock-speed" in demo.simulator_argv(30.0, 8000) and "--speed" not in demo.simulator_argv(30.0, 8000)
+    for command in ("demo", "simulate"):
+        text = subprocess.run([sys.executable, "-m", "kvwatch", command, "--help"], capture_output=True, text=True,
+                              timeout=60, env=ENV).stdout
+        assert "--clock-speed" in text and "--speed is a deprecated alias" in " ".join(text.split()), command

@@ -52,7 +52,7 @@ def start_pair(engine: str, model: str, tmp_path: Path, processes: list[Process]
     sim_port, kvwatch_port = free_port(), free_port()
     processes.append(Process(f"simulator-{engine}", [
         sys.executable, "-m", "kvwatch", "simulate", "--engine", engine, "--model-name", model,
-        "--listen-address", LOOPBACK, "--port", str(sim_port), "--speed", str(SPEED), *LOAD], tmp_path))
+        "--listen-address", LOOPBACK, "--port", str(sim_port), "--clock-speed", str(SPEED), *LOAD], tmp_path))
     wait_until_ready(f"http://{LOOPBACK}:{sim_port}/metrics", processes[-1], 30)
     processes.append(Process(f"kvwatch-{engine}", [
         sys.executable, "-m", "kvwatch", "serve", "--target-url", f"http://{LOOPBACK}:{sim_port}/metrics",

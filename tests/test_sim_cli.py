@@ -58,7 +58,8 @@ def test_headless_trace_replay_with_rate_scale(capsys: pytest.CaptureFixture[str
 
 @pytest.mark.parametrize(("args", "flag"), [
     (["--num-gpu-blocks", "1"], "--num-gpu-blocks"),
-    (["--speed", "0"], "--speed"),
+    (["--clock-speed", "0"], "--clock-speed"),
+    (["--speed", "0"], "--clock-speed"),  # the deprecated alias still works, and is checked
     (["--max-model-len", "100000"], "--max-model-len"),
     (["--vllm-version", "v0", "--data-parallel-size", "2"], "--data-parallel-size"),
     (["--trace", "/nonexistent.csv"], "--trace"),
@@ -84,8 +85,8 @@ def _build(*argv: str, warn=None):  # type: ignore[no-untyped-def]
     (["--prompt-tokens", "inf"], "--prompt-tokens"),
     (["--output-tokens", "1e308"], "--output-tokens"),
     (["--prompt-tokens", "9000"], "--prompt-tokens"),  # a mean above --max-model-len
-    (["--speed", "inf"], "--speed"),
-    (["--speed", "1e6"], "--speed"),
+    (["--clock-speed", "inf"], "--clock-speed"),
+    (["--clock-speed", "1e6"], "--clock-speed"),
     (["--step-fixed-ms", "inf"], "--step-fixed-ms"),
     (["--step-decode-token-ms", "nan"], "--step-decode-token-ms"),
     (["--step-prefill-token-ms=-inf"], "--step-prefill-token-ms"),
@@ -171,7 +172,7 @@ def test_no_serve_needs_a_duration(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_simulate_serves_metrics_over_http() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvwatch", "simulate", "--port", "0", "--speed", "50", "--rate", "20",
+        [sys.executable, "-m", "kvwatch", "simulate", "--port", "0", "--clock-speed", "50", "--rate", "20",
          "--vllm-version", "0.10", "--data-parallel-size", "2", "--model-name", "sim-model"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     try:

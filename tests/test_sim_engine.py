@@ -90,7 +90,7 @@ def test_preemption_evicts_the_most_recently_admitted_and_requeues_it_first() ->
     preempted_at = None
     for _ in range(200):
         engine._step()
-        if engine.preemptions_total and preempted_at is None:
+        if engine.stats.preemptions_total and preempted_at is None:
             preempted_at = engine.now
             assert engine.running == [a], "the most recently admitted request (B) is the victim"
             assert engine.waiting[0] is b and b.computed == 0 and b.held == 0
@@ -98,7 +98,7 @@ def test_preemption_evicts_the_most_recently_admitted_and_requeues_it_first() ->
         if not engine.running and not engine.waiting:
             break
     assert preempted_at is not None
-    assert engine.finished["stop"] == 2 and engine.free_blocks == config.usable_blocks
+    assert engine.stats.finished["stop"] == 2 and engine.free_blocks == config.usable_blocks
     assert b.num_preemptions >= 1 and a.num_preemptions == 0
 
 

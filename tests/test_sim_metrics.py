@@ -306,3 +306,22 @@ def test_v0_cache_config_info_echoes_the_override_like_the_real_capture() -> Non
     labels = ours.samples[0].labels
     assert labels["num_gpu_blocks_override"] == labels["num_gpu_blocks"] == "2048"
     assert labels["enable_prefix_caching"] == "True"
+
+
+def test_help_texts_come_from_the_catalogue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """sim/metrics.py writes no HELP text of its own: a changed catalogue entry changes the rendered HELP, and a
+    family the catalogue lacks (or types differently) is refused rather than rendered with a made-up text."""
+    import copy
+
+    from kvwatch.sim import metrics
+
+    catalogue = copy.deepcopy(CATALOGUE)
+    catalogue["profiles"]["0.33"]["vllm:num_preemptions_total"]["help"] = "Edited in the catalogue."
+    monkeypatch.setattr(metrics, "_catalogue", lambda: catalogue)
+    assert "# HELP vllm:num_preemptions_total Edited in the catalogue." in render(_snapshots(), "0.33")
+    del catalogue["profiles"]["0.33"]["vllm:num_preemptions_total"]
+    with pytest.raises(KeyError, match=r"vllm:num_preemptions_total is not in vllm_catalogue\.json"):
+        render(_snapshots(), "0.33")
+    catalogue["profiles"]["0.33"]["vllm:num_preemptions_total"] = {"type": "gauge", "labels": [], "help": "x"}
+    with pytest.raises(ValueError, match=r"is a gauge in vllm_catalogue\.json"):
+        render(_snapshots(), "0.33")

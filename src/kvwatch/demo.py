@@ -48,15 +48,16 @@ SATURATION_SIM_SECONDS = 51 * 60.0
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
-    parser.add_argument("--speed", type=float, default=DEFAULT_SPEED,
+    # One name per idea: serve's setting is --clock-speed (KVWATCH_CLOCK_SPEED, Helm config.clockSpeed).
+    parser.add_argument("--clock-speed", "--speed", dest="speed", type=float, default=DEFAULT_SPEED,
                         help="simulated seconds per wall-clock second (the simulator's and kvwatch's clocks; "
-                             f"at most {MAX_DEMO_SPEED:g})")
+                             f"at most {MAX_DEMO_SPEED:g}); --speed is a deprecated alias")
     parser.add_argument("--sim-port", type=int, default=8000, help="simulator /metrics port (0: a free one)")
     parser.add_argument("--port", type=int, default=9747, help="kvwatch /metrics port (0: a free one)")
     # "%(default).0s" prints nothing: it only stops the formatter from appending "(default: None)".
     parser.add_argument("--poll-interval-seconds", type=float, default=None,
                         help=f"kvwatch poll interval in real seconds (default: {POLL_SIMULATED_SECONDS:g} simulated "
-                             "seconds, i.e. %(default).0s" f"{POLL_SIMULATED_SECONDS:g} / --speed)")
+                             "seconds, i.e. %(default).0s" f"{POLL_SIMULATED_SECONDS:g} / --clock-speed)")
     parser.add_argument("--status-interval-seconds", type=float, default=3.0, help="seconds between status lines")
     parser.add_argument("--duration-seconds", type=float, default=None, help="stop after this many wall seconds")
     parser.add_argument("--seed", type=int, default=0, help="simulator seed")
@@ -66,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def simulator_argv(speed: float, port: int, seed: int = 0, engine: str = "vllm") -> list[str]:
     """``kvwatch simulate`` arguments of the demo (after the subcommand)."""
-    return [*SIMULATOR_FLAGS, "--listen-address", "127.0.0.1", "--port", str(port), "--speed", str(speed),
+    return [*SIMULATOR_FLAGS, "--listen-address", "127.0.0.1", "--port", str(port), "--clock-speed", str(speed),
             "--seed", str(seed), "--engine", engine]
 
 
@@ -229,7 +230,7 @@ def _stop(processes: Sequence[subprocess.Popen], grace: float = STOP_GRACE_SECON
 
 def check_flags(args: argparse.Namespace) -> None:
     """SettingsError naming the first bad flag; times and the speed must be finite (``inf`` would hang)."""
-    check_number(args.speed, "--speed", 0, MAX_DEMO_SPEED, low_open=True)
+    check_number(args.speed, "--clock-speed", 0, MAX_DEMO_SPEED, low_open=True)
     for flag, value in (("--poll-interval-seconds", args.poll_interval_seconds),
                         ("--status-interval-seconds", args.status_interval_seconds)):
         if value is not None:

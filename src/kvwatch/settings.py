@@ -270,7 +270,7 @@ class ServeSettings(TargetSettings):
     clock_speed: float = Field(
         1.0, gt=0, le=MAX_CLOCK_SPEED,
         description="Demo/test knob: kvwatch's clock runs this many times real time, to watch a "
-        "simulator running --speed times faster (rates are then per simulated second; intervals stay real "
+        "simulator running --clock-speed times faster (rates are then per simulated second; intervals stay real "
         "seconds). At most 10000; leave 1 in production."
     )
 

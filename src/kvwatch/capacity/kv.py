@@ -97,7 +97,7 @@ class KVLayout:
 # vLLM's --block-size values (CacheConfig's BlockSize literal: 1..128 in 0.10-era copies, 256 added later).
 VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
 # fp8_ds_mla: DeepSeek's FlashMLA layout, 656 B per token and layer (512 fp8 latent + 4 fp32 scales + 64 bf16
-# rope dims) instead of (kv_lora_rank + rope) x 1 B (vllm-reference.md, section 3d).
+# rope dims) instead of (kv_lora_rank + rope) x 1 B: vLLM's kv_cache_dtype "fp8_ds_mla" for DeepSeek sparse MLA.
 FP8_DS_MLA_BYTES = 656
 
 

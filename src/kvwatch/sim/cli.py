@@ -1,6 +1,6 @@
 """``kvwatch simulate``: the built-in vLLM simulator, serving ``/metrics`` or running headless.
 
-Serving: the simulated clock runs ``--speed`` times real time and ``/metrics`` answers as the chosen vLLM
+Serving: the simulated clock runs ``--clock-speed`` times real time and ``/metrics`` answers as the chosen vLLM
 version would. The first line on stdout is ``serving http://HOST:PORT/metrics`` (``--port 0`` picks a
 free port). Headless (``--no-serve``): runs ``--duration-seconds`` of simulated time as fast as possible
 and prints a summary (``--json``: one JSON object).
@@ -36,7 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     srv = parser.add_argument_group("serving")
     srv.add_argument("--listen-address", default="127.0.0.1", help="address to serve /metrics on")
     srv.add_argument("--port", type=int, default=8000, help="port to serve /metrics on (0: pick a free one)")
-    srv.add_argument("--speed", type=float, default=1.0, help="simulated seconds per wall-clock second (at most 10000)")
+    # One name per idea: kvwatch serve's setting is --clock-speed too.
+    srv.add_argument("--clock-speed", "--speed", dest="speed", type=float, default=1.0,
+                     help="simulated seconds per wall-clock second (at most 10000); --speed is a deprecated alias")
     srv.add_argument("--no-serve", action="store_true", help="run headless as fast as possible, then print a summary")
     srv.add_argument("--duration-seconds", type=float, default=None,
                      help="simulated seconds to run (required with --no-serve; when serving, stop after it)")
@@ -150,7 +152,7 @@ def build(args: argparse.Namespace, warn: Callable[[str], None] | None = None) -
     check(2 <= args.max_model_len <= MAX_MODEL_LEN, "--max-model-len", f"must be 2..{MAX_MODEL_LEN}",
            args.max_model_len)
     _fits_one_request(args)
-    check_number(args.speed, "--speed", 0, MAX_SPEED, low_open=True)
+    check_number(args.speed, "--clock-speed", 0, MAX_SPEED, low_open=True)
     check_number(args.rate, "--rate", 0, MAX_RATE)
     if args.rate_end is not None:
         check_number(args.rate_end, "--rate-end", 0, MAX_RATE)

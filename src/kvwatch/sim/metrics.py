@@ -1,8 +1,10 @@
 """Render engine snapshots as the ``/metrics`` text of a given vLLM generation (pure).
 
-Families, HELP texts, label sets and buckets follow vLLM's own ``PrometheusStatLogger`` (V1) and
-``vllm/engine/metrics.py`` (V0) per version profile; see ``/work/shared/vllm-reference.md`` §1-§2 and
-``kvwatch/data/vllm_catalogue.json``. The text itself is produced by ``prometheus_client`` (what vLLM
+Families, label sets and buckets follow vLLM's own ``PrometheusStatLogger`` (``vllm/v1/metrics/loggers.py``,
+V1) and ``Metrics`` (``vllm/engine/metrics.py``, V0) per version profile. Names, types and HELP texts are not
+written here: they come from the catalogue of vLLM's definitions per version, ``kvwatch/data/vllm_catalogue.json``
+(:func:`definition`); this module only says which families a profile renders, in which order, with which
+values. The text itself is produced by ``prometheus_client`` (what vLLM
 uses), so number formatting, label order, ``_total`` and ``_created`` samples come out as vLLM's do.
 
 Families that V1 only emits behind a feature switch (LoRA, speculative decoding, KV connectors,
@@ -12,8 +14,12 @@ unconditionally, so the ``v0`` profile has them (see ``_render_v0``).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any
 
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
@@ -32,6 +38,24 @@ MULTIPROCESS_PROFILES = frozenset({"0.33", "0.10", "v0"})
 DEFAULT_START_TIME = 1_750_000_000.0  # unix time the simulated process "started" (for *_created)
 
 _TOKEN_BUCKETS = "request_tokens"  # 1-2-5 up to max_model_len
+
+
+@cache
+def _catalogue() -> dict[str, Any]:
+    return json.loads(resources.files("kvwatch").joinpath("data/vllm_catalogue.json").read_text())
+
+
+def definition(profile: str, wire_name: str) -> dict[str, Any]:
+    """The catalogue's definition of a family (``type``, ``labels``, ``help``, ...) as ``profile`` exposes it.
+
+    ``wire_name`` is the family's name on the wire: a counter's ends in ``_total``. prometheus_client's own
+    collectors (GC, platform, process) are the catalogue's ``runtime_families``, the same for every profile.
+    """
+    catalogue = _catalogue()
+    for families in (catalogue["profiles"][profile], catalogue["runtime_families"]["families"]):
+        if wire_name in families:
+            return families[wire_name]
+    raise KeyError(f"{wire_name} is not in vllm_catalogue.json for vLLM profile {profile}")
 
 
 def _prefix(bounds: Sequence[float], upto: float) -> tuple[float, ...]:
@@ -99,20 +123,28 @@ class _Builder:
     def add(self, metric: Metric, value_file: str) -> None:
         self.families.append((value_file, metric))
 
-    def gauge(self, name: str, help_text: str, samples: Iterable[tuple[dict[str, str], float]],
+    def metric(self, name: str, kind: str) -> Metric:
+        """An empty family with the catalogue's HELP for this profile (``name`` as in vLLM's code: a counter's
+        without ``_total``)."""
+        spec = definition(self.profile, name + "_total" if kind == "counter" else name)
+        if spec["type"] != kind:
+            raise ValueError(f"{name} is a {spec['type']} in vllm_catalogue.json, rendered as a {kind}")
+        return Metric(name, spec["help"], kind)
+
+    def gauge(self, name: str, samples: Iterable[tuple[dict[str, str], float]],
               mp_mode: str | None = "mostrecent") -> None:
         """``mp_mode``: the gauge's ``multiprocess_mode``; None (none given, prometheus_client's "all") makes
         multiprocess mode add a ``pid`` label."""
-        metric = Metric(name, help_text, "gauge")
+        metric = self.metric(name, "gauge")
         for labels, value in samples:
             if self.multiprocess and mp_mode is None:
                 labels = {**labels, "pid": str(self.pid)}
             metric.add_sample(name, self._labels(labels), float(value))
         self.add(metric, f"gauge_{mp_mode or 'all'}")
 
-    def counter(self, name: str, help_text: str, samples: Iterable[tuple[dict[str, str], float]]) -> None:
+    def counter(self, name: str, samples: Iterable[tuple[dict[str, str], float]]) -> None:
         """``name`` without ``_total`` (as in vLLM's code); the wire name gets ``_total``."""
-        metric = Metric(name, help_text, "counter")
+        metric = self.metric(name, "counter")
         rows = list(samples)
         for labels, value in rows:
             metric.add_sample(name + "_total", self._labels(labels), float(value))
@@ -121,9 +153,9 @@ class _Builder:
                 metric.add_sample(name + "_created", labels, self.start_time)
         self.add(metric, "counter")
 
-    def histogram(self, name: str, help_text: str, bounds: Sequence[float],
+    def histogram(self, name: str, bounds: Sequence[float],
                   samples: Iterable[tuple[dict[str, str], HistogramSnapshot]]) -> None:
-        metric = Metric(name, help_text, "histogram")
+        metric = self.metric(name, "histogram")
         rows = list(samples)
         for labels, hist in rows:
             cumulative = hist.cumulative(bounds)
@@ -210,26 +242,25 @@ def _render_runtime(b: _Builder, snaps: Sequence[EngineSnapshot], start_time: fl
     started = max(s.started_at for s in snaps)
     uptime = max(0.0, snaps[0].time - started)
     generations = ("0", "1", "2")
-    for name, help_text, per_second in (
-        ("python_gc_objects_collected", "Objects collected during gc", (120.0, 11.0, 0.5)),
-        ("python_gc_objects_uncollectable", "Uncollectable objects found during GC", (0.0, 0.0, 0.0)),
-        ("python_gc_collections", "Number of times this generation was collected", (2.1, 0.19, 0.017)),
+    for name, per_second in (
+        ("python_gc_objects_collected", (120.0, 11.0, 0.5)),
+        ("python_gc_objects_uncollectable", (0.0, 0.0, 0.0)),
+        ("python_gc_collections", (2.1, 0.19, 0.017)),
     ):
-        metric = Metric(name, help_text, "counter")
+        metric = b.metric(name, "counter")
         for generation, rate in zip(generations, per_second, strict=True):
             metric.add_sample(name + "_total", {"generation": generation}, float(int(rate * uptime)))
         b.add(metric, "counter")
-    b.gauge("python_info", "Python platform information",
+    b.gauge("python_info",
             [({"implementation": "CPython", "major": "3", "minor": "12", "patchlevel": "3", "version": "3.12.3"}, 1)])
-    b.gauge("process_virtual_memory_bytes", "Virtual memory size in bytes.", [({}, 1.2e10)])
-    b.gauge("process_resident_memory_bytes", "Resident memory size in bytes.", [({}, 3.1e9)])
-    b.gauge("process_start_time_seconds", "Start time of the process since unix epoch in seconds.",
-            [({}, round(start_time + started, 2))])
-    cpu = Metric("process_cpu_seconds", "Total user and system CPU time spent in seconds.", "counter")
+    b.gauge("process_virtual_memory_bytes", [({}, 1.2e10)])
+    b.gauge("process_resident_memory_bytes", [({}, 3.1e9)])
+    b.gauge("process_start_time_seconds", [({}, round(start_time + started, 2))])
+    cpu = b.metric("process_cpu_seconds", "counter")
     cpu.add_sample("process_cpu_seconds_total", {}, round(1.1 * uptime, 2))
     b.add(cpu, "counter")
-    b.gauge("process_open_fds", "Number of open file descriptors.", [({}, 120)])
-    b.gauge("process_max_fds", "Maximum number of open file descriptors.", [({}, 1048576)])
+    b.gauge("process_open_fds", [({}, 120)])
+    b.gauge("process_max_fds", [({}, 1048576)])
 
 
 def _render_v1(b: _Builder, snaps: Sequence[EngineSnapshot], profile: str, c: _Config) -> None:
@@ -247,124 +278,80 @@ def _render_v1(b: _Builder, snaps: Sequence[EngineSnapshot], profile: str, c: _C
     tokens = buckets.build_1_2_5_buckets(c.max_model_len)
     new = profile == "0.33"
 
-    b.gauge("vllm:num_requests_running", "Number of requests in model execution batches.", per(lambda s: s.num_running))
-    b.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", per(lambda s: s.num_waiting))
+    b.gauge("vllm:num_requests_running", per(lambda s: s.num_running))
+    b.gauge("vllm:num_requests_waiting", per(lambda s: s.num_waiting))
     if new:
         b.gauge("vllm:num_requests_waiting_by_reason",
-                "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; "
-                "'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked status). "
-                "Sum of all reasons equals vllm:num_requests_waiting.",
                 [({**base(s), "reason": r}, s.num_waiting_capacity if r == "capacity" else 0)
                  for s in snaps for r in ("capacity", "deferred")])
         b.gauge("vllm:engine_sleep_state",
-                "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "
-                "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
                 [({**base(s), "sleep_state": st}, 1 if st == "awake" else 0)
                  for s in snaps for st in ("awake", "weights_offloaded", "discard_all")])
     if profile == "0.8":
-        b.gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.",
-                per(lambda s: s.kv_usage))
-        b.counter("vllm:gpu_prefix_cache_queries", "GPU prefix cache queries, in terms of number of queried blocks.",
-                  per(lambda s: s.prefix_cache_queries_blocks))
-        b.counter("vllm:gpu_prefix_cache_hits", "GPU prefix cache hits, in terms of number of cached blocks.",
-                  per(lambda s: s.prefix_cache_hits_blocks))
+        b.gauge("vllm:gpu_cache_usage_perc", per(lambda s: s.kv_usage))
+        b.counter("vllm:gpu_prefix_cache_queries", per(lambda s: s.prefix_cache_queries_blocks))
+        b.counter("vllm:gpu_prefix_cache_hits", per(lambda s: s.prefix_cache_hits_blocks))
     if profile == "0.10":
-        b.gauge("vllm:gpu_cache_usage_perc",
-                "GPU KV-cache usage. 1 means 100 percent usage.DEPRECATED: Use vllm:kv_cache_usage_perc instead.",
-                per(lambda s: s.kv_usage))
-        b.counter("vllm:gpu_prefix_cache_queries",
-                  "GPU prefix cache queries, in terms of number of queriedtokens. "
-                  "DEPRECATED: Use vllm:prefix_cache_queries instead.",
-                  per(lambda s: s.prefix_cache_queries_tokens))
-        b.counter("vllm:gpu_prefix_cache_hits",
-                  "GPU prefix cache hits, in terms of number of cached tokens. "
-                  "DEPRECATED: Use vllm:prefix_cache_hits instead.",
-                  per(lambda s: s.prefix_cache_hits_tokens))
+        b.gauge("vllm:gpu_cache_usage_perc", per(lambda s: s.kv_usage))
+        b.counter("vllm:gpu_prefix_cache_queries", per(lambda s: s.prefix_cache_queries_tokens))
+        b.counter("vllm:gpu_prefix_cache_hits", per(lambda s: s.prefix_cache_hits_tokens))
     if profile in ("0.10", "0.33"):
         # 0.9-0.11 registered this gauge without a multiprocess_mode; 0.12+ uses "mostrecent".
-        b.gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", per(lambda s: s.kv_usage),
+        b.gauge("vllm:kv_cache_usage_perc", per(lambda s: s.kv_usage),
                 mp_mode=None if profile == "0.10" else "mostrecent")
-        b.counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
-                  per(lambda s: s.prefix_cache_queries_tokens))
-        b.counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
-                  per(lambda s: s.prefix_cache_hits_tokens))
+        b.counter("vllm:prefix_cache_queries", per(lambda s: s.prefix_cache_queries_tokens))
+        b.counter("vllm:prefix_cache_hits", per(lambda s: s.prefix_cache_hits_tokens))
     if new:
-        b.counter("vllm:external_prefix_cache_queries",
-                  "External prefix cache queries from KV connector cross-instance cache sharing, "
-                  "in terms of number of queried tokens.", per(lambda s: 0))
-        b.counter("vllm:external_prefix_cache_hits",
-                  "External prefix cache hits from KV connector cross-instance cache sharing, "
-                  "in terms of number of cached tokens.", per(lambda s: 0))
-        b.counter("vllm:mm_cache_queries", "Multi-modal cache queries, in terms of number of queried items.",
-                  per(lambda s: 0))
-        b.counter("vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items.",
-                  per(lambda s: 0))
-    b.counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
-              per(lambda s: s.preemptions_total))
-    b.counter("vllm:prompt_tokens", "Number of prefill tokens processed.", per(lambda s: s.prompt_tokens_total))
+        b.counter("vllm:external_prefix_cache_queries", per(lambda s: 0))
+        b.counter("vllm:external_prefix_cache_hits", per(lambda s: 0))
+        b.counter("vllm:mm_cache_queries", per(lambda s: 0))
+        b.counter("vllm:mm_cache_hits", per(lambda s: 0))
+    b.counter("vllm:num_preemptions", per(lambda s: s.preemptions_total))
+    b.counter("vllm:prompt_tokens", per(lambda s: s.prompt_tokens_total))
     if new:
-        b.counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
+        b.counter("vllm:prompt_tokens_by_source",
                   [({**base(s), "source": src}, v) for s in snaps for src, v in (
                       ("local_compute", s.prompt_tokens_total - s.prompt_tokens_cached_total),
                       ("local_cache_hit", s.prompt_tokens_cached_total),
                       ("external_kv_transfer", 0))])
-        b.counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).",
-                  per(lambda s: s.prompt_tokens_cached_total))
+        b.counter("vllm:prompt_tokens_cached", per(lambda s: s.prompt_tokens_cached_total))
         # Incremented by the same prefix_cache_stats.hits as vllm:prefix_cache_hits (all local: "device"); the
         # other tiers need a KV connector. Every source is pre-created per engine.
         b.counter("vllm:prompt_tokens_cached_by_source",
-                  "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), host "
-                  "(offloaded to DRAM), disk, p2p (transferred from another vLLM instance) or external_unspecified. "
-                  "Counted at admission; sums to vllm:prefix_cache_hits + vllm:external_prefix_cache_hits.",
                   [({**base(s), "source": src}, s.prefix_cache_hits_tokens if src == "device" else 0)
                    for src in ("device", "host", "p2p", "disk", "external_unspecified") for s in snaps])
-    b.counter("vllm:generation_tokens", "Number of generation tokens processed.",
-              per(lambda s: s.generation_tokens_total))
-    b.counter("vllm:request_success", "Count of successfully processed requests.",
+    b.counter("vllm:generation_tokens", per(lambda s: s.generation_tokens_total))
+    b.counter("vllm:request_success",
               [({**base(s), "finished_reason": r}, s.finished_by_reason.get(r, 0))
                for s in snaps for r in _FINISH_REASONS[profile]])
     if new:
-        b.counter("vllm:admission_rejections", "Number of admission attempts rejected by a queue limit, by reason.",
+        b.counter("vllm:admission_rejections",
                   [({"model_name": model_name, "reason": r}, 0)
                    for r in ("max_num_queued_reqs", "max_num_queued_tokens")])
 
-    def hist(name: str, help_text: str, bounds: Sequence[float], key: str) -> None:
-        b.histogram(name, help_text, bounds, [(base(s), s.histograms[key]) for s in snaps])
+    def hist(name: str, bounds: Sequence[float], key: str) -> None:
+        b.histogram(name, bounds, [(base(s), s.histograms[key]) for s in snaps])
 
-    hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens, "request_prompt_tokens")
-    hist("vllm:request_generation_tokens", "Number of generation tokens processed.", tokens,
-         "request_generation_tokens")
-    hist("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", iteration,
-         "iteration_tokens" if new else "iteration_tokens_full_prompt")
-    hist("vllm:request_max_num_generation_tokens", "Histogram of maximum number of requested generation tokens.",
-         tokens, "request_max_num_generation_tokens")
-    hist("vllm:request_params_n", "Histogram of the n request parameter.", buckets.PARAMS_N, "request_params_n")
-    hist("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", tokens,
-         "request_params_max_tokens")
+    hist("vllm:request_prompt_tokens", tokens, "request_prompt_tokens")
+    hist("vllm:request_generation_tokens", tokens, "request_generation_tokens")
+    hist("vllm:iteration_tokens_total", iteration, "iteration_tokens" if new else "iteration_tokens_full_prompt")
+    hist("vllm:request_max_num_generation_tokens", tokens, "request_max_num_generation_tokens")
+    hist("vllm:request_params_n", buckets.PARAMS_N, "request_params_n")
+    hist("vllm:request_params_max_tokens", tokens, "request_params_max_tokens")
     if new:
-        hist("vllm:request_prefill_kv_computed_tokens",
-             "Histogram of new KV tokens computed during prefill (excluding cached tokens).", tokens,
-             "request_prefill_kv_computed_tokens")
-        hist("vllm:request_num_preemptions", "Histogram of the number of times a request was preempted.",
-             buckets.NUM_PREEMPTIONS, "request_num_preemptions")
-    hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttft,
-         "time_to_first_token_seconds")
+        hist("vllm:request_prefill_kv_computed_tokens", tokens, "request_prefill_kv_computed_tokens")
+        hist("vllm:request_num_preemptions", buckets.NUM_PREEMPTIONS, "request_num_preemptions")
+    hist("vllm:time_to_first_token_seconds", ttft, "time_to_first_token_seconds")
     if new:
-        hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", tpot,
-             "inter_token_latency_seconds")
-        hist("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.",
-             tpot, "request_time_per_output_token_seconds")
+        hist("vllm:inter_token_latency_seconds", tpot, "inter_token_latency_seconds")
+        hist("vllm:request_time_per_output_token_seconds", tpot, "request_time_per_output_token_seconds")
     else:
-        hist("vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", tpot,
-             "inter_token_latency_seconds")
-    hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", latency,
-         "e2e_request_latency_seconds")
-    for phase, key in (("WAITING", "queue"), ("RUNNING", "inference"), ("PREFILL", "prefill"), ("DECODE", "decode")):
-        hist(f"vllm:request_{key}_time_seconds", f"Histogram of time spent in {phase} phase for request.", latency,
-             f"request_{key}_time_seconds")
+        hist("vllm:time_per_output_token_seconds", tpot, "inter_token_latency_seconds")
+    hist("vllm:e2e_request_latency_seconds", latency, "e2e_request_latency_seconds")
+    for key in ("queue", "inference", "prefill", "decode"):  # vLLM's WAITING, RUNNING, PREFILL, DECODE phases
+        hist(f"vllm:request_{key}_time_seconds", latency, f"request_{key}_time_seconds")
     # One series per engine; without an engine label (0.8) there is one engine anyway.
-    b.gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-            [(_cache_config_labels(profile, s, snaps, c), 1) for s in snaps])
+    b.gauge("vllm:cache_config_info", [(_cache_config_labels(profile, s, snaps, c), 1) for s in snaps])
 
 
 def _render_v0(b: _Builder, s: EngineSnapshot, c: _Config) -> None:
@@ -393,82 +380,53 @@ def _render_v0(b: _Builder, s: EngineSnapshot, c: _Config) -> None:
     never: list = []
     families = {
         "cache_config_info": lambda: b.gauge(
-            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-            [(_cache_config_labels("v0", s, [s], c), 1)], mp_mode="mostrecent"),
-        "running": lambda: b.gauge("vllm:num_requests_running", "Number of requests currently running on GPU.",
-                                   [(base, s.num_running)], mp_mode="sum"),
-        "waiting": lambda: b.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-                                   [(base, s.num_waiting)], mp_mode="sum"),
+            "vllm:cache_config_info", [(_cache_config_labels("v0", s, [s], c), 1)], mp_mode="mostrecent"),
+        "running": lambda: b.gauge("vllm:num_requests_running", [(base, s.num_running)], mp_mode="sum"),
+        "waiting": lambda: b.gauge("vllm:num_requests_waiting", [(base, s.num_waiting)], mp_mode="sum"),
         # Set on every log call, LoRA or not; the value is the unix time of that call (set_to_current_time).
-        "lora": lambda: b.gauge("vllm:lora_requests_info", "Running stats on lora requests.",
+        "lora": lambda: b.gauge("vllm:lora_requests_info",
                                 [({"running_lora_adapters": "", "max_lora": "0", "waiting_lora_adapters": ""},
                                   round(c.start_time + s.time, 3))], mp_mode="livemostrecent"),
-        "swapped": lambda: b.gauge("vllm:num_requests_swapped", "Number of requests swapped to CPU.", [(base, 0)],
-                                   mp_mode="sum"),
-        "gpu_usage": lambda: b.gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.",
-                                     [(base, s.kv_usage)], mp_mode="sum"),
-        "cpu_usage": lambda: b.gauge("vllm:cpu_cache_usage_perc", "CPU KV-cache usage. 1 means 100 percent usage.",
-                                     [(base, 0)], mp_mode="sum"),
-        "cpu_hit": lambda: b.gauge("vllm:cpu_prefix_cache_hit_rate", "CPU prefix cache block hit rate.",
-                                   [(base, cpu_hit_rate)], mp_mode="sum"),
-        "gpu_hit": lambda: b.gauge("vllm:gpu_prefix_cache_hit_rate", "GPU prefix cache block hit rate.",
-                                   [(base, gpu_hit_rate)], mp_mode="sum"),
-        "preemptions": lambda: b.counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
-                                         [(base, s.preemptions_total)]),
-        "prompt": lambda: b.counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
-                                    [(base, s.prompt_tokens_total)]),
-        "generation": lambda: b.counter("vllm:generation_tokens", "Number of generation tokens processed.",
-                                        [(base, s.generation_tokens_total)]),
-        "tokens": lambda: b.counter("vllm:tokens", "Number of prefill plus generation tokens processed.", never),
-        "iteration": lambda: b.histogram("vllm:iteration_tokens_total",
-                                         "Histogram of number of tokens per engine_step.", iteration,
-                                         observed("iteration_tokens_v0")),
-        "ttft": lambda: b.histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                                    ttft, observed("time_to_first_token_seconds")),
-        "tpot": lambda: b.histogram("vllm:time_per_output_token_seconds",
-                                    "Histogram of time per output token in seconds.", tpot,
+        "swapped": lambda: b.gauge("vllm:num_requests_swapped", [(base, 0)], mp_mode="sum"),
+        "gpu_usage": lambda: b.gauge("vllm:gpu_cache_usage_perc", [(base, s.kv_usage)], mp_mode="sum"),
+        "cpu_usage": lambda: b.gauge("vllm:cpu_cache_usage_perc", [(base, 0)], mp_mode="sum"),
+        "cpu_hit": lambda: b.gauge("vllm:cpu_prefix_cache_hit_rate", [(base, cpu_hit_rate)], mp_mode="sum"),
+        "gpu_hit": lambda: b.gauge("vllm:gpu_prefix_cache_hit_rate", [(base, gpu_hit_rate)], mp_mode="sum"),
+        "preemptions": lambda: b.counter("vllm:num_preemptions", [(base, s.preemptions_total)]),
+        "prompt": lambda: b.counter("vllm:prompt_tokens", [(base, s.prompt_tokens_total)]),
+        "generation": lambda: b.counter("vllm:generation_tokens", [(base, s.generation_tokens_total)]),
+        "tokens": lambda: b.counter("vllm:tokens", never),
+        "iteration": lambda: b.histogram("vllm:iteration_tokens_total", iteration, observed("iteration_tokens_v0")),
+        "ttft": lambda: b.histogram("vllm:time_to_first_token_seconds", ttft, observed("time_to_first_token_seconds")),
+        "tpot": lambda: b.histogram("vllm:time_per_output_token_seconds", tpot,
                                     observed("inter_token_latency_seconds")),
-        "e2e": lambda: b.histogram("vllm:e2e_request_latency_seconds",
-                                   "Histogram of end to end request latency in seconds.", latency,
+        "e2e": lambda: b.histogram("vllm:e2e_request_latency_seconds", latency,
                                    observed("e2e_request_latency_seconds")),
-        **{phase: (lambda phase=phase, key=key: b.histogram(
-            f"vllm:request_{key}_time_seconds", f"Histogram of time spent in {phase} phase for request.", latency,
-            observed(f"request_{key}_time_seconds")))
+        **{phase: (lambda key=key: b.histogram(f"vllm:request_{key}_time_seconds", latency,
+                                               observed(f"request_{key}_time_seconds")))
            for phase, key in (("WAITING", "queue"), ("RUNNING", "inference"), ("PREFILL", "prefill"),
                               ("DECODE", "decode"))},
         # first_scheduled - arrival, as request_queue_time_seconds.
-        "in_queue": lambda: b.histogram("vllm:time_in_queue_requests",
-                                        "Histogram of time the request spent in the queue in seconds.", latency,
+        "in_queue": lambda: b.histogram("vllm:time_in_queue_requests", latency,
                                         observed("request_queue_time_seconds")),
-        "forward": lambda: b.histogram("vllm:model_forward_time_milliseconds",
-                                       "Histogram of time spent in the model forward pass in ms.",
-                                       buckets.MODEL_TIME_MS_V0, never),
-        "execute": lambda: b.histogram("vllm:model_execute_time_milliseconds",
-                                       "Histogram of time spent in the model execute function in ms.",
-                                       buckets.MODEL_TIME_MS_V0, never),
-        "prompt_req": lambda: b.histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens,
-                                          observed("request_prompt_tokens")),
-        "generation_req": lambda: b.histogram("vllm:request_generation_tokens",
-                                              "Number of generation tokens processed.", tokens,
+        "forward": lambda: b.histogram("vllm:model_forward_time_milliseconds", buckets.MODEL_TIME_MS_V0, never),
+        "execute": lambda: b.histogram("vllm:model_execute_time_milliseconds", buckets.MODEL_TIME_MS_V0, never),
+        "prompt_req": lambda: b.histogram("vllm:request_prompt_tokens", tokens, observed("request_prompt_tokens")),
+        "generation_req": lambda: b.histogram("vllm:request_generation_tokens", tokens,
                                               observed("request_generation_tokens")),
-        "max_generation": lambda: b.histogram("vllm:request_max_num_generation_tokens",
-                                              "Histogram of maximum number of requested generation tokens.", tokens,
+        "max_generation": lambda: b.histogram("vllm:request_max_num_generation_tokens", tokens,
                                               observed("request_max_num_generation_tokens")),
-        "n": lambda: b.histogram("vllm:request_params_n", "Histogram of the n request parameter.", buckets.PARAMS_N,
-                                 observed("request_params_n")),
-        "max_tokens": lambda: b.histogram("vllm:request_params_max_tokens",
-                                          "Histogram of the max_tokens request parameter.", tokens,
+        "n": lambda: b.histogram("vllm:request_params_n", buckets.PARAMS_N, observed("request_params_n")),
+        "max_tokens": lambda: b.histogram("vllm:request_params_max_tokens", tokens,
                                           observed("request_params_max_tokens")),
-        "success": lambda: b.counter("vllm:request_success", "Count of successfully processed requests.",
+        "success": lambda: b.counter("vllm:request_success",
                                      [({**base, "finished_reason": r}, n) for r in _FINISH_REASONS["v0"]
                                       if (n := s.finished_by_reason.get(r, 0))]),
-        "spec_rate": lambda: b.gauge("vllm:spec_decode_draft_acceptance_rate", "Speulative token acceptance rate.",
-                                     never, mp_mode="sum"),
-        "spec_efficiency": lambda: b.gauge("vllm:spec_decode_efficiency", "Speculative decoding system efficiency.",
-                                           never, mp_mode="sum"),
-        "spec_accepted": lambda: b.counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", never),
-        "spec_draft": lambda: b.counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", never),
-        "spec_emitted": lambda: b.counter("vllm:spec_decode_num_emitted_tokens", "Number of emitted tokens.", never),
+        "spec_rate": lambda: b.gauge("vllm:spec_decode_draft_acceptance_rate", never, mp_mode="sum"),
+        "spec_efficiency": lambda: b.gauge("vllm:spec_decode_efficiency", never, mp_mode="sum"),
+        "spec_accepted": lambda: b.counter("vllm:spec_decode_num_accepted_tokens", never),
+        "spec_draft": lambda: b.counter("vllm:spec_decode_num_draft_tokens", never),
+        "spec_emitted": lambda: b.counter("vllm:spec_decode_num_emitted_tokens", never),
     }
     if b.multiprocess:
         # The order series are first written in: cache_config_info at start-up, then _log_prometheus's order

@@ -1,7 +1,8 @@
 """Check the capacity model against real vLLM startup logs and print the per-row error table.
 
-``python -m kvwatch.capacity.calibrate [CSV]`` (default ``tests/fixtures/calibration/vllm_kv_capacity.csv``)
-prints the Markdown table published in docs/capacity.md. Two modes per row:
+A developer tool, outside the installed package: ``.venv/bin/python tools/calibrate.py [CSV]``
+(default ``tests/fixtures/calibration/vllm_kv_capacity.csv``) prints the Markdown table published in
+docs/capacity.md. Two modes per row:
 
 - ``logged``: the row's own weights, activation peak and non-torch memory (as vLLM printed them) go in;
   only the budget -> blocks -> tokens arithmetic is tested. With pipeline parallelism ``plan_capacity`` adds

@@ -1,0 +1,190 @@
+"""The chart's integrations: ServiceMonitor / PodMonitor select the right ports and give the jobs the rule pack
+expects; the PrometheusRule and the dashboard ConfigMap carry the repository's own files.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+import yaml
+
+from helm_helpers import (
+    CHART,
+    MINIMAL,
+    NAMESPACE,
+    ROOT,
+    containers,
+    merged_values,
+    only,
+    render,
+    render_fails,
+    values_args,
+)
+
+# ---------------------------------------------------------------- monitors, rules, dashboard
+
+def _matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def test_service_monitor_selects_the_metrics_port_of_the_service() -> None:
+    objects = render(*values_args("sidecar-full-values.yaml"))
+    service, monitor = only(objects, "Service"), only(objects, "ServiceMonitor")
+    pod_labels = only(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert _matches(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
+    assert _matches(service["spec"]["selector"], pod_labels)
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    endpoints = {e["port"]: e for e in monitor["spec"]["endpoints"]}
+    assert set(endpoints) == {"metrics", "http"}  # kvwatch, and vLLM's own /metrics (scrapeVllm)
+    assert ports["metrics"]["port"] == 9747 and ports["metrics"]["targetPort"] == "metrics"
+    assert endpoints["metrics"]["path"] == "/metrics"
+    assert endpoints["metrics"]["interval"] == "10s" and endpoints["metrics"]["scrapeTimeout"] == "5s"
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+
+
+def test_pod_monitor_selects_the_kvwatch_container_port() -> None:
+    objects = render(*values_args("podmonitor-values.yaml"))
+    monitor = only(objects, "PodMonitor")
+    pod = only(objects, "Deployment")["spec"]["template"]
+    assert _matches(monitor["spec"]["selector"]["matchLabels"], pod["metadata"]["labels"])
+    assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics"]
+    kvwatch = containers(objects)["kvwatch"]
+    assert kvwatch["ports"][0] == {"name": "metrics", "containerPort": 9800, "protocol": "TCP"}
+    assert monitor["metadata"]["labels"]["team"] == "inference"
+    assert not [o for o in objects if o["kind"] == "ServiceMonitor"]
+
+
+def relabel(labels: dict[str, str], configs: list[dict[str, Any]]) -> dict[str, str]:
+    """Prometheus' `replace` relabelling (the only action the chart writes), applied in order."""
+    out = dict(labels)
+    for config in configs:
+        assert config.get("action", "replace") == "replace", config
+        value = config.get("separator", ";").join(out.get(name, "") for name in config.get("sourceLabels", []))
+        match = re.fullmatch(config.get("regex", "(.*)"), value)
+        if match:
+            groups = (match.group(0), *match.groups())
+
+            def expand(ref: re.Match[str], groups: tuple[str | None, ...] = groups) -> str:
+                return "$" if ref.group(0) == "$$" else groups[int(ref.group(1))] or ""
+
+            out[config["targetLabel"]] = re.sub(r"\$\$|\$(\d+)", expand, config.get("replacement", "$1"))
+    return out
+
+
+def absent_job_regex() -> str:
+    rules = yaml.safe_load((ROOT / "alerts" / "kvwatch-rules.yaml").read_text())
+    expr = next(r["expr"] for g in rules["groups"] for r in g["rules"] if r.get("alert") == "KvwatchAbsent")
+    found = re.search(r'up\{job=~"([^"]+)"\}', expr)
+    assert found, expr
+    return found.group(1)
+
+
+@pytest.mark.parametrize("monitor", ["serviceMonitor", "podMonitor"])
+@pytest.mark.parametrize("name_override", ["", "llama"])
+def test_monitors_give_kvwatch_and_vllm_the_jobs_the_rule_pack_expects(monitor: str, name_override: str) -> None:
+    """KvwatchAbsent pages on up == 0 of kvwatch's job: vLLM's own endpoint (down while a model loads) must
+    not share it, and nameOverride (the operator's default job source) must not move kvwatch out of it."""
+    kind, key = ("ServiceMonitor", "endpoints") if monitor == "serviceMonitor" else ("PodMonitor",
+                                                                                      "podMetricsEndpoints")
+    user = [{"targetLabel": "cluster", "replacement": "eu-1"}]
+    objects = render(*MINIMAL, "--set", f"{monitor}.enabled=true", "--set", f"nameOverride={name_override}",
+                     "--set-json", f"{monitor}.relabelings={json.dumps(user)}")
+    endpoints = {e["port"]: e for e in only(objects, kind)["spec"][key]}
+    assert set(endpoints) == {"metrics", "http"}
+    assert "jobLabel" not in only(objects, kind)["spec"]
+    # What the operator would have set before the endpoint's relabelings run.
+    operator_job = "kvw-" + (name_override or "kvwatch") if kind == "ServiceMonitor" else f"{NAMESPACE}/kvw"
+    kvwatch = relabel({"job": operator_job}, endpoints["metrics"]["relabelings"])
+    vllm = relabel({"job": operator_job}, endpoints["http"]["relabelings"])
+    assert kvwatch == {"job": "kvwatch", "cluster": "eu-1"}, "the user's relabelings run after the chart's"
+    assert vllm == {"job": "vllm"}
+    assert re.fullmatch(absent_job_regex(), kvwatch["job"])
+    assert not re.fullmatch(absent_job_regex(), vllm["job"])
+    # The regex was the problem before: vLLM's endpoint inherited the kvwatch-named job.
+    assert re.fullmatch(absent_job_regex(), "kvwatch") and re.fullmatch(absent_job_regex(), "kvw-kvwatch")
+
+
+@pytest.mark.parametrize("monitor", ["serviceMonitor", "podMonitor"])
+def test_mode_2_monitors_label_kvwatchs_series_with_the_vllm_it_watches(monitor: str) -> None:
+    """Alone, kvwatch's namespace/pod labels are its own pod: alerts name the watched vLLM by vllm_target."""
+    kind, key = ("ServiceMonitor", "endpoints") if monitor == "serviceMonitor" else ("PodMonitor",
+                                                                                      "podMetricsEndpoints")
+    url = merged_values("standalone-values.yaml")["config"]["targetUrl"]
+    objects = render("-f", str(CHART / "ci" / "standalone-values.yaml"), "--set", "serviceMonitor.enabled=false",
+                     "--set", f"{monitor}.enabled=true")
+    endpoints = only(objects, kind)["spec"][key]
+    assert [e["port"] for e in endpoints] == ["metrics"]  # no vLLM in this pod
+    assert relabel({"job": "x"}, endpoints[0]["relabelings"]) == {"job": "kvwatch", "vllm_target": url}
+    rules = (ROOT / "alerts" / "kvwatch-rules.yaml").read_text()
+    assert rules.count("$labels.vllm_target") >= 8, "the alert texts name the watched vLLM where the label is set"
+    # A '$' in the URL would be a regex group reference in the replacement: it is escaped.
+    odd = render("--set", "vllm.enabled=false", "--set", "config.targetUrl=http://vllm-0:8000/metrics?x=$1",
+                 "--set", f"{monitor}.enabled=true")
+    labels = relabel({}, only(odd, kind)["spec"][key][0]["relabelings"])
+    assert labels["vllm_target"] == "http://vllm-0:8000/metrics?x=$1"
+
+
+@pytest.mark.parametrize("case", ["sidecar-full-values.yaml", "podmonitor-values.yaml"])
+def test_sidecar_monitors_add_no_vllm_target(case: str) -> None:
+    """In a vLLM pod, pod is the vLLM pod already."""
+    for obj in render(*values_args(case)):
+        if obj["kind"] in ("ServiceMonitor", "PodMonitor"):
+            for endpoint in obj["spec"].get("endpoints", obj["spec"].get("podMetricsEndpoints")):
+                assert "vllm_target" not in relabel({}, endpoint.get("relabelings", []))
+
+
+def test_both_monitors_at_once_are_refused() -> None:
+    stderr = render_fails(*MINIMAL, "--set", "serviceMonitor.enabled=true", "--set", "podMonitor.enabled=true")
+    assert "not both" in stderr
+
+
+@pytest.mark.parametrize(("monitor", "interval", "timeout", "ok"), [
+    ("serviceMonitor", "15s", "20s", False),
+    ("podMonitor", "1m", "1m500ms", False),
+    ("serviceMonitor", "1m30s", "1m", True),
+    ("podMonitor", "10s", "10s", True),
+    ("podMonitor", "", "1m", True),  # Prometheus' global interval: unknown to the chart
+])
+def test_scrape_timeout_longer_than_the_interval_is_refused(monitor: str, interval: str, timeout: str,
+                                                             ok: bool) -> None:
+    """prometheus-operator rejects such a monitor (the admission webhook, or it drops it): fail at install."""
+    args = (*MINIMAL, "--set", f"{monitor}.enabled=true", "--set", f"{monitor}.interval={interval}",
+            "--set", f"{monitor}.scrapeTimeout={timeout}")
+    if ok:
+        kind = "ServiceMonitor" if monitor == "serviceMonitor" else "PodMonitor"
+        endpoints = only(render(*args), kind)["spec"]["endpoints" if monitor == "serviceMonitor" else
+                                                         "podMetricsEndpoints"]
+        assert endpoints[0]["scrapeTimeout"] == timeout
+    else:
+        stderr = render_fails(*args)
+        assert f"{monitor}.scrapeTimeout ({timeout}) is longer than {monitor}.interval ({interval})" in stderr
+
+
+@pytest.mark.parametrize(("source", "copy", "tool"), [
+    ("alerts/kvwatch-rules.yaml", "kvwatch-rules.yaml", "alerts/generate.py"),
+    ("dashboards/kvwatch.json", "kvwatch.json", "scripts/sync_chart_files.py"),
+])
+def test_chart_copies_are_the_repository_files(source: str, copy: str, tool: str) -> None:
+    """Helm reads only files inside the chart: its copies must be the repository's files, byte for byte."""
+    assert (ROOT / source).is_file(), f"{source} is missing"
+    assert (CHART / "files" / copy).read_bytes() == (ROOT / source).read_bytes(), (
+        f"the chart's {copy} is stale: run .venv/bin/python {tool}")
+
+
+def test_prometheus_rule_spec_is_the_rule_file() -> None:
+    rule = only(render(*values_args("sidecar-full-values.yaml")), "PrometheusRule")
+    assert rule["spec"] == yaml.safe_load((CHART / "files" / "kvwatch-rules.yaml").read_text())
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    assert {"KVCacheBottleneck", "KVCacheExhaustionForecast", "KvwatchTargetDown"} <= alerts
+
+
+def test_dashboard_configmap_carries_the_dashboard_for_the_grafana_sidecar() -> None:
+    configmap = only(render(*values_args("sidecar-full-values.yaml")), "ConfigMap")
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert configmap["metadata"]["annotations"] == {"grafana_folder": "LLM serving"}
+    assert json.loads(configmap["data"]["kvwatch.json"]) == json.loads((CHART / "files" / "kvwatch.json").read_text())

@@ -1,0 +1,99 @@
+"""The chart renders: `helm lint --strict` passes and every object is valid Kubernetes / prometheus-operator;
+what is on by default, the app version and the install notes.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from helm_helpers import (
+    CASES,
+    CHART,
+    MINIMAL,
+    NAMESPACE,
+    ROOT,
+    only,
+    render,
+    run_helm,
+    validate_object,
+    values_args,
+)
+
+# ---------------------------------------------------------------- lint and validity
+
+@pytest.mark.parametrize("case", CASES)
+def test_helm_lint_strict_passes(case: str) -> None:
+    result = run_helm("lint", "--strict", str(CHART), *values_args(case))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_rendered_object_is_valid_for_kubernetes_and_the_operator(case: str) -> None:
+    objects = render(*values_args(case))
+    assert objects
+    for obj in objects:
+        validate_object(obj)
+        assert obj["metadata"]["labels"]["app.kubernetes.io/instance"] == "kvw"
+
+
+def test_the_validators_catch_a_misspelt_field() -> None:
+    objects = render("-f", str(CHART / "ci" / "sidecar-full-values.yaml"))
+    monitor = only(objects, "ServiceMonitor")
+    monitor["spec"]["endpoints"][0]["scrapeTimout"] = "5s"
+    with pytest.raises(AssertionError, match="scrapeTimout"):
+        validate_object(monitor)
+    deployment = only(objects, "Deployment")
+    deployment["spec"]["template"]["spec"]["containers"][0]["livenessprobe"] = {}
+    with pytest.raises(pytest.fail.Exception, match="livenessprobe"):
+        validate_object(deployment)
+
+
+def test_integrations_are_off_by_default() -> None:
+    kinds = sorted(o["kind"] for o in render(*MINIMAL))
+    assert kinds == ["Deployment", "Service"]
+
+
+def test_chart_app_version_is_the_package_version() -> None:
+    """appVersion is the default kvwatch image tag: it must name the release the chart was written for."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert version and chart["appVersion"] == version.group(1)
+
+
+def install_notes(*args: str) -> str:
+    """NOTES.txt as `helm install` prints it (helm template does not render NOTES; a client dry run needs no
+    cluster)."""
+    result = run_helm("install", "kvw", str(CHART), "--namespace", NAMESPACE, "--dry-run=client", *args)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split("NOTES:", 1)[1]
+
+
+@pytest.mark.parametrize(("case", "says"), [
+    ("default", "sidecar next to vLLM"),
+    ("standalone-values.yaml", "ONE vLLM pod"),
+])
+def test_install_notes_render_for_each_mode(case: str, says: str) -> None:
+    notes = install_notes(*values_args(case))
+    assert says in notes
+    assert "port-forward svc/kvw-kvwatch 9747:9747" in notes
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    ((), "startupProbe allows 1800 s"),
+    (("--set", "vllm.startupProbe.failureThreshold=360"), "--timeout=3600s"),
+    (("--set", "vllm.startupProbe.periodSeconds=null"), "startupProbe allows 1800 s"),  # Kubernetes' 10 s
+    (("--set", "vllm.startupProbe=null"), "vLLM has no startupProbe"),
+    (("--set", "vllm.startupProbe.failureThreshold=360", "--set", "prometheusRule.enabled=true"),
+     'Warning: the startupProbe allows 3600 s, but KvwatchTargetDown{since="start"} fires after 35m'),
+])
+def test_install_notes_follow_the_startup_probe(args: tuple[str, ...], says: str) -> None:
+    """The notes read the probe's fields: a removed probe (or field) must not crash the install."""
+    assert says in install_notes(*MINIMAL, *args)
+
+
+def test_install_notes_warn_only_when_the_startup_budget_outlasts_the_target_down_rule() -> None:
+    assert "Warning: the startupProbe" not in install_notes(*MINIMAL, "--set", "prometheusRule.enabled=true")
+    assert "Warning: the startupProbe" not in install_notes(*MINIMAL, "--set", "vllm.startupProbe.failureThreshold=360")

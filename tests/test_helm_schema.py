@@ -1,0 +1,182 @@
+"""values.yaml and values.schema.json: the schema refuses typos and bad values (also inside Kubernetes objects),
+is generated from kvwatch's settings, and every chart key is documented.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+import yaml
+
+from helm_helpers import (
+    CASES,
+    CHART,
+    CONFIG_KEYS,
+    KUBERNETES_VERSION,
+    MINIMAL,
+    SYNC,
+    merged_values,
+    render,
+    render_fails,
+    validate_object,
+)
+from kvwatch.settings import ServeSettings
+
+# ---------------------------------------------------------------- values and schema
+
+@pytest.mark.parametrize(("flag", "culprit"), [
+    ("confg.model=x", "confg"),
+    ("config.pollIntervalSecond=5", "pollIntervalSecond"),
+    ("vllm.tensorParallelSize=2", "tensorParallelSize"),
+    ("serviceMonitor.intervall=5s", "intervall"),
+    ("config.logLevel=LOUD", "logLevel"),
+    ("config.targetUrl=localhost:8000", "targetUrl"),
+    ("config.gpuMemoryUtilization=1.5", "gpuMemoryUtilization"),
+])
+def test_schema_rejects_typos_and_bad_values(flag: str, culprit: str) -> None:
+    stderr = render_fails(*MINIMAL, "--set", flag)
+    assert culprit in stderr
+
+
+@pytest.mark.parametrize(("flag", "where", "culprit"), [
+    ("kvwatch.resources.limit.memory=1Gi", "/kvwatch/resources", "limit"),
+    ("vllm.startupProbe.failureTreshold=360", "/vllm/startupProbe", "failureTreshold"),
+    ("kvwatch.securityContext.readOnlyRootFileSystem=true", "/kvwatch/securityContext", "readOnlyRootFileSystem"),
+    ("vllm.updateStrategy.rollingupdate.maxSurge=1", "/vllm/updateStrategy", "rollingupdate"),
+    ("podSecurityContext.fsgroup=1000", "/podSecurityContext", "fsgroup"),
+    ("kvwatch.livenessProbe.httpGet.prot=metrics", "/kvwatch/livenessProbe/httpGet", "prot"),
+    ("vllm.resources.request.cpu=8", "/vllm/resources", "request"),
+    ("vllm.securityContext.capabilities.add=SYS_ADMIN", "/vllm/securityContext/capabilities/add", "array"),
+])
+def test_schema_rejects_typos_inside_kubernetes_objects(flag: str, where: str, culprit: str) -> None:
+    """Probes, resources, security contexts and the strategy are rendered verbatim: without a closed schema a
+    misspelt field renders silently (and the API server prunes it)."""
+    stderr = render_fails(*MINIMAL, "--set", flag)
+    assert f"at '{where}'" in stderr and culprit in stderr
+
+
+@pytest.mark.parametrize("args", [
+    ("--set", "vllm.startupProbe.failureThreshold=360", "--set", "vllm.startupProbe.initialDelaySeconds=30"),
+    ("--set", "kvwatch.resources.limits.cpu=500m", "--set", "vllm.resources.limits.memory=80Gi"),
+    ("--set", "podSecurityContext.fsGroup=1000", "--set", "kvwatch.securityContext.runAsUser=1234"),
+    ("--set", "vllm.updateStrategy.type=Recreate", "--set", "vllm.updateStrategy.rollingUpdate=null"),
+    ("--set-json", 'vllm.livenessProbe={"tcpSocket": {"port": "http"}, "periodSeconds": 30}'),
+])
+def test_schema_accepts_real_kubernetes_fields(args: tuple[str, ...]) -> None:
+    for obj in render(*MINIMAL, *args):
+        validate_object(obj)
+
+
+def test_kubernetes_objects_in_values_use_the_generated_closed_definitions() -> None:
+    """The definitions are Kubernetes' own (kubernetes-validate, the version the rendered objects are checked
+    with), closed; scripts/sync_chart_files.py writes them."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert SYNC.KUBERNETES_VERSION == KUBERNETES_VERSION
+    assert schema["definitions"] == SYNC.kubernetes_definitions(), (
+        "values.schema.json's Kubernetes definitions are stale: run .venv/bin/python scripts/sync_chart_files.py")
+    props = schema["properties"]
+    refs = {
+        ("kvwatch", "resources"): "core.v1.ResourceRequirements",
+        ("kvwatch", "securityContext"): "core.v1.SecurityContext",
+        ("kvwatch", "readinessProbe"): "core.v1.Probe",
+        ("kvwatch", "livenessProbe"): "core.v1.Probe",
+        ("vllm", "resources"): "core.v1.ResourceRequirements",
+        ("vllm", "securityContext"): "core.v1.SecurityContext",
+        ("vllm", "startupProbe"): "core.v1.Probe",
+        ("vllm", "readinessProbe"): "core.v1.Probe",
+        ("vllm", "livenessProbe"): "core.v1.Probe",
+        ("vllm", "updateStrategy"): "apps.v1.DeploymentStrategy",
+    }
+    for (section, key), kind in refs.items():
+        assert props[section]["properties"][key] == {"$ref": f"#/definitions/io.k8s.api.{kind}"}, (section, key)
+    assert props["podSecurityContext"] == {"$ref": "#/definitions/io.k8s.api.core.v1.PodSecurityContext"}
+    probe = schema["definitions"]["io.k8s.api.core.v1.Probe"]
+    assert probe["additionalProperties"] is False and "failureThreshold" in probe["properties"]
+
+
+def test_schema_config_keys_are_the_settings_fields() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+    config = schema["properties"]["config"]
+    assert config["additionalProperties"] is False
+    assert set(config["properties"]) == set(CONFIG_KEYS)
+    assert set(yaml.safe_load((CHART / "values.yaml").read_text())["config"]) == set(CONFIG_KEYS)
+    assert CONFIG_KEYS["modelConfig"] == "model_config_path"
+
+
+def test_schema_config_is_what_the_sync_script_generates_from_the_settings() -> None:
+    """Types, bounds and enums; descriptions may lag (the script refreshes them too)."""
+
+    def without_descriptions(props: dict[str, Any]) -> dict[str, Any]:
+        return {k: {kk: vv for kk, vv in v.items() if kk != "description"} for k, v in props.items()}
+
+    committed = json.loads((CHART / "values.schema.json").read_text())["properties"]["config"]["properties"]
+    assert without_descriptions(committed) == without_descriptions(SYNC.config_schema()), (
+        "values.schema.json is behind kvwatch's settings: run .venv/bin/python scripts/sync_chart_files.py")
+
+
+def test_sync_script_check_finds_nothing_stale() -> None:
+    """Descriptions too: the chart's schema says what kvwatch's --help says."""
+    assert SYNC.main(["--check"]) == 0, "run .venv/bin/python scripts/sync_chart_files.py"
+
+
+def test_schema_config_types_match_the_settings() -> None:
+    json_types = {"integer": int, "number": float, "string": str, "boolean": bool}
+    settings_schema = ServeSettings.model_json_schema()["properties"]
+    config = json.loads((CHART / "values.schema.json").read_text())["properties"]["config"]["properties"]
+    for key, field in CONFIG_KEYS.items():
+        branches = settings_schema[field].get("anyOf", [settings_schema[field]])
+        wanted = {b["type"] for b in branches if b.get("type") != "null"}
+        declared = set(config[key]["type"]) - {"null"}
+        if wanted == {"number"}:  # `helm --set` passes decimals as strings: accepted as decimal text
+            assert declared == {"number", "string"} and config[key]["pattern"], key
+            declared = wanted
+        assert declared == wanted, key
+        for value in config[key].get("enum", []):
+            if value is not None:  # every value the chart allows, kvwatch accepts
+                ServeSettings(**{field: value})
+        assert json_types[next(iter(declared))]
+
+
+def _schema_paths(schema: dict[str, Any], prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    paths = set()
+    for key, sub in schema.get("properties", {}).items():
+        paths.add((*prefix, key))
+        paths |= _schema_paths(sub, (*prefix, key))
+    return paths
+
+
+def test_every_chart_key_in_values_yaml_has_a_comment() -> None:
+    """Keys the chart defines (in the schema's properties) need a comment; Kubernetes objects inside
+    (resources, probes, security contexts) are documented by Kubernetes."""
+    text = (CHART / "values.yaml").read_text()
+    lines = text.splitlines()
+    chart_keys = _schema_paths(json.loads((CHART / "values.schema.json").read_text()))
+    missing = []
+
+    def walk(node: yaml.Node, prefix: tuple[str, ...]) -> None:
+        if not isinstance(node, yaml.MappingNode):
+            return
+        for key_node, value_node in node.value:
+            path = (*prefix, key_node.value)
+            if path in chart_keys:
+                line = key_node.start_mark.line
+                commented = " # " in lines[line] or (line > 0 and lines[line - 1].lstrip().startswith("#"))
+                if not commented:
+                    missing.append(".".join(path))
+                walk(value_node, path)
+
+    walk(yaml.compose(text), ())
+    assert not missing, f"values.yaml keys without a comment: {missing}"
+    assert len(chart_keys) > 80
+
+
+def test_ci_values_cover_both_modes_and_every_integration() -> None:
+    combined = [merged_values(c) for c in CASES]
+    assert {v["vllm"]["enabled"] for v in combined} == {True, False}
+    for toggle in ("serviceMonitor", "podMonitor", "prometheusRule", "dashboards"):
+        assert any(v[toggle]["enabled"] for v in combined), toggle
+    assert re.fullmatch(r"v\d+\.\d+\.\d+", merged_values("default")["vllm"]["image"]["tag"])

@@ -1,0 +1,350 @@
+"""The pod the chart renders: the sidecar's settings as env, vLLM's flags, probes, security, volumes, the two
+modes (sidecar next to vLLM, kvwatch alone) and their ports.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from helm_helpers import (
+    CASES,
+    CHART,
+    CONFIG_KEYS,
+    MINIMAL,
+    NAMESPACE,
+    ROOT,
+    VLLM_FLAGS,
+    containers,
+    merged_values,
+    only,
+    render,
+    render_fails,
+    run_helm,
+    validate_object,
+    values_args,
+    vllm_flags,
+)
+from kvwatch.settings import KNOWN_ENV, ServeSettings, env_name, load_settings, public_name
+
+# ---------------------------------------------------------------- the sidecar and its settings
+
+def expected_env(values: dict[str, Any]) -> dict[str, str]:
+    env = {}
+    for key, value in values["config"].items():
+        if value is not None:
+            text = json.dumps(value) if isinstance(value, bool) else str(value)
+            env[env_name(public_name(CONFIG_KEYS[key]))] = text
+    env.setdefault("KVWATCH_LISTEN_ADDRESS", "0.0.0.0")
+    if values["vllm"]["enabled"]:
+        env.setdefault("KVWATCH_TARGET_URL", f"http://127.0.0.1:{values['vllm']['port']}/metrics")
+    web = values.get("webConfig") or {}
+    if web.get("secretName"):
+        env["KVWATCH_WEB_CONFIG_FILE"] = f"/etc/kvwatch/web/{web.get('key') or 'web-config.yml'}"
+    return env
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_sidecar_env_is_the_config_block_in_kvwatch_variables(case: str) -> None:
+    values = merged_values(case)
+    kvwatch = containers(render(*values_args(case)))["kvwatch"]
+    rendered = {e["name"]: e["value"] for e in kvwatch["env"]}
+    assert rendered == expected_env(values)
+    assert kvwatch["args"] == ["serve"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_kvwatch_accepts_the_rendered_env(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The env is not just well-named: kvwatch's own settings loader parses every value (no 1.6e+07)."""
+    values = merged_values(case)
+    env = containers(render(*values_args(case)))["kvwatch"]["env"]
+    for entry in env:
+        # The web config is a file from the Secret, inside the pod only; tests/test_web.py loads real ones.
+        if entry["name"] != "KVWATCH_WEB_CONFIG_FILE":
+            monkeypatch.setenv(entry["name"], entry["value"])
+    settings = load_settings(ServeSettings)
+    for key, value in values["config"].items():
+        if value is not None:
+            loaded = getattr(settings, CONFIG_KEYS[key])
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                assert loaded == value, key
+            else:
+                assert str(loaded).lower() == str(value).lower(), key
+    assert settings.listen_address == "0.0.0.0"
+
+
+def test_large_integers_and_set_values_stay_integers() -> None:
+    env = containers(render(*MINIMAL, "--set", "config.maxBodyBytes=67108864", "--set", "config.blockSize=32"))[
+        "kvwatch"]["env"]
+    rendered = {e["name"]: e["value"] for e in env}
+    assert rendered["KVWATCH_MAX_BODY_BYTES"] == "67108864"
+    assert rendered["KVWATCH_BLOCK_SIZE"] == "32"
+    from_file = {e["name"]: e["value"] for e in containers(render(*values_args("sidecar-full-values.yaml")))[
+        "kvwatch"]["env"]}
+    assert from_file["KVWATCH_MAX_BODY_BYTES"] == "33554432"
+
+
+def test_decimals_given_with_plain_set_pass_the_schema_and_reach_both_containers() -> None:
+    # helm --set keeps 0.9 as the string "0.9": the schema takes a decimal string where a number goes.
+    assert "--set config.gpuMemoryUtilization=0.9" in (ROOT / "docs" / "deploy.md").read_text()
+    objects = render(*MINIMAL, "--set", "config.gpuMemoryUtilization=0.9", "--set", "config.pollIntervalSeconds=2.5")
+    env = {e["name"]: e["value"] for e in containers(objects)["kvwatch"]["env"]}
+    assert (env["KVWATCH_GPU_MEMORY_UTILIZATION"], env["KVWATCH_POLL_INTERVAL_SECONDS"]) == ("0.9", "2.5")
+    assert vllm_flags(containers(objects)["vllm"]["args"])["--gpu-memory-utilization"] == "0.9"
+    for bad in ("abc", "-0.9"):
+        assert "/config/gpuMemoryUtilization" in render_fails(*MINIMAL, "--set", f"config.gpuMemoryUtilization={bad}")
+    # JSON numbers keep the schema's bounds.
+    assert "/config/gpuMemoryUtilization" in render_fails(*MINIMAL, "--set-json", "config.gpuMemoryUtilization=1.5")
+    assert "/config/gpuMemoryUtilization" in render_fails(*MINIMAL, "--set", "config.gpuMemoryUtilization=0")
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if merged_values(c)["vllm"]["enabled"]])
+def test_vllm_and_the_sidecar_describe_the_same_deployment(case: str) -> None:
+    values = merged_values(case)
+    pod = containers(render(*values_args(case)))
+    vllm, kvwatch = pod["vllm"], pod["kvwatch"]
+    env = {e["name"]: e["value"] for e in kvwatch["env"]}
+    assert vllm["args"][0] == values["config"]["model"] == env["KVWATCH_MODEL"]
+    flags = vllm_flags(vllm["args"])
+    assert flags["--port"] == str(values["vllm"]["port"])
+    for key, flag in VLLM_FLAGS.items():
+        variable = env_name(public_name(CONFIG_KEYS[key]))
+        assert flags.get(flag) == env.get(variable), f"{flag} vs {variable}"
+    chunked = values["vllm"]["enableChunkedPrefill"]
+    assert ("--enable-chunked-prefill" in flags) is (chunked is True)
+    assert ("--no-enable-chunked-prefill" in flags) is (chunked is False)
+    for arg in values["vllm"]["extraArgs"]:
+        assert arg in vllm["args"]
+    gpus = str((values["config"]["tensorParallelSize"] or 1) * (values["config"]["pipelineParallelSize"] or 1))
+    assert vllm["resources"]["limits"]["nvidia.com/gpu"] == gpus
+    assert vllm["resources"]["requests"]["nvidia.com/gpu"] == gpus
+
+
+def test_gpus_follow_tensor_parallel_size() -> None:
+    vllm = containers(render(*MINIMAL, "--set", "config.tensorParallelSize=4"))["vllm"]
+    assert vllm["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert vllm_flags(vllm["args"])["--tensor-parallel-size"] == "4"
+
+
+# ---------------------------------------------------------------- probes, security, volumes
+
+def test_vllm_probes_survive_model_loading_and_long_prefill() -> None:
+    vllm = containers(render(*MINIMAL))["vllm"]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert vllm[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    startup = vllm["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 20 * 60, "model loading takes minutes"
+    liveness = vllm["livenessProbe"]
+    assert liveness["timeoutSeconds"] >= 10, "the kubelet's 1 s default kills pods busy with a long prefill"
+    assert liveness["periodSeconds"] * liveness["failureThreshold"] >= 120
+    assert vllm["readinessProbe"]["timeoutSeconds"] >= 5
+    assert {p["name"]: p["containerPort"] for p in vllm["ports"]} == {"http": 8000}
+
+
+def test_vllm_pods_are_replaced_without_surging() -> None:
+    """No extra GPUs needed during an upgrade: maxSurge 0, one pod at a time."""
+    strategy = only(render(*values_args("sidecar-full-values.yaml")), "Deployment")["spec"]["strategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    assert "strategy" not in only(render(*values_args("standalone-values.yaml")), "Deployment")["spec"]
+
+
+def test_probes_are_configurable() -> None:
+    vllm = containers(render(*MINIMAL, "--set", "vllm.startupProbe.failureThreshold=360"))["vllm"]
+    assert vllm["startupProbe"]["failureThreshold"] == 360
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_kvwatch_container_is_restricted_and_probed_on_its_metrics_port(case: str) -> None:
+    values = merged_values(case)
+    kvwatch = containers(render(*values_args(case)))["kvwatch"]
+    port = values["config"]["port"] or 9747
+    assert kvwatch["ports"] == [{"name": "metrics", "containerPort": port, "protocol": "TCP"}]
+    probe = {"path": "/healthz", "port": "metrics"}
+    if (values.get("webConfig") or {}).get("tls"):
+        probe["scheme"] = "HTTPS"  # kvwatch serves TLS only
+    assert kvwatch["livenessProbe"]["httpGet"] == probe
+    if values["vllm"]["enabled"]:
+        assert "readinessProbe" not in kvwatch, "a not-ready sidecar would take vLLM out of its Service"
+    else:
+        assert kvwatch["readinessProbe"]["httpGet"] == probe
+    sc = kvwatch["securityContext"]
+    assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 65532
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert kvwatch["resources"]["limits"]["memory"]
+    assert kvwatch["image"] == f"kvwatch:{yaml.safe_load((CHART / 'Chart.yaml').read_text())['appVersion']}"
+
+
+def test_shared_memory_and_model_cache_volumes() -> None:
+    objects = render(*values_args("sidecar-full-values.yaml"))
+    pod = only(objects, "Deployment")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
+    assert volumes["model-cache"]["persistentVolumeClaim"] == {"claimName": "model-cache"}
+    vllm = containers(objects)["vllm"]
+    mounts = {m["name"]: m["mountPath"] for m in vllm["volumeMounts"]}
+    assert mounts == {"dshm": "/dev/shm", "model-cache": "/models"}
+    env = {e["name"]: e for e in vllm["env"]}
+    assert env["HF_HOME"]["value"] == "/models"
+    assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
+    assert pod["automountServiceAccountToken"] is False
+    emptydir = only(render(*values_args("podmonitor-values.yaml")), "Deployment")["spec"]["template"]["spec"]
+    assert {v["name"]: v for v in emptydir["volumes"]}["model-cache"]["emptyDir"] == {"sizeLimit": "100Gi"}
+
+
+@pytest.mark.parametrize("prefill", [551, 2400])
+def test_vllm_probes_are_sized_from_the_prefill_estimate(prefill: int) -> None:
+    # 551 s: `kvwatch plan --model Qwen/Qwen2.5-7B-Instruct-1M --gpu H100 --json`'s long_context estimate.
+    sized = containers(render(*MINIMAL, "--set", f"vllm.prefillSecondsEstimate={prefill}"))["vllm"]
+    default = containers(render(*MINIMAL))["vllm"]
+    startup, liveness = sized["startupProbe"], sized["livenessProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600 + prefill
+    assert liveness["periodSeconds"] * liveness["failureThreshold"] >= prefill
+    for probe in ("startupProbe", "livenessProbe"):  # raised, never lowered
+        assert sized[probe]["failureThreshold"] >= default[probe]["failureThreshold"]
+    assert sized["readinessProbe"] == default["readinessProbe"]
+
+
+def test_prefill_estimate_must_be_a_non_negative_number() -> None:
+    assert "prefillSecondsEstimate" in render_fails(*MINIMAL, "--set", "vllm.prefillSecondsEstimate=-1")
+
+
+# ---------------------------------------------------------------- modes
+
+def test_standalone_mode_runs_kvwatch_alone_against_one_pod() -> None:
+    objects = render(*values_args("standalone-values.yaml"))
+    deployment = only(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    pod = containers(objects)
+    assert set(pod) == {"kvwatch"}
+    env = {e["name"]: e["value"] for e in pod["kvwatch"]["env"]}
+    assert env["KVWATCH_TARGET_URL"] == merged_values("standalone-values.yaml")["config"]["targetUrl"]
+    assert [p["name"] for p in only(objects, "Service")["spec"]["ports"]] == ["metrics"]
+    assert "volumes" not in deployment["spec"]["template"]["spec"]
+
+
+def test_standalone_mode_without_a_target_is_refused() -> None:
+    stderr = render_fails("--set", "vllm.enabled=false")
+    assert "targetUrl" in stderr
+
+
+def test_sidecar_mode_without_a_model_is_refused() -> None:
+    assert yaml.safe_load((CHART / "values.yaml").read_text())["config"]["model"] is None
+    assert "config.model is required" in render_fails()
+    assert "config.model is required" in render_fails("--set", "config.maxNumSeqs=64")
+
+
+def test_standalone_mode_inherits_no_model_from_the_chart_defaults() -> None:
+    """kvwatch alone watches someone else's vLLM: a default model would feed its capacity model a wrong one."""
+    objects = render("--set", "vllm.enabled=false", "--set", "config.targetUrl=http://vllm-0.vllm:8000/metrics")
+    env = {e["name"]: e["value"] for e in containers(objects)["kvwatch"]["env"]}
+    assert "KVWATCH_MODEL" not in env
+    assert env["KVWATCH_TARGET_URL"] == "http://vllm-0.vllm:8000/metrics"
+    named = render("--set", "vllm.enabled=false", "--set", "config.targetUrl=http://vllm-0.vllm:8000/metrics",
+                   "--set", "config.model=Qwen/Qwen3-8B")
+    assert {e["name"]: e["value"] for e in containers(named)["kvwatch"]["env"]}["KVWATCH_MODEL"] == "Qwen/Qwen3-8B"
+
+
+def test_named_sidecar_template_embeds_in_another_chart(tmp_path: Path) -> None:
+    """The documented way to add kvwatch to an existing vLLM chart (docs/deploy.md)."""
+    parent = tmp_path / "my-vllm"
+    (parent / "templates").mkdir(parents=True)
+    shutil.copytree(CHART, parent / "charts" / "kvwatch")
+    (parent / "Chart.yaml").write_text(
+        "apiVersion: v2\nname: my-vllm\nversion: 1.0.0\n"
+        "dependencies:\n  - name: kvwatch\n    version: 0.1.0\n")
+    (parent / "values.yaml").write_text(
+        "kvwatch:\n  deployment:\n    enabled: false\n  config:\n    model: Qwen/Qwen3-8B\n    maxNumSeqs: 64\n"
+        "  podMonitor:\n    enabled: true\n    selector:\n      app: my-vllm\n")
+    (parent / "templates" / "deployment.yaml").write_text(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: my-vllm\nspec:\n"
+        "  selector:\n    matchLabels:\n      app: my-vllm\n  template:\n    metadata:\n      labels:\n"
+        "        app: my-vllm\n    spec:\n      containers:\n        - name: vllm\n"
+        "          image: vllm/vllm-openai:v0.33.0\n"
+        '        {{- include "kvwatch.sidecarContainer" .Subcharts.kvwatch | trim | nindent 8 }}\n')
+    result = run_helm("template", "rel", str(parent), "--namespace", NAMESPACE)
+    assert result.returncode == 0, result.stderr
+    objects = [d for d in yaml.safe_load_all(result.stdout) if d]
+    assert sorted(o["kind"] for o in objects) == ["Deployment", "PodMonitor"]
+    for obj in objects:
+        validate_object(obj)
+    pod = {c["name"]: c for c in only(objects, "Deployment")["spec"]["template"]["spec"]["containers"]}
+    env = {e["name"]: e["value"] for e in pod["kvwatch"]["env"]}
+    assert env["KVWATCH_MODEL"] == "Qwen/Qwen3-8B" and env["KVWATCH_MAX_NUM_SEQS"] == "64"
+    assert env["KVWATCH_TARGET_URL"] == "http://127.0.0.1:8000/metrics"
+    assert only(objects, "PodMonitor")["spec"]["selector"]["matchLabels"] == {"app": "my-vllm"}
+
+
+def test_documented_sidecar_snippet_is_what_the_chart_renders() -> None:
+    """docs/deploy.md's copy-paste container for existing Deployments stays true to the chart."""
+    docs = (ROOT / "docs" / "deploy.md").read_text()
+    match = re.search(r"<!-- sidecar-snippet:[^>]*-->\s*```yaml\n(.*?)```", docs, re.S)
+    assert match, "docs/deploy.md lost its sidecar-snippet block"
+    documented = yaml.safe_load(match.group(1))
+    rendered = containers(render(*MINIMAL, "--set", "kvwatch.image.repository=REGISTRY/kvwatch",
+                                 "--set", "config.gpu=H100", "--set", "config.maxNumSeqs=128"))["kvwatch"]
+    assert documented == [rendered]
+
+
+@pytest.mark.parametrize("args", [
+    ("--set", "config.port=8000"),
+    ("--set", "vllm.port=9747"),
+    ("--set", "config.port=9000", "--set", "vllm.port=9000"),
+])
+def test_kvwatch_and_vllm_on_one_port_are_refused(args: tuple[str, ...]) -> None:
+    stderr = render_fails(*MINIMAL, *args)
+    assert "config.port, default 9747) and vllm.port are both" in stderr
+
+
+def test_kvwatch_alone_may_use_the_port_vllm_would_have() -> None:
+    """Mode 2 runs no vLLM in the pod: vllm.port is not in use there."""
+    objects = render("--set", "vllm.enabled=false", "--set", "config.targetUrl=http://vllm-0.vllm:8000/metrics",
+                     "--set", "config.port=8000")
+    assert containers(objects)["kvwatch"]["ports"][0]["containerPort"] == 8000
+
+
+# ---------------------------------------------------------------- web config (TLS + basic auth on kvwatch)
+
+@pytest.mark.parametrize(("values", "kind", "endpoints"), [
+    ("web-config-values.yaml", "ServiceMonitor", "endpoints"),
+    ("web-config-podmonitor-values.yaml", "PodMonitor", "podMetricsEndpoints"),
+])
+def test_web_config_is_mounted_and_monitors_and_probes_use_it(values: str, kind: str, endpoints: str) -> None:
+    settings = yaml.safe_load((CHART / "ci" / values).read_text())
+    objects = render("-f", str(CHART / "ci" / values))
+    for obj in objects:
+        validate_object(obj)
+    pod = only(objects, "Deployment")["spec"]["template"]["spec"]
+    kvwatch = containers(objects)["kvwatch"]
+    env = {e["name"]: e.get("value") for e in kvwatch["env"]}
+    key = settings["webConfig"].get("key", "web-config.yml")
+    assert env["KVWATCH_WEB_CONFIG_FILE"] == f"/etc/kvwatch/web/{key}"
+    mount = next(m for m in kvwatch["volumeMounts"] if m["name"] == "kvwatch-web-config")
+    assert mount["mountPath"] == "/etc/kvwatch/web" and mount["readOnly"] is True
+    volume = next(v for v in pod["volumes"] if v["name"] == "kvwatch-web-config")
+    assert volume["secret"]["secretName"] == "kvwatch-web"
+    for probe in ("livenessProbe", "readinessProbe"):
+        if probe in kvwatch:
+            assert kvwatch[probe]["httpGet"]["scheme"] == "HTTPS"
+    monitor = only(objects, kind)
+    endpoint = next(e for e in monitor["spec"][endpoints] if e["port"] == "metrics")
+    monitor_values = settings["serviceMonitor" if kind == "ServiceMonitor" else "podMonitor"]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"] == monitor_values["tlsConfig"] and endpoint["basicAuth"] == monitor_values["basicAuth"]
+    # The same settings name a file kvwatch would read: the env the chart sets is a setting kvwatch knows.
+    assert "KVWATCH_WEB_CONFIG_FILE" in KNOWN_ENV
+
+
+def test_plain_http_monitors_get_no_tls_and_a_tls_config_without_web_config_fails() -> None:
+    monitor = only(render(*MINIMAL, "--set", "serviceMonitor.enabled=true"), "ServiceMonitor")
+    assert all("scheme" not in e and "tlsConfig" not in e for e in monitor["spec"]["endpoints"])
+    assert "webConfig" in render_fails(*MINIMAL, "--set", "serviceMonitor.enabled=true",
+                                       "--set", "serviceMonitor.tlsConfig.serverName=kvwatch")
