@@ -33,6 +33,12 @@ standard deviations of the threshold: ``c = 0.95·C − k·σ_within`` (``σ_wit
 ``k`` tuned). Then ``risk(h) = 1 − (1 − max_t P(K̄_t ≥ c))·exp(−∫₀ʰ ν)``. ``f_t`` is
 Gaussian or moment-matched gamma (the shot noise is right-skewed); docs/forecasting.md has the measured
 comparison.
+
+That is v2 (``dynamics="stationary"``). The default (``"ou"``, ``_ou_risk``) conditions on now: the
+occupancy is shot noise with a memory, so the minute mean starts at the newest minute and relaxes to the
+projected mean with correlation time ``θ`` (at least ``τ``, longer when consecutive minute means are
+measured to correlate), and crossings come at the rate of a process with that correlation: a cache far
+below ``c`` cannot get there in five minutes, and slow bursts cross rarely however wide they are.
 """
 
 from __future__ import annotations
