@@ -60,13 +60,17 @@ class LatencyAnalyzer:
         self.window = window
 
     def analyze(self, key: SeriesKey, history: SeriesHistory, reading: Reading, now: float) -> SeriesLatency | None:
-        entries = history.samples(since_restart=True, window=self.window)
+        # The window's first entry by binary search: a walk over the window cost every poll as many steps as
+        # the window held polls (docs/reliability.md, CPU per poll).
+        first = history.first(since_restart=True, window=self.window)
+        latest = history.latest
         aborted = history.rate("requests_aborted_total", self.window)
-        if len(entries) < 2 or not reading.latency:
+        if first is None or latest is None or first is latest or not reading.latency:
             return SeriesLatency(aborted_per_second=aborted) if aborted is not None else None
-        quantiles = window_quantiles(entries[0].reading.latency, reading.latency)
+        quantiles = window_quantiles(first.reading.latency, reading.latency)
         known, cause = False, None
         if self.ttft_slo_seconds is not None:
+            entries = history.samples(since_restart=True, window=self.window)
             usages = [e.reading.kv_usage_ratio for e in entries if e.reading.kv_usage_ratio is not None]
             usage = statistics.median(usages) if usages else None
             known, cause = classify(quantiles, usage, self.ttft_slo_seconds)
