@@ -214,7 +214,7 @@ def estimate_risk(buckets: Sequence[MinuteBucket], demand: DemandEstimate, p: Ri
     fit = _line_fit(buckets, p.window_buckets)
     if capacity <= 0 or demand.rate_level <= 0 or fit is None:
         return None
-    size, mean0, rho_measured, newest = fit
+    size, mean0, rho_measured, newest_mean = fit
     if mean0 <= 0:
         return None  # an empty cache: nothing to project (the risk is unknown, not 0)
     residence = mean_residence(window)
@@ -232,7 +232,7 @@ def estimate_risk(buckets: Sequence[MinuteBucket], demand: DemandEstimate, p: Ri
         size = max(size, p.size_floor * footprint * averaging)
     c = max(0.5 * capacity, p.threshold * capacity - p.within_k * within_minute_sd(window, p.within_sd))
     if p.dynamics == "ou":
-        return _ou_risk(p, demand, c, size, mean0, newest, residence, rho_measured)
+        return _ou_risk(p, demand, c, size, mean0, newest_mean, residence, rho_measured)
     time_scale = residence + p.sustain_seconds
     log_survival = 0.0
     worst_tail = 0.0
