@@ -28,11 +28,12 @@ class ScrapeError(Exception):
         self.reason = reason
 
 
-def interpret(text: str, overrides: SourceOverrides | None, *, timestamp: float) -> Poll:
+def interpret(text: str, overrides: SourceOverrides | None, *, timestamp: float, latency: bool = True) -> Poll:
     """Parse a body and read it with the adapter of the engine that wrote it (vLLM, SGLang, TensorRT-LLM,
-    picked by :mod:`kvwatch.engines.detect`); ScrapeError ``parse`` or ``unrecognised`` when that fails."""
+    picked by :mod:`kvwatch.engines.detect`); ScrapeError ``parse`` or ``unrecognised`` when that fails.
+    ``latency=False`` leaves the latency histograms unread (see :data:`kvwatch.latency.EDGE_SECONDS`)."""
     try:
-        return read_payload(text, overrides, timestamp=timestamp)
+        return read_payload(text, overrides, timestamp=timestamp, latency=latency)
     except ParseError as exc:
         raise ScrapeError("parse", str(exc)) from None
     except UnrecognisedPayload as exc:

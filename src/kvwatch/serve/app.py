@@ -35,6 +35,7 @@ from kvwatch.derived import SeriesState, derive
 from kvwatch.engines import SourceOverrides
 from kvwatch.fetch import Fetcher
 from kvwatch.history import History
+from kvwatch.latency import EDGE_SECONDS
 from kvwatch.payload import ScrapeError, interpret
 from kvwatch.serve.collector import KvwatchCollector, make_registry
 from kvwatch.serve.sidecar_capacity import resolver_for
@@ -73,6 +74,7 @@ class Sidecar:
         self._last_logged: tuple[Any, ...] | None = None
         self._stopping = False
         self._skipped_runs = 0  # runs the scheduler skipped since polls last kept to the interval
+        self._latency_read_at: float | None = None  # poll clock of the last poll that read latency buckets
 
     def stop(self) -> None:
         """From now on a poll ending (cancelled by the fetcher's close) neither logs nor swaps the state."""
@@ -103,7 +105,10 @@ class Sidecar:
         previous = self.state
         errors = dict(previous.health.errors_total)
         try:
-            poll = interpret(self.fetcher.fetch(), self.overrides, timestamp=now)
+            # Latency buckets once per EDGE_SECONDS of poll clock (the window's edges), not on every poll.
+            latency = self._latency_read_at is None or now - self._latency_read_at >= EDGE_SECONDS \
+                or now < self._latency_read_at
+            poll = interpret(self.fetcher.fetch(), self.overrides, timestamp=now, latency=latency)
         except ScrapeError as exc:
             if self._stopping:
                 return previous
@@ -115,6 +120,8 @@ class Sidecar:
             self._log_change(("down", exc.reason), "target %s is down (%s): %s", self.settings.target_url,
                              exc.reason, exc)
         else:
+            if latency:
+                self._latency_read_at = now
             restarted = self.history.record(poll)
             for key, reason in restarted.items():
                 log.warning("vLLM series %s/%s restarted: %s", key[0], key[1], reason)

@@ -3,7 +3,9 @@ TTFT, inter-token latency, queue time and end-to-end latency per series over the
 the abort rate, and the optional TTFT objective.
 
 The quantiles come from the engine's own histograms (:mod:`kvwatch.latency`, bucket increases between the
-oldest and newest poll in the window). ``--ttft-slo-seconds`` adds ``kvwatch_ttft_slo_breach{cause}``:
+oldest and newest poll in the window that read them: the sidecar reads the buckets once per
+``kvwatch.latency.EDGE_SECONDS`` of poll clock, so the quantiles cover the last 4-5 minutes and move once a
+minute). ``--ttft-slo-seconds`` adds ``kvwatch_ttft_slo_breach{cause}``:
 1 while TTFT p90 exceeds the objective, with ``cause="kv_cache"`` when the KV cache is saturated
 (median usage over the window's polls >= 0.95, KVCacheBottleneck's threshold; one poll's usage swings by
 several points on a full cache) and requests wait (queue-time p90 is at least half of TTFT p90: the time goes to waiting
@@ -62,9 +64,12 @@ class LatencyAnalyzer:
     def analyze(self, key: SeriesKey, history: SeriesHistory, reading: Reading, now: float) -> SeriesLatency | None:
         entries = history.samples(since_restart=True, window=self.window)
         aborted = history.rate("requests_aborted_total", self.window)
-        if len(entries) < 2 or not reading.latency:
+        # Only some polls read the histograms (kvwatch.latency.EDGE_SECONDS): the window runs from the oldest
+        # to the newest of those in the last ``window`` seconds.
+        edges = [e.reading.latency for e in entries if e.reading.latency]
+        if len(edges) < 2:
             return SeriesLatency(aborted_per_second=aborted) if aborted is not None else None
-        quantiles = window_quantiles(entries[0].reading.latency, reading.latency)
+        quantiles = window_quantiles(edges[0], edges[-1])
         known, cause = False, None
         if self.ttft_slo_seconds is not None:
             usages = [e.reading.kv_usage_ratio for e in entries if e.reading.kv_usage_ratio is not None]
