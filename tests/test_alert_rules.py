@@ -32,18 +32,21 @@ ALERTS = {
     "KvwatchTargetDown": "warning",
     "KvwatchAbsent": "warning",
     "VLLMContainerRestartLoop": "critical",
+    "KVCacheLeakSuspected": "critical",
+    "VLLMRequestExceedsPool": "critical",
 }
 # kvwatch gauges that vanish or go stale with the sidecar: alerts reading them need the kvwatch_up guard.
 DERIVED = re.compile(
     r"kvwatch_(kv_usage_ratio|kv_used_tokens|kv_capacity_tokens|requests_running|requests_waiting|"
     r"preemptions_per_second|max_concurrency|concurrency_headroom|kv_exhaustion_eta_seconds|"
     r"kv_usage_forecast_ratio|kv_saturation_risk|state|whatif_max_concurrency|formula_kv_capacity_tokens|"
-    r"ttft_slo_breach|latency_seconds)\b"
+    r"ttft_slo_breach|latency_seconds|capacity_finding)\b"
 )
 # Health alerts: one per target, and no series carries a model_name once polls fail (documented exception).
 NO_MODEL = {"KvwatchTargetDown", "KvwatchAbsent", "VLLMContainerRestartLoop"}
 # Rules whose value is a constant (kvwatch_up == 0, up == 0, absent() == 1): their text cannot quote it.
-CONSTANT_VALUE = {("KvwatchTargetDown", "start"), ("KvwatchAbsent", None)}
+CONSTANT_VALUE = {("KvwatchTargetDown", "start"), ("KvwatchAbsent", None), ("KVCacheLeakSuspected", None),
+                  ("VLLMRequestExceedsPool", None)}
 # Labels besides severity: KvwatchTargetDown is two rules (promtool's lint refuses two with equal labels).
 EXTRA_LABELS = {"KvwatchTargetDown": {"since"}}
 CHART_VALUES = ROOT / "deploy" / "helm" / "kvwatch" / "values.yaml"

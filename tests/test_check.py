@@ -304,8 +304,9 @@ def test_nan_and_inf_are_null_in_json_and_nan_usage_is_unknown(tmp_path: Path,
     report = _strict_json(capsys.readouterr().out)
     s = report["series"][0]
     assert (s["kv_usage_ratio"], s["requests_running"], s["kv_used_tokens"]) == (None, None, None)
-    assert [f["id"] for f in report["findings"]] == ["usage_unknown"]
+    assert [f["id"] for f in report["findings"]] == ["usage_unknown", "implausible_values"]
     assert "NaN" in report["findings"][0]["message"]
+    assert "requests_running = +Inf" in report["findings"][1]["message"]
     assert main(["check", "--file", str(payload)]) == 0
     out = capsys.readouterr().out
     assert "KV usage        unknown\n" in out and "unknown running, 2 waiting" in out
@@ -380,3 +381,14 @@ def test_human_text_has_plurals_no_dicts_and_no_unknown_tokens(capsys: pytest.Ca
     messages = " ".join(f.message for f in findings([one]))
     assert "with 1 request waiting" in messages and "1 preemption since" in messages
     assert "1 requests" not in messages and "1 preemptions" not in messages
+
+
+@pytest.mark.parametrize("usage", ["+Inf", "-Inf", "1e308", "-1", "1.5"])
+def test_impossible_usage_is_never_printed_as_a_percentage(usage: str, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    payload = tmp_path / "bad.prom"
+    payload.write_text(NAN_PAYLOAD.replace("} NaN", f"}} {usage}").replace("} +Inf", "} -3"))
+    assert main(["check", "--file", str(payload)]) == 0
+    out = capsys.readouterr().out
+    assert "KV usage        unknown\n" in out and "inf%" not in out and "e+308%" not in out
+    assert "[warning] usage_unknown" in out and "requests_running = -3" in out

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import gzip
+import os
 import socket
 import threading
 import time
+import tracemalloc
+import zlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -219,3 +223,126 @@ def test_ca_file_goes_in_as_an_ssl_context_not_a_deprecated_path() -> None:
     context = tls_context(Path(certifi.where()), True)
     assert isinstance(context, ssl.SSLContext) and context.cert_store_stats()["x509_ca"] > 0
     assert tls_context(Path(certifi.where()), False) is False and tls_context(None, True) is True
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open files through /proc (Linux)")
+def test_polls_cancelled_at_the_deadline_leak_no_connections() -> None:
+    """A target answering in 0-30 ms against a 15 ms deadline: many polls are cancelled mid-request. httpcore
+    leaves such connections in its pool (open socket, slot taken) until every poll fails; the fetcher must
+    not, so open files stay flat and a prompt answer is read again afterwards."""
+    import random
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    delay = {"max": 0.03}
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as vLLM's uvicorn
+
+        def do_GET(self) -> None:
+            time.sleep(random.uniform(0, delay["max"]))
+            body = FIXTURE.encode()
+            try:
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except OSError:
+                pass  # kvwatch hung up at its deadline
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    try:
+        with Fetcher(url, timeout=0.015, max_body_bytes=1 << 20) as fetcher:
+            before = _open_fds()
+            reasons = []
+            for _ in range(300):
+                try:
+                    fetcher.fetch()
+                    reasons.append("ok")
+                except ScrapeError as exc:
+                    reasons.append(exc.reason)
+            assert reasons.count("timeout") >= 30, "the scenario must cancel requests at the deadline"
+            time.sleep(0.2)  # let the server side of cancelled requests finish
+            assert _open_fds() <= before + 5
+            delay["max"] = 0.0
+            fetcher.timeout = 2.0
+            assert "vllm:" in fetcher.fetch()  # the pool is usable: not exhausted by orphaned connections
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _gzip_bomb(decoded_bytes: int) -> bytes:
+    """gzip of ``decoded_bytes`` of a metrics-like line, built a MiB at a time (the test never holds it whole)."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    block = b"a 1\n" * (1 << 18)
+    parts = [packer.compress(block) for _ in range(decoded_bytes // len(block))]
+    return b"".join([*parts, packer.flush()])
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["content-length", "close-delimited"])
+def test_gzip_bomb_never_inflates_past_the_cap_in_memory(raw_server: Callable, declared: bool) -> None:
+    """256 MiB decoded from ~250 KiB on the wire, against a 1 MiB cap: the peak allocation while fetching stays
+    within a few caps (httpx's own decoder inflates each network chunk whole: tens of MiB at once)."""
+    bomb = _gzip_bomb(256 << 20)
+    assert len(bomb) < 1 << 20
+    length = f"Content-Length: {len(bomb)}\r\n".encode() if declared else b"Connection: close\r\n"
+    server = raw_server(lambda conn: conn.sendall(HEAD_200 + b"Content-Encoding: gzip\r\n" + length + b"\r\n" + bomb))
+    with Fetcher(server.url, timeout=5.0, max_body_bytes=1 << 20) as fetcher:
+        tracemalloc.start()
+        try:
+            with pytest.raises(ScrapeError) as info:
+                fetcher.fetch()
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert info.value.reason == "too_large"
+    assert peak < 4 << 20, f"peak {peak >> 20} MiB while fetching a gzip bomb with a 1 MiB cap"
+
+
+@respx.mock
+def test_gzip_body_cut_short_is_a_parse_error() -> None:
+    respx.get(URL).mock(return_value=httpx.Response(
+        200, content=gzip.compress(FIXTURE.encode())[:-40], headers={"Content-Encoding": "gzip"}))
+    assert reason_of() == "parse"
+
+
+@respx.mock
+def test_unsupported_content_encoding_is_a_parse_error() -> None:
+    respx.get(URL).mock(return_value=httpx.Response(200, content=b"\x00\x01", headers={"Content-Encoding": "br"}))
+    assert reason_of() == "parse"
+
+
+def test_credentials_in_the_url_go_as_basic_auth_and_never_into_messages(raw_server: Callable) -> None:
+    seen: list[bytes] = []
+
+    def answer(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
+
+    server = raw_server(answer)
+    original = server._handle
+
+    def record(conn: socket.socket) -> None:  # keep the request head the server read
+        with conn:
+            seen.append(conn.recv(65536))
+            answer(conn)
+
+    server._handle = record  # type: ignore[method-assign]
+    del original
+    url = server.url.replace("http://", "http://kv%40user:s3cr%3At@")
+    with Fetcher(url, timeout=2.0, max_body_bytes=4096) as fetcher, pytest.raises(ScrapeError) as info:
+        fetcher.fetch()
+    assert info.value.reason == "http_status"
+    assert "s3cr" not in str(info.value) and "s3cr" not in fetcher.url and "***@127.0.0.1" in fetcher.url
+    head = seen[0].decode("latin-1")
+    expected = base64.b64encode(b"kv@user:s3cr:t").decode()
+    assert f"Authorization: Basic {expected}" in head and "s3cr" not in head.split("\r\n")[0]

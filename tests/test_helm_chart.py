@@ -23,7 +23,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from kvwatch.settings import ServeSettings, env_name, load_settings, public_name
+from kvwatch.settings import KNOWN_ENV, ServeSettings, env_name, load_settings, public_name
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "deploy" / "helm" / "kvwatch"
@@ -213,6 +213,9 @@ def expected_env(values: dict[str, Any]) -> dict[str, str]:
     env.setdefault("KVWATCH_LISTEN_ADDRESS", "0.0.0.0")
     if values["vllm"]["enabled"]:
         env.setdefault("KVWATCH_TARGET_URL", f"http://127.0.0.1:{values['vllm']['port']}/metrics")
+    web = values.get("webConfig") or {}
+    if web.get("secretName"):
+        env["KVWATCH_WEB_CONFIG_FILE"] = f"/etc/kvwatch/web/{web.get('key') or 'web-config.yml'}"
     return env
 
 
@@ -231,7 +234,9 @@ def test_kvwatch_accepts_the_rendered_env(case: str, monkeypatch: pytest.MonkeyP
     values = merged_values(case)
     env = containers(render(*values_args(case)))["kvwatch"]["env"]
     for entry in env:
-        monkeypatch.setenv(entry["name"], entry["value"])
+        # The web config is a file from the Secret, inside the pod only; tests/test_web.py loads real ones.
+        if entry["name"] != "KVWATCH_WEB_CONFIG_FILE":
+            monkeypatch.setenv(entry["name"], entry["value"])
     settings = load_settings(ServeSettings)
     for key, value in values["config"].items():
         if value is not None:
@@ -342,11 +347,14 @@ def test_kvwatch_container_is_restricted_and_probed_on_its_metrics_port(case: st
     kvwatch = containers(render(*values_args(case)))["kvwatch"]
     port = values["config"]["port"] or 9747
     assert kvwatch["ports"] == [{"name": "metrics", "containerPort": port, "protocol": "TCP"}]
-    assert kvwatch["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    probe = {"path": "/healthz", "port": "metrics"}
+    if (values.get("webConfig") or {}).get("tls"):
+        probe["scheme"] = "HTTPS"  # kvwatch serves TLS only
+    assert kvwatch["livenessProbe"]["httpGet"] == probe
     if values["vllm"]["enabled"]:
         assert "readinessProbe" not in kvwatch, "a not-ready sidecar would take vLLM out of its Service"
     else:
-        assert kvwatch["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+        assert kvwatch["readinessProbe"]["httpGet"] == probe
     sc = kvwatch["securityContext"]
     assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 65532
     assert sc["readOnlyRootFilesystem"] is True
@@ -857,3 +865,42 @@ def test_vllm_probes_are_sized_from_the_prefill_estimate(prefill: int) -> None:
 
 def test_prefill_estimate_must_be_a_non_negative_number() -> None:
     assert "prefillSecondsEstimate" in render_fails(*MINIMAL, "--set", "vllm.prefillSecondsEstimate=-1")
+
+
+# ---------------------------------------------------------------- web config (TLS + basic auth on kvwatch)
+
+@pytest.mark.parametrize(("values", "kind", "endpoints"), [
+    ("web-config-values.yaml", "ServiceMonitor", "endpoints"),
+    ("web-config-podmonitor-values.yaml", "PodMonitor", "podMetricsEndpoints"),
+])
+def test_web_config_is_mounted_and_monitors_and_probes_use_it(values: str, kind: str, endpoints: str) -> None:
+    settings = yaml.safe_load((CHART / "ci" / values).read_text())
+    objects = render("-f", str(CHART / "ci" / values))
+    for obj in objects:
+        validate_object(obj)
+    pod = only(objects, "Deployment")["spec"]["template"]["spec"]
+    kvwatch = containers(objects)["kvwatch"]
+    env = {e["name"]: e.get("value") for e in kvwatch["env"]}
+    key = settings["webConfig"].get("key", "web-config.yml")
+    assert env["KVWATCH_WEB_CONFIG_FILE"] == f"/etc/kvwatch/web/{key}"
+    mount = next(m for m in kvwatch["volumeMounts"] if m["name"] == "kvwatch-web-config")
+    assert mount["mountPath"] == "/etc/kvwatch/web" and mount["readOnly"] is True
+    volume = next(v for v in pod["volumes"] if v["name"] == "kvwatch-web-config")
+    assert volume["secret"]["secretName"] == "kvwatch-web"
+    for probe in ("livenessProbe", "readinessProbe"):
+        if probe in kvwatch:
+            assert kvwatch[probe]["httpGet"]["scheme"] == "HTTPS"
+    monitor = only(objects, kind)
+    endpoint = next(e for e in monitor["spec"][endpoints] if e["port"] == "metrics")
+    monitor_values = settings["serviceMonitor" if kind == "ServiceMonitor" else "podMonitor"]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"] == monitor_values["tlsConfig"] and endpoint["basicAuth"] == monitor_values["basicAuth"]
+    # The same settings name a file kvwatch would read: the env the chart sets is a setting kvwatch knows.
+    assert "KVWATCH_WEB_CONFIG_FILE" in KNOWN_ENV
+
+
+def test_plain_http_monitors_get_no_tls_and_a_tls_config_without_web_config_fails() -> None:
+    monitor = only(render(*MINIMAL, "--set", "serviceMonitor.enabled=true"), "ServiceMonitor")
+    assert all("scheme" not in e and "tlsConfig" not in e for e in monitor["spec"]["endpoints"])
+    assert "webConfig" in render_fails(*MINIMAL, "--set", "serviceMonitor.enabled=true",
+                                       "--set", "serviceMonitor.tlsConfig.serverName=kvwatch")

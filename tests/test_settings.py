@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import socket
 
 import pytest
 
@@ -130,3 +131,18 @@ def test_help_shows_the_defaults(capsys: pytest.CaptureFixture[str]) -> None:
         # The flag's own help (not the usage line): description, default, then its variable.
         own_help = re.escape(flag) + r" [^\[]*\(default: " + re.escape(default) + r"\) \[env KVWATCH_"
         assert re.search(own_help, text), flag
+
+
+def test_a_password_in_the_target_url_never_reaches_a_message() -> None:
+    with pytest.raises(SettingsError) as info:
+        settings_from(["--target-url", "ftp://kv:hunter2@vllm:8000/metrics"])
+    assert "hunter2" not in str(info.value) and "***@vllm:8000" in str(info.value)
+
+
+def test_check_names_the_target_without_its_password(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["check", f"http://kv:hunter2@127.0.0.1:{port}/metrics", "--json"]) == 1
+    out = capsys.readouterr()
+    assert "hunter2" not in out.out + out.err and '"reason": "connect"' in out.out and "***@127.0.0.1" in out.out

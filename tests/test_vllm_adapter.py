@@ -254,7 +254,7 @@ FIXTURE_ERAS = {
     "gen-0.8.5-engine-label.prom": "0.8.5-0.8.x",
     "gen-0.9-both-usage-names.prom": "0.9-0.10",
     "gen-multiprocess-pid.prom": "0.9-0.10",
-    "neuron-v0-block1024.prom": "v0",
+    "neuron-v0-block1024.prom": "v0",  # V0 help texts and swap_space_bytes (a vLLM-Neuron capture)
     "v0-engine-qwenvl.prom": "v0",
     "v0.10.0-glm45-deprecated-and-new.prom": "0.9-0.10",
     "v1-0.8-early-model-name-only.prom": "0.7.3-0.8.4",

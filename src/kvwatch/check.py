@@ -35,7 +35,7 @@ from kvwatch.fetch import Fetcher
 from kvwatch.forecast import Forecaster, ForecastParams, ForecastSample
 from kvwatch.model import Poll, Reading
 from kvwatch.payload import ScrapeError, interpret
-from kvwatch.settings import CheckSettings, SettingsError, add_settings_flags, load_settings
+from kvwatch.settings import CheckSettings, SettingsError, add_settings_flags, load_settings, redact_url
 
 # The forecaster's thresholds, so that check and serve call the same usage KV-bound.
 KV_BOUND_USAGE = ForecastParams().u_sat
@@ -90,8 +90,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         poll = interpret(text if text is not None else _fetch(settings), overrides, timestamp=now)
     except ScrapeError as exc:
-        source = str(args.file) if args.file is not None else settings.target_url
-        hint = _url_hint(source) if args.file is None else None
+        source = str(args.file) if args.file is not None else redact_url(settings.target_url)
+        hint = _url_hint(settings.target_url) if args.file is None else None
         if args.json:
             error = {"reason": exc.reason, "message": str(exc), "source": source}
             print(json.dumps({"error": {**error, **({"hint": hint} if hint else {})}}))
@@ -177,7 +177,7 @@ def build_report(poll: Poll, max_model_len: int | None = None,
     # one capacity per series (kvwatch.capacity.series): the engine's figures first, then the plan
     capacities = {r.key: resolve(r, plans.get(r.model_name)) for r in poll.readings}
     states = [derive(capacities[r.key].apply(r), None, max_model_len) for r in poll.readings]
-    found = findings(states) + _capacity_findings(states, plans, max_model_len)
+    found = findings(states, poll.implausible) + _capacity_findings(states, plans, max_model_len)
     found.sort(key=lambda f: _SEVERITY_ORDER[f.severity])
     stuck = {(f.model_name, f.engine) for f in found if f.id == "request_exceeds_pool"}
     found = [f for f in found if not (f.id == "scheduler_limited" and (f.model_name, f.engine) in stuck)]
@@ -290,21 +290,27 @@ def _count(value: float | None) -> int | float | None:
     return round(value)
 
 
-def findings(states: Iterable[SeriesState]) -> list[Finding]:
-    """Checklist findings per series, most severe first (pure)."""
+def findings(states: Iterable[SeriesState],
+             implausible: Iterable[tuple[tuple[str, str], str, float]] = ()) -> list[Finding]:
+    """Checklist findings per series, most severe first (pure). ``implausible`` is the poll's list of
+    impossible values dropped to unknown (:mod:`kvwatch.plausible`)."""
+    dropped: dict[tuple[str, str], dict[str, float]] = {}
+    for key, name, value in implausible:
+        dropped.setdefault(key, {})[name] = value
     out: list[Finding] = []
     for s in states:
         r = s.reading
         where = {"model_name": r.model_name, "engine": r.engine}
         usage, waiting = r.kv_usage_ratio, r.requests_waiting or 0.0
-        if usage is None:
+        bad = dropped.get(r.key, {})
+        if "kv_usage_ratio" in bad:
+            out.append(Finding("usage_unknown", "warning", (
+                f"KV usage reads {floatToGoString(bad['kv_usage_ratio'])} this poll, which no KV cache can be "
+                "(usage is 0..1): kvwatch cannot tell how full the KV cache is. Look at the engine (is it serving?), "
+                "or point --usage-metric at a metric that has a value."), **where))
+        elif usage is None:
             out.append(Finding("usage_unknown", "warning", "No KV usage metric found: pass --usage-metric with the "
                                "name your engine (or proxy) exports.", **where))
-        elif not math.isfinite(usage):
-            out.append(Finding("usage_unknown", "warning", (
-                f"KV usage reads {floatToGoString(usage)} this poll: kvwatch cannot tell how full the KV cache is. "
-                "Look at the engine (is it serving?), or point --usage-metric at a metric that has a value."),
-                **where))
         elif usage >= KV_BOUND_USAGE and waiting > 0:
             out.append(Finding("kv_bound", "critical", (
                 f"KV cache is {usage:.0%} full with {_requests(waiting)} waiting: the KV cache is the bottleneck. "
@@ -314,6 +320,13 @@ def findings(states: Iterable[SeriesState]) -> list[Finding]:
                 f"{_requests(waiting)} {_verb(waiting)} while KV is only {usage:.0%} used: the scheduler limits, "
                 "not KV. Raise --max-num-seqs or --max-num-batched-tokens (token budget); more KV would not help. "
                 "One poll: watch kvwatch_state{state=\"scheduler_limited\"} (kvwatch serve) to see it persist."),
+                **where))
+        others = sorted(n for n in bad if n != "kv_usage_ratio")
+        if others:
+            out.append(Finding("implausible_values", "warning", (
+                "Impossible values ignored (read as unknown): "
+                + ", ".join(f"{n} = {floatToGoString(bad[n])}" for n in others)
+                + ". Counts cannot be negative, infinite or NaN: the target is not serving sane metrics."),
                 **where))
         if r.preemptions_total:
             out.append(Finding("preemptions", "warning", (

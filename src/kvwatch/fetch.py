@@ -13,16 +13,20 @@ import concurrent.futures
 import logging
 import ssl
 import threading
+import zlib
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from kvwatch import __version__
 from kvwatch.payload import ScrapeError
+from kvwatch.settings import redact_url, split_credentials
 
 log = logging.getLogger(__name__)
 
 ACCEPT = "text/plain; version=0.0.4; q=1.0, */*; q=0.1"
+_INFLATE_STEP = 256 * 1024  # decoded bytes per zlib call
 _CLOSE_SECONDS = 2.0  # bound on closing the client, and the grace past the deadline before fetch() gives up
 
 
@@ -37,22 +41,46 @@ class Fetcher:
     def __init__(self, url: str, *, timeout: float, max_body_bytes: int, bearer_token_file: Path | None = None,
                  ca_file: Path | None = None, tls_verify: bool = True,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
-        self.url = url
+        # Credentials in the URL go out as basic auth, never into a message: ``url`` is the redacted form.
+        self._request_url, credentials = split_credentials(url)
+        self._auth = httpx.BasicAuth(*credentials) if credentials is not None else None
+        self.url = redact_url(url)
         self.timeout = timeout
         self.max_body_bytes = max_body_bytes
         self.bearer_token_file = bearer_token_file
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout),
-            verify=tls_context(ca_file, tls_verify),
-            transport=transport,
-            follow_redirects=True,
-            headers={"Accept": ACCEPT, "Accept-Encoding": "gzip", "User-Agent": f"kvwatch/{__version__}"},
-        )
+        verify = tls_context(ca_file, tls_verify)
+        # Built once: loading the CA bundle costs ~40 ms, and a new client is made after each cancelled poll.
+        self._verify = httpx.create_ssl_context() if verify is True else verify
+        self._transport = transport
+        self._client = self._new_client()
         self._closed = False
         self._lock = threading.Lock()  # a request is submitted before close() or not at all
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="kvwatch-fetch", daemon=True)
         self._thread.start()
+
+    def _new_client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            timeout=httpx.Timeout(self.timeout),
+            verify=self._verify,
+            transport=self._transport,
+            follow_redirects=True,
+            headers={"Accept": ACCEPT, "Accept-Encoding": "gzip", "User-Agent": f"kvwatch/{__version__}"},
+        )
+
+    async def _replace_client(self) -> None:
+        """Close the whole pool and start a new one (after a request was cancelled at the deadline).
+
+        httpcore's pool does not reclaim a connection whose request was cancelled between being assigned the
+        connection and using it (encode/httpcore#1093): each one keeps a socket and a pool slot until the
+        pool is full and every poll fails. Closing the pool closes them all; a timed-out poll only costs
+        the next one its keep-alive connection.
+        """
+        old, self._client = self._client, self._new_client()
+        try:
+            await old.aclose()
+        except Exception as exc:  # a half-broken pool must not fail the poll that replaced it
+            log.debug("closing the old HTTP client: %s: %s", type(exc).__name__, exc)
 
     def close(self) -> None:
         """Cancel a request in flight, close the client and stop the loop; bounded, safe to call twice."""
@@ -108,13 +136,14 @@ class Fetcher:
         try:
             return await asyncio.wait_for(self._request(headers), self.timeout)
         except asyncio.TimeoutError:
+            await self._replace_client()
             raise ScrapeError("timeout", f"{self.url}: no complete answer within {self.timeout:g} s "
                               "(connect, headers and body)") from None
 
     async def _request(self, headers: dict[str, str]) -> str:
         in_body = False
         try:
-            async with self._client.stream("GET", self.url, headers=headers) as response:
+            async with self._client.stream("GET", self._request_url, headers=headers, auth=self._auth) as response:
                 if response.status_code != 200:
                     raise ScrapeError("http_status", f"{self.url} answered HTTP {response.status_code}")
                 declared = response.headers.get("Content-Length")
@@ -122,18 +151,10 @@ class Fetcher:
                         not response.headers.get("Content-Encoding"):
                     raise ScrapeError("too_large", f"body of {declared} bytes exceeds {self.max_body_bytes}")
                 in_body = True
-                chunks: list[bytes] = []
-                size = 0
-                async for chunk in response.aiter_bytes():
-                    size += len(chunk)
-                    if size > self.max_body_bytes:
-                        raise ScrapeError("too_large", f"body exceeds --max-body-bytes {self.max_body_bytes}")
-                    chunks.append(chunk)
+                body = await self._read_capped(response)
         except httpx.TimeoutException as exc:
             raise ScrapeError("timeout", f"{self.url}: timed out after {self.timeout:g} s ({type(exc).__name__})")\
                 from None
-        except httpx.DecodingError as exc:
-            raise ScrapeError("parse", f"{self.url}: cannot decode body: {exc}") from None
         except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
             if not in_body:
                 raise ScrapeError("connect", f"{self.url}: {type(exc).__name__}: {exc}") from None
@@ -143,9 +164,48 @@ class Fetcher:
             raise ScrapeError("connect", f"{self.url}: {type(exc).__name__}: {exc}") from None
         charset = response.charset_encoding or "utf-8"
         try:
-            return b"".join(chunks).decode(charset, errors="replace")
+            return body.decode(charset, errors="replace")
         except LookupError:
-            return b"".join(chunks).decode("utf-8", errors="replace")
+            return body.decode("utf-8", errors="replace")
+
+    async def _read_capped(self, response: httpx.Response) -> bytearray:
+        """The decoded body, never more than ``max_body_bytes`` of it held, compressed or not.
+
+        httpx's own gzip decoder inflates each network chunk whole: one 64 KiB chunk of a gzip bomb is
+        ~64 MiB decoded before any cap can look at it. So the raw bytes are inflated here, each step allowed
+        at most the room left under the cap (zlib's ``max_length``)."""
+        cap = self.max_body_bytes
+        body = bytearray()
+        try:
+            inflate = _decompressor(response.headers.get("Content-Encoding", ""), self.url)
+            async for raw in response.aiter_raw():
+                if inflate is None:
+                    body += raw
+                else:
+                    data = raw
+                    while data:
+                        try:
+                            # Small steps: the bytearray grows in place, no second copy of the body is ever made.
+                            body += inflate.decompress(data, min(_INFLATE_STEP, cap - len(body) + 1))
+                        except zlib.error as exc:
+                            raise ScrapeError("parse", f"{self.url}: cannot decode body: {exc}") from None
+                        if len(body) > cap:
+                            break
+                        data = inflate.unconsumed_tail
+                if len(body) > cap:
+                    raise ScrapeError("too_large", f"body exceeds --max-body-bytes {cap}")
+            if inflate is not None:
+                if not inflate.eof:
+                    raise ScrapeError("parse", f"{self.url}: incomplete body (compressed stream cut short)")
+                body += inflate.flush()
+                if len(body) > cap:
+                    raise ScrapeError("too_large", f"body exceeds --max-body-bytes {cap}")
+        except BaseException:
+            # A failed read's traceback (kept by asyncio's futures until the cycle collector runs) would keep
+            # the buffer alive: a gzip bomb every poll left 16 MiB more resident each time. Free it now.
+            body.clear()
+            raise
+        return body
 
     def _token(self) -> str:
         # Re-read each poll: projected service-account tokens rotate.
@@ -154,6 +214,18 @@ class Fetcher:
             return self.bearer_token_file.read_text().strip()
         except OSError as exc:
             raise ScrapeError("connect", f"cannot read bearer token file {self.bearer_token_file}: {exc}") from None
+
+
+def _decompressor(content_encoding: str, url: str) -> Any:
+    """A zlib decompressor for the body's ``Content-Encoding`` (None for identity); kvwatch asks for gzip only."""
+    encoding = content_encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return None
+    if encoding in ("gzip", "x-gzip"):
+        return zlib.decompressobj(16 + zlib.MAX_WBITS)
+    if encoding == "deflate":
+        return zlib.decompressobj()
+    raise ScrapeError("parse", f"{url}: unsupported Content-Encoding {content_encoding!r} (kvwatch asks for gzip)")
 
 
 def tls_context(ca_file: Path | None, verify: bool) -> ssl.SSLContext | bool:

@@ -10,7 +10,7 @@ analyzers can discard what came before (``samples(since_restart=True)``).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -20,7 +20,7 @@ from kvwatch.model import Poll, Reading, SeriesKey
 COUNTER_FIELDS: tuple[str, ...] = (
     "preemptions_total", "prompt_tokens_total", "generation_tokens_total", "prefix_cache_queries_total",
     "prefix_cache_hits_total", "request_prompt_tokens_sum", "request_prompt_tokens_count",
-    "request_generation_tokens_sum", "request_generation_tokens_count",
+    "request_generation_tokens_sum", "request_generation_tokens_count", "requests_aborted_total",
 )
 
 DEFAULT_MAX_SAMPLES = 720  # one hour at the default 5 s poll interval
@@ -56,6 +56,11 @@ class SeriesHistory:
         if max_samples < 2:
             raise ValueError("max_samples must be at least 2")
         self._entries: deque[Entry] = deque(maxlen=max_samples)
+        # Per counter: (timestamp, reset-adjusted running total) of each entry where it is reported, so an
+        # increase over a window is one subtraction, not a walk over every sample kept (CPU per poll grew
+        # with the history at fast poll intervals; docs/reliability.md).
+        self._totals: dict[str, deque[tuple[float, float]]] = {f: deque() for f in COUNTER_FIELDS}
+        self._last_value: dict[str, float] = {}
         self.restarts = 0
         self.last_restart_timestamp: float | None = None
         self.last_restart_reason: str | None = None
@@ -79,27 +84,104 @@ class SeriesHistory:
             self.restarts += 1
             self.last_restart_timestamp = timestamp
             self.last_restart_reason = reason
+        if len(self._entries) == self._entries.maxlen:
+            dropped = self._entries[0].timestamp
+            for totals in self._totals.values():
+                while totals and totals[0][0] <= dropped:
+                    totals.popleft()
         self._entries.append(Entry(timestamp, reading))
+        for name, totals in self._totals.items():
+            value = getattr(reading, name)
+            if value is None:
+                continue
+            before = self._last_value.get(name)
+            step = counter_delta(before, value) or 0.0  # a reset counts from zero
+            totals.append((timestamp, (totals[-1][1] if totals else 0.0) + step))
+            self._last_value[name] = value
         return reason
 
     def samples(self, since_restart: bool = False, window: float | None = None) -> list[Entry]:
-        """Entries, optionally only those after the last restart and/or within ``window`` s of the newest."""
-        entries = list(self._entries)
+        """Entries, optionally only those after the last restart and/or within ``window`` s of the newest.
+
+        Walks back from the newest entry only as far as the window reaches, so a short window costs what it
+        holds, not the whole history."""
+        start = self._start(since_restart, window)
+        if start is None:
+            return list(self._entries)
+        out = []
+        for entry in reversed(self._entries):
+            if entry.timestamp < start:
+                break
+            out.append(entry)
+        out.reverse()
+        return out
+
+    def first(self, since_restart: bool = False, window: float | None = None) -> Entry | None:
+        """The oldest entry :meth:`samples` would return (binary search: no walk over the window)."""
+        index = self._first_index(since_restart, window)
+        return self._entries[index] if index < len(self._entries) else None
+
+    def _first_index(self, since_restart: bool, window: float | None) -> int:
+        start = self._start(since_restart, window)
+        entries = self._entries
+        if not entries or start is None:
+            return 0
+        lo, hi = 0, len(entries)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if entries[mid].timestamp < start:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def ends_where(self, keep: Callable[[Reading], object], since_restart: bool = False,
+                   window: float | None = None) -> tuple[Entry, Entry] | None:
+        """The oldest and newest entries :meth:`samples` would return whose reading ``keep`` accepts (None when
+        none does). Walks in from both ends of the window: cheap when accepted readings are frequent (the
+        latency edges, one per kvwatch.latency.EDGE_SECONDS)."""
+        entries = self._entries
+        lo = self._first_index(since_restart, window)
+        hi = len(entries) - 1
+        while lo <= hi and not keep(entries[lo].reading):
+            lo += 1
+        while hi > lo and not keep(entries[hi].reading):
+            hi -= 1
+        return (entries[lo], entries[hi]) if lo <= hi else None
+
+    def _start(self, since_restart: bool, window: float | None) -> float | None:
+        start = None
         if since_restart and self.last_restart_timestamp is not None:
-            entries = [e for e in entries if e.timestamp >= self.last_restart_timestamp]
-        if window is not None and entries:
-            start = entries[-1].timestamp - window
-            entries = [e for e in entries if e.timestamp >= start]
-        return entries
+            start = self.last_restart_timestamp
+        if window is not None and self._entries:
+            newest = self._entries[-1].timestamp
+            if start is not None and newest < start:
+                return start  # nothing after the restart: the window has no newest entry
+            start = newest - window if start is None else max(start, newest - window)
+        return start
 
     def increase(self, field: str, window: float | None = None) -> tuple[float, float] | None:
         """(increase, elapsed seconds) of counter ``field`` over ``window``, resets handled; None if < 2 points."""
-        points = [(e.timestamp, getattr(e.reading, field)) for e in self.samples(window=window)]
-        points = [(t, v) for t, v in points if v is not None]
-        if len(points) < 2:
+        totals = self._totals.get(field)
+        if totals is None:  # not a counter this history tracks: walk the samples
+            return _increase([(e.timestamp, getattr(e.reading, field)) for e in self.samples(window=window)])
+        if len(totals) < 2:
             return None
-        total = sum(counter_delta(before, now) or 0.0 for (_, before), (_, now) in pairwise(points))
-        return total, points[-1][0] - points[0][0]
+        first = 0
+        if window is not None:
+            start = self._entries[-1].timestamp - window
+            lo, hi = 0, len(totals)
+            while lo < hi:  # the first point at or after start (timestamps increase)
+                mid = (lo + hi) // 2
+                if totals[mid][0] < start:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            first = lo
+        if len(totals) - first < 2:
+            return None
+        (t0, total0), (t1, total1) = totals[first], totals[-1]
+        return total1 - total0, t1 - t0
 
     def rate(self, field: str, window: float | None = None) -> float | None:
         """Per-second increase of counter ``field`` over the last ``window`` seconds (None when unknown)."""
@@ -109,13 +191,25 @@ class SeriesHistory:
         return result[0] / result[1]
 
 
-class History:
-    """SeriesHistory per (model_name, engine); series unseen for ``forget_after`` seconds are dropped."""
+def _increase(points: list[tuple[float, float | None]]) -> tuple[float, float] | None:
+    known = [(t, v) for t, v in points if v is not None]
+    if len(known) < 2:
+        return None
+    total = sum(counter_delta(before, now) or 0.0 for (_, before), (_, now) in pairwise(known))
+    return total, known[-1][0] - known[0][0]
 
-    def __init__(self, max_samples: int = DEFAULT_MAX_SAMPLES, forget_after: float = 3600.0) -> None:
+
+class History:
+    """SeriesHistory per (model_name, engine); series unseen for ``forget_after`` seconds are dropped, and
+    beyond ``max_series`` series the longest unseen go first (a target churning label values every poll
+    must not grow memory for an hour)."""
+
+    def __init__(self, max_samples: int = DEFAULT_MAX_SAMPLES, forget_after: float = 3600.0,
+                 max_series: int | None = None) -> None:
         self.max_samples = max_samples
         self.forget_after = forget_after
-        self._series: dict[SeriesKey, SeriesHistory] = {}
+        self.max_series = max_series
+        self._series: dict[SeriesKey, SeriesHistory] = {}  # least recently seen first
 
     def __getitem__(self, key: SeriesKey) -> SeriesHistory:
         return self._series[key]
@@ -130,13 +224,17 @@ class History:
         """Append every reading of ``poll``; returns the series that restarted, with the reason."""
         restarted: dict[SeriesKey, str] = {}
         for reading in poll.readings:
-            series = self._series.get(reading.key)
+            series = self._series.pop(reading.key, None)  # re-inserted: the dict stays least recently seen first
             if series is None:
-                series = self._series[reading.key] = SeriesHistory(self.max_samples)
+                series = SeriesHistory(self.max_samples)
+            self._series[reading.key] = series
             reason = series.append(poll.timestamp, reading)
             if reason is not None:
                 restarted[reading.key] = reason
         for key in [k for k, s in self._series.items()
                     if s.latest is not None and poll.timestamp - s.latest.timestamp > self.forget_after]:
             del self._series[key]
+        if self.max_series is not None:
+            for key in list(self._series)[:max(0, len(self._series) - self.max_series)]:
+                del self._series[key]
         return restarted

@@ -143,3 +143,7 @@ class Poll:
     timestamp: float
     detection: Detection
     readings: tuple[Reading, ...]
+    # (series, field, value read) of each impossible value the payload held, dropped to None (kvwatch.plausible).
+    implausible: tuple[tuple[SeriesKey, str, float], ...] = ()
+    # Series the payload held beyond the reader's max_series (left out of ``readings``).
+    series_dropped: int = 0

@@ -13,6 +13,7 @@ from kvwatch.engines import SourceOverrides, UnrecognisedPayload
 from kvwatch.engines.detect import read_payload
 from kvwatch.exposition import ParseError
 from kvwatch.model import Poll
+from kvwatch.plausible import check_poll
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +29,15 @@ class ScrapeError(Exception):
         self.reason = reason
 
 
-def interpret(text: str, overrides: SourceOverrides | None, *, timestamp: float, latency: bool = True) -> Poll:
+def interpret(text: str, overrides: SourceOverrides | None, *, timestamp: float,
+              max_series: int | None = None, latency: bool = True) -> Poll:
     """Parse a body and read it with the adapter of the engine that wrote it (vLLM, SGLang, TensorRT-LLM,
-    picked by :mod:`kvwatch.engines.detect`); ScrapeError ``parse`` or ``unrecognised`` when that fails.
+    picked by :mod:`kvwatch.engines.detect`), at most ``max_series`` series, impossible values dropped to
+    unknown (:mod:`kvwatch.plausible`); ScrapeError ``parse`` or ``unrecognised`` when that fails.
     ``latency=False`` leaves the latency histograms unread (see :data:`kvwatch.latency.EDGE_SECONDS`)."""
     try:
-        return read_payload(text, overrides, timestamp=timestamp, latency=latency)
+        return check_poll(read_payload(text, overrides, timestamp=timestamp, max_series=max_series,
+                                       latency=latency))
     except ParseError as exc:
         raise ScrapeError("parse", str(exc)) from None
     except UnrecognisedPayload as exc:

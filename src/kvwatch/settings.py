@@ -15,7 +15,7 @@ import re
 import ssl
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticUndefined
@@ -34,6 +34,27 @@ KV_CACHE_DTYPES: frozenset[str] = frozenset(
 _SELECTOR = re.compile(
     r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{\s*([a-zA-Z_][a-zA-Z0-9_]*\s*=\s*"(?:[^"\\]|\\.)*"\s*,?\s*)*\})?$'
 )
+
+
+def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
+    """``url`` without its ``user:password@`` part, and that (user, password) pair (None when absent)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url, None
+    if parts.username is None and parts.password is None:
+        return url, None
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=host)), (unquote(parts.username or ""), unquote(parts.password or ""))
+
+
+def redact_url(url: str) -> str:
+    """``url`` fit for logs, labels and messages: credentials in it replaced by ``***``."""
+    bare, credentials = split_credentials(url)
+    if credentials is None:
+        return url
+    parts = urlsplit(bare)
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc))
 
 
 class SettingsError(ValueError):
@@ -206,6 +227,15 @@ class ServeSettings(TargetSettings):
         description="Derived gauges vanish when the last good poll is older: at least the interval, "
         "at most a day (default 3 x interval)."
     )
+    web_config_file: Path | None = Field(
+        None, description="Prometheus exporter-toolkit web config (the YAML node_exporter's --web.config.file "
+        "reads): TLS and bcrypt basic auth for kvwatch's own endpoint; re-read when it changes."
+    )
+    max_series: int = Field(
+        1000, ge=1, le=1_000_000,
+        description="Most (model_name, engine) series kvwatch polls and exports; a target serving more has the "
+        "rest dropped (counted in kvwatch_series_dropped_total, one warning)."
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
     ttft_slo_seconds: float | None = Field(
         None, gt=0, le=3600,
@@ -218,6 +248,18 @@ class ServeSettings(TargetSettings):
         "simulator running --speed times faster (rates are then per simulated second; intervals stay real "
         "seconds). At most 10000; leave 1 in production."
     )
+
+    @field_validator("web_config_file")
+    @classmethod
+    def _web_config(cls, v: Path | None) -> Path | None:
+        if v is not None:
+            from kvwatch.serve.web import WebConfigError, load_web_config
+
+            try:  # load it now: a bad file is a config error at startup (exit 2), not a traceback
+                load_web_config(v)
+            except WebConfigError as exc:
+                raise ValueError(str(exc)) from None
+        return v
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -333,6 +375,8 @@ def _source(field: str, flags: dict[str, Any]) -> str:
 def _blame(field: str, flags: dict[str, Any], msg: str, value: Any = None) -> str:
     pub = public_name(field)
     source = flag_name(pub) if field in flags else env_name(pub)
+    if isinstance(value, str) and "@" in value:
+        value = redact_url(value)  # a rejected --target-url may still carry a password
     shown = "" if value is None or isinstance(value, dict) else f" {value!r}"
     return f"invalid value{shown} for {source}: {msg}"
 

@@ -6,8 +6,8 @@ language model lives in ``text_config``), a missing ``head_dim`` (= hidden / hea
 ``sliding_window_pattern``, MLA (``kv_lora_rank`` + ``qk_rope_head_dim``) and hybrid Mamba / linear-attention
 models, whose attention layers are read from the field each family uses (``layer_types``, ``layers_block_type``
 (Jamba, Zamba2's "hybrid"), ``attn_type_list`` (MiniMax), ``attn_layer_indices`` (Bamba), ``attn_layer_period``
-(Jamba), ``hybrid_override_pattern`` (Nemotron-H), Falcon-H1's attention in every layer); their Mamba state
-pages are not modelled.
+(Jamba), ``hybrid_override_pattern`` (Nemotron-H), ``full_attention_interval`` (Qwen3-Next), Falcon-H1's attention
+in every layer); their state dimensions (:mod:`kvwatch.capacity.mamba`) size vLLM's state pages.
 """
 
 from __future__ import annotations
@@ -15,10 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvwatch.capacity.mamba import MambaConfigError, MambaDims, mamba_dims_from_config
 from kvwatch.capacity.quantization import QuantizationError, scheme_from_config
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
+# Llama-4's chunked local attention (layers with RoPE attend within attention_chunk_size-token chunks). vLLM
+# disables its hybrid KV cache manager for it by default ("There is a latency regression when using chunked local
+# attention with the hybrid KV cache manager. Disabling it, by default." unless
+# VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1), so these layers then hold every token like full attention.
+CHUNKED = "chunked_local_attention"
 MAMBA = "mamba"  # a Mamba / linear-attention mixer: state pages, no KV cache
 MLP_ONLY = "mlp_only"  # a layer with an MLP and no mixer (Nemotron-H's "-" and "E"): neither KV nor state
 _NO_KV = frozenset({MAMBA, MLP_ONLY})
@@ -126,6 +132,7 @@ class ModelArch:
     # One entry per decoder layer: FULL, SLIDING or MAMBA.
     layer_types: tuple[str, ...] = ()
     sliding_window: int | None = None
+    attention_chunk_size: int | None = None  # Llama-4: the chunk of the CHUNKED layers
     # MLA (DeepSeek-V2/V3, Kimi): one latent vector per token and layer, shared by all heads.
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
@@ -140,10 +147,12 @@ class ModelArch:
     moe_layers: int | None = None
     dense_mlp_layers: int | None = None
     # Hybrid Mamba / linear-attention models: layers with such a mixer and its inner width (for the weights),
-    # and whether vLLM keeps state pages for them (not modelled).
+    # and whether vLLM keeps state pages for them (sized from mamba_dims below).
     mamba_layers: int = 0
     mamba_inner_size: int = 0
     has_mamba_state: bool = False
+    # The state dimensions of one such layer (None: the config lacks them; the state pages are then not modelled).
+    mamba_dims: MambaDims | None = None
     # Total parameters when the preset knows it better than the config implies (MLA/MoE details).
     num_parameters: int | None = None
     # Quantization scheme the checkpoint ships with (e.g. gpt-oss: mxfp4), and where it was read (a config.json
@@ -232,6 +241,10 @@ def _hybrid_layout(cfg: dict[str, Any], num_layers: int, model_type: str) -> _La
         offset = int(cfg.get("attn_layer_offset", 0))
         types = tuple(FULL if i % int(period) == offset else MAMBA for i in range(num_layers))
         return _Layout(types, "attn_layer_period", types.count(MAMBA))
+    interval = cfg.get("full_attention_interval")  # Qwen3-Next: every interval-th layer is full attention
+    if interval and model_type in _HYBRID_MAMBA_TYPES:
+        types = tuple(FULL if (i + 1) % int(interval) == 0 else MAMBA for i in range(num_layers))
+        return _Layout(types, "full_attention_interval", types.count(MAMBA))
     pattern = cfg.get("hybrid_override_pattern")  # Nemotron-H: M = Mamba, * = attention, - = MLP, E = MoE
     if isinstance(pattern, str) and pattern:
         mapping = {"M": MAMBA, "*": FULL, "-": MLP_ONLY, "E": MLP_ONLY}
@@ -243,6 +256,14 @@ def _hybrid_layout(cfg: dict[str, Any], num_layers: int, model_type: str) -> _La
 
 
 def _layer_types(cfg: dict[str, Any], num_layers: int, model_type: str) -> tuple[str, ...]:
+    if cfg.get("attention_chunk_size"):
+        # Llama-4 (vLLM's llama4.py): a layer with RoPE uses chunked local attention, a NoPE layer is global.
+        # no_rope_layers[i] == 0 marks NoPE; when empty, transformers derives it from no_rope_layer_interval (4).
+        nope = cfg.get("no_rope_layers")
+        interval = int(cfg.get("no_rope_layer_interval") or 4)
+        uses_rope = ([bool(int(v)) for v in nope[:num_layers]] if isinstance(nope, list) and nope
+                     else [(i + 1) % interval != 0 for i in range(num_layers)])
+        return tuple(CHUNKED if rope else FULL for rope in uses_rope)
     raw = cfg.get("layer_types")
     if isinstance(raw, list) and raw:
         return tuple(_word_type(str(t)) for t in raw[:num_layers])
@@ -268,6 +289,9 @@ def _moe_layers(cfg: dict[str, Any], num_layers: int, num_experts: int, layout: 
     if period:
         offset = int(cfg.get("expert_layer_offset", 0))
         return sum(1 for i in range(num_layers) if i % int(period) == offset)
+    interleave = cfg.get("interleave_moe_layer_step")  # Llama-4: MoE when (i + 1) % step == 0
+    if interleave:
+        return sum(1 for i in range(num_layers) if (i + 1) % int(interleave) == 0)
     step, dense_only = cfg.get("decoder_sparse_step"), cfg.get("mlp_only_layers")  # Qwen2/3-MoE
     if (step and int(step) > 1) or dense_only:
         skip = {int(i) for i in dense_only or []}
@@ -293,6 +317,8 @@ def arch_from_config(config: dict[str, Any], name: str = "custom", source: str |
         return _arch_from_config(config, name, source)
     except (ArchitectureError, QuantizationError):
         raise
+    except MambaConfigError as exc:
+        raise ArchitectureError(str(exc)) from None
     except (TypeError, ValueError, ZeroDivisionError) as exc:  # a field of the wrong type or value ("bits": "4bit")
         raise ArchitectureError(f"config.json has a value kvwatch cannot read: {type(exc).__name__}: {exc}") from None
 
@@ -316,8 +342,11 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         raise ArchitectureError("MLA config.json needs kv_lora_rank and qk_rope_head_dim")
     is_hybrid = layout is not None or model_type in _HYBRID_MAMBA_TYPES
     attention = sum(1 for t in layer_types if t not in _NO_KV)
-    not_modelled = ("vLLM's Mamba state pages and the page-size unification that pads attention pages are NOT "
-                    "modelled, so vLLM reports fewer tokens")
+    dims = mamba_dims_from_config(cfg, model_type, hidden) if is_hybrid else None
+    not_modelled = ("its Mamba state pages and vLLM's page-size unification are modelled from "
+                    f"{dims.source}" if dims is not None else
+                    "the config has no Mamba state dimensions kvwatch reads, so vLLM's state pages and the "
+                    "page-size unification are NOT modelled and vLLM reports fewer tokens")
     if is_hybrid and layout is None:
         notes.append(f"{model_type} is a hybrid Mamba model but its layer layout was not recognised (no layer_types, "
                      "layers_block_type, attn_type_list, attn_layer_indices, attn_layer_period or "
@@ -329,6 +358,12 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
     elif layout is not None:
         notes.append(f"hybrid Mamba/linear-attention model ({layout.source}): the KV cache is counted for its "
                      f"{attention} attention layers of {num_layers}; {not_modelled}")
+    if CHUNKED in layer_types:
+        notes.append(f"chunked local attention in {layer_types.count(CHUNKED)} of {num_layers} layers "
+                     f"(attention_chunk_size {cfg['attention_chunk_size']}): vLLM disables its hybrid KV cache manager "
+                     "for it by default, so those layers hold every token like full attention and kvwatch counts "
+                     "them so; with VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1 they would hold at most "
+                     "chunk + max_num_batched_tokens tokens, which kvwatch does not model")
     num_experts = int(cfg.get("num_local_experts") or cfg.get("n_routed_experts") or cfg.get("num_experts") or 0)
     tie = cfg.get("tie_word_embeddings")
     if tie is None:
@@ -347,7 +382,9 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         head_dim=head_dim,
         hidden_size=hidden,
         vocab_size=int(cfg.get("vocab_size") or config.get("vocab_size") or 32000),
-        intermediate_size=int(cfg.get("intermediate_size") or cfg.get("ffn_hidden_size") or 4 * hidden),
+        # Llama-4: dense layers use intermediate_size_mlp, experts (and the shared expert) intermediate_size
+        intermediate_size=int(cfg.get("intermediate_size_mlp") or cfg.get("intermediate_size")
+                              or cfg.get("ffn_hidden_size") or 4 * hidden),
         tie_word_embeddings=bool(tie),
         torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or config.get("torch_dtype") or "bfloat16"),
         max_position_embeddings=cfg.get("max_position_embeddings"),
@@ -356,13 +393,15 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         model_max_length=int(cfg["model_max_length"]) if cfg.get("model_max_length") else None,
         layer_types=layer_types,
         sliding_window=int(cfg["sliding_window"]) if cfg.get("sliding_window") and SLIDING in layer_types else None,
+        attention_chunk_size=int(cfg["attention_chunk_size"]) if CHUNKED in layer_types else None,
         kv_lora_rank=int(kv_lora_rank) if kv_lora_rank is not None else None,
         qk_rope_head_dim=int(cfg["qk_rope_head_dim"]) if kv_lora_rank is not None else None,
         num_experts=num_experts,
         experts_per_token=_experts_per_token(cfg),
         moe_intermediate_size=int(cfg.get("moe_intermediate_size") or (cfg.get("intermediate_size") or 0)
                                   if num_experts else 0),
-        num_shared_experts=int(cfg.get("n_shared_experts") or cfg.get("num_shared_experts") or 0),
+        num_shared_experts=int(cfg.get("n_shared_experts") or cfg.get("num_shared_experts")
+                               or (1 if model_type.startswith("llama4") and num_experts else 0)),
         first_k_dense_layers=int(cfg.get("first_k_dense_replace") or 0),
         moe_layers=_moe_layers(cfg, num_layers, num_experts, layout),
         dense_mlp_layers=(str(cfg.get("hybrid_override_pattern"))[:num_layers].count("-")
@@ -370,6 +409,7 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         mamba_layers=layout.mamba_layers if layout is not None else 0,
         mamba_inner_size=_mamba_inner_size(cfg, hidden) if layout is not None else 0,
         has_mamba_state=is_hybrid,
+        mamba_dims=dims,
         num_parameters=int(config["num_parameters"]) if config.get("num_parameters") else None,
         checkpoint_quantization=quant_scheme,
         checkpoint_quantization_source=quant_source,

@@ -8,6 +8,10 @@
   vllm issue 27073);
 - ``request_exceeds_pool``: requests wait while nothing runs and the cache is nearly empty: the head of the queue
   needs more KV than the whole pool, and vLLM's scheduler waits for it forever (vllm issue 39734).
+
+``check`` judges the last two on one snapshot; ``serve`` exports them as ``kvwatch_capacity_finding{finding}``
+once the same condition (:func:`live_finding`, one definition for both) has held on every poll for
+:data:`SUSTAINED_SECONDS` of the poll clock (:class:`HeldSince`), so a moment between two requests is not one.
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ EMPTY_USAGE = 0.05
 # What vLLM >= 0.21 subtracts for CUDA graphs before sizing the cache, per GPU, as the calibration logs print
 # it ("cuda_graph est", tests/fixtures/calibration/vllm_kv_capacity.csv): 0.52 to 1.82 GiB.
 CUDA_GRAPH_GIB_RANGE = (0.5, 1.85)
+# serve: how long a live finding's condition must hold, in the poll clock, before it is exported as 1.
+SUSTAINED_SECONDS = 300.0
+LIVE_FINDINGS = ("kv_usage_stuck", "request_exceeds_pool")
 
 
 @dataclass(frozen=True)
@@ -97,3 +104,30 @@ def request_exceeds_pool(usage: float | None, running: float | None, waiting: fl
         "queue needs more KV than the whole pool, and vLLM's scheduler waits for it forever (vllm issue 39734)."
         f"{size} Lower --max-model-len to what the pool holds, or give the engine more KV memory; cancel the "
         "stuck request to unblock the queue."))
+
+
+def live_finding(finding_id: str, usage: float | None, running: float | None, waiting: float | None,
+                 capacity_tokens: float | None = None, max_model_len: int | None = None) -> CapacityFinding | None:
+    """One of :data:`LIVE_FINDINGS` on one reading (the engine's usage, running and waiting), or None."""
+    if finding_id == "kv_usage_stuck":
+        return kv_usage_stuck(usage, running, waiting)
+    if finding_id == "request_exceeds_pool":
+        return request_exceeds_pool(usage, running, waiting, capacity_tokens, max_model_len)
+    raise ValueError(f"not a live finding: {finding_id!r} (known: {', '.join(LIVE_FINDINGS)})")
+
+
+@dataclass
+class HeldSince:
+    """How long a condition has held without a break, updated once per poll in O(1): from the first poll of the
+    unbroken run that ends at the newest poll to that poll (0 when it does not hold now). A restart of the
+    engine starts a new run (what came before belongs to another process)."""
+
+    since: float | None = None
+
+    def update(self, now: float, holds: bool, restarted: bool = False) -> float:
+        if not holds:
+            self.since = None
+            return 0.0
+        if self.since is None or restarted:
+            self.since = now
+        return now - self.since

@@ -8,7 +8,10 @@ Follows vLLM's own arithmetic (``vllm/v1/core/kv_cache_utils.py``, ``kv_cache_in
 - sliding-window / hybrid models: layers are bucketed by attention type and cut into equal groups of
   ``group_size`` layers (the smallest bucket, or the largest when it is under 1.5× the smallest);
   one block id spans one page per layer slot of a group, so a "block row" costs
-  ``group_size × page`` bytes, and every group draws its own block ids from the shared pool.
+  ``group_size × page`` bytes, and every group draws its own block ids from the shared pool;
+- hybrid Mamba / linear-attention models (:mod:`kvwatch.capacity.mamba`): Mamba layers form groups of their own
+  whose page (one request's state) is padded to the attention page, after vLLM raised the attention block size
+  until that page holds a state; a request holds one block in each Mamba group whatever its length.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvwatch.capacity.architecture import FULL, SLIDING, ModelArch
+from kvwatch.capacity import mamba
+from kvwatch.capacity.architecture import FULL, MAMBA, SLIDING, ModelArch
 
 # vLLM versions that matter for the reported token count, as (major, minor) tuples.
 HYBRID_GROUPING_SINCE = (0, 9)  # before: every attention layer treated as full attention, one group
@@ -25,6 +29,9 @@ TOKENS_FROM_CONCURRENCY_SINCE = (0, 20)  # from here "KV cache size" = int(max_c
 # VllmConfig.max_in_flight_tokens (max_concurrent_batches × max_num_batched_tokens) in 0.27-0.33. The reference
 # does not pin the release in between that switched; kvwatch switches with its other current rules, at 0.20.
 IN_FLIGHT_TOKENS_SINCE = (0, 20)
+# V1 keeps Mamba states in the shared block pool with unified page sizes from 0.10.2 (vllm PR 20016); before that
+# the V0 engine had a separate Mamba cache outside the KV pool.
+MAMBA_PAGES_SINCE = (0, 10)
 
 
 def in_flight_tokens(max_num_batched_tokens: int, pp: int, version: tuple[int, int]) -> int:
@@ -37,7 +44,7 @@ def in_flight_tokens(max_num_batched_tokens: int, pp: int, version: tuple[int, i
 
 @dataclass(frozen=True)
 class KVGroup:
-    kind: str  # FULL or SLIDING
+    kind: str  # FULL, SLIDING or MAMBA
     num_layers: int  # real layers in this group (<= group_size; the rest is padding)
     sliding_window: int | None = None
 
@@ -51,6 +58,23 @@ class KVLayout:
     group_size: int  # layer slots per group (a block row spans this many pages)
     groups: tuple[KVGroup, ...]
     num_attention_layers: int  # on this rank
+    # Hybrid Mamba models: one layer's state per request before padding, and the --block-size asked for (vLLM
+    # raises block_size above it so an attention page holds one state); 0 = not a hybrid Mamba layout.
+    mamba_page_bytes: int = 0
+    requested_block_size: int = 0
+
+    @property
+    def page_bytes(self) -> int:
+        """One layer's page: the attention page, which every Mamba page is padded to."""
+        return self.block_size * self.bytes_per_token_per_layer
+
+    @property
+    def mamba_padding_percent(self) -> float:
+        return mamba.padding_percent(self.mamba_page_bytes, self.page_bytes)
+
+    @property
+    def block_size_raised(self) -> bool:
+        return bool(self.mamba_page_bytes) and self.block_size != self.requested_block_size
 
     @property
     def num_groups(self) -> int:
@@ -104,21 +128,24 @@ def kv_bytes_per_token_per_layer(arch: ModelArch, tp: int, kv_bytes: int, kv_cac
 
 
 def group_layers(layer_types: tuple[str, ...], sliding_window: int | None,
-                 version: tuple[int, int]) -> tuple[int, tuple[KVGroup, ...]]:
-    """vLLM's equal-size grouping of attention layers by type: returns (group_size, groups)."""
-    if not layer_types:
+                 version: tuple[int, int], mamba_layers: int = 0) -> tuple[int, tuple[KVGroup, ...]]:
+    """vLLM's equal-size grouping of layers by type: returns (group_size, groups). ``mamba_layers`` state layers
+    (hybrid models with modelled state pages) form a bucket of their own."""
+    if not layer_types and not mamba_layers:
         return 0, ()
     buckets: dict[str, int] = {}
     for kind in layer_types:
         key = SLIDING if kind == SLIDING and version >= HYBRID_GROUPING_SINCE else FULL
         buckets[key] = buckets.get(key, 0) + 1
+    if mamba_layers:
+        buckets[MAMBA] = mamba_layers
     if len(buckets) == 1:
         kind, count = next(iter(buckets.items()))
         return count, (KVGroup(kind, count, sliding_window if kind == SLIDING else None),)
     smallest, largest = min(buckets.values()), max(buckets.values())
     group_size = largest if largest < smallest * 1.5 else smallest
     groups: list[KVGroup] = []
-    for kind in (FULL, SLIDING):
+    for kind in (FULL, SLIDING, MAMBA):
         remaining = buckets.get(kind, 0)
         while remaining > 0:
             groups.append(KVGroup(kind, min(group_size, remaining), sliding_window if kind == SLIDING else None))
@@ -127,17 +154,29 @@ def group_layers(layer_types: tuple[str, ...], sliding_window: int | None,
 
 
 def kv_layout(arch: ModelArch, tp: int, pp: int, kv_bytes: int, block_size: int,
-              version: tuple[int, int], kv_cache_dtype: str = "auto") -> KVLayout:
+              version: tuple[int, int], kv_cache_dtype: str = "auto", model_dtype_bytes: int | None = None,
+              mamba_ssm_dtype_bytes: int | None = None) -> KVLayout:
+    """One rank's layout. Hybrid Mamba models with known state dimensions get vLLM's unified pages: the state
+    (conv in the model dtype, temporal state in ``mamba_ssm_dtype_bytes``, default the model's) sets the block size."""
     types = arch.attention_layer_types
     on_rank = layers_on_rank(len(types), pp)
     stage_types = types[:on_rank]  # the first (largest) stage's contiguous slice of layers
-    group_size, groups = group_layers(stage_types, arch.sliding_window, version)
+    per_layer = kv_bytes_per_token_per_layer(arch, tp, kv_bytes, kv_cache_dtype)
+    mamba_on_rank = mamba_page = 0
+    effective_block = block_size
+    if arch.mamba_dims is not None and arch.mamba_layers and version >= MAMBA_PAGES_SINCE:
+        mamba_on_rank = layers_on_rank(arch.mamba_layers, pp)
+        mamba_page = arch.mamba_dims.page_bytes(tp, model_dtype_bytes or kv_bytes, mamba_ssm_dtype_bytes)
+        effective_block = mamba.attention_block_size(mamba_page, per_layer, block_size)
+    group_size, groups = group_layers(stage_types, arch.sliding_window, version, mamba_on_rank)
     return KVLayout(
-        block_size=block_size,
-        bytes_per_token_per_layer=kv_bytes_per_token_per_layer(arch, tp, kv_bytes, kv_cache_dtype),
+        block_size=effective_block,
+        bytes_per_token_per_layer=per_layer,
         group_size=group_size,
         groups=groups,
         num_attention_layers=on_rank,
+        mamba_page_bytes=mamba_page,
+        requested_block_size=block_size,
     )
 
 
@@ -161,7 +200,9 @@ def tokens_needed(layout: KVLayout, seq_len: float, in_flight_tokens: int) -> fl
     """
     total = 0.0
     for group in layout.groups:
-        if group.kind == SLIDING and group.sliding_window:
+        if group.kind == MAMBA:  # one state block per request, whatever its length
+            total += layout.block_size
+        elif group.kind == SLIDING and group.sliding_window:
             cap = group.sliding_window - 1 + in_flight_tokens
             total += min(seq_len, cap) + layout.block_size
         else:
@@ -173,7 +214,9 @@ def blocks_needed(layout: KVLayout, seq_len: int, in_flight_tokens: int) -> int:
     """Whole blocks one request of ``seq_len`` tokens holds, summed over groups (vLLM's figure)."""
     total = 0
     for group in layout.groups:
-        if group.kind == SLIDING and group.sliding_window:
+        if group.kind == MAMBA:
+            total += 1
+        elif group.kind == SLIDING and group.sliding_window:
             cap = group.sliding_window - 1 + in_flight_tokens
             total += math.ceil(min(seq_len, cap) / layout.block_size) + 1
         else:

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvwatch.capacity import kv, memory, quantization
-from kvwatch.capacity.architecture import ModelArch
+from kvwatch.capacity.architecture import MAMBA, ModelArch
+from kvwatch.capacity.mamba import MambaConfigError
 from kvwatch.capacity.memory import GIB
 
 # The current rules: default utilization 0.92, tokens = concurrency x max_model_len, CUDA graphs subtracted.
@@ -232,8 +233,14 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
     else:
         arch = _arch_or_error(spec, "the KV bytes per token")
         _check_parallelism_and_dtype(spec, arch)
-        layout = kv.kv_layout(arch, tp, pp, kv_bytes, spec.block_size, spec.vllm_version, spec.kv_cache_dtype)
+        try:
+            layout = kv.kv_layout(arch, tp, pp, kv_bytes, spec.block_size, spec.vllm_version, spec.kv_cache_dtype,
+                                  model_dtype_bytes=dtype_bytes)
+        except MambaConfigError as exc:
+            raise SpecError(f"invalid value {tp} for --tensor-parallel-size: {exc}") from None
         per_token = float(layout.kv_bytes_per_token)
+        if layout.mamba_page_bytes:
+            notes.append(_hybrid_note(layout, spec.block_size))
     if arch is not None and arch.num_kv_heads < tp and not arch.is_mla and spec.kv_bytes_per_token is None:
         notes.append(f"TP={tp} exceeds the {arch.num_kv_heads} KV heads: heads are replicated, so more TP "
                      "does not shrink the KV per token any further")
@@ -310,8 +317,8 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
         warnings.append(f"estimated (not measured): {', '.join(estimated)}; pass --weights-gib/--activation-gib/"
                         "--non-torch-gib from vLLM's startup log for exact figures")
     if layout.is_hybrid and spec.vllm_version >= kv.TOKENS_FROM_CONCURRENCY_SINCE:
-        notes.append("sliding-window model: vLLM derives 'KV cache size' from max_model_len, so it is not a "
-                     "byte-linear capacity")
+        notes.append("hybrid (sliding-window or Mamba) model: vLLM derives 'KV cache size' from max_model_len, so it "
+                     "is not a byte-linear capacity")
     return CapacityPlan(
         spec=spec, total_memory_bytes=total, gpu_memory_utilization=util, usable_bytes=usable,
         weights_bytes=weights, activation_bytes=activation, non_torch_bytes=non_torch,
@@ -335,6 +342,18 @@ def _check_parallelism_and_dtype(spec: DeploymentSpec, arch: ModelArch) -> None:
     if spec.kv_cache_dtype.lower() == "fp8_ds_mla" and not arch.is_mla:
         raise SpecError("invalid value 'fp8_ds_mla' for --kv-cache-dtype: it is DeepSeek's MLA cache layout and "
                         f"{arch.name} has no MLA (use fp8)")
+
+
+def _hybrid_note(layout: kv.KVLayout, requested: int) -> str:
+    """What vLLM logs at startup for a hybrid Mamba model, and what it means for capacity."""
+    mamba_groups = sum(1 for g in layout.groups if g.kind == MAMBA)
+    raised = (f"vLLM raises the attention block size from {requested} to {layout.block_size} tokens so one page "
+              f"holds a Mamba state" if layout.block_size_raised else f"block size {layout.block_size} already "
+              "holds a Mamba state")
+    return (f"hybrid Mamba model: one state is {layout.mamba_page_bytes:,} B per layer and request on this rank; "
+            f"{raised}, and pads the state page by {layout.mamba_padding_percent:.2f}% to {layout.page_bytes:,} B "
+            f"(as its startup log says). {mamba_groups} Mamba group(s) of {layout.group_size} layers hold one block "
+            "per request whatever its length, so short requests cost more blocks than their tokens suggest")
 
 
 def _fitting_len(layout: kv.KVLayout, blocks: int, in_flight: int) -> int:

@@ -162,10 +162,19 @@ def _geometry(arch: ModelArch) -> tuple[Any, ...]:
             arch.vocab_size, arch.layer_types, arch.kv_lora_rank, arch.num_experts)
 
 
+@lru_cache(maxsize=1)
+def _normalised_index() -> dict[str, frozenset[str]]:
+    """Normalised preset name -> preset ids: computed once, not per lookup (each costs ~100 regex passes)."""
+    index: dict[str, set[str]] = {}
+    for key, entry in _model_index().items():
+        index.setdefault(_normalised(key.rsplit("/", 1)[-1]), set()).add(entry.target)
+    return {name: frozenset(targets) for name, targets in index.items()}
+
+
 def _by_normalised_name(raw: str) -> str | None:
     """The one preset whose normalised name equals ``raw``'s (or several with the same architecture)."""
     wanted = _normalised(raw.rsplit("/", 1)[-1])
-    targets = sorted({e.target for key, e in _model_index().items() if _normalised(key.rsplit("/", 1)[-1]) == wanted})
+    targets = sorted(_normalised_index().get(wanted, ()))
     if not targets:
         return None
     exact = [t for t in targets if t.rsplit("/", 1)[-1].lower() == wanted]

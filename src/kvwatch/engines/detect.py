@@ -10,6 +10,7 @@ UnrecognisedPayload (no engine kvwatch knows).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from kvwatch.engines import SourceOverrides, UnrecognisedPayload, sglang, trtllm, vllm
 from kvwatch.exposition import Exposition, ParseError, parse
@@ -46,21 +47,30 @@ def engine_of(exposition: Exposition) -> str | None:
 
 
 def read_payload(text: str, overrides: SourceOverrides | None = None, *, timestamp: float,
-                 latency: bool = True) -> Poll:
-    """One :class:`Poll` from a ``/metrics`` body of any supported engine. With ``latency=False`` the latency
-    histograms are not read (the readings' ``latency`` is empty; a JSON body always carries its own)."""
+                 max_series: int | None = None, latency: bool = True) -> Poll:
+    """One :class:`Poll` from a ``/metrics`` body of any supported engine, with at most ``max_series``
+    readings (the rest counted in ``Poll.series_dropped``; vLLM's adapter skips them before building any).
+    With ``latency=False`` the latency histograms are not read (the readings' ``latency`` is empty; a JSON
+    body always carries its own)."""
     if trtllm.looks_like_json(text):
         try:
-            return trtllm.read_iteration_stats(text, timestamp=timestamp)
+            return _capped(trtllm.read_iteration_stats(text, timestamp=timestamp), max_series)
         except json.JSONDecodeError as exc:
             raise ParseError(f"body starts like JSON but is not: {exc}") from None
     exposition = parse(text, wanted_for(overrides, latency=latency))
     kind = engine_of(exposition)
     if kind == "sglang":
-        return sglang.read(exposition, overrides, timestamp=timestamp)
+        return _capped(sglang.read(exposition, overrides, timestamp=timestamp), max_series)
     if kind == "tensorrt-llm":
-        return trtllm.read(exposition, overrides, timestamp=timestamp)
+        return _capped(trtllm.read(exposition, overrides, timestamp=timestamp), max_series)
     if kind is None and not (overrides and overrides.names()):
         raise UnrecognisedPayload("no vllm:*, sglang:*, trtllm_*/trtllm:* or nv_trt_llm_* metrics in the payload "
                                   "(is the target an inference engine's /metrics endpoint?)")
-    return vllm.read(exposition, overrides, timestamp=timestamp)
+    return vllm.read(exposition, overrides, timestamp=timestamp, max_series=max_series)
+
+
+def _capped(poll: Poll, max_series: int | None) -> Poll:
+    if max_series is None or len(poll.readings) <= max_series:
+        return poll
+    return replace(poll, readings=poll.readings[:max_series],
+                   series_dropped=poll.series_dropped + len(poll.readings) - max_series)

@@ -120,8 +120,10 @@ def _usage_name(exposition: Exposition, overrides: SourceOverrides) -> str | Non
     return None
 
 
-def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, timestamp: float) -> Poll:
-    """One :class:`Poll` from a parsed vLLM payload: a Reading per ``(model_name, engine)``."""
+def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, timestamp: float,
+         max_series: int | None = None) -> Poll:
+    """One :class:`Poll` from a parsed vLLM payload: a Reading per ``(model_name, engine)``, for the first
+    ``max_series`` of them in (model_name, engine) order; the rest are counted in ``Poll.series_dropped``."""
     overrides = overrides or SourceOverrides()
     detection = detect(exposition, overrides)
     usage = overrides.usage or _first_present(exposition, KV_USAGE, GPU_CACHE_USAGE)
@@ -154,7 +156,9 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     queries_idx, hits_idx = _split(prefix_queries), _split(prefix_hits)
     latency = latency_index(exposition, LATENCY, lambda labels: (labels.get("model_name"), labels.get("engine")))
     readings = []
-    for key in sorted(keys, key=_sort_key):
+    ordered = sorted(keys, key=_sort_key)
+    dropped = max(0, len(ordered) - max_series) if max_series is not None else 0
+    for key in ordered[:len(ordered) - dropped]:
         config = _config_for(configs, key)
         capacity, blocks, block_size, concurrency = _capacity(config, n_engines)
         readings.append(Reading(
@@ -191,7 +195,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
         "vllm:cache_config_info{num_gpu_blocks x block_size}" if configs else None)
     detection = replace(detection, running_metric=str(running) if running_samples else None,
                         waiting_metric=str(waiting) if waiting_samples else None, capacity_metric=capacity_name)
-    return Poll(timestamp=timestamp, detection=detection, readings=tuple(readings))
+    return Poll(timestamp=timestamp, detection=detection, readings=tuple(readings), series_dropped=dropped)
 
 
 # ---------------------------------------------------------------- helpers

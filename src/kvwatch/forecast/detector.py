@@ -41,60 +41,86 @@ class DetectorParams:
     u_sat: float = 0.95
 
 
+class _Window:
+    """The flags of the last ``seconds`` (timestamp > now - seconds), with running counts: O(1) per sample.
+
+    Recounting a time window on every sample costs as many steps as the window holds samples, which at a
+    fast poll interval is thousands (CPU per poll grew with the samples kept, docs/reliability.md)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.flags: deque[SampleFlags] = deque()
+        self.saturated = 0
+        self.queued = 0
+        self.idle = 0  # samples with no request waiting
+        self.progress = 0  # samples whose progress is not known False (True or unknown)
+
+    def _count(self, f: SampleFlags, sign: int) -> None:
+        self.saturated += sign * f.saturated
+        self.queued += sign * f.queued_below_kv_limit
+        self.idle += sign * (f.waiting < 1)
+        self.progress += sign * (f.progressed is not False)
+
+    def add(self, f: SampleFlags) -> None:
+        self.flags.append(f)
+        self._count(f, 1)
+        while self.flags[0].timestamp <= f.timestamp - self.seconds:
+            self._count(self.flags.popleft(), -1)
+
+    def clear(self) -> None:
+        self.flags.clear()
+        self.saturated = self.queued = self.idle = self.progress = 0
+
+    def covers(self, now: float) -> bool:
+        # A window is judged only once samples span most of it (no verdict from one sample).
+        return len(self.flags) >= 3 and now - self.flags[0].timestamp >= 0.75 * self.seconds
+
+
 class ReactiveDetectors:
     """Bottleneck, scheduler-limited and stalled, each from a sliding window of sample flags."""
 
     def __init__(self, params: DetectorParams) -> None:
         self.params = params
-        self._flags: deque[SampleFlags] = deque()
+        self._fire = _Window(params.fire_window_seconds)
+        self._clear = _Window(params.clear_window_seconds)
+        self._stall = _Window(params.stall_seconds)
         self.bottleneck = False
         self.scheduler_limited = False
         self.stalled = False
         self.saturated_fraction = 0.0
 
     def clear(self) -> None:
-        self._flags.clear()
+        for window in (self._fire, self._clear, self._stall):
+            window.clear()
         self.bottleneck = self.scheduler_limited = self.stalled = False
         self.saturated_fraction = 0.0
-
-    def _window(self, now: float, seconds: float) -> list[SampleFlags]:
-        return [f for f in self._flags if f.timestamp > now - seconds]
-
-    def _covers(self, window: list[SampleFlags], now: float, seconds: float) -> bool:
-        # A window is judged only once samples span most of it (no verdict from one sample).
-        return len(window) >= 3 and now - window[0].timestamp >= 0.75 * seconds
 
     def update(self, flags: SampleFlags) -> None:
         p = self.params
         now = flags.timestamp
-        self._flags.append(flags)
-        horizon = max(p.clear_window_seconds, p.fire_window_seconds, p.stall_seconds) + 1.0
-        while self._flags and self._flags[0].timestamp <= now - horizon:
-            self._flags.popleft()
+        for window in (self._fire, self._clear, self._stall):
+            window.add(flags)
+        fire = self._fire
+        self.saturated_fraction = fire.saturated / len(fire.flags)
+        self.bottleneck = self._hysteresis(self.bottleneck, now, "saturated")
+        self.scheduler_limited = self._hysteresis(self.scheduler_limited, now, "queued")
 
-        fire = self._window(now, p.fire_window_seconds)
-        if fire:
-            self.saturated_fraction = sum(f.saturated for f in fire) / len(fire)
-        self.bottleneck = self._hysteresis(self.bottleneck, now, lambda f: f.saturated)
-        self.scheduler_limited = self._hysteresis(self.scheduler_limited, now, lambda f: f.queued_below_kv_limit)
-
-        stall = self._window(now, p.stall_seconds)
+        stall = self._stall
+        first_progress = stall.flags[0].progressed is not False
         self.stalled = (
-            self._covers(stall, now, p.stall_seconds)
-            and all(f.waiting >= 1 for f in stall)
-            and all(f.progressed is False for f in stall[1:])
+            stall.covers(now)
+            and stall.idle == 0
+            and stall.progress - first_progress == 0  # no progress after the window's first sample
             and flags.usage < p.u_sat
         )
 
-    def _hysteresis(self, active: bool, now: float, predicate) -> bool:
+    def _hysteresis(self, active: bool, now: float, count: str) -> bool:
         p = self.params
         if not active:
-            window = self._window(now, p.fire_window_seconds)
-            return self._covers(window, now, p.fire_window_seconds) and (
-                sum(map(predicate, window)) >= p.fire_fraction * len(window)
-            )
-        window = self._window(now, p.clear_window_seconds)
-        return sum(map(predicate, window)) > p.clear_fraction * len(window)
+            fire = self._fire
+            return fire.covers(now) and getattr(fire, count) >= p.fire_fraction * len(fire.flags)
+        clear = self._clear
+        return getattr(clear, count) > p.clear_fraction * len(clear.flags)
 
 
 @dataclass(frozen=True)

@@ -16,31 +16,32 @@ interval, timeout and stale-after settings stay in real seconds.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import MappingProxyType
 from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
-from prometheus_client.exposition import choose_encoder
-from prometheus_client.registry import CollectorRegistry
 
 from kvwatch.derived import SeriesState, derive
 from kvwatch.engines import SourceOverrides
 from kvwatch.fetch import Fetcher
 from kvwatch.history import History
 from kvwatch.latency import EDGE_SECONDS
+from kvwatch.model import Poll
 from kvwatch.payload import ScrapeError, interpret
 from kvwatch.serve.collector import KvwatchCollector, make_registry
 from kvwatch.serve.sidecar_capacity import resolver_for
 from kvwatch.serve.state import Analyzer, State
-from kvwatch.settings import ServeSettings, SettingsError, add_settings_flags, load_settings
+from kvwatch.serve.web import MetricsServer, RenderCache, WebConfigError, WebConfigWatcher
+from kvwatch.settings import ServeSettings, SettingsError, add_settings_flags, load_settings, redact_url
 
 log = logging.getLogger("kvwatch")
 
@@ -59,6 +60,90 @@ class Clock:
         return self._wall0 + (time.monotonic() - self._mono0) * self.speed
 
 
+RELEASE_AFTER_BYTES = 1 << 20
+"""After a poll that held a body this large (or refused a larger one), freed memory goes back to the OS."""
+
+
+@functools.cache
+def _libc() -> Any:
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+def tune_malloc() -> None:
+    """glibc only, best effort: keep the RSS of a process that now and then holds a 16 MiB body near its floor.
+
+    glibc raises its mmap threshold after the first large buffer is freed, so later bodies land in the heap
+    and in per-thread arenas that never shrink: a gzip bomb at a 0.5 s interval left RSS at ~100 MB after
+    the target healed. A fixed threshold keeps big buffers mmapped (unmapped when freed); two arenas bound
+    what the poll, parse and HTTP threads can strand."""
+    libc = _libc()
+    if libc is not None:
+        m_mmap_threshold, m_arena_max = -3, -8  # glibc's mallopt parameter numbers (malloc.h)
+        libc.mallopt(m_mmap_threshold, 256 * 1024)
+        libc.mallopt(m_arena_max, 2)
+
+
+def release_memory() -> None:
+    """Hand freed heap pages back to the OS (glibc's malloc_trim); a no-op elsewhere."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+class ChangeLog:
+    """Logs each change of a status once, while there are at most ``burst`` changes per ``window`` seconds.
+
+    A flapping target (up, down, up... every poll) would otherwise log two lines a poll. Beyond the burst,
+    changes are counted instead, and :meth:`tick` (called every poll) logs one summary line per window for
+    as long as the flapping lasts; once it calms down, changes are logged one by one again.
+    """
+
+    def __init__(self, logger: logging.Logger, *, burst: int = 10, window: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic, initial: Any = None) -> None:
+        self._log, self._burst, self._window, self._clock = logger, burst, window, clock
+        self._last: Any = initial
+        self._changes: deque[float] = deque()  # times of the changes within the last window
+        self._suppressed = 0
+        self._latest = ""
+        self._summary_at: float | None = None
+
+    def change(self, status: Any, level: int, message: str, *args: Any) -> None:
+        if status == self._last:
+            return
+        self._last = status
+        now = self._clock()
+        self._changes.append(now)
+        while now - self._changes[0] >= self._window:
+            self._changes.popleft()
+        if len(self._changes) <= self._burst and not self._suppressed:
+            self._log.log(level, message, *args)
+            return
+        self._suppressed += 1
+        self._latest = message % args
+        if self._summary_at is None:
+            self._summary_at = now
+        self.tick()
+
+    def tick(self) -> None:
+        """One summary line per window while changes are being held back (and one when they stop)."""
+        if not self._suppressed or self._summary_at is None:
+            return
+        now = self._clock()
+        if now - self._summary_at < self._window:
+            return
+        self._log.warning("%d more changes in the last %.0fs not logged (flapping); latest: %s",
+                          self._suppressed, now - self._summary_at, self._latest)
+        self._suppressed = 0
+        self._summary_at = None
+
+
 class Sidecar:
     """Polls the target and owns the current State (swapped whole, read without locks)."""
 
@@ -69,16 +154,27 @@ class Sidecar:
         self.clock = clock
         self.analyzers = tuple(analyzers)
         self.overrides = SourceOverrides.from_settings(settings)
-        self.history = History(forget_after=max(3600.0, 10 * float(settings.stale_after_seconds or 0)))
+        self.target = redact_url(settings.target_url)  # what logs name: never the password in the URL
+        self.max_series = settings.max_series
+        self.history = History(forget_after=max(3600.0, 10 * float(settings.stale_after_seconds or 0)),
+                               max_series=2 * settings.max_series)
         self.state = State()
-        self._last_logged: tuple[Any, ...] | None = None
-        self._stopping = False
+        self._status_log = ChangeLog(log)
+        self._values_log = ChangeLog(log, initial=())
+        self._overrun_log = ChangeLog(log, initial="on time")
+        self._stop = threading.Event()
+        self._capped = False  # whether the last good poll had more series than --max-series
         self._skipped_runs = 0  # runs the scheduler skipped since polls last kept to the interval
         self._latency_read_at: float | None = None  # poll clock of the last poll that read latency buckets
 
     def stop(self) -> None:
-        """From now on a poll ending (cancelled by the fetcher's close) neither logs nor swaps the state."""
-        self._stopping = True
+        """From now on a poll ending (cancelled by the fetcher's close) neither logs nor swaps the state,
+        and a poll still parsing is abandoned."""
+        self._stop.set()
+
+    @property
+    def _stopping(self) -> bool:
+        return self._stop.is_set()
 
     def poll(self) -> State:
         started = time.monotonic()
@@ -89,52 +185,132 @@ class Sidecar:
         elapsed = time.monotonic() - started
         if self._stopping:
             return state
+        self._status_log.tick()
+        self._values_log.tick()
+        self._overrun_log.tick()
         if elapsed > interval:
-            if self._skipped_runs == 0:
-                log.warning("a poll of %s took %.1fs, longer than the %gs interval: skipping runs until polls "
-                            "keep up", self.settings.target_url, elapsed, interval)
+            self._overrun_log.change("overrun", logging.WARNING, "a poll of %s took %.1fs, longer than the %gs "
+                                     "interval: skipping runs until polls keep up", self.target, elapsed, interval)
             self._skipped_runs += int(elapsed // interval)
         elif self._skipped_runs:
-            log.info("polls keep to the interval again (%d runs skipped)", self._skipped_runs)
+            self._overrun_log.change("on time", logging.INFO, "polls keep to the interval again (%d runs skipped)",
+                                     self._skipped_runs)
             self._skipped_runs = 0
         return state
+
+    def _interpret(self, text: str, now: float, latency: bool = True) -> Poll:
+        """``interpret`` on a daemon thread this poll waits for, so SIGTERM never waits for a long parse.
+
+        The parser has no stop check (a 16 MiB body takes seconds): on stop the poll returns at once and
+        the abandoned thread, which touches nothing shared, dies with the process."""
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def work(body: str) -> None:
+            try:
+                box["poll"] = interpret(body, self.overrides, timestamp=now, max_series=self.max_series,
+                                        latency=latency)
+            except BaseException as exc:  # handed to the poll thread as is
+                box["error"] = exc
+            finally:
+                done.set()
+
+        threading.Thread(target=work, args=(text,), name="kvwatch-parse", daemon=True).start()
+        while not done.wait(0.05):
+            if self._stopping:
+                raise ScrapeError("connect", "poll abandoned: kvwatch is shutting down")
+        error, poll = box.pop("error", None), box.pop("poll", None)
+        del text  # the body: an error's traceback holds this frame, and the body must not outlive the poll
+        if error is not None:
+            try:
+                raise error
+            finally:
+                del error  # no cycle frame -> error -> traceback -> frame
+        return poll
 
     def _poll(self) -> State:
         started = time.monotonic()
         now = self.clock()
         previous = self.state
         errors = dict(previous.health.errors_total)
+        big = False
+        text = ""
         try:
             # Latency buckets once per EDGE_SECONDS of poll clock (the window's edges), not on every poll.
             latency = self._latency_read_at is None or now - self._latency_read_at >= EDGE_SECONDS \
                 or now < self._latency_read_at
-            poll = interpret(self.fetcher.fetch(), self.overrides, timestamp=now, latency=latency)
+            text = self.fetcher.fetch()
+            big = len(text) > RELEASE_AFTER_BYTES
+            poll = self._interpret(text, now, latency)
         except ScrapeError as exc:
+            text = ""
             if self._stopping:
                 return previous
+            big = big or exc.reason == "too_large"
             errors[exc.reason] += 1
             health = replace(previous.health, up=False, scrape_duration_seconds=time.monotonic() - started,
                              errors_total=MappingProxyType(errors), last_error_reason=exc.reason,
                              last_error=str(exc), polls_total=previous.health.polls_total + 1)
             state = replace(previous, timestamp=now, health=health)
-            self._log_change(("down", exc.reason), "target %s is down (%s): %s", self.settings.target_url,
-                             exc.reason, exc)
+            self._status_log.change(("down", exc.reason), logging.WARNING, "target %s is down (%s): %s",
+                                    self.target, exc.reason, exc)
         else:
+            text = ""
+            if self._stopping:
+                return previous
             if latency:
                 self._latency_read_at = now
+            poll, dropped = self._cap(poll)
+            implausible = self._count_implausible(poll, previous.health.implausible_total)
             restarted = self.history.record(poll)
             for key, reason in restarted.items():
                 log.warning("vLLM series %s/%s restarted: %s", key[0], key[1], reason)
-            series = {r.key: self._series(r, now) for r in poll.readings}
+            series = {}
+            for reading in poll.readings:
+                if self._stopping:  # up to --max-series analyses: SIGTERM does not wait for them
+                    return previous
+                series[reading.key] = self._series(reading, now)
             health = replace(previous.health, up=True, scrape_duration_seconds=time.monotonic() - started,
                              last_success_timestamp=now, last_success_wall_seconds=time.time(),
-                             polls_total=previous.health.polls_total + 1)
+                             polls_total=previous.health.polls_total + 1,
+                             series_dropped_total=previous.health.series_dropped_total + dropped,
+                             implausible_total=implausible)
             state = State(timestamp=now, health=health, detection=poll.detection, series=MappingProxyType(series))
             d = poll.detection
-            self._log_change(("up", d), "target %s is up: %s %s, usage from %s, %d series",
-                             self.settings.target_url, d.engine_kind, d.version_range, d.usage_metric, len(series))
+            self._status_log.change(("up", d), logging.INFO, "target %s is up: %s %s, usage from %s, %d series",
+                                    self.target, d.engine_kind, d.version_range, d.usage_metric, len(series))
         self.state = state  # the one atomic swap readers see
+        if big:
+            release_memory()
         return state
+
+    def _cap(self, poll: Poll) -> tuple[Poll, int]:
+        """The adapter read at most ``--max-series`` series (the first in its stable order): one warning when
+        series start being dropped, one line when they stop."""
+        dropped = poll.series_dropped
+        served = len(poll.readings) + dropped
+        if dropped and not self._capped:
+            log.warning("target %s serves %d (model_name, engine) series, more than --max-series %d: exporting "
+                        "the first %d, dropping the rest (counted in kvwatch_series_dropped_total) until it "
+                        "serves fewer", self.target, served, self.max_series, self.max_series)
+        elif not dropped and self._capped:
+            log.info("target %s serves %d series again, within --max-series %d", self.target, served,
+                     self.max_series)
+        self._capped = bool(dropped)
+        return poll, dropped
+
+    def _count_implausible(self, poll: Poll, totals: Mapping[str, int]) -> Mapping[str, int]:
+        if not poll.implausible:
+            self._values_log.change((), logging.INFO, "target %s serves no impossible values any more", self.target)
+            return totals
+        counts = dict(totals)
+        for _, name, _ in poll.implausible:
+            counts[name] = counts.get(name, 0) + 1
+        fields = tuple(sorted({name for _, name, _ in poll.implausible}))
+        key, name, value = poll.implausible[0]
+        self._values_log.change(fields, logging.WARNING, "target %s serves impossible values, read as unknown: %s "
+                                "(first: %s/%s %s = %r)", self.target, ", ".join(fields), key[0], key[1], name, value)
+        return MappingProxyType(counts)
 
     def _series(self, reading: Any, now: float) -> SeriesState:
         history = self.history[reading.key]
@@ -151,11 +327,6 @@ class Sidecar:
                 extra[analyzer.name] = result
         return derive(reading, history, self.settings.max_model_len, extra)
 
-    def _log_change(self, status: tuple[Any, ...], message: str, *args: Any) -> None:
-        if status != self._last_logged:
-            (log.info if status[0] == "up" else log.warning)(message, *args)
-            self._last_logged = status
-
 
 def load_analyzers(settings: ServeSettings, modules: Sequence[str] = ANALYZER_MODULES) -> list[Analyzer]:
     """Each module's ``make_analyzer(settings)``; one that returns None has nothing to do for these settings."""
@@ -165,31 +336,6 @@ def load_analyzers(settings: ServeSettings, modules: Sequence[str] = ANALYZER_MO
         if analyzer is not None:
             analyzers.append(analyzer)
     return analyzers
-
-
-def make_handler(registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-                self._reply(200, content_type, encoder(registry))
-            elif path == "/healthz":
-                self._reply(200, "text/plain; charset=utf-8", b"ok\n")
-            else:
-                self._reply(404, "text/plain; charset=utf-8", b"not found: try /metrics or /healthz\n")
-
-        def _reply(self, status: int, content_type: str, body: bytes) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            log.debug("http: " + format, *args)
-
-    return Handler
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -207,6 +353,7 @@ def run(args: argparse.Namespace) -> int:
         SourceOverrides.from_settings(settings)  # fail at startup, not at the first poll
     except ValueError as exc:
         raise SettingsError(f"invalid source-metric override: {exc}") from None
+    tune_malloc()
     clock = Clock(settings.clock_speed)
     fetcher = Fetcher(settings.target_url, timeout=float(settings.poll_timeout_seconds or 1.0),
                       max_body_bytes=settings.max_body_bytes, bearer_token_file=settings.bearer_token_file,
@@ -217,20 +364,32 @@ def run(args: argparse.Namespace) -> int:
     stale_after = float(settings.stale_after_seconds or 0) * settings.clock_speed
     collector = KvwatchCollector(lambda: sidecar.state, now=clock, stale_after=stale_after, analyzers=analyzers)
     registry = make_registry(collector)
+
+    def version() -> tuple[int, bool]:
+        # What the rendered body depends on: the State (a new object each poll) and whether it is still fresh.
+        # The cache keeps that State alive, so its id cannot be reused while it is the cached one.
+        state = sidecar.state
+        return id(state), state.fresh(clock(), stale_after)
+
     try:
-        server = ThreadingHTTPServer((settings.listen_address, settings.port), make_handler(registry))
+        web = WebConfigWatcher(settings.web_config_file)
+    except WebConfigError as exc:
+        fetcher.close()
+        raise SettingsError(f"invalid --web-config-file: {exc}") from None
+    try:
+        server = MetricsServer((settings.listen_address, settings.port), RenderCache(registry, version), web)
     except OSError as exc:
         log.error("cannot listen on %s:%d: %s", settings.listen_address, settings.port, exc)
         fetcher.close()
         return 1
-    server.daemon_threads = True
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     port = server.server_address[1]  # --port 0: the free port the system picked
-    log.info("kvwatch serving on http://%s:%d/metrics, polling %s every %gs", settings.listen_address,
-             port, settings.target_url, settings.poll_interval_seconds)
+    log.info("kvwatch serving on %s://%s:%d/metrics%s, polling %s every %gs", "https" if web.config.tls else "http",
+             settings.listen_address, port, " (basic auth)" if web.config.users else "", sidecar.target,
+             settings.poll_interval_seconds)
     scheduler = start_polling(sidecar, settings.poll_interval_seconds)
     try:
         stop.wait()

@@ -7,18 +7,22 @@ the engine's own ``cache_config_info`` values for what was not given; a large ga
 ``kvwatch_whatif_max_concurrency{scenario}`` (each scenario's ceiling at the live average KV tokens per
 running request). For every series whose capacity is known by any means: ``kvwatch_capacity_source_info{source}``
 (the engine's figures first, then the formula: kvwatch.capacity.series) and ``kvwatch_kv_cache_pool_bytes``.
+For every series whose usage, running and waiting are known: ``kvwatch_capacity_finding{finding}``, 1 once a
+finding's condition (kvwatch.capacity.findings.live_finding, the same as ``check``'s) has held on every poll for
+SUSTAINED_SECONDS of the poll clock, else 0.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 
+from kvwatch.capacity.findings import LIVE_FINDINGS, SUSTAINED_SECONDS, HeldSince, live_finding
 from kvwatch.history import SeriesHistory
 from kvwatch.model import Reading, SeriesKey
 from kvwatch.serve.sidecar_capacity import SidecarCapacity, resolver_for
@@ -33,6 +37,11 @@ class CapacityResult:
     source: str = "unknown"  # kvwatch.capacity.series.SOURCES: where the series' capacity comes from
     pool_bytes: float | None = None
     pool_source: str | None = None
+    # LIVE_FINDINGS id -> 1.0 when its condition held for SUSTAINED_SECONDS, else 0.0; empty when not judged
+    findings: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+
+
+MAX_LOGGED_PLANS = 10
 
 
 class CapacityAnalyzer:
@@ -43,31 +52,62 @@ class CapacityAnalyzer:
         # reads): a preset may only match once the engine names its model, and a restart may change them. The
         # resolver is the settings' own, shared with the forecaster's advice.
         self._capacity = resolver_for(settings)
+        self._logged = 0
+        # Per series and finding: since when its condition has held (O(1) per poll, bounded like the plans).
+        self._held: dict[tuple[SeriesKey, str], HeldSince] = {}
+        self._max_held = 2 * len(LIVE_FINDINGS) * int(getattr(settings, "max_series", 0) or 1000)
 
     def _plan(self, reading: Reading) -> SidecarCapacity | None:
         new = self._capacity.is_new(reading)
         capacity, why = self._capacity.sidecar(reading)
         if new:
+            # One line per model for the first few; a target serving thousands of models gets no more.
+            self._logged += 1
+            say = log.info if self._logged <= MAX_LOGGED_PLANS else log.debug
+            if self._logged == MAX_LOGGED_PLANS + 1:
+                log.info("capacity model: more models than %d, further per-model lines at DEBUG", MAX_LOGGED_PLANS)
             if capacity is None:
-                log.info("capacity model off for %s: %s", reading.model_name, why)
+                say("capacity model off for %s: %s", reading.model_name, why)
             else:
                 for error in capacity.plan.errors:  # e.g. a --max-model-len vLLM refuses: the settings are wrong
-                    log.warning("capacity model for %s: %s", reading.model_name, error)
-                log.info("capacity model for %s: %s", reading.model_name,
-                         "; ".join(n for n in capacity.plan.notes if "cache_config_info" in n) or "kvwatch's settings")
+                    (log.warning if say is log.info else say)("capacity model for %s: %s", reading.model_name, error)
+                say("capacity model for %s: %s", reading.model_name,
+                    "; ".join(n for n in capacity.plan.notes if "cache_config_info" in n) or "kvwatch's settings")
         return capacity
 
     def analyze(self, key: SeriesKey, history: SeriesHistory, reading: Reading, now: float) -> CapacityResult | None:
         capacity = self._plan(reading)
         series = self._capacity.series(reading)
-        if capacity is None and series.source == "unknown":
+        findings = self._live_findings(key, history, reading, capacity, now)
+        if capacity is None and series.source == "unknown" and not findings:
             return None
         whatif: dict[str, float] = {}
         per_request = reading.kv_tokens_per_running_request
         if capacity is not None and per_request:
             whatif = capacity.whatif_max_concurrency(per_request)
         return CapacityResult(capacity.formula_kv_capacity_tokens if capacity is not None else None,
-                              MappingProxyType(whatif), series.source, series.pool_bytes, series.pool_source)
+                              MappingProxyType(whatif), series.source, series.pool_bytes, series.pool_source,
+                              MappingProxyType(findings))
+
+    def _live_findings(self, key: SeriesKey, history: SeriesHistory | None, reading: Reading,
+                       capacity: SidecarCapacity | None, now: float) -> dict[str, float]:
+        """Each live finding: 1.0 once its condition held for SUSTAINED_SECONDS of polls since the last restart."""
+        if (history is None or reading.kv_usage_ratio is None or reading.requests_running is None
+                or reading.requests_waiting is None):
+            return {}
+        max_model_len = capacity.plan.max_model_len if capacity is not None else None
+        restarted = history.last_restart_timestamp == now
+        out: dict[str, float] = {}
+        for finding_id in LIVE_FINDINGS:
+            holds = live_finding(finding_id, reading.kv_usage_ratio, reading.requests_running,
+                                 reading.requests_waiting, reading.kv_capacity_tokens, max_model_len) is not None
+            timer = self._held.get((key, finding_id))
+            if timer is None:
+                if len(self._held) >= self._max_held:
+                    del self._held[next(iter(self._held))]
+                timer = self._held[(key, finding_id)] = HeldSince()
+            out[finding_id] = 1.0 if timer.update(now, holds, restarted) >= SUSTAINED_SECONDS else 0.0
+        return out
 
     def families(self, results: Mapping[SeriesKey, CapacityResult], now: float) -> Iterable[GaugeMetricFamily]:
         formula = GaugeMetricFamily(
@@ -94,18 +134,30 @@ class CapacityAnalyzer:
             "vLLM's kv_cache_memory_bytes when it was given, else the engine's num_gpu_blocks x the capacity "
             "model's bytes per block, else the capacity model's budget; `source` says which.",
             labels=["model_name", "engine", "source"])
+        finding = GaugeMetricFamily(
+            "kvwatch_capacity_finding",
+            f"1 when a capacity finding's condition has held on every poll for {SUSTAINED_SECONDS:g} s (poll "
+            "clock), else 0: finding=kv_usage_stuck (KV usage >= 95% with nothing running or waiting: blocks not "
+            "freed, vllm issue 27073), finding=request_exceeds_pool (requests waiting, nothing running, KV usage "
+            "<= 5%: the head of the queue needs more KV than the whole pool, vllm issue 39734). Same conditions "
+            "as `kvwatch check`'s findings.",
+            labels=["model_name", "engine", "finding"])
         for (model_name, engine), result in sorted(results.items()):
             if result.formula_kv_capacity_tokens is not None:
                 formula.add_metric([model_name, engine], float(result.formula_kv_capacity_tokens))
             for scenario, ceiling in result.whatif_max_concurrency.items():
                 whatif.add_metric([model_name, engine, scenario], ceiling)
-            source.add_metric([model_name, engine, result.source], 1.0)
+            for finding_id, value in sorted(result.findings.items()):
+                finding.add_metric([model_name, engine, finding_id], value)
+            if result.source != "unknown" or result.formula_kv_capacity_tokens is not None:
+                source.add_metric([model_name, engine, result.source], 1.0)
             if result.pool_bytes is not None and result.pool_source is not None:
                 pool.add_metric([model_name, engine, result.pool_source], result.pool_bytes)
         yield formula
         yield whatif
         yield source
         yield pool
+        yield finding
 
 
 def make_analyzer(settings: Any) -> CapacityAnalyzer:

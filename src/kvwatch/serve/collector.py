@@ -91,6 +91,16 @@ def _health(state: State) -> Iterator[Metric]:
     for reason in REASONS:
         errors.add_metric([reason], float(health.errors_total.get(reason, 0)))
     yield errors
+    yield CounterMetricFamily("kvwatch_series_dropped",
+                              "(model_name, engine) series a good poll left out because the target served more "
+                              "than --max-series, summed over polls; rising means series are missing now.",
+                              value=float(health.series_dropped_total))
+    implausible = CounterMetricFamily(
+        "kvwatch_implausible_values", "Impossible values the target served (NaN, +-Inf, negative counts, usage "
+        "outside 0..1), read as unknown instead, by Reading field; summed over series and polls.", labels=["field"])
+    for name, count in sorted(health.implausible_total.items()):
+        implausible.add_metric([name], float(count))
+    yield implausible
     if health.last_success_wall_seconds is not None:
         yield GaugeMetricFamily("kvwatch_last_success_timestamp_seconds",
                                 "Unix time (wall clock) of the last successful poll of the target.",

@@ -33,8 +33,9 @@ class ForecastAnalyzer:
     name = "forecast"
 
     def __init__(self, params: ForecastParams | None = None, *, max_model_len: int | None = None,
-                 settings: Any | None = None) -> None:
+                 settings: Any | None = None, max_series: int | None = None) -> None:
         self.params = params or ForecastParams()
+        self.max_series = max_series  # forecasters kept at most; the longest unseen go first
         self.max_model_len = max_model_len
         self._settings = settings
         self._forecasters: dict[tuple[str, str], Forecaster] = {}
@@ -49,9 +50,12 @@ class ForecastAnalyzer:
         return series.apply(reading), series.plan
 
     def analyze(self, key: tuple[str, str], history: Any, reading: Any, now: float) -> SeriesForecast:
-        forecaster = self._forecasters.get(key)
+        forecaster = self._forecasters.pop(key, None)  # re-inserted: least recently analysed first
         if forecaster is None:
-            forecaster = self._forecasters[key] = Forecaster(self.params)
+            forecaster = Forecaster(self.params)
+        self._forecasters[key] = forecaster
+        if self.max_series is not None and len(self._forecasters) > self.max_series:
+            del self._forecasters[next(iter(self._forecasters))]
         restarted = getattr(history, "last_restart_timestamp", None) == now
         reading, plan = self._capacity(reading)
         result = forecaster.observe(ForecastSample.from_reading(reading, now, restarted=restarted))
@@ -89,4 +93,6 @@ def make_analyzer(settings: Any) -> ForecastAnalyzer:
     # Settings are real seconds; the forecaster sees the poll clock, which runs clock_speed times faster.
     speed = float(getattr(settings, "clock_speed", 1.0) or 1.0)
     params = ForecastParams(stale_after_seconds=float(stale) * speed) if stale else ForecastParams()
-    return ForecastAnalyzer(params, max_model_len=getattr(settings, "max_model_len", None), settings=settings)
+    max_series = getattr(settings, "max_series", None)
+    return ForecastAnalyzer(params, max_model_len=getattr(settings, "max_model_len", None), settings=settings,
+                            max_series=2 * max_series if max_series else None)

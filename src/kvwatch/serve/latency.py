@@ -54,6 +54,10 @@ def classify(quantiles: Mapping[tuple[str, float], float], usage: float | None,
     return True, "kv_cache" if kv_bound else "other"
 
 
+def _has_latency(reading: Reading) -> bool:
+    return bool(reading.latency)
+
+
 class LatencyAnalyzer:
     name = "latency"
 
@@ -62,16 +66,20 @@ class LatencyAnalyzer:
         self.window = window
 
     def analyze(self, key: SeriesKey, history: SeriesHistory, reading: Reading, now: float) -> SeriesLatency | None:
-        entries = history.samples(since_restart=True, window=self.window)
+        # The window's first entry by binary search: a walk over the window cost every poll as many steps as
+        # the window held polls (docs/reliability.md, CPU per poll).
+        first = history.first(since_restart=True, window=self.window)
+        latest = history.latest
         aborted = history.rate("requests_aborted_total", self.window)
         # Only some polls read the histograms (kvwatch.latency.EDGE_SECONDS): the window runs from the oldest
         # to the newest of those in the last ``window`` seconds.
-        edges = [e.reading.latency for e in entries if e.reading.latency]
-        if len(edges) < 2:
+        edges = history.ends_where(_has_latency, since_restart=True, window=self.window)
+        if first is None or latest is None or edges is None or edges[0] is edges[1]:
             return SeriesLatency(aborted_per_second=aborted) if aborted is not None else None
-        quantiles = window_quantiles(edges[0], edges[-1])
+        quantiles = window_quantiles(edges[0].reading.latency, edges[1].reading.latency)
         known, cause = False, None
         if self.ttft_slo_seconds is not None:
+            entries = history.samples(since_restart=True, window=self.window)
             usages = [e.reading.kv_usage_ratio for e in entries if e.reading.kv_usage_ratio is not None]
             usage = statistics.median(usages) if usages else None
             known, cause = classify(quantiles, usage, self.ttft_slo_seconds)

@@ -158,6 +158,7 @@ class CapacityResolver:
     def __init__(self, settings: Any) -> None:
         self._settings = settings
         self._cache: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[SidecarCapacity | None, str]] = {}
+        self._max_plans = 2 * int(getattr(settings, "max_series", 0) or 1000)
 
     def _key(self, reading: Any) -> tuple[str, tuple[tuple[str, str], ...]]:
         config = {k: v for k, v in reading.cache_config.items() if k in ENGINE_LABELS or k in VERSION_LABELS}
@@ -170,6 +171,9 @@ class CapacityResolver:
         """(the formula's plan and what-ifs, why not) for this reading's model and engine configuration."""
         key = self._key(reading)
         if key not in self._cache:
+            # Bounded like the series (--max-series): a target churning model names must not grow it.
+            if len(self._cache) >= self._max_plans:
+                del self._cache[next(iter(self._cache))]
             self._cache[key] = build_sidecar_capacity(self._settings, reading.model_name, reading.cache_config)
         return self._cache[key]
 

@@ -47,6 +47,8 @@ class Health:
     # rules compare it with Prometheus' time() (the demo's poll clock runs ahead of it).
     last_success_wall_seconds: float | None = None
     polls_total: int = 0
+    series_dropped_total: int = 0  # series left out by --max-series, summed over good polls
+    implausible_total: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))  # by field
 
 
 @dataclass(frozen=True)

@@ -106,6 +106,7 @@ with .Values.kvwatchSidecar holding `config:` and `kvwatch:` shaped like this ch
 {{- $image := $kvwatch.image | default dict }}
 {{- $deployment := .Values.deployment | default dict }}
 {{- $vllm := .Values.vllm | default dict }}
+{{- $web := .Values.webConfig | default dict }}
 {{- /* Readiness only when kvwatch is the pod's only container: in a vLLM pod, a not-ready sidecar would take
 vLLM out of its Service, and a watchdog must never stop the serving. */}}
 {{- $standalone := and (ne (toString $deployment.enabled) "false") (eq (toString $vllm.enabled) "false") }}
@@ -123,6 +124,13 @@ vLLM out of its Service, and a watchdog must never stop the serving. */}}
     - serve
   env:
     {{- include "kvwatch.env" . | trim | nindent 4 }}
+    {{- if $web.secretName }}
+    {{- if (.Values.config | default dict).webConfigFile }}
+    {{- fail "set webConfig.secretName or config.webConfigFile, not both (webConfig mounts the file and sets it)" }}
+    {{- end }}
+    - name: KVWATCH_WEB_CONFIG_FILE
+      value: {{ printf "/etc/kvwatch/web/%s" ($web.key | default "web-config.yml") | quote }}
+    {{- end }}
     {{- with $kvwatch.extraEnv }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
@@ -133,12 +141,12 @@ vLLM out of its Service, and a watchdog must never stop the serving. */}}
   {{- if $standalone }}
   {{- with $kvwatch.readinessProbe }}
   readinessProbe:
-    {{- toYaml . | nindent 4 }}
+    {{- include "kvwatch.probe" (dict "probe" . "tls" $web.tls) | nindent 4 }}
   {{- end }}
   {{- end }}
   {{- with $kvwatch.livenessProbe }}
   livenessProbe:
-    {{- toYaml . | nindent 4 }}
+    {{- include "kvwatch.probe" (dict "probe" . "tls" $web.tls) | nindent 4 }}
   {{- end }}
   {{- with $kvwatch.resources }}
   resources:
@@ -148,10 +156,26 @@ vLLM out of its Service, and a watchdog must never stop the serving. */}}
   securityContext:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-  {{- with $kvwatch.extraVolumeMounts }}
+  {{- if or $kvwatch.extraVolumeMounts $web.secretName }}
   volumeMounts:
+    {{- if $web.secretName }}
+    - name: kvwatch-web-config
+      mountPath: /etc/kvwatch/web
+      readOnly: true
+    {{- end }}
+    {{- with $kvwatch.extraVolumeMounts }}
     {{- toYaml . | nindent 4 }}
+    {{- end }}
   {{- end }}
+{{- end }}
+
+{{/* A probe as given, on HTTPS when kvwatch serves TLS (webConfig.tls): /healthz needs no credentials. */}}
+{{- define "kvwatch.probe" -}}
+{{- $probe := deepCopy .probe }}
+{{- if and .tls $probe.httpGet }}
+{{- $_ := set $probe.httpGet "scheme" "HTTPS" }}
+{{- end }}
+{{- toYaml $probe }}
 {{- end }}
 
 {{/* vLLM's command-line arguments, built from the same `config:` keys kvwatch's capacity model reads. */}}
@@ -212,6 +236,23 @@ same names): kvwatch on `metrics`, and in mode 1 optionally vLLM's own /metrics 
   {{- end }}
   {{- with $m.scrapeTimeout }}
   scrapeTimeout: {{ . }}
+  {{- end }}
+  {{- $web := .root.Values.webConfig | default dict }}
+  {{- if and $web.secretName $web.tls }}
+  scheme: https
+  {{- with $m.tlsConfig }}
+  tlsConfig:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- else if $m.tlsConfig }}
+  {{- fail (printf "%s.tlsConfig is set but kvwatch serves plain HTTP: set webConfig.secretName and webConfig.tls" .name) }}
+  {{- end }}
+  {{- with $m.basicAuth }}
+  {{- if not $web.secretName }}
+  {{- fail (printf "%s.basicAuth is set but kvwatch has no web config: set webConfig.secretName" $.name) }}
+  {{- end }}
+  basicAuth:
+    {{- toYaml . | nindent 4 }}
   {{- end }}
   relabelings:
     # The rule pack finds kvwatch's own scrape by this job (KvwatchAbsent: up{job=~".*kvwatch.*"} == 0),

@@ -1,0 +1,137 @@
+"""Mamba / linear-attention state pages and vLLM's page-size unification for hybrid models (pure).
+
+vLLM (V1, >= 0.10.2) keeps one constant-size state per request and per Mamba / linear-attention layer in the same
+block pool as the attention KV cache. Its ``HybridAttentionMambaModelConfig.verify_and_update_config``
+(``vllm/model_executor/models/config.py``; later ``_align_hybrid_block_size`` in ``vllm/platforms/interface.py``)
+makes every page the same size:
+
+- the Mamba page is the sum of its state tensors (``MambaSpec.page_size_bytes``), shapes from
+  ``MambaStateShapeCalculator`` (``vllm/model_executor/layers/mamba/mamba_utils.py``), dtype the model's unless
+  ``--mamba-ssm-cache-dtype`` says otherwise;
+- the attention block size becomes ``16 × ceil(mamba_page / (16 × attention_bytes_per_token))`` when the
+  user's ``--block-size`` is smaller ("Setting attention block size to N tokens ..." in the startup log);
+- the Mamba page is then padded up to the attention page ("Padding mamba page size by X% ...").
+
+A request holds ``ceil(len / block_size)`` blocks in each attention group and exactly one block in each Mamba group
+(no prefix caching; vLLM's "align" prefix-caching mode keeps more, which kvwatch does not model).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+MAMBA1 = "mamba1"
+MAMBA2 = "mamba2"
+GATED_DELTA_NET = "gated_delta_net"  # Qwen3-Next's linear attention
+LINEAR_ATTENTION = "linear_attention"  # MiniMax's lightning attention
+HYBRID_BLOCK_ALIGNMENT = 16  # "some attention backends (e.g. FA) only support block sizes that are multiples of 16"
+
+
+class MambaConfigError(ValueError):
+    """The config names a hybrid model but lacks a state dimension (message names the field)."""
+
+
+@dataclass(frozen=True)
+class MambaDims:
+    """The state dimensions of one Mamba / linear-attention layer (whole model, not per rank)."""
+
+    kind: str
+    intermediate_size: int = 0  # mamba1 / mamba2: the inner width
+    n_groups: int = 1
+    num_heads: int = 0  # mamba2 heads; linear attention heads; gated delta net value heads
+    head_dim: int = 0  # mamba2 head dim; linear attention head dim; gated delta net value head dim
+    state_size: int = 0  # d_state
+    conv_kernel: int = 4
+    num_k_heads: int = 0  # gated delta net
+    head_k_dim: int = 0  # gated delta net
+    source: str = ""
+
+    def state_shapes(self, tp: int) -> tuple[tuple[int, ...], ...]:
+        """Per-rank state tensor shapes, as ``MambaStateShapeCalculator`` computes them."""
+        if self.kind == LINEAR_ATTENTION:
+            return ((self.num_heads // tp, self.head_dim, self.head_dim),)
+        if self.kind == GATED_DELTA_NET:
+            conv_dim = self.head_k_dim * self.num_k_heads * 2 + self.head_dim * self.num_heads
+            return ((self.conv_kernel - 1, _divide(conv_dim, tp, "conv dim")),
+                    (_divide(self.num_heads, tp, "linear_num_value_heads"), self.head_dim, self.head_k_dim))
+        if self.kind == MAMBA1:
+            inner = _divide(self.intermediate_size, tp, "mamba intermediate size")
+            return ((self.conv_kernel - 1, inner), (inner, self.state_size))
+        # mamba2: groups are replicated when TP does not divide them (extra_groups_for_head_shards)
+        groups = self.n_groups if self.n_groups % tp == 0 else tp
+        conv_dim = self.intermediate_size + 2 * groups * self.state_size
+        return ((self.conv_kernel - 1, _divide(conv_dim, tp, "mamba conv dim")),
+                (_divide(self.num_heads, tp, "mamba heads"), self.head_dim, self.state_size))
+
+    def page_bytes(self, tp: int, dtype_bytes: int, ssm_dtype_bytes: int | None = None) -> int:
+        """``MambaSpec.page_size_bytes`` before padding: the first tensor (conv, or the only state) in the model's
+        dtype, the temporal state in ``--mamba-ssm-cache-dtype`` (default: the model's)."""
+        shapes = self.state_shapes(tp)
+        total = 0
+        for i, shape in enumerate(shapes):
+            size = dtype_bytes if i == 0 or ssm_dtype_bytes is None else ssm_dtype_bytes
+            total += math.prod(shape) * size
+        return total
+
+
+def _divide(value: int, tp: int, what: str) -> int:
+    if value % tp:
+        raise MambaConfigError(f"vLLM requires --tensor-parallel-size to divide the {what} ({value}); {tp} does not")
+    return value // tp
+
+
+def attention_block_size(mamba_page: int, attention_bytes_per_token: int, user_block_size: int) -> int:
+    """The block size vLLM uses on a hybrid model: the user's when its page already holds a Mamba state, else
+    the smallest multiple of 16 whose attention page does."""
+    if mamba_page <= 0 or attention_bytes_per_token <= 0:
+        return user_block_size
+    per = HYBRID_BLOCK_ALIGNMENT * attention_bytes_per_token
+    needed = HYBRID_BLOCK_ALIGNMENT * -(-mamba_page // per)
+    return max(user_block_size, needed)
+
+
+def padding_percent(mamba_page: int, attention_page: int) -> float:
+    """What vLLM logs as "Padding mamba page size by X%"."""
+    return 100.0 * (attention_page - mamba_page) / mamba_page if mamba_page else 0.0
+
+
+def _first(cfg: dict[str, Any], *keys: str) -> int | None:
+    for key in keys:
+        if cfg.get(key) is not None:
+            return int(cfg[key])
+    return None
+
+
+def mamba_dims_from_config(cfg: dict[str, Any], model_type: str, hidden: int) -> MambaDims | None:
+    """The state dimensions from a hybrid model's ``config.json`` (the field names vLLM's model classes read);
+    None when the family's fields are absent (the state pages are then not modelled, and a note says so)."""
+    if cfg.get("linear_num_value_heads") and cfg.get("linear_value_head_dim"):  # Qwen3-Next
+        return MambaDims(GATED_DELTA_NET, num_heads=int(cfg["linear_num_value_heads"]),
+                         head_dim=int(cfg["linear_value_head_dim"]),
+                         num_k_heads=int(cfg.get("linear_num_key_heads") or cfg["linear_num_value_heads"]),
+                         head_k_dim=int(cfg.get("linear_key_head_dim") or cfg["linear_value_head_dim"]),
+                         conv_kernel=int(cfg.get("linear_conv_kernel_dim") or 4),
+                         source="linear_num_value_heads/linear_value_head_dim (gated delta net)")
+    if "minimax" in model_type and cfg.get("attn_type_list"):  # lightning attention: (heads, d, d) per layer
+        heads = _first(cfg, "num_attention_heads")
+        head_dim = _first(cfg, "head_dim") or (hidden // heads if heads else None)
+        if heads and head_dim:
+            return MambaDims(LINEAR_ATTENTION, num_heads=heads, head_dim=head_dim,
+                             source="num_attention_heads/head_dim (linear attention)")
+        return None
+    heads = _first(cfg, "mamba_n_heads", "mamba_num_heads", "n_mamba_heads")
+    head_dim = _first(cfg, "mamba_d_head", "mamba_head_dim", "mamba_headdim")
+    state = _first(cfg, "mamba_d_state", "ssm_state_size")
+    if heads and head_dim and state:  # Mamba2: Granite-4.0-H, Bamba, Nemotron-H, Falcon-H1, Zamba2
+        inner = _first(cfg, "mamba_d_ssm") or heads * head_dim
+        return MambaDims(MAMBA2, intermediate_size=inner, num_heads=heads, head_dim=head_dim, state_size=state,
+                         n_groups=_first(cfg, "mamba_n_groups", "n_groups", "mamba_ngroups") or 1,
+                         conv_kernel=_first(cfg, "mamba_d_conv", "conv_kernel") or 4,
+                         source="mamba_n_heads/mamba_d_head/mamba_d_state (Mamba2)")
+    if model_type == "jamba" and state:  # Mamba1
+        expand = _first(cfg, "mamba_expand") or 2
+        return MambaDims(MAMBA1, intermediate_size=expand * hidden, state_size=state,
+                         conv_kernel=_first(cfg, "mamba_d_conv") or 4, source="mamba_expand/mamba_d_state (Mamba1)")
+    return None

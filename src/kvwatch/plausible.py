@@ -1,0 +1,90 @@
+"""What values a vLLM payload can possibly hold; anything else is dropped to unknown before it is used.
+
+A broken or hostile target can serve ``-1``, ``1e308``, ``NaN`` or ``±Inf`` for any gauge or counter. None of
+these can be true of vLLM (usage is a share of the KV cache; queues, counters and capacities are counts), and
+passed on they become ``kv_used_tokens -163840`` or a forecast from infinity while ``kvwatch_up`` says 1.
+The rule is per value, never per poll: an impossible value becomes ``None`` (unknown: not exported, not
+forecast from, and not stored in history), the rest of the poll is used, and each dropped value is listed
+in :attr:`kvwatch.model.Poll.implausible` (``kvwatch_implausible_values_total{field}``, docs/metrics.md).
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import fields, replace
+from types import MappingProxyType
+from typing import Any
+
+from kvwatch.model import Poll, Reading
+
+USAGE_TOLERANCE = 0.01
+"""A usage a hair outside 0..1 is rounding (vLLM computes ``1 - free/total``); it is clamped, not dropped."""
+
+MAX_COUNT = float(2**53)
+"""Above this a float no longer holds every integer: no real count of requests, tokens or blocks gets here."""
+
+_COUNTS = ("requests_running", "requests_waiting", "requests_swapped", "preemptions_total", "prompt_tokens_total",
+           "generation_tokens_total", "prefix_cache_queries_total", "prefix_cache_hits_total",
+           "request_prompt_tokens_sum", "request_prompt_tokens_count", "request_generation_tokens_sum",
+           "request_generation_tokens_count")
+_POSITIVE = ("kv_capacity_tokens", "kv_max_concurrency", "num_gpu_blocks", "block_size")
+_BY_LABEL = ("waiting_by_reason", "finished_by_reason")
+
+assert set(_COUNTS + _POSITIVE + _BY_LABEL) <= {f.name for f in fields(Reading)}
+
+
+def _count_ok(value: float) -> bool:
+    return math.isfinite(value) and 0.0 <= value <= MAX_COUNT
+
+
+def check_reading(reading: Reading) -> tuple[Reading, tuple[tuple[str, float], ...]]:
+    """``reading`` with every impossible value set to unknown, and (field, value) of each value dropped."""
+    changes: dict[str, Any] = {}
+    dropped: list[tuple[str, float]] = []
+    usage = reading.kv_usage_ratio
+    if usage is not None:
+        if math.isfinite(usage) and -USAGE_TOLERANCE <= usage <= 1.0 + USAGE_TOLERANCE:
+            if not 0.0 <= usage <= 1.0:
+                changes["kv_usage_ratio"] = min(1.0, max(0.0, usage))
+        else:
+            changes["kv_usage_ratio"] = None
+            dropped.append(("kv_usage_ratio", usage))
+    for name in _COUNTS:
+        value = getattr(reading, name)
+        if value is not None and not _count_ok(value):
+            changes[name] = None
+            dropped.append((name, value))
+    for name in _POSITIVE:
+        value = getattr(reading, name)
+        if value is not None and not (_count_ok(value) and value > 0):
+            changes[name] = None
+            dropped.append((name, value))
+    for name in _BY_LABEL:
+        values = getattr(reading, name)
+        bad = [k for k, v in values.items() if not _count_ok(v)]
+        if bad:
+            changes[name] = MappingProxyType({k: v for k, v in values.items() if k not in bad})
+            dropped.append((name, values[bad[0]]))
+    utilization = reading.gpu_memory_utilization
+    if utilization is not None and not (math.isfinite(utilization) and 0.0 < utilization <= 1.0):
+        changes["gpu_memory_utilization"] = None
+        dropped.append(("gpu_memory_utilization", utilization))
+    start = reading.process_start_time_seconds
+    if start is not None and not (math.isfinite(start) and start >= 0.0):
+        changes["process_start_time_seconds"] = None
+        dropped.append(("process_start_time_seconds", start))
+    return (replace(reading, **changes) if changes else reading), tuple(dropped)
+
+
+def check_poll(poll: Poll) -> Poll:
+    """``poll`` with :func:`check_reading` applied to each reading; ``implausible`` lists what was dropped."""
+    readings = []
+    implausible = []
+    for reading in poll.readings:
+        checked, dropped = check_reading(reading)
+        readings.append(checked)
+        implausible.extend((reading.key, name, value) for name, value in dropped)
+    if not implausible and all(a is b for a, b in zip(readings, poll.readings, strict=True)):
+        return poll
+    return replace(poll, readings=tuple(readings), implausible=tuple(implausible))

@@ -1,0 +1,333 @@
+"""kvwatch's own HTTP endpoint: /metrics and /healthz, optionally behind TLS and basic auth.
+
+Built for a pod where anything may connect: a scrape renders the current State once per poll and every
+other scrape of that State gets the same bytes (:class:`RenderCache`); a deep listen backlog takes bursts of
+hundreds of connections; a client that hangs up or stalls costs one thread for at most ``CLIENT_TIMEOUT``
+seconds and never a traceback in the log.
+
+``--web-config-file`` reads the Prometheus exporter-toolkit web configuration (the file node_exporter's
+``--web.config.file`` reads): ``tls_server_config`` (``cert_file``/``key_file`` or inline ``cert``/``key``,
+``client_ca_file``, ``client_auth_type``, ``min_version``/``max_version``), ``basic_auth_users`` (bcrypt
+hashes) and ``http_server_config.headers``. Like the toolkit it is re-read when it changes (checked on each
+connection, with the files it names), so rotated certificates and passwords need no restart; a bad edit
+keeps the last good configuration and is logged once. With TLS on, a plain-HTTP request gets a 400 and no
+metrics. Basic auth guards /metrics; /healthz answers without it (kubelet probes send no credentials, and
+it tells nothing but "the process serves"). Not supported, and refused at startup rather than ignored:
+``client_auth_type`` RequestClientCert/RequireAnyClientCert (Python's ssl cannot request a client
+certificate without verifying it), ``cipher_suites``, ``curve_preferences``, ``client_allowed_sans`` and
+``rate_limit``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import os
+import socket
+import ssl
+import tempfile
+import threading
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import CollectorRegistry
+
+log = logging.getLogger("kvwatch")
+
+CLIENT_TIMEOUT = 10.0
+"""Seconds a client may take to send its request (or finish the TLS handshake) before it is dropped."""
+LISTEN_BACKLOG = 1024
+"""Pending connections the kernel queues: a burst of hundreds of scrapes must not be refused."""
+_AUTH_CACHE_SIZE = 256
+
+CLIENT_AUTH_TYPES = {
+    "NoClientCert": ssl.CERT_NONE,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1, "TLS12": ssl.TLSVersion.TLSv1_2,
+                "TLS13": ssl.TLSVersion.TLSv1_3}
+_TLS_KEYS = {"cert", "key", "cert_file", "key_file", "client_ca_file", "client_auth_type", "min_version",
+             "max_version", "prefer_server_cipher_suites"}
+_REFUSED_TLS_KEYS = {"cipher_suites", "curve_preferences", "client_allowed_sans"}
+
+
+class WebConfigError(ValueError):
+    """The web configuration file is unusable; the message names the key or file."""
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    """One loaded web configuration: a TLS context (None: plain HTTP) and bcrypt hashes by user."""
+
+    tls: ssl.SSLContext | None = None
+    users: dict[str, bytes] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    watched: tuple[Path, ...] = ()  # the config and every file it names, for reloads
+
+    def check_password(self, user: str, password: str, cache: dict[bytes, bool]) -> bool:
+        """bcrypt is slow by design (~50-100 ms at cost 10): each (user, password, hash) is checked once."""
+        hashed = self.users.get(user)
+        if hashed is None:
+            return False
+        key = hashlib.sha256(b"\0".join((user.encode(), password.encode(), hashed))).digest()
+        if key not in cache:
+            import bcrypt
+
+            if len(cache) >= _AUTH_CACHE_SIZE:
+                cache.pop(next(iter(cache)))
+            try:
+                cache[key] = bcrypt.checkpw(password.encode(), hashed)
+            except ValueError:  # a malformed hash was refused at load; be safe anyway
+                cache[key] = False
+        return cache[key]
+
+
+def load_web_config(path: Path) -> WebConfig:
+    """Read and check an exporter-toolkit web configuration; WebConfigError says what is wrong."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise WebConfigError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise WebConfigError(f"{path}: not a YAML mapping")
+    unknown = set(data) - {"tls_server_config", "basic_auth_users", "http_server_config", "rate_limit"}
+    if unknown:
+        raise WebConfigError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}")
+    if data.get("rate_limit"):
+        raise WebConfigError(f"{path}: rate_limit is not supported by kvwatch")
+    base = path.parent
+    watched = [path]
+    tls = None
+    tls_data = data.get("tls_server_config")
+    if tls_data:
+        tls, files = _tls_context(tls_data, base, path)
+        watched += files
+    users: dict[str, bytes] = {}
+    for user, hashed in (data.get("basic_auth_users") or {}).items():
+        text = str(hashed or "")
+        if not text.startswith(("$2a$", "$2b$", "$2y$")) or len(text) != 60:
+            raise WebConfigError(f"{path}: basic_auth_users.{user} is not a bcrypt hash ($2y$...)")
+        users[str(user)] = text.encode()
+    http = data.get("http_server_config") or {}
+    if not isinstance(http, dict):
+        raise WebConfigError(f"{path}: http_server_config must be a mapping")
+    headers = {str(k): str(v) for k, v in (http.get("headers") or {}).items()}
+    return WebConfig(tls=tls, users=users, headers=headers, watched=tuple(watched))
+
+
+def _tls_context(config: Any, base: Path, path: Path) -> tuple[ssl.SSLContext, list[Path]]:
+    if not isinstance(config, dict):
+        raise WebConfigError(f"{path}: tls_server_config must be a mapping")
+    refused = set(config) & _REFUSED_TLS_KEYS
+    if refused:
+        raise WebConfigError(f"{path}: tls_server_config.{sorted(refused)[0]} is not supported by kvwatch")
+    unknown = set(config) - _TLS_KEYS
+    if unknown:
+        raise WebConfigError(f"{path}: unknown key tls_server_config.{sorted(unknown)[0]}")
+    auth = config.get("client_auth_type") or "NoClientCert"
+    if auth not in CLIENT_AUTH_TYPES:
+        raise WebConfigError(f"{path}: tls_server_config.client_auth_type {auth!r} is not supported by kvwatch "
+                             f"(one of {', '.join(CLIENT_AUTH_TYPES)})")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = _version(config.get("min_version") or "TLS12", "min_version", path)
+    if config.get("max_version"):
+        context.maximum_version = _version(config["max_version"], "max_version", path)
+    files: list[Path] = []
+    cert_file, key_file = config.get("cert_file"), config.get("key_file")
+    if (config.get("cert") and cert_file) or (config.get("key") and key_file):
+        raise WebConfigError(f"{path}: give tls_server_config cert or cert_file (key or key_file), not both")
+    try:
+        if cert_file and key_file:
+            cert, key = base / cert_file, base / key_file
+            files += [cert, key]
+            context.load_cert_chain(cert, key)
+        elif config.get("cert") and config.get("key"):
+            _load_inline(context, str(config["cert"]), str(config["key"]))
+        else:
+            raise WebConfigError(f"{path}: tls_server_config needs cert_file and key_file (or cert and key)")
+        ca = config.get("client_ca_file")
+        if ca:
+            files.append(base / ca)
+            context.load_verify_locations(cafile=base / ca)
+        elif auth != "NoClientCert":
+            raise WebConfigError(f"{path}: client_auth_type {auth} needs tls_server_config.client_ca_file")
+    except (OSError, ssl.SSLError) as exc:
+        raise WebConfigError(f"{path}: tls_server_config: {exc}") from None
+    context.verify_mode = CLIENT_AUTH_TYPES[auth]
+    return context, files
+
+
+def _version(name: str, key: str, path: Path) -> ssl.TLSVersion:
+    if name not in TLS_VERSIONS:
+        raise WebConfigError(f"{path}: tls_server_config.{key} {name!r} is not one of {', '.join(TLS_VERSIONS)}")
+    return TLS_VERSIONS[name]
+
+
+def _load_inline(context: ssl.SSLContext, cert: str, key: str) -> None:
+    # ssl loads a chain from files only: a private temporary file, removed at once.
+    with tempfile.TemporaryDirectory() as tmp:
+        pem = Path(tmp) / "pair.pem"
+        pem.touch(mode=0o600)
+        pem.write_text(cert.rstrip() + "\n" + key.rstrip() + "\n")
+        context.load_cert_chain(pem)
+
+
+class WebConfigWatcher:
+    """The current web configuration, re-read when the file or any file it names changes."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self.config = load_web_config(path) if path is not None else WebConfig()
+        self._stamp = self._stamps()
+        self._failed_stamp: Any = None
+        self.auth_cache: dict[bytes, bool] = {}
+
+    def _stamps(self) -> tuple[Any, ...]:
+        out = []
+        for p in (self.config.watched or ((self.path,) if self.path else ())):
+            try:
+                st = os.stat(p)
+                out.append((st.st_mtime_ns, st.st_size, st.st_ino))
+            except OSError:
+                out.append(None)
+        return tuple(out)
+
+    def current(self) -> WebConfig:
+        if self.path is None:
+            return self.config
+        with self._lock:
+            stamp = self._stamps()
+            if stamp != self._stamp and stamp != self._failed_stamp:
+                try:
+                    config = load_web_config(self.path)
+                except WebConfigError as exc:
+                    log.error("web config not reloaded, the last good one stays in force: %s", exc)
+                    self._failed_stamp = stamp
+                else:
+                    self.config = config
+                    self.auth_cache = {}
+                    self._stamp = self._stamps()
+                    log.info("web config reloaded from %s (TLS %s, %d basic-auth users)", self.path,
+                             "on" if config.tls else "off", len(config.users))
+            return self.config
+
+
+class RenderCache:
+    """The /metrics body per (state version, content type): rendered once, served to every scrape of it.
+
+    ``version()`` returns a value that changes whenever the output would (the State object, and whether it
+    is still fresh); concurrent scrapes of a new version wait for one rendering instead of each doing it."""
+
+    def __init__(self, registry: CollectorRegistry, version: Callable[[], Hashable]) -> None:
+        self._registry = registry
+        self._version = version
+        self._lock = threading.Lock()
+        self._bodies: dict[str, tuple[Any, bytes]] = {}
+
+    def body(self, accept: str) -> tuple[bytes, str]:
+        encoder, content_type = choose_encoder(accept)
+        with self._lock:
+            version = self._version()
+            cached = self._bodies.get(content_type)
+            if cached is not None and cached[0] == version:
+                return cached[1], content_type
+            body = encoder(self._registry)
+            self._bodies[content_type] = (version, body)
+            return body, content_type
+
+
+class MetricsServer(ThreadingHTTPServer):
+    """A threading HTTP server whose TLS handshake runs on the connection's thread, not the accept loop."""
+
+    daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
+
+    def __init__(self, address: tuple[str, int], cache: RenderCache, web: WebConfigWatcher) -> None:
+        self.cache = cache
+        self.web = web
+        super().__init__(address, _Handler)
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        request.settimeout(CLIENT_TIMEOUT)
+        config = self.web.current()
+        if config.tls is not None:
+            try:
+                head = request.recv(8, socket.MSG_PEEK)
+            except OSError:
+                return
+            if head[:1] != b"\x16":  # not a TLS ClientHello: most likely plain HTTP sent to the TLS port
+                if head:
+                    request.sendall(b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+                                    b"\r\nClient sent an HTTP request to an HTTPS server.\n")
+                return
+            try:
+                request = config.tls.wrap_socket(request, server_side=True)
+            except (OSError, ssl.SSLError) as exc:
+                log.debug("TLS handshake with %s failed: %s", client_address, exc)
+                return
+        self.RequestHandlerClass(request, client_address, self, config)  # type: ignore[call-arg]
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError, ssl.SSLError, socket.timeout)):
+            log.debug("client %s went away: %s", client_address, exc)  # a scraper hung up: nothing to fix
+            return
+        log.exception("error serving %s", client_address)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: MetricsServer
+    timeout = CLIENT_TIMEOUT
+
+    def __init__(self, request: Any, client_address: Any, server: MetricsServer, config: WebConfig) -> None:
+        self.config = config
+        super().__init__(request, client_address, server)
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/healthz":
+            self._reply(200, "text/plain; charset=utf-8", b"ok\n")
+        elif not self._authorised():
+            self._reply(401, "text/plain; charset=utf-8", b"Unauthorized\n",
+                        {"WWW-Authenticate": 'Basic realm="kvwatch"'})
+        elif path == "/metrics":
+            body, content_type = self.server.cache.body(self.headers.get("Accept", ""))
+            self._reply(200, content_type, body)
+        else:
+            self._reply(404, "text/plain; charset=utf-8", b"not found: try /metrics or /healthz\n")
+
+    def _authorised(self) -> bool:
+        if not self.config.users:
+            return True
+        header = self.headers.get("Authorization", "")
+        scheme, _, encoded = header.partition(" ")
+        if scheme.lower() != "basic":
+            return False
+        try:
+            user, sep, password = base64.b64decode(encoded, validate=True).decode("utf-8").partition(":")
+        except (ValueError, UnicodeDecodeError):
+            return False
+        return bool(sep) and self.config.check_password(user, password, self.server.web.auth_cache)
+
+    def _reply(self, status: int, content_type: str, body: bytes, extra: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in {**self.config.headers, **(extra or {})}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("http: " + format, *args)

@@ -1,0 +1,103 @@
+"""vLLM's hybrid Mamba / linear-attention layout: state pages, the raised attention block size, blocks per request.
+
+Expected values are vLLM's own: the block size vLLM picks for Granite-4.0-H without prefix caching is 528 tokens
+(vllm-project/vllm-gaudi PR 1453: "528 is required for Granite 4.0-H (granitemoehybrid) without prefix caching
+(16-token FA alignment)"); state shapes are those of vLLM's MambaStateShapeCalculator
+(vllm/model_executor/layers/mamba/mamba_utils.py), written out here element by element from the config.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvwatch.capacity import kv, planner
+from kvwatch.capacity.architecture import MAMBA
+from kvwatch.capacity.mamba import GATED_DELTA_NET, MambaConfigError, MambaDims, attention_block_size
+from kvwatch.capacity.presets import resolve_model
+
+V011 = (0, 11)
+
+
+def _arch(name: str):
+    return resolve_model(name)
+
+
+def test_granite_4_h_small_block_size_is_the_528_vllm_picks():
+    arch = _arch("ibm-granite/granite-4.0-h-small")
+    layout = kv.kv_layout(arch, 1, 1, 2, 16, V011, model_dtype_bytes=2)
+    # conv state (d_conv - 1) x (8192 + 2 x 1 x 128) + ssm state 128 heads x 64 x 128, bf16
+    assert layout.mamba_page_bytes == (3 * (8192 + 2 * 128) + 128 * 64 * 128) * 2
+    assert layout.block_size == 528
+    assert layout.block_size_raised
+    assert layout.page_bytes >= layout.mamba_page_bytes
+
+
+def test_granite_groups_hold_one_block_per_request_in_each_mamba_group():
+    arch = _arch("ibm-granite/granite-4.0-h-small")
+    layout = kv.kv_layout(arch, 1, 1, 2, 16, V011, model_dtype_bytes=2)
+    kinds = [g.kind for g in layout.groups]
+    assert layout.group_size == 4 and kinds.count(MAMBA) == 9 and len(kinds) == 10  # 4 attention, 36 Mamba layers
+    # a 1-token and a 528-token request both hold 1 attention block + 9 state blocks
+    assert kv.blocks_needed(layout, 1, 0) == 10 == kv.blocks_needed(layout, 528, 0)
+    assert kv.blocks_needed(layout, 529, 0) == 11
+
+
+def test_qwen3_next_gated_delta_net_state_and_block_size():
+    arch = _arch("Qwen/Qwen3-Next-80B-A3B-Instruct")
+    assert arch.mamba_dims is not None and arch.mamba_dims.kind == GATED_DELTA_NET
+    assert arch.layer_types[:4] == (MAMBA, MAMBA, MAMBA, "full_attention") and arch.mamba_layers == 36
+    layout = kv.kv_layout(arch, 4, 1, 2, 16, V011, model_dtype_bytes=2)
+    conv = 3 * (128 * 16 * 2 + 128 * 32) // 4
+    temporal = (32 // 4) * 128 * 128
+    assert layout.mamba_page_bytes == (conv + temporal) * 2
+    # attention per token and layer at TP 4: 2 KV heads replicated to 1 per rank x 256 x K,V x bf16 = 1024 B
+    assert layout.bytes_per_token_per_layer == 1024
+    assert layout.block_size == 16 * -(-layout.mamba_page_bytes // (16 * 1024))
+    assert layout.group_size == 12 and [g.kind for g in layout.groups].count(MAMBA) == 3
+
+
+def test_a_user_block_size_large_enough_is_kept():
+    assert attention_block_size(100_000, 1024, 256) == 256
+    assert attention_block_size(300_000, 1024, 16) == 304
+
+
+def test_older_vllm_has_no_state_pages_in_the_pool():
+    arch = _arch("ibm-granite/granite-4.0-h-small")
+    layout = kv.kv_layout(arch, 1, 1, 2, 16, (0, 9), model_dtype_bytes=2)
+    assert layout.mamba_page_bytes == 0 and layout.block_size == 16
+
+
+def test_linear_attention_state_is_heads_by_head_dim_squared():
+    dims = MambaDims("linear_attention", num_heads=64, head_dim=128)
+    assert dims.page_bytes(8, 2) == 8 * 128 * 128 * 2
+
+
+def test_plan_names_the_raised_block_size_and_counts_state_blocks():
+    spec = planner.DeploymentSpec(arch=_arch("ibm-granite/granite-4.0-h-small"), gpu_memory_bytes=80 * 2**30,
+                                  max_model_len=8192)
+    plan = planner.plan_capacity(spec)
+    assert any("528" in n and "Mamba" in n for n in plan.notes)
+    # each request holds 9 state blocks on top of its attention blocks: concurrency at 8192 tokens is
+    # blocks / (ceil(8192 / 528) + 9)
+    assert plan.max_concurrency_at_max_model_len == pytest.approx(plan.num_gpu_blocks / (16 + 9))
+
+
+def test_tp_that_does_not_divide_the_state_is_refused_as_vllm_does():
+    dims = MambaDims(GATED_DELTA_NET, num_heads=6, head_dim=128, num_k_heads=2, head_k_dim=128)
+    with pytest.raises(MambaConfigError, match="tensor-parallel-size"):
+        dims.page_bytes(4, 2)
+
+
+def test_minimax_lightning_attention_layers_get_a_linear_attention_state():
+    # A MiniMax-style config (attn_type_list: 1 = softmax attention, 0 = lightning); the state is vLLM's
+    # linear_attention_state_shape: (heads / TP, head_dim, head_dim) per layer.
+    from kvwatch.capacity.architecture import arch_from_config
+
+    config = {"model_type": "minimax_m1", "num_hidden_layers": 8, "num_attention_heads": 64, "head_dim": 128,
+              "num_key_value_heads": 8, "hidden_size": 6144, "vocab_size": 1000, "attn_type_list": [0] * 7 + [1]}
+    arch = arch_from_config(config)
+    assert arch.mamba_dims is not None and arch.mamba_dims.kind == "linear_attention"
+    layout = kv.kv_layout(arch, 8, 1, 2, 16, V011, model_dtype_bytes=2)
+    assert layout.mamba_page_bytes == 8 * 128 * 128 * 2
+    # attention: 1 KV head per rank x 128 x K,V x 2 B = 512 B per token: 262,144 / 512 = 512 tokens, no padding
+    assert layout.block_size == 512 and layout.mamba_padding_percent == 0.0

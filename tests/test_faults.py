@@ -1,0 +1,63 @@
+"""A fast subset of the fault matrix (benchmarks/faults.py): a real ``kvwatch serve`` against a loopback
+target that goes down, bombs it with gzip, serves impossible values, or is scraped 500 times at once.
+The whole matrix, with its table, is ``python benchmarks/faults.py`` (docs/reliability.md)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def _faults() -> Any:
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "faults.py"
+    spec = importlib.util.spec_from_file_location("kvwatch_faults", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["kvwatch_faults"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+faults = _faults()
+
+
+@pytest.fixture(scope="module")
+def target() -> Any:
+    t = faults.Target()
+    yield t
+    t.down()
+
+
+@pytest.mark.parametrize("fault", ["down", "gzip_bomb", "html", "nan"])
+def test_fault_is_survived_withdrawn_recovered_and_sigterm_is_prompt(fault: str, target: Any) -> None:
+    row = faults.run_fault(fault, target)
+    assert row.survived, row
+    assert row.stale_withdrawn == "yes" and row.recovered, row
+    assert row.up_during == ("1" if fault in faults.VALUE_FAULTS else "0"), row
+    assert row.sigterm_exit_s is not None and row.sigterm_exit_s < 5, row  # docs/reliability.md has the figures
+    # RSS is bounded by the body cap (16 MiB) on top of the ~50 MB the process needs anyway.
+    assert row.peak_rss_mb < 100 and row.rss_after_heal_mb < row.peak_rss_mb + 1, row
+
+
+def test_bad_config_exits_2_with_one_line(target: Any) -> None:
+    row = faults.run_fault("bad_config", target)
+    assert row.survived, row
+
+
+def test_500_concurrent_scrapes_all_answered(target: Any) -> None:
+    target.mode = "good"
+    kv = faults.Kvwatch(target.port)
+    try:
+        assert kv.wait_for(faults.healthy, 20)
+        errors, _p99 = faults.concurrent_scrapes(kv.port, 500)  # latency: benchmarks/faults.py, not asserted here
+        assert errors == 0
+        assert kv.sigterm() < 5
+        assert "Traceback" not in kv.log()
+    finally:
+        kv.close()

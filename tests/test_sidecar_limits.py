@@ -1,0 +1,186 @@
+"""The sidecar's limits against a hostile target: the series cap, impossible values, a flapping target's log,
+a parse abandoned at SIGTERM, and history that stays bounded when label values churn."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvwatch.history import History
+from kvwatch.model import Detection, Poll, Reading
+from kvwatch.payload import ScrapeError
+from kvwatch.serve.app import ChangeLog, Sidecar
+from kvwatch.serve.collector import KvwatchCollector, make_registry
+from kvwatch.settings import ServeSettings
+
+FIXTURE = (Path(__file__).parent / "fixtures" / "vllm-metrics" / "gen-0.33-dp2-capacity-labels.prom").read_text()
+
+
+def label_explosion(models: int) -> str:
+    """A vLLM-shaped payload with ``models`` model_name label values, one engine each."""
+    lines = ["# TYPE vllm:kv_cache_usage_perc gauge"]
+    lines += [f'vllm:kv_cache_usage_perc{{engine="0",model_name="m{i:05d}"}} 0.5' for i in range(models)]
+    lines += ["# TYPE vllm:num_requests_running gauge"]
+    lines += [f'vllm:num_requests_running{{engine="0",model_name="m{i:05d}"}} 3' for i in range(models)]
+    return "\n".join(lines) + "\n"
+
+
+class Served:
+    """The fetcher's place in the sidecar: returns whatever body the test sets (or raises its ScrapeError)."""
+
+    def __init__(self, body: str | ScrapeError) -> None:
+        self.body = body
+
+    def fetch(self) -> str:
+        if isinstance(self.body, ScrapeError):
+            raise self.body
+        return self.body
+
+    def close(self) -> None:
+        pass
+
+
+def scrape(sidecar: Sidecar) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    collector = KvwatchCollector(lambda: sidecar.state, now=time.time, stale_after=60.0)
+    text = generate_latest(make_registry(collector)).decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def test_series_beyond_max_series_are_dropped_counted_and_warned_once(caplog: pytest.LogCaptureFixture,
+                                                                     no_kvwatch_env: None) -> None:
+    sidecar = Sidecar(ServeSettings(max_series=50), Served(label_explosion(5000)), time.time)  # type: ignore[arg-type]
+    with caplog.at_level(logging.INFO, logger="kvwatch"):
+        for _ in range(3):
+            sidecar.poll()
+    samples = scrape(sidecar)
+    usage = [k for k in samples if k[0] == "kvwatch_kv_usage_ratio"]
+    assert len(usage) == 50 and ("model_name", "m00000") in usage[0][1]
+    assert samples[("kvwatch_up", ())] == 1.0
+    assert samples[("kvwatch_series_dropped_total", ())] == 3 * (5000 - 50)
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "more than --max-series 50" in warnings[0].getMessage()
+    assert len(caplog.records) <= 15  # no line per model (the capacity analyzer's included)
+
+
+@pytest.mark.parametrize(("usage", "waiting"), [("NaN", "2"), ("-1", "-5"), ("1e308", "+Inf"), ("+Inf", "1e308"),
+                                                ("-Inf", "NaN")])
+def test_impossible_values_are_not_exported_while_up(usage: str, waiting: str, no_kvwatch_env: None,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    body = FIXTURE.replace('vllm:kv_cache_usage_perc{engine="0",model_name="llama"} 0.96',
+                           f'vllm:kv_cache_usage_perc{{engine="0",model_name="llama"}} {usage}')
+    body = body.replace('vllm:num_requests_waiting{engine="0",model_name="llama"} 4.0',
+                        f'vllm:num_requests_waiting{{engine="0",model_name="llama"}} {waiting}')
+    sidecar = Sidecar(ServeSettings(), Served(body), time.time)  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="kvwatch"):
+        sidecar.poll()
+        sidecar.poll()
+    samples = scrape(sidecar)
+    engine0 = (("engine", "0"), ("model_name", "llama"))
+    assert samples[("kvwatch_up", ())] == 1.0
+    assert ("kvwatch_kv_usage_ratio", engine0) not in samples
+    assert ("kvwatch_kv_used_tokens", engine0) not in samples
+    assert samples[("kvwatch_kv_usage_ratio", (("engine", "1"), ("model_name", "llama")))] == 0.5
+    exported = [v for (name, _), v in samples.items() if name.startswith("kvwatch_")]
+    assert all(v == v and abs(v) != float("inf") for v in exported)  # no NaN, no ±Inf anywhere
+    assert all(v >= 0 for (name, _), v in samples.items() if name.startswith(("kvwatch_kv_", "kvwatch_requests_")))
+    assert samples[("kvwatch_implausible_values_total", (("field", "kv_usage_ratio"),))] == 2
+    waiting_ok = waiting in ("2",)
+    assert (("kvwatch_requests_waiting", engine0) in samples) == waiting_ok
+    assert sum("impossible values" in r.getMessage() for r in caplog.records) == 1  # once, not per poll
+
+
+def test_usage_a_hair_outside_0_1_is_rounding_and_clamped(no_kvwatch_env: None) -> None:
+    body = FIXTURE.replace('model_name="llama"} 0.96', 'model_name="llama"} 1.004')
+    sidecar = Sidecar(ServeSettings(), Served(body), time.time)  # type: ignore[arg-type]
+    sidecar.poll()
+    assert scrape(sidecar)[("kvwatch_kv_usage_ratio", (("engine", "0"), ("model_name", "llama")))] == 1.0
+
+
+def test_a_flapping_target_logs_a_burst_then_one_summary_per_window(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    changes = ChangeLog(logging.getLogger("kvwatch.test"), burst=3, window=60.0, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="kvwatch.test"):
+        for i in range(600):  # up/down every 0.5 s for 5 minutes
+            now[0] = i * 0.5
+            changes.change("up" if i % 2 else "down", logging.WARNING, "target is %s", "up" if i % 2 else "down")
+            changes.change("up" if i % 2 else "down", logging.WARNING, "same status: never logged")
+            changes.tick()
+    messages = [r.getMessage() for r in caplog.records]
+    summaries = [m for m in messages if "not logged (flapping)" in m]
+    assert 4 <= len(summaries) <= 6 and len(messages) == 3 + len(summaries)
+    assert not any("same status" in m for m in messages)
+
+
+def test_sigterm_abandons_a_parse_in_progress(no_kvwatch_env: None) -> None:
+    """A parse of a body that takes seconds must not hold the poll (and so the process) at SIGTERM."""
+    big = label_explosion(200_000)  # valid (the parser refuses a family declared twice) and slow to parse
+    sidecar = Sidecar(ServeSettings(), Served(big), time.time)  # type: ignore[arg-type]
+    finished = threading.Event()
+    thread = threading.Thread(target=lambda: (sidecar.poll(), finished.set()), daemon=True)
+    started = time.monotonic()
+    thread.start()
+    time.sleep(0.3)
+    assert not finished.is_set(), "the parse must still be running for this test to mean anything"
+    sidecar.stop()
+    assert finished.wait(1.0)
+    assert time.monotonic() - started < 1.5
+    assert sidecar.state.health.polls_total == 0  # nothing half-done was published
+
+
+def test_history_keeps_at_most_max_series_when_labels_churn() -> None:
+    history = History(max_series=100)
+    detection = Detection("vllm", ">=0.25", "vllm:kv_cache_usage_perc")
+    for t in range(50):
+        readings = tuple(Reading(model_name=f"m{t}-{i}", kv_usage_ratio=0.5) for i in range(40))
+        history.record(Poll(timestamp=float(t), detection=detection, readings=readings))
+    keys = list(history.keys())
+    assert len(keys) == 100 and ("m49-0", "0") in keys and ("m0-0", "0") not in keys
+
+
+def _lines_run(call: object) -> int:
+    """Python lines executed by ``call()``: a machine-independent measure of work (not wall time)."""
+    import sys
+
+    count = 0
+
+    def trace(frame, event, arg):
+        nonlocal count
+        if event == "line":
+            count += 1
+        return trace
+
+    sys.settrace(trace)
+    try:
+        call()  # type: ignore[operator]
+    finally:
+        sys.settrace(None)
+    return count
+
+
+def test_work_per_poll_does_not_grow_with_history(no_kvwatch_env: None) -> None:
+    """At a 0.05 s interval the rate windows (60 s) and the detectors' windows (up to 300 s) hold thousands of
+    samples: a poll must not walk them all (CPU per poll went 8 -> 23 ms over 3,000 polls)."""
+    from kvwatch.serve.app import load_analyzers
+
+    settings = ServeSettings(poll_interval_seconds=0.05)
+    now = [1.7e9]
+    sidecar = Sidecar(settings, Served(FIXTURE), lambda: now[0], load_analyzers(settings))  # type: ignore[arg-type]
+
+    def poll() -> None:
+        now[0] += 0.05
+        sidecar.poll()
+
+    for _ in range(30):
+        poll()
+    early = min(_lines_run(poll) for _ in range(5))
+    for _ in range(3000):
+        poll()
+    late = min(_lines_run(poll) for _ in range(5))
+    assert late < 1.5 * early, f"a poll ran {early} lines after 35 polls and {late} after 3035"

@@ -1,0 +1,220 @@
+"""kvwatch's own endpoint: the exporter-toolkit web config (real TLS handshakes, real bcrypt), reloads,
+plain HTTP refused under TLS, render caching and quiet client disconnects."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import bcrypt
+import httpx
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from prometheus_client import Gauge
+from prometheus_client.registry import CollectorRegistry
+
+from kvwatch.serve.web import MetricsServer, RenderCache, WebConfigError, WebConfigWatcher, load_web_config
+
+PASSWORD = "correct horse"
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _issue(subject: str, key: ec.EllipticCurvePrivateKey, issuer: tuple[x509.Name, ec.EllipticCurvePrivateKey] | None,
+           *, ca: bool, san: str | None = None) -> x509.Certificate:
+    now = datetime.datetime.now(datetime.timezone.utc)
+    builder = (x509.CertificateBuilder().subject_name(_name(subject))
+               .issuer_name(issuer[0] if issuer else _name(subject)).public_key(key.public_key())
+               .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+               .not_valid_after(now + datetime.timedelta(days=1))
+               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    if san:
+        builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName(san)]), critical=False)
+    return builder.sign(issuer[1] if issuer else key, hashes.SHA256())
+
+
+def _pem(obj: x509.Certificate | ec.EllipticCurvePrivateKey) -> bytes:
+    if isinstance(obj, x509.Certificate):
+        return obj.public_bytes(serialization.Encoding.PEM)
+    return obj.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A throwaway CA, a server certificate for localhost and a client certificate, as PEM files."""
+    d = tmp_path_factory.mktemp("pki")
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = _issue("kvwatch test CA", ca_key, None, ca=True)
+    for name, san in (("server", "localhost"), ("client", None)):
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = _issue(name, key, (ca.subject, ca_key), ca=False, san=san)
+        (d / f"{name}.crt").write_bytes(_pem(cert))
+        (d / f"{name}.key").write_bytes(_pem(key))
+    (d / "ca.crt").write_bytes(_pem(ca))
+    return d
+
+
+def write_config(path: Path, *, tls: bool = True, users: dict[str, str] | None = None, client_auth: str = "") -> Path:
+    lines = []
+    if tls:
+        lines += ["tls_server_config:", "  cert_file: server.crt", "  key_file: server.key"]
+        if client_auth:
+            lines += [f"  client_auth_type: {client_auth}", "  client_ca_file: ca.crt"]
+    if users:
+        lines.append("basic_auth_users:")
+        lines += [f"  {u}: {bcrypt.hashpw(p.encode(), bcrypt.gensalt(rounds=4)).decode()}" for u, p in users.items()]
+    config = path / "web-config.yml"
+    config.write_text("\n".join(lines) + "\n")
+    return config
+
+
+class Running:
+    def __init__(self, config: Path | None) -> None:
+        registry = CollectorRegistry()
+        Gauge("kvwatch_up", "test", registry=registry).set(1)
+        self.server = MetricsServer(("127.0.0.1", 0), RenderCache(registry, lambda: 1), WebConfigWatcher(config))
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def serve() -> Iterator:
+    running: list[Running] = []
+
+    def start(config: Path | None) -> Running:
+        running.append(Running(config))
+        return running[-1]
+
+    yield start
+    for r in running:
+        r.close()
+
+
+def test_tls_and_basic_auth_with_a_real_handshake_and_real_bcrypt(pki: Path, serve) -> None:
+    server = serve(write_config(pki, users={"prometheus": PASSWORD}))
+    url = f"https://localhost:{server.port}/metrics"
+    ok = httpx.get(url, verify=ssl.create_default_context(cafile=pki / "ca.crt"), auth=("prometheus", PASSWORD))
+    assert ok.status_code == 200 and "kvwatch_up 1.0" in ok.text
+    for auth in (("prometheus", "wrong"), ("nobody", PASSWORD), None):
+        denied = httpx.get(url, verify=ssl.create_default_context(cafile=pki / "ca.crt"), auth=auth)
+        assert denied.status_code == 401 and "kvwatch_up" not in denied.text
+        assert denied.headers["WWW-Authenticate"].startswith("Basic")
+    # The kubelet's probe sends no credentials: /healthz answers (over TLS), and says nothing else.
+    health = httpx.get(f"https://localhost:{server.port}/healthz", verify=ssl.create_default_context(
+        cafile=pki / "ca.crt"))
+    assert health.status_code == 200 and health.text == "ok\n"
+    with pytest.raises(httpx.ConnectError):  # a client that does not trust the CA gets no metrics
+        httpx.get(url, auth=("prometheus", PASSWORD))
+
+
+def test_plain_http_is_refused_when_tls_is_configured(pki: Path, serve) -> None:
+    server = serve(write_config(pki))
+    answer = httpx.get(f"http://127.0.0.1:{server.port}/metrics")
+    assert answer.status_code == 400 and "HTTPS" in answer.text and "kvwatch_up" not in answer.text
+
+
+def test_client_certificates_are_required_when_configured(pki: Path, serve) -> None:
+    server = serve(write_config(pki, client_auth="RequireAndVerifyClientCert"))
+    url = f"https://localhost:{server.port}/metrics"
+    context = ssl.create_default_context(cafile=pki / "ca.crt")
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(url, verify=context)
+    context.load_cert_chain(pki / "client.crt", pki / "client.key")
+    assert httpx.get(url, verify=context).status_code == 200
+
+
+def test_the_config_is_reloaded_when_it_changes(pki: Path, tmp_path: Path, serve,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    for name in ("server.crt", "server.key", "ca.crt"):
+        (tmp_path / name).write_bytes((pki / name).read_bytes())
+    config = write_config(tmp_path, tls=False, users={"a": "one"})
+    server = serve(config)
+    url = f"http://127.0.0.1:{server.port}/metrics"
+    assert httpx.get(url, auth=("a", "one")).status_code == 200
+    time.sleep(0.01)
+    write_config(tmp_path, tls=False, users={"a": "two"})  # the password rotated
+    assert httpx.get(url, auth=("a", "one")).status_code == 401
+    assert httpx.get(url, auth=("a", "two")).status_code == 200
+    with caplog.at_level(logging.ERROR, logger="kvwatch"):
+        config.write_text("basic_auth_users: [not, a, mapping\n")  # a broken edit keeps the last good config
+        assert httpx.get(url, auth=("a", "two")).status_code == 200
+        assert httpx.get(url, auth=("a", "two")).status_code == 200
+    assert sum("not reloaded" in r.getMessage() for r in caplog.records) == 1
+    write_config(tmp_path, tls=True)  # TLS switched on: plain HTTP is refused from the next connection
+    assert httpx.get(url).status_code == 400
+    context = ssl.create_default_context(cafile=tmp_path / "ca.crt")
+    assert httpx.get(f"https://localhost:{server.port}/metrics", verify=context).status_code == 200
+
+
+@pytest.mark.parametrize(("text", "complaint"), [
+    ("tls_server_config:\n  cert_file: missing.crt\n  key_file: missing.key\n", "tls_server_config"),
+    ("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  client_auth_type: RequireAnyClientCert\n",
+     "RequireAnyClientCert"),
+    ("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  cipher_suites: [TLS_AES_128_GCM_SHA256]\n",
+     "cipher_suites"),
+    ("basic_auth_users:\n  alice: plaintext\n", "bcrypt"),
+    ("basic_auth_user:\n  alice: x\n", "unknown key"),
+])
+def test_unusable_configs_are_refused_naming_what_is_wrong(pki: Path, text: str, complaint: str) -> None:
+    config = pki / "bad.yml"
+    config.write_text(text)
+    with pytest.raises(WebConfigError, match=complaint):
+        load_web_config(config)
+
+
+def test_bad_web_config_stops_serve_with_exit_2(pki: Path, capsys: pytest.CaptureFixture[str],
+                                                 no_kvwatch_env: None) -> None:
+    from kvwatch.cli import main
+
+    config = pki / "bad2.yml"
+    config.write_text("basic_auth_users:\n  alice: plaintext\n")
+    assert main(["serve", "--web-config-file", str(config)]) == 2
+    assert "--web-config-file" in capsys.readouterr().err
+
+
+def test_a_state_is_rendered_once_however_many_scrape_it() -> None:
+    calls = []
+    registry = CollectorRegistry()
+
+    class Counting:
+        def collect(self):
+            calls.append(1)
+            yield from Gauge("kvwatch_up", "x", registry=None).collect()
+
+    registry.register(Counting())  # type: ignore[arg-type]
+    version = [1]
+    cache = RenderCache(registry, lambda: version[0])
+    bodies = {cache.body("")[0] for _ in range(50)}
+    assert len(calls) == 1 and len(bodies) == 1
+    version[0] = 2
+    cache.body("")
+    assert len(calls) == 2
+
+
+def test_clients_that_hang_up_leave_no_traceback(serve, caplog: pytest.LogCaptureFixture) -> None:
+    server = serve(None)
+    with caplog.at_level(logging.DEBUG, logger="kvwatch"):
+        for _ in range(20):
+            s = socket.create_connection(("127.0.0.1", server.port))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST on close
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.close()
+        time.sleep(0.3)
+        assert httpx.get(f"http://127.0.0.1:{server.port}/metrics").status_code == 200
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
