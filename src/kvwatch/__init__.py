@@ -5,8 +5,6 @@ CLI's dispatcher; ``kvwatch --help`` never needs it)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
@@ -17,7 +15,7 @@ def _version() -> str:
         return "0.0.0+unknown"
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> str:
     if name == "__version__":
         value = _version()
         globals()["__version__"] = value
