@@ -10,7 +10,7 @@ analyzers can discard what came before (``samples(since_restart=True)``).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -118,14 +118,12 @@ class SeriesHistory:
 
     def first(self, since_restart: bool = False, window: float | None = None) -> Entry | None:
         """The oldest entry :meth:`samples` would return (binary search: no walk over the window)."""
-        index = self._first_index(since_restart, window)
-        return self._entries[index] if index < len(self._entries) else None
-
-    def _first_index(self, since_restart: bool, window: float | None) -> int:
         start = self._start(since_restart, window)
         entries = self._entries
-        if not entries or start is None:
-            return 0
+        if not entries:
+            return None
+        if start is None:
+            return entries[0]
         lo, hi = 0, len(entries)
         while lo < hi:
             mid = (lo + hi) // 2
@@ -133,21 +131,7 @@ class SeriesHistory:
                 lo = mid + 1
             else:
                 hi = mid
-        return lo
-
-    def ends_where(self, keep: Callable[[Reading], object], since_restart: bool = False,
-                   window: float | None = None) -> tuple[Entry, Entry] | None:
-        """The oldest and newest entries :meth:`samples` would return whose reading ``keep`` accepts (None when
-        none does). Walks in from both ends of the window: cheap when accepted readings are frequent (the
-        latency edges, one per kvwatch.latency.EDGE_SECONDS)."""
-        entries = self._entries
-        lo = self._first_index(since_restart, window)
-        hi = len(entries) - 1
-        while lo <= hi and not keep(entries[lo].reading):
-            lo += 1
-        while hi > lo and not keep(entries[hi].reading):
-            hi -= 1
-        return (entries[lo], entries[hi]) if lo <= hi else None
+        return entries[lo] if lo < len(entries) else None
 
     def _start(self, since_restart: bool, window: float | None) -> float | None:
         start = None
