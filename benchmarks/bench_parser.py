@@ -7,6 +7,9 @@ Payloads (all vLLM 0.33, 8 data-parallel engines):
   (``kvwatch.sim.metrics.render``), runtime collectors included;
 - ``bench``: benchmarks/vllm_payload.py, every histogram family with vLLM's buckets (~430 kB).
 
+"parse+read" is a typical poll (the latency histograms are skipped); "edge poll" also reads their buckets,
+which ``kvwatch serve`` does once per ``kvwatch.latency.EDGE_SECONDS`` of poll clock.
+
 Timings are interleaved (prometheus_client, kvwatch, prometheus_client, ...) and the minimum of each is kept,
 so a load change on a shared machine hits both sides. Also measured: a full parse (no filter), and the poll's
 CPU per engine (parse + interpret + history + derive, no fetch), the sidecar's work per poll.
@@ -33,7 +36,9 @@ from kvwatch.derived import derive
 from kvwatch.engines.detect import read_payload
 from kvwatch.exposition import parse
 from kvwatch.history import History
+from kvwatch.latency import EDGE_SECONDS
 from kvwatch.payload import interpret
+from kvwatch.serve.latency import LatencyAnalyzer
 from kvwatch.sim.engine import EngineConfig, Request, Simulator
 from kvwatch.sim.metrics import render
 
@@ -63,8 +68,13 @@ def sim_payload(engines: int = ENGINES) -> str:
 
 PAYLOADS: dict[str, Callable[[], str]] = {"fixture": fixture_payload, "sim": sim_payload, "bench": generate}
 def kvwatch_poll(text: str) -> Any:
-    """Parse + read: what every poll does with the body (the filter of every adapter, engine detection,
-    the vLLM adapter)."""
+    """Parse + read of a typical poll: the filter of every adapter without the latency histograms (read once
+    per kvwatch.latency.EDGE_SECONDS), engine detection, the vLLM adapter."""
+    return read_payload(text, timestamp=0.0, latency=False)
+
+
+def kvwatch_edge_poll(text: str) -> Any:
+    """Parse + read of a poll that also reads the latency histograms' buckets (one a minute)."""
     return read_payload(text, timestamp=0.0)
 
 
@@ -76,15 +86,26 @@ def prometheus_client_parse(text: str) -> Any:
     return list(text_string_to_metric_families(text))
 
 
-def poll_cpu(text: str, polls: int = 200) -> float:
-    """CPU seconds per poll of the sidecar's fetch-free work: interpret, history, derive for every series."""
+def poll_cpu(text: str, polls: int = 240, interval: float = 5.0, edges: str = "cadence") -> float:
+    """CPU seconds per poll of the sidecar's fetch-free work: interpret, history, derive and the latency
+    analyzer for every series. ``edges``: ``cadence`` (latency buckets once per EDGE_SECONDS, as ``kvwatch
+    serve`` polls at ``interval``), ``never`` (only typical polls), ``always`` (every poll reads them)."""
     history = History(forget_after=3600.0)
+    analyzer = LatencyAnalyzer()
+    last_edge: float | None = None
     started = time.process_time()
     for i in range(polls):
-        poll = interpret(text, None, timestamp=5.0 * i)
+        now = interval * i
+        due = last_edge is None or now - last_edge >= EDGE_SECONDS
+        latency = due if edges == "cadence" else edges == "always"
+        poll = interpret(text, None, timestamp=now, latency=latency)
+        if latency:
+            last_edge = now
         history.record(poll)
         for reading in poll.readings:
-            derive(reading, history[reading.key], None)
+            series = history[reading.key]
+            analyzer.analyze(reading.key, series, reading, now)
+            derive(reading, series, None)
     return (time.process_time() - started) / polls
 
 
@@ -123,6 +144,10 @@ def test_kvwatch_parse_and_read_bench(benchmark: Any) -> None:
     assert len(benchmark(kvwatch_poll, _TEXTS["bench"]).readings) == ENGINES
 
 
+def test_kvwatch_edge_poll_sim(benchmark: Any) -> None:
+    assert len(benchmark(kvwatch_edge_poll, _TEXTS["sim"]).readings) == ENGINES
+
+
 def test_kvwatch_full_parse_bench(benchmark: Any) -> None:
     benchmark(kvwatch_full, _TEXTS["bench"])
 
@@ -140,18 +165,20 @@ def main() -> None:
         t = interleaved({
             "prometheus_client": lambda text=text: prometheus_client_parse(text),
             "kvwatch parse+read": lambda text=text: kvwatch_poll(text),
+            "kvwatch edge poll": lambda text=text: kvwatch_edge_poll(text),
             "kvwatch full parse": lambda text=text: kvwatch_full(text),
         })
         base, base_median = t["prometheus_client"], t["prometheus_client (median)"]
         print(f"\n{name}: {len(text):,} bytes, {text.count(chr(10)):,} lines")
-        for what in ("prometheus_client", "kvwatch parse+read", "kvwatch full parse"):
+        for what in ("prometheus_client", "kvwatch parse+read", "kvwatch edge poll", "kvwatch full parse"):
             median = t[what + " (median)"]
             print(f"  {what:20s} min {t[what] * 1e3:8.3f} ms  median {median * 1e3:8.3f} ms"
                   f"  speed-up {base / t[what]:6.1f}x (of minima), {base_median / median:6.1f}x (of medians)")
-        cpu = min(poll_cpu(text) for _ in range(3))
-        print(f"  poll CPU (interpret + history + derive): {cpu * 1e3:.3f} ms per poll = "
-              f"{cpu * 1e3 / ENGINES:.3f} ms per engine")
-
+        typical, edge, minute = (min(poll_cpu(text, edges=e) for _ in range(3)) for e in ("never", "always",
+                                                                                         "cadence"))
+        print(f"  poll CPU per engine (interpret + history + derive + latency analyzer, 8 engines): "
+              f"typical {typical * 1e3 / ENGINES:.3f} ms, latency edge {edge * 1e3 / ENGINES:.3f} ms, "
+              f"mean over polls every 5 s with an edge a minute {minute * 1e3 / ENGINES:.3f} ms")
 
 if __name__ == "__main__":
     main()

@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
+import kvwatch
 from kvwatch.cli import main
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm-metrics" / "gen-0.33-dp2-capacity-labels.prom"
@@ -40,3 +42,17 @@ def test_output_into_a_closed_pipe_exits_quietly() -> None:
     proc.stderr.close()
     assert proc.wait(timeout=60) == 141
     assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_top_level_help_imports_no_settings_layer_and_version_is_lazy() -> None:
+    """``kvwatch --help`` loads neither pydantic (the settings layer) nor importlib.metadata; --version
+    still prints the installed version."""
+    code = ("import sys, contextlib, io\nfrom kvwatch import cli\n"
+            "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit): cli.main(['--help'])\n"
+            "print(sorted(m for m in ('kvwatch.settings', 'pydantic', 'pydantic_settings', 'importlib.metadata')"
+            " if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert out.strip() == "[]"
+    version_out = subprocess.run([sys.executable, "-m", "kvwatch", "--version"], check=True, capture_output=True,
+                                 text=True).stdout
+    assert version_out == f"kvwatch {version('kvwatch')}\n" == f"kvwatch {kvwatch.__version__}\n"

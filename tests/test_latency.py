@@ -3,11 +3,14 @@ gauges and the TTFT objective's cause, for every engine's wire names."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from types import MappingProxyType
+
 import pytest
 
 from kvwatch.engines.detect import read_payload
 from kvwatch.history import History
-from kvwatch.latency import delta, quantile, window_quantiles
+from kvwatch.latency import EDGE_SECONDS, delta, quantile, window_quantiles
 from kvwatch.model import Histogram
 from kvwatch.serve.latency import LatencyAnalyzer, classify
 from kvwatch.sim.engine import EngineConfig, Request, Simulator
@@ -70,3 +73,59 @@ def test_analyzer_quantiles_from_each_engine(engine: str) -> None:
     assert {"kvwatch_latency_seconds", "kvwatch_ttft_slo_breach"} <= set(families)
     breach = {s.labels["cause"]: s.value for s in families["kvwatch_ttft_slo_breach"].samples}
     assert breach == {"kv_cache": 1.0, "other": 0.0}
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "tensorrt-llm"])
+def test_a_poll_without_latency_reads_everything_else(engine: str) -> None:
+    sim = Simulator(EngineConfig(num_gpu_blocks=200), seed=2)
+    sim.submit([Request(arrival_time=i * 0.05, prompt_tokens=150, output_tokens=300) for i in range(400)])
+    sim.run_until(20.0)
+    text = render_any(sim.snapshot(), engine=engine, model_name="m")
+    full, light = read_payload(text, timestamp=1.0), read_payload(text, timestamp=1.0, latency=False)
+    assert set(full.readings[0].latency) == {"ttft", "itl", "queue", "e2e"}
+    assert not light.readings[0].latency
+    assert light.detection == full.detection
+    assert [replace(r, latency=MappingProxyType({})) for r in full.readings] == list(light.readings)
+
+
+class _Endpoint:
+    """The simulator's /metrics at the test's clock (what the sidecar's fetcher would get)."""
+
+    def __init__(self) -> None:
+        self.sim = Simulator(EngineConfig(num_gpu_blocks=200), seed=2)
+        self.sim.submit([Request(arrival_time=i * 0.05, prompt_tokens=150, output_tokens=300) for i in range(9000)])
+        self.now = 0.0
+        self.bodies: list[tuple[float, str]] = []
+
+    def fetch(self) -> str:
+        self.sim.run_until(self.now)
+        body = render_any(self.sim.snapshot(), engine="vllm", model_name="m")
+        self.bodies.append((self.now, body))
+        return body
+
+
+def test_sidecar_reads_latency_once_per_edge_and_quantiles_span_the_edges() -> None:
+    from kvwatch.serve.app import Sidecar
+    from kvwatch.settings import ServeSettings
+
+    endpoint = _Endpoint()
+    sidecar = Sidecar(ServeSettings(poll_interval_seconds=5.0), endpoint, lambda: endpoint.now,  # type: ignore[arg-type]
+                      [LatencyAnalyzer()])
+    results = {}
+    for t in range(5, 425, 5):
+        endpoint.now = float(t)
+        state = sidecar.poll()
+        results[t] = state.series[("m", "0")].extra.get("latency")
+    entries = sidecar.history[("m", "0")].samples()
+    edges = [e.timestamp for e in entries if e.reading.latency]
+    assert edges == [float(t) for t in range(5, 425, 60)]  # the first poll, then one per EDGE_SECONDS
+    assert EDGE_SECONDS == 60.0
+    # The last poll's quantiles: the window between the oldest and newest edge within the last 300 s,
+    # exactly what reading both bodies in full gives.
+    bodies = dict(endpoint.bodies)
+    first_edge, last_edge = next(t for t in edges if t >= 420 - 300), edges[-1]
+    old, new = (read_payload(bodies[t], timestamp=t).readings[0].latency for t in (first_edge, last_edge))
+    expected = window_quantiles(old, new)
+    assert expected and dict(results[420].quantiles) == expected
+    # Before a second edge there is no window: no quantile.
+    assert results[5] is None or not results[5].quantiles

@@ -2,7 +2,9 @@
 
 Each subcommand module exposes ``add_arguments(parser)`` and ``run(args) -> int``. Only the chosen
 command's module is imported, so ``kvwatch plan`` never pays for the HTTP stack and one command's
-import error cannot break another. Exit codes: 0 ok, 2 bad usage or config, 1 runtime failure.
+import error cannot break another; ``kvwatch --help`` imports neither the settings layer (pydantic) nor
+``importlib.metadata`` (the version is looked up only for ``--version``). Exit codes: 0 ok, 2 bad usage or
+config, 1 runtime failure.
 """
 
 from __future__ import annotations
@@ -12,10 +14,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
-
-from kvwatch import __version__
-from kvwatch.settings import SettingsError
+from typing import Any, NoReturn
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -31,6 +30,21 @@ COMMANDS: dict[str, tuple[str, str]] = {
 EXIT_BROKEN_PIPE = 128 + 13  # what the shell reports for a process killed by SIGPIPE
 
 
+class _Version(argparse.Action):
+    """argparse's ``version`` action, with the version looked up only when the flag is given."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: str = "show program's version number and exit") -> None:
+        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        import kvwatch
+
+        parser._print_message(f"kvwatch {kvwatch.__version__}\n", sys.stdout)
+        parser.exit()
+
+
 class Parser(argparse.ArgumentParser):
     """Usage errors as one line naming the command (``kvwatch serve: ...``), not the usage block."""
 
@@ -43,7 +57,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="kvwatch",
         description="KV-cache watchdog for vLLM: exporter, exhaustion forecaster and alerting sidecar.",
     )
-    parser.add_argument("--version", action="version", version=f"kvwatch {__version__}")
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -72,15 +86,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = int(module.run(args) or 0)
         sys.stdout.flush()  # a closed pipe must fail here, inside the handler, not at interpreter exit
         return code
-    except SettingsError as exc:
-        print(f"kvwatch {args.command}: {exc}", file=sys.stderr)
-        return 2
     except BrokenPipeError:
         # Whatever is still buffered would fail again at exit: send it nowhere.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        # A bad setting: kvwatch.settings is imported only by the commands that have settings, so a command
+        # that never imported it cannot raise its SettingsError.
+        settings = sys.modules.get("kvwatch.settings")
+        if settings is None or not isinstance(exc, settings.SettingsError):
+            raise
+        print(f"kvwatch {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

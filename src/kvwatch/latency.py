@@ -18,6 +18,10 @@ KINDS = ("ttft", "itl", "queue", "e2e")
 """``ttft`` time to first token, ``itl`` inter-token latency (TensorRT-LLM: time per output token, a
 per-request mean), ``queue`` time waiting for the scheduler, ``e2e`` end-to-end request latency."""
 QUANTILES = (0.5, 0.9, 0.99)
+EDGE_SECONDS = 60.0
+"""How often (poll-clock seconds) ``kvwatch serve`` reads the latency histograms' buckets: a 5-minute window
+quantile needs a fresh edge about once a minute, not every poll (the buckets are ~4/5 of the samples a
+poll would read; docs/performance.md). The polls in between skip them (``read_payload(latency=False)``)."""
 
 
 def delta(old: Histogram | None, new: Histogram) -> Histogram | None:

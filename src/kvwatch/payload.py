@@ -30,12 +30,14 @@ class ScrapeError(Exception):
 
 
 def interpret(text: str, overrides: SourceOverrides | None, *, timestamp: float,
-              max_series: int | None = None) -> Poll:
+              max_series: int | None = None, latency: bool = True) -> Poll:
     """Parse a body and read it with the adapter of the engine that wrote it (vLLM, SGLang, TensorRT-LLM,
     picked by :mod:`kvwatch.engines.detect`), at most ``max_series`` series, impossible values dropped to
-    unknown (:mod:`kvwatch.plausible`); ScrapeError ``parse`` or ``unrecognised`` when that fails."""
+    unknown (:mod:`kvwatch.plausible`); ScrapeError ``parse`` or ``unrecognised`` when that fails.
+    ``latency=False`` leaves the latency histograms unread (see :data:`kvwatch.latency.EDGE_SECONDS`)."""
     try:
-        return check_poll(read_payload(text, overrides, timestamp=timestamp, max_series=max_series))
+        return check_poll(read_payload(text, overrides, timestamp=timestamp, max_series=max_series,
+                                       latency=latency))
     except ParseError as exc:
         raise ScrapeError("parse", str(exc)) from None
     except UnrecognisedPayload as exc:

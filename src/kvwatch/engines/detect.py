@@ -19,10 +19,20 @@ from kvwatch.model import Poll
 ENGINE_KINDS = ("vllm", "sglang", "tensorrt-llm")
 
 
-def wanted_for(overrides: SourceOverrides | None = None) -> frozenset[str]:
+LATENCY_FAMILIES: frozenset[str] = frozenset(
+    {f for families in (*vllm.LATENCY.values(), *sglang.LATENCY.values()) for f in families}
+    | {p + f for p in trtllm.PREFIXES for f in trtllm.LATENCY.values()})
+"""Every adapter's latency histogram families (what a poll with ``latency=False`` leaves unread)."""
+
+
+def wanted_for(overrides: SourceOverrides | None = None, *, latency: bool = True) -> frozenset[str]:
     """The parser's filter: every adapter's families and the overrides'. A set of names, not a predicate, so
-    that the parser can skip whole blocks of the families no adapter reads (:mod:`kvwatch.exposition`)."""
-    return vllm.wanted_for(overrides) | sglang.FAMILIES | trtllm.FAMILIES
+    that the parser can skip whole blocks of the families no adapter reads (:mod:`kvwatch.exposition`).
+    Without ``latency`` the latency histograms are left out (an override naming one keeps it)."""
+    names = vllm.wanted_for(overrides) | sglang.FAMILIES | trtllm.FAMILIES
+    if latency:
+        return names
+    return names - (LATENCY_FAMILIES - vllm.wanted_for(overrides, adapter=False))
 
 
 def engine_of(exposition: Exposition) -> str | None:
@@ -37,15 +47,17 @@ def engine_of(exposition: Exposition) -> str | None:
 
 
 def read_payload(text: str, overrides: SourceOverrides | None = None, *, timestamp: float,
-                 max_series: int | None = None) -> Poll:
+                 max_series: int | None = None, latency: bool = True) -> Poll:
     """One :class:`Poll` from a ``/metrics`` body of any supported engine, with at most ``max_series``
-    readings (the rest counted in ``Poll.series_dropped``; vLLM's adapter skips them before building any)."""
+    readings (the rest counted in ``Poll.series_dropped``; vLLM's adapter skips them before building any).
+    With ``latency=False`` the latency histograms are not read (the readings' ``latency`` is empty; a JSON
+    body always carries its own)."""
     if trtllm.looks_like_json(text):
         try:
             return _capped(trtllm.read_iteration_stats(text, timestamp=timestamp), max_series)
         except json.JSONDecodeError as exc:
             raise ParseError(f"body starts like JSON but is not: {exc}") from None
-    exposition = parse(text, wanted_for(overrides))
+    exposition = parse(text, wanted_for(overrides, latency=latency))
     kind = engine_of(exposition)
     if kind == "sglang":
         return _capped(sglang.read(exposition, overrides, timestamp=timestamp), max_series)

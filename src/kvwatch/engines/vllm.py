@@ -87,11 +87,14 @@ HISTOGRAM_SAMPLES: frozenset[str] = frozenset(
 """Of the two token histograms the adapter reads only ``_sum`` and ``_count``, never the buckets."""
 
 
-def wanted_for(overrides: SourceOverrides | None = None) -> frozenset[str]:
+def wanted_for(overrides: SourceOverrides | None = None, *, adapter: bool = True) -> frozenset[str]:
     """The parser's filter (family and sample names): the adapter's families (of the token histograms only
     their ``_sum``/``_count`` samples), and every family an override's sample may be in
-    (``--waiting-metric proxy_queue_count`` needs the family ``proxy_queue``)."""
-    names = (set(FAMILIES) - {REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS}) | HISTOGRAM_SAMPLES
+    (``--waiting-metric proxy_queue_count`` needs the family ``proxy_queue``); ``adapter=False``: only the
+    overrides'."""
+    names: set[str] = set()
+    if adapter:
+        names = (set(FAMILIES) - {REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS}) | HISTOGRAM_SAMPLES
     for name in overrides.names() if overrides else ():
         names |= _families_of(name)
     return frozenset(names)

@@ -36,6 +36,7 @@ from kvwatch.engines import SourceOverrides
 from kvwatch.fetch import Fetcher
 from kvwatch.gpu_memory import GpuMatch, shared_terms
 from kvwatch.history import History
+from kvwatch.latency import EDGE_SECONDS
 from kvwatch.model import Poll
 from kvwatch.payload import ScrapeError, interpret
 from kvwatch.serve.collector import KvwatchCollector, make_registry
@@ -170,6 +171,7 @@ class Sidecar:
         self._stop = threading.Event()
         self._capped = False  # whether the last good poll had more series than --max-series
         self._skipped_runs = 0  # runs the scheduler skipped since polls last kept to the interval
+        self._latency_read_at: float | None = None  # poll clock of the last poll that read latency buckets
 
     def close(self) -> None:
         """Close the engine's fetcher and the GPU source (cancelling reads in flight)."""
@@ -210,7 +212,7 @@ class Sidecar:
             self._skipped_runs = 0
         return state
 
-    def _interpret(self, text: str, now: float) -> Poll:
+    def _interpret(self, text: str, now: float, latency: bool = True) -> Poll:
         """``interpret`` on a daemon thread this poll waits for, so SIGTERM never waits for a long parse.
 
         The parser has no stop check (a 16 MiB body takes seconds): on stop the poll returns at once and
@@ -220,7 +222,8 @@ class Sidecar:
 
         def work(body: str) -> None:
             try:
-                box["poll"] = interpret(body, self.overrides, timestamp=now, max_series=self.max_series)
+                box["poll"] = interpret(body, self.overrides, timestamp=now, max_series=self.max_series,
+                                        latency=latency)
             except BaseException as exc:  # handed to the poll thread as is
                 box["error"] = exc
             finally:
@@ -248,9 +251,12 @@ class Sidecar:
         text = ""
         gpu_read = self._gpu_pool.submit(self.gpu.read) if self._gpu_pool is not None and self.gpu else None
         try:
+            # Latency buckets once per EDGE_SECONDS of poll clock (the window's edges), not on every poll.
+            latency = self._latency_read_at is None or now - self._latency_read_at >= EDGE_SECONDS \
+                or now < self._latency_read_at
             text = self.fetcher.fetch()
             big = len(text) > RELEASE_AFTER_BYTES
-            poll = self._interpret(text, now)
+            poll = self._interpret(text, now, latency)
         except ScrapeError as exc:
             text = ""
             if self._stopping:
@@ -267,6 +273,8 @@ class Sidecar:
             text = ""
             if self._stopping:
                 return previous
+            if latency:
+                self._latency_read_at = now
             poll, dropped = self._cap(poll)
             implausible = self._count_implausible(poll, previous.health.implausible_total)
             restarted = self.history.record(poll)

@@ -3,7 +3,9 @@ TTFT, inter-token latency, queue time and end-to-end latency per series over the
 the abort rate, and the optional TTFT objective.
 
 The quantiles come from the engine's own histograms (:mod:`kvwatch.latency`, bucket increases between the
-oldest and newest poll in the window). ``--ttft-slo-seconds`` adds ``kvwatch_ttft_slo_breach{cause}``:
+oldest and newest poll in the window that read them: the sidecar reads the buckets once per
+``kvwatch.latency.EDGE_SECONDS`` of poll clock, so the quantiles cover the last 4-5 minutes and move once a
+minute). ``--ttft-slo-seconds`` adds ``kvwatch_ttft_slo_breach{cause}``:
 1 while TTFT p90 exceeds the objective, with ``cause="kv_cache"`` when the KV cache is saturated
 (median usage over the window's polls >= 0.95, KVCacheBottleneck's threshold; one poll's usage swings by
 several points on a full cache) and requests wait (queue-time p90 is at least half of TTFT p90: the time goes to waiting
@@ -14,6 +16,7 @@ the scheduler's budget: more KV would not help). 0 on both while within the obje
 from __future__ import annotations
 
 import statistics
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -23,7 +26,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from kvwatch.history import SeriesHistory
 from kvwatch.latency import window_quantiles
-from kvwatch.model import Reading, SeriesKey
+from kvwatch.model import Histogram, Reading, SeriesKey
 
 WINDOW_SECONDS = 300.0
 KV_SATURATED = 0.95
@@ -58,6 +61,24 @@ class LatencyAnalyzer:
     def __init__(self, ttft_slo_seconds: float | None = None, window: float = WINDOW_SECONDS) -> None:
         self.ttft_slo_seconds = ttft_slo_seconds
         self.window = window
+        self._edge_log: dict[SeriesKey, deque[tuple[float, Mapping[str, Histogram]]]] = {}
+
+    def _edges(self, key: SeriesKey, history: SeriesHistory,
+               reading: Reading) -> deque[tuple[float, Mapping[str, Histogram]]]:
+        """(timestamp, latency histograms) of the series' polls that read them, within the window and after
+        the last restart, oldest first; the current poll's added when it read them."""
+        latest = history.latest
+        edges = self._edge_log.setdefault(key, deque())
+        if latest is None:
+            return edges
+        if reading.latency and (not edges or edges[-1][0] < latest.timestamp):
+            edges.append((latest.timestamp, reading.latency))
+        start = latest.timestamp - self.window
+        if history.last_restart_timestamp is not None:
+            start = max(start, history.last_restart_timestamp)
+        while edges and edges[0][0] < start:
+            edges.popleft()
+        return edges
 
     def analyze(self, key: SeriesKey, history: SeriesHistory, reading: Reading, now: float) -> SeriesLatency | None:
         # The window's first entry by binary search: a walk over the window cost every poll as many steps as
@@ -65,9 +86,13 @@ class LatencyAnalyzer:
         first = history.first(since_restart=True, window=self.window)
         latest = history.latest
         aborted = history.rate("requests_aborted_total", self.window)
-        if first is None or latest is None or first is latest or not reading.latency:
+        # Only some polls read the histograms (kvwatch.latency.EDGE_SECONDS): the window runs from the oldest
+        # to the newest of those in the last ``window`` seconds, kept here (a handful per series) so that no
+        # poll walks the history (at a 0.05 s interval a minute between edges is 1,200 polls).
+        edges = self._edges(key, history, reading)
+        if first is None or latest is None or len(edges) < 2:
             return SeriesLatency(aborted_per_second=aborted) if aborted is not None else None
-        quantiles = window_quantiles(first.reading.latency, reading.latency)
+        quantiles = window_quantiles(edges[0][1], edges[-1][1])
         known, cause = False, None
         if self.ttft_slo_seconds is not None:
             entries = history.samples(since_restart=True, window=self.window)
