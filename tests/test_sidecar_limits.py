@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -174,6 +175,23 @@ def test_history_keeps_at_most_max_series_when_labels_churn() -> None:
         history.record(Poll(timestamp=float(t), detection=detection, readings=readings))
     keys = list(history.keys())
     assert len(keys) == 100 and ("m49-0", "0") in keys and ("m0-0", "0") not in keys
+
+
+def test_history_of_max_series_series_costs_what_their_readings_hold() -> None:
+    """1000 series (the default --max-series) of a label explosion report no counters: their history must not
+    hold a running-total ring per counter anyway (~600 bytes each, ~9 MB for 1000 series; issue 15)."""
+    history = History(max_series=1000)
+    detection = Detection("vllm", ">=0.25", "vllm:kv_cache_usage_perc")
+    readings = tuple(Reading(model_name=f"m{i:05d}", kv_usage_ratio=0.5, requests_running=3) for i in range(1000))
+    tracemalloc.start()
+    try:
+        for t in range(2):
+            history.record(Poll(timestamp=float(t), detection=detection, readings=readings))
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < 3 * 2**20, held
+    assert history[("m00000", "0")].increase("preemptions_total") is None
 
 
 def _lines_run(call: object) -> int:
