@@ -1,5 +1,5 @@
 """The issue-14 backtest matrix in one command: 3 trace families × 7 profiles × 3 seeds, plus the
-long-context tuning rows on the tuning trace. Prints the markdown tables of docs/forecasting.md.
+long-context and generalization tuning rows on the tuning trace. Prints the markdown tables of docs/forecasting.md.
 
     .venv/bin/python benchmarks/forecast_matrix.py CONV.csv CODE.csv MOONCAKE.jsonl --cache-dir /tmp/kvwatch-bt
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kvwatch.backtest.report import LONG_CONTEXT, MATRIX, pooled, simulations, table
+from kvwatch.backtest.report import GENERALIZATION, LONG_CONTEXT, MATRIX, pooled, simulations, table
 
 
 def main() -> int:
@@ -24,13 +24,18 @@ def main() -> int:
     parser.add_argument("held_out", type=Path, nargs="+", help="held-out traces (Azure code CSV, Mooncake JSONL)")
     parser.add_argument("--cache-dir", type=Path, default=None, help="keep simulations here between runs")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
+    parser.add_argument("--held-out-seeds", default=None,
+                        help="seeds for the held-out traces (default: --seeds); fresh ones once a seed was seen")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
+    held_out_seeds = [int(s) for s in args.held_out_seeds.split(",")] if args.held_out_seeds else seeds
     print(table(f"{args.tuning.name} (tuning)", pooled(simulations(args.tuning, MATRIX, args.cache_dir, seeds=seeds))))
     print(table(f"{args.tuning.name}, long-context rows (tuning)",
                 pooled(simulations(args.tuning, LONG_CONTEXT, args.cache_dir, seeds=seeds))))
+    print(table(f"{args.tuning.name}, generalization shapes (tuning)",
+                pooled(simulations(args.tuning, GENERALIZATION, args.cache_dir))))
     for path in args.held_out:
-        print(table(f"{path.name} (held out)", pooled(simulations(path, MATRIX, args.cache_dir, seeds=seeds))))
+        print(table(f"{path.name} (held out)", pooled(simulations(path, MATRIX, args.cache_dir, seeds=held_out_seeds))))
     return 0
 
 

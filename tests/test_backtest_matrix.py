@@ -5,6 +5,8 @@ the risk against its two references."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from kvwatch.backtest.report import CI_SLICE, pooled, simulations, table
 from kvwatch.sim.traces import packaged_trace
 
@@ -22,3 +24,16 @@ def test_ci_slice_is_deterministic_and_reports_calibration():
     text = table("azure_conv_sample.csv", result)
     assert "| ramp | 1 | kvwatch |" in text
     assert "| 30m |" in text and "Reliability of the 30-minute risk" in text
+
+
+def test_generalization_rows_are_named_by_their_cache_size():
+    from kvwatch.backtest.report import GENERALIZATION, case_name
+    from kvwatch.backtest.scenarios import Scenario
+    from kvwatch.backtest.traces import defaults_for
+
+    rate, speedup = defaults_for(Path("AzureLLMInferenceTrace_conv.csv"))
+    names = [case_name(Scenario("AzureLLMInferenceTrace_conv.csv", c.profile, c.hours, c.seeds[0], c.start_load,
+                                c.peak_load, rate_scale=rate * c.rate_factor,
+                                engine_speedup=speedup * c.speedup_factor, prompt_scale=c.prompt_scale))
+             for c in GENERALIZATION]
+    assert names == [c.name for c in GENERALIZATION]

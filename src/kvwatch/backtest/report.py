@@ -36,6 +36,7 @@ class Case:
     long_fraction: float = 0.0
     max_model_len: int = DEFAULT_MAX_MODEL_LEN
     speedup_factor: float = 1.0  # × the trace's engine speedup (longer prompts need more prefill compute)
+    rate_factor: float = 1.0  # × the trace's rate scale (with speedup_factor: a smaller or larger cache)
 
 
 # The issue-14 matrix: 7 profiles × 3 seeds per trace family. Steady 0.7 totals 24 simulated hours so its
@@ -57,6 +58,15 @@ LONG_CONTEXT: tuple[Case, ...] = (
     Case("prompt×4 ramp", "ramp", 3.0, 0.5, 1.3, prompt_scale=4.0, speedup_factor=4.0),
     Case("prompt×4 steady 0.7", "steady", 8.0, 0.7, 0.7, prompt_scale=4.0, speedup_factor=4.0),
 )
+# Generalization tuning shapes (tuning trace only): traffic the tuning rows do not show, built from the
+# conversation trace — a cache half the size (rate and engine × 0.5: fewer requests in flight, burstier),
+# a cache twice the size (smoother), and prompts × 2 at a steady load that saturates from bursts.
+GENERALIZATION: tuple[Case, ...] = (
+    Case("small-cache ramp", "ramp", 3.0, 0.5, 1.3, seeds=(10,), rate_factor=0.5, speedup_factor=0.5),
+    Case("small-cache steady 0.8", "steady", 4.0, 0.8, 0.8, seeds=(10,), rate_factor=0.5, speedup_factor=0.5),
+    Case("large-cache ramp", "ramp", 3.0, 0.5, 1.3, seeds=(10,), rate_factor=2.0, speedup_factor=2.0),
+    Case("prompt×2 steady 0.85", "steady", 4.0, 0.85, 0.85, seeds=(10,), prompt_scale=2.0, speedup_factor=2.0),
+)
 # CI's deterministic slice (tests/test_backtest_matrix.py): one short ramp and one short steady run.
 CI_SLICE: tuple[Case, ...] = (
     Case("ramp", "ramp", 2.0, 0.4, 1.2, seeds=(0,)),
@@ -76,6 +86,11 @@ def _cache_path(cache_dir: Path, scenario: Scenario) -> Path:
 def case_name(scenario: Scenario) -> str:
     """The row label of a scenario: its profile, with the load for ``steady`` and the long-context shaping."""
     name = f"steady {scenario.peak_load:g}" if scenario.profile == "steady" else scenario.profile
+    rate_scale, _ = defaults_for(Path(scenario.trace_name))
+    if scenario.rate_scale < rate_scale:
+        name = f"small-cache {name}"
+    elif scenario.rate_scale > rate_scale:
+        name = f"large-cache {name}"
     if scenario.long_fraction:
         name = f"long-mix {name}"
     if scenario.prompt_scale != 1.0:
@@ -91,7 +106,7 @@ def simulations(trace_path: Path, cases: Iterable[Case], cache_dir: Path | None,
     for case in cases:
         for seed in (seeds if seeds is not None else case.seeds):
             scenario = Scenario(trace_path.name, case.profile, case.hours, seed, case.start_load, case.peak_load,
-                                rate_scale=rate_scale, engine_speedup=speedup * case.speedup_factor,
+                                rate_scale=rate_scale * case.rate_factor, engine_speedup=speedup * case.speedup_factor,
                                 prompt_scale=case.prompt_scale, long_fraction=case.long_fraction,
                                 max_model_len=case.max_model_len)
             path = _cache_path(cache_dir, scenario) if cache_dir else None
@@ -194,8 +209,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", default=None, help="comma-separated seeds instead of each row's (0,1,2)")
     parser.add_argument("--long-context", action="store_true",
                         help="the long-context tuning rows instead of the matrix (for the tuning trace)")
+    parser.add_argument("--generalization", action="store_true",
+                        help="the generalization tuning shapes instead of the matrix (for the tuning trace)")
     args = parser.parse_args(argv)
-    rows = LONG_CONTEXT if args.long_context else MATRIX
+    rows = LONG_CONTEXT if args.long_context else GENERALIZATION if args.generalization else MATRIX
     cases = [c for c in rows if args.profiles is None or c.name in args.profiles.split(",")]
     seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else None
     for trace_path in args.traces:

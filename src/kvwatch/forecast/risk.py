@@ -33,11 +33,18 @@ standard deviations of the threshold: ``c = 0.95·C − k·σ_within`` (``σ_wit
 ``k`` tuned). Then ``risk(h) = 1 − (1 − max_t P(K̄_t ≥ c))·exp(−∫₀ʰ ν)``. ``f_t`` is
 Gaussian or moment-matched gamma (the shot noise is right-skewed); docs/forecasting.md has the measured
 comparison.
+
+That is v2 (``dynamics="stationary"``). The default (``"ou"``, ``_ou_risk``) conditions on now: the
+occupancy is shot noise with a memory, so the minute mean starts at the newest minute and relaxes to the
+projected mean with correlation time ``θ`` (at least ``τ``, longer when consecutive minute means are
+measured to correlate), and crossings come at the rate of a process with that correlation: a cache far
+below ``c`` cannot get there in five minutes, and slow bursts cross rarely however wide they are.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
@@ -60,6 +67,13 @@ class RiskParams:
     flux_scale: float = 1.0  # multiplies the crossing rate (tuned on the tuning traces only)
     size_floor: float = 1.0  # × histogram mean footprint as the floor of s (0: dispersion alone)
     sustain_seconds: float = 120.0  # W: saturation must last this long to be an event
+    # "ou": the occupancy starts from the newest minute's mean and relaxes to the projected mean with the
+    # correlation time measured from the minute means (at least the residence τ); crossings at the rate of
+    # a process with that correlation. "stationary": v2 (the stationary law from now on, time scale τ + W).
+    dynamics: str = "ou"
+    # How the within-minute spread is summarized: "median" of the minutes' own standard deviations (one
+    # long request's spike does not lower the threshold for half an hour) or "pooled" (v2).
+    within_sd: str = "median"
     max_horizon_buckets: int = 60
     bucket_seconds: float = 60.0
 
@@ -117,6 +131,12 @@ def dispersion_index(buckets: Sequence[MinuteBucket], window_buckets: int) -> tu
     The index is the variance of the minute means around a straight line (a ramp is not noise) over
     their mean; the level is that line at the newest minute (what the projection starts from).
     """
+    fit = _line_fit(buckets, window_buckets)
+    return None if fit is None else (fit[0], fit[1])
+
+
+def _line_fit(buckets: Sequence[MinuteBucket], window_buckets: int) -> tuple[float, float, float, float] | None:
+    """(dispersion index, line at the newest minute, lag-1 autocorrelation of the residuals, newest mean)."""
     newest = buckets[-1].minute
     points = [(float(b.minute), b.k_mean) for b in buckets
               if b.minute > newest - window_buckets and b.k_mean is not None]
@@ -128,13 +148,23 @@ def dispersion_index(buckets: Sequence[MinuteBucket], window_buckets: int) -> tu
     sxx = sum((x - mx) ** 2 for x, _ in points)
     sxy = sum((x - mx) * (y - my) for x, y in points)
     slope = sxy / sxx if sxx > 0 else 0.0
-    resid = sum((y - my - slope * (x - mx)) ** 2 for x, y in points) / max(1, n - 2)
+    residuals = [y - my - slope * (x - mx) for x, y in points]
+    squares = sum(e * e for e in residuals)
+    resid = squares / max(1, n - 2)
     level = my + slope * (points[-1][0] - mx)  # the line at the newest minute: follows a ramp, not a burst
-    return (resid / my if my > 0 else 0.0), max(0.0, level)
+    # Lag-1 autocorrelation of consecutive minutes (gaps skipped): how slowly the bursts come and go.
+    lagged = sum(residuals[i] * residuals[i + 1] for i in range(n - 1) if points[i + 1][0] - points[i][0] == 1)
+    rho = lagged / squares if squares > 0 else 0.0
+    return (resid / my if my > 0 else 0.0), max(0.0, level), rho, points[-1][1]
 
 
-def within_minute_sd(window: Sequence[MinuteBucket]) -> float:
-    """Pooled standard deviation of the polls around their own minute's mean, in KV tokens."""
+def within_minute_sd(window: Sequence[MinuteBucket], how: str = "pooled") -> float:
+    """Standard deviation of the polls around their own minute's mean, in KV tokens: pooled over the
+    window, or the median of the minutes' own (robust to a single burst)."""
+    if how == "median":
+        sds = [_sd(b.usages) * b.capacity_tokens for b in window
+               if b.capacity_tokens is not None and len(b.usages) >= 2]
+        return statistics.median(sds) if sds else 0.0
     squares = 0.0
     dof = 0
     for b in window:
@@ -144,6 +174,12 @@ def within_minute_sd(window: Sequence[MinuteBucket]) -> float:
         squares += sum((u - mean) ** 2 for u in b.usages) * b.capacity_tokens ** 2
         dof += len(b.usages) - 1
     return math.sqrt(squares / dof) if dof else 0.0
+
+
+def _sd(values: Sequence[float]) -> float:
+    """Sample standard deviation (statistics.stdev is exact but slow: this runs every minute per series)."""
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
 def _window_sum(window: Sequence[MinuteBucket], name: str) -> float | None:
@@ -175,10 +211,10 @@ def estimate_risk(buckets: Sequence[MinuteBucket], demand: DemandEstimate, p: Ri
     newest = buckets[-1].minute
     window = [b for b in buckets if b.minute > newest - p.window_buckets]
     capacity = demand.capacity_tokens
-    dispersion = dispersion_index(buckets, p.window_buckets)
-    if capacity <= 0 or demand.rate_level <= 0 or dispersion is None:
+    fit = _line_fit(buckets, p.window_buckets)
+    if capacity <= 0 or demand.rate_level <= 0 or fit is None:
         return None
-    size, mean0 = dispersion
+    size, mean0, rho_measured, newest_mean = fit
     if mean0 <= 0:
         return None  # an empty cache: nothing to project (the risk is unknown, not 0)
     residence = mean_residence(window)
@@ -194,7 +230,9 @@ def estimate_risk(buckets: Sequence[MinuteBucket], demand: DemandEstimate, p: Ri
         x = residence / p.bucket_seconds
         averaging = 2.0 * x * (1.0 - x * (1.0 - math.exp(-1.0 / x)))
         size = max(size, p.size_floor * footprint * averaging)
-    c = max(0.5 * capacity, p.threshold * capacity - p.within_k * within_minute_sd(window))
+    c = max(0.5 * capacity, p.threshold * capacity - p.within_k * within_minute_sd(window, p.within_sd))
+    if p.dynamics == "ou":
+        return _ou_risk(p, demand, c, size, mean0, newest_mean, residence, rho_measured)
     time_scale = residence + p.sustain_seconds
     log_survival = 0.0
     worst_tail = 0.0
@@ -210,6 +248,50 @@ def estimate_risk(buckets: Sequence[MinuteBucket], demand: DemandEstimate, p: Ri
         var = size * mean * knee
         tail, density = _tail_and_density(c, mean, var, p.distribution)
         crossing_rate = p.flux_scale * math.sqrt(var) * density / (time_scale * knee)
+        worst_tail = max(worst_tail, tail)
+        if previous_rate is not None:
+            log_survival -= 0.5 * (previous_rate + crossing_rate) * p.bucket_seconds
+            risk.append(1.0 - (1.0 - worst_tail) * math.exp(log_survival))
+        previous_rate = crossing_rate
+    return RiskEstimate(tuple(risk), mean0, size * mean0, size, residence, p.bucket_seconds)
+
+
+def correlation_seconds(residence: float, rho_measured: float, bucket_seconds: float, window_buckets: int) -> float:
+    """The occupancy's correlation time: at least the residence ``τ`` (one request's shot), longer when the
+    minute means are measured to move slowly (lag-1 autocorrelation ``ρ``: ``−minute / ln ρ``), capped at
+    the window they were measured over."""
+    measured = -bucket_seconds / math.log(min(rho_measured, 0.999)) if rho_measured > 0 else 0.0
+    return min(max(residence, measured), window_buckets * bucket_seconds)
+
+
+def _ou_risk(p: RiskParams, demand: DemandEstimate, c: float, size: float, mean0: float, newest: float,
+             residence: float, rho_measured: float) -> RiskEstimate:
+    """Shot noise conditioned on now (Ornstein–Uhlenbeck-like): the minute mean starts at ``newest`` and
+    relaxes to the projected mean ``μ(t)`` with correlation time ``θ``: mean ``μ(t) + (x₀ − μ(0))·e^(−t/θ)``,
+    variance ``σ²(t)·(1 − e^(−2t/θ))``. Upcrossings of ``c`` by minute means whose consecutive values
+    correlate as ``ρ = e^(−minute/θ)`` happen at ``σ(t)·f_t(c)·√((1 − ρ)/π)`` per minute (Rice's formula
+    with the derivative's spread ``σ·√(2(1 − ρ))`` per minute): slow bursts cross rarely, a cache far
+    below ``c`` cannot get there in five minutes.
+    """
+    theta = correlation_seconds(residence, rho_measured, p.bucket_seconds, p.window_buckets)
+    rho = math.exp(-p.bucket_seconds / theta)
+    per_minute = math.sqrt((1.0 - rho) / math.pi)
+    log_survival = 0.0
+    worst_tail = 0.0
+    previous_rate = None
+    risk: list[float] = []
+    for step in range(0, p.max_horizon_buckets + 1):
+        seconds = step * p.bucket_seconds
+        rate = demand.rate_at(seconds)
+        growth = rate / demand.rate_level
+        knee = min(2.0, max(1.0, growth) ** demand.knee_elasticity)
+        stationary_mean = mean0 * growth * knee
+        stationary_var = size * stationary_mean * knee  # D grows with the knee, S does not
+        decay = math.exp(-seconds / theta)
+        mean = stationary_mean + (newest - mean0) * decay
+        var = stationary_var * (1.0 - decay * decay)
+        tail, density = _tail_and_density(c, max(mean, 1e-9), var, p.distribution)
+        crossing_rate = p.flux_scale * math.sqrt(stationary_var) * density * per_minute / p.bucket_seconds
         worst_tail = max(worst_tail, tail)
         if previous_rate is not None:
             log_survival -= 0.5 * (previous_rate + crossing_rate) * p.bucket_seconds
