@@ -59,8 +59,9 @@ def main(argv: list[str] | None = None) -> int:
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     print(f"x{speed:g}: {args.simulated_hours:g} simulated hours in {args.wall_minutes:g} min, a poll every "
           f"{interval * 1000:.0f} ms ({args.poll_simulated_seconds:g} simulated s)")
-    print("| wall min | simulated h | RSS MB | open files | CPU ms per poll (window) | kvwatch_up |")
-    print("|---|---|---|---|---|---|")
+    print("| wall min | simulated h | RSS MB | open files | CPU ms per scheduled poll (window) | kvwatch_up "
+          "| scrape errors (total) |")
+    print("|---|---|---|---|---|---|---|")
     try:
         started = time.monotonic()
         last_cpu, last_t = stat(kv.pid)[1], started
@@ -72,10 +73,14 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 text = httpx.get(f"http://127.0.0.1:{kv_port}/metrics", timeout=5).text
                 up = next((line.split()[1] for line in text.splitlines() if line.startswith("kvwatch_up ")), "?")
+                # Failed polls by any reason: a soak whose target cannot keep up measures nothing.
+                failed = sum(float(line.split()[-1]) for line in text.splitlines()
+                             if line.startswith("kvwatch_scrape_errors_total{"))
+                errors = f"{failed:g}"
             except httpx.HTTPError:
-                up = "scrape failed"
+                up, errors = "scrape failed", "?"
             print(f"| {(now - started) / 60:.1f} | {(now - started) * speed / 3600:.1f} | {rss:.1f} | {fds} | "
-                  f"{1000 * (cpu - last_cpu) / polls:.2f} | {up} |", flush=True)
+                  f"{1000 * (cpu - last_cpu) / polls:.2f} | {up} | {errors} |", flush=True)
             last_cpu, last_t = cpu, now
     finally:
         for proc in (kv, sim):

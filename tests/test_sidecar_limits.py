@@ -6,15 +6,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvwatch.engines import detect
+from kvwatch.engines.detect import read_payload
+from kvwatch.exposition import Exposition
 from kvwatch.history import History
 from kvwatch.model import Detection, Poll, Reading
-from kvwatch.payload import ScrapeError
+from kvwatch.payload import ScrapeError, interpret
 from kvwatch.serve.app import ChangeLog, Sidecar
 from kvwatch.serve.collector import KvwatchCollector, make_registry
 from kvwatch.settings import ServeSettings
@@ -67,6 +71,35 @@ def test_series_beyond_max_series_are_dropped_counted_and_warned_once(caplog: py
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "more than --max-series 50" in warnings[0].getMessage()
     assert len(caplog.records) <= 15  # no line per model (the capacity analyzer's included)
+
+
+def test_the_parse_keeps_samples_of_at_most_twice_max_series_series() -> None:
+    # Memory under a label explosion is bounded by --max-series, not by the body (issue 15): the parse refuses
+    # the samples of series beyond ADMIT_FACTOR * max_series instead of materialising all 100,000.
+    kept: list[int] = []
+    real_parse = detect.parse
+
+    def counting_parse(*args: object, **kwargs: object) -> Exposition:
+        exposition = real_parse(*args, **kwargs)  # type: ignore[arg-type]
+        kept.append(sum(len(f.samples) for f in exposition))
+        return exposition
+
+    detect.parse = counting_parse  # type: ignore[assignment]
+    try:
+        poll = read_payload(label_explosion(50_000), timestamp=0.0, max_series=100)
+    finally:
+        detect.parse = real_parse  # type: ignore[assignment]
+    assert kept == [2 * detect.ADMIT_FACTOR * 100]  # two families, one sample per series each
+    assert len(poll.readings) == 100 and poll.readings[0].model_name == "m00000"
+    assert poll.series_dropped == 50_000 - 100  # every series left out is still counted, once
+    assert read_payload(label_explosion(150), timestamp=0.0, max_series=100).series_dropped == 50
+
+
+def test_refused_samples_are_still_validated() -> None:
+    body = label_explosion(300) + 'vllm:num_requests_running{engine="0",model_name="m00299"} x\n'
+    with pytest.raises(ScrapeError) as info:
+        interpret(body, None, timestamp=0.0, max_series=10)  # m00299 is beyond the 20 series the parse keeps
+    assert info.value.reason == "parse" and "line 603" in str(info.value)
 
 
 @pytest.mark.parametrize(("usage", "waiting"), [("NaN", "2"), ("-1", "-5"), ("1e308", "+Inf"), ("+Inf", "1e308"),
@@ -142,6 +175,23 @@ def test_history_keeps_at_most_max_series_when_labels_churn() -> None:
         history.record(Poll(timestamp=float(t), detection=detection, readings=readings))
     keys = list(history.keys())
     assert len(keys) == 100 and ("m49-0", "0") in keys and ("m0-0", "0") not in keys
+
+
+def test_history_of_max_series_series_costs_what_their_readings_hold() -> None:
+    """1000 series (the default --max-series) of a label explosion report no counters: their history must not
+    hold a running-total ring per counter anyway (~600 bytes each, ~9 MB for 1000 series; issue 15)."""
+    history = History(max_series=1000)
+    detection = Detection("vllm", ">=0.25", "vllm:kv_cache_usage_perc")
+    readings = tuple(Reading(model_name=f"m{i:05d}", kv_usage_ratio=0.5, requests_running=3) for i in range(1000))
+    tracemalloc.start()
+    try:
+        for t in range(2):
+            history.record(Poll(timestamp=float(t), detection=detection, readings=readings))
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < 3 * 2**20, held
+    assert history[("m00000", "0")].increase("preemptions_total") is None
 
 
 def _lines_run(call: object) -> int:

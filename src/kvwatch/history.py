@@ -58,8 +58,9 @@ class SeriesHistory:
         self._entries: deque[Entry] = deque(maxlen=max_samples)
         # Per counter: (timestamp, reset-adjusted running total) of each entry where it is reported, so an
         # increase over a window is one subtraction, not a walk over every sample kept (CPU per poll grew
-        # with the history at fast poll intervals; docs/reliability.md).
-        self._totals: dict[str, deque[tuple[float, float]]] = {f: deque() for f in COUNTER_FIELDS}
+        # with the history at fast poll intervals; docs/reliability.md). Made at a counter's first value: an
+        # empty deque costs ~600 bytes, and most series report few counters (1000 series, issue 15).
+        self._totals: dict[str, deque[tuple[float, float]]] = {}
         self._last_value: dict[str, float] = {}
         self.restarts = 0
         self.last_restart_timestamp: float | None = None
@@ -90,10 +91,13 @@ class SeriesHistory:
                 while totals and totals[0][0] <= dropped:
                     totals.popleft()
         self._entries.append(Entry(timestamp, reading))
-        for name, totals in self._totals.items():
+        for name in COUNTER_FIELDS:
             value = getattr(reading, name)
             if value is None:
                 continue
+            totals = self._totals.get(name)
+            if totals is None:
+                totals = self._totals[name] = deque()
             before = self._last_value.get(name)
             step = counter_delta(before, value) or 0.0  # a reset counts from zero
             totals.append((timestamp, (totals[-1][1] if totals else 0.0) + step))
@@ -147,6 +151,8 @@ class SeriesHistory:
     def increase(self, field: str, window: float | None = None) -> tuple[float, float] | None:
         """(increase, elapsed seconds) of counter ``field`` over ``window``, resets handled; None if < 2 points."""
         totals = self._totals.get(field)
+        if totals is None and field in COUNTER_FIELDS:
+            return None  # a tracked counter never reported by this series
         if totals is None:  # not a counter this history tracks: walk the samples
             return _increase([(e.timestamp, getattr(e.reading, field)) for e in self.samples(window=window)])
         if len(totals) < 2:

@@ -51,22 +51,62 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
     """One :class:`Poll` from a ``/metrics`` body of any supported engine, with at most ``max_series``
     readings (the rest counted in ``Poll.series_dropped``; vLLM's adapter skips them before building any).
     With ``latency=False`` the latency histograms are not read (the readings' ``latency`` is empty; a JSON
-    body always carries its own)."""
+    body always carries its own). The parse itself keeps the samples of at most ``ADMIT_FACTOR * max_series``
+    series (:class:`SeriesLimit`): beyond that, the exported series are the adapter's first among the first
+    ones in payload order."""
     if trtllm.looks_like_json(text):
         try:
             return _capped(trtllm.read_iteration_stats(text, timestamp=timestamp), max_series)
         except json.JSONDecodeError as exc:
             raise ParseError(f"body starts like JSON but is not: {exc}") from None
-    exposition = parse(text, wanted_for(overrides, latency=latency))
+    limit = SeriesLimit(ADMIT_FACTOR * max_series) if max_series is not None else None
+    exposition = parse(text, wanted_for(overrides, latency=latency), limit.admit if limit is not None else None)
     kind = engine_of(exposition)
     if kind == "sglang":
-        return _capped(sglang.read(exposition, overrides, timestamp=timestamp), max_series)
-    if kind == "tensorrt-llm":
-        return _capped(trtllm.read(exposition, overrides, timestamp=timestamp), max_series)
-    if kind is None and not (overrides and overrides.names()):
+        poll = _capped(sglang.read(exposition, overrides, timestamp=timestamp), max_series)
+    elif kind == "tensorrt-llm":
+        poll = _capped(trtllm.read(exposition, overrides, timestamp=timestamp), max_series)
+    elif kind is None and not (overrides and overrides.names()):
         raise UnrecognisedPayload("no vllm:*, sglang:*, trtllm_*/trtllm:* or nv_trt_llm_* metrics in the payload "
                                   "(is the target an inference engine's /metrics endpoint?)")
-    return vllm.read(exposition, overrides, timestamp=timestamp, max_series=max_series)
+    else:
+        poll = vllm.read(exposition, overrides, timestamp=timestamp, max_series=max_series)
+    if limit is not None and limit.refused:
+        poll = replace(poll, series_dropped=poll.series_dropped + len(limit.refused))
+    return poll
+
+
+# Series the parse keeps, per --max-series: twice the cap, so that a series spelled with and without one of
+# its labels (an engine label on some families only) still fits, and so that the adapter still picks the
+# exported ones in its own order among twice as many as it exports.
+ADMIT_FACTOR = 2
+
+
+class SeriesLimit:
+    """The parse's series cap (:func:`kvwatch.exposition.parse`'s ``admit``): samples of the first ``limit``
+    series in payload order are kept, samples of any later series are refused, so that a payload with 50,000
+    label sets costs memory for ``limit`` of them, not for all (issue 15). A series is the engine-neutral
+    ``(model, engine)`` pair of the adapters: ``model_name`` (SGLang 2024: ``name``; Triton: ``model``) and
+    ``engine`` (SGLang: ``dp_rank``). Samples with neither label (process gauges, cache config without a
+    model) are always kept. ``refused`` holds the hashes of the refused series, to count them once each."""
+
+    __slots__ = ("admitted", "limit", "refused")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.admitted: set[tuple[str | None, str | None]] = set()
+        self.refused: set[int] = set()
+
+    def admit(self, labels: dict[str, str]) -> bool:
+        get = labels.get
+        series = (get("model_name") or get("name") or get("model"), get("engine") or get("dp_rank"))
+        if series in self.admitted or series == (None, None):
+            return True
+        if len(self.admitted) < self.limit:
+            self.admitted.add(series)
+            return True
+        self.refused.add(hash(series))
+        return False
 
 
 def _capped(poll: Poll, max_series: int | None) -> Poll:
