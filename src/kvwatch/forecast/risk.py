@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -234,20 +234,30 @@ def estimate_risk(buckets: Sequence[MinuteBucket], demand: DemandEstimate, p: Ri
     if p.dynamics == "ou":
         return _ou_risk(p, demand, c, size, mean0, newest_mean, residence, rho_measured)
     time_scale = residence + p.sustain_seconds
+
+    def stationary(seconds: float, mean: float, var: float, knee: float) -> tuple[float, float]:
+        tail, density = _tail_and_density(c, mean, var, p.distribution)
+        return tail, p.flux_scale * math.sqrt(var) * density / (time_scale * knee)
+
+    return _integrate(p, demand, size, mean0, residence, stationary)
+
+
+def _integrate(p: RiskParams, demand: DemandEstimate, size: float, mean0: float, residence: float,
+               step: Callable[[float, float, float, float], tuple[float, float]]) -> RiskEstimate:
+    """Risk per horizon from ``step(seconds, stationary mean, stationary variance, knee) -> (P(K ≥ c) at that
+    time, upcrossing rate of c)``: 1 − (1 − the worst tail so far) × exp(−∫ upcrossing rate), the integral by
+    the trapezoid rule over minutes. The projected mean follows the rate trend and the knee; D grows with the
+    knee, S does not, so E[S²·D] scales like E[S·D]."""
     log_survival = 0.0
     worst_tail = 0.0
     previous_rate = None
     risk: list[float] = []
-    for step in range(0, p.max_horizon_buckets + 1):
-        seconds = step * p.bucket_seconds
-        rate = demand.rate_at(seconds)
-        growth = rate / demand.rate_level
+    for minute in range(0, p.max_horizon_buckets + 1):
+        seconds = minute * p.bucket_seconds
+        growth = demand.rate_at(seconds) / demand.rate_level
         knee = min(2.0, max(1.0, growth) ** demand.knee_elasticity)
-        mean = mean0 * growth * knee
-        # D grows with the knee, S does not: E[S²·D] scales like E[S·D].
-        var = size * mean * knee
-        tail, density = _tail_and_density(c, mean, var, p.distribution)
-        crossing_rate = p.flux_scale * math.sqrt(var) * density / (time_scale * knee)
+        stationary_mean = mean0 * growth * knee
+        tail, crossing_rate = step(seconds, stationary_mean, size * stationary_mean * knee, knee)
         worst_tail = max(worst_tail, tail)
         if previous_rate is not None:
             log_survival -= 0.5 * (previous_rate + crossing_rate) * p.bucket_seconds
@@ -276,25 +286,12 @@ def _ou_risk(p: RiskParams, demand: DemandEstimate, c: float, size: float, mean0
     theta = correlation_seconds(residence, rho_measured, p.bucket_seconds, p.window_buckets)
     rho = math.exp(-p.bucket_seconds / theta)
     per_minute = math.sqrt((1.0 - rho) / math.pi)
-    log_survival = 0.0
-    worst_tail = 0.0
-    previous_rate = None
-    risk: list[float] = []
-    for step in range(0, p.max_horizon_buckets + 1):
-        seconds = step * p.bucket_seconds
-        rate = demand.rate_at(seconds)
-        growth = rate / demand.rate_level
-        knee = min(2.0, max(1.0, growth) ** demand.knee_elasticity)
-        stationary_mean = mean0 * growth * knee
-        stationary_var = size * stationary_mean * knee  # D grows with the knee, S does not
+
+    def conditioned(seconds: float, stationary_mean: float, stationary_var: float, knee: float) -> tuple[float, float]:
         decay = math.exp(-seconds / theta)
         mean = stationary_mean + (newest - mean0) * decay
         var = stationary_var * (1.0 - decay * decay)
         tail, density = _tail_and_density(c, max(mean, 1e-9), var, p.distribution)
-        crossing_rate = p.flux_scale * math.sqrt(stationary_var) * density * per_minute / p.bucket_seconds
-        worst_tail = max(worst_tail, tail)
-        if previous_rate is not None:
-            log_survival -= 0.5 * (previous_rate + crossing_rate) * p.bucket_seconds
-            risk.append(1.0 - (1.0 - worst_tail) * math.exp(log_survival))
-        previous_rate = crossing_rate
-    return RiskEstimate(tuple(risk), mean0, size * mean0, size, residence, p.bucket_seconds)
+        return tail, p.flux_scale * math.sqrt(stationary_var) * density * per_minute / p.bucket_seconds
+
+    return _integrate(p, demand, size, mean0, residence, conditioned)
