@@ -18,7 +18,6 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 
@@ -26,6 +25,7 @@ from kvwatch.capacity.findings import LIVE_FINDINGS, SUSTAINED_SECONDS, HeldSinc
 from kvwatch.history import SeriesHistory
 from kvwatch.model import Reading, SeriesKey
 from kvwatch.serve.sidecar_capacity import SidecarCapacity, resolver_for
+from kvwatch.settings import ServeSettings
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ MAX_LOGGED_PLANS = 10
 class CapacityAnalyzer:
     name = "capacity"
 
-    def __init__(self, settings: Any) -> None:
+    def __init__(self, settings: ServeSettings) -> None:
         # One plan per vLLM model_name and engine configuration (the cache_config_info labels the formula
         # reads): a preset may only match once the engine names its model, and a restart may change them. The
         # resolver is the settings' own, shared with the forecaster's advice.
@@ -56,7 +56,7 @@ class CapacityAnalyzer:
         self._logged = 0
         # Per series and finding: since when its condition has held (O(1) per poll, bounded like the plans).
         self._held: dict[tuple[SeriesKey, str], HeldSince] = {}
-        self._max_held = 2 * len(LIVE_FINDINGS) * int(getattr(settings, "max_series", 0) or 1000)
+        self._max_held = 2 * len(LIVE_FINDINGS) * settings.max_series
 
     def _plan(self, reading: Reading) -> SidecarCapacity | None:
         new = self._capacity.is_new(reading)
@@ -162,5 +162,5 @@ class CapacityAnalyzer:
         yield finding
 
 
-def make_analyzer(settings: Any) -> CapacityAnalyzer:
+def make_analyzer(settings: ServeSettings) -> CapacityAnalyzer:
     return CapacityAnalyzer(settings)

@@ -12,12 +12,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+
+from prometheus_client.core import Metric
 
 from kvwatch.advisor import DEFAULT_GPUS_PER_NODE, Advice, advise_from_result
+from kvwatch.capacity.planner import CapacityPlan
 from kvwatch.derived import derive
 from kvwatch.forecast.forecaster import Forecaster, ForecastParams, ForecastResult, ForecastSample
+from kvwatch.history import SeriesHistory
+from kvwatch.model import Reading, SeriesKey
 from kvwatch.serve.forecast_export import forecast_metric_families
+from kvwatch.settings import ServeSettings
 
 log = logging.getLogger(__name__)
 FORGET_AFTER_SECONDS = 3600.0
@@ -33,14 +38,14 @@ class ForecastAnalyzer:
     name = "forecast"
 
     def __init__(self, params: ForecastParams | None = None, *, max_model_len: int | None = None,
-                 settings: Any | None = None, max_series: int | None = None) -> None:
+                 settings: ServeSettings | None = None, max_series: int | None = None) -> None:
         self.params = params or ForecastParams()
         self.max_series = max_series  # forecasters kept at most; the longest unseen go first
         self.max_model_len = max_model_len
         self._settings = settings
         self._forecasters: dict[tuple[str, str], Forecaster] = {}
 
-    def _capacity(self, reading: Any) -> tuple[Any, Any | None]:
+    def _capacity(self, reading: Reading) -> tuple[Reading, CapacityPlan | None]:
         """(the reading with the series' one capacity filled in, the capacity plan for advice or None)."""
         if self._settings is None:
             return reading, None
@@ -49,14 +54,14 @@ class ForecastAnalyzer:
         series = resolver_for(self._settings).series(reading)  # the object the capacity analyzer exports
         return series.apply(reading), series.plan
 
-    def analyze(self, key: tuple[str, str], history: Any, reading: Any, now: float) -> SeriesForecast:
+    def analyze(self, key: SeriesKey, history: SeriesHistory | None, reading: Reading, now: float) -> SeriesForecast:
         forecaster = self._forecasters.pop(key, None)  # re-inserted: least recently analysed first
         if forecaster is None:
             forecaster = Forecaster(self.params)
         self._forecasters[key] = forecaster
         if self.max_series is not None and len(self._forecasters) > self.max_series:
             del self._forecasters[next(iter(self._forecasters))]
-        restarted = getattr(history, "last_restart_timestamp", None) == now
+        restarted = history is not None and history.last_restart_timestamp == now
         reading, plan = self._capacity(reading)
         result = forecaster.observe(ForecastSample.from_reading(reading, now, restarted=restarted))
         advice: tuple[Advice, ...] = ()
@@ -66,10 +71,10 @@ class ForecastAnalyzer:
             advice = tuple(advise_from_result(
                 result, reading, capacity_plan=plan, max_model_len=self.max_model_len,
                 concurrency_ceiling=ceiling,
-                gpus_per_node=getattr(self._settings, "gpus_per_node", DEFAULT_GPUS_PER_NODE)))
+                gpus_per_node=self._settings.gpus_per_node if self._settings else DEFAULT_GPUS_PER_NODE))
         return SeriesForecast(result, advice)
 
-    def families(self, results: Mapping[tuple[str, str], SeriesForecast], now: float) -> Iterable[Any]:
+    def families(self, results: Mapping[SeriesKey, SeriesForecast], now: float) -> Iterable[Metric]:
         rows = []
         for key, forecaster in sorted(list(self._forecasters.items())):
             fresh = results.get(key)
@@ -88,11 +93,9 @@ class ForecastAnalyzer:
         )
 
 
-def make_analyzer(settings: Any) -> ForecastAnalyzer:
-    stale = getattr(settings, "stale_after_seconds", None)
+def make_analyzer(settings: ServeSettings) -> ForecastAnalyzer:
     # Settings are real seconds; the forecaster sees the poll clock, which runs clock_speed times faster.
-    speed = float(getattr(settings, "clock_speed", 1.0) or 1.0)
-    params = ForecastParams(stale_after_seconds=float(stale) * speed) if stale else ForecastParams()
-    max_series = getattr(settings, "max_series", None)
-    return ForecastAnalyzer(params, max_model_len=getattr(settings, "max_model_len", None), settings=settings,
-                            max_series=2 * max_series if max_series else None)
+    stale = settings.stale_after_seconds  # set by validation (3 x the interval unless given)
+    params = ForecastParams(stale_after_seconds=stale * settings.clock_speed) if stale else ForecastParams()
+    return ForecastAnalyzer(params, max_model_len=settings.max_model_len, settings=settings,
+                            max_series=2 * settings.max_series)
