@@ -28,7 +28,8 @@ from kvwatch.capacity.series import SeriesCapacity
 from kvwatch.capacity.series import resolve as resolve_series
 from kvwatch.capacity.whatif import Scenario, whatif_ceilings, whatif_scenarios
 from kvwatch.engines.vllm import label_number
-from kvwatch.settings import KV_CACHE_DTYPES
+from kvwatch.model import Reading
+from kvwatch.settings import KV_CACHE_DTYPES, DeploymentSettings, ServeSettings
 
 # cache_config_info labels the formula reads (a change in any of them means another engine configuration).
 ENGINE_LABELS = ("gpu_memory_utilization", "block_size", "cache_dtype", "kv_cache_memory_bytes")
@@ -77,12 +78,13 @@ def vllm_version_from_cache_config(labels: Mapping[str, str]) -> tuple[int, int]
     return None
 
 
-def engine_settings(settings: Any, cache_config: Mapping[str, str]) -> tuple[Any, dict[str, Any], list[str]]:
+def engine_settings(settings: DeploymentSettings,
+                    cache_config: Mapping[str, str]) -> tuple[DeploymentSettings, dict[str, Any], list[str]]:
     """(settings with the engine's values for what kvwatch was not given, spec overrides, what was taken).
 
     A setting passed as a flag or variable (pydantic's ``model_fields_set``) is never replaced.
     """
-    given = set(getattr(settings, "model_fields_set", set()))
+    given = set(settings.model_fields_set)
     update: dict[str, Any] = {}
     overrides: dict[str, Any] = {}
     taken: list[str] = []
@@ -109,7 +111,7 @@ def engine_settings(settings: Any, cache_config: Mapping[str, str]) -> tuple[Any
     return (settings.model_copy(update=update) if update else settings), overrides, taken
 
 
-def build_sidecar_capacity(settings: Any, model_name: str | None = None,
+def build_sidecar_capacity(settings: DeploymentSettings, model_name: str | None = None,
                            cache_config: Mapping[str, str] | None = None,
                            **overrides: Any) -> tuple[SidecarCapacity | None, str]:
     """(capacity, "") when the model and the deployment are known, else (None, why).
@@ -154,19 +156,20 @@ class CapacityResolver:
     capacity every consumer uses (kvwatch.capacity.series: the engine's figures first, then that plan).
     """
 
-    def __init__(self, settings: Any) -> None:
+    def __init__(self, settings: DeploymentSettings) -> None:
         self._settings = settings
         self._cache: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[SidecarCapacity | None, str]] = {}
-        self._max_plans = 2 * int(getattr(settings, "max_series", 0) or 1000)
+        # Bounded like serve's series (--max-series); check's settings have no such cap.
+        self._max_plans = 2 * (settings.max_series if isinstance(settings, ServeSettings) else 1000)
 
-    def _key(self, reading: Any) -> tuple[str, tuple[tuple[str, str], ...]]:
+    def _key(self, reading: Reading) -> tuple[str, tuple[tuple[str, str], ...]]:
         config = {k: v for k, v in reading.cache_config.items() if k in ENGINE_LABELS or k in VERSION_LABELS}
         return reading.model_name, tuple(sorted(config.items()))
 
-    def is_new(self, reading: Any) -> bool:
+    def is_new(self, reading: Reading) -> bool:
         return self._key(reading) not in self._cache
 
-    def sidecar(self, reading: Any) -> tuple[SidecarCapacity | None, str]:
+    def sidecar(self, reading: Reading) -> tuple[SidecarCapacity | None, str]:
         """(the formula's plan and what-ifs, why not) for this reading's model and engine configuration."""
         key = self._key(reading)
         if key not in self._cache:
@@ -176,12 +179,12 @@ class CapacityResolver:
             self._cache[key] = build_sidecar_capacity(self._settings, reading.model_name, reading.cache_config)
         return self._cache[key]
 
-    def series(self, reading: Any) -> SeriesCapacity:
+    def series(self, reading: Reading) -> SeriesCapacity:
         capacity, _ = self.sidecar(reading)
         return resolve_series(reading, capacity.plan if capacity is not None else None)
 
 
-def resolver_for(settings: Any) -> CapacityResolver:
+def resolver_for(settings: DeploymentSettings) -> CapacityResolver:
     """The settings' one resolver (kept on the settings object, so every consumer shares its plans)."""
     resolver = getattr(settings, "_capacity_resolver", None)
     if resolver is None:
