@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticUndefined
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ENV_PREFIX = "KVWATCH_"
 MIN_INTERVAL_SECONDS = 0.01
@@ -87,10 +86,10 @@ def env_name(field: str) -> str:
     return ENV_PREFIX + field.upper()
 
 
-class _Base(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX,
-        case_sensitive=False,
+class _Base(BaseModel):
+    # A plain model, not pydantic_settings.BaseSettings: load_settings reads the KVWATCH_* variables itself,
+    # which spares the sidecar the ~12 MB that pydantic_settings' imports cost (docs/performance.md).
+    model_config = ConfigDict(
         extra="forbid",
         protected_namespaces=(),
         validate_default=True,
@@ -388,10 +387,13 @@ def load_settings(settings_cls: type[_Base], args: argparse.Namespace | None = N
         if key.startswith(ENV_PREFIX) and key not in KNOWN_ENV:
             raise SettingsError(f"unknown variable {key}: no such setting")
     values = dict(flags)
-    # pydantic reserves the field name `model_config`, so its variable is read here.
-    model_config_env = os.environ.get(env_name("model_config"))
-    if "model_config_path" in settings_cls.model_fields and "model_config_path" not in values and model_config_env:
-        values["model_config_path"] = model_config_env
+    # Variable names are matched case-insensitively (kvwatch_port is KVWATCH_PORT); a field's variable is
+    # named after its public name (KVWATCH_MODEL_CONFIG for model_config_path).
+    environ = {key.upper(): value for key, value in os.environ.items()}
+    for name in settings_cls.model_fields:
+        variable = env_name(public_name(name))
+        if name not in values and variable in environ and (environ[variable] or name != "model_config_path"):
+            values[name] = environ[variable]  # an empty KVWATCH_MODEL_CONFIG means "none", as it always has
     try:
         return settings_cls(**values)
     except ValidationError as exc:
