@@ -12,7 +12,7 @@ import importlib
 import sys
 
 # In the order `kvwatch serve` loads them: the CLI, then the serve command's own imports, then the analyzers.
-STEPS = ("ssl", "pydantic", "kvwatch.settings", "httpx", "prometheus_client",
+STEPS = ("ssl", "kvwatch.settings", "httpx", "prometheus_client",
          "kvwatch.serve.app", "kvwatch.serve.capacity", "kvwatch.serve.forecast", "kvwatch.serve.latency")
 
 
