@@ -26,7 +26,7 @@ COUNTER_FIELDS: tuple[str, ...] = (
 DEFAULT_MAX_SAMPLES = 720  # one hour at the default 5 s poll interval
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Entry:
     timestamp: float
     reading: Reading
