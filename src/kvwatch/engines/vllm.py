@@ -24,6 +24,7 @@ Label values ``"None"`` read as unknown.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -160,6 +161,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     dropped = max(0, len(ordered) - max_series) if max_series is not None else 0
     for key in ordered[:len(ordered) - dropped]:
         config = _config_for(configs, key)
+        finished = _by_label(index[SUCCESS], key, "finished_reason", sum)
         capacity, blocks, block_size, concurrency = _capacity(config, n_engines)
         readings.append(Reading(
             model_name=key[0],
@@ -170,7 +172,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             waiting_by_reason=_by_label(index[WAITING_BY_REASON], key, "reason", sum),
             requests_swapped=_combine(index[SWAPPED], key, sum),
             preemptions_total=_combine(index[PREEMPTIONS], key, sum),
-            finished_by_reason=_by_label(index[SUCCESS], key, "finished_reason", sum),
+            finished_by_reason=finished,
             prompt_tokens_total=_combine(index[PROMPT_TOKENS], key, sum),
             generation_tokens_total=_combine(index[GENERATION_TOKENS], key, sum),
             prefix_cache_queries_total=_combine(queries_idx, key, sum),
@@ -188,7 +190,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             cache_config=MappingProxyType(dict(config)),
             process_start_time_seconds=process_start,
             latency=latency_for(latency, key),
-            requests_aborted_total=_by_label(index[SUCCESS], key, "finished_reason", sum).get("abort"),
+            requests_aborted_total=finished.get("abort"),
         ))
     capacity_name = "vllm:cache_config_info{kv_cache_size_tokens}" if any(
         "kv_cache_size_tokens" in c for c in configs.values()) else (
@@ -270,9 +272,12 @@ def _for_key(index: _Index, key: SeriesKey) -> list[Sample]:
     return [s for k in ((model, engine), (model, None), (None, engine), (None, None)) for s in index.get(k, ())]
 
 
-def _dedupe(samples: Iterable[Sample]) -> list[Sample]:
+def _dedupe(samples: list[Sample]) -> list[Sample]:
     """One sample per series: copies that differ only in multiprocess mode's ``pid`` collapse to the largest
-    (see the module doc); the parser has already refused identical series."""
+    (see the module doc); the parser has already refused identical series, so without ``pid`` there is
+    nothing to collapse."""
+    if not any("pid" in s.labels for s in samples):
+        return list(samples)
     by_labels: dict[tuple[str, tuple[tuple[str, str], ...]], Sample] = {}
     for s in samples:
         if "pid" not in s.labels:
@@ -436,6 +441,7 @@ BLOCK_PREFIX_ERAS = frozenset({"0.7.3-0.8.4", "0.8.5-0.8.x"})  # gpu_prefix_cach
 TOKEN_PREFIX_ERAS = frozenset({"0.9-0.10", "0.11"})  # the same names counted tokens
 
 
+@functools.cache  # a pure function of two short strings, asked ~30 times a poll
 def _eras(row: str, marks: str) -> frozenset[str]:
     return frozenset(name for name, mark in zip(ERA_NAMES, row, strict=True) if mark in marks)
 
