@@ -241,8 +241,6 @@ class _Parser:
             if not line:
                 continue
             first = line[0]
-            if first == "#" and line[2:5] == "EOF" and line[:5] == "# EOF" and not line[5:].strip():
-                raise _OpenMetricsEnd  # (never in OpenMetrics mode: its text stops before that line)
             if first in " \t":
                 stripped = line.lstrip(" \t")
                 if not stripped:
@@ -251,11 +249,16 @@ class _Parser:
                 if first == "#":
                     line = stripped
             if first == "#":
+                if line[2:5] == "EOF" and line[:5] == "# EOF" and not line[5:].strip() and (
+                        stop == len(line) or text[stop - len(line) - 1] == "\n"):  # not indented
+                    raise _OpenMetricsEnd  # (never in OpenMetrics mode: its text stops before that line)
                 if skippable is not None and line[1:7] in (" TYPE ", " HELP ") and not self.openmetrics:
                     # An unwanted family's metadata (a filtered parse does not validate those families).
                     meta_name = line[7 : line.find(" ", 7)]
                     if skippable.get((wanted_set, meta_name)):
                         self.names.add(meta_name)
+                        if text.startswith("#", pos):
+                            continue  # the TYPE line after a HELP line: its block is skipped from there
                         skip_to = self._block_end(meta_name, stop)
                         if skip_to is not None:
                             lineno += self.block_lines
