@@ -154,12 +154,13 @@ def _fetch(settings: CheckSettings) -> str:
 def _capacity_plans(settings: CheckSettings, poll: Poll) -> tuple[dict[str, Any], list[str]]:
     """Capacity plan per model, as serve builds it: --model/--model-config, else a preset matching the
     model_name label. Returns (plans, why not) for the models the capacity model cannot size."""
-    from kvwatch.serve.sidecar_capacity import resolver_for
+    from kvwatch.serve.sidecar_capacity import CapacityResolver
 
+    resolver = CapacityResolver(settings)
     plans, reasons = {}, []
     first = {r.model_name: r for r in reversed(poll.readings)}  # the first engine's cache_config_info labels
     for name in sorted(first):
-        capacity, why = resolver_for(settings).sidecar(first[name])  # the plans serve resolves, the same way
+        capacity, why = resolver.sidecar(first[name])  # the plans serve resolves, the same way
         if capacity is not None:
             plans[name] = capacity.plan
         else:

@@ -24,7 +24,7 @@ from prometheus_client.core import GaugeMetricFamily
 from kvwatch.capacity.findings import LIVE_FINDINGS, SUSTAINED_SECONDS, HeldSince, live_finding
 from kvwatch.history import SeriesHistory
 from kvwatch.model import Reading, SeriesKey
-from kvwatch.serve.sidecar_capacity import SidecarCapacity, resolver_for
+from kvwatch.serve.sidecar_capacity import CapacityResolver, SidecarCapacity
 from kvwatch.settings import ServeSettings
 
 log = logging.getLogger(__name__)
@@ -48,11 +48,11 @@ MAX_LOGGED_PLANS = 10
 class CapacityAnalyzer:
     name = "capacity"
 
-    def __init__(self, settings: ServeSettings) -> None:
+    def __init__(self, settings: ServeSettings, capacity: CapacityResolver | None = None) -> None:
         # One plan per vLLM model_name and engine configuration (the cache_config_info labels the formula
         # reads): a preset may only match once the engine names its model, and a restart may change them. The
-        # resolver is the settings' own, shared with the forecaster's advice.
-        self._capacity = resolver_for(settings)
+        # resolver is the sidecar's one, shared with the forecaster's advice (kvwatch.serve.app.run).
+        self._capacity = capacity or CapacityResolver(settings)
         self._logged = 0
         # Per series and finding: since when its condition has held (O(1) per poll, bounded like the plans).
         self._held: dict[tuple[SeriesKey, str], HeldSince] = {}
@@ -162,5 +162,5 @@ class CapacityAnalyzer:
         yield finding
 
 
-def make_analyzer(settings: ServeSettings) -> CapacityAnalyzer:
-    return CapacityAnalyzer(settings)
+def make_analyzer(settings: ServeSettings, capacity: CapacityResolver) -> CapacityAnalyzer:
+    return CapacityAnalyzer(settings, capacity)

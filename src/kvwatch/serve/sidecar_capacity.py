@@ -14,7 +14,6 @@ that pool) replaces the memory budget, and the label set says which vLLM version
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -182,13 +181,3 @@ class CapacityResolver:
     def series(self, reading: Reading) -> SeriesCapacity:
         capacity, _ = self.sidecar(reading)
         return resolve_series(reading, capacity.plan if capacity is not None else None)
-
-
-def resolver_for(settings: DeploymentSettings) -> CapacityResolver:
-    """The settings' one resolver (kept on the settings object, so every consumer shares its plans)."""
-    resolver = getattr(settings, "_capacity_resolver", None)
-    if resolver is None:
-        resolver = CapacityResolver(settings)
-        with contextlib.suppress(AttributeError, ValueError):  # a stand-in without the slot: not shared
-            settings._capacity_resolver = resolver
-    return resolver
