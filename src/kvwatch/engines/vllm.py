@@ -291,12 +291,12 @@ def _dedupe(samples: list[Sample]) -> list[Sample]:
 
 
 def _combine(index: _Index, key: SeriesKey, how: Callable[[Iterable[float]], float]) -> float | None:
-    samples = _for_key(index, key)
+    samples = index.get(key) if not index.partial else _for_key(index, key)  # (the common case inline)
+    if not samples:
+        return None
     if len(samples) == 1:
         return float(samples[0].value)
     values = [s.value for s in samples]
-    if not values:
-        return None
     values = [v for v in values if not math.isnan(v)] or values
     return float(how(values))
 
