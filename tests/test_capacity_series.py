@@ -114,3 +114,24 @@ def test_serve_fills_a_missing_capacity_for_every_consumer():
     assert series.reading.kv_capacity_tokens == formula > 0
     assert series.extra["capacity"].source == "formula"
     assert series.extra["forecast"].result.estimates.get("capacity_tokens", formula) == formula
+
+
+def test_the_formula_plans_at_the_engines_max_model_len_unless_given_one():
+    r = readings("gen-0.33-dp2-capacity-labels.prom", LLAMA)[0]  # the engine runs 8,192 (163,840 tokens at 20.0x)
+    taken, _ = CapacityResolver(ServeSettings(gpu="H100")).sidecar(r)
+    assert taken is not None and taken.plan.max_model_len == 8192
+    assert any("max_model_len 8192" in note for note in taken.plan.notes)
+    given, _ = CapacityResolver(ServeSettings(gpu="H100", max_model_len=32768)).sidecar(r)
+    assert given is not None and given.plan.max_model_len == 32768  # a given setting is never replaced
+
+
+def test_serve_warns_once_about_a_max_model_len_other_than_the_engines(caplog):
+    engines = readings("gen-0.33-dp2-capacity-labels.prom", LLAMA)
+    analyzer = capacity_module.make_analyzer(ServeSettings(gpu="H100", max_model_len=32768),
+                                             CapacityResolver(ServeSettings(gpu="H100", max_model_len=32768)))
+    with caplog.at_level("WARNING", logger="kvwatch.serve.capacity"):
+        for _ in range(3):
+            for r in engines:
+                analyzer.analyze(r.key, None, r, 0.0)
+    warned = [m for m in caplog.messages if "the engine runs 8,192" in m]
+    assert len(warned) == 1

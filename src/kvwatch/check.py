@@ -208,6 +208,7 @@ def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any],
                        max_model_len: int | None) -> list[Finding]:
     """kvwatch.capacity.findings per series: refused settings, formula vs engine, a leak, a request too big."""
     from kvwatch.capacity import findings as capacity
+    from kvwatch.engines.vllm import engine_max_model_len
 
     out: list[Finding] = []
     refused: set[str] = set()
@@ -218,11 +219,12 @@ def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any],
                  capacity.request_exceeds_pool(r.kv_usage_ratio, r.requests_running, r.requests_waiting,
                                                r.kv_capacity_tokens,
                                                max_model_len or getattr(plan, "max_model_len", None))]
+        if r.model_name not in refused:  # per model, not per engine
+            refused.add(r.model_name)
+            found.append(capacity.max_model_len_mismatch(max_model_len, engine_max_model_len(r.cache_config)))
+            found += capacity.plan_refusals(plan) if plan is not None else []
         if plan is not None:
             found.append(capacity.capacity_mismatch(plan.kv_cache_tokens, r.kv_capacity_tokens, plan))
-            if r.model_name not in refused:
-                refused.add(r.model_name)
-                found += capacity.plan_refusals(plan)
         out += [Finding(f.id, f.severity, f.message, r.model_name, r.engine) for f in found if f is not None]
     return out
 

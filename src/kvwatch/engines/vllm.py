@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from types import MappingProxyType
 
@@ -361,6 +361,20 @@ def label_number(text: str | None) -> float | None:
     except ValueError:
         return None
     return value if math.isfinite(value) else None
+
+
+def engine_max_model_len(config: Mapping[str, str]) -> int | None:
+    """The engine's ``--max-model-len``, from ``cache_config_info``: vLLM (>= 0.20, the versions that label
+    ``kv_cache_size_tokens``) computes ``kv_cache_size_tokens = int(kv_cache_max_concurrency × max_model_len)``
+    (docs/capacity.md, section 5), so the length is the smallest integer at or above tokens ÷ concurrency.
+    None when either label is missing, or below one request (then the division does not pin one length)."""
+    tokens = label_number(config.get("kv_cache_size_tokens"))
+    concurrency = label_number(config.get("kv_cache_max_concurrency"))
+    if tokens is None or concurrency is None or tokens <= 0 or concurrency < 1:
+        return None
+    length = tokens / concurrency
+    nearest = round(length)
+    return int(nearest) if abs(length - nearest) < 1e-6 * length else math.ceil(length)
 
 
 def _capacity(config: dict[str, str], n_engines: int) -> tuple[float | None, float | None, float | None,
