@@ -248,13 +248,15 @@ def advice(state: SeriesState, timestamp: float, max_model_len: int | None = Non
     (95 % of the cache at this poll's mix), capped by the observed-mix ceiling the report shows beside it,
     and the state is the bottleneck ``check`` diagnosed.
     """
+    from kvwatch.capacity.series import max_model_len_of
+
     reading = state.reading
     result = Forecaster().observe(ForecastSample.from_reading(reading, timestamp))
     estimates = dict(result.estimates)
     if reading.kv_tokens_per_running_request:
         estimates["tokens_per_running_request"] = reading.kv_tokens_per_running_request
     return advise_from_result(replace(result, state="bottleneck", estimates=estimates), reading,
-                              capacity_plan=capacity_plan, max_model_len=max_model_len,
+                              capacity_plan=capacity_plan, max_model_len=max_model_len_of(reading, max_model_len),
                               concurrency_ceiling=state.max_concurrency.get("observed_mix"),
                               gpus_per_node=gpus_per_node)
 

@@ -17,6 +17,7 @@ from prometheus_client.core import Metric
 
 from kvwatch.advisor import DEFAULT_GPUS_PER_NODE, Advice, advise_from_result
 from kvwatch.capacity.planner import CapacityPlan
+from kvwatch.capacity.series import max_model_len_of
 from kvwatch.derived import derive
 from kvwatch.forecast.forecaster import Forecaster, ForecastParams, ForecastResult, ForecastSample
 from kvwatch.history import SeriesHistory
@@ -70,7 +71,7 @@ class ForecastAnalyzer:
             # The ceiling kvwatch_max_concurrency{basis="observed_mix"} shows: the limit never exceeds it.
             ceiling = derive(reading, history, self.max_model_len).max_concurrency.get("observed_mix")
             advice = tuple(advise_from_result(
-                result, reading, capacity_plan=plan, max_model_len=self.max_model_len,
+                result, reading, capacity_plan=plan, max_model_len=max_model_len_of(reading, self.max_model_len),
                 concurrency_ceiling=ceiling,
                 gpus_per_node=self.gpus_per_node))
         return SeriesForecast(result, advice)
