@@ -225,7 +225,6 @@ class _Base:
         for name, info in self.model_fields.items():
             object.__setattr__(self, name, self._convert(name, info, values.get(name, info.default)))
         object.__setattr__(self, "model_fields_set", set(values))
-        object.__setattr__(self, "_capacity_resolver", None)  # kvwatch.serve.sidecar_capacity's cache
         self._after()
 
     def _convert(self, name: str, info: FieldInfo, value: Any) -> Any:
@@ -270,7 +269,6 @@ class _Base:
         """A copy with ``update`` applied as is (not checked), those fields counted as given."""
         new = copy.copy(self)
         object.__setattr__(new, "model_fields_set", self.model_fields_set | set(update or {}))
-        object.__setattr__(new, "_capacity_resolver", None)  # plans for other values
         for name, value in (update or {}).items():
             object.__setattr__(new, name, value)
         return new
@@ -306,10 +304,6 @@ class _Base:
 
 class DeploymentSettings(_Base):
     """What the model and the card are: feeds the capacity model (``plan`` and ``serve``)."""
-
-    # The capacity plans resolved for these settings (kvwatch.serve.sidecar_capacity.resolver_for): one object
-    # per series that the capacity analyzer, the forecaster's advice and check all read. Not a setting.
-    _capacity_resolver: Any
 
     model: str | None = Field(
         None, description="Model preset name (a Hugging Face id, e.g. meta-llama/Llama-3.1-8B-Instruct)."
