@@ -162,7 +162,7 @@ def test_variables_are_read_case_insensitively_by_public_name_and_marked_as_give
 
 
 def test_serve_loads_neither_pydantic_nor_a_scheduler_library() -> None:
-    """pydantic (with what it imports) and APScheduler cost the sidecar ~17 MB of RSS (docs/performance.md):
+    """pydantic (with what it imports) and APScheduler cost the sidecar ~12 MB of RSS (docs/performance.md):
     serve must not bring them back."""
     import subprocess
     import sys

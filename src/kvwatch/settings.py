@@ -89,8 +89,8 @@ def env_name(field: str) -> str:
 
 # ---------------------------------------------------------------- the settings model
 
-# The settings layer is plain Python, not pydantic: pydantic and the modules it pulls in (importlib.metadata,
-# email, zipfile...) cost the sidecar ~16 MB of its ~40 MB RSS (docs/performance.md). What kvwatch used of it
+# The settings layer is plain Python, not pydantic: pydantic, pydantic_settings and the modules they pull in
+# (importlib.metadata, email, zipfile...) cost the sidecar ~11 MB of RSS (docs/performance.md). What kvwatch used of it
 # is here: typed fields with bounds, lax parsing of flag and variable strings with pydantic's rules and
 # messages, field and model validators, the fields given (``model_fields_set``) and ``model_copy``.
 
