@@ -224,6 +224,18 @@ def test_e2e_copy_differs_only_in_shorter_for() -> None:
     assert long.keys() == short.keys()
     for name in long:
         assert all(s < lg for s, lg in zip(short[name], long[name], strict=True)), name
+    # the hold through a failed poll is shortened with the `for`s: 1m -> 1s at x60
+    held = [line.strip() for line in copy.splitlines() if "keep_firing_for" in line]
+    assert held and set(held) == {"keep_firing_for: 1s"}
+
+
+def test_every_guarded_alert_holds_through_a_failed_poll() -> None:
+    # One poll that fails (kvwatch_up 0 for an interval) must not resolve a firing alert (alerts/config.yaml,
+    # guard_hold); alerts/tests/forecast.test.yaml shows it in promtool.
+    for group in yaml.safe_load(RULES.read_text())["groups"]:
+        for rule in group["rules"]:
+            if "alert" in rule and "(kvwatch_up == 1)" in rule["expr"]:
+                assert rule.get("keep_firing_for") == "1m", rule["alert"]
 
 
 def test_difference_check_catches_a_changed_threshold() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from kvwatch.capacity import DeploymentSpec, plan_capacity, presets
 from kvwatch.capacity.findings import capacity_mismatch, kv_usage_stuck, request_exceeds_pool
 from kvwatch.capacity.memory import GIB
 from kvwatch.cli import main
+from kvwatch.engines.vllm import engine_max_model_len
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-metrics"
 pytestmark = pytest.mark.usefixtures("no_kvwatch_env")
@@ -91,3 +93,29 @@ def test_check_warns_when_the_given_settings_would_not_start(capsys):
     assert "greater than the model's maximum length 131072" in found["vllm_will_not_start"]
     # the engine reports 163,840 tokens; the formula with the engine's own utilization is far above it
     assert "163,840" in found["capacity_mismatch"]
+
+
+def test_the_engines_max_model_len_is_read_from_cache_config_info():
+    # vLLM >= 0.20: kv_cache_size_tokens = int(kv_cache_max_concurrency * max_model_len), concurrency =
+    # num_gpu_blocks / ceil(max_model_len / block_size) (docs/capacity.md, section 5); every length comes back.
+    for blocks in (1000, 20480, 28117, 123457):
+        for length in (2048, 8192, 10000, 32768, 40960, 131072):
+            if blocks * 16 < length:
+                continue  # below one request the division does not pin one length
+            concurrency = blocks / math.ceil(length / 16)
+            config = {"kv_cache_size_tokens": str(int(concurrency * length)),
+                      "kv_cache_max_concurrency": str(concurrency)}
+            assert engine_max_model_len(config) == length
+    assert engine_max_model_len({"kv_cache_size_tokens": "163840", "kv_cache_max_concurrency": "0.5"}) is None
+    assert engine_max_model_len({"num_gpu_blocks": "1000", "block_size": "16"}) is None  # before vLLM 0.20
+
+
+def test_a_max_model_len_other_than_the_engines_is_a_warning(capsys):
+    path = FIXTURES / "gen-0.33-dp2-capacity-labels.prom"  # two engines, 163,840 tokens at 20.0x: 8,192
+    assert main(["check", "--file", str(path), "--json", "--max-model-len", "32768"]) == 0
+    found = [f for f in json.loads(capsys.readouterr().out)["findings"] if f["id"] == "max_model_len_mismatch"]
+    assert len(found) == 1 and found[0]["severity"] == "warning"  # once per model, not per engine
+    assert "--max-model-len 32,768, but the engine runs 8,192" in found[0]["message"]
+    for agreeing in ([], ["--max-model-len", "8192"]):
+        assert main(["check", "--file", str(path), "--json", *agreeing]) == 0
+        assert "max_model_len_mismatch" not in {f["id"] for f in json.loads(capsys.readouterr().out)["findings"]}

@@ -14,7 +14,7 @@ from kvwatch.cli import main
 from kvwatch.payload import interpret
 from kvwatch.serve import capacity as capacity_module
 from kvwatch.serve import forecast as forecast_module
-from kvwatch.serve.sidecar_capacity import resolver_for
+from kvwatch.serve.sidecar_capacity import CapacityResolver
 from kvwatch.settings import ServeSettings
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-metrics"
@@ -46,7 +46,7 @@ def test_formula_when_the_engine_reports_none():
     assert r.kv_capacity_tokens is None
     assert resolve(r, None).source == "unknown"
     settings = ServeSettings(gpu="H100", max_model_len=8192)
-    series = resolver_for(settings).series(r)
+    series = CapacityResolver(settings).series(r)
     assert series.source == "formula" and series.tokens == series.formula_tokens > 0
     assert series.apply(r).kv_capacity_tokens == series.tokens
     assert series.apply(r).kv_used_tokens == pytest.approx(r.kv_usage_ratio * series.tokens)
@@ -54,8 +54,9 @@ def test_formula_when_the_engine_reports_none():
 
 def test_the_exporter_and_the_forecasters_advice_read_one_object():
     settings = ServeSettings(gpu="H100", max_model_len=8192)
-    exporter = capacity_module.make_analyzer(settings)
-    forecaster = forecast_module.make_analyzer(settings)
+    resolver = CapacityResolver(settings)  # the sidecar's one, as kvwatch.serve.app.run hands it out
+    exporter = capacity_module.make_analyzer(settings, resolver)
+    forecaster = forecast_module.make_analyzer(settings, resolver)
     r = readings("gen-0.16-sleep-state-dp2.prom", LLAMA)[0]  # the engine runs at 0.9 with an fp8 KV cache
     exported = exporter._plan(r)
     _, advice_plan = forecaster._capacity(r)
@@ -66,7 +67,7 @@ def test_the_exporter_and_the_forecasters_advice_read_one_object():
 
 def test_source_and_pool_are_exported():
     settings = ServeSettings(gpu="H100", max_model_len=8192)
-    exporter = capacity_module.make_analyzer(settings)
+    exporter = capacity_module.make_analyzer(settings, CapacityResolver(settings))
     r = readings("gen-0.33-dp2-capacity-labels.prom", LLAMA)[0]
     result = exporter.analyze(r.key, None, r, 0.0)
     fams = {f.name: f.samples for f in exporter.families({r.key: result}, 0.0)}
@@ -106,10 +107,31 @@ def test_serve_fills_a_missing_capacity_for_every_consumer():
     with respx.mock, Fetcher(url, timeout=1.0, max_body_bytes=1 << 20) as fetcher:
         respx.get(url).mock(return_value=httpx.Response(
             200, text=(FIXTURES / "gen-0.8.5-engine-label.prom").read_text()))
-        analyzers = load_analyzers(settings)
-        state = Sidecar(settings, fetcher, lambda: 1000.0, analyzers).poll()
+        resolver = CapacityResolver(settings)
+        state = Sidecar(settings, fetcher, lambda: 1000.0, load_analyzers(settings, resolver), capacity=resolver).poll()
     [series] = state.series.values()
-    formula = resolver_for(settings).series(series.reading).formula_tokens
+    formula = resolver.series(series.reading).formula_tokens
     assert series.reading.kv_capacity_tokens == formula > 0
     assert series.extra["capacity"].source == "formula"
     assert series.extra["forecast"].result.estimates.get("capacity_tokens", formula) == formula
+
+
+def test_the_formula_plans_at_the_engines_max_model_len_unless_given_one():
+    r = readings("gen-0.33-dp2-capacity-labels.prom", LLAMA)[0]  # the engine runs 8,192 (163,840 tokens at 20.0x)
+    taken, _ = CapacityResolver(ServeSettings(gpu="H100")).sidecar(r)
+    assert taken is not None and taken.plan.max_model_len == 8192
+    assert any("max_model_len 8192" in note for note in taken.plan.notes)
+    given, _ = CapacityResolver(ServeSettings(gpu="H100", max_model_len=32768)).sidecar(r)
+    assert given is not None and given.plan.max_model_len == 32768  # a given setting is never replaced
+
+
+def test_serve_warns_once_about_a_max_model_len_other_than_the_engines(caplog):
+    engines = readings("gen-0.33-dp2-capacity-labels.prom", LLAMA)
+    analyzer = capacity_module.make_analyzer(ServeSettings(gpu="H100", max_model_len=32768),
+                                             CapacityResolver(ServeSettings(gpu="H100", max_model_len=32768)))
+    with caplog.at_level("WARNING", logger="kvwatch.serve.capacity"):
+        for _ in range(3):
+            for r in engines:
+                analyzer.analyze(r.key, None, r, 0.0)
+    warned = [m for m in caplog.messages if "the engine runs 8,192" in m]
+    assert len(warned) == 1

@@ -392,3 +392,16 @@ def test_impossible_usage_is_never_printed_as_a_percentage(usage: str, tmp_path:
     out = capsys.readouterr().out
     assert "KV usage        unknown\n" in out and "inf%" not in out and "e+308%" not in out
     assert "[warning] usage_unknown" in out and "requests_running = -3" in out
+
+
+def test_without_max_model_len_the_advice_reads_the_engines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The engine runs --max-model-len 131072 (163,840 tokens at 1.25x); its requests are ~10k tokens at most.
+    text = (FIXTURES / "gen-0.33-dp2-capacity-labels.prom").read_text()
+    path = tmp_path / "long.prom"
+    path.write_text(text.replace('kv_cache_max_concurrency="20.0"', 'kv_cache_max_concurrency="1.25"'))
+    report = check_json(["--file", str(path)], capsys)
+    messages = [a["message"] for s in report["series"] for a in s["advice"]]
+    assert any(m.startswith("Lower --max-model-len from 131072 to ") for m in messages), messages
+    # at the engine's 8,192 those requests leave nothing to lower
+    unchanged = check_json(["--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom")], capsys)
+    assert not any("max-model-len" in a["message"] for s in unchanged["series"] for a in s["advice"])

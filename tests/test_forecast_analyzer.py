@@ -5,6 +5,7 @@ from __future__ import annotations
 from kvwatch.history import SeriesHistory
 from kvwatch.model import Reading
 from kvwatch.serve.forecast import ForecastAnalyzer, make_analyzer
+from kvwatch.serve.sidecar_capacity import CapacityResolver
 from kvwatch.settings import ServeSettings
 
 
@@ -31,10 +32,12 @@ def _states(families, engine):
 
 
 def test_serve_analyzer_exports_state_and_unknown_for_missing_or_stale_series():
-    analyzer = make_analyzer(ServeSettings())
+    settings = ServeSettings()
+    analyzer = make_analyzer(settings, CapacityResolver(settings))
     assert analyzer.params.stale_after_seconds == 15.0  # 3 x the default 5 s poll interval
     # With an accelerated poll clock (demo, e2e), stale-after stays real seconds: 15 s = 600 clock seconds.
-    assert make_analyzer(ServeSettings(clock_speed=40)).params.stale_after_seconds == 600.0
+    fast = ServeSettings(clock_speed=40)
+    assert make_analyzer(fast, CapacityResolver(fast)).params.stale_after_seconds == 600.0
     h0, h1 = SeriesHistory(), SeriesHistory()
     c0, c1 = [0.0], [0.0]
     r0 = _feed(analyzer, h0, 0.0, 600, 0.5, c0, "0")

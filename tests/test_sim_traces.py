@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import statistics
 from collections import Counter
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 from kvwatch.sim.engine import Request
 from kvwatch.sim.load import PROFILE_KINDS, LoadGenerator, LoadProfile, generate
 from kvwatch.sim.traces import (
+    TRACE_COLUMNS,
     TraceError,
     block_bootstrap,
     compress_time,
@@ -93,7 +95,7 @@ def test_format_is_detected_from_content_not_the_file_name(tmp_path: Path) -> No
     assert len(load_trace(mooncake)) == len(read_mooncake_jsonl(packaged_trace("mooncake_conversation_sample.jsonl")))
     other = tmp_path / "x.csv"
     other.write_text("time,prompt,output\n0,1,1\n")
-    with pytest.raises(TraceError, match="not an Azure 2023 CSV"):
+    with pytest.raises(TraceError, match="not an Azure CSV"):
         load_trace(other)
 
 
@@ -154,3 +156,45 @@ def test_generator_streams_the_same_requests_in_chunks() -> None:
     streamed = LoadGenerator(profile, seed=5)
     chunks = [r for t in range(10, 1001, 10) for r in streamed.take_until(float(t))]
     assert chunks == generate(profile, 1000.0, seed=5)
+
+
+def test_azure_columns_are_read_by_name_and_times_may_name_a_zone(tmp_path: Path) -> None:
+    # The multimodal trace's layout (TIMESTAMP,NumImages,ContextTokens,GeneratedTokens), columns reordered,
+    # and times with a zone as ISO 8601 allows: the same requests as the 2023 layout.
+    plain = read_azure_csv("TIMESTAMP,ContextTokens,GeneratedTokens\r\n"
+                           "2023-11-16 18:15:46.6800000,100,0\r\n2023-11-16 18:15:47.1234567,200,5")
+    other = read_azure_csv("GeneratedTokens,NumImages,TIMESTAMP,ContextTokens\n"
+                           "0,2,2023-11-16T18:15:46.68Z,100\n5,0,2023-11-16 19:15:47.1234567+01:00,200\n")
+    assert other == plain
+    assert [(r.arrival_time, r.prompt_tokens, r.output_tokens) for r in plain] == [
+        (0.0, 100, 1), (pytest.approx(0.4434567), 200, 5)]
+    path = tmp_path / "multimodal.csv"
+    path.write_text("TIMESTAMP,NumImages,ContextTokens,GeneratedTokens\n2024-10-15 00:00:00.000+00:00,1,10,2\n")
+    assert detect_format(path) == "azure" and len(load_trace(path)) == 1
+
+
+def test_burstgpt_csv_leaves_out_failed_requests(tmp_path: Path) -> None:
+    # BurstGPT's columns (github.com/HPMLL/BurstGPT): Timestamp in seconds, Model, Request tokens, Response
+    # tokens, Total tokens, Log Type; 0 response tokens mark a failed request.
+    path = tmp_path / "BurstGPT_1.csv"
+    path.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                    "5,ChatGPT,472,18,490,Conversation log\n"
+                    "45,ChatGPT,1087,230,1317,Conversation log\n"
+                    "60,GPT-4,300,0,300,API log\n"
+                    "118,GPT-4,417,276,693,Conversation log\n")
+    assert detect_format(path) == "burstgpt"
+    assert [(r.arrival_time, r.prompt_tokens, r.output_tokens) for r in load_trace(path)] == [
+        (0.0, 472, 18), (40.0, 1087, 230), (113.0, 417, 276)]
+    assert set(TRACE_COLUMNS["burstgpt"]) == {"Timestamp", "Request tokens", "Response tokens"}
+
+
+def test_gzip_compressed_traces_read_like_the_plain_files(tmp_path: Path) -> None:
+    for name in ("azure_code_sample.csv", "mooncake_conversation_sample.jsonl"):
+        packed = tmp_path / (name + ".gz")  # the name does not matter; the content does
+        packed.write_bytes(gzip.compress(packaged_trace(name).read_bytes()))
+        assert detect_format(packed) == detect_format(packaged_trace(name))
+        assert load_trace(packed, seed=4) == load_trace(packaged_trace(name), seed=4)
+    broken = tmp_path / "broken.csv.gz"
+    broken.write_bytes(gzip.compress(b"TIMESTAMP,ContextTokens,GeneratedTokens\n")[:-6])
+    with pytest.raises(TraceError):
+        load_trace(broken)

@@ -154,12 +154,13 @@ def _fetch(settings: CheckSettings) -> str:
 def _capacity_plans(settings: CheckSettings, poll: Poll) -> tuple[dict[str, Any], list[str]]:
     """Capacity plan per model, as serve builds it: --model/--model-config, else a preset matching the
     model_name label. Returns (plans, why not) for the models the capacity model cannot size."""
-    from kvwatch.serve.sidecar_capacity import resolver_for
+    from kvwatch.serve.sidecar_capacity import CapacityResolver
 
+    resolver = CapacityResolver(settings)
     plans, reasons = {}, []
     first = {r.model_name: r for r in reversed(poll.readings)}  # the first engine's cache_config_info labels
     for name in sorted(first):
-        capacity, why = resolver_for(settings).sidecar(first[name])  # the plans serve resolves, the same way
+        capacity, why = resolver.sidecar(first[name])  # the plans serve resolves, the same way
         if capacity is not None:
             plans[name] = capacity.plan
         else:
@@ -207,6 +208,7 @@ def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any],
                        max_model_len: int | None) -> list[Finding]:
     """kvwatch.capacity.findings per series: refused settings, formula vs engine, a leak, a request too big."""
     from kvwatch.capacity import findings as capacity
+    from kvwatch.engines.vllm import engine_max_model_len
 
     out: list[Finding] = []
     refused: set[str] = set()
@@ -217,11 +219,12 @@ def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any],
                  capacity.request_exceeds_pool(r.kv_usage_ratio, r.requests_running, r.requests_waiting,
                                                r.kv_capacity_tokens,
                                                max_model_len or getattr(plan, "max_model_len", None))]
+        if r.model_name not in refused:  # per model, not per engine
+            refused.add(r.model_name)
+            found.append(capacity.max_model_len_mismatch(max_model_len, engine_max_model_len(r.cache_config)))
+            found += capacity.plan_refusals(plan) if plan is not None else []
         if plan is not None:
             found.append(capacity.capacity_mismatch(plan.kv_cache_tokens, r.kv_capacity_tokens, plan))
-            if r.model_name not in refused:
-                refused.add(r.model_name)
-                found += capacity.plan_refusals(plan)
         out += [Finding(f.id, f.severity, f.message, r.model_name, r.engine) for f in found if f is not None]
     return out
 
@@ -245,13 +248,15 @@ def advice(state: SeriesState, timestamp: float, max_model_len: int | None = Non
     (95 % of the cache at this poll's mix), capped by the observed-mix ceiling the report shows beside it,
     and the state is the bottleneck ``check`` diagnosed.
     """
+    from kvwatch.capacity.series import max_model_len_of
+
     reading = state.reading
     result = Forecaster().observe(ForecastSample.from_reading(reading, timestamp))
     estimates = dict(result.estimates)
     if reading.kv_tokens_per_running_request:
         estimates["tokens_per_running_request"] = reading.kv_tokens_per_running_request
     return advise_from_result(replace(result, state="bottleneck", estimates=estimates), reading,
-                              capacity_plan=capacity_plan, max_model_len=max_model_len,
+                              capacity_plan=capacity_plan, max_model_len=max_model_len_of(reading, max_model_len),
                               concurrency_ceiling=state.max_concurrency.get("observed_mix"),
                               gpus_per_node=gpus_per_node)
 

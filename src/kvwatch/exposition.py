@@ -138,7 +138,17 @@ def parse(text: str | bytes, wanted: Wanted | None = None,
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _Parser(text, wanted, admit).run()
+        parser = _Parser(text, wanted, admit)
+        try:
+            return parser.run()
+        except (_OpenMetricsEnd, ParseError):
+            # OpenMetrics is told by its '# EOF' line. Searching the whole body for it first costs about a tenth
+            # of a filtered parse, so the body is read as Prometheus text until that line shows up (or an error
+            # does), and only then again as OpenMetrics, up to that line.
+            end = _eof(parser.text)
+            if end is None:
+                raise
+        return _Parser(parser.text[:end], wanted, admit, openmetrics=True).run()
     except ParseError:
         raise
     except Exception as exc:  # a bug or a hostile input must never escape as anything else
@@ -148,6 +158,22 @@ def parse(text: str | bytes, wanted: Wanted | None = None,
             gc.enable()
 
 
+class _OpenMetricsEnd(Exception):
+    """A Prometheus-text parse met an OpenMetrics ``# EOF`` line: the body is OpenMetrics."""
+
+
+def _eof(text: str) -> int | None:
+    """Where an OpenMetrics ``# EOF`` line starts, if the text has one."""
+    at = text.find("# EOF")
+    while at != -1:
+        if (at == 0 or text[at - 1] == "\n"):
+            stop = text.find("\n", at)
+            if not text[at + 5 : stop if stop != -1 else len(text)].strip():
+                return at
+        at = text.find("# EOF", at + 5)
+    return None
+
+
 def _err(lineno: int, msg: str, line: str | None = None) -> ParseError:
     where = f": {line[:80]!r}" if line is not None else ""
     return ParseError(f"line {lineno}: {msg}{where}")
@@ -155,7 +181,7 @@ def _err(lineno: int, msg: str, line: str | None = None) -> ParseError:
 
 class _Parser:
     def __init__(self, text: str | bytes, wanted: Wanted | None,
-                 admit: Callable[[dict[str, str]], bool] | None = None) -> None:
+                 admit: Callable[[dict[str, str]], bool] | None = None, *, openmetrics: bool = False) -> None:
         self.admit = admit
         if isinstance(text, (bytes, bytearray, memoryview)):
             try:
@@ -178,7 +204,7 @@ class _Parser:
         self.seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
         self.checked_le: set[str] = {"+Inf"}  # le values known to be numbers (Go's parseFloat)
         self.block_lines = 0  # lines in the block _block_end last skipped
-        self.openmetrics = False
+        self.openmetrics = openmetrics
         self.predicate: Callable[[str], bool] | None = None
         self.wanted_set: frozenset[str] | None = None
         if wanted is None:
@@ -192,13 +218,9 @@ class _Parser:
 
     def run(self) -> Exposition:
         text = self.text
-        end = self._eof(text)
-        if end is not None:
-            self.openmetrics = True
-            text = text[:end]
         # Every line ends in a newline (Go: "unexpected end of input stream"), checked after the last line is
         # read, so that an error inside that line is the one reported, as in Go.
-        unterminated = end is None and bool(text[text.rfind("\n") + 1 :].strip(" \t"))
+        unterminated = not self.openmetrics and bool(text[text.rfind("\n") + 1 :].strip(" \t"))
         pos, n, lineno = 0, len(text), 0
         find = text.find
         targets = self.targets
@@ -227,11 +249,16 @@ class _Parser:
                 if first == "#":
                     line = stripped
             if first == "#":
+                if line[2:5] == "EOF" and line[:5] == "# EOF" and not line[5:].strip() and (
+                        stop == len(line) or text[stop - len(line) - 1] == "\n"):  # not indented
+                    raise _OpenMetricsEnd  # (never in OpenMetrics mode: its text stops before that line)
                 if skippable is not None and line[1:7] in (" TYPE ", " HELP ") and not self.openmetrics:
                     # An unwanted family's metadata (a filtered parse does not validate those families).
                     meta_name = line[7 : line.find(" ", 7)]
                     if skippable.get((wanted_set, meta_name)):
                         self.names.add(meta_name)
+                        if text.startswith("#", pos):
+                            continue  # the TYPE line after a HELP line: its block is skipped from there
                         skip_to = self._block_end(meta_name, stop)
                         if skip_to is not None:
                             lineno += self.block_lines
@@ -344,17 +371,6 @@ class _Parser:
         if unterminated:
             raise _err(lineno, "unexpected end of input stream (no newline at the end)")
         return Exposition(families=self.families, names=frozenset(self.names))
-
-    def _eof(self, text: str) -> int | None:
-        """Where an OpenMetrics ``# EOF`` line starts, if the text has one."""
-        at = text.find("# EOF")
-        while at != -1:
-            if (at == 0 or text[at - 1] == "\n"):
-                stop = text.find("\n", at)
-                if not text[at + 5 : stop if stop != -1 else len(text)].strip():
-                    return at
-            at = text.find("# EOF", at + 5)
-        return None
 
     # ------------------------------------------------------------------ samples
 
@@ -554,7 +570,13 @@ class _Parser:
         """Where the run of lines after this metadata line, all starting with ``family``, ends; None if the
         run is empty or any line in it is something else (then it is read line by line)."""
         text = self.text
-        nxt = text.find("\n#", stop)
+        # The next line that starts with '#': find() of one character is memchr, ~50x faster than of "\n#".
+        find = text.find
+        nxt = find("#", stop)
+        while nxt != -1 and text[nxt - 1] != "\n":
+            nxt = find("#", nxt + 1)
+        if nxt != -1:
+            nxt -= 1
         end = len(text) if nxt == -1 else nxt
         if nxt == -1 and text.endswith("\n"):
             end -= 1

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -100,10 +100,6 @@ class _Base(BaseSettings):
 
 class DeploymentSettings(_Base):
     """What the model and the card are: feeds the capacity model (``plan`` and ``serve``)."""
-
-    # The capacity plans resolved for these settings (kvwatch.serve.sidecar_capacity.resolver_for): one object
-    # per series that the capacity analyzer, the forecaster's advice and check all read. Not a setting.
-    _capacity_resolver: Any = PrivateAttr(default=None)
 
     model: str | None = Field(
         None, description="Model preset name (a Hugging Face id, e.g. meta-llama/Llama-3.1-8B-Instruct)."

@@ -1,8 +1,9 @@
-"""Build the end-to-end copy of the rule pack: the single source with every ``for:`` shortened.
+"""Build the end-to-end copy of the rule pack: the single source with every ``for:`` (and ``keep_firing_for:``)
+shortened.
 
 Prometheus evaluates rules in real time, so a 5-minute ``for`` would make the end-to-end test last
-minutes per alert. The copy divides each ``for`` by a factor (the simulator's clock speed) and changes
-nothing else; :func:`differences_besides_for` proves that, and the tests call it on every copy.
+minutes per alert. The copy divides each ``for`` and ``keep_firing_for`` by a factor (the simulator's clock
+speed) and changes nothing else; :func:`differences_besides_for` proves that, and the tests call it on every copy.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 
 import yaml
 
-_FOR_LINE = re.compile(r"^(?P<indent>\s+)for:\s*(?P<duration>\S+)\s*$")
+_FOR_LINE = re.compile(r"^(?P<indent>\s+)(?P<key>for|keep_firing_for):\s*(?P<duration>\S+)\s*$")
+_DURATION_KEYS = ("for", "keep_firing_for")
 _DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 
@@ -27,7 +29,8 @@ def parse_duration(text: str) -> float:
 
 
 def shorten_for(rules_text: str, divisor: float) -> str:
-    """Return ``rules_text`` with each ``for:`` divided by ``divisor`` (at least 1 s), all else verbatim."""
+    """Return ``rules_text`` with each ``for:`` and ``keep_firing_for:`` divided by ``divisor`` (at least 1 s), all
+    else verbatim."""
     if divisor <= 0:
         raise ValueError("divisor must be positive")
     out = []
@@ -35,14 +38,14 @@ def shorten_for(rules_text: str, divisor: float) -> str:
         match = _FOR_LINE.match(line.rstrip("\n"))
         if match:
             seconds = max(1, math.ceil(parse_duration(match["duration"]) / divisor))
-            line = f"{match['indent']}for: {seconds}s\n"
+            line = f"{match['indent']}{match['key']}: {seconds}s\n"
         out.append(line)
     return "".join(out)
 
 
 def _without_for(doc: Any) -> Any:
     if isinstance(doc, dict):
-        return {k: _without_for(v) for k, v in doc.items() if k != "for"}
+        return {k: _without_for(v) for k, v in doc.items() if k not in _DURATION_KEYS}
     if isinstance(doc, list):
         return [_without_for(v) for v in doc]
     return doc
@@ -59,7 +62,8 @@ def for_durations(rules_text: str) -> dict[str, list[float]]:
 
 
 def differences_besides_for(source_text: str, copy_text: str) -> list[str]:
-    """Human-readable differences between two rule files once ``for:`` is ignored (empty: identical)."""
+    """Human-readable differences between two rule files once ``for:`` and ``keep_firing_for:`` are ignored
+    (empty: identical)."""
     source, copy = _without_for(yaml.safe_load(source_text)), _without_for(yaml.safe_load(copy_text))
     if source == copy:
         return []

@@ -32,9 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "fraction of the simulated capacity (1.0: mean demand equals the cache)."
     )
     parser.add_argument("--trace", type=Path, required=True,
-                        help="any file in the Azure 2023 CSV format (columns read: TIMESTAMP, ContextTokens, "
-                             "GeneratedTokens) or the Mooncake JSONL format (timestamp ms, input_length, "
-                             "output_length, hash_ids); detected from its content (samples: kvwatch/data/traces)")
+                        help="any file in the Azure CSV format (columns read: TIMESTAMP, ContextTokens, "
+                             "GeneratedTokens), the BurstGPT CSV format (Timestamp s, Request tokens, Response "
+                             "tokens) or the Mooncake JSONL format (timestamp ms, input_length, output_length, "
+                             "hash_ids), gzip-compressed or not; detected from its content (samples: "
+                             "kvwatch/data/traces)")
     parser.add_argument("--profile", choices=PROFILES, default="ramp",
                         help="ramp: start→peak (after 30 min at start); step: jumps at half time; diurnal: daily "
                              "swing; steady: holds peak; restart: steady with an engine restart at half time; "

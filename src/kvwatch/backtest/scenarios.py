@@ -138,7 +138,7 @@ def shape_lengths(requests: Sequence[Request], scenario: Scenario, seed: int) ->
 
 
 def load_trace(path: Path) -> list[Request]:
-    """Read an Azure 2023 CSV or a Mooncake JSONL trace (the simulator's readers; times start at 0)."""
+    """Read an Azure or BurstGPT CSV or a Mooncake JSONL trace (the simulator's readers; times start at 0)."""
     from kvwatch.sim.traces import TraceError
     from kvwatch.sim.traces import load_trace as read
 

@@ -4,6 +4,8 @@
   e.g. a --max-model-len past the model's length);
 - ``capacity_mismatch``: the formula and the engine's reported pool differ by more than 10 %, with both numbers
   and the likely causes;
+- ``max_model_len_mismatch``: kvwatch was given a ``--max-model-len`` other than the one the engine runs (vLLM
+  >= 0.20 tells it through ``cache_config_info``);
 - ``kv_usage_stuck``: KV usage near 100 % with nothing running or waiting: blocks are not being freed (a leak,
   vllm issue 27073);
 - ``request_exceeds_pool``: requests wait while nothing runs and the cache is nearly empty: the head of the queue
@@ -22,6 +24,8 @@ from typing import Any
 from kvwatch.capacity.memory import GIB
 
 MISMATCH_RATIO = 0.10
+# A cache_config_info whose kv_cache_max_concurrency was rounded (not vLLM's own str()) pins the length to ~0.1 %.
+MAX_MODEL_LEN_TOLERANCE = 0.005
 STUCK_USAGE = 0.95
 EMPTY_USAGE = 0.05
 # What vLLM >= 0.21 subtracts for CUDA graphs before sizing the cache, per GPU, as the calibration logs print
@@ -76,6 +80,17 @@ def capacity_mismatch(formula_tokens: float, reported_tokens: float | None,
     return CapacityFinding("capacity_mismatch", "warning", (
         f"The capacity formula says {formula_tokens:,.0f} KV tokens, the engine reports {reported_tokens:,.0f} "
         f"({gap:+.0%}). Likely causes: {'; '.join(causes)}. The engine's figure is the one kvwatch uses."))
+
+
+def max_model_len_mismatch(given: int | None, engine: int | None) -> CapacityFinding | None:
+    """A finding when kvwatch's ``--max-model-len`` and the engine's differ by more than
+    :data:`MAX_MODEL_LEN_TOLERANCE` (kvwatch.engines.vllm.engine_max_model_len; None: nothing to compare)."""
+    if not given or not engine or abs(given / engine - 1) <= MAX_MODEL_LEN_TOLERANCE:
+        return None
+    return CapacityFinding("max_model_len_mismatch", "warning", (
+        f"kvwatch was given --max-model-len {given:,}, but the engine runs {engine:,} (vllm:cache_config_info: "
+        f"kv_cache_size_tokens / kv_cache_max_concurrency). The formula, the what-if ceilings and the advice use "
+        f"{given:,}; give kvwatch {engine:,}, or leave --max-model-len unset to take the engine's."))
 
 
 def kv_usage_stuck(usage: float | None, running: float | None, waiting: float | None) -> CapacityFinding | None:

@@ -21,9 +21,15 @@ from typing import Any
 
 from kvwatch.capacity.planner import CapacityPlan
 from kvwatch.derived import block_pool
-from kvwatch.engines.vllm import label_number
+from kvwatch.engines.vllm import engine_max_model_len, label_number
 
 SOURCES = ("engine_kv_cache_size_tokens", "engine_num_gpu_blocks", "engine_metric", "formula", "unknown")
+
+
+def max_model_len_of(reading: Any, given: int | None) -> int | None:
+    """The ``--max-model-len`` a series runs: the one kvwatch was given, else the engine's own (vLLM >= 0.20
+    tells it through cache_config_info: kvwatch.engines.vllm.engine_max_model_len), else None (unknown)."""
+    return given or engine_max_model_len(reading.cache_config)
 
 
 @dataclass(frozen=True)

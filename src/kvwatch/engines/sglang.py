@@ -1,8 +1,8 @@
 """SGLang adapter: detect the metric generation, read one Reading per ``(model, dp_rank)``.
 
-Names follow SGLang's own ``python/sglang/srt/metrics/collector.py`` (and, for 2024, its predecessor
-``metrics_collector.py``) and ``docs/references/production_metrics.md``; docs/metrics.md lists them per
-generation and tests/fixtures/sglang-metrics/README.md names the sources. Generations, first match wins:
+Names follow the SGLang repository's ``python/sglang/srt/metrics/collector.py`` (and, for 2024, its
+predecessor ``metrics_collector.py``) and its ``docs/references/production_metrics.md``; docs/metrics.md lists
+them per generation and tests/fixtures/sglang-metrics/README.md names the sources. Generations, first match wins:
 
 1. ``2024-name-label``: ``sglang:num_requests_running`` / ``sglang:queue_req`` and a ``name`` label (the
    model). ``token_usage`` is a 0..1 ratio; ``cache_hit_rate`` is in percent (read for nothing: it is a

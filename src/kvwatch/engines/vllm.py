@@ -24,8 +24,9 @@ Label values ``"None"`` read as unknown.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from types import MappingProxyType
 
@@ -160,6 +161,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     dropped = max(0, len(ordered) - max_series) if max_series is not None else 0
     for key in ordered[:len(ordered) - dropped]:
         config = _config_for(configs, key)
+        finished = _by_label(index[SUCCESS], key, "finished_reason", sum)
         capacity, blocks, block_size, concurrency = _capacity(config, n_engines)
         readings.append(Reading(
             model_name=key[0],
@@ -170,7 +172,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             waiting_by_reason=_by_label(index[WAITING_BY_REASON], key, "reason", sum),
             requests_swapped=_combine(index[SWAPPED], key, sum),
             preemptions_total=_combine(index[PREEMPTIONS], key, sum),
-            finished_by_reason=_by_label(index[SUCCESS], key, "finished_reason", sum),
+            finished_by_reason=finished,
             prompt_tokens_total=_combine(index[PROMPT_TOKENS], key, sum),
             generation_tokens_total=_combine(index[GENERATION_TOKENS], key, sum),
             prefix_cache_queries_total=_combine(queries_idx, key, sum),
@@ -188,7 +190,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             cache_config=MappingProxyType(dict(config)),
             process_start_time_seconds=process_start,
             latency=latency_for(latency, key),
-            requests_aborted_total=_by_label(index[SUCCESS], key, "finished_reason", sum).get("abort"),
+            requests_aborted_total=finished.get("abort"),
         ))
     capacity_name = "vllm:cache_config_info{kv_cache_size_tokens}" if any(
         "kv_cache_size_tokens" in c for c in configs.values()) else (
@@ -270,9 +272,12 @@ def _for_key(index: _Index, key: SeriesKey) -> list[Sample]:
     return [s for k in ((model, engine), (model, None), (None, engine), (None, None)) for s in index.get(k, ())]
 
 
-def _dedupe(samples: Iterable[Sample]) -> list[Sample]:
+def _dedupe(samples: list[Sample]) -> list[Sample]:
     """One sample per series: copies that differ only in multiprocess mode's ``pid`` collapse to the largest
-    (see the module doc); the parser has already refused identical series."""
+    (see the module doc); the parser has already refused identical series, so without ``pid`` there is
+    nothing to collapse."""
+    if not any("pid" in s.labels for s in samples):
+        return list(samples)
     by_labels: dict[tuple[str, tuple[tuple[str, str], ...]], Sample] = {}
     for s in samples:
         if "pid" not in s.labels:
@@ -286,12 +291,12 @@ def _dedupe(samples: Iterable[Sample]) -> list[Sample]:
 
 
 def _combine(index: _Index, key: SeriesKey, how: Callable[[Iterable[float]], float]) -> float | None:
-    samples = _for_key(index, key)
+    samples = index.get(key) if not index.partial else _for_key(index, key)  # (the common case inline)
+    if not samples:
+        return None
     if len(samples) == 1:
         return float(samples[0].value)
     values = [s.value for s in samples]
-    if not values:
-        return None
     values = [v for v in values if not math.isnan(v)] or values
     return float(how(values))
 
@@ -356,6 +361,20 @@ def label_number(text: str | None) -> float | None:
     except ValueError:
         return None
     return value if math.isfinite(value) else None
+
+
+def engine_max_model_len(config: Mapping[str, str]) -> int | None:
+    """The engine's ``--max-model-len``, from ``cache_config_info``: vLLM (>= 0.20, the versions that label
+    ``kv_cache_size_tokens``) computes ``kv_cache_size_tokens = int(kv_cache_max_concurrency × max_model_len)``
+    (docs/capacity.md, section 5), so the length is the smallest integer at or above tokens ÷ concurrency.
+    None when either label is missing, or below one request (then the division does not pin one length)."""
+    tokens = label_number(config.get("kv_cache_size_tokens"))
+    concurrency = label_number(config.get("kv_cache_max_concurrency"))
+    if tokens is None or concurrency is None or tokens <= 0 or concurrency < 1:
+        return None
+    length = tokens / concurrency
+    nearest = round(length)
+    return int(nearest) if abs(length - nearest) < 1e-6 * length else math.ceil(length)
 
 
 def _capacity(config: dict[str, str], n_engines: int) -> tuple[float | None, float | None, float | None,
@@ -436,6 +455,7 @@ BLOCK_PREFIX_ERAS = frozenset({"0.7.3-0.8.4", "0.8.5-0.8.x"})  # gpu_prefix_cach
 TOKEN_PREFIX_ERAS = frozenset({"0.9-0.10", "0.11"})  # the same names counted tokens
 
 
+@functools.cache  # a pure function of two short strings, asked ~30 times a poll
 def _eras(row: str, marks: str) -> frozenset[str]:
     return frozenset(name for name, mark in zip(ERA_NAMES, row, strict=True) if mark in marks)
 

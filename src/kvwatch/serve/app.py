@@ -6,7 +6,8 @@ collector reads per scrape. ``/healthz`` answers 200 while the process serves, w
 vLLM outage never restarts kvwatch too. Logs only changes (target up/down, detected generation, restarts).
 
 Analyzers (capacity model, forecaster, advisor) plug in through :data:`ANALYZER_MODULES`: each module
-exposes ``make_analyzer(settings: ServeSettings) -> Analyzer | None`` (see :mod:`kvwatch.serve.state`).
+exposes ``make_analyzer(settings: ServeSettings, capacity: CapacityResolver) -> Analyzer | None`` (see
+:mod:`kvwatch.serve.state`); ``capacity`` is the sidecar's one resolver of each series' KV capacity.
 
 The core's clock is ``start + monotonic elapsed × clock_speed`` (``--clock-speed``, a demo/test knob), so
 kvwatch can watch a simulator running faster than real time; rates are then per simulated second. The
@@ -34,14 +35,15 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from kvwatch.derived import SeriesState, derive
 from kvwatch.engines import SourceOverrides
 from kvwatch.fetch import Fetcher
-from kvwatch.gpu_memory import GpuMatch, shared_terms
+from kvwatch.gpu_memory import GpuMatch, GpuMemory, shared_terms
 from kvwatch.history import History
 from kvwatch.latency import EDGE_SECONDS
-from kvwatch.model import Poll
+from kvwatch.model import Poll, Reading, SeriesKey
 from kvwatch.payload import ScrapeError, interpret
+from kvwatch.serve.capacity import CapacityAnalyzer, CapacityResult
 from kvwatch.serve.collector import KvwatchCollector, make_registry
-from kvwatch.serve.gpu import DcgmSource, GpuWatcher, NvmlSource
-from kvwatch.serve.sidecar_capacity import resolver_for
+from kvwatch.serve.gpu import DcgmSource, GpuReadError, GpuState, GpuWatcher, NvmlSource
+from kvwatch.serve.sidecar_capacity import CapacityResolver
 from kvwatch.serve.state import Analyzer, State
 from kvwatch.serve.web import MetricsServer, RenderCache, WebConfigError, WebConfigWatcher
 from kvwatch.settings import ServeSettings, SettingsError, add_settings_flags, load_settings, redact_url
@@ -151,8 +153,12 @@ class Sidecar:
     """Polls the target and owns the current State (swapped whole, read without locks)."""
 
     def __init__(self, settings: ServeSettings, fetcher: Fetcher, clock: Callable[[], float],
-                 analyzers: Sequence[Analyzer] = (), gpu: GpuWatcher | None = None) -> None:
+                 analyzers: Sequence[Analyzer[Any]] = (), gpu: GpuWatcher | None = None,
+                 capacity: CapacityResolver | None = None) -> None:
         self.settings = settings
+        # The one capacity per series (the engine's figures first, then the formula) every consumer reads;
+        # run() hands the same resolver to the analyzers.
+        self.capacity = capacity or CapacityResolver(settings)
         self.gpu = gpu
         # The GPU source is read on its own thread beside the engine's poll, so a slow exporter never delays it.
         self._gpu_pool = concurrent.futures.ThreadPoolExecutor(1, "kvwatch-gpu") if gpu is not None else None
@@ -328,21 +334,21 @@ class Sidecar:
                                 "(first: %s/%s %s = %r)", self.target, ", ".join(fields), key[0], key[1], name, value)
         return MappingProxyType(counts)
 
-    def _gpu_state(self, read: concurrent.futures.Future[Any] | None, now: float,
-                   series: dict[Any, SeriesState]) -> Any:
+    def _gpu_state(self, read: concurrent.futures.Future[list[GpuMemory] | GpuReadError] | None, now: float,
+                   series: dict[SeriesKey, SeriesState]) -> GpuState | None:
         if read is None or self.gpu is None:
             return None
         # The KV pool and weights per GPU, as the capacity analyzer computed them for the live engine series.
-        kv_pool, weights = shared_terms((getattr(s.extra.get("capacity"), "pool_bytes", None),
-                                         getattr(s.extra.get("capacity"), "weights_bytes", None))
-                                        for s in series.values())
+        results = [s.extra.get(CapacityAnalyzer.name) for s in series.values()]
+        kv_pool, weights = shared_terms((r.pool_bytes, r.weights_bytes) if isinstance(r, CapacityResult) else
+                                        (None, None) for r in results)
         return self.gpu.update(read.result(), now, kv_pool, weights)
 
-    def _series(self, reading: Any, now: float) -> SeriesState:
+    def _series(self, reading: Reading, now: float) -> SeriesState:
         history = self.history[reading.key]
         # The series' one capacity (the engine's figures first, then the formula), filled in for every consumer.
-        reading = resolver_for(self.settings).series(reading).apply(reading)
-        extra: dict[str, Any] = {}
+        reading = self.capacity.series(reading).apply(reading)
+        extra: dict[str, object] = {}
         for analyzer in self.analyzers:
             try:
                 result = analyzer.analyze(reading.key, history, reading, now)
@@ -366,11 +372,14 @@ def make_gpu_watcher(settings: ServeSettings) -> GpuWatcher | None:
     return GpuWatcher(DcgmSource(fetcher, GpuMatch(settings.gpu_pod, settings.gpu_namespace, uuids)))
 
 
-def load_analyzers(settings: ServeSettings, modules: Sequence[str] = ANALYZER_MODULES) -> list[Analyzer]:
-    """Each module's ``make_analyzer(settings)``; one that returns None has nothing to do for these settings."""
+def load_analyzers(settings: ServeSettings, capacity: CapacityResolver | None = None,
+                   modules: Sequence[str] = ANALYZER_MODULES) -> list[Analyzer[Any]]:
+    """Each module's ``make_analyzer(settings, capacity)``; one that returns None has nothing to do for these
+    settings. ``capacity`` is the sidecar's resolver (a new one when not given)."""
+    capacity = capacity or CapacityResolver(settings)
     analyzers = []
     for name in modules:
-        analyzer = importlib.import_module(name).make_analyzer(settings)
+        analyzer = importlib.import_module(name).make_analyzer(settings, capacity)
         if analyzer is not None:
             analyzers.append(analyzer)
     return analyzers
@@ -396,8 +405,9 @@ def run(args: argparse.Namespace) -> int:
     fetcher = Fetcher(settings.target_url, timeout=float(settings.poll_timeout_seconds or 1.0),
                       max_body_bytes=settings.max_body_bytes, bearer_token_file=settings.bearer_token_file,
                       ca_file=settings.ca_file, tls_verify=settings.tls_verify)
-    analyzers = load_analyzers(settings)
-    sidecar = Sidecar(settings, fetcher, clock, analyzers, make_gpu_watcher(settings))
+    capacity = CapacityResolver(settings)
+    analyzers = load_analyzers(settings, capacity)
+    sidecar = Sidecar(settings, fetcher, clock, analyzers, make_gpu_watcher(settings), capacity)
     # Settings durations are real seconds; the poll clock runs clock_speed times faster.
     stale_after = float(settings.stale_after_seconds or 0) * settings.clock_speed
     collector = KvwatchCollector(lambda: sidecar.state, now=clock, stale_after=stale_after, analyzers=analyzers)

@@ -21,10 +21,11 @@ from types import MappingProxyType
 
 from prometheus_client.core import GaugeMetricFamily
 
-from kvwatch.capacity.findings import LIVE_FINDINGS, SUSTAINED_SECONDS, HeldSince, live_finding
+from kvwatch.capacity.findings import LIVE_FINDINGS, SUSTAINED_SECONDS, HeldSince, live_finding, max_model_len_mismatch
+from kvwatch.engines.vllm import engine_max_model_len
 from kvwatch.history import SeriesHistory
 from kvwatch.model import Reading, SeriesKey
-from kvwatch.serve.sidecar_capacity import SidecarCapacity, resolver_for
+from kvwatch.serve.sidecar_capacity import CapacityResolver, SidecarCapacity
 from kvwatch.settings import ServeSettings
 
 log = logging.getLogger(__name__)
@@ -48,11 +49,12 @@ MAX_LOGGED_PLANS = 10
 class CapacityAnalyzer:
     name = "capacity"
 
-    def __init__(self, settings: ServeSettings) -> None:
+    def __init__(self, settings: ServeSettings, capacity: CapacityResolver | None = None) -> None:
         # One plan per vLLM model_name and engine configuration (the cache_config_info labels the formula
         # reads): a preset may only match once the engine names its model, and a restart may change them. The
-        # resolver is the settings' own, shared with the forecaster's advice.
-        self._capacity = resolver_for(settings)
+        # resolver is the sidecar's one, shared with the forecaster's advice (kvwatch.serve.app.run).
+        self._capacity = capacity or CapacityResolver(settings)
+        self._max_model_len = settings.max_model_len  # as given (None: the engine's is taken, see sidecar_capacity)
         self._logged = 0
         # Per series and finding: since when its condition has held (O(1) per poll, bounded like the plans).
         self._held: dict[tuple[SeriesKey, str], HeldSince] = {}
@@ -64,14 +66,18 @@ class CapacityAnalyzer:
         if new:
             # One line per model for the first few; a target serving thousands of models gets no more.
             self._logged += 1
-            say = log.info if self._logged <= MAX_LOGGED_PLANS else log.debug
+            loud = self._logged <= MAX_LOGGED_PLANS
+            say, warn = (log.info, log.warning) if loud else (log.debug, log.debug)
             if self._logged == MAX_LOGGED_PLANS + 1:
                 log.info("capacity model: more models than %d, further per-model lines at DEBUG", MAX_LOGGED_PLANS)
+            mismatch = max_model_len_mismatch(self._max_model_len, engine_max_model_len(reading.cache_config))
+            if mismatch is not None:
+                warn("capacity model for %s: %s", reading.model_name, mismatch.message)
             if capacity is None:
                 say("capacity model off for %s: %s", reading.model_name, why)
             else:
                 for error in capacity.plan.errors:  # e.g. a --max-model-len vLLM refuses: the settings are wrong
-                    (log.warning if say is log.info else say)("capacity model for %s: %s", reading.model_name, error)
+                    warn("capacity model for %s: %s", reading.model_name, error)
                 say("capacity model for %s: %s", reading.model_name,
                     "; ".join(n for n in capacity.plan.notes if "cache_config_info" in n) or "kvwatch's settings")
         return capacity
@@ -162,5 +168,5 @@ class CapacityAnalyzer:
         yield finding
 
 
-def make_analyzer(settings: ServeSettings) -> CapacityAnalyzer:
-    return CapacityAnalyzer(settings)
+def make_analyzer(settings: ServeSettings, capacity: CapacityResolver) -> CapacityAnalyzer:
+    return CapacityAnalyzer(settings, capacity)

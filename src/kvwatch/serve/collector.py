@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -29,7 +30,7 @@ _POLL_NOTE = " kvwatch polls the engine on its own timer (--poll-interval-second
 
 class KvwatchCollector(Collector):
     def __init__(self, get_state: Callable[[], State], *, now: Callable[[], float], stale_after: float,
-                 analyzers: Sequence[Analyzer] = ()) -> None:
+                 analyzers: Sequence[Analyzer[Any]] = ()) -> None:
         self._get_state = get_state
         self._now = now
         self._stale_after = stale_after

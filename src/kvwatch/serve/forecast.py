@@ -1,6 +1,6 @@
 """The forecaster inside ``kvwatch serve``: one :class:`Forecaster` per series, plus the advisor.
 
-Plugged in through ``kvwatch.serve.app.ANALYZER_MODULES`` (``make_analyzer(settings)``). Each poll,
+Plugged in through ``kvwatch.serve.app.ANALYZER_MODULES`` (``make_analyzer(settings, capacity)``). Each poll,
 ``analyze`` feeds the series' reading to its forecaster (the history's restart detection is passed on as
 the restart flag) and ranks fixes while filling or in bottleneck. At scrape time ``families`` exports every
 series kvwatch has seen: fresh results as they are, the others as ``kvwatch_state{state="unknown"} 1``
@@ -17,11 +17,13 @@ from prometheus_client.core import Metric
 
 from kvwatch.advisor import DEFAULT_GPUS_PER_NODE, Advice, advise_from_result
 from kvwatch.capacity.planner import CapacityPlan
+from kvwatch.capacity.series import max_model_len_of
 from kvwatch.derived import derive
 from kvwatch.forecast.forecaster import Forecaster, ForecastParams, ForecastResult, ForecastSample
 from kvwatch.history import SeriesHistory
 from kvwatch.model import Reading, SeriesKey
 from kvwatch.serve.forecast_export import forecast_metric_families
+from kvwatch.serve.sidecar_capacity import CapacityResolver
 from kvwatch.settings import ServeSettings
 
 log = logging.getLogger(__name__)
@@ -38,20 +40,20 @@ class ForecastAnalyzer:
     name = "forecast"
 
     def __init__(self, params: ForecastParams | None = None, *, max_model_len: int | None = None,
-                 settings: ServeSettings | None = None, max_series: int | None = None) -> None:
+                 capacity: CapacityResolver | None = None, gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+                 max_series: int | None = None) -> None:
         self.params = params or ForecastParams()
         self.max_series = max_series  # forecasters kept at most; the longest unseen go first
         self.max_model_len = max_model_len
-        self._settings = settings
+        self._capacity_resolver = capacity  # the sidecar's one (None: no capacity plan, no advice needing it)
+        self.gpus_per_node = gpus_per_node
         self._forecasters: dict[tuple[str, str], Forecaster] = {}
 
     def _capacity(self, reading: Reading) -> tuple[Reading, CapacityPlan | None]:
         """(the reading with the series' one capacity filled in, the capacity plan for advice or None)."""
-        if self._settings is None:
+        if self._capacity_resolver is None:
             return reading, None
-        from kvwatch.serve.sidecar_capacity import resolver_for
-
-        series = resolver_for(self._settings).series(reading)  # the object the capacity analyzer exports
+        series = self._capacity_resolver.series(reading)  # the object the capacity analyzer exports
         return series.apply(reading), series.plan
 
     def analyze(self, key: SeriesKey, history: SeriesHistory | None, reading: Reading, now: float) -> SeriesForecast:
@@ -69,9 +71,9 @@ class ForecastAnalyzer:
             # The ceiling kvwatch_max_concurrency{basis="observed_mix"} shows: the limit never exceeds it.
             ceiling = derive(reading, history, self.max_model_len).max_concurrency.get("observed_mix")
             advice = tuple(advise_from_result(
-                result, reading, capacity_plan=plan, max_model_len=self.max_model_len,
+                result, reading, capacity_plan=plan, max_model_len=max_model_len_of(reading, self.max_model_len),
                 concurrency_ceiling=ceiling,
-                gpus_per_node=self._settings.gpus_per_node if self._settings else DEFAULT_GPUS_PER_NODE))
+                gpus_per_node=self.gpus_per_node))
         return SeriesForecast(result, advice)
 
     def families(self, results: Mapping[SeriesKey, SeriesForecast], now: float) -> Iterable[Metric]:
@@ -93,9 +95,9 @@ class ForecastAnalyzer:
         )
 
 
-def make_analyzer(settings: ServeSettings) -> ForecastAnalyzer:
+def make_analyzer(settings: ServeSettings, capacity: CapacityResolver) -> ForecastAnalyzer:
     # Settings are real seconds; the forecaster sees the poll clock, which runs clock_speed times faster.
     stale = settings.stale_after_seconds  # set by validation (3 x the interval unless given)
     params = ForecastParams(stale_after_seconds=stale * settings.clock_speed) if stale else ForecastParams()
-    return ForecastAnalyzer(params, max_model_len=settings.max_model_len, settings=settings,
-                            max_series=2 * settings.max_series)
+    return ForecastAnalyzer(params, max_model_len=settings.max_model_len, capacity=capacity,
+                            gpus_per_node=settings.gpus_per_node, max_series=2 * settings.max_series)

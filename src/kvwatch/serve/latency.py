@@ -20,13 +20,17 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import GaugeMetricFamily
 
 from kvwatch.history import SeriesHistory
 from kvwatch.latency import window_quantiles
 from kvwatch.model import Histogram, Reading, SeriesKey
+
+if TYPE_CHECKING:
+    from kvwatch.serve.sidecar_capacity import CapacityResolver
+    from kvwatch.settings import ServeSettings
 
 WINDOW_SECONDS = 300.0
 KV_SATURATED = 0.95
@@ -101,7 +105,7 @@ class LatencyAnalyzer:
             known, cause = classify(quantiles, usage, self.ttft_slo_seconds)
         return SeriesLatency(MappingProxyType(quantiles), aborted, cause, known)
 
-    def families(self, results: Mapping[SeriesKey, Any], now: float) -> Iterable[Any]:
+    def families(self, results: Mapping[SeriesKey, SeriesLatency], now: float) -> Iterable[GaugeMetricFamily]:
         latency = GaugeMetricFamily(
             "kvwatch_latency_seconds", "Request latency quantile by kind: ttft (time to first token), itl "
             "(inter-token latency; TensorRT-LLM: time per output token), queue (waiting for the scheduler), "
@@ -124,5 +128,5 @@ class LatencyAnalyzer:
         return [f for f in (latency, aborts, slo) if f.samples]
 
 
-def make_analyzer(settings: Any) -> LatencyAnalyzer:
-    return LatencyAnalyzer(getattr(settings, "ttft_slo_seconds", None))
+def make_analyzer(settings: ServeSettings, capacity: CapacityResolver) -> LatencyAnalyzer:
+    return LatencyAnalyzer(settings.ttft_slo_seconds)

@@ -7,14 +7,14 @@ label when a preset matches) and the GPU; it never raises for a missing or unkno
 ``serve`` has no measured-memory flags (``--weights-gib`` & co. are ``plan``'s), so weights, activation
 and non-torch memory are always estimates there. What the engine does tell is used: the labels of
 ``vllm:cache_config_info`` (:func:`engine_settings`) fill in ``gpu_memory_utilization``, ``block_size`` and
-``cache_dtype`` when kvwatch was not given them, ``kv_cache_memory_bytes`` (vLLM skipped profiling and used
-that pool) replaces the memory budget, and the label set says which vLLM version's rules apply
-(:func:`vllm_version_from_cache_config`).
+``cache_dtype`` when kvwatch was not given them, and ``max_model_len`` (kvwatch.engines.vllm.engine_max_model_len:
+vLLM >= 0.20) too, ``kv_cache_memory_bytes`` (vLLM skipped profiling and used that pool) replaces the memory
+budget, and the label set says which vLLM version's rules apply (:func:`vllm_version_from_cache_config`). A
+``--max-model-len`` that differs from the engine's is kept (the capacity analyzer warns about it).
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -27,7 +27,7 @@ from kvwatch.capacity.presets import PresetError
 from kvwatch.capacity.series import SeriesCapacity
 from kvwatch.capacity.series import resolve as resolve_series
 from kvwatch.capacity.whatif import Scenario, whatif_ceilings, whatif_scenarios
-from kvwatch.engines.vllm import label_number
+from kvwatch.engines.vllm import engine_max_model_len, label_number
 from kvwatch.model import Reading
 from kvwatch.settings import KV_CACHE_DTYPES, DeploymentSettings, ServeSettings
 
@@ -100,6 +100,11 @@ def engine_settings(settings: DeploymentSettings,
     if "kv_cache_dtype" not in given and dtype in KV_CACHE_DTYPES:
         update["kv_cache_dtype"] = dtype
         taken.append(f"cache_dtype {dtype}")
+    length = engine_max_model_len(cache_config)
+    if "max_model_len" not in given and length is not None:
+        update["max_model_len"] = length
+        overrides["allow_long_max_model_len"] = True  # it runs: past the model's length only if vLLM was allowed
+        taken.append(f"max_model_len {length} (kv_cache_size_tokens / kv_cache_max_concurrency)")
     pool = label_number(cache_config.get("kv_cache_memory_bytes"))
     if pool is not None and pool > 0:
         overrides["available_kv_bytes"] = pool
@@ -182,13 +187,3 @@ class CapacityResolver:
     def series(self, reading: Reading) -> SeriesCapacity:
         capacity, _ = self.sidecar(reading)
         return resolve_series(reading, capacity.plan if capacity is not None else None)
-
-
-def resolver_for(settings: DeploymentSettings) -> CapacityResolver:
-    """The settings' one resolver (kept on the settings object, so every consumer shares its plans)."""
-    resolver = getattr(settings, "_capacity_resolver", None)
-    if resolver is None:
-        resolver = CapacityResolver(settings)
-        with contextlib.suppress(AttributeError, ValueError):  # a stand-in without the slot: not shared
-            settings._capacity_resolver = resolver
-    return resolver

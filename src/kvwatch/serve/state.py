@@ -15,7 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Protocol, TypeVar
+
+from prometheus_client.core import Metric
 
 from kvwatch.derived import SeriesState
 from kvwatch.history import SeriesHistory
@@ -23,16 +25,20 @@ from kvwatch.model import Detection, Reading, SeriesKey
 from kvwatch.payload import REASONS
 from kvwatch.serve.gpu import GpuState
 
+Result = TypeVar("Result")
 
-class Analyzer(Protocol):
-    """A per-series plug-in run each poll (pure: no clock, no I/O; ``now`` is the poll timestamp)."""
+
+class Analyzer(Protocol[Result]):
+    """A per-series plug-in run each poll (pure: no clock, no I/O; ``now`` is the poll timestamp), whose
+    results are ``Result``s (kvwatch.serve.capacity.CapacityResult, kvwatch.serve.forecast.SeriesForecast,
+    kvwatch.serve.latency.SeriesLatency)."""
 
     name: str
 
-    def analyze(self, key: SeriesKey, history: SeriesHistory, reading: Reading, now: float) -> Any:
-        """The per-series result (any immutable value), or None when there is nothing to say."""
+    def analyze(self, key: SeriesKey, history: SeriesHistory, reading: Reading, now: float) -> Result | None:
+        """The per-series result (an immutable value), or None when there is nothing to say."""
 
-    def families(self, results: Mapping[SeriesKey, Any], now: float) -> Iterable[Any]:
+    def families(self, results: Mapping[SeriesKey, Result], now: float) -> Iterable[Metric]:
         """prometheus_client metric families for the fresh series' results (``{key: result}``)."""
 
 

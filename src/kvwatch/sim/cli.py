@@ -85,7 +85,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     load.add_argument("--output-tokens", type=float, default=200.0,
                       help="mean output length (at most --max-model-len)")
     load.add_argument("--trace", type=Path, default=None,
-                      help="replay a trace instead (.csv Azure, .jsonl Mooncake); loops when it ends; "
+                      help="replay a trace instead (Azure or BurstGPT CSV, Mooncake JSONL, detected from the "
+                      "content; gzip is fine); loops when it ends; "
                       "requests longer than --max-model-len are rejected (a warning at startup says how many)")
     load.add_argument("--rate-scale", type=float, default=1.0,
                       help="with --trace: arrival-rate multiplier (at most 1000)")

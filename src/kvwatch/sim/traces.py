@@ -3,19 +3,28 @@
 Readers take a path or the text itself and return requests sorted by arrival, times relative to the
 first request. Every transformation is pure and deterministic for a given ``seed``.
 
-* Azure LLM inference trace 2023 (CSV ``TIMESTAMP,ContextTokens,GeneratedTokens``; CRLF line ends, no
-  trailing newline, 7 fractional digits).
+* Azure LLM inference traces (CSV with the columns ``TIMESTAMP,ContextTokens,GeneratedTokens``: the 2023
+  files, CRLF line ends, no trailing newline, 7 fractional digits; the same columns in any order beside
+  others, e.g. the 2024 week-long files or the multimodal trace's ``NumImages``, and ISO 8601 times with a
+  time zone).
+* BurstGPT (CSV ``Timestamp`` in seconds, ``Request tokens``, ``Response tokens`` and others): rows with 0
+  response tokens are requests that failed (the dataset's own definition) and are left out.
 * Mooncake FAST'25 traces (JSON lines ``timestamp`` in ms, ``input_length``, ``output_length``,
   ``hash_ids`` of 512-token prefix blocks). Its timestamps are quantized to ~3 s, so requests sharing
   one timestamp are spread uniformly over the following ``jitter_seconds`` (otherwise the replay makes
   artificial 3-second bursts).
+
+Any of them may be gzip-compressed (detected from the content, like the format).
 """
 
 from __future__ import annotations
 
+import csv
+import gzip
 import json
 import math
 import random
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
@@ -24,6 +33,7 @@ from pathlib import Path
 from kvwatch.sim.engine import Request
 
 AZURE_HEADER = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+BURSTGPT_HEADER = ("Timestamp", "Request tokens", "Response tokens")
 Multiplier = float | Callable[[float], float]
 
 
@@ -31,42 +41,84 @@ class TraceError(ValueError):
     """A trace file is malformed; the message names the file and line."""
 
 
+def _read(path: Path) -> str:
+    """A file's text, inflated first when it is gzip-compressed (told by its first bytes, not its name)."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise TraceError(f"cannot read trace {path}: {exc.strerror or exc}") from None
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as exc:
+            raise TraceError(f"trace {path} is a broken gzip file: {exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise TraceError(f"trace {path} is not UTF-8 text") from None
+
+
 def _text(source: str | Path) -> tuple[str, str]:
     """(text, name) from a path or from the text itself (anything containing a newline)."""
     if isinstance(source, Path) or "\n" not in source:
-        path = Path(source)
-        try:
-            return path.read_text(encoding="utf-8"), str(path)
-        except OSError as exc:
-            raise TraceError(f"cannot read trace {path}: {exc.strerror or exc}") from None
-        except UnicodeDecodeError:
-            raise TraceError(f"trace {path} is not UTF-8 text") from None
+        return _read(Path(source)), str(source)
     return source, "<text>"
 
 
+_ISO_TIME = re.compile(r"\s*(\d{4}-\d\d-\d\d[T ]\d\d:\d\d(?::\d\d)?)(\.\d+)?\s*(Z|[+-]\d\d:?\d\d)?\s*")
+
+
 def _parse_azure_time(value: str) -> float:
-    # Python's fromisoformat takes at most 6 fractional digits; the trace has 7.
-    date, _, frac = value.strip().partition(".")
-    seconds = datetime.fromisoformat(date).timestamp()
-    return seconds + (float("0." + frac) if frac else 0.0)
+    """Seconds of an ISO 8601 time (any number of fractional digits: Python's fromisoformat takes at most 6,
+    the 2023 trace has 7), in its time zone when it names one."""
+    match = _ISO_TIME.fullmatch(value)
+    if match is None:
+        raise ValueError(f"not an ISO 8601 time: {value.strip()!r}")
+    stamp, frac, zone = match.groups()
+    seconds = datetime.fromisoformat(stamp + ("+00:00" if zone == "Z" else (zone or ""))).timestamp()
+    return seconds + (float(frac) if frac else 0.0)
+
+
+def _csv_columns(header: str, wanted: tuple[str, ...]) -> list[int] | None:
+    """Where each of ``wanted`` is among a CSV header's columns (any order, others ignored); None if one is missing."""
+    names = [c.strip() for c in next(csv.reader([header.lstrip("\ufeff")]), [])]
+    return [names.index(w) for w in wanted] if all(w in names for w in wanted) else None
 
 
 def read_azure_csv(source: str | Path) -> list[Request]:
     """Requests of an Azure LLM inference trace (CSV); 0 generated tokens count as 1 (vLLM emits one)."""
+    rows = _read_csv(source, AZURE_HEADER, _parse_azure_time)
+    return [Request(t, p, max(1, o)) for t, p, o in rows]
+
+
+def read_burstgpt_csv(source: str | Path) -> list[Request]:
+    """Requests of a BurstGPT trace (CSV); the failed ones (0 response tokens) are left out."""
+    rows = _read_csv(source, BURSTGPT_HEADER, float, keep=lambda _t, _p, output: output > 0)
+    return [Request(t, p, o) for t, p, o in rows]
+
+
+def _read_csv(source: str | Path, columns: tuple[str, str, str], time: Callable[[str], float],
+              keep: Callable[[float, int, int], bool] | None = None) -> list[tuple[float, int, int]]:
+    """(arrival relative to the first, prompt tokens, output tokens) of the rows of a CSV trace, by arrival."""
     text, name = _text(source)
     lines = text.splitlines()  # handles CRLF and a missing final newline
-    if not lines or tuple(c.strip() for c in lines[0].lstrip("\ufeff").split(",")) != AZURE_HEADER:
-        raise TraceError(f"{name}: line 1 must be the header {','.join(AZURE_HEADER)}")
+    where = _csv_columns(lines[0], columns) if lines else None
+    if where is None:
+        raise TraceError(f"{name}: line 1 must be a header with the columns {','.join(columns)}")
+    simple = all(i < 3 for i in where) and '"' not in text[:4096]  # the 2023 files: split, no csv module
     rows: list[tuple[float, int, int]] = []
     for number, line in enumerate(lines[1:], start=2):
         if not line.strip():
             continue
-        parts = line.split(",")
+        parts = line.split(",") if simple else next(csv.reader([line]), [])
         try:
-            if len(parts) != 3:
-                raise ValueError("expected 3 columns")
-            t, prompt, output = _parse_azure_time(parts[0]), int(parts[1]), int(parts[2])
-            if prompt < 1 or output < 0:
+            if len(parts) <= max(where):
+                raise ValueError(f"expected at least {max(where) + 1} columns")
+            t, prompt, output = (time(parts[where[0]]), int(float(parts[where[1]])),
+                                 int(float(parts[where[2]])))
+            if keep is not None and not keep(t, prompt, output):
+                continue
+            if prompt < 1 or output < 0 or not math.isfinite(t):
                 raise ValueError("token counts must be positive")
         except ValueError as exc:
             raise TraceError(f"{name}: line {number}: {exc}: {line[:80]!r}") from None
@@ -75,7 +127,7 @@ def read_azure_csv(source: str | Path) -> list[Request]:
         raise TraceError(f"{name}: no requests")
     rows.sort(key=lambda r: r[0])
     t0 = rows[0][0]
-    return [Request(t - t0, p, max(1, o)) for t, p, o in rows]
+    return [(t - t0, p, o) for t, p, o in rows]
 
 
 def read_mooncake_jsonl(source: str | Path, *, jitter_seconds: float = 3.0, seed: int = 0) -> list[Request]:
@@ -186,35 +238,43 @@ def block_bootstrap(requests: Sequence[Request], duration: float, *, block_secon
 
 # The columns each format's reader uses (everything else in a row is ignored).
 TRACE_COLUMNS: dict[str, dict[str, str]] = {
-    "azure": {"TIMESTAMP": "arrival time (ISO 8601, 7 fractional digits)",
+    "azure": {"TIMESTAMP": "arrival time (ISO 8601)",
               "ContextTokens": "prompt tokens", "GeneratedTokens": "output tokens (0 counts as 1)"},
+    "burstgpt": {"Timestamp": "arrival time in seconds", "Request tokens": "prompt tokens",
+                 "Response tokens": "output tokens (0: a failed request, left out)"},
     "mooncake": {"timestamp": "arrival time in milliseconds", "input_length": "prompt tokens",
                  "output_length": "output tokens", "hash_ids": "512-token prefix block hashes (prefix caching)"},
 }
+_READERS: dict[str, Callable[[Path], list[Request]]] = {"azure": read_azure_csv, "burstgpt": read_burstgpt_csv}
 
 
 def detect_format(path: str | Path) -> str:
-    """``"azure"`` or ``"mooncake"`` from the file's first non-empty line, whatever its name."""
+    """``"azure"``, ``"burstgpt"`` or ``"mooncake"`` from the file's first non-empty line, whatever its name."""
     try:
-        with Path(path).open(encoding="utf-8") as handle:
+        with Path(path).open("rb") as raw:
+            gzipped = raw.read(2) == b"\x1f\x8b"
+        with (gzip.open(path, "rt", encoding="utf-8") if gzipped else Path(path).open(encoding="utf-8")) as handle:
             first = next((line for line in handle if line.strip()), "")
-    except OSError as exc:
+    except OSError as exc:  # (gzip's BadGzipFile is one)
         raise TraceError(f"cannot read trace {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
+    except (UnicodeDecodeError, EOFError):
         raise TraceError(f"trace {path} is not UTF-8 text") from None
     if first.lstrip().startswith("{"):
         return "mooncake"
-    if tuple(c.strip() for c in first.lstrip("\ufeff").split(",")) == AZURE_HEADER:
-        return "azure"
-    raise TraceError(f"{path}: not an Azure 2023 CSV (header {','.join(AZURE_HEADER)}) nor a Mooncake JSONL trace "
-                     "(one JSON object per line with timestamp, input_length, output_length)")
+    for kind, header in (("azure", AZURE_HEADER), ("burstgpt", BURSTGPT_HEADER)):
+        if _csv_columns(first, header) is not None:
+            return kind
+    raise TraceError(f"{path}: not an Azure CSV (columns {','.join(AZURE_HEADER)}), a BurstGPT CSV (columns "
+                     f"{','.join(BURSTGPT_HEADER)}) nor a Mooncake JSONL trace (one JSON object per line with "
+                     "timestamp, input_length, output_length)")
 
 
 def load_trace(path: str | Path, *, seed: int = 0) -> list[Request]:
-    """Read a trace of either format, detected from its content (not its file name)."""
-    if detect_format(path) == "azure":
-        return read_azure_csv(Path(path))
-    return read_mooncake_jsonl(Path(path), seed=seed)
+    """Read a trace of any of the formats, detected from its content (not its file name)."""
+    kind = detect_format(path)
+    if kind == "mooncake":
+        return read_mooncake_jsonl(Path(path), seed=seed)
+    return _READERS[kind](Path(path))
 
 
 def packaged_trace(name: str) -> Path:
