@@ -432,9 +432,10 @@ def render_long_context(lc: LongContext | None) -> str:
     """The long_context block as text (after the walk-through, so it stays apart from its layout)."""
     if lc is None:
         return ""
-    seconds = "not estimated" if lc.prefill_seconds_estimate is None else (
-        f"~{lc.prefill_seconds_estimate:,.0f} s ({lc.prefill_seconds_estimate / 60:.1f} min) at "
-        f"{lc.mfu:.0%} of {lc.gpu_bf16_tflops:g} TFLOPS per GPU")
+    estimate = lc.prefill_seconds_estimate
+    minutes = f" ({estimate / 60:.1f} min)" if estimate is not None and estimate >= 60 else ""
+    seconds = "not estimated" if estimate is None else (
+        f"~{estimate:,.0f} s{minutes} at {lc.mfu:.0%} of {lc.gpu_bf16_tflops:g} TFLOPS per GPU")
     out = ["", f"Long context (max_model_len {lc.max_model_len:,}):",
            f"   requests that fit at max_model_len   {lc.requests_at_max_model_len:.2f}",
            f"   one max-length prefill                {seconds}",
