@@ -1,5 +1,7 @@
 """The issue-14 backtest matrix in one command: 3 trace families × 7 profiles × 3 seeds, plus the
-long-context and generalization tuning rows on the tuning trace. Prints the markdown tables of docs/forecasting.md.
+long-context and generalization tuning rows on the tuning trace and, per family, steady 0.7 in a cache
+twice as large (NO_SATURATION: 3 × 9 h, the false alarms per day where nothing saturates). Prints the
+markdown tables of docs/forecasting.md.
 
     .venv/bin/python benchmarks/forecast_matrix.py CONV.csv CODE.csv MOONCAKE.jsonl --cache-dir /tmp/kvwatch-bt
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kvwatch.backtest.report import GENERALIZATION, LONG_CONTEXT, MATRIX, pooled, simulations, table
+from kvwatch.backtest.report import GENERALIZATION, LONG_CONTEXT, MATRIX, NO_SATURATION, pooled, simulations, table
 
 
 def main() -> int:
@@ -34,8 +36,12 @@ def main() -> int:
                 pooled(simulations(args.tuning, LONG_CONTEXT, args.cache_dir, seeds=seeds))))
     print(table(f"{args.tuning.name}, generalization shapes (tuning)",
                 pooled(simulations(args.tuning, GENERALIZATION, args.cache_dir))))
+    print(table(f"{args.tuning.name}, steady 0.7 where nothing saturates (tuning)",
+                pooled(simulations(args.tuning, NO_SATURATION, args.cache_dir, seeds=seeds))))
     for path in args.held_out:
         print(table(f"{path.name} (held out)", pooled(simulations(path, MATRIX, args.cache_dir, seeds=held_out_seeds))))
+        print(table(f"{path.name}, steady 0.7 in a cache twice as large (held out)",
+                    pooled(simulations(path, NO_SATURATION, args.cache_dir, seeds=held_out_seeds))))
     return 0
 
 

@@ -120,3 +120,17 @@ def test_long_context_shaping_scales_mixes_and_caps_at_max_model_len(conv):
     assert 0.15 < len(long) / len(mixed) < 0.25
     assert all(r.prompt_tokens + r.output_tokens <= 131072 for r in long)
     assert shape_lengths(trace, base, seed=1) == list(trace)  # no shaping: the trace itself
+
+
+def test_burst_shapes_last_seconds_or_minutes():
+    from kvwatch.backtest.scenarios import BURST_LONG, BURST_SHORT
+
+    short = Scenario("t.csv", "burst-short", 3.0, 0, 0.4, 1.1)
+    seconds, _period, extra = BURST_SHORT
+    t = 5400.0  # mid-run: the ramp under the spikes is at its midpoint
+    assert short.load_at(t + seconds / 2) == pytest.approx(short.load_at(t + seconds + 1) + extra, abs=1e-3)
+    long = Scenario("t.csv", "burst-long", 4.0, 0, 0.6, 1.1)
+    burst, gap = BURST_LONG[0], BURST_LONG[1]
+    assert long.load_at(600.0) == 0.6  # no burst before the warm-up ends
+    assert long.load_at(1800.0 + burst / 2) == 1.1 and long.load_at(1800.0 + burst + 60.0) == 0.6
+    assert long.load_at(1800.0 + gap + 1.0) == 1.1

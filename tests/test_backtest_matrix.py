@@ -37,3 +37,13 @@ def test_generalization_rows_are_named_by_their_cache_size():
                                 engine_speedup=speedup * c.speedup_factor, prompt_scale=c.prompt_scale))
              for c in GENERALIZATION]
     assert names == [c.name for c in GENERALIZATION]
+
+
+def test_the_no_saturation_rows_monitor_a_day_so_false_alarms_per_day_are_counted_not_extrapolated():
+    from kvwatch.backtest.report import NO_SATURATION
+    from kvwatch.backtest.scoring import MIN_DAY_SECONDS, WARMUP_SECONDS
+
+    for case in NO_SATURATION:
+        monitored = len(case.seeds) * (case.hours * 3600.0 - WARMUP_SECONDS)
+        assert monitored >= MIN_DAY_SECONDS
+        assert case.start_load == case.peak_load == 0.7 and case.rate_factor == case.speedup_factor > 1

@@ -161,3 +161,17 @@ def test_a_warning_on_long_before_an_event_counts_as_active_before_it():
     assert active_before_onsets(events, times, active, warmup_windows((), 14400.0)) == [True]
     assert score_run(events[:1], find_episodes(times, active), monitored_seconds=14400.0).leads == [None]
     assert active_before_onsets([Event(2100.0, 2200.0)], times, active) == [False]  # on for only 100 s
+
+
+def test_calibration_skips_the_quiet_gap_after_an_event_where_no_new_event_can_begin():
+    from kvwatch.backtest.scoring import score_probabilities
+
+    events = [Event(1000.0, 1500.0)]
+    times = [float(t) for t in range(0, 4000, 60)]
+    certain = [1.0] * len(times)
+    new_rule = score_probabilities(times, certain, 300.0, events, end=4000.0)
+    old_rule = score_probabilities(times, certain, 300.0, events, end=4000.0, quiet_after=0.0)
+    # Minutes in (1500, 1500 + QUIET] are scored under the old rule only, each with outcome 0 by construction.
+    gap = [t for t in times if 1500.0 < t <= 1500.0 + QUIET_SECONDS and t + 300.0 <= 4000.0]
+    assert old_rule.n - new_rule.n == len(gap) > 0
+    assert old_rule.outcomes == new_rule.outcomes

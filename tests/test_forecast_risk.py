@@ -6,7 +6,13 @@ from __future__ import annotations
 import math
 
 from kvwatch.forecast.demand import DemandEstimate
-from kvwatch.forecast.risk import RiskParams, _ou_risk, correlation_seconds
+from kvwatch.forecast.risk import (
+    RiskParams,
+    _ou_risk,
+    correlation_seconds,
+    sustained_variance_ratio,
+    with_recurrence,
+)
 
 CAPACITY = 100_000.0
 
@@ -18,8 +24,8 @@ def flat_demand() -> DemandEstimate:
 
 
 def risk(newest: float, *, mean: float = 60_000.0, size: float = 1_500.0, rho: float = 0.0,
-         residence: float = 60.0) -> tuple[float, float, float]:
-    estimate = _ou_risk(RiskParams(), flat_demand(), 0.9 * CAPACITY, size, mean, newest, residence, rho)
+         residence: float = 60.0, params: RiskParams | None = None) -> tuple[float, float, float]:
+    estimate = _ou_risk(params or RiskParams(), flat_demand(), 0.9 * CAPACITY, size, mean, newest, residence, rho)
     return estimate.at(300), estimate.at(900), estimate.at(1800)
 
 
@@ -32,9 +38,29 @@ def test_the_risk_starts_from_the_newest_minute_not_the_stationary_law():
 
 
 def test_slow_bursts_cross_less_often_than_fast_ones():
-    fast = risk(60_000.0, rho=0.0)
-    slow = risk(60_000.0, rho=0.9)
+    minute_mean = RiskParams(sustained=False)  # v3: crossings of the minute mean itself
+    fast = risk(60_000.0, rho=0.0, params=minute_mean)
+    slow = risk(60_000.0, rho=0.9, params=minute_mean)
     assert slow[2] < 0.6 * fast[2]
+
+
+def test_a_sustained_saturation_discounts_bursts_shorter_than_the_event_window():
+    # The process that must cross is the occupancy averaged over the 2-minute event window: short-lived
+    # requests (θ = 20 s) lose 40 % of their minute-mean variance, slow bursts (θ = 20 min) almost none.
+    assert sustained_variance_ratio(20.0, 120.0, 60.0) < 0.65
+    assert sustained_variance_ratio(1200.0, 120.0, 60.0) > 0.95
+    fast_minute = risk(60_000.0, residence=20.0, params=RiskParams(sustained=False))
+    fast_sustained = risk(60_000.0, residence=20.0)
+    assert fast_sustained[2] < 0.2 * fast_minute[2]  # a tail: a variance 0.6x as large is a much rarer crossing
+
+
+def test_recent_saturations_raise_the_risk_as_a_local_base_rate():
+    base = _ou_risk(RiskParams(), flat_demand(), 0.9 * CAPACITY, 1_500.0, 60_000.0, 60_000.0, 60.0, 0.0)
+    assert with_recurrence(base, 0, 3600.0, 7200.0) is base
+    two = with_recurrence(base, 2, 7200.0, 7200.0)  # two onsets in two hours: one per 75 minutes
+    expected_30m = 1.0 - (1.0 - base.at(1800)) * math.exp(-2 / 9000.0 * 1800.0)
+    assert math.isclose(two.at(1800), expected_30m, rel_tol=1e-9)
+    assert two.at(300) < two.at(1800) <= 1.0
 
 
 def test_the_risk_is_a_monotone_probability_in_the_horizon():

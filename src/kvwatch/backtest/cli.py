@@ -40,7 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", choices=PROFILES, default="ramp",
                         help="ramp: start→peak (after 30 min at start); step: jumps at half time; diurnal: daily "
                              "swing; steady: holds peak; restart: steady with an engine restart at half time; "
-                             "mixshift: requests grow at half time (default ramp)")
+                             "mixshift: requests grow at half time; burst-short: ramp with +0.5 load for 20 s every "
+                             "2 min; burst-long: start, with peak for 10 min every 45 min (default ramp)")
     parser.add_argument("--hours", type=float, default=3.0, help="simulated hours (default 3)")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap and simulator seed (default 0)")
     parser.add_argument("--start-load", type=float, default=0.5, help="load at the start (default 0.5)")

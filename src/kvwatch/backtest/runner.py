@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from kvwatch.backtest.baselines import PredictLinearProbability, make_baselines
 from kvwatch.backtest.scenarios import Scenario, scenario_arrivals, shape_lengths
 from kvwatch.backtest.scoring import (
+    QUIET_SECONDS,
     Event,
     Outcome,
     Reliability,
@@ -218,8 +219,11 @@ def sample_through_wire(snap: EngineSnapshot, engine: str, *, restarted: bool) -
     return ForecastSample.from_reading(reading, snap.time, restarted=restarted)
 
 
-def evaluate(simulation: Simulation, params: ForecastParams | None = None) -> RunResult:
-    """Run kvwatch and every baseline over the same polls; find the events; score each method."""
+def evaluate(simulation: Simulation, params: ForecastParams | None = None, *,
+             calibration_quiet_after: float = QUIET_SECONDS) -> RunResult:
+    """Run kvwatch and every baseline over the same polls; find the events; score each method.
+
+    ``calibration_quiet_after=0``: the calibration rule before v4 (minutes just after an event scored too)."""
     forecaster = Forecaster(params or ForecastParams())
     baselines = make_baselines()
     linear_probability = PredictLinearProbability()
@@ -260,7 +264,8 @@ def evaluate(simulation: Simulation, params: ForecastParams | None = None) -> Ru
             outcome.detect_delays = detection_delays(events, timeline.times, bottleneck)
         outcomes[name] = outcome
     reliability = {
-        h: {m: score_probabilities(timeline.times, by_h[h], h, events, end=seconds, warmup=warmup)
+        h: {m: score_probabilities(timeline.times, by_h[h], h, events, end=seconds, warmup=warmup,
+                                   quiet_after=calibration_quiet_after)
             for m, by_h in timeline.probabilities.items()}
         for h in RISK_HORIZONS_SECONDS
     }

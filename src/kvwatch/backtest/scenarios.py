@@ -21,10 +21,14 @@ from pathlib import Path
 from kvwatch.sim.engine import Request
 from kvwatch.sim.traces import block_bootstrap, scale_rate, span_of
 
-PROFILES: tuple[str, ...] = ("ramp", "step", "diurnal", "steady", "restart", "mixshift")
+PROFILES: tuple[str, ...] = ("ramp", "step", "diurnal", "steady", "restart", "mixshift", "burst-short", "burst-long")
 BLOCK_SECONDS = 300.0
 DAY_SECONDS = 86400.0
 RAMP_LEAD_IN_SECONDS = 1800.0
+# Burst shapes (tuning, issue 14): the forecast must tell bursts that last seconds, which do not make a
+# sustained saturation, from bursts that last minutes, which do. (burst seconds, period seconds, extra load)
+BURST_SHORT = (20.0, 120.0, 0.5)  # on a ramp from start to peak: spikes of +0.5 for 20 s every 2 minutes
+BURST_LONG = (600.0, 2700.0, None)  # from start up to peak for 10 minutes every 45 minutes
 DEFAULT_MAX_MODEL_LEN = 131072
 LONG_PROMPT_RANGE = (16384, 131072)
 
@@ -68,6 +72,14 @@ class Scenario:
             return p
         if self.profile == "mixshift":
             return s
+        if self.profile == "burst-short":
+            seconds, period, extra = BURST_SHORT
+            base = s + (p - s) * min(1.0, max(0.0, (t - self.ramp_lead_in) / (total - self.ramp_lead_in)))
+            return base + (extra if (t % period) < seconds else 0.0)
+        if self.profile == "burst-long":
+            seconds, period, _ = BURST_LONG
+            # the first burst after the 30-minute warm-up, so every burst can be forecast
+            return p if ((t - RAMP_LEAD_IN_SECONDS) % period) < seconds and t >= RAMP_LEAD_IN_SECONDS else s
         raise ScenarioError(f"unknown --profile {self.profile!r}: choose one of {', '.join(PROFILES)}")
 
     @property

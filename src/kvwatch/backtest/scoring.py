@@ -278,7 +278,8 @@ class Reliability:
     """Brier score and reliability bins of one probabilistic forecast at one horizon (poolable).
 
     Outcome ``y`` at time ``t``: an event is in progress at some time in ``(t, t + h]``. Scored only at
-    times after warm-up, outside events, with ``t + h`` inside the run.
+    times after warm-up, outside events and the ``QUIET_SECONDS`` after each (see score_probabilities),
+    with ``t + h`` inside the run.
     """
 
     n: int = 0
@@ -341,15 +342,23 @@ def score_probabilities(
     end: float,
     warmup: Sequence[tuple[float, float]] = (),
     step: float = CALIBRATION_STEP_SECONDS,
+    quiet_after: float = QUIET_SECONDS,
 ) -> Reliability:
-    """Reliability of one method's ``probabilities`` (per poll; None = no forecast, counted as 0)."""
+    """Reliability of one method's ``probabilities`` (per poll; None = no forecast, counted as 0).
+
+    The ``quiet_after`` seconds after an event are not scored (v4 rule, every method): saturation resuming
+    there continues the event, so a minute in that gap is scored only if no saturation follows within it,
+    and its outcome is then 0 by construction — a forecast that (rightly) expects the saturation to resume
+    was penalized for it. ``quiet_after=0`` is the rule before v4.
+    """
     out = Reliability()
     next_t = 0.0
     for t, p in zip(times, probabilities, strict=True):
         if t < next_t:
             continue
         next_t = t + step - 1e-6
-        if t + horizon > end or in_windows(t, warmup) or any(e.onset <= t <= e.end for e in events):
+        if (t + horizon > end or in_windows(t, warmup)
+                or any(e.onset <= t <= e.end + quiet_after for e in events)):
             continue
         out.add_pair(p if p is not None else 0.0, outcome_within(t, horizon, events))
     return out

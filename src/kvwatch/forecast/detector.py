@@ -138,6 +138,9 @@ class WarningParams:
     risk_off: float = 0.2
     warn_for_buckets: int = 2
     clear_for_buckets: int = 10
+    # False: the warning follows the risk without its recurrence term (a new excursion forecast from the
+    # occupancy alone), so it clears between repeated saturations and can warn again before the next.
+    with_recurrence: bool = False
 
 
 class WarningLatch:

@@ -37,7 +37,7 @@ from kvwatch.forecast.detector import (
     WarningLatch,
     WarningParams,
 )
-from kvwatch.forecast.risk import RISK_HORIZONS_SECONDS, RiskEstimate, RiskParams, estimate_risk
+from kvwatch.forecast.risk import RISK_HORIZONS_SECONDS, RiskEstimate, RiskParams, estimate_risk, with_recurrence
 from kvwatch.forecast.trend import TrendEstimate, estimate_trend
 
 HORIZONS_SECONDS: tuple[int, ...] = (600, 1800)
@@ -172,6 +172,10 @@ class Forecaster:
         self._raw = False
         self._last: ForecastResult | None = None
         self.restarts = 0
+        # Onsets of sustained saturation (the bottleneck state after a quiet stretch), for the risk's recurrence.
+        self._onsets: deque[float] = deque()
+        self._was_bottleneck = False
+        self._bottleneck_last: float | None = None
 
     # ------------------------------------------------------------------ public API
 
@@ -194,9 +198,23 @@ class Forecaster:
         if closed is not None:
             self._on_minute(closed)
         self._detectors.update(self._flags(sample, deltas))
+        self._track_onsets(sample.timestamp)
         self._previous = sample
         self._last = self._result(sample)
         return self._last
+
+    def _track_onsets(self, now: float) -> None:
+        bottleneck = self._detectors.bottleneck
+        quiet = self.params.risk.recurrence_quiet_seconds
+        if bottleneck and not self._was_bottleneck and (
+                self._bottleneck_last is None or now - self._bottleneck_last >= quiet):
+            self._onsets.append(now)
+        if bottleneck:
+            self._bottleneck_last = now
+        self._was_bottleneck = bottleneck
+        window = self.params.risk.recurrence_window_seconds
+        while self._onsets and self._onsets[0] < now - window:
+            self._onsets.popleft()
 
     @property
     def last_timestamp(self) -> float | None:
@@ -233,6 +251,9 @@ class Forecaster:
         self._split(timestamp)
         self._detectors.clear()
         self._latch.clear()
+        self._onsets.clear()
+        self._was_bottleneck = False
+        self._bottleneck_last = None
 
     def _split(self, timestamp: float) -> None:
         self._aggregator.clear()
@@ -308,7 +329,14 @@ class Forecaster:
             if self._demand is not None else None
         )
         now = bucket.minute * p.bucket_seconds + p.bucket_seconds
-        risk = self._risk.at(p.warning.horizon_seconds) if self._risk is not None and self._warm(now) else None
+        excursion = self._risk
+        if self._risk is not None and self._restart_at is not None:
+            window = p.risk.recurrence_window_seconds
+            onsets = len(self._onsets) if window > 0 else 0
+            observed = min(window, max(0.0, now - self._restart_at))
+            self._risk = with_recurrence(self._risk, onsets, observed, window)
+        driver = self._risk if p.warning.with_recurrence else excursion
+        risk = driver.at(p.warning.horizon_seconds) if driver is not None and self._warm(now) else None
         self._raw = risk is not None and risk >= p.warning.risk_on
         self._latch.update(self._raw, risk is None or risk < p.warning.risk_off)
 

@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import NormalDist
 
 from kvwatch.forecast.buckets import MinuteBucket
@@ -74,6 +74,16 @@ class RiskParams:
     # How the within-minute spread is summarized: "median" of the minutes' own standard deviations (one
     # long request's spike does not lower the threshold for half an hour) or "pooled" (v2).
     within_sd: str = "median"
+    # Sustained excursions (v4): an event is saturation over most of ``sustain_seconds``, so the process
+    # that must cross is the occupancy averaged over that window, whose variance is the minute mean's
+    # times g(W/θ)/g(minute/θ) (OU averaging, g(x) = 2(x − 1 + e^(−x))/x²): bursts shorter than the
+    # window count less. False: v3 (the minute mean itself).
+    sustained: bool = True
+    # Recurrence (v4): sustained saturations this series had recently (the bottleneck state's onsets after
+    # ``recurrence_quiet_seconds`` without one, over the last ``recurrence_window_seconds``) are a local base
+    # rate of events; the risk is also at least that of a Poisson process at that rate. 0: off (v3).
+    recurrence_window_seconds: float = 7200.0
+    recurrence_quiet_seconds: float = 600.0
     max_horizon_buckets: int = 60
     bucket_seconds: float = 60.0
 
@@ -230,7 +240,8 @@ def estimate_risk(buckets: Sequence[MinuteBucket], demand: DemandEstimate, p: Ri
         x = residence / p.bucket_seconds
         averaging = 2.0 * x * (1.0 - x * (1.0 - math.exp(-1.0 / x)))
         size = max(size, p.size_floor * footprint * averaging)
-    c = max(0.5 * capacity, p.threshold * capacity - p.within_k * within_minute_sd(window, p.within_sd))
+    c = min(capacity, max(0.5 * capacity,
+                          p.threshold * capacity - p.within_k * within_minute_sd(window, p.within_sd)))
     if p.dynamics == "ou":
         return _ou_risk(p, demand, c, size, mean0, newest_mean, residence, rho_measured)
     time_scale = residence + p.sustain_seconds
@@ -266,6 +277,33 @@ def _integrate(p: RiskParams, demand: DemandEstimate, size: float, mean0: float,
     return RiskEstimate(tuple(risk), mean0, size * mean0, size, residence, p.bucket_seconds)
 
 
+def _ou_averaging(x: float) -> float:
+    """Variance of an OU process averaged over ``x`` correlation times, over its point variance."""
+    return 1.0 if x < 1e-6 else 2.0 * (x - 1.0 + math.exp(-x)) / (x * x)
+
+
+def sustained_variance_ratio(theta: float, sustain_seconds: float, bucket_seconds: float) -> float:
+    """Variance of the occupancy averaged over the event window ``W`` over that of a minute mean: bursts
+    shorter than ``W`` (short ``θ``) are averaged away, slow ones (``θ`` ≫ ``W``) are not."""
+    return _ou_averaging(sustain_seconds / theta) / _ou_averaging(bucket_seconds / theta)
+
+
+def with_recurrence(estimate: RiskEstimate, onsets: int, seconds_observed: float,
+                    window_seconds: float) -> RiskEstimate:
+    """Combine the excursion risk with the series' local base rate of events: ``onsets`` sustained
+    saturations began in the last ``seconds_observed`` (at most the window). The rate
+    ``onsets / (seconds_observed + window/4)`` (a quarter window of prior quiet, so one event in a short
+    history is no certainty) gives ``1 − e^(−rate·h)``; the two are combined as independent causes.
+    Repeating saturations (a load that saturates from bursts every half hour) are what the occupancy's
+    moments alone miss: between bursts the cache looks calm."""
+    if onsets <= 0:
+        return estimate
+    rate = onsets / (seconds_observed + 0.25 * window_seconds)
+    step = estimate.bucket_seconds
+    combined = [1.0 - (1.0 - r) * math.exp(-rate * step * (i + 1)) for i, r in enumerate(estimate.risk)]
+    return replace(estimate, risk=tuple(combined))
+
+
 def correlation_seconds(residence: float, rho_measured: float, bucket_seconds: float, window_buckets: int) -> float:
     """The occupancy's correlation time: at least the residence ``τ`` (one request's shot), longer when the
     minute means are measured to move slowly (lag-1 autocorrelation ``ρ``: ``−minute / ln ρ``), capped at
@@ -286,8 +324,10 @@ def _ou_risk(p: RiskParams, demand: DemandEstimate, c: float, size: float, mean0
     theta = correlation_seconds(residence, rho_measured, p.bucket_seconds, p.window_buckets)
     rho = math.exp(-p.bucket_seconds / theta)
     per_minute = math.sqrt((1.0 - rho) / math.pi)
+    averaging = sustained_variance_ratio(theta, p.sustain_seconds, p.bucket_seconds) if p.sustained else 1.0
 
     def conditioned(seconds: float, stationary_mean: float, stationary_var: float, knee: float) -> tuple[float, float]:
+        stationary_var *= averaging
         decay = math.exp(-seconds / theta)
         mean = stationary_mean + (newest - mean0) * decay
         var = stationary_var * (1.0 - decay * decay)
