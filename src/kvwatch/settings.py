@@ -90,9 +90,9 @@ def env_name(field: str) -> str:
 # ---------------------------------------------------------------- the settings model
 
 # The settings layer is plain Python, not pydantic: pydantic, pydantic_settings and the modules they pull in
-# (importlib.metadata, email, zipfile...) cost the sidecar ~11 MB of RSS (docs/performance.md). What kvwatch used of it
-# is here: typed fields with bounds, lax parsing of flag and variable strings with pydantic's rules and
-# messages, field and model validators, the fields given (``model_fields_set``) and ``model_copy``.
+# (importlib.metadata, email, zipfile...) cost the sidecar ~11 MB of RSS (docs/performance.md). What kvwatch
+# used of it is here: typed fields with bounds, lax parsing of flag and variable strings with pydantic's rules
+# and messages, field and model validators, the fields given (``model_fields_set``) and ``model_copy``.
 
 class FieldInfo:
     """One setting: its type (from the class annotation), default, help text and numeric bounds."""
