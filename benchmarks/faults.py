@@ -38,10 +38,12 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvwatch.settings import ServeSettings
+
 ROOT = Path(__file__).resolve().parent.parent
 PAYLOAD = (ROOT / "tests" / "fixtures" / "vllm-metrics" / "gen-0.33-dp2-capacity-labels.prom").read_bytes()
 INTERVAL, TIMEOUT, STALE = 0.5, 0.4, 1.5
-MAX_SERIES = 1000
+MAX_SERIES = ServeSettings.model_fields["max_series"].default  # the shipped default, which bounds the explosion
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
 
 

@@ -67,7 +67,7 @@ def config_schema() -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "src"))
     from kvwatch.settings import KV_CACHE_DTYPES, ServeSettings, public_name
 
-    fields = ServeSettings.model_json_schema()["properties"]
+    fields = ServeSettings.json_schema()
     properties: dict[str, Any] = {}
     for field, info in ServeSettings.model_fields.items():
         spec = fields[field]

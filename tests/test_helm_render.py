@@ -4,17 +4,15 @@ what is on by default, the app version and the install notes.
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import yaml
 
+import kvwatch
 from helm_helpers import (
     CASES,
     CHART,
     MINIMAL,
     NAMESPACE,
-    ROOT,
     only,
     render,
     run_helm,
@@ -59,8 +57,7 @@ def test_integrations_are_off_by_default() -> None:
 def test_chart_app_version_is_the_package_version() -> None:
     """appVersion is the default kvwatch image tag: it must name the release the chart was written for."""
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
-    assert version and chart["appVersion"] == version.group(1)
+    assert chart["appVersion"] == kvwatch.__version__
 
 
 def install_notes(*args: str) -> str:

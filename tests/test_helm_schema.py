@@ -125,7 +125,7 @@ def test_sync_script_check_finds_nothing_stale() -> None:
 
 def test_schema_config_types_match_the_settings() -> None:
     json_types = {"integer": int, "number": float, "string": str, "boolean": bool}
-    settings_schema = ServeSettings.model_json_schema()["properties"]
+    settings_schema = ServeSettings.json_schema()
     config = json.loads((CHART / "values.schema.json").read_text())["properties"]["config"]["properties"]
     for key, field in CONFIG_KEYS.items():
         branches = settings_schema[field].get("anyOf", [settings_schema[field]])

@@ -76,3 +76,23 @@ def test_history_tracks_series_and_forgets_gone_ones() -> None:
     history.record(Poll(200.0, d, (reading(preemptions_total=0.0),)))
     assert set(history.keys()) == {("m", "0")}
     assert history[("m", "0")].restarts == 1
+
+
+def test_entries_share_what_did_not_change_since_the_previous_poll() -> None:
+    """Each poll parses new strings and mappings; the ring keeps one copy of those that did not change
+    (sidecar memory, issue 11) and the new object of those that did."""
+    history = SeriesHistory()
+
+    def parsed(waiting: float) -> Reading:  # as a fresh parse makes them: equal, not identical
+        return Reading(model_name="".join(["m", "1"]), kv_usage_ratio=0.5,
+                       cache_config=MappingProxyType({"block_size": "16", "cache_dtype": "auto"}),
+                       waiting_by_reason=MappingProxyType({"capacity": waiting}))
+
+    for t, waiting in enumerate((1.0, 1.0, 2.0)):
+        history.append(float(t), parsed(waiting))
+    first, second, third = (e.reading for e in history)
+    assert second.cache_config is first.cache_config and third.cache_config is first.cache_config
+    assert second.model_name is first.model_name
+    assert second.waiting_by_reason is first.waiting_by_reason
+    assert third.waiting_by_reason is not first.waiting_by_reason and third.waiting_by_reason == {"capacity": 2.0}
+    assert third == parsed(2.0)

@@ -215,16 +215,51 @@ def test_overrunning_polls_are_logged_once_not_per_skipped_run(caplog: pytest.Lo
     fetcher = _SlowThenFast(slow_polls=3, seconds=0.35)
     sidecar = Sidecar(ServeSettings(poll_interval_seconds=0.1), fetcher, time.time)  # type: ignore[arg-type]
     with caplog.at_level(logging.INFO):
-        scheduler = start_polling(sidecar, 0.1)
+        poller = start_polling(sidecar, 0.1)
         try:
             assert fetcher.done.wait(30)
         finally:
-            stop_polling(scheduler, sidecar)
+            stop_polling(poller, sidecar)
     messages = [r.getMessage() for r in caplog.records]
     assert not any("maximum number of running instances" in m for m in messages)
     assert sum("longer than the 0.1s interval" in m for m in messages) == 1
     caught_up = [m for m in messages if "keep to the interval again" in m]
     assert len(caught_up) == 1 and "runs skipped" in caught_up[0]
+
+
+def test_the_poller_polls_at_once_one_at_a_time_and_stops() -> None:
+    """The poll timer: the first poll without waiting an interval, never two at once (ticks that fall during a
+    long poll are skipped), none after stop."""
+    from kvwatch.serve.app import Poller
+
+    starts: list[float] = []
+    running = threading.Lock()
+    overlapped = threading.Event()
+    third = threading.Event()
+
+    def poll() -> None:
+        if not running.acquire(blocking=False):
+            overlapped.set()
+            return
+        try:
+            starts.append(time.monotonic())
+            time.sleep(0.25 if len(starts) == 1 else 0.0)  # the first poll overruns 0.1 s ticks
+            if len(starts) >= 3:
+                third.set()
+        finally:
+            running.release()
+
+    began = time.monotonic()
+    poller = Poller(poll, 0.1)
+    poller.start()
+    assert third.wait(30)
+    poller.stop()
+    assert starts[0] - began < 5 and not overlapped.is_set()
+    assert starts[1] - starts[0] >= 0.25  # the ticks at 0.1 and 0.2 s fell during the first poll
+    time.sleep(0.3)
+    count = len(starts)
+    time.sleep(0.3)
+    assert len(starts) == count
 
 
 def _reap(proc: subprocess.Popen) -> None:

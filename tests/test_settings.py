@@ -146,3 +146,29 @@ def test_check_names_the_target_without_its_password(capsys: pytest.CaptureFixtu
     assert main(["check", f"http://kv:hunter2@127.0.0.1:{port}/metrics", "--json"]) == 1
     out = capsys.readouterr()
     assert "hunter2" not in out.out + out.err and '"reason": "connect"' in out.out and "***@127.0.0.1" in out.out
+
+
+def test_variables_are_read_case_insensitively_by_public_name_and_marked_as_given(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """load_settings reads KVWATCH_* itself (no pydantic_settings): any case, the public name, and a variable
+    counts as given (model_fields_set), as a flag does; an empty KVWATCH_MODEL_CONFIG means none."""
+    monkeypatch.setenv("kvwatch_port", "0")
+    monkeypatch.setenv("KVWATCH_TLS_VERIFY", "false")
+    monkeypatch.setenv("KVWATCH_MODEL_CONFIG", "")
+    s = settings_from([])
+    assert (s.port, s.tls_verify, s.model_config_path) == (0, False, None)
+    assert {"port", "tls_verify"} <= s.model_fields_set and "model_config_path" not in s.model_fields_set
+    assert "poll_interval_seconds" not in s.model_fields_set
+
+
+def test_serve_loads_neither_pydantic_nor_a_scheduler_library() -> None:
+    """pydantic (with what it imports) and APScheduler cost the sidecar ~12 MB of RSS (docs/performance.md):
+    serve must not bring them back."""
+    import subprocess
+    import sys
+
+    code = ("import sys, kvwatch.settings, kvwatch.serve.app\n"
+            "print(sorted(m for m in sys.modules\n"
+            "             if m.split('.')[0] in ('pydantic', 'pydantic_core', 'pydantic_settings', 'apscheduler')))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert out.strip() == "[]"

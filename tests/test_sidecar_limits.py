@@ -178,8 +178,8 @@ def test_history_keeps_at_most_max_series_when_labels_churn() -> None:
 
 
 def test_history_of_max_series_series_costs_what_their_readings_hold() -> None:
-    """1000 series (the default --max-series) of a label explosion report no counters: their history must not
-    hold a running-total ring per counter anyway (~600 bytes each, ~9 MB for 1000 series; issue 15)."""
+    """1000 series (a --max-series well above the default) of a label explosion report no counters: their
+    history must not hold a running-total ring per counter anyway (~600 bytes each, ~9 MB for 1000 series; issue 15)."""
     history = History(max_series=1000)
     detection = Detection("vllm", ">=0.25", "vllm:kv_cache_usage_perc")
     readings = tuple(Reading(model_name=f"m{i:05d}", kv_usage_ratio=0.5, requests_running=3) for i in range(1000))

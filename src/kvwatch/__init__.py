@@ -1,23 +1,9 @@
 """kvwatch: a KV-cache watchdog sidecar for vLLM.
 
-``kvwatch.__version__`` is looked up on first use (``importlib.metadata`` costs more to import than the
-CLI's dispatcher; ``kvwatch --help`` never needs it)."""
+``__version__`` is the release's one version: the package metadata takes it from here (pyproject.toml's
+``dynamic`` version). Written here rather than looked up through ``importlib.metadata``, whose imports
+(email, zipfile, csv...) cost the sidecar ~1 MB of RSS (docs/performance.md)."""
 
 from __future__ import annotations
 
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("kvwatch")
-    except PackageNotFoundError:  # running from a source tree without an install
-        return "0.0.0+unknown"
-
-
-def __getattr__(name: str) -> str:
-    if name == "__version__":
-        value = _version()
-        globals()["__version__"] = value
-        return value
-    raise AttributeError(f"module 'kvwatch' has no attribute {name!r}")
+__version__ = "0.1.0"

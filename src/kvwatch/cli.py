@@ -2,9 +2,9 @@
 
 Each subcommand module exposes ``add_arguments(parser)`` and ``run(args) -> int``. Only the chosen
 command's module is imported, so ``kvwatch plan`` never pays for the HTTP stack and one command's
-import error cannot break another; ``kvwatch --help`` imports neither the settings layer (pydantic) nor
-``importlib.metadata`` (the version is looked up only for ``--version``). Exit codes: 0 ok, 2 bad usage or
-config, 1 runtime failure.
+import error cannot break another; ``kvwatch --help`` imports neither the settings layer nor
+``importlib.metadata`` (the version is a constant of the package, ``kvwatch.__version__``). Exit codes: 0 ok,
+2 bad usage or config, 1 runtime failure.
 """
 
 from __future__ import annotations

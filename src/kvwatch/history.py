@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 
 from kvwatch.counters import counter_delta
@@ -25,8 +25,12 @@ COUNTER_FIELDS: tuple[str, ...] = (
 
 DEFAULT_MAX_SAMPLES = 720  # one hour at the default 5 s poll interval
 
+# Reading fields that rarely change between polls: an entry equal to its predecessor's shares that object.
+_SHARED_FIELDS: tuple[str, ...] = ("model_name", "engine", "cache_config", "waiting_by_reason", "finished_by_reason",
+                                   "latency", "prefix_cache_unit", "capacity_source")
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, slots=True)
 class Entry:
     timestamp: float
     reading: Reading
@@ -90,7 +94,7 @@ class SeriesHistory:
             for totals in self._totals.values():
                 while totals and totals[0][0] <= dropped:
                     totals.popleft()
-        self._entries.append(Entry(timestamp, reading))
+        self._entries.append(Entry(timestamp, self._shared(reading)))
         for name in COUNTER_FIELDS:
             value = getattr(reading, name)
             if value is None:
@@ -103,6 +107,21 @@ class SeriesHistory:
             totals.append((timestamp, (totals[-1][1] if totals else 0.0) + step))
             self._last_value[name] = value
         return reason
+
+    def _shared(self, reading: Reading) -> Reading:
+        """``reading`` with the fields equal to the previous entry's pointing at that entry's objects.
+
+        Each poll parses new strings and mappings (the engine's cache_config labels alone are ~1 KB), so a
+        ring of 720 readings would hold 720 equal copies; this keeps one (sidecar RSS, issue 11)."""
+        if not self._entries:
+            return reading
+        previous = self._entries[-1].reading
+        same = {}
+        for name in _SHARED_FIELDS:
+            old, new = getattr(previous, name), getattr(reading, name)
+            if old is not new and old == new:
+                same[name] = old
+        return replace(reading, **same) if same else reading
 
     def samples(self, since_restart: bool = False, window: float | None = None) -> list[Entry]:
         """Entries, optionally only those after the last restart and/or within ``window`` s of the newest.

@@ -30,7 +30,7 @@ def _empty_str() -> Mapping[str, str]:
 
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Histogram:
     """One cumulative Prometheus histogram: ascending upper ``bounds`` (the last is ``+Inf``), the cumulative
     count at each, and the ``_count``/``_sum`` samples."""
@@ -45,7 +45,7 @@ def _no_histograms() -> Mapping[str, Histogram]:
     return MappingProxyType({})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Reading:
     """One series' values from one poll (per ``model_name`` and data-parallel ``engine``)."""
 

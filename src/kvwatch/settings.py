@@ -10,16 +10,16 @@ turns that into exit code 2.
 from __future__ import annotations
 
 import argparse
+import copy
+import math
 import os
 import re
 import ssl
+import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 from urllib.parse import unquote, urlsplit, urlunsplit
-
-from pydantic import Field, ValidationError, field_validator, model_validator
-from pydantic_core import PydanticUndefined
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ENV_PREFIX = "KVWATCH_"
 MIN_INTERVAL_SECONDS = 0.01
@@ -87,15 +87,219 @@ def env_name(field: str) -> str:
     return ENV_PREFIX + field.upper()
 
 
-class _Base(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX,
-        case_sensitive=False,
-        extra="forbid",
-        protected_namespaces=(),
-        validate_default=True,
-        allow_inf_nan=False,  # "inf" parses as a float; no setting means anything infinite
-    )
+# ---------------------------------------------------------------- the settings model
+
+# The settings layer is plain Python, not pydantic: pydantic, pydantic_settings and the modules they pull in
+# (importlib.metadata, email, zipfile...) cost the sidecar ~11 MB of RSS (docs/performance.md). What kvwatch
+# used of it is here: typed fields with bounds, lax parsing of flag and variable strings with pydantic's rules
+# and messages, field and model validators, the fields given (``model_fields_set``) and ``model_copy``.
+
+class FieldInfo:
+    """One setting: its type (from the class annotation), default, help text and numeric bounds."""
+
+    __slots__ = ("annotation", "default", "description", "ge", "gt", "le")
+
+    def __init__(self, default: Any, description: str, gt: float | None, ge: float | None,
+                 le: float | None) -> None:
+        self.annotation: Any = None  # filled in from the class annotation
+        self.default = default
+        self.description = description
+        self.gt, self.ge, self.le = gt, ge, le
+
+
+def Field(default: Any, *, description: str, gt: float | None = None, ge: float | None = None,
+          le: float | None = None) -> Any:
+    """A setting's declaration (typed Any so that ``port: int = Field(...)`` type-checks)."""
+    return FieldInfo(default, description, gt, ge, le)
+
+
+def field_validator(*fields: str, mode: Literal["before", "after"] = "after") -> Callable[[Any], Any]:
+    """Marks a classmethod ``(cls, value) -> value`` that checks (after) or prepares (before) these fields."""
+    def mark(method: Any) -> Any:
+        method.__func__._validates = (fields, mode)
+        return method
+    return mark
+
+
+class _Invalid(ValueError):
+    """A field's value is bad: which field, the value as it was checked, and why."""
+
+    def __init__(self, field: str, message: str, value: Any) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field, self.message, self.value = field, message, value
+
+
+_INT_TEXT = re.compile(r"[+-]?[0-9]+(?:_[0-9]+)*(?:\.0+)?")
+_TRUE, _FALSE = frozenset({"1", "on", "t", "true", "y", "yes"}), frozenset({"0", "off", "f", "false", "n", "no"})
+_NOT_INT, _NOT_NUMBER = "Input should be a valid integer", "Input should be a valid number"
+
+
+def _to_int(v: Any) -> int:
+    if isinstance(v, bool | int):
+        return int(v)
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise ValueError("Input should be a finite number")
+        if not v.is_integer():
+            raise ValueError(f"{_NOT_INT}, got a number with a fractional part")
+        return int(v)
+    if isinstance(v, str) and v.isascii() and _INT_TEXT.fullmatch(v.strip()):
+        return int(v.strip().partition(".")[0])
+    raise ValueError(f"{_NOT_INT}, unable to parse string as an integer" if isinstance(v, str) else _NOT_INT)
+
+
+def _to_float(v: Any) -> float:
+    if isinstance(v, bool | int | float):
+        number = float(v)
+    elif isinstance(v, str) and v.isascii():
+        try:
+            number = float(v)  # ASCII only: Python would read Arabic-Indic digits too, pydantic did not
+        except ValueError:
+            raise ValueError(f"{_NOT_NUMBER}, unable to parse string as a number") from None
+    else:
+        raise ValueError(f"{_NOT_NUMBER}, unable to parse string as a number" if isinstance(v, str) else _NOT_NUMBER)
+    if not math.isfinite(number):  # "inf" parses as a float; no setting means anything infinite
+        raise ValueError("Input should be a finite number")
+    return number
+
+
+def _to_bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int | float) and v in (0, 1):
+        return bool(v)
+    if isinstance(v, str) and v.lower() in _TRUE | _FALSE:
+        return v.lower() in _TRUE
+    raise ValueError("Input should be a valid boolean, unable to interpret input")
+
+
+def _to_str(v: Any) -> str:
+    if isinstance(v, str):
+        return v
+    raise ValueError("Input should be a valid string")
+
+
+def _to_path(v: Any) -> Path:
+    if isinstance(v, str | Path):
+        return Path(v)
+    raise ValueError("Input is not a valid path")
+
+
+_CONVERTERS: dict[Any, Callable[[Any], Any]] = {int: _to_int, float: _to_float, bool: _to_bool, str: _to_str,
+                                               Path: _to_path}
+
+
+def _bound(b: float) -> str:
+    return str(int(b)) if isinstance(b, float) and b.is_integer() else str(b)
+
+
+class _Base:
+    """Typed settings: ``Cls(**values)`` converts and checks every field (defaults too), in declaration order."""
+
+    model_fields: ClassVar[dict[str, FieldInfo]] = {}
+    _validators: ClassVar[dict[str, list[tuple[str, Callable[[Any], Any]]]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        hints = typing.get_type_hints(cls)
+        fields = dict(cls.model_fields)  # a redeclared field keeps its place, as in pydantic
+        for name, value in list(vars(cls).items()):
+            if isinstance(value, FieldInfo):
+                value.annotation = hints[name]
+                fields[name] = value
+                delattr(cls, name)
+        cls.model_fields = fields
+        validators = {name: list(checks) for name, checks in cls._validators.items()}
+        for attr in vars(cls).values():
+            marks = getattr(getattr(attr, "__func__", None), "_validates", None)
+            if marks:
+                for name in marks[0]:
+                    validators.setdefault(name, []).append((marks[1], getattr(cls, attr.__func__.__name__)))
+        cls._validators = validators
+
+    def __init__(self, **values: Any) -> None:
+        unknown = set(values) - set(self.model_fields)
+        if unknown:
+            name = sorted(unknown)[0]
+            raise _Invalid(name, "Extra inputs are not permitted", values[name])
+        for name, info in self.model_fields.items():
+            object.__setattr__(self, name, self._convert(name, info, values.get(name, info.default)))
+        object.__setattr__(self, "model_fields_set", set(values))
+        self._after()
+
+    def _convert(self, name: str, info: FieldInfo, value: Any) -> Any:
+        checks = self._validators.get(name, [])
+        given = value  # what a message shows: the input (after "before" validators), as pydantic did
+        try:
+            for mode, check in checks:
+                if mode == "before":
+                    given = value = check(value)
+            args = typing.get_args(info.annotation)
+            if value is None and type(None) in args:
+                return None
+            kind = next((a for a in args if a is not type(None)), info.annotation) if args else info.annotation
+            if typing.get_origin(info.annotation) is Literal:
+                if value not in args:
+                    choices = [repr(a) for a in args]
+                    raise ValueError(f"Input should be {', '.join(choices[:-1])} or {choices[-1]}")
+            else:
+                value = _CONVERTERS[kind](value)
+            if info.gt is not None and not value > info.gt:
+                raise ValueError(f"Input should be greater than {_bound(info.gt)}")
+            if info.ge is not None and not value >= info.ge:
+                raise ValueError(f"Input should be greater than or equal to {_bound(info.ge)}")
+            if info.le is not None and not value <= info.le:
+                raise ValueError(f"Input should be less than or equal to {_bound(info.le)}")
+            for mode, check in checks:
+                if mode == "after":
+                    value = check(value)
+        except ValueError as exc:
+            raise _Invalid(name, str(exc), given) from None
+        return value
+
+    def _after(self) -> None:
+        """Cross-field checks and derived defaults, once every field is valid (subclasses extend it)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name in self.model_fields:
+            self.model_fields_set.add(name)  # as pydantic: a field assigned counts as given
+
+    def model_copy(self, *, update: dict[str, Any] | None = None) -> Any:
+        """A copy with ``update`` applied as is (not checked), those fields counted as given."""
+        new = copy.copy(self)
+        object.__setattr__(new, "model_fields_set", self.model_fields_set | set(update or {}))
+        for name, value in (update or {}).items():
+            object.__setattr__(new, name, value)
+        return new
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and all(getattr(self, n) == getattr(other, n) for n in self.model_fields)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as pydantic models are
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{n}={getattr(self, n)!r}' for n in self.model_fields)})"
+
+    @classmethod
+    def json_schema(cls) -> dict[str, dict[str, Any]]:
+        """Each field as JSON schema (``type``, bounds, ``enum``; ``anyOf`` with null when it may be unset)."""
+        json_types = {int: "integer", float: "number", bool: "boolean", str: "string", Path: "string"}
+        properties: dict[str, dict[str, Any]] = {}
+        for name, info in cls.model_fields.items():
+            args = typing.get_args(info.annotation)
+            branch: dict[str, Any]
+            if typing.get_origin(info.annotation) is Literal:
+                branch = {"enum": list(args), "type": "string"}
+            else:
+                kind = next((a for a in args if a is not type(None)), info.annotation) if args else info.annotation
+                branch = {"type": json_types[kind], **({"format": "path"} if kind is Path else {})}
+            for key, bound in (("exclusiveMinimum", info.gt), ("minimum", info.ge), ("maximum", info.le)):
+                if bound is not None:
+                    branch[key] = bound
+            spec = {"anyOf": [branch, {"type": "null"}]} if type(None) in args else branch
+            properties[name] = {**spec, "default": info.default, "description": info.description}
+        return properties
 
 
 class DeploymentSettings(_Base):
@@ -149,7 +353,7 @@ class DeploymentSettings(_Base):
         return v.lower()
 
 
-# Public names that differ from the field name (pydantic reserves `model_config`).
+# Public names that differ from the field name (the field was named when pydantic reserved `model_config`).
 PUBLIC_NAMES: dict[str, str] = {"model_config_path": "model_config"}
 
 
@@ -236,10 +440,13 @@ class ServeSettings(TargetSettings):
         None, description="Prometheus exporter-toolkit web config (the YAML node_exporter's --web.config.file "
         "reads): TLS and bcrypt basic auth for kvwatch's own endpoint; re-read when it changes."
     )
+    # 64: a vLLM pod exports 1-8 series (one model name, one engine per data-parallel rank on the node), so
+    # 8x headroom. Each series kept costs memory (history, forecaster, capacity state), and the cap is what
+    # bounds a label explosion: at 1000 it peaked at ~76 MB, over the 64 MB budget (docs/reliability.md).
     max_series: int = Field(
-        1000, ge=1, le=1_000_000,
-        description="Most (model_name, engine) series kvwatch polls and exports; a target serving more has the "
-        "rest dropped (counted in kvwatch_series_dropped_total, one warning)."
+        64, ge=1, le=1_000_000,
+        description="Most (model_name, engine) series kvwatch polls and exports (a vLLM pod has 1-8); a target "
+        "serving more has the rest dropped (counted in kvwatch_series_dropped_total, one warning)."
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
     ttft_slo_seconds: float | None = Field(
@@ -302,8 +509,7 @@ class ServeSettings(TargetSettings):
             raise ValueError("must be comma-separated GPU UUIDs as nvidia-smi -L prints them (GPU-...)")
         return ",".join(uuids)
 
-    @model_validator(mode="after")
-    def _derived(self) -> ServeSettings:
+    def _after(self) -> None:
         if self.dcgm_url is not None and self.nvml:
             raise _FieldError("nvml", "cannot be used with {dcgm_url}: pick one GPU source")
         if self.dcgm_url is not None and not (self.gpu_pod or self.gpu_uuids):
@@ -320,7 +526,6 @@ class ServeSettings(TargetSettings):
         elif self.stale_after_seconds < interval:
             # Staler than one interval between polls would blank the gauges between two good polls.
             raise _FieldError("stale_after_seconds", f"must be at least {{poll_interval_seconds}} ({interval:g})")
-        return self
 
 
 class _FieldError(ValueError):
@@ -351,7 +556,7 @@ def add_settings_flags(parser: argparse.ArgumentParser | Any, settings_cls: type
 
 def _default_text(default: Any) -> str:
     """`` (default: 9747)`` for --help; nothing for an unset default (the description says what applies)."""
-    if default is None or default is PydanticUndefined:
+    if default is None:
         return ""
     if isinstance(default, bool):
         shown = str(default).lower()
@@ -384,24 +589,21 @@ def load_settings(settings_cls: type[_Base], args: argparse.Namespace | None = N
         if key.startswith(ENV_PREFIX) and key not in KNOWN_ENV:
             raise SettingsError(f"unknown variable {key}: no such setting")
     values = dict(flags)
-    # pydantic reserves the field name `model_config`, so its variable is read here.
-    model_config_env = os.environ.get(env_name("model_config"))
-    if "model_config_path" in settings_cls.model_fields and "model_config_path" not in values and model_config_env:
-        values["model_config_path"] = model_config_env
+    # Variable names are matched case-insensitively (kvwatch_port is KVWATCH_PORT); a field's variable is
+    # named after its public name (KVWATCH_MODEL_CONFIG for model_config_path).
+    environ = {key.upper(): value for key, value in os.environ.items()}
+    for name in settings_cls.model_fields:
+        variable = env_name(public_name(name))
+        if name not in values and variable in environ and (environ[variable] or name != "model_config_path"):
+            values[name] = environ[variable]  # an empty KVWATCH_MODEL_CONFIG means "none", as it always has
     try:
         return settings_cls(**values)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        field = str((err.get("loc") or ("",))[0])
-        cause = (err.get("ctx") or {}).get("error")
-        if isinstance(cause, _FieldError):
-            field = cause.field
-        msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
-        value = err.get("input") if field in flags or not isinstance(err.get("input"), dict) else None
-        if isinstance(cause, _FieldError):
-            msg = msg.format(**{f: _source(f, flags) for f in settings_cls.model_fields})
-            value = values.get(field, os.environ.get(env_name(public_name(field))))
-        raise SettingsError(_blame(field, flags, msg, value)) from None
+    except _Invalid as exc:
+        raise SettingsError(_blame(exc.field, flags, exc.message, exc.value)) from None
+    except _FieldError as exc:
+        msg = str(exc).format(**{f: _source(f, flags) for f in settings_cls.model_fields})
+        value = values.get(exc.field, os.environ.get(env_name(public_name(exc.field))))
+        raise SettingsError(_blame(exc.field, flags, msg, value)) from None
 
 
 def _source(field: str, flags: dict[str, Any]) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from kvwatch.forecast.robust import quantile
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SampleDeltas:
     """Changes between two consecutive samples of one series (None where a counter is not exposed)."""
 
@@ -34,7 +34,7 @@ class SampleDeltas:
     e2e_count: float | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MinuteBucket:
     """One minute of one series. Token quantities are KV tokens in use (``usage × capacity``)."""
 

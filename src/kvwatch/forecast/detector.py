@@ -21,7 +21,7 @@ UNKNOWN = "unknown"
 STATES: tuple[str, ...] = (OK, WARMING_UP, FILLING, BOTTLENECK, SCHEDULER_LIMITED, STALLED, UNKNOWN)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SampleFlags:
     timestamp: float
     usage: float
@@ -46,6 +46,9 @@ class _Window:
 
     Recounting a time window on every sample costs as many steps as the window holds samples, which at a
     fast poll interval is thousands (CPU per poll grew with the samples kept, docs/reliability.md)."""
+
+    # Slots: three windows per series, up to --max-series of them (memory under a label explosion, issue 15).
+    __slots__ = ("flags", "idle", "progress", "queued", "saturated", "seconds")
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
@@ -78,6 +81,9 @@ class _Window:
 
 class ReactiveDetectors:
     """Bottleneck, scheduler-limited and stalled, each from a sliding window of sample flags."""
+
+    __slots__ = ("_clear", "_fire", "_stall", "bottleneck", "params", "saturated_fraction", "scheduler_limited",
+                 "stalled")
 
     def __init__(self, params: DetectorParams) -> None:
         self.params = params

@@ -65,7 +65,7 @@ class ForecastParams:
     risk: RiskParams = field(default_factory=RiskParams)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ForecastSample:
     """One poll of one series, in the units the forecaster needs (None where vLLM does not expose it)."""
 

@@ -1,9 +1,10 @@
 """``kvwatch serve``: poll vLLM on a timer, keep history, serve ``kvwatch_*`` on /metrics and /healthz.
 
-The shell around the pure core. One APScheduler interval job polls (one instance at a time, late runs
-coalesced); each poll builds a new frozen :class:`~kvwatch.serve.state.State` and swaps one reference that the
-collector reads per scrape. ``/healthz`` answers 200 while the process serves, whatever vLLM does, so a
-vLLM outage never restarts kvwatch too. Logs only changes (target up/down, detected generation, restarts).
+The shell around the pure core. One timer thread (:class:`Poller`) polls (one poll at a time, ticks that fall
+during a poll skipped); each poll builds a new frozen :class:`~kvwatch.serve.state.State` and swaps one
+reference that the collector reads per scrape. ``/healthz`` answers 200 while the process serves, whatever
+vLLM does, so a vLLM outage never restarts kvwatch too. Logs only changes (target up/down, detected
+generation, restarts).
 
 Analyzers (capacity model, forecaster, advisor) plug in through :data:`ANALYZER_MODULES`: each module
 exposes ``make_analyzer(settings: ServeSettings, capacity: CapacityResolver) -> Analyzer | None`` (see
@@ -29,8 +30,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
-
-from apscheduler.schedulers.background import BackgroundScheduler
 
 from kvwatch.derived import SeriesState, derive
 from kvwatch.engines import SourceOverrides
@@ -176,7 +175,7 @@ class Sidecar:
         self._overrun_log = ChangeLog(log, initial="on time")
         self._stop = threading.Event()
         self._capped = False  # whether the last good poll had more series than --max-series
-        self._skipped_runs = 0  # runs the scheduler skipped since polls last kept to the interval
+        self._skipped_runs = 0  # runs the poll timer skipped since polls last kept to the interval
         self._latency_read_at: float | None = None  # poll clock of the last poll that read latency buckets
 
     def close(self) -> None:
@@ -199,7 +198,7 @@ class Sidecar:
     def poll(self) -> State:
         started = time.monotonic()
         state = self._poll()
-        # A poll longer than the interval makes the scheduler skip runs (one at a time, coalesced): say so
+        # A poll longer than the interval makes the poll timer skip ticks (one at a time, coalesced): say so
         # once when it starts and once when polls keep up again, not on every skipped run.
         interval = self.settings.poll_interval_seconds
         elapsed = time.monotonic() - started
@@ -394,7 +393,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if settings.log_level != "DEBUG":
         # Their INFO lines repeat every poll; kvwatch logs only changes.
-        for noisy in ("apscheduler", "httpx", "httpcore"):
+        for noisy in ("httpx", "httpcore"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         SourceOverrides.from_settings(settings)  # fail at startup, not at the first poll
@@ -440,42 +439,60 @@ def run(args: argparse.Namespace) -> int:
              settings.poll_interval_seconds)
     if sidecar.gpu is not None:
         log.info("GPU memory from %s", redact_url(settings.dcgm_url) if settings.dcgm_url else "NVML")
-    scheduler = start_polling(sidecar, settings.poll_interval_seconds)
+    poller = start_polling(sidecar, settings.poll_interval_seconds)
     try:
         stop.wait()
     finally:
         log.info("shutting down")
-        stop_polling(scheduler, sidecar)
+        stop_polling(poller, sidecar)
         server.shutdown()
         server.server_close()
     return 0
 
 
-def start_polling(sidecar: Sidecar, interval_seconds: float) -> BackgroundScheduler:
-    """The poll job: one at a time, late runs coalesced; the sidecar, not APScheduler, logs overruns."""
-    logging.getLogger("apscheduler.scheduler").addFilter(_drop_skip_warnings)
-    scheduler = BackgroundScheduler(timezone="UTC")
-    # Real-time interval: with --clock-speed the core sees interval × speed poll-clock seconds between polls.
-    scheduler.add_job(sidecar.poll, "interval", seconds=interval_seconds,
-                      max_instances=1, coalesce=True, next_run_time=_utcnow(), id="poll",
-                      misfire_grace_time=None)
-    scheduler.start()
-    return scheduler
+class Poller:
+    """Calls ``poll`` every ``interval`` real seconds on one daemon thread, the first call at once.
+
+    One poll at a time: a tick that falls while a poll still runs is skipped and the next poll starts at the
+    following tick (the sidecar logs overruns). A plain thread rather than a scheduler library: the sidecar
+    has one job, and APScheduler's ~70 modules cost ~3 MB of RSS (docs/performance.md)."""
+
+    def __init__(self, poll: Callable[[], object], interval: float) -> None:
+        self._poll = poll
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kvwatch-poll", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stops the ticks; a poll in flight is not waited for (the sidecar cancels it)."""
+        self._stop.set()
+
+    def _run(self) -> None:
+        due = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self._poll()
+            except Exception:
+                log.exception("poll failed")
+            now = time.monotonic()
+            due += self._interval
+            if due <= now:  # ticks missed during a long poll: wait for the next one ahead
+                due += (1 + int((now - due) // self._interval)) * self._interval
+            self._stop.wait(due - now)
 
 
-def stop_polling(scheduler: BackgroundScheduler, sidecar: Sidecar) -> None:
+def start_polling(sidecar: Sidecar, interval_seconds: float) -> Poller:
+    """The poll timer; with --clock-speed the core sees interval × speed poll-clock seconds between polls."""
+    poller = Poller(sidecar.poll, interval_seconds)
+    poller.start()
+    return poller
+
+
+def stop_polling(poller: Poller, sidecar: Sidecar) -> None:
     """Bounded: a poll in flight is cancelled by closing the fetcher, not waited for."""
     sidecar.stop()
-    scheduler.shutdown(wait=False)
+    poller.stop()
     sidecar.close()
-
-
-def _drop_skip_warnings(record: logging.LogRecord) -> bool:
-    # APScheduler warns on every skipped run; the sidecar logs an overrun once instead.
-    return "maximum number of running instances" not in str(record.msg)
-
-
-def _utcnow() -> Any:
-    from datetime import datetime, timezone
-
-    return datetime.now(timezone.utc)
