@@ -82,7 +82,7 @@ def engine_settings(settings: DeploymentSettings,
                     cache_config: Mapping[str, str]) -> tuple[DeploymentSettings, dict[str, Any], list[str]]:
     """(settings with the engine's values for what kvwatch was not given, spec overrides, what was taken).
 
-    A setting passed as a flag or variable (pydantic's ``model_fields_set``) is never replaced.
+    A setting passed as a flag or variable (``model_fields_set``) is never replaced.
     """
     given = set(settings.model_fields_set)
     update: dict[str, Any] = {}
