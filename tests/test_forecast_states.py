@@ -9,10 +9,13 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Iterator
+from dataclasses import replace
+from itertools import pairwise
 
 import pytest
 
 from kvwatch.forecast import Forecaster, ForecastParams, ForecastResult, ForecastSample
+from kvwatch.forecast.detector import WarningLatch, WarningParams
 from kvwatch.model import Reading
 
 CAPACITY = 100_000.0
@@ -231,3 +234,61 @@ def test_from_reading_maps_core_fields():
     assert sample.request_generation_tokens_sum is None
     explicit = ForecastSample.from_reading(Reading(model_name="m", kv_capacity_tokens=5000.0), 1.0)
     assert explicit.capacity_tokens == 5000.0 and explicit.kv_usage is None
+
+
+def _transitions(results: list[ForecastResult]) -> list[tuple[str, float]]:
+    out: list[tuple[str, float]] = []
+    for r in results:
+        if not out or out[-1][0] != r.state:
+            out.append((r.state, r.timestamp))
+    return out
+
+
+def _recurring_saturation() -> list[ForecastSample]:
+    # A cache run at 0.88 that saturates for 8 minutes every 40 minutes, from the end of the first hour.
+    def usage(t: float) -> float:
+        return 0.97 if t >= 3600 and (t - 3600) % 2400 < 480 else 0.88
+
+    return list(stream(noisy(usage, 0.02, seed=3), seconds=5 * 3600))
+
+
+def test_the_warning_rearms_after_each_saturation():
+    # v5: once a saturation is over the warning is off, and `filling` returns only after a fresh run of
+    # `rearm_for` minutes of high risk, so each saturation gets its own warning episode (the warning of the
+    # backtest and of KVCacheExhaustionForecast is filling or bottleneck).
+    params = ForecastParams()
+    assert params.warning.rearm
+    moves = _transitions(run(Forecaster(params), _recurring_saturation()))
+    saturations = [i for i, (state, _) in enumerate(moves) if state == "bottleneck"]
+    assert len(saturations) >= 5
+    for i in saturations:
+        if i + 1 < len(moves):
+            state, since = moves[i + 1]
+            assert state not in ("filling", "bottleneck"), moves
+            # Not before `rearm_for` whole minutes after the bottleneck cleared (the minute it cleared in counts
+            # as saturated).
+            if i + 2 < len(moves) and moves[i + 2][0] == "filling":
+                assert moves[i + 2][1] - since >= params.warning.rearm_for_buckets * params.bucket_seconds - 10
+    assert sum(state == "filling" for state, _ in moves) >= len(saturations) - 1
+
+
+def test_v4_latch_held_the_warning_through_repeated_saturations():
+    # The behaviour v5 replaces (WarningParams.rearm=False): the latch stayed on through a saturation and
+    # `filling` followed `bottleneck` directly, one warning episode for several saturations.
+    params = ForecastParams()
+    params = replace(params, warning=replace(params.warning, rearm=False))
+    moves = _transitions(run(Forecaster(params), _recurring_saturation()))
+    assert any(a == "bottleneck" and b == "filling" for (a, _), (b, _) in pairwise(moves))
+
+
+def test_latch_rearm_needs_fresh_raw_minutes_after_a_saturation():
+    latch = WarningLatch(WarningParams(warn_for_buckets=2, rearm_for_buckets=3))
+    assert [latch.update(True, False) for _ in range(3)] == [False, True, True]
+    assert latch.update(True, False, saturated=True) is False  # the forecast came true: the episode ends
+    assert latch.update(True, False, saturated=True) is False
+    # Afterwards: three raw minutes in a row again (a calm minute in between restarts the count).
+    assert [latch.update(r, False) for r in (True, False, True, True, True, True)] == [
+        False, False, False, False, True, True]
+    v4 = WarningLatch(WarningParams(rearm=False))
+    assert [v4.update(True, False, saturated=s) for s in (False, True, True, False, False)] == [
+        False, True, True, True, True]

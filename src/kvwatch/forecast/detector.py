@@ -3,7 +3,9 @@
 Reactive states (bottleneck, scheduler_limited, stalled) are judged on the raw samples of the last few
 minutes, with fire/clear hysteresis so one sample cannot flap them. The early warning (``filling``) is
 judged once per minute from the saturation risk and needs ``warn_for`` consecutive minutes at or above
-``risk_on`` to fire and ``clear_for`` consecutive minutes below ``risk_off`` to clear.
+``risk_on`` to fire and ``clear_for`` consecutive minutes below ``risk_off`` to clear. It is about the *next*
+saturation (v5): a minute with sustained saturation (the ``bottleneck`` state) disarms it, so once that
+saturation is over it warns again only after a fresh run of ``rearm_for`` minutes at or above ``risk_on``.
 """
 
 from __future__ import annotations
@@ -141,28 +143,47 @@ class WarningParams:
     # False: the warning follows the risk without its recurrence term (a new excursion forecast from the
     # occupancy alone), so it clears between repeated saturations and can warn again before the next.
     with_recurrence: bool = False
+    # v5: a minute in sustained saturation (the forecast came true, ``bottleneck`` speaks for it) ends the
+    # warning; afterwards it fires again only after this many fresh minutes at or above ``risk_on``. False: v4's
+    # latch, which stayed on through repeated saturations until ``clear_for`` calm minutes.
+    rearm: bool = True
+    rearm_for_buckets: int = 2
 
 
 class WarningLatch:
-    """``filling`` fires after ``warn_for`` raw minutes in a row, clears after ``clear_for`` calm minutes."""
+    """``filling`` fires after ``warn_for`` raw minutes in a row, clears after ``clear_for`` calm minutes.
+
+    With ``rearm``, a saturated minute clears it and the next warning needs ``rearm_for`` raw minutes counted
+    from after the saturation: one warning episode per forecast saturation, not one for a whole overloaded
+    afternoon (docs/forecasting.md, "Decision rules")."""
 
     def __init__(self, params: WarningParams) -> None:
         self.params = params
         self.active = False
         self._raw_run = 0
         self._calm_run = 0
+        self._after_saturation = False  # disarmed by a saturation and not fired since
 
     def clear(self) -> None:
         self.active = False
         self._raw_run = self._calm_run = 0
+        self._after_saturation = False
 
-    def update(self, raw: bool, calm: bool) -> bool:
-        """``raw``: the risk is at or above ``risk_on``; ``calm``: below ``risk_off`` (or unknown)."""
+    def update(self, raw: bool, calm: bool, saturated: bool = False) -> bool:
+        """``raw``: the risk is at or above ``risk_on``; ``calm``: below ``risk_off`` (or unknown);
+        ``saturated``: the series was in sustained saturation during this minute."""
         p = self.params
+        if saturated and p.rearm:
+            self.active = False
+            self._raw_run = self._calm_run = 0
+            self._after_saturation = True
+            return False
         self._raw_run = self._raw_run + 1 if raw else 0
         if not self.active:
-            if self._raw_run >= p.warn_for_buckets:
+            needed = p.rearm_for_buckets if self._after_saturation else p.warn_for_buckets
+            if self._raw_run >= needed:
                 self.active = True
+                self._after_saturation = False
                 self._calm_run = 0
             return self.active
         self._calm_run = self._calm_run + 1 if calm and not raw else 0

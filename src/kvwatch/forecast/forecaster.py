@@ -176,6 +176,7 @@ class Forecaster:
         self._onsets: deque[float] = deque()
         self._was_bottleneck = False
         self._bottleneck_last: float | None = None
+        self._saturated_minute = False  # a poll in the open minute was in bottleneck (disarms the warning, v5)
 
     # ------------------------------------------------------------------ public API
 
@@ -198,6 +199,7 @@ class Forecaster:
         if closed is not None:
             self._on_minute(closed)
         self._detectors.update(self._flags(sample, deltas))
+        self._saturated_minute |= self._detectors.bottleneck
         self._track_onsets(sample.timestamp)
         self._previous = sample
         self._last = self._result(sample)
@@ -254,6 +256,7 @@ class Forecaster:
         self._onsets.clear()
         self._was_bottleneck = False
         self._bottleneck_last = None
+        self._saturated_minute = False
 
     def _split(self, timestamp: float) -> None:
         self._aggregator.clear()
@@ -338,7 +341,9 @@ class Forecaster:
         driver = self._risk if p.warning.with_recurrence else excursion
         risk = driver.at(p.warning.horizon_seconds) if driver is not None and self._warm(now) else None
         self._raw = risk is not None and risk >= p.warning.risk_on
-        self._latch.update(self._raw, risk is None or risk < p.warning.risk_off)
+        # The bottleneck polls since the last minute closed (this minute's, give or take the closing poll).
+        saturated, self._saturated_minute = self._saturated_minute, False
+        self._latch.update(self._raw, risk is None or risk < p.warning.risk_off, saturated)
 
     def _warm(self, now: float) -> bool:
         return (
