@@ -276,7 +276,7 @@ def test_v4_latch_held_the_warning_through_repeated_saturations():
     # The behaviour v5 replaces (WarningParams.rearm=False): the latch stayed on through a saturation and
     # `filling` followed `bottleneck` directly, one warning episode for several saturations.
     params = ForecastParams()
-    params = replace(params, warning=replace(params.warning, rearm=False))
+    params = replace(params, warning=replace(params.warning, rearm=False, with_recurrence=False))
     moves = _transitions(run(Forecaster(params), _recurring_saturation()))
     assert any(a == "bottleneck" and b == "filling" for (a, _), (b, _) in pairwise(moves))
 
@@ -289,6 +289,6 @@ def test_latch_rearm_needs_fresh_raw_minutes_after_a_saturation():
     # Afterwards: three raw minutes in a row again (a calm minute in between restarts the count).
     assert [latch.update(r, False) for r in (True, False, True, True, True, True)] == [
         False, False, False, False, True, True]
-    v4 = WarningLatch(WarningParams(rearm=False))
+    v4 = WarningLatch(WarningParams(rearm=False, with_recurrence=False))
     assert [v4.update(True, False, saturated=s) for s in (False, True, True, False, False)] == [
         False, True, True, True, True]

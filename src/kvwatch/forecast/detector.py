@@ -140,14 +140,15 @@ class WarningParams:
     risk_off: float = 0.2
     warn_for_buckets: int = 2
     clear_for_buckets: int = 10
-    # False: the warning follows the risk without its recurrence term (a new excursion forecast from the
-    # occupancy alone), so it clears between repeated saturations and can warn again before the next.
-    with_recurrence: bool = False
     # v5: a minute in sustained saturation (the forecast came true, ``bottleneck`` speaks for it) ends the
     # warning; afterwards it fires again only after this many fresh minutes at or above ``risk_on``. False: v4's
     # latch, which stayed on through repeated saturations until ``clear_for`` calm minutes.
     rearm: bool = True
     rearm_for_buckets: int = 2
+    # True (v5): the warning follows the exported risk, recurrence included (the series' own recent
+    # saturations say another is coming), which the re-arm makes usable: v4 (False, the excursion risk alone)
+    # could not, because with the recurrence its latch stayed on from one saturation to the next.
+    with_recurrence: bool = True
 
 
 class WarningLatch:
