@@ -72,3 +72,14 @@ def test_correlation_time_is_at_least_the_residence_and_at_most_the_window():
     assert correlation_seconds(90.0, 0.0, 60.0, 30) == 90.0
     assert math.isclose(correlation_seconds(10.0, math.exp(-1.0), 60.0, 30), 60.0)
     assert correlation_seconds(10.0, 0.9999, 60.0, 30) == 1800.0
+
+
+def test_a_minute_mean_at_the_threshold_is_no_certainty():
+    # One long request lifts the newest minute's mean to the threshold (c = 90 000) of a cache whose mean is
+    # 60 000 and whose requests live a minute: it relaxes within minutes, so a sustained saturation is likely
+    # but not certain. v4 (tail_from_minute=0) counted the newest minute itself and said 1 at every horizon.
+    v4 = risk(92_000.0, params=RiskParams(tail_from_minute=0))
+    v5 = risk(92_000.0)
+    assert v4 == (1.0, 1.0, 1.0)
+    assert v5[0] < 0.9
+    assert v5[0] <= v5[1] <= v5[2]

@@ -86,6 +86,10 @@ class RiskParams:
     recurrence_quiet_seconds: float = 600.0
     max_horizon_buckets: int = 60
     bucket_seconds: float = 60.0
+    # v5: the worst tail P(K̄_t ≥ c) counts from this projected minute on. The newest minute's own mean (t = 0,
+    # no variance left) is a measurement, not a sustained saturation: at 0 (v4) one long request lifting it
+    # to c made every horizon's risk 1, and such minutes came true a quarter of the time (tuning set).
+    tail_from_minute: int = 1
 
 
 @dataclass(frozen=True)
@@ -269,7 +273,8 @@ def _integrate(p: RiskParams, demand: DemandEstimate, size: float, mean0: float,
         knee = min(2.0, max(1.0, growth) ** demand.knee_elasticity)
         stationary_mean = mean0 * growth * knee
         tail, crossing_rate = step(seconds, stationary_mean, size * stationary_mean * knee, knee)
-        worst_tail = max(worst_tail, tail)
+        if minute >= p.tail_from_minute:
+            worst_tail = max(worst_tail, tail)
         if previous_rate is not None:
             log_survival -= 0.5 * (previous_rate + crossing_rate) * p.bucket_seconds
             risk.append(1.0 - (1.0 - worst_tail) * math.exp(log_survival))
