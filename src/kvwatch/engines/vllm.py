@@ -247,6 +247,7 @@ def _split(samples: list[Sample]) -> _Index:
     """Samples by (model_name, engine), None where the label is absent (such samples apply to every series);
     each group already reduced to one sample per series (:func:`_dedupe`), once per poll, not per reading."""
     index = _Index()
+    multiprocess = False
     for s in samples:
         labels = s.labels
         key = (labels.get("model_name"), labels.get("engine"))
@@ -255,8 +256,9 @@ def _split(samples: list[Sample]) -> _Index:
             index[key] = [s]
         else:
             group.append(s)
+            multiprocess = multiprocess or "pid" in labels or "pid" in group[0].labels
     for key, group in index.items():
-        if len(group) > 1:
+        if multiprocess and len(group) > 1:
             index[key] = _dedupe(group)
         if key[0] is None or key[1] is None:
             index.partial = True
