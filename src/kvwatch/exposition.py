@@ -225,7 +225,7 @@ class _Parser:
         find = text.find
         targets = self.targets
         seen = self.seen
-        first_keys, next_keys, prefixes = _FIRST_KEYS, _NEXT_KEYS, _PREFIXES
+        first_keys, next_keys, prefixes, comments = _FIRST_KEYS, _NEXT_KEYS, _PREFIXES, _COMMENTS
         wanted_set = self.wanted_set
         openmetrics = self.openmetrics
         checked_le = self.checked_le
@@ -253,7 +253,8 @@ class _Parser:
                             lineno += self.block_lines
                             pos = skip_to
                         continue
-                skip_to = self._comment(line, lineno, stop)
+                known = comments.get(line)  # the same HELP/TYPE line in an earlier poll: already cut up
+                skip_to = self._metadata(*known, line, lineno, stop) if known else self._comment(line, lineno, stop)
                 if skip_to is not None:
                     lineno += self.block_lines
                     pos = skip_to
@@ -510,6 +511,7 @@ class _Parser:
             if not sep or not _valid_name(name) or "\t" in name:
                 return self._comment_careful(line, lineno, stop)
             after = " " + after
+            _remember(_COMMENTS, line, (keyword, name, after))
         else:
             return self._comment_careful(line, lineno, stop)
         return self._metadata(keyword, name, after, line, lineno, stop)
@@ -696,6 +698,7 @@ _FIRST_KEYS: dict[str, str] = {}  # 'engine=' -> 'engine'
 _NEXT_KEYS: dict[str, str] = {}  # ',model_name=' -> 'model_name'
 _SKIPPABLE: dict[tuple[frozenset[str], str], bool] = {}
 _PREFIXES: dict[str, tuple[str, dict[str, str], tuple[str, ...]]] = {}  # 'name{labels}' -> name, labels, key
+_COMMENTS: dict[str, tuple[str, str, str]] = {}  # '# HELP name text' -> 'HELP', 'name', ' text'
 
 
 def _remember(cache: dict, key: object, value: object) -> None:  # type: ignore[type-arg]
