@@ -207,12 +207,18 @@ class _Parser:
         self.openmetrics = openmetrics
         self.predicate: Callable[[str], bool] | None = None
         self.wanted_set: frozenset[str] | None = None
+        self.skippable: dict[str, bool] = {}  # (a filtered parse: this wanted set's entry of _SKIPPABLE)
         if wanted is None:
             pass
         elif callable(wanted):
             self.predicate = wanted
         else:
             self.wanted_set = frozenset(wanted)
+            skippable = _SKIPPABLE.get(self.wanted_set)
+            if skippable is None:
+                skippable = {}
+                _remember(_SKIPPABLE, self.wanted_set, skippable)
+            self.skippable = skippable
 
     # ------------------------------------------------------------------ driver
 
@@ -230,31 +236,29 @@ class _Parser:
         openmetrics = self.openmetrics
         checked_le = self.checked_le
         admit = self.admit
-        skippable = _SKIPPABLE if wanted_set is not None else None
+        # Families known to be skippable (OpenMetrics names counters apart from their samples: not there).
+        skippable = self.skippable if wanted_set is not None and not openmetrics else None
         while pos < n:
-            if text.startswith("#", pos):
+            if text[pos] == "#":
                 stop = find("\n", pos)
                 if stop == -1:
                     stop = n
                 line = text[pos:stop]
                 lineno += 1
                 pos = stop + 1
-                if line[2:5] == "EOF" and line[:5] == "# EOF" and not line[5:].strip():
-                    raise _OpenMetricsEnd  # (never in OpenMetrics mode: its text stops before that line)
-                if skippable is not None and line[1:7] in (" TYPE ", " HELP ") and not openmetrics:
-                    # An unwanted family's metadata (a filtered parse does not validate those families).
-                    meta_name = line[7 : line.find(" ", 7)]
-                    if skippable.get((wanted_set, meta_name)):
-                        self.names.add(meta_name)
-                        if text.startswith("#", pos):
-                            continue  # the TYPE line after a HELP line: its block is skipped from there
-                        skip_to = self._block_end(meta_name, stop)
-                        if skip_to is not None:
-                            lineno += self.block_lines
-                            pos = skip_to
-                        continue
                 known = comments.get(line)  # the same HELP/TYPE line in an earlier poll: already cut up
-                skip_to = self._metadata(*known, line, lineno, stop) if known else self._comment(line, lineno, stop)
+                if known is None:
+                    if line[2:5] == "EOF" and line[:5] == "# EOF" and not line[5:].strip():
+                        raise _OpenMetricsEnd  # (never in OpenMetrics mode: its text stops before that line)
+                    skip_to = self._comment(line, lineno, stop)
+                elif skippable is not None and skippable.get(known[1]):
+                    # An unwanted family's metadata (a filtered parse does not validate those families).
+                    self.names.add(known[1])
+                    if pos < n and text[pos] == "#":
+                        continue  # the TYPE line after a HELP line: its block is skipped from there
+                    skip_to = self._block_end(known[1], stop)
+                else:
+                    skip_to = self._metadata(*known, line, lineno, stop)
                 if skip_to is not None:
                     lineno += self.block_lines
                     pos = skip_to
@@ -301,7 +305,7 @@ class _Parser:
                     name = line[:brace] if brace != -1 else line.partition(" ")[0]
                 target = targets.get(name, _UNKNOWN)
                 if target is None:
-                    if skippable is not None and len(line) > len(name):
+                    if wanted_set is not None and len(line) > len(name):
                         run = line[: len(name) + 1]  # the lines after it of this unwanted name: no per-line work
                     continue
                 if hit is not None:
@@ -571,11 +575,10 @@ class _Parser:
     def _skippable(self, family: str) -> bool:
         """True when no wanted name starts with ``family`` (so no wanted sample can hide in its block)."""
         assert self.wanted_set is not None
-        key = (self.wanted_set, family)
-        known = _SKIPPABLE.get(key)
+        known = self.skippable.get(family)
         if known is None:
             known = not any(w.startswith(family) for w in self.wanted_set)
-            _remember(_SKIPPABLE, key, known)
+            _remember(self.skippable, family, known)
         return known
 
     def _block_end(self, family: str, stop: int) -> int | None:
@@ -696,7 +699,7 @@ _CACHE_LIMIT = 4096
 _VALID_NAMES: dict[str, bool] = {}
 _FIRST_KEYS: dict[str, str] = {}  # 'engine=' -> 'engine'
 _NEXT_KEYS: dict[str, str] = {}  # ',model_name=' -> 'model_name'
-_SKIPPABLE: dict[tuple[frozenset[str], str], bool] = {}
+_SKIPPABLE: dict[frozenset[str], dict[str, bool]] = {}  # wanted set -> family -> no wanted name starts with it
 _PREFIXES: dict[str, tuple[str, dict[str, str], tuple[str, ...]]] = {}  # 'name{labels}' -> name, labels, key
 _COMMENTS: dict[str, tuple[str, str, str]] = {}  # '# HELP name text' -> 'HELP', 'name', ' text'
 
