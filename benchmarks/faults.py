@@ -8,6 +8,7 @@ the peak RSS) and /proc/<pid>/fd.
     .venv/bin/python benchmarks/faults.py                 # all 16 rows (~3 min)
     .venv/bin/python benchmarks/faults.py gzip_bomb nan   # some rows
     .venv/bin/python benchmarks/faults.py --json out.json
+    .venv/bin/python benchmarks/faults.py --max-series 1000 label_explosion   # a larger series cap
 
 Columns: survived (process alive and /healthz 200 throughout, and the fault's own check held), up=0 (what
 ``kvwatch_up`` read during the fault: value faults keep it at 1 by design), stale withdrawn (no per-series
@@ -235,13 +236,13 @@ def healthz(port: int) -> bool:
 
 
 class Kvwatch:
-    def __init__(self, target_port: int, *extra: str) -> None:
+    def __init__(self, target_port: int, *extra: str, max_series: int = MAX_SERIES) -> None:
         self.port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("KVWATCH_")}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kvwatch", "serve", "--target-url", f"http://127.0.0.1:{target_port}/metrics",
              "--port", str(self.port), "--poll-interval-seconds", str(INTERVAL), "--poll-timeout-seconds",
-             str(TIMEOUT), "--stale-after-seconds", str(STALE), "--max-series", str(MAX_SERIES), *extra],
+             str(TIMEOUT), "--stale-after-seconds", str(STALE), "--max-series", str(max_series), *extra],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.max_fds = 0
 
@@ -307,13 +308,13 @@ FAULTS = ("down", "slow", "slowloris", "huge_length", "huge_no_length", "gzip_bo
           "nan", "duplicates", "label_explosion", "counter_reset", "clock_jump", "concurrent_scrapes", "bad_config")
 
 
-def run_fault(fault: str, target: Target) -> Row:
+def run_fault(fault: str, target: Target, max_series: int = MAX_SERIES) -> Row:
     if fault == "bad_config":
         return _bad_config()
     target.mode = "good"
     if target._sock is None:
         target.listen()
-    kv = Kvwatch(target.port)
+    kv = Kvwatch(target.port, max_series=max_series)
     try:
         alive = kv.wait_for(healthy, 20)
         note = ""
@@ -332,7 +333,7 @@ def run_fault(fault: str, target: Target) -> Row:
                 ups.append(up(samples))
                 if fault == "label_explosion":
                     series = {dict(k[1]).get("model_name") for k in per_series(samples)}
-                    checks.append(len(series) <= MAX_SERIES and samples.get(
+                    checks.append(len(series) <= max_series and samples.get(
                         ("kvwatch_series_dropped_total", frozenset()), 0) > 0)
                 else:
                     checks.append(_no_impossible(samples))
@@ -453,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("faults", nargs="*", metavar="FAULT", help=f"faults to run (default: all): {', '.join(FAULTS)}")
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--max-series", type=int, default=MAX_SERIES,
+                        help=f"kvwatch's --max-series (default: the shipped {MAX_SERIES})")
     args = parser.parse_args(argv)
     unknown = set(args.faults) - set(FAULTS)
     if unknown:
@@ -460,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     target = Target()
     rows = []
     for fault in args.faults or FAULTS:
-        row = run_fault(fault, target)
+        row = run_fault(fault, target, args.max_series)
         print(render_table([row]).splitlines()[-1], flush=True)
         rows.append(row)
     print()

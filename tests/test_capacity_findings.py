@@ -119,3 +119,20 @@ def test_a_max_model_len_other_than_the_engines_is_a_warning(capsys):
     for agreeing in ([], ["--max-model-len", "8192"]):
         assert main(["check", "--file", str(path), "--json", *agreeing]) == 0
         assert "max_model_len_mismatch" not in {f["id"] for f in json.loads(capsys.readouterr().out)["findings"]}
+
+
+@pytest.mark.parametrize(("flags", "stated"), [
+    ([], None),  # a V0 payload does not tell the engine's --max-model-len: the model's default would be a guess
+    (["--max-model-len", "40960"], "40,960"),
+])
+def test_request_exceeds_pool_states_only_a_known_max_model_len(tmp_path, capsys, flags, stated):
+    path = tmp_path / "metrics.prom"
+    path.write_text(_payload("0.0", "3.0", "0.0"))
+    assert main(["check", "--file", str(path), "--json", "--model", "Qwen/Qwen3-8B", "--gpu", "A100-80GB",
+                 *flags]) == 0
+    found = [f for f in json.loads(capsys.readouterr().out)["findings"] if f["id"] == "request_exceeds_pool"]
+    assert len(found) == 1
+    if stated is None:
+        assert "--max-model-len is" not in found[0]["message"]
+    else:
+        assert f"The pool holds 4,096 tokens but --max-model-len is {stated}" in found[0]["message"]

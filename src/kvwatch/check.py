@@ -208,6 +208,7 @@ def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any],
                        max_model_len: int | None) -> list[Finding]:
     """kvwatch.capacity.findings per series: refused settings, formula vs engine, a leak, a request too big."""
     from kvwatch.capacity import findings as capacity
+    from kvwatch.capacity.series import max_model_len_of
     from kvwatch.engines.vllm import engine_max_model_len
 
     out: list[Finding] = []
@@ -217,8 +218,7 @@ def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any],
         plan = plans.get(r.model_name)
         found = [capacity.kv_usage_stuck(r.kv_usage_ratio, r.requests_running, r.requests_waiting),
                  capacity.request_exceeds_pool(r.kv_usage_ratio, r.requests_running, r.requests_waiting,
-                                               r.kv_capacity_tokens,
-                                               max_model_len or getattr(plan, "max_model_len", None))]
+                                               r.kv_capacity_tokens, max_model_len_of(r, max_model_len))]
         if r.model_name not in refused:  # per model, not per engine
             refused.add(r.model_name)
             found.append(capacity.max_model_len_mismatch(max_model_len, engine_max_model_len(r.cache_config)))

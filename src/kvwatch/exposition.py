@@ -207,12 +207,18 @@ class _Parser:
         self.openmetrics = openmetrics
         self.predicate: Callable[[str], bool] | None = None
         self.wanted_set: frozenset[str] | None = None
+        self.skippable: dict[str, bool] = {}  # (a filtered parse: this wanted set's entry of _SKIPPABLE)
         if wanted is None:
             pass
         elif callable(wanted):
             self.predicate = wanted
         else:
             self.wanted_set = frozenset(wanted)
+            skippable = _SKIPPABLE.get(self.wanted_set)
+            if skippable is None:
+                skippable = {}
+                _remember(_SKIPPABLE, self.wanted_set, skippable)
+            self.skippable = skippable
 
     # ------------------------------------------------------------------ driver
 
@@ -225,149 +231,158 @@ class _Parser:
         find = text.find
         targets = self.targets
         seen = self.seen
-        first_keys, next_keys, prefixes = _FIRST_KEYS, _NEXT_KEYS, _PREFIXES
+        first_keys, next_keys, prefixes, comments = _FIRST_KEYS, _NEXT_KEYS, _PREFIXES, _COMMENTS
         wanted_set = self.wanted_set
         openmetrics = self.openmetrics
         checked_le = self.checked_le
         admit = self.admit
-        skippable = _SKIPPABLE if wanted_set is not None else None
+        # Families known to be skippable (OpenMetrics names counters apart from their samples: not there).
+        skippable = self.skippable if wanted_set is not None and not openmetrics else None
         while pos < n:
-            stop = find("\n", pos)
-            if stop == -1:
-                stop = n
-            line = text[pos:stop]
-            lineno += 1
-            pos = stop + 1
-            if not line:
-                continue
-            first = line[0]
-            if first in " \t":
-                stripped = line.lstrip(" \t")
-                if not stripped:
-                    continue  # a blank line
-                first = stripped[0]
-                if first == "#":
-                    line = stripped
-            if first == "#":
-                if line[2:5] == "EOF" and line[:5] == "# EOF" and not line[5:].strip() and (
-                        stop == len(line) or text[stop - len(line) - 1] == "\n"):  # not indented
-                    raise _OpenMetricsEnd  # (never in OpenMetrics mode: its text stops before that line)
-                if skippable is not None and line[1:7] in (" TYPE ", " HELP ") and not self.openmetrics:
+            if text[pos] == "#":
+                stop = find("\n", pos)
+                if stop == -1:
+                    stop = n
+                line = text[pos:stop]
+                lineno += 1
+                pos = stop + 1
+                known = comments.get(line)  # the same HELP/TYPE line in an earlier poll: already cut up
+                if known is None:
+                    if line[2:5] == "EOF" and line[:5] == "# EOF" and not line[5:].strip():
+                        raise _OpenMetricsEnd  # (never in OpenMetrics mode: its text stops before that line)
+                    skip_to = self._comment(line, lineno, stop)
+                elif skippable is not None and skippable.get(known[1]):
                     # An unwanted family's metadata (a filtered parse does not validate those families).
-                    meta_name = line[7 : line.find(" ", 7)]
-                    if skippable.get((wanted_set, meta_name)):
-                        self.names.add(meta_name)
-                        if text.startswith("#", pos):
-                            continue  # the TYPE line after a HELP line: its block is skipped from there
-                        skip_to = self._block_end(meta_name, stop)
-                        if skip_to is not None:
-                            lineno += self.block_lines
-                            pos = skip_to
-                        continue
-                skip_to = self._comment(line, lineno, stop)
+                    self.names.add(known[1])
+                    if pos < n and text[pos] == "#":
+                        continue  # the TYPE line after a HELP line: its block is skipped from there
+                    skip_to = self._block_end(known[1], stop)
+                else:
+                    skip_to = self._metadata(*known, line, lineno, stop)
                 if skip_to is not None:
                     lineno += self.block_lines
                     pos = skip_to
                 continue
-            brace = line.find("{")
-            hit = None
-            if brace != -1:
-                close = line.find("} ", brace)
-                if close != -1:
-                    hit = prefixes.get(line[: close + 1])
-            if hit is not None:
-                # 'name{labels}' spelled exactly as in an earlier line or poll: validated and split already.
-                name, cached, key = hit
-                rest = line[close + 2 :]
-            else:
-                name = line[:brace] if brace != -1 else line.partition(" ")[0]
-            target = targets.get(name, _UNKNOWN)
-            if target is None:
-                run = line[: len(name) + 1]
-                if skippable is not None and len(run) > len(name):
-                    # The run of lines of this unwanted sample name (histogram buckets): no per-line work.
-                    while text.startswith(run, pos):
-                        stop = find("\n", pos)
-                        if stop == -1:
+            # A chunk: the lines up to the next one that starts with '#' (found by memchr), split in C and read
+            # in one loop, instead of a search and a slice per line.
+            end = find("#", pos)
+            while end != -1 and text[end - 1] != "\n":
+                end = find("#", end + 1)
+            if end == -1:
+                end = n
+            lines = text[pos:end].split("\n")
+            if not lines[-1]:
+                lines.pop()  # the chunk's last newline (an unterminated last line stays)
+            chunk_start, base = pos, lineno
+            pos, lineno = end, lineno + len(lines)
+            run: str | None = None  # lines starting with it are an unwanted sample name's (histogram buckets)
+            for lineno_here, line in enumerate(lines, base + 1):
+                if run is not None:
+                    if line.startswith(run):
+                        continue  # not split, not validated
+                    run = None
+                if not line:
+                    continue
+                if line[0] in " \t":
+                    stripped = line.lstrip(" \t")
+                    if not stripped:
+                        continue  # a blank line
+                    if stripped[0] == "#":  # an indented comment (never '# EOF': that one starts its line)
+                        stop = chunk_start + sum(len(x) + 1 for x in lines[: lineno_here - base]) - 1
+                        skip_to = self._comment(stripped, lineno_here, stop)
+                        if skip_to is not None:
+                            pos, lineno = skip_to, lineno_here + self.block_lines
                             break
-                        lineno += 1
-                        pos = stop + 1
-                continue
-            if hit is not None:
-                careful = "\t" in rest or rest[:1] == " " or "  " in rest
-            else:
-                careful = line[0] in " \t" or "\\" in line or "\t" in line or "  " in line or (
-                    target is _UNKNOWN and not _valid_name(name))
-            if careful:
-                self._slow(line, lineno)
-                continue
-            if target is _UNKNOWN:
-                target = self._target(name, lineno, line)
-                if target is None:
-                    continue
-            if hit is not None:
-                labels = cached.copy()  # the cached dict itself is never handed out
-            elif brace == -1:
-                labels = {}
-                rest = line[len(name) + 1 :]
-                key = (name, "")
-            else:
-                pieces = line[brace + 1 :].split('"')
-                tail = pieces[-1]
-                if tail[:2] == "} ":
-                    rest = tail[2:]
-                elif tail[:3] == ",} ":
-                    rest = tail[3:]
-                else:
-                    self._slow(line, lineno)
-                    continue
-                keys = pieces[0:-1:2]
-                try:
-                    keys[0] = first_keys[keys[0]]
-                    if len(keys) > 1:
-                        keys[1:] = map(next_keys.__getitem__, keys[1:])
-                except IndexError:
-                    self._slow(line, lineno)  # '{}'
-                    continue
-                except KeyError:
-                    if not _learn_fragments(pieces[0:-1:2]):
-                        self._slow(line, lineno)  # the careful path names what is wrong
                         continue
-                    keys = [first_keys[keys[0]] if keys[0] in first_keys else keys[0],
-                            *map(next_keys.__getitem__, pieces[2:-1:2])]
-                labels = dict(zip(keys, pieces[1::2], strict=True))
-                if len(labels) != len(keys):
-                    raise _err(lineno, f"duplicate label names for metric {name!r}", line)
-                # The series' identity is the canonical text of its labels (see _series_key); a line with
-                # its label names in order (prometheus_client sorts them) already is that text.
-                if tail[:2] == "} " and (len(keys) < 2 or (keys[0] < keys[1] if len(keys) == 2
-                                                           else keys == sorted(keys))):
-                    key = (name, line[brace + 1 : len(line) - len(rest) - 2])
+                head, _, rest = line.rpartition(" ")
+                hit = prefixes.get(head)
+                if hit is not None:
+                    # 'name{labels} value' with 'name{labels}' spelled exactly as in an earlier line or poll:
+                    # validated and split already.
+                    name, cached, key = hit
                 else:
-                    key = _series_key(name, labels)
-                if tail[:2] == "} ":
-                    _remember(prefixes, line[: len(line) - len(rest) - 1], (name, dict(labels), key))
-            kind = target.kind
-            if kind == 3 or openmetrics or " " in rest:
-                self._add(target, name, labels, rest, lineno, line, key)  # type: ignore[arg-type]
-                continue
-            # The common case inline: a plain value, no timestamp.
-            try:
-                value = float(rest)
-            except ValueError:
-                value = _value(rest, lineno, line)  # raises the error
-            if "_" in rest or not rest.isascii() or value != value or value in _INFS or not rest.isprintable():
-                value = _value(rest, lineno, line)
-            if kind and (value < 0 or labels.get("le", "+Inf") not in checked_le):
-                # A histogram sample whose checks are not known to pass: the careful store checks and raises.
-                self._store(target, name, labels, value, lineno, line, None, key)  # type: ignore[arg-type]
-                continue
-            if admit is not None and not admit(labels):
-                continue
-            if key in seen:
-                raise _err(lineno, f"duplicate series {name}{labels}: the payload contradicts itself", line)
-            seen.add(key)
-            target.append(_new_sample(Sample, (name, labels, value)))  # type: ignore[union-attr]
+                    brace = line.find("{")
+                    name = line[:brace] if brace != -1 else line.partition(" ")[0]
+                target = targets.get(name, _UNKNOWN)
+                if target is None:
+                    if wanted_set is not None and len(line) > len(name):
+                        run = line[: len(name) + 1]  # the lines after it of this unwanted name: no per-line work
+                    continue
+                if hit is not None:
+                    careful = "\t" in rest  # (a space before the value would have left it in head)
+                else:
+                    careful = line[0] in " \t" or "\\" in line or "\t" in line or "  " in line or (
+                        target is _UNKNOWN and not _valid_name(name))
+                if careful:
+                    self._slow(line, lineno_here)
+                    continue
+                if target is _UNKNOWN:
+                    target = self._target(name, lineno_here, line)
+                    if target is None:
+                        continue
+                if hit is not None:
+                    labels = cached.copy()  # the cached dict itself is never handed out
+                elif brace == -1:
+                    labels = {}
+                    rest = line[len(name) + 1 :]
+                    key = (name, "")
+                else:
+                    pieces = line[brace + 1 :].split('"')
+                    tail = pieces[-1]
+                    if tail[:2] == "} ":
+                        rest = tail[2:]
+                    elif tail[:3] == ",} ":
+                        rest = tail[3:]
+                    else:
+                        self._slow(line, lineno_here)
+                        continue
+                    keys = pieces[0:-1:2]
+                    try:
+                        keys[0] = first_keys[keys[0]]
+                        if len(keys) > 1:
+                            keys[1:] = map(next_keys.__getitem__, keys[1:])
+                    except IndexError:
+                        self._slow(line, lineno_here)  # '{}'
+                        continue
+                    except KeyError:
+                        if not _learn_fragments(pieces[0:-1:2]):
+                            self._slow(line, lineno_here)  # the careful path names what is wrong
+                            continue
+                        keys = [first_keys[keys[0]] if keys[0] in first_keys else keys[0],
+                                *map(next_keys.__getitem__, pieces[2:-1:2])]
+                    labels = dict(zip(keys, pieces[1::2], strict=True))
+                    if len(labels) != len(keys):
+                        raise _err(lineno_here, f"duplicate label names for metric {name!r}", line)
+                    # The series' identity is the canonical text of its labels (see _series_key); a line with
+                    # its label names in order (prometheus_client sorts them) already is that text.
+                    if tail[:2] == "} " and (len(keys) < 2 or (keys[0] < keys[1] if len(keys) == 2
+                                                               else keys == sorted(keys))):
+                        key = (name, line[brace + 1 : len(line) - len(rest) - 2])
+                    else:
+                        key = _series_key(name, labels)
+                    if tail[:2] == "} ":
+                        _remember(prefixes, line[: len(line) - len(rest) - 1], (name, dict(labels), key))
+                kind = target.kind
+                if kind == 3 or openmetrics or " " in rest:
+                    self._add(target, name, labels, rest, lineno_here, line, key)  # type: ignore[arg-type]
+                    continue
+                # The common case inline: a plain value, no timestamp.
+                try:
+                    value = float(rest)
+                except ValueError:
+                    value = _value(rest, lineno_here, line)  # raises the error
+                if "_" in rest or not rest.isascii() or value != value or value in _INFS or not rest.isprintable():
+                    value = _value(rest, lineno_here, line)
+                if kind and (value < 0 or labels.get("le", "+Inf") not in checked_le):
+                    # A histogram sample whose checks are not known to pass: the careful store checks and raises.
+                    self._store(target, name, labels, value, lineno_here, line, None, key)  # type: ignore[arg-type]
+                    continue
+                if admit is not None and not admit(labels):
+                    continue
+                if key in seen:
+                    raise _err(lineno_here, f"duplicate series {name}{labels}: the payload contradicts itself", line)
+                seen.add(key)
+                target.append(_new_sample(Sample, (name, labels, value)))  # type: ignore[union-attr]
         if unterminated:
             raise _err(lineno, "unexpected end of input stream (no newline at the end)")
         return Exposition(families=self.families, names=frozenset(self.names))
@@ -500,6 +515,7 @@ class _Parser:
             if not sep or not _valid_name(name) or "\t" in name:
                 return self._comment_careful(line, lineno, stop)
             after = " " + after
+            _remember(_COMMENTS, line, (keyword, name, after))
         else:
             return self._comment_careful(line, lineno, stop)
         return self._metadata(keyword, name, after, line, lineno, stop)
@@ -559,11 +575,10 @@ class _Parser:
     def _skippable(self, family: str) -> bool:
         """True when no wanted name starts with ``family`` (so no wanted sample can hide in its block)."""
         assert self.wanted_set is not None
-        key = (self.wanted_set, family)
-        known = _SKIPPABLE.get(key)
+        known = self.skippable.get(family)
         if known is None:
             known = not any(w.startswith(family) for w in self.wanted_set)
-            _remember(_SKIPPABLE, key, known)
+            _remember(self.skippable, family, known)
         return known
 
     def _block_end(self, family: str, stop: int) -> int | None:
@@ -684,8 +699,9 @@ _CACHE_LIMIT = 4096
 _VALID_NAMES: dict[str, bool] = {}
 _FIRST_KEYS: dict[str, str] = {}  # 'engine=' -> 'engine'
 _NEXT_KEYS: dict[str, str] = {}  # ',model_name=' -> 'model_name'
-_SKIPPABLE: dict[tuple[frozenset[str], str], bool] = {}
+_SKIPPABLE: dict[frozenset[str], dict[str, bool]] = {}  # wanted set -> family -> no wanted name starts with it
 _PREFIXES: dict[str, tuple[str, dict[str, str], tuple[str, ...]]] = {}  # 'name{labels}' -> name, labels, key
+_COMMENTS: dict[str, tuple[str, str, str]] = {}  # '# HELP name text' -> 'HELP', 'name', ' text'
 
 
 def _remember(cache: dict, key: object, value: object) -> None:  # type: ignore[type-arg]

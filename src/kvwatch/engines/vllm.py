@@ -247,6 +247,7 @@ def _split(samples: list[Sample]) -> _Index:
     """Samples by (model_name, engine), None where the label is absent (such samples apply to every series);
     each group already reduced to one sample per series (:func:`_dedupe`), once per poll, not per reading."""
     index = _Index()
+    multiprocess = False
     for s in samples:
         labels = s.labels
         key = (labels.get("model_name"), labels.get("engine"))
@@ -255,8 +256,9 @@ def _split(samples: list[Sample]) -> _Index:
             index[key] = [s]
         else:
             group.append(s)
+            multiprocess = multiprocess or "pid" in labels or "pid" in group[0].labels
     for key, group in index.items():
-        if len(group) > 1:
+        if multiprocess and len(group) > 1:
             index[key] = _dedupe(group)
         if key[0] is None or key[1] is None:
             index.partial = True
@@ -462,25 +464,46 @@ def _eras(row: str, marks: str) -> frozenset[str]:
 
 def possible_eras(exposition: Exposition) -> frozenset[str]:
     """Every era that could have written ``exposition`` (empty when none could: not a vLLM we know)."""
-    eras = frozenset(ERA_NAMES)
+    return _eras_of(*_evidence(exposition))
+
+
+def _evidence(exposition: Exposition) -> tuple[frozenset[str], bool, frozenset[str] | None, bool | None,
+                                               frozenset[str]]:
+    """What the eras are told from: the family names, whether the payload is whole (running, waiting and a
+    usage gauge present), cache_config_info's label names (None without a sample), whether the
+    engine-labelled families carry ``engine`` (None without a ``model_name`` sample) and what the HELP texts
+    say. A sidecar sees the same evidence every poll, so the eras are computed once per distinct evidence."""
     whole = all(exposition.samples(n) for n in (RUNNING, WAITING)) and bool(
         exposition.samples(KV_USAGE) or exposition.samples(GPU_CACHE_USAGE))
+    configs = exposition.samples(CACHE_CONFIG)
+    config_labels = frozenset().union(*(s.labels for s in configs)) if configs else None
+    has_engine: bool | None = None
+    for name in ENGINE_LABELLED:
+        for s in exposition.samples(name):
+            if "model_name" in s.labels:
+                has_engine = "engine" in s.labels
+                if has_engine:
+                    break
+        if has_engine:
+            break
+    return exposition.names, whole, config_labels, has_engine, _help_eras(exposition)
+
+
+@functools.lru_cache(maxsize=64)
+def _eras_of(names: frozenset[str], whole: bool, config_labels: frozenset[str] | None, has_engine: bool | None,
+             help_eras: frozenset[str]) -> frozenset[str]:
+    eras = frozenset(ERA_NAMES)
     for name, row in FAMILY_EVIDENCE.items():
-        if name in exposition:
+        if name in names:
             eras &= _eras(row, "AM")
         elif whole:
             eras -= _eras(row, "A")
-    configs = exposition.samples(CACHE_CONFIG)
-    if configs:
-        labels = set().union(*(s.labels for s in configs))
+    if config_labels is not None:
         for label, row in CACHE_LABEL_EVIDENCE.items():
-            eras &= _eras(row, "AM") if label in labels else frozenset(ERA_NAMES) - _eras(row, "A")
-    labelled = [s for n in ENGINE_LABELLED for s in exposition.samples(n) if "model_name" in s.labels]
-    if labelled:
-        has_engine = any("engine" in s.labels for s in labelled)
+            eras &= _eras(row, "AM") if label in config_labels else frozenset(ERA_NAMES) - _eras(row, "A")
+    if has_engine is not None:
         eras &= frozenset(ERA_NAMES[2:]) if has_engine else frozenset(ERA_NAMES[:2])
-    eras &= _help_eras(exposition)
-    return eras
+    return eras & help_eras
 
 
 def _help_eras(exposition: Exposition) -> frozenset[str]:

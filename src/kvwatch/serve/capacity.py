@@ -22,6 +22,7 @@ from types import MappingProxyType
 from prometheus_client.core import GaugeMetricFamily
 
 from kvwatch.capacity.findings import LIVE_FINDINGS, SUSTAINED_SECONDS, HeldSince, live_finding, max_model_len_mismatch
+from kvwatch.capacity.series import max_model_len_of
 from kvwatch.engines.vllm import engine_max_model_len
 from kvwatch.history import SeriesHistory
 from kvwatch.model import Reading, SeriesKey
@@ -85,7 +86,7 @@ class CapacityAnalyzer:
     def analyze(self, key: SeriesKey, history: SeriesHistory, reading: Reading, now: float) -> CapacityResult | None:
         capacity = self._plan(reading)
         series = self._capacity.series(reading)
-        findings = self._live_findings(key, history, reading, capacity, now)
+        findings = self._live_findings(key, history, reading, now)
         if capacity is None and series.source == "unknown" and not findings:
             return None
         whatif: dict[str, float] = {}
@@ -98,12 +99,12 @@ class CapacityAnalyzer:
                               capacity.plan.weights_bytes if capacity is not None else None)
 
     def _live_findings(self, key: SeriesKey, history: SeriesHistory | None, reading: Reading,
-                       capacity: SidecarCapacity | None, now: float) -> dict[str, float]:
+                       now: float) -> dict[str, float]:
         """Each live finding: 1.0 once its condition held for SUSTAINED_SECONDS of polls since the last restart."""
         if (history is None or reading.kv_usage_ratio is None or reading.requests_running is None
                 or reading.requests_waiting is None):
             return {}
-        max_model_len = capacity.plan.max_model_len if capacity is not None else None
+        max_model_len = max_model_len_of(reading, self._max_model_len)
         restarted = history.last_restart_timestamp == now
         out: dict[str, float] = {}
         for finding_id in LIVE_FINDINGS:
