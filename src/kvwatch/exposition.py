@@ -23,14 +23,14 @@ counters are declared without ``_total``, the ``unknown``/``info``/``stateset`` 
 timestamps and exemplars (dropped) are accepted; a family's ``*_created`` samples are dropped (kvwatch never
 needs creation times). In Prometheus text, ``x_created`` is a family of its own, as in Go.
 
-Speed (docs/performance.md): lines are cut with ``str`` methods; a sample name resolves to its family
-once (a dict); canonical label sets (``k="v",...`` without escapes) split on ``"``, anything else takes a
-character-level path that mirrors Go's state machine. With ``wanted`` (a set of family or sample names)
-samples outside it are skipped before their labels are read, a whole block of an unwanted family (its
-lines after its TYPE, all starting with its name) is skipped in C with ``str.count``, and a run of lines
-of one unwanted sample name (histogram buckets) is stepped over without being split: lines skipped either
-way are not validated. A
-``name{labels}`` text validated once is remembered across parses (bounded caches: a sidecar parses the
+Speed (docs/performance.md): lines are cut with ``str`` methods (the sample lines between two comment lines
+by one ``split``); a sample name resolves to its family once (a dict); canonical label sets (``k="v",...``
+without escapes) split on ``"``, anything else takes a character-level path that mirrors Go's state
+machine. With ``wanted`` (a set of family or sample names) samples outside it are skipped before their
+labels are read, a whole block of an unwanted family (its lines after its TYPE, all starting with its name)
+is skipped in C with ``str.count``, and a run of lines of one unwanted sample name (histogram buckets) is
+passed over with one ``startswith`` a line: lines skipped either way are not validated. A ``name{labels}``
+text and a HELP/TYPE line validated once are remembered across parses (bounded caches: a sidecar parses the
 same shape every poll). :func:`parse` never raises anything but :class:`ParseError`.
 """
 

@@ -155,6 +155,11 @@ def latency_index(exposition: Exposition, families: dict[str, tuple[str, ...]], 
     return out
 
 
+_NO_LATENCY: MappingProxyType[str, Histogram] = MappingProxyType({})
+
+
 def latency_for(index: LatencyIndex, key: SeriesKey) -> MappingProxyType[str, Histogram]:
+    if not index:
+        return _NO_LATENCY  # a typical poll (no latency histograms read): one shared, read-only empty mapping
     found = {kind: histogram_for(by_key, key) for kind, by_key in index.items()}
     return MappingProxyType({kind: h for kind, h in found.items() if h is not None})
