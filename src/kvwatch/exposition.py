@@ -174,6 +174,15 @@ def _eof(text: str) -> int | None:
     return None
 
 
+def _next_comment(text: str, start: int) -> int:
+    """Where the next line that starts with '#' begins, after ``start`` (not itself a '#'); -1: none.
+    find() of one character is memchr, ~50x faster than a search for "\n#"."""
+    at = text.find("#", start)
+    while at != -1 and text[at - 1] != "\n":
+        at = text.find("#", at + 1)
+    return at
+
+
 def _err(lineno: int, msg: str, line: str | None = None) -> ParseError:
     where = f": {line[:80]!r}" if line is not None else ""
     return ParseError(f"line {lineno}: {msg}{where}")
@@ -265,9 +274,7 @@ class _Parser:
                 continue
             # A chunk: the lines up to the next one that starts with '#' (found by memchr), split in C and read
             # in one loop, instead of a search and a slice per line.
-            end = find("#", pos)
-            while end != -1 and text[end - 1] != "\n":
-                end = find("#", end + 1)
+            end = _next_comment(text, pos)
             if end == -1:
                 end = n
             lines = text[pos:end].split("\n")
@@ -585,11 +592,7 @@ class _Parser:
         """Where the run of lines after this metadata line, all starting with ``family``, ends; None if the
         run is empty or any line in it is something else (then it is read line by line)."""
         text = self.text
-        # The next line that starts with '#': find() of one character is memchr, ~50x faster than of "\n#".
-        find = text.find
-        nxt = find("#", stop)
-        while nxt != -1 and text[nxt - 1] != "\n":
-            nxt = find("#", nxt + 1)
+        nxt = _next_comment(text, stop)
         if nxt != -1:
             nxt -= 1
         end = len(text) if nxt == -1 else nxt
