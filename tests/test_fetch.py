@@ -202,6 +202,26 @@ def test_body_that_breaks_off_after_200_is_a_parse_error(raw_server: Callable, a
     assert info.value.reason == "parse" and "incomplete body" in str(info.value)
 
 
+@pytest.mark.parametrize("to_https", [False, True], ids=["on-http", "to-https"])
+def test_plain_http_target_is_followed_on_http_but_never_to_https(raw_server: Callable, to_https: bool) -> None:
+    """A plain-http fetcher carries no CA bundle (it would cost the sidecar ~1.2 MB), so it must not follow a
+    redirect to https, where it could not verify the certificate; a redirect on http is followed as before."""
+    body = FIXTURE.encode()
+    final = raw_server(lambda conn: conn.sendall(
+        HEAD_200 + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body))
+    location = "https://127.0.0.1:1/metrics" if to_https else final.url
+    redirecting = raw_server(lambda conn: conn.sendall(
+        b"HTTP/1.1 307 Temporary Redirect\r\nLocation: %s\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        % location.encode()))
+    with Fetcher(redirecting.url, timeout=2.0, max_body_bytes=1 << 20) as fetcher:
+        if not to_https:
+            assert len(interpret(fetcher.fetch(), None, timestamp=1.0).readings) == 2
+            return
+        with pytest.raises(ScrapeError) as info:
+            fetcher.fetch()
+    assert info.value.reason == "connect" and "redirects to https" in str(info.value)
+
+
 def test_connection_closed_before_any_answer_is_still_connect(raw_server: Callable) -> None:
     server = raw_server(lambda conn: None)  # reads the request, closes without a word
     with Fetcher(server.url, timeout=2.0, max_body_bytes=4096) as fetcher, pytest.raises(ScrapeError) as info:

@@ -48,8 +48,11 @@ class Fetcher:
         self.timeout = timeout
         self.max_body_bytes = max_body_bytes
         self.bearer_token_file = bearer_token_file
-        verify = tls_context(ca_file, tls_verify)
         # Built once: loading the CA bundle costs ~40 ms, and a new client is made after each cancelled poll.
+        # A plain-http target gets none: the bundle holds ~1.2 MB of the sidecar's memory (docs/performance.md),
+        # and such a target is never followed to https (_refuse_tls_redirect).
+        self._tls = httpx.URL(self._request_url).scheme == "https"
+        verify = tls_context(ca_file, tls_verify) if self._tls else False
         self._verify = httpx.create_ssl_context() if verify is True else verify
         self._transport = transport
         self._client = self._new_client()
@@ -65,8 +68,16 @@ class Fetcher:
             verify=self._verify,
             transport=self._transport,
             follow_redirects=True,
+            event_hooks={} if self._tls else {"response": [self._refuse_tls_redirect]},
             headers={"Accept": ACCEPT, "Accept-Encoding": "gzip", "User-Agent": f"kvwatch/{__version__}"},
         )
+
+    async def _refuse_tls_redirect(self, response: httpx.Response) -> None:
+        """A plain-http target redirecting to https: refused, since its client has no CA bundle to verify with."""
+        location = response.headers.get("Location") if response.is_redirect else None
+        if location is not None and response.request.url.join(location).scheme == "https":
+            raise ScrapeError("connect", f"{self.url} redirects to https: give the https URL as the target, so "
+                              "that its certificate is verified")
 
     async def _replace_client(self) -> None:
         """Close the whole pool and start a new one (after a request was cancelled at the deadline).
