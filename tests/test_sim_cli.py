@@ -221,3 +221,39 @@ def test_restart_injection_resets_counters_once_at_the_given_time() -> None:
     assert after.started_at == pytest.approx(100.0, abs=0.1) and later.started_at == after.started_at
     assert later.generation_tokens_total > after.generation_tokens_total  # traffic resumes
     assert service.submitted > 0
+
+
+def test_a_scraper_that_gives_up_mid_answer_leaves_no_traceback(capfd: pytest.CaptureFixture[str]) -> None:
+    """kvwatch drops a connection at its poll deadline; the simulator must not print a traceback for each one
+    (a fast demo printed hundreds)."""
+    import socket
+    import struct
+    import threading
+
+    from kvwatch.sim.server import make_server
+
+    client_gone = threading.Event()
+    answered = threading.Event()
+
+    class SlowService:  # answers only after the client has reset the connection
+        def metrics_text(self) -> str:
+            client_gone.wait(5)
+            time.sleep(0.2)
+            answered.set()
+            return "vllm:num_requests_running 1\n" * 50_000
+
+    server = make_server(SlowService())  # type: ignore[arg-type]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with socket.create_connection(server.server_address[:2]) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: sim\r\n\r\n")
+            time.sleep(0.2)
+        client_gone.set()
+        assert answered.wait(5)
+        time.sleep(0.5)  # the handler's failed write and whatever it prints
+    finally:
+        server.shutdown()
+        server.server_close()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception occurred" not in err, err
