@@ -5,6 +5,8 @@ markdown tables of docs/forecasting.md.
 
     .venv/bin/python benchmarks/forecast_matrix.py CONV.csv CODE.csv MOONCAKE.jsonl --cache-dir /tmp/kvwatch-bt
 
+``--forecaster v5`` scores the previous version on the same (cached) simulations.
+
 CONV is the tuning trace (Azure 2023 conversation); CODE (Azure 2023 code) and MOONCAKE (Mooncake
 conversation) are held out. The traces are not in the repository (see src/kvwatch/data/traces/README.md
 for where they come from). ``--cache-dir`` keeps each simulation, so re-scoring after a change takes
@@ -17,7 +19,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kvwatch.backtest.report import GENERALIZATION, LONG_CONTEXT, MATRIX, NO_SATURATION, pooled, simulations, table
+from kvwatch.backtest.report import (
+    FORECASTERS,
+    GENERALIZATION,
+    LONG_CONTEXT,
+    MATRIX,
+    NO_SATURATION,
+    pooled,
+    simulations,
+    table,
+)
 
 
 def main() -> int:
@@ -28,20 +39,25 @@ def main() -> int:
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     parser.add_argument("--held-out-seeds", default=None,
                         help="seeds for the held-out traces (default: --seeds); fresh ones once a seed was seen")
+    parser.add_argument("--forecaster", choices=sorted(FORECASTERS), default="v6",
+                        help="the forecaster's version to score (default v6, the current defaults; v5 for comparison)")
     args = parser.parse_args()
+    params = FORECASTERS[args.forecaster]
     seeds = [int(s) for s in args.seeds.split(",")]
     held_out_seeds = [int(s) for s in args.held_out_seeds.split(",")] if args.held_out_seeds else seeds
-    print(table(f"{args.tuning.name} (tuning)", pooled(simulations(args.tuning, MATRIX, args.cache_dir, seeds=seeds))))
+    print(table(f"{args.tuning.name} (tuning)",
+                pooled(simulations(args.tuning, MATRIX, args.cache_dir, seeds=seeds), params)))
     print(table(f"{args.tuning.name}, long-context rows (tuning)",
-                pooled(simulations(args.tuning, LONG_CONTEXT, args.cache_dir, seeds=seeds))))
+                pooled(simulations(args.tuning, LONG_CONTEXT, args.cache_dir, seeds=seeds), params)))
     print(table(f"{args.tuning.name}, generalization shapes (tuning)",
-                pooled(simulations(args.tuning, GENERALIZATION, args.cache_dir))))
+                pooled(simulations(args.tuning, GENERALIZATION, args.cache_dir), params)))
     print(table(f"{args.tuning.name}, steady 0.7 where nothing saturates (tuning)",
-                pooled(simulations(args.tuning, NO_SATURATION, args.cache_dir, seeds=seeds))))
+                pooled(simulations(args.tuning, NO_SATURATION, args.cache_dir, seeds=seeds), params)))
     for path in args.held_out:
-        print(table(f"{path.name} (held out)", pooled(simulations(path, MATRIX, args.cache_dir, seeds=held_out_seeds))))
+        print(table(f"{path.name} (held out)",
+                    pooled(simulations(path, MATRIX, args.cache_dir, seeds=held_out_seeds), params)))
         print(table(f"{path.name}, steady 0.7 in a cache twice as large (held out)",
-                    pooled(simulations(path, NO_SATURATION, args.cache_dir, seeds=held_out_seeds))))
+                    pooled(simulations(path, NO_SATURATION, args.cache_dir, seeds=held_out_seeds), params)))
     return 0
 
 

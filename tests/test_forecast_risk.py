@@ -83,3 +83,41 @@ def test_a_minute_mean_at_the_threshold_is_no_certainty():
     assert v4 == (1.0, 1.0, 1.0)
     assert v5[0] < 0.9
     assert v5[0] <= v5[1] <= v5[2]
+
+
+def _minutes(means: list[float]) -> list:
+    from kvwatch.forecast.buckets import MinuteBucket
+
+    return [MinuteBucket(minute=i, samples=6, u_mean=u, u_p90=u, u_max=u, capacity_tokens=CAPACITY, running_mean=10.0,
+                         waiting_max=0.0, covered_seconds=60.0, finished=1.0, arrivals=1.0, preemptions=0.0,
+                         request_prompt_sum=None, request_prompt_count=None, request_generation_sum=None,
+                         request_generation_count=None) for i, u in enumerate(means)]
+
+
+def test_a_slope_is_shrunk_by_the_share_of_it_that_is_signal():
+    from kvwatch.forecast.risk import slope_signal_share
+
+    assert slope_signal_share(1.0, 1.0, 0.0) == 0.0  # t = 1: as large as its own noise, no signal left
+    assert math.isclose(slope_signal_share(3.0, 1.0, 0.0), 1.0 - 1.0 / 9.0)
+    # Autocorrelated residuals (slow bursts) make the same slope less sure: (1 + ρ)/(1 − ρ) = 3 at ρ = 0.5.
+    assert math.isclose(slope_signal_share(3.0, 1.0, 0.5), 1.0 - 3.0 / 9.0)
+    assert slope_signal_share(0.0, 1.0, 0.0) == 0.0
+
+
+def test_the_shrunk_level_follows_a_ramp_but_not_a_noisy_tilt_of_a_steady_load():
+    from kvwatch.forecast.risk import _line_fit
+
+    ramp = _minutes([0.40 + 0.01 * i + (0.004 if i % 2 else -0.004) for i in range(30)])
+    fitted = _line_fit(ramp, 30)[1]
+    shrunk = _line_fit(ramp, 30, shrink=True)[1]
+    assert math.isclose(shrunk, fitted, rel_tol=0.01)  # t ≈ 40: the ramp's slope is kept
+    assert shrunk > 0.65 * CAPACITY  # read at the newest minute, not at the window's centre (0.545)
+    # A steady load (mean 0.6) with minute-to-minute noise of ±0.05 and a slight tilt (0.03 over the window,
+    # t ≈ 1): the fitted line, read 14.5 minutes past the window's centre, is lifted by it; the shrunk line
+    # stays near the window's mean.
+    steady = _minutes([0.6 + 0.001 * (i - 14.5) + (0.05 if i % 2 else -0.05) for i in range(30)])
+    mean = sum(b.k_mean for b in steady) / len(steady)
+    fitted = _line_fit(steady, 30)[1]
+    shrunk = _line_fit(steady, 30, shrink=True)[1]
+    assert fitted - mean > 0.01 * CAPACITY
+    assert shrunk - mean < 0.5 * (fitted - mean)

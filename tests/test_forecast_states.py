@@ -289,6 +289,18 @@ def test_latch_rearm_needs_fresh_raw_minutes_after_a_saturation():
     # Afterwards: three raw minutes in a row again (a calm minute in between restarts the count).
     assert [latch.update(r, False) for r in (True, False, True, True, True, True)] == [
         False, False, False, False, True, True]
-    v4 = WarningLatch(WarningParams(rearm=False, with_recurrence=False))
+    v4 = WarningLatch(WarningParams(warn_for_buckets=2, rearm=False, with_recurrence=False))
     assert [v4.update(True, False, saturated=s) for s in (False, True, True, False, False)] == [
         False, True, True, True, True]
+
+
+def test_the_first_warning_needs_three_raw_minutes_and_the_rearm_two():
+    # v6: a 30-minute risk that touches 0.7 for two minutes on a steady load is no warning yet (v5 fired);
+    # after a saturation the re-arm still needs only its own 2 fresh minutes.
+    latch = WarningLatch(WarningParams())
+    assert [latch.update(r, False) for r in (True, True, False, True, True, True)] == [
+        False, False, False, False, False, True]
+    assert latch.update(True, False, saturated=True) is False
+    assert [latch.update(True, False) for _ in range(2)] == [False, True]
+    v5 = WarningLatch(WarningParams(warn_for_buckets=2))
+    assert [v5.update(r, False) for r in (True, True)] == [False, True]

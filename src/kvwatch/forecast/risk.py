@@ -14,7 +14,9 @@ theorem). What a sidecar can see gives both without per-request data:
 - level: a least-squares line through the last 30 per-minute means, read at the newest minute: it follows
   a ramp (``λ·A`` from demand.py lags one by its smoothing) without chasing a 5-minute burst, whose size
   the variance already describes (the mean of the last 5 minutes as the level was tried: steady load then
-  swung the risk from 0 to 0.7 and back every burst).
+  swung the risk from 0 to 0.7 and back every burst). v6 shrinks the line's slope by the share of it that is
+  signal, ``max(0, 1 − 1/t²)``: on a steady load the slope of 30 noisy minute means is mostly noise, and
+  read 14.5 minutes past the window's centre it lifted the level (``RiskParams.level_shrink``).
 
 The rate is projected with the damped robust trend of demand.py (and its knee: requests hold KV longer
 as the batch grows), which moves both moments: mean and variance grow with ``λ̂(t)``. The probability of
@@ -90,6 +92,13 @@ class RiskParams:
     # no variance left) is a measurement, not a sustained saturation: at 0 (v4) one long request lifting it
     # to c made every horizon's risk 1, and such minutes came true a quarter of the time (tuning set).
     tail_from_minute: int = 1
+    # v6: the 30-minute line's slope, read at the newest minute, is shrunk by the share of it that is signal,
+    # ``max(0, 1 − 1/t²)`` with ``t`` the slope over its standard error (inflated by ``(1 + ρ)/(1 − ρ)`` for the
+    # minute means' lag-1 autocorrelation). On a steady load the slope of 30 noisy minute means is mostly
+    # noise, and read 14.5 minutes past the window's centre it tilts the level; a real ramp keeps its slope.
+    # False: v5 (the line as fitted).
+    level_shrink: bool = True
+    level_shrink_autocorrelation: bool = True  # inflate the slope's variance for autocorrelated residuals
 
 
 @dataclass(frozen=True)
@@ -149,8 +158,12 @@ def dispersion_index(buckets: Sequence[MinuteBucket], window_buckets: int) -> tu
     return None if fit is None else (fit[0], fit[1])
 
 
-def _line_fit(buckets: Sequence[MinuteBucket], window_buckets: int) -> tuple[float, float, float, float] | None:
-    """(dispersion index, line at the newest minute, lag-1 autocorrelation of the residuals, newest mean)."""
+def _line_fit(buckets: Sequence[MinuteBucket], window_buckets: int, shrink: bool = False,
+              autocorrelated: bool = True) -> tuple[float, float, float, float] | None:
+    """(dispersion index, line at the newest minute, lag-1 autocorrelation of the residuals, newest mean).
+
+    ``shrink``: the slope is multiplied by ``max(0, 1 − 1/t²)`` before the line is read at the newest minute
+    (``RiskParams.level_shrink``)."""
     newest = buckets[-1].minute
     points = [(float(b.minute), b.k_mean) for b in buckets
               if b.minute > newest - window_buckets and b.k_mean is not None]
@@ -165,11 +178,25 @@ def _line_fit(buckets: Sequence[MinuteBucket], window_buckets: int) -> tuple[flo
     residuals = [y - my - slope * (x - mx) for x, y in points]
     squares = sum(e * e for e in residuals)
     resid = squares / max(1, n - 2)
-    level = my + slope * (points[-1][0] - mx)  # the line at the newest minute: follows a ramp, not a burst
     # Lag-1 autocorrelation of consecutive minutes (gaps skipped): how slowly the bursts come and go.
     lagged = sum(residuals[i] * residuals[i + 1] for i in range(n - 1) if points[i + 1][0] - points[i][0] == 1)
     rho = lagged / squares if squares > 0 else 0.0
+    if shrink and sxx > 0:
+        slope *= slope_signal_share(slope, resid / sxx, rho if autocorrelated else 0.0)
+    level = my + slope * (points[-1][0] - mx)  # the line at the newest minute: follows a ramp, not a burst
     return (resid / my if my > 0 else 0.0), max(0.0, level), rho, points[-1][1]
+
+
+def slope_signal_share(slope: float, slope_variance: float, rho: float) -> float:
+    """The share of a fitted slope that is signal, ``max(0, 1 − 1/t²)``: ``E[b²] = β² + Var b``, so
+    ``(b² − Var b)/b²`` estimates ``β²/E[b²]``, the least-squares shrinkage of ``b`` towards 0. ``Var b`` is the
+    ordinary one inflated by ``(1 + ρ)/(1 − ρ)``: positively autocorrelated residuals (slow bursts) make a
+    slope look surer than it is."""
+    r = min(max(rho, 0.0), 0.95)
+    variance = slope_variance * (1.0 + r) / (1.0 - r)
+    if slope == 0.0 or variance <= 0.0:
+        return 1.0 if variance <= 0.0 else 0.0
+    return max(0.0, 1.0 - variance / (slope * slope))
 
 
 def within_minute_sd(window: Sequence[MinuteBucket], how: str = "pooled") -> float:
@@ -225,7 +252,7 @@ def estimate_risk(buckets: Sequence[MinuteBucket], demand: DemandEstimate, p: Ri
     newest = buckets[-1].minute
     window = [b for b in buckets if b.minute > newest - p.window_buckets]
     capacity = demand.capacity_tokens
-    fit = _line_fit(buckets, p.window_buckets)
+    fit = _line_fit(buckets, p.window_buckets, p.level_shrink, p.level_shrink_autocorrelation)
     if capacity <= 0 or demand.rate_level <= 0 or fit is None:
         return None
     size, mean0, rho_measured, newest_mean = fit

@@ -54,8 +54,8 @@ INNER_ESTIMATES: tuple[tuple[str, str, str], ...] = (
      f"Lower bound of the {_P.trend_confidence:.0%} confidence interval of the usage slope "
      "(above 0: significantly rising)."),
     ("kvwatch_forecast_occupancy_mean_tokens", "occupancy_mean_tokens",
-     f"KV tokens in use now by a least-squares line through the last {_P.risk.window_buckets} per-minute means "
-     "(the level the saturation risk projects from)."),
+     f"KV tokens in use now by a least-squares line through the last {_P.risk.window_buckets} per-minute means, "
+     "its slope shrunk by the share of it that is signal (the level the saturation risk projects from)."),
     ("kvwatch_forecast_occupancy_sd_tokens", "occupancy_sd_tokens",
      "Standard deviation of per-minute KV tokens in use in the shot-noise model: sqrt(request size x mean)."),
     ("kvwatch_forecast_request_size_tokens", "request_size_tokens",
