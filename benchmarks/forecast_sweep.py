@@ -1,0 +1,94 @@
+"""The v6 tuning sweep of docs/forecasting.md in one command: every variant scored on the same (cached)
+simulations of the tuning trace, the 15 runs v5 was tuned on and the whole tuning family (41 runs).
+
+    .venv/bin/python benchmarks/forecast_sweep.py AzureLLMInferenceTrace_conv.csv --cache-dir /tmp/kvwatch-bt
+
+Only the tuning trace is read: the held-out traces are scored by benchmarks/forecast_matrix.py, once.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+
+from kvwatch.backtest.report import (
+    FORECASTERS,
+    GENERALIZATION,
+    LONG_CONTEXT,
+    MATRIX,
+    NO_SATURATION,
+    Case,
+    Pooled,
+    case_name,
+    pooled,
+    simulations,
+)
+from kvwatch.backtest.runner import KVWATCH, Simulation
+from kvwatch.backtest.scoring import summarize
+from kvwatch.forecast import ForecastParams
+
+V5 = FORECASTERS["v5"]
+
+
+def _variant(base: ForecastParams, risk: dict | None = None, warning: dict | None = None,
+             detector: dict | None = None) -> ForecastParams:
+    return replace(base, risk=replace(base.risk, **(risk or {})), warning=replace(base.warning, **(warning or {})),
+                   detector=replace(base.detector, **(detector or {})))
+
+
+VARIANTS: dict[str, ForecastParams] = {
+    "v5": V5,
+    "level shrunk only": _variant(V5, risk={"level_shrink": True}),
+    "... plain t": _variant(V5, risk={"level_shrink": True, "level_shrink_autocorrelation": False}),
+    "first warning after 3 min only": _variant(V5, warning={"warn_for_buckets": 3}),
+    "first warning after 4 min only": _variant(V5, warning={"warn_for_buckets": 4}),
+    "v6": FORECASTERS["v6"],
+    "v6, after 4 min": _variant(FORECASTERS["v6"], warning={"warn_for_buckets": 4}),
+    "v6, plain t": _variant(FORECASTERS["v6"], risk={"level_shrink_autocorrelation": False}),
+    "v5, re-arm after 1 min": _variant(V5, warning={"rearm_for_buckets": 1}),
+    "v6, re-arm after 1 min": _variant(FORECASTERS["v6"], warning={"rearm_for_buckets": 1}),
+    "v5, bottleneck clears over 2 min": _variant(V5, detector={"clear_window_seconds": 120.0}),
+}
+# The runs v5 was tuned on (docs/forecasting.md, "v5"), by row label and seed.
+V5_SET = {("step", 0), ("diurnal", 0), ("mixshift", 0), ("steady 0.7", 0), ("steady 0.9", 0), ("restart", 0),
+          ("large-cache steady 0.7", 0), ("long-mix steady 0.7", 0), ("prompt×4 steady 0.7", 0),
+          ("small-cache steady 0.8", 10), ("prompt×2 steady 0.85", 10), ("burst-short", 10), ("burst-short", 11),
+          ("burst-long", 10), ("burst-long", 11)}
+
+
+def tuning_family(trace: Path, cache_dir: Path | None) -> list[Simulation]:
+    long_context = {c.name: c for c in LONG_CONTEXT}
+    cases: list[tuple[Case, list[int] | None]] = [(c, [0, 1, 2]) for c in MATRIX]
+    cases += [(long_context["long-mix ramp"], [0]), (long_context["long-mix steady 0.7"], [0]),
+              (long_context["prompt×4 ramp"], [0]), (long_context["prompt×4 steady 0.7"], [0, 1, 2])]
+    cases += [(c, None) for c in GENERALIZATION] + [(c, [0, 1, 2]) for c in NO_SATURATION]
+    return [sim for case, seeds in cases for sim in simulations(trace, [case], cache_dir, seeds=seeds)]
+
+
+def _row(p: Pooled) -> str:
+    o = p.outcomes["all"][KVWATCH]
+    s = summarize(o)
+    rel = p.reliability["all"]
+    brier = ", ".join(f"{rel[h][KVWATCH].brier:.4f}" for h in (300, 900, 1800))
+    on5 = "–" if s["active_5m_before"] is None else f"{s['active_5m_before']:.2f}"
+    return f"{s['recall']['300']:.2f} / {s['recall']['900']:.2f} / {on5} / {s['false_alarms']} / {brier}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("tuning", type=Path, help="the tuning trace (Azure conversation CSV)")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="keep simulations here between runs")
+    args = parser.parse_args()
+    family = tuning_family(args.tuning, args.cache_dir)
+    v5_set = [s for s in family if (case_name(s.scenario), s.scenario.seed) in V5_SET]
+    print(f"| variant | {len(v5_set)} runs of v5's tuning set: recall@5m / @15m / on 5 min before / false alarms / "
+          f"Brier 5m, 15m, 30m | whole tuning family, {len(family)} runs: the same |")
+    print("|---|---|---|")
+    for name, params in VARIANTS.items():
+        print(f"| {name} | {_row(pooled(v5_set, params))} | {_row(pooled(family, params))} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
