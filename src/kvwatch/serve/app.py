@@ -31,7 +31,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
-from kvwatch.derived import SeriesState, derive
+from kvwatch.derived import RATE_WINDOW_SECONDS, SeriesState, derive
 from kvwatch.engines import SourceOverrides
 from kvwatch.fetch import Fetcher
 from kvwatch.gpu_memory import GpuMatch, GpuMemory, shared_terms
@@ -167,8 +167,11 @@ class Sidecar:
         self.overrides = SourceOverrides.from_settings(settings)
         self.target = redact_url(settings.target_url)  # what logs name: never the password in the URL
         self.max_series = settings.max_series
+        # Polls older than the longest window a reader asks for are dropped (the ring of 720 was most of the
+        # sidecar's data: docs/performance.md, "Sidecar memory").
         self.history = History(forget_after=max(3600.0, 10 * float(settings.stale_after_seconds or 0)),
-                               max_series=2 * settings.max_series)
+                               max_series=2 * settings.max_series,
+                               keep_seconds=max([RATE_WINDOW_SECONDS, *(a.history_seconds for a in self.analyzers)]))
         self.state = State()
         self._status_log = ChangeLog(log)
         self._values_log = ChangeLog(log, initial=())
