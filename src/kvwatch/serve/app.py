@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import faulthandler
 import functools
 import importlib
 import logging
@@ -66,6 +67,12 @@ class Clock:
 
 RELEASE_AFTER_BYTES = 1 << 20
 """After a poll that held a body this large (or refused a larger one), freed memory goes back to the OS."""
+
+# The last resort of SIGTERM: every step of the shutdown is bounded (each fetcher's close by 4 s, the HTTP
+# server's by its 0.5-s poll), so one that still runs after this long is stuck; faulthandler's own C thread
+# (it needs no GIL, so it works even if the interpreter's exit hangs) then prints every thread's stack to
+# stderr and exits with status 1. A CI run once saw SIGTERM not stop the sidecar within 10 s (docs/reliability.md).
+SHUTDOWN_DEADLINE_SECONDS = 9.0
 
 
 @functools.cache
@@ -446,6 +453,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         stop.wait()
     finally:
+        faulthandler.dump_traceback_later(SHUTDOWN_DEADLINE_SECONDS, exit=True)
         log.info("shutting down")
         stop_polling(poller, sidecar)
         server.shutdown()
