@@ -1,8 +1,8 @@
 """Sidecar memory over a long demo: runs ``kvwatch demo`` and samples the ``kvwatch serve`` child's RSS.
 
 The demo polls every 10 simulated seconds; at ``--speed 60`` one wall minute is one simulated hour, and the
-sidecar's history (720 polls per series, kvwatch.history.DEFAULT_MAX_SAMPLES) is full after two simulated
-hours, so the later samples are its steady state. Prints one line per sample (wall seconds, simulated
+sidecar's windows are full after two simulated hours (the forecaster's 120 minute buckets; the history keeps
+the last 300 s of polls), so the later samples are its steady state. Prints one line per sample (wall seconds, simulated
 hours, VmRSS, load average) and the median of the last third.
 
 It first compiles kvwatch's bytecode, as ``pip install`` does for the image: with PYTHONDONTWRITEBYTECODE

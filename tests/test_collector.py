@@ -46,6 +46,7 @@ def value(samples: dict, name: str, **labels: str) -> float | None:
 
 class DemoAnalyzer:
     name = "demo"
+    history_seconds = 0.0
 
     def analyze(self, key: SeriesKey, history: SeriesHistory, reading: Reading, now: float) -> Any:
         return reading.kv_usage_ratio

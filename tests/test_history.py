@@ -21,6 +21,27 @@ def test_ring_is_bounded() -> None:
     assert [e.timestamp for e in h] == [7.0, 8.0, 9.0]
 
 
+def test_ring_keeps_only_the_seconds_asked_for_and_windows_within_them_are_unchanged() -> None:
+    """keep_seconds drops polls no window up to that length can read; what such a window answers (its first
+    point, its increase across a reset) is the same as with the whole ring kept."""
+    values = [float(v) for v in [0, 10, 20, 5, 15, 25, 35, 3, 13, 23, 33, 43]]  # two resets
+    whole, kept = SeriesHistory(), SeriesHistory(keep_seconds=30.0)
+    for i, v in enumerate(values):
+        for h in (whole, kept):
+            h.append(10.0 * i, reading(preemptions_total=v, prompt_tokens_total=2 * v))
+        for window in (10.0, 20.0, 30.0):
+            for field in ("preemptions_total", "prompt_tokens_total"):
+                assert kept.increase(field, window) == whole.increase(field, window)
+            first_whole, first_kept = whole.first(window=window), kept.first(window=window)
+            assert first_kept is not None and first_whole is not None
+            assert first_kept.timestamp == first_whole.timestamp
+    assert [e.timestamp for e in kept] == [80.0, 90.0, 100.0, 110.0]  # newest minus 30 s and after
+    assert len(whole) == len(values)
+    assert kept.restarts == whole.restarts == 2
+    with pytest.raises(ValueError, match="keep_seconds"):
+        SeriesHistory(keep_seconds=0.0)
+
+
 def test_rate_over_window() -> None:
     h = SeriesHistory()
     for t in range(0, 100, 10):

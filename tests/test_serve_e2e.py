@@ -143,8 +143,12 @@ def test_serve_survives_garbage_and_outage(target: Target) -> None:
         assert get(scrape(port), "kvwatch_requests_waiting", model_name="llama", engine="0") == 4.0
 
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
-        log = proc.stdout.read() if proc.stdout else ""
+        try:
+            code = proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            code = None
+        log = proc.stdout.read() if proc.stdout and code is not None else ""
+        assert code == 0, f"SIGTERM: exit status {code}; kvwatch's output:\n{log[-20000:]}"
         # Only changes are logged: one "down" per outage kind, not one per poll.
         assert log.count("is down (parse)") == 1 and log.count("is down (connect)") == 1
         assert log.count("is up") == 2
@@ -185,6 +189,32 @@ def test_sigterm_stops_serve_while_a_poll_hangs() -> None:
         for conn in hung:
             conn.close()
         silent.close()
+
+
+def test_a_stuck_shutdown_dumps_every_thread_and_exits_at_the_deadline(target: Target) -> None:
+    """The last resort (serve.app.SHUTDOWN_DEADLINE_SECONDS): when a shutdown step hangs, faulthandler prints
+    every thread's stack and the process exits with status 1 instead of waiting for SIGKILL."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVWATCH_")}
+    code = ("import sys, threading\n"
+            "from kvwatch.serve import app\n"
+            "app.SHUTDOWN_DEADLINE_SECONDS = 1.0\n"
+            "app.stop_polling = lambda poller, sidecar: threading.Event().wait()  # a shutdown step that hangs\n"
+            "from kvwatch.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "serve", "--target-url", f"http://127.0.0.1:{target.port}/metrics",
+         "--listen-address", "127.0.0.1", "--port", str(port), "--poll-interval-seconds", "0.2"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: get(scrape(port), "kvwatch_up") == 1.0, "first good poll")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 1  # without the deadline it would hang until SIGKILL
+        log = proc.stdout.read() if proc.stdout else ""
+        # faulthandler's dump, naming the deadline and the step that hung
+        assert "Timeout (0:00:01)!" in log and 'File "<string>", line 4 in <lambda>' in log, log[-3000:]
+    finally:
+        _reap(proc)
 
 
 class _SlowThenFast:

@@ -1,6 +1,7 @@
 """Bounded per-series history of Readings, counter rates and restart detection (pure: caller's timestamps).
 
-One :class:`SeriesHistory` per ``(model_name, engine)``, a ring of the last ``max_samples`` polls. Rates
+One :class:`SeriesHistory` per ``(model_name, engine)``, a ring of the last ``max_samples`` polls (and, when
+``keep_seconds`` is given, of those polls no older than that: the longest window a reader asks for). Rates
 follow Prometheus' ``rate()``: a counter that goes down was reset, and its new value is the increase since
 the reset. A restart of vLLM is recognised when any counter goes down, ``process_start_time_seconds``
 changes, or ``vllm:cache_config_info`` changes (a new KV configuration); it is counted and stamped so that
@@ -25,7 +26,7 @@ COUNTER_FIELDS: tuple[str, ...] = (
     "request_generation_tokens_sum", "request_generation_tokens_count", "requests_aborted_total",
 )
 
-DEFAULT_MAX_SAMPLES = 720  # one hour at the default 5 s poll interval
+DEFAULT_MAX_SAMPLES = 720  # a cap per series (an hour of 5-s polls); the sidecar keeps only what its windows read
 
 # Reading fields that rarely change between polls: an entry equal to its predecessor's shares that object.
 _SHARED_FIELDS: tuple[str, ...] = ("model_name", "engine", "cache_config", "waiting_by_reason", "finished_by_reason",
@@ -56,12 +57,16 @@ def restart_reason(previous: Reading, current: Reading) -> str | None:
 
 
 class SeriesHistory:
-    """The last ``max_samples`` readings of one series, oldest first."""
+    """The last ``max_samples`` readings of one series, oldest first; with ``keep_seconds``, only those within
+    that many seconds of the newest (a window of up to ``keep_seconds`` still finds its first point)."""
 
-    def __init__(self, max_samples: int = DEFAULT_MAX_SAMPLES) -> None:
+    def __init__(self, max_samples: int = DEFAULT_MAX_SAMPLES, keep_seconds: float | None = None) -> None:
         if max_samples < 2:
             raise ValueError("max_samples must be at least 2")
+        if keep_seconds is not None and not keep_seconds > 0:
+            raise ValueError("keep_seconds must be positive")
         self._entries: deque[Entry] = deque(maxlen=max_samples)
+        self.keep_seconds = keep_seconds
         # Per counter: (timestamp, reset-adjusted running total) of each entry where it is reported, so an
         # increase over a window is one subtraction, not a walk over every sample kept (CPU per poll grew
         # with the history at fast poll intervals; docs/reliability.md). Made at a counter's first value:
@@ -91,10 +96,7 @@ class SeriesHistory:
             self.restarts += 1
             self.last_restart_timestamp = timestamp
             self.last_restart_reason = reason
-        if len(self._entries) == self._entries.maxlen:
-            dropped = self._entries[0].timestamp
-            for totals in self._totals.values():
-                totals.drop_through(dropped)
+        self._drop_before(timestamp)
         self._entries.append(Entry(timestamp, self._shared(reading)))
         for name in COUNTER_FIELDS:
             value = getattr(reading, name)
@@ -108,6 +110,18 @@ class SeriesHistory:
             totals.append(timestamp, step)
             self._last_value[name] = value
         return reason
+
+    def _drop_before(self, timestamp: float) -> None:
+        """Make room for an entry at ``timestamp``: the oldest goes when the ring is full, and with
+        ``keep_seconds`` every entry older than that before ``timestamp`` (with its counters' points)."""
+        entries = self._entries
+        cut = timestamp - self.keep_seconds if self.keep_seconds is not None else None
+        dropped = None
+        while entries and (len(entries) == entries.maxlen or (cut is not None and entries[0].timestamp < cut)):
+            dropped = entries.popleft().timestamp
+        if dropped is not None:
+            for totals in self._totals.values():
+                totals.drop_through(dropped)
 
     def _shared(self, reading: Reading) -> Reading:
         """``reading`` with the fields equal to the previous entry's pointing at that entry's objects.
@@ -226,8 +240,9 @@ class History:
     must not grow memory for an hour)."""
 
     def __init__(self, max_samples: int = DEFAULT_MAX_SAMPLES, forget_after: float = 3600.0,
-                 max_series: int | None = None) -> None:
+                 max_series: int | None = None, keep_seconds: float | None = None) -> None:
         self.max_samples = max_samples
+        self.keep_seconds = keep_seconds
         self.forget_after = forget_after
         self.max_series = max_series
         self._series: dict[SeriesKey, SeriesHistory] = {}  # least recently seen first
@@ -247,7 +262,7 @@ class History:
         for reading in poll.readings:
             series = self._series.pop(reading.key, None)  # re-inserted: the dict stays least recently seen first
             if series is None:
-                series = SeriesHistory(self.max_samples)
+                series = SeriesHistory(self.max_samples, self.keep_seconds)
             self._series[reading.key] = series
             reason = series.append(poll.timestamp, reading)
             if reason is not None:

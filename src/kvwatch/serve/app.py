@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import faulthandler
 import functools
 import importlib
 import logging
@@ -31,7 +32,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
-from kvwatch.derived import SeriesState, derive
+from kvwatch.derived import RATE_WINDOW_SECONDS, SeriesState, derive
 from kvwatch.engines import SourceOverrides
 from kvwatch.fetch import Fetcher
 from kvwatch.gpu_memory import GpuMatch, GpuMemory, shared_terms
@@ -66,6 +67,12 @@ class Clock:
 
 RELEASE_AFTER_BYTES = 1 << 20
 """After a poll that held a body this large (or refused a larger one), freed memory goes back to the OS."""
+
+# The last resort of SIGTERM: every step of the shutdown is bounded (each fetcher's close by 4 s, the HTTP
+# server's by its 0.5-s poll), so one that still runs after this long is stuck; faulthandler's own C thread
+# (it needs no GIL, so it works even if the interpreter's exit hangs) then prints every thread's stack to
+# stderr and exits with status 1. A CI run once saw SIGTERM not stop the sidecar within 10 s (docs/reliability.md).
+SHUTDOWN_DEADLINE_SECONDS = 9.0
 
 
 @functools.cache
@@ -167,8 +174,11 @@ class Sidecar:
         self.overrides = SourceOverrides.from_settings(settings)
         self.target = redact_url(settings.target_url)  # what logs name: never the password in the URL
         self.max_series = settings.max_series
+        # Polls older than the longest window a reader asks for are dropped (the ring of 720 was most of the
+        # sidecar's data: docs/performance.md, "Sidecar memory").
         self.history = History(forget_after=max(3600.0, 10 * float(settings.stale_after_seconds or 0)),
-                               max_series=2 * settings.max_series)
+                               max_series=2 * settings.max_series,
+                               keep_seconds=max([RATE_WINDOW_SECONDS, *(a.history_seconds for a in self.analyzers)]))
         self.state = State()
         self._status_log = ChangeLog(log)
         self._values_log = ChangeLog(log, initial=())
@@ -443,6 +453,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         stop.wait()
     finally:
+        faulthandler.dump_traceback_later(SHUTDOWN_DEADLINE_SECONDS, exit=True)
         log.info("shutting down")
         stop_polling(poller, sidecar)
         server.shutdown()

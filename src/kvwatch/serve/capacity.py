@@ -49,6 +49,7 @@ MAX_LOGGED_PLANS = 10
 
 class CapacityAnalyzer:
     name = "capacity"
+    history_seconds = 0.0  # the newest reading and the restart stamp only
 
     def __init__(self, settings: ServeSettings, capacity: CapacityResolver | None = None) -> None:
         # One plan per vLLM model_name and engine configuration (the cache_config_info labels the formula

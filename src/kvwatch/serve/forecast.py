@@ -38,6 +38,7 @@ class SeriesForecast:
 
 class ForecastAnalyzer:
     name = "forecast"
+    history_seconds = 0.0  # the forecaster keeps its own minute buckets; from the history only the restart stamp
 
     def __init__(self, params: ForecastParams | None = None, *, max_model_len: int | None = None,
                  capacity: CapacityResolver | None = None, gpus_per_node: int = DEFAULT_GPUS_PER_NODE,

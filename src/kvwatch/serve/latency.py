@@ -65,6 +65,7 @@ class LatencyAnalyzer:
     def __init__(self, ttft_slo_seconds: float | None = None, window: float = WINDOW_SECONDS) -> None:
         self.ttft_slo_seconds = ttft_slo_seconds
         self.window = window
+        self.history_seconds = window
         self._edge_log: dict[SeriesKey, deque[tuple[float, Mapping[str, Histogram]]]] = {}
 
     def _edges(self, key: SeriesKey, history: SeriesHistory,

@@ -34,6 +34,9 @@ class Analyzer(Protocol[Result]):
     kvwatch.serve.latency.SeriesLatency)."""
 
     name: str
+    # The longest window (seconds of poll clock) it reads from the series' history: the sidecar keeps no older
+    # polls than its analyzers and kvwatch.derived need.
+    history_seconds: float
 
     def analyze(self, key: SeriesKey, history: SeriesHistory, reading: Reading, now: float) -> Result | None:
         """The per-series result (an immutable value), or None when there is nothing to say."""
