@@ -194,8 +194,10 @@ def slope_signal_share(slope: float, slope_variance: float, rho: float) -> float
     slope look surer than it is."""
     r = min(max(rho, 0.0), 0.95)
     variance = slope_variance * (1.0 + r) / (1.0 - r)
-    if slope == 0.0 or variance <= 0.0:
-        return 1.0 if variance <= 0.0 else 0.0
+    if variance <= 0.0:
+        return 1.0  # an exact line: all signal
+    if slope == 0.0:
+        return 0.0
     return max(0.0, 1.0 - variance / (slope * slope))
 
 
