@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from kvwatch.counters import counter_delta
+from kvwatch.counters import counter_delta, histogram_delta
 from kvwatch.forecast.buckets import BucketAggregator, SampleDeltas
 from kvwatch.forecast.robust import Ewma, damped_trend_offset, quantile, theil_sen
 
@@ -83,6 +83,14 @@ def test_counter_delta_treats_a_decrease_as_a_reset():
     assert counter_delta(None, 7) is None
 
 
+def test_histogram_delta_resets_every_bucket_together():
+    assert histogram_delta((5.0, 10.0, 12.0), (6.0, 13.0, 16.0)) == (1.0, 3.0, 4.0)
+    # A restart: the total went down, so every bucket counts from zero, even one that did not go down (5 -> 6).
+    assert histogram_delta((5.0, 10.0, 12.0), (6.0, 6.0, 7.0)) == (6.0, 6.0, 7.0)
+    assert histogram_delta((5.0, 10.0), (1.0, 2.0, 3.0)) is None  # other bounds
+    assert histogram_delta(None, (1.0,)) is None
+
+
 def _deltas(seconds=10.0, finished=2.0, queue_change=0.0):
     return SampleDeltas(seconds, finished, queue_change, 0.0, 100.0, 50.0, 200.0, 2.0, 100.0, 2.0)
 
@@ -106,3 +114,27 @@ def test_bucket_without_counter_deltas_has_no_rates():
     bucket = agg.add(60.0, 0.5, None, 1.0, 0.0, None)
     assert bucket.departure_rate is None and bucket.arrival_rate is None and bucket.k_mean is None
     assert math.isclose(bucket.u_p90, 0.5)
+
+
+def test_length_bucket_deltas_per_minute_and_across_a_reset():
+    from kvwatch.forecast import Forecaster, ForecastSample
+
+    bounds = (100.0, 1000.0, math.inf)
+
+    def sample(t: float, cumulative: tuple[float, ...], count: float) -> ForecastSample:
+        return ForecastSample(timestamp=t, kv_usage=0.5, capacity_tokens=1000.0, finished_total=count,
+                              request_prompt_tokens_count=count, prompt_length_bounds=bounds,
+                              prompt_length_cumulative=cumulative, generation_length_bounds=bounds,
+                              generation_length_cumulative=cumulative)
+
+    f = Forecaster()
+    # Minute 0: 3 requests (2 short, 1 long); minute 1: the engine restarts at 70 s (every count goes down)
+    # and finishes 1 short request after that; minute 2 closes minute 1.
+    polls = [(0.0, (10.0, 12.0, 12.0)), (20.0, (11.0, 13.0, 13.0)), (40.0, (12.0, 14.0, 15.0)),
+             (60.0, (12.0, 14.0, 15.0)), (70.0, (0.0, 0.0, 0.0)), (90.0, (1.0, 1.0, 1.0)), (120.0, (1.0, 1.0, 1.0))]
+    for t, cumulative in polls:
+        f.observe(sample(t, cumulative, cumulative[-1]))
+    minutes = list(f._buckets)  # the closed minutes (private: what risk.py reads)
+    assert [m.minute for m in minutes] == [1]  # the restart dropped minute 0 with the rest of the state
+    assert minutes[0].prompt_length_counts == (1.0, 1.0, 1.0)  # not 1 - 12 per bucket, nor the pre-reset counts
+    assert minutes[0].generation_length_bounds == bounds

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,31 @@ def test_0_33_capacity_labels_win_and_histograms() -> None:
     assert e1.request_generation_tokens_sum is None
     assert (e0.preemptions_total, e1.prefix_cache_hits_total) == (42.0, 1500.0)
     assert e0.process_start_time_seconds == e1.process_start_time_seconds == 1.79e9
+    # The length histograms' buckets (the forecast's request-size tail, v7), per engine.
+    prompt = e0.lengths["prompt"]
+    assert (prompt.bounds, prompt.cumulative, prompt.count) == ((1000.0, math.inf), (50.0, 100.0), 100.0)
+    assert e0.lengths["generation"].cumulative == (100.0,)
+    assert e1.lengths["prompt"].cumulative == (0.0, 0.0) and "generation" not in e1.lengths
+
+
+def test_length_buckets_reach_the_forecast_sample_through_the_wire() -> None:
+    # The simulator rendered as vLLM (1-2-5 bounds up to max-model-len), read by the adapter: the forecast
+    # sample's cumulative bucket counts are the simulator's own.
+    from kvwatch.backtest.runner import engine_config, sample_from, sample_through_wire
+    from kvwatch.sim.buckets import build_1_2_5_buckets
+    from kvwatch.sim.engine import Request, Simulator
+
+    sim = Simulator(engine_config(4000), seed=1)
+    sim.submit([Request(float(i), 30 + 700 * i, 5 + 40 * i) for i in range(12)])
+    sim.run_until(600.0)
+    snap = sim.snapshot()[0]
+    wire = sample_through_wire(snap, "vllm", restarted=False)
+    bounds = (*(float(b) for b in build_1_2_5_buckets(8192)), math.inf)
+    direct = sample_from(snap, restarted=False, length_bounds=bounds)
+    assert wire.prompt_length_bounds == direct.prompt_length_bounds == bounds
+    assert wire.prompt_length_cumulative == direct.prompt_length_cumulative
+    assert wire.generation_length_cumulative == direct.generation_length_cumulative
+    assert direct.prompt_length_cumulative is not None and direct.prompt_length_cumulative[-1] == 12.0
 
 
 def test_multiprocess_pid_gauges_are_combined() -> None:

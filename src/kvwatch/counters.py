@@ -2,14 +2,36 @@
 
 Like PromQL's ``rate()``: a counter that goes down was reset (vLLM restarted), and its new value is the
 increase since the reset. :mod:`kvwatch.history` (rates over a window) and the forecaster's per-minute
-buckets both take deltas through :func:`counter_delta`.
+buckets both take deltas through :func:`counter_delta`; a histogram's cumulative buckets through
+:func:`histogram_delta`, the same rule applied to the histogram as one counter.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def counter_reset(previous: float, current: float) -> bool:
+    """A counter that went down was reset to zero (PromQL ``rate()``)."""
+    return current < previous
 
 
 def counter_delta(previous: float | None, current: float | None) -> float | None:
     """Increase of a counter between two reads, like ``rate()``: a decrease is a reset to zero."""
     if previous is None or current is None:
         return None
-    return current if current < previous else current - previous
+    return current if counter_reset(previous, current) else current - previous
+
+
+def histogram_delta(previous: Sequence[float] | None, current: Sequence[float] | None) -> tuple[float, ...] | None:
+    """Per-bucket increase of a cumulative histogram (counts at each ``le``, the last ``+Inf``) between two reads.
+
+    The buckets are reset together, so the reset is decided once, by :func:`counter_reset` on the ``+Inf``
+    bucket (the total), and then every bucket's increase is its current value; deciding per bucket would
+    mix counts from before and after a restart. None when either read is missing or the bounds differ
+    (a different number of buckets)."""
+    if previous is None or current is None or len(previous) != len(current) or not current:
+        return None
+    if counter_reset(previous[-1], current[-1]):
+        return tuple(current)
+    return tuple(max(0.0, c - p) for p, c in zip(previous, current, strict=True))

@@ -80,6 +80,9 @@ class Reading:
     process_start_time_seconds: float | None = None
     # Latency histograms by kind (kvwatch.latency.KINDS: ttft, itl, queue, e2e), each as the engine exports it.
     latency: Mapping[str, Histogram] = field(default_factory=_no_histograms)
+    # The request length histograms with their buckets ("prompt": vllm:request_prompt_tokens, "generation":
+    # vllm:request_generation_tokens), for the forecast's request-size tail; empty when not exported.
+    lengths: Mapping[str, Histogram] = field(default_factory=_no_histograms)
     requests_aborted_total: float | None = None
 
     @property

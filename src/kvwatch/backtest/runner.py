@@ -32,6 +32,7 @@ from kvwatch.backtest.scoring import (
 from kvwatch.forecast import Forecaster, ForecastParams, ForecastSample
 from kvwatch.forecast.detector import BOTTLENECK, FILLING
 from kvwatch.forecast.risk import RISK_HORIZONS_SECONDS
+from kvwatch.sim.buckets import build_1_2_5_buckets
 from kvwatch.sim.engine import EngineConfig, EngineSnapshot, Request, Simulator, StepTimeModel
 from kvwatch.sim.traces import block_bootstrap, scale_rate
 
@@ -120,6 +121,8 @@ def simulate(scenario: Scenario, trace: Sequence[Request], *, calibration: Calib
     restarts = list(scenario.restart_times)
     restarted = False
     samples: list[ForecastSample] = []
+    # The length histograms' bounds as vLLM exposes them: 1-2-5 up to max-model-len, then +Inf.
+    length_bounds = (*(float(b) for b in build_1_2_5_buckets(scenario.max_model_len)), math.inf)
     for i in range(1, int(scenario.seconds // POLL_SECONDS) + 1):
         t = i * POLL_SECONDS
         while restarts and restarts[0] <= t:
@@ -128,7 +131,7 @@ def simulate(scenario: Scenario, trace: Sequence[Request], *, calibration: Calib
             restarted = True
         sim.run_until(t)
         snap = sim.snapshot()[0]
-        samples.append(sample_from(snap, restarted=restarted) if engine is None else
+        samples.append(sample_from(snap, restarted=restarted, length_bounds=length_bounds) if engine is None else
                        sample_through_wire(snap, engine, restarted=restarted))
         restarted = False
     return Simulation(scenario, calibration, tuple(samples), len(requests))
@@ -189,7 +192,15 @@ class RunResult:
         }
 
 
-def sample_from(snap: EngineSnapshot, *, restarted: bool) -> ForecastSample:
+def sample_from(snap: EngineSnapshot, *, restarted: bool,
+                length_bounds: tuple[float, ...] | None = None) -> ForecastSample:
+    """The poll straight from the simulator's snapshot; ``length_bounds`` (upper bounds of the length
+    histograms as vLLM exposes them, 1-2-5 up to max-model-len, the last +Inf): their cumulative counts too."""
+    prompt = generation = None
+    if length_bounds is not None:
+        finite = length_bounds[:-1]
+        prompt = tuple(float(c) for c in snap.histograms["request_prompt_tokens"].cumulative(finite))
+        generation = tuple(float(c) for c in snap.histograms["request_generation_tokens"].cumulative(finite))
     return ForecastSample(
         timestamp=snap.time,
         kv_usage=snap.kv_usage,
@@ -207,6 +218,10 @@ def sample_from(snap: EngineSnapshot, *, restarted: bool) -> ForecastSample:
         e2e_latency_seconds_sum=float(snap.histograms["e2e_request_latency_seconds"].sum),
         e2e_latency_seconds_count=float(snap.histograms["e2e_request_latency_seconds"].count),
         restarted=restarted,
+        prompt_length_bounds=length_bounds if prompt is not None else None,
+        prompt_length_cumulative=prompt,
+        generation_length_bounds=length_bounds if generation is not None else None,
+        generation_length_cumulative=generation,
     )
 
 

@@ -64,6 +64,7 @@ LATENCY = {  # kind -> families, newest name first
     "queue": ("vllm:request_queue_time_seconds",),
     "e2e": ("vllm:e2e_request_latency_seconds",),
 }
+LENGTHS = {"prompt": (REQUEST_PROMPT_TOKENS,), "generation": (REQUEST_GENERATION_TOKENS,)}
 
 FAMILIES: frozenset[str] = frozenset({
     KV_USAGE, GPU_CACHE_USAGE, RUNNING, WAITING, WAITING_BY_REASON, SWAPPED, CPU_CACHE_USAGE, PREEMPTIONS, SUCCESS,
@@ -83,19 +84,14 @@ def _families_of(name: str) -> set[str]:
     return {name} | {name[: -len(suffix)] for suffix in SAMPLE_SUFFIXES if name.endswith(suffix)}
 
 
-HISTOGRAM_SAMPLES: frozenset[str] = frozenset(
-    family + suffix for family in (REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS) for suffix in ("_sum", "_count"))
-"""Of the two token histograms the adapter reads only ``_sum`` and ``_count``, never the buckets."""
-
-
 def wanted_for(overrides: SourceOverrides | None = None, *, adapter: bool = True) -> frozenset[str]:
-    """The parser's filter (family and sample names): the adapter's families (of the token histograms only
-    their ``_sum``/``_count`` samples), and every family an override's sample may be in
+    """The parser's filter (family and sample names): the adapter's families (the token histograms with their
+    buckets: the forecast's request-size tail reads them), and every family an override's sample may be in
     (``--waiting-metric proxy_queue_count`` needs the family ``proxy_queue``); ``adapter=False``: only the
     overrides'."""
     names: set[str] = set()
     if adapter:
-        names = (set(FAMILIES) - {REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS}) | HISTOGRAM_SAMPLES
+        names = set(FAMILIES)
     for name in overrides.names() if overrides else ():
         names |= _families_of(name)
     return frozenset(names)
@@ -156,6 +152,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
         _split(x) for x in (prompt_sum, prompt_count, generation_sum, generation_count))
     queries_idx, hits_idx = _split(prefix_queries), _split(prefix_hits)
     latency = latency_index(exposition, LATENCY, lambda labels: (labels.get("model_name"), labels.get("engine")))
+    lengths = latency_index(exposition, LENGTHS, lambda labels: (labels.get("model_name"), labels.get("engine")))
     readings = []
     ordered = sorted(keys, key=_sort_key)
     dropped = max(0, len(ordered) - max_series) if max_series is not None else 0
@@ -190,6 +187,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             cache_config=MappingProxyType(dict(config)),
             process_start_time_seconds=process_start,
             latency=latency_for(latency, key),
+            lengths=latency_for(lengths, key),
             requests_aborted_total=finished.get("abort"),
         ))
     capacity_name = "vllm:cache_config_info{kv_cache_size_tokens}" if any(

@@ -32,6 +32,11 @@ class SampleDeltas:
     request_generation_count: float | None
     e2e_sum: float | None = None
     e2e_count: float | None = None
+    # Length histograms' cumulative bucket deltas (at each upper bound, the last +Inf) and their bounds.
+    prompt_length_bounds: tuple[float, ...] | None = None
+    prompt_length_counts: tuple[float, ...] | None = None
+    generation_length_bounds: tuple[float, ...] | None = None
+    generation_length_counts: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +64,11 @@ class MinuteBucket:
     generation_tokens: float | None = None  # tokens generated (counter delta)
     e2e_sum: float | None = None  # e2e latency histogram delta: seconds and requests
     e2e_count: float | None = None
+    # Requests finished this minute per length bucket (cumulative at each upper bound, the last +Inf), v7.
+    prompt_length_bounds: tuple[float, ...] | None = None
+    prompt_length_counts: tuple[float, ...] | None = None
+    generation_length_bounds: tuple[float, ...] | None = None
+    generation_length_counts: tuple[float, ...] | None = None
 
     @property
     def k_mean(self) -> float | None:
@@ -89,6 +99,20 @@ def _add(total: float | None, value: float | None) -> float | None:
     return value if total is None else total + value
 
 
+def _add_counts(total: tuple[float, ...] | None, bounds: tuple[float, ...] | None,
+                counts: tuple[float, ...] | None, new_bounds: tuple[float, ...] | None
+                ) -> tuple[tuple[float, ...] | None, tuple[float, ...] | None]:
+    """(bounds, summed bucket counts) after adding one poll's deltas; bounds that change within the minute
+    make the minute's counts unknown."""
+    if counts is None or new_bounds is None:
+        return bounds, total
+    if total is None:
+        return new_bounds, counts
+    if bounds != new_bounds:
+        return bounds, None
+    return bounds, tuple(a + b for a, b in zip(total, counts, strict=True))
+
+
 class BucketAggregator:
     """Accumulates samples of the current minute; ``add`` returns the previous minute once it closes."""
 
@@ -114,6 +138,10 @@ class BucketAggregator:
         self._gen_tokens: float | None = None
         self._e2e_sum: float | None = None
         self._e2e_count: float | None = None
+        self._prompt_bounds: tuple[float, ...] | None = None
+        self._prompt_counts: tuple[float, ...] | None = None
+        self._gen_bounds: tuple[float, ...] | None = None
+        self._gen_counts: tuple[float, ...] | None = None
 
     def minute_of(self, timestamp: float) -> int:
         return math.floor(timestamp / self.bucket_seconds)
@@ -151,6 +179,10 @@ class BucketAggregator:
             self._gen_tokens = _add(self._gen_tokens, deltas.generation_tokens)
             self._e2e_sum = _add(self._e2e_sum, deltas.e2e_sum)
             self._e2e_count = _add(self._e2e_count, deltas.e2e_count)
+            self._prompt_bounds, self._prompt_counts = _add_counts(
+                self._prompt_counts, self._prompt_bounds, deltas.prompt_length_counts, deltas.prompt_length_bounds)
+            self._gen_bounds, self._gen_counts = _add_counts(
+                self._gen_counts, self._gen_bounds, deltas.generation_length_counts, deltas.generation_length_bounds)
         return closed
 
     def clear(self) -> None:
@@ -184,6 +216,10 @@ class BucketAggregator:
             generation_tokens=self._gen_tokens,
             e2e_sum=self._e2e_sum,
             e2e_count=self._e2e_count,
+            prompt_length_bounds=self._prompt_bounds,
+            prompt_length_counts=self._prompt_counts,
+            generation_length_bounds=self._gen_bounds,
+            generation_length_counts=self._gen_counts,
         )
         self._reset_accumulators()
         return bucket

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kvwatch.counters import counter_delta
+from kvwatch.counters import counter_delta, histogram_delta
 from kvwatch.forecast.buckets import BucketAggregator, MinuteBucket, SampleDeltas
 from kvwatch.forecast.demand import DemandEstimate, DemandModel, DemandParams
 from kvwatch.forecast.detector import (
@@ -85,6 +85,11 @@ class ForecastSample:
     e2e_latency_seconds_sum: float | None = None
     e2e_latency_seconds_count: float | None = None
     restarted: bool = False
+    # The length histograms' buckets: upper bounds (the last +Inf) and cumulative counts at each (v7's tail).
+    prompt_length_bounds: tuple[float, ...] | None = None
+    prompt_length_cumulative: tuple[float, ...] | None = None
+    generation_length_bounds: tuple[float, ...] | None = None
+    generation_length_cumulative: tuple[float, ...] | None = None
 
     @classmethod
     def from_reading(cls, reading: Any, timestamp: float, *, restarted: bool = False) -> ForecastSample:
@@ -95,6 +100,8 @@ class ForecastSample:
 
         finished = get("finished_by_reason")
         e2e = (get("latency") or {}).get("e2e")  # the e2e latency histogram, when the engine exports one
+        lengths = get("lengths") or {}
+        prompt, generation = lengths.get("prompt"), lengths.get("generation")
         return cls(
             timestamp=timestamp,
             kv_usage=get("kv_usage_ratio"),
@@ -112,7 +119,19 @@ class ForecastSample:
             e2e_latency_seconds_sum=e2e.sum if e2e is not None else None,
             e2e_latency_seconds_count=e2e.count if e2e is not None else None,
             restarted=restarted,
+            prompt_length_bounds=prompt.bounds if prompt is not None else None,
+            prompt_length_cumulative=prompt.cumulative if prompt is not None else None,
+            generation_length_bounds=generation.bounds if generation is not None else None,
+            generation_length_cumulative=generation.cumulative if generation is not None else None,
         )
+
+
+def _length_delta(prev_bounds: tuple[float, ...] | None, prev: tuple[float, ...] | None,
+                  cur_bounds: tuple[float, ...] | None, cur: tuple[float, ...] | None) -> tuple[float, ...] | None:
+    """Cumulative bucket deltas of a length histogram between two polls; None when the bounds changed."""
+    if prev_bounds != cur_bounds:
+        return None
+    return histogram_delta(prev, cur)
 
 
 def _capacity_of(reading: Any) -> float | None:
@@ -289,6 +308,12 @@ class Forecaster:
             ),
             e2e_sum=counter_delta(prev.e2e_latency_seconds_sum, cur.e2e_latency_seconds_sum),
             e2e_count=counter_delta(prev.e2e_latency_seconds_count, cur.e2e_latency_seconds_count),
+            prompt_length_bounds=cur.prompt_length_bounds,
+            prompt_length_counts=_length_delta(prev.prompt_length_bounds, prev.prompt_length_cumulative,
+                                               cur.prompt_length_bounds, cur.prompt_length_cumulative),
+            generation_length_bounds=cur.generation_length_bounds,
+            generation_length_counts=_length_delta(prev.generation_length_bounds, prev.generation_length_cumulative,
+                                                   cur.generation_length_bounds, cur.generation_length_cumulative),
         )
 
     def _flags(self, sample: ForecastSample, deltas: SampleDeltas | None) -> SampleFlags:

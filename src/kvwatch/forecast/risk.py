@@ -99,6 +99,12 @@ class RiskParams:
     # False: v5 (the line as fitted).
     level_shrink: bool = True
     level_shrink_autocorrelation: bool = True  # inflate the slope's variance for autocorrelated residuals
+    # v7: the floor of ``s`` from the length histograms' buckets instead of their means. "mean": v6 (the mean
+    # footprint E[P] + E[G]). "tail": E[S²]/E[S] with S = P + G, P and G independent (D independent of S).
+    # "tail-d": E[S³]/E[S²] (D ∝ S: long requests also live longer). Each bucket (a, b] is uniform, the open
+    # top bucket a point at its lower bound (at most max-model-len there); without buckets: "mean".
+    size_floor_from: str = "mean"
+    tail_window_buckets: int = 30  # minutes of bucket deltas the request-size tail is estimated over
 
 
 @dataclass(frozen=True)
@@ -241,6 +247,68 @@ def mean_footprint(window: Sequence[MinuteBucket]) -> float | None:
     return ps / pc + gs / gc  # type: ignore[operator]
 
 
+def _bucket_moments(bounds: Sequence[float], cumulative: Sequence[float]) -> tuple[float, float, float, float]:
+    """(n, Σx, Σx², Σx³) of the observations of one histogram from its cumulative bucket counts: each finite
+    bucket ``(a, b]`` uniform, the open top bucket a point at its lower bound (requests are at most
+    max-model-len, vLLM's top finite bound, so this errs low by less than one 1-2-5 step)."""
+    n = s1 = s2 = s3 = 0.0
+    below = 0.0
+    lower = 0.0
+    for upper, cum in zip(bounds, cumulative, strict=True):
+        count = cum - below
+        below = cum
+        if count > 0:
+            a = lower
+            b = lower if math.isinf(upper) else upper
+            n += count
+            s1 += count * (a + b) / 2.0
+            s2 += count * (a * a + a * b + b * b) / 3.0
+            s3 += count * (a + b) * (a * a + b * b) / 4.0
+        if not math.isinf(upper):
+            lower = upper
+    return n, s1, s2, s3
+
+
+def _window_counts(window: Sequence[MinuteBucket], bounds_name: str, counts_name: str
+                   ) -> tuple[tuple[float, ...], list[float]] | None:
+    """The window's summed cumulative bucket deltas of one length histogram (minutes with other bounds or
+    none are left out), with their bounds; None without any."""
+    bounds: tuple[float, ...] | None = None
+    total: list[float] | None = None
+    for b in window:
+        counts = getattr(b, counts_name)
+        if counts is None:
+            continue
+        these = getattr(b, bounds_name)
+        if total is None:
+            bounds, total = these, list(counts)
+        elif these == bounds:
+            total = list(map(float.__add__, total, counts))
+    return None if total is None or bounds is None else (bounds, total)
+
+
+def tail_size(window: Sequence[MinuteBucket], how: str) -> float | None:
+    """The request-size tail from the length histograms' buckets, ``S = P + G`` with P and G independent:
+    ``E[S²]/E[S]`` ("tail": the footprint-weighted size when D is independent of S) or ``E[S³]/E[S²]``
+    ("tail-d": D ∝ S). None without bucket deltas of both histograms or without requests."""
+    prompt = _window_counts(window, "prompt_length_bounds", "prompt_length_counts")
+    generation = _window_counts(window, "generation_length_bounds", "generation_length_counts")
+    if prompt is None or generation is None:
+        return None
+    pn, p1, p2, p3 = _bucket_moments(*prompt)
+    gn, g1, g2, g3 = _bucket_moments(*generation)
+    if pn <= 0 or gn <= 0:
+        return None
+    p1, p2, p3 = p1 / pn, p2 / pn, p3 / pn
+    g1, g2, g3 = g1 / gn, g2 / gn, g3 / gn
+    m1 = p1 + g1
+    m2 = p2 + 2.0 * p1 * g1 + g2
+    if how == "tail-d":
+        m3 = p3 + 3.0 * p2 * g1 + 3.0 * p1 * g2 + g3
+        return m3 / m2 if m2 > 0 else None
+    return m2 / m1 if m1 > 0 else None
+
+
 def mean_residence(window: Sequence[MinuteBucket]) -> float | None:
     """Mean end-to-end latency of requests finished in the window (e2e histogram deltas)."""
     total, count = _window_sum(window, "e2e_sum"), _window_sum(window, "e2e_count")
@@ -267,7 +335,13 @@ def estimate_risk(buckets: Sequence[MinuteBucket], demand: DemandEstimate, p: Ri
         residence = (sum(running) / len(running)) / demand.rate_level if running else None
     if residence is None or residence <= 0:
         return None
-    footprint = mean_footprint(window)
+    footprint = None
+    if p.size_floor_from != "mean":
+        tail_window = window if p.tail_window_buckets == p.window_buckets else [
+            b for b in buckets if b.minute > newest - p.tail_window_buckets]
+        footprint = tail_size(tail_window, p.size_floor_from)
+    if footprint is None:
+        footprint = mean_footprint(window)
     if footprint is not None:
         # Poisson shot noise averaged over a minute: variance × 2x(1 − x(1 − e^(−1/x))), x = τ / minute.
         x = residence / p.bucket_seconds
