@@ -1,7 +1,11 @@
-"""The v6 tuning sweep of docs/forecasting.md in one command: every variant scored on the same (cached)
+"""The tuning sweeps of docs/forecasting.md in one command: every variant scored on the same (cached)
 simulations of the tuning trace, the 15 runs v5 was tuned on and the whole tuning family (41 runs).
 
-    .venv/bin/python benchmarks/forecast_sweep.py AzureLLMInferenceTrace_conv.csv --cache-dir /tmp/kvwatch-bt
+    .venv/bin/python benchmarks/forecast_sweep.py AzureLLMInferenceTrace_conv.csv --cache-dir /tmp/kvwatch-bt \
+        [--round v6|v7]
+
+``--round v7`` (the default) is v7's sweep (the request-size tail from the length histograms' buckets),
+``--round v6`` the v6 one.
 
 Only the tuning trace is read: the held-out traces are scored by benchmarks/forecast_matrix.py, once.
 """
@@ -37,7 +41,7 @@ def _variant(base: ForecastParams, risk: dict | None = None, warning: dict | Non
                    detector=replace(base.detector, **(detector or {})))
 
 
-VARIANTS: dict[str, ForecastParams] = {
+V6_VARIANTS: dict[str, ForecastParams] = {
     "v5": V5,
     "level shrunk only": _variant(V5, risk={"level_shrink": True}),
     "... plain t": _variant(V5, risk={"level_shrink": True, "level_shrink_autocorrelation": False}),
@@ -50,6 +54,18 @@ VARIANTS: dict[str, ForecastParams] = {
     "v6, re-arm after 1 min": _variant(FORECASTERS["v6"], warning={"rearm_for_buckets": 1}),
     "v5, bottleneck clears over 2 min": _variant(V5, detector={"clear_window_seconds": 120.0}),
 }
+V6 = FORECASTERS["v6"]
+V7_VARIANTS: dict[str, ForecastParams] = {
+    "v6": V6,
+    "tail E[S²]/E[S] floor": _variant(V6, risk={"size_floor_from": "tail"}),
+    "tail floor over 120 min": _variant(V6, risk={"size_floor_from": "tail", "tail_window_buckets": 120}),
+    "tail-d E[S³]/E[S²] floor": _variant(V6, risk={"size_floor_from": "tail-d"}),
+    "tail floor × count dispersion": _variant(V6, risk={"size_floor_from": "tail-burst"}),
+    "tail floor × 2": _variant(V6, risk={"size_floor_from": "tail", "size_floor": 2.0}),
+    "tail floor × 4": _variant(V6, risk={"size_floor_from": "tail", "size_floor": 4.0}),
+    "mean floor × 4 (no buckets)": _variant(V6, risk={"size_floor": 4.0}),
+}
+ROUNDS = {"v6": V6_VARIANTS, "v7": V7_VARIANTS}
 # The runs v5 was tuned on (docs/forecasting.md, "v5"), by row label and seed.
 V5_SET = {("step", 0), ("diurnal", 0), ("mixshift", 0), ("steady 0.7", 0), ("steady 0.9", 0), ("restart", 0),
           ("large-cache steady 0.7", 0), ("long-mix steady 0.7", 0), ("prompt×4 steady 0.7", 0),
@@ -79,13 +95,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("tuning", type=Path, help="the tuning trace (Azure conversation CSV)")
     parser.add_argument("--cache-dir", type=Path, default=None, help="keep simulations here between runs")
+    parser.add_argument("--round", choices=sorted(ROUNDS), default="v7", help="which sweep (default v7)")
     args = parser.parse_args()
     family = tuning_family(args.tuning, args.cache_dir)
     v5_set = [s for s in family if (case_name(s.scenario), s.scenario.seed) in V5_SET]
     print(f"| variant | {len(v5_set)} runs of v5's tuning set: recall@5m / @15m / on 5 min before / false alarms / "
           f"Brier 5m, 15m, 30m | whole tuning family, {len(family)} runs: the same |")
     print("|---|---|---|")
-    for name, params in VARIANTS.items():
+    for name, params in ROUNDS[args.round].items():
         print(f"| {name} | {_row(pooled(v5_set, params))} | {_row(pooled(family, params))} |")
     return 0
 

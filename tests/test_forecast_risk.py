@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
+from kvwatch.forecast.buckets import MinuteBucket
 from kvwatch.forecast.demand import DemandEstimate
 from kvwatch.forecast.risk import (
     RiskParams,
     _ou_risk,
     correlation_seconds,
     sustained_variance_ratio,
+    tail_size,
     with_recurrence,
 )
 
@@ -121,3 +125,26 @@ def test_the_shrunk_level_follows_a_ramp_but_not_a_noisy_tilt_of_a_steady_load()
     shrunk = _line_fit(steady, 30, shrink=True)[1]
     assert fitted - mean > 0.01 * CAPACITY
     assert shrunk - mean < 0.5 * (fitted - mean)
+
+
+def _minute(minute: int, prompt: tuple[float, ...], generation: tuple[float, ...]) -> MinuteBucket:
+    bounds = (10.0, 100.0, 1000.0, math.inf)
+    return MinuteBucket(minute=minute, samples=6, u_mean=0.5, u_p90=0.5, u_max=0.5, capacity_tokens=CAPACITY,
+                        running_mean=1.0, waiting_max=0.0, covered_seconds=60.0, finished=4.0, arrivals=4.0,
+                        preemptions=0.0, request_prompt_sum=None, request_prompt_count=None,
+                        request_generation_sum=None, request_generation_count=None,
+                        prompt_length_bounds=bounds, prompt_length_counts=prompt,
+                        generation_length_bounds=bounds, generation_length_counts=generation)
+
+
+def test_the_request_size_tail_comes_from_the_length_buckets():
+    # 4 prompts uniform in (10, 100], 4 outputs uniform in (0, 10]: S = P + G, P and G independent.
+    window = [_minute(0, (0.0, 4.0, 4.0, 4.0), (4.0, 4.0, 4.0, 4.0))]
+    ep, ep2, eg, eg2 = 55.0, (100 + 1000 + 10000) / 3, 5.0, 100 / 3
+    assert tail_size(window, "tail") == pytest.approx((ep2 + 2 * ep * eg + eg2) / (ep + eg))
+    # One long prompt in the open top bucket (counted at its lower bound, 1000) in the next minute: the mean
+    # footprint rises by a fifth, the footprint-weighted size more than doubles.
+    longer = [*window, _minute(1, (0.0, 0.0, 0.0, 1.0), (1.0, 1.0, 1.0, 1.0))]
+    assert tail_size(longer, "tail") > 2 * tail_size(window, "tail")
+    assert tail_size(longer, "tail-d") > tail_size(longer, "tail")
+    assert tail_size([_minute(0, (0.0, 0.0, 0.0, 0.0), (0.0, 0.0, 0.0, 0.0))], "tail") is None  # no requests

@@ -87,6 +87,7 @@ def test_histogram_delta_resets_every_bucket_together():
     assert histogram_delta((5.0, 10.0, 12.0), (6.0, 13.0, 16.0)) == (1.0, 3.0, 4.0)
     # A restart: the total went down, so every bucket counts from zero, even one that did not go down (5 -> 6).
     assert histogram_delta((5.0, 10.0, 12.0), (6.0, 6.0, 7.0)) == (6.0, 6.0, 7.0)
+    assert histogram_delta((5.0, 10.0, 12.0), (4.0, 11.0, 13.0)) == (4.0, 11.0, 13.0)  # a bucket went down: reset
     assert histogram_delta((5.0, 10.0), (1.0, 2.0, 3.0)) is None  # other bounds
     assert histogram_delta(None, (1.0,)) is None
 

@@ -9,6 +9,7 @@ buckets both take deltas through :func:`counter_delta`; a histogram's cumulative
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import sub
 
 
 def counter_reset(previous: float, current: float) -> bool:
@@ -26,12 +27,13 @@ def counter_delta(previous: float | None, current: float | None) -> float | None
 def histogram_delta(previous: Sequence[float] | None, current: Sequence[float] | None) -> tuple[float, ...] | None:
     """Per-bucket increase of a cumulative histogram (counts at each ``le``, the last ``+Inf``) between two reads.
 
-    The buckets are reset together, so the reset is decided once, by :func:`counter_reset` on the ``+Inf``
-    bucket (the total), and then every bucket's increase is its current value; deciding per bucket would
-    mix counts from before and after a restart. None when either read is missing or the bounds differ
-    (a different number of buckets)."""
+    The buckets are reset together, so the histogram is one counter: reset (:func:`counter_reset`) when its total
+    (the ``+Inf`` bucket) or any bucket went down, and then every bucket's increase is its current value;
+    deciding per bucket would mix counts from before and after a restart. None when either read is missing or
+    the bounds differ (a different number of buckets). Runs every poll: the subtraction is one ``map``."""
     if previous is None or current is None or len(previous) != len(current) or not current:
         return None
     if counter_reset(previous[-1], current[-1]):
         return tuple(current)
-    return tuple(max(0.0, c - p) for p, c in zip(previous, current, strict=True))
+    increase = tuple(map(sub, current, previous))
+    return tuple(current) if counter_reset(0.0, min(increase)) else increase

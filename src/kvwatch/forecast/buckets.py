@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from operator import add
 
 from kvwatch.forecast.robust import quantile
 
@@ -110,7 +111,7 @@ def _add_counts(total: tuple[float, ...] | None, bounds: tuple[float, ...] | Non
         return new_bounds, counts
     if bounds != new_bounds:
         return bounds, None
-    return bounds, tuple(a + b for a, b in zip(total, counts, strict=True))
+    return bounds, tuple(map(add, total, counts))
 
 
 class BucketAggregator:

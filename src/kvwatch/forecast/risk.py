@@ -49,6 +49,7 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from operator import add
 from statistics import NormalDist
 
 from kvwatch.forecast.buckets import MinuteBucket
@@ -101,8 +102,10 @@ class RiskParams:
     level_shrink_autocorrelation: bool = True  # inflate the slope's variance for autocorrelated residuals
     # v7: the floor of ``s`` from the length histograms' buckets instead of their means. "mean": v6 (the mean
     # footprint E[P] + E[G]). "tail": E[S²]/E[S] with S = P + G, P and G independent (D independent of S).
-    # "tail-d": E[S³]/E[S²] (D ∝ S: long requests also live longer). Each bucket (a, b] is uniform, the open
-    # top bucket a point at its lower bound (at most max-model-len there); without buckets: "mean".
+    # "tail-d": E[S³]/E[S²] (D ∝ S: long requests also live longer). "tail-burst": "tail" times the index of
+    # dispersion of the per-minute finished-request counts (at least 1): arrivals that come in clusters, not
+    # Poisson, multiply the shot noise's variance. Each bucket (a, b] is uniform, the open top bucket a point at
+    # its lower bound (at most max-model-len there); without buckets: "mean".
     size_floor_from: str = "mean"
     tail_window_buckets: int = 30  # minutes of bucket deltas the request-size tail is estimated over
 
@@ -283,7 +286,7 @@ def _window_counts(window: Sequence[MinuteBucket], bounds_name: str, counts_name
         if total is None:
             bounds, total = these, list(counts)
         elif these == bounds:
-            total = list(map(float.__add__, total, counts))
+            total = list(map(add, total, counts))
     return None if total is None or bounds is None else (bounds, total)
 
 
@@ -307,6 +310,23 @@ def tail_size(window: Sequence[MinuteBucket], how: str) -> float | None:
         m3 = p3 + 3.0 * p2 * g1 + 3.0 * p1 * g2 + g3
         return m3 / m2 if m2 > 0 else None
     return m2 / m1 if m1 > 0 else None
+
+
+def count_dispersion(window: Sequence[MinuteBucket]) -> float:
+    """Index of dispersion (variance over mean, around a least-squares line) of the per-minute finished
+    requests: 1 for Poisson arrivals, more when they come in clusters; 1 when unknown."""
+    points = [(float(b.minute), b.finished) for b in window if b.finished is not None and b.covered_seconds > 0]
+    n = len(points)
+    if n < 5:
+        return 1.0
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n  # type: ignore[misc]
+    if my <= 0:
+        return 1.0
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx > 0 else 0.0  # type: ignore[operator]
+    resid = sum((y - my - slope * (x - mx)) ** 2 for x, y in points) / (n - 2)  # type: ignore[operator]
+    return max(1.0, resid / my)
 
 
 def mean_residence(window: Sequence[MinuteBucket]) -> float | None:
@@ -339,7 +359,9 @@ def estimate_risk(buckets: Sequence[MinuteBucket], demand: DemandEstimate, p: Ri
     if p.size_floor_from != "mean":
         tail_window = window if p.tail_window_buckets == p.window_buckets else [
             b for b in buckets if b.minute > newest - p.tail_window_buckets]
-        footprint = tail_size(tail_window, p.size_floor_from)
+        footprint = tail_size(tail_window, "tail-d" if p.size_floor_from == "tail-d" else "tail")
+        if footprint is not None and p.size_floor_from == "tail-burst":
+            footprint *= count_dispersion(window)
     if footprint is None:
         footprint = mean_footprint(window)
     if footprint is not None:
