@@ -104,10 +104,12 @@ class RiskParams:
     # footprint E[P] + E[G]). "tail": E[S²]/E[S] with S = P + G, P and G independent (D independent of S).
     # "tail-d": E[S³]/E[S²] (D ∝ S: long requests also live longer). "tail-burst": "tail" times the index of
     # dispersion of the per-minute finished-request counts (at least 1): arrivals that come in clusters, not
-    # Poisson, multiply the shot noise's variance. Each bucket (a, b] is uniform, the open top bucket a point at
-    # its lower bound (at most max-model-len there); without buckets: "mean".
+    # Poisson, multiply the shot noise's variance; "mean-burst": the mean footprint times that (a control).
+    # Each bucket (a, b] is uniform, the open top bucket a point at its lower bound (at most max-model-len
+    # there); without buckets: "mean".
     size_floor_from: str = "mean"
     tail_window_buckets: int = 30  # minutes of bucket deltas the request-size tail is estimated over
+    count_dispersion_power: float = 1.0  # "tail-burst": the tail times (count dispersion) ** this
 
 
 @dataclass(frozen=True)
@@ -356,14 +358,14 @@ def estimate_risk(buckets: Sequence[MinuteBucket], demand: DemandEstimate, p: Ri
     if residence is None or residence <= 0:
         return None
     footprint = None
-    if p.size_floor_from != "mean":
+    if p.size_floor_from.startswith("tail"):
         tail_window = window if p.tail_window_buckets == p.window_buckets else [
             b for b in buckets if b.minute > newest - p.tail_window_buckets]
         footprint = tail_size(tail_window, "tail-d" if p.size_floor_from == "tail-d" else "tail")
-        if footprint is not None and p.size_floor_from == "tail-burst":
-            footprint *= count_dispersion(window)
     if footprint is None:
         footprint = mean_footprint(window)
+    if footprint is not None and p.size_floor_from.endswith("-burst"):
+        footprint *= count_dispersion(window) ** p.count_dispersion_power
     if footprint is not None:
         # Poisson shot noise averaged over a minute: variance × 2x(1 − x(1 − e^(−1/x))), x = τ / minute.
         x = residence / p.bucket_seconds
