@@ -63,6 +63,7 @@ V7_VARIANTS: dict[str, ForecastParams] = {
     "tail floor × count dispersion": _variant(V6, risk={"size_floor_from": "tail-burst"}),
     "tail floor × √(count dispersion)": _variant(V6, risk={"size_floor_from": "tail-burst",
                                                           "count_dispersion_power": 0.5}),
+    "tail + (count dispersion − 1) × mean floor": _variant(V6, risk={"size_floor_from": "tail-cluster"}),
     "mean floor × count dispersion (no buckets)": _variant(V6, risk={"size_floor_from": "mean-burst"}),
     "tail floor × 2": _variant(V6, risk={"size_floor_from": "tail", "size_floor": 2.0}),
     "tail floor × 4": _variant(V6, risk={"size_floor_from": "tail", "size_floor": 4.0}),

@@ -106,7 +106,8 @@ class RiskParams:
     # dispersion of the per-minute finished-request counts (at least 1): arrivals that come in clusters, not
     # Poisson, multiply the shot noise's variance; "mean-burst": the mean footprint times that (a control).
     # Each bucket (a, b] is uniform, the open top bucket a point at its lower bound (at most max-model-len
-    # there); without buckets: "mean".
+    # there); without buckets: "mean". "tail-cluster": "tail" plus (count dispersion − 1) × the mean footprint
+    # (the variance of a minute's sum over a clustered number of arrivals).
     size_floor_from: str = "mean"
     tail_window_buckets: int = 30  # minutes of bucket deltas the request-size tail is estimated over
     count_dispersion_power: float = 1.0  # "tail-burst": the tail times (count dispersion) ** this
@@ -366,6 +367,12 @@ def estimate_risk(buckets: Sequence[MinuteBucket], demand: DemandEstimate, p: Ri
         footprint = mean_footprint(window)
     if footprint is not None and p.size_floor_from.endswith("-burst"):
         footprint *= count_dispersion(window) ** p.count_dispersion_power
+    elif footprint is not None and p.size_floor_from == "tail-cluster":
+        # A minute's mean is (Σ over its N arrivals of S·D)/minute: Var = E[N]·E[(SD)²] + (Var N − E[N])·E[SD]²,
+        # so clustered arrivals (count dispersion I > 1) add (I − 1) mean footprints to the size, not I tails.
+        mean = mean_footprint(window)
+        if mean is not None:
+            footprint += (count_dispersion(window) - 1.0) * mean
     if footprint is not None:
         # Poisson shot noise averaged over a minute: variance × 2x(1 − x(1 − e^(−1/x))), x = τ / minute.
         x = residence / p.bucket_seconds
