@@ -5,7 +5,8 @@ markdown tables of docs/forecasting.md.
 
     .venv/bin/python benchmarks/forecast_matrix.py CONV.csv CODE.csv MOONCAKE.jsonl --cache-dir /tmp/kvwatch-bt
 
-``--forecaster v5`` scores the previous version on the same (cached) simulations.
+``--forecaster v5`` scores the previous version on the same (cached) simulations; ``--forecaster v7`` the
+request-size tail from the length buckets (tried, not the default: docs/forecasting.md).
 
 CONV is the tuning trace (Azure 2023 conversation); CODE (Azure 2023 code) and MOONCAKE (Mooncake
 conversation) are held out. The traces are not in the repository (see src/kvwatch/data/traces/README.md
@@ -40,7 +41,7 @@ def main() -> int:
     parser.add_argument("--held-out-seeds", default=None,
                         help="seeds for the held-out traces (default: --seeds); fresh ones once a seed was seen")
     parser.add_argument("--forecaster", choices=sorted(FORECASTERS), default="v6",
-                        help="the forecaster's version to score (default v6, the current defaults; v5 for comparison)")
+                        help="the version to score (default v6, the current defaults; v5, v7 for comparison)")
     args = parser.parse_args()
     params = FORECASTERS[args.forecaster]
     seeds = [int(s) for s in args.seeds.split(",")]

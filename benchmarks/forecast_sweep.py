@@ -65,6 +65,8 @@ V7_VARIANTS: dict[str, ForecastParams] = {
     "… first warning after 4 min": _variant(V6, risk={"size_floor_from": "tail-cluster"},
                                             warning={"warn_for_buckets": 4}),
     "… warning on at 0.8": _variant(V6, risk={"size_floor_from": "tail-cluster"}, warning={"risk_on": 0.8}),
+    "… dispersion from minutes with nothing waiting": _variant(V6, risk={"size_floor_from": "tail-cluster",
+                                                                       "count_dispersion_free_only": True}),
     "mean floor × count dispersion (no buckets)": _variant(V6, risk={"size_floor_from": "mean-burst"}),
 }
 # Tried on the first 9 tuning runs only (the same as v6 there to the fourth decimal: the floor did not bind):

@@ -26,9 +26,11 @@ from kvwatch.forecast.risk import RiskParams
 METHODS: tuple[str, ...] = (KVWATCH, "threshold", "predict_linear", "guarded_predict_linear", "holt")
 
 # The forecaster's versions the matrix can score on the same simulations (docs/forecasting.md, Results):
-# the defaults, and v5 (the 30-minute line read as fitted; the first warning after 2 raw minutes).
+# the defaults (v6), v7 (the size floor from the length buckets' tail plus the arrivals' clustering: tried,
+# not the default) and v5 (the 30-minute line read as fitted; the first warning after 2 raw minutes).
 FORECASTERS: dict[str, ForecastParams] = {
     "v6": ForecastParams(),
+    "v7": ForecastParams(risk=RiskParams(size_floor_from="tail-cluster")),
     "v5": ForecastParams(risk=RiskParams(level_shrink=False), warning=WarningParams(warn_for_buckets=2)),
 }
 

@@ -111,6 +111,7 @@ class RiskParams:
     size_floor_from: str = "mean"
     tail_window_buckets: int = 30  # minutes of bucket deltas the request-size tail is estimated over
     count_dispersion_power: float = 1.0  # "tail-burst": the tail times (count dispersion) ** this
+    count_dispersion_free_only: bool = False  # "tail-cluster": count only minutes with nothing waiting
 
 
 @dataclass(frozen=True)
@@ -315,10 +316,13 @@ def tail_size(window: Sequence[MinuteBucket], how: str) -> float | None:
     return m2 / m1 if m1 > 0 else None
 
 
-def count_dispersion(window: Sequence[MinuteBucket]) -> float:
+def count_dispersion(window: Sequence[MinuteBucket], free_only: bool = False) -> float:
     """Index of dispersion (variance over mean, around a least-squares line) of the per-minute finished
-    requests: 1 for Poisson arrivals, more when they come in clusters; 1 when unknown."""
-    points = [(float(b.minute), b.finished) for b in window if b.finished is not None and b.covered_seconds > 0]
+    requests: 1 for Poisson arrivals, more when they come in clusters; 1 when unknown. ``free_only``: only
+    minutes without a request waiting or preempted (a full cache stalls departures and then releases them
+    together, which is the engine's clustering, not the arrivals')."""
+    points = [(float(b.minute), b.finished) for b in window if b.finished is not None and b.covered_seconds > 0
+              and not (free_only and (b.waiting_max > 0 or b.preemptions > 0))]
     n = len(points)
     if n < 5:
         return 1.0
@@ -372,7 +376,7 @@ def estimate_risk(buckets: Sequence[MinuteBucket], demand: DemandEstimate, p: Ri
         # so clustered arrivals (count dispersion I > 1) add (I − 1) mean footprints to the size, not I tails.
         mean = mean_footprint(window)
         if mean is not None:
-            footprint += (count_dispersion(window) - 1.0) * mean
+            footprint += (count_dispersion(window, p.count_dispersion_free_only) - 1.0) * mean
     if footprint is not None:
         # Poisson shot noise averaged over a minute: variance × 2x(1 − x(1 − e^(−1/x))), x = τ / minute.
         x = residence / p.bucket_seconds
