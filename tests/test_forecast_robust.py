@@ -139,3 +139,25 @@ def test_length_bucket_deltas_per_minute_and_across_a_reset():
     assert [m.minute for m in minutes] == [1]  # the restart dropped minute 0 with the rest of the state
     assert minutes[0].prompt_length_counts == (1.0, 1.0, 1.0)  # not 1 - 12 per bucket, nor the pre-reset counts
     assert minutes[0].generation_length_bounds == bounds
+
+
+def test_length_buckets_read_once_a_minute_still_sum_per_minute():
+    # kvwatch serve reads the buckets only on its edge polls (once a minute): the delta since the last poll that
+    # read them goes to the minute of the poll that read them.
+    from kvwatch.forecast import Forecaster, ForecastSample
+
+    bounds = (100.0, math.inf)
+    f = Forecaster()
+    for i in range(19):
+        t = 10.0 * i
+        edge = i % 6 == 5  # t = 50, 110, 170
+        cumulative = (float(i), 2.0 * i) if edge else None
+        f.observe(ForecastSample(timestamp=t, kv_usage=0.5, capacity_tokens=1000.0, finished_total=2.0 * i,
+                                 prompt_length_bounds=bounds if edge else None, prompt_length_cumulative=cumulative,
+                                 generation_length_bounds=bounds if edge else None,
+                                 generation_length_cumulative=cumulative))
+    minutes = list(f._buckets)
+    assert [m.minute for m in minutes] == [0, 1, 2]
+    assert minutes[0].prompt_length_counts is None  # the first read has nothing to subtract
+    assert minutes[1].prompt_length_counts == (6.0, 12.0)  # t = 110 minus t = 50
+    assert minutes[2].generation_length_counts == (6.0, 12.0)  # t = 170 minus t = 110

@@ -122,6 +122,22 @@ def test_0_33_capacity_labels_win_and_histograms() -> None:
     assert e1.lengths["prompt"].cumulative == (0.0, 0.0) and "generation" not in e1.lengths
 
 
+def test_the_sidecar_skips_the_length_buckets_unless_asked() -> None:
+    from kvwatch.engines.detect import wanted_for
+
+    text = (FIXTURES / "gen-0.33-dp2-capacity-labels.prom").read_text()
+    for latency in (False, True):
+        skipped = only_engine0(vllm.read(parse(text, wanted_for(latency=latency)), timestamp=0.0))
+        asked = only_engine0(vllm.read(parse(text, wanted_for(latency=latency, lengths=True)), timestamp=0.0))
+        assert dict(skipped.lengths) == {} and skipped.request_prompt_tokens_sum == 200000.0
+        assert skipped.request_generation_tokens_count == 100.0
+        assert asked.lengths["prompt"].cumulative == (50.0, 100.0)
+
+
+def only_engine0(poll: Poll) -> Reading:
+    return next(r for r in poll.readings if r.engine == "0")
+
+
 def test_length_buckets_reach_the_forecast_sample_through_the_wire() -> None:
     # The simulator rendered as vLLM (1-2-5 bounds up to max-model-len), read by the adapter: the forecast
     # sample's cumulative bucket counts are the simulator's own.

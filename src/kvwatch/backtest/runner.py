@@ -230,7 +230,8 @@ def sample_through_wire(snap: EngineSnapshot, engine: str, *, restarted: bool) -
     from kvwatch.engines.detect import read_payload
     from kvwatch.sim.engines_wire import render_any
 
-    (reading,) = read_payload(render_any([snap], engine=engine, model_name="backtest"), timestamp=snap.time).readings
+    (reading,) = read_payload(render_any([snap], engine=engine, model_name="backtest"), timestamp=snap.time,
+                              lengths=True).readings
     return ForecastSample.from_reading(reading, snap.time, restarted=restarted)
 
 

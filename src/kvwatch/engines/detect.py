@@ -25,14 +25,20 @@ LATENCY_FAMILIES: frozenset[str] = frozenset(
 """Every adapter's latency histogram families (what a poll with ``latency=False`` leaves unread)."""
 
 
-def wanted_for(overrides: SourceOverrides | None = None, *, latency: bool = True) -> frozenset[str]:
+def wanted_for(overrides: SourceOverrides | None = None, *, latency: bool = True,
+               lengths: bool = False) -> frozenset[str]:
     """The parser's filter: every adapter's families and the overrides'. A set of names, not a predicate, so
     that the parser can skip whole blocks of the families no adapter reads (:mod:`kvwatch.exposition`).
-    Without ``latency`` the latency histograms are left out (an override naming one keeps it)."""
+    Without ``latency`` the latency histograms are left out (an override naming one keeps it). Without
+    ``lengths`` (the default) of vLLM's token histograms only the ``_sum``/``_count`` samples are read: their
+    buckets (``Reading.lengths``) only feed the forecast's request-size tail, which the current forecaster
+    (v6) does not use, and reading them every poll doubled a whole 8-engine page's parse (v7 in forecasting.md)."""
     names = vllm.wanted_for(overrides) | sglang.FAMILIES | trtllm.FAMILIES
-    if latency:
+    unread = (frozenset() if latency else LATENCY_FAMILIES) | (frozenset() if lengths else vllm.LENGTH_FAMILIES)
+    if not unread:
         return names
-    return names - (LATENCY_FAMILIES - vllm.wanted_for(overrides, adapter=False))
+    names = names - (unread - vllm.wanted_for(overrides, adapter=False))
+    return names | vllm.LENGTH_SUMS if not lengths else names
 
 
 def engine_of(exposition: Exposition) -> str | None:
@@ -47,11 +53,12 @@ def engine_of(exposition: Exposition) -> str | None:
 
 
 def read_payload(text: str, overrides: SourceOverrides | None = None, *, timestamp: float,
-                 max_series: int | None = None, latency: bool = True) -> Poll:
+                 max_series: int | None = None, latency: bool = True, lengths: bool = False) -> Poll:
     """One :class:`Poll` from a ``/metrics`` body of any supported engine, with at most ``max_series``
     readings (the rest counted in ``Poll.series_dropped``; vLLM's adapter skips them before building any).
     With ``latency=False`` the latency histograms are not read (the readings' ``latency`` is empty; a JSON
-    body always carries its own). The parse itself keeps the samples of at most ``ADMIT_FACTOR * max_series``
+    body always carries its own); with ``lengths=True`` vLLM's token histograms' buckets are
+    (``Reading.lengths``). The parse itself keeps the samples of at most ``ADMIT_FACTOR * max_series``
     series (:class:`SeriesLimit`): beyond that, the exported series are the adapter's first among the first
     ones in payload order."""
     if trtllm.looks_like_json(text):
@@ -60,7 +67,8 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
         except json.JSONDecodeError as exc:
             raise ParseError(f"body starts like JSON but is not: {exc}") from None
     limit = SeriesLimit(ADMIT_FACTOR * max_series) if max_series is not None else None
-    exposition = parse(text, wanted_for(overrides, latency=latency), limit.admit if limit is not None else None)
+    wanted = wanted_for(overrides, latency=latency, lengths=lengths)
+    exposition = parse(text, wanted, limit.admit if limit is not None else None)
     kind = engine_of(exposition)
     if kind == "sglang":
         poll = _capped(sglang.read(exposition, overrides, timestamp=timestamp), max_series)

@@ -65,6 +65,11 @@ LATENCY = {  # kind -> families, newest name first
     "e2e": ("vllm:e2e_request_latency_seconds",),
 }
 LENGTHS = {"prompt": (REQUEST_PROMPT_TOKENS,), "generation": (REQUEST_GENERATION_TOKENS,)}
+LENGTH_FAMILIES: frozenset[str] = frozenset({REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS})
+LENGTH_SUMS: frozenset[str] = frozenset(
+    family + suffix for family in LENGTH_FAMILIES for suffix in ("_sum", "_count"))
+"""Of the two token histograms ``kvwatch serve`` reads only these samples; their buckets (``Reading.lengths``)
+only when asked (``engines.detect.wanted_for(lengths=True)``: the backtest, the tests)."""
 
 FAMILIES: frozenset[str] = frozenset({
     KV_USAGE, GPU_CACHE_USAGE, RUNNING, WAITING, WAITING_BY_REASON, SWAPPED, CPU_CACHE_USAGE, PREEMPTIONS, SUCCESS,
@@ -86,7 +91,7 @@ def _families_of(name: str) -> set[str]:
 
 def wanted_for(overrides: SourceOverrides | None = None, *, adapter: bool = True) -> frozenset[str]:
     """The parser's filter (family and sample names): the adapter's families (the token histograms with their
-    buckets: the forecast's request-size tail reads them), and every family an override's sample may be in
+    buckets, ``Reading.lengths``), and every family an override's sample may be in
     (``--waiting-metric proxy_queue_count`` needs the family ``proxy_queue``); ``adapter=False``: only the
     overrides'."""
     names: set[str] = set()

@@ -183,6 +183,7 @@ class Forecaster:
         self._buckets: deque[MinuteBucket] = deque(maxlen=self.params.history_buckets)
         self._demand_model = DemandModel(_demand_params(self.params))
         self._previous: ForecastSample | None = None
+        self._lengths_last: ForecastSample | None = None  # the last sample with length buckets
         self._warm_after: float | None = None
         self._restart_at: float | None = None
         self._trend: TrendEstimate | None = None
@@ -278,6 +279,7 @@ class Forecaster:
         self._saturated_minute = False
 
     def _split(self, timestamp: float) -> None:
+        self._lengths_last = None
         self._aggregator.clear()
         self._buckets.clear()
         self._demand_model = DemandModel(_demand_params(self.params))
@@ -286,6 +288,7 @@ class Forecaster:
         self._raw = False
 
     def _deltas(self, prev: ForecastSample | None, cur: ForecastSample) -> SampleDeltas | None:
+        lengths = self._length_deltas(cur)
         if prev is None:
             return None
         seconds = cur.timestamp - prev.timestamp
@@ -308,13 +311,26 @@ class Forecaster:
             ),
             e2e_sum=counter_delta(prev.e2e_latency_seconds_sum, cur.e2e_latency_seconds_sum),
             e2e_count=counter_delta(prev.e2e_latency_seconds_count, cur.e2e_latency_seconds_count),
-            prompt_length_bounds=cur.prompt_length_bounds,
-            prompt_length_counts=_length_delta(prev.prompt_length_bounds, prev.prompt_length_cumulative,
-                                               cur.prompt_length_bounds, cur.prompt_length_cumulative),
-            generation_length_bounds=cur.generation_length_bounds,
-            generation_length_counts=_length_delta(prev.generation_length_bounds, prev.generation_length_cumulative,
-                                                   cur.generation_length_bounds, cur.generation_length_cumulative),
+            **lengths,
         )
+
+    def _length_deltas(self, cur: ForecastSample) -> dict[str, Any]:
+        """The length histograms' bucket deltas since the last poll that read them: ``kvwatch serve`` reads the
+        buckets once a minute (with the latency histograms'), the backtest every poll. The delta goes to the
+        minute of the poll that read them; a gap over ``split_gap_seconds`` has started afresh already."""
+        if cur.prompt_length_cumulative is None and cur.generation_length_cumulative is None:
+            return {}
+        last, self._lengths_last = self._lengths_last, cur
+        if last is None:
+            return {}
+        return {
+            "prompt_length_bounds": cur.prompt_length_bounds,
+            "prompt_length_counts": _length_delta(last.prompt_length_bounds, last.prompt_length_cumulative,
+                                                  cur.prompt_length_bounds, cur.prompt_length_cumulative),
+            "generation_length_bounds": cur.generation_length_bounds,
+            "generation_length_counts": _length_delta(last.generation_length_bounds, last.generation_length_cumulative,
+                                                      cur.generation_length_bounds, cur.generation_length_cumulative),
+        }
 
     def _flags(self, sample: ForecastSample, deltas: SampleDeltas | None) -> SampleFlags:
         p = self.params
