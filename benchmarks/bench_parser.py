@@ -22,7 +22,9 @@ CPU per engine (parse + interpret + history + derive, no fetch), the sidecar's w
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import operator
 import statistics
 import sys
 import time
@@ -40,6 +42,7 @@ from kvwatch.engines.detect import read_payload
 from kvwatch.exposition import parse
 from kvwatch.history import History
 from kvwatch.latency import EDGE_SECONDS
+from kvwatch.model import Reading
 from kvwatch.payload import interpret
 from kvwatch.serve.latency import LatencyAnalyzer
 from kvwatch.sim.engine import EngineConfig, Request, Simulator
@@ -77,6 +80,31 @@ def kvwatch_poll(text: str) -> Any:
     """Parse + read of a typical poll: the filter of every adapter without the latency histograms (read once
     per kvwatch.latency.EDGE_SECONDS), engine detection, the vLLM adapter."""
     return read_payload(text, timestamp=0.0, latency=False)
+
+
+class FloorPoll:
+    """The least any CPython reader could do on a payload whose shape it saw in the previous poll: split the
+    lines, cut each value off with one ``rpartition``, check that every line's text before its value is the
+    previous poll's, convert the sample values, and build each engine's :class:`Reading` from field values
+    already known. All of it runs in C-level maps, list compares and dataclass ``__init__``; it validates no
+    value, reads no label and interprets nothing, so no real parser + adapter can be cheaper. It tells whether
+    a ratio against prometheus_client is reachable at all (docs/performance.md, "The floor")."""
+
+    def __init__(self, text: str) -> None:
+        self._cut = operator.methodcaller("rpartition", " ")
+        self._key, self._value = operator.itemgetter(0), operator.itemgetter(2)
+        lines = text.split("\n")
+        self._keys = list(map(self._key, map(self._cut, lines)))
+        self._samples = operator.itemgetter(*[i for i, line in enumerate(lines) if line and line[0] != "#"])
+        readings = read_payload(text, timestamp=0.0, latency=False).readings
+        self._fields = [{f.name: getattr(r, f.name) for f in dataclasses.fields(Reading)} for r in readings]
+
+    def __call__(self, text: str) -> tuple[list[float], list[Reading]]:
+        parts = list(map(self._cut, text.split("\n")))
+        if list(map(self._key, parts)) != self._keys:
+            raise ValueError("the payload's shape changed")
+        values = list(map(float, self._samples(list(map(self._value, parts)))))
+        return values, [Reading(**fields) for fields in self._fields]
 
 
 def kvwatch_edge_poll(text: str) -> Any:
@@ -168,15 +196,18 @@ def main() -> None:
     load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     print(f"Python {platform.python_version()}, {platform.machine()}, load average {load}")
     for name, text in _TEXTS.items():
+        floor = FloorPoll(text)
         t = interleaved({
             "prometheus_client": lambda text=text: prometheus_client_parse(text),
+            "floor (any reader)": lambda text=text, floor=floor: floor(text),
             "kvwatch parse+read": lambda text=text: kvwatch_poll(text),
             "kvwatch edge poll": lambda text=text: kvwatch_edge_poll(text),
             "kvwatch full parse": lambda text=text: kvwatch_full(text),
         })
         base, base_median = t["prometheus_client"], t["prometheus_client (median)"]
         print(f"\n{name}: {len(text):,} bytes, {text.count(chr(10)):,} lines")
-        for what in ("prometheus_client", "kvwatch parse+read", "kvwatch edge poll", "kvwatch full parse"):
+        for what in ("prometheus_client", "floor (any reader)", "kvwatch parse+read", "kvwatch edge poll",
+                     "kvwatch full parse"):
             median = t[what + " (median)"]
             print(f"  {what:20s} min {t[what] * 1e3:8.3f} ms  median {median * 1e3:8.3f} ms"
                   f"  speed-up {base / t[what]:6.1f}x (of minima), {base_median / median:6.1f}x (of medians)")

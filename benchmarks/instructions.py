@@ -22,16 +22,16 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-CALLS = {"kvwatch": 20, "prometheus_client": 3}  # prometheus_client is ~50x slower: fewer calls suffice
+CALLS = {"kvwatch": 20, "prometheus_client": 3, "floor": 20}  # prometheus_client is ~50x slower: fewer calls suffice
 
 
 def run(payload: str, side: str, calls: int) -> None:
     """The measured process: two warm-up calls, then ``calls`` more."""
     sys.path.insert(0, str(HERE))
-    from bench_parser import PAYLOADS, kvwatch_poll, prometheus_client_parse
+    from bench_parser import PAYLOADS, FloorPoll, kvwatch_poll, prometheus_client_parse
 
     text = PAYLOADS[payload]()
-    fn = kvwatch_poll if side == "kvwatch" else prometheus_client_parse
+    fn = {"kvwatch": kvwatch_poll, "prometheus_client": prometheus_client_parse, "floor": FloorPoll(text)}[side]
     for _ in range(2 + calls):
         fn(text)
 
@@ -58,6 +58,8 @@ def per_call(payload: str, side: str, src: Path | None) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("payloads", nargs="*", default=["fixture", "sim", "bench"])
+    parser.add_argument("--floor", action="store_true",
+                        help="also count bench_parser.FloorPoll, the least any CPython reader could do")
     parser.add_argument("--src", type=Path, help="import kvwatch from this src/ directory (another revision)")
     parser.add_argument("--run", nargs=3, metavar=("PAYLOAD", "SIDE", "CALLS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -65,11 +67,15 @@ def main() -> None:
         payload, side, calls = args.run
         run(payload, side, int(calls))
         return
-    print("payload   prometheus_client   kvwatch parse+read   ratio")
+    print("payload   prometheus_client   kvwatch parse+read   ratio" + ("   floor   ratio" if args.floor else ""))
     for payload in args.payloads:
         theirs = per_call(payload, "prometheus_client", None)
         ours = per_call(payload, "kvwatch", args.src)
-        print(f"{payload:8s} {theirs / 1e6:14.1f} M {ours / 1e6:17.2f} M {theirs / ours:9.1f}x", flush=True)
+        line = f"{payload:8s} {theirs / 1e6:14.1f} M {ours / 1e6:17.2f} M {theirs / ours:9.1f}x"
+        if args.floor:
+            least = per_call(payload, "floor", None)
+            line += f" {least / 1e6:6.2f} M {theirs / least:6.1f}x"
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

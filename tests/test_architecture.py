@@ -1,5 +1,6 @@
 """The layers of docs/architecture.md hold: the pure core imports no I/O library and nothing from the service wing
-or the shell, and importing the core packages loads none of those libraries.
+or the shell, and importing the core packages loads none of those libraries; every Python file opens with a
+docstring that says what it is for.
 
 Reads every core module's source (AST, so an import inside a function counts too) rather than trusting a list
 kept by hand: a new file under a core package is checked the day it is added.
@@ -95,3 +96,14 @@ def test_importing_the_core_loads_no_io_library() -> None:
     bad = [m for m in loaded if m.split(".")[0] in IO_LIBRARIES
            or any(m == layer or m.startswith(layer + ".") for layer in UPPER_LAYERS)]
     assert bad == [], f"importing the pure core loaded {bad}"
+
+
+ROOT = SRC.parents[1]
+
+
+@pytest.mark.parametrize("folder", ["src", "benchmarks", "tools", "scripts", "alerts", "tests"])
+def test_every_file_says_first_what_it_is_for(folder: str) -> None:
+    """Issue 11's "every file's first lines say what it is for": a module docstring, in every Python file."""
+    silent = [str(p.relative_to(ROOT)) for p in sorted((ROOT / folder).rglob("*.py"))
+              if not ast.get_docstring(ast.parse(p.read_text(), filename=str(p)))]
+    assert silent == []

@@ -9,7 +9,7 @@ import pytest
 
 from kvwatch.counters import counter_delta, histogram_delta
 from kvwatch.forecast.buckets import BucketAggregator, SampleDeltas
-from kvwatch.forecast.robust import Ewma, damped_trend_offset, quantile, theil_sen
+from kvwatch.forecast.robust import Ewma, SlidingTheilSen, damped_trend_offset, quantile, theil_sen
 
 
 def test_theil_sen_recovers_a_line_and_ignores_outliers():
@@ -161,3 +161,41 @@ def test_length_buckets_read_once_a_minute_still_sum_per_minute():
     assert minutes[0].prompt_length_counts is None  # the first read has nothing to subtract
     assert minutes[1].prompt_length_counts == (6.0, 12.0)  # t = 110 minus t = 50
     assert minutes[2].generation_length_counts == (6.0, 12.0)  # t = 170 minus t = 110
+
+
+def _fits_equal(a: object, b: object) -> bool:
+    return a == b or (a is not None and b is not None and str(a) == str(b))  # str: NaN fields compare unequal
+
+
+def test_sliding_theil_sen_equals_a_fresh_fit_on_every_call():
+    """Windows sliding by 0-3 points, with gaps in x, duplicated x, restarts, jumps, NaN and infinite points:
+    every fit equals theil_sen's on the same points, and most calls reuse the kept slopes (else it is no use)."""
+    rng = random.Random(7)
+    sliding = SlidingTheilSen()
+    reused = 0
+    xs: list[float] = []
+    ys: list[float] = []
+    calls = 4000
+    for _ in range(calls):
+        roll = rng.random()
+        if roll < 0.02:  # a restart: fresh points
+            xs, ys = [], []
+        elif roll < 0.04:  # a jump: most points gone
+            xs, ys = xs[len(xs) * 3 // 4:], ys[len(ys) * 3 // 4:]
+        for _ in range(rng.choice((0, 1, 1, 1, 2, 3))):
+            x = (xs[-1] if xs else 0.0) + rng.choice((0.0, 1.0, 1.0, 1.0, 2.0, 5.0))
+            y = rng.choice((math.nan, math.inf, -math.inf)) if rng.random() < 0.01 else rng.gauss(0.5, 0.2)
+            xs.append(x)
+            ys.append(round(y, 2) if rng.random() < 0.3 else y)  # ties
+        while len(xs) > 45 or (xs and xs[0] <= xs[-1] - 60):
+            xs, ys = xs[1:], ys[1:]
+        kept_before = sliding._slopes is not None and bool(xs) and xs[0] in sliding._xs
+        assert _fits_equal(sliding.fit(xs, ys, 0.9), theil_sen(xs, ys, 0.9)), (xs, ys)
+        reused += kept_before
+    assert reused > calls // 2
+
+
+def test_sliding_theil_sen_checks_lengths_like_theil_sen():
+    with pytest.raises(ValueError):
+        SlidingTheilSen().fit([0.0, 1.0, 2.0], [0.0, 1.0])
+    assert SlidingTheilSen().fit([0.0, 1.0], [0.0, 1.0]) is None

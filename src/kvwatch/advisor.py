@@ -13,9 +13,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvwatch.forecast.demand import DemandParams
+
+if TYPE_CHECKING:  # types only: the advisor loads neither the capacity model nor the forecaster
+    from kvwatch.capacity.planner import CapacityPlan
+    from kvwatch.forecast.forecaster import ForecastResult
+    from kvwatch.model import Reading
 
 LIMIT_CONCURRENCY = "limit_concurrency"
 LOWER_MAX_MODEL_LEN = "lower_max_model_len"
@@ -85,7 +90,7 @@ def advise(
     recommended_max_concurrency: int | None = None,
     running: float | None = None,
     capacity_tokens: float | None = None,
-    capacity_plan: Any | None = None,
+    capacity_plan: CapacityPlan | None = None,
     request_lengths: RequestLengths | None = None,
     max_model_len: int | None = None,
     kv_tokens_per_request: float | None = None,
@@ -173,7 +178,7 @@ def _capacity_text(base_tokens: float, gain: float, ceiling: float | None) -> st
     return text
 
 
-def _tensor_parallel_advice(capacity_plan: Any | None, plan_tokens: float | None, base_tokens: float | None,
+def _tensor_parallel_advice(capacity_plan: CapacityPlan | None, plan_tokens: float | None, base_tokens: float | None,
                             ceiling: float | None, gpus_per_node: int) -> Advice:
     """The next valid --tensor-parallel-size within one node, sized by the plan; else a replica."""
     replica = ("Add a replica behind the gateway: a second engine with the same "
@@ -211,7 +216,7 @@ def _tensor_parallel_advice(capacity_plan: Any | None, plan_tokens: float | None
     return Advice(ADD_TENSOR_PARALLELISM, 0, message, effect, vllm_args=("--tensor-parallel-size", str(nxt)))
 
 
-def _whatif(capacity_plan: Any | None) -> dict[str, Any]:
+def _whatif(capacity_plan: CapacityPlan | None) -> dict[str, Any]:
     if capacity_plan is None:
         return {}
     from kvwatch.capacity import whatif_scenarios
@@ -233,21 +238,20 @@ def _lower_max_model_len(max_model_len: int | None, lengths: RequestLengths | No
     return proposed if proposed <= max_model_len // 2 else None
 
 
-def advise_from_result(result: Any, reading: Any | None = None, *, capacity_plan: Any | None = None,
+def advise_from_result(result: ForecastResult, reading: Reading | None = None, *,
+                       capacity_plan: CapacityPlan | None = None,
                        max_model_len: int | None = None, concurrency_ceiling: float | None = None,
                        gpus_per_node: int = DEFAULT_GPUS_PER_NODE) -> list[Advice]:
     """``advise`` fed from a :class:`kvwatch.forecast.ForecastResult` and core's ``Reading`` (what the
     sidecar, ``kvwatch check`` and the demo call). Lifetime length means come from the reading's histograms."""
     lengths = None
     if reading is not None:
-        p_sum, p_count = getattr(reading, "request_prompt_tokens_sum", None), getattr(
-            reading, "request_prompt_tokens_count", None)
-        g_sum, g_count = getattr(reading, "request_generation_tokens_sum", None), getattr(
-            reading, "request_generation_tokens_count", None)
+        p_sum, p_count = reading.request_prompt_tokens_sum, reading.request_prompt_tokens_count
+        g_sum, g_count = reading.request_generation_tokens_sum, reading.request_generation_tokens_count
         if p_sum is not None and p_count and g_sum is not None and g_count:
             lengths = RequestLengths(p_sum / p_count, g_sum / g_count)
-    running = getattr(reading, "requests_running", None) if reading is not None else None
-    capacity = getattr(reading, "kv_capacity_tokens", None) if reading is not None else None
+    running = reading.requests_running if reading is not None else None
+    capacity = reading.kv_capacity_tokens if reading is not None else None
     return advise(
         result.state,
         recommended_max_concurrency=result.recommended_max_concurrency,

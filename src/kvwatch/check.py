@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from prometheus_client.utils import floatToGoString
@@ -36,6 +36,9 @@ from kvwatch.forecast import Forecaster, ForecastParams, ForecastSample
 from kvwatch.model import Poll, Reading
 from kvwatch.payload import ScrapeError, interpret
 from kvwatch.settings import CheckSettings, SettingsError, add_settings_flags, load_settings, redact_url
+
+if TYPE_CHECKING:  # the capacity model loads only when a plan is built
+    from kvwatch.capacity.planner import CapacityPlan
 
 # The forecaster's thresholds, so that check and serve call the same usage KV-bound.
 KV_BOUND_USAGE = ForecastParams().u_sat
@@ -151,13 +154,14 @@ def _fetch(settings: CheckSettings) -> str:
         return fetcher.fetch()
 
 
-def _capacity_plans(settings: CheckSettings, poll: Poll) -> tuple[dict[str, Any], list[str]]:
+def _capacity_plans(settings: CheckSettings, poll: Poll) -> tuple[dict[str, CapacityPlan], list[str]]:
     """Capacity plan per model, as serve builds it: --model/--model-config, else a preset matching the
     model_name label. Returns (plans, why not) for the models the capacity model cannot size."""
     from kvwatch.serve.sidecar_capacity import CapacityResolver
 
     resolver = CapacityResolver(settings)
-    plans, reasons = {}, []
+    plans: dict[str, CapacityPlan] = {}
+    reasons: list[str] = []
     first = {r.model_name: r for r in reversed(poll.readings)}  # the first engine's cache_config_info labels
     for name in sorted(first):
         capacity, why = resolver.sidecar(first[name])  # the plans serve resolves, the same way
@@ -169,7 +173,7 @@ def _capacity_plans(settings: CheckSettings, poll: Poll) -> tuple[dict[str, Any]
 
 
 def build_report(poll: Poll, max_model_len: int | None = None,
-                 capacity_plans: Mapping[str, Any] | None = None, *,
+                 capacity_plans: Mapping[str, CapacityPlan] | None = None, *,
                  gpus_per_node: int = DEFAULT_GPUS_PER_NODE) -> dict[str, Any]:
     """The ``--json`` object (pure). ``capacity_plans`` maps model_name to a CapacityPlan, for the advice."""
     from kvwatch.capacity.series import resolve
@@ -241,7 +245,7 @@ def _json_safe(value: Any) -> Any:
 
 
 def advice(state: SeriesState, timestamp: float, max_model_len: int | None = None,
-           capacity_plan: Any | None = None, *, gpus_per_node: int = DEFAULT_GPUS_PER_NODE) -> list[Advice]:
+           capacity_plan: CapacityPlan | None = None, *, gpus_per_node: int = DEFAULT_GPUS_PER_NODE) -> list[Advice]:
     """The advisor's fixes for a series ``check`` found KV-bound, cheapest first (pure).
 
     One poll has no forecast history: the forecaster's one-sample result supplies the concurrency limit

@@ -7,7 +7,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from kvwatch.capacity import kv, memory, quantization
 from kvwatch.capacity.architecture import MAMBA, ModelArch
@@ -50,6 +51,26 @@ def default_gpu_memory_utilization(version: tuple[int, int]) -> float:
     return 0.92 if version >= _OLD_DEFAULT_UTILIZATION_BEFORE else 0.9
 
 
+class DeploymentOptions(Protocol):
+    """What :meth:`DeploymentSpec.from_settings` reads: the deployment options of kvwatch.settings'
+    ``DeploymentSettings`` (the settings layer sits above the core, so the core names only the fields)."""
+
+    model: str | None
+    model_config_path: Path | None
+    gpu: str | None
+    gpu_memory_gib: float | None
+    gpu_memory_utilization: float | None
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    dtype: str
+    kv_cache_dtype: str
+    quantization: str | None
+    block_size: int
+    max_model_len: int | None
+    max_num_batched_tokens: int | None
+    max_num_seqs: int | None
+
+
 @dataclass(frozen=True)
 class DeploymentSpec:
     """One vLLM deployment, per GPU. Measured ``*_bytes`` overrides win over estimates."""
@@ -81,7 +102,7 @@ class DeploymentSpec:
     kv_bytes_per_token: float | None = None
 
     @classmethod
-    def from_settings(cls, settings: Any, **overrides: Any) -> DeploymentSpec:
+    def from_settings(cls, settings: DeploymentOptions, **overrides: Any) -> DeploymentSpec:
         """From a ``DeploymentSettings`` (model/GPU presets resolved here) plus measured overrides.
 
         Overrides are any field of this class (e.g. ``weights_bytes=...``, ``vllm_version=(0, 19)``).
@@ -134,7 +155,7 @@ class CapacityPlan:
 
     spec: DeploymentSpec
     total_memory_bytes: float | None
-    gpu_memory_utilization: float
+    gpu_memory_utilization: float | None
     usable_bytes: float | None  # total x utilization
     weights_bytes: float | None
     activation_bytes: float | None  # with PP and a measured figure: rank 0's + pp_last_stage_extra_bytes

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Protocol
 
 
 class UnrecognisedPayload(ValueError):
@@ -54,6 +54,15 @@ class Selector:
         return f"{self.name}{{{inner}}}"
 
 
+class OverrideOptions(Protocol):
+    """What :meth:`SourceOverrides.from_settings` reads: kvwatch.settings' ``TargetSettings`` options (the
+    settings layer sits above the core, so the core names only the fields)."""
+
+    usage_metric: str | None
+    running_metric: str | None
+    waiting_metric: str | None
+
+
 @dataclass(frozen=True)
 class SourceOverrides:
     """Operator-chosen source metrics; each wins over the auto-detected name when set."""
@@ -68,10 +77,9 @@ class SourceOverrides:
         return cls(*(Selector.parse(v) if v else None for v in (usage, running, waiting)))
 
     @classmethod
-    def from_settings(cls, settings: Any) -> SourceOverrides:
-        """From any object with ``usage_metric``/``running_metric``/``waiting_metric`` (ServeSettings)."""
-        return cls.from_strings(getattr(settings, "usage_metric", None), getattr(settings, "running_metric", None),
-                                getattr(settings, "waiting_metric", None))
+    def from_settings(cls, settings: OverrideOptions) -> SourceOverrides:
+        """From kvwatch.settings' ``TargetSettings`` (``check`` and ``serve``)."""
+        return cls.from_strings(settings.usage_metric, settings.running_metric, settings.waiting_metric)
 
     def names(self) -> set[str]:
         return {s.name for s in (self.usage, self.running, self.waiting) if s is not None}

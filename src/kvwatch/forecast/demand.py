@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvwatch.forecast.buckets import MinuteBucket
-from kvwatch.forecast.robust import Ewma, damped_trend_offset, quantile, theil_sen
+from kvwatch.forecast.robust import Ewma, SlidingTheilSen, damped_trend_offset, quantile
 
 
 @dataclass(frozen=True)
@@ -140,6 +140,7 @@ class DemandModel:
         self._a = Ewma(params.a_halflife_buckets)
         self._mix_correction = Ewma(params.mix_correction_halflife_buckets)
         self._rate = Ewma(params.rate_halflife_buckets)
+        self._rate_fit = SlidingTheilSen()  # the rate's window slides a minute per update
 
     def update(self, buckets: Sequence[MinuteBucket], first_fit_minute: int | None = None) -> DemandEstimate | None:
         """Fold in the newest bucket (``buckets[-1]``) and estimate from the recent ones.
@@ -175,7 +176,7 @@ class DemandModel:
         ]
         slope = lower = 0.0
         if len(rate_points) >= p.rate_min_points:
-            fit = theil_sen([x for x, _ in rate_points], [y for _, y in rate_points], p.confidence)
+            fit = self._rate_fit.fit([x for x, _ in rate_points], [y for _, y in rate_points], p.confidence)
             if fit is not None:
                 # Shrink short fits towards "no trend": a few 5-minute swings of a bursty trace are not a ramp.
                 shrink = len(rate_points) / (len(rate_points) + p.rate_shrink_points)

@@ -38,6 +38,7 @@ from kvwatch.forecast.detector import (
     WarningParams,
 )
 from kvwatch.forecast.risk import RISK_HORIZONS_SECONDS, RiskEstimate, RiskParams, estimate_risk, with_recurrence
+from kvwatch.forecast.robust import SlidingTheilSen
 from kvwatch.forecast.trend import TrendEstimate, estimate_trend
 
 HORIZONS_SECONDS: tuple[int, ...] = (600, 1800)
@@ -182,6 +183,7 @@ class Forecaster:
         self._latch = WarningLatch(self.params.warning)
         self._buckets: deque[MinuteBucket] = deque(maxlen=self.params.history_buckets)
         self._demand_model = DemandModel(_demand_params(self.params))
+        self._trend_fit = SlidingTheilSen()  # the trend's window slides a minute per fit
         self._previous: ForecastSample | None = None
         self._lengths_last: ForecastSample | None = None  # the last sample with length buckets
         self._warm_after: float | None = None
@@ -367,6 +369,7 @@ class Forecaster:
             level_points=p.level_buckets,
             u_sat=p.u_sat,
             confidence=p.trend_confidence,
+            fit_line=self._trend_fit.fit,
         )
         self._risk = (
             estimate_risk(fit_buckets, self._demand, replace(p.risk, bucket_seconds=p.bucket_seconds))

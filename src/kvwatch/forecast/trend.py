@@ -7,11 +7,11 @@ fills; it is only trusted for short horizons from a high level (the "urgent" bra
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvwatch.forecast.buckets import MinuteBucket
-from kvwatch.forecast.robust import theil_sen
+from kvwatch.forecast.robust import SlopeFit, theil_sen
 
 
 @dataclass(frozen=True)
@@ -39,15 +39,17 @@ def estimate_trend(
     level_points: int,
     u_sat: float,
     confidence: float,
+    fit_line: Callable[[Sequence[float], Sequence[float], float], SlopeFit | None] = theil_sen,
 ) -> TrendEstimate | None:
-    """Fit the last ``window_buckets`` minutes; None with fewer than ``min_points`` of them."""
+    """Fit the last ``window_buckets`` minutes; None with fewer than ``min_points`` of them. ``fit_line``:
+    :func:`theil_sen` or, for a caller that fits every minute, a :class:`SlidingTheilSen`'s ``fit``."""
     if not buckets:
         return None
     newest = buckets[-1].minute
     recent = [b for b in buckets if b.minute > newest - window_buckets]
     if len(recent) < min_points:
         return None
-    fit = theil_sen([float(b.minute) for b in recent], [b.u_p90 for b in recent], confidence)
+    fit = fit_line([float(b.minute) for b in recent], [b.u_p90 for b in recent], confidence)
     if fit is None:
         return None
     level = sum(b.u_p90 for b in recent[-level_points:]) / len(recent[-level_points:])

@@ -117,15 +117,15 @@ class ChangeLog:
     """
 
     def __init__(self, logger: logging.Logger, *, burst: int = 10, window: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic, initial: Any = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, initial: object = None) -> None:
         self._log, self._burst, self._window, self._clock = logger, burst, window, clock
-        self._last: Any = initial
+        self._last = initial
         self._changes: deque[float] = deque()  # times of the changes within the last window
         self._suppressed = 0
         self._latest = ""
         self._summary_at: float | None = None
 
-    def change(self, status: Any, level: int, message: str, *args: Any) -> None:
+    def change(self, status: object, level: int, message: str, *args: object) -> None:
         if status == self._last:
             return
         self._last = status

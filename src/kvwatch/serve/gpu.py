@@ -11,12 +11,11 @@ results (:mod:`kvwatch.serve.capacity`), the one place they are computed.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from kvwatch.exposition import ParseError, parse
 from kvwatch.fetch import Fetcher
@@ -163,7 +162,7 @@ _WINDOW_NOTE = (" Least-squares slope of framebuffer used over the last 10 minut
                 "of non-KV memory.")
 
 
-def families(state: GpuState) -> Iterable[Any]:
+def families(state: GpuState) -> Iterator[Metric]:
     """The GPU families for one scrape (the source's health always; memory only from a good read)."""
     up = GaugeMetricFamily("kvwatch_gpu_source_up", "1 if kvwatch's last read of the GPU memory source "
                            "(dcgm-exporter or NVML) succeeded and matched the engine's GPUs, else 0.",

@@ -39,6 +39,8 @@ from prometheus_client.registry import CollectorRegistry
 
 log = logging.getLogger("kvwatch")
 
+FileStamp = tuple[int, int, int]  # mtime_ns, size, inode: a watched file changed when this did
+
 CLIENT_TIMEOUT = 10.0
 """Seconds a client may take to send its request (or finish the TLS handshake) before it is dropped."""
 LISTEN_BACKLOG = 1024
@@ -188,11 +190,11 @@ class WebConfigWatcher:
         self._lock = threading.Lock()
         self.config = load_web_config(path) if path is not None else WebConfig()
         self._stamp = self._stamps()
-        self._failed_stamp: Any = None
+        self._failed_stamp: tuple[FileStamp | None, ...] | None = None
         self.auth_cache: dict[bytes, bool] = {}
 
-    def _stamps(self) -> tuple[Any, ...]:
-        out = []
+    def _stamps(self) -> tuple[FileStamp | None, ...]:
+        out: list[FileStamp | None] = []
         for p in (self.config.watched or ((self.path,) if self.path else ())):
             try:
                 st = os.stat(p)
