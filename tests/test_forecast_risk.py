@@ -148,3 +148,43 @@ def test_the_request_size_tail_comes_from_the_length_buckets():
     assert tail_size(longer, "tail") > 2 * tail_size(window, "tail")
     assert tail_size(longer, "tail-d") > tail_size(longer, "tail")
     assert tail_size([_minute(0, (0.0, 0.0, 0.0, 0.0), (0.0, 0.0, 0.0, 0.0))], "tail") is None  # no requests
+
+
+def _polls(e2e_every: int) -> list:
+    """A steady series of 10-s polls for 70 minutes: 2 requests finish a second, each after 10 s end to end,
+    while 40 are running (Little's law would say 20 s). The e2e histogram is on every ``e2e_every``-th poll
+    only (``kvwatch serve`` reads it once a minute)."""
+    import random
+
+    from kvwatch.forecast import ForecastSample
+
+    rng = random.Random(3)
+    polls = []
+    for i in range(70 * 6):
+        t, finished = 10.0 * i, 20.0 * i
+        carried = i % e2e_every == 0
+        polls.append(ForecastSample(
+            timestamp=t, kv_usage=0.5 + rng.gauss(0, 0.03), capacity_tokens=100_000.0, running=40.0, waiting=0.0,
+            preemptions_total=0.0, finished_total=finished, prompt_tokens_total=1000.0 * finished,
+            generation_tokens_total=200.0 * finished, request_prompt_tokens_sum=1000.0 * finished,
+            request_prompt_tokens_count=finished, request_generation_tokens_sum=200.0 * finished,
+            request_generation_tokens_count=finished,
+            e2e_latency_seconds_sum=10.0 * finished if carried else None,
+            e2e_latency_seconds_count=finished if carried else None))
+    return polls
+
+
+@pytest.mark.parametrize("e2e_every", [1, 6, 7])
+def test_the_residence_is_measured_when_the_e2e_histogram_comes_once_a_minute(e2e_every: int):
+    """The risk's residence is the e2e histogram's mean (10 s), whether every poll reads it (the backtest) or
+    one a minute (the sidecar: deltas between the polls that carry it), not Little's law's 20 s."""
+    from kvwatch.forecast import Forecaster
+
+    forecaster = Forecaster()
+    for sample in _polls(e2e_every):
+        result = forecaster.observe(sample)
+    assert result.estimates["residence_seconds"] == pytest.approx(10.0)
+    without = Forecaster()
+    for sample in _polls(10**9)[1:]:  # no poll carries it
+        result = without.observe(sample)
+    assert result.estimates["residence_seconds"] == pytest.approx(20.0, rel=0.05)

@@ -186,6 +186,7 @@ class Forecaster:
         self._trend_fit = SlidingTheilSen()  # the trend's window slides a minute per fit
         self._previous: ForecastSample | None = None
         self._lengths_last: ForecastSample | None = None  # the last sample with length buckets
+        self._e2e_last: ForecastSample | None = None  # the last sample with the e2e latency histogram
         self._warm_after: float | None = None
         self._restart_at: float | None = None
         self._trend: TrendEstimate | None = None
@@ -281,7 +282,7 @@ class Forecaster:
         self._saturated_minute = False
 
     def _split(self, timestamp: float) -> None:
-        self._lengths_last = None
+        self._lengths_last = self._e2e_last = None
         self._aggregator.clear()
         self._buckets.clear()
         self._demand_model = DemandModel(_demand_params(self.params))
@@ -291,6 +292,7 @@ class Forecaster:
 
     def _deltas(self, prev: ForecastSample | None, cur: ForecastSample) -> SampleDeltas | None:
         lengths = self._length_deltas(cur)
+        e2e_sum, e2e_count = self._e2e_deltas(cur)
         if prev is None:
             return None
         seconds = cur.timestamp - prev.timestamp
@@ -311,10 +313,23 @@ class Forecaster:
             request_generation_count=counter_delta(
                 prev.request_generation_tokens_count, cur.request_generation_tokens_count
             ),
-            e2e_sum=counter_delta(prev.e2e_latency_seconds_sum, cur.e2e_latency_seconds_sum),
-            e2e_count=counter_delta(prev.e2e_latency_seconds_count, cur.e2e_latency_seconds_count),
+            e2e_sum=e2e_sum,
+            e2e_count=e2e_count,
             **lengths,
         )
+
+    def _e2e_deltas(self, cur: ForecastSample) -> tuple[float | None, float | None]:
+        """The e2e latency histogram's sum and count deltas since the last poll that read it. ``kvwatch serve``
+        reads the latency histograms once a minute (kvwatch.latency.EDGE_SECONDS), the backtest every poll: a
+        delta between consecutive polls only would leave the sidecar's risk without the measured residence
+        (Little's law instead), unlike the backtest it was scored by."""
+        if cur.e2e_latency_seconds_sum is None or cur.e2e_latency_seconds_count is None:
+            return None, None
+        last, self._e2e_last = self._e2e_last, cur
+        if last is None:
+            return None, None
+        return (counter_delta(last.e2e_latency_seconds_sum, cur.e2e_latency_seconds_sum),
+                counter_delta(last.e2e_latency_seconds_count, cur.e2e_latency_seconds_count))
 
     def _length_deltas(self, cur: ForecastSample) -> dict[str, Any]:
         """The length histograms' bucket deltas since the last poll that read them: ``kvwatch serve`` reads the

@@ -327,7 +327,7 @@ def count_dispersion(window: Sequence[MinuteBucket], free_only: bool = False) ->
     if n < 5:
         return 1.0
     mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n  # type: ignore[misc]
+    my = sum(y for _, y in points) / n
     if my <= 0:
         return 1.0
     sxx = sum((x - mx) ** 2 for x, _ in points)
@@ -337,11 +337,13 @@ def count_dispersion(window: Sequence[MinuteBucket], free_only: bool = False) ->
 
 
 def mean_residence(window: Sequence[MinuteBucket]) -> float | None:
-    """Mean end-to-end latency of requests finished in the window (e2e histogram deltas)."""
-    total, count = _window_sum(window, "e2e_sum"), _window_sum(window, "e2e_count")
-    if total is None or not count:
+    """Mean end-to-end latency of requests finished in the window (e2e histogram deltas), over the minutes
+    that carry them: the sidecar reads the histogram once a minute, so a minute may have none."""
+    carried = [b for b in window if b.e2e_sum is not None and b.e2e_count is not None]
+    count = sum(b.e2e_count for b in carried)
+    if not count:
         return None
-    return total / count
+    return sum(b.e2e_sum for b in carried) / count
 
 
 def estimate_risk(buckets: Sequence[MinuteBucket], demand: DemandEstimate, p: RiskParams) -> RiskEstimate | None:
