@@ -18,7 +18,7 @@ import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvwatch.counters import counter_delta, histogram_delta
 from kvwatch.forecast.buckets import BucketAggregator, MinuteBucket, SampleDeltas
@@ -40,6 +40,9 @@ from kvwatch.forecast.detector import (
 from kvwatch.forecast.risk import RISK_HORIZONS_SECONDS, RiskEstimate, RiskParams, estimate_risk, with_recurrence
 from kvwatch.forecast.robust import SlidingTheilSen
 from kvwatch.forecast.trend import TrendEstimate, estimate_trend
+
+if TYPE_CHECKING:  # the forecaster reads a Reading's fields; it needs no import of it to run
+    from kvwatch.model import Reading
 
 HORIZONS_SECONDS: tuple[int, ...] = (600, 1800)
 
@@ -93,30 +96,25 @@ class ForecastSample:
     generation_length_cumulative: tuple[float, ...] | None = None
 
     @classmethod
-    def from_reading(cls, reading: Any, timestamp: float, *, restarted: bool = False) -> ForecastSample:
-        """Adapt core's ``kvwatch.model.Reading`` (duck-typed: only the documented field names are read)."""
-
-        def get(name: str) -> Any:
-            return getattr(reading, name, None)
-
-        finished = get("finished_by_reason")
-        e2e = (get("latency") or {}).get("e2e")  # the e2e latency histogram, when the engine exports one
-        lengths = get("lengths") or {}
-        prompt, generation = lengths.get("prompt"), lengths.get("generation")
+    def from_reading(cls, reading: Reading, timestamp: float, *, restarted: bool = False) -> ForecastSample:
+        """The forecaster's view of one poll of a series (:class:`kvwatch.model.Reading`)."""
+        finished = reading.finished_by_reason
+        e2e = reading.latency.get("e2e")  # the e2e latency histogram, when the engine exports one (and it was read)
+        prompt, generation = reading.lengths.get("prompt"), reading.lengths.get("generation")
         return cls(
             timestamp=timestamp,
-            kv_usage=get("kv_usage_ratio"),
+            kv_usage=reading.kv_usage_ratio,
             capacity_tokens=_capacity_of(reading),
-            running=get("requests_running") or 0.0,
-            waiting=get("requests_waiting") or 0.0,
-            preemptions_total=get("preemptions_total"),
+            running=reading.requests_running or 0.0,
+            waiting=reading.requests_waiting or 0.0,
+            preemptions_total=reading.preemptions_total,
             finished_total=sum(finished.values()) if finished else None,
-            prompt_tokens_total=get("prompt_tokens_total"),
-            generation_tokens_total=get("generation_tokens_total"),
-            request_prompt_tokens_sum=get("request_prompt_tokens_sum"),
-            request_prompt_tokens_count=get("request_prompt_tokens_count"),
-            request_generation_tokens_sum=get("request_generation_tokens_sum"),
-            request_generation_tokens_count=get("request_generation_tokens_count"),
+            prompt_tokens_total=reading.prompt_tokens_total,
+            generation_tokens_total=reading.generation_tokens_total,
+            request_prompt_tokens_sum=reading.request_prompt_tokens_sum,
+            request_prompt_tokens_count=reading.request_prompt_tokens_count,
+            request_generation_tokens_sum=reading.request_generation_tokens_sum,
+            request_generation_tokens_count=reading.request_generation_tokens_count,
             e2e_latency_seconds_sum=e2e.sum if e2e is not None else None,
             e2e_latency_seconds_count=e2e.count if e2e is not None else None,
             restarted=restarted,
@@ -135,13 +133,11 @@ def _length_delta(prev_bounds: tuple[float, ...] | None, prev: tuple[float, ...]
     return histogram_delta(prev, cur)
 
 
-def _capacity_of(reading: Any) -> float | None:
-    tokens = getattr(reading, "kv_capacity_tokens", None)
-    if tokens:
-        return float(tokens)
-    blocks, block_size = getattr(reading, "num_gpu_blocks", None), getattr(reading, "block_size", None)
-    if blocks and block_size:
-        return float(blocks) * float(block_size)
+def _capacity_of(reading: Reading) -> float | None:
+    if reading.kv_capacity_tokens:
+        return float(reading.kv_capacity_tokens)
+    if reading.num_gpu_blocks and reading.block_size:
+        return float(reading.num_gpu_blocks) * float(reading.block_size)
     return None
 
 
