@@ -69,29 +69,27 @@ class SlidingTheilSen:
         xs, ys = list(xs), list(ys)
         if len(xs) != len(ys):
             raise ValueError("xs and ys differ in length")
-        slopes = self._slid(xs, ys)
+        finite = all(map(math.isfinite, xs)) and all(map(math.isfinite, ys))
+        slopes = self._slid(xs, ys) if finite else None
         if slopes is None:
             slopes = []
             for j in range(1, len(xs)):
                 slopes += _slopes_to(xs, ys, j)
             slopes.sort()
-        finite = all(map(math.isfinite, xs)) and all(map(math.isfinite, ys))
         self._xs, self._ys, self._slopes = xs, ys, slopes if finite else None
         if len(xs) < 3:
             return None
         return _fit(xs, ys, slopes, confidence)
 
     def _slid(self, xs: list[float], ys: list[float]) -> list[float] | None:
-        """The kept slopes updated to ``xs, ys`` when these are the kept points with ``d`` dropped from the
-        front and some appended (``d`` at most the number kept); None otherwise."""
+        """The kept slopes updated to ``xs, ys`` (all finite) when these are the kept points with ``d`` dropped
+        from the front and some appended (``d`` at most the number kept); None otherwise."""
         old_xs, old_ys, slopes = self._xs, self._ys, self._slopes
         if slopes is None or not xs or xs[0] not in old_xs:
             return None
         dropped = old_xs.index(xs[0])
         kept = len(old_xs) - dropped
         if kept < dropped or kept > len(xs) or old_xs[dropped:] != xs[:kept] or old_ys[dropped:] != ys[:kept]:
-            return None
-        if not (all(map(math.isfinite, xs[kept:])) and all(map(math.isfinite, ys[kept:]))):
             return None
         for i in range(dropped):
             for slope in _slopes_from(old_xs, old_ys, i):
