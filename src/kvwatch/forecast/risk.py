@@ -171,6 +171,17 @@ def dispersion_index(buckets: Sequence[MinuteBucket], window_buckets: int) -> tu
     return None if fit is None else (fit[0], fit[1])
 
 
+def _least_squares(points: Sequence[tuple[float, float]]) -> tuple[float, float, float, float, list[float]]:
+    """(mean x, mean y, Σ(x − mean x)², slope, residuals) of a least-squares line through ``points``."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    sxy = sum((x - mx) * (y - my) for x, y in points)
+    slope = sxy / sxx if sxx > 0 else 0.0
+    return mx, my, sxx, slope, [y - my - slope * (x - mx) for x, y in points]
+
+
 def _line_fit(buckets: Sequence[MinuteBucket], window_buckets: int, shrink: bool = False,
               autocorrelated: bool = True) -> tuple[float, float, float, float] | None:
     """(dispersion index, line at the newest minute, lag-1 autocorrelation of the residuals, newest mean).
@@ -183,12 +194,7 @@ def _line_fit(buckets: Sequence[MinuteBucket], window_buckets: int, shrink: bool
     n = len(points)
     if n < 5:
         return None
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    sxy = sum((x - mx) * (y - my) for x, y in points)
-    slope = sxy / sxx if sxx > 0 else 0.0
-    residuals = [y - my - slope * (x - mx) for x, y in points]
+    mx, my, sxx, slope, residuals = _least_squares(points)
     squares = sum(e * e for e in residuals)
     resid = squares / max(1, n - 2)
     # Lag-1 autocorrelation of consecutive minutes (gaps skipped): how slowly the bursts come and go.
@@ -326,14 +332,10 @@ def count_dispersion(window: Sequence[MinuteBucket], free_only: bool = False) ->
     n = len(points)
     if n < 5:
         return 1.0
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
+    _, my, _, _, residuals = _least_squares(points)
     if my <= 0:
         return 1.0
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    slope = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx > 0 else 0.0  # type: ignore[operator]
-    resid = sum((y - my - slope * (x - mx)) ** 2 for x, y in points) / (n - 2)  # type: ignore[operator]
-    return max(1.0, resid / my)
+    return max(1.0, sum(e * e for e in residuals) / (n - 2) / my)
 
 
 def mean_residence(window: Sequence[MinuteBucket]) -> float | None:
