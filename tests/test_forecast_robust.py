@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 
 import pytest
 
@@ -104,6 +105,7 @@ def test_buckets_close_per_minute_with_rates_over_covered_time():
     assert bucket is not None and bucket.minute == 0 and bucket.samples == 6
     assert bucket.u_max == pytest.approx(0.5)
     assert bucket.u_mean == pytest.approx(0.25)
+    assert bucket.u_sd == pytest.approx(statistics.stdev([0.0, 0.1, 0.2, 0.3, 0.4, 0.5]))  # the polls' spread
     assert bucket.departure_rate == pytest.approx(0.2)  # 12 finished over 60 s
     assert bucket.k_mean == pytest.approx(250.0)
     assert bucket.request_prompt_count == 12
@@ -115,6 +117,7 @@ def test_bucket_without_counter_deltas_has_no_rates():
     bucket = agg.add(60.0, 0.5, None, 1.0, 0.0, None)
     assert bucket.departure_rate is None and bucket.arrival_rate is None and bucket.k_mean is None
     assert math.isclose(bucket.u_p90, 0.5)
+    assert bucket.u_sd == 0.0  # one poll has no spread
 
 
 def test_length_bucket_deltas_per_minute_and_across_a_reset():

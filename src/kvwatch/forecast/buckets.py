@@ -11,6 +11,7 @@ its deltas actually cover.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import add
 
@@ -61,6 +62,7 @@ class MinuteBucket:
     request_generation_sum: float | None
     request_generation_count: float | None
     usages: tuple[float, ...] = ()  # the raw polls, for burst quantiles over several minutes
+    u_sd: float = 0.0  # sample standard deviation of the polls' usage (0 with fewer than two)
     prompt_tokens: float | None = None  # prompt tokens admitted (counter delta)
     generation_tokens: float | None = None  # tokens generated (counter delta)
     e2e_sum: float | None = None  # e2e latency histogram delta: seconds and requests
@@ -92,6 +94,12 @@ class MinuteBucket:
         if self.arrivals is None or self.covered_seconds <= 0:
             return None
         return max(0.0, self.arrivals / self.covered_seconds)
+
+
+def sample_sd(values: Sequence[float]) -> float:
+    """Sample standard deviation (statistics.stdev is exact but slow: this runs every minute per series)."""
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
 def _add(total: float | None, value: float | None) -> float | None:
@@ -213,6 +221,7 @@ class BucketAggregator:
             request_generation_sum=self._gen_sum,
             request_generation_count=self._gen_count,
             usages=tuple(usages),
+            u_sd=sample_sd(usages) if len(usages) >= 2 else 0.0,
             prompt_tokens=self._prompt_tokens,
             generation_tokens=self._gen_tokens,
             e2e_sum=self._e2e_sum,

@@ -155,8 +155,9 @@ class DemandModel:
         if arrival is not None:
             self._rate.update(arrival)
         window = [b for b in buckets if b.minute > newest.minute - p.a_window_buckets]
-        k_sum = sum(b.k_mean for b in window if b.k_mean is not None and b.departure_rate is not None)
-        rate_sum = sum(b.departure_rate for b in window if b.k_mean is not None and b.departure_rate is not None)
+        measured = [(k, r) for b in window if (k := b.k_mean) is not None and (r := b.departure_rate) is not None]
+        k_sum = sum(k for k, _ in measured)
+        rate_sum = sum(r for _, r in measured)
         if rate_sum > 0 and k_sum > 0:
             a_now = self._a.update(k_sum / rate_sum)
             lengths = _mean_lengths(window)
@@ -169,9 +170,9 @@ class DemandModel:
         if p.mix_correction and recent_lengths is not None and self._mix_correction.value is not None:
             a_est = self._mix_correction.value * mix_index(*recent_lengths)
         rate_points = [
-            (float(b.minute), b.arrival_rate)
+            (float(b.minute), rate)
             for b in buckets
-            if b.minute > newest.minute - p.rate_window_buckets and b.arrival_rate is not None
+            if b.minute > newest.minute - p.rate_window_buckets and (rate := b.arrival_rate) is not None
             and (first_fit_minute is None or b.minute >= first_fit_minute)
         ]
         slope = lower = 0.0
