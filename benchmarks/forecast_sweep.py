@@ -72,7 +72,7 @@ V7_VARIANTS: dict[str, ForecastParams] = {
 # Tried on the first 9 tuning runs only (the same as v6 there to the fourth decimal: the floor did not bind):
 # a 120-minute tail window, the tail × 2, the mean floor × 4, the tail × √(count dispersion).
 ROUNDS = {"v6": V6_VARIANTS, "v7": V7_VARIANTS}
-# The runs v5 was tuned on (docs/forecasting.md, "v5"), by row label and seed.
+# The runs v5 was tuned on (docs/forecasting-history.md, "v5"), by row label and seed.
 V5_SET = {("step", 0), ("diurnal", 0), ("mixshift", 0), ("steady 0.7", 0), ("steady 0.9", 0), ("restart", 0),
           ("large-cache steady 0.7", 0), ("long-mix steady 0.7", 0), ("prompt×4 steady 0.7", 0),
           ("small-cache steady 0.8", 10), ("prompt×2 steady 0.85", 10), ("burst-short", 10), ("burst-short", 11),
