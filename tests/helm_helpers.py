@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -22,6 +21,7 @@ import pytest
 import yaml
 
 from kvwatch.settings import ServeSettings, public_name
+from repo_scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "deploy" / "helm" / "kvwatch"
@@ -48,16 +48,8 @@ VLLM_FLAGS = {
 }
 
 
-def _load_sync_script() -> Any:
-    """scripts/sync_chart_files.py: the chart's spelling of a setting, and the schema it generates."""
-    spec = importlib.util.spec_from_file_location("sync_chart_files", ROOT / "scripts" / "sync_chart_files.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-SYNC = _load_sync_script()
+# scripts/sync_chart_files.py: the chart's spelling of a setting, and the schema it generates.
+SYNC = load_script("scripts/sync_chart_files.py", "sync_chart_files")
 # camelCase `config:` key -> field name, from the settings themselves (model_config_path is modelConfig).
 CONFIG_KEYS = {SYNC.camel(public_name(field)): field for field in ServeSettings.model_fields}
 

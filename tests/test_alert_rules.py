@@ -6,7 +6,6 @@ fails these tests with a message saying how to install it, it never skips them.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -16,6 +15,7 @@ import pytest
 import yaml
 
 from e2e.rules_for_e2e import differences_besides_for, for_durations, parse_duration, shorten_for
+from repo_scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "alerts" / "kvwatch-rules.yaml"
@@ -245,11 +245,7 @@ def test_difference_check_catches_a_changed_threshold() -> None:
 
 
 def _generator():  # alerts/generate.py is a script, not part of the package
-    spec = importlib.util.spec_from_file_location("generate_rules", ROOT / "alerts" / "generate.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("alerts/generate.py", "generate_rules")
 
 
 def test_shipped_rules_are_generated_from_the_config() -> None:

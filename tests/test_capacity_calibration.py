@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+from repo_scripts import load_script
 
-def _load_tool():  # tools/ is outside the installed package: load the script by its path
-    path = Path(__file__).resolve().parents[1] / "tools" / "calibrate.py"
-    spec = importlib.util.spec_from_file_location("kvwatch_tools_calibrate", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-_calibrate = _load_tool()
+_calibrate = load_script("tools/calibrate.py", "kvwatch_tools_calibrate")
 evaluate, evaluate_budgets, load_rows, main = (_calibrate.evaluate, _calibrate.evaluate_budgets,
                                                _calibrate.load_rows, _calibrate.main)
 render_budgets, render_markdown, summary = _calibrate.render_budgets, _calibrate.render_markdown, _calibrate.summary

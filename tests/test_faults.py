@@ -4,27 +4,16 @@ The whole matrix, with its table, is ``python benchmarks/faults.py`` (docs/relia
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from repo_scripts import load_script
+
 pytestmark = pytest.mark.e2e
 
 
-def _faults() -> Any:
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "faults.py"
-    spec = importlib.util.spec_from_file_location("kvwatch_faults", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["kvwatch_faults"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-faults = _faults()
+faults = load_script("benchmarks/faults.py", "kvwatch_faults")
 
 
 @pytest.fixture(scope="module")
