@@ -30,6 +30,19 @@ from kvwatch.backtest.report import (
     simulations,
     table,
 )
+from kvwatch.forecast import ForecastParams
+
+
+def tuning_tables(tuning: Path, cache_dir: Path | None, seeds: list[int], params: ForecastParams) -> None:
+    """The tuning trace's tables: the matrix, the long-context rows, the generalization shapes, no saturation."""
+    print(table(f"{tuning.name} (tuning)",
+                pooled(simulations(tuning, MATRIX, cache_dir, seeds=seeds), params)))
+    print(table(f"{tuning.name}, long-context rows (tuning)",
+                pooled(simulations(tuning, LONG_CONTEXT, cache_dir, seeds=seeds), params)))
+    print(table(f"{tuning.name}, generalization shapes (tuning)",
+                pooled(simulations(tuning, GENERALIZATION, cache_dir), params)))
+    print(table(f"{tuning.name}, steady 0.7 where nothing saturates (tuning)",
+                pooled(simulations(tuning, NO_SATURATION, cache_dir, seeds=seeds), params)))
 
 
 def main() -> int:
@@ -42,18 +55,14 @@ def main() -> int:
                         help="seeds for the held-out traces (default: --seeds); fresh ones once a seed was seen")
     parser.add_argument("--forecaster", choices=sorted(FORECASTERS), default="v6",
                         help="the version to score (default v6, the current defaults; v5, v7 for comparison)")
+    parser.add_argument("--held-out-only", action="store_true",
+                        help="score only the held-out traces (the tuning tables need the tuning simulations)")
     args = parser.parse_args()
     params = FORECASTERS[args.forecaster]
     seeds = [int(s) for s in args.seeds.split(",")]
     held_out_seeds = [int(s) for s in args.held_out_seeds.split(",")] if args.held_out_seeds else seeds
-    print(table(f"{args.tuning.name} (tuning)",
-                pooled(simulations(args.tuning, MATRIX, args.cache_dir, seeds=seeds), params)))
-    print(table(f"{args.tuning.name}, long-context rows (tuning)",
-                pooled(simulations(args.tuning, LONG_CONTEXT, args.cache_dir, seeds=seeds), params)))
-    print(table(f"{args.tuning.name}, generalization shapes (tuning)",
-                pooled(simulations(args.tuning, GENERALIZATION, args.cache_dir), params)))
-    print(table(f"{args.tuning.name}, steady 0.7 where nothing saturates (tuning)",
-                pooled(simulations(args.tuning, NO_SATURATION, args.cache_dir, seeds=seeds), params)))
+    if not args.held_out_only:
+        tuning_tables(args.tuning, args.cache_dir, seeds, params)
     for path in args.held_out:
         print(table(f"{path.name} (held out)",
                     pooled(simulations(path, MATRIX, args.cache_dir, seeds=held_out_seeds), params)))
