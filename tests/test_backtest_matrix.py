@@ -62,3 +62,24 @@ def test_the_matrix_can_score_v5_on_the_same_simulations():
     assert v6.risk.level_shrink and not v5.risk.level_shrink
     assert (v6.warning.warn_for_buckets, v5.warning.warn_for_buckets) == (3, 2)
     assert replace(v5, risk=v6.risk, warning=v6.warning) == v6
+
+
+def test_each_missed_event_is_classified_by_what_preceded_it():
+    from kvwatch.backtest.runner import KVWATCH, RunResult, Timeline
+    from kvwatch.backtest.scenarios import Scenario
+    from kvwatch.backtest.scoring import Event, Outcome
+    from repo_scripts import load_script
+
+    misses = load_script("benchmarks/forecast_misses.py", "kvwatch_forecast_misses")
+    scenario = Scenario("t.csv", "step", 6.0, 0, 0.6, 1.1)  # the step at 3 h (10,800 s)
+    onsets = {3000: ("caught", 600.0), 10860: ("at a shift", None), 7000: ("on > 60 min", None),
+              13000: ("late", 120.0), 15000: ("no sign", None), 17000: ("sub-threshold", None),
+              19500: ("above, not held", None)}
+    times = [float(t) for t in range(0, 21600, 60)]
+    active = [6700 <= t < 7000 for t in times]  # on before 7000 (the episode began over an hour earlier)
+    risk = [0.5 if 15800 <= t <= 16700 else 0.8 if 18300 <= t <= 19200 else 0.1 for t in times]
+    timeline = Timeline(times=times, warnings={KVWATCH: active}, probabilities={KVWATCH: {1800: risk}})
+    ordered = sorted(onsets)
+    run = RunResult(scenario, None, timeline, [Event(t, t + 120.0) for t in ordered],  # type: ignore[arg-type]
+                    {KVWATCH: Outcome(leads=[onsets[t][1] for t in ordered])}, 0)
+    assert misses.classify(run) == [onsets[t][0] for t in ordered]
