@@ -2,10 +2,11 @@
 simulations of the tuning trace, the 15 runs v5 was tuned on and the whole tuning family (41 runs).
 
     .venv/bin/python benchmarks/forecast_sweep.py AzureLLMInferenceTrace_conv.csv --cache-dir /tmp/kvwatch-bt \
-        [--round v6|v7]
+        [--round v6|v7|threshold]
 
 ``--round v7`` (the default) is v7's sweep (the request-size tail from the length histograms' buckets),
-``--round v6`` the v6 one.
+``--round v6`` the v6 one, ``--round threshold`` v6's warning threshold and first-warning hold (the trade
+between recall and false alarms; whole family only).
 
 Only the tuning trace is read: the held-out traces are scored by benchmarks/forecast_matrix.py, once.
 """
@@ -71,7 +72,14 @@ V7_VARIANTS: dict[str, ForecastParams] = {
 }
 # Tried on the first 9 tuning runs only (the same as v6 there to the fourth decimal: the floor did not bind):
 # a 120-minute tail window, the tail × 2, the mean floor × 4, the tail × √(count dispersion).
-ROUNDS = {"v6": V6_VARIANTS, "v7": V7_VARIANTS}
+THRESHOLD_VARIANTS: dict[str, ForecastParams] = {
+    "v6 (risk ≥ 0.7 for 3 min)": V6,
+    "risk ≥ 0.7 for 2 min": _variant(V6, warning={"warn_for_buckets": 2}),
+    **{f"risk ≥ {on} for {hold} min": _variant(V6, warning={"risk_on": on, "warn_for_buckets": hold})
+       for on in (0.6, 0.5) for hold in (3, 5, 8)},
+}
+ROUNDS = {"v6": V6_VARIANTS, "v7": V7_VARIANTS, "threshold": THRESHOLD_VARIANTS}
+FAMILY_ONLY = ("v7", "threshold")
 # The runs v5 was tuned on (docs/forecasting-history.md, "v5"), by row label and seed.
 V5_SET = {("step", 0), ("diurnal", 0), ("mixshift", 0), ("steady 0.7", 0), ("steady 0.9", 0), ("restart", 0),
           ("large-cache steady 0.7", 0), ("long-mix steady 0.7", 0), ("prompt×4 steady 0.7", 0),
@@ -104,11 +112,11 @@ def main() -> int:
     parser.add_argument("--round", choices=sorted(ROUNDS), default="v7", help="which sweep (default v7)")
     args = parser.parse_args()
     family = tuning_family(args.tuning, args.cache_dir)
-    if args.round == "v7":  # the whole family only (v7's sweep)
+    if args.round in FAMILY_ONLY:
         print(f"| variant | whole tuning family, {len(family)} runs: recall@5m / @15m / on 5 min before / false "
               "alarms / Brier 5m, 15m, 30m |")
         print("|---|---|")
-        for name, params in V7_VARIANTS.items():
+        for name, params in ROUNDS[args.round].items():
             print(f"| {name} | {_row(pooled(family, params))} |", flush=True)
         return 0
     v5_set = [s for s in family if (case_name(s.scenario), s.scenario.seed) in V5_SET]
