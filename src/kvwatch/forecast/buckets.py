@@ -96,7 +96,7 @@ class MinuteBucket:
         return max(0.0, self.arrivals / self.covered_seconds)
 
 
-def sample_sd(values: Sequence[float]) -> float:
+def _sample_sd(values: Sequence[float]) -> float:
     """Sample standard deviation (statistics.stdev is exact but slow: this runs every minute per series)."""
     mean = sum(values) / len(values)
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
@@ -221,7 +221,7 @@ class BucketAggregator:
             request_generation_sum=self._gen_sum,
             request_generation_count=self._gen_count,
             usages=tuple(usages),
-            u_sd=sample_sd(usages) if len(usages) >= 2 else 0.0,
+            u_sd=_sample_sd(usages) if len(usages) >= 2 else 0.0,
             prompt_tokens=self._prompt_tokens,
             generation_tokens=self._gen_tokens,
             e2e_sum=self._e2e_sum,
