@@ -13,6 +13,11 @@ For each event (onset outside warm-up) of each (cached) simulation, with the for
   ``sub-threshold`` (0.3 to the warning's 0.7), ``above, not held`` (≥ 0.7 but no warning: the 3-minute hold
   or the re-arm after a saturation).
 
+``--arrivals`` adds a second table: per class, the median of the largest single request (prompt + output
+tokens, as a share of the cache) arriving in the 5 minutes before each onset, next to the same over random
+5-minute windows of the same runs. A saturation made by one request too large for the headroom would show
+here as a larger request before onsets than anywhere else (a "jump" the length histograms could price).
+
     .venv/bin/python benchmarks/forecast_misses.py CONV.csv --cache-dir /tmp/kvwatch-bt              # tuning family
     .venv/bin/python benchmarks/forecast_misses.py CODE.csv --cache-dir /tmp/kvwatch-bt --seeds 700,701,702
 
@@ -24,12 +29,15 @@ family's classes explain its recall, and no parameter may be changed because of 
 from __future__ import annotations
 
 import argparse
+import random
+import statistics
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
 from kvwatch.backtest.report import FORECASTERS, MATRIX, NO_SATURATION, case_name, simulations
 from kvwatch.backtest.runner import KVWATCH, RunResult, Simulation, evaluate
+from kvwatch.backtest.scenarios import load_trace, scenario_arrivals
 from kvwatch.backtest.scoring import in_windows, warmup_windows
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -38,6 +46,7 @@ from forecast_sweep import tuning_family  # a sibling script, not part of the pa
 LEAD_SECONDS = 300.0
 MATCH_SECONDS = 3600.0
 SHIFTED = ("step", "mixshift", "restart")
+RANDOM_WINDOWS_PER_RUN = 50
 CLASSES = ("caught", "at a shift", "on > 60 min", "late", "no sign", "sub-threshold", "above, not held")
 
 
@@ -79,12 +88,44 @@ def table(sims: list[Simulation], forecaster: str) -> str:
     return "\n".join(lines)
 
 
+def largest_arrival(arrivals: list[tuple[float, int]], start: float, end: float) -> int:
+    """The largest footprint among ``(arrival time, tokens)`` pairs arriving in ``[start, end)``; 0 if none."""
+    return max((tokens for t, tokens in arrivals if start <= t < end), default=0)
+
+
+def arrivals_table(sims: list[Simulation], forecaster: str, trace: Path) -> str:
+    params, requests = FORECASTERS[forecaster], load_trace(trace)
+    rng = random.Random(0)
+    by_class: dict[str, list[float]] = defaultdict(list)
+    for sim in sims:
+        capacity = next(s.capacity_tokens for s in sim.samples if s.capacity_tokens)
+        arrivals = [(r.arrival_time, r.prompt_tokens + r.output_tokens)
+                    for r in scenario_arrivals(sim.scenario, requests)]
+        run = evaluate(sim, params)
+        warmup = warmup_windows(run.scenario.restart_times, run.scenario.seconds)
+        scored = [e for e in run.events if not in_windows(e.onset, warmup)]
+        for event, name in zip(scored, classify(run, params.warning.risk_on), strict=True):
+            by_class[name].append(largest_arrival(arrivals, event.onset - LEAD_SECONDS, event.onset) / capacity)
+        for _ in range(RANDOM_WINDOWS_PER_RUN):
+            end = rng.uniform(LEAD_SECONDS, sim.scenario.seconds)
+            by_class["random 5-min windows"].append(largest_arrival(arrivals, end - LEAD_SECONDS, end) / capacity)
+    lines = ["| before | n | largest arrival / cache: median | 90th percentile |", "|---|---:|---:|---:|"]
+    for name in (*CLASSES, "random 5-min windows"):
+        shares = sorted(by_class[name])
+        if shares:
+            p90 = shares[min(len(shares) - 1, int(0.9 * len(shares)))]
+            lines.append(f"| {name} | {len(shares)} | {statistics.median(shares):.3f} | {p90:.3f} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("trace", type=Path, help="a trace: the tuning CSV, or a held-out trace with --seeds")
     parser.add_argument("--cache-dir", type=Path, default=None, help="the simulations' cache (as forecast_matrix.py)")
     parser.add_argument("--seeds", default=None, help="comma-separated seeds of the matrix (a held-out trace)")
     parser.add_argument("--forecaster", choices=sorted(FORECASTERS), default="v6")
+    parser.add_argument("--arrivals", action="store_true",
+                        help="also the largest single arrival before each onset, per class, against random windows")
     args = parser.parse_args()
     if args.seeds is None:
         sims = tuning_family(args.trace, args.cache_dir)
@@ -93,6 +134,9 @@ def main() -> int:
         sims = simulations(args.trace, MATRIX, args.cache_dir, seeds=seeds)
         sims += simulations(args.trace, NO_SATURATION, args.cache_dir, seeds=seeds)
     print(table(sims, args.forecaster))
+    if args.arrivals:
+        print()
+        print(arrivals_table(sims, args.forecaster, args.trace))
     return 0
 
 

@@ -83,3 +83,13 @@ def test_each_missed_event_is_classified_by_what_preceded_it():
     run = RunResult(scenario, None, timeline, [Event(t, t + 120.0) for t in ordered],  # type: ignore[arg-type]
                     {KVWATCH: Outcome(leads=[onsets[t][1] for t in ordered])}, 0)
     assert misses.classify(run) == [onsets[t][0] for t in ordered]
+
+
+def test_the_largest_arrival_before_an_onset_counts_only_its_window():
+    from repo_scripts import load_script
+
+    misses = load_script("benchmarks/forecast_misses.py", "kvwatch_forecast_misses")
+    arrivals = [(10.0, 500), (100.0, 9000), (299.0, 700), (300.0, 20000)]
+    assert misses.largest_arrival(arrivals, 0.0, 300.0) == 9000  # [start, end): the arrival at 300 is after it
+    assert misses.largest_arrival(arrivals, 150.0, 300.0) == 700
+    assert misses.largest_arrival(arrivals, 400.0, 700.0) == 0
