@@ -19,7 +19,8 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "kvwatch"
 
 # The pure core (docs/architecture.md): top-level modules and whole packages.
-CORE_MODULES = ("exposition.py", "model.py", "payload.py", "counters.py", "history.py", "advisor.py")
+CORE_MODULES = ("exposition.py", "model.py", "payload.py", "counters.py", "history.py", "advisor.py", "derived.py",
+                "plausible.py", "latency.py", "gpu_memory.py")
 CORE_PACKAGES = ("engines", "capacity", "forecast")
 # Libraries the core must not import: network, settings/validation, Prometheus client, scheduler.
 IO_LIBRARIES = ("httpx", "pydantic", "pydantic_settings", "prometheus_client", "apscheduler")

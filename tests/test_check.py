@@ -345,6 +345,26 @@ def test_missing_file_with_json_prints_a_json_error(capsys: pytest.CaptureFixtur
     assert "--file" in captured.err
 
 
+@pytest.mark.parametrize(("flags", "named"), [
+    (["--fail-on", "loud"], "--fail-on"),  # argparse's own choices check
+    (["--no-such-flag"], "--no-such-flag"),  # an unknown flag, found by the top-level parser
+])
+def test_argument_errors_with_json_print_a_json_error_too(flags: list[str], named: str,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["check", "--file", str(FIXTURES / "gen-0.9-both-usage-names.prom"), "--json", *flags])
+    captured = capsys.readouterr()
+    error = json.loads(captured.out)["error"]
+    assert exc.value.code == 2 and error["reason"] == "usage" and named in error["message"]
+    assert named in captured.err
+
+
+def test_argument_errors_without_json_print_nothing_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["check", "--file", str(FIXTURES / "gen-0.9-both-usage-names.prom"), "--fail-on", "loud"])
+    assert capsys.readouterr().out == ""
+
+
 def test_a_url_without_metrics_gets_a_hint(capsys: pytest.CaptureFixture[str]) -> None:
     # Port 9 on loopback: nothing listens, so the fetch fails and the hint names the /metrics path.
     assert main(["check", "http://127.0.0.1:9", "--json", "--poll-timeout-seconds", "2"]) == 1

@@ -122,10 +122,16 @@ def fails(report: dict[str, Any], fail_on: str) -> bool:
     return any(SEVERITIES.index(f["severity"]) <= worst for f in report["findings"])
 
 
+def usage_error_json(message: str) -> str:
+    """Bad usage as the JSON ``--json`` promises on stdout (a script reads one format); kvwatch.cli prints it
+    for the errors its argument parser finds (an unknown flag, an invalid ``--fail-on``) too."""
+    return json.dumps({"error": {"reason": "usage", "message": message}})
+
+
 def _usage_error(message: str, as_json: bool) -> int:
-    """Exit 2 on bad usage; with --json the error is JSON on stdout too (a script reads one format)."""
+    """Exit 2 on bad usage; with --json the error is JSON on stdout too."""
     if as_json:
-        print(json.dumps({"error": {"reason": "usage", "message": message}}))
+        print(usage_error_json(message))
     raise SettingsError(message)
 
 

@@ -13,7 +13,7 @@ import argparse
 import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 # name -> (module, one-line help)
@@ -46,13 +46,21 @@ class _Version(argparse.Action):
 
 
 class Parser(argparse.ArgumentParser):
-    """Usage errors as one line naming the command (``kvwatch serve: ...``), not the usage block."""
+    """Usage errors as one line naming the command (``kvwatch serve: ...``), not the usage block; for a command
+    given ``--json`` whose module defines ``usage_error_json(message)``, also that JSON on stdout."""
+
+    usage_error_json: Callable[[str], str] | None = None
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+        self.usage_exit(self.prog, message)
+
+    def usage_exit(self, prog: str, message: str) -> NoReturn:
+        if self.usage_error_json is not None:
+            print(self.usage_error_json(message), flush=True)
+        self.exit(2, f"{prog}: {message} (see {prog} --help)\n")
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+def build_parser(command: str | None = None, *, json_output: bool = False) -> Parser:
     parser = Parser(
         prog="kvwatch",
         description="KV-cache watchdog for vLLM: exporter, exhaustion forecaster and alerting sidecar.",
@@ -62,7 +70,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == command:
-            importlib.import_module(module).add_arguments(p)
+            loaded = importlib.import_module(module)
+            loaded.add_arguments(p)
+            if json_output:
+                parser.usage_error_json = p.usage_error_json = getattr(loaded, "usage_error_json", None)
     return parser
 
 
@@ -71,13 +82,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = next((a for a in argv if not a.startswith("-")), None)
     if command not in COMMANDS:
         command = None
-    parser = build_parser(command)
+    parser = build_parser(command, json_output="--json" in argv)
     # Unknown flags end up with the top-level parser, which would blame "kvwatch": name the subcommand.
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         prog = f"kvwatch {args.command}" if args.command else "kvwatch"
         noun = "argument" if len(unknown) == 1 else "arguments"
-        parser.exit(2, f"{prog}: unrecognized {noun}: {' '.join(unknown)} (see {prog} --help)\n")
+        parser.usage_exit(prog, f"unrecognized {noun}: {' '.join(unknown)}")
     if args.command is None:
         parser.print_help()
         return 2
