@@ -135,3 +135,18 @@ def test_serve_warns_once_about_a_max_model_len_other_than_the_engines(caplog):
                 analyzer.analyze(r.key, None, r, 0.0)
     warned = [m for m in caplog.messages if "the engine runs 8,192" in m]
     assert len(warned) == 1
+
+
+def test_the_engines_blocks_are_divided_among_the_models_kv_groups():
+    # vLLM 0.9-0.19 on an interleaved sliding-window model: full and sliding layers are two groups sharing the
+    # pool, and vLLM reports blocks // 2 × block_size (its "GPU KV cache size" line; the payload's
+    # sliding_window label is None on such models, so only the model's layout says so).
+    dense = readings("gen-0.9-both-usage-names.prom", LLAMA)[0]
+    gemma = readings("gen-0.9-both-usage-names.prom", "google/gemma-2-9b-it")[0]
+    resolver = CapacityResolver(ServeSettings(gpu="H100"))
+    assert resolver.sidecar(gemma)[0].plan.layout.num_groups == 2
+    series = resolver.series(gemma)
+    assert (series.source, series.tokens) == ("engine_num_gpu_blocks", 12000 // 2 * 16)
+    assert series.apply(gemma).kv_capacity_tokens == 96000 and gemma.kv_capacity_tokens == 192000
+    assert resolver.series(dense).tokens == 12000 * 16 == resolver.series(dense).apply(dense).kv_capacity_tokens
+    assert resolve(gemma, None).tokens == 192000  # without the model's layout: the adapter's figure

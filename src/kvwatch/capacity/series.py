@@ -4,7 +4,8 @@ The engine's own figures come first, then the model/deployment settings:
 
 1. ``engine_kv_cache_size_tokens``: vLLM's ``cache_config_info{kv_cache_size_tokens}`` (>= ~0.25, per engine);
 2. ``engine_num_gpu_blocks``: ``num_gpu_blocks / engines × block_size`` from the same metric (the adapter's
-   fallback; over-states on hybrid models, whose ``block_size`` vLLM rewrites); ``engine_metric``: a capacity
+   fallback), divided among the model's KV groups when the model is known (vLLM 0.9-0.19 on sliding-window
+   and hybrid models; without the model it over-states by the group count); ``engine_metric``: a capacity
    the adapter read elsewhere than ``cache_config_info``;
 3. ``formula``: the capacity plan built from the settings and the engine's cache_config_info values;
 4. ``unknown``.
@@ -45,11 +46,26 @@ class SeriesCapacity:
         return self.plan.kv_cache_tokens if self.plan is not None else None
 
     def apply(self, reading: Any) -> Any:
-        """The reading with this capacity filled in where the engine reported none (others are unchanged)."""
+        """The reading with this capacity: filled in where the engine reported none, and the engine's blocks
+        divided among the model's KV groups (``_engine_block_tokens``); other readings are unchanged."""
         if reading.kv_capacity_tokens is None and self.tokens is not None:
             # used tokens follow (usage × capacity); the reading remembers that this is the formula's figure
             return replace(reading, kv_capacity_tokens=self.tokens, capacity_source="formula")
+        if self.source == "engine_num_gpu_blocks" and self.tokens != reading.kv_capacity_tokens:
+            return replace(reading, kv_capacity_tokens=self.tokens)
         return reading
+
+
+def _engine_block_tokens(reading: Any, plan: CapacityPlan | None) -> float:
+    """The engine's pool in tokens from its blocks. The adapter's ``blocks × block_size`` is right for one KV
+    group; a sliding-window or hybrid model's groups (interleaved layers, Mamba layers) share the pool, and
+    vLLM 0.9-0.19 reports ``blocks // groups × block_size`` (kvwatch.capacity.kv.reported_kv_cache_tokens).
+    The payload does not say how many groups there are (vLLM labels ``sliding_window`` only on models whose every
+    layer slides, one group): the model's layout does, when kvwatch knows the model."""
+    groups = plan.layout.num_groups if plan is not None else 1
+    if groups <= 1 or not reading.num_gpu_blocks or not reading.block_size:
+        return float(reading.kv_capacity_tokens)
+    return float(int(reading.num_gpu_blocks) // groups * int(reading.block_size))
 
 
 def resolve(reading: Any, plan: CapacityPlan | None) -> SeriesCapacity:
@@ -61,7 +77,7 @@ def resolve(reading: Any, plan: CapacityPlan | None) -> SeriesCapacity:
     elif engine_tokens is not None and engine_tokens > 0:
         tokens, source = float(engine_tokens), "engine_kv_cache_size_tokens"
     elif reading.kv_capacity_tokens and label_number(config.get("num_gpu_blocks")):
-        tokens, source = float(reading.kv_capacity_tokens), "engine_num_gpu_blocks"
+        tokens, source = _engine_block_tokens(reading, plan), "engine_num_gpu_blocks"
     elif reading.kv_capacity_tokens:  # a capacity the adapter read elsewhere than cache_config_info
         tokens, source = float(reading.kv_capacity_tokens), "engine_metric"
     elif plan is not None and plan.will_start:
