@@ -150,6 +150,12 @@ def test_will_not_start_exits_1_with_shortfall(capsys):
      "--kv-cache-dtype"),
     (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--kv-cache-dtype", "int2"],
      "--kv-cache-dtype"),
+    # no request holds more than max_model_len: given, or the model's own (131,072 here)
+    (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--max-model-len", "8192",
+      "--avg-seq-len", "20000"], "--avg-seq-len"),
+    (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--avg-seq-len", "200000"], "--avg-seq-len"),
+    (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--max-model-len", "8192",
+      "--avg-seq-len", "20000", "--target-concurrency", "10"], "--avg-seq-len"),
 ])
 def test_bad_input_exits_2_naming_the_flag(argv, flag, capsys):
     code, out, err = run(["plan", *argv], capsys)

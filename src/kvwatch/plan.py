@@ -156,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
         raise SettingsError(f"{exc} {exc.plan_hint}".rstrip()) from None
     except QuantizationError as exc:  # names the flag that brought the quantization in (and the config field)
         raise SettingsError(f"invalid value for {exc.flag}: {exc}") from None
+    _check_avg_seq_len(args.avg_seq_len, plan.max_model_len)
     if args.json:
         print(json.dumps(plan_to_dict(plan, scenarios, args.avg_seq_len), indent=2))
     else:
@@ -173,6 +174,14 @@ def run(args: argparse.Namespace) -> int:
     return 0 if plan.will_start else 1
 
 
+def _check_avg_seq_len(avg_seq_len: float | None, max_model_len: int | None) -> None:
+    """No request holds more than max_model_len tokens: a longer average describes a deployment that cannot exist."""
+    if avg_seq_len is not None and max_model_len is not None and avg_seq_len > max_model_len:
+        raise SettingsError(f"invalid value for --avg-seq-len: {avg_seq_len:,.0f} tokens is longer than the "
+                            f"max_model_len ({max_model_len:,}) that caps every request; pass the mean tokens per "
+                            "request, or a longer --max-model-len")
+
+
 def run_inverse(args: argparse.Namespace, spec: DeploymentSpec) -> int:
     """``--target-concurrency``: the options table (or JSON); exit 1 when no option exists."""
     if args.target_concurrency < 1:
@@ -181,6 +190,7 @@ def run_inverse(args: argparse.Namespace, spec: DeploymentSpec) -> int:
         raise SettingsError("--target-concurrency needs --avg-seq-len (the tokens one request holds)")
     if args.gpus_per_node < 1:
         raise SettingsError("invalid value for --gpus-per-node: must be at least 1")
+    _check_avg_seq_len(args.avg_seq_len, spec.max_model_len)  # without the flag the planner picks a length ≥ it
     model = args.model or (spec.arch.name if spec.arch else None)
     try:
         result = inverse_plan(spec, args.target_concurrency, args.avg_seq_len, args.gpus_per_node, model,
