@@ -210,11 +210,19 @@ def test_deployment_flags_size_the_quantization_and_tp_advice(capsys: pytest.Cap
 
 
 def test_unusable_deployment_flags_are_explained_and_advice_still_comes(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["check", "--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom"), "--model", "no/such-model",
-                 "--gpu", "H100", "--json"]) == 0
+    # Valid flags that describe a deployment the capacity model cannot plan (TP 3 does not divide 32 heads).
+    assert main(["check", "--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom"), "--model",
+                 "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--tensor-parallel-size", "3", "--json"]) == 0
     captured = capsys.readouterr()
-    assert "no capacity plan for llama" in captured.err and "no/such-model" in captured.err
+    assert "no capacity plan for llama" in captured.err and "--tensor-parallel-size" in captured.err
     assert _advice(json.loads(captured.out))["0"] == ["limit_concurrency", "add_tensor_parallelism"]
+
+
+@pytest.mark.parametrize(("flags", "named"), [(["--model", "no/such-model"], "--model"), (["--gpu", "H101"], "--gpu")])
+def test_a_misspelt_model_or_gpu_is_bad_usage(flags: list[str], named: str,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom"), *flags]) == 2
+    assert named in capsys.readouterr().err
 
 
 def test_no_advice_without_a_kv_bottleneck(capsys: pytest.CaptureFixture[str]) -> None:

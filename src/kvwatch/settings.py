@@ -338,6 +338,32 @@ class DeploymentSettings(_Base):
             raise ValueError(f"must be one of {', '.join(sorted(allowed))}")
         return v.lower()
 
+    # A misspelt card or model stops every command here (plan refused it; serve and check used to run on
+    # without a capacity plan, with one line in the log).
+    @field_validator("gpu")
+    @classmethod
+    def _gpu_preset(cls, v: str | None) -> str | None:
+        from kvwatch.capacity import presets
+
+        if v is not None:
+            try:
+                presets.resolve_gpu(v)
+            except presets.PresetError as exc:
+                raise ValueError(str(exc)) from None
+        return v
+
+    @field_validator("model")
+    @classmethod
+    def _model_preset(cls, v: str | None) -> str | None:
+        from kvwatch.capacity import presets
+
+        if v is not None:
+            try:
+                presets.match_model(v)
+            except presets.PresetError as exc:
+                raise ValueError(str(exc)) from None
+        return v
+
     @field_validator("model_config_path")
     @classmethod
     def _config_exists(cls, v: Path | None) -> Path | None:
