@@ -172,14 +172,15 @@ def test_kv_bound_series_gets_the_advisors_fixes_cheapest_first(capsys: pytest.C
     assert _advice(report) == {"0": ["limit_concurrency", "add_tensor_parallelism"], "1": []}
     fixes = report["series"][0]["advice"]
     assert [a["rank"] for a in fixes] == [1, 2]
-    assert all(set(a) == {"action", "rank", "message", "projected_effect", "vllm_args", "concurrency"}
+    assert all(set(a) == {"action", "rank", "message", "projected_effect", "engine_args", "vllm_args",
+                          "concurrency"}
                and a["message"] and a["projected_effect"] for a in fixes)
     # The limit keeps usage under 95 % at this poll's mix: one more request would cross it.
     e0 = report["series"][0]
     per_request = e0["kv_used_tokens"] / e0["requests_running"]
     limit = fixes[0]["concurrency"]
-    assert fixes[0]["vllm_args"] == ["--max-num-seqs", str(limit)] and f"to {limit} at the gateway" in fixes[0][
-        "message"]
+    assert fixes[0]["vllm_args"] == fixes[0]["engine_args"] == ["--max-num-seqs", str(limit)]
+    assert f"to {limit} at the gateway" in fixes[0]["message"]
     # Without the model the TP size cannot be named: no flag to paste, a replica instead.
     assert fixes[1]["vllm_args"] is None and fixes[1]["concurrency"] is None
     assert "Add a replica" in fixes[1]["message"] and "--tensor-parallel-size x2" not in fixes[1]["message"]
@@ -433,3 +434,43 @@ def test_without_max_model_len_the_advice_reads_the_engines(tmp_path: Path, caps
     # at the engine's 8,192 those requests leave nothing to lower
     unchanged = check_json(["--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom")], capsys)
     assert not any("max-model-len" in a["message"] for s in unchanged["series"] for a in s["advice"])
+
+
+ENGINE_FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.mark.parametrize(("fixture", "engine", "limit_flag", "tp_flag"), [
+    ("sglang-metrics/gen-rank-labels-dp2.prom", "SGLang", "--max-running-requests", "--tp-size"),
+    ("tensorrt-llm-metrics/gen-triton-waiting-fraction.prom", "TensorRT-LLM", "--max_batch_size", "--tp_size"),
+])
+def test_advice_gives_each_engines_own_flags(fixture: str, engine: str, limit_flag: str, tp_flag: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    report = check_json(["--file", str(ENGINE_FIXTURES / fixture)], capsys)
+    fixes = next(s["advice"] for s in report["series"] if s["advice"])
+    limit = fixes[0]
+    assert limit["engine_args"] == [limit_flag, str(limit["concurrency"])] and limit["vllm_args"] is None
+    assert f"pass {limit_flag} {limit['concurrency']} to {engine}" in limit["message"]
+    assert "--max-num-seqs" not in json.dumps(report) and "vLLM" not in json.dumps(fixes)
+    assert tp_flag in fixes[-1]["message"]
+    assert main(["check", "--file", str(ENGINE_FIXTURES / fixture)]) == 0
+    assert f"{engine} flags: {limit_flag} " in capsys.readouterr().out
+
+
+def test_sglang_quantization_and_tp_advice_use_its_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    report = check_json(["--file", str(ENGINE_FIXTURES / "sglang-metrics/gen-rank-labels-dp2.prom"),
+                         "--gpu", "H100"], capsys)
+    fixes = {a["action"]: a for s in report["series"] for a in s["advice"]}
+    assert fixes["quantize_weights"]["engine_args"] == ["--quantization", "fp8"]
+    assert "--kv-cache-dtype fp8_e4m3" in fixes["quantize_weights"]["projected_effect"]
+    assert fixes["add_tensor_parallelism"]["engine_args"] == ["--tp-size", "2"]
+
+
+def test_scheduler_limited_names_the_engines_own_budget_flags() -> None:
+    waiting = derive(Reading("m", kv_usage_ratio=0.3, requests_running=10.0, requests_waiting=8.0,
+                             kv_capacity_tokens=100000.0), None)
+    messages = {kind: next(f.message for f in findings([waiting], engine_kind=kind) if f.id == "scheduler_limited")
+                for kind in ("vllm", "sglang", "tensorrt-llm")}
+    assert "--max-num-seqs or --max-num-batched-tokens" in messages["vllm"]
+    assert "--max-running-requests or --max-prefill-tokens" in messages["sglang"]
+    assert "--schedule-conservativeness" in messages["sglang"]
+    assert "--max_batch_size or --max_num_tokens" in messages["tensorrt-llm"]

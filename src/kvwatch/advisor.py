@@ -3,8 +3,9 @@
 The tutorial's decision loop, in order of cost: limit concurrency at the gateway (free, immediate), lower
 ``--max-model-len`` (a restart; only when observed requests sit far below it), quantize the weights (a
 restart and a quality check; needs the model to size the gain), add tensor parallelism (the next size vLLM
-accepts, within one node) or, beyond the node, a replica. Every fix that changes a vLLM flag carries
-``vllm_args`` (pasteable onto the vLLM command line); a concurrency limit carries ``concurrency``.
+accepts, within one node) or, beyond the node, a replica. Every fix that changes an engine setting carries
+``engine_args``, pasteable onto that engine's command line in its own flag names (vLLM, SGLang, TensorRT-LLM's
+``trtllm-serve``: :data:`ENGINE_FLAGS`); a concurrency limit carries ``concurrency``.
 Capacities are the engine's reported pool when known; the capacity model's what-if plans only scale it.
 Pure: the caller passes the forecast's numbers and, when the model is known, the capacity plan.
 """
@@ -33,6 +34,23 @@ MAX_MODEL_LEN_SLACK = 0.5
 # The concurrency limit keeps KV usage under the forecaster's saturation threshold.
 LIMIT_USAGE = DemandParams().u_sat
 DEFAULT_GPUS_PER_NODE = 8
+VLLM, SGLANG, TENSORRT_LLM = "vllm", "sglang", "tensorrt-llm"
+ENGINE_NAMES = {VLLM: "vLLM", SGLANG: "SGLang", TENSORRT_LLM: "TensorRT-LLM"}
+# Each engine's own launch flag for what a fix changes (from each engine's server-argument reference:
+# vLLM's engine args, SGLang's server arguments, trtllm-serve's options). None: no launch flag for it.
+ENGINE_FLAGS: dict[str, dict[str, str | None]] = {
+    VLLM: {"concurrency": "--max-num-seqs", "max_model_len": "--max-model-len", "quantization": "--quantization",
+           "tensor_parallel": "--tensor-parallel-size", "token_budget": "--max-num-batched-tokens"},
+    SGLANG: {"concurrency": "--max-running-requests", "max_model_len": "--context-length",
+             "quantization": "--quantization", "tensor_parallel": "--tp-size", "token_budget": "--max-prefill-tokens"},
+    # TensorRT-LLM takes the weights' quantization from the checkpoint it serves, not from a flag.
+    TENSORRT_LLM: {"concurrency": "--max_batch_size", "max_model_len": "--max_seq_len", "quantization": None,
+                   "tensor_parallel": "--tp_size", "token_budget": "--max_num_tokens"},
+}
+# How each engine is told to keep its KV cache in FP8 (the quantization fix mentions it as the alternative).
+FP8_KV_CACHE = {VLLM: "--kv-cache-dtype fp8", SGLANG: "--kv-cache-dtype fp8_e4m3",
+                TENSORRT_LLM: "kv_cache_config.dtype: fp8 in trtllm-serve's options YAML, --config or "
+                              "--extra_llm_api_options"}
 
 
 @dataclass(frozen=True)
@@ -41,14 +59,22 @@ class Advice:
     rank: int  # 1 = do this first
     message: str  # what to do, in the operator's terms
     projected_effect: str  # what it buys, in numbers when they are known
-    vllm_args: tuple[str, ...] | None = None  # flags to paste onto the vLLM command line, when it changes one
+    engine_args: tuple[str, ...] | None = None  # flags to paste onto the engine's command line, when it has them
     concurrency: int | None = None  # the concurrency limit, when the fix limits concurrency
+    engine_kind: str = VLLM  # whose flags engine_args are
+
+    @property
+    def vllm_args(self) -> tuple[str, ...] | None:
+        """``engine_args`` on a vLLM series (the name the JSON had before other engines), else None."""
+        return self.engine_args if self.engine_kind == VLLM else None
 
     def as_json(self) -> dict[str, Any]:
+        def listed(args: tuple[str, ...] | None) -> list[str] | None:
+            return list(args) if args is not None else None
+
         return {"action": self.action, "rank": self.rank, "message": self.message,
-                "projected_effect": self.projected_effect,
-                "vllm_args": list(self.vllm_args) if self.vllm_args is not None else None,
-                "concurrency": self.concurrency}
+                "projected_effect": self.projected_effect, "engine_args": listed(self.engine_args),
+                "vllm_args": listed(self.vllm_args), "concurrency": self.concurrency}
 
 
 @dataclass(frozen=True)
@@ -96,6 +122,7 @@ def advise(
     kv_tokens_per_request: float | None = None,
     concurrency_ceiling: float | None = None,
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+    engine_kind: str = VLLM,
 ) -> list[Advice]:
     """Ranked fixes for ``state`` (empty unless filling or bottleneck).
 
@@ -104,10 +131,12 @@ def advise(
     scenarios size the quantization and tensor-parallel gains, as ratios applied to that pool.
     ``kv_tokens_per_request`` is the live average of KV tokens per running request (the observed mix) and
     ``concurrency_ceiling`` the observed-mix ceiling the caller reports beside the advice: the limit never
-    exceeds the threshold's share of it, and the ceilings in the effects start from it.
+    exceeds the threshold's share of it, and the ceilings in the effects start from it. ``engine_kind`` names
+    the engine whose flags the fixes give.
     """
     if state not in ADVISE_IN_STATES:
         return []
+    flags, engine = ENGINE_FLAGS.get(engine_kind, ENGINE_FLAGS[VLLM]), ENGINE_NAMES.get(engine_kind, engine_kind)
     whatif = _whatif(capacity_plan)
     plan_tokens = float(capacity_plan.kv_cache_tokens) if capacity_plan is not None and \
         capacity_plan.kv_cache_tokens else None
@@ -126,11 +155,11 @@ def advise(
         held = f"the KV cache holds ~{ceiling:.1f} at the observed mix{now}" if ceiling else now.lstrip("; ")
         out.append(Advice(
             LIMIT_CONCURRENCY, 0,
-            f"Limit concurrency to {limit} at the gateway, or pass --max-num-seqs {limit} to vLLM"
+            f"Limit concurrency to {limit} at the gateway, or pass {flags['concurrency']} {limit} to {engine}"
             + (f" ({held})." if held else "."),
             f"KV usage stays under {LIMIT_USAGE:.0%} at the observed request mix; excess requests wait at the "
             "gateway instead of being preempted and recomputed.",
-            vllm_args=("--max-num-seqs", str(limit)), concurrency=limit,
+            engine_args=_args(flags["concurrency"], limit), concurrency=limit,
         ))
 
     lowered = _lower_max_model_len(max_model_len, request_lengths)
@@ -142,11 +171,11 @@ def advise(
                      "of full length)")
         out.append(Advice(
             LOWER_MAX_MODEL_LEN, 0,
-            f"Lower --max-model-len from {max_model_len} to {lowered}: observed requests are at most "
+            f"Lower {flags['max_model_len']} from {max_model_len} to {lowered}: observed requests are at most "
             f"~{request_lengths.longest_estimate:,.0f} tokens.",
             f"The worst-case concurrency ceiling rises {factor:.1f}x{worst}; the KV pool itself is unchanged, "
             "so usage at today's mix does not drop.",
-            vllm_args=("--max-model-len", str(lowered)),
+            engine_args=_args(flags["max_model_len"], lowered),
         ))
 
     quantized = whatif.get("fp8_weights")
@@ -156,18 +185,25 @@ def advise(
         kv_fp8 = whatif.get("fp8_kv_cache")
         also = ""
         if kv_fp8 is not None and kv_fp8.kv_cache_tokens and kv_fp8.kv_cache_tokens > plan_tokens:
-            also = (f" An FP8 KV cache (--kv-cache-dtype fp8) instead gives "
+            also = (f" An FP8 KV cache ({FP8_KV_CACHE.get(engine_kind, FP8_KV_CACHE[VLLM])}) instead gives "
                     f"x{kv_fp8.kv_cache_tokens / plan_tokens:.2f} tokens.")
+        how = (f"{flags['quantization']} fp8" if flags["quantization"] else
+               f"serve an FP8-quantized checkpoint: {engine} takes the quantization from the checkpoint")
         out.append(Advice(
             QUANTIZE_WEIGHTS, 0,
-            "Quantize the weights to FP8 (--quantization fp8): frees GPU memory for the KV cache.",
+            f"Quantize the weights to FP8 ({how}): frees GPU memory for the KV cache.",
             _capacity_text(base_tokens, gain, ceiling) + "." + also,
-            vllm_args=("--quantization", "fp8"),
+            engine_args=_args(flags["quantization"], "fp8"),
         ))
 
-    out.append(_tensor_parallel_advice(capacity_plan, plan_tokens, base_tokens, ceiling, gpus_per_node))
-    return [Advice(a.action, rank, a.message, a.projected_effect, a.vllm_args, a.concurrency)
+    out.append(_tensor_parallel_advice(capacity_plan, plan_tokens, base_tokens, ceiling, gpus_per_node,
+                                       flags["tensor_parallel"] or "--tensor-parallel-size"))
+    return [Advice(a.action, rank, a.message, a.projected_effect, a.engine_args, a.concurrency, engine_kind)
             for rank, a in enumerate(out, 1)]
+
+
+def _args(flag: str | None, value: object) -> tuple[str, ...] | None:
+    return (flag, str(value)) if flag else None
 
 
 def _capacity_text(base_tokens: float, gain: float, ceiling: float | None) -> str:
@@ -179,8 +215,9 @@ def _capacity_text(base_tokens: float, gain: float, ceiling: float | None) -> st
 
 
 def _tensor_parallel_advice(capacity_plan: CapacityPlan | None, plan_tokens: float | None, base_tokens: float | None,
-                            ceiling: float | None, gpus_per_node: int) -> Advice:
-    """The next valid --tensor-parallel-size within one node, sized by the plan; else a replica."""
+                            ceiling: float | None, gpus_per_node: int, flag: str) -> Advice:
+    """The next valid tensor-parallel size (``flag``: the engine's) within one node, sized by the plan; else a
+    replica."""
     replica = ("Add a replica behind the gateway: a second engine with the same "
                + (f"{base_tokens:,.0f}-token KV pool" if base_tokens else "KV pool")
                + (f" doubles the ceiling for this traffic (from {math.floor(ceiling)} to {math.floor(2 * ceiling)} "
@@ -190,7 +227,7 @@ def _tensor_parallel_advice(capacity_plan: CapacityPlan | None, plan_tokens: flo
     arch = getattr(spec, "arch", None)
     if spec is None or arch is None:
         return Advice(ADD_TENSOR_PARALLELISM, 0,
-                      "Add a replica behind the gateway, or raise --tensor-parallel-size to a size that divides "
+                      f"Add a replica behind the gateway, or raise {flag} to a size that divides "
                       "the model's attention heads (pass --model or --model-config and kvwatch names it).",
                       replica)
     tp = spec.tensor_parallel_size
@@ -206,14 +243,14 @@ def _tensor_parallel_advice(capacity_plan: CapacityPlan | None, plan_tokens: flo
     if not arch.is_mla and arch.num_kv_heads < nxt:
         replicated = (f" The model's {arch.num_kv_heads} KV heads are replicated at this size (each GPU keeps "
                       f"one, {nxt // arch.num_kv_heads} copies of each), so the KV per token stops shrinking.")
-    message = (f"Raise --tensor-parallel-size from {tp} to {nxt} ({nxt - tp} more GPU"
+    message = (f"Raise {flag} from {tp} to {nxt} ({nxt - tp} more GPU"
                f"{'s' if nxt - tp != 1 else ''} per replica), or add a replica behind the gateway.{replicated}")
     after = tensor_parallel_plan(spec, nxt)
     if after is not None and plan_tokens and base_tokens:
         effect = _capacity_text(base_tokens, after.kv_cache_tokens / plan_tokens, ceiling) + "."
     else:
         effect = "More KV capacity once the weights are split (the capacity model cannot size it here). " + replica
-    return Advice(ADD_TENSOR_PARALLELISM, 0, message, effect, vllm_args=("--tensor-parallel-size", str(nxt)))
+    return Advice(ADD_TENSOR_PARALLELISM, 0, message, effect, engine_args=(flag, str(nxt)))
 
 
 def _whatif(capacity_plan: CapacityPlan | None) -> dict[str, Any]:
@@ -241,7 +278,7 @@ def _lower_max_model_len(max_model_len: int | None, lengths: RequestLengths | No
 def advise_from_result(result: ForecastResult, reading: Reading | None = None, *,
                        capacity_plan: CapacityPlan | None = None,
                        max_model_len: int | None = None, concurrency_ceiling: float | None = None,
-                       gpus_per_node: int = DEFAULT_GPUS_PER_NODE) -> list[Advice]:
+                       gpus_per_node: int = DEFAULT_GPUS_PER_NODE, engine_kind: str = VLLM) -> list[Advice]:
     """``advise`` fed from a :class:`kvwatch.forecast.ForecastResult` and core's ``Reading`` (what the
     sidecar, ``kvwatch check`` and the demo call). Lifetime length means come from the reading's histograms."""
     lengths = None
@@ -263,4 +300,5 @@ def advise_from_result(result: ForecastResult, reading: Reading | None = None, *
         kv_tokens_per_request=result.estimates.get("tokens_per_running_request"),
         concurrency_ceiling=concurrency_ceiling,
         gpus_per_node=gpus_per_node,
+        engine_kind=engine_kind,
     )

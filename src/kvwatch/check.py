@@ -28,7 +28,15 @@ from urllib.parse import urlsplit, urlunsplit
 
 from prometheus_client.utils import floatToGoString
 
-from kvwatch.advisor import DEFAULT_GPUS_PER_NODE, Advice, advise_from_result
+from kvwatch.advisor import (
+    DEFAULT_GPUS_PER_NODE,
+    ENGINE_FLAGS,
+    ENGINE_NAMES,
+    SGLANG,
+    VLLM,
+    Advice,
+    advise_from_result,
+)
 from kvwatch.derived import SeriesState, derive
 from kvwatch.engines import SourceOverrides
 from kvwatch.fetch import Fetcher
@@ -188,7 +196,8 @@ def build_report(poll: Poll, max_model_len: int | None = None,
     # one capacity per series (kvwatch.capacity.series): the engine's figures first, then the plan
     capacities = {r.key: resolve(r, plans.get(r.model_name)) for r in poll.readings}
     states = [derive(capacities[r.key].apply(r), None, max_model_len) for r in poll.readings]
-    found = findings(states, poll.implausible) + _capacity_findings(states, plans, max_model_len)
+    found = findings(states, poll.implausible, poll.detection.engine_kind) + _capacity_findings(states, plans,
+                                                                                               max_model_len)
     found.sort(key=lambda f: _SEVERITY_ORDER[f.severity])
     stuck = {(f.model_name, f.engine) for f in found if f.id == "request_exceeds_pool"}
     found = [f for f in found if not (f.id == "scheduler_limited" and (f.model_name, f.engine) in stuck)]
@@ -202,7 +211,7 @@ def build_report(poll: Poll, max_model_len: int | None = None,
         "waiting_metric": d.waiting_metric,
         "capacity_metric": d.capacity_metric,
         "series": [_series_json(s, advice(s, poll.timestamp, max_model_len, plans.get(s.reading.model_name),
-                                          gpus_per_node=gpus_per_node)
+                                          gpus_per_node=gpus_per_node, engine_kind=d.engine_kind)
                                 if (s.reading.model_name, s.reading.engine) in bound else [],
                                 capacities[s.reading.key].source)
                    for s in states],
@@ -251,7 +260,8 @@ def _json_safe(value: Any) -> Any:
 
 
 def advice(state: SeriesState, timestamp: float, max_model_len: int | None = None,
-           capacity_plan: CapacityPlan | None = None, *, gpus_per_node: int = DEFAULT_GPUS_PER_NODE) -> list[Advice]:
+           capacity_plan: CapacityPlan | None = None, *, gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+           engine_kind: str = VLLM) -> list[Advice]:
     """The advisor's fixes for a series ``check`` found KV-bound, cheapest first (pure).
 
     One poll has no forecast history: the forecaster's one-sample result supplies the concurrency limit
@@ -268,7 +278,7 @@ def advice(state: SeriesState, timestamp: float, max_model_len: int | None = Non
     return advise_from_result(replace(result, state="bottleneck", estimates=estimates), reading,
                               capacity_plan=capacity_plan, max_model_len=max_model_len_of(reading, max_model_len),
                               concurrency_ceiling=state.max_concurrency.get("observed_mix"),
-                              gpus_per_node=gpus_per_node)
+                              gpus_per_node=gpus_per_node, engine_kind=engine_kind)
 
 
 def _series_json(s: SeriesState, fixes: Iterable[Advice] = (), capacity_source: str = "unknown") -> dict[str, Any]:
@@ -306,9 +316,11 @@ def _count(value: float | None) -> int | float | None:
 
 
 def findings(states: Iterable[SeriesState],
-             implausible: Iterable[tuple[tuple[str, str], str, float]] = ()) -> list[Finding]:
+             implausible: Iterable[tuple[tuple[str, str], str, float]] = (), engine_kind: str = VLLM) -> list[Finding]:
     """Checklist findings per series, most severe first (pure). ``implausible`` is the poll's list of
-    impossible values dropped to unknown (:mod:`kvwatch.plausible`)."""
+    impossible values dropped to unknown (:mod:`kvwatch.plausible`); ``engine_kind`` names whose flags the
+    messages give."""
+    flags = ENGINE_FLAGS.get(engine_kind, ENGINE_FLAGS[VLLM])
     dropped: dict[tuple[str, str], dict[str, float]] = {}
     for key, name, value in implausible:
         dropped.setdefault(key, {})[name] = value
@@ -333,7 +345,9 @@ def findings(states: Iterable[SeriesState],
         elif usage < SCHEDULER_LIMITED_BELOW and _standing_queue(r):
             out.append(Finding("scheduler_limited", "warning", (
                 f"{_requests(waiting)} {_verb(waiting)} while KV is only {usage:.0%} used: the scheduler limits, "
-                "not KV. Raise --max-num-seqs or --max-num-batched-tokens (token budget); more KV would not help. "
+                f"not KV. Raise {flags['concurrency']} or {flags['token_budget']} (token budget)"
+                + (" or lower --schedule-conservativeness" if engine_kind == SGLANG else "")
+                + "; more KV would not help. "
                 "One poll: watch kvwatch_state{state=\"scheduler_limited\"} (kvwatch serve) to see it persist."),
                 **where))
         others = sorted(n for n in bad if n != "kv_usage_ratio")
@@ -413,7 +427,8 @@ def render(report: dict[str, Any]) -> str:
             lines.append(f"\nFixes for {s['model_name']} engine {s['engine']}, cheapest first:")
             for a in s["advice"]:
                 lines.append(f"  {a['rank']}. {a['message']}")
-                if a["vllm_args"]:
-                    lines.append(f"     vLLM flags: {' '.join(a['vllm_args'])}")
+                if a["engine_args"]:
+                    engine = ENGINE_NAMES.get(report["engine_kind"], report["engine_kind"])
+                    lines.append(f"     {engine} flags: {' '.join(a['engine_args'])}")
                 lines.append(f"     Effect: {a['projected_effect']}")
     return "\n".join(lines)
