@@ -304,3 +304,20 @@ def test_plot_marks_what_will_not_start(tmp_path, capsys):
     code, _, _ = run(["plan", "--model", "Qwen/Qwen3-32B", "--gpu", "L4", "--plot", str(tmp_path / "cli.png")],
                      capsys)
     assert code == 1 and (tmp_path / "cli.png").is_file()
+
+
+def test_max_num_seqs_caps_what_runs_and_the_text_says_which_limit_binds(capsys):
+    base = ["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--avg-seq-len", "200"]
+    code, out, _ = run([*base, "--max-num-seqs", "256", "--json"], capsys)
+    plan = json.loads(out)
+    assert code == 0 and plan["max_num_seqs"] == 256 and plan["max_concurrency"] > 2000
+    assert plan["running_limit"] == 256  # the KV cache would hold ~2,300 requests of 200 tokens
+    fp8 = next(s for s in plan["scenarios"] if s["name"] == "fp8_kv_cache")
+    assert fp8["max_concurrency"] > 2 * 2000 and fp8["running_limit"] == 256  # more KV, no more concurrency
+    code, out, _ = run([*base, "--max-num-seqs", "256"], capsys)
+    assert "runs at most 256 requests at once (max_num_seqs): the scheduler, not the KV cache" in out
+    # vLLM's own default on an 80 GB H100 is 1,024 (kvwatch.capacity.memory.default_batch_limits); at the
+    # model's full length the KV cache binds.
+    code, out, _ = run(["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--json"], capsys)
+    plan = json.loads(out)
+    assert plan["max_num_seqs"] == 1024 and plan["running_limit"] == plan["max_concurrency"] < 10

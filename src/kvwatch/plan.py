@@ -238,6 +238,11 @@ def _max_concurrency(plan: CapacityPlan, avg_seq_len: float | None) -> float | N
     return plan.max_concurrency_at(avg_seq_len) if avg_seq_len else plan.max_concurrency_at_max_model_len
 
 
+def _runs(ceiling: float | None, plan: CapacityPlan | None) -> float | None:
+    """The KV ceiling capped by the scheduler's max_num_seqs (CapacityPlan.running_limit_at, for either basis)."""
+    return None if ceiling is None or plan is None else min(ceiling, float(plan.max_num_seqs))
+
+
 def plan_to_dict(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: float | None) -> dict[str, Any]:
     spec = plan.spec
     lc = long_context(plan)
@@ -263,6 +268,8 @@ def plan_to_dict(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: flo
         "model_max_len": spec.arch.derived_max_model_len if spec.arch else None,
         "max_concurrency": _max_concurrency(plan, avg_seq_len),
         "max_concurrency_at_max_model_len": plan.max_concurrency_at_max_model_len,
+        "max_num_seqs": plan.max_num_seqs,
+        "running_limit": _runs(_max_concurrency(plan, avg_seq_len), plan),
         "tensor_parallel_size": spec.tensor_parallel_size,
         "pipeline_parallel_size": spec.pipeline_parallel_size,
         "vllm_version": ".".join(map(str, spec.vllm_version)),
@@ -274,6 +281,7 @@ def plan_to_dict(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: flo
         "long_context": _long_context_dict(lc),
         "scenarios": [
             {"name": s.name, "kv_cache_tokens": s.kv_cache_tokens, "max_concurrency": s.max_concurrency,
+             "running_limit": _runs(s.max_concurrency, s.plan),
              "will_start": s.plan.will_start if s.plan is not None else None, "note": s.note}
             for s in scenarios
         ],
@@ -426,13 +434,20 @@ def render_text(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: floa
                    "(vLLM's 'Maximum concurrency')")
     if not avg_seq_len and plan.max_concurrency_at_max_model_len is None:
         out.append("   pass --avg-seq-len or --max-model-len for a ceiling")
+    ceiling = _max_concurrency(plan, avg_seq_len)
+    given = "" if plan.spec.max_num_seqs else ", vLLM's default on this card"
+    out.append(f"   vLLM runs at most {plan.max_num_seqs:,} requests at once (max_num_seqs{given})"
+               + ("" if ceiling is None else
+                  ": the scheduler, not the KV cache, is the limit here, and more KV buys no concurrency"
+                  if ceiling > plan.max_num_seqs else ": the KV cache is the limit"))
     basis = f"at {avg_seq_len:,.0f} tokens" if avg_seq_len else "at max_model_len"
-    out += ["", f"What-if, cheapest first (ceiling {basis}):",
-            f"   {'scenario':<30} {'KV tokens':>12} {'ceiling':>9}  note",
-            f"   {'(now)':<30} {plan.kv_cache_tokens:>12,} {_fmt(_max_concurrency(plan, avg_seq_len)):>9}"]
+    out += ["", f"What-if, cheapest first (ceiling {basis}; runs: capped by max_num_seqs):",
+            f"   {'scenario':<30} {'KV tokens':>12} {'ceiling':>9} {'runs':>7}  note",
+            f"   {'(now)':<30} {plan.kv_cache_tokens:>12,} {_fmt(ceiling):>9} {_fmt(_runs(ceiling, plan)):>7}"]
     for s in scenarios:
         tokens = f"{s.kv_cache_tokens:,}" if s.kv_cache_tokens is not None else "-"
-        out.append(f"   {s.name:<30} {tokens:>12} {_fmt(s.max_concurrency):>9}  {s.note}")
+        runs = _runs(s.max_concurrency, s.plan)
+        out.append(f"   {s.name:<30} {tokens:>12} {_fmt(s.max_concurrency):>9} {_fmt(runs):>7}  {s.note}")
     for label, items in (("error", plan.errors), ("warning", plan.warnings), ("note", plan.notes)):
         out += [f"{label}: {item}" for item in items]
     return "\n".join(out)

@@ -157,8 +157,7 @@ def _option(base: DeploymentSpec, spec: DeploymentSpec, target: int, avg_seq_len
     if plan.errors:
         reasons.append(f"TP={spec.tensor_parallel_size}: {plan.errors[0]}")
         return None
-    _batched, default_seqs = memory.default_batch_limits(spec.gpu_memory_bytes or 80 * memory.GIB, spec.gpu_name)
-    per_replica = min(plan.max_concurrency_at(avg_seq_len), float(spec.max_num_seqs or default_seqs))
+    per_replica = plan.running_limit_at(avg_seq_len)
     if per_replica < 1:
         reasons.append(f"TP={spec.tensor_parallel_size}: fewer than one {avg_seq_len:,.0f}-token request fits")
         return None

@@ -168,6 +168,7 @@ class CapacityPlan:
     max_model_len: int | None
     max_num_batched_tokens: int
     in_flight_tokens: int  # what a sliding-window group holds beyond its window (kv.in_flight_tokens)
+    max_num_seqs: int  # the scheduler's cap on running requests: --max-num-seqs, or vLLM's default for the card
     estimated: tuple[str, ...]  # which terms are estimates rather than measured
     warnings: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
@@ -182,6 +183,11 @@ class CapacityPlan:
     def max_concurrency_at(self, avg_seq_len: float) -> float:
         """Requests of ``avg_seq_len`` KV tokens that fit at once (the tutorial's ceiling)."""
         return kv.max_concurrency_at(self.layout, self.num_gpu_blocks, avg_seq_len, self.in_flight_tokens)
+
+    def running_limit_at(self, avg_seq_len: float) -> float:
+        """Requests of ``avg_seq_len`` tokens vLLM runs at once: the KV ceiling, capped by ``max_num_seqs`` (past
+        that cap the scheduler, not the KV cache, is the limit, and more KV buys no concurrency)."""
+        return min(self.max_concurrency_at(avg_seq_len), float(self.max_num_seqs))
 
     @property
     def max_concurrency_at_max_model_len(self) -> float | None:
@@ -346,7 +352,7 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
         pp_last_stage_extra_bytes=pp_extra, cuda_graph_bytes=cuda_graphs,
         available_kv_bytes=available, kv_bytes_per_token=per_token, layout=layout, num_gpu_blocks=blocks,
         kv_cache_tokens=tokens, max_model_len=max_model_len, max_num_batched_tokens=batched,
-        in_flight_tokens=in_flight,
+        in_flight_tokens=in_flight, max_num_seqs=seqs,
         estimated=tuple(estimated), warnings=tuple(warnings), errors=tuple(errors), notes=tuple(notes),
     )
 
