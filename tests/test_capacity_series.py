@@ -150,3 +150,25 @@ def test_the_engines_blocks_are_divided_among_the_models_kv_groups():
     assert series.apply(gemma).kv_capacity_tokens == 96000 and gemma.kv_capacity_tokens == 192000
     assert resolver.series(dense).tokens == 12000 * 16 == resolver.series(dense).apply(dense).kv_capacity_tokens
     assert resolve(gemma, None).tokens == 192000  # without the model's layout: the adapter's figure
+
+
+def test_without_a_card_the_models_architecture_still_divides_the_blocks(capsys, tmp_path):
+    # No --gpu: no capacity plan, but the model (from vLLM's model_name) fixes the grouping on its own; Gemma-3
+    # 27B's 52 sliding and 10 full layers make 7 groups, so blocks × block_size over-stated the pool 7×.
+    resolver = CapacityResolver(ServeSettings())
+    gemma2 = readings("gen-0.9-both-usage-names.prom", "google/gemma-2-9b-it")[0]
+    gemma3 = readings("gen-0.9-both-usage-names.prom", "google/gemma-3-27b-it")[0]
+    assert resolver.sidecar(gemma2)[0] is None
+    assert resolver.series(gemma2).tokens == 12000 // 2 * 16
+    assert resolver.series(gemma3).tokens == 12000 // 7 * 16
+    unknown = readings("gen-0.9-both-usage-names.prom", "acme/unheard-of")[0]
+    assert resolver.series(unknown).tokens == 12000 * 16  # a model kvwatch does not know: the adapter's figure
+    text = (FIXTURES / "gen-0.9-both-usage-names.prom").read_text()
+    names = {r.model_name for r in interpret(text, None, timestamp=0.0).readings}
+    for name in names:
+        text = text.replace(f'model_name="{name}"', 'model_name="google/gemma-2-9b-it"')
+    payload = tmp_path / "gemma.prom"
+    payload.write_text(text)
+    assert main(["check", "--file", str(payload), "--json"]) == 0
+    series = json.loads(capsys.readouterr().out)["series"][0]
+    assert (series["kv_capacity_tokens"], series["capacity_source"]) == (96000, "engine_num_gpu_blocks")

@@ -112,14 +112,15 @@ def run(args: argparse.Namespace) -> int:
             if hint:
                 print(f"kvwatch check: hint: {hint}", file=sys.stderr)
         return 1
-    plans, unsized = _capacity_plans(settings, poll)
+    plans, kv_groups, unsized = _capacity_plans(settings, poll)
     if unsized and any(getattr(settings, f) is not None for f in ("model", "model_config_path", "gpu",
                                                                     "gpu_memory_gib")):
         # The deployment flags were meant for the advice: say why they could not be used.
         for reason in unsized:
             print(f"kvwatch check: no capacity plan for {reason}; advice without quantization and TP sizes",
                   file=sys.stderr)
-    report = build_report(poll, settings.max_model_len, plans, gpus_per_node=settings.gpus_per_node)
+    report = build_report(poll, settings.max_model_len, plans, gpus_per_node=settings.gpus_per_node,
+                          kv_groups=kv_groups)
     print(json.dumps(report, indent=2, allow_nan=False) if args.json else render(report))
     return 1 if args.fail_on is not None and fails(report, args.fail_on) else 0
 
@@ -168,13 +169,16 @@ def _fetch(settings: CheckSettings) -> str:
         return fetcher.fetch()
 
 
-def _capacity_plans(settings: CheckSettings, poll: Poll) -> tuple[dict[str, CapacityPlan], list[str]]:
+def _capacity_plans(settings: CheckSettings,
+                    poll: Poll) -> tuple[dict[str, CapacityPlan], dict[str, int], list[str]]:
     """Capacity plan per model, as serve builds it: --model/--model-config, else a preset matching the
-    model_name label. Returns (plans, why not) for the models the capacity model cannot size."""
+    model_name label. Returns (plans, the KV groups of known models without a plan, why not) for the models the
+    capacity model cannot size."""
     from kvwatch.serve.sidecar_capacity import CapacityResolver
 
     resolver = CapacityResolver(settings)
     plans: dict[str, CapacityPlan] = {}
+    kv_groups: dict[str, int] = {}
     reasons: list[str] = []
     first = {r.model_name: r for r in reversed(poll.readings)}  # the first engine's cache_config_info labels
     for name in sorted(first):
@@ -183,18 +187,24 @@ def _capacity_plans(settings: CheckSettings, poll: Poll) -> tuple[dict[str, Capa
             plans[name] = capacity.plan
         else:
             reasons.append(f"{name}: {why}")
-    return plans, reasons
+            groups = resolver.kv_groups(first[name])
+            if groups:
+                kv_groups[name] = groups
+    return plans, kv_groups, reasons
 
 
 def build_report(poll: Poll, max_model_len: int | None = None,
                  capacity_plans: Mapping[str, CapacityPlan] | None = None, *,
-                 gpus_per_node: int = DEFAULT_GPUS_PER_NODE) -> dict[str, Any]:
-    """The ``--json`` object (pure). ``capacity_plans`` maps model_name to a CapacityPlan, for the advice."""
+                 gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+                 kv_groups: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """The ``--json`` object (pure). ``capacity_plans`` maps model_name to a CapacityPlan, for the advice;
+    ``kv_groups`` the KV groups of known models without one (kvwatch.capacity.series.resolve)."""
     from kvwatch.capacity.series import resolve
 
     plans = capacity_plans or {}
     # one capacity per series (kvwatch.capacity.series): the engine's figures first, then the plan
-    capacities = {r.key: resolve(r, plans.get(r.model_name)) for r in poll.readings}
+    groups = kv_groups or {}
+    capacities = {r.key: resolve(r, plans.get(r.model_name), groups.get(r.model_name)) for r in poll.readings}
     states = [derive(capacities[r.key].apply(r), None, max_model_len) for r in poll.readings]
     found = findings(states, poll.implausible, poll.detection.engine_kind) + _capacity_findings(states, plans,
                                                                                                max_model_len)

@@ -153,22 +153,33 @@ def group_layers(layer_types: tuple[str, ...], sliding_window: int | None,
     return group_size, tuple(groups)
 
 
+def _mamba_pages(arch: ModelArch, version: tuple[int, int]) -> bool:
+    return arch.mamba_dims is not None and bool(arch.mamba_layers) and version >= MAMBA_PAGES_SINCE
+
+
+def rank_groups(arch: ModelArch, pp: int, version: tuple[int, int]) -> tuple[int, tuple[KVGroup, ...]]:
+    """(group_size, groups) of the first (largest) pipeline stage, whose contiguous slice of layers shares one
+    block pool: the model's architecture and the vLLM version decide it, not the card (the grouping of
+    :func:`kv_layout`, and what divides an engine's reported blocks among the groups)."""
+    types = arch.attention_layer_types
+    stage_types = types[:layers_on_rank(len(types), pp)]
+    mamba_on_rank = layers_on_rank(arch.mamba_layers, pp) if _mamba_pages(arch, version) else 0
+    return group_layers(stage_types, arch.sliding_window, version, mamba_on_rank)
+
+
 def kv_layout(arch: ModelArch, tp: int, pp: int, kv_bytes: int, block_size: int,
               version: tuple[int, int], kv_cache_dtype: str = "auto", model_dtype_bytes: int | None = None,
               mamba_ssm_dtype_bytes: int | None = None) -> KVLayout:
     """One rank's layout. Hybrid Mamba models with known state dimensions get vLLM's unified pages: the state
     (conv in the model dtype, temporal state in ``mamba_ssm_dtype_bytes``, default the model's) sets the block size."""
-    types = arch.attention_layer_types
-    on_rank = layers_on_rank(len(types), pp)
-    stage_types = types[:on_rank]  # the first (largest) stage's contiguous slice of layers
+    on_rank = layers_on_rank(len(arch.attention_layer_types), pp)
     per_layer = kv_bytes_per_token_per_layer(arch, tp, kv_bytes, kv_cache_dtype)
-    mamba_on_rank = mamba_page = 0
+    mamba_page = 0
     effective_block = block_size
-    if arch.mamba_dims is not None and arch.mamba_layers and version >= MAMBA_PAGES_SINCE:
-        mamba_on_rank = layers_on_rank(arch.mamba_layers, pp)
+    if _mamba_pages(arch, version):
         mamba_page = arch.mamba_dims.page_bytes(tp, model_dtype_bytes or kv_bytes, mamba_ssm_dtype_bytes)
         effective_block = mamba.attention_block_size(mamba_page, per_layer, block_size)
-    group_size, groups = group_layers(stage_types, arch.sliding_window, version, mamba_on_rank)
+    group_size, groups = rank_groups(arch, pp, version)
     return KVLayout(
         block_size=effective_block,
         bytes_per_token_per_layer=per_layer,

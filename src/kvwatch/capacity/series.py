@@ -56,20 +56,22 @@ class SeriesCapacity:
         return reading
 
 
-def _engine_block_tokens(reading: Any, plan: CapacityPlan | None) -> float:
+def _engine_block_tokens(reading: Any, plan: CapacityPlan | None, kv_groups: int | None) -> float:
     """The engine's pool in tokens from its blocks. The adapter's ``blocks × block_size`` is right for one KV
     group; a sliding-window or hybrid model's groups (interleaved layers, Mamba layers) share the pool, and
     vLLM 0.9-0.19 reports ``blocks // groups × block_size`` (kvwatch.capacity.kv.reported_kv_cache_tokens).
     The payload does not say how many groups there are (vLLM labels ``sliding_window`` only on models whose every
-    layer slides, one group): the model's layout does, when kvwatch knows the model."""
-    groups = plan.layout.num_groups if plan is not None else 1
+    layer slides, one group): the model's layout does, when kvwatch knows the model (``plan``, or
+    ``kv_groups`` from the architecture alone when no plan could be built)."""
+    groups = plan.layout.num_groups if plan is not None else kv_groups or 1
     if groups <= 1 or not reading.num_gpu_blocks or not reading.block_size:
         return float(reading.kv_capacity_tokens)
     return float(int(reading.num_gpu_blocks) // groups * int(reading.block_size))
 
 
-def resolve(reading: Any, plan: CapacityPlan | None) -> SeriesCapacity:
-    """The capacity of one series: the engine's figures first, then the plan (docstring above)."""
+def resolve(reading: Any, plan: CapacityPlan | None, kv_groups: int | None = None) -> SeriesCapacity:
+    """The capacity of one series: the engine's figures first, then the plan (docstring above). ``kv_groups``:
+    the model's KV groups when it is known but no plan could be built (no card given)."""
     config = reading.cache_config
     engine_tokens = label_number(config.get("kv_cache_size_tokens"))
     if reading.capacity_source == "formula" and plan is not None:
@@ -77,7 +79,7 @@ def resolve(reading: Any, plan: CapacityPlan | None) -> SeriesCapacity:
     elif engine_tokens is not None and engine_tokens > 0:
         tokens, source = float(engine_tokens), "engine_kv_cache_size_tokens"
     elif reading.kv_capacity_tokens and label_number(config.get("num_gpu_blocks")):
-        tokens, source = _engine_block_tokens(reading, plan), "engine_num_gpu_blocks"
+        tokens, source = _engine_block_tokens(reading, plan, kv_groups), "engine_num_gpu_blocks"
     elif reading.kv_capacity_tokens:  # a capacity the adapter read elsewhere than cache_config_info
         tokens, source = float(reading.kv_capacity_tokens), "engine_metric"
     elif plan is not None and plan.will_start:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvwatch.capacity.architecture import ArchitectureError
-from kvwatch.capacity.kv import VLLM_BLOCK_SIZES
+from kvwatch.capacity.kv import VLLM_BLOCK_SIZES, rank_groups
 from kvwatch.capacity.memory import QuantizationError
 from kvwatch.capacity.planner import CapacityPlan, DeploymentSpec, SpecError, plan_capacity
 from kvwatch.capacity.presets import PresetError
@@ -153,6 +153,25 @@ def build_sidecar_capacity(settings: DeploymentSettings, model_name: str | None 
     return SidecarCapacity(plan, scenarios), ""
 
 
+def model_kv_groups(settings: DeploymentSettings, model_name: str | None = None,
+                    cache_config: Mapping[str, str] | None = None) -> int | None:
+    """How many KV groups share the engine's block pool, from the model's architecture and the vLLM version the
+    labels say (no card needed): what divides the engine's blocks when no capacity plan can be built. None when
+    the model is not known."""
+    if settings.model is None and settings.model_config_path is None:
+        if not model_name:
+            return None
+        settings = settings.model_copy(update={"model": model_name})
+    version = vllm_version_from_cache_config(cache_config or {})
+    try:
+        spec = DeploymentSpec.from_settings(settings, **({"vllm_version": version} if version else {}))
+    except (PresetError, ArchitectureError, SpecError):
+        return None
+    if spec.arch is None:
+        return None
+    return len(rank_groups(spec.arch, spec.pipeline_parallel_size, spec.vllm_version)[1]) or None
+
+
 class CapacityResolver:
     """One capacity per series for one set of settings, built once per engine configuration.
 
@@ -164,6 +183,7 @@ class CapacityResolver:
     def __init__(self, settings: DeploymentSettings) -> None:
         self._settings = settings
         self._cache: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[SidecarCapacity | None, str]] = {}
+        self._groups: dict[tuple[str, tuple[tuple[str, str], ...]], int | None] = {}
         # Bounded like serve's series (--max-series); check's settings have no such cap.
         self._max_plans = 2 * (settings.max_series if isinstance(settings, ServeSettings) else 1000)
 
@@ -184,6 +204,17 @@ class CapacityResolver:
             self._cache[key] = build_sidecar_capacity(self._settings, reading.model_name, reading.cache_config)
         return self._cache[key]
 
+    def kv_groups(self, reading: Reading) -> int | None:
+        """The model's KV groups (:func:`model_kv_groups`), cached like the plans."""
+        key = self._key(reading)
+        if key not in self._groups:
+            if len(self._groups) >= self._max_plans:
+                del self._groups[next(iter(self._groups))]
+            self._groups[key] = model_kv_groups(self._settings, reading.model_name, reading.cache_config)
+        return self._groups[key]
+
     def series(self, reading: Reading) -> SeriesCapacity:
         capacity, _ = self.sidecar(reading)
-        return resolve_series(reading, capacity.plan if capacity is not None else None)
+        if capacity is not None:
+            return resolve_series(reading, capacity.plan)
+        return resolve_series(reading, None, self.kv_groups(reading))
