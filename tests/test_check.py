@@ -374,14 +374,16 @@ def test_argument_errors_without_json_print_nothing_on_stdout(capsys: pytest.Cap
     assert capsys.readouterr().out == ""
 
 
-def test_a_url_without_metrics_gets_a_hint(capsys: pytest.CaptureFixture[str]) -> None:
-    # Port 9 on loopback: nothing listens, so the fetch fails and the hint names the /metrics path.
-    assert main(["check", "http://127.0.0.1:9", "--json", "--poll-timeout-seconds", "2"]) == 1
+def test_a_url_without_metrics_gets_a_hint(live_target: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # Something answers at the root with a page that is no payload: the hint names the /metrics path.
+    _Handler.body = b"<html>an API server's index page</html>"
+    root = live_target.removesuffix("/metrics")
+    assert main(["check", root, "--json"]) == 1
     error = json.loads(capsys.readouterr().out)["error"]
-    assert error["hint"] == "vLLM serves its metrics at /metrics: try http://127.0.0.1:9/metrics"
-    assert main(["check", "http://127.0.0.1:9/", "--poll-timeout-seconds", "2"]) == 1
-    assert "hint: vLLM serves its metrics at /metrics: try http://127.0.0.1:9/metrics" in capsys.readouterr().err
-    assert main(["check", "http://127.0.0.1:9/metrics", "--json", "--poll-timeout-seconds", "2"]) == 1
+    assert error["reason"] == "parse" and error["hint"] == f"vLLM serves its metrics at /metrics: try {root}/metrics"
+    assert main(["check", root + "/"]) == 1
+    assert f"hint: vLLM serves its metrics at /metrics: try {root}/metrics" in capsys.readouterr().err
+    assert main(["check", live_target, "--json"]) == 1
     assert "hint" not in json.loads(capsys.readouterr().out)["error"]
 
 
@@ -474,3 +476,35 @@ def test_scheduler_limited_names_the_engines_own_budget_flags() -> None:
     assert "--max-running-requests or --max-prefill-tokens" in messages["sglang"]
     assert "--schedule-conservativeness" in messages["sglang"]
     assert "--max_batch_size or --max_num_tokens" in messages["tensorrt-llm"]
+
+
+def test_a_gzip_payload_file_is_inflated_within_the_body_limit(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    import gzip
+
+    plain = (FIXTURES / "gen-0.9-both-usage-names.prom").read_bytes()
+    packed = tmp_path / "metrics.prom.gz"
+    packed.write_bytes(gzip.compress(plain))
+    assert check_json(["--file", str(packed)], capsys) == check_json(
+        ["--file", str(FIXTURES / "gen-0.9-both-usage-names.prom")], capsys)
+    cases = {"truncated": (gzip.compress(plain)[:100], "parse", "truncated gzip"),
+             "bomb": (gzip.compress(b"a" * 4_000_000), "too_large", "--max-body-bytes"),
+             "broken": (b"\x1f\x8b" + b"not a gzip stream", "parse", "broken gzip")}
+    for name, (data, reason, said) in cases.items():
+        path = tmp_path / f"{name}.gz"
+        path.write_bytes(data)
+        assert main(["check", "--file", str(path), "--json", "--max-body-bytes", "1048576"]) == 1, name
+        error = json.loads(capsys.readouterr().out)["error"]
+        assert error["reason"] == reason and said in error["message"], name
+
+
+def test_the_metrics_path_hint_only_when_something_answered(capsys: pytest.CaptureFixture[str]) -> None:
+    # Port 9 on loopback refuses: the path is not what is wrong, so no /metrics hint.
+    assert main(["check", "http://127.0.0.1:9/", "--json", "--poll-timeout-seconds", "2"]) == 1
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert error["reason"] == "connect" and "hint" not in error
+
+
+def test_a_bad_url_argument_is_named_as_the_url(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "notaurl"]) == 2
+    assert "invalid value 'notaurl' for URL" in capsys.readouterr().err

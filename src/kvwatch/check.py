@@ -20,6 +20,7 @@ import json
 import math
 import sys
 import time
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -58,6 +59,7 @@ PREFIX_MIN_QUERIES = 1000  # fewer queried tokens/blocks than this says nothing 
 SCHEDULER_QUEUE_MIN_WAITING = 2
 SCHEDULER_QUEUE_MIN_SHARE = 0.1
 SEVERITIES = ("critical", "warning", "info")  # most severe first
+GZIP_MAGIC = b"\x1f\x8b"
 
 
 @dataclass(frozen=True)
@@ -92,17 +94,23 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings: CheckSettings = load_settings(CheckSettings, args)
         overrides = SourceOverrides.from_settings(settings)
-        text = _read_file(args.file) if args.file is not None else None
+        saved = _read_file(args.file) if args.file is not None else None
     except SettingsError as exc:
-        return _usage_error(str(exc), args.json)
+        message = str(exc)
+        if args.url is not None:  # the URL came as the argument, not as --target-url: name what was typed
+            message = message.replace("for --target-url", "for URL")
+        return _usage_error(message, args.json)
     except ValueError as exc:
         return _usage_error(f"invalid source-metric override: {exc}", args.json)
     now = time.time()
     try:
-        poll = interpret(text if text is not None else _fetch(settings), overrides, timestamp=now)
+        text = _file_text(saved, settings.max_body_bytes) if saved is not None else _fetch(settings)
+        poll = interpret(text, overrides, timestamp=now)
     except ScrapeError as exc:
         source = str(args.file) if args.file is not None else redact_url(settings.target_url)
-        hint = _url_hint(settings.target_url) if args.file is None else None
+        # The path matters only when something answered there (a wrong port refuses whatever the path).
+        answered = exc.reason in ("http_status", "parse", "unrecognised")
+        hint = _url_hint(settings.target_url) if args.file is None and answered else None
         if args.json:
             error = {"reason": exc.reason, "message": str(exc), "source": source}
             print(json.dumps({"error": {**error, **({"hint": hint} if hint else {})}}))
@@ -153,13 +161,29 @@ def _url_hint(url: str) -> str | None:
     return f"vLLM serves its metrics at /metrics: try {fixed}"
 
 
-def _read_file(path: Path) -> str:
+def _read_file(path: Path) -> bytes:
     try:
         if str(path) == "-":
-            return sys.stdin.read()
-        return path.read_text(encoding="utf-8", errors="replace")
+            return sys.stdin.buffer.read()
+        return path.read_bytes()
     except OSError as exc:
         raise SettingsError(f"cannot read --file {path}: {exc.strerror}") from None
+
+
+def _file_text(data: bytes, max_body_bytes: int) -> str:
+    """A saved payload as text. A gzip file (told by its magic bytes: a ``.gz`` copy, or a compressed response
+    saved as it came) is inflated, never past ``--max-body-bytes``, as a scraped body would be."""
+    if data[:2] == GZIP_MAGIC:
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            data = inflater.decompress(data, max_body_bytes + 1)
+        except zlib.error as exc:
+            raise ScrapeError("parse", f"broken gzip data: {exc}") from None
+        if len(data) > max_body_bytes or inflater.unconsumed_tail:
+            raise ScrapeError("too_large", f"gzip data inflates past --max-body-bytes ({max_body_bytes:,} bytes)")
+        if not inflater.eof:
+            raise ScrapeError("parse", "truncated gzip data (the stream stops before its end)")
+    return data.decode("utf-8", errors="replace")
 
 
 def _fetch(settings: CheckSettings) -> str:
