@@ -321,3 +321,11 @@ def test_max_num_seqs_caps_what_runs_and_the_text_says_which_limit_binds(capsys)
     code, out, _ = run(["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--json"], capsys)
     plan = json.loads(out)
     assert plan["max_num_seqs"] == 1024 and plan["running_limit"] == plan["max_concurrency"] < 10
+
+
+def test_a_refused_deployment_gets_its_error_not_a_long_context_warning_and_short_prefills_show_tenths(capsys):
+    code, out, _ = run(["plan", "--model", "Qwen/Qwen3-32B", "--gpu", "H100", "--max-model-len", "40961"], capsys)
+    assert code == 1 and "error: vLLM will not start" in out and "fit at once: one long request" not in out
+    code, out, _ = run(["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100",
+                        "--max-model-len", "2048"], capsys)
+    assert code == 0 and "one max-length prefill                ~0.1 s at 40%" in out

@@ -459,8 +459,11 @@ def render_long_context(lc: LongContext | None) -> str:
         return ""
     estimate = lc.prefill_seconds_estimate
     minutes = f" ({estimate / 60:.1f} min)" if estimate is not None and estimate >= 60 else ""
-    seconds = "not estimated" if estimate is None else (
-        f"~{estimate:,.0f} s{minutes} at {lc.mfu:.0%} of {lc.gpu_bf16_tflops:g} TFLOPS per GPU")
+    if estimate is None:
+        seconds = "not estimated"
+    else:
+        shown = f"~{estimate:,.0f} s" if estimate >= 10 else f"~{estimate:.1f} s"  # not "~0 s" for a short prompt
+        seconds = f"{shown}{minutes} at {lc.mfu:.0%} of {lc.gpu_bf16_tflops:g} TFLOPS per GPU"
     out = ["", f"Long context (max_model_len {lc.max_model_len:,}):",
            f"   requests that fit at max_model_len   {lc.requests_at_max_model_len:.2f}",
            f"   one max-length prefill                {seconds}",

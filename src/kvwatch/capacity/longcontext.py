@@ -128,7 +128,8 @@ def long_context(plan: CapacityPlan, mfu: float = DEFAULT_MFU) -> LongContext | 
     steps = math.ceil(max_len / max(1, plan.max_num_batched_tokens))
     delay = int(STARTUP_BASE_SECONDS + math.ceil(seconds)) if seconds is not None else None
     fits_4 = max_len_for(plan, TARGET_REQUESTS)
-    if plan.num_gpu_blocks > 0 and requests < FEW_REQUESTS:
+    # Only for a deployment that starts: when vLLM refuses it (the plan's errors), the error is the news.
+    if plan.will_start and plan.num_gpu_blocks > 0 and requests < FEW_REQUESTS:
         where = (f"--max-model-len {fits_4} fits {TARGET_REQUESTS}" if fits_4 else
                  f"no max_model_len fits {TARGET_REQUESTS} in this pool")
         warnings.append(f"only {requests:.2f} requests of max_model_len {max_len:,} fit at once: one long "
