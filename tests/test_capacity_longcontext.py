@@ -7,6 +7,7 @@ takes about 3 minutes for 300K tokens and about 30 minutes for 1M tokens with de
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -62,7 +63,30 @@ def test_no_warning_when_enough_requests_fit():
 
 
 def test_moe_without_routing_in_config_is_an_upper_bound():
-    arch = presets.match_model("mistralai/Mixtral-8x7B-Instruct-v0.1").arch
-    assert arch.experts_per_token is None
-    _, known = prefill_flops(arch, 1000)
+    # the Mixtral preset carries num_experts_per_tok (2, as its config.json says); drop it to get a config without
+    arch = dataclasses.replace(presets.match_model("mistralai/Mixtral-8x7B-Instruct-v0.1").arch, experts_per_token=None)
+    upper, known = prefill_flops(arch, 1000)
     assert not known
+    routed, known = prefill_flops(presets.match_model("mistralai/Mixtral-8x7B-Instruct-v0.1").arch, 1000)
+    assert known and routed < upper
+
+
+@pytest.mark.parametrize("model, experts_per_token", [
+    ("deepseek-ai/DeepSeek-V2-Chat", 6), ("deepseek-ai/DeepSeek-V2-Lite-Chat", 6), ("deepseek-ai/DeepSeek-V3", 8),
+    ("deepseek-ai/DeepSeek-V3-0324", 8), ("deepseek-ai/DeepSeek-R1", 8), ("deepseek-ai/DeepSeek-R1-0528", 8),
+    ("moonshotai/Kimi-K2-Instruct", 8), ("zai-org/GLM-4.5", 8), ("zai-org/GLM-4.5-Air", 8), ("zai-org/GLM-4.6", 8),
+    ("Qwen/Qwen3-235B-A22B", 8), ("Qwen/Qwen3-30B-A3B", 8), ("Qwen/Qwen3-Coder-30B-A3B-Instruct", 8),
+    ("mistralai/Mixtral-8x7B-Instruct-v0.1", 2), ("mistralai/Mixtral-8x22B-Instruct-v0.1", 2),
+    ("openai/gpt-oss-20b", 4), ("openai/gpt-oss-120b", 4), ("ibm-granite/granite-4.0-h-small", 10),
+])
+def test_moe_presets_carry_their_routing(model, experts_per_token):
+    arch = presets.match_model(model).arch
+    assert arch.experts_per_token == experts_per_token
+    _, known = prefill_flops(arch, 1000)
+    assert known
+
+
+def test_granite_4_h_small_carries_its_length_field():
+    # without max_position_embeddings vLLM assumes 2048 and a 32768-token plan refuses to start
+    arch = presets.match_model("ibm-granite/granite-4.0-h-small").arch
+    assert arch.derived_max_model_len == 131072
