@@ -329,3 +329,15 @@ def test_a_refused_deployment_gets_its_error_not_a_long_context_warning_and_shor
     code, out, _ = run(["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100",
                         "--max-model-len", "2048"], capsys)
     assert code == 0 and "one max-length prefill                ~0.1 s at 40%" in out
+
+
+@pytest.mark.parametrize("argv", [["--bogus"], ["--avg-seq-len", "-1"], ["--model", "acme/Nope-1B"]])
+def test_bad_usage_with_json_is_json_on_stdout_too(argv, capsys):
+    try:
+        code = main(["plan", "--gpu", "H100", "--json", *argv])
+    except SystemExit as exc:  # the argument parser's own errors exit from inside it
+        code = exc.code
+    captured = capsys.readouterr()
+    out, err = captured.out, captured.err
+    error = json.loads(out)["error"]
+    assert code == 2 and error["reason"] == "usage" and error["message"] in err

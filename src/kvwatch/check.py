@@ -59,6 +59,7 @@ PREFIX_MIN_QUERIES = 1000  # fewer queried tokens/blocks than this says nothing 
 SCHEDULER_QUEUE_MIN_WAITING = 2
 SCHEDULER_QUEUE_MIN_SHARE = 0.1
 SEVERITIES = ("critical", "warning", "info")  # most severe first
+JSON_USAGE_ERRORS = True  # kvwatch.cli: with --json, bad usage is also {"error": {"reason": "usage", ...}}
 GZIP_MAGIC = b"\x1f\x8b"
 
 
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     if args.url is not None:
         args.target_url = args.url
     if args.file is not None and args.url is not None:
-        return _usage_error("give either URL or --file, not both", args.json)
+        return _usage_error("give either URL or --file, not both")
     try:
         settings: CheckSettings = load_settings(CheckSettings, args)
         overrides = SourceOverrides.from_settings(settings)
@@ -99,9 +100,9 @@ def run(args: argparse.Namespace) -> int:
         message = str(exc)
         if args.url is not None:  # the URL came as the argument, not as --target-url: name what was typed
             message = message.replace("for --target-url", "for URL")
-        return _usage_error(message, args.json)
+        return _usage_error(message)
     except ValueError as exc:
-        return _usage_error(f"invalid source-metric override: {exc}", args.json)
+        return _usage_error(f"invalid source-metric override: {exc}")
     now = time.time()
     try:
         text = _file_text(saved, settings.max_body_bytes) if saved is not None else _fetch(settings)
@@ -139,16 +140,8 @@ def fails(report: dict[str, Any], fail_on: str) -> bool:
     return any(SEVERITIES.index(f["severity"]) <= worst for f in report["findings"])
 
 
-def usage_error_json(message: str) -> str:
-    """Bad usage as the JSON ``--json`` promises on stdout (a script reads one format); kvwatch.cli prints it
-    for the errors its argument parser finds (an unknown flag, an invalid ``--fail-on``) too."""
-    return json.dumps({"error": {"reason": "usage", "message": message}})
-
-
-def _usage_error(message: str, as_json: bool) -> int:
-    """Exit 2 on bad usage; with --json the error is JSON on stdout too."""
-    if as_json:
-        print(usage_error_json(message))
+def _usage_error(message: str) -> int:
+    """Exit 2 on bad usage (kvwatch.cli prints it, and with --json as JSON on stdout too: JSON_USAGE_ERRORS)."""
     raise SettingsError(message)
 
 

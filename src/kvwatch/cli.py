@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 # name -> (module, one-line help)
@@ -45,22 +46,34 @@ class _Version(argparse.Action):
         parser.exit()
 
 
-class Parser(argparse.ArgumentParser):
-    """Usage errors as one line naming the command (``kvwatch serve: ...``), not the usage block; for a command
-    given ``--json`` whose module defines ``usage_error_json(message)``, also that JSON on stdout."""
+def usage_error_json(message: str) -> str:
+    """Bad usage as one JSON object, for a command given ``--json`` (a script reads one format)."""
+    return json.dumps({"error": {"reason": "usage", "message": message}})
 
-    usage_error_json: Callable[[str], str] | None = None
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors as one line naming the command (``kvwatch serve: ...``), not the usage block; with
+    ``json_errors`` (a command given ``--json`` whose module sets ``JSON_USAGE_ERRORS``) also as JSON on stdout."""
+
+    json_errors = False
 
     def error(self, message: str) -> NoReturn:
         self.usage_exit(self.prog, message)
 
     def usage_exit(self, prog: str, message: str) -> NoReturn:
-        if self.usage_error_json is not None:
-            print(self.usage_error_json(message), flush=True)
+        if self.json_errors:
+            print(usage_error_json(message), flush=True)
         self.exit(2, f"{prog}: {message} (see {prog} --help)\n")
 
 
-def build_parser(command: str | None = None, *, json_output: bool = False) -> Parser:
+def _json_errors(command: str | None, argv: Sequence[str]) -> bool:
+    """Whether this command line wants its usage errors as JSON too (its module opts in, and --json is given)."""
+    if command is None or "--json" not in argv:
+        return False
+    return bool(getattr(importlib.import_module(COMMANDS[command][0]), "JSON_USAGE_ERRORS", False))
+
+
+def build_parser(command: str | None = None, *, json_errors: bool = False) -> Parser:
     parser = Parser(
         prog="kvwatch",
         description="KV-cache watchdog for vLLM: exporter, exhaustion forecaster and alerting sidecar.",
@@ -70,10 +83,8 @@ def build_parser(command: str | None = None, *, json_output: bool = False) -> Pa
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == command:
-            loaded = importlib.import_module(module)
-            loaded.add_arguments(p)
-            if json_output:
-                parser.usage_error_json = p.usage_error_json = getattr(loaded, "usage_error_json", None)
+            importlib.import_module(module).add_arguments(p)
+            parser.json_errors = p.json_errors = json_errors
     return parser
 
 
@@ -82,7 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = next((a for a in argv if not a.startswith("-")), None)
     if command not in COMMANDS:
         command = None
-    parser = build_parser(command, json_output="--json" in argv)
+    json_errors = _json_errors(command, argv)
+    parser = build_parser(command, json_errors=json_errors)
     # Unknown flags end up with the top-level parser, which would blame "kvwatch": name the subcommand.
     args, unknown = parser.parse_known_args(argv)
     if unknown:
@@ -109,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = sys.modules.get("kvwatch.settings")
         if settings is None or not isinstance(exc, settings.SettingsError):
             raise
+        if json_errors:
+            print(usage_error_json(str(exc)))
         print(f"kvwatch {args.command}: {exc}", file=sys.stderr)
         return 2
 

@@ -36,6 +36,7 @@ from kvwatch.capacity.planner import CUDA_GRAPHS_SUBTRACTED_SINCE
 from kvwatch.capacity.units import decimal_unit_note
 from kvwatch.settings import DeploymentSettings, SettingsError, add_settings_flags, load_settings
 
+JSON_USAGE_ERRORS = True  # kvwatch.cli: with --json, bad usage is also {"error": {"reason": "usage", ...}}
 _GIB_FLAGS = ("weights_gib", "activation_gib", "non_torch_gib", "available_kv_gib", "cuda_graph_gib")
 
 
