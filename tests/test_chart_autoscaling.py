@@ -58,6 +58,14 @@ def test_missing_prometheus_or_target_fails_naming_the_value() -> None:
         "--set", "autoscaling.enabled=true", "--set", "autoscaling.prometheusAddress=http://p:9090")
 
 
+def test_kvwatch_alone_cannot_autoscale_and_says_why() -> None:
+    # Mode 2 watches one vLLM pod by URL: new replicas would not be watched, and the series carry kvwatch's pod.
+    assert "autoscaling needs kvwatch inside the vLLM pods" in render_fails(
+        "--set", "vllm.enabled=false", "--set", "config.targetUrl=http://10.0.0.1:8000/metrics",
+        "--set", "autoscaling.enabled=true", "--set", "autoscaling.prometheusAddress=http://p:9090",
+        "--set", "autoscaling.scaleTargetRef.name=vllm")
+
+
 def test_queries_compute_replicas_in_promtool(tmp_path: Path) -> None:
     """Two pods, each measured to hold 20 concurrent requests: 30 running + 10 waiting need 40 / 20 = 2
     replica-equivalents (KEDA: ceil(2 / 0.8) = 3 replicas). An ETA of 10 minutes (< 15) asks for 2 + 1."""
@@ -83,6 +91,10 @@ def test_queries_compute_replicas_in_promtool(tmp_path: Path) -> None:
     # Another release's pods in the namespace do not count.
     series.append({"series": f'kvwatch_requests_running{{namespace="{NAMESPACE}", pod="other-0"{e}}}',
                    "values": "500x10"})
+    # Two replicas still loading their model (kvwatch_up 0, no ceiling, no ETA yet) change neither answer: counted,
+    # they shrank the per-replica ceiling and raised the target with every scale-up.
+    series += [{"series": f'kvwatch_up{{namespace="{NAMESPACE}", pod="kvw-kvwatch-{i}"}}', "values": "0x10"}
+               for i in (2, 3)]
     test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
         "interval": "1m", "input_series": series,
         "promql_expr_test": [
