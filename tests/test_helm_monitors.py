@@ -188,3 +188,8 @@ def test_dashboard_configmap_carries_the_dashboard_for_the_grafana_sidecar() -> 
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert configmap["metadata"]["annotations"] == {"grafana_folder": "LLM serving"}
     assert json.loads(configmap["data"]["kvwatch.json"]) == json.loads((CHART / "files" / "kvwatch.json").read_text())
+
+
+def test_tls_without_the_web_config_secret_fails_instead_of_https_probes_on_plain_http() -> None:
+    assert "webConfig.tls needs webConfig.secretName" in render_fails(
+        "--set", "config.model=Qwen/Qwen3-8B", "--set", "webConfig.tls=true")

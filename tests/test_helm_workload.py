@@ -263,13 +263,16 @@ def test_named_sidecar_template_embeds_in_another_chart(tmp_path: Path) -> None:
         "dependencies:\n  - name: kvwatch\n    version: 0.1.0\n")
     (parent / "values.yaml").write_text(
         "kvwatch:\n  deployment:\n    enabled: false\n  config:\n    model: Qwen/Qwen3-8B\n    maxNumSeqs: 64\n"
-        "  podMonitor:\n    enabled: true\n    selector:\n      app: my-vllm\n")
+        "  podMonitor:\n    enabled: true\n    selector:\n      app: my-vllm\n"
+        "  webConfig:\n    secretName: kvwatch-web\n    tls: true\n")
     (parent / "templates" / "deployment.yaml").write_text(
         "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: my-vllm\nspec:\n"
         "  selector:\n    matchLabels:\n      app: my-vllm\n  template:\n    metadata:\n      labels:\n"
         "        app: my-vllm\n    spec:\n      containers:\n        - name: vllm\n"
         "          image: vllm/vllm-openai:v0.33.0\n"
-        '        {{- include "kvwatch.sidecarContainer" .Subcharts.kvwatch | trim | nindent 8 }}\n')
+        '        {{- include "kvwatch.sidecarContainer" .Subcharts.kvwatch | trim | nindent 8 }}\n'
+        "      volumes:\n        - name: dshm\n          emptyDir: {}\n"
+        '        {{- with include "kvwatch.sidecarVolumes" .Subcharts.kvwatch | trim }}{{ . | nindent 8 }}{{ end }}\n')
     result = run_helm("template", "rel", str(parent), "--namespace", NAMESPACE)
     assert result.returncode == 0, result.stderr
     objects = [d for d in yaml.safe_load_all(result.stdout) if d]
@@ -281,6 +284,13 @@ def test_named_sidecar_template_embeds_in_another_chart(tmp_path: Path) -> None:
     assert env["KVWATCH_MODEL"] == "Qwen/Qwen3-8B" and env["KVWATCH_MAX_NUM_SEQS"] == "64"
     assert env["KVWATCH_TARGET_URL"] == "http://127.0.0.1:8000/metrics"
     assert only(objects, "PodMonitor")["spec"]["selector"]["matchLabels"] == {"app": "my-vllm"}
+    # The web config the container mounts is a volume of the pod (without it the API server rejects the pod),
+    # and the PodMonitor scrapes kvwatch's port only: this chart does not know what the parent names vLLM's.
+    volumes = {v["name"]: v for v in only(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["kvwatch-web-config"]["secret"]["secretName"] == "kvwatch-web"
+    assert {m["name"] for m in pod["kvwatch"]["volumeMounts"]} <= set(volumes)
+    assert pod["kvwatch"]["livenessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    assert [e["port"] for e in only(objects, "PodMonitor")["spec"]["podMetricsEndpoints"]] == ["metrics"]
 
 
 def test_documented_sidecar_snippet_is_what_the_chart_renders() -> None:

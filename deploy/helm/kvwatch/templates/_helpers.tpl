@@ -107,6 +107,10 @@ with .Values.kvwatchSidecar holding `config:` and `kvwatch:` shaped like this ch
 {{- $deployment := .Values.deployment | default dict }}
 {{- $vllm := .Values.vllm | default dict }}
 {{- $web := .Values.webConfig | default dict }}
+{{- if and $web.tls (not $web.secretName) }}
+{{- fail "webConfig.tls needs webConfig.secretName: kvwatch serves TLS only from the web config mounted from that Secret, and HTTPS probes against plain HTTP would restart it forever" }}
+{{- end }}
+{{- $tls := and $web.secretName $web.tls }}
 {{- /* Readiness only when kvwatch is the pod's only container: in a vLLM pod, a not-ready sidecar would take
 vLLM out of its Service, and a watchdog must never stop the serving. */}}
 {{- $standalone := and (ne (toString $deployment.enabled) "false") (eq (toString $vllm.enabled) "false") }}
@@ -170,12 +174,12 @@ vLLM out of its Service, and a watchdog must never stop the serving. */}}
   {{- if $standalone }}
   {{- with $kvwatch.readinessProbe }}
   readinessProbe:
-    {{- include "kvwatch.probe" (dict "probe" . "tls" $web.tls) | nindent 4 }}
+    {{- include "kvwatch.probe" (dict "probe" . "tls" $tls) | nindent 4 }}
   {{- end }}
   {{- end }}
   {{- with $kvwatch.livenessProbe }}
   livenessProbe:
-    {{- include "kvwatch.probe" (dict "probe" . "tls" $web.tls) | nindent 4 }}
+    {{- include "kvwatch.probe" (dict "probe" . "tls" $tls) | nindent 4 }}
   {{- end }}
   {{- with $kvwatch.resources }}
   resources:
@@ -196,6 +200,18 @@ vLLM out of its Service, and a watchdog must never stop the serving. */}}
     {{- toYaml . | nindent 4 }}
     {{- end }}
   {{- end }}
+{{- end }}
+
+{{/*
+The pod volumes kvwatch.sidecarContainer mounts (the web config Secret, with webConfig.secretName): a chart that
+embeds the container includes this in its pod's volumes too, or the pod is invalid.
+*/}}
+{{- define "kvwatch.sidecarVolumes" -}}
+{{- with (.Values.webConfig | default dict).secretName }}
+- name: kvwatch-web-config
+  secret:
+    secretName: {{ . }}
+{{- end }}
 {{- end }}
 
 {{/* A probe as given, on HTTPS when kvwatch serves TLS (webConfig.tls): /healthz needs no credentials. */}}
@@ -302,7 +318,9 @@ same names): kvwatch on `metrics`, and in mode 1 optionally vLLM's own /metrics 
   metricRelabelings:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-{{- if and .root.Values.vllm.enabled $m.scrapeVllm }}
+{{- /* vLLM's own endpoint only in mode 1, where this chart names vLLM's port `http`: an embedded sidecar's pod
+names its ports as its own chart does. */ -}}
+{{- if and .root.Values.deployment.enabled .root.Values.vllm.enabled $m.scrapeVllm }}
 - port: http
   path: /metrics
   {{- with $m.interval }}
