@@ -184,3 +184,14 @@ def test_queries_parse_with_promtool(tmp_path: Path) -> None:
     # and the check is real: a broken query is reported with its panel
     broken = [*queries[:1], type(queries[0])("panel 'Broken' A", "sum by (pod (kvwatch_up)")]
     assert "panel 'Broken' A" in promtool_parse_errors(broken, promtool, tmp_path)
+
+
+def test_the_alert_annotations_show_every_alert_of_the_pack() -> None:
+    import yaml
+
+    rules = yaml.safe_load((ROOT / "alerts" / "kvwatch-rules.yaml").read_text())
+    alerts = {r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r}
+    expr = next(a["expr"] for a in DASHBOARD["annotations"]["list"] if "ALERTS" in a.get("expr", ""))
+    pattern = re.search(r'alertname=~"([^"]+)"', expr).group(1)
+    assert alerts and all(re.fullmatch(pattern, name) for name in alerts), sorted(
+        name for name in alerts if not re.fullmatch(pattern, name))

@@ -85,6 +85,9 @@ def test_install_notes_render_for_each_mode(case: str, says: str) -> None:
     (("--set", "vllm.startupProbe=null"), "vLLM has no startupProbe"),
     (("--set", "vllm.startupProbe.failureThreshold=360", "--set", "prometheusRule.enabled=true"),
      'Warning: the startupProbe allows 3600 s, but KvwatchTargetDown{since="start"} fires after 35m'),
+    # The probe as rendered: a 1,800-second prefill raises it to 600 + 1,800 s (the deployment's sizing).
+    (("--set", "vllm.prefillSecondsEstimate=1800", "--set", "prometheusRule.enabled=true"),
+     'Warning: the startupProbe allows 2400 s, but KvwatchTargetDown{since="start"} fires after 35m'),
 ])
 def test_install_notes_follow_the_startup_probe(args: tuple[str, ...], says: str) -> None:
     """The notes read the probe's fields: a removed probe (or field) must not crash the install."""
