@@ -358,3 +358,11 @@ def test_plain_http_monitors_get_no_tls_and_a_tls_config_without_web_config_fail
     assert all("scheme" not in e and "tlsConfig" not in e for e in monitor["spec"]["endpoints"])
     assert "webConfig" in render_fails(*MINIMAL, "--set", "serviceMonitor.enabled=true",
                                        "--set", "serviceMonitor.tlsConfig.serverName=kvwatch")
+
+
+def test_a_chart_version_bump_does_not_roll_the_pods() -> None:
+    # Each vLLM restart reloads a model: the pod template carries no chart or app version (the image tag does).
+    template = only(render(*MINIMAL, "--set", "podLabels.team=ml", "--set", "commonLabels.cost=gpu"),
+                    "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert "helm.sh/chart" not in template and "app.kubernetes.io/version" not in template
+    assert template["team"] == "ml" and template["cost"] == "gpu" and template["app.kubernetes.io/instance"]

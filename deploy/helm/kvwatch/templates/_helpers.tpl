@@ -27,6 +27,21 @@ app.kubernetes.io/name: {{ include "kvwatch.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{/*
+The pod template's labels: no chart or app version, so a chart bump that changes nothing in the pod does not
+roll every vLLM pod (each restart reloads a model); an image change rolls them anyway.
+*/}}
+{{- define "kvwatch.podLabels" -}}
+{{ include "kvwatch.selectorLabels" . }}
+app.kubernetes.io/part-of: kvwatch
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- with .Values.podLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
 {{- define "kvwatch.labels" -}}
 helm.sh/chart: {{ include "kvwatch.chart" . }}
 {{ include "kvwatch.selectorLabels" . }}
