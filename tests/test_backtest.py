@@ -60,12 +60,12 @@ def _cli(argv, capsys):
 def test_cli_json_contract_and_plot(tmp_path, capsys):
     png = tmp_path / "timeline.png"
     code, out, err = _cli(["--trace", str(packaged_trace("azure_code_sample.csv")), "--profile", "steady",
-                         "--hours", "0.5", "--start-load", "0.5", "--peak-load", "0.5", "--rate-scale", "1",
+                         "--hours", "0.6", "--start-load", "0.5", "--peak-load", "0.5", "--rate-scale", "1",
                          "--engine-speedup", "1", "--json", "--plot", str(png)], capsys)
     assert code == 0
     report = json.loads(out)
     assert set(report) >= {"events", "hours", "methods"}
-    assert report["hours"] == 0.5
+    assert report["hours"] == 0.6
     assert set(report["methods"]) == {"kvwatch", "threshold", "predict_linear", "guarded_predict_linear", "holt"}
     for scores in report["methods"].values():
         assert set(scores["recall"]) == {"0", "300", "900", "1800"}
@@ -80,7 +80,7 @@ def test_cli_json_contract_and_plot(tmp_path, capsys):
         assert set(block) == {"kvwatch", "predict_linear", "climatology"}
         assert block["kvwatch"]["n"] == block["predict_linear"]["n"] == block["climatology"]["n"]
     for scores in report["methods"].values():
-        assert scores["false_alarms_per_day"] is None  # 30 minutes are no day: never extrapolated
+        assert scores["false_alarms_per_day"] is None  # 6 monitored minutes are no day: never extrapolated
 
 
 @pytest.mark.parametrize(
@@ -93,6 +93,12 @@ def test_cli_json_contract_and_plot(tmp_path, capsys):
         (["--prompt-scale", "0"], "--prompt-scale"),
         (["--long-fraction", "1.5"], "--long-fraction"),
         (["--max-model-len", "1"], "--max-model-len"),
+        (["--hours", "0.5"], "--hours"),  # nothing is scored in the first 30 minutes
+        (["--hours", "inf"], "--hours"),
+        (["--rate-scale", "inf"], "--rate-scale"),
+        (["--engine-speedup", "inf"], "--engine-speedup"),
+        (["--plot", "/tmp"], "--plot"),  # a directory
+        (["--plot", "timeline.txt"], "--plot"),  # not a PNG name
     ],
 )
 def test_cli_bad_input_exits_2_naming_the_flag(argv, flag, capsys):
@@ -134,3 +140,33 @@ def test_burst_shapes_last_seconds_or_minutes():
     assert long.load_at(600.0) == 0.6  # no burst before the warm-up ends
     assert long.load_at(1800.0 + burst / 2) == 1.1 and long.load_at(1800.0 + burst + 60.0) == 0.6
     assert long.load_at(1800.0 + gap + 1.0) == 1.1
+
+
+def test_a_trace_kvwatch_does_not_know_by_name_is_scaled_from_its_content(tmp_path, capsys):
+    from kvwatch.backtest.traces import content_defaults, defaults_for
+
+    renamed = tmp_path / "my_service_trace.csv"
+    renamed.write_bytes(packaged_trace("azure_code_sample.csv").read_bytes())
+    trace = load_trace(renamed)
+    rate_scale, speedup = content_defaults(trace)
+    assert defaults_for(renamed, trace) == (rate_scale, speedup) and rate_scale > 1 and speedup > 1
+    assert defaults_for(packaged_trace("azure_code_sample.csv"), trace) == (8.0, 8.0)  # a tuned trace's name
+    code, out, _ = _cli(["--trace", str(renamed), "--hours", "0.6", "--json"], capsys)
+    scenario = json.loads(out)["scenario"]
+    assert code == 0 and scenario["scale_defaults_from"] == "trace content"
+    assert (scenario["rate_scale"], scenario["engine_speedup"]) == (rate_scale, speedup)
+
+
+def test_the_packaged_two_minute_mooncake_sample_backtests_in_blocks_of_its_length(capsys):
+    code, out, err = _cli(["--trace", str(packaged_trace("mooncake_conversation_sample.jsonl")), "--hours", "0.6"],
+                          capsys)
+    assert code == 0, err
+    assert "trace format mooncake" in out and "monitored hours" in out and "on 5m before" in out
+
+
+def test_a_trace_too_sparse_to_calibrate_says_so(tmp_path, capsys):
+    sparse = tmp_path / "sparse.csv"
+    rows = [f"2023-11-16 {h:02d}:00:00,500,50" for h in range(12)]  # 12 requests over 11 hours
+    sparse.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    code, _, err = _cli(["--trace", str(sparse), "--hours", "1", "--rate-scale", "0.001"], capsys)
+    assert code == 2 and "too sparse" in err and "--rate-scale" in err

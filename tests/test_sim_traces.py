@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import re
 import statistics
 from collections import Counter
 from pathlib import Path
@@ -198,3 +199,42 @@ def test_gzip_compressed_traces_read_like_the_plain_files(tmp_path: Path) -> Non
     broken.write_bytes(gzip.compress(b"TIMESTAMP,ContextTokens,GeneratedTokens\n")[:-6])
     with pytest.raises(TraceError):
         load_trace(broken)
+
+
+@pytest.mark.parametrize(("content", "said"), [
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,1e400,5\n", "not a finite number"),
+    ('{"timestamp": NaN, "input_length": 5, "output_length": 3}\n', "not a finite number"),
+    ('{"timestamp": 0, "input_length": 1e400, "output_length": 3}\n', "not a finite number"),
+    ('{"timestamp": 0, "input_length": true, "output_length": 3}\n', "not a number"),
+    ('{"ts": 0, "input_length": 5}\n', "no timestamp, output_length (a Mooncake line has"),
+    ("Timestamp,Request tokens,Response tokens\ninf,5,3\n", "arrival time must be a finite number"),
+])
+def test_impossible_fields_are_trace_errors_naming_the_line(tmp_path: Path, content: str, said: str) -> None:
+    path = tmp_path / "trace"
+    path.write_text(content)
+    with pytest.raises(TraceError, match=re.escape(said)) as caught:
+        load_trace(path)
+    assert "line " in str(caught.value)
+
+
+def test_a_byte_order_mark_and_a_directory(tmp_path: Path) -> None:
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + b'{"timestamp": 0, "input_length": 5, "output_length": 3}\n')
+    assert [r.prompt_tokens for r in load_trace(path)] == [5]
+    with pytest.raises(TraceError, match="is a directory"):
+        load_trace(tmp_path)
+
+
+def test_times_without_a_zone_are_utc_whatever_the_machines_zone(tmp_path: Path, monkeypatch) -> None:
+    import time
+
+    # The night US clocks went back an hour: three hours of wall time, read in New York, would be four.
+    path = tmp_path / "dst.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-05 00:30:00,5,3\n2023-11-05 03:30:00,5,3\n")
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        assert load_trace(path)[-1].arrival_time == 3 * 3600.0
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()

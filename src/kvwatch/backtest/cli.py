@@ -66,11 +66,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="draw the timeline to PNG (its path is printed on stderr)")
 
 
+JSON_USAGE_ERRORS = True  # kvwatch.cli: with --json, bad usage is also {"error": {"reason": "usage", ...}}
+
+
 def run(args: argparse.Namespace) -> int:
     from kvwatch.backtest.runner import run_scenario
-    from kvwatch.backtest.traces import defaults_for
+    from kvwatch.backtest.traces import defaults_for, named
 
-    rate_scale, speedup = defaults_for(args.trace)
+    if args.plot is not None:
+        args.plot = _plot_path(args.plot)
+    try:
+        trace = load_trace(args.trace)
+        trace_format = detect_format(args.trace)
+    except (ScenarioError, TraceError) as exc:
+        raise SettingsError(str(exc)) from None
+    rate_scale, speedup = defaults_for(args.trace, trace)
     scenario = Scenario(
         trace_name=args.trace.name,
         profile=args.profile,
@@ -84,31 +94,45 @@ def run(args: argparse.Namespace) -> int:
         long_fraction=args.long_fraction,
         max_model_len=args.max_model_len,
     )
-    if args.engine_speedup is not None and not args.engine_speedup > 0:
-        raise SettingsError("invalid value for --engine-speedup: must be positive")
-    if args.plot is not None and not args.plot.parent.is_dir():
-        raise SettingsError(f"invalid value for --plot: directory {args.plot.parent} does not exist")
+    plot_failed = False
     try:
         validate(scenario)
-        trace = load_trace(args.trace)
-        trace_format = detect_format(args.trace)
-    except (ScenarioError, TraceError) as exc:
+        result = run_scenario(scenario, trace, engine=args.engine)
+    except ScenarioError as exc:
         raise SettingsError(str(exc)) from None
-    result = run_scenario(scenario, trace, engine=args.engine)
     if args.plot is not None:
         from kvwatch.backtest.plot import plot_run
 
-        plot_run(result, args.plot)
-        sys.stderr.write(f"plot: {args.plot.resolve()}\n")
+        try:
+            plot_run(result, args.plot)
+        except (OSError, ValueError) as exc:  # the scores still print below; the exit code says it failed
+            sys.stderr.write(f"kvwatch backtest: cannot write the plot {args.plot}: {exc}\n")
+            plot_failed = True
+        else:
+            sys.stderr.write(f"plot: {args.plot.resolve()}\n")
     report = result.to_json()
     report["scenario"]["trace_format"] = trace_format
     report["scenario"]["trace_columns"] = TRACE_COLUMNS[trace_format]
+    report["scenario"]["scale_defaults_from"] = (
+        "flags" if args.rate_scale is not None and args.engine_speedup is not None
+        else "trace name" if named(args.trace) else "trace content")
     if args.json:
         json.dump(report, sys.stdout, indent=2, default=_json_number)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(_text(report))
-    return 0
+    return 1 if plot_failed else 0
+
+
+def _plot_path(path: Path) -> Path:
+    """The PNG the plot goes to: refused up front (exit 2) rather than after the whole run."""
+    if path.is_dir():
+        raise SettingsError(f"invalid value for --plot: {path} is a directory; name the PNG file")
+    if path.suffix.lower() != ".png":
+        raise SettingsError(f"invalid value for --plot: {path} must end in .png (the plot is a PNG)")
+    if not path.parent.is_dir():
+        raise SettingsError(f"invalid value for --plot: directory {path.parent} does not exist")
+    return path
 
 
 def _json_number(value: object) -> object:
@@ -117,24 +141,34 @@ def _json_number(value: object) -> object:
 
 def _text(report: dict) -> str:
     scen = report["scenario"]
+    kv = report["methods"]["kvwatch"]
     lines = [
         f"{scen['trace']} {scen['profile']} {scen['start_load']:g}->{scen['peak_load']:g} for {report['hours']:g} h "
         f"(seed {scen['seed']}, {scen['requests']} requests, capacity {scen['capacity_tokens']:.0f} tokens): "
-        f"{report['events']} saturation event(s)",
+        f"{report['events']} saturation event(s), {kv['warmup_events']} of them in a warm-up (not scored); "
+        f"{kv['monitored_hours']:.1f} monitored hours",
         f"trace format {scen['trace_format']}; columns read: "
         + "; ".join(f"{name} = {meaning}" for name, meaning in scen["trace_columns"].items()),
-        f"{'method':24s} {'recall@0':>8s} {'@5m':>6s} {'@15m':>6s} {'@30m':>6s} {'median lead':>12s} "
-        f"{'precision':>9s} {'false alarms/day':>16s}",
+        f"simulated at {scen['rate_scale']:g} x the trace's rate on an engine {scen['engine_speedup']:g} x the "
+        f"default's speed (defaults from the {scen['scale_defaults_from']}; --rate-scale, --engine-speedup)",
     ]
+    if scen["capacity_tokens"] > 1.05 * max(1, scen["mean_demand_tokens"]):
+        lines.append(f"note: the capacity is the longest request's, above the mean demand of "
+                     f"{scen['mean_demand_tokens']:,} tokens: load 1.0 fills less than the whole cache (raise "
+                     "--rate-scale, or lower --max-model-len)")
+    lines.append(f"{'method':24s} {'recall@0':>8s} {'@5m':>6s} {'@15m':>6s} {'@30m':>6s} {'on 5m before':>12s} "
+                 f"{'median lead':>12s} {'precision':>9s} {'false alarms':>12s} {'per day':>8s}")
     for name, m in report["methods"].items():
         r = m["recall"]
         lead = m["median_lead_seconds"]
         lines.append(
             f"{name:24s} {_f(r['0']):>8s} {_f(r['300']):>6s} {_f(r['900']):>6s} {_f(r['1800']):>6s} "
-            f"{('-' if lead is None else f'{lead / 60:.1f} min'):>12s} {_f(m['precision']):>9s} "
-            f"{_f(m['false_alarms_per_day']):>16s}"
+            f"{_f(m['active_5m_before']):>12s} {('-' if lead is None else f'{lead / 60:.1f} min'):>12s} "
+            f"{_f(m['precision']):>9s} {m['false_alarms']:>12d} {_f(m['false_alarms_per_day']):>8s}"
         )
-    lines.append("")
+    lines += ["(recall counts a warning that began 5 to 60 minutes before an onset; 'on 5m before' any warning "
+              "on through the 5 minutes before it, however early it began; false alarms per day need 24 "
+              "monitored hours)", ""]
     lines.append(f"{'calibration':24s} {'Brier kvwatch':>13s} {'predict_linear':>14s} {'climatology':>11s} {'n':>5s}")
     for horizon, block in report["calibration"].items():
         lines.append(f"{'risk within ' + horizon:24s} {_f(block['kvwatch']['brier']):>13s} "

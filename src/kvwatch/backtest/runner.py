@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvwatch.backtest.baselines import PredictLinearProbability, make_baselines
-from kvwatch.backtest.scenarios import Scenario, scenario_arrivals, shape_lengths
+from kvwatch.backtest.scenarios import Scenario, ScenarioError, block_seconds_for, scenario_arrivals, shape_lengths
 from kvwatch.backtest.scoring import (
     QUIET_SECONDS,
     Event,
@@ -78,10 +78,13 @@ def calibrate(trace: Sequence[Request], rate_scale: float, seed: int, *, speedup
 
     ``lengths``: a scenario whose long-context shaping (prompt scale, long mixture) applies here too.
     """
-    base = block_bootstrap(trace, seconds, seed=seed + 7919)
+    base = block_bootstrap(trace, seconds, block_seconds=block_seconds_for(trace), seed=seed + 7919)
     requests = scale_rate(base, rate_scale, seed=seed + 7920, span=seconds)
     if lengths is not None:
         requests = shape_lengths(requests, lengths, seed=seed + 7921)
+    if not requests:
+        raise ScenarioError(f"the trace is too sparse: no request arrived in a {seconds / 3600:g}-hour sample at "
+                            f"{rate_scale:g} x its rate; raise --rate-scale")
     largest = max(r.prompt_tokens + r.output_tokens for r in requests)
     unlimited_blocks = max(1 << 22, 4 * math.ceil(largest / BLOCK_SIZE))
     sim = Simulator(engine_config(unlimited_blocks, speedup), seed=seed)
@@ -107,6 +110,10 @@ class Simulation:
     calibration: Calibration
     samples: tuple[ForecastSample, ...]
     requests: int
+    # The simulator's own (usage, waiting, preemptions total) per poll when ``samples`` were read through an
+    # engine's wire format: the events are what happened, not what that engine's metrics can show
+    # (TensorRT-LLM exports no preemption counter). None: the samples are the simulator's own.
+    truth: tuple[tuple[float, float, float], ...] | None = None
 
 
 def simulate(scenario: Scenario, trace: Sequence[Request], *, calibration: Calibration | None = None,
@@ -121,6 +128,7 @@ def simulate(scenario: Scenario, trace: Sequence[Request], *, calibration: Calib
     restarts = list(scenario.restart_times)
     restarted = False
     samples: list[ForecastSample] = []
+    truth: list[tuple[float, float, float]] = []
     # The length histograms' bounds as vLLM exposes them: 1-2-5 up to max-model-len, then +Inf.
     length_bounds = (*(float(b) for b in build_1_2_5_buckets(scenario.max_model_len)), math.inf)
     for i in range(1, int(scenario.seconds // POLL_SECONDS) + 1):
@@ -131,10 +139,12 @@ def simulate(scenario: Scenario, trace: Sequence[Request], *, calibration: Calib
             restarted = True
         sim.run_until(t)
         snap = sim.snapshot()[0]
-        samples.append(sample_from(snap, restarted=restarted, length_bounds=length_bounds) if engine is None else
-                       sample_through_wire(snap, engine, restarted=restarted))
+        own = sample_from(snap, restarted=restarted, length_bounds=length_bounds)
+        samples.append(own if engine is None else sample_through_wire(snap, engine, restarted=restarted))
+        truth.append((own.kv_usage or 0.0, own.waiting, own.preemptions_total or 0.0))
         restarted = False
-    return Simulation(scenario, calibration, tuple(samples), len(requests))
+    return Simulation(scenario, calibration, tuple(samples), len(requests),
+                      tuple(truth) if engine is not None else None)
 
 
 @dataclass
@@ -183,6 +193,7 @@ class RunResult:
                 "rate_scale": self.scenario.rate_scale,
                 "engine_speedup": self.scenario.engine_speedup,
                 "capacity_tokens": self.calibration.capacity_tokens,
+                "mean_demand_tokens": round(self.calibration.mean_demand_tokens),
                 "prompt_scale": self.scenario.prompt_scale,
                 "long_fraction": self.scenario.long_fraction,
                 "max_model_len": self.scenario.max_model_len,
@@ -266,7 +277,9 @@ def evaluate(simulation: Simulation, params: ForecastParams | None = None, *,
             timeline.probabilities[KVWATCH][h].append(result.risk.get(h))
             timeline.probabilities["predict_linear"][h].append(linear[h])
     # Counters restart with the engine: a drop is a reset, not a preemption count going backwards.
-    saturated = saturated_samples(timeline.usage, timeline.waiting, _monotone(timeline.preemptions_total))
+    usage, waiting, preempted = (timeline.usage, timeline.waiting, timeline.preemptions_total) \
+        if simulation.truth is None else (list(column) for column in zip(*simulation.truth, strict=True))
+    saturated = saturated_samples(usage, waiting, _monotone(preempted))
     events = find_events(timeline.times, saturated)
     outcomes: dict[str, Outcome] = {}
     seconds = simulation.scenario.seconds

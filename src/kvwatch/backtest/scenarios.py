@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from kvwatch.backtest.scoring import WARMUP_SECONDS
 from kvwatch.sim.engine import Request
 from kvwatch.sim.traces import block_bootstrap, scale_rate, span_of
 
@@ -30,6 +31,10 @@ RAMP_LEAD_IN_SECONDS = 1800.0
 BURST_SHORT = (20.0, 120.0, 0.5)  # on a ramp from start to peak: spikes of +0.5 for 20 s every 2 minutes
 BURST_LONG = (600.0, 2700.0, None)  # from start up to peak for 10 minutes every 45 minutes
 DEFAULT_MAX_MODEL_LEN = 131072
+MAX_HOURS = 168.0
+WARMUP_HOURS = WARMUP_SECONDS / 3600.0
+MAX_SCALE = 1000.0
+MIN_BLOCK_SECONDS = 60.0  # a trace shorter than BLOCK_SECONDS is bootstrapped in blocks of its own length
 LONG_PROMPT_RANGE = (16384, 131072)
 
 
@@ -105,12 +110,15 @@ class Scenario:
 def validate(scenario: Scenario) -> None:
     if scenario.profile not in PROFILES:
         raise ScenarioError(f"unknown --profile {scenario.profile!r}: choose one of {', '.join(PROFILES)}")
-    if not scenario.hours > 0:
-        raise ScenarioError("--hours must be positive")
+    if not WARMUP_HOURS < scenario.hours <= MAX_HOURS:
+        raise ScenarioError(f"--hours must be in ({WARMUP_HOURS:g}, {MAX_HOURS:g}]: every method's first 30 minutes "
+                            "are a warm-up nothing is scored in, and a week of polls takes minutes to simulate")
     if not (0 < scenario.start_load <= 5 and 0 < scenario.peak_load <= 5):
         raise ScenarioError("--start-load and --peak-load must be in (0, 5]")
-    if not scenario.rate_scale > 0:
-        raise ScenarioError("--rate-scale must be positive")
+    if not 0 < scenario.rate_scale <= MAX_SCALE:
+        raise ScenarioError(f"--rate-scale must be in (0, {MAX_SCALE:g}]")
+    if not 0 < scenario.engine_speedup <= MAX_SCALE:
+        raise ScenarioError(f"--engine-speedup must be in (0, {MAX_SCALE:g}]")
     if not (0 < scenario.prompt_scale <= 1000):
         raise ScenarioError("--prompt-scale must be in (0, 1000]")
     if not (0 <= scenario.long_fraction <= 1):
@@ -120,12 +128,14 @@ def validate(scenario: Scenario) -> None:
 
 
 def shape_lengths(requests: Sequence[Request], scenario: Scenario, seed: int) -> list[Request]:
-    """Apply ``prompt_scale`` and the ``long_fraction`` mixture; prompt + output capped at ``max_model_len``."""
-    if scenario.prompt_scale == 1.0 and scenario.long_fraction == 0.0:
+    """Apply ``prompt_scale`` and the ``long_fraction`` mixture; prompt + output capped at ``max_model_len``
+    (always: vLLM refuses a longer request, so a trace's outlier must not set the simulated cache's size)."""
+    limit = scenario.max_model_len
+    if scenario.prompt_scale == 1.0 and scenario.long_fraction == 0.0 and \
+            all(r.prompt_tokens + r.output_tokens <= limit for r in requests):
         return list(requests)
     rng = random.Random(seed)
     lo, hi = math.log(LONG_PROMPT_RANGE[0]), math.log(LONG_PROMPT_RANGE[1])
-    limit = scenario.max_model_len
     out = []
     for r in requests:
         prompt = r.prompt_tokens * scenario.prompt_scale
@@ -137,26 +147,38 @@ def shape_lengths(requests: Sequence[Request], scenario: Scenario, seed: int) ->
     return out
 
 
+def block_seconds_for(trace: Sequence[Request]) -> float:
+    """The bootstrap block: 5 minutes, or the whole trace when it is shorter (the packaged 2-minute sample)."""
+    return min(BLOCK_SECONDS, span_of(trace))
+
+
 def load_trace(path: Path) -> list[Request]:
     """Read an Azure or BurstGPT CSV or a Mooncake JSONL trace (the simulator's readers; times start at 0)."""
     from kvwatch.sim.traces import TraceError
     from kvwatch.sim.traces import load_trace as read
 
+    if path.is_dir():
+        raise ScenarioError(f"--trace {path}: a directory, not a trace file")
     if not path.is_file():
         raise ScenarioError(f"--trace {path}: no such file")
     try:
         requests = read(path)
     except (OSError, TraceError, ValueError) as exc:
         raise ScenarioError(f"--trace {path}: {exc}") from exc
-    if len(requests) < 10 or span_of(requests) < BLOCK_SECONDS:
-        raise ScenarioError(f"--trace {path}: need at least 10 requests over {BLOCK_SECONDS:.0f} s to bootstrap")
+    span = span_of(requests)
+    if len(requests) < 10 or span < MIN_BLOCK_SECONDS:
+        hint = ""
+        if requests and span < MIN_BLOCK_SECONDS and path.suffix.lower() in (".jsonl", ".gz"):
+            hint = " (a Mooncake JSONL timestamp is in milliseconds: seconds there read 1000x shorter)"
+        raise ScenarioError(f"--trace {path}: {len(requests)} requests over {span:.0f} s; a backtest bootstraps "
+                            f"from at least 10 requests over {MIN_BLOCK_SECONDS:.0f} s{hint}")
     return requests
 
 
 def scenario_arrivals(scenario: Scenario, trace: Sequence[Request]) -> list[Request]:
     """The scenario's arrivals: block bootstrap to its length, then the load profile as a rate multiplier."""
     seconds = scenario.seconds
-    base = block_bootstrap(trace, seconds, block_seconds=BLOCK_SECONDS, seed=scenario.seed)
+    base = block_bootstrap(trace, seconds, block_seconds=block_seconds_for(trace), seed=scenario.seed)
     shaped = scale_rate(base, lambda t: scenario.load_at(t) * scenario.rate_scale, seed=scenario.seed + 1,
                         span=seconds)
     shaped = shape_lengths(shaped, scenario, seed=scenario.seed + 2)

@@ -53,7 +53,7 @@ def _read(path: Path) -> str:
         except (OSError, EOFError) as exc:
             raise TraceError(f"trace {path} is a broken gzip file: {exc}") from None
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")  # a byte-order mark some editors write is not part of the first line
     except UnicodeDecodeError:
         raise TraceError(f"trace {path} is not UTF-8 text") from None
 
@@ -70,12 +70,13 @@ _ISO_TIME = re.compile(r"\s*(\d{4}-\d\d-\d\d[T ]\d\d:\d\d(?::\d\d)?)(\.\d+)?\s*(
 
 def _parse_azure_time(value: str) -> float:
     """Seconds of an ISO 8601 time (any number of fractional digits: Python's fromisoformat takes at most 6,
-    the 2023 trace has 7), in its time zone when it names one."""
+    the 2023 trace has 7), in its time zone when it names one, else UTC (never the machine's zone: a
+    daylight-saving change would stretch or shrink the trace)."""
     match = _ISO_TIME.fullmatch(value)
     if match is None:
         raise ValueError(f"not an ISO 8601 time: {value.strip()!r}")
     stamp, frac, zone = match.groups()
-    seconds = datetime.fromisoformat(stamp + ("+00:00" if zone == "Z" else (zone or ""))).timestamp()
+    seconds = datetime.fromisoformat(stamp + ("+00:00" if zone in ("Z", None) else zone)).timestamp()
     return seconds + (float(frac) if frac else 0.0)
 
 
@@ -83,6 +84,24 @@ def _csv_columns(header: str, wanted: tuple[str, ...]) -> list[int] | None:
     """Where each of ``wanted`` is among a CSV header's columns (any order, others ignored); None if one is missing."""
     names = [c.strip() for c in next(csv.reader([header.lstrip("\ufeff")]), [])]
     return [names.index(w) for w in wanted] if all(w in names for w in wanted) else None
+
+
+MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
+
+
+def _number(value: object) -> float:
+    """A finite number from a trace field (JSON's true/false are not numbers here, nor NaN or ±Infinity)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"not a number: {value!r}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"not a finite number: {value!r}")
+    return number
+
+
+def _tokens(value: object) -> int:
+    """A token count: a finite number, read as an integer (1e400 or NaN is an error, not an OverflowError)."""
+    return int(_number(value))
 
 
 def read_azure_csv(source: str | Path) -> list[Request]:
@@ -114,11 +133,12 @@ def _read_csv(source: str | Path, columns: tuple[str, str, str], time: Callable[
         try:
             if len(parts) <= max(where):
                 raise ValueError(f"expected at least {max(where) + 1} columns")
-            t, prompt, output = (time(parts[where[0]]), int(float(parts[where[1]])),
-                                 int(float(parts[where[2]])))
+            t, prompt, output = time(parts[where[0]]), _tokens(parts[where[1]]), _tokens(parts[where[2]])
             if keep is not None and not keep(t, prompt, output):
                 continue
-            if prompt < 1 or output < 0 or not math.isfinite(t):
+            if not math.isfinite(t):
+                raise ValueError("the arrival time must be a finite number")
+            if prompt < 1 or output < 0:
                 raise ValueError("token counts must be positive")
         except ValueError as exc:
             raise TraceError(f"{name}: line {number}: {exc}: {line[:80]!r}") from None
@@ -140,13 +160,20 @@ def read_mooncake_jsonl(source: str | Path, *, jitter_seconds: float = 3.0, seed
             continue
         try:
             row = json.loads(line)
-            t = float(row["timestamp"]) / 1000.0
-            prompt, output = int(row["input_length"]), int(row["output_length"])
+            if not isinstance(row, dict):
+                raise TypeError("not a JSON object")
+            missing = [f for f in MOONCAKE_FIELDS if f not in row]
+            if missing:
+                raise KeyError(f"no {', '.join(missing)} (a Mooncake line has {', '.join(MOONCAKE_FIELDS)})")
+            t = _number(row["timestamp"]) / 1000.0
+            prompt, output = _tokens(row["input_length"]), _tokens(row["output_length"])
             hashes = tuple(int(h) for h in row.get("hash_ids", ()))
-            if prompt < 1 or output < 0 or t < 0:
-                raise ValueError("lengths must be positive and timestamp >= 0")
-        except (ValueError, KeyError, TypeError) as exc:
-            raise TraceError(f"{name}: line {number}: {type(exc).__name__}: {exc}") from None
+            if prompt < 1 or output < 0 or not 0 <= t < math.inf:
+                raise ValueError("lengths must be positive and the timestamp a finite number >= 0")
+        except KeyError as exc:
+            raise TraceError(f"{name}: line {number}: {exc.args[0]}") from None
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise TraceError(f"{name}: line {number}: {exc}") from None
         raw.append((t, prompt, output, hashes))
     if not raw:
         raise TraceError(f"{name}: no requests")
@@ -253,12 +280,18 @@ def detect_format(path: str | Path) -> str:
     try:
         with Path(path).open("rb") as raw:
             gzipped = raw.read(2) == b"\x1f\x8b"
+    except IsADirectoryError:
+        raise TraceError(f"trace {path} is a directory, not a file") from None
+    except OSError as exc:
+        raise TraceError(f"cannot read trace {path}: {exc.strerror or exc}") from None
+    try:
         with (gzip.open(path, "rt", encoding="utf-8") if gzipped else Path(path).open(encoding="utf-8")) as handle:
             first = next((line for line in handle if line.strip()), "")
     except OSError as exc:  # (gzip's BadGzipFile is one)
         raise TraceError(f"cannot read trace {path}: {exc.strerror or exc}") from None
     except (UnicodeDecodeError, EOFError):
         raise TraceError(f"trace {path} is not UTF-8 text") from None
+    first = first.lstrip("\ufeff")  # a byte-order mark is not part of the first line
     if first.lstrip().startswith("{"):
         return "mooncake"
     for kind, header in (("azure", AZURE_HEADER), ("burstgpt", BURSTGPT_HEADER)):
