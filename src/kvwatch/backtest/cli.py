@@ -42,14 +42,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "swing; steady: holds peak; restart: steady with an engine restart at half time; "
                              "mixshift: requests grow at half time; burst-short: ramp with +0.5 load for 20 s every "
                              "2 min; burst-long: start, with peak for 10 min every 45 min (default ramp)")
-    parser.add_argument("--hours", type=float, default=3.0, help="simulated hours (default 3)")
+    parser.add_argument("--hours", type=float, default=3.0,
+                        help="simulated hours, above 0.5 (the warm-up) and at most 168 (default 3)")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap and simulator seed (default 0)")
     parser.add_argument("--start-load", type=float, default=0.5, help="load at the start (default 0.5)")
     parser.add_argument("--peak-load", type=float, default=1.3, help="peak load (default 1.3)")
     parser.add_argument("--rate-scale", type=float, default=None,
-                        help="multiply the trace's native rate (default per trace, see docs/forecasting.md)")
+                        help="multiply the trace's native rate (default: tuned for the Azure and Mooncake traces by "
+                             "name, else to ~20 requests/s from the trace's content; docs/forecasting.md)")
     parser.add_argument("--engine-speedup", type=float, default=None,
-                        help="divide the simulated step costs (default per trace: keeps compute unsaturated)")
+                        help="divide the simulated step costs (default: tuned by name, else from the trace's "
+                             "prompt and output lengths, so compute stays unsaturated)")
     parser.add_argument("--prompt-scale", type=float, default=1.0,
                         help="multiply every prompt length (long-context stress; prompt + output capped at "
                              "--max-model-len; default 1)")
@@ -63,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: straight from the simulator)")
     parser.add_argument("--json", action="store_true", help="print the scores as JSON")
     parser.add_argument("--plot", type=Path, default=None, metavar="PNG",
-                        help="draw the timeline to PNG (its path is printed on stderr)")
+                        help="draw the timeline to this .png file (its path is printed on stderr)")
 
 
 JSON_USAGE_ERRORS = True  # kvwatch.cli: with --json, bad usage is also {"error": {"reason": "usage", ...}}
