@@ -95,6 +95,25 @@ def test_the_parse_keeps_samples_of_at_most_twice_max_series_series() -> None:
     assert read_payload(label_explosion(150), timestamp=0.0, max_series=100).series_dropped == 50
 
 
+def test_a_low_max_series_keeps_the_capacity_of_the_series_it_exports() -> None:
+    # vLLM's cache_config_info is per engine without a model name: a label set that describes series, not a
+    # series of its own. Refused as one, engine 0 lost its capacity and every poll counted 3 drops, not 1.
+    text = (Path(__file__).parent / "fixtures" / "vllm-metrics" / "gen-0.16-sleep-state-dp2.prom").read_text()
+    everything = read_payload(text, timestamp=0.0)
+    capped = read_payload(text, timestamp=0.0, max_series=1)
+    assert [r.engine for r in capped.readings] == ["0"] and capped.series_dropped == 1
+    assert capped.readings[0].kv_capacity_tokens == everything.readings[0].kv_capacity_tokens == 160000
+    assert capped.readings[0].num_gpu_blocks == everything.readings[0].num_gpu_blocks
+
+
+def test_partial_label_sets_are_bounded_too() -> None:
+    # A payload inventing engines without a model name (cache_config_info{engine="N"} for 5,000 values) keeps
+    # at most the cap's number of them, and they are not counted as dropped series.
+    limit = detect.SeriesLimit(10)
+    kept = [limit.admit({"engine": str(i), "num_gpu_blocks": "10"}) for i in range(5_000)]
+    assert sum(kept) == 10 and not limit.refused
+
+
 def test_refused_samples_are_still_validated() -> None:
     body = label_explosion(300) + 'vllm:num_requests_running{engine="0",model_name="m00299"} x\n'
     with pytest.raises(ScrapeError) as info:

@@ -95,14 +95,18 @@ class SeriesLimit:
     series in payload order are kept, samples of any later series are refused, so that a payload with 50,000
     label sets costs memory for ``limit`` of them, not for all (issue 15). A series is the engine-neutral
     ``(model, engine)`` pair of the adapters: ``model_name`` (SGLang 2024: ``name``; Triton: ``model``) and
-    ``engine`` (SGLang: ``dp_rank``). Samples with neither label (process gauges, cache config without a
-    model) are always kept. ``refused`` holds the hashes of the refused series, to count them once each."""
+    ``engine`` (SGLang: ``dp_rank``). Samples with neither label (process gauges) are always kept. Samples
+    with one of the two (vLLM's per-engine ``cache_config_info`` has no model; its admission rejections no
+    engine) describe series rather than being ones: they are kept up to ``limit`` label sets of their own,
+    and never counted as dropped series (counting them dropped each engine's capacity with a low
+    ``--max-series``). ``refused`` holds the hashes of the refused series, to count them once each."""
 
-    __slots__ = ("admitted", "limit", "refused")
+    __slots__ = ("admitted", "limit", "partial", "refused")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.admitted: set[tuple[str | None, str | None]] = set()
+        self.partial: set[tuple[str | None, str | None]] = set()
         self.refused: set[int] = set()
 
     def admit(self, labels: dict[str, str]) -> bool:
@@ -110,6 +114,11 @@ class SeriesLimit:
         series = (get("model_name") or get("name") or get("model"), get("engine") or get("dp_rank"))
         if series in self.admitted or series == (None, None):
             return True
+        if series[0] is None or series[1] is None:
+            if series in self.partial or len(self.partial) < self.limit:
+                self.partial.add(series)
+                return True
+            return False
         if len(self.admitted) < self.limit:
             self.admitted.add(series)
             return True
