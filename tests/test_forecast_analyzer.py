@@ -63,3 +63,19 @@ def test_restart_from_history_and_advice_in_bottleneck():
     assert after.result.state == "bottleneck"
     assert after.advice[0].action == "limit_concurrency"
     assert after.advice[-1].action == "add_tensor_parallelism"
+
+
+def test_the_exported_limit_is_the_advices_and_never_above_95_percent_of_the_ceiling_shown():
+    # Half an hour of light requests (375 KV tokens each), then a heavy mix: the forecaster's 30-minute figure
+    # still says ~126 requests, but the cache holds 40 / 0.97 ≈ 41 of today's; the gauge and the advice say 39.
+    import math
+
+    analyzer = ForecastAnalyzer()
+    history = SeriesHistory()
+    counter = [0.0]
+    _feed(analyzer, history, 0.0, 2400, 0.3, counter)
+    after = _feed(analyzer, history, 2400.0, 180, 0.97, counter, waiting=5.0)
+    ceiling = 40 / 0.97
+    limit = after.result.recommended_max_concurrency
+    assert limit == math.floor(0.95 * ceiling) == 39
+    assert after.result.state == "bottleneck" and after.advice[0].concurrency == limit

@@ -146,10 +146,7 @@ def advise(
         ceiling = base_tokens / kv_tokens_per_request
     out: list[Advice] = []
 
-    limit = recommended_max_concurrency
-    if ceiling is not None and ceiling > 0:
-        capped = max(1, math.floor(LIMIT_USAGE * ceiling))
-        limit = capped if limit is None else min(limit, capped)
+    limit = concurrency_limit(recommended_max_concurrency, ceiling)
     if limit is not None:
         now = f"; now {running:.0f} running" if running is not None else ""
         held = f"the KV cache holds ~{ceiling:.1f} at the observed mix{now}" if ceiling else now.lstrip("; ")
@@ -200,6 +197,17 @@ def advise(
                                        flags["tensor_parallel"] or "--tensor-parallel-size"))
     return [Advice(a.action, rank, a.message, a.projected_effect, a.engine_args, a.concurrency, engine_kind)
             for rank, a in enumerate(out, 1)]
+
+
+def concurrency_limit(recommended: int | None, ceiling: float | None) -> int | None:
+    """The concurrency limit kvwatch recommends (one figure: the advice's and kvwatch_recommended_max_concurrency):
+    the forecaster's (95 % of the cache at the last 30 minutes' KV tokens per running request), never above
+    95 % of the observed-mix ceiling reported beside it (kvwatch_max_concurrency{basis="observed_mix"}, this
+    poll's mix), which bounds it alone when the forecaster has no figure yet."""
+    if ceiling is None or ceiling <= 0:
+        return recommended
+    capped = max(1, math.floor(LIMIT_USAGE * ceiling))
+    return capped if recommended is None else min(recommended, capped)
 
 
 def _args(flag: str | None, value: object) -> tuple[str, ...] | None:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from prometheus_client.core import Metric
 
-from kvwatch.advisor import DEFAULT_GPUS_PER_NODE, Advice, advise_from_result
+from kvwatch.advisor import DEFAULT_GPUS_PER_NODE, Advice, advise_from_result, concurrency_limit
 from kvwatch.capacity.planner import CapacityPlan
 from kvwatch.capacity.series import max_model_len_of
 from kvwatch.derived import derive
@@ -67,10 +67,14 @@ class ForecastAnalyzer:
         restarted = history is not None and history.last_restart_timestamp == now
         reading, plan = self._capacity(reading)
         result = forecaster.observe(ForecastSample.from_reading(reading, now, restarted=restarted))
+        # The ceiling kvwatch_max_concurrency{basis="observed_mix"} shows: the exported limit and the advice's are
+        # one figure, never above 95 % of it (kvwatch.advisor.concurrency_limit).
+        ceiling = derive(reading, history, self.max_model_len).max_concurrency.get("observed_mix")
+        if result.recommended_max_concurrency is not None:
+            result = replace(result, recommended_max_concurrency=concurrency_limit(
+                result.recommended_max_concurrency, ceiling))
         advice: tuple[Advice, ...] = ()
         if result.state in ("filling", "bottleneck"):
-            # The ceiling kvwatch_max_concurrency{basis="observed_mix"} shows: the limit never exceeds it.
-            ceiling = derive(reading, history, self.max_model_len).max_concurrency.get("observed_mix")
             advice = tuple(advise_from_result(
                 result, reading, capacity_plan=plan, max_model_len=max_model_len_of(reading, self.max_model_len),
                 concurrency_ceiling=ceiling,
