@@ -54,6 +54,18 @@ def test_whatif_ceilings_follow_the_live_mix_and_rank_fp8_above_today() -> None:
     assert small["fp8_kv_cache"] > small["gpu_memory_utilization_0.95"] > small["gpu_memory_utilization_0.85"]
 
 
+def test_whatif_ceilings_scale_the_engines_pool_not_the_formulas() -> None:
+    # The engine reports 262,144 tokens where the formula says ~450,000 (e.g. a lower utilization than kvwatch
+    # assumed): a what-if must not show a smaller setting with a higher ceiling than today's.
+    analyzer = CapacityAnalyzer(ServeSettings(gpu="H100"))
+    r = reading(kv_capacity_tokens=262_144.0)
+    whatif = {s.labels["scenario"]: s.value for s in families(analyzer, r)["kvwatch_whatif_max_concurrency"]}
+    today = r.requests_running / r.kv_usage_ratio  # kvwatch_max_concurrency{basis="observed_mix"}
+    assert whatif["gpu_memory_utilization_0.85"] < today < whatif["gpu_memory_utilization_0.95"]
+    assert whatif["fp8_kv_cache"] == pytest.approx(2 * today, rel=0.01)
+    assert whatif["max_model_len_halved"] == pytest.approx(today)  # the V1 pool does not change with the length
+
+
 def test_unknown_model_or_gpu_exports_no_formula_and_does_not_raise() -> None:
     analyzer = CapacityAnalyzer(ServeSettings(gpu="H100"))
     r = reading(model_name="my-private-finetune")

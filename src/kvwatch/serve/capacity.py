@@ -87,13 +87,14 @@ class CapacityAnalyzer:
     def analyze(self, key: SeriesKey, history: SeriesHistory, reading: Reading, now: float) -> CapacityResult | None:
         capacity = self._plan(reading)
         series = self._capacity.series(reading)
+        reading = series.apply(reading)  # the series' one capacity, as the forecaster and the exporter use it
         findings = self._live_findings(key, history, reading, now)
         if capacity is None and series.source == "unknown" and not findings:
             return None
         whatif: dict[str, float] = {}
         per_request = reading.kv_tokens_per_running_request
         if capacity is not None and per_request:
-            whatif = capacity.whatif_max_concurrency(per_request)
+            whatif = capacity.whatif_max_concurrency(per_request, series.tokens)
         return CapacityResult(capacity.formula_kv_capacity_tokens if capacity is not None else None,
                               MappingProxyType(whatif), series.source, series.pool_bytes, series.pool_source,
                               MappingProxyType(findings),

@@ -47,9 +47,18 @@ class SidecarCapacity:
         """``kvwatch_formula_kv_capacity_tokens``: the formula's figure, beside vLLM's reported one."""
         return self.plan.kv_cache_tokens
 
-    def whatif_max_concurrency(self, avg_kv_tokens_per_request: float) -> dict[str, float]:
-        """``kvwatch_whatif_max_concurrency{scenario}`` at the live average KV tokens per running request."""
-        return whatif_ceilings(self.scenarios, avg_kv_tokens_per_request)
+    def whatif_max_concurrency(self, avg_kv_tokens_per_request: float,
+                               capacity_tokens: float | None = None) -> dict[str, float]:
+        """``kvwatch_whatif_max_concurrency{scenario}`` at the live average KV tokens per running request. The
+        what-ifs scale the pool the series has (``capacity_tokens``, the engine's when it reports one), as
+        ``check``'s advice does; they do not replace it with the formula's: a scenario's ceiling is today's
+        ceiling × the scenario's over the formula's own at the same request size."""
+        ceilings = whatif_ceilings(self.scenarios, avg_kv_tokens_per_request)
+        base = self.plan.max_concurrency_at(avg_kv_tokens_per_request)
+        if not capacity_tokens or base <= 0:
+            return ceilings
+        today = capacity_tokens / avg_kv_tokens_per_request
+        return {name: today * value / base for name, value in ceilings.items()}
 
 
 def vllm_version_from_cache_config(labels: Mapping[str, str]) -> tuple[int, int] | None:
