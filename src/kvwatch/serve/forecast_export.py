@@ -55,7 +55,8 @@ INNER_ESTIMATES: tuple[tuple[str, str, str], ...] = (
      "(above 0: significantly rising)."),
     ("kvwatch_forecast_occupancy_mean_tokens", "occupancy_mean_tokens",
      f"KV tokens in use now by a least-squares line through the last {_P.risk.window_buckets} per-minute means, "
-     "its slope shrunk by the share of it that is signal (the level the saturation risk projects from)."),
+     "its slope shrunk by the share of it that is signal (the level the saturation risk projects from; a fitted "
+     "level, which can read above the capacity while a rising load saturates it)."),
     ("kvwatch_forecast_occupancy_sd_tokens", "occupancy_sd_tokens",
      "Standard deviation of per-minute KV tokens in use in the shot-noise model: sqrt(request size x mean)."),
     ("kvwatch_forecast_request_size_tokens", "request_size_tokens",
@@ -97,7 +98,8 @@ def forecast_metric_families(
     state = gauge("kvwatch_state", "Forecaster state, one-hot over all states.", ["state"])
     rate = gauge("kvwatch_request_rate_per_second", "Smoothed arrival rate (finished + growth of running+waiting).")
     headroom = gauge("kvwatch_headroom_requests_per_second",
-                     "Additional arrival rate before bursts reach the saturation threshold (negative: over).")
+                     "Additional arrival rate before bursts reach the saturation threshold (negative: over), "
+                     "estimated from the last 30 minutes: early in a saturation it can still read positive.")
     concurrency = gauge("kvwatch_recommended_max_concurrency",
                         "Gateway concurrency limit that keeps KV usage under the threshold at the observed mix.")
     recommendation = gauge("kvwatch_recommendation",

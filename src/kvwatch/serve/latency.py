@@ -113,7 +113,8 @@ class LatencyAnalyzer:
             "e2e (end to end)." + _NOTE, labels=["model_name", "engine", "kind", "quantile"])
         aborts = GaugeMetricFamily("kvwatch_requests_aborted_per_second",
                                    "Requests the engine aborted per second (vLLM: finished_reason=abort; SGLang: "
-                                   "num_aborted_requests_total)." + _NOTE, labels=["model_name", "engine"])
+                                   "num_aborted_requests_total). Over the last 5 minutes of kvwatch's polls, from "
+                                   "the engine's counter (poll-clock seconds).", labels=["model_name", "engine"])
         slo = GaugeMetricFamily(
             "kvwatch_ttft_slo_breach", "1 while TTFT p90 exceeds --ttft-slo-seconds; cause=kv_cache when the KV "
             "cache is saturated and queueing dominates TTFT, else cause=other; 0 on both within the objective."
