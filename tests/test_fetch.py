@@ -366,3 +366,11 @@ def test_credentials_in_the_url_go_as_basic_auth_and_never_into_messages(raw_ser
     head = seen[0].decode("latin-1")
     expected = base64.b64encode(b"kv@user:s3cr:t").decode()
     assert f"Authorization: Basic {expected}" in head and "s3cr" not in head.split("\r\n")[0]
+
+
+def test_a_gzip_body_without_its_header_is_named_as_such() -> None:
+    body = gzip.compress(FIXTURE.encode()).decode("utf-8", errors="replace")  # as the fetcher decodes it
+    with pytest.raises(ScrapeError) as caught:
+        interpret(body, None, timestamp=0.0)
+    assert caught.value.reason == "parse" and "gzip-compressed" in str(caught.value)
+    assert "Content-Encoding" in str(caught.value)

@@ -218,3 +218,13 @@ def test_clients_that_hang_up_leave_no_traceback(serve, caplog: pytest.LogCaptur
         time.sleep(0.3)
         assert httpx.get(f"http://127.0.0.1:{server.port}/metrics").status_code == 200
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+
+
+def test_head_answers_like_get_without_a_body(serve) -> None:
+    # Load balancers and uptime checks probe with HEAD; BaseHTTPRequestHandler answers it 501 unless told.
+    server = serve(None)
+    for path, length in (("/healthz", "3"), ("/metrics", None)):
+        head = httpx.head(f"http://127.0.0.1:{server.port}{path}")
+        get = httpx.get(f"http://127.0.0.1:{server.port}{path}")
+        assert head.status_code == get.status_code == 200 and head.content == b""
+        assert head.headers["Content-Length"] == (length or str(len(get.content)))

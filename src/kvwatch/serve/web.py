@@ -296,6 +296,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.config = config
         super().__init__(request, client_address, server)
 
+    def do_HEAD(self) -> None:
+        """As GET, without the body (load balancers and uptime checks probe with HEAD)."""
+        self._head = True
+        self.do_GET()
+
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         if path == "/healthz":
@@ -329,7 +334,8 @@ class _Handler(BaseHTTPRequestHandler):
         for name, value in {**self.config.headers, **(extra or {})}.items():
             self.send_header(name, value)
         self.end_headers()
-        self.wfile.write(body)
+        if not getattr(self, "_head", False):
+            self.wfile.write(body)
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("http: " + format, *args)
