@@ -313,7 +313,8 @@ def test_nan_and_inf_are_null_in_json_and_nan_usage_is_unknown(tmp_path: Path,
     report = _strict_json(capsys.readouterr().out)
     s = report["series"][0]
     assert (s["kv_usage_ratio"], s["requests_running"], s["kv_used_tokens"]) == (None, None, None)
-    assert [f["id"] for f in report["findings"]] == ["usage_unknown", "implausible_values"]
+    # (and, model "m" being no preset, the capacity from blocks carries its caveat: capacity_groups_unknown)
+    assert [f["id"] for f in report["findings"]] == ["usage_unknown", "implausible_values", "capacity_groups_unknown"]
     assert "NaN" in report["findings"][0]["message"]
     assert "requests_running = +Inf" in report["findings"][1]["message"]
     assert main(["check", "--file", str(payload)]) == 0
@@ -508,3 +509,25 @@ def test_the_metrics_path_hint_only_when_something_answered(capsys: pytest.Captu
 def test_a_bad_url_argument_is_named_as_the_url(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "notaurl"]) == 2
     assert "invalid value 'notaurl' for URL" in capsys.readouterr().err
+
+
+def test_a_capacity_from_blocks_for_a_model_kvwatch_does_not_know_carries_its_caveat(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # vLLM 0.9-0.19 (blocks, no kv_cache_size_tokens label): a hybrid model's groups would divide the figure.
+    payload = tmp_path / "unknown-model.prom"
+    text = (FIXTURES / "gen-0.9-both-usage-names.prom").read_text()
+    name = interpret_names(text)
+    payload.write_text(text.replace(f'model_name="{name}"', 'model_name="acme/private-finetune"'))
+    report = check_json(["--file", str(payload)], capsys)
+    assert [f["id"] for f in report["findings"]] == ["capacity_groups_unknown"]
+    assert "--model" in report["findings"][0]["message"]
+    # A model kvwatch knows needs no caveat (its layout divides the blocks), nor a V0 payload (one group).
+    assert check_json(["--file", str(FIXTURES / "gen-0.9-both-usage-names.prom")], capsys)["findings"] == []
+    assert check_json(["--file", str(FIXTURES / "v0-engine-qwenvl.prom")], capsys)["findings"] == []
+
+
+def interpret_names(text: str) -> str:
+    from kvwatch.payload import interpret
+
+    (name,) = {r.model_name for r in interpret(text, None, timestamp=0.0).readings}
+    return name

@@ -4,7 +4,8 @@ Findings follow the troubleshooting checklist (stable ids, see docs/metrics.md):
 ``kv_bound`` (KV ≥ 0.95 with a queue), ``scheduler_limited`` (a standing queue while KV < 0.9), ``preemptions``
 (any preemption, or SGLang retraction, since the engine started), ``prefix_cache_ineffective`` (prefix
 caching on, hit ratio < 10 %),
-``capacity_unknown`` and ``usage_unknown`` (kvwatch cannot read them from this engine), and the capacity
+``capacity_unknown`` and ``usage_unknown`` (kvwatch cannot read them from this engine), ``capacity_groups_unknown``
+(a capacity from vLLM's blocks for a model kvwatch does not know: its KV groups may share them), and the capacity
 findings ``kv_usage_stuck``, ``request_exceeds_pool``, ``vllm_will_not_start``, ``capacity_mismatch``
 (kvwatch.capacity.findings). A ``kv_bound``
 series also gets the advisor's fixes, cheapest first (``advice``; the deployment flags ``--model``,
@@ -225,6 +226,7 @@ def build_report(poll: Poll, max_model_len: int | None = None,
     states = [derive(capacities[r.key].apply(r), None, max_model_len) for r in poll.readings]
     found = findings(states, poll.implausible, poll.detection.engine_kind) + _capacity_findings(states, plans,
                                                                                                max_model_len)
+    found += _groups_unknown(poll, capacities, set(plans) | set(groups))
     found.sort(key=lambda f: _SEVERITY_ORDER[f.severity])
     stuck = {(f.model_name, f.engine) for f in found if f.id == "request_exceeds_pool"}
     found = [f for f in found if not (f.id == "scheduler_limited" and (f.model_name, f.engine) in stuck)]
@@ -248,6 +250,31 @@ def build_report(poll: Poll, max_model_len: int | None = None,
 
 
 _SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+
+def _groups_unknown(poll: Poll, capacities: Mapping[Any, Any], known_models: set[str]) -> list[Finding]:
+    """``capacity_groups_unknown``, once per model: the capacity is vLLM's blocks × block size for a model kvwatch
+    does not know, so it cannot tell whether the blocks are shared among KV groups (kvwatch.capacity.series)."""
+    from kvwatch.serve.sidecar_capacity import vllm_version_from_cache_config
+
+    def groups_possible(reading: Reading) -> bool:  # vLLM 0.9-0.19: the hybrid allocator, no token label yet
+        version = vllm_version_from_cache_config(reading.cache_config)
+        if version is not None:
+            return (0, 9) <= version < (0, 20)
+        return not poll.detection.version_range.startswith(("v0", "0.7", "0.8"))
+
+    out: list[Finding] = []
+    for r in poll.readings:
+        if (poll.detection.engine_kind == VLLM and capacities[r.key].source == "engine_num_gpu_blocks"
+                and r.model_name not in known_models and r.model_name not in {f.model_name for f in out}
+                and groups_possible(r)):
+            out.append(Finding("capacity_groups_unknown", "info", (
+                "KV capacity is num_gpu_blocks x block_size, which assumes one KV cache group: on a sliding-window "
+                "or hybrid model (Gemma-2/3, gpt-oss, Mamba hybrids) vLLM 0.9-0.19 shares the blocks among its "
+                "groups and the real figure is that divided by their number. kvwatch does not know this model: "
+                "pass --model (a preset) or --model-config (its config.json) to divide them."),
+                r.model_name, r.engine))
+    return out
 
 
 def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any],
