@@ -95,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
         return _usage_error("give either URL or --file, not both")
     try:
         settings: CheckSettings = load_settings(CheckSettings, args)
+        _check_model_preset(settings.model)
         overrides = SourceOverrides.from_settings(settings)
         saved = _read_file(args.file) if args.file is not None else None
     except SettingsError as exc:
@@ -153,6 +154,19 @@ def _url_hint(url: str) -> str | None:
         return None
     fixed = urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/") + "/metrics", parts.query, ""))
     return f"vLLM serves its metrics at /metrics: try {fixed}"
+
+
+def _check_model_preset(model: str | None) -> None:
+    """``--model`` here is kvwatch's alone (it sizes the advice): a name no preset matches is a typo, bad usage.
+    (serve runs on without the capacity model instead: its model is also the one vLLM serves.)"""
+    if model is None:
+        return
+    from kvwatch.capacity import presets
+
+    try:
+        presets.match_model(model)
+    except presets.PresetError as exc:
+        raise SettingsError(f"invalid value {model!r} for --model: {exc}") from None
 
 
 def _read_file(path: Path) -> bytes:

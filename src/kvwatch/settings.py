@@ -338,8 +338,10 @@ class DeploymentSettings(_Base):
             raise ValueError(f"must be one of {', '.join(sorted(allowed))}")
         return v.lower()
 
-    # A misspelt card or model stops every command here (plan refused it; serve and check used to run on
-    # without a capacity plan, with one line in the log).
+    # A misspelt card stops every command here (plan refused it; serve and check used to run on without a
+    # capacity plan, with one line in the log). The model is checked by check (kvwatch.check) and plan only:
+    # serve's is also the model vLLM serves (the Helm chart passes one value to both), and a model kvwatch has
+    # no preset for must cost the capacity model, not the sidecar.
     @field_validator("gpu")
     @classmethod
     def _gpu_preset(cls, v: str | None) -> str | None:
@@ -348,18 +350,6 @@ class DeploymentSettings(_Base):
         if v is not None:
             try:
                 presets.resolve_gpu(v)
-            except presets.PresetError as exc:
-                raise ValueError(str(exc)) from None
-        return v
-
-    @field_validator("model")
-    @classmethod
-    def _model_preset(cls, v: str | None) -> str | None:
-        from kvwatch.capacity import presets
-
-        if v is not None:
-            try:
-                presets.match_model(v)
             except presets.PresetError as exc:
                 raise ValueError(str(exc)) from None
         return v
