@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from kvwatch.engines import Selector, SourceOverrides, UnrecognisedPayload, vllm
 from kvwatch.exposition import ParseError, parse
 from kvwatch.model import Poll, Reading
+from kvwatch.payload import interpret
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-metrics"
 
@@ -92,6 +93,29 @@ def test_0_9_both_usage_names_prefers_kv_cache_usage() -> None:
 
 def test_0_11() -> None:
     assert read_fixture("gen-0.11-kv-only.prom").detection.version_range == "0.11"
+
+
+def test_a_filtered_payload_proves_nothing_by_what_it_lacks() -> None:
+    # A federated or gateway-filtered page of three gauges from a vLLM 0.33 lacks sleep state and the rest only
+    # because it was cut: read as a whole page it was confidently "0.11".
+    text = (FIXTURES / "gen-0.33-dp2-capacity-labels.prom").read_text()
+    kept = [line for line in text.splitlines()
+            if line.split("{")[0].split(" ")[-1] in ("vllm:num_requests_running", "vllm:num_requests_waiting",
+                                                      "vllm:kv_cache_usage_perc")]
+    detection = interpret("\n".join(kept) + "\n", None, timestamp=0.0).detection
+    assert detection.version_range not in ("0.11", "unknown") and detection.version_range.startswith(">=")
+    assert read_fixture("gen-0.11-kv-only.prom").detection.version_range == "0.11"  # the whole page
+
+
+def test_0_9_0_and_0_9_1_emit_only_the_gpu_usage_name() -> None:
+    # kv_cache_usage_perc came with 0.9.2 (vllm PR 18354): an engine-labelled page with gpu_cache_usage_perc alone
+    # (its HELP not yet DEPRECATED) is 0.8.5 to 0.10, not 0.8.x only.
+    text = (FIXTURES / "gen-0.11-kv-only.prom").read_text().replace(
+        "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
+        "# HELP vllm:gpu_cache_usage_perc GPU KV-cache usage. 1 means 100 percent usage.").replace(
+        "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc").replace(
+        'kv_cache_memory_bytes="None",', "")  # a label of 0.10.2 on: this page is older
+    assert interpret(text, None, timestamp=0.0).detection.version_range == "0.8.5-0.10"
 
 
 def test_0_16_dp2_divides_summed_blocks() -> None:

@@ -418,12 +418,15 @@ ERA_NAMES: tuple[str, ...] = tuple(name for name, _, _ in ERAS)
 # waiting and a usage gauge all present), cache_config_info label rows wherever cache_config_info has a sample.
 # From vLLM's vllm/v1/metrics/loggers.py and vllm/engine/metrics.py per release (the catalogue,
 # kvwatch/data/vllm_catalogue.json, and docs/metrics.md).
+# Families every vLLM release emits (the catalogue's profiles all have them): a payload without them is not
+# a whole /metrics page, so what it lacks proves nothing.
+ALWAYS_EMITTED = ("vllm:e2e_request_latency_seconds", "vllm:prompt_tokens_total", "vllm:request_success_total")
 FAMILY_EVIDENCE: dict[str, str] = {
     SWAPPED: "MNNNNNNNNN",  # V0 only, hidden from 0.8 and gone from V0 by 0.9
     CPU_CACHE_USAGE: "MNNNNNNNNN",
     "vllm:gpu_prefix_cache_hit_rate": "MNNNNNNNNN",
     GPU_CACHE_USAGE: "AAAAMNNNNN",  # deprecated in 0.9-0.10, hidden in 0.11, removed in 0.12
-    KV_USAGE: "NNNAAAAAAA",  # added in 0.9
+    KV_USAGE: "NNNMAAAAAA",  # added in 0.9.2 (vllm PR 18354): 0.9.0 and 0.9.1 emit only the gpu_* name
     OLD_PREFIX_QUERIES: "NMMMMNNNNN",
     OLD_PREFIX_HITS: "NMMMMNNNNN",
     PREFIX_QUERIES: "NNNMMMMMMM",
@@ -473,11 +476,13 @@ def possible_eras(exposition: Exposition) -> frozenset[str]:
 def _evidence(exposition: Exposition) -> tuple[frozenset[str], bool, frozenset[str] | None, bool | None,
                                                frozenset[str]]:
     """What the eras are told from: the family names, whether the payload is whole (running, waiting and a
-    usage gauge present), cache_config_info's label names (None without a sample), whether the
+    usage gauge present, and families every vLLM emits beside them: a federated or filtered payload of a few
+    gauges shows no absence), cache_config_info's label names (None without a sample), whether the
     engine-labelled families carry ``engine`` (None without a ``model_name`` sample) and what the HELP texts
     say. A sidecar sees the same evidence every poll, so the eras are computed once per distinct evidence."""
     whole = all(exposition.samples(n) for n in (RUNNING, WAITING)) and bool(
-        exposition.samples(KV_USAGE) or exposition.samples(GPU_CACHE_USAGE))
+        exposition.samples(KV_USAGE) or exposition.samples(GPU_CACHE_USAGE)) and all(
+        n in exposition.names for n in ALWAYS_EMITTED)
     configs = exposition.samples(CACHE_CONFIG)
     config_labels = frozenset().union(*(s.labels for s in configs)) if configs else None
     has_engine: bool | None = None
