@@ -261,3 +261,18 @@ def test_label_sets_remembered_between_parses_are_never_shared() -> None:
     assert parse('a{x="1",y="2"} 5\t7\n').samples("a")[0].value == 5.0
     with pytest.raises(ParseError, match="expected integer as timestamp"):
         parse('a{x="1",y="2"} 5 \n')
+
+
+def test_an_openmetrics_info_family_is_keyed_by_its_info_samples_name() -> None:
+    # vLLM <= 0.5 declared cache_config_info with prometheus_client's Info: OpenMetrics names the family
+    # vllm:cache_config (TYPE info) and its samples vllm:cache_config_info, which the adapter reads.
+    from prometheus_client import CollectorRegistry, Info
+    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
+
+    registry = CollectorRegistry()
+    Info("vllm:cache_config", "Information of cache_config", registry=registry).info(
+        {"block_size": "16", "num_gpu_blocks": "16000"})
+    text = openmetrics(registry, escaping="allow-utf-8").decode()  # what Prometheus 3 asks for
+    assert "# TYPE vllm:cache_config info" in text
+    [sample] = parse(text).samples("vllm:cache_config_info")
+    assert sample.labels == {"block_size": "16", "num_gpu_blocks": "16000"} and sample.value == 1.0

@@ -64,8 +64,8 @@ class Family:
 
 @dataclass(frozen=True)
 class Exposition:
-    """Families by name (only families with samples). OpenMetrics counters are keyed by their ``_total``
-    sample name, as Prometheus text names them."""
+    """Families by name (only families with samples). OpenMetrics counters and info families are keyed by their
+    ``_total`` / ``_info`` sample name, as Prometheus text names them."""
 
     families: Mapping[str, Family]
     # Every family name seen: declared by HELP/TYPE, or with samples read (including unwanted ones).
@@ -100,6 +100,7 @@ _TYPES = {"counter": "counter", "gauge": "gauge", "histogram": "histogram", "sum
 _OM_TYPES = {**_TYPES, "unknown": "unknown", "info": "info", "stateset": "stateset"}
 _HISTOGRAMS = ("histogram", "gaugehistogram")
 _OM_SUFFIXES = ("_total", "_created", "_bucket", "_sum", "_count", "_gsum", "_gcount", "_info")
+_OM_SUFFIXED = (("counter", "_total"), ("info", "_info"))  # OpenMetrics types declared without their samples' suffix
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 _SKIP = None  # resolved-name marker: the sample is not wanted
 _UNKNOWN = object()  # resolved-name marker: not seen yet
@@ -545,16 +546,23 @@ class _Parser:
         return self._metadata(keyword, name, after, line, lineno, stop)
 
     def _metadata(self, keyword: str, name: str, after: str, line: str, lineno: int, stop: int) -> int | None:
-        if self.openmetrics and not name.endswith("_total"):
-            # OpenMetrics declares counters without the suffix their samples carry: key them by it.
-            counter = self.metas.get(name + "_total")
-            if keyword == "TYPE" and after.strip(" \t").lower() == "counter":
-                base = self.metas.get(name)
-                name += "_total"
-                if base is not None and base.help is not None and name not in self.metas:
-                    self._meta_for(name, create=True).help = base.help  # type: ignore[union-attr]
-            elif counter is not None and counter.type == "counter":
-                name += "_total"
+        if self.openmetrics:
+            # OpenMetrics declares counters and info families without the suffix their samples carry
+            # (prometheus_client's Info("vllm:cache_config") writes vllm:cache_config_info samples): key them by
+            # it, as Prometheus text names them.
+            for kind, suffix in _OM_SUFFIXED:
+                if name.endswith(suffix):
+                    continue
+                declared = self.metas.get(name + suffix)
+                if keyword == "TYPE" and after.strip(" \t").lower() == kind:
+                    base = self.metas.get(name)
+                    name += suffix
+                    if base is not None and base.help is not None and name not in self.metas:
+                        self._meta_for(name, create=True).help = base.help  # type: ignore[union-attr]
+                    break
+                if declared is not None and declared.type == kind:
+                    name += suffix
+                    break
         meta = self._meta_for(name, create=True)
         assert meta is not None
         self.names.add(meta.name)
