@@ -400,3 +400,13 @@ def test_prefix_unit_is_unknown_when_the_range_does_not_tell_it() -> None:
     poll = vllm.read(parse(text), timestamp=0.0)
     assert poll.detection.version_range == "0.8.5-0.11"
     assert poll.readings[0].prefix_cache_unit is None
+
+
+def test_an_empty_model_name_is_no_model_name() -> None:
+    # Prometheus treats label="" as the label being absent; kvwatch read such a page as a series with nothing in it.
+    text = ('vllm:num_requests_running{engine="0",model_name=""} 7\n'
+            'vllm:num_requests_waiting{engine="0",model_name=""} 3\n'
+            'vllm:kv_cache_usage_perc{engine="0",model_name=""} 0.96\n')
+    (reading,) = interpret(text, None, timestamp=0.0).readings
+    assert (reading.model_name, reading.kv_usage_ratio, reading.requests_running, reading.requests_waiting) == (
+        "unknown", 0.96, 7.0, 3.0)

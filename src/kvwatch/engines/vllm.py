@@ -253,7 +253,8 @@ def _split(samples: list[Sample]) -> _Index:
     multiprocess = False
     for s in samples:
         labels = s.labels
-        key = (labels.get("model_name"), labels.get("engine"))
+        # An empty label value is no label (Prometheus' rule): model_name="" applies to every series too.
+        key = (labels.get("model_name") or None, labels.get("engine") or None)
         group = index.get(key)
         if group is None:
             index[key] = [s]
