@@ -170,3 +170,15 @@ def test_docs_list_every_name_the_adapters_read() -> None:
         n for n in trtllm.FAMILIES if not n.startswith("trtllm:")}
     missing = sorted(n for n in names if f"`{n}" not in doc)
     assert not missing, f"docs/metrics.md does not list {missing}"
+
+
+def test_a_latency_only_trtllm_page_is_named_as_such() -> None:
+    # trtllm-serve 1.1.0rc5 exports a success counter and latency histograms only: unrecognised, and the message
+    # says it is TensorRT-LLM without the gauges, not that the page has no engine metrics at all.
+    from kvwatch.payload import ScrapeError, interpret
+
+    text = ("# TYPE trtllm_request_success_total counter\n"
+            'trtllm_request_success_total{model_name="m",engine_type="pytorch",finished_reason="stop"} 5\n')
+    with pytest.raises(ScrapeError) as caught:
+        interpret(text, None, timestamp=0.0)
+    assert caught.value.reason == "unrecognised" and "TensorRT-LLM metrics without" in str(caught.value)

@@ -75,6 +75,12 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
     elif kind == "tensorrt-llm":
         poll = _capped(trtllm.read(exposition, overrides, timestamp=timestamp), max_series)
     elif kind is None and not (overrides and overrides.names()):
+        if any(n.startswith(("trtllm_", "trtllm:")) for n in exposition.names):
+            # e.g. trtllm-serve 1.1.0rc5: a success counter and four latency histograms, no queue or KV gauges
+            raise UnrecognisedPayload("TensorRT-LLM metrics without the running, waiting or KV cache gauges kvwatch "
+                                      "reads (trtllm_num_requests_running/waiting, trtllm_kv_cache_utilization): "
+                                      "this trtllm-serve exports latency only; a newer one, or --usage-metric, "
+                                      "--running-metric and --waiting-metric naming what it has")
         raise UnrecognisedPayload("no vllm:*, sglang:*, trtllm_*/trtllm:* or nv_trt_llm_* metrics in the payload "
                                   "(is the target an inference engine's /metrics endpoint?)")
     else:
