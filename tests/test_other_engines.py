@@ -182,3 +182,17 @@ def test_a_latency_only_trtllm_page_is_named_as_such() -> None:
     with pytest.raises(ScrapeError) as caught:
         interpret(text, None, timestamp=0.0)
     assert caught.value.reason == "unrecognised" and "TensorRT-LLM metrics without" in str(caught.value)
+
+
+def test_a_pd_decode_servers_preallocation_queue_waits_for_kv() -> None:
+    # SGLang's PD decode server queues requests for KV preallocation (num_decode_prealloc_queue_reqs) while its
+    # scheduler queue is empty: those are the requests waiting for KV memory, so the series is KV-bound.
+    from kvwatch.payload import interpret
+
+    labels = 'engine_type="decode",model_name="Qwen/Qwen3-32B",pp_rank="0",tp_rank="0"'
+    text = "".join(f"sglang:{name}{{{labels}}} {value}\n" for name, value in (
+        ("token_usage", 0.985), ("num_running_reqs", 120), ("num_queue_reqs", 0), ("max_total_num_tokens", 400000),
+        ("num_decode_prealloc_queue_reqs", 48), ("num_decode_transfer_queue_reqs", 5)))
+    poll = interpret(text, None, timestamp=0.0)
+    assert poll.readings[0].requests_waiting == 48
+    assert poll.detection.waiting_metric == "sglang:num_queue_reqs + sglang:num_decode_prealloc_queue_reqs"

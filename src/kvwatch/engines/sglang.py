@@ -43,6 +43,9 @@ TOKEN_USAGE = "sglang:token_usage"
 MAX_TOTAL_NUM_TOKENS = "sglang:max_total_num_tokens"
 RUNNING = "sglang:num_running_reqs"
 QUEUE = "sglang:num_queue_reqs"
+# A PD-disaggregated decode server's requests waiting to preallocate their KV cache (disaggregation/decode.py's
+# DecodePreallocQueue): on such a server they, not num_queue_reqs, are the requests waiting for KV memory.
+DECODE_PREALLOC = "sglang:num_decode_prealloc_queue_reqs"
 RUNNING_2024 = "sglang:num_requests_running"
 WAITING_2024 = "sglang:num_requests_waiting"
 QUEUE_2024 = "sglang:queue_req"
@@ -66,7 +69,8 @@ LATENCY = {  # kind -> families, newest name first
 }
 
 FAMILIES: frozenset[str] = frozenset({
-    TOKEN_USAGE, MAX_TOTAL_NUM_TOKENS, RUNNING, QUEUE, RUNNING_2024, WAITING_2024, QUEUE_2024, RETRACTED_TOTAL,
+    TOKEN_USAGE, MAX_TOTAL_NUM_TOKENS, RUNNING, QUEUE, DECODE_PREALLOC, RUNNING_2024, WAITING_2024, QUEUE_2024,
+    RETRACTED_TOTAL,
     PROMPT_TOKENS, GENERATION_TOKENS, CACHED_TOKENS, REQUEST_SUCCESS, NUM_REQUESTS,
     PROMPT_HISTOGRAM, GENERATION_HISTOGRAM, PROMPT_HISTOGRAM_2024, GENERATION_HISTOGRAM_2024, PROCESS_START,
     ABORTED, *(f for families in LATENCY.values() for f in families),
@@ -133,6 +137,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
         return Index.of(exposition.samples(name), key_of)
 
     usage_i, running_i, waiting_i, capacity_i = idx(usage), idx(running), idx(waiting), idx(capacity)
+    prealloc_i = fam(DECODE_PREALLOC) if overrides.waiting is None else Index()
     keys = series_keys((usage_i, running_i, waiting_i, capacity_i))
     if not (usage_i or running_i or waiting_i):
         raise UnrecognisedPayload("SGLang payload has no token_usage, running or queue samples yet "
@@ -157,7 +162,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             engine=key[1],
             kv_usage_ratio=usage_i.value(key),
             requests_running=running_i.value(key),
-            requests_waiting=waiting_i.value(key),
+            requests_waiting=_add(waiting_i.value(key), prealloc_i.value(key)),
             preemptions_total=retracted.value(key),
             finished_by_reason=MappingProxyType(_finished(success, finished, key)),
             prompt_tokens_total=queries,
@@ -177,5 +182,14 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     detection = Detection(
         engine_kind="sglang", version_range=version_range(exposition),
         usage_metric=str(usage) if usage else None, running_metric=str(running) if running else None,
-        waiting_metric=str(waiting) if waiting else None, capacity_metric=str(capacity) if capacity else None)
+        waiting_metric=(f"{waiting} + {DECODE_PREALLOC}" if prealloc_i and waiting else str(waiting) if waiting
+                        else None),
+        capacity_metric=str(capacity) if capacity else None)
     return Poll(timestamp=timestamp, detection=detection, readings=tuple(readings))
+
+
+def _add(queued: float | None, preallocating: float | None) -> float | None:
+    """Requests waiting: the scheduler's queue plus, on a PD decode server, those waiting to preallocate KV."""
+    if preallocating is None:
+        return queued
+    return preallocating if queued is None else queued + preallocating
