@@ -410,3 +410,18 @@ def test_an_empty_model_name_is_no_model_name() -> None:
     (reading,) = interpret(text, None, timestamp=0.0).readings
     assert (reading.model_name, reading.kv_usage_ratio, reading.requests_running, reading.requests_waiting) == (
         "unknown", 0.96, 7.0, 3.0)
+
+
+def test_two_pods_cache_configs_for_one_engine_leave_its_capacity_unknown() -> None:
+    # A proxy's page of two pods, each vLLM with engine "0": whose blocks are whose cannot be told (the last
+    # config used to win for both models).
+    lines = []
+    for pod, model, blocks in (("a", "llama", 40000), ("b", "qwen", 5000)):
+        lines += [f'vllm:num_requests_running{{engine="0",model_name="{model}",pod="{pod}"}} 8',
+                  f'vllm:num_requests_waiting{{engine="0",model_name="{model}",pod="{pod}"}} 0',
+                  f'vllm:kv_cache_usage_perc{{engine="0",model_name="{model}",pod="{pod}"}} 0.3',
+                  f'vllm:cache_config_info{{block_size="16",engine="0",num_gpu_blocks="{blocks}",pod="{pod}"}} 1']
+    readings = interpret("\n".join(lines) + "\n", None, timestamp=0.0).readings
+    assert {r.model_name: r.kv_capacity_tokens for r in readings} == {"llama": None, "qwen": None}
+    one_pod = "\n".join(line for line in lines if 'pod="a"' in line) + "\n"
+    assert interpret(one_pod, None, timestamp=0.0).readings[0].kv_capacity_tokens == 40000 * 16

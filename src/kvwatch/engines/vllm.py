@@ -343,14 +343,16 @@ def _prefix_families(exposition: Exposition, version: str) -> tuple[list[Sample]
 
 
 def _cache_configs(exposition: Exposition) -> dict[str | None, dict[str, str]]:
-    """cache_config_info labels per engine (``None`` when vLLM has no engine label)."""
+    """cache_config_info labels per engine (``None`` when vLLM has no engine label). Two different label sets
+    for one engine (a proxy's page of several pods, each with its engine "0") leave that engine's config empty:
+    which pod's blocks belong to which model cannot be told, so its capacity is unknown, not the last pod's."""
     configs: dict[str | None, dict[str, str]] = {}
     for s in exposition.samples(CACHE_CONFIG):
         labels = dict(s.labels)
         engine = labels.pop("engine", None)
         labels.pop("model_name", None)
         labels.pop("pid", None)
-        configs[engine] = labels
+        configs[engine] = labels if configs.get(engine, labels) == labels else {}
     return configs
 
 
