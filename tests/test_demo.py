@@ -279,3 +279,16 @@ def test_demo_and_simulate_name_the_clock_as_serve_does_and_keep_speed_as_an_ali
         text = subprocess.run([sys.executable, "-m", "kvwatch", command, "--help"], capture_output=True, text=True,
                               timeout=60, env=ENV).stdout
         assert "--clock-speed" in text and "--speed is a deprecated alias" in " ".join(text.split()), command
+
+
+def test_a_short_demo_whose_simulator_cannot_listen_fails() -> None:
+    # The simulator dies at once on a busy port; a run shorter than the first status check used to exit 0.
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        result = subprocess.run(
+            [sys.executable, "-m", "kvwatch", "demo", "--sim-port", str(busy.getsockname()[1]), "--port", "0",
+             "--duration-seconds", "3"], capture_output=True, text=True, timeout=60, env=ENV)
+    assert result.returncode == 1 and "the simulator exited with code 1" in result.stderr

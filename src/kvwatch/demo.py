@@ -264,12 +264,10 @@ def run(args: argparse.Namespace) -> int:
         started = time.monotonic()
         while not stop.is_set():
             elapsed = time.monotonic() - started
+            if _exited(processes):
+                return 1
             if args.duration_seconds is not None and elapsed >= args.duration_seconds:
                 break
-            for proc, name in zip(processes, ("simulator", "kvwatch"), strict=True):
-                if proc.poll() is not None:
-                    print(f"kvwatch demo: the {name} exited with code {proc.returncode}", file=sys.stderr)
-                    return 1
             text = _fetch(kvwatch_url)
             print(status_line(text, elapsed, args.speed, sim_clock.seconds()) if text is not None else
                   f"[{elapsed:4.0f}s] starting kvwatch ...", flush=True)
@@ -277,6 +275,8 @@ def run(args: argparse.Namespace) -> int:
             if args.duration_seconds is not None:
                 wait = min(wait, max(0.0, args.duration_seconds - elapsed))
             stop.wait(wait)
+        if _exited(processes):  # one that died during the last wait: a short run must not report success
+            return 1
     except KeyboardInterrupt:
         pass
     finally:
@@ -285,3 +285,12 @@ def run(args: argparse.Namespace) -> int:
         finally:
             signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def _exited(processes: list[subprocess.Popen]) -> bool:  # type: ignore[type-arg]
+    """Whether the simulator or kvwatch has exited on its own (said on stderr)."""
+    for proc, name in zip(processes, ("simulator", "kvwatch"), strict=True):
+        if proc.poll() is not None:
+            print(f"kvwatch demo: the {name} exited with code {proc.returncode}", file=sys.stderr)
+            return True
+    return False
