@@ -170,3 +170,20 @@ def test_a_trace_too_sparse_to_calibrate_says_so(tmp_path, capsys):
     sparse.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
     code, _, err = _cli(["--trace", str(sparse), "--hours", "1", "--rate-scale", "0.001"], capsys)
     assert code == 2 and "too sparse" in err and "--rate-scale" in err
+
+
+def test_a_trace_longer_than_the_cap_is_read_up_to_it_and_says_so(monkeypatch, capsys):
+    # A week-long trace held whole takes gigabytes: the backtest reads the first MAX_TRACE_REQUESTS requests
+    # (streamed, never the whole file) and the report says it did.
+    from kvwatch.backtest import scenarios
+
+    monkeypatch.setattr(scenarios, "MAX_TRACE_REQUESTS", 500)
+    trace, truncated = scenarios.load_trace_head(packaged_trace("azure_conv_sample.csv"))
+    assert truncated and len(trace) == 500
+    from kvwatch.sim.traces import load_trace as read_whole
+
+    assert trace == read_whole(packaged_trace("azure_conv_sample.csv"))[:500]  # its first 500, as read whole
+    code, out, _ = _cli(["--trace", str(packaged_trace("azure_conv_sample.csv")), "--hours", "0.6"], capsys)
+    assert code == 0 and "note: read the trace's first 500 requests" in out
+    monkeypatch.setattr(scenarios, "MAX_TRACE_REQUESTS", 10_000)
+    assert scenarios.load_trace_head(packaged_trace("azure_conv_sample.csv"))[1] is False

@@ -16,7 +16,7 @@ from kvwatch.backtest.scenarios import (
     PROFILES,
     Scenario,
     ScenarioError,
-    load_trace,
+    load_trace_head,
     validate,
 )
 from kvwatch.settings import SettingsError
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         args.plot = _plot_path(args.plot)
     try:
-        trace = load_trace(args.trace)
+        trace, truncated = load_trace_head(args.trace)
         trace_format = detect_format(args.trace)
     except (ScenarioError, TraceError) as exc:
         raise SettingsError(str(exc)) from None
@@ -116,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
     report = result.to_json()
     report["scenario"]["trace_format"] = trace_format
     report["scenario"]["trace_columns"] = TRACE_COLUMNS[trace_format]
+    report["scenario"]["trace_requests_read"] = len(trace)
+    report["scenario"]["trace_truncated"] = truncated
     report["scenario"]["scale_defaults_from"] = (
         "flags" if args.rate_scale is not None and args.engine_speedup is not None
         else "trace name" if named(args.trace) else "trace content")
@@ -155,6 +157,9 @@ def _text(report: dict) -> str:
         f"simulated at {scen['rate_scale']:g} x the trace's rate on an engine {scen['engine_speedup']:g} x the "
         f"default's speed (defaults from the {scen['scale_defaults_from']}; --rate-scale, --engine-speedup)",
     ]
+    if scen["trace_truncated"]:
+        lines.append(f"note: read the trace's first {scen['trace_requests_read']:,} requests (a longer trace is not "
+                     "held whole); the bootstrap draws its 5-minute blocks from them")
     if scen["capacity_tokens"] > 1.05 * max(1, scen["mean_demand_tokens"]):
         lines.append(f"note: the capacity is the longest request's, above the mean demand of "
                      f"{scen['mean_demand_tokens']:,} tokens: load 1.0 fills less than the whole cache (raise "

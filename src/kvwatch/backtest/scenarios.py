@@ -34,6 +34,7 @@ DEFAULT_MAX_MODEL_LEN = 131072
 MAX_HOURS = 168.0
 WARMUP_HOURS = WARMUP_SECONDS / 3600.0
 MAX_SCALE = 1000.0
+MAX_TRACE_REQUESTS = 1_000_000
 MIN_BLOCK_SECONDS = 60.0  # a trace shorter than BLOCK_SECONDS is bootstrapped in blocks of its own length
 LONG_PROMPT_RANGE = (16384, 131072)
 
@@ -153,7 +154,15 @@ def block_seconds_for(trace: Sequence[Request]) -> float:
 
 
 def load_trace(path: Path) -> list[Request]:
-    """Read an Azure or BurstGPT CSV or a Mooncake JSONL trace (the simulator's readers; times start at 0)."""
+    """Read an Azure or BurstGPT CSV or a Mooncake JSONL trace (the simulator's readers; times start at 0),
+    at most its first MAX_TRACE_REQUESTS requests (:func:`load_trace_head`)."""
+    return load_trace_head(path)[0]
+
+
+def load_trace_head(path: Path) -> tuple[list[Request], bool]:
+    """(the trace's first MAX_TRACE_REQUESTS requests in file order, whether it had more). The bootstrap draws
+    5-minute blocks from them: a million requests are days of any public trace, while a week-long one held
+    whole would take gigabytes (~340 B a request)."""
     from kvwatch.sim.traces import TraceError
     from kvwatch.sim.traces import load_trace as read
 
@@ -162,9 +171,12 @@ def load_trace(path: Path) -> list[Request]:
     if not path.is_file():
         raise ScenarioError(f"--trace {path}: no such file")
     try:
-        requests = read(path)
+        requests = read(path, max_requests=MAX_TRACE_REQUESTS + 1)
     except (OSError, TraceError, ValueError) as exc:
         raise ScenarioError(f"--trace {path}: {exc}") from exc
+    truncated = len(requests) > MAX_TRACE_REQUESTS
+    if truncated:
+        requests = sorted(requests, key=lambda r: r.arrival_time)[:MAX_TRACE_REQUESTS]
     span = span_of(requests)
     if len(requests) < 10 or span < MIN_BLOCK_SECONDS:
         hint = ""
@@ -172,7 +184,7 @@ def load_trace(path: Path) -> list[Request]:
             hint = " (a Mooncake JSONL timestamp is in milliseconds: seconds there read 1000x shorter)"
         raise ScenarioError(f"--trace {path}: {len(requests)} requests over {span:.0f} s; a backtest bootstraps "
                             f"from at least 10 requests over {MIN_BLOCK_SECONDS:.0f} s{hint}")
-    return requests
+    return requests, truncated
 
 
 def scenario_arrivals(scenario: Scenario, trace: Sequence[Request]) -> list[Request]:

@@ -25,7 +25,7 @@ import json
 import math
 import random
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
@@ -41,28 +41,32 @@ class TraceError(ValueError):
     """A trace file is malformed; the message names the file and line."""
 
 
-def _read(path: Path) -> str:
-    """A file's text, inflated first when it is gzip-compressed (told by its first bytes, not its name)."""
+def _lines(source: str | Path) -> tuple[Iterator[str], str]:
+    """(the lines, without their line ends, name) of a path or of the text itself (anything containing a
+    newline). A file is read as a stream, never whole (a week-long trace is gigabytes), inflated on the way when
+    it is gzip-compressed (told by its first bytes, not its name); a byte-order mark is not part of line 1."""
+    if not isinstance(source, Path) and "\n" in source:
+        return iter(source.lstrip("\ufeff").splitlines()), "<text>"
+    path = Path(source)
     try:
-        data = path.read_bytes()
+        with path.open("rb") as raw:
+            gzipped = raw.read(2) == b"\x1f\x8b"
     except OSError as exc:
         raise TraceError(f"cannot read trace {path}: {exc.strerror or exc}") from None
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as exc:
-            raise TraceError(f"trace {path} is a broken gzip file: {exc}") from None
+    return _stream(path, gzipped), str(path)
+
+
+def _stream(path: Path, gzipped: bool) -> Iterator[str]:
     try:
-        return data.decode("utf-8-sig")  # a byte-order mark some editors write is not part of the first line
+        with (gzip.open(path, "rt", encoding="utf-8-sig") if gzipped
+              else path.open(encoding="utf-8-sig")) as handle:  # universal newlines: CRLF and CR read as LF
+            for line in handle:
+                yield line.rstrip("\n")
     except UnicodeDecodeError:
         raise TraceError(f"trace {path} is not UTF-8 text") from None
-
-
-def _text(source: str | Path) -> tuple[str, str]:
-    """(text, name) from a path or from the text itself (anything containing a newline)."""
-    if isinstance(source, Path) or "\n" not in source:
-        return _read(Path(source)), str(source)
-    return source, "<text>"
+    except (OSError, EOFError) as exc:  # gzip's BadGzipFile is an OSError
+        raise TraceError(f"trace {path} is a broken gzip file: {exc}" if gzipped else
+                         f"cannot read trace {path}: {exc}") from None
 
 
 _ISO_TIME = re.compile(r"\s*(\d{4}-\d\d-\d\d[T ]\d\d:\d\d(?::\d\d)?)(\.\d+)?\s*(Z|[+-]\d\d:?\d\d)?\s*")
@@ -104,32 +108,33 @@ def _tokens(value: object) -> int:
     return int(_number(value))
 
 
-def read_azure_csv(source: str | Path) -> list[Request]:
+def read_azure_csv(source: str | Path, *, max_requests: int | None = None) -> list[Request]:
     """Requests of an Azure LLM inference trace (CSV); 0 generated tokens count as 1 (vLLM emits one)."""
-    rows = _read_csv(source, AZURE_HEADER, _parse_azure_time)
+    rows = _read_csv(source, AZURE_HEADER, _parse_azure_time, max_rows=max_requests)
     return [Request(t, p, max(1, o)) for t, p, o in rows]
 
 
-def read_burstgpt_csv(source: str | Path) -> list[Request]:
+def read_burstgpt_csv(source: str | Path, *, max_requests: int | None = None) -> list[Request]:
     """Requests of a BurstGPT trace (CSV); the failed ones (0 response tokens) are left out."""
-    rows = _read_csv(source, BURSTGPT_HEADER, float, keep=lambda _t, _p, output: output > 0)
+    rows = _read_csv(source, BURSTGPT_HEADER, float, keep=lambda _t, _p, output: output > 0, max_rows=max_requests)
     return [Request(t, p, o) for t, p, o in rows]
 
 
 def _read_csv(source: str | Path, columns: tuple[str, str, str], time: Callable[[str], float],
-              keep: Callable[[float, int, int], bool] | None = None) -> list[tuple[float, int, int]]:
-    """(arrival relative to the first, prompt tokens, output tokens) of the rows of a CSV trace, by arrival."""
-    text, name = _text(source)
-    lines = text.splitlines()  # handles CRLF and a missing final newline
-    where = _csv_columns(lines[0], columns) if lines else None
+              keep: Callable[[float, int, int], bool] | None = None,
+              max_rows: int | None = None) -> list[tuple[float, int, int]]:
+    """(arrival relative to the first, prompt tokens, output tokens) of the rows of a CSV trace, by arrival: the
+    first ``max_rows`` kept rows in file order when given."""
+    lines, name = _lines(source)
+    header = next(lines, None)
+    where = _csv_columns(header, columns) if header is not None else None
     if where is None:
         raise TraceError(f"{name}: line 1 must be a header with the columns {','.join(columns)}")
-    simple = all(i < 3 for i in where) and '"' not in text[:4096]  # the 2023 files: split, no csv module
     rows: list[tuple[float, int, int]] = []
-    for number, line in enumerate(lines[1:], start=2):
+    for number, line in enumerate(lines, start=2):
         if not line.strip():
             continue
-        parts = line.split(",") if simple else next(csv.reader([line]), [])
+        parts = line.split(",") if '"' not in line else next(csv.reader([line]), [])  # the 2023 files: no quotes
         try:
             if len(parts) <= max(where):
                 raise ValueError(f"expected at least {max(where) + 1} columns")
@@ -143,6 +148,8 @@ def _read_csv(source: str | Path, columns: tuple[str, str, str], time: Callable[
         except ValueError as exc:
             raise TraceError(f"{name}: line {number}: {exc}: {line[:80]!r}") from None
         rows.append((t, prompt, output))
+        if max_rows is not None and len(rows) >= max_rows:
+            break
     if not rows:
         raise TraceError(f"{name}: no requests")
     rows.sort(key=lambda r: r[0])
@@ -150,12 +157,16 @@ def _read_csv(source: str | Path, columns: tuple[str, str, str], time: Callable[
     return [(t - t0, p, o) for t, p, o in rows]
 
 
-def read_mooncake_jsonl(source: str | Path, *, jitter_seconds: float = 3.0, seed: int = 0) -> list[Request]:
-    """Requests of a Mooncake trace; ``jitter_seconds=0`` keeps the quantized timestamps."""
-    text, name = _text(source)
+def read_mooncake_jsonl(source: str | Path, *, jitter_seconds: float = 3.0, seed: int = 0,
+                        max_requests: int | None = None) -> list[Request]:
+    """Requests of a Mooncake trace (the first ``max_requests`` lines' when given); ``jitter_seconds=0`` keeps
+    the quantized timestamps."""
+    lines, name = _lines(source)
     rng = random.Random(seed)
     raw: list[tuple[float, int, int, tuple[int, ...]]] = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(lines, start=1):
+        if max_requests is not None and len(raw) >= max_requests:
+            break
         if not line.strip():
             continue
         try:
@@ -272,7 +283,7 @@ TRACE_COLUMNS: dict[str, dict[str, str]] = {
     "mooncake": {"timestamp": "arrival time in milliseconds", "input_length": "prompt tokens",
                  "output_length": "output tokens", "hash_ids": "512-token prefix block hashes (prefix caching)"},
 }
-_READERS: dict[str, Callable[[Path], list[Request]]] = {"azure": read_azure_csv, "burstgpt": read_burstgpt_csv}
+_READERS: dict[str, Callable[..., list[Request]]] = {"azure": read_azure_csv, "burstgpt": read_burstgpt_csv}
 
 
 def detect_format(path: str | Path) -> str:
@@ -302,12 +313,13 @@ def detect_format(path: str | Path) -> str:
                      "timestamp, input_length, output_length)")
 
 
-def load_trace(path: str | Path, *, seed: int = 0) -> list[Request]:
-    """Read a trace of any of the formats, detected from its content (not its file name)."""
+def load_trace(path: str | Path, *, seed: int = 0, max_requests: int | None = None) -> list[Request]:
+    """Read a trace of any of the formats, detected from its content (not its file name); with
+    ``max_requests``, only its first requests in file order (a week-long trace held whole is gigabytes)."""
     kind = detect_format(path)
     if kind == "mooncake":
-        return read_mooncake_jsonl(Path(path), seed=seed)
-    return _READERS[kind](Path(path))
+        return read_mooncake_jsonl(Path(path), seed=seed, max_requests=max_requests)
+    return _READERS[kind](Path(path), max_requests=max_requests)
 
 
 def packaged_trace(name: str) -> Path:
