@@ -205,22 +205,21 @@ class CapacityResolver:
 
     def sidecar(self, reading: Reading) -> tuple[SidecarCapacity | None, str]:
         """(the formula's plan and what-ifs, why not) for this reading's model and engine configuration."""
-        key = self._key(reading)
-        if key not in self._cache:
-            # Bounded like the series (--max-series): a target churning model names must not grow it.
-            if len(self._cache) >= self._max_plans:
-                del self._cache[next(iter(self._cache))]
-            self._cache[key] = build_sidecar_capacity(self._settings, reading.model_name, reading.cache_config)
-        return self._cache[key]
+        return self._cached(self._cache, reading, build_sidecar_capacity)
 
     def kv_groups(self, reading: Reading) -> int | None:
         """The model's KV groups (:func:`model_kv_groups`), cached like the plans."""
+        return self._cached(self._groups, reading, model_kv_groups)
+
+    def _cached(self, cache: dict[Any, Any], reading: Reading, build: Any) -> Any:
+        """``build(settings, model_name, cache_config)`` once per model and engine configuration. Bounded like
+        the series (--max-series): a target churning model names must not grow it."""
         key = self._key(reading)
-        if key not in self._groups:
-            if len(self._groups) >= self._max_plans:
-                del self._groups[next(iter(self._groups))]
-            self._groups[key] = model_kv_groups(self._settings, reading.model_name, reading.cache_config)
-        return self._groups[key]
+        if key not in cache:
+            if len(cache) >= self._max_plans:
+                del cache[next(iter(cache))]
+            cache[key] = build(self._settings, reading.model_name, reading.cache_config)
+        return cache[key]
 
     def series(self, reading: Reading) -> SeriesCapacity:
         capacity, _ = self.sidecar(reading)
