@@ -136,3 +136,13 @@ def test_request_exceeds_pool_states_only_a_known_max_model_len(tmp_path, capsys
         assert "--max-model-len is" not in found[0]["message"]
     else:
         assert f"The pool holds 4,096 tokens but --max-model-len is {stated}" in found[0]["message"]
+
+
+def test_an_engine_asleep_has_no_live_finding():
+    # vLLM's sleep mode releases the cache: a queue with nothing running at 0 % is expected then, and a level-2
+    # sleep (discard_all) may leave usage unrefreshed; neither is a stuck request nor a leak.
+    from kvwatch.capacity.findings import LIVE_FINDINGS, live_finding
+
+    for args in ((0.0, 0.0, 4.0), (0.99, 0.0, 0.0)):
+        assert any(live_finding(f, *args) is not None for f in LIVE_FINDINGS)
+        assert all(live_finding(f, *args, asleep=True) is None for f in LIVE_FINDINGS)

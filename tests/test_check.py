@@ -531,3 +531,59 @@ def interpret_names(text: str) -> str:
 
     (name,) = {r.model_name for r in interpret(text, None, timestamp=0.0).readings}
     return name
+
+
+def test_a_sleeping_engine_gets_no_kv_diagnosis(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # vLLM's sleep mode releases the KV cache: requests wait, nothing runs, usage 0. That is not a request too
+    # large for the pool (request_exceeds_pool) nor a scheduler limit.
+    text = (FIXTURES / "gen-0.16-sleep-state-dp2.prom").read_text()
+    for old, new in (('running{engine="0",model_name="m"} 10.0', 'running{engine="0",model_name="m"} 0.0'),
+                     ('waiting{engine="0",model_name="m"} 0.0', 'waiting{engine="0",model_name="m"} 12.0'),
+                     ('perc{engine="0",model_name="m"} 0.2', 'perc{engine="0",model_name="m"} 0.0')):
+        assert old in text
+        text = text.replace(old, new)
+    awake = text
+    asleep = text.replace('vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="awake"} 1.0',
+                          'vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="awake"} 0.0\n'
+                          'vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="weights_offloaded"} 1.0')
+    for name, body in (("awake.prom", awake), ("asleep.prom", asleep)):
+        (tmp_path / name).write_text(body)
+    engine0 = [i for i, e in ids(check_json(["--file", str(tmp_path / "awake.prom")], capsys)) if e == "0"]
+    assert "request_exceeds_pool" in engine0  # awake, the same queue is the stuck-request symptom
+    report = check_json(["--file", str(tmp_path / "asleep.prom")], capsys)
+    engine0 = [i for i, e in ids(report) if e == "0"]
+    assert "engine_asleep" in engine0
+    assert not {"request_exceeds_pool", "scheduler_limited", "kv_bound"} & set(engine0)
+    assert report["series"][0]["sleep_state"] == "weights_offloaded"
+
+
+def test_a_queue_of_deferred_requests_is_not_kv_bound(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = (FIXTURES / "gen-0.33-dp2-capacity-labels.prom").read_text()
+    engine0 = 'engine="0",model_name="llama",reason='
+    for old, new in ((f'{engine0}"capacity"}} 3.0', f'{engine0}"capacity"}} 0.0'),
+                     (f'{engine0}"deferred"}} 1.0', f'{engine0}"deferred"}} 4.0')):
+        assert old in text
+        text = text.replace(old, new)
+    assert ("kv_bound", "0") in ids(check_json(["--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom")], capsys))
+    (tmp_path / "deferred.prom").write_text(text)
+    report = check_json(["--file", str(tmp_path / "deferred.prom")], capsys)
+    assert ("kv_bound", "0") not in ids(report)  # 4 wait for a LoRA slot or a KV transfer, not for KV room
+    assert report["series"][0]["advice"] == []
+
+
+def test_deeply_nested_json_is_a_parse_error_without_a_traceback(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert main(["check", "--file", str(tmp_path / "deep.json"), "--json"]) == 1
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["error"]["reason"] == "parse"
+    assert "Traceback" not in captured.err
+
+
+def test_a_payload_opening_with_a_quoted_metric_name_is_text_not_json(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    body = ('{"vllm:num_requests_running",model_name="m"} 3\n{"vllm:num_requests_waiting",model_name="m"} 0\n'
+            '{"vllm:kv_cache_usage_perc",model_name="m"} 0.5\n')
+    (tmp_path / "quoted.prom").write_text(body)
+    report = check_json(["--file", str(tmp_path / "quoted.prom")], capsys)
+    assert report["series"][0]["requests_running"] == 3

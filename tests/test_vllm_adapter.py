@@ -324,7 +324,9 @@ FIXTURE_ERAS = {
     "v0-engine-qwenvl.prom": "v0",
     "v0.10.0-glm45-deprecated-and-new.prom": "0.9-0.10",
     "v1-0.8-early-model-name-only.prom": "0.7.3-0.8.4",
+    "gen-triton-vllm-backend.prom": "v0",  # Triton's backend copies V0's names and help texts, whatever vLLM runs
 }
+NOT_AN_ENGINE = {"gen-production-stack-router.prom"}  # a router's page: refused (see below)
 
 
 def family_subsets(text: str) -> dict[str, str]:
@@ -344,7 +346,7 @@ def family_subsets(text: str) -> dict[str, str]:
 
 
 def test_every_fixture_is_in_its_detected_range_and_the_table_covers_them() -> None:
-    assert set(FIXTURE_ERAS) == {p.name for p in FIXTURES.glob("*.prom")}
+    assert set(FIXTURE_ERAS) | NOT_AN_ENGINE == {p.name for p in FIXTURES.glob("*.prom")}
     for name, era in FIXTURE_ERAS.items():
         detected = vllm.detect(parse((FIXTURES / name).read_text())).version_range
         assert era in vllm.eras_in_range(detected), (name, detected)
@@ -425,3 +427,63 @@ def test_two_pods_cache_configs_for_one_engine_leave_its_capacity_unknown() -> N
     assert {r.model_name: r.kv_capacity_tokens for r in readings} == {"llama": None, "qwen": None}
     one_pod = "\n".join(line for line in lines if 'pod="a"' in line) + "\n"
     assert interpret(one_pod, None, timestamp=0.0).readings[0].kv_capacity_tokens == 40000 * 16
+
+
+def test_tritons_vllm_backend_names_the_model_in_its_model_label() -> None:
+    poll = read_fixture("gen-triton-vllm-backend.prom")
+    by_model = {r.model_name: r for r in poll.readings}
+    assert set(by_model) == {"llama3_8b", "mistral_7b"}  # two models, not one "unknown" mix
+    llama = by_model["llama3_8b"]
+    assert (llama.kv_usage_ratio, llama.requests_running, llama.requests_waiting, llama.preemptions_total) == \
+        (0.98, 30.0, 9.0, 14.0)
+    assert by_model["mistral_7b"].requests_running == 2.0
+
+
+def test_a_router_page_of_several_backends_is_refused_not_summed() -> None:
+    with pytest.raises(UnrecognisedPayload, match=r"num_requests_running has 2 samples .* differ in server"):
+        read_fixture("gen-production-stack-router.prom")
+
+
+def test_a_federated_page_of_two_pods_is_refused_naming_the_label() -> None:
+    pods = ("10.0.0.1:8000", "10.0.0.2:8000")
+    text = "".join(
+        f"# TYPE {name} gauge\n" + "".join(
+            f'{name}{{engine="0",instance="{pod}",model_name="llama"}} {value}\n' for pod in pods)
+        for name, value in (("vllm:num_requests_running", 20), ("vllm:num_requests_waiting", 0),
+                            ("vllm:kv_cache_usage_perc", 0.5)))
+    with pytest.raises(UnrecognisedPayload, match="differ in instance: this page aggregates several servers"):
+        vllm.read(parse(text), None, timestamp=100.0)
+
+
+@pytest.mark.parametrize(("states", "expected"), [
+    ({"awake": 1.0, "weights_offloaded": 0.0, "discard_all": 0.0}, "awake"),
+    ({"awake": 0.0, "weights_offloaded": 1.0, "discard_all": 0.0}, "weights_offloaded"),
+    ({"awake": 0.0, "weights_offloaded": 0.0, "discard_all": 1.0}, "discard_all"),
+    ({"awake": 0.0}, "asleep"),
+    ({}, None),
+])
+def test_the_sleep_state_is_read_from_its_one_hot_gauge(states: dict[str, float], expected: str | None) -> None:
+    text = (FIXTURES / "gen-0.16-sleep-state-dp2.prom").read_text()
+    lines = [line for line in text.splitlines() if not line.startswith("vllm:engine_sleep_state{")]
+    at = lines.index("# TYPE vllm:engine_sleep_state gauge") + 1
+    lines[at:at] = [f'vllm:engine_sleep_state{{engine="0",model_name="m",sleep_state="{s}"}} {v}'
+                    for s, v in states.items()]
+    poll = vllm.read(parse("\n".join(lines) + "\n", vllm.wanted_for(None)), None, timestamp=100.0)
+    engine0 = next(r for r in poll.readings if r.engine == "0")
+    assert engine0.sleep_state == expected
+    assert engine0.asleep is (expected not in (None, "awake"))
+
+
+def test_prometheus_clients_underscore_escaped_openmetrics_gets_its_own_message() -> None:
+    om = ("# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+          "# TYPE vllm:num_requests_running gauge\n"
+          'vllm_num_requests_running{engine="0",model_name="m"} 3.0\n# EOF\n')
+    with pytest.raises(UnrecognisedPayload, match="named vllm_\\* while their # TYPE lines say vllm:\\*"):
+        vllm.read(parse(om), None, timestamp=100.0)
+
+
+@pytest.mark.parametrize("engine", ["²", "١"])  # a superscript (isdigit, not int) and an Arabic-Indic digit
+def test_an_engine_label_of_unusual_digits_is_read(engine: str) -> None:
+    text = (FIXTURES / "gen-0.11-kv-only.prom").read_text().replace('engine="0"', f'engine="{engine}"')
+    poll = vllm.read(parse(text, vllm.wanted_for(None)), None, timestamp=100.0)
+    assert {r.engine for r in poll.readings} >= {engine}

@@ -303,9 +303,9 @@ def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any],
     for s in states:
         r = s.reading
         plan = plans.get(r.model_name)
-        found = [capacity.kv_usage_stuck(r.kv_usage_ratio, r.requests_running, r.requests_waiting),
-                 capacity.request_exceeds_pool(r.kv_usage_ratio, r.requests_running, r.requests_waiting,
-                                               r.kv_capacity_tokens, max_model_len_of(r, max_model_len))]
+        found = [capacity.live_finding(f, r.kv_usage_ratio, r.requests_running, r.requests_waiting,
+                                       r.kv_capacity_tokens, max_model_len_of(r, max_model_len), asleep=r.asleep)
+                 for f in capacity.LIVE_FINDINGS]
         if r.model_name not in refused:  # per model, not per engine
             refused.add(r.model_name)
             found.append(capacity.max_model_len_mismatch(max_model_len, engine_max_model_len(r.cache_config)))
@@ -372,6 +372,7 @@ def _series_json(s: SeriesState, fixes: Iterable[Advice] = (), capacity_source: 
         "prefix_cache_hit_ratio": r.prefix_cache_hit_ratio,
         "prefix_cache_unit": r.prefix_cache_unit,
         "prefix_caching_enabled": r.prefix_caching_enabled,
+        "sleep_state": r.sleep_state,
         "advice": [a.as_json() for a in fixes],
     }
 
@@ -396,9 +397,13 @@ def findings(states: Iterable[SeriesState],
     for s in states:
         r = s.reading
         where = {"model_name": r.model_name, "engine": r.engine}
-        usage, waiting = r.kv_usage_ratio, r.requests_waiting or 0.0
+        usage, waiting = r.kv_usage_ratio, r.requests_waiting_for_capacity or 0.0
         bad = dropped.get(r.key, {})
-        if "kv_usage_ratio" in bad:
+        if r.asleep:
+            out.append(Finding("engine_asleep", "info", (
+                f"The engine is in vLLM's sleep mode ({r.sleep_state}): its KV cache is released and requests wait "
+                "until it is woken up (POST /wake_up), so no KV diagnosis is made for it."), **where))
+        elif "kv_usage_ratio" in bad:
             out.append(Finding("usage_unknown", "warning", (
                 f"KV usage reads {floatToGoString(bad['kv_usage_ratio'])} this poll, which no KV cache can be "
                 "(usage is 0..1): kvwatch cannot tell how full the KV cache is. Look at the engine (is it serving?), "
@@ -446,11 +451,10 @@ def findings(states: Iterable[SeriesState],
 
 
 def _standing_queue(r: Reading) -> bool:
-    """Requests waiting for scheduling capacity in a queue one poll can trust (see SCHEDULER_QUEUE_MIN_*).
-
-    vLLM ≥0.17 splits the queue by reason: only ``capacity`` is the scheduler's; ``deferred`` requests wait
-    for a LoRA slot or a KV transfer, which --max-num-seqs does not help."""
-    waiting = r.waiting_by_reason.get("capacity", r.requests_waiting) if r.waiting_by_reason else r.requests_waiting
+    """Requests waiting for scheduling capacity in a queue one poll can trust (see SCHEDULER_QUEUE_MIN_*);
+    requests deferred for a LoRA slot or a KV transfer are not helped by --max-num-seqs
+    (Reading.requests_waiting_for_capacity)."""
+    waiting = r.requests_waiting_for_capacity
     if not waiting:
         return False
     return waiting >= max(SCHEDULER_QUEUE_MIN_WAITING, SCHEDULER_QUEUE_MIN_SHARE * (r.requests_running or 0.0))

@@ -158,7 +158,7 @@ class Fetcher:
                 if response.status_code != 200:
                     raise ScrapeError("http_status", f"{self.url} answered HTTP {response.status_code}")
                 declared = response.headers.get("Content-Length")
-                if declared and declared.isdigit() and int(declared) > self.max_body_bytes and \
+                if declared and declared.isdecimal() and int(declared) > self.max_body_bytes and \
                         not response.headers.get("Content-Encoding"):
                     raise ScrapeError("too_large", f"body of {declared} bytes exceeds {self.max_body_bytes}")
                 in_body = True

@@ -84,10 +84,26 @@ class Reading:
     # vllm:request_generation_tokens), for the forecast's request-size tail; empty when not exported.
     lengths: Mapping[str, Histogram] = field(default_factory=_no_histograms)
     requests_aborted_total: float | None = None
+    # vLLM's sleep mode (vllm:engine_sleep_state, 0.12+): "awake", "weights_offloaded" (level 1), "discard_all"
+    # (level 2), "asleep" (awake = 0, level not said); None when the engine does not say.
+    sleep_state: str | None = None
 
     @property
     def key(self) -> SeriesKey:
         return (self.model_name, self.engine)
+
+    @property
+    def requests_waiting_for_capacity(self) -> float | None:
+        """Requests waiting for room to run: vLLM ≥0.17 splits its queue by reason, and only ``capacity`` waits
+        for the scheduler and the KV cache; ``deferred`` requests wait for a LoRA slot or a KV transfer."""
+        if self.waiting_by_reason:
+            return self.waiting_by_reason.get("capacity", self.requests_waiting)
+        return self.requests_waiting
+
+    @property
+    def asleep(self) -> bool:
+        """The engine is in vLLM's sleep mode: its KV cache is released and requests wait until it wakes up."""
+        return self.sleep_state not in (None, "awake")
 
     @property
     def kv_used_tokens(self) -> float | None:

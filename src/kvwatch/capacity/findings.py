@@ -122,8 +122,12 @@ def request_exceeds_pool(usage: float | None, running: float | None, waiting: fl
 
 
 def live_finding(finding_id: str, usage: float | None, running: float | None, waiting: float | None,
-                 capacity_tokens: float | None = None, max_model_len: int | None = None) -> CapacityFinding | None:
-    """One of :data:`LIVE_FINDINGS` on one reading (the engine's usage, running and waiting), or None."""
+                 capacity_tokens: float | None = None, max_model_len: int | None = None, *,
+                 asleep: bool = False) -> CapacityFinding | None:
+    """One of :data:`LIVE_FINDINGS` on one reading (the engine's usage, running and waiting), or None. An engine
+    in vLLM's sleep mode has released its KV cache, so requests waiting while nothing runs are expected then."""
+    if asleep and finding_id in LIVE_FINDINGS:
+        return None
     if finding_id == "kv_usage_stuck":
         return kv_usage_stuck(usage, running, waiting)
     if finding_id == "request_exceeds_pool":

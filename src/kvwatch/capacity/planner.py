@@ -41,7 +41,7 @@ def parse_version(text: str | None) -> tuple[int, int]:
         return DEFAULT_VLLM_VERSION
     parts = [p for p in text.strip().lstrip("v").split(".")[:2]]
     try:
-        return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0) if len(parts) > 1 else 0
+        return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdecimal()) or 0) if len(parts) > 1 else 0
     except (ValueError, IndexError):
         raise SpecError(f"invalid vLLM version {text!r} (expected e.g. 0.19.0)") from None
 

@@ -66,6 +66,8 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
             return _capped(trtllm.read_iteration_stats(text, timestamp=timestamp), max_series)
         except json.JSONDecodeError as exc:
             raise ParseError(f"body starts like JSON but is not: {exc}") from None
+        except RecursionError:
+            raise ParseError("body is JSON nested deeper than kvwatch reads") from None
     limit = SeriesLimit(ADMIT_FACTOR * max_series) if max_series is not None else None
     wanted = wanted_for(overrides, latency=latency, lengths=lengths)
     exposition = parse(text, wanted, limit.admit if limit is not None else None)

@@ -86,7 +86,7 @@ def series_keys(indexes: Iterable[Index], default_engine: str = "0") -> list[Ser
         models = ["unknown"]
     keys = {(m, e) for m in models for e in engines
             if any((pm in (m, None)) and (pe in (e, None)) for pm, pe in partial)}
-    return sorted(keys, key=lambda k: (k[0], int(k[1]) if k[1].isdigit() else 1 << 30, k[1]))
+    return sorted(keys, key=lambda k: (k[0], int(k[1]) if k[1].isdecimal() else 1 << 30, k[1]))
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:

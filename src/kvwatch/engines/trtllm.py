@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -193,8 +194,13 @@ def _reading(key: SeriesKey, usage: float | None, running: float | None, waiting
 
 # ---------------------------------------------------------------- iteration statistics JSON
 
+# A text-format sample with a quoted (UTF-8) metric name also starts with "{": `{"vllm:x",model_name="m"} 1`.
+_QUOTED_NAME_SAMPLE = re.compile(r'\{\s*"(?:[^"\\]|\\.)*"\s*[,}]')
+
+
 def looks_like_json(text: str) -> bool:
-    return text.lstrip()[:1] in ("[", "{")
+    start = text.lstrip()
+    return start[:1] == "[" or (start[:1] == "{" and not _QUOTED_NAME_SAMPLE.match(start))
 
 
 def read_iteration_stats(text: str, *, timestamp: float, model_name: str = "unknown") -> Poll:

@@ -137,6 +137,11 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     waiting_samples = _selected(exposition, waiting)
     keys = _series_keys((usage_samples, running_samples, waiting_samples))
     if not keys:
+        if any(n.startswith("vllm_") and n.replace("vllm_", "vllm:", 1) in exposition.names for n in exposition.names):
+            raise UnrecognisedPayload(
+                "the samples are named vllm_* while their # TYPE lines say vllm:*: prometheus_client's OpenMetrics "
+                "output with underscore escaping, served when the request asks for application/openmetrics-text; "
+                "fetch /metrics without that Accept header (kvwatch's own requests ask for the text format)")
         raise UnrecognisedPayload(
             f"vLLM payload has no {usage or KV_USAGE}, {running} or {waiting} samples "
             "(engine still starting, or renamed: see --usage-metric)"
@@ -151,13 +156,14 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
         _suffixed(exposition, family, suffix)
         for family in (REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS) for suffix in ("_sum", "_count"))
     index = {name: _split(exposition.samples(name)) for name in (
-        WAITING_BY_REASON, SWAPPED, PREEMPTIONS, SUCCESS, PROMPT_TOKENS, GENERATION_TOKENS)}
+        WAITING_BY_REASON, SWAPPED, PREEMPTIONS, SUCCESS, PROMPT_TOKENS, GENERATION_TOKENS, SLEEP_STATE)}
     usage_idx, running_idx, waiting_idx = _split(usage_samples), _split(running_samples), _split(waiting_samples)
+    _refuse_aggregated(((usage, usage_idx), (running, running_idx), (waiting, waiting_idx)))
     prompt_sum, prompt_count, generation_sum, generation_count = (
         _split(x) for x in (prompt_sum, prompt_count, generation_sum, generation_count))
     queries_idx, hits_idx = _split(prefix_queries), _split(prefix_hits)
-    latency = latency_index(exposition, LATENCY, lambda labels: (labels.get("model_name"), labels.get("engine")))
-    lengths = latency_index(exposition, LENGTHS, lambda labels: (labels.get("model_name"), labels.get("engine")))
+    latency = latency_index(exposition, LATENCY, lambda labels: (_model_of(labels), labels.get("engine")))
+    lengths = latency_index(exposition, LENGTHS, lambda labels: (_model_of(labels), labels.get("engine")))
     readings = []
     ordered = sorted(keys, key=_sort_key)
     dropped = max(0, len(ordered) - max_series) if max_series is not None else 0
@@ -194,6 +200,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             latency=latency_for(latency, key),
             lengths=latency_for(lengths, key),
             requests_aborted_total=finished.get("abort"),
+            sleep_state=_sleep_state(_by_label(index[SLEEP_STATE], key, "sleep_state", max)),
         ))
     capacity_name = "vllm:cache_config_info{kv_cache_size_tokens}" if any(
         "kv_cache_size_tokens" in c for c in configs.values()) else (
@@ -222,8 +229,14 @@ def _selected(exposition: Exposition, selector: Selector | None) -> list[Sample]
     return [s for s in samples if selector.matches(s.labels)] if selector.labels else samples
 
 
+def _model_of(labels: Mapping[str, str]) -> str | None:
+    """The served model: ``model_name``, or ``model`` where Triton's vLLM backend puts it (its ``vllm:*`` gauges
+    are labelled ``{model, version}``, triton-inference-server/vllm_backend ``src/utils/metrics.py``)."""
+    return labels.get("model_name") or labels.get("model") or None
+
+
 def _key_of(labels: dict[str, str]) -> SeriesKey:
-    return (labels.get("model_name", ""), labels.get("engine", "0"))
+    return (_model_of(labels) or "", labels.get("engine", "0"))
 
 
 def _series_keys(groups: Iterable[list[Sample]]) -> set[SeriesKey]:
@@ -237,7 +250,7 @@ def _series_keys(groups: Iterable[list[Sample]]) -> set[SeriesKey]:
 
 def _sort_key(key: SeriesKey) -> tuple[str, int, str]:
     engine = key[1]
-    return (key[0], int(engine) if engine.isdigit() else 1 << 30, engine)
+    return (key[0], int(engine) if engine.isdecimal() else 1 << 30, engine)
 
 
 class _Index(dict[tuple[str | None, str | None], list[Sample]]):
@@ -254,7 +267,7 @@ def _split(samples: list[Sample]) -> _Index:
     for s in samples:
         labels = s.labels
         # An empty label value is no label (Prometheus' rule): model_name="" applies to every series too.
-        key = (labels.get("model_name") or None, labels.get("engine") or None)
+        key = (_model_of(labels), labels.get("engine") or None)
         group = index.get(key)
         if group is None:
             index[key] = [s]
@@ -267,6 +280,24 @@ def _split(samples: list[Sample]) -> _Index:
         if key[0] is None or key[1] is None:
             index.partial = True
     return index
+
+
+def _refuse_aggregated(gauges: Iterable[tuple[Selector | str | None, _Index]]) -> None:
+    """One engine has one sample of each gauge (``pid`` copies already collapsed). Several that differ in another
+    label (``instance``, a router's ``server``) are several servers on one page, a federated or router /metrics:
+    no figure of it describes one engine (summed running over one pod's usage made a ceiling twice too high), so
+    the page is refused with the label that tells them apart."""
+    for selector, index in gauges:
+        for (model, engine), group in index.items():
+            if len(group) < 2:
+                continue
+            names = sorted({k for s in group for k in s.labels})
+            differing = [k for k in names if len({s.labels.get(k) for s in group}) > 1]
+            raise UnrecognisedPayload(
+                f"{selector} has {len(group)} samples for one engine "
+                f"(model_name={model or '?'}, engine={engine or '?'}) that differ in "
+                f"{', '.join(differing) or 'nothing'}: this page aggregates several servers (federated, router or "
+                "proxy /metrics); point kvwatch at one vLLM server's /metrics")
 
 
 def _for_key(index: _Index, key: SeriesKey) -> list[Sample]:
@@ -315,6 +346,15 @@ def _by_label(index: _Index, key: SeriesKey, label: str,
         if value is not None:
             groups.setdefault(value, []).append(s.value)
     return MappingProxyType({k: float(how(v)) for k, v in sorted(groups.items())})
+
+
+def _sleep_state(states: Mapping[str, float]) -> str | None:
+    """vllm:engine_sleep_state's one-hot labels (its HELP: "awake = 0 means engine is sleeping; ...
+    weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2") as one state."""
+    for state in ("awake", "weights_offloaded", "discard_all"):
+        if states.get(state) == 1:
+            return state
+    return "asleep" if states.get("awake") == 0 else None
 
 
 def _suffixed(exposition: Exposition, family: str, suffix: str) -> list[Sample]:
@@ -491,7 +531,7 @@ def _evidence(exposition: Exposition) -> tuple[frozenset[str], bool, frozenset[s
     has_engine: bool | None = None
     for name in ENGINE_LABELLED:
         for s in exposition.samples(name):
-            if "model_name" in s.labels:
+            if _model_of(s.labels) is not None:
                 has_engine = "engine" in s.labels
                 if has_engine:
                     break
