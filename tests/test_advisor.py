@@ -96,15 +96,20 @@ def _plan(model: str, tp: int = 1):
 
 def test_next_tensor_parallel_size_divides_the_heads_and_stays_in_the_node():
     from kvwatch.advisor import next_tensor_parallel_size
+    from kvwatch.capacity.architecture import ModelArch
 
-    assert next_tensor_parallel_size(32, 8, 1, 8) == 2
-    assert next_tensor_parallel_size(32, 8, 2, 8) == 4
-    assert next_tensor_parallel_size(32, 8, 8, 8) is None  # a full node: a replica instead
-    assert next_tensor_parallel_size(32, 8, 8, 16) == 16  # heads replicated beyond 8
-    assert next_tensor_parallel_size(28, 4, 1, 8) == 2
-    assert next_tensor_parallel_size(28, 4, 4, 8) is None  # 7 divides 28 but not the 4 KV heads; 8 not 28
-    assert next_tensor_parallel_size(40, 8, 4, 8) == 8  # 5 divides 40 heads but not 8 KV heads
-    assert next_tensor_parallel_size(64, 8, 1, 1) is None
+    def heads(attention: int, kv: int) -> ModelArch:
+        return ModelArch("m", num_layers=32, num_attention_heads=attention, num_kv_heads=kv, head_dim=128,
+                         hidden_size=4096, vocab_size=32000)
+
+    assert next_tensor_parallel_size(heads(32, 8), 1, 8) == 2
+    assert next_tensor_parallel_size(heads(32, 8), 2, 8) == 4
+    assert next_tensor_parallel_size(heads(32, 8), 8, 8) is None  # a full node: a replica instead
+    assert next_tensor_parallel_size(heads(32, 8), 8, 16) == 16  # heads replicated beyond 8
+    assert next_tensor_parallel_size(heads(28, 4), 1, 8) == 2
+    assert next_tensor_parallel_size(heads(28, 4), 4, 8) is None  # 7 divides 28 but not the 4 KV heads; 8 not 28
+    assert next_tensor_parallel_size(heads(40, 8), 4, 8) == 8  # 5 divides 40 heads but not 8 KV heads
+    assert next_tensor_parallel_size(heads(64, 8), 1, 1) is None
 
 
 def test_tp_advice_names_the_next_valid_size_with_its_flag():

@@ -317,3 +317,85 @@ def test_a_malformed_config_value_is_an_architecture_error(bad: dict) -> None:
               "hidden_size": 4096, "intermediate_size": 14336, "vocab_size": 128256, **bad}
     with pytest.raises(ArchitectureError, match=r"config\.json"):
         arch_from_config(config)
+
+
+def _kv_bytes_per_token(config: dict, tp: int = 1) -> int:
+    from kvwatch.capacity.kv import kv_bytes_per_token_per_layer
+
+    arch = arch_from_config(config)
+    return kv_bytes_per_token_per_layer(arch, tp, 2) * len(arch.attention_layer_types)
+
+
+# The KV-relevant fields of the real config.json files (Hugging Face: tiiuae/falcon-40b, tiiuae/falcon-7b,
+# bigcode/starcoder, openbmb/MiniCPM3-4B).
+FALCON_40B = {"model_type": "falcon", "hidden_size": 8192, "num_attention_heads": 128, "num_hidden_layers": 60,
+              "num_kv_heads": 8, "multi_query": True, "new_decoder_architecture": True, "vocab_size": 65024}
+FALCON_7B = {"model_type": "falcon", "hidden_size": 4544, "num_attention_heads": 71, "num_hidden_layers": 32,
+             "multi_query": True, "new_decoder_architecture": False, "vocab_size": 65024}
+STARCODER = {"model_type": "gpt_bigcode", "n_embd": 6144, "n_head": 48, "n_layer": 40, "n_positions": 8192,
+             "multi_query": True, "vocab_size": 49152}
+MINICPM3 = {"model_type": "minicpm3", "hidden_size": 2560, "num_hidden_layers": 62, "num_attention_heads": 40,
+            "num_key_value_heads": 40, "q_lora_rank": 768, "kv_lora_rank": 256, "qk_nope_head_dim": 64,
+            "qk_rope_head_dim": 32, "v_head_dim": 64, "max_position_embeddings": 32768, "vocab_size": 73448}
+
+
+def test_kv_heads_are_read_as_vllm_reads_them():
+    # vLLM: Falcon's new decoder reads n_head_kv / num_kv_heads and ignores multi_query; the old one and
+    # StarCoder are multi-query (one KV head); every alias of CONFIG_FIELD_ALIASES["total_num_kv_heads"] counts.
+    assert arch_from_config(FALCON_40B).num_kv_heads == 8
+    assert _kv_bytes_per_token(FALCON_40B) == 2 * 60 * 8 * 64 * 2 == 122_880
+    assert _kv_bytes_per_token(FALCON_40B, tp=16) == 2 * 60 * 1 * 64 * 2  # 8 heads replicated over 16 ranks
+    assert _kv_bytes_per_token(FALCON_7B) == 2 * 32 * 1 * 64 * 2 == 8_192
+    assert arch_from_config(STARCODER).num_kv_heads == 1
+    for alias in ("n_head_kv", "num_attention_groups"):
+        assert arch_from_config({**BASE, alias: 2}).num_kv_heads == 2
+    dbrx = {**BASE, "model_type": "dbrx", "attn_config": {"kv_n_heads": 2}}
+    assert arch_from_config(dbrx).num_kv_heads == 2
+
+
+def test_kv_lora_rank_alone_is_not_mla():
+    # vLLM caches MLA's latent only for the DeepSeek family of model_types; MiniCPM3 decompresses it and caches
+    # per-head K and V of qk_nope + qk_rope = 96 (vllm/model_executor/models/minicpm3.py).
+    arch = arch_from_config(MINICPM3)
+    assert not arch.is_mla
+    assert _kv_bytes_per_token(MINICPM3) == 2 * 62 * 40 * 96 * 2 == 952_320
+    assert arch_from_config({**MINICPM3, "model_type": "deepseek_v2"}).is_mla
+
+
+def test_a_gemma3_config_that_leans_on_its_class_defaults():
+    # google/gemma-3-4b-it's config.json names only the sizes of its text model; Gemma3TextConfig supplies the
+    # heads (8, 4 KV of 256), the 131,072 length and the local:global pattern of 5:1. No Gemma-3 file names
+    # the pattern, so without the defaults a 27B would be one KV group instead of 7.
+    gemma3_4b = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+                 "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                                 "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                                 "sliding_window": 1024},
+                 "vision_config": {"hidden_size": 1152, "num_attention_heads": 16, "num_hidden_layers": 27}}
+    arch = arch_from_config(gemma3_4b)
+    assert (arch.num_attention_heads, arch.num_kv_heads, arch.head_dim) == (8, 4, 256)
+    assert arch.derived_max_model_len == 131_072
+    assert arch.layer_types.count(FULL) == 5 and arch.sliding_window == 1024  # layers 6, 12, ... of 34
+    preset = match_model("google/gemma-3-27b-it").arch
+    text = {"model_type": "gemma3_text", "head_dim": 128, "hidden_size": 5376, "intermediate_size": 21504,
+            "num_attention_heads": 32, "num_hidden_layers": 62, "num_key_value_heads": 16,
+            "query_pre_attn_scalar": 168, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+            "sliding_window": 1024}
+    from_file = arch_from_config({"model_type": "gemma3", "text_config": text})
+    assert from_file.layer_types == preset.layer_types
+    assert from_file.derived_max_model_len == preset.derived_max_model_len == 131_072
+
+
+def test_a_count_that_is_not_positive_names_its_field():
+    with pytest.raises(ArchitectureError, match="num_hidden_layers = -4: it must be a positive count"):
+        arch_from_config({**BASE, "num_hidden_layers": -4})
+
+
+def test_a_model_folder_reads_its_config_json(tmp_path):
+    folder = tmp_path / "Falcon-40B"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(FALCON_40B))
+    assert resolve_model(str(folder)).num_kv_heads == 8
+    assert match_model(str(folder)).arch.num_kv_heads == 8  # vLLM's --model /models/x, as serve gets it
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(ArchitectureError, match="is not UTF-8 text"):
+        resolve_model(str(tmp_path / "binary.json"))

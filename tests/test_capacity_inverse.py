@@ -74,3 +74,11 @@ def test_nothing_reaches_the_target_says_why(capsys):
 def test_target_needs_the_average_length():
     assert main(["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100",
                  "--target-concurrency", "10"]) == 2
+
+
+def test_no_option_has_a_tensor_parallel_size_vllm_refuses(capsys):
+    # Phi-3-medium's 10 KV heads: TP 4 divides its 40 attention heads but not its KV heads, and vLLM refuses it.
+    code, data = inverse(["plan", "--model", "microsoft/Phi-3-medium-128k-instruct", "--gpu", "L4",
+                          "--target-concurrency", "64", "--avg-seq-len", "8192", "--json"], capsys)
+    assert code == 0 and data["options"]
+    assert {o["tensor_parallel_size"] for o in data["options"]} <= {1, 2}

@@ -176,6 +176,11 @@ def test_the_reason_is_in_the_message(capsys):
     _, _, err = run(["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100",
                      "--tensor-parallel-size", "3"], capsys)
     assert "divide the model's 32 attention heads" in err
+    # Phi-3-medium: 40 attention heads divide by 4, its 10 KV heads do not, and vLLM asserts on them at startup
+    # (vllm/model_executor/models/llama.py: total_num_kv_heads % tp_size == 0, or tp_size % it == 0).
+    _, _, err = run(["plan", "--model", "microsoft/Phi-3-medium-128k-instruct", "--gpu", "H100",
+                     "--tensor-parallel-size", "4"], capsys)
+    assert "divide the model's 10 KV heads" in err
     _, _, err = run(["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--block-size", "24"],
                     capsys)
     assert "1, 8, 16, 32, 64, 128, 256" in err

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from kvwatch.forecast.demand import DemandParams
 
 if TYPE_CHECKING:  # types only: the advisor loads neither the capacity model nor the forecaster
+    from kvwatch.capacity.architecture import ModelArch
     from kvwatch.capacity.planner import CapacityPlan
     from kvwatch.forecast.forecaster import ForecastResult
     from kvwatch.model import Reading
@@ -95,17 +96,13 @@ class RequestLengths:
         return self.max_total_tokens if self.max_total_tokens else 4.0 * self.mean_total_tokens
 
 
-def next_tensor_parallel_size(num_attention_heads: int, num_kv_heads: int, current: int,
-                              gpus_per_node: int) -> int | None:
-    """The smallest tensor-parallel size above ``current`` that vLLM accepts and one node holds, else None.
+def next_tensor_parallel_size(arch: ModelArch, current: int, gpus_per_node: int) -> int | None:
+    """The smallest tensor-parallel size above ``current`` that vLLM accepts (tensor_parallel_refusal) and one
+    node holds, else None."""
+    from kvwatch.capacity.architecture import tensor_parallel_refusal
 
-    vLLM refuses a size that does not divide the attention heads ("Total number of attention heads (28) must
-    be divisible by tensor parallel size (3)"), and its QKV projection needs the KV heads to divide the size
-    or the size to divide the KV heads (beyond the KV head count each head is replicated).
-    """
     for tp in range(current + 1, gpus_per_node + 1):
-        kv_ok = num_kv_heads % tp == 0 if tp <= num_kv_heads else tp % num_kv_heads == 0
-        if num_attention_heads % tp == 0 and kv_ok:
+        if tensor_parallel_refusal(arch, tp) is None:
             return tp
     return None
 
@@ -239,7 +236,7 @@ def _tensor_parallel_advice(capacity_plan: CapacityPlan | None, plan_tokens: flo
                       "the model's attention heads (pass --model or --model-config and kvwatch names it).",
                       replica)
     tp = spec.tensor_parallel_size
-    nxt = next_tensor_parallel_size(arch.num_attention_heads, arch.num_kv_heads, tp, gpus_per_node)
+    nxt = next_tensor_parallel_size(arch, tp, gpus_per_node)
     if nxt is None:
         return Advice(ADD_TENSOR_PARALLELISM, 0,
                       f"Add a replica behind the gateway: no tensor-parallel size above {tp} divides the model's "

@@ -306,10 +306,11 @@ class DeploymentSettings(_Base):
     """What the model and the card are: feeds the capacity model (``plan`` and ``serve``)."""
 
     model: str | None = Field(
-        None, description="Model preset name (a Hugging Face id, e.g. meta-llama/Llama-3.1-8B-Instruct)."
+        None, description="Model preset name (a Hugging Face id, e.g. meta-llama/Llama-3.1-8B-Instruct), or a local "
+                          "model folder with a config.json."
     )
     model_config_path: Path | None = Field(
-        None, description="Path to the model's Hugging Face config.json."
+        None, description="Path to the model's Hugging Face config.json (or the folder holding it)."
     )
     gpu: str | None = Field(None, description="GPU preset name (H100, A100-80GB, L4, ...).")
     gpu_memory_gib: float | None = Field(None, gt=0, description="GPU memory vLLM sees, in GiB (instead of --gpu).")
@@ -357,8 +358,8 @@ class DeploymentSettings(_Base):
     @field_validator("model_config_path")
     @classmethod
     def _config_exists(cls, v: Path | None) -> Path | None:
-        if v is not None and not v.is_file():
-            raise ValueError(f"file {v} does not exist")
+        if v is not None and not (v.is_file() or (v / "config.json").is_file()):
+            raise ValueError(f"{v} is neither a file nor a folder with a config.json")
         return v
 
     @field_validator("kv_cache_dtype")

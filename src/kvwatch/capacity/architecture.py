@@ -35,7 +35,26 @@ _HYBRID_MAMBA_TYPES = frozenset({
     "minimax_text_01", "plamo2", "lfm2",
 })
 _MAMBA_LAYER_WORDS = ("mamba", "linear", "ssm", "conv", "deltanet")
-_MLA_TYPES = frozenset({"deepseek_v2", "deepseek_v3", "kimi_k2", "deepseek_v32"})
+# vLLM caches one latent per token (MLA) only for these model_types (ModelArchConfigConvertorBase.is_deepseek_mla in
+# vllm/transformers_utils/model_arch_config_convertor.py, 0.34); another model with kv_lora_rank (MiniCPM3)
+# decompresses it into ordinary per-head K and V.
+_MLA_TYPES = frozenset({
+    "axk1", "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_mtp", "dots3_note", "k3_dspark", "glm5_next",
+    "glm5_next_text", "glm_moe_dsa", "glm4_moe_lite", "glm4_moe_lite_mtp", "kimi_k2", "longcat_flash",
+    "mistral_large_4", "pangu_ultra_moe", "pangu_ultra_moe_mtp",
+})
+# vLLM's CONFIG_FIELD_ALIASES["total_num_kv_heads"] (vllm/transformers_utils/config.py), first present wins; without
+# any of them the model is MHA.
+_KV_HEAD_FIELDS = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num", "num_attention_groups")
+# Defaults of transformers' config classes for fields their config.json files leave out (the class fills them in,
+# vLLM reads the result). Gemma3TextConfig (transformers models/gemma3/configuration_gemma3.py): Gemma-3 4B's
+# text_config names only its sizes, and no Gemma-3 file names the sliding-window pattern.
+_CONFIG_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                    "max_position_embeddings": 131_072, "sliding_window": 4096, "sliding_window_pattern": 6,
+                    "tie_word_embeddings": True},
+}
 
 
 # transformers' default for tie_word_embeddings when config.json omits it: PreTrainedConfig's own default is True;
@@ -182,21 +201,58 @@ class ModelArch:
         return SLIDING in self.layer_types
 
 
+def tensor_parallel_refusal(arch: ModelArch, tp: int) -> str | None:
+    """Why vLLM refuses ``--tensor-parallel-size tp`` for this model, or None when it accepts it.
+
+    The size must divide the attention heads ("Total number of attention heads (28) must be divisible by tensor
+    parallel size (3)"), and the model's QKV projection asserts that the KV heads divide the size or the size
+    divides them (beyond the KV head count each head is replicated: vllm/model_executor/models/llama.py). MLA
+    caches one latent shared by all heads, so its KV heads do not constrain the size."""
+    if arch.num_attention_heads % tp:
+        return f"vLLM requires it to divide the model's {arch.num_attention_heads} attention heads"
+    kv = arch.num_kv_heads
+    if not arch.is_mla and kv and (kv % tp if tp <= kv else tp % kv):
+        return (f"vLLM requires it to divide the model's {kv} KV heads, or to be a multiple of them (each head is "
+                "then replicated)")
+    return None
+
+
 def _text_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The language-model part of a (possibly multimodal) config; top-level keys fill gaps."""
+    """The language-model part of a (possibly multimodal) config; top-level keys fill gaps, and the defaults of
+    its transformers config class fill what the file leaves out (:data:`_CONFIG_CLASS_DEFAULTS`)."""
+    cfg = config
     for key in ("text_config", "llm_config", "language_config"):
         nested = config.get(key)
-        if isinstance(nested, dict) and ("num_hidden_layers" in nested or "hidden_size" in nested):
-            merged = {k: v for k, v in config.items() if not isinstance(v, dict)}
-            merged.update(nested)
-            return merged
-    return config
+        if isinstance(nested, dict) and ("num_hidden_layers" in nested or "hidden_size" in nested
+                                         or nested.get("model_type") in _CONFIG_CLASS_DEFAULTS):
+            cfg = {k: v for k, v in config.items() if not isinstance(v, dict)}
+            cfg.update(nested)
+            break
+    defaults = _CONFIG_CLASS_DEFAULTS.get(str(cfg.get("model_type") or ""))
+    return {**defaults, **{k: v for k, v in cfg.items() if v is not None}} if defaults else cfg
+
+
+def _total_kv_heads(cfg: dict[str, Any], heads: int, model_type: str) -> int:
+    """vLLM's total KV heads (ModelArchConfigConvertorBase.get_total_num_kv_heads and the Falcon/DBRX overrides)."""
+    if cfg.get("multi_query") and not (model_type in ("falcon", "refinedweb", "refinedwebmodel")
+                                       and cfg.get("new_decoder_architecture")):
+        return 1  # multi-query attention (Falcon-7B, StarCoder); Falcon-40B's new decoder reads n_head_kv instead
+    attn = cfg.get("attn_config")
+    if model_type == "dbrx" and isinstance(attn, dict) and attn.get("kv_n_heads"):
+        return int(attn["kv_n_heads"])
+    for name in _KV_HEAD_FIELDS:
+        if cfg.get(name):
+            return int(cfg[name])
+    return heads
 
 
 def _require(cfg: dict[str, Any], *keys: str) -> int:
     for key in keys:
         if cfg.get(key) is not None:
-            return int(cfg[key])
+            value = int(cfg[key])
+            if value <= 0:
+                raise ArchitectureError(f"config.json has {key} = {cfg[key]!r}: it must be a positive count")
+            return value
     raise ArchitectureError(f"config.json has no {' / '.join(keys)}")
 
 
@@ -329,15 +385,19 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
     num_layers = _require(cfg, "num_hidden_layers", "n_layer", "num_layers")
     heads = _require(cfg, "num_attention_heads", "n_head")
     hidden = _require(cfg, "hidden_size", "n_embd", "d_model")
-    kv_heads = int(cfg.get("num_key_value_heads") or cfg.get("multi_query_group_num") or heads)
-    # Zamba2's shared attention works on 2 x hidden: attention_head_dim = 2 * hidden / heads
-    head_dim = int(cfg.get("head_dim") or cfg.get("attention_head_dim")
+    kv_heads = _total_kv_heads(cfg, heads, model_type)
+    kv_lora_rank = cfg.get("kv_lora_rank")
+    is_mla = model_type in _MLA_TYPES
+    # Zamba2's shared attention works on 2 x hidden: attention_head_dim = 2 * hidden / heads. MiniCPM3 has MLA's
+    # projections but caches per-head K and V of qk_nope + qk_rope (vLLM's minicpm3.py: Attention(..., qk_head_dim)).
+    decompressed = (int(cfg["qk_nope_head_dim"]) + int(cfg["qk_rope_head_dim"])
+                    if kv_lora_rank is not None and not is_mla and cfg.get("qk_nope_head_dim")
+                    and cfg.get("qk_rope_head_dim") else None)
+    head_dim = int(cfg.get("head_dim") or cfg.get("attention_head_dim") or decompressed
                    or (2 * hidden // heads if model_type == "zamba2" else hidden // heads))
     layout = _hybrid_layout(cfg, num_layers, model_type)
     layer_types = layout.types if layout is not None else _layer_types(cfg, num_layers, model_type)
     notes: list[str] = []
-    kv_lora_rank = cfg.get("kv_lora_rank")
-    is_mla = kv_lora_rank is not None or model_type in _MLA_TYPES
     if is_mla and (kv_lora_rank is None or cfg.get("qk_rope_head_dim") is None):
         raise ArchitectureError("MLA config.json needs kv_lora_rank and qk_rope_head_dim")
     is_hybrid = layout is not None or model_type in _HYBRID_MAMBA_TYPES
@@ -394,8 +454,8 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         layer_types=layer_types,
         sliding_window=int(cfg["sliding_window"]) if cfg.get("sliding_window") and SLIDING in layer_types else None,
         attention_chunk_size=int(cfg["attention_chunk_size"]) if CHUNKED in layer_types else None,
-        kv_lora_rank=int(kv_lora_rank) if kv_lora_rank is not None else None,
-        qk_rope_head_dim=int(cfg["qk_rope_head_dim"]) if kv_lora_rank is not None else None,
+        kv_lora_rank=int(kv_lora_rank) if is_mla else None,
+        qk_rope_head_dim=int(cfg["qk_rope_head_dim"]) if is_mla else None,
         num_experts=num_experts,
         experts_per_token=_experts_per_token(cfg),
         moe_intermediate_size=int(cfg.get("moe_intermediate_size") or (cfg.get("intermediate_size") or 0)

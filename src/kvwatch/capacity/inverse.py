@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, replace
 
 from kvwatch.capacity import memory
+from kvwatch.capacity.architecture import tensor_parallel_refusal
 from kvwatch.capacity.memory import QuantizationError
 from kvwatch.capacity.planner import CapacityPlan, DeploymentSpec, SpecError, plan_capacity
 
@@ -80,10 +81,9 @@ def vllm_args(spec: DeploymentSpec, model: str | None) -> tuple[str, ...]:
 
 
 def _tp_candidates(spec: DeploymentSpec, gpus_per_node: int) -> list[int]:
-    heads = spec.arch.num_attention_heads if spec.arch else None
     out, tp = [], 1
     while tp <= gpus_per_node:
-        if tp >= spec.tensor_parallel_size and (heads is None or heads % tp == 0):
+        if tp >= spec.tensor_parallel_size and (spec.arch is None or tensor_parallel_refusal(spec.arch, tp) is None):
             out.append(tp)
         tp *= 2
     return out or [spec.tensor_parallel_size]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kvwatch.capacity import kv, memory, quantization
-from kvwatch.capacity.architecture import MAMBA, ModelArch
+from kvwatch.capacity.architecture import MAMBA, ModelArch, tensor_parallel_refusal
 from kvwatch.capacity.mamba import MambaConfigError
 from kvwatch.capacity.memory import GIB
 
@@ -360,9 +360,9 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
 def _check_parallelism_and_dtype(spec: DeploymentSpec, arch: ModelArch) -> None:
     """What vLLM refuses at startup (``ModelConfig.verify_with_parallel_config``), as a SpecError naming the flag."""
     tp, pp = spec.tensor_parallel_size, spec.pipeline_parallel_size
-    if arch.num_attention_heads % tp:
-        raise SpecError(f"invalid value {tp} for --tensor-parallel-size: vLLM requires it to divide the model's "
-                        f"{arch.num_attention_heads} attention heads")
+    refusal = tensor_parallel_refusal(arch, tp)
+    if refusal:
+        raise SpecError(f"invalid value {tp} for --tensor-parallel-size: {refusal}")
     if pp > arch.num_layers:
         raise SpecError(f"invalid value {pp} for --pipeline-parallel-size: more pipeline stages than the model's "
                         f"{arch.num_layers} layers")

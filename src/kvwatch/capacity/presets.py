@@ -189,8 +189,11 @@ def match_model(name: str) -> ModelMatch:
     Tried in order: the name as given (and its ``org/name`` and bare tail, so vLLM's ``model_name`` label
     ``/models/Qwen3-8B`` works); the name without a quantization suffix (``Qwen/Qwen3-8B-FP8`` ->
     ``Qwen/Qwen3-8B``, implying fp8); the name without variant words as well (``-Instruct``, ``-Chat``,
-    ``-it``, ``-Base``, ``-Thinking``, a 4-digit date). The last two say so in a note on the model.
+    ``-it``, ``-Base``, ``-Thinking``, a 4-digit date). The last two say so in a note on the model. A local
+    model folder (vLLM's ``--model /models/x``) that kvwatch can read is its own config.json, before any preset.
     """
+    if name.strip() and Path(name, "config.json").is_file():
+        return ModelMatch(load_config_file(Path(name)), None)
     entry = _lookup(_candidates(name))
     if entry is not None:
         return _matched(name, entry)
@@ -233,12 +236,18 @@ def _matched(name: str, entry: _Entry, note: str | None = None) -> ModelMatch:
 
 def load_config_file(path: str | Path) -> ModelArch:
     p = Path(path)
+    if p.is_dir():  # a model snapshot folder, as vLLM's --model takes it
+        p = p / "config.json"
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ArchitectureError(f"cannot read {p}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ArchitectureError(f"{p} is not UTF-8 text (is it a config.json?)") from None
     except json.JSONDecodeError as exc:
         raise ArchitectureError(f"{p} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
+    except RecursionError:
+        raise ArchitectureError(f"{p} is JSON nested deeper than any config.json") from None
     name = config_model_name(data, p) if isinstance(data, dict) else "custom"
     return replace(arch_from_config(data, name=name, source=str(p)), from_config_file=True)
 
