@@ -116,6 +116,8 @@ def test_version_rules_follow_the_label_set() -> None:
     assert vllm_version_from_cache_config(old) == (0, 12)
     assert vllm_version_from_cache_config(cache_config(user_specified_block_size="False")) == (0, 20)
     assert vllm_version_from_cache_config(cache_config(kv_cache_size_tokens="163840")) == (0, 25)
+    assert vllm_version_from_cache_config(cache_config(kv_cache_size_tokens="163840", prefix_match_unit="None")) \
+        == (0, 26)
     assert vllm_version_from_cache_config(cache_config(swap_space_bytes="0.0")) == (0, 7)
     assert vllm_version_from_cache_config(cache_config()) is None
     # Gemma-2 at max_model_len 20,001: before 0.20 tokens are blocks // groups x block_size, from 0.20 they are
@@ -181,3 +183,20 @@ def test_hybrid_mamba_keeps_the_attention_block_size_and_says_so_once() -> None:
     notes = " | ".join(capacity.plan.notes)
     assert "block_size 64" not in notes and "gpu_memory_utilization 0.9" in notes
     assert "rewrites cache_config_info's block_size, so 16 is used" in notes
+
+
+def test_a_hybrid_engines_prefix_caching_and_mamba_mode_come_from_its_labels() -> None:
+    # vLLM >= 0.26 runs hybrid models with prefix caching in mamba_cache_mode "align" (2-3 state blocks per
+    # request and Mamba group); the engine's cache_config_info says which it runs.
+    from kvwatch.serve.sidecar_capacity import build_sidecar_capacity
+
+    settings = ServeSettings(gpu="H100", max_model_len=8192)
+    held = {}
+    for caching, mode in (("True", "align"), ("False", "none")):
+        labels = cache_config(kv_cache_size_tokens="100000", prefix_match_unit="None",
+                              enable_prefix_caching=caching, mamba_cache_mode=mode)
+        capacity, _ = build_sidecar_capacity(settings, "ibm-granite/granite-4.0-h-small", labels)
+        assert capacity is not None and capacity.plan.spec.vllm_version == (0, 26)
+        held[mode] = capacity.plan.layout.mamba_blocks_per_request
+    assert held == {"align": 2, "none": 1}  # Mamba2's prefill checkpoint block comes with 0.32
+

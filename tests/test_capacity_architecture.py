@@ -399,3 +399,16 @@ def test_a_model_folder_reads_its_config_json(tmp_path):
     (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00")
     with pytest.raises(ArchitectureError, match="is not UTF-8 text"):
         resolve_model(str(tmp_path / "binary.json"))
+
+
+def test_deepseek_v32_caches_its_indexer_keys_beside_the_latent():
+    # vLLM's DeepseekV32IndexerCache: index_head_dim fp8 values + a float32 scale per 128, uint8 per token and
+    # layer, on top of MLA's (kv_lora_rank + qk_rope_head_dim) x 2 B; the fp8_ds_mla layout adds the same.
+    from kvwatch.capacity.kv import FP8_DS_MLA_BYTES, kv_bytes_per_token_per_layer
+
+    v3 = {"model_type": "deepseek_v3", "num_hidden_layers": 61, "num_attention_heads": 128, "hidden_size": 7168,
+          "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128, "vocab_size": 129280}
+    v32 = {**v3, "model_type": "deepseek_v32", "index_head_dim": 128, "index_n_heads": 64, "index_topk": 2048}
+    assert kv_bytes_per_token_per_layer(arch_from_config(v3), 8, 2) == 576 * 2
+    assert kv_bytes_per_token_per_layer(arch_from_config(v32), 8, 2) == 576 * 2 + 132
+    assert kv_bytes_per_token_per_layer(arch_from_config(v32), 8, 1, "fp8_ds_mla") == FP8_DS_MLA_BYTES + 132

@@ -128,17 +128,20 @@ def test_sliding_layers_cap_at_window_for_long_requests():
     assert short > long
 
 
-def test_sliding_window_holds_in_flight_tokens_from_0_20():
+def test_sliding_window_holds_in_flight_tokens_from_0_26():
     from kvwatch.capacity.kv import blocks_needed, in_flight_tokens
     from kvwatch.capacity.planner import DeploymentSpec, plan_capacity
 
-    # 0.10.2/0.11: window - 1 + max_num_batched_tokens; 0.27-0.33: window - 1 + max_concurrent_batches x batched,
-    # with 2 batches in flight under async scheduling (PP 1) and PP batches under pipeline parallelism.
-    assert in_flight_tokens(8192, 1, V19) == 8192
-    assert in_flight_tokens(8192, 1, V20) == 16384
-    assert in_flight_tokens(8192, 4, V20) == 32768
+    # Up to 0.25: window - 1 + max_num_batched_tokens; from 0.26.0 (the first vllm/v1/kv_cache_interface.py that
+    # reads VllmConfig.max_in_flight_tokens): window - 1 + max_concurrent_batches x batched, with 2 batches in
+    # flight under async scheduling (PP 1) and PP batches under pipeline parallelism.
+    v25, v26 = (0, 25), (0, 26)
+    assert in_flight_tokens(8192, 1, V20) == in_flight_tokens(8192, 1, v25) == 8192
+    assert in_flight_tokens(8192, 1, v26) == 16384
+    assert in_flight_tokens(8192, 4, v26) == 32768
     gemma = resolve_model("google/gemma-2-9b-it")
-    for version, sliding_blocks in ((V19, 768 + 1), (V20, 1251 + 1)):  # cdiv(min(4095 + X, 20001), 16) + 1
+    # cdiv(min(4095 + X, 20001), 16) + 1
+    for version, sliding_blocks in ((V19, 768 + 1), (v25, 768 + 1), (v26, 1251 + 1)):
         spec = DeploymentSpec(arch=gemma, gpu_memory_bytes=79.19 * GIB, gpu_name="H100-80GB", max_model_len=20001,
                               gpu_memory_utilization=0.95, vllm_version=version)
         plan = plan_capacity(spec)

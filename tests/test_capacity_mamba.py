@@ -8,6 +8,8 @@ Expected values are vLLM's own: the block size vLLM picks for Granite-4.0-H with
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from kvwatch.capacity import kv, planner
@@ -77,9 +79,17 @@ def test_plan_names_the_raised_block_size_and_counts_state_blocks():
                                   max_model_len=8192)
     plan = planner.plan_capacity(spec)
     assert any("528" in n and "Mamba" in n for n in plan.notes)
-    # each request holds 9 state blocks on top of its attention blocks: concurrency at 8192 tokens is
-    # blocks / (ceil(8192 / 528) + 9)
-    assert plan.max_concurrency_at_max_model_len == pytest.approx(plan.num_gpu_blocks / (16 + 9))
+    # 9 Mamba groups on top of the attention blocks (ceil(8192 / 528) = 16). vLLM >= 0.26 turns prefix caching on
+    # for hybrid models, in its "align" mode: 2 state blocks per request and group, plus a prefill checkpoint
+    # block for Mamba2 mixers from 0.32 (vllm/model_executor/layers/mamba/mamba_mixer2.py); without prefix
+    # caching, or before 0.26, one.
+    assert plan.max_concurrency_at_max_model_len == pytest.approx(plan.num_gpu_blocks / (16 + 9 * 3))
+    assert any("3 blocks" in n and "align" in n for n in plan.notes)
+    for changed, held in (({"enable_prefix_caching": False}, 1), ({"vllm_version": (0, 25)}, 1),
+                          ({"vllm_version": (0, 31)}, 2), ({"mamba_cache_mode": "none"}, 1)):
+        other = planner.plan_capacity(replace(spec, **changed))
+        assert other.layout.mamba_blocks_per_request == held, changed
+        assert other.max_concurrency_at_max_model_len == pytest.approx(other.num_gpu_blocks / (16 + 9 * held))
 
 
 def test_tp_that_does_not_divide_the_state_is_refused_as_vllm_does():
@@ -101,3 +111,36 @@ def test_minimax_lightning_attention_layers_get_a_linear_attention_state():
     assert layout.mamba_page_bytes == 8 * 128 * 128 * 2
     # attention: 1 KV head per rank x 128 x K,V x 2 B = 512 B per token: 262,144 / 512 = 512 tokens, no padding
     assert layout.block_size == 512 and layout.mamba_padding_percent == 0.0
+
+
+def test_nemotron_h_keeps_its_ssm_state_in_float32_from_0_20():
+    # vLLM's NemotronHForCausalLMConfig: mamba_ssm_cache_dtype from the config, else float32 (0.20 on; float16,
+    # the model's 2 bytes, before). The temporal state (heads x head_dim x state) doubles, the conv state does not.
+    from kvwatch.capacity.architecture import arch_from_config
+
+    config = {"model_type": "nemotron_h", "hidden_size": 4096, "num_hidden_layers": 52, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "attention_head_dim": 128, "mamba_num_heads": 128, "mamba_head_dim": 64,
+              "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4, "expand": 2, "vocab_size": 131072,
+              "hybrid_override_pattern": "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"}
+    arch = arch_from_config(config)
+    temporal = 128 * 64 * 128
+    old = kv.kv_layout(arch, 1, 1, 2, 16, (0, 19), model_dtype_bytes=2).mamba_page_bytes
+    new = kv.kv_layout(arch, 1, 1, 2, 16, (0, 20), model_dtype_bytes=2).mamba_page_bytes
+    assert new - old == temporal * 2 and new == 4_255_744
+    pinned = arch_from_config({**config, "mamba_ssm_cache_dtype": "bfloat16"})
+    assert kv.kv_layout(pinned, 1, 1, 2, 16, (0, 20), model_dtype_bytes=2).mamba_page_bytes == old
+
+
+def test_llama4_chunked_layers_get_their_own_groups_from_0_14():
+    # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE defaults to "1" from 0.14 (vllm/envs.py): the 36 RoPE
+    # layers then hold at most chunk + in-flight tokens (ChunkedLocalAttentionSpec), before every token.
+    arch = _arch("meta-llama/Llama-4-Scout-17B-16E-Instruct")
+    before = kv.kv_layout(arch, 8, 1, 2, 16, (0, 13))
+    after = kv.kv_layout(arch, 8, 1, 2, 16, (0, 14))
+    assert [g.kind for g in before.groups] == ["full_attention"]
+    assert [g.kind for g in after.groups] == ["full_attention"] + ["chunked_local_attention"] * 3
+    chunk, in_flight = arch.attention_chunk_size, 8192
+    assert kv.blocks_needed(after, 1_000_000, in_flight) == (
+        -(-1_000_000 // 16) + 3 * -(-(chunk + in_flight) // 16))
+    assert kv.blocks_needed(before, 1_000_000, in_flight) == -(-1_000_000 // 16)
+

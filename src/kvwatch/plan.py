@@ -29,7 +29,15 @@ from kvwatch.capacity import (
 from kvwatch.capacity import presets as preset_data
 from kvwatch.capacity.architecture import SLIDING, ModelArch
 from kvwatch.capacity.inverse import InversePlan, inverse_plan
-from kvwatch.capacity.kv import HYBRID_GROUPING_SINCE, IN_FLIGHT_TOKENS_SINCE, TOKENS_FROM_CONCURRENCY_SINCE
+from kvwatch.capacity.kv import (
+    CHUNKED_HYBRID_SINCE,
+    HYBRID_GROUPING_SINCE,
+    HYBRID_PREFIX_CACHING_SINCE,
+    IN_FLIGHT_TOKENS_SINCE,
+    MAMBA_CHECKPOINT_BLOCK_SINCE,
+    NEMOTRON_SSM_FP32_SINCE,
+    TOKENS_FROM_CONCURRENCY_SINCE,
+)
 from kvwatch.capacity.longcontext import LongContext, long_context
 from kvwatch.capacity.memory import GIB, parameter_counts, resolve_quantization
 from kvwatch.capacity.planner import CUDA_GRAPHS_SUBTRACTED_SINCE
@@ -78,6 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     plan.add_argument("--no-enable-chunked-prefill", dest="enable_chunked_prefill", action="store_false",
                       help="The deployment turns chunked prefill off: vLLM then refuses --max-num-batched-tokens "
                            "below --max-model-len.")
+    plan.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                      help="The deployment turns prefix caching off: on a hybrid Mamba model (vLLM >= 0.26) each "
+                           "request then holds 1 state block per Mamba group instead of 2-3.")
     plan.add_argument("--target-concurrency", type=int, metavar="N",
                       help="Inverse planner: list the deployments that carry N concurrent requests of --avg-seq-len "
                            "tokens, cheapest first (utilization, max-model-len, FP8 KV, FP8 weights, TP within one "
@@ -125,6 +136,7 @@ def build_spec(args: argparse.Namespace) -> DeploymentSpec:
     overrides["allow_long_max_model_len"] = bool(getattr(args, "allow_long_max_model_len", False))
     overrides["enforce_eager"] = bool(getattr(args, "enforce_eager", False))
     overrides["enable_chunked_prefill"] = bool(getattr(args, "enable_chunked_prefill", True))
+    overrides["enable_prefix_caching"] = bool(getattr(args, "enable_prefix_caching", True))
     try:
         overrides["vllm_version"] = parse_version(args.vllm_version)
     except SpecError as exc:
@@ -311,8 +323,9 @@ def _whole(n: float | None) -> int | None:
 
 
 # Versions at which a rule the capacity model follows changes (kvwatch.capacity.kv and planner).
-RULE_CHANGES: tuple[tuple[int, int], ...] = tuple(sorted({HYBRID_GROUPING_SINCE, TOKENS_FROM_CONCURRENCY_SINCE,
-                                                          IN_FLIGHT_TOKENS_SINCE, CUDA_GRAPHS_SUBTRACTED_SINCE}))
+RULE_CHANGES: tuple[tuple[int, int], ...] = tuple(sorted({
+    HYBRID_GROUPING_SINCE, CHUNKED_HYBRID_SINCE, TOKENS_FROM_CONCURRENCY_SINCE, NEMOTRON_SSM_FP32_SINCE,
+    CUDA_GRAPHS_SUBTRACTED_SINCE, IN_FLIGHT_TOKENS_SINCE, HYBRID_PREFIX_CACHING_SINCE, MAMBA_CHECKPOINT_BLOCK_SINCE}))
 
 
 def rules_range(version: tuple[int, int]) -> str:

@@ -155,6 +155,9 @@ class ModelArch:
     # MLA (DeepSeek-V2/V3, Kimi): one latent vector per token and layer, shared by all heads.
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
+    # DeepSeek sparse attention (V3.2): each MLA layer also caches its indexer's keys, index_head_dim fp8 values
+    # plus a float32 scale per 128 (vLLM's DeepseekV32IndexerCache, uint8 whatever the KV cache dtype).
+    index_head_dim: int | None = None
     # Mixture of experts.
     num_experts: int = 0
     experts_per_token: int | None = None  # routed experts each token runs (None: config.json does not say)
@@ -179,6 +182,10 @@ class ModelArch:
     checkpoint_quantization: str | None = None
     checkpoint_quantization_source: str | None = None
     from_config_file: bool = False  # built from a user's config.json (--model-config), not a preset
+    model_type: str = ""  # config.json's model_type (of the text model), lower case
+    # Hybrid models whose config fixes the temporal SSM state's dtype (NemotronH: mamba_ssm_cache_dtype; Qwen3.5:
+    # mamba_ssm_dtype), which vLLM then uses instead of the model dtype (kv.mamba_ssm_dtype_bytes).
+    mamba_ssm_cache_dtype: str | None = None
     source: str | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
 
@@ -420,10 +427,11 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
                      f"{attention} attention layers of {num_layers}; {not_modelled}")
     if CHUNKED in layer_types:
         notes.append(f"chunked local attention in {layer_types.count(CHUNKED)} of {num_layers} layers "
-                     f"(attention_chunk_size {cfg['attention_chunk_size']}): vLLM disables its hybrid KV cache manager "
-                     "for it by default, so those layers hold every token like full attention and kvwatch counts "
-                     "them so; with VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1 they would hold at most "
-                     "chunk + max_num_batched_tokens tokens, which kvwatch does not model")
+                     f"(attention_chunk_size {cfg['attention_chunk_size']}): from vLLM 0.14 these layers form KV "
+                     "groups of their own and hold at most chunk + the in-flight tokens per request; before, vLLM "
+                     "disabled its hybrid KV cache manager for them "
+                     "(VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE defaulted to 0) and they held every token "
+                     "like full attention")
     num_experts = int(cfg.get("num_local_experts") or cfg.get("n_routed_experts") or cfg.get("num_experts") or 0)
     tie = cfg.get("tie_word_embeddings")
     if tie is None:
@@ -456,6 +464,7 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         attention_chunk_size=int(cfg["attention_chunk_size"]) if CHUNKED in layer_types else None,
         kv_lora_rank=int(kv_lora_rank) if is_mla else None,
         qk_rope_head_dim=int(cfg["qk_rope_head_dim"]) if is_mla else None,
+        index_head_dim=int(cfg["index_head_dim"]) if is_mla and cfg.get("index_head_dim") else None,
         num_experts=num_experts,
         experts_per_token=_experts_per_token(cfg),
         moe_intermediate_size=int(cfg.get("moe_intermediate_size") or (cfg.get("intermediate_size") or 0)
@@ -475,6 +484,9 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         checkpoint_quantization_source=quant_source,
         source=source,
         notes=tuple(notes),
+        model_type=model_type,
+        mamba_ssm_cache_dtype=(str(cfg.get("mamba_ssm_cache_dtype") or cfg.get("mamba_ssm_dtype") or "") or None)
+        if is_hybrid else None,
     )
 
 

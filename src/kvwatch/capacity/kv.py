@@ -20,15 +20,28 @@ import math
 from dataclasses import dataclass
 
 from kvwatch.capacity import mamba
-from kvwatch.capacity.architecture import FULL, MAMBA, SLIDING, ModelArch
+from kvwatch.capacity.architecture import CHUNKED, FULL, MAMBA, SLIDING, ModelArch
 
 # vLLM versions that matter for the reported token count, as (major, minor) tuples.
 HYBRID_GROUPING_SINCE = (0, 9)  # before: every attention layer treated as full attention, one group
 TOKENS_FROM_CONCURRENCY_SINCE = (0, 20)  # from here "KV cache size" = int(max_concurrency × max_model_len)
-# A sliding-window group holds window - 1 + X tokens per request: X = max_num_batched_tokens in 0.10.2/0.11,
-# VllmConfig.max_in_flight_tokens (max_concurrent_batches × max_num_batched_tokens) in 0.27-0.33. The reference
-# does not pin the release in between that switched; kvwatch switches with its other current rules, at 0.20.
-IN_FLIGHT_TOKENS_SINCE = (0, 20)
+# A sliding-window group holds window - 1 + X tokens per request, a chunked-local one chunk + X: X =
+# max_num_batched_tokens up to 0.25, VllmConfig.max_in_flight_tokens (max_concurrent_batches ×
+# max_num_batched_tokens) from 0.26.0 (the first release whose vllm/v1/kv_cache_interface.py reads it).
+IN_FLIGHT_TOKENS_SINCE = (0, 26)
+# Llama-4's chunked local attention gets its own KV-cache groups once the hybrid manager stays on for it:
+# VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE defaults to "1" from 0.14.0 (vllm/envs.py; "0" in 0.12-0.13,
+# when every layer held every token like full attention).
+CHUNKED_HYBRID_SINCE = (0, 14)
+# Prefix caching on hybrid Mamba models: ModelConfig.is_prefix_caching_supported says True for them from 0.26.0,
+# so it is on by default, and MambaModelConfig then sets mamba_cache_mode "align": a Mamba group holds 2 state
+# blocks per request (MambaSpec.max_memory_usage_bytes), plus 1 prefill checkpoint block for Mamba2 mixers from
+# 0.32.0 (mamba_mixer2.py: num_prefill_checkpoint_blocks=1). Mode "none" (prefix caching off) holds 1.
+HYBRID_PREFIX_CACHING_SINCE = (0, 26)
+MAMBA_CHECKPOINT_BLOCK_SINCE = (0, 32)
+# NemotronH's temporal SSM state: the config's mamba_ssm_cache_dtype, else float32 from 0.20.0 (float16 before:
+# NemotronHForCausalLMConfig.DEFAULT_MAMBA_SSM_CACHE_DTYPE in vllm/model_executor/models/config.py).
+NEMOTRON_SSM_FP32_SINCE = (0, 20)
 # V1 keeps Mamba states in the shared block pool with unified page sizes from 0.10.2 (vllm PR 20016); before that
 # the V0 engine had a separate Mamba cache outside the KV pool.
 MAMBA_PAGES_SINCE = (0, 10)
@@ -42,11 +55,37 @@ def in_flight_tokens(max_num_batched_tokens: int, pp: int, version: tuple[int, i
     return max_num_batched_tokens * (2 if pp <= 1 else pp)
 
 
+def mamba_cache_mode(version: tuple[int, int], enable_prefix_caching: bool, given: str | None = None) -> str:
+    """vLLM's ``mamba_cache_mode`` on a hybrid model: the one given, else "align" with prefix caching on (its
+    default from HYBRID_PREFIX_CACHING_SINCE), else "none"."""
+    if given:
+        return given
+    return "align" if enable_prefix_caching and version >= HYBRID_PREFIX_CACHING_SINCE else "none"
+
+
+def mamba_state_blocks(arch: ModelArch, version: tuple[int, int], mode: str) -> int:
+    """State blocks one request holds in each Mamba group (see HYBRID_PREFIX_CACHING_SINCE)."""
+    if mode != "align":
+        return 1
+    checkpoint = (arch.mamba_dims is not None and arch.mamba_dims.kind == mamba.MAMBA2
+                  and version >= MAMBA_CHECKPOINT_BLOCK_SINCE)
+    return 2 + int(checkpoint)
+
+
+def mamba_ssm_dtype_bytes(arch: ModelArch, version: tuple[int, int]) -> int | None:
+    """Bytes of the temporal SSM state when vLLM does not keep it in the model dtype, else None."""
+    dtype = arch.mamba_ssm_cache_dtype
+    if dtype is None and arch.model_type == "nemotron_h" and version >= NEMOTRON_SSM_FP32_SINCE:
+        dtype = "float32"
+    return kv_dtype_bytes(dtype, 2) if dtype and dtype != "auto" else None
+
+
 @dataclass(frozen=True)
 class KVGroup:
-    kind: str  # FULL, SLIDING or MAMBA
+    kind: str  # FULL, SLIDING, CHUNKED or MAMBA
     num_layers: int  # real layers in this group (<= group_size; the rest is padding)
     sliding_window: int | None = None
+    attention_chunk_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +101,7 @@ class KVLayout:
     # raises block_size above it so an attention page holds one state); 0 = not a hybrid Mamba layout.
     mamba_page_bytes: int = 0
     requested_block_size: int = 0
+    mamba_blocks_per_request: int = 1  # state blocks per request in each Mamba group (mamba_state_blocks)
 
     @property
     def page_bytes(self) -> int:
@@ -121,34 +161,46 @@ def layers_on_rank(num_layers: int, pp: int) -> int:
 
 def kv_bytes_per_token_per_layer(arch: ModelArch, tp: int, kv_bytes: int, kv_cache_dtype: str = "auto") -> int:
     if arch.is_mla:
+        indexer = arch.index_head_dim + arch.index_head_dim // 128 * 4 if arch.index_head_dim else 0
         if kv_cache_dtype.lower() == "fp8_ds_mla":
-            return FP8_DS_MLA_BYTES
-        return (int(arch.kv_lora_rank or 0) + int(arch.qk_rope_head_dim or 0)) * kv_bytes
+            return FP8_DS_MLA_BYTES + indexer
+        return (int(arch.kv_lora_rank or 0) + int(arch.qk_rope_head_dim or 0)) * kv_bytes + indexer
     return 2 * max(1, arch.num_kv_heads // tp) * arch.head_dim * kv_bytes
 
 
 def group_layers(layer_types: tuple[str, ...], sliding_window: int | None,
-                 version: tuple[int, int], mamba_layers: int = 0) -> tuple[int, tuple[KVGroup, ...]]:
+                 version: tuple[int, int], mamba_layers: int = 0,
+                 attention_chunk_size: int | None = None) -> tuple[int, tuple[KVGroup, ...]]:
     """vLLM's equal-size grouping of layers by type: returns (group_size, groups). ``mamba_layers`` state layers
     (hybrid models with modelled state pages) form a bucket of their own."""
     if not layer_types and not mamba_layers:
         return 0, ()
     buckets: dict[str, int] = {}
     for kind in layer_types:
-        key = SLIDING if kind == SLIDING and version >= HYBRID_GROUPING_SINCE else FULL
+        if kind == SLIDING and version >= HYBRID_GROUPING_SINCE:
+            key = SLIDING
+        elif kind == CHUNKED and attention_chunk_size and version >= CHUNKED_HYBRID_SINCE:
+            key = CHUNKED
+        else:
+            key = FULL
         buckets[key] = buckets.get(key, 0) + 1
     if mamba_layers:
         buckets[MAMBA] = mamba_layers
+
+    def group(kind: str, n: int) -> KVGroup:
+        return KVGroup(kind, n, sliding_window if kind == SLIDING else None,
+                       attention_chunk_size if kind == CHUNKED else None)
+
     if len(buckets) == 1:
         kind, count = next(iter(buckets.items()))
-        return count, (KVGroup(kind, count, sliding_window if kind == SLIDING else None),)
+        return count, (group(kind, count),)
     smallest, largest = min(buckets.values()), max(buckets.values())
     group_size = largest if largest < smallest * 1.5 else smallest
     groups: list[KVGroup] = []
-    for kind in (FULL, SLIDING, MAMBA):
+    for kind in (FULL, SLIDING, CHUNKED, MAMBA):
         remaining = buckets.get(kind, 0)
         while remaining > 0:
-            groups.append(KVGroup(kind, min(group_size, remaining), sliding_window if kind == SLIDING else None))
+            groups.append(group(kind, min(group_size, remaining)))
             remaining -= group_size
     return group_size, tuple(groups)
 
@@ -164,20 +216,21 @@ def rank_groups(arch: ModelArch, pp: int, version: tuple[int, int]) -> tuple[int
     types = arch.attention_layer_types
     stage_types = types[:layers_on_rank(len(types), pp)]
     mamba_on_rank = layers_on_rank(arch.mamba_layers, pp) if _mamba_pages(arch, version) else 0
-    return group_layers(stage_types, arch.sliding_window, version, mamba_on_rank)
+    return group_layers(stage_types, arch.sliding_window, version, mamba_on_rank, arch.attention_chunk_size)
 
 
 def kv_layout(arch: ModelArch, tp: int, pp: int, kv_bytes: int, block_size: int,
               version: tuple[int, int], kv_cache_dtype: str = "auto", model_dtype_bytes: int | None = None,
-              mamba_ssm_dtype_bytes: int | None = None) -> KVLayout:
+              cache_mode: str = "none") -> KVLayout:
     """One rank's layout. Hybrid Mamba models with known state dimensions get vLLM's unified pages: the state
-    (conv in the model dtype, temporal state in ``mamba_ssm_dtype_bytes``, default the model's) sets the block size."""
+    (conv in the model dtype, temporal state in :func:`mamba_ssm_dtype_bytes`, default the model's) sets the block
+    size, and ``cache_mode`` (:func:`mamba_cache_mode`) how many state blocks a request holds."""
     on_rank = layers_on_rank(len(arch.attention_layer_types), pp)
     per_layer = kv_bytes_per_token_per_layer(arch, tp, kv_bytes, kv_cache_dtype)
     mamba_page = 0
     effective_block = block_size
     if _mamba_pages(arch, version):
-        mamba_page = arch.mamba_dims.page_bytes(tp, model_dtype_bytes or kv_bytes, mamba_ssm_dtype_bytes)
+        mamba_page = arch.mamba_dims.page_bytes(tp, model_dtype_bytes or kv_bytes, mamba_ssm_dtype_bytes(arch, version))
         effective_block = mamba.attention_block_size(mamba_page, per_layer, block_size)
     group_size, groups = rank_groups(arch, pp, version)
     return KVLayout(
@@ -188,6 +241,7 @@ def kv_layout(arch: ModelArch, tp: int, pp: int, kv_bytes: int, block_size: int,
         num_attention_layers=on_rank,
         mamba_page_bytes=mamba_page,
         requested_block_size=block_size,
+        mamba_blocks_per_request=mamba_state_blocks(arch, version, cache_mode) if mamba_page else 1,
     )
 
 
@@ -207,15 +261,18 @@ def tokens_needed(layout: KVLayout, seq_len: float, in_flight_tokens: int) -> fl
     """Block-row tokens one request of ``seq_len`` tokens holds, summed over groups (continuous).
 
     A sliding-window group keeps at most ``window - 1 + in_flight_tokens`` tokens (:func:`in_flight_tokens`) plus
-    one block for a window that does not start on a block boundary (vLLM's ``max_memory_usage_bytes``).
+    one block for a window that does not start on a block boundary, a chunked-local one ``chunk +
+    in_flight_tokens`` (vLLM's ``max_memory_usage_bytes``).
     """
     total = 0.0
     for group in layout.groups:
-        if group.kind == MAMBA:  # one state block per request, whatever its length
-            total += layout.block_size
+        if group.kind == MAMBA:  # state blocks per request, whatever its length
+            total += layout.block_size * layout.mamba_blocks_per_request
         elif group.kind == SLIDING and group.sliding_window:
             cap = group.sliding_window - 1 + in_flight_tokens
             total += min(seq_len, cap) + layout.block_size
+        elif group.kind == CHUNKED and group.attention_chunk_size:
+            total += min(seq_len, group.attention_chunk_size + in_flight_tokens)
         else:
             total += seq_len
     return total
@@ -226,10 +283,12 @@ def blocks_needed(layout: KVLayout, seq_len: int, in_flight_tokens: int) -> int:
     total = 0
     for group in layout.groups:
         if group.kind == MAMBA:
-            total += 1
+            total += layout.mamba_blocks_per_request
         elif group.kind == SLIDING and group.sliding_window:
             cap = group.sliding_window - 1 + in_flight_tokens
             total += math.ceil(min(seq_len, cap) / layout.block_size) + 1
+        elif group.kind == CHUNKED and group.attention_chunk_size:
+            total += math.ceil(min(seq_len, group.attention_chunk_size + in_flight_tokens) / layout.block_size)
         else:
             total += math.ceil(seq_len / layout.block_size)
     return total

@@ -93,6 +93,8 @@ class DeploymentSpec:
     enforce_eager: bool = False  # no CUDA graphs: nothing subtracted for them
     cuda_graph_bytes: float | None = None  # measured ("CUDAGraph memory" in vLLM's log) overrides the estimate
     enable_chunked_prefill: bool = True  # vLLM V1's default; off: one step must hold a whole prompt
+    enable_prefix_caching: bool = True  # vLLM's default wherever the model supports it (hybrids from 0.26)
+    mamba_cache_mode: str | None = None  # the engine's, when known (cache_config_info); else vLLM's default
     allow_long_max_model_len: bool = False  # vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN=1
     vllm_version: tuple[int, int] = DEFAULT_VLLM_VERSION
     weights_bytes: float | None = None
@@ -262,7 +264,9 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
         _check_parallelism_and_dtype(spec, arch)
         try:
             layout = kv.kv_layout(arch, tp, pp, kv_bytes, spec.block_size, spec.vllm_version, spec.kv_cache_dtype,
-                                  model_dtype_bytes=dtype_bytes)
+                                  model_dtype_bytes=dtype_bytes,
+                                  cache_mode=kv.mamba_cache_mode(spec.vllm_version, spec.enable_prefix_caching,
+                                                                 spec.mamba_cache_mode))
         except MambaConfigError as exc:
             raise SpecError(f"invalid value {tp} for --tensor-parallel-size: {exc}") from None
         per_token = float(layout.kv_bytes_per_token)
@@ -377,9 +381,13 @@ def _hybrid_note(layout: kv.KVLayout, requested: int) -> str:
     raised = (f"vLLM raises the attention block size from {requested} to {layout.block_size} tokens so one page "
               f"holds a Mamba state" if layout.block_size_raised else f"block size {layout.block_size} already "
               "holds a Mamba state")
+    per_request = layout.mamba_blocks_per_request
+    held = ("one block" if per_request == 1 else
+            f"{per_request} blocks (prefix caching's 'align' mode keeps the running state and the last block-aligned "
+            f"one{', plus a prefill checkpoint' if per_request > 2 else ''}; --no-enable-prefix-caching: 1)")
     return (f"hybrid Mamba model: one state is {layout.mamba_page_bytes:,} B per layer and request on this rank; "
             f"{raised}, and pads the state page by {layout.mamba_padding_percent:.2f}% to {layout.page_bytes:,} B "
-            f"(as its startup log says). {mamba_groups} Mamba group(s) of {layout.group_size} layers hold one block "
+            f"(as its startup log says). {mamba_groups} Mamba group(s) of {layout.group_size} layers hold {held} "
             "per request whatever its length, so short requests cost more blocks than their tokens suggest")
 
 

@@ -64,12 +64,15 @@ class SidecarCapacity:
 def vllm_version_from_cache_config(labels: Mapping[str, str]) -> tuple[int, int] | None:
     """The vLLM version whose capacity rules apply, from the ``cache_config_info`` label set; None if unknown.
 
-    ``CacheConfig`` gained and lost fields over time (docs/capacity.md, section 5): ``kv_cache_size_tokens``
+    ``CacheConfig`` gained and lost fields over time (docs/capacity.md, section 5): ``prefix_match_unit`` from
+    0.26.0 (it replaced ``hash_block_size``), ``kv_cache_size_tokens``
     from ~0.25 (the adapter reports ``>=0.21``), ``user_specified_block_size`` from 0.20.2, while ``cpu_offload_gb``
     and ``swap_space`` were dropped in 0.20.2; ``kv_offloading_backend``/``mamba_block_size`` appeared in 0.12,
     ``kv_cache_memory_bytes``/``kv_sharing_fast_prefill`` in 0.10.2, ``cpu_kvcache_space_bytes`` in 0.9 and
     ``swap_space_bytes`` is V0's. The adapter's detected range (``0.12-0.25``) spans several rule changes.
     """
+    if "prefix_match_unit" in labels:  # replaced hash_block_size in 0.26.0's CacheConfig
+        return (0, 26)
     if "kv_cache_size_tokens" in labels or "kv_cache_max_concurrency" in labels:
         return (0, 25)
     if "user_specified_block_size" in labels:
@@ -118,6 +121,12 @@ def engine_settings(settings: DeploymentSettings,
     if pool is not None and pool > 0:
         overrides["available_kv_bytes"] = pool
         taken.append(f"kv_cache_memory_bytes {pool:,.0f} (vLLM skipped profiling)")
+    caching = (cache_config.get("enable_prefix_caching") or "").lower()
+    if caching in ("true", "false"):
+        overrides["enable_prefix_caching"] = caching == "true"
+    mode = (cache_config.get("mamba_cache_mode") or "").lower()
+    if mode in ("none", "align", "all"):
+        overrides["mamba_cache_mode"] = mode
     version = vllm_version_from_cache_config(cache_config)
     if version is not None:
         overrides["vllm_version"] = version
