@@ -157,6 +157,22 @@ def test_waiting_without_progress_is_stalled_and_recovers():
     assert at[2990] != "stalled"
 
 
+@pytest.mark.parametrize("dt", [30.0, 40.0, 60.0, 90.0])
+def test_the_reactive_states_fire_at_slow_poll_intervals(dt: float):
+    # A 2-minute window held two 60-s polls and needed three: bottleneck, scheduler_limited and stalled never
+    # fired, and a full cache with a queue read ok. The windows keep the polls they need to be judged. (The
+    # sidecar's data goes stale after 3 poll intervals, so the forecaster is told so here too.)
+    def state_at_end(usage: float, waiting: float, progressing: bool = True) -> str:
+        samples = stream(lambda t: usage, waiting=lambda t: waiting, progressing=lambda t: progressing or t < 1800,
+                         seconds=3600, dt=dt)
+        return run(Forecaster(ForecastParams(stale_after_seconds=3 * dt)), samples)[-1].state
+
+    assert state_at_end(0.99, 50.0) == "bottleneck"
+    assert state_at_end(0.4, 5.0) == "scheduler_limited"
+    assert state_at_end(0.5, 3.0, progressing=False) == "stalled"
+    assert state_at_end(0.5, 0.0) == "ok"
+
+
 def test_restart_warms_up_and_the_returning_traffic_is_not_a_warning():
     f = Forecaster()
     counters: dict[str, float] = {}

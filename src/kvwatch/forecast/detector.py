@@ -47,7 +47,13 @@ class _Window:
     """The flags of the last ``seconds`` (timestamp > now - seconds), with running counts: O(1) per sample.
 
     Recounting a time window on every sample costs as many steps as the window holds samples, which at a
-    fast poll interval is thousands (CPU per poll grew with the samples kept, docs/reliability.md)."""
+    fast poll interval is thousands (CPU per poll grew with the samples kept, docs/reliability.md).
+
+    At a slow poll interval the window keeps the older samples it needs to be judged at all (three, spanning
+    most of it): at 60-s polls a 2-minute window held two and bottleneck never fired. Never older than
+    ``STRETCH`` windows: polls further apart than that cannot see a saturation of the window's length."""
+
+    STRETCH = 4.0
 
     # Slots: three windows per series, up to --max-series of them (memory under a label explosion, issue 15).
     __slots__ = ("flags", "idle", "progress", "queued", "saturated", "seconds")
@@ -67,10 +73,14 @@ class _Window:
         self.progress += sign * (f.progressed is not False)
 
     def add(self, f: SampleFlags) -> None:
-        self.flags.append(f)
+        flags = self.flags
+        flags.append(f)
         self._count(f, 1)
-        while self.flags[0].timestamp <= f.timestamp - self.seconds:
-            self._count(self.flags.popleft(), -1)
+        now = f.timestamp
+        while flags[0].timestamp <= now - self.seconds and (
+                flags[0].timestamp <= now - self.STRETCH * self.seconds
+                or (len(flags) > 3 and now - flags[1].timestamp >= 0.75 * self.seconds)):
+            self._count(flags.popleft(), -1)
 
     def clear(self) -> None:
         self.flags.clear()

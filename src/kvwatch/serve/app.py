@@ -422,11 +422,10 @@ def run(args: argparse.Namespace) -> int:
     collector = KvwatchCollector(lambda: sidecar.state, now=clock, stale_after=stale_after, analyzers=analyzers)
     registry = make_registry(collector)
 
-    def version() -> tuple[int, bool]:
+    def version() -> tuple[object, bool]:
         # What the rendered body depends on: the State (a new object each poll) and whether it is still fresh.
-        # The cache keeps that State alive, so its id cannot be reused while it is the cached one.
         state = sidecar.state
-        return id(state), state.fresh(clock(), stale_after)
+        return state, state.fresh(clock(), stale_after)
 
     try:
         web = WebConfigWatcher(settings.web_config_file)

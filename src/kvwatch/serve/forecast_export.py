@@ -90,7 +90,8 @@ def forecast_metric_families(
     risk = gauge("kvwatch_kv_saturation_risk",
                  f"Probability that KV usage reaches {_P.risk.threshold:g} of capacity for a sustained stretch "
                  "within the horizon "
-                 "(in bottleneck the model's risk, 1 before it has one; absent while warming up or unknown).",
+                 "(in bottleneck the model's risk, 1 before it has one; absent while warming up or unknown, and "
+                 "while the engine is idle: no arrivals or an empty cache leave nothing to project).",
                  ["horizon"])
     ratio = gauge("kvwatch_kv_usage_forecast_ratio",
                   "Forecast KV usage at the horizon, in demand units (may exceed 1: demand beyond capacity).",

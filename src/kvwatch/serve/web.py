@@ -28,7 +28,7 @@ import socket
 import ssl
 import tempfile
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -226,21 +226,24 @@ class WebConfigWatcher:
 class RenderCache:
     """The /metrics body per (state version, content type): rendered once, served to every scrape of it.
 
-    ``version()`` returns a value that changes whenever the output would (the State object, and whether it
-    is still fresh); concurrent scrapes of a new version wait for one rendering instead of each doing it."""
+    ``version()`` returns what the output depends on (the State object, and whether it is still fresh), compared
+    by identity: the cache holds those objects, so a later State can never share the cached one's identity (an
+    ``id()`` could: CPython reuses a freed object's address, and an older poll's body was served). Concurrent
+    scrapes of a new version wait for one rendering instead of each doing it."""
 
-    def __init__(self, registry: CollectorRegistry, version: Callable[[], Hashable]) -> None:
+    def __init__(self, registry: CollectorRegistry, version: Callable[[], tuple[object, ...]]) -> None:
         self._registry = registry
         self._version = version
         self._lock = threading.Lock()
-        self._bodies: dict[str, tuple[Any, bytes]] = {}
+        self._bodies: dict[str, tuple[tuple[object, ...], bytes]] = {}
 
     def body(self, accept: str) -> tuple[bytes, str]:
         encoder, content_type = choose_encoder(accept)
         with self._lock:
             version = self._version()
             cached = self._bodies.get(content_type)
-            if cached is not None and cached[0] == version:
+            if cached is not None and len(cached[0]) == len(version) and all(
+                    a is b for a, b in zip(cached[0], version, strict=True)):
                 return cached[1], content_type
             body = encoder(self._registry)
             self._bodies[content_type] = (version, body)
