@@ -218,7 +218,7 @@ class Sidecar:
         self._values_log.tick()
         self._overrun_log.tick()
         if elapsed > interval:
-            self._overrun_log.change("overrun", logging.WARNING, "a poll of %s took %.1fs, longer than the %gs "
+            self._overrun_log.change("overrun", logging.WARNING, "a poll of %s took %.3gs, longer than the %gs "
                                      "interval: skipping runs until polls keep up", self.target, elapsed, interval)
             self._skipped_runs += int(elapsed // interval)
         elif self._skipped_runs:
