@@ -3,11 +3,15 @@
 For each event (onset outside warm-up) of each (cached) simulation, with the forecaster given by
 ``--forecaster`` (default v6, the defaults):
 
-- ``caught``: a warning episode began 5 to 60 minutes before the onset (the scorer's lead ≥ 5 min);
+- ``caught``: a warning episode began 5 to 60 minutes before the onset, outside any saturation, and was still
+  on at the onset (the scorer's lead ≥ 5 min);
 - ``at a shift``: the onset is within 5 minutes after the scenario's step, mix shift or restart, with no
   warning: nothing before it announced the change, so no forecast could have led it by 5 minutes;
+- ``on since a saturation``: the warning was on through the 5 minutes before the onset, in one episode that
+  began during an earlier saturation (``bottleneck`` lingering into the quiet gap, then the warning): a
+  reaction, which the scorer's lead does not credit (the steady-load criterion "on 5 min before" does);
 - ``on > 60 min``: the warning was on through the 5 minutes before the onset but its episode began over an
-  hour earlier, which the scorer's lead does not credit (the steady-load criterion "on 5 min before" does);
+  hour earlier, which the scorer's lead does not credit either;
 - ``late``: a warning began less than 5 minutes before the onset;
 - otherwise by the largest 30-minute risk from 20 to 5 minutes before the onset: ``no sign`` (< 0.3),
   ``sub-threshold`` (0.3 to the warning's 0.7), ``above, not held`` (≥ 0.7 but no warning: the 3-minute hold
@@ -38,7 +42,7 @@ from pathlib import Path
 from kvwatch.backtest.report import FORECASTERS, MATRIX, NO_SATURATION, case_name, simulations
 from kvwatch.backtest.runner import KVWATCH, RunResult, Simulation, evaluate
 from kvwatch.backtest.scenarios import load_trace, scenario_arrivals
-from kvwatch.backtest.scoring import in_windows, warmup_windows
+from kvwatch.backtest.scoring import find_episodes, in_windows, warmup_windows
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from forecast_sweep import tuning_family  # a sibling script, not part of the package
@@ -47,7 +51,8 @@ LEAD_SECONDS = 300.0
 MATCH_SECONDS = 3600.0
 SHIFTED = ("step", "mixshift", "restart")
 RANDOM_WINDOWS_PER_RUN = 50
-CLASSES = ("caught", "at a shift", "on > 60 min", "late", "no sign", "sub-threshold", "above, not held")
+CLASSES = ("caught", "at a shift", "on since a saturation", "on > 60 min", "late", "no sign", "sub-threshold",
+           "above, not held")
 
 
 def classify(run: RunResult, risk_on: float = 0.7) -> list[str]:
@@ -57,6 +62,7 @@ def classify(run: RunResult, risk_on: float = 0.7) -> list[str]:
     scored = [e for e in run.events if not in_windows(e.onset, warmup)]
     active = timeline.warnings[KVWATCH]
     risk = timeline.probabilities[KVWATCH][1800]
+    episodes = find_episodes(timeline.times, active)
     classes = []
     for event, lead in zip(scored, run.outcomes[KVWATCH].leads, strict=True):
         before = [i for i, t in enumerate(timeline.times) if event.onset - LEAD_SECONDS <= t < event.onset]
@@ -65,7 +71,9 @@ def classify(run: RunResult, risk_on: float = 0.7) -> list[str]:
         elif scenario.profile in SHIFTED and 0.0 <= event.onset - scenario.shift_time <= LEAD_SECONDS:
             classes.append("at a shift")
         elif before and all(active[i] for i in before):
-            classes.append("on > 60 min")
+            start = max(ep.start for ep in episodes if ep.start <= event.onset)
+            reaction = any(e.onset <= start <= e.end for e in run.events)
+            classes.append("on since a saturation" if reaction else "on > 60 min")
         else:
             window = [risk[i] or 0.0 for i, t in enumerate(timeline.times)
                       if event.onset - 4 * LEAD_SECONDS <= t <= event.onset - LEAD_SECONDS]

@@ -175,3 +175,18 @@ def test_calibration_skips_the_quiet_gap_after_an_event_where_no_new_event_can_b
     gap = [t for t in times if 1500.0 < t <= 1500.0 + QUIET_SECONDS and t + 300.0 <= 4000.0]
     assert old_rule.n - new_rule.n == len(gap) > 0
     assert old_rule.outcomes == new_rule.outcomes
+
+
+def test_a_lead_needs_an_early_warning_still_on_at_the_onset():
+    # A warning that ended before the onset told the operator "all clear"; one raised during an earlier
+    # saturation is a reaction to it. Neither leads the next event (before 2026-12-04 both did, and a
+    # 1-minute usage threshold earned recall at 30 minutes).
+    events = [Event(5400.0, 6400.0), Event(7400.0, 8200.0), Event(9300.0, 10800.0)]
+    episodes = [
+        Episode(5500.0, 8000.0),  # raised during event 1, still on at event 2: a reaction, not a lead
+        Episode(8500.0, 8900.0),  # ended 400 s before event 3: no lead
+        Episode(9000.0, 9250.0),  # off 50 s before event 3's onset: within the grace, leads it by 300 s
+    ]
+    outcome = score_run(events, episodes, monitored_seconds=86400.0)
+    assert outcome.leads == [None, None, 300.0]
+    assert score_run(events[2:], [Episode(9000.0, 9200.0)], monitored_seconds=86400.0).leads == [None]

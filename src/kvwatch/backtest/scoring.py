@@ -15,8 +15,10 @@
   positive when an event starts within it or within 60 minutes after it started, a false alarm when
   not; episodes that start during an event are not early warnings and are left out of precision.
 - The *lead* of an event is its onset minus the start of the earliest episode that began at most 60
-  minutes before it (an episode that began during an earlier event counts too: the operator was
-  warned). No such episode: the event was missed early.
+  minutes before it, outside any event, and was still on at the onset (``ONSET_GRACE_SECONDS``, the
+  alert's ``keep_firing_for``). A warning that had ended, or that began as a reaction to an earlier
+  saturation, warned of nothing: before 2026-12-04 both were credited, and a 1-minute usage threshold
+  earned recall at 30 minutes. No such episode: the event was missed early.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ LEADS_SECONDS: tuple[int, ...] = (0, 300, 900, 1800)
 QUIET_SECONDS = 600.0  # N: an event needs this long without sustained saturation before its onset
 WARMUP_SECONDS = 1800.0  # every method's warm-up after monitoring starts and after each restart
 MIN_DAY_SECONDS = 86400.0  # false alarms per day need at least this much monitored time
+ONSET_GRACE_SECONDS = 60.0  # a warning that went off at most this long before an onset still leads it
 
 
 @dataclass(frozen=True)
@@ -182,9 +185,9 @@ def score_run(
         else:
             outcome.false_alarm_episodes += 1
     for e in scored:
-        # Any episode running into this onset counts, including one that began during an earlier event.
-        candidates = [ep.start for ep in episodes
-                      if e.onset - match_seconds <= ep.start <= e.onset and not (e.onset <= ep.start <= e.end)]
+        # An early warning still on at this onset (see the module doc).
+        candidates = [ep.start for ep in early
+                      if e.onset - match_seconds <= ep.start <= e.onset and ep.end >= e.onset - ONSET_GRACE_SECONDS]
         outcome.leads.append(e.onset - min(candidates) if candidates else None)
     return outcome
 
