@@ -187,3 +187,42 @@ def test_a_trace_longer_than_the_cap_is_read_up_to_it_and_says_so(monkeypatch, c
     assert code == 0 and "note: read the trace's first 500 requests" in out
     monkeypatch.setattr(scenarios, "MAX_TRACE_REQUESTS", 10_000)
     assert scenarios.load_trace_head(packaged_trace("azure_conv_sample.csv"))[1] is False
+
+
+def test_tuned_defaults_go_by_exact_file_name_only(tmp_path):
+    from kvwatch.backtest.traces import TRACE_DEFAULTS, defaults_for
+
+    trace = load_trace(packaged_trace("mooncake_conversation_sample.jsonl"))
+    for name in ("AzureLLMInferenceTrace_conv.csv", "conversation_trace.jsonl", "azure_code_sample.csv.gz"):
+        assert defaults_for(tmp_path / name, trace) == TRACE_DEFAULTS[name.lower().removesuffix(".gz")]
+    # A Mooncake file saved under a name with "conv" in it got Azure conversation's x4 / x4 and a cache that
+    # could not fill; Azure's 2024 week-long files are other traces too.
+    for name in ("mc_conv.jsonl", "AzureLLMInferenceTrace_conv_1week.csv"):
+        assert defaults_for(tmp_path / name, trace) == defaults_for(tmp_path / "unknown.jsonl", trace)
+
+
+def test_content_defaults_size_the_engine_for_the_long_context_shaping():
+    from kvwatch.backtest.traces import content_defaults
+
+    trace = load_trace(packaged_trace("azure_conv_sample.csv"))
+    rate, speedup = content_defaults(trace)
+    assert content_defaults(trace, prompt_scale=4.0)[0] == rate
+    assert content_defaults(trace, prompt_scale=4.0)[1] > 3 * speedup
+    assert content_defaults(trace, long_fraction=0.05)[1] > 2 * speedup
+
+
+def test_a_compute_bound_engine_is_refused_not_scored():
+    from kvwatch.backtest.scenarios import ScenarioError
+
+    trace = load_trace(packaged_trace("azure_conv_sample.csv"))
+    with pytest.raises(ScenarioError, match="cannot keep up .* raise --engine-speedup"):
+        calibrate(trace, 8.0, seed=0, speedup=0.25, seconds=1800.0)
+
+
+@pytest.mark.parametrize(("rate", "speedup", "said"), [
+    (True, True, "flags"), (False, False, "trace name"), (True, False, "rate from flags, engine from trace name"),
+    (False, True, "engine from flags, rate from trace name")])
+def test_the_report_says_where_each_scale_came_from(rate, speedup, said):
+    from kvwatch.backtest.cli import _defaults_from
+
+    assert _defaults_from(rate, speedup, True) == said

@@ -238,3 +238,33 @@ def test_times_without_a_zone_are_utc_whatever_the_machines_zone(tmp_path: Path,
     finally:
         monkeypatch.delenv("TZ")
         time.tzset()
+
+
+def test_a_damaged_gzip_stream_is_a_trace_error_not_a_traceback(tmp_path: Path) -> None:
+    import gzip
+
+    data = bytearray(gzip.compress(packaged_trace("azure_conv_sample.csv").read_bytes()))
+    data[200:260] = bytes(60)  # damaged compressed data: zlib.error, which the readers did not catch
+    path = tmp_path / "damaged.csv.gz"
+    path.write_bytes(bytes(data))
+    with pytest.raises(TraceError, match="broken gzip file"):
+        load_trace(path)
+
+
+def test_empty_prompts_are_left_out_and_blank_lines_before_the_header_skipped(tmp_path: Path) -> None:
+    azure = tmp_path / "azure.csv"
+    azure.write_text("\nTIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,0,5\n2023-11-16 18:15:47,7,5\n")
+    assert [r.prompt_tokens for r in load_trace(azure)] == [7]  # vLLM refuses an empty prompt: no KV held
+    burst = tmp_path / "burst.csv"
+    burst.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                     "5,GPT-4,0,418,418,Conversation log\n6,GPT-4,9,3,12,Conversation log\n")
+    assert [r.prompt_tokens for r in load_trace(burst)] == [9]
+    mooncake = tmp_path / "mc.jsonl"
+    mooncake.write_text('{"timestamp": 0, "input_length": 0, "output_length": 3}\n'
+                        '{"timestamp": 5, "input_length": 4, "output_length": 3, "hash_ids": ["a1b2", 7]}\n')
+    (request,) = load_trace(mooncake)
+    assert request.prompt_tokens == 4 and len(request.hash_ids) == 2  # a hex id is an id, not a refusal
+    garbage = tmp_path / "garbage.jsonl"
+    garbage.write_text('{"timestamp": 0, "input_length": 4, "output_length": 3}\nnot json\n')
+    with pytest.raises(TraceError, match="line 2: not a JSON object"):
+        load_trace(garbage)

@@ -83,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
         trace_format = detect_format(args.trace)
     except (ScenarioError, TraceError) as exc:
         raise SettingsError(str(exc)) from None
-    rate_scale, speedup = defaults_for(args.trace, trace)
+    rate_scale, speedup = defaults_for(args.trace, trace, prompt_scale=args.prompt_scale,
+                                       long_fraction=args.long_fraction)
     scenario = Scenario(
         trace_name=args.trace.name,
         profile=args.profile,
@@ -118,15 +119,25 @@ def run(args: argparse.Namespace) -> int:
     report["scenario"]["trace_columns"] = TRACE_COLUMNS[trace_format]
     report["scenario"]["trace_requests_read"] = len(trace)
     report["scenario"]["trace_truncated"] = truncated
-    report["scenario"]["scale_defaults_from"] = (
-        "flags" if args.rate_scale is not None and args.engine_speedup is not None
-        else "trace name" if named(args.trace) else "trace content")
+    report["scenario"]["scale_defaults_from"] = _defaults_from(args.rate_scale is not None,
+                                                               args.engine_speedup is not None, named(args.trace))
     if args.json:
         json.dump(report, sys.stdout, indent=2, default=_json_number)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(_text(report))
     return 1 if plot_failed else 0
+
+
+def _defaults_from(rate_given: bool, speedup_given: bool, by_name: bool) -> str:
+    """Where the rate scale and the engine speedup came from: ``flags``, ``trace name``, ``trace content``, or
+    one from a flag and the other from the trace ("rate from flags, engine from trace content")."""
+    default = "trace name" if by_name else "trace content"
+    if rate_given and speedup_given:
+        return "flags"
+    if rate_given or speedup_given:
+        return f"{'rate' if rate_given else 'engine'} from flags, {'engine' if rate_given else 'rate'} from {default}"
+    return default
 
 
 def _plot_path(path: Path) -> Path:
@@ -174,9 +185,9 @@ def _text(report: dict) -> str:
             f"{_f(m['active_5m_before']):>12s} {('-' if lead is None else f'{lead / 60:.1f} min'):>12s} "
             f"{_f(m['precision']):>9s} {m['false_alarms']:>12d} {_f(m['false_alarms_per_day']):>8s}"
         )
-    lines += ["(recall counts a warning that began 5 to 60 minutes before an onset; 'on 5m before' any warning "
-              "on through the 5 minutes before it, however early it began; false alarms per day need 24 "
-              "monitored hours)", ""]
+    lines += ["(recall@L counts an onset led by at least L: by a warning that began at most 60 minutes before it, "
+              "outside a saturation, and was still on at the onset; 'on 5m before' any warning on through the 5 "
+              "minutes before it, however early it began; false alarms per day need 24 monitored hours)", ""]
     lines.append(f"{'calibration':24s} {'Brier kvwatch':>13s} {'predict_linear':>14s} {'climatology':>11s} {'n':>5s}")
     for horizon, block in report["calibration"].items():
         lines.append(f"{'risk within ' + horizon:24s} {_f(block['kvwatch']['brier']):>13s} "

@@ -90,12 +90,24 @@ def calibrate(trace: Sequence[Request], rate_scale: float, seed: int, *, speedup
     sim = Simulator(engine_config(unlimited_blocks, speedup), seed=seed)
     sim.submit(requests)
     used: list[float] = []
+    waiting: list[int] = []
     t = POLL_SECONDS
     while t <= seconds:
         sim.run_until(t)
         if t >= 600.0:  # skip the first 10 minutes: the cache starts empty
-            used.append(sim.snapshot()[0].used_blocks * BLOCK_SIZE)
+            snapshot = sim.snapshot()[0]
+            used.append(snapshot.used_blocks * BLOCK_SIZE)
+            waiting.append(snapshot.num_waiting)
         t += POLL_SECONDS
+    # With a cache that never fills, requests wait only for compute. A minute's arrivals still waiting over the
+    # last 10 minutes: the engine cannot keep up at load 1.0, and the scenario would score a compute queue.
+    tail = waiting[-max(1, int(600.0 / POLL_SECONDS)):]
+    queued = sum(tail) / len(tail) if tail else 0.0
+    if queued > 60.0 * len(requests) / seconds:
+        raise ScenarioError(
+            f"the simulated engine cannot keep up with this trace at {rate_scale:g} x its rate even with a KV cache "
+            f"that never fills ({queued:,.0f} requests waiting for compute): the backtest would score a compute "
+            f"queue, not the KV cache; raise --engine-speedup (now {speedup:g}) or lower --rate-scale")
     mean = sum(used) / len(used) if used else 0.0
     blocks_needed = max(math.ceil(mean / BLOCK_SIZE), math.ceil(largest / BLOCK_SIZE) + 1) + 1
     return Calibration(mean_demand_tokens=mean, capacity_tokens=(blocks_needed - 1) * BLOCK_SIZE,

@@ -172,8 +172,8 @@ def load_trace_head(path: Path) -> tuple[list[Request], bool]:
         raise ScenarioError(f"--trace {path}: no such file")
     try:
         requests = read(path, max_requests=MAX_TRACE_REQUESTS + 1)
-    except (OSError, TraceError, ValueError) as exc:
-        raise ScenarioError(f"--trace {path}: {exc}") from exc
+    except (OSError, TraceError, ValueError) as exc:  # the reader's message names the file already
+        raise ScenarioError(f"--trace: {exc}") from exc
     truncated = len(requests) > MAX_TRACE_REQUESTS
     if truncated:
         requests = sorted(requests, key=lambda r: r.arrival_time)[:MAX_TRACE_REQUESTS]

@@ -25,6 +25,7 @@ import json
 import math
 import random
 import re
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from datetime import datetime
@@ -64,7 +65,7 @@ def _stream(path: Path, gzipped: bool) -> Iterator[str]:
                 yield line.rstrip("\n")
     except UnicodeDecodeError:
         raise TraceError(f"trace {path} is not UTF-8 text") from None
-    except (OSError, EOFError) as exc:  # gzip's BadGzipFile is an OSError
+    except (OSError, EOFError, zlib.error) as exc:  # gzip's BadGzipFile is an OSError; damaged data a zlib.error
         raise TraceError(f"trace {path} is a broken gzip file: {exc}" if gzipped else
                          f"cannot read trace {path}: {exc}") from None
 
@@ -108,6 +109,14 @@ def _tokens(value: object) -> int:
     return int(_number(value))
 
 
+def _hash_ids(value: object) -> tuple[int, ...]:
+    """Prefix block ids as integers: numbers as they are, any other id (a hex string) by a stable checksum; they
+    only need to compare equal where the blocks are equal."""
+    if not isinstance(value, (list, tuple)):
+        return ()
+    return tuple(h if isinstance(h, int) and not isinstance(h, bool) else zlib.crc32(str(h).encode()) for h in value)
+
+
 def read_azure_csv(source: str | Path, *, max_requests: int | None = None) -> list[Request]:
     """Requests of an Azure LLM inference trace (CSV); 0 generated tokens count as 1 (vLLM emits one)."""
     rows = _read_csv(source, AZURE_HEADER, _parse_azure_time, max_rows=max_requests)
@@ -126,7 +135,7 @@ def _read_csv(source: str | Path, columns: tuple[str, str, str], time: Callable[
     """(arrival relative to the first, prompt tokens, output tokens) of the rows of a CSV trace, by arrival: the
     first ``max_rows`` kept rows in file order when given."""
     lines, name = _lines(source)
-    header = next(lines, None)
+    header = next((line for line in lines if line.strip()), None)  # blank lines before it are no header
     where = _csv_columns(header, columns) if header is not None else None
     if where is None:
         raise TraceError(f"{name}: line 1 must be a header with the columns {','.join(columns)}")
@@ -143,8 +152,10 @@ def _read_csv(source: str | Path, columns: tuple[str, str, str], time: Callable[
                 continue
             if not math.isfinite(t):
                 raise ValueError("the arrival time must be a finite number")
-            if prompt < 1 or output < 0:
-                raise ValueError("token counts must be positive")
+            if prompt < 1:
+                continue  # an empty prompt: vLLM refuses the request, so it holds no KV
+            if output < 0:
+                raise ValueError("token counts cannot be negative")
         except ValueError as exc:
             raise TraceError(f"{name}: line {number}: {exc}: {line[:80]!r}") from None
         rows.append((t, prompt, output))
@@ -170,7 +181,10 @@ def read_mooncake_jsonl(source: str | Path, *, jitter_seconds: float = 3.0, seed
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not a JSON object ({exc.msg} at column {exc.colno})") from None
             if not isinstance(row, dict):
                 raise TypeError("not a JSON object")
             missing = [f for f in MOONCAKE_FIELDS if f not in row]
@@ -178,9 +192,11 @@ def read_mooncake_jsonl(source: str | Path, *, jitter_seconds: float = 3.0, seed
                 raise KeyError(f"no {', '.join(missing)} (a Mooncake line has {', '.join(MOONCAKE_FIELDS)})")
             t = _number(row["timestamp"]) / 1000.0
             prompt, output = _tokens(row["input_length"]), _tokens(row["output_length"])
-            hashes = tuple(int(h) for h in row.get("hash_ids", ()))
-            if prompt < 1 or output < 0 or not 0 <= t < math.inf:
-                raise ValueError("lengths must be positive and the timestamp a finite number >= 0")
+            hashes = _hash_ids(row.get("hash_ids", ()))
+            if output < 0 or not 0 <= t < math.inf:
+                raise ValueError("lengths cannot be negative and the timestamp must be a finite number >= 0")
+            if prompt < 1:
+                continue  # an empty prompt: vLLM refuses the request, so it holds no KV
         except KeyError as exc:
             raise TraceError(f"{name}: line {number}: {exc.args[0]}") from None
         except (ValueError, TypeError, OverflowError) as exc:
@@ -277,11 +293,16 @@ def block_bootstrap(requests: Sequence[Request], duration: float, *, block_secon
 # The columns each format's reader uses (everything else in a row is ignored).
 TRACE_COLUMNS: dict[str, dict[str, str]] = {
     "azure": {"TIMESTAMP": "arrival time (ISO 8601)",
-              "ContextTokens": "prompt tokens", "GeneratedTokens": "output tokens (0 counts as 1)"},
-    "burstgpt": {"Timestamp": "arrival time in seconds", "Request tokens": "prompt tokens",
+              "ContextTokens": "prompt tokens (0: an empty prompt vLLM refuses, left out)",
+              "GeneratedTokens": "output tokens (0 counts as 1)"},
+    "burstgpt": {"Timestamp": "arrival time in seconds",
+                 "Request tokens": "prompt tokens (0: an empty prompt vLLM refuses, left out)",
                  "Response tokens": "output tokens (0: a failed request, left out)"},
-    "mooncake": {"timestamp": "arrival time in milliseconds", "input_length": "prompt tokens",
-                 "output_length": "output tokens", "hash_ids": "512-token prefix block hashes (prefix caching)"},
+    "mooncake": {"timestamp": "arrival time in milliseconds",
+                 "input_length": "prompt tokens (0: an empty prompt vLLM refuses, left out)",
+                 "output_length": "output tokens",
+                 "hash_ids": "512-token prefix block hashes (kvwatch simulate's prefix caching; the backtest "
+                             "simulates none)"},
 }
 _READERS: dict[str, Callable[..., list[Request]]] = {"azure": read_azure_csv, "burstgpt": read_burstgpt_csv}
 
@@ -298,10 +319,12 @@ def detect_format(path: str | Path) -> str:
     try:
         with (gzip.open(path, "rt", encoding="utf-8") if gzipped else Path(path).open(encoding="utf-8")) as handle:
             first = next((line for line in handle if line.strip()), "")
-    except OSError as exc:  # (gzip's BadGzipFile is one)
-        raise TraceError(f"cannot read trace {path}: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, EOFError):
+    except UnicodeDecodeError:
         raise TraceError(f"trace {path} is not UTF-8 text") from None
+    except (OSError, EOFError, zlib.error) as exc:  # (gzip's BadGzipFile is an OSError)
+        if gzipped:
+            raise TraceError(f"trace {path} is a broken gzip file: {exc}") from None
+        raise TraceError(f"cannot read trace {path}: {getattr(exc, 'strerror', None) or exc}") from None
     first = first.lstrip("\ufeff")  # a byte-order mark is not part of the first line
     if first.lstrip().startswith("{"):
         return "mooncake"
