@@ -215,7 +215,7 @@ def test_a_compute_bound_engine_is_refused_not_scored():
     from kvwatch.backtest.scenarios import ScenarioError
 
     trace = load_trace(packaged_trace("azure_conv_sample.csv"))
-    with pytest.raises(ScenarioError, match="cannot keep up .* raise --engine-speedup"):
+    with pytest.raises(ScenarioError, match=r"cannot keep up .* raise --engine-speedup"):
         calibrate(trace, 8.0, seed=0, speedup=0.25, seconds=1800.0)
 
 
