@@ -173,6 +173,17 @@ def test_the_reactive_states_fire_at_slow_poll_intervals(dt: float):
     assert state_at_end(0.5, 0.0) == "ok"
 
 
+def test_running_requests_without_progress_are_stalled_too():
+    # A hung engine core freezes its gauges where they were: 10 running, nothing waiting, no counter moving.
+    # That read ok for ever; a queue was needed. Requests in flight with no progress for 3 minutes is the stall.
+    frozen = lambda t: t < 3600  # noqa: E731
+    results = run(Forecaster(), stream(lambda t: 0.5, progressing=frozen, seconds=4200))
+    at = {r.timestamp: r.state for r in results}
+    assert at[3590] == "ok" and at[3700] != "stalled" and at[4190] == "stalled"
+    idle = run(Forecaster(), stream(lambda t: 0.0, progressing=frozen, seconds=4200))  # nothing in flight
+    assert idle[-1].state != "stalled"
+
+
 def test_restart_warms_up_and_the_returning_traffic_is_not_a_warning():
     f = Forecaster()
     counters: dict[str, float] = {}

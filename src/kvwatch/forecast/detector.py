@@ -31,6 +31,7 @@ class SampleFlags:
     saturated: bool  # u ≥ u_sat, or u ≥ u_busy with requests waiting, or a preemption since the last sample
     queued_below_kv_limit: bool  # requests waiting although usage < u_busy
     progressed: bool | None  # a request finished or a token was generated; None when counters are absent
+    running: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -63,13 +64,13 @@ class _Window:
         self.flags: deque[SampleFlags] = deque()
         self.saturated = 0
         self.queued = 0
-        self.idle = 0  # samples with no request waiting
+        self.idle = 0  # samples with no request waiting or running
         self.progress = 0  # samples whose progress is not known False (True or unknown)
 
     def _count(self, f: SampleFlags, sign: int) -> None:
         self.saturated += sign * f.saturated
         self.queued += sign * f.queued_below_kv_limit
-        self.idle += sign * (f.waiting < 1)
+        self.idle += sign * (f.waiting < 1 and f.running < 1)
         self.progress += sign * (f.progressed is not False)
 
     def add(self, f: SampleFlags) -> None:

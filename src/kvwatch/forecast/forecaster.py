@@ -351,11 +351,13 @@ class Forecaster:
         preempted = bool(deltas and deltas.preemptions)
         progressed: bool | None = None
         if deltas is not None and (deltas.finished is not None or deltas.generation_tokens is not None):
-            progressed = bool(deltas.finished) or bool(deltas.generation_tokens)
+            # Prompt tokens too: one long prefill can run for minutes before its first generated token.
+            progressed = bool(deltas.finished) or bool(deltas.generation_tokens) or bool(deltas.prompt_tokens)
         return SampleFlags(
             timestamp=sample.timestamp,
             usage=u,
             waiting=sample.waiting,
+            running=sample.running,
             saturated=u >= p.u_sat or (u >= p.u_busy and sample.waiting >= 1) or preempted,
             queued_below_kv_limit=sample.waiting >= 1 and u < p.u_busy,
             progressed=progressed,
