@@ -226,3 +226,10 @@ def test_the_report_says_where_each_scale_came_from(rate, speedup, said):
     from kvwatch.backtest.cli import _defaults_from
 
     assert _defaults_from(rate, speedup, True) == said
+
+
+def test_bad_flags_are_refused_before_the_trace_is_read(tmp_path, capsys):
+    # The trace is read first otherwise: a mistyped --hours waited for a million-row file (and here the file
+    # does not even exist, which would have been the message).
+    code, _, err = _cli(["--trace", str(tmp_path / "missing.csv"), "--hours", "0.1"], capsys)
+    assert code == 2 and "--hours must be in" in err

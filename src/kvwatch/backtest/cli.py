@@ -9,6 +9,7 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from kvwatch.backtest.scenarios import (
@@ -78,13 +79,6 @@ def run(args: argparse.Namespace) -> int:
 
     if args.plot is not None:
         args.plot = _plot_path(args.plot)
-    try:
-        trace, truncated = load_trace_head(args.trace)
-        trace_format = detect_format(args.trace)
-    except (ScenarioError, TraceError) as exc:
-        raise SettingsError(str(exc)) from None
-    rate_scale, speedup = defaults_for(args.trace, trace, prompt_scale=args.prompt_scale,
-                                       long_fraction=args.long_fraction)
     scenario = Scenario(
         trace_name=args.trace.name,
         profile=args.profile,
@@ -92,12 +86,22 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         start_load=args.start_load,
         peak_load=args.peak_load,
-        rate_scale=args.rate_scale if args.rate_scale is not None else rate_scale,
-        engine_speedup=args.engine_speedup if args.engine_speedup is not None else speedup,
+        rate_scale=args.rate_scale if args.rate_scale is not None else 1.0,
+        engine_speedup=args.engine_speedup if args.engine_speedup is not None else 1.0,
         prompt_scale=args.prompt_scale,
         long_fraction=args.long_fraction,
         max_model_len=args.max_model_len,
     )
+    try:
+        validate(scenario)  # the flags first: a bad --hours must not wait for a million-row trace to be read
+        trace, truncated = load_trace_head(args.trace)
+        trace_format = detect_format(args.trace)
+    except (ScenarioError, TraceError) as exc:
+        raise SettingsError(str(exc)) from None
+    rate_scale, speedup = defaults_for(args.trace, trace, prompt_scale=args.prompt_scale,
+                                       long_fraction=args.long_fraction)
+    scenario = replace(scenario, rate_scale=args.rate_scale if args.rate_scale is not None else rate_scale,
+                       engine_speedup=args.engine_speedup if args.engine_speedup is not None else speedup)
     plot_failed = False
     try:
         validate(scenario)
