@@ -118,6 +118,8 @@ def test_version_rules_follow_the_label_set() -> None:
     assert vllm_version_from_cache_config(cache_config(kv_cache_size_tokens="163840")) == (0, 25)
     assert vllm_version_from_cache_config(cache_config(kv_cache_size_tokens="163840", prefix_match_unit="None")) \
         == (0, 26)
+    assert vllm_version_from_cache_config(cache_config(prefix_match_unit="None", cache_hit_alignment_tokens="None")) \
+        == (0, 32)
     assert vllm_version_from_cache_config(cache_config(swap_space_bytes="0.0")) == (0, 7)
     assert vllm_version_from_cache_config(cache_config()) is None
     # Gemma-2 at max_model_len 20,001: before 0.20 tokens are blocks // groups x block_size, from 0.20 they are
@@ -199,4 +201,8 @@ def test_a_hybrid_engines_prefix_caching_and_mamba_mode_come_from_its_labels() -
         assert capacity is not None and capacity.plan.spec.vllm_version == (0, 26)
         held[mode] = capacity.plan.layout.mamba_blocks_per_request
     assert held == {"align": 2, "none": 1}  # Mamba2's prefill checkpoint block comes with 0.32
+    current = cache_config(prefix_match_unit="None", cache_hit_alignment_tokens="None", enable_prefix_caching="True",
+                           mamba_cache_mode="align")
+    capacity, _ = build_sidecar_capacity(settings, "ibm-granite/granite-4.0-h-small", current)
+    assert capacity is not None and capacity.plan.layout.mamba_blocks_per_request == 3
 

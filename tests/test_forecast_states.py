@@ -184,6 +184,19 @@ def test_running_requests_without_progress_are_stalled_too():
     assert idle[-1].state != "stalled"
 
 
+def test_an_engine_put_to_sleep_is_neither_stalled_nor_scheduler_limited():
+    # vLLM's sleep mode: usage 0, requests waiting for the wake-up, no counter moving. VLLMEngineStalled paged
+    # "hung, restart it" for an engine an operator had put to sleep on purpose.
+    frozen = lambda t: t < 3600  # noqa: E731
+    samples = [replace(s, asleep=s.timestamp >= 3600) for s in
+               stream(lambda t: 0.5 if t < 3600 else 0.0, waiting=lambda t: 0.0 if t < 3600 else 4.0,
+                      progressing=frozen, seconds=4500)]
+    late = [r.state for r in run(Forecaster(), samples) if r.timestamp >= 3900]
+    assert late and not {"stalled", "scheduler_limited"} & set(late)
+    awake = [replace(s, asleep=False) for s in samples]
+    assert run(Forecaster(), awake)[-1].state == "stalled"  # the same polls without the sleep state: a stall
+
+
 def test_restart_warms_up_and_the_returning_traffic_is_not_a_warning():
     f = Forecaster()
     counters: dict[str, float] = {}

@@ -487,3 +487,13 @@ def test_an_engine_label_of_unusual_digits_is_read(engine: str) -> None:
     text = (FIXTURES / "gen-0.11-kv-only.prom").read_text().replace('engine="0"', f'engine="{engine}"')
     poll = vllm.read(parse(text, vllm.wanted_for(None)), None, timestamp=100.0)
     assert {r.engine for r in poll.readings} >= {engine}
+
+
+def test_an_override_selecting_several_samples_is_told_to_narrow_its_selector() -> None:
+    text = ('# TYPE gpu_cache_usage_sys gauge\ngpu_cache_usage_sys{gpu="0"} 0.5\ngpu_cache_usage_sys{gpu="1"} 0.6\n'
+            '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name="m"} 3\n')
+    with pytest.raises(UnrecognisedPayload, match=r'--usage-metric gpu_cache_usage_sys selects 2 samples .* '
+                                                  r'gpu_cache_usage_sys\{gpu="..."\}'):
+        vllm.read(parse(text), SourceOverrides(usage=Selector.parse("gpu_cache_usage_sys")), timestamp=100.0)
+    narrowed = SourceOverrides(usage=Selector.parse('gpu_cache_usage_sys{gpu="0"}'))
+    assert only(vllm.read(parse(text), narrowed, timestamp=100.0)).kv_usage_ratio == 0.5

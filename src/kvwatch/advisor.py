@@ -239,8 +239,9 @@ def _tensor_parallel_advice(capacity_plan: CapacityPlan | None, plan_tokens: flo
     nxt = next_tensor_parallel_size(arch, tp, gpus_per_node)
     if nxt is None:
         return Advice(ADD_TENSOR_PARALLELISM, 0,
-                      f"Add a replica behind the gateway: no tensor-parallel size above {tp} divides the model's "
-                      f"{arch.num_attention_heads} attention heads within one {gpus_per_node}-GPU node "
+                      f"Add a replica behind the gateway: no tensor-parallel size above {tp} that vLLM accepts for "
+                      f"this model (it must divide the {arch.num_attention_heads} attention heads, and divide or be a "
+                      f"multiple of the {arch.num_kv_heads} KV heads) fits one {gpus_per_node}-GPU node "
                       "(--gpus-per-node).", replica)
     from kvwatch.capacity.whatif import tensor_parallel_plan
 

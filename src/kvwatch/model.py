@@ -94,7 +94,7 @@ class Reading:
 
     @property
     def requests_waiting_for_capacity(self) -> float | None:
-        """Requests waiting for room to run: vLLM ≥0.17 splits its queue by reason, and only ``capacity`` waits
+        """Requests waiting for room to run: vLLM ≥0.20 splits its queue by reason, and only ``capacity`` waits
         for the scheduler and the KV cache; ``deferred`` requests wait for a LoRA slot or a KV transfer."""
         if self.waiting_by_reason:
             return self.waiting_by_reason.get("capacity", self.requests_waiting)

@@ -78,8 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "(0.0008GB = 800,000 B) and a note on stderr says so.")
     plan.add_argument("--vllm-version", metavar="X.Y",
                       help="vLLM version whose rules to follow (default utilization, how the token count is "
-                           "reported, what a sliding window holds per request, hybrid grouping); default: a current "
-                           "one (>= 0.20).")
+                           "reported, what sliding-window and chunked layers hold per request, hybrid grouping, "
+                           "Mamba state blocks and dtype); default: the current release (0.33, the >=0.32 rules).")
     plan.add_argument("--allow-long-max-model-len", action="store_true",
                       help="The deployment sets VLLM_ALLOW_LONG_MAX_MODEL_LEN=1: a --max-model-len past the model's "
                            "length (max_position_embeddings with RoPE scaling) is a warning, not a refusal.")
@@ -329,7 +329,7 @@ RULE_CHANGES: tuple[tuple[int, int], ...] = tuple(sorted({
 
 
 def rules_range(version: tuple[int, int]) -> str:
-    """The vLLM releases whose capacity rules are the ones applied for ``version`` (``>=0.20``, ``0.9-0.19``)."""
+    """The vLLM releases whose capacity rules are the ones applied for ``version`` (``>=0.32``, ``0.9-0.13``)."""
     lower = [c for c in RULE_CHANGES if c <= version]
     upper = [c for c in RULE_CHANGES if c > version]
     lo, hi = (max(lower) if lower else None), (min(upper) if upper else None)
@@ -360,8 +360,18 @@ def _kv_formula(plan: CapacityPlan) -> str:
     elem = layout.bytes_per_token_per_layer
     layers = layout.num_attention_layers
     if arch.is_mla:
-        per = f"{layers} layers × ({arch.kv_lora_rank} kv_lora_rank + {arch.qk_rope_head_dim} rope dims) × " \
-              f"{elem // (int(arch.kv_lora_rank or 0) + int(arch.qk_rope_head_dim or 0))} B (MLA, not split by TP)"
+        indexer = arch.index_head_dim + arch.index_head_dim // 128 * 4 if arch.index_head_dim else 0
+        latent = int(arch.kv_lora_rank or 0) + int(arch.qk_rope_head_dim or 0)
+        if spec.kv_cache_dtype.lower() == "fp8_ds_mla":
+            per = f"{layers} layers × ({elem - indexer} B fp8_ds_mla"
+        else:
+            per = f"{layers} layers × ({arch.kv_lora_rank} kv_lora_rank + {arch.qk_rope_head_dim} rope dims) × " \
+                  f"{(elem - indexer) // latent} B"
+        if spec.kv_cache_dtype.lower() == "fp8_ds_mla":
+            per += f" + {indexer} B indexer keys)" if indexer else ")"
+        elif indexer:
+            per = per.replace(f"{layers} layers × (", f"{layers} layers × ((", 1) + f" + {indexer} B indexer keys)"
+        per += " (MLA, not split by TP)"
     else:
         heads = max(1, arch.num_kv_heads // spec.tensor_parallel_size)
         per = f"2 × {layers} layers × {heads} KV heads × {arch.head_dim} head_dim × " \

@@ -20,10 +20,10 @@ from kvwatch.capacity.quantization import QuantizationError, scheme_from_config
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
-# Llama-4's chunked local attention (layers with RoPE attend within attention_chunk_size-token chunks). vLLM
-# disables its hybrid KV cache manager for it by default ("There is a latency regression when using chunked local
-# attention with the hybrid KV cache manager. Disabling it, by default." unless
-# VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1), so these layers then hold every token like full attention.
+# Llama-4's chunked local attention (layers with RoPE attend within attention_chunk_size-token chunks). Up to 0.13
+# vLLM disabled its hybrid KV cache manager for it by default (VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE
+# defaulted to 0), so these layers held every token like full attention; from 0.14 they form groups of their own
+# (kv.CHUNKED_HYBRID_SINCE).
 CHUNKED = "chunked_local_attention"
 MAMBA = "mamba"  # a Mamba / linear-attention mixer: state pages, no KV cache
 MLP_ONLY = "mlp_only"  # a layer with an MLP and no mixer (Nemotron-H's "-" and "E"): neither KV nor state

@@ -4,14 +4,16 @@ Follows vLLM's own arithmetic (``vllm/v1/core/kv_cache_utils.py``, ``kv_cache_in
 
 - standard attention, per rank: ``2 × layers_on_rank × max(1, kv_heads // TP) × head_dim × kv_bytes``
   (heads are replicated, not split, once TP exceeds them; PP divides the layers);
-- MLA: ``layers × (kv_lora_rank + qk_rope_head_dim) × kv_bytes``, not divided by TP;
+- MLA: ``layers × (kv_lora_rank + qk_rope_head_dim) × kv_bytes``, not divided by TP (plus DeepSeek-V3.2's
+  indexer keys, 132 B per token and layer);
 - sliding-window / hybrid models: layers are bucketed by attention type and cut into equal groups of
   ``group_size`` layers (the smallest bucket, or the largest when it is under 1.5× the smallest);
   one block id spans one page per layer slot of a group, so a "block row" costs
   ``group_size × page`` bytes, and every group draws its own block ids from the shared pool;
 - hybrid Mamba / linear-attention models (:mod:`kvwatch.capacity.mamba`): Mamba layers form groups of their own
   whose page (one request's state) is padded to the attention page, after vLLM raised the attention block size
-  until that page holds a state; a request holds one block in each Mamba group whatever its length.
+  until that page holds a state; a request holds a fixed number of blocks in each Mamba group whatever its length
+  (:func:`mamba_state_blocks`: 1, or 2-3 with prefix caching's "align" mode).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ MAMBA_PAGES_SINCE = (0, 10)
 
 
 def in_flight_tokens(max_num_batched_tokens: int, pp: int, version: tuple[int, int]) -> int:
-    """The X above. From 0.20: ``max_concurrent_batches × max_num_batched_tokens``, where vLLM's V1 runner has
+    """The X above. From 0.26: ``max_concurrent_batches × max_num_batched_tokens``, where vLLM's V1 runner has
     2 batches in flight with async scheduling (its default, PP = 1) and ``pp`` with pipeline parallelism."""
     if version < IN_FLIGHT_TOKENS_SINCE:
         return max_num_batched_tokens

@@ -158,7 +158,9 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     index = {name: _split(exposition.samples(name)) for name in (
         WAITING_BY_REASON, SWAPPED, PREEMPTIONS, SUCCESS, PROMPT_TOKENS, GENERATION_TOKENS, SLEEP_STATE)}
     usage_idx, running_idx, waiting_idx = _split(usage_samples), _split(running_samples), _split(waiting_samples)
-    _refuse_aggregated(((usage, usage_idx), (running, running_idx), (waiting, waiting_idx)))
+    _refuse_aggregated(((usage, usage_idx, overrides.usage is not None and "--usage-metric"),
+                        (running, running_idx, overrides.running is not None and "--running-metric"),
+                        (waiting, waiting_idx, overrides.waiting is not None and "--waiting-metric")))
     prompt_sum, prompt_count, generation_sum, generation_count = (
         _split(x) for x in (prompt_sum, prompt_count, generation_sum, generation_count))
     queries_idx, hits_idx = _split(prefix_queries), _split(prefix_hits)
@@ -282,17 +284,23 @@ def _split(samples: list[Sample]) -> _Index:
     return index
 
 
-def _refuse_aggregated(gauges: Iterable[tuple[Selector | str | None, _Index]]) -> None:
+def _refuse_aggregated(gauges: Iterable[tuple[Selector | str | None, _Index, str | bool]]) -> None:
     """One engine has one sample of each gauge (``pid`` copies already collapsed). Several that differ in another
     label (``instance``, a router's ``server``) are several servers on one page, a federated or router /metrics:
     no figure of it describes one engine (summed running over one pod's usage made a ceiling twice too high), so
-    the page is refused with the label that tells them apart."""
-    for selector, index in gauges:
+    the page is refused with the label that tells them apart. An operator's override that selects several
+    samples is told to narrow its selector instead."""
+    for selector, index, flag in gauges:
         for (model, engine), group in index.items():
             if len(group) < 2:
                 continue
             names = sorted({k for s in group for k in s.labels})
             differing = [k for k in names if len({s.labels.get(k) for s in group}) > 1]
+            if flag:
+                raise UnrecognisedPayload(
+                    f"{flag} {selector} selects {len(group)} samples for one engine that differ in "
+                    f"{', '.join(differing) or 'nothing'}: add a label selector, e.g. "
+                    f"{getattr(selector, 'name', selector)}{{{differing[0] if differing else 'label'}=\"...\"}}")
             raise UnrecognisedPayload(
                 f"{selector} has {len(group)} samples for one engine "
                 f"(model_name={model or '?'}, engine={engine or '?'}) that differ in "
@@ -475,7 +483,7 @@ FAMILY_EVIDENCE: dict[str, str] = {
     PREFIX_QUERIES: "NNNMMMMMMM",
     PREFIX_HITS: "NNNMMMMMMM",
     SLEEP_STATE: "NNNNNAAAAA",  # added in 0.12
-    WAITING_BY_REASON: "NNNNNNNMMM",  # absent in 0.16, present in 0.20.2
+    WAITING_BY_REASON: "NNNNNNNMMM",  # first in 0.20.0 (absent from the 0.19.0 wheel), so "may" for the 0.17-0.20 era
     "vllm:inter_token_latency_seconds": "NNNMMMMMMM",  # 0.10.1/0.10.2
     "vllm:request_time_per_output_token_seconds": "NNNNMMMMMM",  # 0.11
     "vllm:time_per_output_token_seconds": "MMMMMMMNNN",  # hidden in 0.12-0.13, absent in 0.16

@@ -30,7 +30,7 @@ class SampleFlags:
     waiting: float
     saturated: bool  # u ≥ u_sat, or u ≥ u_busy with requests waiting, or a preemption since the last sample
     queued_below_kv_limit: bool  # requests waiting although usage < u_busy
-    progressed: bool | None  # a request finished or a token was generated; None when counters are absent
+    progressed: bool | None  # a request finished or a token was processed; None when counters are absent
     running: float = 0.0
 
 

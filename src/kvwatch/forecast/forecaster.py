@@ -89,6 +89,8 @@ class ForecastSample:
     e2e_latency_seconds_sum: float | None = None
     e2e_latency_seconds_count: float | None = None
     restarted: bool = False
+    # vLLM's sleep mode (Reading.asleep): the KV cache is released and requests wait for a wake-up, on purpose.
+    asleep: bool = False
     # The length histograms' buckets: upper bounds (the last +Inf) and cumulative counts at each (v7's tail).
     prompt_length_bounds: tuple[float, ...] | None = None
     prompt_length_cumulative: tuple[float, ...] | None = None
@@ -104,6 +106,7 @@ class ForecastSample:
         return cls(
             timestamp=timestamp,
             kv_usage=reading.kv_usage_ratio,
+            asleep=reading.asleep,
             capacity_tokens=_capacity_of(reading),
             running=reading.requests_running or 0.0,
             waiting=reading.requests_waiting or 0.0,
@@ -353,6 +356,8 @@ class Forecaster:
         if deltas is not None and (deltas.finished is not None or deltas.generation_tokens is not None):
             # Prompt tokens too: one long prefill can run for minutes before its first generated token.
             progressed = bool(deltas.finished) or bool(deltas.generation_tokens) or bool(deltas.prompt_tokens)
+        if sample.asleep:  # a queue an operator put to sleep is neither a stall nor a scheduler limit
+            return SampleFlags(sample.timestamp, u, 0.0, False, False, None)
         return SampleFlags(
             timestamp=sample.timestamp,
             usage=u,

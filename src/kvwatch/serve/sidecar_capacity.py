@@ -64,14 +64,16 @@ class SidecarCapacity:
 def vllm_version_from_cache_config(labels: Mapping[str, str]) -> tuple[int, int] | None:
     """The vLLM version whose capacity rules apply, from the ``cache_config_info`` label set; None if unknown.
 
-    ``CacheConfig`` gained and lost fields over time (docs/capacity.md, section 5): ``prefix_match_unit`` from
-    0.26.0 (it replaced ``hash_block_size``), ``kv_cache_size_tokens``
+    ``CacheConfig`` gained and lost fields over time (docs/capacity.md, section 5, read in the released wheels):
+    ``cache_hit_alignment_tokens`` from 0.32.0, ``prefix_match_unit`` from 0.26.0, ``kv_cache_size_tokens``
     from ~0.25 (the adapter reports ``>=0.21``), ``user_specified_block_size`` from 0.20.2, while ``cpu_offload_gb``
     and ``swap_space`` were dropped in 0.20.2; ``kv_offloading_backend``/``mamba_block_size`` appeared in 0.12,
     ``kv_cache_memory_bytes``/``kv_sharing_fast_prefill`` in 0.10.2, ``cpu_kvcache_space_bytes`` in 0.9 and
     ``swap_space_bytes`` is V0's. The adapter's detected range (``0.12-0.25``) spans several rule changes.
     """
-    if "prefix_match_unit" in labels:  # replaced hash_block_size in 0.26.0's CacheConfig
+    if "cache_hit_alignment_tokens" in labels:  # in CacheConfig from 0.32.0
+        return (0, 32)
+    if "prefix_match_unit" in labels:  # in CacheConfig from 0.26.0
         return (0, 26)
     if "kv_cache_size_tokens" in labels or "kv_cache_max_concurrency" in labels:
         return (0, 25)
@@ -152,7 +154,7 @@ def build_sidecar_capacity(settings: DeploymentSettings, model_name: str | None 
         settings, engine_overrides, taken = engine_settings(settings, cache_config)
         overrides = {**engine_overrides, **overrides}
     if "vllm_version" not in overrides:
-        notes.append("vLLM version not known from cache_config_info: current (>= 0.20) rules")
+        notes.append("vLLM version not known from cache_config_info: the current release's rules")
     try:
         spec = DeploymentSpec.from_settings(settings, **overrides)
         if spec.arch is not None and spec.arch.is_hybrid_mamba and spec.block_size != original.block_size:
