@@ -587,3 +587,16 @@ def test_a_payload_opening_with_a_quoted_metric_name_is_text_not_json(tmp_path: 
     (tmp_path / "quoted.prom").write_text(body)
     report = check_json(["--file", str(tmp_path / "quoted.prom")], capsys)
     assert report["series"][0]["requests_running"] == 3
+
+
+def test_a_queue_at_90_to_95_percent_is_kv_bound_as_serve_says(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    # serve counts a poll at usage >= 0.90 with a queue as saturated (bottleneck); check needed 0.95 and gave no
+    # finding at all between 0.90 and 0.95, so `check --fail-on critical` passed a cache at 93 % with 200 waiting.
+    text = (FIXTURES / "gen-0.33-dp2-capacity-labels.prom").read_text()
+    old = 'vllm:kv_cache_usage_perc{engine="0",model_name="llama"} 0.96'
+    assert old in text
+    (tmp_path / "p.prom").write_text(text.replace(old, old[:-4] + "0.93"))
+    report = check_json(["--file", str(tmp_path / "p.prom")], capsys)
+    assert ("kv_bound", "0") in ids(report)
+    assert report["series"][0]["advice"]

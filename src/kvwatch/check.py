@@ -1,7 +1,7 @@
 """``kvwatch check [URL] [--file PATH] [--json]``: one poll, then a diagnosis a person can act on.
 
 Findings follow the troubleshooting checklist (stable ids, see docs/metrics.md):
-``kv_bound`` (KV ≥ 0.95 with a queue), ``scheduler_limited`` (a standing queue while KV < 0.9), ``preemptions``
+``kv_bound`` (KV ≥ 0.90 with a queue), ``scheduler_limited`` (a standing queue while KV < 0.9), ``preemptions``
 (any preemption, or SGLang retraction, since the engine started), ``prefix_cache_ineffective`` (prefix
 caching on, hit ratio < 10 %),
 ``capacity_unknown`` and ``usage_unknown`` (kvwatch cannot read them from this engine), ``capacity_groups_unknown``
@@ -50,8 +50,9 @@ from kvwatch.settings import CheckSettings, SettingsError, add_settings_flags, l
 if TYPE_CHECKING:  # the capacity model loads only when a plan is built
     from kvwatch.capacity.planner import CapacityPlan
 
-# The forecaster's thresholds, so that check and serve call the same usage KV-bound.
-KV_BOUND_USAGE = ForecastParams().u_sat
+# The forecaster's thresholds, so that check and serve call the same polls KV-bound: usage at u_busy (0.90) with a
+# queue is saturated there (vLLM rarely reads above ~0.95 when full), and below it a queue is the scheduler's.
+KV_BOUND_USAGE = ForecastParams().u_busy
 SCHEDULER_LIMITED_BELOW = ForecastParams().u_busy
 PREFIX_HIT_RATIO_LOW = 0.10
 PREFIX_MIN_QUERIES = 1000  # fewer queried tokens/blocks than this says nothing about the hit ratio

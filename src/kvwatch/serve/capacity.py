@@ -23,6 +23,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from kvwatch.capacity.findings import LIVE_FINDINGS, SUSTAINED_SECONDS, HeldSince, live_finding, max_model_len_mismatch
 from kvwatch.capacity.series import max_model_len_of
+from kvwatch.derived import max_concurrency, mean_request_tokens
 from kvwatch.engines.vllm import engine_max_model_len
 from kvwatch.history import SeriesHistory
 from kvwatch.model import Reading, SeriesKey
@@ -93,6 +94,12 @@ class CapacityAnalyzer:
             return None
         whatif: dict[str, float] = {}
         per_request = reading.kv_tokens_per_running_request
+        # The request size behind kvwatch_max_concurrency{basis="observed_mix"} (the smaller of the live footprint
+        # and the finished mean): a what-if starting from the live footprint alone read above today's ceiling
+        # for a change that does nothing at this mix (max_model_len_halved at +7 %).
+        headline = max_concurrency(reading, mean_request_tokens(reading, history), None).get("observed_mix")
+        if headline and reading.kv_capacity_tokens:
+            per_request = reading.kv_capacity_tokens / headline
         if capacity is not None and per_request:
             whatif = capacity.whatif_max_concurrency(per_request, series.tokens)
         return CapacityResult(capacity.formula_kv_capacity_tokens if capacity is not None else None,
@@ -132,7 +139,8 @@ class CapacityAnalyzer:
             labels=["model_name", "engine"])
         whatif = GaugeMetricFamily(
             "kvwatch_whatif_max_concurrency",
-            "Concurrency ceiling under a what-if scenario, at the live average KV tokens per running request.",
+            "Concurrency ceiling under a what-if scenario, at the request size behind "
+            "kvwatch_max_concurrency{basis=\"observed_mix\"} (today's ceiling scaled by the scenario's).",
             labels=["model_name", "engine", "scenario"])
         source = GaugeMetricFamily(
             "kvwatch_capacity_source_info",

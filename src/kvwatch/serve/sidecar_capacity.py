@@ -49,7 +49,8 @@ class SidecarCapacity:
 
     def whatif_max_concurrency(self, avg_kv_tokens_per_request: float,
                                capacity_tokens: float | None = None) -> dict[str, float]:
-        """``kvwatch_whatif_max_concurrency{scenario}`` at the live average KV tokens per running request. The
+        """``kvwatch_whatif_max_concurrency{scenario}`` at ``avg_kv_tokens_per_request`` (serve passes the size behind
+        its observed-mix ceiling). The
         what-ifs scale the pool the series has (``capacity_tokens``, the engine's when it reports one), as
         ``check``'s advice does; they do not replace it with the formula's: a scenario's ceiling is today's
         ceiling × the scenario's over the formula's own at the same request size."""
