@@ -82,3 +82,14 @@ def test_no_option_has_a_tensor_parallel_size_vllm_refuses(capsys):
                           "--target-concurrency", "64", "--avg-seq-len", "8192", "--json"], capsys)
     assert code == 0 and data["options"]
     assert {o["tensor_parallel_size"] for o in data["options"]} <= {1, 2}
+
+
+def test_a_length_it_picks_fits_four_requests_as_the_plans_own_warning_asks(capsys):
+    # Llama-4-Scout's 10M tokens do not start on 4 H100s; the longest length that does (2.8M) left room for one
+    # request, and that option's own plan then warned. The inverse planner picks the length at which 4 fit.
+    code, data = inverse(["plan", "--model", "meta-llama/Llama-4-Scout-17B-16E-Instruct", "--gpu", "H100",
+                          "--target-concurrency", "16", "--avg-seq-len", "32768", "--json"], capsys)
+    assert code == 0 and data["options"]
+    for option in data["options"]:
+        if "max_model_len" in option["changes"]:
+            assert option["long_context"]["requests_at_max_model_len"] >= 4, option["vllm_args"]

@@ -90,3 +90,14 @@ def test_granite_4_h_small_carries_its_length_field():
     # without max_position_embeddings vLLM assumes 2048 and a 32768-token plan refuses to start
     arch = presets.match_model("ibm-granite/granite-4.0-h-small").arch
     assert arch.derived_max_model_len == 131072
+
+
+def test_the_length_that_fits_four_is_the_models_own_when_that_fits():
+    # Granite-4.0-H-Small on an H100 fits 4.5 requests at its 131,072; rounding the answer down to whole
+    # 528-token blocks named 130,944, advising a cut that changes nothing.
+    arch = presets.match_model("ibm-granite/granite-4.0-h-small").arch
+    plan = plan_capacity(DeploymentSpec(arch=arch, gpu_memory_bytes=presets.resolve_gpu("H100").total_memory_bytes,
+                                        gpu_name="H100"))
+    lc = long_context(plan)
+    assert lc is not None and lc.requests_at_max_model_len >= 4
+    assert lc.max_model_len_for_4 == arch.derived_max_model_len == 131_072

@@ -236,10 +236,10 @@ def inverse_to_dict(result: InversePlan) -> dict[str, Any]:
 def render_inverse(result: InversePlan) -> str:
     out = [f"kvwatch plan: deployments for {result.target_concurrency} concurrent requests of "
            f"{result.avg_seq_len:,.0f} tokens, cheapest first", "",
-           f"   {'#':>2} {'GPUs':>5} {'replicas':>8} {'TP':>3} {'per replica':>11}  vLLM arguments"]
+           f"   {'#':>2} {'GPUs':>5} {'replicas':>8} {'TP':>3} {'requests/replica':>17}  vLLM arguments"]
     for i, o in enumerate(result.options, 1):
         out.append(f"   {i:>2} {o.total_gpus:>5} {o.replicas:>8} {o.plan.spec.tensor_parallel_size:>3} "
-                   f"{o.per_replica:>11.1f}  {' '.join(o.vllm_args)}")
+                   f"{o.per_replica:>17.1f}  {' '.join(o.vllm_args)}")
     if result.why_not:
         out.append(f"error: nothing reaches {result.target_concurrency}: {result.why_not}")
     return "\n".join(out)

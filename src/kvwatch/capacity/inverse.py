@@ -97,12 +97,19 @@ def _already_fp8_weights(spec: DeploymentSpec) -> bool:
     return current is not None and current.bytes_per_param <= 1.0
 
 
-def _fitting_length(plan: CapacityPlan) -> int | None:
-    """The longest max_model_len this pool starts with, as the plan's error suggests (None if it has none)."""
+def _fitting_length(plan: CapacityPlan, avg_seq_len: float) -> int | None:
+    """The max_model_len to offer when the model's own does not start: the longest at which 4 requests fit (the
+    bar of the plan's own long-context warning), else the longest this pool starts with, as the plan's error
+    suggests (None if it has none). The longest that starts alone was 2.8M tokens on Llama-4-Scout, where the
+    plan of that option then warned that one request could hold the whole cache."""
+    from kvwatch.capacity.longcontext import TARGET_REQUESTS, max_len_for
     from kvwatch.capacity.planner import _fitting_len
 
     if plan.num_gpu_blocks <= 0:
         return None
+    roomy = max_len_for(plan, TARGET_REQUESTS)
+    if roomy and roomy >= avg_seq_len:
+        return roomy
     return _fitting_len(plan.layout, plan.num_gpu_blocks, plan.in_flight_tokens) or None
 
 
@@ -147,7 +154,7 @@ def _option(base: DeploymentSpec, spec: DeploymentSpec, target: int, avg_seq_len
         plan = plan_capacity(spec)
         if plan.errors and not length_given and plan.max_model_len and plan.num_gpu_blocks > 0 and \
                 not any("greater than the model's maximum" in e for e in plan.errors):
-            shorter = _fitting_length(plan)  # the model's own length does not start: the longest that does
+            shorter = _fitting_length(plan, avg_seq_len)  # the model's own length does not start
             if shorter and shorter >= avg_seq_len:
                 spec = replace(spec, max_model_len=shorter)
                 plan = plan_capacity(spec)

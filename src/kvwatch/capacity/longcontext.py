@@ -100,6 +100,8 @@ def max_len_for(plan: CapacityPlan, requests: int) -> int | None:
             lo = mid
         else:
             hi = mid - 1
+    if arch is not None and lo == arch.derived_max_model_len:
+        return lo  # the model's own length fits: rounding it down to whole blocks would advise a needless cut
     return lo // layout.block_size * layout.block_size or lo
 
 
