@@ -27,7 +27,7 @@ from kvwatch.capacity import (
     whatif_scenarios,
 )
 from kvwatch.capacity import presets as preset_data
-from kvwatch.capacity.architecture import SLIDING, ModelArch
+from kvwatch.capacity.architecture import CHUNKED, MAMBA, SLIDING, ModelArch
 from kvwatch.capacity.inverse import InversePlan, inverse_plan
 from kvwatch.capacity.kv import (
     CHUNKED_HYBRID_SINCE,
@@ -37,6 +37,7 @@ from kvwatch.capacity.kv import (
     MAMBA_CHECKPOINT_BLOCK_SINCE,
     NEMOTRON_SSM_FP32_SINCE,
     TOKENS_FROM_CONCURRENCY_SINCE,
+    KVLayout,
 )
 from kvwatch.capacity.longcontext import LongContext, long_context
 from kvwatch.capacity.memory import GIB, parameter_counts, resolve_quantization
@@ -353,6 +354,16 @@ def _bytes(n: float) -> str:
     return f"{n:,.0f} B ({n / 1024:.4g} KiB)"
 
 
+def _group_caps(layout: KVLayout) -> str:
+    """What caps a request's tokens in each kind of group the layout has (the ceiling line's parenthesis)."""
+    kinds = {g.kind for g in layout.groups}
+    caps = [text for kind, text in ((SLIDING, "sliding groups capped at the window"),
+                                    (CHUNKED, "chunked groups at chunk + in-flight tokens"),
+                                    (MAMBA, f"{layout.mamba_blocks_per_request} state block(s) per Mamba group"))
+            if kind in kinds]
+    return "; ".join(caps) or "every group holds every token"
+
+
 def _kv_formula(plan: CapacityPlan) -> str:
     spec, arch, layout = plan.spec, plan.spec.arch, plan.layout
     if spec.kv_bytes_per_token is not None or arch is None:
@@ -415,7 +426,7 @@ def render_text(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: floa
     name = spec.arch.name if spec.arch else "model given by its KV bytes per token"
     out = [f"kvwatch plan: {name}, TP={spec.tensor_parallel_size} PP={spec.pipeline_parallel_size}, "
            f"vLLM {rules_range(spec.vllm_version)} rules (figures per GPU)", ""]
-    out.append("1. KV budget = total × gpu_memory_utilization − weights − activation peak − non-torch")
+    out.append("1. KV budget = total × gpu_memory_utilization − weights − activation peak − non-torch − CUDA graphs")
     if spec.available_kv_bytes is not None:
         out.append(f"   given (--available-kv-gib)                         = {_g(plan.available_kv_bytes)}")
     else:
@@ -447,8 +458,8 @@ def render_text(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: floa
     out += ["", "4. Concurrency ceiling"]
     if avg_seq_len and layout.is_hybrid:
         out.append(f"   at {avg_seq_len:,.0f} tokens per request: {plan.num_gpu_blocks:,} blocks × {layout.block_size}"
-                   f" ÷ tokens one request holds in all {layout.num_groups} groups (sliding groups capped at the "
-                   f"window) ≈ {plan.max_concurrency_at(avg_seq_len):.2f} requests")
+                   f" ÷ tokens one request holds in all {layout.num_groups} groups ({_group_caps(layout)}) "
+                   f"≈ {plan.max_concurrency_at(avg_seq_len):.2f} requests")
     elif avg_seq_len:
         ceiling = plan.max_concurrency_at(avg_seq_len)
         out.append(f"   at {avg_seq_len:,.0f} tokens per request: {_g(plan.available_kv_bytes)} ÷ "

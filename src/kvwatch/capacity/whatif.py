@@ -151,7 +151,10 @@ def whatif_scenarios(spec: DeploymentSpec, avg_seq_len: float | None = None) -> 
         fp8 = replace(spec, kv_cache_dtype="fp8")
         if spec.kv_bytes_per_token is not None:
             fp8 = replace(fp8, kv_bytes_per_token=spec.kv_bytes_per_token * 1 / max(1, _kv_elem_bytes(spec)))
-        candidates.append(("fp8_kv_cache", fp8, "--kv-cache-dtype fp8: one byte per KV element, about 2x tokens"))
+        state = (" (Mamba state pages keep their dtype, so the ceiling gains less than the tokens)"
+                 if spec.arch is not None and spec.arch.is_hybrid_mamba else "")
+        candidates.append(("fp8_kv_cache", fp8,
+                           f"--kv-cache-dtype fp8: one byte per KV element, about 2x tokens{state}"))
     candidates.append(("fp8_weights", *_fp8_weights(spec, base)))
     candidates.append(("tensor_parallel_x2", *_tp_x2(spec, base)))
 
