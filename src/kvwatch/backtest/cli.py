@@ -36,8 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="any file in the Azure CSV format (columns read: TIMESTAMP, ContextTokens, "
                              "GeneratedTokens), the BurstGPT CSV format (Timestamp s, Request tokens, Response "
                              "tokens) or the Mooncake JSONL format (timestamp ms, input_length, output_length, "
-                             "hash_ids), gzip-compressed or not; detected from its content (samples: "
-                             "kvwatch/data/traces)")
+                             "hash_ids), gzip-compressed or not; detected from its content (samples: src/kvwatch/data/"
+                             "traces/ in the repository, kvwatch/data/traces/ in the installed package)")
     parser.add_argument("--profile", choices=PROFILES, default="ramp",
                         help="ramp: start→peak (after 30 min at start); step: jumps at half time; diurnal: daily "
                              "swing; steady: holds peak; restart: steady with an engine restart at half time; "
