@@ -62,16 +62,18 @@ def capacity_mismatch(formula_tokens: float, reported_tokens: float | None,
     per_token = getattr(plan, "kv_bytes_per_token", None)
     if gap > 0:
         missing_gib = (formula_tokens - reported_tokens) * per_token / GIB if per_token else None
-        graphs = ""
-        if missing_gib is not None:
-            low, high = CUDA_GRAPH_GIB_RANGE
-            fits = "within" if low <= missing_gib <= high else "outside"
-            graphs = f" ({missing_gib:.2f} GiB per GPU is missing, {fits} the 0.5-1.8 GiB the logs show)"
-        causes += [f"vLLM >= 0.21 subtracts its CUDA-graph memory before sizing the cache{graphs}",
-                   "a lower --gpu-memory-utilization than kvwatch assumed",
-                   "another process on the GPU at startup (its memory counts against vLLM's profile)",
-                   "larger weights (an unquantized or bigger checkpoint) or a longer profiled batch "
-                   "(--max-num-batched-tokens)"]
+        others = ["a lower --gpu-memory-utilization than kvwatch assumed",
+                  "another process on the GPU at startup (its memory counts against vLLM's profile)",
+                  "larger weights (an unquantized or bigger checkpoint) or a longer profiled batch "
+                  "(--max-num-batched-tokens)"]
+        graphs = "vLLM >= 0.21 subtracts its CUDA-graph memory before sizing the cache"
+        low, high = CUDA_GRAPH_GIB_RANGE
+        if missing_gib is not None and low <= missing_gib <= high:
+            causes += [f"{graphs} ({missing_gib:.2f} GiB per GPU is missing, within the 0.5-1.8 GiB the logs show)",
+                       *others]
+        else:  # the graphs cannot explain a gap of this size: the other causes first
+            missing = f"{missing_gib:.2f} GiB per GPU is missing, " if missing_gib is not None else ""
+            causes += [*others, f"{graphs} (not alone: {missing}outside the 0.5-1.8 GiB the logs show)"]
     else:
         causes += ["a higher --gpu-memory-utilization than kvwatch assumed",
                    "an FP8 KV cache (--kv-cache-dtype fp8) or quantized weights kvwatch was not told about",
@@ -79,7 +81,8 @@ def capacity_mismatch(formula_tokens: float, reported_tokens: float | None,
     causes.append("--model/--gpu/--tensor-parallel-size/--dtype not describing this deployment")
     return CapacityFinding("capacity_mismatch", "warning", (
         f"The capacity formula says {formula_tokens:,.0f} KV tokens, the engine reports {reported_tokens:,.0f} "
-        f"({gap:+.0%}). Likely causes: {'; '.join(causes)}. The engine's figure is the one kvwatch uses."))
+        f"(the formula is {abs(gap):.0%} {'higher' if gap > 0 else 'lower'}). Likely causes: {'; '.join(causes)}. "
+        "The engine's figure is the one kvwatch uses."))
 
 
 def max_model_len_mismatch(given: int | None, engine: int | None) -> CapacityFinding | None:
