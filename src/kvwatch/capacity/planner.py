@@ -348,8 +348,13 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
         warnings.append(f"estimated (not measured): {', '.join(estimated)}; pass --weights-gib/--activation-gib/"
                         "--non-torch-gib from vLLM's startup log for exact figures")
     if layout.is_hybrid and spec.vllm_version >= kv.TOKENS_FROM_CONCURRENCY_SINCE:
-        notes.append("hybrid (sliding-window or Mamba) model: vLLM derives 'KV cache size' from max_model_len, so it "
-                     "is not a byte-linear capacity")
+        notes.append("hybrid (sliding-window, chunked or Mamba) model: vLLM derives 'KV cache size' from "
+                     "max_model_len, so it is not a byte-linear capacity")
+    elif layout.is_hybrid:
+        notes.append(f"hybrid (sliding-window, chunked or Mamba) model: vLLM before 0.20 reports 'KV cache size' as "
+                     f"blocks // {layout.num_groups} groups × block size, which counts one group's tokens; the "
+                     "ceiling counts what each group holds (a sliding group only its window), so it can exceed "
+                     "that figure ÷ max_model_len")
     return CapacityPlan(
         spec=spec, total_memory_bytes=total, gpu_memory_utilization=util, usable_bytes=usable,
         weights_bytes=weights, activation_bytes=activation, non_torch_bytes=non_torch,
