@@ -222,3 +222,18 @@ def test_a_hybrid_engines_prefix_caching_and_mamba_mode_come_from_its_labels() -
     capacity, _ = build_sidecar_capacity(settings, "ibm-granite/granite-4.0-h-small", current)
     assert capacity is not None and capacity.plan.layout.mamba_blocks_per_request == 3
 
+
+
+def test_the_plan_cache_tells_engines_apart_by_every_label_the_formula_reads() -> None:
+    # The resolver caches one plan per model and engine configuration; the labels added for the version rules and
+    # the Mamba state blocks must be part of that key, or a second engine borrowed the first one's plan.
+    from kvwatch.serve.sidecar_capacity import CapacityResolver
+
+    resolver = CapacityResolver(ServeSettings(gpu="H100", max_model_len=8192))
+    held = []
+    for mode in ("align", "none"):
+        labels = cache_config(prefix_match_unit="None", cache_hit_alignment_tokens="None", mamba_cache_mode=mode)
+        capacity, _ = resolver.sidecar(reading(model_name="ibm-granite/granite-4.0-h-small", cache_config=labels))
+        assert capacity is not None
+        held.append(capacity.plan.layout.mamba_blocks_per_request)
+    assert held == [3, 1]

@@ -32,11 +32,13 @@ from kvwatch.model import Reading
 from kvwatch.settings import KV_CACHE_DTYPES, DeploymentSettings, ServeSettings
 
 # cache_config_info labels the formula reads (a change in any of them means another engine configuration).
-ENGINE_LABELS = ("gpu_memory_utilization", "block_size", "cache_dtype", "kv_cache_memory_bytes")
+ENGINE_LABELS = ("gpu_memory_utilization", "block_size", "cache_dtype", "kv_cache_memory_bytes",
+                 "enable_prefix_caching", "mamba_cache_mode")
 # Labels whose presence tells the vLLM version (vllm_version_from_cache_config).
 VERSION_LABELS = ("kv_cache_size_tokens", "kv_cache_max_concurrency", "user_specified_block_size",
                   "swap_space_bytes", "cpu_offload_gb", "swap_space", "kv_offloading_backend", "mamba_block_size",
-                  "kv_cache_memory_bytes", "kv_sharing_fast_prefill", "cpu_kvcache_space_bytes")
+                  "kv_cache_memory_bytes", "kv_sharing_fast_prefill", "cpu_kvcache_space_bytes", "prefix_match_unit",
+                  "cache_hit_alignment_tokens")
 @dataclass(frozen=True)
 class SidecarCapacity:
     plan: CapacityPlan
