@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from kvwatch.check import build_report
-from kvwatch.engines import SourceOverrides, UnrecognisedPayload
+from kvwatch.engines import SourceOverrides, UnrecognisedPayload, sglang
 from kvwatch.engines.detect import read_payload
-from kvwatch.exposition import ParseError
+from kvwatch.exposition import ParseError, parse
 from kvwatch.payload import ScrapeError, interpret
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -196,3 +196,43 @@ def test_a_pd_decode_servers_preallocation_queue_waits_for_kv() -> None:
     poll = interpret(text, None, timestamp=0.0)
     assert poll.readings[0].requests_waiting == 48
     assert poll.detection.waiting_metric == "sglang:num_queue_reqs + sglang:num_decode_prealloc_queue_reqs"
+
+
+def test_several_sglang_workers_on_a_gateways_page_are_refused_not_merged() -> None:
+    # sgl-model-gateway's /engine_metrics merges its workers' pages and labels them worker_addr: the maximum over
+    # them made up an engine (one worker's 98 % usage beside another's 150 running).
+    text = "".join(
+        f"# TYPE sglang:{name} gauge\n" + "".join(
+            f'sglang:{name}{{model_name="m",tp_rank="0",worker_addr="http://10.0.0.{w}:30000"}} {v}\n'
+            for w, v in ((11, a), (12, b)))
+        for name, a, b in (("token_usage", 0.98, 0.10), ("num_running_reqs", 20, 150), ("num_queue_reqs", 40, 0)))
+    with pytest.raises(UnrecognisedPayload, match="differ in worker_addr"):
+        sglang.read(parse(text), timestamp=0.0)
+
+
+def test_sglang_cached_tokens_add_up_over_their_cache_sources() -> None:
+    # Hierarchical caching splits cached_tokens_total by cache_source (device, host, storage_*); the maximum of
+    # the tiers under-stated the hit ratio (0.07 for 0.17) and raised prefix_cache_ineffective.
+    text = ('# TYPE sglang:token_usage gauge\nsglang:token_usage{model_name="m"} 0.5\n'
+            '# TYPE sglang:prompt_tokens_total counter\nsglang:prompt_tokens_total{model_name="m"} 9000000\n'
+            '# TYPE sglang:cached_tokens_total counter\n'
+            'sglang:cached_tokens_total{cache_source="device",model_name="m"} 600000\n'
+            'sglang:cached_tokens_total{cache_source="host",model_name="m"} 500000\n'
+            'sglang:cached_tokens_total{cache_source="storage_file",model_name="m"} 400000\n')
+    (reading,) = sglang.read(parse(text), timestamp=0.0).readings
+    assert reading.prefix_cache_hit_ratio == pytest.approx(1_500_000 / 9_000_000)
+
+
+def test_unknown_counts_and_a_prefill_server_raise_no_stuck_or_stuck_queue_finding() -> None:
+    from kvwatch.capacity.findings import LIVE_FINDINGS, live_finding
+
+    # trtllm-serve's older collector exports utilization and no queue gauges: unknown is not zero.
+    assert all(live_finding(f, 0.97, None, None) is None for f in LIVE_FINDINGS)
+    assert all(live_finding(f, 0.02, None, 3.0) is None for f in LIVE_FINDINGS)
+    # SGLang's PD prefill loop never enters its running batch: 0 running is its normal state.
+    prefill = ('# TYPE sglang:num_running_reqs gauge\n'
+               'sglang:num_running_reqs{engine_type="prefill",model_name="m",tp_rank="0"} 0\n')
+    (reading,) = sglang.read(parse(prefill), timestamp=0.0).readings
+    assert reading.engine_role == "prefill"
+    assert all(live_finding(f, 0.02, 0.0, 3.0, prefill_server=True) is None for f in LIVE_FINDINGS)
+    assert live_finding("request_exceeds_pool", 0.02, 0.0, 3.0) is not None

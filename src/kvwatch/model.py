@@ -84,6 +84,8 @@ class Reading:
     # vllm:request_generation_tokens), for the forecast's request-size tail; empty when not exported.
     lengths: Mapping[str, Histogram] = field(default_factory=_no_histograms)
     requests_aborted_total: float | None = None
+    # A prefill-disaggregated server's role ("prefill" or "decode", SGLang's engine_type label); None: unified.
+    engine_role: str | None = None
     # vLLM's sleep mode (vllm:engine_sleep_state, 0.12+): "awake", "weights_offloaded" (level 1), "discard_all"
     # (level 2), "asleep" (awake = 0, level not said); None when the engine does not say.
     sleep_state: str | None = None

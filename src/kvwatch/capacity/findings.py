@@ -97,21 +97,22 @@ def max_model_len_mismatch(given: int | None, engine: int | None) -> CapacityFin
 
 
 def kv_usage_stuck(usage: float | None, running: float | None, waiting: float | None) -> CapacityFinding | None:
-    """KV usage near full with nothing running or waiting: only a leak holds blocks then."""
-    if usage is None or usage < STUCK_USAGE or running or waiting:
+    """KV usage near full with nothing running or waiting: only a leak holds blocks then. An unknown count is
+    not zero: without both counts there is no finding."""
+    if usage is None or running is None or waiting is None or usage < STUCK_USAGE or running or waiting:
         return None
     return CapacityFinding("kv_usage_stuck", "critical", (
         f"KV cache is {usage:.0%} used with no request running or waiting: finished requests' blocks are not "
         "being freed (a KV leak, as in vllm issue 27073, after over-long requests were rejected). Prefix-cache "
         "blocks do not count as usage, so this is not caching. If it persists, restart the engine and report "
-        "the vLLM version."))
+        "the engine's version."))
 
 
 def request_exceeds_pool(usage: float | None, running: float | None, waiting: float | None,
                          capacity_tokens: float | None = None,
                          max_model_len: int | None = None) -> CapacityFinding | None:
     """Requests wait, nothing runs, the cache is (nearly) empty: the first waiting request cannot fit at all."""
-    if not waiting or running or usage is None or usage > EMPTY_USAGE:
+    if not waiting or running is None or running or usage is None or usage > EMPTY_USAGE:
         return None
     size = ""
     if capacity_tokens and max_model_len and max_model_len > capacity_tokens:
@@ -126,10 +127,12 @@ def request_exceeds_pool(usage: float | None, running: float | None, waiting: fl
 
 def live_finding(finding_id: str, usage: float | None, running: float | None, waiting: float | None,
                  capacity_tokens: float | None = None, max_model_len: int | None = None, *,
-                 asleep: bool = False) -> CapacityFinding | None:
+                 asleep: bool = False, prefill_server: bool = False) -> CapacityFinding | None:
     """One of :data:`LIVE_FINDINGS` on one reading (the engine's usage, running and waiting), or None. An engine
-    in vLLM's sleep mode has released its KV cache, so requests waiting while nothing runs are expected then."""
-    if asleep and finding_id in LIVE_FINDINGS:
+    in vLLM's sleep mode has released its KV cache, so requests waiting while nothing runs are expected then; so
+    is a PD prefill server's "nothing running" (SGLang's prefill loop never enters its running batch: the KV is
+    held by requests whose cache is being transferred, sglang/srt/disaggregation/prefill.py)."""
+    if (asleep or prefill_server) and finding_id in LIVE_FINDINGS:
         return None
     if finding_id == "kv_usage_stuck":
         return kv_usage_stuck(usage, running, waiting)

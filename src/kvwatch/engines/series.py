@@ -3,8 +3,10 @@
 Each adapter says how a sample's labels map to a series key ``(model, engine)`` (``None`` where the
 label is absent: such a sample applies to every series, as a tokenizer-side counter without a rank
 label does). Copies of one series that differ only in other labels (SGLang's ``tp_rank``/``pp_rank``/
-``engine_type``, Triton's ``version``) are snapshots of the same engine, so they combine by maximum,
-never by sum: summing would count one request once per tensor-parallel rank. NaN reads as unknown.
+``engine_type``/``priority``) are snapshots of the same engine, so they combine by maximum, never by sum:
+summing would count one request once per tensor-parallel rank. Copies that differ in a label naming a server
+or a model version (:data:`SERVER_LABELS`: an SGLang gateway's ``worker_addr``, a federation's ``instance``,
+Triton's ``version``) are other engines: :func:`refuse_several_servers` refuses the page. NaN reads as unknown.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from kvwatch.engines import Selector
+from kvwatch.engines import Selector, UnrecognisedPayload
 from kvwatch.exposition import Exposition, Sample
 from kvwatch.model import Histogram, SeriesKey
 
@@ -62,6 +64,28 @@ class Index:
 
     def partial_keys(self) -> set[PartialKey]:
         return set(self.by_key)
+
+
+# Labels that tell servers (or loaded model versions) apart, never the ranks of one engine: sgl-model-gateway's
+# /engine_metrics adds worker_addr (metrics_aggregator.rs), a Prometheus federation instance/job, a proxy server
+# or pod; Triton's tensorrtllm_backend reports each loaded version of a model as a metric group of its own.
+SERVER_LABELS = frozenset({"worker_addr", "worker", "instance", "server", "pod", "host", "hostname", "endpoint",
+                           "url", "version"})
+
+
+def refuse_several_servers(indexes: Iterable[tuple[str, Index]]) -> None:
+    """UnrecognisedPayload when copies of one series differ in a :data:`SERVER_LABELS` label: their maximum
+    made up an engine (one worker's usage beside another's running count)."""
+    for name, index in indexes:
+        for (model, engine), group in index.by_key.items():
+            if len(group) < 2:
+                continue
+            differing = sorted(k for k in SERVER_LABELS if len({s.labels.get(k) for s in group}) > 1)
+            if differing:
+                raise UnrecognisedPayload(
+                    f"{name} has samples for one engine (model {model or '?'}, engine {engine or '?'}) that differ in "
+                    f"{', '.join(differing)}: this page holds several servers or model versions (a gateway's, a "
+                    "federation's); point kvwatch at one engine's /metrics")
 
 
 def selected(exposition: Exposition, selector: Selector) -> list[Sample]:

@@ -31,6 +31,7 @@ from kvwatch.engines.series import (
     KeyOf,
     latency_for,
     latency_index,
+    refuse_several_servers,
     sample_named,
     selected,
     series_keys,
@@ -137,6 +138,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
         return Index.of(exposition.samples(name), key_of)
 
     usage_i, running_i, waiting_i, capacity_i = idx(usage), idx(running), idx(waiting), idx(capacity)
+    refuse_several_servers(((str(usage), usage_i), (str(running), running_i), (str(waiting), waiting_i)))
     prealloc_i = fam(DECODE_PREALLOC) if overrides.waiting is None else Index()
     keys = series_keys((usage_i, running_i, waiting_i, capacity_i))
     if not (usage_i or running_i or waiting_i):
@@ -155,8 +157,9 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
 
     readings = []
     for key in keys:
-        # cached_tokens_total counts prompt tokens served from the radix cache: hits over prompt tokens.
-        hits, queries = cached.value(key), prompt.value(key)
+        # cached_tokens_total counts prompt tokens served from the radix cache: hits over prompt tokens. With
+        # hierarchical caching it is split by cache_source (device, host, storage_*): the tiers add up.
+        hits, queries = _cached_tokens(cached, key), prompt.value(key)
         readings.append(Reading(
             model_name=key[0],
             engine=key[1],
@@ -178,6 +181,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             process_start_time_seconds=process_start,
             latency=latency_for(latency, key),
             requests_aborted_total=aborted.value(key),
+            engine_role=_role(running_i, usage_i, key),
         ))
     detection = Detection(
         engine_kind="sglang", version_range=version_range(exposition),
@@ -186,6 +190,22 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
                         else None),
         capacity_metric=str(capacity) if capacity else None)
     return Poll(timestamp=timestamp, detection=detection, readings=tuple(readings))
+
+
+def _role(running: Index, usage: Index, key: SeriesKey) -> str | None:
+    """``prefill`` or ``decode`` on a PD-disaggregated server (the scheduler gauges' ``engine_type``), else None."""
+    roles = {s.labels.get("engine_type") for index in (running, usage) for s in index.for_key(key)}
+    role = roles.pop() if len(roles) == 1 else None
+    return role if role in ("prefill", "decode") else None
+
+
+def _cached_tokens(cached: Index, key: SeriesKey) -> float | None:
+    by_source = cached.by_label(key, "cache_source")
+    if not by_source:
+        return cached.value(key)
+    if "total" in by_source:  # the collector's fallback label: the whole count already
+        return by_source["total"]
+    return sum(by_source.values())
 
 
 def _add(queued: float | None, preallocating: float | None) -> float | None:

@@ -38,6 +38,7 @@ from kvwatch.engines.series import (
     latency_for,
     latency_index,
     ratio,
+    refuse_several_servers,
     sample_named,
     selected,
     series_keys,
@@ -114,6 +115,7 @@ def _read_serve(exposition: Exposition, p: str, overrides: SourceOverrides, time
     waiting = _pick(exposition, overrides.waiting, Selector(p + WAITING))
     blocks = {n: idx(Selector(p + n)) for n in (MAX_BLOCKS, USED_BLOCKS, TOKENS_PER_BLOCK)}
     usage_i, running_i, waiting_i = idx(usage), idx(running), idx(waiting)
+    refuse_several_servers(((str(usage), usage_i), (str(running), running_i), (str(waiting), waiting_i)))
     # The text format declares a counter family with its _total name; _created samples share the family.
     counters = {n: Index.of(sample_named(exposition, p + n + "_total", p + n + "_total"), key_of)
                 for n in (SUCCESS, PROMPT_TOKENS, GENERATION_TOKENS, REUSED_BLOCKS, MISSED_BLOCKS)}
@@ -155,6 +157,8 @@ def _read_triton(exposition: Exposition, overrides: SourceOverrides, timestamp: 
     waiting = _pick(exposition, overrides.waiting, sel(TRITON_REQUESTS, "request_type", "waiting"))
     block = {t: idx(sel(TRITON_KV_BLOCKS, "kv_cache_block_type", t)) for t in ("max", "used", "tokens_per")}
     usage_i, running_i, waiting_i = idx(usage), idx(running), idx(waiting)
+    refuse_several_servers(((str(usage), usage_i), (str(running), running_i), (str(waiting), waiting_i),
+                            *((f'{TRITON_KV_BLOCKS}{{kv_cache_block_type="{t}"}}', i) for t, i in block.items())))
     keys = series_keys((usage_i, running_i, waiting_i, *block.values()))
     if not (usage_i or running_i or waiting_i or block["used"]):
         raise UnrecognisedPayload("Triton payload has nv_trt_llm_* families but no KV block or request samples")

@@ -119,7 +119,7 @@ class CapacityAnalyzer:
         for finding_id in LIVE_FINDINGS:
             holds = live_finding(finding_id, reading.kv_usage_ratio, reading.requests_running,
                                  reading.requests_waiting, reading.kv_capacity_tokens, max_model_len,
-                                 asleep=reading.asleep) is not None
+                                 asleep=reading.asleep, prefill_server=reading.engine_role == "prefill") is not None
             timer = self._held.get((key, finding_id))
             if timer is None:
                 if len(self._held) >= self._max_held:
