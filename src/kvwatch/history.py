@@ -30,7 +30,8 @@ DEFAULT_MAX_SAMPLES = 720  # a cap per series (an hour of 5-s polls); the sideca
 
 # Reading fields that rarely change between polls: an entry equal to its predecessor's shares that object.
 _SHARED_FIELDS: tuple[str, ...] = ("model_name", "engine", "cache_config", "waiting_by_reason", "finished_by_reason",
-                                   "latency", "prefix_cache_unit", "capacity_source", "sleep_state")
+                                   "latency", "prefix_cache_unit", "capacity_source", "sleep_state",
+                                   "engine_role")
 
 
 @dataclass(frozen=True, slots=True)
