@@ -120,6 +120,7 @@ def advise(
     concurrency_ceiling: float | None = None,
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
     engine_kind: str = VLLM,
+    ranks_per_flag: int = 1,
 ) -> list[Advice]:
     """Ranked fixes for ``state`` (empty unless filling or bottleneck).
 
@@ -129,7 +130,9 @@ def advise(
     ``kv_tokens_per_request`` is the live average of KV tokens per running request (the observed mix) and
     ``concurrency_ceiling`` the observed-mix ceiling the caller reports beside the advice: the limit never
     exceeds the threshold's share of it, and the ceilings in the effects start from it. ``engine_kind`` names
-    the engine whose flags the fixes give.
+    the engine whose flags the fixes give; ``ranks_per_flag`` is how many data-parallel ranks one concurrency flag
+    is split over (SGLang with DP attention divides --max-running-requests by its dp size, tp_worker.py), so the
+    flag's value is the per-rank limit times that.
     """
     if state not in ADVISE_IN_STATES:
         return []
@@ -147,13 +150,16 @@ def advise(
     if limit is not None:
         now = f"; now {running:.0f} running" if running is not None else ""
         held = f"the KV cache holds ~{ceiling:.1f} at the observed mix{now}" if ceiling else now.lstrip("; ")
+        flag_value = limit * max(1, ranks_per_flag)
+        split = (f" ({limit} for each of its {ranks_per_flag} data-parallel ranks, over which {engine} splits "
+                 "the flag)" if ranks_per_flag > 1 else "")
         out.append(Advice(
             LIMIT_CONCURRENCY, 0,
-            f"Limit concurrency to {limit} at the gateway, or pass {flags['concurrency']} {limit} to {engine}"
-            + (f" ({held})." if held else "."),
+            f"Limit concurrency to {flag_value} at the gateway, or pass {flags['concurrency']} {flag_value} to "
+            f"{engine}{split}" + (f" ({held})." if held else "."),
             f"KV usage stays under {LIMIT_USAGE:.0%} at the observed request mix; excess requests wait at the "
             "gateway instead of being preempted and recomputed.",
-            engine_args=_args(flags["concurrency"], limit), concurrency=limit,
+            engine_args=_args(flags["concurrency"], flag_value), concurrency=limit,
         ))
 
     lowered = _lower_max_model_len(max_model_len, request_lengths)
@@ -284,7 +290,8 @@ def _lower_max_model_len(max_model_len: int | None, lengths: RequestLengths | No
 def advise_from_result(result: ForecastResult, reading: Reading | None = None, *,
                        capacity_plan: CapacityPlan | None = None,
                        max_model_len: int | None = None, concurrency_ceiling: float | None = None,
-                       gpus_per_node: int = DEFAULT_GPUS_PER_NODE, engine_kind: str = VLLM) -> list[Advice]:
+                       gpus_per_node: int = DEFAULT_GPUS_PER_NODE, engine_kind: str = VLLM,
+                       ranks_per_flag: int = 1) -> list[Advice]:
     """``advise`` fed from a :class:`kvwatch.forecast.ForecastResult` and core's ``Reading`` (what the
     sidecar, ``kvwatch check`` and the demo call). Lifetime length means come from the reading's histograms."""
     lengths = None
@@ -307,4 +314,5 @@ def advise_from_result(result: ForecastResult, reading: Reading | None = None, *
         concurrency_ceiling=concurrency_ceiling,
         gpus_per_node=gpus_per_node,
         engine_kind=engine_kind,
+        ranks_per_flag=ranks_per_flag,
     )

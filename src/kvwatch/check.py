@@ -22,6 +22,7 @@ import math
 import sys
 import time
 import zlib
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -247,6 +248,8 @@ def build_report(poll: Poll, max_model_len: int | None = None,
     found = [f for f in found if not (f.id == "scheduler_limited" and (f.model_name, f.engine) in stuck)]
     bound = {(f.model_name, f.engine) for f in found if f.id == "kv_bound"}
     d = poll.detection
+    # SGLang's series are its DP-attention ranks (dp_rank), and its --max-running-requests is split over them.
+    ranks = Counter(s.reading.model_name for s in states) if d.engine_kind == SGLANG else Counter()
     report = {
         "engine_kind": d.engine_kind,
         "version_range": d.version_range,
@@ -255,7 +258,8 @@ def build_report(poll: Poll, max_model_len: int | None = None,
         "waiting_metric": d.waiting_metric,
         "capacity_metric": d.capacity_metric,
         "series": [_series_json(s, advice(s, poll.timestamp, max_model_len, plans.get(s.reading.model_name),
-                                          gpus_per_node=gpus_per_node, engine_kind=d.engine_kind)
+                                          gpus_per_node=gpus_per_node, engine_kind=d.engine_kind,
+                                          ranks_per_flag=ranks.get(s.reading.model_name, 1))
                                 if (s.reading.model_name, s.reading.engine) in bound else [],
                                 capacities[s.reading.key].source)
                    for s in states],
@@ -331,7 +335,7 @@ def _json_safe(value: Any) -> Any:
 
 def advice(state: SeriesState, timestamp: float, max_model_len: int | None = None,
            capacity_plan: CapacityPlan | None = None, *, gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
-           engine_kind: str = VLLM) -> list[Advice]:
+           engine_kind: str = VLLM, ranks_per_flag: int = 1) -> list[Advice]:
     """The advisor's fixes for a series ``check`` found KV-bound, cheapest first (pure).
 
     One poll has no forecast history: the forecaster's one-sample result supplies the concurrency limit
@@ -348,7 +352,7 @@ def advice(state: SeriesState, timestamp: float, max_model_len: int | None = Non
     return advise_from_result(replace(result, state="bottleneck", estimates=estimates), reading,
                               capacity_plan=capacity_plan, max_model_len=max_model_len_of(reading, max_model_len),
                               concurrency_ceiling=state.max_concurrency.get("observed_mix"),
-                              gpus_per_node=gpus_per_node, engine_kind=engine_kind)
+                              gpus_per_node=gpus_per_node, engine_kind=engine_kind, ranks_per_flag=ranks_per_flag)
 
 
 def _series_json(s: SeriesState, fixes: Iterable[Advice] = (), capacity_source: str = "unknown") -> dict[str, Any]:
