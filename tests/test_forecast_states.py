@@ -197,6 +197,15 @@ def test_an_engine_put_to_sleep_is_neither_stalled_nor_scheduler_limited():
     assert run(Forecaster(), awake)[-1].state == "stalled"  # the same polls without the sleep state: a stall
 
 
+def test_a_prefill_servers_queue_is_not_a_scheduler_limit():
+    # SGLang's PD prefill loop never enters its running batch: requests queue, forward and leave. A standing
+    # queue at low KV is its normal work, not --max-running-requests.
+    samples = list(stream(lambda t: 0.4, waiting=lambda t: 5.0, seconds=1800))
+    assert run(Forecaster(), samples)[-1].state == "scheduler_limited"
+    prefill = [replace(s, prefill_server=True) for s in samples]
+    assert run(Forecaster(), prefill)[-1].state != "scheduler_limited"
+
+
 def test_restart_warms_up_and_the_returning_traffic_is_not_a_warning():
     f = Forecaster()
     counters: dict[str, float] = {}

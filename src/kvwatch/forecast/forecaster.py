@@ -91,6 +91,8 @@ class ForecastSample:
     restarted: bool = False
     # vLLM's sleep mode (Reading.asleep): the KV cache is released and requests wait for a wake-up, on purpose.
     asleep: bool = False
+    # A PD prefill server (Reading.engine_role): its loop never "runs" a request, so a queue there is its work.
+    prefill_server: bool = False
     # The length histograms' buckets: upper bounds (the last +Inf) and cumulative counts at each (v7's tail).
     prompt_length_bounds: tuple[float, ...] | None = None
     prompt_length_cumulative: tuple[float, ...] | None = None
@@ -107,6 +109,7 @@ class ForecastSample:
             timestamp=timestamp,
             kv_usage=reading.kv_usage_ratio,
             asleep=reading.asleep,
+            prefill_server=reading.engine_role == "prefill",
             capacity_tokens=_capacity_of(reading),
             running=reading.requests_running or 0.0,
             waiting=reading.requests_waiting or 0.0,
@@ -364,7 +367,7 @@ class Forecaster:
             waiting=sample.waiting,
             running=sample.running,
             saturated=u >= p.u_sat or (u >= p.u_busy and sample.waiting >= 1) or preempted,
-            queued_below_kv_limit=sample.waiting >= 1 and u < p.u_busy,
+            queued_below_kv_limit=sample.waiting >= 1 and u < p.u_busy and not sample.prefill_server,
             progressed=progressed,
         )
 
