@@ -412,3 +412,15 @@ def test_deepseek_v32_caches_its_indexer_keys_beside_the_latent():
     assert kv_bytes_per_token_per_layer(arch_from_config(v3), 8, 2) == 576 * 2
     assert kv_bytes_per_token_per_layer(arch_from_config(v32), 8, 2) == 576 * 2 + 132
     assert kv_bytes_per_token_per_layer(arch_from_config(v32), 8, 1, "fp8_ds_mla") == FP8_DS_MLA_BYTES + 132
+
+
+def test_a_model_name_the_file_system_refuses_is_no_folder():
+    # serve matches vLLM's model_name label; a 300-byte one made the folder probe raise ENAMETOOLONG on every poll.
+    with pytest.raises(PresetError):
+        match_model("/" + "m" * 300)
+
+
+def test_kimi_linear_is_mla():
+    config = {"model_type": "kimi_linear", "num_hidden_layers": 4, "num_attention_heads": 32, "hidden_size": 2304,
+              "kv_lora_rank": 512, "qk_rope_head_dim": 64, "vocab_size": 1000}
+    assert arch_from_config(config).is_mla  # in vLLM's is_deepseek_mla list

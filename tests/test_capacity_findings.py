@@ -150,3 +150,8 @@ def test_an_engine_asleep_has_no_live_finding():
     for args in ((0.0, 0.0, 4.0), (0.99, 0.0, 0.0)):
         assert any(live_finding(f, *args) is not None for f in LIVE_FINDINGS)
         assert all(live_finding(f, *args, asleep=True) is None for f in LIVE_FINDINGS)
+
+
+def test_mismatch_without_a_plan_makes_no_claim_about_the_gaps_size():
+    finding = capacity_mismatch(200_000, 100_000, None)
+    assert finding is not None and "outside the 0.5-1.8 GiB" not in finding.message

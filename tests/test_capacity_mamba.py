@@ -144,3 +144,13 @@ def test_llama4_chunked_layers_get_their_own_groups_from_0_14():
         -(-1_000_000 // 16) + 3 * -(-(chunk + in_flight) // 16))
     assert kv.blocks_needed(before, 1_000_000, in_flight) == -(-1_000_000 // 16)
 
+
+
+def test_the_all_mode_keeps_a_state_per_block_like_full_attention():
+    # vLLM 0.15-0.31's mamba_cache_mode "all" sizes a Mamba group at cdiv(max_model_len, block_size) state blocks per
+    # request (MambaSpec.max_memory_usage_bytes); counting it as one block was the most optimistic reading.
+    spec = planner.DeploymentSpec(arch=_arch("ibm-granite/granite-4.0-h-small"), gpu_memory_bytes=80 * 2**30,
+                                  max_model_len=8192, vllm_version=(0, 31), mamba_cache_mode="all")
+    plan = planner.plan_capacity(spec)
+    assert plan.layout.mamba_blocks_per_request == 0
+    assert plan.max_concurrency_at_max_model_len == pytest.approx(plan.num_gpu_blocks / (16 + 9 * 16))

@@ -451,10 +451,8 @@ def test_advice_gives_each_engines_own_flags(fixture: str, engine: str, limit_fl
     report = check_json(["--file", str(ENGINE_FIXTURES / fixture)], capsys)
     fixes = next(s["advice"] for s in report["series"] if s["advice"])
     limit = fixes[0]
-    # SGLang splits its flag over the DP-attention ranks (the fixture's 2 dp_rank series): the flag carries both.
-    value = limit["concurrency"] * (len(report["series"]) if engine == "SGLang" else 1)
-    assert limit["engine_args"] == [limit_flag, str(value)] and limit["vllm_args"] is None
-    assert f"pass {limit_flag} {value} to {engine}" in limit["message"]
+    assert limit["engine_args"] == [limit_flag, str(limit["concurrency"])] and limit["vllm_args"] is None
+    assert f"pass {limit_flag} {limit['concurrency']} to {engine}" in limit["message"]
     assert "--max-num-seqs" not in json.dumps(report) and "vLLM" not in json.dumps(fixes)
     assert tp_flag in fixes[-1]["message"]
     assert main(["check", "--file", str(ENGINE_FIXTURES / fixture)]) == 0
@@ -604,12 +602,15 @@ def test_a_queue_at_90_to_95_percent_is_kv_bound_as_serve_says(tmp_path: Path,
     assert report["series"][0]["advice"]
 
 
-def test_sglang_dp_attention_advice_counts_every_rank_in_its_global_flag(capsys: pytest.CaptureFixture[str]) -> None:
-    # SGLang divides --max-running-requests over its DP-attention ranks (tp_worker.py): passing one rank's limit
-    # left each of 4 ranks a quarter of it.
+def test_sglang_data_parallel_advice_names_the_servers_total_and_dp_attentions_value(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # SGLang divides --max-running-requests over its ranks only with --enable-dp-attention (tp_worker.py), which
+    # the payload does not say: the per-rank value goes to engine_args, the message gives the other and the total.
     path = Path(__file__).parent / "fixtures" / "sglang-metrics" / "gen-rank-labels-dp2.prom"
     report = check_json(["--file", str(path)], capsys)
     assert [s["engine"] for s in report["series"]] == ["0", "1"]  # two dp_rank series of one model
     (limit,) = [a for a in report["series"][1]["advice"] if a["action"] == "limit_concurrency"]
-    assert limit["engine_args"] == ["--max-running-requests", str(2 * limit["concurrency"])]
-    assert f"{limit['concurrency']} for each of its 2 data-parallel ranks" in limit["message"]
+    n = limit["concurrency"]
+    assert limit["engine_args"] == ["--max-running-requests", str(n)]
+    assert f"{n} per data-parallel rank ({2 * n} for the server's 2)" in limit["message"]
+    assert f"with --enable-dp-attention SGLang divides the flag over its 2 ranks: pass {2 * n} then" in limit["message"]

@@ -130,9 +130,10 @@ def advise(
     ``kv_tokens_per_request`` is the live average of KV tokens per running request (the observed mix) and
     ``concurrency_ceiling`` the observed-mix ceiling the caller reports beside the advice: the limit never
     exceeds the threshold's share of it, and the ceilings in the effects start from it. ``engine_kind`` names
-    the engine whose flags the fixes give; ``ranks_per_flag`` is how many data-parallel ranks one concurrency flag
-    is split over (SGLang with DP attention divides --max-running-requests by its dp size, tp_worker.py), so the
-    flag's value is the per-rank limit times that.
+    the engine whose flags the fixes give; ``ranks_per_flag`` is how many data-parallel ranks of the model one
+    server runs (SGLang's dp_rank series): the gateway's limit is the per-rank one times that, and with
+    --enable-dp-attention SGLang divides --max-running-requests over them (tp_worker.py), which the payload does
+    not say, so the message gives both values and ``engine_args`` the per-rank one.
     """
     if state not in ADVISE_IN_STATES:
         return []
@@ -150,16 +151,18 @@ def advise(
     if limit is not None:
         now = f"; now {running:.0f} running" if running is not None else ""
         held = f"the KV cache holds ~{ceiling:.1f} at the observed mix{now}" if ceiling else now.lstrip("; ")
-        flag_value = limit * max(1, ranks_per_flag)
-        split = (f" ({limit} for each of its {ranks_per_flag} data-parallel ranks, over which {engine} splits "
-                 "the flag)" if ranks_per_flag > 1 else "")
+        ranks = max(1, ranks_per_flag)
+        gateway = f"{limit} per data-parallel rank ({limit * ranks} for the server's {ranks})" if ranks > 1 \
+            else f"{limit}"
+        dp_attention = (f"; with --enable-dp-attention {engine} divides the flag over its {ranks} ranks: pass "
+                        f"{limit * ranks} then" if ranks > 1 else "")
         out.append(Advice(
             LIMIT_CONCURRENCY, 0,
-            f"Limit concurrency to {flag_value} at the gateway, or pass {flags['concurrency']} {flag_value} to "
-            f"{engine}{split}" + (f" ({held})." if held else "."),
+            f"Limit concurrency to {gateway} at the gateway, or pass {flags['concurrency']} {limit} to {engine}"
+            f"{dp_attention}" + (f" ({held})." if held else "."),
             f"KV usage stays under {LIMIT_USAGE:.0%} at the observed request mix; excess requests wait at the "
             "gateway instead of being preempted and recomputed.",
-            engine_args=_args(flags["concurrency"], flag_value), concurrency=limit,
+            engine_args=_args(flags["concurrency"], limit), concurrency=limit,
         ))
 
     lowered = _lower_max_model_len(max_model_len, request_lengths)

@@ -248,7 +248,7 @@ def build_report(poll: Poll, max_model_len: int | None = None,
     found = [f for f in found if not (f.id == "scheduler_limited" and (f.model_name, f.engine) in stuck)]
     bound = {(f.model_name, f.engine) for f in found if f.id == "kv_bound"}
     d = poll.detection
-    # SGLang's series are its DP-attention ranks (dp_rank), and its --max-running-requests is split over them.
+    # SGLang's series are its data-parallel ranks (dp_rank) of one server: the advice names the server's total.
     ranks = Counter(s.reading.model_name for s in states) if d.engine_kind == SGLANG else Counter()
     report = {
         "engine_kind": d.engine_kind,

@@ -359,7 +359,9 @@ def _group_caps(layout: KVLayout) -> str:
     kinds = {g.kind for g in layout.groups}
     caps = [text for kind, text in ((SLIDING, "sliding groups capped at the window"),
                                     (CHUNKED, "chunked groups at chunk + in-flight tokens"),
-                                    (MAMBA, f"{layout.mamba_blocks_per_request} state block(s) per Mamba group"))
+                                    (MAMBA, f"{layout.mamba_blocks_per_request} state block(s) per Mamba group"
+                                            if layout.mamba_blocks_per_request else
+                                            "a state per block in each Mamba group"))
             if kind in kinds]
     return "; ".join(caps) or "every group holds every token"
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from kvwatch.backtest.runner import KVWATCH, Simulation, evaluate, simulate
 from kvwatch.backtest.scenarios import DEFAULT_MAX_MODEL_LEN, Scenario, load_trace
 from kvwatch.backtest.scoring import Outcome, Reliability, pool, summarize
-from kvwatch.backtest.traces import defaults_for
+from kvwatch.backtest.traces import defaults_for, named
 from kvwatch.forecast import ForecastParams
 from kvwatch.forecast.detector import WarningParams
 from kvwatch.forecast.risk import RiskParams
@@ -127,7 +127,11 @@ def case_name(scenario: Scenario) -> str:
 def simulations(trace_path: Path, cases: Iterable[Case], cache_dir: Path | None, *,
                 seeds: Sequence[int] | None = None) -> list[Simulation]:
     trace = None
-    rate_scale, speedup = defaults_for(trace_path)
+    if named(trace_path):
+        rate_scale, speedup = defaults_for(trace_path)
+    else:  # any other trace: the defaults its content calls for, as `kvwatch backtest` gives it
+        trace = load_trace(trace_path)
+        rate_scale, speedup = defaults_for(trace_path, trace)
     out = []
     for case in cases:
         for seed in (seeds if seeds is not None else case.seeds):

@@ -40,7 +40,7 @@ _MAMBA_LAYER_WORDS = ("mamba", "linear", "ssm", "conv", "deltanet")
 # decompresses it into ordinary per-head K and V.
 _MLA_TYPES = frozenset({
     "axk1", "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_mtp", "dots3_note", "k3_dspark", "glm5_next",
-    "glm5_next_text", "glm_moe_dsa", "glm4_moe_lite", "glm4_moe_lite_mtp", "kimi_k2", "longcat_flash",
+    "glm5_next_text", "glm_moe_dsa", "glm4_moe_lite", "glm4_moe_lite_mtp", "kimi_k2", "kimi_linear", "longcat_flash",
     "mistral_large_4", "pangu_ultra_moe", "pangu_ultra_moe_mtp",
 })
 # vLLM's CONFIG_FIELD_ALIASES["total_num_kv_heads"] (vllm/transformers_utils/config.py), first present wins; without

@@ -71,9 +71,11 @@ def capacity_mismatch(formula_tokens: float, reported_tokens: float | None,
         if missing_gib is not None and low <= missing_gib <= high:
             causes += [f"{graphs} ({missing_gib:.2f} GiB per GPU is missing, within the 0.5-1.8 GiB the logs show)",
                        *others]
-        else:  # the graphs cannot explain a gap of this size: the other causes first
-            missing = f"{missing_gib:.2f} GiB per GPU is missing, " if missing_gib is not None else ""
-            causes += [*others, f"{graphs} (not alone: {missing}outside the 0.5-1.8 GiB the logs show)"]
+        elif missing_gib is not None:  # the graphs cannot explain a gap of this size: the other causes first
+            causes += [*others, f"{graphs} (not alone: {missing_gib:.2f} GiB per GPU is missing, outside the "
+                                "0.5-1.8 GiB the logs show)"]
+        else:  # no per-token size to weigh the gap with
+            causes += [graphs, *others]
     else:
         causes += ["a higher --gpu-memory-utilization than kvwatch assumed",
                    "an FP8 KV cache (--kv-cache-dtype fp8) or quantized weights kvwatch was not told about",

@@ -66,7 +66,10 @@ def mamba_cache_mode(version: tuple[int, int], enable_prefix_caching: bool, give
 
 
 def mamba_state_blocks(arch: ModelArch, version: tuple[int, int], mode: str) -> int:
-    """State blocks one request holds in each Mamba group (see HYBRID_PREFIX_CACHING_SINCE)."""
+    """State blocks one request holds in each Mamba group (see HYBRID_PREFIX_CACHING_SINCE); 0 for mode "all"
+    (0.15-0.31: a state per block of the request, ``cdiv(len, block_size)`` like full attention)."""
+    if mode == "all":
+        return 0
     if mode != "align":
         return 1
     checkpoint = (arch.mamba_dims is not None and arch.mamba_dims.kind == mamba.MAMBA2
@@ -103,7 +106,8 @@ class KVLayout:
     # raises block_size above it so an attention page holds one state); 0 = not a hybrid Mamba layout.
     mamba_page_bytes: int = 0
     requested_block_size: int = 0
-    mamba_blocks_per_request: int = 1  # state blocks per request in each Mamba group (mamba_state_blocks)
+    # State blocks per request in each Mamba group (mamba_state_blocks; 0: one per block of the request, "all").
+    mamba_blocks_per_request: int = 1
 
     @property
     def page_bytes(self) -> int:
@@ -268,8 +272,9 @@ def tokens_needed(layout: KVLayout, seq_len: float, in_flight_tokens: int) -> fl
     """
     total = 0.0
     for group in layout.groups:
-        if group.kind == MAMBA:  # state blocks per request, whatever its length
-            total += layout.block_size * layout.mamba_blocks_per_request
+        if group.kind == MAMBA:  # state blocks per request, whatever its length ("all": one per block)
+            total += layout.block_size * layout.mamba_blocks_per_request if layout.mamba_blocks_per_request \
+                else seq_len
         elif group.kind == SLIDING and group.sliding_window:
             cap = group.sliding_window - 1 + in_flight_tokens
             total += min(seq_len, cap) + layout.block_size
@@ -285,7 +290,7 @@ def blocks_needed(layout: KVLayout, seq_len: int, in_flight_tokens: int) -> int:
     total = 0
     for group in layout.groups:
         if group.kind == MAMBA:
-            total += layout.mamba_blocks_per_request
+            total += layout.mamba_blocks_per_request or math.ceil(seq_len / layout.block_size)
         elif group.kind == SLIDING and group.sliding_window:
             cap = group.sliding_window - 1 + in_flight_tokens
             total += math.ceil(min(seq_len, cap) / layout.block_size) + 1

@@ -387,7 +387,8 @@ def _hybrid_note(layout: kv.KVLayout, requested: int) -> str:
               f"holds a Mamba state" if layout.block_size_raised else f"block size {layout.block_size} already "
               "holds a Mamba state")
     per_request = layout.mamba_blocks_per_request
-    held = ("one block" if per_request == 1 else
+    held = ("one block" if per_request == 1 else "a state block per block of the request (mamba_cache_mode 'all')"
+            if per_request == 0 else
             f"{per_request} blocks (prefix caching's 'align' mode keeps the running state and the last block-aligned "
             f"one{', plus a prefill checkpoint' if per_request > 2 else ''}; --no-enable-prefix-caching: 1)")
     return (f"hybrid Mamba model: one state is {layout.mamba_page_bytes:,} B per layer and request on this rank; "

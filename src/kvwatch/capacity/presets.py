@@ -183,6 +183,15 @@ def _by_normalised_name(raw: str) -> str | None:
     return targets[0] if len({_geometry(_load_preset(t)) for t in targets}) == 1 else None
 
 
+def _is_model_folder(name: str) -> bool:
+    """Whether ``name`` is a folder holding a config.json; False for anything the file system refuses (a
+    scraped model_name label of 300 bytes raised ENAMETOOLONG and failed every poll)."""
+    try:
+        return bool(name.strip()) and Path(name, "config.json").is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def match_model(name: str) -> ModelMatch:
     """A preset by HF id, bare name, path-like label or alias; raises :class:`PresetError`.
 
@@ -192,7 +201,7 @@ def match_model(name: str) -> ModelMatch:
     ``-it``, ``-Base``, ``-Thinking``, a 4-digit date). The last two say so in a note on the model. A local
     model folder (vLLM's ``--model /models/x``) that kvwatch can read is its own config.json, before any preset.
     """
-    if name.strip() and Path(name, "config.json").is_file():
+    if _is_model_folder(name):
         return ModelMatch(load_config_file(Path(name)), None)
     entry = _lookup(_candidates(name))
     if entry is not None:

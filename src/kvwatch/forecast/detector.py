@@ -64,17 +64,22 @@ class _Window:
         self.flags: deque[SampleFlags] = deque()
         self.saturated = 0
         self.queued = 0
-        self.idle = 0  # samples with no request waiting or running
+        self.idle = 0  # samples with no request waiting
         self.progress = 0  # samples whose progress is not known False (True or unknown)
 
     def _count(self, f: SampleFlags, sign: int) -> None:
         self.saturated += sign * f.saturated
         self.queued += sign * f.queued_below_kv_limit
-        self.idle += sign * (f.waiting < 1 and f.running < 1)
+        # A stall needs a queue: with requests running and none waiting, SGLang's and TensorRT-LLM's counters move
+        # only when a request finishes, and vLLM's prompt tokens only at a request's first token, so a few long
+        # requests look frozen for minutes (a hung engine whose gauges froze with nothing waiting is not caught).
+        self.idle += sign * (f.waiting < 1)
         self.progress += sign * (f.progressed is not False)
 
     def add(self, f: SampleFlags) -> None:
         flags = self.flags
+        if flags and f.timestamp - flags[-1].timestamp > self.seconds:
+            self.clear()  # a gap longer than the window: the polls before it say nothing about this stretch
         flags.append(f)
         self._count(f, 1)
         now = f.timestamp

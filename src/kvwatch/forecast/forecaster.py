@@ -78,6 +78,9 @@ class ForecastSample:
     capacity_tokens: float | None = None
     running: float = 0.0
     waiting: float = 0.0
+    # Waiting for room to run (vLLM's "capacity" reason; None: the total): the saturated and queued flags use it,
+    # as check's kv_bound does; requests deferred for a LoRA slot or a KV transfer do not wait for the KV cache.
+    waiting_for_capacity: float | None = None
     preemptions_total: float | None = None
     finished_total: float | None = None
     prompt_tokens_total: float | None = None
@@ -113,6 +116,7 @@ class ForecastSample:
             capacity_tokens=_capacity_of(reading),
             running=reading.requests_running or 0.0,
             waiting=reading.requests_waiting or 0.0,
+            waiting_for_capacity=reading.requests_waiting_for_capacity,
             preemptions_total=reading.preemptions_total,
             finished_total=sum(finished.values()) if finished else None,
             prompt_tokens_total=reading.prompt_tokens_total,
@@ -357,17 +361,17 @@ class Forecaster:
         preempted = bool(deltas and deltas.preemptions)
         progressed: bool | None = None
         if deltas is not None and (deltas.finished is not None or deltas.generation_tokens is not None):
-            # Prompt tokens too: one long prefill can run for minutes before its first generated token.
             progressed = bool(deltas.finished) or bool(deltas.generation_tokens) or bool(deltas.prompt_tokens)
         if sample.asleep:  # a queue an operator put to sleep is neither a stall nor a scheduler limit
             return SampleFlags(sample.timestamp, u, 0.0, False, False, None)
+        queued = sample.waiting if sample.waiting_for_capacity is None else sample.waiting_for_capacity
         return SampleFlags(
             timestamp=sample.timestamp,
             usage=u,
             waiting=sample.waiting,
             running=sample.running,
-            saturated=u >= p.u_sat or (u >= p.u_busy and sample.waiting >= 1) or preempted,
-            queued_below_kv_limit=sample.waiting >= 1 and u < p.u_busy and not sample.prefill_server,
+            saturated=u >= p.u_sat or (u >= p.u_busy and queued >= 1) or preempted,
+            queued_below_kv_limit=queued >= 1 and u < p.u_busy and not sample.prefill_server,
             progressed=progressed,
         )
 

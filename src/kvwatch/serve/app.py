@@ -218,8 +218,9 @@ class Sidecar:
         self._values_log.tick()
         self._overrun_log.tick()
         if elapsed > interval:
-            self._overrun_log.change("overrun", logging.WARNING, "a poll of %s took %.3gs, longer than the %gs "
-                                     "interval: skipping runs until polls keep up", self.target, elapsed, interval)
+            took = f"{elapsed:.3g}" if elapsed < 100 else f"{elapsed:.0f}"  # 0.012s, 1.5s, 1234s
+            self._overrun_log.change("overrun", logging.WARNING, "a poll of %s took %ss, longer than the %gs "
+                                     "interval: skipping runs until polls keep up", self.target, took, interval)
             self._skipped_runs += int(elapsed // interval)
         elif self._skipped_runs:
             self._overrun_log.change("on time", logging.INFO, "polls keep to the interval again (%d runs skipped)",
