@@ -374,3 +374,14 @@ def test_the_first_warning_needs_three_raw_minutes_and_the_rearm_two():
     assert [latch.update(True, False) for _ in range(2)] == [False, True]
     v5 = WarningLatch(WarningParams(warn_for_buckets=2))
     assert [v5.update(r, False) for r in (True, True)] == [False, True]
+
+
+def test_a_sample_pickled_before_a_field_was_added_unpickles_with_its_default():
+    # benchmarks/ keeps simulated backtests pickled; fields added since (at the end) take their defaults.
+    from dataclasses import fields
+
+    sample = ForecastSample(timestamp=1.0, kv_usage=0.5, waiting=3.0, waiting_for_capacity=2.0, asleep=True)
+    old_state = [getattr(sample, f.name) for f in fields(sample)][:-3]  # as written before the last three
+    restored = ForecastSample.__new__(ForecastSample)
+    restored.__setstate__(old_state)
+    assert restored == replace(sample, waiting_for_capacity=None, asleep=False)

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, dataclass, field, fields, replace
+from itertools import zip_longest
 from typing import TYPE_CHECKING, Any
 
 from kvwatch.counters import counter_delta, histogram_delta
@@ -78,9 +79,6 @@ class ForecastSample:
     capacity_tokens: float | None = None
     running: float = 0.0
     waiting: float = 0.0
-    # Waiting for room to run (vLLM's "capacity" reason; None: the total): the saturated and queued flags use it,
-    # as check's kv_bound does; requests deferred for a LoRA slot or a KV transfer do not wait for the KV cache.
-    waiting_for_capacity: float | None = None
     preemptions_total: float | None = None
     finished_total: float | None = None
     prompt_tokens_total: float | None = None
@@ -92,15 +90,25 @@ class ForecastSample:
     e2e_latency_seconds_sum: float | None = None
     e2e_latency_seconds_count: float | None = None
     restarted: bool = False
-    # vLLM's sleep mode (Reading.asleep): the KV cache is released and requests wait for a wake-up, on purpose.
-    asleep: bool = False
-    # A PD prefill server (Reading.engine_role): its loop never "runs" a request, so a queue there is its work.
-    prefill_server: bool = False
     # The length histograms' buckets: upper bounds (the last +Inf) and cumulative counts at each (v7's tail).
     prompt_length_bounds: tuple[float, ...] | None = None
     prompt_length_cumulative: tuple[float, ...] | None = None
     generation_length_bounds: tuple[float, ...] | None = None
     generation_length_cumulative: tuple[float, ...] | None = None
+    # Fields added later go last (:meth:`__setstate__` gives a cached backtest simulation's samples their defaults).
+    # Waiting for room to run (vLLM's "capacity" reason; None: the total): the saturated and queued flags use it,
+    # as check's kv_bound does; requests deferred for a LoRA slot or a KV transfer do not wait for the KV cache.
+    waiting_for_capacity: float | None = None
+    # vLLM's sleep mode (Reading.asleep): the KV cache is released and requests wait for a wake-up, on purpose.
+    asleep: bool = False
+    # A PD prefill server (Reading.engine_role): its loop never "runs" a request, so a queue there is its work.
+    prefill_server: bool = False
+
+    def __setstate__(self, state: Sequence[Any]) -> None:
+        """Unpickle by field order, the fields a pickle predates at their defaults (benchmarks/ keeps simulated
+        backtests pickled between runs, docs/forecasting.md)."""
+        for f, value in zip_longest(fields(self), state, fillvalue=MISSING):
+            object.__setattr__(self, f.name, f.default if value is MISSING else value)
 
     @classmethod
     def from_reading(cls, reading: Reading, timestamp: float, *, restarted: bool = False) -> ForecastSample:
