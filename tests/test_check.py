@@ -444,18 +444,25 @@ ENGINE_FIXTURES = Path(__file__).parent / "fixtures"
 
 @pytest.mark.parametrize(("fixture", "engine", "limit_flag", "tp_flag"), [
     ("sglang-metrics/gen-rank-labels-dp2.prom", "SGLang", "--max-running-requests", "--tp-size"),
-    ("tensorrt-llm-metrics/gen-triton-waiting-fraction.prom", "TensorRT-LLM", "--max_batch_size", "--tp_size"),
+    ("tensorrt-llm-metrics/gen-trtllm-serve.prom", "TensorRT-LLM", "--max_batch_size", "--tp_size"),
 ])
 def test_advice_gives_each_engines_own_flags(fixture: str, engine: str, limit_flag: str, tp_flag: str,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
-    report = check_json(["--file", str(ENGINE_FIXTURES / fixture)], capsys)
+                                             tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = (ENGINE_FIXTURES / fixture).read_text()
+    if engine == "TensorRT-LLM":  # the trtllm-serve capture is calm: make it KV-bound
+        text = text.replace('engine_type="trtllm"} 0.75', 'engine_type="trtllm"} 0.97').replace(
+            'trtllm_num_requests_waiting{model_name="nvidia/Llama-3.1-8B-Instruct-FP8",engine_type="trtllm"} 0.0',
+            'trtllm_num_requests_waiting{model_name="nvidia/Llama-3.1-8B-Instruct-FP8",engine_type="trtllm"} 9.0')
+    (tmp_path / "p.prom").write_text(text)
+    fixture = str(tmp_path / "p.prom")
+    report = check_json(["--file", fixture], capsys)
     fixes = next(s["advice"] for s in report["series"] if s["advice"])
     limit = fixes[0]
     assert limit["engine_args"] == [limit_flag, str(limit["concurrency"])] and limit["vllm_args"] is None
     assert f"pass {limit_flag} {limit['concurrency']} to {engine}" in limit["message"]
     assert "--max-num-seqs" not in json.dumps(report) and "vLLM" not in json.dumps(fixes)
     assert tp_flag in fixes[-1]["message"]
-    assert main(["check", "--file", str(ENGINE_FIXTURES / fixture)]) == 0
+    assert main(["check", "--file", fixture]) == 0
     assert f"{engine} flags: {limit_flag} " in capsys.readouterr().out
 
 
@@ -614,3 +621,15 @@ def test_sglang_data_parallel_advice_names_the_servers_total_and_dp_attentions_v
     assert limit["engine_args"] == ["--max-running-requests", str(n)]
     assert f"{n} per data-parallel rank ({2 * n} for the server's 2)" in limit["message"]
     assert f"with --enable-dp-attention SGLang divides the flag over its 2 ranks: pass {2 * n} then" in limit["message"]
+
+
+def test_triton_backend_advice_names_its_build_settings_and_no_launch_flags(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # Triton's TensorRT-LLM backend is configured in the engine build and config.pbtxt: trtllm-serve's
+    # --max_batch_size pasted onto Triton's command line does nothing.
+    report = check_json(["--file", str(ENGINE_FIXTURES / "tensorrt-llm-metrics/gen-triton-waiting-fraction.prom")],
+                        capsys)
+    fixes = next(s["advice"] for s in report["series"] if s["advice"])
+    assert all(a["engine_args"] is None for a in fixes)
+    assert "max_batch_size" in fixes[0]["message"] and "config.pbtxt" in fixes[0]["message"]
+    assert "--max_batch_size" not in json.dumps(report)

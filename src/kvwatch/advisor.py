@@ -36,7 +36,13 @@ MAX_MODEL_LEN_SLACK = 0.5
 LIMIT_USAGE = DemandParams().u_sat
 DEFAULT_GPUS_PER_NODE = 8
 VLLM, SGLANG, TENSORRT_LLM = "vllm", "sglang", "tensorrt-llm"
-ENGINE_NAMES = {VLLM: "vLLM", SGLANG: "SGLang", TENSORRT_LLM: "TensorRT-LLM"}
+# Triton's TensorRT-LLM backend: the same engine, but configured in the engine build (trtllm-build) and the model's
+# config.pbtxt, not by launch flags (kvwatch.check picks it for version_range "triton-backend").
+TRITON_TENSORRT_LLM = "tensorrt-llm-triton"
+ENGINE_NAMES = {VLLM: "vLLM", SGLANG: "SGLang", TENSORRT_LLM: "TensorRT-LLM",
+                TRITON_TENSORRT_LLM: "Triton's TensorRT-LLM backend (in the engine build and its config.pbtxt)"}
+# Kinds whose settings are no command-line flags: their fixes carry no engine_args.
+CONFIGURED_NOT_LAUNCHED = frozenset({TRITON_TENSORRT_LLM})
 # Each engine's own launch flag for what a fix changes (from each engine's server-argument reference:
 # vLLM's engine args, SGLang's server arguments, trtllm-serve's options). None: no launch flag for it.
 ENGINE_FLAGS: dict[str, dict[str, str | None]] = {
@@ -47,11 +53,14 @@ ENGINE_FLAGS: dict[str, dict[str, str | None]] = {
     # TensorRT-LLM takes the weights' quantization from the checkpoint it serves, not from a flag.
     TENSORRT_LLM: {"concurrency": "--max_batch_size", "max_model_len": "--max_seq_len", "quantization": None,
                    "tensor_parallel": "--tp_size", "token_budget": "--max_num_tokens"},
+    TRITON_TENSORRT_LLM: {"concurrency": "max_batch_size", "max_model_len": "max_seq_len", "quantization": None,
+                          "tensor_parallel": "tp_size", "token_budget": "max_num_tokens"},
 }
 # How each engine is told to keep its KV cache in FP8 (the quantization fix mentions it as the alternative).
 FP8_KV_CACHE = {VLLM: "--kv-cache-dtype fp8", SGLANG: "--kv-cache-dtype fp8_e4m3",
                 TENSORRT_LLM: "kv_cache_config.dtype: fp8 in trtllm-serve's options YAML, --config or "
-                              "--extra_llm_api_options"}
+                              "--extra_llm_api_options",
+                TRITON_TENSORRT_LLM: "an FP8 KV cache built into the engine (trtllm-build with an FP8 KV cache)"}
 
 
 @dataclass(frozen=True)
@@ -201,8 +210,9 @@ def advise(
 
     out.append(_tensor_parallel_advice(capacity_plan, plan_tokens, base_tokens, ceiling, gpus_per_node,
                                        flags["tensor_parallel"] or "--tensor-parallel-size"))
-    return [Advice(a.action, rank, a.message, a.projected_effect, a.engine_args, a.concurrency, engine_kind)
-            for rank, a in enumerate(out, 1)]
+    launched = engine_kind not in CONFIGURED_NOT_LAUNCHED
+    return [Advice(a.action, rank, a.message, a.projected_effect, a.engine_args if launched else None,
+                   a.concurrency, engine_kind) for rank, a in enumerate(out, 1)]
 
 
 def concurrency_limit(recommended: int | None, ceiling: float | None) -> int | None:

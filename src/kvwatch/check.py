@@ -36,6 +36,8 @@ from kvwatch.advisor import (
     ENGINE_FLAGS,
     ENGINE_NAMES,
     SGLANG,
+    TENSORRT_LLM,
+    TRITON_TENSORRT_LLM,
     VLLM,
     Advice,
     advise_from_result,
@@ -44,7 +46,7 @@ from kvwatch.derived import SeriesState, derive
 from kvwatch.engines import SourceOverrides
 from kvwatch.fetch import Fetcher
 from kvwatch.forecast import Forecaster, ForecastParams, ForecastSample
-from kvwatch.model import Poll, Reading
+from kvwatch.model import Detection, Poll, Reading
 from kvwatch.payload import ScrapeError, interpret
 from kvwatch.settings import CheckSettings, SettingsError, add_settings_flags, load_settings, redact_url
 
@@ -240,7 +242,7 @@ def build_report(poll: Poll, max_model_len: int | None = None,
     groups = kv_groups or {}
     capacities = {r.key: resolve(r, plans.get(r.model_name), groups.get(r.model_name)) for r in poll.readings}
     states = [derive(capacities[r.key].apply(r), None, max_model_len) for r in poll.readings]
-    found = findings(states, poll.implausible, poll.detection.engine_kind) + _capacity_findings(states, plans,
+    found = findings(states, poll.implausible, _advice_kind(poll.detection)) + _capacity_findings(states, plans,
                                                                                                max_model_len)
     found += _groups_unknown(poll, capacities, set(plans) | set(groups))
     found.sort(key=lambda f: _SEVERITY_ORDER[f.severity])
@@ -248,6 +250,7 @@ def build_report(poll: Poll, max_model_len: int | None = None,
     found = [f for f in found if not (f.id == "scheduler_limited" and (f.model_name, f.engine) in stuck)]
     bound = {(f.model_name, f.engine) for f in found if f.id == "kv_bound"}
     d = poll.detection
+    advice_kind = _advice_kind(d)
     # SGLang's series are its data-parallel ranks (dp_rank) of one server: the advice names the server's total.
     ranks = Counter(s.reading.model_name for s in states) if d.engine_kind == SGLANG else Counter()
     report = {
@@ -258,7 +261,7 @@ def build_report(poll: Poll, max_model_len: int | None = None,
         "waiting_metric": d.waiting_metric,
         "capacity_metric": d.capacity_metric,
         "series": [_series_json(s, advice(s, poll.timestamp, max_model_len, plans.get(s.reading.model_name),
-                                          gpus_per_node=gpus_per_node, engine_kind=d.engine_kind,
+                                          gpus_per_node=gpus_per_node, engine_kind=advice_kind,
                                           ranks_per_flag=ranks.get(s.reading.model_name, 1))
                                 if (s.reading.model_name, s.reading.engine) in bound else [],
                                 capacities[s.reading.key].source)
@@ -353,6 +356,14 @@ def advice(state: SeriesState, timestamp: float, max_model_len: int | None = Non
                               capacity_plan=capacity_plan, max_model_len=max_model_len_of(reading, max_model_len),
                               concurrency_ceiling=state.max_concurrency.get("observed_mix"),
                               gpus_per_node=gpus_per_node, engine_kind=engine_kind, ranks_per_flag=ranks_per_flag)
+
+
+def _advice_kind(detection: Detection) -> str:
+    """Whose settings the advice names: Triton's TensorRT-LLM backend is configured in its engine build and
+    config.pbtxt, not by trtllm-serve's flags."""
+    if detection.engine_kind == TENSORRT_LLM and detection.version_range == "triton-backend":
+        return TRITON_TENSORRT_LLM
+    return detection.engine_kind
 
 
 def _series_json(s: SeriesState, fixes: Iterable[Advice] = (), capacity_source: str = "unknown") -> dict[str, Any]:
