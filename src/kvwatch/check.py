@@ -313,7 +313,7 @@ def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any],
         plan = plans.get(r.model_name)
         found = [capacity.live_finding(f, r.kv_usage_ratio, r.requests_running, r.requests_waiting,
                                        r.kv_capacity_tokens, max_model_len_of(r, max_model_len), asleep=r.asleep,
-                                       prefill_server=r.engine_role == "prefill")
+                                       prefill_server=r.prefill_server)
                  for f in capacity.LIVE_FINDINGS]
         if r.model_name not in refused:  # per model, not per engine
             refused.add(r.model_name)
@@ -432,7 +432,7 @@ def findings(states: Iterable[SeriesState],
             out.append(Finding("kv_bound", "critical", (
                 f"KV cache is {usage:.0%} full with {_requests(waiting)} waiting: the KV cache is the bottleneck. "
                 "The advisor's fixes for this series follow, cheapest first (\"advice\" in --json)."), **where))
-        elif usage < SCHEDULER_LIMITED_BELOW and _standing_queue(r) and r.engine_role != "prefill":
+        elif usage < SCHEDULER_LIMITED_BELOW and _standing_queue(r) and not r.prefill_server:
             out.append(Finding("scheduler_limited", "warning", (
                 f"{_requests(waiting)} {_verb(waiting)} while KV is only {usage:.0%} used: the scheduler limits, "
                 f"not KV. Raise {flags['concurrency']} or {flags['token_budget']} (token budget)"

@@ -105,6 +105,12 @@ def max_concurrency(reading: Reading, mean_tokens: float | None, max_model_len: 
     return out
 
 
+def observed_mix_ceiling(reading: Reading, history: SeriesHistory | None) -> float | None:
+    """``kvwatch_max_concurrency{basis="observed_mix"}`` of this poll (what the advice's limit and the what-ifs
+    start from)."""
+    return max_concurrency(reading, mean_request_tokens(reading, history), None).get("observed_mix")
+
+
 def derive(reading: Reading, history: SeriesHistory | None, max_model_len: int | None = None,
            extra: Mapping[str, Any] | None = None) -> SeriesState:
     """The exported view of one series (history may be None for a one-shot ``kvwatch check``)."""

@@ -103,6 +103,11 @@ class Reading:
         return self.requests_waiting
 
     @property
+    def prefill_server(self) -> bool:
+        """A PD prefill server: its loop never runs a request, so a queue with nothing running is its work."""
+        return self.engine_role == "prefill"
+
+    @property
     def asleep(self) -> bool:
         """The engine is in vLLM's sleep mode: its KV cache is released and requests wait until it wakes up."""
         return self.sleep_state not in (None, "awake")

@@ -373,18 +373,16 @@ def _kv_formula(plan: CapacityPlan) -> str:
     elem = layout.bytes_per_token_per_layer
     layers = layout.num_attention_layers
     if arch.is_mla:
-        indexer = arch.index_head_dim + arch.index_head_dim // 128 * 4 if arch.index_head_dim else 0
-        latent = int(arch.kv_lora_rank or 0) + int(arch.qk_rope_head_dim or 0)
+        indexer = arch.indexer_bytes_per_token
+        latent_bytes = elem - indexer
         if spec.kv_cache_dtype.lower() == "fp8_ds_mla":
-            per = f"{layers} layers × ({elem - indexer} B fp8_ds_mla"
+            latent = f"{latent_bytes} B fp8_ds_mla"
         else:
-            per = f"{layers} layers × ({arch.kv_lora_rank} kv_lora_rank + {arch.qk_rope_head_dim} rope dims) × " \
-                  f"{(elem - indexer) // latent} B"
-        if spec.kv_cache_dtype.lower() == "fp8_ds_mla":
-            per += f" + {indexer} B indexer keys)" if indexer else ")"
-        elif indexer:
-            per = per.replace(f"{layers} layers × (", f"{layers} layers × ((", 1) + f" + {indexer} B indexer keys)"
-        per += " (MLA, not split by TP)"
+            dims = int(arch.kv_lora_rank or 0) + int(arch.qk_rope_head_dim or 0)
+            latent = (f"({arch.kv_lora_rank} kv_lora_rank + {arch.qk_rope_head_dim} rope dims) × "
+                      f"{latent_bytes // dims} B")
+        inner = f"({latent} + {indexer} B indexer keys)" if indexer else latent
+        per = f"{layers} layers × {inner} (MLA, not split by TP)"
     else:
         heads = max(1, arch.num_kv_heads // spec.tensor_parallel_size)
         per = f"2 × {layers} layers × {heads} KV heads × {arch.head_dim} head_dim × " \

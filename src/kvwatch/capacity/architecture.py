@@ -194,6 +194,11 @@ class ModelArch:
         return self.kv_lora_rank is not None
 
     @property
+    def indexer_bytes_per_token(self) -> int:
+        """Bytes per token and layer of DeepSeek-V3.2's indexer keys (0 without one)."""
+        return self.index_head_dim + self.index_head_dim // 128 * 4 if self.index_head_dim else 0
+
+    @property
     def is_hybrid_mamba(self) -> bool:
         return self.has_mamba_state or MAMBA in self.layer_types
 

@@ -167,7 +167,7 @@ def layers_on_rank(num_layers: int, pp: int) -> int:
 
 def kv_bytes_per_token_per_layer(arch: ModelArch, tp: int, kv_bytes: int, kv_cache_dtype: str = "auto") -> int:
     if arch.is_mla:
-        indexer = arch.index_head_dim + arch.index_head_dim // 128 * 4 if arch.index_head_dim else 0
+        indexer = arch.indexer_bytes_per_token
         if kv_cache_dtype.lower() == "fp8_ds_mla":
             return FP8_DS_MLA_BYTES + indexer
         return (int(arch.kv_lora_rank or 0) + int(arch.qk_rope_head_dim or 0)) * kv_bytes + indexer

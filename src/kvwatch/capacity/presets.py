@@ -282,9 +282,7 @@ def resolve_model(name_or_config: str | Path | dict[str, Any]) -> ModelArch:
     text = str(name_or_config)
     if text.endswith(".json") or (Path(text).is_file()):
         return load_config_file(text)
-    if Path(text, "config.json").is_file():
-        return load_config_file(Path(text, "config.json"))
-    return match_model(text).arch
+    return match_model(text).arch  # a model folder is read there, before the presets
 
 
 @lru_cache(maxsize=1)

@@ -12,7 +12,7 @@ Triton's ``version``) are other engines: :func:`refuse_several_servers` refuses 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -73,6 +73,12 @@ SERVER_LABELS = frozenset({"worker_addr", "worker", "instance", "server", "pod",
                            "url", "version"})
 
 
+def differing_labels(samples: Sequence[Sample], among: Iterable[str] | None = None) -> list[str]:
+    """The labels (of ``among``, default all) whose values differ between copies of one series, sorted."""
+    names = sorted(set(among) if among is not None else {k for s in samples for k in s.labels})
+    return [k for k in names if len({s.labels.get(k) for s in samples}) > 1]
+
+
 def refuse_several_servers(indexes: Iterable[tuple[str, Index]]) -> None:
     """UnrecognisedPayload when copies of one series differ in a :data:`SERVER_LABELS` label: their maximum
     made up an engine (one worker's usage beside another's running count)."""
@@ -80,7 +86,7 @@ def refuse_several_servers(indexes: Iterable[tuple[str, Index]]) -> None:
         for (model, engine), group in index.by_key.items():
             if len(group) < 2:
                 continue
-            differing = sorted(k for k in SERVER_LABELS if len({s.labels.get(k) for s in group}) > 1)
+            differing = differing_labels(group, SERVER_LABELS)
             if differing:
                 raise UnrecognisedPayload(
                     f"{name} has samples for one engine (model {model or '?'}, engine {engine or '?'}) that differ in "

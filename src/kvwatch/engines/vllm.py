@@ -31,7 +31,7 @@ from dataclasses import replace
 from types import MappingProxyType
 
 from kvwatch.engines import Selector, SourceOverrides, UnrecognisedPayload
-from kvwatch.engines.series import latency_for, latency_index
+from kvwatch.engines.series import differing_labels, latency_for, latency_index
 from kvwatch.exposition import Exposition, Sample
 from kvwatch.model import Detection, Poll, Reading, SeriesKey
 
@@ -294,8 +294,7 @@ def _refuse_aggregated(gauges: Iterable[tuple[Selector | str | None, _Index, str
         for (model, engine), group in index.items():
             if len(group) < 2:
                 continue
-            names = sorted({k for s in group for k in s.labels})
-            differing = [k for k in names if len({s.labels.get(k) for s in group}) > 1]
+            differing = differing_labels(group)
             if flag:
                 raise UnrecognisedPayload(
                     f"{flag} {selector} selects {len(group)} samples for one engine that differ in "

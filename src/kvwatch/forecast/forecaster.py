@@ -101,7 +101,7 @@ class ForecastSample:
     waiting_for_capacity: float | None = None
     # vLLM's sleep mode (Reading.asleep): the KV cache is released and requests wait for a wake-up, on purpose.
     asleep: bool = False
-    # A PD prefill server (Reading.engine_role): its loop never "runs" a request, so a queue there is its work.
+    # A PD prefill server (Reading.prefill_server): its loop never "runs" a request, so a queue there is its work.
     prefill_server: bool = False
 
     def __setstate__(self, state: Sequence[Any]) -> None:
@@ -120,7 +120,7 @@ class ForecastSample:
             timestamp=timestamp,
             kv_usage=reading.kv_usage_ratio,
             asleep=reading.asleep,
-            prefill_server=reading.engine_role == "prefill",
+            prefill_server=reading.prefill_server,
             capacity_tokens=_capacity_of(reading),
             running=reading.requests_running or 0.0,
             waiting=reading.requests_waiting or 0.0,

@@ -23,7 +23,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from kvwatch.capacity.findings import LIVE_FINDINGS, SUSTAINED_SECONDS, HeldSince, live_finding, max_model_len_mismatch
 from kvwatch.capacity.series import max_model_len_of
-from kvwatch.derived import max_concurrency, mean_request_tokens
+from kvwatch.derived import observed_mix_ceiling
 from kvwatch.engines.vllm import engine_max_model_len
 from kvwatch.history import SeriesHistory
 from kvwatch.model import Reading, SeriesKey
@@ -97,7 +97,7 @@ class CapacityAnalyzer:
         # The request size behind kvwatch_max_concurrency{basis="observed_mix"} (the smaller of the live footprint
         # and the finished mean): a what-if starting from the live footprint alone read above today's ceiling
         # for a change that does nothing at this mix (max_model_len_halved at +7 %).
-        headline = max_concurrency(reading, mean_request_tokens(reading, history), None).get("observed_mix")
+        headline = observed_mix_ceiling(reading, history)
         if headline and reading.kv_capacity_tokens:
             per_request = reading.kv_capacity_tokens / headline
         if capacity is not None and per_request:
@@ -119,7 +119,7 @@ class CapacityAnalyzer:
         for finding_id in LIVE_FINDINGS:
             holds = live_finding(finding_id, reading.kv_usage_ratio, reading.requests_running,
                                  reading.requests_waiting, reading.kv_capacity_tokens, max_model_len,
-                                 asleep=reading.asleep, prefill_server=reading.engine_role == "prefill") is not None
+                                 asleep=reading.asleep, prefill_server=reading.prefill_server) is not None
             timer = self._held.get((key, finding_id))
             if timer is None:
                 if len(self._held) >= self._max_held:

@@ -18,7 +18,7 @@ from prometheus_client.core import Metric
 from kvwatch.advisor import DEFAULT_GPUS_PER_NODE, Advice, advise_from_result, concurrency_limit
 from kvwatch.capacity.planner import CapacityPlan
 from kvwatch.capacity.series import max_model_len_of
-from kvwatch.derived import derive
+from kvwatch.derived import observed_mix_ceiling
 from kvwatch.forecast.forecaster import Forecaster, ForecastParams, ForecastResult, ForecastSample
 from kvwatch.history import SeriesHistory
 from kvwatch.model import Reading, SeriesKey
@@ -69,7 +69,7 @@ class ForecastAnalyzer:
         result = forecaster.observe(ForecastSample.from_reading(reading, now, restarted=restarted))
         # The ceiling kvwatch_max_concurrency{basis="observed_mix"} shows: the exported limit and the advice's are
         # one figure, never above 95 % of it (kvwatch.advisor.concurrency_limit).
-        ceiling = derive(reading, history, self.max_model_len).max_concurrency.get("observed_mix")
+        ceiling = observed_mix_ceiling(reading, history)
         if result.recommended_max_concurrency is not None:
             result = replace(result, recommended_max_concurrency=concurrency_limit(
                 result.recommended_max_concurrency, ceiling))
