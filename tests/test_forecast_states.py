@@ -11,9 +11,11 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from itertools import pairwise
+from pathlib import Path
 
 import pytest
 
+from kvwatch.engines.detect import read_payload
 from kvwatch.forecast import Forecaster, ForecastParams, ForecastResult, ForecastSample
 from kvwatch.forecast.detector import WarningLatch, WarningParams
 from kvwatch.model import Reading
@@ -173,15 +175,53 @@ def test_the_reactive_states_fire_at_slow_poll_intervals(dt: float):
     assert state_at_end(0.5, 0.0) == "ok"
 
 
-def test_running_requests_without_a_queue_are_not_a_stall():
+def test_running_requests_without_a_queue_are_not_a_stall_where_counters_move_at_the_end():
     # SGLang's and TensorRT-LLM's counters move only when a request finishes: a few long decodes with nothing
-    # waiting look frozen for minutes. A stall needs a queue (a hung engine whose gauges froze with nothing
-    # waiting is not caught: docs/metrics.md says so).
+    # waiting look frozen for minutes. There a stall needs a queue.
     frozen = lambda t: t < 3600  # noqa: E731
     results = run(Forecaster(), stream(lambda t: 0.5, progressing=frozen, seconds=4200))
     assert "stalled" not in {r.state for r in results}
     queued = run(Forecaster(), stream(lambda t: 0.5, waiting=lambda t: 3.0, progressing=frozen, seconds=4200))
     assert queued[-1].state == "stalled"
+
+
+def every_step(samples) -> list[ForecastSample]:
+    return [replace(s, tokens_counted_every_step=True) for s in samples]
+
+
+def test_a_hung_vllm_with_requests_running_and_none_waiting_is_stalled():
+    # A hung engine core (a NCCL hang) freezes every gauge and counter: requests running, none waiting. vLLM
+    # counts tokens every step, so that is a stall; kvwatch read ok for ever.
+    frozen = lambda t: not (3600 <= t < 4200)  # noqa: E731
+    results = run(Forecaster(), every_step(stream(lambda t: 0.5, progressing=frozen, seconds=4800)))
+    at = {r.timestamp: r.state for r in results}
+    assert at[4000] == "stalled"
+    assert at[3700] != "stalled"  # needs 3 minutes without progress
+    assert at[4790] != "stalled"
+
+
+def test_a_long_prefill_moves_the_kv_gauge_and_is_no_stall():
+    # One long prompt in chunked prefill: no token is counted until its first output token, but each chunk takes
+    # blocks, so the usage gauge climbs.
+    frozen = lambda t: t < 3600  # noqa: E731
+    climbing = lambda t: 0.3 if t < 3600 else 0.3 + (t - 3600) / 3000  # noqa: E731
+    results = run(Forecaster(), every_step(stream(climbing, progressing=frozen, seconds=4200)))
+    assert "stalled" not in {r.state for r in results}
+    still = run(Forecaster(), every_step(stream(lambda t: 0.3, progressing=frozen, seconds=4200)))
+    assert still[-1].state == "stalled"
+
+
+@pytest.mark.parametrize(("fixture", "every_step_"), [
+    ("vllm-metrics/v1-0.8-early-model-name-only.prom", True),
+    ("vllm-metrics/v0-engine-qwenvl.prom", True),
+    ("sglang-metrics/v0.4-production-metrics-doc.prom", False),
+    ("tensorrt-llm-metrics/trtllm-serve-iteration-stats.json", False),
+])
+def test_only_vllm_readings_count_tokens_every_step(fixture: str, every_step_: bool):
+    text = (Path(__file__).parent / "fixtures" / fixture).read_text()
+    reading = read_payload(text, timestamp=0.0).readings[0]
+    assert reading.tokens_counted_every_step is every_step_
+    assert ForecastSample.from_reading(reading, 0.0).tokens_counted_every_step is every_step_
 
 
 def test_a_gap_in_the_polls_is_no_window_of_data():
@@ -380,8 +420,12 @@ def test_a_sample_pickled_before_a_field_was_added_unpickles_with_its_default():
     # benchmarks/ keeps simulated backtests pickled; fields added since (at the end) take their defaults.
     from dataclasses import fields
 
-    sample = ForecastSample(timestamp=1.0, kv_usage=0.5, waiting=3.0, waiting_for_capacity=2.0, asleep=True)
-    old_state = [getattr(sample, f.name) for f in fields(sample)][:-3]  # as written before the last three
+    sample = ForecastSample(timestamp=1.0, kv_usage=0.5, waiting=3.0, waiting_for_capacity=2.0, asleep=True,
+                            prefill_server=True, tokens_counted_every_step=True)
+    added = ("waiting_for_capacity", "asleep", "prefill_server", "tokens_counted_every_step")
+    assert tuple(f.name for f in fields(sample))[-len(added):] == added
+    old_state = [getattr(sample, f.name) for f in fields(sample)][:-len(added)]  # as written before they were
     restored = ForecastSample.__new__(ForecastSample)
     restored.__setstate__(old_state)
-    assert restored == replace(sample, waiting_for_capacity=None, asleep=False)
+    assert restored == replace(sample, waiting_for_capacity=None, asleep=False, prefill_server=False,
+                               tokens_counted_every_step=False)

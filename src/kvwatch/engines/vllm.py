@@ -203,6 +203,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             lengths=latency_for(lengths, key),
             requests_aborted_total=finished.get("abort"),
             sleep_state=_sleep_state(_by_label(index[SLEEP_STATE], key, "sleep_state", max)),
+            tokens_counted_every_step=True,
         ))
     capacity_name = "vllm:cache_config_info{kv_cache_size_tokens}" if any(
         "kv_cache_size_tokens" in c for c in configs.values()) else (

@@ -30,8 +30,10 @@ class SampleFlags:
     waiting: float
     saturated: bool  # u ≥ u_sat, or u ≥ u_busy with requests waiting, or a preemption since the last sample
     queued_below_kv_limit: bool  # requests waiting although usage < u_busy
-    progressed: bool | None  # a request finished or a token was processed; None when counters are absent
+    progressed: bool | None  # a request finished, a token was processed or the KV gauge moved; None: no counters
     running: float = 0.0
+    # Requests running count toward a stall even with nothing waiting (ForecastSample.tokens_counted_every_step).
+    stalls_without_queue: bool = False
 
 
 @dataclass(frozen=True)
@@ -64,16 +66,16 @@ class _Window:
         self.flags: deque[SampleFlags] = deque()
         self.saturated = 0
         self.queued = 0
-        self.idle = 0  # samples with no request waiting
+        self.idle = 0  # samples with nothing that can stall: none waiting (nor running, where that counts)
         self.progress = 0  # samples whose progress is not known False (True or unknown)
 
     def _count(self, f: SampleFlags, sign: int) -> None:
         self.saturated += sign * f.saturated
         self.queued += sign * f.queued_below_kv_limit
-        # A stall needs a queue: with requests running and none waiting, SGLang's and TensorRT-LLM's counters move
-        # only when a request finishes, and vLLM's prompt tokens only at a request's first token, so a few long
-        # requests look frozen for minutes (a hung engine whose gauges froze with nothing waiting is not caught).
-        self.idle += sign * (f.waiting < 1)
+        # Where counters move only when a request finishes (SGLang, TensorRT-LLM) a stall needs a queue: a few long
+        # requests with none waiting look frozen for minutes. vLLM counts tokens every step, so there requests
+        # running with no token counted and the KV gauge still (a hung engine core freezes both) are a stall too.
+        self.idle += sign * (f.waiting < 1 and not (f.stalls_without_queue and f.running >= 1))
         self.progress += sign * (f.progressed is not False)
 
     def add(self, f: SampleFlags) -> None:

@@ -103,6 +103,8 @@ class ForecastSample:
     asleep: bool = False
     # A PD prefill server (Reading.prefill_server): its loop never "runs" a request, so a queue there is its work.
     prefill_server: bool = False
+    # Reading.tokens_counted_every_step: requests running with no progress are a stall even with nothing waiting.
+    tokens_counted_every_step: bool = False
 
     def __setstate__(self, state: Sequence[Any]) -> None:
         """Unpickle by field order, the fields a pickle predates at their defaults (benchmarks/ keeps simulated
@@ -121,6 +123,7 @@ class ForecastSample:
             kv_usage=reading.kv_usage_ratio,
             asleep=reading.asleep,
             prefill_server=reading.prefill_server,
+            tokens_counted_every_step=reading.tokens_counted_every_step,
             capacity_tokens=_capacity_of(reading),
             running=reading.requests_running or 0.0,
             waiting=reading.requests_waiting or 0.0,
@@ -235,7 +238,7 @@ class Forecaster:
         )
         if closed is not None:
             self._on_minute(closed)
-        self._detectors.update(self._flags(sample, deltas))
+        self._detectors.update(self._flags(sample, deltas, prev))
         self._saturated_minute |= self._detectors.bottleneck
         self._track_onsets(sample.timestamp)
         self._previous = sample
@@ -363,13 +366,16 @@ class Forecaster:
                                                       cur.generation_length_bounds, cur.generation_length_cumulative),
         }
 
-    def _flags(self, sample: ForecastSample, deltas: SampleDeltas | None) -> SampleFlags:
+    def _flags(self, sample: ForecastSample, deltas: SampleDeltas | None, prev: ForecastSample | None) -> SampleFlags:
         p = self.params
         u = sample.kv_usage or 0.0
         preempted = bool(deltas and deltas.preemptions)
         progressed: bool | None = None
         if deltas is not None and (deltas.finished is not None or deltas.generation_tokens is not None):
-            progressed = bool(deltas.finished) or bool(deltas.generation_tokens) or bool(deltas.prompt_tokens)
+            # The KV gauge moving is progress too: a long prefill allocates blocks before its first token is
+            # counted, and a decode grows its blocks; a hung engine freezes every gauge at its last value.
+            progressed = (bool(deltas.finished) or bool(deltas.generation_tokens) or bool(deltas.prompt_tokens)
+                          or (prev is not None and prev.kv_usage != sample.kv_usage))
         if sample.asleep:  # a queue an operator put to sleep is neither a stall nor a scheduler limit
             return SampleFlags(sample.timestamp, u, 0.0, False, False, None)
         queued = sample.waiting if sample.waiting_for_capacity is None else sample.waiting_for_capacity
@@ -381,6 +387,7 @@ class Forecaster:
             saturated=u >= p.u_sat or (u >= p.u_busy and queued >= 1) or preempted,
             queued_below_kv_limit=queued >= 1 and u < p.u_busy and not sample.prefill_server,
             progressed=progressed,
+            stalls_without_queue=sample.tokens_counted_every_step,
         )
 
     # ------------------------------------------------------------------ per minute
