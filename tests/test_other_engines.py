@@ -236,3 +236,19 @@ def test_unknown_counts_and_a_prefill_server_raise_no_stuck_or_stuck_queue_findi
     assert reading.engine_role == "prefill"
     assert all(live_finding(f, 0.02, 0.0, 3.0, prefill_server=True) is None for f in LIVE_FINDINGS)
     assert live_finding("request_exceeds_pool", 0.02, 0.0, 3.0) is not None
+
+
+def test_sglang_tokenizer_counters_split_by_streaming_and_priority_add_up() -> None:
+    # SGLang 0.5.2x splits the tokenizer's request counters and latency histograms by is_streaming, and priority
+    # scheduling by each request's priority: disjoint parts, of which the maximum was read (60 % of the prompt
+    # tokens, a hit ratio above 1 in the reviewer's page, the TTFT of the streaming part alone). The scheduler's
+    # gauges (tensor-parallel copies; the total under priority="") still combine by maximum.
+    (reading,) = poll(SGLANG / "gen-0.5.23-is-streaming-priority.prom").readings
+    assert (reading.requests_running, reading.requests_waiting, reading.kv_usage_ratio) == (40.0, 3.0, 0.5)
+    assert reading.preemptions_total == 4.0
+    assert (reading.prompt_tokens_total, reading.generation_tokens_total) == (100_000.0, 50_000.0)
+    assert dict(reading.finished_by_reason) == {"all": 1000.0}
+    assert reading.requests_aborted_total == 5.0
+    assert reading.prefix_cache_hit_ratio == pytest.approx(0.6)
+    e2e = reading.latency["e2e"]
+    assert (e2e.count, e2e.cumulative, e2e.sum) == (1000.0, (700.0, 1000.0, 1000.0), 1850.0)

@@ -4,7 +4,10 @@ Each adapter says how a sample's labels map to a series key ``(model, engine)`` 
 label is absent: such a sample applies to every series, as a tokenizer-side counter without a rank
 label does). Copies of one series that differ only in other labels (SGLang's ``tp_rank``/``pp_rank``/
 ``engine_type``/``priority``) are snapshots of the same engine, so they combine by maximum, never by sum:
-summing would count one request once per tensor-parallel rank. Copies that differ in a label naming a server
+summing would count one request once per tensor-parallel rank. SGLang's tokenizer-side request counters and
+histograms are the exception (:meth:`Index.total`, ``parts_add``): their copies split the requests by
+``is_streaming`` (0.5.2x), by each request's ``priority`` and by custom labels, so the parts add up; only copies
+that differ in :data:`RANK_LABELS` are the same requests again. Copies that differ in a label naming a server
 or a model version (:data:`SERVER_LABELS`: an SGLang gateway's ``worker_addr``, a federation's ``instance``,
 Triton's ``version``) are other engines: :func:`refuse_several_servers` refuses the page. NaN reads as unknown.
 """
@@ -54,16 +57,42 @@ class Index:
         finite = [v for v in values if not math.isnan(v)]
         return max(finite) if finite else values[0]
 
-    def by_label(self, key: SeriesKey, label: str) -> dict[str, float]:
-        groups: dict[str, float] = {}
+    def by_label(self, key: SeriesKey, label: str, *, parts_add: bool = False) -> dict[str, float]:
+        """The series' value per value of ``label``; ``parts_add`` as in :meth:`total`."""
+        groups: dict[str, dict[frozenset[tuple[str, str]], float]] = {}
         for s in self.for_key(key):
             value = s.labels.get(label)
             if value is not None and not math.isnan(s.value):
-                groups[value] = max(groups.get(value, s.value), s.value)
-        return dict(sorted(groups.items()))
+                parts = groups.setdefault(value, {})
+                part = _part_of(s.labels) if parts_add else frozenset()
+                parts[part] = max(parts.get(part, s.value), s.value)
+        return {value: sum(parts.values()) for value, parts in sorted(groups.items())}
+
+    def total(self, key: SeriesKey) -> float | None:
+        """The series' value where copies are disjoint parts of its requests (SGLang's tokenizer counters, split by
+        ``is_streaming``, ``priority`` and custom labels): the parts add up, copies of one part on several ranks
+        combine by maximum. NaN when every copy is NaN, None when absent."""
+        samples = self.for_key(key)
+        if not samples:
+            return None
+        parts: dict[frozenset[tuple[str, str]], float] = {}
+        for s in samples:
+            if not math.isnan(s.value):
+                part = _part_of(s.labels)
+                parts[part] = max(parts.get(part, s.value), s.value)
+        return sum(parts.values()) if parts else samples[0].value
 
     def partial_keys(self) -> set[PartialKey]:
         return set(self.by_key)
+
+
+# Labels that tell the ranks of one engine apart: their copies report the same requests (maximum, never sum).
+RANK_LABELS = frozenset({"tp_rank", "pp_rank", "dp_rank", "moe_ep_rank", "attn_tp_rank", "attn_dp_rank"})
+
+
+def _part_of(labels: dict[str, str]) -> frozenset[tuple[str, str]]:
+    """Which part of a series' requests a sample counts: its labels but the ranks'."""
+    return frozenset((k, v) for k, v in labels.items() if k not in RANK_LABELS)
 
 
 # Labels that tell servers (or loaded model versions) apart, never the ranks of one engine: sgl-model-gateway's
@@ -126,9 +155,12 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     return numerator / denominator
 
 
-def histograms(exposition: Exposition, family: str, key_of: KeyOf) -> dict[PartialKey, Histogram]:
+def histograms(exposition: Exposition, family: str, key_of: KeyOf, *,
+               parts_add: bool = False) -> dict[PartialKey, Histogram]:
     """A histogram family's series by partial key; of several copies of one key (ranks, processes) the one
-    with the most observations (the copies are snapshots of one engine, as for gauges)."""
+    with the most observations (the copies are snapshots of one engine, as for gauges). With ``parts_add``
+    copies that differ in other labels than :data:`RANK_LABELS` are disjoint parts (:meth:`Index.total`) and add
+    up, bucket by bucket, when their bounds agree."""
     bucket_name, count_name, sum_name = family + "_bucket", family + "_count", family + "_sum"
     # One group per label set without ``le`` (the key follows from the labels). Runs every poll over every
     # bucket of the latency histograms, hence the plain loop: one frozenset per sample, the key per group.
@@ -150,17 +182,28 @@ def histograms(exposition: Exposition, family: str, key_of: KeyOf) -> dict[Parti
             group["count"] = s.value
         elif name == sum_name:
             group["sum"] = s.value
-    out: dict[PartialKey, Histogram] = {}
-    for group in groups.values():
+    parts: dict[PartialKey, dict[frozenset[tuple[str, str]], Histogram]] = {}
+    for ident, group in groups.items():
         key = group["key"]
         buckets = sorted(group["buckets"])
         if not buckets or not math.isinf(buckets[-1][0]):
             continue
         hist = Histogram(tuple(b for b, _ in buckets), tuple(v for _, v in buckets),
                          group.get("count", buckets[-1][1]), group.get("sum", math.nan))
-        if key not in out or hist.count > out[key].count:
-            out[key] = hist
-    return out
+        by_part = parts.setdefault(key, {})
+        part = _part_of(dict(ident)) if parts_add else frozenset()
+        if part not in by_part or hist.count > by_part[part].count:
+            by_part[part] = hist
+    return {key: _added(list(by_part.values())) for key, by_part in parts.items()}
+
+
+def _added(parts: list[Histogram]) -> Histogram:
+    """Disjoint parts of one histogram, added bucket by bucket; the largest part alone when their bounds differ."""
+    first = parts[0]
+    if len(parts) == 1 or any(h.bounds != first.bounds for h in parts):
+        return max(parts, key=lambda h: h.count)
+    return Histogram(first.bounds, tuple(map(sum, zip(*(h.cumulative for h in parts), strict=True))),
+                     sum(h.count for h in parts), sum(h.sum for h in parts))
 
 
 def histogram_for(by_key: dict[PartialKey, Histogram], key: SeriesKey) -> Histogram | None:
@@ -174,13 +217,14 @@ def histogram_for(by_key: dict[PartialKey, Histogram], key: SeriesKey) -> Histog
 LatencyIndex = dict[str, dict[PartialKey, Histogram]]
 
 
-def latency_index(exposition: Exposition, families: dict[str, tuple[str, ...]], key_of: KeyOf) -> LatencyIndex:
+def latency_index(exposition: Exposition, families: dict[str, tuple[str, ...]], key_of: KeyOf, *,
+                  parts_add: bool = False) -> LatencyIndex:
     """Each latency kind's histograms: from the first of its candidate families the payload has."""
     out: LatencyIndex = {}
     for kind, candidates in families.items():
         for family in candidates:
             if exposition.samples(family):
-                out[kind] = histograms(exposition, family, key_of)
+                out[kind] = histograms(exposition, family, key_of, parts_add=parts_add)
                 break
     return out
 

@@ -13,7 +13,9 @@ them per generation and tests/fixtures/sglang-metrics/README.md names the source
    data-parallel attention) and ``sglang:max_total_num_tokens`` reports the KV pool size in tokens.
 
 Series: the model is ``model_name`` (or 2024's ``name``); the engine is ``dp_rank`` (``"0"`` without it).
-Tokenizer-side families (prompt/generation/cached tokens) carry no rank label and apply to every series.
+Tokenizer-side families (prompt/generation/cached tokens, requests, latency and length histograms) carry no rank
+label and apply to every series; their copies are disjoint parts of the requests (0.5.2x splits them by
+``is_streaming``; priority scheduling and custom labels by each request's values), so they add up.
 Tensor- and pipeline-parallel ranks report the same scheduler state, so copies combine by maximum.
 
 Preemption: SGLang "retracts" decode requests when the KV pool runs out; the cumulative
@@ -107,7 +109,7 @@ def _finished(success: Index, finished: Index, key: SeriesKey) -> dict[str, floa
     by_reason = success.by_label(key, "finished_reason")
     if by_reason:
         return by_reason
-    total = finished.value(key)
+    total = finished.total(key)
     return {"all": total} if total is not None else {}
 
 
@@ -146,7 +148,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
                                   "(server started without traffic, or renamed: see --usage-metric)")
     retracted, prompt, generation, cached, success, finished, aborted = (fam(n) for n in (
         RETRACTED_TOTAL, PROMPT_TOKENS, GENERATION_TOKENS, CACHED_TOKENS, REQUEST_SUCCESS, NUM_REQUESTS, ABORTED))
-    latency = latency_index(exposition, LATENCY, key_of)
+    latency = latency_index(exposition, LATENCY, key_of, parts_add=True)
     prompt_hist = PROMPT_HISTOGRAM if PROMPT_HISTOGRAM in exposition else PROMPT_HISTOGRAM_2024
     generation_hist = GENERATION_HISTOGRAM if GENERATION_HISTOGRAM in exposition else GENERATION_HISTOGRAM_2024
     p_sum, p_count, g_sum, g_count = (
@@ -159,7 +161,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     for key in keys:
         # cached_tokens_total counts prompt tokens served from the radix cache: hits over prompt tokens. With
         # hierarchical caching it is split by cache_source (device, host, storage_*): the tiers add up.
-        hits, queries = _cached_tokens(cached, key), prompt.value(key)
+        hits, queries = _cached_tokens(cached, key), prompt.total(key)
         readings.append(Reading(
             model_name=key[0],
             engine=key[1],
@@ -169,18 +171,18 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             preemptions_total=retracted.value(key),
             finished_by_reason=MappingProxyType(_finished(success, finished, key)),
             prompt_tokens_total=queries,
-            generation_tokens_total=generation.value(key),
+            generation_tokens_total=generation.total(key),
             prefix_cache_queries_total=queries if hits is not None else None,
             prefix_cache_hits_total=hits,
             prefix_cache_unit="tokens" if hits is not None and queries is not None else None,
-            request_prompt_tokens_sum=p_sum.value(key),
-            request_prompt_tokens_count=p_count.value(key),
-            request_generation_tokens_sum=g_sum.value(key),
-            request_generation_tokens_count=g_count.value(key),
+            request_prompt_tokens_sum=p_sum.total(key),
+            request_prompt_tokens_count=p_count.total(key),
+            request_generation_tokens_sum=g_sum.total(key),
+            request_generation_tokens_count=g_count.total(key),
             kv_capacity_tokens=capacity_i.value(key),
             process_start_time_seconds=process_start,
             latency=latency_for(latency, key),
-            requests_aborted_total=aborted.value(key),
+            requests_aborted_total=aborted.total(key),
             engine_role=_role(running_i, usage_i, key),
         ))
     detection = Detection(
@@ -200,9 +202,9 @@ def _role(running: Index, usage: Index, key: SeriesKey) -> str | None:
 
 
 def _cached_tokens(cached: Index, key: SeriesKey) -> float | None:
-    by_source = cached.by_label(key, "cache_source")
+    by_source = cached.by_label(key, "cache_source", parts_add=True)
     if not by_source:
-        return cached.value(key)
+        return cached.total(key)
     if "total" in by_source:  # the collector's fallback label: the whole count already
         return by_source["total"]
     return sum(by_source.values())
