@@ -188,9 +188,14 @@ def test_openmetrics_exemplars_are_ignored_not_an_error() -> None:
     assert e.samples("g")[0].labels == {"path": "/a # b"}
 
 
-def test_nothing_after_eof_is_parsed() -> None:
-    e = parse("a 1\n# EOF\nb 2\n{{not metrics at all\n")
-    assert "b" not in e and e.samples("a")[0].value == 1.0
+def test_a_line_after_eof_is_an_error_not_dropped() -> None:
+    # OpenMetrics ends at '# EOF' and Prometheus refuses a line after it. kvwatch dropped the rest silently: a
+    # second scrape glued on (usage 0.99) read as the first one's 0.5, and a text page using '# EOF' as a comment
+    # lost every family after it.
+    for text in ("a 1\n# EOF\nb 2\n{{not metrics at all\n", "a 1\n# EOF\na 2\n# EOF\n", "a 1\n# EOF\n<html>502</html>"):
+        with pytest.raises(ParseError, match="line 2: '# EOF' is not the last line"):
+            parse(text)
+    assert parse("a 1\n# EOF\n\n  \n").samples("a")[0].value == 1.0  # blank space after it is no line
     assert "b" in parse("a 1\n# HELP b not the end # EOF\nb 2\n")  # only a line of its own ends the text
 
 

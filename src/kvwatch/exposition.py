@@ -149,6 +149,7 @@ def parse(text: str | bytes, wanted: Wanted | None = None,
             end = _eof(parser.text)
             if end is None:
                 raise
+            _refuse_after_eof(parser.text, end)
         return _Parser(parser.text[:end], wanted, admit, openmetrics=True).run()
     except ParseError:
         raise
@@ -161,6 +162,16 @@ def parse(text: str | bytes, wanted: Wanted | None = None,
 
 class _OpenMetricsEnd(Exception):
     """A Prometheus-text parse met an OpenMetrics ``# EOF`` line: the body is OpenMetrics."""
+
+
+def _refuse_after_eof(text: str, eof: int) -> None:
+    """OpenMetrics ends at its ``# EOF`` line (Prometheus refuses a line after it): what follows is another
+    scrape glued on, an error page or a Prometheus-text page using ``# EOF`` as a comment, never to be dropped."""
+    stop = text.find("\n", eof)
+    if stop != -1 and text[stop:].strip():
+        line = text.count("\n", 0, eof) + 1
+        raise ParseError(f"line {line}: '# EOF' is not the last line (OpenMetrics ends there; two scrapes glued "
+                         "together, or an error page after one?)")
 
 
 def _eof(text: str) -> int | None:
