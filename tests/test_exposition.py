@@ -281,3 +281,15 @@ def test_an_openmetrics_info_family_is_keyed_by_its_info_samples_name() -> None:
     assert "# TYPE vllm:cache_config info" in text
     [sample] = parse(text).samples("vllm:cache_config_info")
     assert sample.labels == {"block_size": "16", "num_gpu_blocks": "16000"} and sample.value == 1.0
+
+
+def test_a_series_at_two_explicit_times_reads_as_its_newest_point() -> None:
+    # Two points of one series are legal (Prometheus stores both); kvwatch reads one value per series, and an
+    # adapter combining copies summed them (preemptions 5 @t1 and 7 @t2 read as 12).
+    for text in ("# TYPE c_total counter\nc_total 5 1000\nc_total 7 2000\n",
+                 "# TYPE c_total counter\nc_total 7 2000\nc_total 5 1000\n"):
+        assert [s.value for s in parse(text).samples("c_total")] == [7.0]
+    openmetrics = parse("# TYPE c counter\nc_total 7 2.0\nc_total 5 1.0\n# EOF\n")
+    assert [s.value for s in openmetrics.samples("c_total")] == [7.0]
+    with pytest.raises(ParseError, match="duplicate series"):
+        parse("# TYPE c_total counter\nc_total 5 1000\nc_total 7 1000\n")

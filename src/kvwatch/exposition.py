@@ -9,7 +9,8 @@ are vendored in ``tests/fixtures/exposition-conformance/`` and run by ``tests/te
 - escapes: ``\\\\``, ``\\"``, ``\\n`` (others are errors), in HELP text and label values alike;
 - values are what Go's ``strconv.ParseFloat`` *and* Python's ``float()`` both read (ASCII digits, no
   ``_``, no hex, ``NaN``/``Inf`` spellings): ``1_000``, ``0x10``, ``١٢`` and ``1e999`` are errors;
-  timestamps are decimal int64 (dropped: kvwatch stamps nothing);
+  timestamps are decimal int64 (dropped: kvwatch stamps nothing; of one series at several times, the
+  newest point is kept);
 - one HELP and one TYPE per family, TYPE before the family's samples; types are Prometheus' own;
   ``le``/``quantile`` of histograms/summaries are numbers; histogram counts are not negative;
   ``__name__`` is not a label; a label appears once per sample.
@@ -223,6 +224,8 @@ class _Parser:
         self.names: set[str] = set()
         self.targets: dict[str, _Target | None] = {}
         self.seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
+        self.newest: dict[tuple[str, ...], tuple[float, Sample]] = {}  # a timestamped series' newest point
+        self.superseded: set[int] = set()  # ids of the older points (dropped when the parse ends)
         self.checked_le: set[str] = {"+Inf"}  # le values known to be numbers (Go's parseFloat)
         self.block_lines = 0  # lines in the block _block_end last skipped
         self.openmetrics = openmetrics
@@ -404,6 +407,9 @@ class _Parser:
                 target.append(_new_sample(Sample, (name, labels, value)))  # type: ignore[union-attr]
         if unterminated:
             raise _err(lineno, "unexpected end of input stream (no newline at the end)")
+        if self.superseded:  # a series at several explicit times: kvwatch reads one value, the newest point's
+            for family in self.families.values():
+                family.samples = [s for s in family.samples if id(s) not in self.superseded]
         return Exposition(families=self.families, names=frozenset(self.names))
 
     # ------------------------------------------------------------------ samples
@@ -443,17 +449,26 @@ class _Parser:
                         raise _err(lineno, f"negative bucket population for histogram {target.meta.name!r}",
                                    line)
         # A series twice at one time (both without a timestamp, as always in vLLM's payloads) is a contradiction;
-        # at two explicit times it is two points (Go's scenario 7 has such a pair).
+        # at two explicit times it is two points (Go's scenario 7 has such a pair), of which kvwatch reads the
+        # newest: an adapter combining copies of a series would have added them up.
         if self.admit is not None and not self.admit(labels):
             return
         if key is None:
             key = _series_key(name, labels)
-        if when is not None:
-            key = (*key, repr(when))
-        if key in self.seen:
+        point = key if when is None else (*key, repr(when))
+        if point in self.seen:
             raise _err(lineno, f"duplicate series {name}{labels}: the payload contradicts itself", line)
-        self.seen.add(key)
-        target.append(_new_sample(Sample, (name, labels, value)))
+        self.seen.add(point)
+        sample = _new_sample(Sample, (name, labels, value))
+        if when is not None:
+            newest = self.newest.get(key)
+            if newest is None or when > newest[0]:
+                if newest is not None:
+                    self.superseded.add(id(newest[1]))
+                self.newest[key] = (when, sample)
+            else:
+                self.superseded.add(id(sample))
+        target.append(sample)
 
     def _timestamp(self, stamp: str, lineno: int, line: str) -> float:
         """A sample's timestamp (milliseconds, or OpenMetrics seconds): validated, used only to tell points apart."""
