@@ -633,3 +633,15 @@ def test_triton_backend_advice_names_its_build_settings_and_no_launch_flags(
     assert all(a["engine_args"] is None for a in fixes)
     assert "max_batch_size" in fixes[0]["message"] and "config.pbtxt" in fixes[0]["message"]
     assert "--max_batch_size" not in json.dumps(report)
+
+
+def test_more_prefix_cache_hits_than_queries_is_implausible() -> None:
+    # A hit is a query answered from the cache: a page with more hits than queries reported a ratio of 1.5.
+    from kvwatch.plausible import check_reading
+
+    reading = Reading("m", kv_usage_ratio=0.5, prefix_cache_queries_total=100_000.0, prefix_cache_hits_total=150_000.0)
+    checked, dropped = check_reading(reading)
+    assert checked.prefix_cache_hit_ratio is None
+    assert dropped == (("prefix_cache_hits_total", 150_000.0),)
+    fine = Reading("m", kv_usage_ratio=0.5, prefix_cache_queries_total=100_000.0, prefix_cache_hits_total=100_000.0)
+    assert check_reading(fine) == (fine, ())

@@ -55,6 +55,11 @@ def check_reading(reading: Reading) -> tuple[Reading, tuple[tuple[str, float], .
         if value is not None and not _count_ok(value):
             changes[name] = None
             dropped.append((name, value))
+    hits = changes.get("prefix_cache_hits_total", reading.prefix_cache_hits_total)
+    queries = changes.get("prefix_cache_queries_total", reading.prefix_cache_queries_total)
+    if hits is not None and queries is not None and hits > queries:  # a hit is a query answered from the cache
+        changes["prefix_cache_hits_total"] = None
+        dropped.append(("prefix_cache_hits_total", hits))
     for name in _POSITIVE:
         value = getattr(reading, name)
         if value is not None and not (_count_ok(value) and value > 0):
