@@ -645,3 +645,15 @@ def test_more_prefix_cache_hits_than_queries_is_implausible() -> None:
     assert dropped == (("prefix_cache_hits_total", 150_000.0),)
     fine = Reading("m", kv_usage_ratio=0.5, prefix_cache_queries_total=100_000.0, prefix_cache_hits_total=100_000.0)
     assert check_reading(fine) == (fine, ())
+
+
+def test_an_unknown_running_count_is_no_standing_queue() -> None:
+    # The queue is judged against the running requests (10 % of them); unknown running read as 0 raised
+    # "the scheduler limits, not KV" on any page whose running family was renamed or NaN.
+    def ids_for(running: float | None) -> list[str]:
+        reading = Reading("m", kv_usage_ratio=0.01, requests_running=running, requests_waiting=3.0,
+                          kv_capacity_tokens=100_000.0)
+        return [f.id for f in findings([derive(reading, None)])]
+
+    assert "scheduler_limited" not in ids_for(None)
+    assert "scheduler_limited" in ids_for(10.0)

@@ -472,9 +472,9 @@ def _standing_queue(r: Reading) -> bool:
     requests deferred for a LoRA slot or a KV transfer are not helped by --max-num-seqs
     (Reading.requests_waiting_for_capacity)."""
     waiting = r.requests_waiting_for_capacity
-    if not waiting:
+    if not waiting or r.requests_running is None:  # the queue's share of the running requests is unknown
         return False
-    return waiting >= max(SCHEDULER_QUEUE_MIN_WAITING, SCHEDULER_QUEUE_MIN_SHARE * (r.requests_running or 0.0))
+    return waiting >= max(SCHEDULER_QUEUE_MIN_WAITING, SCHEDULER_QUEUE_MIN_SHARE * r.requests_running)
 
 
 def _plural(n: float, noun: str) -> str:
