@@ -123,6 +123,14 @@ def test_iteration_stats_json() -> None:
     assert r.prefix_cache_hits_total == 4.0 and r.prefix_cache_queries_total == 3125.0
 
 
+def test_an_integer_past_a_floats_range_in_iteration_stats_is_unknown() -> None:
+    # JSON integers have no bound: float() of one overflowed and the adapter's crash path logged a traceback.
+    text = '[{"iter": 1, "numActiveRequests": 2, "kvCacheStats": {"maxNumBlocks": 1%s, "usedNumBlocks": 3, ' \
+           '"tokensPerBlock": 32}}]' % ("0" * 400)
+    (r,) = read_payload(text, timestamp=1.0).readings
+    assert (r.kv_capacity_tokens, r.kv_usage_ratio, r.requests_running) == (None, None, 2.0)
+
+
 def test_iteration_stats_empty_list_is_unrecognised_not_empty_cache() -> None:
     with pytest.raises(UnrecognisedPayload, match="no iteration since the last poll"):
         read_payload("[]", timestamp=1.0)

@@ -223,9 +223,13 @@ def read_iteration_stats(text: str, *, timestamp: float, model_name: str = "unkn
 
     def num(source: Mapping[str, Any], name: str) -> float | None:
         value = source.get(name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             return None
-        return float(value)
+        try:
+            number = float(value)  # JSON integers have no bound: past a float's range this overflows
+        except OverflowError:
+            return None
+        return number if math.isfinite(number) else None
 
     reading = _reading(
         (model_name, "0"), None, num(last, "numActiveRequests"), num(last, "numQueuedRequests"),
