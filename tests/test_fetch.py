@@ -368,9 +368,25 @@ def test_credentials_in_the_url_go_as_basic_auth_and_never_into_messages(raw_ser
     assert f"Authorization: Basic {expected}" in head and "s3cr" not in head.split("\r\n")[0]
 
 
-def test_a_gzip_body_without_its_header_is_named_as_such() -> None:
-    body = gzip.compress(FIXTURE.encode()).decode("utf-8", errors="replace")  # as the fetcher decodes it
+@respx.mock
+@pytest.mark.parametrize("charset", [None, "latin-1"])
+def test_a_gzip_body_without_its_header_is_named_as_such(charset: str | None) -> None:
+    content_type = "text/plain" + (f"; charset={charset}" if charset else "")
+    respx.get(URL).mock(return_value=httpx.Response(200, content=gzip.compress(FIXTURE.encode()),
+                                                    headers={"Content-Type": content_type}))
     with pytest.raises(ScrapeError) as caught:
-        interpret(body, None, timestamp=0.0)
+        fetch_and_read()
     assert caught.value.reason == "parse" and "gzip-compressed" in str(caught.value)
     assert "Content-Encoding" in str(caught.value)
+
+
+@respx.mock
+def test_a_byte_that_is_not_utf8_is_a_parse_error_not_a_replacement_character() -> None:
+    # Prometheus refuses invalid UTF-8; kvwatch decoded it as U+FFFD and read model_name "m\ufffd".
+    body = FIXTURE.encode().replace(b'model_name="', b'model_name="\xff', 1)
+    respx.get(URL).mock(return_value=httpx.Response(200, content=body))
+    with pytest.raises(ScrapeError) as caught:
+        fetch_and_read()
+    assert caught.value.reason == "parse" and "invalid utf-8" in str(caught.value)
+    line = body[:body.index(b"\xff")].count(b"\n") + 1
+    assert f"line {line}:" in str(caught.value)

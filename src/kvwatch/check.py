@@ -44,7 +44,7 @@ from kvwatch.advisor import (
 )
 from kvwatch.derived import SeriesState, derive
 from kvwatch.engines import SourceOverrides
-from kvwatch.fetch import Fetcher
+from kvwatch.fetch import Fetcher, decode_body
 from kvwatch.forecast import Forecaster, ForecastParams, ForecastSample
 from kvwatch.model import Detection, Poll, Reading
 from kvwatch.payload import ScrapeError, interpret
@@ -195,7 +195,7 @@ def _file_text(data: bytes, max_body_bytes: int) -> str:
             raise ScrapeError("too_large", f"gzip data inflates past --max-body-bytes ({max_body_bytes:,} bytes)")
         if not inflater.eof:
             raise ScrapeError("parse", "truncated gzip data (the stream stops before its end)")
-    return data.decode("utf-8", errors="replace")
+    return decode_body(data, None, "")
 
 
 def _fetch(settings: CheckSettings) -> str:

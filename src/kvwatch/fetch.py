@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from kvwatch import __version__
-from kvwatch.payload import ScrapeError
+from kvwatch.payload import UNDECLARED_GZIP, ScrapeError
 from kvwatch.settings import redact_url, split_credentials
 
 log = logging.getLogger(__name__)
@@ -173,11 +173,7 @@ class Fetcher:
             raise ScrapeError("parse", f"{self.url}: incomplete body ({type(exc).__name__}: {exc})") from None
         except (httpx.HTTPError, OSError, ValueError) as exc:  # transport, TLS and URL failures alike
             raise ScrapeError("connect", f"{self.url}: {type(exc).__name__}: {exc}") from None
-        charset = response.charset_encoding or "utf-8"
-        try:
-            return body.decode(charset, errors="replace")
-        except LookupError:
-            return body.decode("utf-8", errors="replace")
+        return decode_body(bytes(body), response.charset_encoding, self.url)
 
     async def _read_capped(self, response: httpx.Response) -> bytearray:
         """The decoded body, never more than ``max_body_bytes`` of it held, compressed or not.
@@ -246,3 +242,19 @@ def tls_context(ca_file: Path | None, verify: bool) -> ssl.SSLContext | bool:
     if ca_file is None:
         return True
     return ssl.create_default_context(cafile=str(ca_file))
+
+
+def decode_body(body: bytes, charset: str | None, source: str) -> str:
+    """A body as text in its declared charset (UTF-8 when none, or an unknown one). A byte the charset cannot
+    read is a ``parse`` error, as Prometheus' parser makes it, never a replacement character in a label."""
+    try:
+        return body.decode(charset or "utf-8")
+    except LookupError:
+        return decode_body(body, "utf-8", source)
+    except UnicodeDecodeError as exc:
+        if body.startswith(b"\x1f\x8b"):
+            raise ScrapeError("parse", UNDECLARED_GZIP) from None
+        line = body.count(b"\n", 0, exc.start) + 1
+        where = f"{source}: " if source else ""
+        raise ScrapeError("parse", f"{where}line {line}: invalid {exc.encoding} ({exc.reason} at byte "
+                                   f"{exc.start:,})") from None

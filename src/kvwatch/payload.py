@@ -29,16 +29,19 @@ class ScrapeError(Exception):
         self.reason = reason
 
 
+# A proxy compressed the body without saying so (Content-Encoding).
+UNDECLARED_GZIP = ("the body is gzip-compressed but the response did not say so (no Content-Encoding: gzip "
+                   "header): fix the proxy in front of the engine")
+
+
 def interpret(text: str, overrides: SourceOverrides | None, *, timestamp: float,
               max_series: int | None = None, latency: bool = True) -> Poll:
     """Parse a body and read it with the adapter of the engine that wrote it (vLLM, SGLang, TensorRT-LLM,
     picked by :mod:`kvwatch.engines.detect`), at most ``max_series`` series, impossible values dropped to
     unknown (:mod:`kvwatch.plausible`); ScrapeError ``parse`` or ``unrecognised`` when that fails.
     ``latency=False`` leaves the latency histograms unread (see :data:`kvwatch.latency.EDGE_SECONDS`)."""
-    if text.startswith("\x1f\ufffd") or text.startswith("\x1f\x8b"):
-        # gzip's magic bytes, decoded as text: a proxy compressed the body without saying so (Content-Encoding)
-        raise ScrapeError("parse", "the body is gzip-compressed but the response did not say so (no "
-                                   "Content-Encoding: gzip header): fix the proxy in front of the engine")
+    if text.startswith("\x1f\x8b"):  # gzip's magic bytes decoded as text (latin-1; UTF-8 stops at them)
+        raise ScrapeError("parse", UNDECLARED_GZIP)
     try:
         return check_poll(read_payload(text, overrides, timestamp=timestamp, max_series=max_series,
                                        latency=latency))
