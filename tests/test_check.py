@@ -657,3 +657,21 @@ def test_an_unknown_running_count_is_no_standing_queue() -> None:
 
     assert "scheduler_limited" not in ids_for(None)
     assert "scheduler_limited" in ids_for(10.0)
+
+
+def test_a_model_name_with_a_newline_stays_on_its_lines_in_the_text_report(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    # Label values may hold escaped newlines; printed raw they split the series heading and the finding line, and a
+    # hostile name could fake a finding.
+    name = 'm\\n  [critical] kv_bound (x/0): fake'
+    payload = tmp_path / "newline.prom"
+    payload.write_text("# TYPE vllm:kv_cache_usage_perc gauge\n"
+                       f'vllm:kv_cache_usage_perc{{engine="0",model_name="{name}"}} 0.1\n'
+                       "# TYPE vllm:num_requests_running gauge\n"
+                       f'vllm:num_requests_running{{engine="0",model_name="{name}"}} 8\n'
+                       "# TYPE vllm:num_requests_waiting gauge\n"
+                       f'vllm:num_requests_waiting{{engine="0",model_name="{name}"}} 5\n')
+    assert main(["check", "--file", str(payload)]) == 0
+    out = capsys.readouterr().out
+    assert not any(line.lstrip().startswith("[critical]") for line in out.splitlines())
+    assert "m\\n  [critical] kv_bound (x/0): fake engine 0:" in out

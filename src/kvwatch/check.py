@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import time
 import zlib
@@ -493,11 +494,20 @@ def _fmt(value: Any, spec: str = "g") -> str:
     return "unknown" if value is None else format(value, spec)
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _shown(text: str) -> str:
+    """Scraped text on one line: control characters escaped (a model name with a newline in it split the report,
+    and could have faked a finding line)."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
 def render(report: dict[str, Any]) -> str:
     lines = [f"Detected: {report['engine_kind']} {report['version_range']}, KV usage from "
              f"{report['usage_metric'] or 'nothing (no usage metric found)'}"]
     for s in report["series"]:
-        lines.append(f"\n{s['model_name']} engine {s['engine']}:")
+        lines.append(f"\n{_shown(s['model_name'])} engine {_shown(s['engine'])}:")
         usage, used, capacity = s["kv_usage_ratio"], s["kv_used_tokens"], s["kv_capacity_tokens"]
         lines.append(f"  KV usage        {_fmt(usage, '.1%')}"
                      + (f" ({used:,} of {capacity:,} tokens)" if used is not None and capacity is not None else ""))
@@ -510,12 +520,13 @@ def render(report: dict[str, Any]) -> str:
                      f"{_fmt(s['max_concurrency_max_model_len'], '.1f')} at max-model-len")
     lines.append("\nFindings:" if report["findings"] else "\nFindings: none, nothing to fix.")
     for f in report["findings"]:
-        lines.append(f"  [{f['severity']}] {f['id']} ({f['model_name']}/{f['engine']}): {f['message']}")
+        lines.append(f"  [{f['severity']}] {f['id']} ({_shown(f['model_name'])}/{_shown(f['engine'])}): "
+                     f"{_shown(f['message'])}")
     for s in report["series"]:
         if s["advice"]:
-            lines.append(f"\nFixes for {s['model_name']} engine {s['engine']}, cheapest first:")
+            lines.append(f"\nFixes for {_shown(s['model_name'])} engine {_shown(s['engine'])}, cheapest first:")
             for a in s["advice"]:
-                lines.append(f"  {a['rank']}. {a['message']}")
+                lines.append(f"  {a['rank']}. {_shown(a['message'])}")
                 if a["engine_args"]:
                     engine = ENGINE_NAMES.get(report["engine_kind"], report["engine_kind"])
                     lines.append(f"     {engine} flags: {' '.join(a['engine_args'])}")
