@@ -293,3 +293,10 @@ def test_a_series_at_two_explicit_times_reads_as_its_newest_point() -> None:
     assert [s.value for s in openmetrics.samples("c_total")] == [7.0]
     with pytest.raises(ParseError, match="duplicate series"):
         parse("# TYPE c_total counter\nc_total 5 1000\nc_total 7 1000\n")
+
+
+def test_crlf_line_endings_are_refused_and_named() -> None:
+    # Prometheus refuses them too; the message said only "unknown metric type 'gauge\r'".
+    for text in ("# TYPE a gauge\r\na 1\r\n", "a 1\r\n"):
+        with pytest.raises(ParseError, match="CRLF line endings"):
+            parse(text)

@@ -198,6 +198,8 @@ def _next_comment(text: str, start: int) -> int:
 
 def _err(lineno: int, msg: str, line: str | None = None) -> ParseError:
     where = f": {line[:80]!r}" if line is not None else ""
+    if line is not None and line.endswith("\r"):  # Prometheus refuses it too, but the cause is worth naming
+        where += " (CRLF line endings: the exposition format ends lines with LF alone)"
     return ParseError(f"line {lineno}: {msg}{where}")
 
 
