@@ -211,6 +211,39 @@ def test_content_defaults_size_the_engine_for_the_long_context_shaping():
     assert content_defaults(trace, long_fraction=0.05)[1] > 2 * speedup
 
 
+def _uniform_trace(rate: float, prompt: int, output: int, n: int = 2000):
+    from kvwatch.sim.config import Request
+
+    return [Request(i / rate, prompt, output) for i in range(n)]
+
+
+def test_content_defaults_stay_inside_the_engines_limits_and_the_flags_bounds():
+    # Found by a review on traces kvwatch had never seen: 20k-token outputs were refused as compute-bound after
+    # simulating the whole run (the step's fixed cost and the sequence cap bound decoding, whatever the speedup);
+    # a trace of one request per 2 minutes was refused for a --rate-scale nobody passed; a 200-requests/s one ran at
+    # its full rate (1.8 million requests in 3 hours), and a 10x prompt scale asked for a speedup over the bound.
+    from kvwatch.backtest.runner import MAX_NUM_SEQS
+    from kvwatch.backtest.scenarios import MAX_SCALE
+    from kvwatch.backtest.traces import COMPUTE_SHARE, PEAK_LOAD, RUNNING_SHARE, TARGET_RATE, content_defaults
+    from kvwatch.sim.config import StepTimeModel
+
+    huge = _uniform_trace(0.5, 2_000, 20_000)
+    rate_scale, _ = content_defaults(huge)
+    decoded = PEAK_LOAD * 0.5 * rate_scale * 20_000  # output tokens/s at the peak load
+    running = decoded * StepTimeModel().fixed_seconds / (1 - COMPUTE_SHARE)
+    assert rate_scale < TARGET_RATE / 0.5 and running <= RUNNING_SHARE * MAX_NUM_SEQS * 1.001
+    sparse = content_defaults(_uniform_trace(1 / 120, 1_000, 100, n=300))
+    assert sparse[0] == MAX_SCALE
+    fast = content_defaults(_uniform_trace(200.0, 1_000, 100))
+    assert fast[0] == pytest.approx(TARGET_RATE / 200.0)
+    rag = _uniform_trace(1.0, 60_000, 300)
+    for scale in (10.0, 200.0):
+        assert content_defaults(rag, prompt_scale=scale)[1] <= MAX_SCALE
+    assert content_defaults(rag, prompt_scale=10.0) == content_defaults(rag, prompt_scale=200.0)  # both at the cap
+    given = content_defaults(_uniform_trace(5.0, 1_000, 100), rate_scale=40.0)
+    assert given[0] == 40.0 and given[1] > content_defaults(_uniform_trace(5.0, 1_000, 100))[1]
+
+
 def test_a_compute_bound_engine_is_refused_not_scored():
     from kvwatch.backtest.scenarios import ScenarioError
 
@@ -233,3 +266,23 @@ def test_bad_flags_are_refused_before_the_trace_is_read(tmp_path, capsys):
     # does not even exist, which would have been the message).
     code, _, err = _cli(["--trace", str(tmp_path / "missing.csv"), "--hours", "0.1"], capsys)
     assert code == 2 and "--hours must be in" in err
+
+
+def test_the_plotted_demand_of_a_mixshift_grows_with_its_requests():
+    # The plot drew mixshift's "offered load" at the start load after the shift while the cache saturated: its rate
+    # stays, its requests grow by sqrt(peak/start), so the offered KV demand reaches about the peak.
+    shift = Scenario("t", "mixshift", 2.0, 0, 0.4, 1.2)
+    assert shift.demand_at(0.0) == 0.4 and shift.load_at(5000.0) == 0.4
+    assert shift.demand_at(5000.0) == pytest.approx(1.2)
+    ramp = Scenario("t", "ramp", 2.0, 0, 0.4, 1.2)
+    assert [ramp.demand_at(t) for t in (0.0, 3600.0, 7200.0)] == [ramp.load_at(t) for t in (0.0, 3600.0, 7200.0)]
+
+
+def test_the_report_lists_hash_ids_only_when_the_trace_has_them(tmp_path, capsys):
+    lines = [f'{{"timestamp": {i * 50}, "input_length": {800 + i % 7 * 100}, "output_length": {50 + i % 5 * 20}}}'
+             for i in range(3000)]
+    plain = tmp_path / "no_hashes.jsonl"
+    plain.write_text("\n".join(lines) + "\n")
+    code, out, err = _cli(["--trace", str(plain), "--hours", "0.6", "--json"], capsys)
+    assert code == 0, err
+    assert set(json.loads(out)["scenario"]["trace_columns"]) == {"timestamp", "input_length", "output_length"}

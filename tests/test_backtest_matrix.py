@@ -39,6 +39,20 @@ def test_generalization_rows_are_named_by_their_cache_size():
     assert names == [c.name for c in GENERALIZATION]
 
 
+def test_the_rows_of_a_trace_kvwatch_does_not_know_by_name_are_named_by_their_cache_size(tmp_path):
+    # A trace scaled from its content (rate x 6.65, say) had every row called "large-cache ...": the label
+    # compared the rate scale with the (1, 1) of an unknown name.
+    from kvwatch.backtest.report import Case, case_name
+
+    renamed = tmp_path / "my_service.csv"
+    renamed.write_bytes(packaged_trace("azure_code_sample.csv").read_bytes())
+    cases = (Case("steady 0.7", "steady", 0.6, 0.7, 0.7, seeds=(0,)),
+             Case("large-cache steady 0.7", "steady", 0.6, 0.7, 0.7, seeds=(0,), rate_factor=2.0, speedup_factor=2.0))
+    sims = simulations(renamed, cases, None)
+    assert sims[0].scenario.rate_scale > 1
+    assert [case_name(sim.scenario) for sim in sims] == ["steady 0.7", "large-cache steady 0.7"]
+
+
 def test_the_no_saturation_rows_monitor_a_day_so_false_alarms_per_day_are_counted_not_extrapolated():
     from kvwatch.backtest.report import NO_SATURATION
     from kvwatch.backtest.scoring import MIN_DAY_SECONDS, WARMUP_SECONDS

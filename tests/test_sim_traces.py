@@ -268,3 +268,29 @@ def test_empty_prompts_are_left_out_and_blank_lines_before_the_header_skipped(tm
     garbage.write_text('{"timestamp": 0, "input_length": 4, "output_length": 3}\nnot json\n')
     with pytest.raises(TraceError, match="line 2: not a JSON object"):
         load_trace(garbage)
+
+
+def test_a_byte_that_is_not_utf8_in_a_column_not_read_is_harmless_and_names_its_column_where_read(
+        tmp_path: Path) -> None:
+    # One Windows-1252 byte anywhere refused the whole trace ("not UTF-8 text", no line); errors named no column.
+    header = "TIMESTAMP,ContextTokens,GeneratedTokens,Model\n"
+    rows = "2023-11-16 18:15:46.68,100,10,caf\xe9\n2023-11-16 18:15:47.00,200,20,x\n".encode("latin-1")
+    path = tmp_path / "cp1252.csv"
+    path.write_bytes(header.encode() + rows)
+    gz = tmp_path / "cp1252.csv.gz"
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    assert [r.prompt_tokens for r in load_trace(path)] == [r.prompt_tokens for r in load_trace(gz)] == [100, 200]
+    path.write_bytes(header.encode() + "2023-11-16 18:15:46.68,1\xe90,10,x\n".encode("latin-1"))
+    with pytest.raises(TraceError, match=r"line 2: ContextTokens: "):
+        load_trace(path)
+    with pytest.raises(TraceError, match=r"line 2: output_length: not a number: None"):
+        read_mooncake_jsonl('{"timestamp": 0, "input_length": 5, "output_length": 1}\n'
+                            '{"timestamp": 1, "input_length": 5, "output_length": null}\n')
+    utf16 = tmp_path / "utf16.csv"
+    utf16.write_bytes(header.encode("utf-16"))
+    with pytest.raises(TraceError, match="UTF-16 text: save it as UTF-8"):
+        load_trace(utf16)
+    partial = tmp_path / "two_columns.csv"
+    partial.write_text("TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.68,100\n")
+    with pytest.raises(TraceError, match="Azure CSV header without the column GeneratedTokens"):
+        load_trace(partial)

@@ -99,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
     except (ScenarioError, TraceError) as exc:
         raise SettingsError(str(exc)) from None
     rate_scale, speedup = defaults_for(args.trace, trace, prompt_scale=args.prompt_scale,
-                                       long_fraction=args.long_fraction)
+                                       long_fraction=args.long_fraction, max_model_len=args.max_model_len,
+                                       rate_scale=args.rate_scale)
     scenario = replace(scenario, rate_scale=args.rate_scale if args.rate_scale is not None else rate_scale,
                        engine_speedup=args.engine_speedup if args.engine_speedup is not None else speedup)
     plot_failed = False
@@ -120,7 +121,10 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.write(f"plot: {args.plot.resolve()}\n")
     report = result.to_json()
     report["scenario"]["trace_format"] = trace_format
-    report["scenario"]["trace_columns"] = TRACE_COLUMNS[trace_format]
+    columns = dict(TRACE_COLUMNS[trace_format])
+    if "hash_ids" in columns and not any(r.hash_ids for r in trace):
+        del columns["hash_ids"]  # a Mooncake file without them: nothing of the column was read
+    report["scenario"]["trace_columns"] = columns
     report["scenario"]["trace_requests_read"] = len(trace)
     report["scenario"]["trace_truncated"] = truncated
     report["scenario"]["scale_defaults_from"] = _defaults_from(args.rate_scale is not None,

@@ -21,7 +21,7 @@ def plot_run(result: RunResult, path: Path) -> None:
     tl = result.timeline
     minutes = [t / 60.0 for t in tl.times]
     fig, (ax, lanes) = plt.subplots(2, 1, figsize=(12, 6.5), sharex=True, height_ratios=[3, 1.4])
-    load = [result.scenario.load_at(t) for t in tl.times]
+    load = [result.scenario.demand_at(t) for t in tl.times]
     # Every line stays inside the axes: the top covers usage and load; the demand forecast is clipped to it.
     top = max(1.3, max(load) * 1.05)
     ax.plot(minutes, tl.usage, lw=0.6, color="0.55", label="KV usage (10-s polls)")
@@ -34,7 +34,7 @@ def plot_run(result: RunResult, path: Path) -> None:
     if risk:
         ax.plot([m for m, _ in risk], [v for _, v in risk], lw=1.4, color="tab:green",
                 label="kvwatch saturation risk within 30 min")
-    ax.plot(minutes, load, lw=1.0, ls=":", color="k", label="offered load (scenario)")
+    ax.plot(minutes, load, lw=1.0, ls=":", color="k", label="offered KV demand (scenario)")
     ax.axhline(0.95, color="tab:red", lw=0.8, ls="--", label="saturation threshold 0.95")
     for i, event in enumerate(result.events):
         ax.axvspan(event.onset / 60, event.end / 60, color="tab:red", alpha=0.12,

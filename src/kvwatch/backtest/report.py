@@ -109,10 +109,15 @@ def _cache_path(cache_dir: Path, scenario: Scenario) -> Path:
     return cache_dir / f"{scenario.trace_name}-{scenario.profile}-{key}.pickle"
 
 
+# The rate scale a trace's rows are built on, for a trace not named in TRACE_DEFAULTS: its content's, recorded by
+# simulations() (case_name compares a scenario's rate scale with it to say "small-cache" or "large-cache").
+_CONTENT_RATE_SCALE: dict[str, float] = {}
+
+
 def case_name(scenario: Scenario) -> str:
     """The row label of a scenario: its profile, with the load for ``steady`` and the long-context shaping."""
     name = f"steady {scenario.peak_load:g}" if scenario.profile == "steady" else scenario.profile
-    rate_scale, _ = defaults_for(Path(scenario.trace_name))
+    rate_scale = _CONTENT_RATE_SCALE.get(scenario.trace_name) or defaults_for(Path(scenario.trace_name))[0]
     if scenario.rate_scale < rate_scale:
         name = f"small-cache {name}"
     elif scenario.rate_scale > rate_scale:
@@ -132,6 +137,7 @@ def simulations(trace_path: Path, cases: Iterable[Case], cache_dir: Path | None,
     else:  # any other trace: the defaults its content calls for, as `kvwatch backtest` gives it
         trace = load_trace(trace_path)
         rate_scale, speedup = defaults_for(trace_path, trace)
+        _CONTENT_RATE_SCALE[trace_path.name] = rate_scale
     out = []
     for case in cases:
         for seed in (seeds if seeds is not None else case.seeds):

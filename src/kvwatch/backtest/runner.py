@@ -51,6 +51,9 @@ class Calibration:
     num_gpu_blocks: int
 
 
+MAX_NUM_SEQS = 4096  # the simulated engine's sequence cap: the KV cache, not this, should be the binding limit
+
+
 def engine_config(num_gpu_blocks: int, speedup: float = 1.0) -> EngineConfig:
     """The simulator's default engine with per-token costs and the token budget scaled by ``speedup``.
 
@@ -62,7 +65,7 @@ def engine_config(num_gpu_blocks: int, speedup: float = 1.0) -> EngineConfig:
     return EngineConfig(
         num_gpu_blocks=num_gpu_blocks,
         block_size=BLOCK_SIZE,
-        max_num_seqs=4096,  # keep the KV cache, not the sequence cap, the binding limit
+        max_num_seqs=MAX_NUM_SEQS,
         max_num_batched_tokens=round(8192 * speedup),
         step=StepTimeModel(
             fixed_seconds=default.fixed_seconds,

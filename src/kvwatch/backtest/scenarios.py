@@ -88,6 +88,12 @@ class Scenario:
             return p if ((t - RAMP_LEAD_IN_SECONDS) % period) < seconds and t >= RAMP_LEAD_IN_SECONDS else s
         raise ScenarioError(f"unknown --profile {self.profile!r}: choose one of {', '.join(PROFILES)}")
 
+    def demand_at(self, t: float) -> float:
+        """Offered KV demand (fraction of capacity) at ``t``: the load, times what ``mixshift``'s longer requests
+        add after the shift (token-time grows as the square of the length scale, ≈ peak/start)."""
+        grown = self.profile == "mixshift" and t >= self.shift_time
+        return self.load_at(t) * (self.length_scale_after_shift ** 2 if grown else 1.0)
+
     @property
     def ramp_lead_in(self) -> float:
         """``ramp`` holds ``start_load`` this long first: 30 minutes, at most a fifth of the run."""

@@ -13,7 +13,8 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvwatch.backtest.scenarios import LONG_PROMPT_RANGE
+from kvwatch.backtest.runner import MAX_NUM_SEQS
+from kvwatch.backtest.scenarios import DEFAULT_MAX_MODEL_LEN, LONG_PROMPT_RANGE, MAX_SCALE
 from kvwatch.sim.config import Request, StepTimeModel
 from kvwatch.sim.traces import span_of
 
@@ -40,16 +41,22 @@ TARGET_RATE = 20.0
 LONG_PROMPT_MEAN = (LONG_PROMPT_RANGE[1] - LONG_PROMPT_RANGE[0]) / math.log(LONG_PROMPT_RANGE[1] / LONG_PROMPT_RANGE[0])
 COMPUTE_SHARE = 0.55
 PEAK_LOAD = 1.3
+# Requests running at PEAK_LOAD, at most this share of the engine's sequence cap (runner.MAX_NUM_SEQS).
+RUNNING_SHARE = 0.8
 
 
 def defaults_for(path: Path, trace: Sequence[Request] | None = None, *, prompt_scale: float = 1.0,
-                 long_fraction: float = 0.0) -> tuple[float, float]:
+                 long_fraction: float = 0.0, max_model_len: int = DEFAULT_MAX_MODEL_LEN,
+                 rate_scale: float | None = None) -> tuple[float, float]:
     """(rate_scale, engine_speedup): the tuned values of a trace named above (its results stay reproducible),
-    else, given the trace, :func:`content_defaults` for it with the long-context shaping applied; else (1, 1)."""
+    else, given the trace, :func:`content_defaults` for it with the long-context shaping applied (and the engine
+    sized for ``rate_scale`` when the caller set it); else (1, 1)."""
     tuned = TRACE_DEFAULTS.get(path.name.lower().removesuffix(".gz"))
     if tuned is not None:
         return tuned
-    return content_defaults(trace, prompt_scale, long_fraction) if trace else (1.0, 1.0)
+    if not trace:
+        return (1.0, 1.0)
+    return content_defaults(trace, prompt_scale, long_fraction, max_model_len=max_model_len, rate_scale=rate_scale)
 
 
 def named(path: Path) -> bool:
@@ -57,23 +64,53 @@ def named(path: Path) -> bool:
     return defaults_for(path) != (1.0, 1.0)
 
 
-def content_defaults(trace: Sequence[Request], prompt_scale: float = 1.0,
-                     long_fraction: float = 0.0) -> tuple[float, float]:
-    """Defaults from what the trace holds: its rate scaled to ~TARGET_RATE requests/s, and the engine sped up
-    until prefill and decode at PEAK_LOAD × that rate take COMPUTE_SHARE of it (the simulator's default step
-    costs), so the KV cache, not compute, saturates. A renamed copy of a tuned trace gets about its values
+def shaped_means(trace: Sequence[Request], prompt_scale: float = 1.0, long_fraction: float = 0.0,
+                 max_model_len: int = DEFAULT_MAX_MODEL_LEN) -> tuple[float, float]:
+    """(mean prompt, mean output) tokens after the scenario's long-context shaping and its max-model-len cap
+    (scenarios.shape_lengths; the long prompts by their mean, capped alike)."""
+    limit = max_model_len
+    prompts = outputs = 0.0
+    for r in trace:
+        output = min(r.output_tokens, limit - 1)
+        prompts += max(1, min(r.prompt_tokens * prompt_scale, limit - output))
+        outputs += output
+    mean_output = outputs / len(trace)
+    long_prompt = max(1.0, min(LONG_PROMPT_MEAN, limit - mean_output))
+    return (1.0 - long_fraction) * prompts / len(trace) + long_fraction * long_prompt, mean_output
+
+
+def content_defaults(trace: Sequence[Request], prompt_scale: float = 1.0, long_fraction: float = 0.0, *,
+                     max_model_len: int = DEFAULT_MAX_MODEL_LEN,
+                     rate_scale: float | None = None) -> tuple[float, float]:
+    """Defaults from what the trace holds: its rate scaled to ~TARGET_RATE requests/s (up or down), and the engine
+    sped up until prefill and decode at PEAK_LOAD × that rate take COMPUTE_SHARE of it (the simulator's default
+    step costs), so the KV cache, not compute, saturates. A renamed copy of a tuned trace gets about its values
     (Mooncake conversation: 5.9 / 36 against 2 / 12; Azure code 7.8 / 6.0 against 8 / 8). The long-context
-    shaping (``--prompt-scale``, ``--long-fraction``'s log-uniform 16k-128k prompts) lengthens the prefill it
-    sizes the engine for: without it a ×4 prompt ran on a compute-bound engine whose queue grew for ever."""
+    shaping (``--prompt-scale``, ``--long-fraction``'s log-uniform 16k-128k prompts, both capped at
+    ``--max-model-len``) lengthens the prefill it sizes the engine for: without it a ×4 prompt ran on a
+    compute-bound engine whose queue grew for ever.
+
+    Two limits no speedup lifts set a lower rate: every step's fixed cost with the sequence cap bounds decoding at
+    MAX_NUM_SEQS / fixed tokens/s (a trace of 20k-token outputs at 20 requests/s needs more: refused as
+    compute-bound after simulating the whole run), and the speedup's own bound (MAX_SCALE). ``rate_scale``, when
+    given (``--rate-scale``), is kept and the engine sized for it."""
     span = span_of(trace)
     if not trace or span <= 0:
         return (1.0, 1.0)
     rate = len(trace) / span
-    rate_scale = max(1.0, TARGET_RATE / rate)
+    mean_prompt, mean_output = shaped_means(trace, prompt_scale, long_fraction, max_model_len)
     step = StepTimeModel()
-    mean_prompt = sum(r.prompt_tokens for r in trace) / len(trace) * prompt_scale
-    mean_prompt = (1.0 - long_fraction) * mean_prompt + long_fraction * LONG_PROMPT_MEAN
-    seconds_per_request = (mean_prompt * step.per_prefill_token_seconds
-                           + sum(r.output_tokens for r in trace) / len(trace) * step.per_decode_token_seconds)
+    seconds_per_request = mean_prompt * step.per_prefill_token_seconds + mean_output * step.per_decode_token_seconds
+    if rate_scale is None:
+        # Running requests at PEAK_LOAD (Little: rate × output tokens × step) with per-token costs at COMPUTE_SHARE
+        # of a step, so the step is fixed / (1 - COMPUTE_SHARE): at most RUNNING_SHARE of the sequence cap.
+        decode_cap = RUNNING_SHARE * MAX_NUM_SEQS * (1.0 - COMPUTE_SHARE) / step.fixed_seconds
+        rate_scale = min(TARGET_RATE / rate, decode_cap / (PEAK_LOAD * rate * mean_output),
+                         MAX_SCALE * COMPUTE_SHARE / (PEAK_LOAD * rate * seconds_per_request), MAX_SCALE)
     speedup = max(1.0, PEAK_LOAD * rate_scale * rate * seconds_per_request / COMPUTE_SHARE)
-    return (round(rate_scale, 2), round(speedup, 2))
+    return (_rounded(rate_scale), round(min(speedup, MAX_SCALE), 2))
+
+
+def _rounded(scale: float) -> float:
+    """Two decimals, or two significant digits below 0.1 (a 200-requests/s trace runs at 0.1 of its rate)."""
+    return round(scale, 2) if scale >= 0.1 else float(f"{scale:.2g}")

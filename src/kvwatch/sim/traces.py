@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from kvwatch.sim.engine import Request
 
@@ -58,13 +59,13 @@ def _lines(source: str | Path) -> tuple[Iterator[str], str]:
 
 
 def _stream(path: Path, gzipped: bool) -> Iterator[str]:
+    # A byte that is not UTF-8 (a Windows-1252 model name) reads as U+FFFD: harmless in a column that is not read,
+    # and a number error naming its line and column in one that is.
     try:
-        with (gzip.open(path, "rt", encoding="utf-8-sig") if gzipped
-              else path.open(encoding="utf-8-sig")) as handle:  # universal newlines: CRLF and CR read as LF
+        with (gzip.open(path, "rt", encoding="utf-8-sig", errors="replace") if gzipped
+              else path.open(encoding="utf-8-sig", errors="replace")) as handle:  # universal newlines
             for line in handle:
                 yield line.rstrip("\n")
-    except UnicodeDecodeError:
-        raise TraceError(f"trace {path} is not UTF-8 text") from None
     except (OSError, EOFError, zlib.error) as exc:  # gzip's BadGzipFile is an OSError; damaged data a zlib.error
         raise TraceError(f"trace {path} is a broken gzip file: {exc}" if gzipped else
                          f"cannot read trace {path}: {exc}") from None
@@ -109,6 +110,14 @@ def _tokens(value: object) -> int:
     return int(_number(value))
 
 
+def _column(name: str, parse: Callable[[Any], Any], value: object) -> Any:
+    """``parse(value)``; its error names the column."""
+    try:
+        return parse(value)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise ValueError(f"{name}: {exc}") from None
+
+
 def _hash_ids(value: object) -> tuple[int, ...]:
     """Prefix block ids as integers: numbers as they are, any other id (a hex string) by a stable checksum; they
     only need to compare equal where the blocks are equal."""
@@ -147,7 +156,8 @@ def _read_csv(source: str | Path, columns: tuple[str, str, str], time: Callable[
         try:
             if len(parts) <= max(where):
                 raise ValueError(f"expected at least {max(where) + 1} columns")
-            t, prompt, output = time(parts[where[0]]), _tokens(parts[where[1]]), _tokens(parts[where[2]])
+            t, prompt, output = (_column(columns[i], parse, parts[where[i]])
+                                 for i, parse in enumerate((time, _tokens, _tokens)))
             if keep is not None and not keep(t, prompt, output):
                 continue
             if not math.isfinite(t):
@@ -190,8 +200,8 @@ def read_mooncake_jsonl(source: str | Path, *, jitter_seconds: float = 3.0, seed
             missing = [f for f in MOONCAKE_FIELDS if f not in row]
             if missing:
                 raise KeyError(f"no {', '.join(missing)} (a Mooncake line has {', '.join(MOONCAKE_FIELDS)})")
-            t = _number(row["timestamp"]) / 1000.0
-            prompt, output = _tokens(row["input_length"]), _tokens(row["output_length"])
+            t = _column("timestamp", _number, row["timestamp"]) / 1000.0
+            prompt, output = (_column(f, _tokens, row[f]) for f in ("input_length", "output_length"))
             hashes = _hash_ids(row.get("hash_ids", ()))
             if output < 0 or not 0 <= t < math.inf:
                 raise ValueError("lengths cannot be negative and the timestamp must be a finite number >= 0")
@@ -317,20 +327,28 @@ def detect_format(path: str | Path) -> str:
     except OSError as exc:
         raise TraceError(f"cannot read trace {path}: {exc.strerror or exc}") from None
     try:
-        with (gzip.open(path, "rt", encoding="utf-8") if gzipped else Path(path).open(encoding="utf-8")) as handle:
-            first = next((line for line in handle if line.strip()), "")
-    except UnicodeDecodeError:
-        raise TraceError(f"trace {path} is not UTF-8 text") from None
+        with (gzip.open(path, "rb") if gzipped else Path(path).open("rb")) as handle:
+            head = handle.read(2)
+            if head in (b"\xff\xfe", b"\xfe\xff"):
+                raise TraceError(f"trace {path} is UTF-16 text: save it as UTF-8")
+            start = head + handle.read(1 << 16)  # the first line is a header, or a JSON object told by its "{"
+            first = next((line for line in start.splitlines() if line.strip()), b"")
     except (OSError, EOFError, zlib.error) as exc:  # (gzip's BadGzipFile is an OSError)
         if gzipped:
             raise TraceError(f"trace {path} is a broken gzip file: {exc}") from None
         raise TraceError(f"cannot read trace {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    first = first.lstrip("\ufeff")  # a byte-order mark is not part of the first line
+    first = first.decode("utf-8", errors="replace").lstrip("\ufeff")  # a byte-order mark is not part of line 1
     if first.lstrip().startswith("{"):
         return "mooncake"
     for kind, header in (("azure", AZURE_HEADER), ("burstgpt", BURSTGPT_HEADER)):
         if _csv_columns(first, header) is not None:
             return kind
+    names = {c.strip() for c in next(csv.reader([first]), [])}
+    for kind, header in (("an Azure", AZURE_HEADER), ("a BurstGPT", BURSTGPT_HEADER)):
+        missing = [c for c in header if c not in names]
+        if len(missing) < len(header):
+            raise TraceError(f"{path}: line 1 looks like {kind} CSV header without the column "
+                             f"{', '.join(missing)} (it needs {','.join(header)})")
     raise TraceError(f"{path}: not an Azure CSV (columns {','.join(AZURE_HEADER)}), a BurstGPT CSV (columns "
                      f"{','.join(BURSTGPT_HEADER)}) nor a Mooncake JSONL trace (one JSON object per line with "
                      "timestamp, input_length, output_length)")
