@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -192,3 +193,36 @@ def test_every_per_series_help_says_kvwatch_polls_on_its_own_timer() -> None:
                   if any("engine" in s.labels for s in f.samples)]
     assert {f.name for f in per_series} >= {"kvwatch_max_concurrency", "kvwatch_kv_usage_ratio"}
     assert [f.name for f in per_series if "on its own timer" not in f.documentation] == []
+
+
+def test_a_failure_inside_kvwatch_is_counted_and_reported_down_not_a_frozen_up(
+        no_kvwatch_env: None, caplog: pytest.LogCaptureFixture) -> None:
+    # An exception outside the ScrapeError path (here the history refusing a poll whose clock did not advance; a
+    # review met it with --clock-speed 1e-9, and a charset=idna body) was logged by the poller's catch-all: the
+    # state was never replaced, kvwatch_up stayed 1 and no error was counted, so KvwatchTargetDown never fired.
+    import httpx
+    import respx
+
+    from kvwatch.fetch import Fetcher
+    from kvwatch.serve.app import Sidecar
+    from kvwatch.settings import ServeSettings
+
+    url = "http://vllm.test/metrics"
+    settings = ServeSettings(target_url=url, poll_interval_seconds=5)
+    clock = ManualClock()
+    with respx.mock, Fetcher(url, timeout=1.0, max_body_bytes=1 << 20) as fetcher:
+        route = respx.get(url).mock(return_value=httpx.Response(200, text=payload(0)))
+        sidecar = Sidecar(settings, fetcher, clock, analyzers=[DemoAnalyzer()])
+        assert sidecar.poll().health.up
+        with caplog.at_level(logging.ERROR):
+            stuck = sidecar.poll()  # the same clock reading again
+        assert (stuck.health.up, stuck.health.last_error_reason, stuck.health.errors_total["internal"]) == (
+            False, "internal", 1)
+        assert "kvwatch failed on this poll" in stuck.health.last_error and "Traceback" in caplog.text
+        clock.t += 5.0
+        assert sidecar.poll().health.up
+        route.mock(return_value=httpx.Response(200, content=payload(0).encode(),
+                                               headers={"Content-Type": "text/plain; charset=undefined"}))
+        clock.t += 5.0
+        odd = sidecar.poll()
+        assert (odd.health.up, odd.health.last_error_reason) == (False, "parse")

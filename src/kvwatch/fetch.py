@@ -251,10 +251,13 @@ def decode_body(body: bytes, charset: str | None, source: str) -> str:
         return body.decode(charset or "utf-8")
     except LookupError:
         return decode_body(body, "utf-8", source)
-    except UnicodeDecodeError as exc:
+    except UnicodeDecodeError as exc:  # (first: it is a UnicodeError too)
         if body.startswith(b"\x1f\x8b"):
             raise ScrapeError("parse", UNDECLARED_GZIP) from None
         line = body.count(b"\n", 0, exc.start) + 1
         where = f"{source}: " if source else ""
         raise ScrapeError("parse", f"{where}line {line}: invalid {exc.encoding} ({exc.reason} at byte "
                                    f"{exc.start:,})") from None
+    except UnicodeError as exc:  # a charset that is no text encoding (idna): its own complaint
+        raise ScrapeError("parse", f"{source + ': ' if source else ''}cannot decode the body as {charset}: "
+                                   f"{exc}") from None

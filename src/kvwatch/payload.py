@@ -17,7 +17,9 @@ from kvwatch.plausible import check_poll
 
 log = logging.getLogger(__name__)
 
-REASONS: tuple[str, ...] = ("connect", "timeout", "http_status", "too_large", "parse", "unrecognised")
+# ``internal``: kvwatch's own code failed on this poll (a bug meeting this input): counted, and the target reported
+# down, never a poll that silently leaves the last good state in place.
+REASONS: tuple[str, ...] = ("connect", "timeout", "http_status", "too_large", "parse", "unrecognised", "internal")
 
 
 class ScrapeError(Exception):

@@ -26,6 +26,8 @@ MIN_INTERVAL_SECONDS = 0.01
 MAX_INTERVAL_SECONDS = 3600.0
 MAX_STALE_AFTER_SECONDS = 86400.0
 MAX_CLOCK_SPEED = 10000.0
+MIN_CLOCK_SPEED = 0.001  # slower, the poll clock stops advancing between polls (its float holds ~1e9 seconds)
+MAX_GPU_MEMORY_GIB = 4096.0  # 4 TiB: no accelerator comes near; past it the sums overflow into nonsense
 # vLLM's --kv-cache-dtype values (and the model dtypes an "auto" cache takes), as kvwatch accepts them.
 KV_CACHE_DTYPES: frozenset[str] = frozenset(
     {"auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "bfloat16", "float16", "bf16", "fp16"})
@@ -313,7 +315,8 @@ class DeploymentSettings(_Base):
         None, description="Path to the model's Hugging Face config.json (or the folder holding it)."
     )
     gpu: str | None = Field(None, description="GPU preset name (H100, A100-80GB, L4, ...).")
-    gpu_memory_gib: float | None = Field(None, gt=0, description="GPU memory vLLM sees, in GiB (instead of --gpu).")
+    gpu_memory_gib: float | None = Field(None, gt=0, le=MAX_GPU_MEMORY_GIB,
+                                         description="GPU memory vLLM sees, in GiB (instead of --gpu).")
     gpu_memory_utilization: float | None = Field(
         None, gt=0, le=1, description="vLLM --gpu-memory-utilization (default: vLLM's, 0.92 in current versions)."
     )
@@ -488,10 +491,10 @@ class ServeSettings(TargetSettings):
         "kvwatch; all visible GPUs unless --gpu-uuids), instead of --dcgm-url."
     )
     clock_speed: float = Field(
-        1.0, gt=0, le=MAX_CLOCK_SPEED,
+        1.0, ge=MIN_CLOCK_SPEED, le=MAX_CLOCK_SPEED,
         description="Demo/test knob: kvwatch's clock runs this many times real time, to watch a "
         "simulator running --clock-speed times faster (rates are then per simulated second; intervals stay real "
-        "seconds). At most 10000; leave 1 in production."
+        "seconds). 0.001 to 10000; leave 1 in production."
     )
 
     @field_validator("web_config_file")

@@ -108,6 +108,9 @@ def release_memory() -> None:
         libc.malloc_trim(0)
 
 
+GpuRead = concurrent.futures.Future[list[GpuMemory] | GpuReadError]  # a GPU read running beside the poll
+
+
 class ChangeLog:
     """Logs each change of a status once, while there are at most ``burst`` changes per ``window`` seconds.
 
@@ -125,7 +128,8 @@ class ChangeLog:
         self._latest = ""
         self._summary_at: float | None = None
 
-    def change(self, status: object, level: int, message: str, *args: object) -> None:
+    def change(self, status: object, level: int, message: str, *args: object,
+               exc_info: BaseException | None = None) -> None:
         if status == self._last:
             return
         self._last = status
@@ -134,7 +138,7 @@ class ChangeLog:
         while now - self._changes[0] >= self._window:
             self._changes.popleft()
         if len(self._changes) <= self._burst and not self._suppressed:
-            self._log.log(level, message, *args)
+            self._log.log(level, message, *args, exc_info=exc_info)
             return
         self._suppressed += 1
         self._latest = message % args
@@ -183,6 +187,7 @@ class Sidecar:
         self._status_log = ChangeLog(log)
         self._values_log = ChangeLog(log, initial=())
         self._overrun_log = ChangeLog(log, initial="on time")
+        self._restart_log = ChangeLog(log)  # a target flapping between two engines "restarts" every poll
         self._stop = threading.Event()
         self._capped = False  # whether the last good poll had more series than --max-series
         self._skipped_runs = 0  # runs the poll timer skipped since polls last kept to the interval
@@ -217,6 +222,7 @@ class Sidecar:
         self._status_log.tick()
         self._values_log.tick()
         self._overrun_log.tick()
+        self._restart_log.tick()
         if elapsed > interval:
             took = f"{elapsed:.3g}" if elapsed < 100 else f"{elapsed:.0f}"  # 0.012s, 1.5s, 1234s
             self._overrun_log.change("overrun", logging.WARNING, "a poll of %s took %ss, longer than the %gs "
@@ -273,47 +279,67 @@ class Sidecar:
             text = self.fetcher.fetch()
             big = len(text) > RELEASE_AFTER_BYTES
             poll = self._interpret(text, now, latency)
-        except ScrapeError as exc:
-            text = ""
-            if self._stopping:
-                return previous
-            big = big or exc.reason == "too_large"
-            errors[exc.reason] += 1
-            health = replace(previous.health, up=False, scrape_duration_seconds=time.monotonic() - started,
-                             errors_total=MappingProxyType(errors), last_error_reason=exc.reason,
-                             last_error=str(exc), polls_total=previous.health.polls_total + 1)
-            state = replace(previous, timestamp=now, health=health, gpu=self._gpu_state(gpu_read, now, {}))
-            self._status_log.change(("down", exc.reason), logging.WARNING, "target %s is down (%s): %s",
-                                    self.target, exc.reason, exc)
-        else:
             text = ""
             if self._stopping:
                 return previous
             if latency:
                 self._latency_read_at = now
-            poll, dropped = self._cap(poll)
-            implausible = self._count_implausible(poll, previous.health.implausible_total)
-            restarted = self.history.record(poll)
-            for key, reason in restarted.items():
-                log.warning("vLLM series %s/%s restarted: %s", key[0], key[1], reason)
-            series = {}
-            for reading in poll.readings:
-                if self._stopping:  # up to --max-series analyses: SIGTERM does not wait for them
-                    return previous
-                series[reading.key] = self._series(reading, now)
-            health = replace(previous.health, up=True, scrape_duration_seconds=time.monotonic() - started,
-                             last_success_timestamp=now, last_success_wall_seconds=time.time(),
-                             polls_total=previous.health.polls_total + 1,
-                             series_dropped_total=previous.health.series_dropped_total + dropped,
-                             implausible_total=implausible)
-            state = State(timestamp=now, health=health, detection=poll.detection, series=MappingProxyType(series),
-                          gpu=self._gpu_state(gpu_read, now, series))
-            d = poll.detection
-            self._status_log.change(("up", d), logging.INFO, "target %s is up: %s %s, usage from %s, %d series",
-                                    self.target, d.engine_kind, d.version_range, d.usage_metric, len(series))
+            state = self._up_state(poll, previous, now, started, gpu_read)
+            if state is None:
+                return previous
+        except ScrapeError as exc:
+            text = ""
+            if self._stopping:
+                return previous
+            big = big or exc.reason == "too_large"
+            state = self._down_state(exc, previous, now, started, errors, gpu_read)
+        except Exception as exc:  # kvwatch's own bug meeting this input: counted and reported down, never frozen
+            text = ""
+            if self._stopping:
+                return previous
+            failure = ScrapeError("internal", f"kvwatch failed on this poll: {type(exc).__name__}: {exc}")
+            state = self._down_state(failure, previous, now, started, errors, gpu_read, cause=exc)
         self.state = state  # the one atomic swap readers see
         if big:
             release_memory()
+        return state
+
+    def _down_state(self, exc: ScrapeError, previous: State, now: float, started: float, errors: dict[str, int],
+                    gpu_read: GpuRead | None, cause: BaseException | None = None) -> State:
+        """The state of a failed poll: the last good one, reported down, its error counted (``cause``: the
+        exception behind an ``internal`` failure, whose traceback the log line carries)."""
+        errors[exc.reason] += 1
+        health = replace(previous.health, up=False, scrape_duration_seconds=time.monotonic() - started,
+                         errors_total=MappingProxyType(errors), last_error_reason=exc.reason,
+                         last_error=str(exc), polls_total=previous.health.polls_total + 1)
+        self._status_log.change(("down", exc.reason), logging.ERROR if cause else logging.WARNING,
+                                "target %s is down (%s): %s", self.target, exc.reason, exc, exc_info=cause)
+        return replace(previous, timestamp=now, health=health, gpu=self._gpu_state(gpu_read, now, {}))
+
+    def _up_state(self, poll: Poll, previous: State, now: float, started: float,
+                  gpu_read: GpuRead | None) -> State | None:
+        """The state of a good poll; None when SIGTERM came while its series were analysed."""
+        poll, dropped = self._cap(poll)
+        implausible = self._count_implausible(poll, previous.health.implausible_total)
+        restarted = self.history.record(poll)
+        for key, reason in restarted.items():
+            self._restart_log.change((key, reason), logging.WARNING, "vLLM series %s/%s restarted: %s",
+                                     key[0], key[1], reason)
+        series = {}
+        for reading in poll.readings:
+            if self._stopping:  # up to --max-series analyses: SIGTERM does not wait for them
+                return None
+            series[reading.key] = self._series(reading, now)
+        health = replace(previous.health, up=True, scrape_duration_seconds=time.monotonic() - started,
+                         last_success_timestamp=now, last_success_wall_seconds=time.time(),
+                         polls_total=previous.health.polls_total + 1,
+                         series_dropped_total=previous.health.series_dropped_total + dropped,
+                         implausible_total=implausible)
+        state = State(timestamp=now, health=health, detection=poll.detection, series=MappingProxyType(series),
+                      gpu=self._gpu_state(gpu_read, now, series))
+        d = poll.detection
+        self._status_log.change(("up", d), logging.INFO, "target %s is up: %s %s, usage from %s, %d series",
+                                self.target, d.engine_kind, d.version_range, d.usage_metric, len(series))
         return state
 
     def _cap(self, poll: Poll) -> tuple[Poll, int]:
