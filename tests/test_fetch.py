@@ -63,6 +63,35 @@ def test_bearer_token_is_read_from_file(tmp_path: Path) -> None:
 
 
 @respx.mock
+def test_a_token_file_of_two_lines_is_refused_without_the_token_in_the_message(tmp_path: Path) -> None:
+    # httpx refused the header and its message, logged on every down-transition, quoted the whole token.
+    token = tmp_path / "token"
+    token.write_text("supersecret-abc\nsecond-line-xyz\n")
+    route = respx.get(URL).mock(return_value=httpx.Response(200, text=FIXTURE))
+    with pytest.raises(ScrapeError) as caught:
+        fetch_and_read(bearer_token_file=token)
+    assert caught.value.reason == "connect" and "one token on one line" in str(caught.value)
+    assert "supersecret" not in str(caught.value) and "second-line" not in str(caught.value)
+    assert not route.called
+
+
+def test_urls_are_redacted_up_to_their_last_at_sign() -> None:
+    # A password with an unencoded '#', '/' or '?' ends the parsed authority early: the parsed URL had no password,
+    # and the message printed it whole.
+    from kvwatch.settings import redact_url
+
+    assert redact_url("http://u:pa#ss@127.0.0.1:1/metrics") == "http://***@127.0.0.1:1/metrics"
+    assert redact_url("http://user:1234/secret@host/metrics") == "http://***@host/metrics"
+    assert redact_url("http://kv%40user:s3cr%3At@10.0.0.1:8000/metrics") == "http://***@10.0.0.1:8000/metrics"
+    assert redact_url("http://10.0.0.1:8000/metrics") == "http://10.0.0.1:8000/metrics"
+    from kvwatch.settings import check_url
+
+    with pytest.raises(ValueError) as caught:  # the port error quoted "pa", the password's first half
+        check_url("http://user:pa#ss@127.0.0.1:1/metrics")
+    assert "pa'" not in str(caught.value) and "percent-encode" in str(caught.value)
+
+
+@respx.mock
 def test_http_500() -> None:
     respx.get(URL).mock(return_value=httpx.Response(500, text="oops"))
     assert reason_of() == "http_status"

@@ -218,9 +218,13 @@ class Fetcher:
         # Re-read each poll: projected service-account tokens rotate.
         assert self.bearer_token_file is not None
         try:
-            return self.bearer_token_file.read_text().strip()
-        except OSError as exc:
+            token = self.bearer_token_file.read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
             raise ScrapeError("connect", f"cannot read bearer token file {self.bearer_token_file}: {exc}") from None
+        if not all("!" <= c <= "~" for c in token):  # never quoted: a header with it would carry the secret
+            raise ScrapeError("connect", f"bearer token file {self.bearer_token_file} holds more than one word or "
+                                         "characters an HTTP header cannot carry (one token on one line)")
+        return token
 
 
 def _decompressor(content_encoding: str, url: str) -> Any:

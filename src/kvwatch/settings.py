@@ -51,12 +51,13 @@ def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
 
 
 def redact_url(url: str) -> str:
-    """``url`` fit for logs, labels and messages: credentials in it replaced by ``***``."""
-    bare, credentials = split_credentials(url)
-    if credentials is None:
+    """``url`` fit for logs, labels and messages: everything up to its last ``@`` after the scheme replaced by
+    ``***``. Not the parsed user info: a password holding an unencoded ``/``, ``#`` or ``?`` ends the authority
+    early (``http://u:pa#ss@host``), and the parsed URL then has no password while the text still holds it."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
         return url
-    parts = urlsplit(bare)
-    return urlunsplit(parts._replace(netloc="***@" + parts.netloc))
+    return f"{scheme}://***@{rest.rpartition('@')[2]}"
 
 
 def check_url(v: str) -> str:
@@ -67,6 +68,9 @@ def check_url(v: str) -> str:
         parts = urlsplit(v)
         parts.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError as exc:
+        if "@" in v:  # the error quotes the text it took for the port: part of a password, maybe
+            raise ValueError("must be an http:// or https:// URL with a numeric port (in a user name or password, "
+                             "percent-encode '/', '#', '?' and '@')") from None
         raise ValueError(f"must be an http:// or https:// URL ({exc})") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError("must be an http:// or https:// URL with a host")
