@@ -186,6 +186,15 @@ def test_kvwatch_full_parse_bench(benchmark: Any) -> None:
     benchmark(kvwatch_full, _TEXTS["bench"])
 
 
+# One sample line with 160k labels (1.8 MB) on the general path: linear since labels are read in place (copying
+# the rest of the line per label took 3.3 s for 1.5 MB, minutes for the 16 MiB body cap; docs/performance.md).
+_LABELS_LINE = "x{" + ",".join(f'l{i}="v"' for i in range(160_000)) + "}\t1\n"
+
+
+def test_kvwatch_parse_one_line_of_many_labels(benchmark: Any) -> None:
+    assert len(benchmark(parse, _LABELS_LINE).samples("x")[0].labels) == 160_000
+
+
 def test_prometheus_client_parse_bench(benchmark: Any) -> None:
     benchmark(prometheus_client_parse, _TEXTS["bench"])
 

@@ -300,3 +300,10 @@ def test_crlf_line_endings_are_refused_and_named() -> None:
     for text in ("# TYPE a gauge\r\na 1\r\n", "a 1\r\n"):
         with pytest.raises(ParseError, match="CRLF line endings"):
             parse(text)
+
+
+def test_a_line_of_many_labels_reads_every_one_on_the_general_path() -> None:
+    # (Its time, once quadratic in the line's length, is measured in benchmarks/bench_parser.py.)
+    line = "x{" + ",".join(f'l{i}="v{i}"' for i in range(5000)) + ',"q.name"="w"}\t1\n'
+    labels = parse(line).samples("x")[0].labels
+    assert len(labels) == 5001 and labels["l4999"] == "v4999" and labels["q.name"] == "w"

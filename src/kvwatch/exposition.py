@@ -652,10 +652,9 @@ class _Parser:
         labels: dict[str, str] = {}
         inside_braces = i < n and line[i] == "{"  # Go: only then may the braces hold the metric name
         if i < n and line[i] != "{":
-            name, after = _metric_name(line[i:], lineno, line)
+            name, i = _metric_name_at(line, i, lineno)
             if not name:
                 raise _err(lineno, "invalid metric name", line)
-            i = n - len(after)
             while i < n and line[i] in " \t":
                 i += 1
         if i < n and line[i] == "{":
@@ -666,10 +665,9 @@ class _Parser:
                 if i < n and line[i] == "}":
                     i += 1
                     break
-                label, after = _label_name(line[i:], lineno, line)
+                label, i = _label_name_at(line, i, lineno)
                 if not label:
                     raise _err(lineno, f"invalid label name for metric {name or ''!r}", line)
-                i = n - len(after)
                 while i < n and line[i] in " \t":
                     i += 1
                 if i >= n or line[i] != "=":
@@ -784,24 +782,32 @@ def _split_blank(text: str) -> tuple[str, str, str]:
 
 def _metric_name(text: str, lineno: int, line: str) -> tuple[str | None, str]:
     """A legacy or quoted metric name at the start of ``text``: (name or None, the rest)."""
-    if text[:1] == '"':
-        value, end = _quoted(text, 0, lineno, "metric name")
-        return value, text[end:]
-    match = _LEGACY_NAME.match(text)
-    if match is None:
-        return None, text
-    return match.group(), text[match.end() :]
+    name, end = _metric_name_at(text, 0, lineno)
+    return name, text[end:]
 
 
-def _label_name(text: str, lineno: int, line: str) -> tuple[str, str]:
-    """A legacy label name, or a quoted one returned *with* its quotes (it may be a quoted metric name)."""
-    if text[:1] == '"':
-        _, end = _quoted(text, 0, lineno, "label name")
-        return text[:end], text[end:]
-    match = _LEGACY_LABEL.match(text)
+# The two below read at a position and return where they stopped: a line read by slicing off what remains after
+# each name copied the rest of the line once per label (a 16 MiB line of labels took minutes).
+def _metric_name_at(text: str, start: int, lineno: int) -> tuple[str | None, int]:
+    """A legacy or quoted metric name at ``text[start]``: (name or None, the index after it)."""
+    if text[start : start + 1] == '"':
+        return _quoted(text, start, lineno, "metric name")
+    match = _LEGACY_NAME.match(text, start)
     if match is None:
-        return "", text
-    return match.group(), text[match.end() :]
+        return None, start
+    return match.group(), match.end()
+
+
+def _label_name_at(text: str, start: int, lineno: int) -> tuple[str, int]:
+    """A legacy label name, or a quoted one returned *with* its quotes (it may be a quoted metric name), at
+    ``text[start]``, and the index after it."""
+    if text[start : start + 1] == '"':
+        _, end = _quoted(text, start, lineno, "label name")
+        return text[start:end], end
+    match = _LEGACY_LABEL.match(text, start)
+    if match is None:
+        return "", start
+    return match.group(), match.end()
 
 
 def _unquote(quoted: str, lineno: int, line: str) -> str:
