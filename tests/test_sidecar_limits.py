@@ -256,3 +256,36 @@ def test_work_per_poll_does_not_grow_with_history(no_kvwatch_env: None) -> None:
         poll()
     late = min(_lines_run(poll) for _ in range(5))
     assert late < 1.5 * early, f"a poll ran {early} lines after 35 polls and {late} after 3035"
+
+
+def test_a_page_of_endless_family_names_stops_at_the_family_cap_as_too_large() -> None:
+    # 500,000 distinct unwanted names in a 16 MiB body: the parse kept metadata for each (~300 MB), over the
+    # chart's 256 MiB limit. One engine's page has ~60 families; past MAX_FAMILIES the payload is refused.
+    from kvwatch.exposition import MAX_FAMILIES
+
+    good = (Path(__file__).parent / "fixtures" / "vllm-metrics" / "gen-0.11-kv-only.prom").read_text()
+    body = good + "".join(f'other_metric_{i}{{a="x"}} {i}\n' for i in range(MAX_FAMILIES + 10))
+    tracemalloc.start()
+    try:
+        with pytest.raises(ScrapeError) as caught:
+            interpret(body, None, timestamp=0.0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert caught.value.reason == "too_large" and "metric families" in str(caught.value)
+    assert peak < 32 * 2**20, f"{peak / 2**20:.1f} MiB held"  # the families up to the cap, not the body
+    assert interpret(good + "".join(f'other_metric_{i} {i}\n' for i in range(1000)), None, timestamp=0.0).readings
+
+
+def test_a_model_name_longer_than_any_real_one_is_too_large() -> None:
+    # A 5 MiB model_name, repeated in every kvwatch_* series, made a 110 MB exposition and 522 MB of RSS.
+    from kvwatch.payload import MAX_LABEL_CHARS
+
+    def page(name: str) -> str:
+        return ("# TYPE vllm:kv_cache_usage_perc gauge\n"
+                f'vllm:kv_cache_usage_perc{{engine="0",model_name="{name}"}} 0.5\n')
+
+    assert interpret(page("m" * MAX_LABEL_CHARS), None, timestamp=0.0).readings
+    with pytest.raises(ScrapeError) as caught:
+        interpret(page("m" * (MAX_LABEL_CHARS + 1)), None, timestamp=0.0)
+    assert caught.value.reason == "too_large" and "model_name label of 1,025 characters" in str(caught.value)

@@ -49,6 +49,15 @@ class ParseError(ValueError):
     """The text is not a valid Prometheus exposition (the message names the line)."""
 
 
+class TooLarge(ParseError):
+    """The text holds more metric families than one engine's page could (:data:`MAX_FAMILIES`)."""
+
+
+# More metric families than any engine's page holds (vLLM exports about 60, a node's whole page a few thousand).
+# Each name costs the parse its metadata whatever is kept: 500,000 names in a 16 MiB body took ~300 MB.
+MAX_FAMILIES = 20_000
+
+
 class Sample(NamedTuple):
     name: str
     labels: dict[str, str]
@@ -294,6 +303,9 @@ class _Parser:
             end = _next_comment(text, pos)
             if end == -1:
                 end = n
+            if end - pos > _CHUNK_CHARS:  # a page without comments: split a part at a time, not the whole body
+                cut = text.find("\n", pos + _CHUNK_CHARS)
+                end = end if cut == -1 or cut + 1 >= end else cut + 1
             lines = text[pos:end].split("\n")
             if not lines[-1]:
                 lines.pop()  # the chunk's last newline (an unterminated last line stays)
@@ -536,6 +548,8 @@ class _Parser:
                     return base
         if not create:
             return None
+        if len(metas) >= MAX_FAMILIES:
+            raise TooLarge(f"more than {MAX_FAMILIES:,} metric families (at {name!r}): not one engine's /metrics")
         meta = _Meta(name)
         metas[name] = meta
         return meta
@@ -733,6 +747,8 @@ class _Parser:
 # 'engine=' or ',model_name=') is remembered across parses. Pure functions of the string; bounded, so a
 # hostile target sending ever-new names cannot grow them without limit.
 _CACHE_LIMIT = 4096
+# The most text split into lines at once: a 16 MiB body without comments was one chunk, held as ~40 MB of lines.
+_CHUNK_CHARS = 1 << 20
 _VALID_NAMES: dict[str, bool] = {}
 _FIRST_KEYS: dict[str, str] = {}  # 'engine=' -> 'engine'
 _NEXT_KEYS: dict[str, str] = {}  # ',model_name=' -> 'model_name'

@@ -7,15 +7,11 @@ does no I/O: :mod:`kvwatch.fetch` gets the body, this reads it.
 
 from __future__ import annotations
 
-import logging
-
 from kvwatch.engines import SourceOverrides, UnrecognisedPayload
 from kvwatch.engines.detect import read_payload
-from kvwatch.exposition import ParseError
+from kvwatch.exposition import ParseError, TooLarge
 from kvwatch.model import Poll
 from kvwatch.plausible import check_poll
-
-log = logging.getLogger(__name__)
 
 # ``internal``: kvwatch's own code failed on this poll (a bug meeting this input): counted, and the target reported
 # down, never a poll that silently leaves the last good state in place.
@@ -31,6 +27,10 @@ class ScrapeError(Exception):
         self.reason = reason
 
 
+# The longest model_name or engine label read (Prometheus' label_value_length_limit refuses a scrape alike): a
+# 5 MiB model name, repeated in every kvwatch_* series, made a 110 MB exposition and 522 MB of RSS.
+MAX_LABEL_CHARS = 1024
+
 # A proxy compressed the body without saying so (Content-Encoding).
 UNDECLARED_GZIP = ("the body is gzip-compressed but the response did not say so (no Content-Encoding: gzip "
                    "header): fix the proxy in front of the engine")
@@ -45,12 +45,19 @@ def interpret(text: str, overrides: SourceOverrides | None, *, timestamp: float,
     if text.startswith("\x1f\x8b"):  # gzip's magic bytes decoded as text (latin-1; UTF-8 stops at them)
         raise ScrapeError("parse", UNDECLARED_GZIP)
     try:
-        return check_poll(read_payload(text, overrides, timestamp=timestamp, max_series=max_series,
+        poll = check_poll(read_payload(text, overrides, timestamp=timestamp, max_series=max_series,
                                        latency=latency))
+    except TooLarge as exc:
+        raise ScrapeError("too_large", str(exc)) from None
     except ParseError as exc:
         raise ScrapeError("parse", str(exc)) from None
     except UnrecognisedPayload as exc:
         raise ScrapeError("unrecognised", str(exc)) from None
-    except Exception as exc:  # an adapter bug must cost one poll, not the sidecar
-        log.exception("engine adapter failed on this payload")
-        raise ScrapeError("unrecognised", f"adapter error: {type(exc).__name__}: {exc}") from None
+    except Exception as exc:  # an adapter bug must cost one poll, not the sidecar (the cause keeps the traceback)
+        raise ScrapeError("internal", f"adapter error: {type(exc).__name__}: {exc}") from exc
+    for reading in poll.readings:
+        for label, value in (("model_name", reading.model_name), ("engine", reading.engine)):
+            if len(value) > MAX_LABEL_CHARS:
+                raise ScrapeError("too_large", f"a {label} label of {len(value):,} characters (at most "
+                                               f"{MAX_LABEL_CHARS:,}): kvwatch repeats it in every series it exports")
+    return poll
