@@ -226,3 +226,32 @@ def test_a_failure_inside_kvwatch_is_counted_and_reported_down_not_a_frozen_up(
         clock.t += 5.0
         odd = sidecar.poll()
         assert (odd.health.up, odd.health.last_error_reason) == (False, "parse")
+
+
+def test_an_adapter_bug_is_internal_with_its_traceback(no_kvwatch_env: None, caplog: pytest.LogCaptureFixture,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # (Standing in for a bug no test knows yet: the adapter raising on a payload.) It was counted as
+    # "unrecognised" and logged with a traceback on every poll, unlimited.
+    import httpx
+    import respx
+
+    from kvwatch.engines import vllm
+    from kvwatch.fetch import Fetcher
+    from kvwatch.serve.app import Sidecar
+    from kvwatch.settings import ServeSettings
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(vllm, "read", broken)
+    url = "http://vllm.test/metrics"
+    clock = ManualClock()
+    with respx.mock, Fetcher(url, timeout=1.0, max_body_bytes=1 << 20) as fetcher, caplog.at_level(logging.INFO):
+        respx.get(url).mock(return_value=httpx.Response(200, text=payload(0)))
+        sidecar = Sidecar(ServeSettings(target_url=url, poll_interval_seconds=5), fetcher, clock,
+                          analyzers=[DemoAnalyzer()])
+        for _ in range(5):
+            state = sidecar.poll()
+            clock.t += 5.0
+    assert (state.health.up, state.health.errors_total["internal"]) == (False, 5)
+    assert caplog.text.count("Traceback") == 1 and "KeyError: 'a bug'" in caplog.text

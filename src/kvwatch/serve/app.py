@@ -292,7 +292,8 @@ class Sidecar:
             if self._stopping:
                 return previous
             big = big or exc.reason == "too_large"
-            state = self._down_state(exc, previous, now, started, errors, gpu_read)
+            state = self._down_state(exc, previous, now, started, errors, gpu_read,
+                                     cause=exc.__cause__ if exc.reason == "internal" else None)
         except Exception as exc:  # kvwatch's own bug meeting this input: counted and reported down, never frozen
             text = ""
             if self._stopping:
