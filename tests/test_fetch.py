@@ -359,6 +359,22 @@ def test_gzip_bomb_never_inflates_past_the_cap_in_memory(raw_server: Callable, d
 
 
 @respx.mock
+def test_a_gzip_body_of_two_members_is_read_whole_and_trailing_garbage_refused() -> None:
+    # A concatenation of gzip members is one valid gzip body; it was cut to its first member (kvwatch_up 1, the
+    # second half's families missing). Bytes after the stream that start no member were dropped silently.
+    half = len(FIXTURE) // 2
+    cut = FIXTURE.index("\n", half) + 1
+    two = gzip.compress(FIXTURE[:cut].encode()) + gzip.compress(FIXTURE[cut:].encode())
+    route = respx.get(URL).mock(return_value=httpx.Response(200, content=two, headers={"Content-Encoding": "gzip"}))
+    with Fetcher(URL, timeout=2.0, max_body_bytes=1 << 20) as fetcher:
+        assert fetcher.fetch() == FIXTURE
+    for tail in (b"garbage", b"\n"):
+        route.mock(return_value=httpx.Response(200, content=gzip.compress(FIXTURE.encode()) + tail,
+                                               headers={"Content-Encoding": "gzip"}))
+        assert reason_of() == "parse"
+
+
+@respx.mock
 def test_gzip_body_cut_short_is_a_parse_error() -> None:
     respx.get(URL).mock(return_value=httpx.Response(
         200, content=gzip.compress(FIXTURE.encode())[:-40], headers={"Content-Encoding": "gzip"}))

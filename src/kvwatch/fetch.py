@@ -191,6 +191,10 @@ class Fetcher:
                 else:
                     data = raw
                     while data:
+                        if inflate.eof:
+                            # What follows a finished stream: another gzip member (a concatenation is one valid
+                            # gzip body, and was cut to its first member), else an error, never dropped.
+                            inflate = _next_member(data, self.url)
                         try:
                             # Small steps: the bytearray grows in place, no second copy of the body is ever made.
                             body += inflate.decompress(data, min(_INFLATE_STEP, cap - len(body) + 1))
@@ -198,7 +202,7 @@ class Fetcher:
                             raise ScrapeError("parse", f"{self.url}: cannot decode body: {exc}") from None
                         if len(body) > cap:
                             break
-                        data = inflate.unconsumed_tail
+                        data = inflate.unconsumed_tail or (inflate.unused_data if inflate.eof else b"")
                 if len(body) > cap:
                     raise ScrapeError("too_large", f"body exceeds --max-body-bytes {cap}")
             if inflate is not None:
@@ -237,6 +241,14 @@ def _decompressor(content_encoding: str, url: str) -> Any:
     if encoding == "deflate":
         return zlib.decompressobj()
     raise ScrapeError("parse", f"{url}: unsupported Content-Encoding {content_encoding!r} (kvwatch asks for gzip)")
+
+
+def _next_member(following: bytes, url: str) -> Any:
+    """A decompressor for the gzip member that ``following`` (the bytes after a finished stream) starts; ScrapeError
+    ``parse`` when they cannot start one (trailing garbage, or anything after a deflate stream)."""
+    if following[:1] != b"\x1f":  # the first byte of gzip's magic (the decompressor checks the rest)
+        raise ScrapeError("parse", f"{url}: data after the end of the compressed body")
+    return zlib.decompressobj(16 + zlib.MAX_WBITS)
 
 
 def tls_context(ca_file: Path | None, verify: bool) -> ssl.SSLContext | bool:
