@@ -69,6 +69,11 @@ def test_override_selectors_accepted() -> None:
     (["--target-url", "http://:8000/metrics"], "--target-url"),
     (["--target-url", "http://vllm:99999/metrics"], "--target-url"),
     (["--gpu", "H101"], "--gpu"),  # no such card: --gpu-memory-gib names one kvwatch has no preset for
+    # (review, round 10) a clock too slow to advance between polls; sums that overflow; not an address at all
+    (["--clock-speed", "1e-9"], "--clock-speed"),
+    (["--gpu-memory-gib", "1e300"], "--gpu-memory-gib"),
+    (["--listen-address", "not a host"], "--listen-address"),
+    (["--listen-address", ""], "--listen-address"),
 ])
 def test_bad_flag_exits_2_naming_it(argv: list[str], named: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", *argv]) == 2
@@ -81,6 +86,8 @@ def test_bad_flag_exits_2_naming_it(argv: list[str], named: str, capsys: pytest.
     ("KVWATCH_STALE_AFTER_SECONDS", "soon"),
     ("KVWATCH_TLS_VERIFY", "maybe"),
     ("KVWATCH_POLL_INTERVALL_SECONDS", "5"),  # a typo is refused, not ignored
+    ("KVWATCH_LISTEN_ADDRESS", ""),  # bound 0.0.0.0 silently
+    ("kvwatch_poll_intervall_seconds", "abc"),  # a lower-case typo was ignored (its upper-case twin refused)
 ])
 def test_bad_variable_exits_2_naming_it(variable: str, value: str, monkeypatch: pytest.MonkeyPatch,
                                         capsys: pytest.CaptureFixture[str]) -> None:
@@ -179,3 +186,18 @@ def test_a_model_without_a_preset_does_not_stop_serve() -> None:
     # The chart passes the model vLLM serves to kvwatch too: a private fine-tune costs the capacity model
     # (logged), never the sidecar. check and plan, where --model is kvwatch's alone, refuse it (their tests).
     assert settings_from(["--model", "acme/private-finetune"]).model == "acme/private-finetune"
+
+
+def test_ipv6_and_host_name_listen_addresses_are_accepted() -> None:
+    for address in ("::", "::1", "0.0.0.0", "localhost", "kvwatch.svc.cluster.local"):
+        assert ServeSettings(target_url="http://vllm:8000/metrics", listen_address=address).listen_address == address
+
+
+def test_one_variable_in_two_spellings_is_refused(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    # Names match whatever their case, so KVWATCH_POLL_INTERVAL_SECONDS=1 and kvwatch_poll_interval_seconds=2 were
+    # one setting set twice, and one of them won silently.
+    monkeypatch.setenv("KVWATCH_POLL_INTERVAL_SECONDS", "1")
+    monkeypatch.setenv("kvwatch_poll_interval_seconds", "2")
+    assert main(["serve"]) == 2
+    assert "KVWATCH_POLL_INTERVAL_SECONDS is set twice" in capsys.readouterr().err

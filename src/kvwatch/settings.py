@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import ipaddress
 import math
 import os
 import re
@@ -501,6 +502,16 @@ class ServeSettings(TargetSettings):
         "seconds). 0.001 to 10000; leave 1 in production."
     )
 
+    @field_validator("listen_address")
+    @classmethod
+    def _listen_address(cls, v: str) -> str:
+        try:
+            ipaddress.ip_address(v)  # IPv4 or IPv6 ("::" listens on both where the system allows)
+        except ValueError:
+            if not re.fullmatch(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?", v):
+                raise ValueError("must be an IP address (0.0.0.0, ::, 127.0.0.1) or a host name") from None
+        return v
+
     @field_validator("web_config_file")
     @classmethod
     def _web_config(cls, v: Path | None) -> Path | None:
@@ -609,13 +620,20 @@ def load_settings(settings_cls: type[_Base], args: argparse.Namespace | None = N
     flags: dict[str, Any] = {}
     if args is not None:
         flags = {n: getattr(args, n) for n in settings_cls.model_fields if getattr(args, n, None) is not None}
-    for key in os.environ:
-        if key.startswith(ENV_PREFIX) and key not in KNOWN_ENV:
+    # Variable names are matched case-insensitively (kvwatch_port is KVWATCH_PORT), typos and doubles alike; a
+    # field's variable is named after its public name (KVWATCH_MODEL_CONFIG for model_config_path).
+    environ: dict[str, str] = {}
+    for key, value in os.environ.items():
+        upper = key.upper()
+        if not upper.startswith(ENV_PREFIX):
+            continue
+        if upper not in KNOWN_ENV:
             raise SettingsError(f"unknown variable {key}: no such setting")
+        if upper in environ:
+            raise SettingsError(f"variable {upper} is set twice, in two spellings (names are matched whatever "
+                                "their case): keep one")
+        environ[upper] = value
     values = dict(flags)
-    # Variable names are matched case-insensitively (kvwatch_port is KVWATCH_PORT); a field's variable is
-    # named after its public name (KVWATCH_MODEL_CONFIG for model_config_path).
-    environ = {key.upper(): value for key, value in os.environ.items()}
     for name in settings_cls.model_fields:
         variable = env_name(public_name(name))
         if name not in values and variable in environ and (environ[variable] or name != "model_config_path"):

@@ -472,7 +472,8 @@ def run(args: argparse.Namespace) -> int:
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     port = server.server_address[1]  # --port 0: the free port the system picked
     log.info("kvwatch serving on %s://%s:%d/metrics%s, polling %s every %gs", "https" if web.config.tls else "http",
-             settings.listen_address, port, " (basic auth)" if web.config.users else "", sidecar.target,
+             f"[{settings.listen_address}]" if ":" in settings.listen_address else settings.listen_address, port,
+             " (basic auth)" if web.config.users else "", sidecar.target,
              settings.poll_interval_seconds)
     if sidecar.gpu is not None:
         log.info("GPU memory from %s", redact_url(settings.dcgm_url) if settings.dcgm_url else "NVML")

@@ -259,6 +259,8 @@ class MetricsServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], cache: RenderCache, web: WebConfigWatcher) -> None:
         self.cache = cache
         self.web = web
+        if ":" in address[0]:  # an IPv6 address (--listen-address ::)
+            self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
 
     def finish_request(self, request: Any, client_address: Any) -> None:
