@@ -249,3 +249,34 @@ def test_head_answers_like_get_without_a_body(serve) -> None:
         get = httpx.get(f"http://127.0.0.1:{server.port}{path}")
         assert head.status_code == get.status_code == 200 and head.content == b""
         assert head.headers["Content-Length"] == (length or str(len(get.content)))
+
+
+def test_a_client_trickling_its_request_is_cut_at_the_deadline_and_floods_wait_their_turn(
+        serve, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The socket timeout bounded each recv only: a header byte every few seconds held a thread for ever (1,500 such
+    # clients: 1,504 threads, 76 MB). The whole exchange now has CLIENT_TIMEOUT, and MAX_CONNECTIONS are served at
+    # once while the rest wait in the backlog.
+    from kvwatch.serve import web
+
+    monkeypatch.setattr(web, "CLIENT_TIMEOUT", 0.5)
+    monkeypatch.setattr(web, "MAX_CONNECTIONS", 2)
+    server = serve(None)
+    trickling = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(2)]
+    for s in trickling:
+        s.settimeout(0.2)
+    cut = [False, False]
+    for _ in range(50):  # up to 10 s of a byte per 0.2 s, each within the per-recv timeout
+        for i, s in enumerate(trickling):
+            if cut[i]:
+                continue
+            try:
+                s.sendall(b"G")
+                cut[i] = s.recv(1) == b""
+            except TimeoutError:
+                continue
+            except OSError:
+                cut[i] = True
+        if all(cut):
+            break
+    assert all(cut), "the server still waits for the trickling clients"
+    assert httpx.get(f"http://127.0.0.1:{server.port}/metrics").status_code == 200  # their slots are free again
