@@ -49,6 +49,8 @@ LISTEN_BACKLOG = 1024
 MAX_CONNECTIONS = 128
 """Connections served at once (a thread each); more wait in the backlog. 1,500 clients trickling a header byte
 every 8 s held 1,504 threads and 76 MB, over the memory budget."""
+SLOT_WAIT_SECONDS = 0.5
+"""How long a new connection may wait for a slot before it is closed (serve_forever's poll interval)."""
 _AUTH_CACHE_SIZE = 256
 
 CLIENT_AUTH_TYPES = {
@@ -269,7 +271,11 @@ class MetricsServer(ThreadingHTTPServer):
         super().__init__(address, _Handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        self._slots.acquire()  # the accept loop waits here: what arrives meanwhile waits in the listen backlog
+        # The accept loop waits here for a slot (what arrives meanwhile waits in the listen backlog), at most as
+        # long as serve_forever's own poll, so shutdown() is never held up; past that the connection is closed.
+        if not self._slots.acquire(timeout=SLOT_WAIT_SECONDS):
+            self.shutdown_request(request)
+            return
         try:
             super().process_request(request, client_address)
         except BaseException:
