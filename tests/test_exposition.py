@@ -307,3 +307,6 @@ def test_a_line_of_many_labels_reads_every_one_on_the_general_path() -> None:
     line = "x{" + ",".join(f'l{i}="v{i}"' for i in range(5000)) + ',"q.name"="w"}\t1\n'
     labels = parse(line).samples("x")[0].labels
     assert len(labels) == 5001 and labels["l4999"] == "v4999" and labels["q.name"] == "w"
+    # On the fast path more label names than its cache holds cleared it while they were learnt: a KeyError.
+    canonical = "y{" + ",".join(f'k{i}="v"' for i in range(5000)) + "} 1\n"
+    assert len(parse(canonical).samples("y")[0].labels) == 5000

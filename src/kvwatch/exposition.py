@@ -384,8 +384,12 @@ class _Parser:
                         if not _learn_fragments(pieces[0:-1:2]):
                             self._slow(line, lineno_here)  # the careful path names what is wrong
                             continue
-                        keys = [first_keys[keys[0]] if keys[0] in first_keys else keys[0],
-                                *map(next_keys.__getitem__, pieces[2:-1:2])]
+                        try:
+                            keys = [first_keys[keys[0]] if keys[0] in first_keys else keys[0],
+                                    *map(next_keys.__getitem__, pieces[2:-1:2])]
+                        except KeyError:  # more labels than the cache holds: it was cleared while learning them
+                            self._slow(line, lineno_here)
+                            continue
                     labels = dict(zip(keys, pieces[1::2], strict=True))
                     if len(labels) != len(keys):
                         raise _err(lineno_here, f"duplicate label names for metric {name!r}", line)
