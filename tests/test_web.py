@@ -251,32 +251,59 @@ def test_head_answers_like_get_without_a_body(serve) -> None:
         assert head.headers["Content-Length"] == (length or str(len(get.content)))
 
 
-def test_a_client_trickling_its_request_is_cut_at_the_deadline_and_floods_wait_their_turn(
-        serve, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The socket timeout bounded each recv only: a header byte every few seconds held a thread for ever (1,500 such
-    # clients: 1,504 threads, 76 MB). The whole exchange now has CLIENT_TIMEOUT, and MAX_CONNECTIONS are served at
-    # once while the rest wait in the backlog.
-    from kvwatch.serve import web
-
-    monkeypatch.setattr(web, "CLIENT_TIMEOUT", 0.5)
-    monkeypatch.setattr(web, "MAX_CONNECTIONS", 2)
-    server = serve(None)
-    trickling = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(2)]
-    for s in trickling:
-        s.settimeout(0.2)
-    cut = [False, False]
-    for _ in range(50):  # up to 10 s of a byte per 0.2 s, each within the per-recv timeout
-        for i, s in enumerate(trickling):
+def _trickle_until_cut(clients: list, seconds: float = 10.0) -> bool:
+    """Send each client a byte every 0.2 s (each within the per-read timeout); True once the server cut them all."""
+    cut = [False] * len(clients)
+    for _ in range(int(seconds / 0.2)):
+        for i, client in enumerate(clients):
             if cut[i]:
                 continue
             try:
-                s.sendall(b"G")
-                cut[i] = s.recv(1) == b""
+                client.sendall(b"G")
+                cut[i] = client.recv(1) == b""
             except TimeoutError:
                 continue
-            except OSError:
+            except OSError:  # (ssl.SSLError too)
                 cut[i] = True
         if all(cut):
-            break
-    assert all(cut), "the server still waits for the trickling clients"
-    assert httpx.get(f"http://127.0.0.1:{server.port}/metrics").status_code == 200  # their slots are free again
+            return True
+    return False
+
+
+@pytest.mark.parametrize("tls", [False, True])
+def test_a_client_trickling_its_request_is_cut_at_the_deadline(pki: Path, serve, monkeypatch: pytest.MonkeyPatch,
+                                                               tls: bool) -> None:
+    # The socket timeout bounded each recv only: a header byte every few seconds held a thread for ever (1,500 such
+    # clients: 1,504 threads, 76 MB). The whole exchange now has CLIENT_TIMEOUT, over TLS too (the deadline first
+    # shut the socket object TLS had detached, and did nothing).
+    from kvwatch.serve import web
+
+    monkeypatch.setattr(web, "CLIENT_TIMEOUT", 0.5)
+    server = serve(write_config(pki) if tls else None)
+    context = ssl.create_default_context(cafile=pki / "ca.crt")
+    clients = []
+    for _ in range(2):
+        raw = socket.create_connection(("127.0.0.1", server.port))
+        clients.append(context.wrap_socket(raw, server_hostname="localhost") if tls else raw)
+    for client in clients:
+        client.settimeout(0.2)
+    assert _trickle_until_cut(clients), "the server still waits for the trickling clients"
+    scheme = "https" if tls else "http"
+    assert httpx.get(f"{scheme}://localhost:{server.port}/metrics", verify=context).status_code == 200
+
+
+def test_connections_past_the_cap_wait_briefly_then_are_closed(serve, monkeypatch: pytest.MonkeyPatch) -> None:
+    # At most MAX_CONNECTIONS are served at once (a thread each); one more waits SLOT_WAIT_SECONDS for a slot, then
+    # is closed, so a flood costs no threads and shutdown() is never held up.
+    from kvwatch.serve import web
+
+    monkeypatch.setattr(web, "MAX_CONNECTIONS", 2)
+    server = serve(None)
+    holding = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(2)]
+    time.sleep(0.1)  # both accepted and holding their slots
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{server.port}/metrics", timeout=5.0)
+    for s in holding:
+        s.close()
+    time.sleep(0.1)
+    assert httpx.get(f"http://127.0.0.1:{server.port}/metrics").status_code == 200

@@ -291,7 +291,8 @@ class MetricsServer(ThreadingHTTPServer):
     def finish_request(self, request: Any, client_address: Any) -> None:
         # The socket timeout bounds each recv, not the request: a byte every few seconds kept a thread for ever.
         # This bounds the whole exchange: past it the socket is shut, which ends any read or write on it.
-        deadline = threading.Timer(CLIENT_TIMEOUT, _cut, (request,))
+        # By descriptor: wrap_socket (TLS) detaches the socket object given here, and its shutdown would do nothing.
+        deadline = threading.Timer(CLIENT_TIMEOUT, _cut, (request.fileno(), request.family))
         deadline.daemon = True
         deadline.start()
         try:
@@ -329,10 +330,11 @@ class MetricsServer(ThreadingHTTPServer):
         log.exception("error serving %s", client_address)
 
 
-def _cut(request: socket.socket) -> None:
-    """End a connection past its deadline (its thread's blocked read or write returns)."""
-    with contextlib.suppress(OSError):  # already closed
-        request.shutdown(socket.SHUT_RDWR)
+def _cut(fd: int, family: int) -> None:
+    """End a connection past its deadline (its thread's blocked read or write returns): shut down through a
+    duplicate of its descriptor, which ends the connection for every socket object on it, TLS or not."""
+    with contextlib.suppress(OSError), socket.fromfd(fd, family, socket.SOCK_STREAM) as duplicate:
+        duplicate.shutdown(socket.SHUT_RDWR)
 
 
 class _Handler(BaseHTTPRequestHandler):
