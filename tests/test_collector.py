@@ -255,3 +255,25 @@ def test_an_adapter_bug_is_internal_with_its_traceback(no_kvwatch_env: None, cap
             clock.t += 5.0
     assert (state.health.up, state.health.errors_total["internal"]) == (False, 5)
     assert caplog.text.count("Traceback") == 1 and "KeyError: 'a bug'" in caplog.text
+
+
+def test_every_restart_of_a_series_is_logged(no_kvwatch_env: None, caplog: pytest.LogCaptureFixture) -> None:
+    # The restart line's status was (series, reason), the same every time: only the first restart was ever logged.
+    import httpx
+    import respx
+
+    from kvwatch.fetch import Fetcher
+    from kvwatch.serve.app import Sidecar
+    from kvwatch.settings import ServeSettings
+
+    url = "http://vllm.test/metrics"
+    clock = ManualClock()
+    with respx.mock, Fetcher(url, timeout=1.0, max_body_bytes=1 << 20) as fetcher, caplog.at_level(logging.INFO):
+        route = respx.get(url)
+        sidecar = Sidecar(ServeSettings(target_url=url, poll_interval_seconds=5), fetcher, clock,
+                          analyzers=[DemoAnalyzer()])
+        for preemptions in (50, 0, 50, 0, 50, 0):  # a counter going down is a restart
+            route.mock(return_value=httpx.Response(200, text=payload(preemptions)))
+            sidecar.poll()
+            clock.t += 5.0
+    assert caplog.text.count("restarted") == 3

@@ -324,7 +324,9 @@ class Sidecar:
         implausible = self._count_implausible(poll, previous.health.implausible_total)
         restarted = self.history.record(poll)
         for key, reason in restarted.items():
-            self._restart_log.change((key, reason), logging.WARNING, "vLLM series %s/%s restarted: %s",
+            # Each restart is a change of its own (the poll's time tells them apart); a flapping target is still
+            # held to the burst.
+            self._restart_log.change((key, reason, now), logging.WARNING, "vLLM series %s/%s restarted: %s",
                                      key[0], key[1], reason)
         series = {}
         for reading in poll.readings:
