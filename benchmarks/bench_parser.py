@@ -195,6 +195,18 @@ def test_kvwatch_parse_one_line_of_many_labels(benchmark: Any) -> None:
     assert len(benchmark(parse, _LABELS_LINE).samples("x")[0].labels) == 160_000
 
 
+# 16 MiB of unwanted lines whose label values hold '#' and no comment line: the search for the next comment walks
+# every '#', and it ran again for every 1 MiB part (13.6 s; once per body, as now: 1.7 s; docs/performance.md).
+_HASHES = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n" + (
+    'junk{a="' + "#" * 200 + '"} 1\n') * (16 * 2**20 // 213)
+
+
+def test_kvwatch_filtered_parse_of_hashes_in_label_values(benchmark: Any) -> None:
+    from kvwatch.engines import vllm
+
+    assert benchmark(parse, _HASHES, vllm.wanted_for(None)).samples("vllm:num_requests_running")
+
+
 def test_prometheus_client_parse_bench(benchmark: Any) -> None:
     benchmark(prometheus_client_parse, _TEXTS["bench"])
 

@@ -263,6 +263,7 @@ class _Parser:
         # read, so that an error inside that line is the one reported, as in Go.
         unterminated = not self.openmetrics and bool(text[text.rfind("\n") + 1 :].strip(" \t"))
         pos, n, lineno = 0, len(text), 0
+        next_comment = -1  # where the next comment line starts, once searched for from before pos
         find = text.find
         targets = self.targets
         seen = self.seen
@@ -300,9 +301,11 @@ class _Parser:
                 continue
             # A chunk: the lines up to the next one that starts with '#' (found by memchr), split in C and read
             # in one loop, instead of a search and a slice per line.
-            end = _next_comment(text, pos)
-            if end == -1:
-                end = n
+            if next_comment < pos:  # (kept between 1 MiB parts: the search walks every '#' in label values)
+                next_comment = _next_comment(text, pos)
+                if next_comment == -1:
+                    next_comment = n
+            end = next_comment
             if end - pos > _CHUNK_CHARS:  # a page without comments: split a part at a time, not the whole body
                 cut = text.find("\n", pos + _CHUNK_CHARS)
                 end = end if cut == -1 or cut + 1 >= end else cut + 1
