@@ -84,6 +84,9 @@ def test_urls_are_redacted_up_to_their_last_at_sign() -> None:
     assert redact_url("http://user:1234/secret@host/metrics") == "http://***@host/metrics"
     assert redact_url("http://kv%40user:s3cr%3At@10.0.0.1:8000/metrics") == "http://***@10.0.0.1:8000/metrics"
     assert redact_url("http://10.0.0.1:8000/metrics") == "http://10.0.0.1:8000/metrics"
+    # An @ in a later path segment or a query is no credential: the host stays (a first cut named the wrong one).
+    for plain in ("http://vllm:8000/metrics?token=a@b", "http://vllm:8000/users/me@x/metrics"):
+        assert redact_url(plain) == plain
     from kvwatch.settings import check_url
 
     with pytest.raises(ValueError) as caught:  # the port error quoted "pa", the password's first half

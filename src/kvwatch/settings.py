@@ -52,13 +52,28 @@ def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
 
 
 def redact_url(url: str) -> str:
-    """``url`` fit for logs, labels and messages: everything up to its last ``@`` after the scheme replaced by
-    ``***``. Not the parsed user info: a password holding an unencoded ``/``, ``#`` or ``?`` ends the authority
-    early (``http://u:pa#ss@host``), and the parsed URL then has no password while the text still holds it."""
+    """``url`` fit for logs, labels and messages: credentials in it replaced by ``***``.
+
+    Also a password with an unencoded ``/``, ``#`` or ``?``: it ends the parsed authority early, so the parsed URL
+    has no password while its text holds one (``http://u:pa#ss@host`` does not parse; ``http://u:12/ss@host``
+    parses as host ``u``, port 12, with the rest in its first path segment). Then everything up to that ``@`` goes.
+    An ``@`` later in a path or a query (``/users/me@x``, ``?to=a@b``) is no credential and stays."""
+    bare, credentials = split_credentials(url)
+    if credentials is not None:
+        parts = urlsplit(bare)
+        return urlunsplit(parts._replace(netloc="***@" + parts.netloc))
     scheme, sep, rest = url.partition("://")
     if not sep or "@" not in rest:
         return url
-    return f"{scheme}://***@{rest.rpartition('@')[2]}"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number (u:pa#ss@host)
+    except ValueError:
+        return f"{scheme}://***@{rest.rpartition('@')[2]}"
+    first_segment = parts.path.split("/", 2)[1] if parts.path.startswith("/") else ""
+    if "@" not in first_segment:
+        return url
+    return f"{scheme}://***@{rest[rest.index('@', len(parts.netloc)) + 1:]}"
 
 
 def check_url(v: str) -> str:
