@@ -159,7 +159,11 @@ def parse(text: str | bytes, wanted: Wanted | None = None,
             end = _eof(parser.text)
             if end is None:
                 raise
-            _refuse_after_eof(parser.text, end)
+            if _lines_after(parser.text, end):
+                # OpenMetrics ends at '# EOF': a body going on is the text format, where that line is a comment
+                # (two OpenMetrics scrapes glued together then fail on their repeated families, an error page after
+                # one on its HTML; neither is cut off at the first '# EOF' any more).
+                return _Parser(parser.text, wanted, admit, eof_is_comment=True).run()
         return _Parser(parser.text[:end], wanted, admit, openmetrics=True).run()
     except ParseError:
         raise
@@ -174,14 +178,10 @@ class _OpenMetricsEnd(Exception):
     """A Prometheus-text parse met an OpenMetrics ``# EOF`` line: the body is OpenMetrics."""
 
 
-def _refuse_after_eof(text: str, eof: int) -> None:
-    """OpenMetrics ends at its ``# EOF`` line (Prometheus refuses a line after it): what follows is another
-    scrape glued on, an error page or a Prometheus-text page using ``# EOF`` as a comment, never to be dropped."""
+def _lines_after(text: str, eof: int) -> bool:
+    """Whether anything but blank space follows the ``# EOF`` line starting at ``eof``."""
     stop = text.find("\n", eof)
-    if stop != -1 and text[stop:].strip():
-        line = text.count("\n", 0, eof) + 1
-        raise ParseError(f"line {line}: '# EOF' is not the last line (OpenMetrics ends there; two scrapes glued "
-                         "together, or an error page after one?)")
+    return stop != -1 and bool(text[stop:].strip())
 
 
 def _eof(text: str) -> int | None:
@@ -214,8 +214,10 @@ def _err(lineno: int, msg: str, line: str | None = None) -> ParseError:
 
 class _Parser:
     def __init__(self, text: str | bytes, wanted: Wanted | None,
-                 admit: Callable[[dict[str, str]], bool] | None = None, *, openmetrics: bool = False) -> None:
+                 admit: Callable[[dict[str, str]], bool] | None = None, *, openmetrics: bool = False,
+                 eof_is_comment: bool = False) -> None:
         self.admit = admit
+        self.eof_is_comment = eof_is_comment
         if isinstance(text, (bytes, bytearray, memoryview)):
             try:
                 text = bytes(text).decode("utf-8")
@@ -284,7 +286,7 @@ class _Parser:
                 pos = stop + 1
                 known = comments.get(line)  # the same HELP/TYPE line in an earlier poll: already cut up
                 if known is None:
-                    if line[2:5] == "EOF" and line[:5] == "# EOF" and not line[5:].strip():
+                    if line[2:5] == "EOF" and line[:5] == "# EOF" and not line[5:].strip() and not self.eof_is_comment:
                         raise _OpenMetricsEnd  # (never in OpenMetrics mode: its text stops before that line)
                     skip_to = self._comment(line, lineno, stop)
                 elif skippable is not None and skippable.get(known[1]):
