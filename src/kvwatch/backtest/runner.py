@@ -244,7 +244,6 @@ def sample_from(snap: EngineSnapshot, *, restarted: bool,
         e2e_latency_seconds_sum=float(snap.histograms["e2e_request_latency_seconds"].sum),
         e2e_latency_seconds_count=float(snap.histograms["e2e_request_latency_seconds"].count),
         restarted=restarted,
-        tokens_counted_every_step=True,  # the simulator is a vLLM
         prompt_length_bounds=length_bounds if prompt is not None else None,
         prompt_length_cumulative=prompt,
         generation_length_bounds=length_bounds if generation is not None else None,

@@ -34,7 +34,7 @@ from kvwatch.payload import REASONS, ScrapeError
 
 # Why a read of the GPU source failed: the fetch reasons, no_match (the source answered but lists none of the
 # engine's GPUs: wrong pod/namespace/UUIDs, or dcgm-exporter without its Kubernetes pod mapping) and nvml.
-GPU_REASONS: tuple[str, ...] = (*(r for r in REASONS if r != "unrecognised"), "no_match", "nvml")
+GPU_REASONS: tuple[str, ...] = (*(r for r in REASONS if r not in ("unrecognised", "internal")), "no_match", "nvml")
 GPU_LABELS = ["uuid", "gpu_instance"]
 
 
