@@ -196,6 +196,8 @@ def test_shared_memory_and_model_cache_volumes() -> None:
     assert env["HF_HOME"]["value"] == "/models"
     assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
     assert pod["automountServiceAccountToken"] is False
+    # Service links of a release named kvwatch are KVWATCH_PORT=tcp://... (kvwatch also ignores them).
+    assert pod["enableServiceLinks"] is False
     emptydir = only(render(*values_args("podmonitor-values.yaml")), "Deployment")["spec"]["template"]["spec"]
     assert {v["name"]: v for v in emptydir["volumes"]}["model-cache"]["emptyDir"] == {"sizeLimit": "100Gi"}
 

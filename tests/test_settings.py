@@ -201,3 +201,18 @@ def test_one_variable_in_two_spellings_is_refused(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("kvwatch_poll_interval_seconds", "2")
     assert main(["serve"]) == 2
     assert "KVWATCH_POLL_INTERVAL_SECONDS is set twice" in capsys.readouterr().err
+
+
+def test_kubernetes_service_links_of_a_service_named_kvwatch_are_no_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `helm install kvwatch` names the Service kvwatch: every pod started after it gets these variables, and kvwatch
+    # refused to start (KVWATCH_SERVICE_HOST unknown, KVWATCH_PORT=tcp://... no port number).
+    for name, value in (("KVWATCH_SERVICE_HOST", "10.0.0.1"), ("KVWATCH_SERVICE_PORT", "9747"),
+                        ("KVWATCH_SERVICE_PORT_METRICS", "9747"), ("KVWATCH_PORT", "tcp://10.0.0.1:9747"),
+                        ("KVWATCH_PORT_9747_TCP", "tcp://10.0.0.1:9747"), ("KVWATCH_PORT_9747_TCP_PROTO", "tcp"),
+                        ("KVWATCH_PORT_9747_TCP_PORT", "9747"), ("KVWATCH_PORT_9747_TCP_ADDR", "10.0.0.1")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("KVWATCH_TARGET_URL", "http://127.0.0.1:8000/metrics")
+    settings = load_settings(ServeSettings)
+    assert settings.port == 9747  # the default: the link's KVWATCH_PORT is not a port setting
+    monkeypatch.setenv("KVWATCH_PORT", "9999")
+    assert load_settings(ServeSettings).port == 9999  # a real setting still is one

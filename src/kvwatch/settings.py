@@ -640,7 +640,7 @@ def load_settings(settings_cls: type[_Base], args: argparse.Namespace | None = N
     environ: dict[str, str] = {}
     for key, value in os.environ.items():
         upper = key.upper()
-        if not upper.startswith(ENV_PREFIX):
+        if not upper.startswith(ENV_PREFIX) or _service_link(upper, value):
             continue
         if upper not in KNOWN_ENV:
             raise SettingsError(f"unknown variable {key}: no such setting")
@@ -661,6 +661,21 @@ def load_settings(settings_cls: type[_Base], args: argparse.Namespace | None = N
         msg = str(exc).format(**{f: _source(f, flags) for f in settings_cls.model_fields})
         value = values.get(exc.field, os.environ.get(env_name(public_name(exc.field))))
         raise SettingsError(_blame(exc.field, flags, msg, value)) from None
+
+
+# Kubernetes gives every pod docker-link variables for each Service in its namespace (unless the pod sets
+# enableServiceLinks: false): a Service named kvwatch (`helm install kvwatch`) brings KVWATCH_SERVICE_HOST,
+# KVWATCH_SERVICE_PORT, KVWATCH_PORT=tcp://10.0.0.1:9747 and KVWATCH_PORT_9747_TCP_*, which stopped kvwatch as
+# unknown or invalid settings. They are no settings of kvwatch's.
+_SERVICE_LINK = re.compile(
+    rf"{ENV_PREFIX}(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT_\d+_(TCP|UDP|SCTP)(_(PROTO|PORT|ADDR))?)")
+
+
+def _service_link(name: str, value: str) -> bool:
+    """Whether an environment variable is one of Kubernetes' service links, not a kvwatch setting."""
+    if name == ENV_PREFIX + "PORT":
+        return re.match(r"(tcp|udp|sctp)://", value) is not None
+    return _SERVICE_LINK.fullmatch(name) is not None
 
 
 def _source(field: str, flags: dict[str, Any]) -> str:
