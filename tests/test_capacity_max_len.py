@@ -21,9 +21,14 @@ pytestmark = pytest.mark.usefixtures("no_kvwatch_env")
     ({"model_type": "llama", "max_position_embeddings": 131072,
       "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                        "original_max_position_embeddings": 8192, "rope_type": "llama3"}}, 131072, "max_position"),
-    # Qwen/Qwen2.5-7B-Instruct with the YaRN block its model card says to add for 128K ("type": "yarn")
+    # Qwen/Qwen2.5-7B-Instruct with the YaRN block its model card says to add for 128K ("type": "yarn"): vLLM
+    # >= 0.30 reads max_position_embeddings as the scaled length already (0.29: original x factor, below)
     ({"model_type": "qwen2", "max_position_embeddings": 32768,
-      "rope_scaling": {"factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"}}, 131072, "yarn"),
+      "rope_scaling": {"factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"}}, 32768,
+     "max_position"),
+    # a rope factor of null: vLLM falls back to 1.0 (kvwatch refused the config)
+    ({"model_type": "llama", "max_position_embeddings": 4096, "rope_scaling": {"type": "linear", "factor": None}},
+     4096, "max_position"),
     # microsoft/Phi-3-mini-128k-instruct: longrope, max_position_embeddings 131072 (original 4096)
     ({"model_type": "phi3", "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
       "rope_scaling": {"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}}, 131072, "max_position"),
@@ -44,6 +49,26 @@ def test_derived_max_model_len_follows_vllm(config, expected, how):
     length, text = derived_max_model_len(config, config.get("model_type", ""))
     assert length == expected
     assert how in text
+
+
+def test_the_max_len_rules_follow_the_vllm_version(capsys):
+    # Read off vLLM's wheels (_get_and_verify_max_len): YaRN scaled original x factor up to 0.29 and no more from
+    # 0.30; LongRoPE's default length is original_max_position_embeddings from 0.12 (Phi-3-mini-128k on an H100:
+    # about 42 requests of 4,096 tokens, where kvwatch said 1.33 of 131,072, and "will not start" on an L4).
+    yarn = {"model_type": "qwen2", "max_position_embeddings": 32768,
+            "rope_scaling": {"factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"}}
+    assert derived_max_model_len(yarn, "qwen2", version=(0, 29))[0] == 131072
+    assert derived_max_model_len(yarn, "qwen2", version=(0, 30))[0] == 32768
+    phi3 = {"model_type": "phi3", "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+            "rope_scaling": {"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]},
+            "hidden_size": 3072, "num_attention_heads": 32, "num_key_value_heads": 32, "num_hidden_layers": 32,
+            "vocab_size": 32064}
+    arch = arch_from_config(phi3)
+    assert (arch.default_len((0, 11)), arch.default_len((0, 12)), arch.derived_len((0, 12))[0]) == (
+        131072, 4096, 131072)
+    qwen = arch_from_config({**yarn, "hidden_size": 3584, "num_attention_heads": 28, "num_key_value_heads": 4,
+                             "num_hidden_layers": 28, "vocab_size": 152064})
+    assert (qwen.default_len((0, 29)), qwen.default_len((0, 33))) == (131072, 32768)
 
 
 def test_qwen25_1m_preset_takes_its_million_tokens():

@@ -279,7 +279,7 @@ def plan_to_dict(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: flo
         "kv_cache_tokens": plan.kv_cache_tokens,
         "avg_seq_len": avg_seq_len,
         "max_model_len": plan.max_model_len,
-        "model_max_len": spec.arch.derived_max_model_len if spec.arch else None,
+        "model_max_len": spec.arch.derived_len(spec.vllm_version)[0] if spec.arch else None,
         "max_concurrency": _max_concurrency(plan, avg_seq_len),
         "max_concurrency_at_max_model_len": plan.max_concurrency_at_max_model_len,
         "max_num_seqs": plan.max_num_seqs,

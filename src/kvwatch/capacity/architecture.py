@@ -90,14 +90,20 @@ _ROPE_TYPES_NOT_SCALED = frozenset({"su", "longrope", "llama3"})
 VLLM_DEFAULT_MAX_LEN = 2048  # what vLLM assumes (with a warning) when no field is there
 
 
-def derived_max_model_len(cfg: dict[str, Any], model_type: str = "") -> tuple[int, str]:
+YARN_UNSCALED_SINCE = (0, 30)  # YaRN's max_position_embeddings is the scaled length already (before: original × factor)
+LONGROPE_DEFAULT_SINCE = (0, 12)  # LongRoPE's default --max-model-len is original_max_position_embeddings
+_YARN_TYPES = frozenset({"yarn", "deepseek_yarn", "deepseek_llama_scaling"})
+
+
+def derived_max_model_len(cfg: dict[str, Any], model_type: str = "", *,
+                          version: tuple[int, int] | None = None) -> tuple[int, str]:
     """(the longest --max-model-len vLLM accepts without VLLM_ALLOW_LONG_MAX_MODEL_LEN, how it was derived).
 
     Follows vLLM's ``_get_and_verify_max_len``: the smallest of :data:`MAX_LEN_KEYS`, ``model_max_length``
-    taking precedence, then the RoPE scaling factor (YaRN: ``original_max_position_embeddings × factor``;
-    dynamic/linear: ``max_len × factor``; llama3/longrope/su: no change, their max_position_embeddings is
-    already the extended length). The sliding window only limits it under ``--disable-sliding-window``,
-    which kvwatch does not model.
+    taking precedence, then the RoPE scaling factor (dynamic/linear: ``max_len × factor``; llama3/longrope/su:
+    no change, their max_position_embeddings is already the extended length; YaRN: no change from vLLM 0.30
+    (``version`` None: the current rules), ``original_max_position_embeddings × factor`` before). The sliding
+    window only limits it under ``--disable-sliding-window``, which kvwatch does not model.
     """
     derived: float = float("inf")
     key: str | None = None
@@ -111,10 +117,11 @@ def derived_max_model_len(cfg: dict[str, Any], model_type: str = "") -> tuple[in
     if key is None:
         derived = float(VLLM_DEFAULT_MAX_LEN)
     rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")  # transformers v5 renamed it
+    yarn_unscaled = version is None or version >= YARN_UNSCALED_SINCE
     if isinstance(rope, dict) and rope and "gemma3" not in model_type:
         rope_type = str(rope.get("rope_type") or rope.get("type") or "default")
-        if rope_type not in _ROPE_TYPES_NOT_SCALED:
-            factor = float(rope.get("factor", 1.0))
+        if rope_type not in _ROPE_TYPES_NOT_SCALED and not (yarn_unscaled and rope_type in _YARN_TYPES):
+            factor = float(rope.get("factor") or 1.0)  # (a null factor: vLLM falls back to 1.0)
             if rope_type == "yarn" and rope.get("original_max_position_embeddings"):
                 original = int(rope["original_max_position_embeddings"])
                 derived = original * factor
@@ -144,9 +151,13 @@ class ModelArch:
     tie_word_embeddings: bool = False
     torch_dtype: str = "bfloat16"
     max_position_embeddings: int | None = None
-    # vLLM's derived maximum length (:func:`derived_max_model_len`) and the config field it came from.
+    # vLLM's derived maximum length (:func:`derived_max_model_len`, current rules) and the config field it came from.
     derived_max_model_len: int | None = None
     max_len_source: str | None = None
+    # The same under vLLM < 0.30's rules, where they differ (YaRN scaled original × factor); see max_len_for.
+    derived_max_model_len_before_0_30: tuple[int, str] | None = None
+    # LongRoPE (Phi-3/3.5/4-mini 128k): vLLM ≥ 0.12 defaults --max-model-len to original_max_position_embeddings.
+    longrope_default_len: int | None = None
     model_max_length: int | None = None  # config.json's own override ceiling (Command-R style)
     # One entry per decoder layer: FULL, SLIDING or MAMBA.
     layer_types: tuple[str, ...] = ()
@@ -188,6 +199,18 @@ class ModelArch:
     mamba_ssm_cache_dtype: str | None = None
     source: str | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def derived_len(self, version: tuple[int, int]) -> tuple[int | None, str | None]:
+        """(the longest --max-model-len ``version`` accepts, the config fields it came from)."""
+        if version < YARN_UNSCALED_SINCE and self.derived_max_model_len_before_0_30 is not None:
+            return self.derived_max_model_len_before_0_30
+        return self.derived_max_model_len, self.max_len_source
+
+    def default_len(self, version: tuple[int, int]) -> int | None:
+        """The --max-model-len ``version`` runs with when none is given."""
+        if self.longrope_default_len and version >= LONGROPE_DEFAULT_SINCE:
+            return self.longrope_default_len
+        return self.derived_len(version)[0]
 
     @property
     def is_mla(self) -> bool:
@@ -447,6 +470,11 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
             notes.append(tie_note)
     quant_scheme, quant_source = _checkpoint_quantization(config)
     max_len, max_len_how = derived_max_model_len(cfg, model_type)
+    before = derived_max_model_len(cfg, model_type, version=(0, 29))
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+    longrope = isinstance(rope, dict) and str(rope.get("rope_type") or rope.get("type")) == "longrope"
+    original = cfg.get("original_max_position_embeddings") or (rope.get("original_max_position_embeddings")
+                                                              if isinstance(rope, dict) else None)
     return ModelArch(
         name=name,
         num_layers=num_layers,
@@ -463,6 +491,8 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         max_position_embeddings=cfg.get("max_position_embeddings"),
         derived_max_model_len=max_len,
         max_len_source=max_len_how,
+        derived_max_model_len_before_0_30=before if before[0] != max_len else None,
+        longrope_default_len=int(original) if longrope and isinstance(original, int) and original > 0 else None,
         model_max_length=int(cfg["model_max_length"]) if cfg.get("model_max_length") else None,
         layer_types=layer_types,
         sliding_window=int(cfg["sliding_window"]) if cfg.get("sliding_window") and SLIDING in layer_types else None,

@@ -89,8 +89,9 @@ def max_len_for(plan: CapacityPlan, requests: int) -> int | None:
     arch = plan.spec.arch
     top_blocks = max(1, blocks // requests)
     hi = top_blocks * layout.block_size
-    if arch is not None and arch.derived_max_model_len:
-        hi = min(hi * 4, arch.derived_max_model_len)  # sliding groups cost less: look beyond the full-attention bound
+    derived = arch.derived_len(plan.spec.vllm_version)[0] if arch is not None else None
+    if derived:
+        hi = min(hi * 4, derived)  # sliding groups cost less: look beyond the full-attention bound
     lo = layout.block_size
     if kv.max_concurrency_at_max_model_len(layout, blocks, lo, in_flight) < requests:
         return None
@@ -100,7 +101,7 @@ def max_len_for(plan: CapacityPlan, requests: int) -> int | None:
             lo = mid
         else:
             hi = mid - 1
-    if arch is not None and lo == arch.derived_max_model_len:
+    if derived and lo == derived:
         return lo  # the model's own length fits: rounding it down to whole blocks would advise a needless cut
     return lo // layout.block_size * layout.block_size or lo
 

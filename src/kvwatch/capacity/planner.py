@@ -203,13 +203,13 @@ class CapacityPlan:
 def _max_len_errors(spec: DeploymentSpec, arch: ModelArch | None, warnings: list[str]) -> list[str]:
     """vLLM's refusal of a --max-model-len past the model's derived length (``_get_and_verify_max_len``);
     with VLLM_ALLOW_LONG_MAX_MODEL_LEN it starts, with a warning (appended to ``warnings``)."""
-    derived = arch.derived_max_model_len if arch else None
+    derived, source = arch.derived_len(spec.vllm_version) if arch else (None, None)
     wanted = spec.max_model_len
     if not wanted or not derived or wanted <= derived:
         return []
     if arch is not None and arch.model_max_length and wanted <= arch.model_max_length:
         return []  # vLLM lets a config's own model_max_length override the derived length
-    what = f"--max-model-len {wanted} is greater than the model's maximum length {derived} ({arch.max_len_source})"
+    what = f"--max-model-len {wanted} is greater than the model's maximum length {derived} ({source})"
     if spec.allow_long_max_model_len:
         warnings.append(f"{what}: vLLM starts because VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, but positions past {derived} "
                         "give NaN with RoPE or out-of-bounds errors with absolute positions")
@@ -242,8 +242,7 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
     total = spec.gpu_memory_bytes
     batched_default, seqs_default = memory.default_batch_limits(total or 80 * GIB, spec.gpu_name)
     seqs = spec.max_num_seqs or seqs_default
-    derived_len = arch.derived_max_model_len if arch else None
-    max_model_len = spec.max_model_len or derived_len
+    max_model_len = spec.max_model_len or (arch.default_len(spec.vllm_version) if arch else None)
     errors += _max_len_errors(spec, arch, warnings)
     if spec.enable_chunked_prefill:
         batched = spec.max_num_batched_tokens or batched_default
