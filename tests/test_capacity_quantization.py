@@ -138,3 +138,28 @@ def test_user_scheme_wins_and_unknown_user_value_names_quantization():
     with pytest.raises(QuantizationError) as exc:
         resolve_quantization("int3", arch)
     assert exc.value.flag == "--quantization"
+
+
+@pytest.mark.parametrize(("qc", "since"), [
+    # llm-compressor's FP8 KV cache (RedHatAI ...-FP8-KV checkpoints): the attention layer takes it from 0.15
+    ({**FP8_DYNAMIC, "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False,
+                                         "symmetric": True}}, "0.15"),
+    # ModelOpt (nvidia/...-FP8): resolve_kv_cache_dtype_string maps kv_cache_quant_algo at argument time from 0.14
+    ({"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}, "0.14"),
+    ({"quant_method": "modelopt", "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}, "0.14"),
+])
+def test_a_checkpoints_fp8_kv_cache_is_what_auto_runs(tmp_path, capsys, qc, since):
+    # Read off vLLM's wheels: with --kv-cache-dtype auto vLLM stores the KV cache the checkpoint declares; kvwatch
+    # planned it in bf16, half the tokens (Llama-3.1-8B on an H100 at 8k: 503,120 instead of 1,006,256), and its
+    # fp8_kv_cache what-if promised a doubling the deployment already had.
+    path = config_file(tmp_path, qc)
+    base = ["--model-config", str(path), "--gpu", "H100", "--max-model-len", "8192"]
+    code, data, err = plan_json([*base, "--vllm-version", since], capsys)
+    assert code == 0, err
+    assert data["kv_bytes_per_token"] == 65536 and any("KV cache fp8" in n for n in data["notes"])
+    before = ".".join(map(str, (0, int(since.split(".")[1]) - 1)))
+    code, old, err = plan_json([*base, "--vllm-version", before], capsys)
+    assert old["kv_bytes_per_token"] == 131072
+    # A dtype given wins over the checkpoint's (0.30+; 0.15-0.2x forced llm-compressor's FP8 even then: not modelled)
+    code, explicit, err = plan_json([*base, "--vllm-version", "0.33", "--kv-cache-dtype", "bfloat16"], capsys)
+    assert explicit["kv_bytes_per_token"] == 131072

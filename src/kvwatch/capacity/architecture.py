@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvwatch.capacity.mamba import MambaConfigError, MambaDims, mamba_dims_from_config
-from kvwatch.capacity.quantization import QuantizationError, scheme_from_config
+from kvwatch.capacity.quantization import QuantizationError, checkpoint_kv_cache_dtype, scheme_from_config
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
@@ -192,6 +192,8 @@ class ModelArch:
     # field, or the name that implies it); None source = the preset's own data.
     checkpoint_quantization: str | None = None
     checkpoint_quantization_source: str | None = None
+    # An FP8 KV cache the checkpoint declares, and its quantization method (quantization.checkpoint_kv_cache_dtype).
+    checkpoint_kv_cache: tuple[str, str] | None = None
     from_config_file: bool = False  # built from a user's config.json (--model-config), not a preset
     model_type: str = ""  # config.json's model_type (of the text model), lower case
     # Hybrid models whose config fixes the temporal SSM state's dtype (NemotronH: mamba_ssm_cache_dtype; Qwen3.5:
@@ -517,6 +519,8 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         num_parameters=int(config["num_parameters"]) if config.get("num_parameters") else None,
         checkpoint_quantization=quant_scheme,
         checkpoint_quantization_source=quant_source,
+        checkpoint_kv_cache=(checkpoint_kv_cache_dtype(config["quantization_config"])
+                             if isinstance(config.get("quantization_config"), dict) else None),
         source=source,
         notes=tuple(notes),
         model_type=model_type,

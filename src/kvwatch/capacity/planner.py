@@ -14,6 +14,7 @@ from kvwatch.capacity import kv, memory, quantization
 from kvwatch.capacity.architecture import MAMBA, ModelArch, tensor_parallel_refusal
 from kvwatch.capacity.mamba import MambaConfigError
 from kvwatch.capacity.memory import GIB
+from kvwatch.capacity.quantization import CHECKPOINT_KV_FP8_SINCE
 
 # The current rules: default utilization 0.92, tokens = concurrency x max_model_len, CUDA graphs subtracted.
 DEFAULT_VLLM_VERSION = (0, 33)
@@ -85,6 +86,8 @@ class DeploymentSpec:
     pipeline_parallel_size: int = 1
     dtype: str = "auto"
     kv_cache_dtype: str = "auto"
+    # The checkpoint's quantization method when kv_cache_dtype is the FP8 cache it declares ("auto" resolved).
+    kv_cache_dtype_from: str | None = None
     quantization: str | None = None
     block_size: int = 16
     max_model_len: int | None = None
@@ -130,6 +133,11 @@ class DeploymentSpec:
         version = overrides.pop("vllm_version", DEFAULT_VLLM_VERSION)
         if isinstance(version, str):
             version = parse_version(version)
+        kv_cache_dtype, kv_from = settings.kv_cache_dtype, None
+        declared = arch.checkpoint_kv_cache if arch is not None else None
+        if kv_cache_dtype == "auto" and declared is not None and \
+                version >= CHECKPOINT_KV_FP8_SINCE[declared[1]]:
+            kv_cache_dtype, kv_from = declared[0], declared[1]  # as vLLM resolves "auto"
         spec = cls(
             arch=arch,
             gpu_memory_bytes=gpu_bytes,
@@ -140,7 +148,8 @@ class DeploymentSpec:
             tensor_parallel_size=settings.tensor_parallel_size,
             pipeline_parallel_size=settings.pipeline_parallel_size,
             dtype=settings.dtype,
-            kv_cache_dtype=settings.kv_cache_dtype,
+            kv_cache_dtype=kv_cache_dtype,
+            kv_cache_dtype_from=kv_from,
             quantization=quantization,
             block_size=settings.block_size,
             max_model_len=settings.max_model_len,
@@ -232,6 +241,9 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
     warnings: list[str] = []
     errors: list[str] = []
     notes: list[str] = list(arch.notes) if arch else []
+    if spec.kv_cache_dtype_from:
+        notes.append(f"KV cache {spec.kv_cache_dtype}: the checkpoint's {spec.kv_cache_dtype_from} quantization_config "
+                     "declares it, and vLLM takes it for --kv-cache-dtype auto (pass --kv-cache-dtype to plan another)")
     quantization.check_name(spec.quantization)
     if spec.block_size not in kv.VLLM_BLOCK_SIZES:
         raise SpecError(f"invalid value {spec.block_size} for --block-size: vLLM accepts "

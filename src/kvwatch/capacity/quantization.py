@@ -135,6 +135,34 @@ def _resolved(scheme: str, how: str) -> Resolved:
 
 # ------------------------------------------------------------------------------------ checkpoint configs
 
+# vLLM's --kv-cache-dtype auto takes an FP8 KV cache a checkpoint declares: llm-compressor's kv_cache_scheme
+# from 0.15 (the attention layer sets it; up to 0.2x even over an explicit --kv-cache-dtype, which kvwatch does
+# not model), ModelOpt's kv_cache_quant_algo / kv_cache_scheme from 0.14 (resolve_kv_cache_dtype_string at
+# argument time). Read off the 0.14, 0.15, 0.16, 0.18, 0.20, 0.30 and 0.33 wheels.
+CHECKPOINT_KV_FP8_SINCE = {"compressed-tensors": (0, 15), "modelopt": (0, 14)}
+
+
+def checkpoint_kv_cache_dtype(qc: dict[str, Any]) -> tuple[str, str] | None:
+    """("fp8", the quantization method) when a ``quantization_config`` declares an FP8 KV cache; else None
+    (an NVFP4 KV cache, which vLLM also takes from ModelOpt, is not modelled)."""
+    method = normalise(str(qc.get("quant_method") or ""))
+    if method == "compressed_tensors":
+        scheme = qc.get("kv_cache_scheme")
+        if isinstance(scheme, dict) and scheme.get("num_bits") == 8 and scheme.get("type") == "float":
+            return "fp8", "compressed-tensors"
+        return None
+    if method.startswith("modelopt"):
+        inner = qc.get("quantization") if isinstance(qc.get("quantization"), dict) else qc
+        algo = (inner.get("kv_cache_scheme") or qc.get("kv_cache_scheme") or inner.get("kv_cache_quant_algo")
+                or qc.get("kv_cache_quant_algo"))
+        if isinstance(algo, dict):
+            fp8 = algo.get("dynamic") is False and algo.get("num_bits") == 8 and algo.get("type") == "float"
+        else:
+            fp8 = isinstance(algo, str) and algo.lower() == "fp8"
+        return ("fp8", "modelopt") if fp8 else None
+    return None
+
+
 def scheme_from_config(qc: dict[str, Any]) -> tuple[str, str]:
     """(scheme, where it was read) from a Hugging Face ``quantization_config``.
 
@@ -151,7 +179,8 @@ def scheme_from_config(qc: dict[str, Any]) -> tuple[str, str]:
             return "w4a16", f"{field} (quant_method {method}, bits not given: 4 assumed)"
         return f"w{int(bits)}a16", f"{field} (quant_method {method}, bits {int(bits)})"
     if method in {"modelopt", "modelopt_fp4"}:
-        algo = qc.get("quant_algo") or (qc.get("quantization") or {}).get("quant_algo")
+        inner = qc.get("quantization") if isinstance(qc.get("quantization"), dict) else {}
+        algo = qc.get("quant_algo") or inner.get("quant_algo")
         a = str(algo or "").upper()
         if "NVFP4" in a or "FP4" in a:
             return "nvfp4", f"{field} (quant_method {method}, quant_algo {algo})"
