@@ -17,6 +17,7 @@ from kvwatch.capacity import (
 )
 from kvwatch.capacity.architecture import FULL, MAMBA, SLIDING
 from kvwatch.capacity.presets import gpu_names, preset_names
+from kvwatch.cli import main
 
 GIB = 1 << 30
 BASE = {"num_hidden_layers": 4, "num_attention_heads": 8, "hidden_size": 512, "vocab_size": 1000}
@@ -386,7 +387,7 @@ def test_a_gemma3_config_that_leans_on_its_class_defaults():
 
 
 def test_a_count_that_is_not_positive_names_its_field():
-    with pytest.raises(ArchitectureError, match="num_hidden_layers = -4: it must be a positive count"):
+    with pytest.raises(ArchitectureError, match="num_hidden_layers = -4: it must be a whole number from 1 to 10,000"):
         arch_from_config({**BASE, "num_hidden_layers": -4})
 
 
@@ -424,3 +425,18 @@ def test_kimi_linear_is_mla():
     config = {"model_type": "kimi_linear", "num_hidden_layers": 4, "num_attention_heads": 32, "hidden_size": 2304,
               "kv_lora_rank": 512, "qk_rope_head_dim": 64, "vocab_size": 1000}
     assert arch_from_config(config).is_mla  # in vLLM's is_deepseek_mla list
+
+
+@pytest.mark.parametrize(("change", "complaint"), [
+    ({"hidden_size": 16}, "head size of 0"),  # hidden / heads rounds to 0: a ZeroDivisionError in plan
+    ({"head_dim": -1}, "head size of -1"),  # printed -4,096 bytes per token
+    ({"num_hidden_layers": 1e9}, "num_hidden_layers = 1000000000.0"),  # never returned
+    ({"num_attention_heads": 0}, "num_attention_heads = 0"),
+])
+def test_a_broken_config_is_refused_naming_the_field(tmp_path, capsys, change, complaint):
+    config = {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+              "num_hidden_layers": 32, "vocab_size": 128256, "max_position_embeddings": 8192, **change}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert main(["plan", "--model-config", str(path), "--gpu", "H100"]) == 2
+    assert complaint in capsys.readouterr().err

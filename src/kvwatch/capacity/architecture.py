@@ -283,14 +283,32 @@ def _total_kv_heads(cfg: dict[str, Any], heads: int, model_type: str) -> int:
     return heads
 
 
+# Past these no released model goes; a config beyond them is broken (num_hidden_layers 1e9 never returned).
+_MAX_COUNT = {"num_hidden_layers": 10_000, "n_layer": 10_000, "num_layers": 10_000}
+_MAX_ANY = 10_000_000
+
+
 def _require(cfg: dict[str, Any], *keys: str) -> int:
     for key in keys:
         if cfg.get(key) is not None:
-            value = int(cfg[key])
-            if value <= 0:
-                raise ArchitectureError(f"config.json has {key} = {cfg[key]!r}: it must be a positive count")
+            value = _count(cfg, key)
+            if value is None:
+                raise ArchitectureError(f"config.json has {key} = {cfg[key]!r}: it must be a whole number from 1 to "
+                                        f"{_MAX_COUNT.get(key, _MAX_ANY):,}")
             return value
     raise ArchitectureError(f"config.json has no {' / '.join(keys)}")
+
+
+def _count(cfg: dict[str, Any], key: str) -> int | None:
+    """``cfg[key]`` as a positive count within reason, else None."""
+    value = cfg[key]
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)  # (a count written as a string reads as before)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        return None
+    if not 1 <= value <= _MAX_COUNT.get(key, _MAX_ANY) or value != int(value):
+        return None
+    return int(value)
 
 
 def _word_type(word: str) -> str:
@@ -432,6 +450,9 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
                     and cfg.get("qk_rope_head_dim") else None)
     head_dim = int(cfg.get("head_dim") or cfg.get("attention_head_dim") or decompressed
                    or (2 * hidden // heads if model_type == "zamba2" else hidden // heads))
+    if not 1 <= head_dim <= 65536:
+        raise ArchitectureError(f"config.json gives a head size of {head_dim} (head_dim, or hidden_size {hidden} / "
+                                f"num_attention_heads {heads}): it must be a positive count")
     layout = _hybrid_layout(cfg, num_layers, model_type)
     layer_types = layout.types if layout is not None else _layer_types(cfg, num_layers, model_type)
     notes: list[str] = []
