@@ -230,3 +230,14 @@ def test_tp_scenario_for_mla_keeps_kv_per_token():
     assert tp16.plan.kv_bytes_per_token == base.kv_bytes_per_token == 61 * 576 * 2
     assert "MLA" in tp16.note
     assert tp16.kv_cache_tokens > base.kv_cache_tokens  # freed weight memory still helps
+
+
+def test_the_halved_max_model_len_shows_no_ceiling_for_requests_longer_than_it():
+    # At --avg-seq-len 6000 and --max-model-len 8192 the halved scenario showed 65.8 requests of 6,000 tokens under
+    # --max-model-len 4096, which the base plan itself refuses.
+    spec = DeploymentSpec.from_settings(DeploymentSettings(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100",
+                                                           max_model_len=8192))
+    halved = {s.name: s for s in whatif_scenarios(spec, avg_seq_len=6000)}["max_model_len_halved"]
+    assert halved.max_concurrency is None and "longer than --max-model-len 4,096" in halved.note
+    fits = {s.name: s for s in whatif_scenarios(spec, avg_seq_len=2000)}["max_model_len_halved"]
+    assert fits.max_concurrency is not None and fits.max_concurrency > 0

@@ -168,6 +168,12 @@ def whatif_scenarios(spec: DeploymentSpec, avg_seq_len: float | None = None) -> 
         except SpecError as exc:
             out.append(Scenario(name, None, None, str(exc)))
             continue
+        if avg_seq_len and plan.max_model_len and avg_seq_len > plan.max_model_len:
+            # Requests of the average length do not fit under this max-model-len: no ceiling of them to show.
+            out.append(Scenario(name, plan.kv_cache_tokens, None, f"{note}; requests of --avg-seq-len "
+                                f"{avg_seq_len:,.0f} tokens are longer than --max-model-len {plan.max_model_len:,}, "
+                                "so vLLM would refuse them", plan))
+            continue
         ceiling = plan.max_concurrency_at(avg_seq_len) if avg_seq_len else plan.max_concurrency_at_max_model_len
         if plan.errors:
             note = f"{note}; {plan.errors[0]}"
