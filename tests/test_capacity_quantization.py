@@ -163,3 +163,20 @@ def test_a_checkpoints_fp8_kv_cache_is_what_auto_runs(tmp_path, capsys, qc, sinc
     # A dtype given wins over the checkpoint's (0.30+; 0.15-0.2x forced llm-compressor's FP8 even then: not modelled)
     code, explicit, err = plan_json([*base, "--vllm-version", "0.33", "--kv-cache-dtype", "bfloat16"], capsys)
     assert explicit["kv_bytes_per_token"] == 131072
+
+
+def test_a_scheme_the_gpu_cannot_run_will_not_start(tmp_path, capsys):
+    # vLLM checks QuantizationConfig.get_min_capability() at start: FP8 needs 7.5, MXFP4 8.0; a V100 is 7.0. kvwatch
+    # planned gpt-oss on a V100 and offered FP8 weights there as a fix.
+    path = config_file(tmp_path, {"quant_method": "fp8"})
+    code, data, err = plan_json(["--model-config", str(path), "--gpu", "V100-32GB", "--max-model-len", "4096"],
+                                capsys)
+    assert code == 1 and any("compute capability 7.5 or more (V100-32GB has 7.0)" in e for e in data["errors"])
+    code, fine, err = plan_json(["--model-config", str(path), "--gpu", "A100-80GB", "--max-model-len", "4096"],
+                                capsys)
+    assert code == 0 and not fine["errors"]
+    bf16 = config_file(tmp_path, {})
+    code, v100, err = plan_json(["--model-config", str(bf16), "--gpu", "V100-32GB", "--max-model-len", "4096"],
+                                capsys)
+    fp8_weights = {s["name"]: s for s in v100["scenarios"]}["fp8_weights"]
+    assert "will not start" in fp8_weights["note"]

@@ -142,6 +142,21 @@ def _resolved(scheme: str, how: str) -> Resolved:
 CHECKPOINT_KV_FP8_SINCE = {"compressed-tensors": (0, 15), "modelopt": (0, 14)}
 
 
+# The lowest GPU compute capability vLLM runs a scheme on (its QuantizationConfig.get_min_capability(), checked when
+# the engine starts): FP8 from Turing (7.5) on, through Marlin below Ada; MXFP4 from Ampere (8.0). A V100 (7.0)
+# runs neither. Schemes not listed are not checked.
+MIN_CAPABILITY: dict[str, tuple[int, int]] = {"fp8": (7, 5), "mxfp4": (8, 0)}
+
+
+def capability_refusal(scheme: str | None, capability: tuple[int, int] | None, gpu: str | None) -> str | None:
+    """vLLM's refusal to start ``scheme`` on a GPU of ``capability``, or None (unknown capability: no refusal)."""
+    need = MIN_CAPABILITY.get(scheme or "")
+    if need is None or capability is None or capability >= need:
+        return None
+    return (f"vLLM will not start: {scheme} weights need a GPU of compute capability {need[0]}.{need[1]} or more "
+            f"({gpu or 'this GPU'} has {capability[0]}.{capability[1]})")
+
+
 def checkpoint_kv_cache_dtype(qc: dict[str, Any]) -> tuple[str, str] | None:
     """("fp8", the quantization method) when a ``quantization_config`` declares an FP8 KV cache; else None
     (an NVFP4 KV cache, which vLLM also takes from ModelOpt, is not modelled)."""
