@@ -180,3 +180,25 @@ def test_a_scheme_the_gpu_cannot_run_will_not_start(tmp_path, capsys):
                                 capsys)
     fp8_weights = {s["name"]: s for s in v100["scenarios"]}["fp8_weights"]
     assert "will not start" in fp8_weights["note"]
+
+
+def test_modelopts_hf_quant_config_beside_the_config_and_the_older_compression_config_are_read(tmp_path, capsys):
+    # vLLM reads ModelOpt <= 0.29's hf_quant_config.json (no quant_method: a "producer") from the model folder, and
+    # compressed-tensors' older "compression_config" key; kvwatch priced both as bf16 (14.96 GiB, 449,872 tokens).
+    folder = tmp_path / "Llama-3.1-8B-Instruct-FP8"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(LLAMA_8B))
+    (folder / "hf_quant_config.json").write_text(json.dumps({
+        "producer": {"name": "modelopt", "version": "0.19.0"},
+        "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8", "exclude_modules": ["lm_head"]}}))
+    base = ["--gpu", "H100", "--max-model-len", "8192"]
+    code, legacy, err = plan_json(["--model-config", str(folder), *base], capsys)
+    assert code == 0, err
+    assert legacy["weights_bytes"] / GIB == pytest.approx(8.46, abs=0.1) and legacy["kv_bytes_per_token"] == 65536
+    older = tmp_path / "config.json"
+    older.write_text(json.dumps({**LLAMA_8B, "compression_config": {
+        **FP8_DYNAMIC, "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor"}}}))
+    code, compressed, err = plan_json(["--model-config", str(older), *base], capsys)
+    assert code == 0, err
+    assert compressed["weights_bytes"] == pytest.approx(legacy["weights_bytes"], rel=0.01)
+    assert compressed["kv_bytes_per_token"] == 65536

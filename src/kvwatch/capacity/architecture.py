@@ -540,8 +540,7 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         num_parameters=int(config["num_parameters"]) if config.get("num_parameters") else None,
         checkpoint_quantization=quant_scheme,
         checkpoint_quantization_source=quant_source,
-        checkpoint_kv_cache=(checkpoint_kv_cache_dtype(config["quantization_config"])
-                             if isinstance(config.get("quantization_config"), dict) else None),
+        checkpoint_kv_cache=checkpoint_kv_cache_dtype(qc) if (qc := quantization_config_of(config)) else None,
         source=source,
         notes=tuple(notes),
         model_type=model_type,
@@ -558,9 +557,27 @@ def _experts_per_token(cfg: dict[str, Any]) -> int | None:
     return None
 
 
+def quantization_config_of(config: dict[str, Any]) -> dict[str, Any] | None:
+    """A checkpoint's quantization config as vLLM reads it (``_normalize_quantization_config``): the
+    ``quantization_config`` (or compressed-tensors' older ``compression_config``), a ModelOpt one without a
+    ``quant_method`` (hf_quant_config.json's ``producer``/``quantization`` shape) given its method."""
+    qc = config.get("quantization_config")
+    if qc is None:
+        qc = config.get("compression_config")
+    if not isinstance(qc, dict) or not qc:
+        return None
+    inner = qc.get("quantization")
+    if not qc.get("quant_method") and isinstance(inner, dict) and (
+            (qc.get("producer") or {}).get("name") == "modelopt" or "modelopt_quant_config" in inner):
+        algo = str(inner.get("quant_algo") or "").upper()
+        method = "modelopt_fp4" if algo == "NVFP4" else "modelopt"
+        qc = {**qc, "quant_method": method}
+    return qc
+
+
 def _checkpoint_quantization(config: dict[str, Any]) -> tuple[str | None, str | None]:
     """(scheme, where it was read) from ``quantization_config``; a preset's ``checkpoint_quantization`` as is."""
-    qc = config.get("quantization_config")
+    qc = quantization_config_of(config)
     if isinstance(qc, dict) and qc:
         return scheme_from_config(qc)
     return config.get("checkpoint_quantization"), None

@@ -257,6 +257,16 @@ def load_config_file(path: str | Path) -> ModelArch:
         raise ArchitectureError(f"{p} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
     except RecursionError:
         raise ArchitectureError(f"{p} is JSON nested deeper than any config.json") from None
+    if isinstance(data, dict) and data.get("quantization_config") is None:
+        # ModelOpt 0.29 and before wrote its quantization config beside config.json; vLLM reads it from there.
+        legacy = p.parent / "hf_quant_config.json"
+        if legacy.is_file():
+            try:
+                quant = json.loads(legacy.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+                raise ArchitectureError(f"cannot read {legacy}: {exc}") from None
+            if isinstance(quant, dict):
+                data = {**data, "quantization_config": quant}
     name = config_model_name(data, p) if isinstance(data, dict) else "custom"
     return replace(arch_from_config(data, name=name, source=str(p)), from_config_file=True)
 
