@@ -172,11 +172,11 @@ def test_a_scheme_the_gpu_cannot_run_will_not_start(tmp_path, capsys):
     code, data, err = plan_json(["--model-config", str(path), "--gpu", "V100-32GB", "--max-model-len", "4096"],
                                 capsys)
     assert code == 1 and any("compute capability 7.5 or more (V100-32GB has 7.0)" in e for e in data["errors"])
-    code, fine, err = plan_json(["--model-config", str(path), "--gpu", "A100-80GB", "--max-model-len", "4096"],
+    code, fine, _ = plan_json(["--model-config", str(path), "--gpu", "A100-80GB", "--max-model-len", "4096"],
                                 capsys)
     assert code == 0 and not fine["errors"]
     bf16 = config_file(tmp_path, {})
-    code, v100, err = plan_json(["--model-config", str(bf16), "--gpu", "V100-32GB", "--max-model-len", "4096"],
+    _, v100, _ = plan_json(["--model-config", str(bf16), "--gpu", "V100-32GB", "--max-model-len", "4096"],
                                 capsys)
     fp8_weights = {s["name"]: s for s in v100["scenarios"]}["fp8_weights"]
     assert "will not start" in fp8_weights["note"]

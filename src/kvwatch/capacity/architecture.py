@@ -387,7 +387,11 @@ def _layer_types(cfg: dict[str, Any], num_layers: int, model_type: str) -> tuple
     if window and cfg.get("use_sliding_window") and model_type.startswith(("qwen2", "qwen3")):
         max_window_layers = int(cfg.get("max_window_layers", num_layers))
         return tuple(FULL if i < max_window_layers else SLIDING for i in range(num_layers))
-    if window and model_type in {"mistral", "mixtral"} and int(window) < int(cfg.get("max_position_embeddings") or 0):
+    if window and cfg.get("use_sliding_window") is not False and not model_type.startswith(("qwen2", "qwen3")) \
+            and int(window) < int(cfg.get("max_position_embeddings") or 0):
+        # A window and no layer_types: vLLM sets CacheConfig.sliding_window (arg_utils: "only ... if the model is
+        # all sliding window"), and each attention layer without a window of its own takes it (Mistral, Mixtral,
+        # Phi-3-mini-4k's 2047). Qwen2/3's window is off unless use_sliding_window (above).
         return (SLIDING,) * num_layers
     return (FULL,) * num_layers
 
