@@ -169,7 +169,7 @@ def test_a_scheme_the_gpu_cannot_run_will_not_start(tmp_path, capsys):
     # vLLM checks QuantizationConfig.get_min_capability() at start: FP8 needs 7.5, MXFP4 8.0; a V100 is 7.0. kvwatch
     # planned gpt-oss on a V100 and offered FP8 weights there as a fix.
     path = config_file(tmp_path, {"quant_method": "fp8"})
-    code, data, err = plan_json(["--model-config", str(path), "--gpu", "V100-32GB", "--max-model-len", "4096"],
+    code, data, _ = plan_json(["--model-config", str(path), "--gpu", "V100-32GB", "--max-model-len", "4096"],
                                 capsys)
     assert code == 1 and any("compute capability 7.5 or more (V100-32GB has 7.0)" in e for e in data["errors"])
     code, fine, _ = plan_json(["--model-config", str(path), "--gpu", "A100-80GB", "--max-model-len", "4096"],
