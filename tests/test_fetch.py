@@ -87,6 +87,11 @@ def test_urls_are_redacted_up_to_their_last_at_sign() -> None:
     # An @ in a later path segment or a query is no credential: the host stays (a first cut named the wrong one).
     for plain in ("http://vllm:8000/metrics?token=a@b", "http://vllm:8000/users/me@x/metrics"):
         assert redact_url(plain) == plain
+    # (review) digits then '?' parse as host and port: the password was kept whole; and the fallback cut at the
+    # last @ named the query's host
+    assert redact_url("http://admin:1234?s3cret@vllm:8000/metrics") == "http://***@vllm:8000/metrics"
+    assert redact_url("http://u:p#x@host/m?q=a@b") == "http://***@host/m?q=a@b"
+    assert redact_url("http://u:p@ss@host/m") == "http://***@host/m"
     from kvwatch.settings import check_url
 
     with pytest.raises(ValueError) as caught:  # the port error quoted "pa", the password's first half

@@ -211,8 +211,19 @@ def test_kubernetes_service_links_of_a_service_named_kvwatch_are_no_settings(mon
                         ("KVWATCH_PORT_9747_TCP", "tcp://10.0.0.1:9747"), ("KVWATCH_PORT_9747_TCP_PROTO", "tcp"),
                         ("KVWATCH_PORT_9747_TCP_PORT", "9747"), ("KVWATCH_PORT_9747_TCP_ADDR", "10.0.0.1")):
         monkeypatch.setenv(name, value)
+    # (a release named kvwatch-llama: the Service kvwatch-llama)
+    monkeypatch.setenv("KVWATCH_LLAMA_SERVICE_HOST", "10.0.0.2")
+    monkeypatch.setenv("KVWATCH_LLAMA_PORT", "tcp://10.0.0.2:9747")
+    monkeypatch.setenv("KVWATCH_LLAMA_PORT_9747_TCP_ADDR", "10.0.0.2")
     monkeypatch.setenv("KVWATCH_TARGET_URL", "http://127.0.0.1:8000/metrics")
     settings = load_settings(ServeSettings)
     assert settings.port == 9747  # the default: the link's KVWATCH_PORT is not a port setting
     monkeypatch.setenv("KVWATCH_PORT", "9999")
     assert load_settings(ServeSettings).port == 9999  # a real setting still is one
+
+
+def test_a_typo_that_looks_like_no_service_link_is_still_refused(monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("KVWATCH_POLL_PORT", "5")  # not a URL: no link, and no setting
+    assert main(["serve"]) == 2
+    assert "unknown variable KVWATCH_POLL_PORT" in capsys.readouterr().err

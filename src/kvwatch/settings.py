@@ -54,26 +54,20 @@ def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
 def redact_url(url: str) -> str:
     """``url`` fit for logs, labels and messages: credentials in it replaced by ``***``.
 
-    Also a password with an unencoded ``/``, ``#`` or ``?``: it ends the parsed authority early, so the parsed URL
-    has no password while its text holds one (``http://u:pa#ss@host`` does not parse; ``http://u:12/ss@host``
-    parses as host ``u``, port 12, with the rest in its first path segment). Then everything up to that ``@`` goes.
-    An ``@`` later in a path or a query (``/users/me@x``, ``?to=a@b``) is no credential and stays."""
-    bare, credentials = split_credentials(url)
-    if credentials is not None:
-        parts = urlsplit(bare)
-        return urlunsplit(parts._replace(netloc="***@" + parts.netloc))
+    Read from the text, not the parsed URL: a password with an unencoded ``?``, ``#`` or ``/`` ends the parsed
+    authority early, so the parsed URL has no password while its text holds one. Up to the first ``/`` the text is
+    the authority, and everything to its last ``@`` goes (``http://u:p?ss@host``); ``http://u:12/ss@host`` parses
+    as host ``u``, port 12, so an ``@`` in the first path segment goes too. An ``@`` later in a path or in a query
+    (``/users/me@x``, ``?to=a@b``) is no credential and stays."""
     scheme, sep, rest = url.partition("://")
     if not sep or "@" not in rest:
         return url
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError on a port that is not a number (u:pa#ss@host)
-    except ValueError:
-        return f"{scheme}://***@{rest.rpartition('@')[2]}"
-    first_segment = parts.path.split("/", 2)[1] if parts.path.startswith("/") else ""
-    if "@" not in first_segment:
-        return url
-    return f"{scheme}://***@{rest[rest.index('@', len(parts.netloc)) + 1:]}"
+    slash = rest.find("/")
+    at = rest.rfind("@", 0, len(rest) if slash == -1 else slash)
+    if at == -1 and slash != -1:
+        segment = re.split(r"[/?#]", rest[slash + 1:], maxsplit=1)[0]
+        at = rest.rfind("@", slash + 1, slash + 1 + len(segment))
+    return url if at == -1 else f"{scheme}://***@{rest[at + 1:]}"
 
 
 def check_url(v: str) -> str:
@@ -667,15 +661,18 @@ def load_settings(settings_cls: type[_Base], args: argparse.Namespace | None = N
 # enableServiceLinks: false): a Service named kvwatch (`helm install kvwatch`) brings KVWATCH_SERVICE_HOST,
 # KVWATCH_SERVICE_PORT, KVWATCH_PORT=tcp://10.0.0.1:9747 and KVWATCH_PORT_9747_TCP_*, which stopped kvwatch as
 # unknown or invalid settings. They are no settings of kvwatch's.
+# A Service named kvwatch-llama (a release whose name holds "kvwatch") brings KVWATCH_LLAMA_SERVICE_HOST and the like.
 _SERVICE_LINK = re.compile(
-    rf"{ENV_PREFIX}(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT_\d+_(TCP|UDP|SCTP)(_(PROTO|PORT|ADDR))?)")
+    rf"{ENV_PREFIX}(\w+_)?(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT_\d+_(TCP|UDP|SCTP)(_(PROTO|PORT|ADDR))?)")
+_SERVICE_PORT = re.compile(rf"{ENV_PREFIX}(\w+_)?PORT")
 
 
 def _service_link(name: str, value: str) -> bool:
     """Whether an environment variable is one of Kubernetes' service links, not a kvwatch setting."""
-    if name == ENV_PREFIX + "PORT":
-        return re.match(r"(tcp|udp|sctp)://", value) is not None
-    return _SERVICE_LINK.fullmatch(name) is not None
+    if _SERVICE_LINK.fullmatch(name) and name not in KNOWN_ENV:
+        return True
+    # <NAME>_PORT=tcp://10.0.0.1:9747; KVWATCH_PORT is a setting too, so the value tells them apart
+    return _SERVICE_PORT.fullmatch(name) is not None and re.match(r"(tcp|udp|sctp)://", value) is not None
 
 
 def _source(field: str, flags: dict[str, Any]) -> str:
