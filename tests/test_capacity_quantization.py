@@ -202,3 +202,22 @@ def test_modelopts_hf_quant_config_beside_the_config_and_the_older_compression_c
     assert code == 0, err
     assert compressed["weights_bytes"] == pytest.approx(legacy["weights_bytes"], rel=0.01)
     assert compressed["kv_bytes_per_token"] == 65536
+
+
+def test_the_capability_vllm_needs_follows_the_method_and_the_release(tmp_path, capsys):
+    # Read off the wheels: ModelOpt FP8 needs 8.9 up to 0.26 and 8.0 from 0.28; vLLM's fp8 method 8.0 in 0.11 and
+    # 7.5 from 0.14; llm-compressor's FP8 starts on 7.0 (a V100). A measured plan of a scheme kvwatch cannot price
+    # is no refusal (the check read the priced scheme, and refused the plan).
+    modelopt = config_file(tmp_path, {"quant_method": "modelopt", "quant_algo": "FP8"})
+    base = ["--model-config", str(modelopt), "--max-model-len", "4096"]
+    _, old, _ = plan_json([*base, "--gpu", "A100-80GB", "--vllm-version", "0.20"], capsys)
+    _, new, _ = plan_json([*base, "--gpu", "A100-80GB", "--vllm-version", "0.33"], capsys)
+    assert any("compute capability 8.9" in e for e in old["errors"]) and not new["errors"]
+    compressed = config_file(tmp_path, FP8_DYNAMIC)
+    _, v100, _ = plan_json(["--model-config", str(compressed), "--gpu", "V100-32GB", "--max-model-len", "4096"],
+                           capsys)
+    assert not v100["errors"]
+    hqq = config_file(tmp_path, {"quant_method": "hqq", "nbits": 4})
+    code, _, err = plan_json(["--model-config", str(hqq), "--available-kv-gib", "20", "--max-model-len",
+                                     "4096"], capsys)
+    assert code == 0, err

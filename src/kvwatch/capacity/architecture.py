@@ -194,6 +194,9 @@ class ModelArch:
     checkpoint_quantization_source: str | None = None
     # An FP8 KV cache the checkpoint declares, and its quantization method (quantization.checkpoint_kv_cache_dtype).
     checkpoint_kv_cache: tuple[str, str] | None = None
+    # The checkpoint's quant_method as vLLM names it ("fp8", "modelopt", "compressed-tensors", "mxfp4", ...); a
+    # preset's only when its scheme is one (mxfp4): the GPU capability vLLM needs depends on it.
+    checkpoint_quant_method: str | None = None
     from_config_file: bool = False  # built from a user's config.json (--model-config), not a preset
     model_type: str = ""  # config.json's model_type (of the text model), lower case
     # Hybrid models whose config fixes the temporal SSM state's dtype (NemotronH: mamba_ssm_cache_dtype; Qwen3.5:
@@ -499,7 +502,7 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
     max_len, max_len_how = derived_max_model_len(cfg, model_type)
     before = derived_max_model_len(cfg, model_type, version=(0, 29))
     rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")
-    longrope = isinstance(rope, dict) and str(rope.get("rope_type") or rope.get("type")) == "longrope"
+    longrope = isinstance(rope, dict) and str(rope.get("rope_type") or rope.get("type")) in ("longrope", "su")
     original = cfg.get("original_max_position_embeddings") or (rope.get("original_max_position_embeddings")
                                                               if isinstance(rope, dict) else None)
     return ModelArch(
@@ -545,6 +548,8 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         checkpoint_quantization=quant_scheme,
         checkpoint_quantization_source=quant_source,
         checkpoint_kv_cache=checkpoint_kv_cache_dtype(qc) if (qc := quantization_config_of(config)) else None,
+        checkpoint_quant_method=(str(qc.get("quant_method") or "") or None) if qc else (
+            "mxfp4" if config.get("checkpoint_quantization") == "mxfp4" else None),
         source=source,
         notes=tuple(notes),
         model_type=model_type,
@@ -571,8 +576,9 @@ def quantization_config_of(config: dict[str, Any]) -> dict[str, Any] | None:
     if not isinstance(qc, dict) or not qc:
         return None
     inner = qc.get("quantization")
+    producer = qc.get("producer")
     if not qc.get("quant_method") and isinstance(inner, dict) and (
-            (qc.get("producer") or {}).get("name") == "modelopt" or "modelopt_quant_config" in inner):
+            (isinstance(producer, dict) and producer.get("name") == "modelopt") or "modelopt_quant_config" in inner):
         algo = str(inner.get("quant_algo") or "").upper()
         method = "modelopt_fp4" if algo == "NVFP4" else "modelopt"
         qc = {**qc, "quant_method": method}

@@ -256,9 +256,8 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
     seqs = spec.max_num_seqs or seqs_default
     max_model_len = spec.max_model_len or (arch.default_len(spec.vllm_version) if arch else None)
     errors += _max_len_errors(spec, arch, warnings)
-    scheme = memory.resolve_quantization(spec.quantization, arch)
-    refusal = quantization.capability_refusal(scheme.scheme if scheme else None, spec.gpu_compute_capability,
-                                              spec.gpu_name)
+    method = spec.quantization or (arch.checkpoint_quant_method if arch else None)
+    refusal = quantization.capability_refusal(method, spec.vllm_version, spec.gpu_compute_capability, spec.gpu_name)
     if refusal:
         errors.append(refusal)
     if spec.enable_chunked_prefill:

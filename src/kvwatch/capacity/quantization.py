@@ -142,19 +142,30 @@ def _resolved(scheme: str, how: str) -> Resolved:
 CHECKPOINT_KV_FP8_SINCE = {"compressed-tensors": (0, 15), "modelopt": (0, 14)}
 
 
-# The lowest GPU compute capability vLLM runs a scheme on (its QuantizationConfig.get_min_capability(), checked when
-# the engine starts): FP8 from Turing (7.5) on, through Marlin below Ada; MXFP4 from Ampere (8.0). A V100 (7.0)
-# runs neither. Schemes not listed are not checked.
-MIN_CAPABILITY: dict[str, tuple[int, int]] = {"fp8": (7, 5), "mxfp4": (8, 0)}
+# The lowest GPU compute capability vLLM starts a quantization method on (QuantizationConfig.get_min_capability(),
+# checked at start), by vLLM release, as read off the 0.11, 0.14, 0.20, 0.26, 0.28, 0.30, 0.32 and 0.33 wheels:
+# (first release, capability) steps; releases between two read ones that differ are not judged (None).
+_MIN_CAPABILITY: dict[str, tuple[tuple[tuple[int, int], tuple[int, int] | None], ...]] = {
+    "fp8": (((0, 0), (8, 0)), ((0, 12), None), ((0, 14), (7, 5))),
+    "modelopt": (((0, 0), (8, 9)), ((0, 27), None), ((0, 28), (8, 0))),  # ModelOpt FP8
+    "modelopt_fp4": (((0, 0), (8, 0)), ((0, 12), None), ((0, 14), (7, 5))),
+    "mxfp4": (((0, 0), (8, 0)),),
+    "compressed_tensors": (((0, 0), (7, 0)),),
+}
 
 
-def capability_refusal(scheme: str | None, capability: tuple[int, int] | None, gpu: str | None) -> str | None:
-    """vLLM's refusal to start ``scheme`` on a GPU of ``capability``, or None (unknown capability: no refusal)."""
-    need = MIN_CAPABILITY.get(scheme or "")
-    if need is None or capability is None or capability >= need:
+def capability_refusal(method: str | None, version: tuple[int, int], capability: tuple[int, int] | None,
+                       gpu: str | None) -> str | None:
+    """vLLM's refusal to start quantization ``method`` on a GPU of ``capability``, or None (an unknown method,
+    release or capability: no refusal)."""
+    steps = _MIN_CAPABILITY.get(normalise(method or ""))
+    if steps is None or capability is None:
         return None
-    return (f"vLLM will not start: {scheme} weights need a GPU of compute capability {need[0]}.{need[1]} or more "
-            f"({gpu or 'this GPU'} has {capability[0]}.{capability[1]})")
+    need = [c for since, c in steps if version >= since][-1]
+    if need is None or capability >= need:
+        return None
+    return (f"vLLM will not start: quantization {method} needs a GPU of compute capability {need[0]}.{need[1]} or "
+            f"more ({gpu or 'this GPU'} has {capability[0]}.{capability[1]})")
 
 
 def checkpoint_kv_cache_dtype(qc: dict[str, Any]) -> tuple[str, str] | None:
