@@ -148,10 +148,16 @@ def shape_lengths(requests: Sequence[Request], scenario: Scenario, seed: int) ->
         prompt = r.prompt_tokens * scenario.prompt_scale
         if scenario.long_fraction and rng.random() < scenario.long_fraction:
             prompt = math.exp(rng.uniform(lo, hi))
-        output = min(r.output_tokens, limit - 1)
-        prompt = max(1, min(round(prompt), limit - output))
-        out.append(replace(r, prompt_tokens=prompt, output_tokens=output))
+        prompt_tokens, output_tokens = capped(prompt, r.output_tokens, limit)
+        out.append(replace(r, prompt_tokens=prompt_tokens, output_tokens=output_tokens))
     return out
+
+
+def capped(prompt: float, output: int, limit: int) -> tuple[int, int]:
+    """(prompt, output) tokens of one request with prompt + output at most ``limit`` (--max-model-len): the output
+    first, at most limit - 1, then the prompt in what is left, at least 1."""
+    output = min(output, limit - 1)
+    return max(1, min(round(prompt), limit - output)), output
 
 
 def block_seconds_for(trace: Sequence[Request]) -> float:

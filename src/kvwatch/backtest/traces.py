@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kvwatch.backtest.runner import MAX_NUM_SEQS
-from kvwatch.backtest.scenarios import DEFAULT_MAX_MODEL_LEN, LONG_PROMPT_RANGE, MAX_SCALE
+from kvwatch.backtest.scenarios import DEFAULT_MAX_MODEL_LEN, LONG_PROMPT_RANGE, MAX_SCALE, capped
 from kvwatch.sim.config import Request, StepTimeModel
 from kvwatch.sim.traces import span_of
 
@@ -68,14 +68,13 @@ def shaped_means(trace: Sequence[Request], prompt_scale: float = 1.0, long_fract
                  max_model_len: int = DEFAULT_MAX_MODEL_LEN) -> tuple[float, float]:
     """(mean prompt, mean output) tokens after the scenario's long-context shaping and its max-model-len cap
     (scenarios.shape_lengths; the long prompts by their mean, capped alike)."""
-    limit = max_model_len
     prompts = outputs = 0.0
     for r in trace:
-        output = min(r.output_tokens, limit - 1)
-        prompts += max(1, min(r.prompt_tokens * prompt_scale, limit - output))
+        prompt, output = capped(r.prompt_tokens * prompt_scale, r.output_tokens, max_model_len)
+        prompts += prompt
         outputs += output
     mean_output = outputs / len(trace)
-    long_prompt = max(1.0, min(LONG_PROMPT_MEAN, limit - mean_output))
+    long_prompt = max(1.0, min(LONG_PROMPT_MEAN, max_model_len - mean_output))
     return (1.0 - long_fraction) * prompts / len(trace) + long_fraction * long_prompt, mean_output
 
 

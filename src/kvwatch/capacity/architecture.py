@@ -95,6 +95,14 @@ LONGROPE_DEFAULT_SINCE = (0, 12)  # LongRoPE's default --max-model-len is origin
 _YARN_TYPES = frozenset({"yarn", "deepseek_yarn", "deepseek_llama_scaling"})
 
 
+def _rope(cfg: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+    """(the RoPE scaling block, its type) of a config; None without one (transformers v5 renamed the key)."""
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+    if not isinstance(rope, dict) or not rope:
+        return None
+    return rope, str(rope.get("rope_type") or rope.get("type") or "default")
+
+
 def derived_max_model_len(cfg: dict[str, Any], model_type: str = "", *,
                           version: tuple[int, int] | None = None) -> tuple[int, str]:
     """(the longest --max-model-len vLLM accepts without VLLM_ALLOW_LONG_MAX_MODEL_LEN, how it was derived).
@@ -116,10 +124,10 @@ def derived_max_model_len(cfg: dict[str, Any], model_type: str = "", *,
     how = f"{key}={int(derived)}" if key else f"no length field in config.json: vLLM assumes {VLLM_DEFAULT_MAX_LEN}"
     if key is None:
         derived = float(VLLM_DEFAULT_MAX_LEN)
-    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")  # transformers v5 renamed it
+    scaling = _rope(cfg)
     yarn_unscaled = version is None or version >= YARN_UNSCALED_SINCE
-    if isinstance(rope, dict) and rope and "gemma3" not in model_type:
-        rope_type = str(rope.get("rope_type") or rope.get("type") or "default")
+    if scaling is not None and "gemma3" not in model_type:
+        rope, rope_type = scaling
         if rope_type not in _ROPE_TYPES_NOT_SCALED and not (yarn_unscaled and rope_type in _YARN_TYPES):
             factor = float(rope.get("factor") or 1.0)  # (a null factor: vLLM falls back to 1.0)
             if rope_type == "yarn" and rope.get("original_max_position_embeddings"):
@@ -498,13 +506,15 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         tie, tie_note = _default_tie(model_type)
         if tie_note:
             notes.append(tie_note)
-    quant_scheme, quant_source = _checkpoint_quantization(config)
+    qc = quantization_config_of(config)
+    # (a preset has no quantization config: its own scheme as is)
+    quant_scheme, quant_source = scheme_from_config(qc) if qc else (config.get("checkpoint_quantization"), None)
     max_len, max_len_how = derived_max_model_len(cfg, model_type)
     before = derived_max_model_len(cfg, model_type, version=(0, 29))
-    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")
-    longrope = isinstance(rope, dict) and str(rope.get("rope_type") or rope.get("type")) in ("longrope", "su")
-    original = cfg.get("original_max_position_embeddings") or (rope.get("original_max_position_embeddings")
-                                                              if isinstance(rope, dict) else None)
+    scaling = _rope(cfg)
+    longrope = scaling is not None and scaling[1] in ("longrope", "su")
+    original = cfg.get("original_max_position_embeddings") or (
+        scaling[0].get("original_max_position_embeddings") if scaling is not None else None)
     return ModelArch(
         name=name,
         num_layers=num_layers,
@@ -547,7 +557,7 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         num_parameters=int(config["num_parameters"]) if config.get("num_parameters") else None,
         checkpoint_quantization=quant_scheme,
         checkpoint_quantization_source=quant_source,
-        checkpoint_kv_cache=checkpoint_kv_cache_dtype(qc) if (qc := quantization_config_of(config)) else None,
+        checkpoint_kv_cache=checkpoint_kv_cache_dtype(qc) if qc else None,
         checkpoint_quant_method=(str(qc.get("quant_method") or "") or None) if qc else (
             "mxfp4" if config.get("checkpoint_quantization") == "mxfp4" else None),
         source=source,
@@ -583,11 +593,3 @@ def quantization_config_of(config: dict[str, Any]) -> dict[str, Any] | None:
         method = "modelopt_fp4" if algo == "NVFP4" else "modelopt"
         qc = {**qc, "quant_method": method}
     return qc
-
-
-def _checkpoint_quantization(config: dict[str, Any]) -> tuple[str | None, str | None]:
-    """(scheme, where it was read) from ``quantization_config``; a preset's ``checkpoint_quantization`` as is."""
-    qc = quantization_config_of(config)
-    if isinstance(qc, dict) and qc:
-        return scheme_from_config(qc)
-    return config.get("checkpoint_quantization"), None

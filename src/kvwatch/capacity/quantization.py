@@ -168,6 +168,12 @@ def capability_refusal(method: str | None, version: tuple[int, int], capability:
             f"more ({gpu or 'this GPU'} has {capability[0]}.{capability[1]})")
 
 
+def _modelopt_inner(qc: dict[str, Any]) -> dict[str, Any]:
+    """ModelOpt's nested ``quantization`` block (hf_quant_config.json's shape), or {}."""
+    inner = qc.get("quantization")
+    return inner if isinstance(inner, dict) else {}
+
+
 def checkpoint_kv_cache_dtype(qc: dict[str, Any]) -> tuple[str, str] | None:
     """("fp8", the quantization method) when a ``quantization_config`` declares an FP8 KV cache; else None
     (an NVFP4 KV cache, which vLLM also takes from ModelOpt, is not modelled)."""
@@ -178,7 +184,7 @@ def checkpoint_kv_cache_dtype(qc: dict[str, Any]) -> tuple[str, str] | None:
             return "fp8", "compressed-tensors"
         return None
     if method.startswith("modelopt"):
-        inner = qc.get("quantization") if isinstance(qc.get("quantization"), dict) else qc
+        inner = _modelopt_inner(qc)
         algo = (inner.get("kv_cache_scheme") or qc.get("kv_cache_scheme") or inner.get("kv_cache_quant_algo")
                 or qc.get("kv_cache_quant_algo"))
         if isinstance(algo, dict):
@@ -205,8 +211,7 @@ def scheme_from_config(qc: dict[str, Any]) -> tuple[str, str]:
             return "w4a16", f"{field} (quant_method {method}, bits not given: 4 assumed)"
         return f"w{int(bits)}a16", f"{field} (quant_method {method}, bits {int(bits)})"
     if method in {"modelopt", "modelopt_fp4"}:
-        inner = qc.get("quantization") if isinstance(qc.get("quantization"), dict) else {}
-        algo = qc.get("quant_algo") or inner.get("quant_algo")
+        algo = qc.get("quant_algo") or _modelopt_inner(qc).get("quant_algo")
         a = str(algo or "").upper()
         if "NVFP4" in a or "FP4" in a:
             return "nvfp4", f"{field} (quant_method {method}, quant_algo {algo})"
