@@ -454,3 +454,5 @@ def test_a_window_without_layer_types_slides_every_layer_unless_switched_off():
              "sliding_window": 4096, "use_sliding_window": False}
     assert set(arch_from_config(qwen2).layer_types) == {FULL}
     assert set(arch_from_config({**phi3, "use_sliding_window": False}).layer_types) == {FULL}
+    # The preset carries the same window, so --model plans what --model-config does.
+    assert set(resolve_model("microsoft/Phi-3-mini-4k-instruct").layer_types) == {SLIDING}

@@ -118,3 +118,18 @@ def test_chunked_prefill_off_with_a_small_step_is_refused(capsys):
     assert any("max_num_batched_tokens (8192) is smaller than max_model_len (32768)" in e for e in data["errors"])
     code, out, _ = run(base, capsys)  # chunked prefill on (vLLM V1's default): fine
     assert code == 0 and json.loads(out)["errors"] == []
+
+
+@pytest.mark.parametrize(("model", "gpu"), [
+    ("microsoft/Phi-3-mini-128k-instruct", "L4"), ("microsoft/Phi-3.5-mini-instruct", "L4"),
+    ("microsoft/Phi-4-mini-instruct", "L4"), ("microsoft/Phi-3-medium-128k-instruct", "H100")])
+def test_the_longrope_presets_start_at_their_original_length_like_their_configs(model, gpu, capsys):
+    # The presets carry their config.json's LongRoPE fields, so --model plans what --model-config would: an L4 was
+    # told "will not start" at 131,072 tokens where vLLM >= 0.12 runs at 4,096 (and says why).
+    code, out, _ = run(["plan", "--model", model, "--gpu", gpu, "--json"], capsys)
+    data = json.loads(out)
+    assert code == 0 and data["max_model_len"] == 4096 and data["model_max_len"] == 131072
+    assert any("LongRoPE" in n and "--max-model-len 131072" in n for n in data["notes"])
+    code, out, _ = run(["plan", "--model", model, "--gpu", "H100", "--vllm-version", "0.11", "--json"], capsys)
+    data = json.loads(out)
+    assert data["max_model_len"] == 131072 and not any("LongRoPE" in n for n in data["notes"])

@@ -255,6 +255,10 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
     batched_default, seqs_default = memory.default_batch_limits(total or 80 * GIB, spec.gpu_name)
     seqs = spec.max_num_seqs or seqs_default
     max_model_len = spec.max_model_len or (arch.default_len(spec.vllm_version) if arch else None)
+    longest = arch.derived_len(spec.vllm_version)[0] if arch else None
+    if not spec.max_model_len and max_model_len and longest and max_model_len < longest:
+        notes.append(f"max_model_len {max_model_len:,}: with no --max-model-len, vLLM >= 0.12 starts a LongRoPE model "
+                     f"at its original_max_position_embeddings; pass --max-model-len {longest} for its full context")
     errors += _max_len_errors(spec, arch, warnings)
     method = spec.quantization or (arch.checkpoint_quant_method if arch else None)
     refusal = quantization.capability_refusal(method, spec.vllm_version, spec.gpu_compute_capability, spec.gpu_name)
