@@ -51,8 +51,11 @@ def test_hpa_and_adapter_rules_share_the_queries() -> None:
 
 
 def test_missing_prometheus_or_target_fails_naming_the_value() -> None:
-    assert "autoscaling.prometheusAddress is required" in render_fails(
+    assert "autoscaling.prometheusAddress is required with kind keda" in render_fails(
         "--set", "config.model=m", "--set", "autoscaling.enabled=true")
+    # prometheus-adapter, not the HPA, queries Prometheus: kind hpa needs no address.
+    assert only(render("--set", "config.model=m", "--set", "autoscaling.enabled=true", "--set", "autoscaling.kind=hpa"),
+                "HorizontalPodAutoscaler")
     assert "autoscaling.scaleTargetRef.name is required" in render_fails(
         "--set", "vllm.enabled=false", "--set", "config.targetUrl=http://10.0.0.1:8000/metrics",
         "--set", "autoscaling.enabled=true", "--set", "autoscaling.prometheusAddress=http://p:9090")
