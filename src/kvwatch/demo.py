@@ -156,7 +156,7 @@ def status_line(text: str, elapsed: float, speed: float = 1.0, sim_seconds: floa
     eta = values("kvwatch_kv_exhaustion_eta_seconds")
     if eta:
         soonest = min(eta)
-        parts.append("ETA " + ("not filling" if math.isinf(soonest) else
+        parts.append("ETA " + ("none within 1 h" if math.isinf(soonest) else
                                "now" if soonest <= 0 else f"{soonest / 60:.1f} min"))
     forecast = worst("kvwatch_kv_usage_forecast_ratio", horizon="30m")
     if forecast is not None:

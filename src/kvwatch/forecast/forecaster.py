@@ -168,7 +168,7 @@ class ForecastResult:
 
     timestamp: float
     state: str
-    eta_seconds: float | None  # inf when not filling, 0 in bottleneck, None while unknown
+    eta_seconds: float | None  # inf when the risk reaches 0.5 within no hour, 0 in bottleneck, None while unknown
     forecast_ratio: Mapping[int, float | None]  # horizon seconds -> usage (demand units, may exceed 1)
     request_rate_per_second: float | None
     headroom_requests_per_second: float | None
