@@ -18,12 +18,19 @@ def llama_plan():
     return plan_capacity(DeploymentSpec(arch=arch, gpu_memory_bytes=80 * GIB, gpu_name="H100", max_model_len=32768))
 
 
-CHAT = RequestLengths(mean_prompt_tokens=1155, mean_output_tokens=211)
+CHAT = RequestLengths(mean_prompt_tokens=1155, mean_output_tokens=211, max_total_tokens=5_000)
 
 
 @pytest.mark.parametrize("state", ["ok", "warming_up", "scheduler_limited", "stalled", "unknown"])
 def test_no_advice_unless_filling_or_bottleneck(state, llama_plan):
     assert advise(state, recommended_max_concurrency=100, capacity_plan=llama_plan) == []
+
+
+def test_no_capacity_fix_while_nothing_runs(llama_plan):
+    # A full cache with nothing running is held by no request (a leak): limiting concurrency or adding GPUs
+    # cannot free it.
+    assert advise("bottleneck", recommended_max_concurrency=100, running=0, capacity_plan=llama_plan) == []
+    assert advise("bottleneck", recommended_max_concurrency=100, running=1, capacity_plan=llama_plan)
 
 
 def test_all_four_fixes_cheapest_first_with_the_model_known(llama_plan):
@@ -34,22 +41,39 @@ def test_all_four_fixes_cheapest_first_with_the_model_known(llama_plan):
     limit, lower, quantize, tp = advice
     assert "120" in limit.message and "150 running" in limit.message
     assert limit.vllm_args == ("--max-num-seqs", "120") and limit.concurrency == 120
-    # Longest observed ~4 x 1366 tokens -> 8192 with margin: the worst-case ceiling rises 4x.
+    # No request longer than 5,000 tokens -> 8192 with margin: the worst-case ceiling rises 4x.
     assert "to 8192" in lower.message and "4.0x" in lower.projected_effect
+    assert "longer than 5,000 tokens" in lower.message
     assert "x1.1" in quantize.projected_effect  # FP8 weights free ~7.5 GB of an 80 GB card for KV
     assert "x2" in tp.projected_effect and tp.vllm_args == ("--tensor-parallel-size", "2")
     assert lower.vllm_args == ("--max-model-len", "8192") and quantize.vllm_args == ("--quantization", "fp8")
 
 
-def test_max_model_len_not_lowered_when_requests_use_it():
+def test_max_model_len_not_lowered_when_requests_use_it_or_the_longest_is_unknown():
     advice = advise("filling", recommended_max_concurrency=10, request_lengths=CHAT, max_model_len=4096,
                     capacity_tokens=50_000)
     assert "lower_max_model_len" not in [a.action for a in advice]
-    # Measured longest request (from histogram buckets) wins over the 4x-mean guess.
     measured = RequestLengths(1155, 211, max_total_tokens=1500)
     lowered = advise("filling", request_lengths=measured, max_model_len=4096, capacity_tokens=50_000)
     assert [a.action for a in lowered] == ["lower_max_model_len", "add_tensor_parallelism"]
     assert "to 2048" in lowered[0].message
+    # Means alone say nothing of the tail: 4 x the mean (5,464) proposed 8,192 where requests of 20k ran.
+    means_only = RequestLengths(1155, 211)
+    assert "lower_max_model_len" not in [a.action for a in advise(
+        "filling", request_lengths=means_only, max_model_len=32768, capacity_tokens=50_000)]
+
+
+def test_the_longest_request_is_bounded_by_the_highest_occupied_buckets():
+    from kvwatch.advisor import longest_request_bound
+    from kvwatch.model import Histogram
+
+    inf = float("inf")
+    prompt = Histogram((1_000, 5_000, 10_000, 20_000, 50_000, inf), (10, 60, 90, 100, 100, 100), 100, 4e5)
+    output = Histogram((100, 500, 1_000, inf), (50, 90, 100, 100), 100, 3e4)
+    assert longest_request_bound({"prompt": prompt, "generation": output}) == 20_000 + 1_000
+    spilled = Histogram(prompt.bounds, (10, 60, 90, 100, 100, 101), 101, 5e5)  # one request past every bound
+    assert longest_request_bound({"prompt": spilled, "generation": output}) is None
+    assert longest_request_bound({"prompt": prompt}) is None
 
 
 def test_without_the_model_quantization_is_not_sized_and_tp_is_generic():
@@ -70,18 +94,22 @@ def test_already_fp8_weights_are_not_advised_again():
 def test_advise_from_a_forecast_result_and_a_reading():
     from kvwatch.advisor import advise_from_result
     from kvwatch.forecast import ForecastResult
-    from kvwatch.model import Reading
+    from kvwatch.model import Histogram, Reading
 
     result = ForecastResult(
         timestamp=0.0, state="bottleneck", eta_seconds=0.0, forecast_ratio={600: 1.1, 1800: 1.2},
         request_rate_per_second=20.0, headroom_requests_per_second=-2.0, recommended_max_concurrency=60,
         estimates={"capacity_tokens": 80_000.0, "tokens_per_running_request": 1_300.0},
     )
+    inf = float("inf")
+    lengths = {"prompt": Histogram((2_000, 5_000, inf), (80, 100, 100), 100, 115_500),
+               "generation": Histogram((500, 1_000, inf), (90, 100, 100), 100, 21_100)}
     reading = Reading(model_name="m", requests_running=70, request_prompt_tokens_sum=115_500,
                       request_prompt_tokens_count=100, request_generation_tokens_sum=21_100,
-                      request_generation_tokens_count=100)
+                      request_generation_tokens_count=100, lengths=lengths)
     advice = advise_from_result(result, reading, max_model_len=32768)
     assert [a.action for a in advice] == ["limit_concurrency", "lower_max_model_len", "add_tensor_parallelism"]
+    assert advice[1].vllm_args == ("--max-model-len", "8192")  # at most 5,000 + 1,000 tokens, with 25 % margin
     # The forecaster said 60, but 95 % of the observed-mix ceiling (80,000 / 1,300 = 61.5) is 58.
     assert advice[0].concurrency == 58 and "70 running" in advice[0].message
     ok = ForecastResult(**{**result.__dict__, "state": "ok"})

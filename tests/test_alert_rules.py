@@ -235,7 +235,8 @@ def test_every_guarded_alert_holds_through_a_failed_poll() -> None:
     for group in yaml.safe_load(RULES.read_text())["groups"]:
         for rule in group["rules"]:
             # (the GPU memory alert's guard is its GPU source's own up: one failed dcgm/NVML read drops the gauges)
-            if "alert" in rule and ("(kvwatch_up == 1)" in rule["expr"] or "(kvwatch_gpu_source_up == 1)" in rule["expr"]):
+            guards = ("(kvwatch_up == 1)", "(kvwatch_gpu_source_up == 1)")
+            if "alert" in rule and any(guard in rule["expr"] for guard in guards):
                 assert rule.get("keep_firing_for") == "1m", rule["alert"]
 
 

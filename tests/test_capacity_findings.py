@@ -60,6 +60,13 @@ def test_cuda_graph_gap_is_recognised():
 def test_stuck_usage_and_a_request_bigger_than_the_pool():
     assert kv_usage_stuck(0.989, 0, 0) is not None  # the level vllm issue 27073 shows, with nothing running
     assert kv_usage_stuck(0.989, 26, 64) is None  # the same level while serving is just a full cache
+    # Live traffic queues behind a leak: requests wait for blocks nobody holds (it was read as kv_bound, and
+    # "limit concurrency to 236; now 0 running" was advised). Requests waiting for a KV transfer (vLLM's
+    # "deferred", a PD decode server) hold blocks before they run: no finding.
+    queued = kv_usage_stuck(0.97, 0, 12)
+    assert queued is not None and "12 requests waiting" in queued.message and "PD" in queued.message
+    assert kv_usage_stuck(0.97, 0, 12, deferred=0.0) is not None
+    assert kv_usage_stuck(0.97, 0, 12, deferred=4.0) is None
     found = request_exceeds_pool(0.0, 0, 1, capacity_tokens=93872, max_model_len=131072)
     assert found is not None and "93,872" in found.message and "39734" in found.message
     assert request_exceeds_pool(0.3, 2, 1) is None
@@ -76,14 +83,17 @@ def _payload(running: str, waiting: str, usage: str) -> str:
 @pytest.mark.parametrize(("running", "waiting", "usage", "expected", "absent"), [
     ("0.0", "0.0", "0.99", "kv_usage_stuck", None),
     ("0.0", "3.0", "0.0", "request_exceeds_pool", "scheduler_limited"),
+    ("0.0", "12.0", "0.97", "kv_usage_stuck", "kv_bound"),
 ])
 def test_check_reports_them(tmp_path, capsys, running, waiting, usage, expected, absent):
     path = tmp_path / "metrics.prom"
     path.write_text(_payload(running, waiting, usage))
     assert main(["check", "--file", str(path), "--json"]) == 0
-    ids = [f["id"] for f in json.loads(capsys.readouterr().out)["findings"]]
+    report = json.loads(capsys.readouterr().out)
+    ids = [f["id"] for f in report["findings"]]
     assert ids[0] == expected
     assert absent not in ids
+    assert not any(s["advice"] for s in report["series"])  # no capacity fix for a leak
 
 
 def test_check_warns_when_the_given_settings_would_not_start(capsys):

@@ -193,8 +193,8 @@ def test_deployment_flags_size_the_quantization_and_tp_advice(capsys: pytest.Cap
 
     flags = ["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--max-model-len", "32768"]
     report = check_json(["--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom"), *flags], capsys)
-    assert _advice(report)["0"] == ["limit_concurrency", "lower_max_model_len", "quantize_weights",
-                                    "add_tensor_parallelism"]
+    # Half the prompts sit in the +Inf bucket: the longest request is unknown, so no shorter length is proposed.
+    assert _advice(report)["0"] == ["limit_concurrency", "quantize_weights", "add_tensor_parallelism"]
     capacity, _ = build_sidecar_capacity(ServeSettings(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100",
                                                        max_model_len=32768))
     assert capacity is not None
@@ -203,11 +203,33 @@ def test_deployment_flags_size_the_quantization_and_tp_advice(capsys: pytest.Cap
     assert capacity.plan.kv_cache_tokens != 163840
     assert "KV capacity 163,840 -> " in fixes["quantize_weights"]["projected_effect"]
     assert "KV capacity 163,840 -> " in fixes["add_tensor_parallelism"]["projected_effect"]
-    assert "from 32768 to" in fixes["lower_max_model_len"]["message"]
     assert fixes["quantize_weights"]["vllm_args"] == ["--quantization", "fp8"]
     assert fixes["add_tensor_parallelism"]["vllm_args"] == ["--tensor-parallel-size", "2"]
-    lowered = fixes["lower_max_model_len"]["vllm_args"]
-    assert lowered[0] == "--max-model-len" and int(lowered[1]) < 32768
+
+
+def _bounded_lengths(text: str) -> str:
+    """The fixture with every prompt in its 1,000-token bucket and every output in a 500-token one."""
+    text = text.replace('vllm:request_prompt_tokens_bucket{engine="0",le="1000.0",model_name="llama"} 50.0',
+                        'vllm:request_prompt_tokens_bucket{engine="0",le="1000.0",model_name="llama"} 100.0')
+    return text.replace('vllm:request_generation_tokens_bucket{engine="0",le="+Inf",model_name="llama"} 100.0',
+                        'vllm:request_generation_tokens_bucket{engine="0",le="500.0",model_name="llama"} 100.0\n'
+                        'vllm:request_generation_tokens_bucket{engine="0",le="+Inf",model_name="llama"} 100.0')
+
+
+def test_the_max_model_len_fix_starts_from_the_engines_length_and_the_buckets(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The engine runs 8,192 (kv_cache_size_tokens / kv_cache_max_concurrency); kvwatch was told 32,768. The fix
+    # used to say "from 32768 to 16384": pasted, it doubled the engine's length. Every prompt <= 1,000 tokens and
+    # every output <= 500 (the buckets): at most 1,500 tokens, so 2,048 with margin.
+    payload = tmp_path / "buckets.prom"
+    payload.write_text(_bounded_lengths((FIXTURES / "gen-0.33-dp2-capacity-labels.prom").read_text()))
+    report = check_json(["--file", str(payload), "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100",
+                         "--max-model-len", "32768"], capsys)
+    fixes = {a["action"]: a for a in report["series"][0]["advice"]}
+    assert "from 8192 to 2048" in fixes["lower_max_model_len"]["message"]
+    assert "longer than 1,500 tokens" in fixes["lower_max_model_len"]["message"]
+    assert fixes["lower_max_model_len"]["vllm_args"] == ["--max-model-len", "2048"]
+    assert any(f["id"] == "max_model_len_mismatch" for f in report["findings"])
 
 
 def test_unusable_deployment_flags_are_explained_and_advice_still_comes(capsys: pytest.CaptureFixture[str]) -> None:
@@ -427,10 +449,11 @@ def test_impossible_usage_is_never_printed_as_a_percentage(usage: str, tmp_path:
 
 
 def test_without_max_model_len_the_advice_reads_the_engines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # The engine runs --max-model-len 131072 (163,840 tokens at 1.25x); its requests are ~10k tokens at most.
+    # The engine runs --max-model-len 131072 (163,840 tokens at 1.25x); its requests are <= 1,500 tokens (buckets).
     text = (FIXTURES / "gen-0.33-dp2-capacity-labels.prom").read_text()
     path = tmp_path / "long.prom"
-    path.write_text(text.replace('kv_cache_max_concurrency="20.0"', 'kv_cache_max_concurrency="1.25"'))
+    path.write_text(_bounded_lengths(text).replace('kv_cache_max_concurrency="20.0"',
+                                                   'kv_cache_max_concurrency="1.25"'))
     report = check_json(["--file", str(path)], capsys)
     messages = [a["message"] for s in report["series"] for a in s["advice"]]
     assert any(m.startswith("Lower --max-model-len from 131072 to ") for m in messages), messages

@@ -145,8 +145,8 @@ def test_state_timeline_maps_every_state() -> None:
 
 
 def test_earliest_eta_maps_what_kvwatch_exports() -> None:
-    """kvwatch exports the ETA as 0 in bottleneck, +Inf when the risk reaches 0.5 within no hour (also while warming up) and nothing
-    while unknown: the stat maps 0, the 24-h cap and no value, and the docs say which is which."""
+    """kvwatch exports the ETA as 0 in bottleneck, +Inf when the risk reaches 0.5 within no hour (also while
+    warming up) and nothing while unknown: the stat maps 0, the 24-h cap and no value, and the docs say which."""
     p = panel("Earliest ETA")
     assert p["targets"][0]["expr"].startswith("clamp_max(min(kvwatch_kv_exhaustion_eta_seconds{")
     defaults = p["fieldConfig"]["defaults"]

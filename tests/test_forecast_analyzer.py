@@ -79,3 +79,31 @@ def test_the_exported_limit_is_the_advices_and_never_above_95_percent_of_the_cei
     limit = after.result.recommended_max_concurrency
     assert limit == math.floor(0.95 * ceiling) == 39
     assert after.result.state == "bottleneck" and after.advice[0].concurrency == limit
+
+
+def test_the_longest_request_read_once_a_minute_holds_for_the_polls_between():
+    # serve reads the length histograms' buckets with the latency ones, once a minute: the max-model-len fix,
+    # sized from them, must not vanish (and its rank flap) on the polls in between.
+    from dataclasses import replace
+
+    from kvwatch.model import Histogram
+
+    inf = float("inf")
+    lengths = {"prompt": Histogram((1_000, 5_000, inf), (90, 100, 100), 100, 100_000),
+               "generation": Histogram((500, inf), (100, 100), 100, 20_000)}
+    analyzer = ForecastAnalyzer(max_model_len=32768)
+    history = SeriesHistory()
+    counter = [0.0]
+    _feed(analyzer, history, 0.0, 600, 0.5, counter)
+    advice = []
+    for i in range(40):  # 200 s at 0.97 with a queue: bottleneck; the buckets only in the first poll
+        now = 600.0 + 5.0 * i
+        counter[0] += 10
+        reading = replace(_reading(0.97, counter[0], waiting=5.0), request_prompt_tokens_sum=100_000.0,
+                          request_prompt_tokens_count=100.0, request_generation_tokens_sum=20_000.0,
+                          request_generation_tokens_count=100.0, lengths=lengths if i == 0 else {})
+        history.append(now, reading)
+        advice.append(analyzer.analyze(reading.key, history, reading, now).advice)
+    assert advice[-1] and all(a == advice[-1] for a in advice[-10:])
+    lower = [a for a in advice[-1] if a.action == "lower_max_model_len"]
+    assert lower and lower[0].engine_args == ("--max-model-len", "8192")  # at most 5,500 tokens, with margin

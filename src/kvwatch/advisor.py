@@ -13,10 +13,12 @@ Pure: the caller passes the forecast's numbers and, when the model is known, the
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvwatch.forecast.demand import DemandParams
+from kvwatch.model import Histogram
 
 if TYPE_CHECKING:  # types only: the advisor loads neither the capacity model nor the forecaster
     from kvwatch.capacity.architecture import ModelArch
@@ -89,7 +91,8 @@ class Advice:
 
 @dataclass(frozen=True)
 class RequestLengths:
-    """Observed request lengths (from the length histograms); ``max_total_tokens`` when buckets tell it."""
+    """Observed request lengths (from the length histograms); ``max_total_tokens``: at most this many tokens in
+    any request so far, from the buckets (:func:`longest_request_bound`); None when they do not tell it."""
 
     mean_prompt_tokens: float
     mean_output_tokens: float
@@ -99,10 +102,28 @@ class RequestLengths:
     def mean_total_tokens(self) -> float:
         return self.mean_prompt_tokens + self.mean_output_tokens
 
-    @property
-    def longest_estimate(self) -> float:
-        # Without histogram buckets, assume the longest request is 4x the mean (a heavy but common tail).
-        return self.max_total_tokens if self.max_total_tokens else 4.0 * self.mean_total_tokens
+
+def _top_bucket_bound(histogram: Histogram) -> float | None:
+    """The upper bound of the highest bucket holding a request (no request is longer); None when that is the
+    ``+Inf`` bucket or there are no buckets."""
+    previous = 0.0
+    top = None
+    for bound, cumulative in zip(histogram.bounds, histogram.cumulative, strict=False):
+        if cumulative > previous:
+            top = bound
+        previous = cumulative
+    return top if top is not None and math.isfinite(top) else None
+
+
+def longest_request_bound(lengths: Mapping[str, Histogram]) -> float | None:
+    """At most this many tokens (prompt + output) in any request the histograms counted: the sum of the two
+    highest occupied buckets' upper bounds. None without both histograms' buckets, or when a request sits in a
+    ``+Inf`` bucket: the longest request is then unknown, and no --max-model-len is proposed from a guess."""
+    prompt, output = lengths.get("prompt"), lengths.get("generation")
+    if prompt is None or output is None:
+        return None
+    top_prompt, top_output = _top_bucket_bound(prompt), _top_bucket_bound(output)
+    return top_prompt + top_output if top_prompt is not None and top_output is not None else None
 
 
 def next_tensor_parallel_size(arch: ModelArch, current: int, gpus_per_node: int) -> int | None:
@@ -131,7 +152,7 @@ def advise(
     engine_kind: str = VLLM,
     ranks_per_flag: int = 1,
 ) -> list[Advice]:
-    """Ranked fixes for ``state`` (empty unless filling or bottleneck).
+    """Ranked fixes for ``state`` (empty unless filling or bottleneck, and while nothing runs).
 
     ``capacity_tokens`` is the engine's KV pool when known (else the plan's figure is used);
     ``capacity_plan`` is a :class:`kvwatch.capacity.CapacityPlan` when the model is known: its what-if
@@ -144,8 +165,8 @@ def advise(
     --enable-dp-attention SGLang divides --max-running-requests over them (tp_worker.py), which the payload does
     not say, so the message gives both values and ``engine_args`` the per-rank one.
     """
-    if state not in ADVISE_IN_STATES:
-        return []
+    if state not in ADVISE_IN_STATES or running == 0:
+        return []  # (nothing running: no request holds the blocks, so no capacity fix applies; a leak does)
     flags, engine = ENGINE_FLAGS.get(engine_kind, ENGINE_FLAGS[VLLM]), ENGINE_NAMES.get(engine_kind, engine_kind)
     whatif = _whatif(capacity_plan)
     plan_tokens = float(capacity_plan.kv_cache_tokens) if capacity_plan is not None and \
@@ -175,7 +196,8 @@ def advise(
         ))
 
     lowered = _lower_max_model_len(max_model_len, request_lengths)
-    if lowered is not None and max_model_len is not None and request_lengths is not None:
+    if lowered is not None and max_model_len is not None and request_lengths is not None and \
+            request_lengths.max_total_tokens is not None:
         factor = max_model_len / lowered
         worst = ""
         if base_tokens:
@@ -183,8 +205,9 @@ def advise(
                      "of full length)")
         out.append(Advice(
             LOWER_MAX_MODEL_LEN, 0,
-            f"Lower {flags['max_model_len']} from {max_model_len} to {lowered}: observed requests are at most "
-            f"~{request_lengths.longest_estimate:,.0f} tokens.",
+            f"Lower {flags['max_model_len']} from {max_model_len} to {lowered}: no request since the engine "
+            f"started was longer than {request_lengths.max_total_tokens:,.0f} tokens (the length histograms' "
+            "buckets); a longer one would then be refused.",
             f"The worst-case concurrency ceiling rises {factor:.1f}x{worst}; the KV pool itself is unchanged, "
             "so usage at today's mix does not drop.",
             engine_args=_args(flags["max_model_len"], lowered),
@@ -290,10 +313,11 @@ def _whatif(capacity_plan: CapacityPlan | None) -> dict[str, Any]:
 
 
 def _lower_max_model_len(max_model_len: int | None, lengths: RequestLengths | None) -> int | None:
-    """A power of two with 25 % margin over the longest observed request, if well below the setting."""
-    if not max_model_len or lengths is None or lengths.mean_total_tokens <= 0:
+    """A power of two with 25 % margin over the longest observed request, if well below the setting; None when
+    the longest request is not known (a guess from the mean would cut off the tail)."""
+    if not max_model_len or lengths is None or not lengths.max_total_tokens:
         return None
-    longest = lengths.longest_estimate
+    longest = lengths.max_total_tokens
     if longest > MAX_MODEL_LEN_SLACK * max_model_len:
         return None
     proposed = 2 ** math.ceil(math.log2(max(longest * 1.25, 16)))
@@ -304,15 +328,17 @@ def advise_from_result(result: ForecastResult, reading: Reading | None = None, *
                        capacity_plan: CapacityPlan | None = None,
                        max_model_len: int | None = None, concurrency_ceiling: float | None = None,
                        gpus_per_node: int = DEFAULT_GPUS_PER_NODE, engine_kind: str = VLLM,
-                       ranks_per_flag: int = 1) -> list[Advice]:
+                       ranks_per_flag: int = 1, longest_request_tokens: float | None = None) -> list[Advice]:
     """``advise`` fed from a :class:`kvwatch.forecast.ForecastResult` and core's ``Reading`` (what the
-    sidecar, ``kvwatch check`` and the demo call). Lifetime length means come from the reading's histograms."""
+    sidecar, ``kvwatch check`` and the demo call). Lifetime length means come from the reading's histograms, the
+    longest request from their buckets, or ``longest_request_tokens`` (the sidecar's last reading of them)."""
     lengths = None
     if reading is not None:
         p_sum, p_count = reading.request_prompt_tokens_sum, reading.request_prompt_tokens_count
         g_sum, g_count = reading.request_generation_tokens_sum, reading.request_generation_tokens_count
         if p_sum is not None and p_count and g_sum is not None and g_count:
-            lengths = RequestLengths(p_sum / p_count, g_sum / g_count)
+            longest = longest_request_bound(reading.lengths) if reading.lengths else longest_request_tokens
+            lengths = RequestLengths(p_sum / p_count, g_sum / g_count, longest)
     running = reading.requests_running if reading is not None else None
     capacity = reading.kv_capacity_tokens if reading is not None else None
     return advise(

@@ -300,6 +300,16 @@ def _groups_unknown(poll: Poll, capacities: Mapping[Any, Any], known_models: set
     return out
 
 
+def _leaking(r: Reading) -> bool:
+    """The ``kv_usage_stuck`` condition (a full cache with nothing running): then no capacity fix applies, so
+    ``kv_bound`` and its advice are not given; the leak finding says what to do."""
+    from kvwatch.capacity.findings import live_finding
+
+    return live_finding("kv_usage_stuck", r.kv_usage_ratio, r.requests_running, r.requests_waiting,
+                        asleep=r.asleep, prefill_server=r.prefill_server,
+                        deferred=r.requests_waiting_deferred) is not None
+
+
 def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any],
                        max_model_len: int | None) -> list[Finding]:
     """kvwatch.capacity.findings per series: refused settings, formula vs engine, a leak, a request too big."""
@@ -314,7 +324,7 @@ def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any],
         plan = plans.get(r.model_name)
         found = [capacity.live_finding(f, r.kv_usage_ratio, r.requests_running, r.requests_waiting,
                                        r.kv_capacity_tokens, max_model_len_of(r, max_model_len), asleep=r.asleep,
-                                       prefill_server=r.prefill_server)
+                                       prefill_server=r.prefill_server, deferred=r.requests_waiting_deferred)
                  for f in capacity.LIVE_FINDINGS]
         if r.model_name not in refused:  # per model, not per engine
             refused.add(r.model_name)
@@ -429,7 +439,7 @@ def findings(states: Iterable[SeriesState],
         elif usage is None:
             out.append(Finding("usage_unknown", "warning", "No KV usage metric found: pass --usage-metric with the "
                                "name your engine (or proxy) exports.", **where))
-        elif usage >= KV_BOUND_USAGE and waiting > 0:
+        elif usage >= KV_BOUND_USAGE and waiting > 0 and not _leaking(r):
             out.append(Finding("kv_bound", "critical", (
                 f"KV cache is {usage:.0%} full with {_requests(waiting)} waiting: the KV cache is the bottleneck. "
                 "The advisor's fixes for this series follow, cheapest first (\"advice\" in --json)."), **where))

@@ -106,6 +106,12 @@ class Reading:
         return self.requests_waiting
 
     @property
+    def requests_waiting_deferred(self) -> float | None:
+        """Requests waiting for something other than room (vLLM >= 0.20's ``deferred``: a LoRA slot or a KV
+        transfer, whose blocks may already be allocated); None when the engine does not split its queue."""
+        return self.waiting_by_reason.get("deferred", 0.0) if self.waiting_by_reason else None
+
+    @property
     def prefill_server(self) -> bool:
         """A PD prefill server: its loop never runs a request, so a queue with nothing running is its work."""
         return self.engine_role == "prefill"

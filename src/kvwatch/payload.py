@@ -41,12 +41,13 @@ def interpret(text: str, overrides: SourceOverrides | None, *, timestamp: float,
     """Parse a body and read it with the adapter of the engine that wrote it (vLLM, SGLang, TensorRT-LLM,
     picked by :mod:`kvwatch.engines.detect`), at most ``max_series`` series, impossible values dropped to
     unknown (:mod:`kvwatch.plausible`); ScrapeError ``parse`` or ``unrecognised`` when that fails.
-    ``latency=False`` leaves the latency histograms unread (see :data:`kvwatch.latency.EDGE_SECONDS`)."""
+    ``latency=False`` leaves the latency histograms and the length histograms' buckets unread (see
+    :data:`kvwatch.latency.EDGE_SECONDS`; the buckets bound the longest request for the advice)."""
     if text.startswith("\x1f\x8b"):  # gzip's magic bytes decoded as text (latin-1; UTF-8 stops at them)
         raise ScrapeError("parse", UNDECLARED_GZIP)
     try:
         poll = check_poll(read_payload(text, overrides, timestamp=timestamp, max_series=max_series,
-                                       latency=latency))
+                                       latency=latency, lengths=latency))
     except TooLarge as exc:
         raise ScrapeError("too_large", str(exc)) from None
     except ParseError as exc:

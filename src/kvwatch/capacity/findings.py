@@ -6,8 +6,8 @@
   and the likely causes;
 - ``max_model_len_mismatch``: kvwatch was given a ``--max-model-len`` other than the one the engine runs (vLLM
   >= 0.20 tells it through ``cache_config_info``);
-- ``kv_usage_stuck``: KV usage near 100 % with nothing running or waiting: blocks are not being freed (a leak,
-  vllm issue 27073);
+- ``kv_usage_stuck``: KV usage near 100 % with nothing running: blocks are not being freed (a leak, vllm issue
+  27073), whether or not requests queue behind it (they wait for blocks no request holds);
 - ``request_exceeds_pool``: requests wait while nothing runs and the cache is nearly empty: the head of the queue
   needs more KV than the whole pool, and vLLM's scheduler waits for it forever (vllm issue 39734).
 
@@ -94,20 +94,28 @@ def max_model_len_mismatch(given: int | None, engine: int | None) -> CapacityFin
         return None
     return CapacityFinding("max_model_len_mismatch", "warning", (
         f"kvwatch was given --max-model-len {given:,}, but the engine runs {engine:,} (vllm:cache_config_info: "
-        f"kv_cache_size_tokens / kv_cache_max_concurrency). The formula, the what-if ceilings and the advice use "
-        f"{given:,}; give kvwatch {engine:,}, or leave --max-model-len unset to take the engine's."))
+        f"kv_cache_size_tokens / kv_cache_max_concurrency). The formula and the what-if ceilings use {given:,}, "
+        f"the advice the engine's {engine:,}; give kvwatch {engine:,}, or leave --max-model-len unset to take the "
+        "engine's."))
 
 
-def kv_usage_stuck(usage: float | None, running: float | None, waiting: float | None) -> CapacityFinding | None:
-    """KV usage near full with nothing running or waiting: only a leak holds blocks then. An unknown count is
-    not zero: without both counts there is no finding."""
-    if usage is None or running is None or waiting is None or usage < STUCK_USAGE or running or waiting:
+def kv_usage_stuck(usage: float | None, running: float | None, waiting: float | None,
+                   deferred: float | None = None) -> CapacityFinding | None:
+    """KV usage near full with nothing running: only a leak holds blocks then, and requests waiting behind it wait
+    for blocks nobody holds (limiting concurrency or adding capacity would not help). Not when requests wait for
+    a KV transfer (``deferred``, vLLM >= 0.20): a PD decode server allocates their blocks before they run. An
+    unknown count is not zero: without both counts there is no finding."""
+    if usage is None or running is None or waiting is None or usage < STUCK_USAGE or running or deferred:
         return None
+    queue = (f" and {waiting:g} request{'s' if waiting != 1 else ''} waiting for the blocks it holds"
+             if waiting else " or waiting")
+    transfer = (" (On a PD-disaggregated decode server, requests waiting for their KV transfer hold blocks too: "
+                "there a short spell is normal.)" if waiting and deferred is None else "")
     return CapacityFinding("kv_usage_stuck", "critical", (
-        f"KV cache is {usage:.0%} used with no request running or waiting: finished requests' blocks are not "
+        f"KV cache is {usage:.0%} used with no request running{queue}: finished requests' blocks are not "
         "being freed (a KV leak, as in vllm issue 27073, after over-long requests were rejected). Prefix-cache "
-        "blocks do not count as usage, so this is not caching. If it persists, restart the engine and report "
-        "the engine's version."))
+        "blocks do not count as usage, so this is not caching, and limiting concurrency or adding capacity does "
+        f"not help. If it persists, restart the engine and report the engine's version.{transfer}"))
 
 
 def request_exceeds_pool(usage: float | None, running: float | None, waiting: float | None,
@@ -129,7 +137,8 @@ def request_exceeds_pool(usage: float | None, running: float | None, waiting: fl
 
 def live_finding(finding_id: str, usage: float | None, running: float | None, waiting: float | None,
                  capacity_tokens: float | None = None, max_model_len: int | None = None, *,
-                 asleep: bool = False, prefill_server: bool = False) -> CapacityFinding | None:
+                 asleep: bool = False, prefill_server: bool = False,
+                 deferred: float | None = None) -> CapacityFinding | None:
     """One of :data:`LIVE_FINDINGS` on one reading (the engine's usage, running and waiting), or None. An engine
     in vLLM's sleep mode has released its KV cache, so requests waiting while nothing runs are expected then; so
     is a PD prefill server's "nothing running" (SGLang's prefill loop never enters its running batch: the KV is
@@ -137,7 +146,7 @@ def live_finding(finding_id: str, usage: float | None, running: float | None, wa
     if (asleep or prefill_server) and finding_id in LIVE_FINDINGS:
         return None
     if finding_id == "kv_usage_stuck":
-        return kv_usage_stuck(usage, running, waiting)
+        return kv_usage_stuck(usage, running, waiting, deferred)
     if finding_id == "request_exceeds_pool":
         return request_exceeds_pool(usage, running, waiting, capacity_tokens, max_model_len)
     raise ValueError(f"not a live finding: {finding_id!r} (known: {', '.join(LIVE_FINDINGS)})")

@@ -28,9 +28,11 @@ SOURCES = ("engine_kv_cache_size_tokens", "engine_num_gpu_blocks", "engine_metri
 
 
 def max_model_len_of(reading: Any, given: int | None) -> int | None:
-    """The ``--max-model-len`` a series runs: the one kvwatch was given, else the engine's own (vLLM >= 0.20
-    tells it through cache_config_info: kvwatch.engines.vllm.engine_max_model_len), else None (unknown)."""
-    return given or engine_max_model_len(reading.cache_config)
+    """The ``--max-model-len`` a series runs: the engine's own where it says (vLLM >= 0.20 tells it through
+    cache_config_info: kvwatch.engines.vllm.engine_max_model_len), else the one kvwatch was given, else None
+    (unknown). The engine's wins: a fix must start from what the engine runs (a wrong --max-model-len given to
+    kvwatch made "lower it" paste a longer length), and ``max_model_len_mismatch`` reports the difference."""
+    return engine_max_model_len(reading.cache_config) or given
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,9 @@ def wanted_for(overrides: SourceOverrides | None = None, *, latency: bool = True
     that the parser can skip whole blocks of the families no adapter reads (:mod:`kvwatch.exposition`).
     Without ``latency`` the latency histograms are left out (an override naming one keeps it). Without
     ``lengths`` (the default) of vLLM's token histograms only the ``_sum``/``_count`` samples are read: their
-    buckets (``Reading.lengths``) only feed the forecast's request-size tail, which the current forecaster
-    (v6) does not use, and reading them every poll doubled a whole 8-engine page's parse (v7 in forecasting.md)."""
+    buckets (``Reading.lengths``) bound the longest request for the advice (kvwatch.advisor.longest_request_bound)
+    and feed v7's request-size tail, and reading them every poll doubled a whole 8-engine page's parse (v7 in
+    forecasting.md), so ``serve`` reads them with the latency buckets, once a minute."""
     names = vllm.wanted_for(overrides) | sglang.FAMILIES | trtllm.FAMILIES
     unread = (frozenset() if latency else LATENCY_FAMILIES) | (frozenset() if lengths else vllm.LENGTH_FAMILIES)
     if not unread:

@@ -119,7 +119,8 @@ class CapacityAnalyzer:
         for finding_id in LIVE_FINDINGS:
             holds = live_finding(finding_id, reading.kv_usage_ratio, reading.requests_running,
                                  reading.requests_waiting, reading.kv_capacity_tokens, max_model_len,
-                                 asleep=reading.asleep, prefill_server=reading.prefill_server) is not None
+                                 asleep=reading.asleep, prefill_server=reading.prefill_server,
+                                 deferred=reading.requests_waiting_deferred) is not None
             timer = self._held.get((key, finding_id))
             if timer is None:
                 if len(self._held) >= self._max_held:
@@ -157,7 +158,7 @@ class CapacityAnalyzer:
         finding = GaugeMetricFamily(
             "kvwatch_capacity_finding",
             f"1 when a capacity finding's condition has held on every poll for {SUSTAINED_SECONDS:g} s (poll "
-            "clock), else 0: finding=kv_usage_stuck (KV usage >= 95% with nothing running or waiting: blocks not "
+            "clock), else 0: finding=kv_usage_stuck (KV usage >= 95% with nothing running: blocks not "
             "freed, vllm issue 27073), finding=request_exceeds_pool (requests waiting, nothing running, KV usage "
             "<= 5%: the head of the queue needs more KV than the whole pool, vllm issue 39734). Same conditions "
             "as `kvwatch check`'s findings.",

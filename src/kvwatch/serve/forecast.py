@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from prometheus_client.core import Metric
 
-from kvwatch.advisor import DEFAULT_GPUS_PER_NODE, Advice, advise_from_result, concurrency_limit
+from kvwatch.advisor import DEFAULT_GPUS_PER_NODE, Advice, advise_from_result, concurrency_limit, longest_request_bound
 from kvwatch.capacity.planner import CapacityPlan
 from kvwatch.capacity.series import max_model_len_of
 from kvwatch.derived import observed_mix_ceiling
@@ -49,6 +49,9 @@ class ForecastAnalyzer:
         self._capacity_resolver = capacity  # the sidecar's one (None: no capacity plan, no advice needing it)
         self.gpus_per_node = gpus_per_node
         self._forecasters: dict[tuple[str, str], Forecaster] = {}
+        # The longest request per series, from the length buckets, which are read once a minute (with the latency
+        # ones): the advice between those polls uses the last reading, not "unknown".
+        self._longest: dict[tuple[str, str], float | None] = {}
 
     def _capacity(self, reading: Reading) -> tuple[Reading, CapacityPlan | None]:
         """(the reading with the series' one capacity filled in, the capacity plan for advice or None)."""
@@ -63,8 +66,11 @@ class ForecastAnalyzer:
             forecaster = Forecaster(self.params)
         self._forecasters[key] = forecaster
         if self.max_series is not None and len(self._forecasters) > self.max_series:
-            del self._forecasters[next(iter(self._forecasters))]
+            self._longest.pop(oldest := next(iter(self._forecasters)), None)
+            del self._forecasters[oldest]
         restarted = history is not None and history.last_restart_timestamp == now
+        if reading.lengths or restarted:
+            self._longest[key] = longest_request_bound(reading.lengths)
         reading, plan = self._capacity(reading)
         result = forecaster.observe(ForecastSample.from_reading(reading, now, restarted=restarted))
         # The ceiling kvwatch_max_concurrency{basis="observed_mix"} shows: the exported limit and the advice's are
@@ -77,8 +83,8 @@ class ForecastAnalyzer:
         if result.state in ("filling", "bottleneck"):
             advice = tuple(advise_from_result(
                 result, reading, capacity_plan=plan, max_model_len=max_model_len_of(reading, self.max_model_len),
-                concurrency_ceiling=ceiling,
-                gpus_per_node=self.gpus_per_node))
+                concurrency_ceiling=ceiling, gpus_per_node=self.gpus_per_node,
+                longest_request_tokens=self._longest.get(key)))
         return SeriesForecast(result, advice)
 
     def families(self, results: Mapping[SeriesKey, SeriesForecast], now: float) -> Iterable[Metric]:
@@ -92,6 +98,7 @@ class ForecastAnalyzer:
             last = forecaster.last_timestamp
             if last is not None and now - last > FORGET_AFTER_SECONDS:
                 self._forecasters.pop(key, None)  # the series is gone (model removed, engine scaled down)
+                self._longest.pop(key, None)
                 continue
             rows.append((key, forecaster.unknown(now), ()))
         return forecast_metric_families(
