@@ -174,3 +174,19 @@ def test_the_limit_never_exceeds_the_observed_mix_ceiling():
     # A forecast below the cap is kept.
     low = advise("bottleneck", recommended_max_concurrency=100, concurrency_ceiling=222.0)[0]
     assert low.concurrency == 100
+
+
+def test_the_max_model_len_fix_sizes_its_effect_with_the_models_groups():
+    # gpt-oss-20b: half its layers slide over 128 tokens, so a quarter of the length does not give four times
+    # the requests (the fix said "rises 4.0x" from capacity / length); the figures are vLLM's, from the layout.
+    from kvwatch.capacity.kv import max_concurrency_at_max_model_len
+
+    plan = plan_capacity(DeploymentSpec(arch=resolve_model("openai/gpt-oss-20b"), gpu_memory_bytes=80 * GIB,
+                                        gpu_name="H100", max_model_len=32768))
+    lengths = RequestLengths(1155, 211, max_total_tokens=5_000)
+    (lower,) = [a for a in advise("bottleneck", capacity_plan=plan, request_lengths=lengths, max_model_len=32768)
+                if a.action == "lower_max_model_len"]
+    now = max_concurrency_at_max_model_len(plan.layout, plan.num_gpu_blocks, 32768, plan.in_flight_tokens)
+    after = max_concurrency_at_max_model_len(plan.layout, plan.num_gpu_blocks, 8192, plan.in_flight_tokens)
+    assert f"from {now:.1f} to {after:.1f} requests" in lower.projected_effect
+    assert f"{after / now:.1f}x" in lower.projected_effect and after / now < 3.5

@@ -698,3 +698,42 @@ def test_a_model_name_with_a_newline_stays_on_its_lines_in_the_text_report(tmp_p
     out = capsys.readouterr().out
     assert not any(line.lstrip().startswith("[critical]") for line in out.splitlines())
     assert "m\\n  [critical] kv_bound (x/0): fake engine 0:" in out
+
+
+def test_a_two_group_model_on_a_0_18_to_0_20_page_is_read_in_its_own_terms(capsys: pytest.CaptureFixture[str]) -> None:
+    # gpt-oss-20b on vLLM 0.20.2 (12 full + 12 sliding layers, 2 KV groups). Its label set is 0.18-0.20.x's; the
+    # engine's figure comes from its blocks (149,506 // 2 groups x 16). The formula's was compared in 0.20's
+    # int(concurrency x max_model_len) terms: a false 59 % capacity_mismatch. The max-model-len ceiling was
+    # blocks / ceil(32768 / 16) = 73.0, where vLLM's groups and window give 58.2 (the plan's sums, same blocks).
+    from kvwatch.capacity import DeploymentSpec, plan_capacity, resolve_model
+    from kvwatch.capacity.kv import max_concurrency_at_max_model_len
+
+    report = check_json(["--file", str(FIXTURES / "gen-0.20.2-gptoss-two-groups.prom"), "--gpu", "H100",
+                         "--max-model-len", "32768"], capsys)
+    assert "capacity_mismatch" not in [f["id"] for f in report["findings"]]
+    series = report["series"][0]
+    assert series["kv_capacity_tokens"] == 149_506 // 2 * 16
+    plan = plan_capacity(DeploymentSpec(arch=resolve_model("openai/gpt-oss-20b"), gpu_name="H100",
+                                        gpu_memory_bytes=80 * 2**30, max_model_len=32768, vllm_version=(0, 20)))
+    expected = max_concurrency_at_max_model_len(plan.layout, 149_506, 32768, plan.in_flight_tokens)
+    assert series["max_concurrency_max_model_len"] == pytest.approx(expected)
+    assert 55 < expected < 60
+
+
+def test_sglang_and_tensorrt_llm_get_no_vllm_capacity_sums(capsys: pytest.CaptureFixture[str]) -> None:
+    # Their pools are sized their own way (--mem-fraction-static, free_gpu_memory_fraction): a healthy
+    # trtllm-serve given --gpu got a capacity_mismatch blaming --gpu-memory-utilization, and exit 1 on warnings.
+    trtllm = Path(__file__).parent / "fixtures" / "tensorrt-llm-metrics" / "gen-trtllm-serve.prom"
+    assert main(["check", "--file", str(trtllm), "--gpu", "H100", "--fail-on", "warning", "--json"]) == 0
+    assert "capacity_mismatch" not in capsys.readouterr().out
+
+
+def test_an_unknown_model_on_a_0_18_to_0_20_page_still_gets_the_groups_note(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Those releases share blocks among KV groups like 0.9-0.17 (no kv_cache_size_tokens label yet); the note
+    # was gated below 0.20, and this label set reads as 0.20.
+    payload = tmp_path / "unknown.prom"
+    payload.write_text((FIXTURES / "gen-0.20.2-gptoss-two-groups.prom").read_text().replace(
+        'model_name="openai/gpt-oss-20b"', 'model_name="my-finetune"'))
+    report = check_json(["--file", str(payload)], capsys)
+    assert "capacity_groups_unknown" in [f["id"] for f in report["findings"]]

@@ -151,6 +151,7 @@ def advise(
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
     engine_kind: str = VLLM,
     ranks_per_flag: int = 1,
+    pool_blocks: float | None = None,
 ) -> list[Advice]:
     """Ranked fixes for ``state`` (empty unless filling or bottleneck, and while nothing runs).
 
@@ -163,7 +164,8 @@ def advise(
     the engine whose flags the fixes give; ``ranks_per_flag`` is how many data-parallel ranks of the model one
     server runs (SGLang's dp_rank series): the gateway's limit is the per-rank one times that, and with
     --enable-dp-attention SGLang divides --max-running-requests over them (tp_worker.py), which the payload does
-    not say, so the message gives both values and ``engine_args`` the per-rank one.
+    not say, so the message gives both values and ``engine_args`` the per-rank one. ``pool_blocks``: the engine's
+    own blocks in the plan's block size, for the worst-case ceilings of the max-model-len fix.
     """
     if state not in ADVISE_IN_STATES or running == 0:
         return []  # (nothing running: no request holds the blocks, so no capacity fix applies; a leak does)
@@ -198,11 +200,12 @@ def advise(
     lowered = _lower_max_model_len(max_model_len, request_lengths)
     if lowered is not None and max_model_len is not None and request_lengths is not None and \
             request_lengths.max_total_tokens is not None:
-        factor = max_model_len / lowered
+        now_ceiling, new_ceiling = _worst_case_ceilings(capacity_plan, pool_blocks, base_tokens, max_model_len,
+                                                        lowered)
+        factor = new_ceiling / now_ceiling if now_ceiling else max_model_len / lowered
         worst = ""
-        if base_tokens:
-            worst = (f" (from {base_tokens / max_model_len:.1f} to {base_tokens / lowered:.1f} requests "
-                     "of full length)")
+        if now_ceiling:
+            worst = f" (from {now_ceiling:.1f} to {new_ceiling:.1f} requests of full length)"
         out.append(Advice(
             LOWER_MAX_MODEL_LEN, 0,
             f"Lower {flags['max_model_len']} from {max_model_len} to {lowered}: no request since the engine "
@@ -251,6 +254,25 @@ def concurrency_limit(recommended: int | None, ceiling: float | None) -> int | N
 
 def _args(flag: str | None, value: object) -> tuple[str, ...] | None:
     return (flag, str(value)) if flag else None
+
+
+def _worst_case_ceilings(capacity_plan: CapacityPlan | None, pool_blocks: float | None, base_tokens: float | None,
+                         max_model_len: int, lowered: int) -> tuple[float | None, float | None]:
+    """vLLM's concurrency at ``max_model_len`` and at ``lowered``: with the model's layout (whole blocks in every KV
+    group, a sliding-window group capped at its window, so halving the length does not double it) on the engine's
+    blocks (``pool_blocks``, else the plan's), as the report's max-model-len ceiling; without the model, the pool's
+    tokens over the length."""
+    if capacity_plan is not None:
+        from kvwatch.capacity.kv import max_concurrency_at_max_model_len
+
+        blocks = int(pool_blocks or capacity_plan.num_gpu_blocks)
+        layout, in_flight = capacity_plan.layout, capacity_plan.in_flight_tokens
+        if blocks > 0:
+            return (max_concurrency_at_max_model_len(layout, blocks, max_model_len, in_flight),
+                    max_concurrency_at_max_model_len(layout, blocks, lowered, in_flight))
+    if base_tokens:
+        return base_tokens / max_model_len, base_tokens / lowered
+    return None, None
 
 
 def _capacity_text(base_tokens: float, gain: float, ceiling: float | None) -> str:
@@ -341,6 +363,8 @@ def advise_from_result(result: ForecastResult, reading: Reading | None = None, *
             lengths = RequestLengths(p_sum / p_count, g_sum / g_count, longest)
     running = reading.requests_running if reading is not None else None
     capacity = reading.kv_capacity_tokens if reading is not None else None
+    blocks = reading.num_gpu_blocks if reading is not None and capacity_plan is not None and \
+        reading.block_size == capacity_plan.layout.block_size else None
     return advise(
         result.state,
         recommended_max_concurrency=result.recommended_max_concurrency,
@@ -354,4 +378,5 @@ def advise_from_result(result: ForecastResult, reading: Reading | None = None, *
         gpus_per_node=gpus_per_node,
         engine_kind=engine_kind,
         ranks_per_flag=ranks_per_flag,
+        pool_blocks=blocks,
     )

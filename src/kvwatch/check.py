@@ -243,8 +243,8 @@ def build_report(poll: Poll, max_model_len: int | None = None,
     groups = kv_groups or {}
     capacities = {r.key: resolve(r, plans.get(r.model_name), groups.get(r.model_name)) for r in poll.readings}
     states = [derive(capacities[r.key].apply(r), None, max_model_len) for r in poll.readings]
-    found = findings(states, poll.implausible, _advice_kind(poll.detection)) + _capacity_findings(states, plans,
-                                                                                               max_model_len)
+    found = findings(states, poll.implausible, _advice_kind(poll.detection)) + _capacity_findings(
+        states, plans, max_model_len, capacities, poll.detection.engine_kind)
     found += _groups_unknown(poll, capacities, set(plans) | set(groups))
     found.sort(key=lambda f: _SEVERITY_ORDER[f.severity])
     stuck = {(f.model_name, f.engine) for f in found if f.id == "request_exceeds_pool"}
@@ -280,10 +280,10 @@ def _groups_unknown(poll: Poll, capacities: Mapping[Any, Any], known_models: set
     does not know, so it cannot tell whether the blocks are shared among KV groups (kvwatch.capacity.series)."""
     from kvwatch.serve.sidecar_capacity import vllm_version_from_cache_config
 
-    def groups_possible(reading: Reading) -> bool:  # vLLM 0.9-0.19: the hybrid allocator, no token label yet
+    def groups_possible(reading: Reading) -> bool:  # vLLM >= 0.9: the hybrid allocator shares the blocks
         version = vllm_version_from_cache_config(reading.cache_config)
         if version is not None:
-            return (0, 9) <= version < (0, 20)
+            return version >= (0, 9)
         return not poll.detection.version_range.startswith(("v0", "0.7", "0.8"))
 
     out: list[Finding] = []
@@ -293,8 +293,8 @@ def _groups_unknown(poll: Poll, capacities: Mapping[Any, Any], known_models: set
                 and groups_possible(r)):
             out.append(Finding("capacity_groups_unknown", "info", (
                 "KV capacity is num_gpu_blocks x block_size, which assumes one KV cache group: on a sliding-window "
-                "or hybrid model (Gemma-2/3, gpt-oss, Mamba hybrids) vLLM 0.9-0.19 shares the blocks among its "
-                "groups and the real figure is that divided by their number. kvwatch does not know this model: "
+                "or hybrid model (Gemma-2/3, gpt-oss, Mamba hybrids) vLLM (0.9 and later) shares the blocks among "
+                "its groups and the real figure is that divided by their number. kvwatch does not know this model: "
                 "pass --model (a preset) or --model-config (its config.json) to divide them."),
                 r.model_name, r.engine))
     return out
@@ -310,9 +310,11 @@ def _leaking(r: Reading) -> bool:
                         deferred=r.requests_waiting_deferred) is not None
 
 
-def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any],
-                       max_model_len: int | None) -> list[Finding]:
-    """kvwatch.capacity.findings per series: refused settings, formula vs engine, a leak, a request too big."""
+def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any], max_model_len: int | None,
+                       capacities: Mapping[Any, Any], engine_kind: str = VLLM) -> list[Finding]:
+    """kvwatch.capacity.findings per series: refused settings, formula vs engine, a leak, a request too big. The
+    refusals and the formula are vLLM's sums: not given for SGLang or TensorRT-LLM, which size their pools
+    their own way (--mem-fraction-static, free_gpu_memory_fraction)."""
     from kvwatch.capacity import findings as capacity
     from kvwatch.capacity.series import max_model_len_of
     from kvwatch.engines.vllm import engine_max_model_len
@@ -329,11 +331,22 @@ def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any],
         if r.model_name not in refused:  # per model, not per engine
             refused.add(r.model_name)
             found.append(capacity.max_model_len_mismatch(max_model_len, engine_max_model_len(r.cache_config)))
-            found += capacity.plan_refusals(plan) if plan is not None else []
-        if plan is not None:
-            found.append(capacity.capacity_mismatch(plan.kv_cache_tokens, r.kv_capacity_tokens, plan))
+            found += capacity.plan_refusals(plan) if plan is not None and engine_kind == VLLM else []
+        if plan is not None and engine_kind == VLLM:
+            found.append(capacity.capacity_mismatch(_formula_like_engine(plan, capacities[r.key].source),
+                                                    r.kv_capacity_tokens, plan))
         out += [Finding(f.id, f.severity, f.message, r.model_name, r.engine) for f in found if f is not None]
     return out
+
+
+def _formula_like_engine(plan: Any, source: str) -> float:
+    """The formula's capacity in the engine figure's own terms. From its blocks (no kv_cache_size_tokens label) the
+    engine's is ``blocks // groups × block_size`` (kvwatch.capacity.series), so the formula's is too: its
+    ``kv_cache_tokens`` follows vLLM >= 0.20's ``int(concurrency × max_model_len)``, which differs on
+    sliding-window and hybrid models, and 0.18-0.20.x payloads cannot say which rule their release logs."""
+    if source == "engine_num_gpu_blocks":
+        return float(plan.num_gpu_blocks // max(1, plan.layout.num_groups) * plan.layout.block_size)
+    return float(plan.kv_cache_tokens)
 
 
 def _json_safe(value: Any) -> Any:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kvwatch.capacity.kv import max_concurrency_at_max_model_len
 from kvwatch.capacity.planner import CapacityPlan
 from kvwatch.derived import block_pool
 from kvwatch.engines.vllm import engine_max_model_len, label_number
@@ -49,13 +50,31 @@ class SeriesCapacity:
 
     def apply(self, reading: Any) -> Any:
         """The reading with this capacity: filled in where the engine reported none, and the engine's blocks
-        divided among the model's KV groups (``_engine_block_tokens``); other readings are unchanged."""
+        divided among the model's KV groups (``_engine_block_tokens``), with vLLM's concurrency at max-model-len
+        from them where the engine does not report it (:func:`engine_max_concurrency`); other readings are
+        unchanged."""
         if reading.kv_capacity_tokens is None and self.tokens is not None:
             # used tokens follow (usage × capacity); the reading remembers that this is the formula's figure
             return replace(reading, kv_capacity_tokens=self.tokens, capacity_source="formula")
         if self.source == "engine_num_gpu_blocks" and self.tokens != reading.kv_capacity_tokens:
-            return replace(reading, kv_capacity_tokens=self.tokens)
+            return replace(reading, kv_capacity_tokens=self.tokens,
+                           kv_max_concurrency=engine_max_concurrency(reading, self.plan))
         return reading
+
+
+def engine_max_concurrency(reading: Any, plan: CapacityPlan | None) -> float | None:
+    """vLLM's "Maximum concurrency for max_model_len tokens per request" from the engine's own blocks and the
+    model's layout (kvwatch.capacity.kv.max_concurrency_at_max_model_len: whole blocks in every KV group, a
+    sliding group holding its window): on a sliding-window or hybrid model ``blocks ÷ ceil(len ÷ block_size)``
+    overstates it by the groups and the window (gpt-oss-20b: 73 where vLLM says 48). The engine's own label
+    when it has one; None when the layout's block size is not the engine's (a Mamba hybrid's rewritten one)."""
+    if reading.kv_max_concurrency is not None:
+        return reading.kv_max_concurrency
+    if plan is None or not plan.max_model_len or not reading.num_gpu_blocks or \
+            reading.block_size != plan.layout.block_size:
+        return None
+    return max_concurrency_at_max_model_len(plan.layout, int(reading.num_gpu_blocks), plan.max_model_len,
+                                            plan.in_flight_tokens)
 
 
 def _engine_block_tokens(reading: Any, plan: CapacityPlan | None, kv_groups: int | None) -> float:

@@ -69,8 +69,10 @@ def vllm_version_from_cache_config(labels: Mapping[str, str]) -> tuple[int, int]
 
     ``CacheConfig`` gained and lost fields over time (docs/capacity.md, section 5, read in the released wheels):
     ``cache_hit_alignment_tokens`` from 0.32.0, ``prefix_match_unit`` from 0.26.0, ``kv_cache_size_tokens``
-    from ~0.25 (the adapter reports ``>=0.21``), ``user_specified_block_size`` from 0.20.2, while ``cpu_offload_gb``
-    and ``swap_space`` were dropped in 0.20.2; ``kv_offloading_backend``/``mamba_block_size`` appeared in 0.12,
+    from ~0.25 (the adapter reports ``>=0.21``), ``user_specified_block_size`` from 0.18.0, when ``cpu_offload_gb``
+    and ``swap_space`` were dropped (0.18-0.20.x share that set: kvwatch applies 0.20's rules to it, and compares
+    an engine's blocks with the formula's in blocks, whose rule did not change); ``kv_offloading_backend``/
+    ``mamba_block_size`` appeared in 0.12,
     ``kv_cache_memory_bytes``/``kv_sharing_fast_prefill`` in 0.10.2, ``cpu_kvcache_space_bytes`` in 0.9 and
     ``swap_space_bytes`` is V0's. The adapter's detected range (``0.12-0.25``) spans several rule changes.
     """
@@ -80,7 +82,7 @@ def vllm_version_from_cache_config(labels: Mapping[str, str]) -> tuple[int, int]
         return (0, 26)
     if "kv_cache_size_tokens" in labels or "kv_cache_max_concurrency" in labels:
         return (0, 25)
-    if "user_specified_block_size" in labels:
+    if "user_specified_block_size" in labels:  # 0.18.0 to 0.20.x
         return (0, 20)
     if "swap_space_bytes" in labels:
         return (0, 7)
