@@ -80,6 +80,9 @@ def test_without_the_model_quantization_is_not_sized_and_tp_is_generic():
     advice = advise("filling", recommended_max_concurrency=40, capacity_tokens=80_000, kv_tokens_per_request=2000)
     assert [a.action for a in advice] == ["limit_concurrency", "add_tensor_parallelism"]
     assert "from 40 to 80 concurrent requests" in advice[1].projected_effect
+    # Without a plan the size is unknown; the message names both things a plan needs (the model may be known
+    # from model_name already, and then only --gpu was missing).
+    assert "--gpu" in advice[1].message and "--model" in advice[1].message
 
 
 def test_already_fp8_weights_are_not_advised_again():

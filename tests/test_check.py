@@ -737,3 +737,19 @@ def test_an_unknown_model_on_a_0_18_to_0_20_page_still_gets_the_groups_note(
         'model_name="openai/gpt-oss-20b"', 'model_name="my-finetune"'))
     report = check_json(["--file", str(payload)], capsys)
     assert "capacity_groups_unknown" in [f["id"] for f in report["findings"]]
+
+
+def test_scheduler_limited_names_the_limit_the_given_max_num_seqs_points_at(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # 12 running with 3 waiting at 50 % KV: under --max-num-seqs 256 the running cap is not what holds them back
+    # (it said "raise --max-num-seqs" anyway); at --max-num-seqs 12 it is.
+    path = str(FIXTURES / "gen-0.8.5-engine-label.prom")
+
+    def message(*flags: str) -> str:
+        report = check_json(["--file", path, *flags], capsys)
+        return next(f["message"] for f in report["findings"] if f["id"] == "scheduler_limited")
+
+    assert "well under --max-num-seqs 256" in message("--max-num-seqs", "256")
+    assert "raise --max-num-batched-tokens" in message("--max-num-seqs", "256")
+    assert "at --max-num-seqs 12: raise --max-num-seqs" in message("--max-num-seqs", "12")
+    assert "Raise --max-num-seqs or --max-num-batched-tokens" in message()

@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"kvwatch check: no capacity plan for {reason}; advice without quantization and TP sizes",
                   file=sys.stderr)
     report = build_report(poll, settings.max_model_len, plans, gpus_per_node=settings.gpus_per_node,
-                          kv_groups=kv_groups)
+                          kv_groups=kv_groups, max_num_seqs=settings.max_num_seqs)
     print(json.dumps(report, indent=2, allow_nan=False) if args.json else render(report))
     return 1 if args.fail_on is not None and fails(report, args.fail_on) else 0
 
@@ -233,9 +233,10 @@ def _capacity_plans(settings: CheckSettings,
 def build_report(poll: Poll, max_model_len: int | None = None,
                  capacity_plans: Mapping[str, CapacityPlan] | None = None, *,
                  gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
-                 kv_groups: Mapping[str, int] | None = None) -> dict[str, Any]:
+                 kv_groups: Mapping[str, int] | None = None, max_num_seqs: int | None = None) -> dict[str, Any]:
     """The ``--json`` object (pure). ``capacity_plans`` maps model_name to a CapacityPlan, for the advice;
-    ``kv_groups`` the KV groups of known models without one (kvwatch.capacity.series.resolve)."""
+    ``kv_groups`` the KV groups of known models without one (kvwatch.capacity.series.resolve); ``max_num_seqs``
+    the engine's --max-num-seqs when kvwatch was given it (which limit a standing queue points at)."""
     from kvwatch.capacity.series import resolve
 
     plans = capacity_plans or {}
@@ -243,7 +244,7 @@ def build_report(poll: Poll, max_model_len: int | None = None,
     groups = kv_groups or {}
     capacities = {r.key: resolve(r, plans.get(r.model_name), groups.get(r.model_name)) for r in poll.readings}
     states = [derive(capacities[r.key].apply(r), None, max_model_len) for r in poll.readings]
-    found = findings(states, poll.implausible, _advice_kind(poll.detection)) + _capacity_findings(
+    found = findings(states, poll.implausible, _advice_kind(poll.detection), max_num_seqs) + _capacity_findings(
         states, plans, max_model_len, capacities, poll.detection.engine_kind)
     found += _groups_unknown(poll, capacities, set(plans) | set(groups))
     found.sort(key=lambda f: _SEVERITY_ORDER[f.severity])
@@ -273,6 +274,9 @@ def build_report(poll: Poll, max_model_len: int | None = None,
 
 
 _SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+# A running count below this share of --max-num-seqs is not held back by that cap (a few requests finish
+# between the scheduler's steps and the poll).
+SCHEDULER_CAP_SHARE = 0.9
 
 
 def _groups_unknown(poll: Poll, capacities: Mapping[Any, Any], known_models: set[str]) -> list[Finding]:
@@ -426,10 +430,11 @@ def _count(value: float | None) -> int | float | None:
 
 
 def findings(states: Iterable[SeriesState],
-             implausible: Iterable[tuple[tuple[str, str], str, float]] = (), engine_kind: str = VLLM) -> list[Finding]:
+             implausible: Iterable[tuple[tuple[str, str], str, float]] = (), engine_kind: str = VLLM,
+             max_num_seqs: int | None = None) -> list[Finding]:
     """Checklist findings per series, most severe first (pure). ``implausible`` is the poll's list of
     impossible values dropped to unknown (:mod:`kvwatch.plausible`); ``engine_kind`` names whose flags the
-    messages give."""
+    messages give; ``max_num_seqs`` (given to kvwatch) tells which scheduler limit a standing queue hits."""
     flags = ENGINE_FLAGS.get(engine_kind, ENGINE_FLAGS[VLLM])
     dropped: dict[tuple[str, str], dict[str, float]] = {}
     for key, name, value in implausible:
@@ -459,9 +464,8 @@ def findings(states: Iterable[SeriesState],
         elif usage < SCHEDULER_LIMITED_BELOW and _standing_queue(r) and not r.prefill_server:
             out.append(Finding("scheduler_limited", "warning", (
                 f"{_requests(waiting)} {_verb(waiting)} while KV is only {usage:.0%} used: the scheduler limits, "
-                f"not KV. Raise {flags['concurrency']} or {flags['token_budget']} (token budget)"
-                + (" or lower --schedule-conservativeness" if engine_kind == SGLANG else "")
-                + "; more KV would not help. "
+                f"not KV. {_scheduler_fix(r.requests_running, max_num_seqs, flags, engine_kind)}; more KV would "
+                "not help. "
                 "One poll: watch kvwatch_state{state=\"scheduler_limited\"} (kvwatch serve) to see it persist."),
                 **where))
         others = sorted(n for n in bad if n != "kv_usage_ratio")
@@ -491,6 +495,20 @@ def findings(states: Iterable[SeriesState],
     return sorted(out, key=lambda f: SEVERITIES.index(f.severity))
 
 
+def _scheduler_fix(running: float | None, max_num_seqs: int | None, flags: Mapping[str, str | None],
+                   engine_kind: str) -> str:
+    """Which scheduler limit to raise: with ``max_num_seqs`` known and well above the running count, the running
+    cap is not what holds requests back, so the token budget is (a step's prefill tokens); at the cap, the cap."""
+    sglang = " or lower --schedule-conservativeness" if engine_kind == SGLANG else ""
+    concurrency, budget = flags["concurrency"], flags["token_budget"]
+    if max_num_seqs and running is not None and running < SCHEDULER_CAP_SHARE * max_num_seqs:
+        return (f"{_requests(running)} {_run(running)}, well under {concurrency} {max_num_seqs}, so that cap is "
+                f"not it: raise {budget} (token budget){sglang}")
+    if max_num_seqs and running is not None:
+        return f"{_requests(running)} {_run(running)}, at {concurrency} {max_num_seqs}: raise {concurrency}{sglang}"
+    return f"Raise {concurrency} or {budget} (token budget){sglang}"
+
+
 def _standing_queue(r: Reading) -> bool:
     """Requests waiting for scheduling capacity in a queue one poll can trust (see SCHEDULER_QUEUE_MIN_*);
     requests deferred for a LoRA slot or a KV transfer are not helped by --max-num-seqs
@@ -507,6 +525,10 @@ def _plural(n: float, noun: str) -> str:
 
 def _requests(n: float) -> str:
     return _plural(n, "request")
+
+
+def _run(n: float) -> str:
+    return "runs" if n == 1 else "run"
 
 
 def _verb(n: float) -> str:
