@@ -753,3 +753,17 @@ def test_scheduler_limited_names_the_limit_the_given_max_num_seqs_points_at(
     assert "raise --max-num-batched-tokens" in message("--max-num-seqs", "256")
     assert "at --max-num-seqs 12: raise --max-num-seqs" in message("--max-num-seqs", "12")
     assert "Raise --max-num-seqs or --max-num-batched-tokens" in message()
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--usage-metric", "nonexist"),
+                                             ("--waiting-metric", "vllm:num_requests_waitin"),
+                                             ("--running-metric", 'vllm:num_requests_running{engine="9"}')])
+def test_a_source_metric_that_matches_nothing_is_refused_naming_the_flag(
+        flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # A typo silently dropped the engine's own metric: "KV usage from nonexist", then "pass --usage-metric".
+    path = str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom")
+    assert main(["check", "--file", path, flag, value]) == 1
+    err = capsys.readouterr().err
+    assert f"{flag} {value} matches no sample in the payload" in err
+    assert main(["check", "--file", path, flag, value.replace("waitin", "waiting").replace("nonexist",
+                 "vllm:kv_cache_usage_perc").replace('"9"', '"0"')]) == 0

@@ -72,6 +72,7 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
     limit = SeriesLimit(ADMIT_FACTOR * max_series) if max_series is not None else None
     wanted = wanted_for(overrides, latency=latency, lengths=lengths)
     exposition = parse(text, wanted, limit.admit if limit is not None else None)
+    _refuse_unmatched(exposition, overrides)
     kind = engine_of(exposition)
     if kind == "sglang":
         poll = _capped(sglang.read(exposition, overrides, timestamp=timestamp), max_series)
@@ -91,6 +92,23 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
     if limit is not None and limit.refused:
         poll = replace(poll, series_dropped=poll.series_dropped + len(limit.refused))
     return poll
+
+
+OVERRIDE_FLAGS = (("usage", "--usage-metric"), ("running", "--running-metric"), ("waiting", "--waiting-metric"))
+
+
+def _refuse_unmatched(exposition: Exposition, overrides: SourceOverrides | None) -> None:
+    """An operator's source metric that matches no sample stops the read, naming the flag: a typo used to drop
+    the engine's own metric without a word ("KV usage from nonexist", then "pass --usage-metric")."""
+    for field, flag in OVERRIDE_FLAGS:
+        selector = getattr(overrides, field) if overrides is not None else None
+        if selector is None:
+            continue
+        samples = exposition.samples(selector.name) or [
+            s for family in exposition for s in family.samples if s.name == selector.name]
+        if not any(selector.matches(s.labels) for s in samples):
+            raise UnrecognisedPayload(f"{flag} {selector} matches no sample in the payload: check the metric name "
+                                      "and labels (without the flag kvwatch reads the engine's own metric)")
 
 
 # Series the parse keeps, per --max-series: twice the cap, so that a series spelled with and without one of
