@@ -154,7 +154,7 @@ def test_build_report_is_pure() -> None:
     from kvwatch.exposition import parse
 
     poll = vllm.read(parse((FIXTURES / "gen-multiprocess-pid.prom").read_text()), timestamp=1.0)
-    assert build_report(poll)["series"][0]["requests_waiting"] == 3.0  # the larger pid snapshot
+    assert build_report(poll)["series"][0]["requests_waiting"] is None  # pid snapshots that disagree: unknown
 
 
 def test_long_timeout_is_fine_for_a_one_shot_check(capsys: pytest.CaptureFixture[str]) -> None:

@@ -65,6 +65,24 @@ def test_sglang_rank_labels_one_series_per_dp_rank_tp_copies_not_summed() -> Non
     assert dict(r0.finished_by_reason) == {"all": 5000.0}  # num_requests_total: no reasons since 2025
 
 
+def test_sglang_0_4_10_to_0_5_2_lifetime_retraction_gauge_is_the_preemption_count() -> None:
+    # 0.4.10-0.5.2 export the scheduler's lifetime total as the gauge sglang:total_retracted_reqs, not the counter.
+    # Both tensor-parallel ranks' schedulers retract the same requests: 37, not 74.
+    p = poll(SGLANG / "gen-0.5.2-total-retracted-tp2.prom")
+    (r,) = p.readings
+    assert (r.model_name, r.engine, r.preemptions_total) == ("Qwen/Qwen2.5-7B-Instruct", "0", 37.0)
+    found = {f["id"]: f["message"] for f in build_report(p)["findings"]}
+    assert found["preemptions"].startswith("37 preemptions since the engine started")
+
+
+def test_sglang_0_5_6_per_request_retraction_histogram_is_not_a_total() -> None:
+    # 0.5.5-0.5.6's sglang:num_retractions is observed when a request finishes (3 retractions of 3 finished
+    # requests here); the interval gauge num_retracted_reqs (2) is no total either: preemptions stay unknown.
+    (r,) = poll(SGLANG / "gen-0.5.6-num-retractions-histogram.prom").readings
+    assert r.preemptions_total is None
+    assert (r.kv_usage_ratio, r.requests_running, r.requests_waiting) == (0.94, 30.0, 12.0)
+
+
 def test_trtllm_serve_prometheus() -> None:
     p = poll(TRTLLM / "gen-trtllm-serve.prom")
     d = p.detection

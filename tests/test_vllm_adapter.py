@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvwatch.check import build_report
 from kvwatch.engines import Selector, SourceOverrides, UnrecognisedPayload, vllm
 from kvwatch.exposition import ParseError, parse
 from kvwatch.model import Poll, Reading
@@ -185,28 +186,67 @@ def test_length_buckets_reach_the_forecast_sample_through_the_wire() -> None:
 def test_multiprocess_pid_gauges_are_combined() -> None:
     poll = read_fixture("gen-multiprocess-pid.prom")
     r = only(poll)
-    # Each API-server process holds a whole-engine snapshot (2 and 3 waiting): the largest, not the sum 5.
-    assert r.requests_waiting == 3.0
-    assert r.kv_usage_ratio == 0.6  # usage takes the largest report
+    # Each API-server process holds a whole-engine snapshot from the last step it got stats of (2 and 3 waiting,
+    # usage 0.4 and 0.6): which is current cannot be told, so unknown; never the sum 5.
+    assert (r.requests_waiting, r.kv_usage_ratio) == (None, None)
     assert r.requests_running == 7.0
-    assert (r.num_gpu_blocks, r.kv_capacity_tokens) == (500.0, 8000.0)
+    assert (r.num_gpu_blocks, r.kv_capacity_tokens) == (500.0, 8000.0)  # cache_config_info's pid copies agree
     assert (r.request_prompt_tokens_sum, r.request_prompt_tokens_count) == (3000.0, 3.0)
 
 
-def test_pid_copies_of_a_queue_gauge_take_the_largest_not_the_sum() -> None:
+def test_pid_copies_that_disagree_are_unknown_never_the_largest_or_the_sum() -> None:
     text = (
         'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.9\n'
         'vllm:num_requests_running{engine="0",model_name="m",pid="1"} 12\n'
-        'vllm:num_requests_running{engine="0",model_name="m",pid="2"} 16\n'
-        'vllm:num_requests_running{engine="0",model_name="m",pid="3"} NaN\n'
+        'vllm:num_requests_running{engine="0",model_name="m",pid="2"} 12\n'
+        'vllm:num_requests_waiting{engine="0",model_name="m",pid="1"} 3\n'
+        'vllm:num_requests_waiting{engine="0",model_name="m",pid="2"} NaN\n'
         'vllm:num_requests_waiting_by_reason{engine="0",model_name="m",pid="1",reason="capacity"} 4\n'
         'vllm:num_requests_waiting_by_reason{engine="0",model_name="m",pid="2",reason="capacity"} 3\n'
         'vllm:num_requests_waiting_by_reason{engine="0",model_name="m",pid="1",reason="deferred"} 1\n'
         'vllm:num_requests_waiting_by_reason{engine="0",model_name="m",pid="2",reason="deferred"} 1\n'
     )
     r = only(vllm.read(parse(text), timestamp=0.0))
-    assert r.requests_running == 16.0
-    assert dict(r.waiting_by_reason) == {"capacity": 4.0, "deferred": 1.0}
+    assert r.requests_running == 12.0  # copies that agree are that value, not 24
+    assert r.requests_waiting is None  # a NaN copy may be the newest
+    assert dict(r.waiting_by_reason) == {}  # one reason unknown: the split is unknown
+
+
+def test_an_idle_engines_stale_pid_copy_is_not_its_usage() -> None:
+    # vLLM 0.11.0, --api-server-count 2, idle: the front-end that got the idle step's stats says 0, the other still
+    # holds a busy step's 0.92. The largest copy read an idle engine as 92 % full (a leak finding at >= 95 %).
+    poll = interpret((FIXTURES / "gen-0.11.0-multiproc-pid-disagree.prom").read_text(), None, timestamp=0.0)
+    r = only(poll)
+    assert (r.kv_usage_ratio, r.requests_running, r.requests_waiting) == (None, 0.0, 0.0)
+    assert r.kv_capacity_tokens == 320000.0 and r.kv_used_tokens is None
+    assert poll.implausible == ()  # unknown, not a value the engine could not hold: kvwatch_implausible_values
+    assert poll.detection.usage_metric == "vllm:kv_cache_usage_perc"
+    ((key, field, why),) = poll.undetermined
+    assert (key, field) == (r.key, "kv_usage_ratio") and "pid 18246: 0.92" in why and "pid 18257: 0" in why
+    found = {f["id"]: f["message"] for f in build_report(poll)["findings"]}
+    assert found["usage_unknown"] == why  # not "No KV usage metric found"
+
+
+def test_disagreeing_pid_copies_fall_back_to_the_old_names_current_copy() -> None:
+    # 0.9.2-0.10.x export the same figure under the old name too, declared mostrecent (one current copy, no
+    # pid; vllm/v1/metrics/loggers.py): that is the engine's usage, not a guess.
+    text = (FIXTURES / "gen-0.11.0-multiproc-pid-disagree.prom").read_text() + (
+        "# HELP vllm:gpu_cache_usage_perc GPU KV-cache usage. 1 means 100 percent usage.\n"
+        "# TYPE vllm:gpu_cache_usage_perc gauge\n"
+        'vllm:gpu_cache_usage_perc{engine="0",model_name="Qwen/Qwen2.5-7B-Instruct"} 0.0\n')
+    poll = interpret(text, None, timestamp=0.0)
+    assert only(poll).kv_usage_ratio == 0.0 and poll.undetermined == ()
+    assert poll.detection.usage_metric == "vllm:gpu_cache_usage_perc"
+    # An operator's --usage-metric is never replaced.
+    chosen = SourceOverrides.from_strings(usage="vllm:kv_cache_usage_perc")
+    assert only(interpret(text, chosen, timestamp=0.0)).kv_usage_ratio is None
+
+
+def test_pid_copies_that_agree_collapse_to_their_value() -> None:
+    poll = interpret((FIXTURES / "gen-0.11.0-multiproc-pid-agree.prom").read_text(), None, timestamp=0.0)
+    r = only(poll)
+    assert (r.kv_usage_ratio, r.requests_running, r.requests_waiting) == (0.92, 40.0, 5.0)
+    assert r.prompt_tokens_total == 10000.0  # counters: prometheus_client sums the processes, no pid
 
 
 def test_duplicate_series_are_a_parse_error_not_last_wins() -> None:
@@ -320,6 +360,9 @@ FIXTURE_ERAS = {
     "gen-0.8.5-engine-label.prom": "0.8.5-0.8.x",
     "gen-0.9-both-usage-names.prom": "0.9-0.10",
     "gen-multiprocess-pid.prom": "0.9-0.10",
+    "gen-0.11.0-multiproc-pid-agree.prom": "0.11",
+    "gen-0.11.0-multiproc-pid-disagree.prom": "0.11",
+    "gen-0.20.2-gptoss-two-groups.prom": "0.17-0.20",
     "neuron-v0-block1024.prom": "v0",  # V0 help texts and swap_space_bytes (a vLLM-Neuron capture)
     "v0-engine-qwenvl.prom": "v0",
     "v0.10.0-glm45-deprecated-and-new.prom": "0.9-0.10",

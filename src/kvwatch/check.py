@@ -244,7 +244,8 @@ def build_report(poll: Poll, max_model_len: int | None = None,
     groups = kv_groups or {}
     capacities = {r.key: resolve(r, plans.get(r.model_name), groups.get(r.model_name)) for r in poll.readings}
     states = [derive(capacities[r.key].apply(r), None, max_model_len) for r in poll.readings]
-    found = findings(states, poll.implausible, _advice_kind(poll.detection), max_num_seqs) + _capacity_findings(
+    found = findings(states, poll.implausible, _advice_kind(poll.detection), max_num_seqs,
+                     undetermined=poll.undetermined) + _capacity_findings(
         states, plans, max_model_len, capacities, poll.detection.engine_kind)
     found += _groups_unknown(poll, capacities, set(plans) | set(groups))
     found.sort(key=lambda f: _SEVERITY_ORDER[f.severity])
@@ -431,7 +432,8 @@ def _count(value: float | None) -> int | float | None:
 
 def findings(states: Iterable[SeriesState],
              implausible: Iterable[tuple[tuple[str, str], str, float]] = (), engine_kind: str = VLLM,
-             max_num_seqs: int | None = None) -> list[Finding]:
+             max_num_seqs: int | None = None,
+             undetermined: Iterable[tuple[tuple[str, str], str, str]] = ()) -> list[Finding]:
     """Checklist findings per series, most severe first (pure). ``implausible`` is the poll's list of
     impossible values dropped to unknown (:mod:`kvwatch.plausible`); ``engine_kind`` names whose flags the
     messages give; ``max_num_seqs`` (given to kvwatch) tells which scheduler limit a standing queue hits."""
@@ -439,6 +441,9 @@ def findings(states: Iterable[SeriesState],
     dropped: dict[tuple[str, str], dict[str, float]] = {}
     for key, name, value in implausible:
         dropped.setdefault(key, {})[name] = value
+    why: dict[tuple[str, str], dict[str, str]] = {}  # ``undetermined``: why a value the payload holds is unknown
+    for key, name, reason in undetermined:
+        why.setdefault(key, {})[name] = reason
     out: list[Finding] = []
     for s in states:
         r = s.reading
@@ -454,16 +459,18 @@ def findings(states: Iterable[SeriesState],
                 f"KV usage reads {floatToGoString(bad['kv_usage_ratio'])} this poll, which no KV cache can be "
                 "(usage is 0..1): kvwatch cannot tell how full the KV cache is. Look at the engine (is it serving?), "
                 "or point --usage-metric at a metric that has a value."), **where))
+        elif usage is None and "kv_usage_ratio" in why.get(r.key, {}):
+            out.append(Finding("usage_unknown", "warning", why[r.key]["kv_usage_ratio"], **where))
         elif usage is None:
             out.append(Finding("usage_unknown", "warning", "No KV usage metric found: pass --usage-metric with the "
                                "name your engine (or proxy) exports.", **where))
         elif usage >= KV_BOUND_USAGE and waiting > 0 and not _leaking(r):
             out.append(Finding("kv_bound", "critical", (
-                f"KV cache is {usage:.0%} full with {_requests(waiting)} waiting: the KV cache is the bottleneck. "
+                f"KV cache is {usage:.1%} full with {_requests(waiting)} waiting: the KV cache is the bottleneck. "
                 "The advisor's fixes for this series follow, cheapest first (\"advice\" in --json)."), **where))
         elif usage < SCHEDULER_LIMITED_BELOW and _standing_queue(r) and not r.prefill_server:
             out.append(Finding("scheduler_limited", "warning", (
-                f"{_requests(waiting)} {_verb(waiting)} while KV is only {usage:.0%} used: the scheduler limits, "
+                f"{_requests(waiting)} {_verb(waiting)} while KV is only {usage:.1%} used: the scheduler limits, "
                 f"not KV. {_scheduler_fix(r.requests_running, max_num_seqs, flags, engine_kind)}; more KV would "
                 "not help. "
                 "One poll: watch kvwatch_state{state=\"scheduler_limited\"} (kvwatch serve) to see it persist."),

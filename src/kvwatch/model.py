@@ -180,5 +180,8 @@ class Poll:
     readings: tuple[Reading, ...]
     # (series, field, value read) of each impossible value the payload held, dropped to None (kvwatch.plausible).
     implausible: tuple[tuple[SeriesKey, str, float], ...] = ()
+    # (series, field, why) of each value the payload holds but does not determine (vLLM's pid copies that disagree),
+    # left None: unknown, and not implausible.
+    undetermined: tuple[tuple[SeriesKey, str, str], ...] = ()
     # Series the payload held beyond the reader's max_series (left out of ``readings``).
     series_dropped: int = 0

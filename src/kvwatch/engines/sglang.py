@@ -18,9 +18,11 @@ label and apply to every series; their copies are disjoint parts of the requests
 ``is_streaming``; priority scheduling and custom labels by each request's values), so they add up.
 Tensor- and pipeline-parallel ranks report the same scheduler state, so copies combine by maximum.
 
-Preemption: SGLang "retracts" decode requests when the KV pool runs out; the cumulative
-``sglang:num_retracted_requests_total`` counter is the preemption count. The older ``num_retracted_reqs``
-gauge holds only the last logging interval's count and is not a total, so it is not used.
+Preemption: SGLang "retracts" decode requests when the KV pool runs out. The preemption count is the cumulative
+``sglang:num_retracted_requests_total`` counter (0.5.7 on), else 0.4.10-0.5.2's ``sglang:total_retracted_reqs``,
+a gauge that holds the scheduler's lifetime total. The ``num_retracted_reqs`` gauge holds only the last logging
+interval's count, and the ``sglang:num_retractions`` histogram (0.5.5 on) counts retractions only of requests that
+have finished: neither is the total, so neither is read, and 0.5.3-0.5.6 report no preemption total.
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ RUNNING_2024 = "sglang:num_requests_running"
 WAITING_2024 = "sglang:num_requests_waiting"
 QUEUE_2024 = "sglang:queue_req"
 RETRACTED_TOTAL = "sglang:num_retracted_requests_total"
+# 0.4.10-0.5.2: the scheduler's lifetime retraction count as a gauge (python/sglang/srt/metrics/collector.py, "The
+# total number of retracted requests due to kvcache full"; the scheduler adds each retraction in scheduler.py).
+TOTAL_RETRACTED_GAUGE = "sglang:total_retracted_reqs"
 PROMPT_TOKENS = "sglang:prompt_tokens_total"
 GENERATION_TOKENS = "sglang:generation_tokens_total"
 CACHED_TOKENS = "sglang:cached_tokens_total"
@@ -73,7 +78,7 @@ LATENCY = {  # kind -> families, newest name first
 
 FAMILIES: frozenset[str] = frozenset({
     TOKEN_USAGE, MAX_TOTAL_NUM_TOKENS, RUNNING, QUEUE, DECODE_PREALLOC, RUNNING_2024, WAITING_2024, QUEUE_2024,
-    RETRACTED_TOTAL,
+    RETRACTED_TOTAL, TOTAL_RETRACTED_GAUGE,
     PROMPT_TOKENS, GENERATION_TOKENS, CACHED_TOKENS, REQUEST_SUCCESS, NUM_REQUESTS,
     PROMPT_HISTOGRAM, GENERATION_HISTOGRAM, PROMPT_HISTOGRAM_2024, GENERATION_HISTOGRAM_2024, PROCESS_START,
     ABORTED, *(f for families in LATENCY.values() for f in families),
@@ -146,8 +151,14 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     if not (usage_i or running_i or waiting_i):
         raise UnrecognisedPayload("SGLang payload has no token_usage, running or queue samples yet "
                                   "(server started without traffic, or renamed: see --usage-metric)")
+    # Both retraction totals carry the scheduler's labels and are read like its gauges: one per dp_rank series,
+    # the maximum over tp_rank/pp_rank copies. Every tensor-parallel rank runs the same scheduler loop on the same
+    # batch, so each counts the same retractions (python/sglang/srt/managers/scheduler.py, update_running_batch):
+    # their sum would count a retraction once per rank. Data-parallel ranks schedule their own requests: each
+    # series keeps its own rank's count.
+    retracted_family = RETRACTED_TOTAL if exposition.samples(RETRACTED_TOTAL) else TOTAL_RETRACTED_GAUGE
     retracted, prompt, generation, cached, success, finished, aborted = (fam(n) for n in (
-        RETRACTED_TOTAL, PROMPT_TOKENS, GENERATION_TOKENS, CACHED_TOKENS, REQUEST_SUCCESS, NUM_REQUESTS, ABORTED))
+        retracted_family, PROMPT_TOKENS, GENERATION_TOKENS, CACHED_TOKENS, REQUEST_SUCCESS, NUM_REQUESTS, ABORTED))
     latency = latency_index(exposition, LATENCY, key_of, parts_add=True)
     prompt_hist = PROMPT_HISTOGRAM if PROMPT_HISTOGRAM in exposition else PROMPT_HISTOGRAM_2024
     generation_hist = GENERATION_HISTOGRAM if GENERATION_HISTOGRAM in exposition else GENERATION_HISTOGRAM_2024

@@ -8,13 +8,15 @@ emits but that is missing. A partial payload therefore gets a wide range (``>=0.
 ``num_requests_running{engine=...}``) or ``unknown``; the table and its sources are in docs/metrics.md.
 
 Combining duplicates: in multiprocess mode (``--api-server-count > 1``) gauges without a multiprocess mode
-carry a ``pid`` label, one sample per API-server process. Each is a whole-engine snapshot, not a share: the
-engine's scheduler returns its stats to only one front-end per step (``vllm/v1/core/sched/scheduler.py``,
-"Return stats to only one of the front-ends"), and that process sets the gauge from them. So every gauge
-(usage, running, waiting, waiting by reason, swapped) takes the maximum over ``pid``, the most conservative
-of the recent snapshots (vLLM ≥0.12 already declares usage and running ``mostrecent``, without ``pid``);
-summing would count the same requests once per process. Identical series repeated in a payload never get
-here: the parser rejects such a payload (:mod:`kvwatch.exposition`).
+carry a ``pid`` label, one sample per API-server process: ``kv_cache_usage_perc`` in vLLM 0.9.2-0.11.0
+(``vllm/v1/metrics/loggers.py``; 0.11.1 declares it ``mostrecent``, as running and waiting are by 0.9.2).
+Each copy is a whole-engine snapshot, not a share, and may be arbitrarily old: the engine's scheduler returns
+each step's stats to only one front-end (``vllm/v1/core/sched/scheduler.py``, "Return stats to only one of the
+front-ends"; client 0 in a step with no request output), and only that process sets its copy. The newest of the
+copies is the engine's value, and the payload does not say which one that is. So copies that all hold one value
+collapse to it, and copies that disagree leave the series' value unknown (None, not NaN: it is not an
+implausible value) rather than a guess; summing would count the same requests once per process. Identical
+series repeated in a payload never get here: the parser rejects such a payload (:mod:`kvwatch.exposition`).
 
 Capacity per engine: ``kv_cache_size_tokens`` when vLLM reports it, else
 ``num_gpu_blocks / n_engines × block_size``, because vLLM sums ``num_gpu_blocks`` over data-parallel engines
@@ -158,6 +160,13 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     index = {name: _split(exposition.samples(name)) for name in (
         WAITING_BY_REASON, SWAPPED, PREEMPTIONS, SUCCESS, PROMPT_TOKENS, GENERATION_TOKENS, SLEEP_STATE)}
     usage_idx, running_idx, waiting_idx = _split(usage_samples), _split(running_samples), _split(waiting_samples)
+    if usage_idx.disagreeing and overrides.usage is None and usage is not None and usage.name == KV_USAGE:
+        # 0.9.2-0.10.x also export the old name, declared mostrecent: one current copy of the same figure.
+        current = _selected(exposition, Selector(GPU_CACHE_USAGE))
+        if current and not any("pid" in s.labels for s in current):
+            usage, usage_samples = Selector(GPU_CACHE_USAGE), current
+            usage_idx = _split(current)
+            detection = replace(detection, usage_metric=GPU_CACHE_USAGE)
     _refuse_aggregated(((usage, usage_idx, overrides.usage is not None and "--usage-metric"),
                         (running, running_idx, overrides.running is not None and "--running-metric"),
                         (waiting, waiting_idx, overrides.waiting is not None and "--waiting-metric")))
@@ -210,7 +219,22 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
         "vllm:cache_config_info{num_gpu_blocks x block_size}" if configs else None)
     detection = replace(detection, running_metric=str(running) if running_samples else None,
                         waiting_metric=str(waiting) if waiting_samples else None, capacity_metric=capacity_name)
-    return Poll(timestamp=timestamp, detection=detection, readings=tuple(readings), series_dropped=dropped)
+    undetermined = tuple((r.key, "kv_usage_ratio", _usage_undetermined(usage, usage_samples, r.key))
+                         for r in readings if usage_idx.disagreeing and _disagrees(usage_idx, r.key))
+    return Poll(timestamp=timestamp, detection=detection, readings=tuple(readings), series_dropped=dropped,
+                undetermined=undetermined)
+
+
+def _usage_undetermined(usage: Selector | None, samples: list[Sample], key: SeriesKey) -> str:
+    """Why a series' usage is unknown when its ``pid`` copies disagree (see the module doc), naming them."""
+    copies = ", ".join(f"pid {s.labels['pid']}: {s.value:g}" for s in samples
+                       if "pid" in s.labels and _model_of(s.labels) in (key[0], None)
+                       and (s.labels.get("engine") or None) in (key[1], None))
+    return (f"KV usage is unknown: {usage} has one copy per API-server process ({copies}) and they disagree. vLLM "
+            "gives each step's stats to one front-end only, so a copy can be arbitrarily old, and the page does not "
+            "say which is current (vLLM 0.9.2-0.11.0 with --api-server-count > 1). kvwatch reads "
+            "vllm:gpu_cache_usage_perc instead when the page has it (the same figure, one current copy; 0.11.0 "
+            "shows it with --show-hidden-metrics-for-version=0.10), or upgrade to vLLM >= 0.11.1.")
 
 
 # ---------------------------------------------------------------- helpers
@@ -257,9 +281,11 @@ def _sort_key(key: SeriesKey) -> tuple[str, int, str]:
 
 
 class _Index(dict[tuple[str | None, str | None], list[Sample]]):
-    """Samples by (model_name, engine); ``partial`` when some sample lacks one of the two labels."""
+    """Samples by (model_name, engine); ``partial`` when some sample lacks one of the two labels; ``disagreeing``:
+    the groups holding a series whose ``pid`` copies differ (:func:`_dedupe`), whose value is unknown."""
 
     partial = False
+    disagreeing: frozenset[tuple[str | None, str | None]] = frozenset()
 
 
 def _split(samples: list[Sample]) -> _Index:
@@ -279,7 +305,9 @@ def _split(samples: list[Sample]) -> _Index:
             multiprocess = multiprocess or "pid" in labels or "pid" in group[0].labels
     for key, group in index.items():
         if multiprocess and len(group) > 1:
-            index[key] = _dedupe(group)
+            index[key], agree = _dedupe(group)
+            if not agree:
+                index.disagreeing |= {key}
         if key[0] is None or key[1] is None:
             index.partial = True
     return index
@@ -317,27 +345,34 @@ def _for_key(index: _Index, key: SeriesKey) -> list[Sample]:
     return [s for k in ((model, engine), (model, None), (None, engine), (None, None)) for s in index.get(k, ())]
 
 
-def _dedupe(samples: list[Sample]) -> list[Sample]:
-    """One sample per series: copies that differ only in multiprocess mode's ``pid`` collapse to the largest
-    (see the module doc); the parser has already refused identical series, so without ``pid`` there is
-    nothing to collapse."""
+def _dedupe(samples: list[Sample]) -> tuple[list[Sample], bool]:
+    """One sample per series, and whether the copies agreed: copies that differ only in multiprocess mode's
+    ``pid`` collapse to one when every copy holds the same value (NaN included), else the series' value cannot be
+    told (see the module doc) and ``False`` says so. The parser has already refused identical series, so without
+    ``pid`` there is nothing to collapse."""
     if not any("pid" in s.labels for s in samples):
-        return list(samples)
+        return list(samples), True
     by_labels: dict[tuple[str, tuple[tuple[str, str], ...]], Sample] = {}
+    agree = True
     for s in samples:
         if "pid" not in s.labels:
             by_labels[(s.name, tuple(sorted(s.labels.items())))] = s
             continue
         key = (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "pid")))
-        seen = by_labels.get(key)
-        if seen is None or math.isnan(seen.value) or s.value > seen.value:
-            by_labels[key] = s
-    return list(by_labels.values())
+        seen = by_labels.setdefault(key, s)
+        agree = agree and (seen.value == s.value or (math.isnan(seen.value) and math.isnan(s.value)))
+    return list(by_labels.values()), agree
+
+
+def _disagrees(index: _Index, key: SeriesKey) -> bool:
+    """Whether a group that applies to ``key`` holds ``pid`` copies that disagree (:func:`_dedupe`)."""
+    model, engine = key
+    return any(k in index.disagreeing for k in ((model, engine), (model, None), (None, engine), (None, None)))
 
 
 def _combine(index: _Index, key: SeriesKey, how: Callable[[Iterable[float]], float]) -> float | None:
     samples = index.get(key) if not index.partial else _for_key(index, key)  # (the common case inline)
-    if not samples:
+    if not samples or (index.disagreeing and _disagrees(index, key)):
         return None
     if len(samples) == 1:
         return float(samples[0].value)
@@ -348,6 +383,8 @@ def _combine(index: _Index, key: SeriesKey, how: Callable[[Iterable[float]], flo
 
 def _by_label(index: _Index, key: SeriesKey, label: str,
               how: Callable[[Iterable[float]], float]) -> MappingProxyType[str, float]:
+    if index.disagreeing and _disagrees(index, key):
+        return MappingProxyType({})  # one part unknown: the split is unknown
     groups: dict[str, list[float]] = {}
     for s in _for_key(index, key):
         value = s.labels.get(label)
