@@ -79,7 +79,7 @@ def test_the_longest_request_is_bounded_by_the_highest_occupied_buckets():
 def test_without_the_model_quantization_is_not_sized_and_tp_is_generic():
     advice = advise("filling", recommended_max_concurrency=40, capacity_tokens=80_000, kv_tokens_per_request=2000)
     assert [a.action for a in advice] == ["limit_concurrency", "add_tensor_parallelism"]
-    assert "from 40 to 80 concurrent requests" in advice[1].projected_effect
+    assert "from 40.0 to 80.0 concurrent requests" in advice[1].projected_effect
     # Without a plan the size is unknown; the message names both things a plan needs (the model may be known
     # from model_name already, and then only --gpu was missing).
     assert "--gpu" in advice[1].message and "--model" in advice[1].message

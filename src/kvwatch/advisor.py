@@ -278,8 +278,8 @@ def _worst_case_ceilings(capacity_plan: CapacityPlan | None, pool_blocks: float 
 def _capacity_text(base_tokens: float, gain: float, ceiling: float | None) -> str:
     text = f"KV capacity {base_tokens:,.0f} -> {base_tokens * gain:,.0f} tokens (x{gain:.2f})"
     if ceiling:
-        text += (f"; at the observed mix the ceiling goes from {math.floor(ceiling)} to "
-                 f"{math.floor(ceiling * gain)} concurrent requests")
+        text += (f"; at the observed mix the ceiling goes from {ceiling:.1f} to {ceiling * gain:.1f} concurrent "
+                 "requests")
     return text
 
 
@@ -289,7 +289,7 @@ def _tensor_parallel_advice(capacity_plan: CapacityPlan | None, plan_tokens: flo
     replica."""
     replica = ("Add a replica behind the gateway: a second engine with the same "
                + (f"{base_tokens:,.0f}-token KV pool" if base_tokens else "KV pool")
-               + (f" doubles the ceiling for this traffic (from {math.floor(ceiling)} to {math.floor(2 * ceiling)} "
+               + (f" doubles the ceiling for this traffic (from {ceiling:.1f} to {2 * ceiling:.1f} "
                   "concurrent requests)" if ceiling else " doubles the capacity for this traffic")
                + ", at the price of a second copy of the weights.")
     spec = getattr(capacity_plan, "spec", None)

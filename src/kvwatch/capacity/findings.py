@@ -112,7 +112,7 @@ def kv_usage_stuck(usage: float | None, running: float | None, waiting: float | 
     transfer = (" (On a PD-disaggregated decode server, requests waiting for their KV transfer hold blocks too: "
                 "there a short spell is normal.)" if waiting and deferred is None else "")
     return CapacityFinding("kv_usage_stuck", "critical", (
-        f"KV cache is {usage:.0%} used with no request running{queue}: finished requests' blocks are not "
+        f"KV cache is {usage:.1%} used with no request running{queue}: finished requests' blocks are not "
         "being freed (a KV leak, as in vllm issue 27073, after over-long requests were rejected). Prefix-cache "
         "blocks do not count as usage, so this is not caching, and limiting concurrency or adding capacity does "
         f"not help. If it persists, restart the engine and report the engine's version.{transfer}"))
@@ -129,7 +129,7 @@ def request_exceeds_pool(usage: float | None, running: float | None, waiting: fl
         size = (f" The pool holds {capacity_tokens:,.0f} tokens but --max-model-len is {max_model_len:,}, so a "
                 "long request can be admitted that never fits.")
     return CapacityFinding("request_exceeds_pool", "critical", (
-        f"{waiting:g} requests wait while nothing runs and KV is {usage:.0%} used: the request at the head of the "
+        f"{waiting:g} requests wait while nothing runs and KV is {usage:.1%} used: the request at the head of the "
         "queue needs more KV than the whole pool, and vLLM's scheduler waits for it forever (vllm issue 39734)."
         f"{size} Lower --max-model-len to what the pool holds, or give the engine more KV memory; cancel the "
         "stuck request to unblock the queue."))
