@@ -59,8 +59,21 @@ def test_qwen3_next_gated_delta_net_state_and_block_size():
 
 
 def test_a_user_block_size_large_enough_is_kept():
-    assert attention_block_size(100_000, 1024, 256) == 256
-    assert attention_block_size(300_000, 1024, 16) == 304
+    assert attention_block_size(100_000, 1024, 256, (0, 20)) == 256
+    assert attention_block_size(300_000, 1024, 16, (0, 20)) == 304
+
+
+def test_from_0_20_the_alignment_honours_the_users_block_size():
+    # vllm/platforms/interface.py _align_hybrid_block_size (0.20): kernel_block_alignment_size = max(the backend's
+    # smallest block, cache_config.block_size). Qwen3-Next at TP 1: a 1,097,728 B state, 2,048 B per token and
+    # layer: --block-size 128 gives 128 x ceil(1,097,728 / (128 x 2,048)) = 640, not 16 x 34 = 544. Up to 0.18
+    # (HybridAttentionMambaModelConfig in vllm/model_executor/models/config.py) the alignment was a fixed 16.
+    arch = _arch("Qwen/Qwen3-Next-80B-A3B-Instruct")
+    for version, block, expected in (((0, 20), 128, 640), ((0, 20), 16, 544), ((0, 18), 128, 544),
+                                     ((0, 11), 128, 544), ((0, 30), 64, 576)):
+        layout = kv.kv_layout(arch, 1, 1, 2, block, version, model_dtype_bytes=2)
+        assert layout.mamba_page_bytes == 1_097_728
+        assert layout.block_size == expected, (version, block)
 
 
 def test_older_vllm_has_no_state_pages_in_the_pool():

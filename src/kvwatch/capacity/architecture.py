@@ -6,12 +6,15 @@ language model lives in ``text_config``), a missing ``head_dim`` (= hidden / hea
 ``sliding_window_pattern``, MLA (``kv_lora_rank`` + ``qk_rope_head_dim``) and hybrid Mamba / linear-attention
 models, whose attention layers are read from the field each family uses (``layer_types``, ``layers_block_type``
 (Jamba, Zamba2's "hybrid"), ``attn_type_list`` (MiniMax), ``attn_layer_indices`` (Bamba), ``attn_layer_period``
-(Jamba), ``hybrid_override_pattern`` (Nemotron-H), ``full_attention_interval`` (Qwen3-Next), Falcon-H1's attention
-in every layer); their state dimensions (:mod:`kvwatch.capacity.mamba`) size vLLM's state pages.
+(Jamba), ``hybrid_override_pattern`` (Nemotron-H), ``full_attention_interval`` (Qwen3-Next),
+``linear_attn_config.kda_layers`` (Kimi-Linear), Falcon-H1's attention in every layer); their state
+dimensions (:mod:`kvwatch.capacity.mamba`) size vLLM's state pages.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,9 +132,10 @@ def derived_max_model_len(cfg: dict[str, Any], model_type: str = "", *,
     if scaling is not None and "gemma3" not in model_type:
         rope, rope_type = scaling
         if rope_type not in _ROPE_TYPES_NOT_SCALED and not (yarn_unscaled and rope_type in _YARN_TYPES):
-            factor = float(rope.get("factor") or 1.0)  # (a null factor: vLLM falls back to 1.0)
+            factor = _real(rope.get("factor") or 1.0, "rope_scaling.factor")  # (null: vLLM falls back to 1.0)
             if rope_type == "yarn" and rope.get("original_max_position_embeddings"):
-                original = int(rope["original_max_position_embeddings"])
+                original = _number(rope["original_max_position_embeddings"],
+                                   "rope_scaling.original_max_position_embeddings")
                 derived = original * factor
                 how = f"rope_scaling {rope_type}: original_max_position_embeddings={original} × factor {factor:g}"
             elif factor != 1.0:
@@ -171,6 +175,10 @@ class ModelArch:
     layer_types: tuple[str, ...] = ()
     sliding_window: int | None = None
     attention_chunk_size: int | None = None  # Llama-4: the chunk of the CHUNKED layers
+    # Gemma 3n / Gemma 4 (num_kv_shared_layers): the last N layers attend over earlier layers' KV
+    # (kv_sharing_target_layer_name in vllm/model_executor/models/gemma3n.py, gemma4.py) and vLLM's runner gives
+    # them no KV cache spec; they still have their weights and attention compute.
+    kv_shared_layers: int = 0
     # MLA (DeepSeek-V2/V3, Kimi): one latent vector per token and layer, shared by all heads.
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
@@ -245,6 +253,14 @@ class ModelArch:
         return tuple(t for t in types if t not in _NO_KV)
 
     @property
+    def kv_cache_layer_types(self) -> tuple[str, ...]:
+        """Layer types of layers with a KV cache of their own: :attr:`attention_layer_types` without the
+        KV-shared ones (vLLM's cache groups and bytes per token count only these)."""
+        types = self.layer_types or (FULL,) * self.num_layers
+        own = types[:max(0, len(types) - self.kv_shared_layers)]
+        return tuple(t for t in own if t not in _NO_KV)
+
+    @property
     def has_sliding_window(self) -> bool:
         return SLIDING in self.layer_types
 
@@ -287,11 +303,8 @@ def _total_kv_heads(cfg: dict[str, Any], heads: int, model_type: str) -> int:
         return 1  # multi-query attention (Falcon-7B, StarCoder); Falcon-40B's new decoder reads n_head_kv instead
     attn = cfg.get("attn_config")
     if model_type == "dbrx" and isinstance(attn, dict) and attn.get("kv_n_heads"):
-        return int(attn["kv_n_heads"])
-    for name in _KV_HEAD_FIELDS:
-        if cfg.get(name):
-            return int(cfg[name])
-    return heads
+        return _number(attn["kv_n_heads"], "attn_config.kv_n_heads")
+    return _field(cfg, *_KV_HEAD_FIELDS, default=heads) or heads
 
 
 # Past these no released model goes; a config beyond them is broken (num_hidden_layers 1e9 never returned).
@@ -322,6 +335,36 @@ def _count(cfg: dict[str, Any], key: str) -> int | None:
     return int(value)
 
 
+def _real(value: Any, field: str) -> float:
+    """A config value as a finite number (one written as a string reads too). Anything else (a list, a word, a
+    bool) is an ArchitectureError naming the field, not a TypeError from ``int()`` deep inside."""
+    number: float | None = None
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            number = float(value)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    if number is None or not math.isfinite(number):
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else f"{shown[:57]}..."
+        raise ArchitectureError(f"config.json has {field} = {shown}: kvwatch needs a number there")
+    return number
+
+
+def _number(value: Any, field: str) -> int:
+    """:func:`_real`, as the whole number ``int()`` makes of it."""
+    return int(_real(value, field))
+
+
+def _field(cfg: dict[str, Any], *keys: str, default: int | None = None) -> int | None:
+    """The first of ``keys`` that ``cfg`` sets (null, 0 and empty count as unset, like the ``or`` chains this
+    replaces) as a number (:func:`_number`); ``default`` when none is."""
+    for key in keys:
+        if cfg.get(key):
+            return _number(cfg[key], key)
+    return default
+
+
 def _word_type(word: str) -> str:
     w = word.lower()
     if any(m in w for m in _MAMBA_LAYER_WORDS):
@@ -349,23 +392,29 @@ def _hybrid_layout(cfg: dict[str, Any], num_layers: int, model_type: str) -> _La
         types = tuple(_word_type(str(t)) for t in blocks[:num_layers])
         mixers = len(types) if model_type == "zamba2" else types.count(MAMBA)
         return _Layout(types, "layers_block_type", mixers)
+    linear = cfg.get("linear_attn_config")  # Kimi-Linear: KDA where (index + 1) is in kda_layers, else MLA
+    if isinstance(linear, dict) and isinstance(linear.get("kda_layers"), list) and linear["kda_layers"]:
+        # vllm/transformers_utils/configs/kimi_linear.py is_kda_layer: 1-based layer numbers
+        kda = {_number(n, "linear_attn_config.kda_layers") for n in linear["kda_layers"]}
+        types = tuple(MAMBA if i + 1 in kda else FULL for i in range(num_layers))
+        return _Layout(types, "linear_attn_config.kda_layers", types.count(MAMBA))
     kinds = cfg.get("attn_type_list")  # MiniMax: 1 = softmax attention, 0 = lightning (linear) attention
     if isinstance(kinds, list) and kinds:
-        types = tuple(FULL if int(k) == 1 else MAMBA for k in kinds[:num_layers])
+        types = tuple(FULL if _number(k, "attn_type_list") == 1 else MAMBA for k in kinds[:num_layers])
         return _Layout(types, "attn_type_list", types.count(MAMBA))
     indices = cfg.get("attn_layer_indices")  # Bamba: the attention layers; the rest are Mamba2
     if isinstance(indices, list) and indices:
-        wanted = {int(i) for i in indices}
+        wanted = {_number(i, "attn_layer_indices") for i in indices}
         types = tuple(FULL if i in wanted else MAMBA for i in range(num_layers))
         return _Layout(types, "attn_layer_indices", types.count(MAMBA))
-    period = cfg.get("attn_layer_period")  # Jamba: attention every attn_layer_period layers
+    period = _field(cfg, "attn_layer_period")  # Jamba: attention every attn_layer_period layers
     if period and model_type in _HYBRID_MAMBA_TYPES:
-        offset = int(cfg.get("attn_layer_offset", 0))
-        types = tuple(FULL if i % int(period) == offset else MAMBA for i in range(num_layers))
+        offset = _field(cfg, "attn_layer_offset", default=0)
+        types = tuple(FULL if i % period == offset else MAMBA for i in range(num_layers))
         return _Layout(types, "attn_layer_period", types.count(MAMBA))
-    interval = cfg.get("full_attention_interval")  # Qwen3-Next: every interval-th layer is full attention
+    interval = _field(cfg, "full_attention_interval")  # Qwen3-Next: every interval-th layer is full attention
     if interval and model_type in _HYBRID_MAMBA_TYPES:
-        types = tuple(FULL if (i + 1) % int(interval) == 0 else MAMBA for i in range(num_layers))
+        types = tuple(FULL if (i + 1) % interval == 0 else MAMBA for i in range(num_layers))
         return _Layout(types, "full_attention_interval", types.count(MAMBA))
     pattern = cfg.get("hybrid_override_pattern")  # Nemotron-H: M = Mamba, * = attention, - = MLP, E = MoE
     if isinstance(pattern, str) and pattern:
@@ -382,24 +431,25 @@ def _layer_types(cfg: dict[str, Any], num_layers: int, model_type: str) -> tuple
         # Llama-4 (vLLM's llama4.py): a layer with RoPE uses chunked local attention, a NoPE layer is global.
         # no_rope_layers[i] == 0 marks NoPE; when empty, transformers derives it from no_rope_layer_interval (4).
         nope = cfg.get("no_rope_layers")
-        interval = int(cfg.get("no_rope_layer_interval") or 4)
-        uses_rope = ([bool(int(v)) for v in nope[:num_layers]] if isinstance(nope, list) and nope
-                     else [(i + 1) % interval != 0 for i in range(num_layers)])
+        interval = _field(cfg, "no_rope_layer_interval", default=4) or 4
+        uses_rope = ([bool(_number(v, "no_rope_layers")) for v in nope[:num_layers]]
+                     if isinstance(nope, list) and nope else [(i + 1) % interval != 0 for i in range(num_layers)])
         return tuple(CHUNKED if rope else FULL for rope in uses_rope)
     raw = cfg.get("layer_types")
     if isinstance(raw, list) and raw:
         return tuple(_word_type(str(t)) for t in raw[:num_layers])
-    window = cfg.get("sliding_window")
-    swp = cfg.get("sliding_window_pattern")
+    window = _field(cfg, "sliding_window")
+    swp = _field(cfg, "sliding_window_pattern")
     if window and swp:  # Gemma-3: every swp-th layer is global, the others local.
-        return tuple(FULL if (i + 1) % int(swp) == 0 else SLIDING for i in range(num_layers))
+        return tuple(FULL if (i + 1) % swp == 0 else SLIDING for i in range(num_layers))
     if window and model_type == "gemma2":  # Gemma-2 alternates local and global, local first.
         return tuple(SLIDING if i % 2 == 0 else FULL for i in range(num_layers))
     if window and cfg.get("use_sliding_window") and model_type.startswith(("qwen2", "qwen3")):
-        max_window_layers = int(cfg.get("max_window_layers", num_layers))
+        given = cfg.get("max_window_layers")
+        max_window_layers = num_layers if given is None else _number(given, "max_window_layers")
         return tuple(FULL if i < max_window_layers else SLIDING for i in range(num_layers))
     if window and cfg.get("use_sliding_window") is not False and not model_type.startswith(("qwen2", "qwen3")) \
-            and int(window) < int(cfg.get("max_position_embeddings") or 0):
+            and window < (_field(cfg, "max_position_embeddings") or 0):
         # A window and no layer_types: vLLM sets CacheConfig.sliding_window (arg_utils: "only ... if the model is
         # all sliding window"), and each attention layer without a window of its own takes it (Mistral, Mixtral,
         # Phi-3-mini-4k's 2047). Qwen2/3's window is off unless use_sliding_window (above).
@@ -407,32 +457,46 @@ def _layer_types(cfg: dict[str, Any], num_layers: int, model_type: str) -> tuple
     return (FULL,) * num_layers
 
 
+def _kv_shared_layers(cfg: dict[str, Any], num_layers: int, model_type: str) -> int:
+    """Layers at the end that reuse earlier layers' KV (Gemma 3n and Gemma 4 read num_kv_shared_layers); 0 when
+    the model has none, or when no earlier layer is left to share with."""
+    if not model_type.startswith(("gemma3n", "gemma4")):
+        return 0
+    shared = _field(cfg, "num_kv_shared_layers", default=0) or 0
+    return shared if 0 < shared < num_layers else 0
+
+
 def _moe_layers(cfg: dict[str, Any], num_layers: int, num_experts: int, layout: _Layout | None) -> int | None:
     """Layers with an MoE block when the family says not all have one; None = the usual rule."""
     if not num_experts:
         return None
-    period = cfg.get("expert_layer_period")  # Jamba: MoE every expert_layer_period layers
+    period = _field(cfg, "expert_layer_period")  # Jamba: MoE every expert_layer_period layers
     if period:
-        offset = int(cfg.get("expert_layer_offset", 0))
-        return sum(1 for i in range(num_layers) if i % int(period) == offset)
-    interleave = cfg.get("interleave_moe_layer_step")  # Llama-4: MoE when (i + 1) % step == 0
+        offset = _field(cfg, "expert_layer_offset", default=0)
+        return sum(1 for i in range(num_layers) if i % period == offset)
+    interleave = _field(cfg, "interleave_moe_layer_step")  # Llama-4: MoE when (i + 1) % step == 0
     if interleave:
-        return sum(1 for i in range(num_layers) if (i + 1) % int(interleave) == 0)
-    step, dense_only = cfg.get("decoder_sparse_step"), cfg.get("mlp_only_layers")  # Qwen2/3-MoE
-    if (step and int(step) > 1) or dense_only:
-        skip = {int(i) for i in dense_only or []}
-        return sum(1 for i in range(num_layers) if i not in skip and (i + 1) % int(step or 1) == 0)
+        return sum(1 for i in range(num_layers) if (i + 1) % interleave == 0)
+    step, dense_only = _field(cfg, "decoder_sparse_step"), cfg.get("mlp_only_layers")  # Qwen2/3-MoE
+    if (step and step > 1) or dense_only:
+        skip = {_number(i, "mlp_only_layers") for i in dense_only or []}
+        return sum(1 for i in range(num_layers) if i not in skip and (i + 1) % (step or 1) == 0)
     if layout is not None and layout.source == "hybrid_override_pattern":
         return str(cfg.get("hybrid_override_pattern"))[:num_layers].count("E")
     return None
 
 
 def _mamba_inner_size(cfg: dict[str, Any], hidden: int) -> int:
+    linear = cfg.get("linear_attn_config")
+    if isinstance(linear, dict) and linear.get("num_heads") and linear.get("head_dim"):  # Kimi-Linear's KDA
+        return _number(linear["num_heads"], "linear_attn_config.num_heads") * _number(
+            linear["head_dim"], "linear_attn_config.head_dim")
     if cfg.get("mamba_d_ssm"):
-        return int(cfg["mamba_d_ssm"])
-    if cfg.get("linear_num_value_heads") and cfg.get("linear_value_head_dim"):
-        return int(cfg["linear_num_value_heads"]) * int(cfg["linear_value_head_dim"])
-    return int(cfg.get("mamba_expand") or cfg.get("expand") or 2) * hidden
+        return _number(cfg["mamba_d_ssm"], "mamba_d_ssm")
+    value_heads, value_dim = _field(cfg, "linear_num_value_heads"), _field(cfg, "linear_value_head_dim")
+    if value_heads and value_dim:
+        return value_heads * value_dim
+    return (_field(cfg, "mamba_expand", "expand", default=2) or 2) * hidden
 
 
 def arch_from_config(config: dict[str, Any], name: str = "custom", source: str | None = None) -> ModelArch:
@@ -441,9 +505,9 @@ def arch_from_config(config: dict[str, Any], name: str = "custom", source: str |
         raise ArchitectureError("config.json must be a JSON object")
     try:
         return _arch_from_config(config, name, source)
-    except (ArchitectureError, QuantizationError):
+    except ArchitectureError:
         raise
-    except MambaConfigError as exc:
+    except (MambaConfigError, QuantizationError) as exc:  # (both name the field)
         raise ArchitectureError(str(exc)) from None
     except (TypeError, ValueError, ZeroDivisionError) as exc:  # a field of the wrong type or value ("bits": "4bit")
         raise ArchitectureError(f"config.json has a value kvwatch cannot read: {type(exc).__name__}: {exc}") from None
@@ -451,6 +515,10 @@ def arch_from_config(config: dict[str, Any], name: str = "custom", source: str |
 
 def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> ModelArch:
     cfg = _text_config(config)
+    sizes = cfg.get("intermediate_size")
+    if isinstance(sizes, list) and sizes:
+        # Gemma 3n gives one MLP width per layer: the weights sum over layers, so the mean is the per-layer size
+        cfg = {**cfg, "intermediate_size": sum(_real(s, "intermediate_size") for s in sizes) / len(sizes)}
     model_type = str(cfg.get("model_type") or config.get("model_type") or "").lower()
     num_layers = _require(cfg, "num_hidden_layers", "n_layer", "num_layers")
     heads = _require(cfg, "num_attention_heads", "n_head")
@@ -460,20 +528,26 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
     is_mla = model_type in _MLA_TYPES
     # Zamba2's shared attention works on 2 x hidden: attention_head_dim = 2 * hidden / heads. MiniCPM3 has MLA's
     # projections but caches per-head K and V of qk_nope + qk_rope (vLLM's minicpm3.py: Attention(..., qk_head_dim)).
-    decompressed = (int(cfg["qk_nope_head_dim"]) + int(cfg["qk_rope_head_dim"])
+    decompressed = ((_field(cfg, "qk_nope_head_dim") or 0) + (_field(cfg, "qk_rope_head_dim") or 0)
                     if kv_lora_rank is not None and not is_mla and cfg.get("qk_nope_head_dim")
                     and cfg.get("qk_rope_head_dim") else None)
-    head_dim = int(cfg.get("head_dim") or cfg.get("attention_head_dim") or decompressed
-                   or (2 * hidden // heads if model_type == "zamba2" else hidden // heads))
+    head_dim = (_field(cfg, "head_dim", "attention_head_dim") or decompressed
+                or (2 * hidden // heads if model_type == "zamba2" else hidden // heads))
     if not 1 <= head_dim <= 65536:
         raise ArchitectureError(f"config.json gives a head size of {head_dim} (head_dim, or hidden_size {hidden} / "
                                 f"num_attention_heads {heads}): it must be a positive count")
+    raw_types = cfg.get("layer_types")
+    if isinstance(raw_types, list) and raw_types and len(raw_types) != num_layers:
+        # transformers refuses such a config too (layer_type_validation): one entry per decoder layer
+        raise ArchitectureError(f"config.json has {len(raw_types)} layer_types for num_hidden_layers {num_layers}: "
+                                "it needs exactly one per layer")
     layout = _hybrid_layout(cfg, num_layers, model_type)
     layer_types = layout.types if layout is not None else _layer_types(cfg, num_layers, model_type)
     notes: list[str] = []
     if is_mla and (kv_lora_rank is None or cfg.get("qk_rope_head_dim") is None):
         raise ArchitectureError("MLA config.json needs kv_lora_rank and qk_rope_head_dim")
-    is_hybrid = layout is not None or model_type in _HYBRID_MAMBA_TYPES
+    # A layout field naming no Mamba / linear layer (MiniMax-M2's all-ones attn_type_list) is plain attention.
+    is_hybrid = (layout.mamba_layers > 0) if layout is not None else model_type in _HYBRID_MAMBA_TYPES
     attention = sum(1 for t in layer_types if t not in _NO_KV)
     dims = mamba_dims_from_config(cfg, model_type, hidden) if is_hybrid else None
     not_modelled = ("its Mamba state pages and vLLM's page-size unification are modelled from "
@@ -485,12 +559,17 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
                      "layers_block_type, attn_type_list, attn_layer_indices, attn_layer_period or "
                      f"hybrid_override_pattern): all {num_layers} layers are counted as attention, which overstates "
                      f"the KV per token; {not_modelled}")
-    elif layout is not None and layout.mamba_layers and attention == num_layers:
+    elif layout is not None and is_hybrid and attention == num_layers:
         notes.append(f"hybrid model ({layout.source}): every one of the {num_layers} layers has attention and a "
                      f"Mamba mixer, so all are counted for the KV cache; {not_modelled}")
-    elif layout is not None:
+    elif layout is not None and is_hybrid:
         notes.append(f"hybrid Mamba/linear-attention model ({layout.source}): the KV cache is counted for its "
                      f"{attention} attention layers of {num_layers}; {not_modelled}")
+    kv_shared = _kv_shared_layers(cfg, num_layers, model_type)
+    if kv_shared:
+        notes.append(f"KV sharing (num_kv_shared_layers): the last {kv_shared} of {num_layers} layers reuse earlier "
+                     "layers' KV cache and hold none of their own, so the KV is counted for the first "
+                     f"{num_layers - kv_shared} (the weights for all)")
     if CHUNKED in layer_types:
         notes.append(f"chunked local attention in {layer_types.count(CHUNKED)} of {num_layers} layers "
                      f"(attention_chunk_size {cfg['attention_chunk_size']}): from vLLM 0.14 these layers form KV "
@@ -498,7 +577,7 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
                      "disabled its hybrid KV cache manager for them "
                      "(VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE defaulted to 0) and they held every token "
                      "like full attention")
-    num_experts = int(cfg.get("num_local_experts") or cfg.get("n_routed_experts") or cfg.get("num_experts") or 0)
+    num_experts = _field(cfg, "num_local_experts", "n_routed_experts", "num_experts", default=0) or 0
     tie = cfg.get("tie_word_embeddings")
     if tie is None:
         tie = config.get("tie_word_embeddings")
@@ -522,10 +601,10 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         num_kv_heads=kv_heads,
         head_dim=head_dim,
         hidden_size=hidden,
-        vocab_size=int(cfg.get("vocab_size") or config.get("vocab_size") or 32000),
+        vocab_size=_field(cfg, "vocab_size") or _field(config, "vocab_size", default=32000) or 32000,
         # Llama-4: dense layers use intermediate_size_mlp, experts (and the shared expert) intermediate_size
-        intermediate_size=int(cfg.get("intermediate_size_mlp") or cfg.get("intermediate_size")
-                              or cfg.get("ffn_hidden_size") or 4 * hidden),
+        intermediate_size=_field(cfg, "intermediate_size_mlp", "intermediate_size", "ffn_hidden_size")
+        or 4 * hidden,
         tie_word_embeddings=bool(tie),
         torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or config.get("torch_dtype") or "bfloat16"),
         max_position_embeddings=cfg.get("max_position_embeddings"),
@@ -533,28 +612,29 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         max_len_source=max_len_how,
         derived_max_model_len_before_0_30=before if before[0] != max_len else None,
         longrope_default_len=int(original) if longrope and isinstance(original, int) and original > 0 else None,
-        model_max_length=int(cfg["model_max_length"]) if cfg.get("model_max_length") else None,
+        model_max_length=_field(cfg, "model_max_length"),
         layer_types=layer_types,
-        sliding_window=int(cfg["sliding_window"]) if cfg.get("sliding_window") and SLIDING in layer_types else None,
-        attention_chunk_size=int(cfg["attention_chunk_size"]) if CHUNKED in layer_types else None,
-        kv_lora_rank=int(kv_lora_rank) if is_mla else None,
-        qk_rope_head_dim=int(cfg["qk_rope_head_dim"]) if is_mla else None,
-        index_head_dim=int(cfg["index_head_dim"]) if is_mla and cfg.get("index_head_dim") else None,
+        sliding_window=_field(cfg, "sliding_window") if SLIDING in layer_types else None,
+        attention_chunk_size=_field(cfg, "attention_chunk_size") if CHUNKED in layer_types else None,
+        kv_shared_layers=kv_shared,
+        kv_lora_rank=_number(kv_lora_rank, "kv_lora_rank") if is_mla else None,
+        qk_rope_head_dim=_number(cfg["qk_rope_head_dim"], "qk_rope_head_dim") if is_mla else None,
+        index_head_dim=_field(cfg, "index_head_dim") if is_mla else None,
         num_experts=num_experts,
         experts_per_token=_experts_per_token(cfg),
-        moe_intermediate_size=int(cfg.get("moe_intermediate_size") or (cfg.get("intermediate_size") or 0)
-                                  if num_experts else 0),
-        num_shared_experts=int(cfg.get("n_shared_experts") or cfg.get("num_shared_experts")
-                               or (1 if model_type.startswith("llama4") and num_experts else 0)),
-        first_k_dense_layers=int(cfg.get("first_k_dense_replace") or 0),
+        moe_intermediate_size=(_field(cfg, "moe_intermediate_size", "intermediate_size", default=0) or 0)
+        if num_experts else 0,
+        num_shared_experts=_field(cfg, "n_shared_experts", "num_shared_experts")
+        or (1 if model_type.startswith("llama4") and num_experts else 0),
+        first_k_dense_layers=_field(cfg, "first_k_dense_replace", default=0) or 0,
         moe_layers=_moe_layers(cfg, num_layers, num_experts, layout),
         dense_mlp_layers=(str(cfg.get("hybrid_override_pattern"))[:num_layers].count("-")
                           if layout is not None and layout.source == "hybrid_override_pattern" else None),
         mamba_layers=layout.mamba_layers if layout is not None else 0,
-        mamba_inner_size=_mamba_inner_size(cfg, hidden) if layout is not None else 0,
+        mamba_inner_size=_mamba_inner_size(cfg, hidden) if is_hybrid and layout is not None else 0,
         has_mamba_state=is_hybrid,
         mamba_dims=dims,
-        num_parameters=int(config["num_parameters"]) if config.get("num_parameters") else None,
+        num_parameters=_field(config, "num_parameters"),
         checkpoint_quantization=quant_scheme,
         checkpoint_quantization_source=quant_source,
         checkpoint_kv_cache=checkpoint_kv_cache_dtype(qc) if qc else None,
@@ -572,7 +652,7 @@ def _experts_per_token(cfg: dict[str, Any]) -> int | None:
     for key in ("num_experts_per_tok", "num_experts_per_token", "experts_per_token", "moe_topk", "moe_k"):
         if cfg.get(key):
             value = cfg[key]
-            return int(value[0] if isinstance(value, list) else value)
+            return _number(value[0] if isinstance(value, list) else value, key)
     return None
 
 

@@ -79,6 +79,11 @@ def mamba_state_blocks(arch: ModelArch, version: tuple[int, int], mode: str) -> 
 
 def mamba_ssm_dtype_bytes(arch: ModelArch, version: tuple[int, int]) -> int | None:
     """Bytes of the temporal SSM state when vLLM does not keep it in the model dtype, else None."""
+    if arch.mamba_dims is not None and arch.mamba_dims.kind == mamba.KDA:
+        # KDA's recurrent state is float32 in every release with Kimi-Linear (kda_state_dtype in
+        # vllm/model_executor/layers/mamba/mamba_utils.py); from 0.30 only --mamba-ssm-cache-dtype, which kvwatch
+        # does not take, changes it (Kimi's config.json does not).
+        return 4
     dtype = arch.mamba_ssm_cache_dtype
     if dtype is None and arch.model_type == "nemotron_h" and version >= NEMOTRON_SSM_FP32_SINCE:
         dtype = "float32"
@@ -145,6 +150,58 @@ VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
 # fp8_ds_mla: DeepSeek's FlashMLA layout, 656 B per token and layer (512 fp8 latent + 4 fp32 scales + 64 bf16
 # rope dims) instead of (kv_lora_rank + rope) x 1 B: vLLM's kv_cache_dtype "fp8_ds_mla" for DeepSeek sparse MLA.
 FP8_DS_MLA_BYTES = 656
+
+
+# Which --kv-cache-dtype vLLM serves DeepSeek sparse MLA (V3.2: index_topk, so kvwatch's index_head_dim) as
+# fp8_ds_mla, by release. 0.11-0.13: DeepseekV32ForCausalLM.verify_and_update_config turns "auto" and every fp8* into
+# it (vllm/model_executor/models/config.py; 0.12-0.13 not read); 0.14-0.16: only fp8*. From 0.18 (0.17 not read)
+# the MLA layer does it when its backend is FLASHMLA_SPARSE (vllm/model_executor/layers/attention/mla_attention.py),
+# which vllm/platforms/cuda.py picks for an fp8 cache on Hopper (the other Hopper sparse backends take no fp8). On
+# Blackwell (SM100) 0.18 prefers FLASHINFER_MLA_SPARSE at <= 16 heads per rank, 0.20 for any quantized cache: plain
+# fp8 stays. On SM12x, from 0.26 (0.20 has no sparse backend there; 0.21-0.25 not read),
+# FLASHINFER_MLA_SPARSE_SM120 turns "auto", fp8 and fp8_e4m3 into fp8_ds_mla.
+DS_MLA_FOR_AUTO_BEFORE = (0, 14)
+DS_MLA_BY_BACKEND_SINCE = (0, 18)
+SM100_FLASHINFER_SPARSE_FOR_FP8_SINCE = (0, 20)
+SM120_SPARSE_MLA_SINCE = (0, 26)
+_FLASHINFER_SPARSE_MAX_HEADS = 16  # 0.18's head count per rank at or below which SM100 prefers FlashInfer
+
+
+def sparse_mla_kv_cache_dtype(arch: ModelArch, kv_cache_dtype: str, version: tuple[int, int],
+                              capability: tuple[int, int] | None, tp: int) -> tuple[str, str | None]:
+    """(the KV cache dtype vLLM runs a DeepSeek sparse MLA model with, a note on why) for ``--kv-cache-dtype``
+    ``kv_cache_dtype`` (see DS_MLA_BY_BACKEND_SINCE); other models, and fp8_ds_mla itself, as asked, no note."""
+    asked = kv_cache_dtype.lower()
+    if not arch.is_mla or not arch.index_head_dim or asked == "fp8_ds_mla":
+        return kv_cache_dtype, None
+    fp8 = asked.startswith("fp8")
+    values = int(arch.kv_lora_rank or 0) + int(arch.qk_rope_head_dim or 0)
+    layout = (f"fp8_ds_mla, DeepSeek's FlashMLA layout ({FP8_DS_MLA_BYTES} B per token and layer instead of "
+              f"{values} B fp8" + (f" or {values} model-dtype values" if asked == "auto" else "") + ")")
+    if version < DS_MLA_BY_BACKEND_SINCE:
+        if arch.model_type != "deepseek_v32":
+            return kv_cache_dtype, None
+        if fp8 or (asked == "auto" and version < DS_MLA_FOR_AUTO_BEFORE):
+            return "fp8_ds_mla", (f"KV cache {layout}: vLLM {version[0]}.{version[1]}'s DeepseekV32ForCausalLM "
+                                  f"config turns --kv-cache-dtype {kv_cache_dtype} into it")
+        return kv_cache_dtype, None
+    major = capability[0] if capability else None
+    if major == 12:
+        if version >= SM120_SPARSE_MLA_SINCE and asked in ("auto", "fp8", "fp8_e4m3"):
+            return "fp8_ds_mla", (f"KV cache {layout}: on SM12x vLLM's FLASHINFER_MLA_SPARSE_SM120 backend serves "
+                                  f"--kv-cache-dtype {kv_cache_dtype} in it")
+        return kv_cache_dtype, None
+    if not fp8:
+        return kv_cache_dtype, None
+    if major == 10:
+        heads = arch.num_attention_heads // tp
+        if version >= SM100_FLASHINFER_SPARSE_FOR_FP8_SINCE or heads <= _FLASHINFER_SPARSE_MAX_HEADS:
+            return kv_cache_dtype, (f"KV cache {kv_cache_dtype} as plain fp8: on Blackwell (SM100) vLLM serves sparse "
+                                    "MLA with FLASHINFER_MLA_SPARSE, which keeps the standard layout (FLASHMLA_SPARSE "
+                                    "would use fp8_ds_mla)")
+    gpu = {9: "Hopper", 10: "Blackwell (SM100)", None: "an unknown GPU (assumed Hopper)"}.get(major, "this GPU")
+    return "fp8_ds_mla", (f"KV cache {layout}: on {gpu} vLLM serves sparse MLA with FLASHMLA_SPARSE, which stores "
+                          f"--kv-cache-dtype {kv_cache_dtype} in it")
 
 
 def kv_dtype_bytes(kv_cache_dtype: str, model_dtype_bytes: int) -> int:
@@ -219,7 +276,7 @@ def rank_groups(arch: ModelArch, pp: int, version: tuple[int, int]) -> tuple[int
     """(group_size, groups) of the first (largest) pipeline stage, whose contiguous slice of layers shares one
     block pool: the model's architecture and the vLLM version decide it, not the card (the grouping of
     :func:`kv_layout`, and what divides an engine's reported blocks among the groups)."""
-    types = arch.attention_layer_types
+    types = arch.kv_cache_layer_types
     stage_types = types[:layers_on_rank(len(types), pp)]
     mamba_on_rank = layers_on_rank(arch.mamba_layers, pp) if _mamba_pages(arch, version) else 0
     return group_layers(stage_types, arch.sliding_window, version, mamba_on_rank, arch.attention_chunk_size)
@@ -231,13 +288,13 @@ def kv_layout(arch: ModelArch, tp: int, pp: int, kv_bytes: int, block_size: int,
     """One rank's layout. Hybrid Mamba models with known state dimensions get vLLM's unified pages: the state
     (conv in the model dtype, temporal state in :func:`mamba_ssm_dtype_bytes`, default the model's) sets the block
     size, and ``cache_mode`` (:func:`mamba_cache_mode`) how many state blocks a request holds."""
-    on_rank = layers_on_rank(len(arch.attention_layer_types), pp)
+    on_rank = layers_on_rank(len(arch.kv_cache_layer_types), pp)
     per_layer = kv_bytes_per_token_per_layer(arch, tp, kv_bytes, kv_cache_dtype)
     mamba_page = 0
     effective_block = block_size
     if _mamba_pages(arch, version):
         mamba_page = arch.mamba_dims.page_bytes(tp, model_dtype_bytes or kv_bytes, mamba_ssm_dtype_bytes(arch, version))
-        effective_block = mamba.attention_block_size(mamba_page, per_layer, block_size)
+        effective_block = mamba.attention_block_size(mamba_page, per_layer, block_size, version, is_mla=arch.is_mla)
     group_size, groups = rank_groups(arch, pp, version)
     return KVLayout(
         block_size=effective_block,

@@ -8,8 +8,10 @@ makes every page the same size:
 - the Mamba page is the sum of its state tensors (``MambaSpec.page_size_bytes``), shapes from
   ``MambaStateShapeCalculator`` (``vllm/model_executor/layers/mamba/mamba_utils.py``), dtype the model's unless
   ``--mamba-ssm-cache-dtype`` says otherwise;
-- the attention block size becomes ``16 × ceil(mamba_page / (16 × attention_bytes_per_token))`` when the
-  user's ``--block-size`` is smaller ("Setting attention block size to N tokens ..." in the startup log);
+- the attention block size becomes ``A × ceil(mamba_page / (A × attention_bytes_per_token))`` when the
+  user's ``--block-size`` is smaller ("Setting attention block size to N tokens ..." in the startup log), ``A``
+  the alignment of :func:`hybrid_block_alignment` (16 on FlashAttention; it depends on the release, on MLA and,
+  from 0.20, on ``--block-size`` itself);
 - the Mamba page is then padded up to the attention page ("Padding mamba page size by X% ...").
 
 A request holds ``ceil(len / block_size)`` blocks in each attention group and exactly one block in each Mamba group
@@ -26,7 +28,18 @@ MAMBA1 = "mamba1"
 MAMBA2 = "mamba2"
 GATED_DELTA_NET = "gated_delta_net"  # Qwen3-Next's linear attention
 LINEAR_ATTENTION = "linear_attention"  # MiniMax's lightning attention
+KDA = "kda"  # Kimi-Linear's Kimi Delta Attention (vllm/model_executor/layers/kda.py)
 HYBRID_BLOCK_ALIGNMENT = 16  # "some attention backends (e.g. FA) only support block sizes that are multiples of 16"
+# From 0.20 vLLM aligns to max(the backend's smallest kernel block, --block-size) (``kernel_block_alignment_size``
+# in vllm/platforms/interface.py ``_align_hybrid_block_size``); 0.11-0.18 aligned to a fixed size whatever
+# --block-size said (HybridAttentionMambaModelConfig in vllm/model_executor/models/config.py; 0.19 not read).
+USER_BLOCK_ALIGNMENT_SINCE = (0, 20)
+# MLA hybrids (Kimi-Linear): 0.14-0.18 aligned to 64 (128 only with --attention-backend CUTLASS_MLA, not modelled);
+# from 0.20 to the MLA backend's smallest block (16 for FLASH_ATTN_MLA, Hopper's first choice); from 0.28 to at
+# least 128 ("TRTLLM/FlashInfer MLA decode kernels require ..."; 0.26 does not, 0.27 not read).
+MLA_HYBRID_ALIGNMENT_BEFORE_0_20 = 64
+MLA_HYBRID_ALIGNMENT_128_SINCE = (0, 28)
+MLA_HYBRID_MIN_ALIGNMENT = 128
 
 
 class MambaConfigError(ValueError):
@@ -44,14 +57,19 @@ class MambaDims:
     head_dim: int = 0  # mamba2 head dim; linear attention head dim; gated delta net value head dim
     state_size: int = 0  # d_state
     conv_kernel: int = 4
-    num_k_heads: int = 0  # gated delta net
-    head_k_dim: int = 0  # gated delta net
+    num_k_heads: int = 0  # gated delta net, KDA
+    head_k_dim: int = 0  # gated delta net, KDA
     source: str = ""
 
     def state_shapes(self, tp: int) -> tuple[tuple[int, ...], ...]:
         """Per-rank state tensor shapes, as ``MambaStateShapeCalculator`` computes them."""
         if self.kind == LINEAR_ATTENTION:
             return ((self.num_heads // tp, self.head_dim, self.head_dim),)
+        if self.kind == KDA:  # conv states for q, k and v, then the recurrent state (kda_state_shape)
+            conv_q = (self.conv_kernel - 1, _divide(self.num_heads * self.head_dim, tp, "KDA projection size"))
+            conv_k = (self.conv_kernel - 1, _divide(self.num_k_heads * self.head_k_dim, tp, "KDA projection size"))
+            return (conv_q, conv_k, conv_k,
+                    (_divide(self.num_heads, tp, "KDA heads"), self.head_dim, self.head_dim))
         if self.kind == GATED_DELTA_NET:
             conv_dim = self.head_k_dim * self.num_k_heads * 2 + self.head_dim * self.num_heads
             return ((self.conv_kernel - 1, _divide(conv_dim, tp, "conv dim")),
@@ -66,12 +84,13 @@ class MambaDims:
                 (_divide(self.num_heads, tp, "mamba heads"), self.head_dim, self.state_size))
 
     def page_bytes(self, tp: int, dtype_bytes: int, ssm_dtype_bytes: int | None = None) -> int:
-        """``MambaSpec.page_size_bytes`` before padding: the first tensor (conv, or the only state) in the model's
-        dtype, the temporal state in ``--mamba-ssm-cache-dtype`` (default: the model's)."""
+        """``MambaSpec.page_size_bytes`` before padding: the conv states (and linear attention's only state) in
+        the model's dtype, the temporal state (the last tensor) in ``ssm_dtype_bytes`` (default: the model's)."""
         shapes = self.state_shapes(tp)
+        temporal = len(shapes) - 1 if len(shapes) > 1 else None
         total = 0
         for i, shape in enumerate(shapes):
-            size = dtype_bytes if i == 0 or ssm_dtype_bytes is None else ssm_dtype_bytes
+            size = ssm_dtype_bytes if i == temporal and ssm_dtype_bytes is not None else dtype_bytes
             total += math.prod(shape) * size
         return total
 
@@ -82,13 +101,24 @@ def _divide(value: int, tp: int, what: str) -> int:
     return value // tp
 
 
-def attention_block_size(mamba_page: int, attention_bytes_per_token: int, user_block_size: int) -> int:
+def hybrid_block_alignment(version: tuple[int, int], user_block_size: int, is_mla: bool = False) -> int:
+    """The multiple vLLM rounds a hybrid model's attention block size up to (see USER_BLOCK_ALIGNMENT_SINCE)."""
+    if version < USER_BLOCK_ALIGNMENT_SINCE:
+        return MLA_HYBRID_ALIGNMENT_BEFORE_0_20 if is_mla else HYBRID_BLOCK_ALIGNMENT
+    alignment = max(HYBRID_BLOCK_ALIGNMENT, user_block_size)
+    if is_mla and version >= MLA_HYBRID_ALIGNMENT_128_SINCE:
+        alignment = max(alignment, MLA_HYBRID_MIN_ALIGNMENT)
+    return alignment
+
+
+def attention_block_size(mamba_page: int, attention_bytes_per_token: int, user_block_size: int,
+                         version: tuple[int, int], *, is_mla: bool = False) -> int:
     """The block size vLLM uses on a hybrid model: the user's when its page already holds a Mamba state, else
-    the smallest multiple of 16 whose attention page does."""
+    the smallest multiple of :func:`hybrid_block_alignment` whose attention page does."""
     if mamba_page <= 0 or attention_bytes_per_token <= 0:
         return user_block_size
-    per = HYBRID_BLOCK_ALIGNMENT * attention_bytes_per_token
-    needed = HYBRID_BLOCK_ALIGNMENT * -(-mamba_page // per)
+    alignment = hybrid_block_alignment(version, user_block_size, is_mla)
+    needed = alignment * -(-mamba_page // (alignment * attention_bytes_per_token))
     return max(user_block_size, needed)
 
 
@@ -99,8 +129,12 @@ def padding_percent(mamba_page: int, attention_page: int) -> float:
 
 def _first(cfg: dict[str, Any], *keys: str) -> int | None:
     for key in keys:
-        if cfg.get(key) is not None:
-            return int(cfg[key])
+        value = cfg.get(key)
+        if value is not None:
+            try:
+                return int(value)
+            except (TypeError, ValueError):  # a list or a word: say which field, not int()'s complaint
+                raise MambaConfigError(f"config.json has {key} = {value!r:.60}: kvwatch needs a number there") from None
     return None
 
 
@@ -108,12 +142,15 @@ def mamba_dims_from_config(cfg: dict[str, Any], model_type: str, hidden: int) ->
     """The state dimensions from a hybrid model's ``config.json`` (the field names vLLM's model classes read);
     None when the family's fields are absent (the state pages are then not modelled, and a note says so)."""
     if cfg.get("linear_num_value_heads") and cfg.get("linear_value_head_dim"):  # Qwen3-Next
-        return MambaDims(GATED_DELTA_NET, num_heads=int(cfg["linear_num_value_heads"]),
-                         head_dim=int(cfg["linear_value_head_dim"]),
-                         num_k_heads=int(cfg.get("linear_num_key_heads") or cfg["linear_num_value_heads"]),
-                         head_k_dim=int(cfg.get("linear_key_head_dim") or cfg["linear_value_head_dim"]),
-                         conv_kernel=int(cfg.get("linear_conv_kernel_dim") or 4),
+        heads, head_dim = _first(cfg, "linear_num_value_heads") or 0, _first(cfg, "linear_value_head_dim") or 0
+        return MambaDims(GATED_DELTA_NET, num_heads=heads, head_dim=head_dim,
+                         num_k_heads=_first(cfg, "linear_num_key_heads") or heads,
+                         head_k_dim=_first(cfg, "linear_key_head_dim") or head_dim,
+                         conv_kernel=_first(cfg, "linear_conv_kernel_dim") or 4,
                          source="linear_num_value_heads/linear_value_head_dim (gated delta net)")
+    kda = _kda_dims(cfg.get("linear_attn_config"))
+    if kda is not None:
+        return kda
     if "minimax" in model_type and cfg.get("attn_type_list"):  # lightning attention: (heads, d, d) per layer
         heads = _first(cfg, "num_attention_heads")
         head_dim = _first(cfg, "head_dim") or (hidden // heads if heads else None)
@@ -135,3 +172,16 @@ def mamba_dims_from_config(cfg: dict[str, Any], model_type: str, hidden: int) ->
         return MambaDims(MAMBA1, intermediate_size=expand * hidden, state_size=state,
                          conv_kernel=_first(cfg, "mamba_d_conv") or 4, source="mamba_expand/mamba_d_state (Mamba1)")
     return None
+
+
+def _kda_dims(linear: Any) -> MambaDims | None:
+    """Kimi-Linear's KDA state from ``linear_attn_config`` (vLLM's KimiLinearForCausalLM passes num_heads,
+    head_dim and short_conv_kernel_size; the key heads and dims equal the value ones)."""
+    if not isinstance(linear, dict) or not linear.get("kda_layers"):
+        return None
+    heads, head_dim = _first(linear, "num_heads"), _first(linear, "head_dim")
+    kernel = _first(linear, "short_conv_kernel_size")
+    if not (heads and head_dim and kernel):
+        return None
+    return MambaDims(KDA, num_heads=heads, head_dim=head_dim, num_k_heads=heads, head_k_dim=head_dim,
+                     conv_kernel=kernel, source="linear_attn_config num_heads/head_dim/short_conv_kernel_size (KDA)")

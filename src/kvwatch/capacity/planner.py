@@ -244,6 +244,11 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
     if spec.kv_cache_dtype_from:
         notes.append(f"KV cache {spec.kv_cache_dtype}: the checkpoint's {spec.kv_cache_dtype_from} quantization_config "
                      "declares it, and vLLM takes it for --kv-cache-dtype auto (pass --kv-cache-dtype to plan another)")
+    if arch is not None:  # DeepSeek sparse MLA: the dtype vLLM really serves, per release and GPU
+        served, why = kv.sparse_mla_kv_cache_dtype(arch, spec.kv_cache_dtype, spec.vllm_version,
+                                                   spec.gpu_compute_capability, tp)
+        spec = replace(spec, kv_cache_dtype=served)
+        notes += [why] if why else []
     quantization.check_name(spec.quantization)
     if spec.block_size not in kv.VLLM_BLOCK_SIZES:
         raise SpecError(f"invalid value {spec.block_size} for --block-size: vLLM accepts "

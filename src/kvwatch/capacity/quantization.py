@@ -206,10 +206,11 @@ def scheme_from_config(qc: dict[str, Any]) -> tuple[str, str]:
     if method == "compressed_tensors":
         return _compressed_tensors(qc, field)
     if method in {"gptq", "gptq_marlin", "awq", "awq_marlin", "moe_wna16"}:
-        bits = qc.get("bits", qc.get("w_bit"))
-        if bits is None:
+        raw = qc.get("bits", qc.get("w_bit"))
+        if raw is None:
             return "w4a16", f"{field} (quant_method {method}, bits not given: 4 assumed)"
-        return f"w{int(bits)}a16", f"{field} (quant_method {method}, bits {int(bits)})"
+        bits = _bits(raw, f"{field}.bits")
+        return f"w{bits}a16", f"{field} (quant_method {method}, bits {bits})"
     if method in {"modelopt", "modelopt_fp4"}:
         algo = qc.get("quant_algo") or _modelopt_inner(qc).get("quant_algo")
         a = str(algo or "").upper()
@@ -247,8 +248,11 @@ def _compressed_tensors(qc: dict[str, Any], field: str) -> tuple[str, str]:
             fmt = str(group.get("format") or top_format)
             acts = group.get("input_activations") or {}
             act_bits = acts.get("num_bits") if isinstance(acts, dict) else None
-            scheme = _ct_scheme(int(bits), kind, fmt, act_bits)
-            detail = f"config_groups.{name}.weights: num_bits {int(bits)}, type {kind}"
+            bits = _bits(bits, f"{field}.config_groups.{name}.weights.num_bits")
+            if act_bits is not None:
+                act_bits = _bits(act_bits, f"{field}.config_groups.{name}.input_activations.num_bits")
+            scheme = _ct_scheme(bits, kind, fmt, act_bits)
+            detail = f"config_groups.{name}.weights: num_bits {bits}, type {kind}"
             detail += f", format {fmt}" if fmt else ""
             found.append((float(scheme_bytes(scheme) or 0.0), scheme, detail))
     if not found:
@@ -259,11 +263,20 @@ def _compressed_tensors(qc: dict[str, Any], field: str) -> tuple[str, str]:
     return scheme, f"{field} (compressed-tensors, {detail}{extra})"
 
 
-def _ct_scheme(bits: int, kind: str, fmt: str, act_bits: Any) -> str:
+def _bits(value: Any, field: str) -> int:
+    """A bit width from a quantization config; a list or a word is refused naming the field (not int()'s error)."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise QuantizationError(f"{field} = {value!r:.60}: kvwatch needs a whole number of bits there",
+                                flag="--model-config") from None
+
+
+def _ct_scheme(bits: int, kind: str, fmt: str, act_bits: int | None) -> str:
     if "nvfp4" in fmt or (bits == 4 and kind == "float"):
         return "nvfp4"
     if kind == "float" and bits == 8:
         return "fp8"
-    if act_bits is not None and int(act_bits) == 8:
+    if act_bits == 8:
         return f"w{bits}a8"
     return f"w{bits}a16"

@@ -145,8 +145,9 @@ def whatif_scenarios(spec: DeploymentSpec, avg_seq_len: float | None = None) -> 
                            f"--max-model-len {half}: the V1 pool is unchanged; each worst-case request needs half"))
     else:
         candidates.append(("max_model_len_halved", None, "needs --max-model-len"))
-    if spec.kv_cache_dtype.startswith("fp8"):
-        candidates.append(("fp8_kv_cache", replace(spec), "KV cache is already FP8: no gain"))
+    if base.spec.kv_cache_dtype.startswith("fp8"):  # (the dtype vLLM serves: DeepSeek-V3.2's auto may be fp8)
+        candidates.append(("fp8_kv_cache", replace(spec), f"KV cache is already FP8 ({base.spec.kv_cache_dtype}): "
+                                                           "no gain"))
     else:
         fp8 = replace(spec, kv_cache_dtype="fp8")
         if spec.kv_bytes_per_token is not None:

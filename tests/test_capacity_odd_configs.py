@@ -1,0 +1,54 @@
+"""Odd config.json values: refused with a message naming the field, or read the way vLLM reads them."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvwatch.capacity.architecture import ArchitectureError, arch_from_config
+
+LLAMA = {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+         "num_hidden_layers": 32, "vocab_size": 128256, "max_position_embeddings": 8192, "torch_dtype": "bfloat16"}
+
+
+@pytest.mark.parametrize(("changes", "field"), [
+    ({"num_key_value_heads": [8] * 32}, "num_key_value_heads"),
+    ({"num_local_experts": 16, "interleave_moe_layer_step": [1, 2]}, "interleave_moe_layer_step"),
+    ({"quantization_config": {"quant_method": "gptq", "bits": [4]}}, "quantization_config.bits"),
+    ({"head_dim": "wide"}, "head_dim"),
+    ({"sliding_window": [4096]}, "sliding_window"),
+    ({"vocab_size": {"text": 1}}, "vocab_size"),
+    ({"rope_scaling": {"type": "linear", "factor": [2]}}, "rope_scaling.factor"),
+    ({"model_type": "qwen3_next", "full_attention_interval": [4], "linear_num_value_heads": 32,
+      "linear_value_head_dim": 128}, "full_attention_interval"),
+    ({"model_type": "qwen3_next", "layer_types": ["linear_attention", "full_attention"] * 16,
+      "linear_num_value_heads": [32], "linear_value_head_dim": 128}, "linear_num_value_heads"),
+    ({"model_type": "minimax_m1", "attn_type_list": ["softmax"] * 32}, "attn_type_list"),
+])
+def test_a_wrong_typed_number_names_its_field(changes, field):
+    with pytest.raises(ArchitectureError) as exc:
+        arch_from_config({**LLAMA, **changes})
+    message = str(exc.value)
+    assert field in message and "TypeError" not in message and "int()" not in message
+
+
+def test_numbers_written_as_strings_still_read():
+    arch = arch_from_config({**LLAMA, "num_key_value_heads": "8", "sliding_window": "4096"})
+    assert arch.num_kv_heads == 8 and arch.sliding_window == 4096
+
+
+@pytest.mark.parametrize("length", [2, 31, 33])
+def test_layer_types_of_another_length_than_the_layers_is_refused(length):
+    # transformers' layer_type_validation refuses it as well; kvwatch used to count 2 layers for 32
+    types = (["sliding_attention", "full_attention"] * 20)[:length]
+    with pytest.raises(ArchitectureError, match=f"{length} layer_types for num_hidden_layers 32"):
+        arch_from_config({**LLAMA, "layer_types": types, "sliding_window": 4096})
+
+
+def test_minimax_m2_all_attention_list_is_not_called_a_hybrid():
+    # MiniMax-M2: attn_type_list of 62 ones, i.e. softmax attention in every layer and no linear layer
+    config = {**LLAMA, "model_type": "minimax_m2", "num_hidden_layers": 62, "num_attention_heads": 48,
+              "head_dim": 128, "hidden_size": 3072, "attn_type_list": [1] * 62}
+    arch = arch_from_config(config)
+    assert not arch.is_hybrid_mamba and arch.mamba_layers == 0 and arch.mamba_dims is None
+    assert not any("hybrid" in n for n in arch.notes)
+    assert len(arch.attention_layer_types) == 62
