@@ -193,3 +193,25 @@ def test_the_max_model_len_fix_sizes_its_effect_with_the_models_groups():
     after = max_concurrency_at_max_model_len(plan.layout, plan.num_gpu_blocks, 8192, plan.in_flight_tokens)
     assert f"from {now:.1f} to {after:.1f} requests" in lower.projected_effect
     assert f"{after / now:.1f}x" in lower.projected_effect and after / now < 3.5
+
+
+def test_a_fixed_pool_gets_no_memory_fix(llama_plan):
+    # --num-gpu-blocks-override fixes vLLM's pool: quantized weights or more TP free memory it never uses.
+    advice = advise("bottleneck", recommended_max_concurrency=100, running=120, capacity_plan=llama_plan,
+                    capacity_tokens=64_000, kv_tokens_per_request=600, fixed_blocks=4000)
+    assert [a.action for a in advice] == ["limit_concurrency", "add_tensor_parallelism"]
+    assert "remove --num-gpu-blocks-override (4,000 blocks)" in advice[-1].message
+    assert advice[-1].engine_args is None and "replica" in advice[-1].message
+
+
+def test_the_adapter_reads_the_override_when_the_block_count_is_not_labelled():
+    # vLLM 0.8.x labels cache_config_info before the engine core reports num_gpu_blocks (None); with an override
+    # that is the count (the formula's 443,696 tokens was used instead of 64,000).
+    from kvwatch.engines import vllm
+    from kvwatch.exposition import parse
+
+    text = ('vllm:gpu_cache_usage_perc{model_name="m"} 0.5\nvllm:num_requests_running{model_name="m"} 3\n'
+            'vllm:num_requests_waiting{model_name="m"} 0\n'
+            'vllm:cache_config_info{block_size="16",num_gpu_blocks="None",num_gpu_blocks_override="4000"} 1.0\n')
+    (reading,) = vllm.read(parse(text), timestamp=0.0).readings
+    assert reading.kv_capacity_tokens == 64_000.0

@@ -165,3 +165,9 @@ def test_an_engine_asleep_has_no_live_finding():
 def test_mismatch_without_a_plan_makes_no_claim_about_the_gaps_size():
     finding = capacity_mismatch(200_000, 100_000, None)
     assert finding is not None and "outside the 0.5-1.8 GiB" not in finding.message
+
+
+def test_an_override_explains_the_mismatch_alone():
+    found = capacity_mismatch(443_696, 64_000, None, override_blocks=4000)
+    assert found is not None and found.severity == "info"
+    assert "--num-gpu-blocks-override 4,000" in found.message and "Likely causes" not in found.message

@@ -70,3 +70,23 @@ def test_held_since_counts_only_the_unbroken_run_ending_now():
     assert held.update(35.0, False) == 0.0
     assert held.update(40.0, True) == 0.0 and held.update(45.0, True) == 5.0
     assert held.update(50.0, True, restarted=True) == 0.0  # a new engine process starts a new run
+
+
+def test_under_num_gpu_blocks_override_no_what_if_adds_kv():
+    # vLLM takes --num-gpu-blocks-override as the pool whatever the memory (may_override_num_blocks): FP8 weights
+    # or TP x2 free memory that never reaches the cache, so every scenario's ceiling is today's.
+    settings = ServeSettings(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100")
+    config = {"block_size": "16", "num_gpu_blocks": "4000", "gpu_memory_utilization": "0.9"}
+    results = {}
+    for override in ("None", "4000"):
+        analyzer = CapacityAnalyzer(settings)
+        r = Reading(model_name="meta-llama/Llama-3.1-8B-Instruct", engine="0", kv_usage_ratio=0.9,
+                    requests_running=20, requests_waiting=0, kv_capacity_tokens=64_000.0, num_gpu_blocks=4000.0,
+                    block_size=16.0, cache_config={**config, "num_gpu_blocks_override": override})
+        history = SeriesHistory()
+        history.append(0.0, r)
+        result = analyzer.analyze(r.key, history, r, 0.0)
+        assert result is not None
+        results[override] = dict(result.whatif_max_concurrency)
+    assert results["None"]["fp8_weights"] > results["None"]["gpu_memory_utilization_0.85"]
+    assert len(set(results["4000"].values())) == 1 and results["4000"]["fp8_weights"] < results["None"]["fp8_weights"]

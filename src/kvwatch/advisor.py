@@ -152,6 +152,7 @@ def advise(
     engine_kind: str = VLLM,
     ranks_per_flag: int = 1,
     pool_blocks: float | None = None,
+    fixed_blocks: float | None = None,
 ) -> list[Advice]:
     """Ranked fixes for ``state`` (empty unless filling or bottleneck, and while nothing runs).
 
@@ -165,7 +166,9 @@ def advise(
     server runs (SGLang's dp_rank series): the gateway's limit is the per-rank one times that, and with
     --enable-dp-attention SGLang divides --max-running-requests over them (tp_worker.py), which the payload does
     not say, so the message gives both values and ``engine_args`` the per-rank one. ``pool_blocks``: the engine's
-    own blocks in the plan's block size, for the worst-case ceilings of the max-model-len fix.
+    own blocks in the plan's block size, for the worst-case ceilings of the max-model-len fix. ``fixed_blocks``: the
+    engine's ``--num-gpu-blocks-override``, which fixes the pool: no quantization fix, and a replica or removing the
+    override instead of more tensor parallelism (neither frees KV while it is set).
     """
     if state not in ADVISE_IN_STATES or running == 0:
         return []  # (nothing running: no request holds the blocks, so no capacity fix applies; a leak does)
@@ -216,7 +219,7 @@ def advise(
             engine_args=_args(flags["max_model_len"], lowered),
         ))
 
-    quantized = whatif.get("fp8_weights")
+    quantized = whatif.get("fp8_weights") if not fixed_blocks else None
     if quantized is not None and plan_tokens and base_tokens and quantized.kv_cache_tokens and \
             quantized.kv_cache_tokens > plan_tokens:
         gain = quantized.kv_cache_tokens / plan_tokens
@@ -234,8 +237,11 @@ def advise(
             engine_args=_args(flags["quantization"], "fp8"),
         ))
 
-    out.append(_tensor_parallel_advice(capacity_plan, plan_tokens, base_tokens, ceiling, gpus_per_node,
-                                       flags["tensor_parallel"] or "--tensor-parallel-size"))
+    if fixed_blocks:
+        out.append(_fixed_pool_advice(fixed_blocks, base_tokens, ceiling))
+    else:
+        out.append(_tensor_parallel_advice(capacity_plan, plan_tokens, base_tokens, ceiling, gpus_per_node,
+                                           flags["tensor_parallel"] or "--tensor-parallel-size"))
     launched = engine_kind not in CONFIGURED_NOT_LAUNCHED
     return [Advice(a.action, rank, a.message, a.projected_effect, a.engine_args if launched else None,
                    a.concurrency, engine_kind) for rank, a in enumerate(out, 1)]
@@ -281,6 +287,21 @@ def _capacity_text(base_tokens: float, gain: float, ceiling: float | None) -> st
         text += (f"; at the observed mix the ceiling goes from {ceiling:.1f} to {ceiling * gain:.1f} concurrent "
                  "requests")
     return text
+
+
+def _fixed_pool_advice(fixed_blocks: float, base_tokens: float | None, ceiling: float | None) -> Advice:
+    """The last fix while ``--num-gpu-blocks-override`` fixes the pool: memory freed by lighter weights or more
+    tensor parallelism does not reach it (vLLM takes the override as the block count), so a replica, or the
+    override removed so that vLLM sizes the pool from memory."""
+    replica = ("a second engine with the same "
+               + (f"{base_tokens:,.0f}-token KV pool" if base_tokens else "KV pool")
+               + (f" doubles the ceiling for this traffic (from {ceiling:.1f} to {2 * ceiling:.1f} concurrent "
+                  "requests)" if ceiling else " doubles the capacity for this traffic") + ".")
+    return Advice(ADD_TENSOR_PARALLELISM, 0,
+                  f"Add a replica behind the gateway, or remove --num-gpu-blocks-override ({fixed_blocks:,.0f} blocks) "
+                  "so that vLLM sizes the pool from the GPU memory: while it is set, quantized weights or more tensor "
+                  "parallelism add no KV.",
+                  replica[0].upper() + replica[1:])
 
 
 def _tensor_parallel_advice(capacity_plan: CapacityPlan | None, plan_tokens: float | None, base_tokens: float | None,
@@ -367,6 +388,9 @@ def advise_from_result(result: ForecastResult, reading: Reading | None = None, *
     capacity = reading.kv_capacity_tokens if reading is not None else None
     blocks = reading.num_gpu_blocks if reading is not None and capacity_plan is not None and \
         reading.block_size == capacity_plan.layout.block_size else None
+    from kvwatch.engines.vllm import override_blocks
+
+    fixed = override_blocks(reading.cache_config) if reading is not None and engine_kind == VLLM else None
     return advise(
         result.state,
         recommended_max_concurrency=result.recommended_max_concurrency,
@@ -381,4 +405,5 @@ def advise_from_result(result: ForecastResult, reading: Reading | None = None, *
         engine_kind=engine_kind,
         ranks_per_flag=ranks_per_flag,
         pool_blocks=blocks,
+        fixed_blocks=fixed,
     )

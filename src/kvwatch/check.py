@@ -322,7 +322,7 @@ def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any], 
     their own way (--mem-fraction-static, free_gpu_memory_fraction)."""
     from kvwatch.capacity import findings as capacity
     from kvwatch.capacity.series import max_model_len_of
-    from kvwatch.engines.vllm import engine_max_model_len
+    from kvwatch.engines.vllm import engine_max_model_len, override_blocks
 
     out: list[Finding] = []
     refused: set[str] = set()
@@ -339,7 +339,7 @@ def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any], 
             found += capacity.plan_refusals(plan) if plan is not None and engine_kind == VLLM else []
         if plan is not None and engine_kind == VLLM:
             found.append(capacity.capacity_mismatch(_formula_like_engine(plan, capacities[r.key].source),
-                                                    r.kv_capacity_tokens, plan))
+                                                    r.kv_capacity_tokens, plan, override_blocks(r.cache_config)))
         out += [Finding(f.id, f.severity, f.message, r.model_name, r.engine) for f in found if f is not None]
     return out
 

@@ -51,14 +51,20 @@ def plan_refusals(plan: Any) -> list[CapacityFinding]:
 
 
 def capacity_mismatch(formula_tokens: float, reported_tokens: float | None,
-                      plan: Any | None = None) -> CapacityFinding | None:
-    """A finding when the formula and the engine's pool differ by more than :data:`MISMATCH_RATIO`."""
+                      plan: Any | None = None, override_blocks: float | None = None) -> CapacityFinding | None:
+    """A finding when the formula and the engine's pool differ by more than :data:`MISMATCH_RATIO`;
+    ``override_blocks``: the engine's --num-gpu-blocks-override, which sizes the pool instead of the memory."""
     if not reported_tokens or reported_tokens <= 0 or formula_tokens <= 0:
         return None
     gap = formula_tokens / reported_tokens - 1
     if abs(gap) <= MISMATCH_RATIO:
         return None
     causes: list[str] = []
+    if override_blocks:  # the cause, stated by the engine itself: no guesses beside it
+        return CapacityFinding("capacity_mismatch", "info", (
+            f"The capacity formula says {formula_tokens:,.0f} KV tokens from the GPU memory, the engine reports "
+            f"{reported_tokens:,.0f}: it runs with --num-gpu-blocks-override {override_blocks:,.0f}, which fixes its "
+            "pool whatever the memory. The engine's figure is the one kvwatch uses."))
     per_token = getattr(plan, "kv_bytes_per_token", None)
     if gap > 0:
         missing_gib = (formula_tokens - reported_tokens) * per_token / GIB if per_token else None

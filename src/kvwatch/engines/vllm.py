@@ -470,11 +470,21 @@ def engine_max_model_len(config: Mapping[str, str]) -> int | None:
     return int(nearest) if abs(length - nearest) < 1e-6 * length else math.ceil(length)
 
 
+def override_blocks(config: Mapping[str, str]) -> float | None:
+    """The engine's ``--num-gpu-blocks-override`` (``cache_config_info``), or None: when set, vLLM's pool is that
+    many blocks whatever the memory (vllm/v1/core/kv_cache_utils.py ``may_override_num_blocks``), so nothing
+    that frees memory (lighter weights, more tensor parallelism) adds KV while it is set."""
+    value = label_number(config.get("num_gpu_blocks_override"))
+    return value if value is not None and value > 0 else None
+
+
 def _capacity(config: dict[str, str], n_engines: int) -> tuple[float | None, float | None, float | None,
                                                                float | None]:
-    """(capacity tokens, gpu blocks, block size, max concurrency), all per engine."""
+    """(capacity tokens, gpu blocks, block size, max concurrency), all per engine. Without ``num_gpu_blocks`` (0.8.x
+    labels before the engine core reports it) a ``--num-gpu-blocks-override`` is the count: vLLM takes it as is
+    (``may_override_num_blocks``), per engine."""
     total_blocks = label_number(config.get("num_gpu_blocks"))
-    blocks = total_blocks / n_engines if total_blocks is not None else None
+    blocks = total_blocks / n_engines if total_blocks is not None else override_blocks(config)
     block_size = label_number(config.get("block_size"))
     capacity = label_number(config.get("kv_cache_size_tokens"))
     if capacity is None and blocks is not None and block_size is not None:

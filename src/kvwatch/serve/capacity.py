@@ -24,7 +24,7 @@ from prometheus_client.core import GaugeMetricFamily
 from kvwatch.capacity.findings import LIVE_FINDINGS, SUSTAINED_SECONDS, HeldSince, live_finding, max_model_len_mismatch
 from kvwatch.capacity.series import max_model_len_of
 from kvwatch.derived import observed_mix_ceiling
-from kvwatch.engines.vllm import engine_max_model_len
+from kvwatch.engines.vllm import engine_max_model_len, override_blocks
 from kvwatch.history import SeriesHistory
 from kvwatch.model import Reading, SeriesKey
 from kvwatch.serve.sidecar_capacity import CapacityResolver, SidecarCapacity
@@ -102,6 +102,9 @@ class CapacityAnalyzer:
             per_request = reading.kv_capacity_tokens / headline
         if capacity is not None and per_request:
             whatif = capacity.whatif_max_concurrency(per_request, series.tokens)
+            if override_blocks(reading.cache_config) and headline:
+                # --num-gpu-blocks-override fixes the pool: no scenario adds KV while it is set (kvwatch.advisor)
+                whatif = dict.fromkeys(whatif, headline)
         return CapacityResult(capacity.formula_kv_capacity_tokens if capacity is not None else None,
                               MappingProxyType(whatif), series.source, series.pool_bytes, series.pool_source,
                               MappingProxyType(findings),
