@@ -767,3 +767,13 @@ def test_a_source_metric_that_matches_nothing_is_refused_naming_the_flag(
     assert f"{flag} {value} matches no sample in the payload" in err
     assert main(["check", "--file", path, flag, value.replace("waitin", "waiting").replace("nonexist",
                  "vllm:kv_cache_usage_perc").replace('"9"', '"0"')]) == 0
+
+
+def test_a_page_without_engine_metrics_names_disable_log_stats(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    # vLLM with --disable-log-stats serves /metrics with only the HTTP and process families.
+    page = tmp_path / "no-stats.prom"
+    page.write_text('process_start_time_seconds 1.7e+09\nhttp_requests_total{handler="/v1/completions",'
+                    'method="POST",status="2xx"} 12.0\n')
+    assert main(["check", "--file", str(page)]) == 1
+    assert "--disable-log-stats" in capsys.readouterr().err

@@ -86,7 +86,8 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
                                       "this trtllm-serve exports latency only; a newer one, or --usage-metric, "
                                       "--running-metric and --waiting-metric naming what it has")
         raise UnrecognisedPayload("no vllm:*, sglang:*, trtllm_*/trtllm:* or nv_trt_llm_* metrics in the payload "
-                                  "(is the target an inference engine's /metrics endpoint?)")
+                                  "(is the target an inference engine's /metrics endpoint? A vLLM started with "
+                                  "--disable-log-stats exports none of its own)")
     else:
         poll = vllm.read(exposition, overrides, timestamp=timestamp, max_series=max_series)
     if limit is not None and limit.refused:
