@@ -347,3 +347,12 @@ def test_bad_usage_with_json_is_json_on_stdout_too(argv, capsys):
     out, err = captured.out, captured.err
     error = json.loads(out)["error"]
     assert code == 2 and error["reason"] == "usage" and error["message"] in err
+
+
+def test_a_0_20_plan_of_a_hybrid_gives_both_patch_releases_token_figures(capsys):
+    # vLLM 0.20.2 changed "GPU KV cache size" to max concurrency × max_model_len in a patch release; 0.20.0 and
+    # 0.20.1 still log blocks // groups × block_size, and --vllm-version 0.20 cannot say which.
+    code, out, _ = run(["plan", "--model", "openai/gpt-oss-20b", "--gpu", "H100", "--vllm-version", "0.20"], capsys)
+    assert code == 0 and "0.20.0 and 0.20.1 log blocks // 2 groups × 16 = " in out
+    _, newer, _ = run(["plan", "--model", "openai/gpt-oss-20b", "--gpu", "H100", "--vllm-version", "0.26"], capsys)
+    assert "0.20.0 and 0.20.1" not in newer

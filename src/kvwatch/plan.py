@@ -38,9 +38,12 @@ from kvwatch.capacity.kv import (
     NEMOTRON_SSM_FP32_SINCE,
     TOKENS_FROM_CONCURRENCY_SINCE,
     KVLayout,
+    kv_bytes_per_token_per_layer,
+    kv_dtype_bytes,
+    layers_on_rank,
 )
 from kvwatch.capacity.longcontext import LongContext, long_context
-from kvwatch.capacity.memory import GIB, parameter_counts, resolve_quantization
+from kvwatch.capacity.memory import GIB, model_dtype_bytes, parameter_counts, resolve_quantization
 from kvwatch.capacity.planner import CUDA_GRAPHS_SUBTRACTED_SINCE
 from kvwatch.capacity.units import decimal_unit_note
 from kvwatch.settings import DeploymentSettings, SettingsError, add_settings_flags, load_settings
@@ -383,11 +386,28 @@ def _kv_formula(plan: CapacityPlan) -> str:
                       f"{latent_bytes // dims} B")
         inner = f"({latent} + {indexer} B indexer keys)" if indexer else latent
         per = f"{layers} layers × {inner} (MLA, not split by TP)"
+    elif arch.attention_dims:
+        per = " + ".join(_per_type_term(plan, kind) for kind in dict.fromkeys(arch.kv_cache_layer_types))
     else:
         heads = max(1, arch.num_kv_heads // spec.tensor_parallel_size)
         per = f"2 × {layers} layers × {heads} KV heads × {arch.head_dim} head_dim × " \
               f"{elem // (2 * heads * arch.head_dim)} B"
     return f"{per} = {_bytes(plan.kv_bytes_per_token)}"
+
+
+def _per_type_term(plan: CapacityPlan, kind: str) -> str:
+    """One layer type's share of the KV bytes per token where types have dims of their own (Gemma 4, MiMo)."""
+    spec, arch = plan.spec, plan.spec.arch
+    assert arch is not None
+    tp = spec.tensor_parallel_size
+    types = arch.kv_cache_layer_types
+    layers = layers_on_rank(len(types), spec.pipeline_parallel_size)
+    count = types[:layers].count(kind)
+    element = kv_dtype_bytes(spec.kv_cache_dtype, model_dtype_bytes(spec.dtype, arch))
+    per_layer = kv_bytes_per_token_per_layer(arch, tp, element, spec.kv_cache_dtype, kind, spec.vllm_version)
+    heads = max(1, arch.kv_dims(kind).num_kv_heads // tp)
+    sizes = per_layer // (heads * element)
+    return f"{count} {kind.split('_')[0]} layers × {heads} KV heads × {sizes} (K + V head sizes) × {element} B"
 
 
 def _weights_detail(arch: ModelArch | None, plan: CapacityPlan) -> str:
@@ -451,6 +471,11 @@ def render_text(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: floa
         out += [f"   blocks = floor({_g(plan.available_kv_bytes)} ÷ ({layout.block_size} tokens × {layout.group_size} "
                 f"layer slots × {_bytes(layout.bytes_per_token_per_layer)})) = {plan.num_gpu_blocks:,}",
                 f"   tokens as vLLM reports them ({_tokens_rule(plan)}) = {plan.kv_cache_tokens:,}"]
+        if plan.spec.vllm_version == TOKENS_FROM_CONCURRENCY_SINCE and plan.max_model_len:
+            # 0.20.2 changed the rule in a patch release: 0.20.0 and 0.20.1 still log the blocks per group
+            older = plan.num_gpu_blocks // layout.num_groups * layout.block_size
+            out.append(f"   (vLLM 0.20.2 and later; 0.20.0 and 0.20.1 log blocks // {layout.num_groups} groups × "
+                       f"{layout.block_size} = {older:,})")
     else:
         out += [f"   blocks = floor({_g(plan.available_kv_bytes)} ÷ ({layout.block_size} tokens × "
                 f"{_bytes(plan.kv_bytes_per_token)})) = {plan.num_gpu_blocks:,}",

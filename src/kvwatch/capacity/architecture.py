@@ -8,7 +8,9 @@ models, whose attention layers are read from the field each family uses (``layer
 (Jamba, Zamba2's "hybrid"), ``attn_type_list`` (MiniMax), ``attn_layer_indices`` (Bamba), ``attn_layer_period``
 (Jamba), ``hybrid_override_pattern`` (Nemotron-H), ``full_attention_interval`` (Qwen3-Next),
 ``linear_attn_config.kda_layers`` (Kimi-Linear), Falcon-H1's attention in every layer); their state
-dimensions (:mod:`kvwatch.capacity.mamba`) size vLLM's state pages.
+dimensions (:mod:`kvwatch.capacity.mamba`) size vLLM's state pages. Families whose attention layer types have KV
+heads / head sizes of their own (Gemma 4's ``global_head_dim``, MiMo-V2-Flash's ``hybrid_layer_pattern`` and swa_*
+fields) get them per type (:attr:`ModelArch.attention_dims`).
 """
 
 from __future__ import annotations
@@ -149,6 +151,23 @@ class ArchitectureError(ValueError):
 
 
 @dataclass(frozen=True)
+class AttentionDims:
+    """The KV cache dimensions of one attention layer type (whole model, not per rank), as the layer's
+    ``Attention(num_kv_heads=..., head_size=..., head_size_v=...)`` gets them in vLLM."""
+
+    num_kv_heads: int
+    head_dim: int  # K head size
+    v_head_dim: int  # V head size (vLLM's head_size_v; the K head size for nearly every model)
+
+    def bytes_per_token(self, tp: int, kv_bytes: int, *, separate_v: bool = True) -> int:
+        """One layer's K and V for one token on one rank: ``max(1, heads // TP) × (head_size + head_size_v) ×
+        kv_bytes`` (vLLM's ``FullAttentionSpec.real_page_size_bytes`` ÷ block size; heads are replicated once TP
+        exceeds them). ``separate_v`` False: V takes the K head size (MiMo-V2-Flash before vLLM 0.20)."""
+        v = self.v_head_dim if separate_v else self.head_dim
+        return max(1, self.num_kv_heads // tp) * (self.head_dim + v) * kv_bytes
+
+
+@dataclass(frozen=True)
 class ModelArch:
     """What the capacity model needs to know about one model (whole model, not per rank)."""
 
@@ -179,6 +198,11 @@ class ModelArch:
     # (kv_sharing_target_layer_name in vllm/model_executor/models/gemma3n.py, gemma4.py) and vLLM's runner gives
     # them no KV cache spec; they still have their weights and attention compute.
     kv_shared_layers: int = 0
+    # Attention layer types whose KV heads / head sizes differ from (num_kv_heads, head_dim, head_dim), as
+    # (layer type, dims) pairs (:meth:`kv_dims`): Gemma 4's full-attention layers (global_head_dim, and
+    # num_global_key_value_heads with attention_k_eq_v), MiMo-V2-Flash's (v_head_dim) and its sliding ones
+    # (swa_num_key_value_heads, swa_head_dim, swa_v_head_dim). Empty: every layer has the model's dims.
+    attention_dims: tuple[tuple[str, AttentionDims], ...] = ()
     # MLA (DeepSeek-V2/V3, Kimi): one latent vector per token and layer, shared by all heads.
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
@@ -237,6 +261,19 @@ class ModelArch:
     def is_mla(self) -> bool:
         return self.kv_lora_rank is not None
 
+    def kv_dims(self, layer_type: str) -> AttentionDims:
+        """The KV cache dimensions of the attention layers of ``layer_type`` (FULL, SLIDING or CHUNKED)."""
+        for kind, dims in self.attention_dims:
+            if kind == layer_type:
+                return dims
+        return AttentionDims(self.num_kv_heads, self.head_dim, self.head_dim)
+
+    @property
+    def kv_head_counts(self) -> tuple[int, ...]:
+        """The distinct KV head counts of the attention layers, smallest first (one for nearly every model)."""
+        kinds = set(self.attention_layer_types) or {FULL}
+        return tuple(sorted({self.kv_dims(kind).num_kv_heads for kind in kinds}))
+
     @property
     def indexer_bytes_per_token(self) -> int:
         """Bytes per token and layer of DeepSeek-V3.2's indexer keys (0 without one)."""
@@ -274,10 +311,11 @@ def tensor_parallel_refusal(arch: ModelArch, tp: int) -> str | None:
     caches one latent shared by all heads, so its KV heads do not constrain the size."""
     if arch.num_attention_heads % tp:
         return f"vLLM requires it to divide the model's {arch.num_attention_heads} attention heads"
-    kv = arch.num_kv_heads
-    if not arch.is_mla and kv and (kv % tp if tp <= kv else tp % kv):
-        return (f"vLLM requires it to divide the model's {kv} KV heads, or to be a multiple of them (each head is "
-                "then replicated)")
+    for kv in () if arch.is_mla else arch.kv_head_counts:  # (Gemma 4 asserts it for each layer type's heads)
+        if kv and (kv % tp if tp <= kv else tp % kv):
+            which = "" if len(arch.kv_head_counts) == 1 else " (on some of its layers)"
+            return (f"vLLM requires it to divide the model's {kv} KV heads{which}, or to be a multiple of them (each "
+                    "head is then replicated)")
     return None
 
 
@@ -435,6 +473,9 @@ def _layer_types(cfg: dict[str, Any], num_layers: int, model_type: str) -> tuple
         uses_rope = ([bool(_number(v, "no_rope_layers")) for v in nope[:num_layers]]
                      if isinstance(nope, list) and nope else [(i + 1) % interval != 0 for i in range(num_layers)])
         return tuple(CHUNKED if rope else FULL for rope in uses_rope)
+    pattern = _swa_pattern(cfg, num_layers)
+    if pattern is not None:
+        return pattern
     raw = cfg.get("layer_types")
     if isinstance(raw, list) and raw:
         return tuple(_word_type(str(t)) for t in raw[:num_layers])
@@ -455,6 +496,45 @@ def _layer_types(cfg: dict[str, Any], num_layers: int, model_type: str) -> tuple
         # Phi-3-mini-4k's 2047). Qwen2/3's window is off unless use_sliding_window (above).
         return (SLIDING,) * num_layers
     return (FULL,) * num_layers
+
+
+def _swa_pattern(cfg: dict[str, Any], num_layers: int) -> tuple[str, ...] | None:
+    """MiMo-V2-Flash's layer types: ``hybrid_layer_pattern[i] == 1`` makes layer i a sliding-window layer with the
+    swa_* dimensions, 0 a full-attention one (MiMoV2FlashDecoderLayer.is_compressed_softmax_layer in
+    vllm/model_executor/models/mimo_v2_flash.py); None without such a pattern."""
+    pattern = cfg.get("hybrid_layer_pattern")
+    if not isinstance(pattern, list) or not pattern:
+        return None
+    if len(pattern) < num_layers:  # vLLM indexes it by layer: a short list fails there too
+        raise ArchitectureError(f"config.json has {len(pattern)} hybrid_layer_pattern entries for num_hidden_layers "
+                                f"{num_layers}: it needs one per layer")
+    return tuple(SLIDING if _number(p, "hybrid_layer_pattern") == 1 else FULL for p in pattern[:num_layers])
+
+
+def _attention_dims(cfg: dict[str, Any], model_type: str, kv_heads: int, head_dim: int,
+                    layer_types: tuple[str, ...]) -> tuple[tuple[str, AttentionDims], ...]:
+    """Per layer type KV dimensions where a family gives its layer types different ones (ModelArch.attention_dims).
+
+    Gemma 4 (Gemma4DecoderLayer in vllm/model_executor/models/gemma4.py, 0.20; gemma4_layer_config in
+    vllm/transformers_utils/configs/gemma4.py from 0.30): full-attention layers use ``global_head_dim`` (else
+    head_dim) and, only with ``attention_k_eq_v``, ``num_global_key_value_heads`` (else num_key_value_heads). With
+    k_eq_v the checkpoint has no v_proj: K's weights are loaded into V's slot too, and the cache still stores K and
+    V (a plain Attention layer, head_size_v = head_size). MiMo-V2-Flash (mimo_v2_flash.py): sliding layers use
+    ``swa_num_key_value_heads``, ``swa_head_dim`` and ``swa_v_head_dim``, full ones the model's heads and
+    ``v_head_dim`` (each else the K head size)."""
+    dims: dict[str, AttentionDims] = {}
+    if model_type.startswith("gemma4") and FULL in layer_types:
+        global_heads = _field(cfg, "num_global_key_value_heads") if cfg.get("attention_k_eq_v") else None
+        global_head = _field(cfg, "global_head_dim") or head_dim
+        dims[FULL] = AttentionDims(global_heads or kv_heads, global_head, global_head)
+    elif isinstance(cfg.get("hybrid_layer_pattern"), list) and cfg["hybrid_layer_pattern"]:
+        v_full = _field(cfg, "v_head_dim") or head_dim
+        dims[FULL] = AttentionDims(kv_heads, head_dim, v_full)
+        swa_head = _field(cfg, "swa_head_dim") or head_dim
+        dims[SLIDING] = AttentionDims(_field(cfg, "swa_num_key_value_heads") or kv_heads, swa_head,
+                                      _field(cfg, "swa_v_head_dim") or swa_head)
+    default = AttentionDims(kv_heads, head_dim, head_dim)
+    return tuple((kind, d) for kind, d in sorted(dims.items()) if d != default)
 
 
 def _kv_shared_layers(cfg: dict[str, Any], num_layers: int, model_type: str) -> int:
@@ -614,9 +694,12 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         longrope_default_len=int(original) if longrope and isinstance(original, int) and original > 0 else None,
         model_max_length=_field(cfg, "model_max_length"),
         layer_types=layer_types,
-        sliding_window=_field(cfg, "sliding_window") if SLIDING in layer_types else None,
+        # (MiMo-V2-Flash's sliding layers take sliding_window_size)
+        sliding_window=(_field(cfg, "sliding_window_size", "sliding_window") if _swa_pattern(cfg, num_layers)
+                        else _field(cfg, "sliding_window")) if SLIDING in layer_types else None,
         attention_chunk_size=_field(cfg, "attention_chunk_size") if CHUNKED in layer_types else None,
         kv_shared_layers=kv_shared,
+        attention_dims=() if is_mla else _attention_dims(cfg, model_type, kv_heads, head_dim, layer_types),
         kv_lora_rank=_number(kv_lora_rank, "kv_lora_rank") if is_mla else None,
         qk_rope_head_dim=_number(cfg["qk_rope_head_dim"], "qk_rope_head_dim") if is_mla else None,
         index_head_dim=_field(cfg, "index_head_dim") if is_mla else None,

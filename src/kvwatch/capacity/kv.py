@@ -10,6 +10,9 @@ Follows vLLM's own arithmetic (``vllm/v1/core/kv_cache_utils.py``, ``kv_cache_in
   ``group_size`` layers (the smallest bucket, or the largest when it is under 1.5× the smallest);
   one block id spans one page per layer slot of a group, so a "block row" costs
   ``group_size × page`` bytes, and every group draws its own block ids from the shared pool;
+- layer types with KV heads / head sizes of their own (Gemma 4's full layers, MiMo-V2-Flash): each group's
+  page is its layers' bytes per token × block size, and vLLM makes them equal by multiplying the block size of the
+  groups with the smaller page (``unify_kv_cache_spec_page_size``), so those groups hold fewer blocks per request;
 - hybrid Mamba / linear-attention models (:mod:`kvwatch.capacity.mamba`): Mamba layers form groups of their own
   whose page (one request's state) is padded to the attention page, after vLLM raised the attention block size
   until that page holds a state; a request holds a fixed number of blocks in each Mamba group whatever its length
@@ -19,14 +22,16 @@ Follows vLLM's own arithmetic (``vllm/v1/core/kv_cache_utils.py``, ``kv_cache_in
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvwatch.capacity import mamba
 from kvwatch.capacity.architecture import CHUNKED, FULL, MAMBA, SLIDING, ModelArch
 
 # vLLM versions that matter for the reported token count, as (major, minor) tuples.
 HYBRID_GROUPING_SINCE = (0, 9)  # before: every attention layer treated as full attention, one group
-TOKENS_FROM_CONCURRENCY_SINCE = (0, 20)  # from here "KV cache size" = int(max_concurrency × max_model_len)
+# From here "KV cache size" = int(max_concurrency × max_model_len): 0.20.2's _report_kv_cache_config (0.20.0 and
+# 0.20.1 still log blocks // groups × block_size; kvwatch's versions have no patch number, and plan says so).
+TOKENS_FROM_CONCURRENCY_SINCE = (0, 20)
 # A sliding-window group holds window - 1 + X tokens per request, a chunked-local one chunk + X: X =
 # max_num_batched_tokens up to 0.25, VllmConfig.max_in_flight_tokens (max_concurrent_batches ×
 # max_num_batched_tokens) from 0.26.0 (the first release whose vllm/v1/kv_cache_interface.py reads it).
@@ -47,6 +52,24 @@ NEMOTRON_SSM_FP32_SINCE = (0, 20)
 # V1 keeps Mamba states in the shared block pool with unified page sizes from 0.10.2 (vllm PR 20016); before that
 # the V0 engine had a separate Mamba cache outside the KV pool.
 MAMBA_PAGES_SINCE = (0, 10)
+# Attention layer types whose pages differ (their own KV heads / head sizes: ModelArch.attention_dims). vLLM's
+# get_kv_cache_groups (vllm/v1/core/kv_cache_utils.py) runs unify_kv_cache_spec_page_size first: every layer whose
+# page is smaller than the largest gets block_size × (largest ÷ its page) when that divides, so one block id is the
+# same number of bytes in every group, and a request holds cdiv(len, that block size) blocks in such a group (its
+# spec's max_memory_usage_bytes ÷ the unified page). Read in 0.14, 0.16, 0.18, 0.20, 0.26, 0.28, 0.30 and 0.32;
+# 0.11 has no unification and raises NotImplementedError for unequal pages (0.12-0.13 not read). A page that does
+# not divide the largest: NotImplementedError ("Cannot unify by adjusting block_size") up to 0.20; from 0.26 the
+# page is padded to the largest and keeps its block size (0.26-0.28 only on backends that index KV by the block
+# stride, else still NotImplementedError: a warning says so; 0.30 and 0.32 for any non-MLA attention layer;
+# 0.21-0.25 not read). From 0.30 a block-outermost VLLM_KV_CACHE_LAYOUT packs such layers instead
+# (_get_packed_kv_cache_groups), not modelled: the default layouts (LBNHC, FlashInfer's LBHNC) are not.
+UNIFIED_PAGE_SIZES_SINCE = (0, 14)
+PADDED_PAGE_SIZES_SINCE = (0, 26)
+PADDED_PAGES_ANY_BACKEND_SINCE = (0, 30)
+# V heads of their own size in the cache (head_size_v): vLLM 0.14-0.18's MiMo-V2-Flash pads V to the K head size
+# before attention (mimo_v2_flash.py) and its SlidingWindowSpec has no head_size_v (vllm/v1/kv_cache_interface.py);
+# 0.20 passes head_size_v and stores heads × (head_size + head_size_v) (0.19 not read).
+SEPARATE_V_HEAD_SIZE_SINCE = (0, 20)
 
 
 def in_flight_tokens(max_num_batched_tokens: int, pp: int, version: tuple[int, int]) -> int:
@@ -96,14 +119,20 @@ class KVGroup:
     num_layers: int  # real layers in this group (<= group_size; the rest is padding)
     sliding_window: int | None = None
     attention_chunk_size: int | None = None
+    # Layer types with KV dims of their own (UNIFIED_PAGE_SIZES_SINCE): this group's tokens per block and its layers'
+    # bytes per token and layer when they are not the layout's (0: the layout's block_size /
+    # bytes_per_token_per_layer). block_size × bytes_per_token_per_layer is the layout's page, or less when the
+    # page is padded to it.
+    block_size: int = 0
+    bytes_per_token_per_layer: int = 0
 
 
 @dataclass(frozen=True)
 class KVLayout:
     """How one rank lays out its KV cache."""
 
-    block_size: int
-    bytes_per_token_per_layer: int  # one layer slot, one token, this rank
+    block_size: int  # tokens per block; the smallest group's when groups differ (KVGroup.block_size)
+    bytes_per_token_per_layer: int  # one layer slot, one token, this rank (page_bytes ÷ block_size)
     group_size: int  # layer slots per group (a block row spans this many pages)
     groups: tuple[KVGroup, ...]
     num_attention_layers: int  # on this rank
@@ -113,6 +142,16 @@ class KVLayout:
     requested_block_size: int = 0
     # State blocks per request in each Mamba group (mamba_state_blocks; 0: one per block of the request, "all").
     mamba_blocks_per_request: int = 1
+    # Layer types with KV dims of their own: the bytes per token of all this rank's attention layers (0: the
+    # uniform bytes_per_token_per_layer × num_attention_layers), and why vLLM refuses to unify their pages (its
+    # startup fails: "vLLM will not start") or may refuse (a warning); "" when it does not.
+    attention_bytes_per_token: int = 0
+    page_refusal: str = ""
+    page_warning: str = ""
+
+    def group_block_size(self, group: KVGroup) -> int:
+        """Tokens per block in ``group`` (vLLM's per-group block size after page unification)."""
+        return group.block_size or self.block_size
 
     @property
     def page_bytes(self) -> int:
@@ -138,7 +177,13 @@ class KVLayout:
     @property
     def kv_bytes_per_token(self) -> int:
         """Bytes one token costs in every attention layer of this rank (the textbook figure)."""
-        return self.bytes_per_token_per_layer * self.num_attention_layers
+        return self.attention_bytes_per_token or self.bytes_per_token_per_layer * self.num_attention_layers
+
+    @property
+    def has_unified_pages(self) -> bool:
+        """Whether vLLM unifies pages of different sizes here (some groups have their own block size or a padded
+        page: KVGroup.block_size / bytes_per_token_per_layer)."""
+        return any(g.block_size or g.bytes_per_token_per_layer for g in self.groups)
 
     @property
     def is_hybrid(self) -> bool:
@@ -222,13 +267,29 @@ def layers_on_rank(num_layers: int, pp: int) -> int:
     return math.ceil(num_layers / pp)
 
 
-def kv_bytes_per_token_per_layer(arch: ModelArch, tp: int, kv_bytes: int, kv_cache_dtype: str = "auto") -> int:
+def kv_bytes_per_token_per_layer(arch: ModelArch, tp: int, kv_bytes: int, kv_cache_dtype: str = "auto",
+                                 layer_type: str | None = None, version: tuple[int, int] | None = None) -> int:
+    """One layer's KV bytes per token on one rank; ``layer_type`` picks that type's dims (ModelArch.kv_dims: the
+    model's own without it), ``version`` whether V keeps a head size of its own (SEPARATE_V_HEAD_SIZE_SINCE;
+    None: the current rules)."""
     if arch.is_mla:
         indexer = arch.indexer_bytes_per_token
         if kv_cache_dtype.lower() == "fp8_ds_mla":
             return FP8_DS_MLA_BYTES + indexer
         return (int(arch.kv_lora_rank or 0) + int(arch.qk_rope_head_dim or 0)) * kv_bytes + indexer
-    return 2 * max(1, arch.num_kv_heads // tp) * arch.head_dim * kv_bytes
+    if layer_type is None or not arch.attention_dims:
+        return 2 * max(1, arch.num_kv_heads // tp) * arch.head_dim * kv_bytes
+    separate_v = version is None or version >= SEPARATE_V_HEAD_SIZE_SINCE
+    return arch.kv_dims(layer_type).bytes_per_token(tp, kv_bytes, separate_v=separate_v)
+
+
+def _bucket(kind: str, version: tuple[int, int], attention_chunk_size: int | None) -> str:
+    """The attention type vLLM groups a layer of ``kind`` under in ``version``."""
+    if kind == SLIDING and version >= HYBRID_GROUPING_SINCE:
+        return SLIDING
+    if kind == CHUNKED and attention_chunk_size and version >= CHUNKED_HYBRID_SINCE:
+        return CHUNKED
+    return FULL
 
 
 def group_layers(layer_types: tuple[str, ...], sliding_window: int | None,
@@ -240,12 +301,7 @@ def group_layers(layer_types: tuple[str, ...], sliding_window: int | None,
         return 0, ()
     buckets: dict[str, int] = {}
     for kind in layer_types:
-        if kind == SLIDING and version >= HYBRID_GROUPING_SINCE:
-            key = SLIDING
-        elif kind == CHUNKED and attention_chunk_size and version >= CHUNKED_HYBRID_SINCE:
-            key = CHUNKED
-        else:
-            key = FULL
+        key = _bucket(kind, version, attention_chunk_size)
         buckets[key] = buckets.get(key, 0) + 1
     if mamba_layers:
         buckets[MAMBA] = mamba_layers
@@ -287,15 +343,23 @@ def kv_layout(arch: ModelArch, tp: int, pp: int, kv_bytes: int, block_size: int,
               cache_mode: str = "none") -> KVLayout:
     """One rank's layout. Hybrid Mamba models with known state dimensions get vLLM's unified pages: the state
     (conv in the model dtype, temporal state in :func:`mamba_ssm_dtype_bytes`, default the model's) sets the block
-    size, and ``cache_mode`` (:func:`mamba_cache_mode`) how many state blocks a request holds."""
+    size, and ``cache_mode`` (:func:`mamba_cache_mode`) how many state blocks a request holds. Layer types with
+    KV dims of their own (ModelArch.attention_dims) get vLLM's page unification (UNIFIED_PAGE_SIZES_SINCE): the
+    largest page is the layout's, and the groups with a smaller one their own block size (KVGroup.block_size)."""
     on_rank = layers_on_rank(len(arch.kv_cache_layer_types), pp)
     per_layer = kv_bytes_per_token_per_layer(arch, tp, kv_bytes, kv_cache_dtype)
+    group_size, groups = rank_groups(arch, pp, version)
+    per_bucket, total = _bytes_by_bucket(arch, tp, pp, kv_bytes, version, kv_cache_dtype)
+    if per_bucket:  # layer types with dims of their own: the largest page sets the page
+        per_layer = max(per_bucket.values())
     mamba_page = 0
     effective_block = block_size
     if _mamba_pages(arch, version):
         mamba_page = arch.mamba_dims.page_bytes(tp, model_dtype_bytes or kv_bytes, mamba_ssm_dtype_bytes(arch, version))
         effective_block = mamba.attention_block_size(mamba_page, per_layer, block_size, version, is_mla=arch.is_mla)
-    group_size, groups = rank_groups(arch, pp, version)
+    refusal = warning = ""
+    if len(set(per_bucket.values())) > 1:
+        groups, refusal, warning = _unify_pages(groups, per_bucket, effective_block, version)
     return KVLayout(
         block_size=effective_block,
         bytes_per_token_per_layer=per_layer,
@@ -305,7 +369,63 @@ def kv_layout(arch: ModelArch, tp: int, pp: int, kv_bytes: int, block_size: int,
         mamba_page_bytes=mamba_page,
         requested_block_size=block_size,
         mamba_blocks_per_request=mamba_state_blocks(arch, version, cache_mode) if mamba_page else 1,
+        attention_bytes_per_token=total if per_bucket else 0,
+        page_refusal=refusal,
+        page_warning=warning,
     )
+
+
+def _bytes_by_bucket(arch: ModelArch, tp: int, pp: int, kv_bytes: int, version: tuple[int, int],
+                     kv_cache_dtype: str) -> tuple[dict[str, int], int]:
+    """({group kind: its layers' bytes per token and layer}, the bytes per token of all the first stage's
+    attention layers) when layer types have KV dims of their own (ModelArch.attention_dims; their pages may still
+    come out equal, as Gemma 4's do at TP 8); ({}, 0) for every other model. A kind that merges types of different
+    sizes (only before UNIFIED_PAGE_SIZES_SINCE, which refuses them anyway) takes the largest."""
+    if not arch.attention_dims or arch.is_mla:
+        return {}, 0
+    types = arch.kv_cache_layer_types
+    stage = types[:layers_on_rank(len(types), pp)]
+    per_type = {t: kv_bytes_per_token_per_layer(arch, tp, kv_bytes, kv_cache_dtype, t, version) for t in set(stage)}
+    per_bucket: dict[str, int] = {}
+    for kind, size in per_type.items():
+        key = _bucket(kind, version, arch.attention_chunk_size)
+        per_bucket[key] = max(per_bucket.get(key, 0), size)
+    return per_bucket, sum(per_type[t] for t in stage)
+
+
+def _unify_pages(groups: tuple[KVGroup, ...], per_bucket: dict[str, int], block_size: int,
+                 version: tuple[int, int]) -> tuple[tuple[KVGroup, ...], str, str]:
+    """vLLM's ``unify_kv_cache_spec_page_size`` (see UNIFIED_PAGE_SIZES_SINCE) on the attention groups: (the groups
+    with their own block sizes and bytes per token, why vLLM refuses to start or "", a warning or "")."""
+    largest = max(per_bucket.values())
+    sizes = ", ".join(f"{kind.split('_')[0]} layers {size:,} B" for kind, size in sorted(per_bucket.items()))
+    refusal = warning = ""
+    if version < UNIFIED_PAGE_SIZES_SINCE:
+        refusal = (f"vLLM will not start: its attention layer types have KV pages of different sizes ({sizes} per "
+                   f"token and layer), and vLLM {version[0]}.{version[1]} cannot unify them (0.11's "
+                   "get_kv_cache_groups raises NotImplementedError; vLLM 0.14 and later multiply the smaller pages' "
+                   "block size)")
+    out: list[KVGroup] = []
+    for group in groups:
+        size = per_bucket.get(group.kind)
+        if size is None:  # a Mamba group: its page is already padded to the attention page
+            out.append(group)
+            continue
+        if size == largest or largest % size or refusal:
+            out.append(replace(group, bytes_per_token_per_layer=size))
+        else:
+            out.append(replace(group, block_size=block_size * (largest // size), bytes_per_token_per_layer=size))
+        if largest % size and not refusal:
+            what = (f"the {group.kind.split('_')[0]} layers' KV page ({size:,} B per token and layer) does not "
+                    f"divide the largest ({largest:,} B)")
+            if version < PADDED_PAGE_SIZES_SINCE:
+                refusal = (f"vLLM will not start: {what}, so unify_kv_cache_spec_page_size cannot unify them by "
+                           "adjusting the block size (NotImplementedError)")
+            elif version < PADDED_PAGES_ANY_BACKEND_SINCE and not warning:
+                warning = (f"{what}: vLLM {version[0]}.{version[1]} pads that page to the largest only when the "
+                           "attention backend indexes KV by the block stride, and refuses to start otherwise; "
+                           "kvwatch assumes the padding")
+    return tuple(out), refusal, warning
 
 
 def uniform_layout(kv_bytes_per_token: int, block_size: int) -> KVLayout:
@@ -325,20 +445,26 @@ def tokens_needed(layout: KVLayout, seq_len: float, in_flight_tokens: int) -> fl
 
     A sliding-window group keeps at most ``window - 1 + in_flight_tokens`` tokens (:func:`in_flight_tokens`) plus
     one block for a window that does not start on a block boundary, a chunked-local one ``chunk +
-    in_flight_tokens`` (vLLM's ``max_memory_usage_bytes``).
+    in_flight_tokens`` (vLLM's ``max_memory_usage_bytes``). Counted in tokens of the layout's ``block_size``: a
+    group with larger blocks (unified pages) spends one block per its own block size.
     """
     total = 0.0
     for group in layout.groups:
         if group.kind == MAMBA:  # state blocks per request, whatever its length ("all": one per block)
             total += layout.block_size * layout.mamba_blocks_per_request if layout.mamba_blocks_per_request \
                 else seq_len
-        elif group.kind == SLIDING and group.sliding_window:
+            continue
+        block = layout.group_block_size(group)
+        if group.kind == SLIDING and group.sliding_window:
             cap = group.sliding_window - 1 + in_flight_tokens
-            total += min(seq_len, cap) + layout.block_size
+            held = min(seq_len, cap) + block
         elif group.kind == CHUNKED and group.attention_chunk_size:
-            total += min(seq_len, group.attention_chunk_size + in_flight_tokens)
+            held = min(seq_len, group.attention_chunk_size + in_flight_tokens)
         else:
-            total += seq_len
+            held = seq_len
+        # a group with larger blocks (unified pages) spends one block id per `block` tokens: in the layout's
+        # block_size tokens, that is held × block_size ÷ block
+        total += held if block == layout.block_size else held * layout.block_size / block
     return total
 
 
@@ -346,15 +472,16 @@ def blocks_needed(layout: KVLayout, seq_len: int, in_flight_tokens: int) -> int:
     """Whole blocks one request of ``seq_len`` tokens holds, summed over groups (vLLM's figure)."""
     total = 0
     for group in layout.groups:
+        block = layout.group_block_size(group)
         if group.kind == MAMBA:
             total += layout.mamba_blocks_per_request or math.ceil(seq_len / layout.block_size)
         elif group.kind == SLIDING and group.sliding_window:
             cap = group.sliding_window - 1 + in_flight_tokens
-            total += math.ceil(min(seq_len, cap) / layout.block_size) + 1
+            total += math.ceil(min(seq_len, cap) / block) + 1
         elif group.kind == CHUNKED and group.attention_chunk_size:
-            total += math.ceil(min(seq_len, group.attention_chunk_size + in_flight_tokens) / layout.block_size)
+            total += math.ceil(min(seq_len, group.attention_chunk_size + in_flight_tokens) / block)
         else:
-            total += math.ceil(seq_len / layout.block_size)
+            total += math.ceil(seq_len / block)
     return total
 
 
@@ -375,8 +502,9 @@ def reported_kv_cache_tokens(layout: KVLayout, blocks: int, max_model_len: int |
                              in_flight_tokens: int, version: tuple[int, int]) -> int:
     """The "GPU KV cache size: N tokens" figure vLLM prints and exports, per version.
 
-    Before 0.20: ``blocks // num_groups × block_size``. From 0.20: ``int(max_concurrency × max_model_len)``,
-    which on sliding-window models depends on max_model_len (it is not a byte-linear capacity).
+    Before 0.20: ``blocks // num_groups × block_size`` (vLLM's smallest group block size when they differ). From
+    0.20: ``int(max_concurrency × max_model_len)``, which on sliding-window models depends on max_model_len (it is
+    not a byte-linear capacity).
     """
     if version >= TOKENS_FROM_CONCURRENCY_SINCE and max_model_len:
         conc = max_concurrency_at_max_model_len(layout, blocks, max_model_len, in_flight_tokens)

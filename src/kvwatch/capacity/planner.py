@@ -296,9 +296,15 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
         per_token = float(layout.kv_bytes_per_token)
         if layout.mamba_page_bytes:
             notes.append(_hybrid_note(layout, spec.block_size))
-    if arch is not None and arch.num_kv_heads < tp and not arch.is_mla and spec.kv_bytes_per_token is None:
-        notes.append(f"TP={tp} exceeds the {arch.num_kv_heads} KV heads: heads are replicated, so more TP "
-                     "does not shrink the KV per token any further")
+        if arch.attention_dims and not arch.is_mla:
+            notes.append(_unified_pages_note(arch, layout, tp, kv_bytes, spec.vllm_version))
+        errors += [layout.page_refusal] if layout.page_refusal else []
+        warnings += [layout.page_warning] if layout.page_warning else []
+    fewest = min(arch.kv_head_counts) if arch is not None else 0
+    if arch is not None and fewest < tp and not arch.is_mla and spec.kv_bytes_per_token is None:
+        notes.append(f"TP={tp} exceeds the {fewest} KV heads"
+                     f"{' of some layers' if len(arch.kv_head_counts) > 1 else ''}: heads are replicated, so more "
+                     "TP does not shrink the KV per token any further")
 
     # Memory budget
     weights = activation = non_torch = usable = None
@@ -419,6 +425,32 @@ def _hybrid_note(layout: kv.KVLayout, requested: int) -> str:
             f"{raised}, and pads the state page by {layout.mamba_padding_percent:.2f}% to {layout.page_bytes:,} B "
             f"(as its startup log says). {mamba_groups} Mamba group(s) of {layout.group_size} layers hold {held} "
             "per request whatever its length, so short requests cost more blocks than their tokens suggest")
+
+
+def _unified_pages_note(arch: ModelArch, layout: kv.KVLayout, tp: int, kv_bytes: int,
+                        version: tuple[int, int]) -> str:
+    """The per layer type KV sums, and the block sizes vLLM unifies the pages with (kv.UNIFIED_PAGE_SIZES_SINCE)."""
+    parts = []
+    for kind in dict.fromkeys(g.kind for g in layout.groups if g.kind != MAMBA):
+        group = next(g for g in layout.groups if g.kind == kind)
+        count = sum(g.num_layers for g in layout.groups if g.kind == kind)
+        dims = arch.kv_dims(kind)
+        heads = max(1, dims.num_kv_heads // tp)
+        v = dims.v_head_dim if version >= kv.SEPARATE_V_HEAD_SIZE_SINCE else dims.head_dim
+        parts.append(f"{count} {kind.split('_')[0]} layers × {heads} KV heads × ({dims.head_dim} K + {v} V head "
+                     f"size) × {kv_bytes} B = {group.bytes_per_token_per_layer or layout.bytes_per_token_per_layer:,} "
+                     "B per token and layer, block "
+                     f"size {layout.group_block_size(group)}")
+    padded = any(g.bytes_per_token_per_layer and layout.group_block_size(g) * g.bytes_per_token_per_layer
+                 < layout.page_bytes for g in layout.groups)
+    why = ("" if layout.page_refusal else
+           f": vLLM makes every page {layout.page_bytes:,} B (unify_kv_cache_spec_page_size), multiplying the block "
+           "size of the layers with the smaller page (those groups hold fewer, larger blocks per request)"
+           if any(g.block_size for g in layout.groups) else
+           f": vLLM pads the smaller pages to {layout.page_bytes:,} B (unify_kv_cache_spec_page_size)"
+           if padded else f": every page is {layout.page_bytes:,} B on this rank")
+    return (f"attention layer types with their own KV heads / head sizes: {'; '.join(parts)}, "
+            f"{layout.kv_bytes_per_token:,} B per token in all{why}")
 
 
 def _fitting_len(layout: kv.KVLayout, blocks: int, in_flight: int) -> int:
