@@ -26,11 +26,25 @@ def test_no_advice_unless_filling_or_bottleneck(state, llama_plan):
     assert advise(state, recommended_max_concurrency=100, capacity_plan=llama_plan) == []
 
 
-def test_no_capacity_fix_while_nothing_runs(llama_plan):
-    # A full cache with nothing running is held by no request (a leak): limiting concurrency or adding GPUs
-    # cannot free it.
-    assert advise("bottleneck", recommended_max_concurrency=100, running=0, capacity_plan=llama_plan) == []
-    assert advise("bottleneck", recommended_max_concurrency=100, running=1, capacity_plan=llama_plan)
+def test_no_capacity_fix_for_a_leak_but_for_an_idle_moment(llama_plan):
+    # A full cache that no request holds (a leak: kvwatch.capacity.findings.leaking) gets no capacity fix:
+    # limiting concurrency or adding GPUs cannot free it. A moment with nothing running below the leak level (or a
+    # queue that may hold the KV) keeps the fixes: the sidecar's ranks must not flap with bursty traffic.
+    from kvwatch.advisor import advise_from_result
+    from kvwatch.forecast import ForecastResult
+    from kvwatch.model import Reading
+
+    result = ForecastResult(timestamp=0.0, state="bottleneck", eta_seconds=0.0, forecast_ratio={},
+                            request_rate_per_second=1.0, headroom_requests_per_second=0.0,
+                            recommended_max_concurrency=60, estimates={"capacity_tokens": 80_000.0})
+    leak = Reading(model_name="m", kv_usage_ratio=0.97, requests_running=0, requests_waiting=12,
+                   tokens_counted_every_step=True)
+    assert advise_from_result(result, leak, capacity_plan=llama_plan) == []
+    idle = Reading(model_name="m", kv_usage_ratio=0.93, requests_running=0, requests_waiting=3,
+                   tokens_counted_every_step=True)
+    assert advise_from_result(result, idle, capacity_plan=llama_plan)
+    sglang = Reading(model_name="m", kv_usage_ratio=0.97, requests_running=0, requests_waiting=12)
+    assert advise_from_result(result, sglang, capacity_plan=llama_plan)
 
 
 def test_all_four_fixes_cheapest_first_with_the_model_known(llama_plan):

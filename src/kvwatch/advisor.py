@@ -154,7 +154,7 @@ def advise(
     pool_blocks: float | None = None,
     fixed_blocks: float | None = None,
 ) -> list[Advice]:
-    """Ranked fixes for ``state`` (empty unless filling or bottleneck, and while nothing runs).
+    """Ranked fixes for ``state`` (empty unless filling or bottleneck).
 
     ``capacity_tokens`` is the engine's KV pool when known (else the plan's figure is used);
     ``capacity_plan`` is a :class:`kvwatch.capacity.CapacityPlan` when the model is known: its what-if
@@ -170,8 +170,8 @@ def advise(
     engine's ``--num-gpu-blocks-override``, which fixes the pool: no quantization fix, and a replica or removing the
     override instead of more tensor parallelism (neither frees KV while it is set).
     """
-    if state not in ADVISE_IN_STATES or running == 0:
-        return []  # (nothing running: no request holds the blocks, so no capacity fix applies; a leak does)
+    if state not in ADVISE_IN_STATES:
+        return []
     flags, engine = ENGINE_FLAGS.get(engine_kind, ENGINE_FLAGS[VLLM]), ENGINE_NAMES.get(engine_kind, engine_kind)
     whatif = _whatif(capacity_plan)
     plan_tokens = float(capacity_plan.kv_cache_tokens) if capacity_plan is not None and \
@@ -377,6 +377,10 @@ def advise_from_result(result: ForecastResult, reading: Reading | None = None, *
     """``advise`` fed from a :class:`kvwatch.forecast.ForecastResult` and core's ``Reading`` (what the
     sidecar, ``kvwatch check`` and the demo call). Lifetime length means come from the reading's histograms, the
     longest request from their buckets, or ``longest_request_tokens`` (the sidecar's last reading of them)."""
+    from kvwatch.capacity.findings import leaking
+
+    if reading is not None and leaking(reading):
+        return []  # a full cache no request holds: no capacity fix applies (kvwatch.capacity.findings.leaking)
     lengths = None
     if reading is not None:
         p_sum, p_count = reading.request_prompt_tokens_sum, reading.request_prompt_tokens_count

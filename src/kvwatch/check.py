@@ -305,16 +305,6 @@ def _groups_unknown(poll: Poll, capacities: Mapping[Any, Any], known_models: set
     return out
 
 
-def _leaking(r: Reading) -> bool:
-    """The ``kv_usage_stuck`` condition (a full cache with nothing running): then no capacity fix applies, so
-    ``kv_bound`` and its advice are not given; the leak finding says what to do."""
-    from kvwatch.capacity.findings import live_finding
-
-    return live_finding("kv_usage_stuck", r.kv_usage_ratio, r.requests_running, r.requests_waiting,
-                        asleep=r.asleep, prefill_server=r.prefill_server,
-                        deferred=r.requests_waiting_deferred) is not None
-
-
 def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any], max_model_len: int | None,
                        capacities: Mapping[Any, Any], engine_kind: str = VLLM) -> list[Finding]:
     """kvwatch.capacity.findings per series: refused settings, formula vs engine, a leak, a request too big. The
@@ -331,7 +321,8 @@ def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any], 
         plan = plans.get(r.model_name)
         found = [capacity.live_finding(f, r.kv_usage_ratio, r.requests_running, r.requests_waiting,
                                        r.kv_capacity_tokens, max_model_len_of(r, max_model_len), asleep=r.asleep,
-                                       prefill_server=r.prefill_server, deferred=r.requests_waiting_deferred)
+                                       prefill_server=r.prefill_server, deferred=r.requests_waiting_deferred,
+                                       queue_holds_no_kv=r.tokens_counted_every_step)
                  for f in capacity.LIVE_FINDINGS]
         if r.model_name not in refused:  # per model, not per engine
             refused.add(r.model_name)
@@ -437,6 +428,8 @@ def findings(states: Iterable[SeriesState],
     """Checklist findings per series, most severe first (pure). ``implausible`` is the poll's list of
     impossible values dropped to unknown (:mod:`kvwatch.plausible`); ``engine_kind`` names whose flags the
     messages give; ``max_num_seqs`` (given to kvwatch) tells which scheduler limit a standing queue hits."""
+    from kvwatch.capacity.findings import leaking
+
     flags = ENGINE_FLAGS.get(engine_kind, ENGINE_FLAGS[VLLM])
     dropped: dict[tuple[str, str], dict[str, float]] = {}
     for key, name, value in implausible:
@@ -464,7 +457,7 @@ def findings(states: Iterable[SeriesState],
         elif usage is None:
             out.append(Finding("usage_unknown", "warning", "No KV usage metric found: pass --usage-metric with the "
                                "name your engine (or proxy) exports.", **where))
-        elif usage >= KV_BOUND_USAGE and waiting > 0 and not _leaking(r):
+        elif usage >= KV_BOUND_USAGE and waiting > 0 and not leaking(r):
             out.append(Finding("kv_bound", "critical", (
                 f"KV cache is {usage:.1%} full with {_requests(waiting)} waiting: the KV cache is the bottleneck. "
                 "The advisor's fixes for this series follow, cheapest first (\"advice\" in --json)."), **where))

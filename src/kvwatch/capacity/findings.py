@@ -106,12 +106,15 @@ def max_model_len_mismatch(given: int | None, engine: int | None) -> CapacityFin
 
 
 def kv_usage_stuck(usage: float | None, running: float | None, waiting: float | None,
-                   deferred: float | None = None) -> CapacityFinding | None:
-    """KV usage near full with nothing running: only a leak holds blocks then, and requests waiting behind it wait
-    for blocks nobody holds (limiting concurrency or adding capacity would not help). Not when requests wait for
-    a KV transfer (``deferred``, vLLM >= 0.20): a PD decode server allocates their blocks before they run. An
-    unknown count is not zero: without both counts there is no finding."""
-    if usage is None or running is None or waiting is None or usage < STUCK_USAGE or running or deferred:
+                   deferred: float | None = None, queue_holds_no_kv: bool = False) -> CapacityFinding | None:
+    """KV usage near full with nothing running: only a leak holds blocks then. On vLLM (``queue_holds_no_kv``) a
+    waiting request holds no blocks, so requests waiting behind it wait for blocks nobody holds (limiting
+    concurrency or adding capacity would not help); not when they wait for a KV transfer (``deferred``, vLLM >=
+    0.20): a PD decode server allocates their blocks before they run. Elsewhere a queue may hold the KV (an SGLang
+    PD prefill server runs nothing and holds its transfers, and some releases label it "unified"), so only nothing
+    running and nothing waiting is a leak. An unknown count is not zero: without both counts there is no finding."""
+    if usage is None or running is None or waiting is None or usage < STUCK_USAGE or running or deferred \
+            or (waiting and not queue_holds_no_kv):
         return None
     queue = (f" and {waiting:g} request{'s' if waiting != 1 else ''} waiting for the blocks it holds"
              if waiting else " or waiting")
@@ -144,7 +147,7 @@ def request_exceeds_pool(usage: float | None, running: float | None, waiting: fl
 def live_finding(finding_id: str, usage: float | None, running: float | None, waiting: float | None,
                  capacity_tokens: float | None = None, max_model_len: int | None = None, *,
                  asleep: bool = False, prefill_server: bool = False,
-                 deferred: float | None = None) -> CapacityFinding | None:
+                 deferred: float | None = None, queue_holds_no_kv: bool = False) -> CapacityFinding | None:
     """One of :data:`LIVE_FINDINGS` on one reading (the engine's usage, running and waiting), or None. An engine
     in vLLM's sleep mode has released its KV cache, so requests waiting while nothing runs are expected then; so
     is a PD prefill server's "nothing running" (SGLang's prefill loop never enters its running batch: the KV is
@@ -152,10 +155,19 @@ def live_finding(finding_id: str, usage: float | None, running: float | None, wa
     if (asleep or prefill_server) and finding_id in LIVE_FINDINGS:
         return None
     if finding_id == "kv_usage_stuck":
-        return kv_usage_stuck(usage, running, waiting, deferred)
+        return kv_usage_stuck(usage, running, waiting, deferred, queue_holds_no_kv)
     if finding_id == "request_exceeds_pool":
         return request_exceeds_pool(usage, running, waiting, capacity_tokens, max_model_len)
     raise ValueError(f"not a live finding: {finding_id!r} (known: {', '.join(LIVE_FINDINGS)})")
+
+
+def leaking(reading: Any) -> bool:
+    """The ``kv_usage_stuck`` condition on one :class:`kvwatch.model.Reading`: a full cache no request holds. No
+    capacity fix applies then (``check``'s kv_bound and the advisor give none); the leak finding says what to do."""
+    return live_finding("kv_usage_stuck", reading.kv_usage_ratio, reading.requests_running,
+                        reading.requests_waiting, asleep=reading.asleep, prefill_server=reading.prefill_server,
+                        deferred=reading.requests_waiting_deferred,
+                        queue_holds_no_kv=reading.tokens_counted_every_step) is not None
 
 
 @dataclass

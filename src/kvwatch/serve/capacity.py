@@ -123,7 +123,8 @@ class CapacityAnalyzer:
             holds = live_finding(finding_id, reading.kv_usage_ratio, reading.requests_running,
                                  reading.requests_waiting, reading.kv_capacity_tokens, max_model_len,
                                  asleep=reading.asleep, prefill_server=reading.prefill_server,
-                                 deferred=reading.requests_waiting_deferred) is not None
+                                 deferred=reading.requests_waiting_deferred,
+                                 queue_holds_no_kv=reading.tokens_counted_every_step) is not None
             timer = self._held.get((key, finding_id))
             if timer is None:
                 if len(self._held) >= self._max_held:
