@@ -756,8 +756,7 @@ def test_scheduler_limited_names_the_limit_the_given_max_num_seqs_points_at(
 
 
 @pytest.mark.parametrize(("flag", "value"), [("--usage-metric", "nonexist"),
-                                             ("--waiting-metric", "vllm:num_requests_waitin"),
-                                             ("--running-metric", 'vllm:num_requests_running{engine="9"}')])
+                                             ("--waiting-metric", "vllm:num_requests_waitin")])
 def test_a_source_metric_that_matches_nothing_is_refused_naming_the_flag(
         flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
     # A typo silently dropped the engine's own metric: "KV usage from nonexist", then "pass --usage-metric".
@@ -766,7 +765,29 @@ def test_a_source_metric_that_matches_nothing_is_refused_naming_the_flag(
     err = capsys.readouterr().err
     assert f"{flag} {value} matches no sample in the payload" in err
     assert main(["check", "--file", path, flag, value.replace("waitin", "waiting").replace("nonexist",
-                 "vllm:kv_cache_usage_perc").replace('"9"', '"0"')]) == 0
+                 "vllm:kv_cache_usage_perc")]) == 0
+
+
+def test_a_source_metric_declared_but_not_set_yet_is_unknown_not_a_refusal(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # prometheus_client shows a labelled gauge only once it is set (a proxy before its first request): refusing the
+    # page took the whole engine down (the sidecar's kvwatch_up 0) for one value not there yet.
+    page = tmp_path / "lazy.prom"
+    page.write_text('# HELP gateway_queue_depth Requests queued at the gateway.\n# TYPE gateway_queue_depth gauge\n'
+                    'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5\n'
+                    'vllm:num_requests_running{engine="0",model_name="m"} 3\n')
+    report = check_json(["--file", str(page), "--waiting-metric", 'gateway_queue_depth{model="m"}'], capsys)
+    series = report["series"][0]
+    assert series["kv_usage_ratio"] == 0.5 and series["requests_waiting"] is None
+    report = check_json(["--file", str(page), "--usage-metric", 'gateway_queue_depth{model="m"}'], capsys)
+    (unknown,) = [f for f in report["findings"] if f["id"] == "usage_unknown"]
+    assert "matches no sample in this payload yet" in unknown["message"]
+
+
+def test_a_source_metric_cannot_apply_to_json_iteration_statistics(capsys: pytest.CaptureFixture[str]) -> None:
+    stats = Path(__file__).parent / "fixtures" / "tensorrt-llm-metrics" / "trtllm-serve-iteration-stats.json"
+    assert main(["check", "--file", str(stats), "--usage-metric", "foo"]) == 1
+    assert "JSON iteration statistics" in capsys.readouterr().err
 
 
 def test_a_page_without_engine_metrics_names_disable_log_stats(tmp_path: Path,

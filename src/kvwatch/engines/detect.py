@@ -63,6 +63,10 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
     series (:class:`SeriesLimit`): beyond that, the exported series are the adapter's first among the first
     ones in payload order."""
     if trtllm.looks_like_json(text):
+        if overrides is not None and overrides.names():
+            raise UnrecognisedPayload("the target serves TensorRT-LLM's JSON iteration statistics, which have no "
+                                      "metric names: --usage-metric, --running-metric and --waiting-metric name "
+                                      "Prometheus samples and cannot apply")
         try:
             return _capped(trtllm.read_iteration_stats(text, timestamp=timestamp), max_series)
         except json.JSONDecodeError as exc:
@@ -72,7 +76,7 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
     limit = SeriesLimit(ADMIT_FACTOR * max_series) if max_series is not None else None
     wanted = wanted_for(overrides, latency=latency, lengths=lengths)
     exposition = parse(text, wanted, limit.admit if limit is not None else None)
-    _refuse_unmatched(exposition, overrides)
+    pending = _refuse_unmatched(exposition, overrides)
     kind = engine_of(exposition)
     if kind == "sglang":
         poll = _capped(sglang.read(exposition, overrides, timestamp=timestamp), max_series)
@@ -92,24 +96,38 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
         poll = vllm.read(exposition, overrides, timestamp=timestamp, max_series=max_series)
     if limit is not None and limit.refused:
         poll = replace(poll, series_dropped=poll.series_dropped + len(limit.refused))
+    usage_pending = [why for field, why in pending if field == "usage"]
+    if usage_pending:
+        poll = replace(poll, undetermined=poll.undetermined + tuple(
+            (r.key, "kv_usage_ratio", usage_pending[0]) for r in poll.readings if r.kv_usage_ratio is None))
     return poll
 
 
 OVERRIDE_FLAGS = (("usage", "--usage-metric"), ("running", "--running-metric"), ("waiting", "--waiting-metric"))
 
 
-def _refuse_unmatched(exposition: Exposition, overrides: SourceOverrides | None) -> None:
-    """An operator's source metric that matches no sample stops the read, naming the flag: a typo used to drop
-    the engine's own metric without a word ("KV usage from nonexist", then "pass --usage-metric")."""
+def _refuse_unmatched(exposition: Exposition, overrides: SourceOverrides | None) -> list[tuple[str, str]]:
+    """An operator's source metric whose name the payload never mentions stops the read, naming the flag: a typo
+    used to drop the engine's own metric without a word ("KV usage from nonexist", then "pass --usage-metric").
+    One whose family is there without a matching sample is read as unknown, not refused: prometheus_client shows
+    a labelled gauge only once it is set (a proxy before its first request), and refusing would take the whole
+    engine down; returned as (field, why) for the report."""
+    pending: list[tuple[str, str]] = []
     for field, flag in OVERRIDE_FLAGS:
         selector = getattr(overrides, field) if overrides is not None else None
         if selector is None:
             continue
         samples = exposition.samples(selector.name) or [
             s for family in exposition for s in family.samples if s.name == selector.name]
-        if not any(selector.matches(s.labels) for s in samples):
-            raise UnrecognisedPayload(f"{flag} {selector} matches no sample in the payload: check the metric name "
-                                      "and labels (without the flag kvwatch reads the engine's own metric)")
+        if any(selector.matches(s.labels) for s in samples):
+            continue
+        if not samples and not any(f in exposition for f in vllm.families_of(selector.name)):
+            raise UnrecognisedPayload(f"{flag} {selector} matches no sample in the payload, and no family of that "
+                                      "name is declared: check the metric name (without the flag kvwatch reads the "
+                                      "engine's own metric)")
+        pending.append((field, f"{flag} {selector} matches no sample in this payload yet (its family is there: a "
+                               "labelled gauge appears once it is set), so that value is unknown"))
+    return pending
 
 
 # Series the parse keeps, per --max-series: twice the cap, so that a series spelled with and without one of

@@ -86,7 +86,7 @@ SAMPLE_SUFFIXES = ("_count", "_sum", "_bucket", "_total")
 """How a histogram, summary or counter sample name extends its family's name."""
 
 
-def _families_of(name: str) -> set[str]:
+def families_of(name: str) -> set[str]:
     """The family names a sample called ``name`` may belong to: itself, or it minus a sample suffix."""
     return {name} | {name[: -len(suffix)] for suffix in SAMPLE_SUFFIXES if name.endswith(suffix)}
 
@@ -100,14 +100,14 @@ def wanted_for(overrides: SourceOverrides | None = None, *, adapter: bool = True
     if adapter:
         names = set(FAMILIES)
     for name in overrides.names() if overrides else ():
-        names |= _families_of(name)
+        names |= families_of(name)
     return frozenset(names)
 
 
 def detect(exposition: Exposition, overrides: SourceOverrides | None = None) -> Detection:
     """Which vLLM generation wrote ``exposition``; raises UnrecognisedPayload when it is not vLLM."""
     overrides = overrides or SourceOverrides()
-    override_present = any(f in exposition for n in overrides.names() for f in _families_of(n))
+    override_present = any(f in exposition for n in overrides.names() for f in families_of(n))
     if not override_present and not any(n.startswith("vllm:") for n in exposition.names):
         raise UnrecognisedPayload("no vllm:* metrics in the payload (is the target a vLLM /metrics endpoint?)")
     version = format_range(possible_eras(exposition))
