@@ -187,8 +187,9 @@ def test_multiprocess_pid_gauges_are_combined() -> None:
     poll = read_fixture("gen-multiprocess-pid.prom")
     r = only(poll)
     # Each API-server process holds a whole-engine snapshot from the last step it got stats of (2 and 3 waiting,
-    # usage 0.4 and 0.6): which is current cannot be told, so unknown; never the sum 5.
-    assert (r.requests_waiting, r.kv_usage_ratio) == (None, None)
+    # usage 0.4 and 0.6). With 7 requests running every front-end gets stats every few steps: the usage copies are
+    # recent and the largest is taken. A count's copies that disagree stay unknown; never the sum 5.
+    assert (r.requests_waiting, r.kv_usage_ratio) == (None, 0.6)
     assert r.requests_running == 7.0
     assert (r.num_gpu_blocks, r.kv_capacity_tokens) == (500.0, 8000.0)  # cache_config_info's pid copies agree
     assert (r.request_prompt_tokens_sum, r.request_prompt_tokens_count) == (3000.0, 3.0)
@@ -210,6 +211,16 @@ def test_pid_copies_that_disagree_are_unknown_never_the_largest_or_the_sum() -> 
     assert r.requests_running == 12.0  # copies that agree are that value, not 24
     assert r.requests_waiting is None  # a NaN copy may be the newest
     assert dict(r.waiting_by_reason) == {}  # one reason unknown: the split is unknown
+
+
+def test_a_busy_engines_disagreeing_usage_copies_read_as_the_largest() -> None:
+    # Under load both front-ends get stats within milliseconds and their copies differ slightly: unknown on every
+    # busy poll would blind the sidecar on vLLM 0.11.0 with several API servers.
+    text = (FIXTURES / "gen-0.11.0-multiproc-pid-disagree.prom").read_text().replace(
+        'vllm:num_requests_running{engine="0",model_name="Qwen/Qwen2.5-7B-Instruct"} 0.0',
+        'vllm:num_requests_running{engine="0",model_name="Qwen/Qwen2.5-7B-Instruct"} 38.0')
+    poll = interpret(text, None, timestamp=0.0)
+    assert only(poll).kv_usage_ratio == 0.92 and poll.undetermined == ()
 
 
 def test_an_idle_engines_stale_pid_copy_is_not_its_usage() -> None:
@@ -240,6 +251,11 @@ def test_disagreeing_pid_copies_fall_back_to_the_old_names_current_copy() -> Non
     # An operator's --usage-metric is never replaced.
     chosen = SourceOverrides.from_strings(usage="vllm:kv_cache_usage_perc")
     assert only(interpret(text, chosen, timestamp=0.0)).kv_usage_ratio is None
+    # Copies that agree read the old name too: the source follows the page's shape, not its values (it flipped
+    # between the two names from one poll to the next, churning kvwatch_source_info).
+    agreeing = (FIXTURES / "gen-0.11.0-multiproc-pid-agree.prom").read_text() + (
+        'vllm:gpu_cache_usage_perc{engine="0",model_name="Qwen/Qwen2.5-7B-Instruct"} 0.92\n')
+    assert interpret(agreeing, None, timestamp=0.0).detection.usage_metric == "vllm:gpu_cache_usage_perc"
 
 
 def test_pid_copies_that_agree_collapse_to_their_value() -> None:

@@ -14,8 +14,11 @@ Each copy is a whole-engine snapshot, not a share, and may be arbitrarily old: t
 each step's stats to only one front-end (``vllm/v1/core/sched/scheduler.py``, "Return stats to only one of the
 front-ends"; client 0 in a step with no request output), and only that process sets its copy. The newest of the
 copies is the engine's value, and the payload does not say which one that is. So copies that all hold one value
-collapse to it, and copies that disagree leave the series' value unknown (None, not NaN: it is not an
-implausible value) rather than a guess; summing would count the same requests once per process. Identical
+collapse to it; the usage copies of an engine with requests running are recent (each front-end gets the stats of
+the steps with its outputs) and read as the largest; other copies that disagree leave the series' value unknown
+(None, not NaN: it is not an implausible value) rather than a guess. Summing would count the same requests once
+per process. With usage in pid copies, the old name ``gpu_cache_usage_perc`` (``mostrecent``) is read instead
+when the page has it. Identical
 series repeated in a payload never get here: the parser rejects such a payload (:mod:`kvwatch.exposition`).
 
 Capacity per engine: ``kv_cache_size_tokens`` when vLLM reports it, else
@@ -160,8 +163,10 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     index = {name: _split(exposition.samples(name)) for name in (
         WAITING_BY_REASON, SWAPPED, PREEMPTIONS, SUCCESS, PROMPT_TOKENS, GENERATION_TOKENS, SLEEP_STATE)}
     usage_idx, running_idx, waiting_idx = _split(usage_samples), _split(running_samples), _split(waiting_samples)
-    if usage_idx.disagreeing and overrides.usage is None and usage is not None and usage.name == KV_USAGE:
-        # 0.9.2-0.10.x also export the old name, declared mostrecent: one current copy of the same figure.
+    if overrides.usage is None and usage is not None and usage.name == KV_USAGE and \
+            any("pid" in s.labels for s in usage_samples):
+        # 0.9.2-0.10.x also export the old name, declared mostrecent: one current copy of the same figure. Read
+        # whenever the new one comes in pid copies (not only when they disagree: the source must not flip per poll).
         current = _selected(exposition, Selector(GPU_CACHE_USAGE))
         if current and not any("pid" in s.labels for s in current):
             usage, usage_samples = Selector(GPU_CACHE_USAGE), current
@@ -182,11 +187,12 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
         config = _config_for(configs, key)
         finished = _by_label(index[SUCCESS], key, "finished_reason", sum)
         capacity, blocks, block_size, concurrency = _capacity(config, n_engines)
+        running_now = _combine(running_idx, key, sum)
         readings.append(Reading(
             model_name=key[0],
             engine=key[1],
-            kv_usage_ratio=_combine(usage_idx, key, max),
-            requests_running=_combine(running_idx, key, sum),
+            kv_usage_ratio=_combine(usage_idx, key, max, busy=bool(running_now)),
+            requests_running=running_now,
             requests_waiting=_combine(waiting_idx, key, sum),
             waiting_by_reason=_by_label(index[WAITING_BY_REASON], key, "reason", sum),
             requests_swapped=_combine(index[SWAPPED], key, sum),
@@ -220,7 +226,8 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     detection = replace(detection, running_metric=str(running) if running_samples else None,
                         waiting_metric=str(waiting) if waiting_samples else None, capacity_metric=capacity_name)
     undetermined = tuple((r.key, "kv_usage_ratio", _usage_undetermined(usage, usage_samples, r.key))
-                         for r in readings if usage_idx.disagreeing and _disagrees(usage_idx, r.key))
+                         for r in readings if r.kv_usage_ratio is None and usage_idx.disagreeing
+                         and _disagrees(usage_idx, r.key))
     return Poll(timestamp=timestamp, detection=detection, readings=tuple(readings), series_dropped=dropped,
                 undetermined=undetermined)
 
@@ -230,11 +237,13 @@ def _usage_undetermined(usage: Selector | None, samples: list[Sample], key: Seri
     copies = ", ".join(f"pid {s.labels['pid']}: {s.value:g}" for s in samples
                        if "pid" in s.labels and _model_of(s.labels) in (key[0], None)
                        and (s.labels.get("engine") or None) in (key[1], None))
-    return (f"KV usage is unknown: {usage} has one copy per API-server process ({copies}) and they disagree. vLLM "
-            "gives each step's stats to one front-end only, so a copy can be arbitrarily old, and the page does not "
-            "say which is current (vLLM 0.9.2-0.11.0 with --api-server-count > 1). kvwatch reads "
-            "vllm:gpu_cache_usage_perc instead when the page has it (the same figure, one current copy; 0.11.0 "
-            "shows it with --show-hidden-metrics-for-version=0.10), or upgrade to vLLM >= 0.11.1.")
+    return (f"KV usage is unknown: {usage} has one copy per API-server process ({copies}) and they disagree while "
+            "nothing runs. vLLM gives each step's stats to one front-end only, so with no request running a copy can "
+            "be as old as the last busy step, and the page does not say which is current (vLLM 0.9.2-0.11.0 with "
+            "--api-server-count > 1; while requests run every copy is recent and kvwatch takes the largest). "
+            "kvwatch reads vllm:gpu_cache_usage_perc instead when the page has it without pid copies (the same "
+            "figure, one current copy; 0.11.0 shows it with --show-hidden-metrics-for-version=0.10), or upgrade to "
+            "vLLM >= 0.11.1.")
 
 
 # ---------------------------------------------------------------- helpers
@@ -361,6 +370,8 @@ def _dedupe(samples: list[Sample]) -> tuple[list[Sample], bool]:
         key = (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "pid")))
         seen = by_labels.setdefault(key, s)
         agree = agree and (seen.value == s.value or (math.isnan(seen.value) and math.isnan(s.value)))
+        if math.isnan(seen.value) or s.value > seen.value:
+            by_labels[key] = s  # the largest copy, for a busy engine's usage (_combine's ``busy``)
     return list(by_labels.values()), agree
 
 
@@ -370,9 +381,12 @@ def _disagrees(index: _Index, key: SeriesKey) -> bool:
     return any(k in index.disagreeing for k in ((model, engine), (model, None), (None, engine), (None, None)))
 
 
-def _combine(index: _Index, key: SeriesKey, how: Callable[[Iterable[float]], float]) -> float | None:
+def _combine(index: _Index, key: SeriesKey, how: Callable[[Iterable[float]], float],
+             busy: bool = False) -> float | None:
+    """The series' value; None when it has no sample, or pid copies that disagree, unless ``busy`` (requests
+    running: every front-end gets stats every few steps, so the copies are recent and the largest is taken)."""
     samples = index.get(key) if not index.partial else _for_key(index, key)  # (the common case inline)
-    if not samples or (index.disagreeing and _disagrees(index, key)):
+    if not samples or (not busy and index.disagreeing and _disagrees(index, key)):
         return None
     if len(samples) == 1:
         return float(samples[0].value)
