@@ -798,3 +798,17 @@ def test_a_page_without_engine_metrics_names_disable_log_stats(tmp_path: Path,
                     'method="POST",status="2xx"} 12.0\n')
     assert main(["check", "--file", str(page)]) == 1
     assert "--disable-log-stats" in capsys.readouterr().err
+
+
+def test_a_given_max_model_len_within_the_rounding_of_the_engines_stands(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The engine's length is derived from kv_cache_size_tokens / a rounded kv_cache_max_concurrency: 163,840 / 4.997
+    # reads 32,788, not the 32,768 the operator gave, and the fix said "Lower --max-model-len from 32787".
+    text = _bounded_lengths((FIXTURES / "gen-0.33-dp2-capacity-labels.prom").read_text()).replace(
+        'kv_cache_max_concurrency="20.0"', 'kv_cache_max_concurrency="4.997"')
+    payload = tmp_path / "rounded.prom"
+    payload.write_text(text)
+    report = check_json(["--file", str(payload), "--max-model-len", "32768"], capsys)
+    messages = [a["message"] for a in report["series"][0]["advice"]]
+    assert any(m.startswith("Lower --max-model-len from 32768 to ") for m in messages), messages
+    assert "max_model_len_mismatch" not in [f["id"] for f in report["findings"]]

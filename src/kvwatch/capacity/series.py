@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kvwatch.capacity.findings import MAX_MODEL_LEN_TOLERANCE
 from kvwatch.capacity.kv import max_concurrency_at_max_model_len
 from kvwatch.capacity.planner import CapacityPlan
 from kvwatch.derived import block_pool
@@ -32,8 +33,12 @@ def max_model_len_of(reading: Any, given: int | None) -> int | None:
     """The ``--max-model-len`` a series runs: the engine's own where it says (vLLM >= 0.20 tells it through
     cache_config_info: kvwatch.engines.vllm.engine_max_model_len), else the one kvwatch was given, else None
     (unknown). The engine's wins: a fix must start from what the engine runs (a wrong --max-model-len given to
-    kvwatch made "lower it" paste a longer length), and ``max_model_len_mismatch`` reports the difference."""
-    return engine_max_model_len(reading.cache_config) or given
+    kvwatch made "lower it" paste a longer length), and ``max_model_len_mismatch`` reports the difference. Within
+    that finding's tolerance the given one stands: the engine's is derived from a rounded concurrency label."""
+    engine = engine_max_model_len(reading.cache_config)
+    if given and engine and abs(given / engine - 1) <= MAX_MODEL_LEN_TOLERANCE:
+        return given
+    return engine or given
 
 
 @dataclass(frozen=True)
