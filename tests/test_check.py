@@ -812,3 +812,20 @@ def test_a_given_max_model_len_within_the_rounding_of_the_engines_stands(
     messages = [a["message"] for a in report["series"][0]["advice"]]
     assert any(m.startswith("Lower --max-model-len from 32768 to ") for m in messages), messages
     assert "max_model_len_mismatch" not in [f["id"] for f in report["findings"]]
+
+
+def test_scheduler_limited_on_sglang_ranks_names_the_dp_attention_share(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Two data-parallel ranks: with --enable-dp-attention SGLang divides --max-running-requests 256 over them, so
+    # rank 0's 120 running may be at its 128 (it said "well under 256, so that cap is not it").
+    def row(family: str, rank: str, value: float) -> str:
+        return (f'sglang:{family}{{dp_rank="{rank}",engine_type="unified",model_name="q",pp_rank="0",tp_rank="0"}} '
+                f"{value}\n")
+
+    text = "".join(row("num_running_reqs", r, v) + row("token_usage", r, u) + row("num_queue_reqs", r, w)
+                   for r, v, u, w in (("0", 120, 0.3, 30), ("1", 57, 0.5, 0)))
+    page = tmp_path / "sglang-dp2.prom"
+    page.write_text(text)
+    report = check_json(["--file", str(page), "--max-num-seqs", "256"], capsys)
+    (found,) = [x for x in report["findings"] if x["id"] == "scheduler_limited"]
+    assert "at the 128 each of its 2 ranks gets with --enable-dp-attention" in found["message"]

@@ -430,6 +430,8 @@ def findings(states: Iterable[SeriesState],
     messages give; ``max_num_seqs`` (given to kvwatch) tells which scheduler limit a standing queue hits."""
     from kvwatch.capacity.findings import leaking
 
+    states = list(states)
+    ranks = Counter(s.reading.model_name for s in states) if engine_kind == SGLANG else Counter()
     flags = ENGINE_FLAGS.get(engine_kind, ENGINE_FLAGS[VLLM])
     dropped: dict[tuple[str, str], dict[str, float]] = {}
     for key, name, value in implausible:
@@ -464,7 +466,8 @@ def findings(states: Iterable[SeriesState],
         elif usage < SCHEDULER_LIMITED_BELOW and _standing_queue(r) and not r.prefill_server:
             out.append(Finding("scheduler_limited", "warning", (
                 f"{_requests(waiting)} {_verb(waiting)} while KV is only {usage:.1%} used: the scheduler limits, "
-                f"not KV. {_scheduler_fix(r.requests_running, max_num_seqs, flags, engine_kind)}; more KV would "
+                f"not KV. {_scheduler_fix(r.requests_running, max_num_seqs, flags, engine_kind, ranks[r.model_name])}"
+                "; more KV would "
                 "not help. "
                 "One poll: watch kvwatch_state{state=\"scheduler_limited\"} (kvwatch serve) to see it persist."),
                 **where))
@@ -496,11 +499,18 @@ def findings(states: Iterable[SeriesState],
 
 
 def _scheduler_fix(running: float | None, max_num_seqs: int | None, flags: Mapping[str, str | None],
-                   engine_kind: str) -> str:
+                   engine_kind: str, ranks: int = 1) -> str:
     """Which scheduler limit to raise: with ``max_num_seqs`` known and well above the running count, the running
-    cap is not what holds requests back, so the token budget is (a step's prefill tokens); at the cap, the cap."""
+    cap is not what holds requests back, so the token budget is (a step's prefill tokens); at the cap, the cap.
+    SGLang with ``ranks`` data-parallel ranks may divide its cap over them (--enable-dp-attention, which the payload
+    does not say): when the running count is near that share, either may hold requests back."""
     sglang = " or lower --schedule-conservativeness" if engine_kind == SGLANG else ""
     concurrency, budget = flags["concurrency"], flags["token_budget"]
+    if max_num_seqs and ranks > 1 and running is not None and \
+            SCHEDULER_CAP_SHARE * max_num_seqs / ranks <= running < SCHEDULER_CAP_SHARE * max_num_seqs:
+        return (f"{_requests(running)} {_run(running)} on this rank: under {concurrency} {max_num_seqs}, but at "
+                f"the {max_num_seqs // ranks} each of its {ranks} ranks gets with --enable-dp-attention (the payload "
+                f"does not say which runs): raise {concurrency} if it is on, else {budget} (token budget){sglang}")
     if max_num_seqs and running is not None and running < SCHEDULER_CAP_SHARE * max_num_seqs:
         return (f"{_requests(running)} {_run(running)}, well under {concurrency} {max_num_seqs}, so that cap is "
                 f"not it: raise {budget} (token budget){sglang}")
