@@ -156,10 +156,11 @@ def test_earliest_eta_maps_what_kvwatch_exports() -> None:
             texts.update({float(k): v["text"] for k, v in mapping["options"].items()})
         else:
             texts[float(mapping["options"]["from"])] = mapping["options"]["result"]["text"]
-    assert texts == {0.0: "saturated", 86400.0: "none within 1 h"}
+    assert texts == {0.0: "saturated", 86400.0: "none within 1 h (or warming up)"}
     assert defaults["noValue"] == "unknown"
     doc = DOC[DOC.index("**Earliest ETA**"):].split("\n- ", 1)[0]
-    assert '"none within 1 h" when no engine\'s saturation risk reaches 0.5 within 60 minutes' in " ".join(doc.split())
+    assert '"none within 1 h (or warming up)" when no engine\'s saturation risk reaches 0.5 within 60 minutes' in \
+        " ".join(doc.split())
     assert "can show while the state is still `ok`" in doc
     assert "unknown" in doc and "absent" in doc
 

@@ -152,6 +152,11 @@ def test_status_line_reads_kvwatch_metrics() -> None:
     quantize_first = text.replace('action="limit_concurrency"} 1', 'action="limit_concurrency"} 3').replace(
         'action="add_tensor_parallelism"} 2', 'action="add_tensor_parallelism"} 1')
     assert "fix: add tensor parallelism" in demo.status_line(quantize_first, 12.0, 30.0)
+    # +Inf is "none within 1 h", but while warming up there is no forecast yet
+    calm = text.replace("} 540", "} +Inf")
+    assert "ETA none within 1 h" in demo.status_line(calm, 12.0, 30.0)
+    warming = calm.replace('state="filling"} 1', 'state="warming_up"} 1')
+    assert "ETA not yet (warming up)" in demo.status_line(warming, 12.0, 30.0)
     assert "waiting for the first good poll" in demo.status_line(
         '# TYPE kvwatch_up gauge\nkvwatch_up{model_name="m",engine="0"} 0\n', 1.0)
 

@@ -156,8 +156,9 @@ def status_line(text: str, elapsed: float, speed: float = 1.0, sim_seconds: floa
     eta = values("kvwatch_kv_exhaustion_eta_seconds")
     if eta:
         soonest = min(eta)
-        parts.append("ETA " + ("none within 1 h" if math.isinf(soonest) else
-                               "now" if soonest <= 0 else f"{soonest / 60:.1f} min"))
+        # +Inf while warming up means no forecast yet, not a calm hour ahead
+        parts.append("ETA " + (("not yet (warming up)" if "warming_up" in states else "none within 1 h")
+                               if math.isinf(soonest) else "now" if soonest <= 0 else f"{soonest / 60:.1f} min"))
     forecast = worst("kvwatch_kv_usage_forecast_ratio", horizon="30m")
     if forecast is not None:
         parts.append(f"forecast in 30 min {forecast:4.0%}")
