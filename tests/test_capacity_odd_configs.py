@@ -52,3 +52,12 @@ def test_minimax_m2_all_attention_list_is_not_called_a_hybrid():
     assert not arch.is_hybrid_mamba and arch.mamba_layers == 0 and arch.mamba_dims is None
     assert not any("hybrid" in n for n in arch.notes)
     assert len(arch.attention_layer_types) == 62
+
+
+def test_a_null_in_the_text_config_does_not_hide_the_top_level_value():
+    # "text_config": {"num_hidden_layers": null, ...} beside a top-level 40 said "config.json has no
+    # num_hidden_layers".
+    config = {"model_type": "x", "num_hidden_layers": 40,
+              "text_config": {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
+                              "num_key_value_heads": 8, "num_hidden_layers": None, "vocab_size": 128256}}
+    assert arch_from_config(config).num_layers == 40

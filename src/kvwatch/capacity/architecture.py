@@ -328,7 +328,7 @@ def _text_config(config: dict[str, Any]) -> dict[str, Any]:
         if isinstance(nested, dict) and ("num_hidden_layers" in nested or "hidden_size" in nested
                                          or nested.get("model_type") in _CONFIG_CLASS_DEFAULTS):
             cfg = {k: v for k, v in config.items() if not isinstance(v, dict)}
-            cfg.update(nested)
+            cfg.update({k: v for k, v in nested.items() if v is not None})  # (null: not given)
             break
     defaults = _CONFIG_CLASS_DEFAULTS.get(str(cfg.get("model_type") or ""))
     return {**defaults, **{k: v for k, v in cfg.items() if v is not None}} if defaults else cfg
