@@ -187,9 +187,9 @@ def test_multiprocess_pid_gauges_are_combined() -> None:
     poll = read_fixture("gen-multiprocess-pid.prom")
     r = only(poll)
     # Each API-server process holds a whole-engine snapshot from the last step it got stats of (2 and 3 waiting,
-    # usage 0.4 and 0.6). With 7 requests running every front-end gets stats every few steps: the usage copies are
-    # recent and the largest is taken. A count's copies that disagree stay unknown; never the sum 5.
-    assert (r.requests_waiting, r.kv_usage_ratio) == (None, 0.6)
+    # usage 0.4 and 0.6): 0.2 apart, one is stale even with 7 requests running, and which cannot be told, so
+    # unknown; a count's copies that disagree stay unknown too; never the sum 5.
+    assert (r.requests_waiting, r.kv_usage_ratio) == (None, None)
     assert r.requests_running == 7.0
     assert (r.num_gpu_blocks, r.kv_capacity_tokens) == (500.0, 8000.0)  # cache_config_info's pid copies agree
     assert (r.request_prompt_tokens_sum, r.request_prompt_tokens_count) == (3000.0, 3.0)
@@ -213,14 +213,18 @@ def test_pid_copies_that_disagree_are_unknown_never_the_largest_or_the_sum() -> 
     assert dict(r.waiting_by_reason) == {}  # one reason unknown: the split is unknown
 
 
-def test_a_busy_engines_disagreeing_usage_copies_read_as_the_largest() -> None:
-    # Under load both front-ends get stats within milliseconds and their copies differ slightly: unknown on every
-    # busy poll would blind the sidecar on vLLM 0.11.0 with several API servers.
-    text = (FIXTURES / "gen-0.11.0-multiproc-pid-disagree.prom").read_text().replace(
+def test_a_busy_engines_close_usage_copies_read_as_the_largest_and_far_ones_as_unknown() -> None:
+    # Under load the front-ends serving requests get stats within milliseconds and their copies differ slightly:
+    # unknown on every busy poll would blind the sidecar on vLLM 0.11.0 with several API servers. A copy far from
+    # the other is a front-end without requests keeping an old spell's figure (0.97 beside 0.03 read as full).
+    busy = (FIXTURES / "gen-0.11.0-multiproc-pid-disagree.prom").read_text().replace(
         'vllm:num_requests_running{engine="0",model_name="Qwen/Qwen2.5-7B-Instruct"} 0.0',
         'vllm:num_requests_running{engine="0",model_name="Qwen/Qwen2.5-7B-Instruct"} 38.0')
-    poll = interpret(text, None, timestamp=0.0)
+    close = busy.replace('pid="18257"} 0.0', 'pid="18257"} 0.9')
+    poll = interpret(close, None, timestamp=0.0)
     assert only(poll).kv_usage_ratio == 0.92 and poll.undetermined == ()
+    far = interpret(busy, None, timestamp=0.0)
+    assert only(far).kv_usage_ratio is None and far.undetermined
 
 
 def test_an_idle_engines_stale_pid_copy_is_not_its_usage() -> None:

@@ -15,7 +15,8 @@ each step's stats to only one front-end (``vllm/v1/core/sched/scheduler.py``, "R
 front-ends"; client 0 in a step with no request output), and only that process sets its copy. The newest of the
 copies is the engine's value, and the payload does not say which one that is. So copies that all hold one value
 collapse to it; the usage copies of an engine with requests running are recent (each front-end gets the stats of
-the steps with its outputs) and read as the largest; other copies that disagree leave the series' value unknown
+the steps with its outputs) and read as the largest when they lie within PID_USAGE_SPREAD of each other; other
+copies that disagree leave the series' value unknown
 (None, not NaN: it is not an implausible value) rather than a guess. Summing would count the same requests once
 per process. With usage in pid copies, the old name ``gpu_cache_usage_perc`` (``mostrecent``) is read instead
 when the page has it. Identical
@@ -237,10 +238,11 @@ def _usage_undetermined(usage: Selector | None, samples: list[Sample], key: Seri
     copies = ", ".join(f"pid {s.labels['pid']}: {s.value:g}" for s in samples
                        if "pid" in s.labels and _model_of(s.labels) in (key[0], None)
                        and (s.labels.get("engine") or None) in (key[1], None))
-    return (f"KV usage is unknown: {usage} has one copy per API-server process ({copies}) and they disagree while "
-            "nothing runs. vLLM gives each step's stats to one front-end only, so with no request running a copy can "
-            "be as old as the last busy step, and the page does not say which is current (vLLM 0.9.2-0.11.0 with "
-            "--api-server-count > 1; while requests run every copy is recent and kvwatch takes the largest). "
+    return (f"KV usage is unknown: {usage} has one copy per API-server process ({copies}) and they disagree (while "
+            "nothing runs, or by more than a busy engine's recent copies do). vLLM gives each step's stats to one "
+            "front-end only, so a front-end without requests keeps an old figure, and the page does not say which "
+            "copy is current (vLLM 0.9.2-0.11.0 with --api-server-count > 1; while requests run and the copies lie "
+            f"within {PID_USAGE_SPREAD:.0%} of the cache of each other, kvwatch takes the largest). "
             "kvwatch reads vllm:gpu_cache_usage_perc instead when the page has it without pid copies (the same "
             "figure, one current copy; 0.11.0 shows it with --show-hidden-metrics-for-version=0.10), or upgrade to "
             "vLLM >= 0.11.1.")
@@ -295,6 +297,11 @@ class _Index(dict[tuple[str | None, str | None], list[Sample]]):
 
     partial = False
     disagreeing: frozenset[tuple[str | None, str | None]] = frozenset()
+    spreads: dict[tuple[str | None, str | None], float]  # disagreeing groups: largest minus smallest copy
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spreads = {}
 
 
 def _split(samples: list[Sample]) -> _Index:
@@ -314,9 +321,10 @@ def _split(samples: list[Sample]) -> _Index:
             multiprocess = multiprocess or "pid" in labels or "pid" in group[0].labels
     for key, group in index.items():
         if multiprocess and len(group) > 1:
-            index[key], agree = _dedupe(group)
-            if not agree:
+            index[key], spread = _dedupe(group)
+            if spread:
                 index.disagreeing |= {key}
+                index.spreads[key] = spread
         if key[0] is None or key[1] is None:
             index.partial = True
     return index
@@ -354,25 +362,43 @@ def _for_key(index: _Index, key: SeriesKey) -> list[Sample]:
     return [s for k in ((model, engine), (model, None), (None, engine), (None, None)) for s in index.get(k, ())]
 
 
-def _dedupe(samples: list[Sample]) -> tuple[list[Sample], bool]:
-    """One sample per series, and whether the copies agreed: copies that differ only in multiprocess mode's
-    ``pid`` collapse to one when every copy holds the same value (NaN included), else the series' value cannot be
-    told (see the module doc) and ``False`` says so. The parser has already refused identical series, so without
-    ``pid`` there is nothing to collapse."""
+def _dedupe(samples: list[Sample]) -> tuple[list[Sample], float]:
+    """One sample per series (the largest copy), and how far the copies of a series spread (largest minus smallest;
+    0 when they agree, NaN included; inf when a NaN copy stands beside a number): copies that differ only in
+    multiprocess mode's ``pid`` collapse to one; when they disagree the series' value is unknown unless
+    ``_combine`` may read the largest (see the module doc). The parser has already refused identical series, so
+    without ``pid`` there is nothing to collapse."""
     if not any("pid" in s.labels for s in samples):
-        return list(samples), True
+        return list(samples), 0.0
     by_labels: dict[tuple[str, tuple[tuple[str, str], ...]], Sample] = {}
-    agree = True
+    lowest: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    spread = 0.0
     for s in samples:
         if "pid" not in s.labels:
             by_labels[(s.name, tuple(sorted(s.labels.items())))] = s
             continue
         key = (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "pid")))
         seen = by_labels.setdefault(key, s)
-        agree = agree and (seen.value == s.value or (math.isnan(seen.value) and math.isnan(s.value)))
-        if math.isnan(seen.value) or s.value > seen.value:
-            by_labels[key] = s  # the largest copy, for a busy engine's usage (_combine's ``busy``)
-    return list(by_labels.values()), agree
+        low = lowest.setdefault(key, s.value)
+        if math.isnan(seen.value) != math.isnan(s.value):
+            spread = math.inf
+        elif not math.isnan(s.value):
+            lowest[key] = min(low, s.value)
+            if s.value > seen.value:
+                by_labels[key] = s
+            spread = max(spread, by_labels[key].value - lowest[key])
+    return list(by_labels.values()), spread
+
+
+# How far apart two recent KV usage copies of a busy engine may be (one scheduler step moves usage by a prefill or
+# a finished request: a few percent); farther, one copy is stale (a front-end with no requests keeps its last).
+PID_USAGE_SPREAD = 0.05
+
+
+def _close(index: _Index, key: SeriesKey) -> bool:
+    model, engine = key
+    return all(index.spreads.get(k, 0.0) <= PID_USAGE_SPREAD
+               for k in ((model, engine), (model, None), (None, engine), (None, None)))
 
 
 def _disagrees(index: _Index, key: SeriesKey) -> bool:
@@ -384,9 +410,11 @@ def _disagrees(index: _Index, key: SeriesKey) -> bool:
 def _combine(index: _Index, key: SeriesKey, how: Callable[[Iterable[float]], float],
              busy: bool = False) -> float | None:
     """The series' value; None when it has no sample, or pid copies that disagree, unless ``busy`` (requests
-    running: every front-end gets stats every few steps, so the copies are recent and the largest is taken)."""
+    running) and the copies lie within :data:`PID_USAGE_SPREAD` of each other: front-ends that serve requests
+    get stats every few steps, so their copies are recent and close, and the largest is taken; a copy far from
+    the others is one a front-end without requests kept from an earlier spell, and which is current is unknown."""
     samples = index.get(key) if not index.partial else _for_key(index, key)  # (the common case inline)
-    if not samples or (not busy and index.disagreeing and _disagrees(index, key)):
+    if not samples or (index.disagreeing and _disagrees(index, key) and not (busy and _close(index, key))):
         return None
     if len(samples) == 1:
         return float(samples[0].value)
