@@ -266,3 +266,23 @@ def test_the_plans_formula_line_adds_up_per_layer_type(tmp_path, capsys, config,
     terms = re.findall(r"(\d+) \w+ layers × (\d+) KV heads × (\d+) \(K \+ V head sizes\) × (\d+) B", line)
     total = int(re.search(r"= ([\d,]+) B", line).group(1).replace(",", ""))
     assert len(terms) == 2 and sum(int(a) * int(b) * int(c) * int(d) for a, b, c, d in terms) == total
+
+
+def test_tp_beyond_some_layers_heads_still_shrinks_the_others():
+    # MiMo's full layers have 4 KV heads, its sliding ones 8: at TP 8 only the full layers' are replicated, and the
+    # KV per token still shrinks (the note, the what-if and the advice said it stops).
+    from kvwatch.advisor import advise
+    from kvwatch.capacity.whatif import whatif_scenarios
+
+    arch = arch_from_config(MIMO_V2_FLASH)
+    assert arch.kv_head_counts == (4, 8)
+    spec = DeploymentSpec(arch=arch, gpu_name="B200", gpu_memory_bytes=180 * GIB, tensor_parallel_size=8,
+                                  max_model_len=131072, vllm_version=(0, 20))
+    plan = plan_capacity(spec)
+    assert any("exceeds the 4 KV heads of some layers" in n and "up to TP=8" in n for n in plan.notes)
+    at4 = plan_capacity(replace(spec, tensor_parallel_size=4))
+    (tp2,) = [s for s in whatif_scenarios(at4.spec) if s.name == "tensor_parallel_x2"]
+    assert "replicated beyond" not in tp2.note and "layers with more than 4" in tp2.note
+    (tp_fix,) = [a for a in advise("bottleneck", capacity_plan=at4, kv_tokens_per_request=2000)
+                 if a.action == "add_tensor_parallelism"]
+    assert "stops shrinking" not in tp_fix.message and "Some layers' 4 KV heads" in tp_fix.message

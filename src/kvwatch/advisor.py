@@ -328,14 +328,19 @@ def _tensor_parallel_advice(capacity_plan: CapacityPlan | None, plan_tokens: flo
         return Advice(ADD_TENSOR_PARALLELISM, 0,
                       f"Add a replica behind the gateway: no tensor-parallel size above {tp} that vLLM accepts for "
                       f"this model (it must divide the {arch.num_attention_heads} attention heads, and divide or be a "
-                      f"multiple of the {arch.num_kv_heads} KV heads) fits one {gpus_per_node}-GPU node "
+                      f"multiple of the {'/'.join(map(str, arch.kv_head_counts))} KV heads) fits one "
+                      f"{gpus_per_node}-GPU node "
                       "(--gpus-per-node).", replica)
     from kvwatch.capacity.whatif import tensor_parallel_plan
 
     replicated = ""
-    if not arch.is_mla and arch.num_kv_heads < nxt:
-        replicated = (f" The model's {arch.num_kv_heads} KV heads are replicated at this size (each GPU keeps "
-                      f"one, {nxt // arch.num_kv_heads} copies of each), so the KV per token stops shrinking.")
+    most = max(arch.kv_head_counts)
+    if not arch.is_mla and most < nxt:
+        replicated = (f" The model's {most} KV heads are replicated at this size (each GPU keeps one, "
+                      f"{nxt // most} copies of each), so the KV per token stops shrinking.")
+    elif not arch.is_mla and min(arch.kv_head_counts) < nxt:
+        replicated = (f" Some layers' {min(arch.kv_head_counts)} KV heads are replicated at this size: only the "
+                      "other layers' KV per token shrinks.")
     message = (f"Raise {flag} from {tp} to {nxt} ({nxt - tp} more GPU"
                f"{'s' if nxt - tp != 1 else ''} per replica), or add a replica behind the gateway.{replicated}")
     after = tensor_parallel_plan(spec, nxt)

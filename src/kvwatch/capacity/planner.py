@@ -300,11 +300,14 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
             notes.append(_unified_pages_note(arch, layout, tp, kv_bytes, spec.vllm_version))
         errors += [layout.page_refusal] if layout.page_refusal else []
         warnings += [layout.page_warning] if layout.page_warning else []
-    fewest = min(arch.kv_head_counts) if arch is not None else 0
-    if arch is not None and fewest < tp and not arch.is_mla and spec.kv_bytes_per_token is None:
-        notes.append(f"TP={tp} exceeds the {fewest} KV heads"
-                     f"{' of some layers' if len(arch.kv_head_counts) > 1 else ''}: heads are replicated, so more "
-                     "TP does not shrink the KV per token any further")
+    if arch is not None and not arch.is_mla and spec.kv_bytes_per_token is None:
+        fewest, most = min(arch.kv_head_counts), max(arch.kv_head_counts)
+        if most < tp:
+            notes.append(f"TP={tp} exceeds the {most} KV heads: heads are replicated, so more TP does not shrink "
+                         "the KV per token any further")
+        elif fewest < tp:
+            notes.append(f"TP={tp} exceeds the {fewest} KV heads of some layers: theirs are replicated, so more TP "
+                         f"shrinks the KV per token only in the layers with more (up to TP={most})")
 
     # Memory budget
     weights = activation = non_torch = usable = None

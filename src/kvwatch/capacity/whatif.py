@@ -104,7 +104,7 @@ def _tensor_parallel(spec: DeploymentSpec, tp: int) -> tuple[DeploymentSpec | No
                           - max(0.0, extra_non_torch))
     if spec.kv_bytes_per_token is not None:
         heads_note = ""
-        if spec.arch is None or spec.arch.num_kv_heads >= tp:
+        if spec.arch is None or max(spec.arch.kv_head_counts) >= tp:
             changed = replace(changed, kv_bytes_per_token=spec.kv_bytes_per_token * share)
         else:
             heads_note = "; KV heads already replicated"
@@ -112,8 +112,12 @@ def _tensor_parallel(spec: DeploymentSpec, tp: int) -> tuple[DeploymentSpec | No
     arch = spec.arch
     if arch is not None and arch.is_mla:
         kv_note = "MLA KV is not split by TP, so only the freed weight memory helps"
-    elif arch is not None and arch.num_kv_heads < tp:
-        kv_note = f"only {arch.num_kv_heads} KV heads: they are replicated beyond TP={arch.num_kv_heads}"
+    elif arch is not None and max(arch.kv_head_counts) < tp:
+        most = max(arch.kv_head_counts)
+        kv_note = f"only {most} KV heads: they are replicated beyond TP={most}"
+    elif arch is not None and min(arch.kv_head_counts) < tp:
+        kv_note = (f"{part} the KV heads per GPU in the layers with more than {min(arch.kv_head_counts)} (the others' "
+                   "are replicated)")
     else:
         kv_note = f"{part} the KV heads per GPU"
     return changed, f"{times} the GPUs per replica: {part} the weights per GPU; {kv_note}"
