@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvwatch.capacity.memory import GIB
+from kvwatch.capacity.planner import CUDA_GRAPHS_SUBTRACTED_SINCE
 
 MISMATCH_RATIO = 0.10
 # A cache_config_info whose kv_cache_max_concurrency was rounded (not vLLM's own str()) pins the length to ~0.1 %.
@@ -65,16 +66,22 @@ def capacity_mismatch(formula_tokens: float, reported_tokens: float | None,
             f"The capacity formula says {formula_tokens:,.0f} KV tokens from the GPU memory, the engine reports "
             f"{reported_tokens:,.0f}: it runs with --num-gpu-blocks-override {override_blocks:,.0f}, which fixes its "
             "pool whatever the memory. The engine's figure is the one kvwatch uses."))
-    per_token = getattr(plan, "kv_bytes_per_token", None)
+    # The pool's bytes scale with its tokens in every layout (tokens are blocks // groups, or blocks ÷ blocks per
+    # request): the missing memory is that share of the formula's pool, not tokens × bytes per token (which misses
+    # the sliding groups' and the page-size unification's bytes).
+    pool = getattr(plan, "available_kv_bytes", None)
+    version = getattr(getattr(plan, "spec", None), "vllm_version", None)
     if gap > 0:
-        missing_gib = (formula_tokens - reported_tokens) * per_token / GIB if per_token else None
+        missing_gib = pool * (1 - reported_tokens / formula_tokens) / GIB if pool else None
         others = ["a lower --gpu-memory-utilization than kvwatch assumed",
                   "another process on the GPU at startup (its memory counts against vLLM's profile)",
                   "larger weights (an unquantized or bigger checkpoint) or a longer profiled batch "
                   "(--max-num-batched-tokens)"]
         graphs = "vLLM >= 0.21 subtracts its CUDA-graph memory before sizing the cache"
         low, high = CUDA_GRAPH_GIB_RANGE
-        if missing_gib is not None and low <= missing_gib <= high:
+        if version is not None and version < CUDA_GRAPHS_SUBTRACTED_SINCE:
+            causes += others  # (these releases subtract no graph memory)
+        elif missing_gib is not None and low <= missing_gib <= high:
             causes += [f"{graphs} ({missing_gib:.2f} GiB per GPU is missing, within the 0.5-1.8 GiB the logs show)",
                        *others]
         elif missing_gib is not None:  # the graphs cannot explain a gap of this size: the other causes first
