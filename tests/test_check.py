@@ -802,16 +802,23 @@ def test_a_page_without_engine_metrics_names_disable_log_stats(tmp_path: Path,
 
 def test_a_given_max_model_len_within_the_rounding_of_the_engines_stands(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # The engine's length is derived from kv_cache_size_tokens / a rounded kv_cache_max_concurrency: 163,840 / 4.997
-    # reads 32,788, not the 32,768 the operator gave, and the fix said "Lower --max-model-len from 32787".
+    # The engine's length is derived from kv_cache_size_tokens / kv_cache_max_concurrency, whose label may be rounded
+    # (a proxy's "5.00" for 4.99707): 163,744 / 5.00 reads 32,749, and the fix said "Lower --max-model-len from
+    # 32749" where the operator gave the engine's 32,768, which the labels reproduce within that rounding.
     text = _bounded_lengths((FIXTURES / "gen-0.33-dp2-capacity-labels.prom").read_text()).replace(
-        'kv_cache_max_concurrency="20.0"', 'kv_cache_max_concurrency="4.997"')
+        'kv_cache_max_concurrency="20.0"', 'kv_cache_max_concurrency="5.00"').replace(
+        'kv_cache_size_tokens="163840"', 'kv_cache_size_tokens="163744"')
     payload = tmp_path / "rounded.prom"
     payload.write_text(text)
     report = check_json(["--file", str(payload), "--max-model-len", "32768"], capsys)
     messages = [a["message"] for a in report["series"][0]["advice"]]
     assert any(m.startswith("Lower --max-model-len from 32768 to ") for m in messages), messages
-    assert "max_model_len_mismatch" not in [f["id"] for f in report["findings"]]
+    # Exact labels (163,840 at "20.0": 8,192) do not reproduce a given 8,230, 0.5 % off: the engine's length wins.
+    exact = _bounded_lengths((FIXTURES / "gen-0.33-dp2-capacity-labels.prom").read_text())
+    payload.write_text(exact)
+    report = check_json(["--file", str(payload), "--max-model-len", "8230"], capsys)
+    messages = [a["message"] for a in report["series"][0]["advice"]]
+    assert any(m.startswith("Lower --max-model-len from 8192 to ") for m in messages), messages
 
 
 def test_scheduler_limited_on_sglang_ranks_names_the_dp_attention_share(
@@ -829,3 +836,8 @@ def test_scheduler_limited_on_sglang_ranks_names_the_dp_attention_share(
     report = check_json(["--file", str(page), "--max-num-seqs", "256"], capsys)
     (found,) = [x for x in report["findings"] if x["id"] == "scheduler_limited"]
     assert "at the 128 each of its 2 ranks gets with --enable-dp-attention" in found["message"]
+    # 200 running on one rank proves the per-rank share is not in force: the cap is simply not it.
+    page.write_text(text.replace("} 120\n", "} 200\n"))
+    report = check_json(["--file", str(page), "--max-num-seqs", "256"], capsys)
+    (found,) = [x for x in report["findings"] if x["id"] == "scheduler_limited"]
+    assert "well under --max-running-requests 256" in found["message"]

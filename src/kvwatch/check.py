@@ -507,7 +507,7 @@ def _scheduler_fix(running: float | None, max_num_seqs: int | None, flags: Mappi
     sglang = " or lower --schedule-conservativeness" if engine_kind == SGLANG else ""
     concurrency, budget = flags["concurrency"], flags["token_budget"]
     if max_num_seqs and ranks > 1 and running is not None and \
-            SCHEDULER_CAP_SHARE * max_num_seqs / ranks <= running < SCHEDULER_CAP_SHARE * max_num_seqs:
+            SCHEDULER_CAP_SHARE * max_num_seqs / ranks <= running <= max_num_seqs / ranks:
         return (f"{_requests(running)} {_run(running)} on this rank: under {concurrency} {max_num_seqs}, but at "
                 f"the {max_num_seqs // ranks} each of its {ranks} ranks gets with --enable-dp-attention (the payload "
                 f"does not say which runs): raise {concurrency} if it is on, else {budget} (token budget){sglang}")

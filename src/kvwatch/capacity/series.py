@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kvwatch.capacity.findings import MAX_MODEL_LEN_TOLERANCE
 from kvwatch.capacity.kv import max_concurrency_at_max_model_len
 from kvwatch.capacity.planner import CapacityPlan
 from kvwatch.derived import block_pool
@@ -33,12 +32,25 @@ def max_model_len_of(reading: Any, given: int | None) -> int | None:
     """The ``--max-model-len`` a series runs: the engine's own where it says (vLLM >= 0.20 tells it through
     cache_config_info: kvwatch.engines.vllm.engine_max_model_len), else the one kvwatch was given, else None
     (unknown). The engine's wins: a fix must start from what the engine runs (a wrong --max-model-len given to
-    kvwatch made "lower it" paste a longer length), and ``max_model_len_mismatch`` reports the difference. Within
-    that finding's tolerance the given one stands: the engine's is derived from a rounded concurrency label."""
+    kvwatch made "lower it" paste a longer length), and ``max_model_len_mismatch`` reports the difference. The
+    given one stands where the labels allow it: the engine's is derived from a concurrency label that may be
+    rounded, and a given length the labels reproduce within that rounding is no contradiction."""
     engine = engine_max_model_len(reading.cache_config)
-    if given and engine and abs(given / engine - 1) <= MAX_MODEL_LEN_TOLERANCE:
+    if given and engine and _labels_allow(reading.cache_config, given):
         return given
     return engine or given
+
+
+def _labels_allow(config: Any, length: int) -> bool:
+    """Whether ``kv_cache_size_tokens = int(kv_cache_max_concurrency × length)`` holds for a concurrency within the
+    rounding of its label (as written: "20.0" pins it to ±0.05)."""
+    tokens, text = label_number(config.get("kv_cache_size_tokens")), str(config.get("kv_cache_max_concurrency", ""))
+    concurrency = label_number(text)
+    if tokens is None or concurrency is None:
+        return False
+    decimals = len(text.split(".", 1)[1]) if "." in text and "e" not in text.lower() else 0
+    half = 0.5 * 10.0 ** -decimals if decimals else 0.0
+    return int((concurrency - half) * length) <= tokens <= int((concurrency + half) * length)
 
 
 @dataclass(frozen=True)
