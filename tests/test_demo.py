@@ -152,11 +152,14 @@ def test_status_line_reads_kvwatch_metrics() -> None:
     quantize_first = text.replace('action="limit_concurrency"} 1', 'action="limit_concurrency"} 3').replace(
         'action="add_tensor_parallelism"} 2', 'action="add_tensor_parallelism"} 1')
     assert "fix: add tensor parallelism" in demo.status_line(quantize_first, 12.0, 30.0)
-    # +Inf is "none within 1 h", but while warming up there is no forecast yet
-    calm = text.replace("} 540", "} +Inf")
+    # +Inf is "none within 1 h" once the risk is exported; before, there is no forecast yet, whatever state shows
+    # (scheduler_limited and stalled take precedence over warming_up)
+    calm = text.replace("} 540", "} +Inf") + (
+        '# TYPE kvwatch_kv_saturation_risk gauge\nkvwatch_kv_saturation_risk{model_name="m",engine="0",horizon="30m"} '
+        '0.1\n')
     assert "ETA none within 1 h" in demo.status_line(calm, 12.0, 30.0)
-    warming = calm.replace('state="filling"} 1', 'state="warming_up"} 1')
-    assert "ETA not yet (warming up)" in demo.status_line(warming, 12.0, 30.0)
+    cold = text.replace("} 540", "} +Inf").replace('state="filling"} 1', 'state="scheduler_limited"} 1')
+    assert "ETA not yet (warming up)" in demo.status_line(cold, 12.0, 30.0)
     assert "waiting for the first good poll" in demo.status_line(
         '# TYPE kvwatch_up gauge\nkvwatch_up{model_name="m",engine="0"} 0\n', 1.0)
 

@@ -156,8 +156,10 @@ def status_line(text: str, elapsed: float, speed: float = 1.0, sim_seconds: floa
     eta = values("kvwatch_kv_exhaustion_eta_seconds")
     if eta:
         soonest = min(eta)
-        # +Inf while warming up means no forecast yet, not a calm hour ahead
-        parts.append("ETA " + (("not yet (warming up)" if "warming_up" in states else "none within 1 h")
+        # +Inf before the forecaster is warm (no risk exported yet, whatever state shows) is no forecast, not a
+        # calm hour ahead
+        warm = bool(exp.samples("kvwatch_kv_saturation_risk"))
+        parts.append("ETA " + (("none within 1 h" if warm else "not yet (warming up)")
                                if math.isinf(soonest) else "now" if soonest <= 0 else f"{soonest / 60:.1f} min"))
     forecast = worst("kvwatch_kv_usage_forecast_ratio", horizon="30m")
     if forecast is not None:
