@@ -841,3 +841,16 @@ def test_scheduler_limited_on_sglang_ranks_names_the_dp_attention_share(
     report = check_json(["--file", str(page), "--max-num-seqs", "256"], capsys)
     (found,) = [x for x in report["findings"] if x["id"] == "scheduler_limited"]
     assert "well under --max-running-requests 256" in found["message"]
+
+
+def test_a_full_sglang_rank_with_nothing_running_names_both_readings(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 0 running, 97 % used, 30 waiting: a PD prefill server's transfers (some releases label it "unified") or a
+    # leak; the payload cannot tell, so kv_bound says both instead of asserting the capacity fixes.
+    page = tmp_path / "sglang.prom"
+    page.write_text('sglang:num_running_reqs{model_name="q",engine_type="unified"} 0\n'
+                    'sglang:token_usage{model_name="q",engine_type="unified"} 0.97\n'
+                    'sglang:num_queue_reqs{model_name="q",engine_type="unified"} 30\n')
+    report = check_json(["--file", str(page)], capsys)
+    (bound,) = [f for f in report["findings"] if f["id"] == "kv_bound"]
+    assert "PD prefill server" in bound["message"] and "KV leak" in bound["message"]

@@ -460,9 +460,18 @@ def findings(states: Iterable[SeriesState],
             out.append(Finding("usage_unknown", "warning", "No KV usage metric found: pass --usage-metric with the "
                                "name your engine (or proxy) exports.", **where))
         elif usage >= KV_BOUND_USAGE and waiting > 0 and not leaking(r):
-            out.append(Finding("kv_bound", "critical", (
-                f"KV cache is {usage:.1%} full with {_requests(waiting)} waiting: the KV cache is the bottleneck. "
-                "The advisor's fixes for this series follow, cheapest first (\"advice\" in --json)."), **where))
+            # Nothing running on an engine whose queue may hold KV (kvwatch.capacity.findings.kv_usage_stuck): a
+            # PD prefill server's transfers, or a leak; the payload cannot tell which, so the message says both.
+            fixes = "The advisor's fixes for this series follow, cheapest first (\"advice\" in --json)."
+            if r.requests_running == 0:
+                message = (f"KV cache is {usage:.1%} full with {_requests(waiting)} waiting and nothing running. On a "
+                           "PD prefill server these are its KV transfers and the KV cache is the bottleneck. "
+                           f"{fixes} On any other server finished requests' blocks are not being freed (a KV "
+                           "leak: restart the engine), and those fixes would not help.")
+            else:
+                message = (f"KV cache is {usage:.1%} full with {_requests(waiting)} waiting: the KV cache is the "
+                           f"bottleneck. {fixes}")
+            out.append(Finding("kv_bound", "critical", message, **where))
         elif usage < SCHEDULER_LIMITED_BELOW and _standing_queue(r) and not r.prefill_server:
             out.append(Finding("scheduler_limited", "warning", (
                 f"{_requests(waiting)} {_verb(waiting)} while KV is only {usage:.1%} used: the scheduler limits, "
