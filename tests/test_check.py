@@ -854,3 +854,15 @@ def test_a_full_sglang_rank_with_nothing_running_names_both_readings(
     report = check_json(["--file", str(page)], capsys)
     (bound,) = [f for f in report["findings"] if f["id"] == "kv_bound"]
     assert "PD prefill server" in bound["message"] and "KV leak" in bound["message"]
+
+
+def test_a_running_or_waiting_override_without_samples_yet_says_why(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    page = tmp_path / "proxy.prom"
+    page.write_text("# TYPE proxy_running gauge\n"
+                    'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5\n'
+                    'vllm:num_requests_running{engine="0",model_name="m"} 3\n'
+                    'vllm:num_requests_waiting{engine="0",model_name="m"} 0\n')
+    report = check_json(["--file", str(page), "--running-metric", 'proxy_running{pool="a"}'], capsys)
+    (unknown,) = [f for f in report["findings"] if f["id"] == "value_unknown"]
+    assert "--running-metric" in unknown["message"] and report["series"][0]["requests_running"] is None

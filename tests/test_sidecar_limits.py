@@ -298,3 +298,19 @@ def test_a_model_name_longer_than_any_real_one_is_too_large() -> None:
     with pytest.raises(ScrapeError) as caught:
         interpret(page("m" * (MAX_LABEL_CHARS + 1)), None, timestamp=0.0)
     assert caught.value.reason == "too_large" and "model_name label of 1,025 characters" in str(caught.value)
+
+
+def test_a_value_the_page_does_not_determine_is_logged_once_not_counted(no_kvwatch_env: None,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    # An override whose labelled gauge has no sample yet: unknown, not implausible, and the sidecar says why once.
+    body = "# TYPE proxy_waiting gauge\n" + FIXTURE
+    sidecar = Sidecar(ServeSettings(waiting_metric='proxy_waiting{pool="a"}'), Served(body),  # type: ignore[arg-type]
+                      time.time)
+    with caplog.at_level(logging.WARNING, logger="kvwatch"):
+        for _ in range(3):
+            sidecar.poll()
+    samples = scrape(sidecar)
+    assert samples[("kvwatch_up", ())] == 1.0
+    assert not any(name == "kvwatch_requests_waiting" for name, _ in samples)
+    assert not any(name == "kvwatch_implausible_values_total" for name, _ in samples)
+    assert sum("--waiting-metric" in r.getMessage() for r in caplog.records) == 1

@@ -480,6 +480,9 @@ def findings(states: Iterable[SeriesState],
                 "not help. "
                 "One poll: watch kvwatch_state{state=\"scheduler_limited\"} (kvwatch serve) to see it persist."),
                 **where))
+        for name, reason in sorted(why.get(r.key, {}).items()):
+            if name != "kv_usage_ratio":  # (usage has its own finding above)
+                out.append(Finding("value_unknown", "warning", reason, **where))
         others = sorted(n for n in bad if n != "kv_usage_ratio")
         if others:
             out.append(Finding("implausible_values", "warning", (

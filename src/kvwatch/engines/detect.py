@@ -96,10 +96,11 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
         poll = vllm.read(exposition, overrides, timestamp=timestamp, max_series=max_series)
     if limit is not None and limit.refused:
         poll = replace(poll, series_dropped=poll.series_dropped + len(limit.refused))
-    usage_pending = [why for field, why in pending if field == "usage"]
-    if usage_pending:
+    if pending:
+        fields = {"usage": "kv_usage_ratio", "running": "requests_running", "waiting": "requests_waiting"}
         poll = replace(poll, undetermined=poll.undetermined + tuple(
-            (r.key, "kv_usage_ratio", usage_pending[0]) for r in poll.readings if r.kv_usage_ratio is None))
+            (r.key, fields[field], why) for field, why in pending for r in poll.readings
+            if getattr(r, fields[field]) is None))
     return poll
 
 

@@ -186,6 +186,7 @@ class Sidecar:
         self.state = State()
         self._status_log = ChangeLog(log)
         self._values_log = ChangeLog(log, initial=())
+        self._unknown_log = ChangeLog(log, initial=())  # values a page holds but does not determine (Poll.undetermined)
         self._overrun_log = ChangeLog(log, initial="on time")
         self._restart_log = ChangeLog(log)  # a target flapping between two engines "restarts" every poll
         self._stop = threading.Event()
@@ -221,6 +222,7 @@ class Sidecar:
             return state
         self._status_log.tick()
         self._values_log.tick()
+        self._unknown_log.tick()
         self._overrun_log.tick()
         self._restart_log.tick()
         if elapsed > interval:
@@ -322,6 +324,7 @@ class Sidecar:
         """The state of a good poll; None when SIGTERM came while its series were analysed."""
         poll, dropped = self._cap(poll)
         implausible = self._count_implausible(poll, previous.health.implausible_total)
+        self._log_undetermined(poll)
         restarted = self.history.record(poll)
         for key, reason in restarted.items():
             # Each restart is a change of its own (the poll's time tells them apart); a flapping target is still
@@ -359,6 +362,15 @@ class Sidecar:
                      self.max_series)
         self._capped = bool(dropped)
         return poll, dropped
+
+    def _log_undetermined(self, poll: Poll) -> None:
+        """A warning when the set of values the page holds but does not determine changes (an override matching no
+        sample yet, vLLM's disagreeing pid copies): they are unknown, not exported, and this says why."""
+        reasons = tuple(sorted({why for _, _, why in poll.undetermined}))
+        if not reasons:
+            self._unknown_log.change((), logging.INFO, "target %s: every value it holds is read again", self.target)
+            return
+        self._unknown_log.change(reasons, logging.WARNING, "target %s: %s", self.target, "; ".join(reasons))
 
     def _count_implausible(self, poll: Poll, totals: Mapping[str, int]) -> Mapping[str, int]:
         if not poll.implausible:
