@@ -108,8 +108,9 @@ class FloorPoll:
 
 
 def kvwatch_edge_poll(text: str) -> Any:
-    """Parse + read of a poll that also reads the latency histograms' buckets (one a minute)."""
-    return read_payload(text, timestamp=0.0)
+    """Parse + read of a poll that also reads the latency and length histograms' buckets (one a minute, as
+    ``payload.interpret(latency=True)`` does)."""
+    return read_payload(text, timestamp=0.0, lengths=True)
 
 
 def kvwatch_full(text: str) -> Any:
