@@ -286,3 +286,21 @@ def test_tp_beyond_some_layers_heads_still_shrinks_the_others():
     (tp_fix,) = [a for a in advise("bottleneck", capacity_plan=at4, kv_tokens_per_request=2000)
                  if a.action == "add_tensor_parallelism"]
     assert "stops shrinking" not in tp_fix.message and "Some layers' 4 KV heads" in tp_fix.message
+
+
+@pytest.mark.parametrize(("base", "change", "named"), [
+    (MIMO_V2_FLASH, {"swa_num_key_value_heads": 0}, "swa_num_key_value_heads"),
+    (MIMO_V2_FLASH, {"swa_head_dim": -64}, "swa_head_dim"),
+    (MIMO_V2_FLASH, {"hybrid_layer_pattern": {"0": 1}}, "hybrid_layer_pattern"),
+    (GEMMA4_31B, {"global_head_dim": 0}, "global_head_dim"),
+    (GEMMA4_31B, {"attention_k_eq_v": "false"}, "attention_k_eq_v"),
+    (GEMMA4_31B, {"num_key_value_heads": -8}, "num_key_value_heads"),
+])
+def test_a_broken_per_type_field_is_refused_naming_it(base, change, named):
+    # They fell back silently (0 heads read as the model's, "false" read as true) or said "divide the -8 KV heads".
+    from kvwatch.capacity.architecture import ArchitectureError
+
+    config = ({**base, "text_config": {**base["text_config"], **change}} if "text_config" in base
+              else {**base, **change})
+    with pytest.raises(ArchitectureError, match=named):
+        arch_from_config(config)

@@ -342,7 +342,10 @@ def _total_kv_heads(cfg: dict[str, Any], heads: int, model_type: str) -> int:
     attn = cfg.get("attn_config")
     if model_type == "dbrx" and isinstance(attn, dict) and attn.get("kv_n_heads"):
         return _number(attn["kv_n_heads"], "attn_config.kv_n_heads")
-    return _field(cfg, *_KV_HEAD_FIELDS, default=heads) or heads
+    for name in _KV_HEAD_FIELDS:
+        if cfg.get(name) is not None and cfg.get(name) != 0:  # (0 reads as unset, as the ``or`` chain did)
+            return _positive(cfg, name) or heads
+    return heads
 
 
 # Past these no released model goes; a config beyond them is broken (num_hidden_layers 1e9 never returned).
@@ -371,6 +374,18 @@ def _count(cfg: dict[str, Any], key: str) -> int | None:
     if not 1 <= value <= _MAX_COUNT.get(key, _MAX_ANY) or value != int(value):
         return None
     return int(value)
+
+
+def _positive(cfg: dict[str, Any], key: str) -> int | None:
+    """``cfg[key]`` as a positive whole count (a head count or size), None when unset (null); anything else (0,
+    negative, fractional, not a number) is an ArchitectureError naming the field, not a silent fallback."""
+    if cfg.get(key) is None:
+        return None
+    value = _count(cfg, key)
+    if value is None:
+        raise ArchitectureError(f"config.json has {key} = {cfg[key]!r}: it must be a whole number from 1 to "
+                                f"{_MAX_COUNT.get(key, _MAX_ANY):,}")
+    return value
 
 
 def _real(value: Any, field: str) -> float:
@@ -503,8 +518,11 @@ def _swa_pattern(cfg: dict[str, Any], num_layers: int) -> tuple[str, ...] | None
     swa_* dimensions, 0 a full-attention one (MiMoV2FlashDecoderLayer.is_compressed_softmax_layer in
     vllm/model_executor/models/mimo_v2_flash.py); None without such a pattern."""
     pattern = cfg.get("hybrid_layer_pattern")
-    if not isinstance(pattern, list) or not pattern:
+    if pattern is None:
         return None
+    if not isinstance(pattern, list) or not pattern:
+        raise ArchitectureError(f"config.json has hybrid_layer_pattern = {str(pattern)[:60]!r}: it must be a list "
+                                "with one 0 (full) or 1 (sliding) per layer")
     if len(pattern) < num_layers:  # vLLM indexes it by layer: a short list fails there too
         raise ArchitectureError(f"config.json has {len(pattern)} hybrid_layer_pattern entries for num_hidden_layers "
                                 f"{num_layers}: it needs one per layer")
@@ -524,15 +542,18 @@ def _attention_dims(cfg: dict[str, Any], model_type: str, kv_heads: int, head_di
     ``v_head_dim`` (each else the K head size)."""
     dims: dict[str, AttentionDims] = {}
     if model_type.startswith("gemma4") and FULL in layer_types:
-        global_heads = _field(cfg, "num_global_key_value_heads") if cfg.get("attention_k_eq_v") else None
-        global_head = _field(cfg, "global_head_dim") or head_dim
+        k_eq_v = cfg.get("attention_k_eq_v")
+        if k_eq_v is not None and not isinstance(k_eq_v, bool):
+            raise ArchitectureError(f"config.json has attention_k_eq_v = {k_eq_v!r}: it must be true or false")
+        global_heads = _positive(cfg, "num_global_key_value_heads") if k_eq_v else None
+        global_head = _positive(cfg, "global_head_dim") or head_dim
         dims[FULL] = AttentionDims(global_heads or kv_heads, global_head, global_head)
-    elif isinstance(cfg.get("hybrid_layer_pattern"), list) and cfg["hybrid_layer_pattern"]:
-        v_full = _field(cfg, "v_head_dim") or head_dim
+    elif cfg.get("hybrid_layer_pattern") is not None:
+        v_full = _positive(cfg, "v_head_dim") or head_dim
         dims[FULL] = AttentionDims(kv_heads, head_dim, v_full)
-        swa_head = _field(cfg, "swa_head_dim") or head_dim
-        dims[SLIDING] = AttentionDims(_field(cfg, "swa_num_key_value_heads") or kv_heads, swa_head,
-                                      _field(cfg, "swa_v_head_dim") or swa_head)
+        swa_head = _positive(cfg, "swa_head_dim") or head_dim
+        dims[SLIDING] = AttentionDims(_positive(cfg, "swa_num_key_value_heads") or kv_heads, swa_head,
+                                      _positive(cfg, "swa_v_head_dim") or swa_head)
     default = AttentionDims(kv_heads, head_dim, head_dim)
     return tuple((kind, d) for kind, d in sorted(dims.items()) if d != default)
 
