@@ -237,3 +237,6 @@ def test_the_plan_cache_tells_engines_apart_by_every_label_the_formula_reads() -
         assert capacity is not None
         held.append(capacity.plan.layout.mamba_blocks_per_request)
     assert held == [3, 1]
+    # 0.18.0-0.20.x share that label set: the plan says so rather than pretending to know the release.
+    assert any("0.18.0 to 0.20.x share this label set" in n for n in after.plan.notes)
+    assert not any("share this label set" in n for n in before.plan.notes)
