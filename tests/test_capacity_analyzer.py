@@ -148,6 +148,9 @@ def test_version_rules_follow_the_label_set() -> None:
     assert before.plan.spec.vllm_version == (0, 12) and after.plan.spec.vllm_version == (0, 20)
     assert before.plan.num_gpu_blocks == after.plan.num_gpu_blocks
     assert before.formula_kv_capacity_tokens != after.formula_kv_capacity_tokens
+    # 0.18.0-0.20.x share that label set: the plan says so rather than pretending to know the release.
+    assert any("which 0.18.0 to 0.20.x share" in n for n in after.plan.notes)
+    assert not any("0.20.x share" in n for n in before.plan.notes)
     layout, blocks = before.plan.layout, before.plan.num_gpu_blocks
     assert before.formula_kv_capacity_tokens == blocks // layout.num_groups * layout.block_size
 
@@ -237,6 +240,3 @@ def test_the_plan_cache_tells_engines_apart_by_every_label_the_formula_reads() -
         assert capacity is not None
         held.append(capacity.plan.layout.mamba_blocks_per_request)
     assert held == [3, 1]
-    # 0.18.0-0.20.x share that label set: the plan says so rather than pretending to know the release.
-    assert any("0.18.0 to 0.20.x share this label set" in n for n in after.plan.notes)
-    assert not any("share this label set" in n for n in before.plan.notes)

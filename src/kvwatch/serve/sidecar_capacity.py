@@ -137,8 +137,7 @@ def engine_settings(settings: DeploymentSettings,
     version = vllm_version_from_cache_config(cache_config)
     if version is not None:
         overrides["vllm_version"] = version
-        shared = " (0.18.0 to 0.20.x share this label set: a 0.18 or 0.19 engine may differ)" \
-            if version == (0, 20) else ""
+        shared = ", which 0.18.0 to 0.20.x share: a 0.18 or 0.19 engine may differ" if version == (0, 20) else ""
         taken.append(f"vLLM {version[0]}.{version[1]}+ rules (from the label set{shared})")
     return (settings.model_copy(update=update) if update else settings), overrides, taken
 
