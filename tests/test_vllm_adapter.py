@@ -560,3 +560,13 @@ def test_an_override_selecting_several_samples_is_told_to_narrow_its_selector() 
         vllm.read(parse(text), SourceOverrides(usage=Selector.parse("gpu_cache_usage_sys")), timestamp=100.0)
     narrowed = SourceOverrides(usage=Selector.parse('gpu_cache_usage_sys{gpu="0"}'))
     assert only(vllm.read(parse(text), narrowed, timestamp=100.0)).kv_usage_ratio == 0.5
+
+
+def test_a_waiting_override_replaces_vllms_split_of_its_queue_too() -> None:
+    # The operator's queue metric (a gateway's) is not vLLM's: vLLM's capacity/deferred split of its own queue
+    # read beside it said "5 requests waiting" while the waiting count shown was the override's (or unknown).
+    text = (FIXTURES / "gen-0.33-dp2-capacity-labels.prom").read_text() + 'gateway_queue{model_name="llama"} 9\n'
+    poll = vllm.read(parse(text), SourceOverrides.from_strings(waiting="gateway_queue"), timestamp=0.0)
+    r = next(r for r in poll.readings if r.engine == "0")
+    assert r.requests_waiting == 9.0 and dict(r.waiting_by_reason) == {}
+    assert r.requests_waiting_for_capacity == 9.0

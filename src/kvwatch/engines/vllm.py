@@ -195,7 +195,9 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             kv_usage_ratio=_combine(usage_idx, key, max, busy=bool(running_now)),
             requests_running=running_now,
             requests_waiting=_combine(waiting_idx, key, sum),
-            waiting_by_reason=_by_label(index[WAITING_BY_REASON], key, "reason", sum),
+            # (an operator's --waiting-metric replaces vLLM's queue, and vLLM's split of it with it)
+            waiting_by_reason=(_by_label(index[WAITING_BY_REASON], key, "reason", sum) if overrides.waiting is None
+                               else MappingProxyType({})),
             requests_swapped=_combine(index[SWAPPED], key, sum),
             preemptions_total=_combine(index[PREEMPTIONS], key, sum),
             finished_by_reason=finished,
