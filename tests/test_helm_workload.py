@@ -368,3 +368,11 @@ def test_a_chart_version_bump_does_not_roll_the_pods() -> None:
                     "Deployment")["spec"]["template"]["metadata"]["labels"]
     assert "helm.sh/chart" not in template and "app.kubernetes.io/version" not in template
     assert template["team"] == "ml" and template["cost"] == "gpu" and template["app.kubernetes.io/instance"]
+
+
+def test_short_dtype_spellings_reach_vllm_in_its_own() -> None:
+    # kvwatch reads bf16/fp16/fp32; vLLM's --dtype and --kv-cache-dtype refuse them, so the serving container
+    # crash-looped while helm lint passed. The sidecar keeps the value it was given (one config: block).
+    objects = render("--set", "config.model=m", "--set", "config.dtype=bf16", "--set", "config.kvCacheDtype=fp16")
+    flags = vllm_flags(containers(objects)["vllm"]["args"])
+    assert (flags["--dtype"], flags["--kv-cache-dtype"]) == ("bfloat16", "float16")

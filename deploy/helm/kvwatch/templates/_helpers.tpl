@@ -259,9 +259,14 @@ embeds the container includes this in its pod's volumes too, or the pod is inval
       "maxModelLen" "--max-model-len"
       "maxNumBatchedTokens" "--max-num-batched-tokens"
       "maxNumSeqs" "--max-num-seqs" }}
+{{- /* kvwatch reads the short dtype spellings too (bf16, fp16, fp32); vLLM's argparse takes only its own */ -}}
+{{- $vllmSpelling := dict "bf16" "bfloat16" "fp16" "float16" "fp32" "float32" }}
 {{- range $key, $flag := $flags }}
 {{- $value := index $c $key }}
 {{- if not (kindIs "invalid" $value) }}
+{{- if and (kindIs "string" $value) (hasKey $vllmSpelling $value) }}
+{{- $value = index $vllmSpelling $value }}
+{{- end }}
 - {{ $flag | quote }}
 - {{ include "kvwatch.scalar" $value | quote }}
 {{- end }}
