@@ -376,3 +376,18 @@ def test_short_dtype_spellings_reach_vllm_in_its_own() -> None:
     objects = render("--set", "config.model=m", "--set", "config.dtype=bf16", "--set", "config.kvCacheDtype=fp16")
     flags = vllm_flags(containers(objects)["vllm"]["args"])
     assert (flags["--dtype"], flags["--kv-cache-dtype"]) == ("bfloat16", "float16")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--set", "config.nvml=true", "--set", "config.dcgmUrl=http://x:9400/metrics"), "config.nvml or config.dcgmUrl"),
+    (("--set", "config.pollTimeoutSeconds=6"), "config.pollTimeoutSeconds (6) must be below"),
+    (("--set", "config.staleAfterSeconds=1", "--set", "config.pollIntervalSeconds=5"), "must be at least"),
+    (("--set", "config.listenAddress=127.0.0.1"), "must not be a loopback address"),
+    (("--set", "vllm.enabled=false", "--set", "config.targetUrl=http://v:8000/metrics", "--set",
+      "config.gpuPod=vllm-0", "--set", "config.dcgmUrl=http://$(NODE_IP):9400/metrics"), "kvwatch's own node"),
+])
+def test_settings_kvwatch_refuses_at_startup_are_refused_at_render(args: tuple[str, ...], message: str) -> None:
+    # kvwatch exits 2 on each: its sidecar never got Ready, and the vLLM pod left its Service with it.
+    assert message in render_fails(*MINIMAL, *args)
+    # (in bounds, it renders)
+    assert render(*MINIMAL, "--set", "config.pollIntervalSeconds=2.5", "--set", "config.pollTimeoutSeconds=2")

@@ -143,6 +143,24 @@ vLLM out of its Service, and a watchdog must never stop the serving. */}}
     - serve
   env:
     {{- $config := .Values.config | default dict }}
+    {{- /* What kvwatch refuses at startup, refused here: a sidecar that exits never gets Ready, and its pod (vLLM's)
+    leaves the Service with it. */}}
+    {{- if and $config.nvml $config.dcgmUrl }}
+    {{- fail "set config.nvml or config.dcgmUrl, not both: kvwatch reads GPU memory from one source" }}
+    {{- end }}
+    {{- $interval := float64 (toString (default 5 $config.pollIntervalSeconds)) }}
+    {{- if and (not (kindIs "invalid" $config.pollTimeoutSeconds)) (ge (float64 (toString $config.pollTimeoutSeconds)) $interval) }}
+    {{- fail (printf "config.pollTimeoutSeconds (%v) must be below config.pollIntervalSeconds (%v): kvwatch refuses to start otherwise" $config.pollTimeoutSeconds $interval) }}
+    {{- end }}
+    {{- if and (not (kindIs "invalid" $config.staleAfterSeconds)) (lt (float64 (toString $config.staleAfterSeconds)) $interval) }}
+    {{- fail (printf "config.staleAfterSeconds (%v) must be at least config.pollIntervalSeconds (%v): kvwatch refuses to start otherwise" $config.staleAfterSeconds $interval) }}
+    {{- end }}
+    {{- if has (toString $config.listenAddress) (list "127.0.0.1" "::1" "localhost") }}
+    {{- fail "config.listenAddress must not be a loopback address: the kubelet's probes and Prometheus reach kvwatch on the pod IP" }}
+    {{- end }}
+    {{- if and (eq (toString $vllm.enabled) "false") (contains "$(NODE_IP)" (toString $config.dcgmUrl)) }}
+    {{- fail "config.dcgmUrl with $(NODE_IP) in mode 2 is kvwatch's own node, not necessarily the vLLM pod's: give the dcgm-exporter URL of the node the watched pod runs on" }}
+    {{- end }}
     {{- if $config.dcgmUrl }}
     {{- /* First: $(NODE_IP) in config.dcgmUrl expands only to variables defined earlier in the list. */}}
     - name: NODE_IP
