@@ -8,7 +8,8 @@
    (`kvwatch.settings.ServeSettings`: one camelCase key per setting, its type, bounds and description).
    A new setting still needs its commented line under `config:` in values.yaml (a test checks that).
 3. Regenerates the schema's `definitions` (the Kubernetes objects values pass through verbatim: Probe,
-   ResourceRequirements, SecurityContext, PodSecurityContext, DeploymentStrategy) from the strict Kubernetes
+   ResourceRequirements, SecurityContext, PodSecurityContext, DeploymentStrategy, EnvVar, VolumeMount, Volume,
+   Toleration, Affinity) from the strict Kubernetes
    JSON schemas shipped in the kubernetes-validate package (a dev dependency), closed against unknown fields,
    so `kvwatch.resources.limit.memory` fails the install instead of rendering a container without limits.
 
@@ -45,10 +46,15 @@ DECIMAL = "^[0-9]*\\.?[0-9]+([eE][-+]?[0-9]+)?$"  # a non-negative decimal, as `
 KUBERNETES_VERSION = "1.35"
 KUBERNETES_TYPES = (
     "io.k8s.api.apps.v1.DeploymentStrategy",
+    "io.k8s.api.core.v1.Affinity",
+    "io.k8s.api.core.v1.EnvVar",
     "io.k8s.api.core.v1.PodSecurityContext",
     "io.k8s.api.core.v1.Probe",
     "io.k8s.api.core.v1.ResourceRequirements",
     "io.k8s.api.core.v1.SecurityContext",
+    "io.k8s.api.core.v1.Toleration",
+    "io.k8s.api.core.v1.Volume",
+    "io.k8s.api.core.v1.VolumeMount",
 )
 # Kept from the upstream schemas: what validates. Descriptions (long, and ignored next to a draft-07 $ref),
 # formats (int32 is no JSON-schema format) and x-kubernetes-* annotations are dropped.

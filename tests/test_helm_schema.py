@@ -180,3 +180,16 @@ def test_ci_values_cover_both_modes_and_every_integration() -> None:
     for toggle in ("serviceMonitor", "podMonitor", "prometheusRule", "dashboards"):
         assert any(v[toggle]["enabled"] for v in combined), toggle
     assert re.fullmatch(r"v\d+\.\d+\.\d+", merged_values("default")["vllm"]["image"]["tag"])
+
+
+@pytest.mark.parametrize(("flag", "value"), [
+    ("tolerations", '[{"key":"a","operatr":"Exists"}]'),
+    ("kvwatch.extraEnv", '[{"name":"A","valu":"b"}]'),
+    ("kvwatch.extraEnv", '[{"name":"KVWATCH_FOO","value":"b"}]'),
+    ("kvwatch.extraVolumeMounts", '[{"name":"x","mountpath":"/x"}]'),
+    ("extraVolumes", '[{"name":"x","emptydir":{}}]'),
+    ("affinity", '{"nodeAfinity":{}}'),
+])
+def test_passed_through_kubernetes_objects_are_checked_too(flag: str, value: str) -> None:
+    # A typo in a list handed to Kubernetes verbatim rendered, and a KVWATCH_* extra variable stopped kvwatch.
+    assert "schema" in render_fails("--set", "config.model=m", "--set-json", f"{flag}={value}")
