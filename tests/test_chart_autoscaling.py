@@ -121,3 +121,14 @@ def test_keda_schema_catches_a_misspelt_field() -> None:
     so["spec"]["maxReplicaCont"] = 6
     with pytest.raises(AssertionError, match="maxReplicaCont"):
         validate_object(so)
+
+
+def test_a_long_release_keeps_every_name_within_63_characters() -> None:
+    # The prometheus-adapter ConfigMap's name was not truncated (86 characters for a 53-character release).
+    from helm_helpers import run_helm
+
+    result = run_helm("template", "a" * 53, str(CHART), "--namespace", NAMESPACE, "--set", "config.model=m",
+                      "--set", "autoscaling.enabled=true", "--set", "autoscaling.kind=hpa")
+    assert result.returncode == 0, result.stderr
+    names = [o["metadata"]["name"] for o in yaml.safe_load_all(result.stdout) if o]
+    assert "ConfigMap" in result.stdout and all(len(n) <= 63 for n in names), names

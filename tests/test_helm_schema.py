@@ -193,3 +193,10 @@ def test_ci_values_cover_both_modes_and_every_integration() -> None:
 def test_passed_through_kubernetes_objects_are_checked_too(flag: str, value: str) -> None:
     # A typo in a list handed to Kubernetes verbatim rendered, and a KVWATCH_* extra variable stopped kvwatch.
     assert "schema" in render_fails("--set", "config.model=m", "--set-json", f"{flag}={value}")
+
+
+def test_labels_may_not_redefine_the_selector_labels() -> None:
+    # podLabels {"app.kubernetes.io/name": "other"} rendered the key twice; read last-wins, the Service and the
+    # monitors no longer selected the pods, and helm lint passed.
+    for values in ('podLabels={"app.kubernetes.io/name":"other"}', 'commonLabels={"app.kubernetes.io/instance":"x"}'):
+        assert "may not set app.kubernetes.io/" in render_fails("--set", "config.model=m", "--set-json", values)

@@ -32,6 +32,11 @@ The pod template's labels: no chart or app version, so a chart bump that changes
 roll every vLLM pod (each restart reloads a model); an image change rolls them anyway.
 */}}
 {{- define "kvwatch.podLabels" -}}
+{{- range $key := list "app.kubernetes.io/name" "app.kubernetes.io/instance" "app.kubernetes.io/part-of" }}
+{{- if or (hasKey ($.Values.commonLabels | default dict) $key) (hasKey ($.Values.podLabels | default dict) $key) }}
+{{- fail (printf "commonLabels and podLabels may not set %s: the chart's selectors use it (the Service and monitors would stop matching the pods)" $key) }}
+{{- end }}
+{{- end }}
 {{ include "kvwatch.selectorLabels" . }}
 app.kubernetes.io/part-of: kvwatch
 {{- with .Values.commonLabels }}
