@@ -5,6 +5,7 @@ the replicas KV demand needs, and for one more replica while an engine is foreca
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -132,3 +133,19 @@ def test_a_long_release_keeps_every_name_within_63_characters() -> None:
     assert result.returncode == 0, result.stderr
     names = [o["metadata"]["name"] for o in yaml.safe_load_all(result.stdout) if o]
     assert "ConfigMap" in result.stdout and all(len(n) <= 63 for n in names), names
+
+
+def test_the_pod_selector_matches_generated_pod_names_of_a_long_deployment() -> None:
+    # A Deployment named with 58+ characters gets pods named <its first 58><5 random>, no "-" after the name
+    # (Kubernetes' SimpleNameGenerator cuts the generated part to 58): "<name>-.*" matched none of them.
+    from helm_helpers import run_helm
+
+    release = "a" * 50  # fullname "<release>-kvwatch": 58 characters
+    result = run_helm("template", release, str(CHART), "--namespace", NAMESPACE, "--set", "config.model=m",
+                      "--set", "autoscaling.enabled=true", "--set", "autoscaling.prometheusAddress=http://p:9090")
+    assert result.returncode == 0, result.stderr
+    so = next(o for o in yaml.safe_load_all(result.stdout) if o and o["kind"] == "ScaledObject")
+    query = so["spec"]["triggers"][0]["metadata"]["query"]
+    pod = f"{release}-kvwatch"[:58] + "x7k2q"  # what the kubelet would name one
+    pattern = re.search(r'pod=~"([^"]+)"', query).group(1)
+    assert re.fullmatch(pattern, pod), (pattern, pod)
