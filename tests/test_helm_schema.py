@@ -200,3 +200,13 @@ def test_labels_may_not_redefine_the_selector_labels() -> None:
     # monitors no longer selected the pods, and helm lint passed.
     for values in ('podLabels={"app.kubernetes.io/name":"other"}', 'commonLabels={"app.kubernetes.io/instance":"x"}'):
         assert "may not set app.kubernetes.io/" in render_fails("--set", "config.model=m", "--set-json", values)
+
+
+@pytest.mark.parametrize("monitor", ["serviceMonitor", "podMonitor"])
+def test_a_monitor_without_the_charts_workload_needs_a_selector(monitor: str) -> None:
+    # deployment.enabled=false (the sidecar embedded in one's own Deployment): the default selector named this
+    # chart's Service or pods, which are not rendered, and the monitor silently scraped nothing.
+    assert f"{monitor}.selector is required" in render_fails(
+        "--set", "deployment.enabled=false", "--set", f"{monitor}.enabled=true")
+    assert render("--set", "deployment.enabled=false", "--set", f"{monitor}.enabled=true",
+                  "--set-json", f'{monitor}.selector={{"app":"vllm"}}')
