@@ -314,3 +314,22 @@ def test_a_value_the_page_does_not_determine_is_logged_once_not_counted(no_kvwat
     assert not any(name == "kvwatch_requests_waiting" for name, _ in samples)
     assert not any(name == "kvwatch_implausible_values_total" for name, _ in samples)
     assert sum("--waiting-metric" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_the_sidecar_logs_its_capacity_model_once(no_kvwatch_env: None, caplog: pytest.LogCaptureFixture) -> None:
+    # The sidecar's series capacity filled the plan cache first, so the analyzer never saw a plan as new: no
+    # "capacity model" line, and no max_model_len_mismatch warning, ever reached the log.
+    body = (Path(__file__).parent / "fixtures" / "vllm-metrics" / "gen-0.33-dp2-capacity-labels.prom").read_text()
+    from kvwatch.serve.app import load_analyzers
+    from kvwatch.serve.sidecar_capacity import CapacityResolver
+
+    settings = ServeSettings(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100", max_model_len=4096)
+    capacity = CapacityResolver(settings)  # one resolver for the sidecar and its analyzers, as run() wires them
+    sidecar = Sidecar(settings, Served(body), time.time, load_analyzers(settings, capacity),  # type: ignore[arg-type]
+                      capacity=capacity)
+    with caplog.at_level(logging.INFO, logger="kvwatch"):
+        for _ in range(3):
+            sidecar.poll()
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("capacity model for llama: kvwatch was given --max-model-len 4,096" in m for m in messages) == 1
+    assert sum(m.startswith("capacity model for llama: from vllm:cache_config_info") for m in messages) == 1

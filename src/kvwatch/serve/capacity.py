@@ -59,12 +59,21 @@ class CapacityAnalyzer:
         self._capacity = capacity or CapacityResolver(settings)
         self._max_model_len = settings.max_model_len  # as given (None: the engine's is taken, see sidecar_capacity)
         self._logged = 0
+        # Model and engine configurations whose plan this analyzer has announced: its own record, not the resolver's
+        # cache, which the sidecar's series capacity fills first (every line was lost that way), bounded like it.
+        self._announced: dict[object, None] = {}
+        self._max_announced = 2 * settings.max_series
         # Per series and finding: since when its condition has held (O(1) per poll, bounded like the plans).
         self._held: dict[tuple[SeriesKey, str], HeldSince] = {}
         self._max_held = 2 * len(LIVE_FINDINGS) * settings.max_series
 
     def _plan(self, reading: Reading) -> SidecarCapacity | None:
-        new = self._capacity.is_new(reading)
+        key = self._capacity.plan_key(reading)
+        new = key not in self._announced
+        if new:
+            if len(self._announced) >= self._max_announced:
+                del self._announced[next(iter(self._announced))]
+            self._announced[key] = None
         capacity, why = self._capacity.sidecar(reading)
         if new:
             # One line per model for the first few; a target serving thousands of models gets no more.

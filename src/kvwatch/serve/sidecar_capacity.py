@@ -217,8 +217,9 @@ class CapacityResolver:
         config = {k: v for k, v in reading.cache_config.items() if k in ENGINE_LABELS or k in VERSION_LABELS}
         return reading.model_name, tuple(sorted(config.items()))
 
-    def is_new(self, reading: Reading) -> bool:
-        return self._key(reading) not in self._cache
+    def plan_key(self, reading: Reading) -> tuple[str, tuple[tuple[str, str], ...]]:
+        """What one plan is cached by: the model name and the engine labels the formula reads."""
+        return self._key(reading)
 
     def sidecar(self, reading: Reading) -> tuple[SidecarCapacity | None, str]:
         """(the formula's plan and what-ifs, why not) for this reading's model and engine configuration."""
