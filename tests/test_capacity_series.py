@@ -172,3 +172,22 @@ def test_without_a_card_the_models_architecture_still_divides_the_blocks(capsys,
     assert main(["check", "--file", str(payload), "--json"]) == 0
     series = json.loads(capsys.readouterr().out)["series"][0]
     assert (series["kv_capacity_tokens"], series["capacity_source"]) == (96000, "engine_num_gpu_blocks")
+
+
+def test_the_max_model_len_ceiling_needs_a_known_length() -> None:
+    # With the model, the card and --max-model-len, vLLM's concurrency at that length comes from the engine's
+    # blocks for a one-group model too; with vLLM's default length assumed it stays unknown (the engine may have
+    # been started with another).
+    from kvwatch.capacity import DeploymentSpec, plan_capacity, resolve_model
+    from kvwatch.check import build_report
+    from kvwatch.engines import vllm
+    from kvwatch.exposition import parse
+
+    path = Path(__file__).parent / "fixtures" / "vllm-metrics" / "gen-0.9-both-usage-names.prom"
+    poll = vllm.read(parse(path.read_text()), timestamp=0.0)
+    arch = resolve_model("meta-llama/Llama-3.1-8B-Instruct")
+    for length, expected_known in ((8192, True), (None, False)):
+        plan = plan_capacity(DeploymentSpec(arch=arch, gpu_name="H100", gpu_memory_bytes=80 * 2**30,
+                                            max_model_len=length, vllm_version=(0, 9)))
+        series = build_report(poll, length, {poll.readings[0].model_name: plan})["series"][0]
+        assert (series["max_concurrency_max_model_len"] is not None) == expected_known

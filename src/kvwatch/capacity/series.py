@@ -73,9 +73,10 @@ class SeriesCapacity:
         if reading.kv_capacity_tokens is None and self.tokens is not None:
             # used tokens follow (usage × capacity); the reading remembers that this is the formula's figure
             return replace(reading, kv_capacity_tokens=self.tokens, capacity_source="formula")
-        if self.source == "engine_num_gpu_blocks" and self.tokens != reading.kv_capacity_tokens:
-            return replace(reading, kv_capacity_tokens=self.tokens,
-                           kv_max_concurrency=engine_max_concurrency(reading, self.plan))
+        concurrency = engine_max_concurrency(reading, self.plan)
+        if self.source == "engine_num_gpu_blocks" and (self.tokens != reading.kv_capacity_tokens
+                                                        or concurrency != reading.kv_max_concurrency):
+            return replace(reading, kv_capacity_tokens=self.tokens, kv_max_concurrency=concurrency)
         return reading
 
 
@@ -87,9 +88,9 @@ def engine_max_concurrency(reading: Any, plan: CapacityPlan | None) -> float | N
     when it has one; None when the layout's block size is not the engine's (a Mamba hybrid's rewritten one)."""
     if reading.kv_max_concurrency is not None:
         return reading.kv_max_concurrency
-    if plan is None or not plan.max_model_len or not reading.num_gpu_blocks or \
+    if plan is None or not plan.spec.max_model_len or not reading.num_gpu_blocks or \
             reading.block_size != plan.layout.block_size:
-        return None
+        return None  # (a plan's default length is vLLM's default, not what the engine was started with)
     return max_concurrency_at_max_model_len(plan.layout, int(reading.num_gpu_blocks), plan.max_model_len,
                                             plan.in_flight_tokens)
 
