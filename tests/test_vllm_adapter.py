@@ -570,3 +570,16 @@ def test_a_waiting_override_replaces_vllms_split_of_its_queue_too() -> None:
     r = next(r for r in poll.readings if r.engine == "0")
     assert r.requests_waiting == 9.0 and dict(r.waiting_by_reason) == {}
     assert r.requests_waiting_for_capacity == 9.0
+
+
+def test_the_capacity_metric_names_the_label_the_capacity_came_from() -> None:
+    # vLLM 0.8.x labels num_gpu_blocks "None" before the engine core reports it; with an override that is the
+    # count, and kvwatch_source_info named num_gpu_blocks anyway.
+    text = ('vllm:gpu_cache_usage_perc{model_name="m"} 0.5\nvllm:num_requests_running{model_name="m"} 3\n'
+            'vllm:num_requests_waiting{model_name="m"} 0\n'
+            'vllm:cache_config_info{block_size="16",num_gpu_blocks="None",num_gpu_blocks_override="4000"} 1.0\n')
+    poll = vllm.read(parse(text), timestamp=0.0)
+    assert poll.detection.capacity_metric == "vllm:cache_config_info{num_gpu_blocks_override x block_size}"
+    unknown = vllm.read(parse(text.replace('num_gpu_blocks_override="4000"', 'num_gpu_blocks_override="None"')),
+                        timestamp=0.0)
+    assert unknown.detection.capacity_metric is None and unknown.readings[0].kv_capacity_tokens is None

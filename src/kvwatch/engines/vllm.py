@@ -225,7 +225,10 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
         ))
     capacity_name = "vllm:cache_config_info{kv_cache_size_tokens}" if any(
         "kv_cache_size_tokens" in c for c in configs.values()) else (
-        "vllm:cache_config_info{num_gpu_blocks x block_size}" if configs else None)
+        "vllm:cache_config_info{num_gpu_blocks x block_size}" if any(
+            label_number(c.get("num_gpu_blocks")) is not None for c in configs.values()) else (
+            "vllm:cache_config_info{num_gpu_blocks_override x block_size}" if any(
+                override_blocks(c) for c in configs.values()) else None))
     detection = replace(detection, running_metric=str(running) if running_samples else None,
                         waiting_metric=str(waiting) if waiting_samples else None, capacity_metric=capacity_name)
     undetermined = tuple((r.key, "kv_usage_ratio", _usage_undetermined(usage, usage_samples, r.key))

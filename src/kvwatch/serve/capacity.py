@@ -159,8 +159,9 @@ class CapacityAnalyzer:
         source = GaugeMetricFamily(
             "kvwatch_capacity_source_info",
             "Where the series' KV capacity (kvwatch_kv_capacity_tokens, and what the forecaster and advice use) "
-            "comes from: engine_kv_cache_size_tokens, engine_num_gpu_blocks (vllm:cache_config_info), formula "
-            "(kvwatch's capacity model) or unknown. Always 1.",
+            "comes from: engine_kv_cache_size_tokens, engine_num_gpu_blocks (vllm:cache_config_info), engine_metric "
+            "(another engine figure: SGLang's max_total_num_tokens, TensorRT-LLM's blocks, vLLM's "
+            "num_gpu_blocks_override), formula (kvwatch's capacity model) or unknown. Always 1.",
             labels=["model_name", "engine", "source"])
         pool = GaugeMetricFamily(
             "kvwatch_kv_cache_pool_bytes",

@@ -19,7 +19,7 @@ from kvwatch.forecast.forecaster import ForecastParams, ForecastResult
 
 HORIZON_LABELS: dict[int, str] = {600: "10m", 1800: "30m"}
 RISK_LABELS: dict[int, str] = {300: "5m", 900: "15m", 1800: "30m"}
-_POLL_NOTE = " kvwatch polls vLLM on its own timer; estimates use per-minute aggregates of those polls."
+_POLL_NOTE = " kvwatch polls the engine on its own timer; estimates use per-minute aggregates of those polls."
 
 # The numbers in the HELP texts come from the parameters the forecaster runs with (serve uses the defaults).
 _P = ForecastParams()
