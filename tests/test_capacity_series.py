@@ -191,3 +191,18 @@ def test_the_max_model_len_ceiling_needs_a_known_length() -> None:
                                             max_model_len=length, vllm_version=(0, 9)))
         series = build_report(poll, length, {poll.readings[0].model_name: plan})["series"][0]
         assert (series["max_concurrency_max_model_len"] is not None) == expected_known
+
+
+def test_a_pool_reported_in_tokens_is_those_tokens_bytes() -> None:
+    # SGLang reports max_total_num_tokens, no blocks: the formula's budget stood in for its pool (25 GB off in the
+    # GPU memory outside the KV cache).
+    from kvwatch.capacity import DeploymentSpec, plan_capacity, resolve_model
+    from kvwatch.capacity.series import resolve
+    from kvwatch.model import Reading
+
+    plan = plan_capacity(DeploymentSpec(arch=resolve_model("meta-llama/Llama-3.1-8B-Instruct"), gpu_name="H100",
+                                        gpu_memory_bytes=80 * 2**30))
+    sglang = Reading(model_name="m", kv_usage_ratio=0.5, kv_capacity_tokens=262_128.0)
+    capacity = resolve(sglang, plan)
+    assert capacity.source == "engine_metric" and capacity.pool_source == "engine_tokens"
+    assert capacity.pool_bytes == 262_128 * plan.kv_bytes_per_token

@@ -59,7 +59,7 @@ class SeriesCapacity:
     source: str  # one of SOURCES
     plan: CapacityPlan | None = None  # the formula's plan (what-ifs, advice); None when the model is not known
     pool_bytes: float | None = None  # the KV pool per GPU
-    pool_source: str | None = None  # engine_kv_cache_memory_bytes | engine_num_gpu_blocks | formula
+    pool_source: str | None = None  # engine_kv_cache_memory_bytes | engine_num_gpu_blocks | engine_tokens | formula
 
     @property
     def formula_tokens(self) -> int | None:
@@ -131,6 +131,11 @@ def resolve(reading: Any, plan: CapacityPlan | None, kv_groups: int | None = Non
         pool, pool_source = float(memory), "engine_kv_cache_memory_bytes"
     elif plan is not None and plan.layout.bytes_per_block_row > 0 and block_pool(reading)[0] is not None:
         pool, pool_source = reading.num_gpu_blocks * float(plan.layout.bytes_per_block_row), "engine_num_gpu_blocks"
+    elif plan is not None and source == "engine_metric" and tokens and not plan.layout.is_hybrid \
+            and plan.kv_bytes_per_token > 0:
+        # an engine that reports tokens, not blocks (SGLang's max_total_num_tokens): its pool is those tokens'
+        # bytes; the formula's budget stood in, some 25 GB off on the GPU memory outside the KV cache
+        pool, pool_source = tokens * float(plan.kv_bytes_per_token), "engine_tokens"
     elif plan is not None and plan.available_kv_bytes > 0:
         pool, pool_source = float(plan.available_kv_bytes), "formula"
     return SeriesCapacity(tokens, source, plan, pool, pool_source)

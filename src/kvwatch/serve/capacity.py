@@ -167,7 +167,8 @@ class CapacityAnalyzer:
             "kvwatch_kv_cache_pool_bytes",
             "KV cache pool per GPU in bytes (vLLM logs it as 'Available KV cache memory' but does not export it): "
             "vLLM's kv_cache_memory_bytes when it was given, else the engine's num_gpu_blocks x the capacity "
-            "model's bytes per block, else the capacity model's budget; `source` says which.",
+            "model's bytes per block, else an engine's reported tokens x the model's bytes per token, else the "
+            "capacity model's budget; `source` says which.",
             labels=["model_name", "engine", "source"])
         finding = GaugeMetricFamily(
             "kvwatch_capacity_finding",
