@@ -254,8 +254,7 @@ def build_report(poll: Poll, max_model_len: int | None = None,
     bound = {(f.model_name, f.engine) for f in found if f.id == "kv_bound"}
     d = poll.detection
     advice_kind = _advice_kind(d)
-    # SGLang's series are its data-parallel ranks (dp_rank) of one server: the advice names the server's total.
-    ranks = Counter(s.reading.model_name for s in states) if d.engine_kind == SGLANG else Counter()
+    ranks = _ranks_per_model(states, d.engine_kind)
     report = {
         "engine_kind": d.engine_kind,
         "version_range": d.version_range,
@@ -431,7 +430,7 @@ def findings(states: Iterable[SeriesState],
     from kvwatch.capacity.findings import leaking
 
     states = list(states)
-    ranks = Counter(s.reading.model_name for s in states) if engine_kind == SGLANG else Counter()
+    ranks = _ranks_per_model(states, engine_kind)
     flags = ENGINE_FLAGS.get(engine_kind, ENGINE_FLAGS[VLLM])
     dropped: dict[tuple[str, str], dict[str, float]] = {}
     for key, name, value in implausible:
@@ -508,6 +507,12 @@ def findings(states: Iterable[SeriesState],
                 "None; SGLang before max_total_num_tokens; TensorRT-LLM without max blocks x tokens per block): "
                 "use `kvwatch plan` with --model and --gpu to estimate it."), **where))
     return sorted(out, key=lambda f: SEVERITIES.index(f.severity))
+
+
+def _ranks_per_model(states: Iterable[SeriesState], engine_kind: str) -> Counter[str]:
+    """SGLang's series are its data-parallel ranks (dp_rank) of one server: how many each model has (its flags
+    name the server's total, and --enable-dp-attention divides them over the ranks); other engines: none."""
+    return Counter(s.reading.model_name for s in states) if engine_kind == SGLANG else Counter()
 
 
 def _scheduler_fix(running: float | None, max_num_seqs: int | None, flags: Mapping[str, str | None],

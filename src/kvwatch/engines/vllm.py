@@ -232,7 +232,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     detection = replace(detection, running_metric=str(running) if running_samples else None,
                         waiting_metric=str(waiting) if waiting_samples else None, capacity_metric=capacity_name)
     undetermined = tuple((r.key, "kv_usage_ratio", _usage_undetermined(usage, usage_samples, r.key))
-                         for r in readings if r.kv_usage_ratio is None and usage_idx.disagreeing
+                         for r in readings if r.kv_usage_ratio is None and usage_idx.spreads
                          and _disagrees(usage_idx, r.key))
     return Poll(timestamp=timestamp, detection=detection, readings=tuple(readings), series_dropped=dropped,
                 undetermined=undetermined)
@@ -297,12 +297,11 @@ def _sort_key(key: SeriesKey) -> tuple[str, int, str]:
 
 
 class _Index(dict[tuple[str | None, str | None], list[Sample]]):
-    """Samples by (model_name, engine); ``partial`` when some sample lacks one of the two labels; ``disagreeing``:
-    the groups holding a series whose ``pid`` copies differ (:func:`_dedupe`), whose value is unknown."""
+    """Samples by (model_name, engine); ``partial`` when some sample lacks one of the two labels; ``spreads``: the
+    groups holding a series whose ``pid`` copies differ (:func:`_dedupe`), by how far (largest minus smallest)."""
 
     partial = False
-    disagreeing: frozenset[tuple[str | None, str | None]] = frozenset()
-    spreads: dict[tuple[str | None, str | None], float]  # disagreeing groups: largest minus smallest copy
+    spreads: dict[tuple[str | None, str | None], float]
 
     def __init__(self) -> None:
         super().__init__()
@@ -328,7 +327,6 @@ def _split(samples: list[Sample]) -> _Index:
         if multiprocess and len(group) > 1:
             index[key], spread = _dedupe(group)
             if spread:
-                index.disagreeing |= {key}
                 index.spreads[key] = spread
         if key[0] is None or key[1] is None:
             index.partial = True
@@ -409,7 +407,7 @@ def _close(index: _Index, key: SeriesKey) -> bool:
 def _disagrees(index: _Index, key: SeriesKey) -> bool:
     """Whether a group that applies to ``key`` holds ``pid`` copies that disagree (:func:`_dedupe`)."""
     model, engine = key
-    return any(k in index.disagreeing for k in ((model, engine), (model, None), (None, engine), (None, None)))
+    return any(k in index.spreads for k in ((model, engine), (model, None), (None, engine), (None, None)))
 
 
 def _combine(index: _Index, key: SeriesKey, how: Callable[[Iterable[float]], float],
@@ -419,7 +417,7 @@ def _combine(index: _Index, key: SeriesKey, how: Callable[[Iterable[float]], flo
     get stats every few steps, so their copies are recent and close, and the largest is taken; a copy far from
     the others is one a front-end without requests kept from an earlier spell, and which is current is unknown."""
     samples = index.get(key) if not index.partial else _for_key(index, key)  # (the common case inline)
-    if not samples or (index.disagreeing and _disagrees(index, key) and not (busy and _close(index, key))):
+    if not samples or (index.spreads and _disagrees(index, key) and not (busy and _close(index, key))):
         return None
     if len(samples) == 1:
         return float(samples[0].value)
@@ -430,7 +428,7 @@ def _combine(index: _Index, key: SeriesKey, how: Callable[[Iterable[float]], flo
 
 def _by_label(index: _Index, key: SeriesKey, label: str,
               how: Callable[[Iterable[float]], float]) -> MappingProxyType[str, float]:
-    if index.disagreeing and _disagrees(index, key):
+    if index.spreads and _disagrees(index, key):
         return MappingProxyType({})  # one part unknown: the split is unknown
     groups: dict[str, list[float]] = {}
     for s in _for_key(index, key):
