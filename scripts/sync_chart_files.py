@@ -7,7 +7,9 @@
 2. Regenerates the `config` block of `deploy/helm/kvwatch/values.schema.json` from kvwatch's settings
    (`kvwatch.settings.ServeSettings`: one camelCase key per setting, its type, bounds and description).
    A new setting still needs its commented line under `config:` in values.yaml (a test checks that).
-3. Regenerates the schema's `definitions` (the Kubernetes objects values pass through verbatim: Probe,
+3. Writes `deploy/helm/kvwatch/files/gpus.json`: the GPU preset names kvwatch knows, in the form it compares
+   them (`kvwatch.capacity.presets.gpu_keys`), so the chart refuses a `config.gpu` kvwatch would refuse at start.
+4. Regenerates the schema's `definitions` (the Kubernetes objects values pass through verbatim: Probe,
    ResourceRequirements, SecurityContext, PodSecurityContext, DeploymentStrategy, EnvVar, VolumeMount, Volume,
    Toleration, Affinity) from the strict Kubernetes
    JSON schemas shipped in the kubernetes-validate package (a dev dependency), closed against unknown fields,
@@ -101,6 +103,15 @@ def config_schema() -> dict[str, Any]:
     return properties
 
 
+def gpu_file() -> bytes:
+    """files/gpus.json: the keys `config.gpu` is matched against (normalized as the chart's helper does) and the
+    preset names for the error message."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from kvwatch.capacity import presets
+
+    return (json.dumps({"keys": presets.gpu_keys(), "names": presets.gpu_names()}, indent=2) + "\n").encode()
+
+
 def kubernetes_definitions(version: str = KUBERNETES_VERSION) -> dict[str, Any]:
     """The closed JSON schemas of KUBERNETES_TYPES and every type they reference, as draft-07 `definitions`."""
     from importlib.resources import files
@@ -164,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
         elif not generator.write_or_check(target, source.read_bytes(), check=args.check,
                                           why=f"differs from {source.relative_to(ROOT)}"):
             stale = True
+
+    if not generator.write_or_check(CHART / "files" / "gpus.json", gpu_file(), check=args.check,
+                                    why="differs from kvwatch's GPU presets (src/kvwatch/data/gpus.json)"):
+        stale = True
 
     schema = json.loads(SCHEMA.read_text())
     wanted = config_schema()

@@ -383,6 +383,7 @@ def test_short_dtype_spellings_reach_vllm_in_its_own() -> None:
     (("--set", "config.pollTimeoutSeconds=6"), "config.pollTimeoutSeconds (6) must be below"),
     (("--set", "config.staleAfterSeconds=1", "--set", "config.pollIntervalSeconds=5"), "must be at least"),
     (("--set", "config.listenAddress=127.0.0.1"), "must not be a loopback address"),
+    (("--set-string", "config.gpu=H101"), 'config.gpu "H101" is no GPU kvwatch knows'),
     (("--set", "vllm.enabled=false", "--set", "config.targetUrl=http://v:8000/metrics", "--set",
       "config.gpuPod=vllm-0", "--set", "config.dcgmUrl=http://$(NODE_IP):9400/metrics"), "kvwatch's own node"),
 ])
@@ -391,3 +392,14 @@ def test_settings_kvwatch_refuses_at_startup_are_refused_at_render(args: tuple[s
     assert message in render_fails(*MINIMAL, *args)
     # (in bounds, it renders)
     assert render(*MINIMAL, "--set", "config.pollIntervalSeconds=2.5", "--set", "config.pollTimeoutSeconds=2")
+
+
+@pytest.mark.parametrize("gpu", ["NVIDIA H100 80GB HBM3", "h100", "GeForce RTX 4090", "Tesla T4", "a100-sxm4-80gb"])
+def test_config_gpu_is_matched_as_kvwatch_matches_it(gpu: str) -> None:
+    # The chart's helper normalizes the name as kvwatch.capacity.presets does: what kvwatch accepts renders.
+    from kvwatch.capacity import presets
+
+    presets.resolve_gpu(gpu)
+    objects = render(*MINIMAL, "--set-string", f"config.gpu={gpu}")
+    env = {e["name"]: e.get("value") for e in containers(objects)["kvwatch"]["env"]}
+    assert env["KVWATCH_GPU"] == gpu

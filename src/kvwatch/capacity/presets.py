@@ -310,11 +310,17 @@ def _gpus() -> dict[str, GpuPreset]:
 
 
 def _gpu_key(name: str) -> str:
+    # The Helm chart normalizes config.gpu the same way (deploy/helm/kvwatch/templates/_helpers.tpl): keep in step.
     return re.sub(r"[^a-z0-9]", "", name.lower().replace("nvidia", "").replace("geforce", ""))
 
 
 def gpu_names() -> list[str]:
     return sorted({g.name for g in _gpus().values()})
+
+
+def gpu_keys() -> list[str]:
+    """Every spelling's normalized form (names and aliases) that resolve_gpu accepts."""
+    return sorted(_gpus())
 
 
 def resolve_gpu(name: str) -> GpuPreset:
