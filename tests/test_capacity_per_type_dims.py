@@ -304,3 +304,44 @@ def test_a_broken_per_type_field_is_refused_naming_it(base, change, named):
               else {**base, **change})
     with pytest.raises(ArchitectureError, match=named):
         arch_from_config(config)
+
+
+def test_weights_count_each_layer_types_own_projections():
+    # Gemma 4's full layers: 32 query heads at the global head size 512 (q and o), 4 KV heads (k and v);
+    # the sliding ones 32 x 256 and 16 KV heads. Counted at the model-wide 256 / 16 everywhere, 31B read 30.15B.
+    from kvwatch.capacity.memory import _attention_params, parameter_counts
+
+    gemma = arch_from_config(GEMMA4_31B)
+    assert _attention_params(gemma, FULL) == 5376 * (32 + 4) * (512 + 512)
+    assert _attention_params(gemma, SLIDING) == 5376 * (32 + 16) * (256 + 256)
+    # MiMo-V2-Flash: 309B published (its model card); the first layer is a dense MLP (moe_layer_freq[0] = 0), and
+    # the sliding layers have 8 KV heads with V heads of 128. Before: 315.6B (experts on all 48 layers).
+    mimo = arch_from_config(MIMO_V2_FLASH)
+    assert (mimo.moe_layers, mimo.num_layers) == (47, 48)
+    assert sum(parameter_counts(mimo)) / 1e9 == pytest.approx(309, rel=0.005)
+    # A model with the same dims everywhere keeps the usual count: q, o of H x hd; k, v of KV x hd.
+    llama = presets.resolve_model("meta-llama/Llama-3.1-8B-Instruct")
+    assert _attention_params(llama, FULL) == 4096 * 2 * 4096 + 2 * 4096 * 8 * 128
+
+
+def test_moe_layer_freq_as_a_step_after_the_dense_layers():
+    # deepseek_v2.py (DeepSeek-MoE and V2): MoE where layer_idx >= first_k_dense_replace and
+    # layer_idx % moe_layer_freq == 0.
+    config = {"architectures": ["DeepseekForCausalLM"], "model_type": "deepseek", "num_hidden_layers": 10,
+              "hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 4096,
+              "vocab_size": 1000, "n_routed_experts": 8, "moe_intermediate_size": 512, "first_k_dense_replace": 1,
+              "moe_layer_freq": 2}
+    assert arch_from_config(config).moe_layers == 4  # layers 2, 4, 6 and 8 (0 is before first_k_dense_replace)
+    short = {**MIMO_V2_FLASH, "moe_layer_freq": [1] * 10}
+    with pytest.raises(Exception, match="moe_layer_freq has 10 entries for 48 layers"):
+        arch_from_config(short)
+
+
+def test_prefill_attention_flops_use_each_layer_types_head_sizes():
+    from kvwatch.capacity.longcontext import attention_flops
+
+    gemma = arch_from_config(GEMMA4_31B)
+    n = 4096.0  # beyond the 1,024 window: sliding layers see the window only
+    full = 32 * (512 + 512) * n * n
+    sliding = 2 * 32 * (256 + 256) * (1024 * n - 1024 * 1024 / 2)
+    assert attention_flops(gemma, n) == pytest.approx(10 * full + 50 * sliding)

@@ -584,6 +584,16 @@ def _moe_layers(cfg: dict[str, Any], num_layers: int, num_experts: int, layout: 
         return sum(1 for i in range(num_layers) if i not in skip and (i + 1) % (step or 1) == 0)
     if layout is not None and layout.source == "hybrid_override_pattern":
         return str(cfg.get("hybrid_override_pattern"))[:num_layers].count("E")
+    freq = cfg.get("moe_layer_freq")
+    if isinstance(freq, list):  # MiMo-V2-Flash: a flag per layer (MiMoV2FlashDecoderLayer.is_moe_layer, mimo_v2.py)
+        if len(freq) < num_layers:
+            raise ArchitectureError(f"config.json's moe_layer_freq has {len(freq)} entries for {num_layers} layers")
+        return sum(1 for flag in freq[:num_layers]
+                   if flag is True or (flag is not False and _number(flag, "moe_layer_freq")))
+    step = _field(cfg, "moe_layer_freq")
+    if step and step > 1:  # DeepSeek-MoE / V2: MoE from first_k_dense_replace on, every step-th layer (deepseek_v2.py)
+        first = _field(cfg, "first_k_dense_replace", default=0) or 0
+        return sum(1 for i in range(first, num_layers) if i % step == 0)
     return None
 
 

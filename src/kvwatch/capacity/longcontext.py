@@ -63,15 +63,18 @@ def active_linear_params(arch: ModelArch) -> tuple[float, bool]:
 
 
 def attention_flops(arch: ModelArch, n: float) -> float:
-    """Causal attention FLOPs of one n-token prompt, summed over attention layers (score and value matmuls)."""
-    width = arch.num_attention_heads * arch.head_dim
+    """Causal attention FLOPs of one n-token prompt, summed over attention layers: the score matmul at the
+    layer type's K head size, the value matmul at its V head size (ModelArch.kv_dims: Gemma 4's full layers have
+    twice the head size)."""
     total = 0.0
     for kind in arch.attention_layer_types:
+        d = arch.kv_dims(kind)
+        width = arch.num_attention_heads * (d.head_dim + d.v_head_dim)  # score + value, per query token and key
         if kind == SLIDING and arch.sliding_window and arch.sliding_window < n:
             w = arch.sliding_window
-            total += 4 * width * (w * n - w * w / 2)  # each token sees at most the window
+            total += 2 * width * (w * n - w * w / 2)  # each token sees at most the window
         else:
-            total += 2 * width * n * n
+            total += width * n * n
     return total
 
 

@@ -67,19 +67,13 @@ def parameter_counts(arch: ModelArch) -> tuple[int, int, int]:
     """
     embed = arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
     h = arch.hidden_size
-    if arch.is_mla:
-        attn = h * (arch.num_attention_heads * 192 + int(arch.kv_lora_rank or 0) + int(arch.qk_rope_head_dim or 0))
-        attn += int(arch.kv_lora_rank or 0) * arch.num_attention_heads * 256 + arch.num_attention_heads * 128 * h
-    else:
-        q_out = arch.num_attention_heads * arch.head_dim
-        attn = h * q_out * 2 + 2 * h * arch.num_kv_heads * arch.head_dim
-    attn_layers = len(arch.attention_layer_types)
+    attention = sum(_attention_params(arch, kind) for kind in arch.attention_layer_types)
     moe_layers = 0
     if arch.num_experts:
         moe_layers = arch.moe_layers if arch.moe_layers is not None else arch.num_layers - arch.first_k_dense_layers
     dense_mlp_layers = arch.dense_mlp_layers if arch.dense_mlp_layers is not None else arch.num_layers - moe_layers
     mamba = arch.mamba_layers * 3 * h * arch.mamba_inner_size  # in_proj (2 x inner) + out_proj, roughly
-    dense = attn * attn_layers + dense_mlp_layers * 3 * h * arch.intermediate_size + mamba
+    dense = attention + dense_mlp_layers * 3 * h * arch.intermediate_size + mamba
     experts = 0
     if arch.num_experts:
         per_expert = 3 * h * arch.moe_intermediate_size
@@ -89,6 +83,21 @@ def parameter_counts(arch: ModelArch) -> tuple[int, int, int]:
         scale = (arch.num_parameters - embed) / max(1, implied - embed)
         dense, experts = int(dense * scale), int(experts * scale)
     return embed, dense, experts
+
+
+def _attention_params(arch: ModelArch, layer_type: str) -> int:
+    """One attention layer's projection parameters.
+
+    Per layer type (Gemma 4's global heads, MiMo-V2-Flash's sliding ones, ModelArch.kv_dims): q and o of the
+    model's query heads at the type's K and V head sizes, k and v of its KV heads. Gemma 4's full layers load K
+    into V (attention_k_eq_v) and have no v_proj; it is counted anyway (under 0.4 % of Gemma 4 31B).
+    """
+    h = arch.hidden_size
+    if arch.is_mla:
+        attn = h * (arch.num_attention_heads * 192 + int(arch.kv_lora_rank or 0) + int(arch.qk_rope_head_dim or 0))
+        return attn + int(arch.kv_lora_rank or 0) * arch.num_attention_heads * 256 + arch.num_attention_heads * 128 * h
+    d = arch.kv_dims(layer_type)
+    return h * (arch.num_attention_heads + d.num_kv_heads) * (d.head_dim + d.v_head_dim)
 
 
 def _round_up(n: int, multiple: int) -> int:
