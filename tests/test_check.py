@@ -518,9 +518,15 @@ def test_a_gzip_payload_file_is_inflated_within_the_body_limit(tmp_path: Path,
     packed.write_bytes(gzip.compress(plain))
     assert check_json(["--file", str(packed)], capsys) == check_json(
         ["--file", str(FIXTURES / "gen-0.9-both-usage-names.prom")], capsys)
-    cases = {"truncated": (gzip.compress(plain)[:100], "parse", "truncated gzip"),
+    # Two members are one gzip body (the fetcher reads both); before, --file read the first half of the page.
+    half = plain.index(b"\n# HELP", len(plain) // 2) + 1
+    packed.write_bytes(gzip.compress(plain[:half]) + gzip.compress(plain[half:]))
+    assert check_json(["--file", str(packed)], capsys) == check_json(
+        ["--file", str(FIXTURES / "gen-0.9-both-usage-names.prom")], capsys)
+    cases = {"truncated": (gzip.compress(plain)[:100], "parse", "compressed stream cut short"),
              "bomb": (gzip.compress(b"a" * 4_000_000), "too_large", "--max-body-bytes"),
-             "broken": (b"\x1f\x8b" + b"not a gzip stream", "parse", "broken gzip")}
+             "broken": (b"\x1f\x8b" + b"not a gzip stream", "parse", "cannot decode body"),
+             "trailing": (gzip.compress(plain) + b"garbage", "parse", "data after the end")}
     for name, (data, reason, said) in cases.items():
         path = tmp_path / f"{name}.gz"
         path.write_bytes(data)

@@ -45,7 +45,7 @@ from kvwatch.advisor import (
 )
 from kvwatch.derived import SeriesState, derive
 from kvwatch.engines import SourceOverrides
-from kvwatch.fetch import Fetcher, decode_body
+from kvwatch.fetch import CappedBody, Fetcher, decode_body
 from kvwatch.forecast import Forecaster, ForecastParams, ForecastSample
 from kvwatch.model import Detection, Poll, Reading
 from kvwatch.payload import ScrapeError, interpret
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         return _usage_error(f"invalid source-metric override: {exc}")
     now = time.time()
     try:
-        text = _file_text(saved, settings.max_body_bytes) if saved is not None else _fetch(settings)
+        text = _file_text(saved, settings.max_body_bytes, str(args.file)) if saved is not None else _fetch(settings)
         poll = interpret(text, overrides, timestamp=now)
     except ScrapeError as exc:
         source = str(args.file) if args.file is not None else redact_url(settings.target_url)
@@ -183,19 +183,14 @@ def _read_file(path: Path) -> bytes:
         raise SettingsError(f"cannot read --file {path}: {exc.strerror}") from None
 
 
-def _file_text(data: bytes, max_body_bytes: int) -> str:
+def _file_text(data: bytes, max_body_bytes: int, source: str) -> str:
     """A saved payload as text. A gzip file (told by its magic bytes: a ``.gz`` copy, or a compressed response
-    saved as it came) is inflated, never past ``--max-body-bytes``, as a scraped body would be."""
+    saved as it came) is inflated as a scraped body would be (fetch.CappedBody): every member, never past
+    ``--max-body-bytes``, ``parse`` for a broken or truncated stream or bytes after it."""
     if data[:2] == GZIP_MAGIC:
-        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        try:
-            data = inflater.decompress(data, max_body_bytes + 1)
-        except zlib.error as exc:
-            raise ScrapeError("parse", f"broken gzip data: {exc}") from None
-        if len(data) > max_body_bytes or inflater.unconsumed_tail:
-            raise ScrapeError("too_large", f"gzip data inflates past --max-body-bytes ({max_body_bytes:,} bytes)")
-        if not inflater.eof:
-            raise ScrapeError("parse", "truncated gzip data (the stream stops before its end)")
+        reader = CappedBody(zlib.decompressobj(16 + zlib.MAX_WBITS), max_body_bytes, source)
+        reader.feed(data)
+        data = bytes(reader.finish())
     return decode_body(data, None, "")
 
 

@@ -176,47 +176,21 @@ class Fetcher:
         return decode_body(bytes(body), response.charset_encoding, self.url)
 
     async def _read_capped(self, response: httpx.Response) -> bytearray:
-        """The decoded body, never more than ``max_body_bytes`` of it held, compressed or not.
+        """The decoded body, never more than ``max_body_bytes`` of it held, compressed or not (:class:`CappedBody`).
 
         httpx's own gzip decoder inflates each network chunk whole: one 64 KiB chunk of a gzip bomb is
-        ~64 MiB decoded before any cap can look at it. So the raw bytes are inflated here, each step allowed
-        at most the room left under the cap (zlib's ``max_length``)."""
-        cap = self.max_body_bytes
-        body = bytearray()
+        ~64 MiB decoded before any cap can look at it, so the raw bytes are inflated here."""
+        reader = CappedBody(_decompressor(response.headers.get("Content-Encoding", ""), self.url),
+                            self.max_body_bytes, self.url)
         try:
-            inflate = _decompressor(response.headers.get("Content-Encoding", ""), self.url)
             async for raw in response.aiter_raw():
-                if inflate is None:
-                    body += raw
-                else:
-                    data = raw
-                    while data:
-                        if inflate.eof:
-                            # What follows a finished stream: another gzip member (a concatenation is one valid
-                            # gzip body, and was cut to its first member), else an error, never dropped.
-                            inflate = _next_member(data, self.url)
-                        try:
-                            # Small steps: the bytearray grows in place, no second copy of the body is ever made.
-                            body += inflate.decompress(data, min(_INFLATE_STEP, cap - len(body) + 1))
-                        except zlib.error as exc:
-                            raise ScrapeError("parse", f"{self.url}: cannot decode body: {exc}") from None
-                        if len(body) > cap:
-                            break
-                        data = inflate.unconsumed_tail or (inflate.unused_data if inflate.eof else b"")
-                if len(body) > cap:
-                    raise ScrapeError("too_large", f"body exceeds --max-body-bytes {cap}")
-            if inflate is not None:
-                if not inflate.eof:
-                    raise ScrapeError("parse", f"{self.url}: incomplete body (compressed stream cut short)")
-                body += inflate.flush()
-                if len(body) > cap:
-                    raise ScrapeError("too_large", f"body exceeds --max-body-bytes {cap}")
+                reader.feed(raw)
+            return reader.finish()
         except BaseException:
             # A failed read's traceback (kept by asyncio's futures until the cycle collector runs) would keep
             # the buffer alive: a gzip bomb every poll left 16 MiB more resident each time. Free it now.
-            body.clear()
+            reader.body.clear()
             raise
-        return body
 
     def _token(self) -> str:
         # Re-read each poll: projected service-account tokens rotate.
@@ -229,6 +203,47 @@ class Fetcher:
             raise ScrapeError("connect", f"bearer token file {self.bearer_token_file} holds more than one word or "
                                          "characters an HTTP header cannot carry (one token on one line)")
         return token
+
+
+class CappedBody:
+    """A body's raw bytes in, its decoded bytes out, never more than ``cap`` of them held (``check --file`` reads a
+    saved gzip payload with it too). Each inflate step is allowed at most the room left under the cap (zlib's
+    ``max_length``); after a finished gzip member the next one is read (a concatenation is one valid gzip body),
+    and bytes that start none are refused, never dropped."""
+
+    def __init__(self, inflate: Any, cap: int, url: str) -> None:
+        self.inflate = inflate  # a zlib decompressor, None for an identity body
+        self.cap = cap
+        self.url = url
+        self.body = bytearray()
+
+    def feed(self, raw: bytes) -> None:
+        if self.inflate is None:
+            self.body += raw
+        else:
+            data = raw
+            while data:
+                if self.inflate.eof:
+                    self.inflate = _next_member(data, self.url)
+                try:
+                    # Small steps: the bytearray grows in place, no second copy of the body is ever made.
+                    self.body += self.inflate.decompress(data, min(_INFLATE_STEP, self.cap - len(self.body) + 1))
+                except zlib.error as exc:
+                    raise ScrapeError("parse", f"{self.url}: cannot decode body: {exc}") from None
+                if len(self.body) > self.cap:
+                    break
+                data = self.inflate.unconsumed_tail or (self.inflate.unused_data if self.inflate.eof else b"")
+        if len(self.body) > self.cap:
+            raise ScrapeError("too_large", f"body exceeds --max-body-bytes {self.cap}")
+
+    def finish(self) -> bytearray:
+        if self.inflate is not None:
+            if not self.inflate.eof:
+                raise ScrapeError("parse", f"{self.url}: incomplete body (compressed stream cut short)")
+            self.body += self.inflate.flush()
+            if len(self.body) > self.cap:
+                raise ScrapeError("too_large", f"body exceeds --max-body-bytes {self.cap}")
+        return self.body
 
 
 def _decompressor(content_encoding: str, url: str) -> Any:
