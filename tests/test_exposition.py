@@ -297,6 +297,13 @@ def test_a_series_at_two_explicit_times_reads_as_its_newest_point() -> None:
     assert [s.value for s in openmetrics.samples("c_total")] == [7.0]
     with pytest.raises(ParseError, match="duplicate series"):
         parse("# TYPE c_total counter\nc_total 5 1000\nc_total 7 1000\n")
+    # A point without a timestamp is at scrape time, the newest: kept whichever comes first (the two were kept,
+    # and vLLM's adapter read preemptions 7 and 7 as 14).
+    for text in ('# TYPE c_total counter\nc_total{e="0"} 7\nc_total{e="0"} 6 1000\nc_total{e="0"} 5 900\n',
+                 '# TYPE c_total counter\nc_total{e="0"} 6 1000\nc_total{e="0"} 7\nc_total{e="0"} 8 2000\n'):
+        assert [s.value for s in parse(text).samples("c_total")] == [7.0]
+    with pytest.raises(ParseError, match="duplicate series"):
+        parse("# TYPE c_total counter\nc_total 5 1000\nc_total 7\nc_total 8\n")
 
 
 def test_crlf_line_endings_are_refused_and_named() -> None:

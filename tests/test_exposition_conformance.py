@@ -34,6 +34,11 @@ def _families(exposition: Exposition) -> dict[str, Any]:
     return {f.name: f for f in exposition}
 
 
+# kvwatch reads one value per series. Go's scenario 7 has one series at scrape time (no timestamp) and at an explicit
+# time, and returns both points; kvwatch keeps the scrape-time one, the newest (kvwatch.exposition's docstring).
+KEPT_POINTS: dict[int, list[int]] = {7: [0]}  # scenario: the reference samples kvwatch keeps
+
+
 @pytest.mark.parametrize("case", GO["valid"], ids=lambda c: f"go-{c['go_scenario']}")
 def test_go_valid_cases_parse_to_the_reference_values(case: dict[str, Any]) -> None:
     got = _families(parse(case["in"]))
@@ -41,8 +46,11 @@ def test_go_valid_cases_parse_to_the_reference_values(case: dict[str, Any]) -> N
     for want in case["families"]:
         family = got[want["name"]]
         assert (family.type, family.help) == (want["type"], want["help"])
-        assert len(family.samples) == len(want["samples"])
-        for sample, (name, labels, value) in zip(family.samples, want["samples"], strict=True):
+        samples = want["samples"]
+        if case["go_scenario"] in KEPT_POINTS:
+            samples = [samples[i] for i in KEPT_POINTS[case["go_scenario"]]]
+        assert len(family.samples) == len(samples)
+        for sample, (name, labels, value) in zip(family.samples, samples, strict=True):
             assert (sample.name, sample.labels) == (name, labels)
             assert _same(sample.value, _value(value)), (sample, value)
 

@@ -10,7 +10,7 @@ are vendored in ``tests/fixtures/exposition-conformance/`` and run by ``tests/te
 - values are what Go's ``strconv.ParseFloat`` *and* Python's ``float()`` both read (ASCII digits, no
   ``_``, no hex, ``NaN``/``Inf`` spellings): ``1_000``, ``0x10``, ``١٢`` and ``1e999`` are errors;
   timestamps are decimal int64 (dropped: kvwatch stamps nothing; of one series at several times, the
-  newest point is kept);
+  newest point is kept, and a point without a timestamp is at scrape time, the newest);
 - one HELP and one TYPE per family, TYPE before the family's samples; types are Prometheus' own;
   ``le``/``quantile`` of histograms/summaries are numbers; histogram counts are not negative;
   ``__name__`` is not a label; a label appears once per sample.
@@ -269,6 +269,7 @@ class _Parser:
         find = text.find
         targets = self.targets
         seen = self.seen
+        newest = self.newest  # stamped series: their points go through _store (the newest is kept)
         first_keys, next_keys, prefixes, comments = _FIRST_KEYS, _NEXT_KEYS, _PREFIXES, _COMMENTS
         wanted_set = self.wanted_set
         openmetrics = self.openmetrics
@@ -418,8 +419,9 @@ class _Parser:
                     value = _value(rest, lineno_here, line)  # raises the error
                 if "_" in rest or not rest.isascii() or value != value or value in _INFS or not rest.isprintable():
                     value = _value(rest, lineno_here, line)
-                if kind and (value < 0 or labels.get("le", "+Inf") not in checked_le):
-                    # A histogram sample whose checks are not known to pass: the careful store checks and raises.
+                if (kind and (value < 0 or labels.get("le", "+Inf") not in checked_le)) or (newest and key in newest):
+                    # A histogram sample whose checks are not known to pass (the careful store checks and raises),
+                    # or a series also seen at an explicit time.
                     self._store(target, name, labels, value, lineno_here, line, None, key)  # type: ignore[arg-type]
                     continue
                 if admit is not None and not admit(labels):
@@ -483,7 +485,14 @@ class _Parser:
             raise _err(lineno, f"duplicate series {name}{labels}: the payload contradicts itself", line)
         self.seen.add(point)
         sample = _new_sample(Sample, (name, labels, value))
-        if when is not None:
+        if when is None:
+            # Without a timestamp a point is at scrape time, newer than any stamped copy of its series.
+            if self.newest and key in self.newest:
+                self.superseded.add(id(self.newest[key][1]))
+                self.newest[key] = (math.inf, sample)
+        elif key in self.seen:
+            self.superseded.add(id(sample))  # its series also came without a timestamp: that point is newer
+        else:
             newest = self.newest.get(key)
             if newest is None or when > newest[0]:
                 if newest is not None:
