@@ -60,6 +60,20 @@ def test_unknown_exports_only_the_state():
     assert {s.labels["state"]: s.value for s in families[0].samples}["unknown"] == 1.0
 
 
+def test_a_busy_series_without_a_risk_exports_no_eta_but_its_other_figures():
+    # Warm, busy, no finished-request counter: no arrival rate, no risk, so no ETA (+Inf claimed a calm hour);
+    # the state and the trend's forecast ratio are still exported.
+    f = Forecaster()
+    result = None
+    for i in range(360):
+        result = f.observe(ForecastSample(i * 10.0, 0.3 + 0.5 * i / 360, 100_000.0, 60.0, 0.0))
+    assert result is not None and result.state == "ok" and result.eta_seconds is None
+    text = _exposition(forecast_metric_families([({"model_name": "m", "engine": "0"}, result, [])]))
+    assert "kvwatch_kv_exhaustion_eta_seconds{" not in text
+    assert 'kvwatch_state{engine="0",model_name="m",state="ok"} 1.0' in text
+    assert 'kvwatch_kv_usage_forecast_ratio{engine="0",horizon="30m",model_name="m"}' in text
+
+
 def test_one_family_per_name_across_series_and_recommendation_ranks():
     _, result = _steady_result()
     bottleneck = type(result)(**{**result.__dict__, "state": "bottleneck", "eta_seconds": 0.0})

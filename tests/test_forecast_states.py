@@ -200,6 +200,19 @@ def test_a_hung_vllm_with_requests_running_and_none_waiting_is_stalled():
     assert at[4790] != "stalled"
 
 
+def test_a_hung_engine_whose_gauges_froze_full_is_stalled_not_a_bottleneck():
+    # A hung vLLM frozen at 0.92 with a queue read bottleneck (it was checked first), and at 0.97 the stall rule
+    # did not apply at all: the critical stall alert never fired, and the advisor priced capacity fixes for a dead
+    # engine. vLLM counts tokens every step, so none for 3 minutes is a hang however full the cache reads.
+    frozen = lambda t: t < 3600  # noqa: E731
+    for level in (0.92, 0.97, 1.0):
+        samples = every_step(stream(lambda t, u=level: u, waiting=lambda t: 5.0, progressing=frozen, seconds=4500))
+        assert run(Forecaster(), samples)[-1].state == "stalled", level
+    # Where only finished requests are counted, a full cache of long requests finishes none for minutes: bottleneck.
+    samples = stream(lambda t: 0.97, waiting=lambda t: 5.0, progressing=frozen, seconds=4500)
+    assert run(Forecaster(), samples)[-1].state == "bottleneck"
+
+
 def test_a_long_prefill_moves_the_kv_gauge_and_is_no_stall():
     # One long prompt in chunked prefill: no token is counted until its first output token, but each chunk takes
     # blocks, so the usage gauge climbs.
@@ -321,6 +334,35 @@ def test_duplicate_or_old_sample_is_ignored():
     results = run(f, stream(lambda t: 0.6, seconds=600))
     again = f.observe(ForecastSample(results[-1].timestamp, 0.99, CAPACITY))
     assert again is results[-1]
+
+
+def test_non_finite_inputs_are_unknown_not_a_nan_risk():
+    # A histogram without its _sum line reads sum NaN (kvwatch.engines.series.histograms); carried into the
+    # residence it made every risk NaN, and NaN >= 0.7 is never true: no early warning on a ramp, ever.
+    ramp = noisy(lambda t: min(1.0, 0.4 + 0.6 * t / 7200), 0.02, seed=1)
+
+    def with_e2e(samples, sum_of):
+        return [replace(s, e2e_latency_seconds_sum=sum_of(s), e2e_latency_seconds_count=s.finished_total)
+                for s in samples]
+
+    good = run(Forecaster(), with_e2e(stream(ramp, seconds=7800), lambda s: s.finished_total * A / TOKENS_PER_REQUEST))
+    broken = run(Forecaster(), with_e2e(stream(ramp, seconds=7800), lambda s: math.nan))
+    for results in (good, broken):
+        assert "filling" in {r.state for r in results}
+        assert all(v is None or 0.0 <= v <= 1.0 for r in results for v in r.risk.values())
+    # A NaN running count (or any counter) is unknown, not 30 minutes of NaN risk.
+    odd = [replace(s, running=math.nan) if s.timestamp == 3000 else s for s in stream(ramp, seconds=5400)]
+    assert all(v is None or 0.0 <= v <= 1.0 for r in run(Forecaster(), odd) for v in r.risk.values())
+
+
+def test_the_eta_is_unknown_when_busy_with_no_risk_behind_it():
+    # Without a finished-request counter there is no arrival rate and no risk: +Inf claimed a calm hour while the
+    # cache climbed to full. Idle (nothing running, an empty cache) is still +Inf: nothing is filling it.
+    ramp = lambda t: min(1.0, 0.4 + 0.6 * t / 7200)  # noqa: E731
+    blind = run(Forecaster(), [replace(s, finished_total=None) for s in stream(ramp, seconds=6000)])
+    assert blind[-1].state == "ok" and blind[-1].eta_seconds is None and blind[-1].risk[1800] is None
+    idle = run(Forecaster(), [replace(s, running=0.0) for s in stream(lambda t: 0.0, seconds=3600)])
+    assert idle[-1].eta_seconds == math.inf
 
 
 def test_without_capacity_only_the_trend_forecaster_runs():

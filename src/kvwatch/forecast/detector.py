@@ -137,7 +137,10 @@ class ReactiveDetectors:
             stall.covers(now)
             and stall.idle == 0
             and stall.progress - first_progress == 0  # no progress after the window's first sample
-            and flags.usage < p.u_sat
+            # A full cache of long requests finishes none for minutes where only finished requests are counted
+            # (SGLang, TensorRT-LLM); vLLM counts tokens every step, so there no token for 3 minutes is a hang
+            # however full the cache reads (a hung engine core freezes its gauges, at 0.97 as at 0.5).
+            and (flags.usage < p.u_sat or flags.stalls_without_queue)
         )
 
     def _hysteresis(self, active: bool, now: float, count: str) -> bool:

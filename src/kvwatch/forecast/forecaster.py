@@ -168,7 +168,9 @@ class ForecastResult:
 
     timestamp: float
     state: str
-    eta_seconds: float | None  # inf when the risk reaches 0.5 within no hour, 0 in bottleneck, None while unknown
+    # inf when the risk reaches 0.5 within no hour (or while warming up, or idle), 0 in bottleneck; None while
+    # unknown, or when warm and busy with no risk to derive it from
+    eta_seconds: float | None
     forecast_ratio: Mapping[int, float | None]  # horizon seconds -> usage (demand units, may exceed 1)
     request_rate_per_second: float | None
     headroom_requests_per_second: float | None
@@ -188,6 +190,27 @@ _COUNTERS = (
     "request_generation_tokens_count",
     "e2e_latency_seconds_count",
 )
+
+
+# The optional numbers of a sample. A NaN or an infinity among them (a histogram without its _sum line reads as
+# NaN, kvwatch.engines.series.histograms) is unknown, as a missing one is: carried into a sum it made every risk
+# NaN, and a NaN risk never reaches the warning's level (the early warning was off for good).
+_OPTIONAL_NUMBERS = tuple(f.name for f in fields(ForecastSample)
+                          if f.name not in ("timestamp", "running", "waiting") and f.type == "float | None")
+
+
+def _finite(sample: ForecastSample) -> ForecastSample:
+    """``sample`` with every non-finite number unknown (running and waiting: none counted)."""
+    bad: dict[str, Any] = {name: None for name in _OPTIONAL_NUMBERS
+                           if (v := getattr(sample, name)) is not None and not math.isfinite(v)}
+    for name in ("running", "waiting"):
+        if not math.isfinite(getattr(sample, name)):
+            bad[name] = 0.0
+    for counts in ("prompt_length_cumulative", "generation_length_cumulative"):
+        values = getattr(sample, counts)
+        if values is not None and not all(map(math.isfinite, values)):
+            bad[counts] = None
+    return replace(sample, **bad) if bad else sample
 
 
 class Forecaster:
@@ -221,6 +244,7 @@ class Forecaster:
     # ------------------------------------------------------------------ public API
 
     def observe(self, sample: ForecastSample) -> ForecastResult:
+        sample = _finite(sample)
         prev = self._previous
         if prev is not None and sample.timestamp <= prev.timestamp:
             return self._last or self._unknown(sample.timestamp)  # duplicate or out of order: ignore
@@ -441,10 +465,10 @@ class Forecaster:
 
     def _state(self, now: float) -> str:
         d = self._detectors
+        if d.stalled:  # a hung engine's frozen gauges can read full too: the stall is the cause, not the KV
+            return STALLED
         if d.bottleneck:
             return BOTTLENECK
-        if d.stalled:
-            return STALLED
         if d.scheduler_limited:
             return SCHEDULER_LIMITED
         if not self._warm(now):
@@ -466,8 +490,12 @@ class Forecaster:
             # Saturated now. The model's own risk is kept when it has one: the detector clears minutes after
             # the saturation ends (hysteresis), and "certain" would be wrong about those minutes.
             risks = {h: (1.0 if r is None else r) for h, r in risks.items()}
+        elif risk_now is not None:
+            eta = risk_now.eta_seconds()
+        elif not warm or self._idle(sample):
+            eta = math.inf  # warming up, or nothing in the cache and nothing arriving: nothing is filling it
         else:
-            eta = risk_now.eta_seconds() if risk_now is not None else math.inf
+            eta = None  # warm and busy but no risk (no arrival rate: no finished-request counter): unknown
         ratios: dict[int, float | None] = {}
         for horizon in HORIZONS_SECONDS:
             if demand is not None:
@@ -509,6 +537,12 @@ class Forecaster:
             warning_raw=self._raw,
             risk=risks,
         )
+
+    def _idle(self, sample: ForecastSample) -> bool:
+        """Nothing running or waiting and the cache (nearly) empty, or no request arriving."""
+        if self._demand is not None and self._demand.rate_level <= 0:
+            return True
+        return sample.running < 1 and sample.waiting < 1 and (sample.kv_usage or 0.0) < 0.05
 
     def _recommended_concurrency(self, sample: ForecastSample) -> int | None:
         """From the 30-minute mix when fitted, else from this poll (a bottleneck right after a restart)."""

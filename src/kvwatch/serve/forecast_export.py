@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from kvwatch.advisor import ACTIONS, Advice
-from kvwatch.forecast.detector import STATES
+from kvwatch.forecast.detector import STATES, UNKNOWN
 from kvwatch.forecast.forecaster import ForecastParams, ForecastResult
 
 HORIZON_LABELS: dict[int, str] = {600: "10m", 1800: "30m"}
@@ -86,7 +86,8 @@ def forecast_metric_families(
 
     eta = gauge("kvwatch_kv_exhaustion_eta_seconds",
                 f"First time the saturation risk reaches 0.5 (within {_P.risk.max_horizon_buckets} minutes): 0 in "
-                "bottleneck, +Inf when it does not or while warming up, absent when unknown.")
+                "bottleneck, +Inf when it does not, while warming up or while idle; absent when unknown, and when "
+                "the engine is busy but the risk cannot be estimated (no finished-request counter).")
     risk = gauge("kvwatch_kv_saturation_risk",
                  f"Probability that KV usage reaches {_P.risk.threshold:g} of capacity for a sustained stretch "
                  "within the horizon "
@@ -114,9 +115,9 @@ def forecast_metric_families(
         values = [labels[n] for n in label_names]
         for s in STATES:
             state.add_metric([*values, s], 1.0 if result.state == s else 0.0)
-        if result.eta_seconds is None:
-            continue  # unknown: only the state is exported
-        eta.add_metric(values, result.eta_seconds)
+        if result.state == UNKNOWN:
+            continue  # only the state is exported
+        _maybe(eta, values, result.eta_seconds)
         for horizon, label in RISK_LABELS.items():
             _maybe(risk, [*values, label], result.risk.get(horizon))
         for horizon, label in HORIZON_LABELS.items():
