@@ -2,11 +2,12 @@
 simulations of the tuning trace, the 15 runs v5 was tuned on and the whole tuning family (41 runs).
 
     .venv/bin/python benchmarks/forecast_sweep.py AzureLLMInferenceTrace_conv.csv --cache-dir /tmp/kvwatch-bt \
-        [--round v6|v7|threshold]
+        [--round v6|v7|v8|threshold]
 
-``--round v7`` (the default) is v7's sweep (the request-size tail from the length histograms' buckets),
-``--round v6`` the v6 one, ``--round threshold`` v6's warning threshold and first-warning hold (the trade
-between recall and false alarms; whole family only).
+``--round v8`` is v8's sweep (a shift of level is no trend), ``--round v7`` (the default) v7's (the
+request-size tail from the length histograms' buckets), ``--round v6`` the v6 one, ``--round threshold`` v6's
+warning threshold and first-warning hold (the trade between recall and false alarms); v7, v8 and threshold on
+the whole family only.
 
 Only the tuning trace is read: the held-out traces are scored by benchmarks/forecast_matrix.py, once.
 """
@@ -37,9 +38,9 @@ V5 = FORECASTERS["v5"]
 
 
 def _variant(base: ForecastParams, risk: dict | None = None, warning: dict | None = None,
-             detector: dict | None = None) -> ForecastParams:
+             detector: dict | None = None, demand: dict | None = None) -> ForecastParams:
     return replace(base, risk=replace(base.risk, **(risk or {})), warning=replace(base.warning, **(warning or {})),
-                   detector=replace(base.detector, **(detector or {})))
+                   detector=replace(base.detector, **(detector or {})), demand=replace(base.demand, **(demand or {})))
 
 
 V6_VARIANTS: dict[str, ForecastParams] = {
@@ -78,8 +79,19 @@ THRESHOLD_VARIANTS: dict[str, ForecastParams] = {
     **{f"risk ≥ {on} for {hold} min": _variant(V6, warning={"risk_on": on, "warn_for_buckets": hold})
        for on in (0.6, 0.5) for hold in (3, 5, 8)},
 }
-ROUNDS = {"v6": V6_VARIANTS, "v7": V7_VARIANTS, "threshold": THRESHOLD_VARIANTS}
-FAMILY_ONLY = ("v7", "threshold")
+# v8 (round 12): a shift of level in the last 30 minute means (the risk's level and spread) and in the last 60
+# minutes' arrival rates (no rate trend) where one shift explains them `ratio` times better than a line.
+V8_VARIANTS: dict[str, ForecastParams] = {
+    "v6": V6,
+    **{f"shift, ratio {r:g}": _variant(V6, risk={"shift_ratio": r}, demand={"shift_ratio": r})
+       for r in (2.0, 3.0, 4.0)},
+    "shift in the level only, ratio 3": _variant(V6, risk={"shift_ratio": 3.0}),
+    "shift in the rate only, ratio 3": _variant(V6, demand={"shift_ratio": 3.0}),
+    "ratio 3, a constant after the shift": _variant(V6, risk={"shift_ratio": 3.0, "shift_post_line": False},
+                                                    demand={"shift_ratio": 3.0}),
+}
+ROUNDS = {"v6": V6_VARIANTS, "v7": V7_VARIANTS, "v8": V8_VARIANTS, "threshold": THRESHOLD_VARIANTS}
+FAMILY_ONLY = ("v7", "v8", "threshold")
 # The runs v5 was tuned on (docs/forecasting-history.md, "v5"), by row label and seed.
 V5_SET = {("step", 0), ("diurnal", 0), ("mixshift", 0), ("steady 0.7", 0), ("steady 0.9", 0), ("restart", 0),
           ("large-cache steady 0.7", 0), ("long-mix steady 0.7", 0), ("prompt×4 steady 0.7", 0),

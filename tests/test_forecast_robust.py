@@ -10,7 +10,15 @@ import pytest
 
 from kvwatch.counters import counter_delta, histogram_delta
 from kvwatch.forecast.buckets import BucketAggregator, SampleDeltas
-from kvwatch.forecast.robust import Ewma, SlidingTheilSen, damped_trend_offset, quantile, theil_sen
+from kvwatch.forecast.robust import (
+    Ewma,
+    SlidingTheilSen,
+    damped_trend_offset,
+    least_squares,
+    level_shift,
+    quantile,
+    theil_sen,
+)
 
 
 def test_theil_sen_recovers_a_line_and_ignores_outliers():
@@ -202,3 +210,24 @@ def test_sliding_theil_sen_checks_lengths_like_theil_sen():
     with pytest.raises(ValueError):
         SlidingTheilSen().fit([0.0, 1.0, 2.0], [0.0, 1.0])
     assert SlidingTheilSen().fit([0.0, 1.0], [0.0, 1.0]) is None
+
+
+def _line_squares(ys: list[float]) -> float:
+    return sum(e * e for e in least_squares([(float(i), y) for i, y in enumerate(ys)])[4])
+
+
+def test_a_shift_of_level_is_found_where_it_beats_the_line():
+    rng = random.Random(4)
+    step = [(40.0 if i < 18 else 80.0) + rng.gauss(0.0, 1.0) for i in range(30)]
+    found = level_shift(step, _line_squares(step), 2.0, 5)
+    assert found is not None and found[0] == 18 and found[1] == pytest.approx(80.0, abs=1.0)
+    # A ramp, and flat noise, are explained by the line (or nothing) about as well: no shift.
+    ramp = [40.0 + i + rng.gauss(0.0, 1.0) for i in range(30)]
+    flat = [60.0 + rng.gauss(0.0, 3.0) for _ in range(30)]
+    assert level_shift(ramp, _line_squares(ramp), 2.0, 5) is None
+    assert level_shift(flat, _line_squares(flat), 2.0, 5) is None
+    # Each side needs min_segment points: a step in the last 3 points is not judged yet; ratio 0 is off.
+    late = [40.0] * 27 + [80.0] * 3
+    assert level_shift(late, _line_squares(late), 2.0, 5) is None
+    assert level_shift(step, _line_squares(step), 0.0, 5) is None
+

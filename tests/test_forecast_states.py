@@ -98,6 +98,29 @@ def test_slow_ramp_warns_well_before_saturation():
     assert first_warning.forecast_ratio[1800] > first_warning.forecast_ratio[600]
 
 
+def test_a_step_up_to_a_flat_plateau_is_no_warning():
+    # v8: a batch job doubles the load and it stays flat at 0.8. v6 drew a steep line through the step, read it
+    # above the plateau, counted the step as noise and projected the arrival rate's "trend": 30 minutes of
+    # filling (ETA 4-6 min) on a cache that never moved again. v6 kept for comparison.
+    from kvwatch.backtest.report import FORECASTERS
+
+    plateau = noisy(lambda t: 0.4 if t < 5400 else 0.8, 0.02, seed=5)
+    v8 = run(Forecaster(), stream(plateau, seconds=3 * 3600))
+    v6 = run(Forecaster(FORECASTERS["v6"]), stream(plateau, seconds=3 * 3600))
+    assert "filling" not in {r.state for r in v8}
+    assert sum(r.state == "filling" for r in v6) * 10 >= 20 * 60
+    # A quarter of an hour after the step the risk is near 0 (v6: up to 1).
+    assert max(r.risk[1800] or 0.0 for r in v8 if r.timestamp > 5400 + 900) < 0.2
+    assert max(r.risk[1800] or 0.0 for r in v6 if r.timestamp > 5400 + 900) > 0.9
+    # A step followed by a ramp keeps the ramp: the fits restart after the shift (a constant after it warned
+    # 9 minutes ahead of this one; v6 37, partly from the overshoot).
+    ramp_after = noisy(lambda t: 0.3 if t < 5400 else min(1.0, 0.75 + 0.25 * (t - 5400) / 3600), 0.02, seed=5)
+    results = run(Forecaster(), stream(ramp_after, seconds=4 * 3600))
+    saturated = next(r.timestamp for r in results if r.state == "bottleneck")
+    warned = next(r.timestamp for r in results if r.state == "filling")
+    assert saturated - warned >= 20 * 60
+
+
 def test_busy_but_steady_cache_is_ok_not_filling():
     results = run(Forecaster(), stream(noisy(lambda t: 0.75, 0.05, seed=2), seconds=4 * 3600))
     assert states_between(results, 1800, 4 * 3600) == {"ok"}

@@ -12,7 +12,7 @@ import hashlib
 import pickle
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kvwatch.backtest.runner import KVWATCH, Simulation, evaluate, simulate
@@ -20,18 +20,23 @@ from kvwatch.backtest.scenarios import DEFAULT_MAX_MODEL_LEN, Scenario, load_tra
 from kvwatch.backtest.scoring import Outcome, Reliability, pool, summarize
 from kvwatch.backtest.traces import defaults_for, named
 from kvwatch.forecast import ForecastParams
+from kvwatch.forecast.demand import DemandParams
 from kvwatch.forecast.detector import WarningParams
 from kvwatch.forecast.risk import RiskParams
 
 METHODS: tuple[str, ...] = (KVWATCH, "threshold", "predict_linear", "guarded_predict_linear", "holt")
 
 # The forecaster's versions the matrix can score on the same simulations (docs/forecasting.md, Results):
-# the defaults (v6), v7 (the size floor from the length buckets' tail plus the arrivals' clustering: tried,
-# not the default) and v5 (the 30-minute line read as fitted; the first warning after 2 raw minutes).
+# the defaults (v8: a shift of level is no trend), v6 (without that), v7 (v6 with the size floor from the length
+# buckets' tail plus the arrivals' clustering: tried, not the default) and v5 (v6 with the 30-minute line read as
+# fitted and the first warning after 2 raw minutes).
+_V6_RISK = RiskParams(shift_ratio=0.0)
 FORECASTERS: dict[str, ForecastParams] = {
-    "v6": ForecastParams(),
-    "v7": ForecastParams(risk=RiskParams(size_floor_from="tail-cluster")),
-    "v5": ForecastParams(risk=RiskParams(level_shrink=False), warning=WarningParams(warn_for_buckets=2)),
+    "v8": ForecastParams(),
+    "v6": ForecastParams(risk=_V6_RISK, demand=DemandParams(shift_ratio=0.0)),
+    "v7": ForecastParams(risk=replace(_V6_RISK, size_floor_from="tail-cluster"), demand=DemandParams(shift_ratio=0.0)),
+    "v5": ForecastParams(risk=replace(_V6_RISK, level_shrink=False), demand=DemandParams(shift_ratio=0.0),
+                         warning=WarningParams(warn_for_buckets=2)),
 }
 
 

@@ -15,7 +15,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvwatch.forecast.buckets import MinuteBucket
-from kvwatch.forecast.robust import Ewma, SlidingTheilSen, damped_trend_offset, quantile
+from kvwatch.forecast.robust import (
+    Ewma,
+    SlidingTheilSen,
+    damped_trend_offset,
+    least_squares,
+    level_shift,
+    quantile,
+    theil_sen,
+)
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,10 @@ class DemandParams:
     confidence: float = 0.90
     max_horizon_buckets: int = 60
     u_sat: float = 0.95
+    # v8: where one shift of level explains the window's rates this many times better than a line
+    # (robust.level_shift), the trend is fitted on the rates since it (none before rate_min_points of them): a
+    # step in the load, up or down, is not a ramp that goes on. 0: off (v6).
+    shift_ratio: float = 3.0
 
 
 @dataclass(frozen=True)
@@ -178,6 +190,12 @@ class DemandModel:
         slope = lower = 0.0
         if len(rate_points) >= p.rate_min_points:
             fit = self._rate_fit.fit([x for x, _ in rate_points], [y for _, y in rate_points], p.confidence)
+            shift = _shift_at(rate_points, p.shift_ratio) if p.shift_ratio else None
+            if shift is not None:
+                # A shift of level (v8): the trend is the rates' since it, if there are enough of them to fit.
+                rate_points = rate_points[shift:]
+                fit = (theil_sen([x for x, _ in rate_points], [y for _, y in rate_points], p.confidence)
+                       if len(rate_points) >= p.rate_min_points else None)
             if fit is not None:
                 # Shrink short fits towards "no trend": a few 5-minute swings of a bursty trace are not a ramp.
                 shrink = len(rate_points) / (len(rate_points) + p.rate_shrink_points)
@@ -201,6 +219,14 @@ class DemandModel:
             knee_elasticity=p.knee_elasticity,
         )
         return _with_eta(estimate, p)
+
+
+def _shift_at(points: Sequence[tuple[float, float]], ratio: float, min_segment: int = 5) -> int | None:
+    """The first index after a shift of level that explains ``points`` ``ratio`` times better than a
+    least-squares line (robust.level_shift); None without one."""
+    residuals = least_squares(points)[4]
+    found = level_shift([y for _, y in points], sum(e * e for e in residuals), ratio, min_segment)
+    return found[0] if found is not None else None
 
 
 def _with_eta(estimate: DemandEstimate, p: DemandParams) -> DemandEstimate:

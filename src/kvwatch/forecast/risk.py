@@ -53,6 +53,7 @@ from operator import add
 
 from kvwatch.forecast.buckets import MinuteBucket
 from kvwatch.forecast.demand import DemandEstimate
+from kvwatch.forecast.robust import least_squares, level_shift
 
 RISK_HORIZONS_SECONDS: tuple[int, ...] = (300, 900, 1800)
 _SQRT2 = math.sqrt(2.0)
@@ -114,6 +115,12 @@ class RiskParams:
     # there); without buckets: "mean". "tail-cluster": "tail" plus (count dispersion − 1) × the mean footprint
     # (the variance of a minute's sum over a clustered number of arrivals).
     size_floor_from: str = "mean"
+    # v8: where one shift of level explains the last 30 minute means this many times better than the line
+    # (robust.level_shift), the level is the mean after it (never above the line) and the spread the one around
+    # the two levels: a step up to a flat plateau read as a steep line overshot the plateau, and the step counted
+    # as noise (30 minutes of `filling` on a flat cache). 0: off (v6). 3 (tuned: docs/forecasting.md, v8).
+    shift_ratio: float = 3.0
+    shift_post_line: bool = True  # after the shift a line of its own, not a constant (a step, then a ramp)
     tail_window_buckets: int = 30  # minutes of bucket deltas the request-size tail is estimated over
     count_dispersion_power: float = 1.0  # "tail-burst": the tail times (count dispersion) ** this
     count_dispersion_free_only: bool = False  # "tail-cluster": count only minutes with nothing waiting
@@ -176,31 +183,30 @@ def dispersion_index(buckets: Sequence[MinuteBucket], window_buckets: int) -> tu
     return None if fit is None else (fit[0], fit[1])
 
 
-def _least_squares(points: Sequence[tuple[float, float]]) -> tuple[float, float, float, float, list[float]]:
-    """(mean x, mean y, Σ(x − mean x)², slope, residuals) of a least-squares line through ``points``."""
-    n = len(points)
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    sxy = sum((x - mx) * (y - my) for x, y in points)
-    slope = sxy / sxx if sxx > 0 else 0.0
-    return mx, my, sxx, slope, [y - my - slope * (x - mx) for x, y in points]
-
-
 def _line_fit(buckets: Sequence[MinuteBucket], window_buckets: int, shrink: bool = False,
-              autocorrelated: bool = True) -> tuple[float, float, float, float] | None:
+              autocorrelated: bool = True, shift_ratio: float = 0.0, shift_post_line: bool = True,
+              shift_min_buckets: int = 5) -> tuple[float, float, float, float] | None:
     """(dispersion index, line at the newest minute, lag-1 autocorrelation of the residuals, newest mean).
 
     ``shrink``: the slope is multiplied by ``max(0, 1 − 1/t²)`` before the line is read at the newest minute
-    (``RiskParams.level_shrink``)."""
+    (``RiskParams.level_shrink``). ``shift_ratio`` (v8): where one shift of level explains the minutes that many
+    times better than the line (robust.level_shift), the level is the mean after the shift (never above the
+    line's) and the dispersion and autocorrelation are those around the two levels."""
     newest = buckets[-1].minute
     points = [(float(b.minute), b.k_mean) for b in buckets
               if b.minute > newest - window_buckets and b.k_mean is not None]
     n = len(points)
     if n < 5:
         return None
-    mx, my, sxx, slope, residuals = _least_squares(points)
+    mx, my, sxx, slope, residuals = least_squares(points)
     squares = sum(e * e for e in residuals)
+    shifted = level_shift([y for _, y in points], squares, shift_ratio, shift_min_buckets) if shift_ratio else None
+    if shifted is not None:
+        fit = _shift_fit(points, shifted[0], shift_post_line)
+        # Only where it lowers the level: after a late step (or a burst) a line reads below the new level, and a
+        # level read from a few minutes after a break would chase every burst (v8 sweep, docs/forecasting.md).
+        if fit[1] < my + slope * (points[-1][0] - mx):
+            return fit
     resid = squares / max(1, n - 2)
     # Lag-1 autocorrelation of consecutive minutes (gaps skipped): how slowly the bursts come and go.
     lagged = sum(residuals[i] * residuals[i + 1] for i in range(n - 1) if points[i + 1][0] - points[i][0] == 1)
@@ -209,6 +215,31 @@ def _line_fit(buckets: Sequence[MinuteBucket], window_buckets: int, shrink: bool
         slope *= slope_signal_share(slope, resid / sxx, rho if autocorrelated else 0.0)
     level = my + slope * (points[-1][0] - mx)  # the line at the newest minute: follows a ramp, not a burst
     return (resid / my if my > 0 else 0.0), max(0.0, level), rho, points[-1][1]
+
+
+def _shift_fit(points: Sequence[tuple[float, float]], k: int,
+               post_line: bool) -> tuple[float, float, float, float]:
+    """_line_fit's figures around a shift of level at ``k``: the mean before it, and after it the mean or
+    (``post_line``) a line of its own read at the newest minute, its slope shrunk as the 30-minute line's is (a
+    step followed by a ramp keeps the ramp)."""
+    ys = [y for _, y in points]
+    n = len(ys)
+    before = sum(ys[:k]) / k
+    after = sum(ys[k:]) / (n - k)
+    tail = [after - y for y in ys[k:]]  # minus the residuals
+    if post_line:
+        mx, my, sxx, slope, residuals_after = least_squares(points[k:])
+        tail = [-e for e in residuals_after]
+        if sxx > 0:
+            variance = sum(e * e for e in residuals_after) / max(1, n - k - 2)
+            slope *= slope_signal_share(slope, variance / sxx, 0.0)
+        after = my + slope * (points[-1][0] - mx)
+    residuals = [y - before for y in ys[:k]] + [-e for e in tail]
+    squares = sum(e * e for e in residuals)
+    lagged = sum(residuals[i] * residuals[i + 1] for i in range(n - 1) if points[i + 1][0] - points[i][0] == 1)
+    rho = lagged / squares if squares > 0 else 0.0
+    mean = sum(ys) / n
+    return ((squares / max(1, n - 2)) / mean if mean > 0 else 0.0), max(0.0, after), rho, ys[-1]
 
 
 def slope_signal_share(slope: float, slope_variance: float, rho: float) -> float:
@@ -331,7 +362,7 @@ def count_dispersion(window: Sequence[MinuteBucket], free_only: bool = False) ->
     n = len(points)
     if n < 5:
         return 1.0
-    _, my, _, _, residuals = _least_squares(points)
+    _, my, _, _, residuals = least_squares(points)
     if my <= 0:
         return 1.0
     return max(1.0, sum(e * e for e in residuals) / (n - 2) / my)
@@ -352,7 +383,8 @@ def estimate_risk(buckets: Sequence[MinuteBucket], demand: DemandEstimate, p: Ri
     newest = buckets[-1].minute
     window = [b for b in buckets if b.minute > newest - p.window_buckets]
     capacity = demand.capacity_tokens
-    fit = _line_fit(buckets, p.window_buckets, p.level_shrink, p.level_shrink_autocorrelation)
+    fit = _line_fit(buckets, p.window_buckets, p.level_shrink, p.level_shrink_autocorrelation, p.shift_ratio,
+                    p.shift_post_line)
     if capacity <= 0 or demand.rate_level <= 0 or fit is None:
         return None
     size, mean0, rho_measured, newest_mean = fit

@@ -176,3 +176,45 @@ def damped_trend_offset(slope: float, phi: float, steps: float) -> float:
     if phi >= 1.0:
         return slope * steps
     return slope * phi * (1.0 - phi**steps) / (1.0 - phi)
+
+
+def level_shift(ys: Sequence[float], residual_squares: float, ratio: float, min_segment: int,
+                min_before: int = 1) -> tuple[int, float] | None:
+    """(first index after the shift, mean after it), when one shift of level explains ``ys`` ``ratio`` times
+    better than a line.
+
+    ``residual_squares``: the line's Σ residual². A step up (a batch job starting) followed by a flat stretch
+    leaves a line through both tilted, read above the plateau at its newest point, and its residuals count the
+    step as noise. The best single break (at least ``min_segment`` points after it, to read a level from, and
+    ``min_before`` before it: a step leaving the window's start tilts the line as much as one in its middle;
+    the means of both sides) is the model when its Σ residual² is at most the line's divided by ``ratio``."""
+    n = len(ys)
+    if ratio <= 0 or n < min_before + min_segment or residual_squares <= 0:
+        return None
+    total, total_sq = sum(ys), sum(y * y for y in ys)
+    best: float | None = None
+    found = (0, 0.0)
+    head = head_sq = 0.0
+    for k in range(1, n):
+        head += ys[k - 1]
+        head_sq += ys[k - 1] ** 2
+        if k < min_before or n - k < min_segment:
+            continue
+        tail, tail_sq = total - head, total_sq - head_sq
+        squares = (head_sq - head * head / k) + (tail_sq - tail * tail / (n - k))
+        if best is None or squares < best:
+            best, found = squares, (k, tail / (n - k))
+    if best is None or best * ratio > residual_squares:
+        return None
+    return found
+
+
+def least_squares(points: Sequence[tuple[float, float]]) -> tuple[float, float, float, float, list[float]]:
+    """(mean x, mean y, Σ(x − mean x)², slope, residuals) of a least-squares line through ``points``."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    sxy = sum((x - mx) * (y - my) for x, y in points)
+    slope = sxy / sxx if sxx > 0 else 0.0
+    return mx, my, sxx, slope, [y - my - slope * (x - mx) for x, y in points]

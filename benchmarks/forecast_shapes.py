@@ -1,0 +1,77 @@
+"""Synthetic load shapes the trace simulations lack (steps to a plateau, a dip, a step then a ramp), run through
+the pure forecaster per version: minutes of ``filling`` and the warning's lead on saturation. The figures of the
+v8 sweep in docs/forecasting.md come from here.
+
+    .venv/bin/python benchmarks/forecast_shapes.py [--versions v8,v6]
+
+Each stream is self-consistent, as in tests/test_forecast_states.py: usage × 100k tokens in the cache, requests
+of 1,000 tokens held 2 s each (departures by Little's law), polls every 10 s with Gaussian noise on the usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from collections.abc import Callable, Iterator
+
+from kvwatch.backtest.report import FORECASTERS
+from kvwatch.forecast import Forecaster, ForecastParams, ForecastSample
+
+CAPACITY, HOLD_SECONDS, TOKENS = 100_000.0, 2.0, 1_000.0
+STEP = 5400.0  # every change happens 90 minutes in: warm by then
+
+Shape = Callable[[float], float]
+SHAPES: dict[str, tuple[Shape, float]] = {  # usage at time t, noise sd
+    **{f"step {lo:.1f} -> {hi:.1f}, noise {sd}": ((lambda t, lo=lo, hi=hi: lo if t < STEP else hi), sd)
+       for lo, hi in ((0.0, 0.6), (0.2, 0.6), (0.3, 0.7), (0.4, 0.8)) for sd in (0.0, 0.02)},
+    "0.7 with a 5-minute drop to 0": ((lambda t: 0.0 if STEP <= t < STEP + 300 else 0.7), 0.02),
+    "ramp 0.4 -> 1.0 over 2 h": ((lambda t: min(1.0, 0.4 + 0.6 * t / 7200)), 0.02),
+    "step 0.3 -> 0.75, then a ramp to 1.0 in 60 min": (
+        (lambda t: 0.3 if t < STEP else min(1.0, 0.75 + 0.25 * (t - STEP) / 3600)), 0.02),
+    "step 0.3 -> 0.8, then a ramp to 1.0 in 30 min": (
+        (lambda t: 0.3 if t < STEP else min(1.0, 0.8 + 0.2 * (t - STEP) / 1800)), 0.02),
+    "square 0.3 / 0.85, period 60 min": ((lambda t: 0.85 if t % 3600 >= 1800 else 0.3), 0.01),
+}
+
+
+def stream(usage: Shape, sd: float, seconds: float = 4 * 3600.0, dt: float = 10.0,
+           seed: int = 5) -> Iterator[ForecastSample]:
+    rng = random.Random(seed)
+    finished = 0.0
+    for i in range(int(seconds / dt)):
+        t = i * dt
+        u = min(1.0, max(0.0, usage(t) + rng.gauss(0.0, sd))) if sd else usage(t)
+        finished += u * CAPACITY / TOKENS / HOLD_SECONDS * dt
+        yield ForecastSample(timestamp=t, kv_usage=u, capacity_tokens=CAPACITY, running=u * CAPACITY / TOKENS,
+                             finished_total=finished, prompt_tokens_total=finished * 800,
+                             generation_tokens_total=finished * 200, request_prompt_tokens_sum=finished * 800,
+                             request_prompt_tokens_count=finished, request_generation_tokens_sum=finished * 200,
+                             request_generation_tokens_count=finished)
+
+
+def summary(params: ForecastParams, usage: Shape, sd: float) -> str:
+    """Minutes in ``filling``, and the lead of the first warning on the first ``bottleneck`` (if both)."""
+    forecaster = Forecaster(params)
+    results = [forecaster.observe(s) for s in stream(usage, sd)]
+    filling = sum(r.state == "filling" for r in results) * 10 / 60
+    saturated = next((r.timestamp for r in results if r.state == "bottleneck"), None)
+    warned = next((r.timestamp for r in results if r.state == "filling"), None)
+    if saturated is None:
+        return f"{filling:.0f} min filling, no saturation"
+    lead = "no warning" if warned is None or warned > saturated else f"warned {(saturated - warned) / 60:.1f} min ahead"
+    return f"{filling:.0f} min filling, {lead}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--versions", default="v8,v6", help="comma-separated: " + ", ".join(sorted(FORECASTERS)))
+    versions = parser.parse_args().versions.split(",")
+    print("| shape | " + " | ".join(versions) + " |")
+    print("|---|" + "---|" * len(versions))
+    for name, (usage, sd) in SHAPES.items():
+        print(f"| {name} | " + " | ".join(summary(FORECASTERS[v], usage, sd) for v in versions) + " |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
