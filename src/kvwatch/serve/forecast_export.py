@@ -55,8 +55,9 @@ INNER_ESTIMATES: tuple[tuple[str, str, str], ...] = (
      "(above 0: significantly rising)."),
     ("kvwatch_forecast_occupancy_mean_tokens", "occupancy_mean_tokens",
      f"KV tokens in use now by a least-squares line through the last {_P.risk.window_buckets} per-minute means, "
-     "its slope shrunk by the share of it that is signal (the level the saturation risk projects from; a fitted "
-     "level, which can read above the capacity while a rising load saturates it)."),
+     "its slope shrunk by the share of it that is signal, restarted after a shift of level where that reads lower "
+     "(the level the saturation risk projects from; a fitted level, which can read above the capacity while a "
+     "rising load saturates it)."),
     ("kvwatch_forecast_occupancy_sd_tokens", "occupancy_sd_tokens",
      "Standard deviation of per-minute KV tokens in use in the shot-noise model: sqrt(request size x mean)."),
     ("kvwatch_forecast_request_size_tokens", "request_size_tokens",
