@@ -109,6 +109,12 @@ def test_queries_compute_replicas_in_promtool(tmp_path: Path) -> None:
             {"series": f"kvwatch_kv_exhaustion_eta_seconds{{{pods[0]}{e}}}", "values": "1800x10"}],
         "promql_expr_test": [
             {"expr": "forecast", "eval_time": "5m", "exp_samples": [{"labels": "forecast", "value": 0}]},
+        ]}, {
+        # No ETA at all (an engine without a finished-request counter exports none): 0, not an empty result,
+        # which the HPA cannot fetch, and while it cannot, it never scales down.
+        "interval": "1m", "input_series": [s for s in series if "eta" not in s["series"]],
+        "promql_expr_test": [
+            {"expr": "forecast", "eval_time": "5m", "exp_samples": [{"labels": "forecast", "value": 0}]},
         ]}]}
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(test))
     result = subprocess.run([promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True,

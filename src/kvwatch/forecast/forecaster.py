@@ -168,8 +168,8 @@ class ForecastResult:
 
     timestamp: float
     state: str
-    # inf when the risk reaches 0.5 within no hour (or while warming up, or idle), 0 in bottleneck; None while
-    # unknown, or when warm and busy with no risk to derive it from
+    # inf when the risk reaches 0.5 within no hour (or while warming up, or with nothing to project), 0 in
+    # bottleneck; None while unknown, or when warm and busy with no rate or capacity to project from
     eta_seconds: float | None
     forecast_ratio: Mapping[int, float | None]  # horizon seconds -> usage (demand units, may exceed 1)
     request_rate_per_second: float | None
@@ -492,10 +492,10 @@ class Forecaster:
             risks = {h: (1.0 if r is None else r) for h, r in risks.items()}
         elif risk_now is not None:
             eta = risk_now.eta_seconds()
-        elif not warm or self._idle(sample):
-            eta = math.inf  # warming up, or nothing in the cache and nothing arriving: nothing is filling it
+        elif not warm or self._nothing_to_project(sample):
+            eta = math.inf  # warming up, or a known rate with nothing to project, or an idle engine
         else:
-            eta = None  # warm and busy but no risk (no arrival rate: no finished-request counter): unknown
+            eta = None  # warm and busy with no rate to project (no finished-request counter, no capacity): unknown
         ratios: dict[int, float | None] = {}
         for horizon in HORIZONS_SECONDS:
             if demand is not None:
@@ -538,9 +538,11 @@ class Forecaster:
             risk=risks,
         )
 
-    def _idle(self, sample: ForecastSample) -> bool:
-        """Nothing running or waiting and the cache (nearly) empty, or no request arriving."""
-        if self._demand is not None and self._demand.rate_level <= 0:
+    def _nothing_to_project(self, sample: ForecastSample) -> bool:
+        """Without a risk: the demand model has a rate (and a capacity), so the risk model found nothing to
+        project (no arrivals, an empty cache, a level fitted at or below 0 after a drop), or the engine is idle.
+        Otherwise (no rate: no finished-request counter, no capacity) nothing backs a time."""
+        if self._demand is not None:
             return True
         return sample.running < 1 and sample.waiting < 1 and (sample.kv_usage or 0.0) < 0.05
 

@@ -87,8 +87,9 @@ def forecast_metric_families(
 
     eta = gauge("kvwatch_kv_exhaustion_eta_seconds",
                 f"First time the saturation risk reaches 0.5 (within {_P.risk.max_horizon_buckets} minutes): 0 in "
-                "bottleneck, +Inf when it does not, while warming up or while idle; absent when unknown, and when "
-                "the engine is busy but the risk cannot be estimated (no finished-request counter).")
+                "bottleneck, +Inf when it does not, while warming up or with nothing to project (idle); absent "
+                "when unknown, and when the engine is busy with no arrival rate or capacity to project from (no "
+                "finished-request counter, no KV capacity).")
     risk = gauge("kvwatch_kv_saturation_risk",
                  f"Probability that KV usage reaches {_P.risk.threshold:g} of capacity for a sustained stretch "
                  "within the horizon "
