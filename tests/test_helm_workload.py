@@ -295,6 +295,30 @@ def test_named_sidecar_template_embeds_in_another_chart(tmp_path: Path) -> None:
     assert [e["port"] for e in only(objects, "PodMonitor")["spec"]["podMetricsEndpoints"]] == ["metrics"]
 
 
+def test_the_sidecar_embeds_with_a_plain_dict_of_values(tmp_path: Path) -> None:
+    """The other form _helpers.tpl documents: (dict "Values" ...) as context, which has no .Files; the GPU check
+    read its preset names from a file and failed there with a nil pointer."""
+    parent = tmp_path / "my-vllm"
+    (parent / "templates").mkdir(parents=True)
+    shutil.copytree(CHART, parent / "charts" / "kvwatch")
+    (parent / "Chart.yaml").write_text("apiVersion: v2\nname: my-vllm\nversion: 1.0.0\n"
+                                       "dependencies:\n  - name: kvwatch\n    version: 0.1.0\n")
+    (parent / "templates" / "pod.yaml").write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: my-vllm\nspec:\n  containers:\n"
+        '    {{- include "kvwatch.sidecarContainer" (dict "Values" .Values.kvwatchSidecar) | trim | nindent 4 }}\n')
+    values = "kvwatch:\n  deployment:\n    enabled: false\nkvwatchSidecar:\n  config:\n    model: m\n    gpu: {}\n" \
+             "  kvwatch:\n    image:\n      repository: r/kvwatch\n      tag: '1'\n"
+    (parent / "values.yaml").write_text(values.format("nvidia-h100"))
+    result = run_helm("template", "rel", str(parent), "--namespace", NAMESPACE)
+    assert result.returncode == 0, result.stderr
+    pod = only([d for d in yaml.safe_load_all(result.stdout) if d], "Pod")
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["KVWATCH_GPU"] == "nvidia-h100"
+    (parent / "values.yaml").write_text(values.format("H101"))
+    result = run_helm("template", "rel", str(parent), "--namespace", NAMESPACE)
+    assert result.returncode != 0 and 'config.gpu "H101" is no GPU kvwatch knows' in result.stderr
+
+
 def test_documented_sidecar_snippet_is_what_the_chart_renders() -> None:
     """docs/deploy.md's copy-paste container for existing Deployments stays true to the chart."""
     docs = (ROOT / "docs" / "deploy.md").read_text()

@@ -164,11 +164,10 @@ vLLM out of its Service, and a watchdog must never stop the serving. */}}
     {{- fail "config.listenAddress must not be a loopback address: the kubelet's probes and Prometheus reach kvwatch on the pod IP" }}
     {{- end }}
     {{- if not (kindIs "invalid" $config.gpu) }}
-    {{- /* Normalized as kvwatch.capacity.presets._gpu_key does; files/gpus.json is written by scripts/sync_chart_files.py. */}}
-    {{- $gpus := $.Files.Get "files/gpus.json" | fromJson }}
+    {{- /* Normalized as kvwatch.capacity.presets._gpu_key does; _gpus.tpl is written by scripts/sync_chart_files.py. */}}
     {{- $gpuKey := regexReplaceAll "[^a-z0-9]" (lower (toString $config.gpu) | replace "nvidia" "" | replace "geforce" "") "" }}
-    {{- if not (has $gpuKey ($gpus.keys | default list)) }}
-    {{- fail (printf "config.gpu %q is no GPU kvwatch knows, and it refuses to start on it: set config.gpuMemoryGib instead, or one of: %s" (toString $config.gpu) (join ", " ($gpus.names | default list))) }}
+    {{- if not (has $gpuKey (include "kvwatch.gpuKeys" . | fromJsonArray)) }}
+    {{- fail (printf "config.gpu %q is no GPU kvwatch knows, and it refuses to start on it: set config.gpuMemoryGib instead, or one of: %s" (toString $config.gpu) (include "kvwatch.gpuNames" .)) }}
     {{- end }}
     {{- end }}
     {{- if and (eq (toString $vllm.enabled) "false") (contains "$(NODE_IP)" (toString $config.dcgmUrl)) }}
