@@ -3,6 +3,7 @@ the pure forecaster per version: minutes of ``filling`` and the warning's lead o
 v8 sweep in docs/forecasting.md come from here.
 
     .venv/bin/python benchmarks/forecast_shapes.py [--versions v8,v6]
+    .venv/bin/python benchmarks/forecast_shapes.py --versions "v8,ratio 2,ratio 4,constant after the shift"
 
 Each stream is self-consistent, as in tests/test_forecast_states.py: usage × 100k tokens in the cache, requests
 of 1,000 tokens held 2 s each (departures by Little's law), polls every 10 s with Gaussian noise on the usage.
@@ -13,12 +14,28 @@ from __future__ import annotations
 import argparse
 import random
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 from kvwatch.backtest.report import FORECASTERS
 from kvwatch.forecast import Forecaster, ForecastParams, ForecastSample
 
 CAPACITY, HOLD_SECONDS, TOKENS = 100_000.0, 2.0, 1_000.0
 STEP = 5400.0  # every change happens 90 minutes in: warm by then
+
+
+def _v8_with(ratio: float | None = None, post_line: bool = True) -> ForecastParams:
+    v8 = FORECASTERS["v8"]
+    risk = replace(v8.risk, shift_post_line=post_line, **({"shift_ratio": ratio} if ratio else {}))
+    return replace(v8, risk=risk, demand=replace(v8.demand, **({"shift_ratio": ratio} if ratio else {})))
+
+
+# v8's sweep on these shapes (docs/forecasting.md): the versions, and v8 with one thing changed.
+VERSIONS: dict[str, ForecastParams] = {
+    **FORECASTERS,
+    "ratio 2": _v8_with(2.0),
+    "ratio 4": _v8_with(4.0),
+    "constant after the shift": _v8_with(post_line=False),
+}
 
 Shape = Callable[[float], float]
 SHAPES: dict[str, tuple[Shape, float]] = {  # usage at time t, noise sd
@@ -64,12 +81,12 @@ def summary(params: ForecastParams, usage: Shape, sd: float) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--versions", default="v8,v6", help="comma-separated: " + ", ".join(sorted(FORECASTERS)))
+    parser.add_argument("--versions", default="v8,v6", help="comma-separated: " + ", ".join(VERSIONS))
     versions = parser.parse_args().versions.split(",")
     print("| shape | " + " | ".join(versions) + " |")
     print("|---|" + "---|" * len(versions))
     for name, (usage, sd) in SHAPES.items():
-        print(f"| {name} | " + " | ".join(summary(FORECASTERS[v], usage, sd) for v in versions) + " |", flush=True)
+        print(f"| {name} | " + " | ".join(summary(VERSIONS[v], usage, sd) for v in versions) + " |", flush=True)
     return 0
 
 

@@ -226,8 +226,11 @@ def test_a_shift_of_level_is_found_where_it_beats_the_line():
     flat = [60.0 + rng.gauss(0.0, 3.0) for _ in range(30)]
     assert level_shift(ramp, _line_squares(ramp), 2.0, 5) is None
     assert level_shift(flat, _line_squares(flat), 2.0, 5) is None
-    # Each side needs min_segment points: a step in the last 3 points is not judged yet; ratio 0 is off.
+    # min_segment points after the break: a step in the last 3 points is not judged yet; ratio 0 is off.
     late = [40.0] * 27 + [80.0] * 3
     assert level_shift(late, _line_squares(late), 2.0, 5) is None
     assert level_shift(step, _line_squares(step), 0.0, 5) is None
+    # Flat to within rounding: no shift (sums of squares of the raw values found one at k=7 in 30 × 0.1).
+    for value in (0.1, 3_000_000.1):
+        assert level_shift([value] * 30, _line_squares([value] * 30), 3.0, 5) is None
 

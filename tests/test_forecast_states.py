@@ -373,8 +373,11 @@ def test_non_finite_inputs_are_unknown_not_a_nan_risk():
     for results in (good, broken):
         assert "filling" in {r.state for r in results}
         assert all(v is None or 0.0 <= v <= 1.0 for r in results for v in r.risk.values())
-    # A NaN running count (or any counter) is unknown, not 30 minutes of NaN risk.
+    # A NaN running count (or any counter) is unknown, not 30 minutes of NaN risk; a sample without a finite
+    # time is ignored (it raised inside the fits).
     odd = [replace(s, running=math.nan) if s.timestamp == 3000 else s for s in stream(ramp, seconds=5400)]
+    odd[400] = replace(odd[400], timestamp=math.nan)
+    odd[401] = replace(odd[401], timestamp=math.inf)
     assert all(v is None or 0.0 <= v <= 1.0 for r in run(Forecaster(), odd) for v in r.risk.values())
 
 

@@ -4,11 +4,11 @@
 
 - ``requests_at_max_model_len``: vLLM's "Maximum concurrency" (whole blocks per request);
 - ``prefill_seconds_estimate``: one max-length prompt, from its FLOPs at an assumed MFU of the GPU's dense BF16
-  peak: ``2 × active_params × n`` for the linear layers plus the causal attention term
-  ``2 × attention_layers × heads × head_dim × n²`` (QKᵀ and AV, each ``2·n·d`` per token, halved by the causal
-  mask); a sliding-window layer sees at most its window. The sum is split over TP × PP GPUs. It ignores
-  sparse-attention tricks (dual chunk attention, MInference) that long-context releases ship, so it is the
-  dense-attention figure (docs/capacity.md, "Long contexts");
+  peak: ``2 × active_params × n`` for the linear layers plus the causal attention term, per attention layer
+  ``heads × (head_dim + v_head_dim) × n²`` at its layer type's head sizes (QKᵀ and AV, ``2·n·d`` per token each,
+  halved by the causal mask); a sliding-window layer sees at most its window. The sum is split over TP × PP
+  GPUs. It ignores sparse-attention tricks (dual chunk attention, MInference) that long-context releases ship,
+  so it is the dense-attention figure (docs/capacity.md, "Long contexts");
 - ``chunked_prefill_steps``: engine steps one such prompt takes (``ceil(n / max_num_batched_tokens)``);
 - ``probe_initial_delay_seconds``: a startup allowance for the container, :data:`STARTUP_BASE_SECONDS` for
   loading and compiling (not modelled) plus one max-length prefill;

@@ -206,10 +206,13 @@ def _finite(sample: ForecastSample) -> ForecastSample:
     for name in ("running", "waiting"):
         if not math.isfinite(getattr(sample, name)):
             bad[name] = 0.0
-    for counts in ("prompt_length_cumulative", "generation_length_cumulative"):
-        values = getattr(sample, counts)
-        if values is not None and not all(map(math.isfinite, values)):
-            bad[counts] = None
+    for kind in ("prompt", "generation"):
+        counts = getattr(sample, f"{kind}_length_cumulative")
+        bounds = getattr(sample, f"{kind}_length_bounds")
+        # Counts finite, bounds numbers (the last is +Inf by definition): else the histogram is unknown, whole.
+        if (counts is not None and not all(map(math.isfinite, counts))) or (
+                bounds is not None and any(math.isnan(b) for b in bounds)):
+            bad[f"{kind}_length_cumulative"] = bad[f"{kind}_length_bounds"] = None
     return replace(sample, **bad) if bad else sample
 
 
@@ -244,8 +247,10 @@ class Forecaster:
     # ------------------------------------------------------------------ public API
 
     def observe(self, sample: ForecastSample) -> ForecastResult:
-        sample = _finite(sample)
         prev = self._previous
+        if not math.isfinite(sample.timestamp):  # no time, no place in the series: ignored like an old sample
+            return self._last or self._unknown(prev.timestamp if prev is not None else 0.0)
+        sample = _finite(sample)
         if prev is not None and sample.timestamp <= prev.timestamp:
             return self._last or self._unknown(sample.timestamp)  # duplicate or out of order: ignore
         if sample.kv_usage is None or not math.isfinite(sample.kv_usage):

@@ -190,8 +190,8 @@ def _line_fit(buckets: Sequence[MinuteBucket], window_buckets: int, shrink: bool
 
     ``shrink``: the slope is multiplied by ``max(0, 1 − 1/t²)`` before the line is read at the newest minute
     (``RiskParams.level_shrink``). ``shift_ratio`` (v8): where one shift of level explains the minutes that many
-    times better than the line (robust.level_shift), the level is the mean after the shift (never above the
-    line's) and the dispersion and autocorrelation are those around the two levels."""
+    times better than the line (robust.level_shift), the fit restarts after it (:func:`_shift_fit`) wherever that
+    reads lower than the (shrunk) line."""
     newest = buckets[-1].minute
     points = [(float(b.minute), b.k_mean) for b in buckets
               if b.minute > newest - window_buckets and b.k_mean is not None]
@@ -200,13 +200,6 @@ def _line_fit(buckets: Sequence[MinuteBucket], window_buckets: int, shrink: bool
         return None
     mx, my, sxx, slope, residuals = least_squares(points)
     squares = sum(e * e for e in residuals)
-    shifted = level_shift([y for _, y in points], squares, shift_ratio, shift_min_buckets) if shift_ratio else None
-    if shifted is not None:
-        fit = _shift_fit(points, shifted[0], shift_post_line)
-        # Only where it lowers the level: after a late step (or a burst) a line reads below the new level, and a
-        # level read from a few minutes after a break would chase every burst (v8 sweep, docs/forecasting.md).
-        if fit[1] < my + slope * (points[-1][0] - mx):
-            return fit
     resid = squares / max(1, n - 2)
     # Lag-1 autocorrelation of consecutive minutes (gaps skipped): how slowly the bursts come and go.
     lagged = sum(residuals[i] * residuals[i + 1] for i in range(n - 1) if points[i + 1][0] - points[i][0] == 1)
@@ -214,6 +207,13 @@ def _line_fit(buckets: Sequence[MinuteBucket], window_buckets: int, shrink: bool
     if shrink and sxx > 0:
         slope *= slope_signal_share(slope, resid / sxx, rho if autocorrelated else 0.0)
     level = my + slope * (points[-1][0] - mx)  # the line at the newest minute: follows a ramp, not a burst
+    shifted = level_shift([y for _, y in points], squares, shift_ratio, shift_min_buckets) if shift_ratio else None
+    if shifted is not None:
+        fit = _shift_fit(points, shifted[0], shift_post_line)
+        # Only where it lowers the level: after a late step (or a burst) a line reads below the new level, and a
+        # level read from a few minutes after a break would chase every burst (v8 sweep, docs/forecasting.md).
+        if fit[1] < level:
+            return fit
     return (resid / my if my > 0 else 0.0), max(0.0, level), rho, points[-1][1]
 
 

@@ -191,7 +191,12 @@ def level_shift(ys: Sequence[float], residual_squares: float, ratio: float, min_
     n = len(ys)
     if ratio <= 0 or n < min_before + min_segment or residual_squares <= 0:
         return None
+    # Around the mean: sums of squares of raw values cancel catastrophically when the values barely vary.
+    centre = sum(ys) / n
+    ys = [y - centre for y in ys]
     total, total_sq = sum(ys), sum(y * y for y in ys)
+    if total_sq <= n * (1e-9 * max(1.0, abs(centre))) ** 2:
+        return None  # flat to within rounding: no shift to find
     best: float | None = None
     found = (0, 0.0)
     head = head_sq = 0.0
@@ -206,7 +211,7 @@ def level_shift(ys: Sequence[float], residual_squares: float, ratio: float, min_
             best, found = squares, (k, tail / (n - k))
     if best is None or best * ratio > residual_squares:
         return None
-    return found
+    return found[0], found[1] + centre
 
 
 def least_squares(points: Sequence[tuple[float, float]]) -> tuple[float, float, float, float, list[float]]:

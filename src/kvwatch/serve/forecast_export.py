@@ -41,8 +41,8 @@ INNER_ESTIMATES: tuple[tuple[str, str, str], ...] = (
      f"Ratio of the {_ordinal(_P.demand.burst_quantile)} percentile of the KV usage polls of the last "
      f"{_P.demand.burst_window_buckets} minutes to their mean (how far bursts rise above the mean, at least 1)."),
     ("kvwatch_forecast_request_rate_slope", "request_rate_slope",
-     f"Theil-Sen slope of the arrival rate over the last {_P.demand.rate_window_buckets} minutes, "
-     "requests per second per second."),
+     f"Theil-Sen slope of the arrival rate over the last {_P.demand.rate_window_buckets} minutes (since a shift "
+     "of level in them: 0 until 10 minutes follow it), requests per second per second."),
     ("kvwatch_forecast_request_rate_slope_lower", "request_rate_slope_lower",
      f"Lower bound of the {_P.demand.confidence:.0%} confidence interval of the arrival-rate slope "
      "(above 0: significantly rising)."),
@@ -62,7 +62,8 @@ INNER_ESTIMATES: tuple[tuple[str, str, str], ...] = (
      "Standard deviation of per-minute KV tokens in use in the shot-noise model: sqrt(request size x mean)."),
     ("kvwatch_forecast_request_size_tokens", "request_size_tokens",
      f"Footprint-weighted request size E[S²·D]/E[S·D]: variance over mean of per-minute KV tokens over "
-     f"{_P.risk.window_buckets} minutes, at least the Poisson value from the mean prompt+output length."),
+     f"{_P.risk.window_buckets} minutes (around their line, or the two levels of a shift), at least the Poisson "
+     "value from the mean prompt+output length."),
     ("kvwatch_forecast_residence_seconds", "residence_seconds",
      "Mean time a request stays in the engine (e2e latency histogram sum/count; running/rate without it)."),
     ("kvwatch_forecast_saturated_sample_ratio", "saturated_sample_fraction",
