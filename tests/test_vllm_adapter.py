@@ -583,3 +583,22 @@ def test_the_capacity_metric_names_the_label_the_capacity_came_from() -> None:
     unknown = vllm.read(parse(text.replace('num_gpu_blocks_override="4000"', 'num_gpu_blocks_override="None"')),
                         timestamp=0.0)
     assert unknown.detection.capacity_metric is None and unknown.readings[0].kv_capacity_tokens is None
+
+
+@pytest.mark.parametrize(("latency", "lengths"), [(True, True), (True, False), (False, False)])
+def test_a_page_without_type_lines_reads_its_histograms_by_name(latency: bool, lengths: bool) -> None:
+    # A saved page with its comments stripped (grep -v '^#'), or a re-exporter that sends no # TYPE: each
+    # histogram part is a family of its own. Prometheus reads x_bucket, x_sum and x_count by name whatever the
+    # type; kvwatch lost the mean request length and every latency histogram.
+    from kvwatch.engines.detect import read_payload
+
+    text = (FIXTURES / "gen-0.20.2-gptoss-two-groups.prom").read_text()
+    bare = "".join(line for line in text.splitlines(keepends=True) if not line.startswith("#"))
+    typed = only(read_payload(text, timestamp=1.0, latency=latency, lengths=lengths))
+    untyped = only(read_payload(bare, timestamp=1.0, latency=latency, lengths=lengths))
+    assert typed.request_prompt_tokens_sum is not None and typed.request_generation_tokens_count is not None
+    assert (untyped.request_prompt_tokens_sum, untyped.request_generation_tokens_count) == (
+        typed.request_prompt_tokens_sum, typed.request_generation_tokens_count)
+    assert dict(untyped.latency) == dict(typed.latency) and (not latency or "e2e" in typed.latency)
+    assert dict(untyped.lengths) == dict(typed.lengths) and (not lengths or "prompt" in typed.lengths)
+    assert untyped.kv_usage_ratio == typed.kv_usage_ratio

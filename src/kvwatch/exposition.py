@@ -113,6 +113,7 @@ _OM_SUFFIXES = ("_total", "_created", "_bucket", "_sum", "_count", "_gsum", "_gc
 _OM_SUFFIXED = (("counter", "_total"), ("info", "_info"))  # OpenMetrics types declared without their samples' suffix
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 _SKIP = None  # resolved-name marker: the sample is not wanted
+_PARTS = ("_bucket", "_count", "_sum")  # a histogram's sample suffixes
 _UNKNOWN = object()  # resolved-name marker: not seen yet
 _INF = math.inf
 _INFS = (math.inf, -math.inf)
@@ -544,10 +545,14 @@ class _Parser:
         return target
 
     def _wanted(self, name: str, family_name: str) -> bool:
+        # Once per sample name. A histogram's part on a page without its # TYPE line is a family of its own
+        # ("x_bucket"): wanted with its histogram, as Prometheus reads the parts by name whatever the type.
+        base = next((name[: -len(p)] for p in _PARTS if name.endswith(p)), None) if name == family_name else None
         if self.wanted_set is not None:
-            return name in self.wanted_set or family_name in self.wanted_set
+            wanted = self.wanted_set
+            return name in wanted or family_name in wanted or (base is not None and base in wanted)
         if self.predicate is not None:
-            return bool(self.predicate(family_name))
+            return bool(self.predicate(family_name)) or (base is not None and bool(self.predicate(base)))
         return True
 
     def _meta_for(self, name: str, *, create: bool) -> _Meta | None:

@@ -132,8 +132,22 @@ def selected(exposition: Exposition, selector: Selector) -> list[Sample]:
 
 
 def sample_named(exposition: Exposition, family: str, sample_name: str) -> list[Sample]:
-    """The samples of ``family`` called ``sample_name`` (a histogram's ``_sum`` or ``_count``)."""
-    return [s for s in exposition.samples(family) if s.name == sample_name]
+    """The samples of ``family`` called ``sample_name`` (a histogram's ``_sum`` or ``_count``); a histogram's
+    parts on a page without its ``# TYPE`` line are families of their own (``x_sum``), and are read there."""
+    samples = exposition.samples(family)
+    if not samples and sample_name != family:
+        return exposition.samples(sample_name)
+    return [s for s in samples if s.name == sample_name]
+
+
+HISTOGRAM_PARTS = ("_bucket", "_count", "_sum")
+
+
+def histogram_samples(exposition: Exposition, family: str) -> list[Sample]:
+    """A histogram family's samples, or its parts where the page has no ``# TYPE`` line for it (a saved page with
+    its comments stripped, some re-exporters): Prometheus reads ``x_bucket``, ``x_sum`` and ``x_count`` by name
+    whatever the type, and the text format then makes each a family of its own."""
+    return exposition.samples(family) or [s for part in HISTOGRAM_PARTS for s in exposition.samples(family + part)]
 
 
 def series_keys(indexes: Iterable[Index], default_engine: str = "0") -> list[SeriesKey]:
@@ -165,7 +179,7 @@ def histograms(exposition: Exposition, family: str, key_of: KeyOf, *,
     # One group per label set without ``le`` (the key follows from the labels). Runs every poll over every
     # bucket of the latency histograms, hence the plain loop: one frozenset per sample, the key per group.
     groups: dict[frozenset[tuple[str, str]], dict[str, Any]] = {}
-    for s in exposition.samples(family):
+    for s in histogram_samples(exposition, family):
         labels = s.labels
         le = labels.get("le")
         ident = frozenset(labels.items()) if le is None else frozenset(labels.items()) - {("le", le)}
@@ -223,7 +237,7 @@ def latency_index(exposition: Exposition, families: dict[str, tuple[str, ...]], 
     out: LatencyIndex = {}
     for kind, candidates in families.items():
         for family in candidates:
-            if exposition.samples(family):
+            if histogram_samples(exposition, family):
                 out[kind] = histograms(exposition, family, key_of, parts_add=parts_add)
                 break
     return out

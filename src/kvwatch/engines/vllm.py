@@ -37,7 +37,7 @@ from dataclasses import replace
 from types import MappingProxyType
 
 from kvwatch.engines import Selector, SourceOverrides, UnrecognisedPayload
-from kvwatch.engines.series import differing_labels, latency_for, latency_index
+from kvwatch.engines.series import differing_labels, latency_for, latency_index, sample_named
 from kvwatch.exposition import Exposition, Sample
 from kvwatch.model import Detection, Poll, Reading, SeriesKey
 
@@ -159,7 +159,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     process_start = _unlabelled(exposition, PROCESS_START)
 
     prompt_sum, prompt_count, generation_sum, generation_count = (
-        _suffixed(exposition, family, suffix)
+        sample_named(exposition, family, family + suffix)
         for family in (REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS) for suffix in ("_sum", "_count"))
     index = {name: _split(exposition.samples(name)) for name in (
         WAITING_BY_REASON, SWAPPED, PREEMPTIONS, SUCCESS, PROMPT_TOKENS, GENERATION_TOKENS, SLEEP_STATE)}
@@ -445,11 +445,6 @@ def _sleep_state(states: Mapping[str, float]) -> str | None:
         if states.get(state) == 1:
             return state
     return "asleep" if states.get("awake") == 0 else None
-
-
-def _suffixed(exposition: Exposition, family: str, suffix: str) -> list[Sample]:
-    name = family + suffix
-    return [s for s in exposition.samples(family) if s.name == name]
 
 
 def _unlabelled(exposition: Exposition, name: str) -> float | None:
