@@ -37,14 +37,15 @@ _NO_KV = frozenset({MAMBA, MLP_ONLY})
 # model_type values of hybrid attention + Mamba/linear-attention models (vLLM keeps SSM state pages).
 _HYBRID_MAMBA_TYPES = frozenset({
     "jamba", "bamba", "nemotron_h", "falcon_h1", "zamba2", "granitemoehybrid", "qwen3_next", "minimax_m1",
-    "minimax_text_01", "plamo2", "lfm2",
+    "minimax_text_01", "plamo2", "lfm2", "bailing_hybrid",
 })
 _MAMBA_LAYER_WORDS = ("mamba", "linear", "ssm", "conv", "deltanet")
 # vLLM caches one latent per token (MLA) only for these model_types (ModelArchConfigConvertorBase.is_deepseek_mla in
 # vllm/transformers_utils/model_arch_config_convertor.py, 0.34); another model with kv_lora_rank (MiniCPM3)
 # decompresses it into ordinary per-head K and V.
 _MLA_TYPES = frozenset({
-    "axk1", "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_mtp", "dots3_note", "k3_dspark", "glm5_next",
+    "axk1", "bailing_hybrid", "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_mtp", "dots3_note", "k3_dspark",
+    "glm5_next",
     "glm5_next_text", "glm_moe_dsa", "glm4_moe_lite", "glm4_moe_lite_mtp", "kimi_k2", "kimi_linear", "longcat_flash",
     "mistral_large_4", "pangu_ultra_moe", "pangu_ultra_moe_mtp",
 })
@@ -427,6 +428,11 @@ def _word_type(word: str) -> str:
     return FULL  # "attention", "full_attention", Zamba2's "hybrid" (a shared attention block + Mamba)
 
 
+def bailing_v3(cfg: dict[str, Any]) -> bool:
+    """Ling/Ring 3.0 (BailingMoeV3ForCausalLM: KDA linear layers); else 2.5 (lightning attention)."""
+    return any("BailingMoeV3" in str(a) for a in cfg.get("architectures") or [])
+
+
 @dataclass(frozen=True)
 class _Layout:
     types: tuple[str, ...]
@@ -474,6 +480,14 @@ def _hybrid_layout(cfg: dict[str, Any], num_layers: int, model_type: str) -> _La
         mapping = {"M": MAMBA, "*": FULL, "-": MLP_ONLY, "E": MLP_ONLY}
         types = tuple(mapping[ch] for ch in pattern[:num_layers] if ch in mapping)
         return _Layout(types, "hybrid_override_pattern", types.count(MAMBA))
+    group = _field(cfg, "layer_group_size")  # Ling/Ring 2.5 and 3.0: one MLA layer closes each group
+    if group and model_type == "bailing_hybrid":
+        if bailing_v3(cfg):  # bailing_moe_v3.py _is_kda_layer: the layers after the last whole group are MLA too
+            whole = num_layers // group * group
+            types = tuple(FULL if (i + 1) % group == 0 or i >= whole else MAMBA for i in range(num_layers))
+        else:  # bailing_moe_linear.py is_linear_layer (BailingMoeV2_5ForCausalLM): lightning attention
+            types = tuple(FULL if (i + 1) % group == 0 else MAMBA for i in range(num_layers))
+        return _Layout(types, "layer_group_size", types.count(MAMBA))
     if model_type == "falcon_h1":  # attention and a Mamba2 mixer side by side in every layer
         return _Layout((FULL,) * num_layers, "model_type falcon_h1 (parallel hybrid)", num_layers)
     return None

@@ -151,6 +151,17 @@ def mamba_dims_from_config(cfg: dict[str, Any], model_type: str, hidden: int) ->
     kda = _kda_dims(cfg.get("linear_attn_config"))
     if kda is not None:
         return kda
+    if model_type == "bailing_hybrid":  # Ling/Ring 2.5 (lightning attention) and 3.0 (KDA) beside MLA layers
+        heads = _first(cfg, "num_attention_heads")
+        head_dim = _first(cfg, "head_dim") or (hidden // heads if heads else None)
+        if not (heads and head_dim):
+            return None
+        if any("BailingMoeV3" in str(a) for a in cfg.get("architectures") or []):  # bailing_moe_v3.py
+            return MambaDims(KDA, num_heads=heads, head_dim=head_dim, num_k_heads=heads, head_k_dim=head_dim,
+                             conv_kernel=_first(cfg, "short_conv_kernel_size") or 4,
+                             source="num_attention_heads/head_dim/short_conv_kernel_size (KDA)")
+        return MambaDims(LINEAR_ATTENTION, num_heads=heads, head_dim=head_dim,  # bailing_moe_linear.py
+                         source="num_attention_heads/head_dim (linear attention)")
     if "minimax" in model_type and cfg.get("attn_type_list"):  # lightning attention: (heads, d, d) per layer
         heads = _first(cfg, "num_attention_heads")
         head_dim = _first(cfg, "head_dim") or (hidden // heads if heads else None)
