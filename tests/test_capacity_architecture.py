@@ -456,3 +456,22 @@ def test_a_window_without_layer_types_slides_every_layer_unless_switched_off():
     assert set(arch_from_config({**phi3, "use_sliding_window": False}).layer_types) == {FULL}
     # The preset carries the same window, so --model plans what --model-config does.
     assert set(resolve_model("microsoft/Phi-3-mini-4k-instruct").layer_types) == {SLIDING}
+
+
+def test_an_architecture_vllm_dropped_will_not_start_on_later_releases():
+    # vLLM 0.30's _PREVIOUSLY_SUPPORTED_MODELS (vllm/model_executor/models/registry.py): MiniMax-Text-01 was served
+    # until 0.23.0 and refused after ("... is not supported anymore"). kvwatch printed a full plan for 0.30.
+    from kvwatch.capacity import planner
+    from kvwatch.capacity.memory import GIB
+
+    config = {**BASE, "architectures": ["MiniMaxText01ForCausalLM"], "model_type": "minimax_text_01",
+              "num_hidden_layers": 16, "attn_type_list": ([0] * 7 + [1]) * 2}
+
+    def errors(version: tuple[int, int]) -> tuple[str, ...]:
+        spec = planner.DeploymentSpec(arch=arch_from_config(config), gpu_memory_bytes=80 * GIB, max_model_len=8192,
+                                      vllm_version=version, available_kv_bytes=20 * GIB)
+        return planner.plan_capacity(spec).errors
+
+    assert any("MiniMaxText01ForCausalLM was supported in vLLM until v0.23.0" in e for e in errors((0, 30)))
+    assert any("plan for --vllm-version 0.23" in e for e in errors((0, 24)))
+    assert not any("supported in vLLM until" in e for e in errors((0, 23)))

@@ -240,6 +240,7 @@ class ModelArch:
     checkpoint_quant_method: str | None = None
     from_config_file: bool = False  # built from a user's config.json (--model-config), not a preset
     model_type: str = ""  # config.json's model_type (of the text model), lower case
+    architectures: tuple[str, ...] = ()  # config.json's architectures (vLLM picks its model class by these)
     # Hybrid models whose config fixes the temporal SSM state's dtype (NemotronH: mamba_ssm_cache_dtype; Qwen3.5:
     # mamba_ssm_dtype), which vLLM then uses instead of the model dtype (kv.mamba_ssm_dtype_bytes).
     mamba_ssm_cache_dtype: str | None = None
@@ -771,6 +772,7 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         source=source,
         notes=tuple(notes),
         model_type=model_type,
+        architectures=tuple(str(a) for a in config.get("architectures") or [] if isinstance(a, str)),
         mamba_ssm_cache_dtype=(str(cfg.get("mamba_ssm_cache_dtype") or cfg.get("mamba_ssm_dtype") or "") or None)
         if is_hybrid else None,
     )

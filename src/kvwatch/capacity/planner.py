@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from kvwatch.capacity import kv, memory, quantization
+from kvwatch.capacity import kv, memory, quantization, support
 from kvwatch.capacity.architecture import MAMBA, ModelArch, tensor_parallel_refusal
 from kvwatch.capacity.mamba import MambaConfigError
 from kvwatch.capacity.memory import GIB
@@ -269,6 +269,9 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
     refusal = quantization.capability_refusal(method, spec.vllm_version, spec.gpu_compute_capability, spec.gpu_name)
     if refusal:
         errors.append(refusal)
+    dropped = support.dropped_refusal(arch.architectures, spec.vllm_version) if arch else None
+    if dropped:
+        errors.append(dropped)
     if spec.enable_chunked_prefill:
         batched = spec.max_num_batched_tokens or batched_default
     else:
