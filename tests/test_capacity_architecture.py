@@ -475,3 +475,14 @@ def test_an_architecture_vllm_dropped_will_not_start_on_later_releases():
     assert any("MiniMaxText01ForCausalLM was supported in vLLM until v0.23.0" in e for e in errors((0, 30)))
     assert any("plan for --vllm-version 0.23" in e for e in errors((0, 24)))
     assert not any("supported in vLLM until" in e for e in errors((0, 23)))
+
+
+def test_a_hybrid_family_whose_layer_types_name_no_mamba_layer_is_plain_attention():
+    # Granite-4.0-micro (granitemoehybrid, every layer "attention"): vLLM's ModelConfig.is_hybrid says it is not
+    # hybrid. The figures were right, but the note said the layout was not recognised ("no layer_types") and that
+    # counting every layer "overstates the KV per token".
+    config = {**BASE, "architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid",
+              "layer_types": ["attention"] * 4}
+    arch = arch_from_config(config)
+    assert not arch.is_hybrid_mamba and len(arch.attention_layer_types) == 4
+    assert not any("hybrid" in n or "not recognised" in n for n in arch.notes)
