@@ -167,3 +167,31 @@ def test_the_all_mode_keeps_a_state_per_block_like_full_attention():
     plan = planner.plan_capacity(spec)
     assert plan.layout.mamba_blocks_per_request == 0
     assert plan.max_concurrency_at_max_model_len == pytest.approx(plan.num_gpu_blocks / (16 + 9 * 16))
+
+
+def test_lfm2_short_convolution_state_pages_are_modelled():
+    # LFM2-1.2B's config.json: 10 "conv" and 6 attention layers; vLLM keeps a short-convolution state of
+    # (conv_L_cache - 1) x conv_dim in the model dtype (short_conv_state_shape, vllm/model_executor/layers/mamba/
+    # mamba_utils.py; Lfm2ForCausalLM passes conv_dim, conv_L_cache). (2 x 2,048) x 2 B = 8 KiB, padded to the
+    # 32 KiB attention page: 6 attention vs 10 conv layers give groups of 6, 1 attention + 2 conv. On 0.11 vLLM
+    # reports blocks // 3 x 16 tokens: kvwatch said 1,747,616, three times vLLM's figure (the state was not read).
+    from kvwatch.capacity import planner
+    from kvwatch.capacity.architecture import arch_from_config
+    from kvwatch.capacity.mamba import SHORT_CONV
+    from kvwatch.capacity.memory import GIB
+
+    lfm2 = {"architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2", "hidden_size": 2048, "num_hidden_layers": 16,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "conv_L_cache": 3, "conv_bias": False,
+            "block_dim": 2048, "block_ff_dim": 12288, "intermediate_size": 12288, "vocab_size": 65536,
+            "max_position_embeddings": 128000, "torch_dtype": "bfloat16", "tie_word_embeddings": True,
+            "layer_types": ["conv", "conv", "full_attention", "conv", "conv", "full_attention", "conv", "conv",
+                            "full_attention", "conv", "full_attention", "conv", "full_attention", "conv",
+                            "full_attention", "conv"]}
+    arch = arch_from_config(lfm2)
+    assert arch.mamba_dims is not None and arch.mamba_dims.kind == SHORT_CONV
+    assert arch.mamba_dims.page_bytes(1, 2) == 2 * 2048 * 2
+    spec = planner.DeploymentSpec(arch=arch, gpu_memory_bytes=80 * GIB, max_model_len=32768, vllm_version=(0, 11),
+                                  available_kv_bytes=20 * GIB, enable_prefix_caching=False)
+    plan = planner.plan_capacity(spec)
+    assert plan.num_gpu_blocks == 109_226 and plan.kv_cache_tokens == 109_226 // 3 * 16 == 582_528
+    assert plan.max_concurrency_at_max_model_len == pytest.approx(109_226 / (2048 + 2))

@@ -29,6 +29,7 @@ MAMBA2 = "mamba2"
 GATED_DELTA_NET = "gated_delta_net"  # Qwen3-Next's linear attention
 LINEAR_ATTENTION = "linear_attention"  # MiniMax's lightning attention
 KDA = "kda"  # Kimi-Linear's Kimi Delta Attention (vllm/model_executor/layers/kda.py)
+SHORT_CONV = "short_conv"  # LFM2's gated short convolution (vllm/model_executor/models/lfm2.py)
 HYBRID_BLOCK_ALIGNMENT = 16  # "some attention backends (e.g. FA) only support block sizes that are multiples of 16"
 # From 0.20 vLLM aligns to max(the backend's smallest kernel block, --block-size) (``kernel_block_alignment_size``
 # in vllm/platforms/interface.py ``_align_hybrid_block_size``); 0.11-0.18 aligned to a fixed size whatever
@@ -65,6 +66,8 @@ class MambaDims:
         """Per-rank state tensor shapes, as ``MambaStateShapeCalculator`` computes them."""
         if self.kind == LINEAR_ATTENTION:
             return ((self.num_heads // tp, self.head_dim, self.head_dim),)
+        if self.kind == SHORT_CONV:  # short_conv_state_shape: the conv state alone, in the model's dtype
+            return ((self.conv_kernel - 1, _divide(self.intermediate_size, tp, "conv_dim")),)
         if self.kind == KDA:  # conv states for q, k and v, then the recurrent state (kda_state_shape)
             conv_q = (self.conv_kernel - 1, _divide(self.num_heads * self.head_dim, tp, "KDA projection size"))
             conv_k = (self.conv_kernel - 1, _divide(self.num_k_heads * self.head_k_dim, tp, "KDA projection size"))
@@ -162,6 +165,10 @@ def mamba_dims_from_config(cfg: dict[str, Any], model_type: str, hidden: int) ->
                              source="num_attention_heads/head_dim/short_conv_kernel_size (KDA)")
         return MambaDims(LINEAR_ATTENTION, num_heads=heads, head_dim=head_dim,  # bailing_moe_linear.py
                          source="num_attention_heads/head_dim (linear attention)")
+    if model_type.startswith("lfm2") and cfg.get("conv_L_cache"):  # LFM2's short convolution: (L - 1, conv_dim)
+        conv_dim = _first(cfg, "conv_dim")
+        return MambaDims(SHORT_CONV, intermediate_size=conv_dim or hidden, conv_kernel=_first(cfg, "conv_L_cache") or 3,
+                         source="conv_L_cache/" + ("conv_dim" if conv_dim else "hidden_size") + " (short convolution)")
     if "minimax" in model_type and cfg.get("attn_type_list"):  # lightning attention: (heads, d, d) per layer
         heads = _first(cfg, "num_attention_heads")
         head_dim = _first(cfg, "head_dim") or (hidden // heads if heads else None)
