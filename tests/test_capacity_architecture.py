@@ -486,3 +486,13 @@ def test_a_hybrid_family_whose_layer_types_name_no_mamba_layer_is_plain_attentio
     arch = arch_from_config(config)
     assert not arch.is_hybrid_mamba and len(arch.attention_layer_types) == 4
     assert not any("hybrid" in n or "not recognised" in n for n in arch.notes)
+
+
+def test_a_multimodal_model_says_its_encoder_profile_is_not_in_the_estimate():
+    # vLLM's profile run also runs the vision encoder and keeps its outputs: Qwen2.5-VL-7B on an H100 logged
+    # 905,648 KV tokens where kvwatch's estimate from its config.json gives 1,022,992 (13 % high), with no note.
+    vl = {**BASE, "architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
+          "vision_config": {"depth": 32, "hidden_size": 1280}}
+    [note] = [n for n in arch_from_config(vl).notes if n.startswith("multimodal model (vision_config)")]
+    assert "--available-kv-gib" in note and "weights are not in the weights" in note
+    assert not any("multimodal" in n for n in arch_from_config({**BASE, "model_type": "qwen2"}).notes)

@@ -49,6 +49,11 @@ _MLA_TYPES = frozenset({
     "glm5_next_text", "glm_moe_dsa", "glm4_moe_lite", "glm4_moe_lite_mtp", "kimi_k2", "kimi_linear", "longcat_flash",
     "mistral_large_4", "pangu_ultra_moe", "pangu_ultra_moe_mtp",
 })
+# Top-level model_type values of multimodal models whose preset or config.json may omit the encoder's config.
+_MULTIMODAL_TYPES = frozenset({
+    "gemma3", "gemma3n", "gemma4", "llama4", "mistral3", "phi3_v", "phi4mm", "qwen2_vl", "qwen2_5_vl", "qwen3_vl",
+    "qwen3_vl_moe", "llava", "llava_next", "pixtral", "idefics3", "internvl_chat", "kimi_vl", "glm4v",
+})
 # vLLM's CONFIG_FIELD_ALIASES["total_num_kv_heads"] (vllm/transformers_utils/config.py), first present wins; without
 # any of them the model is MHA.
 _KV_HEAD_FIELDS = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num", "num_attention_groups")
@@ -673,6 +678,15 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
     layout = _hybrid_layout(cfg, num_layers, model_type)
     layer_types = layout.types if layout is not None else _layer_types(cfg, num_layers, model_type)
     notes: list[str] = []
+    encoder = next((key for key in ("vision_config", "audio_config") if isinstance(config.get(key), dict)), None)
+    if encoder is not None or str(config.get("model_type", "")).lower() in _MULTIMODAL_TYPES:
+        # vLLM's profile run also runs the encoder on a dummy batch and holds its outputs (gpu_model_runner.py
+        # profile_run): Qwen2.5-VL-7B on an H100 logged 905,648 KV tokens where this estimate gives 1,022,992.
+        counted = "are" if config.get("num_parameters") else "are not"
+        notes.append(f"multimodal model ({encoder or config.get('model_type')}): the memory vLLM's profile run keeps "
+                     "for the encoder's outputs is not in the activation estimate (the encoder's weights "
+                     f"{counted} in the weights), so the KV figures here are high (Qwen2.5-VL-7B from its "
+                     "config.json: about 13 %); pass --available-kv-gib from vLLM's startup log")
     if is_mla and (kv_lora_rank is None or cfg.get("qk_rope_head_dim") is None):
         raise ArchitectureError("MLA config.json needs kv_lora_rank and qk_rope_head_dim")
     # A layout field naming no Mamba / linear layer (MiniMax-M2's all-ones attn_type_list) is plain attention.
