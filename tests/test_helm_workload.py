@@ -418,7 +418,8 @@ def test_settings_kvwatch_refuses_at_startup_are_refused_at_render(args: tuple[s
     assert render(*MINIMAL, "--set", "config.pollIntervalSeconds=2.5", "--set", "config.pollTimeoutSeconds=2")
 
 
-@pytest.mark.parametrize("gpu", ["NVIDIA H100 80GB HBM3", "h100", "GeForce RTX 4090", "Tesla T4", "a100-sxm4-80gb"])
+@pytest.mark.parametrize("gpu", ["NVIDIA H100 80GB HBM3", "h100", "GeForce RTX 4090", "Tesla T4", "a100-sxm4-80gb",
+                                 "NVİDIA H100"])
 def test_config_gpu_is_matched_as_kvwatch_matches_it(gpu: str) -> None:
     # The chart's helper normalizes the name as kvwatch.capacity.presets does: what kvwatch accepts renders.
     from kvwatch.capacity import presets

@@ -311,7 +311,8 @@ def _gpus() -> dict[str, GpuPreset]:
 
 def _gpu_key(name: str) -> str:
     # The Helm chart normalizes config.gpu the same way (deploy/helm/kvwatch/templates/_helpers.tpl): keep in step.
-    return re.sub(r"[^a-z0-9]", "", name.lower().replace("nvidia", "").replace("geforce", ""))
+    # Letters and digits first, then the vendor words: Python lower-cases "İ" to "i" and a combining dot, Go to "i".
+    return re.sub(r"[^a-z0-9]", "", name.lower()).replace("nvidia", "").replace("geforce", "")
 
 
 def gpu_names() -> list[str]:

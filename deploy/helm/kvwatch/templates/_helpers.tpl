@@ -165,7 +165,7 @@ vLLM out of its Service, and a watchdog must never stop the serving. */}}
     {{- end }}
     {{- if not (kindIs "invalid" $config.gpu) }}
     {{- /* Normalized as kvwatch.capacity.presets._gpu_key does; _gpus.tpl is written by scripts/sync_chart_files.py. */}}
-    {{- $gpuKey := regexReplaceAll "[^a-z0-9]" (lower (toString $config.gpu) | replace "nvidia" "" | replace "geforce" "") "" }}
+    {{- $gpuKey := regexReplaceAll "[^a-z0-9]" (lower (toString $config.gpu)) "" | replace "nvidia" "" | replace "geforce" "" }}
     {{- if not (has $gpuKey (include "kvwatch.gpuKeys" . | fromJsonArray)) }}
     {{- fail (printf "config.gpu %q is no GPU kvwatch knows, and it refuses to start on it: set config.gpuMemoryGib instead, or one of: %s" (toString $config.gpu) (include "kvwatch.gpuNames" .)) }}
     {{- end }}
