@@ -278,3 +278,20 @@ def test_sglang_tokenizer_counters_split_by_streaming_and_priority_add_up() -> N
     assert reading.prefix_cache_hit_ratio == pytest.approx(0.6)
     e2e = reading.latency["e2e"]
     assert (e2e.count, e2e.cumulative, e2e.sum) == (1000.0, (700.0, 1000.0, 1000.0), 1850.0)
+
+
+def test_sglang_length_histograms_are_read_on_a_page_without_type_lines():
+    # SGLang's current length histograms are chosen over the 2024 names when the page has them; without # TYPE
+    # lines a histogram is only its _sum, _count and _bucket families, and the old name was chosen (nothing read).
+    labels = '{model_name="m"}'
+    text = (f"# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{labels} 3\n"
+            f"# TYPE sglang:token_usage gauge\nsglang:token_usage{labels} 0.5\n"
+            f"# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs{labels} 1\n"
+            "# TYPE sglang:prompt_tokens_histogram histogram\n"
+            'sglang:prompt_tokens_histogram_bucket{model_name="m",le="100.0"} 2\n'
+            'sglang:prompt_tokens_histogram_bucket{model_name="m",le="+Inf"} 4\n'
+            f"sglang:prompt_tokens_histogram_sum{labels} 800\nsglang:prompt_tokens_histogram_count{labels} 4\n")
+    bare = "".join(line for line in text.splitlines(keepends=True) if not line.startswith("#"))
+    for page in (text, bare):
+        [reading] = read_payload(page, timestamp=1.0).readings
+        assert (reading.request_prompt_tokens_sum, reading.request_prompt_tokens_count) == (800.0, 4.0)

@@ -449,10 +449,7 @@ class _Layout:
 def _hybrid_layout(cfg: dict[str, Any], num_layers: int, model_type: str) -> _Layout | None:
     """Attention vs Mamba / linear-attention layers, from whichever field the model family uses."""
     raw = cfg.get("layer_types")
-    if isinstance(raw, list) and raw and (model_type in _HYBRID_MAMBA_TYPES
-                                          or any(_word_type(str(t)) == MAMBA for t in raw)):
-        # A hybrid family's layer_types naming no Mamba layer (Granite-4.0-micro: all "attention") is plain
-        # attention: vLLM's ModelConfig.is_hybrid says so too (vllm/config/model.py).
+    if isinstance(raw, list) and raw and any(_word_type(str(t)) == MAMBA for t in raw):
         types = tuple(_word_type(str(t)) for t in raw[:num_layers])
         return _Layout(types, "layer_types", types.count(MAMBA))
     blocks = cfg.get("layers_block_type")  # Jamba-style ("attention"/"mamba"), Zamba2 ("hybrid"/"mamba")
@@ -499,6 +496,11 @@ def _hybrid_layout(cfg: dict[str, Any], num_layers: int, model_type: str) -> _La
         return _Layout(types, "layer_group_size", types.count(MAMBA))
     if model_type == "falcon_h1":  # attention and a Mamba2 mixer side by side in every layer
         return _Layout((FULL,) * num_layers, "model_type falcon_h1 (parallel hybrid)", num_layers)
+    if isinstance(raw, list) and raw and model_type in _HYBRID_MAMBA_TYPES:
+        # A hybrid family whose layer_types name no Mamba layer and no other field says otherwise (Granite-4.0-micro:
+        # all "attention") is plain attention: vLLM's ModelConfig.is_hybrid says so too (vllm/config/model.py).
+        types = tuple(_word_type(str(t)) for t in raw[:num_layers])
+        return _Layout(types, "layer_types", 0)
     return None
 
 

@@ -166,8 +166,9 @@ def mamba_dims_from_config(cfg: dict[str, Any], model_type: str, hidden: int) ->
         return MambaDims(LINEAR_ATTENTION, num_heads=heads, head_dim=head_dim,  # bailing_moe_linear.py
                          source="num_attention_heads/head_dim (linear attention)")
     if model_type.startswith("lfm2") and cfg.get("conv_L_cache"):  # LFM2's short convolution: (L - 1, conv_dim)
-        conv_dim = _first(cfg, "conv_dim")
-        return MambaDims(SHORT_CONV, intermediate_size=conv_dim or hidden, conv_kernel=_first(cfg, "conv_L_cache") or 3,
+        # lfm2.py passes conv_dim; lfm2_moe.py and lfm2_vl.py pass hidden_size (vLLM 0.14-0.30)
+        conv_dim = _first(cfg, "conv_dim") if model_type == "lfm2" else None
+        return MambaDims(SHORT_CONV, intermediate_size=conv_dim or hidden, conv_kernel=_first(cfg, "conv_L_cache"),
                          source="conv_L_cache/" + ("conv_dim" if conv_dim else "hidden_size") + " (short convolution)")
     if "minimax" in model_type and cfg.get("attn_type_list"):  # lightning attention: (heads, d, d) per layer
         heads = _first(cfg, "num_attention_heads")

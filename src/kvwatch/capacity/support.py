@@ -63,12 +63,24 @@ LAST_SERVED_IN: dict[str, str] = {
 }
 
 
-def dropped_refusal(architectures: Iterable[str], version: tuple[int, int]) -> str | None:
-    """vLLM's startup refusal of a dropped architecture at ``version`` (major, minor), or None."""
-    for arch in architectures:
-        last = LAST_SERVED_IN.get(arch)
-        if last is not None and version > tuple(int(part) for part in last.split(".")[:2]):
-            older = last.rsplit(".", 1)[0]
-            return (f"vLLM will not start: {arch} was supported in vLLM until v{last} and is not supported "
-                    f"anymore (vllm/model_executor/models/registry.py); plan for --vllm-version {older}")
-    return None
+# Where the table is wrong: vLLM 0.11 still registers MotifForCausalLM (its registry.py and motif.py), 0.14 does not.
+LAST_SERVED_IN["MotifForCausalLM"] = "0.11.0"
+
+
+def _dropped(arch: str, version: tuple[int, int]) -> str | None:
+    last = LAST_SERVED_IN.get(arch)
+    return last if last is not None and version > tuple(int(part) for part in last.split(".")[:2]) else None
+
+
+def dropped_warning(architectures: Iterable[str], version: tuple[int, int]) -> str | None:
+    """Why vLLM at ``version`` (major, minor) has no model class for the model any more, or None: only when none
+    of ``architectures`` is served (vLLM tries each). vLLM then tries its Transformers backend before it refuses
+    (ModelRegistry, model_impl "auto"), so this is a warning, not a certain refusal."""
+    names = list(architectures)
+    dropped = [(arch, _dropped(arch, version)) for arch in names]
+    if not names or any(last is None for _, last in dropped):
+        return None
+    arch, last = dropped[0]
+    return (f"vLLM {version[0]}.{version[1]} has no model class for {arch} any more (supported until v{last}, "
+            "vllm/model_executor/models/registry.py): it starts only if its Transformers backend can serve the "
+            f"model, else it refuses it; plan for --vllm-version {str(last).rsplit('.', 1)[0]}")

@@ -33,6 +33,7 @@ from kvwatch.engines import Selector, SourceOverrides, UnrecognisedPayload
 from kvwatch.engines.series import (
     Index,
     KeyOf,
+    histogram_samples,
     latency_for,
     latency_index,
     refuse_several_servers,
@@ -160,8 +161,10 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     retracted, prompt, generation, cached, success, finished, aborted = (fam(n) for n in (
         retracted_family, PROMPT_TOKENS, GENERATION_TOKENS, CACHED_TOKENS, REQUEST_SUCCESS, NUM_REQUESTS, ABORTED))
     latency = latency_index(exposition, LATENCY, key_of, parts_add=True)
-    prompt_hist = PROMPT_HISTOGRAM if PROMPT_HISTOGRAM in exposition else PROMPT_HISTOGRAM_2024
-    generation_hist = GENERATION_HISTOGRAM if GENERATION_HISTOGRAM in exposition else GENERATION_HISTOGRAM_2024
+    # (Read by their parts too: on a page without # TYPE lines a histogram is only its _sum, _count and _bucket.)
+    prompt_hist = PROMPT_HISTOGRAM if histogram_samples(exposition, PROMPT_HISTOGRAM) else PROMPT_HISTOGRAM_2024
+    generation_hist = (GENERATION_HISTOGRAM if histogram_samples(exposition, GENERATION_HISTOGRAM)
+                       else GENERATION_HISTOGRAM_2024)
     p_sum, p_count, g_sum, g_count = (
         Index.of(sample_named(exposition, family, family + suffix), key_of)
         for family in (prompt_hist, generation_hist) for suffix in ("_sum", "_count"))
