@@ -277,3 +277,20 @@ def test_every_restart_of_a_series_is_logged(no_kvwatch_env: None, caplog: pytes
             sidecar.poll()
             clock.t += 5.0
     assert caplog.text.count("restarted") == 3
+
+
+def test_a_family_without_samples_is_left_out_whole() -> None:
+    # kvwatch_formula_kv_capacity_tokens & co. had HELP and TYPE lines with no sample when kvwatch was not given a
+    # model; the docs call such a metric absent.
+    class Sparse:
+        name = "sparse"
+
+        def families(self, results: Any, now: float) -> Iterable[Any]:
+            full = GaugeMetricFamily("kvwatch_test_full", "has a sample.")
+            full.add_metric([], 1.0)
+            return [GaugeMetricFamily("kvwatch_test_empty", "has none."), full]
+
+    collector = KvwatchCollector(lambda: state_at(10.0), now=lambda: 10.0, stale_after=1.0,
+                                 analyzers=[Sparse()])  # type: ignore[list-item]
+    text = generate_latest(make_registry(collector)).decode()
+    assert "kvwatch_test_full 1.0" in text and "kvwatch_test_empty" not in text

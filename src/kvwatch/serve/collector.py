@@ -66,7 +66,9 @@ class KvwatchCollector(Collector):
         except Exception:
             log.exception("cannot export per-series metrics")
             return
-        yield from families
+        # A family with no sample this scrape (no series has the figure) is left out, HELP and TYPE too: the
+        # docs call such a metric absent.
+        yield from (family for family in families if family.samples)
 
 
 def make_registry(collector: KvwatchCollector) -> CollectorRegistry:
