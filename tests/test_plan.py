@@ -140,6 +140,7 @@ def test_will_not_start_exits_1_with_shortfall(capsys):
     (["--model", "Qwen/Qwen3-8B"], "--gpu"),
     (["--gpu", "H100", "--tensor-parallel-size", "0"], "--tensor-parallel-size"),
     (["--model", "Qwen/Qwen3-8B", "--gpu", "H100", "--vllm-version", "abc"], "--vllm-version"),
+    (["--model", "Qwen/Qwen3-8B", "--gpu", "H100", "--cpu-offload-gb", "-1"], "--cpu-offload-gb"),
     # what vLLM itself refuses at startup
     (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--tensor-parallel-size", "3"],
      "--tensor-parallel-size"),
@@ -356,3 +357,26 @@ def test_a_0_20_plan_of_a_hybrid_gives_both_patch_releases_token_figures(capsys)
     assert code == 0 and "0.20.0 and 0.20.1 log blocks // 2 groups × 16 = " in out
     _, newer, _ = run(["plan", "--model", "openai/gpt-oss-20b", "--gpu", "H100", "--vllm-version", "0.26"], capsys)
     assert "0.20.0 and 0.20.1" not in newer
+
+
+def test_cpu_offload_moves_estimated_weights_off_the_gpu(capsys):
+    # vLLM's --cpu-offload-gb (per GPU) keeps that much of the weights in CPU memory (vllm/config/offload.py), and
+    # the KV cache gets the room: Llama-3.1-8B on an L4 fits twice the tokens with 4 GiB offloaded. A 14B model that
+    # "will not start" on an L4 starts with 12 GiB offloaded. A measured --weights-gib already excludes it.
+    def plan(*extra: str) -> dict:
+        code, out, _ = run(["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "L4", "--max-model-len",
+                            "8192", "--json", *extra], capsys)
+        assert code == 0
+        return json.loads(out)
+
+    base, offloaded = plan(), plan("--cpu-offload-gb", "4")
+    assert offloaded["weights_bytes"] == pytest.approx(base["weights_bytes"] - 4 * 2**30)
+    assert offloaded["kv_cache_tokens"] > 2 * base["kv_cache_tokens"]
+    measured = plan("--weights-gib", "15", "--cpu-offload-gb", "4")
+    assert measured["weights_bytes"] == 15 * 2**30
+    code, _, _ = run(["plan", "--model", "Qwen/Qwen2.5-14B-Instruct", "--gpu", "L4", "--max-model-len", "8192"], capsys)
+    assert code == 1
+    code, _, _ = run(["plan", "--model", "Qwen/Qwen2.5-14B-Instruct", "--gpu", "L4", "--max-model-len", "8192",
+                      "--cpu-offload-gb", "12"], capsys)
+    assert code == 0
+

@@ -64,6 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     plan.add_argument("--avg-seq-len", type=float, metavar="TOKENS",
                       help="Average KV tokens per request (prompt + output) for the concurrency ceiling.")
     plan.add_argument("--weights-gib", metavar="GIB", help="Measured weights per GPU ('Model loading took X GiB').")
+    plan.add_argument("--cpu-offload-gb", metavar="GIB",
+                      help="The deployment's vLLM --cpu-offload-gb: that much of each GPU's estimated weights is in "
+                           "CPU memory, and the KV budget gains it (a measured --weights-gib already excludes it).")
     plan.add_argument("--activation-gib", metavar="GIB",
                       help="Measured activation peak per GPU (profiling line). With --pipeline-parallel-size > 1 it "
                            "is read as rank 0's, and the last stage's sampler (estimated) is added.")
@@ -127,6 +130,9 @@ def build_spec(args: argparse.Namespace) -> DeploymentSpec:
         value = _gib_flag(args, name)
         if value is not None:
             overrides[name.replace("_gib", "_bytes")] = value
+    offload = _gib_flag(args, "cpu_offload_gb")
+    if offload:
+        overrides["cpu_offload_bytes"] = offload
     if args.kv_bytes_per_token is not None:
         try:
             overrides["kv_bytes_per_token"] = parse_bytes(args.kv_bytes_per_token)
@@ -416,7 +422,8 @@ def _weights_detail(arch: ModelArch | None, plan: CapacityPlan) -> str:
     embed, dense, experts = parameter_counts(arch)
     resolved = resolve_quantization(plan.spec.quantization, arch)
     quant = resolved.how if resolved else plan.spec.dtype
-    return f"estimated: {(embed + dense + experts) / 1e9:.2f} B params, {quant}, / TP×PP"
+    offload = ", minus --cpu-offload-gb" if plan.spec.cpu_offload_bytes else ""
+    return f"estimated: {(embed + dense + experts) / 1e9:.2f} B params, {quant}, / TP×PP{offload}"
 
 
 def _cuda_graph_detail(plan: CapacityPlan) -> str:

@@ -101,6 +101,8 @@ class DeploymentSpec:
     allow_long_max_model_len: bool = False  # vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN=1
     vllm_version: tuple[int, int] = DEFAULT_VLLM_VERSION
     weights_bytes: float | None = None
+    # vLLM's --cpu-offload-gb (per GPU): that much of the estimated weights lives in CPU memory, not on the GPU
+    cpu_offload_bytes: float = 0.0
     activation_bytes: float | None = None
     non_torch_bytes: float | None = None
     available_kv_bytes: float | None = None
@@ -333,6 +335,13 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
                                                           dtype_bytes, spec.quantization, tp, pp,
                                                           compute_capability=spec.gpu_compute_capability))
             estimated.append("weights")
+            if spec.cpu_offload_bytes:
+                # --cpu-offload-gb moves up to that much of each GPU's weights to CPU memory (vllm/config/offload.py:
+                # "a virtual way to increase the GPU memory size"); a measured --weights-gib already excludes it.
+                offloaded = min(weights, spec.cpu_offload_bytes)
+                notes.append(f"--cpu-offload-gb: {offloaded / GIB:.2f} GiB of the {weights / GIB:.2f} GiB of weights "
+                             "per GPU are in CPU memory, so the KV budget gains it")
+                weights -= offloaded
         if spec.activation_bytes is not None:
             activation = float(spec.activation_bytes)
             if pp > 1 and arch is not None:
