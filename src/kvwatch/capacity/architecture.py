@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvwatch.capacity.mamba import MambaConfigError, MambaDims, mamba_dims_from_config
+from kvwatch.capacity.mamba import MambaConfigError, MambaDims, bailing_v3, mamba_dims_from_config
 from kvwatch.capacity.quantization import QuantizationError, checkpoint_kv_cache_dtype, scheme_from_config
 
 FULL = "full_attention"
@@ -432,11 +432,6 @@ def _word_type(word: str) -> str:
     if "sliding" in w or "local" in w:
         return SLIDING
     return FULL  # "attention", "full_attention", Zamba2's "hybrid" (a shared attention block + Mamba)
-
-
-def bailing_v3(cfg: dict[str, Any]) -> bool:
-    """Ling/Ring 3.0 (BailingMoeV3ForCausalLM: KDA linear layers); else 2.5 (lightning attention)."""
-    return any("BailingMoeV3" in str(a) for a in cfg.get("architectures") or [])
 
 
 @dataclass(frozen=True)

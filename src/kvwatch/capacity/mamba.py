@@ -155,11 +155,10 @@ def mamba_dims_from_config(cfg: dict[str, Any], model_type: str, hidden: int) ->
     if kda is not None:
         return kda
     if model_type == "bailing_hybrid":  # Ling/Ring 2.5 (lightning attention) and 3.0 (KDA) beside MLA layers
-        heads = _first(cfg, "num_attention_heads")
-        head_dim = _first(cfg, "head_dim") or (hidden // heads if heads else None)
+        heads, head_dim = _attention_heads(cfg, hidden)
         if not (heads and head_dim):
             return None
-        if any("BailingMoeV3" in str(a) for a in cfg.get("architectures") or []):  # bailing_moe_v3.py
+        if bailing_v3(cfg):  # bailing_moe_v3.py
             return MambaDims(KDA, num_heads=heads, head_dim=head_dim, num_k_heads=heads, head_k_dim=head_dim,
                              conv_kernel=_first(cfg, "short_conv_kernel_size") or 4,
                              source="num_attention_heads/head_dim/short_conv_kernel_size (KDA)")
@@ -171,8 +170,7 @@ def mamba_dims_from_config(cfg: dict[str, Any], model_type: str, hidden: int) ->
         return MambaDims(SHORT_CONV, intermediate_size=conv_dim or hidden, conv_kernel=_first(cfg, "conv_L_cache"),
                          source="conv_L_cache/" + ("conv_dim" if conv_dim else "hidden_size") + " (short convolution)")
     if "minimax" in model_type and cfg.get("attn_type_list"):  # lightning attention: (heads, d, d) per layer
-        heads = _first(cfg, "num_attention_heads")
-        head_dim = _first(cfg, "head_dim") or (hidden // heads if heads else None)
+        heads, head_dim = _attention_heads(cfg, hidden)
         if heads and head_dim:
             return MambaDims(LINEAR_ATTENTION, num_heads=heads, head_dim=head_dim,
                              source="num_attention_heads/head_dim (linear attention)")
@@ -191,6 +189,17 @@ def mamba_dims_from_config(cfg: dict[str, Any], model_type: str, hidden: int) ->
         return MambaDims(MAMBA1, intermediate_size=expand * hidden, state_size=state,
                          conv_kernel=_first(cfg, "mamba_d_conv") or 4, source="mamba_expand/mamba_d_state (Mamba1)")
     return None
+
+
+def bailing_v3(cfg: dict[str, Any]) -> bool:
+    """Ling/Ring 3.0 (BailingMoeV3ForCausalLM: KDA linear layers); else 2.5 (lightning attention)."""
+    return any("BailingMoeV3" in str(a) for a in cfg.get("architectures") or [])
+
+
+def _attention_heads(cfg: dict[str, Any], hidden: int) -> tuple[int | None, int | None]:
+    """(num_attention_heads, head_dim or hidden ÷ heads): a linear-attention state's heads and size."""
+    heads = _first(cfg, "num_attention_heads")
+    return heads, _first(cfg, "head_dim") or (hidden // heads if heads else None)
 
 
 def _kda_dims(linear: Any) -> MambaDims | None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 LAST_SERVED_IN: dict[str, str] = {
-    "MotifForCausalLM": "0.10.2",
+    # vLLM's table says 0.10.2, but 0.11 still registers it (its registry.py and motif.py); 0.14 does not.
+    "MotifForCausalLM": "0.11.0",
     "Phi3SmallForCausalLM": "0.9.2",
     "Phi4FlashForCausalLM": "0.10.2",
     "Phi4MultimodalForCausalLM": "0.12.0",
@@ -61,10 +62,6 @@ LAST_SERVED_IN: dict[str, str] = {
     "StableLMEpochForCausalLM": "0.28.0",
     "PrithviGeoSpatialMAE": "0.28.0",
 }
-
-
-# Where the table is wrong: vLLM 0.11 still registers MotifForCausalLM (its registry.py and motif.py), 0.14 does not.
-LAST_SERVED_IN["MotifForCausalLM"] = "0.11.0"
 
 
 def _dropped(arch: str, version: tuple[int, int]) -> str | None:

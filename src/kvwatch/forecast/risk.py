@@ -201,9 +201,7 @@ def _line_fit(buckets: Sequence[MinuteBucket], window_buckets: int, shrink: bool
     mx, my, sxx, slope, residuals = least_squares(points)
     squares = sum(e * e for e in residuals)
     resid = squares / max(1, n - 2)
-    # Lag-1 autocorrelation of consecutive minutes (gaps skipped): how slowly the bursts come and go.
-    lagged = sum(residuals[i] * residuals[i + 1] for i in range(n - 1) if points[i + 1][0] - points[i][0] == 1)
-    rho = lagged / squares if squares > 0 else 0.0
+    rho = _lag1(points, residuals, squares)
     if shrink and sxx > 0:
         slope *= slope_signal_share(slope, resid / sxx, rho if autocorrelated else 0.0)
     level = my + slope * (points[-1][0] - mx)  # the line at the newest minute: follows a ramp, not a burst
@@ -215,6 +213,13 @@ def _line_fit(buckets: Sequence[MinuteBucket], window_buckets: int, shrink: bool
         if fit[1] < level:
             return fit
     return (resid / my if my > 0 else 0.0), max(0.0, level), rho, points[-1][1]
+
+
+def _lag1(points: Sequence[tuple[float, float]], residuals: Sequence[float], squares: float) -> float:
+    """Lag-1 autocorrelation of the residuals of consecutive minutes (gaps skipped): how slowly bursts come and go."""
+    lagged = sum(residuals[i] * residuals[i + 1] for i in range(len(residuals) - 1)
+                 if points[i + 1][0] - points[i][0] == 1)
+    return lagged / squares if squares > 0 else 0.0
 
 
 def _shift_fit(points: Sequence[tuple[float, float]], k: int,
@@ -236,8 +241,7 @@ def _shift_fit(points: Sequence[tuple[float, float]], k: int,
         after = my + slope * (points[-1][0] - mx)
     residuals = [y - before for y in ys[:k]] + [-e for e in tail]
     squares = sum(e * e for e in residuals)
-    lagged = sum(residuals[i] * residuals[i + 1] for i in range(n - 1) if points[i + 1][0] - points[i][0] == 1)
-    rho = lagged / squares if squares > 0 else 0.0
+    rho = _lag1(points, residuals, squares)
     mean = sum(ys) / n
     return ((squares / max(1, n - 2)) / mean if mean > 0 else 0.0), max(0.0, after), rho, ys[-1]
 
