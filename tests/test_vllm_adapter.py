@@ -602,3 +602,18 @@ def test_a_page_without_type_lines_reads_its_histograms_by_name(latency: bool, l
     assert dict(untyped.latency) == dict(typed.latency) and (not latency or "e2e" in typed.latency)
     assert dict(untyped.lengths) == dict(typed.lengths) and (not lengths or "prompt" in typed.lengths)
     assert untyped.kv_usage_ratio == typed.kv_usage_ratio
+
+
+def test_an_empty_engine_label_is_engine_0_as_no_label_is() -> None:
+    # Prometheus drops an empty label; kvwatch read engine="" as an engine of its own and exported engine="".
+    text = ('# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="",model_name="m"} 3\n'
+            '# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine="",model_name="m"} 1\n'
+            '# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{engine="",model_name="m"} 0.5\n'
+            '# TYPE vllm:e2e_request_latency_seconds histogram\n'
+            'vllm:e2e_request_latency_seconds_bucket{engine="",le="1.0",model_name="m"} 2\n'
+            'vllm:e2e_request_latency_seconds_bucket{engine="",le="+Inf",model_name="m"} 4\n'
+            'vllm:e2e_request_latency_seconds_count{engine="",model_name="m"} 4\n'
+            'vllm:e2e_request_latency_seconds_sum{engine="",model_name="m"} 6\n')
+    r = only(interpret(text, None, timestamp=1.0))
+    assert (r.model_name, r.engine, r.requests_running, r.kv_usage_ratio) == ("m", "0", 3.0, 0.5)
+    assert r.latency["e2e"].count == 4.0

@@ -95,7 +95,7 @@ def claims(exposition: Exposition) -> bool:
 
 
 def _key_of(labels: dict[str, str]) -> tuple[str | None, str | None]:
-    return (labels.get("model_name") or labels.get("name"), labels.get("dp_rank"))
+    return (labels.get("model_name") or labels.get("name"), labels.get("dp_rank") or None)
 
 
 def version_range(exposition: Exposition) -> str:

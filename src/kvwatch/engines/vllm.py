@@ -179,8 +179,8 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     prompt_sum, prompt_count, generation_sum, generation_count = (
         _split(x) for x in (prompt_sum, prompt_count, generation_sum, generation_count))
     queries_idx, hits_idx = _split(prefix_queries), _split(prefix_hits)
-    latency = latency_index(exposition, LATENCY, lambda labels: (_model_of(labels), labels.get("engine")))
-    lengths = latency_index(exposition, LENGTHS, lambda labels: (_model_of(labels), labels.get("engine")))
+    latency = latency_index(exposition, LATENCY, lambda labels: (_model_of(labels), labels.get("engine") or None))
+    lengths = latency_index(exposition, LENGTHS, lambda labels: (_model_of(labels), labels.get("engine") or None))
     readings = []
     ordered = sorted(keys, key=_sort_key)
     dropped = max(0, len(ordered) - max_series) if max_series is not None else 0
@@ -279,7 +279,7 @@ def _model_of(labels: Mapping[str, str]) -> str | None:
 
 
 def _key_of(labels: dict[str, str]) -> SeriesKey:
-    return (_model_of(labels) or "", labels.get("engine", "0"))
+    return (_model_of(labels) or "", labels.get("engine") or "0")  # an empty label is no label (Prometheus)
 
 
 def _series_keys(groups: Iterable[list[Sample]]) -> set[SeriesKey]:
