@@ -2,11 +2,12 @@
 simulations of the tuning trace, the 15 runs v5 was tuned on and the whole tuning family (41 runs).
 
     .venv/bin/python benchmarks/forecast_sweep.py AzureLLMInferenceTrace_conv.csv --cache-dir /tmp/kvwatch-bt \
-        [--round v6|v7|v8|threshold]
+        [--round v6|v7|v8|v9|threshold]
 
-``--round v8`` is v8's sweep (a shift of level is no trend), ``--round v7`` (the default) v7's (the
+``--round v9`` is v9's sweep (room for the next request, the floor by the running count's dispersion), ``--round v8``
+v8's (a shift of level is no trend), ``--round v7`` (the default) v7's (the
 request-size tail from the length histograms' buckets), ``--round v6`` the v6 one, ``--round threshold`` v6's
-warning threshold and first-warning hold (the trade between recall and false alarms); v7, v8 and threshold on
+warning threshold and first-warning hold (the trade between recall and false alarms); v7, v8, v9 and threshold on
 the whole family only.
 
 Only the tuning trace is read: the held-out traces are scored by benchmarks/forecast_matrix.py, once.
@@ -90,8 +91,17 @@ V8_VARIANTS: dict[str, ForecastParams] = {
     "ratio 3, a constant after the shift": _variant(V6, risk={"shift_ratio": 3.0, "shift_post_line": False},
                                                     demand={"shift_ratio": 3.0}),
 }
-ROUNDS = {"v6": V6_VARIANTS, "v7": V7_VARIANTS, "v8": V8_VARIANTS, "threshold": THRESHOLD_VARIANTS}
-FAMILY_ONLY = ("v7", "v8", "threshold")
+# v9 (round 13): a queue with fewer free tokens than a recent prompt waits for KV (bottleneck, not
+# scheduler_limited), and the size floor scaled by the running count's dispersion (a fixed number in flight).
+V8 = FORECASTERS["v8"]
+V9_VARIANTS: dict[str, ForecastParams] = {
+    "v8": V8,
+    "room for the next request": replace(V8, room_for_next_request=True),
+    "floor × running dispersion": _variant(V8, risk={"floor_by_running_dispersion": True}),
+    "both (v9)": FORECASTERS["v9"],
+}
+ROUNDS = {"v6": V6_VARIANTS, "v7": V7_VARIANTS, "v8": V8_VARIANTS, "v9": V9_VARIANTS, "threshold": THRESHOLD_VARIANTS}
+FAMILY_ONLY = ("v7", "v8", "v9", "threshold")
 # The runs v5 was tuned on (docs/forecasting-history.md, "v5"), by row label and seed.
 V5_SET = {("step", 0), ("diurnal", 0), ("mixshift", 0), ("steady 0.7", 0), ("steady 0.9", 0), ("restart", 0),
           ("large-cache steady 0.7", 0), ("long-mix steady 0.7", 0), ("prompt×4 steady 0.7", 0),

@@ -422,6 +422,20 @@ def test_one_waiting_request_at_low_usage_is_not_scheduler_limited() -> None:
     assert [f.id for f in findings([state(4, 12, {"capacity": 0.0, "deferred": 4.0})])] == []
 
 
+def test_a_queue_the_next_prompt_does_not_fit_is_kv_bound_below_90_percent() -> None:
+    # Long contexts (v9, as serve's forecaster): 85 % of 400,000 tokens used leaves 60,000 free, fewer than the mean
+    # prompt of 110,000, so the queue waits for KV; raising --max-num-seqs would start nothing. Prompts of 2,000
+    # fit: the same queue is the scheduler's.
+    def state(prompt: float):
+        return derive(Reading("m", kv_usage_ratio=0.85, requests_running=3, requests_waiting=8,
+                              kv_capacity_tokens=400_000.0, request_prompt_tokens_sum=prompt * 50,
+                              request_prompt_tokens_count=50), None)
+
+    long, short = findings([state(110_000)]), findings([state(2_000)])
+    assert [f.id for f in long] == ["kv_bound"] and [f.id for f in short] == ["scheduler_limited"]
+    assert "60,000 tokens free are fewer than the mean prompt (110,000)" in long[0].message
+
+
 def test_human_text_has_plurals_no_dicts_and_no_unknown_tokens(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom")]) == 0
     out = capsys.readouterr().out

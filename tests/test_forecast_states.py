@@ -173,6 +173,49 @@ def test_queue_at_low_usage_is_scheduler_limited_not_kv():
     assert "bottleneck" not in {r.state for r in results}
 
 
+def _with_prompts(samples: Iterator[ForecastSample], prompt_tokens: float) -> Iterator[ForecastSample]:
+    for s in samples:
+        yield replace(s, request_prompt_tokens_sum=(s.request_prompt_tokens_count or 0.0) * prompt_tokens)
+
+
+@pytest.mark.parametrize(("prompt_tokens", "state"), [(20_000.0, "bottleneck"), (800.0, "scheduler_limited")])
+def test_a_queue_the_next_request_does_not_fit_waits_for_kv_below_090(prompt_tokens: float, state: str):
+    # v9 (long contexts): 0.85 used leaves 15,000 tokens free; prompts of 20,000 do not fit, so the queue waits for
+    # KV and raising --max-num-seqs would not start them. Prompts of 800 fit: the scheduler holds them back.
+    from kvwatch.backtest.report import FORECASTERS
+
+    def polls():
+        return _with_prompts(stream(lambda t: 0.85, waiting=lambda t: 3.0, seconds=1800), prompt_tokens)
+
+    assert run(Forecaster(), polls())[-1].state == state
+    assert run(Forecaster(FORECASTERS["v8"]), polls())[-1].state == "scheduler_limited"  # v8 said so of both
+
+
+def test_a_fixed_number_of_long_requests_in_flight_is_no_warning():
+    # A gateway keeps 5 requests of ~17,600 tokens in flight: 0.88 used, steady, one finishing every 30 s.
+    # Poisson arrivals of such requests would swing the cache by ±0.2; a fixed count does not (v9 scales the
+    # size floor by the running count's dispersion). v8 raised `filling` for hours with an ETA of minutes.
+    from kvwatch.backtest.report import FORECASTERS
+
+    def polls():
+        rng = random.Random(3)
+        finished = 0.0
+        for i in range(4 * 360):
+            finished += 1 / 3
+            yield ForecastSample(
+                timestamp=i * 10.0, kv_usage=0.88 + rng.gauss(0.0, 0.005), capacity_tokens=CAPACITY * 4,
+                running=5.0, finished_total=finished, prompt_tokens_total=finished * 16_000,
+                generation_tokens_total=finished * 1_600, request_prompt_tokens_sum=finished * 16_000,
+                request_prompt_tokens_count=finished, request_generation_tokens_sum=finished * 1_600,
+                request_generation_tokens_count=finished)
+
+    v9 = run(Forecaster(), polls())
+    assert "filling" not in {r.state for r in v9}
+    assert max(r.risk[1800] for r in v9 if r.risk[1800] is not None) < 0.5
+    v8 = run(Forecaster(FORECASTERS["v8"]), polls())
+    assert sum(r.state == "filling" for r in v8) > 360  # over an hour of it
+
+
 def test_waiting_without_progress_is_stalled_and_recovers():
     frozen = lambda t: not (1800 <= t < 2400)  # noqa: E731
     results = run(Forecaster(), stream(lambda t: 0.5, waiting=lambda t: 3.0, progressing=frozen, seconds=3000))
@@ -357,6 +400,19 @@ def test_duplicate_or_old_sample_is_ignored():
     results = run(f, stream(lambda t: 0.6, seconds=600))
     again = f.observe(ForecastSample(results[-1].timestamp, 0.99, CAPACITY))
     assert again is results[-1]
+
+
+def test_a_clock_stepped_back_starts_the_series_over():
+    # The pure forecaster ignored every sample until the old time came back: an hour back froze its last result
+    # for an hour. A step back by more than a gap starts over (kvwatch serve's poll clock is monotonic).
+    f = Forecaster()
+    before = run(f, stream(lambda t: 0.6, seconds=2 * 3600))
+    assert before[-1].state == "ok"
+    after = run(f, stream(lambda t: 0.6, start=before[-1].timestamp - 3600, seconds=3600, counters={}))
+    assert [r.timestamp for r in after] == [s.timestamp for s in stream(
+        lambda t: 0.6, start=before[-1].timestamp - 3600, seconds=3600)]
+    assert after[0].state == "warming_up" and after[-1].state == "ok"
+    assert f.restarts == 0  # not an engine restart
 
 
 def test_non_finite_inputs_are_unknown_not_a_nan_risk():

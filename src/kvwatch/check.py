@@ -47,6 +47,7 @@ from kvwatch.derived import SeriesState, derive
 from kvwatch.engines import SourceOverrides
 from kvwatch.fetch import CappedBody, Fetcher, decode_body
 from kvwatch.forecast import Forecaster, ForecastParams, ForecastSample
+from kvwatch.forecast.detector import no_room_for_next_request
 from kvwatch.model import Detection, Poll, Reading
 from kvwatch.payload import ScrapeError, interpret
 from kvwatch.settings import CheckSettings, SettingsError, add_settings_flags, load_settings, redact_url
@@ -57,7 +58,6 @@ if TYPE_CHECKING:  # the capacity model loads only when a plan is built
 # The forecaster's thresholds, so that check and serve call the same polls KV-bound: usage at u_busy (0.90) with a
 # queue is saturated there (vLLM rarely reads above ~0.95 when full), and below it a queue is the scheduler's.
 KV_BOUND_USAGE = ForecastParams().u_busy
-SCHEDULER_LIMITED_BELOW = ForecastParams().u_busy
 PREFIX_HIT_RATIO_LOW = 0.10
 PREFIX_MIN_QUERIES = 1000  # fewer queried tokens/blocks than this says nothing about the hit ratio
 # One poll cannot see a queue persist: a standing queue is at least this many requests and this share of the
@@ -453,7 +453,7 @@ def findings(states: Iterable[SeriesState],
         elif usage is None:
             out.append(Finding("usage_unknown", "warning", "No KV usage metric found: pass --usage-metric with the "
                                "name your engine (or proxy) exports.", **where))
-        elif usage >= KV_BOUND_USAGE and waiting > 0 and not leaking(r):
+        elif waiting > 0 and _waits_for_kv(r, usage) and not leaking(r):
             # Nothing running on an engine whose queue may hold KV (kvwatch.capacity.findings.kv_usage_stuck): a
             # PD prefill server's transfers, or a leak; the payload cannot tell which, so the message says both.
             fixes = "The advisor's fixes for this series follow, cheapest first (\"advice\" in --json)."
@@ -462,11 +462,16 @@ def findings(states: Iterable[SeriesState],
                            "PD prefill server these are its KV transfers and the KV cache is the bottleneck. "
                            f"{fixes} On any other server finished requests' blocks are not being freed (a KV "
                            "leak: restart the engine), and those fixes would not help.")
+            elif usage < KV_BOUND_USAGE:
+                message = (f"KV cache is {usage:.1%} full with {_requests(waiting)} waiting, and the "
+                           f"{_free_tokens(r, usage):,.0f} tokens free are fewer than the mean prompt "
+                           f"({_mean_prompt(r):,.0f}): the next request does not fit, so the KV cache is the "
+                           f"bottleneck (a higher concurrency limit would not start it). {fixes}")
             else:
                 message = (f"KV cache is {usage:.1%} full with {_requests(waiting)} waiting: the KV cache is the "
                            f"bottleneck. {fixes}")
             out.append(Finding("kv_bound", "critical", message, **where))
-        elif usage < SCHEDULER_LIMITED_BELOW and _standing_queue(r) and not r.prefill_server:
+        elif not _waits_for_kv(r, usage) and _standing_queue(r) and not r.prefill_server:
             out.append(Finding("scheduler_limited", "warning", (
                 f"{_requests(waiting)} {_verb(waiting)} while KV is only {usage:.1%} used: the scheduler limits, "
                 f"not KV. {_scheduler_fix(r.requests_running, max_num_seqs, flags, engine_kind, ranks[r.model_name])}"
@@ -529,6 +534,23 @@ def _scheduler_fix(running: float | None, max_num_seqs: int | None, flags: Mappi
     if max_num_seqs and running is not None:
         return f"{_requests(running)} {_run(running)}, at {concurrency} {max_num_seqs}: raise {concurrency}{sglang}"
     return f"Raise {concurrency} or {budget} (token budget){sglang}"
+
+
+def _mean_prompt(r: Reading) -> float | None:
+    """The mean prompt since the engine started (the prompt length histogram's sum and count)."""
+    total, count = r.request_prompt_tokens_sum, r.request_prompt_tokens_count
+    return total / count if total is not None and count else None
+
+
+def _free_tokens(r: Reading, usage: float) -> float:
+    return (1.0 - usage) * (r.kv_capacity_tokens or 0.0)
+
+
+def _waits_for_kv(r: Reading, usage: float) -> bool:
+    """The forecaster's rule for a queue (kvwatch.forecast): it waits for KV at ``u_busy`` (0.90) used, and below
+    that when fewer tokens are free than a mean prompt (detector.no_room_for_next_request; one poll has only the
+    mean since the engine started)."""
+    return usage >= KV_BOUND_USAGE or no_room_for_next_request(usage, r.kv_capacity_tokens, _mean_prompt(r))
 
 
 def _standing_queue(r: Reading) -> bool:

@@ -28,12 +28,23 @@ class SampleFlags:
     timestamp: float
     usage: float
     waiting: float
-    saturated: bool  # u ≥ u_sat, or u ≥ u_busy with requests waiting, or a preemption since the last sample
-    queued_below_kv_limit: bool  # requests waiting although usage < u_busy
+    # u ≥ u_sat, or requests waiting for KV (u ≥ u_busy, or no room for one more request), or a preemption since
+    # the last sample
+    saturated: bool
+    queued_below_kv_limit: bool  # requests waiting although the KV cache has room for them
     progressed: bool | None  # a request finished, a token was processed or the KV gauge moved; None: no counters
     running: float = 0.0
     # Requests running count toward a stall even with nothing waiting (ForecastSample.tokens_counted_every_step).
     stalls_without_queue: bool = False
+
+
+def no_room_for_next_request(usage: float, capacity_tokens: float | None, prompt_tokens: float | None) -> bool:
+    """Fewer free KV tokens than a typical request's prompt (the mean of recent ones): a request waiting then
+    waits for KV even below ``u_busy``. With long contexts a handful of requests fill the cache, and the next
+    one does not fit at 0.85. vLLM without chunked prefill needs the whole prompt's blocks to start a request;
+    SGLang and TensorRT-LLM reserve more than that. False when either figure is unknown."""
+    return bool(capacity_tokens and prompt_tokens and prompt_tokens > 0) and \
+        (1.0 - usage) * capacity_tokens < prompt_tokens  # type: ignore[operator]
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,16 @@ from kvwatch.forecast.detector import (
     SampleFlags,
     WarningLatch,
     WarningParams,
+    no_room_for_next_request,
 )
-from kvwatch.forecast.risk import RISK_HORIZONS_SECONDS, RiskEstimate, RiskParams, estimate_risk, with_recurrence
+from kvwatch.forecast.risk import (
+    RISK_HORIZONS_SECONDS,
+    RiskEstimate,
+    RiskParams,
+    estimate_risk,
+    mean_prompt,
+    with_recurrence,
+)
 from kvwatch.forecast.robust import SlidingTheilSen
 from kvwatch.forecast.trend import TrendEstimate, estimate_trend
 
@@ -55,6 +63,9 @@ class ForecastParams:
     bucket_seconds: float = 60.0
     u_sat: float = 0.95  # the saturation threshold forecasts aim at
     u_busy: float = 0.90  # at or above this, requests waiting mean KV is the limit
+    # Below it too when fewer tokens are free than a recent request's prompt (detector.no_room_for_next_request):
+    # long contexts fill the cache with a handful of requests (v9).
+    room_for_next_request: bool = True
     demand_target: float | None = None  # level the burst-adjusted demand forecast aims at (default u_sat)
     trend_confidence: float = 0.90
     trend_window_buckets: int = 45
@@ -243,6 +254,7 @@ class Forecaster:
         self._was_bottleneck = False
         self._bottleneck_last: float | None = None
         self._saturated_minute = False  # a poll in the open minute was in bottleneck (disarms the warning, v5)
+        self._recent_prompt_mean: float | None = None  # of the risk's window (_prompt_mean)
 
     # ------------------------------------------------------------------ public API
 
@@ -251,12 +263,18 @@ class Forecaster:
         if not math.isfinite(sample.timestamp):  # no time, no place in the series: ignored like an old sample
             return self._last or self._unknown(prev.timestamp if prev is not None else 0.0)
         sample = _finite(sample)
-        if prev is not None and sample.timestamp <= prev.timestamp:
+        # A clock stepped back further than a gap that splits the series: the series starts over at the new time
+        # (ignoring every sample until the old time came back froze the last result for as long).
+        clock_back = prev is not None and sample.timestamp < prev.timestamp - self.params.split_gap_seconds
+        if prev is not None and sample.timestamp <= prev.timestamp and not clock_back:
             return self._last or self._unknown(sample.timestamp)  # duplicate or out of order: ignore
         if sample.kv_usage is None or not math.isfinite(sample.kv_usage):
             self._last = self._unknown(sample.timestamp)
             return self._last
-        if prev is None or sample.restarted or self._is_restart(prev, sample):
+        if clock_back:
+            self._start_over(sample.timestamp, counted=False)
+            prev = None
+        elif prev is None or sample.restarted or self._is_restart(prev, sample):
             self._start_over(sample.timestamp, counted=prev is not None)
             prev = None
         elif sample.timestamp - prev.timestamp > self.params.split_gap_seconds:
@@ -335,6 +353,7 @@ class Forecaster:
         self._trend = self._demand = None
         self._risk = None
         self._raw = False
+        self._recent_prompt_mean = None
 
     def _deltas(self, prev: ForecastSample | None, cur: ForecastSample) -> SampleDeltas | None:
         lengths = self._length_deltas(cur)
@@ -408,16 +427,26 @@ class Forecaster:
         if sample.asleep:  # a queue an operator put to sleep is neither a stall nor a scheduler limit
             return SampleFlags(sample.timestamp, u, 0.0, False, False, None)
         queued = sample.waiting if sample.waiting_for_capacity is None else sample.waiting_for_capacity
+        waits_for_kv = queued >= 1 and (u >= p.u_busy or (
+            p.room_for_next_request and no_room_for_next_request(u, sample.capacity_tokens, self._prompt_mean(sample))))
         return SampleFlags(
             timestamp=sample.timestamp,
             usage=u,
             waiting=sample.waiting,
             running=sample.running,
-            saturated=u >= p.u_sat or (u >= p.u_busy and queued >= 1) or preempted,
-            queued_below_kv_limit=queued >= 1 and u < p.u_busy and not sample.prefill_server,
+            saturated=u >= p.u_sat or waits_for_kv or preempted,
+            queued_below_kv_limit=queued >= 1 and not waits_for_kv and not sample.prefill_server,
             progressed=progressed,
             stalls_without_queue=sample.tokens_counted_every_step,
         )
+
+    def _prompt_mean(self, sample: ForecastSample) -> float | None:
+        """Mean prompt of the requests finished in the risk's window (30 minutes), else since the engine started."""
+        recent = self._recent_prompt_mean
+        if recent is not None:
+            return recent
+        total, count = sample.request_prompt_tokens_sum, sample.request_prompt_tokens_count
+        return total / count if total is not None and count else None
 
     # ------------------------------------------------------------------ per minute
 
@@ -425,6 +454,7 @@ class Forecaster:
         p = self.params
         self._buckets.append(bucket)
         buckets = list(self._buckets)
+        self._recent_prompt_mean = mean_prompt(buckets[-p.risk.window_buckets:])
         # Slopes are fitted after the warm-up only: usage and rate climbing back after a restart is no trend.
         # The cache filling back up is no trend either, and it would bias A low: the demand model starts then too.
         first_fit = math.ceil(self._warm_after / p.bucket_seconds) if self._warm_after is not None else None

@@ -121,6 +121,11 @@ class RiskParams:
     # as noise (30 minutes of `filling` on a flat cache). 0: off (v6). 3 (tuned: docs/forecasting.md, v8).
     shift_ratio: float = 3.0
     shift_post_line: bool = True  # after the shift a line of its own, not a constant (a step, then a ramp)
+    # v9: the floor is Poisson shot noise, whose count of requests in flight is Poisson (variance = mean). Scaled
+    # by the measured ratio (running_dispersion, at most 1): a gateway or max-num-seqs that keeps a fixed number
+    # of long requests in flight has a steady count, and its occupancy is steady too (4.5 hours of `filling` at a
+    # flat 0.88, round 13's review). False: v8.
+    floor_by_running_dispersion: bool = True
     tail_window_buckets: int = 30  # minutes of bucket deltas the request-size tail is estimated over
     count_dispersion_power: float = 1.0  # "tail-burst": the tail times (count dispersion) ** this
     count_dispersion_free_only: bool = False  # "tail-cluster": count only minutes with nothing waiting
@@ -285,6 +290,13 @@ def _window_sum(window: Sequence[MinuteBucket], name: str) -> float | None:
     return float(sum(values))
 
 
+def mean_prompt(window: Sequence[MinuteBucket]) -> float | None:
+    """Mean prompt of the requests finished in ``window`` (the prompt length histogram's sum and count); None
+    when none finished or a minute lacks the histogram."""
+    total, count = _window_sum(window, "request_prompt_sum"), _window_sum(window, "request_prompt_count")
+    return total / count if total is not None and count else None
+
+
 def mean_footprint(window: Sequence[MinuteBucket]) -> float | None:
     """Mean KV tokens a finished request held at its end, ``E[P] + E[G]`` from the length histograms."""
     ps, pc = _window_sum(window, "request_prompt_sum"), _window_sum(window, "request_prompt_count")
@@ -372,6 +384,20 @@ def count_dispersion(window: Sequence[MinuteBucket], free_only: bool = False) ->
     return max(1.0, sum(e * e for e in residuals) / (n - 2) / my)
 
 
+def running_dispersion(window: Sequence[MinuteBucket], averaging: float) -> float:
+    """The per-minute mean count of running requests: its variance around a least-squares line over what Poisson
+    arrivals give a one-minute mean (the mean count times ``averaging``), at most 1; 1 when unknown (fewer than 5
+    minutes, or nothing running)."""
+    points = [(float(b.minute), b.running_mean) for b in window if b.covered_seconds > 0]
+    n = len(points)
+    if n < 5 or averaging <= 0:
+        return 1.0
+    _, mean, _, _, residuals = least_squares(points)
+    if mean <= 0:
+        return 1.0
+    return min(1.0, sum(e * e for e in residuals) / (n - 2) / (mean * averaging))
+
+
 def mean_residence(window: Sequence[MinuteBucket]) -> float | None:
     """Mean end-to-end latency of requests finished in the window (e2e histogram deltas), over the minutes
     that carry them: the sidecar reads the histogram once a minute, so a minute may have none."""
@@ -420,7 +446,10 @@ def estimate_risk(buckets: Sequence[MinuteBucket], demand: DemandEstimate, p: Ri
         # Poisson shot noise averaged over a minute: variance × 2x(1 − x(1 − e^(−1/x))), x = τ / minute.
         x = residence / p.bucket_seconds
         averaging = 2.0 * x * (1.0 - x * (1.0 - math.exp(-1.0 / x)))
-        size = max(size, p.size_floor * footprint * averaging)
+        floor = p.size_floor * footprint * averaging
+        if p.floor_by_running_dispersion:
+            floor *= running_dispersion(window, averaging)
+        size = max(size, floor)
     c = min(capacity, max(0.5 * capacity,
                           p.threshold * capacity - p.within_k * within_minute_sd(window, p.within_sd)))
     if p.dynamics == "ou":
