@@ -502,3 +502,63 @@ def test_a_multimodal_model_says_its_encoder_profile_is_not_in_the_estimate():
     [note] = [n for n in arch_from_config(vl).notes if n.startswith("multimodal model (vision_config)")]
     assert "--available-kv-gib" in note and "weights are not in the weights" in note
     assert not any("multimodal" in n for n in arch_from_config({**BASE, "model_type": "qwen2"}).notes)
+
+
+def test_nemotron_nas_block_configs_set_the_kv_heads_the_attention_layers_and_the_mlp_widths():
+    # Llama-3.3-Nemotron-Super-49B's shape (DeciLM, model_type nemotron-nas), written from vLLM 0.32's
+    # nemotron_nas.py and NemotronNasModelArchConfigConvertor, not from a published config: a block whose attention
+    # is a no-op has no attention layer (and no KV), the KV heads are heads // n_heads_in_group of the first block
+    # with attention, and each MLP is int(2 * ffn_mult * hidden / 3) rounded up to 256. kvwatch read it as 80
+    # layers of 64-head attention: 11.6x the KV bytes per token.
+    from kvwatch.capacity import kv
+
+    def block(no_op_attention: bool, ffn_mult: float | None) -> dict:
+        return {"attention": {"n_heads_in_group": None if no_op_attention else 8, "no_op": no_op_attention},
+                "ffn": {"ffn_mult": ffn_mult, "no_op": ffn_mult is None}}
+
+    blocks = [block(i % 16 in (3, 7, 11, 14, 15), None if i % 20 == 19 else 5.25) for i in range(80)]
+    arch = arch_from_config({"model_type": "nemotron-nas", "architectures": ["DeciLMForCausalLM"],
+                             "hidden_size": 8192, "num_attention_heads": 64, "num_hidden_layers": 80,
+                             "vocab_size": 128256, "block_configs": blocks})
+    assert arch.num_kv_heads == 8 and len(arch.kv_cache_layer_types) == 55
+    assert kv.kv_bytes_per_token_per_layer(arch, 2, 2) * len(arch.kv_cache_layer_types) == 112_640
+    assert arch.intermediate_size == 28_672 * 76 // 80  # the mean: 4 blocks have no MLP
+
+
+def test_rnj1_chunked_attention_layers_slide_and_its_other_layers_are_global():
+    # Rnj-1 ships a gemma3_text config; vLLM's rnj1.py gives each chunked_attention layer a sliding window of
+    # sliding_window tokens and every other layer none. kvwatch read chunked_attention as global: 10.00 requests of
+    # 32k where vLLM's sums give 13.47 (round 13's review, vLLM 0.32's source).
+    from kvwatch.capacity import planner
+    from kvwatch.capacity.memory import GIB
+
+    types = (["chunked_attention"] * 5 + ["full_attention"]) * 5 + ["chunked_attention"] * 2
+    config = {"architectures": ["Rnj1ForCausalLM"], "model_type": "gemma3_text", "hidden_size": 4096,
+              "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 32,
+              "vocab_size": 128256, "sliding_window": 4096, "layer_types": types}
+    arch = arch_from_config(config)
+    assert arch.layer_types.count(SLIDING) == 27 and arch.layer_types.count(FULL) == 5
+    spec = planner.DeploymentSpec(arch=arch, gpu_memory_bytes=80 * GIB, max_model_len=32768,
+                                  available_kv_bytes=40 * GIB)
+    assert round(planner.plan_capacity(spec).max_concurrency_at_max_model_len, 2) == 13.47
+    assert arch_from_config({**config, "architectures": ["Gemma3ForCausalLM"]}).layer_types.count(SLIDING) == 0
+
+
+def test_hy_v4_is_mla_and_an_unmodelled_kv_layout_is_said_plainly():
+    # HunYuan V4 is MLA with a sparse indexer (vLLM's is_deepseek_mla lists hy_v4): kvwatch cached per-head K and V
+    # of 256 dims, 14x the bytes. DeepSeek-V4's compressed cache and IQuest's loops are not modelled: a warning.
+    from kvwatch.capacity import planner
+    from kvwatch.capacity.memory import GIB
+
+    hy = {**BASE, "model_type": "hy_v4", "architectures": ["HYV4ForCausalLM"], "kv_lora_rank": 512,
+          "qk_rope_head_dim": 64, "qk_nope_head_dim": 192, "num_key_value_heads": 8, "head_dim": 256}
+    assert arch_from_config(hy).is_mla
+
+    def warnings(architectures: list[str]) -> list[str]:
+        spec = planner.DeploymentSpec(arch=arch_from_config({**BASE, "architectures": architectures}),
+                                      gpu_memory_bytes=80 * GIB, max_model_len=8192, available_kv_bytes=20 * GIB)
+        return [w for w in planner.plan_capacity(spec).warnings if "does not model" in w]
+
+    [loops] = warnings(["IQuestLoopCoderForCausalLM"])
+    assert "one attention layer per loop" in loops and "--available-kv-gib" in loops
+    assert warnings(["DeepseekV4ForCausalLM"]) and warnings(["LlamaForCausalLM"]) == []

@@ -47,7 +47,7 @@ _MLA_TYPES = frozenset({
     "axk1", "bailing_hybrid", "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_mtp", "dots3_note", "k3_dspark",
     "glm5_next",
     "glm5_next_text", "glm_moe_dsa", "glm4_moe_lite", "glm4_moe_lite_mtp", "kimi_k2", "kimi_linear", "longcat_flash",
-    "mistral_large_4", "pangu_ultra_moe", "pangu_ultra_moe_mtp",
+    "mistral_large_4", "pangu_ultra_moe", "pangu_ultra_moe_mtp", "hy_v4", "hy_v4_mtp",
 })
 # Top-level model_type values of multimodal models whose preset or config.json may omit the encoder's config.
 _MULTIMODAL_TYPES = frozenset({
@@ -347,6 +347,11 @@ def _total_kv_heads(cfg: dict[str, Any], heads: int, model_type: str) -> int:
                                        and cfg.get("new_decoder_architecture")):
         return 1  # multi-query attention (Falcon-7B, StarCoder); Falcon-40B's new decoder reads n_head_kv instead
     attn = cfg.get("attn_config")
+    blocks = _nas_blocks(cfg)
+    if blocks:  # Nemotron-NAS: the first block with attention (NemotronNasModelArchConfigConvertor, vLLM 0.32)
+        group = next((_number(b["attention"].get("n_heads_in_group"), "block_configs n_heads_in_group")
+                      for b in blocks if not b["attention"].get("no_op")), None)
+        return max(1, heads // group) if group else heads
     if model_type == "dbrx" and isinstance(attn, dict) and attn.get("kv_n_heads"):
         return _number(attn["kv_n_heads"], "attn_config.kv_n_heads")
     for name in _KV_HEAD_FIELDS:
@@ -499,7 +504,40 @@ def _hybrid_layout(cfg: dict[str, Any], num_layers: int, model_type: str) -> _La
     return None
 
 
-def _layer_types(cfg: dict[str, Any], num_layers: int, model_type: str) -> tuple[str, ...]:
+def _nas_blocks(cfg: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """Nemotron-NAS (DeciLM: Llama-3.3-Nemotron-Super-49B, …) ``block_configs``, one per layer, each with an
+    ``attention`` and an ``ffn`` dict; None for any other config."""
+    blocks = cfg.get("block_configs")
+    if not isinstance(blocks, list) or not blocks or not all(
+            isinstance(b, dict) and isinstance(b.get("attention"), dict) and isinstance(b.get("ffn", {}), dict)
+            for b in blocks):
+        return None
+    return blocks
+
+
+def _nas_intermediate_size(blocks: list[dict[str, Any]], hidden: int) -> float:
+    """The mean MLP width over Nemotron-NAS's blocks: ``int(2·ffn_mult·hidden/3)`` rounded up to a multiple of 256
+    (nemotron_nas.py ``_ffn_mult_to_intermediate_size``), 0 where the block has no MLP (``ffn.no_op``)."""
+    sizes = []
+    for b in blocks:
+        ffn = b.get("ffn", {})
+        mult = ffn.get("ffn_mult")
+        if ffn.get("no_op") or mult is None:
+            sizes.append(0)
+            continue
+        width = int(2 * _real(mult, "block_configs ffn_mult") * hidden / 3)
+        sizes.append(width + (-width) % 256)
+    return sum(sizes) / len(sizes)
+
+
+def _layer_types(cfg: dict[str, Any], num_layers: int, model_type: str,
+                 architectures: tuple[str, ...] = ()) -> tuple[str, ...]:
+    blocks = _nas_blocks(cfg)
+    if blocks is not None:  # vLLM builds no attention layer for a block whose attention is a no-op
+        if len(blocks) < num_layers:
+            raise ArchitectureError(f"config.json has {len(blocks)} block_configs for num_hidden_layers {num_layers}: "
+                                    "it needs one per layer")
+        return tuple(MLP_ONLY if b["attention"].get("no_op") else FULL for b in blocks[:num_layers])
     if cfg.get("attention_chunk_size"):
         # Llama-4 (vLLM's llama4.py): a layer with RoPE uses chunked local attention, a NoPE layer is global.
         # no_rope_layers[i] == 0 marks NoPE; when empty, transformers derives it from no_rope_layer_interval (4).
@@ -512,6 +550,10 @@ def _layer_types(cfg: dict[str, Any], num_layers: int, model_type: str) -> tuple
     if pattern is not None:
         return pattern
     raw = cfg.get("layer_types")
+    if isinstance(raw, list) and raw and "Rnj1ForCausalLM" in architectures:
+        # Rnj-1 (a gemma3_text config; vLLM's rnj1.py): a chunked_attention layer attends over sliding_window tokens,
+        # any other layer globally (kvwatch read chunked_attention as global: 26 % too few requests at 32k)
+        return tuple(SLIDING if str(t) == "chunked_attention" else FULL for t in raw[:num_layers])
     if isinstance(raw, list) and raw:
         return tuple(_word_type(str(t)) for t in raw[:num_layers])
     window = _field(cfg, "sliding_window")
@@ -651,6 +693,9 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         # Gemma 3n gives one MLP width per layer: the weights sum over layers, so the mean is the per-layer size
         cfg = {**cfg, "intermediate_size": sum(_real(s, "intermediate_size") for s in sizes) / len(sizes)}
     model_type = str(cfg.get("model_type") or config.get("model_type") or "").lower()
+    blocks = _nas_blocks(cfg)
+    if blocks is not None and cfg.get("intermediate_size") is None:
+        cfg = {**cfg, "intermediate_size": _nas_intermediate_size(blocks, _require(cfg, "hidden_size", "n_embd"))}
     num_layers = _require(cfg, "num_hidden_layers", "n_layer", "num_layers")
     heads = _require(cfg, "num_attention_heads", "n_head")
     hidden = _require(cfg, "hidden_size", "n_embd", "d_model")
@@ -673,7 +718,8 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         raise ArchitectureError(f"config.json has {len(raw_types)} layer_types for num_hidden_layers {num_layers}: "
                                 "it needs exactly one per layer")
     layout = _hybrid_layout(cfg, num_layers, model_type)
-    layer_types = layout.types if layout is not None else _layer_types(cfg, num_layers, model_type)
+    architectures = tuple(str(a) for a in config.get("architectures") or [] if isinstance(a, str))
+    layer_types = layout.types if layout is not None else _layer_types(cfg, num_layers, model_type, architectures)
     notes: list[str] = []
     encoder = next((key for key in ("vision_config", "audio_config") if isinstance(config.get(key), dict)), None)
     if encoder is not None or str(config.get("model_type", "")).lower() in _MULTIMODAL_TYPES:
@@ -786,7 +832,7 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         source=source,
         notes=tuple(notes),
         model_type=model_type,
-        architectures=tuple(str(a) for a in config.get("architectures") or [] if isinstance(a, str)),
+        architectures=architectures,
         mamba_ssm_cache_dtype=(str(cfg.get("mamba_ssm_cache_dtype") or cfg.get("mamba_ssm_dtype") or "") or None)
         if is_hybrid else None,
     )

@@ -271,9 +271,10 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
     refusal = quantization.capability_refusal(method, spec.vllm_version, spec.gpu_compute_capability, spec.gpu_name)
     if refusal:
         errors.append(refusal)
-    dropped = support.dropped_warning(arch.architectures, spec.vllm_version) if arch else None
-    if dropped:
-        warnings.append(dropped)
+    for warning in (support.dropped_warning(arch.architectures, spec.vllm_version),
+                    support.unmodelled_warning(arch.architectures)) if arch else ():
+        if warning:
+            warnings.append(warning)
     if spec.enable_chunked_prefill:
         batched = spec.max_num_batched_tokens or batched_default
     else:

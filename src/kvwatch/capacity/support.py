@@ -1,4 +1,5 @@
-"""Which vLLM releases serve an architecture: the ones vLLM dropped, and the last release that served each.
+"""Which vLLM releases serve an architecture: the ones vLLM dropped, and the last release that served each; and
+the architectures whose KV layout kvwatch does not model.
 
 vLLM refuses a dropped architecture at startup ("Model architecture X was supported in vLLM until vY, and is not
 supported anymore", ModelRegistry._raise_for_unsupported). The table is vLLM 0.30's ``_PREVIOUSLY_SUPPORTED_MODELS``
@@ -81,3 +82,24 @@ def dropped_warning(architectures: Iterable[str], version: tuple[int, int]) -> s
     return (f"vLLM {version[0]}.{version[1]} has no model class for {arch} any more (supported until v{last}, "
             "vllm/model_executor/models/registry.py): it starts only if its Transformers backend can serve the "
             f"model, else it refuses it; plan for --vllm-version {str(last).rsplit('.', 1)[0]}")
+
+
+# Model classes whose KV cache vLLM lays out in a way kvwatch does not model (vLLM 0.32's sources): a plan reads
+# their config.json as plain attention, and vLLM's figures differ by far more than the estimate's margins.
+UNMODELLED: dict[str, str] = {
+    "DeepseekV4ForCausalLM": "compressed MLA states, a sliding-window cache, the compressor's state and an indexer "
+                             "(vllm/model_executor/models/deepseek_v4/attention.py)",
+    "IQuestLoopCoderForCausalLM": "one attention layer per loop (loop_num, 2 when unset), the loops after the first "
+                                  "with a sliding window of loop_window_size (vllm/model_executor/models/"
+                                  "iquest_loopcoder.py): 80 layers hold about a third of the tokens kvwatch says",
+}
+
+
+def unmodelled_warning(architectures: Iterable[str]) -> str | None:
+    """Why the KV figures of a model whose class kvwatch does not model (:data:`UNMODELLED`) are not vLLM's."""
+    arch = next((a for a in architectures if a in UNMODELLED), None)
+    if arch is None:
+        return None
+    return (f"kvwatch does not model {arch}'s KV cache: vLLM keeps {UNMODELLED[arch]}. The KV figures here treat it "
+            "as plain attention and can be far off; size it from vLLM's startup log ('GPU KV cache size', "
+            "--available-kv-gib and --kv-bytes-per-token)")
