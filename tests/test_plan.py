@@ -157,6 +157,14 @@ def test_will_not_start_exits_1_with_shortfall(capsys):
     (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--avg-seq-len", "200000"], "--avg-seq-len"),
     (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--max-model-len", "8192",
       "--avg-seq-len", "20000", "--target-concurrency", "10"], "--avg-seq-len"),
+    # NaN and inf passed `< 0`: a traceback from the block count, or a plan with the weights at 0 (round 13)
+    *[(["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "L4", f"--{flag}", value], f"--{flag}")
+      for flag in ("weights-gib", "activation-gib", "non-torch-gib", "cuda-graph-gib", "available-kv-gib",
+                   "cpu-offload-gb") for value in ("nan", "inf")],
+    (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "L4", "--avg-seq-len", "nan"], "--avg-seq-len"),
+    (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "L4", "--vllm-version=-1"], "--vllm-version"),
+    (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "L4", "--vllm-version", ""], "--vllm-version"),
+    (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "L4", "--gpus-per-node", "0"], "--gpus-per-node"),
 ])
 def test_bad_input_exits_2_naming_the_flag(argv, flag, capsys):
     code, out, err = run(["plan", *argv], capsys)

@@ -117,6 +117,8 @@ def _gib_flag(args: argparse.Namespace, name: str) -> float | None:
         value = float(raw)
     except ValueError:
         raise SettingsError(f"invalid value {raw!r} for --{name.replace('_', '-')}: must be a number of GiB") from None
+    if not math.isfinite(value):  # NaN passed `< 0` and crashed the block count; inf zeroed the weights
+        raise SettingsError(f"invalid value {raw!r} for --{name.replace('_', '-')}: must be a finite number of GiB")
     if value < 0:
         raise SettingsError(f"invalid value {raw!r} for --{name.replace('_', '-')}: must not be negative")
     return value * GIB
@@ -141,13 +143,17 @@ def build_spec(args: argparse.Namespace) -> DeploymentSpec:
         note = decimal_unit_note(args.kv_bytes_per_token)
         if note:
             print(f"kvwatch plan: note: --kv-bytes-per-token {note}", file=sys.stderr)
-    if args.avg_seq_len is not None and args.avg_seq_len <= 0:
-        raise SettingsError("invalid value for --avg-seq-len: must be positive")
+    if args.avg_seq_len is not None and not (math.isfinite(args.avg_seq_len) and args.avg_seq_len > 0):
+        raise SettingsError(f"invalid value {args.avg_seq_len} for --avg-seq-len: must be a positive number of tokens")
+    if args.gpus_per_node < 1:
+        raise SettingsError(f"invalid value {args.gpus_per_node} for --gpus-per-node: must be at least 1")
     overrides["allow_long_max_model_len"] = bool(getattr(args, "allow_long_max_model_len", False))
     overrides["enforce_eager"] = bool(getattr(args, "enforce_eager", False))
     overrides["enable_chunked_prefill"] = bool(getattr(args, "enable_chunked_prefill", True))
     overrides["enable_prefix_caching"] = bool(getattr(args, "enable_prefix_caching", True))
     try:
+        if args.vllm_version is not None and not args.vllm_version.strip():
+            raise SpecError("invalid vLLM version '' (expected e.g. 0.19.0)")
         overrides["vllm_version"] = parse_version(args.vllm_version)
     except SpecError as exc:
         raise SettingsError(f"invalid value for --vllm-version: {exc}") from None
@@ -211,8 +217,6 @@ def run_inverse(args: argparse.Namespace, spec: DeploymentSpec) -> int:
         raise SettingsError("invalid value for --target-concurrency: must be at least 1")
     if args.avg_seq_len is None:
         raise SettingsError("--target-concurrency needs --avg-seq-len (the tokens one request holds)")
-    if args.gpus_per_node < 1:
-        raise SettingsError("invalid value for --gpus-per-node: must be at least 1")
     _check_avg_seq_len(args.avg_seq_len, spec.max_model_len)  # without the flag the planner picks a length ≥ it
     model = args.model or (spec.arch.name if spec.arch else None)
     try:

@@ -42,6 +42,8 @@ def parse_version(text: str | None) -> tuple[int, int]:
         return DEFAULT_VLLM_VERSION
     parts = [p for p in text.strip().lstrip("v").split(".")[:2]]
     try:
+        if not parts[0].isdecimal():  # int() took "-1" (and " 1"): a negative version crashed the rules' lookups
+            raise ValueError(parts[0])
         return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdecimal()) or 0) if len(parts) > 1 else 0
     except (ValueError, IndexError):
         raise SpecError(f"invalid vLLM version {text!r} (expected e.g. 0.19.0)") from None
