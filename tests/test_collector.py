@@ -294,3 +294,6 @@ def test_a_family_without_samples_is_left_out_whole() -> None:
                                  analyzers=[Sparse()])  # type: ignore[list-item]
     text = generate_latest(make_registry(collector)).decode()
     assert "kvwatch_test_full 1.0" in text and "kvwatch_test_empty" not in text
+    # The health families too: no impossible value served yet, no kvwatch_implausible_values_total (HELP and TYPE
+    # were served with no sample on every scrape).
+    assert "kvwatch_implausible_values" not in text and "kvwatch_scrape_errors_total" in text

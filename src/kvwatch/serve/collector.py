@@ -109,7 +109,8 @@ def _health(state: State) -> Iterator[Metric]:
         "outside 0..1), read as unknown instead, by Reading field; summed over series and polls.", labels=["field"])
     for name, count in sorted(health.implausible_total.items()):
         implausible.add_metric([name], float(count))
-    yield implausible
+    if implausible.samples:  # none until a target serves an impossible value: absent, HELP and TYPE too
+        yield implausible
     if health.last_success_wall_seconds is not None:
         yield GaugeMetricFamily("kvwatch_last_success_timestamp_seconds",
                                 "Unix time (wall clock) of the last successful poll of the target.",
