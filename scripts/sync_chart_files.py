@@ -43,7 +43,7 @@ ENUMS: dict[str, list[str]] = {
 }
 # Where the chart is stricter than kvwatch: its Service and probes need a fixed port (kvwatch's 0 picks one).
 CHART_BOUNDS: dict[str, dict[str, Any]] = {"port": {"minimum": 1}}
-PATTERNS = {"target_url": "^https?://[^/\\s]+"}
+URL_PATTERN = "^https?://[^/\\s]+"  # kvwatch checks the rest at start; $(VAR) hosts are Kubernetes' to expand
 RATIO = "^(0*\\.[0-9]*[1-9][0-9]*|0*1(\\.0*)?)$"  # a decimal in (0, 1]: 0.9, .5, 1, 1.0
 DECIMAL = "^[0-9]*\\.?[0-9]+([eE][-+]?[0-9]+)?$"  # a non-negative decimal, as `helm --set` passes it
 # Kubernetes version of the definitions: the one tests/helm_helpers.py validates rendered objects with.
@@ -75,7 +75,10 @@ def camel(name: str) -> str:
 def config_schema() -> dict[str, Any]:
     """JSON schema properties of the chart's `config:` block, one per ServeSettings field (null = unset)."""
     sys.path.insert(0, str(ROOT / "src"))
-    from kvwatch.settings import KV_CACHE_DTYPES, ServeSettings, public_name
+    from kvwatch.settings import GPU_UUIDS_PATTERN, KV_CACHE_DTYPES, SELECTOR_PATTERN, ServeSettings, public_name
+
+    patterns = {"target_url": URL_PATTERN, "dcgm_url": URL_PATTERN, "gpu_uuids": GPU_UUIDS_PATTERN,
+                **dict.fromkeys(("usage_metric", "running_metric", "waiting_metric"), SELECTOR_PATTERN)}
 
     fields = ServeSettings.json_schema()
     properties: dict[str, Any] = {}
@@ -91,8 +94,8 @@ def config_schema() -> dict[str, Any]:
             prop["enum"] = [*ENUMS[field], None]
         elif field == "kv_cache_dtype":
             prop["enum"] = [*sorted(KV_CACHE_DTYPES), None]
-        if field in PATTERNS:
-            prop["pattern"] = PATTERNS[field]
+        if field in patterns:
+            prop["pattern"] = patterns[field]
         elif branch["type"] == "number":
             # `helm --set config.x=0.9` passes the string "0.9" (Helm types only integers, booleans and null on
             # the command line): accept a decimal string too. Its bounds are checked by kvwatch at start

@@ -62,6 +62,13 @@ def test_missing_prometheus_or_target_fails_naming_the_value() -> None:
         "--set", "autoscaling.enabled=true", "--set", "autoscaling.prometheusAddress=http://p:9090")
 
 
+def test_more_min_than_max_replicas_fails_naming_both() -> None:
+    # Rendered as minReplicas 5, maxReplicas 2, which the API server refuses at install time.
+    assert "autoscaling.minReplicas (5) is above autoscaling.maxReplicas (2)" in render_fails(
+        "--set", "config.model=m", "--set", "autoscaling.enabled=true", "--set", "autoscaling.kind=hpa",
+        "--set", "autoscaling.minReplicas=5", "--set", "autoscaling.maxReplicas=2")
+
+
 def test_kvwatch_alone_cannot_autoscale_and_says_why() -> None:
     # Mode 2 watches one vLLM pod by URL: new replicas would not be watched, and the series carry kvwatch's pod.
     assert "autoscaling needs kvwatch inside the vLLM pods" in render_fails(

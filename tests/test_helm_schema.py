@@ -35,6 +35,10 @@ from kvwatch.settings import ServeSettings
     ("config.logLevel=LOUD", "logLevel"),
     ("config.targetUrl=localhost:8000", "targetUrl"),
     ("config.gpuMemoryUtilization=1.5", "gpuMemoryUtilization"),
+    # kvwatch refuses these at start: the chart rendered them, and the sidecar crash-looped (round 13)
+    ("config.dcgmUrl=bad", "dcgmUrl"),
+    ("config.gpuUuids=abc", "gpuUuids"),
+    ("config.usageMetric=x{y", "usageMetric"),
 ])
 def test_schema_rejects_typos_and_bad_values(flag: str, culprit: str) -> None:
     stderr = render_fails(*MINIMAL, "--set", flag)
@@ -210,3 +214,26 @@ def test_a_monitor_without_the_charts_workload_needs_a_selector(monitor: str) ->
         "--set", "deployment.enabled=false", "--set", f"{monitor}.enabled=true")
     assert render("--set", "deployment.enabled=false", "--set", f"{monitor}.enabled=true",
                   "--set-json", f'{monitor}.selector={{"app":"vllm"}}')
+
+
+@pytest.mark.parametrize(("field", "good", "bad"), [
+    ("gpu_uuids", ["GPU-1", " GPU-1 , MIG-2,", ",GPU-a,,GPU-b"], ["abc", "GPU-1,x", ",", "GPU-1 2"]),
+    ("usage_metric", ["vllm:kv_cache_usage_perc", ' vllm:x{a="b", c="d\\"e"} ', "x{}"],
+     ["x{y", "9x", 'x{a=b}', "x y"]),
+])
+def test_the_charts_patterns_are_the_settings_own(field: str, good: list[str], bad: list[str]) -> None:
+    # One pattern, two readers: kvwatch's validator and the chart's schema (Go's RE2), so what one takes the other
+    # takes.
+    import re
+
+    from kvwatch.settings import SettingsError
+
+    config = json.loads((CHART / "values.schema.json").read_text())["properties"]["config"]["properties"]
+    pattern = re.compile(config[next(k for k, f in CONFIG_KEYS.items() if f == field)]["pattern"])
+    for value in good:
+        assert pattern.match(value), value
+        ServeSettings(**{field: value})
+    for value in bad:
+        assert not pattern.match(value), value
+        with pytest.raises((ValueError, SettingsError)):
+            ServeSettings(**{field: value})

@@ -33,10 +33,14 @@ MAX_GPU_MEMORY_GIB = 4096.0  # 4 TiB: no accelerator comes near; past it the sum
 KV_CACHE_DTYPES: frozenset[str] = frozenset(
     {"auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "bfloat16", "float16", "bf16", "fp16"})
 
-# `name` or `name{label="value",...}`: how users point kvwatch at a renamed source metric.
-_SELECTOR = re.compile(
-    r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{\s*([a-zA-Z_][a-zA-Z0-9_]*\s*=\s*"(?:[^"\\]|\\.)*"\s*,?\s*)*\})?$'
-)
+# `name` or `name{label="value",...}`: how users point kvwatch at a renamed source metric. The patterns are
+# RE2-compatible: the chart's values.schema.json carries them too (scripts/sync_chart_files.py).
+SELECTOR_PATTERN = (r'^\s*[a-zA-Z_:][a-zA-Z0-9_:]*'
+                    r'(\{\s*([a-zA-Z_][a-zA-Z0-9_]*\s*=\s*"(?:[^"\\]|\\.)*"\s*,?\s*)*\})?\s*$')
+_SELECTOR = re.compile(SELECTOR_PATTERN)
+# Comma-separated GPU UUIDs as nvidia-smi -L prints them (GPU-..., MIG-...); empty entries are skipped.
+GPU_UUIDS_PATTERN = r"^[\s,]*(GPU-|MIG-)[^,\s]*\s*(,\s*((GPU-|MIG-)[^,\s]*)?\s*)*$"
+_GPU_UUIDS = re.compile(GPU_UUIDS_PATTERN)
 
 
 def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
@@ -419,7 +423,7 @@ class TargetSettings(DeploymentSettings):
     @field_validator("usage_metric", "running_metric", "waiting_metric")
     @classmethod
     def _selector(cls, v: str | None) -> str | None:
-        if v is not None and not _SELECTOR.match(v.strip()):
+        if v is not None and not _SELECTOR.match(v):
             raise ValueError('must be a metric name or name{label="value"}')
         return v.strip() if v else v
 
@@ -548,10 +552,9 @@ class ServeSettings(TargetSettings):
     def _uuids(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        uuids = [u.strip() for u in v.split(",") if u.strip()]
-        if not uuids or any(not u.startswith(("GPU-", "MIG-")) for u in uuids):
+        if not _GPU_UUIDS.match(v):
             raise ValueError("must be comma-separated GPU UUIDs as nvidia-smi -L prints them (GPU-...)")
-        return ",".join(uuids)
+        return ",".join(u.strip() for u in v.split(",") if u.strip())
 
     def _after(self) -> None:
         if self.dcgm_url is not None and self.nvml:
