@@ -75,9 +75,11 @@ def camel(name: str) -> str:
 def config_schema() -> dict[str, Any]:
     """JSON schema properties of the chart's `config:` block, one per ServeSettings field (null = unset)."""
     sys.path.insert(0, str(ROOT / "src"))
+    from kvwatch.capacity.quantization import name_pattern
     from kvwatch.settings import GPU_UUIDS_PATTERN, KV_CACHE_DTYPES, SELECTOR_PATTERN, ServeSettings, public_name
 
     patterns = {"target_url": URL_PATTERN, "dcgm_url": URL_PATTERN, "gpu_uuids": GPU_UUIDS_PATTERN,
+                "quantization": name_pattern(),
                 **dict.fromkeys(("usage_metric", "running_metric", "waiting_metric"), SELECTOR_PATTERN)}
 
     fields = ServeSettings.json_schema()

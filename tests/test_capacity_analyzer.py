@@ -192,6 +192,7 @@ def test_a_malformed_model_config_turns_the_model_off_once_not_every_poll(tmp_pa
             assert result is not None and result.formula_kv_capacity_tokens is None
     off = [r for r in caplog.records if "capacity model off" in r.getMessage()]
     assert len(off) == 1 and "config.json" in off[0].getMessage()
+    assert off[0].levelno == logging.WARNING  # a model config kvwatch was given and cannot read is a setting to fix
     assert not any(r.exc_info for r in caplog.records)
 
 

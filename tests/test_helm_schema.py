@@ -39,6 +39,7 @@ from kvwatch.settings import ServeSettings
     ("config.dcgmUrl=bad", "dcgmUrl"),
     ("config.gpuUuids=abc", "gpuUuids"),
     ("config.usageMetric=x{y", "usageMetric"),
+    ("config.quantization=bogus", "quantization"),
 ])
 def test_schema_rejects_typos_and_bad_values(flag: str, culprit: str) -> None:
     stderr = render_fails(*MINIMAL, "--set", flag)
@@ -220,6 +221,8 @@ def test_a_monitor_without_the_charts_workload_needs_a_selector(monitor: str) ->
     ("gpu_uuids", ["GPU-1", " GPU-1 , MIG-2,", ",GPU-a,,GPU-b"], ["abc", "GPU-1,x", ",", "GPU-1 2"]),
     ("usage_metric", ["vllm:kv_cache_usage_perc", ' vllm:x{a="b", c="d\\"e"} ', "x{}"],
      ["x{y", "9x", 'x{a=b}', "x y"]),
+    ("quantization", ["fp8", "FP8", "compressed-tensors", "compressed_tensors", "w4a16", "none", " awq "],
+     ["bogus", "fp8x", "int"]),
 ])
 def test_the_charts_patterns_are_the_settings_own(field: str, good: list[str], bad: list[str]) -> None:
     # One pattern, two readers: kvwatch's validator and the chart's schema (Go's RE2), so what one takes the other

@@ -342,7 +342,8 @@ class DeploymentSettings(_Base):
     pipeline_parallel_size: int = Field(1, ge=1, description="vLLM --pipeline-parallel-size.")
     dtype: str = Field("auto", description="vLLM --dtype: auto, bfloat16, float16, float32 (bf16, fp16, fp32).")
     kv_cache_dtype: str = Field(
-        "auto", description="vLLM --kv-cache-dtype: auto, fp8, fp8_e4m3, fp8_e5m2, fp8_inc, fp8_ds_mla."
+        "auto", description="vLLM --kv-cache-dtype: auto, fp8, fp8_e4m3, fp8_e5m2, fp8_inc, fp8_ds_mla, bfloat16, "
+        "float16 (bf16, fp16)."
     )
     quantization: str | None = Field(
         None, description="Weight quantization: fp8, int8, w8a8, int4, awq, gptq, mxfp4, nvfp4, ..."
@@ -381,6 +382,19 @@ class DeploymentSettings(_Base):
     def _config_exists(cls, v: Path | None) -> Path | None:
         if v is not None and not (v.is_file() or (v / "config.json").is_file()):
             raise ValueError(f"{v} is neither a file nor a folder with a config.json")
+        return v
+
+    @field_validator("quantization")
+    @classmethod
+    def _quantization(cls, v: str | None) -> str | None:
+        # A typo is a bad flag in every command, as a misspelt --gpu is: serve and check logged it at INFO and ran
+        # without the capacity model, plan refused it.
+        from kvwatch.capacity.quantization import QuantizationError, check_name
+
+        try:
+            check_name(v)
+        except QuantizationError as exc:
+            raise ValueError(str(exc)) from None
         return v
 
     @field_validator("kv_cache_dtype")

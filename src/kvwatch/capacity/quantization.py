@@ -55,6 +55,12 @@ def known_names() -> list[str]:
                    *(m.replace("_", "-") if m == "compressed_tensors" else m for m in _METHOD_DEFAULTS)})
 
 
+def name_pattern() -> str:
+    """An RE2 pattern of every name :func:`check_name` accepts (the chart's values.schema.json carries it)."""
+    names = sorted({re.sub("[-_]", "[-_]", n) for n in (*known_names(), *_SCHEME_BYTES, *_METHOD_DEFAULTS, "none")})
+    return "(?i)^\\s*(" + "|".join(names) + "|w[0-9]+a[0-9]+)?\\s*$"
+
+
 def is_method(name: str) -> bool:
     """A vLLM loader name (compressed-tensors, gptq, awq, modelopt, ...) rather than a scheme."""
     return normalise(name) in _METHOD_DEFAULTS

@@ -58,6 +58,9 @@ class CapacityAnalyzer:
         # resolver is the sidecar's one, shared with the forecaster's advice (kvwatch.serve.app.run).
         self._capacity = capacity or CapacityResolver(settings)
         self._max_model_len = settings.max_model_len  # as given (None: the engine's is taken, see sidecar_capacity)
+        # A model kvwatch was told of and cannot plan is a setting to fix (a warning); one it guessed from the
+        # engine's model name is not.
+        self._model_given = settings.model is not None or settings.model_config_path is not None
         self._logged = 0
         # Model and engine configurations whose plan this analyzer has announced: its own record, not the resolver's
         # cache, which the sidecar's series capacity fills first (every line was lost that way), bounded like it.
@@ -86,7 +89,7 @@ class CapacityAnalyzer:
             if mismatch is not None:
                 warn("capacity model for %s: %s", reading.model_name, mismatch.message)
             if capacity is None:
-                say("capacity model off for %s: %s", reading.model_name, why)
+                (warn if self._model_given else say)("capacity model off for %s: %s", reading.model_name, why)
             else:
                 for error in capacity.plan.errors:  # e.g. a --max-model-len vLLM refuses: the settings are wrong
                     warn("capacity model for %s: %s", reading.model_name, error)
