@@ -259,10 +259,22 @@ def test_demo_runs_both_processes_says_the_clock_is_accelerated_and_stops_them()
     (["--status-interval-seconds", "0"], "--status-interval-seconds"),
     (["--duration-seconds", "inf"], "--duration-seconds"),
     (["--port", "70000"], "--port"),
+    # round 13: serve refused the poll interval (10 / 0.0001 s), naming a flag the user never passed
+    (["--clock-speed", "0.0001"], "--clock-speed"),
+    (["--port", "9747", "--sim-port", "9747"], "--port"),  # "Address already in use" from a child process
 ])
 def test_demo_flags_must_be_finite_and_in_range(args: list[str], flag: str) -> None:
     with pytest.raises(SettingsError, match=f"for {flag}: must be"):
         demo.check_flags(_parse(demo.add_arguments, args))
+
+
+def test_the_slowest_demo_speed_gives_serve_a_valid_interval() -> None:
+    slowest = demo.POLL_SIMULATED_SECONDS / 3600.0
+    demo.check_flags(_parse(demo.add_arguments, ["--clock-speed", str(slowest)]))
+    argv = demo.serve_argv("http://127.0.0.1:8000/metrics", 9747, slowest)
+    assert load_settings(ServeSettings, _parse(app.add_arguments, argv)).poll_interval_seconds == pytest.approx(3600)
+    # With its own poll interval any speed above 0 runs.
+    demo.check_flags(_parse(demo.add_arguments, ["--clock-speed", "0.0001", "--poll-interval-seconds", "5"]))
 
 
 def test_the_fastest_demo_speed_gives_serve_a_valid_interval() -> None:

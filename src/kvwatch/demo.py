@@ -242,6 +242,14 @@ def check_flags(args: argparse.Namespace) -> None:
         check_number(args.duration_seconds, "--duration-seconds", 0, 1e9, low_open=True)
     for flag, port in (("--sim-port", args.sim_port), ("--port", args.port)):
         check(0 <= port <= 65535, flag, "must be 0..65535", port)
+    check(not args.port or args.port != args.sim_port, "--port", "must be another port than --sim-port", args.port)
+    if args.poll_interval_seconds is None:
+        # kvwatch polls every 10 simulated seconds, --poll-interval-seconds = 10 / speed, which must be at most
+        # serve's longest interval: a slower clock failed in serve, naming a flag the user never passed.
+        slowest = POLL_SIMULATED_SECONDS / MAX_INTERVAL_SECONDS
+        check(args.speed >= slowest, "--clock-speed", f"must be at least {slowest:.4g} (kvwatch polls every "
+              f"{POLL_SIMULATED_SECONDS:g} simulated seconds, at most every {MAX_INTERVAL_SECONDS:g} s), or pass "
+              "--poll-interval-seconds", args.speed)
 
 
 def run(args: argparse.Namespace) -> int:
