@@ -63,6 +63,16 @@ def test_bearer_token_is_read_from_file(tmp_path: Path) -> None:
 
 
 @respx.mock
+def test_a_token_file_emptied_after_start_fails_the_poll_without_sending_it(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("  \n")
+    route = respx.get(URL).mock(return_value=httpx.Response(200, text=FIXTURE))
+    with pytest.raises(ScrapeError) as caught:
+        fetch_and_read(bearer_token_file=token)
+    assert caught.value.reason == "connect" and "is empty" in str(caught.value) and not route.called
+
+
+@respx.mock
 def test_a_token_file_of_two_lines_is_refused_without_the_token_in_the_message(tmp_path: Path) -> None:
     # httpx refused the header and its message, logged on every down-transition, quoted the whole token.
     token = tmp_path / "token"

@@ -40,6 +40,7 @@ from kvwatch.settings import ServeSettings
     ("config.gpuUuids=abc", "gpuUuids"),
     ("config.usageMetric=x{y", "usageMetric"),
     ("config.quantization=bogus", "quantization"),
+    ("config.gpuPod=vllm-0", "config.gpuPod and config.gpuNamespace need config.dcgmUrl"),
 ])
 def test_schema_rejects_typos_and_bad_values(flag: str, culprit: str) -> None:
     stderr = render_fails(*MINIMAL, "--set", flag)

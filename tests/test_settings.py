@@ -74,6 +74,9 @@ def test_override_selectors_accepted() -> None:
     (["--gpu-memory-gib", "1e300"], "--gpu-memory-gib"),
     (["--listen-address", "not a host"], "--listen-address"),
     (["--listen-address", ""], "--listen-address"),
+    # (review, round 13) read only with dcgm-exporter: accepted silently without it
+    (["--gpu-pod", "vllm-0"], "--gpu-pod"),
+    (["--gpu-namespace", "llm"], "--gpu-namespace"),
 ])
 def test_bad_flag_exits_2_naming_it(argv: list[str], named: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", *argv]) == 2
@@ -227,3 +230,12 @@ def test_a_typo_that_looks_like_no_service_link_is_still_refused(monkeypatch: py
     monkeypatch.setenv("KVWATCH_POLL_PORT", "5")  # not a URL: no link, and no setting
     assert main(["serve"]) == 2
     assert "unknown variable KVWATCH_POLL_PORT" in capsys.readouterr().err
+
+
+def test_an_empty_bearer_token_file_is_refused_at_start(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    # kvwatch sent "Authorization: Bearer " with nothing after it on every poll.
+    token = tmp_path / "token"
+    token.write_text("\n")
+    assert main(["serve", "--bearer-token-file", str(token)]) == 2
+    err = capsys.readouterr().err
+    assert "--bearer-token-file" in err and "is empty" in err

@@ -199,6 +199,8 @@ class Fetcher:
             token = self.bearer_token_file.read_text().strip()
         except (OSError, UnicodeDecodeError) as exc:
             raise ScrapeError("connect", f"cannot read bearer token file {self.bearer_token_file}: {exc}") from None
+        if not token:  # "Bearer " with nothing after it: a file not written yet, or the wrong file
+            raise ScrapeError("connect", f"bearer token file {self.bearer_token_file} is empty")
         if not all("!" <= c <= "~" for c in token):  # never quoted: a header with it would carry the secret
             raise ScrapeError("connect", f"bearer token file {self.bearer_token_file} holds more than one word or "
                                          "characters an HTTP header cannot carry (one token on one line)")

@@ -453,6 +453,14 @@ class TargetSettings(DeploymentSettings):
             raise ValueError(f"file {v} does not exist")
         return v
 
+    @field_validator("bearer_token_file")
+    @classmethod
+    def _token_file(cls, v: Path | None) -> Path | None:
+        # Re-read every poll (tokens rotate), but one that is empty at start is the wrong file.
+        if v is not None and not v.read_text(errors="replace").strip():
+            raise ValueError(f"file {v} is empty: it must hold the bearer token")
+        return v
+
     @field_validator("ca_file")
     @classmethod
     def _ca_bundle(cls, v: Path | None) -> Path | None:
@@ -577,6 +585,9 @@ class ServeSettings(TargetSettings):
             # dcgm-exporter lists every GPU of the node: without a key, which are the engine's is unknown.
             raise _FieldError("dcgm_url", "needs --gpu-pod (KVWATCH_GPU_POD) or --gpu-uuids (KVWATCH_GPU_UUIDS) "
                               "to tell the engine's GPUs from the node's others")
+        for field in ("gpu_pod", "gpu_namespace"):  # dcgm-exporter's pod mapping: nothing else reads them
+            if getattr(self, field) is not None and self.dcgm_url is None:
+                raise _FieldError(field, "needs {dcgm_url}: only dcgm-exporter labels GPUs with their pod")
         interval = self.poll_interval_seconds
         if self.poll_timeout_seconds is None:
             self.poll_timeout_seconds = 0.8 * interval

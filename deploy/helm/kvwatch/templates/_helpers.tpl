@@ -180,6 +180,9 @@ vLLM out of its Service, and a watchdog must never stop the serving. */}}
         fieldRef:
           fieldPath: status.hostIP
     {{- end }}
+    {{- if and (or $config.gpuPod $config.gpuNamespace) (not $config.dcgmUrl) }}
+    {{- fail "config.gpuPod and config.gpuNamespace need config.dcgmUrl: only dcgm-exporter labels GPUs with their pod" }}
+    {{- end }}
     {{- if and $config.dcgmUrl (not $config.gpuUuids) }}
     {{- if eq (toString $vllm.enabled) "false" }}
     {{- if not $config.gpuPod }}
