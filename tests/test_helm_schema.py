@@ -41,6 +41,10 @@ from kvwatch.settings import ServeSettings
     ("config.usageMetric=x{y", "usageMetric"),
     ("config.quantization=bogus", "quantization"),
     ("config.gpuPod=vllm-0", "config.gpuPod and config.gpuNamespace need config.dcgmUrl"),
+    # (review, round 13) vLLM took the last --tensor-parallel-size: 2 GPUs' worth of engine on a 1-GPU pod
+    ("vllm.extraArgs={--tensor-parallel-size=2}", "vllm.extraArgs has --tensor-parallel-size: set "
+                                                  "config.tensorParallelSize instead"),
+    ("vllm.extraArgs={--port,9000}", "vllm.extraArgs has --port: set vllm.port instead"),
 ])
 def test_schema_rejects_typos_and_bad_values(flag: str, culprit: str) -> None:
     stderr = render_fails(*MINIMAL, "--set", flag)

@@ -309,7 +309,18 @@ embeds the container includes this in its pod's volumes too, or the pod is inval
 {{- else if eq (toString $v.enableChunkedPrefill) "false" }}
 - "--no-enable-chunked-prefill"
 {{- end }}
+{{- /* A flag the chart sets from a value, repeated in extraArgs: vLLM takes the last one, so the engine, the probes
+and kvwatch's capacity model would describe different deployments. */ -}}
+{{- $managed := dict "--port" "vllm.port" "--served-model-name" "vllm.servedModelName" "--model" "config.model"
+      "-tp" "config.tensorParallelSize" "-pp" "config.pipelineParallelSize" }}
+{{- range $key, $flag := $flags }}
+{{- $_ := set $managed $flag (printf "config.%s" $key) }}
+{{- end }}
 {{- range $v.extraArgs }}
+{{- $name := regexReplaceAll "=.*$" (toString .) "" }}
+{{- if hasKey $managed $name }}
+{{- fail (printf "vllm.extraArgs has %s: set %s instead, so that vLLM, its probes and kvwatch's capacity model read the same value" $name (index $managed $name)) }}
+{{- end }}
 - {{ toString . | quote }}
 {{- end }}
 {{- end }}
