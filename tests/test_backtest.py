@@ -75,6 +75,7 @@ def test_cli_json_contract_and_plot(tmp_path, capsys):
     assert f"plot: {png.resolve()}" in err
     assert report["scenario"]["trace_format"] == "azure"
     assert set(report["scenario"]["trace_columns"]) == {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
+    assert report["scenario"]["trace_empty_blocks"] == {"empty": 0, "blocks": 1}  # the sample: one short block
     for horizon in ("5m", "15m", "30m"):
         block = report["calibration"][horizon]
         assert set(block) == {"kvwatch", "predict_linear", "climatology"}
@@ -286,3 +287,16 @@ def test_the_report_lists_hash_ids_only_when_the_trace_has_them(tmp_path, capsys
     code, out, err = _cli(["--trace", str(plain), "--hours", "0.6", "--json"], capsys)
     assert code == 0, err
     assert set(json.loads(out)["scenario"]["trace_columns"]) == {"timestamp", "input_length", "output_length"}
+
+
+def test_the_report_says_how_much_of_a_gapped_trace_holds_requests(tmp_path, capsys):
+    # (review, round 13) ten minutes, then ten more a day later: 92 % of the blocks were silence to the bootstrap.
+    rows = [f"2023-11-{16 + day} 18:{i // 60:02d}:{i % 60:02d}.5,{300 + i % 700},{20 + i % 90}\n"
+            for day in (0, 1) for i in range(0, 600, 2) for _ in range(3)]
+    trace = tmp_path / "gapped.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(rows))
+    code, out, _ = _cli(["--trace", str(trace), "--hours", "0.6", "--profile", "steady", "--start-load", "0.5",
+                         "--peak-load", "0.5"], capsys)
+    assert code == 0
+    note = next(line for line in out.splitlines() if "blocks hold no request" in line)
+    assert note.startswith("note: 286 of the trace's 289 5-minute blocks hold no request"), note  # 2 + 1 whole

@@ -6,6 +6,7 @@ import gzip
 import re
 import statistics
 from collections import Counter
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -18,11 +19,13 @@ from kvwatch.sim.traces import (
     block_bootstrap,
     compress_time,
     detect_format,
+    empty_blocks,
     load_trace,
     packaged_trace,
     read_azure_csv,
     read_mooncake_jsonl,
     scale_rate,
+    spread_quantized,
 )
 
 
@@ -208,6 +211,10 @@ def test_gzip_compressed_traces_read_like_the_plain_files(tmp_path: Path) -> Non
     ('{"timestamp": 0, "input_length": true, "output_length": 3}\n', "not a number"),
     ('{"ts": 0, "input_length": 5}\n', "no timestamp, output_length (a Mooncake line has"),
     ("Timestamp,Request tokens,Response tokens\ninf,5,3\n", "arrival time must be a finite number"),
+    # (review, round 13) negative counts were dropped rows, BurstGPT's even before the check ran
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,-5,402\n", "token counts cannot be negative"),
+    ("Timestamp,Request tokens,Response tokens\n100,-40,-7\n", "token counts cannot be negative"),
+    ('{"timestamp": 0, "input_length": -5, "output_length": 3}\n', "lengths cannot be negative"),
 ])
 def test_impossible_fields_are_trace_errors_naming_the_line(tmp_path: Path, content: str, said: str) -> None:
     path = tmp_path / "trace"
@@ -294,3 +301,33 @@ def test_a_byte_that_is_not_utf8_in_a_column_not_read_is_harmless_and_names_its_
     partial.write_text("TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.68,100\n")
     with pytest.raises(TraceError, match="Azure CSV header without the column GeneratedTokens"):
         load_trace(partial)
+
+
+def test_times_cut_to_the_minute_are_spread_over_it_and_fine_times_are_kept(tmp_path: Path) -> None:
+    # (review, round 13) an Azure trace with minute timestamps replayed each minute's requests at one instant: the
+    # simulated capacity and every method's lead changed (kvwatch's median lead 6.5 -> 26.2 min).
+    path = tmp_path / "minutes.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:{15 + i // 50:02d},{100 + i},10\n" for i in range(500)))
+    times = [r.arrival_time for r in load_trace(path)]
+    assert len(set(times)) == 500 and times == sorted(times)
+    assert all(60 * (i // 50) <= t < 60 * (i // 50 + 1) for i, t in enumerate(times))  # each minute keeps its 50
+    assert max(b - a for a, b in pairwise(times)) < 30  # no minute-long silence between one-instant bursts
+    # Times fine enough to be distinct (the real 2023 files: 7 decimals) are kept as they are.
+    fine = [(i * 0.37, 100, 10) for i in range(100)] + [(37.0, 5, 5)]
+    assert spread_quantized(fine) is fine
+
+
+def test_the_bootstrap_and_the_rate_skip_a_gap_in_the_trace() -> None:
+    # (review, round 13) two hours a day apart: 92 % of the blocks were empty, the bootstrap drew mostly silence and
+    # the rate over the whole span read 12x too low, so "load 1.0" filled a seventh of the cache.
+    from kvwatch.backtest.traces import content_defaults
+
+    hour = [Request(i * 0.5, 500, 100) for i in range(7200)]
+    gapped = hour + [Request(86400.0 + r.arrival_time, r.prompt_tokens, r.output_tokens) for r in hour]
+    empty, blocks = empty_blocks(gapped)
+    assert (blocks, empty) == (299, 276)  # 12 + 11 whole blocks hold requests (the last one is cut short)
+    assert content_defaults(gapped) == content_defaults(hour)
+    boot = block_bootstrap(gapped, 3600.0, seed=3)
+    assert len(boot) == 7200  # 12 full blocks of 600 requests, none empty
+    assert block_bootstrap(hour, 3600.0, seed=3) == block_bootstrap(hour, 3600.0, seed=3)

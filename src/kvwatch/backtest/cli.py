@@ -17,12 +17,13 @@ from kvwatch.backtest.scenarios import (
     PROFILES,
     Scenario,
     ScenarioError,
+    block_seconds_for,
     load_trace_head,
     validate,
 )
 from kvwatch.settings import SettingsError
 from kvwatch.sim.engines_wire import ENGINES
-from kvwatch.sim.traces import TRACE_COLUMNS, TraceError, detect_format
+from kvwatch.sim.traces import TRACE_COLUMNS, TraceError, detect_format, empty_blocks, span_of
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -127,6 +128,9 @@ def run(args: argparse.Namespace) -> int:
     report["scenario"]["trace_columns"] = columns
     report["scenario"]["trace_requests_read"] = len(trace)
     report["scenario"]["trace_truncated"] = truncated
+    report["scenario"]["trace_hours_read"] = round(span_of(trace) / 3600.0, 2)
+    empty, blocks = empty_blocks(trace, block_seconds_for(trace))
+    report["scenario"]["trace_empty_blocks"] = {"empty": empty, "blocks": blocks}
     report["scenario"]["scale_defaults_from"] = _defaults_from(args.rate_scale is not None,
                                                                args.engine_speedup is not None, named(args.trace))
     if args.json:
@@ -177,8 +181,14 @@ def _text(report: dict) -> str:
         f"default's speed (defaults from the {scen['scale_defaults_from']}; --rate-scale, --engine-speedup)",
     ]
     if scen["trace_truncated"]:
-        lines.append(f"note: read the trace's first {scen['trace_requests_read']:,} requests (a longer trace is not "
-                     "held whole); the bootstrap draws its 5-minute blocks from them")
+        lines.append(f"note: read the trace's first {scen['trace_requests_read']:,} requests, its first "
+                     f"{scen['trace_hours_read']:g} h (a longer trace is not held whole); the bootstrap draws its "
+                     "5-minute blocks from them")
+    gaps = scen["trace_empty_blocks"]
+    if gaps["empty"]:
+        lines.append(f"note: {gaps['empty']:,} of the trace's {gaps['blocks']:,} 5-minute blocks hold no request (gaps "
+                     "in its collection): its rate and the bootstrap use the other "
+                     f"{gaps['blocks'] - gaps['empty']:,}")
     if scen["capacity_tokens"] > 1.05 * max(1, scen["mean_demand_tokens"]):
         lines.append(f"note: the capacity is the longest request's, above the mean demand of "
                      f"{scen['mean_demand_tokens']:,} tokens: load 1.0 fills less than the whole cache (raise "

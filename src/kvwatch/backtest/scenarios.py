@@ -173,8 +173,9 @@ def load_trace(path: Path) -> list[Request]:
 
 def load_trace_head(path: Path) -> tuple[list[Request], bool]:
     """(the trace's first MAX_TRACE_REQUESTS requests in file order, whether it had more). The bootstrap draws
-    5-minute blocks from them: a million requests are days of any public trace, while a week-long one held
-    whole would take gigabytes (~340 B a request)."""
+    5-minute blocks from them: a week-long trace held whole would take gigabytes (~340 B a request), and a
+    million requests are its first hours at the Azure 2024 traces' rates (about 10 h of code at 28 requests/s,
+    6 h of conversation at 45); the report says how many hours were read."""
     from kvwatch.sim.traces import TraceError
     from kvwatch.sim.traces import load_trace as read
 

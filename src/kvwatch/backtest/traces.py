@@ -16,7 +16,7 @@ from pathlib import Path
 from kvwatch.backtest.runner import MAX_NUM_SEQS
 from kvwatch.backtest.scenarios import DEFAULT_MAX_MODEL_LEN, LONG_PROMPT_RANGE, MAX_SCALE, capped
 from kvwatch.sim.config import Request, StepTimeModel
-from kvwatch.sim.traces import span_of
+from kvwatch.sim.traces import active_seconds
 
 # The tuned traces and the packaged excerpts of them, by exact file name (lower case, without ".gz") ->
 # (rate_scale, engine_speedup). Exact, not a fragment: "conv" in any name (a Mooncake file saved as
@@ -93,7 +93,7 @@ def content_defaults(trace: Sequence[Request], prompt_scale: float = 1.0, long_f
     MAX_NUM_SEQS / fixed tokens/s (a trace of 20k-token outputs at 20 requests/s needs more: refused as
     compute-bound after simulating the whole run), and the speedup's own bound (MAX_SCALE). ``rate_scale``, when
     given (``--rate-scale``), is kept and the engine sized for it."""
-    span = span_of(trace)
+    span = active_seconds(trace)  # without its empty 5-minute blocks: gaps in the collection are no traffic
     if not trace or span <= 0:
         return (1.0, 1.0)
     rate = len(trace) / span

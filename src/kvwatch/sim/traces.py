@@ -12,7 +12,8 @@ first request. Every transformation is pure and deterministic for a given ``seed
 * Mooncake FAST'25 traces (JSON lines ``timestamp`` in ms, ``input_length``, ``output_length``,
   ``hash_ids`` of 512-token prefix blocks). Its timestamps are quantized to ~3 s, so requests sharing
   one timestamp are spread uniformly over the following ``jitter_seconds`` (otherwise the replay makes
-  artificial 3-second bursts).
+  artificial 3-second bursts). A CSV trace whose times are quantized (cut to the second or the minute) is
+  spread over its own step the same way (:func:`spread_quantized`).
 
 Any of them may be gzip-compressed (detected from the content, like the format).
 """
@@ -29,6 +30,7 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from datetime import datetime
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -158,14 +160,14 @@ def _read_csv(source: str | Path, columns: tuple[str, str, str], time: Callable[
                 raise ValueError(f"expected at least {max(where) + 1} columns")
             t, prompt, output = (_column(columns[i], parse, parts[where[i]])
                                  for i, parse in enumerate((time, _tokens, _tokens)))
-            if keep is not None and not keep(t, prompt, output):
-                continue
             if not math.isfinite(t):
                 raise ValueError("the arrival time must be a finite number")
+            if prompt < 0 or output < 0:  # checked before `keep`: a broken row is an error, not a failed request
+                raise ValueError("token counts cannot be negative")
+            if keep is not None and not keep(t, prompt, output):
+                continue
             if prompt < 1:
                 continue  # an empty prompt: vLLM refuses the request, so it holds no KV
-            if output < 0:
-                raise ValueError("token counts cannot be negative")
         except ValueError as exc:
             raise TraceError(f"{name}: line {number}: {exc}: {line[:80]!r}") from None
         rows.append((t, prompt, output))
@@ -175,7 +177,25 @@ def _read_csv(source: str | Path, columns: tuple[str, str, str], time: Callable[
         raise TraceError(f"{name}: no requests")
     rows.sort(key=lambda r: r[0])
     t0 = rows[0][0]
-    return [(t - t0, p, o) for t, p, o in rows]
+    return spread_quantized([(t - t0, p, o) for t, p, o in rows])
+
+
+QUANTIZED_SHARE = 2.0  # rows per distinct timestamp at which a CSV trace's times read as quantized
+
+
+def spread_quantized(rows: list[tuple[float, int, int]], seed: int = 0) -> list[tuple[float, int, int]]:
+    """Rows whose times are quantized (on average ``QUANTIZED_SHARE`` or more rows share one: a trace cut to the
+    second or the minute) spread uniformly over the quantum, the shortest step between two distinct times; the
+    replay made bursts of them (a minute's requests at one instant), as Mooncake's 3-s steps did. Times fine enough
+    to be distinct are kept as they are."""
+    times = sorted({t for t, _, _ in rows})
+    if len(times) < 2 or len(rows) < QUANTIZED_SHARE * len(times):
+        return rows
+    quantum = min(b - a for a, b in pairwise(times))
+    rng = random.Random(seed)
+    spread = [(t + rng.uniform(0.0, quantum), p, o) for t, p, o in rows]
+    spread.sort(key=lambda r: r[0])
+    return spread
 
 
 def read_mooncake_jsonl(source: str | Path, *, jitter_seconds: float = 3.0, seed: int = 0,
@@ -203,7 +223,7 @@ def read_mooncake_jsonl(source: str | Path, *, jitter_seconds: float = 3.0, seed
             t = _column("timestamp", _number, row["timestamp"]) / 1000.0
             prompt, output = (_column(f, _tokens, row[f]) for f in ("input_length", "output_length"))
             hashes = _hash_ids(row.get("hash_ids", ()))
-            if output < 0 or not 0 <= t < math.inf:
+            if prompt < 0 or output < 0 or not 0 <= t < math.inf:
                 raise ValueError("lengths cannot be negative and the timestamp must be a finite number >= 0")
             if prompt < 1:
                 continue  # an empty prompt: vLLM refuses the request, so it holds no KV
@@ -272,9 +292,25 @@ def scale_rate(requests: Sequence[Request], factor: Multiplier, *, seed: int = 0
     return out
 
 
+def empty_blocks(requests: Sequence[Request], block_seconds: float = 300.0) -> tuple[int, int]:
+    """(blocks with no request, all blocks) of the trace's whole ``block_seconds`` blocks: gaps in its collection
+    (a trace of two hours a day apart is 92 % empty), which neither its rate nor the bootstrap should count."""
+    n_blocks = int(span_of(requests) // block_seconds)
+    held = {int(r.arrival_time // block_seconds) for r in requests}
+    return n_blocks - sum(1 for i in held if i < n_blocks), n_blocks
+
+
+def active_seconds(requests: Sequence[Request], block_seconds: float = 300.0) -> float:
+    """The trace's span without its empty ``block_seconds`` blocks (:func:`empty_blocks`): the whole span of a
+    trace with none."""
+    empty, _ = empty_blocks(requests, block_seconds)
+    return span_of(requests) - empty * block_seconds
+
+
 def block_bootstrap(requests: Sequence[Request], duration: float, *, block_seconds: float = 300.0, seed: int = 0,
                     span: float | None = None) -> list[Request]:
-    """A ``duration``-long trace of random ``block_seconds`` blocks of the input (times inside blocks kept)."""
+    """A ``duration``-long trace of random ``block_seconds`` blocks of the input (times inside blocks kept), drawn
+    from the blocks that hold a request: an empty one is a gap in the trace's collection (:func:`empty_blocks`)."""
     if duration <= 0 or block_seconds <= 0:
         raise ValueError("block_bootstrap needs duration > 0 and block_seconds > 0")
     window = span if span is not None else span_of(requests)
@@ -286,11 +322,12 @@ def block_bootstrap(requests: Sequence[Request], duration: float, *, block_secon
         index = int(r.arrival_time // block_seconds)
         if index < n_blocks:
             blocks[index].append(r)
+    blocks = [b for b in blocks if b] or blocks
     rng = random.Random(seed)
     out: list[Request] = []
     start = 0.0
     while start < duration:
-        chosen = blocks[rng.randrange(n_blocks)]
+        chosen = blocks[rng.randrange(len(blocks))]
         base = (chosen[0].arrival_time // block_seconds) * block_seconds if chosen else 0.0
         for r in chosen:
             t = start + r.arrival_time - base
