@@ -28,6 +28,18 @@ def test_quantile_interpolates_like_histogram_quantile() -> None:
     assert quantile(0.5, Histogram((1.0, INF), (0.0, 0.0), 0.0, 0.0)) is None
 
 
+def test_a_malformed_histogram_gets_prometheus_answer() -> None:
+    # (review, round 13) what promql's bucketQuantile gives, on histograms no prometheus_client emits but a
+    # re-exporter or a hand-written exporter behind --*-metric overrides can.
+    assert quantile(0.5, Histogram((INF,), (10.0,), 10.0, 5.0)) is None  # one bucket: NaN there (kvwatch said 0 s)
+    assert quantile(0.5, Histogram((0.1, 1.0, INF), (100.0, 100.0, 10.0), 10.0, 5.0)) == pytest.approx(0.05)
+    assert quantile(0.6, Histogram((0.1, 1.0, 2.0, INF), (5.0, 3.0, 10.0, 10.0), 10.0, 9.0)) == pytest.approx(1.2)
+    assert quantile(0.5, Histogram((-1.0, INF), (10.0, 10.0), 10.0, -10.0)) == -1.0
+    # A bound twice (le="1" and le="1.0" in one series): one bucket with the counts added up, as Prometheus does.
+    assert quantile(0.5, Histogram((1.0, 1.0, INF), (2.0, 2.0, 4.0), 4.0, 4.0)) == pytest.approx(0.5)
+    assert quantile(0.5, Histogram((1.0, 2.0), (2.0, 4.0), 4.0, 4.0)) is None  # no +Inf bucket
+
+
 def test_window_delta_and_reset() -> None:
     old = Histogram((1.0, INF), (5.0, 6.0), 6.0, 3.0)
     new = Histogram((1.0, INF), (5.0, 16.0), 16.0, 33.0)

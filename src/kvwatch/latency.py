@@ -36,20 +36,32 @@ def delta(old: Histogram | None, new: Histogram) -> Histogram | None:
 
 
 def quantile(q: float, hist: Histogram) -> float | None:
-    """Prometheus' ``histogram_quantile`` on one histogram; None when it holds no observation."""
-    if not hist.cumulative or hist.cumulative[-1] <= 0:
+    """Prometheus' ``histogram_quantile`` on one histogram (promql/quantile.go ``bucketQuantile``); None where it
+    gives NaN: no observation, fewer than two buckets, or no ``+Inf`` bucket. As there, buckets sharing a bound are
+    added up and the counts made monotonic (a re-exporter's histogram can break both; a lone ``+Inf`` bucket read
+    as 0 s, "perfect latency")."""
+    if not hist.bounds or not math.isinf(hist.bounds[-1]):
         return None
-    rank = q * hist.cumulative[-1]
-    previous_bound, previous_count = 0.0, 0.0
+    merged: dict[float, float] = {}
     for bound, count in zip(hist.bounds, hist.cumulative, strict=True):
-        if count >= rank:
-            if math.isinf(bound):
-                return previous_bound  # the +Inf bucket: the largest finite bound is all that is known
-            if count == previous_count:
-                return bound
-            return previous_bound + (bound - previous_bound) * (rank - previous_count) / (count - previous_count)
-        previous_bound, previous_count = bound, count
-    return None
+        merged[bound] = merged.get(bound, 0.0) + count
+    bounds = sorted(merged)
+    counts, highest = [], 0.0
+    for bound in bounds:
+        highest = max(highest, merged[bound])
+        counts.append(highest)
+    if len(bounds) < 2 or counts[-1] <= 0:
+        return None
+    rank = q * counts[-1]
+    b = next((i for i in range(len(bounds) - 1) if counts[i] >= rank), len(bounds) - 1)
+    if b == len(bounds) - 1:
+        return bounds[-2]  # the +Inf bucket: the largest finite bound is all that is known
+    if b == 0 and bounds[0] <= 0:
+        return bounds[0]
+    start, end, count = 0.0, bounds[b], counts[b]
+    if b > 0:
+        start, count, rank = bounds[b - 1], count - counts[b - 1], rank - counts[b - 1]
+    return start + (end - start) * (rank / count) if count > 0 else None
 
 
 def window_quantiles(old: Mapping[str, Histogram], new: Mapping[str, Histogram],
