@@ -295,3 +295,13 @@ def test_sglang_length_histograms_are_read_on_a_page_without_type_lines():
     for page in (text, bare):
         [reading] = read_payload(page, timestamp=1.0).readings
         assert (reading.request_prompt_tokens_sum, reading.request_prompt_tokens_count) == (800.0, 4.0)
+
+
+def test_a_page_with_two_engines_metrics_is_refused_naming_both() -> None:
+    # (review, round 13) a vLLM page with an SGLang server's gauges appended: the vLLM adapter read its series and
+    # the SGLang engine, 99 % full with 30 waiting, vanished without a word while kvwatch_up stayed 1.
+    vllm_page = (FIXTURES / "vllm-metrics" / "gen-0.11-kv-only.prom").read_text()
+    sglang_page = (SGLANG / "gen-rank-labels-dp2.prom").read_text()
+    with pytest.raises(UnrecognisedPayload, match="holds the metrics of vllm and sglang"):
+        read_payload(vllm_page + sglang_page, timestamp=1.0)
+    assert read_payload(vllm_page, timestamp=1.0).readings and read_payload(sglang_page, timestamp=1.0).readings

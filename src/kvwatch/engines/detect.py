@@ -42,15 +42,17 @@ def wanted_for(overrides: SourceOverrides | None = None, *, latency: bool = True
     return names | vllm.LENGTH_SUMS if not lengths else names
 
 
+def engines_of(exposition: Exposition) -> list[str]:
+    """Every engine whose metrics the page holds: ``vllm``, ``sglang``, ``tensorrt-llm``, in that order."""
+    claims = (("vllm", any(name.startswith("vllm:") for name in exposition.names)),
+              ("sglang", sglang.claims(exposition)), ("tensorrt-llm", trtllm.claims(exposition)))
+    return [kind for kind, claimed in claims if claimed]
+
+
 def engine_of(exposition: Exposition) -> str | None:
-    """``vllm``, ``sglang``, ``tensorrt-llm`` or None."""
-    if any(name.startswith("vllm:") for name in exposition.names):
-        return "vllm"
-    if sglang.claims(exposition):
-        return "sglang"
-    if trtllm.claims(exposition):
-        return "tensorrt-llm"
-    return None
+    """``vllm``, ``sglang``, ``tensorrt-llm`` or None (the first that :func:`engines_of` finds)."""
+    kinds = engines_of(exposition)
+    return kinds[0] if kinds else None
 
 
 def read_payload(text: str, overrides: SourceOverrides | None = None, *, timestamp: float,
@@ -77,7 +79,12 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
     wanted = wanted_for(overrides, latency=latency, lengths=lengths)
     exposition = parse(text, wanted, limit.admit if limit is not None else None)
     pending = _refuse_unmatched(exposition, overrides)
-    kind = engine_of(exposition)
+    kinds = engines_of(exposition)
+    if len(kinds) > 1:  # one adapter would read its engine's series and the others' would vanish without a word
+        raise UnrecognisedPayload(f"this page holds the metrics of {' and '.join(kinds)}: several engines on one "
+                                  "page (a gateway's or a shared registry's); point kvwatch at one engine's "
+                                  "/metrics")
+    kind = kinds[0] if kinds else None
     if kind == "sglang":
         poll = _capped(sglang.read(exposition, overrides, timestamp=timestamp), max_series)
     elif kind == "tensorrt-llm":
