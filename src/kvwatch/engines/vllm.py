@@ -576,8 +576,8 @@ FAMILY_EVIDENCE: dict[str, str] = {
     "vllm:time_per_output_token_seconds": "MMMMMMMNNN",  # hidden in 0.12-0.13, absent in 0.16
     "vllm:request_prefill_kv_computed_tokens": "NNNNNMMMMM",  # 0.13
     "vllm:prompt_tokens_by_source_total": "NNNNNNMMMM",  # by 0.16
-    "vllm:num_requests_kv_fetch_by_stage": "NNNNNNNNNM",  # 0.33 (not 0.29)
-    "vllm:admission_rejections_total": "NNNNNNNNNM",
+    "vllm:num_requests_kv_fetch_by_stage": "NNNNNNNNNM",  # by 0.32 (not 0.29; vllm/v1/metrics/loggers.py)
+    "vllm:admission_rejections_total": "NNNNNNNNNM",  # by 0.32 (labels model_name and reason: no engine)
     "vllm:request_num_preemptions": "NNNNNNNNNM",
 }
 CACHE_LABEL_EVIDENCE: dict[str, str] = {
