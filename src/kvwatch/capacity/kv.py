@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, replace
 
 from kvwatch.capacity import mamba
-from kvwatch.capacity.architecture import CHUNKED, FULL, MAMBA, SLIDING, ModelArch
+from kvwatch.capacity.architecture import CHUNKED, FULL, MAMBA, MLP_ONLY, SLIDING, ModelArch
 
 # vLLM versions that matter for the reported token count, as (major, minor) tuples.
 HYBRID_GROUPING_SINCE = (0, 9)  # before: every attention layer treated as full attention, one group
@@ -263,8 +263,17 @@ def kv_dtype_bytes(kv_cache_dtype: str, model_dtype_bytes: int) -> int:
 
 
 def layers_on_rank(num_layers: int, pp: int) -> int:
-    """Layers held by the largest pipeline stage (vLLM splits evenly, remainder to the last stages)."""
+    """Layers held by the largest pipeline stage (:func:`pp_stage_sizes`)."""
     return math.ceil(num_layers / pp)
+
+
+def pp_stage_sizes(num_layers: int, pp: int) -> list[int]:
+    """Layers per pipeline stage as vLLM splits them without VLLM_PP_LAYER_PARTITION (get_pp_indices in
+    vllm/distributed/utils.py): evenly, the remainder one each to the stages before the last, last first."""
+    sizes = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        sizes[-i] += 1
+    return sizes
 
 
 def kv_bytes_per_token_per_layer(arch: ModelArch, tp: int, kv_bytes: int, kv_cache_dtype: str = "auto",
@@ -329,13 +338,55 @@ def _mamba_pages(arch: ModelArch, version: tuple[int, int]) -> bool:
 
 
 def rank_groups(arch: ModelArch, pp: int, version: tuple[int, int]) -> tuple[int, tuple[KVGroup, ...]]:
-    """(group_size, groups) of the first (largest) pipeline stage, whose contiguous slice of layers shares one
+    """(group_size, groups) of the pipeline stage whose block row is widest, whose slice of layers shares one
     block pool: the model's architecture and the vLLM version decide it, not the card (the grouping of
     :func:`kv_layout`, and what divides an engine's reported blocks among the groups)."""
+    if pp > 1:
+        staged = _staged_groups(arch, pp, version)
+        if staged is not None:
+            return staged
     types = arch.kv_cache_layer_types
     stage_types = types[:layers_on_rank(len(types), pp)]
     mamba_on_rank = layers_on_rank(arch.mamba_layers, pp) if _mamba_pages(arch, version) else 0
     return group_layers(stage_types, arch.sliding_window, version, mamba_on_rank, arch.attention_chunk_size)
+
+
+def _staged_groups(arch: ModelArch, pp: int, version: tuple[int, int]) -> tuple[int, tuple[KVGroup, ...]] | None:
+    """With pipeline parallelism and layers of several kinds, vLLM groups the whole model's layers (each kind's
+    layers dealt round-robin into groups, ``layers[i::n]``) and each stage holds its share of every group
+    (get_kv_cache_configs in vllm/v1/core/kv_cache_utils.py, 0.11-0.32); a stage's block row is its largest share,
+    and the pool is the smallest stage's. Gemma-3-27B at PP 4: groups of 3 layer slots where grouping the first
+    stage on its own gave 2 (31 % too many requests). None for one kind of layer (the stage's own layers are its
+    one group) or a hybrid whose state layers' places are not known."""
+    types = arch.layer_types or (FULL,) * arch.num_layers
+    buckets: dict[str, list[int]] = {}
+    for i, kind in enumerate(types[:max(0, len(types) - arch.kv_shared_layers)]):
+        if kind not in (MAMBA, MLP_ONLY):
+            buckets.setdefault(_bucket(kind, version, arch.attention_chunk_size), []).append(i)
+    if _mamba_pages(arch, version):
+        places = [i for i, kind in enumerate(types) if kind == MAMBA] or (
+            list(range(len(types))) if arch.mamba_layers == len(types) else [])  # Falcon-H1: every layer
+        if len(places) != arch.mamba_layers:
+            return None
+        buckets[MAMBA] = places
+    if len(buckets) < 2:
+        return None
+    sizes = [len(layers) for layers in buckets.values()]
+    group_size = max(sizes) if max(sizes) < min(sizes) * 1.5 else min(sizes)
+    kinds = [k for k in (FULL, SLIDING, CHUNKED, MAMBA) if k in buckets]
+    members = [(kind, buckets[kind][j::n]) for kind in kinds
+               for n in [math.ceil(len(buckets[kind]) / group_size)] for j in range(n)]
+    shares: list[int] = []
+    start = 0
+    for size in pp_stage_sizes(len(types), pp):
+        share = [sum(start <= layer < start + size for layer in layers) for _, layers in members]
+        if not shares or max(share) > max(shares):
+            shares = share
+        start += size
+    return max(shares), tuple(
+        KVGroup(kind, count, arch.sliding_window if kind == SLIDING else None,
+                arch.attention_chunk_size if kind == CHUNKED else None)
+        for (kind, _), count in zip(members, shares, strict=True))
 
 
 def kv_layout(arch: ModelArch, tp: int, pp: int, kv_bytes: int, block_size: int,
