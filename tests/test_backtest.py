@@ -76,6 +76,7 @@ def test_cli_json_contract_and_plot(tmp_path, capsys):
     assert report["scenario"]["trace_format"] == "azure"
     assert set(report["scenario"]["trace_columns"]) == {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
     assert report["scenario"]["trace_empty_blocks"] == {"empty": 0, "blocks": 1}  # the sample: one short block
+    assert report["scenario"]["trace_requests_capped"] == 0
     for horizon in ("5m", "15m", "30m"):
         block = report["calibration"][horizon]
         assert set(block) == {"kvwatch", "predict_linear", "climatology"}
@@ -298,5 +299,18 @@ def test_the_report_says_how_much_of_a_gapped_trace_holds_requests(tmp_path, cap
     code, out, _ = _cli(["--trace", str(trace), "--hours", "0.6", "--profile", "steady", "--start-load", "0.5",
                          "--peak-load", "0.5"], capsys)
     assert code == 0
+    assert not any("were capped" in line for line in out.splitlines())
     note = next(line for line in out.splitlines() if "blocks hold no request" in line)
     assert note.startswith("note: 286 of the trace's 289 5-minute blocks hold no request"), note  # 2 + 1 whole
+
+
+def test_the_report_counts_the_requests_capped_at_max_model_len(tmp_path, capsys):
+    # (review, round 13) six 10,000,000-token prompts were capped at --max-model-len without a word of how many.
+    rows = [f"2023-11-16 18:{i // 60:02d}:{i % 60:02d}.5,{10_000_000 if i % 100 == 0 else 300 + i % 700},40\n"
+            for i in range(0, 1200)]
+    trace = tmp_path / "huge.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(rows))
+    code, out, _ = _cli(["--trace", str(trace), "--hours", "0.6", "--profile", "steady", "--start-load", "0.5",
+                         "--peak-load", "0.5", "--max-model-len", "32768"], capsys)
+    assert code == 0
+    assert "note: 12 of the 1,200 requests read are longer than --max-model-len 32,768 and were capped" in out

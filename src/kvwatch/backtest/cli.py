@@ -131,6 +131,9 @@ def run(args: argparse.Namespace) -> int:
     report["scenario"]["trace_hours_read"] = round(span_of(trace) / 3600.0, 2)
     empty, blocks = empty_blocks(trace, block_seconds_for(trace))
     report["scenario"]["trace_empty_blocks"] = {"empty": empty, "blocks": blocks}
+    # Rows longer than --max-model-len (before --prompt-scale): capped at it, so one outlier cannot size the cache.
+    report["scenario"]["trace_requests_capped"] = sum(
+        r.prompt_tokens + r.output_tokens > args.max_model_len for r in trace)
     report["scenario"]["scale_defaults_from"] = _defaults_from(args.rate_scale is not None,
                                                                args.engine_speedup is not None, named(args.trace))
     if args.json:
@@ -184,6 +187,10 @@ def _text(report: dict) -> str:
         lines.append(f"note: read the trace's first {scen['trace_requests_read']:,} requests, its first "
                      f"{scen['trace_hours_read']:g} h (a longer trace is not held whole); the bootstrap draws its "
                      "5-minute blocks from them")
+    if scen["trace_requests_capped"]:
+        lines.append(f"note: {scen['trace_requests_capped']:,} of the {scen['trace_requests_read']:,} requests read "
+                     f"are longer than --max-model-len {scen['max_model_len']:,} and were capped at it (vLLM would "
+                     "refuse them)")
     gaps = scen["trace_empty_blocks"]
     if gaps["empty"]:
         lines.append(f"note: {gaps['empty']:,} of the trace's {gaps['blocks']:,} 5-minute blocks hold no request (gaps "
