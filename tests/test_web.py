@@ -307,3 +307,23 @@ def test_connections_past_the_cap_wait_briefly_then_are_closed(serve, monkeypatc
         s.close()
     time.sleep(0.1)
     assert httpx.get(f"http://127.0.0.1:{server.port}/metrics").status_code == 200
+
+
+def test_one_client_cannot_hold_every_connection(serve, monkeypatch: pytest.MonkeyPatch) -> None:
+    # (review, round 13) 128 half-sent requests from one client held every slot, and /healthz (the kubelet's
+    # liveness probe) and /metrics failed for everyone until they timed out. A client gets MAX_PER_CLIENT at once;
+    # another address is still served.
+    from kvwatch.serve import web
+
+    monkeypatch.setattr(web, "MAX_PER_CLIENT", 2)
+    server = serve(None)
+    holding = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(2)]
+    time.sleep(0.1)
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{server.port}/healthz", timeout=5.0)
+    other = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"))
+    assert other.get(f"http://127.0.0.1:{server.port}/healthz", timeout=5.0).status_code == 200
+    for s in holding:
+        s.close()
+    time.sleep(0.1)
+    assert httpx.get(f"http://127.0.0.1:{server.port}/healthz").status_code == 200

@@ -3,7 +3,8 @@
 Built for a pod where anything may connect: a scrape renders the current State once per poll and every
 other scrape of that State gets the same bytes (:class:`RenderCache`); a deep listen backlog takes bursts of
 hundreds of connections; a client that hangs up or stalls costs one thread for at most ``CLIENT_TIMEOUT``
-seconds in all and never a traceback in the log; at most ``MAX_CONNECTIONS`` are served at once.
+seconds in all and never a traceback in the log; at most ``MAX_CONNECTIONS`` are served at once, at most
+``MAX_PER_CLIENT`` of them to one client address.
 
 ``--web-config-file`` reads the Prometheus exporter-toolkit web configuration (the file node_exporter's
 ``--web.config.file`` reads): ``tls_server_config`` (``cert_file``/``key_file`` or inline ``cert``/``key``,
@@ -29,6 +30,7 @@ import socket
 import ssl
 import tempfile
 import threading
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -49,6 +51,9 @@ LISTEN_BACKLOG = 1024
 MAX_CONNECTIONS = 128
 """Connections served at once (a thread each); more wait in the backlog. 1,500 clients trickling a header byte
 every 8 s held 1,504 threads and 76 MB, over the memory budget."""
+MAX_PER_CLIENT = 32
+"""Connections one client address may hold at once: 128 half-sent requests from one client held every slot, and
+the kubelet's /healthz probe and Prometheus' scrape failed until they timed out (round 13's review)."""
 SLOT_WAIT_SECONDS = 0.5
 """How long a new connection may wait for a slot before it is closed (serve_forever's poll interval)."""
 _AUTH_CACHE_SIZE = 256
@@ -268,18 +273,29 @@ class MetricsServer(ThreadingHTTPServer):
         if ":" in address[0]:  # an IPv6 address (--listen-address ::)
             self.address_family = socket.AF_INET6
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._per_client: Counter[str] = Counter()
+        self._per_client_lock = threading.Lock()
         super().__init__(address, _Handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
+        # One client may hold at most MAX_PER_CLIENT connections: more are closed at once, without a thread.
+        host = str(client_address[0]) if client_address else ""
+        with self._per_client_lock:
+            if self._per_client[host] >= MAX_PER_CLIENT:
+                self.shutdown_request(request)
+                return
+            self._per_client[host] += 1
         # The accept loop waits here for a slot (what arrives meanwhile waits in the listen backlog), at most as
         # long as serve_forever's own poll, so shutdown() is never held up; past that the connection is closed.
         if not self._slots.acquire(timeout=SLOT_WAIT_SECONDS):
+            self._release_client(host)
             self.shutdown_request(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
             self._slots.release()
+            self._release_client(host)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
@@ -287,6 +303,13 @@ class MetricsServer(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self._slots.release()
+            self._release_client(str(client_address[0]) if client_address else "")
+
+    def _release_client(self, host: str) -> None:
+        with self._per_client_lock:
+            self._per_client[host] -= 1
+            if self._per_client[host] <= 0:
+                del self._per_client[host]
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         # The socket timeout bounds each recv, not the request: a byte every few seconds kept a thread for ever.
