@@ -433,7 +433,13 @@ def test_a_queue_the_next_prompt_does_not_fit_is_kv_bound_below_90_percent() -> 
 
     long, short = findings([state(110_000)]), findings([state(2_000)])
     assert [f.id for f in long] == ["kv_bound"] and [f.id for f in short] == ["scheduler_limited"]
-    assert "60,000 tokens free are fewer than the mean prompt (110,000)" in long[0].message
+    assert "60,000 tokens free are fewer than the 110,000 a mean prompt needs" in long[0].message
+    # A prompt the prefix cache holds 90 % of needs 11,000: room enough, the scheduler holds the queue back.
+    cached = derive(Reading("m", kv_usage_ratio=0.85, requests_running=3, requests_waiting=8,
+                            kv_capacity_tokens=400_000.0, request_prompt_tokens_sum=110_000 * 50,
+                            request_prompt_tokens_count=50, prefix_cache_queries_total=1e6,
+                            prefix_cache_hits_total=9e5), None)
+    assert [f.id for f in findings([cached])] == ["scheduler_limited"]
 
 
 def test_human_text_has_plurals_no_dicts_and_no_unknown_tokens(capsys: pytest.CaptureFixture[str]) -> None:

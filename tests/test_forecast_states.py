@@ -189,6 +189,9 @@ def test_a_queue_the_next_request_does_not_fit_waits_for_kv_below_090(prompt_tok
 
     assert run(Forecaster(), polls())[-1].state == state
     assert run(Forecaster(FORECASTERS["v8"]), polls())[-1].state == "scheduler_limited"  # v8 said so of both
+    # A prompt the prefix cache serves 90 % of needs 2,000 tokens of KV: room enough.
+    cached = (replace(s, prefix_cache_hit_ratio=0.9) for s in polls())
+    assert run(Forecaster(), cached)[-1].state == "scheduler_limited"
 
 
 def test_a_fixed_number_of_long_requests_in_flight_is_no_warning():
@@ -545,11 +548,11 @@ def test_a_sample_pickled_before_a_field_was_added_unpickles_with_its_default():
     from dataclasses import fields
 
     sample = ForecastSample(timestamp=1.0, kv_usage=0.5, waiting=3.0, waiting_for_capacity=2.0, asleep=True,
-                            prefill_server=True, tokens_counted_every_step=True)
-    added = ("waiting_for_capacity", "asleep", "prefill_server", "tokens_counted_every_step")
+                            prefill_server=True, tokens_counted_every_step=True, prefix_cache_hit_ratio=0.4)
+    added = ("waiting_for_capacity", "asleep", "prefill_server", "tokens_counted_every_step", "prefix_cache_hit_ratio")
     assert tuple(f.name for f in fields(sample))[-len(added):] == added
     old_state = [getattr(sample, f.name) for f in fields(sample)][:-len(added)]  # as written before they were
     restored = ForecastSample.__new__(ForecastSample)
     restored.__setstate__(old_state)
     assert restored == replace(sample, waiting_for_capacity=None, asleep=False, prefill_server=False,
-                               tokens_counted_every_step=False)
+                               tokens_counted_every_step=False, prefix_cache_hit_ratio=None)

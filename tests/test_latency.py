@@ -38,6 +38,10 @@ def test_a_malformed_histogram_gets_prometheus_answer() -> None:
     # A bound twice (le="1" and le="1.0" in one series): one bucket with the counts added up, as Prometheus does.
     assert quantile(0.5, Histogram((1.0, 1.0, INF), (2.0, 2.0, 4.0), 4.0, 4.0)) == pytest.approx(0.5)
     assert quantile(0.5, Histogram((1.0, 2.0), (2.0, 4.0), 4.0, 4.0)) is None  # no +Inf bucket
+    h = Histogram((1.0, 2.0, INF), (4.0, 8.0, 10.0), 10.0, 14.0)
+    assert (quantile(-0.5, h), quantile(1.5, h), quantile(float("nan"), h)) == (-INF, INF, None)
+    assert quantile(0.5, Histogram((2.0, INF, 1.0), (8.0, 10.0, 4.0), 10.0, 14.0)) == pytest.approx(1.25)  # sorted
+    assert quantile(0.5, Histogram((1.0, 2.0, INF), (-4.0, 8.0, 10.0), 10.0, 5.0)) == pytest.approx(1.75)
 
 
 def test_window_delta_and_reset() -> None:
@@ -56,6 +60,8 @@ def test_slo_cause() -> None:
     assert classify(q, 0.50, 2.0) == (True, "other")  # queueing, but the cache has room: the scheduler limits
     assert classify({("ttft", 0.9): 4.0, ("queue", 0.9): 0.2}, 0.99, 2.0) == (True, "other")  # prefill-bound
     assert classify(q, 0.99, 5.0) == (True, None)
+    # Below 0.95 with no room for the next prompt (long contexts, v9): the KV cache, as kvwatch_state says.
+    assert classify(q, 0.85, 2.0, no_room=True) == (True, "kv_cache")
     assert classify({}, 0.99, 5.0) == (False, None)
 
 

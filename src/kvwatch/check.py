@@ -1,7 +1,8 @@
 """``kvwatch check [URL] [--file PATH] [--json]``: one poll, then a diagnosis a person can act on.
 
 Findings follow the troubleshooting checklist (stable ids, see docs/metrics.md):
-``kv_bound`` (KV ≥ 0.90 with a queue), ``scheduler_limited`` (a standing queue while KV < 0.9), ``preemptions``
+``kv_bound`` (a queue at KV ≥ 0.90, or below with fewer tokens free than a mean prompt needs),
+``scheduler_limited`` (a standing queue while KV < 0.9 has room for the next prompt), ``preemptions``
 (any preemption, or SGLang retraction, since the engine started), ``prefix_cache_ineffective`` (prefix
 caching on, hit ratio < 10 %),
 ``capacity_unknown`` and ``usage_unknown`` (kvwatch cannot read them from this engine), ``capacity_groups_unknown``
@@ -463,10 +464,13 @@ def findings(states: Iterable[SeriesState],
                            f"{fixes} On any other server finished requests' blocks are not being freed (a KV "
                            "leak: restart the engine), and those fixes would not help.")
             elif usage < KV_BOUND_USAGE:
+                mean, cached = r.mean_prompt_tokens or 0.0, r.prefix_cached_share or 0.0
                 message = (f"KV cache is {usage:.1%} full with {_requests(waiting)} waiting, and the "
-                           f"{_free_tokens(r, usage):,.0f} tokens free are fewer than the mean prompt "
-                           f"({_mean_prompt(r):,.0f}): the next request does not fit, so the KV cache is the "
-                           f"bottleneck (a higher concurrency limit would not start it). {fixes}")
+                           f"{_free_tokens(r, usage):,.0f} tokens free are fewer than the {mean * (1 - cached):,.0f} "
+                           f"a mean prompt needs (the mean since the engine started: {mean:,.0f} tokens"
+                           + (f", {cached:.0%} of them from the prefix cache" if cached else "") + "): the next "
+                           "request does not fit, so the KV cache is the bottleneck (a higher concurrency limit "
+                           f"would not start it). {fixes}")
             else:
                 message = (f"KV cache is {usage:.1%} full with {_requests(waiting)} waiting: the KV cache is the "
                            f"bottleneck. {fixes}")
@@ -536,21 +540,17 @@ def _scheduler_fix(running: float | None, max_num_seqs: int | None, flags: Mappi
     return f"Raise {concurrency} or {budget} (token budget){sglang}"
 
 
-def _mean_prompt(r: Reading) -> float | None:
-    """The mean prompt since the engine started (the prompt length histogram's sum and count)."""
-    total, count = r.request_prompt_tokens_sum, r.request_prompt_tokens_count
-    return total / count if total is not None and count else None
-
-
 def _free_tokens(r: Reading, usage: float) -> float:
     return (1.0 - usage) * (r.kv_capacity_tokens or 0.0)
 
 
 def _waits_for_kv(r: Reading, usage: float) -> bool:
     """The forecaster's rule for a queue (kvwatch.forecast): it waits for KV at ``u_busy`` (0.90) used, and below
-    that when fewer tokens are free than a mean prompt (detector.no_room_for_next_request; one poll has only the
-    mean since the engine started)."""
-    return usage >= KV_BOUND_USAGE or no_room_for_next_request(usage, r.kv_capacity_tokens, _mean_prompt(r))
+    that when fewer tokens are free than a mean prompt needs (detector.no_room_for_next_request). One poll has only
+    the mean since the engine started; serve's state takes the last 30 minutes', so after a change of mix the two
+    can differ (the message says which mean it used)."""
+    return usage >= KV_BOUND_USAGE or no_room_for_next_request(usage, r.kv_capacity_tokens, r.mean_prompt_tokens,
+                                                               r.prefix_cached_share)
 
 
 def _standing_queue(r: Reading) -> bool:

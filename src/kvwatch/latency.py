@@ -37,16 +37,20 @@ def delta(old: Histogram | None, new: Histogram) -> Histogram | None:
 
 def quantile(q: float, hist: Histogram) -> float | None:
     """Prometheus' ``histogram_quantile`` on one histogram (promql/quantile.go ``bucketQuantile``); None where it
-    gives NaN: no observation, fewer than two buckets, or no ``+Inf`` bucket. As there, buckets sharing a bound are
-    added up and the counts made monotonic (a re-exporter's histogram can break both; a lone ``+Inf`` bucket read
-    as 0 s, "perfect latency")."""
-    if not hist.bounds or not math.isinf(hist.bounds[-1]):
+    gives NaN: no observation, fewer than two buckets, no ``+Inf`` bucket, or ``q`` NaN (below 0 it gives -Inf,
+    above 1 +Inf). As there, the buckets are sorted, those sharing a bound added up and the counts made monotonic
+    (a re-exporter's histogram can break all three; a lone ``+Inf`` bucket read as 0 s, "perfect latency")."""
+    if math.isnan(q):
         return None
+    if q < 0 or q > 1:
+        return -math.inf if q < 0 else math.inf
     merged: dict[float, float] = {}
     for bound, count in zip(hist.bounds, hist.cumulative, strict=True):
         merged[bound] = merged.get(bound, 0.0) + count
     bounds = sorted(merged)
-    counts, highest = [], 0.0
+    if not bounds or bounds[-1] != math.inf:
+        return None
+    counts, highest = [], -math.inf
     for bound in bounds:
         highest = max(highest, merged[bound])
         counts.append(highest)

@@ -147,6 +147,19 @@ class Reading:
         return self.prefix_cache_hits_total / self.prefix_cache_queries_total
 
     @property
+    def mean_prompt_tokens(self) -> float | None:
+        """Mean prompt of the requests finished since the engine started (the prompt length histogram's sum and
+        count); None before one finished or without the histogram."""
+        total, count = self.request_prompt_tokens_sum, self.request_prompt_tokens_count
+        return total / count if total is not None and count else None
+
+    @property
+    def prefix_cached_share(self) -> float | None:
+        """The share of prompt tokens the prefix cache served since the engine started (lifetime hits / queries):
+        a waiting prompt needs KV only for the rest. None when prefix caching is off or nothing was queried."""
+        return self.prefix_cache_hit_ratio if self.prefix_caching_enabled is not False else None
+
+    @property
     def prefix_caching_enabled(self) -> bool | None:
         value = self.cache_config.get("enable_prefix_caching")
         if value is None or value == "None":

@@ -10,6 +10,7 @@ saturation is over it warns again only after a fresh run of ``rearm_for`` minute
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -38,13 +39,16 @@ class SampleFlags:
     stalls_without_queue: bool = False
 
 
-def no_room_for_next_request(usage: float, capacity_tokens: float | None, prompt_tokens: float | None) -> bool:
-    """Fewer free KV tokens than a typical request's prompt (the mean of recent ones): a request waiting then
-    waits for KV even below ``u_busy``. With long contexts a handful of requests fill the cache, and the next
-    one does not fit at 0.85. vLLM without chunked prefill needs the whole prompt's blocks to start a request;
-    SGLang and TensorRT-LLM reserve more than that. False when either figure is unknown."""
-    return bool(capacity_tokens and prompt_tokens and prompt_tokens > 0) and \
-        (1.0 - usage) * capacity_tokens < prompt_tokens  # type: ignore[operator]
+def no_room_for_next_request(usage: float, capacity_tokens: float | None, prompt_tokens: float | None,
+                             cached_share: float | None = None) -> bool:
+    """Fewer free KV tokens than a typical request's prompt needs (the mean prompt, less the share the prefix cache
+    serves): a request waiting then waits for KV even below ``u_busy``. With long contexts a handful of requests
+    fill the cache, and the next one does not fit at 0.85 where the engine admits a request only when its whole
+    prompt fits (vLLM with chunked prefill off) or reserves more (SGLang). False when a figure is unknown."""
+    if not (capacity_tokens and prompt_tokens and prompt_tokens > 0 and math.isfinite(prompt_tokens)):
+        return False
+    cached = cached_share if cached_share is not None and math.isfinite(cached_share) else 0.0
+    return (1.0 - usage) * capacity_tokens < prompt_tokens * (1.0 - min(1.0, max(0.0, cached)))
 
 
 @dataclass(frozen=True)

@@ -116,6 +116,8 @@ class ForecastSample:
     prefill_server: bool = False
     # Reading.tokens_counted_every_step: requests running with no progress are a stall even with nothing waiting.
     tokens_counted_every_step: bool = False
+    # Reading.prefix_cached_share: a waiting prompt needs KV only for what the prefix cache does not hold (v9).
+    prefix_cache_hit_ratio: float | None = None
 
     def __setstate__(self, state: Sequence[Any]) -> None:
         """Unpickle by field order, the fields a pickle predates at their defaults (benchmarks/ keeps simulated
@@ -135,6 +137,7 @@ class ForecastSample:
             asleep=reading.asleep,
             prefill_server=reading.prefill_server,
             tokens_counted_every_step=reading.tokens_counted_every_step,
+            prefix_cache_hit_ratio=reading.prefix_cached_share,
             capacity_tokens=_capacity_of(reading),
             running=reading.requests_running or 0.0,
             waiting=reading.requests_waiting or 0.0,
@@ -428,7 +431,8 @@ class Forecaster:
             return SampleFlags(sample.timestamp, u, 0.0, False, False, None)
         queued = sample.waiting if sample.waiting_for_capacity is None else sample.waiting_for_capacity
         waits_for_kv = queued >= 1 and (u >= p.u_busy or (
-            p.room_for_next_request and no_room_for_next_request(u, sample.capacity_tokens, self._prompt_mean(sample))))
+            p.room_for_next_request and no_room_for_next_request(u, sample.capacity_tokens, self._prompt_mean(sample),
+                                                                 sample.prefix_cache_hit_ratio)))
         return SampleFlags(
             timestamp=sample.timestamp,
             usage=u,

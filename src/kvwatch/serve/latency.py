@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.core import GaugeMetricFamily
 
+from kvwatch.forecast.detector import no_room_for_next_request
 from kvwatch.history import SeriesHistory
 from kvwatch.latency import window_quantiles
 from kvwatch.model import Histogram, Reading, SeriesKey
@@ -47,15 +48,18 @@ class SeriesLatency:
 
 
 def classify(quantiles: Mapping[tuple[str, float], float], usage: float | None,
-             slo_seconds: float) -> tuple[bool, str | None]:
-    """(known, cause): whether TTFT p90 is known, and ``kv_cache``/``other`` when it breaks the objective."""
+             slo_seconds: float, *, no_room: bool = False) -> tuple[bool, str | None]:
+    """(known, cause): whether TTFT p90 is known, and ``kv_cache``/``other`` when it breaks the objective. The cache
+    is full at KV_SATURATED, or below it with no room for the next prompt (``no_room``: the forecaster's rule,
+    kvwatch.forecast.detector.no_room_for_next_request)."""
     ttft = quantiles.get(("ttft", 0.9))
     if ttft is None:
         return False, None
     if ttft <= slo_seconds:
         return True, None
     queue = quantiles.get(("queue", 0.9))
-    kv_bound = usage is not None and usage >= KV_SATURATED and queue is not None and queue >= QUEUE_SHARE * ttft
+    full = usage is not None and (usage >= KV_SATURATED or no_room)
+    kv_bound = full and queue is not None and queue >= QUEUE_SHARE * ttft
     return True, "kv_cache" if kv_bound else "other"
 
 
@@ -103,7 +107,9 @@ class LatencyAnalyzer:
             entries = history.samples(since_restart=True, window=self.window)
             usages = [e.reading.kv_usage_ratio for e in entries if e.reading.kv_usage_ratio is not None]
             usage = statistics.median(usages) if usages else None
-            known, cause = classify(quantiles, usage, self.ttft_slo_seconds)
+            no_room = usage is not None and no_room_for_next_request(
+                usage, reading.kv_capacity_tokens, reading.mean_prompt_tokens, reading.prefix_cached_share)
+            known, cause = classify(quantiles, usage, self.ttft_slo_seconds, no_room=no_room)
         return SeriesLatency(MappingProxyType(quantiles), aborted, cause, known)
 
     def families(self, results: Mapping[SeriesKey, SeriesLatency], now: float) -> Iterable[GaugeMetricFamily]:
