@@ -345,3 +345,17 @@ def test_prefill_attention_flops_use_each_layer_types_head_sizes():
     full = 32 * (512 + 512) * n * n
     sliding = 2 * 32 * (256 + 256) * (1024 * n - 1024 * 1024 / 2)
     assert attention_flops(gemma, n) == pytest.approx(10 * full + 50 * sliding)
+
+
+def test_a_pipeline_stage_without_a_full_layer_still_gets_the_whole_models_pages():
+    # vLLM unifies the page sizes of the whole model's specs; kvwatch read the first stage's layer types only, so at
+    # PP 12 (no full layer in the first 5) the full group kept block size 16 and the plan 7.40 requests where the
+    # whole model's pages give 11.73 (round 13's review). The bytes per token are the widest stage's layers, group by
+    # group (at PP 8 one full and six sliding: 8,192 + 6 x 16,384).
+    arch = arch_from_config(GEMMA4_31B)
+    pp12 = kv.kv_layout(arch, 1, 12, 2, 16, (0, 20))
+    full = next(g for g in pp12.groups if g.kind == "full_attention")
+    assert pp12.group_block_size(full) == 32
+    blocks = kv.num_gpu_blocks(20 * 2**30, pp12)
+    assert round(kv.max_concurrency_at_max_model_len(pp12, blocks, 131072, 8192), 2) == 11.73
+    assert kv.kv_layout(arch, 1, 8, 2, 16, (0, 20)).kv_bytes_per_token == 8192 + 6 * 16384

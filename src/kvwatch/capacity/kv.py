@@ -29,6 +29,9 @@ from kvwatch.capacity.architecture import CHUNKED, FULL, MAMBA, MLP_ONLY, SLIDIN
 
 # vLLM versions that matter for the reported token count, as (major, minor) tuples.
 HYBRID_GROUPING_SINCE = (0, 9)  # before: every attention layer treated as full attention, one group
+# With pipeline parallelism the groups are the whole model's, each stage holding its share (get_kv_cache_configs;
+# read in 0.11-0.32, not in 0.9-0.10, for which kvwatch groups the largest stage's layers on their own).
+STAGED_GROUPS_SINCE = (0, 11)
 # From here "KV cache size" = int(max_concurrency × max_model_len): 0.20.2's _report_kv_cache_config (0.20.0 and
 # 0.20.1 still log blocks // groups × block_size; kvwatch's versions have no patch number, and plan says so).
 TOKENS_FROM_CONCURRENCY_SINCE = (0, 20)
@@ -341,7 +344,7 @@ def rank_groups(arch: ModelArch, pp: int, version: tuple[int, int]) -> tuple[int
     """(group_size, groups) of the pipeline stage whose block row is widest, whose slice of layers shares one
     block pool: the model's architecture and the vLLM version decide it, not the card (the grouping of
     :func:`kv_layout`, and what divides an engine's reported blocks among the groups)."""
-    if pp > 1:
+    if pp > 1 and version >= STAGED_GROUPS_SINCE:
         staged = _staged_groups(arch, pp, version)
         if staged is not None:
             return staged
@@ -400,7 +403,9 @@ def kv_layout(arch: ModelArch, tp: int, pp: int, kv_bytes: int, block_size: int,
     on_rank = layers_on_rank(len(arch.kv_cache_layer_types), pp)
     per_layer = kv_bytes_per_token_per_layer(arch, tp, kv_bytes, kv_cache_dtype)
     group_size, groups = rank_groups(arch, pp, version)
-    per_bucket, total = _bytes_by_bucket(arch, tp, pp, kv_bytes, version, kv_cache_dtype)
+    per_bucket = _bytes_by_bucket(arch, tp, kv_bytes, version, kv_cache_dtype)
+    # The rank's layers, group by group (with pipeline parallelism the widest stage's share, rank_groups).
+    total = sum(g.num_layers * per_bucket.get(g.kind, 0) for g in groups)
     if per_bucket:  # layer types with dims of their own: the largest page sets the page
         per_layer = max(per_bucket.values())
     mamba_page = 0
@@ -426,22 +431,21 @@ def kv_layout(arch: ModelArch, tp: int, pp: int, kv_bytes: int, block_size: int,
     )
 
 
-def _bytes_by_bucket(arch: ModelArch, tp: int, pp: int, kv_bytes: int, version: tuple[int, int],
-                     kv_cache_dtype: str) -> tuple[dict[str, int], int]:
-    """({group kind: its layers' bytes per token and layer}, the bytes per token of all the first stage's
-    attention layers) when layer types have KV dims of their own (ModelArch.attention_dims; their pages may still
-    come out equal, as Gemma 4's do at TP 8); ({}, 0) for every other model. A kind that merges types of different
-    sizes (only before UNIFIED_PAGE_SIZES_SINCE, which refuses them anyway) takes the largest."""
+def _bytes_by_bucket(arch: ModelArch, tp: int, kv_bytes: int, version: tuple[int, int],
+                     kv_cache_dtype: str) -> dict[str, int]:
+    """{group kind: its layers' bytes per token and layer} when layer types have KV dims of their own
+    (ModelArch.attention_dims; their pages may still come out equal, as Gemma 4's do at TP 8); {} for every other
+    model. Over the whole model's layers, as vLLM unifies the pages of the whole model's specs (a pipeline stage
+    without a full layer still gets its page size). A kind that merges types of different sizes (only before
+    UNIFIED_PAGE_SIZES_SINCE, which refuses them anyway) takes the largest."""
     if not arch.attention_dims or arch.is_mla:
-        return {}, 0
-    types = arch.kv_cache_layer_types
-    stage = types[:layers_on_rank(len(types), pp)]
-    per_type = {t: kv_bytes_per_token_per_layer(arch, tp, kv_bytes, kv_cache_dtype, t, version) for t in set(stage)}
+        return {}
     per_bucket: dict[str, int] = {}
-    for kind, size in per_type.items():
+    for kind in set(arch.kv_cache_layer_types):
+        size = kv_bytes_per_token_per_layer(arch, tp, kv_bytes, kv_cache_dtype, kind, version)
         key = _bucket(kind, version, arch.attention_chunk_size)
         per_bucket[key] = max(per_bucket.get(key, 0), size)
-    return per_bucket, sum(per_type[t] for t in stage)
+    return per_bucket
 
 
 def _unify_pages(groups: tuple[KVGroup, ...], per_bucket: dict[str, int], block_size: int,
