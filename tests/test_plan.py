@@ -160,7 +160,7 @@ def test_will_not_start_exits_1_with_shortfall(capsys):
     # NaN and inf passed `< 0`: a traceback from the block count, or a plan with the weights at 0 (round 13)
     *[(["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "L4", f"--{flag}", value], f"--{flag}")
       for flag in ("weights-gib", "activation-gib", "non-torch-gib", "cuda-graph-gib", "available-kv-gib",
-                   "cpu-offload-gb") for value in ("nan", "inf")],
+                   "cpu-offload-gb") for value in ("nan", "inf", "1e308")],
     (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "L4", "--avg-seq-len", "nan"], "--avg-seq-len"),
     (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "L4", "--vllm-version=-1"], "--vllm-version"),
     (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "L4", "--vllm-version", ""], "--vllm-version"),

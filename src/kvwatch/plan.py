@@ -46,7 +46,13 @@ from kvwatch.capacity.longcontext import LongContext, long_context
 from kvwatch.capacity.memory import GIB, model_dtype_bytes, parameter_counts, resolve_quantization
 from kvwatch.capacity.planner import CUDA_GRAPHS_SUBTRACTED_SINCE
 from kvwatch.capacity.units import decimal_unit_note
-from kvwatch.settings import DeploymentSettings, SettingsError, add_settings_flags, load_settings
+from kvwatch.settings import (
+    MAX_GPU_MEMORY_GIB,
+    DeploymentSettings,
+    SettingsError,
+    add_settings_flags,
+    load_settings,
+)
 
 JSON_USAGE_ERRORS = True  # kvwatch.cli: with --json, bad usage is also {"error": {"reason": "usage", ...}}
 _GIB_FLAGS = ("weights_gib", "activation_gib", "non_torch_gib", "available_kv_gib", "cuda_graph_gib")
@@ -117,8 +123,9 @@ def _gib_flag(args: argparse.Namespace, name: str) -> float | None:
         value = float(raw)
     except ValueError:
         raise SettingsError(f"invalid value {raw!r} for --{name.replace('_', '-')}: must be a number of GiB") from None
-    if not math.isfinite(value):  # NaN passed `< 0` and crashed the block count; inf zeroed the weights
-        raise SettingsError(f"invalid value {raw!r} for --{name.replace('_', '-')}: must be a finite number of GiB")
+    if not math.isfinite(value) or value > MAX_GPU_MEMORY_GIB:  # NaN and inf (and 1e308) crashed or zeroed the sums
+        raise SettingsError(f"invalid value {raw!r} for --{name.replace('_', '-')}: must be a finite number of GiB, "
+                            f"at most {MAX_GPU_MEMORY_GIB:g} (one GPU's memory)")
     if value < 0:
         raise SettingsError(f"invalid value {raw!r} for --{name.replace('_', '-')}: must not be negative")
     return value * GIB

@@ -36,10 +36,10 @@ KV_CACHE_DTYPES: frozenset[str] = frozenset(
 # `name` or `name{label="value",...}`: how users point kvwatch at a renamed source metric. The patterns are
 # RE2-compatible: the chart's values.schema.json carries them too (scripts/sync_chart_files.py).
 SELECTOR_PATTERN = (r'^\s*[a-zA-Z_:][a-zA-Z0-9_:]*'
-                    r'(\{\s*([a-zA-Z_][a-zA-Z0-9_]*\s*=\s*"(?:[^"\\]|\\.)*"\s*,?\s*)*\})?\s*$')
+                    r'(\{\s*([a-zA-Z_][a-zA-Z0-9_]*\s*=\s*"(?:[^"\\]|\\.)*"\s*(,\s*)?)*\})?\s*$')
 _SELECTOR = re.compile(SELECTOR_PATTERN)
 # Comma-separated GPU UUIDs as nvidia-smi -L prints them (GPU-..., MIG-...); empty entries are skipped.
-GPU_UUIDS_PATTERN = r"^[\s,]*(GPU-|MIG-)[^,\s]*\s*(,\s*((GPU-|MIG-)[^,\s]*)?\s*)*$"
+GPU_UUIDS_PATTERN = r"^[\s,]*(GPU-|MIG-)[^,\s]*(\s*,[\s,]*(GPU-|MIG-)[^,\s]*)*[\s,]*$"  # linear: no nested \s*
 _GPU_UUIDS = re.compile(GPU_UUIDS_PATTERN)
 
 
@@ -388,11 +388,12 @@ class DeploymentSettings(_Base):
     @classmethod
     def _quantization(cls, v: str | None) -> str | None:
         # A typo is a bad flag in every command, as a misspelt --gpu is: serve and check logged it at INFO and ran
-        # without the capacity model, plan refused it.
+        # without the capacity model, plan refused it. A method vLLM takes that kvwatch cannot price (gguf, ...) is
+        # no typo: the capacity model is off for it, with a warning.
         from kvwatch.capacity.quantization import QuantizationError, check_name
 
         try:
-            check_name(v)
+            check_name(v, vllm_methods=True)
         except QuantizationError as exc:
             raise ValueError(str(exc)) from None
         return v
@@ -451,14 +452,6 @@ class TargetSettings(DeploymentSettings):
     def _readable(cls, v: Path | None) -> Path | None:
         if v is not None and not v.is_file():
             raise ValueError(f"file {v} does not exist")
-        return v
-
-    @field_validator("bearer_token_file")
-    @classmethod
-    def _token_file(cls, v: Path | None) -> Path | None:
-        # Re-read every poll (tokens rotate), but one that is empty at start is the wrong file.
-        if v is not None and not v.read_text(errors="replace").strip():
-            raise ValueError(f"file {v} is empty: it must hold the bearer token")
         return v
 
     @field_validator("ca_file")
@@ -586,8 +579,9 @@ class ServeSettings(TargetSettings):
             raise _FieldError("dcgm_url", "needs --gpu-pod (KVWATCH_GPU_POD) or --gpu-uuids (KVWATCH_GPU_UUIDS) "
                               "to tell the engine's GPUs from the node's others")
         for field in ("gpu_pod", "gpu_namespace"):  # dcgm-exporter's pod mapping: nothing else reads them
-            if getattr(self, field) is not None and self.dcgm_url is None:
-                raise _FieldError(field, "needs {dcgm_url}: only dcgm-exporter labels GPUs with their pod")
+            if getattr(self, field) and self.dcgm_url is None:
+                raise _FieldError(field, "needs --dcgm-url (KVWATCH_DCGM_URL): only dcgm-exporter labels GPUs with "
+                                  "their pod")
         interval = self.poll_interval_seconds
         if self.poll_timeout_seconds is None:
             self.poll_timeout_seconds = 0.8 * interval

@@ -55,10 +55,34 @@ def known_names() -> list[str]:
                    *(m.replace("_", "-") if m == "compressed_tensors" else m for m in _METHOD_DEFAULTS)})
 
 
+# vLLM's --quantization methods, the union of its QuantizationMethods over 0.11-0.32
+# (vllm/model_executor/layers/quantization/__init__.py): `serve` and `check` accept these though kvwatch cannot price
+# all of them (the capacity model is then off, with a warning); `plan`, which must price them, refuses those.
+VLLM_METHODS = frozenset({
+    "auto-round", "auto_awq", "auto_gptq", "awq", "awq_marlin", "bitblas", "bitsandbytes", "compressed-tensors",
+    "cpu_awq", "deepseek_v4_fp8", "deepspeedfp", "experts_int8", "fbgemm_fp8", "fp8", "fp8_per_block",
+    "fp8_per_channel", "fp8_per_tensor", "fp_quant", "gguf", "gpt_oss_mxfp4", "gptq", "gptq_bitblas", "gptq_marlin",
+    "gptq_marlin_24", "hqq", "humming", "inc", "int8_per_channel_weight_only", "ipex", "modelopt", "modelopt_fp4",
+    "modelopt_mixed", "modelopt_mxfp8", "moe_wna16", "mxfp4", "mxfp8", "nvfp4_per_token", "online", "petit_nvfp4",
+    "ptpc_fp8", "quark", "rtn", "torchao", "tpu_int8",
+})
+
+
+def is_vllm_method(name: str) -> bool:
+    return normalise(name) in {normalise(m) for m in VLLM_METHODS}
+
+
+def _any_case(text: str) -> str:
+    """``fp8`` -> ``[Ff][Pp]8``, ``-`` and ``_`` alike: case-insensitive without ``(?i)``, which JSON schema's
+    ECMA-262 dialect does not have."""
+    return "".join("[-_]" if c in "-_" else f"[{c.upper()}{c.lower()}]" if c.isalpha() else c for c in text)
+
+
 def name_pattern() -> str:
-    """An RE2 pattern of every name :func:`check_name` accepts (the chart's values.schema.json carries it)."""
-    names = sorted({re.sub("[-_]", "[-_]", n) for n in (*known_names(), *_SCHEME_BYTES, *_METHOD_DEFAULTS, "none")})
-    return "(?i)^\\s*(" + "|".join(names) + "|w[0-9]+a[0-9]+)?\\s*$"
+    """A pattern of every name ``serve`` accepts (:func:`check_name` with ``vllm_methods``), for the chart's
+    values.schema.json (Go's RE2 and ECMA-262 alike)."""
+    names = {normalise(n) for n in (*known_names(), *_SCHEME_BYTES, *_METHOD_DEFAULTS, *VLLM_METHODS, "none")}
+    return "^\\s*(" + "|".join(_any_case(n) for n in sorted(names)) + "|[Ww][0-9]+[Aa][0-9]+)?\\s*$"
 
 
 def is_method(name: str) -> bool:
@@ -78,9 +102,12 @@ def scheme_bytes(scheme: str) -> float | None:
     return None
 
 
-def check_name(user: str | None) -> None:
-    """Raise :class:`QuantizationError` when ``--quantization`` is neither a scheme nor a vLLM method name."""
+def check_name(user: str | None, *, vllm_methods: bool = False) -> None:
+    """Raise :class:`QuantizationError` when ``--quantization`` is neither a scheme nor a method kvwatch prices
+    (with ``vllm_methods``: nor any method vLLM takes, :data:`VLLM_METHODS`)."""
     if user is None or normalise(user) in {"", "none"} or is_method(user) or scheme_bytes(user) is not None:
+        return
+    if vllm_methods and is_vllm_method(user):
         return
     raise QuantizationError(f"unknown quantization {user!r}; known: {', '.join(known_names())}")
 

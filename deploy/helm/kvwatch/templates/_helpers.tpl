@@ -317,7 +317,8 @@ and kvwatch's capacity model would describe different deployments. */ -}}
 {{- $_ := set $managed $flag (printf "config.%s" $key) }}
 {{- end }}
 {{- range $v.extraArgs }}
-{{- $name := regexReplaceAll "=.*$" (toString .) "" }}
+{{- /* vLLM's parser reads --max_model_len as --max-model-len */ -}}
+{{- $name := regexReplaceAll "=.*$" (toString .) "" | replace "_" "-" }}
 {{- if hasKey $managed $name }}
 {{- fail (printf "vllm.extraArgs has %s: set %s instead, so that vLLM, its probes and kvwatch's capacity model read the same value" $name (index $managed $name)) }}
 {{- end }}
