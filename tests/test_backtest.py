@@ -299,9 +299,9 @@ def test_the_report_says_how_much_of_a_gapped_trace_holds_requests(tmp_path, cap
     code, out, _ = _cli(["--trace", str(trace), "--hours", "0.6", "--profile", "steady", "--start-load", "0.5",
                          "--peak-load", "0.5"], capsys)
     assert code == 0
-    assert not any("were capped" in line for line in out.splitlines())
-    note = next(line for line in out.splitlines() if "blocks hold no request" in line)
-    assert note.startswith("note: 286 of the trace's 289 5-minute blocks hold no request"), note  # 2 + 1 whole
+    assert not any("are capped" in line for line in out.splitlines())
+    note = next(line for line in out.splitlines() if "gaps in its collection" in line)
+    assert note.startswith("note: 286 of the trace's 289 5-minute blocks are gaps"), note  # 2 + 1 whole hold requests
 
 
 def test_the_report_counts_the_requests_capped_at_max_model_len(tmp_path, capsys):
@@ -313,4 +313,4 @@ def test_the_report_counts_the_requests_capped_at_max_model_len(tmp_path, capsys
     code, out, _ = _cli(["--trace", str(trace), "--hours", "0.6", "--profile", "steady", "--start-load", "0.5",
                          "--peak-load", "0.5", "--max-model-len", "32768"], capsys)
     assert code == 0
-    assert "note: 12 of the 1,200 requests read are longer than --max-model-len 32,768 and were capped" in out
+    assert "note: 12 of the 1,200 requests read are longer than --max-model-len 32,768 as the trace has them" in out

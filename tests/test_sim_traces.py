@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import random
 import re
 import statistics
 from collections import Counter
@@ -16,6 +17,7 @@ from kvwatch.sim.load import PROFILE_KINDS, LoadGenerator, LoadProfile, generate
 from kvwatch.sim.traces import (
     TRACE_COLUMNS,
     TraceError,
+    active_seconds,
     block_bootstrap,
     compress_time,
     detect_format,
@@ -25,6 +27,7 @@ from kvwatch.sim.traces import (
     read_azure_csv,
     read_mooncake_jsonl,
     scale_rate,
+    span_of,
     spread_quantized,
 )
 
@@ -330,4 +333,12 @@ def test_the_bootstrap_and_the_rate_skip_a_gap_in_the_trace() -> None:
     assert content_defaults(gapped) == content_defaults(hour)
     boot = block_bootstrap(gapped, 3600.0, seed=3)
     assert len(boot) == 7200  # 12 full blocks of 600 requests, none empty
-    assert block_bootstrap(hour, 3600.0, seed=3) == block_bootstrap(hour, 3600.0, seed=3)
+    # A sparse trace's quiet blocks are its traffic, not gaps: one request every 200 s on average leaves a fifth of
+    # its 5-minute blocks empty, and none of them is a gap (no 30-minute run its rate makes unlikely).
+    rng = random.Random(7)
+    sparse, t = [], 0.0
+    while t < 86400.0:
+        t += rng.expovariate(0.005)
+        sparse.append(Request(t, 500, 100))
+    assert empty_blocks(sparse) == (0, 288)
+    assert active_seconds(sparse) == span_of(sparse)  # its rate is taken over its whole span

@@ -189,13 +189,13 @@ def _text(report: dict) -> str:
                      "5-minute blocks from them")
     if scen["trace_requests_capped"]:
         lines.append(f"note: {scen['trace_requests_capped']:,} of the {scen['trace_requests_read']:,} requests read "
-                     f"are longer than --max-model-len {scen['max_model_len']:,} and were capped at it (vLLM would "
-                     "refuse them)")
+                     f"are longer than --max-model-len {scen['max_model_len']:,} as the trace has them, and are capped "
+                     "at it (vLLM would refuse them)")
     gaps = scen["trace_empty_blocks"]
     if gaps["empty"]:
-        lines.append(f"note: {gaps['empty']:,} of the trace's {gaps['blocks']:,} 5-minute blocks hold no request (gaps "
-                     "in its collection): its rate and the bootstrap use the other "
-                     f"{gaps['blocks'] - gaps['empty']:,}")
+        lines.append(f"note: {gaps['empty']:,} of the trace's {gaps['blocks']:,} 5-minute blocks are gaps in its "
+                     "collection (runs of 30 minutes or more with no request where its rate expects 7 or more): its "
+                     f"rate and the bootstrap use the other {gaps['blocks'] - gaps['empty']:,}")
     if scen["capacity_tokens"] > 1.05 * max(1, scen["mean_demand_tokens"]):
         lines.append(f"note: the capacity is the longest request's, above the mean demand of "
                      f"{scen['mean_demand_tokens']:,} tokens: load 1.0 fills less than the whole cache (raise "

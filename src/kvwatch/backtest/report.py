@@ -111,7 +111,7 @@ CI_SLICE: tuple[Case, ...] = (
 
 
 # Bump when scenario generation or the simulator changes, so cached simulations are not reused.
-CACHE_VERSION = 4  # 4: polls carry the length histograms' buckets (v7)
+CACHE_VERSION = 5  # 4: polls carry the length histograms' buckets (v7); 5: a trace's gaps and quantized times
 
 
 def _cache_path(cache_dir: Path, scenario: Scenario) -> Path:

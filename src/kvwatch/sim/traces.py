@@ -292,17 +292,45 @@ def scale_rate(requests: Sequence[Request], factor: Multiplier, *, seed: int = 0
     return out
 
 
-def empty_blocks(requests: Sequence[Request], block_seconds: float = 300.0) -> tuple[int, int]:
-    """(blocks with no request, all blocks) of the trace's whole ``block_seconds`` blocks: gaps in its collection
-    (a trace of two hours a day apart is 92 % empty), which neither its rate nor the bootstrap should count."""
+GAP_MIN_SECONDS = 1800.0  # a run of empty blocks shorter than this is quiet traffic, not a gap in the collection
+GAP_MIN_EXPECTED = 7.0  # ... and so is one in which the trace's rate expects fewer arrivals (P(none) > e^-7)
+
+
+def _gap_flags(requests: Sequence[Request], block_seconds: float) -> list[bool]:
+    """Per whole ``block_seconds`` block of the trace: is it in a gap of its collection? A gap is a run of blocks
+    with no request lasting at least GAP_MIN_SECONDS in which the trace's rate (over its other blocks) expects at
+    least GAP_MIN_EXPECTED arrivals: two hours a day apart is 92 % gap, while a trace of one request every few
+    minutes keeps its quiet blocks (they are its traffic)."""
     n_blocks = int(span_of(requests) // block_seconds)
-    held = {int(r.arrival_time // block_seconds) for r in requests}
-    return n_blocks - sum(1 for i in held if i < n_blocks), n_blocks
+    held = [False] * n_blocks
+    for r in requests:
+        index = int(r.arrival_time // block_seconds)
+        if index < n_blocks:
+            held[index] = True
+    busy = sum(held)
+    rate = len(requests) / (busy * block_seconds) if busy else 0.0
+    gaps = [False] * n_blocks
+    start = None
+    for i, has in enumerate([*held, True]):  # a sentinel closes a run at the end
+        if not has and start is None:
+            start = i
+        elif has and start is not None:
+            seconds = (i - start) * block_seconds
+            if seconds >= GAP_MIN_SECONDS and rate * seconds >= GAP_MIN_EXPECTED:
+                gaps[start:i] = [True] * (i - start)
+            start = None
+    return gaps
+
+
+def empty_blocks(requests: Sequence[Request], block_seconds: float = 300.0) -> tuple[int, int]:
+    """(blocks in gaps of the trace's collection, all blocks) of its whole ``block_seconds`` blocks
+    (:func:`_gap_flags`): neither its rate nor the bootstrap counts them."""
+    gaps = _gap_flags(requests, block_seconds)
+    return sum(gaps), len(gaps)
 
 
 def active_seconds(requests: Sequence[Request], block_seconds: float = 300.0) -> float:
-    """The trace's span without its empty ``block_seconds`` blocks (:func:`empty_blocks`): the whole span of a
-    trace with none."""
+    """The trace's span without its gaps (:func:`empty_blocks`): the whole span of a trace with none."""
     empty, _ = empty_blocks(requests, block_seconds)
     return span_of(requests) - empty * block_seconds
 
@@ -310,7 +338,7 @@ def active_seconds(requests: Sequence[Request], block_seconds: float = 300.0) ->
 def block_bootstrap(requests: Sequence[Request], duration: float, *, block_seconds: float = 300.0, seed: int = 0,
                     span: float | None = None) -> list[Request]:
     """A ``duration``-long trace of random ``block_seconds`` blocks of the input (times inside blocks kept), drawn
-    from the blocks that hold a request: an empty one is a gap in the trace's collection (:func:`empty_blocks`)."""
+    from the blocks outside the gaps of the trace's collection (:func:`empty_blocks`)."""
     if duration <= 0 or block_seconds <= 0:
         raise ValueError("block_bootstrap needs duration > 0 and block_seconds > 0")
     window = span if span is not None else span_of(requests)
@@ -322,7 +350,8 @@ def block_bootstrap(requests: Sequence[Request], duration: float, *, block_secon
         index = int(r.arrival_time // block_seconds)
         if index < n_blocks:
             blocks[index].append(r)
-    blocks = [b for b in blocks if b] or blocks
+    gaps = _gap_flags(requests, block_seconds) if span is None else [False] * n_blocks
+    blocks = [b for b, gap in zip(blocks, gaps, strict=False) if not gap] or blocks
     rng = random.Random(seed)
     out: list[Request] = []
     start = 0.0
