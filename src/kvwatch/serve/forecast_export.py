@@ -63,7 +63,7 @@ INNER_ESTIMATES: tuple[tuple[str, str, str], ...] = (
     ("kvwatch_forecast_request_size_tokens", "request_size_tokens",
      f"Footprint-weighted request size E[S²·D]/E[S·D]: variance over mean of per-minute KV tokens over "
      f"{_P.risk.window_buckets} minutes (around their line, or the two levels of a shift), at least the Poisson "
-     "value from the mean prompt+output length."),
+     "value from the mean prompt+output length (scaled by the running count's dispersion, at most 1)."),
     ("kvwatch_forecast_residence_seconds", "residence_seconds",
      "Mean time a request stays in the engine (e2e latency histogram sum/count; running/rate without it)."),
     ("kvwatch_forecast_saturated_sample_ratio", "saturated_sample_fraction",
