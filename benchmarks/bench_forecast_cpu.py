@@ -5,7 +5,7 @@ block-bootstrapped, at load 0.7, so every histogram and counter the risk reads i
 process CPU time per ``Forecaster.observe``: the mean over all polls and the cost of the polls that close a
 minute (where the trend, demand and saturation-risk fits run), which is the worst case.
 
-    .venv/bin/python benchmarks/bench_forecast_cpu.py
+    .venv/bin/python benchmarks/bench_forecast_cpu.py [--versions v9,v8]
     .venv/bin/python -m pytest benchmarks/bench_forecast_cpu.py --benchmark-only
 """
 
@@ -15,7 +15,7 @@ import time
 
 from kvwatch.backtest.runner import calibrate, simulate
 from kvwatch.backtest.scenarios import Scenario, load_trace
-from kvwatch.forecast import Forecaster, ForecastSample
+from kvwatch.forecast import Forecaster, ForecastParams, ForecastSample
 from kvwatch.sim.traces import packaged_trace
 
 HOURS = 24.0
@@ -28,9 +28,9 @@ def polls(hours: float = HOURS) -> list[ForecastSample]:
     return list(simulate(scenario, trace, calibration=calibration).samples)
 
 
-def per_poll_cpu(samples: list[ForecastSample]) -> tuple[float, float, float]:
+def per_poll_cpu(samples: list[ForecastSample], params: ForecastParams | None = None) -> tuple[float, float, float]:
     """(mean, mean of minute-closing polls, max) process CPU seconds per observe."""
-    forecaster = Forecaster()
+    forecaster = Forecaster(params)
     costs: list[float] = []
     closing: list[float] = []
     previous_minute = None
@@ -58,11 +58,25 @@ def test_forecaster_observe_day(benchmark):  # pytest-benchmark: wall time of a 
 
 
 def main() -> None:
+    """The defaults, or with ``--versions v9,v8`` each version of kvwatch.backtest.report.FORECASTERS, alternated
+    round by round on the same polls (best of 3 each)."""
+    import argparse
+
+    from kvwatch.backtest.report import FORECASTERS
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--versions", default=None, help="comma-separated forecaster versions (default: the defaults)")
+    args = parser.parse_args()
+    versions = {v: FORECASTERS[v] for v in args.versions.split(",")} if args.versions else {"defaults": None}
     samples = polls()
-    best = min((per_poll_cpu(samples) for _ in range(3)), key=lambda r: r[0])
-    mean, closing, worst = best
-    print(f"{len(samples)} polls of one series ({HOURS:g} h at 10 s), best of 3 by mean: CPU per poll mean "
-          f"{mean * 1e3:.3f} ms, minute-closing polls {closing * 1e3:.3f} ms, max {worst * 1e3:.3f} ms")
+    runs: dict[str, list[tuple[float, float, float]]] = {v: [] for v in versions}
+    for _ in range(3):
+        for version, params in versions.items():
+            runs[version].append(per_poll_cpu(samples, params))
+    for version, results in runs.items():
+        mean, closing, worst = min(results, key=lambda r: r[0])
+        print(f"{version}: {len(samples)} polls of one series ({HOURS:g} h at 10 s), best of 3 by mean: CPU per poll "
+              f"mean {mean * 1e3:.3f} ms, minute-closing polls {closing * 1e3:.3f} ms, max {worst * 1e3:.3f} ms")
 
 
 if __name__ == "__main__":
