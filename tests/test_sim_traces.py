@@ -342,3 +342,22 @@ def test_the_bootstrap_and_the_rate_skip_a_gap_in_the_trace() -> None:
         sparse.append(Request(t, 500, 100))
     assert empty_blocks(sparse) == (0, 288)
     assert active_seconds(sparse) == span_of(sparse)  # its rate is taken over its whole span
+
+
+def test_a_header_in_another_case_is_read_and_other_near_misses_say_what_is_wrong(tmp_path: Path) -> None:
+    # (review, round 13) each of these got the same "not an Azure CSV, a BurstGPT CSV nor a Mooncake JSONL" line.
+    lower = tmp_path / "lower.csv"
+    lower.write_text("timestamp,contexttokens,generatedtokens\n2023-11-16 18:15:46.5,100,10\n"
+                     "2023-11-16 18:15:47.5,200,20\n")
+    assert [(r.prompt_tokens, r.output_tokens) for r in load_trace(lower)] == [(100, 10), (200, 20)]
+    cases = {
+        "array.json": (b'[{"timestamp": 0, "input_length": 5, "output_length": 3}]\n', "a JSON array"),
+        "semi.csv": (b"TIMESTAMP;ContextTokens;GeneratedTokens\n", "not comma-separated"),
+        "trace.csv.xz": (b"\xfd7zXZ\x00\x00\x04", "xz-compressed: decompress it first"),
+        "trace.zip": (b"PK\x03\x04\x14\x00", "zip-compressed"),
+    }
+    for name, (content, said) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(content)
+        with pytest.raises(TraceError, match=re.escape(said)):
+            detect_format(path)

@@ -4,7 +4,7 @@ Readers take a path or the text itself and return requests sorted by arrival, ti
 first request. Every transformation is pure and deterministic for a given ``seed``.
 
 * Azure LLM inference traces (CSV with the columns ``TIMESTAMP,ContextTokens,GeneratedTokens``: the 2023
-  files, CRLF line ends, no trailing newline, 7 fractional digits; the same columns in any order beside
+  files, CRLF line ends, no trailing newline, 7 fractional digits; the same columns in any order and case beside
   others, e.g. the 2024 week-long files or the multimodal trace's ``NumImages``, and ISO 8601 times with a
   time zone).
 * BurstGPT (CSV ``Timestamp`` in seconds, ``Request tokens``, ``Response tokens`` and others): rows with 0
@@ -89,9 +89,11 @@ def _parse_azure_time(value: str) -> float:
 
 
 def _csv_columns(header: str, wanted: tuple[str, ...]) -> list[int] | None:
-    """Where each of ``wanted`` is among a CSV header's columns (any order, others ignored); None if one is missing."""
-    names = [c.strip() for c in next(csv.reader([header.lstrip("\ufeff")]), [])]
-    return [names.index(w) for w in wanted] if all(w in names for w in wanted) else None
+    """Where each of ``wanted`` is among a CSV header's columns (any order, any case, others ignored); None if one is
+    missing."""
+    names = [c.strip().lower() for c in next(csv.reader([header.lstrip("\ufeff")]), [])]
+    keys = [w.lower() for w in wanted]
+    return [names.index(k) for k in keys] if all(k in names for k in keys) else None
 
 
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
@@ -383,11 +385,16 @@ TRACE_COLUMNS: dict[str, dict[str, str]] = {
 _READERS: dict[str, Callable[..., list[Request]]] = {"azure": read_azure_csv, "burstgpt": read_burstgpt_csv}
 
 
+# Compressions kvwatch does not inflate, by their magic bytes (gzip it does).
+_OTHER_COMPRESSION = {"xz": b"\xfd7zXZ\x00", "bzip2": b"BZh", "zip": b"PK\x03\x04", "zstd": b"\x28\xb5\x2f\xfd"}
+
+
 def detect_format(path: str | Path) -> str:
     """``"azure"``, ``"burstgpt"`` or ``"mooncake"`` from the file's first non-empty line, whatever its name."""
     try:
         with Path(path).open("rb") as raw:
-            gzipped = raw.read(2) == b"\x1f\x8b"
+            magic = raw.read(6)
+            gzipped = magic[:2] == b"\x1f\x8b"
     except IsADirectoryError:
         raise TraceError(f"trace {path} is a directory, not a file") from None
     except OSError as exc:
@@ -403,15 +410,25 @@ def detect_format(path: str | Path) -> str:
         if gzipped:
             raise TraceError(f"trace {path} is a broken gzip file: {exc}") from None
         raise TraceError(f"cannot read trace {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    for packing, prefix in _OTHER_COMPRESSION.items():
+        if magic.startswith(prefix):
+            raise TraceError(f"trace {path} is {packing}-compressed: decompress it first (kvwatch reads plain and "
+                             "gzip-compressed traces)")
     first = first.decode("utf-8", errors="replace").lstrip("\ufeff")  # a byte-order mark is not part of line 1
     if first.lstrip().startswith("{"):
         return "mooncake"
+    if first.lstrip().startswith("["):
+        raise TraceError(f"{path}: a JSON array; kvwatch reads Mooncake traces as JSON lines, one object per line "
+                         "with timestamp, input_length, output_length (jq -c '.[]' turns one into the other)")
     for kind, header in (("azure", AZURE_HEADER), ("burstgpt", BURSTGPT_HEADER)):
         if _csv_columns(first, header) is not None:
             return kind
-    names = {c.strip() for c in next(csv.reader([first]), [])}
+    names = {c.strip().lower() for c in next(csv.reader([first]), [])}
+    if len(names) <= 1 and any(sep in first for sep in (";", "\t", "|")):
+        raise TraceError(f"{path}: line 1 is not comma-separated; kvwatch reads CSV with commas (columns "
+                         f"{','.join(AZURE_HEADER)} or {','.join(BURSTGPT_HEADER)})")
     for kind, header in (("an Azure", AZURE_HEADER), ("a BurstGPT", BURSTGPT_HEADER)):
-        missing = [c for c in header if c not in names]
+        missing = [c for c in header if c.lower() not in names]
         if len(missing) < len(header):
             raise TraceError(f"{path}: line 1 looks like {kind} CSV header without the column "
                              f"{', '.join(missing)} (it needs {','.join(header)})")
