@@ -361,3 +361,11 @@ def test_a_header_in_another_case_is_read_and_other_near_misses_say_what_is_wron
         path.write_bytes(content)
         with pytest.raises(TraceError, match=re.escape(said)):
             detect_format(path)
+
+
+def test_an_error_names_the_files_own_line_after_blank_lines_before_the_header(tmp_path: Path) -> None:
+    # (review, round 13) two blank lines before the header: an error on line 5 was reported on line 3.
+    path = tmp_path / "blank.csv"
+    path.write_text("\n\nTIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.5,100,10\nnot a time,5,5\n")
+    with pytest.raises(TraceError, match="line 5: "):
+        load_trace(path)

@@ -148,12 +148,17 @@ def _read_csv(source: str | Path, columns: tuple[str, str, str], time: Callable[
     """(arrival relative to the first, prompt tokens, output tokens) of the rows of a CSV trace, by arrival: the
     first ``max_rows`` kept rows in file order when given."""
     lines, name = _lines(source)
-    header = next((line for line in lines if line.strip()), None)  # blank lines before it are no header
+    header, header_line = None, 0
+    for line in lines:  # blank lines before it are no header
+        header_line += 1
+        if line.strip():
+            header = line
+            break
     where = _csv_columns(header, columns) if header is not None else None
     if where is None:
-        raise TraceError(f"{name}: line 1 must be a header with the columns {','.join(columns)}")
+        raise TraceError(f"{name}: line {max(1, header_line)} must be a header with the columns {','.join(columns)}")
     rows: list[tuple[float, int, int]] = []
-    for number, line in enumerate(lines, start=2):
+    for number, line in enumerate(lines, start=header_line + 1):  # error messages name the file's own line
         if not line.strip():
             continue
         parts = line.split(",") if '"' not in line else next(csv.reader([line]), [])  # the 2023 files: no quotes
