@@ -441,8 +441,9 @@ def _hybrid_note(layout: kv.KVLayout, requested: int) -> str:
             f"one{', plus a prefill checkpoint' if per_request > 2 else ''}; --no-enable-prefix-caching: 1)")
     return (f"hybrid Mamba model: one state is {layout.mamba_page_bytes:,} B per layer and request on this rank; "
             f"{raised}, and pads the state page by {layout.mamba_padding_percent:.2f}% to {layout.page_bytes:,} B "
-            f"(as its startup log says). {mamba_groups} Mamba group(s) of {layout.group_size} layers hold {held} "
-            "per request whatever its length, so short requests cost more blocks than their tokens suggest")
+            f"(as its startup log says). {mamba_groups} Mamba group(s) of up to {layout.group_size} layers on this "
+            f"rank hold {held} per request whatever its length, so short requests cost more blocks than their "
+            "tokens suggest")
 
 
 def _unified_pages_note(arch: ModelArch, layout: kv.KVLayout, tp: int, kv_bytes: int,
