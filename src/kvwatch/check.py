@@ -48,7 +48,7 @@ from kvwatch.derived import SeriesState, derive
 from kvwatch.engines import SourceOverrides
 from kvwatch.fetch import CappedBody, Fetcher, decode_body
 from kvwatch.forecast import Forecaster, ForecastParams, ForecastSample
-from kvwatch.forecast.detector import no_room_for_next_request
+from kvwatch.forecast.detector import no_room_in
 from kvwatch.model import Detection, Poll, Reading
 from kvwatch.payload import ScrapeError, interpret
 from kvwatch.settings import CheckSettings, SettingsError, add_settings_flags, load_settings, redact_url
@@ -549,8 +549,7 @@ def _waits_for_kv(r: Reading, usage: float) -> bool:
     that when fewer tokens are free than a mean prompt needs (detector.no_room_for_next_request). One poll has only
     the mean since the engine started; serve's state takes the last 30 minutes', so after a change of mix the two
     can differ (the message says which mean it used)."""
-    return usage >= KV_BOUND_USAGE or no_room_for_next_request(usage, r.kv_capacity_tokens, r.mean_prompt_tokens,
-                                                               r.prefix_cached_share)
+    return usage >= KV_BOUND_USAGE or no_room_in(r, usage)
 
 
 def _standing_queue(r: Reading) -> bool:

@@ -22,6 +22,7 @@ Follows vLLM's own arithmetic (``vllm/v1/core/kv_cache_utils.py``, ``kv_cache_in
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from kvwatch.capacity import mamba
@@ -319,14 +320,12 @@ def group_layers(layer_types: tuple[str, ...], sliding_window: int | None,
         buckets[MAMBA] = mamba_layers
 
     def group(kind: str, n: int) -> KVGroup:
-        return KVGroup(kind, n, sliding_window if kind == SLIDING else None,
-                       attention_chunk_size if kind == CHUNKED else None)
+        return _kv_group(kind, n, sliding_window, attention_chunk_size)
 
     if len(buckets) == 1:
         kind, count = next(iter(buckets.items()))
         return count, (group(kind, count),)
-    smallest, largest = min(buckets.values()), max(buckets.values())
-    group_size = largest if largest < smallest * 1.5 else smallest
+    group_size = _group_size(buckets.values())
     groups: list[KVGroup] = []
     for kind in (FULL, SLIDING, CHUNKED, MAMBA):
         remaining = buckets.get(kind, 0)
@@ -334,6 +333,18 @@ def group_layers(layer_types: tuple[str, ...], sliding_window: int | None,
             groups.append(group(kind, min(group_size, remaining)))
             remaining -= group_size
     return group_size, tuple(groups)
+
+
+def _group_size(bucket_sizes: Iterable[int]) -> int:
+    """vLLM's layers per group: the smallest bucket's count, or the largest's when under 1.5 x the smallest."""
+    sizes = list(bucket_sizes)
+    smallest, largest = min(sizes), max(sizes)
+    return largest if largest < smallest * 1.5 else smallest
+
+
+def _kv_group(kind: str, n: int, sliding_window: int | None, attention_chunk_size: int | None) -> KVGroup:
+    return KVGroup(kind, n, sliding_window if kind == SLIDING else None,
+                   attention_chunk_size if kind == CHUNKED else None)
 
 
 def _mamba_pages(arch: ModelArch, version: tuple[int, int]) -> bool:
@@ -374,8 +385,7 @@ def _staged_groups(arch: ModelArch, pp: int, version: tuple[int, int]) -> tuple[
         buckets[MAMBA] = places
     if len(buckets) < 2:
         return None
-    sizes = [len(layers) for layers in buckets.values()]
-    group_size = max(sizes) if max(sizes) < min(sizes) * 1.5 else min(sizes)
+    group_size = _group_size(len(layers) for layers in buckets.values())
     kinds = [k for k in (FULL, SLIDING, CHUNKED, MAMBA) if k in buckets]
     members = [(kind, buckets[kind][j::n]) for kind in kinds
                for n in [math.ceil(len(buckets[kind]) / group_size)] for j in range(n)]
@@ -386,10 +396,8 @@ def _staged_groups(arch: ModelArch, pp: int, version: tuple[int, int]) -> tuple[
         if not shares or max(share) > max(shares):
             shares = share
         start += size
-    return max(shares), tuple(
-        KVGroup(kind, count, arch.sliding_window if kind == SLIDING else None,
-                arch.attention_chunk_size if kind == CHUNKED else None)
-        for (kind, _), count in zip(members, shares, strict=True))
+    return max(shares), tuple(_kv_group(kind, count, arch.sliding_window, arch.attention_chunk_size)
+                              for (kind, _), count in zip(members, shares, strict=True))
 
 
 def kv_layout(arch: ModelArch, tp: int, pp: int, kv_bytes: int, block_size: int,

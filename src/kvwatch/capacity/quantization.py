@@ -67,9 +67,11 @@ VLLM_METHODS = frozenset({
     "ptpc_fp8", "quark", "rtn", "torchao", "tpu_int8",
 })
 
+_VLLM_METHODS_NORMALISED = frozenset(normalise(m) for m in VLLM_METHODS)
+
 
 def is_vllm_method(name: str) -> bool:
-    return normalise(name) in {normalise(m) for m in VLLM_METHODS}
+    return normalise(name) in _VLLM_METHODS_NORMALISED
 
 
 def _any_case(text: str) -> str:
@@ -81,7 +83,8 @@ def _any_case(text: str) -> str:
 def name_pattern() -> str:
     """A pattern of every name ``serve`` accepts (:func:`check_name` with ``vllm_methods``), for the chart's
     values.schema.json (Go's RE2 and ECMA-262 alike)."""
-    names = {normalise(n) for n in (*known_names(), *_SCHEME_BYTES, *_METHOD_DEFAULTS, *VLLM_METHODS, "none")}
+    names = {normalise(n) for n in (*known_names(), *_SCHEME_BYTES, *_METHOD_DEFAULTS, "none")}
+    names |= _VLLM_METHODS_NORMALISED
     return "^\\s*(" + "|".join(_any_case(n) for n in sorted(names)) + "|[Ww][0-9]+[Aa][0-9]+)?\\s*$"
 
 

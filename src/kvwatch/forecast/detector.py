@@ -13,6 +13,10 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # a reading's fields are read; the detector needs no import of it to run
+    from kvwatch.model import Reading
 
 OK = "ok"
 WARMING_UP = "warming_up"
@@ -49,6 +53,14 @@ def no_room_for_next_request(usage: float, capacity_tokens: float | None, prompt
         return False
     cached = cached_share if cached_share is not None and math.isfinite(cached_share) else 0.0
     return (1.0 - usage) * capacity_tokens < prompt_tokens * (1.0 - min(1.0, max(0.0, cached)))
+
+
+def no_room_in(reading: Reading, usage: float) -> bool:
+    """:func:`no_room_for_next_request` for one reading at ``usage``: its capacity, the mean prompt and the prefix
+    cache's share since the engine started (check's one poll, serve's TTFT cause; the forecaster takes the last
+    30 minutes' mean)."""
+    return no_room_for_next_request(usage, reading.kv_capacity_tokens, reading.mean_prompt_tokens,
+                                    reading.prefix_cached_share)
 
 
 @dataclass(frozen=True)

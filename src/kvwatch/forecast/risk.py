@@ -375,27 +375,26 @@ def count_dispersion(window: Sequence[MinuteBucket], free_only: bool = False) ->
     together, which is the engine's clustering, not the arrivals')."""
     points = [(float(b.minute), b.finished) for b in window if b.finished is not None and b.covered_seconds > 0
               and not (free_only and (b.waiting_max > 0 or b.preemptions > 0))]
+    index = _detrended_dispersion(points)
+    return 1.0 if index is None else max(1.0, index)
+
+
+def _detrended_dispersion(points: list[tuple[float, float]]) -> float | None:
+    """Variance around a least-squares line over the mean, of per-minute values; None with fewer than 5 minutes
+    or a mean at or below 0."""
     n = len(points)
     if n < 5:
-        return 1.0
-    _, my, _, _, residuals = least_squares(points)
-    if my <= 0:
-        return 1.0
-    return max(1.0, sum(e * e for e in residuals) / (n - 2) / my)
+        return None
+    _, mean, _, _, residuals = least_squares(points)
+    return sum(e * e for e in residuals) / (n - 2) / mean if mean > 0 else None
 
 
 def running_dispersion(window: Sequence[MinuteBucket], averaging: float) -> float:
     """The per-minute mean count of running requests: its variance around a least-squares line over what Poisson
     arrivals give a one-minute mean (the mean count times ``averaging``), at most 1; 1 when unknown (fewer than 5
     minutes, or nothing running)."""
-    points = [(float(b.minute), b.running_mean) for b in window if b.covered_seconds > 0]
-    n = len(points)
-    if n < 5 or averaging <= 0:
-        return 1.0
-    _, mean, _, _, residuals = least_squares(points)
-    if mean <= 0:
-        return 1.0
-    return min(1.0, sum(e * e for e in residuals) / (n - 2) / (mean * averaging))
+    index = _detrended_dispersion([(float(b.minute), b.running_mean) for b in window if b.covered_seconds > 0])
+    return 1.0 if index is None or averaging <= 0 else min(1.0, index / averaging)
 
 
 def mean_residence(window: Sequence[MinuteBucket]) -> float | None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.core import GaugeMetricFamily
 
-from kvwatch.forecast.detector import no_room_for_next_request
+from kvwatch.forecast.detector import no_room_in
 from kvwatch.history import SeriesHistory
 from kvwatch.latency import window_quantiles
 from kvwatch.model import Histogram, Reading, SeriesKey
@@ -107,8 +107,7 @@ class LatencyAnalyzer:
             entries = history.samples(since_restart=True, window=self.window)
             usages = [e.reading.kv_usage_ratio for e in entries if e.reading.kv_usage_ratio is not None]
             usage = statistics.median(usages) if usages else None
-            no_room = usage is not None and no_room_for_next_request(
-                usage, reading.kv_capacity_tokens, reading.mean_prompt_tokens, reading.prefix_cached_share)
+            no_room = usage is not None and no_room_in(reading, usage)
             known, cause = classify(quantiles, usage, self.ttft_slo_seconds, no_room=no_room)
         return SeriesLatency(MappingProxyType(quantiles), aborted, cause, known)
 

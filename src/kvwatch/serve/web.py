@@ -279,7 +279,7 @@ class MetricsServer(ThreadingHTTPServer):
 
     def process_request(self, request: Any, client_address: Any) -> None:
         # One client may hold at most MAX_PER_CLIENT connections: more are closed at once, without a thread.
-        host = str(client_address[0]) if client_address else ""
+        host = _host(client_address)
         with self._per_client_lock:
             if self._per_client[host] >= MAX_PER_CLIENT:
                 self.shutdown_request(request)
@@ -303,7 +303,7 @@ class MetricsServer(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self._slots.release()
-            self._release_client(str(client_address[0]) if client_address else "")
+            self._release_client(_host(client_address))
 
     def _release_client(self, host: str) -> None:
         with self._per_client_lock:
@@ -351,6 +351,11 @@ class MetricsServer(ThreadingHTTPServer):
             log.debug("client %s went away: %s", client_address, exc)  # a scraper hung up: nothing to fix
             return
         log.exception("error serving %s", client_address)
+
+
+def _host(client_address: Any) -> str:
+    """The address a connection came from, the key of MAX_PER_CLIENT."""
+    return str(client_address[0]) if client_address else ""
 
 
 def _cut(fd: int, family: int) -> None:
