@@ -305,3 +305,57 @@ def test_a_page_with_two_engines_metrics_is_refused_naming_both() -> None:
     with pytest.raises(UnrecognisedPayload, match="holds the metrics of vllm and sglang"):
         read_payload(vllm_page + sglang_page, timestamp=1.0)
     assert read_payload(vllm_page, timestamp=1.0).readings and read_payload(sglang_page, timestamp=1.0).readings
+
+
+def _serve_page_with(**gauges: float) -> str:
+    """The trtllm-serve fixture with some of its gauges set (and added when it lacks them)."""
+    text = (TRTLLM / "gen-trtllm-serve.prom").read_text()
+    labels = '{model_name="nvidia/Llama-3.1-8B-Instruct-FP8",engine_type="trtllm"}'
+    for name, value in gauges.items():
+        line = f"trtllm_{name}{labels}"
+        lines = [x for x in text.splitlines() if not x.startswith(line + " ")]
+        text = "\n".join([*lines, f"{line} {value}"]) + "\n"
+    return text
+
+
+def test_trtllm_active_requests_the_scheduler_did_not_fit_are_waiting() -> None:
+    # TensorRT-LLM's active requests include those taken from its queue that the scheduler could not fit
+    # (py_executor.py: len(self.active_requests)); with a full cache its own queue reads 0. 64 scheduled of 180
+    # active at 0.99 is 116 requests waiting for KV: kv_bound, and the per-request footprint is the scheduled 64's.
+    text = _serve_page_with(kv_cache_utilization=0.99, num_requests_running=180, num_requests_waiting=0,
+                            num_scheduled_requests=64)
+    p = read_payload(text, timestamp=1.0)
+    (r,) = p.readings
+    assert (r.requests_running, r.requests_waiting) == (64, 116)
+    assert p.detection.running_metric == "trtllm_num_scheduled_requests"
+    assert p.detection.waiting_metric == (
+        "trtllm_num_requests_waiting + (trtllm_num_requests_running - trtllm_num_scheduled_requests)")
+    report = build_report(p)
+    assert "kv_bound" in {f["id"] for f in report["findings"]}
+
+
+def test_trtllm_split_needs_the_scheduled_count_and_yields_to_overrides() -> None:
+    plain = read_payload(_serve_page_with(num_requests_running=180, num_requests_waiting=3), timestamp=1.0)
+    assert (plain.readings[0].requests_running, plain.readings[0].requests_waiting) == (180, 3)
+    text = _serve_page_with(num_requests_running=180, num_requests_waiting=3, num_scheduled_requests=64)
+    overridden = read_payload(text, SourceOverrides.from_strings(running="trtllm_num_requests_running"), timestamp=1.0)
+    assert (overridden.readings[0].requests_running, overridden.readings[0].requests_waiting) == (180, 3)
+    # a scheduled count above the active one is no split (a stale gauge): the active and queued counts stand
+    odd = read_payload(_serve_page_with(num_requests_running=10, num_scheduled_requests=12), timestamp=1.0)
+    assert odd.readings[0].requests_running == 10
+
+
+def test_triton_active_but_not_scheduled_requests_are_waiting() -> None:
+    text = (TRTLLM / "gen-triton-waiting-fraction.prom").read_text().replace(
+        'request_type="active",version="1"} 48', 'request_type="active",version="1"} 60')
+    (r,) = read_payload(text, timestamp=1.0).readings
+    assert (r.requests_running, r.requests_waiting) == (48, 9 + 12)
+
+
+def test_iteration_stats_scheduled_count_splits_the_active_requests() -> None:
+    text = ('[{"iter": 7, "numActiveRequests": 30, "numQueuedRequests": 2, "inflightBatchingStats": '
+            '{"numScheduledRequests": 20, "numContextRequests": 1, "numGenRequests": 19, "numPausedRequests": 0}, '
+            '"kvCacheStats": {"maxNumBlocks": 100, "usedNumBlocks": 99, "tokensPerBlock": 32}}]')
+    p = read_payload(text, timestamp=1.0)
+    assert (p.readings[0].requests_running, p.readings[0].requests_waiting) == (20, 12)
+    assert p.detection.running_metric == "inflightBatchingStats.numScheduledRequests"

@@ -16,8 +16,14 @@ Sources (docs/metrics.md lists every name; tests/fixtures/tensorrt-llm-metrics/R
   an empty list (no iteration since the last poll: the engine is idle or another reader drained it) has
   no state at all and reads as unrecognised, never as an empty cache. The JSON carries no model name.
 
-Meanings, one per quantity: running is TensorRT-LLM's "active requests" (``numActiveRequests``, which
-trtllm-serve itself exports as ``num_requests_running``), waiting its "queued requests". KV usage is the
+Meanings, one per quantity: TensorRT-LLM's "active requests" (``numActiveRequests``, which trtllm-serve
+exports as ``num_requests_running``) are every request taken from its queue, up to
+``max_num_active_requests``, whether or not this iteration's scheduler fitted it
+(``tensorrt_llm/_torch/pyexecutor/py_executor.py``: ``len(self.active_requests)``); those it did not fit wait
+for KV blocks, a batch slot or the token budget, which is what vLLM counts as waiting. So where the
+inflight-batching statistics give the scheduled count, running is the scheduled requests and waiting the
+queued plus the active ones not scheduled; without it, running is the active requests and waiting the
+queued ("queued requests"). KV usage is the
 engine's own utilisation gauge (``kv_cache_utilization`` / ``fraction``) when present, else used ÷ max
 blocks; capacity is max blocks × tokens per block. TensorRT-LLM counts no preemptions: unknown.
 """
@@ -50,6 +56,7 @@ PREFIXES = ("trtllm_", "trtllm:")
 # trtllm-serve's families, without prefix (counters by family name: the wire adds _total).
 RUNNING = "num_requests_running"
 WAITING = "num_requests_waiting"
+SCHEDULED = "num_scheduled_requests"
 UTILIZATION = "kv_cache_utilization"
 MAX_BLOCKS = "kv_cache_max_blocks"
 USED_BLOCKS = "kv_cache_used_blocks"
@@ -59,7 +66,7 @@ PROMPT_TOKENS = "prompt_tokens"
 GENERATION_TOKENS = "generation_tokens"
 REUSED_BLOCKS = "kv_cache_reused_blocks"
 MISSED_BLOCKS = "kv_cache_missed_blocks"
-SERVE_FAMILIES = (RUNNING, WAITING, UTILIZATION, MAX_BLOCKS, USED_BLOCKS, TOKENS_PER_BLOCK, SUCCESS,
+SERVE_FAMILIES = (RUNNING, WAITING, SCHEDULED, UTILIZATION, MAX_BLOCKS, USED_BLOCKS, TOKENS_PER_BLOCK, SUCCESS,
                   PROMPT_TOKENS, GENERATION_TOKENS, REUSED_BLOCKS, MISSED_BLOCKS)
 
 TRITON_REQUESTS = "nv_trt_llm_request_metrics"
@@ -114,7 +121,8 @@ def _read_serve(exposition: Exposition, p: str, overrides: SourceOverrides, time
     running = _pick(exposition, overrides.running, Selector(p + RUNNING))
     waiting = _pick(exposition, overrides.waiting, Selector(p + WAITING))
     blocks = {n: idx(Selector(p + n)) for n in (MAX_BLOCKS, USED_BLOCKS, TOKENS_PER_BLOCK)}
-    usage_i, running_i, waiting_i = idx(usage), idx(running), idx(waiting)
+    scheduled = Selector(p + SCHEDULED) if overrides.running is None and overrides.waiting is None else None
+    usage_i, running_i, waiting_i, scheduled_i = idx(usage), idx(running), idx(waiting), idx(scheduled)
     refuse_several_servers(((str(usage), usage_i), (str(running), running_i), (str(waiting), waiting_i)))
     # The text format declares a counter family with its _total name; _created samples share the family.
     counters = {n: Index.of(sample_named(exposition, p + n + "_total", p + n + "_total"), key_of)
@@ -130,16 +138,18 @@ def _read_serve(exposition: Exposition, p: str, overrides: SourceOverrides, time
         reused=counters[REUSED_BLOCKS].value(key), missed=counters[MISSED_BLOCKS].value(key),
         finished=counters[SUCCESS].by_label(key, "finished_reason"),
         prompt=counters[PROMPT_TOKENS].value(key), generation=counters[GENERATION_TOKENS].value(key),
-        latency=latency_for(latency, key),
+        latency=latency_for(latency, key), scheduled=scheduled_i.value(key),
     ) for key in keys]
     usage_name = str(usage) if usage else (
         f"{p}{USED_BLOCKS} / {p}{MAX_BLOCKS}" if blocks[USED_BLOCKS] and blocks[MAX_BLOCKS] else None)
     capacity_name = f"{p}{MAX_BLOCKS} x {p}{TOKENS_PER_BLOCK}" if blocks[MAX_BLOCKS] and blocks[TOKENS_PER_BLOCK] \
         else None
+    running_name, waiting_name = _queue_names(
+        str(running) if running else None, str(waiting) if waiting else None, p + SCHEDULED if scheduled_i else None)
     detection = Detection(
         engine_kind="tensorrt-llm", version_range="trtllm-serve" if p == "trtllm_" else "trtllm-serve-colon",
-        usage_metric=usage_name, running_metric=str(running) if running else None,
-        waiting_metric=str(waiting) if waiting else None, capacity_metric=capacity_name)
+        usage_metric=usage_name, running_metric=running_name, waiting_metric=waiting_name,
+        capacity_metric=capacity_name)
     return Poll(timestamp=timestamp, detection=detection, readings=tuple(readings))
 
 
@@ -156,24 +166,28 @@ def _read_triton(exposition: Exposition, overrides: SourceOverrides, timestamp: 
     running = _pick(exposition, overrides.running, sel(TRITON_REQUESTS, "request_type", "active"))
     waiting = _pick(exposition, overrides.waiting, sel(TRITON_REQUESTS, "request_type", "waiting"))
     block = {t: idx(sel(TRITON_KV_BLOCKS, "kv_cache_block_type", t)) for t in ("max", "used", "tokens_per")}
-    usage_i, running_i, waiting_i = idx(usage), idx(running), idx(waiting)
+    scheduled = sel(TRITON_REQUESTS, "request_type", "scheduled") \
+        if overrides.running is None and overrides.waiting is None else None
+    usage_i, running_i, waiting_i, scheduled_i = idx(usage), idx(running), idx(waiting), idx(scheduled)
     refuse_several_servers(((str(usage), usage_i), (str(running), running_i), (str(waiting), waiting_i),
                             *((f'{TRITON_KV_BLOCKS}{{kv_cache_block_type="{t}"}}', i) for t, i in block.items())))
     keys = series_keys((usage_i, running_i, waiting_i, *block.values()))
     if not (usage_i or running_i or waiting_i or block["used"]):
         raise UnrecognisedPayload("Triton payload has nv_trt_llm_* families but no KV block or request samples")
     readings = [_reading(key, usage_i.value(key), running_i.value(key), waiting_i.value(key),
-                         block["max"].value(key), block["used"].value(key), block["tokens_per"].value(key))
+                         block["max"].value(key), block["used"].value(key), block["tokens_per"].value(key),
+                         scheduled=scheduled_i.value(key))
                 for key in keys]
     usage_name = str(usage) if usage else (
         f'{TRITON_KV_BLOCKS}{{kv_cache_block_type="used"}} / {{kv_cache_block_type="max"}}'
         if block["used"] and block["max"] else None)
     capacity_name = f'{TRITON_KV_BLOCKS}{{kv_cache_block_type="max"}} x {{kv_cache_block_type="tokens_per"}}' \
         if block["max"] and block["tokens_per"] else None
+    running_name, waiting_name = _queue_names(
+        str(running) if running else None, str(waiting) if waiting else None, str(scheduled) if scheduled_i else None)
     detection = Detection(
         engine_kind="tensorrt-llm", version_range="triton-backend", usage_metric=usage_name,
-        running_metric=str(running) if running else None, waiting_metric=str(waiting) if waiting else None,
-        capacity_metric=capacity_name)
+        running_metric=running_name, waiting_metric=waiting_name, capacity_metric=capacity_name)
     return Poll(timestamp=timestamp, detection=detection, readings=tuple(readings))
 
 
@@ -181,7 +195,8 @@ def _reading(key: SeriesKey, usage: float | None, running: float | None, waiting
              max_blocks: float | None, used_blocks: float | None, tokens_per_block: float | None, *,
              reused: float | None = None, missed: float | None = None, finished: Mapping[str, float] | None = None,
              prompt: float | None = None, generation: float | None = None,
-             latency: Mapping[str, Histogram] | None = None) -> Reading:
+             latency: Mapping[str, Histogram] | None = None, scheduled: float | None = None) -> Reading:
+    running, waiting = _in_batch(running, waiting, scheduled)
     if usage is None:
         usage = ratio(used_blocks, max_blocks)
     capacity = max_blocks * tokens_per_block if max_blocks is not None and tokens_per_block is not None else None
@@ -194,6 +209,20 @@ def _reading(key: SeriesKey, usage: float | None, running: float | None, waiting
         prefix_cache_unit="blocks" if queries is not None else None,
         kv_capacity_tokens=capacity, num_gpu_blocks=max_blocks, block_size=tokens_per_block,
         latency=MappingProxyType(dict(latency or {})))
+
+
+def _in_batch(active: float | None, queued: float | None, scheduled: float | None) -> tuple[float | None, float | None]:
+    """(running, waiting) from the active, queued and scheduled counts (the module's docstring says why)."""
+    if active is None or scheduled is None or scheduled > active:
+        return active, queued
+    return scheduled, queued + (active - scheduled) if queued is not None else None
+
+
+def _queue_names(active: str | None, queued: str | None, scheduled: str | None) -> tuple[str | None, str | None]:
+    """The running and waiting metrics' names as :func:`_in_batch` combines them."""
+    if active is None or scheduled is None:
+        return active, queued
+    return scheduled, f"{queued} + ({active} - {scheduled})" if queued is not None else None
 
 
 # ---------------------------------------------------------------- iteration statistics JSON
@@ -231,15 +260,21 @@ def read_iteration_stats(text: str, *, timestamp: float, model_name: str = "unkn
             return None
         return number if math.isfinite(number) else None
 
+    batching = last.get("inflightBatchingStats") if isinstance(last.get("inflightBatchingStats"), dict) else {}
+    active, queued, scheduled = (num(last, "numActiveRequests"), num(last, "numQueuedRequests"),
+                                 num(batching, "numScheduledRequests"))
     reading = _reading(
-        (model_name, "0"), None, num(last, "numActiveRequests"), num(last, "numQueuedRequests"),
+        (model_name, "0"), None, active, queued,
         num(kv, "maxNumBlocks"), num(kv, "usedNumBlocks"), num(kv, "tokensPerBlock"),
-        reused=num(kv, "reusedBlocks"), missed=num(kv, "missedBlocks"))
+        reused=num(kv, "reusedBlocks"), missed=num(kv, "missedBlocks"), scheduled=scheduled)
+    running_name, waiting_name = _queue_names(
+        "numActiveRequests" if active is not None else None, "numQueuedRequests" if queued is not None else None,
+        "inflightBatchingStats.numScheduledRequests" if scheduled is not None else None)
     detection = Detection(
         engine_kind="tensorrt-llm", version_range="iteration-stats",
         usage_metric="kvCacheStats.usedNumBlocks / maxNumBlocks" if reading.kv_usage_ratio is not None else None,
-        running_metric="numActiveRequests" if reading.requests_running is not None else None,
-        waiting_metric="numQueuedRequests" if reading.requests_waiting is not None else None,
+        running_metric=running_name if reading.requests_running is not None else None,
+        waiting_metric=waiting_name if reading.requests_waiting is not None else None,
         capacity_metric="kvCacheStats.maxNumBlocks x tokensPerBlock" if reading.kv_capacity_tokens is not None
         else None)
     return Poll(timestamp=timestamp, detection=detection, readings=(reading,))

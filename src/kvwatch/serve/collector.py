@@ -145,9 +145,11 @@ def _series_families(series: dict) -> Iterator[Metric]:
          lambda s: s.reading.kv_capacity_tokens),
         ("kvwatch_kv_used_tokens", "Tokens held in the KV cache: usage ratio x capacity.",
          lambda s: s.reading.kv_used_tokens),
-        ("kvwatch_requests_running", "Requests in the engine's running batch (TensorRT-LLM: active requests).",
+        ("kvwatch_requests_running", "Requests in the engine's running batch (TensorRT-LLM: scheduled requests, "
+         "else active).",
          lambda s: s.reading.requests_running),
-        ("kvwatch_requests_waiting", "Requests waiting in the engine's queue.", lambda s: s.reading.requests_waiting),
+        ("kvwatch_requests_waiting", "Requests waiting in the engine's queue (TensorRT-LLM: queued plus active not "
+         "scheduled).", lambda s: s.reading.requests_waiting),
         ("kvwatch_preemptions_per_second",
          "Preemptions (SGLang: retractions) per second over the last minute of polls.",
          lambda s: s.preemptions_per_second),

@@ -166,8 +166,11 @@ def render_trtllm(snaps: Sequence[EngineSnapshot], *, model_name: str) -> str:
     f.counter("trtllm_kv_cache_missed_blocks", "Cumulative number of KV cache blocks missed (cache misses)",
               [(b, s.prefix_cache_queries_blocks - s.prefix_cache_hits_blocks)])
     f.gauge("trtllm_kv_cache_utilization", "KV cache utilization", [(b, s.kv_usage)])
-    f.gauge("trtllm_num_requests_running", "Number of active requests", [(b, s.num_running)])
-    f.gauge("trtllm_num_requests_waiting", "Number of queued requests", [(b, s.num_waiting)])
+    # TensorRT-LLM takes requests from its queue into its active list up to max_num_active_requests (here:
+    # all of them) and schedules those that fit: the simulator's waiting requests are active, not scheduled.
+    f.gauge("trtllm_num_requests_running", "Number of active requests", [(b, s.num_running + s.num_waiting)])
+    f.gauge("trtllm_num_requests_waiting", "Number of queued requests", [(b, 0)])
+    f.gauge("trtllm_num_scheduled_requests", "Number of scheduled requests", [(b, s.num_running)])
     f.gauge("trtllm_kv_cache_max_blocks", "Maximum number of KV cache blocks", [(b, max_blocks)])
     f.gauge("trtllm_kv_cache_free_blocks", "Number of free KV cache blocks", [(b, max_blocks - used)])
     f.gauge("trtllm_kv_cache_used_blocks", "Number of used KV cache blocks", [(b, used)])
