@@ -329,6 +329,9 @@ def tensor_parallel_refusal(arch: ModelArch, tp: int) -> str | None:
 def _text_config(config: dict[str, Any]) -> dict[str, Any]:
     """The language-model part of a (possibly multimodal) config; top-level keys fill gaps, and the defaults of
     its transformers config class fill what the file leaves out (:data:`_CONFIG_CLASS_DEFAULTS`)."""
+    thinker = config.get("thinker_config")
+    if isinstance(thinker, dict):  # Qwen2.5/3-Omni: the thinker's text_config is the LLM (vLLM's get_hf_text_config)
+        config = {**{k: v for k, v in config.items() if not isinstance(v, dict)}, **thinker}
     cfg = config
     for key in ("text_config", "llm_config", "language_config"):
         nested = config.get(key)
@@ -637,6 +640,15 @@ def _moe_layers(cfg: dict[str, Any], num_layers: int, num_experts: int, layout: 
     if period:
         offset = _field(cfg, "expert_layer_offset", default=0)
         return sum(1 for i in range(num_layers) if i % period == offset)
+    if isinstance(cfg.get("moe_layer_start_index"), int) or isinstance(cfg.get("moe_layer_interval"), int):
+        # ERNIE-4.5: MoE from start to end (inclusive) when (i + 1) % interval == 0 (ernie45_moe.py)
+        start, end = cfg.get("moe_layer_start_index") or 0, cfg.get("moe_layer_end_index")
+        end = num_layers - 1 if end is None or end < 0 else end
+        interval = _field(cfg, "moe_layer_interval", default=1) or 1
+        return sum(1 for i in range(num_layers) if start <= i <= end and (i + 1) % interval == 0)
+    enum = cfg.get("moe_layers_enum")
+    if isinstance(enum, str) and enum.strip():  # Step-3.5's remote-code config: "3,4,...,44" (step3p5.py)
+        return len({n for n in (_number(i.strip(), "moe_layers_enum") for i in enum.split(",")) if n < num_layers})
     interleave = _field(cfg, "interleave_moe_layer_step")  # Llama-4: MoE when (i + 1) % step == 0
     if interleave:
         return sum(1 for i in range(num_layers) if (i + 1) % interleave == 0)
@@ -688,10 +700,12 @@ def arch_from_config(config: dict[str, Any], name: str = "custom", source: str |
 
 def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> ModelArch:
     cfg = _text_config(config)
-    sizes = cfg.get("intermediate_size")
-    if isinstance(sizes, list) and sizes:
-        # Gemma 3n gives one MLP width per layer: the weights sum over layers, so the mean is the per-layer size
-        cfg = {**cfg, "intermediate_size": sum(_real(s, "intermediate_size") for s in sizes) / len(sizes)}
+    for key in ("intermediate_size", "moe_intermediate_size", "num_shared_expert"):
+        sizes = cfg.get(key)
+        if isinstance(sizes, list) and sizes:
+            # Gemma 3n gives one MLP width per layer, Hunyuan-A13B one expert width and shared-expert count: the
+            # weights sum over layers, so the mean is the per-layer figure
+            cfg = {**cfg, key: sum(_real(s, key) for s in sizes) / len(sizes)}
     model_type = str(cfg.get("model_type") or config.get("model_type") or "").lower()
     blocks = _nas_blocks(cfg)
     if blocks is not None and cfg.get("intermediate_size") is None:
@@ -713,6 +727,11 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         raise ArchitectureError(f"config.json gives a head size of {head_dim} (head_dim, or hidden_size {hidden} / "
                                 f"num_attention_heads {heads}): it must be a positive count")
     raw_types = cfg.get("layer_types")
+    if model_type == "step3p5" and isinstance(raw_types, list) and len(raw_types) > num_layers:
+        # Step-3.5's remote-code config lists its MTP layers after the decoder's; vLLM's step3p5.py builds
+        # num_hidden_layers layers and reads the first entries
+        raw_types = raw_types[:num_layers]
+        cfg = {**cfg, "layer_types": raw_types}
     if isinstance(raw_types, list) and raw_types and len(raw_types) != num_layers:
         # transformers refuses such a config too (layer_type_validation): one entry per decoder layer
         raise ArchitectureError(f"config.json has {len(raw_types)} layer_types for num_hidden_layers {num_layers}: "
@@ -721,6 +740,12 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
     architectures = tuple(str(a) for a in config.get("architectures") or [] if isinstance(a, str))
     layer_types = layout.types if layout is not None else _layer_types(cfg, num_layers, model_type, architectures)
     notes: list[str] = []
+    if model_type == "longcat_flash":
+        # Each decoder layer runs two MLA attentions, each with a cache of its own (FlashDecoderLayer in vLLM's
+        # longcat_flash.py): 2 x num_hidden_layers KV layers
+        layer_types = tuple(kind for kind in layer_types for _ in range(2))
+        notes.append(f"LongCat-Flash: two MLA attentions per decoder layer, so {len(layer_types)} KV layers for "
+                     f"{num_layers} decoder layers")
     encoder = next((key for key in ("vision_config", "audio_config") if isinstance(config.get(key), dict)), None)
     if encoder is not None or str(config.get("model_type", "")).lower() in _MULTIMODAL_TYPES:
         # vLLM's profile run also runs the encoder on a dummy batch and holds its outputs (gpu_model_runner.py
@@ -763,7 +788,8 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
                      "disabled its hybrid KV cache manager for them "
                      "(VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE defaulted to 0) and they held every token "
                      "like full attention")
-    num_experts = _field(cfg, "num_local_experts", "n_routed_experts", "num_experts", default=0) or 0
+    num_experts = _field(cfg, "num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts",
+                         default=0) or 0
     tie = cfg.get("tie_word_embeddings")
     if tie is None:
         tie = config.get("tie_word_embeddings")
@@ -811,9 +837,11 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         index_head_dim=_field(cfg, "index_head_dim") if is_mla else None,
         num_experts=num_experts,
         experts_per_token=_experts_per_token(cfg),
-        moe_intermediate_size=(_field(cfg, "moe_intermediate_size", "intermediate_size", default=0) or 0)
+        moe_intermediate_size=(_field(cfg, "moe_intermediate_size", "expert_ffn_hidden_size", "intermediate_size",
+                                      default=0) or 0)
         if num_experts else 0,
-        num_shared_experts=_field(cfg, "n_shared_experts", "num_shared_experts")
+        num_shared_experts=_field(cfg, "n_shared_experts", "num_shared_experts", "moe_num_shared_experts",
+                                  "num_shared_expert")
         or (1 if model_type.startswith("llama4") and num_experts else 0),
         first_k_dense_layers=_field(cfg, "first_k_dense_replace", default=0) or 0,
         moe_layers=_moe_layers(cfg, num_layers, num_experts, layout),
@@ -839,7 +867,8 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
 
 
 def _experts_per_token(cfg: dict[str, Any]) -> int | None:
-    for key in ("num_experts_per_tok", "num_experts_per_token", "experts_per_token", "moe_topk", "moe_k"):
+    for key in ("num_experts_per_tok", "num_experts_per_token", "experts_per_token", "moe_topk", "moe_k",
+                "moe_top_k"):
         if cfg.get(key):
             value = cfg[key]
             return _number(value[0] if isinstance(value, list) else value, key)
