@@ -359,3 +359,16 @@ def test_iteration_stats_scheduled_count_splits_the_active_requests() -> None:
     p = read_payload(text, timestamp=1.0)
     assert (p.readings[0].requests_running, p.readings[0].requests_waiting) == (20, 12)
     assert p.detection.running_metric == "inflightBatchingStats.numScheduledRequests"
+
+
+def test_trtllm_finished_requests_from_the_iteration_counter_without_per_request_metrics():
+    # request_success_total needs return_perf_metrics; num_requests_completed_total comes with the iteration
+    # statistics alone (tensorrt_llm/metrics/collector.py): without either the arrival rate is unknown.
+    text = "".join(line for line in _serve_page_with().splitlines(keepends=True)
+                   if not line.startswith("trtllm_request_success_total"))
+    labels = '{model_name="nvidia/Llama-3.1-8B-Instruct-FP8",engine_type="trtllm"}'
+    (r,) = read_payload(text + f"trtllm_num_requests_completed_total{labels} 950.0\n", timestamp=1.0).readings
+    assert dict(r.finished_by_reason) == {"all": 950.0}
+    (both,) = read_payload(_serve_page_with() + f"trtllm_num_requests_completed_total{labels} 950.0\n",
+                           timestamp=1.0).readings
+    assert dict(both.finished_by_reason) == {"length": 20.0, "stop": 1180.0}  # the per-request counter wins

@@ -169,6 +169,16 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     return numerator / denominator
 
 
+def finished_by_reason(by_reason: Index, total: Index, key: SeriesKey) -> dict[str, float]:
+    """Finished requests by ``finished_reason`` where the engine counts them so, else its one total of finished
+    requests under reason ``all`` (later SGLang's ``num_requests_total``, TensorRT-LLM's iteration statistics)."""
+    reasons = by_reason.by_label(key, "finished_reason")
+    if reasons:
+        return reasons
+    count = total.total(key)
+    return {"all": count} if count is not None else {}
+
+
 def histograms(exposition: Exposition, family: str, key_of: KeyOf, *,
                parts_add: bool = False) -> dict[PartialKey, Histogram]:
     """A histogram family's series by partial key; of several copies of one key (ranks, processes) the one

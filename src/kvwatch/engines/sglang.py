@@ -33,6 +33,7 @@ from kvwatch.engines import Selector, SourceOverrides, UnrecognisedPayload
 from kvwatch.engines.series import (
     Index,
     KeyOf,
+    finished_by_reason,
     histogram_samples,
     latency_for,
     latency_index,
@@ -109,16 +110,6 @@ def version_range(exposition: Exposition) -> str:
     return "model-name-label"
 
 
-def _finished(success: Index, finished: Index, key: SeriesKey) -> dict[str, float]:
-    """Finished requests by reason: 2024's ``request_success_total{finished_reason}``; later SGLang counts
-    only ``num_requests_total`` (incremented when a request finishes), reported under reason ``all``."""
-    by_reason = success.by_label(key, "finished_reason")
-    if by_reason:
-        return by_reason
-    total = finished.total(key)
-    return {"all": total} if total is not None else {}
-
-
 def _first(exposition: Exposition, override: Selector | None, *names: str) -> Selector | None:
     if override is not None:
         return override
@@ -183,7 +174,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             requests_running=running_i.value(key),
             requests_waiting=_add(waiting_i.value(key), prealloc_i.value(key)),
             preemptions_total=retracted.value(key),
-            finished_by_reason=MappingProxyType(_finished(success, finished, key)),
+            finished_by_reason=MappingProxyType(finished_by_reason(success, finished, key)),
             prompt_tokens_total=queries,
             generation_tokens_total=generation.total(key),
             prefix_cache_queries_total=queries if hits is not None else None,

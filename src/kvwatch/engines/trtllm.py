@@ -41,6 +41,7 @@ from kvwatch.engines import Selector, SourceOverrides, UnrecognisedPayload
 from kvwatch.engines.series import (
     Index,
     KeyOf,
+    finished_by_reason,
     latency_for,
     latency_index,
     ratio,
@@ -62,19 +63,20 @@ MAX_BLOCKS = "kv_cache_max_blocks"
 USED_BLOCKS = "kv_cache_used_blocks"
 TOKENS_PER_BLOCK = "kv_cache_tokens_per_block"
 SUCCESS = "request_success"
+COMPLETED = "num_requests_completed"  # from the iteration statistics: finished requests without per-request metrics
 PROMPT_TOKENS = "prompt_tokens"
 GENERATION_TOKENS = "generation_tokens"
 REUSED_BLOCKS = "kv_cache_reused_blocks"
 MISSED_BLOCKS = "kv_cache_missed_blocks"
 SERVE_FAMILIES = (RUNNING, WAITING, SCHEDULED, UTILIZATION, MAX_BLOCKS, USED_BLOCKS, TOKENS_PER_BLOCK, SUCCESS,
-                  PROMPT_TOKENS, GENERATION_TOKENS, REUSED_BLOCKS, MISSED_BLOCKS)
+                  COMPLETED, PROMPT_TOKENS, GENERATION_TOKENS, REUSED_BLOCKS, MISSED_BLOCKS)
 
 TRITON_REQUESTS = "nv_trt_llm_request_metrics"
 TRITON_KV_BLOCKS = "nv_trt_llm_kv_cache_block_metrics"
 
 LATENCY = {"ttft": "time_to_first_token_seconds", "itl": "time_per_output_token_seconds",
            "queue": "request_queue_time_seconds", "e2e": "e2e_request_latency_seconds"}
-_COUNTERS = (SUCCESS, PROMPT_TOKENS, GENERATION_TOKENS, REUSED_BLOCKS, MISSED_BLOCKS)
+_COUNTERS = (SUCCESS, COMPLETED, PROMPT_TOKENS, GENERATION_TOKENS, REUSED_BLOCKS, MISSED_BLOCKS)
 
 FAMILIES: frozenset[str] = frozenset(
     {p + f + ("_total" if f in _COUNTERS else "") for p in PREFIXES for f in (*SERVE_FAMILIES, *LATENCY.values())}
@@ -126,7 +128,7 @@ def _read_serve(exposition: Exposition, p: str, overrides: SourceOverrides, time
     refuse_several_servers(((str(usage), usage_i), (str(running), running_i), (str(waiting), waiting_i)))
     # The text format declares a counter family with its _total name; _created samples share the family.
     counters = {n: Index.of(sample_named(exposition, p + n + "_total", p + n + "_total"), key_of)
-                for n in (SUCCESS, PROMPT_TOKENS, GENERATION_TOKENS, REUSED_BLOCKS, MISSED_BLOCKS)}
+                for n in _COUNTERS}
     keys = series_keys((usage_i, running_i, waiting_i, *blocks.values()))
     if not (usage_i or running_i or waiting_i or blocks[USED_BLOCKS]):
         raise UnrecognisedPayload(f"trtllm-serve payload has no {p}{UTILIZATION}, {p}{RUNNING} or {p}{WAITING} "
@@ -136,7 +138,7 @@ def _read_serve(exposition: Exposition, p: str, overrides: SourceOverrides, time
         key, usage_i.value(key), running_i.value(key), waiting_i.value(key), blocks[MAX_BLOCKS].value(key),
         blocks[USED_BLOCKS].value(key), blocks[TOKENS_PER_BLOCK].value(key),
         reused=counters[REUSED_BLOCKS].value(key), missed=counters[MISSED_BLOCKS].value(key),
-        finished=counters[SUCCESS].by_label(key, "finished_reason"),
+        finished=finished_by_reason(counters[SUCCESS], counters[COMPLETED], key),
         prompt=counters[PROMPT_TOKENS].value(key), generation=counters[GENERATION_TOKENS].value(key),
         latency=latency_for(latency, key), scheduled=scheduled_i.value(key),
     ) for key in keys]
