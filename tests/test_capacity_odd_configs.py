@@ -61,3 +61,15 @@ def test_a_null_in_the_text_config_does_not_hide_the_top_level_value():
               "text_config": {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
                               "num_key_value_heads": 8, "num_hidden_layers": None, "vocab_size": 128256}}
     assert arch_from_config(config).num_layers == 40
+
+
+def test_exaone4_letter_pattern_without_layer_types():
+    # transformers' Exaone4Config: "LLLG" repeats from layer 0 (L sliding, G global), the last layer always global;
+    # the same layers as the layer_types the released files ship
+    cfg = {**LLAMA, "model_type": "exaone4", "num_hidden_layers": 10, "sliding_window": 4096,
+           "sliding_window_pattern": "LLLG"}
+    letters = arch_from_config(cfg)
+    listed = arch_from_config({**cfg, "layer_types": ["sliding_attention"] * 3 + ["full_attention"]
+                               + ["sliding_attention"] * 3 + ["full_attention"] + ["sliding_attention", "full_attention"]})
+    assert letters.layer_types == listed.layer_types
+    assert letters.layer_types[-1] == "full_attention" and letters.layer_types.count("sliding_attention") == 7

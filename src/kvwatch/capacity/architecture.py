@@ -560,6 +560,12 @@ def _layer_types(cfg: dict[str, Any], num_layers: int, model_type: str,
     if isinstance(raw, list) and raw:
         return tuple(_word_type(str(t)) for t in raw[:num_layers])
     window = _field(cfg, "sliding_window")
+    letters = cfg.get("sliding_window_pattern")
+    if window and isinstance(letters, str) and letters and set(letters.upper()) <= {"L", "G"}:
+        # EXAONE 4: "LLLG" repeats from layer 0 (L local, G global) and the last layer is always global
+        # (transformers' Exaone4Config)
+        return tuple(SLIDING if letters[i % len(letters)].upper() == "L" and i < num_layers - 1 else FULL
+                     for i in range(num_layers))
     swp = _field(cfg, "sliding_window_pattern")
     if window and swp:  # Gemma-3: every swp-th layer is global, the others local.
         return tuple(FULL if (i + 1) % swp == 0 else SLIDING for i in range(num_layers))
