@@ -69,7 +69,7 @@ def test_exaone4_letter_pattern_without_layer_types():
     cfg = {**LLAMA, "model_type": "exaone4", "num_hidden_layers": 10, "sliding_window": 4096,
            "sliding_window_pattern": "LLLG"}
     letters = arch_from_config(cfg)
-    listed = arch_from_config({**cfg, "layer_types": ["sliding_attention"] * 3 + ["full_attention"]
-                               + ["sliding_attention"] * 3 + ["full_attention"] + ["sliding_attention", "full_attention"]})
+    four = ["sliding_attention"] * 3 + ["full_attention"]
+    listed = arch_from_config({**cfg, "layer_types": four * 2 + ["sliding_attention", "full_attention"]})
     assert letters.layer_types == listed.layer_types
     assert letters.layer_types[-1] == "full_attention" and letters.layer_types.count("sliding_attention") == 7
