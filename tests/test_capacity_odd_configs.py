@@ -73,3 +73,11 @@ def test_exaone4_letter_pattern_without_layer_types():
     listed = arch_from_config({**cfg, "layer_types": four * 2 + ["sliding_attention", "full_attention"]})
     assert letters.layer_types == listed.layer_types
     assert letters.layer_types[-1] == "full_attention" and letters.layer_types.count("sliding_attention") == 7
+
+
+@pytest.mark.parametrize("model_type", ["mamba", "mamba2", "falcon_mamba"])
+def test_a_pure_mamba_model_is_refused_as_attention_free(model_type):
+    cfg = {"model_type": model_type, "hidden_size": 4096, "num_hidden_layers": 64, "state_size": 16,
+           "vocab_size": 65024}
+    with pytest.raises(ArchitectureError, match="attention-free"):
+        arch_from_config(cfg)

@@ -23,6 +23,8 @@ from typing import Any
 from kvwatch.capacity.mamba import MambaConfigError, MambaDims, bailing_v3, mamba_dims_from_config
 from kvwatch.capacity.quantization import QuantizationError, checkpoint_kv_cache_dtype, scheme_from_config
 
+# Pure state-space models (vLLM's mamba.py, mamba2.py, falcon_mamba): no attention layer at all.
+_ATTENTION_FREE_TYPES = frozenset({"mamba", "mamba2", "falcon_mamba"})
 FULL = "full_attention"
 SLIDING = "sliding_attention"
 # Llama-4's chunked local attention (layers with RoPE attend within attention_chunk_size-token chunks). Up to 0.13
@@ -717,6 +719,9 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
     if blocks is not None and cfg.get("intermediate_size") is None:
         cfg = {**cfg, "intermediate_size": _nas_intermediate_size(blocks, _require(cfg, "hidden_size", "n_embd"))}
     num_layers = _require(cfg, "num_hidden_layers", "n_layer", "num_layers")
+    if model_type in _ATTENTION_FREE_TYPES and not cfg.get("num_attention_heads"):
+        raise ArchitectureError(f"{model_type} is an attention-free (pure Mamba) model: it holds a fixed state per "
+                                "request and no KV cache per token, which kvwatch does not model")
     heads = _require(cfg, "num_attention_heads", "n_head")
     hidden = _require(cfg, "hidden_size", "n_embd", "d_model")
     kv_heads = _total_kv_heads(cfg, heads, model_type)
