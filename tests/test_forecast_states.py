@@ -173,6 +173,25 @@ def test_queue_at_low_usage_is_scheduler_limited_not_kv():
     assert "bottleneck" not in {r.state for r in results}
 
 
+def test_a_queue_beside_a_full_cache_as_often_as_with_room_is_not_scheduler_limited():
+    # A standing queue at 0.4 is scheduler_limited; then usage swings, every other poll 0.93 (a queue there waits
+    # for KV) and 0.80 (room by the mean prompt). The scheduler cannot be the limit while the cache is as often:
+    # a higher --max-num-seqs would preempt (a reviewer's agentic simulation: 20-36 % of its polls read
+    # scheduler_limited, every one of them with the head of the queue waiting for KV).
+    def then(high_every: int) -> list[ForecastResult]:
+        counters: dict[str, float] = {}  # one engine throughout (counters carried on: no restart)
+        limited = stream(lambda t: 0.4, waiting=lambda t: 5.0, seconds=1200, counters=counters)
+        swinging = stream(lambda t: 0.93 if int(t / 10) % high_every == 0 else 0.80, start=1200,
+                          waiting=lambda t: 5.0, seconds=900, counters=counters)
+        return run(Forecaster(), [*limited, *swinging])
+
+    every_other = then(2)
+    assert every_other[119].state == "scheduler_limited"
+    assert "scheduler_limited" not in {r.state for r in every_other[-60:]}
+    # a queue with room in most polls stays scheduler_limited (one poll in four at 0.93)
+    assert {r.state for r in then(4)[-60:]} == {"scheduler_limited"}
+
+
 def _with_prompts(samples: Iterator[ForecastSample], prompt_tokens: float) -> Iterator[ForecastSample]:
     for s in samples:
         yield replace(s, request_prompt_tokens_sum=(s.request_prompt_tokens_count or 0.0) * prompt_tokens)

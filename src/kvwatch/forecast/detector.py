@@ -156,7 +156,12 @@ class ReactiveDetectors:
         fire = self._fire
         self.saturated_fraction = fire.saturated / len(fire.flags)
         self.bottleneck = self._hysteresis(self.bottleneck, now, "saturated")
-        self.scheduler_limited = self._hysteresis(self.scheduler_limited, now, "queued")
+        # A queue with KV room is a scheduler limit only while the cache is not the limit as often: with a queue
+        # beside a full cache (or preemptions) in as many polls of the last 5 minutes, more sequences would only
+        # preempt, and a heavy-tailed prompt at the queue's head needs more room than the mean one.
+        clear = self._clear
+        self.scheduler_limited = (self._hysteresis(self.scheduler_limited, now, "queued")
+                                  and clear.saturated < clear.queued)
 
         stall = self._stall
         first_progress = stall.flags[0].progressed is not False
