@@ -54,7 +54,7 @@ def main() -> int:
     parser.add_argument("--held-out-seeds", default=None,
                         help="seeds for the held-out traces (default: --seeds); fresh ones once a seed was seen")
     parser.add_argument("--forecaster", choices=sorted(FORECASTERS), default="v9",
-                        help="the version to score (default v6, the current defaults; v5, v7 for comparison)")
+                        help="the version to score (default v9, the current defaults; older ones for comparison)")
     parser.add_argument("--held-out-only", action="store_true",
                         help="score only the held-out traces (the tuning tables need the tuning simulations)")
     args = parser.parse_args()
