@@ -345,11 +345,38 @@ def test_trtllm_split_needs_the_scheduled_count_and_yields_to_overrides() -> Non
     assert odd.readings[0].requests_running == 10
 
 
-def test_triton_active_but_not_scheduled_requests_are_waiting() -> None:
-    text = (TRTLLM / "gen-triton-waiting-fraction.prom").read_text().replace(
-        'request_type="active",version="1"} 48', 'request_type="active",version="1"} 60')
-    (r,) = read_payload(text, timestamp=1.0).readings
-    assert (r.requests_running, r.requests_waiting) == (48, 9 + 12)
+def test_triton_running_is_the_scheduled_and_waiting_the_unscheduled_never_counted_twice() -> None:
+    # NVIDIA's Python backend exports waiting = active - scheduled (tensorrt_llm/1/model.py); its C++ backend exports
+    # no waiting, and there kvwatch computes the same. The fixture: active 57, scheduled 48, waiting 9.
+    text = (TRTLLM / "gen-triton-waiting-fraction.prom").read_text()
+    (python_backend,) = read_payload(text, timestamp=1.0).readings
+    assert (python_backend.requests_running, python_backend.requests_waiting) == (48, 9)
+    cpp = "".join(line for line in text.splitlines(keepends=True) if 'request_type="waiting"' not in line)
+    p = read_payload(cpp, timestamp=1.0)
+    assert (p.readings[0].requests_running, p.readings[0].requests_waiting) == (48, 9)
+    assert p.detection.waiting_metric == (
+        'nv_trt_llm_request_metrics{request_type="active"} - nv_trt_llm_request_metrics{request_type="scheduled"}')
+    # The C++ executor counts scheduled and active at different moments: its README's example has scheduled 1,
+    # active 0. No split then: the active count and the exported waiting stand, and the names say so.
+    readme = read_payload((TRTLLM / "triton-23.11-backend-readme.prom").read_text(), timestamp=1.0)
+    assert readme.readings[0].requests_running == 0.0 and readme.readings[0].requests_waiting is None
+    assert readme.detection.running_metric == 'nv_trt_llm_request_metrics{request_type="active"}'
+
+
+def test_trtllm_no_split_with_pipeline_parallelism_or_a_bad_scheduled_count() -> None:
+    # With pipeline parallelism an iteration schedules one micro-batch of the requests in flight
+    # (py_executor.py's PP loop): the unscheduled are not waiting.
+    labels = 'model_name="nvidia/Llama-3.1-8B-Instruct-FP8",engine_type="trtllm"'
+    info = f'trtllm_parallel_config_info{{{labels},tensor_parallel_size="4",pipeline_parallel_size="4"}} 1.0\n'
+    text = _serve_page_with(num_requests_running=128, num_requests_waiting=0, num_scheduled_requests=32)
+    (r,) = read_payload(text + info, timestamp=1.0).readings
+    assert (r.requests_running, r.requests_waiting) == (128, 0)
+    one_stage = info.replace('pipeline_parallel_size="4"', 'pipeline_parallel_size="1"')
+    (r,) = read_payload(text + one_stage, timestamp=1.0).readings
+    assert (r.requests_running, r.requests_waiting) == (32, 96)
+    for bad in ("NaN", "-3"):
+        p = read_payload(_serve_page_with(num_requests_running=10, num_scheduled_requests=bad), timestamp=1.0)
+        assert p.readings[0].requests_running == 10 and p.detection.running_metric == "trtllm_num_requests_running"
 
 
 def test_iteration_stats_scheduled_count_splits_the_active_requests() -> None:

@@ -20,10 +20,12 @@ Meanings, one per quantity: TensorRT-LLM's "active requests" (``numActiveRequest
 exports as ``num_requests_running``) are every request taken from its queue, up to
 ``max_num_active_requests``, whether or not this iteration's scheduler fitted it
 (``tensorrt_llm/_torch/pyexecutor/py_executor.py``: ``len(self.active_requests)``); those it did not fit wait
-for KV blocks, a batch slot or the token budget, which is what vLLM counts as waiting. So where the
-inflight-batching statistics give the scheduled count, running is the scheduled requests and waiting the
-queued plus the active ones not scheduled; without it, running is the active requests and waiting the
-queued ("queued requests"). KV usage is the
+for KV blocks, a batch slot or the token budget, which is what vLLM counts as waiting, and what NVIDIA's own
+Triton backend exports as waiting (``num_waiting_requests = active - scheduled``, tensorrtllm_backend's
+``tensorrt_llm/1/model.py``). So where the inflight-batching statistics give the scheduled count, running is the
+scheduled requests and waiting the active ones not scheduled, plus trtllm-serve's queue ("queued requests");
+without it (or with pipeline parallelism, where an iteration schedules one micro-batch of those in flight),
+running is the active requests and waiting the queue. KV usage is the
 engine's own utilisation gauge (``kv_cache_utilization`` / ``fraction``) when present, else used ÷ max
 blocks; capacity is max blocks × tokens per block. TensorRT-LLM counts no preemptions: unknown.
 """
@@ -58,6 +60,7 @@ PREFIXES = ("trtllm_", "trtllm:")
 RUNNING = "num_requests_running"
 WAITING = "num_requests_waiting"
 SCHEDULED = "num_scheduled_requests"
+PARALLEL_INFO = "parallel_config_info"  # its pipeline_parallel_size label turns the split off
 UTILIZATION = "kv_cache_utilization"
 MAX_BLOCKS = "kv_cache_max_blocks"
 USED_BLOCKS = "kv_cache_used_blocks"
@@ -68,8 +71,8 @@ PROMPT_TOKENS = "prompt_tokens"
 GENERATION_TOKENS = "generation_tokens"
 REUSED_BLOCKS = "kv_cache_reused_blocks"
 MISSED_BLOCKS = "kv_cache_missed_blocks"
-SERVE_FAMILIES = (RUNNING, WAITING, SCHEDULED, UTILIZATION, MAX_BLOCKS, USED_BLOCKS, TOKENS_PER_BLOCK, SUCCESS,
-                  COMPLETED, PROMPT_TOKENS, GENERATION_TOKENS, REUSED_BLOCKS, MISSED_BLOCKS)
+SERVE_FAMILIES = (RUNNING, WAITING, SCHEDULED, PARALLEL_INFO, UTILIZATION, MAX_BLOCKS, USED_BLOCKS, TOKENS_PER_BLOCK,
+                  SUCCESS, COMPLETED, PROMPT_TOKENS, GENERATION_TOKENS, REUSED_BLOCKS, MISSED_BLOCKS)
 
 TRITON_REQUESTS = "nv_trt_llm_request_metrics"
 TRITON_KV_BLOCKS = "nv_trt_llm_kv_cache_block_metrics"
@@ -123,7 +126,8 @@ def _read_serve(exposition: Exposition, p: str, overrides: SourceOverrides, time
     running = _pick(exposition, overrides.running, Selector(p + RUNNING))
     waiting = _pick(exposition, overrides.waiting, Selector(p + WAITING))
     blocks = {n: idx(Selector(p + n)) for n in (MAX_BLOCKS, USED_BLOCKS, TOKENS_PER_BLOCK)}
-    scheduled = Selector(p + SCHEDULED) if overrides.running is None and overrides.waiting is None else None
+    splits = overrides.running is None and overrides.waiting is None and not _pipelined(exposition, p + PARALLEL_INFO)
+    scheduled = Selector(p + SCHEDULED) if splits else None
     usage_i, running_i, waiting_i, scheduled_i = idx(usage), idx(running), idx(waiting), idx(scheduled)
     refuse_several_servers(((str(usage), usage_i), (str(running), running_i), (str(waiting), waiting_i)))
     # The text format declares a counter family with its _total name; _created samples share the family.
@@ -134,20 +138,22 @@ def _read_serve(exposition: Exposition, p: str, overrides: SourceOverrides, time
         raise UnrecognisedPayload(f"trtllm-serve payload has no {p}{UTILIZATION}, {p}{RUNNING} or {p}{WAITING} "
                                   "samples yet (no iteration statistics logged: is return_perf_metrics on?)")
     latency = latency_index(exposition, {kind: (p + f,) for kind, f in LATENCY.items()}, key_of)
+    queues = {key: _in_batch(running_i.value(key), waiting_i.value(key), scheduled_i.value(key)) for key in keys}
     readings = [_reading(
-        key, usage_i.value(key), running_i.value(key), waiting_i.value(key), blocks[MAX_BLOCKS].value(key),
+        key, usage_i.value(key), *queues[key][:2], blocks[MAX_BLOCKS].value(key),
         blocks[USED_BLOCKS].value(key), blocks[TOKENS_PER_BLOCK].value(key),
         reused=counters[REUSED_BLOCKS].value(key), missed=counters[MISSED_BLOCKS].value(key),
         finished=finished_by_reason(counters[SUCCESS], counters[COMPLETED], key),
         prompt=counters[PROMPT_TOKENS].value(key), generation=counters[GENERATION_TOKENS].value(key),
-        latency=latency_for(latency, key), scheduled=scheduled_i.value(key),
+        latency=latency_for(latency, key),
     ) for key in keys]
     usage_name = str(usage) if usage else (
         f"{p}{USED_BLOCKS} / {p}{MAX_BLOCKS}" if blocks[USED_BLOCKS] and blocks[MAX_BLOCKS] else None)
     capacity_name = f"{p}{MAX_BLOCKS} x {p}{TOKENS_PER_BLOCK}" if blocks[MAX_BLOCKS] and blocks[TOKENS_PER_BLOCK] \
         else None
     running_name, waiting_name = _queue_names(
-        str(running) if running else None, str(waiting) if waiting else None, p + SCHEDULED if scheduled_i else None)
+        str(running) if running else None, str(waiting) if waiting else None, p + SCHEDULED,
+        any(split for *_, split in queues.values()))
     detection = Detection(
         engine_kind="tensorrt-llm", version_range="trtllm-serve" if p == "trtllm_" else "trtllm-serve-colon",
         usage_metric=usage_name, running_metric=running_name, waiting_metric=waiting_name,
@@ -168,25 +174,31 @@ def _read_triton(exposition: Exposition, overrides: SourceOverrides, timestamp: 
     running = _pick(exposition, overrides.running, sel(TRITON_REQUESTS, "request_type", "active"))
     waiting = _pick(exposition, overrides.waiting, sel(TRITON_REQUESTS, "request_type", "waiting"))
     block = {t: idx(sel(TRITON_KV_BLOCKS, "kv_cache_block_type", t)) for t in ("max", "used", "tokens_per")}
-    scheduled = sel(TRITON_REQUESTS, "request_type", "scheduled") \
-        if overrides.running is None and overrides.waiting is None else None
-    usage_i, running_i, waiting_i, scheduled_i = idx(usage), idx(running), idx(waiting), idx(scheduled)
+    scheduled = sel(TRITON_REQUESTS, "request_type", "scheduled")
+    splits = overrides.running is None and overrides.waiting is None
+    usage_i, running_i, waiting_i = idx(usage), idx(running), idx(waiting)
+    scheduled_i = idx(scheduled if splits else None)
     refuse_several_servers(((str(usage), usage_i), (str(running), running_i), (str(waiting), waiting_i),
                             *((f'{TRITON_KV_BLOCKS}{{kv_cache_block_type="{t}"}}', i) for t, i in block.items())))
     keys = series_keys((usage_i, running_i, waiting_i, *block.values()))
     if not (usage_i or running_i or waiting_i or block["used"]):
         raise UnrecognisedPayload("Triton payload has nv_trt_llm_* families but no KV block or request samples")
-    readings = [_reading(key, usage_i.value(key), running_i.value(key), waiting_i.value(key),
-                         block["max"].value(key), block["used"].value(key), block["tokens_per"].value(key),
-                         scheduled=scheduled_i.value(key))
+    # The backend's own waiting is active - scheduled of the same iteration (tensorrt_llm/1/model.py); the C++
+    # backend exports no waiting, and there it is computed the same way.
+    queues = {key: _in_batch(running_i.value(key), None, scheduled_i.value(key)) for key in keys}
+    readings = [_reading(key, usage_i.value(key), queues[key][0],
+                         queues[key][1] if queues[key][2] else waiting_i.value(key),
+                         block["max"].value(key), block["used"].value(key), block["tokens_per"].value(key))
                 for key in keys]
     usage_name = str(usage) if usage else (
         f'{TRITON_KV_BLOCKS}{{kv_cache_block_type="used"}} / {{kv_cache_block_type="max"}}'
         if block["used"] and block["max"] else None)
     capacity_name = f'{TRITON_KV_BLOCKS}{{kv_cache_block_type="max"}} x {{kv_cache_block_type="tokens_per"}}' \
         if block["max"] and block["tokens_per"] else None
-    running_name, waiting_name = _queue_names(
-        str(running) if running else None, str(waiting) if waiting else None, str(scheduled) if scheduled_i else None)
+    split = any(s for *_, s in queues.values())
+    running_name, waiting_name = _queue_names(str(running) if running else None, None, str(scheduled), split)
+    if not split:
+        waiting_name = str(waiting) if waiting else None
     detection = Detection(
         engine_kind="tensorrt-llm", version_range="triton-backend", usage_metric=usage_name,
         running_metric=running_name, waiting_metric=waiting_name, capacity_metric=capacity_name)
@@ -197,8 +209,7 @@ def _reading(key: SeriesKey, usage: float | None, running: float | None, waiting
              max_blocks: float | None, used_blocks: float | None, tokens_per_block: float | None, *,
              reused: float | None = None, missed: float | None = None, finished: Mapping[str, float] | None = None,
              prompt: float | None = None, generation: float | None = None,
-             latency: Mapping[str, Histogram] | None = None, scheduled: float | None = None) -> Reading:
-    running, waiting = _in_batch(running, waiting, scheduled)
+             latency: Mapping[str, Histogram] | None = None) -> Reading:
     if usage is None:
         usage = ratio(used_blocks, max_blocks)
     capacity = max_blocks * tokens_per_block if max_blocks is not None and tokens_per_block is not None else None
@@ -213,18 +224,32 @@ def _reading(key: SeriesKey, usage: float | None, running: float | None, waiting
         latency=MappingProxyType(dict(latency or {})))
 
 
-def _in_batch(active: float | None, queued: float | None, scheduled: float | None) -> tuple[float | None, float | None]:
-    """(running, waiting) from the active, queued and scheduled counts (the module's docstring says why)."""
-    if active is None or scheduled is None or scheduled > active:
-        return active, queued
-    return scheduled, queued + (active - scheduled) if queued is not None else None
+def _in_batch(active: float | None, queued: float | None,
+              scheduled: float | None) -> tuple[float | None, float | None, bool]:
+    """(running, waiting, split) from the active, queued and scheduled counts (the module's docstring says why).
+    ``queued`` None: the waiting are the unscheduled alone. No split without a scheduled count between 0 and the
+    active one (an iteration's count read beside another's: C++ executors count them at different moments)."""
+    if active is None or scheduled is None or not 0 <= scheduled <= active:
+        return active, queued, False
+    return scheduled, (active - scheduled) + (queued or 0.0), True
 
 
-def _queue_names(active: str | None, queued: str | None, scheduled: str | None) -> tuple[str | None, str | None]:
-    """The running and waiting metrics' names as :func:`_in_batch` combines them."""
-    if active is None or scheduled is None:
+def _queue_names(active: str | None, queued: str | None, scheduled: str,
+                 split: bool) -> tuple[str | None, str | None]:
+    """The running and waiting metrics' names as :func:`_in_batch` combined them."""
+    if not split:
         return active, queued
-    return scheduled, f"{queued} + ({active} - {scheduled})" if queued is not None else None
+    unscheduled = f"{active} - {scheduled}"
+    return scheduled, f"{queued} + ({unscheduled})" if queued is not None else unscheduled
+
+
+def _pipelined(exposition: Exposition, info: str) -> bool:
+    """True when trtllm-serve's parallel config info says pipeline parallelism (one micro-batch per iteration)."""
+    for sample in exposition.samples(info):
+        size = sample.labels.get("pipeline_parallel_size") or sample.labels.get("pp_size")
+        if size is not None and size.strip().isdigit() and int(size) > 1:
+            return True
+    return False
 
 
 # ---------------------------------------------------------------- iteration statistics JSON
@@ -265,13 +290,14 @@ def read_iteration_stats(text: str, *, timestamp: float, model_name: str = "unkn
     batching = last.get("inflightBatchingStats") if isinstance(last.get("inflightBatchingStats"), dict) else {}
     active, queued, scheduled = (num(last, "numActiveRequests"), num(last, "numQueuedRequests"),
                                  num(batching, "numScheduledRequests"))
+    running, waiting, split = _in_batch(active, queued, scheduled)
     reading = _reading(
-        (model_name, "0"), None, active, queued,
+        (model_name, "0"), None, running, waiting,
         num(kv, "maxNumBlocks"), num(kv, "usedNumBlocks"), num(kv, "tokensPerBlock"),
-        reused=num(kv, "reusedBlocks"), missed=num(kv, "missedBlocks"), scheduled=scheduled)
+        reused=num(kv, "reusedBlocks"), missed=num(kv, "missedBlocks"))
     running_name, waiting_name = _queue_names(
         "numActiveRequests" if active is not None else None, "numQueuedRequests" if queued is not None else None,
-        "inflightBatchingStats.numScheduledRequests" if scheduled is not None else None)
+        "inflightBatchingStats.numScheduledRequests", split)
     detection = Detection(
         engine_kind="tensorrt-llm", version_range="iteration-stats",
         usage_metric="kvCacheStats.usedNumBlocks / maxNumBlocks" if reading.kv_usage_ratio is not None else None,

@@ -148,8 +148,8 @@ def _series_families(series: dict) -> Iterator[Metric]:
         ("kvwatch_requests_running", "Requests in the engine's running batch (TensorRT-LLM: scheduled requests, "
          "else active).",
          lambda s: s.reading.requests_running),
-        ("kvwatch_requests_waiting", "Requests waiting in the engine's queue (TensorRT-LLM: queued plus active not "
-         "scheduled).", lambda s: s.reading.requests_waiting),
+        ("kvwatch_requests_waiting", "Requests waiting in the engine's queue (TensorRT-LLM: active not scheduled, "
+         "plus trtllm-serve's queue).", lambda s: s.reading.requests_waiting),
         ("kvwatch_preemptions_per_second",
          "Preemptions (SGLang: retractions) per second over the last minute of polls.",
          lambda s: s.preemptions_per_second),
