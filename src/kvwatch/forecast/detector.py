@@ -156,12 +156,14 @@ class ReactiveDetectors:
         fire = self._fire
         self.saturated_fraction = fire.saturated / len(fire.flags)
         self.bottleneck = self._hysteresis(self.bottleneck, now, "saturated")
-        # A queue with KV room is a scheduler limit only while the cache is not the limit as often: with a queue
-        # beside a full cache (or preemptions) in as many polls of the last 5 minutes, more sequences would only
-        # preempt, and a heavy-tailed prompt at the queue's head needs more room than the mean one.
+        # A queue with KV room is a scheduler limit only while the cache is not the limit as often: with saturated
+        # polls (a full cache, a queue waiting for KV, a preemption) as many as those with a queue and room over the
+        # last 5 minutes, more sequences would only preempt, and a heavy-tailed prompt at the queue's head needs
+        # more room than the mean one. It gives way there and fires again only below half as many (hysteresis).
         clear = self._clear
+        kv_share = 1.0 if self.scheduler_limited else 0.5
         self.scheduler_limited = (self._hysteresis(self.scheduler_limited, now, "queued")
-                                  and clear.saturated < clear.queued)
+                                  and clear.saturated < kv_share * clear.queued)
 
         stall = self._stall
         first_progress = stall.flags[0].progressed is not False
