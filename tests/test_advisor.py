@@ -229,3 +229,20 @@ def test_the_adapter_reads_the_override_when_the_block_count_is_not_labelled():
             'vllm:cache_config_info{block_size="16",num_gpu_blocks="None",num_gpu_blocks_override="4000"} 1.0\n')
     (reading,) = vllm.read(parse(text), timestamp=0.0).readings
     assert reading.kv_capacity_tokens == 64_000.0
+
+
+def test_the_runbooks_flag_table_is_the_advisors():
+    # docs/runbooks.md tells SGLang and TensorRT-LLM users which of their flags each vLLM flag stands for.
+    from pathlib import Path
+
+    from kvwatch.advisor import ENGINE_FLAGS, SGLANG, TENSORRT_LLM, TRITON_TENSORRT_LLM, VLLM
+
+    text = (Path(__file__).parents[1] / "docs" / "runbooks.md").read_text()
+    rows = {line.split("|")[1].strip(): [c.strip().strip("`") for c in line.split("|")[2:6]]
+            for line in text.splitlines() if line.startswith("| ") and line.count("|") == 6}
+    names = {"concurrency": "concurrency", "max_model_len": "max-model-len", "quantization": "weight quantization",
+             "tensor_parallel": "tensor parallelism", "token_budget": "token budget"}
+    for key, row in names.items():
+        expected = [ENGINE_FLAGS[kind][key] or "(the checkpoint's)"
+                    for kind in (VLLM, SGLANG, TENSORRT_LLM, TRITON_TENSORRT_LLM)]
+        assert rows[row] == expected, row

@@ -403,9 +403,12 @@ def test_a_url_without_metrics_gets_a_hint(live_target: str, capsys: pytest.Capt
     root = live_target.removesuffix("/metrics")
     assert main(["check", root, "--json"]) == 1
     error = json.loads(capsys.readouterr().out)["error"]
-    assert error["reason"] == "parse" and error["hint"] == f"vLLM serves its metrics at /metrics: try {root}/metrics"
+    hint = f"vLLM and SGLang serve their metrics at /metrics: try {root}/metrics"
+    assert error["reason"] == "parse" and error["hint"] == hint
     assert main(["check", root + "/"]) == 1
-    assert f"hint: vLLM serves its metrics at /metrics: try {root}/metrics" in capsys.readouterr().err
+    assert f"hint: {hint}" in capsys.readouterr().err
+    assert main(["check", root + "/health"]) == 1  # another endpoint is replaced, not extended
+    assert f"hint: {hint}" in capsys.readouterr().err
     assert main(["check", live_target, "--json"]) == 1
     assert "hint" not in json.loads(capsys.readouterr().out)["error"]
 

@@ -153,13 +153,19 @@ def _usage_error(message: str) -> int:
     raise SettingsError(message)
 
 
+# An engine's other endpoints, which a /metrics URL is often confused with: the hint replaces them.
+_OTHER_ENDPOINTS = ("/health", "/ping", "/version", "/v1/models", "/v1", "/docs")
+
+
 def _url_hint(url: str) -> str | None:
-    """A nudge when the URL does not end in /metrics (vLLM serves its metrics there, not at the root)."""
+    """A nudge when the URL does not end in /metrics (engines serve their metrics there, not at the root)."""
     parts = urlsplit(url)
-    if parts.path.rstrip("/").endswith("/metrics"):
+    path = parts.path.rstrip("/")
+    if path.endswith("/metrics"):
         return None
-    fixed = urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/") + "/metrics", parts.query, ""))
-    return f"vLLM serves its metrics at /metrics: try {fixed}"
+    base = next((path[: -len(e)] for e in _OTHER_ENDPOINTS if path.endswith(e)), path)
+    fixed = urlunsplit((parts.scheme, parts.netloc, base + "/metrics", parts.query, ""))
+    return f"vLLM and SGLang serve their metrics at /metrics: try {fixed}"
 
 
 def _check_model_preset(model: str | None) -> None:

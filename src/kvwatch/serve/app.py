@@ -329,7 +329,7 @@ class Sidecar:
         for key, reason in restarted.items():
             # Each restart is a change of its own (the poll's time tells them apart); a flapping target is still
             # held to the burst.
-            self._restart_log.change((key, reason, now), logging.WARNING, "vLLM series %s/%s restarted: %s",
+            self._restart_log.change((key, reason, now), logging.WARNING, "engine series %s/%s restarted: %s",
                                      key[0], key[1], reason)
         series = {}
         for reading in poll.readings:

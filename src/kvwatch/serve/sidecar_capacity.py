@@ -160,7 +160,7 @@ def build_sidecar_capacity(settings: DeploymentSettings, model_name: str | None 
         settings, engine_overrides, taken = engine_settings(settings, cache_config)
         overrides = {**engine_overrides, **overrides}
     if "vllm_version" not in overrides:
-        notes.append("vLLM version not known from cache_config_info: the current release's rules")
+        notes.append("no vLLM version in the payload (vllm:cache_config_info): the current vLLM release's rules")
     try:
         spec = DeploymentSpec.from_settings(settings, **overrides)
         if spec.arch is not None and spec.arch.is_hybrid_mamba and spec.block_size != original.block_size:
