@@ -70,3 +70,23 @@ def test_qwen3_omni_reads_the_thinkers_text_config():
     # vLLM's get_hf_text_config descends into thinker_config.text_config; the talker is not the served LLM
     a = arch("qwen3_omni")
     assert (a.num_layers, a.num_kv_heads, a.head_dim, a.num_experts) == (48, 4, 128, 128)
+
+
+def test_ernie_vl_lists_read_the_text_experts_and_defaults_follow_transformers():
+    cfg = json.loads((CONFIGS / "ernie21.json").read_text())
+    vl = arch_from_config({**cfg, "moe_num_experts": [64, 64], "moe_intermediate_size": [1536, 512],
+                           "moe_layer_start_index": [1, 1], "moe_layer_end_index": [27, 27]})
+    assert (vl.num_experts, vl.moe_intermediate_size, vl.moe_layers) == (64, 1536, 27)
+    no_start = {k: v for k, v in cfg.items() if k != "moe_layer_start_index"}
+    assert arch_from_config(no_start).moe_layers == 27  # transformers' default start: layer 1
+    assert arch_from_config({**cfg, "use_moe": False}).moe_layers == 0
+
+
+def test_step35_moe_layers_enum_as_a_sequence_counts_only_real_layers():
+    cfg = json.loads((CONFIGS / "step35.json").read_text())
+    assert arch_from_config({**cfg, "moe_layers_enum": list(range(3, 45))}).moe_layers == 42
+    assert arch_from_config({**cfg, "moe_layers_enum": " 3, 4,-1, 100"}).moe_layers == 2
+
+
+def test_qwen3_omni_is_noted_as_multimodal():
+    assert any("multimodal" in note for note in arch("qwen3_omni").notes)

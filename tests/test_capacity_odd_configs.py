@@ -81,3 +81,8 @@ def test_a_pure_mamba_model_is_refused_as_attention_free(model_type):
            "vocab_size": 65024}
     with pytest.raises(ArchitectureError, match="attention-free"):
         arch_from_config(cfg)
+
+
+def test_exaone4_letter_pattern_without_a_window_is_all_global():
+    cfg = {**LLAMA, "model_type": "exaone4", "sliding_window": None, "sliding_window_pattern": "LLLG"}
+    assert set(arch_from_config(cfg).layer_types) == {"full_attention"}

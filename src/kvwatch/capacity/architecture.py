@@ -563,11 +563,11 @@ def _layer_types(cfg: dict[str, Any], num_layers: int, model_type: str,
         return tuple(_word_type(str(t)) for t in raw[:num_layers])
     window = _field(cfg, "sliding_window")
     letters = cfg.get("sliding_window_pattern")
-    if window and isinstance(letters, str) and letters and set(letters.upper()) <= {"L", "G"}:
-        # EXAONE 4: "LLLG" repeats from layer 0 (L local, G global) and the last layer is always global
-        # (transformers' Exaone4Config)
-        return tuple(SLIDING if letters[i % len(letters)].upper() == "L" and i < num_layers - 1 else FULL
-                     for i in range(num_layers))
+    if isinstance(letters, str) and letters and set(letters.upper()) <= {"L", "G"}:
+        # EXAONE 4: "LLLG" repeats from layer 0 (L local, G global) and the last layer is always global, as
+        # TensorRT-LLM's modeling_exaone4.py check_is_sliding reads it; no window: every layer global
+        return tuple(SLIDING if window and letters[i % len(letters)].upper() == "L" and i < num_layers - 1
+                     else FULL for i in range(num_layers))
     swp = _field(cfg, "sliding_window_pattern")
     if window and swp:  # Gemma-3: every swp-th layer is global, the others local.
         return tuple(FULL if (i + 1) % swp == 0 else SLIDING for i in range(num_layers))
@@ -648,15 +648,24 @@ def _moe_layers(cfg: dict[str, Any], num_layers: int, num_experts: int, layout: 
     if period:
         offset = _field(cfg, "expert_layer_offset", default=0)
         return sum(1 for i in range(num_layers) if i % period == offset)
-    if isinstance(cfg.get("moe_layer_start_index"), int) or isinstance(cfg.get("moe_layer_interval"), int):
-        # ERNIE-4.5: MoE from start to end (inclusive) when (i + 1) % interval == 0 (ernie45_moe.py)
-        start, end = cfg.get("moe_layer_start_index") or 0, cfg.get("moe_layer_end_index")
-        end = num_layers - 1 if end is None or end < 0 else end
+    ernie = str(cfg.get("model_type") or "").startswith("ernie4_5")
+    if ernie or isinstance(cfg.get("moe_layer_start_index"), int) or isinstance(cfg.get("moe_layer_interval"), int):
+        # ERNIE-4.5: MoE from start to end (inclusive) when (i + 1) % interval == 0 (ernie45_moe.py), none with
+        # use_moe false; transformers' Ernie4_5_MoeConfig starts at layer 1 and reads an end of -1 as the last
+        if cfg.get("use_moe") is False:
+            return 0
+        start, end = cfg.get("moe_layer_start_index"), cfg.get("moe_layer_end_index")
+        start = (1 if ernie else 0) if start is None else _number(start, "moe_layer_start_index")
+        end = num_layers - 1 if end is None or _number(end, "moe_layer_end_index") < 0 else _number(
+            end, "moe_layer_end_index")
         interval = _field(cfg, "moe_layer_interval", default=1) or 1
         return sum(1 for i in range(num_layers) if start <= i <= end and (i + 1) % interval == 0)
     enum = cfg.get("moe_layers_enum")
     if isinstance(enum, str) and enum.strip():  # Step-3.5's remote-code config: "3,4,...,44" (step3p5.py)
-        return len({n for n in (_number(i.strip(), "moe_layers_enum") for i in enum.split(",")) if n < num_layers})
+        enum = enum.split(",")
+    if isinstance(enum, (list, tuple)) and enum:  # (Step3p5Config's default is a tuple)
+        layers = {_number(str(i).strip(), "moe_layers_enum") for i in enum}
+        return sum(1 for n in layers if 0 <= n < num_layers)
     interleave = _field(cfg, "interleave_moe_layer_step")  # Llama-4: MoE when (i + 1) % step == 0
     if interleave:
         return sum(1 for i in range(num_layers) if (i + 1) % interleave == 0)
@@ -708,12 +717,17 @@ def arch_from_config(config: dict[str, Any], name: str = "custom", source: str |
 
 def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> ModelArch:
     cfg = _text_config(config)
-    for key in ("intermediate_size", "moe_intermediate_size", "num_shared_expert"):
+    for key in ("intermediate_size", "moe_intermediate_size", "num_shared_expert", "moe_num_experts",
+                "moe_layer_start_index", "moe_layer_end_index"):
         sizes = cfg.get(key)
         if isinstance(sizes, list) and sizes:
-            # Gemma 3n gives one MLP width per layer, Hunyuan-A13B one expert width and shared-expert count: the
-            # weights sum over layers, so the mean is the per-layer figure
-            cfg = {**cfg, key: sum(_real(s, key) for s in sizes) / len(sizes)}
+            if len(sizes) == cfg.get("num_hidden_layers"):
+                # Gemma 3n gives one MLP width per layer, Hunyuan-A13B one expert width and shared-expert count:
+                # the weights sum over layers, so the mean is the per-layer figure
+                cfg = {**cfg, key: sum(_real(s, key) for s in sizes) / len(sizes)}
+            elif key.startswith("moe_"):
+                # ERNIE-4.5-VL: [text, vision] experts (ernie45_vl_moe.py); the text model's are counted
+                cfg = {**cfg, key: sizes[0]}
     model_type = str(cfg.get("model_type") or config.get("model_type") or "").lower()
     blocks = _nas_blocks(cfg)
     if blocks is not None and cfg.get("intermediate_size") is None:
@@ -757,7 +771,9 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         layer_types = tuple(kind for kind in layer_types for _ in range(2))
         notes.append(f"LongCat-Flash: two MLA attentions per decoder layer, so {len(layer_types)} KV layers for "
                      f"{num_layers} decoder layers")
-    encoder = next((key for key in ("vision_config", "audio_config") if isinstance(config.get(key), dict)), None)
+    # (Qwen-Omni keeps its encoders in the thinker's config)
+    outer = config.get("thinker_config") if isinstance(config.get("thinker_config"), dict) else config
+    encoder = next((key for key in ("vision_config", "audio_config") if isinstance(outer.get(key), dict)), None)
     if encoder is not None or str(config.get("model_type", "")).lower() in _MULTIMODAL_TYPES:
         # vLLM's profile run also runs the encoder on a dummy batch and holds its outputs (gpu_model_runner.py
         # profile_run): Qwen2.5-VL-7B on an H100 logged 905,648 KV tokens where this estimate gives 1,022,992.
