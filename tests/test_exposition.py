@@ -321,3 +321,26 @@ def test_a_line_of_many_labels_reads_every_one_on_the_general_path() -> None:
     # On the fast path more label names than its cache holds cleared it while they were learnt: a KeyError.
     canonical = "y{" + ",".join(f'k{i}="v"' for i in range(5000)) + "} 1\n"
     assert len(parse(canonical).samples("y")[0].labels) == 5000
+
+
+def test_a_page_merged_from_two_repeats_metadata_and_a_filtered_parse_takes_it() -> None:
+    # KServe's queue-proxy merges its own page with the model server's, labelling the server's: process_* comes
+    # twice. A full parse refuses it as Prometheus' Go parser does; kvwatch's filtered parse skips the families it
+    # does not read and takes a read family's repeated metadata when it says the same, its series differing.
+    queue_proxy = ("# HELP process_start_time_seconds Start time.\n# TYPE process_start_time_seconds gauge\n"
+                   "process_start_time_seconds 1.0\n"
+                   "# HELP q_requests Requests.\n# TYPE q_requests gauge\nq_requests 3\n")
+    server = ("# HELP process_start_time_seconds Start time.\n# TYPE process_start_time_seconds gauge\n"
+              'process_start_time_seconds{revision="r1"} 2.0\n# HELP u usage\n# TYPE u gauge\nu{revision="r1"} 0.5\n'
+              "# HELP q_requests Requests.\n# TYPE q_requests gauge\nq_requests 4\n")
+    merged = queue_proxy + server
+    with pytest.raises(ParseError, match="second HELP line"):
+        parse(merged)
+    e = parse(merged, {"u", "process_start_time_seconds"})  # q_requests (unread) repeats its series: skipped
+    assert e.samples("u")[0].value == 0.5
+    assert sorted(s.value for s in e.samples("process_start_time_seconds")) == [1.0, 2.0]
+    glued = "# TYPE u gauge\nu 0.5\n"  # two scrapes glued: the same series twice is still refused
+    with pytest.raises(ParseError, match="duplicate"):
+        parse(glued + glued.replace("0.5", "0.99"), {"u"})
+    with pytest.raises(ParseError, match="second HELP line"):  # the same family described two ways
+        parse(merged.replace("# HELP u usage", "# HELP u usage\n# HELP u other"), {"u"})

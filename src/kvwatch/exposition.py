@@ -11,7 +11,9 @@ are vendored in ``tests/fixtures/exposition-conformance/`` and run by ``tests/te
   ``_``, no hex, ``NaN``/``Inf`` spellings): ``1_000``, ``0x10``, ``١٢`` and ``1e999`` are errors;
   timestamps are decimal int64 (dropped: kvwatch stamps nothing; of one series at several times, the
   newest point is kept, and a point without a timestamp is at scrape time, the newest);
-- one HELP and one TYPE per family, TYPE before the family's samples; types are Prometheus' own;
+- one HELP and one TYPE per family, TYPE before the family's samples; types are Prometheus' own (a filtered
+  parse, below, takes a page merged from two: it skips an unread family's repeated metadata and takes a read
+  family's when it says the same);
   ``le``/``quantile`` of histograms/summaries are numbers; histogram counts are not negative;
   ``__name__`` is not a label; a label appears once per sample.
 - **duplicate series** (one sample name with the same label set twice in one payload, at the same
@@ -634,6 +636,16 @@ class _Parser:
         text = after.lstrip(" \t")
         if not text:
             return None
+        if self.wanted_set is not None and (meta.help if keyword == "HELP" else meta.type) is not None:
+            # A page merged from two (KServe's queue-proxy merges its own with the model server's) repeats a
+            # family's HELP and TYPE, process_* for one. A filtered parse skips an unread family's lines
+            # unvalidated, as it does its samples, and takes a read family's repeated metadata when it says the
+            # same: its series must still differ, so two scrapes glued together are refused as duplicate series.
+            if meta.family is None and self._skippable(meta.name):
+                return self._block_end(meta.name, stop)
+            if (meta.help == _unescape(text, lineno, line) if keyword == "HELP"
+                    else meta.type == (_OM_TYPES if self.openmetrics else _TYPES).get(text.lower())):
+                return None
         if keyword == "HELP":
             if meta.help is not None:
                 raise _err(lineno, f"second HELP line for metric name {meta.name!r}", line)
