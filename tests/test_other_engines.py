@@ -399,3 +399,20 @@ def test_trtllm_finished_requests_from_the_iteration_counter_without_per_request
     (both,) = read_payload(_serve_page_with() + f"trtllm_num_requests_completed_total{labels} 950.0\n",
                            timestamp=1.0).readings
     assert dict(both.finished_by_reason) == {"length": 20.0, "stop": 1180.0}  # the per-request counter wins
+
+
+def test_a_pd_prefill_servers_running_count_sets_no_concurrency_limit() -> None:
+    # SGLang 0.5.23 reports a prefill server's forward batch as running (8) while 40 requests in transfer to the
+    # decode servers hold most of its KV: running / usage (8.9) is no ceiling, and a limit of 8 at the gateway
+    # would throttle the whole prefill/decode pipeline.
+    from kvwatch.derived import max_concurrency
+
+    p = poll(SGLANG / "gen-0.5.23-pd-prefill.prom")
+    (r,) = p.readings
+    assert r.prefill_server and r.requests_running == 8
+    assert max_concurrency(r, None, None).get("observed_mix") is None
+    report = build_report(p)
+    (series,) = report["series"]
+    assert not any(a["action"] == "limit_concurrency" for a in series["advice"])
+    (kv_bound,) = [f for f in report["findings"] if f["id"] == "kv_bound"]
+    assert "prefill server" in kv_bound["message"] and "decode" in kv_bound["message"]

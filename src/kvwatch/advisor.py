@@ -395,6 +395,12 @@ def advise_from_result(result: ForecastResult, reading: Reading | None = None, *
             lengths = RequestLengths(p_sum / p_count, g_sum / g_count, longest)
     running = reading.requests_running if reading is not None else None
     capacity = reading.kv_capacity_tokens if reading is not None else None
+    per_request = result.estimates.get("tokens_per_running_request")
+    recommended = result.recommended_max_concurrency
+    if reading is not None and reading.prefill_server:
+        # Its KV is held by requests in transfer to the decode servers, not by the ones it runs: a limit from its
+        # running count would throttle the whole prefill/decode pipeline (kvwatch.derived.max_concurrency).
+        per_request = recommended = concurrency_ceiling = None
     blocks = reading.num_gpu_blocks if reading is not None and capacity_plan is not None and \
         reading.block_size == capacity_plan.layout.block_size else None
     from kvwatch.engines.vllm import override_blocks
@@ -402,13 +408,13 @@ def advise_from_result(result: ForecastResult, reading: Reading | None = None, *
     fixed = override_blocks(reading.cache_config) if reading is not None and engine_kind == VLLM else None
     return advise(
         result.state,
-        recommended_max_concurrency=result.recommended_max_concurrency,
+        recommended_max_concurrency=recommended,
         running=running,
         capacity_tokens=capacity or result.estimates.get("capacity_tokens"),
         capacity_plan=capacity_plan,
         request_lengths=lengths,
         max_model_len=max_model_len,
-        kv_tokens_per_request=result.estimates.get("tokens_per_running_request"),
+        kv_tokens_per_request=per_request,
         concurrency_ceiling=concurrency_ceiling,
         gpus_per_node=gpus_per_node,
         engine_kind=engine_kind,

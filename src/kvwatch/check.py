@@ -464,7 +464,12 @@ def findings(states: Iterable[SeriesState],
             # Nothing running on an engine whose queue may hold KV (kvwatch.capacity.findings.kv_usage_stuck): a
             # PD prefill server's transfers, or a leak; the payload cannot tell which, so the message says both.
             fixes = "The advisor's fixes for this series follow, cheapest first (\"advice\" in --json)."
-            if r.requests_running == 0:
+            if r.prefill_server:
+                message = (f"KV cache is {usage:.1%} full with {_requests(waiting)} waiting on this PD prefill "
+                           "server: its KV is held by requests whose KV is still being sent to the decode servers, "
+                           "so prefill waits for the decode side (more or faster decode servers, or a faster KV "
+                           f"transfer); no concurrency limit follows from its running count. {fixes}")
+            elif r.requests_running == 0:
                 message = (f"KV cache is {usage:.1%} full with {_requests(waiting)} waiting and nothing running. On a "
                            "PD prefill server these are its KV transfers and the KV cache is the bottleneck. "
                            f"{fixes} On any other server finished requests' blocks are not being freed (a KV "

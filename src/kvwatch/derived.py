@@ -84,7 +84,9 @@ def max_concurrency(reading: Reading, mean_tokens: float | None, max_model_len: 
     capacity = reading.kv_capacity_tokens
     estimates = []
     usage, running = reading.kv_usage_ratio, reading.requests_running
-    if usage is not None and usage > LIVE_FOOTPRINT_MIN_USAGE and running:
+    # A PD prefill server's KV is held mostly by requests whose KV is still being sent to a decode server, which
+    # its running count (0, or from SGLang 0.5.23 the current forward batch) does not hold: no live footprint.
+    if usage is not None and usage > LIVE_FOOTPRINT_MIN_USAGE and running and not reading.prefill_server:
         estimates.append(running / usage)
     blocks, block_size = block_pool(reading)
     if capacity is not None and mean_tokens:

@@ -113,7 +113,8 @@ class Reading:
 
     @property
     def prefill_server(self) -> bool:
-        """A PD prefill server: its loop never runs a request, so a queue with nothing running is its work."""
+        """A PD prefill server: its running count (0, or SGLang 0.5.23's forward batch) holds little of its KV, which
+        requests in transfer to the decode servers hold; a queue with nothing running is its work."""
         return self.engine_role == "prefill"
 
     @property

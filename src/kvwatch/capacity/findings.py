@@ -157,8 +157,9 @@ def live_finding(finding_id: str, usage: float | None, running: float | None, wa
                  deferred: float | None = None, queue_holds_no_kv: bool = False) -> CapacityFinding | None:
     """One of :data:`LIVE_FINDINGS` on one reading (the engine's usage, running and waiting), or None. An engine
     in vLLM's sleep mode has released its KV cache, so requests waiting while nothing runs are expected then; so
-    is a PD prefill server's "nothing running" (SGLang's prefill loop never enters its running batch: the KV is
-    held by requests whose cache is being transferred, sglang/srt/disaggregation/prefill.py)."""
+    is a PD prefill server's "nothing running" (SGLang's prefill loop never entered its running batch before 0.5.23,
+    which reports the forward batch: the KV is held by requests whose cache is being transferred,
+    sglang/srt/disaggregation/prefill.py)."""
     if (asleep or prefill_server) and finding_id in LIVE_FINDINGS:
         return None
     if finding_id == "kv_usage_stuck":

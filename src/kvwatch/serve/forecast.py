@@ -76,7 +76,9 @@ class ForecastAnalyzer:
         # The ceiling kvwatch_max_concurrency{basis="observed_mix"} shows: the exported limit and the advice's are
         # one figure, never above 95 % of it (kvwatch.advisor.concurrency_limit).
         ceiling = observed_mix_ceiling(reading, history)
-        if result.recommended_max_concurrency is not None:
+        if reading.prefill_server:  # its running count holds little of its KV (kvwatch.derived.max_concurrency)
+            result = replace(result, recommended_max_concurrency=None)
+        elif result.recommended_max_concurrency is not None:
             result = replace(result, recommended_max_concurrency=concurrency_limit(
                 result.recommended_max_concurrency, ceiling))
         advice: tuple[Advice, ...] = ()
