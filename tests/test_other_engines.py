@@ -416,3 +416,19 @@ def test_a_pd_prefill_servers_running_count_sets_no_concurrency_limit() -> None:
     assert not any(a["action"] == "limit_concurrency" for a in series["advice"])
     (kv_bound,) = [f for f in report["findings"] if f["id"] == "kv_bound"]
     assert "prefill server" in kv_bound["message"] and "decode" in kv_bound["message"]
+
+
+def test_sglang_usage_is_the_fullest_pool_unrounded() -> None:
+    # Before 0.5.23 a Mamba hybrid's token_usage was the full-attention pool alone: a full state pool (0.977)
+    # behind a 0.12 token pool read as a scheduler limit. 0.5.23's token_usage is the fullest pool rounded to
+    # 2 decimals: 0.9466 read 0.95, a saturated poll; its pools' own gauges are not rounded.
+    hybrid = poll(SGLANG / "gen-0.5-mamba-hybrid-full-pool-only.prom")
+    assert hybrid.readings[0].kv_usage_ratio == pytest.approx(0.977)
+    assert hybrid.detection.usage_metric == "max(sglang:mamba_usage, sglang:swa_token_usage, sglang:token_usage)"
+    assert "scheduler_limited" not in {f["id"] for f in build_report(hybrid)["findings"]}
+    rounded = poll(SGLANG / "gen-0.5.23-rounded-token-usage.prom")
+    assert rounded.readings[0].kv_usage_ratio == pytest.approx(0.9466)
+    # an explicit --usage-metric reads that metric alone
+    text = (SGLANG / "gen-0.5.23-rounded-token-usage.prom").read_text()
+    chosen = read_payload(text, SourceOverrides.from_strings(usage="sglang:token_usage"), timestamp=1.0)
+    assert chosen.readings[0].kv_usage_ratio == 0.95

@@ -27,6 +27,8 @@ have finished: neither is the total, so neither is read, and 0.5.3-0.5.6 report 
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from types import MappingProxyType
 
 from kvwatch.engines import Selector, SourceOverrides, UnrecognisedPayload
@@ -47,6 +49,11 @@ from kvwatch.model import Detection, Poll, Reading, SeriesKey
 
 PREFIX = "sglang:"
 TOKEN_USAGE = "sglang:token_usage"
+# Each pool's own usage (hybrid models; from 0.5.2x every model has the first). token_usage is the fullest pool
+# rounded to 2 decimals in 0.5.23 (pool_stats_observer.py, update_scheduler_stats: round(get_max_pool_usage(), 2));
+# before, on Mamba/linear-attention hybrids, the full-attention pool alone, with the state pool in mamba_usage.
+FULL_TOKEN_USAGE = "sglang:full_token_usage"
+POOL_USAGES = (FULL_TOKEN_USAGE, "sglang:swa_token_usage", "sglang:mamba_usage")
 MAX_TOTAL_NUM_TOKENS = "sglang:max_total_num_tokens"
 RUNNING = "sglang:num_running_reqs"
 QUEUE = "sglang:num_queue_reqs"
@@ -79,8 +86,8 @@ LATENCY = {  # kind -> families, newest name first
 }
 
 FAMILIES: frozenset[str] = frozenset({
-    TOKEN_USAGE, MAX_TOTAL_NUM_TOKENS, RUNNING, QUEUE, DECODE_PREALLOC, RUNNING_2024, WAITING_2024, QUEUE_2024,
-    RETRACTED_TOTAL, TOTAL_RETRACTED_GAUGE,
+    TOKEN_USAGE, *POOL_USAGES, MAX_TOTAL_NUM_TOKENS, RUNNING, QUEUE, DECODE_PREALLOC, RUNNING_2024, WAITING_2024,
+    QUEUE_2024, RETRACTED_TOTAL, TOTAL_RETRACTED_GAUGE,
     PROMPT_TOKENS, GENERATION_TOKENS, CACHED_TOKENS, REQUEST_SUCCESS, NUM_REQUESTS,
     PROMPT_HISTOGRAM, GENERATION_HISTOGRAM, PROMPT_HISTOGRAM_2024, GENERATION_HISTOGRAM_2024, PROCESS_START,
     ABORTED, *(f for families in LATENCY.values() for f in families),
@@ -110,6 +117,18 @@ def version_range(exposition: Exposition) -> str:
     return "model-name-label"
 
 
+def _fullest(token_usage: float | None, pools: Mapping[str, float | None]) -> float | None:
+    """The fullest pool's usage, what the scheduler waits on (the KV tokens, the sliding-window tokens or the Mamba
+    state slots). With full_token_usage the pools' own gauges, unrounded, stand for token_usage (their max rounded
+    to 2 decimals); without it token_usage was the full-attention pool, and the others add to it."""
+    values = [v for v in pools.values() if v is not None and math.isfinite(v)]
+    if FULL_TOKEN_USAGE in pools and pools[FULL_TOKEN_USAGE] is not None and values:
+        return max(values)
+    if token_usage is None or not math.isfinite(token_usage):
+        return token_usage  # (unknown, or impossible: kvwatch.plausible drops it and says so)
+    return max([token_usage, *values])
+
+
 def _first(exposition: Exposition, override: Selector | None, *names: str) -> Selector | None:
     if override is not None:
         return override
@@ -137,6 +156,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
         return Index.of(exposition.samples(name), key_of)
 
     usage_i, running_i, waiting_i, capacity_i = idx(usage), idx(running), idx(waiting), idx(capacity)
+    pools = {name: fam(name) for name in POOL_USAGES if overrides.usage is None and exposition.samples(name)}
     refuse_several_servers(((str(usage), usage_i), (str(running), running_i), (str(waiting), waiting_i)))
     prealloc_i = fam(DECODE_PREALLOC) if overrides.waiting is None else Index()
     keys = series_keys((usage_i, running_i, waiting_i, capacity_i))
@@ -170,7 +190,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
         readings.append(Reading(
             model_name=key[0],
             engine=key[1],
-            kv_usage_ratio=usage_i.value(key),
+            kv_usage_ratio=_fullest(usage_i.value(key), {name: i.value(key) for name, i in pools.items()}),
             requests_running=running_i.value(key),
             requests_waiting=_add(waiting_i.value(key), prealloc_i.value(key)),
             preemptions_total=retracted.value(key),
@@ -190,9 +210,11 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             requests_aborted_total=aborted.total(key),
             engine_role=_role(running_i, usage_i, key),
         ))
+    pool_names = sorted(pools) if FULL_TOKEN_USAGE in pools else sorted({*pools, str(usage)}) if usage else []
     detection = Detection(
         engine_kind="sglang", version_range=version_range(exposition),
-        usage_metric=str(usage) if usage else None, running_metric=str(running) if running else None,
+        usage_metric=(f"max({', '.join(pool_names)})" if pools else str(usage) if usage else None),
+        running_metric=str(running) if running else None,
         waiting_metric=(f"{waiting} + {DECODE_PREALLOC}" if prealloc_i and waiting else str(waiting) if waiting
                         else None),
         capacity_metric=str(capacity) if capacity else None)
