@@ -220,8 +220,11 @@ def test_a_pd_decode_servers_preallocation_queue_waits_for_kv() -> None:
         ("token_usage", 0.985), ("num_running_reqs", 120), ("num_queue_reqs", 0), ("max_total_num_tokens", 400000),
         ("num_decode_prealloc_queue_reqs", 48), ("num_decode_transfer_queue_reqs", 5)))
     poll = interpret(text, None, timestamp=0.0)
-    assert poll.readings[0].requests_waiting == 48
-    assert poll.detection.waiting_metric == "sglang:num_queue_reqs + sglang:num_decode_prealloc_queue_reqs"
+    (r,) = poll.readings
+    # (the 5 in transfer wait for their KV to arrive, not for room: deferred)
+    assert (r.requests_waiting, r.requests_waiting_for_capacity, r.requests_waiting_deferred) == (53, 48, 5)
+    assert poll.detection.waiting_metric == ("sglang:num_queue_reqs + sglang:num_decode_prealloc_queue_reqs + "
+                                             "sglang:num_decode_transfer_queue_reqs")
 
 
 def test_several_sglang_workers_on_a_gateways_page_are_refused_not_merged() -> None:
@@ -432,3 +435,14 @@ def test_sglang_usage_is_the_fullest_pool_unrounded() -> None:
     text = (SGLANG / "gen-0.5.23-rounded-token-usage.prom").read_text()
     chosen = read_payload(text, SourceOverrides.from_strings(usage="sglang:token_usage"), timestamp=1.0)
     assert chosen.readings[0].kv_usage_ratio == 0.95
+
+
+def test_a_pd_decode_servers_transfers_are_deferred_not_a_leak() -> None:
+    # Requests whose KV is on its way from the prefill server hold their blocks: 97 % used, nothing running or
+    # queued, 120 transferring is the decode server waiting for the prefill side, not a KV leak (kv_usage_stuck:
+    # "restart the engine"). They are vLLM's "deferred" reason.
+    p = poll(SGLANG / "gen-0.5.23-pd-decode-transfers.prom")
+    (r,) = p.readings
+    assert (r.requests_waiting, r.requests_waiting_for_capacity, r.requests_waiting_deferred) == (120, 0, 120)
+    assert "sglang:num_decode_transfer_queue_reqs" in p.detection.waiting_metric
+    assert "kv_usage_stuck" not in {f["id"] for f in build_report(p)["findings"]}

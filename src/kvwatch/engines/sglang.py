@@ -28,7 +28,7 @@ have finished: neither is the total, so neither is read, and 0.5.3-0.5.6 report 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
 from kvwatch.engines import Selector, SourceOverrides, UnrecognisedPayload
@@ -60,6 +60,9 @@ QUEUE = "sglang:num_queue_reqs"
 # A PD-disaggregated decode server's requests waiting to preallocate their KV cache (disaggregation/decode.py's
 # DecodePreallocQueue): on such a server they, not num_queue_reqs, are the requests waiting for KV memory.
 DECODE_PREALLOC = "sglang:num_decode_prealloc_queue_reqs"
+# Its requests whose KV is on its way from the prefill server (DecodeTransferQueue; 0.5.23 adds a host-receive stage):
+# their blocks are allocated, they wait for the transfer, not for room: vLLM's "deferred" reason.
+DECODE_TRANSFER = ("sglang:num_decode_transfer_queue_reqs", "sglang:num_decode_host_receive_queue_reqs")
 RUNNING_2024 = "sglang:num_requests_running"
 WAITING_2024 = "sglang:num_requests_waiting"
 QUEUE_2024 = "sglang:queue_req"
@@ -86,7 +89,8 @@ LATENCY = {  # kind -> families, newest name first
 }
 
 FAMILIES: frozenset[str] = frozenset({
-    TOKEN_USAGE, *POOL_USAGES, MAX_TOTAL_NUM_TOKENS, RUNNING, QUEUE, DECODE_PREALLOC, RUNNING_2024, WAITING_2024,
+    TOKEN_USAGE, *POOL_USAGES, MAX_TOTAL_NUM_TOKENS, RUNNING, QUEUE, DECODE_PREALLOC, *DECODE_TRANSFER, RUNNING_2024,
+    WAITING_2024,
     QUEUE_2024, RETRACTED_TOTAL, TOTAL_RETRACTED_GAUGE,
     PROMPT_TOKENS, GENERATION_TOKENS, CACHED_TOKENS, REQUEST_SUCCESS, NUM_REQUESTS,
     PROMPT_HISTOGRAM, GENERATION_HISTOGRAM, PROMPT_HISTOGRAM_2024, GENERATION_HISTOGRAM_2024, PROCESS_START,
@@ -159,6 +163,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     pools = {name: fam(name) for name in POOL_USAGES if overrides.usage is None and exposition.samples(name)}
     refuse_several_servers(((str(usage), usage_i), (str(running), running_i), (str(waiting), waiting_i)))
     prealloc_i = fam(DECODE_PREALLOC) if overrides.waiting is None else Index()
+    transfer_i = [fam(name) for name in DECODE_TRANSFER if overrides.waiting is None and exposition.samples(name)]
     keys = series_keys((usage_i, running_i, waiting_i, capacity_i))
     if not (usage_i or running_i or waiting_i):
         raise UnrecognisedPayload("SGLang payload has no token_usage, running or queue samples yet "
@@ -192,7 +197,10 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             engine=key[1],
             kv_usage_ratio=_fullest(usage_i.value(key), {name: i.value(key) for name, i in pools.items()}),
             requests_running=running_i.value(key),
-            requests_waiting=_add(waiting_i.value(key), prealloc_i.value(key)),
+            requests_waiting=_add(for_room := _add(waiting_i.value(key), prealloc_i.value(key)),
+                                  transferring := _sum_known(i.value(key) for i in transfer_i)),
+            waiting_by_reason=MappingProxyType({"capacity": for_room, "deferred": transferring})
+            if transferring is not None and for_room is not None else MappingProxyType({}),
             preemptions_total=retracted.value(key),
             finished_by_reason=MappingProxyType(finished_by_reason(success, finished, key)),
             prompt_tokens_total=queries,
@@ -215,8 +223,9 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
         engine_kind="sglang", version_range=version_range(exposition),
         usage_metric=(f"max({', '.join(pool_names)})" if pools else str(usage) if usage else None),
         running_metric=str(running) if running else None,
-        waiting_metric=(f"{waiting} + {DECODE_PREALLOC}" if prealloc_i and waiting else str(waiting) if waiting
-                        else None),
+        waiting_metric=" + ".join([str(waiting), *([DECODE_PREALLOC] if prealloc_i else []),
+                                   *(name for name in DECODE_TRANSFER if transfer_i and name in exposition)])
+        if waiting else None,
         capacity_metric=str(capacity) if capacity else None)
     return Poll(timestamp=timestamp, detection=detection, readings=tuple(readings))
 
@@ -237,8 +246,14 @@ def _cached_tokens(cached: Index, key: SeriesKey) -> float | None:
     return sum(by_source.values())
 
 
+def _sum_known(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
 def _add(queued: float | None, preallocating: float | None) -> float | None:
-    """Requests waiting: the scheduler's queue plus, on a PD decode server, those waiting to preallocate KV."""
+    """Two parts of a queue added (the scheduler's queue and a PD decode server's preallocating, or those and its
+    transfers); one unknown part: the other."""
     if preallocating is None:
         return queued
     return preallocating if queued is None else queued + preallocating
