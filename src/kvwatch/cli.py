@@ -20,7 +20,8 @@ from typing import Any, NoReturn
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("kvwatch.serve.app", "run the sidecar: poll vLLM, forecast, serve kvwatch_* metrics"),
-    "check": ("kvwatch.check", "one poll of a vLLM endpoint (or a saved payload), then a diagnosis"),
+    "check": ("kvwatch.check", "one poll of an engine's /metrics (vLLM, SGLang, TensorRT-LLM) or a saved payload, "
+              "then a diagnosis"),
     "plan": ("kvwatch.plan", "KV capacity sums and what-if scenarios for a model on a GPU"),
     "simulate": ("kvwatch.sim.cli", "the built-in vLLM simulator serving /metrics"),
     "demo": ("kvwatch.demo", "simulator + sidecar together, filling the KV cache in minutes"),
