@@ -446,3 +446,15 @@ def test_a_pd_decode_servers_transfers_are_deferred_not_a_leak() -> None:
     assert (r.requests_waiting, r.requests_waiting_for_capacity, r.requests_waiting_deferred) == (120, 0, 120)
     assert "sglang:num_decode_transfer_queue_reqs" in p.detection.waiting_metric
     assert "kv_usage_stuck" not in {f["id"] for f in build_report(p)["findings"]}
+
+
+def test_sglang_context_len_is_the_engines_max_model_len() -> None:
+    # SGLang exports its --context-length (sglang:context_len, static): the ceiling at max-model-len is the pool
+    # over it, where it read "unknown" on every SGLang page, and the max-model-len advice starts from it.
+    from kvwatch.capacity.series import max_model_len_of
+
+    p = poll(SGLANG / "gen-0.5.23-rounded-token-usage.prom")
+    (r,) = p.readings
+    assert r.max_model_len == 32768 and max_model_len_of(r, None) == 32768
+    (series,) = build_report(p)["series"]
+    assert series["max_concurrency_max_model_len"] == pytest.approx(200_000 / 32_768)

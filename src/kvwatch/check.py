@@ -245,7 +245,10 @@ def build_report(poll: Poll, max_model_len: int | None = None,
     # one capacity per series (kvwatch.capacity.series): the engine's figures first, then the plan
     groups = kv_groups or {}
     capacities = {r.key: resolve(r, plans.get(r.model_name), groups.get(r.model_name)) for r in poll.readings}
-    states = [derive(capacities[r.key].apply(r), None, max_model_len) for r in poll.readings]
+    from kvwatch.capacity.series import max_model_len_of
+
+    states = [derive(applied, None, max_model_len_of(applied, max_model_len))
+              for applied in (capacities[r.key].apply(r) for r in poll.readings)]
     found = findings(states, poll.implausible, _advice_kind(poll.detection), max_num_seqs,
                      undetermined=poll.undetermined) + _capacity_findings(
         states, plans, max_model_len, capacities, poll.detection.engine_kind)

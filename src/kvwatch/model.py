@@ -73,6 +73,9 @@ class Reading:
     # (kvwatch.capacity.series), because the engine reports none.
     capacity_source: str | None = None
     kv_max_concurrency: float | None = None
+    # The engine's own max model length where it exports one as a metric (SGLang's context_len; vLLM's comes from
+    # cache_config_info's labels, kvwatch.engines.vllm.engine_max_model_len).
+    max_model_len: float | None = None
     num_gpu_blocks: float | None = None
     block_size: float | None = None
     gpu_memory_utilization: float | None = None

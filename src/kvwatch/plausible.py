@@ -28,7 +28,7 @@ _COUNTS = ("requests_running", "requests_waiting", "requests_swapped", "preempti
            "generation_tokens_total", "prefix_cache_queries_total", "prefix_cache_hits_total",
            "request_prompt_tokens_sum", "request_prompt_tokens_count", "request_generation_tokens_sum",
            "request_generation_tokens_count")
-_POSITIVE = ("kv_capacity_tokens", "kv_max_concurrency", "num_gpu_blocks", "block_size")
+_POSITIVE = ("kv_capacity_tokens", "kv_max_concurrency", "num_gpu_blocks", "block_size", "max_model_len")
 _BY_LABEL = ("waiting_by_reason", "finished_by_reason")
 
 assert set(_COUNTS + _POSITIVE + _BY_LABEL) <= {f.name for f in fields(Reading)}

@@ -29,8 +29,9 @@ SOURCES = ("engine_kv_cache_size_tokens", "engine_num_gpu_blocks", "engine_metri
 
 
 def max_model_len_of(reading: Any, given: int | None) -> int | None:
-    """The ``--max-model-len`` a series runs: the engine's own where it says (vLLM >= 0.20 tells it through
-    cache_config_info: kvwatch.engines.vllm.engine_max_model_len), else the one kvwatch was given, else None
+    """The ``--max-model-len`` a series runs: the engine's own where it says (vLLM >= 0.25 tells it through
+    cache_config_info: kvwatch.engines.vllm.engine_max_model_len; SGLang exports its context length as a metric,
+    ``Reading.max_model_len``), else the one kvwatch was given, else None
     (unknown). The engine's wins: a fix must start from what the engine runs (a wrong --max-model-len given to
     kvwatch made "lower it" paste a longer length), and ``max_model_len_mismatch`` reports the difference. The
     given one stands where the labels allow it: the engine's is derived from a concurrency label that may be
@@ -38,7 +39,8 @@ def max_model_len_of(reading: Any, given: int | None) -> int | None:
     engine = engine_max_model_len(reading.cache_config)
     if given and engine and _labels_allow(reading.cache_config, given):
         return given
-    return engine or given
+    own = getattr(reading, "max_model_len", None)  # (SGLang's context_len metric)
+    return engine or (int(own) if own else None) or given
 
 
 def _labels_allow(config: Any, length: int) -> bool:

@@ -55,6 +55,7 @@ TOKEN_USAGE = "sglang:token_usage"
 FULL_TOKEN_USAGE = "sglang:full_token_usage"
 POOL_USAGES = (FULL_TOKEN_USAGE, "sglang:swa_token_usage", "sglang:mamba_usage")
 MAX_TOTAL_NUM_TOKENS = "sglang:max_total_num_tokens"
+CONTEXT_LEN = "sglang:context_len"  # the server's --context-length (static)
 RUNNING = "sglang:num_running_reqs"
 QUEUE = "sglang:num_queue_reqs"
 # A PD-disaggregated decode server's requests waiting to preallocate their KV cache (disaggregation/decode.py's
@@ -89,9 +90,8 @@ LATENCY = {  # kind -> families, newest name first
 }
 
 FAMILIES: frozenset[str] = frozenset({
-    TOKEN_USAGE, *POOL_USAGES, MAX_TOTAL_NUM_TOKENS, RUNNING, QUEUE, DECODE_PREALLOC, *DECODE_TRANSFER, RUNNING_2024,
-    WAITING_2024,
-    QUEUE_2024, RETRACTED_TOTAL, TOTAL_RETRACTED_GAUGE,
+    TOKEN_USAGE, *POOL_USAGES, MAX_TOTAL_NUM_TOKENS, CONTEXT_LEN, RUNNING, QUEUE, DECODE_PREALLOC, *DECODE_TRANSFER,
+    RUNNING_2024, WAITING_2024, QUEUE_2024, RETRACTED_TOTAL, TOTAL_RETRACTED_GAUGE,
     PROMPT_TOKENS, GENERATION_TOKENS, CACHED_TOKENS, REQUEST_SUCCESS, NUM_REQUESTS,
     PROMPT_HISTOGRAM, GENERATION_HISTOGRAM, PROMPT_HISTOGRAM_2024, GENERATION_HISTOGRAM_2024, PROCESS_START,
     ABORTED, *(f for families in LATENCY.values() for f in families),
@@ -174,8 +174,9 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     # their sum would count a retraction once per rank. Data-parallel ranks schedule their own requests: each
     # series keeps its own rank's count.
     retracted_family = RETRACTED_TOTAL if exposition.samples(RETRACTED_TOTAL) else TOTAL_RETRACTED_GAUGE
-    retracted, prompt, generation, cached, success, finished, aborted = (fam(n) for n in (
-        retracted_family, PROMPT_TOKENS, GENERATION_TOKENS, CACHED_TOKENS, REQUEST_SUCCESS, NUM_REQUESTS, ABORTED))
+    retracted, prompt, generation, cached, success, finished, aborted, context_len = (fam(n) for n in (
+        retracted_family, PROMPT_TOKENS, GENERATION_TOKENS, CACHED_TOKENS, REQUEST_SUCCESS, NUM_REQUESTS, ABORTED,
+        CONTEXT_LEN))
     latency = latency_index(exposition, LATENCY, key_of, parts_add=True)
     # (Read by their parts too: on a page without # TYPE lines a histogram is only its _sum, _count and _bucket.)
     prompt_hist = PROMPT_HISTOGRAM if histogram_samples(exposition, PROMPT_HISTOGRAM) else PROMPT_HISTOGRAM_2024
@@ -213,6 +214,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             request_generation_tokens_sum=g_sum.total(key),
             request_generation_tokens_count=g_count.total(key),
             kv_capacity_tokens=capacity_i.value(key),
+            max_model_len=context_len.value(key),
             process_start_time_seconds=process_start,
             latency=latency_for(latency, key),
             requests_aborted_total=aborted.total(key),

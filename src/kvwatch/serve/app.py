@@ -32,6 +32,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
+from kvwatch.capacity.series import max_model_len_of
 from kvwatch.derived import RATE_WINDOW_SECONDS, SeriesState, derive
 from kvwatch.engines import SourceOverrides
 from kvwatch.fetch import Fetcher
@@ -408,7 +409,7 @@ class Sidecar:
                 continue
             if result is not None:
                 extra[analyzer.name] = result
-        return derive(reading, history, self.settings.max_model_len, extra)
+        return derive(reading, history, max_model_len_of(reading, self.settings.max_model_len), extra)
 
 
 def make_gpu_watcher(settings: ServeSettings) -> GpuWatcher | None:
