@@ -458,3 +458,18 @@ def test_sglang_context_len_is_the_engines_max_model_len() -> None:
     assert r.max_model_len == 32768 and max_model_len_of(r, None) == 32768
     (series,) = build_report(p)["series"]
     assert series["max_concurrency_max_model_len"] == pytest.approx(200_000 / 32_768)
+
+
+def test_sglang_realtime_decode_tokens_show_progress_while_requests_run() -> None:
+    # 0.5.2x's scheduler counts decode tokens every log interval (sglang:realtime_tokens_total{mode="decode"}): a
+    # hang with requests running and none waiting can be told from long requests, as on vLLM. The tokenizer's
+    # generation counter moves only when a request finishes. Not on a PD prefill server, which decodes nothing.
+    (r,) = poll(SGLANG / "gen-0.5.23-rounded-token-usage.prom").readings
+    assert r.tokens_counted_every_step
+    decoded = [line for line in (SGLANG / "gen-0.5.23-rounded-token-usage.prom").read_text().splitlines()
+               if line.startswith("sglang:realtime_tokens_total") and 'mode="decode"' in line]
+    assert r.generation_tokens_total == float(decoded[0].rsplit(" ", 1)[1])
+    (prefill,) = poll(SGLANG / "gen-0.5.23-pd-prefill.prom").readings
+    assert not prefill.tokens_counted_every_step
+    (older,) = poll(SGLANG / "gen-rank-labels-dp2.prom").readings[:1]
+    assert not older.tokens_counted_every_step

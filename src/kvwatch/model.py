@@ -92,8 +92,9 @@ class Reading:
     # vLLM's sleep mode (vllm:engine_sleep_state, 0.12+): "awake", "weights_offloaded" (level 1), "discard_all"
     # (level 2), "asleep" (awake = 0, level not said); None when the engine does not say.
     sleep_state: str | None = None
-    # The engine counts tokens on every scheduler step (vLLM), so requests running while no token is counted and
-    # no gauge moves are a hang even with nothing waiting; SGLang and TensorRT-LLM count at a request's end.
+    # The engine counts tokens while requests run (vLLM every scheduler step; SGLang with realtime_tokens_total every
+    # decode log interval), so requests running while no token is counted and no gauge moves are a hang even with
+    # nothing waiting; older SGLang and TensorRT-LLM count at a request's end.
     tokens_counted_every_step: bool = False
 
     @property

@@ -73,6 +73,9 @@ RETRACTED_TOTAL = "sglang:num_retracted_requests_total"
 TOTAL_RETRACTED_GAUGE = "sglang:total_retracted_reqs"
 PROMPT_TOKENS = "sglang:prompt_tokens_total"
 GENERATION_TOKENS = "sglang:generation_tokens_total"
+# The scheduler's tokens by mode, counted every decode log interval (tens of steps) while requests run (0.5.2x):
+# mode="decode" moves while a request decodes, where the tokenizer's counters move only when one finishes.
+REALTIME_TOKENS = "sglang:realtime_tokens_total"
 CACHED_TOKENS = "sglang:cached_tokens_total"
 REQUEST_SUCCESS = "sglang:request_success_total"
 NUM_REQUESTS = "sglang:num_requests_total"
@@ -92,7 +95,7 @@ LATENCY = {  # kind -> families, newest name first
 FAMILIES: frozenset[str] = frozenset({
     TOKEN_USAGE, *POOL_USAGES, MAX_TOTAL_NUM_TOKENS, CONTEXT_LEN, RUNNING, QUEUE, DECODE_PREALLOC, *DECODE_TRANSFER,
     RUNNING_2024, WAITING_2024, QUEUE_2024, RETRACTED_TOTAL, TOTAL_RETRACTED_GAUGE,
-    PROMPT_TOKENS, GENERATION_TOKENS, CACHED_TOKENS, REQUEST_SUCCESS, NUM_REQUESTS,
+    PROMPT_TOKENS, GENERATION_TOKENS, REALTIME_TOKENS, CACHED_TOKENS, REQUEST_SUCCESS, NUM_REQUESTS,
     PROMPT_HISTOGRAM, GENERATION_HISTOGRAM, PROMPT_HISTOGRAM_2024, GENERATION_HISTOGRAM_2024, PROCESS_START,
     ABORTED, *(f for families in LATENCY.values() for f in families),
 })
@@ -177,6 +180,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     retracted, prompt, generation, cached, success, finished, aborted, context_len = (fam(n) for n in (
         retracted_family, PROMPT_TOKENS, GENERATION_TOKENS, CACHED_TOKENS, REQUEST_SUCCESS, NUM_REQUESTS, ABORTED,
         CONTEXT_LEN))
+    decoded = Index.of(selected(exposition, Selector(REALTIME_TOKENS, MappingProxyType({"mode": "decode"}))), key_of)
     latency = latency_index(exposition, LATENCY, key_of, parts_add=True)
     # (Read by their parts too: on a page without # TYPE lines a histogram is only its _sum, _count and _bucket.)
     prompt_hist = PROMPT_HISTOGRAM if histogram_samples(exposition, PROMPT_HISTOGRAM) else PROMPT_HISTOGRAM_2024
@@ -205,7 +209,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             preemptions_total=retracted.value(key),
             finished_by_reason=MappingProxyType(finished_by_reason(success, finished, key)),
             prompt_tokens_total=queries,
-            generation_tokens_total=generation.total(key),
+            generation_tokens_total=decoded.value(key) if decoded else generation.total(key),
             prefix_cache_queries_total=queries if hits is not None else None,
             prefix_cache_hits_total=hits,
             prefix_cache_unit="tokens" if hits is not None and queries is not None else None,
@@ -218,7 +222,9 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             process_start_time_seconds=process_start,
             latency=latency_for(latency, key),
             requests_aborted_total=aborted.total(key),
-            engine_role=_role(running_i, usage_i, key),
+            engine_role=(role := _role(running_i, usage_i, key)),
+            # (a PD prefill server decodes nothing: its decode count never moves)
+            tokens_counted_every_step=decoded.value(key) is not None and role != "prefill",
         ))
     pool_names = sorted(pools) if FULL_TOKEN_USAGE in pools else sorted({*pools, str(usage)}) if usage else []
     detection = Detection(
