@@ -38,10 +38,10 @@ def test_no_capacity_fix_for_a_leak_but_for_an_idle_moment(llama_plan):
                             request_rate_per_second=1.0, headroom_requests_per_second=0.0,
                             recommended_max_concurrency=60, estimates={"capacity_tokens": 80_000.0})
     leak = Reading(model_name="m", kv_usage_ratio=0.97, requests_running=0, requests_waiting=12,
-                   tokens_counted_every_step=True)
+                   tokens_counted_every_step=True, waiting_holds_no_kv=True)
     assert advise_from_result(result, leak, capacity_plan=llama_plan) == []
     idle = Reading(model_name="m", kv_usage_ratio=0.93, requests_running=0, requests_waiting=3,
-                   tokens_counted_every_step=True)
+                   tokens_counted_every_step=True, waiting_holds_no_kv=True)
     assert advise_from_result(result, idle, capacity_plan=llama_plan)
     sglang = Reading(model_name="m", kv_usage_ratio=0.97, requests_running=0, requests_waiting=12)
     assert advise_from_result(result, sglang, capacity_plan=llama_plan)

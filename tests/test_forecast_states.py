@@ -575,3 +575,27 @@ def test_a_sample_pickled_before_a_field_was_added_unpickles_with_its_default():
     restored.__setstate__(old_state)
     assert restored == replace(sample, waiting_for_capacity=None, asleep=False, prefill_server=False,
                                tokens_counted_every_step=False, prefix_cache_hit_ratio=None)
+
+
+def test_scheduler_limited_band_holds_between_half_and_as_many_saturated_polls():
+    # The gate gives way at saturated >= queued-with-room over 5 minutes and fires again only below half as many:
+    # two in five saturated (a share of 2/3) holds a running scheduler_limited but does not raise a fresh one.
+    from kvwatch.forecast.detector import DetectorParams, ReactiveDetectors, SampleFlags
+
+    def flags(t: float, saturated: bool) -> SampleFlags:
+        return SampleFlags(timestamp=t, usage=0.93 if saturated else 0.8, waiting=5.0, running=10.0,
+                           saturated=saturated, queued_below_kv_limit=not saturated, progressed=True)
+
+    def run(pattern: list[bool]) -> list[bool]:
+        d, states = ReactiveDetectors(DetectorParams()), []
+        for i, saturated in enumerate(pattern):
+            d.update(flags(10.0 * i, saturated))
+            states.append(d.scheduler_limited)
+        return states
+
+    calm, two_in_five = [False] * 60, [i % 5 < 2 for i in range(120)]
+    assert all(run(calm + two_in_five)[-60:])  # on since the calm minutes: 2 saturated in 5 (2/3 as many) holds it
+    # 2 saturated minutes, then 3 with a queue and room: the last 2 minutes would fire it, but the 5 minutes hold
+    # 12 saturated polls to 18 (2/3 as many, above half): it does not fire; a minute later (6 to 24) it does
+    states = run([True] * 12 + [False] * 24)
+    assert not states[29] and states[-1]

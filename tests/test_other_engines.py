@@ -473,3 +473,36 @@ def test_sglang_realtime_decode_tokens_show_progress_while_requests_run() -> Non
     assert not prefill.tokens_counted_every_step
     (older,) = poll(SGLANG / "gen-rank-labels-dp2.prom").readings[:1]
     assert not older.tokens_counted_every_step
+
+
+def _sglang_page(**gauges: float) -> str:
+    labels = 'engine_type="decode",model_name="m",tp_rank="0"'
+    return "".join(f"sglang:{name}{{{labels}}} {value}\n" for name, value in gauges.items())
+
+
+def test_sglang_edges_of_the_pools_queues_and_counters() -> None:
+    # 0.5.23's host-receive queue is the part of the transfer queue staged on the host: not added to it.
+    (r,) = read_payload(_sglang_page(token_usage=0.5, num_running_reqs=4, num_queue_reqs=0,
+                                     num_decode_transfer_queue_reqs=3, num_decode_host_receive_queue_reqs=2),
+                        timestamp=1.0).readings
+    assert (r.requests_waiting, r.requests_waiting_deferred) == (3, 3)
+    # a NaN full-pool gauge does not hide token_usage: the largest of what is known
+    (r,) = read_payload(_sglang_page(token_usage=0.5, full_token_usage="NaN", mamba_usage=0.3, num_running_reqs=4),
+                        timestamp=1.0).readings
+    assert r.kv_usage_ratio == 0.5
+    # the scheduler declares its realtime counter before the first decode: 0 then, one source from the start (the
+    # tokenizer's generation counter, then the decode count, read as a counter going down: a restart)
+    declared = "# HELP sglang:realtime_tokens_total Tokens.\n# TYPE sglang:realtime_tokens_total counter\n"
+    (r,) = read_payload(declared + _sglang_page(token_usage=0.5, num_running_reqs=4, generation_tokens_total=500),
+                        timestamp=1.0).readings
+    assert (r.generation_tokens_total, r.tokens_counted_every_step) == (0.0, True)
+    # on a page merged with KServe's queue-proxy the unlabelled process start is the proxy's
+    proxy = "process_start_time_seconds 1.7e9\n"
+    (r,) = read_payload(proxy + _sglang_page(token_usage=0.5, num_running_reqs=4), timestamp=1.0).readings
+    assert r.process_start_time_seconds is None
+
+
+def test_sglang_context_len_against_a_given_max_model_len() -> None:
+    p = poll(SGLANG / "v0.3-2024-name-label.prom")
+    (finding,) = [f for f in build_report(p, 4096)["findings"] if f["id"] == "max_model_len_mismatch"]
+    assert "8,192 (sglang:context_len)" in finding["message"]

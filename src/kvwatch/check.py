@@ -315,8 +315,8 @@ def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any], 
     refusals and the formula are vLLM's sums: not given for SGLang or TensorRT-LLM, which size their pools
     their own way (--mem-fraction-static, free_gpu_memory_fraction)."""
     from kvwatch.capacity import findings as capacity
-    from kvwatch.capacity.series import max_model_len_of
-    from kvwatch.engines.vllm import engine_max_model_len, override_blocks
+    from kvwatch.capacity.series import engine_max_model_len_of, max_model_len_of
+    from kvwatch.engines.vllm import override_blocks
 
     out: list[Finding] = []
     refused: set[str] = set()
@@ -326,11 +326,11 @@ def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any], 
         found = [capacity.live_finding(f, r.kv_usage_ratio, r.requests_running, r.requests_waiting,
                                        r.kv_capacity_tokens, max_model_len_of(r, max_model_len), asleep=r.asleep,
                                        prefill_server=r.prefill_server, deferred=r.requests_waiting_deferred,
-                                       queue_holds_no_kv=r.tokens_counted_every_step)
+                                       queue_holds_no_kv=r.waiting_holds_no_kv)
                  for f in capacity.LIVE_FINDINGS]
         if r.model_name not in refused:  # per model, not per engine
             refused.add(r.model_name)
-            found.append(capacity.max_model_len_mismatch(max_model_len, engine_max_model_len(r.cache_config)))
+            found.append(capacity.max_model_len_mismatch(max_model_len, *engine_max_model_len_of(r)))
             found += capacity.plan_refusals(plan) if plan is not None and engine_kind == VLLM else []
         if plan is not None and engine_kind == VLLM:
             found.append(capacity.capacity_mismatch(_formula_like_engine(plan, capacities[r.key].source),

@@ -93,9 +93,12 @@ class Reading:
     # (level 2), "asleep" (awake = 0, level not said); None when the engine does not say.
     sleep_state: str | None = None
     # The engine counts tokens while requests run (vLLM every scheduler step; SGLang with realtime_tokens_total every
-    # decode log interval), so requests running while no token is counted and no gauge moves are a hang even with
-    # nothing waiting; older SGLang and TensorRT-LLM count at a request's end.
+    # decode iteration or log interval), so requests running while no token is counted and no gauge moves are a
+    # hang even with nothing waiting; older SGLang and TensorRT-LLM count at a request's end.
     tokens_counted_every_step: bool = False
+    # A waiting request holds no KV blocks (vLLM allocates at admission; kvwatch.capacity.findings.kv_usage_stuck):
+    # elsewhere a queue may hold KV (an SGLang PD prefill server's transfers, in releases that label it "unified").
+    waiting_holds_no_kv: bool = False
 
     @property
     def key(self) -> SeriesKey:

@@ -100,14 +100,15 @@ def capacity_mismatch(formula_tokens: float, reported_tokens: float | None,
         "The engine's figure is the one kvwatch uses."))
 
 
-def max_model_len_mismatch(given: int | None, engine: int | None) -> CapacityFinding | None:
+def max_model_len_mismatch(given: int | None, engine: int | None, source: str) -> CapacityFinding | None:
     """A finding when kvwatch's ``--max-model-len`` and the engine's differ by more than
-    :data:`MAX_MODEL_LEN_TOLERANCE` (kvwatch.engines.vllm.engine_max_model_len; None: nothing to compare)."""
+    :data:`MAX_MODEL_LEN_TOLERANCE` (kvwatch.capacity.series.engine_max_model_len_of, which names ``source``; None:
+    nothing to compare)."""
     if not given or not engine or abs(given / engine - 1) <= MAX_MODEL_LEN_TOLERANCE:
         return None
     return CapacityFinding("max_model_len_mismatch", "warning", (
-        f"kvwatch was given --max-model-len {given:,}, but the engine runs {engine:,} (vllm:cache_config_info: "
-        f"kv_cache_size_tokens / kv_cache_max_concurrency). The formula and the what-if ceilings use {given:,}, "
+        f"kvwatch was given --max-model-len {given:,}, but the engine runs {engine:,} ({source}). The formula and "
+        f"the what-if ceilings use {given:,}, "
         f"the advice the engine's {engine:,}; give kvwatch {engine:,}, or leave --max-model-len unset to take the "
         "engine's."))
 
@@ -175,7 +176,7 @@ def leaking(reading: Any) -> bool:
     return live_finding("kv_usage_stuck", reading.kv_usage_ratio, reading.requests_running,
                         reading.requests_waiting, asleep=reading.asleep, prefill_server=reading.prefill_server,
                         deferred=reading.requests_waiting_deferred,
-                        queue_holds_no_kv=reading.tokens_counted_every_step) is not None
+                        queue_holds_no_kv=reading.waiting_holds_no_kv) is not None
 
 
 @dataclass

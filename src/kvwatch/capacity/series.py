@@ -36,11 +36,22 @@ def max_model_len_of(reading: Any, given: int | None) -> int | None:
     kvwatch made "lower it" paste a longer length), and ``max_model_len_mismatch`` reports the difference. The
     given one stands where the labels allow it: the engine's is derived from a concurrency label that may be
     rounded, and a given length the labels reproduce within that rounding is no contradiction."""
-    engine = engine_max_model_len(reading.cache_config)
-    if given and engine and _labels_allow(reading.cache_config, given):
+    if given and engine_max_model_len(reading.cache_config) and _labels_allow(reading.cache_config, given):
         return given
-    own = getattr(reading, "max_model_len", None)  # (SGLang's context_len metric)
-    return engine or (int(own) if own else None) or given
+    return engine_max_model_len_of(reading)[0] or given
+
+
+VLLM_MAX_MODEL_LEN_SOURCE = "vllm:cache_config_info: kv_cache_size_tokens / kv_cache_max_concurrency"
+
+
+def engine_max_model_len_of(reading: Any) -> tuple[int | None, str]:
+    """The engine's own max model length and where it comes from: vLLM's cache_config_info labels, else a metric
+    the engine exports (SGLang's context_len, ``Reading.max_model_len``); (None, "") when it says neither."""
+    engine = engine_max_model_len(reading.cache_config)
+    if engine:
+        return engine, VLLM_MAX_MODEL_LEN_SOURCE
+    own = getattr(reading, "max_model_len", None)
+    return (int(own), "sglang:context_len") if own else (None, "")
 
 
 def _labels_allow(config: Any, length: int) -> bool:

@@ -28,7 +28,7 @@ have finished: neither is the total, so neither is read, and 0.5.3-0.5.6 report 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from types import MappingProxyType
 
 from kvwatch.engines import Selector, SourceOverrides, UnrecognisedPayload
@@ -61,8 +61,10 @@ QUEUE = "sglang:num_queue_reqs"
 # A PD-disaggregated decode server's requests waiting to preallocate their KV cache (disaggregation/decode.py's
 # DecodePreallocQueue): on such a server they, not num_queue_reqs, are the requests waiting for KV memory.
 DECODE_PREALLOC = "sglang:num_decode_prealloc_queue_reqs"
-# Its requests whose KV is on its way from the prefill server (DecodeTransferQueue; 0.5.23 adds a host-receive stage):
-# their blocks are allocated, they wait for the transfer, not for room: vLLM's "deferred" reason.
+# Its requests whose KV is on its way from the prefill server (DecodeTransferQueue): their blocks are allocated,
+# they wait for the transfer, not for room: vLLM's "deferred" reason. 0.5.23's host-receive count is the part of
+# that queue staged on the host (metrics_reporter.py: [r for r in transfer_queue if r.host_staged]): read only
+# where the transfer count is absent.
 DECODE_TRANSFER = ("sglang:num_decode_transfer_queue_reqs", "sglang:num_decode_host_receive_queue_reqs")
 RUNNING_2024 = "sglang:num_requests_running"
 WAITING_2024 = "sglang:num_requests_waiting"
@@ -73,8 +75,8 @@ RETRACTED_TOTAL = "sglang:num_retracted_requests_total"
 TOTAL_RETRACTED_GAUGE = "sglang:total_retracted_reqs"
 PROMPT_TOKENS = "sglang:prompt_tokens_total"
 GENERATION_TOKENS = "sglang:generation_tokens_total"
-# The scheduler's tokens by mode, counted every decode log interval (tens of steps) while requests run (0.5.2x):
-# mode="decode" moves while a request decodes, where the tokenizer's counters move only when one finishes.
+# The scheduler's tokens by mode (0.5.2x; every decode iteration in 0.5.23, every log interval before): mode="decode"
+# moves while a request decodes, where the tokenizer's counters move only when one finishes.
 REALTIME_TOKENS = "sglang:realtime_tokens_total"
 CACHED_TOKENS = "sglang:cached_tokens_total"
 REQUEST_SUCCESS = "sglang:request_success_total"
@@ -129,7 +131,8 @@ def _fullest(token_usage: float | None, pools: Mapping[str, float | None]) -> fl
     state slots). With full_token_usage the pools' own gauges, unrounded, stand for token_usage (their max rounded
     to 2 decimals); without it token_usage was the full-attention pool, and the others add to it."""
     values = [v for v in pools.values() if v is not None and math.isfinite(v)]
-    if FULL_TOKEN_USAGE in pools and pools[FULL_TOKEN_USAGE] is not None and values:
+    full = pools.get(FULL_TOKEN_USAGE)
+    if full is not None and math.isfinite(full):
         return max(values)
     if token_usage is None or not math.isfinite(token_usage):
         return token_usage  # (unknown, or impossible: kvwatch.plausible drops it and says so)
@@ -166,7 +169,9 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     pools = {name: fam(name) for name in POOL_USAGES if overrides.usage is None and exposition.samples(name)}
     refuse_several_servers(((str(usage), usage_i), (str(running), running_i), (str(waiting), waiting_i)))
     prealloc_i = fam(DECODE_PREALLOC) if overrides.waiting is None else Index()
-    transfer_i = [fam(name) for name in DECODE_TRANSFER if overrides.waiting is None and exposition.samples(name)]
+    transfer_name = next((name for name in DECODE_TRANSFER if overrides.waiting is None and exposition.samples(name)),
+                         None)
+    transfer_i = fam(transfer_name) if transfer_name is not None else Index()
     keys = series_keys((usage_i, running_i, waiting_i, capacity_i))
     if not (usage_i or running_i or waiting_i):
         raise UnrecognisedPayload("SGLang payload has no token_usage, running or queue samples yet "
@@ -180,6 +185,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     retracted, prompt, generation, cached, success, finished, aborted, context_len = (fam(n) for n in (
         retracted_family, PROMPT_TOKENS, GENERATION_TOKENS, CACHED_TOKENS, REQUEST_SUCCESS, NUM_REQUESTS, ABORTED,
         CONTEXT_LEN))
+    realtime = REALTIME_TOKENS in exposition
     decoded = Index.of(selected(exposition, Selector(REALTIME_TOKENS, MappingProxyType({"mode": "decode"}))), key_of)
     latency = latency_index(exposition, LATENCY, key_of, parts_add=True)
     # (Read by their parts too: on a page without # TYPE lines a histogram is only its _sum, _count and _bucket.)
@@ -189,7 +195,9 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     p_sum, p_count, g_sum, g_count = (
         Index.of(sample_named(exposition, family, family + suffix), key_of)
         for family in (prompt_hist, generation_hist) for suffix in ("_sum", "_count"))
-    starts = exposition.samples(PROCESS_START)
+    # (only a sample with the server's model label: on a page merged from two, KServe's queue-proxy, an unlabelled
+    # one is the proxy's process; SGLang's multiprocess registry writes none of its own)
+    starts = [s for s in exposition.samples(PROCESS_START) if "model_name" in s.labels or "name" in s.labels]
     process_start = starts[-1].value if starts else None
 
     readings = []
@@ -203,13 +211,15 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             kv_usage_ratio=_fullest(usage_i.value(key), {name: i.value(key) for name, i in pools.items()}),
             requests_running=running_i.value(key),
             requests_waiting=_add(for_room := _add(waiting_i.value(key), prealloc_i.value(key)),
-                                  transferring := _sum_known(i.value(key) for i in transfer_i)),
+                                  transferring := transfer_i.value(key)),
             waiting_by_reason=MappingProxyType({"capacity": for_room, "deferred": transferring})
             if transferring is not None and for_room is not None else MappingProxyType({}),
             preemptions_total=retracted.value(key),
             finished_by_reason=MappingProxyType(finished_by_reason(success, finished, key)),
             prompt_tokens_total=queries,
-            generation_tokens_total=decoded.value(key) if decoded else generation.total(key),
+            # (the decode count where the scheduler declares the family, 0 before its first decode: one source
+            # from the server's start, or the switch would read as a counter going down, a restart)
+            generation_tokens_total=(decoded.value(key) or 0.0) if realtime else generation.total(key),
             prefix_cache_queries_total=queries if hits is not None else None,
             prefix_cache_hits_total=hits,
             prefix_cache_unit="tokens" if hits is not None and queries is not None else None,
@@ -224,7 +234,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             requests_aborted_total=aborted.total(key),
             engine_role=(role := _role(running_i, usage_i, key)),
             # (a PD prefill server decodes nothing: its decode count never moves)
-            tokens_counted_every_step=decoded.value(key) is not None and role != "prefill",
+            tokens_counted_every_step=realtime and role != "prefill",
         ))
     pool_names = sorted(pools) if FULL_TOKEN_USAGE in pools else sorted({*pools, str(usage)}) if usage else []
     detection = Detection(
@@ -232,7 +242,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
         usage_metric=(f"max({', '.join(pool_names)})" if pools else str(usage) if usage else None),
         running_metric=str(running) if running else None,
         waiting_metric=" + ".join([str(waiting), *([DECODE_PREALLOC] if prealloc_i else []),
-                                   *(name for name in DECODE_TRANSFER if transfer_i and name in exposition)])
+                                   *([transfer_name] if transfer_name else [])])
         if waiting else None,
         capacity_metric=str(capacity) if capacity else None)
     return Poll(timestamp=timestamp, detection=detection, readings=tuple(readings))
@@ -252,11 +262,6 @@ def _cached_tokens(cached: Index, key: SeriesKey) -> float | None:
     if "total" in by_source:  # the collector's fallback label: the whole count already
         return by_source["total"]
     return sum(by_source.values())
-
-
-def _sum_known(values: Iterable[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return sum(known) if known else None
 
 
 def _add(queued: float | None, preallocating: float | None) -> float | None:

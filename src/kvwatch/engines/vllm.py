@@ -222,6 +222,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             requests_aborted_total=finished.get("abort"),
             sleep_state=_sleep_state(_by_label(index[SLEEP_STATE], key, "sleep_state", max)),
             tokens_counted_every_step=True,
+            waiting_holds_no_kv=True,
         ))
     capacity_name = "vllm:cache_config_info{kv_cache_size_tokens}" if any(
         "kv_cache_size_tokens" in c for c in configs.values()) else (
@@ -497,7 +498,7 @@ def label_number(text: str | None) -> float | None:
 
 
 def engine_max_model_len(config: Mapping[str, str]) -> int | None:
-    """The engine's ``--max-model-len``, from ``cache_config_info``: vLLM (>= 0.20, the versions that label
+    """The engine's ``--max-model-len``, from ``cache_config_info``: vLLM (>= 0.25, the versions that label
     ``kv_cache_size_tokens``) computes ``kv_cache_size_tokens = int(kv_cache_max_concurrency × max_model_len)``
     (docs/capacity.md, section 5), so the length is the smallest integer at or above tokens ÷ concurrency.
     None when either label is missing, or below one request (then the division does not pin one length)."""

@@ -101,8 +101,8 @@ class _Window:
         self.queued += sign * f.queued_below_kv_limit
         # Where counters move only when a request finishes (older SGLang, TensorRT-LLM) a stall needs a queue: a few
         # long requests with none waiting look frozen for minutes. vLLM counts tokens every step (SGLang's realtime
-        # counter every log interval), so there requests running with no token counted and the KV gauge still (a
-        # hung engine core freezes both) are a stall too.
+        # counter every iteration or log interval), so there requests running with no token counted and the KV
+        # gauge still (a hung engine core freezes both) are a stall too.
         self.idle += sign * (f.waiting < 1 and not (f.stalls_without_queue and f.running >= 1))
         self.progress += sign * (f.progressed is not False)
 

@@ -22,9 +22,9 @@ from types import MappingProxyType
 from prometheus_client.core import GaugeMetricFamily
 
 from kvwatch.capacity.findings import LIVE_FINDINGS, SUSTAINED_SECONDS, HeldSince, live_finding, max_model_len_mismatch
-from kvwatch.capacity.series import max_model_len_of
+from kvwatch.capacity.series import engine_max_model_len_of, max_model_len_of
 from kvwatch.derived import observed_mix_ceiling
-from kvwatch.engines.vllm import engine_max_model_len, override_blocks
+from kvwatch.engines.vllm import override_blocks
 from kvwatch.history import SeriesHistory
 from kvwatch.model import Reading, SeriesKey
 from kvwatch.serve.sidecar_capacity import CapacityResolver, SidecarCapacity
@@ -85,7 +85,7 @@ class CapacityAnalyzer:
             say, warn = (log.info, log.warning) if loud else (log.debug, log.debug)
             if self._logged == MAX_LOGGED_PLANS + 1:
                 log.info("capacity model: more models than %d, further per-model lines at DEBUG", MAX_LOGGED_PLANS)
-            mismatch = max_model_len_mismatch(self._max_model_len, engine_max_model_len(reading.cache_config))
+            mismatch = max_model_len_mismatch(self._max_model_len, *engine_max_model_len_of(reading))
             if mismatch is not None:
                 warn("capacity model for %s: %s", reading.model_name, mismatch.message)
             if capacity is None:
@@ -136,7 +136,7 @@ class CapacityAnalyzer:
                                  reading.requests_waiting, reading.kv_capacity_tokens, max_model_len,
                                  asleep=reading.asleep, prefill_server=reading.prefill_server,
                                  deferred=reading.requests_waiting_deferred,
-                                 queue_holds_no_kv=reading.tokens_counted_every_step) is not None
+                                 queue_holds_no_kv=reading.waiting_holds_no_kv) is not None
             timer = self._held.get((key, finding_id))
             if timer is None:
                 if len(self._held) >= self._max_held:
