@@ -90,3 +90,11 @@ def test_step35_moe_layers_enum_as_a_sequence_counts_only_real_layers():
 
 def test_qwen3_omni_is_noted_as_multimodal():
     assert any("multimodal" in note for note in arch("qwen3_omni").notes)
+
+
+def test_dbrx_nested_sizes_are_read():
+    # DbrxConfig: n_layers, n_heads, d_model, attn_config.kv_n_heads, ffn_config's experts (vLLM's dbrx.py)
+    a = arch("dbrx")
+    assert (a.num_layers, a.num_attention_heads, a.num_kv_heads, a.head_dim) == (40, 48, 8, 128)
+    assert (a.num_experts, a.experts_per_token, a.moe_intermediate_size) == (16, 4, 10752)
+    assert params_b("dbrx") == pytest.approx(132, rel=0.02)  # published: 132B

@@ -717,6 +717,12 @@ def arch_from_config(config: dict[str, Any], name: str = "custom", source: str |
 
 def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> ModelArch:
     cfg = _text_config(config)
+    if str(cfg.get("model_type") or "").lower() == "dbrx":
+        # DbrxConfig names its sizes its own way and nests the experts' (vLLM's dbrx.py reads config.ffn_config)
+        ffn = cfg.get("ffn_config") if isinstance(cfg.get("ffn_config"), dict) else {}
+        cfg = {"num_hidden_layers": cfg.get("n_layers"), "num_attention_heads": cfg.get("n_heads"),
+               "num_local_experts": ffn.get("moe_num_experts"), "num_experts_per_tok": ffn.get("moe_top_k"),
+               "moe_intermediate_size": ffn.get("ffn_hidden_size"), **cfg}
     for key in ("intermediate_size", "moe_intermediate_size", "num_shared_expert", "moe_num_experts",
                 "moe_layer_start_index", "moe_layer_end_index"):
         sizes = cfg.get(key)
