@@ -62,26 +62,28 @@ def test_bearer_token_is_read_from_file(tmp_path: Path) -> None:
     assert route.calls.last.request.headers["Authorization"] == "Bearer s3cret"
 
 
-@respx.mock
-def test_a_token_file_emptied_after_start_fails_the_poll_without_sending_it(tmp_path: Path) -> None:
+def _poll_with_token_file(tmp_path: Path, content: str) -> tuple[ScrapeError, respx.Route]:
+    """One poll with a bearer token file holding ``content``: the error it fails with, and the target's route."""
     token = tmp_path / "token"
-    token.write_text("  \n")
+    token.write_text(content)
     route = respx.get(URL).mock(return_value=httpx.Response(200, text=FIXTURE))
     with pytest.raises(ScrapeError) as caught:
         fetch_and_read(bearer_token_file=token)
-    assert caught.value.reason == "connect" and "is empty" in str(caught.value) and not route.called
+    return caught.value, route
+
+
+@respx.mock
+def test_a_token_file_emptied_after_start_fails_the_poll_without_sending_it(tmp_path: Path) -> None:
+    error, route = _poll_with_token_file(tmp_path, "  \n")
+    assert error.reason == "connect" and "is empty" in str(error) and not route.called
 
 
 @respx.mock
 def test_a_token_file_of_two_lines_is_refused_without_the_token_in_the_message(tmp_path: Path) -> None:
     # httpx refused the header and its message, logged on every down-transition, quoted the whole token.
-    token = tmp_path / "token"
-    token.write_text("supersecret-abc\nsecond-line-xyz\n")
-    route = respx.get(URL).mock(return_value=httpx.Response(200, text=FIXTURE))
-    with pytest.raises(ScrapeError) as caught:
-        fetch_and_read(bearer_token_file=token)
-    assert caught.value.reason == "connect" and "one token on one line" in str(caught.value)
-    assert "supersecret" not in str(caught.value) and "second-line" not in str(caught.value)
+    error, route = _poll_with_token_file(tmp_path, "supersecret-abc\nsecond-line-xyz\n")
+    assert error.reason == "connect" and "one token on one line" in str(error)
+    assert "supersecret" not in str(error) and "second-line" not in str(error)
     assert not route.called
 
 

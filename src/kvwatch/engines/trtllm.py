@@ -196,9 +196,9 @@ def _read_triton(exposition: Exposition, overrides: SourceOverrides, timestamp: 
     capacity_name = f'{TRITON_KV_BLOCKS}{{kv_cache_block_type="max"}} x {{kv_cache_block_type="tokens_per"}}' \
         if block["max"] and block["tokens_per"] else None
     split = any(s for *_, s in queues.values())
-    running_name, waiting_name = _queue_names(str(running) if running else None, None, str(scheduled), split)
-    if not split:
-        waiting_name = str(waiting) if waiting else None
+    # (split: the waiting are the unscheduled alone, the backend's own waiting being the same count)
+    running_name, waiting_name = _queue_names(str(running) if running else None,
+                                              str(waiting) if waiting and not split else None, str(scheduled), split)
     detection = Detection(
         engine_kind="tensorrt-llm", version_range="triton-backend", usage_metric=usage_name,
         running_metric=running_name, waiting_metric=waiting_name, capacity_metric=capacity_name)
