@@ -15,7 +15,7 @@ from kvwatch.capacity import (
     resolve_gpu,
     resolve_model,
 )
-from kvwatch.capacity.architecture import FULL, MAMBA, SLIDING
+from kvwatch.capacity.layers import FULL, MAMBA, SLIDING
 from kvwatch.capacity.presets import gpu_names, preset_names
 from kvwatch.cli import main
 

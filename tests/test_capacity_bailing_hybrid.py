@@ -16,7 +16,8 @@ from __future__ import annotations
 import pytest
 
 from kvwatch.capacity import planner
-from kvwatch.capacity.architecture import FULL, MAMBA, arch_from_config
+from kvwatch.capacity.architecture import arch_from_config
+from kvwatch.capacity.layers import FULL, MAMBA
 from kvwatch.capacity.mamba import KDA, LINEAR_ATTENTION
 from kvwatch.capacity.memory import GIB
 

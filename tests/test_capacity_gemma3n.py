@@ -12,7 +12,8 @@ import json
 import pytest
 
 from kvwatch.capacity import kv, memory
-from kvwatch.capacity.architecture import FULL, SLIDING, arch_from_config
+from kvwatch.capacity.architecture import arch_from_config
+from kvwatch.capacity.layers import FULL, SLIDING
 from kvwatch.cli import main
 
 pytestmark = pytest.mark.usefixtures("no_kvwatch_env")

@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 
 from kvwatch.capacity import kv, planner
-from kvwatch.capacity.architecture import FULL, MAMBA, arch_from_config
+from kvwatch.capacity.architecture import arch_from_config
+from kvwatch.capacity.layers import FULL, MAMBA
 from kvwatch.capacity.mamba import KDA
 from kvwatch.capacity.memory import GIB
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from kvwatch.capacity import arch_from_config, resolve_model
-from kvwatch.capacity.architecture import FULL, SLIDING
 from kvwatch.capacity.kv import (
     group_layers,
     kv_dtype_bytes,
@@ -16,6 +15,7 @@ from kvwatch.capacity.kv import (
     pp_stage_sizes,
     reported_kv_cache_tokens,
 )
+from kvwatch.capacity.layers import FULL, SLIDING
 
 GIB = 1 << 30
 V19, V20, V08 = (0, 19), (0, 20), (0, 8)

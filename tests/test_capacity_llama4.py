@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from kvwatch.capacity import kv, memory
-from kvwatch.capacity.architecture import CHUNKED, FULL
+from kvwatch.capacity.layers import CHUNKED, FULL
 from kvwatch.capacity.presets import resolve_model
 
 SCOUT = "meta-llama/Llama-4-Scout-17B-16E-Instruct"

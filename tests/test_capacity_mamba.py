@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 
 from kvwatch.capacity import kv, planner
-from kvwatch.capacity.architecture import MAMBA
+from kvwatch.capacity.layers import MAMBA
 from kvwatch.capacity.mamba import GATED_DELTA_NET, MambaConfigError, MambaDims, attention_block_size
 from kvwatch.capacity.presets import resolve_model
 

@@ -10,7 +10,8 @@ import json
 
 import pytest
 
-from kvwatch.capacity.architecture import arch_from_config, derived_max_model_len
+from kvwatch.capacity.architecture import arch_from_config
+from kvwatch.capacity.max_len import derived_max_model_len
 from kvwatch.cli import main
 
 pytestmark = pytest.mark.usefixtures("no_kvwatch_env")

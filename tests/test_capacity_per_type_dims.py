@@ -22,7 +22,8 @@ from dataclasses import replace
 import pytest
 
 from kvwatch.capacity import kv, presets
-from kvwatch.capacity.architecture import FULL, SLIDING, AttentionDims, arch_from_config, tensor_parallel_refusal
+from kvwatch.capacity.architecture import arch_from_config, tensor_parallel_refusal
+from kvwatch.capacity.layers import FULL, SLIDING, AttentionDims
 from kvwatch.capacity.memory import GIB
 from kvwatch.capacity.planner import DeploymentSpec, plan_capacity
 from kvwatch.cli import main

@@ -27,7 +27,7 @@ from kvwatch.capacity import (
     whatif_scenarios,
 )
 from kvwatch.capacity import presets as preset_data
-from kvwatch.capacity.architecture import CHUNKED, MAMBA, SLIDING, ModelArch
+from kvwatch.capacity.architecture import ModelArch
 from kvwatch.capacity.inverse import InversePlan, inverse_plan
 from kvwatch.capacity.kv import (
     CHUNKED_HYBRID_SINCE,
@@ -42,6 +42,7 @@ from kvwatch.capacity.kv import (
     kv_dtype_bytes,
     layers_on_rank,
 )
+from kvwatch.capacity.layers import CHUNKED, MAMBA, SLIDING
 from kvwatch.capacity.longcontext import LongContext, long_context
 from kvwatch.capacity.memory import GIB, model_dtype_bytes, parameter_counts, resolve_quantization
 from kvwatch.capacity.planner import CUDA_GRAPHS_SUBTRACTED_SINCE

@@ -26,7 +26,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from kvwatch.capacity import mamba
-from kvwatch.capacity.architecture import CHUNKED, FULL, MAMBA, MLP_ONLY, SLIDING, ModelArch
+from kvwatch.capacity.architecture import ModelArch
+from kvwatch.capacity.layers import CHUNKED, FULL, MAMBA, MLP_ONLY, SLIDING
 
 # vLLM versions that matter for the reported token count, as (major, minor) tuples.
 HYBRID_GROUPING_SINCE = (0, 9)  # before: every attention layer treated as full attention, one group

@@ -22,7 +22,8 @@ import math
 from dataclasses import dataclass
 
 from kvwatch.capacity import kv, memory
-from kvwatch.capacity.architecture import SLIDING, ModelArch
+from kvwatch.capacity.architecture import ModelArch
+from kvwatch.capacity.layers import SLIDING
 from kvwatch.capacity.planner import CapacityPlan
 
 DEFAULT_MFU = 0.4  # assumed share of the dense BF16 peak a long prefill reaches (docs/capacity.md)

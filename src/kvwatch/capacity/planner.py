@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kvwatch.capacity import kv, memory, quantization, support
-from kvwatch.capacity.architecture import MAMBA, ModelArch, tensor_parallel_refusal
+from kvwatch.capacity.architecture import ModelArch, tensor_parallel_refusal
+from kvwatch.capacity.layers import MAMBA
 from kvwatch.capacity.mamba import MambaConfigError
 from kvwatch.capacity.memory import GIB
 from kvwatch.capacity.quantization import CHECKPOINT_KV_FP8_SINCE

@@ -1,0 +1,116 @@
+"""Reading config.json: the language model's part of a (multimodal) config, and its fields as checked numbers.
+
+Every reader names the field in the :class:`ArchitectureError` it raises, so a broken config.json is refused
+with a message, never a TypeError from deep inside the capacity model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any
+
+
+class ArchitectureError(ValueError):
+    """The config lacks a field the capacity model needs (message names it)."""
+
+
+# Defaults of transformers' config classes for fields their config.json files leave out (the class fills them in,
+# vLLM reads the result). Gemma3TextConfig (transformers models/gemma3/configuration_gemma3.py): Gemma-3 4B's
+# text_config names only its sizes, and no Gemma-3 file names the sliding-window pattern.
+CONFIG_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                    "max_position_embeddings": 131_072, "sliding_window": 4096, "sliding_window_pattern": 6,
+                    "tie_word_embeddings": True},
+}
+
+
+def text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The language-model part of a (possibly multimodal) config; top-level keys fill gaps, and the defaults of
+    its transformers config class fill what the file leaves out (:data:`CONFIG_CLASS_DEFAULTS`)."""
+    thinker = config.get("thinker_config")
+    if isinstance(thinker, dict):  # Qwen2.5/3-Omni: the thinker's text_config is the LLM (vLLM's get_hf_text_config)
+        config = {**{k: v for k, v in config.items() if not isinstance(v, dict)}, **thinker}
+    cfg = config
+    for key in ("text_config", "llm_config", "language_config"):
+        nested = config.get(key)
+        if isinstance(nested, dict) and ("num_hidden_layers" in nested or "hidden_size" in nested
+                                         or nested.get("model_type") in CONFIG_CLASS_DEFAULTS):
+            cfg = {k: v for k, v in config.items() if not isinstance(v, dict)}
+            cfg.update({k: v for k, v in nested.items() if v is not None})  # (null: not given)
+            break
+    defaults = CONFIG_CLASS_DEFAULTS.get(str(cfg.get("model_type") or ""))
+    return {**defaults, **{k: v for k, v in cfg.items() if v is not None}} if defaults else cfg
+
+
+# Past these no released model goes; a config beyond them is broken (num_hidden_layers 1e9 never returned).
+_MAX_COUNT = {"num_hidden_layers": 10_000, "n_layer": 10_000, "num_layers": 10_000}
+_MAX_ANY = 10_000_000
+
+
+def require(cfg: dict[str, Any], *keys: str) -> int:
+    for key in keys:
+        if cfg.get(key) is not None:
+            value = _count(cfg, key)
+            if value is None:
+                raise ArchitectureError(f"config.json has {key} = {cfg[key]!r}: it must be a whole number from 1 to "
+                                        f"{_MAX_COUNT.get(key, _MAX_ANY):,}")
+            return value
+    raise ArchitectureError(f"config.json has no {' / '.join(keys)}")
+
+
+def _count(cfg: dict[str, Any], key: str) -> int | None:
+    """``cfg[key]`` as a positive count within reason, else None."""
+    value = cfg[key]
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)  # (a count written as a string reads as before)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        return None
+    if not 1 <= value <= _MAX_COUNT.get(key, _MAX_ANY) or value != int(value):
+        return None
+    return int(value)
+
+
+def positive(cfg: dict[str, Any], key: str) -> int | None:
+    """``cfg[key]`` as a positive whole count (a head count or size), None when unset (null); anything else (0,
+    negative, fractional, not a number) is an ArchitectureError naming the field, not a silent fallback."""
+    if cfg.get(key) is None:
+        return None
+    value = _count(cfg, key)
+    if value is None:
+        raise ArchitectureError(f"config.json has {key} = {cfg[key]!r}: it must be a whole number from 1 to "
+                                f"{_MAX_COUNT.get(key, _MAX_ANY):,}")
+    return value
+
+
+def real(value: Any, field: str) -> float:
+    """A config value as a finite number (one written as a string reads too). Anything else (a list, a word, a
+    bool) is an ArchitectureError naming the field, not a TypeError from ``int()`` deep inside."""
+    number: float | None = None
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            number = float(value)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    if number is None or not math.isfinite(number):
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else f"{shown[:57]}..."
+        raise ArchitectureError(f"config.json has {field} = {shown}: kvwatch needs a number there")
+    return number
+
+
+def number(value: Any, field: str) -> int:
+    """:func:`real`, as the whole number ``int()`` makes of it."""
+    return int(real(value, field))
+
+
+def first_number(cfg: dict[str, Any], *keys: str, default: int | None = None) -> int | None:
+    """The first of ``keys`` that ``cfg`` sets (null, 0 and empty count as unset, like the ``or`` chains this
+    replaces) as a number (:func:`number`); ``default`` when none is."""
+    for key in keys:
+        if cfg.get(key):
+            return number(cfg[key], key)
+    return default
+
+

@@ -1,0 +1,68 @@
+"""The longest --max-model-len vLLM derives from a config.json (its RoPE scaling included)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvwatch.capacity.config_fields import number, real
+
+# vLLM's ModelConfig._get_and_verify_max_len (vllm/config): the smallest of these config fields is the model's
+# length, "model_max_length" wins outright, and rope_scaling multiplies it unless the type already extends
+# max_position_embeddings ("su", "longrope", "llama3") or the model is Gemma-3 (already scaled).
+MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+_ROPE_TYPES_NOT_SCALED = frozenset({"su", "longrope", "llama3"})
+VLLM_DEFAULT_MAX_LEN = 2048  # what vLLM assumes (with a warning) when no field is there
+
+
+YARN_UNSCALED_SINCE = (0, 30)  # YaRN's max_position_embeddings is the scaled length already (before: original × factor)
+LONGROPE_DEFAULT_SINCE = (0, 12)  # LongRoPE's default --max-model-len is original_max_position_embeddings
+_YARN_TYPES = frozenset({"yarn", "deepseek_yarn", "deepseek_llama_scaling"})
+
+
+def rope_scaling(cfg: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+    """(the RoPE scaling block, its type) of a config; None without one (transformers v5 renamed the key)."""
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+    if not isinstance(rope, dict) or not rope:
+        return None
+    return rope, str(rope.get("rope_type") or rope.get("type") or "default")
+
+
+def derived_max_model_len(cfg: dict[str, Any], model_type: str = "", *,
+                          version: tuple[int, int] | None = None) -> tuple[int, str]:
+    """(the longest --max-model-len vLLM accepts without VLLM_ALLOW_LONG_MAX_MODEL_LEN, how it was derived).
+
+    Follows vLLM's ``_get_and_verify_max_len``: the smallest of :data:`MAX_LEN_KEYS`, ``model_max_length``
+    taking precedence, then the RoPE scaling factor (dynamic/linear: ``max_len × factor``; llama3/longrope/su:
+    no change, their max_position_embeddings is already the extended length; YaRN: no change from vLLM 0.30
+    (``version`` None: the current rules), ``original_max_position_embeddings × factor`` before). The sliding
+    window only limits it under ``--disable-sliding-window``, which kvwatch does not model.
+    """
+    derived: float = float("inf")
+    key: str | None = None
+    for name in MAX_LEN_KEYS:
+        value = cfg.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < derived:
+            derived, key = float(value), name
+    if isinstance(cfg.get("model_max_length"), (int, float)) and cfg["model_max_length"]:
+        derived, key = float(cfg["model_max_length"]), "model_max_length"
+    how = f"{key}={int(derived)}" if key else f"no length field in config.json: vLLM assumes {VLLM_DEFAULT_MAX_LEN}"
+    if key is None:
+        derived = float(VLLM_DEFAULT_MAX_LEN)
+    scaling = rope_scaling(cfg)
+    yarn_unscaled = version is None or version >= YARN_UNSCALED_SINCE
+    if scaling is not None and "gemma3" not in model_type:
+        rope, rope_type = scaling
+        if rope_type not in _ROPE_TYPES_NOT_SCALED and not (yarn_unscaled and rope_type in _YARN_TYPES):
+            factor = real(rope.get("factor") or 1.0, "rope_scaling.factor")  # (null: vLLM falls back to 1.0)
+            if rope_type == "yarn" and rope.get("original_max_position_embeddings"):
+                original = number(rope["original_max_position_embeddings"],
+                                   "rope_scaling.original_max_position_embeddings")
+                derived = original * factor
+                how = f"rope_scaling {rope_type}: original_max_position_embeddings={original} × factor {factor:g}"
+            elif factor != 1.0:
+                how = f"{how} × rope_scaling {rope_type} factor {factor:g}"
+                derived *= factor
+    return int(derived), how
+
+
