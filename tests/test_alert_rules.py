@@ -34,6 +34,7 @@ ALERTS = {
     "KvwatchTargetDown": "warning",
     "KvwatchAbsent": "warning",
     "VLLMContainerRestartLoop": "critical",
+    "KvwatchRestartLoop": "warning",
     "KVCacheLeakSuspected": "critical",
     "VLLMRequestExceedsPool": "critical",
 }
@@ -46,7 +47,10 @@ DERIVED = re.compile(
 )
 # Health alerts: one per target, and no series carries a model_name once polls fail (documented exception).
 # Per-GPU alerts: a GPU's series carries no model_name (kvwatch cannot tell data-parallel engines' GPUs apart).
-NO_MODEL = {"KvwatchTargetDown", "KvwatchAbsent", "VLLMContainerRestartLoop", "KVWatchGPUMemoryPressure"}
+NO_MODEL = {"KvwatchTargetDown", "KvwatchAbsent", "VLLMContainerRestartLoop", "KvwatchRestartLoop",
+            "KVWatchGPUMemoryPressure"}
+# Read from kube-state-metrics' series, which never carry the vllm_target label kvwatch's monitors add.
+KUBE_STATE = {"VLLMContainerRestartLoop", "KvwatchRestartLoop"}
 # Rules whose value is a constant (kvwatch_up == 0, up == 0, absent() == 1, a flag): their text cannot quote it.
 CONSTANT_VALUE = {("KvwatchTargetDown", "start"), ("KvwatchAbsent", None), ("KVCacheLeakSuspected", None),
                   ("VLLMRequestExceedsPool", None), ("TTFTObjectiveBreach", None)}
@@ -190,8 +194,9 @@ def test_runbooks_say_how_to_act_in_mode_2() -> None:
     assert "vllm_target" in text
     assert "kubectl -n NS exec POD -c kvwatch -- kvwatch check VLLM_TARGET" in text
     assert "VLLM_POD" in text
-    for rule in alert_rules():  # every text can name the watched vLLM
-        assert "$labels.vllm_target" in rule["annotations"]["description"], rule_id(rule)
+    for rule in alert_rules():  # every text on kvwatch's series can name the watched vLLM
+        assert ("$labels.vllm_target" in rule["annotations"]["description"]) == (rule["alert"] not in KUBE_STATE), \
+            rule_id(rule)
 
 
 def test_recording_rules_follow_level_metric_operation() -> None:
