@@ -145,7 +145,7 @@ def test_both_monitors_at_once_are_refused() -> None:
 @pytest.mark.parametrize(("monitor", "interval", "timeout", "ok"), [
     ("serviceMonitor", "15s", "20s", False),
     ("podMonitor", "1m", "1m500ms", False),
-    ("serviceMonitor", "1m30s", "1m", True),
+    ("serviceMonitor", "1m", "1m", True),
     ("podMonitor", "10s", "10s", True),
     ("podMonitor", "", "1m", True),  # Prometheus' global interval: unknown to the chart
 ])
@@ -162,6 +162,22 @@ def test_scrape_timeout_longer_than_the_interval_is_refused(monitor: str, interv
     else:
         stderr = render_fails(*args)
         assert f"{monitor}.scrapeTimeout ({timeout}) is longer than {monitor}.interval ({interval})" in stderr
+
+
+@pytest.mark.parametrize(("monitor", "interval", "ok"), [
+    ("serviceMonitor", "1m", True), ("serviceMonitor", "1m1s", False), ("podMonitor", "3m", False),
+    ("podMonitor", "60s", True),
+])
+def test_a_scrape_interval_past_the_rules_hold_is_refused(monitor: str, interval: str, ok: bool) -> None:
+    """The rule pack's keep_firing_for (guard_hold) rides out one failed poll only if scrapes come that often."""
+    hold = yaml.safe_load((ROOT / "alerts" / "config.yaml").read_text())["guard_hold"]
+    assert hold == "1m", "the chart's bound (kvwatch.monitorEndpoints) is the rule pack's guard_hold"
+    args = (*MINIMAL, "--set", f"{monitor}.enabled=true", "--set", f"{monitor}.interval={interval}",
+            "--set", f"{monitor}.scrapeTimeout=10s")
+    if ok:
+        render(*args)
+    else:
+        assert f"{monitor}.interval ({interval}) is longer than 1m" in render_fails(*args)
 
 
 @pytest.mark.parametrize(("source", "copy", "tool"), [
