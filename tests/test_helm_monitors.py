@@ -209,3 +209,25 @@ def test_dashboard_configmap_carries_the_dashboard_for_the_grafana_sidecar() -> 
 def test_tls_without_the_web_config_secret_fails_instead_of_https_probes_on_plain_http() -> None:
     assert "webConfig.tls needs webConfig.secretName" in render_fails(
         "--set", "config.model=Qwen/Qwen3-8B", "--set", "webConfig.tls=true")
+
+
+def test_prometheus_rule_takes_vllms_container_name_and_the_runbook_site_from_values() -> None:
+    """Injected into pods of one's own, vLLM's container is rarely named "vllm": VLLMContainerRestartLoop would never
+    fire. Only those two strings change; the rest is the rule file."""
+    config = yaml.safe_load((ROOT / "alerts" / "config.yaml").read_text())
+    file_rules = (CHART / "files" / "kvwatch-rules.yaml").read_text()
+    assert config["selectors"]["vllm_container"] == 'container=~"vllm"'  # what the template replaces
+    assert f'{config["runbook_base"]}#' in file_rules
+    rule = only(render(*MINIMAL, "--set", "deployment.enabled=false", "--set", "prometheusRule.enabled=true",
+                       "--set", "prometheusRule.vllmContainer=engine|server",
+                       "--set", "prometheusRule.runbookBase=https://wiki.example.org/kv/runbooks"), "PrometheusRule")
+    expected = yaml.safe_load(file_rules.replace('container=~"vllm"', 'container=~"engine|server"').replace(
+        f'{config["runbook_base"]}#', "https://wiki.example.org/kv/runbooks#"))
+    assert rule["spec"] == expected
+    exprs = {r["alert"]: r["expr"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    assert 'container=~"engine|server"' in exprs["VLLMContainerRestartLoop"]
+    assert 'container=~"vllm"' not in exprs["VLLMContainerRestartLoop"]
+    assert 'container=~"kvwatch"' in exprs["KvwatchRestartLoop"]
+    stderr = render_fails(*MINIMAL, "--set", "prometheusRule.enabled=true",
+                          "--set", "prometheusRule.runbookBase=wiki/runbooks#x")
+    assert "runbookBase" in stderr
