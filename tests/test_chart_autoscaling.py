@@ -88,7 +88,7 @@ def test_queries_compute_replicas_in_promtool(tmp_path: Path) -> None:
         {"record": "demand", "expr": queries["kv-demand"]},
         {"record": "forecast", "expr": queries["kv-exhaustion-forecast"]}]}]}
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
-    pods = [f'namespace="{NAMESPACE}", pod="kvw-kvwatch-{i}"' for i in (0, 1)]
+    pods = [f'namespace="{NAMESPACE}", pod="kvw-kvwatch-7d9f8c6b5d-{i}x7k2"' for i in (0, 1)]
     e = ', model_name="m", engine="0"'
     series = []
     for pod, running, waiting, eta in zip(pods, (20, 10), (10, 0), ("1200x10", "600x10"), strict=True):
@@ -104,8 +104,11 @@ def test_queries_compute_replicas_in_promtool(tmp_path: Path) -> None:
                    "values": "500x10"})
     # Two replicas still loading their model (kvwatch_up 0, no ceiling, no ETA yet) change neither answer: counted,
     # they shrank the per-replica ceiling and raised the target with every scale-up.
-    series += [{"series": f'kvwatch_up{{namespace="{NAMESPACE}", pod="kvw-kvwatch-{i}"}}', "values": "0x10"}
-               for i in (2, 3)]
+    series += [{"series": f'kvwatch_up{{namespace="{NAMESPACE}", pod="kvw-kvwatch-7d9f8c6b5d-{i}x7k2"}}',
+                "values": "0x10"} for i in (2, 3)]
+    # Nor does another Deployment named kvw-kvwatch-<more> ("<name>-.*" counted its 500 running requests).
+    other = f'namespace="{NAMESPACE}", pod="kvw-kvwatch-70b-5c7b9f44d-q2x4z"'
+    series.append({"series": f"kvwatch_requests_running{{{other}{e}}}", "values": "500x10"})
     test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
         "interval": "1m", "input_series": series,
         "promql_expr_test": [
@@ -162,3 +165,40 @@ def test_the_pod_selector_matches_generated_pod_names_of_a_long_deployment() -> 
     pod = f"{release}-kvwatch"[:58] + "x7k2q"  # what the kubelet would name one
     pattern = re.search(r'pod=~"([^"]+)"', query).group(1)
     assert re.fullmatch(pattern, pod), (pattern, pod)
+
+
+def _generated_pod_name(deployment: str, template_hash: str, random: str = "x7k2q") -> str:
+    """What the kubelet names a Deployment's pod: (<ReplicaSet>-)[:58] + 5 random (SimpleNameGenerator)."""
+    return f"{deployment}-{template_hash}-"[:58] + random
+
+
+@pytest.mark.parametrize("length", [13, 40, 46, 47, 50, 57, 58, 70])
+def test_the_pod_selector_matches_only_the_target_deployments_pods(length: int) -> None:
+    """Anchored: another Deployment named <target>-70b in the namespace has pods "<target>-70b-<hash>-<5>", which
+    "<target>-.*" matched (its load counted in this one's demand)."""
+    from helm_helpers import run_helm
+
+    target = ("vllm-" + "b" * 80)[:length]
+    result = run_helm("template", "r", str(CHART), "--namespace", NAMESPACE, "--set", "config.model=m",
+                      "--set", "autoscaling.enabled=true", "--set", "autoscaling.prometheusAddress=http://p:9090",
+                      "--set", "deployment.enabled=false", "--set", f"autoscaling.scaleTargetRef.name={target}")
+    assert result.returncode == 0, result.stderr
+    so = next(o for o in yaml.safe_load_all(result.stdout) if o and o["kind"] == "ScaledObject")
+    pattern = re.search(r'pod=~"([^"]+)"', so["spec"]["triggers"][0]["metadata"]["query"]).group(1)
+    for template_hash in ("7d9f8c6b5d", "5c7b9f44d", "6d4cf56db6"):
+        assert re.fullmatch(pattern, _generated_pod_name(target, template_hash)), (pattern, target)
+    if length <= 46:  # (longer, the generated part is cut within the hash, and <target>-<short>'s pods can look alike)
+        assert not re.fullmatch(pattern, _generated_pod_name(f"{target}-70b", "7d9f8c6b5d")), pattern
+        assert not re.fullmatch(pattern, f"{target}-70b-0"), pattern  # a StatefulSet's pod
+
+
+def test_long_names_keep_the_dashboard_and_adapter_configmaps_apart() -> None:
+    """Both names were <fullname>-<suffix> cut to 63: with a fullname of 62 both came out as <fullname>."""
+    from helm_helpers import run_helm
+
+    result = run_helm("template", "r", str(CHART), "--namespace", NAMESPACE, "--set", "config.model=m",
+                      "--set", f"fullnameOverride={'a' * 63}", "--set", "dashboards.enabled=true",
+                      "--set", "autoscaling.enabled=true", "--set", "autoscaling.kind=hpa")
+    assert result.returncode == 0, result.stderr
+    names = [o["metadata"]["name"] for o in yaml.safe_load_all(result.stdout) if o and o["kind"] == "ConfigMap"]
+    assert len(names) == len(set(names)) == 2 and all(len(n) <= 63 for n in names), names
