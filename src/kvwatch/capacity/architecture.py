@@ -49,8 +49,12 @@ _MLA_TYPES = frozenset({
     "axk1", "bailing_hybrid", "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_mtp", "dots3_note", "k3_dspark",
     "glm5_next",
     "glm5_next_text", "glm_moe_dsa", "glm4_moe_lite", "glm4_moe_lite_mtp", "kimi_k2", "kimi_linear", "longcat_flash",
+    "longcat_flash_ngram",
     "mistral_large_4", "pangu_ultra_moe", "pangu_ultra_moe_mtp", "hy_v4", "hy_v4_mtp",
 })
+# Families whose MLPs and experts have an up and a down projection and no gate (relu² in vLLM's nemotron.py and
+# nemotron_h.py: NemotronHMLP, and FusedMoE loading only up_proj/down_proj): two matrices, not three.
+_NON_GATED_MLP_TYPES = frozenset({"nemotron", "nemotron_h"})
 # Top-level model_type values of multimodal models whose preset or config.json may omit the encoder's config.
 _MULTIMODAL_TYPES = frozenset({
     "gemma3", "gemma3n", "gemma4", "llama4", "mistral3", "phi3_v", "phi4mm", "qwen2_vl", "qwen2_5_vl", "qwen3_vl",
@@ -135,6 +139,10 @@ class ModelArch:
     # decoder_sparse_step, Nemotron-H's pattern); None = the usual rule (MoE after first_k_dense_layers).
     moe_layers: int | None = None
     dense_mlp_layers: int | None = None
+    # MLPs and experts with a gate (gate, up and down: 3 matrices); False for relu² MLPs (up and down: 2).
+    gated_mlp: bool = True
+    # The shared experts' width when it is not moe_intermediate_size (Nemotron-H); 0: the routed experts' width.
+    shared_expert_intermediate_size: int = 0
     # Hybrid Mamba / linear-attention models: layers with such a mixer and its inner width (for the weights),
     # and whether vLLM keeps state pages for them (sized from mamba_dims below).
     mamba_layers: int = 0
@@ -339,12 +347,15 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
     layer_types = (layout.types if layout is not None
                    else layer_types_from_config(cfg, num_layers, model_type, architectures))
     notes: list[str] = []
-    if model_type == "longcat_flash":
+    if model_type in ("longcat_flash", "longcat_flash_ngram"):
         # Each decoder layer runs two MLA attentions, each with a cache of its own (FlashDecoderLayer in vLLM's
-        # longcat_flash.py): 2 x num_hidden_layers KV layers
+        # longcat_flash.py; LongCat-Flash-Lite's n-gram model reuses it): 2 x num_hidden_layers KV layers
         layer_types = tuple(kind for kind in layer_types for _ in range(2))
         notes.append(f"LongCat-Flash: two MLA attentions per decoder layer, so {len(layer_types)} KV layers for "
                      f"{num_layers} decoder layers")
+        if model_type == "longcat_flash_ngram":
+            notes.append("LongCat-Flash-Lite's n-gram embedding tables are not in the weights estimate (about 30B of "
+                         "its 68.5B parameters): pass --weights-gib from vLLM's startup log")
     # (Qwen-Omni keeps its encoders in the thinker's config)
     outer = config.get("thinker_config") if isinstance(config.get("thinker_config"), dict) else config
     encoder = next((key for key in ("vision_config", "audio_config") if isinstance(outer.get(key), dict)), None)
@@ -446,8 +457,9 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         or (1 if model_type.startswith("llama4") and num_experts else 0),
         first_k_dense_layers=first_number(cfg, "first_k_dense_replace", default=0) or 0,
         moe_layers=moe_layer_count(cfg, num_layers, num_experts, layout),
-        dense_mlp_layers=(str(cfg.get("hybrid_override_pattern"))[:num_layers].count("-")
-                          if layout is not None and layout.source == "hybrid_override_pattern" else None),
+        dense_mlp_layers=layout.dense_mlp_layers if layout is not None else None,
+        gated_mlp=model_type not in _NON_GATED_MLP_TYPES,
+        shared_expert_intermediate_size=first_number(cfg, "moe_shared_expert_intermediate_size", default=0) or 0,
         mamba_layers=layout.mamba_layers if layout is not None else 0,
         mamba_inner_size=_mamba_inner_size(cfg, hidden) if is_hybrid and layout is not None else 0,
         has_mamba_state=is_hybrid,

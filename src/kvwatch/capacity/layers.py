@@ -50,6 +50,8 @@ class AttentionDims:
 
 def word_type(word: str) -> str:
     w = word.lower()
+    if w in ("moe", "mlp"):  # Nemotron-H's layers_block_type: a block with an MoE or an MLP and no mixer
+        return MLP_ONLY
     if any(m in w for m in _MAMBA_LAYER_WORDS):
         return MAMBA
     if "sliding" in w or "local" in w:
@@ -62,6 +64,10 @@ class Layout:
     types: tuple[str, ...]
     source: str | None = None  # the config field the hybrid layout came from
     mamba_layers: int = 0  # layers with a Mamba / linear mixer (Falcon-H1 and Zamba2: every layer)
+    # Nemotron-H's blocks with an MoE and with a dense MLP (each block has one mixer or one MLP); None: the family
+    # does not say per layer
+    moe_layers: int | None = None
+    dense_mlp_layers: int | None = None
 
 
 def hybrid_layout(cfg: dict[str, Any], num_layers: int, model_type: str) -> Layout | None:
@@ -72,8 +78,11 @@ def hybrid_layout(cfg: dict[str, Any], num_layers: int, model_type: str) -> Layo
         return Layout(types, "layer_types", types.count(MAMBA))
     blocks = cfg.get("layers_block_type")  # Jamba-style ("attention"/"mamba"), Zamba2 ("hybrid"/"mamba")
     if isinstance(blocks, list) and blocks:
-        types = tuple(word_type(str(t)) for t in blocks[:num_layers])
+        words = [str(t).lower() for t in blocks[:num_layers]]
+        types = tuple(word_type(w) for w in words)
         mixers = len(types) if model_type == "zamba2" else types.count(MAMBA)
+        if "moe" in words or "mlp" in words:  # Nemotron 3: the list transformers builds hybrid_override_pattern from
+            return Layout(types, "layers_block_type", mixers, words.count("moe"), words.count("mlp"))
         return Layout(types, "layers_block_type", mixers)
     linear = cfg.get("linear_attn_config")  # Kimi-Linear: KDA where (index + 1) is in kda_layers, else MLA
     if isinstance(linear, dict) and isinstance(linear.get("kda_layers"), list) and linear["kda_layers"]:
@@ -103,7 +112,15 @@ def hybrid_layout(cfg: dict[str, Any], num_layers: int, model_type: str) -> Layo
     if isinstance(pattern, str) and pattern:
         mapping = {"M": MAMBA, "*": FULL, "-": MLP_ONLY, "E": MLP_ONLY}
         types = tuple(mapping[ch] for ch in pattern[:num_layers] if ch in mapping)
-        return Layout(types, "hybrid_override_pattern", types.count(MAMBA))
+        return Layout(types, "hybrid_override_pattern", types.count(MAMBA), pattern[:num_layers].count("E"),
+                      pattern[:num_layers].count("-"))
+    step = first_number(cfg, "mamba_step")  # PLaMo-2 (vLLM's plamo2.py is_mamba, up to 0.26)
+    if step and step > 1 and model_type == "plamo2" and cfg.get("mamba_enabled", True) is not False:
+        if num_layers <= step // 2:  # attention in the last layer only
+            types = tuple(FULL if i == num_layers - 1 else MAMBA for i in range(num_layers))
+        else:
+            types = tuple(FULL if i % step == step // 2 else MAMBA for i in range(num_layers))
+        return Layout(types, "mamba_step", types.count(MAMBA))
     group = first_number(cfg, "layer_group_size")  # Ling/Ring 2.5 and 3.0: one MLA layer closes each group
     if group and model_type == "bailing_hybrid":
         if bailing_v3(cfg):  # bailing_moe_v3.py _is_kda_layer: the layers after the last whole group are MLA too
@@ -156,6 +173,11 @@ def layer_types_from_config(cfg: dict[str, Any], num_layers: int, model_type: st
             raise ArchitectureError(f"config.json has {len(blocks)} block_configs for num_hidden_layers {num_layers}: "
                                     "it needs one per layer")
         return tuple(MLP_ONLY if b["attention"].get("no_op") else FULL for b in blocks[:num_layers])
+    pattern = swa_pattern(cfg, num_layers)
+    if pattern is not None:
+        # MiMo-V2's configs also carry attention_chunk_size 128, which vLLM deletes (its MimoV2 arch config
+        # convertor, _strip_mimo_v2_attention_chunk_size): the model does not use chunked attention
+        return pattern
     if cfg.get("attention_chunk_size"):
         # Llama-4 (vLLM's llama4.py): a layer with RoPE uses chunked local attention, a NoPE layer is global.
         # no_rope_layers[i] == 0 marks NoPE; when empty, transformers derives it from no_rope_layer_interval (4).
@@ -164,9 +186,6 @@ def layer_types_from_config(cfg: dict[str, Any], num_layers: int, model_type: st
         uses_rope = ([bool(number(v, "no_rope_layers")) for v in nope[:num_layers]]
                      if isinstance(nope, list) and nope else [(i + 1) % interval != 0 for i in range(num_layers)])
         return tuple(CHUNKED if rope else FULL for rope in uses_rope)
-    pattern = swa_pattern(cfg, num_layers)
-    if pattern is not None:
-        return pattern
     raw = cfg.get("layer_types")
     if isinstance(raw, list) and raw and "Rnj1ForCausalLM" in architectures:
         # Rnj-1 (a gemma3_text config; vLLM's rnj1.py): a chunked_attention layer attends over sliding_window tokens,
@@ -181,6 +200,9 @@ def layer_types_from_config(cfg: dict[str, Any], num_layers: int, model_type: st
         # TensorRT-LLM's modeling_exaone4.py check_is_sliding reads it; no window: every layer global
         return tuple(SLIDING if window and letters[i % len(letters)].upper() == "L" and i < num_layers - 1
                      else FULL for i in range(num_layers))
+    every = first_number(cfg, "global_attn_every_n_layers")
+    if window and every:  # AFMoE (Trinity): transformers' AfmoeConfig derives layer_types so when the file omits them
+        return tuple(FULL if (i + 1) % every == 0 else SLIDING for i in range(num_layers))
     swp = first_number(cfg, "sliding_window_pattern")
     if window and swp:  # Gemma-3: every swp-th layer is global, the others local.
         return tuple(FULL if (i + 1) % swp == 0 else SLIDING for i in range(num_layers))
@@ -286,8 +308,8 @@ def moe_layer_count(cfg: dict[str, Any], num_layers: int, num_experts: int, layo
     if (step and step > 1) or dense_only:
         skip = {number(i, "mlp_only_layers") for i in dense_only or []}
         return sum(1 for i in range(num_layers) if i not in skip and (i + 1) % (step or 1) == 0)
-    if layout is not None and layout.source == "hybrid_override_pattern":
-        return str(cfg.get("hybrid_override_pattern"))[:num_layers].count("E")
+    if layout is not None and layout.moe_layers is not None:
+        return layout.moe_layers
     freq = cfg.get("moe_layer_freq")
     if isinstance(freq, list):  # MiMo-V2-Flash: a flag per layer (MiMoV2FlashDecoderLayer.is_moe_layer, mimo_v2.py)
         if len(freq) < num_layers:

@@ -80,7 +80,11 @@ class MambaDims:
         if self.kind == MAMBA1:
             inner = _divide(self.intermediate_size, tp, "mamba intermediate size")
             return ((self.conv_kernel - 1, inner), (inner, self.state_size))
-        # mamba2: groups are replicated when TP does not divide them (extra_groups_for_head_shards)
+        # mamba2: a single group is replicated when TP does not divide it (extra_groups_for_head_shards); more groups
+        # than one must divide evenly (vLLM's MambaMixer2 asserts n_groups % tp == 0 or n_groups == 1)
+        if self.n_groups > 1 and self.n_groups % tp:
+            raise MambaConfigError(f"vLLM requires --tensor-parallel-size to divide the Mamba2 state groups "
+                                   f"(n_groups {self.n_groups}) when there is more than one; {tp} does not")
         groups = self.n_groups if self.n_groups % tp == 0 else tp
         conv_dim = self.intermediate_size + 2 * groups * self.state_size
         return ((self.conv_kernel - 1, _divide(conv_dim, tp, "mamba conv dim")),

@@ -59,8 +59,9 @@ def quantized_bytes_per_param(quantization: str | None, arch: ModelArch | None =
 def parameter_counts(arch: ModelArch) -> tuple[int, int, int]:
     """(embedding + head, dense linear, expert linear) parameter counts the config implies.
 
-    Attention projections for attention layers only; a gated MLP for layers without an MoE (all of them in
-    a dense model; Jamba's non-expert layers); experts for MoE layers; Mamba / linear-attention mixers as
+    Attention projections for attention layers only; an MLP for layers without an MoE (all of them in a dense
+    model; Jamba's non-expert layers), gated (3 matrices) unless ``arch.gated_mlp`` is False (2); experts for MoE
+    layers; Mamba / linear-attention mixers as
     ``3 × hidden × inner`` (in and out projections, the small convolution and SSM parameters ignored).
 
     When the preset records the model's published total, the linear part is scaled to match it.
@@ -73,11 +74,13 @@ def parameter_counts(arch: ModelArch) -> tuple[int, int, int]:
         moe_layers = arch.moe_layers if arch.moe_layers is not None else arch.num_layers - arch.first_k_dense_layers
     dense_mlp_layers = arch.dense_mlp_layers if arch.dense_mlp_layers is not None else arch.num_layers - moe_layers
     mamba = arch.mamba_layers * 3 * h * arch.mamba_inner_size  # in_proj (2 x inner) + out_proj, roughly
-    dense = attention + dense_mlp_layers * 3 * h * arch.intermediate_size + mamba
+    matrices = 3 if arch.gated_mlp else 2
+    dense = attention + dense_mlp_layers * matrices * h * arch.intermediate_size + mamba
     experts = 0
     if arch.num_experts:
-        per_expert = 3 * h * arch.moe_intermediate_size
-        experts = moe_layers * (arch.num_experts + arch.num_shared_experts) * per_expert
+        per_expert = matrices * h * arch.moe_intermediate_size
+        per_shared = matrices * h * (arch.shared_expert_intermediate_size or arch.moe_intermediate_size)
+        experts = moe_layers * (arch.num_experts * per_expert + arch.num_shared_experts * per_shared)
     if arch.num_parameters:
         implied = embed + dense + experts
         scale = (arch.num_parameters - embed) / max(1, implied - embed)
