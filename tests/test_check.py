@@ -49,6 +49,17 @@ def test_json_shape_for_dp_payload(capsys: pytest.CaptureFixture[str]) -> None:
     assert all(set(f) >= {"id", "severity", "message"} for f in report["findings"])
 
 
+def test_a_page_served_four_times_over_reads_as_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # NVIDIA Dynamo's frontend served vLLM's families four times (metadata and samples, ai-dynamo/dynamo PR 5761):
+    # exact copies, which Prometheus stores as one series; kvwatch refused the page as duplicate series
+    page = (FIXTURES / "gen-0.33-dp2-capacity-labels.prom").read_text()
+    dynamo = "# TYPE dynamo_frontend_requests_total counter\ndynamo_frontend_requests_total 12\n"
+    (tmp_path / "four.prom").write_text(dynamo + page * 4)
+    once = check_json(["--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom")], capsys)
+    four = check_json(["--file", str(tmp_path / "four.prom")], capsys)
+    assert four == once and len(once["series"]) == 2
+
+
 def test_scheduler_limited_and_capacity_unknown(capsys: pytest.CaptureFixture[str]) -> None:
     report = check_json(["--file", str(FIXTURES / "gen-0.8.5-engine-label.prom")], capsys)
     assert ids(report) == [("scheduler_limited", "0"), ("preemptions", "0"), ("capacity_unknown", "0")]

@@ -60,11 +60,23 @@ def test_duplicate_series_reject_the_payload() -> None:
     with pytest.raises(ParseError, match=r"line 2: duplicate series a\{'x': '1'\}"):
         parse('a{x="1"} 1\na{x="1"} 2\n')
     with pytest.raises(ParseError, match="duplicate series"):  # label order does not matter
-        parse('a{x="1",y="2"} 1\na{y="2",x="1"} 1\n')
+        parse('a{x="1",y="2"} 1\na{y="2",x="1"} 2\n')
     with pytest.raises(ParseError, match="duplicate series"):  # nor does the spelling of the line
-        parse('a{x="1"} 1\n a { x = "1" } 1\n')
+        parse('a{x="1"} 1\n a { x = "1" } 1.5\n')
+    with pytest.raises(ParseError, match="duplicate series"):  # nor a timestamp both copies share
+        parse('a{x="1"} 1 1000\na{x="1"} 2 1000\n')
     # The same labels on different sample names, or differing in one label, are different series.
     assert len(parse('a{x="1"} 1\na{x="2"} 1\nb{x="1"} 1\n').samples("a")) == 2
+
+
+def test_exact_copies_of_a_series_are_one_sample() -> None:
+    # Prometheus' TSDB stores exact duplicates silently (memSeries.appendable); NVIDIA Dynamo's frontend served
+    # vLLM's families four times over, and kvwatch refused the whole page (kvwatch_up 0)
+    page = '# TYPE a gauge\na{x="1"} 1\na{x="2"} NaN\n'
+    for wanted in (None, {"a"}):
+        copies = parse(page + page.replace("# TYPE a gauge\n", ""), wanted)
+        assert [s.value for s in copies.samples("a")][:1] == [1.0] and len(copies.samples("a")) == 2
+    assert len(parse('a{x="1"} 1 1000\na{x="1"} 1 1000\n').samples("a")) == 1
 
 
 def test_duplicate_series_of_a_wanted_family_reject_the_filtered_parse_too() -> None:

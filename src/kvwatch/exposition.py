@@ -17,9 +17,11 @@ are vendored in ``tests/fixtures/exposition-conformance/`` and run by ``tests/te
   ``le``/``quantile`` of histograms/summaries are numbers; histogram counts are not negative;
   ``__name__`` is not a label; a label appears once per sample.
 - **duplicate series** (one sample name with the same label set twice in one payload, at the same
-  timestamp or both without one) make the whole payload a :class:`ParseError`: the target contradicts
-  itself, and keeping either copy would be a guess (docs/reliability.md). Prometheus' Go parser leaves this
-  check to its caller; kvwatch is that caller.
+  timestamp or both without one) with different values make the whole payload a :class:`ParseError`: the
+  target contradicts itself, and keeping either copy would be a guess (docs/reliability.md). Copies with the
+  same value are one sample, as Prometheus' TSDB stores them (``memSeries.appendable`` allows exact duplicates;
+  NVIDIA Dynamo's frontend served vLLM's families four times). Prometheus' Go parser leaves this check to its
+  caller; kvwatch is that caller.
 
 OpenMetrics (the text ends in a ``# EOF`` line, which is how it is told apart; nothing after it is read):
 counters are declared without ``_total``, the ``unknown``/``info``/``stateset`` types, ``# UNIT``, float
@@ -45,6 +47,11 @@ import re
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
+
+
+def _same(a: float, b: float) -> bool:
+    """Two copies of one series say the same (NaN, a gauge with no value yet, equals NaN)."""
+    return a == b or (a != a and b != b)
 
 
 class ParseError(ValueError):
@@ -239,7 +246,7 @@ class _Parser:
         self.families: dict[str, Family] = {}
         self.names: set[str] = set()
         self.targets: dict[str, _Target | None] = {}
-        self.seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
+        self.seen: dict[tuple[str, ...], float] = {}  # each series' (point's) value, to tell copies from conflicts
         self.newest: dict[tuple[str, ...], tuple[float, Sample]] = {}  # a timestamped series' newest point
         self.superseded: set[int] = set()  # ids of the older points (dropped when the parse ends)
         self.checked_le: set[str] = {"+Inf"}  # le values known to be numbers (Go's parseFloat)
@@ -430,8 +437,10 @@ class _Parser:
                 if admit is not None and not admit(labels):
                     continue
                 if key in seen:
+                    if _same(seen[key], value):
+                        continue  # an exact copy (a page served twice over)
                     raise _err(lineno_here, f"duplicate series {name}{labels}: the payload contradicts itself", line)
-                seen.add(key)
+                seen[key] = value
                 target.append(_new_sample(Sample, (name, labels, value)))  # type: ignore[union-attr]
         if unterminated:
             raise _err(lineno, "unexpected end of input stream (no newline at the end)")
@@ -485,8 +494,10 @@ class _Parser:
             key = _series_key(name, labels)
         point = key if when is None else (*key, repr(when))
         if point in self.seen:
+            if _same(self.seen[point], value):
+                return  # an exact copy
             raise _err(lineno, f"duplicate series {name}{labels}: the payload contradicts itself", line)
-        self.seen.add(point)
+        self.seen[point] = value
         sample = _new_sample(Sample, (name, labels, value))
         if when is None:
             # Without a timestamp a point is at scrape time, newer than any stamped copy of its series.
