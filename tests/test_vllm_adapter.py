@@ -14,7 +14,7 @@ from kvwatch.check import build_report
 from kvwatch.engines import Selector, SourceOverrides, UnrecognisedPayload, vllm
 from kvwatch.exposition import ParseError, parse
 from kvwatch.model import Poll, Reading
-from kvwatch.payload import interpret
+from kvwatch.payload import ScrapeError, interpret
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-metrics"
 
@@ -390,6 +390,8 @@ FIXTURE_ERAS = {
     "gen-triton-vllm-backend.prom": "v0",  # Triton's backend copies V0's names and help texts, whatever vLLM runs
 }
 NOT_AN_ENGINE = {"gen-production-stack-router.prom"}  # a router's page: refused (see below)
+# NIM's page: vLLM's families without the prefix, of no one vLLM version (test_nim_serves_vllms_families_...)
+UNPREFIXED = {"gen-nim-llm.prom"}
 
 
 def family_subsets(text: str) -> dict[str, str]:
@@ -409,7 +411,7 @@ def family_subsets(text: str) -> dict[str, str]:
 
 
 def test_every_fixture_is_in_its_detected_range_and_the_table_covers_them() -> None:
-    assert set(FIXTURE_ERAS) | NOT_AN_ENGINE == {p.name for p in FIXTURES.glob("*.prom")}
+    assert set(FIXTURE_ERAS) | NOT_AN_ENGINE | UNPREFIXED == {p.name for p in FIXTURES.glob("*.prom")}
     for name, era in FIXTURE_ERAS.items():
         detected = vllm.detect(parse((FIXTURES / name).read_text())).version_range
         assert era in vllm.eras_in_range(detected), (name, detected)
@@ -617,3 +619,20 @@ def test_an_empty_engine_label_is_engine_0_as_no_label_is() -> None:
     r = only(interpret(text, None, timestamp=1.0))
     assert (r.model_name, r.engine, r.requests_running, r.kv_usage_ratio) == ("m", "0", 3.0, 0.5)
     assert r.latency["e2e"].count == 4.0
+
+
+def test_nim_serves_vllms_families_without_the_prefix() -> None:
+    # NVIDIA NIM for LLMs (/v1/metrics): gpu_cache_usage_perc, num_requests_running, ... without "vllm:". It was
+    # refused as unrecognised; the report names the metrics as the page spells them
+    text = (FIXTURES / "gen-nim-llm.prom").read_text()
+    poll = interpret(text, None, timestamp=0.0)
+    (reading,) = poll.readings
+    assert (reading.kv_usage_ratio, reading.requests_running, reading.requests_waiting) == (0.97, 24, 6)
+    assert poll.detection.usage_metric == "gpu_cache_usage_perc" and "NIM" in poll.detection.version_range
+    assert sum(reading.finished_by_reason.values()) == 900
+    # A page that is not NIM's keeps its answer: a gauge of that name without a KV usage gauge, or a vLLM page
+    with pytest.raises(ScrapeError, match="no vllm"):
+        interpret("# TYPE num_requests_running gauge\nnum_requests_running 3\n", None, timestamp=0.0)
+    vllm_page = (FIXTURES / "gen-0.33-dp2-capacity-labels.prom").read_text()
+    assert interpret(vllm_page + "# a comment: num_requests_running\n", None, timestamp=0.0).detection == interpret(
+        vllm_page, None, timestamp=0.0).detection

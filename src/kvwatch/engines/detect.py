@@ -1,5 +1,9 @@
 """Which engine wrote a payload, and its reading: vLLM, SGLang or TensorRT-LLM, picked from the payload itself.
 
+NVIDIA NIM for LLMs serves vLLM's families without the ``vllm:`` prefix (its ``/v1/metrics``): a page with no
+``vllm:`` at all whose lines start with vLLM's running gauge and a KV usage gauge is read with the prefix put
+back (:func:`unprefixed_vllm`), and the report names the metrics as the page spells them.
+
 First match wins: any ``vllm:*`` family → vLLM; SGLang's scheduler gauges → SGLang; ``trtllm_*``,
 ``trtllm:*`` or Triton's ``nv_trt_llm_*`` families → TensorRT-LLM; a JSON body → TensorRT-LLM iteration
 statistics. A payload with none of them but an operator's ``--usage-metric`` (a proxy's renamed metric)
@@ -10,6 +14,7 @@ UnrecognisedPayload (no engine kvwatch knows).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 from kvwatch.engines import SourceOverrides, UnrecognisedPayload, sglang, trtllm, vllm
@@ -40,6 +45,26 @@ def wanted_for(overrides: SourceOverrides | None = None, *, latency: bool = True
         return names
     names = names - (unread - vllm.wanted_for(overrides, adapter=False))
     return names | vllm.LENGTH_SUMS if not lengths else names
+
+
+_UNPREFIXED = sorted({f.removeprefix("vllm:") for f in vllm.FAMILIES if f.startswith("vllm:")}, key=len, reverse=True)
+# A line (sample or metadata) of one of vLLM's families without its prefix: the prefix goes after the keyword.
+_UNPREFIXED_LINE = re.compile(r"(?m)^((?:# (?:HELP|TYPE|UNIT)[ \t]+)?)(?=(?:"
+                              + "|".join(map(re.escape, _UNPREFIXED))
+                              + r")(?:_total|_bucket|_sum|_count|_created)?[ \t{])")
+
+
+def unprefixed_vllm(text: str) -> str | None:
+    """A NIM page (vLLM's families without ``vllm:``) with the prefix put back; None for any other page.
+    (Substring tests first: every poll of every engine passes here.)"""
+    page = f"\n{text[:64]}"
+    if not ("\nnum_requests_running" in text or page.startswith("\nnum_requests_running")):
+        return None
+    if "\nvllm:" in text or "# TYPE vllm:" in text or page.startswith("\nvllm:"):
+        return None
+    if not re.search(r"(?m)^(?:gpu|kv)_cache_usage_perc[ \t{]", text):
+        return None
+    return _UNPREFIXED_LINE.sub(r"\1vllm:", text)
 
 
 def engines_of(exposition: Exposition) -> list[str]:
@@ -77,7 +102,8 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
             raise ParseError("body is JSON nested deeper than kvwatch reads") from None
     limit = SeriesLimit(ADMIT_FACTOR * max_series) if max_series is not None else None
     wanted = wanted_for(overrides, latency=latency, lengths=lengths)
-    exposition = parse(text, wanted, limit.admit if limit is not None else None)
+    prefixed = unprefixed_vllm(text)
+    exposition = parse(text if prefixed is None else prefixed, wanted, limit.admit if limit is not None else None)
     pending = _refuse_unmatched(exposition, overrides)
     kinds = engines_of(exposition)
     if len(kinds) > 1:  # one adapter would read its engine's series and the others' would vanish without a word
@@ -101,6 +127,11 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
                                   "--disable-log-stats exports none of its own)")
     else:
         poll = vllm.read(exposition, overrides, timestamp=timestamp, max_series=max_series)
+    if prefixed is not None:  # the report names the page's own spelling
+        d = poll.detection
+        poll = replace(poll, detection=replace(d, version_range=f"{d.version_range} (NIM: no vllm: prefix)", **{
+            f: getattr(d, f).replace("vllm:", "") for f in ("usage_metric", "running_metric", "waiting_metric",
+                                                             "capacity_metric") if getattr(d, f)}))
     if limit is not None and limit.refused:
         poll = replace(poll, series_dropped=poll.series_dropped + len(limit.refused))
     if pending:
