@@ -69,6 +69,18 @@ def test_duplicate_series_reject_the_payload() -> None:
     assert len(parse('a{x="1"} 1\na{x="2"} 1\nb{x="1"} 1\n').samples("a")) == 2
 
 
+def test_a_filtered_parse_reads_what_prometheus_scrape_accepts() -> None:
+    # Prometheus scrapes through model/textparse/promlex.l, which skips blanks after a value and reads HELP text as
+    # is; prometheus-cpp (Triton) writes HELP unescaped. kvwatch refused such pages whole
+    page = ("# HELP lmcache:hit_rate hits per \\d second\n# TYPE lmcache:hit_rate gauge\nlmcache:hit_rate 1\n"
+            "# TYPE a gauge\na{x=\"1\"} 2 \na{x=\"2\"} 3\t\na{x=\"3\"} 4 1000 \n")
+    assert [s.value for s in parse(page, {"a"}).samples("a")] == [2.0, 3.0, 4.0]
+    with pytest.raises(ParseError, match="timestamp"):  # the full parse stays expfmt's
+        parse('a 2 \n')
+    with pytest.raises(ParseError, match="escape"):  # and a read family's help is still checked
+        parse(page.replace("lmcache:hit_rate", "a_rate"), {"a_rate"})
+
+
 def test_exact_copies_of_a_series_are_one_sample() -> None:
     # Prometheus' TSDB stores exact duplicates silently (memSeries.appendable); NVIDIA Dynamo's frontend served
     # vLLM's families four times over, and kvwatch refused the whole page (kvwatch_up 0)

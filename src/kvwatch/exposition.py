@@ -28,15 +28,17 @@ counters are declared without ``_total``, the ``unknown``/``info``/``stateset`` 
 timestamps and exemplars (dropped) are accepted; a family's ``*_created`` samples are dropped (kvwatch never
 needs creation times). In Prometheus text, ``x_created`` is a family of its own, as in Go.
 
-Speed (docs/performance.md): lines are cut with ``str`` methods (the sample lines between two comment lines
-by one ``split``); a sample name resolves to its family once (a dict); canonical label sets (``k="v",...``
-without escapes) split on ``"``, anything else takes a character-level path that mirrors Go's state
-machine. With ``wanted`` (a set of family or sample names) samples outside it are skipped before their
-labels are read, a whole block of an unwanted family (its lines after its TYPE, all starting with its name)
-is skipped in C with ``str.count``, and a run of lines of one unwanted sample name (histogram buckets) is
-passed over with one ``startswith`` a line: lines skipped either way are not validated. A ``name{labels}``
-text and a HELP/TYPE line validated once are remembered across parses (bounded caches: a sidecar parses the
-same shape every poll). :func:`parse` never raises anything but :class:`ParseError`.
+Speed (docs/performance.md): lines are cut with ``str`` methods (the sample lines between two comment lines by one
+``split``); a sample name resolves to its family once (a dict); canonical label sets (``k="v",...`` without
+escapes) split on ``"``, anything else takes a character-level path that mirrors Go's state machine. With
+``wanted`` (a set of family or sample names) samples outside it are skipped before their labels are read, a whole
+block of an unwanted family (its lines after its TYPE, all starting with its name) is skipped in C with
+``str.count``, and a run of lines of one unwanted sample name (histogram buckets) is passed over with one
+``startswith`` a line: lines skipped either way are not validated, an unwanted family's HELP line neither
+(prometheus-cpp writes HELP unescaped). A filtered parse also reads a sample line with blanks at its end, as
+Prometheus' own scrape parser (``model/textparse/promlex.l``) does; the full parse refuses it, as ``expfmt``. A
+``name{labels}`` text and a HELP/TYPE line validated once are remembered across parses (bounded caches: a sidecar
+parses the same shape every poll). :func:`parse` never raises anything but :class:`ParseError`.
 """
 
 from __future__ import annotations
@@ -457,6 +459,8 @@ class _Parser:
         if self.openmetrics and " # " in rest:
             rest = rest[: rest.index(" # ")]  # an exemplar (its own labels were already split off the line)
         when = None
+        if self.wanted_set is not None and rest[-1:] == " ":
+            rest = rest.rstrip(" \t")  # blanks at the end: Prometheus' own scrape (promlex) skips them
         if " " in rest:
             value_text, _, stamp = rest.partition(" ")
             value = _value(value_text, lineno, line)
@@ -660,6 +664,11 @@ class _Parser:
         if keyword == "HELP":
             if meta.help is not None:
                 raise _err(lineno, f"second HELP line for metric name {meta.name!r}", line)
+            if self.wanted_set is not None and meta.family is None and self._skippable(meta.name):
+                # An unread family's help is kept as written, unvalidated like its samples: prometheus-cpp
+                # (Triton) writes HELP unescaped, and a "\d" there refused the whole page
+                meta.help = text
+                return self._block_end(meta.name, stop)
             meta.help = _unescape(text, lineno, line)
             if meta.family is not None:
                 meta.family.help = meta.help
@@ -770,6 +779,8 @@ class _Parser:
         rest = line[i:]
         if self.openmetrics and " # " in rest:
             rest = rest[: rest.index(" # ")]
+        if self.wanted_set is not None:
+            rest = rest.rstrip(" \t")  # blanks at the end: Prometheus' own scrape (promlex) skips them
         value_text, sep, stamp = _split_blank(rest)
         value = _value(value_text, lineno, line)
         when = None
