@@ -636,3 +636,17 @@ def test_nim_serves_vllms_families_without_the_prefix() -> None:
     vllm_page = (FIXTURES / "gen-0.33-dp2-capacity-labels.prom").read_text()
     assert interpret(vllm_page + "# a comment: num_requests_running\n", None, timestamp=0.0).detection == interpret(
         vllm_page, None, timestamp=0.0).detection
+
+
+def test_pages_kvwatch_cannot_read_say_what_they_are() -> None:
+    # Ray Serve re-exports vLLM's metrics as ray_vllm_* (vllm/v1/metrics/ray_wrappers.py sanitises ":" to "_"), one
+    # set per replica; SGLang's page in OpenMetrics with underscore escaping names its samples sglang_*. Both were
+    # "no vllm:* ..." or "no token_usage samples yet (server started without traffic)"
+    ray = ('# TYPE ray_vllm_num_requests_running gauge\n'
+           'ray_vllm_num_requests_running{ReplicaId="a",engine="0",model_name="q"} 18.0\n')
+    with pytest.raises(ScrapeError, match="Ray Serve"):
+        interpret(ray, None, timestamp=0.0)
+    sglang = ('# HELP sglang:num_running_reqs The number of running requests.\n# TYPE sglang:num_running_reqs gauge\n'
+              'sglang_num_running_reqs{model_name="Qwen3",tp_rank="0"} 5.0\n# EOF\n')
+    with pytest.raises(ScrapeError, match=r"named sglang_\* while their # TYPE lines say sglang:\*"):
+        interpret(sglang, None, timestamp=0.0)

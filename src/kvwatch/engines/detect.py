@@ -122,6 +122,13 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
                                       "reads (trtllm_num_requests_running/waiting, trtllm_kv_cache_utilization): "
                                       "this trtllm-serve exports latency only; a newer one, or --usage-metric, "
                                       "--running-metric and --waiting-metric naming what it has")
+        if any(n.startswith("ray_vllm_") for n in exposition.names):
+            # vllm/v1/metrics/ray_wrappers.py: vLLM's metrics through Ray's exporter, ":" made "_", one series per
+            # replica and worker on a node's page
+            raise UnrecognisedPayload("ray_vllm_* metrics: vLLM's metrics re-exported by Ray Serve (one set per "
+                                      "replica on the node's page), which kvwatch reads only through --usage-metric, "
+                                      "--running-metric and --waiting-metric, one replica at a time (e.g. "
+                                      "ray_vllm_kv_cache_usage_perc{ReplicaId=\"...\"}); capacity then stays unknown")
         raise UnrecognisedPayload("no vllm:*, sglang:*, trtllm_*/trtllm:* or nv_trt_llm_* metrics in the payload "
                                   "(is the target an inference engine's /metrics endpoint? A vLLM started with "
                                   "--disable-log-stats exports none of its own)")

@@ -261,3 +261,14 @@ def latency_for(index: LatencyIndex, key: SeriesKey) -> MappingProxyType[str, Hi
         return _NO_LATENCY  # a typical poll (no latency histograms read): one shared, read-only empty mapping
     found = {kind: histogram_for(by_key, key) for kind, by_key in index.items()}
     return MappingProxyType({kind: h for kind, h in found.items() if h is not None})
+
+
+def underscore_escaped(exposition: Exposition, prefix: str) -> str | None:
+    """Why a page whose samples are named ``vllm_*``/``sglang_*`` under ``# TYPE vllm:*``/``sglang:*`` lines has none
+    of the names an adapter reads, or None: prometheus_client's OpenMetrics output with underscore escaping."""
+    escaped = prefix.replace(":", "_")
+    if not any(n.startswith(escaped) and prefix + n[len(escaped):] in exposition.names for n in exposition.names):
+        return None
+    return (f"the samples are named {escaped}* while their # TYPE lines say {prefix}*: prometheus_client's OpenMetrics "
+            "output with underscore escaping, served when the request asks for application/openmetrics-text; "
+            "fetch /metrics without that Accept header (kvwatch's own requests ask for the text format)")

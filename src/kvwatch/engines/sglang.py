@@ -43,6 +43,7 @@ from kvwatch.engines.series import (
     sample_named,
     selected,
     series_keys,
+    underscore_escaped,
 )
 from kvwatch.exposition import Exposition
 from kvwatch.model import Detection, Poll, Reading, SeriesKey
@@ -174,6 +175,9 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     transfer_i = fam(transfer_name) if transfer_name is not None else Index()
     keys = series_keys((usage_i, running_i, waiting_i, capacity_i))
     if not (usage_i or running_i or waiting_i):
+        escaped = underscore_escaped(exposition, "sglang:")
+        if escaped is not None:
+            raise UnrecognisedPayload(escaped)
         raise UnrecognisedPayload("SGLang payload has no token_usage, running or queue samples yet "
                                   "(server started without traffic, or renamed: see --usage-metric)")
     # Both retraction totals carry the scheduler's labels and are read like its gauges: one per dp_rank series,

@@ -37,7 +37,7 @@ from dataclasses import replace
 from types import MappingProxyType
 
 from kvwatch.engines import Selector, SourceOverrides, UnrecognisedPayload
-from kvwatch.engines.series import differing_labels, latency_for, latency_index, sample_named
+from kvwatch.engines.series import differing_labels, latency_for, latency_index, sample_named, underscore_escaped
 from kvwatch.exposition import Exposition, Sample
 from kvwatch.model import Detection, Poll, Reading, SeriesKey
 
@@ -143,11 +143,9 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     waiting_samples = _selected(exposition, waiting)
     keys = _series_keys((usage_samples, running_samples, waiting_samples))
     if not keys:
-        if any(n.startswith("vllm_") and n.replace("vllm_", "vllm:", 1) in exposition.names for n in exposition.names):
-            raise UnrecognisedPayload(
-                "the samples are named vllm_* while their # TYPE lines say vllm:*: prometheus_client's OpenMetrics "
-                "output with underscore escaping, served when the request asks for application/openmetrics-text; "
-                "fetch /metrics without that Accept header (kvwatch's own requests ask for the text format)")
+        escaped = underscore_escaped(exposition, "vllm:")
+        if escaped is not None:
+            raise UnrecognisedPayload(escaped)
         raise UnrecognisedPayload(
             f"vLLM payload has no {usage or KV_USAGE}, {running} or {waiting} samples "
             "(engine still starting, or renamed: see --usage-metric)"
