@@ -569,6 +569,20 @@ def test_a_gzip_payload_file_is_inflated_within_the_body_limit(tmp_path: Path,
         assert error["reason"] == reason and said in error["message"], name
 
 
+def test_a_payload_saved_on_windows_reads_as_saved_on_linux(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    # `curl ... > m.prom` in Windows PowerShell 5.1 writes UTF-16 with a BOM and CRLF; other tools a UTF-8 BOM or
+    # CRLF alone. --file said "invalid utf-8 at byte 0" or refused the CRs
+    page = FIXTURES / "gen-0.9-both-usage-names.prom"
+    expected = check_json(["--file", str(page)], capsys)
+    text = page.read_text()
+    saved = {"utf16": "\ufeff" + text.replace("\n", "\r\n"), "bom": "\ufeff" + text, "crlf": text.replace("\n", "\r\n")}
+    for name, content in saved.items():
+        path = tmp_path / f"{name}.prom"
+        path.write_bytes(content.encode("utf-16-le" if name == "utf16" else "utf-8"))
+        assert check_json(["--file", str(path)], capsys) == expected, name
+
+
 def test_the_metrics_path_hint_only_when_something_answered(capsys: pytest.CaptureFixture[str]) -> None:
     # Port 9 on loopback refuses: the path is not what is wrong, so no /metrics hint.
     assert main(["check", "http://127.0.0.1:9/", "--json", "--poll-timeout-seconds", "2"]) == 1

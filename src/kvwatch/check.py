@@ -18,6 +18,7 @@ or when ``--fail-on SEVERITY`` is given and a finding at or above it exists, 2 b
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 import math
 import re
@@ -193,12 +194,17 @@ def _read_file(path: Path) -> bytes:
 def _file_text(data: bytes, max_body_bytes: int, source: str) -> str:
     """A saved payload as text. A gzip file (told by its magic bytes: a ``.gz`` copy, or a compressed response
     saved as it came) is inflated as a scraped body would be (fetch.CappedBody): every member, never past
-    ``--max-body-bytes``, ``parse`` for a broken or truncated stream or bytes after it."""
+    ``--max-body-bytes``, ``parse`` for a broken or truncated stream or bytes after it. What saving it on Windows
+    adds is taken off, as it was never the engine's: a byte-order mark (UTF-16, as ``curl ... > file`` writes
+    in Windows PowerShell 5.1, or UTF-8's) and CRLF line ends."""
     if data[:2] == GZIP_MAGIC:
         reader = CappedBody(zlib.decompressobj(16 + zlib.MAX_WBITS), max_body_bytes, source)
         reader.feed(data)
         data = bytes(reader.finish())
-    return decode_body(data, None, "")
+    boms = ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+    charset = next((name for bom, name in boms if data.startswith(bom)), None)
+    text = decode_body(data, charset, "")
+    return text.replace("\r\n", "\n")
 
 
 def _fetch(settings: CheckSettings) -> str:
