@@ -167,6 +167,19 @@ def test_bottleneck_clears_with_hysteresis():
     assert on[-1] >= 2400 + 60  # clears only when <= 20 % of 5 minutes are saturated
 
 
+def test_saturations_every_fifteen_minutes_each_count_for_the_recurrence():
+    # Three saturated minutes every 15: the scorer counts an event each time (10 quiet minutes between). The
+    # recurrence counted one: it measured the quiet from the bottleneck *state*, which stays on ~5 minutes after
+    # saturation ends, so it needed ~15 quiet minutes; the 30-minute risk before each burst read ~0.2
+    usage = lambda t: 0.97 if t >= 1800 and (t - 1800) % 900 < 180 else 0.5  # noqa: E731
+    results = run(Forecaster(), stream(usage, seconds=3 * 3600))
+    before_last = next(r for r in results if r.timestamp == 1800 + 8 * 900 - 60)
+    assert before_last.risk[1800] is not None and before_last.risk[1800] >= 0.6, before_last.risk
+    # the state still saw each burst on its own
+    starts = sum(1 for a, b in pairwise(results) if b.state == "bottleneck" and a.state != "bottleneck")
+    assert starts == 10
+
+
 def test_queue_at_low_usage_is_scheduler_limited_not_kv():
     results = run(Forecaster(), stream(lambda t: 0.4, waiting=lambda t: 5.0, seconds=1800))
     assert results[-1].state == "scheduler_limited"

@@ -131,7 +131,7 @@ class ReactiveDetectors:
     """Bottleneck, scheduler-limited and stalled, each from a sliding window of sample flags."""
 
     __slots__ = ("_clear", "_fire", "_stall", "bottleneck", "params", "saturated_fraction", "scheduler_limited",
-                 "stalled")
+                 "stalled", "sustained")
 
     def __init__(self, params: DetectorParams) -> None:
         self.params = params
@@ -142,11 +142,14 @@ class ReactiveDetectors:
         self.scheduler_limited = False
         self.stalled = False
         self.saturated_fraction = 0.0
+        # This poll's fire window is saturated enough to turn ``bottleneck`` on (sustained saturation, the
+        # scorer's rule), whatever the state's hysteresis says: the state stays on minutes after it ends.
+        self.sustained = False
 
     def clear(self) -> None:
         for window in (self._fire, self._clear, self._stall):
             window.clear()
-        self.bottleneck = self.scheduler_limited = self.stalled = False
+        self.bottleneck = self.scheduler_limited = self.stalled = self.sustained = False
         self.saturated_fraction = 0.0
 
     def update(self, flags: SampleFlags) -> None:
@@ -156,6 +159,7 @@ class ReactiveDetectors:
             window.add(flags)
         fire = self._fire
         self.saturated_fraction = fire.saturated / len(fire.flags)
+        self.sustained = fire.covers(now) and fire.saturated >= p.fire_fraction * len(fire.flags)
         self.bottleneck = self._hysteresis(self.bottleneck, now, "saturated")
         # A queue with KV room is a scheduler limit only while the cache is not the limit as often: with saturated
         # polls (a full cache, a queue waiting for KV, a preemption) as many as those with a queue and room over the

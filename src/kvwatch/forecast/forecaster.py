@@ -252,10 +252,10 @@ class Forecaster:
         self._raw = False
         self._last: ForecastResult | None = None
         self.restarts = 0
-        # Onsets of sustained saturation (the bottleneck state after a quiet stretch), for the risk's recurrence.
+        # Onsets of sustained saturation (after a quiet stretch), for the risk's recurrence.
         self._onsets: deque[float] = deque()
-        self._was_bottleneck = False
-        self._bottleneck_last: float | None = None
+        self._was_sustained = False
+        self._sustained_last: float | None = None
         self._saturated_minute = False  # a poll in the open minute was in bottleneck (disarms the warning, v5)
         self._recent_prompt_mean: float | None = None  # of the risk's window (_prompt_mean)
 
@@ -296,14 +296,17 @@ class Forecaster:
         return self._last
 
     def _track_onsets(self, now: float) -> None:
-        bottleneck = self._detectors.bottleneck
+        # An onset is sustained saturation after ``recurrence_quiet_seconds`` without any, as the scorer counts
+        # events. Measured from the bottleneck *state*, which stays on minutes after saturation ends (its clear
+        # hysteresis), the quiet stretch needed was about 15 minutes: saturations every 15 counted once.
+        sustained = self._detectors.sustained
         quiet = self.params.risk.recurrence_quiet_seconds
-        if bottleneck and not self._was_bottleneck and (
-                self._bottleneck_last is None or now - self._bottleneck_last >= quiet):
+        if sustained and not self._was_sustained and (
+                self._sustained_last is None or now - self._sustained_last >= quiet):
             self._onsets.append(now)
-        if bottleneck:
-            self._bottleneck_last = now
-        self._was_bottleneck = bottleneck
+        if sustained:
+            self._sustained_last = now
+        self._was_sustained = sustained
         window = self.params.risk.recurrence_window_seconds
         while self._onsets and self._onsets[0] < now - window:
             self._onsets.popleft()
@@ -344,8 +347,8 @@ class Forecaster:
         self._detectors.clear()
         self._latch.clear()
         self._onsets.clear()
-        self._was_bottleneck = False
-        self._bottleneck_last = None
+        self._was_sustained = False
+        self._sustained_last = None
         self._saturated_minute = False
 
     def _split(self, timestamp: float) -> None:
