@@ -98,7 +98,9 @@ def forecast_metric_families(
                  "while the engine is idle: no arrivals or an empty cache leave nothing to project).",
                  ["horizon"])
     ratio = gauge("kvwatch_kv_usage_forecast_ratio",
-                  "Forecast KV usage at the horizon, in demand units (may exceed 1: demand beyond capacity).",
+                  "Forecast peak KV usage at the horizon, in demand units: the projected mean times the measured "
+                  "burst factor, so it may exceed 1 on a bursty load far from saturation; alert on "
+                  "kvwatch_kv_saturation_risk, not on this.",
                   ["horizon"])
     state = gauge("kvwatch_state", "Forecaster state, one-hot over all states.", ["state"])
     rate = gauge("kvwatch_request_rate_per_second", "Smoothed arrival rate (finished + growth of running+waiting).")
