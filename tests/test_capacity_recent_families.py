@@ -88,3 +88,6 @@ def test_afmoe_layer_types_derive_from_global_attn_every_n_layers():
     assert a.layer_types == tuple(FULL if (i + 1) % 4 == 0 else SLIDING for i in range(56))
     listed = {**cfg, "layer_types": ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(56)]}
     assert arch_from_config(listed).layer_types == a.layer_types
+    # AFMoE's rule only: another family with the field (ModernBERT's decoder) derives its layers otherwise
+    other = arch_from_config({**cfg, "model_type": "modernbert-decoder"})
+    assert other.layer_types != a.layer_types

@@ -650,3 +650,13 @@ def test_pages_kvwatch_cannot_read_say_what_they_are() -> None:
               'sglang_num_running_reqs{model_name="Qwen3",tp_rank="0"} 5.0\n# EOF\n')
     with pytest.raises(ScrapeError, match=r"named sglang_\* while their # TYPE lines say sglang:\*"):
         interpret(sglang, None, timestamp=0.0)
+
+
+def test_nim_read_through_the_override_flags_reads_as_before() -> None:
+    # Before NIM was recognised, the override flags named its unprefixed gauges; putting the prefix back made
+    # those names vanish and the page was refused ("matches no sample")
+    text = (FIXTURES / "gen-nim-llm.prom").read_text()
+    overrides = SourceOverrides(usage=Selector("gpu_cache_usage_perc"), running=Selector("num_requests_running"),
+                                waiting=Selector("num_requests_waiting"))
+    (reading,) = interpret(text, overrides, timestamp=0.0).readings
+    assert (reading.kv_usage_ratio, reading.requests_running, reading.requests_waiting) == (0.97, 24, 6)

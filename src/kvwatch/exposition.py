@@ -655,7 +655,8 @@ class _Parser:
             # A page merged from two (KServe's queue-proxy merges its own with the model server's) repeats a
             # family's HELP and TYPE, process_* for one. A filtered parse skips an unread family's lines
             # unvalidated, as it does its samples, and takes a read family's repeated metadata when it says the
-            # same: its series must still differ, so two scrapes glued together are refused as duplicate series.
+            # same: two scrapes glued together are still refused where a series has two values (exact copies are
+            # one sample, a page served twice over).
             if meta.family is None and self._skippable(meta.name):
                 return self._block_end(meta.name, stop)
             if (meta.help == _unescape(text, lineno, line) if keyword == "HELP"

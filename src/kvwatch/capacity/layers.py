@@ -200,7 +200,7 @@ def layer_types_from_config(cfg: dict[str, Any], num_layers: int, model_type: st
         # TensorRT-LLM's modeling_exaone4.py check_is_sliding reads it; no window: every layer global
         return tuple(SLIDING if window and letters[i % len(letters)].upper() == "L" and i < num_layers - 1
                      else FULL for i in range(num_layers))
-    every = first_number(cfg, "global_attn_every_n_layers")
+    every = first_number(cfg, "global_attn_every_n_layers") if model_type == "afmoe" else None
     if window and every:  # AFMoE (Trinity): transformers' AfmoeConfig derives layer_types so when the file omits them
         return tuple(FULL if (i + 1) % every == 0 else SLIDING for i in range(num_layers))
     swp = first_number(cfg, "sliding_window_pattern")

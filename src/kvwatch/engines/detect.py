@@ -58,9 +58,9 @@ def unprefixed_vllm(text: str) -> str | None:
     """A NIM page (vLLM's families without ``vllm:``) with the prefix put back; None for any other page.
     (Substring tests first: every poll of every engine passes here.)"""
     page = f"\n{text[:64]}"
-    if not ("\nnum_requests_running" in text or page.startswith("\nnum_requests_running")):
+    if "\nvllm:" in text or "# TYPE vllm:" in text or page.startswith("\nvllm:"):  # (found early on vLLM's page)
         return None
-    if "\nvllm:" in text or "# TYPE vllm:" in text or page.startswith("\nvllm:"):
+    if not ("\nnum_requests_running" in text or page.startswith("\nnum_requests_running")):
         return None
     if not re.search(r"(?m)^(?:gpu|kv)_cache_usage_perc[ \t{]", text):
         return None
@@ -102,7 +102,8 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
             raise ParseError("body is JSON nested deeper than kvwatch reads") from None
     limit = SeriesLimit(ADMIT_FACTOR * max_series) if max_series is not None else None
     wanted = wanted_for(overrides, latency=latency, lengths=lengths)
-    prefixed = unprefixed_vllm(text)
+    # (an operator who names the page's own metrics with the override flags reads it as before)
+    prefixed = unprefixed_vllm(text) if not (overrides and overrides.names()) else None
     exposition = parse(text if prefixed is None else prefixed, wanted, limit.admit if limit is not None else None)
     pending = _refuse_unmatched(exposition, overrides)
     kinds = engines_of(exposition)
