@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helm_helpers import CHART, NAMESPACE, only, render, render_fails, validate_object
+from helm_helpers import CHART, MINIMAL, NAMESPACE, only, render, render_fails, validate_object
 
 KEDA = ("-f", str(CHART / "ci" / "autoscaling-keda-values.yaml"))
 HPA = ("-f", str(CHART / "ci" / "autoscaling-hpa-values.yaml"))
@@ -193,12 +193,46 @@ def test_the_pod_selector_matches_only_the_target_deployments_pods(length: int) 
 
 
 def test_long_names_keep_the_dashboard_and_adapter_configmaps_apart() -> None:
-    """Both names were <fullname>-<suffix> cut to 63: with a fullname of 62 both came out as <fullname>."""
+    """Both names were <fullname>-<suffix> cut to 63: with a fullname of 62 both came out as <fullname>; cutting the
+    fullname first made two releases sharing their first 38 characters collide. Cut, the fullname keeps a hash."""
+    from helm_helpers import run_helm
+
+    def names(fullname: str) -> list[str]:
+        result = run_helm("template", "r", str(CHART), "--namespace", NAMESPACE, "--set", "config.model=m",
+                          "--set", f"fullnameOverride={fullname}", "--set", "dashboards.enabled=true",
+                          "--set", "autoscaling.enabled=true", "--set", "autoscaling.kind=hpa")
+        assert result.returncode == 0, result.stderr
+        objects = [o for o in yaml.safe_load_all(result.stdout) if o]
+        return sorted(o["metadata"]["name"] for o in objects if o["kind"] == "ConfigMap")
+
+    long = names("a" * 63)
+    assert len(set(long)) == 2 and all(len(n) <= 63 for n in long), long
+    blue, green = (names(f"inference-prod-useast1-llama31-70b-fp8-{colour}") for colour in ("blue", "green"))
+    assert not set(blue) & set(green), (blue, green)
+    assert names("short") == ["short-dashboard", "short-prometheus-adapter-rules"]
+
+
+@pytest.mark.parametrize(("kind", "pods", "others"), [
+    ("StatefulSet", ["vllm-0", "vllm-12"], ["vllm-big-0", "vllm-7d9f8c6b5d-x7k2q"]),
+    ("LeaderWorkerSet", ["vllm-0", "vllm-3-1"], ["vllm-big-0"]),
+])
+def test_the_pod_selector_follows_the_targets_kind(kind: str, pods: list[str], others: list[str]) -> None:
+    """A StatefulSet's pods (vllm-0) matched "<name>-.*" and none of the Deployment pattern: empty queries."""
     from helm_helpers import run_helm
 
     result = run_helm("template", "r", str(CHART), "--namespace", NAMESPACE, "--set", "config.model=m",
-                      "--set", f"fullnameOverride={'a' * 63}", "--set", "dashboards.enabled=true",
-                      "--set", "autoscaling.enabled=true", "--set", "autoscaling.kind=hpa")
+                      "--set", "autoscaling.enabled=true", "--set", "autoscaling.prometheusAddress=http://p:9090",
+                      "--set", "deployment.enabled=false", "--set", "autoscaling.scaleTargetRef.name=vllm",
+                      "--set", f"autoscaling.scaleTargetRef.kind={kind}")
     assert result.returncode == 0, result.stderr
-    names = [o["metadata"]["name"] for o in yaml.safe_load_all(result.stdout) if o and o["kind"] == "ConfigMap"]
-    assert len(names) == len(set(names)) == 2 and all(len(n) <= 63 for n in names), names
+    so = next(o for o in yaml.safe_load_all(result.stdout) if o and o["kind"] == "ScaledObject")
+    pattern = re.search(r'pod=~"([^"]+)"', so["spec"]["triggers"][0]["metadata"]["query"]).group(1)
+    assert all(re.fullmatch(pattern, p) for p in pods) and not any(re.fullmatch(pattern, p) for p in others), pattern
+
+
+def test_another_target_kind_needs_a_series_selector() -> None:
+    args = (*MINIMAL, "--set", "autoscaling.enabled=true", "--set", "autoscaling.prometheusAddress=http://p:9090",
+            "--set", "deployment.enabled=false", "--set", "autoscaling.scaleTargetRef.name=vllm",
+            "--set", "autoscaling.scaleTargetRef.kind=Rollout")
+    assert "set autoscaling.seriesSelector" in render_fails(*args)
+    render(*args, "--set", r'autoscaling.seriesSelector=namespace="llm"\, pod=~"vllm-.*"')

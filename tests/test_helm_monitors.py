@@ -231,3 +231,23 @@ def test_prometheus_rule_takes_vllms_container_name_and_the_runbook_site_from_va
     stderr = render_fails(*MINIMAL, "--set", "prometheusRule.enabled=true",
                           "--set", "prometheusRule.runbookBase=wiki/runbooks#x")
     assert "runbookBase" in stderr
+
+
+def test_prometheus_rule_values_refuse_a_rule_file_without_the_text_they_replace(tmp_path) -> None:
+    """A rule file regenerated with another selectors.vllm_container or runbook_base holds neither default: the
+    replacement matched nothing, and the value was ignored without a word."""
+    import shutil
+
+    from helm_helpers import run_helm
+
+    chart = tmp_path / "kvwatch"
+    shutil.copytree(CHART, chart)
+    rules = chart / "files" / "kvwatch-rules.yaml"
+    rules.write_text(rules.read_text().replace('container=~"vllm"', 'container=~"engine"').replace(
+        "https://github.com/kvwatch/kvwatch/blob/main/docs/runbooks.md#", "https://wiki.example.org/runbooks#"))
+    base = ("template", "r", str(chart), *MINIMAL, "--set", "prometheusRule.enabled=true")
+    assert run_helm(*base).returncode == 0  # the defaults ask for nothing to be replaced
+    for value, said in (("vllmContainer=server", "prometheusRule.vllmContainer"),
+                        ("runbookBase=https://docs.example.org/rb", "prometheusRule.runbookBase")):
+        result = run_helm(*base, "--set", f"prometheusRule.{value}")
+        assert result.returncode != 0 and said in result.stderr, result.stderr

@@ -423,3 +423,17 @@ max-length prefill (vllm.prefillSecondsEstimate, from `kvwatch plan --json`'s lo
 {{- end -}}
 {{- toYaml $probe -}}
 {{- end -}}
+
+{{/*
+<fullname>-<suffix> within 63 characters: cut, the fullname keeps a hash of itself, so that two releases whose names
+share their beginning still differ, and two suffixes of one release too. Call with (dict "root" $ "suffix" "...").
+*/}}
+{{- define "kvwatch.suffixedName" -}}
+{{- $full := include "kvwatch.fullname" .root }}
+{{- $name := printf "%s-%s" $full .suffix }}
+{{- if le (len $name) 63 }}
+{{- $name }}
+{{- else }}
+{{- printf "%s-%s-%s" ($full | trunc (int (sub 53 (len .suffix))) | trimSuffix "-") ($full | sha256sum | trunc 8) .suffix }}
+{{- end }}
+{{- end }}
