@@ -71,7 +71,9 @@ def test_longcat_flash_lite_is_mla_with_two_caches_per_layer():
     a = arch_from_config(config("longcat_flash_lite"))
     assert a.is_mla and len(a.kv_cache_layer_types) == 2 * 14
     assert kv_bytes(config("longcat_flash_lite"), tp=4) == 28 * (512 + 64) * 2 == 32_256
-    assert any("n-gram" in note for note in a.notes)
+    # its n-gram embedding tables (ratio 78 × vocab × hidden, 31.4B) are weights too: 35B without them; published 68.5B
+    assert a.extra_embedding_params == 78 * 131072 * 3072
+    assert sum(parameter_counts(a)) / 1e9 == pytest.approx(68.5, rel=0.03)
 
 
 def test_plamo2_attention_layers_follow_mamba_step():

@@ -65,13 +65,14 @@ _MULTIMODAL_TYPES = frozenset({
 _KV_HEAD_FIELDS = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num", "num_attention_groups")
 # transformers' default for tie_word_embeddings when config.json omits it: PreTrainedConfig's own default is True;
 # config classes override it. Read in transformers' configuration_<type>.py: llama, mistral, qwen2, qwen3, phi3,
-# gpt_oss, deepseek_v3 and falcon_h1 say False; gemma, gemma2 and gemma3_text say True; zamba2 does not set it
-# (True). The other entries belong to the same families (their classes are copies of those) and were not read
+# gpt_oss, deepseek_v3, falcon_h1 and longcat_flash say False; gemma, gemma2 and gemma3_text say True; zamba2 does
+# not set it (True). The other entries belong to the same families (their classes are copies of those) and were not read
 # one by one.
 _TIE_DEFAULT_FALSE = frozenset({
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "phi3", "gpt_oss",
     "deepseek_v2", "deepseek_v3", "kimi_k2", "falcon_h1", "glm4", "glm4_moe", "granite", "granitemoe",
-    "granitemoehybrid", "jamba", "bamba", "nemotron_h", "minimax", "minimax_text_01", "minimax_m1",
+    "granitemoehybrid", "jamba", "bamba", "nemotron_h", "minimax", "minimax_text_01", "minimax_m1", "longcat_flash",
+    "longcat_flash_ngram",
 })
 _TIE_DEFAULT_TRUE = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text", "zamba2"})
 
@@ -143,6 +144,8 @@ class ModelArch:
     gated_mlp: bool = True
     # The shared experts' width when it is not moe_intermediate_size (Nemotron-H); 0: the routed experts' width.
     shared_expert_intermediate_size: int = 0
+    # Embedding parameters beside the token embedding (LongCat-Flash-Lite's n-gram tables), in the model dtype.
+    extra_embedding_params: int = 0
     # Hybrid Mamba / linear-attention models: layers with such a mixer and its inner width (for the weights),
     # and whether vLLM keeps state pages for them (sized from mamba_dims below).
     mamba_layers: int = 0
@@ -353,9 +356,11 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         layer_types = tuple(kind for kind in layer_types for _ in range(2))
         notes.append(f"LongCat-Flash: two MLA attentions per decoder layer, so {len(layer_types)} KV layers for "
                      f"{num_layers} decoder layers")
-        if model_type == "longcat_flash_ngram":
-            notes.append("LongCat-Flash-Lite's n-gram embedding tables are not in the weights estimate (about 30B of "
-                         "its 68.5B parameters): pass --weights-gib from vLLM's startup log")
+    # LongCat-Flash-Lite's n-gram embeddings: emb_split_num × (emb_neighbor_num − 1) tables of ratio × vocab rows,
+    # each hidden / that many wide (modeling_longcat_ngram.py's NgramEmbedding): ratio × vocab × hidden in all
+    ratio = cfg.get("ngram_vocab_size_ratio") if model_type == "longcat_flash_ngram" else None
+    vocab = first_number(cfg, "vocab_size") or 0
+    ngram = round(real(ratio, "ngram_vocab_size_ratio") * vocab * hidden) if ratio else 0
     # (Qwen-Omni keeps its encoders in the thinker's config)
     outer = config.get("thinker_config") if isinstance(config.get("thinker_config"), dict) else config
     encoder = next((key for key in ("vision_config", "audio_config") if isinstance(outer.get(key), dict)), None)
@@ -460,6 +465,7 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         dense_mlp_layers=layout.dense_mlp_layers if layout is not None else None,
         gated_mlp=model_type not in _NON_GATED_MLP_TYPES,
         shared_expert_intermediate_size=first_number(cfg, "moe_shared_expert_intermediate_size", default=0) or 0,
+        extra_embedding_params=ngram,
         mamba_layers=layout.mamba_layers if layout is not None else 0,
         mamba_inner_size=_mamba_inner_size(cfg, hidden) if is_hybrid and layout is not None else 0,
         has_mamba_state=is_hybrid,

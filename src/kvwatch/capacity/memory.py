@@ -66,7 +66,7 @@ def parameter_counts(arch: ModelArch) -> tuple[int, int, int]:
 
     When the preset records the model's published total, the linear part is scaled to match it.
     """
-    embed = arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
+    embed = arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2) + arch.extra_embedding_params
     h = arch.hidden_size
     attention = sum(_attention_params(arch, kind) for kind in arch.attention_layer_types)
     moe_layers = 0
