@@ -368,3 +368,24 @@ def test_a_page_merged_from_two_repeats_metadata_and_a_filtered_parse_takes_it()
         parse(glued + glued.replace("0.5", "0.99"), {"u"})
     with pytest.raises(ParseError, match="second HELP line"):  # the same family described two ways
         parse(merged.replace("# HELP u usage", "# HELP u usage\n# HELP u other"), {"u"})
+
+
+def test_a_long_run_of_digits_is_refused_without_backtracking() -> None:
+    # A value of 400,000 digits then "_" (float() reads "1_1") went to the Go-float check, whose regex split the run
+    # every possible way: quadratic, holding the GIL (a 95 KB page froze the sidecar's /healthz for 15 s; this one,
+    # hours). Run apart, so that a regression fails by its timeout (a generous bound, not a speed figure) instead
+    # of hanging the suite; the le label and the OpenMetrics timestamp take the same check.
+    import subprocess
+    import sys
+
+    digits = "1" * 400_000
+    pages = [f"# TYPE a gauge\na {digits}_1\n",
+             f'# TYPE h histogram\nh_bucket{{le="{digits}_"}} 1\nh_bucket{{le="+Inf"}} 1\nh_count 1\nh_sum 1\n',
+             f"# TYPE a gauge\na 1 {digits}.5_\n# EOF\n"]
+    code = ("import sys\nfrom kvwatch.exposition import ParseError, parse\n"
+            "for page in sys.stdin.read().split('\\x00'):\n"
+            "    try:\n        parse(page)\n    except ParseError:\n        continue\n"
+            "    raise SystemExit('accepted')\n")
+    done = subprocess.run([sys.executable, "-c", code], input="\x00".join(pages), capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr + done.stdout

@@ -113,7 +113,9 @@ _LEGACY_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LEGACY_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 # Go's strconv.ParseFloat minus hex/underscores, intersected with Python's float(): ASCII only, and
 # NaN without a sign (Go's special() reads a sign only before "inf").
-_GO_FLOAT = re.compile(r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+# (Each digit run has one way to match: ``[0-9]+\.?[0-9]*`` split a run of digits every possible way before failing
+# on what followed, quadratic in its length; 40,000 digits held the GIL, and the whole sidecar, for 15 s.)
+_GO_FLOAT = re.compile(r"[+-]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
                        r"|[iI][nN][fF](?:[iI][nN][iI][tT][yY])?)|[nN][aA][nN]")
 _INT64 = re.compile(r"[+-]?[0-9]+")
 _TYPES = {"counter": "counter", "gauge": "gauge", "histogram": "histogram", "summary": "summary",
