@@ -156,6 +156,21 @@ def test_iteration_stats_empty_list_is_unrecognised_not_empty_cache() -> None:
         read_payload("[not json", timestamp=1.0)
 
 
+def test_iteration_stats_past_what_the_engine_keeps_are_too_large_before_parsing() -> None:
+    # Any body opening with "[" or "{" is read as iteration statistics: 16 MiB of "{}," (5.6 million dicts) took the
+    # sidecar to 438 MB every poll. trtllm-serve keeps 1,000 iterations of about 40 values by default.
+    from kvwatch.engines.trtllm import MAX_JSON_VALUES
+    from kvwatch.exposition import TooLarge
+
+    with pytest.raises(TooLarge, match="more than TensorRT-LLM's iteration statistics hold"):
+        read_payload("[" + "{}," * (MAX_JSON_VALUES + 1) + "{}]", timestamp=1.0)
+    one = (TRTLLM / "trtllm-serve-iteration-stats.json").read_text().strip()
+    assert one.startswith("[") and one.endswith("]")
+    many = "[" + ",".join([one[1:-1]] * 1000) + "]"  # a full default queue of them reads
+    assert many.count(",") + many.count(":") <= MAX_JSON_VALUES
+    assert read_payload(many, timestamp=1.0).readings
+
+
 def test_unknown_payload_names_all_three_engines() -> None:
     with pytest.raises(ScrapeError) as info:
         interpret("# TYPE foo gauge\nfoo 1\n", None, timestamp=1.0)

@@ -61,7 +61,8 @@ class ParseError(ValueError):
 
 
 class TooLarge(ParseError):
-    """The text holds more metric families than one engine's page could (:data:`MAX_FAMILIES`)."""
+    """The text holds more than one engine's page could: metric families (:data:`MAX_FAMILIES`), or JSON values
+    (:data:`kvwatch.engines.trtllm.MAX_JSON_VALUES`)."""
 
 
 # More metric families than any engine's page holds (vLLM exports about 60, a node's whole page a few thousand).

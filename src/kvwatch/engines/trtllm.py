@@ -52,7 +52,7 @@ from kvwatch.engines.series import (
     selected,
     series_keys,
 )
-from kvwatch.exposition import Exposition
+from kvwatch.exposition import Exposition, TooLarge
 from kvwatch.model import Detection, Histogram, Poll, Reading, SeriesKey
 
 PREFIXES = ("trtllm_", "trtllm:")
@@ -263,9 +263,20 @@ def looks_like_json(text: str) -> bool:
     return start[:1] == "[" or (start[:1] == "{" and not _QUOTED_NAME_SAMPLE.match(start))
 
 
+# JSON values (counted by their separators) past which a body is no iteration-statistics page: trtllm-serve keeps
+# at most --iter-stats-max-iterations (1,000 by default) entries of about 40 values. Every value is a Python object:
+# a 16 MiB body of "{}," took 438 MB to parse, where the sidecar's chart allows 256 MiB.
+MAX_JSON_VALUES = 250_000
+
+
 def read_iteration_stats(text: str, *, timestamp: float, model_name: str = "unknown") -> Poll:
     """One :class:`Poll` from trtllm-serve's iteration statistics (``[{"iter": ..., "kvCacheStats": ...}]``);
-    ValueError when the text is not JSON, UnrecognisedPayload when it is not iteration statistics."""
+    ValueError when the text is not JSON, UnrecognisedPayload when it is not iteration statistics, TooLarge when it
+    holds more values than such a page could (:data:`MAX_JSON_VALUES`, checked before any is built)."""
+    values = text.count(",") + text.count(":")
+    if values > MAX_JSON_VALUES:
+        raise TooLarge(f"JSON body with about {values:,} values: more than TensorRT-LLM's iteration statistics hold "
+                       f"({MAX_JSON_VALUES:,} at most), not read")
     data: Any = json.loads(text)
     iterations = data if isinstance(data, list) else [data]
     stats = [it for it in iterations if isinstance(it, dict) and ("kvCacheStats" in it or "numActiveRequests" in it)]
