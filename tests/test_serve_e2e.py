@@ -323,3 +323,40 @@ def test_port_0_picks_a_free_port_logs_it_and_exports_wall_clock_success(target:
         assert success is not None and started - 30 < success <= time.time() + 1  # wall clock, not 100x ahead
     finally:
         _reap(proc)
+
+
+def test_a_resolver_that_never_answers_does_not_hold_up_the_exit() -> None:
+    # asyncio resolves names on its default executor, whose workers are joined at exit: with a resolver that does not
+    # answer, SIGTERM waited for them until the 9-s fallback (exit 1 and a thread dump). Here getaddrinfo never
+    # returns, the poll times out, and the process must still end at once.
+    code = (
+        "import socket, threading\n"
+        "socket.getaddrinfo = lambda *a, **k: threading.Event().wait()\n"
+        "from kvwatch.fetch import Fetcher\nfrom kvwatch.payload import ScrapeError\n"
+        "f = Fetcher('http://vllm.invalid:8000/metrics', timeout=0.5, max_body_bytes=1 << 20)\n"
+        "try:\n    f.fetch()\nexcept ScrapeError as e:\n    print(e.reason)\n"
+        "f.close()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert (done.returncode, done.stdout.strip()) == (0, "timeout"), done.stderr
+
+
+def test_sighup_is_logged_and_ignored_not_fatal(target: Target) -> None:
+    # A config reloader's SIGHUP killed the sidecar at once (the default action), without its shutdown.
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVWATCH_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvwatch", "serve", "--target-url", f"http://127.0.0.1:{target.port}/metrics",
+         "--listen-address", "127.0.0.1",
+         "--port", str(port), "--poll-interval-seconds", "1"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1.0).status_code == 200, "serving")
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1.0).status_code == 200, "alive")
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+        assert "SIGHUP ignored" in (proc.stdout.read() if proc.stdout else "")
+    finally:
+        _reap(proc)

@@ -187,3 +187,51 @@ def test_bad_gpu_settings_exit_2_naming_the_flag(argv: list[str], named: str, sa
     assert main(["serve", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert named in err and says in err and len(err.splitlines()) == 1
+
+
+def test_a_gpu_read_that_never_returns_stops_neither_the_polls_nor_the_exit(caplog: pytest.LogCaptureFixture) -> None:
+    # NVML can hang on a GPU fallen off the bus. The poll waited for the read without a deadline: polling stopped,
+    # kvwatch_up stayed 1 from the last good poll, and SIGTERM waited for the pool's worker (joined at exit).
+    import threading
+
+    import httpx
+    import respx
+
+    from kvwatch.fetch import Fetcher
+    from kvwatch.serve.app import Sidecar
+    from kvwatch.settings import ServeSettings
+
+    release = threading.Event()
+    calls: list[str] = []
+
+    def hanging(uuids: frozenset[str]) -> list[GpuMemory]:
+        calls.append("read")
+        if len(calls) >= 2:
+            release.wait()  # the second read hangs until the test ends
+        return [gpu(10.0, 70.0)]
+
+    url = "http://vllm.test/metrics"
+    page = ('# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5\n'
+            '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0",model_name="m"} 4\n'
+            '# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine="0",model_name="m"} 0\n')
+    settings = ServeSettings(target_url=url, poll_interval_seconds=5, poll_timeout_seconds=0.5, nvml=True)
+    t = [1000.0]
+    try:
+        with respx.mock, Fetcher(url, timeout=1.0, max_body_bytes=1 << 20) as fetcher:
+            respx.get(url).mock(return_value=httpx.Response(200, text=page))
+            sidecar = Sidecar(settings, fetcher, lambda: t[0], gpu=GpuWatcher(NvmlSource(reader=hanging)))
+            first = sidecar.poll()
+            assert first.health.up and first.gpu is not None and first.gpu.up
+            states = []
+            for _ in range(3):
+                t[0] += 5.0
+                states.append(sidecar.poll())
+            assert all(s.health.up for s in states)  # the engine's polls go on
+            assert [s.gpu.up for s in states] == [False, False, False]
+            assert states[-1].gpu.errors_total["timeout"] == 3
+            assert calls == ["read", "read"]  # one read at a time: the hung one is not queued behind
+            assert any("GPU memory source failing" in r.getMessage() for r in caplog.records)
+            threads = [th for th in threading.enumerate() if th.name.startswith("kvwatch-gpu")]
+            assert threads and all(th.daemon for th in threads)  # nothing for the exit to wait for
+    finally:
+        release.set()

@@ -77,6 +77,12 @@ def test_override_selectors_accepted() -> None:
     # (review, round 13) read only with dcgm-exporter: accepted silently without it
     (["--gpu-pod", "vllm-0"], "--gpu-pod"),
     (["--gpu-namespace", "llm"], "--gpu-namespace"),
+    # (review, round 15) refused by the planner only at the first poll, as a warning; the memory guard switched off
+    (["--block-size", "24"], "--block-size"),
+    (["--block-size", "1000000000000000"], "--block-size"),
+    (["--tensor-parallel-size", "1000000000"], "--tensor-parallel-size"),
+    (["--pipeline-parallel-size", "1000000000"], "--pipeline-parallel-size"),
+    (["--max-body-bytes", "1000000000000"], "--max-body-bytes"),
 ])
 def test_bad_flag_exits_2_naming_it(argv: list[str], named: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", *argv]) == 2

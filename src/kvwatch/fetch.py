@@ -30,6 +30,31 @@ _INFLATE_STEP = 256 * 1024  # decoded bytes per zlib call
 _CLOSE_SECONDS = 2.0  # bound on closing the client, and the grace past the deadline before fetch() gives up
 
 
+class DaemonThreads(concurrent.futures.ThreadPoolExecutor):
+    """Runs each call on a daemon thread of its own. A call that never returns (a resolver that does not answer,
+    an NVML read of a GPU fallen off the bus) cannot hold up the process's exit: a ThreadPoolExecutor's workers,
+    asyncio's default executor's among them, are joined at exit, and SIGTERM waited for them. (A ThreadPoolExecutor
+    by type, which asyncio's default executor must be; it never starts a worker of its own.)"""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(max_workers=1, thread_name_prefix=name)
+        self._name = name
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # (handed to whoever waits on the future)
+                future.set_exception(exc)
+
+        threading.Thread(target=run, name=self._name, daemon=True).start()
+        return future
+
+
 class Fetcher:
     """A reusable HTTP client for one target (keep-alive between polls).
 
@@ -59,6 +84,7 @@ class Fetcher:
         self._closed = False
         self._lock = threading.Lock()  # a request is submitted before close() or not at all
         self._loop = asyncio.new_event_loop()
+        self._loop.set_default_executor(DaemonThreads("kvwatch-resolve"))  # (getaddrinfo runs there)
         self._thread = threading.Thread(target=self._loop.run_forever, name="kvwatch-fetch", daemon=True)
         self._thread.start()
 

@@ -338,8 +338,8 @@ class DeploymentSettings(_Base):
     gpu_memory_utilization: float | None = Field(
         None, gt=0, le=1, description="vLLM --gpu-memory-utilization (default: vLLM's, 0.92 in current versions)."
     )
-    tensor_parallel_size: int = Field(1, ge=1, description="vLLM --tensor-parallel-size.")
-    pipeline_parallel_size: int = Field(1, ge=1, description="vLLM --pipeline-parallel-size.")
+    tensor_parallel_size: int = Field(1, ge=1, le=1024, description="vLLM --tensor-parallel-size.")
+    pipeline_parallel_size: int = Field(1, ge=1, le=1024, description="vLLM --pipeline-parallel-size.")
     dtype: str = Field("auto", description="vLLM --dtype: auto, bfloat16, float16, float32 (bf16, fp16, fp32).")
     kv_cache_dtype: str = Field(
         "auto", description="vLLM --kv-cache-dtype: auto, fp8, fp8_e4m3, fp8_e5m2, fp8_inc, fp8_ds_mla, bfloat16, "
@@ -348,10 +348,20 @@ class DeploymentSettings(_Base):
     quantization: str | None = Field(
         None, description="Weight quantization: fp8, int8, w8a8, int4, awq, gptq, mxfp4, nvfp4, ..."
     )
-    block_size: int = Field(16, ge=1, description="vLLM --block-size (tokens per KV block).")
+    block_size: int = Field(16, ge=1, description="vLLM --block-size (tokens per KV block): 1, 8, 16, 32, 64, 128 or "
+                            "256.")
     max_model_len: int | None = Field(None, ge=1, description="vLLM --max-model-len.")
     max_num_batched_tokens: int | None = Field(None, ge=1, description="vLLM --max-num-batched-tokens.")
     max_num_seqs: int | None = Field(None, ge=1, description="vLLM --max-num-seqs.")
+
+    @field_validator("block_size")
+    @classmethod
+    def _block_size(cls, v: int) -> int:
+        from kvwatch.capacity.kv import VLLM_BLOCK_SIZES  # (the one list, the planner's)
+
+        if v not in VLLM_BLOCK_SIZES:
+            raise ValueError(f"vLLM accepts {', '.join(map(str, VLLM_BLOCK_SIZES))}")
+        return v
 
     @field_validator("dtype")
     @classmethod
@@ -426,7 +436,8 @@ class TargetSettings(DeploymentSettings):
         None, gt=0, description="Timeout of one poll; must be below the interval (default 0.8 x interval)."
     )
     max_body_bytes: int = Field(
-        16 * 1024 * 1024, ge=1024, description="Largest /metrics body read; larger is an error."
+        16 * 1024 * 1024, ge=1024, le=1024**3,
+        description="Largest /metrics body read, at most 1 GiB (the memory guard); larger is an error."
     )
     usage_metric: str | None = Field(None, description='Override the KV usage source: name or name{label="value"}.')
     running_metric: str | None = Field(None, description="Override the running-requests source metric.")

@@ -35,7 +35,7 @@ from typing import Any
 from kvwatch.capacity.series import max_model_len_of
 from kvwatch.derived import RATE_WINDOW_SECONDS, SeriesState, derive
 from kvwatch.engines import SourceOverrides
-from kvwatch.fetch import Fetcher
+from kvwatch.fetch import DaemonThreads, Fetcher
 from kvwatch.gpu_memory import GpuMatch, GpuMemory, shared_terms
 from kvwatch.history import History
 from kvwatch.latency import EDGE_SECONDS
@@ -171,8 +171,12 @@ class Sidecar:
         # run() hands the same resolver to the analyzers.
         self.capacity = capacity or CapacityResolver(settings)
         self.gpu = gpu
-        # The GPU source is read on its own thread beside the engine's poll, so a slow exporter never delays it.
-        self._gpu_pool = concurrent.futures.ThreadPoolExecutor(1, "kvwatch-gpu") if gpu is not None else None
+        # The GPU source is read on a thread of its own beside the engine's poll, so a slow exporter never delays
+        # it, and one read at a time: a read that hangs (NVML on a GPU fallen off the bus) is waited for at most the
+        # poll timeout and counted as timed out until it returns, while the engine's polls go on.
+        self._gpu_threads = DaemonThreads("kvwatch-gpu") if gpu is not None else None
+        self._gpu_pending: GpuRead | None = None
+        self._gpu_log = ChangeLog(log, initial=None)
         self.fetcher = fetcher
         self.clock = clock
         self.analyzers = tuple(analyzers)
@@ -200,8 +204,8 @@ class Sidecar:
         self.fetcher.close()
         if self.gpu is not None:
             self.gpu.close()
-        if self._gpu_pool is not None:
-            self._gpu_pool.shutdown(wait=False)
+        if self._gpu_threads is not None:
+            self._gpu_threads.shutdown(wait=False)
 
     def stop(self) -> None:
         """From now on a poll ending (cancelled by the fetcher's close) neither logs nor swaps the state,
@@ -274,7 +278,7 @@ class Sidecar:
         errors = dict(previous.health.errors_total)
         big = False
         text = ""
-        gpu_read = self._gpu_pool.submit(self.gpu.read) if self._gpu_pool is not None and self.gpu else None
+        gpu_read = self._start_gpu_read()
         try:
             # Latency buckets once per EDGE_SECONDS of poll clock (the window's edges), not on every poll.
             latency = self._latency_read_at is None or now - self._latency_read_at >= EDGE_SECONDS \
@@ -386,15 +390,32 @@ class Sidecar:
                                 "(first: %s/%s %s = %r)", self.target, ", ".join(fields), key[0], key[1], name, value)
         return MappingProxyType(counts)
 
-    def _gpu_state(self, read: concurrent.futures.Future[list[GpuMemory] | GpuReadError] | None, now: float,
-                   series: dict[SeriesKey, SeriesState]) -> GpuState | None:
+    def _start_gpu_read(self) -> GpuRead | None:
+        """This poll's read of the GPU source; the one still in flight when the last has not returned."""
+        if self._gpu_threads is None or self.gpu is None:
+            return None
+        if self._gpu_pending is None or self._gpu_pending.done():
+            self._gpu_pending = self._gpu_threads.submit(self.gpu.read)
+        return self._gpu_pending
+
+    def _gpu_state(self, read: GpuRead | None, now: float, series: dict[SeriesKey, SeriesState]) -> GpuState | None:
         if read is None or self.gpu is None:
             return None
         # The KV pool and weights per GPU, as the capacity analyzer computed them for the live engine series.
         results = [s.extra.get(CapacityAnalyzer.name) for s in series.values()]
         kv_pool, weights = shared_terms((r.pool_bytes, r.weights_bytes) if isinstance(r, CapacityResult) else
                                         (None, None) for r in results)
-        return self.gpu.update(read.result(), now, kv_pool, weights)
+        wait = float(self.settings.poll_timeout_seconds or 1.0)
+        try:
+            result = read.result(timeout=wait)
+        except concurrent.futures.TimeoutError:
+            result = GpuReadError("timeout", f"the GPU source has not answered for {wait:g}s or more")
+        state = self.gpu.update(result, now, kv_pool, weights)
+        # (failures were counted but never said: the source's error, once per change)
+        failing = None if state.up else state.last_error
+        self._gpu_log.change(failing, logging.WARNING if failing else logging.INFO, "GPU memory source %s",
+                             f"failing: {failing}" if failing else "read again")
+        return state
 
     def _series(self, reading: Reading, now: float) -> SeriesState:
         history = self.history[reading.key]
@@ -484,6 +505,11 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    # Their default is to die at once, without the shutdown above: a config reloader's SIGHUP restarted the container.
+    for sig in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, lambda number, _frame: log.info(
+            "%s ignored: the web config file is read again when it changes, and other settings need a restart",
+            signal.Signals(number).name))
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     port = server.server_address[1]  # --port 0: the free port the system picked
     log.info("kvwatch serving on %s://%s:%d/metrics%s, polling %s every %gs", "https" if web.config.tls else "http",
