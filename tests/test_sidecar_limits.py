@@ -333,3 +333,21 @@ def test_the_sidecar_logs_its_capacity_model_once(no_kvwatch_env: None, caplog: 
     messages = [r.getMessage() for r in caplog.records]
     assert sum("capacity model for llama: kvwatch was given --max-model-len 4,096" in m for m in messages) == 1
     assert sum(m.startswith("capacity model for llama: from vllm:cache_config_info") for m in messages) == 1
+
+
+@pytest.mark.parametrize("extra", ["process_start_time_seconds", "vllm:request_prompt_tokens_bucket"])
+def test_a_label_kvwatch_does_not_key_on_cannot_multiply_a_series_past_the_cap(extra: str) -> None:
+    # The series cap counts (model_name, engine) pairs: an extra label on a read family (x, pod) was never limited.
+    # 410,000 values of one took the sidecar to 310 MB with kvwatch_up 1. Now a series holding more samples than an
+    # engine's page ever has refuses the page as too large, within a bounded parse.
+    page = (Path(__file__).parent / "fixtures" / "vllm-metrics" / "gen-0.33-dp2-capacity-labels.prom").read_text()
+    series = 'engine="0",le="+Inf",model_name="meta-llama/Llama-3.1-8B-Instruct",'
+    labels = "" if extra.startswith("process") else series
+    rows = "".join(f'{extra}{{{labels}x="{i}"}} 1\n' for i in range(detect.SAMPLES_PER_SERIES + 1))
+    family = extra.removesuffix("_bucket")
+    assert f"# TYPE {family} " in page
+    at = page.index("\n", page.index(f"# TYPE {family} ")) + 1
+    with pytest.raises(ScrapeError) as info:
+        interpret(page[:at] + rows + page[at:], None, timestamp=0.0, max_series=64)
+    assert info.value.reason == "too_large" and "does not key on" in str(info.value)
+    assert interpret(page, None, timestamp=0.0, max_series=64).readings  # the page itself reads

@@ -18,7 +18,7 @@ import re
 from dataclasses import replace
 
 from kvwatch.engines import SourceOverrides, UnrecognisedPayload, sglang, trtllm, vllm
-from kvwatch.exposition import Exposition, ParseError, parse
+from kvwatch.exposition import Exposition, ParseError, TooLarge, parse
 from kvwatch.model import Poll
 
 ENGINE_KINDS = ("vllm", "sglang", "tensorrt-llm")
@@ -181,6 +181,11 @@ def _refuse_unmatched(exposition: Exposition, overrides: SourceOverrides | None)
 # its labels (an engine label on some families only) still fits, and so that the adapter still picks the
 # exported ones in its own order among twice as many as it exports.
 ADMIT_FACTOR = 2
+# Samples of the read families one series may hold (and the unlabelled ones together): an engine's page has at most
+# a few hundred (143 in the fixtures, buckets included). A label kvwatch does not key on (pod, x) multiplies them
+# past the series cap: 410,000 label sets of process_start_time_seconds took the sidecar to 310 MB with
+# kvwatch_up 1, and the allocator kept most of it after the target healed.
+SAMPLES_PER_SERIES = 4096
 
 
 class SeriesLimit:
@@ -192,31 +197,47 @@ class SeriesLimit:
     with one of the two (vLLM's per-engine ``cache_config_info`` has no model; its admission rejections no
     engine) describe series rather than being ones: they are kept up to ``limit`` label sets of their own,
     and never counted as dropped series (counting them dropped each engine's capacity with a low
-    ``--max-series``). ``refused`` holds the hashes of the refused series, to count them once each."""
+    ``--max-series``). ``refused`` holds the hashes of the refused series, to count them once each. A series
+    (or the unlabelled samples together) with more than :data:`SAMPLES_PER_SERIES` samples makes the whole page
+    :class:`~kvwatch.exposition.TooLarge`: a label kvwatch does not key on multiplies them, and which ones to keep
+    would be a guess."""
 
-    __slots__ = ("admitted", "limit", "partial", "refused")
+    __slots__ = ("admitted", "limit", "partial", "refused", "samples")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.admitted: set[tuple[str | None, str | None]] = set()
         self.partial: set[tuple[str | None, str | None]] = set()
         self.refused: set[int] = set()
+        self.samples: dict[tuple[str | None, str | None], int] = {}
 
     def admit(self, labels: dict[str, str]) -> bool:
         get = labels.get
         series = (get("model_name") or get("name") or get("model"), get("engine") or get("dp_rank"))
         if series in self.admitted or series == (None, None):
+            self._count(series)
             return True
         if series[0] is None or series[1] is None:
             if series in self.partial or len(self.partial) < self.limit:
                 self.partial.add(series)
+                self._count(series)
                 return True
             return False
         if len(self.admitted) < self.limit:
             self.admitted.add(series)
+            self._count(series)
             return True
         self.refused.add(hash(series))
         return False
+
+    def _count(self, series: tuple[str | None, str | None]) -> None:
+        count = self.samples.get(series, 0) + 1
+        self.samples[series] = count
+        if count > SAMPLES_PER_SERIES:
+            which = "samples without a model or engine label" if series == (None, None) else \
+                f"samples for model {series[0]!r}, engine {series[1]!r}"
+            raise TooLarge(f"more than {SAMPLES_PER_SERIES:,} {which} in the families kvwatch reads: a label it "
+                           "does not key on multiplies them (an engine's page has a few hundred)")
 
 
 def _capped(poll: Poll, max_series: int | None) -> Poll:
