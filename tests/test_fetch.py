@@ -455,3 +455,23 @@ def test_a_byte_that_is_not_utf8_is_a_parse_error_not_a_replacement_character() 
     assert caught.value.reason == "parse" and "invalid utf-8" in str(caught.value)
     line = body[:body.index(b"\xff")].count(b"\n") + 1
     assert f"line {line}:" in str(caught.value)
+
+
+def test_a_redirect_to_another_host_is_followed_and_said_once(raw_server: Callable,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    # Followed, as Prometheus follows it, but that host's page is then reported as this target's: it was silent
+    body = FIXTURE.encode()
+    final = raw_server(lambda conn: conn.sendall(
+        HEAD_200 + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body))
+    elsewhere = final.url.replace("127.0.0.1", "localhost")
+    for location, said in ((final.url, False), (elsewhere, True)):
+        caplog.clear()
+        redirecting = raw_server(lambda conn, where=location: conn.sendall(
+            b"HTTP/1.1 307 Temporary Redirect\r\nLocation: %s\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            % where.encode()))
+        with caplog.at_level("WARNING", logger="kvwatch.fetch"), \
+                Fetcher(redirecting.url, timeout=2.0, max_body_bytes=1 << 20) as fetcher:
+            for _ in range(2):
+                assert len(interpret(fetcher.fetch(), None, timestamp=1.0).readings) == 2
+        warnings = [r.getMessage() for r in caplog.records if "redirects to another host" in r.getMessage()]
+        assert len(warnings) == (1 if said else 0), warnings

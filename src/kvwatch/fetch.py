@@ -82,6 +82,7 @@ class Fetcher:
         self._transport = transport
         self._client = self._new_client()
         self._closed = False
+        self._redirected_to: str | None = None  # the other host a redirect last led to (logged once per change)
         self._lock = threading.Lock()  # a request is submitted before close() or not at all
         self._loop = asyncio.new_event_loop()
         self._loop.set_default_executor(DaemonThreads("kvwatch-resolve"))  # (getaddrinfo runs there)
@@ -183,6 +184,7 @@ class Fetcher:
             async with self._client.stream("GET", self._request_url, headers=headers, auth=self._auth) as response:
                 if response.status_code != 200:
                     raise ScrapeError("http_status", f"{self.url} answered HTTP {response.status_code}")
+                self._note_redirect(response)
                 declared = response.headers.get("Content-Length")
                 if declared and declared.isdecimal() and int(declared) > self.max_body_bytes and \
                         not response.headers.get("Content-Encoding"):
@@ -200,6 +202,17 @@ class Fetcher:
         except (httpx.HTTPError, OSError, ValueError) as exc:  # transport, TLS and URL failures alike
             raise ScrapeError("connect", f"{self.url}: {type(exc).__name__}: {exc}") from None
         return decode_body(bytes(body), response.charset_encoding, self.url)
+
+    def _note_redirect(self, response: httpx.Response) -> None:
+        """A redirect to another host is followed, as Prometheus follows it, and said once per place: its page is
+        then reported as this target's (it was followed without a word)."""
+        final = response.url
+        if not response.history or final.host == httpx.URL(self._request_url).host:
+            return
+        place = redact_url(str(final.copy_with(query=None)))
+        if place != self._redirected_to:
+            self._redirected_to = place
+            log.warning("%s redirects to another host, %s: kvwatch reads that page as this target's", self.url, place)
 
     async def _read_capped(self, response: httpx.Response) -> bytearray:
         """The decoded body, never more than ``max_body_bytes`` of it held, compressed or not (:class:`CappedBody`).
