@@ -562,3 +562,6 @@ def test_hy_v4_is_mla_and_an_unmodelled_kv_layout_is_said_plainly():
     [loops] = warnings(["IQuestLoopCoderForCausalLM"])
     assert "one attention layer per loop" in loops and "--available-kv-gib" in loops
     assert warnings(["DeepseekV4ForCausalLM"]) and warnings(["LlamaForCausalLM"]) == []
+    # MiniMax-M3's index-key side cache (round 15's review): read as plain attention without a word before
+    [index] = warnings(["MiniMaxM3ForCausalLM"])
+    assert "index-key side cache" in index
