@@ -77,12 +77,26 @@ def test_cli_json_contract_and_plot(tmp_path, capsys):
     assert set(report["scenario"]["trace_columns"]) == {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
     assert report["scenario"]["trace_empty_blocks"] == {"empty": 0, "blocks": 1}  # the sample: one short block
     assert report["scenario"]["trace_requests_capped"] == 0
+    assert report["scenario"]["trace_rows_left_out"] == {}  # the sample holds no row without a prompt
     for horizon in ("5m", "15m", "30m"):
         block = report["calibration"][horizon]
         assert set(block) == {"kvwatch", "predict_linear", "climatology"}
         assert block["kvwatch"]["n"] == block["predict_linear"]["n"] == block["climatology"]["n"]
     for scores in report["methods"].values():
         assert scores["false_alarms_per_day"] is None  # 6 monitored minutes are no day: never extrapolated
+
+
+def test_cli_text_says_how_much_of_the_trace_was_read_and_left_out(tmp_path, capsys):
+    # Rows left out (an empty prompt) were counted nowhere in the text report: the run simulated the rest at a
+    # higher rate without a word
+    sample = packaged_trace("azure_code_sample.csv").read_text().splitlines()
+    header, rows = sample[0], sample[1:]
+    path = tmp_path / "t.csv"
+    path.write_text("\n".join([header, *rows, *(f"{r.split(',')[0]},0,5" for r in rows[:7])]) + "\n")
+    code, out, _ = _cli(["--trace", str(path), "--profile", "steady", "--hours", "0.6", "--start-load", "0.5",
+                         "--peak-load", "0.5", "--rate-scale", "1", "--engine-speedup", "1"], capsys)
+    assert code == 0
+    assert f"trace read: {len(rows):,} requests over " in out and "; 7 rows left out (ContextTokens 0)" in out
 
 
 @pytest.mark.parametrize(

@@ -369,3 +369,64 @@ def test_an_error_names_the_files_own_line_after_blank_lines_before_the_header(t
     path.write_text("\n\nTIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.5,100,10\nnot a time,5,5\n")
     with pytest.raises(TraceError, match="line 5: "):
         load_trace(path)
+
+
+def test_a_timestamp_far_from_the_rest_is_refused_not_allocated() -> None:
+    # One date typed 9999- made the gap bookkeeping hold a list entry per 5 minutes of 8,000 years (a MemoryError
+    # after 6.6 GB); 1e300 s overflowed with a traceback. Refused, naming the gap
+    rows = "".join(f"2023-11-16 18:{m:02d}:00.0000000,100,10\n" for m in range(30))
+    for far in ("9999-11-16 18:00:00.0000000", "2124-11-16 18:00:00.0000000"):
+        with pytest.raises(TraceError, match="a timestamp far from the rest"):
+            read_azure_csv("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows + f"{far},100,10\n")
+    burst = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n" + "".join(
+        f"{t},m,100,10,110,x\n" for t in range(30)) + "1e300,m,100,10,110,x\n"
+    with pytest.raises(TraceError, match="far from the rest"):
+        load_trace_from(burst, "burst.csv")
+    moon = "".join(f'{{"timestamp": {t * 1000}, "input_length": 10, "output_length": 5}}\n' for t in range(30))
+    with pytest.raises(TraceError, match="far from the rest"):
+        read_mooncake_jsonl(moon + '{"timestamp": 1e12, "input_length": 10, "output_length": 5}\n')
+
+
+def load_trace_from(text: str, name: str, tmp: Path | None = None) -> list[Request]:
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp()) if tmp is None else tmp
+    path = folder / name
+    path.write_text(text)
+    return load_trace(path)
+
+
+def test_a_row_with_more_fields_than_the_header_is_refused() -> None:
+    # "0,llama,3,193,..." with an unquoted comma in Model was read by position: prompt 3, output 193
+    text = ("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n0,llama,100,10,110,x\n"
+            "1,llama,3,193,109,302,Conversation log\n")
+    with pytest.raises(TraceError, match=r"line 3: 7 fields where the header has 6 \(an unquoted comma\?\)"):
+        load_trace_from(text, "burst.csv")
+    quoted = load_trace_from(text.replace("llama,3,193", '"llama,3",193'), "burst.csv")  # quoted, it reads
+    assert [(r.prompt_tokens, r.output_tokens) for r in quoted] == [(100, 10), (193, 109)]
+
+
+def test_the_rows_left_out_are_counted_by_reason(tmp_path: Path) -> None:
+    # 1,800 of 2,000 rows with no prompt were dropped without a word, and the run simulated the rest at 10x the rate
+    rows = "".join(f"2023-11-16 18:{m // 60:02d}:{m % 60:02d}.0000000,{0 if m % 10 else 100},10\n" for m in range(600))
+    left_out: dict[str, int] = {}
+    path = tmp_path / "a.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
+    assert len(load_trace(path, left_out=left_out)) == 60 and left_out == {"ContextTokens 0": 540}
+    burst = tmp_path / "b.csv"
+    burst.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n" + "".join(
+        f"{t},m,100,{0 if t % 4 == 0 else 10},110,x\n" for t in range(40)))
+    left_out = {}
+    assert len(load_trace(burst, left_out=left_out)) == 30 and left_out == {"Response tokens 0 (failed)": 10}
+
+
+def test_mooncake_times_cut_to_the_minute_spread_over_the_minute() -> None:
+    # A 3-s jitter on minute-quantized times made a once-a-minute sawtooth (usage 0 -> 100 %); the 3-s steps of the
+    # published trace keep their 3-s jitter
+    lines = "".join(f'{{"timestamp": {(i // 20) * 60000}, "input_length": 10, "output_length": 5}}\n'
+                    for i in range(400))
+    spread = read_mooncake_jsonl(lines, seed=1)
+    within = [r.arrival_time % 60 for r in spread]
+    assert max(within) > 30 and min(within) < 30
+    three = read_mooncake_jsonl(lines.replace("60000", "3000"), seed=1)
+    assert max(r.arrival_time % 3 for r in three) <= 3.0

@@ -95,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         validate(scenario)  # the flags first: a bad --hours must not wait for a million-row trace to be read
-        trace, truncated = load_trace_head(args.trace)
+        left_out: dict[str, int] = {}
+        trace, truncated = load_trace_head(args.trace, left_out)
         trace_format = detect_format(args.trace)
     except (ScenarioError, TraceError) as exc:
         raise SettingsError(str(exc)) from None
@@ -127,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         del columns["hash_ids"]  # a Mooncake file without them: nothing of the column was read
     report["scenario"]["trace_columns"] = columns
     report["scenario"]["trace_requests_read"] = len(trace)
+    report["scenario"]["trace_rows_left_out"] = left_out
     report["scenario"]["trace_truncated"] = truncated
     report["scenario"]["trace_hours_read"] = round(span_of(trace) / 3600.0, 2)
     empty, blocks = empty_blocks(trace, block_seconds_for(trace))
@@ -183,6 +185,8 @@ def _text(report: dict) -> str:
         f"simulated at {scen['rate_scale']:g} x the trace's rate on an engine {scen['engine_speedup']:g} x the "
         f"default's speed (defaults from the {scen['scale_defaults_from']}; --rate-scale, --engine-speedup)",
     ]
+    lines.append(f"trace read: {scen['trace_requests_read']:,} requests over {scen['trace_hours_read']:g} h"
+                 + "".join(f"; {count:,} rows left out ({why})" for why, count in scen["trace_rows_left_out"].items()))
     if scen["trace_truncated"]:
         lines.append(f"note: read the trace's first {scen['trace_requests_read']:,} requests, its first "
                      f"{scen['trace_hours_read']:g} h (a longer trace is not held whole); the bootstrap draws its "

@@ -171,8 +171,9 @@ def load_trace(path: Path) -> list[Request]:
     return load_trace_head(path)[0]
 
 
-def load_trace_head(path: Path) -> tuple[list[Request], bool]:
-    """(the trace's first MAX_TRACE_REQUESTS requests in file order, whether it had more). The bootstrap draws
+def load_trace_head(path: Path, left_out: dict[str, int] | None = None) -> tuple[list[Request], bool]:
+    """(the trace's first MAX_TRACE_REQUESTS requests in file order, whether it had more); ``left_out`` counts
+    the rows the reader left out, by reason (an empty prompt, a failed request). The bootstrap draws
     5-minute blocks from them: a week-long trace held whole would take gigabytes (~340 B a request), and a
     million requests are its first hours at the Azure 2024 traces' rates (about 10 h of code at 28 requests/s,
     6 h of conversation at 45); the report says how many hours were read."""
@@ -184,7 +185,7 @@ def load_trace_head(path: Path) -> tuple[list[Request], bool]:
     if not path.is_file():
         raise ScenarioError(f"--trace {path}: no such file")
     try:
-        requests = read(path, max_requests=MAX_TRACE_REQUESTS + 1)
+        requests = read(path, max_requests=MAX_TRACE_REQUESTS + 1, left_out=left_out)
     except (OSError, TraceError, ValueError) as exc:  # the reader's message names the file already
         raise ScenarioError(f"--trace: {exc}") from exc
     truncated = len(requests) > MAX_TRACE_REQUESTS

@@ -130,23 +130,46 @@ def _hash_ids(value: object) -> tuple[int, ...]:
     return tuple(h if isinstance(h, int) and not isinstance(h, bool) else zlib.crc32(str(h).encode()) for h in value)
 
 
-def read_azure_csv(source: str | Path, *, max_requests: int | None = None) -> list[Request]:
+def read_azure_csv(source: str | Path, *, max_requests: int | None = None,
+                   left_out: dict[str, int] | None = None) -> list[Request]:
     """Requests of an Azure LLM inference trace (CSV); 0 generated tokens count as 1 (vLLM emits one)."""
-    rows = _read_csv(source, AZURE_HEADER, _parse_azure_time, max_rows=max_requests)
+    rows = _read_csv(source, AZURE_HEADER, _parse_azure_time, max_rows=max_requests, left_out=left_out)
     return [Request(t, p, max(1, o)) for t, p, o in rows]
 
 
-def read_burstgpt_csv(source: str | Path, *, max_requests: int | None = None) -> list[Request]:
+def read_burstgpt_csv(source: str | Path, *, max_requests: int | None = None,
+                      left_out: dict[str, int] | None = None) -> list[Request]:
     """Requests of a BurstGPT trace (CSV); the failed ones (0 response tokens) are left out."""
-    rows = _read_csv(source, BURSTGPT_HEADER, float, keep=lambda _t, _p, output: output > 0, max_rows=max_requests)
+    rows = _read_csv(source, BURSTGPT_HEADER, float, keep=lambda _t, _p, output: output > 0, max_rows=max_requests,
+                     left_out=left_out)
     return [Request(t, p, o) for t, p, o in rows]
+
+
+MAX_SPAN_SECONDS = 400 * 86400.0  # longer than any published trace (BurstGPT: 121 days): a stray timestamp
+
+
+def _checked_span(times: Sequence[float], name: str) -> None:
+    """Refuse a trace whose times lie further apart than any real trace's (:data:`MAX_SPAN_SECONDS`): one date
+    typed 9999-, or milliseconds among seconds, made the gap bookkeeping allocate gigabytes, or overflow."""
+    first, last = min(times), max(times)
+    if last - first > MAX_SPAN_SECONDS:
+        gap, at = max((b - a, b) for a, b in pairwise(sorted(times)))
+
+        def days(seconds: float) -> str:
+            return f"{seconds / 86400:,.0f}" if seconds < 1e12 else f"{seconds / 86400:.3g}"
+
+        raise TraceError(f"{name}: the requests span {days(last - first)} days, the widest gap {days(gap)} days "
+                         f"(before the arrival {days(at - first)} days after the first): a timestamp far from the rest "
+                         f"(a typo in a date, milliseconds among seconds?); a trace may span at most "
+                         f"{MAX_SPAN_SECONDS / 86400:.0f} days")
 
 
 def _read_csv(source: str | Path, columns: tuple[str, str, str], time: Callable[[str], float],
               keep: Callable[[float, int, int], bool] | None = None,
-              max_rows: int | None = None) -> list[tuple[float, int, int]]:
+              max_rows: int | None = None, left_out: dict[str, int] | None = None) -> list[tuple[float, int, int]]:
     """(arrival relative to the first, prompt tokens, output tokens) of the rows of a CSV trace, by arrival: the
-    first ``max_rows`` kept rows in file order when given."""
+    first ``max_rows`` kept rows in file order when given; ``left_out`` counts the rows left out, by reason."""
+    left_out = left_out if left_out is not None else {}
     lines, name = _lines(source)
     header, header_line = None, 0
     for line in lines:  # blank lines before it are no header
@@ -157,12 +180,15 @@ def _read_csv(source: str | Path, columns: tuple[str, str, str], time: Callable[
     where = _csv_columns(header, columns) if header is not None else None
     if where is None:
         raise TraceError(f"{name}: line {max(1, header_line)} must be a header with the columns {','.join(columns)}")
+    fields = len(next(csv.reader([header]), []))
     rows: list[tuple[float, int, int]] = []
     for number, line in enumerate(lines, start=header_line + 1):  # error messages name the file's own line
         if not line.strip():
             continue
         parts = line.split(",") if '"' not in line else next(csv.reader([line]), [])  # the 2023 files: no quotes
         try:
+            if len(parts) > fields:  # read by position, its columns would be the wrong ones
+                raise ValueError(f"{len(parts)} fields where the header has {fields} (an unquoted comma?)")
             if len(parts) <= max(where):
                 raise ValueError(f"expected at least {max(where) + 1} columns")
             t, prompt, output = (_column(columns[i], parse, parts[where[i]])
@@ -172,9 +198,11 @@ def _read_csv(source: str | Path, columns: tuple[str, str, str], time: Callable[
             if prompt < 0 or output < 0:  # checked before `keep`: a broken row is an error, not a failed request
                 raise ValueError("token counts cannot be negative")
             if keep is not None and not keep(t, prompt, output):
+                left_out[f"{columns[2]} 0 (failed)"] = left_out.get(f"{columns[2]} 0 (failed)", 0) + 1
                 continue
-            if prompt < 1:
-                continue  # an empty prompt: vLLM refuses the request, so it holds no KV
+            if prompt < 1:  # an empty prompt: vLLM refuses the request, so it holds no KV
+                left_out[f"{columns[1]} 0"] = left_out.get(f"{columns[1]} 0", 0) + 1
+                continue
         except ValueError as exc:
             raise TraceError(f"{name}: line {number}: {exc}: {line[:80]!r}") from None
         rows.append((t, prompt, output))
@@ -182,6 +210,7 @@ def _read_csv(source: str | Path, columns: tuple[str, str, str], time: Callable[
             break
     if not rows:
         raise TraceError(f"{name}: no requests")
+    _checked_span([t for t, _, _ in rows], name)
     rows.sort(key=lambda r: r[0])
     t0 = rows[0][0]
     return spread_quantized([(t - t0, p, o) for t, p, o in rows])
@@ -206,9 +235,12 @@ def spread_quantized(rows: list[tuple[float, int, int]], seed: int = 0) -> list[
 
 
 def read_mooncake_jsonl(source: str | Path, *, jitter_seconds: float = 3.0, seed: int = 0,
-                        max_requests: int | None = None) -> list[Request]:
+                        max_requests: int | None = None, left_out: dict[str, int] | None = None) -> list[Request]:
     """Requests of a Mooncake trace (the first ``max_requests`` lines' when given); ``jitter_seconds=0`` keeps
-    the quantized timestamps."""
+    the quantized timestamps. Times quantized more coarsely than ``jitter_seconds`` (cut to the minute) are spread
+    over their own step, as a CSV trace's (:func:`spread_quantized`): 3 s of a minute's requests made a sawtooth.
+    ``left_out`` counts the lines left out, by reason."""
+    left_out = left_out if left_out is not None else {}
     lines, name = _lines(source)
     rng = random.Random(seed)
     raw: list[tuple[float, int, int, tuple[int, ...]]] = []
@@ -232,8 +264,9 @@ def read_mooncake_jsonl(source: str | Path, *, jitter_seconds: float = 3.0, seed
             hashes = _hash_ids(row.get("hash_ids", ()))
             if prompt < 0 or output < 0 or not 0 <= t < math.inf:
                 raise ValueError("lengths cannot be negative and the timestamp must be a finite number >= 0")
-            if prompt < 1:
-                continue  # an empty prompt: vLLM refuses the request, so it holds no KV
+            if prompt < 1:  # an empty prompt: vLLM refuses the request, so it holds no KV
+                left_out["input_length 0"] = left_out.get("input_length 0", 0) + 1
+                continue
         except KeyError as exc:
             raise TraceError(f"{name}: line {number}: {exc.args[0]}") from None
         except (ValueError, TypeError, OverflowError) as exc:
@@ -241,8 +274,13 @@ def read_mooncake_jsonl(source: str | Path, *, jitter_seconds: float = 3.0, seed
         raw.append((t, prompt, output, hashes))
     if not raw:
         raise TraceError(f"{name}: no requests")
+    _checked_span([t for t, _, _, _ in raw], name)
     raw.sort(key=lambda r: r[0])
     t0 = raw[0][0]
+    times = sorted({t for t, _, _, _ in raw})
+    quantum = min((b - a for a, b in pairwise(times)), default=0.0)
+    if jitter_seconds > 0 and len(raw) >= QUANTIZED_SHARE * len(times) and quantum > 1.5 * jitter_seconds:
+        jitter_seconds = quantum
     out = []
     for t, prompt, output, hashes in raw:
         shift = rng.uniform(0.0, jitter_seconds) if jitter_seconds > 0 else 0.0
@@ -442,13 +480,15 @@ def detect_format(path: str | Path) -> str:
                      "timestamp, input_length, output_length)")
 
 
-def load_trace(path: str | Path, *, seed: int = 0, max_requests: int | None = None) -> list[Request]:
+def load_trace(path: str | Path, *, seed: int = 0, max_requests: int | None = None,
+               left_out: dict[str, int] | None = None) -> list[Request]:
     """Read a trace of any of the formats, detected from its content (not its file name); with
-    ``max_requests``, only its first requests in file order (a week-long trace held whole is gigabytes)."""
+    ``max_requests``, only its first requests in file order (a week-long trace held whole is gigabytes);
+    ``left_out`` counts the rows left out, by reason (an empty prompt, a failed request)."""
     kind = detect_format(path)
     if kind == "mooncake":
-        return read_mooncake_jsonl(Path(path), seed=seed, max_requests=max_requests)
-    return _READERS[kind](Path(path), max_requests=max_requests)
+        return read_mooncake_jsonl(Path(path), seed=seed, max_requests=max_requests, left_out=left_out)
+    return _READERS[kind](Path(path), max_requests=max_requests, left_out=left_out)
 
 
 def packaged_trace(name: str) -> Path:
