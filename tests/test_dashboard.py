@@ -197,3 +197,21 @@ def test_the_alert_annotations_show_every_alert_of_the_pack() -> None:
     pattern = re.search(r'alertname=~"([^"]+)"', expr).group(1)
     assert alerts and all(re.fullmatch(pattern, name) for name in alerts), sorted(
         name for name in alerts if not re.fullmatch(pattern, name))
+
+
+def test_pods_are_told_apart_by_namespace_and_stats_show_the_current_value() -> None:
+    # One chart per namespace repeats pod names: "max by (pod, ...)" merged prod's bottleneck with staging's ok
+    # and legends showed two lines of one name. A stat reduced from a range kept a stale time to the GPU limit.
+    import re
+
+    for p in panels():
+        for target in p["targets"]:
+            legend, expr = target.get("legendFormat", ""), target["expr"]
+            assert "{{pod}}" not in legend or "{{namespace}}/{{pod}}" in legend, (p["title"], legend)
+            for group in re.findall(r"by \(([^)]*)\)", expr):
+                labels = [g.strip() for g in group.split(",")]
+                assert "pod" not in labels or "namespace" in labels, (p["title"], expr)
+        if p["type"] == "stat":
+            assert all(t.get("instant") and not t.get("range") for t in p["targets"]), p["title"]
+    annotation = next(a for a in DASHBOARD["annotations"]["list"] if a.get("expr"))
+    assert "{{namespace}}/{{pod}}" in annotation["textFormat"]
