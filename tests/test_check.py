@@ -460,7 +460,7 @@ def test_human_text_has_plurals_no_dicts_and_no_unknown_tokens(capsys: pytest.Ca
     assert main(["check", "--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom")]) == 0
     out = capsys.readouterr().out
     assert "{" not in out.replace('{state="scheduler_limited"}', "") and "'capacity'" not in out
-    assert "4 waiting (3 capacity, 1 deferred)" in out
+    assert "4 waiting (3 for capacity, 1 for deferred)" in out
     assert main(["check", "--file", str(FIXTURES / "gen-0.8.5-engine-label.prom")]) == 0
     out = capsys.readouterr().out
     assert "unknown tokens" not in out and "KV capacity     unknown" in out

@@ -620,7 +620,8 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"  KV usage        {_fmt(usage, '.1%')}"
                      + (f" ({used:,} of {capacity:,} tokens)" if used is not None and capacity is not None else ""))
         running, waiting = s["requests_running"], s["requests_waiting"]
-        reasons = ", ".join(f"{n:,} {reason}" for reason, n in s["waiting_by_reason"].items() if n)
+        # (vLLM's reasons: "capacity" read as the cache's size, not as what the requests wait for)
+        reasons = ", ".join(f"{n:,} for {reason}" for reason, n in s["waiting_by_reason"].items() if n)
         lines.append(f"  queue           {_fmt(running, ',')} running, {_fmt(waiting, ',')} waiting"
                      + (f" ({reasons})" if reasons else ""))
         lines.append("  KV capacity     " + (f"{capacity:,} tokens" if capacity is not None else "unknown"))
