@@ -328,3 +328,30 @@ def test_the_report_counts_the_requests_capped_at_max_model_len(tmp_path, capsys
                          "--peak-load", "0.5", "--max-model-len", "32768"], capsys)
     assert code == 0
     assert "note: 12 of the 1,200 requests read are longer than --max-model-len 32,768 as the trace has them" in out
+
+
+def test_a_tuned_name_on_another_format_takes_the_contents_defaults(tmp_path):
+    # A BurstGPT CSV saved as conversation_trace.jsonl took the Mooncake trace's tuning by name (4 requests simulated)
+    from kvwatch.backtest.traces import TRACE_DEFAULTS, defaults_for
+
+    burst = tmp_path / "conversation_trace.jsonl"
+    burst.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                     + "".join(f"{t * 0.5},m,{500 + t},50,{550 + t},x\n" for t in range(4000)))
+    from kvwatch.sim.traces import load_trace
+
+    assert defaults_for(burst, load_trace(burst)) != TRACE_DEFAULTS["conversation_trace.jsonl"]
+    mooncake = tmp_path / "m" / "conversation_trace.jsonl"
+    mooncake.parent.mkdir()
+    mooncake.write_text("".join(f'{{"timestamp": {t * 500}, "input_length": 500, "output_length": 50}}\n'
+                                for t in range(100)))
+    assert defaults_for(mooncake, load_trace(mooncake)) == TRACE_DEFAULTS["conversation_trace.jsonl"]
+
+
+def test_cli_notes_a_rate_at_the_bound_as_a_unit_mistake(tmp_path, capsys):
+    # Milliseconds in a BurstGPT "seconds" column read as a trace 1000x longer, simulated at the 1000x bound: 0 events
+    # and no word. Now the text says what the bound and the span suggest.
+    path = tmp_path / "ms.csv"
+    path.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                    + "".join(f"{t * 600},m,500,50,550,x\n" for t in range(400)))
+    code, out, _ = _cli(["--trace", str(path), "--hours", "0.6", "--profile", "steady"], capsys)
+    assert code == 0 and "simulated at the bound, 1000 x" in out and "milliseconds read as seconds" in out

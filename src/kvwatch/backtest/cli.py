@@ -14,6 +14,7 @@ from pathlib import Path
 
 from kvwatch.backtest.scenarios import (
     DEFAULT_MAX_MODEL_LEN,
+    MAX_SCALE,
     PROFILES,
     Scenario,
     ScenarioError,
@@ -187,6 +188,10 @@ def _text(report: dict) -> str:
     ]
     lines.append(f"trace read: {scen['trace_requests_read']:,} requests over {scen['trace_hours_read']:g} h"
                  + "".join(f"; {count:,} rows left out ({why})" for why, count in scen["trace_rows_left_out"].items()))
+    if scen["rate_scale"] >= MAX_SCALE:
+        lines.append(f"note: the trace's rate is so low that it is simulated at the bound, {MAX_SCALE:g} x, over "
+                     f"{scen['trace_hours_read']:g} h read: if that span is not the trace's, its times are in another "
+                     "unit than the format's (milliseconds read as seconds make a trace 1000 x longer)")
     if scen["trace_truncated"]:
         lines.append(f"note: read the trace's first {scen['trace_requests_read']:,} requests, its first "
                      f"{scen['trace_hours_read']:g} h (a longer trace is not held whole); the bootstrap draws its "

@@ -16,7 +16,7 @@ from pathlib import Path
 from kvwatch.backtest.runner import MAX_NUM_SEQS
 from kvwatch.backtest.scenarios import DEFAULT_MAX_MODEL_LEN, LONG_PROMPT_RANGE, MAX_SCALE, capped
 from kvwatch.sim.config import Request, StepTimeModel
-from kvwatch.sim.traces import active_seconds
+from kvwatch.sim.traces import TraceError, active_seconds, detect_format
 
 # The tuned traces and the packaged excerpts of them, by exact file name (lower case, without ".gz") ->
 # (rate_scale, engine_speedup). Exact, not a fragment: "conv" in any name (a Mooncake file saved as
@@ -51,12 +51,26 @@ def defaults_for(path: Path, trace: Sequence[Request] | None = None, *, prompt_s
     """(rate_scale, engine_speedup): the tuned values of a trace named above (its results stay reproducible),
     else, given the trace, :func:`content_defaults` for it with the long-context shaping applied (and the engine
     sized for ``rate_scale`` when the caller set it); else (1, 1)."""
-    tuned = TRACE_DEFAULTS.get(path.name.lower().removesuffix(".gz"))
+    tuned = _tuned(path)
     if tuned is not None:
         return tuned
     if not trace:
         return (1.0, 1.0)
     return content_defaults(trace, prompt_scale, long_fraction, max_model_len=max_model_len, rate_scale=rate_scale)
+
+
+def _tuned(path: Path) -> tuple[float, float] | None:
+    """The tuned defaults of a trace named in TRACE_DEFAULTS whose content is that trace's format (a BurstGPT CSV
+    saved as conversation_trace.jsonl got Mooncake's tuning, and 4 requests were simulated)."""
+    name = path.name.lower().removesuffix(".gz")
+    tuned = TRACE_DEFAULTS.get(name)
+    if tuned is None:
+        return None
+    try:
+        kind = detect_format(path)
+    except (OSError, TraceError):
+        return tuned  # (the reader will say what is wrong with it)
+    return tuned if kind == ("mooncake" if name.endswith(".jsonl") else "azure") else None
 
 
 def named(path: Path) -> bool:
