@@ -430,3 +430,14 @@ def test_mooncake_times_cut_to_the_minute_spread_over_the_minute() -> None:
     assert max(within) > 30 and min(within) < 30
     three = read_mooncake_jsonl(lines.replace("60000", "3000"), seed=1)
     assert max(r.arrival_time % 3 for r in three) <= 3.0
+
+
+def test_an_empty_trace_or_an_unknown_first_line_is_named(tmp_path: Path) -> None:
+    # Every such file got one generic "not an Azure CSV ... nor a Mooncake JSONL"
+    for name, content in (("empty.csv", b""), ("bom.csv", b"\xef\xbb\xbf\n\n"), ("empty.csv.gz", gzip.compress(b""))):
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(TraceError, match="is empty"):
+            detect_format(tmp_path / name)
+    (tmp_path / "comment.csv").write_text("# exported 2024-05-01\nTIMESTAMP,ContextTokens,GeneratedTokens\n")
+    with pytest.raises(TraceError, match=r"line 1 \('# exported 2024-05-01'\)"):
+        detect_format(tmp_path / "comment.csv")

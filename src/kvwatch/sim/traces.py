@@ -458,6 +458,9 @@ def detect_format(path: str | Path) -> str:
             raise TraceError(f"trace {path} is {packing}-compressed: decompress it first (kvwatch reads plain and "
                              "gzip-compressed traces)")
     first = first.decode("utf-8", errors="replace").lstrip("\ufeff")  # a byte-order mark is not part of line 1
+    if not first.strip():
+        raise TraceError(f"trace {path} is empty" + (" (after decompressing)" if gzipped else "")
+                         + ": no line to read a header or a request from")
     if first.lstrip().startswith("{"):
         return "mooncake"
     if first.lstrip().startswith("["):
@@ -475,9 +478,10 @@ def detect_format(path: str | Path) -> str:
         if len(missing) < len(header):
             raise TraceError(f"{path}: line 1 looks like {kind} CSV header without the column "
                              f"{', '.join(missing)} (it needs {','.join(header)})")
-    raise TraceError(f"{path}: not an Azure CSV (columns {','.join(AZURE_HEADER)}), a BurstGPT CSV (columns "
-                     f"{','.join(BURSTGPT_HEADER)}) nor a Mooncake JSONL trace (one JSON object per line with "
-                     "timestamp, input_length, output_length)")
+    shown = first.strip()[:60]
+    raise TraceError(f"{path}: line 1 ({shown!r}) is not an Azure CSV header (columns {','.join(AZURE_HEADER)}), a "
+                     f"BurstGPT CSV header (columns {','.join(BURSTGPT_HEADER)}) nor a Mooncake JSONL line (a JSON "
+                     "object with timestamp, input_length, output_length)")
 
 
 def load_trace(path: str | Path, *, seed: int = 0, max_requests: int | None = None,
