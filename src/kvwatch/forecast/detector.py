@@ -159,7 +159,7 @@ class ReactiveDetectors:
             window.add(flags)
         fire = self._fire
         self.saturated_fraction = fire.saturated / len(fire.flags)
-        self.sustained = fire.covers(now) and fire.saturated >= p.fire_fraction * len(fire.flags)
+        self.sustained = self._fires(now, "saturated")
         self.bottleneck = self._hysteresis(self.bottleneck, now, "saturated")
         # A queue with KV room is a scheduler limit only while the cache is not the limit as often: with saturated
         # polls (a full cache, a queue waiting for KV, a preemption) as many as those with a queue and room over the
@@ -182,13 +182,16 @@ class ReactiveDetectors:
             and (flags.usage < p.u_sat or flags.stalls_without_queue)
         )
 
+    def _fires(self, now: float, count: str) -> bool:
+        """The fire window, covered, holds enough polls with the ``count`` flag to turn its state on."""
+        fire = self._fire
+        return fire.covers(now) and getattr(fire, count) >= self.params.fire_fraction * len(fire.flags)
+
     def _hysteresis(self, active: bool, now: float, count: str) -> bool:
-        p = self.params
         if not active:
-            fire = self._fire
-            return fire.covers(now) and getattr(fire, count) >= p.fire_fraction * len(fire.flags)
+            return self._fires(now, count)
         clear = self._clear
-        return getattr(clear, count) > p.clear_fraction * len(clear.flags)
+        return getattr(clear, count) > self.params.clear_fraction * len(clear.flags)
 
 
 @dataclass(frozen=True)

@@ -219,15 +219,23 @@ def _read_csv(source: str | Path, columns: tuple[str, str, str], time: Callable[
 QUANTIZED_SHARE = 2.0  # rows per distinct timestamp at which a CSV trace's times read as quantized
 
 
+def _quantum(times: Sequence[float]) -> float | None:
+    """The shortest step between two distinct times when they are quantized (``QUANTIZED_SHARE`` or more rows per
+    distinct time), else None."""
+    distinct = sorted(set(times))
+    if len(distinct) < 2 or len(times) < QUANTIZED_SHARE * len(distinct):
+        return None
+    return min(b - a for a, b in pairwise(distinct))
+
+
 def spread_quantized(rows: list[tuple[float, int, int]], seed: int = 0) -> list[tuple[float, int, int]]:
     """Rows whose times are quantized (on average ``QUANTIZED_SHARE`` or more rows share one: a trace cut to the
     second or the minute) spread uniformly over the quantum, the shortest step between two distinct times; the
     replay made bursts of them (a minute's requests at one instant), as Mooncake's 3-s steps did. Times fine enough
     to be distinct are kept as they are."""
-    times = sorted({t for t, _, _ in rows})
-    if len(times) < 2 or len(rows) < QUANTIZED_SHARE * len(times):
+    quantum = _quantum([t for t, _, _ in rows])
+    if quantum is None:
         return rows
-    quantum = min(b - a for a, b in pairwise(times))
     rng = random.Random(seed)
     spread = [(t + rng.uniform(0.0, quantum), p, o) for t, p, o in rows]
     spread.sort(key=lambda r: r[0])
@@ -277,9 +285,8 @@ def read_mooncake_jsonl(source: str | Path, *, jitter_seconds: float = 3.0, seed
     _checked_span([t for t, _, _, _ in raw], name)
     raw.sort(key=lambda r: r[0])
     t0 = raw[0][0]
-    times = sorted({t for t, _, _, _ in raw})
-    quantum = min((b - a for a, b in pairwise(times)), default=0.0)
-    if jitter_seconds > 0 and len(raw) >= QUANTIZED_SHARE * len(times) and quantum > 1.5 * jitter_seconds:
+    quantum = _quantum([t for t, _, _, _ in raw])
+    if jitter_seconds > 0 and quantum is not None and quantum > 1.5 * jitter_seconds:
         jitter_seconds = quantum
     out = []
     for t, prompt, output, hashes in raw:
