@@ -215,3 +215,25 @@ def test_pods_are_told_apart_by_namespace_and_stats_show_the_current_value() -> 
             assert all(t.get("instant") and not t.get("range") for t in p["targets"]), p["title"]
     annotation = next(a for a in DASHBOARD["annotations"]["list"] if a.get("expr"))
     assert "{{namespace}}/{{pod}}" in annotation["textFormat"]
+
+
+def _unit(panel: dict, ref_id: str) -> str | None:
+    for override in panel.get("fieldConfig", {}).get("overrides", []):
+        if override["matcher"] == {"id": "byFrameRefID", "options": ref_id}:
+            for prop in override["properties"]:
+                if prop["id"] == "unit":
+                    return prop["value"]
+    return panel.get("fieldConfig", {}).get("defaults", {}).get("unit")
+
+
+def test_every_rate_is_drawn_per_second_and_errors_are_not_requests() -> None:
+    # Poll errors showed as "req/s" beside vLLM's own request rates, and a panel of dropped-series rates
+    # (and the aborted requests per second under a 0/1 breach line) had no unit at all.
+    per_second = {"reqps", "ops", "cps", "Bps"}
+    for p in panels():
+        for target in p["targets"]:
+            expr, unit = target["expr"], _unit(p, target["refId"])
+            if re.search(r"\b(i?rate)\(|_per_second\b", expr):
+                assert unit in per_second or (unit or "").endswith("/s"), (p["title"], target["refId"], unit)
+            if re.search(r"rate\([a-z_:]*errors_total", expr):
+                assert unit != "reqps", (p["title"], unit)
