@@ -32,6 +32,7 @@ _RANGE = re.compile(r"\[[^\[\]]*\]")
 _GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)")
 _IDENT = re.compile(r"(?<![\w:.])([a-zA-Z_:][a-zA-Z0-9_:]*)(\s*\()?")
 _LABEL_VALUES = re.compile(r"^\s*label_values\((.*),\s*\w+\s*\)\s*$", re.DOTALL)
+_QUERY_RESULT = re.compile(r"^\s*query_result\((.*)\)\s*$", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -111,8 +112,8 @@ def dashboard_queries(path: Path = DASHBOARD_FILE) -> list[Query]:
         if variable["type"] != "query":
             continue
         query = variable["query"]["query"] if isinstance(variable["query"], dict) else variable["query"]
-        match = _LABEL_VALUES.match(query)
-        if match:  # label_values(selector, label): the selector is PromQL
+        match = _LABEL_VALUES.match(query) or _QUERY_RESULT.match(query)
+        if match:  # label_values(selector, label) and query_result(expr): the selector or expr is PromQL
             found.append(Query(f"variable {variable['name']}", substitute_grafana_variables(match.group(1))))
     for annotation in dashboard.get("annotations", {}).get("list", []):
         if "expr" in annotation:
