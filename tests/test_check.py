@@ -920,3 +920,16 @@ def test_a_running_or_waiting_override_without_samples_yet_says_why(
     report = check_json(["--file", str(page), "--running-metric", 'proxy_running{pool="a"}'], capsys)
     (unknown,) = [f for f in report["findings"] if f["id"] == "value_unknown"]
     assert "--running-metric" in unknown["message"] and report["series"][0]["requests_running"] is None
+
+
+@pytest.mark.parametrize("fixture", ["sglang-metrics/gen-0.5.2-total-retracted-tp2.prom"])
+def test_vllms_formula_is_no_capacity_for_another_engine(fixture: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # With --gpu, an SGLang page without max_total_num_tokens showed "KV capacity 1,038,496 tokens": vLLM's sums
+    # (gpu_memory_utilization 0.92), for a server sized by --mem-fraction-static. Unknown, and the gains are ratios.
+    report = check_json(["--file", str(FIXTURES.parent / fixture), "--gpu", "H100"], capsys)
+    series = report["series"][0]
+    assert series["capacity_source"] == "unknown" and series["kv_capacity_tokens"] is None
+    assert ("capacity_unknown", "0") in ids(report)
+    effects = {a["action"]: a["projected_effect"] for a in series["advice"]}
+    assert "KV capacity about x1.11" in effects["quantize_weights"]
+    assert "tokens" not in effects["add_tensor_parallelism"].split(";")[0]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvwatch.forecast.demand import DemandParams
-from kvwatch.model import Histogram
+from kvwatch.model import SGLANG, TENSORRT_LLM, VLLM, Histogram
 
 if TYPE_CHECKING:  # types only: the advisor loads neither the capacity model nor the forecaster
     from kvwatch.capacity.architecture import ModelArch
@@ -37,7 +37,6 @@ MAX_MODEL_LEN_SLACK = 0.5
 # The concurrency limit keeps KV usage under the forecaster's saturation threshold.
 LIMIT_USAGE = DemandParams().u_sat
 DEFAULT_GPUS_PER_NODE = 8
-VLLM, SGLANG, TENSORRT_LLM = "vllm", "sglang", "tensorrt-llm"
 # Triton's TensorRT-LLM backend: the same engine, but configured in the engine build (trtllm-build) and the model's
 # config.pbtxt, not by launch flags (kvwatch.check picks it for version_range "triton-backend").
 TRITON_TENSORRT_LLM = "tensorrt-llm-triton"
@@ -176,7 +175,9 @@ def advise(
     whatif = _whatif(capacity_plan)
     plan_tokens = float(capacity_plan.kv_cache_tokens) if capacity_plan is not None and \
         capacity_plan.kv_cache_tokens else None
-    base_tokens = capacity_tokens or plan_tokens
+    # The engine's pool, else the plan's: vLLM's sums, so not for SGLang or TensorRT-LLM, which size their pools their
+    # own way (their gains are then the plan's ratios alone, and their capacity stays unknown).
+    base_tokens = capacity_tokens or (plan_tokens if engine_kind == VLLM else None)
     ceiling = concurrency_ceiling
     if ceiling is None and base_tokens and kv_tokens_per_request:
         ceiling = base_tokens / kv_tokens_per_request
@@ -220,7 +221,7 @@ def advise(
         ))
 
     quantized = whatif.get("fp8_weights") if not fixed_blocks else None
-    if quantized is not None and plan_tokens and base_tokens and quantized.kv_cache_tokens and \
+    if quantized is not None and plan_tokens and quantized.kv_cache_tokens and \
             quantized.kv_cache_tokens > plan_tokens:
         gain = quantized.kv_cache_tokens / plan_tokens
         kv_fp8 = whatif.get("fp8_kv_cache")
@@ -281,8 +282,10 @@ def _worst_case_ceilings(capacity_plan: CapacityPlan | None, pool_blocks: float 
     return None, None
 
 
-def _capacity_text(base_tokens: float, gain: float, ceiling: float | None) -> str:
-    text = f"KV capacity {base_tokens:,.0f} -> {base_tokens * gain:,.0f} tokens (x{gain:.2f})"
+def _capacity_text(base_tokens: float | None, gain: float, ceiling: float | None) -> str:
+    """The gain on the pool; by the plan's ratio alone where the pool is unknown (an engine kvwatch cannot size)."""
+    text = (f"KV capacity {base_tokens:,.0f} -> {base_tokens * gain:,.0f} tokens (x{gain:.2f})" if base_tokens else
+            f"KV capacity about x{gain:.2f} (vLLM's memory sums; this engine's pool size is unknown)")
     if ceiling:
         text += (f"; at the observed mix the ceiling goes from {ceiling:.1f} to {ceiling * gain:.1f} concurrent "
                  "requests")
@@ -344,7 +347,7 @@ def _tensor_parallel_advice(capacity_plan: CapacityPlan | None, plan_tokens: flo
     message = (f"Raise {flag} from {tp} to {nxt} ({nxt - tp} more GPU"
                f"{'s' if nxt - tp != 1 else ''} per replica), or add a replica behind the gateway.{replicated}")
     after = tensor_parallel_plan(spec, nxt)
-    if after is not None and plan_tokens and base_tokens:
+    if after is not None and plan_tokens:
         effect = _capacity_text(base_tokens, after.kv_cache_tokens / plan_tokens, ceiling) + "."
     else:
         effect = "More KV capacity once the weights are split (the capacity model cannot size it here). " + replica

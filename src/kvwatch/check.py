@@ -38,10 +38,7 @@ from kvwatch.advisor import (
     DEFAULT_GPUS_PER_NODE,
     ENGINE_FLAGS,
     ENGINE_NAMES,
-    SGLANG,
-    TENSORRT_LLM,
     TRITON_TENSORRT_LLM,
-    VLLM,
     Advice,
     advise_from_result,
 )
@@ -50,7 +47,7 @@ from kvwatch.engines import SourceOverrides
 from kvwatch.fetch import CappedBody, Fetcher, decode_body
 from kvwatch.forecast import Forecaster, ForecastParams, ForecastSample
 from kvwatch.forecast.detector import no_room_in
-from kvwatch.model import Detection, Poll, Reading
+from kvwatch.model import SGLANG, TENSORRT_LLM, VLLM, Detection, Poll, Reading
 from kvwatch.payload import ScrapeError, interpret
 from kvwatch.settings import CheckSettings, SettingsError, add_settings_flags, load_settings, redact_url
 

@@ -45,12 +45,18 @@ def _no_histograms() -> Mapping[str, Histogram]:
     return MappingProxyType({})
 
 
+# The engines kvwatch reads (Detection.engine_kind, Reading.engine_kind): whose flags advice names, and whose
+# capacity sums kvwatch's formula is (vLLM's only).
+VLLM, SGLANG, TENSORRT_LLM = "vllm", "sglang", "tensorrt-llm"
+
+
 @dataclass(frozen=True, slots=True)
 class Reading:
     """One series' values from one poll (per ``model_name`` and data-parallel ``engine``)."""
 
     model_name: str
     engine: str = "0"
+    engine_kind: str = VLLM  # the adapter that read it (VLLM, SGLANG, TENSORRT_LLM)
     kv_usage_ratio: float | None = None
     requests_running: float | None = None
     requests_waiting: float | None = None

@@ -24,6 +24,7 @@ from kvwatch.capacity.kv import max_concurrency_at_max_model_len
 from kvwatch.capacity.planner import CapacityPlan
 from kvwatch.derived import block_pool
 from kvwatch.engines.vllm import engine_max_model_len, label_number
+from kvwatch.model import VLLM
 
 SOURCES = ("engine_kv_cache_size_tokens", "engine_num_gpu_blocks", "engine_metric", "formula", "unknown")
 
@@ -134,7 +135,8 @@ def resolve(reading: Any, plan: CapacityPlan | None, kv_groups: int | None = Non
         tokens, source = _engine_block_tokens(reading, plan, kv_groups), "engine_num_gpu_blocks"
     elif reading.kv_capacity_tokens:  # a capacity the adapter read elsewhere than cache_config_info
         tokens, source = float(reading.kv_capacity_tokens), "engine_metric"
-    elif plan is not None and plan.will_start:
+    elif plan is not None and plan.will_start and reading.engine_kind == VLLM:
+        # (the formula is vLLM's sums: SGLang and TensorRT-LLM size their pools their own way, so theirs is unknown)
         tokens, source = float(plan.kv_cache_tokens), "formula"
     else:
         tokens, source = None, "unknown"
@@ -149,6 +151,6 @@ def resolve(reading: Any, plan: CapacityPlan | None, kv_groups: int | None = Non
         # an engine that reports tokens, not blocks (SGLang's max_total_num_tokens): its pool is those tokens'
         # bytes; the formula's budget stood in, some 25 GB off on the GPU memory outside the KV cache
         pool, pool_source = tokens * float(plan.kv_bytes_per_token), "engine_tokens"
-    elif plan is not None and plan.available_kv_bytes > 0:
+    elif plan is not None and plan.available_kv_bytes > 0 and reading.engine_kind == VLLM:
         pool, pool_source = float(plan.available_kv_bytes), "formula"
     return SeriesCapacity(tokens, source, plan, pool, pool_source)

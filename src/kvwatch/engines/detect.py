@@ -19,10 +19,7 @@ from dataclasses import replace
 
 from kvwatch.engines import SourceOverrides, UnrecognisedPayload, sglang, trtllm, vllm
 from kvwatch.exposition import Exposition, ParseError, TooLarge, parse
-from kvwatch.model import Poll
-
-ENGINE_KINDS = ("vllm", "sglang", "tensorrt-llm")
-
+from kvwatch.model import SGLANG, TENSORRT_LLM, VLLM, Poll
 
 LATENCY_FAMILIES: frozenset[str] = frozenset(
     {f for families in (*vllm.LATENCY.values(), *sglang.LATENCY.values()) for f in families}
@@ -69,15 +66,9 @@ def unprefixed_vllm(text: str) -> str | None:
 
 def engines_of(exposition: Exposition) -> list[str]:
     """Every engine whose metrics the page holds: ``vllm``, ``sglang``, ``tensorrt-llm``, in that order."""
-    claims = (("vllm", any(name.startswith("vllm:") for name in exposition.names)),
-              ("sglang", sglang.claims(exposition)), ("tensorrt-llm", trtllm.claims(exposition)))
+    claims = ((VLLM, any(name.startswith("vllm:") for name in exposition.names)),
+              (SGLANG, sglang.claims(exposition)), (TENSORRT_LLM, trtllm.claims(exposition)))
     return [kind for kind, claimed in claims if claimed]
-
-
-def engine_of(exposition: Exposition) -> str | None:
-    """``vllm``, ``sglang``, ``tensorrt-llm`` or None (the first that :func:`engines_of` finds)."""
-    kinds = engines_of(exposition)
-    return kinds[0] if kinds else None
 
 
 def read_payload(text: str, overrides: SourceOverrides | None = None, *, timestamp: float,
@@ -112,9 +103,9 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
                                   "page (a gateway's or a shared registry's); point kvwatch at one engine's "
                                   "/metrics")
     kind = kinds[0] if kinds else None
-    if kind == "sglang":
+    if kind == SGLANG:
         poll = _capped(sglang.read(exposition, overrides, timestamp=timestamp), max_series)
-    elif kind == "tensorrt-llm":
+    elif kind == TENSORRT_LLM:
         poll = _capped(trtllm.read(exposition, overrides, timestamp=timestamp), max_series)
     elif kind is None and not (overrides and overrides.names()):
         if any(n.startswith(("trtllm_", "trtllm:")) for n in exposition.names):

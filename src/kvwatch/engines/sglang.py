@@ -46,7 +46,7 @@ from kvwatch.engines.series import (
     underscore_escaped,
 )
 from kvwatch.exposition import Exposition
-from kvwatch.model import Detection, Poll, Reading, SeriesKey
+from kvwatch.model import SGLANG, Detection, Poll, Reading, SeriesKey
 
 PREFIX = "sglang:"
 TOKEN_USAGE = "sglang:token_usage"
@@ -212,6 +212,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
         readings.append(Reading(
             model_name=key[0],
             engine=key[1],
+            engine_kind=SGLANG,
             kv_usage_ratio=_fullest(usage_i.value(key), {name: i.value(key) for name, i in pools.items()}),
             requests_running=running_i.value(key),
             requests_waiting=_add(for_room := _add(waiting_i.value(key), prealloc_i.value(key)),
@@ -242,7 +243,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
         ))
     pool_names = sorted(pools) if FULL_TOKEN_USAGE in pools else sorted({*pools, str(usage)}) if usage else []
     detection = Detection(
-        engine_kind="sglang", version_range=version_range(exposition),
+        engine_kind=SGLANG, version_range=version_range(exposition),
         usage_metric=(f"max({', '.join(pool_names)})" if pools else str(usage) if usage else None),
         running_metric=str(running) if running else None,
         waiting_metric=" + ".join([str(waiting), *([DECODE_PREALLOC] if prealloc_i else []),

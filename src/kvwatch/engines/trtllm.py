@@ -53,7 +53,7 @@ from kvwatch.engines.series import (
     series_keys,
 )
 from kvwatch.exposition import Exposition, TooLarge
-from kvwatch.model import Detection, Histogram, Poll, Reading, SeriesKey
+from kvwatch.model import TENSORRT_LLM, Detection, Histogram, Poll, Reading, SeriesKey
 
 PREFIXES = ("trtllm_", "trtllm:")
 # trtllm-serve's families, without prefix (counters by family name: the wire adds _total).
@@ -155,7 +155,7 @@ def _read_serve(exposition: Exposition, p: str, overrides: SourceOverrides, time
         str(running) if running else None, str(waiting) if waiting else None, p + SCHEDULED,
         any(split for *_, split in queues.values()))
     detection = Detection(
-        engine_kind="tensorrt-llm", version_range="trtllm-serve" if p == "trtllm_" else "trtllm-serve-colon",
+        engine_kind=TENSORRT_LLM, version_range="trtllm-serve" if p == "trtllm_" else "trtllm-serve-colon",
         usage_metric=usage_name, running_metric=running_name, waiting_metric=waiting_name,
         capacity_metric=capacity_name)
     return Poll(timestamp=timestamp, detection=detection, readings=tuple(readings))
@@ -200,7 +200,7 @@ def _read_triton(exposition: Exposition, overrides: SourceOverrides, timestamp: 
     running_name, waiting_name = _queue_names(str(running) if running else None,
                                               str(waiting) if waiting and not split else None, str(scheduled), split)
     detection = Detection(
-        engine_kind="tensorrt-llm", version_range="triton-backend", usage_metric=usage_name,
+        engine_kind=TENSORRT_LLM, version_range="triton-backend", usage_metric=usage_name,
         running_metric=running_name, waiting_metric=waiting_name, capacity_metric=capacity_name)
     return Poll(timestamp=timestamp, detection=detection, readings=tuple(readings))
 
@@ -215,7 +215,8 @@ def _reading(key: SeriesKey, usage: float | None, running: float | None, waiting
     capacity = max_blocks * tokens_per_block if max_blocks is not None and tokens_per_block is not None else None
     queries = reused + missed if reused is not None and missed is not None else None
     return Reading(
-        model_name=key[0], engine=key[1], kv_usage_ratio=usage, requests_running=running, requests_waiting=waiting,
+        model_name=key[0], engine=key[1], engine_kind=TENSORRT_LLM, kv_usage_ratio=usage, requests_running=running,
+        requests_waiting=waiting,
         finished_by_reason=MappingProxyType(dict(finished or {})), prompt_tokens_total=prompt,
         generation_tokens_total=generation, prefix_cache_queries_total=queries,
         prefix_cache_hits_total=reused if queries is not None else None,
@@ -310,7 +311,7 @@ def read_iteration_stats(text: str, *, timestamp: float, model_name: str = "unkn
         "numActiveRequests" if active is not None else None, "numQueuedRequests" if queued is not None else None,
         "inflightBatchingStats.numScheduledRequests", split)
     detection = Detection(
-        engine_kind="tensorrt-llm", version_range="iteration-stats",
+        engine_kind=TENSORRT_LLM, version_range="iteration-stats",
         usage_metric="kvCacheStats.usedNumBlocks / maxNumBlocks" if reading.kv_usage_ratio is not None else None,
         running_metric=running_name if reading.requests_running is not None else None,
         waiting_metric=waiting_name if reading.requests_waiting is not None else None,

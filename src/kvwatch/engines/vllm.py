@@ -39,7 +39,7 @@ from types import MappingProxyType
 from kvwatch.engines import Selector, SourceOverrides, UnrecognisedPayload
 from kvwatch.engines.series import differing_labels, latency_for, latency_index, sample_named, underscore_escaped
 from kvwatch.exposition import Exposition, Sample
-from kvwatch.model import Detection, Poll, Reading, SeriesKey
+from kvwatch.model import VLLM, Detection, Poll, Reading, SeriesKey
 
 __all__ = ["ERAS", "FAMILIES", "UnrecognisedPayload", "detect", "eras_in_range", "format_range", "possible_eras",
            "read", "wanted_for"]
@@ -116,7 +116,7 @@ def detect(exposition: Exposition, overrides: SourceOverrides | None = None) -> 
         raise UnrecognisedPayload("no vllm:* metrics in the payload (is the target a vLLM /metrics endpoint?)")
     version = format_range(possible_eras(exposition))
     usage = _usage_name(exposition, overrides)
-    return Detection(engine_kind="vllm", version_range=version, usage_metric=usage)
+    return Detection(engine_kind=VLLM, version_range=version, usage_metric=usage)
 
 
 def _usage_name(exposition: Exposition, overrides: SourceOverrides) -> str | None:
