@@ -933,3 +933,22 @@ def test_vllms_formula_is_no_capacity_for_another_engine(fixture: str, capsys: p
     effects = {a["action"]: a["projected_effect"] for a in series["advice"]}
     assert "KV capacity about x1.11" in effects["quantize_weights"]
     assert "tokens" not in effects["add_tensor_parallelism"].split(";")[0]
+
+
+def test_kv_held_by_no_running_request_is_no_headroom_and_no_limit_frees_it(capsys: pytest.CaptureFixture[str]) -> None:
+    # An SGLang PD decode server 97 % full of incoming transfers, nothing running: the headroom was capacity ÷ the
+    # mean request - 0 = 153.8 requests, where 6,000 free tokens hold 4.6; and a vLLM page with the same shape was
+    # told "Limit concurrency to 61 (now 0 running)", which frees nothing.
+    report = check_json(["--file", str(FIXTURES.parent / "sglang-metrics" / "gen-0.5.23-pd-decode-transfers.prom")],
+                        capsys)
+    series = report["series"][0]
+    assert series["requests_running"] == 0 and series["kv_usage_ratio"] == 0.97
+    free_requests = (1 - 0.97) * series["max_concurrency"]
+    assert series["concurrency_headroom"] == pytest.approx(free_requests)
+    from kvwatch.advisor import advise
+
+    fixes = advise("bottleneck", recommended_max_concurrency=None, running=0, capacity_tokens=163840.0,
+                   kv_tokens_per_request=2500.0, concurrency_ceiling=65.2)
+    assert "limit_concurrency" not in [a.action for a in fixes]
+    assert "limit_concurrency" in [a.action for a in advise(
+        "bottleneck", running=60, capacity_tokens=163840.0, kv_tokens_per_request=2500.0, concurrency_ceiling=65.2)]

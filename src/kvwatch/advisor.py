@@ -183,7 +183,8 @@ def advise(
         ceiling = base_tokens / kv_tokens_per_request
     out: list[Advice] = []
 
-    limit = concurrency_limit(recommended_max_concurrency, ceiling)
+    # (with nothing running, a limit on running requests frees none of the KV held: transfers or a leak)
+    limit = concurrency_limit(recommended_max_concurrency, ceiling) if running != 0 else None
     if limit is not None:
         now = f"; now {running:.0f} running" if running is not None else ""
         held = f"the KV cache holds ~{ceiling:.1f} at the observed mix{now}" if ceiling else now.lstrip("; ")

@@ -120,7 +120,12 @@ def derive(reading: Reading, history: SeriesHistory | None, max_model_len: int |
     ceilings = max_concurrency(reading, mean_tokens, max_model_len)
     headroom = None
     if "observed_mix" in ceilings and reading.requests_running is not None:
-        headroom = ceilings["observed_mix"] - reading.requests_running
+        ceiling, usage = ceilings["observed_mix"], reading.kv_usage_ratio
+        headroom = ceiling - reading.requests_running
+        if usage is not None and 0.0 <= usage <= 1.0:
+            # No more requests fit than the free tokens hold, at the ceiling's request size: KV held by no running
+            # request (a PD server's transfers, a leak) left "ceiling - 0" for a cache 97 % full.
+            headroom = min(headroom, (1.0 - usage) * ceiling)
     rate = history.rate("preemptions_total", RATE_WINDOW_SECONDS) if history is not None else None
     return SeriesState(
         reading=reading,

@@ -153,7 +153,8 @@ def _series_families(series: dict) -> Iterator[Metric]:
         ("kvwatch_preemptions_per_second",
          "Preemptions (SGLang: retractions) per second over the last minute of polls.",
          lambda s: s.preemptions_per_second),
-        ("kvwatch_concurrency_headroom", "Concurrency ceiling at the observed request mix minus running requests.",
+        ("kvwatch_concurrency_headroom", "Concurrency ceiling at the observed request mix minus running requests, "
+         "at most the free KV tokens' worth of such requests.",
          lambda s: s.concurrency_headroom),
     ]
     for name, help_text, value in specs:
