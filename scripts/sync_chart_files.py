@@ -42,7 +42,9 @@ ENUMS: dict[str, list[str]] = {
     "log_level": ["DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning", "error"],
 }
 # Where the chart is stricter than kvwatch: its Service and probes need a fixed port (kvwatch's 0 picks one).
-CHART_BOUNDS: dict[str, dict[str, Any]] = {"port": {"minimum": 1}}
+CHART_BOUNDS: dict[str, dict[str, Any]] = {"port": {
+    "minimum": 1, "description": "Port kvwatch serves /metrics and /healthz on (a fixed one: the chart's Service and "
+                                 "probes name it; null is 9747)."}}
 URL_PATTERN = "^https?://[^/\\s]+"  # kvwatch checks the rest at start; $(VAR) hosts are Kubernetes' to expand
 RATIO = "^(0*\\.[0-9]*[1-9][0-9]*|0*1(\\.0*)?)$"  # a decimal in (0, 1]: 0.9, .5, 1, 1.0
 DECIMAL = "^[0-9]*\\.?[0-9]+([eE][-+]?[0-9]+)?$"  # a non-negative decimal, as `helm --set` passes it
@@ -75,6 +77,7 @@ def camel(name: str) -> str:
 def config_schema() -> dict[str, Any]:
     """JSON schema properties of the chart's `config:` block, one per ServeSettings field (null = unset)."""
     sys.path.insert(0, str(ROOT / "src"))
+    from kvwatch.capacity.kv import VLLM_BLOCK_SIZES
     from kvwatch.capacity.quantization import name_pattern
     from kvwatch.settings import GPU_UUIDS_PATTERN, KV_CACHE_DTYPES, SELECTOR_PATTERN, ServeSettings, public_name
 
@@ -96,6 +99,8 @@ def config_schema() -> dict[str, Any]:
             prop["enum"] = [*ENUMS[field], None]
         elif field == "kv_cache_dtype":
             prop["enum"] = [*sorted(KV_CACHE_DTYPES), None]
+        elif field == "block_size":  # (kvwatch and vLLM refuse any other at start)
+            prop["enum"] = [*VLLM_BLOCK_SIZES, None]
         if field in patterns:
             prop["pattern"] = patterns[field]
         elif branch["type"] == "number":

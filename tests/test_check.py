@@ -952,3 +952,21 @@ def test_kv_held_by_no_running_request_is_no_headroom_and_no_limit_frees_it(caps
     assert "limit_concurrency" not in [a.action for a in fixes]
     assert "limit_concurrency" in [a.action for a in advise(
         "bottleneck", running=60, capacity_tokens=163840.0, kv_tokens_per_request=2500.0, concurrency_ceiling=65.2)]
+
+
+def test_a_plain_file_or_stdin_is_held_to_the_body_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    # --help says a larger body is an error; only gzip files were capped, a plain file or stdin was read whole.
+    import io
+
+    plain = (FIXTURES / "gen-0.9-both-usage-names.prom").read_bytes()
+    path = tmp_path / "metrics.prom"
+    path.write_bytes(plain)
+    limit = str(len(plain) - 1)
+    assert main(["check", "--file", str(path), "--json", "--max-body-bytes", limit]) == 1
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert error["reason"] == "too_large" and "--max-body-bytes" in error["message"]
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(plain)))
+    assert main(["check", "--file", "-", "--json", "--max-body-bytes", limit]) == 1
+    assert json.loads(capsys.readouterr().out)["error"]["reason"] == "too_large"
+    assert main(["check", "--file", str(path), "--json", "--max-body-bytes", str(len(plain))]) == 0

@@ -197,6 +197,8 @@ def test_ci_values_cover_both_modes_and_every_integration() -> None:
     ("tolerations", '[{"key":"a","operatr":"Exists"}]'),
     ("kvwatch.extraEnv", '[{"name":"A","valu":"b"}]'),
     ("kvwatch.extraEnv", '[{"name":"KVWATCH_FOO","value":"b"}]'),
+    ("kvwatch.extraEnv", '[{"name":"kvwatch_poll_interval_seconds","value":"5"}]'),  # kvwatch reads any case
+    ("config.blockSize", "24"),  # kvwatch and vLLM refuse it at start
     ("kvwatch.extraVolumeMounts", '[{"name":"x","mountpath":"/x"}]'),
     ("extraVolumes", '[{"name":"x","emptydir":{}}]'),
     ("affinity", '{"nodeAfinity":{}}'),

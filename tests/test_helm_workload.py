@@ -428,3 +428,20 @@ def test_config_gpu_is_matched_as_kvwatch_matches_it(gpu: str) -> None:
     objects = render(*MINIMAL, "--set-string", f"config.gpu={gpu}")
     env = {e["name"]: e.get("value") for e in containers(objects)["kvwatch"]["env"]}
     assert env["KVWATCH_GPU"] == gpu
+
+
+def test_an_empty_config_string_is_unset_as_everywhere_else_in_the_chart(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `--set config.caFile=` rendered KVWATCH_CA_FILE="", which kvwatch refuses at start ("file . does not exist"):
+    # a crash-looping sidecar takes vLLM out of its Service. With dcgmUrl, gpuPod "" also rendered twice.
+    args = [*MINIMAL, "--set", "config.caFile=", "--set", "config.listenAddress=", "--set", "config.gpuPod=",
+            "--set", "config.dcgmUrl=http://$(NODE_IP):9400/metrics"]
+    env = containers(render(*args))["kvwatch"]["env"]
+    names = [e["name"] for e in env]
+    assert "KVWATCH_CA_FILE" not in names and names.count("KVWATCH_GPU_POD") == 1
+    assert {e["name"]: e.get("value") for e in env}["KVWATCH_LISTEN_ADDRESS"] == "0.0.0.0"
+    for entry in env:
+        if "value" in entry:
+            monkeypatch.setenv(entry["name"], entry["value"].replace("$(NODE_IP)", "10.0.0.1"))
+        else:  # the pod's name, from the downward API
+            monkeypatch.setenv(entry["name"], "vllm-0")
+    assert load_settings(ServeSettings).gpu_pod == "vllm-0"

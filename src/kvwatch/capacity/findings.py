@@ -5,7 +5,7 @@
 - ``capacity_mismatch``: the formula and the engine's reported pool differ by more than 10 %, with both numbers
   and the likely causes;
 - ``max_model_len_mismatch``: kvwatch was given a ``--max-model-len`` other than the one the engine runs (vLLM
-  >= 0.20 tells it through ``cache_config_info``);
+  >= 0.25 tells it through ``cache_config_info``);
 - ``kv_usage_stuck``: KV usage near 100 % with nothing running: blocks are not being freed (a leak, vllm issue
   27073), whether or not requests queue behind it (they wait for blocks no request holds);
 - ``request_exceeds_pool``: requests wait while nothing runs and the cache is nearly empty: the head of the queue

@@ -99,7 +99,14 @@ Defaults the chart decides: listen on all interfaces (probes and Prometheus use 
 runs in the same pod, poll it on localhost.
 */}}
 {{- define "kvwatch.env" -}}
-{{- $config := deepCopy (.Values.config | default dict) }}
+{{- /* An empty string is unset, as everywhere else in the chart (`--set config.caFile=` gives ""): kvwatch
+would refuse KVWATCH_CA_FILE="" and, a container of vLLM's pod, take vLLM out of its Service. */}}
+{{- $config := dict }}
+{{- range $key, $value := (.Values.config | default dict) }}
+{{- if not (eq (toString $value) "") }}
+{{- $_ := set $config $key $value }}
+{{- end }}
+{{- end }}
 {{- if kindIs "invalid" $config.listenAddress }}
 {{- $_ := set $config "listenAddress" "0.0.0.0" }}
 {{- end }}
