@@ -351,3 +351,44 @@ def test_a_label_kvwatch_does_not_key_on_cannot_multiply_a_series_past_the_cap(e
         interpret(page[:at] + rows + page[at:], None, timestamp=0.0, max_series=64)
     assert info.value.reason == "too_large" and "does not key on" in str(info.value)
     assert interpret(page, None, timestamp=0.0, max_series=64).readings  # the page itself reads
+
+
+def _sglang_tenants_page(tenants: int) -> str:
+    """One SGLang server whose tokenizer metrics carry a per-request custom label (--tokenizer-metrics-allowed-
+    custom-labels tenant, filled from the x-custom-labels header), rendered by prometheus_client from the names,
+    labels and buckets of sglang's python/sglang/srt/metrics/collector.py (TokenizerMetricsCollector)."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+    registry = CollectorRegistry()
+    model = "Qwen/Qwen3-8B"
+    scheduler = {"model_name": model, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0"}
+    for name, value in (("num_running_reqs", 40), ("num_queue_reqs", 2), ("token_usage", 0.8),
+                        ("max_total_num_tokens", 400000)):
+        Gauge(f"sglang:{name}", name, list(scheduler), registry=registry).labels(**scheduler).set(value)
+    labels = ["model_name", "engine_type", "is_streaming", "tenant"]
+    counters = [Counter(f"sglang:{n}", n, labels, registry=registry)
+                for n in ("prompt_tokens", "generation_tokens", "num_requests")]
+    histograms = [Histogram("sglang:time_to_first_token_seconds", "ttft", labels, registry=registry,
+                            buckets=[0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400]),
+                  Histogram("sglang:e2e_request_latency_seconds", "e2e", labels, registry=registry,
+                            buckets=[0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600,
+                                     1200, 1800, 2400])]
+    for tenant in range(tenants):
+        for streaming in ("true", "false"):
+            values = {"model_name": model, "engine_type": "unified", "is_streaming": streaming,
+                      "tenant": f"team-{tenant}"}
+            for counter, amount in zip(counters, (1000, 200, 1), strict=True):
+                counter.labels(**values).inc(amount)
+            for histogram in histograms:
+                histogram.labels(**values).observe(0.3)
+    return generate_latest(registry).decode()
+
+
+def test_a_server_with_many_tenant_labels_reads_within_the_cap() -> None:
+    # 27 tenants' copies of SGLang's tokenizer counters and histograms (parts the adapter adds up) passed 4,096
+    # samples of one series: serve refused the page every poll, for good, while `check` read it.
+    page = _sglang_tenants_page(60)
+    assert page.count("_bucket{") > 4096
+    reading = interpret(page, None, timestamp=0.0, max_series=64).readings[0]
+    assert reading.prompt_tokens_total == 60 * 2 * 1000 and reading.requests_running == 40
+    assert reading.latency["e2e"].count == 120

@@ -172,11 +172,13 @@ def _refuse_unmatched(exposition: Exposition, overrides: SourceOverrides | None)
 # its labels (an engine label on some families only) still fits, and so that the adapter still picks the
 # exported ones in its own order among twice as many as it exports.
 ADMIT_FACTOR = 2
-# Samples of the read families one series may hold (and the unlabelled ones together): an engine's page has at most
-# a few hundred (143 in the fixtures, buckets included). A label kvwatch does not key on (pod, x) multiplies them
-# past the series cap: 410,000 label sets of process_start_time_seconds took the sidecar to 310 MB with
-# kvwatch_up 1, and the allocator kept most of it after the target healed.
-SAMPLES_PER_SERIES = 4096
+# Samples of the read families one series may hold (and the unlabelled ones together): an engine's page has a few
+# hundred (143 in the fixtures, buckets included), and an SGLang server with a per-request custom label on its
+# tokenizer metrics (a tenant) about 76 per value and stream mode: 300 tenants, 23,000. A label kvwatch does not key
+# on (pod, x) multiplies them past the series cap: 410,000 label sets of process_start_time_seconds took the
+# sidecar to 310 MB with kvwatch_up 1, and the allocator kept most of it after the target healed; at this cap the
+# parse refuses such a page having grown by 25 MB (docs/reliability.md).
+SAMPLES_PER_SERIES = 32_768
 
 
 class SeriesLimit:
