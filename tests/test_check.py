@@ -191,7 +191,7 @@ def test_kv_bound_series_gets_the_advisors_fixes_cheapest_first(capsys: pytest.C
     per_request = e0["kv_used_tokens"] / e0["requests_running"]
     limit = fixes[0]["concurrency"]
     assert fixes[0]["vllm_args"] == fixes[0]["engine_args"] == ["--max-num-seqs", str(limit)]
-    assert f"to {limit} at the gateway" in fixes[0]["message"]
+    assert f"to {limit} per data-parallel rank" in fixes[0]["message"]
     # Without the model the TP size cannot be named: no flag to paste, a replica instead.
     assert fixes[1]["vllm_args"] is None and fixes[1]["concurrency"] is None
     assert "Add a replica" in fixes[1]["message"] and "--tensor-parallel-size x2" not in fixes[1]["message"]
@@ -970,3 +970,14 @@ def test_a_plain_file_or_stdin_is_held_to_the_body_limit(tmp_path: Path, monkeyp
     assert main(["check", "--file", "-", "--json", "--max-body-bytes", limit]) == 1
     assert json.loads(capsys.readouterr().out)["error"]["reason"] == "too_large"
     assert main(["check", "--file", str(path), "--json", "--max-body-bytes", str(len(plain))]) == 0
+
+
+def test_vllm_data_parallel_engines_get_the_servers_gateway_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    # One API server fronting two engine cores (vllm/v1/metrics/loggers.py labels each engine=<idx>): each schedules
+    # its own requests, so --max-num-seqs is per engine, and a gateway limit of one engine's share halved the server.
+    report = check_json(["--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom")], capsys)
+    limit = next(a for a in report["series"][0]["advice"] if a["action"] == "limit_concurrency")
+    per_engine = limit["concurrency"]
+    assert f"{per_engine} per data-parallel rank ({2 * per_engine} for the server's 2)" in limit["message"]
+    assert "--max-num-seqs applies to each engine" in limit["message"] and "dp-attention" not in limit["message"]
+    assert limit["engine_args"] == ["--max-num-seqs", str(per_engine)]

@@ -191,8 +191,11 @@ def advise(
         ranks = max(1, ranks_per_flag)
         gateway = f"{limit} per data-parallel rank ({limit * ranks} for the server's {ranks})" if ranks > 1 \
             else f"{limit}"
-        dp_attention = (f"; with --enable-dp-attention {engine} divides the flag over its {ranks} ranks: pass "
-                        f"{limit * ranks} then" if ranks > 1 else "")
+        # vLLM's engine cores each schedule their own requests (the flag is per engine); SGLang divides the flag
+        # over its ranks only with --enable-dp-attention, which the payload does not say.
+        dp_attention = "" if ranks == 1 else (
+            f"; {flags['concurrency']} applies to each engine" if engine_kind == VLLM else
+            f"; with --enable-dp-attention {engine} divides the flag over its {ranks} ranks: pass {limit * ranks} then")
         out.append(Advice(
             LIMIT_CONCURRENCY, 0,
             f"Limit concurrency to {gateway} at the gateway, or pass {flags['concurrency']} {limit} to {engine}"

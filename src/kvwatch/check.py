@@ -536,9 +536,10 @@ def findings(states: Iterable[SeriesState],
 
 
 def _ranks_per_model(states: Iterable[SeriesState], engine_kind: str) -> Counter[str]:
-    """SGLang's series are its data-parallel ranks (dp_rank) of one server: how many each model has (its flags
-    name the server's total, and --enable-dp-attention divides them over the ranks); other engines: none."""
-    return Counter(s.reading.model_name for s in states) if engine_kind == SGLANG else Counter()
+    """The data-parallel ranks of one server, per model: SGLang's dp_rank series (its flags name the server's total,
+    and --enable-dp-attention divides them over the ranks) and vLLM's engine series (the engine cores one API server
+    fronts, each scheduling its own requests: the gateway's limit is theirs together); TensorRT-LLM: none."""
+    return Counter(s.reading.model_name for s in states) if engine_kind in (SGLANG, VLLM) else Counter()
 
 
 def _scheduler_fix(running: float | None, max_num_seqs: int | None, flags: Mapping[str, str | None],
@@ -549,7 +550,7 @@ def _scheduler_fix(running: float | None, max_num_seqs: int | None, flags: Mappi
     does not say): when the running count is near that share, either may hold requests back."""
     sglang = " or lower --schedule-conservativeness" if engine_kind == SGLANG else ""
     concurrency, budget = flags["concurrency"], flags["token_budget"]
-    if max_num_seqs and ranks > 1 and running is not None and \
+    if engine_kind == SGLANG and max_num_seqs and ranks > 1 and running is not None and \
             SCHEDULER_CAP_SHARE * max_num_seqs / ranks <= running <= max_num_seqs / ranks:
         return (f"{_requests(running)} {_run(running)} on this rank: under {concurrency} {max_num_seqs}, but at "
                 f"the {max_num_seqs // ranks} each of its {ranks} ranks gets with --enable-dp-attention (the payload "
