@@ -981,3 +981,15 @@ def test_vllm_data_parallel_engines_get_the_servers_gateway_limit(capsys: pytest
     assert f"{per_engine} per data-parallel rank ({2 * per_engine} for the server's 2)" in limit["message"]
     assert "--max-num-seqs applies to each engine" in limit["message"] and "dp-attention" not in limit["message"]
     assert limit["engine_args"] == ["--max-num-seqs", str(per_engine)]
+
+
+def test_blocks_shared_among_kv_groups_give_no_max_model_len_ceiling_without_the_layout(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # gpt-oss on vLLM 0.20: two KV groups share the blocks and the capacity is blocks // 2 × block size. The blocks
+    # alone said 292 requests of 8,192 tokens (2.4M tokens, twice the pool); with --gpu, the layout's 145.9.
+    path = str(FIXTURES / "gen-0.20.2-gptoss-two-groups.prom")
+    alone = check_json(["--file", path, "--max-model-len", "8192"], capsys)["series"][0]
+    with_layout = check_json(["--file", path, "--max-model-len", "8192", "--gpu", "H100"], capsys)["series"][0]
+    assert alone["kv_capacity_tokens"] == with_layout["kv_capacity_tokens"]
+    assert alone["max_concurrency_max_model_len"] is None
+    assert with_layout["max_concurrency_max_model_len"] * 8192 <= with_layout["kv_capacity_tokens"]

@@ -100,10 +100,14 @@ def max_concurrency(reading: Reading, mean_tokens: float | None, max_model_len: 
     if reading.kv_max_concurrency is not None:
         out["max_model_len"] = reading.kv_max_concurrency
     elif max_model_len:
-        if reading.num_gpu_blocks is not None and reading.block_size:
-            out["max_model_len"] = reading.num_gpu_blocks / math.ceil(max_model_len / reading.block_size)
-        elif capacity is not None:
+        if blocks is not None and block_size:
+            out["max_model_len"] = blocks / math.ceil(max_model_len / block_size)
+        elif capacity is not None and (reading.num_gpu_blocks is None or not reading.block_size):
             out["max_model_len"] = capacity / max_model_len
+        # else blocks that are not the capacity: shared among KV groups (a sliding-window or hybrid model, where the
+        # capacity was divided by their number, kvwatch.capacity.series) or a rewritten block size. The ceiling
+        # needs the model's layout (kvwatch.capacity.series.engine_max_concurrency): unknown without it; the blocks
+        # alone gave 292 requests of 8,192 tokens for a pool of 1,196,048 tokens.
     return out
 
 
