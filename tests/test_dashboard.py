@@ -273,3 +273,29 @@ def test_the_pod_list_has_sidecars_that_never_read_their_engine(tmp_path: Path) 
     result = subprocess.run([promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert re.fullmatch(variable["regex"].strip("/"), 'pod="never-read"').group(1) == "never-read"
+
+
+def test_the_thresholds_drawn_and_alerted_are_the_forecasters() -> None:
+    # One truth per threshold: the 0.95 the forecaster, the risk and the advice aim at, the 0.90 at which a queue
+    # means KV, and the risk at which `filling` starts, are written again in the alert config and the dashboard.
+    import yaml
+
+    from kvwatch.advisor import LIMIT_USAGE
+    from kvwatch.forecast import ForecastParams
+    from kvwatch.serve.latency import KV_SATURATED
+
+    params = ForecastParams()
+    config = yaml.safe_load((ROOT / "alerts" / "config.yaml").read_text())
+    assert config["bottleneck"]["usage"] == params.u_sat == LIMIT_USAGE == KV_SATURATED
+    assert config["scheduler_limited"]["usage_below"] == params.u_busy
+    def lines(p: dict) -> dict[str, float]:
+        steps = p.get("fieldConfig", {}).get("defaults", {}).get("thresholds", {}).get("steps", [])
+        return {step["color"]: step["value"] for step in steps if step["value"] is not None}
+
+    usage = [lines(p) for p in panels() if "kvwatch_kv_usage_ratio" in str(p.get("targets"))
+             and p["fieldConfig"]["defaults"].get("unit") == "percentunit" and lines(p)]
+    assert len(usage) >= 3 and all(u == {"orange": params.u_busy, "red": params.u_sat} for u in usage)
+    risk = panel("KV saturation risk")
+    assert lines(risk) == {"red": params.warning.risk_on}
+    assert f"reaches {params.u_sat} of capacity" in risk["description"]
+    assert f"at or above {params.warning.risk_on}" in risk["description"]

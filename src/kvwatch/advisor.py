@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kvwatch.forecast.demand import DemandParams
+from kvwatch.forecast.forecaster import ForecastParams
 from kvwatch.model import SGLANG, TENSORRT_LLM, VLLM, Histogram
 
 if TYPE_CHECKING:  # types only: the advisor loads neither the capacity model nor the forecaster
@@ -35,7 +35,7 @@ ADVISE_IN_STATES: frozenset[str] = frozenset({"filling", "bottleneck"})
 # Lower --max-model-len only when the longest observed request is below this share of it.
 MAX_MODEL_LEN_SLACK = 0.5
 # The concurrency limit keeps KV usage under the forecaster's saturation threshold.
-LIMIT_USAGE = DemandParams().u_sat
+LIMIT_USAGE = ForecastParams().u_sat
 DEFAULT_GPUS_PER_NODE = 8
 # Triton's TensorRT-LLM backend: the same engine, but configured in the engine build (trtllm-build) and the model's
 # config.pbtxt, not by launch flags (kvwatch.check picks it for version_range "triton-backend").

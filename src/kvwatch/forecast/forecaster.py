@@ -66,7 +66,6 @@ class ForecastParams:
     # Below it too when fewer tokens are free than a recent request's prompt (detector.no_room_for_next_request):
     # long contexts fill the cache with a handful of requests (v9).
     room_for_next_request: bool = True
-    demand_target: float | None = None  # level the burst-adjusted demand forecast aims at (default u_sat)
     trend_confidence: float = 0.90
     trend_window_buckets: int = 45
     level_buckets: int = 5
@@ -477,10 +476,8 @@ class Forecaster:
             confidence=p.trend_confidence,
             fit_line=self._trend_fit.fit,
         )
-        self._risk = (
-            estimate_risk(fit_buckets, self._demand, replace(p.risk, bucket_seconds=p.bucket_seconds))
-            if self._demand is not None else None
-        )
+        risk_params = replace(p.risk, bucket_seconds=p.bucket_seconds, threshold=p.u_sat)
+        self._risk = estimate_risk(fit_buckets, self._demand, risk_params) if self._demand is not None else None
         now = bucket.minute * p.bucket_seconds + p.bucket_seconds
         excursion = self._risk
         if self._risk is not None and self._restart_at is not None:
@@ -611,8 +608,7 @@ class Forecaster:
 
 
 def _demand_params(p: ForecastParams) -> DemandParams:
-    return replace(p.demand, bucket_seconds=p.bucket_seconds,
-                   u_sat=p.demand_target if p.demand_target is not None else p.u_sat)
+    return replace(p.demand, bucket_seconds=p.bucket_seconds, u_sat=p.u_sat)
 
 
 def _detector_params(p: ForecastParams) -> DetectorParams:

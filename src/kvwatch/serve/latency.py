@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.core import GaugeMetricFamily
 
+from kvwatch.forecast import ForecastParams
 from kvwatch.forecast.detector import no_room_in
 from kvwatch.history import SeriesHistory
 from kvwatch.latency import window_quantiles
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from kvwatch.settings import ServeSettings
 
 WINDOW_SECONDS = 300.0
-KV_SATURATED = 0.95
+KV_SATURATED = ForecastParams().u_sat  # the forecaster's saturation, as the alerts' (alerts/config.yaml)
 QUEUE_SHARE = 0.5
 _NOTE = " Over the last 5 minutes of kvwatch's polls, from the engine's histograms (poll-clock seconds)."
 
