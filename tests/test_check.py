@@ -993,3 +993,14 @@ def test_blocks_shared_among_kv_groups_give_no_max_model_len_ceiling_without_the
     assert alone["kv_capacity_tokens"] == with_layout["kv_capacity_tokens"]
     assert alone["max_concurrency_max_model_len"] is None
     assert with_layout["max_concurrency_max_model_len"] * 8192 <= with_layout["kv_capacity_tokens"]
+
+
+def test_gains_sized_by_a_plan_the_engine_contradicts_say_so(capsys: pytest.CaptureFixture[str]) -> None:
+    # capacity_mismatch said the plan (1,022,976 tokens) does not describe this engine (320,000), and the same report
+    # promised x1.11 from FP8 weights and x2.19 from TP 2, both that plan's ratios, without a word.
+    report = check_json(["--file", str(FIXTURES / "gen-0.11.0-multiproc-pid-agree.prom"), "--gpu", "H100"], capsys)
+    assert ("capacity_mismatch", "0") in ids(report)
+    effects = {a["action"]: a["projected_effect"] for a in report["series"][0]["advice"]}
+    assert "does not describe this engine" in effects["quantize_weights"]
+    assert "does not describe this engine" in effects["add_tensor_parallelism"]
+    assert "does not describe" not in effects["limit_concurrency"]  # (measured on the engine, not planned)

@@ -35,9 +35,11 @@ from urllib.parse import urlsplit, urlunsplit
 from prometheus_client.utils import floatToGoString
 
 from kvwatch.advisor import (
+    ADD_TENSOR_PARALLELISM,
     DEFAULT_GPUS_PER_NODE,
     ENGINE_FLAGS,
     ENGINE_NAMES,
+    QUANTIZE_WEIGHTS,
     TRITON_TENSORRT_LLM,
     Advice,
     advise_from_result,
@@ -265,6 +267,7 @@ def build_report(poll: Poll, max_model_len: int | None = None,
     stuck = {(f.model_name, f.engine) for f in found if f.id == "request_exceeds_pool"}
     found = [f for f in found if not (f.id == "scheduler_limited" and (f.model_name, f.engine) in stuck)]
     bound = {(f.model_name, f.engine) for f in found if f.id == "kv_bound"}
+    mismatched = {(f.model_name, f.engine) for f in found if f.id == "capacity_mismatch"}
     d = poll.detection
     advice_kind = _advice_kind(d)
     ranks = _ranks_per_model(states, d.engine_kind)
@@ -275,9 +278,11 @@ def build_report(poll: Poll, max_model_len: int | None = None,
         "running_metric": d.running_metric,
         "waiting_metric": d.waiting_metric,
         "capacity_metric": d.capacity_metric,
-        "series": [_series_json(s, advice(s, poll.timestamp, max_model_len, plans.get(s.reading.model_name),
-                                          gpus_per_node=gpus_per_node, engine_kind=advice_kind,
-                                          ranks_per_flag=ranks.get(s.reading.model_name, 1))
+        "series": [_series_json(s, _plan_caveat(
+                                    advice(s, poll.timestamp, max_model_len, plans.get(s.reading.model_name),
+                                           gpus_per_node=gpus_per_node, engine_kind=advice_kind,
+                                           ranks_per_flag=ranks.get(s.reading.model_name, 1)),
+                                    (s.reading.model_name, s.reading.engine) in mismatched)
                                 if (s.reading.model_name, s.reading.engine) in bound else [],
                                 capacities[s.reading.key].source)
                    for s in states],
@@ -287,6 +292,18 @@ def build_report(poll: Poll, max_model_len: int | None = None,
 
 
 _SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+PLAN_CAVEAT = (" (The ratio is kvwatch's plan's, and capacity_mismatch says that plan does not describe this engine: "
+               "check the flags kvwatch was given before counting on it.)")
+
+
+def _plan_caveat(fixes: list[Advice], mismatched: bool) -> list[Advice]:
+    """The plan-sized gains, marked where the plan does not describe the engine (``capacity_mismatch``): advice
+    never quotes a figure without what the report says of its source."""
+    if not mismatched:
+        return fixes
+    sized = (QUANTIZE_WEIGHTS, ADD_TENSOR_PARALLELISM)
+    return [replace(a, projected_effect=a.projected_effect + PLAN_CAVEAT)
+            if a.action in sized and re.search(r"\bx\d", a.projected_effect) else a for a in fixes]
 # A running count below this share of --max-num-seqs is not held back by that cap (a few requests finish
 # between the scheduler's steps and the poll).
 SCHEDULER_CAP_SHARE = 0.9
