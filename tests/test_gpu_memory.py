@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvwatch.exposition import parse
-from kvwatch.gpu_memory import MIB, GpuMatch, least_free_ratio, non_kv_bytes, read_dcgm, xid_errors
+from kvwatch.gpu_memory import MIB, GpuMatch, non_kv_bytes, read_dcgm
 
 FIXTURES = Path(__file__).parent / "fixtures" / "dcgm"
 
@@ -21,8 +21,8 @@ def test_pod_and_namespace_pick_the_engines_gpus_only() -> None:
     gpus = read_dcgm(exposition("gen-k8s-pod-mapping.prom"), GpuMatch(pod="vllm-0", namespace="llm"))
     assert [g.uuid for g in gpus] == ["GPU-aaaa", "GPU-bbbb"]  # the same pod name in namespace "other" is not ours
     assert gpus[0].used_bytes == 80000 * MIB and gpus[0].free_bytes == 1024 * MIB
-    assert least_free_ratio(gpus) == pytest.approx(1024 / 81024)
-    assert xid_errors(gpus) == {"GPU-bbbb": 79.0}
+    assert min(g.free_ratio for g in gpus) == pytest.approx(1024 / 81024)
+    assert {g.uuid: g.xid_last for g in gpus if g.xid_last} == {"GPU-bbbb": 79.0}
 
 
 def test_uuid_matches_a_real_capture_without_pod_labels() -> None:

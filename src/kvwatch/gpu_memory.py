@@ -96,17 +96,6 @@ def non_kv_bytes(used_bytes: float | None, kv_pool_bytes: float | None, weights_
     return used_bytes - kv_pool_bytes - weights_bytes
 
 
-def least_free_ratio(gpus: Iterable[GpuMemory]) -> float | None:
-    """The smallest free share among the engine's GPUs (the one that runs out first), None when unknown."""
-    ratios = [g.free_ratio for g in gpus if g.free_ratio is not None]
-    return min(ratios) if ratios else None
-
-
-def xid_errors(gpus: Sequence[GpuMemory]) -> dict[str, float]:
-    """``{uuid: last Xid code}`` for GPUs that reported one (non-zero)."""
-    return {g.uuid: g.xid_last for g in gpus if g.xid_last}
-
-
 # The trend of non-KV memory. The KV pool and the weights are allocated once at startup, so between restarts
 # non-KV memory grows exactly as framebuffer used does: its slope is the slope of ``used``, which is known even
 # when the model (hence the weights) is not. A least-squares line over the last 10 minutes of polls, with at

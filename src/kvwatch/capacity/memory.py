@@ -28,10 +28,6 @@ NON_TORCH_TP1_BYTES = int(0.25 * GIB)  # CUDA context, cuBLAS workspaces
 NON_TORCH_MULTI_GPU_BYTES = int(2.1 * GIB)  # + NCCL buffers / custom all-reduce at TP >= 2
 
 
-def known_quantizations() -> list[str]:
-    return quant.known_names()
-
-
 def resolve_quantization(quantization: str | None, arch: ModelArch | None) -> quant.Resolved | None:
     """The scheme the weights are priced as: ``--quantization`` (a vLLM method name defers to the checkpoint)
     or the checkpoint's own; None when unquantized. Raises :class:`QuantizationError` naming the source."""
@@ -48,12 +44,6 @@ def model_dtype_bytes(dtype: str, arch: ModelArch | None) -> int:
         checkpoint = (arch.torch_dtype if arch else "bfloat16").lower()
         return 2 if checkpoint in {"float32", "fp32", "float"} else _DTYPE_BYTES.get(checkpoint, 2)
     return _DTYPE_BYTES.get(d, 2)
-
-
-def quantized_bytes_per_param(quantization: str | None, arch: ModelArch | None = None) -> float | None:
-    """Bytes per quantized linear parameter, ``None`` when unquantized."""
-    resolved = resolve_quantization(quantization, arch)
-    return resolved.bytes_per_param if resolved else None
 
 
 def parameter_counts(arch: ModelArch) -> tuple[int, int, int]:

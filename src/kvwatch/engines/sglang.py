@@ -48,7 +48,6 @@ from kvwatch.engines.series import (
 from kvwatch.exposition import Exposition
 from kvwatch.model import SGLANG, Detection, Poll, Reading, SeriesKey
 
-PREFIX = "sglang:"
 TOKEN_USAGE = "sglang:token_usage"
 # Each pool's own usage (hybrid models; from 0.5.2x every model has the first). token_usage is the fullest pool
 # rounded to 2 decimals in 0.5.23 (pool_stats_observer.py, update_scheduler_stats: round(get_max_pool_usage(), 2));

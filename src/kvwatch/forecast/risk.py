@@ -178,16 +178,6 @@ def _tail_and_density(c: float, mean: float, var: float, distribution: str) -> t
     return _normal_upper_tail(z), math.exp(log_pdf) if log_pdf > -700 else 0.0
 
 
-def dispersion_index(buckets: Sequence[MinuteBucket], window_buckets: int) -> tuple[float, float] | None:
-    """(index of dispersion, recent mean) of per-minute mean KV tokens over ``window_buckets`` minutes.
-
-    The index is the variance of the minute means around a straight line (a ramp is not noise) over
-    their mean; the level is that line at the newest minute (what the projection starts from).
-    """
-    fit = _line_fit(buckets, window_buckets)
-    return None if fit is None else (fit[0], fit[1])
-
-
 def _line_fit(buckets: Sequence[MinuteBucket], window_buckets: int, shrink: bool = False,
               autocorrelated: bool = True, shift_ratio: float = 0.0, shift_post_line: bool = True,
               shift_min_buckets: int = 5) -> tuple[float, float, float, float] | None:

@@ -37,7 +37,6 @@ SINGLE_ENGINE_PROFILES = frozenset({"0.8", "v0"})
 MULTIPROCESS_PROFILES = frozenset({"0.33", "0.10", "v0"})
 DEFAULT_START_TIME = 1_750_000_000.0  # unix time the simulated process "started" (for *_created)
 
-_TOKEN_BUCKETS = "request_tokens"  # 1-2-5 up to max_model_len
 
 
 @cache
