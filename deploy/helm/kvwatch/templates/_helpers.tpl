@@ -98,6 +98,14 @@ The kvwatch settings as KVWATCH_* variables: every non-null `config:` key, camel
 Defaults the chart decides: listen on all interfaces (probes and Prometheus use the pod IP) and, when vLLM
 runs in the same pod, poll it on localhost.
 */}}
+{{/*
+config.targetUrl as shown outside the pod (the vllm_target label every series and alert text carries, the install
+notes): without a user:password in it, which kvwatch itself never shows (docs/reliability.md).
+*/}}
+{{- define "kvwatch.shownTargetUrl" -}}
+{{- regexReplaceAll "://[^/@]*@" (toString .Values.config.targetUrl) "://" -}}
+{{- end }}
+
 {{- define "kvwatch.env" -}}
 {{- /* An empty string is unset, as everywhere else in the chart (`--set config.caFile=` gives ""): kvwatch
 would refuse KVWATCH_CA_FILE="" and, a container of vLLM's pod, take vLLM out of its Service. */}}
@@ -386,7 +394,7 @@ scrape comes at least that often, and KVCacheBottleneck's 2-minute medians need 
     # Mode 2: namespace and pod are kvwatch's own pod; alerts and runbooks name the vLLM it watches by this.
     - action: replace
       targetLabel: vllm_target
-      replacement: {{ .root.Values.config.targetUrl | replace "$" "$$" | quote }}
+      replacement: {{ include "kvwatch.shownTargetUrl" .root | replace "$" "$$" | quote }}
     {{- end }}
     {{- with $m.relabelings }}
     {{- toYaml . | nindent 4 }}
