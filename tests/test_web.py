@@ -327,3 +327,21 @@ def test_one_client_cannot_hold_every_connection(serve, monkeypatch: pytest.Monk
         s.close()
     time.sleep(0.1)
     assert httpx.get(f"http://127.0.0.1:{server.port}/healthz").status_code == 200
+
+
+def test_an_inline_certificate_serves_tls_with_no_writable_temporary_directory(
+        pki: Path, tmp_path: Path, serve, monkeypatch: pytest.MonkeyPatch) -> None:
+    # exporter-toolkit's inline `cert`/`key`: written to a temporary file, which the chart's read-only root
+    # filesystem (no writable /tmp) refused, and kvwatch exited 2 with vLLM's pod not ready.
+    import tempfile
+    import textwrap
+
+    config = tmp_path / "web-config.yml"
+    indent = "    "
+    config.write_text("tls_server_config:\n  cert: |\n" + textwrap.indent((pki / "server.crt").read_text(), indent)
+                      + "  key: |\n" + textwrap.indent((pki / "server.key").read_text(), indent))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-directory"))
+    server = serve(config)
+    ok = httpx.get(f"https://localhost:{server.port}/healthz",
+                   verify=ssl.create_default_context(cafile=pki / "ca.crt"))
+    assert ok.status_code == 200

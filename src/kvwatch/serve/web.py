@@ -185,7 +185,17 @@ def _version(name: str, key: str, path: Path) -> ssl.TLSVersion:
 
 
 def _load_inline(context: ssl.SSLContext, cert: str, key: str) -> None:
-    # ssl loads a chain from files only: a private temporary file, removed at once.
+    # ssl loads a chain from files only: an anonymous in-memory file on Linux (the chart's root filesystem is
+    # read-only, with no writable /tmp, and the key never reaches a disk), else a private temporary file, removed
+    # at once.
+    pair = (cert.rstrip() + "\n" + key.rstrip() + "\n").encode()
+    if hasattr(os, "memfd_create") and Path("/proc/self/fd").is_dir():
+        fd = os.memfd_create("kvwatch-tls", os.MFD_CLOEXEC)
+        with open(fd, "wb", closefd=True) as memory:
+            memory.write(pair)
+            memory.flush()
+            context.load_cert_chain(f"/proc/self/fd/{fd}")
+        return
     with tempfile.TemporaryDirectory() as tmp:
         pem = Path(tmp) / "pair.pem"
         pem.touch(mode=0o600)
