@@ -97,3 +97,45 @@ def test_install_notes_follow_the_startup_probe(args: tuple[str, ...], says: str
 def test_install_notes_warn_only_when_the_startup_budget_outlasts_the_target_down_rule() -> None:
     assert "Warning: the startupProbe" not in install_notes(*MINIMAL, "--set", "prometheusRule.enabled=true")
     assert "Warning: the startupProbe" not in install_notes(*MINIMAL, "--set", "vllm.startupProbe.failureThreshold=360")
+
+
+class _UniqueKeys(yaml.SafeLoader):
+    """A loader that refuses a key written twice in one map, as Flux's, kustomize's and Argo CD's do (Helm and
+    PyYAML keep the last one)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        keys = [self.construct_object(k, deep=deep) for k, _ in node.value]
+        duplicated = {k for k in keys if keys.count(k) > 1}
+        if duplicated:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate keys {sorted(duplicated)}", node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+OVERLAPPING_LABELS = ("--set-json", 'commonLabels={"app.kubernetes.io/version":"1.2","team":"ml"}',
+                      "--set-json", 'podLabels={"team":"ml-infra"}',
+                      "--set-json", 'serviceMonitor.additionalLabels={"team":"obs","release":"prom"}',
+                      "--set", "serviceMonitor.enabled=true", "--set", "prometheusRule.enabled=true",
+                      "--set-json", 'prometheusRule.additionalLabels={"app.kubernetes.io/part-of":"mon"}',
+                      "--set", "dashboards.enabled=true")
+
+
+@pytest.mark.parametrize("args", [*([*values_args(c)] for c in CASES), [*MINIMAL, *OVERLAPPING_LABELS]],
+                         ids=[*CASES, "overlapping labels"])
+def test_no_rendered_map_writes_a_key_twice(args: list[str]) -> None:
+    # commonLabels {"app.kubernetes.io/version": ...}, or podLabels over commonLabels, or a monitor's
+    # additionalLabels over the chart's, wrote the key twice: helm lint passed, and Flux refused the release.
+    result = run_helm("template", "kvw", str(CHART), "--namespace", NAMESPACE, *args)
+    assert result.returncode == 0, result.stderr
+    objects = [doc for doc in yaml.load_all(result.stdout, Loader=_UniqueKeys) if doc]
+    if "serviceMonitor.enabled=true" in args:
+        pod = only(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+        assert pod["team"] == "ml-infra" and pod["app.kubernetes.io/name"] == "kvwatch"
+        assert only(objects, "ServiceMonitor")["metadata"]["labels"]["team"] == "obs"
+        assert only(objects, "Service")["metadata"]["labels"]["app.kubernetes.io/version"] == "1.2"
+
+
+def test_a_gpu_count_in_vllms_resources_is_refused_not_written_twice() -> None:
+    from helm_helpers import render_fails
+
+    message = render_fails(*MINIMAL, "--set-json", 'vllm.resources={"limits":{"nvidia.com/gpu":"1"}}')
+    assert "vllm.resources.limits may not set nvidia.com/gpu" in message

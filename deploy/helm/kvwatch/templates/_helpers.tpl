@@ -37,25 +37,28 @@ roll every vLLM pod (each restart reloads a model); an image change rolls them a
 {{- fail (printf "commonLabels and podLabels may not set %s: the chart's selectors use it (the Service and monitors would stop matching the pods)" $key) }}
 {{- end }}
 {{- end }}
-{{ include "kvwatch.selectorLabels" . }}
-app.kubernetes.io/part-of: kvwatch
-{{- with .Values.commonLabels }}
-{{ toYaml . }}
-{{- end }}
-{{- with .Values.podLabels }}
-{{ toYaml . }}
-{{- end }}
+{{- $labels := mergeOverwrite (dict "app.kubernetes.io/part-of" "kvwatch") (deepCopy (.Values.commonLabels | default dict)) (deepCopy (.Values.podLabels | default dict)) }}
+{{- $_ := set $labels "app.kubernetes.io/name" (include "kvwatch.name" .) }}
+{{- $_ := set $labels "app.kubernetes.io/instance" .Release.Name }}
+{{- toYaml $labels }}
 {{- end }}
 
 {{- define "kvwatch.labels" -}}
-helm.sh/chart: {{ include "kvwatch.chart" . }}
-{{ include "kvwatch.selectorLabels" . }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
-app.kubernetes.io/part-of: kvwatch
-{{- with .Values.commonLabels }}
-{{ toYaml . }}
+{{- include "kvwatch.labelsWith" (dict "root" . "extra" dict) }}
 {{- end }}
+
+{{/*
+An object's labels: the chart's, commonLabels and ``extra`` (a monitor's additionalLabels) merged as one map, the
+later winning, so that no key is written twice (Helm keeps the last, but Flux, kustomize and Argo CD refuse the
+duplicate); the selector labels are always the chart's.
+*/}}
+{{- define "kvwatch.labelsWith" -}}
+{{- $root := .root }}
+{{- $labels := dict "helm.sh/chart" (include "kvwatch.chart" $root) "app.kubernetes.io/version" (toString $root.Chart.AppVersion) "app.kubernetes.io/managed-by" $root.Release.Service "app.kubernetes.io/part-of" "kvwatch" }}
+{{- $labels = mergeOverwrite $labels (deepCopy ($root.Values.commonLabels | default dict)) (deepCopy (.extra | default dict)) }}
+{{- $_ := set $labels "app.kubernetes.io/name" (include "kvwatch.name" $root) }}
+{{- $_ := set $labels "app.kubernetes.io/instance" $root.Release.Name }}
+{{- toYaml $labels }}
 {{- end }}
 
 {{/*
