@@ -445,3 +445,15 @@ def test_an_empty_config_string_is_unset_as_everywhere_else_in_the_chart(monkeyp
         else:  # the pod's name, from the downward API
             monkeypatch.setenv(entry["name"], "vllm-0")
     assert load_settings(ServeSettings).gpu_pod == "vllm-0"
+
+
+def test_data_parallel_engines_get_their_gpus_and_a_pod_fits_one_node() -> None:
+    # --data-parallel-size in extraArgs passed, with the GPU request still TP x PP: vLLM could not start its engines;
+    # TP 8 with gpusPerNode 4 rendered a pod no node can hold.
+    objects = render(*MINIMAL, "--set", "vllm.dataParallelSize=2", "--set", "config.tensorParallelSize=2")
+    vllm = containers(objects)["vllm"]
+    assert vllm_flags(vllm["args"])["--data-parallel-size"] == "2"
+    assert vllm["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert "vllm.dataParallelSize" in render_fails(*MINIMAL, "--set-json", 'vllm.extraArgs=["-dp","2"]')
+    assert "more than config.gpusPerNode 4" in render_fails(*MINIMAL, "--set", "config.tensorParallelSize=8",
+                                                            "--set", "config.gpusPerNode=4")

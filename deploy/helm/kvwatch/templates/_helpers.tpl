@@ -93,7 +93,8 @@ before `m` and `s` (RE2 alternation is leftmost-first).
 
 {{/* GPUs per pod: one per tensor-parallel rank and pipeline stage. */}}
 {{- define "kvwatch.gpuCount" -}}
-{{- mul (int (.Values.config.tensorParallelSize | default 1)) (int (.Values.config.pipelineParallelSize | default 1)) -}}
+{{- $vllm := .Values.vllm | default dict }}
+{{- mul (int (.Values.config.tensorParallelSize | default 1)) (int (.Values.config.pipelineParallelSize | default 1)) (int ($vllm.dataParallelSize | default 1)) -}}
 {{- end }}
 
 {{/*
@@ -327,10 +328,15 @@ embeds the container includes this in its pod's volumes too, or the pod is inval
 {{- else if eq (toString $v.enableChunkedPrefill) "false" }}
 - "--no-enable-chunked-prefill"
 {{- end }}
+{{- with $v.dataParallelSize }}
+- "--data-parallel-size"
+- {{ include "kvwatch.scalar" . | quote }}
+{{- end }}
 {{- /* A flag the chart sets from a value, repeated in extraArgs: vLLM takes the last one, so the engine, the probes
 and kvwatch's capacity model would describe different deployments. */ -}}
 {{- $managed := dict "--port" "vllm.port" "--served-model-name" "vllm.servedModelName" "--model" "config.model"
-      "-tp" "config.tensorParallelSize" "-pp" "config.pipelineParallelSize" }}
+      "-tp" "config.tensorParallelSize" "-pp" "config.pipelineParallelSize"
+      "--data-parallel-size" "vllm.dataParallelSize" "-dp" "vllm.dataParallelSize" }}
 {{- range $key, $flag := $flags }}
 {{- $_ := set $managed $flag (printf "config.%s" $key) }}
 {{- end }}
