@@ -19,6 +19,7 @@ from helm_helpers import (
     MINIMAL,
     SYNC,
     merged_values,
+    only,
     render,
     render_fails,
     validate_object,
@@ -252,3 +253,25 @@ def test_the_charts_patterns_are_the_settings_own(field: str, good: list[str], b
         with pytest.raises((ValueError, SettingsError)):
             ServeSettings(**{field: value})
         assert key in render_fails(*MINIMAL, "--set-json", f"config.{key}={json.dumps(value)}")
+
+
+def test_every_number_takes_the_decimal_string_helm_set_passes() -> None:
+    # docs/deploy.md promises it; `--set autoscaling.targetKvUtilization=0.7` and `vllm.prefillSecondsEstimate=90.5`
+    # failed with "got string, want number". And `--set-string serviceMonitor.interval=0` rendered `interval: 0`,
+    # a number, which the operator's CRD refuses.
+    schema = json.loads((CHART / "values.schema.json").read_text())
+
+    def numbers(node: object, path: str) -> list[str]:
+        if isinstance(node, dict):
+            kinds = node.get("type") if isinstance(node.get("type"), list) else [node.get("type")]
+            own = [path] if "number" in kinds and "string" not in kinds else []
+            return own + [p for k, v in node.items() for p in numbers(v, f"{path}/{k}")]
+        return [p for i, v in enumerate(node) for p in numbers(v, f"{path}/{i}")] if isinstance(node, list) else []
+
+    assert [p for p in numbers(schema["properties"], "") if "definitions" not in p] == []
+    objects = render(*MINIMAL, "--set", "autoscaling.enabled=true", "--set", "autoscaling.prometheusAddress=http://p:9090",
+                     "--set", "autoscaling.targetKvUtilization=0.7", "--set", "vllm.prefillSecondsEstimate=90.5",
+                     "--set", "serviceMonitor.enabled=true", "--set-string", "serviceMonitor.interval=0")
+    for obj in objects:
+        validate_object(obj)
+    assert only(objects, "ServiceMonitor")["spec"]["endpoints"][0]["interval"] == "0"

@@ -371,10 +371,10 @@ scrape comes at least that often, and KVCacheBottleneck's 2-minute medians need 
 - port: metrics
   path: /metrics
   {{- with $m.interval }}
-  interval: {{ . }}
+  interval: {{ . | quote }}
   {{- end }}
   {{- with $m.scrapeTimeout }}
-  scrapeTimeout: {{ . }}
+  scrapeTimeout: {{ . | quote }}
   {{- end }}
   {{- $web := .root.Values.webConfig | default dict }}
   {{- if and $web.secretName $web.tls }}
@@ -418,10 +418,10 @@ names its ports as its own chart does. */ -}}
 - port: http
   path: /metrics
   {{- with $m.interval }}
-  interval: {{ . }}
+  interval: {{ . | quote }}
   {{- end }}
   {{- with $m.scrapeTimeout }}
-  scrapeTimeout: {{ . }}
+  scrapeTimeout: {{ . | quote }}
   {{- end }}
   relabelings:
     # vLLM's own endpoint is not kvwatch: vLLM down (or loading) is KvwatchTargetDown's, not KvwatchAbsent's.
