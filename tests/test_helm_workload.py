@@ -457,3 +457,15 @@ def test_data_parallel_engines_get_their_gpus_and_a_pod_fits_one_node() -> None:
     assert "vllm.dataParallelSize" in render_fails(*MINIMAL, "--set-json", 'vllm.extraArgs=["-dp","2"]')
     assert "more than config.gpusPerNode 4" in render_fails(*MINIMAL, "--set", "config.tensorParallelSize=8",
                                                             "--set", "config.gpusPerNode=4")
+
+
+def test_the_documented_openshift_security_context_keeps_the_rest_of_restricted() -> None:
+    assert "--set kvwatch.securityContext.runAsUser=null" in (ROOT / "docs" / "deploy.md").read_text()
+    objects = render(*MINIMAL, "--set", "kvwatch.securityContext.runAsUser=null",
+                     "--set", "kvwatch.securityContext.runAsGroup=null")
+    context = containers(objects)["kvwatch"]["securityContext"]
+    assert "runAsUser" not in context and "runAsGroup" not in context
+    assert context["runAsNonRoot"] and not context["allowPrivilegeEscalation"]
+    assert context["seccompProfile"]["type"] == "RuntimeDefault"
+    for obj in objects:
+        validate_object(obj)
