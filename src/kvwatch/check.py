@@ -312,12 +312,13 @@ SCHEDULER_CAP_SHARE = 0.9
 def _groups_unknown(poll: Poll, capacities: Mapping[Any, Any], known_models: set[str]) -> list[Finding]:
     """``capacity_groups_unknown``, once per model: the capacity is vLLM's blocks × block size for a model kvwatch
     does not know, so it cannot tell whether the blocks are shared among KV groups (kvwatch.capacity.series)."""
+    from kvwatch.capacity.kv import HYBRID_GROUPING_SINCE
     from kvwatch.serve.sidecar_capacity import vllm_version_from_cache_config
 
     def groups_possible(reading: Reading) -> bool:  # vLLM >= 0.9: the hybrid allocator shares the blocks
         version = vllm_version_from_cache_config(reading.cache_config)
         if version is not None:
-            return version >= (0, 9)
+            return version >= HYBRID_GROUPING_SINCE
         return not poll.detection.version_range.startswith(("v0", "0.7", "0.8"))
 
     out: list[Finding] = []
@@ -369,8 +370,10 @@ def _formula_like_engine(plan: Any, source: str) -> float:
     engine's is ``blocks // groups × block_size`` (kvwatch.capacity.series), so the formula's is too: its
     ``kv_cache_tokens`` follows vLLM >= 0.20's ``int(concurrency × max_model_len)``, which differs on
     sliding-window and hybrid models, and 0.18-0.20.x payloads cannot say which rule their release logs."""
+    from kvwatch.capacity.kv import blocks_per_group_tokens
+
     if source == "engine_num_gpu_blocks":
-        return float(plan.num_gpu_blocks // max(1, plan.layout.num_groups) * plan.layout.block_size)
+        return float(blocks_per_group_tokens(plan.num_gpu_blocks, plan.layout.num_groups, plan.layout.block_size))
     return float(plan.kv_cache_tokens)
 
 

@@ -22,7 +22,8 @@ from collections.abc import Callable, Sequence
 from typing import IO
 
 from kvwatch.exposition import ParseError, parse
-from kvwatch.settings import MAX_INTERVAL_SECONDS, MIN_INTERVAL_SECONDS
+from kvwatch.forecast.risk import RiskParams
+from kvwatch.settings import MAX_INTERVAL_SECONDS, MIN_INTERVAL_SECONDS, ServeSettings
 from kvwatch.sim.cli import check, check_number
 from kvwatch.sim.engines_wire import ENGINES
 
@@ -53,7 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="simulated seconds per wall-clock second (the simulator's and kvwatch's clocks; "
                              f"at most {MAX_DEMO_SPEED:g}); --speed is a deprecated alias")
     parser.add_argument("--sim-port", type=int, default=8000, help="simulator /metrics port (0: a free one)")
-    parser.add_argument("--port", type=int, default=9747, help="kvwatch /metrics port (0: a free one)")
+    parser.add_argument("--port", type=int, default=ServeSettings.model_fields["port"].default,
+                        help="kvwatch /metrics port (0: a free one)")
     # "%(default).0s" prints nothing: it only stops the formatter from appending "(default: None)".
     parser.add_argument("--poll-interval-seconds", type=float, default=None,
                         help=f"kvwatch poll interval in real seconds (default: {POLL_SIMULATED_SECONDS:g} simulated "
@@ -159,7 +161,8 @@ def status_line(text: str, elapsed: float, speed: float = 1.0, sim_seconds: floa
         # +Inf before the forecaster is warm (no risk exported yet, whatever state shows) is no forecast, not a
         # calm hour ahead
         warm = bool(exp.samples("kvwatch_kv_saturation_risk"))
-        parts.append("ETA " + (("none within 1 h" if warm else "not yet (warming up)")
+        hours = RiskParams().max_horizon_buckets * RiskParams().bucket_seconds / 3600  # (the ETA's horizon)
+        parts.append("ETA " + ((f"none within {hours:g} h" if warm else "not yet (warming up)")
                                if math.isinf(soonest) else "now" if soonest <= 0 else f"{soonest / 60:.1f} min"))
     forecast = worst("kvwatch_kv_usage_forecast_ratio", horizon="30m")
     if forecast is not None:

@@ -38,6 +38,7 @@ from kvwatch.capacity.kv import (
     NEMOTRON_SSM_FP32_SINCE,
     TOKENS_FROM_CONCURRENCY_SINCE,
     KVLayout,
+    blocks_per_group_tokens,
     kv_bytes_per_token_per_layer,
     kv_dtype_bytes,
     layers_on_rank,
@@ -492,7 +493,7 @@ def render_text(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: floa
                 f"   tokens as vLLM reports them ({_tokens_rule(plan)}) = {plan.kv_cache_tokens:,}"]
         if plan.spec.vllm_version == TOKENS_FROM_CONCURRENCY_SINCE and plan.max_model_len:
             # 0.20.2 changed the rule in a patch release: 0.20.0 and 0.20.1 still log the blocks per group
-            older = plan.num_gpu_blocks // layout.num_groups * layout.block_size
+            older = blocks_per_group_tokens(plan.num_gpu_blocks, layout.num_groups, layout.block_size)
             out.append(f"   (vLLM 0.20.2 and later; 0.20.0 and 0.20.1 log blocks // {layout.num_groups} groups × "
                        f"{layout.block_size} = {older:,})")
     else:

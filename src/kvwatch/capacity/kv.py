@@ -573,4 +573,10 @@ def reported_kv_cache_tokens(layout: KVLayout, blocks: int, max_model_len: int |
     if version >= TOKENS_FROM_CONCURRENCY_SINCE and max_model_len:
         conc = max_concurrency_at_max_model_len(layout, blocks, max_model_len, in_flight_tokens)
         return int(conc * max_model_len)
-    return blocks // max(1, layout.num_groups) * layout.block_size
+    return blocks_per_group_tokens(blocks, layout.num_groups, layout.block_size)
+
+
+def blocks_per_group_tokens(blocks: int, groups: int, block_size: int) -> int:
+    """vLLM 0.9-0.19's token figure for a pool of ``blocks`` shared among ``groups`` KV groups (one group: all of
+    them): ``blocks // groups × block_size``, the engine's as the formula's."""
+    return blocks // max(1, groups) * block_size

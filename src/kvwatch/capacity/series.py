@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kvwatch.capacity.kv import max_concurrency_at_max_model_len
+from kvwatch.capacity.kv import blocks_per_group_tokens, max_concurrency_at_max_model_len
 from kvwatch.capacity.planner import CapacityPlan
 from kvwatch.derived import block_pool
 from kvwatch.engines.vllm import engine_max_model_len, label_number
@@ -119,7 +119,7 @@ def _engine_block_tokens(reading: Any, plan: CapacityPlan | None, kv_groups: int
     groups = plan.layout.num_groups if plan is not None else kv_groups or 1
     if groups <= 1 or not reading.num_gpu_blocks or not reading.block_size:
         return float(reading.kv_capacity_tokens)
-    return float(int(reading.num_gpu_blocks) // groups * int(reading.block_size))
+    return float(blocks_per_group_tokens(int(reading.num_gpu_blocks), groups, int(reading.block_size)))
 
 
 def resolve(reading: Any, plan: CapacityPlan | None, kv_groups: int | None = None) -> SeriesCapacity:
