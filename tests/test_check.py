@@ -1004,3 +1004,15 @@ def test_gains_sized_by_a_plan_the_engine_contradicts_say_so(capsys: pytest.Capt
     assert "does not describe this engine" in effects["quantize_weights"]
     assert "does not describe this engine" in effects["add_tensor_parallelism"]
     assert "does not describe" not in effects["limit_concurrency"]  # (measured on the engine, not planned)
+
+
+def test_more_tensor_parallel_ranks_on_the_page_than_planned_is_said(capsys: pytest.CaptureFixture[str]) -> None:
+    # An SGLang server whose scheduler gauges come from tp_rank 0 and 1 was told "Raise --tp-size from 1 to 2".
+    path = str(FIXTURES.parent / "sglang-metrics" / "gen-0.5.2-total-retracted-tp2.prom")
+    report = check_json(["--file", path, "--gpu", "H100"], capsys)
+    finding = next(f for f in report["findings"] if f["id"] == "tensor_parallel_mismatch")
+    assert "shows 2 tensor-parallel ranks" in finding["message"] and "--tensor-parallel-size 1" in finding["message"]
+    effects = {a["action"]: a["projected_effect"] for a in report["series"][0]["advice"]}
+    assert "does not describe this engine" in effects["add_tensor_parallelism"]
+    agreeing = check_json(["--file", path, "--gpu", "H100", "--tensor-parallel-size", "2"], capsys)
+    assert "tensor_parallel_mismatch" not in [f["id"] for f in agreeing["findings"]]

@@ -263,11 +263,12 @@ def build_report(poll: Poll, max_model_len: int | None = None,
                      undetermined=poll.undetermined) + _capacity_findings(
         states, plans, max_model_len, capacities, poll.detection.engine_kind)
     found += _groups_unknown(poll, capacities, set(plans) | set(groups))
+    found += _tensor_parallel_unlike_the_plan(poll.readings, plans)
     found.sort(key=lambda f: _SEVERITY_ORDER[f.severity])
     stuck = {(f.model_name, f.engine) for f in found if f.id == "request_exceeds_pool"}
     found = [f for f in found if not (f.id == "scheduler_limited" and (f.model_name, f.engine) in stuck)]
     bound = {(f.model_name, f.engine) for f in found if f.id == "kv_bound"}
-    mismatched = {(f.model_name, f.engine) for f in found if f.id == "capacity_mismatch"}
+    mismatched = {(f.model_name, f.engine) for f in found if f.id in PLAN_CONTRADICTED_BY}
     d = poll.detection
     advice_kind = _advice_kind(d)
     ranks = _ranks_per_model(states, d.engine_kind)
@@ -292,8 +293,28 @@ def build_report(poll: Poll, max_model_len: int | None = None,
 
 
 _SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
-PLAN_CAVEAT = (" (The ratio is kvwatch's plan's, and capacity_mismatch says that plan does not describe this engine: "
+# Findings that say kvwatch's plan does not describe the engine: the gains it sizes then say so.
+PLAN_CONTRADICTED_BY = ("capacity_mismatch", "tensor_parallel_mismatch")
+PLAN_CAVEAT = (" (The ratio is kvwatch's plan's, and the findings say that plan does not describe this engine: "
                "check the flags kvwatch was given before counting on it.)")
+
+
+def _tensor_parallel_unlike_the_plan(readings: Iterable[Reading], plans: Mapping[str, Any]) -> list[Finding]:
+    """``tensor_parallel_mismatch``, once per model: the payload shows more tensor-parallel ranks (SGLang's tp_rank
+    copies) than the plan kvwatch was given (--tensor-parallel-size), so its sums, and a fix that raises the size
+    "from" it, are for another deployment. Only more: a release may export from its first rank alone."""
+    out: list[Finding] = []
+    for r in readings:
+        plan = plans.get(r.model_name)
+        if plan is None or not r.tensor_parallel_ranks or r.model_name in {f.model_name for f in out}:
+            continue
+        tp = plan.spec.tensor_parallel_size
+        if r.tensor_parallel_ranks > tp:
+            out.append(Finding("tensor_parallel_mismatch", "warning", (
+                f"The payload shows {r.tensor_parallel_ranks} tensor-parallel ranks (tp_rank), and kvwatch planned "
+                f"for --tensor-parallel-size {tp}: pass --tensor-parallel-size {r.tensor_parallel_ranks} so that "
+                "the capacity sums and the fixes describe this server."), r.model_name, r.engine))
+    return out
 
 
 def _plan_caveat(fixes: list[Advice], mismatched: bool) -> list[Advice]:

@@ -93,6 +93,9 @@ class Reading:
     # vllm:request_generation_tokens), for the forecast's request-size tail; empty when not exported.
     lengths: Mapping[str, Histogram] = field(default_factory=_no_histograms)
     requests_aborted_total: float | None = None
+    # How many tensor-parallel ranks export the series (SGLang's tp_rank copies of its scheduler gauges): the TP size
+    # the server runs, where the payload says it; None where it does not (vLLM exports from one process).
+    tensor_parallel_ranks: int | None = None
     # A prefill-disaggregated server's role ("prefill" or "decode", SGLang's engine_type label); None: unified.
     engine_role: str | None = None
     # vLLM's sleep mode (vllm:engine_sleep_state, 0.12+): "awake", "weights_offloaded" (level 1), "discard_all"

@@ -173,6 +173,10 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
                          None)
     transfer_i = fam(transfer_name) if transfer_name is not None else Index()
     keys = series_keys((usage_i, running_i, waiting_i, capacity_i))
+
+    def tp_ranks(key: SeriesKey) -> int | None:  # every tensor-parallel rank's scheduler exports its gauges
+        ranks = {s.labels["tp_rank"] for s in (running_i or usage_i).for_key(key) if "tp_rank" in s.labels}
+        return len(ranks) or None
     if not (usage_i or running_i or waiting_i):
         escaped = underscore_escaped(exposition, "sglang:")
         if escaped is not None:
@@ -212,6 +216,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             model_name=key[0],
             engine=key[1],
             engine_kind=SGLANG,
+            tensor_parallel_ranks=tp_ranks(key),
             kv_usage_ratio=_fullest(usage_i.value(key), {name: i.value(key) for name, i in pools.items()}),
             requests_running=running_i.value(key),
             requests_waiting=_add(for_room := _add(waiting_i.value(key), prealloc_i.value(key)),
