@@ -907,7 +907,7 @@ def test_a_full_sglang_rank_with_nothing_running_names_both_readings(
                     'sglang:num_queue_reqs{model_name="q",engine_type="unified"} 30\n')
     report = check_json(["--file", str(page)], capsys)
     (bound,) = [f for f in report["findings"] if f["id"] == "kv_bound"]
-    assert "PD prefill server" in bound["message"] and "KV leak" in bound["message"]
+    assert "PD-disaggregated server" in bound["message"] and "KV leak" in bound["message"]
 
 
 def test_a_running_or_waiting_override_without_samples_yet_says_why(
@@ -1016,3 +1016,19 @@ def test_more_tensor_parallel_ranks_on_the_page_than_planned_is_said(capsys: pyt
     assert "does not describe this engine" in effects["add_tensor_parallelism"]
     agreeing = check_json(["--file", path, "--gpu", "H100", "--tensor-parallel-size", "2"], capsys)
     assert "tensor_parallel_mismatch" not in [f["id"] for f in agreeing["findings"]]
+
+
+def test_a_pd_decode_server_before_0_20_is_no_leak_when_its_page_shows_kv_transfers(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # vLLM's scheduler allocates a decode server's blocks before their KV arrives (WAITING_FOR_REMOTE_KVS) and
+    # counts those requests as waiting; 0.20 splits them off (reason="deferred"). Before, a page with the NIXL
+    # connector's metrics was called a KV leak: critical, restart the engine.
+    report = check_json(["--file", str(FIXTURES / "gen-0.14-pd-decode-nixl.prom")], capsys)
+    assert "kv_usage_stuck" not in [f["id"] for f in report["findings"]]
+    bound = next(f for f in report["findings"] if f["id"] == "kv_bound")
+    assert "a decode server's incoming" in bound["message"]
+    without = "".join(line + "\n" for line in (FIXTURES / "gen-0.14-pd-decode-nixl.prom").read_text().splitlines()
+                      if "nixl" not in line)
+    from kvwatch.payload import interpret
+
+    assert interpret(without, None, timestamp=0.0).readings[0].waiting_holds_no_kv  # a leak, without transfers

@@ -523,7 +523,8 @@ def findings(states: Iterable[SeriesState],
                            f"transfer); no concurrency limit follows from its running count. {fixes}")
             elif r.requests_running == 0:
                 message = (f"KV cache is {usage:.1%} full with {_requests(waiting)} waiting and nothing running. On a "
-                           "PD prefill server these are its KV transfers and the KV cache is the bottleneck. "
+                           "PD-disaggregated server these are its KV transfers (a prefill server's outgoing, a decode "
+                           "server's incoming) and the KV cache is the bottleneck. "
                            f"{fixes} On any other server finished requests' blocks are not being freed (a KV "
                            "leak: restart the engine), and those fixes would not help.")
             elif usage < KV_BOUND_USAGE:

@@ -49,6 +49,7 @@ GPU_CACHE_USAGE = "vllm:gpu_cache_usage_perc"
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
+NIXL_PREFIX = "vllm:nixl_"  # the NIXL KV connector's transfer metrics (PD disaggregation)
 SWAPPED = "vllm:num_requests_swapped"
 CPU_CACHE_USAGE = "vllm:cpu_cache_usage_perc"
 PREEMPTIONS = "vllm:num_preemptions_total"
@@ -179,6 +180,11 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     queries_idx, hits_idx = _split(prefix_queries), _split(prefix_hits)
     latency = latency_index(exposition, LATENCY, lambda labels: (_model_of(labels), labels.get("engine") or None))
     lengths = latency_index(exposition, LENGTHS, lambda labels: (_model_of(labels), labels.get("engine") or None))
+    # A waiting request holds no blocks, except one whose KV a connector is receiving (a PD decode server allocates
+    # its blocks first, scheduler.py's WAITING_FOR_REMOTE_KV); from 0.20 those are counted apart (reason="deferred"),
+    # before, a page with NIXL's transfer metrics (NixlPromMetrics, vllm:nixl_*) cannot say which waiting ones hold KV.
+    transfers_in_queue = not exposition.samples(WAITING_BY_REASON) and any(
+        name.startswith(NIXL_PREFIX) for name in exposition.names)
     readings = []
     ordered = sorted(keys, key=_sort_key)
     dropped = max(0, len(ordered) - max_series) if max_series is not None else 0
@@ -220,7 +226,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             requests_aborted_total=finished.get("abort"),
             sleep_state=_sleep_state(_by_label(index[SLEEP_STATE], key, "sleep_state", max)),
             tokens_counted_every_step=True,
-            waiting_holds_no_kv=True,
+            waiting_holds_no_kv=not transfers_in_queue,
         ))
     capacity_name = "vllm:cache_config_info{kv_cache_size_tokens}" if any(
         "kv_cache_size_tokens" in c for c in configs.values()) else (
