@@ -129,13 +129,25 @@ def gpu_templates() -> bytes:
     ).encode()
 
 
+# The prometheus-operator's RelabelConfig, from the ServiceMonitor CRD the tests validate rendered monitors with:
+# the monitors' relabelings pass through verbatim, and the API server prunes a snake_case field silently.
+OPERATOR_CRD = ROOT / "tests" / "fixtures" / "k8s-schemas" / "monitoring.coreos.com_servicemonitors.yaml"
+RELABEL_CONFIG = "com.coreos.monitoring.v1.RelabelConfig"
+
+
 def kubernetes_definitions(version: str = KUBERNETES_VERSION) -> dict[str, Any]:
-    """The closed JSON schemas of KUBERNETES_TYPES and every type they reference, as draft-07 `definitions`."""
+    """The closed JSON schemas of KUBERNETES_TYPES and every type they reference, and the operator's RelabelConfig,
+    as draft-07 `definitions`."""
     from importlib.resources import files
+
+    import yaml
 
     schemas = files("kubernetes_validate") / "kubernetes-json-schema" / f"v{version}.0-local-strict"
     source = schemas / "_definitions.json"
     upstream = json.loads(source.read_text())["$defs"]
+    crd = yaml.safe_load(OPERATOR_CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    upstream[RELABEL_CONFIG] = crd["properties"]["spec"]["properties"]["endpoints"]["items"]["properties"][
+        "relabelings"]["items"]
     found: dict[str, Any] = {}
 
     def convert(node: Any) -> Any:
@@ -162,7 +174,7 @@ def kubernetes_definitions(version: str = KUBERNETES_VERSION) -> dict[str, Any]:
             found[name] = {}  # placeholder: breaks reference cycles
             found[name] = convert(upstream[name])
 
-    for name in KUBERNETES_TYPES:
+    for name in (*KUBERNETES_TYPES, RELABEL_CONFIG):
         add(name)
     return dict(sorted(found.items()))
 

@@ -200,6 +200,10 @@ def test_ci_values_cover_both_modes_and_every_integration() -> None:
     ("kvwatch.extraEnv", '[{"name":"KVWATCH_FOO","value":"b"}]'),
     ("kvwatch.extraEnv", '[{"name":"kvwatch_poll_interval_seconds","value":"5"}]'),  # kvwatch reads any case
     ("config.blockSize", "24"),  # kvwatch and vLLM refuse it at start
+    # Prometheus' snake_case in the operator's camelCase objects: the API server pruned the field silently
+    ("serviceMonitor.relabelings", '[{"source_labels":["a"],"target_label":"b"}]'),
+    ("podMonitor.metricRelabelings", '[{"action":"drop","source_labels":["__name__"]}]'),
+    ("vllm.env", '[{"name":"A","valeu":"b"}]'),
     ("kvwatch.extraVolumeMounts", '[{"name":"x","mountpath":"/x"}]'),
     ("extraVolumes", '[{"name":"x","emptydir":{}}]'),
     ("affinity", '{"nodeAfinity":{}}'),
