@@ -246,3 +246,22 @@ def test_the_runbooks_flag_table_is_the_advisors():
         expected = [ENGINE_FLAGS[kind][key] or "(the checkpoint's)"
                     for kind in (VLLM, SGLANG, TENSORRT_LLM, TRITON_TENSORRT_LLM)]
         assert rows[row] == expected, row
+
+
+def test_advice_from_a_reading_names_that_engines_flags_unless_told_otherwise() -> None:
+    # The sidecar called advise_from_result without an engine kind: an SGLang series was told "--max-num-seqs".
+    from dataclasses import replace
+
+    from kvwatch.advisor import advise_from_result
+    from kvwatch.forecast import Forecaster, ForecastSample
+    from kvwatch.model import SGLANG, Reading
+
+    reading = Reading(model_name="m", engine_kind=SGLANG, kv_usage_ratio=0.94, requests_running=30,
+                      requests_waiting=12, kv_capacity_tokens=100_000.0)
+    result = Forecaster().observe(ForecastSample.from_reading(reading, 0.0))
+    result = replace(result, state="bottleneck", estimates={**result.estimates, "tokens_per_running_request": 3133.0})
+    fixes = advise_from_result(result, reading, concurrency_ceiling=31.9)
+    limit = next(a for a in fixes if a.action == "limit_concurrency")
+    assert limit.engine_args[0] == "--max-running-requests" and limit.engine_kind == SGLANG
+    told = advise_from_result(result, reading, concurrency_ceiling=31.9, engine_kind="vllm")
+    assert next(a for a in told if a.action == "limit_concurrency").engine_args[0] == "--max-num-seqs"

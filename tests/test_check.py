@@ -1016,6 +1016,13 @@ def test_more_tensor_parallel_ranks_on_the_page_than_planned_is_said(capsys: pyt
     assert "does not describe this engine" in effects["add_tensor_parallelism"]
     agreeing = check_json(["--file", path, "--gpu", "H100", "--tensor-parallel-size", "2"], capsys)
     assert "tensor_parallel_mismatch" not in [f["id"] for f in agreeing["findings"]]
+    # every data-parallel rank's fixes, not only those of the rank the finding names
+    dp2 = str(FIXTURES.parent / "sglang-metrics" / "gen-rank-labels-dp2.prom")
+    ranks = check_json(["--file", dp2, "--gpu", "H100"], capsys)
+    assert "tensor_parallel_mismatch" in [f["id"] for f in ranks["findings"]]
+    sized = [a["projected_effect"] for s in ranks["series"] for a in s["advice"]
+             if a["action"] == "add_tensor_parallelism"]
+    assert sized and all("does not describe this engine" in e for e in sized)
 
 
 def test_a_pd_decode_server_before_0_20_is_no_leak_when_its_page_shows_kv_transfers(

@@ -253,22 +253,27 @@ def test_the_pod_list_has_sidecars_that_never_read_their_engine(tmp_path: Path) 
         pytest.fail("promtool not found on PATH: run `make tools` (installs Debian's prometheus package)")
     variable = next(v for v in DASHBOARD["templating"]["list"] if v["name"] == "pod")
     expr = re.fullmatch(r"query_result\((.*)\)", variable["query"]["query"], re.S).group(1)
-    expr = expr.replace("$namespace", ".*").replace("$model", "llama")
+    expr = expr.replace("$namespace", ".*").replace("$model", "llama").replace("$__range", "1h")
     series = [
         ('kvwatch_up{namespace="prod", pod="reads"}', "1x5"),
         ('kvwatch_kv_usage_ratio{namespace="prod", pod="reads", model_name="llama", engine="0"}', "0.5x5"),
         ('kvwatch_up{namespace="prod", pod="other-model"}', "1x5"),
         ('kvwatch_kv_usage_ratio{namespace="prod", pod="other-model", model_name="qwen", engine="0"}', "0.5x5"),
         ('kvwatch_up{namespace="prod", pod="never-read"}', "0x5"),
+        # replaced during the dashboard's range: query_result is one instant query, at the range's end
+        ('kvwatch_up{namespace="prod", pod="replaced"}', "1 1 1 stale"),
+        ('kvwatch_kv_usage_ratio{namespace="prod", pod="replaced", model_name="llama", engine="0"}',
+         "0.7 0.7 0.7 stale"),
     ]
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(
         {"groups": [{"name": "pods", "rules": [{"record": "dashboard:pod_variable", "expr": expr}]}]}))
     (tmp_path / "test.yaml").write_text(yaml.safe_dump({
         "rule_files": ["rules.yaml"], "evaluation_interval": "1m",
         "tests": [{"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in series],
-                   "promql_expr_test": [{"expr": "dashboard:pod_variable", "eval_time": "2m", "exp_samples": [
+                   "promql_expr_test": [{"expr": "dashboard:pod_variable", "eval_time": "10m", "exp_samples": [
                        {"labels": 'dashboard:pod_variable{namespace="prod", pod="reads"}', "value": 0.5},
                        {"labels": 'dashboard:pod_variable{namespace="prod", pod="never-read"}', "value": 0},
+                       {"labels": 'dashboard:pod_variable{namespace="prod", pod="replaced"}', "value": 0.7},
                    ]}]}]}))
     result = subprocess.run([promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr

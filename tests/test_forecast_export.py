@@ -102,3 +102,32 @@ def test_saturation_risk_per_horizon_is_a_probability_and_the_eta_follows_it():
                     if x.startswith(f'kvwatch_kv_saturation_risk{{engine="0",horizon="{label}",model_name="m"}}'))
         assert 0.0 <= float(line.split()[-1]) < 0.5  # a steady 0.6 cache: low risk, ETA +Inf
     assert result.risk[300] <= result.risk[900] <= result.risk[1800]
+
+
+def test_no_limit_is_exported_while_kv_is_held_with_nothing_running() -> None:
+    # The advice dropped its concurrency limit with nothing running (it frees no KV held by transfers or a leak),
+    # but kvwatch_recommended_max_concurrency, "the same figure", still said 29.
+    from kvwatch.history import SeriesHistory
+    from kvwatch.model import Reading
+    from kvwatch.serve.forecast import ForecastAnalyzer
+
+    analyzer, history, finished, t = ForecastAnalyzer(max_model_len=32768), SeriesHistory(), 0.0, 0.0
+
+    def poll(usage: float, running: float, waiting: float):
+        nonlocal finished, t
+        finished += 10
+        reading = Reading(model_name="m", kv_usage_ratio=usage, requests_running=running, requests_waiting=waiting,
+                          preemptions_total=0, finished_by_reason={"stop": finished},
+                          generation_tokens_total=finished * 100, kv_capacity_tokens=50_000.0)
+        history.append(t, reading)
+        out = analyzer.analyze(reading.key, history, reading, t)
+        t += 5
+        return out
+
+    for _ in range(240):
+        busy = poll(0.5, 40, 0)
+    assert busy.result.recommended_max_concurrency is not None
+    for _ in range(60):
+        held = poll(0.97, 0, 64)
+    assert held.result.state == "bottleneck" and held.result.recommended_max_concurrency is None
+    assert "limit_concurrency" not in [a.action for a in held.advice]

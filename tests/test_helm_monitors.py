@@ -129,12 +129,13 @@ def test_mode_2_monitors_label_kvwatchs_series_with_the_vllm_it_watches(monitor:
     assert labels["vllm_target"] == "http://vllm-0:8000/metrics?x=$1"
     # A user:password in the URL (kvwatch reads it, never shows it) went into every series, alert text and the
     # install notes.
-    secret = "http://scraper:s3cr3t@vllm-0:8000/metrics"
+    secret = "http://scraper:s3cr3t@p@ss@vllm-0:8000/metrics"
     args = ("--set", "vllm.enabled=false", "--set", f"config.targetUrl={secret}", "--set", f"{monitor}.enabled=true")
     labels = relabel({}, only(render(*args), kind)["spec"][key][0]["relabelings"])
     assert labels["vllm_target"] == "http://vllm-0:8000/metrics"
     notes = run_helm("install", "--dry-run=client", "kvw", str(CHART), *args)
     assert notes.returncode == 0 and "s3cr3t" not in notes.stdout.split("NOTES:")[1]
+    assert "p@ss" not in notes.stdout.split("NOTES:")[1] and "ss@" not in labels["vllm_target"]
 
 
 @pytest.mark.parametrize("case", ["sidecar-full-values.yaml", "podmonitor-values.yaml"])

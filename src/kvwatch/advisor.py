@@ -183,7 +183,7 @@ def advise(
         ceiling = base_tokens / kv_tokens_per_request
     out: list[Advice] = []
 
-    # (with nothing running, a limit on running requests frees none of the KV held: transfers or a leak)
+    # (with nothing running, a limit on running requests frees none of the KV held: transfers, or a leak)
     limit = concurrency_limit(recommended_max_concurrency, ceiling) if running != 0 else None
     if limit is not None:
         now = f"; now {running:.0f} running" if running is not None else ""
@@ -384,13 +384,15 @@ def _lower_max_model_len(max_model_len: int | None, lengths: RequestLengths | No
 def advise_from_result(result: ForecastResult, reading: Reading | None = None, *,
                        capacity_plan: CapacityPlan | None = None,
                        max_model_len: int | None = None, concurrency_ceiling: float | None = None,
-                       gpus_per_node: int = DEFAULT_GPUS_PER_NODE, engine_kind: str = VLLM,
+                       gpus_per_node: int = DEFAULT_GPUS_PER_NODE, engine_kind: str | None = None,
                        ranks_per_flag: int = 1, longest_request_tokens: float | None = None) -> list[Advice]:
     """``advise`` fed from a :class:`kvwatch.forecast.ForecastResult` and core's ``Reading`` (what the
     sidecar, ``kvwatch check`` and the demo call). Lifetime length means come from the reading's histograms, the
     longest request from their buckets, or ``longest_request_tokens`` (the sidecar's last reading of them)."""
     from kvwatch.capacity.findings import leaking
 
+    if engine_kind is None:  # whose flags: the reading's engine (check names Triton's backend apart)
+        engine_kind = reading.engine_kind if reading is not None else VLLM
     if reading is not None and leaking(reading):
         return []  # a full cache no request holds: no capacity fix applies (kvwatch.capacity.findings.leaking)
     lengths = None

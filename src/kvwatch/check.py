@@ -268,7 +268,10 @@ def build_report(poll: Poll, max_model_len: int | None = None,
     stuck = {(f.model_name, f.engine) for f in found if f.id == "request_exceeds_pool"}
     found = [f for f in found if not (f.id == "scheduler_limited" and (f.model_name, f.engine) in stuck)]
     bound = {(f.model_name, f.engine) for f in found if f.id == "kv_bound"}
-    mismatched = {(f.model_name, f.engine) for f in found if f.id in PLAN_CONTRADICTED_BY}
+    # (per series for capacity_mismatch; the tensor-parallel finding is said once per model, of all its ranks)
+    mismatched = {(f.model_name, f.engine) for f in found if f.id == "capacity_mismatch"}
+    mismatched |= {(r.model_name, r.engine) for r in poll.readings
+                   if r.model_name in {f.model_name for f in found if f.id == "tensor_parallel_mismatch"}}
     d = poll.detection
     advice_kind = _advice_kind(d)
     ranks = _ranks_per_model(states, d.engine_kind)
@@ -293,8 +296,6 @@ def build_report(poll: Poll, max_model_len: int | None = None,
 
 
 _SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
-# Findings that say kvwatch's plan does not describe the engine: the gains it sizes then say so.
-PLAN_CONTRADICTED_BY = ("capacity_mismatch", "tensor_parallel_mismatch")
 PLAN_CAVEAT = (" (The ratio is kvwatch's plan's, and the findings say that plan does not describe this engine: "
                "check the flags kvwatch was given before counting on it.)")
 
@@ -318,13 +319,16 @@ def _tensor_parallel_unlike_the_plan(readings: Iterable[Reading], plans: Mapping
 
 
 def _plan_caveat(fixes: list[Advice], mismatched: bool) -> list[Advice]:
-    """The plan-sized gains, marked where the plan does not describe the engine (``capacity_mismatch``): advice
+    """The plan-sized gains, marked where the plan does not describe the engine (``capacity_mismatch``,
+    ``tensor_parallel_mismatch``): advice
     never quotes a figure without what the report says of its source."""
     if not mismatched:
         return fixes
     sized = (QUANTIZE_WEIGHTS, ADD_TENSOR_PARALLELISM)
     return [replace(a, projected_effect=a.projected_effect + PLAN_CAVEAT)
             if a.action in sized and re.search(r"\bx\d", a.projected_effect) else a for a in fixes]
+
+
 # A running count below this share of --max-num-seqs is not held back by that cap (a few requests finish
 # between the scheduler's steps and the poll).
 SCHEDULER_CAP_SHARE = 0.9

@@ -67,7 +67,8 @@ def _normal_upper_tail(z: float) -> float:
 
 @dataclass(frozen=True)
 class RiskParams:
-    threshold: float = 0.95  # the saturation threshold of the polls, a fraction of capacity
+    threshold: float = 0.95  # the saturation threshold of the polls, a fraction of capacity (the forecaster sets
+    # it from ForecastParams.u_sat, the one threshold the demand model, the detector and the advice aim at too)
     # A minute whose mean is within_k within-minute standard deviations below the threshold has polls at it:
     # the per-minute mean's effective threshold is ``threshold·C − within_k·σ_within`` (tuned, forecasting.md).
     within_k: float = 1.0

@@ -15,7 +15,14 @@ from dataclasses import dataclass, replace
 
 from prometheus_client.core import Metric
 
-from kvwatch.advisor import DEFAULT_GPUS_PER_NODE, Advice, advise_from_result, concurrency_limit, longest_request_bound
+from kvwatch.advisor import (
+    ADVISE_IN_STATES,
+    DEFAULT_GPUS_PER_NODE,
+    Advice,
+    advise_from_result,
+    concurrency_limit,
+    longest_request_bound,
+)
 from kvwatch.capacity.planner import CapacityPlan
 from kvwatch.capacity.series import max_model_len_of
 from kvwatch.derived import observed_mix_ceiling
@@ -76,7 +83,9 @@ class ForecastAnalyzer:
         # The ceiling kvwatch_max_concurrency{basis="observed_mix"} shows: the exported limit and the advice's are
         # one figure, never above 95 % of it (kvwatch.advisor.concurrency_limit).
         ceiling = observed_mix_ceiling(reading, history)
-        if reading.prefill_server:  # its running count holds little of its KV (kvwatch.derived.max_concurrency)
+        if reading.prefill_server or (reading.requests_running == 0 and result.state in ADVISE_IN_STATES):
+            # its running count holds little of its KV (kvwatch.derived.max_concurrency); or none of it, and the
+            # advice gives no limit then (a limit on running requests frees no KV held by transfers or a leak)
             result = replace(result, recommended_max_concurrency=None)
         elif result.recommended_max_concurrency is not None:
             result = replace(result, recommended_max_concurrency=concurrency_limit(

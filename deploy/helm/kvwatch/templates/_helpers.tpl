@@ -107,7 +107,8 @@ config.targetUrl as shown outside the pod (the vllm_target label every series an
 notes): without a user:password in it, which kvwatch itself never shows (docs/reliability.md).
 */}}
 {{- define "kvwatch.shownTargetUrl" -}}
-{{- regexReplaceAll "://[^/@]*@" (toString .Values.config.targetUrl) "://" -}}
+{{- /* up to the authority's last "@", as kvwatch reads it (a password may hold an "@") */ -}}
+{{- regexReplaceAll "://[^/]*@" (toString .Values.config.targetUrl) "://" -}}
 {{- end }}
 
 {{- define "kvwatch.env" -}}
