@@ -98,8 +98,13 @@ def test_plan_names_the_raised_block_size_and_counts_state_blocks():
     # caching, or before 0.26, one.
     assert plan.max_concurrency_at_max_model_len == pytest.approx(plan.num_gpu_blocks / (16 + 9 * 3))
     assert any("3 blocks" in n and "align" in n for n in plan.notes)
+    # 0.26 and 0.27 support it but keep it opt-in for hybrids (arg_utils.py: "not model_config.is_hybrid"); the
+    # default is on from 0.28.
     for changed, held in (({"enable_prefix_caching": False}, 1), ({"vllm_version": (0, 25)}, 1),
-                          ({"vllm_version": (0, 31)}, 2), ({"mamba_cache_mode": "none"}, 1)):
+                          ({"vllm_version": (0, 31)}, 2), ({"mamba_cache_mode": "none"}, 1),
+                          ({"vllm_version": (0, 26)}, 1), ({"vllm_version": (0, 27)}, 1),
+                          ({"vllm_version": (0, 27), "enable_prefix_caching": True}, 2),
+                          ({"vllm_version": (0, 28)}, 2)):
         other = planner.plan_capacity(replace(spec, **changed))
         assert other.layout.mamba_blocks_per_request == held, changed
         assert other.max_concurrency_at_max_model_len == pytest.approx(other.num_gpu_blocks / (16 + 9 * held))

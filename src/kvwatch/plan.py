@@ -101,9 +101,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     plan.add_argument("--no-enable-chunked-prefill", dest="enable_chunked_prefill", action="store_false",
                       help="The deployment turns chunked prefill off: vLLM then refuses --max-num-batched-tokens "
                            "below --max-model-len.")
-    plan.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false",
-                      help="The deployment turns prefix caching off: on a hybrid Mamba model (vLLM >= 0.26) each "
-                           "request then holds 1 state block per Mamba group instead of 2-3.")
+    caching = plan.add_mutually_exclusive_group()
+    caching.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action="store_const", const=True,
+                         help="The deployment turns prefix caching on (vLLM's default, except for hybrid Mamba models "
+                              "on 0.26 and 0.27): each request then holds 2-3 state blocks per Mamba group.")
+    caching.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_const",
+                         const=False, help="The deployment turns prefix caching off: on a hybrid Mamba model (vLLM "
+                                           ">= 0.26) each request then holds 1 state block per Mamba group instead "
+                                           "of 2-3.")
     plan.add_argument("--target-concurrency", type=int, metavar="N",
                       help="Inverse planner: list the deployments that carry N concurrent requests of --avg-seq-len "
                            "tokens, cheapest first (utilization, max-model-len, FP8 KV, FP8 weights, TP within one "
@@ -159,7 +164,7 @@ def build_spec(args: argparse.Namespace) -> DeploymentSpec:
     overrides["allow_long_max_model_len"] = bool(getattr(args, "allow_long_max_model_len", False))
     overrides["enforce_eager"] = bool(getattr(args, "enforce_eager", False))
     overrides["enable_chunked_prefill"] = bool(getattr(args, "enable_chunked_prefill", True))
-    overrides["enable_prefix_caching"] = bool(getattr(args, "enable_prefix_caching", True))
+    overrides["enable_prefix_caching"] = getattr(args, "enable_prefix_caching", None)
     try:
         if args.vllm_version is not None and not args.vllm_version.strip():
             raise SpecError("invalid vLLM version '' (expected e.g. 0.19.0)")

@@ -46,10 +46,14 @@ IN_FLIGHT_TOKENS_SINCE = (0, 26)
 # when every layer held every token like full attention).
 CHUNKED_HYBRID_SINCE = (0, 14)
 # Prefix caching on hybrid Mamba models: ModelConfig.is_prefix_caching_supported says True for them from 0.26.0,
-# so it is on by default, and MambaModelConfig then sets mamba_cache_mode "align": a Mamba group holds 2 state
-# blocks per request (MambaSpec.max_memory_usage_bytes), plus 1 prefill checkpoint block for Mamba2 mixers from
-# 0.32.0 (mamba_mixer2.py: num_prefill_checkpoint_blocks=1). Mode "none" (prefix caching off) holds 1.
+# and MambaModelConfig then sets mamba_cache_mode "align": a Mamba group holds 2 state blocks per request
+# (MambaSpec.max_memory_usage_bytes), plus 1 prefill checkpoint block for Mamba2 mixers from 0.32.0
+# (mamba_mixer2.py: num_prefill_checkpoint_blocks=1). Mode "none" (prefix caching off) holds 1. It is on by
+# default only from 0.28.0: 0.26 and 0.27 keep it opt-in for hybrids (arg_utils.py: default_prefix_caching =
+# is_prefix_caching_supported and not is_hybrid), and there an opted-in model that supports Mamba prefix caching
+# gets mode "all" (not modelled: kvwatch counts "align").
 HYBRID_PREFIX_CACHING_SINCE = (0, 26)
+HYBRID_PREFIX_CACHING_DEFAULT_SINCE = (0, 28)
 MAMBA_CHECKPOINT_BLOCK_SINCE = (0, 32)
 # NemotronH's temporal SSM state: the config's mamba_ssm_cache_dtype, else float32 from 0.20.0 (float16 before:
 # NemotronHForCausalLMConfig.DEFAULT_MAMBA_SSM_CACHE_DTYPE in vllm/model_executor/models/config.py).
@@ -85,12 +89,15 @@ def in_flight_tokens(max_num_batched_tokens: int, pp: int, version: tuple[int, i
     return max_num_batched_tokens * (2 if pp <= 1 else pp)
 
 
-def mamba_cache_mode(version: tuple[int, int], enable_prefix_caching: bool, given: str | None = None) -> str:
-    """vLLM's ``mamba_cache_mode`` on a hybrid model: the one given, else "align" with prefix caching on (its
-    default from HYBRID_PREFIX_CACHING_SINCE), else "none"."""
+def mamba_cache_mode(version: tuple[int, int], enable_prefix_caching: bool | None,
+                     given: str | None = None) -> str:
+    """vLLM's ``mamba_cache_mode`` on a hybrid model: the one given, else "align" with prefix caching on (None:
+    vLLM's default, on from HYBRID_PREFIX_CACHING_DEFAULT_SINCE) from HYBRID_PREFIX_CACHING_SINCE, else "none"."""
     if given:
         return given
-    return "align" if enable_prefix_caching and version >= HYBRID_PREFIX_CACHING_SINCE else "none"
+    enabled = version >= HYBRID_PREFIX_CACHING_DEFAULT_SINCE if enable_prefix_caching is None \
+        else enable_prefix_caching
+    return "align" if enabled and version >= HYBRID_PREFIX_CACHING_SINCE else "none"
 
 
 def mamba_state_blocks(arch: ModelArch, version: tuple[int, int], mode: str) -> int:

@@ -99,7 +99,8 @@ class DeploymentSpec:
     enforce_eager: bool = False  # no CUDA graphs: nothing subtracted for them
     cuda_graph_bytes: float | None = None  # measured ("CUDAGraph memory" in vLLM's log) overrides the estimate
     enable_chunked_prefill: bool = True  # vLLM V1's default; off: one step must hold a whole prompt
-    enable_prefix_caching: bool = True  # vLLM's default wherever the model supports it (hybrids from 0.26)
+    # None: vLLM's default (on wherever the model supports it; for hybrids from 0.28, kv.mamba_cache_mode)
+    enable_prefix_caching: bool | None = None
     mamba_cache_mode: str | None = None  # the engine's, when known (cache_config_info); else vLLM's default
     allow_long_max_model_len: bool = False  # vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN=1
     vllm_version: tuple[int, int] = DEFAULT_VLLM_VERSION
