@@ -221,3 +221,17 @@ def test_the_capability_vllm_needs_follows_the_method_and_the_release(tmp_path, 
     code, _, err = plan_json(["--model-config", str(hqq), "--available-kv-gib", "20", "--max-model-len",
                                      "4096"], capsys)
     assert code == 0, err
+
+
+def test_a_quantization_config_in_the_text_config_prices_the_weights(tmp_path):
+    # Multimodal checkpoints may carry it under text_config (Kimi-K3's compressed-tensors config); vLLM looks there
+    # when the top level has none (model_arch_config_convertor.py, get_quantization_config): priced as bf16 before.
+    top = resolve_model(str(config_file(tmp_path, FP8_DYNAMIC)))
+    nested = tmp_path / "nested.json"
+    nested.write_text(json.dumps({"architectures": ["LlavaForConditionalGeneration"], "model_type": "llava",
+                                  "text_config": {**LLAMA_8B, "quantization_config": FP8_DYNAMIC}}))
+    arch = resolve_model(str(nested))
+    assert estimate_weights_bytes(arch, 2, None, 1, 1) == pytest.approx(estimate_weights_bytes(top, 2, None, 1, 1),
+                                                                        rel=0.05)
+    assert estimate_weights_bytes(arch, 2, None, 1, 1) < 0.6 * estimate_weights_bytes(
+        resolve_model(str(config_file(tmp_path, {}))), 2, None, 1, 1)

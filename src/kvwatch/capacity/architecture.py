@@ -497,12 +497,15 @@ def _experts_per_token(cfg: dict[str, Any]) -> int | None:
 def quantization_config_of(config: dict[str, Any]) -> dict[str, Any] | None:
     """A checkpoint's quantization config as vLLM reads it (``_normalize_quantization_config``): the
     ``quantization_config`` (or compressed-tensors' older ``compression_config``), a ModelOpt one without a
-    ``quant_method`` (hf_quant_config.json's ``producer``/``quantization`` shape) given its method."""
+    ``quant_method`` (hf_quant_config.json's ``producer``/``quantization`` shape) given its method; else the
+    ``text_config``'s, as vLLM looks there for multimodal checkpoints (model_arch_config_convertor.py,
+    get_quantization_config)."""
     qc = config.get("quantization_config")
     if qc is None:
         qc = config.get("compression_config")
     if not isinstance(qc, dict) or not qc:
-        return None
+        text = config.get("text_config")
+        return quantization_config_of(text) if isinstance(text, dict) and text is not config else None
     inner = qc.get("quantization")
     producer = qc.get("producer")
     if not qc.get("quant_method") and isinstance(inner, dict) and (
