@@ -93,3 +93,27 @@ def test_afmoe_layer_types_derive_from_global_attn_every_n_layers():
     # AFMoE's rule only: another family with the field (ModernBERT's decoder) derives its layers otherwise
     other = arch_from_config({**cfg, "model_type": "modernbert-decoder"})
     assert other.layer_types != a.layer_types
+
+
+def test_only_the_layers_that_build_an_indexer_cache_its_keys():
+    # IndexCache (vLLM >= 0.21, deepseek_v2.py): with index_topk_freq 4 from index_skip_topk_offset 3, 21 of
+    # GLM-5.2's 78 layers build an Indexer and a DeepseekV32IndexerCache (132 B per token); the others share their
+    # top-k. Every layer was charged the 132 B: 100,152 B per token in bf16 where vLLM's pool holds 92,628.
+    arch = arch_from_config(config("glm52_dsa_index_share"))
+    assert arch.indexer_layers() == 21 == config("glm52_dsa_index_share")["indexer_types"].count("full")
+    bf16 = kv_layout(arch, 8, 1, 2, 64, (0, 33))
+    total = bf16.bytes_per_token_per_layer * 78
+    exact = 78 * (512 + 64) * 2 + 21 * 132
+    assert exact <= total < exact + 78  # spread over the layers, rounded up per layer
+    assert kv_layout(arch, 8, 1, 2, 64, (0, 20)).bytes_per_token_per_layer == (512 + 64) * 2 + 132  # before 0.21
+    pattern = arch_from_config({**config("glm52_dsa_index_share"), "index_topk_pattern": "FS" * 39})
+    assert pattern.indexer_layers() == 39
+
+
+def test_glm5_dsa_runs_an_fp8_cache_for_auto_on_blackwell_from_0_32():
+    from kvwatch.capacity.kv import sparse_mla_kv_cache_dtype
+
+    arch = arch_from_config(config("glm52_dsa_index_share"))
+    assert sparse_mla_kv_cache_dtype(arch, "auto", (0, 32), (10, 0), 8)[0] == "fp8_e4m3"
+    assert sparse_mla_kv_cache_dtype(arch, "auto", (0, 31), (10, 0), 8)[0] == "auto"
+    assert sparse_mla_kv_cache_dtype(arch, "auto", (0, 33), (9, 0), 8)[0] == "auto"  # Hopper: as asked

@@ -39,6 +39,8 @@ from kvwatch.capacity.kv import (
     TOKENS_FROM_CONCURRENCY_SINCE,
     KVLayout,
     blocks_per_group_tokens,
+    indexer_bytes_per_layer,
+    indexer_layers,
     kv_bytes_per_token_per_layer,
     kv_dtype_bytes,
     layers_on_rank,
@@ -400,7 +402,7 @@ def _kv_formula(plan: CapacityPlan) -> str:
     elem = layout.bytes_per_token_per_layer
     layers = layout.num_attention_layers
     if arch.is_mla:
-        indexer = arch.indexer_bytes_per_token
+        indexer = indexer_bytes_per_layer(arch, spec.vllm_version)
         latent_bytes = elem - indexer
         if spec.kv_cache_dtype.lower() == "fp8_ds_mla":
             latent = f"{latent_bytes} B fp8_ds_mla"
@@ -408,7 +410,10 @@ def _kv_formula(plan: CapacityPlan) -> str:
             dims = int(arch.kv_lora_rank or 0) + int(arch.qk_rope_head_dim or 0)
             latent = (f"({arch.kv_lora_rank} kv_lora_rank + {arch.qk_rope_head_dim} rope dims) × "
                       f"{latent_bytes // dims} B")
-        inner = f"({latent} + {indexer} B indexer keys)" if indexer else latent
+        holding = indexer_layers(arch, spec.vllm_version)
+        shared = (f", {holding} of {arch.num_layers} layers' {arch.indexer_bytes_per_token} B"
+                  if holding < arch.num_layers else "")
+        inner = f"({latent} + {indexer} B indexer keys{shared})" if indexer else latent
         per = f"{layers} layers × {inner} (MLA, not split by TP)"
     elif arch.attention_dims:
         per = " + ".join(_per_type_term(plan, kind) for kind in dict.fromkeys(arch.kv_cache_layer_types))

@@ -130,6 +130,11 @@ class ModelArch:
     # DeepSeek sparse attention (V3.2): each MLA layer also caches its indexer's keys, index_head_dim fp8 values
     # plus a float32 scale per 128 (vLLM's DeepseekV32IndexerCache, uint8 whatever the KV cache dtype).
     index_head_dim: int | None = None
+    # Which layers build an indexer (IndexCache, vLLM >= 0.21: the others share a "full" layer's top-k and cache
+    # no keys): every index_topk_freq-th from index_skip_topk_offset - 1, or index_topk_pattern's "F" layers.
+    index_topk_freq: int = 1
+    index_skip_topk_offset: int = 2
+    index_topk_pattern: str | None = None
     # Mixture of experts.
     num_experts: int = 0
     experts_per_token: int | None = None  # routed experts each token runs (None: config.json does not say)
@@ -206,6 +211,20 @@ class ModelArch:
     def indexer_bytes_per_token(self) -> int:
         """Bytes per token and layer of DeepSeek-V3.2's indexer keys (0 without one)."""
         return self.index_head_dim + self.index_head_dim // 128 * 4 if self.index_head_dim else 0
+
+    def indexer_layers(self, shared_topk: bool = True, offset: int | None = None) -> int:
+        """How many of the layers cache indexer keys: all without IndexCache (``shared_topk`` False: vLLM before
+        0.21), else those vLLM builds an Indexer for (deepseek_v2.py: a layer is skipped where
+        ``max(layer - offset + 1, 0) % index_topk_freq != 0``, ``offset`` the config's index_skip_topk_offset unless
+        given, or where index_topk_pattern says "S")."""
+        layers = self.num_layers
+        if not shared_topk or (self.index_topk_freq == 1 and self.index_topk_pattern is None):
+            return layers
+        pattern, freq = self.index_topk_pattern, self.index_topk_freq
+        offset = self.index_skip_topk_offset if offset is None else offset
+        if pattern is not None:
+            return sum(1 for layer in range(layers) if layer >= len(pattern) or pattern[layer] != "S")
+        return sum(1 for layer in range(layers) if max(layer - offset + 1, 0) % freq == 0)
 
     @property
     def is_hybrid_mamba(self) -> bool:
@@ -452,6 +471,9 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         kv_lora_rank=number(kv_lora_rank, "kv_lora_rank") if is_mla else None,
         qk_rope_head_dim=number(cfg["qk_rope_head_dim"], "qk_rope_head_dim") if is_mla else None,
         index_head_dim=first_number(cfg, "index_head_dim") if is_mla else None,
+        index_topk_freq=max(1, int(first_number(cfg, "index_topk_freq", default=1) or 1)),
+        index_skip_topk_offset=int(first_number(cfg, "index_skip_topk_offset", default=2) or 0),
+        index_topk_pattern=cfg.get("index_topk_pattern") if isinstance(cfg.get("index_topk_pattern"), str) else None,
         num_experts=num_experts,
         experts_per_token=_experts_per_token(cfg),
         moe_intermediate_size=(first_number(cfg, "moe_intermediate_size", "expert_ffn_hidden_size", "intermediate_size",

@@ -221,6 +221,14 @@ DS_MLA_FOR_AUTO_BEFORE = (0, 14)
 DS_MLA_BY_BACKEND_SINCE = (0, 18)
 SM100_FLASHINFER_SPARSE_FOR_FP8_SINCE = (0, 20)
 SM120_SPARSE_MLA_SINCE = (0, 26)
+# GLM-5's sparse MLA on Blackwell (SM10x): GlmMoeDsaForCausalLM.verify_and_update_config turns --kv-cache-dtype auto
+# into fp8_e4m3 ("Using fp8 kv-cache for GlmMoeDsaForCausalLM on SM10x", vllm/model_executor/models/config.py, from
+# 0.32.0; 0.31 has no such rule), which FLASHINFER_MLA_SPARSE then keeps plain.
+GLM_DSA_FP8_ON_SM100_SINCE = (0, 32)
+# IndexCache (index_topk_freq / index_topk_pattern): only some sparse-MLA layers build an indexer and cache its keys
+# from 0.21.0 (vllm/model_executor/models/deepseek_v2.py; index_skip_topk_offset read from 0.25, 2 before).
+INDEX_CACHE_SINCE = (0, 21)
+INDEX_SKIP_OFFSET_SINCE = (0, 25)
 _FLASHINFER_SPARSE_MAX_HEADS = 16  # 0.18's head count per rank at or below which SM100 prefers FlashInfer
 
 
@@ -243,6 +251,10 @@ def sparse_mla_kv_cache_dtype(arch: ModelArch, kv_cache_dtype: str, version: tup
                                   f"config turns --kv-cache-dtype {kv_cache_dtype} into it")
         return kv_cache_dtype, None
     major = capability[0] if capability else None
+    if major == 10 and asked == "auto" and version >= GLM_DSA_FP8_ON_SM100_SINCE and \
+            "GlmMoeDsaForCausalLM" in arch.architectures:
+        return "fp8_e4m3", ("KV cache fp8_e4m3, plain: vLLM's GlmMoeDsaForCausalLM config turns --kv-cache-dtype "
+                            "auto into it on Blackwell (SM10x), and FLASHINFER_MLA_SPARSE keeps the standard layout")
     if major == 12:
         if version >= SM120_SPARSE_MLA_SINCE and asked in ("auto", "fp8", "fp8_e4m3"):
             return "fp8_ds_mla", (f"KV cache {layout}: on SM12x vLLM's FLASHINFER_MLA_SPARSE_SM120 backend serves "
@@ -288,13 +300,26 @@ def pp_stage_sizes(num_layers: int, pp: int) -> list[int]:
     return sizes
 
 
+def indexer_layers(arch: ModelArch, version: tuple[int, int] | None = None) -> int:
+    """The layers that cache sparse-MLA indexer keys under ``version``'s rules (None: the current ones)."""
+    return arch.indexer_layers(version is None or version >= INDEX_CACHE_SINCE,
+                               None if version is None or version >= INDEX_SKIP_OFFSET_SINCE else 2)
+
+
+def indexer_bytes_per_layer(arch: ModelArch, version: tuple[int, int] | None = None) -> int:
+    """Indexer-key bytes per token, spread over the layers (the pool holds their sum, whichever layers hold them),
+    rounded up: at most one byte per token and layer above vLLM's sum where only some layers hold them."""
+    shared = indexer_layers(arch, version)
+    return math.ceil(arch.indexer_bytes_per_token * shared / max(1, arch.num_layers))
+
+
 def kv_bytes_per_token_per_layer(arch: ModelArch, tp: int, kv_bytes: int, kv_cache_dtype: str = "auto",
                                  layer_type: str | None = None, version: tuple[int, int] | None = None) -> int:
     """One layer's KV bytes per token on one rank; ``layer_type`` picks that type's dims (ModelArch.kv_dims: the
     model's own without it), ``version`` whether V keeps a head size of its own (SEPARATE_V_HEAD_SIZE_SINCE;
     None: the current rules)."""
     if arch.is_mla:
-        indexer = arch.indexer_bytes_per_token
+        indexer = indexer_bytes_per_layer(arch, version)
         if kv_cache_dtype.lower() == "fp8_ds_mla":
             return FP8_DS_MLA_BYTES + indexer
         return (int(arch.kv_lora_rank or 0) + int(arch.qk_rope_head_dim or 0)) * kv_bytes + indexer
@@ -417,7 +442,7 @@ def kv_layout(arch: ModelArch, tp: int, pp: int, kv_bytes: int, block_size: int,
     KV dims of their own (ModelArch.attention_dims) get vLLM's page unification (UNIFIED_PAGE_SIZES_SINCE): the
     largest page is the layout's, and the groups with a smaller one their own block size (KVGroup.block_size)."""
     on_rank = layers_on_rank(len(arch.kv_cache_layer_types), pp)
-    per_layer = kv_bytes_per_token_per_layer(arch, tp, kv_bytes, kv_cache_dtype)
+    per_layer = kv_bytes_per_token_per_layer(arch, tp, kv_bytes, kv_cache_dtype, version=version)
     group_size, groups = rank_groups(arch, pp, version)
     per_bucket = _bytes_by_bucket(arch, tp, kv_bytes, version, kv_cache_dtype)
     # The rank's layers, group by group (with pipeline parallelism the widest stage's share, rank_groups).
