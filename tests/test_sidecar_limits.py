@@ -392,3 +392,36 @@ def test_a_server_with_many_tenant_labels_reads_within_the_cap() -> None:
     reading = interpret(page, None, timestamp=0.0, max_series=64).readings[0]
     assert reading.prompt_tokens_total == 60 * 2 * 1000 and reading.requests_running == 40
     assert reading.latency["e2e"].count == 120
+
+
+def test_the_latency_log_keeps_at_most_its_series_when_labels_churn() -> None:
+    # Model names new every poll grew LatencyAnalyzer's per-series log by ~850 bytes a series ever seen (a
+    # reviewer's target: 36 to 150 MiB in 90 s at 64 new names a poll, kvwatch_up 1, nothing said).
+    from kvwatch.history import SeriesHistory
+    from kvwatch.model import Histogram
+    from kvwatch.serve.latency import LatencyAnalyzer, make_analyzer
+
+    analyzer = LatencyAnalyzer(max_series=100)
+    latency = {"e2e": Histogram(bounds=(1.0, float("inf")), cumulative=(1.0, 2.0), count=2.0, sum=3.0)}
+    for t in range(50):
+        for i in range(40):
+            history = SeriesHistory()
+            reading = Reading(model_name=f"m{t}-{i}", kv_usage_ratio=0.5, latency=latency)
+            history.append(float(t), reading)
+            analyzer.analyze(reading.key, history, reading, float(t))
+    assert len(analyzer._edge_log) == 100 and ("m49-39", "0") in analyzer._edge_log
+    assert make_analyzer(ServeSettings(max_series=64), None).max_series == 128  # type: ignore[arg-type]
+
+
+def test_the_parsers_caches_hold_no_long_lines_across_polls() -> None:
+    # The caches shared between parses were bounded in entries, not size: an 8 MiB HELP line (or a 4 MiB label
+    # value) new every poll grew the sidecar 12-16 MiB a poll with kvwatch_up 1.
+    from kvwatch import exposition
+
+    page = (Path(__file__).parent / "fixtures" / "vllm-metrics" / "gen-0.33-dp2-capacity-labels.prom").read_text()
+    for poll in range(5):
+        junk = f"# HELP junk_family {poll} " + "h" * 100_000 + "\n# TYPE junk_family gauge\njunk_family 1\n"
+        label = f'vllm:num_requests_running{{engine="9",model_name="other",x="{poll}{"x" * 100_000}"}} 1\n'
+        exposition.parse(junk + page + label)
+    cached = [k for cache in (exposition._COMMENTS, exposition._PREFIXES) for k in cache]
+    assert cached and max(len(k) for k in cached) < 10_000

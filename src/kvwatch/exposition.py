@@ -808,6 +808,8 @@ class _Parser:
 # 'engine=' or ',model_name=') is remembered across parses. Pure functions of the string; bounded, so a
 # hostile target sending ever-new names cannot grow them without limit.
 _CACHE_LIMIT = 4096
+# ... and each entry at most this long: a HELP line or label set of megabytes, new every poll, is not remembered.
+_CACHED_KEY_MAX_CHARS = 1024
 # The most text split into lines at once: a 16 MiB body without comments was one chunk, held as ~40 MB of lines.
 _CHUNK_CHARS = 1 << 20
 _VALID_NAMES: dict[str, bool] = {}
@@ -819,6 +821,8 @@ _COMMENTS: dict[str, tuple[str, str, str]] = {}  # '# HELP name text' -> 'HELP',
 
 
 def _remember(cache: dict, key: object, value: object) -> None:  # type: ignore[type-arg]
+    if isinstance(key, str) and len(key) > _CACHED_KEY_MAX_CHARS:
+        return  # (a long line is rarely repeated: held across parses, 4,096 of them grew 16 MiB a poll)
     if len(cache) >= _CACHE_LIMIT:
         cache.clear()
     cache[key] = value

@@ -67,10 +67,14 @@ def classify(quantiles: Mapping[tuple[str, float], float], usage: float | None,
 class LatencyAnalyzer:
     name = "latency"
 
-    def __init__(self, ttft_slo_seconds: float | None = None, window: float = WINDOW_SECONDS) -> None:
+    def __init__(self, ttft_slo_seconds: float | None = None, window: float = WINDOW_SECONDS,
+                 max_series: int | None = None) -> None:
         self.ttft_slo_seconds = ttft_slo_seconds
         self.window = window
         self.history_seconds = window
+        # Series kept at most, the longest unseen going first (as the forecasts'): model names churning every poll
+        # grew this log by ~850 bytes a series ever seen, without a bound.
+        self.max_series = max_series
         self._edge_log: dict[SeriesKey, deque[tuple[float, Mapping[str, Histogram]]]] = {}
 
     def _edges(self, key: SeriesKey, history: SeriesHistory,
@@ -78,7 +82,10 @@ class LatencyAnalyzer:
         """(timestamp, latency histograms) of the series' polls that read them, within the window and after
         the last restart, oldest first; the current poll's added when it read them."""
         latest = history.latest
-        edges = self._edge_log.setdefault(key, deque())
+        edges = self._edge_log.pop(key, None) or deque()
+        self._edge_log[key] = edges  # re-inserted: least recently analysed first
+        if self.max_series is not None and len(self._edge_log) > self.max_series:
+            del self._edge_log[next(iter(self._edge_log))]
         if latest is None:
             return edges
         if reading.latency and (not edges or edges[-1][0] < latest.timestamp):
@@ -137,4 +144,4 @@ class LatencyAnalyzer:
 
 
 def make_analyzer(settings: ServeSettings, capacity: CapacityResolver) -> LatencyAnalyzer:
-    return LatencyAnalyzer(settings.ttft_slo_seconds)
+    return LatencyAnalyzer(settings.ttft_slo_seconds, max_series=2 * settings.max_series)
