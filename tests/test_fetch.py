@@ -475,3 +475,61 @@ def test_a_redirect_to_another_host_is_followed_and_said_once(raw_server: Callab
                 assert len(interpret(fetcher.fetch(), None, timestamp=1.0).readings) == 2
         warnings = [r.getMessage() for r in caplog.records if "redirects to another host" in r.getMessage()]
         assert len(warnings) == (1 if said else 0), warnings
+
+
+def test_a_redirects_body_is_never_read(raw_server: Callable) -> None:
+    # httpx's own following read a redirect's whole body before kvwatch's capped reader saw a byte: a 302 with an
+    # endless body took the sidecar to 2 GB (and a gzip bomb behind one to 1.7 GB), counted as a timeout.
+    body = FIXTURE.encode()
+    final = raw_server(lambda conn: conn.sendall(
+        HEAD_200 + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body))
+    sent = []
+
+    def endless(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 302 Found\r\nLocation: %s\r\nConnection: close\r\n\r\n" % final.url.encode())
+        chunk = b"x" * (1 << 20)
+        for _ in range(64):  # 64 MiB, far past --max-body-bytes, unless the client hangs up
+            conn.sendall(chunk)
+            sent.append(len(chunk))
+
+    redirecting = raw_server(endless)
+    with Fetcher(redirecting.url, timeout=5.0, max_body_bytes=1 << 20) as fetcher:
+        assert len(interpret(fetcher.fetch(), None, timestamp=1.0).readings) == 2
+    time.sleep(0.2)
+    assert sum(sent) < 16 << 20  # the client hung up; what the kernel buffered is all that went
+
+
+def test_redirects_are_followed_ten_times_and_credentials_stay_with_the_target(raw_server: Callable,
+                                                                                tmp_path: Path) -> None:
+    looping: list[_RawServer] = []
+    loop = raw_server(lambda conn: conn.sendall(
+        b"HTTP/1.1 302 Found\r\nLocation: %s\r\nContent-Length: 0\r\n\r\n" % looping[0].url.encode()))
+    looping.append(loop)
+    with Fetcher(loop.url, timeout=5.0, max_body_bytes=1 << 20) as fetcher, pytest.raises(ScrapeError) as info:
+        fetcher.fetch()
+    assert info.value.reason == "connect" and "more than 10 redirects" in str(info.value)
+    seen: list[bytes] = []
+    body = FIXTURE.encode()
+
+    def final_answer(conn: socket.socket) -> None:
+        conn.sendall(HEAD_200 + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+
+    class Recording(_RawServer):
+        def _handle(self, conn: socket.socket) -> None:
+            with conn:
+                seen.append(conn.recv(65536))
+                final_answer(conn)
+
+    elsewhere = Recording(final_answer)
+    try:
+        other_host = elsewhere.url.replace("127.0.0.1", "localhost")
+        redirecting = raw_server(lambda conn: conn.sendall(
+            b"HTTP/1.1 307 Temporary Redirect\r\nLocation: %s\r\nContent-Length: 0\r\n\r\n" % other_host.encode()))
+        token = tmp_path / "token"
+        token.write_text("s3cr3t")
+        url = redirecting.url.replace("http://", "http://user:pw@")
+        with Fetcher(url, timeout=5.0, max_body_bytes=1 << 20, bearer_token_file=token) as fetcher:
+            assert len(interpret(fetcher.fetch(), None, timestamp=1.0).readings) == 2
+        assert seen and b"authorization" not in seen[0].lower()
+    finally:
+        elsewhere.close()

@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 ACCEPT = "text/plain; version=0.0.4; q=1.0, */*; q=0.1"
 _INFLATE_STEP = 256 * 1024  # decoded bytes per zlib call
 _CLOSE_SECONDS = 2.0  # bound on closing the client, and the grace past the deadline before fetch() gives up
+# Redirects followed at most (Prometheus follows 10: the limit of Go's HTTP client); each is closed unread.
+MAX_REDIRECTS = 10
 
 
 class DaemonThreads(concurrent.futures.ThreadPoolExecutor):
@@ -94,17 +96,20 @@ class Fetcher:
             timeout=httpx.Timeout(self.timeout),
             verify=self._verify,
             transport=self._transport,
-            follow_redirects=True,
-            event_hooks={} if self._tls else {"response": [self._refuse_tls_redirect]},
+            follow_redirects=False,  # followed here (_request), never reading a redirect's body
             headers={"Accept": ACCEPT, "Accept-Encoding": "gzip", "User-Agent": f"kvwatch/{__version__}"},
         )
 
-    async def _refuse_tls_redirect(self, response: httpx.Response) -> None:
-        """A plain-http target redirecting to https: refused, since its client has no CA bundle to verify with."""
-        location = response.headers.get("Location") if response.is_redirect else None
-        if location is not None and response.request.url.join(location).scheme == "https":
+    def _next_hop(self, response: httpx.Response, hops: int) -> httpx.URL:
+        """Where a redirect leads, as httpx would follow it; a plain-http target is never followed to https (its
+        client has no CA bundle to verify with)."""
+        if hops >= MAX_REDIRECTS:
+            raise ScrapeError("connect", f"{self.url}: more than {MAX_REDIRECTS} redirects")
+        target = response.url.join(response.headers["Location"])
+        if not self._tls and target.scheme == "https":
             raise ScrapeError("connect", f"{self.url} redirects to https: give the https URL as the target, so "
                               "that its certificate is verified")
+        return target
 
     async def _replace_client(self) -> None:
         """Close the whole pool and start a new one (after a request was cancelled at the deadline).
@@ -180,17 +185,30 @@ class Fetcher:
 
     async def _request(self, headers: dict[str, str]) -> str:
         in_body = False
+        origin = httpx.URL(self._request_url)
+        url, auth = origin, self._auth
         try:
-            async with self._client.stream("GET", self._request_url, headers=headers, auth=self._auth) as response:
-                if response.status_code != 200:
-                    raise ScrapeError("http_status", f"{self.url} answered HTTP {response.status_code}")
-                self._note_redirect(response)
-                declared = response.headers.get("Content-Length")
-                if declared and declared.isdecimal() and int(declared) > self.max_body_bytes and \
-                        not response.headers.get("Content-Encoding"):
-                    raise ScrapeError("too_large", f"body of {declared} bytes exceeds {self.max_body_bytes}")
-                in_body = True
-                body = await self._read_capped(response)
+            for hops in range(MAX_REDIRECTS + 1):
+                # Redirects are followed here, each closed unread: httpx's own following reads a redirect's
+                # whole body, uncapped (an endless 302 took the sidecar to 2 GB).
+                async with self._client.stream("GET", url, headers=headers, auth=auth) as response:
+                    if response.is_redirect:
+                        url = self._next_hop(response, hops)
+                        if (url.scheme, url.host, url.port) != (origin.scheme, origin.host, origin.port):
+                            # credentials go to the target's origin only, as httpx's own following does
+                            auth, headers = None, {k: v for k, v in headers.items() if k != "Authorization"}
+                        continue
+                    if response.status_code != 200:
+                        raise ScrapeError("http_status", f"{self.url} answered HTTP {response.status_code}")
+                    self._note_redirect(response, hops)
+                    declared = response.headers.get("Content-Length")
+                    if declared and declared.isdecimal() and int(declared) > self.max_body_bytes and \
+                            not response.headers.get("Content-Encoding"):
+                        raise ScrapeError("too_large", f"body of {declared} bytes exceeds {self.max_body_bytes}")
+                    in_body = True
+                    body = await self._read_capped(response)
+                return decode_body(bytes(body), response.charset_encoding, self.url)
+            raise AssertionError("unreachable: _next_hop refuses the hop past MAX_REDIRECTS")
         except httpx.TimeoutException as exc:
             raise ScrapeError("timeout", f"{self.url}: timed out after {self.timeout:g} s ({type(exc).__name__})")\
                 from None
@@ -201,13 +219,12 @@ class Fetcher:
             raise ScrapeError("parse", f"{self.url}: incomplete body ({type(exc).__name__}: {exc})") from None
         except (httpx.HTTPError, OSError, ValueError) as exc:  # transport, TLS and URL failures alike
             raise ScrapeError("connect", f"{self.url}: {type(exc).__name__}: {exc}") from None
-        return decode_body(bytes(body), response.charset_encoding, self.url)
 
-    def _note_redirect(self, response: httpx.Response) -> None:
+    def _note_redirect(self, response: httpx.Response, hops: int) -> None:
         """A redirect to another host is followed, as Prometheus follows it, and said once per place: its page is
         then reported as this target's (it was followed without a word)."""
         final = response.url
-        if not response.history or final.host == httpx.URL(self._request_url).host:
+        if not hops or final.host == httpx.URL(self._request_url).host:
             return
         place = redact_url(str(final.copy_with(query=None)))
         if place != self._redirected_to:
