@@ -533,3 +533,22 @@ def test_redirects_are_followed_ten_times_and_credentials_stay_with_the_target(r
         assert seen and b"authorization" not in seen[0].lower()
     finally:
         elsewhere.close()
+
+
+def test_a_page_widened_by_one_character_is_held_to_twice_the_cap(raw_server: Callable) -> None:
+    # Python stores a text at 4 bytes a character once one character needs it: a page just under the cap with one
+    # emoji decoded to 4x its bytes and parsed at 292 MB, past the chart's 256 MiB, every poll, with kvwatch_up 1.
+    plain = FIXTURE.encode()
+    cap = len(plain) + (40 << 10)
+    for head, accepted in ((b"# \xf0\x9f\x98\x80 ", False), (b"# \xc3\xa9 ", True), (b"# ", True)):
+        filler = head + b"a" * (cap - len(plain) - len(head) - 2) + b"\n"
+        body = filler + plain
+        server = raw_server(lambda conn, data=body: conn.sendall(
+            HEAD_200 + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(data) + data))
+        with Fetcher(server.url, timeout=5.0, max_body_bytes=cap) as fetcher:
+            if accepted:  # a Latin-1 character keeps 1 byte a character: the page reads
+                assert len(interpret(fetcher.fetch(), None, timestamp=1.0).readings) == 2
+                continue
+            with pytest.raises(ScrapeError) as info:
+                fetcher.fetch()
+        assert info.value.reason == "too_large" and "over twice --max-body-bytes" in str(info.value)

@@ -12,6 +12,7 @@ import asyncio
 import concurrent.futures
 import logging
 import ssl
+import sys
 import threading
 import zlib
 from pathlib import Path
@@ -30,6 +31,7 @@ _INFLATE_STEP = 256 * 1024  # decoded bytes per zlib call
 _CLOSE_SECONDS = 2.0  # bound on closing the client, and the grace past the deadline before fetch() gives up
 # Redirects followed at most (Prometheus follows 10: the limit of Go's HTTP client); each is closed unread.
 MAX_REDIRECTS = 10
+TEXT_OVERHEAD_BYTES = 1024  # a str object's own header, above its characters
 
 
 class DaemonThreads(concurrent.futures.ThreadPoolExecutor):
@@ -207,7 +209,7 @@ class Fetcher:
                         raise ScrapeError("too_large", f"body of {declared} bytes exceeds {self.max_body_bytes}")
                     in_body = True
                     body = await self._read_capped(response)
-                return decode_body(bytes(body), response.charset_encoding, self.url)
+                return self._text(body, response.charset_encoding)
             raise AssertionError("unreachable: _next_hop refuses the hop past MAX_REDIRECTS")
         except httpx.TimeoutException as exc:
             raise ScrapeError("timeout", f"{self.url}: timed out after {self.timeout:g} s ({type(exc).__name__})")\
@@ -219,6 +221,19 @@ class Fetcher:
             raise ScrapeError("parse", f"{self.url}: incomplete body ({type(exc).__name__}: {exc})") from None
         except (httpx.HTTPError, OSError, ValueError) as exc:  # transport, TLS and URL failures alike
             raise ScrapeError("connect", f"{self.url}: {type(exc).__name__}: {exc}") from None
+
+    def _text(self, body: bytearray, charset: str | None) -> str:
+        """The body decoded, held to twice ``max_body_bytes`` of memory: Python keeps a text at 1, 2 or 4 bytes a
+        character by its widest one, so one emoji in a page just under the cap made it 64 MiB, and its parse
+        peaked at 292 MB, over the chart's memory limit."""
+        text = decode_body(bytes(body), charset, self.url)
+        size = sys.getsizeof(text)
+        if size > 2 * self.max_body_bytes + TEXT_OVERHEAD_BYTES:
+            del text
+            raise ScrapeError("too_large", f"{self.url}: the body's {len(body):,} bytes decode to {size:,} bytes of "
+                              "text (characters beyond Latin-1 widen every character of a page), over twice "
+                              f"--max-body-bytes {self.max_body_bytes}")
+        return text
 
     def _note_redirect(self, response: httpx.Response, hops: int) -> None:
         """A redirect to another host is followed, as Prometheus follows it, and said once per place: its page is
