@@ -237,3 +237,25 @@ def test_a_typo_that_looks_like_no_service_link_is_still_refused(monkeypatch: py
     assert main(["serve"]) == 2
     assert "unknown variable KVWATCH_POLL_PORT" in capsys.readouterr().err
 
+
+
+@pytest.mark.parametrize(("flag", "content", "said"), [
+    ("--model-config", "not json", "is not valid JSON"),
+    ("--model-config", "[1, 2]", "not an object"),
+    ("--bearer-token-file", None, "is not a regular file"),
+    ("--web-config-file", None, "is not a regular file"),
+])
+def test_files_that_cannot_be_what_the_flag_names_stop_startup(flag: str, content: str | None, said: str,
+                                                               tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    # (review, round 16) a config.json that is no JSON was a warning at the first good poll, a device named "does
+    # not exist", and a FIFO as --web-config-file hung the start silently, before SIGTERM was handled
+    import os
+
+    path = tmp_path / "file"
+    if content is None:
+        os.mkfifo(path)
+    else:
+        path.write_text(content)
+    assert main(["serve", "--target-url", "http://127.0.0.1:9/metrics", flag, str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert flag in err and said in err and len(err.splitlines()) == 1

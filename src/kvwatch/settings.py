@@ -95,6 +95,36 @@ def check_url(v: str) -> str:
     return v
 
 
+
+MAX_CONFIG_JSON_BYTES = 16 * 1024 * 1024  # far above any model's config.json (a few KB to ~100 KB)
+
+
+def _regular_file(v: Path | None) -> Path | None:
+    """``v`` if it is a regular file: a device (/dev/zero), FIFO or folder is named as such, not as missing."""
+    if v is not None and not v.is_file():
+        raise ValueError(f"file {v} does not exist" if not v.exists() else f"{v} is not a regular file")
+    return v
+
+
+def _json_object(path: Path) -> None:
+    """Raise ValueError unless ``path`` holds one JSON object (a config.json): what vLLM would refuse to load."""
+    import json
+
+    try:
+        if path.stat().st_size > MAX_CONFIG_JSON_BYTES:
+            raise ValueError(f"{path} is larger than any config.json ({MAX_CONFIG_JSON_BYTES:,} bytes)")
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not UTF-8 text (is it a config.json?)") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
+    except RecursionError:
+        raise ValueError(f"{path} is JSON nested deeper than any config.json") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds JSON but not an object (a config.json is one)")
+
 class SettingsError(ValueError):
     """A setting has a bad value; ``str()`` is a one-line message naming the flag or variable."""
 
@@ -392,6 +422,8 @@ class DeploymentSettings(_Base):
     def _config_exists(cls, v: Path | None) -> Path | None:
         if v is not None and not (v.is_file() or (v / "config.json").is_file()):
             raise ValueError(f"{v} is neither a file nor a folder with a config.json")
+        if v is not None:  # read now: a file that is no JSON object is a bad flag, not a warning at the first poll
+            _json_object(v / "config.json" if v.is_dir() else v)
         return v
 
     @field_validator("quantization")
@@ -461,9 +493,7 @@ class TargetSettings(DeploymentSettings):
     @field_validator("bearer_token_file", "ca_file")
     @classmethod
     def _readable(cls, v: Path | None) -> Path | None:
-        if v is not None and not v.is_file():
-            raise ValueError(f"file {v} does not exist")
-        return v
+        return _regular_file(v)
 
     @field_validator("ca_file")
     @classmethod
@@ -555,6 +585,7 @@ class ServeSettings(TargetSettings):
     @classmethod
     def _web_config(cls, v: Path | None) -> Path | None:
         if v is not None:
+            _regular_file(v)  # (a FIFO would hang the start, before SIGTERM is handled)
             from kvwatch.serve.web import WebConfigError, load_web_config
 
             try:  # load it now: a bad file is a config error at startup (exit 2), not a traceback
