@@ -1039,3 +1039,14 @@ def test_a_pd_decode_server_before_0_20_is_no_leak_when_its_page_shows_kv_transf
     from kvwatch.payload import interpret
 
     assert interpret(without, None, timestamp=0.0).readings[0].waiting_holds_no_kv  # a leak, without transfers
+
+
+def test_a_saved_page_widened_by_one_character_is_held_as_a_live_one(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    # check --file decoded without the 2x text cap that a live fetch applies: the same page read offline only
+    plain = (FIXTURES / "gen-0.9-both-usage-names.prom").read_bytes()
+    page = tmp_path / "m.prom"
+    page.write_bytes("# \N{GRINNING FACE} wide\n".encode() + plain)
+    assert main(["check", "--file", str(page), "--json", "--max-body-bytes", str(len(plain) + 1024)]) == 1
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert error["reason"] == "too_large" and "over twice --max-body-bytes" in error["message"]

@@ -507,7 +507,7 @@ def test_redirects_are_followed_ten_times_and_credentials_stay_with_the_target(r
     looping.append(loop)
     with Fetcher(loop.url, timeout=5.0, max_body_bytes=1 << 20) as fetcher, pytest.raises(ScrapeError) as info:
         fetcher.fetch()
-    assert info.value.reason == "connect" and "more than 10 redirects" in str(info.value)
+    assert info.value.reason == "connect" and "stopped after 10 redirects" in str(info.value)
     seen: list[bytes] = []
     body = FIXTURE.encode()
 
@@ -552,3 +552,48 @@ def test_a_page_widened_by_one_character_is_held_to_twice_the_cap(raw_server: Ca
             with pytest.raises(ScrapeError) as info:
                 fetcher.fetch()
         assert info.value.reason == "too_large" and "over twice --max-body-bytes" in str(info.value)
+
+
+def test_a_permanent_redirect_keeps_its_connection_and_its_credentials(tmp_path: Path) -> None:
+    # Closing every redirect unread cost a new connection (and TLS handshake) each poll for a target that always
+    # redirects (/metrics to /metrics/); an empty redirect body is read, and the connection kept. On the same
+    # origin the credentials go along.
+    body = FIXTURE.encode()
+    accepted: list[int] = []
+    authorized: list[bool] = []
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+
+    def handle(conn: socket.socket) -> None:
+        with conn:
+            buffer = b""
+            while True:
+                while b"\r\n\r\n" not in buffer:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buffer += data
+                head, buffer = buffer.split(b"\r\n\r\n", 1)
+                authorized.append(b"authorization: basic" in head.lower())
+                if head.split(b" ")[1] == b"/metrics":
+                    conn.sendall(b"HTTP/1.1 301 Moved Permanently\r\nLocation: /metrics/\r\nContent-Length: 0\r\n\r\n")
+                else:
+                    conn.sendall(HEAD_200 + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            accepted.append(1)
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        with Fetcher(f"http://user:pw@127.0.0.1:{port}/metrics", timeout=5.0, max_body_bytes=1 << 20) as fetcher:
+            for _ in range(5):
+                assert len(interpret(fetcher.fetch(), None, timestamp=1.0).readings) == 2
+    finally:
+        sock.close()
+    assert len(accepted) == 1 and len(authorized) == 10 and all(authorized)

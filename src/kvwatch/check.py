@@ -46,7 +46,7 @@ from kvwatch.advisor import (
 )
 from kvwatch.derived import SeriesState, derive
 from kvwatch.engines import SourceOverrides
-from kvwatch.fetch import CappedBody, Fetcher, decode_body
+from kvwatch.fetch import CappedBody, Fetcher, decode_body, held_text
 from kvwatch.forecast import Forecaster, ForecastParams, ForecastSample
 from kvwatch.forecast.detector import no_room_in
 from kvwatch.model import SGLANG, TENSORRT_LLM, VLLM, Detection, Poll, Reading
@@ -207,7 +207,7 @@ def _file_text(data: bytes, max_body_bytes: int, source: str) -> str:
         data = bytes(reader.finish())
     boms = ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
     charset = next((name for bom, name in boms if data.startswith(bom)), None)
-    text = decode_body(data, charset, "")
+    text = held_text(decode_body(data, charset, ""), len(data), max_body_bytes, source)
     return text.replace("\r\n", "\n")
 
 

@@ -29,8 +29,10 @@ log = logging.getLogger(__name__)
 ACCEPT = "text/plain; version=0.0.4; q=1.0, */*; q=0.1"
 _INFLATE_STEP = 256 * 1024  # decoded bytes per zlib call
 _CLOSE_SECONDS = 2.0  # bound on closing the client, and the grace past the deadline before fetch() gives up
-# Redirects followed at most (Prometheus follows 10: the limit of Go's HTTP client); each is closed unread.
+# Redirects: Prometheus' Go client stops after 10 (it sends at most 10 requests). A redirect's body is read only when
+# it declares at most REDIRECT_BODY_BYTES (so that its connection is kept for the next poll); else it is closed unread.
 MAX_REDIRECTS = 10
+REDIRECT_BODY_BYTES = 64 * 1024
 TEXT_OVERHEAD_BYTES = 1024  # a str object's own header, above its characters
 
 
@@ -79,7 +81,7 @@ class Fetcher:
         self.bearer_token_file = bearer_token_file
         # Built once: loading the CA bundle costs ~40 ms, and a new client is made after each cancelled poll.
         # A plain-http target gets none: the bundle holds ~1.2 MB of the sidecar's memory (docs/performance.md),
-        # and such a target is never followed to https (_refuse_tls_redirect).
+        # and such a target is never followed to https (_next_hop).
         self._tls = httpx.URL(self._request_url).scheme == "https"
         verify = tls_context(ca_file, tls_verify) if self._tls else False
         self._verify = httpx.create_ssl_context() if verify is True else verify
@@ -105,8 +107,8 @@ class Fetcher:
     def _next_hop(self, response: httpx.Response, hops: int) -> httpx.URL:
         """Where a redirect leads, as httpx would follow it; a plain-http target is never followed to https (its
         client has no CA bundle to verify with)."""
-        if hops >= MAX_REDIRECTS:
-            raise ScrapeError("connect", f"{self.url}: more than {MAX_REDIRECTS} redirects")
+        if hops + 1 >= MAX_REDIRECTS:  # (Go's rule: the request that would be the 11th is not sent)
+            raise ScrapeError("connect", f"{self.url}: stopped after {MAX_REDIRECTS} redirects")
         target = response.url.join(response.headers["Location"])
         if not self._tls and target.scheme == "https":
             raise ScrapeError("connect", f"{self.url} redirects to https: give the https URL as the target, so "
@@ -196,6 +198,10 @@ class Fetcher:
                 async with self._client.stream("GET", url, headers=headers, auth=auth) as response:
                     if response.is_redirect:
                         url = self._next_hop(response, hops)
+                        declared = response.headers.get("Content-Length", "")
+                        if declared.isdecimal() and int(declared) <= REDIRECT_BODY_BYTES and \
+                                not response.headers.get("Content-Encoding"):
+                            await response.aread()  # a small body read keeps the connection for the next poll
                         if (url.scheme, url.host, url.port) != (origin.scheme, origin.host, origin.port):
                             # credentials go to the target's origin only, as httpx's own following does
                             auth, headers = None, {k: v for k, v in headers.items() if k != "Authorization"}
@@ -223,17 +229,7 @@ class Fetcher:
             raise ScrapeError("connect", f"{self.url}: {type(exc).__name__}: {exc}") from None
 
     def _text(self, body: bytearray, charset: str | None) -> str:
-        """The body decoded, held to twice ``max_body_bytes`` of memory: Python keeps a text at 1, 2 or 4 bytes a
-        character by its widest one, so one emoji in a page just under the cap made it 64 MiB, and its parse
-        peaked at 292 MB, over the chart's memory limit."""
-        text = decode_body(bytes(body), charset, self.url)
-        size = sys.getsizeof(text)
-        if size > 2 * self.max_body_bytes + TEXT_OVERHEAD_BYTES:
-            del text
-            raise ScrapeError("too_large", f"{self.url}: the body's {len(body):,} bytes decode to {size:,} bytes of "
-                              "text (characters beyond Latin-1 widen every character of a page), over twice "
-                              f"--max-body-bytes {self.max_body_bytes}")
-        return text
+        return held_text(decode_body(bytes(body), charset, self.url), len(body), self.max_body_bytes, self.url)
 
     def _note_redirect(self, response: httpx.Response, hops: int) -> None:
         """A redirect to another host is followed, as Prometheus follows it, and said once per place: its page is
@@ -346,6 +342,18 @@ def tls_context(ca_file: Path | None, verify: bool) -> ssl.SSLContext | bool:
     if ca_file is None:
         return True
     return ssl.create_default_context(cafile=str(ca_file))
+
+
+def held_text(text: str, body_bytes: int, max_body_bytes: int, source: str) -> str:
+    """``text`` (decoded from ``body_bytes``), held to twice ``max_body_bytes`` of memory: Python keeps a text at 1,
+    2 or 4 bytes a character by its widest one, so one emoji in a page just under the cap made it 64 MiB, and its
+    parse peaked at 292 MB, over the chart's memory limit."""
+    size = sys.getsizeof(text)
+    if size > 2 * max_body_bytes + TEXT_OVERHEAD_BYTES:
+        raise ScrapeError("too_large", f"{source}: the body's {body_bytes:,} bytes decode to {size:,} bytes of text "
+                          "(characters beyond Latin-1 widen every character of a page), over twice "
+                          f"--max-body-bytes {max_body_bytes}")
+    return text
 
 
 def decode_body(body: bytes, charset: str | None, source: str) -> str:
