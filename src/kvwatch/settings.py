@@ -95,10 +95,6 @@ def check_url(v: str) -> str:
     return v
 
 
-
-MAX_CONFIG_JSON_BYTES = 16 * 1024 * 1024  # far above any model's config.json (a few KB to ~100 KB)
-
-
 def _regular_file(v: Path | None) -> Path | None:
     """``v`` if it is a regular file: a device (/dev/zero), FIFO or folder is named as such, not as missing."""
     if v is not None and not v.is_file():
@@ -108,22 +104,16 @@ def _regular_file(v: Path | None) -> Path | None:
 
 def _json_object(path: Path) -> None:
     """Raise ValueError unless ``path`` holds one JSON object (a config.json): what vLLM would refuse to load."""
-    import json
+    from kvwatch.capacity.architecture import ArchitectureError
+    from kvwatch.capacity.presets import read_config_json
 
     try:
-        if path.stat().st_size > MAX_CONFIG_JSON_BYTES:
-            raise ValueError(f"{path} is larger than any config.json ({MAX_CONFIG_JSON_BYTES:,} bytes)")
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{path} is not UTF-8 text (is it a config.json?)") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
-    except RecursionError:
-        raise ValueError(f"{path} is JSON nested deeper than any config.json") from None
+        data = read_config_json(path)
+    except ArchitectureError as exc:
+        raise ValueError(str(exc)) from None
     if not isinstance(data, dict):
         raise ValueError(f"{path} holds JSON but not an object (a config.json is one)")
+
 
 class SettingsError(ValueError):
     """A setting has a bad value; ``str()`` is a one-line message naming the flag or variable."""
@@ -423,7 +413,7 @@ class DeploymentSettings(_Base):
         if v is not None and not (v.is_file() or (v / "config.json").is_file()):
             raise ValueError(f"{v} is neither a file nor a folder with a config.json")
         if v is not None:  # read now: a file that is no JSON object is a bad flag, not a warning at the first poll
-            _json_object(v / "config.json" if v.is_dir() else v)
+            _json_object(v)
         return v
 
     @field_validator("quantization")

@@ -243,12 +243,19 @@ def _matched(name: str, entry: _Entry, note: str | None = None) -> ModelMatch:
     return ModelMatch(arch, entry.quantization)
 
 
-def load_config_file(path: str | Path) -> ModelArch:
+MAX_CONFIG_JSON_BYTES = 16 * 1024 * 1024  # far above any model's config.json (a few KB to ~100 KB)
+
+
+def read_config_json(path: str | Path) -> Any:
+    """A config.json's JSON (``path`` or a model snapshot folder holding one, as vLLM's --model takes it), or an
+    ArchitectureError saying why it cannot be one."""
     p = Path(path)
-    if p.is_dir():  # a model snapshot folder, as vLLM's --model takes it
+    if p.is_dir():
         p = p / "config.json"
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        if p.stat().st_size > MAX_CONFIG_JSON_BYTES:
+            raise ArchitectureError(f"{p} is larger than any config.json ({MAX_CONFIG_JSON_BYTES:,} bytes)")
+        return json.loads(p.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ArchitectureError(f"cannot read {p}: {exc.strerror}") from None
     except UnicodeDecodeError:
@@ -257,6 +264,13 @@ def load_config_file(path: str | Path) -> ModelArch:
         raise ArchitectureError(f"{p} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
     except RecursionError:
         raise ArchitectureError(f"{p} is JSON nested deeper than any config.json") from None
+
+
+def load_config_file(path: str | Path) -> ModelArch:
+    p = Path(path)
+    if p.is_dir():  # a model snapshot folder, as vLLM's --model takes it
+        p = p / "config.json"
+    data = read_config_json(p)
     if isinstance(data, dict) and data.get("quantization_config") is None:
         # ModelOpt 0.29 and before wrote its quantization config beside config.json; vLLM reads it from there.
         legacy = p.parent / "hf_quant_config.json"
