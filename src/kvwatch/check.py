@@ -269,9 +269,9 @@ def build_report(poll: Poll, max_model_len: int | None = None,
     found = [f for f in found if not (f.id == "scheduler_limited" and (f.model_name, f.engine) in stuck)]
     bound = {(f.model_name, f.engine) for f in found if f.id == "kv_bound"}
     # (per series for capacity_mismatch; the tensor-parallel finding is said once per model, of all its ranks)
+    tp_unlike = {f.model_name for f in found if f.id == "tensor_parallel_mismatch"}
     mismatched = {(f.model_name, f.engine) for f in found if f.id == "capacity_mismatch"}
-    mismatched |= {(r.model_name, r.engine) for r in poll.readings
-                   if r.model_name in {f.model_name for f in found if f.id == "tensor_parallel_mismatch"}}
+    mismatched |= {(r.model_name, r.engine) for r in poll.readings if r.model_name in tp_unlike}
     d = poll.detection
     advice_kind = _advice_kind(d)
     ranks = _ranks_per_model(states, d.engine_kind)
@@ -320,8 +320,7 @@ def _tensor_parallel_unlike_the_plan(readings: Iterable[Reading], plans: Mapping
 
 def _plan_caveat(fixes: list[Advice], mismatched: bool) -> list[Advice]:
     """The plan-sized gains, marked where the plan does not describe the engine (``capacity_mismatch``,
-    ``tensor_parallel_mismatch``): advice
-    never quotes a figure without what the report says of its source."""
+    ``tensor_parallel_mismatch``): advice never quotes a figure without what the report says of its source."""
     if not mismatched:
         return fixes
     sized = (QUANTIZE_WEIGHTS, ADD_TENSOR_PARALLELISM)

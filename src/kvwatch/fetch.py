@@ -193,8 +193,8 @@ class Fetcher:
         url, auth = origin, self._auth
         try:
             for hops in range(MAX_REDIRECTS + 1):
-                # Redirects are followed here, each closed unread: httpx's own following reads a redirect's
-                # whole body, uncapped (an endless 302 took the sidecar to 2 GB).
+                # Redirects are followed here, a body read only when it declares REDIRECT_BODY_BYTES or less:
+                # httpx's own following reads a redirect's whole body, uncapped (an endless 302: 2 GB).
                 async with self._client.stream("GET", url, headers=headers, auth=auth) as response:
                     if response.is_redirect:
                         url = self._next_hop(response, hops)
