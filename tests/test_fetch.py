@@ -499,6 +499,33 @@ def test_a_redirects_body_is_never_read(raw_server: Callable) -> None:
     assert sum(sent) < 16 << 20  # the client hung up; what the kernel buffered is all that went
 
 
+def test_a_kept_alive_connection_closed_as_the_request_arrives_is_sent_again_on_a_new_one(
+        raw_server: Callable) -> None:
+    """vLLM's server closes a connection idle for 5 s and kvwatch polls every 5 s: a poll can go out on a connection
+    the target is closing. It is sent again on a new connection, as Go's client does; a new one is not retried."""
+    body = FIXTURE.encode()
+    connections: list[int] = []
+
+    def keep_alive_once(conn: socket.socket) -> None:
+        connections.append(len(connections))
+        if len(connections) == 1:  # the first connection answers, then closes when the next request arrives
+            conn.sendall(HEAD_200 + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            conn.recv(65536)
+            return
+        conn.sendall(HEAD_200 + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+
+    server = raw_server(keep_alive_once)
+    with Fetcher(server.url, timeout=5.0, max_body_bytes=1 << 20) as fetcher:
+        assert len(interpret(fetcher.fetch(), None, timestamp=1.0).readings) == 2
+        assert len(interpret(fetcher.fetch(), None, timestamp=2.0).readings) == 2
+    assert len(connections) == 2
+    closing: list[int] = []
+    hangs_up = raw_server(lambda conn: closing.append(1))  # a new connection closed unanswered
+    with Fetcher(hangs_up.url, timeout=5.0, max_body_bytes=1 << 20) as fetcher, pytest.raises(ScrapeError) as info:
+        fetcher.fetch()
+    assert info.value.reason == "connect" and "disconnected" in str(info.value) and len(closing) == 1
+
+
 def test_redirects_are_followed_ten_times_and_credentials_stay_with_the_target(raw_server: Callable,
                                                                                 tmp_path: Path) -> None:
     looping: list[_RawServer] = []

@@ -195,7 +195,8 @@ class Fetcher:
             for hops in range(MAX_REDIRECTS + 1):
                 # Redirects are followed here, a body read only when it declares REDIRECT_BODY_BYTES or less:
                 # httpx's own following reads a redirect's whole body, uncapped (an endless 302: 2 GB).
-                async with self._client.stream("GET", url, headers=headers, auth=auth) as response:
+                response = await self._send(url, headers, auth)
+                try:
                     if response.is_redirect:
                         url = self._next_hop(response, hops)
                         declared = response.headers.get("Content-Length", "")
@@ -215,6 +216,8 @@ class Fetcher:
                         raise ScrapeError("too_large", f"body of {declared} bytes exceeds {self.max_body_bytes}")
                     in_body = True
                     body = await self._read_capped(response)
+                finally:
+                    await response.aclose()
                 return self._text(body, response.charset_encoding)
             raise AssertionError("unreachable: _next_hop refuses the hop past MAX_REDIRECTS")
         except httpx.TimeoutException as exc:
@@ -227,6 +230,27 @@ class Fetcher:
             raise ScrapeError("parse", f"{self.url}: incomplete body ({type(exc).__name__}: {exc})") from None
         except (httpx.HTTPError, OSError, ValueError) as exc:  # transport, TLS and URL failures alike
             raise ScrapeError("connect", f"{self.url}: {type(exc).__name__}: {exc}") from None
+
+    async def _send(self, url: httpx.URL, headers: dict[str, str], auth: httpx.Auth | None) -> httpx.Response:
+        """The response's head (its body still to read), sent again once on a new connection when a kept-alive one
+        fails before any answer: the target closed it as idle while the request was on its way. vLLM's server
+        closes a connection idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE) and kvwatch polls every 5 s by default;
+        with the poll 0-3 ms late, 18 polls in 240 failed (benchmarks/keepalive_race.py). Go's client, and so
+        Prometheus, sends such a request again the same way; a request on a new connection is not sent again."""
+        opened = False
+
+        async def trace(event: str, info: dict[str, Any]) -> None:
+            nonlocal opened
+            opened = opened or event == "connection.connect_tcp.started"
+
+        request = self._client.build_request("GET", url, headers=headers, extensions={"trace": trace})
+        try:
+            return await self._client.send(request, auth=auth, stream=True)
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            if opened:
+                raise
+            log.debug("%s: a kept-alive connection failed (%s: %s); sending again", self.url, type(exc).__name__, exc)
+            return await self._client.send(request, auth=auth, stream=True)
 
     def _text(self, body: bytearray, charset: str | None) -> str:
         return held_text(decode_body(bytes(body), charset, self.url), len(body), self.max_body_bytes, self.url)
