@@ -624,3 +624,21 @@ def test_a_permanent_redirect_keeps_its_connection_and_its_credentials(tmp_path:
     finally:
         sock.close()
     assert len(accepted) == 1 and len(authorized) == 10 and all(authorized)
+
+
+def test_bytes_past_the_declared_length_do_not_fail_the_next_poll(raw_server: Callable) -> None:
+    """A target sending more than its Content-Length leaves bytes on the kept-alive connection, which the next
+    request read as its answer ("illegal status line", every second poll a `connect` error): sent again, it is
+    answered on a new connection."""
+    body = FIXTURE.encode()
+
+    def overlong(conn: socket.socket) -> None:
+        while True:
+            conn.sendall(HEAD_200 + b"Content-Length: %d\r\n\r\n" % len(body) + body + b"extra junk\n")
+            if not conn.recv(65536):
+                return
+
+    server = raw_server(overlong)
+    with Fetcher(server.url, timeout=5.0, max_body_bytes=1 << 20) as fetcher:
+        for poll in range(4):
+            assert len(interpret(fetcher.fetch(), None, timestamp=float(poll)).readings) == 2
