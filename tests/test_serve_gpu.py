@@ -235,3 +235,65 @@ def test_a_gpu_read_that_never_returns_stops_neither_the_polls_nor_the_exit(capl
             assert threads and all(th.daemon for th in threads)  # nothing for the exit to wait for
     finally:
         release.set()
+
+
+def test_the_engine_loading_is_no_growth_of_non_kv_memory() -> None:
+    # vLLM serves /metrics only once its weights, KV pool and CUDA graphs are allocated: while its polls fail, the
+    # GPU fills with them. That load was fitted as growth, and KVWatchGPUMemoryPressure fired on every start.
+    import http.server
+    import threading
+
+    from kvwatch.fetch import Fetcher
+    from kvwatch.serve.app import Sidecar
+    from kvwatch.settings import ServeSettings
+
+    page = ('# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5\n'
+            '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0",model_name="m"} 4\n'
+            '# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine="0",model_name="m"} 0\n'
+            '# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds %s\n')
+    engine = {"serving": False, "started": 1.0}
+
+    class Engine(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = (page % engine["started"]).encode()
+            self.send_response(200 if engine["serving"] else 503)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    used = [2.0]
+    url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    settings = ServeSettings(target_url=url, poll_interval_seconds=30, nvml=True)
+    t = [1000.0]
+    try:
+        with Fetcher(url, timeout=2.0, max_body_bytes=1 << 20) as fetcher:
+            sidecar = Sidecar(settings, fetcher, lambda: t[0],
+                              gpu=GpuWatcher(NvmlSource(reader=lambda uuids: [gpu(used[0], 80.0 - used[0])])))
+
+            def poll_for(minutes: int, step_gib: float) -> object:
+                for _ in range(2 * minutes):
+                    used[0] += step_gib / 2
+                    state = sidecar.poll()
+                    t[0] += 30.0
+                return state
+
+            loading = poll_for(6, 10.0)  # weights, then the KV pool: 60 GiB in 6 minutes, no answer from vLLM
+            assert not loading.health.up and loading.gpu.up
+            assert loading.gpu.gpus[0].seconds_to_limit is None
+            engine["serving"] = True
+            served = poll_for(6, 0.0)
+            assert served.health.up and served.gpu.gpus[0].growth_bytes_per_second == 0.0
+            assert served.gpu.gpus[0].seconds_to_limit is None
+            engine["started"] = 2.0  # restarted between two polls: its new pool is no growth either
+            used[0] = 10.0
+            poll_for(1, 50.0)
+            after = poll_for(5, 0.0)
+            assert after.gpu.gpus[0].growth_bytes_per_second == 0.0
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -322,7 +322,8 @@ class Sidecar:
                          last_error=str(exc), polls_total=previous.health.polls_total + 1)
         self._status_log.change(("down", exc.reason), logging.ERROR if cause else logging.WARNING,
                                 "target %s is down (%s): %s", self.target, exc.reason, exc, exc_info=cause)
-        return replace(previous, timestamp=now, health=health, gpu=self._gpu_state(gpu_read, now, {}))
+        return replace(previous, timestamp=now, health=health,
+                       gpu=self._gpu_state(gpu_read, now, {}, engine_serving=False))
 
     def _up_state(self, poll: Poll, previous: State, now: float, started: float,
                   gpu_read: GpuRead | None) -> State | None:
@@ -347,7 +348,7 @@ class Sidecar:
                          series_dropped_total=previous.health.series_dropped_total + dropped,
                          implausible_total=implausible)
         state = State(timestamp=now, health=health, detection=poll.detection, series=MappingProxyType(series),
-                      gpu=self._gpu_state(gpu_read, now, series))
+                      gpu=self._gpu_state(gpu_read, now, series, engine_serving=not restarted))
         d = poll.detection
         self._status_log.change(("up", d), logging.INFO, "target %s is up: %s %s, usage from %s, %d series",
                                 self.target, d.engine_kind, d.version_range, d.usage_metric, len(series))
@@ -398,7 +399,8 @@ class Sidecar:
             self._gpu_pending = self._gpu_threads.submit(self.gpu.read)
         return self._gpu_pending
 
-    def _gpu_state(self, read: GpuRead | None, now: float, series: dict[SeriesKey, SeriesState]) -> GpuState | None:
+    def _gpu_state(self, read: GpuRead | None, now: float, series: dict[SeriesKey, SeriesState], *,
+                   engine_serving: bool = True) -> GpuState | None:
         if read is None or self.gpu is None:
             return None
         # The KV pool and weights per GPU, as the capacity analyzer computed them for the live engine series.
@@ -410,7 +412,7 @@ class Sidecar:
             result = read.result(timeout=wait)
         except concurrent.futures.TimeoutError:
             result = GpuReadError("timeout", f"the GPU source has not answered for {wait:g}s or more")
-        state = self.gpu.update(result, now, kv_pool, weights)
+        state = self.gpu.update(result, now, kv_pool, weights, engine_serving=engine_serving)
         # (failures were counted but never said: the source's error, once per change)
         failing = None if state.up else state.last_error
         self._gpu_log.change(failing, logging.WARNING if failing else logging.INFO, "GPU memory source %s",

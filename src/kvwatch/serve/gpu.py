@@ -129,9 +129,14 @@ class GpuWatcher:
         except GpuReadError as exc:
             return exc
 
-    def update(self, result: list[GpuMemory] | GpuReadError, now: float,
-               kv_pool_bytes: float | None, weights_bytes: float | None) -> GpuState:
+    def update(self, result: list[GpuMemory] | GpuReadError, now: float, kv_pool_bytes: float | None,
+               weights_bytes: float | None, *, engine_serving: bool = True) -> GpuState:
+        """``engine_serving``: the engine's poll succeeded and found no restart. While it does not, the engine is
+        loading (vLLM serves /metrics only once its weights, KV pool and CUDA graphs are allocated), so the memory
+        is shown but no trend is kept: the load read as growth, and the GPU memory alert fired on every start."""
         previous = self.state
+        if not engine_serving:
+            self._used.clear()
         if isinstance(result, GpuReadError):
             errors = dict(previous.errors_total)
             errors[result.reason] += 1
@@ -140,7 +145,7 @@ class GpuWatcher:
         readings = []
         for gpu in result:
             points = self._used.setdefault((gpu.uuid, gpu.instance), deque())
-            if gpu.used_bytes is not None:
+            if gpu.used_bytes is not None and engine_serving:
                 points.append((now, gpu.used_bytes))
             while points and points[0][0] < now - self.window:
                 points.popleft()
@@ -158,8 +163,8 @@ class GpuWatcher:
 
 
 _WINDOW_NOTE = (" Least-squares slope of framebuffer used over the last 10 minutes of polls (poll-clock seconds; "
-                "needs 2 minutes of them): the KV pool and the weights are allocated once, so this is the growth "
-                "of non-KV memory.")
+                "needs 2 minutes of them) since the engine last answered after a failed poll or a restart: the KV "
+                "pool and the weights are allocated once, before that, so this is the growth of non-KV memory.")
 
 
 def families(state: GpuState) -> Iterator[Metric]:
