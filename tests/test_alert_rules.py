@@ -111,6 +111,8 @@ MUTATIONS = [
      ["draining caches with requests still waiting resolve or never fire"]),
     ("the forecast's hand-off to bottleneck", 'kvwatch_state{state=~"filling|bottleneck"}',
      'kvwatch_state{state="filling"}', ["forecast stays firing through bottleneck until KVCacheBottleneck"]),
+    ("absent's job regex", "absent(kvwatch_build_info{job=~\".*kvwatch.*\"})", "absent(kvwatch_build_info)",
+     ["absent fires when no kvwatch reports under a kvwatch job"]),
     ("target down's wait for a model load", "for: 35m", "for: 10m",
      ["a slow model load during a rollout does not fire target down"]),
 ]
