@@ -1050,3 +1050,21 @@ def test_a_saved_page_widened_by_one_character_is_held_as_a_live_one(tmp_path: P
     assert main(["check", "--file", str(page), "--json", "--max-body-bytes", str(len(plain) + 1024)]) == 1
     error = json.loads(capsys.readouterr().out)["error"]
     assert error["reason"] == "too_large" and "over twice --max-body-bytes" in error["message"]
+
+
+def test_preemptions_long_ago_are_context_and_a_full_cache_makes_them_a_warning(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # vLLM's counter is a lifetime total: 7 preemptions at 25 % usage may be a week old. As a warning they failed
+    # every `check --fail-on warning` cron run until the engine restarted.
+    page = (FIXTURES / "gen-0.9-both-usage-names.prom").read_text() + (
+        '# TYPE vllm:num_preemptions_total counter\nvllm:num_preemptions_total{engine="0",model_name="qwen3-8b"} 7\n')
+    (tmp_path / "old.prom").write_text(page)
+    report = check_json(["--file", str(tmp_path / "old.prom")], capsys)
+    (found,) = report["findings"]
+    assert (found["id"], found["severity"]) == ("preemptions", "info")
+    assert "25.0% full now: one poll cannot tell" in found["message"]
+    assert main(["check", "--file", str(tmp_path / "old.prom"), "--fail-on", "warning"]) == 0
+    capsys.readouterr()
+    (tmp_path / "full.prom").write_text(page.replace("} 0.25", "} 0.97"))
+    full = check_json(["--file", str(tmp_path / "full.prom")], capsys)
+    assert ("preemptions", "warning") in [(f["id"], f["severity"]) for f in full["findings"]]

@@ -561,10 +561,17 @@ def findings(states: Iterable[SeriesState],
                 + ". Counts cannot be negative, infinite or NaN: the target is not serving sane metrics."),
                 **where))
         if r.preemptions_total:
-            out.append(Finding("preemptions", "warning", (
+            # A lifetime count: one poll cannot tell whether the thrash goes on, unless the cache is full now
+            # (then it warns, beside kv_bound); else it is context, or `--fail-on warning` failed every cron run
+            # until the engine restarted.
+            thrashing = usage is not None and usage >= KV_BOUND_USAGE
+            out.append(Finding("preemptions", "warning" if thrashing else "info", (
                 f"{_plural(r.preemptions_total, 'preemption')} since the engine started: requests are evicted and "
-                "recomputed "
-                "(KV thrash). Lower concurrency or free KV memory."), **where))
+                "recomputed (KV thrash). "
+                + ("Lower concurrency or free KV memory." if thrashing else
+                   f"The cache is {usage:.1%} full now" if usage is not None else "KV usage is unknown now")
+                + ("" if thrashing else ": one poll cannot tell whether it goes on; "
+                   "kvwatch serve's kvwatch_preemptions_per_second does.")), **where))
         ratio = r.prefix_cache_hit_ratio
         if r.prefix_caching_enabled is not False and ratio is not None and ratio < PREFIX_HIT_RATIO_LOW and \
                 (r.prefix_cache_queries_total or 0) >= PREFIX_MIN_QUERIES:
