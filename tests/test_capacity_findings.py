@@ -112,8 +112,11 @@ def test_check_warns_when_the_given_settings_would_not_start(capsys):
     for f in json.loads(capsys.readouterr().out)["findings"]:
         found[f["id"]] = found.get(f["id"], "") + f["message"]
     assert "greater than the model's maximum length 131072" in found["vllm_will_not_start"]
-    # the engine reports 163,840 tokens; the formula with the engine's own utilization is far above it
+    # the engine reports 163,840 tokens; the formula with the engine's own utilization is far above it, so a
+    # utilization other than kvwatch assumed is no cause to suggest
     assert "163,840" in found["capacity_mismatch"]
+    assert "with the engine's own --gpu-memory-utilization 0.92" in found["capacity_mismatch"]
+    assert "--gpu-memory-utilization than kvwatch assumed" not in found["capacity_mismatch"]
 
 
 def test_the_engines_max_model_len_is_read_from_cache_config_info():

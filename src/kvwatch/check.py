@@ -366,7 +366,7 @@ def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any], 
     their own way (--mem-fraction-static, free_gpu_memory_fraction)."""
     from kvwatch.capacity import findings as capacity
     from kvwatch.capacity.series import engine_max_model_len_of, max_model_len_of
-    from kvwatch.engines.vllm import override_blocks
+    from kvwatch.engines.vllm import label_number, override_blocks
 
     out: list[Finding] = []
     refused: set[str] = set()
@@ -384,7 +384,8 @@ def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any], 
             found += capacity.plan_refusals(plan) if plan is not None and engine_kind == VLLM else []
         if plan is not None and engine_kind == VLLM:
             found.append(capacity.capacity_mismatch(_formula_like_engine(plan, capacities[r.key].source),
-                                                    r.kv_capacity_tokens, plan, override_blocks(r.cache_config)))
+                                                    r.kv_capacity_tokens, plan, override_blocks(r.cache_config),
+                                                    label_number(r.cache_config.get("gpu_memory_utilization"))))
         out += [Finding(f.id, f.severity, f.message, r.model_name, r.engine) for f in found if f is not None]
     return out
 

@@ -52,9 +52,12 @@ def plan_refusals(plan: Any) -> list[CapacityFinding]:
 
 
 def capacity_mismatch(formula_tokens: float, reported_tokens: float | None,
-                      plan: Any | None = None, override_blocks: float | None = None) -> CapacityFinding | None:
+                      plan: Any | None = None, override_blocks: float | None = None,
+                      engine_utilization: float | None = None) -> CapacityFinding | None:
     """A finding when the formula and the engine's pool differ by more than :data:`MISMATCH_RATIO`;
-    ``override_blocks``: the engine's --num-gpu-blocks-override, which sizes the pool instead of the memory."""
+    ``override_blocks``: the engine's --num-gpu-blocks-override, which sizes the pool instead of the memory;
+    ``engine_utilization``: the engine's own --gpu-memory-utilization (``vllm:cache_config_info``), which rules
+    that cause out when the plan used it."""
     if not reported_tokens or reported_tokens <= 0 or formula_tokens <= 0:
         return None
     gap = formula_tokens / reported_tokens - 1
@@ -70,10 +73,13 @@ def capacity_mismatch(formula_tokens: float, reported_tokens: float | None,
     # request): the missing memory is that share of the formula's pool, not tokens × bytes per token (which misses
     # the sliding groups' and the page-size unification's bytes).
     pool = getattr(plan, "available_kv_bytes", None)
-    version = getattr(getattr(plan, "spec", None), "vllm_version", None)
+    spec = getattr(plan, "spec", None)
+    version = getattr(spec, "vllm_version", None)
+    utilization_known = engine_utilization is not None and \
+        getattr(spec, "gpu_memory_utilization", None) == engine_utilization
     if gap > 0:
         missing_gib = pool * (1 - reported_tokens / formula_tokens) / GIB if pool else None
-        others = ["a lower --gpu-memory-utilization than kvwatch assumed",
+        others = [*([] if utilization_known else ["a lower --gpu-memory-utilization than kvwatch assumed"]),
                   "another process on the GPU at startup (its memory counts against vLLM's profile)",
                   "larger weights (an unquantized or bigger checkpoint) or a longer profiled batch "
                   "(--max-num-batched-tokens)"]
@@ -90,14 +96,15 @@ def capacity_mismatch(formula_tokens: float, reported_tokens: float | None,
         else:  # no per-token size to weigh the gap with
             causes += [graphs, *others]
     else:
-        causes += ["a higher --gpu-memory-utilization than kvwatch assumed",
+        causes += [*([] if utilization_known else ["a higher --gpu-memory-utilization than kvwatch assumed"]),
                    "an FP8 KV cache (--kv-cache-dtype fp8) or quantized weights kvwatch was not told about",
                    "a smaller model, more tensor parallelism, or --kv-cache-memory-bytes"]
     causes.append("--model/--gpu/--tensor-parallel-size/--dtype not describing this deployment")
     return CapacityFinding("capacity_mismatch", "warning", (
         f"The capacity formula says {formula_tokens:,.0f} KV tokens, the engine reports {reported_tokens:,.0f} "
-        f"(the formula is {abs(gap):.0%} {'higher' if gap > 0 else 'lower'}). Likely causes: {'; '.join(causes)}. "
-        "The engine's figure is the one kvwatch uses."))
+        f"(the formula is {abs(gap):.0%} {'higher' if gap > 0 else 'lower'}"
+        + (f", with the engine's own --gpu-memory-utilization {engine_utilization:g}" if utilization_known else "")
+        + f"). Likely causes: {'; '.join(causes)}. The engine's figure is the one kvwatch uses."))
 
 
 def max_model_len_mismatch(given: int | None, engine: int | None, source: str) -> CapacityFinding | None:
