@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -113,6 +114,21 @@ def test_settings_come_from_environment_too(capsys, monkeypatch):
     assert code == 0
     data = json.loads(out)
     assert data["model"] == "google/gemma-2-9b-it" and data["kv_cache_groups"] == 2
+
+
+def test_a_refused_value_from_a_variable_names_the_variable(capsys, monkeypatch):
+    # The planner's own checks name flags; a value the user set as a variable must be traced back to it.
+    monkeypatch.setenv("KVWATCH_TENSOR_PARALLEL_SIZE", "3")
+    code, _, err = run(["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100"], capsys)
+    assert code == 2 and "invalid value 3 for --tensor-parallel-size (from KVWATCH_TENSOR_PARALLEL_SIZE)" in err
+    code, _, err = run(["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100",
+                        "--tensor-parallel-size", "3"], capsys)
+    assert code == 2 and "KVWATCH_" not in err  # typed on the command line: the flag alone
+    monkeypatch.delenv("KVWATCH_TENSOR_PARALLEL_SIZE")
+    monkeypatch.setenv("KVWATCH_MODEL", "meta-llama/Llama-3.1-8B-Instruct")
+    config = Path(__file__).parent / "fixtures" / "model-configs" / "glm52_dsa_index_share.json"
+    code, _, err = run(["plan", "--model-config", str(config), "--gpu", "H100"], capsys)
+    assert code == 2 and "--model (from KVWATCH_MODEL) and --model-config are both set" in err
 
 
 def test_model_config_path(tmp_path, capsys):

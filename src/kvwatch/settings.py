@@ -749,6 +749,21 @@ def _blame(field: str, flags: dict[str, Any], msg: str, value: Any = None) -> st
     return f"invalid value{shown} for {source}: {msg}"
 
 
+def name_variables(message: str, args: argparse.Namespace) -> str:
+    """``message`` with each flag it names that was not on the command line but came from its variable followed by
+    that variable: checks past the settings (the planner's) name flags, and `KVWATCH_TENSOR_PARALLEL_SIZE=3` was
+    reported as "--tensor-parallel-size", which the user never typed."""
+    environ = {key.upper() for key in os.environ}
+    for cls in (ServeSettings, CheckSettings):
+        for field in cls.model_fields:
+            pub = public_name(field)
+            variable = env_name(pub)
+            if getattr(args, field, None) is None and variable in environ and variable not in message:
+                message = re.sub(rf"(?<![\w-]){re.escape(flag_name(pub))}(?![\w-])",
+                                 lambda m, v=variable: f"{m[0]} (from {v})", message, count=1)
+    return message
+
+
 # Every KVWATCH_* variable any command understands; anything else is a typo and stops startup.
 KNOWN_ENV: frozenset[str] = frozenset(env_name(public_name(f)) for cls in (ServeSettings, CheckSettings)
                                        for f in cls.model_fields)
