@@ -325,9 +325,9 @@ def _tensor_parallel_advice(capacity_plan: CapacityPlan | None, plan_tokens: flo
     if spec is None or arch is None:
         return Advice(ADD_TENSOR_PARALLELISM, 0,
                       f"Add a replica behind the gateway, or raise {flag} to a size that divides "
-                      "the model's attention heads (kvwatch names it once it can plan the deployment: the model, "
-                      "from --model, --model-config or a preset matching model_name, and the card, --gpu or "
-                      "--gpu-memory-gib).",
+                      "the model's attention heads (kvwatch names it once it can plan the deployment, which needs "
+                      "the model, from --model, --model-config or a preset matching model_name, the card, --gpu or "
+                      "--gpu-memory-gib, and settings vLLM accepts: why it could not is on stderr or in the log).",
                       replica)
     tp = spec.tensor_parallel_size
     nxt = next_tensor_parallel_size(arch, tp, gpus_per_node)
