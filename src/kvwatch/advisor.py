@@ -327,7 +327,7 @@ def _tensor_parallel_advice(capacity_plan: CapacityPlan | None, plan_tokens: flo
                       f"Add a replica behind the gateway, or raise {flag} to a size that divides "
                       "the model's attention heads (kvwatch names it once it can plan the deployment, which needs "
                       "the model, from --model, --model-config or a preset matching model_name, the card, --gpu or "
-                      "--gpu-memory-gib, and settings vLLM accepts: why it could not is on stderr or in the log).",
+                      "--gpu-memory-gib, and settings the engine accepts: why it could not is on stderr or in the log).",
                       replica)
     tp = spec.tensor_parallel_size
     nxt = next_tensor_parallel_size(arch, tp, gpus_per_node)
