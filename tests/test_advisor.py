@@ -47,12 +47,15 @@ def test_no_capacity_fix_for_a_leak_but_for_an_idle_moment(llama_plan):
     assert advise_from_result(result, sglang, capacity_plan=llama_plan)
 
 
-def test_all_four_fixes_cheapest_first_with_the_model_known(llama_plan):
+def test_all_five_fixes_cheapest_first_with_the_model_known(llama_plan):
     advice = advise("bottleneck", recommended_max_concurrency=120, running=150, capacity_plan=llama_plan,
                     request_lengths=CHAT, max_model_len=32768, kv_tokens_per_request=1300)
     assert [a.action for a in advice] == list(ACTIONS)
-    assert [a.rank for a in advice] == [1, 2, 3, 4]
-    limit, lower, quantize, tp = advice
+    assert [a.rank for a in advice] == [1, 2, 3, 4, 5]
+    limit, lower, quantize, kv_fp8, tp = advice
+    # An FP8 KV cache: one byte per element instead of bf16's two, about twice the tokens.
+    assert "x2.00" in kv_fp8.projected_effect and kv_fp8.vllm_args == ("--kv-cache-dtype", "fp8")
+    assert "instead of the 2 the plan has" in kv_fp8.message
     assert "120" in limit.message and "150 running" in limit.message
     assert limit.vllm_args == ("--max-num-seqs", "120") and limit.concurrency == 120
     # No request longer than 5,000 tokens -> 8192 with margin: the worst-case ceiling rises 4x.

@@ -205,7 +205,8 @@ def test_deployment_flags_size_the_quantization_and_tp_advice(capsys: pytest.Cap
     flags = ["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--max-model-len", "32768"]
     report = check_json(["--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom"), *flags], capsys)
     # Half the prompts sit in the +Inf bucket: the longest request is unknown, so no shorter length is proposed.
-    assert _advice(report)["0"] == ["limit_concurrency", "quantize_weights", "add_tensor_parallelism"]
+    assert _advice(report)["0"] == ["limit_concurrency", "quantize_weights", "quantize_kv_cache",
+                                    "add_tensor_parallelism"]
     capacity, _ = build_sidecar_capacity(ServeSettings(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100",
                                                        max_model_len=32768))
     assert capacity is not None
@@ -215,7 +216,14 @@ def test_deployment_flags_size_the_quantization_and_tp_advice(capsys: pytest.Cap
     assert "KV capacity 163,840 -> " in fixes["quantize_weights"]["projected_effect"]
     assert "KV capacity 163,840 -> " in fixes["add_tensor_parallelism"]["projected_effect"]
     assert fixes["quantize_weights"]["vllm_args"] == ["--quantization", "fp8"]
+    assert fixes["quantize_kv_cache"]["vllm_args"] == ["--kv-cache-dtype", "fp8"]
+    assert "KV capacity 163,840 -> 327,6" in fixes["quantize_kv_cache"]["projected_effect"]
     assert fixes["add_tensor_parallelism"]["vllm_args"] == ["--tensor-parallel-size", "2"]
+    # Weights already FP8: the FP8 KV cache is still a fix of its own (it was a side note of the weights' fix, and
+    # vanished with it).
+    fp8 = check_json(["--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom"), *flags, "--quantization",
+                      "fp8"], capsys)
+    assert _advice(fp8)["0"] == ["limit_concurrency", "quantize_kv_cache", "add_tensor_parallelism"]
 
 
 def _bounded_lengths(text: str) -> str:
@@ -528,7 +536,8 @@ def test_sglang_quantization_and_tp_advice_use_its_flags(capsys: pytest.CaptureF
                          "--gpu", "H100"], capsys)
     fixes = {a["action"]: a for s in report["series"] for a in s["advice"]}
     assert fixes["quantize_weights"]["engine_args"] == ["--quantization", "fp8"]
-    assert "--kv-cache-dtype fp8_e4m3" in fixes["quantize_weights"]["projected_effect"]
+    assert fixes["quantize_kv_cache"]["engine_args"] == ["--kv-cache-dtype", "fp8_e4m3"]
+    assert "--kv-cache-dtype fp8_e4m3" in fixes["quantize_kv_cache"]["message"]
     assert fixes["add_tensor_parallelism"]["engine_args"] == ["--tp-size", "2"]
 
 

@@ -1,11 +1,12 @@
 """The advisor: when the KV cache is filling or saturated, the fixes, cheapest first, with their effect.
 
 The tutorial's decision loop, in order of cost: limit concurrency at the gateway (free, immediate), lower
-``--max-model-len`` (a restart; only when observed requests sit far below it), quantize the weights (a
-restart and a quality check; needs the model to size the gain), add tensor parallelism (the next size vLLM
-accepts, within one node) or, beyond the node, a replica. Every fix that changes an engine setting carries
-``engine_args``, pasteable onto that engine's command line in its own flag names (vLLM, SGLang, TensorRT-LLM's
-``trtllm-serve``: :data:`ENGINE_FLAGS`); a concurrency limit carries ``concurrency``.
+``--max-model-len`` (a restart; only when observed requests sit far below it), quantize the weights, then store
+the KV cache in FP8 (each a restart and a quality check; they need the model to size the gain), add tensor
+parallelism (the next size vLLM accepts, within one node) or, beyond the node, a replica. Every fix that changes
+an engine setting carries ``engine_args``, pasteable onto that engine's command line in its own flag names
+(vLLM, SGLang, TensorRT-LLM's ``trtllm-serve``: :data:`ENGINE_FLAGS`); a concurrency limit carries
+``concurrency``.
 Capacities are the engine's reported pool when known; the capacity model's what-if plans only scale it.
 Pure: the caller passes the forecast's numbers and, when the model is known, the capacity plan.
 """
@@ -29,8 +30,10 @@ if TYPE_CHECKING:  # types only: the advisor loads neither the capacity model no
 LIMIT_CONCURRENCY = "limit_concurrency"
 LOWER_MAX_MODEL_LEN = "lower_max_model_len"
 QUANTIZE_WEIGHTS = "quantize_weights"
+QUANTIZE_KV_CACHE = "quantize_kv_cache"
 ADD_TENSOR_PARALLELISM = "add_tensor_parallelism"
-ACTIONS: tuple[str, ...] = (LIMIT_CONCURRENCY, LOWER_MAX_MODEL_LEN, QUANTIZE_WEIGHTS, ADD_TENSOR_PARALLELISM)
+ACTIONS: tuple[str, ...] = (LIMIT_CONCURRENCY, LOWER_MAX_MODEL_LEN, QUANTIZE_WEIGHTS, QUANTIZE_KV_CACHE,
+                            ADD_TENSOR_PARALLELISM)
 ADVISE_IN_STATES: frozenset[str] = frozenset({"filling", "bottleneck"})
 # Lower --max-model-len only when the longest observed request is below this share of it.
 MAX_MODEL_LEN_SLACK = 0.5
@@ -57,11 +60,13 @@ ENGINE_FLAGS: dict[str, dict[str, str | None]] = {
     TRITON_TENSORRT_LLM: {"concurrency": "max_batch_size", "max_model_len": "max_seq_len", "quantization": None,
                           "tensor_parallel": "tp_size", "token_budget": "max_num_tokens"},
 }
-# How each engine is told to keep its KV cache in FP8 (the quantization fix mentions it as the alternative).
+# How each engine is told to keep its KV cache in FP8, and the flags for it (None: no launch flag).
 FP8_KV_CACHE = {VLLM: "--kv-cache-dtype fp8", SGLANG: "--kv-cache-dtype fp8_e4m3",
                 TENSORRT_LLM: "kv_cache_config.dtype: fp8 in trtllm-serve's options YAML, --config or "
                               "--extra_llm_api_options",
                 TRITON_TENSORRT_LLM: "an FP8 KV cache built into the engine (trtllm-build with an FP8 KV cache)"}
+FP8_KV_CACHE_ARGS: dict[str, tuple[str, ...] | None] = {VLLM: ("--kv-cache-dtype", "fp8"),
+                                                        SGLANG: ("--kv-cache-dtype", "fp8_e4m3")}
 
 
 @dataclass(frozen=True)
@@ -224,22 +229,32 @@ def advise(
             engine_args=_args(flags["max_model_len"], lowered),
         ))
 
+    # (while --num-gpu-blocks-override fixes the pool, neither quantization adds KV)
     quantized = whatif.get("fp8_weights") if not fixed_blocks else None
     if quantized is not None and plan_tokens and quantized.kv_cache_tokens and \
             quantized.kv_cache_tokens > plan_tokens:
         gain = quantized.kv_cache_tokens / plan_tokens
-        kv_fp8 = whatif.get("fp8_kv_cache")
-        also = ""
-        if kv_fp8 is not None and kv_fp8.kv_cache_tokens and kv_fp8.kv_cache_tokens > plan_tokens:
-            also = (f" An FP8 KV cache ({FP8_KV_CACHE.get(engine_kind, FP8_KV_CACHE[VLLM])}) instead gives "
-                    f"x{kv_fp8.kv_cache_tokens / plan_tokens:.2f} tokens.")
         how = (f"{flags['quantization']} fp8" if flags["quantization"] else
                f"serve an FP8-quantized checkpoint: {engine} takes the quantization from the checkpoint")
         out.append(Advice(
             QUANTIZE_WEIGHTS, 0,
             f"Quantize the weights to FP8 ({how}): frees GPU memory for the KV cache.",
-            _capacity_text(base_tokens, gain, ceiling) + "." + also,
+            _capacity_text(base_tokens, gain, ceiling) + ".",
             engine_args=_args(flags["quantization"], "fp8"),
+        ))
+    # Its own fix, not a side note of the weights' (it vanished with them: weights already FP8, say), and often
+    # the larger gain: one byte per KV element instead of the model's two.
+    kv_fp8 = whatif.get("fp8_kv_cache") if not fixed_blocks else None
+    if kv_fp8 is not None and plan_tokens and kv_fp8.kv_cache_tokens and kv_fp8.kv_cache_tokens > plan_tokens:
+        from kvwatch.capacity.whatif import kv_element_bytes
+
+        out.append(Advice(
+            QUANTIZE_KV_CACHE, 0,
+            f"Store the KV cache in FP8 ({FP8_KV_CACHE.get(engine_kind, FP8_KV_CACHE[VLLM])}): one byte per KV "
+            f"element instead of the {kv_element_bytes(capacity_plan.spec)} the plan has (a restart, and a quality "
+            "check on your own prompts).",
+            _capacity_text(base_tokens, kv_fp8.kv_cache_tokens / plan_tokens, ceiling) + ".",
+            engine_args=FP8_KV_CACHE_ARGS.get(engine_kind),
         ))
 
     if fixed_blocks:
@@ -327,7 +342,8 @@ def _tensor_parallel_advice(capacity_plan: CapacityPlan | None, plan_tokens: flo
                       f"Add a replica behind the gateway, or raise {flag} to a size that divides "
                       "the model's attention heads (kvwatch names it once it can plan the deployment, which needs "
                       "the model, from --model, --model-config or a preset matching model_name, the card, --gpu or "
-                      "--gpu-memory-gib, and settings the engine accepts: why it could not is on stderr or in the log).",
+                      "--gpu-memory-gib, and settings the engine accepts: why it could not is on stderr or in the "
+                      "log).",
                       replica)
     tp = spec.tensor_parallel_size
     nxt = next_tensor_parallel_size(arch, tp, gpus_per_node)

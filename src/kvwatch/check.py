@@ -39,6 +39,7 @@ from kvwatch.advisor import (
     DEFAULT_GPUS_PER_NODE,
     ENGINE_FLAGS,
     ENGINE_NAMES,
+    QUANTIZE_KV_CACHE,
     QUANTIZE_WEIGHTS,
     TRITON_TENSORRT_LLM,
     Advice,
@@ -323,7 +324,7 @@ def _plan_caveat(fixes: list[Advice], mismatched: bool) -> list[Advice]:
     ``tensor_parallel_mismatch``): advice never quotes a figure without what the report says of its source."""
     if not mismatched:
         return fixes
-    sized = (QUANTIZE_WEIGHTS, ADD_TENSOR_PARALLELISM)
+    sized = (QUANTIZE_WEIGHTS, QUANTIZE_KV_CACHE, ADD_TENSOR_PARALLELISM)
     return [replace(a, projected_effect=a.projected_effect + PLAN_CAVEAT)
             if a.action in sized and re.search(r"\bx\d", a.projected_effect) else a for a in fixes]
 

@@ -155,7 +155,7 @@ def whatif_scenarios(spec: DeploymentSpec, avg_seq_len: float | None = None) -> 
     else:
         fp8 = replace(spec, kv_cache_dtype="fp8")
         if spec.kv_bytes_per_token is not None:
-            fp8 = replace(fp8, kv_bytes_per_token=spec.kv_bytes_per_token * 1 / max(1, _kv_elem_bytes(spec)))
+            fp8 = replace(fp8, kv_bytes_per_token=spec.kv_bytes_per_token * 1 / max(1, kv_element_bytes(spec)))
         state = (" (Mamba state pages keep their dtype, so the ceiling gains less than the tokens)"
                  if spec.arch is not None and spec.arch.is_hybrid_mamba else "")
         candidates.append(("fp8_kv_cache", fp8,
@@ -186,7 +186,8 @@ def whatif_scenarios(spec: DeploymentSpec, avg_seq_len: float | None = None) -> 
     return out
 
 
-def _kv_elem_bytes(spec: DeploymentSpec) -> int:
+def kv_element_bytes(spec: DeploymentSpec) -> int:
+    """Bytes per KV element the spec stores (its --kv-cache-dtype; auto: the model's dtype)."""
     from kvwatch.capacity.kv import kv_dtype_bytes
 
     return kv_dtype_bytes(spec.kv_cache_dtype, memory.model_dtype_bytes(spec.dtype, spec.arch))
