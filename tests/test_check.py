@@ -1077,3 +1077,14 @@ def test_preemptions_long_ago_are_context_and_a_full_cache_makes_them_a_warning(
     (tmp_path / "full.prom").write_text(page.replace("} 0.25", "} 0.97"))
     full = check_json(["--file", str(tmp_path / "full.prom")], capsys)
     assert ("preemptions", "warning") in [(f["id"], f["severity"]) for f in full["findings"]]
+
+
+def test_a_mix_ceiling_below_the_worst_case_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    # Engine 0 holds 157,286 tokens for 16 running requests, 9,830 each, past the 8,192 no request can exceed: KV
+    # that no running request holds (a request deferred with its KV) counts against the mix, so its ceiling (16.7)
+    # sits below the max-model-len one (20.0). Read bare, the two contradicted each other.
+    assert main(["check", "--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom")]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "max concurrency" in line]
+    assert lines[0].endswith("16.7 at the observed mix, 20.0 at max-model-len (the mix is below it: KV held by no "
+                             "running request counts against it)")
+    assert lines[1].endswith("36.0 at the observed mix, 20.0 at max-model-len")

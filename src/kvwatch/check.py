@@ -682,8 +682,12 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"  queue           {_fmt(running, ',')} running, {_fmt(waiting, ',')} waiting"
                      + (f" ({reasons})" if reasons else ""))
         lines.append("  KV capacity     " + (f"{capacity:,} tokens" if capacity is not None else "unknown"))
-        lines.append(f"  max concurrency {_fmt(s['max_concurrency'], '.1f')} at the observed mix, "
-                     f"{_fmt(s['max_concurrency_max_model_len'], '.1f')} at max-model-len")
+        mix, worst = s["max_concurrency"], s["max_concurrency_max_model_len"]
+        lines.append(f"  max concurrency {_fmt(mix, '.1f')} at the observed mix, {_fmt(worst, '.1f')} at max-model-len"
+                     # No request is longer than max-model-len: a mix below it counts KV that no running request
+                     # holds (a request waiting with its KV, transfers), which the limit must leave room for.
+                     + (" (the mix is below it: KV held by no running request counts against it)"
+                        if mix is not None and worst is not None and mix < worst else ""))
     lines.append("\nFindings:" if report["findings"] else "\nFindings: none, nothing to fix.")
     for f in report["findings"]:
         lines.append(f"  [{f['severity']}] {f['id']} ({_shown(f['model_name'])}/{_shown(f['engine'])}): "
