@@ -115,6 +115,45 @@ MUTATIONS = [
      ["absent fires when no kvwatch reports under a kvwatch job"]),
     ("target down's wait for a model load", "for: 35m", "for: 10m",
      ["a slow model load during a rollout does not fire target down"]),
+    # A guard or condition of one rule only: the old text takes in the lines around it.
+    ("the scheduler alert's guard",
+     '(kvwatch_state{state=~"stalled|bottleneck"} == 1)\n          )\n'
+     "          and on (instance, job) (max_over_time(kvwatch_up[1m]) == 1)",
+     '(kvwatch_state{state=~"stalled|bottleneck"} == 1)\n          )\n'
+     "          and on (instance, job) (max_over_time(kvwatch_up[1m]) >= 0)",
+     ["stale sidecar fires neither stalled nor scheduler-limited"]),
+    ("the request-exceeds-pool alert's guard",
+     '{finding="request_exceeds_pool"} == 1\n          )\n'
+     "          and on (instance, job) (max_over_time(kvwatch_up[1m]) == 1)",
+     '{finding="request_exceeds_pool"} == 1\n          )\n'
+     "          and on (instance, job) (max_over_time(kvwatch_up[1m]) >= 0)",
+     ["no capacity alert while kvwatch is down"]),
+    ("target down since start's silence after a good poll",
+     "kvwatch_up == 0\n          unless on (instance, job) kvwatch_last_success_timestamp_seconds", "kvwatch_up == 0",
+     ["a long outage after a good poll fires only since last_success"]),
+    ("the bottleneck state branch's queue",
+     '(min_over_time(kvwatch_state{state="bottleneck"}[2m]) == 1)\n'
+     "              and on (instance, job, model_name, engine)\n"
+     "              (quantile_over_time(0.5, kvwatch_requests_waiting[2m]) > 0)",
+     '(min_over_time(kvwatch_state{state="bottleneck"}[2m]) == 1)',
+     ["below 0.95 a bottleneck state without a queue or not held through the window does not fire"]),
+    ("the bottleneck state held through the window", 'min_over_time(kvwatch_state{state="bottleneck"}[2m])',
+     'max_over_time(kvwatch_state{state="bottleneck"}[2m])',
+     ["below 0.95 a bottleneck state without a queue or not held through the window does not fire"]),
+    ("the stall's requests in flight", "+ kvwatch_requests_running\n            ) > 0",
+     "+ kvwatch_requests_running\n            ) >= 0",
+     ["a stalled engine without a waiting gauge pages for its running requests, one with none in flight does not"]),
+    ("the stall's missing waiting gauge counted as 0",
+     "(kvwatch_requests_waiting or on (instance, job, model_name, engine) kvwatch_requests_running * 0)\n"
+     "              + kvwatch_requests_running",
+     "kvwatch_requests_waiting + kvwatch_requests_running",
+     ["a stalled engine without a waiting gauge pages for its running requests, one with none in flight does not"]),
+    ("the GPU memory horizon", "kvwatch_gpu_memory_seconds_to_limit < 1800",
+     "kvwatch_gpu_memory_seconds_to_limit < 3600", ["just below 30 minutes to the limit fires, 30 minutes does not"]),
+    ("the GPU memory horizon's strict bound", "kvwatch_gpu_memory_seconds_to_limit < 1800",
+     "kvwatch_gpu_memory_seconds_to_limit <= 1800", ["just below 30 minutes to the limit fires, 30 minutes does not"]),
+    ("kvwatch's restart count", '{container=~"kvwatch"}[30m]) >= 3', '{container=~"kvwatch"}[30m]) > 3',
+     ["kvwatch restarting 3 times in 30 minutes fires, 2 times does not"]),
 ]
 
 
