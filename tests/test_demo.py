@@ -294,6 +294,11 @@ def test_demo_and_simulate_name_the_clock_as_serve_does_and_keep_speed_as_an_ali
     it is deprecated."""
     assert _parse(demo.add_arguments, ["--speed", "30"]).speed == 30.0
     assert _parse(demo.add_arguments, ["--clock-speed", "30"]).speed == 30.0
+    # the old name says so when it is used (it said nothing), the new one does not
+    for flag, warned in (("--speed", True), ("--clock-speed", False)):
+        run = subprocess.run([sys.executable, "-m", "kvwatch", "simulate", flag, "2", "--no-serve",
+                              "--duration-seconds", "1"], capture_output=True, text=True, timeout=60, env=ENV)
+        assert run.returncode == 0 and ("--speed is a deprecated alias: use --clock-speed" in run.stderr) == warned
     assert "--clock-speed" in demo.simulator_argv(30.0, 8000) and "--speed" not in demo.simulator_argv(30.0, 8000)
     for command in ("demo", "simulate"):
         text = subprocess.run([sys.executable, "-m", "kvwatch", command, "--help"], capture_output=True, text=True,

@@ -24,7 +24,7 @@ from typing import IO
 from kvwatch.exposition import ParseError, parse
 from kvwatch.forecast.risk import RiskParams
 from kvwatch.settings import MAX_INTERVAL_SECONDS, MIN_INTERVAL_SECONDS, ServeSettings
-from kvwatch.sim.cli import check, check_number
+from kvwatch.sim.cli import ClockSpeed, check, check_number
 from kvwatch.sim.engines_wire import ENGINES
 
 DEFAULT_SPEED = 30.0
@@ -50,7 +50,7 @@ SATURATION_SIM_SECONDS = 51 * 60.0
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     # One name per idea: serve's setting is --clock-speed (KVWATCH_CLOCK_SPEED, Helm config.clockSpeed).
-    parser.add_argument("--clock-speed", "--speed", dest="speed", type=float, default=DEFAULT_SPEED,
+    parser.add_argument("--clock-speed", "--speed", dest="speed", type=float, default=DEFAULT_SPEED, action=ClockSpeed,
                         help="simulated seconds per wall-clock second (the simulator's and kvwatch's clocks; "
                              f"at most {MAX_DEMO_SPEED:g}); --speed is a deprecated alias")
     parser.add_argument("--sim-port", type=int, default=8000, help="simulator /metrics port (0: a free one)")

@@ -31,13 +31,23 @@ from kvwatch.sim.traces import TraceError, load_trace, scale_rate
 SAMPLE_EVERY_SECONDS = 1.0  # headless statistics sample the engine like a 1 s scrape would
 
 
+class ClockSpeed(argparse.Action):
+    """``--clock-speed``, whose old name ``--speed`` still works and says that it is deprecated."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if option_string == "--speed":
+            print(f"{parser.prog}: --speed is a deprecated alias: use --clock-speed", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     srv = parser.add_argument_group("serving")
     srv.add_argument("--listen-address", default="127.0.0.1", help="address to serve /metrics on")
     srv.add_argument("--port", type=int, default=8000, help="port to serve /metrics on (0: pick a free one)")
     # One name per idea: kvwatch serve's setting is --clock-speed too.
-    srv.add_argument("--clock-speed", "--speed", dest="speed", type=float, default=1.0,
+    srv.add_argument("--clock-speed", "--speed", dest="speed", type=float, default=1.0, action=ClockSpeed,
                      help="simulated seconds per wall-clock second (at most 10000); --speed is a deprecated alias")
     srv.add_argument("--no-serve", action="store_true", help="run headless as fast as possible, then print a summary")
     srv.add_argument("--duration-seconds", type=float, default=None,
