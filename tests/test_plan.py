@@ -330,7 +330,8 @@ def test_plot_marks_what_will_not_start(tmp_path, capsys):
     assert labels[0] == "now (won't start)"
     started = {s.name for s in scenarios if s.plan is not None and s.plan.will_start}
     assert {"fp8_kv_cache", "tensor_parallel_x2"} <= started and "gpu_memory_utilization_0.95 (won't start)" in labels
-    assert all(("(won't start)" in label) != (label in started) for label in labels[1:])
+    assert labels[-1] == f"--max-num-seqs {plan.max_num_seqs:,} (vLLM runs no more)"  # the scheduler's cap, drawn too
+    assert all(("(won't start)" in label) != (label in started) for label in labels[1:-1])
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     code, _, _ = run(["plan", "--model", "Qwen/Qwen3-32B", "--gpu", "L4", "--plot", str(tmp_path / "cli.png")],
                      capsys)

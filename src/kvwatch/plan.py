@@ -595,7 +595,8 @@ def _fmt(value: float | None) -> str:
 
 
 def write_plot(path: Path, plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: float | None) -> list[str]:
-    """Concurrency ceiling against context length, base and every computable scenario; returns the legend.
+    """Concurrency ceiling against context length, base and every computable scenario, and the scheduler's
+    ``max_num_seqs`` above which no more requests run; returns the legend.
 
     A deployment that won't start (plan errors: weights do not fit, one request at max_model_len does not
     fit) is drawn dashed and labelled "(won't start)": its ceiling is what the pool would hold, not a promise.
@@ -625,6 +626,11 @@ def write_plot(path: Path, plan: CapacityPlan, scenarios: list[Scenario], avg_se
             draw(s.name, s.plan)
     if avg_seq_len:
         ax.axvline(avg_seq_len, linestyle=":", color="grey", label=f"avg {avg_seq_len:,.0f} tokens")
+    if drawn and plan.max_num_seqs:
+        # The scheduler runs no more than this, whatever the KV holds (the text's running limit, _runs).
+        cap = f"--max-num-seqs {plan.max_num_seqs:,} (vLLM runs no more)"
+        labels.append(cap)
+        ax.axhline(plan.max_num_seqs, linestyle="-.", color="grey", label=cap)
     ax.set_xscale("log", base=2)
     if drawn:  # nothing holds a request when no deployment starts: an empty linear axis then
         ax.set_yscale("log")
