@@ -143,7 +143,8 @@ def _series_families(series: dict) -> Iterator[Metric]:
         ("kvwatch_kv_capacity_tokens", "KV-cache capacity of the engine in tokens (engine-reported, else blocks x "
          "block size per engine, else the capacity model's; kvwatch_capacity_source_info says which).",
          lambda s: s.reading.kv_capacity_tokens),
-        ("kvwatch_kv_used_tokens", "Tokens held in the KV cache: usage ratio x capacity.",
+        ("kvwatch_kv_used_tokens", "Tokens held in the KV cache: usage ratio x capacity (with several KV groups, "
+         "sliding-window or hybrid, that share of the capacity, not the context held).",
          lambda s: s.reading.kv_used_tokens),
         ("kvwatch_requests_running", "Requests in the engine's running batch (TensorRT-LLM: scheduled requests, "
          "else active).",
