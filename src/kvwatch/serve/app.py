@@ -348,7 +348,7 @@ class Sidecar:
                          series_dropped_total=previous.health.series_dropped_total + dropped,
                          implausible_total=implausible)
         state = State(timestamp=now, health=health, detection=poll.detection, series=MappingProxyType(series),
-                      gpu=self._gpu_state(gpu_read, now, series, engine_serving=not restarted))
+                      gpu=self._gpu_state(gpu_read, now, series, engine_restarted=bool(restarted)))
         d = poll.detection
         self._status_log.change(("up", d), logging.INFO, "target %s is up: %s %s, usage from %s, %d series",
                                 self.target, d.engine_kind, d.version_range, d.usage_metric, len(series))
@@ -400,7 +400,7 @@ class Sidecar:
         return self._gpu_pending
 
     def _gpu_state(self, read: GpuRead | None, now: float, series: dict[SeriesKey, SeriesState], *,
-                   engine_serving: bool = True) -> GpuState | None:
+                   engine_serving: bool = True, engine_restarted: bool = False) -> GpuState | None:
         if read is None or self.gpu is None:
             return None
         # The KV pool and weights per GPU, as the capacity analyzer computed them for the live engine series.
@@ -412,7 +412,8 @@ class Sidecar:
             result = read.result(timeout=wait)
         except concurrent.futures.TimeoutError:
             result = GpuReadError("timeout", f"the GPU source has not answered for {wait:g}s or more")
-        state = self.gpu.update(result, now, kv_pool, weights, engine_serving=engine_serving)
+        state = self.gpu.update(result, now, kv_pool, weights, engine_serving=engine_serving,
+                                engine_restarted=engine_restarted)
         # (failures were counted but never said: the source's error, once per change)
         failing = None if state.up else state.last_error
         self._gpu_log.change(failing, logging.WARNING if failing else logging.INFO, "GPU memory source %s",

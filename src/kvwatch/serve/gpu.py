@@ -130,12 +130,14 @@ class GpuWatcher:
             return exc
 
     def update(self, result: list[GpuMemory] | GpuReadError, now: float, kv_pool_bytes: float | None,
-               weights_bytes: float | None, *, engine_serving: bool = True) -> GpuState:
-        """``engine_serving``: the engine's poll succeeded and found no restart. While it does not, the engine is
-        loading (vLLM serves /metrics only once its weights, KV pool and CUDA graphs are allocated), so the memory
-        is shown but no trend is kept: the load read as growth, and the GPU memory alert fired on every start."""
+               weights_bytes: float | None, *, engine_serving: bool = True, engine_restarted: bool = False) -> GpuState:
+        """``engine_serving``: the engine's poll succeeded. While it does not, the engine may be loading (vLLM serves
+        /metrics only once its weights, KV pool and CUDA graphs are allocated), so the memory is shown but adds no
+        point to the trend: the load read as growth, and the GPU memory alert fired on every start. A failed poll
+        keeps the points it has (one in ten failing hid a leak for good); ``engine_restarted`` drops them, the old
+        process's memory being no part of the new one's trend."""
         previous = self.state
-        if not engine_serving:
+        if engine_restarted:
             self._used.clear()
         if isinstance(result, GpuReadError):
             errors = dict(previous.errors_total)
@@ -162,9 +164,9 @@ class GpuWatcher:
         self.source.close()
 
 
-_WINDOW_NOTE = (" Least-squares slope of framebuffer used over the last 10 minutes of polls (poll-clock seconds; "
-                "needs 2 minutes of them) since the engine last answered after a failed poll or a restart: the KV "
-                "pool and the weights are allocated once, before that, so this is the growth of non-KV memory.")
+_WINDOW_NOTE = (" Least-squares slope of framebuffer used over the last 10 minutes of the polls the engine answered "
+                "(poll-clock seconds; needs 2 minutes of them), afresh after an engine restart: the KV pool and the "
+                "weights are allocated once, before the engine answers, so this is the growth of non-KV memory.")
 
 
 def families(state: GpuState) -> Iterator[Metric]:
