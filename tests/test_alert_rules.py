@@ -57,7 +57,7 @@ CONSTANT_VALUE = {("KvwatchTargetDown", "start"), ("KvwatchAbsent", None), ("KVC
 # Labels besides severity: KvwatchTargetDown is two rules (promtool's lint refuses two with equal labels).
 EXTRA_LABELS = {"KvwatchTargetDown": {"since"}}
 CHART_VALUES = ROOT / "deploy" / "helm" / "kvwatch" / "values.yaml"
-GUARD = re.compile(r"\)\s*and on \(instance, job\) \(max_over_time\(kvwatch_up\[1m\]\) == 1\)\s*$")
+GUARD = re.compile(r"\)\s*and on \(instance, job\) \(max_over_time\(kvwatch_up\[2m\]\) == 1\)\s*$")
 RECORD_NAME = re.compile(r"^[a-z_]+:[a-z0-9_]+:[a-z0-9_]+$")
 
 
@@ -93,10 +93,12 @@ def test_promtool_unit_tests_pass() -> None:
 
 # (what the mutation breaks, old text, new text, promtool cases that must then fail)
 MUTATIONS = [
-    ("the kvwatch_up guard", "(max_over_time(kvwatch_up[1m]) == 1)", "(max_over_time(kvwatch_up[1m]) >= 0)",
+    ("the kvwatch_up guard", "(max_over_time(kvwatch_up[2m]) == 1)", "(max_over_time(kvwatch_up[2m]) >= 0)",
      ["stale sidecar with a high forecast does not fire"]),
-    ("the guard's minute", "(max_over_time(kvwatch_up[1m]) == 1)", "(kvwatch_up == 1)",
+    ("the guard's window", "(max_over_time(kvwatch_up[2m]) == 1)", "(kvwatch_up == 1)",
      ["one failed poll in ten does not hold back the pages"]),
+    ("the guard's two scrapes", "kvwatch_up[2m]", "kvwatch_up[1m]",
+     ["one failed scrape at a one-minute interval does not restart the for"]),
     ("the storm's preemptions throughout", "min_over_time(kvwatch_preemptions_per_second[5m]) > 0",
      "min_over_time(kvwatch_preemptions_per_second[5m]) >= 0",
      ["a single burst and a stale sidecar do not make a storm"]),
@@ -118,15 +120,15 @@ MUTATIONS = [
     # A guard or condition of one rule only: the old text takes in the lines around it.
     ("the scheduler alert's guard",
      '(kvwatch_state{state=~"stalled|bottleneck"} == 1)\n          )\n'
-     "          and on (instance, job) (max_over_time(kvwatch_up[1m]) == 1)",
+     "          and on (instance, job) (max_over_time(kvwatch_up[2m]) == 1)",
      '(kvwatch_state{state=~"stalled|bottleneck"} == 1)\n          )\n'
-     "          and on (instance, job) (max_over_time(kvwatch_up[1m]) >= 0)",
+     "          and on (instance, job) (max_over_time(kvwatch_up[2m]) >= 0)",
      ["stale sidecar fires neither stalled nor scheduler-limited"]),
     ("the request-exceeds-pool alert's guard",
      '{finding="request_exceeds_pool"} == 1\n          )\n'
-     "          and on (instance, job) (max_over_time(kvwatch_up[1m]) == 1)",
+     "          and on (instance, job) (max_over_time(kvwatch_up[2m]) == 1)",
      '{finding="request_exceeds_pool"} == 1\n          )\n'
-     "          and on (instance, job) (max_over_time(kvwatch_up[1m]) >= 0)",
+     "          and on (instance, job) (max_over_time(kvwatch_up[2m]) >= 0)",
      ["no capacity alert while kvwatch is down"]),
     ("target down since start's silence after a good poll",
      "kvwatch_up == 0\n          unless on (instance, job) kvwatch_last_success_timestamp_seconds", "kvwatch_up == 0",
@@ -286,7 +288,7 @@ def test_every_guarded_alert_holds_through_a_failed_poll() -> None:
     for group in yaml.safe_load(RULES.read_text())["groups"]:
         for rule in group["rules"]:
             # (the GPU memory alert's guard is its GPU source's own up: one failed dcgm/NVML read drops the gauges)
-            guards = ("(max_over_time(kvwatch_up[1m]) == 1)", "(kvwatch_gpu_source_up == 1)")
+            guards = ("(max_over_time(kvwatch_up[2m]) == 1)", "(kvwatch_gpu_source_up == 1)")
             if "alert" in rule and any(guard in rule["expr"] for guard in guards):
                 assert rule.get("keep_firing_for") == "1m", rule["alert"]
 

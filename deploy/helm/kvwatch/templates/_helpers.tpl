@@ -360,7 +360,7 @@ same names): kvwatch on `metrics`, and in mode 1 optionally vLLM's own /metrics 
 {{- /* The rule pack's keep_firing_for (guard_hold in alerts/config.yaml, 1m) rides out one failed poll only if a
 scrape comes at least that often, and KVCacheBottleneck's 2-minute medians need several samples. */ -}}
 {{- if and $m.interval (gt (include "kvwatch.durationMs" $m.interval | atoi) 60000) }}
-{{- fail (printf "%s.interval (%s) is longer than 1m: kvwatch's alert rules hold a firing alert through one failed poll for 1 minute (keep_firing_for) and take 2-minute medians, which need a scrape at least every minute" .name $m.interval) }}
+{{- fail (printf "%s.interval (%s) is longer than 1m: kvwatch's alert rules want a good scrape within 2 minutes (their guard) beside a failed one, hold a firing alert for 1 minute (keep_firing_for) and take 2-minute medians, which need a scrape at least every minute" .name $m.interval) }}
 {{- end }}
 {{- if and $m.interval $m.scrapeTimeout }}
 {{- $interval := include "kvwatch.durationMs" $m.interval | atoi }}
