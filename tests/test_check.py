@@ -1088,3 +1088,19 @@ def test_a_mix_ceiling_below_the_worst_case_says_why(capsys: pytest.CaptureFixtu
     assert lines[0].endswith("16.7 at the observed mix, 20.0 at max-model-len (the mix is below it: KV held by no "
                              "running request counts against it)")
     assert lines[1].endswith("36.0 at the observed mix, 20.0 at max-model-len")
+
+
+def test_preemptions_warn_with_kv_bound_when_the_next_prompt_does_not_fit(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 85 % used, a queue, and prompts of 40k tokens on average: kv_bound (the next prompt does not fit), so the
+    # preemptions beside it are the same thrash, not context (they read "info" at 85 %).
+    labels = 'engine="0",model_name="qwen3-8b"'
+    page = (FIXTURES / "gen-0.9-both-usage-names.prom").read_text().replace("} 0.25", "} 0.85").replace(
+        f"vllm:num_requests_waiting{{{labels}}} 0.0", f"vllm:num_requests_waiting{{{labels}}} 5.0") + (
+        f"# TYPE vllm:num_preemptions_total counter\nvllm:num_preemptions_total{{{labels}}} 7\n"
+        f"# TYPE vllm:request_prompt_tokens histogram\n"
+        f'vllm:request_prompt_tokens_bucket{{{labels},le="+Inf"}} 10\n'
+        f"vllm:request_prompt_tokens_sum{{{labels}}} 400000\nvllm:request_prompt_tokens_count{{{labels}}} 10\n")
+    (tmp_path / "long.prom").write_text(page)
+    found = {f["id"]: f["severity"] for f in check_json(["--file", str(tmp_path / "long.prom")], capsys)["findings"]}
+    assert found["kv_bound"] == "critical" and found["preemptions"] == "warning"

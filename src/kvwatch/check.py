@@ -563,10 +563,10 @@ def findings(states: Iterable[SeriesState],
                 + ". Counts cannot be negative, infinite or NaN: the target is not serving sane metrics."),
                 **where))
         if r.preemptions_total:
-            # A lifetime count: one poll cannot tell whether the thrash goes on, unless the cache is full now
-            # (then it warns, beside kv_bound); else it is context, or `--fail-on warning` failed every cron run
-            # until the engine restarted.
-            thrashing = usage is not None and usage >= KV_BOUND_USAGE
+            # A lifetime count: one poll cannot tell whether the thrash goes on, unless the cache is full now (the
+            # rule kv_bound uses: then it warns beside it); else it is context, or `--fail-on warning` failed every
+            # cron run until the engine restarted.
+            thrashing = usage is not None and _waits_for_kv(r, usage)
             out.append(Finding("preemptions", "warning" if thrashing else "info", (
                 f"{_plural(r.preemptions_total, 'preemption')} since the engine started: requests are evicted and "
                 "recomputed (KV thrash). "
