@@ -1011,6 +1011,7 @@ def test_gains_sized_by_a_plan_the_engine_contradicts_say_so(capsys: pytest.Capt
     assert ("capacity_mismatch", "0") in ids(report)
     effects = {a["action"]: a["projected_effect"] for a in report["series"][0]["advice"]}
     assert "does not describe this engine" in effects["quantize_weights"]
+    assert "does not describe this engine" in effects["quantize_kv_cache"]
     assert "does not describe this engine" in effects["add_tensor_parallelism"]
     assert "does not describe" not in effects["limit_concurrency"]  # (measured on the engine, not planned)
 
