@@ -129,6 +129,11 @@ def test_a_refused_value_from_a_variable_names_the_variable(capsys, monkeypatch)
     config = Path(__file__).parent / "fixtures" / "model-configs" / "glm52_dsa_index_share.json"
     code, _, err = run(["plan", "--model-config", str(config), "--gpu", "H100"], capsys)
     assert code == 2 and "--model (from KVWATCH_MODEL) and --model-config are both set" in err
+    # an empty KVWATCH_MODEL_CONFIG gave no value ("none"): a message suggesting the flag is not about it
+    monkeypatch.delenv("KVWATCH_MODEL")
+    monkeypatch.setenv("KVWATCH_MODEL_CONFIG", "")
+    code, _, err = run(["plan", "--gpu", "H100"], capsys)
+    assert code == 2 and "--model-config" in err and "KVWATCH_MODEL_CONFIG" not in err
 
 
 def test_model_config_path(tmp_path, capsys):

@@ -753,7 +753,9 @@ def name_variables(message: str, args: argparse.Namespace) -> str:
     """``message`` with each flag it names that was not on the command line but came from its variable followed by
     that variable: checks past the settings (the planner's) name flags, and `KVWATCH_TENSOR_PARALLEL_SIZE=3` was
     reported as "--tensor-parallel-size", which the user never typed."""
-    environ = {key.upper() for key in os.environ}
+    # (as load_settings reads them: no Kubernetes service link, and an empty value gave nothing: an empty
+    # KVWATCH_MODEL_CONFIG is "none", any other is refused naming the variable)
+    environ = {key.upper() for key, value in os.environ.items() if value and not _service_link(key.upper(), value)}
     for cls in (ServeSettings, CheckSettings):
         for field in cls.model_fields:
             pub = public_name(field)
