@@ -36,7 +36,7 @@ class ClockSpeed(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
-        if option_string == "--speed":
+        if option_string is not None and not "--clock-speed".startswith(option_string):  # --speed, or --spee
             print(f"{parser.prog}: --speed is a deprecated alias: use --clock-speed", file=sys.stderr)
         setattr(namespace, self.dest, values)
 
