@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -129,6 +130,10 @@ class Target:
 
     def down(self) -> None:
         if self._sock is not None:
+            # close() alone does not wake the thread blocked in accept() on Linux: the port went on listening (and
+            # answered the next poll "good") until a connection came, and listen() on it again failed meanwhile.
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
             self._sock.close()
             self._sock = None
 

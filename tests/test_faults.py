@@ -50,3 +50,21 @@ def test_500_concurrent_scrapes_all_answered(target: Any) -> None:
         assert "Traceback" not in kv.log()
     finally:
         kv.close()
+
+
+def test_the_targets_down_refuses_connections_and_it_can_listen_again() -> None:
+    # close() alone left accept() blocked and the port listening: the next poll was answered "good" and listening
+    # on the port again failed (Address already in use) until a connection came.
+    import socket
+    import time
+
+    t = faults.Target()
+    try:
+        time.sleep(0.1)  # its accept() is blocked by now
+        t.down()
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", t.port), timeout=2).close()
+        t.listen()
+        socket.create_connection(("127.0.0.1", t.port), timeout=2).close()
+    finally:
+        t.down()

@@ -343,8 +343,16 @@ def test_polls_cancelled_at_the_deadline_leak_no_connections() -> None:
             time.sleep(0.2)  # let the server side of cancelled requests finish
             assert _open_fds() <= before + 5
             delay["max"] = 0.0
-            fetcher.timeout = 2.0
-            assert "vllm:" in fetcher.fetch()  # the pool is usable: not exhausted by orphaned connections
+
+            def answered() -> bool:
+                try:
+                    return "vllm:" in fetcher.fetch()
+                except ScrapeError:
+                    return False
+
+            # The pool is usable: not exhausted by orphaned connections, which failed every fetch. (Each socket
+            # operation still has the fetcher's 15 ms, which a loaded machine misses now and then: 8 in 300.)
+            assert any(answered() for _ in range(10))
     finally:
         server.shutdown()
         server.server_close()

@@ -106,11 +106,13 @@ def target() -> Iterator[Target]:
 
 def test_serve_survives_garbage_and_outage(target: Target) -> None:
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KVWATCH_")}
+    # (faulthandler: a stuck shutdown is made to print every thread's stack, below)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVWATCH_")} | {"PYTHONFAULTHANDLER": "1"}
+    # Polls 0.4 s long at most: 0.15 s timed out on a loaded machine, and each timeout logs a change of its own.
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvwatch", "serve", "--target-url", f"http://127.0.0.1:{target.port}/metrics",
-         "--listen-address", "127.0.0.1", "--port", str(port), "--poll-interval-seconds", "0.2",
-         "--poll-timeout-seconds", "0.15", "--stale-after-seconds", "1"],
+         "--listen-address", "127.0.0.1", "--port", str(port), "--poll-interval-seconds", "0.5",
+         "--poll-timeout-seconds", "0.4", "--stale-after-seconds", "1.5"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         e1 = {"model_name": "llama", "engine": "1"}
@@ -144,10 +146,14 @@ def test_serve_survives_garbage_and_outage(target: Target) -> None:
 
         proc.send_signal(signal.SIGTERM)
         try:
-            code = proc.wait(timeout=10)
+            # Well past kvwatch's own 9-s fallback (which dumps the stacks and exits 1): one CI run saw no exit
+            # within 10 s, and the test gave up before the dump could name the cause.
+            code = proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack on its way out
+            proc.wait(timeout=10)
             code = None
-        log = proc.stdout.read() if proc.stdout and code is not None else ""
+        log = proc.stdout.read() if proc.stdout else ""
         assert code == 0, f"SIGTERM: exit status {code}; kvwatch's output:\n{log[-20000:]}"
         # Only changes are logged: one "down" per outage kind, not one per poll.
         assert log.count("is down (parse)") == 1 and log.count("is down (connect)") == 1

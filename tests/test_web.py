@@ -9,7 +9,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import bcrypt
@@ -300,13 +300,11 @@ def test_connections_past_the_cap_wait_briefly_then_are_closed(serve, monkeypatc
     monkeypatch.setattr(web, "MAX_CONNECTIONS", 2)
     server = serve(None)
     holding = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(2)]
-    time.sleep(0.1)  # both accepted and holding their slots
-    with pytest.raises(httpx.HTTPError):
-        httpx.get(f"http://127.0.0.1:{server.port}/metrics", timeout=5.0)
+    # (once both are accepted and hold their slots: a fixed sleep was too short on a loaded machine)
+    assert _eventually(lambda: _refused(f"http://127.0.0.1:{server.port}/metrics"))
     for s in holding:
         s.close()
-    time.sleep(0.1)
-    assert httpx.get(f"http://127.0.0.1:{server.port}/metrics").status_code == 200
+    assert _eventually(lambda: not _refused(f"http://127.0.0.1:{server.port}/metrics"))
 
 
 def test_one_client_cannot_hold_every_connection(serve, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -318,15 +316,29 @@ def test_one_client_cannot_hold_every_connection(serve, monkeypatch: pytest.Monk
     monkeypatch.setattr(web, "MAX_PER_CLIENT", 2)
     server = serve(None)
     holding = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(2)]
-    time.sleep(0.1)
-    with pytest.raises(httpx.HTTPError):
-        httpx.get(f"http://127.0.0.1:{server.port}/healthz", timeout=5.0)
+    assert _eventually(lambda: _refused(f"http://127.0.0.1:{server.port}/healthz"))
     other = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"))
     assert other.get(f"http://127.0.0.1:{server.port}/healthz", timeout=5.0).status_code == 200
     for s in holding:
         s.close()
-    time.sleep(0.1)
-    assert httpx.get(f"http://127.0.0.1:{server.port}/healthz").status_code == 200
+    assert _eventually(lambda: not _refused(f"http://127.0.0.1:{server.port}/healthz"))
+
+
+def _refused(url: str) -> bool:
+    """True when the server closes the request unanswered (no slot); False when it answers 200."""
+    try:
+        return httpx.get(url, timeout=5.0).status_code != 200
+    except httpx.HTTPError:
+        return True
+
+
+def _eventually(condition: Callable[[], bool], seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def test_an_inline_certificate_serves_tls_with_no_writable_temporary_directory(
