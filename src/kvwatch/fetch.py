@@ -234,11 +234,10 @@ class Fetcher:
     async def _send(self, url: httpx.URL, headers: dict[str, str], auth: httpx.Auth | None) -> httpx.Response:
         """The response's head (its body still to read), sent again once on a new connection when a kept-alive one
         fails before a whole head came back: the target closed it as idle while the request was on its way (GET
-        /metrics changes nothing, so sending it again is safe). vLLM's server
-        closes a connection idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE) and kvwatch polls every 5 s by default;
-        with the poll 0-3 ms late, 18 polls in 240 failed (benchmarks/keepalive_race.py --polls 60 --past-ms 0 1 2
-        3). Go's client, and so
-        Prometheus, sends such a request again the same way; a request on a new connection is not sent again."""
+        /metrics changes nothing, so sending it again is safe). vLLM's server closes a connection idle for 5 s
+        (VLLM_HTTP_TIMEOUT_KEEP_ALIVE) and kvwatch polls every 5 s by default; with the poll 0-3 ms late, 18 polls
+        in 240 failed (benchmarks/keepalive_race.py --polls 60 --past-ms 0 1 2 3). Go's client, and so Prometheus,
+        sends such a request again the same way; a request on a new connection is not sent again."""
         opened = False
 
         async def trace(event: str, info: dict[str, Any]) -> None:
