@@ -648,6 +648,15 @@ def test_a_sleeping_engine_gets_no_kv_diagnosis(tmp_path: Path, capsys: pytest.C
     assert "engine_asleep" in engine0
     assert not {"request_exceeds_pool", "scheduler_limited", "kv_bound"} & set(engine0)
     assert report["series"][0]["sleep_state"] == "weights_offloaded"
+    # awake 0 alone: vLLM's sleep level 0 (paused, the KV kept) or release_kv_cache_memory write it; "its KV cache is
+    # released" was said beside a usage of 60 % (vllm/v1/metrics/loggers.py, record_sleep_state)
+    paused = text.replace('vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="awake"} 1.0',
+                          'vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="awake"} 0.0')
+    (tmp_path / "paused.prom").write_text(paused)
+    report = check_json(["--file", str(tmp_path / "paused.prom")], capsys)
+    (message,) = [f["message"] for f in report["findings"] if f["id"] == "engine_asleep" and f["engine"] == "0"]
+    assert "paused (vLLM's sleep level 0: its KV cache is kept) or has released its KV cache" in message
+    assert report["series"][0]["sleep_state"] == "asleep"
 
 
 def test_a_queue_of_deferred_requests_is_not_kv_bound(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

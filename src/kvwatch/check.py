@@ -503,7 +503,14 @@ def findings(states: Iterable[SeriesState],
         where = {"model_name": r.model_name, "engine": r.engine}
         usage, waiting = r.kv_usage_ratio, r.requests_waiting_for_capacity or 0.0
         bad = dropped.get(r.key, {})
-        if r.asleep:
+        if r.asleep and r.sleep_state == "asleep":
+            # awake 0 with neither level: vLLM's sleep level 0 (scheduling paused, the KV kept) or
+            # /release_kv_cache_memory (the KV freed, the weights kept) write the same labels (its record_sleep_state)
+            out.append(Finding("engine_asleep", "info", (
+                "The engine is paused (vLLM's sleep level 0: its KV cache is kept) or has released its KV cache "
+                "(release_kv_cache_memory); the page cannot say which. Requests wait until it is woken up "
+                "(POST /wake_up), so no KV diagnosis is made for it."), **where))
+        elif r.asleep:
             out.append(Finding("engine_asleep", "info", (
                 f"The engine is in vLLM's sleep mode ({r.sleep_state}): its KV cache is released and requests wait "
                 "until it is woken up (POST /wake_up), so no KV diagnosis is made for it."), **where))
