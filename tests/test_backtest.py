@@ -76,6 +76,8 @@ def test_cli_json_contract_and_plot(tmp_path, capsys):
     assert report["scenario"]["trace_format"] == "azure"
     assert set(report["scenario"]["trace_columns"]) == {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
     assert report["scenario"]["trace_empty_blocks"] == {"empty": 0, "blocks": 1}  # the sample: one short block
+    # ... so the bootstrap draws only the requests of that block, about half the sample, and the report says so
+    assert report["scenario"]["trace_requests_in_blocks"] == 781 < report["scenario"]["trace_requests_read"] == 1482
     assert report["scenario"]["trace_requests_capped"] == 0
     assert report["scenario"]["trace_rows_left_out"] == {}  # the sample holds no row without a prompt
     for horizon in ("5m", "15m", "30m"):
@@ -97,6 +99,7 @@ def test_cli_text_says_how_much_of_the_trace_was_read_and_left_out(tmp_path, cap
                          "--peak-load", "0.5", "--rate-scale", "1", "--engine-speedup", "1"], capsys)
     assert code == 0
     assert f"trace read: {len(rows):,} requests over " in out and "; 7 rows left out (ContextTokens 0)" in out
+    assert "note: the bootstrap draws whole 300-s blocks, 1 here: " in out
 
 
 @pytest.mark.parametrize(
@@ -122,6 +125,16 @@ def test_cli_bad_input_exits_2_naming_the_flag(argv, flag, capsys):
     code, _, err = _cli([*base, *argv], capsys)
     assert code == 2
     assert flag in err
+
+
+def test_plot_without_matplotlib_is_refused_before_the_run(tmp_path, capsys, monkeypatch):
+    # matplotlib is the plot extra: a run of hours went by before it said so, with exit 1.
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what Python does when the package is absent
+    code, _, err = _cli(["--trace", str(packaged_trace("azure_code_sample.csv")), "--plot", str(tmp_path / "x.png")],
+                        capsys)
+    assert code == 2 and "kvwatch[plot]" in err and "calibrat" not in err.lower()
 
 
 def test_cli_unreadable_trace_exits_2(tmp_path, capsys):

@@ -132,8 +132,13 @@ def run(args: argparse.Namespace) -> int:
     report["scenario"]["trace_rows_left_out"] = left_out
     report["scenario"]["trace_truncated"] = truncated
     report["scenario"]["trace_hours_read"] = round(span_of(trace) / 3600.0, 2)
-    empty, blocks = empty_blocks(trace, block_seconds_for(trace))
+    block = block_seconds_for(trace)
+    empty, blocks = empty_blocks(trace, block)
     report["scenario"]["trace_empty_blocks"] = {"empty": empty, "blocks": blocks}
+    # The bootstrap draws whole blocks: the part of the trace after its last whole block is never drawn (the
+    # packaged samples span just under 10 minutes, so one 5-minute block, half their requests).
+    report["scenario"]["trace_requests_in_blocks"] = sum(r.arrival_time < blocks * block for r in trace)
+    report["scenario"]["trace_block_seconds"] = block
     # Rows longer than --max-model-len (before --prompt-scale): capped at it, so one outlier cannot size the cache.
     report["scenario"]["trace_requests_capped"] = sum(
         r.prompt_tokens + r.output_tokens > args.max_model_len for r in trace)
@@ -166,6 +171,10 @@ def _plot_path(path: Path) -> Path:
         raise SettingsError(f"invalid value for --plot: {path} must end in .png (the plot is a PNG)")
     if not path.parent.is_dir():
         raise SettingsError(f"invalid value for --plot: directory {path.parent} does not exist")
+    try:
+        import matplotlib  # noqa: F401 (the plot extra: missing, the whole run went by before it said so)
+    except ImportError:
+        raise SettingsError("--plot needs matplotlib: pip install 'kvwatch[plot]'") from None
     return path
 
 
@@ -188,6 +197,11 @@ def _text(report: dict) -> str:
     ]
     lines.append(f"trace read: {scen['trace_requests_read']:,} requests over {scen['trace_hours_read']:g} h"
                  + "".join(f"; {count:,} rows left out ({why})" for why, count in scen["trace_rows_left_out"].items()))
+    if scen["trace_requests_in_blocks"] < scen["trace_requests_read"]:
+        lines.append(f"note: the bootstrap draws whole {scen['trace_block_seconds']:g}-s blocks, "
+                     f"{scen['trace_empty_blocks']['blocks']} here: {scen['trace_requests_in_blocks']:,} of the "
+                     f"{scen['trace_requests_read']:,} requests read; those after the last whole block are never "
+                     "drawn")
     if scen["rate_scale"] >= MAX_SCALE:
         lines.append(f"note: the trace's rate is so low that it is simulated at the bound, {MAX_SCALE:g} x, over "
                      f"{scen['trace_hours_read']:g} h read: if that span is not the trace's, its times are in another "

@@ -25,21 +25,25 @@ def plot_run(result: RunResult, path: Path) -> None:
     # Every line stays inside the axes: the top covers usage and load; the demand forecast is clipped to it.
     top = max(1.3, max(load) * 1.05)
     ax.plot(minutes, tl.usage, lw=0.6, color="0.55", label="KV usage (10-s polls)")
-    forecast = [(m, min(v, top)) for m, v in zip(minutes, tl.forecast_30m, strict=True) if v is not None]
-    if forecast:
-        ax.plot([m for m, _ in forecast], [v for _, v in forecast], lw=1.0, color="tab:blue",
+    # A value kvwatch does not give (warm-up, after a restart) is a gap, NaN: left out, the line joined its ends
+    # across the gap with a straight segment no data backs.
+    nan = float("nan")
+    forecast = [nan if v is None else min(v, top) for v in tl.forecast_30m]
+    if any(v == v for v in forecast):
+        ax.plot(minutes, forecast, lw=1.0, color="tab:blue",
                 label=f"kvwatch demand forecast, 30 min ahead (clipped at {top:.2f})")
-    risk = [(m, v) for m, v in zip(minutes, tl.probabilities.get(KVWATCH, {}).get(1800, []), strict=False)
-            if v is not None]
-    if risk:
-        ax.plot([m for m, _ in risk], [v for _, v in risk], lw=1.4, color="tab:green",
-                label="kvwatch saturation risk within 30 min")
+    risks = tl.probabilities.get(KVWATCH, {}).get(1800, [])
+    risk = [nan if v is None else v for v in risks]
+    if any(v == v for v in risk):
+        ax.plot(minutes[:len(risk)], risk, lw=1.4, color="tab:green", label="kvwatch saturation risk within 30 min")
     ax.plot(minutes, load, lw=1.0, ls=":", color="k", label="offered KV demand (scenario)")
     ax.axhline(0.95, color="tab:red", lw=0.8, ls="--", label="saturation threshold 0.95")
     for i, event in enumerate(result.events):
         ax.axvspan(event.onset / 60, event.end / 60, color="tab:red", alpha=0.12,
                    label="saturation event" if i == 0 else None)
         ax.axvline(event.onset / 60, color="tab:red", lw=1.0)
+    for i, restart in enumerate(result.scenario.restart_times):
+        ax.axvline(restart / 60, color="tab:purple", lw=1.0, ls="-.", label="engine restart" if i == 0 else None)
     ax.set_ylabel("fraction of KV capacity / probability")
     ax.set_ylim(0, top)
     ax.set_xlim(0, result.scenario.seconds / 60.0)
