@@ -74,6 +74,7 @@ def test_cli_json_contract_and_plot(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"plot: {png.resolve()}" in err
     assert report["scenario"]["trace_format"] == "azure"
+    assert report["scenario"]["engine"] is None  # (no --engine: polls straight from the simulator)
     assert set(report["scenario"]["trace_columns"]) == {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
     assert report["scenario"]["trace_empty_blocks"] == {"empty": 0, "blocks": 1}  # the sample: one short block
     # ... so the bootstrap draws only the requests of that block, about half the sample, and the report says so
@@ -100,6 +101,7 @@ def test_cli_text_says_how_much_of_the_trace_was_read_and_left_out(tmp_path, cap
     assert code == 0
     assert f"trace read: {len(rows):,} requests over " in out and "; 7 rows left out (ContextTokens 0)" in out
     assert "note: the bootstrap draws whole 300-s blocks, 1 here: " in out
+    assert "polls read straight from the simulator" in out
 
 
 @pytest.mark.parametrize(

@@ -128,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
     if "hash_ids" in columns and not any(r.hash_ids for r in trace):
         del columns["hash_ids"]  # a Mooncake file without them: nothing of the column was read
     report["scenario"]["trace_columns"] = columns
+    report["scenario"]["engine"] = args.engine  # whose /metrics wire the polls were read through
     report["scenario"]["trace_requests_read"] = len(trace)
     report["scenario"]["trace_rows_left_out"] = left_out
     report["scenario"]["trace_truncated"] = truncated
@@ -194,6 +195,8 @@ def _text(report: dict) -> str:
         + "; ".join(f"{name} = {meaning}" for name, meaning in scen["trace_columns"].items()),
         f"simulated at {scen['rate_scale']:g} x the trace's rate on an engine {scen['engine_speedup']:g} x the "
         f"default's speed (defaults from the {scen['scale_defaults_from']}; --rate-scale, --engine-speedup)",
+        "polls read " + (f"through {scen['engine']}'s /metrics and kvwatch's adapter (--engine)" if scen["engine"]
+                         else "straight from the simulator (--engine: through an engine's /metrics)"),
     ]
     lines.append(f"trace read: {scen['trace_requests_read']:,} requests over {scen['trace_hours_read']:g} h"
                  + "".join(f"; {count:,} rows left out ({why})" for why, count in scen["trace_rows_left_out"].items()))
