@@ -182,6 +182,10 @@ def test_a_trace_kvwatch_does_not_know_by_name_is_scaled_from_its_content(tmp_pa
     rate_scale, speedup = content_defaults(trace)
     assert defaults_for(renamed, trace) == (rate_scale, speedup) and rate_scale > 1 and speedup > 1
     assert defaults_for(packaged_trace("azure_code_sample.csv"), trace) == (8.0, 8.0)  # a tuned trace's name
+    # A rate from --rate-scale sizes the engine from the content, a tuned trace's too: its tuned engine stayed at the
+    # tuned rate's size, and 16 x was refused as an engine that cannot keep up.
+    assert defaults_for(packaged_trace("azure_code_sample.csv"), trace, rate_scale=16.0) == \
+        content_defaults(trace, rate_scale=16.0) != (8.0, 8.0)
     code, out, _ = _cli(["--trace", str(renamed), "--hours", "0.6", "--json"], capsys)
     scenario = json.loads(out)["scenario"]
     assert code == 0 and scenario["scale_defaults_from"] == "trace content"

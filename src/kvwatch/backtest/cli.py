@@ -156,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
 def _defaults_from(rate_given: bool, speedup_given: bool, by_name: bool) -> str:
     """Where the rate scale and the engine speedup came from: ``flags``, ``trace name``, ``trace content``, or
     one from a flag and the other from the trace ("rate from flags, engine from trace content")."""
-    default = "trace name" if by_name else "trace content"
+    # (a rate from the flags sizes the engine from the trace's content, even for a named trace: traces.defaults_for)
+    default = "trace name" if by_name and not rate_given else "trace content"
     if rate_given and speedup_given:
         return "flags"
     if rate_given or speedup_given:

@@ -50,9 +50,10 @@ def defaults_for(path: Path, trace: Sequence[Request] | None = None, *, prompt_s
                  rate_scale: float | None = None) -> tuple[float, float]:
     """(rate_scale, engine_speedup): the tuned values of a trace named above (its results stay reproducible),
     else, given the trace, :func:`content_defaults` for it with the long-context shaping applied (and the engine
-    sized for ``rate_scale`` when the caller set it); else (1, 1)."""
+    sized for ``rate_scale`` when the caller set it, a named trace too: its tuned engine kept the tuned rate's
+    size, and 16 x that rate was refused as an engine that cannot keep up); else (1, 1)."""
     tuned = _tuned(path)
-    if tuned is not None:
+    if tuned is not None and (rate_scale is None or not trace):
         return tuned
     if not trace:
         return (1.0, 1.0)
