@@ -63,6 +63,7 @@ def test_headless_trace_replay_with_rate_scale(capsys: pytest.CaptureFixture[str
     (["--max-model-len", "100000"], "--max-model-len"),
     (["--vllm-version", "v0", "--data-parallel-size", "2"], "--data-parallel-size"),
     (["--trace", "/nonexistent.csv"], "--trace"),
+    (["--rate-scale", "5"], "--rate-scale"),  # without --trace it was silently ignored
 ])
 def test_bad_flags_exit_2_naming_the_flag(args: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--no-serve", "--duration-seconds", "10", *args]) == 2
@@ -257,3 +258,14 @@ def test_a_scraper_that_gives_up_mid_answer_leaves_no_traceback(capfd: pytest.Ca
         server.server_close()
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Exception occurred" not in err, err
+
+
+def test_json_while_serving_is_refused_and_a_trace_run_ignores_the_length_means(
+        tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    # --json prints a --no-serve run's summary: a server printed none, exit 0, without a word
+    assert main(["simulate", "--json"]) == 2 and "--json" in capsys.readouterr().err
+    # with --trace the trace gives the lengths: --prompt-tokens above --max-model-len was refused though unused
+    from kvwatch.sim.traces import packaged_trace
+
+    assert main(["simulate", "--no-serve", "--duration-seconds", "5", "--trace",
+                 str(packaged_trace("azure_code_sample.csv")), "--prompt-tokens", "9000"]) == 0

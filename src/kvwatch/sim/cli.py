@@ -169,10 +169,17 @@ def build(args: argparse.Namespace, warn: Callable[[str], None] | None = None) -
         check_number(args.rate_end, "--rate-end", 0, MAX_RATE)
     # Below a second, the bursty profile would flip between burst and calm ~10^k times a simulated second.
     check_number(args.period_seconds, "--period-seconds", 1, 1e9)
-    # Means above max_model_len make no sense (sizes are capped below it) and overflow the lognormal draw.
-    check_number(args.prompt_tokens, "--prompt-tokens", 1, args.max_model_len)
-    check_number(args.output_tokens, "--output-tokens", 1, args.max_model_len)
+    # Means above max_model_len make no sense (sizes are capped below it) and overflow the lognormal draw. With
+    # --trace the trace gives the lengths: the flags are unused, so not checked (a default above a short
+    # --max-model-len refused a trace run).
+    if args.trace is None:
+        check_number(args.prompt_tokens, "--prompt-tokens", 1, args.max_model_len)
+        check_number(args.output_tokens, "--output-tokens", 1, args.max_model_len)
     check_number(args.rate_scale, "--rate-scale", 0, MAX_RATE_SCALE, low_open=True)
+    check(args.trace is not None or args.rate_scale == 1.0, "--rate-scale", "scales a --trace's rate: give --trace "
+          "(the load profile's rate is --rate)", args.rate_scale)
+    check(args.no_serve or not args.json, "--json", "prints the summary of a --no-serve run (a server prints none)",
+          True)
     check_number(args.step_fixed_ms, "--step-fixed-ms", 0, MAX_STEP_FIXED_MS, low_open=True)
     check_number(args.step_decode_token_ms, "--step-decode-token-ms", 0, MAX_STEP_TOKEN_MS)
     check_number(args.step_prefill_token_ms, "--step-prefill-token-ms", 0, MAX_STEP_TOKEN_MS)
