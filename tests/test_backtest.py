@@ -288,7 +288,8 @@ def test_a_compute_bound_engine_is_refused_not_scored():
 
 
 @pytest.mark.parametrize(("rate", "speedup", "said"), [
-    (True, True, "flags"), (False, False, "trace name"), (True, False, "rate from flags, engine from trace name"),
+    # (a rate from the flags sizes the engine from the content, a named trace's too: traces.defaults_for)
+    (True, True, "flags"), (False, False, "trace name"), (True, False, "rate from flags, engine from trace content"),
     (False, True, "engine from flags, rate from trace name")])
 def test_the_report_says_where_each_scale_came_from(rate, speedup, said):
     from kvwatch.backtest.cli import _defaults_from
