@@ -574,13 +574,15 @@ def findings(states: Iterable[SeriesState],
             # rule kv_bound uses: then it warns beside it); else it is context, or `--fail-on warning` failed every
             # cron run until the engine restarted.
             thrashing = usage is not None and _waits_for_kv(r, usage)
+            if thrashing:
+                now = "Lower concurrency or free KV memory."
+            else:
+                full = f"The cache is {usage:.1%} full now" if usage is not None else "KV usage is unknown now"
+                now = f"{full}: one poll cannot tell whether it goes on; kvwatch serve's " \
+                      "kvwatch_preemptions_per_second does."
             out.append(Finding("preemptions", "warning" if thrashing else "info", (
                 f"{_plural(r.preemptions_total, 'preemption')} since the engine started: requests are evicted and "
-                "recomputed (KV thrash). "
-                + ("Lower concurrency or free KV memory." if thrashing else
-                   f"The cache is {usage:.1%} full now" if usage is not None else "KV usage is unknown now")
-                + ("" if thrashing else ": one poll cannot tell whether it goes on; "
-                   "kvwatch serve's kvwatch_preemptions_per_second does.")), **where))
+                f"recomputed (KV thrash). {now}"), **where))
         ratio = r.prefix_cache_hit_ratio
         if r.prefix_caching_enabled is not False and ratio is not None and ratio < PREFIX_HIT_RATIO_LOW and \
                 (r.prefix_cache_queries_total or 0) >= PREFIX_MIN_QUERIES:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from kvwatch.backtest.runner import KVWATCH, RunResult
@@ -29,12 +30,12 @@ def plot_run(result: RunResult, path: Path) -> None:
     # across the gap with a straight segment no data backs.
     nan = float("nan")
     forecast = [nan if v is None else min(v, top) for v in tl.forecast_30m]
-    if any(v == v for v in forecast):
+    if not all(math.isnan(v) for v in forecast):
         ax.plot(minutes, forecast, lw=1.0, color="tab:blue",
                 label=f"kvwatch demand forecast, 30 min ahead (clipped at {top:.2f})")
     risks = tl.probabilities.get(KVWATCH, {}).get(1800, [])
     risk = [nan if v is None else v for v in risks]
-    if any(v == v for v in risk):
+    if not all(math.isnan(v) for v in risk):
         ax.plot(minutes[:len(risk)], risk, lw=1.4, color="tab:green", label="kvwatch saturation risk within 30 min")
     ax.plot(minutes, load, lw=1.0, ls=":", color="k", label="offered KV demand (scenario)")
     ax.axhline(0.95, color="tab:red", lw=0.8, ls="--", label="saturation threshold 0.95")
