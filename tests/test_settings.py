@@ -259,3 +259,25 @@ def test_files_that_cannot_be_what_the_flag_names_stop_startup(flag: str, conten
     assert main(["serve", "--target-url", "http://127.0.0.1:9/metrics", flag, str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert flag in err and said in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("where", ["port in use", "address not on this machine", "variable"])
+def test_an_address_it_cannot_listen_on_stops_startup_naming_the_flags(where: str, monkeypatch: pytest.MonkeyPatch,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    # (round 18) bind failures were logged and exited 1 without naming a flag, or the variable the value came from
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        argv = ["serve", "--target-url", "http://127.0.0.1:9/metrics", "--port", str(taken.getsockname()[1])]
+        if where == "port in use":
+            argv += ["--listen-address", "127.0.0.1"]
+        elif where == "address not on this machine":
+            argv += ["--listen-address", "192.0.2.1"]  # TEST-NET-1 (RFC 5737): assigned to no host
+        else:
+            monkeypatch.setenv("KVWATCH_LISTEN_ADDRESS", "192.0.2.1")
+        assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--listen-address" in err and "--port" in err
+    assert ("(from KVWATCH_LISTEN_ADDRESS)" in err) == (where == "variable")

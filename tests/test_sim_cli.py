@@ -269,3 +269,14 @@ def test_json_while_serving_is_refused_and_a_trace_run_ignores_the_length_means(
 
     assert main(["simulate", "--no-serve", "--duration-seconds", "5", "--trace",
                  str(packaged_trace("azure_code_sample.csv")), "--prompt-tokens", "9000"]) == 0
+
+
+def test_a_port_in_use_stops_the_simulator_naming_the_flags() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        done = _kvwatch("simulate", "--listen-address", "127.0.0.1", "--port", str(taken.getsockname()[1]))
+    assert done.returncode == 2
+    assert "--listen-address 127.0.0.1 --port" in done.stderr and "in use" in done.stderr

@@ -502,9 +502,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         server = MetricsServer((settings.listen_address, settings.port), RenderCache(registry, version), web)
     except OSError as exc:
-        log.error("cannot listen on %s:%d: %s", settings.listen_address, settings.port, exc)
         sidecar.close()
-        return 1
+        # The address is only checked for its form until here: a host that does not resolve, an address this
+        # machine does not own and a port in use are all the flags' values, so the refusal names them.
+        raise SettingsError(f"cannot listen on --listen-address {settings.listen_address} --port {settings.port}: "
+                            f"{exc.strerror or exc}") from None
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -294,9 +294,9 @@ def _serve(service: SimulationService, args: argparse.Namespace) -> int:
     try:
         server = make_server(service, args.listen_address, args.port)
     except OSError as exc:
-        print(f"kvwatch simulate: cannot listen on {args.listen_address}:{args.port}: {exc.strerror or exc}",
-              file=sys.stderr)
-        return 1
+        print(f"kvwatch simulate: cannot listen on --listen-address {args.listen_address} --port {args.port}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        return 2
     host, port = server.server_address[:2]
     print(f"serving http://{host}:{port}/metrics", flush=True)
     speaks = f"vLLM {args.vllm_version}" if args.engine == "vllm" else args.engine
