@@ -687,10 +687,7 @@ def load_settings(settings_cls: type[_Base], args: argparse.Namespace | None = N
     # Variable names are matched case-insensitively (kvwatch_port is KVWATCH_PORT), typos and doubles alike; a
     # field's variable is named after its public name (KVWATCH_MODEL_CONFIG for model_config_path).
     environ: dict[str, str] = {}
-    for key, value in os.environ.items():
-        upper = key.upper()
-        if not upper.startswith(ENV_PREFIX) or _service_link(upper, value):
-            continue
+    for key, upper, value in _setting_variables():
         if upper not in KNOWN_ENV:
             raise SettingsError(f"unknown variable {key}: no such setting")
         if upper in environ:
@@ -722,6 +719,13 @@ _SERVICE_LINK = re.compile(
 _SERVICE_PORT = re.compile(rf"{ENV_PREFIX}(\w+_)?PORT")
 
 
+def _setting_variables() -> list[tuple[str, str, str]]:
+    """The environment's KVWATCH_* variables as (name, upper-case name, value), Kubernetes' service links left out:
+    what load_settings reads, and what messages may say a value came from."""
+    return [(key, key.upper(), value) for key, value in os.environ.items()
+            if key.upper().startswith(ENV_PREFIX) and not _service_link(key.upper(), value)]
+
+
 def _service_link(name: str, value: str) -> bool:
     """Whether an environment variable is one of Kubernetes' service links, not a kvwatch setting."""
     if _SERVICE_LINK.fullmatch(name) and name not in KNOWN_ENV:
@@ -735,7 +739,7 @@ def _source(field: str, flags: dict[str, Any]) -> str:
     pub = public_name(field)
     if field in flags:
         return flag_name(pub)
-    if env_name(pub) in {k.upper() for k in os.environ}:
+    if env_name(pub) in {upper for _, upper, _ in _setting_variables()}:
         return env_name(pub)
     return f"the default {flag_name(pub)}"
 
@@ -753,9 +757,8 @@ def name_variables(message: str, args: argparse.Namespace) -> str:
     """``message`` with each flag it names that was not on the command line but came from its variable followed by
     that variable: checks past the settings (the planner's) name flags, and `KVWATCH_TENSOR_PARALLEL_SIZE=3` was
     reported as "--tensor-parallel-size", which the user never typed."""
-    # (as load_settings reads them: no Kubernetes service link, and an empty value gave nothing: an empty
-    # KVWATCH_MODEL_CONFIG is "none", any other is refused naming the variable)
-    environ = {key.upper() for key, value in os.environ.items() if value and not _service_link(key.upper(), value)}
+    # An empty value gave nothing: an empty KVWATCH_MODEL_CONFIG is "none", any other is refused naming the variable.
+    environ = {upper for _, upper, value in _setting_variables() if value}
     for cls in (ServeSettings, CheckSettings):
         for field in cls.model_fields:
             pub = public_name(field)
