@@ -112,16 +112,53 @@ def test_trtllm_serve_usage_falls_back_to_blocks() -> None:
     assert p.detection.usage_metric == "trtllm_kv_cache_used_blocks / trtllm_kv_cache_max_blocks"
 
 
-def test_triton_23_11_has_no_waiting_and_usage_from_blocks() -> None:
-    p = poll(TRTLLM / "triton-23.11-backend-readme.prom")
-    assert (p.detection.engine_kind, p.detection.version_range) == ("tensorrt-llm", "triton-backend")
+@pytest.mark.parametrize(("fixture", "version_range", "family"), [
+    ("triton-backend-readme.prom", "triton-backend", "nv_trt_llm_kv_cache_block_metrics"),
+    # (review, round 18) Triton 23.11 named the families *_statistics: its page was refused as "no nv_trt_llm_*"
+    ("triton-23.11-backend-readme.prom", "triton-backend-23.11", "nv_trt_llm_kv_cache_block_statistics"),
+])
+def test_triton_readme_examples_have_no_waiting_and_usage_from_blocks(fixture: str, version_range: str,
+                                                                       family: str) -> None:
+    p = poll(TRTLLM / fixture)
+    assert (p.detection.engine_kind, p.detection.version_range) == ("tensorrt-llm", version_range)
     assert p.detection.waiting_metric is None
+    assert p.detection.capacity_metric is not None and p.detection.capacity_metric.startswith(family)
     (r,) = p.readings
     assert r.model_name == "tensorrt_llm"
-    assert r.requests_waiting is None  # unknown: the 23.11 backend has no waiting count
+    assert r.requests_waiting is None  # unknown: the README's backend has no waiting count
     assert r.requests_running == 0.0
     assert r.kv_usage_ratio == pytest.approx(1 / 6239)
     assert r.kv_capacity_tokens == 6239 * 64
+
+
+def test_a_triton_page_without_the_families_kvwatch_reads_is_refused_naming_them() -> None:
+    # A V1 (not inflight-batching) model or a page of general statistics only: the refusal said the page had no
+    # nv_trt_llm_* metrics at all.
+    text = "".join(line for line in (TRTLLM / "triton-backend-readme.prom").read_text().splitlines(keepends=True)
+                   if "request_metrics" not in line and "kv_cache_block_metrics" not in line)
+    with pytest.raises(UnrecognisedPayload, match=r"nv_trt_llm_\* metrics without .*nv_trt_llm_request_statistics"):
+        read_payload(text, timestamp=1.0)
+
+
+@pytest.mark.parametrize("page", [
+    # trtllm-serve with enable_iter_perf_stats off (the PyTorch backend's default), in multiprocess mode: the
+    # request metrics, no gauge ever set
+    "# HELP trtllm_request_success_total Count of successfully processed requests.\n"
+    "# TYPE trtllm_request_success_total counter\n"
+    'trtllm_request_success_total{model_name="undefined",engine_type="undefined",finished_reason="stop"} 3.0\n',
+    # a fresh server: the one counter its collector creates at start-up
+    "# HELP trtllm_prompt_cached_tokens_total Number of cached prompt tokens.\n"
+    "# TYPE trtllm_prompt_cached_tokens_total counter\n"
+    'trtllm_prompt_cached_tokens_total{model_name="undefined",engine_type="undefined"} 0.0\n',
+])
+def test_a_trtllm_serve_page_without_gauges_says_the_cause_is_unknown(page: str) -> None:
+    # (review, round 18) it said "this trtllm-serve exports latency only; a newer one": a guess, and for a fresh
+    # server's page, which holds no latency histogram, doubly wrong
+    with pytest.raises(UnrecognisedPayload) as refused:
+        read_payload(page, timestamp=1.0)
+    message = str(refused.value)
+    assert "cannot say why" in message and "enable_iter_perf_stats" in message and "first iteration" in message
+    assert "a newer one" not in message
 
 
 def test_triton_with_fraction_and_waiting() -> None:
@@ -189,6 +226,7 @@ def test_overrides_apply_to_sglang() -> None:
     (SGLANG / "gen-rank-labels-dp2.prom", "sglang"),
     (TRTLLM / "gen-trtllm-serve.prom", "tensorrt-llm"),
     (TRTLLM / "triton-23.11-backend-readme.prom", "tensorrt-llm"),
+    (TRTLLM / "triton-backend-readme.prom", "tensorrt-llm"),
     (FIXTURES / "vllm-metrics" / "gen-0.33-dp2-capacity-labels.prom", "vllm"),
 ])
 def test_check_json_same_series_fields_for_every_engine(path: Path, kind: str) -> None:
@@ -376,7 +414,7 @@ def test_triton_running_is_the_scheduled_and_waiting_the_unscheduled_never_count
         'nv_trt_llm_request_metrics{request_type="active"} - nv_trt_llm_request_metrics{request_type="scheduled"}')
     # The C++ executor counts scheduled and active at different moments: its README's example has scheduled 1,
     # active 0. No split then: the active count and the exported waiting stand, and the names say so.
-    readme = read_payload((TRTLLM / "triton-23.11-backend-readme.prom").read_text(), timestamp=1.0)
+    readme = read_payload((TRTLLM / "triton-backend-readme.prom").read_text(), timestamp=1.0)
     assert readme.readings[0].requests_running == 0.0 and readme.readings[0].requests_waiting is None
     assert readme.detection.running_metric == 'nv_trt_llm_request_metrics{request_type="active"}'
 

@@ -41,7 +41,7 @@ MAX_MODEL_LEN_SLACK = 0.5
 LIMIT_USAGE = ForecastParams().u_sat
 DEFAULT_GPUS_PER_NODE = 8
 # Triton's TensorRT-LLM backend: the same engine, but configured in the engine build (trtllm-build) and the model's
-# config.pbtxt, not by launch flags (kvwatch.check picks it for version_range "triton-backend").
+# config.pbtxt, not by launch flags (kvwatch.check picks it for version_range "triton-backend*").
 TRITON_TENSORRT_LLM = "tensorrt-llm-triton"
 ENGINE_NAMES = {VLLM: "vLLM", SGLANG: "SGLang", TENSORRT_LLM: "TensorRT-LLM",
                 TRITON_TENSORRT_LLM: "Triton's TensorRT-LLM backend (in the engine build and its config.pbtxt)"}

@@ -439,7 +439,7 @@ def advice(state: SeriesState, timestamp: float, max_model_len: int | None = Non
 def _advice_kind(detection: Detection) -> str:
     """Whose settings the advice names: Triton's TensorRT-LLM backend is configured in its engine build and
     config.pbtxt, not by trtllm-serve's flags."""
-    if detection.engine_kind == TENSORRT_LLM and detection.version_range == "triton-backend":
+    if detection.engine_kind == TENSORRT_LLM and detection.version_range.startswith("triton-backend"):
         return TRITON_TENSORRT_LLM
     return detection.engine_kind
 

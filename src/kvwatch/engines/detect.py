@@ -109,11 +109,16 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
         poll = _capped(trtllm.read(exposition, overrides, timestamp=timestamp), max_series)
     elif kind is None and not (overrides and overrides.names()):
         if any(n.startswith(("trtllm_", "trtllm:")) for n in exposition.names):
-            # e.g. trtllm-serve 1.1.0rc5: a success counter and four latency histograms, no queue or KV gauges
             raise UnrecognisedPayload("TensorRT-LLM metrics without the running, waiting or KV cache gauges kvwatch "
                                       "reads (trtllm_num_requests_running/waiting, trtllm_kv_cache_utilization): "
-                                      "this trtllm-serve exports latency only; a newer one, or --usage-metric, "
-                                      "--running-metric and --waiting-metric naming what it has")
+                                      f"{trtllm.ITERATION_GAUGES_WHY}; --usage-metric, --running-metric and "
+                                      "--waiting-metric can name what the page has")
+        if any(n.startswith("nv_trt_llm_") for n in exposition.names):
+            # e.g. a V1 (not inflight-batching) model's page: nv_trt_llm_v1_metrics beside the general ones
+            raise UnrecognisedPayload("nv_trt_llm_* metrics without the request or KV cache block families kvwatch "
+                                      "reads (" + ", ".join(f"{r}, {b}" for _, r, b in trtllm.TRITON_GENERATIONS)
+                                      + "); --usage-metric, --running-metric and --waiting-metric can name what "
+                                      "the page has")
         if any(n.startswith("ray_vllm_") for n in exposition.names):
             # vllm/v1/metrics/ray_wrappers.py: vLLM's metrics through Ray's exporter, ":" made "_", one series per
             # replica and worker on a node's page

@@ -8,7 +8,8 @@ Sources (docs/metrics.md lists every name; tests/fixtures/tensorrt-llm-metrics/R
   re-exports them with a ``trtllm:`` prefix in some releases (version ``trtllm-serve-colon``); both read alike.
 - Triton's TensorRT-LLM backend: gauge families ``nv_trt_llm_request_metrics{request_type}`` and
   ``nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type}``, labelled ``model`` and ``version``
-  (version ``triton-backend``).
+  (version ``triton-backend``); Triton 23.11, the first with them, named them ``..._statistics``
+  (version ``triton-backend-23.11``: its README's example, tests/fixtures/tensorrt-llm-metrics).
 - Iteration statistics (version ``iteration-stats``): a JSON list of iterations, each with
   ``numActiveRequests``, ``numQueuedRequests`` and ``kvCacheStats`` (``maxNumBlocks``, ``freeNumBlocks``,
   ``usedNumBlocks``, ``tokensPerBlock``, cumulative ``reusedBlocks``/``missedBlocks``). trtllm-serve hands
@@ -56,6 +57,12 @@ from kvwatch.exposition import Exposition, TooLarge
 from kvwatch.model import TENSORRT_LLM, Detection, Histogram, Poll, Reading, SeriesKey
 
 PREFIXES = ("trtllm_", "trtllm:")
+# Why a trtllm-serve page can lack every gauge kvwatch reads, which the page itself cannot tell apart: they are set
+# by the iteration-statistics loop (tensorrt_llm/serve/openai_server.py starts it only where enable_iter_perf_stats
+# holds, false by default on the PyTorch backend), and a multiprocess registry shows no gauge before it is set.
+ITERATION_GAUGES_WHY = ("the page cannot say why: trtllm-serve writes them after its first iteration, and only "
+                        "with enable_iter_perf_stats on (off by default on the PyTorch backend); some releases "
+                        "(e.g. 1.1.0rc5) export latency only")
 # trtllm-serve's families, without prefix (counters by family name: the wire adds _total).
 RUNNING = "num_requests_running"
 WAITING = "num_requests_waiting"
@@ -76,6 +83,9 @@ SERVE_FAMILIES = (RUNNING, WAITING, SCHEDULED, PARALLEL_INFO, UTILIZATION, MAX_B
 
 TRITON_REQUESTS = "nv_trt_llm_request_metrics"
 TRITON_KV_BLOCKS = "nv_trt_llm_kv_cache_block_metrics"
+# (version_range, request family, KV block family): the same labels in both generations
+TRITON_GENERATIONS = (("triton-backend", TRITON_REQUESTS, TRITON_KV_BLOCKS),
+                      ("triton-backend-23.11", "nv_trt_llm_request_statistics", "nv_trt_llm_kv_cache_block_statistics"))
 
 LATENCY = {"ttft": "time_to_first_token_seconds", "itl": "time_per_output_token_seconds",
            "queue": "request_queue_time_seconds", "e2e": "e2e_request_latency_seconds"}
@@ -83,12 +93,16 @@ _COUNTERS = (SUCCESS, COMPLETED, PROMPT_TOKENS, GENERATION_TOKENS, REUSED_BLOCKS
 
 FAMILIES: frozenset[str] = frozenset(
     {p + f + ("_total" if f in _COUNTERS else "") for p in PREFIXES for f in (*SERVE_FAMILIES, *LATENCY.values())}
-    | {TRITON_REQUESTS, TRITON_KV_BLOCKS})
+    | {family for _, *families in TRITON_GENERATIONS for family in families})
 """Every family the adapter reads from a Prometheus payload."""
 
 
 def claims(exposition: Exposition) -> bool:
-    return TRITON_KV_BLOCKS in exposition or TRITON_REQUESTS in exposition or _prefix(exposition) is not None
+    return _triton_generation(exposition) is not None or _prefix(exposition) is not None
+
+
+def _triton_generation(exposition: Exposition) -> tuple[str, str, str] | None:
+    return next((g for g in TRITON_GENERATIONS if g[1] in exposition or g[2] in exposition), None)
 
 
 def _prefix(exposition: Exposition) -> str | None:
@@ -104,8 +118,9 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     prefix = _prefix(exposition)
     if prefix is not None:
         return _read_serve(exposition, prefix, overrides, timestamp)
-    if TRITON_KV_BLOCKS in exposition or TRITON_REQUESTS in exposition:
-        return _read_triton(exposition, overrides, timestamp)
+    generation = _triton_generation(exposition)
+    if generation is not None:
+        return _read_triton(exposition, overrides, timestamp, *generation)
     raise UnrecognisedPayload("no TensorRT-LLM metrics (trtllm_*, nv_trt_llm_*)")
 
 
@@ -136,7 +151,7 @@ def _read_serve(exposition: Exposition, p: str, overrides: SourceOverrides, time
     keys = series_keys((usage_i, running_i, waiting_i, *blocks.values()))
     if not (usage_i or running_i or waiting_i or blocks[USED_BLOCKS]):
         raise UnrecognisedPayload(f"trtllm-serve payload has no {p}{UTILIZATION}, {p}{RUNNING} or {p}{WAITING} "
-                                  "samples yet (no iteration statistics logged: is return_perf_metrics on?)")
+                                  f"samples yet: {ITERATION_GAUGES_WHY}")
     latency = latency_index(exposition, {kind: (p + f,) for kind, f in LATENCY.items()}, key_of)
     queues = {key: _in_batch(running_i.value(key), waiting_i.value(key), scheduled_i.value(key)) for key in keys}
     readings = [_reading(
@@ -161,7 +176,8 @@ def _read_serve(exposition: Exposition, p: str, overrides: SourceOverrides, time
     return Poll(timestamp=timestamp, detection=detection, readings=tuple(readings))
 
 
-def _read_triton(exposition: Exposition, overrides: SourceOverrides, timestamp: float) -> Poll:
+def _read_triton(exposition: Exposition, overrides: SourceOverrides, timestamp: float, version_range: str,
+                 requests: str, kv_blocks: str) -> Poll:
     key_of: KeyOf = lambda labels: (labels.get("model"), None)  # noqa: E731
 
     def sel(family: str, label: str, value: str) -> Selector:
@@ -170,19 +186,19 @@ def _read_triton(exposition: Exposition, overrides: SourceOverrides, timestamp: 
     def idx(selector: Selector | None) -> Index:
         return Index.of(selected(exposition, selector), key_of) if selector is not None else Index()
 
-    usage = _pick(exposition, overrides.usage, sel(TRITON_KV_BLOCKS, "kv_cache_block_type", "fraction"))
-    running = _pick(exposition, overrides.running, sel(TRITON_REQUESTS, "request_type", "active"))
-    waiting = _pick(exposition, overrides.waiting, sel(TRITON_REQUESTS, "request_type", "waiting"))
-    block = {t: idx(sel(TRITON_KV_BLOCKS, "kv_cache_block_type", t)) for t in ("max", "used", "tokens_per")}
-    scheduled = sel(TRITON_REQUESTS, "request_type", "scheduled")
+    usage = _pick(exposition, overrides.usage, sel(kv_blocks, "kv_cache_block_type", "fraction"))
+    running = _pick(exposition, overrides.running, sel(requests, "request_type", "active"))
+    waiting = _pick(exposition, overrides.waiting, sel(requests, "request_type", "waiting"))
+    block = {t: idx(sel(kv_blocks, "kv_cache_block_type", t)) for t in ("max", "used", "tokens_per")}
+    scheduled = sel(requests, "request_type", "scheduled")
     splits = overrides.running is None and overrides.waiting is None
     usage_i, running_i, waiting_i = idx(usage), idx(running), idx(waiting)
     scheduled_i = idx(scheduled if splits else None)
     refuse_several_servers(((str(usage), usage_i), (str(running), running_i), (str(waiting), waiting_i),
-                            *((f'{TRITON_KV_BLOCKS}{{kv_cache_block_type="{t}"}}', i) for t, i in block.items())))
+                            *((f'{kv_blocks}{{kv_cache_block_type="{t}"}}', i) for t, i in block.items())))
     keys = series_keys((usage_i, running_i, waiting_i, *block.values()))
     if not (usage_i or running_i or waiting_i or block["used"]):
-        raise UnrecognisedPayload("Triton payload has nv_trt_llm_* families but no KV block or request samples")
+        raise UnrecognisedPayload(f"Triton payload has {requests} or {kv_blocks} but no KV block or request samples")
     # The backend's own waiting is active - scheduled of the same iteration (tensorrt_llm/1/model.py); the C++
     # backend exports no waiting, and there it is computed the same way.
     queues = {key: _in_batch(running_i.value(key), None, scheduled_i.value(key)) for key in keys}
@@ -191,16 +207,16 @@ def _read_triton(exposition: Exposition, overrides: SourceOverrides, timestamp: 
                          block["max"].value(key), block["used"].value(key), block["tokens_per"].value(key))
                 for key in keys]
     usage_name = str(usage) if usage else (
-        f'{TRITON_KV_BLOCKS}{{kv_cache_block_type="used"}} / {{kv_cache_block_type="max"}}'
+        f'{kv_blocks}{{kv_cache_block_type="used"}} / {{kv_cache_block_type="max"}}'
         if block["used"] and block["max"] else None)
-    capacity_name = f'{TRITON_KV_BLOCKS}{{kv_cache_block_type="max"}} x {{kv_cache_block_type="tokens_per"}}' \
+    capacity_name = f'{kv_blocks}{{kv_cache_block_type="max"}} x {{kv_cache_block_type="tokens_per"}}' \
         if block["max"] and block["tokens_per"] else None
     split = any(s for *_, s in queues.values())
     # (split: the waiting are the unscheduled alone, the backend's own waiting being the same count)
     running_name, waiting_name = _queue_names(str(running) if running else None,
                                               str(waiting) if waiting and not split else None, str(scheduled), split)
     detection = Detection(
-        engine_kind=TENSORRT_LLM, version_range="triton-backend", usage_metric=usage_name,
+        engine_kind=TENSORRT_LLM, version_range=version_range, usage_metric=usage_name,
         running_metric=running_name, waiting_metric=waiting_name, capacity_metric=capacity_name)
     return Poll(timestamp=timestamp, detection=detection, readings=tuple(readings))
 
