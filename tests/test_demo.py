@@ -316,4 +316,5 @@ def test_a_short_demo_whose_simulator_cannot_listen_fails() -> None:
         result = subprocess.run(
             [sys.executable, "-m", "kvwatch", "demo", "--sim-port", str(busy.getsockname()[1]), "--port", "0",
              "--duration-seconds", "3"], capture_output=True, text=True, timeout=60, env=ENV)
-    assert result.returncode == 1 and "the simulator exited with code 1" in result.stderr
+    assert result.returncode == 1 and "the simulator exited with code 2" in result.stderr
+    assert "cannot listen on" in result.stderr and "the demo's --sim-port" in result.stderr

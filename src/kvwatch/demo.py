@@ -303,8 +303,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _exited(processes: list[subprocess.Popen]) -> bool:  # type: ignore[type-arg]
     """Whether the simulator or kvwatch has exited on its own (said on stderr)."""
+    # A child names its own flags; the demo's --sim-port is the simulator's --port.
+    ports = {"simulator": " (its --port is the demo's --sim-port)", "kvwatch": ""}
     for proc, name in zip(processes, ("simulator", "kvwatch"), strict=True):
         if proc.poll() is not None:
-            print(f"kvwatch demo: the {name} exited with code {proc.returncode}", file=sys.stderr)
+            print(f"kvwatch demo: the {name} exited with code {proc.returncode}{ports[name]}", file=sys.stderr)
             return True
     return False
