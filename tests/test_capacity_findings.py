@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvwatch.capacity import DeploymentSpec, plan_capacity, presets
-from kvwatch.capacity.findings import capacity_mismatch, kv_usage_stuck, request_exceeds_pool
+from kvwatch.capacity.findings import capacity_mismatch, kv_usage_stuck, live_finding, request_exceeds_pool
 from kvwatch.capacity.memory import GIB
 from kvwatch.cli import main
 from kvwatch.engines.vllm import engine_max_model_len
@@ -77,6 +77,21 @@ def test_stuck_usage_and_a_request_bigger_than_the_pool():
     found = request_exceeds_pool(0.0, 0, 1, capacity_tokens=93872, max_model_len=131072)
     assert found is not None and "93,872" in found.message and "39734" in found.message
     assert request_exceeds_pool(0.3, 2, 1) is None
+
+
+def test_request_exceeds_pool_counts_only_requests_waiting_for_room_and_claims_no_cause_its_figures_deny() -> None:
+    # (review, round 18) 30 requests deferred for a LoRA slot or a KV transfer were "a head request larger than the
+    # pool", critical; and with a pool holding 13 max-length requests it still said the head needs more than the pool
+    assert request_exceeds_pool(0.0, 0, 30, deferred=30.0) is None
+    assert live_finding("request_exceeds_pool", 0.0, 0, 30, deferred=30.0) is None  # serve's and check's path
+    some = request_exceeds_pool(0.0, 0, 30, deferred=28.0)
+    assert some is not None and some.message.startswith("2 requests wait for room")
+    fits = request_exceeds_pool(0.0, 0, 3, capacity_tokens=449872, max_model_len=32768)
+    assert fits is not None and fits.severity == "critical"
+    assert "needs more KV than the whole pool" not in fits.message and "cannot tell" in fits.message
+    assert "449,872" in fits.message and "32,768" in fits.message and "45414" in fits.message
+    unknown = request_exceeds_pool(0.0, 0, 3)  # without the figures the known deadlock is the likely cause
+    assert unknown is not None and "needs more KV than the whole pool" in unknown.message
 
 
 def _payload(running: str, waiting: str, usage: str) -> str:

@@ -8,8 +8,10 @@
   >= 0.25 tells it through ``cache_config_info``);
 - ``kv_usage_stuck``: KV usage near 100 % with nothing running: blocks are not being freed (a leak, vllm issue
   27073), whether or not requests queue behind it (they wait for blocks no request holds);
-- ``request_exceeds_pool``: requests wait while nothing runs and the cache is nearly empty: the head of the queue
-  needs more KV than the whole pool, and vLLM's scheduler waits for it forever (vllm issue 39734).
+- ``request_exceeds_pool``: requests wait for room while nothing runs and the cache is nearly empty: the head of
+  the queue needs more KV than the whole pool, and vLLM's scheduler waits for it forever (vllm issue 39734); where
+  kvwatch's figures say a --max-model-len request fits, the message says the cause cannot be told (a scheduler
+  stalled with free KV looks the same).
 
 ``check`` judges the last two on one snapshot; ``serve`` exports them as ``kvwatch_capacity_finding{finding}``
 once the same condition (:func:`live_finding`, one definition for both) has held on every poll for
@@ -144,19 +146,30 @@ def kv_usage_stuck(usage: float | None, running: float | None, waiting: float | 
 
 def request_exceeds_pool(usage: float | None, running: float | None, waiting: float | None,
                          capacity_tokens: float | None = None,
-                         max_model_len: int | None = None) -> CapacityFinding | None:
-    """Requests wait, nothing runs, the cache is (nearly) empty: the first waiting request cannot fit at all."""
-    if not waiting or running is None or running or usage is None or usage > EMPTY_USAGE:
+                         max_model_len: int | None = None, deferred: float | None = None) -> CapacityFinding | None:
+    """Requests wait for room, nothing runs, the cache is (nearly) empty: the first waiting request cannot fit at
+    all. Requests ``deferred`` for a LoRA slot or a KV transfer (vLLM >= 0.20) wait for no room. Where kvwatch's own
+    figures say a --max-model-len request fits the pool, the message does not claim the head is too large: the
+    payload cannot tell that from a scheduler that stalled with free KV (vllm issues 45414, 53130)."""
+    for_room = waiting - deferred if waiting and deferred else waiting
+    if not for_room or running is None or running or usage is None or usage > EMPTY_USAGE:
         return None
+    queued = f"{for_room:g} requests wait for room while nothing runs and KV is {usage:.1%} used"
+    if capacity_tokens and max_model_len and max_model_len <= capacity_tokens:
+        return CapacityFinding("request_exceeds_pool", "critical", (
+            f"{queued}, yet by kvwatch's figures a --max-model-len request ({max_model_len:,} tokens) fits the "
+            f"pool ({capacity_tokens:,.0f} tokens): the payload cannot tell a scheduler stalled with free KV (vllm "
+            "issues 45414, 53130) from a head request the pool cannot hold after all (on hybrid models, vllm issue "
+            "39734). Cancel the request at the head of the queue or restart the engine to unblock it, and report "
+            "the engine's version."))
     size = ""
-    if capacity_tokens and max_model_len and max_model_len > capacity_tokens:
+    if capacity_tokens and max_model_len:
         size = (f" The pool holds {capacity_tokens:,.0f} tokens but --max-model-len is {max_model_len:,}, so a "
                 "long request can be admitted that never fits.")
     return CapacityFinding("request_exceeds_pool", "critical", (
-        f"{waiting:g} requests wait while nothing runs and KV is {usage:.1%} used: the request at the head of the "
-        "queue needs more KV than the whole pool, and vLLM's scheduler waits for it forever (vllm issue 39734)."
-        f"{size} Lower --max-model-len to what the pool holds, or give the engine more KV memory; cancel the "
-        "stuck request to unblock the queue."))
+        f"{queued}: the request at the head of the queue needs more KV than the whole pool, and vLLM's scheduler "
+        f"waits for it forever (vllm issue 39734).{size} Lower --max-model-len to what the pool holds, or give the "
+        "engine more KV memory; cancel the stuck request to unblock the queue."))
 
 
 def live_finding(finding_id: str, usage: float | None, running: float | None, waiting: float | None,
@@ -173,7 +186,7 @@ def live_finding(finding_id: str, usage: float | None, running: float | None, wa
     if finding_id == "kv_usage_stuck":
         return kv_usage_stuck(usage, running, waiting, deferred, queue_holds_no_kv)
     if finding_id == "request_exceeds_pool":
-        return request_exceeds_pool(usage, running, waiting, capacity_tokens, max_model_len)
+        return request_exceeds_pool(usage, running, waiting, capacity_tokens, max_model_len, deferred)
     raise ValueError(f"not a live finding: {finding_id!r} (known: {', '.join(LIVE_FINDINGS)})")
 
 
