@@ -22,7 +22,7 @@ RULES = ROOT / "alerts" / "kvwatch-rules.yaml"
 RULE_TESTS = sorted((ROOT / "alerts" / "tests").glob("*.yaml"))
 RUNBOOKS = ROOT / "docs" / "runbooks.md"
 
-# Contract (design.md): alert names and their severities.
+# The contract (docs/alerts.md, "The alerts"): alert names and their severities.
 ALERTS = {
     "KVCacheBottleneck": "critical",
     "KVCacheExhaustionForecast": "warning",

@@ -539,7 +539,7 @@ def _capacity(config: dict[str, str], n_engines: int) -> tuple[float | None, flo
 
 # ---------------------------------------------------------------- version detection
 
-# vLLM releases grouped into eras whose metrics differ (docs/metrics.md, "Which vLLM wrote the payload").
+# vLLM releases grouped into eras whose metrics differ (docs/metrics.md, "How vLLM's metrics are read").
 # (name, first release, last release); ``v0`` is the V0 engine, the default up to 0.7.x and opt-in to 0.10.
 ERAS: tuple[tuple[str, str | None, str | None], ...] = (
     ("v0", None, "0.10"),
