@@ -226,6 +226,26 @@ def test_deployment_flags_size_the_quantization_and_tp_advice(capsys: pytest.Cap
     assert _advice(fp8)["0"] == ["limit_concurrency", "quantize_kv_cache", "add_tensor_parallelism"]
 
 
+@pytest.mark.parametrize("dtype", ["nvfp4", "fp8_per_token_head", "int4_per_token_head"])
+def test_a_kv_cache_dtype_kvwatch_cannot_size_gets_no_plan_and_no_fp8_advice(dtype: str, tmp_path,
+                                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    # (review, round 18) vLLM 0.33's smaller KV dtypes were planned as bf16 (the label was dropped as unknown): an
+    # nvfp4 cache was told an FP8 one doubles it (it halves it) and capacity_mismatch blamed an FP8 cache
+    page = tmp_path / "metrics.prom"
+    page.write_text((FIXTURES / "gen-0.33-dp2-capacity-labels.prom").read_text()
+                    .replace('cache_dtype="auto"', f'cache_dtype="{dtype}"'))
+    flags = ["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100"]
+    assert main(["check", "--file", str(page), *flags, "--json"]) == 0
+    out, err = capsys.readouterr()
+    report = json.loads(out)
+    assert "quantize_kv_cache" not in _advice(report)["0"] and "quantize_weights" not in _advice(report)["0"]
+    assert "capacity_mismatch" not in {f["id"] for f in report["findings"]}
+    assert f"KV cache dtype {dtype}" in err
+    # A flag naming the dtype wins, as for every label the engine reports.
+    given = check_json(["--file", str(page), *flags, "--kv-cache-dtype", "fp8"], capsys)
+    assert "quantize_kv_cache" not in _advice(given)["0"] and "quantize_weights" in _advice(given)["0"]
+
+
 def _bounded_lengths(text: str) -> str:
     """The fixture with every prompt in its 1,000-token bucket and every output in a 500-token one."""
     text = text.replace('vllm:request_prompt_tokens_bucket{engine="0",le="1000.0",model_name="llama"} 50.0',

@@ -157,6 +157,13 @@ def build_sidecar_capacity(settings: DeploymentSettings, model_name: str | None 
     notes: list[str] = []
     taken: list[str] = []
     if cache_config:
+        unsized = (cache_config.get("cache_dtype") or "").lower()
+        if unsized and unsized not in KV_CACHE_DTYPES and "kv_cache_dtype" not in settings.model_fields_set:
+            # (nvfp4, int4/int8/fp8_per_token_head, turboquant_*: bytes per element and scales kvwatch does not
+            # model) Planning it as the model's dtype would offer an FP8 cache as a 2x gain on a smaller one.
+            return None, (f"the engine's KV cache dtype {unsized} (vllm:cache_config_info) is one kvwatch cannot "
+                          "size: no formula capacity, what-ifs or KV-dtype advice (--kv-cache-dtype names one it "
+                          "can, if it is)")
         settings, engine_overrides, taken = engine_settings(settings, cache_config)
         overrides = {**engine_overrides, **overrides}
     if "vllm_version" not in overrides:
