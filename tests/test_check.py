@@ -227,8 +227,8 @@ def test_deployment_flags_size_the_quantization_and_tp_advice(capsys: pytest.Cap
 
 
 @pytest.mark.parametrize("dtype", ["nvfp4", "fp8_per_token_head", "int4_per_token_head"])
-def test_a_kv_cache_dtype_kvwatch_cannot_size_gets_no_plan_and_no_fp8_advice(dtype: str, tmp_path,
-                                                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_kv_cache_dtype_kvwatch_cannot_size_gets_no_plan_and_no_fp8_advice(
+        dtype: str, tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     # (review, round 18) vLLM 0.33's smaller KV dtypes were planned as bf16 (the label was dropped as unknown): an
     # nvfp4 cache was told an FP8 one doubles it (it halves it) and capacity_mismatch blamed an FP8 cache
     page = tmp_path / "metrics.prom"

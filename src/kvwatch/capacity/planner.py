@@ -110,6 +110,8 @@ class DeploymentSpec:
     activation_bytes: float | None = None
     non_torch_bytes: float | None = None
     available_kv_bytes: float | None = None
+    # The pool is vLLM's --kv-cache-memory-bytes (it skips profiling): no utilization and no freed memory moves it.
+    kv_pool_fixed: bool = False
     kv_bytes_per_token: float | None = None
 
     @classmethod

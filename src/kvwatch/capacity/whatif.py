@@ -42,7 +42,14 @@ def whatif_ceilings(scenarios: Iterable[Scenario], avg_kv_tokens_per_request: fl
     return out
 
 
+# vllm/v1/worker/gpu_worker.py determine_available_memory returns kv_cache_memory_bytes as given ("This does not
+# respect the gpu_memory_utilization config"): weights freed by FP8 or TP leave the pool as it is too.
+FIXED_POOL = "vLLM's --kv-cache-memory-bytes sets the pool"
+
+
 def _utilization(spec: DeploymentSpec, base: CapacityPlan, util: float) -> tuple[DeploymentSpec | None, str]:
+    if spec.kv_pool_fixed:
+        return replace(spec), f"{FIXED_POOL}: --gpu-memory-utilization does not change it"
     if spec.available_kv_bytes is not None:
         if base.total_memory_bytes is None:
             return None, "needs the GPU memory (--gpu or --gpu-memory-gib) to re-budget a measured KV pool"
@@ -69,6 +76,8 @@ def _fp8_weights(spec: DeploymentSpec, base: CapacityPlan) -> tuple[DeploymentSp
         return None, f"cannot price today's weights: {exc}"
     if current is not None and current.bytes_per_param <= 1.0:
         return replace(spec), f"weights are already {current.scheme}: no gain"
+    if spec.kv_pool_fixed:
+        return replace(spec), f"{FIXED_POOL}: the memory FP8 weights free stays unused unless it is raised"
     ratio = _weights_ratio(spec, "fp8", dtype_bytes)
     changed = replace(spec, quantization="fp8")
     if spec.weights_bytes is not None:
@@ -91,6 +100,13 @@ def _tensor_parallel(spec: DeploymentSpec, tp: int) -> tuple[DeploymentSpec | No
     doubled = tp == 2 * spec.tensor_parallel_size
     times, part = ("twice", "half") if doubled else (f"{tp / spec.tensor_parallel_size:g}x", "less")
     changed = replace(spec, tensor_parallel_size=tp)
+    if spec.kv_pool_fixed:  # each GPU keeps its pool in bytes: only the KV per token is split
+        split = spec.arch is None or (not spec.arch.is_mla and max(spec.arch.kv_head_counts) >= tp)
+        if spec.kv_bytes_per_token is not None and split:
+            changed = replace(changed, kv_bytes_per_token=spec.kv_bytes_per_token * share)
+        return changed, (f"{times} the GPUs per replica; {FIXED_POOL} on each, so only "
+                         f"{'the KV per token split' if split else 'a KV split, which this model does not get,'} "
+                         "adds tokens")
     if spec.available_kv_bytes is not None and spec.weights_bytes is None:
         return None, "needs the weights (--weights-gib or --model) to re-budget a measured KV pool"
     if spec.weights_bytes is not None:

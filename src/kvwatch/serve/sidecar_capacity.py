@@ -127,6 +127,7 @@ def engine_settings(settings: DeploymentSettings,
     pool = label_number(cache_config.get("kv_cache_memory_bytes"))
     if pool is not None and pool > 0:
         overrides["available_kv_bytes"] = pool
+        overrides["kv_pool_fixed"] = True
         taken.append(f"kv_cache_memory_bytes {pool:,.0f} (vLLM skipped profiling)")
     caching = (cache_config.get("enable_prefix_caching") or "").lower()
     if caching in ("true", "false"):
