@@ -133,6 +133,12 @@ def test_missing_inputs_name_the_flags():
         plan_capacity(DeploymentSpec(gpu_memory_bytes=80 * GIB))
 
 
+def test_a_max_model_len_within_one_block_is_not_halved_into_a_larger_one():
+    # (review, round 18) --max-model-len 8 with 16-token blocks proposed "--max-model-len 16" as the halving
+    halved = {s.name: s for s in whatif_scenarios(llama_h100(max_model_len=8))}["max_model_len_halved"]
+    assert halved.kv_cache_tokens is None and halved.plan is None and "within one block" in halved.note
+
+
 def test_scenarios_in_cheapest_first_order_and_effects():
     spec = llama_h100(weights_bytes=14.99 * GIB, activation_bytes=1.89 * GIB, non_torch_bytes=0.25 * GIB)
     base = plan_capacity(spec)

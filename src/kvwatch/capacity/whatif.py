@@ -159,7 +159,10 @@ def whatif_scenarios(spec: DeploymentSpec, avg_seq_len: float | None = None) -> 
         changed, why = _utilization(spec, base, util)
         candidates.append((f"gpu_memory_utilization_{util:.2f}", changed,
                            why or f"--gpu-memory-utilization {util:.2f} (now {base.gpu_memory_utilization:.2f})"))
-    if base.max_model_len:
+    if base.max_model_len and base.max_model_len <= spec.block_size:
+        candidates.append(("max_model_len_halved", None, f"--max-model-len {base.max_model_len} is within one block "
+                           f"of {spec.block_size} tokens: halving it frees nothing"))
+    elif base.max_model_len:
         half = max(spec.block_size, base.max_model_len // 2)
         candidates.append(("max_model_len_halved", replace(spec, max_model_len=half),
                            f"--max-model-len {half}: the V1 pool is unchanged; each worst-case request needs half"))
