@@ -192,6 +192,9 @@ def test_kv_bound_series_gets_the_advisors_fixes_cheapest_first(capsys: pytest.C
     limit = fixes[0]["concurrency"]
     assert fixes[0]["vllm_args"] == fixes[0]["engine_args"] == ["--max-num-seqs", str(limit)]
     assert f"to {limit} per data-parallel rank" in fixes[0]["message"]
+    # (review, round 18) one flag limits both engines: engine 1's own mix fits ~36, and the message says what the
+    # limit costs it instead of leaving it to be found in production
+    assert f"holds engine 1 to {limit} too, though its own mix fits ~36.0" in fixes[0]["message"]
     # Without the model the TP size cannot be named: no flag to paste, a replica instead.
     assert fixes[1]["vllm_args"] is None and fixes[1]["concurrency"] is None
     assert "Add a replica" in fixes[1]["message"] and "--tensor-parallel-size x2" not in fixes[1]["message"]

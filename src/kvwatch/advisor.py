@@ -157,6 +157,7 @@ def advise(
     ranks_per_flag: int = 1,
     pool_blocks: float | None = None,
     fixed_blocks: float | None = None,
+    roomiest_rank: tuple[str | None, float] | None = None,
 ) -> list[Advice]:
     """Ranked fixes for ``state`` (empty unless filling or bottleneck).
 
@@ -172,7 +173,9 @@ def advise(
     not say, so the message gives both values and ``engine_args`` the per-rank one. ``pool_blocks``: the engine's
     own blocks in the plan's block size, for the worst-case ceilings of the max-model-len fix. ``fixed_blocks``: the
     engine's ``--num-gpu-blocks-override``, which fixes the pool: no quantization fix, and a replica or removing the
-    override instead of more tensor parallelism (neither frees KV while it is set).
+    override instead of more tensor parallelism (neither frees KV while it is set). ``roomiest_rank``: (engine,
+    observed-mix ceiling) of the server's other rank with the most room: one flag limits every rank, so the
+    message says what the limit costs a rank whose own mix fits more.
     """
     if state not in ADVISE_IN_STATES:
         return []
@@ -201,10 +204,16 @@ def advise(
         dp_attention = "" if ranks == 1 else (
             f"; {flags['concurrency']} applies to each engine" if engine_kind == VLLM else
             f"; with --enable-dp-attention {engine} divides the flag over its {ranks} ranks: pass {limit * ranks} then")
+        roomier = ""
+        if ranks > 1 and roomiest_rank is not None and concurrency_limit(None, roomiest_rank[1]) > limit:
+            other, other_ceiling = roomiest_rank
+            roomier = (f" The limit holds engine {other} to {limit} too, though its own mix fits ~{other_ceiling:.1f} "
+                       f"(its limit would be {concurrency_limit(None, other_ceiling)}): the ranks' request mixes "
+                       "differ, and one flag cannot follow both.")
         out.append(Advice(
             LIMIT_CONCURRENCY, 0,
             f"Limit concurrency to {gateway} at the gateway, or pass {flags['concurrency']} {limit} to {engine}"
-            f"{dp_attention}" + (f" ({held})." if held else "."),
+            f"{dp_attention}" + (f" ({held})." if held else ".") + roomier,
             f"KV usage stays under {LIMIT_USAGE:.0%} at the observed request mix; excess requests wait at the "
             "gateway instead of being preempted and recomputed.",
             engine_args=_args(flags["concurrency"], limit), concurrency=limit,
@@ -401,7 +410,8 @@ def advise_from_result(result: ForecastResult, reading: Reading | None = None, *
                        capacity_plan: CapacityPlan | None = None,
                        max_model_len: int | None = None, concurrency_ceiling: float | None = None,
                        gpus_per_node: int = DEFAULT_GPUS_PER_NODE, engine_kind: str | None = None,
-                       ranks_per_flag: int = 1, longest_request_tokens: float | None = None) -> list[Advice]:
+                       ranks_per_flag: int = 1, longest_request_tokens: float | None = None,
+                       roomiest_rank: tuple[str | None, float] | None = None) -> list[Advice]:
     """``advise`` fed from a :class:`kvwatch.forecast.ForecastResult` and core's ``Reading`` (what the
     sidecar, ``kvwatch check`` and the demo call). Lifetime length means come from the reading's histograms, the
     longest request from their buckets, or ``longest_request_tokens`` (the sidecar's last reading of them)."""
@@ -446,4 +456,5 @@ def advise_from_result(result: ForecastResult, reading: Reading | None = None, *
         ranks_per_flag=ranks_per_flag,
         pool_blocks=blocks,
         fixed_blocks=fixed,
+        roomiest_rank=roomiest_rank,
     )

@@ -286,7 +286,8 @@ def build_report(poll: Poll, max_model_len: int | None = None,
         "series": [_series_json(s, _plan_caveat(
                                     advice(s, poll.timestamp, max_model_len, plans.get(s.reading.model_name),
                                            gpus_per_node=gpus_per_node, engine_kind=advice_kind,
-                                           ranks_per_flag=ranks.get(s.reading.model_name, 1)),
+                                           ranks_per_flag=ranks.get(s.reading.model_name, 1),
+                                           roomiest_rank=_roomiest_other_rank(s, states)),
                                     (s.reading.model_name, s.reading.engine) in mismatched)
                                 if (s.reading.model_name, s.reading.engine) in bound else [],
                                 capacities[s.reading.key].source)
@@ -416,7 +417,8 @@ def _json_safe(value: Any) -> Any:
 
 def advice(state: SeriesState, timestamp: float, max_model_len: int | None = None,
            capacity_plan: CapacityPlan | None = None, *, gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
-           engine_kind: str = VLLM, ranks_per_flag: int = 1) -> list[Advice]:
+           engine_kind: str = VLLM, ranks_per_flag: int = 1,
+           roomiest_rank: tuple[str | None, float] | None = None) -> list[Advice]:
     """The advisor's fixes for a series ``check`` found KV-bound, cheapest first (pure).
 
     One poll has no forecast history: the forecaster's one-sample result supplies the concurrency limit
@@ -433,7 +435,8 @@ def advice(state: SeriesState, timestamp: float, max_model_len: int | None = Non
     return advise_from_result(replace(result, state="bottleneck", estimates=estimates), reading,
                               capacity_plan=capacity_plan, max_model_len=max_model_len_of(reading, max_model_len),
                               concurrency_ceiling=state.max_concurrency.get("observed_mix"),
-                              gpus_per_node=gpus_per_node, engine_kind=engine_kind, ranks_per_flag=ranks_per_flag)
+                              gpus_per_node=gpus_per_node, engine_kind=engine_kind, ranks_per_flag=ranks_per_flag,
+                              roomiest_rank=roomiest_rank)
 
 
 def _advice_kind(detection: Detection) -> str:
@@ -596,6 +599,13 @@ def findings(states: Iterable[SeriesState],
                 "None; SGLang before max_total_num_tokens; TensorRT-LLM without max blocks x tokens per block): "
                 "use `kvwatch plan` with --model and --gpu to estimate it."), **where))
     return sorted(out, key=lambda f: SEVERITIES.index(f.severity))
+
+
+def _roomiest_other_rank(state: SeriesState, states: Iterable[SeriesState]) -> tuple[str | None, float] | None:
+    """(engine, observed-mix ceiling) of the same model's other rank with the most room, if any has a ceiling."""
+    others = [(s.reading.engine, c) for s in states if s.reading.model_name == state.reading.model_name
+              and s.reading.engine != state.reading.engine and (c := s.max_concurrency.get("observed_mix"))]
+    return max(others, key=lambda other: other[1], default=None)
 
 
 def _ranks_per_model(states: Iterable[SeriesState], engine_kind: str) -> Counter[str]:
