@@ -129,12 +129,23 @@ def test_plain_http_is_refused_when_tls_is_configured(pki: Path, serve) -> None:
     assert answer.status_code == 400 and "HTTPS" in answer.text and "kvwatch_up" not in answer.text
 
 
-def test_client_certificates_are_required_when_configured(pki: Path, serve) -> None:
+def test_client_certificates_are_required_when_configured(pki: Path, tmp_path: Path, serve) -> None:
     server = serve(write_config(pki, client_auth="RequireAndVerifyClientCert"))
     url = f"https://localhost:{server.port}/metrics"
     context = ssl.create_default_context(cafile=pki / "ca.crt")
+    without = httpx.get(url, verify=context)
+    assert without.status_code == 403 and "kvwatch_up" not in without.text
+    # (review, round 18) the kubelet's HTTPS probe sends no certificate: a handshake that required one failed every
+    # probe, and the chart's sidecar was restarted in a loop (and vLLM's pod left its Service)
+    health = httpx.get(f"https://localhost:{server.port}/healthz", verify=context)
+    assert health.status_code == 200 and health.text == "ok\n"
+    stranger_key = ec.generate_private_key(ec.SECP256R1())  # a certificate the client CA did not sign
+    (tmp_path / "stranger.crt").write_bytes(_pem(_issue("stranger", stranger_key, None, ca=False)))
+    (tmp_path / "stranger.key").write_bytes(_pem(stranger_key))
+    untrusted = ssl.create_default_context(cafile=pki / "ca.crt")
+    untrusted.load_cert_chain(tmp_path / "stranger.crt", tmp_path / "stranger.key")
     with pytest.raises(httpx.HTTPError):
-        httpx.get(url, verify=context)
+        httpx.get(url, verify=untrusted)
     context.load_cert_chain(pki / "client.crt", pki / "client.key")
     assert httpx.get(url, verify=context).status_code == 200
 

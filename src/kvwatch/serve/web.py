@@ -13,7 +13,10 @@ hashes) and ``http_server_config.headers``. Like the toolkit it is re-read when 
 connection, with the files it names), so rotated certificates and passwords need no restart; a bad edit
 keeps the last good configuration and is logged once. With TLS on, a plain-HTTP request gets a 400 and no
 metrics. Basic auth guards /metrics; /healthz answers without it (kubelet probes send no credentials, and
-it tells nothing but "the process serves"). Not supported, and refused at startup rather than ignored:
+it tells nothing but "the process serves"). So does ``client_auth_type`` RequireAndVerifyClientCert: the handshake
+verifies a certificate when one is sent and /metrics answers 403 without one, but /healthz answers (the kubelet's
+HTTPS probe sends none: the exporter-toolkit's handshake failure failed every probe and restarted the container).
+Not supported, and refused at startup rather than ignored:
 ``client_auth_type`` RequestClientCert/RequireAnyClientCert (Python's ssl cannot request a client
 certificate without verifying it), ``cipher_suites``, ``curve_preferences``, ``client_allowed_sans`` and
 ``rate_limit``.
@@ -58,10 +61,11 @@ SLOT_WAIT_SECONDS = 0.5
 """How long a new connection may wait for a slot before it is closed (serve_forever's poll interval)."""
 _AUTH_CACHE_SIZE = 256
 
+# The handshake's check; RequireAndVerifyClientCert's "require" is the handler's (/healthz answers without one).
 CLIENT_AUTH_TYPES = {
     "NoClientCert": ssl.CERT_NONE,
     "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
-    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+    "RequireAndVerifyClientCert": ssl.CERT_OPTIONAL,
 }
 TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1, "TLS12": ssl.TLSVersion.TLSv1_2,
                 "TLS13": ssl.TLSVersion.TLSv1_3}
@@ -79,6 +83,7 @@ class WebConfig:
     """One loaded web configuration: a TLS context (None: plain HTTP) and bcrypt hashes by user."""
 
     tls: ssl.SSLContext | None = None
+    client_cert_required: bool = False  # RequireAndVerifyClientCert: /metrics needs a verified certificate
     users: dict[str, bytes] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
     watched: tuple[Path, ...] = ()  # the config and every file it names, for reloads
@@ -133,7 +138,8 @@ def load_web_config(path: Path) -> WebConfig:
     if not isinstance(http, dict):
         raise WebConfigError(f"{path}: http_server_config must be a mapping")
     headers = {str(k): str(v) for k, v in (http.get("headers") or {}).items()}
-    return WebConfig(tls=tls, users=users, headers=headers, watched=tuple(watched))
+    required = bool(tls_data) and tls_data.get("client_auth_type") == "RequireAndVerifyClientCert"
+    return WebConfig(tls=tls, client_cert_required=required, users=users, headers=headers, watched=tuple(watched))
 
 
 def _tls_context(config: Any, base: Path, path: Path) -> tuple[ssl.SSLContext, list[Path]]:
@@ -392,6 +398,9 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         if path == "/healthz":
             self._reply(200, "text/plain; charset=utf-8", b"ok\n")
+        elif self.config.client_cert_required and not self.request.getpeercert():
+            # (the handshake verified any certificate sent: an empty one here is none sent)
+            self._reply(403, "text/plain; charset=utf-8", b"client certificate required\n")
         elif not self._authorised():
             self._reply(401, "text/plain; charset=utf-8", b"Unauthorized\n",
                         {"WWW-Authenticate": 'Basic realm="kvwatch"'})
