@@ -469,3 +469,11 @@ def test_the_documented_openshift_security_context_keeps_the_rest_of_restricted(
     assert context["seccompProfile"]["type"] == "RuntimeDefault"
     for obj in objects:
         validate_object(obj)
+
+
+def test_large_numbers_in_extra_args_reach_vllm_as_integers() -> None:
+    # (review, round 18) Helm reads YAML numbers as floats: 10000000 rendered "1e+07", which vLLM's int flags refuse
+    values = '["--long-prefill-token-threshold", 10000000, "--kv-cache-memory-bytes", 21474836480, "--x", 0.5]'
+    args = containers(render(*MINIMAL, "--set-json", f"vllm.extraArgs={values}"))["vllm"]["args"]
+    assert args[-6:] == ["--long-prefill-token-threshold", "10000000", "--kv-cache-memory-bytes", "21474836480",
+                         "--x", "0.5"]

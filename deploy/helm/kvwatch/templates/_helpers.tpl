@@ -347,7 +347,7 @@ and kvwatch's capacity model would describe different deployments. */ -}}
 {{- if hasKey $managed $name }}
 {{- fail (printf "vllm.extraArgs has %s: set %s instead, so that vLLM, its probes and kvwatch's capacity model read the same value" $name (index $managed $name)) }}
 {{- end }}
-- {{ toString . | quote }}
+- {{ include "kvwatch.scalar" . | quote }}
 {{- end }}
 {{- end }}
 
