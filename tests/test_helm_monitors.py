@@ -221,6 +221,19 @@ def test_tls_without_the_web_config_secret_fails_instead_of_https_probes_on_plai
         "--set", "config.model=Qwen/Qwen3-8B", "--set", "webConfig.tls=true")
 
 
+@pytest.mark.parametrize("monitor", ["serviceMonitor", "podMonitor"])
+def test_https_scrapes_without_a_tls_config_fail_instead_of_a_target_down_for_good(monitor: str) -> None:
+    # (review, round 18) scheme https with no tlsConfig: Prometheus checks the certificate against the system roots
+    # and the pod's IP, so every scrape failed and KvwatchAbsent fired
+    args = ["--set", "config.model=Qwen/Qwen3-8B", "--set", "webConfig.secretName=kvwatch-web",
+            "--set", "webConfig.tls=true", "--set", f"{monitor}.enabled=true"]
+    assert f"webConfig.tls is on but {monitor}.tlsConfig is empty" in render_fails(*args)
+    endpoints = only(render(*args, "--set-json", f'{monitor}.tlsConfig={{"insecureSkipVerify":true}}'),
+                     monitor[0].upper() + monitor[1:])["spec"]
+    (endpoint,) = [e for e in endpoints.get("endpoints") or endpoints["podMetricsEndpoints"] if e["port"] == "metrics"]
+    assert endpoint["scheme"] == "https" and endpoint["tlsConfig"] == {"insecureSkipVerify": True}
+
+
 def test_prometheus_rule_takes_vllms_container_name_and_the_runbook_site_from_values() -> None:
     """Injected into pods of one's own, vLLM's container is rarely named "vllm": VLLMContainerRestartLoop would never
     fire. Only those two strings change; the rest is the rule file."""

@@ -266,6 +266,7 @@ def test_named_sidecar_template_embeds_in_another_chart(tmp_path: Path) -> None:
     (parent / "values.yaml").write_text(
         "kvwatch:\n  deployment:\n    enabled: false\n  config:\n    model: Qwen/Qwen3-8B\n    maxNumSeqs: 64\n"
         "  podMonitor:\n    enabled: true\n    selector:\n      app: my-vllm\n"
+        "    tlsConfig:\n      ca: {secret: {name: kvwatch-web, key: ca.crt}}\n      serverName: kvwatch\n"
         "  webConfig:\n    secretName: kvwatch-web\n    tls: true\n")
     (parent / "templates" / "deployment.yaml").write_text(
         "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: my-vllm\nspec:\n"
@@ -477,3 +478,25 @@ def test_large_numbers_in_extra_args_reach_vllm_as_integers() -> None:
     args = containers(render(*MINIMAL, "--set-json", f"vllm.extraArgs={values}"))["vllm"]["args"]
     assert args[-6:] == ["--long-prefill-token-threshold", "10000000", "--kv-cache-memory-bytes", "21474836480",
                          "--x", "0.5"]
+
+
+def test_a_recreate_strategy_and_a_probe_of_another_kind_render_what_the_api_server_accepts() -> None:
+    # (review, round 18) Helm merges user maps into the defaults: Recreate kept the default rollingUpdate ("may not
+    # be specified when strategy type is 'Recreate'") and a tcpSocket probe kept the default httpGet ("may not
+    # specify more than 1 handler type"); the schemas pass both, the API server refuses them
+    objects = render(*MINIMAL, "--set", "vllm.updateStrategy.type=Recreate",
+                     "--set-json", 'vllm.livenessProbe={"tcpSocket":{"port":"http"}}',
+                     "--set-json", 'vllm.readinessProbe={"grpc":{"port":8001}}',
+                     "--set-json", 'vllm.startupProbe={"exec":{"command":["true"]}}',
+                     "--set-json", 'kvwatch.livenessProbe={"tcpSocket":{"port":"metrics"}}')
+    deployment = only(objects, "Deployment")
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    handlers = {"httpGet", "tcpSocket", "exec", "grpc"}
+    pod = containers(objects)
+    probes = {name: pod["vllm"][f"{name}Probe"] for name in ("liveness", "readiness", "startup")}
+    probes["kvwatch liveness"] = pod["kvwatch"]["livenessProbe"]
+    assert {name: sorted(handlers & set(p)) for name, p in probes.items()} == {
+        "liveness": ["tcpSocket"], "readiness": ["grpc"], "startup": ["exec"], "kvwatch liveness": ["tcpSocket"]}
+    assert probes["liveness"]["failureThreshold"] == 5  # the rest of the default stays
+    default = only(render(*MINIMAL), "Deployment")["spec"]["strategy"]
+    assert default == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}

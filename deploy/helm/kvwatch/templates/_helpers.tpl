@@ -284,11 +284,23 @@ embeds the container includes this in its pod's volumes too, or the pod is inval
 
 {{/* A probe as given, on HTTPS when kvwatch serves TLS (webConfig.tls): /healthz needs no credentials. */}}
 {{- define "kvwatch.probe" -}}
-{{- $probe := deepCopy .probe }}
+{{- $probe := include "kvwatch.oneHandler" .probe | fromYaml }}
 {{- if and .tls $probe.httpGet }}
 {{- $_ := set $probe.httpGet "scheme" "HTTPS" }}
 {{- end }}
 {{- toYaml $probe }}
+{{- end }}
+
+{{/*
+A probe with one handler: Helm merges a user's tcpSocket, exec or grpc into the default's httpGet, and Kubernetes
+refuses a probe with two ("may not specify more than 1 handler type"), so the user's wins.
+*/}}
+{{- define "kvwatch.oneHandler" -}}
+{{- if or .exec .tcpSocket .grpc -}}
+{{- toYaml (omit . "httpGet") -}}
+{{- else -}}
+{{- toYaml . -}}
+{{- end -}}
 {{- end }}
 
 {{/* vLLM's command-line arguments, built from the same `config:` keys kvwatch's capacity model reads. */}}
@@ -380,10 +392,13 @@ scrape comes at least that often, and KVCacheBottleneck's 2-minute medians need 
   {{- $web := .root.Values.webConfig | default dict }}
   {{- if and $web.secretName $web.tls }}
   scheme: https
-  {{- with $m.tlsConfig }}
-  tlsConfig:
-    {{- toYaml . | nindent 4 }}
+  {{- /* Without one Prometheus checks kvwatch's certificate against the system roots and the pod's IP: the target
+  is down for good, and KvwatchAbsent fires. */ -}}
+  {{- if not $m.tlsConfig }}
+  {{- fail (printf "webConfig.tls is on but %s.tlsConfig is empty: Prometheus would check kvwatch's certificate against the system roots and the pod's IP, and every scrape fail; give the CA and serverName (or insecureSkipVerify: true)" .name) }}
   {{- end }}
+  tlsConfig:
+    {{- toYaml $m.tlsConfig | nindent 4 }}
   {{- else if $m.tlsConfig }}
   {{- fail (printf "%s.tlsConfig is set but kvwatch serves plain HTTP: set webConfig.secretName and webConfig.tls" .name) }}
   {{- end }}
@@ -438,7 +453,7 @@ A vLLM probe whose failureThreshold is raised (never lowered) so that periodSeco
 max-length prefill (vllm.prefillSecondsEstimate, from `kvwatch plan --json`'s long_context; docs/capacity.md).
 */}}
 {{- define "kvwatch.sizedProbe" -}}
-{{- $probe := deepCopy .probe -}}
+{{- $probe := include "kvwatch.oneHandler" .probe | fromYaml -}}
 {{- if .sized -}}
 {{- $period := $probe.periodSeconds | default 10 | float64 -}}
 {{- $need := ceil (divf .seconds $period) | int -}}
