@@ -236,3 +236,26 @@ def test_another_target_kind_needs_a_series_selector() -> None:
             "--set", "autoscaling.scaleTargetRef.kind=Rollout")
     assert "set autoscaling.seriesSelector" in render_fails(*args)
     render(*args, "--set", r'autoscaling.seriesSelector=namespace="llm"\, pod=~"vllm-.*"')
+
+
+@pytest.mark.parametrize(("autoscaler", "kind", "api_version"), [
+    ("hpa", None, "apps/v1"),
+    ("hpa", "StatefulSet", "apps/v1"),
+    ("keda", "LeaderWorkerSet", "leaderworkerset.x-k8s.io/v1"),
+])
+def test_a_target_named_alone_gets_its_kind_and_api_version(autoscaler: str, kind: str | None,
+                                                            api_version: str) -> None:
+    # (review, round 18) scaleTargetRef {name} alone: the HPA lacked kind (refused), and without apiVersion its
+    # controller looks the kind up in the core group and never scales; KEDA's apps/v1 default is wrong for an LWS
+    args = [*MINIMAL, "--set", "autoscaling.enabled=true", "--set", f"autoscaling.kind={autoscaler}",
+            "--set", "autoscaling.prometheusAddress=http://p:9090", "--set", "deployment.enabled=false",
+            "--set", "autoscaling.scaleTargetRef.name=vllm"]
+    if kind:
+        args += ["--set", f"autoscaling.scaleTargetRef.kind={kind}"]
+    objects = render(*args)
+    scaler = only(objects, "HorizontalPodAutoscaler" if autoscaler == "hpa" else "ScaledObject")
+    assert scaler["spec"]["scaleTargetRef"] == {"apiVersion": api_version, "kind": kind or "Deployment",
+                                                "name": "vllm"}
+    validate_object(scaler)
+    given = render(*args, "--set", "autoscaling.scaleTargetRef.apiVersion=apps/v2")  # what is given stays
+    assert only(given, scaler["kind"])["spec"]["scaleTargetRef"]["apiVersion"] == "apps/v2"
