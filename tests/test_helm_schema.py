@@ -220,6 +220,15 @@ def test_labels_may_not_redefine_the_selector_labels() -> None:
         assert "may not set app.kubernetes.io/" in render_fails("--set", "config.model=m", "--set-json", values)
 
 
+def test_part_of_is_a_default_a_platform_may_replace() -> None:
+    # (review, round 18) refused as a selector label, which it is not (the selectors are name and instance)
+    objects = render("--set", "config.model=m", "--set-json", 'commonLabels={"app.kubernetes.io/part-of":"llm"}')
+    deployment = only(objects, "Deployment")
+    for labels in (deployment["metadata"]["labels"], deployment["spec"]["template"]["metadata"]["labels"]):
+        assert labels["app.kubernetes.io/part-of"] == "llm"
+    assert "app.kubernetes.io/part-of" not in deployment["spec"]["selector"]["matchLabels"]
+
+
 @pytest.mark.parametrize("monitor", ["serviceMonitor", "podMonitor"])
 def test_a_monitor_without_the_charts_workload_needs_a_selector(monitor: str) -> None:
     # deployment.enabled=false (the sidecar embedded in one's own Deployment): the default selector named this

@@ -32,7 +32,8 @@ The pod template's labels: no chart or app version, so a chart bump that changes
 roll every vLLM pod (each restart reloads a model); an image change rolls them anyway.
 */}}
 {{- define "kvwatch.podLabels" -}}
-{{- range $key := list "app.kubernetes.io/name" "app.kubernetes.io/instance" "app.kubernetes.io/part-of" }}
+{{- /* (app.kubernetes.io/part-of is the chart's default only: nothing selects on it, so a platform's own value wins) */ -}}
+{{- range $key := list "app.kubernetes.io/name" "app.kubernetes.io/instance" }}
 {{- if or (hasKey ($.Values.commonLabels | default dict) $key) (hasKey ($.Values.podLabels | default dict) $key) }}
 {{- fail (printf "commonLabels and podLabels may not set %s: the chart's selectors use it (the Service and monitors would stop matching the pods)" $key) }}
 {{- end }}
