@@ -59,6 +59,7 @@ KUBERNETES_TYPES = (
     "io.k8s.api.core.v1.ResourceRequirements",
     "io.k8s.api.core.v1.SecurityContext",
     "io.k8s.api.core.v1.Toleration",
+    "io.k8s.api.core.v1.TopologySpreadConstraint",
     "io.k8s.api.core.v1.Volume",
     "io.k8s.api.core.v1.VolumeMount",
 )

@@ -500,3 +500,16 @@ def test_a_recreate_strategy_and_a_probe_of_another_kind_render_what_the_api_ser
     assert probes["liveness"]["failureThreshold"] == 5  # the rest of the default stays
     default = only(render(*MINIMAL), "Deployment")["spec"]["strategy"]
     assert default == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+
+
+def test_runtime_class_and_topology_spread_reach_the_pod() -> None:
+    # (review, round 18) the closed schema refused runtimeClassName, which k3s-style GPU nodes need (no NVIDIA
+    # runtime by default: vLLM sees no GPU), and topologySpreadConstraints
+    spread = '[{"maxSkew":1,"topologyKey":"topology.kubernetes.io/zone","whenUnsatisfiable":"ScheduleAnyway"}]'
+    objects = render(*MINIMAL, "--set", "runtimeClassName=nvidia", "--set-json", f"topologySpreadConstraints={spread}")
+    pod = only(objects, "Deployment")["spec"]["template"]["spec"]
+    assert pod["runtimeClassName"] == "nvidia" and pod["topologySpreadConstraints"][0]["maxSkew"] == 1
+    for obj in objects:
+        validate_object(obj)
+    assert "schema" in render_fails(*MINIMAL, "--set-json", 'topologySpreadConstraints=[{"maxSkw":1}]')
+    assert "runtimeClassName" not in only(render(*MINIMAL), "Deployment")["spec"]["template"]["spec"]
