@@ -133,6 +133,13 @@ def test_missing_inputs_name_the_flags():
         plan_capacity(DeploymentSpec(gpu_memory_bytes=80 * GIB))
 
 
+@pytest.mark.parametrize("dtype", ["nvfp4", "fp8_per_token_head", "turboquant_k8v4", "a_future_one"])
+def test_a_kv_cache_dtype_without_known_bytes_is_refused_not_planned_as_the_models(dtype: str):
+    # (review, round 18) any unknown name was sized as the model's dtype; fp8_per_token_head passed as plain fp8
+    with pytest.raises(SpecError, match=f"KV cache dtype {dtype} is one kvwatch cannot size"):
+        plan_capacity(llama_h100(kv_cache_dtype=dtype))
+
+
 def test_a_max_model_len_within_one_block_is_not_halved_into_a_larger_one():
     # (review, round 18) --max-model-len 8 with 16-token blocks proposed "--max-model-len 16" as the halving
     halved = {s.name: s for s in whatif_scenarios(llama_h100(max_model_len=8))}["max_model_len_halved"]

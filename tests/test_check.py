@@ -244,9 +244,13 @@ def test_a_kv_cache_dtype_kvwatch_cannot_size_gets_no_plan_and_no_fp8_advice(
     assert "quantize_kv_cache" not in _advice(report)["0"] and "quantize_weights" not in _advice(report)["0"]
     assert "capacity_mismatch" not in {f["id"] for f in report["findings"]}
     assert f"KV cache dtype {dtype}" in err
-    # A flag naming the dtype wins, as for every label the engine reports.
+    # A flag naming the dtype wins, as for every label the engine reports; the flag takes vLLM's names alike.
     given = check_json(["--file", str(page), *flags, "--kv-cache-dtype", "fp8"], capsys)
     assert "quantize_kv_cache" not in _advice(given)["0"] and "quantize_weights" in _advice(given)["0"]
+    assert main(["check", "--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom"), *flags, "--kv-cache-dtype",
+                 dtype, "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert "quantize_kv_cache" not in _advice(json.loads(out))["0"] and f"KV cache dtype {dtype}" in err
 
 
 def _bounded_lengths(text: str) -> str:

@@ -29,9 +29,13 @@ MAX_STALE_AFTER_SECONDS = 86400.0
 MAX_CLOCK_SPEED = 10000.0
 MIN_CLOCK_SPEED = 0.001  # slower, the poll clock stops advancing between polls (its float holds ~1e9 seconds)
 MAX_GPU_MEMORY_GIB = 4096.0  # 4 TiB: no accelerator comes near; past it the sums overflow into nonsense
-# vLLM's --kv-cache-dtype values (and the model dtypes an "auto" cache takes), as kvwatch accepts them.
+# vLLM's --kv-cache-dtype values (and the model dtypes an "auto" cache takes), as kvwatch accepts them: the
+# capacity model sizes the first line's (kvwatch.capacity.kv.KV_DTYPE_BYTES) and refuses to plan vLLM 0.33's
+# smaller ones, whose scales it does not model (an engine running one still gets every other figure).
 KV_CACHE_DTYPES: frozenset[str] = frozenset(
-    {"auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "bfloat16", "float16", "bf16", "fp16"})
+    {"auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "bfloat16", "float16", "bf16", "fp16",
+     "nvfp4", "nvfp4_ds_mla", "int8_per_token_head", "fp8_per_token_head", "int4_per_token_head",
+     "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc"})
 
 # `name` or `name{label="value",...}`: how users point kvwatch at a renamed source metric. The patterns are
 # RE2-compatible: the chart's values.schema.json carries them too (scripts/sync_chart_files.py).
@@ -363,7 +367,8 @@ class DeploymentSettings(_Base):
     dtype: str = Field("auto", description="vLLM --dtype: auto, bfloat16, float16, float32 (bf16, fp16, fp32).")
     kv_cache_dtype: str = Field(
         "auto", description="vLLM --kv-cache-dtype: auto, fp8, fp8_e4m3, fp8_e5m2, fp8_inc, fp8_ds_mla, bfloat16, "
-        "float16 (bf16, fp16)."
+        "float16 (bf16, fp16); vLLM 0.33's nvfp4, *_per_token_head and turboquant_* are taken but not sized (no "
+        "capacity plan)."
     )
     quantization: str | None = Field(
         None, description="Weight quantization: fp8, int8, w8a8, int4, awq, gptq, mxfp4, nvfp4, ..."

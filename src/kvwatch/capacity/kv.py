@@ -273,17 +273,26 @@ def sparse_mla_kv_cache_dtype(arch: ModelArch, kv_cache_dtype: str, version: tup
                           f"--kv-cache-dtype {kv_cache_dtype} in it")
 
 
+# Bytes per element of the KV cache dtypes kvwatch sizes: fp8 and its variants are stored as uint8
+# (vllm/utils/torch_utils.py STR_DTYPE_TO_TORCH_DTYPE); "auto" follows the model dtype.
+KV_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1, "fp8_ds_mla": 1, "bfloat16": 2, "bf16": 2,
+                  "float16": 2, "fp16": 2, "half": 2, "float32": 4, "fp32": 4, "float": 4}
+
+
+class UnsizedKvDtype(ValueError):
+    """A KV cache dtype whose bytes per element (and scales) the model does not know: vLLM 0.33's nvfp4,
+    ``*_per_token_head``, ``turboquant_*``. Sizing it as the model's dtype offered an FP8 cache as a 2x gain."""
+
+
 def kv_dtype_bytes(kv_cache_dtype: str, model_dtype_bytes: int) -> int:
-    """Bytes per KV element: ``fp8*`` (fp8, fp8_e4m3, fp8_e5m2, fp8_inc, fp8_ds_mla) is stored as uint8 (1 byte);
-    ``auto`` follows the model dtype."""
+    """Bytes per KV element (:data:`KV_DTYPE_BYTES`; ``auto``: the model's); UnsizedKvDtype for any other name."""
     kv = kv_cache_dtype.lower()
-    if kv.startswith("fp8"):
-        return 1
-    if kv in {"bfloat16", "bf16", "float16", "fp16", "half"}:
-        return 2
-    if kv in {"float32", "fp32", "float"}:
-        return 4
-    return model_dtype_bytes
+    if kv == "auto":
+        return model_dtype_bytes
+    if kv not in KV_DTYPE_BYTES:
+        raise UnsizedKvDtype(f"KV cache dtype {kv} is one kvwatch cannot size (its bytes per element and scales are "
+                             "not modelled): no formula capacity, what-ifs or KV-dtype advice")
+    return KV_DTYPE_BYTES[kv]
 
 
 def layers_on_rank(num_layers: int, pp: int) -> int:

@@ -262,7 +262,10 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
         raise SpecError(f"invalid value {spec.block_size} for --block-size: vLLM accepts "
                         f"{', '.join(map(str, kv.VLLM_BLOCK_SIZES))}")
     dtype_bytes = memory.model_dtype_bytes(spec.dtype, arch)
-    kv_bytes = kv.kv_dtype_bytes(spec.kv_cache_dtype, dtype_bytes)
+    try:
+        kv_bytes = kv.kv_dtype_bytes(spec.kv_cache_dtype, dtype_bytes)
+    except kv.UnsizedKvDtype as exc:
+        raise SpecError(str(exc)) from None
     util = spec.gpu_memory_utilization or default_gpu_memory_utilization(spec.vllm_version)
     total = spec.gpu_memory_bytes
     batched_default, seqs_default = memory.default_batch_limits(total or 80 * GIB, spec.gpu_name)

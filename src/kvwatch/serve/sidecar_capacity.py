@@ -29,7 +29,7 @@ from kvwatch.capacity.series import resolve as resolve_series
 from kvwatch.capacity.whatif import Scenario, whatif_ceilings, whatif_scenarios
 from kvwatch.engines.vllm import engine_max_model_len, label_number
 from kvwatch.model import Reading
-from kvwatch.settings import KV_CACHE_DTYPES, DeploymentSettings, ServeSettings
+from kvwatch.settings import DeploymentSettings, ServeSettings
 
 # cache_config_info labels the formula reads (a change in any of them means another engine configuration).
 ENGINE_LABELS = ("gpu_memory_utilization", "block_size", "cache_dtype", "kv_cache_memory_bytes",
@@ -115,8 +115,10 @@ def engine_settings(settings: DeploymentSettings,
     if "block_size" not in given and block is not None and block in VLLM_BLOCK_SIZES:
         update["block_size"] = int(block)
         taken.append(f"block_size {int(block)}")
+    # Any name the engine reports, those the planner cannot size too (it refuses them rather than plan the model's
+    # dtype: an nvfp4 cache was offered FP8 as a 2x gain).
     dtype = (cache_config.get("cache_dtype") or "").lower()
-    if "kv_cache_dtype" not in given and dtype in KV_CACHE_DTYPES:
+    if "kv_cache_dtype" not in given and dtype and dtype != "none":
         update["kv_cache_dtype"] = dtype
         taken.append(f"cache_dtype {dtype}")
     length = engine_max_model_len(cache_config)
@@ -158,13 +160,6 @@ def build_sidecar_capacity(settings: DeploymentSettings, model_name: str | None 
     notes: list[str] = []
     taken: list[str] = []
     if cache_config:
-        unsized = (cache_config.get("cache_dtype") or "").lower()
-        if unsized and unsized not in KV_CACHE_DTYPES and "kv_cache_dtype" not in settings.model_fields_set:
-            # (nvfp4, int4/int8/fp8_per_token_head, turboquant_*: bytes per element and scales kvwatch does not
-            # model) Planning it as the model's dtype would offer an FP8 cache as a 2x gain on a smaller one.
-            return None, (f"the engine's KV cache dtype {unsized} (vllm:cache_config_info) is one kvwatch cannot "
-                          "size: no formula capacity, what-ifs or KV-dtype advice (--kv-cache-dtype names one it "
-                          "can, if it is)")
         settings, engine_overrides, taken = engine_settings(settings, cache_config)
         overrides = {**engine_overrides, **overrides}
     if "vllm_version" not in overrides:
