@@ -425,3 +425,52 @@ def test_the_parsers_caches_hold_no_long_lines_across_polls() -> None:
         exposition.parse(junk + page + label)
     cached = [k for cache in (exposition._COMMENTS, exposition._PREFIXES) for k in cache]
     assert cached and max(len(k) for k in cached) < 10_000
+
+
+def test_many_series_under_the_per_series_cap_are_too_large_together() -> None:
+    # (review, round 18) 336,000 samples over 128 series, each under SAMPLES_PER_SERIES: 277 MiB at the parse's peak,
+    # then refused as unrecognised
+    per_series = detect.SAMPLES_PER_PAGE // 100 + 1
+    rows = "".join(f'vllm:num_requests_running{{engine="{e}",x="{i}"}} 1\n'
+                   for e in range(100) for i in range(per_series))
+    with pytest.raises(ScrapeError) as info:
+        interpret("# TYPE vllm:num_requests_running gauge\n" + rows, None, timestamp=0.0, max_series=64)
+    assert info.value.reason == "too_large" and f"more than {detect.SAMPLES_PER_PAGE:,} samples" in str(info.value)
+
+
+def test_a_reason_label_with_more_values_than_an_engine_has_is_too_large() -> None:
+    # (review, round 18) 5,000 finished_reason values per series, counts moving every poll: 656 MiB, kvwatch_up 1
+    def page(reasons: int) -> str:
+        rows = "".join(f'vllm:request_success_total{{engine="0",finished_reason="r{i}",model_name="m"}} {i}\n'
+                       for i in range(reasons))
+        return ('# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5\n'
+                "# TYPE vllm:request_success_total counter\n" + rows)
+
+    assert len(interpret(page(detect.REASONS_PER_SERIES), None, timestamp=0.0).readings[0].finished_by_reason) == 64
+    with pytest.raises(ScrapeError) as info:
+        interpret(page(detect.REASONS_PER_SERIES + 1), None, timestamp=0.0)
+    assert info.value.reason == "too_large" and "values of finished_reason" in str(info.value)
+
+
+def test_only_the_newest_entry_keeps_its_per_reason_counts() -> None:
+    from kvwatch.history import SeriesHistory
+
+    history = SeriesHistory()
+    for t in range(3):
+        history.append(float(t), Reading(model_name="m", kv_usage_ratio=0.5,
+                                         finished_by_reason={"stop": 10.0 - 5 * (t == 2)},
+                                         waiting_by_reason={"capacity": float(t)}))
+    entries = list(history)
+    assert [dict(e.reading.finished_by_reason) for e in entries] == [{}, {}, {"stop": 5.0}]
+    assert not entries[0].reading.waiting_by_reason and entries[-1].reading.waiting_by_reason == {"capacity": 2.0}
+    assert history.last_restart_reason == "request_success_total went down"  # read from the newest one before
+
+
+def test_a_failure_message_quoting_a_huge_label_is_cut() -> None:
+    # (review, round 18) a duplicate series with a 1 MiB label made each warning a 1 MiB log line
+    label = "v" * 2**20
+    page = (f'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name="m",x="{label}"}} 1\n'
+            f'vllm:num_requests_running{{model_name="m",x="{label}"}} 2\n')
+    with pytest.raises(ScrapeError) as info:
+        interpret(page, None, timestamp=0.0)
+    assert "duplicate series" in str(info.value) and len(str(info.value)) < 1100

@@ -68,6 +68,9 @@ class TooLarge(ParseError):
 # More metric families than any engine's page holds (vLLM exports about 60, a node's whole page a few thousand).
 # Each name costs the parse its metadata whatever is kept: 500,000 names in a 16 MiB body took ~300 MB.
 MAX_FAMILIES = 20_000
+# Labels one sample may carry: vLLM's widest, cache_config_info, has 26. One line of 1.37M labels took 478 MiB
+# (review, round 18); Prometheus' scrape config has label_limit for the same reason.
+MAX_LABELS_PER_SAMPLE = 256
 
 
 class Sample(NamedTuple):
@@ -218,6 +221,11 @@ def _next_comment(text: str, start: int) -> int:
     while at != -1 and text[at - 1] != "\n":
         at = text.find("#", at + 1)
     return at
+
+
+def _too_many_labels(lineno: int, name: str | None) -> TooLarge:
+    return TooLarge(f"line {lineno}: more than {MAX_LABELS_PER_SAMPLE} labels on one sample of {name or ''!r}: "
+                    "not an engine's (its widest has 26)")
 
 
 def _err(lineno: int, msg: str, line: str | None = None) -> ParseError:
@@ -384,6 +392,8 @@ class _Parser:
                     rest = line[len(name) + 1 :]
                     key = (name, "")
                 else:
+                    if len(line) > 1024 and line.count('"', brace) > 2 * MAX_LABELS_PER_SAMPLE + 2:
+                        raise _too_many_labels(lineno_here, name)
                     pieces = line[brace + 1 :].split('"')
                     tail = pieces[-1]
                     if tail[:2] == "} ":
@@ -394,6 +404,8 @@ class _Parser:
                         self._slow(line, lineno_here)
                         continue
                     keys = pieces[0:-1:2]
+                    if len(keys) > MAX_LABELS_PER_SAMPLE:  # (the count above keeps a far longer line unsplit)
+                        raise _too_many_labels(lineno_here, name)
                     try:
                         keys[0] = first_keys[keys[0]]
                         if len(keys) > 1:
@@ -766,6 +778,8 @@ class _Parser:
                 value, i = _quoted(line, i, lineno, "label value")
                 if key in labels:
                     raise _err(lineno, f"duplicate label names for metric {name or ''!r}", line)
+                if len(labels) == MAX_LABELS_PER_SAMPLE:
+                    raise _too_many_labels(lineno, name)
                 labels[key] = value
                 while i < n and line[i] in " \t":
                     i += 1

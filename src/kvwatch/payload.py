@@ -18,11 +18,18 @@ from kvwatch.plausible import check_poll
 REASONS: tuple[str, ...] = ("connect", "timeout", "http_status", "too_large", "parse", "unrecognised", "internal")
 
 
+# A failure's message quotes what it found (a duplicate series' labels, the labels two copies differ in): a 1 MiB
+# label made every warning a 1 MiB log line (5 MB of log in 30 s, review round 18).
+MAX_MESSAGE_CHARS = 1000
+
+
 class ScrapeError(Exception):
-    """One failed poll; ``reason`` is one of :data:`REASONS`."""
+    """One failed poll; ``reason`` is one of :data:`REASONS`; the message at most :data:`MAX_MESSAGE_CHARS`."""
 
     def __init__(self, reason: str, message: str) -> None:
         assert reason in REASONS, reason
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = f"{message[:MAX_MESSAGE_CHARS]}... ({len(message):,} characters, cut)"
         super().__init__(message)
         self.reason = reason
 

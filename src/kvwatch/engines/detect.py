@@ -143,7 +143,23 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
         poll = replace(poll, undetermined=poll.undetermined + tuple(
             (r.key, fields[field], why) for field, why in pending for r in poll.readings
             if getattr(r, fields[field]) is None))
+    _refuse_many_reasons(poll)
     return poll
+
+
+# Values of a reason label (finished_reason, waiting's reason) one series may hold: vLLM has a handful (stop,
+# length, abort, error; capacity, deferred). Thousands, changing every poll, cost memory in every reading kept
+# (656 MiB with kvwatch_up 1 from 16 series of 5,000; docs/reliability.md).
+REASONS_PER_SERIES = 64
+
+
+def _refuse_many_reasons(poll: Poll) -> None:
+    for reading in poll.readings:
+        for field, label in (("finished_by_reason", "finished_reason"), ("waiting_by_reason", "reason")):
+            count = len(getattr(reading, field))
+            if count > REASONS_PER_SERIES:
+                raise TooLarge(f"{count:,} values of {label} for model {reading.model_name!r}, engine "
+                               f"{reading.engine!r}: more than {REASONS_PER_SERIES} (an engine has a handful)")
 
 
 OVERRIDE_FLAGS = (("usage", "--usage-metric"), ("running", "--running-metric"), ("waiting", "--waiting-metric"))
@@ -184,6 +200,9 @@ ADMIT_FACTOR = 2
 # sidecar to 310 MB with kvwatch_up 1, and the allocator kept most of it after the target healed; at this cap the
 # parse refuses such a page having grown by 25 MB (docs/reliability.md).
 SAMPLES_PER_SERIES = 32_768
+# And all of them together: 128 series (twice --max-series) under that cap each held 8.4M samples, 277 MiB at the
+# parse's peak (review, round 18). 64 full series of an engine's page hold about 10,000.
+SAMPLES_PER_PAGE = 65_536
 
 
 class SeriesLimit:
@@ -198,9 +217,9 @@ class SeriesLimit:
     ``--max-series``). ``refused`` holds the hashes of the refused series, to count them once each. A series
     (or the unlabelled samples together) with more than :data:`SAMPLES_PER_SERIES` samples makes the whole page
     :class:`~kvwatch.exposition.TooLarge`: a label kvwatch does not key on multiplies them, and which ones to keep
-    would be a guess."""
+    would be a guess; so does a page with more than :data:`SAMPLES_PER_PAGE` kept samples in all."""
 
-    __slots__ = ("admitted", "limit", "partial", "refused", "samples")
+    __slots__ = ("admitted", "limit", "partial", "refused", "samples", "total")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -208,6 +227,7 @@ class SeriesLimit:
         self.partial: set[tuple[str | None, str | None]] = set()
         self.refused: set[int] = set()
         self.samples: dict[tuple[str | None, str | None], int] = {}
+        self.total = 0
 
     def admit(self, labels: dict[str, str]) -> bool:
         get = labels.get
@@ -231,6 +251,10 @@ class SeriesLimit:
     def _count(self, series: tuple[str | None, str | None]) -> None:
         count = self.samples.get(series, 0) + 1
         self.samples[series] = count
+        self.total += 1
+        if self.total > SAMPLES_PER_PAGE:
+            raise TooLarge(f"more than {SAMPLES_PER_PAGE:,} samples in the families kvwatch reads, over "
+                           f"{len(self.samples):,} series: not one engine's page (64 series of one hold about 10,000)")
         if count > SAMPLES_PER_SERIES:
             which = "samples without a model or engine label" if series == (None, None) else \
                 f"samples for model {series[0]!r}, engine {series[1]!r}"
