@@ -650,3 +650,13 @@ def test_bytes_past_the_declared_length_do_not_fail_the_next_poll(raw_server: Ca
     with Fetcher(server.url, timeout=5.0, max_body_bytes=1 << 20) as fetcher:
         for poll in range(4):
             assert len(interpret(fetcher.fetch(), None, timestamp=float(poll)).readings) == 2
+
+
+def test_a_charset_python_decodes_in_quadratic_time_is_read_as_utf8() -> None:
+    # (review, round 18) charset=punycode: 2 MB of "-baba..." took minutes to decode on the fetcher's event loop, and
+    # every later poll timed out until the decode ended; Prometheus reads every body as UTF-8
+    from kvwatch.fetch import decode_body
+
+    body = b"-" + b"ba" * 1_000_000
+    assert decode_body(body, "punycode", "") == body.decode()
+    assert decode_body("é".encode("latin-1"), "ISO-8859-1", "") == "é"  # a declared Latin-1 page is still read so
