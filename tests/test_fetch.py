@@ -660,3 +660,37 @@ def test_a_charset_python_decodes_in_quadratic_time_is_read_as_utf8() -> None:
     body = b"-" + b"ba" * 1_000_000
     assert decode_body(body, "punycode", "") == body.decode()
     assert decode_body("é".encode("latin-1"), "ISO-8859-1", "") == "é"  # a declared Latin-1 page is still read so
+
+
+def test_cookies_a_target_sets_are_never_sent_back() -> None:
+    # (review, round 18) a target setting 20 new cookies an answer: the request's headers grew past 16 KiB within
+    # 20 s, and a server refusing such headers (uvicorn: 431) failed every poll from then on
+    sent: list[str | None] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request.headers.get("Cookie"))
+        return httpx.Response(200, text=FIXTURE, headers=[("Set-Cookie", f"c{len(sent)}_{i}=v; Path=/")
+                                                          for i in range(20)])
+
+    with respx.mock:
+        respx.get(URL).mock(side_effect=answer)
+        with Fetcher(URL, timeout=2.0, max_body_bytes=1 << 20) as fetcher:
+            for _ in range(3):
+                fetcher.fetch()
+    assert sent == [None, None, None]
+
+
+@pytest.mark.parametrize(("status", "location"), [
+    (b"304 Not Modified", None), (b"300 Multiple Choices", None), (b"302 Found", None),
+    (b"302 Found", b"http://127.0.0.1:99999/metrics"),
+])
+def test_a_redirect_that_leads_nowhere_is_a_target_failure_not_internal(raw_server: Callable, status: bytes,
+                                                                        location: bytes | None) -> None:
+    # (review, round 18) KeyError 'Location' and OverflowError from the socket: counted "internal", with a traceback
+    where = b"Location: %s\r\n" % location if location else b""
+    server = raw_server(lambda conn: conn.sendall(
+        b"HTTP/1.1 %s\r\n%sContent-Length: 0\r\nConnection: close\r\n\r\n" % (status, where)))
+    with Fetcher(server.url, timeout=2.0, max_body_bytes=1 << 20) as fetcher, pytest.raises(ScrapeError) as info:
+        fetcher.fetch()
+    assert info.value.reason == ("connect" if location else "http_status")
+    assert ("no such port" if location else "without a Location") in str(info.value)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import http.cookiejar
 import logging
 import ssl
 import sys
@@ -96,8 +97,12 @@ class Fetcher:
         self._thread.start()
 
     def _new_client(self) -> httpx.AsyncClient:
+        # No cookies kept, as Prometheus keeps none: a target setting new ones every answer grew the request's
+        # headers until it answered 431 to every poll (review, round 18).
+        no_cookies = http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
         return httpx.AsyncClient(
             timeout=httpx.Timeout(self.timeout),
+            cookies=no_cookies,
             verify=self._verify,
             transport=self._transport,
             follow_redirects=False,  # followed here (_request), never reading a redirect's body
@@ -109,7 +114,16 @@ class Fetcher:
         client has no CA bundle to verify with)."""
         if hops + 1 >= MAX_REDIRECTS:  # (Go's rule: the request that would be the 11th is not sent)
             raise ScrapeError("connect", f"{self.url}: stopped after {MAX_REDIRECTS} redirects")
-        target = response.url.join(response.headers["Location"])
+        location = response.headers.get("Location")
+        if not location:  # (httpx calls every 3xx a redirect: 300 and 304 have no Location to follow)
+            raise ScrapeError("http_status", f"{self.url} answered HTTP {response.status_code} without a Location "
+                              "to follow")
+        try:
+            target = response.url.join(location)
+        except (httpx.InvalidURL, ValueError) as exc:
+            raise ScrapeError("connect", f"{self.url} redirects to {location[:200]!r}, not a URL: {exc}") from None
+        if target.port is not None and not 0 < target.port < 65536:  # (the socket raised OverflowError: internal)
+            raise ScrapeError("connect", f"{self.url} redirects to {location[:200]!r}: no such port")
         if not self._tls and target.scheme == "https":
             raise ScrapeError("connect", f"{self.url} redirects to https: give the https URL as the target, so "
                               "that its certificate is verified")
@@ -228,7 +242,7 @@ class Fetcher:
                 raise ScrapeError("connect", f"{self.url}: {type(exc).__name__}: {exc}") from None
             # The target answered 200, then the body broke off (truncated, bad chunked encoding).
             raise ScrapeError("parse", f"{self.url}: incomplete body ({type(exc).__name__}: {exc})") from None
-        except (httpx.HTTPError, OSError, ValueError) as exc:  # transport, TLS and URL failures alike
+        except (httpx.HTTPError, OSError, ValueError, OverflowError) as exc:  # transport, TLS and URL failures alike
             raise ScrapeError("connect", f"{self.url}: {type(exc).__name__}: {exc}") from None
 
     async def _send(self, url: httpx.URL, headers: dict[str, str], auth: httpx.Auth | None) -> httpx.Response:
