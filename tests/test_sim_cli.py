@@ -280,3 +280,18 @@ def test_a_port_in_use_stops_the_simulator_naming_the_flags() -> None:
         done = _kvwatch("simulate", "--listen-address", "127.0.0.1", "--port", str(taken.getsockname()[1]))
     assert done.returncode == 2
     assert "--listen-address 127.0.0.1 --port" in done.stderr and "in use" in done.stderr
+
+
+def test_the_simulator_listens_on_an_ipv6_address() -> None:
+    # (review, round 18) --listen-address ::1 failed: "Address family for hostname not supported"
+    proc = subprocess.Popen([sys.executable, "-m", "kvwatch", "simulate", "--listen-address", "::1", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("serving http://[::1]:"), line + (proc.stderr.read() if proc.stderr else "")
+        with urllib.request.urlopen(line.split()[1], timeout=10) as response:
+            assert b"vllm:kv_cache_usage_perc" in response.read()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)

@@ -298,7 +298,7 @@ def _serve(service: SimulationService, args: argparse.Namespace) -> int:
               f"{exc.strerror or exc}", file=sys.stderr)
         return 2
     host, port = server.server_address[:2]
-    print(f"serving http://{host}:{port}/metrics", flush=True)
+    print(f"serving http://{f'[{host}]' if ':' in host else host}:{port}/metrics", flush=True)
     speaks = f"vLLM {args.vllm_version}" if args.engine == "vllm" else args.engine
     print(f"{speaks} simulator: {args.data_parallel_size} x {args.num_gpu_blocks} blocks of "
           f"{args.block_size} tokens, speed x{args.speed:g}", file=sys.stderr, flush=True)

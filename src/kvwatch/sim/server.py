@@ -6,6 +6,7 @@ times per second and every scrape advances it to "now" first, so ``/metrics`` is
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -115,9 +116,12 @@ def make_server(service: SimulationService, host: str = "127.0.0.1", port: int =
         def log_message(self, format: str, *args: object) -> None:
             pass  # scrapes every few seconds would flood the terminal
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    return server
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+        # an IPv6 address (--listen-address ::1), as kvwatch serve listens on one
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    return Server((host, port), Handler)
 
 
 def start_ticker(service: SimulationService, stop: threading.Event, interval: float = 0.2) -> threading.Thread:
