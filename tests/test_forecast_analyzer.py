@@ -36,7 +36,7 @@ def test_serve_analyzer_exports_state_and_unknown_for_missing_or_stale_series():
     analyzer = make_analyzer(settings, CapacityResolver(settings))
     assert analyzer.params.stale_after_seconds == 15.0  # 3 x the default 5 s poll interval
     # With an accelerated poll clock (demo, e2e), stale-after stays real seconds: 15 s = 600 clock seconds.
-    fast = ServeSettings(clock_speed=40)
+    fast = ServeSettings(clock_speed=40, poll_interval_seconds=1, stale_after_seconds=15)
     assert make_analyzer(fast, CapacityResolver(fast)).params.stale_after_seconds == 600.0
     h0, h1 = SeriesHistory(), SeriesHistory()
     c0, c1 = [0.0], [0.0]

@@ -281,3 +281,21 @@ def test_an_address_it_cannot_listen_on_stops_startup_naming_the_flags(where: st
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--listen-address" in err and "--port" in err
     assert ("(from KVWATCH_LISTEN_ADDRESS)" in err) == (where == "variable")
+
+
+@pytest.mark.parametrize(("argv", "variables", "said"), [
+    (["--poll-interval-seconds", "240"], {}, "invalid value '240' for --poll-interval-seconds"),
+    (["--clock-speed", "100"], {}, "(the default) for --poll-interval-seconds: times --clock-speed (100) is 500 s"),
+    (["--poll-interval-seconds", "5"], {"KVWATCH_CLOCK_SPEED": "30"}, "times KVWATCH_CLOCK_SPEED (30) is 150 s"),
+])
+def test_a_poll_step_the_forecaster_cannot_work_with_stops_startup(argv: list[str], variables: dict[str, str],
+                                                                    said: str, monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    # (review, round 18) polls 240 s apart (or 5 s at --clock-speed 100) left the forecaster warming_up for good, its
+    # ETA +Inf with the cache full, and nothing said
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    assert main(["serve", "--target-url", "http://127.0.0.1:9/metrics", *argv]) == 2
+    assert said in capsys.readouterr().err
+    monkeypatch.delenv("KVWATCH_CLOCK_SPEED", raising=False)
+    assert settings_from(["--poll-interval-seconds", "120"]).poll_interval_seconds == 120.0

@@ -25,6 +25,10 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 ENV_PREFIX = "KVWATCH_"
 MIN_INTERVAL_SECONDS = 0.01
 MAX_INTERVAL_SECONDS = 3600.0
+# The longest poll step (interval x clock speed) the forecaster works with: it fits minute buckets (15 of them in its
+# 45-minute trend window) and takes 2-minute medians for the bottleneck. At 240 s it never left warming_up, and its
+# ETA read +Inf with the cache full (review, round 18; docs/forecasting.md, "In the sidecar").
+MAX_POLL_STEP_SECONDS = 120.0
 MAX_STALE_AFTER_SECONDS = 86400.0
 MAX_CLOCK_SPEED = 10000.0
 MIN_CLOCK_SPEED = 0.001  # slower, the poll clock stops advancing between polls (its float holds ~1e9 seconds)
@@ -518,8 +522,9 @@ class ServeSettings(TargetSettings):
     port: int = Field(9747, ge=0, le=65535, description="Port kvwatch serves /metrics and /healthz on (0: a free "
                       "port, logged at start).")
     poll_interval_seconds: float = Field(
-        5.0, ge=MIN_INTERVAL_SECONDS, le=MAX_INTERVAL_SECONDS,
-        description="How often kvwatch polls vLLM (its own timer), 0.01 s to 1 h."
+        5.0, ge=MIN_INTERVAL_SECONDS, le=MAX_POLL_STEP_SECONDS,
+        description="How often kvwatch polls vLLM (its own timer), 0.01 s to 2 min (the forecaster's minute "
+        "buckets and 2-minute medians need a poll at least that often)."
     )
     stale_after_seconds: float | None = Field(
         None, gt=0, le=MAX_STALE_AFTER_SECONDS,
@@ -621,6 +626,10 @@ class ServeSettings(TargetSettings):
                 raise _FieldError(field, "needs --dcgm-url (KVWATCH_DCGM_URL): only dcgm-exporter labels GPUs with "
                                   "their pod")
         interval = self.poll_interval_seconds
+        if interval * self.clock_speed > MAX_POLL_STEP_SECONDS:
+            raise _FieldError("poll_interval_seconds", f"times {{clock_speed}} ({self.clock_speed:g}) is "
+                              f"{interval * self.clock_speed:g} s of the poll clock: at most "
+                              f"{MAX_POLL_STEP_SECONDS:g} (the forecaster's minute buckets and 2-minute medians)")
         if self.poll_timeout_seconds is None:
             self.poll_timeout_seconds = 0.8 * interval
         elif self.poll_timeout_seconds >= interval:
@@ -751,10 +760,12 @@ def _source(field: str, flags: dict[str, Any]) -> str:
 
 def _blame(field: str, flags: dict[str, Any], msg: str, value: Any = None) -> str:
     pub = public_name(field)
-    source = flag_name(pub) if field in flags else env_name(pub)
+    source = _source(field, flags)
     if isinstance(value, str) and "@" in value:
         value = redact_url(value)  # a rejected --target-url may still carry a password
     shown = "" if value is None or isinstance(value, dict) else f" {value!r}"
+    if source.startswith("the default "):  # (a cross-field check can refuse a default beside another's value)
+        return f"invalid value{shown} (the default) for {flag_name(pub)}: {msg}"
     return f"invalid value{shown} for {source}: {msg}"
 
 
