@@ -612,3 +612,18 @@ def test_scheduler_limited_band_holds_between_half_and_as_many_saturated_polls()
     # 12 saturated polls to 18 (2/3 as many, above half): it does not fire; a minute later (6 to 24) it does
     states = run([True] * 12 + [False] * 24)
     assert not states[29] and states[-1]
+
+
+def test_raw_polls_are_kept_for_the_minutes_that_read_them_only() -> None:
+    # (review, round 18) every bucket of two hours kept every poll: 26 MB a series at 0.01-s polls and rising. The
+    # burst quantile and the within-minute spread read the last 30 minutes; a bucket older keeps its summary.
+    forecaster = Forecaster()
+    results = [forecaster.observe(s) for s in stream(lambda t: 0.5 + 0.1 * math.sin(t / 97.0), seconds=90 * 60,
+                                                     dt=5.0)]
+    buckets = list(forecaster._buckets)  # (private: what it holds is the point)
+    newest = buckets[-1].minute
+    window = max(ForecastParams().risk.window_buckets, ForecastParams().demand.burst_window_buckets)
+    assert all(not b.usages for b in buckets if b.minute <= newest - window)
+    assert all(len(b.usages) == 12 for b in buckets[-window:])
+    assert all(b.samples == 12 and b.u_sd > 0 for b in buckets)  # the summaries stay
+    assert results[-1].state in {"ok", "filling"}

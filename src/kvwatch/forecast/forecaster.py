@@ -459,6 +459,14 @@ class Forecaster:
     def _on_minute(self, bucket: MinuteBucket) -> None:
         p = self.params
         self._buckets.append(bucket)
+        # The raw polls are read over the last 30 minutes only (the burst quantile, the within-minute spread): an
+        # older bucket keeping them held every poll of 2 hours (26 MB a series at 0.01-s polls; review, round 18).
+        oldest_read = bucket.minute - max(p.risk.window_buckets, p.demand.burst_window_buckets)
+        for i, old in enumerate(self._buckets):
+            if old.minute > oldest_read:
+                break
+            if old.usages:
+                self._buckets[i] = replace(old, usages=())
         buckets = list(self._buckets)
         self._recent_prompt_mean = mean_prompt(buckets[-p.risk.window_buckets:])
         # Slopes are fitted after the warm-up only: usage and rate climbing back after a restart is no trend.
