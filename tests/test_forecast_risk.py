@@ -209,3 +209,22 @@ def test_a_shift_of_level_only_ever_lowers_the_level_v6_would_read():
         assert v6 is not None and v8 is not None
         assert v8[1] <= v6[1] + 1e-6
 
+
+
+def test_the_gamma_tail_at_a_tiny_variance_is_the_gaussian_not_an_overflow() -> None:
+    # (review, round 18) shape = mean^2/var near 1e22: the log-density lost every digit (9.5e10 for 397) and, at a
+    # variance of 1e-12, math.exp overflowed out of the risk model
+    import math
+
+    from kvwatch.forecast.risk import _tail_and_density
+
+    for var in (1e-12, 1e-6, 1.0):
+        mean = 95000.0 + 1e-4
+        tail, density = _tail_and_density(95000.0, mean, var, "gamma")
+        sd = math.sqrt(var)
+        assert 0.5 <= tail <= 1.0
+        assert density == pytest.approx(math.exp(-0.5 * (1e-4 / sd) ** 2) / (sd * math.sqrt(2 * math.pi)), rel=1e-3)
+    # An ordinary spread keeps the gamma's skew: its tail above the Gaussian's a few sd out.
+    gamma, _ = _tail_and_density(130.0, 100.0, 100.0, "gamma")
+    gaussian, _ = _tail_and_density(130.0, 100.0, 100.0, "gaussian")
+    assert gamma > gaussian

@@ -167,7 +167,10 @@ def _tail_and_density(c: float, mean: float, var: float, distribution: str) -> t
     """(P(K ≥ c), density at c) for a Gaussian or a moment-matched gamma occupancy."""
     if var <= 0 or mean <= 0:
         return (1.0 if mean >= c else 0.0), 0.0
-    if distribution == "gaussian":
+    # Past a shape of 1e6 the gamma's skewness (2/sqrt(shape)) is under 0.002: it is the Gaussian, whose density
+    # stays exact where the gamma's log-density, a difference of terms near shape, lost every digit (and overflowed
+    # at a variance of 1e-12; review, round 18).
+    if distribution == "gaussian" or mean * mean > 1e6 * var:
         sd = math.sqrt(var)
         z = (c - mean) / sd
         return _normal_upper_tail(z), math.exp(-0.5 * z * z) / (sd * math.sqrt(2.0 * math.pi))
