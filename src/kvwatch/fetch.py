@@ -399,7 +399,9 @@ def held_text(text: str, body_bytes: int, max_body_bytes: int, source: str) -> s
 # Charsets a body is read in when declared; any other is read as UTF-8, the text format's, as Prometheus reads every
 # body whatever it declares. Python decodes some codecs in time quadratic in the size (punycode: 8 s for 320 KB,
 # on the fetcher's loop, which held every later poll; review, round 18).
-DECLARED_CHARSETS = frozenset({"utf-8", "utf8", "us-ascii", "ascii", "iso-8859-1", "latin-1", "latin1"})
+# (UTF-16 and UTF-8 with a BOM too: check --file reads a page saved on Windows in them, told by the BOM.)
+DECLARED_CHARSETS = frozenset({"utf-8", "utf8", "utf-8-sig", "utf-16", "us-ascii", "ascii", "iso-8859-1", "latin-1",
+                               "latin1"})
 
 
 def decode_body(body: bytes, charset: str | None, source: str) -> str:
