@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from kvwatch.check import build_report
 from kvwatch.engines import Selector, SourceOverrides, UnrecognisedPayload, vllm
+from kvwatch.engines.detect import read_payload
 from kvwatch.exposition import ParseError, parse
 from kvwatch.model import Poll, Reading
 from kvwatch.payload import ScrapeError, interpret
@@ -661,3 +663,27 @@ def test_nim_read_through_the_override_flags_reads_as_before() -> None:
                                 waiting=Selector("num_requests_waiting"))
     (reading,) = interpret(text, overrides, timestamp=0.0).readings
     assert (reading.kv_usage_ratio, reading.requests_running, reading.requests_waiting) == (0.97, 24, 6)
+
+
+def test_vllm_omni_stages_are_engines_each_with_its_own_pool(capsys: pytest.CaptureFixture[str]) -> None:
+    # (review, round 18) vLLM-Omni relabels engine into stage + replica: one server's page was refused as "several
+    # servers", and the workaround's selectors lost each stage's capacity
+    from kvwatch.cli import main
+
+    text = (FIXTURES / "gen-omni-two-stages.prom").read_text()
+    poll = read_payload(text, timestamp=1.0)
+    assert "vLLM-Omni" in poll.detection.version_range
+    by_engine = {r.engine: r for r in poll.readings}
+    assert set(by_engine) == {"0.0", "1.0"}
+    assert (by_engine["0.0"].kv_usage_ratio, by_engine["0.0"].kv_capacity_tokens) == (0.91, 128000)
+    assert (by_engine["1.0"].requests_waiting, by_engine["1.0"].kv_capacity_tokens) == (0.0, 320000)
+    # An operator's selector names the page's own labels, and reads it as it is.
+    staged = read_payload(text, SourceOverrides.from_strings(usage='vllm:kv_cache_usage_perc{stage="1"}',
+                                                             running='vllm:num_requests_running{stage="1"}',
+                                                             waiting='vllm:num_requests_waiting{stage="1"}'),
+                          timestamp=1.0)
+    assert [r.kv_usage_ratio for r in staged.readings] == [0.2]
+    # The stages are a pipeline's engines, not data-parallel ranks: no server total in the advice.
+    assert main(["check", "--file", str(FIXTURES / "gen-omni-two-stages.prom"), "--json"]) == 0
+    fixes = json.loads(capsys.readouterr().out)["series"][0]["advice"]
+    assert fixes and "data-parallel" not in fixes[0]["message"]

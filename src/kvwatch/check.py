@@ -47,6 +47,7 @@ from kvwatch.advisor import (
 )
 from kvwatch.derived import SeriesState, derive
 from kvwatch.engines import SourceOverrides
+from kvwatch.engines.detect import OMNI_NOTE
 from kvwatch.fetch import CappedBody, Fetcher, decode_body, held_text
 from kvwatch.forecast import Forecaster, ForecastParams, ForecastSample
 from kvwatch.forecast.detector import no_room_in
@@ -275,7 +276,7 @@ def build_report(poll: Poll, max_model_len: int | None = None,
     mismatched |= {(r.model_name, r.engine) for r in poll.readings if r.model_name in tp_unlike}
     d = poll.detection
     advice_kind = _advice_kind(d)
-    ranks = _ranks_per_model(states, d.engine_kind)
+    ranks = _ranks_per_model(states, d.engine_kind, stages=OMNI_NOTE in d.version_range)
     report = {
         "engine_kind": d.engine_kind,
         "version_range": d.version_range,
@@ -608,11 +609,14 @@ def _roomiest_other_rank(state: SeriesState, states: Iterable[SeriesState]) -> t
     return max(others, key=lambda other: other[1], default=None)
 
 
-def _ranks_per_model(states: Iterable[SeriesState], engine_kind: str) -> Counter[str]:
+def _ranks_per_model(states: Iterable[SeriesState], engine_kind: str, *, stages: bool = False) -> Counter[str]:
     """The data-parallel ranks of one server, per model: SGLang's dp_rank series (its flags name the server's total,
     and --enable-dp-attention divides them over the ranks) and vLLM's engine series (the engine cores one API server
-    fronts, each scheduling its own requests: the gateway's limit is theirs together); TensorRT-LLM: none."""
-    return Counter(s.reading.model_name for s in states) if engine_kind in (SGLANG, VLLM) else Counter()
+    fronts, each scheduling its own requests: the gateway's limit is theirs together); TensorRT-LLM: none; nor
+    vLLM-Omni's ``stages``, a pipeline's engines, each configured apart (kvwatch.engines.detect.OMNI_NOTE)."""
+    if engine_kind not in (SGLANG, VLLM) or stages:
+        return Counter()
+    return Counter(s.reading.model_name for s in states)
 
 
 def _scheduler_fix(running: float | None, max_num_seqs: int | None, flags: Mapping[str, str | None],

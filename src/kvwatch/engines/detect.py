@@ -2,7 +2,9 @@
 
 NVIDIA NIM for LLMs serves vLLM's families without the ``vllm:`` prefix (its ``/v1/metrics``): a page with no
 ``vllm:`` at all whose lines start with vLLM's running gauge and a KV usage gauge is read with the prefix put
-back (:func:`unprefixed_vllm`), and the report names the metrics as the page spells them.
+back (:func:`unprefixed_vllm`), and the report names the metrics as the page spells them. vLLM-Omni relabels
+every ``vllm:*`` family's ``engine`` into ``stage`` and ``replica`` (one server running an engine per stage,
+each with its own KV cache): such a page is read with ``engine="<stage>.<replica>"`` (:func:`engines_from_stages`).
 
 First match wins: any ``vllm:*`` family → vLLM; SGLang's scheduler gauges → SGLang; ``trtllm_*``,
 ``trtllm:*`` or Triton's ``nv_trt_llm_*`` families → TensorRT-LLM; a JSON body → TensorRT-LLM iteration
@@ -18,7 +20,7 @@ import re
 from dataclasses import replace
 
 from kvwatch.engines import SourceOverrides, UnrecognisedPayload, sglang, trtllm, vllm
-from kvwatch.exposition import Exposition, ParseError, TooLarge, parse
+from kvwatch.exposition import Exposition, Family, ParseError, Sample, TooLarge, parse
 from kvwatch.model import SGLANG, TENSORRT_LLM, VLLM, Poll
 
 LATENCY_FAMILIES: frozenset[str] = frozenset(
@@ -49,6 +51,35 @@ _UNPREFIXED = sorted({f.removeprefix("vllm:") for f in vllm.FAMILIES if f.starts
 _UNPREFIXED_LINE = re.compile(r"(?m)^((?:# (?:HELP|TYPE|UNIT)[ \t]+)?)(?=(?:"
                               + "|".join(map(re.escape, _UNPREFIXED))
                               + r")(?:_total|_bucket|_sum|_count|_created)?[ \t{])")
+
+
+# vllm-omni's vllm_omni/metrics/stat_logger.py (_rewrite_labelnames): ["model_name", "engine", ...] becomes
+# ["model_name", "stage", "replica", ...] on every upstream family, cache_config_info included.
+STAGE_LABELS = ("stage", "replica")
+OMNI_NOTE = "vLLM-Omni: engine is stage.replica"
+
+
+def engines_from_stages(exposition: Exposition) -> Exposition | None:
+    """A vLLM-Omni page with each (stage, replica) as the ``engine`` label; None for any other page. (Its running
+    gauge tells: every poll of every vLLM passes here.)"""
+    probe = exposition.samples(vllm.RUNNING)
+    if not probe or "engine" in probe[0].labels or not all(k in probe[0].labels for k in STAGE_LABELS):
+        return None
+    families: dict[str, Family] = {}
+    for name, family in exposition.families.items():
+        if name.startswith("vllm:"):
+            family = replace(family, samples=[_staged(s) for s in family.samples])
+        families[name] = family
+    return Exposition(families=families, names=exposition.names)
+
+
+def _staged(sample: Sample) -> Sample:
+    labels = sample.labels
+    if "engine" in labels or not all(k in labels for k in STAGE_LABELS):
+        return sample
+    engine = ".".join(labels[k] for k in STAGE_LABELS)
+    return Sample(sample.name, {**{k: v for k, v in labels.items() if k not in STAGE_LABELS}, "engine": engine},
+                  sample.value)
 
 
 def unprefixed_vllm(text: str) -> str | None:
@@ -97,6 +128,9 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
     prefixed = unprefixed_vllm(text) if not (overrides and overrides.names()) else None
     exposition = parse(text if prefixed is None else prefixed, wanted, limit.admit if limit is not None else None)
     pending = _refuse_unmatched(exposition, overrides)
+    # (an operator's selectors name the page's own labels, {stage="0"}: then it is read as it is)
+    staged = engines_from_stages(exposition) if not (overrides and overrides.names()) else None
+    exposition = staged or exposition
     kinds = engines_of(exposition)
     if len(kinds) > 1:  # one adapter would read its engine's series and the others' would vanish without a word
         raise UnrecognisedPayload(f"this page holds the metrics of {' and '.join(kinds)}: several engines on one "
@@ -131,6 +165,9 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
                                   "--disable-log-stats exports none of its own)")
     else:
         poll = vllm.read(exposition, overrides, timestamp=timestamp, max_series=max_series)
+    if staged is not None:
+        poll = replace(poll, detection=replace(poll.detection,
+                                               version_range=f"{poll.detection.version_range} ({OMNI_NOTE})"))
     if prefixed is not None:  # the report names the page's own spelling
         d = poll.detection
         poll = replace(poll, detection=replace(d, version_range=f"{d.version_range} (NIM: no vllm: prefix)", **{
