@@ -269,12 +269,19 @@ def test_demo_flags_must_be_finite_and_in_range(args: list[str], flag: str) -> N
 
 
 def test_the_slowest_demo_speed_gives_serve_a_valid_interval() -> None:
-    slowest = demo.POLL_SIMULATED_SECONDS / 3600.0
+    from kvwatch.settings import MAX_POLL_STEP_SECONDS, SettingsError
+
+    slowest = demo.POLL_SIMULATED_SECONDS / MAX_POLL_STEP_SECONDS
     demo.check_flags(_parse(demo.add_arguments, ["--clock-speed", str(slowest)]))
     argv = demo.serve_argv("http://127.0.0.1:8000/metrics", 9747, slowest)
-    assert load_settings(ServeSettings, _parse(app.add_arguments, argv)).poll_interval_seconds == pytest.approx(3600)
-    # With its own poll interval any speed above 0 runs.
+    assert load_settings(ServeSettings, _parse(app.add_arguments, argv)).poll_interval_seconds == pytest.approx(
+        MAX_POLL_STEP_SECONDS)
+    with pytest.raises(SettingsError, match="--clock-speed"):
+        demo.check_flags(_parse(demo.add_arguments, ["--clock-speed", str(slowest * 0.9)]))
+    # With its own poll interval any speed above 0 runs, within serve's poll step (the demo says so, not serve).
     demo.check_flags(_parse(demo.add_arguments, ["--clock-speed", "0.0001", "--poll-interval-seconds", "5"]))
+    with pytest.raises(SettingsError, match="--poll-interval-seconds"):
+        demo.check_flags(_parse(demo.add_arguments, ["--clock-speed", "100", "--poll-interval-seconds", "5"]))
 
 
 def test_the_fastest_demo_speed_gives_serve_a_valid_interval() -> None:

@@ -23,7 +23,7 @@ from typing import IO
 
 from kvwatch.exposition import ParseError, parse
 from kvwatch.forecast.risk import RiskParams
-from kvwatch.settings import MAX_INTERVAL_SECONDS, MIN_INTERVAL_SECONDS, ServeSettings
+from kvwatch.settings import MAX_INTERVAL_SECONDS, MAX_POLL_STEP_SECONDS, MIN_INTERVAL_SECONDS, ServeSettings
 from kvwatch.sim.cli import ClockSpeed, check, check_number
 from kvwatch.sim.engines_wire import ENGINES
 
@@ -237,10 +237,10 @@ def _stop(processes: Sequence[subprocess.Popen], grace: float = STOP_GRACE_SECON
 def check_flags(args: argparse.Namespace) -> None:
     """SettingsError naming the first bad flag; times and the speed must be finite (``inf`` would hang)."""
     check_number(args.speed, "--clock-speed", 0, MAX_DEMO_SPEED, low_open=True)
-    for flag, value in (("--poll-interval-seconds", args.poll_interval_seconds),
-                        ("--status-interval-seconds", args.status_interval_seconds)):
+    for flag, value, most in (("--poll-interval-seconds", args.poll_interval_seconds, MAX_POLL_STEP_SECONDS),
+                              ("--status-interval-seconds", args.status_interval_seconds, MAX_INTERVAL_SECONDS)):
         if value is not None:
-            check_number(value, flag, MIN_INTERVAL_SECONDS, MAX_INTERVAL_SECONDS)
+            check_number(value, flag, MIN_INTERVAL_SECONDS, most)
     if args.duration_seconds is not None:
         check_number(args.duration_seconds, "--duration-seconds", 0, 1e9, low_open=True)
     for flag, port in (("--sim-port", args.sim_port), ("--port", args.port)):
@@ -249,10 +249,14 @@ def check_flags(args: argparse.Namespace) -> None:
     if args.poll_interval_seconds is None:
         # kvwatch polls every 10 simulated seconds, --poll-interval-seconds = 10 / speed, which must be at most
         # serve's longest interval: a slower clock failed in serve, naming a flag the user never passed.
-        slowest = POLL_SIMULATED_SECONDS / MAX_INTERVAL_SECONDS
+        slowest = POLL_SIMULATED_SECONDS / MAX_POLL_STEP_SECONDS
         check(args.speed >= slowest, "--clock-speed", f"must be at least {slowest:.4g} (kvwatch polls every "
-              f"{POLL_SIMULATED_SECONDS:g} simulated seconds, at most every {MAX_INTERVAL_SECONDS:g} s), or pass "
+              f"{POLL_SIMULATED_SECONDS:g} simulated seconds, at most every {MAX_POLL_STEP_SECONDS:g} s), or pass "
               "--poll-interval-seconds", args.speed)
+    else:  # (serve's own check, said here with the demo's flags)
+        step = args.poll_interval_seconds * args.speed
+        check(step <= MAX_POLL_STEP_SECONDS, "--poll-interval-seconds", f"times --clock-speed ({args.speed:g}) is "
+              f"{step:g} s of the poll clock: at most {MAX_POLL_STEP_SECONDS:g}", args.poll_interval_seconds)
 
 
 def run(args: argparse.Namespace) -> int:
