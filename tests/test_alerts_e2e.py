@@ -43,6 +43,7 @@ from e2e.harness import (
     require_binary,
     wait_until_ready,
 )
+from e2e.queries import dashboard_queries
 from e2e.rules_for_e2e import differences_besides_for, for_durations, shorten_for
 
 pytestmark = pytest.mark.e2e
@@ -194,11 +195,32 @@ def test_forecast_reaches_alertmanager_before_bottleneck(tmp_path: Path) -> None
         eta = prometheus_query(prometheus_url, 'namespace_model_name:kvwatch_kv_exhaustion_eta_seconds:min'
                                                f'{{namespace="e2e", model_name="{MODEL}"}}')
         assert [float(s["value"][1]) for s in eta] == [0.0]  # in bottleneck
+
+        # Every query of the dashboard runs against this Prometheus (a refused one raises), and every panel this
+        # run has data for shows some: a wrong label or metric name leaves a panel at "No data" without an error.
+        empty = sorted(q.where for q in dashboard_queries() if not prometheus_query(prometheus_url, q.expr))
+        assert empty == sorted(EMPTY_IN_THIS_RUN), "\n".join(empty)
     finally:
         for process in reversed(processes):
             process.stop()
         webhook.close()
     assert all(not p.alive() for p in processes)
+
+
+# Dashboard queries with nothing to show in this run, and why: the run lasts minutes of wall time (a panel's
+# offset looks further back), kvwatch has no GPU source, no --model/--gpu (no formula, no what-ifs) and no TTFT
+# objective, no value of the target was impossible, and Prometheus scrapes kvwatch only (not vLLM's own page).
+EMPTY_IN_THIS_RUN: list[str] = [
+    "panel 'Forecast vs actual' B", "panel 'Forecast vs actual' C",  # offset 10m / 30m
+    "panel 'GPU memory: used, free and non-KV' A", "panel 'GPU memory: used, free and non-KV' B",
+    "panel 'GPU memory: used, free and non-KV' C", "panel 'GPU source (kvwatch_gpu_source_up)' A",
+    "panel 'GPU source errors by reason' A", "panel 'Last Xid error' A", "panel 'Non-KV memory growth' A",
+    "panel 'Time to GPU memory limit' A",  # no --dcgm-url or --nvml
+    "panel 'KV capacity: engine-reported vs formula' B", "panel 'What-if concurrency ceilings' A",  # no model, card
+    "panel 'TTFT objective breach and cause' A",  # no --ttft-slo-seconds
+    "panel 'Series dropped and impossible values' B",  # kvwatch_implausible_values_total: none was
+    "panel 'Requests: running and waiting' C",  # vllm:num_requests_waiting_by_reason: vLLM's own series
+]
 
 
 def _states(prometheus_url: str) -> str:
