@@ -474,3 +474,21 @@ def test_a_failure_message_quoting_a_huge_label_is_cut() -> None:
     with pytest.raises(ScrapeError) as info:
         interpret(page, None, timestamp=0.0)
     assert "duplicate series" in str(info.value) and len(str(info.value)) < 1100
+
+
+def test_a_max_series_raised_for_a_target_serving_more_raises_the_page_cap_too() -> None:
+    # (review, round 18) 600 real series of ~125 samples each (75,000) were refused at a fixed 65,536 cap although
+    # --max-series 1000 admitted them, as docs/reliability.md tells such an operator to do
+    bounds = [f"{0.01 * 1.06 ** i:.6g}" for i in range(120)] + ["+Inf"]
+    lines = ["# TYPE vllm:kv_cache_usage_perc gauge", "# TYPE vllm:num_requests_running gauge",
+             "# TYPE vllm:e2e_request_latency_seconds histogram"]
+    for i in range(600):
+        series = f'engine="0",model_name="m{i:03d}"'
+        lines += [f"vllm:kv_cache_usage_perc{{{series}}} 0.5", f"vllm:num_requests_running{{{series}}} 3"]
+        lines += [f'vllm:e2e_request_latency_seconds_bucket{{{series},le="{b}"}} {n}' for n, b in enumerate(bounds)]
+        lines += [f"vllm:e2e_request_latency_seconds_sum{{{series}}} 5", f"vllm:e2e_request_latency_seconds_count"
+                  f"{{{series}}} {len(bounds) - 1}"]
+    page = "\n".join(lines) + "\n"
+    assert page.count("\n") > detect.SAMPLES_PER_PAGE
+    assert len(interpret(page, None, timestamp=0.0, max_series=1000).readings) == 600
+    assert len(interpret(page, None, timestamp=0.0, max_series=64).readings) == 64  # the parse kept 128 of them

@@ -238,8 +238,11 @@ ADMIT_FACTOR = 2
 # parse refuses such a page having grown by 25 MB (docs/reliability.md).
 SAMPLES_PER_SERIES = 32_768
 # And all of them together: 128 series (twice --max-series) under that cap each held 8.4M samples, 277 MiB at the
-# parse's peak (review, round 18). 64 full series of an engine's page hold about 10,000.
+# parse's peak (review, round 18). 64 full series of an engine's page hold about 10,000; a --max-series raised for a
+# target that serves more raises it too, by SAMPLES_PER_ADMITTED_SERIES a series the parse keeps (a vLLM series
+# holds 119-143).
 SAMPLES_PER_PAGE = 65_536
+SAMPLES_PER_ADMITTED_SERIES = 256
 
 
 class SeriesLimit:
@@ -254,9 +257,10 @@ class SeriesLimit:
     ``--max-series``). ``refused`` holds the hashes of the refused series, to count them once each. A series
     (or the unlabelled samples together) with more than :data:`SAMPLES_PER_SERIES` samples makes the whole page
     :class:`~kvwatch.exposition.TooLarge`: a label kvwatch does not key on multiplies them, and which ones to keep
-    would be a guess; so does a page with more than :data:`SAMPLES_PER_PAGE` kept samples in all."""
+    would be a guess; so does a page with more kept samples in all than :data:`SAMPLES_PER_PAGE` or
+    :data:`SAMPLES_PER_ADMITTED_SERIES` a series the parse keeps, whichever is more."""
 
-    __slots__ = ("admitted", "limit", "partial", "refused", "samples", "total")
+    __slots__ = ("admitted", "limit", "most", "partial", "refused", "samples", "total")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -265,6 +269,7 @@ class SeriesLimit:
         self.refused: set[int] = set()
         self.samples: dict[tuple[str | None, str | None], int] = {}
         self.total = 0
+        self.most = max(SAMPLES_PER_PAGE, SAMPLES_PER_ADMITTED_SERIES * limit)
 
     def admit(self, labels: dict[str, str]) -> bool:
         get = labels.get
@@ -289,9 +294,10 @@ class SeriesLimit:
         count = self.samples.get(series, 0) + 1
         self.samples[series] = count
         self.total += 1
-        if self.total > SAMPLES_PER_PAGE:
-            raise TooLarge(f"more than {SAMPLES_PER_PAGE:,} samples in the families kvwatch reads, over "
-                           f"{len(self.samples):,} series: not one engine's page (64 series of one hold about 10,000)")
+        if self.total > self.most:
+            raise TooLarge(f"more than {self.most:,} samples in the families kvwatch reads, over "
+                           f"{len(self.samples):,} series: not one engine's page (64 series of one hold about 10,000; "
+                           "--max-series raises the cap)")
         if count > SAMPLES_PER_SERIES:
             which = "samples without a model or engine label" if series == (None, None) else \
                 f"samples for model {series[0]!r}, engine {series[1]!r}"
