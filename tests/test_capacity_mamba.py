@@ -200,3 +200,19 @@ def test_lfm2_short_convolution_state_pages_are_modelled():
     plan = planner.plan_capacity(spec)
     assert plan.num_gpu_blocks == 109_226 and plan.kv_cache_tokens == 109_226 // 3 * 16 == 582_528
     assert plan.max_concurrency_at_max_model_len == pytest.approx(109_226 / (2048 + 2))
+
+
+def test_a_state_dtype_spelled_as_torch_names_it_is_read_and_an_unknown_one_refused() -> None:
+    # (review, round 18) the KV dtype table became strict, and a config's "torch.float32" (or any other spelling)
+    # escaped the planner as a traceback
+    import json
+    from pathlib import Path
+
+    from kvwatch.capacity import ArchitectureError, arch_from_config
+
+    configs = Path(__file__).parent / "fixtures" / "model-configs"
+    config = json.loads((configs / "nemotron3_nano_pattern.json").read_text())
+    plain = arch_from_config({**config, "mamba_ssm_cache_dtype": "float32"})
+    assert arch_from_config({**config, "mamba_ssm_cache_dtype": "torch.float32"}) == plain
+    with pytest.raises(ArchitectureError, match="mamba_ssm_cache_dtype 'weird4'"):
+        arch_from_config({**config, "mamba_ssm_cache_dtype": "weird4"})

@@ -34,7 +34,7 @@ MAX_CLOCK_SPEED = 10000.0
 MIN_CLOCK_SPEED = 0.001  # slower, the poll clock stops advancing between polls (its float holds ~1e9 seconds)
 MAX_GPU_MEMORY_GIB = 4096.0  # 4 TiB: no accelerator comes near; past it the sums overflow into nonsense
 # vLLM's --kv-cache-dtype values (and the model dtypes an "auto" cache takes), as kvwatch accepts them: the
-# capacity model sizes the first line's (kvwatch.capacity.kv.KV_DTYPE_BYTES) and refuses to plan vLLM 0.33's
+# capacity model sizes the first line's (kvwatch.capacity.units.DTYPE_BYTES) and refuses to plan vLLM 0.33's
 # smaller ones, whose scales it does not model (an engine running one still gets every other figure).
 KV_CACHE_DTYPES: frozenset[str] = frozenset(
     {"auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "bfloat16", "float16", "bf16", "fp16",

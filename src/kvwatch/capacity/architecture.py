@@ -39,6 +39,7 @@ from kvwatch.capacity.layers import (
 from kvwatch.capacity.mamba import MambaConfigError, MambaDims, mamba_dims_from_config
 from kvwatch.capacity.max_len import LONGROPE_DEFAULT_SINCE, YARN_UNSCALED_SINCE, derived_max_model_len, rope_scaling
 from kvwatch.capacity.quantization import QuantizationError, checkpoint_kv_cache_dtype, scheme_from_config
+from kvwatch.capacity.units import DTYPE_BYTES
 
 # Pure state-space models (vLLM's mamba.py, mamba2.py, falcon_mamba): no attention layer at all.
 _ATTENTION_FREE_TYPES = frozenset({"mamba", "mamba2", "falcon_mamba"})
@@ -298,6 +299,15 @@ def _mamba_inner_size(cfg: dict[str, Any], hidden: int) -> int:
     return (first_number(cfg, "mamba_expand", "expand", default=2) or 2) * hidden
 
 
+def _ssm_state_dtype(cfg: dict[str, Any]) -> str | None:
+    """The Mamba state dtype a hybrid's config fixes (NemotronH: mamba_ssm_cache_dtype; Qwen3.5: mamba_ssm_dtype), as
+    kvwatch sizes it ("torch.float32" is float32); ArchitectureError for a dtype it does not size."""
+    dtype = str(cfg.get("mamba_ssm_cache_dtype") or cfg.get("mamba_ssm_dtype") or "").lower().removeprefix("torch.")
+    if dtype and dtype != "auto" and dtype not in DTYPE_BYTES:
+        raise ArchitectureError(f"mamba_ssm_cache_dtype {dtype!r} is a dtype kvwatch does not size")
+    return dtype or None
+
+
 def arch_from_config(config: dict[str, Any], name: str = "custom", source: str | None = None) -> ModelArch:
     """Build a :class:`ModelArch` from a parsed Hugging Face ``config.json``; ArchitectureError if it is not one."""
     if not isinstance(config, dict):
@@ -502,8 +512,7 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         notes=tuple(notes),
         model_type=model_type,
         architectures=architectures,
-        mamba_ssm_cache_dtype=(str(cfg.get("mamba_ssm_cache_dtype") or cfg.get("mamba_ssm_dtype") or "") or None)
-        if is_hybrid else None,
+        mamba_ssm_cache_dtype=_ssm_state_dtype(cfg) if is_hybrid else None,
     )
 
 

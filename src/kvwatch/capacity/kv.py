@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from kvwatch.capacity import mamba
 from kvwatch.capacity.architecture import ModelArch
 from kvwatch.capacity.layers import CHUNKED, FULL, MAMBA, MLP_ONLY, SLIDING
+from kvwatch.capacity.units import DTYPE_BYTES
 
 # vLLM versions that matter for the reported token count, as (major, minor) tuples.
 HYBRID_GROUPING_SINCE = (0, 9)  # before: every attention layer treated as full attention, one group
@@ -122,7 +123,7 @@ def mamba_ssm_dtype_bytes(arch: ModelArch, version: tuple[int, int]) -> int | No
     dtype = arch.mamba_ssm_cache_dtype
     if dtype is None and arch.model_type == "nemotron_h" and version >= NEMOTRON_SSM_FP32_SINCE:
         dtype = "float32"
-    return kv_dtype_bytes(dtype, 2) if dtype and dtype != "auto" else None
+    return kv_dtype_bytes(dtype, 2) if dtype and dtype != "auto" else None  # (checked when the config was read)
 
 
 @dataclass(frozen=True)
@@ -273,26 +274,21 @@ def sparse_mla_kv_cache_dtype(arch: ModelArch, kv_cache_dtype: str, version: tup
                           f"--kv-cache-dtype {kv_cache_dtype} in it")
 
 
-# Bytes per element of the KV cache dtypes kvwatch sizes: fp8 and its variants are stored as uint8
-# (vllm/utils/torch_utils.py STR_DTYPE_TO_TORCH_DTYPE); "auto" follows the model dtype.
-KV_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1, "fp8_ds_mla": 1, "bfloat16": 2, "bf16": 2,
-                  "float16": 2, "fp16": 2, "half": 2, "float32": 4, "fp32": 4, "float": 4}
-
-
 class UnsizedKvDtype(ValueError):
     """A KV cache dtype whose bytes per element (and scales) the model does not know: vLLM 0.33's nvfp4,
     ``*_per_token_head``, ``turboquant_*``. Sizing it as the model's dtype offered an FP8 cache as a 2x gain."""
 
 
 def kv_dtype_bytes(kv_cache_dtype: str, model_dtype_bytes: int) -> int:
-    """Bytes per KV element (:data:`KV_DTYPE_BYTES`; ``auto``: the model's); UnsizedKvDtype for any other name."""
+    """Bytes per KV element (:data:`kvwatch.capacity.units.DTYPE_BYTES`; ``auto``: the model's); UnsizedKvDtype for
+    any other name."""
     kv = kv_cache_dtype.lower()
     if kv == "auto":
         return model_dtype_bytes
-    if kv not in KV_DTYPE_BYTES:
+    if kv not in DTYPE_BYTES:
         raise UnsizedKvDtype(f"KV cache dtype {kv} is one kvwatch cannot size (its bytes per element and scales are "
                              "not modelled): no formula capacity, what-ifs or KV-dtype advice")
-    return KV_DTYPE_BYTES[kv]
+    return DTYPE_BYTES[kv]
 
 
 def layers_on_rank(num_layers: int, pp: int) -> int:

@@ -15,6 +15,11 @@ _UNITS = {"": 1, "b": 1, **_BINARY, **_DECIMAL}
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 EXAMPLES = "131072, 128KiB, 0.8MiB (= 838,861 B), 0.0008GiB (= 858,993 B)"
 
+# Bytes per element of the dtypes kvwatch sizes (KV cache, Mamba state): fp8 and its variants are stored as uint8
+# (vllm/utils/torch_utils.py STR_DTYPE_TO_TORCH_DTYPE).
+DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1, "fp8_ds_mla": 1, "bfloat16": 2, "bf16": 2,
+               "float16": 2, "fp16": 2, "half": 2, "float32": 4, "fp32": 4, "float": 4}
+
 
 def _split(text: str) -> tuple[float, str]:
     match = _PATTERN.match(text)
