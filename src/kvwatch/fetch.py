@@ -33,6 +33,9 @@ _CLOSE_SECONDS = 2.0  # bound on closing the client, and the grace past the dead
 # Redirects: Prometheus' Go client stops after 10 (it sends at most 10 requests). A redirect's body is read only when
 # it declares at most REDIRECT_BODY_BYTES (so that its connection is kept for the next poll); else it is closed unread.
 MAX_REDIRECTS = 10
+# The redirects Go's client follows, and so Prometheus (httpx calls every 3xx one; a 300, 304 or 305 is the target's
+# answer, an http_status failure)
+FOLLOWED_REDIRECTS = frozenset({301, 302, 303, 307, 308})
 REDIRECT_BODY_BYTES = 64 * 1024
 TEXT_OVERHEAD_BYTES = 1024  # a str object's own header, above its characters
 
@@ -115,7 +118,7 @@ class Fetcher:
         if hops + 1 >= MAX_REDIRECTS:  # (Go's rule: the request that would be the 11th is not sent)
             raise ScrapeError("connect", f"{self.url}: stopped after {MAX_REDIRECTS} redirects")
         location = response.headers.get("Location")
-        if not location:  # (httpx calls every 3xx a redirect: 300 and 304 have no Location to follow)
+        if not location:
             raise ScrapeError("http_status", f"{self.url} answered HTTP {response.status_code} without a Location "
                               "to follow")
         try:
@@ -211,7 +214,7 @@ class Fetcher:
                 # httpx's own following reads a redirect's whole body, uncapped (an endless 302: 2 GB).
                 response = await self._send(url, headers, auth)
                 try:
-                    if response.is_redirect:
+                    if response.status_code in FOLLOWED_REDIRECTS:
                         url = self._next_hop(response, hops)
                         declared = response.headers.get("Content-Length", "")
                         if declared.isdecimal() and int(declared) <= REDIRECT_BODY_BYTES and \

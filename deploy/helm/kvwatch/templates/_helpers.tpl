@@ -67,7 +67,8 @@ A values scalar as text. Helm reads YAML numbers as float64, so 16777216 would p
 which kvwatch's settings (and vLLM's argparse) reject: whole numbers print as integers.
 */}}
 {{- define "kvwatch.scalar" -}}
-{{- if and (kindIs "float64" .) (eq (floor .) .) -}}
+{{- /* (within 2^53: past it a float64 holds no exact integer, and int64 wraps past 2^63) */ -}}
+{{- if and (kindIs "float64" .) (eq (floor .) .) (lt . 9007199254740992.0) (gt . -9007199254740992.0) -}}
 {{- int64 . -}}
 {{- else -}}
 {{- toString . -}}
