@@ -146,6 +146,12 @@ def test_client_certificates_are_required_when_configured(pki: Path, tmp_path: P
     untrusted.load_cert_chain(tmp_path / "stranger.crt", tmp_path / "stranger.key")
     with pytest.raises(httpx.HTTPError):
         httpx.get(url, verify=untrusted)
+    base = f"https://localhost:{server.port}"
+    for path in ("/metrics?x=1", "//metrics", "/metrics/", "/healthz/../metrics"):  # no other way in
+        answer = httpx.get(base + path, verify=context)
+        assert answer.status_code == 403 and "kvwatch_up" not in answer.text, path
+    assert httpx.head(url, verify=context).status_code == 403
+    assert httpx.get(f"{base}/healthz?probe=1", verify=context).status_code == 200
     context.load_cert_chain(pki / "client.crt", pki / "client.key")
     assert httpx.get(url, verify=context).status_code == 200
 
