@@ -245,7 +245,7 @@ class Fetcher:
                 raise ScrapeError("connect", f"{self.url}: {type(exc).__name__}: {exc}") from None
             # The target answered 200, then the body broke off (truncated, bad chunked encoding).
             raise ScrapeError("parse", f"{self.url}: incomplete body ({type(exc).__name__}: {exc})") from None
-        except (httpx.HTTPError, OSError, ValueError, OverflowError) as exc:  # transport, TLS and URL failures alike
+        except (httpx.HTTPError, OSError, ValueError) as exc:  # transport, TLS and URL failures alike
             raise ScrapeError("connect", f"{self.url}: {type(exc).__name__}: {exc}") from None
 
     async def _send(self, url: httpx.URL, headers: dict[str, str], auth: httpx.Auth | None) -> httpx.Response:
