@@ -35,6 +35,9 @@ VERSIONS: dict[str, ForecastParams] = {
     "ratio 2": _v8_with(2.0),
     "ratio 4": _v8_with(4.0),
     "constant after the shift": _v8_with(post_line=False),
+    # Round 19: the recurrence counts an onset only while the load is at least this share of the onset's.
+    **{f"recurrence at ≥ {r:g} of the load": replace(
+        FORECASTERS["v9"], risk=replace(FORECASTERS["v9"].risk, recurrence_load_ratio=r)) for r in (0.5, 0.8)},
 }
 
 Shape = Callable[[float], float]
@@ -48,6 +51,14 @@ SHAPES: dict[str, tuple[Shape, float]] = {  # usage at time t, noise sd
     "step 0.3 -> 0.8, then a ramp to 1.0 in 30 min": (
         (lambda t: 0.3 if t < STEP else min(1.0, 0.8 + 0.2 * (t - STEP) / 1800)), 0.02),
     "square 0.3 / 0.85, period 60 min": ((lambda t: 0.85 if t % 3600 >= 1800 else 0.3), 0.01),
+    # Round 19: saturations that stop because the load went away (the end of a busy day).
+    "0.7, saturated 5 of every 25 min, then 0.3 from 2.5 h": (
+        (lambda t: 0.3 if t >= 9000 else 1.0 if t >= 1800 and (t - 1800) % 1500 < 300 else 0.7), 0.02),
+    "0.7, saturated 5 of every 25 min, then 0.55 from 2.5 h": (
+        (lambda t: 0.55 if t >= 9000 else 1.0 if t >= 1800 and (t - 1800) % 1500 < 300 else 0.7), 0.02),
+    "0.7, saturated 5 of every 25 min, then a fall to 0.1 over an hour from 2.5 h": (
+        (lambda t: max(0.1, 0.7 - 0.6 * (t - 9000) / 3600) if t >= 9000
+         else 1.0 if t >= 1800 and (t - 1800) % 1500 < 300 else 0.7), 0.02),
 }
 
 
@@ -67,7 +78,8 @@ def stream(usage: Shape, sd: float, seconds: float = 4 * 3600.0, dt: float = 10.
 
 
 def summary(params: ForecastParams, usage: Shape, sd: float) -> str:
-    """Minutes in ``filling``, and the lead of the first warning on the first ``bottleneck`` (if both)."""
+    """Minutes in ``filling``, the lead of the first warning on the first ``bottleneck`` (if both), and the minutes
+    of ``filling`` more than 30 minutes after the last one (the next saturation it would stand for never comes)."""
     forecaster = Forecaster(params)
     results = [forecaster.observe(s) for s in stream(usage, sd)]
     filling = sum(r.state == "filling" for r in results) * 10 / 60
@@ -76,7 +88,9 @@ def summary(params: ForecastParams, usage: Shape, sd: float) -> str:
     if saturated is None:
         return f"{filling:.0f} min filling, no saturation"
     lead = "no warning" if warned is None or warned > saturated else f"warned {(saturated - warned) / 60:.1f} min ahead"
-    return f"{filling:.0f} min filling, {lead}"
+    last = max(r.timestamp for r in results if r.state == "bottleneck")
+    after = sum(r.state == "filling" and r.timestamp > last + 1800 for r in results) * 10 / 60
+    return f"{filling:.0f} min filling, {lead}, {after:.0f} min filling 30+ min after the last saturation"
 
 
 def main() -> int:

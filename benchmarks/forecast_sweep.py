@@ -100,8 +100,17 @@ V9_VARIANTS: dict[str, ForecastParams] = {
     "floor × running dispersion": _variant(V8, risk={"floor_by_running_dispersion": True}),
     "both (v9)": FORECASTERS["v9"],
 }
-ROUNDS = {"v6": V6_VARIANTS, "v7": V7_VARIANTS, "v8": V8_VARIANTS, "v9": V9_VARIANTS, "threshold": THRESHOLD_VARIANTS}
-FAMILY_ONLY = ("v7", "v8", "v9", "threshold")
+# Round 19: a recurrence that follows the load: an onset counts only while the risk window's mean usage is at least
+# this share of what it was at the onset (a compressed day kept `filling` on after the load fell away).
+V9 = FORECASTERS["v9"]
+RECURRENCE_VARIANTS: dict[str, ForecastParams] = {
+    "v9": V9,
+    **{f"onsets at ≥ {r:g} of their load": _variant(V9, risk={"recurrence_load_ratio": r})
+       for r in (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9)},
+}
+ROUNDS = {"v6": V6_VARIANTS, "v7": V7_VARIANTS, "v8": V8_VARIANTS, "v9": V9_VARIANTS, "threshold": THRESHOLD_VARIANTS,
+          "recurrence": RECURRENCE_VARIANTS}
+FAMILY_ONLY = ("v7", "v8", "v9", "threshold", "recurrence")
 # The runs v5 was tuned on (docs/forecasting-history.md, "v5"), by row label and seed.
 V5_SET = {("step", 0), ("diurnal", 0), ("mixshift", 0), ("steady 0.7", 0), ("steady 0.9", 0), ("restart", 0),
           ("large-cache steady 0.7", 0), ("long-mix steady 0.7", 0), ("prompt×4 steady 0.7", 0),

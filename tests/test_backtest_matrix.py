@@ -64,16 +64,19 @@ def test_the_no_saturation_rows_monitor_a_day_so_false_alarms_per_day_are_counte
 
 
 def test_the_matrix_can_score_v6_and_v5_on_the_same_simulations():
-    # docs/forecasting.md compares v9 with v8, v8 with v6, and v6 with v5, on the same simulations: v8 is the
-    # defaults without v9's room for the next request and floor by the running count's dispersion, v6 is v8 without
-    # the shift of level; v5 is v6 with the line read as fitted and the first warning after 2 raw minutes.
+    # docs/forecasting.md compares v10 with v9, v9 with v8, v8 with v6, and v6 with v5, on the same simulations: v9
+    # is the defaults without v10's recurrence that follows the load, v8 is v9 without its room for the next
+    # request and floor by the running count's dispersion, v6 is v8 without the shift of level; v5 is v6 with the
+    # line read as fitted and the first warning after 2 raw minutes.
     from dataclasses import replace
 
     from kvwatch.backtest.report import FORECASTERS
     from kvwatch.forecast import ForecastParams
 
-    v9, v8, v6, v5 = FORECASTERS["v9"], FORECASTERS["v8"], FORECASTERS["v6"], FORECASTERS["v5"]
-    assert v9 == ForecastParams() and v9.room_for_next_request and v9.risk.floor_by_running_dispersion
+    v10, v9, v8, v6, v5 = (FORECASTERS[v] for v in ("v10", "v9", "v8", "v6", "v5"))
+    assert v10 == ForecastParams() and v10.risk.recurrence_load_ratio == 0.7
+    assert replace(v9, risk=replace(v9.risk, recurrence_load_ratio=0.7)) == v10
+    assert v9.room_for_next_request and v9.risk.floor_by_running_dispersion
     assert replace(v8, room_for_next_request=True, risk=replace(v8.risk, floor_by_running_dispersion=True)) == v9
     assert v8.risk.shift_ratio == v8.demand.shift_ratio == 3.0
     assert replace(v6, risk=replace(v6.risk, shift_ratio=3.0), demand=replace(v6.demand, shift_ratio=3.0)) == v8

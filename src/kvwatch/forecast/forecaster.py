@@ -252,7 +252,10 @@ class Forecaster:
         self._last: ForecastResult | None = None
         self.restarts = 0
         # Onsets of sustained saturation (after a quiet stretch), for the risk's recurrence.
-        self._onsets: deque[float] = deque()
+        # Each onset keeps the load it came at (the mean usage of the risk's window then): a saturation at a load
+        # the cache has since left behind predicts nothing about the next (RiskParams.recurrence_load_ratio).
+        self._onsets: deque[tuple[float, float]] = deque()
+        self._window_load: float | None = None  # the mean usage of the risk's window, at the last minute's close
         self._was_sustained = False
         self._sustained_last: float | None = None
         self._saturated_minute = False  # a poll in the open minute was in bottleneck (disarms the warning, v5)
@@ -302,13 +305,22 @@ class Forecaster:
         quiet = self.params.risk.recurrence_quiet_seconds
         if sustained and not self._was_sustained and (
                 self._sustained_last is None or now - self._sustained_last >= quiet):
-            self._onsets.append(now)
+            self._onsets.append((now, self._window_load if self._window_load is not None else 0.0))
         if sustained:
             self._sustained_last = now
         self._was_sustained = sustained
         window = self.params.risk.recurrence_window_seconds
-        while self._onsets and self._onsets[0] < now - window:
+        while self._onsets and self._onsets[0][0] < now - window:
             self._onsets.popleft()
+
+    def _onsets_at_this_load(self) -> int:
+        """The recent onsets that came at a load the cache still carries: the risk window's mean usage now is at
+        least ``recurrence_load_ratio`` of what it was at the onset (0: every onset counts, v9)."""
+        ratio = self.params.risk.recurrence_load_ratio
+        if ratio <= 0.0:
+            return len(self._onsets)
+        load = self._window_load if self._window_load is not None else 0.0
+        return sum(1 for _, at in self._onsets if load >= ratio * at)
 
     @property
     def last_timestamp(self) -> float | None:
@@ -468,7 +480,9 @@ class Forecaster:
             if old.usages:
                 self._buckets[i] = replace(old, usages=())
         buckets = list(self._buckets)
-        self._recent_prompt_mean = mean_prompt(buckets[-p.risk.window_buckets:])
+        recent = buckets[-p.risk.window_buckets:]
+        self._recent_prompt_mean = mean_prompt(recent)
+        self._window_load = sum(b.u_mean for b in recent) / len(recent)
         # Slopes are fitted after the warm-up only: usage and rate climbing back after a restart is no trend.
         # The cache filling back up is no trend either, and it would bias A low: the demand model starts then too.
         first_fit = math.ceil(self._warm_after / p.bucket_seconds) if self._warm_after is not None else None
@@ -490,7 +504,7 @@ class Forecaster:
         excursion = self._risk
         if self._risk is not None and self._restart_at is not None:
             window = p.risk.recurrence_window_seconds
-            onsets = len(self._onsets) if window > 0 else 0
+            onsets = self._onsets_at_this_load() if window > 0 else 0
             observed = min(window, max(0.0, now - self._restart_at))
             self._risk = with_recurrence(self._risk, onsets, observed, window)
         driver = self._risk if p.warning.with_recurrence else excursion
