@@ -114,3 +114,26 @@ def test_the_largest_arrival_before_an_onset_counts_only_its_window():
     assert misses.largest_arrival(arrivals, 0.0, 300.0) == 9000  # [start, end): the arrival at 300 is after it
     assert misses.largest_arrival(arrivals, 150.0, 300.0) == 700
     assert misses.largest_arrival(arrivals, 400.0, 700.0) == 0
+
+
+def test_poll_noise_tells_independent_polls_from_drifting_ones():
+    # benchmarks/forecast_poll_noise.py backs docs/forecasting.md's measurement that the simulator's polls are as
+    # independent within a minute as random draws: six independent polls a minute read about −1/6 and a ratio
+    # near 1; polls drifting across the minute read positive, and minute means that move on their own a large ratio.
+    import random
+    import sys
+
+    from repo_scripts import ROOT, load_script
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        noise = load_script("benchmarks/forecast_poll_noise.py", "kvwatch_forecast_poll_noise")
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    rng = random.Random(1)
+    independent = [[0.7 + rng.gauss(0.0, 0.03) for _ in range(6)] for _ in range(30)]
+    lag1, ratio = noise.lag1_and_ratio(independent)
+    assert -0.3 < lag1 < -0.05 and 0.4 < ratio < 2.0, (lag1, ratio)
+    drifting = [[0.5 + 0.01 * i + 0.2 * ((m % 7) / 7) for i in range(6)] for m in range(30)]
+    lag1, ratio = noise.lag1_and_ratio(drifting)
+    assert lag1 > 0.3 and ratio > 10, (lag1, ratio)

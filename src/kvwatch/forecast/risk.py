@@ -97,8 +97,8 @@ class RiskParams:
     # An onset counts toward the recurrence only while the window's mean usage is at least this share of what it
     # was when the saturation began: after the load has fallen away the old saturations say nothing about the
     # next (a compressed day kept `filling` on to the end with usage at 0.10–0.44, round 15's review). 0: off
-    # (v9). 0.7 (v10): the tuning family scores the same from 0.5 to 0.8 and loses recall at 0.9 (bursts every
-    # 45 minutes dip the window's mean between them); docs/forecasting.md, v10.
+    # (v9). 0.7 (v10): the tuning family scores the same from 0.5 to 0.8 and loses recall at 0.9 (a steady load's
+    # 30-minute mean moves by more than a tenth between its saturations); docs/forecasting.md, v10.
     recurrence_load_ratio: float = 0.7
     max_horizon_buckets: int = 60
     bucket_seconds: float = 60.0
