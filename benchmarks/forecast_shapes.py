@@ -1,9 +1,11 @@
 """Synthetic load shapes the trace simulations lack (steps to a plateau, a dip, a step then a ramp), run through
-the pure forecaster per version: minutes of ``filling`` and the warning's lead on saturation. The figures of the
-v8 sweep in docs/forecasting.md come from here.
+the pure forecaster per version: minutes of ``filling``, the warning's lead on saturation, and ``filling`` long
+after the last saturation. The figures of the v8 and v10 sweeps in docs/forecasting.md come from here.
 
-    .venv/bin/python benchmarks/forecast_shapes.py [--versions v8,v6]
+    .venv/bin/python benchmarks/forecast_shapes.py [--versions v10,v9]
     .venv/bin/python benchmarks/forecast_shapes.py --versions "v8,ratio 2,ratio 4,constant after the shift"
+
+The v10 sweep adds "recurrence at ≥ 0.5 of the load" and "recurrence at ≥ 0.8 of the load" beside v9 and v10 (0.7).
 
 Each stream is self-consistent, as in tests/test_forecast_states.py: usage × 100k tokens in the cache, requests
 of 1,000 tokens held 2 s each (departures by Little's law), polls every 10 s with Gaussian noise on the usage.
@@ -95,7 +97,7 @@ def summary(params: ForecastParams, usage: Shape, sd: float) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--versions", default="v8,v6", help="comma-separated: " + ", ".join(VERSIONS))
+    parser.add_argument("--versions", default="v10,v9", help="comma-separated: " + ", ".join(VERSIONS))
     versions = parser.parse_args().versions.split(",")
     print("| shape | " + " | ".join(versions) + " |")
     print("|---|" + "---|" * len(versions))
