@@ -73,6 +73,16 @@ def test_budget_too_small_for_one_max_model_len_request():
     assert "lower --max-model-len to about 16384" in plan.errors[0]
 
 
+def test_a_length_past_the_models_gets_one_fix_where_the_models_own_length_fits_the_memory():
+    # Asked for 500,000 tokens of a 131,072-token model on an H100: "lower to at most 131072" and a memory error
+    # saying "lower to about 449872", which vLLM refuses too (review, round 19). The model's length fits the
+    # pool, so the length refusal is the whole fix; where it does not fit either, the memory's length is smaller.
+    plan = plan_capacity(llama_h100(max_model_len=500_000))
+    assert len(plan.errors) == 1 and "at most 131072" in plan.errors[0], plan.errors
+    small = plan_capacity(llama_h100(max_model_len=500_000, available_kv_bytes=2 * GIB))
+    assert len(small.errors) == 2 and "lower --max-model-len to about 16384" in small.errors[1], small.errors
+
+
 def test_default_utilization_by_version():
     assert default_gpu_memory_utilization((0, 11)) == 0.9
     assert default_gpu_memory_utilization((0, 33)) == 0.92

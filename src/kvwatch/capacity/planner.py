@@ -275,7 +275,11 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
     if not spec.max_model_len and max_model_len and longest and max_model_len < longest:
         notes.append(f"max_model_len {max_model_len:,}: with no --max-model-len, vLLM >= 0.12 starts a LongRoPE model "
                      f"at its original_max_position_embeddings; pass --max-model-len {longest} for its full context")
-    errors += _max_len_errors(spec, arch, warnings)
+    length_errors = _max_len_errors(spec, arch, warnings)
+    errors += length_errors
+    # The longest --max-model-len vLLM accepts for this model, where the one asked for is refused: the memory
+    # check below must not suggest a length past it (it is refused too).
+    longest_accepted = arch.derived_len(spec.vllm_version)[0] if length_errors and arch is not None else None
     method = spec.quantization or (arch.checkpoint_quant_method if arch else None)
     refusal = quantization.capability_refusal(method, spec.vllm_version, spec.gpu_compute_capability, spec.gpu_name)
     if refusal:
@@ -394,7 +398,9 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
     if available <= 0:
         errors.append(f"vLLM will not start: no memory left for the KV cache "
                       f"(short by {-available / GIB:.2f} GiB per GPU)")
-    elif max_model_len and blocks < kv.blocks_needed(layout, max_model_len, in_flight):
+    elif max_model_len and blocks < kv.blocks_needed(layout, max_model_len, in_flight) and (
+            longest_accepted is None or blocks < kv.blocks_needed(layout, longest_accepted, in_flight)):
+        # (Where the model's own longest length fits, lowering to it, the refusal above, is the whole fix.)
         need = kv.blocks_needed(layout, max_model_len, in_flight) * layout.bytes_per_block_row
         errors.append(f"vLLM will not start: one {max_model_len}-token request needs {need / GIB:.2f} GiB of KV "
                       f"but only {available / GIB:.2f} GiB is available (short by {(need - available) / GIB:.2f} "
