@@ -162,6 +162,12 @@ def test_status_line_reads_kvwatch_metrics() -> None:
     assert "ETA not yet (warming up)" in demo.status_line(cold, 12.0, 30.0)
     assert "waiting for the first good poll" in demo.status_line(
         '# TYPE kvwatch_up gauge\nkvwatch_up{model_name="m",engine="0"} 0\n', 1.0)
+    # After good polls, a failed one is not "waiting for the first" (an overloaded simulator missing the demo's
+    # short poll timeout read so, review round 19)
+    failed = ('# TYPE kvwatch_up gauge\nkvwatch_up 0\n# TYPE kvwatch_last_success_timestamp_seconds gauge\n'
+              'kvwatch_last_success_timestamp_seconds 1000.0\n')
+    line = demo.status_line(failed, 126.0, 30.0, now=1012.4)
+    assert "did not answer kvwatch's last poll, the last good one 12 s ago" in line and "first" not in line, line
 
 
 def test_status_line_stamps_the_simulators_own_clock_when_known() -> None:

@@ -115,12 +115,13 @@ def _fetch(url: str, timeout: float = 2.0) -> str | None:
         return None
 
 
-def status_line(text: str, elapsed: float, speed: float = 1.0, sim_seconds: float | None = None) -> str:
+def status_line(text: str, elapsed: float, speed: float = 1.0, sim_seconds: float | None = None,
+                now: float | None = None) -> str:
     """One line from kvwatch's /metrics: usage, queue, and the forecast and advice once they exist (pure).
 
     ``elapsed`` is wall seconds since the start; ``sim_seconds`` the simulator's clock (default: ``elapsed``
     times ``speed``). ETAs are read from kvwatch, whose clock runs at the simulator's speed, so they are
-    simulated minutes already.
+    simulated minutes already. ``now`` (Unix time) dates kvwatch's last good poll when the latest one failed.
     """
     simulated = elapsed * speed if sim_seconds is None else sim_seconds
     stamp = f"[{elapsed:4.0f}s | sim {simulated / 60:5.1f} min]"
@@ -142,7 +143,12 @@ def status_line(text: str, elapsed: float, speed: float = 1.0, sim_seconds: floa
         return max(found) if found else None
 
     if not total("kvwatch_up"):
-        return f"{stamp} waiting for the first good poll of the simulator"
+        last = worst("kvwatch_last_success_timestamp_seconds")
+        if last is None:
+            return f"{stamp} waiting for the first good poll of the simulator"
+        # An overloaded simulator can miss the demo's short poll timeout: not the same as never having answered.
+        ago = "" if now is None else f", the last good one {max(0.0, now - last):.0f} s ago"
+        return f"{stamp} the simulator did not answer kvwatch's last poll{ago} (kvwatch's log says why)"
     parts = [stamp]
     usage = worst("kvwatch_kv_usage_ratio")
     parts.append("usage " + ("  n/a" if usage is None else f"{usage:5.1%}"))
@@ -287,7 +293,7 @@ def run(args: argparse.Namespace) -> int:
             if args.duration_seconds is not None and elapsed >= args.duration_seconds:
                 break
             text = _fetch(kvwatch_url)
-            print(status_line(text, elapsed, args.speed, sim_clock.seconds()) if text is not None else
+            print(status_line(text, elapsed, args.speed, sim_clock.seconds(), now=time.time()) if text is not None else
                   f"[{elapsed:4.0f}s] starting kvwatch ...", flush=True)
             wait = args.status_interval_seconds
             if args.duration_seconds is not None:
