@@ -206,3 +206,13 @@ def test_the_missing_memory_is_the_pools_share_in_every_layout():
     finding = capacity_mismatch(plan.kv_cache_tokens, plan.kv_cache_tokens * 0.85, plan)
     assert finding is not None
     assert f"{plan.available_kv_bytes * 0.15 / GIB:.2f} GiB per GPU is missing" in finding.message
+
+
+def test_check_says_on_stderr_why_its_advice_has_no_plan_even_without_deployment_flags(capsys):
+    # The tensor-parallel advice without a plan says "why it could not is on stderr"; check printed the reason
+    # only when a deployment flag was given, so stderr was empty (review, round 19).
+    path = FIXTURES / "gen-0.33-dp2-capacity-labels.prom"
+    assert main(["check", "--file", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert "on stderr" in out
+    assert "no capacity plan for llama: no preset for model 'llama'" in err, err

@@ -132,14 +132,16 @@ def run(args: argparse.Namespace) -> int:
                 print(f"kvwatch check: hint: {hint}", file=sys.stderr)
         return 1
     plans, kv_groups, unsized = _capacity_plans(settings, poll)
-    if unsized and any(getattr(settings, f) is not None for f in ("model", "model_config_path", "gpu",
-                                                                    "gpu_memory_gib")):
-        # The deployment flags were meant for the advice: say why they could not be used.
+    report = build_report(poll, settings.max_model_len, plans, gpus_per_node=settings.gpus_per_node,
+                          kv_groups=kv_groups, max_num_seqs=settings.max_num_seqs)
+    if unsized and (any(getattr(settings, f) is not None for f in ("model", "model_config_path", "gpu",
+                                                                     "gpu_memory_gib"))
+                    or any(series["advice"] for series in report["series"])):
+        # The deployment flags were meant for the advice, or advice was given without a plan (it says the reason
+        # is on stderr): say why there is none.
         for reason in unsized:
             print(f"kvwatch check: no capacity plan for {reason}; advice without quantization and TP sizes",
                   file=sys.stderr)
-    report = build_report(poll, settings.max_model_len, plans, gpus_per_node=settings.gpus_per_node,
-                          kv_groups=kv_groups, max_num_seqs=settings.max_num_seqs)
     print(json.dumps(report, indent=2, allow_nan=False) if args.json else render(report))
     return 1 if args.fail_on is not None and fails(report, args.fail_on) else 0
 
