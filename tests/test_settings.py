@@ -299,3 +299,14 @@ def test_a_poll_step_the_forecaster_cannot_work_with_stops_startup(argv: list[st
     assert said in capsys.readouterr().err
     monkeypatch.delenv("KVWATCH_CLOCK_SPEED", raising=False)
     assert settings_from(["--poll-interval-seconds", "120"]).poll_interval_seconds == 120.0
+
+
+def test_a_switch_refused_beside_another_setting_is_named_without_a_value(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # `--nvml --dcgm-url ...` read "invalid value 'true' for --nvml", a value nobody typed (review, round 19).
+    common = ["--dcgm-url", "http://dcgm:9400/metrics", "--gpu-pod", "p", "--target-url", "http://127.0.0.1:1/metrics"]
+    assert main(["serve", "--nvml", *common]) == 2
+    assert "kvwatch serve: --nvml cannot be used with --dcgm-url: pick one GPU source" in capsys.readouterr().err
+    monkeypatch.setenv("KVWATCH_NVML", "true")  # a variable does have a value: quoted
+    assert main(["serve", *common]) == 2
+    assert "invalid value 'true' for KVWATCH_NVML: cannot be used with --dcgm-url" in capsys.readouterr().err

@@ -719,6 +719,9 @@ def load_settings(settings_cls: type[_Base], args: argparse.Namespace | None = N
         raise SettingsError(_blame(exc.field, flags, exc.message, exc.value)) from None
     except _FieldError as exc:
         msg = str(exc).format(**{f: _source(f, flags) for f in settings_cls.model_fields})
+        if exc.field in flags and settings_cls.model_fields[exc.field].annotation is bool:
+            # a switch typed on the command line (--nvml) has no value to quote
+            raise SettingsError(f"{flag_name(public_name(exc.field))} {msg}") from None
         value = values.get(exc.field, os.environ.get(env_name(public_name(exc.field))))
         raise SettingsError(_blame(exc.field, flags, msg, value)) from None
 
