@@ -1,8 +1,8 @@
 """How independent the polls inside a minute are, on the tuning family's simulations (docs/forecasting.md, Limits,
 "Independent jitter around a high mean"): per run, over sliding 30-minute windows, the lag-1 autocorrelation of
 the polls' deviations from their own minute's mean (six independent polls give about −1/6), and the variance of
-the minute means around their line over what averaging independent polls would give (median within-minute
-variance / polls per minute; 1 = the minute means move only as much as the polls' own noise).
+the minute means around their line over what averaging independent polls would give (each minute's variance of its
+polls over their number, averaged over the window; 1 = the minute means move only as much as the polls' own noise).
 
     .venv/bin/python benchmarks/forecast_poll_noise.py AzureLLMInferenceTrace_conv.csv --cache-dir /tmp/kvwatch-bt
 """
@@ -42,7 +42,7 @@ def lag1_and_ratio(window: list[list[float]]) -> tuple[float | None, float | Non
     means = [sum(p) / len(p) for p in window]
     residuals = least_squares([(float(i), m) for i, m in enumerate(means)])[4]
     residual = sum(r * r for r in residuals) / (len(window) - 2)
-    averaging = statistics.median(statistics.variance(p) for p in window) / statistics.median(len(p) for p in window)
+    averaging = statistics.fmean(statistics.variance(p) / len(p) for p in window)
     return lag1, residual / averaging if averaging > 0 else None
 
 

@@ -17,6 +17,7 @@ import argparse
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from itertools import pairwise
 
 from kvwatch.backtest.report import FORECASTERS
 from kvwatch.forecast import Forecaster, ForecastParams, ForecastSample
@@ -40,9 +41,26 @@ VERSIONS: dict[str, ForecastParams] = {
     # Round 19: the recurrence counts an onset only while the load is at least this share of the onset's.
     **{f"recurrence at ≥ {r:g} of the load": replace(
         FORECASTERS["v9"], risk=replace(FORECASTERS["v9"].risk, recurrence_load_ratio=r)) for r in (0.5, 0.8)},
+    "the window's mean at the onset, not the lowest": replace(
+        FORECASTERS["v10"], risk=replace(FORECASTERS["v10"].risk, recurrence_load_trough=False)),
 }
 
 Shape = Callable[[float], float]
+
+
+def _climbing_bursts(base: float, period: float, ramp: float, start: float = 1800.0, length: float = 600.0) -> Shape:
+    """``base``, climbing over ``ramp`` seconds to 0.95 before each saturation of ``length`` seconds every
+    ``period`` from ``start`` (a review's shape, round 19)."""
+    def usage(t: float) -> float:
+        if t < start - ramp:
+            return base
+        phase = (t - start) % period
+        if phase < length:
+            return 1.0
+        to_next = period - phase
+        return base + (0.95 - base) * (1.0 - to_next / ramp) if to_next <= ramp else base
+    return usage
+
 SHAPES: dict[str, tuple[Shape, float]] = {  # usage at time t, noise sd
     **{f"step {lo:.1f} -> {hi:.1f}, noise {sd}": ((lambda t, lo=lo, hi=hi: lo if t < STEP else hi), sd)
        for lo, hi in ((0.0, 0.6), (0.2, 0.6), (0.3, 0.7), (0.4, 0.8)) for sd in (0.0, 0.02)},
@@ -61,6 +79,12 @@ SHAPES: dict[str, tuple[Shape, float]] = {  # usage at time t, noise sd
     "0.7, saturated 5 of every 25 min, then a fall to 0.1 over an hour from 2.5 h": (
         (lambda t: max(0.1, 0.7 - 0.6 * (t - 9000) / 3600) if t >= 9000
          else 1.0 if t >= 1800 and (t - 1800) % 1500 < 300 else 0.7), 0.02),
+    # ... and saturations that come back: a climb from a low base, and a restart into a saturated cache.
+    **{f"{base}, a {ramp // 60}-min climb to 0.95 and 10 min saturated every {period // 60} min": (
+        _climbing_bursts(base, period, ramp), 0.02)
+       for base, period, ramp in ((0.3, 3600, 1200), (0.3, 3600, 600), (0.5, 3600, 1200), (0.4, 5400, 1500))},
+    "saturated from the start, then 0.55 saturated 5 of every 25 min": (
+        (lambda t: 1.0 if t < 300 or (t >= 1800 and (t - 1800) % 1500 < 300) else 0.55), 0.02),
 }
 
 
@@ -92,7 +116,11 @@ def summary(params: ForecastParams, usage: Shape, sd: float) -> str:
     lead = "no warning" if warned is None or warned > saturated else f"warned {(saturated - warned) / 60:.1f} min ahead"
     last = max(r.timestamp for r in results if r.state == "bottleneck")
     after = sum(r.state == "filling" and r.timestamp > last + 1800 for r in results) * 10 / 60
-    return f"{filling:.0f} min filling, {lead}, {after:.0f} min filling 30+ min after the last saturation"
+    state_at = {r.timestamp: r.state for r in results}
+    onsets = [b.timestamp for a, b in pairwise(results) if b.state == "bottleneck" != a.state]
+    later = f", warned 5 min ahead of {sum(state_at.get(t - 300) == 'filling' for t in onsets[1:])} of " \
+            f"{len(onsets) - 1} later saturations" if len(onsets) > 1 else ""
+    return f"{filling:.0f} min filling, {lead}, {after:.0f} min filling 30+ min after the last saturation{later}"
 
 
 def main() -> int:

@@ -101,12 +101,15 @@ V9_VARIANTS: dict[str, ForecastParams] = {
     "both (v9)": FORECASTERS["v9"],
 }
 # Round 19: a recurrence that follows the load: an onset counts only while the risk window's mean usage is at least
-# this share of what it was at the onset (a compressed day kept `filling` on after the load fell away).
+# this share of the load it came at (a compressed day kept `filling` on after the load fell away): the lowest window
+# mean of the 30 minute closes before it (v10), or the window's mean at the onset (as v10's first version did).
 V9 = FORECASTERS["v9"]
 RECURRENCE_VARIANTS: dict[str, ForecastParams] = {
     "v9": V9,
     **{f"onsets at ≥ {r:g} of their load": _variant(V9, risk={"recurrence_load_ratio": r})
        for r in (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9)},
+    **{f"the window's mean at the onset, not the lowest, {r:g}": _variant(
+        V9, risk={"recurrence_load_ratio": r, "recurrence_load_trough": False}) for r in (0.7, 0.9)},
 }
 ROUNDS = {"v6": V6_VARIANTS, "v7": V7_VARIANTS, "v8": V8_VARIANTS, "v9": V9_VARIANTS, "threshold": THRESHOLD_VARIANTS,
           "recurrence": RECURRENCE_VARIANTS}

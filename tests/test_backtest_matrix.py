@@ -137,3 +137,6 @@ def test_poll_noise_tells_independent_polls_from_drifting_ones():
     drifting = [[0.5 + 0.01 * i + 0.2 * ((m % 7) / 7) for i in range(6)] for m in range(30)]
     lag1, ratio = noise.lag1_and_ratio(drifting)
     assert lag1 > 0.3 and ratio > 10, (lag1, ratio)
+    # independent polls around a steep line: the minute means are measured around the line, not their mean
+    ramp = [[0.3 + 0.02 * m + rng.gauss(0.0, 0.03) for _ in range(6)] for m in range(30)]
+    assert 0.4 < noise.lag1_and_ratio(ramp)[1] < 2.0

@@ -252,10 +252,12 @@ class Forecaster:
         self._last: ForecastResult | None = None
         self.restarts = 0
         # Onsets of sustained saturation (after a quiet stretch), for the risk's recurrence.
-        # Each onset keeps the load it came at (the mean usage of the risk's window then): a saturation at a load
-        # the cache has since left behind predicts nothing about the next (RiskParams.recurrence_load_ratio).
+        # Each onset keeps the load it came at: a saturation at a load the cache has since left behind predicts
+        # nothing about the next (RiskParams.recurrence_load_ratio).
         self._onsets: deque[tuple[float, float]] = deque()
         self._window_load: float | None = None  # the mean usage of the risk's window, at the last minute's close
+        # That mean at each of the last window_buckets minute closes with a full window since the (re)start or gap.
+        self._window_loads: deque[float] = deque(maxlen=self.params.risk.window_buckets)
         self._was_sustained = False
         self._sustained_last: float | None = None
         self._saturated_minute = False  # a poll in the open minute was in bottleneck (disarms the warning, v5)
@@ -305,13 +307,24 @@ class Forecaster:
         quiet = self.params.risk.recurrence_quiet_seconds
         if sustained and not self._was_sustained and (
                 self._sustained_last is None or now - self._sustained_last >= quiet):
-            self._onsets.append((now, self._window_load if self._window_load is not None else 0.0))
+            self._onsets.append((now, self._onset_load()))
         if sustained:
             self._sustained_last = now
         self._was_sustained = sustained
         window = self.params.risk.recurrence_window_seconds
         while self._onsets and self._onsets[0][0] < now - window:
             self._onsets.popleft()
+
+    def _onset_load(self) -> float:
+        """The load an onset came at: the lowest of the risk window's mean usage over the last 30 minute closes,
+        so a saturation reached by a climb is held to the load it climbed from (the mean just before it, climb
+        included, put the troughs between hourly ramped bursts below the gate: no warning before any of them,
+        review round 19). 0, counting whatever the load (as v9), until 30 minute closes with a full window have been
+        seen since the (re)start or gap, an hour: a cache that saturates at once after a restart has no load of its
+        own yet."""
+        if len(self._window_loads) < self.params.risk.window_buckets:
+            return 0.0
+        return min(self._window_loads) if self.params.risk.recurrence_load_trough else self._window_loads[-1]
 
     def _onsets_at_this_load(self) -> int:
         """The recent onsets that came at a load the cache still carries: the risk window's mean usage now is at
@@ -371,6 +384,8 @@ class Forecaster:
         self._risk = None
         self._raw = False
         self._recent_prompt_mean = None
+        self._window_load = None
+        self._window_loads.clear()
 
     def _deltas(self, prev: ForecastSample | None, cur: ForecastSample) -> SampleDeltas | None:
         lengths = self._length_deltas(cur)
@@ -483,6 +498,8 @@ class Forecaster:
         recent = buckets[-p.risk.window_buckets:]
         self._recent_prompt_mean = mean_prompt(recent)
         self._window_load = sum(b.u_mean for b in recent) / len(recent)
+        if len(recent) == p.risk.window_buckets:
+            self._window_loads.append(self._window_load)
         # Slopes are fitted after the warm-up only: usage and rate climbing back after a restart is no trend.
         # The cache filling back up is no trend either, and it would bias A low: the demand model starts then too.
         first_fit = math.ceil(self._warm_after / p.bucket_seconds) if self._warm_after is not None else None

@@ -100,6 +100,9 @@ class RiskParams:
     # (v9). 0.7 (v10): the tuning family scores the same from 0.5 to 0.8 and loses recall at 0.9 (a steady load's
     # 30-minute mean moves by more than a tenth between its saturations); docs/forecasting.md, v10.
     recurrence_load_ratio: float = 0.7
+    # The load an onset came at: the lowest window mean of the last 30 minute closes (True), or the window's mean at
+    # the onset itself (False, as v10's first version: a saturation reached by a climb was held to the climb).
+    recurrence_load_trough: bool = True
     max_horizon_buckets: int = 60
     bucket_seconds: float = 60.0
     # v5: the worst tail P(K̄_t ≥ c) counts from this projected minute on. The newest minute's own mean (t = 0,
