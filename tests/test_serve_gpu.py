@@ -100,6 +100,9 @@ def test_a_failed_read_is_counted_and_drops_the_memory_gauges() -> None:
     assert samples[("kvwatch_gpu_source_up", ("dcgm",))] == 0.0
     assert samples[("kvwatch_gpu_source_errors_total", ("dcgm", "timeout"))] == 1.0
     assert not any(name.startswith("kvwatch_gpu_memory") for name, _ in samples)
+    # each source exports the reasons it can fail for: dcgm-exporter never fails in NVML (review, round 19)
+    reasons = {labels[1] for name, labels in samples if name == "kvwatch_gpu_source_errors_total"}
+    assert "nvml" not in reasons and {"connect", "timeout", "parse", "no_match"} <= reasons
 
 
 def test_flat_memory_has_no_time_to_limit() -> None:
@@ -164,6 +167,7 @@ def test_nvml_without_the_package_is_a_reason_not_a_crash(monkeypatch: pytest.Mo
     watcher = GpuWatcher(NvmlSource())
     state = watcher.update(watcher.read(), 0.0, None, None)
     assert not state.up and state.errors_total["nvml"] == 1 and "nvidia-ml-py" in (state.last_error or "")
+    assert sorted(state.errors_total) == ["no_match", "nvml", "timeout"]  # no HTTP fetch, no connect/parse
 
 
 def test_the_real_nvidia_ml_py_without_a_driver() -> None:

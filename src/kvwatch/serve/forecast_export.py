@@ -109,7 +109,7 @@ def forecast_metric_families(
                      "estimated from the last 30 minutes: early in a saturation it can still read positive.")
     concurrency = gauge("kvwatch_recommended_max_concurrency",
                         "Gateway concurrency limit that keeps KV usage under the threshold at the observed mix "
-                        "(absent while KV is held with nothing running).")
+                        "(absent on a PD prefill server, and while KV is held with nothing running).")
     recommendation = gauge("kvwatch_recommendation",
                            "Advisor: rank of each fix (1 = cheapest first) while filling or in bottleneck, else 0.",
                            ["action"])

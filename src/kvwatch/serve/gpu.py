@@ -35,6 +35,10 @@ from kvwatch.payload import REASONS, ScrapeError
 # Why a read of the GPU source failed: the fetch reasons, no_match (the source answered but lists none of the
 # engine's GPUs: wrong pod/namespace/UUIDs, or dcgm-exporter without its Kubernetes pod mapping) and nvml.
 GPU_REASONS: tuple[str, ...] = (*(r for r in REASONS if r not in ("unrecognised", "internal")), "no_match", "nvml")
+# The reasons each source can fail for (its counters start at 0 for these only): NVML is no HTTP fetch, and
+# dcgm-exporter's reads never fail in NVML.
+SOURCE_REASONS: dict[str, tuple[str, ...]] = {"dcgm": tuple(r for r in GPU_REASONS if r != "nvml"),
+                                              "nvml": ("timeout", "no_match", "nvml")}
 GPU_LABELS = ["uuid", "gpu_instance"]
 
 
@@ -120,7 +124,7 @@ class GpuWatcher:
         self.source = source
         self.window = window
         self._used: dict[tuple[str, str], deque[tuple[float, float]]] = {}
-        self.state = GpuState(source.name)
+        self.state = GpuState(source.name, errors_total=MappingProxyType(dict.fromkeys(SOURCE_REASONS[source.name], 0)))
 
     def read(self) -> list[GpuMemory] | GpuReadError:
         """I/O (run beside the engine's poll); an error is returned, not raised, for :meth:`update`."""
@@ -141,7 +145,7 @@ class GpuWatcher:
             self._used.clear()
         if isinstance(result, GpuReadError):
             errors = dict(previous.errors_total)
-            errors[result.reason] += 1
+            errors[result.reason] = errors.get(result.reason, 0) + 1
             self.state = GpuState(previous.source, False, (), MappingProxyType(errors), str(result))
             return self.state
         readings = []
@@ -177,7 +181,8 @@ def families(state: GpuState) -> Iterator[Metric]:
     up.add_metric([state.source], 1.0 if state.up else 0.0)
     yield up
     errors = CounterMetricFamily("kvwatch_gpu_source_errors", "Failed reads of the GPU memory source, by reason "
-                                 "(connect, timeout, http_status, too_large, parse, no_match, nvml).",
+                                 "(dcgm: connect, timeout, http_status, too_large, parse, no_match; nvml: timeout, "
+                                 "no_match, nvml).",
                                  labels=["source", "reason"])
     for reason, count in state.errors_total.items():
         errors.add_metric([state.source, reason], float(count))
@@ -191,7 +196,8 @@ def families(state: GpuState) -> Iterator[Metric]:
             "kvwatch_gpu_non_kv_memory_bytes", "Framebuffer used minus the KV cache pool minus the weights on "
             "each GPU (activations, CUDA graphs, the allocator's cache, leaks), in bytes. The pool is the "
             "engine's own size in bytes per GPU, the weights the capacity model's estimate; absent when either "
-            "is unknown (no model or no engine capacity figure).", labels=GPU_LABELS),
+            "is unknown (no model or no engine capacity figure, or data-parallel engines that disagree).",
+            labels=GPU_LABELS),
         "growth": GaugeMetricFamily("kvwatch_gpu_non_kv_memory_growth_bytes_per_second",
                                     "Growth of non-KV memory on each GPU, bytes per second." + _WINDOW_NOTE,
                                     labels=GPU_LABELS),
