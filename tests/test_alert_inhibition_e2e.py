@@ -42,13 +42,21 @@ def _post(url: str, alerts: list[dict[str, Any]]) -> None:
         assert response.status == 200
 
 
-def _states(url: str, expected: int) -> dict[tuple[str, str], str]:
-    """(alertname, instance) -> Alertmanager's state, once all ``expected`` alerts are there."""
-    deadline = time.monotonic() + 20
+def _states(url: str, expected: int, settle: float = 3.0) -> dict[tuple[str, str], str]:
+    """(alertname, instance) -> Alertmanager's state, once all ``expected`` alerts are there and their states have
+    not changed for ``settle`` seconds: the inhibitor learns of source alerts from a subscription, after the API has
+    them, so the first listing can show a target still "active" (seen on a loaded CI machine)."""
+    deadline = time.monotonic() + 30
+    last: dict[tuple[str, str], str] | None = None
+    since = time.monotonic()
     while True:
         alerts = get_json(f"{url}/api/v2/alerts")
-        if len(alerts) >= expected or time.monotonic() > deadline:
-            return {(a["labels"]["alertname"], a["labels"]["instance"]): a["status"]["state"] for a in alerts}
+        states = {(a["labels"]["alertname"], a["labels"]["instance"]): a["status"]["state"] for a in alerts}
+        if states != last:
+            last, since = states, time.monotonic()
+        settled = len(alerts) >= expected and time.monotonic() - since >= settle
+        if settled or time.monotonic() > deadline:
+            return states
         time.sleep(0.2)
 
 
