@@ -1,7 +1,7 @@
 """Why the forecast misses the saturations it misses: every scored event of a family, classified.
 
 For each event (onset outside warm-up) of each (cached) simulation, with the forecaster given by
-``--forecaster`` (default v6, the defaults):
+``--forecaster`` (default v10, the defaults):
 
 - ``caught``: a warning episode began 5 to 60 minutes before the onset, outside any saturation, and was still
   on at the onset (the scorer's lead ≥ 5 min);
