@@ -132,6 +132,36 @@ def test_queries_compute_replicas_in_promtool(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.parametrize("replicas", [1, 9, 10, 11, 19, 20, 99])
+def test_the_forecast_asks_for_more_than_the_hpa_tolerance_at_any_replica_count(tmp_path: Path, replicas: int) -> None:
+    # The HPA (and KEDA's) leaves the replicas alone while |metric / (target × replicas) − 1| ≤ 0.1 (Kubernetes'
+    # default tolerance): "replicas + 1" was within it from 11 replicas on, so the forecast never added a pod there
+    # (review, round 19). The metric is evaluated by promtool and put through that rule.
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool not found on PATH: run `make tools`")
+    query = _queries_keda()["kv-exhaustion-forecast"]
+    rules = {"groups": [{"name": "autoscaling", "rules": [{"record": "forecast", "expr": query}]}]}
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
+    series = []
+    for i in range(replicas):
+        pod = f'namespace="{NAMESPACE}", pod="kvw-kvwatch-7d9f8c6b5d-{i:05d}"'
+        series += [{"series": f"kvwatch_up{{{pod}}}", "values": "1x10"},
+                   {"series": f'kvwatch_kv_exhaustion_eta_seconds{{{pod}, model_name="m", engine="0"}}',
+                    "values": "600x10"}]
+    wanted = replicas + 1 + replicas // 10
+    test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series,
+        "promql_expr_test": [{"expr": "forecast", "eval_time": "5m",
+                              "exp_samples": [{"labels": "forecast", "value": wanted}]}]}]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test))
+    result = subprocess.run([promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    target = 1.0  # the trigger's AverageValue
+    assert abs(wanted / (target * replicas) - 1.0) > 0.1  # outside the tolerance: the HPA acts
+
+
 def test_keda_schema_catches_a_misspelt_field() -> None:
     so = only(render(*KEDA), "ScaledObject")
     validate_object(so)
