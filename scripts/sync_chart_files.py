@@ -136,6 +136,15 @@ OPERATOR_CRD = ROOT / "tests" / "fixtures" / "k8s-schemas" / "monitoring.coreos.
 RELABEL_CONFIG = "com.coreos.monitoring.v1.RelabelConfig"
 
 
+# A Quantity is a string or a number; the upstream schema stops there, so "16GB" passed and the API server refused it
+# ("quantities must match the regular expression", apimachinery's ParseQuantity: B is no suffix). That regular
+# expression, and anyOf (a null matched both of upstream's oneOf branches: "'oneOf' failed, subschemas 0, 1 matched").
+QUANTITY_NAME = "io.k8s.apimachinery.pkg.api.resource.Quantity"
+QUANTITY_PATTERN = "^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+QUANTITY: dict[str, Any] = {"anyOf": [{"type": "string", "pattern": QUANTITY_PATTERN}, {"type": "number"},
+                                      {"type": "null"}]}
+
+
 def kubernetes_definitions(version: str = KUBERNETES_VERSION) -> dict[str, Any]:
     """The closed JSON schemas of KUBERNETES_TYPES and every type they reference, and the operator's RelabelConfig,
     as draft-07 `definitions`."""
@@ -173,7 +182,7 @@ def kubernetes_definitions(version: str = KUBERNETES_VERSION) -> dict[str, Any]:
     def add(name: str) -> None:
         if name not in found:
             found[name] = {}  # placeholder: breaks reference cycles
-            found[name] = convert(upstream[name])
+            found[name] = QUANTITY if name == QUANTITY_NAME else convert(upstream[name])
 
     for name in (*KUBERNETES_TYPES, RELABEL_CONFIG):
         add(name)
