@@ -513,3 +513,20 @@ def test_runtime_class_and_topology_spread_reach_the_pod() -> None:
         validate_object(obj)
     assert "schema" in render_fails(*MINIMAL, "--set-json", 'topologySpreadConstraints=[{"maxSkw":1}]')
     assert "runtimeClassName" not in only(render(*MINIMAL), "Deployment")["spec"]["template"]["spec"]
+
+
+def test_no_container_lists_a_variable_twice() -> None:
+    # vllm.env naming HF_HOME beside vllm.modelCache rendered HF_HOME twice, which server-side apply (Helm 4's default
+    # install) refuses ("duplicate entries for key"); the user's value wins now. Review, round 19.
+    objects = render("--set", "config.model=m", "--set", "vllm.modelCache.enabled=true",
+                     "--set", "vllm.hfTokenSecret.name=hf",
+                     "--set-json", 'vllm.env=[{"name":"HF_HOME","value":"/cache/hf"},{"name":"HF_TOKEN","value":"t"}]')
+    for container in only(objects, "Deployment")["spec"]["template"]["spec"]["containers"]:
+        names = [e["name"] for e in container.get("env", [])]
+        assert len(names) == len(set(names)), (container["name"], names)
+        if container["name"] == "vllm":
+            env = {e["name"]: e for e in container["env"]}
+            assert env["HF_HOME"]["value"] == "/cache/hf" and env["HF_TOKEN"]["value"] == "t"
+    assert "kvwatch.extraEnv sets NODE_IP" in render_fails(
+        "--set", "config.model=m", "--set", "config.dcgmUrl=http://$(NODE_IP):9400/metrics",
+        "--set-json", 'kvwatch.extraEnv=[{"name":"NODE_IP","value":"10.0.0.1"}]')

@@ -235,6 +235,13 @@ vLLM out of its Service, and a watchdog must never stop the serving. */}}
       value: {{ printf "/etc/kvwatch/web/%s" ($web.key | default "web-config.yml") | quote }}
     {{- end }}
     {{- with $kvwatch.extraEnv }}
+    {{- /* A name set twice is refused by server-side apply (Helm 4's default). KVWATCH_* the schema keeps out (they
+    are config.*); NODE_IP is the chart's with config.dcgmUrl. */}}
+    {{- range . }}
+    {{- if and $config.dcgmUrl (eq (toString .name) "NODE_IP") }}
+    {{- fail "kvwatch.extraEnv sets NODE_IP, which the chart sets itself for config.dcgmUrl's $(NODE_IP): leave it out" }}
+    {{- end }}
+    {{- end }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
   ports:
