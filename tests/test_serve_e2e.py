@@ -366,3 +366,58 @@ def test_sighup_is_logged_and_ignored_not_fatal(target: Target) -> None:
         assert "SIGHUP ignored" in (proc.stdout.read() if proc.stdout else "")
     finally:
         _reap(proc)
+
+
+def test_a_log_pipe_nobody_reads_stops_neither_the_polls_nor_sigterm() -> None:
+    """A container runtime that stops reading the log pipe (a collector fallen behind): the pipe fills, and a
+    StreamHandler blocked the thread that logged. The poll thread stopped on an "is down" line, kvwatch_up froze at
+    1 and SIGTERM hung on "shutting down" (review, round 19). Here the pipe is full but for a few hundred bytes and
+    the target flips between a payload and a 502 page every half second: every flip is a line to log."""
+    import fcntl
+
+    polls = 0
+    good = True
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            nonlocal polls
+            polls += 1
+            body = PAYLOAD if good else HTML
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    os.write(write_end, b"x" * (fcntl.fcntl(write_end, 1032) - 300))  # F_GETPIPE_SZ: full but for 300 bytes
+    os.set_blocking(write_end, True)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVWATCH_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvwatch", "serve", "--target-url", f"http://127.0.0.1:{server.server_port}/metrics",
+         "--listen-address", "127.0.0.1", "--port", str(port), "--poll-interval-seconds", "0.2"],
+        env=env, stdout=write_end, stderr=write_end)
+    os.close(write_end)
+    try:
+        wait_for(lambda: polls > 3, "first polls", timeout=30)
+        for _ in range(8):
+            good = not good
+            time.sleep(0.5)
+        before = polls
+        wait_for(lambda: polls >= before + 5, "polls after the pipe filled", timeout=15)
+        good = False
+        wait_for(lambda: get(scrape(port), "kvwatch_up") == 0.0, "kvwatch_up 0 for the 502", timeout=15)
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+    finally:
+        _reap(proc)
+        os.close(read_end)
+        server.shutdown()
+        server.server_close()

@@ -41,6 +41,7 @@ from kvwatch.history import History
 from kvwatch.latency import EDGE_SECONDS
 from kvwatch.model import Poll, Reading, SeriesKey
 from kvwatch.payload import ScrapeError, interpret
+from kvwatch.serve import logs
 from kvwatch.serve.capacity import CapacityAnalyzer, CapacityResult
 from kvwatch.serve.collector import KvwatchCollector, make_registry
 from kvwatch.serve.gpu import DcgmSource, GpuReadError, GpuState, GpuWatcher, NvmlSource
@@ -467,7 +468,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings: ServeSettings = load_settings(ServeSettings, args)
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.setup(settings.log_level)
     if settings.log_level != "DEBUG":
         # Their INFO lines repeat every poll; kvwatch logs only changes.
         for noisy in ("httpx", "httpcore"):
@@ -527,7 +528,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         stop.wait()
     finally:
-        faulthandler.dump_traceback_later(SHUTDOWN_DEADLINE_SECONDS, exit=True)
+        last_words = logs.nonblocking_stderr()  # (kept referenced: faulthandler holds only its descriptor)
+        faulthandler.dump_traceback_later(SHUTDOWN_DEADLINE_SECONDS, exit=True, file=last_words)
         log.info("shutting down")
         stop_polling(poller, sidecar)
         server.shutdown()
