@@ -688,3 +688,17 @@ def test_raw_polls_are_kept_for_the_minutes_that_read_them_only() -> None:
     assert all(len(b.usages) == 12 for b in buckets[-window:])
     assert all(b.samples == 12 and b.u_sd > 0 for b in buckets)  # the summaries stay
     assert results[-1].state in {"ok", "filling"}
+
+
+def test_a_counter_read_a_rounding_lower_does_not_start_the_series_over():
+    # A float sum over several processes can read a rounding lower (review, round 19): the forecaster started over,
+    # clearing its bottleneck and warnings for a 15-minute warm-up.
+    samples = list(stream(lambda t: 0.97, seconds=1800))
+    last = samples[-1]
+    nudged = replace(last, timestamp=last.timestamp + 10, finished_total=math.nextafter(last.finished_total, 0.0),
+                     prompt_tokens_total=math.nextafter(last.prompt_tokens_total, 0.0))
+    forecaster = Forecaster()
+    results = run(forecaster, [*samples, nudged])
+    assert forecaster.restarts == 0 and results[-1].state == results[-2].state == "bottleneck"
+    dropped = replace(nudged, timestamp=nudged.timestamp + 10, finished_total=0.0)  # a real reset still is one
+    assert forecaster.observe(dropped).state == "warming_up" and forecaster.restarts == 1

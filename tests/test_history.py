@@ -117,3 +117,20 @@ def test_entries_share_what_did_not_change_since_the_previous_poll() -> None:
     assert second.waiting_by_reason is first.waiting_by_reason
     assert third.waiting_by_reason is not first.waiting_by_reason and third.waiting_by_reason == {"capacity": 2.0}
     assert third == parsed(2.0)
+
+
+def test_a_counter_a_rounding_lower_is_no_restart() -> None:
+    # vLLM's multiprocess mode sums one file per API server, and a float sum in another order can read a rounding
+    # lower: 199999.99999999997 after 200000.0 was "request_prompt_tokens_sum went down", a restart that reset the
+    # forecaster and cleared its warnings (review, round 19). A real drop is still one, however small.
+    from kvwatch.counters import counter_delta, histogram_delta
+
+    assert counter_delta(200000.0, 199999.99999999997) == 0.0
+    assert counter_delta(200000.0, 199999.0) == 199999.0  # a reset: the increase since it is the new value
+    assert histogram_delta((1.0, 200000.0), (1.0, 199999.99999999997)) == (0.0, 0.0)
+    assert histogram_delta((5.0, 9.0), (4.0, 9.0)) == (4.0, 9.0)
+    base = reading(process_start_time_seconds=100.0, request_prompt_tokens_sum=200000.0, preemptions_total=42.0)
+    assert restart_reason(base, reading(process_start_time_seconds=100.0, request_prompt_tokens_sum=199999.99999999997,
+                                        preemptions_total=42.0)) is None
+    assert restart_reason(base, reading(process_start_time_seconds=100.0, request_prompt_tokens_sum=200000.0,
+                                        preemptions_total=41.0)) == "preemptions_total went down"

@@ -11,29 +11,37 @@ from __future__ import annotations
 from collections.abc import Sequence
 from operator import sub
 
+# A float counter summed over several processes (vLLM's multiprocess mode sums one file per API server) can read
+# a rounding lower from one poll to the next, summed in another order: 199999.99999999997 after 200000.0 reset
+# the forecaster and cleared its warnings (review, round 19). A decrease within this share of the value is rounding.
+ROUNDING = 1e-9
+
 
 def counter_reset(previous: float, current: float) -> bool:
-    """A counter that went down was reset to zero (PromQL ``rate()``)."""
-    return current < previous
+    """A counter that went down was reset to zero (PromQL ``rate()``), unless by no more than float rounding."""
+    return current < previous - ROUNDING * max(1.0, abs(previous))
 
 
 def counter_delta(previous: float | None, current: float | None) -> float | None:
-    """Increase of a counter between two reads, like ``rate()``: a decrease is a reset to zero."""
+    """Increase of a counter between two reads, like ``rate()``: a decrease is a reset to zero (a rounding one,
+    no increase)."""
     if previous is None or current is None:
         return None
-    return current if counter_reset(previous, current) else current - previous
+    return current if counter_reset(previous, current) else max(0.0, current - previous)
 
 
 def histogram_delta(previous: Sequence[float] | None, current: Sequence[float] | None) -> tuple[float, ...] | None:
     """Per-bucket increase of a cumulative histogram (counts at each ``le``, the last ``+Inf``) between two reads.
 
-    The buckets are reset together, so the histogram is one counter: reset (:func:`counter_reset`) when its total
-    (the ``+Inf`` bucket) or any bucket went down, and then every bucket's increase is its current value;
+    The buckets are reset together, so the histogram is one counter: reset (:func:`counter_reset`) when any bucket
+    (the ``+Inf`` one is the total) went down, and then every bucket's increase is its current value;
     deciding per bucket would mix counts from before and after a restart. None when either read is missing or
     the bounds differ (a different number of buckets). Runs every poll: the subtraction is one ``map``."""
     if previous is None or current is None or len(previous) != len(current) or not current:
         return None
-    if counter_reset(previous[-1], current[-1]):
-        return tuple(current)
     increase = tuple(map(sub, current, previous))
-    return tuple(current) if counter_reset(0.0, min(increase)) else increase
+    if min(increase) >= 0.0:
+        return increase
+    if any(map(counter_reset, previous, current)):
+        return tuple(current)
+    return tuple(max(0.0, d) for d in increase)  # rounding

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from itertools import pairwise
 from types import MappingProxyType
 
-from kvwatch.counters import counter_delta
+from kvwatch.counters import counter_delta, counter_reset
 from kvwatch.model import Poll, Reading, SeriesKey
 
 COUNTER_FIELDS: tuple[str, ...] = (
@@ -53,10 +53,10 @@ def restart_reason(previous: Reading, current: Reading) -> str | None:
         return "cache_config_info changed"
     for name in COUNTER_FIELDS:
         before, now = getattr(previous, name), getattr(current, name)
-        if before is not None and now is not None and now < before:
+        if before is not None and now is not None and counter_reset(before, now):
             return f"{name} went down"
     for reason in set(previous.finished_by_reason) & set(current.finished_by_reason):
-        if current.finished_by_reason[reason] < previous.finished_by_reason[reason]:
+        if counter_reset(previous.finished_by_reason[reason], current.finished_by_reason[reason]):
             return "request_success_total went down"
     return None
 

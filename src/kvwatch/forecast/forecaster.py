@@ -21,7 +21,7 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from itertools import zip_longest
 from typing import TYPE_CHECKING, Any
 
-from kvwatch.counters import counter_delta, histogram_delta
+from kvwatch.counters import counter_delta, counter_reset, histogram_delta
 from kvwatch.forecast.buckets import BucketAggregator, MinuteBucket, SampleDeltas
 from kvwatch.forecast.demand import DemandEstimate, DemandModel, DemandParams
 from kvwatch.forecast.detector import (
@@ -355,7 +355,7 @@ class Forecaster:
     def _is_restart(self, prev: ForecastSample, cur: ForecastSample) -> bool:
         for name in _COUNTERS:
             a, b = getattr(prev, name), getattr(cur, name)
-            if a is not None and b is not None and b < a:
+            if a is not None and b is not None and counter_reset(a, b):
                 return True
         return (
             prev.capacity_tokens is not None
