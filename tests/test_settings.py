@@ -310,3 +310,9 @@ def test_a_switch_refused_beside_another_setting_is_named_without_a_value(
     monkeypatch.setenv("KVWATCH_NVML", "true")  # a variable does have a value: quoted
     assert main(["serve", *common]) == 2
     assert "invalid value 'true' for KVWATCH_NVML: cannot be used with --dcgm-url" in capsys.readouterr().err
+
+
+def test_a_target_on_port_0_is_refused_at_startup(capsys: pytest.CaptureFixture[str]) -> None:
+    # It was accepted, and every poll failed with "connect" (review, round 19): no server listens on port 0.
+    assert main(["serve", "--target-url", "http://127.0.0.1:0/metrics"]) == 2
+    assert "for --target-url: port 0 is no port a server listens on" in capsys.readouterr().err

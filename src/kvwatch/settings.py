@@ -96,6 +96,8 @@ def check_url(v: str) -> str:
         raise ValueError(f"must be an http:// or https:// URL ({exc})") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError("must be an http:// or https:// URL with a host")
+    if parts.port == 0:  # no server listens on port 0: every poll would fail with "connect"
+        raise ValueError("port 0 is no port a server listens on")
     if not re.fullmatch(r"[A-Za-z0-9._:%-]+", parts.hostname):
         # e.g. "$(NODE_IP)" left as is: Kubernetes expands $(VAR) only for variables defined earlier.
         raise ValueError(f"host {parts.hostname!r} is not a host name or an IP address (an unexpanded "
