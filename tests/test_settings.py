@@ -316,3 +316,12 @@ def test_a_target_on_port_0_is_refused_at_startup(capsys: pytest.CaptureFixture[
     # It was accepted, and every poll failed with "connect" (review, round 19): no server listens on port 0.
     assert main(["serve", "--target-url", "http://127.0.0.1:0/metrics"]) == 2
     assert "for --target-url: port 0 is no port a server listens on" in capsys.readouterr().err
+
+
+def test_a_web_config_file_that_is_no_yaml_is_refused_in_one_line(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    # YAML's own message spans five lines with a caret under the text (review, round 19); kvwatch's refusals are one.
+    path = tmp_path / "web.yml"
+    path.write_text("tls_server_config:\n  cert_file: [unclosed\n")
+    assert main(["serve", "--target-url", "http://127.0.0.1:1/metrics", "--web-config-file", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "but got '<stream end>' (line 3, column 1)" in err, err

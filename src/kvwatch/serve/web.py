@@ -113,7 +113,10 @@ def load_web_config(path: Path) -> WebConfig:
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
-        raise WebConfigError(f"cannot read {path}: {exc}") from None
+        mark = getattr(exc, "problem_mark", None)  # YAML's message spans lines, with the text and a caret
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise WebConfigError(f"cannot read {path}: {' '.join(str(problem).split())}{where}") from None
     if not isinstance(data, dict):
         raise WebConfigError(f"{path}: not a YAML mapping")
     unknown = set(data) - {"tls_server_config", "basic_auth_users", "http_server_config", "rate_limit"}
