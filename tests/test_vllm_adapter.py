@@ -689,3 +689,14 @@ def test_vllm_omni_stages_are_engines_each_with_its_own_pool(capsys: pytest.Capt
     assert main(["check", "--file", str(FIXTURES / "gen-omni-two-stages.prom"), "--json"]) == 0
     fixes = json.loads(capsys.readouterr().out)["series"][0]["advice"]
     assert fixes and "data-parallel" not in fixes[0]["message"]
+
+
+def test_a_block_count_label_python_would_read_but_vllm_never_writes_is_unknown() -> None:
+    # float() reads "20_48", " 2048" and full-width digits, and 12.5 blocks were a capacity of 100 tokens (review,
+    # round 19). vLLM writes str() of an int or float; a fraction of a block is impossible and counted.
+    assert [vllm.label_number(t) for t in ("2048", "0.9", "1e3", "-1", ".5")] == [2048.0, 0.9, 1000.0, -1.0, 0.5]
+    assert [vllm.label_number(t) for t in ("20_48", " 2048", "２０４８", "inf", "nan", "abc", "None", "")] == [None] * 8
+    from kvwatch.plausible import check_reading
+
+    checked, dropped = check_reading(Reading("m", kv_usage_ratio=0.5, num_gpu_blocks=12.5, block_size=16.0))
+    assert checked.num_gpu_blocks is None and dropped == (("num_gpu_blocks", 12.5),)

@@ -30,8 +30,9 @@ _COUNTS = ("requests_running", "requests_waiting", "requests_swapped", "preempti
            "request_generation_tokens_count")
 _POSITIVE = ("kv_capacity_tokens", "kv_max_concurrency", "num_gpu_blocks", "block_size", "max_model_len")
 _BY_LABEL = ("waiting_by_reason", "finished_by_reason")
+_WHOLE = ("num_gpu_blocks", "block_size", "max_model_len")  # of _POSITIVE, what is counted in whole units
 
-assert set(_COUNTS + _POSITIVE + _BY_LABEL) <= {f.name for f in fields(Reading)}
+assert set(_COUNTS + _POSITIVE + _BY_LABEL) <= {f.name for f in fields(Reading)} and set(_WHOLE) <= set(_POSITIVE)
 
 
 def _count_ok(value: float) -> bool:
@@ -62,7 +63,8 @@ def check_reading(reading: Reading) -> tuple[Reading, tuple[tuple[str, float], .
         dropped.append(("prefix_cache_hits_total", hits))
     for name in _POSITIVE:
         value = getattr(reading, name)
-        if value is not None and not (_count_ok(value) and value > 0):
+        whole = name not in _WHOLE or value is None or value == math.floor(value)
+        if value is not None and not (_count_ok(value) and value > 0 and whole):
             changes[name] = None
             dropped.append((name, value))
     for name in _BY_LABEL:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from types import MappingProxyType
@@ -490,14 +491,15 @@ def _config_for(configs: dict[str | None, dict[str, str]], key: SeriesKey) -> di
     return configs.get(key[1]) or configs.get(None) or {}
 
 
+# What Python's str() of an int or a float writes: float() also takes "20_48", " 2048" and full-width digits.
+_LABEL_NUMBER = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
 def label_number(text: str | None) -> float | None:
     """A numeric ``cache_config_info`` label value; None for ``"None"``, empty, non-numeric or non-finite."""
-    if text is None or text in ("None", ""):
+    if text is None or not _LABEL_NUMBER.fullmatch(text):
         return None
-    try:
-        value = float(text)
-    except ValueError:
-        return None
+    value = float(text)
     return value if math.isfinite(value) else None
 
 
