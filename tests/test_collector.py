@@ -92,6 +92,15 @@ def test_stale_state_keeps_only_health() -> None:
                    for n in names)
 
 
+def test_up_is_0_once_no_poll_has_finished_for_stale_after() -> None:
+    # The last poll succeeded, then polling stopped (a poll thread blocked in a log call, round 19's review): up stayed
+    # 1 for as long as the process lived.
+    assert value(scrape(KvwatchCollector(lambda: state_at(1000.0), now=lambda: 1015.0, stale_after=15.0)),
+                 "kvwatch_up") == 1.0
+    assert value(scrape(KvwatchCollector(lambda: state_at(1000.0), now=lambda: 1016.0, stale_after=15.0)),
+                 "kvwatch_up") == 0.0
+
+
 def test_empty_state_before_first_poll() -> None:
     samples = scrape(KvwatchCollector(State, now=lambda: 0.0, stale_after=15.0))
     assert value(samples, "kvwatch_up") == 0.0

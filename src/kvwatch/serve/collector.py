@@ -47,7 +47,10 @@ class KvwatchCollector(Collector):
             log.exception("cannot read state")
             yield from _build_info()
             return
-        yield from _health(state)
+        # No poll at all (good or bad) for stale_after: polling itself stopped, and the last poll's "up" is no
+        # news (a log call blocked on a full pipe held the poll thread with kvwatch_up frozen at 1, round 19).
+        polling = state.timestamp is not None and now - state.timestamp <= self._stale_after
+        yield from _health(state, polling)
         try:
             fresh = state.fresh(now, self._stale_after)
             series = state.series if fresh else {}
@@ -84,13 +87,14 @@ def _build_info() -> Iterator[Metric]:
     yield info
 
 
-def _health(state: State) -> Iterator[Metric]:
+def _health(state: State, polling: bool = True) -> Iterator[Metric]:
     health = state.health
     yield from _build_info()
     yield GaugeMetricFamily(
         "kvwatch_up",
-        "1 if the last poll fetched and recognised a vLLM, SGLang or TensorRT-LLM payload, else 0." + _POLL_NOTE,
-        value=1.0 if health.up else 0.0)
+        "1 if the last poll fetched and recognised a vLLM, SGLang or TensorRT-LLM payload, else 0 (0 too once no "
+        "poll has finished for --stale-after-seconds: polling stopped)." + _POLL_NOTE,
+        value=1.0 if health.up and polling else 0.0)
     if health.scrape_duration_seconds is not None:
         yield GaugeMetricFamily("kvwatch_scrape_duration_seconds",
                                 "Duration of the last poll of the target (fetch, parse, analyse).",
