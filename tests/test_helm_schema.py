@@ -304,3 +304,11 @@ def test_sizes_kubernetes_accepts_render() -> None:
                      "vllm.modelCache.sizeLimit=200Gi", "--set", "kvwatch.resources.requests.cpu=250m",
                      "--set-json", "vllm.resources.limits.cpu=8", "--set-json", "vllm.resources.requests.cpu=null")
     assert objects
+
+
+@pytest.mark.parametrize("key", ["vllm.port", "vllm.resources", "vllm.hfTokenSecret", "vllm.modelCache", "autoscaling"])
+def test_a_key_the_templates_need_set_to_null_fails_naming_it(key: str) -> None:
+    # `--set vllm.port=null` rendered `port: <nil>` through lint; the maps failed with a nil-pointer template error
+    # (review, round 19). Helm deletes a key set to null: the schema requires these.
+    error = render_fails("--set", "config.model=m", "--set", f"{key}=null")
+    assert f"missing property '{key.rsplit('.', 1)[-1]}'" in error
