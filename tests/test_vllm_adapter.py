@@ -698,5 +698,13 @@ def test_a_block_count_label_python_would_read_but_vllm_never_writes_is_unknown(
     assert [vllm.label_number(t) for t in ("20_48", " 2048", "２０４８", "inf", "nan", "abc", "None", "")] == [None] * 8
     from kvwatch.plausible import check_reading
 
-    checked, dropped = check_reading(Reading("m", kv_usage_ratio=0.5, num_gpu_blocks=12.5, block_size=16.0))
-    assert checked.num_gpu_blocks is None and dropped == (("num_gpu_blocks", 12.5),)
+    checked, dropped = check_reading(Reading("m", kv_usage_ratio=0.5, block_size=12.5, max_model_len=math.nan))
+    assert checked.block_size is None and checked.max_model_len is None  # (a NaN length is no crash either)
+    assert [name for name, _ in dropped] == ["block_size", "max_model_len"]
+    text = (FIXTURES / "gen-0.16-sleep-state-dp2.prom").read_text()
+    for garbage in ("abc", "inf", "12.5"):  # read as absent, uncounted, before (review, round 19)
+        poll = interpret(text.replace('num_gpu_blocks="20000"', f'num_gpu_blocks="{garbage}"'), None, timestamp=0.0)
+        assert all(r.num_gpu_blocks is None and r.kv_capacity_tokens is None for r in poll.readings)
+        assert {name for _, name, _ in poll.implausible} == {"num_gpu_blocks", "kv_capacity_tokens"}
+    odd = interpret(text.replace('num_gpu_blocks="20000"', 'num_gpu_blocks="20001"'), None, timestamp=0.0)
+    assert odd.implausible == () and odd.readings[0].num_gpu_blocks == 10000.5  # a DP total over 2 engines

@@ -30,7 +30,7 @@ _COUNTS = ("requests_running", "requests_waiting", "requests_swapped", "preempti
            "request_generation_tokens_count")
 _POSITIVE = ("kv_capacity_tokens", "kv_max_concurrency", "num_gpu_blocks", "block_size", "max_model_len")
 _BY_LABEL = ("waiting_by_reason", "finished_by_reason")
-_WHOLE = ("num_gpu_blocks", "block_size", "max_model_len")  # of _POSITIVE, what is counted in whole units
+_WHOLE = ("block_size", "max_model_len")  # of _POSITIVE, whole numbers (blocks per engine may not be: a DP total ÷ n)
 
 assert set(_COUNTS + _POSITIVE + _BY_LABEL) <= {f.name for f in fields(Reading)} and set(_WHOLE) <= set(_POSITIVE)
 
@@ -63,7 +63,7 @@ def check_reading(reading: Reading) -> tuple[Reading, tuple[tuple[str, float], .
         dropped.append(("prefix_cache_hits_total", hits))
     for name in _POSITIVE:
         value = getattr(reading, name)
-        whole = name not in _WHOLE or value is None or value == math.floor(value)
+        whole = name not in _WHOLE or value is None or not math.isfinite(value) or value.is_integer()
         if value is not None and not (_count_ok(value) and value > 0 and whole):
             changes[name] = None
             dropped.append((name, value))

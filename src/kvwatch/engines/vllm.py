@@ -503,6 +503,16 @@ def label_number(text: str | None) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _count_label(text: str | None) -> float | None:
+    """A count label (blocks, tokens per block): :func:`label_number`, but NaN for a value that is there and no
+    whole number (``abc``, ``inf``, ``12.5``): the plausibility check then drops it as impossible and counts it
+    (kvwatch.plausible), instead of reading it as absent or as a fraction of a block."""
+    if text is None or text in ("None", ""):
+        return None
+    value = label_number(text)
+    return value if value is not None and value.is_integer() else math.nan
+
+
 def engine_max_model_len(config: Mapping[str, str]) -> int | None:
     """The engine's ``--max-model-len``, from ``cache_config_info``: vLLM (>= 0.25, the versions that label
     ``kv_cache_size_tokens``) computes ``kv_cache_size_tokens = int(kv_cache_max_concurrency × max_model_len)``
@@ -530,9 +540,9 @@ def _capacity(config: dict[str, str], n_engines: int) -> tuple[float | None, flo
     """(capacity tokens, gpu blocks, block size, max concurrency), all per engine. Without ``num_gpu_blocks`` (0.8.x
     labels before the engine core reports it) a ``--num-gpu-blocks-override`` is the count: vLLM takes it as is
     (``may_override_num_blocks``), per engine."""
-    total_blocks = label_number(config.get("num_gpu_blocks"))
+    total_blocks = _count_label(config.get("num_gpu_blocks"))
     blocks = total_blocks / n_engines if total_blocks is not None else override_blocks(config)
-    block_size = label_number(config.get("block_size"))
+    block_size = _count_label(config.get("block_size"))
     capacity = label_number(config.get("kv_cache_size_tokens"))
     if capacity is None and blocks is not None and block_size is not None:
         capacity = blocks * block_size
