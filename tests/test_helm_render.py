@@ -139,3 +139,13 @@ def test_a_gpu_count_in_vllms_resources_is_refused_not_written_twice() -> None:
 
     message = render_fails(*MINIMAL, "--set-json", 'vllm.resources={"limits":{"nvidia.com/gpu":"1"}}')
     assert "vllm.resources.limits may not set nvidia.com/gpu" in message
+
+
+@pytest.mark.parametrize(("release", "args"), [("my.release", ()), ("kvw", ("--set", "nameOverride=KVWatch")),
+                                               ("kvw", ("--set", "fullnameOverride=my.app"))])
+def test_a_service_name_kubernetes_would_refuse_fails_at_render(release: str, args: tuple[str, ...]) -> None:
+    # "my.release-kvwatch" rendered, linted and was refused by the API server (a Service's name is a DNS-1035 label).
+    from helm_helpers import run_helm
+
+    result = run_helm("template", release, str(CHART), "--namespace", NAMESPACE, "--set", "config.model=m", *args)
+    assert result.returncode != 0 and "which Kubernetes refuses" in result.stderr, result.stderr
