@@ -94,11 +94,11 @@ class RiskParams:
     # rate of events; the risk is also at least that of a Poisson process at that rate. 0: off (v3).
     recurrence_window_seconds: float = 7200.0
     recurrence_quiet_seconds: float = 600.0
-    # An onset counts toward the recurrence only while the window's mean usage is at least this share of what it
-    # was when the saturation began: after the load has fallen away the old saturations say nothing about the
-    # next (a compressed day kept `filling` on to the end with usage at 0.10–0.44, round 15's review). 0: off
-    # (v9). 0.7 (v10): the tuning family scores the same from 0.5 to 0.8 and loses recall at 0.9 (a steady load's
-    # 30-minute mean moves by more than a tenth between its saturations); docs/forecasting.md, v10.
+    # An onset counts toward the recurrence only while the window's mean usage is at least this share of the load
+    # the onset came at (recurrence_load_trough): after the load has fallen away the old saturations say nothing
+    # about the next (a compressed day kept `filling` on to the end with usage at 0.10–0.44, round 15's review).
+    # 0: off (v9). 0.7 (v10): the tuning family scores as v9 from 0.5 to 0.85 (0.9: Brier 0.0001 worse at 5 and
+    # 30 minutes), and 0.7 leaves room on both sides; docs/forecasting.md, v10.
     recurrence_load_ratio: float = 0.7
     # The load an onset came at: the lowest window mean of the last 30 minute closes (True), or the window's mean at
     # the onset itself (False, as v10's first version: a saturation reached by a climb was held to the climb).

@@ -64,8 +64,7 @@ class KvwatchCollector(Collector):
                     log.exception("analyzer %s failed to export", analyzer.name)
             if state.gpu is not None:
                 # GPU memory is refreshed by every poll, good or bad: stale only when polling itself stopped.
-                gpu_fresh = state.timestamp is not None and now - state.timestamp <= self._stale_after
-                families.extend(gpu_families(state.gpu if gpu_fresh else replace(state.gpu, gpus=())))
+                families.extend(gpu_families(state.gpu if polling else replace(state.gpu, gpus=())))
         except Exception:
             log.exception("cannot export per-series metrics")
             return
