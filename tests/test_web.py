@@ -341,6 +341,91 @@ def test_one_client_cannot_hold_every_connection(serve, monkeypatch: pytest.Monk
     assert _eventually(lambda: not _refused(f"http://127.0.0.1:{server.port}/healthz"))
 
 
+@pytest.mark.parametrize("tls", [False, True])
+def test_stalled_connections_give_way_to_a_new_client(pki: Path, serve, monkeypatch: pytest.MonkeyPatch,
+                                                      tls: bool) -> None:
+    # (review, round 19) five addresses × MAX_PER_CLIENT idle connections held all 128 slots, and /healthz from a
+    # sixth failed 23 times in 30. With every slot taken, a newcomer takes the slot of a connection that has sent no
+    # request for STALLED_AFTER seconds: before a TLS handshake and in the middle of one too.
+    from kvwatch.serve import web
+
+    monkeypatch.setattr(web, "MAX_CONNECTIONS", 4)
+    monkeypatch.setattr(web, "MAX_PER_CLIENT", 2)
+    monkeypatch.setattr(web, "STALLED_AFTER", 60.0)
+    server = serve(write_config(pki) if tls else None)
+    stalled = []
+    for i in range(4):
+        s = socket.create_connection(("127.0.0.1", server.port), source_address=(f"127.0.0.{2 + i // 2}", 0))
+        if tls and i % 2:
+            s.sendall(b"\x16\x03")  # the first bytes of a ClientHello, and no more
+        stalled.append(s)
+    scheme, verify = ("https", ssl.create_default_context(cafile=pki / "ca.crt")) if tls else ("http", True)
+    newcomer = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.9", verify=verify))
+    url = f"{scheme}://localhost:{server.port}/healthz"
+
+    def refused() -> bool:
+        try:
+            return newcomer.get(url, timeout=5.0).status_code != 200
+        except httpx.HTTPError:
+            return True
+
+    assert _eventually(refused)  # every slot is taken, and none stalled long enough to give way
+    monkeypatch.setattr(web, "STALLED_AFTER", 0.2)
+    time.sleep(0.3)
+    assert newcomer.get(url, timeout=5.0).status_code == 200
+    for s in stalled:
+        s.settimeout(5.0)
+    closed = [s for s in stalled if _closed_by_server(s)]
+    assert closed, "no stalled connection was closed to make room"
+
+
+class _BlockingCollector:
+    """A collector whose scrape waits for an event: a /metrics request that holds its slot while it works."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def collect(self) -> Iterator:
+        self.release.wait(10.0)
+        yield from ()
+
+
+def test_a_connection_that_sent_its_request_keeps_its_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Only a connection that has sent no request head may be evicted: scrapes being answered keep their slots.
+    from kvwatch.serve import web
+
+    monkeypatch.setattr(web, "MAX_CONNECTIONS", 2)
+    monkeypatch.setattr(web, "STALLED_AFTER", 0.0)
+    registry = CollectorRegistry()
+    blocking = _BlockingCollector()
+    registry.register(blocking)  # type: ignore[arg-type]
+    server = MetricsServer(("127.0.0.1", 0), RenderCache(registry, lambda: (object(),)), WebConfigWatcher(None))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        working = []
+        for _ in range(2):
+            s = socket.create_connection(("127.0.0.1", port), timeout=10.0)
+            s.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+            working.append(s)
+        assert _eventually(lambda: _refused(f"http://127.0.0.1:{port}/healthz"))
+        blocking.release.set()
+        for s in working:
+            assert s.recv(12) == b"HTTP/1.0 200"
+            s.close()
+    finally:
+        blocking.release.set()
+        server.shutdown()
+        server.server_close()
+
+
+def _closed_by_server(s: socket.socket) -> bool:
+    try:
+        return s.recv(1) == b""
+    except OSError:
+        return True
+
+
 def _refused(url: str) -> bool:
     """True when the server closes the request unanswered (no slot); False when it answers 200."""
     try:

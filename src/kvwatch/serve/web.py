@@ -4,7 +4,9 @@ Built for a pod where anything may connect: a scrape renders the current State o
 other scrape of that State gets the same bytes (:class:`RenderCache`); a deep listen backlog takes bursts of
 hundreds of connections; a client that hangs up or stalls costs one thread for at most ``CLIENT_TIMEOUT``
 seconds in all and never a traceback in the log; at most ``MAX_CONNECTIONS`` are served at once, at most
-``MAX_PER_CLIENT`` of them to one client address.
+``MAX_PER_CLIENT`` of them to one client address. When every slot is taken, a new connection takes the slot of one
+that has not sent its request for ``STALLED_AFTER`` seconds (from the address holding the most), so a few addresses
+holding idle connections cannot lock out Prometheus or the kubelet's probe.
 
 ``--web-config-file`` reads the Prometheus exporter-toolkit web configuration (the file node_exporter's
 ``--web.config.file`` reads): ``tls_server_config`` (``cert_file``/``key_file`` or inline ``cert``/``key``,
@@ -33,6 +35,7 @@ import socket
 import ssl
 import tempfile
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,6 +62,10 @@ MAX_PER_CLIENT = 32
 the kubelet's /healthz probe and Prometheus' scrape failed until they timed out (round 13's review)."""
 SLOT_WAIT_SECONDS = 0.5
 """How long a new connection may wait for a slot before it is closed (serve_forever's poll interval)."""
+STALLED_AFTER = 2.0
+"""Seconds a connection may go without a complete request head before a newcomer may take its slot when all are
+taken: five addresses × MAX_PER_CLIENT idle connections held every slot and /healthz from a sixth failed (round 19's
+review). Scrapers and probes send their request at once; only a connection that has sent one keeps its slot."""
 _AUTH_CACHE_SIZE = 256
 
 # The handshake's check; RequireAndVerifyClientCert's "require" is the handler's (/healthz answers without one).
@@ -280,6 +287,17 @@ class RenderCache:
             return body, content_type
 
 
+@dataclass
+class _Connection:
+    """One served connection, as the slot rules see it."""
+
+    host: str
+    socket: Any  # the TLS socket once wrapped: held here, it stays open until the server forgets the connection
+    opened: float  # time.monotonic()
+    head_read: bool = False  # a whole request head arrived: a working client, never evicted
+    evicted: bool = False
+
+
 class MetricsServer(ThreadingHTTPServer):
     """A threading HTTP server whose TLS handshake runs on the connection's thread, not the accept loop."""
 
@@ -293,23 +311,30 @@ class MetricsServer(ThreadingHTTPServer):
             self.address_family = socket.AF_INET6
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._per_client: Counter[str] = Counter()
-        self._per_client_lock = threading.Lock()
+        self._connections: dict[Any, _Connection] = {}  # by the accepted socket object
+        self._per_client_lock = threading.Lock()  # guards both
         super().__init__(address, _Handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         # One client may hold at most MAX_PER_CLIENT connections: more are closed at once, without a thread.
         host = _host(client_address)
         with self._per_client_lock:
-            if self._per_client[host] >= MAX_PER_CLIENT:
-                self.shutdown_request(request)
-                return
-            self._per_client[host] += 1
-        # The accept loop waits here for a slot (what arrives meanwhile waits in the listen backlog), at most as
-        # long as serve_forever's own poll, so shutdown() is never held up; past that the connection is closed.
-        if not self._slots.acquire(timeout=SLOT_WAIT_SECONDS):
-            self._release_client(host)
+            crowded = self._per_client[host] >= MAX_PER_CLIENT
+            if not crowded:
+                self._per_client[host] += 1
+        if crowded:
             self.shutdown_request(request)
             return
+        # The accept loop waits here for a slot (what arrives meanwhile waits in the listen backlog), at most as
+        # long as serve_forever's own poll, so shutdown() is never held up; past that the connection is closed.
+        if not self._slots.acquire(blocking=False):
+            self._evict_stalled()
+            if not self._slots.acquire(timeout=SLOT_WAIT_SECONDS):
+                self._release_client(host)
+                self.shutdown_request(request)
+                return
+        with self._per_client_lock:
+            self._connections[request] = _Connection(host, request, time.monotonic())
         try:
             super().process_request(request, client_address)
         except BaseException:
@@ -317,12 +342,32 @@ class MetricsServer(ThreadingHTTPServer):
             self._release_client(host)
             raise
 
+    def _evict_stalled(self) -> None:
+        """Every slot is taken: end the oldest connection that has sent no request for STALLED_AFTER seconds, from
+        the address holding the most (its thread then frees the slot)."""
+        now = time.monotonic()
+        with self._per_client_lock:
+            stalled = [c for c in self._connections.values()
+                       if not c.head_read and not c.evicted and now - c.opened >= STALLED_AFTER]
+            if not stalled:
+                return
+            victim = max(stalled, key=lambda c: (self._per_client[c.host], -c.opened))
+            victim.evicted = True
+            with contextlib.suppress(OSError):  # socket's own shutdown: a TLS socket's would unwrap it under its thread
+                socket.socket.shutdown(victim.socket, socket.SHUT_RDWR)
+        log.debug("all %d connection slots taken: closed a stalled connection from %s", MAX_CONNECTIONS, victim.host)
+
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
             self._slots.release()
             self._release_client(_host(client_address))
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._per_client_lock:
+            self._connections.pop(request, None)  # (and with it the last reference to a TLS socket, which closes it)
+        super().shutdown_request(request)
 
     def _release_client(self, host: str) -> None:
         with self._per_client_lock:
@@ -337,12 +382,14 @@ class MetricsServer(ThreadingHTTPServer):
         deadline = threading.Timer(CLIENT_TIMEOUT, _cut, (request.fileno(), request.family))
         deadline.daemon = True
         deadline.start()
+        with self._per_client_lock:
+            connection = self._connections.get(request)
         try:
-            self._serve(request, client_address)
+            self._serve(request, client_address, connection)
         finally:
             deadline.cancel()
 
-    def _serve(self, request: Any, client_address: Any) -> None:
+    def _serve(self, request: Any, client_address: Any, connection: _Connection | None) -> None:
         request.settimeout(CLIENT_TIMEOUT)
         config = self.web.current()
         if config.tls is not None:
@@ -356,11 +403,15 @@ class MetricsServer(ThreadingHTTPServer):
                                     b"\r\nClient sent an HTTP request to an HTTPS server.\n")
                 return
             try:
-                request = config.tls.wrap_socket(request, server_side=True)
+                with self._per_client_lock:  # (wrapping detaches the accepted socket: an eviction cuts the new one)
+                    request = config.tls.wrap_socket(request, server_side=True, do_handshake_on_connect=False)
+                    if connection is not None:
+                        connection.socket = request
+                request.do_handshake()
             except (OSError, ssl.SSLError) as exc:
                 log.debug("TLS handshake with %s failed: %s", client_address, exc)
                 return
-        self.RequestHandlerClass(request, client_address, self, config)  # type: ignore[call-arg]
+        self.RequestHandlerClass(request, client_address, self, config, connection)  # type: ignore[call-arg]
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         import sys
@@ -388,9 +439,17 @@ class _Handler(BaseHTTPRequestHandler):
     server: MetricsServer
     timeout = CLIENT_TIMEOUT
 
-    def __init__(self, request: Any, client_address: Any, server: MetricsServer, config: WebConfig) -> None:
+    def __init__(self, request: Any, client_address: Any, server: MetricsServer, config: WebConfig,
+                 connection: _Connection | None) -> None:
         self.config = config
+        self.tracked = connection  # (not "connection": StreamRequestHandler's name for the socket)
         super().__init__(request, client_address, server)
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()  # (reads the request line and every header)
+        if parsed and self.tracked is not None:
+            self.tracked.head_read = True
+        return parsed
 
     def do_HEAD(self) -> None:
         """As GET, without the body (load balancers and uptime checks probe with HEAD)."""
