@@ -137,6 +137,10 @@ def test_version_rules_follow_the_label_set() -> None:
     assert vllm_version_from_cache_config(cache_config(prefix_match_unit="None", cache_hit_alignment_tokens="None")) \
         == (0, 32)
     assert vllm_version_from_cache_config(cache_config(swap_space_bytes="0.0")) == (0, 7)
+    assert vllm_version_from_cache_config(cache_config(swap_space_bytes="0.0", cpu_offload_gb="0")) == (0, 7)
+    # From 0.8.5 CacheConfig.__post_init__ adds swap_space_bytes beside swap_space (vllm-project/vllm#28924, 0.11.0)
+    assert vllm_version_from_cache_config(cache_config(
+        swap_space="0.0", swap_space_bytes="0.0", cpu_offload_gb="0.0", kv_cache_memory_bytes="None")) == (0, 10)
     assert vllm_version_from_cache_config(cache_config()) is None
     # Gemma-2 at max_model_len 20,001: before 0.20 tokens are blocks // groups x block_size, from 0.20 they are
     # int(concurrency x max_model_len); the engine's label set picks the rule serve has no flag for.

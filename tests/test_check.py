@@ -819,6 +819,18 @@ def test_a_two_group_model_on_a_0_18_to_0_20_page_is_read_in_its_own_terms(capsy
     assert 55 < expected < 60
 
 
+def test_a_real_0_11_cache_config_is_read_as_0_11_with_its_kv_groups(capsys: pytest.CaptureFixture[str]) -> None:
+    # (review, round 20) Every CacheConfig from 0.8.5 to 0.19 carries swap_space_bytes beside swap_space (its
+    # __post_init__ sets it; vllm-project/vllm#28924's real 0.11.0 line). kvwatch read that label as V0's: the
+    # version range came out "unknown", capacity used pre-0.9 rules, and gpt-oss-20b's two KV groups were ignored
+    # (9,271 blocks x 16 = 148,336 tokens, twice the truth).
+    report = check_json(["--file", str(FIXTURES / "gen-0.11.0-gptoss-issue28924.prom"), "--gpu", "H100", "--json"],
+                        capsys)
+    series = report["series"][0]
+    assert series["kv_capacity_tokens"] == 9271 // 2 * 16
+    assert report["version_range"] == "0.11"
+
+
 def test_sglang_and_tensorrt_llm_get_no_vllm_capacity_sums(capsys: pytest.CaptureFixture[str]) -> None:
     # Their pools are sized their own way (--mem-fraction-static, free_gpu_memory_fraction): a healthy
     # trtllm-serve given --gpu got a capacity_mismatch blaming --gpu-memory-utilization, and exit 1 on warnings.

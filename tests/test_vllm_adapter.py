@@ -384,6 +384,7 @@ FIXTURE_ERAS = {
     "gen-multiprocess-pid.prom": "0.9-0.10",
     "gen-0.11.0-multiproc-pid-agree.prom": "0.11",
     "gen-0.11.0-multiproc-pid-disagree.prom": "0.11",
+    "gen-0.11.0-gptoss-issue28924.prom": "0.11",  # a real 0.11.0 cache_config_info: swap_space and swap_space_bytes
     "gen-0.20.2-gptoss-two-groups.prom": "0.17-0.20",
     "gen-0.14-pd-decode-nixl.prom": "0.14-0.16",  # a few families only: detected as 0.12-0.25
     "neuron-v0-block1024.prom": "v0",  # V0 help texts and swap_space_bytes (a vLLM-Neuron capture)

@@ -601,13 +601,16 @@ CACHE_LABEL_EVIDENCE: dict[str, str] = {
     "kv_cache_size_tokens": "NNNNNNNNMA",  # between 0.20.2 and 0.25.1
     "kv_cache_max_concurrency": "NNNNNNNNMA",
     "user_specified_block_size": "NNNNNNNMMM",  # 0.20.2
-    "swap_space_bytes": "MMNNNNNNNN",  # CacheConfig up to 0.8.4 (0.8.5 renamed it swap_space)
+    # V0's CacheConfig set swap_space_bytes alone; from 0.8.5 (a dataclass) __post_init__ sets it beside swap_space
+    # (vllm-project/vllm#28924 quotes a real 0.11.0 line with both): alone, it is V0-or-0.8.4 (V0_SWAP_BYTES_ALONE).
+    "swap_space_bytes": "MMMMMMMMNN",
     "swap_space": "MMMMMMMMNN",  # dropped in 0.20.2
     "cpu_offload_gb": "MMMMMMMMNN",
     "cpu_kvcache_space_bytes": "MNNMMMMMMM",  # 0.9.2
     "kv_cache_memory_bytes": "MNNMMMMMMM",  # 0.10.2
     "kv_offloading_backend": "NNNNNMMMMM",  # 0.12
 }
+V0_SWAP_BYTES_ALONE = "MMNNNNNNNN"  # swap_space_bytes without swap_space: CacheConfig before the 0.8.5 dataclass
 # Samples of these families carry an ``engine`` label in every V1 from 0.8.5 and in no earlier vLLM.
 ENGINE_LABELLED: tuple[str, ...] = (KV_USAGE, GPU_CACHE_USAGE, RUNNING, WAITING, WAITING_BY_REASON, PREEMPTIONS,
                                     SUCCESS, PROMPT_TOKENS, GENERATION_TOKENS, PREFIX_QUERIES, PREFIX_HITS,
@@ -664,6 +667,8 @@ def _eras_of(names: frozenset[str], whole: bool, config_labels: frozenset[str] |
     if config_labels is not None:
         for label, row in CACHE_LABEL_EVIDENCE.items():
             eras &= _eras(row, "AM") if label in config_labels else frozenset(ERA_NAMES) - _eras(row, "A")
+        if "swap_space_bytes" in config_labels and "swap_space" not in config_labels:
+            eras &= _eras(V0_SWAP_BYTES_ALONE, "AM")
     if has_engine is not None:
         eras &= frozenset(ERA_NAMES[2:]) if has_engine else frozenset(ERA_NAMES[:2])
     return eras & help_eras

@@ -74,7 +74,8 @@ def vllm_version_from_cache_config(labels: Mapping[str, str]) -> tuple[int, int]
     an engine's blocks with the formula's in blocks, whose rule did not change); ``kv_offloading_backend``/
     ``mamba_block_size`` appeared in 0.12,
     ``kv_cache_memory_bytes``/``kv_sharing_fast_prefill`` in 0.10.2, ``cpu_kvcache_space_bytes`` in 0.9 and
-    ``swap_space_bytes`` is V0's. The adapter's detected range (``0.12-0.25``) spans several rule changes.
+    ``swap_space_bytes`` without ``swap_space`` is V0's. The adapter's detected range (``0.12-0.25``) spans several
+    rule changes.
     """
     if "cache_hit_alignment_tokens" in labels:  # in CacheConfig from 0.32.0
         return (0, 32)
@@ -84,7 +85,7 @@ def vllm_version_from_cache_config(labels: Mapping[str, str]) -> tuple[int, int]
         return (0, 25)
     if "user_specified_block_size" in labels:  # 0.18.0 to 0.20.x
         return (0, 20)
-    if "swap_space_bytes" in labels:
+    if "swap_space_bytes" in labels and "swap_space" not in labels:  # (0.8.5 to 0.19 set both)
         return (0, 7)
     if "cpu_offload_gb" in labels or "swap_space" in labels:
         if "kv_offloading_backend" in labels or "mamba_block_size" in labels:

@@ -476,7 +476,7 @@ def _cache_config_labels(profile: str, s: EngineSnapshot, snaps: Sequence[Engine
         return {**common, "calculate_kv_scales": "False", "cpu_kvcache_space_bytes": "None", "cpu_offload_gb": "0",
                 "engine": str(s.engine), "gpu_memory_utilization": str(gmu or 0.9), "is_attention_free": "False",
                 "num_cpu_blocks": "None", "num_gpu_blocks": str(total_blocks), "prefix_caching_hash_algo": "builtin",
-                "swap_space": "4"}
+                "swap_space": "4", "swap_space_bytes": "4294967296.0"}  # (__post_init__ adds it, to 0.19)
     blocks_per_request = -(-max_model_len // s.block_size)
     concurrency = s.num_gpu_blocks / blocks_per_request
     return {
