@@ -1153,3 +1153,31 @@ def test_preemptions_warn_with_kv_bound_when_the_next_prompt_does_not_fit(
     (tmp_path / "long.prom").write_text(page)
     found = {f["id"]: f["severity"] for f in check_json(["--file", str(tmp_path / "long.prom")], capsys)["findings"]}
     assert found["kv_bound"] == "critical" and found["preemptions"] == "warning"
+
+
+def test_a_mamba_hybrids_stale_block_size_label_is_not_its_blocks_size(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # (review, round 20; vllm issue 42966) From 0.20 vLLM's worker raises a Mamba hybrid's block size so an attention
+    # page holds a Mamba state (Granite-4.0-H: 16 -> 528) and, before vllm PR 42967, cache_config_info kept 16 while
+    # num_gpu_blocks counts the raised blocks. kvwatch multiplied by the label: a pool 33x too small, and a
+    # capacity_mismatch blaming another process on the GPU.
+    from kvwatch.capacity.kv import blocks_per_group_tokens
+    from kvwatch.exposition import parse
+    from kvwatch.serve.sidecar_capacity import build_sidecar_capacity
+    from kvwatch.settings import ServeSettings
+
+    model = "ibm-granite/granite-4.0-h-small"
+    text = (FIXTURES / "gen-0.20.2-gptoss-two-groups.prom").read_text().replace("openai/gpt-oss-20b", model)
+    labels = dict(parse(text).samples("vllm:cache_config_info")[0].labels)
+    capacity, why = build_sidecar_capacity(ServeSettings(gpu="H100"), model, labels)
+    assert capacity is not None, why
+    layout, blocks = capacity.plan.layout, capacity.plan.num_gpu_blocks
+    assert labels["block_size"] == "16" and layout.block_size > 16 and layout.num_groups > 1
+    payload = tmp_path / "granite.prom"
+    payload.write_text(text.replace('num_gpu_blocks="149506"', f'num_gpu_blocks="{blocks}"'))
+    report = check_json(["--file", str(payload), "--gpu", "H100"], capsys)
+    series = report["series"][0]
+    assert series["kv_capacity_tokens"] == blocks_per_group_tokens(blocks, layout.num_groups, layout.block_size)
+    assert series["block_size"] == layout.block_size
+    ids = [f["id"] for f in report["findings"]]
+    assert "capacity_mismatch" not in ids and "block_size_label_stale" in ids

@@ -387,6 +387,8 @@ def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any], 
             refused.add(r.model_name)
             found.append(capacity.max_model_len_mismatch(max_model_len, *engine_max_model_len_of(r)))
             found += capacity.plan_refusals(plan) if plan is not None and engine_kind == VLLM else []
+            found.append(capacity.block_size_label_stale(label_number(r.cache_config.get("block_size")),
+                                                         r.block_size))
         if plan is not None and engine_kind == VLLM:
             found.append(capacity.capacity_mismatch(_formula_like_engine(plan, capacities[r.key].source),
                                                     r.kv_capacity_tokens, plan, override_blocks(r.cache_config),

@@ -6,6 +6,8 @@
   and the likely causes;
 - ``max_model_len_mismatch``: kvwatch was given a ``--max-model-len`` other than the one the engine runs (vLLM
   >= 0.25 tells it through ``cache_config_info``);
+- ``block_size_label_stale``: a Mamba hybrid's ``block_size`` label is the size asked for, not the raised one its
+  blocks hold (vllm issue 42966): kvwatch counts the blocks at the raised size;
 - ``kv_usage_stuck``: KV usage near 100 % with nothing running: blocks are not being freed (a leak, vllm issue
   27073), whether or not requests queue behind it (they wait for blocks no request holds);
 - ``request_exceeds_pool``: requests wait for room while nothing runs and the cache is nearly empty: the head of
@@ -107,6 +109,18 @@ def capacity_mismatch(formula_tokens: float, reported_tokens: float | None,
         f"(the formula is {abs(gap):.0%} {'higher' if gap > 0 else 'lower'}"
         + (f", with the engine's own --gpu-memory-utilization {engine_utilization:g}" if utilization_known else "")
         + f"). Likely causes: {'; '.join(causes)}. The engine's figure is the one kvwatch uses."))
+
+
+def block_size_label_stale(label: float | None, engine_block_size: float | None) -> CapacityFinding | None:
+    """A finding when the block size kvwatch counts the engine's blocks at (kvwatch.capacity.series
+    .engine_block_size) is not the engine's own ``block_size`` label."""
+    if label is None or engine_block_size is None or label == engine_block_size:
+        return None
+    return CapacityFinding("block_size_label_stale", "info", (
+        f"The engine's cache_config_info says block_size {label:g}, but vLLM raises this hybrid model's block size "
+        f"to {engine_block_size:g} tokens (so an attention page holds a Mamba state) and counts num_gpu_blocks in "
+        "those: the label is the size asked for (vllm issue 42966, fixed by vllm PR 42967). kvwatch counts the "
+        f"blocks at {engine_block_size:g} tokens."))
 
 
 def max_model_len_mismatch(given: int | None, engine: int | None, source: str) -> CapacityFinding | None:

@@ -87,6 +87,9 @@ class SeriesCapacity:
         if reading.kv_capacity_tokens is None and self.tokens is not None:
             # used tokens follow (usage × capacity); the reading remembers that this is the formula's figure
             return replace(reading, kv_capacity_tokens=self.tokens, capacity_source="formula")
+        block_size = engine_block_size(reading, self.plan)
+        if block_size != reading.block_size:  # every consumer counts the blocks at the size they hold
+            reading = replace(reading, block_size=block_size)
         concurrency = engine_max_concurrency(reading, self.plan)
         if self.source == "engine_num_gpu_blocks" and (self.tokens != reading.kv_capacity_tokens
                                                         or concurrency != reading.kv_max_concurrency):
@@ -94,16 +97,28 @@ class SeriesCapacity:
         return reading
 
 
+def engine_block_size(reading: Any, plan: CapacityPlan | None) -> float | None:
+    """The tokens one of the engine's blocks holds: its ``block_size`` label, except where that label is stale. On a
+    Mamba hybrid vLLM raises the block size so that an attention page holds a Mamba state; from 0.20 the worker does
+    it and, until vllm PR 42967 (May 2026), ``cache_config_info`` kept the size asked for (vllm issue 42966:
+    Qwen3.6-35B-A3B ran 528-token blocks, labelled 16), while ``num_gpu_blocks`` counts the raised blocks. A label
+    equal to the size kvwatch's layout raises (by vLLM's rule, kvwatch.capacity.mamba.attention_block_size) is
+    that stale one: the blocks hold the layout's size."""
+    if plan is not None and plan.layout.block_size_raised and reading.block_size == plan.layout.requested_block_size:
+        return float(plan.layout.block_size)
+    return reading.block_size
+
+
 def engine_max_concurrency(reading: Any, plan: CapacityPlan | None) -> float | None:
     """vLLM's "Maximum concurrency for max_model_len tokens per request" from the engine's own blocks and the
     model's layout (kvwatch.capacity.kv.max_concurrency_at_max_model_len: whole blocks in every KV group, a
     sliding group holding its window): on a sliding-window or hybrid model ``blocks ÷ ceil(len ÷ block_size)``
     overstates it by the groups and the window (gpt-oss-20b: 73 where vLLM says 48). The engine's own label
-    when it has one; None when the layout's block size is not the engine's (a Mamba hybrid's rewritten one)."""
+    when it has one; None when the layout's block size is not the engine's (:func:`engine_block_size`)."""
     if reading.kv_max_concurrency is not None:
         return reading.kv_max_concurrency
     if plan is None or not plan.spec.max_model_len or not reading.num_gpu_blocks or \
-            reading.block_size != plan.layout.block_size:
+            engine_block_size(reading, plan) != plan.layout.block_size:
         return None  # (a plan's default length is vLLM's default, not what the engine was started with)
     return max_concurrency_at_max_model_len(plan.layout, int(reading.num_gpu_blocks), plan.max_model_len,
                                             plan.in_flight_tokens)
@@ -117,9 +132,10 @@ def _engine_block_tokens(reading: Any, plan: CapacityPlan | None, kv_groups: int
     layer slides, one group): the model's layout does, when kvwatch knows the model (``plan``, or
     ``kv_groups`` from the architecture alone when no plan could be built)."""
     groups = plan.layout.num_groups if plan is not None else kv_groups or 1
-    if groups <= 1 or not reading.num_gpu_blocks or not reading.block_size:
+    block_size = engine_block_size(reading, plan)
+    if (groups <= 1 and block_size == reading.block_size) or not reading.num_gpu_blocks or not block_size:
         return float(reading.kv_capacity_tokens)
-    return float(blocks_per_group_tokens(int(reading.num_gpu_blocks), groups, int(reading.block_size)))
+    return float(blocks_per_group_tokens(int(reading.num_gpu_blocks), groups, int(block_size)))
 
 
 def resolve(reading: Any, plan: CapacityPlan | None, kv_groups: int | None = None) -> SeriesCapacity:
