@@ -251,6 +251,30 @@ def test_body_that_breaks_off_after_200_is_a_parse_error(raw_server: Callable, a
     assert info.value.reason == "parse" and "incomplete body" in str(info.value)
 
 
+@pytest.mark.parametrize("framing", ["length", "chunked", "close"])
+def test_a_last_line_without_its_newline_is_read_where_the_body_is_known_whole(raw_server: Callable,
+                                                                                framing: str) -> None:
+    # (review, round 20) Prometheus reads a page whose last line has no newline ("\n".join(lines) in a custom
+    # exporter or proxy); kvwatch refused it on every poll. Where only the connection's closing ends the body,
+    # nothing shows it was not cut mid-line (0.95 read as 0.9): that one is still an incomplete body.
+    body = FIXTURE.rstrip("\n").encode()
+    if framing == "length":
+        answer = HEAD_200 + b"Content-Length: %d\r\n\r\n" % len(body) + body
+    elif framing == "chunked":
+        answer = HEAD_200 + b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    else:
+        answer = HEAD_200 + b"Connection: close\r\n\r\n" + body
+    server = raw_server(lambda conn: conn.sendall(answer))
+    with Fetcher(server.url, timeout=2.0, max_body_bytes=1 << 20) as fetcher:
+        if framing == "close":
+            with pytest.raises(ScrapeError) as info:
+                fetcher.fetch()
+            assert info.value.reason == "parse" and "ends mid-line" in str(info.value)
+            return
+        whole = interpret(fetcher.fetch(), None, timestamp=1.0)
+    assert whole.readings == interpret(FIXTURE, None, timestamp=1.0).readings
+
+
 @pytest.mark.parametrize("to_https", [False, True], ids=["on-http", "to-https"])
 def test_plain_http_target_is_followed_on_http_but_never_to_https(raw_server: Callable, to_https: bool) -> None:
     """A plain-http fetcher carries no CA bundle (it would cost the sidecar ~1.2 MB), so it must not follow a

@@ -12,8 +12,8 @@ are vendored in ``tests/fixtures/exposition-conformance/`` and run by ``tests/te
   timestamps are decimal int64 (dropped: kvwatch stamps nothing; of one series at several times, the
   newest point is kept, and a point without a timestamp is at scrape time, the newest);
 - one HELP and one TYPE per family, TYPE before the family's samples; types are Prometheus' own (a filtered
-  parse, below, takes a page merged from two: it skips an unread family's repeated metadata and takes a read
-  family's when it says the same);
+  parse, below, reads on past a second HELP or TYPE, or a TYPE after samples, as Prometheus' scrape does: the
+  first stands);
   ``le``/``quantile`` of histograms/summaries are numbers; histogram counts are not negative;
   ``__name__`` is not a label; a label appears once per sample.
 - **duplicate series** (one sample name with the same label set twice in one payload, at the same
@@ -35,8 +35,10 @@ escapes) split on ``"``, anything else takes a character-level path that mirrors
 block of an unwanted family (its lines after its TYPE, all starting with its name) is skipped in C with
 ``str.count``, and a run of lines of one unwanted sample name (histogram buckets) is passed over with one
 ``startswith`` a line: lines skipped either way are not validated, an unwanted family's HELP line neither
-(prometheus-cpp writes HELP unescaped). A filtered parse also reads a sample line with blanks at its end, as
-Prometheus' own scrape parser (``model/textparse/promlex.l``) does; the full parse refuses it, as ``expfmt``. A
+(prometheus-cpp writes HELP unescaped). A filtered parse also reads what Prometheus' own scrape parser
+(``model/textparse/promlex.l``) reads and ``expfmt`` refuses: a sample line with blanks at its end, a last line
+without its newline, and a backslash before any other character in a label value or HELP text, kept as written
+(the full parse refuses them, as ``expfmt``). A
 ``name{labels}`` text and a HELP/TYPE line validated once are remembered across parses (bounded caches: a sidecar
 parses the same shape every poll). :func:`parse` never raises anything but :class:`ParseError`.
 """
@@ -265,6 +267,9 @@ class _Parser:
         self.checked_le: set[str] = {"+Inf"}  # le values known to be numbers (Go's parseFloat)
         self.block_lines = 0  # lines in the block _block_end last skipped
         self.openmetrics = openmetrics
+        # A filtered parse is the sidecar's: it takes what Prometheus' own scrape parser does (promlex.l) where
+        # expfmt is stricter, so a page Prometheus scrapes is read (module docstring).
+        self.lenient = wanted is not None
         self.predicate: Callable[[str], bool] | None = None
         self.wanted_set: frozenset[str] | None = None
         self.skippable: dict[str, bool] = {}  # (a filtered parse: this wanted set's entry of _SKIPPABLE)
@@ -459,7 +464,7 @@ class _Parser:
                     raise _err(lineno_here, f"duplicate series {name}{labels}: the payload contradicts itself", line)
                 seen[key] = value
                 target.append(_new_sample(Sample, (name, labels, value)))  # type: ignore[union-attr]
-        if unterminated:
+        if unterminated and not self.lenient:
             raise _err(lineno, "unexpected end of input stream (no newline at the end)")
         if self.superseded:  # a series at several explicit times: kvwatch reads one value, the newest point's
             for family in self.families.values():
@@ -666,17 +671,15 @@ class _Parser:
         text = after.lstrip(" \t")
         if not text:
             return None
-        if self.wanted_set is not None and (meta.help if keyword == "HELP" else meta.type) is not None:
+        if self.lenient and (meta.help if keyword == "HELP" else meta.type) is not None:
             # A page merged from two (KServe's queue-proxy merges its own with the model server's) repeats a
-            # family's HELP and TYPE, process_* for one. A filtered parse skips an unread family's lines
-            # unvalidated, as it does its samples, and takes a read family's repeated metadata when it says the
-            # same: two scrapes glued together are still refused where a series has two values (exact copies are
-            # one sample, a page served twice over).
-            if meta.family is None and self._skippable(meta.name):
+            # family's HELP and TYPE, process_* for one. Prometheus' scrape reads a second HELP or TYPE, or a TYPE
+            # after the family's samples, without complaint (review, round 20): a filtered parse keeps the first
+            # and reads on (two scrapes glued together are still refused where a series has two values; exact
+            # copies are one sample, a page served twice over). An unread family's lines are skipped unvalidated.
+            if self.wanted_set is not None and meta.family is None and self._skippable(meta.name):
                 return self._block_end(meta.name, stop)
-            if (meta.help == _unescape(text, lineno, line) if keyword == "HELP"
-                    else meta.type == (_OM_TYPES if self.openmetrics else _TYPES).get(text.lower())):
-                return None
+            return None
         if keyword == "HELP":
             if meta.help is not None:
                 raise _err(lineno, f"second HELP line for metric name {meta.name!r}", line)
@@ -685,7 +688,7 @@ class _Parser:
                 # (Triton) writes HELP unescaped, and a "\d" there refused the whole page
                 meta.help = text
                 return self._block_end(meta.name, stop)
-            meta.help = _unescape(text, lineno, line)
+            meta.help = _unescape(text, lineno, line, self.lenient)
             if meta.family is not None:
                 meta.family.help = meta.help
         else:
@@ -775,7 +778,7 @@ class _Parser:
                     i += 1
                 if i >= n or line[i] != '"':
                     raise _err(lineno, "expected '\"' at start of label value", line)
-                value, i = _quoted(line, i, lineno, "label value")
+                value, i = _quoted(line, i, lineno, "label value", self.lenient)
                 if key in labels:
                     raise _err(lineno, f"duplicate label names for metric {name or ''!r}", line)
                 if len(labels) == MAX_LABELS_PER_SAMPLE:
@@ -909,8 +912,9 @@ def _unquote(quoted: str, lineno: int, line: str) -> str:
     return _quoted(quoted, 0, lineno, "name")[0]
 
 
-def _quoted(text: str, start: int, lineno: int, what: str) -> tuple[str, int]:
-    """The string in quotes at ``text[start]`` (escapes resolved) and the index after its closing quote."""
+def _quoted(text: str, start: int, lineno: int, what: str, lenient: bool = False) -> tuple[str, int]:
+    """The string in quotes at ``text[start]`` (escapes resolved) and the index after its closing quote;
+    ``lenient``: another escape is kept as written (Prometheus' scrape parser), not an error (expfmt)."""
     i = start + 1
     close = text.find('"', i)
     if close != -1 and "\\" not in text[i:close]:
@@ -921,9 +925,9 @@ def _quoted(text: str, start: int, lineno: int, what: str) -> tuple[str, int]:
         ch = text[i]
         if ch == "\\":
             nxt = text[i + 1 : i + 2]
-            if nxt not in _ESCAPES:
+            if nxt not in _ESCAPES and not (lenient and nxt not in ("", "\n")):
                 raise _err(lineno, f"invalid escape sequence '\\{nxt}'", text)
-            out.append(_ESCAPES[nxt])
+            out.append(_ESCAPES.get(nxt, ch + nxt))
             i += 2
         elif ch == '"':
             return "".join(out), i + 1
@@ -933,8 +937,8 @@ def _quoted(text: str, start: int, lineno: int, what: str) -> tuple[str, int]:
     raise _err(lineno, f"{what} {''.join(out)[:40]!r} contains unescaped new-line", text)
 
 
-def _unescape(text: str, lineno: int, line: str) -> str:
-    """HELP text: ``\\\\``, ``\\n`` and ``\\"`` are escapes, every other backslash is an error."""
+def _unescape(text: str, lineno: int, line: str, lenient: bool = False) -> str:
+    """HELP text: ``\\\\``, ``\\n`` and ``\\"`` are escapes, every other backslash is an error (``lenient``: kept)."""
     if "\\" not in text:
         return text
     out: list[str] = []
@@ -946,9 +950,9 @@ def _unescape(text: str, lineno: int, line: str) -> str:
             break
         out.append(text[i:j])
         nxt = text[j + 1 : j + 2]
-        if nxt not in _ESCAPES:
+        if nxt not in _ESCAPES and not lenient:
             raise _err(lineno, f"invalid escape sequence '\\{nxt}'", line)
-        out.append(_ESCAPES[nxt])
+        out.append(_ESCAPES.get(nxt, "\\" + nxt))
         i = j + 2
     return "".join(out)
 

@@ -295,7 +295,13 @@ class Fetcher:
         try:
             async for raw in response.aiter_raw():
                 reader.feed(raw)
-            return reader.finish()
+            body = reader.finish()
+            if body and body[-1:] != b"\n" and reader.inflate is None and _close_delimited(response.headers):
+                # The parse reads a last line without its newline, as Prometheus does; a body only the closing of
+                # the connection ends could be cut anywhere in it, and nothing here shows it was not.
+                raise ScrapeError("parse", f"{self.url}: incomplete body (it ends mid-line, and neither "
+                                           "Content-Length nor chunked encoding shows it whole)")
+            return body
         except BaseException:
             # A failed read's traceback (kept by asyncio's futures until the cycle collector runs) would keep
             # the buffer alive: a gzip bomb every poll left 16 MiB more resident each time. Free it now.
@@ -315,6 +321,11 @@ class Fetcher:
             raise ScrapeError("connect", f"bearer token file {self.bearer_token_file} holds more than one word or "
                                          "characters an HTTP header cannot carry (one token on one line)")
         return token
+
+
+def _close_delimited(headers: httpx.Headers) -> bool:
+    """A body whose end is the connection's closing: no Content-Length, not chunked (HTTP/1.0 style)."""
+    return "content-length" not in headers and "chunked" not in headers.get("transfer-encoding", "").lower()
 
 
 class CappedBody:
