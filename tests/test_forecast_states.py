@@ -419,6 +419,21 @@ def test_gap_splits_fit_windows_and_drops_rates_across_it():
     assert after[-1].state == "ok"
 
 
+def test_a_warning_holds_across_a_short_gap_and_clears_after_a_long_one():
+    # (review, round 20) A 6-minute gap in the polls during `filling` re-warms the fits; the minutes without a risk
+    # counted as calm, so the warning cleared (ok) before the saturation it had predicted came. A risk unknown is no
+    # calm minute; a gap longer than the warning horizon ends the warning (what it warned of is past).
+    ramp = noisy(lambda t: min(1.0, 0.4 + 0.6 * t / 12000), 0.02, seed=1)
+    for gap, usage in ((360.0, ramp), (2400.0, lambda t: 0.5)):
+        f = Forecaster()
+        counters: dict[str, float] = {}
+        before = run(f, stream(ramp, seconds=9300, counters=counters))
+        assert before[-1].state == "filling"
+        after = run(f, stream(usage, start=9300 + gap, seconds=1500, counters=counters))
+        warm = [r.state for r in after if r.state != "warming_up"]
+        assert warm and set(warm) == ({"filling"} if usage is ramp else {"ok"}), (gap, warm)
+
+
 def test_stale_data_is_unknown_never_ok():
     f = Forecaster(ForecastParams(stale_after_seconds=30.0))
     results = run(f, stream(lambda t: 0.6, seconds=3600))

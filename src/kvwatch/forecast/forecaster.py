@@ -286,6 +286,8 @@ class Forecaster:
             prev = None
         elif sample.timestamp - prev.timestamp > self.params.split_gap_seconds:
             self._split(sample.timestamp)
+            if sample.timestamp - prev.timestamp > self.params.warning.horizon_seconds:
+                self._latch.clear()  # what it warned of is past; a shorter gap keeps it through the re-warming
         deltas = self._deltas(prev, sample)
         closed = self._aggregator.add(
             sample.timestamp, sample.kv_usage, sample.capacity_tokens, sample.running, sample.waiting, deltas
@@ -529,7 +531,9 @@ class Forecaster:
         self._raw = risk is not None and risk >= p.warning.risk_on
         # The bottleneck polls since the last minute closed (this minute's, give or take the closing poll).
         saturated, self._saturated_minute = self._saturated_minute, False
-        self._latch.update(self._raw, risk is None or risk < p.warning.risk_off, saturated)
+        # A minute without a risk (re-warming after a gap) is not calm: it cleared a warning minutes before the
+        # saturation it had predicted (review, round 20).
+        self._latch.update(self._raw, risk is not None and risk < p.warning.risk_off, saturated)
 
     def _warm(self, now: float) -> bool:
         return (
