@@ -459,3 +459,47 @@ def test_an_inline_certificate_serves_tls_with_no_writable_temporary_directory(
     ok = httpx.get(f"https://localhost:{server.port}/healthz",
                    verify=ssl.create_default_context(cafile=pki / "ca.crt"))
     assert ok.status_code == 200
+
+
+def test_healthz_fails_with_its_reason_once_polling_stopped() -> None:
+    # /healthz said 200 while the process served, whatever its polls did: a stalled poll thread was never restarted
+    # by the liveness probe (round 19's note). The server asks why it would fail; None is healthy.
+    registry = CollectorRegistry()
+    why: list[str | None] = [None]
+    server = MetricsServer(("127.0.0.1", 0), RenderCache(registry, lambda: (1,)), WebConfigWatcher(None),
+                           lambda: why[0])
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/healthz"
+    try:
+        assert (httpx.get(url).status_code, httpx.get(url).text) == (200, "ok\n")
+        why[0] = "no poll has finished for --stale-after-seconds 15 s: polling stopped\n"
+        answer = httpx.get(url)
+        assert answer.status_code == 503 and "polling stopped" in answer.text
+        assert httpx.get(url.replace("/healthz", "/metrics")).status_code == 200  # the metrics still answer
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_polls_stalled_counts_from_the_last_finished_poll_good_or_bad() -> None:
+    import respx
+
+    from kvwatch.fetch import Fetcher
+    from kvwatch.serve.app import Sidecar, polls_stalled
+    from kvwatch.settings import ServeSettings
+
+    url = "http://vllm.test/metrics"
+    settings = ServeSettings(target_url=url, poll_interval_seconds=5, poll_timeout_seconds=0.5)
+    t = [1000.0]
+    with respx.mock, Fetcher(url, timeout=1.0, max_body_bytes=1 << 20) as fetcher:
+        respx.get(url).mock(return_value=httpx.Response(503))  # a target that is down: polls still finish
+        sidecar = Sidecar(settings, fetcher, lambda: t[0])
+        stalled = polls_stalled(sidecar, lambda: t[0], 15.0, 15.0)
+        t[0] += 15.0
+        assert stalled() is None  # (from the start before the first poll)
+        t[0] += 1.0
+        assert "polling stopped" in (stalled() or "")
+        assert not sidecar.poll().health.up
+        assert stalled() is None
+        t[0] += 16.0
+        assert "--stale-after-seconds 15 s" in (stalled() or "")

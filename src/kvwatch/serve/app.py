@@ -1,10 +1,11 @@
 """``kvwatch serve``: poll vLLM on a timer, keep history, serve ``kvwatch_*`` on /metrics and /healthz.
 
-The shell around the pure core. One timer thread (:class:`Poller`) polls (one poll at a time, ticks that fall
-during a poll skipped); each poll builds a new frozen :class:`~kvwatch.serve.state.State` and swaps one
-reference that the collector reads per scrape. ``/healthz`` answers 200 while the process serves, whatever
-vLLM does, so a vLLM outage never restarts kvwatch too. Logs only changes (target up/down, detected
-generation, restarts).
+The shell around the pure core. One timer thread (:class:`Poller`) polls (one poll at a time, ticks that fall during
+a poll skipped); each poll builds a new frozen :class:`~kvwatch.serve.state.State` and swaps one reference that the
+collector reads per scrape. ``/healthz`` answers 200 while the process serves and its polls finish, whatever vLLM
+answers, so a vLLM outage never restarts kvwatch too; 503 once no poll has finished for ``--stale-after-seconds`` (a
+stalled poll thread, restarted by the liveness probe). Logs only changes (target up/down, detected generation,
+restarts).
 
 Analyzers (capacity model, forecaster, advisor) plug in through :data:`ANALYZER_MODULES`: each module
 exposes ``make_analyzer(settings: ServeSettings, capacity: CapacityResolver) -> Analyzer | None`` (see
@@ -490,6 +491,8 @@ def run(args: argparse.Namespace) -> int:
     collector = KvwatchCollector(lambda: sidecar.state, now=clock, stale_after=stale_after, analyzers=analyzers)
     registry = make_registry(collector)
 
+    stalled = polls_stalled(sidecar, clock, stale_after, float(settings.stale_after_seconds or 0))
+
     def version() -> tuple[object, bool]:
         # What the rendered body depends on: the State (a new object each poll) and whether it is still fresh.
         state = sidecar.state
@@ -501,7 +504,8 @@ def run(args: argparse.Namespace) -> int:
         fetcher.close()
         raise SettingsError(f"invalid --web-config-file: {exc}") from None
     try:
-        server = MetricsServer((settings.listen_address, settings.port), RenderCache(registry, version), web)
+        server = MetricsServer((settings.listen_address, settings.port), RenderCache(registry, version), web,
+                               stalled)
     except OSError as exc:
         sidecar.close()
         # The address is only checked for its form until here: a host that does not resolve, an address this
@@ -535,6 +539,21 @@ def run(args: argparse.Namespace) -> int:
         server.shutdown()
         server.server_close()
     return 0
+
+
+def polls_stalled(sidecar: Sidecar, clock: Callable[[], float], stale_after: float,
+                  stale_after_seconds: float) -> Callable[[], str | None]:
+    """Why /healthz fails, or None: once no poll has finished for --stale-after-seconds (counted from now before the
+    first), a stalled poll thread is for the liveness probe to restart. A target that is down still finishes polls
+    (failed ones): that is kvwatch_up's to say, never a restart. ``stale_after`` is in the poll clock."""
+    started = clock()
+
+    def stalled() -> str | None:
+        if sidecar.state.polling(clock(), stale_after, started):
+            return None
+        return f"no poll has finished for --stale-after-seconds {stale_after_seconds:g} s: polling stopped\n"
+
+    return stalled
 
 
 class Poller:

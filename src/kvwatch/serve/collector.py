@@ -49,7 +49,7 @@ class KvwatchCollector(Collector):
             return
         # No poll at all (good or bad) for stale_after: polling itself stopped, and the last poll's "up" is no
         # news (a log call blocked on a full pipe held the poll thread with kvwatch_up frozen at 1, round 19).
-        polling = state.timestamp is not None and now - state.timestamp <= self._stale_after
+        polling = state.polling(now, self._stale_after)
         yield from _health(state, polling)
         try:
             fresh = state.fresh(now, self._stale_after)

@@ -71,6 +71,12 @@ class State:
     series: Mapping[SeriesKey, SeriesState] = field(default_factory=lambda: MappingProxyType({}))
     gpu: GpuState | None = None  # the GPU memory source's last read (--dcgm-url/--nvml), None when off
 
+    def polling(self, now: float, stale_after: float, started: float | None = None) -> bool:
+        """Whether a poll, good or bad, has finished within ``stale_after`` of ``now`` (counted from ``started``
+        before the first one): False once polling itself stopped."""
+        last = self.timestamp if self.timestamp is not None else started
+        return last is not None and now - last <= stale_after
+
     def fresh(self, now: float, stale_after: float) -> bool:
         """Whether derived per-series values may still be exported at ``now``."""
         last = self.health.last_success_timestamp

@@ -10,19 +10,17 @@ holding idle connections cannot lock out Prometheus or the kubelet's probe.
 
 ``--web-config-file`` reads the Prometheus exporter-toolkit web configuration (the file node_exporter's
 ``--web.config.file`` reads): ``tls_server_config`` (``cert_file``/``key_file`` or inline ``cert``/``key``,
-``client_ca_file``, ``client_auth_type``, ``min_version``/``max_version``), ``basic_auth_users`` (bcrypt
-hashes) and ``http_server_config.headers``. Like the toolkit it is re-read when it changes (checked on each
-connection, with the files it names), so rotated certificates and passwords need no restart; a bad edit
-keeps the last good configuration and is logged once. With TLS on, a plain-HTTP request gets a 400 and no
-metrics. Basic auth guards /metrics; /healthz answers without it (kubelet probes send no credentials, and
-it tells nothing but "the process serves"). So does ``client_auth_type`` RequireAndVerifyClientCert: the handshake
-verifies a certificate when one is sent and /metrics answers 403 without one, but /healthz answers (the kubelet's
-HTTPS probe sends none: the exporter-toolkit's handshake failure failed every probe and restarted the container).
-Not supported, and refused at startup rather than ignored:
-``client_auth_type`` RequestClientCert/RequireAnyClientCert (Python's ssl cannot request a client
-certificate without verifying it), ``cipher_suites``, ``curve_preferences``, ``client_allowed_sans`` and
-``rate_limit``.
-"""
+``client_ca_file``, ``client_auth_type``, ``min_version``/``max_version``), ``basic_auth_users`` (bcrypt hashes) and
+``http_server_config.headers``. Like the toolkit it is re-read when it changes (checked on each connection, with the
+files it names), so rotated certificates and passwords need no restart; a bad edit keeps the last good configuration
+and is logged once. With TLS on, a plain-HTTP request gets a 400 and no metrics. Basic auth guards /metrics;
+/healthz answers without it (kubelet probes send no credentials, and it tells nothing but whether the process serves
+and its polls finish: 503 with why once they stopped). So does ``client_auth_type`` RequireAndVerifyClientCert: the
+handshake verifies a certificate when one is sent and /metrics answers 403 without one, but /healthz answers (the
+kubelet's HTTPS probe sends none: the exporter-toolkit's handshake failure failed every probe and restarted the
+container). Not supported, and refused at startup rather than ignored: ``client_auth_type``
+RequestClientCert/RequireAnyClientCert (Python's ssl cannot request a client certificate without verifying it),
+``cipher_suites``, ``curve_preferences``, ``client_allowed_sans`` and ``rate_limit``."""
 
 from __future__ import annotations
 
@@ -304,9 +302,11 @@ class MetricsServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = LISTEN_BACKLOG
 
-    def __init__(self, address: tuple[str, int], cache: RenderCache, web: WebConfigWatcher) -> None:
+    def __init__(self, address: tuple[str, int], cache: RenderCache, web: WebConfigWatcher,
+                 stalled: Callable[[], str | None] = lambda: None) -> None:
         self.cache = cache
         self.web = web
+        self.stalled = stalled  # why /healthz fails (None: healthy)
         if ":" in address[0]:  # an IPv6 address (--listen-address ::)
             self.address_family = socket.AF_INET6
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
@@ -459,7 +459,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         if path == "/healthz":
-            self._reply(200, "text/plain; charset=utf-8", b"ok\n")
+            why = self.server.stalled()
+            self._reply(503 if why else 200, "text/plain; charset=utf-8", why.encode() if why else b"ok\n")
         elif self.config.client_cert_required and not self.request.getpeercert():
             # (the handshake verified any certificate sent: an empty one here is none sent)
             self._reply(403, "text/plain; charset=utf-8", b"client certificate required\n")
