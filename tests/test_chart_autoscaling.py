@@ -43,7 +43,7 @@ def test_hpa_and_adapter_rules_share_the_queries() -> None:
     hpa, rules = only(objects, "HorizontalPodAutoscaler"), only(objects, "ConfigMap")
     names = [m["external"]["metric"]["name"] for m in hpa["spec"]["metrics"]]
     assert names == ["kvw_kvwatch_kv_demand_replicas", "kvw_kvwatch_kv_exhaustion_replicas"]
-    assert hpa["spec"]["metrics"][0]["external"]["target"] == {"type": "AverageValue", "averageValue": "750m"}
+    assert hpa["spec"]["metrics"][0]["external"]["target"] == {"type": "AverageValue", "averageValue": "0.75"}
     external = yaml.safe_load(rules["data"]["external-rules.yaml"])["externalRules"]
     assert [r["name"]["as"] for r in external] == names
     assert all(set(r) == {"seriesQuery", "resources", "name", "metricsQuery"} for r in external)
@@ -289,3 +289,17 @@ def test_a_target_named_alone_gets_its_kind_and_api_version(autoscaler: str, kin
     validate_object(scaler)
     given = render(*args, "--set", "autoscaling.scaleTargetRef.apiVersion=apps/v2")  # what is given stays
     assert only(given, scaler["kind"])["spec"]["scaleTargetRef"]["apiVersion"] == "apps/v2"
+
+
+def test_the_hpa_and_keda_targets_are_the_same_number() -> None:
+    # (review, round 19) The HPA's target was printed as whole millis: 0.8125 became 812m for the HPA and 0.8125 for
+    # KEDA. The value goes to both as written (a valid Kubernetes quantity: the API server stores 812500u).
+    import re
+
+    from helm_helpers import SYNC
+
+    quantity = SYNC.QUANTITY_PATTERN
+    target = ("--set", "autoscaling.targetKvUtilization=0.8125")
+    hpa = only(render(*HPA, *target), "HorizontalPodAutoscaler")["spec"]["metrics"][0]["external"]["target"]
+    keda = only(render(*KEDA, *target), "ScaledObject")["spec"]["triggers"][0]["metadata"]["threshold"]
+    assert hpa["averageValue"] == keda == "0.8125" and re.fullmatch(quantity, keda)

@@ -312,3 +312,10 @@ def test_a_key_the_templates_need_set_to_null_fails_naming_it(key: str) -> None:
     # (review, round 19). Helm deletes a key set to null: the schema requires these.
     error = render_fails("--set", "config.model=m", "--set", f"{key}=null")
     assert f"missing property '{key.rsplit('.', 1)[-1]}'" in error
+
+
+@pytest.mark.parametrize("tag", ["", "latest"])
+def test_the_vllm_image_tag_is_pinned(tag: str) -> None:
+    # (review, round 19) An empty tag rendered "vllm/vllm-openai:" (an invalid image reference the kubelet refuses at
+    # pull time); "latest" changes vLLM, and with it the metric names, under a running release.
+    assert "schema" in render_fails("--set", "config.model=m", "--set-string", f"vllm.image.tag={tag}")
