@@ -325,3 +325,21 @@ def test_a_web_config_file_that_is_no_yaml_is_refused_in_one_line(tmp_path, caps
     assert main(["serve", "--target-url", "http://127.0.0.1:1/metrics", "--web-config-file", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "but got '<stream end>' (line 3, column 1)" in err, err
+
+
+def test_a_refused_log_level_is_quoted_as_given(capsys: pytest.CaptureFixture[str]) -> None:
+    # (review, round 19) --log-level loud was refused as 'LOUD', a value the user never wrote.
+    assert main(["serve", "--log-level", "loud"]) == 2
+    err = capsys.readouterr().err
+    assert "'loud'" in err and "LOUD" not in err and "DEBUG, INFO, WARNING, ERROR" in err
+    assert settings_from(["--log-level", "warning"]).log_level == "WARNING"
+
+
+def test_a_variable_for_a_command_option_says_options_have_none(monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    # (review, round 19) KVWATCH_AVG_SEQ_LEN, after plan's --avg-seq-len: "no such setting" alone left the user to
+    # guess why a flag has no variable.
+    monkeypatch.setenv("KVWATCH_AVG_SEQ_LEN", "2000")
+    assert main(["serve"]) == 2
+    err = capsys.readouterr().err
+    assert "KVWATCH_AVG_SEQ_LEN" in err and "--avg-seq-len is no setting" in err and "[env KVWATCH_" in err

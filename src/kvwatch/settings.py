@@ -19,7 +19,7 @@ import ssl
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, get_args
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 ENV_PREFIX = "KVWATCH_"
@@ -123,6 +123,10 @@ def _json_object(path: Path) -> None:
         raise ValueError(str(exc)) from None
     if not isinstance(data, dict):
         raise ValueError(f"{path} holds JSON but not an object (a config.json is one)")
+
+
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
 
 
 class SettingsError(ValueError):
@@ -545,7 +549,7 @@ class ServeSettings(TargetSettings):
         description="Most (model_name, engine) series kvwatch polls and exports (a vLLM pod has 1-8); a target "
         "serving more has the rest dropped (counted in kvwatch_series_dropped_total, one warning)."
     )
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
+    log_level: LogLevel = Field("INFO", description="Log level.")
     ttft_slo_seconds: float | None = Field(
         None, gt=0, le=3600,
         description="Time-to-first-token objective: kvwatch_ttft_slo_breach says when the p90 over the last "
@@ -600,6 +604,8 @@ class ServeSettings(TargetSettings):
     @field_validator("log_level", mode="before")
     @classmethod
     def _upper(cls, v: Any) -> Any:
+        if isinstance(v, str) and v.upper() not in LOG_LEVELS:  # (refused here, so the message quotes what was given)
+            raise ValueError(f"one of {', '.join(LOG_LEVELS)} (any case)")
         return v.upper() if isinstance(v, str) else v
 
     @field_validator("dcgm_url")
@@ -705,7 +711,10 @@ def load_settings(settings_cls: type[_Base], args: argparse.Namespace | None = N
     environ: dict[str, str] = {}
     for key, upper, value in _setting_variables():
         if upper not in KNOWN_ENV:
-            raise SettingsError(f"unknown variable {key}: no such setting")
+            flag = "--" + upper[len(ENV_PREFIX):].lower().replace("_", "-")
+            raise SettingsError(f"unknown variable {key}: no setting has it ({flag} is no setting of serve or check; "
+                                "each setting's variable is shown as [env KVWATCH_...] in their --help, and "
+                                "command options such as plan's have none)")
         if upper in environ:
             raise SettingsError(f"variable {upper} is set twice, in two spellings (names are matched whatever "
                                 "their case): keep one")
