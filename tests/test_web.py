@@ -502,4 +502,15 @@ def test_polls_stalled_counts_from_the_last_finished_poll_good_or_bad() -> None:
         assert not sidecar.poll().health.up
         assert stalled() is None
         t[0] += 16.0
-        assert "--stale-after-seconds 15 s" in (stalled() or "")
+        assert "no poll has ended for 15 s" in (stalled() or "")
+
+
+def test_a_poll_running_to_its_timeout_is_no_stall() -> None:
+    # (review, round 20) The rule first counted from when the last poll began: with --stale-after-seconds near the
+    # interval and a target that never answers (each poll runs to its timeout), /healthz was 503 for most of every
+    # interval, and the liveness probe could restart kvwatch for vLLM's outage. It counts from when a poll ended.
+    from kvwatch.serve.state import State
+
+    began, ended = 1000.0, 1000.8
+    state = State(timestamp=began, finished=ended)
+    assert state.polling(ended + 1.0, 1.0) and not state.polling(ended + 1.01, 1.0)

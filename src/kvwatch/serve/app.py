@@ -309,6 +309,7 @@ class Sidecar:
                 return previous
             failure = ScrapeError("internal", f"kvwatch failed on this poll: {type(exc).__name__}: {exc}")
             state = self._down_state(failure, previous, now, started, errors, gpu_read, cause=exc)
+        state = replace(state, finished=self.clock())
         self.state = state  # the one atomic swap readers see
         if big:
             release_memory()
@@ -488,10 +489,14 @@ def run(args: argparse.Namespace) -> int:
     sidecar = Sidecar(settings, fetcher, clock, analyzers, make_gpu_watcher(settings), capacity)
     # Settings durations are real seconds; the poll clock runs clock_speed times faster.
     stale_after = float(settings.stale_after_seconds or 0) * settings.clock_speed
-    collector = KvwatchCollector(lambda: sidecar.state, now=clock, stale_after=stale_after, analyzers=analyzers)
+    # Polls end at most an interval (<= stale-after) plus one poll's timeout apart while polling goes on: past
+    # that, it stopped (kvwatch_up 0, /healthz 503). Stale-after alone flapped with polls that run to their timeout.
+    polling_within = stale_after + float(settings.poll_timeout_seconds or 0) * settings.clock_speed
+    collector = KvwatchCollector(lambda: sidecar.state, now=clock, stale_after=stale_after, analyzers=analyzers,
+                                 polling_within=polling_within)
     registry = make_registry(collector)
 
-    stalled = polls_stalled(sidecar, clock, stale_after, float(settings.stale_after_seconds or 0))
+    stalled = polls_stalled(sidecar, clock, polling_within, polling_within / settings.clock_speed)
 
     def version() -> tuple[object, bool]:
         # What the rendered body depends on: the State (a new object each poll) and whether it is still fresh.
@@ -541,17 +546,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def polls_stalled(sidecar: Sidecar, clock: Callable[[], float], stale_after: float,
-                  stale_after_seconds: float) -> Callable[[], str | None]:
-    """Why /healthz fails, or None: once no poll has finished for --stale-after-seconds (counted from now before the
-    first), a stalled poll thread is for the liveness probe to restart. A target that is down still finishes polls
-    (failed ones): that is kvwatch_up's to say, never a restart. ``stale_after`` is in the poll clock."""
+def polls_stalled(sidecar: Sidecar, clock: Callable[[], float], within: float,
+                  within_seconds: float) -> Callable[[], str | None]:
+    """Why /healthz fails, or None: once no poll has ended for ``within`` (stale-after plus a poll's timeout, in the
+    poll clock; ``within_seconds`` in real seconds; counted from now before the first), a stalled poll thread is for
+    the liveness probe to restart. A target that is down still ends its polls (failed ones): that is kvwatch_up's to
+    say, never a restart."""
     started = clock()
 
     def stalled() -> str | None:
-        if sidecar.state.polling(clock(), stale_after, started):
+        if sidecar.state.polling(clock(), within, started):
             return None
-        return f"no poll has finished for --stale-after-seconds {stale_after_seconds:g} s: polling stopped\n"
+        return (f"no poll has ended for {within_seconds:g} s (--stale-after-seconds plus --poll-timeout-seconds): "
+                "polling stopped\n")
 
     return stalled
 

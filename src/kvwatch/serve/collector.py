@@ -30,10 +30,12 @@ _POLL_NOTE = " kvwatch polls the engine on its own timer (--poll-interval-second
 
 class KvwatchCollector(Collector):
     def __init__(self, get_state: Callable[[], State], *, now: Callable[[], float], stale_after: float,
-                 analyzers: Sequence[Analyzer[Any]] = ()) -> None:
+                 analyzers: Sequence[Analyzer[Any]] = (), polling_within: float | None = None) -> None:
         self._get_state = get_state
         self._now = now
         self._stale_after = stale_after
+        # Polls end at most this far apart while polling goes on (serve: stale-after plus a poll's timeout)
+        self._polling_within = stale_after if polling_within is None else polling_within
         self._analyzers = tuple(analyzers)
 
     def describe(self) -> list[Metric]:
@@ -49,7 +51,7 @@ class KvwatchCollector(Collector):
             return
         # No poll at all (good or bad) for stale_after: polling itself stopped, and the last poll's "up" is no
         # news (a log call blocked on a full pipe held the poll thread with kvwatch_up frozen at 1, round 19).
-        polling = state.polling(now, self._stale_after)
+        polling = state.polling(now, self._polling_within)
         yield from _health(state, polling)
         try:
             fresh = state.fresh(now, self._stale_after)
@@ -92,7 +94,7 @@ def _health(state: State, polling: bool = True) -> Iterator[Metric]:
     yield GaugeMetricFamily(
         "kvwatch_up",
         "1 if the last poll fetched and recognised a vLLM, SGLang or TensorRT-LLM payload, else 0 (0 too once no "
-        "poll has finished for --stale-after-seconds: polling stopped)." + _POLL_NOTE,
+        "poll has ended for --stale-after-seconds plus --poll-timeout-seconds: polling stopped)." + _POLL_NOTE,
         value=1.0 if health.up and polling else 0.0)
     if health.scrape_duration_seconds is not None:
         yield GaugeMetricFamily("kvwatch_scrape_duration_seconds",

@@ -65,7 +65,8 @@ class Health:
 class State:
     """Everything one scrape exports. ``timestamp`` and ``last_success_timestamp`` use the poll clock."""
 
-    timestamp: float | None = None
+    timestamp: float | None = None  # when the poll began
+    finished: float | None = None  # when it ended (a poll may take up to --poll-timeout-seconds and more)
     health: Health = field(default_factory=Health)
     detection: Detection | None = None
     series: Mapping[SeriesKey, SeriesState] = field(default_factory=lambda: MappingProxyType({}))
@@ -74,7 +75,8 @@ class State:
     def polling(self, now: float, stale_after: float, started: float | None = None) -> bool:
         """Whether a poll, good or bad, has finished within ``stale_after`` of ``now`` (counted from ``started``
         before the first one): False once polling itself stopped."""
-        last = self.timestamp if self.timestamp is not None else started
+        last = self.finished if self.finished is not None else self.timestamp if self.timestamp is not None \
+            else started
         return last is not None and now - last <= stale_after
 
     def fresh(self, now: float, stale_after: float) -> bool:
