@@ -432,6 +432,13 @@ def test_a_warning_holds_across_a_short_gap_and_clears_after_a_long_one():
         after = run(f, stream(usage, start=9300 + gap, seconds=1500, counters=counters))
         warm = [r.state for r in after if r.state != "warming_up"]
         assert warm and set(warm) == ({"filling"} if usage is ramp else {"ok"}), (gap, warm)
+    # Without a gap, traffic that stops leaves no risk to compute (nothing arrives): those minutes are calm, and the
+    # warning clears (its first version held `filling` on an idle engine for good; review, round 20).
+    f = Forecaster()
+    counters = {}
+    assert run(f, stream(ramp, seconds=9300, counters=counters))[-1].state == "filling"
+    idle = run(f, stream(lambda t: 0.0, start=9300, seconds=1800, counters=counters))
+    assert idle[-1].state == "ok"
 
 
 def test_stale_data_is_unknown_never_ok():

@@ -237,7 +237,8 @@ class WarningLatch:
         self._after_saturation = False
 
     def update(self, raw: bool, calm: bool, saturated: bool = False) -> bool:
-        """``raw``: the risk is at or above ``risk_on``; ``calm``: below ``risk_off`` (unknown is neither);
+        """``raw``: the risk is at or above ``risk_on``; ``calm``: below ``risk_off``, or nothing to forecast from
+        (not while re-warming: that is neither);
         ``saturated``: the series was in sustained saturation during this minute."""
         p = self.params
         if saturated and p.rearm:

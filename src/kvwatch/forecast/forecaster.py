@@ -527,13 +527,15 @@ class Forecaster:
             observed = min(window, max(0.0, now - self._restart_at))
             self._risk = with_recurrence(self._risk, onsets, observed, window)
         driver = self._risk if p.warning.with_recurrence else excursion
-        risk = driver.at(p.warning.horizon_seconds) if driver is not None and self._warm(now) else None
+        warm = self._warm(now)
+        risk = driver.at(p.warning.horizon_seconds) if driver is not None and warm else None
         self._raw = risk is not None and risk >= p.warning.risk_on
         # The bottleneck polls since the last minute closed (this minute's, give or take the closing poll).
         saturated, self._saturated_minute = self._saturated_minute, False
-        # A minute without a risk (re-warming after a gap) is not calm: it cleared a warning minutes before the
-        # saturation it had predicted (review, round 20).
-        self._latch.update(self._raw, risk is not None and risk < p.warning.risk_off, saturated)
+        # A minute re-warming after a gap is not calm: counted so, it cleared a warning minutes before the saturation
+        # it had predicted (review, round 20). A warm minute without a risk is: nothing arrives (an idle engine).
+        calm = risk < p.warning.risk_off if risk is not None else warm
+        self._latch.update(self._raw, calm, saturated)
 
     def _warm(self, now: float) -> bool:
         return (
