@@ -140,7 +140,12 @@ def test_version_rules_follow_the_label_set() -> None:
     assert vllm_version_from_cache_config(cache_config(swap_space_bytes="0.0", cpu_offload_gb="0")) == (0, 7)
     # From 0.8.5 CacheConfig.__post_init__ adds swap_space_bytes beside swap_space (vllm-project/vllm#28924, 0.11.0)
     assert vllm_version_from_cache_config(cache_config(
-        swap_space="0.0", swap_space_bytes="0.0", cpu_offload_gb="0.0", kv_cache_memory_bytes="None")) == (0, 10)
+        swap_space="0.0", swap_space_bytes="0.0", cpu_offload_gb="0.0", kv_cache_memory_bytes="None",
+        engine="0")) == (0, 10)
+    # ... and so does the V0 engine to 0.10 (VLLM_USE_V1=0), whose labels carry no engine: it shares no blocks among
+    # KV groups, whatever CacheConfig's fields say (review, round 20: gemma-2 read at half its capacity).
+    assert vllm_version_from_cache_config(cache_config(
+        swap_space="0.0", swap_space_bytes="0.0", cpu_offload_gb="0.0", kv_cache_memory_bytes="None")) == (0, 8)
     assert vllm_version_from_cache_config(cache_config()) is None
     # Gemma-2 at max_model_len 20,001: before 0.20 tokens are blocks // groups x block_size, from 0.20 they are
     # int(concurrency x max_model_len); the engine's label set picks the rule serve has no flag for.

@@ -1181,3 +1181,20 @@ def test_a_mamba_hybrids_stale_block_size_label_is_not_its_blocks_size(
     assert series["block_size"] == layout.block_size
     ids = [f["id"] for f in report["findings"]]
     assert "capacity_mismatch" not in ids and "block_size_label_stale" in ids
+
+
+def test_a_v0_engine_on_a_0_9_to_0_10_label_set_shares_no_blocks_among_kv_groups(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # (review, round 20) The V0 engine (VLLM_USE_V1=0, to 0.10) writes the 0.8.5+ CacheConfig (swap_space beside
+    # swap_space_bytes, cpu_kvcache_space_bytes from 0.9) but no engine label, and every block holds every layer.
+    # Read with 0.9's rules, gemma-2's two KV groups halved its capacity.
+    text = (FIXTURES / "neuron-v0-block1024.prom").read_text()
+    text = text.replace('block_size="1024"', 'block_size="16"').replace('num_gpu_blocks="4"', 'num_gpu_blocks="10000"')
+    text = text.replace('cpu_offload_gb="0.0"', 'cpu_kvcache_space_bytes="None",cpu_offload_gb="0.0"')
+    text = text.replace("tinyLlama/TinyLlama-1.1B-Chat-v1.0", "google/gemma-2-9b-it")
+    assert "google/gemma-2-9b-it" in text
+    payload = tmp_path / "v0-gemma.prom"
+    payload.write_text(text)
+    report = check_json(["--file", str(payload)], capsys)
+    assert report["version_range"] == "v0"
+    assert report["series"][0]["kv_capacity_tokens"] == 10000 * 16

@@ -480,7 +480,7 @@ def _cache_configs(exposition: Exposition) -> dict[str | None, dict[str, str]]:
     configs: dict[str | None, dict[str, str]] = {}
     for s in exposition.samples(CACHE_CONFIG):
         labels = dict(s.labels)
-        engine = labels.pop("engine", None)
+        engine = labels.get("engine")  # (kept: V1's labels carry it from 0.8.5, V0's never do)
         labels.pop("model_name", None)
         labels.pop("pid", None)
         configs[engine] = labels if configs.get(engine, labels) == labels else {}

@@ -38,7 +38,7 @@ ENGINE_LABELS = ("gpu_memory_utilization", "block_size", "cache_dtype", "kv_cach
 VERSION_LABELS = ("kv_cache_size_tokens", "kv_cache_max_concurrency", "user_specified_block_size",
                   "swap_space_bytes", "cpu_offload_gb", "swap_space", "kv_offloading_backend", "mamba_block_size",
                   "kv_cache_memory_bytes", "kv_sharing_fast_prefill", "cpu_kvcache_space_bytes", "prefix_match_unit",
-                  "cache_hit_alignment_tokens")
+                  "cache_hit_alignment_tokens", "engine")
 @dataclass(frozen=True)
 class SidecarCapacity:
     plan: CapacityPlan
@@ -90,6 +90,10 @@ def vllm_version_from_cache_config(labels: Mapping[str, str]) -> tuple[int, int]
     if "cpu_offload_gb" in labels or "swap_space" in labels:
         if "kv_offloading_backend" in labels or "mamba_block_size" in labels:
             return (0, 12)
+        if "engine" not in labels:
+            # V1 labels cache_config_info per engine from 0.8.5; the V0 engine (to 0.10, VLLM_USE_V1=0) never does,
+            # and shares no blocks among KV groups: its rules are 0.8's whatever CacheConfig's fields say.
+            return (0, 8)
         if "kv_cache_memory_bytes" in labels or "kv_sharing_fast_prefill" in labels:
             return (0, 10)
         if "cpu_kvcache_space_bytes" in labels:
@@ -218,7 +222,8 @@ class CapacityResolver:
         self._max_plans = 2 * (settings.max_series if isinstance(settings, ServeSettings) else 1000)
 
     def _key(self, reading: Reading) -> tuple[str, tuple[tuple[str, str], ...]]:
-        config = {k: v for k, v in reading.cache_config.items() if k in ENGINE_LABELS or k in VERSION_LABELS}
+        config = {k: "" if k == "engine" else v  # (its presence tells V1; data-parallel ranks share a plan)
+                  for k, v in reading.cache_config.items() if k in ENGINE_LABELS or k in VERSION_LABELS}
         return reading.model_name, tuple(sorted(config.items()))
 
     def plan_key(self, reading: Reading) -> tuple[str, tuple[tuple[str, str], ...]]:
