@@ -1198,3 +1198,13 @@ def test_a_v0_engine_on_a_0_9_to_0_10_label_set_shares_no_blocks_among_kv_groups
     report = check_json(["--file", str(payload)], capsys)
     assert report["version_range"] == "v0"
     assert report["series"][0]["kv_capacity_tokens"] == 10000 * 16
+
+
+def test_a_file_ending_mid_line_is_read_with_a_note(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Prometheus reads a last line without its newline (a "\n".join(lines) page), and so does check; but a file cut
+    # short (an interrupted curl > file, "25.0" saved as "2") ends so too, and nothing in a file tells them apart.
+    payload = tmp_path / "cut.prom"
+    payload.write_text((FIXTURES / "gen-0.11-kv-only.prom").read_text().rstrip("\n"))
+    assert main(["check", "--file", str(payload), "--json"]) in (0, 1)
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["series"] and "ends without a newline" in captured.err
