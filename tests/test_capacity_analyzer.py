@@ -156,12 +156,12 @@ def test_version_rules_follow_the_label_set() -> None:
     assert before is not None and after is not None
     assert before.plan.spec.vllm_version == (0, 12) and after.plan.spec.vllm_version == (0, 20)
     assert before.plan.num_gpu_blocks == after.plan.num_gpu_blocks
-    assert before.formula_kv_capacity_tokens != after.formula_kv_capacity_tokens
+    assert before.plan.kv_cache_tokens != after.plan.kv_cache_tokens
     # 0.18.0-0.20.x share that label set: the plan says so rather than pretending to know the release.
     assert any("which 0.18.0 to 0.20.x share" in n for n in after.plan.notes)
     assert not any("0.20.x share" in n for n in before.plan.notes)
     layout, blocks = before.plan.layout, before.plan.num_gpu_blocks
-    assert before.formula_kv_capacity_tokens == blocks // layout.num_groups * layout.block_size
+    assert before.plan.kv_cache_tokens == blocks // layout.num_groups * layout.block_size
 
 
 def test_kv_cache_memory_bytes_label_replaces_the_budget() -> None:
@@ -269,3 +269,19 @@ def test_the_plan_cache_tells_engines_apart_by_every_label_the_formula_reads() -
         assert capacity is not None
         held.append(capacity.plan.layout.mamba_blocks_per_request)
     assert held == [3, 1]
+
+
+def test_the_formula_gauge_is_in_the_engine_figures_terms() -> None:
+    # (review, round 20) check compares the engine's blocks // groups x block_size with the formula in those terms;
+    # serve exported the formula's 0.20 figure, int(concurrency x max_model_len): gpt-oss-20b read +59 % above the
+    # engine (1,906,985 vs 1,196,048) where the formula's blocks were the engine's within one. One figure for both.
+    from pathlib import Path
+
+    from kvwatch.engines import vllm
+    from kvwatch.exposition import parse
+
+    text = (Path(__file__).parent / "fixtures" / "vllm-metrics" / "gen-0.20.2-gptoss-two-groups.prom").read_text()
+    r = vllm.read(parse(text, vllm.wanted_for(None)), None, timestamp=0.0).readings[0]
+    analyzer = CapacityAnalyzer(ServeSettings(gpu="H100", max_model_len=32768))
+    engine = 149_506 // 2 * 16
+    assert formula(analyzer, r) == pytest.approx(engine, rel=0.001)

@@ -234,7 +234,7 @@ def test_sidecar_capacity_from_label_and_reasons(no_kvwatch_env):
     settings = DeploymentSettings(gpu="H100", max_model_len=8192, gpu_memory_utilization=0.95)
     capacity, why = build_sidecar_capacity(settings, model_name="/models/Llama-3.1-8B-Instruct")
     assert capacity is not None and why == ""
-    assert capacity.formula_kv_capacity_tokens == pytest.approx(476016, rel=0.02)
+    assert capacity.plan.kv_cache_tokens == pytest.approx(476016, rel=0.02)
     ceilings = capacity.whatif_max_concurrency(2000)
     assert list(ceilings) == SCENARIO_ORDER
     assert ceilings["fp8_kv_cache"] > ceilings["gpu_memory_utilization_0.95"]

@@ -374,7 +374,7 @@ def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any], 
     refusals and the formula are vLLM's sums: not given for SGLang or TensorRT-LLM, which size their pools
     their own way (--mem-fraction-static, free_gpu_memory_fraction)."""
     from kvwatch.capacity import findings as capacity
-    from kvwatch.capacity.series import engine_max_model_len_of, max_model_len_of
+    from kvwatch.capacity.series import engine_max_model_len_of, formula_in_engine_terms, max_model_len_of
     from kvwatch.engines.vllm import label_number, override_blocks
 
     out: list[Finding] = []
@@ -394,23 +394,11 @@ def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any], 
             found.append(capacity.block_size_label_stale(label_number(r.cache_config.get("block_size")),
                                                          r.block_size))
         if plan is not None and engine_kind == VLLM:
-            found.append(capacity.capacity_mismatch(_formula_like_engine(plan, capacities[r.key].source),
+            found.append(capacity.capacity_mismatch(formula_in_engine_terms(plan, capacities[r.key].source),
                                                     r.kv_capacity_tokens, plan, override_blocks(r.cache_config),
                                                     label_number(r.cache_config.get("gpu_memory_utilization"))))
         out += [Finding(f.id, f.severity, f.message, r.model_name, r.engine) for f in found if f is not None]
     return out
-
-
-def _formula_like_engine(plan: Any, source: str) -> float:
-    """The formula's capacity in the engine figure's own terms. From its blocks (no kv_cache_size_tokens label) the
-    engine's is ``blocks // groups × block_size`` (kvwatch.capacity.series), so the formula's is too: its
-    ``kv_cache_tokens`` follows vLLM >= 0.20's ``int(concurrency × max_model_len)``, which differs on
-    sliding-window and hybrid models, and 0.18-0.20.x payloads cannot say which rule their release logs."""
-    from kvwatch.capacity.kv import blocks_per_group_tokens
-
-    if source == "engine_num_gpu_blocks":
-        return float(blocks_per_group_tokens(plan.num_gpu_blocks, plan.layout.num_groups, plan.layout.block_size))
-    return float(plan.kv_cache_tokens)
 
 
 def _json_safe(value: Any) -> Any:

@@ -109,6 +109,17 @@ def engine_block_size(reading: Any, plan: CapacityPlan | None) -> float | None:
     return reading.block_size
 
 
+def formula_in_engine_terms(plan: CapacityPlan, source: str) -> float:
+    """The formula's capacity in the engine figure's own terms (``kvwatch_formula_kv_capacity_tokens``, and what
+    ``capacity_mismatch`` compares). From its blocks (no kv_cache_size_tokens label) the engine's is
+    ``blocks // groups × block_size`` (:func:`_engine_block_tokens`), so the formula's is too: its
+    ``kv_cache_tokens`` follows vLLM >= 0.20's ``int(concurrency × max_model_len)``, which differs on
+    sliding-window and hybrid models, and 0.18-0.20.x payloads cannot say which rule their release logs."""
+    if source == "engine_num_gpu_blocks":
+        return float(blocks_per_group_tokens(plan.num_gpu_blocks, plan.layout.num_groups, plan.layout.block_size))
+    return float(plan.kv_cache_tokens)
+
+
 def engine_max_concurrency(reading: Any, plan: CapacityPlan | None) -> float | None:
     """vLLM's "Maximum concurrency for max_model_len tokens per request" from the engine's own blocks and the
     model's layout (kvwatch.capacity.kv.max_concurrency_at_max_model_len: whole blocks in every KV group, a

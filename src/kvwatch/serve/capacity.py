@@ -22,7 +22,7 @@ from types import MappingProxyType
 from prometheus_client.core import GaugeMetricFamily
 
 from kvwatch.capacity.findings import LIVE_FINDINGS, SUSTAINED_SECONDS, HeldSince, live_finding, max_model_len_mismatch
-from kvwatch.capacity.series import engine_max_model_len_of, max_model_len_of
+from kvwatch.capacity.series import engine_max_model_len_of, formula_in_engine_terms, max_model_len_of
 from kvwatch.derived import observed_mix_ceiling
 from kvwatch.engines.vllm import override_blocks
 from kvwatch.history import SeriesHistory
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class CapacityResult:
-    formula_kv_capacity_tokens: int | None
+    formula_kv_capacity_tokens: float | None
     whatif_max_concurrency: Mapping[str, float]
     source: str = "unknown"  # kvwatch.capacity.series.SOURCES: where the series' capacity comes from
     pool_bytes: float | None = None  # per GPU; also the KV term of kvwatch.serve.gpu's non-KV memory
@@ -117,7 +117,7 @@ class CapacityAnalyzer:
             if override_blocks(reading.cache_config) and headline:
                 # --num-gpu-blocks-override fixes the pool: no scenario adds KV while it is set (kvwatch.advisor)
                 whatif = dict.fromkeys(whatif, headline)
-        return CapacityResult(capacity.formula_kv_capacity_tokens if capacity is not None else None,
+        return CapacityResult(formula_in_engine_terms(capacity.plan, series.source) if capacity is not None else None,
                               MappingProxyType(whatif), series.source, series.pool_bytes, series.pool_source,
                               MappingProxyType(findings),
                               capacity.plan.weights_bytes if capacity is not None else None)
@@ -151,8 +151,9 @@ class CapacityAnalyzer:
             "KV cache capacity in tokens per engine as the capacity model computes it from the model, the GPU and "
             "the deployment flags kvwatch was given, with gpu_memory_utilization, block_size, cache_dtype and the "
             "vLLM version's rules taken from vllm:cache_config_info where not given; weights and activations are "
-            "estimates, as is the CUDA-graph memory vLLM >= 0.21 subtracts before sizing the cache (compare with "
-            "kvwatch_kv_capacity_tokens).",
+            "estimates, as is the CUDA-graph memory vLLM >= 0.21 subtracts before sizing the cache. In the terms of "
+            "kvwatch_kv_capacity_tokens, to compare with it (blocks / KV groups x block size where that comes from "
+            "the engine's blocks).",
             labels=["model_name", "engine"])
         whatif = GaugeMetricFamily(
             "kvwatch_whatif_max_concurrency",

@@ -44,11 +44,6 @@ class SidecarCapacity:
     plan: CapacityPlan
     scenarios: tuple[Scenario, ...]
 
-    @property
-    def formula_kv_capacity_tokens(self) -> int:
-        """``kvwatch_formula_kv_capacity_tokens``: the formula's figure, beside vLLM's reported one."""
-        return self.plan.kv_cache_tokens
-
     def whatif_max_concurrency(self, avg_kv_tokens_per_request: float,
                                capacity_tokens: float | None = None) -> dict[str, float]:
         """``kvwatch_whatif_max_concurrency{scenario}`` at ``avg_kv_tokens_per_request`` (serve passes the size behind
