@@ -268,3 +268,24 @@ def test_advice_from_a_reading_names_that_engines_flags_unless_told_otherwise() 
     assert limit.engine_args[0] == "--max-running-requests" and limit.engine_kind == SGLANG
     told = advise_from_result(result, reading, concurrency_ceiling=31.9, engine_kind="vllm")
     assert next(a for a in told if a.action == "limit_concurrency").engine_args[0] == "--max-num-seqs"
+
+
+def test_a_fixs_ceiling_is_the_what_if_gauges_on_a_mamba_hybrid() -> None:
+    # (review, round 20) On Granite-4.0-H an FP8 KV cache halves the attention pages, not the Mamba state pages: the
+    # tokens grow x1.53, the ceiling at the observed mix less. check's advice applied the tokens' ratio to the ceiling
+    # (40.4 -> 61.7) while serve's kvwatch_whatif_max_concurrency said 51.9: one figure now, from the same ratio.
+    from kvwatch.serve.sidecar_capacity import build_sidecar_capacity
+    from kvwatch.settings import ServeSettings
+
+    sidecar, why = build_sidecar_capacity(ServeSettings(gpu="H100", max_model_len=32768),
+                                          "ibm-granite/granite-4.0-h-small")
+    assert sidecar is not None, why
+    capacity, ceiling = float(sidecar.plan.kv_cache_tokens), 40.0
+    advice = advise("bottleneck", running=37, capacity_tokens=capacity, capacity_plan=sidecar.plan,
+                    concurrency_ceiling=ceiling)
+    fp8 = next(a for a in advice if a.action == "quantize_kv_cache")
+    gauge = sidecar.whatif_max_concurrency(capacity / ceiling, capacity)["fp8_kv_cache"]
+    tokens_ratio = sidecar.plan.kv_cache_tokens and next(
+        s for s in sidecar.scenarios if s.name == "fp8_kv_cache").kv_cache_tokens / sidecar.plan.kv_cache_tokens
+    assert f"from {ceiling:.1f} to {gauge:.1f} concurrent" in fp8.projected_effect
+    assert abs(gauge / ceiling - tokens_ratio) > 0.05  # (the case: the ceiling does not follow the tokens)

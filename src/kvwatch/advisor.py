@@ -14,7 +14,7 @@ Pure: the caller passes the forecast's numbers and, when the model is known, the
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -189,6 +189,16 @@ def advise(
     ceiling = concurrency_ceiling
     if ceiling is None and base_tokens and kv_tokens_per_request:
         ceiling = base_tokens / kv_tokens_per_request
+    # The request size behind that ceiling, at which a change's ceiling is sized (as serve's what-if gauges are)
+    size = base_tokens / ceiling if base_tokens and ceiling else kv_tokens_per_request
+
+    def ceiling_gain(changed: CapacityPlan | None) -> float | None:
+        if capacity_plan is None or not size:
+            return None
+        from kvwatch.capacity.whatif import ceiling_ratio
+
+        return ceiling_ratio(capacity_plan, changed, size)
+
     out: list[Advice] = []
 
     # (with nothing running, a limit on running requests frees none of the KV held: transfers, or a leak)
@@ -248,7 +258,7 @@ def advise(
         out.append(Advice(
             QUANTIZE_WEIGHTS, 0,
             f"Quantize the weights to FP8 ({how}): frees GPU memory for the KV cache.",
-            _capacity_text(base_tokens, gain, ceiling) + ".",
+            _capacity_text(base_tokens, gain, ceiling, ceiling_gain(quantized.plan)) + ".",
             engine_args=_args(flags["quantization"], "fp8"),
         ))
     # Its own fix, not a side note of the weights' (it vanished with them: weights already FP8, say), and often
@@ -262,7 +272,7 @@ def advise(
             f"Store the KV cache in FP8 ({FP8_KV_CACHE.get(engine_kind, FP8_KV_CACHE[VLLM])}): one byte per KV "
             f"element instead of the {kv_element_bytes(capacity_plan.spec)} the plan has (a restart, and a quality "
             "check on your own prompts).",
-            _capacity_text(base_tokens, kv_fp8.kv_cache_tokens / plan_tokens, ceiling) + ".",
+            _capacity_text(base_tokens, kv_fp8.kv_cache_tokens / plan_tokens, ceiling, ceiling_gain(kv_fp8.plan)) + ".",
             engine_args=FP8_KV_CACHE_ARGS.get(engine_kind),
         ))
 
@@ -270,7 +280,7 @@ def advise(
         out.append(_fixed_pool_advice(fixed_blocks, base_tokens, ceiling))
     else:
         out.append(_tensor_parallel_advice(capacity_plan, plan_tokens, base_tokens, ceiling, gpus_per_node,
-                                           flags["tensor_parallel"] or "--tensor-parallel-size"))
+                                           flags["tensor_parallel"] or "--tensor-parallel-size", ceiling_gain))
     launched = engine_kind not in CONFIGURED_NOT_LAUNCHED
     return [Advice(a.action, rank, a.message, a.projected_effect, a.engine_args if launched else None,
                    a.concurrency, engine_kind) for rank, a in enumerate(out, 1)]
@@ -310,13 +320,16 @@ def _worst_case_ceilings(capacity_plan: CapacityPlan | None, pool_blocks: float 
     return None, None
 
 
-def _capacity_text(base_tokens: float | None, gain: float, ceiling: float | None) -> str:
-    """The gain on the pool; by the plan's ratio alone where the pool is unknown (an engine kvwatch cannot size)."""
+def _capacity_text(base_tokens: float | None, gain: float, ceiling: float | None,
+                   ceiling_gain: float | None = None) -> str:
+    """The gain on the pool; by the plan's ratio alone where the pool is unknown (an engine kvwatch cannot size).
+    ``ceiling_gain``: the change's ratio of ceilings at the observed mix (kvwatch.capacity.whatif.ceiling_ratio, as
+    kvwatch_whatif_max_concurrency), else the pool's."""
     text = (f"KV capacity {base_tokens:,.0f} -> {base_tokens * gain:,.0f} tokens (x{gain:.2f})" if base_tokens else
             f"KV capacity about x{gain:.2f} (vLLM's memory sums; this engine's pool size is unknown)")
     if ceiling:
-        text += (f"; at the observed mix the ceiling goes from {ceiling:.1f} to {ceiling * gain:.1f} concurrent "
-                 "requests")
+        after = ceiling * (gain if ceiling_gain is None else ceiling_gain)
+        text += f"; at the observed mix the ceiling goes from {ceiling:.1f} to {after:.1f} concurrent requests"
     return text
 
 
@@ -336,7 +349,8 @@ def _fixed_pool_advice(fixed_blocks: float, base_tokens: float | None, ceiling: 
 
 
 def _tensor_parallel_advice(capacity_plan: CapacityPlan | None, plan_tokens: float | None, base_tokens: float | None,
-                            ceiling: float | None, gpus_per_node: int, flag: str) -> Advice:
+                            ceiling: float | None, gpus_per_node: int, flag: str,
+                            ceiling_gain: Callable[[CapacityPlan | None], float | None]) -> Advice:
     """The next valid tensor-parallel size (``flag``: the engine's) within one node, sized by the plan; else a
     replica."""
     replica = ("Add a replica behind the gateway: a second engine with the same "
@@ -377,7 +391,7 @@ def _tensor_parallel_advice(capacity_plan: CapacityPlan | None, plan_tokens: flo
                f"{'s' if nxt - tp != 1 else ''} per replica), or add a replica behind the gateway.{replicated}")
     after = tensor_parallel_plan(spec, nxt)
     if after is not None and plan_tokens:
-        effect = _capacity_text(base_tokens, after.kv_cache_tokens / plan_tokens, ceiling) + "."
+        effect = _capacity_text(base_tokens, after.kv_cache_tokens / plan_tokens, ceiling, ceiling_gain(after)) + "."
     else:
         effect = "More KV capacity once the weights are split (the capacity model cannot size it here). " + replica
     return Advice(ADD_TENSOR_PARALLELISM, 0, message, effect, engine_args=(flag, str(nxt)))

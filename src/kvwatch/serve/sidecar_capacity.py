@@ -26,7 +26,7 @@ from kvwatch.capacity.planner import CapacityPlan, DeploymentSpec, SpecError, pl
 from kvwatch.capacity.presets import PresetError
 from kvwatch.capacity.series import SeriesCapacity
 from kvwatch.capacity.series import resolve as resolve_series
-from kvwatch.capacity.whatif import Scenario, whatif_ceilings, whatif_scenarios
+from kvwatch.capacity.whatif import Scenario, ceiling_ratio, whatif_ceilings, whatif_scenarios
 from kvwatch.engines.vllm import engine_max_model_len, label_number
 from kvwatch.model import Reading
 from kvwatch.settings import DeploymentSettings, ServeSettings
@@ -51,12 +51,11 @@ class SidecarCapacity:
         what-ifs scale the pool the series has (``capacity_tokens``, the engine's when it reports one), as
         ``check``'s advice does; they do not replace it with the formula's: a scenario's ceiling is today's
         ceiling × the scenario's over the formula's own at the same request size."""
-        ceilings = whatif_ceilings(self.scenarios, avg_kv_tokens_per_request)
-        base = self.plan.max_concurrency_at(avg_kv_tokens_per_request)
-        if not capacity_tokens or base <= 0:
-            return ceilings
+        if not capacity_tokens or self.plan.max_concurrency_at(avg_kv_tokens_per_request) <= 0:
+            return whatif_ceilings(self.scenarios, avg_kv_tokens_per_request)
         today = capacity_tokens / avg_kv_tokens_per_request
-        return {name: today * value / base for name, value in ceilings.items()}
+        ratios = {s.name: ceiling_ratio(self.plan, s.plan, avg_kv_tokens_per_request) for s in self.scenarios}
+        return {name: today * ratio for name, ratio in ratios.items() if ratio is not None}
 
 
 def vllm_version_from_cache_config(labels: Mapping[str, str]) -> tuple[int, int] | None:
