@@ -2,13 +2,14 @@
 simulations of the tuning trace, the 15 runs v5 was tuned on and the whole tuning family (41 runs).
 
     .venv/bin/python benchmarks/forecast_sweep.py AzureLLMInferenceTrace_conv.csv --cache-dir /tmp/kvwatch-bt \
-        [--round v6|v7|v8|v9|threshold]
+        [--round v6|v7|v8|v9|threshold|recurrence|within]
 
 ``--round v9`` is v9's sweep (room for the next request, the floor by the running count's dispersion), ``--round v8``
 v8's (a shift of level is no trend), ``--round v7`` (the default) v7's (the
 request-size tail from the length histograms' buckets), ``--round v6`` the v6 one, ``--round threshold`` v6's
-warning threshold and first-warning hold (the trade between recall and false alarms); v7, v8, v9 and threshold on
-the whole family only.
+warning threshold and first-warning hold (the trade between recall and false alarms), ``--round recurrence`` v10's
+(the recurrence follows the load), ``--round within`` round 20's (the threshold's offset by the within-minute
+spread); all but v6 on the whole family only.
 
 Only the tuning trace is read: the held-out traces are scored by benchmarks/forecast_matrix.py, once.
 """
@@ -111,9 +112,16 @@ RECURRENCE_VARIANTS: dict[str, ForecastParams] = {
     **{f"the window's mean at the onset, not the lowest, {r:g}": _variant(
         V9, risk={"recurrence_load_ratio": r, "recurrence_load_trough": False}) for r in (0.7, 0.9)},
 }
+# Round 20: the threshold's offset by the within-minute spread (a reviewer's bursty climbs: the 5-minute ETA ran tens of
+# minutes short where polls spread 0.08-0.10 inside the minute, and a plateau 0.02 sd below 0.95 never cleared).
+V10 = FORECASTERS["v10"]
+WITHIN_VARIANTS: dict[str, ForecastParams] = {
+    "v10 (k = 1)": V10,
+    **{f"k = {k:g}": _variant(V10, risk={"within_k": k}) for k in (0.5, 1.5, 2.0, 3.0)},
+}
 ROUNDS = {"v6": V6_VARIANTS, "v7": V7_VARIANTS, "v8": V8_VARIANTS, "v9": V9_VARIANTS, "threshold": THRESHOLD_VARIANTS,
-          "recurrence": RECURRENCE_VARIANTS}
-FAMILY_ONLY = ("v7", "v8", "v9", "threshold", "recurrence")
+          "recurrence": RECURRENCE_VARIANTS, "within": WITHIN_VARIANTS}
+FAMILY_ONLY = ("v7", "v8", "v9", "threshold", "recurrence", "within")
 # The runs v5 was tuned on (docs/forecasting-history.md, "v5"), by row label and seed.
 V5_SET = {("step", 0), ("diurnal", 0), ("mixshift", 0), ("steady 0.7", 0), ("steady 0.9", 0), ("restart", 0),
           ("large-cache steady 0.7", 0), ("long-mix steady 0.7", 0), ("prompt×4 steady 0.7", 0),
