@@ -432,6 +432,24 @@ def test_a_warning_holds_across_a_short_gap_and_clears_after_a_long_one():
         after = run(f, stream(usage, start=9300 + gap, seconds=1500, counters=counters))
         warm = [r.state for r in after if r.state != "warming_up"]
         assert warm and set(warm) == ({"filling"} if usage is ramp else {"ok"}), (gap, warm)
+    # A 29-minute gap (within the horizon) then a low load: the first warm minute's risk has fallen, and the warning
+    # goes (it showed `filling` at risk 0 for 9 minutes); and a poll every 20 minutes for 3 hours, no gap past the
+    # horizon, drops the warning once no risk has backed it for 30 minutes (it came back 3.6 hours on).
+    for starts in ([9300.0 + 1740], [9300.0 + 1200 * i for i in range(1, 10)] + [9300.0 + 1200 * 10]):
+        f = Forecaster()
+        counters = {}
+        assert run(f, stream(ramp, seconds=9300, counters=counters))[-1].state == "filling"
+        after = [r for start in starts[:-1] for r in run(f, stream(lambda t: 0.3, start=start, seconds=10,
+                                                                      counters=counters))]
+        after += run(f, stream(lambda t: 0.3, start=starts[-1], seconds=2400, counters=counters))
+        assert "filling" not in {r.state for r in after}, len(starts)
+    # A busy engine whose capacity became unknown has no risk either, and is no calm: the warning holds.
+    f = Forecaster()
+    counters = {}
+    assert run(f, stream(ramp, seconds=9300, counters=counters))[-1].state == "filling"
+    unknown = run(f, (replace(x, capacity_tokens=None) for x in stream(ramp, start=9300, seconds=900,
+                                                                         counters=counters)))
+    assert "ok" not in {r.state for r in unknown}
     # Without a gap, traffic that stops leaves no risk to compute (nothing arrives): those minutes are calm, and the
     # warning clears (its first version held `filling` on an idle engine for good; review, round 20).
     f = Forecaster()

@@ -237,6 +237,7 @@ class Forecaster:
         self._aggregator = BucketAggregator(self.params.bucket_seconds)
         self._detectors = ReactiveDetectors(_detector_params(self.params))
         self._latch = WarningLatch(self.params.warning)
+        self._risk_known_at: float | None = None  # the last minute close with a risk: what backs a warning in force
         self._buckets: deque[MinuteBucket] = deque(maxlen=self.params.history_buckets)
         self._demand_model = DemandModel(_demand_params(self.params))
         self._trend_fit = SlidingTheilSen()  # the trend's window slides a minute per fit
@@ -286,8 +287,6 @@ class Forecaster:
             prev = None
         elif sample.timestamp - prev.timestamp > self.params.split_gap_seconds:
             self._split(sample.timestamp)
-            if sample.timestamp - prev.timestamp > self.params.warning.horizon_seconds:
-                self._latch.clear()  # what it warned of is past; a shorter gap keeps it through the re-warming
         deltas = self._deltas(prev, sample)
         closed = self._aggregator.add(
             sample.timestamp, sample.kv_usage, sample.capacity_tokens, sample.running, sample.waiting, deltas
@@ -372,6 +371,7 @@ class Forecaster:
         self._split(timestamp)
         self._detectors.clear()
         self._latch.clear()
+        self._risk_known_at = None
         self._onsets.clear()
         self._was_sustained = False
         self._sustained_last = None
@@ -532,9 +532,25 @@ class Forecaster:
         self._raw = risk is not None and risk >= p.warning.risk_on
         # The bottleneck polls since the last minute closed (this minute's, give or take the closing poll).
         saturated, self._saturated_minute = self._saturated_minute, False
-        # A minute re-warming after a gap is not calm: counted so, it cleared a warning minutes before the saturation
-        # it had predicted (review, round 20). A warm minute without a risk is: nothing arrives (an idle engine).
-        calm = risk < p.warning.risk_off if risk is not None else warm
+        self._update_latch(now, warm, risk, bucket, saturated)
+
+    def _update_latch(self, now: float, warm: bool, risk: float | None, bucket: MinuteBucket,
+                      saturated: bool) -> None:
+        """The warning's hysteresis, and what a minute without a risk means to it (review, round 20). Re-warming
+        after a gap is neither calm nor high (counted calm, it cleared a warning minutes before the saturation it
+        had predicted); the warning is dropped once no risk has backed it for its horizon, and on the first warm
+        minute whose risk has fallen below risk_off. A warm minute with nothing to project (an idle engine) is
+        calm; one whose rate or capacity is unknown is neither."""
+        p = self.params.warning
+        if risk is not None:
+            if self._latch.active and self._risk_known_at is not None and \
+                    now - self._risk_known_at > 1.5 * self.params.bucket_seconds and risk < p.risk_off:
+                self._latch.clear()  # back after re-warming, and what it warned of has not come
+            self._risk_known_at = now
+        elif self._latch.active and (self._risk_known_at is None or now - self._risk_known_at > p.horizon_seconds):
+            self._latch.clear()
+        idle = self._demand is not None or (bucket.running_mean < 1 and bucket.waiting_max < 1 and bucket.u_mean < 0.05)
+        calm = risk < p.risk_off if risk is not None else warm and idle
         self._latch.update(self._raw, calm, saturated)
 
     def _warm(self, now: float) -> bool:
