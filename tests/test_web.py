@@ -514,3 +514,17 @@ def test_a_poll_running_to_its_timeout_is_no_stall() -> None:
     began, ended = 1000.0, 1000.8
     state = State(timestamp=began, finished=ended)
     assert state.polling(ended + 1.0, 1.0) and not state.polling(ended + 1.01, 1.0)
+
+
+def test_the_polling_window_outlasts_the_longest_poll_at_the_tightest_settings() -> None:
+    # (review, round 20) A poll is its fetch and its GPU read, each up to --poll-timeout-seconds, and a poll longer
+    # than the interval skips a tick: at --stale-after-seconds = the interval, polls of a target that never answers
+    # beside a hung NVML read ended 2 intervals apart, past stale-after + one timeout, and /healthz flapped 503.
+    from kvwatch.serve.app import polling_window
+    from kvwatch.settings import ServeSettings
+
+    tight = ServeSettings(poll_interval_seconds=0.5, poll_timeout_seconds=0.4, stale_after_seconds=0.5)
+    # Two poll ends are at most a skipped tick's interval plus the next poll's fetch and GPU read apart (plus its
+    # parse): the window was stale-after + one timeout (0.9 s) and the reviewer's polls ended 1.0 s apart.
+    assert polling_window(tight) >= 2 * 0.5 + 2 * 0.4
+    assert polling_window(ServeSettings(clock_speed=10.0)) == 10 * polling_window(ServeSettings())

@@ -489,9 +489,7 @@ def run(args: argparse.Namespace) -> int:
     sidecar = Sidecar(settings, fetcher, clock, analyzers, make_gpu_watcher(settings), capacity)
     # Settings durations are real seconds; the poll clock runs clock_speed times faster.
     stale_after = float(settings.stale_after_seconds or 0) * settings.clock_speed
-    # Polls end at most an interval (<= stale-after) plus one poll's timeout apart while polling goes on: past
-    # that, it stopped (kvwatch_up 0, /healthz 503). Stale-after alone flapped with polls that run to their timeout.
-    polling_within = stale_after + float(settings.poll_timeout_seconds or 0) * settings.clock_speed
+    polling_within = polling_window(settings)
     collector = KvwatchCollector(lambda: sidecar.state, now=clock, stale_after=stale_after, analyzers=analyzers,
                                  polling_within=polling_within)
     registry = make_registry(collector)
@@ -546,9 +544,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def polling_window(settings: ServeSettings) -> float:
+    """How far apart (poll clock) polls may end while polling goes on: an interval (<= stale-after) plus the longest
+    poll, its fetch and its GPU read each up to the poll timeout, and its parse and analysis (an interval's margin).
+    Past that, polling stopped (kvwatch_up 0, /healthz 503); less flapped with polls that ran to their timeouts
+    (round 20's review)."""
+    stale_after = float(settings.stale_after_seconds or 0)
+    longest_poll = 2 * float(settings.poll_timeout_seconds or 0) + settings.poll_interval_seconds
+    return (stale_after + longest_poll) * settings.clock_speed
+
+
 def polls_stalled(sidecar: Sidecar, clock: Callable[[], float], within: float,
                   within_seconds: float) -> Callable[[], str | None]:
-    """Why /healthz fails, or None: once no poll has ended for ``within`` (stale-after plus a poll's timeout, in the
+    """Why /healthz fails, or None: once no poll has ended for ``within`` (stale-after plus the longest poll, in the
     poll clock; ``within_seconds`` in real seconds; counted from now before the first), a stalled poll thread is for
     the liveness probe to restart. A target that is down still ends its polls (failed ones): that is kvwatch_up's to
     say, never a restart."""
@@ -557,8 +565,8 @@ def polls_stalled(sidecar: Sidecar, clock: Callable[[], float], within: float,
     def stalled() -> str | None:
         if sidecar.state.polling(clock(), within, started):
             return None
-        return (f"no poll has ended for {within_seconds:g} s (--stale-after-seconds plus --poll-timeout-seconds): "
-                "polling stopped\n")
+        return (f"no poll has ended for {within_seconds:g} s (--stale-after-seconds + 2 x --poll-timeout-seconds + "
+                "--poll-interval-seconds): polling stopped\n")
 
     return stalled
 

@@ -34,7 +34,7 @@ class KvwatchCollector(Collector):
         self._get_state = get_state
         self._now = now
         self._stale_after = stale_after
-        # Polls end at most this far apart while polling goes on (serve: stale-after plus a poll's timeout)
+        # Polls end at most this far apart while polling goes on (serve: stale-after plus the longest poll)
         self._polling_within = stale_after if polling_within is None else polling_within
         self._analyzers = tuple(analyzers)
 
@@ -94,7 +94,8 @@ def _health(state: State, polling: bool = True) -> Iterator[Metric]:
     yield GaugeMetricFamily(
         "kvwatch_up",
         "1 if the last poll fetched and recognised a vLLM, SGLang or TensorRT-LLM payload, else 0 (0 too once no "
-        "poll has ended for --stale-after-seconds plus --poll-timeout-seconds: polling stopped)." + _POLL_NOTE,
+        "poll has ended for --stale-after-seconds + 2 x --poll-timeout-seconds + --poll-interval-seconds: polling "
+        "stopped)." + _POLL_NOTE,
         value=1.0 if health.up and polling else 0.0)
     if health.scrape_duration_seconds is not None:
         yield GaugeMetricFamily("kvwatch_scrape_duration_seconds",
