@@ -119,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
         poll = interpret(text, overrides, timestamp=now)
         if saved is not None and text and not text.endswith("\n"):
             # Read as Prometheus reads it; a file cut short (an interrupted curl > file) would end so too.
-            print(f"kvwatch check: note: {args.file} ends without a newline after its last line, read as written: "
+            name = "standard input" if str(args.file) == "-" else args.file
+            print(f"kvwatch check: note: {name} ends without a newline after its last line, read as written: "
                   "if the file was cut short, that line's value may be cut too", file=sys.stderr)
     except ScrapeError as exc:
         source = str(args.file) if args.file is not None else redact_url(settings.target_url)
