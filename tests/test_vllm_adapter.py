@@ -709,3 +709,13 @@ def test_a_block_count_label_python_would_read_but_vllm_never_writes_is_unknown(
         assert {name for _, name, _ in poll.implausible} == {"num_gpu_blocks", "kv_capacity_tokens"}
     odd = interpret(text.replace('num_gpu_blocks="20000"', 'num_gpu_blocks="20001"'), None, timestamp=0.0)
     assert odd.implausible == () and odd.readings[0].num_gpu_blocks == 10000.5  # a DP total over 2 engines
+
+
+def test_a_cache_config_labelled_engine_empty_is_every_engines() -> None:
+    # A 0.11 development line's PrometheusStatLogger wrote metrics_info["engine"] = "" on its one cache_config_info
+    # for every engine: keyed by "", no series ("engine" "0") found it and the capacity went unknown.
+    text = (FIXTURES / "gen-0.11.0-gptoss-issue28924.prom").read_text()
+    text = text.replace('engine="0",gpu_memory_utilization', 'engine="",gpu_memory_utilization')
+    assert 'engine=""' in text
+    reading = vllm.read(parse(text, vllm.wanted_for(None)), None, timestamp=0.0).readings[0]
+    assert reading.num_gpu_blocks == 9271 and reading.cache_config["engine"] == ""

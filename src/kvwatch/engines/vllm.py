@@ -480,7 +480,9 @@ def _cache_configs(exposition: Exposition) -> dict[str | None, dict[str, str]]:
     configs: dict[str | None, dict[str, str]] = {}
     for s in exposition.samples(CACHE_CONFIG):
         labels = dict(s.labels)
-        engine = labels.get("engine")  # (kept: V1's labels carry it from 0.8.5, V0's never do)
+        # (kept in the labels: V1's carry it, V0's never do. A 0.11 development line wrote engine="" on its one
+        # label set for every engine (PrometheusStatLogger.log_metrics_info): that is no engine's in particular.)
+        engine = labels.get("engine") or None
         labels.pop("model_name", None)
         labels.pop("pid", None)
         configs[engine] = labels if configs.get(engine, labels) == labels else {}

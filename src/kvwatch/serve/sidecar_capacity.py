@@ -85,8 +85,9 @@ def vllm_version_from_cache_config(labels: Mapping[str, str]) -> tuple[int, int]
         if "kv_offloading_backend" in labels or "mamba_block_size" in labels:
             return (0, 12)
         if "engine" not in labels:
-            # V1 labels cache_config_info per engine from 0.8.5; the V0 engine (to 0.10, VLLM_USE_V1=0) never does,
-            # and shares no blocks among KV groups: its rules are 0.8's whatever CacheConfig's fields say.
+            # V1 adds an engine label to cache_config_info (its index, or "" on a 0.11 development line); the V0
+            # engine (to 0.10, VLLM_USE_V1=0) never does, and shares no blocks among KV groups: its rules are 0.8's
+            # whatever CacheConfig's fields say.
             return (0, 8)
         if "kv_cache_memory_bytes" in labels or "kv_sharing_fast_prefill" in labels:
             return (0, 10)
