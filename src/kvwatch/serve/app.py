@@ -3,9 +3,9 @@
 The shell around the pure core. One timer thread (:class:`Poller`) polls (one poll at a time, ticks that fall during
 a poll skipped); each poll builds a new frozen :class:`~kvwatch.serve.state.State` and swaps one reference that the
 collector reads per scrape. ``/healthz`` answers 200 while the process serves and its polls finish, whatever vLLM
-answers, so a vLLM outage never restarts kvwatch too; 503 once no poll has finished for ``--stale-after-seconds`` (a
-stalled poll thread, restarted by the liveness probe). Logs only changes (target up/down, detected generation,
-restarts).
+answers, so a vLLM outage never restarts kvwatch too; 503 once no poll has ended for longer than stale-after plus
+the longest poll (:func:`polling_window`: a stalled poll thread, restarted by the liveness probe). Logs only changes
+(target up/down, detected generation, restarts).
 
 Analyzers (capacity model, forecaster, advisor) plug in through :data:`ANALYZER_MODULES`: each module
 exposes ``make_analyzer(settings: ServeSettings, capacity: CapacityResolver) -> Analyzer | None`` (see

@@ -66,18 +66,18 @@ class State:
     """Everything one scrape exports. ``timestamp`` and ``last_success_timestamp`` use the poll clock."""
 
     timestamp: float | None = None  # when the poll began
-    finished: float | None = None  # when it ended (a poll may take up to --poll-timeout-seconds and more)
+    finished: float | None = None  # when it ended (its fetch and GPU read may each take the poll timeout)
     health: Health = field(default_factory=Health)
     detection: Detection | None = None
     series: Mapping[SeriesKey, SeriesState] = field(default_factory=lambda: MappingProxyType({}))
     gpu: GpuState | None = None  # the GPU memory source's last read (--dcgm-url/--nvml), None when off
 
-    def polling(self, now: float, stale_after: float, started: float | None = None) -> bool:
-        """Whether a poll, good or bad, has finished within ``stale_after`` of ``now`` (counted from ``started``
-        before the first one): False once polling itself stopped."""
+    def polling(self, now: float, within: float, started: float | None = None) -> bool:
+        """Whether a poll, good or bad, has ended within ``within`` of ``now`` (counted from ``started`` before the
+        first one): False once polling itself stopped (serve's ``within``: kvwatch.serve.app.polling_window)."""
         last = self.finished if self.finished is not None else self.timestamp if self.timestamp is not None \
             else started
-        return last is not None and now - last <= stale_after
+        return last is not None and now - last <= within
 
     def fresh(self, now: float, stale_after: float) -> bool:
         """Whether derived per-series values may still be exported at ``now``."""
