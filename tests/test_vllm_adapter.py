@@ -719,3 +719,12 @@ def test_a_cache_config_labelled_engine_empty_is_every_engines() -> None:
     assert 'engine=""' in text
     reading = vllm.read(parse(text, vllm.wanted_for(None)), None, timestamp=0.0).readings[0]
     assert reading.num_gpu_blocks == 9271 and reading.cache_config["engine"] == ""
+    # With data parallelism that one set carries every engine's blocks summed (vLLM's front-end sums them): each
+    # engine gets its share, not the total (review, round 20: twice the capacity on two engines).
+    lines = []
+    for line in text.replace('num_gpu_blocks="9271"', 'num_gpu_blocks="18542"').splitlines():
+        lines.append(line)
+        if 'engine="0"' in line:
+            lines.append(line.replace('engine="0"', 'engine="1"'))
+    readings = vllm.read(parse("\n".join(lines) + "\n", vllm.wanted_for(None)), None, timestamp=0.0).readings
+    assert [(r.engine, r.num_gpu_blocks) for r in readings] == [("0", 9271), ("1", 9271)]
