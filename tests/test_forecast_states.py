@@ -443,6 +443,16 @@ def test_a_warning_holds_across_a_short_gap_and_clears_after_a_long_one():
                                                                       counters=counters))]
         after += run(f, stream(lambda t: 0.3, start=starts[-1], seconds=2400, counters=counters))
         assert "filling" not in {r.state for r in after}, len(starts)
+    # Only a re-warming lets a first calm minute drop the warning: with 120-s polls every minute close is 2 minutes
+    # from the last, and a dip of the load cleared the warning at once, 25 minutes before the saturation it foresaw.
+    def dip(t: float) -> float:
+        return 0.4 + 0.5 * t / 7200 if t < 6600 else 0.15 if t < 7080 else min(1.0, 0.4 + 0.5 * (t - 480) / 7200)
+
+    results = run(Forecaster(ForecastParams(stale_after_seconds=360)), stream(noisy(dip, 0.01, seed=3),
+                                                                            seconds=10600, dt=120))
+    warned = next(r.timestamp for r in results if r.state == "filling")
+    saturated = next(r.timestamp for r in results if r.state == "bottleneck")
+    assert warned <= 6600 and "ok" not in states_between(results, warned, saturated)
     # A busy engine whose capacity became unknown has no risk either, and is no calm: the warning holds.
     f = Forecaster()
     counters = {}

@@ -238,6 +238,7 @@ class Forecaster:
         self._detectors = ReactiveDetectors(_detector_params(self.params))
         self._latch = WarningLatch(self.params.warning)
         self._risk_known_at: float | None = None  # the last minute close with a risk: what backs a warning in force
+        self._rewarming = False  # a minute closed not warm since the last one with a risk (a gap's re-warming)
         self._buckets: deque[MinuteBucket] = deque(maxlen=self.params.history_buckets)
         self._demand_model = DemandModel(_demand_params(self.params))
         self._trend_fit = SlidingTheilSen()  # the trend's window slides a minute per fit
@@ -372,6 +373,7 @@ class Forecaster:
         self._detectors.clear()
         self._latch.clear()
         self._risk_known_at = None
+        self._rewarming = False
         self._onsets.clear()
         self._was_sustained = False
         self._sustained_last = None
@@ -543,12 +545,13 @@ class Forecaster:
         calm; one whose rate or capacity is unknown is neither."""
         p = self.params.warning
         if risk is not None:
-            if self._latch.active and self._risk_known_at is not None and \
-                    now - self._risk_known_at > 1.5 * self.params.bucket_seconds and risk < p.risk_off:
+            if self._latch.active and self._rewarming and risk < p.risk_off:
                 self._latch.clear()  # back after re-warming, and what it warned of has not come
-            self._risk_known_at = now
-        elif self._latch.active and (self._risk_known_at is None or now - self._risk_known_at > p.horizon_seconds):
-            self._latch.clear()
+            self._risk_known_at, self._rewarming = now, False
+        else:
+            self._rewarming = self._rewarming or not warm
+            if self._latch.active and (self._risk_known_at is None or now - self._risk_known_at > p.horizon_seconds):
+                self._latch.clear()
         idle = self._demand is not None or (bucket.running_mean < 1 and bucket.waiting_max < 1 and bucket.u_mean < 0.05)
         calm = risk < p.risk_off if risk is not None else warm and idle
         self._latch.update(self._raw, calm, saturated)
