@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import faulthandler
 import functools
 import importlib
 import logging
+import os
 import signal
 import threading
 import time
@@ -72,10 +74,12 @@ RELEASE_AFTER_BYTES = 1 << 20
 """After a poll that held a body this large (or refused a larger one), freed memory goes back to the OS."""
 
 # The last resort of SIGTERM: every step of the shutdown is bounded (each fetcher's close by 4 s, the HTTP
-# server's by its 0.5-s poll), so one that still runs after this long is stuck; faulthandler's own C thread
-# (it needs no GIL, so it works even if the interpreter's exit hangs) then prints every thread's stack to
-# stderr and exits with status 1. A CI run once saw SIGTERM not stop the sidecar within 10 s (docs/reliability.md).
+# server's by its 0.5-s poll), so one that still runs after this long is stuck: every thread's stack goes to stderr
+# and the process exits with status 1 (:func:`_exit_at_deadline`). A CI run once saw SIGTERM not stop the sidecar
+# within 10 s (docs/reliability.md).
 SHUTDOWN_DEADLINE_SECONDS = 9.0
+BACKSTOP_SECONDS = 2.0
+"""After the deadline, faulthandler's own C thread dumps and exits if the Python one could not (the GIL held)."""
 
 
 @functools.cache
@@ -535,13 +539,32 @@ def run(args: argparse.Namespace) -> int:
     try:
         stop.wait()
     finally:
-        last_words = logs.nonblocking_stderr()  # (kept referenced: faulthandler holds only its descriptor)
-        faulthandler.dump_traceback_later(SHUTDOWN_DEADLINE_SECONDS, exit=True, file=last_words)
+        _exit_at_deadline(SHUTDOWN_DEADLINE_SECONDS)
         log.info("shutting down")
         stop_polling(poller, sidecar)
         server.shutdown()
         server.server_close()
     return 0
+
+
+def _exit_at_deadline(seconds: float) -> None:
+    """Past ``seconds``, every thread's stack to stderr, then exit 1. A Python thread dumps them holding the GIL:
+    faulthandler's own watchdog reads the other threads' frames without it (a CI run of round 20 ended with a
+    segfault, -11, when it alone dumped: the likeliest cause, not reproduced). That watchdog stays,
+    BACKSTOP_SECONDS later, for an exit the GIL never lets the Python thread reach."""
+    last_words = logs.nonblocking_stderr()  # (writes fail rather than wait on a full pipe)
+
+    def exit_now() -> None:
+        with contextlib.suppress(OSError, ValueError):
+            last_words.write(f"kvwatch: shutdown still running after {seconds:g} s: every thread's stack follows\n")
+            last_words.flush()
+            faulthandler.dump_traceback(file=last_words, all_threads=True)
+        os._exit(1)
+
+    timer = threading.Timer(seconds, exit_now)
+    timer.daemon = True
+    timer.start()
+    faulthandler.dump_traceback_later(seconds + BACKSTOP_SECONDS, exit=True, file=last_words)
 
 
 def polling_window(settings: ServeSettings) -> float:

@@ -14,6 +14,7 @@ import logging.handlers
 import os
 import queue
 import sys
+from typing import TextIO
 
 QUEUE_RECORDS = 1_000  # about 0.6 MB of waiting records (6 MB at 10,000, tracemalloc)
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -76,7 +77,7 @@ def setup(level: str) -> logging.handlers.QueueListener | None:
     return listener
 
 
-def nonblocking_stderr() -> object:
+def nonblocking_stderr() -> TextIO:
     """A file on stderr whose writes fail instead of waiting (for faulthandler's last-resort exit, which must not
     wait on a full pipe either): a new open of the same pipe, so stderr itself stays blocking (appending, should
     stderr be a file). stderr itself where it cannot be opened again (no /proc, a socket)."""
