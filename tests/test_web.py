@@ -489,12 +489,13 @@ def test_polls_stalled_counts_from_the_last_finished_poll_good_or_bad() -> None:
     from kvwatch.settings import ServeSettings
 
     url = "http://vllm.test/metrics"
-    settings = ServeSettings(target_url=url, poll_interval_seconds=5, poll_timeout_seconds=0.5)
+    # (a polling window of 5 + 2 x 2.5 + 5 = 15 s)
+    settings = ServeSettings(target_url=url, poll_interval_seconds=5, poll_timeout_seconds=2.5, stale_after_seconds=5)
     t = [1000.0]
     with respx.mock, Fetcher(url, timeout=1.0, max_body_bytes=1 << 20) as fetcher:
         respx.get(url).mock(return_value=httpx.Response(503))  # a target that is down: polls still finish
         sidecar = Sidecar(settings, fetcher, lambda: t[0])
-        stalled = polls_stalled(sidecar, lambda: t[0], 15.0, 15.0)
+        stalled = polls_stalled(sidecar, lambda: t[0], settings)
         t[0] += 15.0
         assert stalled() is None  # (from the start before the first poll)
         t[0] += 1.0

@@ -552,7 +552,7 @@ class Forecaster:
             self._rewarming = self._rewarming or not warm
             if self._latch.active and (self._risk_known_at is None or now - self._risk_known_at > p.horizon_seconds):
                 self._latch.clear()
-        idle = self._demand is not None or (bucket.running_mean < 1 and bucket.waiting_max < 1 and bucket.u_mean < 0.05)
+        idle = self._nothing_to_project(bucket.running_mean, bucket.waiting_max, bucket.u_mean)
         calm = risk < p.risk_off if risk is not None else warm and idle
         self._latch.update(self._raw, calm, saturated)
 
@@ -595,7 +595,7 @@ class Forecaster:
             risks = {h: (1.0 if r is None else r) for h, r in risks.items()}
         elif risk_now is not None:
             eta = risk_now.eta_seconds()
-        elif not warm or self._nothing_to_project(sample):
+        elif not warm or self._nothing_to_project(sample.running, sample.waiting, sample.kv_usage or 0.0):
             eta = math.inf  # warming up, or a known rate with nothing to project, or an idle engine
         else:
             eta = None  # warm and busy with no rate to project (no finished-request counter, no capacity): unknown
@@ -641,13 +641,11 @@ class Forecaster:
             risk=risks,
         )
 
-    def _nothing_to_project(self, sample: ForecastSample) -> bool:
+    def _nothing_to_project(self, running: float, waiting: float, usage: float) -> bool:
         """Without a risk: the demand model has a rate (and a capacity), so the risk model found nothing to
         project (no arrivals, an empty cache, a level fitted at or below 0 after a drop), or the engine is idle.
         Otherwise (no rate: no finished-request counter, no capacity) nothing backs a time."""
-        if self._demand is not None:
-            return True
-        return sample.running < 1 and sample.waiting < 1 and (sample.kv_usage or 0.0) < 0.05
+        return self._demand is not None or (running < 1 and waiting < 1 and usage < 0.05)
 
     def _recommended_concurrency(self, sample: ForecastSample) -> int | None:
         """From the 30-minute mix when fitted, else from this poll (a bottleneck right after a restart)."""

@@ -498,7 +498,7 @@ def run(args: argparse.Namespace) -> int:
                                  polling_within=polling_within)
     registry = make_registry(collector)
 
-    stalled = polls_stalled(sidecar, clock, polling_within, polling_within / settings.clock_speed)
+    stalled = polls_stalled(sidecar, clock, settings)
 
     def version() -> tuple[object, bool]:
         # What the rendered body depends on: the State (a new object each poll) and whether it is still fresh.
@@ -577,13 +577,14 @@ def polling_window(settings: ServeSettings) -> float:
     return (stale_after + longest_poll) * settings.clock_speed
 
 
-def polls_stalled(sidecar: Sidecar, clock: Callable[[], float], within: float,
-                  within_seconds: float) -> Callable[[], str | None]:
-    """Why /healthz fails, or None: once no poll has ended for ``within`` (stale-after plus the longest poll, in the
-    poll clock; ``within_seconds`` in real seconds; counted from now before the first), a stalled poll thread is for
-    the liveness probe to restart. A target that is down still ends its polls (failed ones): that is kvwatch_up's to
-    say, never a restart."""
+def polls_stalled(sidecar: Sidecar, clock: Callable[[], float],
+                  settings: ServeSettings) -> Callable[[], str | None]:
+    """Why /healthz fails, or None: once no poll has ended for :func:`polling_window` (counted from now before the
+    first), a stalled poll thread is for the liveness probe to restart. A target that is down still ends its polls
+    (failed ones): that is kvwatch_up's to say, never a restart."""
     started = clock()
+    within = polling_window(settings)
+    within_seconds = within / settings.clock_speed
 
     def stalled() -> str | None:
         if sidecar.state.polling(clock(), within, started):

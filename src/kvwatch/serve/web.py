@@ -353,8 +353,7 @@ class MetricsServer(ThreadingHTTPServer):
                 return
             victim = max(stalled, key=lambda c: (self._per_client[c.host], -c.opened))
             victim.evicted = True
-            with contextlib.suppress(OSError):  # socket's own shutdown: a TLS socket's would unwrap it under its thread
-                socket.socket.shutdown(victim.socket, socket.SHUT_RDWR)
+            _shut(victim)
         log.debug("all %d connection slots taken: closed a stalled connection from %s", MAX_CONNECTIONS, victim.host)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
@@ -378,8 +377,7 @@ class MetricsServer(ThreadingHTTPServer):
     def finish_request(self, request: Any, client_address: Any) -> None:
         # The socket timeout bounds each recv, not the request: a byte every few seconds kept a thread for ever.
         # This bounds the whole exchange: past it the socket is shut, which ends any read or write on it.
-        # By descriptor: wrap_socket (TLS) detaches the socket object given here, and its shutdown would do nothing.
-        deadline = threading.Timer(CLIENT_TIMEOUT, _cut, (request.fileno(), request.family))
+        deadline = threading.Timer(CLIENT_TIMEOUT, self._end, (request,))
         deadline.daemon = True
         deadline.start()
         with self._per_client_lock:
@@ -388,6 +386,14 @@ class MetricsServer(ThreadingHTTPServer):
             self._serve(request, client_address, connection)
         finally:
             deadline.cancel()
+
+    def _end(self, request: Any) -> None:
+        """End a connection past its deadline, if the server still holds it (a forgotten one's descriptor may be
+        another connection's by now)."""
+        with self._per_client_lock:
+            connection = self._connections.get(request)
+            if connection is not None:
+                _shut(connection)
 
     def _serve(self, request: Any, client_address: Any, connection: _Connection | None) -> None:
         request.settimeout(CLIENT_TIMEOUT)
@@ -428,11 +434,12 @@ def _host(client_address: Any) -> str:
     return str(client_address[0]) if client_address else ""
 
 
-def _cut(fd: int, family: int) -> None:
-    """End a connection past its deadline (its thread's blocked read or write returns): shut down through a
-    duplicate of its descriptor, which ends the connection for every socket object on it, TLS or not."""
-    with contextlib.suppress(OSError), socket.fromfd(fd, family, socket.SOCK_STREAM) as duplicate:
-        duplicate.shutdown(socket.SHUT_RDWR)
+def _shut(connection: _Connection) -> None:
+    """End a connection (its thread's blocked read or write returns), under the server's lock while it holds the
+    connection: the socket it holds for it, the TLS one once wrapped (wrap_socket detaches the accepted socket, whose
+    shutdown would then do nothing), through socket's own shutdown (a TLS socket's would unwrap it under its thread)."""
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(connection.socket, socket.SHUT_RDWR)
 
 
 class _Handler(BaseHTTPRequestHandler):
