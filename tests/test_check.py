@@ -1208,3 +1208,16 @@ def test_a_file_ending_mid_line_is_read_with_a_note(tmp_path: Path, capsys: pyte
     assert main(["check", "--file", str(payload), "--json"]) in (0, 1)
     captured = capsys.readouterr()
     assert json.loads(captured.out)["series"] and "ends without a newline" in captured.err
+
+
+def test_a_histogram_kvwatch_cannot_read_is_named_and_the_page_read(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    # (review, round 20) Prometheus stores le="abc" as written; check refused the page ("parse") and said nothing
+    # of its KV usage.
+    payload = tmp_path / "le.prom"
+    text = (FIXTURES / "gen-0.11-kv-only.prom").read_text()
+    payload.write_text(text.replace('le="0.5"', 'le="abc"', 1))
+    assert main(["check", "--file", str(payload), "--json"]) in (0, 1)
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["series"][0]["kv_usage_ratio"] == 0.1
+    assert "vllm:e2e_request_latency_seconds is not read (line " in captured.err and "'abc'" in captured.err

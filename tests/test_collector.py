@@ -308,3 +308,31 @@ def test_a_family_without_samples_is_left_out_whole() -> None:
     # The health families too: no impossible value served yet, no kvwatch_implausible_values_total (HELP and TYPE
     # were served with no sample on every scrape).
     assert "kvwatch_implausible_values" not in text and "kvwatch_scrape_errors_total" in text
+
+
+def test_a_histogram_kvwatch_cannot_read_is_logged_once_and_the_page_is_up(
+        no_kvwatch_env: None, caplog: pytest.LogCaptureFixture) -> None:
+    # (review, round 20) Prometheus stores a negative bucket as written (up 1); the sidecar was down ("parse").
+    import httpx
+    import respx
+
+    from kvwatch.fetch import Fetcher
+    from kvwatch.serve.app import Sidecar
+    from kvwatch.settings import ServeSettings
+
+    url = "http://vllm.test/metrics"
+    bad = ('# TYPE vllm:e2e_request_latency_seconds histogram\n'
+           'vllm:e2e_request_latency_seconds_bucket{engine="0",le="1.0",model_name="m"} -1\n'
+           'vllm:e2e_request_latency_seconds_bucket{engine="0",le="+Inf",model_name="m"} 2\n')
+    clock = ManualClock()
+    with respx.mock, Fetcher(url, timeout=1.0, max_body_bytes=1 << 20) as fetcher, caplog.at_level(logging.INFO):
+        route = respx.get(url)
+        sidecar = Sidecar(ServeSettings(target_url=url, poll_interval_seconds=5), fetcher, clock,
+                          analyzers=[DemoAnalyzer()])
+        for page in (bad, bad, ""):
+            route.mock(return_value=httpx.Response(200, text=payload(0) + page))
+            state = sidecar.poll()
+            assert state.health.up and state.series[("m", "0")].reading.kv_usage_ratio == 0.5
+            clock.t += 5.0
+    assert caplog.text.count("vllm:e2e_request_latency_seconds is not read (line 6: negative bucket") == 1
+    assert "every value it holds is read again" in caplog.text

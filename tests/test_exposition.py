@@ -98,6 +98,28 @@ def test_a_filtered_parse_takes_escapes_metadata_and_a_last_line_as_prometheus_s
             parse(strict)
 
 
+def test_a_filtered_parse_drops_a_distribution_it_cannot_read_and_keeps_the_page() -> None:
+    # (review, round 20; Prometheus 2.42 scraped each page, up, the samples stored as written) A histogram with
+    # le="abc" or a negative count, a summary with quantile="x": kvwatch refused the whole page, KV usage with it.
+    gauge = "# TYPE g gauge\ng 1\n"
+    pages = {
+        "le": '# TYPE h histogram\nh_bucket{le="abc"} 1\nh_bucket{le="+Inf"} 2\nh_count 2\nh_sum 3\n',
+        "bucket": '# TYPE h histogram\nh_bucket{le="1"} -1\nh_bucket{le="+Inf"} 2\nh_count 2\nh_sum 3\n',
+        "count": '# TYPE h histogram\nh_bucket{le="+Inf"} 2\nh_count -2\nh_sum 3\n',
+        "quantile": '# TYPE h summary\nh{quantile="x"} 1\nh_count 2\nh_sum 3\n',
+    }
+    for case, page in pages.items():
+        read = parse(gauge + page + 'h2_count 1\n', {"g", "h"})
+        assert read.samples("g")[0].value == 1.0, case
+        assert read.get("h") is None and "h" in read.names, case
+        assert list(read.spoiled) == ["h"] and "line " in read.spoiled["h"], case
+        with pytest.raises(ParseError):  # the full parse stays expfmt's
+            parse(gauge + page)
+    fine = parse(gauge + '# TYPE h histogram\nh_bucket{le="1"} 1\nh_bucket{le="+Inf"} 2\nh_count 2\nh_sum -3\n',
+                 {"g", "h"})
+    assert not fine.spoiled and len(fine.samples("h")) == 4  # a negative sum is a sum
+
+
 def test_exact_copies_of_a_series_are_one_sample() -> None:
     # Prometheus' TSDB stores exact duplicates silently (memSeries.appendable); NVIDIA Dynamo's frontend served
     # vLLM's families four times over, and kvwatch refused the whole page (kvwatch_up 0)

@@ -489,6 +489,20 @@ def test_a_byte_that_is_not_utf8_is_a_parse_error_not_a_replacement_character() 
     assert f"line {line}:" in str(caught.value)
 
 
+@respx.mock
+def test_a_byte_that_is_not_utf8_in_a_comment_is_read_as_prometheus_reads_it() -> None:
+    # (review, round 20) Prometheus 2.42's scrape skips a plain comment unread (up 1) and fails on a HELP text or a
+    # label value that is not UTF-8; kvwatch refused the first page too.
+    comment = b"# built on h\xf4te-7\n" + FIXTURE.encode()
+    respx.get(URL).mock(return_value=httpx.Response(200, content=comment))
+    assert fetch_and_read().readings
+    for bad in (b"# HELP x h\xf4te\n", b"#TYPE x \xf4\n", b"x{a=\"\xf4\"} 1\n"):
+        respx.get(URL).mock(return_value=httpx.Response(200, content=bad + comment))
+        with pytest.raises(ScrapeError) as caught:
+            fetch_and_read()
+        assert caught.value.reason == "parse" and "line 1: invalid utf-8" in str(caught.value)
+
+
 def test_a_redirect_to_another_host_is_followed_and_said_once(raw_server: Callable,
                                                                caplog: pytest.LogCaptureFixture) -> None:
     # Followed, as Prometheus follows it, but that host's page is then reported as this target's: it was silent

@@ -122,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
             name = "standard input" if str(args.file) == "-" else args.file
             print(f"kvwatch check: note: {name} ends without a newline after its last line, read as written: "
                   "if the file was cut short, that line's value may be cut too", file=sys.stderr)
+        for why in poll.unread:
+            print(f"kvwatch check: note: {why}", file=sys.stderr)
     except ScrapeError as exc:
         source = str(args.file) if args.file is not None else redact_url(settings.target_url)
         # The path matters only when something answered there (a wrong port refuses whatever the path).

@@ -14,7 +14,8 @@ are vendored in ``tests/fixtures/exposition-conformance/`` and run by ``tests/te
 - one HELP and one TYPE per family, TYPE before the family's samples; types are Prometheus' own (a filtered
   parse, below, reads on past a second HELP or TYPE, or a TYPE after samples, as Prometheus' scrape does: the
   first stands);
-  ``le``/``quantile`` of histograms/summaries are numbers; histogram counts are not negative;
+  ``le``/``quantile`` of histograms/summaries are numbers; histogram counts are not negative (a filtered parse
+  drops such a family, named in :attr:`Exposition.spoiled`, and reads the rest: Prometheus stores it as written);
   ``__name__`` is not a label; a label appears once per sample.
 - **duplicate series** (one sample name with the same label set twice in one payload, at the same
   timestamp or both without one) with different values make the whole payload a :class:`ParseError`: the
@@ -97,6 +98,8 @@ class Exposition:
     families: Mapping[str, Family]
     # Every family name seen: declared by HELP/TYPE, or with samples read (including unwanted ones).
     names: frozenset[str] = frozenset()
+    # Histograms and summaries a filtered parse dropped (a non-numeric ``le``, a negative count), with why.
+    spoiled: Mapping[str, str] = field(default_factory=dict)
 
     def __contains__(self, name: object) -> bool:
         return name in self.names
@@ -265,6 +268,7 @@ class _Parser:
         self.newest: dict[tuple[str, ...], tuple[float, Sample]] = {}  # a timestamped series' newest point
         self.superseded: set[int] = set()  # ids of the older points (dropped when the parse ends)
         self.checked_le: set[str] = {"+Inf"}  # le values known to be numbers (Go's parseFloat)
+        self.spoiled: dict[str, str] = {}  # a filtered parse's unreadable distributions: family -> why
         self.block_lines = 0  # lines in the block _block_end last skipped
         self.openmetrics = openmetrics
         # A filtered parse is the sidecar's: it takes what Prometheus' own scrape parser does (promlex.l) where
@@ -466,10 +470,12 @@ class _Parser:
                 target.append(_new_sample(Sample, (name, labels, value)))  # type: ignore[union-attr]
         if unterminated and not self.lenient:
             raise _err(lineno, "unexpected end of input stream (no newline at the end)")
+        for family_name in self.spoiled:
+            self.families.pop(family_name, None)
         if self.superseded:  # a series at several explicit times: kvwatch reads one value, the newest point's
             for family in self.families.values():
                 family.samples = [s for s in family.samples if id(s) not in self.superseded]
-        return Exposition(families=self.families, names=frozenset(self.names))
+        return Exposition(families=self.families, names=frozenset(self.names), spoiled=self.spoiled)
 
     # ------------------------------------------------------------------ samples
 
@@ -489,26 +495,37 @@ class _Parser:
             value = _value(rest, lineno, line)
         self._store(target, name, labels, value, lineno, line, when, key)
 
+    def _distribution_problem(self, target: _Target, name: str, labels: dict[str, str], value: float) -> str | None:
+        """What makes a histogram's or summary's sample unreadable as a distribution (expfmt refuses the page)."""
+        if target.kind == 3:
+            quantile = labels.get("quantile")
+            if quantile is not None and not _is_go_float(quantile):
+                return f"expected float as value for 'quantile' label, got {quantile!r}"
+            return None
+        le = labels.get("le")
+        if le is not None and le not in self.checked_le:
+            if not _is_go_float(le):
+                return f"expected float as value for 'le' label, got {le!r}"
+            self.checked_le.add(le)
+        if value < 0:
+            if target.kind == 2:
+                return f"negative count for histogram {target.meta.name!r}"
+            if le is not None and not name.endswith("_sum"):
+                return f"negative bucket population for histogram {target.meta.name!r}"
+        return None
+
     def _store(self, target: _Target, name: str, labels: dict[str, str], value: float, lineno: int,
                line: str, when: float | None = None, key: tuple[str, ...] | None = None) -> None:
         kind = target.kind
         if kind:
-            if kind == 3:
-                quantile = labels.get("quantile")
-                if quantile is not None and not _is_go_float(quantile):
-                    raise _err(lineno, f"expected float as value for 'quantile' label, got {quantile!r}", line)
-            else:
-                le = labels.get("le")
-                if le is not None and le not in self.checked_le:
-                    if not _is_go_float(le):
-                        raise _err(lineno, f"expected float as value for 'le' label, got {le!r}", line)
-                    self.checked_le.add(le)
-                if value < 0:
-                    if kind == 2:
-                        raise _err(lineno, f"negative count for histogram {target.meta.name!r}", line)
-                    if le is not None and not name.endswith("_sum"):
-                        raise _err(lineno, f"negative bucket population for histogram {target.meta.name!r}",
-                                   line)
+            problem = self._distribution_problem(target, name, labels, value)
+            if problem is not None:
+                if not self.lenient:
+                    raise _err(lineno, problem, line)
+                # Prometheus' scrape stores such a sample as written; kvwatch cannot read the distribution, so
+                # the family is dropped (unknown to the adapters), not the page.
+                self.spoiled.setdefault(target.meta.name, f"line {lineno}: {problem}")
+                return
         # A series twice at one time (both without a timestamp, as always in vLLM's payloads) is a contradiction;
         # at two explicit times it is two points (Go's scenario 7 has such a pair), of which kvwatch reads the
         # newest: an adapter combining copies of a series would have added them up.

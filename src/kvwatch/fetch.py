@@ -418,6 +418,20 @@ DECLARED_CHARSETS = frozenset({"utf-8", "utf8", "utf-8-sig", "utf-16", "us-ascii
                                "latin1"})
 
 
+def _with_bad_comments_replaced(body: bytes) -> str | None:
+    """A UTF-8 body whose every undecodable byte is in a plain comment line (not HELP or TYPE), those bytes replaced
+    by U+FFFD; else None. Prometheus' scrape reads such a page (its lexer skips a comment unread; a HELP text or a
+    label value that is not UTF-8 fails the scrape), and kvwatch reads no comment."""
+    text = body.decode("utf-8", errors="surrogateescape")
+    for line in text.split("\n"):
+        if line.isascii() or not any("\udc80" <= c <= "\udcff" for c in line):
+            continue
+        comment = line.lstrip(" \t")
+        if not comment.startswith("#") or comment[1:].split(None, 1)[:1] in (["HELP"], ["TYPE"]):
+            return None
+    return body.decode("utf-8", errors="replace")
+
+
 def decode_body(body: bytes, charset: str | None, source: str) -> str:
     """A body as text in its declared charset when that is one of :data:`DECLARED_CHARSETS`, else as UTF-8. A byte
     the charset cannot read is a ``parse`` error, as Prometheus' parser makes it, never a replacement character in
@@ -429,6 +443,9 @@ def decode_body(body: bytes, charset: str | None, source: str) -> str:
     except UnicodeDecodeError as exc:
         if body.startswith(b"\x1f\x8b"):
             raise ScrapeError("parse", UNDECLARED_GZIP) from None
+        text = _with_bad_comments_replaced(body) if exc.encoding == "utf-8" else None
+        if text is not None:
+            return text
         line = body.count(b"\n", 0, exc.start) + 1
         where = f"{source}: " if source else ""
         raise ScrapeError("parse", f"{where}line {line}: invalid {exc.encoding} ({exc.reason} at byte "

@@ -215,3 +215,5 @@ class Poll:
     undetermined: tuple[tuple[SeriesKey, str, str], ...] = ()
     # Series the payload held beyond the reader's max_series (left out of ``readings``).
     series_dropped: int = 0
+    # Why each histogram or summary the page holds was left unread (Exposition.spoiled): its figures are unknown.
+    unread: tuple[str, ...] = ()

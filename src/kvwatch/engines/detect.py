@@ -127,6 +127,7 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
     # (an operator who names the page's own metrics with the override flags reads it as before)
     prefixed = unprefixed_vllm(text) if not (overrides and overrides.names()) else None
     exposition = parse(text if prefixed is None else prefixed, wanted, limit.admit if limit is not None else None)
+    spoiled = exposition.spoiled
     pending = _refuse_unmatched(exposition, overrides)
     # (an operator's selectors name the page's own labels, {stage="0"}: then it is read as it is)
     staged = engines_from_stages(exposition) if not (overrides and overrides.names()) else None
@@ -175,6 +176,9 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
                                                              "capacity_metric") if getattr(d, f)}))
     if limit is not None and limit.refused:
         poll = replace(poll, series_dropped=poll.series_dropped + len(limit.refused))
+    if spoiled:
+        poll = replace(poll, unread=tuple(f"{name} is not read ({why}): Prometheus stores it as written, but kvwatch "
+                                          "cannot read it as a distribution" for name, why in spoiled.items()))
     if pending:
         fields = {"usage": "kv_usage_ratio", "running": "requests_running", "waiting": "requests_waiting"}
         poll = replace(poll, undetermined=poll.undetermined + tuple(

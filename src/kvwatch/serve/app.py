@@ -378,8 +378,9 @@ class Sidecar:
 
     def _log_undetermined(self, poll: Poll) -> None:
         """A warning when the set of values the page holds but does not determine changes (an override matching no
-        sample yet, vLLM's disagreeing pid copies): they are unknown, not exported, and this says why."""
-        reasons = tuple(sorted({why for _, _, why in poll.undetermined}))
+        sample yet, vLLM's disagreeing pid copies, a histogram it cannot read): they are unknown, not exported, and
+        this says why."""
+        reasons = tuple(sorted({why for _, _, why in poll.undetermined} | set(poll.unread)))
         if not reasons:
             self._unknown_log.change((), logging.INFO, "target %s: every value it holds is read again", self.target)
             return
