@@ -728,3 +728,9 @@ def test_a_cache_config_labelled_engine_empty_is_every_engines() -> None:
             lines.append(line.replace('engine="0"', 'engine="1"'))
     readings = vllm.read(parse("\n".join(lines) + "\n", vllm.wanted_for(None)), None, timestamp=0.0).readings
     assert [(r.engine, r.num_gpu_blocks) for r in readings] == [("0", 9271), ("1", 9271)]
+    # Beside an engine's own set it is nobody's share: engine 0's blocks were halved (review, round 20).
+    both = (FIXTURES / "gen-0.11.0-gptoss-issue28924.prom").read_text()
+    config = next(line for line in both.splitlines() if line.startswith("vllm:cache_config_info{"))
+    both = both.replace(config, config + "\n" + config.replace('engine="0"', 'engine=""'))
+    reading = vllm.read(parse(both, vllm.wanted_for(None)), None, timestamp=0.0).readings[0]
+    assert reading.num_gpu_blocks == 9271 and reading.cache_config["engine"] == "0"
