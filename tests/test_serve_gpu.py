@@ -233,6 +233,8 @@ def test_a_gpu_read_that_never_returns_stops_neither_the_polls_nor_the_exit(capl
             assert all(s.health.up for s in states)  # the engine's polls go on
             assert [s.gpu.up for s in states] == [False, False, False]
             assert states[-1].gpu.errors_total["timeout"] == 3
+            # the poll's duration holds the wait for the GPU read (it left that out: 0.0x s, review round 20)
+            assert all(s.health.scrape_duration_seconds >= 0.5 for s in states)
             assert calls == ["read", "read"]  # one read at a time: the hung one is not queued behind
             assert any("GPU memory source failing" in r.getMessage() for r in caplog.records)
             threads = [th for th in threading.enumerate() if th.name.startswith("kvwatch-gpu")]

@@ -297,7 +297,7 @@ class Sidecar:
                 return previous
             if latency:
                 self._latency_read_at = now
-            state = self._up_state(poll, previous, now, started, gpu_read)
+            state = self._up_state(poll, previous, now, gpu_read)
             if state is None:
                 return previous
         except ScrapeError as exc:
@@ -305,35 +305,35 @@ class Sidecar:
             if self._stopping:
                 return previous
             big = big or exc.reason == "too_large"
-            state = self._down_state(exc, previous, now, started, errors, gpu_read,
+            state = self._down_state(exc, previous, now, errors, gpu_read,
                                      cause=exc.__cause__ if exc.reason == "internal" else None)
         except Exception as exc:  # kvwatch's own bug meeting this input: counted and reported down, never frozen
             text = ""
             if self._stopping:
                 return previous
             failure = ScrapeError("internal", f"kvwatch failed on this poll: {type(exc).__name__}: {exc}")
-            state = self._down_state(failure, previous, now, started, errors, gpu_read, cause=exc)
-        state = replace(state, finished=self.clock())
+            state = self._down_state(failure, previous, now, errors, gpu_read, cause=exc)
+        # (measured here, so that it holds the wait for the GPU read too)
+        state = replace(state, finished=self.clock(), health=replace(
+            state.health, scrape_duration_seconds=time.monotonic() - started))
         self.state = state  # the one atomic swap readers see
         if big:
             release_memory()
         return state
 
-    def _down_state(self, exc: ScrapeError, previous: State, now: float, started: float, errors: dict[str, int],
+    def _down_state(self, exc: ScrapeError, previous: State, now: float, errors: dict[str, int],
                     gpu_read: GpuRead | None, cause: BaseException | None = None) -> State:
         """The state of a failed poll: the last good one, reported down, its error counted (``cause``: the
         exception behind an ``internal`` failure, whose traceback the log line carries)."""
         errors[exc.reason] += 1
-        health = replace(previous.health, up=False, scrape_duration_seconds=time.monotonic() - started,
-                         errors_total=MappingProxyType(errors), last_error_reason=exc.reason,
+        health = replace(previous.health, up=False, errors_total=MappingProxyType(errors), last_error_reason=exc.reason,
                          last_error=str(exc), polls_total=previous.health.polls_total + 1)
         self._status_log.change(("down", exc.reason), logging.ERROR if cause else logging.WARNING,
                                 "target %s is down (%s): %s", self.target, exc.reason, exc, exc_info=cause)
         return replace(previous, timestamp=now, health=health,
                        gpu=self._gpu_state(gpu_read, now, {}, engine_serving=False))
 
-    def _up_state(self, poll: Poll, previous: State, now: float, started: float,
-                  gpu_read: GpuRead | None) -> State | None:
+    def _up_state(self, poll: Poll, previous: State, now: float, gpu_read: GpuRead | None) -> State | None:
         """The state of a good poll; None when SIGTERM came while its series were analysed."""
         poll, dropped = self._cap(poll)
         implausible = self._count_implausible(poll, previous.health.implausible_total)
@@ -349,8 +349,7 @@ class Sidecar:
             if self._stopping:  # up to --max-series analyses: SIGTERM does not wait for them
                 return None
             series[reading.key] = self._series(reading, now)
-        health = replace(previous.health, up=True, scrape_duration_seconds=time.monotonic() - started,
-                         last_success_timestamp=now, last_success_wall_seconds=time.time(),
+        health = replace(previous.health, up=True, last_success_timestamp=now, last_success_wall_seconds=time.time(),
                          polls_total=previous.health.polls_total + 1,
                          series_dropped_total=previous.health.series_dropped_total + dropped,
                          implausible_total=implausible)

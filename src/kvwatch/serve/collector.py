@@ -99,7 +99,8 @@ def _health(state: State, polling: bool = True) -> Iterator[Metric]:
         value=1.0 if health.up and polling else 0.0)
     if health.scrape_duration_seconds is not None:
         yield GaugeMetricFamily("kvwatch_scrape_duration_seconds",
-                                "Duration of the last poll of the target (fetch, parse, analyse).",
+                                "Duration of the last poll of the target (fetch, parse, analyse, and the wait for "
+                                "the GPU memory read when --dcgm-url or --nvml gives one).",
                                 value=health.scrape_duration_seconds)
     errors = CounterMetricFamily("kvwatch_scrape_errors", "Failed polls of the target, by reason.",
                                  labels=["reason"])
