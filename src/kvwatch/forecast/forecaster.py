@@ -556,6 +556,12 @@ class Forecaster:
         calm = risk < p.risk_off if risk is not None else warm and idle
         self._latch.update(self._raw, calm, saturated)
 
+    def _warning_stands(self, now: float) -> bool:
+        """The warning is on, and a risk has backed it within its horizon (past that, what it warned of is past:
+        the latch clears at the next minute's close, and a result before then must not show it)."""
+        known = self._risk_known_at
+        return self._latch.active and known is not None and now - known <= self.params.warning.horizon_seconds
+
     def _warm(self, now: float) -> bool:
         return (
             self._warm_after is not None
@@ -574,10 +580,12 @@ class Forecaster:
             return BOTTLENECK
         if d.scheduler_limited:
             return SCHEDULER_LIMITED
+        if self._warning_stands(now):
+            # (also while re-warming after a gap: the warning stands, its risk unknown until warm; shown as
+            # warming_up, it resolved the alert minutes before the saturation it had predicted: review, round 21)
+            return FILLING
         if not self._warm(now):
             return WARMING_UP
-        if self._latch.active:
-            return FILLING
         return OK
 
     def _result(self, sample: ForecastSample) -> ForecastResult:
@@ -595,6 +603,8 @@ class Forecaster:
             risks = {h: (1.0 if r is None else r) for h, r in risks.items()}
         elif risk_now is not None:
             eta = risk_now.eta_seconds()
+        elif state == FILLING:
+            eta = None  # the warning stands through a re-warm; when it would come is unknown until warm
         elif not warm or self._nothing_to_project(sample.running, sample.waiting, sample.kv_usage or 0.0):
             eta = math.inf  # warming up, or a known rate with nothing to project, or an idle engine
         else:
