@@ -98,6 +98,20 @@ def test_a_filtered_parse_takes_escapes_metadata_and_a_last_line_as_prometheus_s
             parse(strict)
 
 
+def test_a_filtered_parse_reads_a_hash_glued_to_help_or_type_as_a_comment() -> None:
+    # (review, round 21) Prometheus' scrape lexer (promlex.l) needs a blank after '#' before HELP or TYPE: '#TYPE x
+    # bogus' is a comment, the page up; kvwatch refused it ("unknown metric type"), and read '#TYPE a histogram'
+    # before a gauge's own TYPE line as the family's type. expfmt (the full parse) skips no blank and reads it.
+    page = "#TYPE a bogus\n#HELP a not this\n# TYPE a gauge\n# HELP a this\na 1\n#TYPE b histogram\nb 2\n"
+    read = parse(page, {"a", "b"})
+    a, b = read.get("a"), read.get("b")
+    assert a is not None and (a.type, a.help, a.samples[0].value) == ("gauge", "this", 1.0)
+    assert b is not None and b.type == "untyped"
+    with pytest.raises(ParseError, match="unknown metric type 'bogus'"):
+        parse(page)
+    assert parse("#\tTYPE a gauge\na 1\n", {"a"}).get("a").type == "gauge"  # a tab is a blank
+
+
 def test_a_filtered_parse_drops_a_distribution_it_cannot_read_and_keeps_the_page() -> None:
     # (review, round 20; Prometheus 2.42 scraped each page, up, the samples stored as written) A histogram with
     # le="abc" or a negative count, a summary with quantile="x": kvwatch refused the whole page, KV usage with it.

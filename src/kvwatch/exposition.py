@@ -648,6 +648,8 @@ class _Parser:
         return self._metadata(keyword, name, after, line, lineno, stop)
 
     def _comment_careful(self, line: str, lineno: int, stop: int) -> int | None:
+        if self.lenient and line[1:2] not in (" ", "\t"):
+            return None  # '#TYPE x': Prometheus' scrape (promlex.l) needs a blank after '#', else it is a comment
         body = line[1:].lstrip(" \t")
         keyword, sep, rest = _split_blank(body)
         if keyword not in ("HELP", "TYPE") or not sep:

@@ -290,8 +290,8 @@ class Fetcher:
 
         httpx's own gzip decoder inflates each network chunk whole: one 64 KiB chunk of a gzip bomb is
         ~64 MiB decoded before any cap can look at it, so the raw bytes are inflated here."""
-        reader = CappedBody(_decompressor(response.headers.get("Content-Encoding", ""), self.url),
-                            self.max_body_bytes, self.url)
+        reader = CappedBody(_decompressor(response.headers.get("Content-Encoding", "")), self.max_body_bytes,
+                            self.url)
         try:
             async for raw in response.aiter_raw():
                 reader.feed(raw)
@@ -369,16 +369,13 @@ class CappedBody:
         return self.body
 
 
-def _decompressor(content_encoding: str, url: str) -> Any:
-    """A zlib decompressor for the body's ``Content-Encoding`` (None for identity); kvwatch asks for gzip only."""
-    encoding = content_encoding.strip().lower()
-    if encoding in ("", "identity"):
-        return None
-    if encoding in ("gzip", "x-gzip"):
+def _decompressor(content_encoding: str) -> Any:
+    """A zlib decompressor for a gzip body (kvwatch asks for gzip only); None for any other ``Content-Encoding``,
+    whose bytes are read as they are, as Prometheus reads them: servers that label a plain page ``UTF-8``, ``none``
+    or ``deflate`` were refused (review, round 21), and a body really compressed otherwise fails its parse."""
+    if content_encoding.strip().lower() in ("gzip", "x-gzip"):
         return zlib.decompressobj(16 + zlib.MAX_WBITS)
-    if encoding == "deflate":
-        return zlib.decompressobj()
-    raise ScrapeError("parse", f"{url}: unsupported Content-Encoding {content_encoding!r} (kvwatch asks for gzip)")
+    return None
 
 
 def _next_member(following: bytes, url: str) -> Any:
@@ -427,7 +424,9 @@ def _with_bad_comments_replaced(body: bytes) -> str | None:
         if line.isascii() or not any("\udc80" <= c <= "\udcff" for c in line):
             continue
         comment = line.lstrip(" \t")
-        if not comment.startswith("#") or comment[1:].split(None, 1)[:1] in (["HELP"], ["TYPE"]):
+        # (HELP and TYPE lines are '#', blanks, the keyword, a blank: '#HELP x' is a comment, as in promlex.l)
+        if not comment.startswith("#") or (comment[1:2] in (" ", "\t") and comment[1:].split(None, 1)[:1] in (
+                ["HELP"], ["TYPE"])):
             return None
     return body.decode("utf-8", errors="replace")
 
