@@ -336,3 +336,36 @@ def test_a_histogram_kvwatch_cannot_read_is_logged_once_and_the_page_is_up(
             clock.t += 5.0
     assert caplog.text.count("vllm:e2e_request_latency_seconds is not read (line 6: negative bucket") == 1
     assert "every value it holds is read again" in caplog.text
+
+
+def test_a_page_without_cache_config_for_a_poll_keeps_the_engines_capacity(no_kvwatch_env: None) -> None:
+    # (review, round 21) The capacity went from the engine's 448,000 tokens to the formula's 449,872 for that poll,
+    # and the forecaster, reading a new capacity as a restart, cleared a `filling` warning.
+    import httpx
+    import respx
+
+    from kvwatch.fetch import Fetcher
+    from kvwatch.serve.app import Sidecar
+    from kvwatch.settings import ServeSettings
+
+    url = "http://vllm.test/metrics"
+    labels = 'engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"'
+    config = (f'vllm:cache_config_info{{block_size="16",cache_dtype="auto",{labels.split(",")[0]},'
+              'gpu_memory_utilization="0.92",num_gpu_blocks="28000"} 1.0\n')
+
+    def page(with_config: bool) -> str:
+        return (f"vllm:kv_cache_usage_perc{{{labels}}} 0.5\nvllm:num_requests_running{{{labels}}} 4\n"
+                f"vllm:num_requests_waiting{{{labels}}} 0\nprocess_start_time_seconds 1.7e9\n"
+                + (config if with_config else ""))
+
+    clock = ManualClock()
+    with respx.mock, Fetcher(url, timeout=1.0, max_body_bytes=1 << 20) as fetcher:
+        route = respx.get(url)
+        sidecar = Sidecar(ServeSettings(target_url=url, poll_interval_seconds=5, gpu="H100"), fetcher, clock)
+        capacities = []
+        for with_config in (True, True, False, True):
+            route.mock(return_value=httpx.Response(200, text=page(with_config)))
+            reading = sidecar.poll().series[("meta-llama/Llama-3.1-8B-Instruct", "0")].reading
+            capacities.append((reading.kv_capacity_tokens, reading.capacity_source))
+            clock.t += 5.0
+    assert capacities == [(448000.0, None)] * 4

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import MappingProxyType
 
 import pytest
@@ -134,3 +135,44 @@ def test_a_counter_a_rounding_lower_is_no_restart() -> None:
                                         preemptions_total=42.0)) is None
     assert restart_reason(base, reading(process_start_time_seconds=100.0, request_prompt_tokens_sum=200000.0,
                                         preemptions_total=41.0)) == "preemptions_total went down"
+
+
+def test_a_restart_is_told_against_each_signals_last_known_value() -> None:
+    # (review, round 21) One page with only the gauges (a transitional page, an override-only target) between two
+    # engines: each signal was compared with the previous poll's only, so the next engine's start (counters from 0,
+    # a new start time, 4x the blocks) went unseen and its forecast mixed both engines' history.
+    config = MappingProxyType({"num_gpu_blocks": "2048", "block_size": "16"})
+    old = reading(process_start_time_seconds=1.0, preemptions_total=500.0, cache_config=config)
+    new = reading(process_start_time_seconds=2.0, preemptions_total=0.0,
+                  cache_config=MappingProxyType({"num_gpu_blocks": "8192", "block_size": "16"}))
+    for changed in (new, replace(new, process_start_time_seconds=None, cache_config=MappingProxyType({})),
+                    replace(new, preemptions_total=None, cache_config=MappingProxyType({}))):
+        h = SeriesHistory()
+        h.append(0.0, old)
+        assert h.append(5.0, reading(kv_usage_ratio=0.5)) is None  # only the gauges
+        assert h.append(10.0, changed) is not None, changed
+    h = SeriesHistory()  # the same engine again after the page without them: no restart
+    h.append(0.0, old)
+    h.append(5.0, reading())
+    assert h.append(10.0, replace(old, preemptions_total=510.0)) is None and h.restarts == 0
+
+
+def test_a_page_without_cache_config_keeps_the_processs_engine_configuration() -> None:
+    # (review, round 21) One page without vllm:cache_config_info took the capacity from the engine's blocks to the
+    # formula's (448,000 -> 449,872 tokens): the forecaster read a new capacity as a restart and cleared its warning.
+    d = Detection("vllm", "0.12-0.2x", "vllm:kv_cache_usage_perc")
+    config = MappingProxyType({"num_gpu_blocks": "28000", "block_size": "16"})
+    engine = reading(process_start_time_seconds=1.0, cache_config=config, kv_capacity_tokens=448000.0,
+                     num_gpu_blocks=28000.0, block_size=16.0, kv_max_concurrency=3.4, max_model_len=131072.0)
+    history = History()
+    history.record(Poll(0.0, d, (engine,)))
+    bare = reading(process_start_time_seconds=1.0, kv_usage_ratio=0.6)
+    assert history.record(Poll(5.0, d, (bare,))) == {}
+    kept = history.completed(bare)
+    assert (kept.cache_config, kept.kv_capacity_tokens, kept.num_gpu_blocks, kept.block_size,
+            kept.kv_max_concurrency, kept.max_model_len, kept.kv_usage_ratio) == (
+        config, 448000.0, 28000.0, 16.0, 3.4, 131072.0, 0.6)
+    # after a restart the old process's configuration is nobody's
+    restarted = reading(process_start_time_seconds=9.0)
+    assert history.record(Poll(10.0, d, (restarted,))) != {}
+    assert history.completed(restarted) is restarted

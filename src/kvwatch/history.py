@@ -4,8 +4,10 @@ One :class:`SeriesHistory` per ``(model_name, engine)``, a ring of the last ``ma
 ``keep_seconds`` is given, of those polls no older than that: the longest window a reader asks for). Rates
 follow Prometheus' ``rate()``: a counter that goes down was reset, and its new value is the increase since
 the reset. A restart of vLLM is recognised when any counter goes down, ``process_start_time_seconds``
-changes, or ``vllm:cache_config_info`` changes (a new KV configuration); it is counted and stamped so that
-analyzers can discard what came before (``samples(since_restart=True)``).
+changes, or ``vllm:cache_config_info`` changes (a new KV configuration), each against its last known value (a page
+without one of them for a poll forgot it: the next engine's start went unseen); it is counted and stamped so that
+analyzers can discard what came before (``samples(since_restart=True)``). Within one process the engine's KV
+configuration cannot change, so a page without ``cache_config_info`` keeps the last one (:meth:`History.completed`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,21 @@ _SHARED_FIELDS: tuple[str, ...] = ("model_name", "engine", "cache_config", "wait
 
 
 _NO_REASONS: Mapping[str, float] = MappingProxyType({})
+
+# What a reading reads from the engine's KV configuration (cache_config_info), kept through a page without it.
+ENGINE_CONFIG_FIELDS: tuple[str, ...] = ("kv_capacity_tokens", "kv_max_concurrency", "max_model_len", "num_gpu_blocks",
+                                         "block_size")
+
+
+def _with_known_signals(known: Reading, reading: Reading) -> Reading:
+    """``reading`` with each restart signal it lacks (:func:`restart_reason`) at its value in ``known``."""
+    fields: dict[str, object] = {name: getattr(known, name) for name in (*COUNTER_FIELDS, "process_start_time_seconds")
+                                 if getattr(reading, name) is None and getattr(known, name) is not None}
+    if not reading.cache_config and known.cache_config:
+        fields["cache_config"] = known.cache_config
+    if not reading.finished_by_reason and known.finished_by_reason:
+        fields["finished_by_reason"] = known.finished_by_reason
+    return replace(reading, **fields) if fields else reading
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +98,10 @@ class SeriesHistory:
         self.restarts = 0
         self.last_restart_timestamp: float | None = None
         self.last_restart_reason: str | None = None
+        # The newest reading with each restart signal at its last known value; the newest reading of this process
+        # with a cache_config (what a page without one keeps).
+        self._known: Reading | None = None
+        self._configured: Reading | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -96,11 +117,17 @@ class SeriesHistory:
         """Record one reading; returns the restart reason when this reading starts a new vLLM process."""
         if self._entries and timestamp <= self._entries[-1].timestamp:
             raise ValueError(f"timestamps must increase: {timestamp} after {self._entries[-1].timestamp}")
-        reason = restart_reason(self._entries[-1].reading, reading) if self._entries else None
+        known = self._known
+        reason = restart_reason(known, reading) if known is not None else None
         if reason is not None:
             self.restarts += 1
             self.last_restart_timestamp = timestamp
             self.last_restart_reason = reason
+        self._known = reading if known is None or reason is not None else _with_known_signals(known, reading)
+        if reading.cache_config:
+            self._configured = reading
+        elif reason is not None:
+            self._configured = None
         shared = self._shared(reading)
         if self._entries:
             # Only the newest entry's per-reason counts are read (restart_reason, on the next append); an older
@@ -123,6 +150,16 @@ class SeriesHistory:
             totals.append(timestamp, step)
             self._last_value[name] = value
         return reason
+
+    def completed(self, reading: Reading) -> Reading:
+        """``reading`` (this series' newest) with the engine configuration it lacks at this process's last one: a
+        page without ``cache_config_info`` for a poll made the capacity the formula's, and the forecaster took
+        the change for a restart and cleared its warning (review, round 21)."""
+        configured = self._configured
+        if configured is None or reading.cache_config:
+            return reading
+        fields = {name: getattr(configured, name) for name in ENGINE_CONFIG_FIELDS if getattr(reading, name) is None}
+        return replace(reading, cache_config=configured.cache_config, **fields)
 
     def _drop_before(self, timestamp: float) -> None:
         """Make room for an entry at ``timestamp``: the oldest goes when the ring is full, and with
@@ -268,6 +305,11 @@ class History:
 
     def keys(self) -> Iterable[SeriesKey]:
         return self._series.keys()
+
+    def completed(self, reading: Reading) -> Reading:
+        """:meth:`SeriesHistory.completed` of the reading's series (after :meth:`record`)."""
+        series = self._series.get(reading.key)
+        return series.completed(reading) if series is not None else reading
 
     def record(self, poll: Poll) -> dict[SeriesKey, str]:
         """Append every reading of ``poll``; returns the series that restarted, with the reason."""
