@@ -134,6 +134,18 @@ def test_no_rendered_map_writes_a_key_twice(args: list[str]) -> None:
         assert only(objects, "Service")["metadata"]["labels"]["app.kubernetes.io/version"] == "1.2"
 
 
+def test_a_model_cache_claim_without_enabled_fails_instead_of_mounting_nothing() -> None:
+    # (review, round 21) docs/deploy.md named existingClaim alone; the chart rendered no volume, no HF_HOME, no error.
+    from helm_helpers import render, render_fails
+
+    message = render_fails(*MINIMAL, "--set", "vllm.modelCache.existingClaim=weights")
+    assert "vllm.modelCache.existingClaim names weights" in message and "enabled=true" in message
+    objects = render(*MINIMAL, "--set", "vllm.modelCache.existingClaim=weights",
+                     "--set", "vllm.modelCache.enabled=true")
+    volumes = only(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "weights"}} in volumes
+
+
 def test_a_gpu_count_in_vllms_resources_is_refused_not_written_twice() -> None:
     from helm_helpers import render_fails
 
