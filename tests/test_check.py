@@ -1221,3 +1221,19 @@ def test_a_histogram_kvwatch_cannot_read_is_named_and_the_page_read(tmp_path: Pa
     captured = capsys.readouterr()
     assert json.loads(captured.out)["series"][0]["kv_usage_ratio"] == 0.1
     assert "vllm:e2e_request_latency_seconds is not read (line " in captured.err and "'abc'" in captured.err
+
+
+def test_models_without_a_plan_for_one_reason_are_named_on_one_line(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    # (review, round 21) three models, one line each saying the same "the memory budget needs the GPU"
+    lines = []
+    for model in ("meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-7B-Instruct"):
+        labels = f'engine="0",model_name="{model}"'
+        lines += [f"vllm:kv_cache_usage_perc{{{labels}}} 0.97", f"vllm:num_requests_running{{{labels}}} 30",
+                  f"vllm:num_requests_waiting{{{labels}}} 6"]
+    payload = tmp_path / "two.prom"
+    payload.write_text("\n".join(lines) + "\n")
+    main(["check", "--file", str(payload)])
+    said = [line for line in capsys.readouterr().err.splitlines() if "no capacity plan" in line]
+    assert len(said) == 1 and "no capacity plan for Qwen/Qwen2.5-7B-Instruct, meta-llama/Llama-3.1-8B-Instruct: " \
+        "the memory budget needs the GPU" in said[0], said

@@ -239,18 +239,18 @@ def _capacity_plans(settings: CheckSettings,
     resolver = CapacityResolver(settings)
     plans: dict[str, CapacityPlan] = {}
     kv_groups: dict[str, int] = {}
-    reasons: list[str] = []
+    unsized: dict[str, list[str]] = {}  # why -> the models (one line for models that share the reason: a card)
     first = {r.model_name: r for r in reversed(poll.readings)}  # the first engine's cache_config_info labels
     for name in sorted(first):
         capacity, why = resolver.sidecar(first[name])  # the plans serve resolves, the same way
         if capacity is not None:
             plans[name] = capacity.plan
         else:
-            reasons.append(f"{name}: {why}")
+            unsized.setdefault(why, []).append(name)
             groups = resolver.kv_groups(first[name])
             if groups:
                 kv_groups[name] = groups
-    return plans, kv_groups, reasons
+    return plans, kv_groups, [f"{', '.join(names)}: {why}" for why, names in unsized.items()]
 
 
 def build_report(poll: Poll, max_model_len: int | None = None,
