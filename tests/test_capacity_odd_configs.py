@@ -86,3 +86,24 @@ def test_a_pure_mamba_model_is_refused_as_attention_free(model_type):
 def test_exaone4_letter_pattern_without_a_window_is_all_global():
     cfg = {**LLAMA, "model_type": "exaone4", "sliding_window": None, "sliding_window_pattern": "LLLG"}
     assert set(arch_from_config(cfg).layer_types) == {"full_attention"}
+
+
+@pytest.mark.parametrize(("changes", "named"), [
+    ({"model_type": "bailing_moe_linear", "layer_group_size": 5}, "layer_group_size"),  # Ring-mini-linear-2.0
+    ({"model_type": "recurrent_gemma", "block_types": ["recurrent", "recurrent", "attention"],
+      "attention_window_size": 2048}, "block_types, attention_window_size"),
+    ({"model_type": "hunyuan_v1_moe", "use_cla": True, "cla_share_factor": 2}, "use_cla"),
+])
+def test_a_layer_layout_kvwatch_does_not_read_is_named_not_planned_silently(changes, named):
+    # (review, round 21) each was planned as full attention in every layer, without a word (Ring-mini-linear: 5x the
+    # KV per token of its 4 softmax layers in 20)
+    notes = arch_from_config({**LLAMA, **changes}).notes
+    assert any(f"config.json has {named}: a layer layout kvwatch does not read" in n for n in notes), notes
+
+
+def test_layout_fields_kvwatch_reads_or_that_change_nothing_give_no_such_note():
+    for changes in ({"model_type": "jamba", "attn_layer_period": 8, "attn_layer_offset": 4, "mamba_d_state": 16,
+                     "mamba_d_conv": 4, "mamba_expand": 2},
+                    {"model_type": "hunyuan_v1_moe", "use_cla": False, "cla_share_factor": 2}, {}):
+        notes = arch_from_config({**LLAMA, **changes}).notes
+        assert not any("a layer layout kvwatch does not read" in n for n in notes), (changes, notes)

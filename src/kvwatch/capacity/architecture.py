@@ -422,6 +422,12 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
     elif layout is not None and is_hybrid:
         notes.append(f"hybrid Mamba/linear-attention model ({layout.source}): the KV cache is counted for its "
                      f"{attention} attention layers of {num_layers}; {not_modelled}")
+    unread = unread_layout_fields(cfg) if layout is None and set(layer_types) == {FULL} else []
+    if unread:
+        notes.append(f"config.json has {', '.join(unread)}: a layer layout kvwatch does not read for model_type "
+                     f"{model_type or '(none)'}, so all {num_layers} layers are counted as full attention, which can "
+                     "be far off; size it from vLLM's startup log ('GPU KV cache size', --available-kv-gib and "
+                     "--kv-bytes-per-token)")
     kv_shared = kv_shared_layer_count(cfg, num_layers, model_type)
     if kv_shared:
         notes.append(f"KV sharing (num_kv_shared_layers): the last {kv_shared} of {num_layers} layers reuse earlier "
@@ -514,6 +520,20 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         architectures=architectures,
         mamba_ssm_cache_dtype=_ssm_state_dtype(cfg) if is_hybrid else None,
     )
+
+
+# config.json fields that lay out a model's layers differently (some layers without KV, windowed, or sharing
+# another's), where kvwatch reads them only for the model types it knows (kvwatch.capacity.layers): on another type
+# they mean a layout kvwatch does not model (review, round 21: Ring-mini-linear's layer_group_size, RecurrentGemma's
+# block_types, Hunyuan's use_cla were planned as plain attention in every layer without a word).
+UNREAD_LAYOUT_FIELDS = ("layer_group_size", "block_types", "attention_window_size", "use_cla", "full_attn_idxs",
+                        "layers_block_type", "layer_block_type", "hybrid_override_pattern", "attn_layer_indices",
+                        "attn_layer_period", "linear_attn_config")
+
+
+def unread_layout_fields(cfg: dict[str, Any]) -> list[str]:
+    """The :data:`UNREAD_LAYOUT_FIELDS` ``cfg`` sets (a false ``use_cla`` sets nothing)."""
+    return [key for key in UNREAD_LAYOUT_FIELDS if cfg.get(key) not in (None, False, "", [], {})]
 
 
 def _experts_per_token(cfg: dict[str, Any]) -> int | None:
