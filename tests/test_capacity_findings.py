@@ -160,6 +160,22 @@ def test_a_max_model_len_other_than_the_engines_is_a_warning(capsys):
         assert "max_model_len_mismatch" not in {f["id"] for f in json.loads(capsys.readouterr().out)["findings"]}
 
 
+def test_a_setting_other_than_the_engines_is_a_warning_and_the_advice_says_so(capsys):
+    # (review, round 21) kvwatch given --kv-cache-dtype auto for an engine on fp8: the what-ifs offered FP8 KV as a
+    # 2x gain to an engine that has it, with no word that the flags describe another deployment.
+    path = FIXTURES / "gen-0.20.2-gptoss-two-groups.prom"  # cache_dtype "auto", gpu_memory_utilization "0.9"
+    assert main(["check", "--file", str(path), "--json", "--gpu", "H100", "--kv-cache-dtype", "fp8",
+                 "--gpu-memory-utilization", "0.8"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    found = [f for f in report["findings"] if f["id"] == "engine_setting_mismatch"]
+    assert len(found) == 1 and found[0]["severity"] == "warning"
+    assert "--kv-cache-dtype fp8 where the engine runs cache_dtype auto" in found[0]["message"]
+    assert "--gpu-memory-utilization 0.8 where the engine runs gpu_memory_utilization 0.9" in found[0]["message"]
+    for agreeing in ([], ["--kv-cache-dtype", "bfloat16", "--gpu-memory-utilization", "0.90"]):
+        assert main(["check", "--file", str(path), "--json", "--gpu", "H100", *agreeing]) == 0
+        assert "engine_setting_mismatch" not in {f["id"] for f in json.loads(capsys.readouterr().out)["findings"]}
+
+
 @pytest.mark.parametrize(("flags", "stated"), [
     ([], None),  # a V0 payload does not tell the engine's --max-model-len: the model's default would be a guess
     (["--max-model-len", "40960"], "40,960"),

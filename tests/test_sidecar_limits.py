@@ -323,7 +323,8 @@ def test_the_sidecar_logs_its_capacity_model_once(no_kvwatch_env: None, caplog: 
     from kvwatch.serve.app import load_analyzers
     from kvwatch.serve.sidecar_capacity import CapacityResolver
 
-    settings = ServeSettings(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100", max_model_len=4096)
+    settings = ServeSettings(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100", max_model_len=4096,
+                             kv_cache_dtype="fp8")
     capacity = CapacityResolver(settings)  # one resolver for the sidecar and its analyzers, as run() wires them
     sidecar = Sidecar(settings, Served(body), time.time, load_analyzers(settings, capacity),  # type: ignore[arg-type]
                       capacity=capacity)
@@ -333,6 +334,9 @@ def test_the_sidecar_logs_its_capacity_model_once(no_kvwatch_env: None, caplog: 
     messages = [r.getMessage() for r in caplog.records]
     assert sum("capacity model for llama: kvwatch was given --max-model-len 4,096" in m for m in messages) == 1
     assert sum(m.startswith("capacity model for llama: from vllm:cache_config_info") for m in messages) == 1
+    # a setting other than the engine's, once too (review, round 21: the what-ifs went stale without a word)
+    assert sum("capacity model for llama: kvwatch was given --kv-cache-dtype fp8 where the engine runs cache_dtype "
+               "auto" in m for m in messages) == 1
 
 
 @pytest.mark.parametrize("extra", ["process_start_time_seconds", "vllm:request_prompt_tokens_bucket"])

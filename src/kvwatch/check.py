@@ -139,8 +139,11 @@ def run(args: argparse.Namespace) -> int:
                 print(f"kvwatch check: hint: {hint}", file=sys.stderr)
         return 1
     plans, kv_groups, unsized = _capacity_plans(settings, poll)
+    from kvwatch.capacity.findings import given_engine_settings
+
     report = build_report(poll, settings.max_model_len, plans, gpus_per_node=settings.gpus_per_node,
-                          kv_groups=kv_groups, max_num_seqs=settings.max_num_seqs)
+                          kv_groups=kv_groups, max_num_seqs=settings.max_num_seqs,
+                          given=given_engine_settings(settings))
     if unsized and (any(getattr(settings, f) is not None for f in ("model", "model_config_path", "gpu",
                                                                      "gpu_memory_gib"))
                     or any(series["advice"] for series in report["series"])):
@@ -256,10 +259,12 @@ def _capacity_plans(settings: CheckSettings,
 def build_report(poll: Poll, max_model_len: int | None = None,
                  capacity_plans: Mapping[str, CapacityPlan] | None = None, *,
                  gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
-                 kv_groups: Mapping[str, int] | None = None, max_num_seqs: int | None = None) -> dict[str, Any]:
+                 kv_groups: Mapping[str, int] | None = None, max_num_seqs: int | None = None,
+                 given: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The ``--json`` object (pure). ``capacity_plans`` maps model_name to a CapacityPlan, for the advice;
     ``kv_groups`` the KV groups of known models without one (kvwatch.capacity.series.resolve); ``max_num_seqs``
-    the engine's --max-num-seqs when kvwatch was given it (which limit a standing queue points at)."""
+    the engine's --max-num-seqs when kvwatch was given it (which limit a standing queue points at); ``given`` the
+    deployment settings kvwatch was given that the engine's labels also tell (kvwatch.capacity.findings)."""
     from kvwatch.capacity.series import resolve
 
     plans = capacity_plans or {}
@@ -272,7 +277,7 @@ def build_report(poll: Poll, max_model_len: int | None = None,
               for applied in (capacities[r.key].apply(r) for r in poll.readings)]
     found = findings(states, poll.implausible, _advice_kind(poll.detection), max_num_seqs,
                      undetermined=poll.undetermined) + _capacity_findings(
-        states, plans, max_model_len, capacities, poll.detection.engine_kind)
+        states, plans, max_model_len, capacities, poll.detection.engine_kind, given or {})
     found += _groups_unknown(poll, capacities, set(plans) | set(groups))
     found += _tensor_parallel_unlike_the_plan(poll.readings, plans)
     found.sort(key=lambda f: _SEVERITY_ORDER[f.severity])
@@ -281,7 +286,7 @@ def build_report(poll: Poll, max_model_len: int | None = None,
     bound = {(f.model_name, f.engine) for f in found if f.id == "kv_bound"}
     # (per series for capacity_mismatch; the tensor-parallel finding is said once per model, of all its ranks)
     tp_unlike = {f.model_name for f in found if f.id == "tensor_parallel_mismatch"}
-    mismatched = {(f.model_name, f.engine) for f in found if f.id == "capacity_mismatch"}
+    mismatched = {(f.model_name, f.engine) for f in found if f.id in ("capacity_mismatch", "engine_setting_mismatch")}
     mismatched |= {(r.model_name, r.engine) for r in poll.readings if r.model_name in tp_unlike}
     d = poll.detection
     advice_kind = _advice_kind(d)
@@ -372,7 +377,8 @@ def _groups_unknown(poll: Poll, capacities: Mapping[Any, Any], known_models: set
 
 
 def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any], max_model_len: int | None,
-                       capacities: Mapping[Any, Any], engine_kind: str = VLLM) -> list[Finding]:
+                       capacities: Mapping[Any, Any], engine_kind: str = VLLM,
+                       given: Mapping[str, Any] | None = None) -> list[Finding]:
     """kvwatch.capacity.findings per series: refused settings, formula vs engine, a leak, a request too big. The
     refusals and the formula are vLLM's sums: not given for SGLang or TensorRT-LLM, which size their pools
     their own way (--mem-fraction-static, free_gpu_memory_fraction)."""
@@ -393,6 +399,7 @@ def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any], 
         if r.model_name not in refused:  # per model, not per engine
             refused.add(r.model_name)
             found.append(capacity.max_model_len_mismatch(max_model_len, *engine_max_model_len_of(r)))
+            found.append(capacity.engine_setting_mismatch(given or {}, r.cache_config))
             found += capacity.plan_refusals(plan) if plan is not None and engine_kind == VLLM else []
             found.append(capacity.block_size_label_stale(label_number(r.cache_config.get("block_size")),
                                                          r.block_size))

@@ -6,6 +6,9 @@
   and the likely causes;
 - ``max_model_len_mismatch``: kvwatch was given a ``--max-model-len`` other than the one the engine runs (vLLM
   >= 0.25 tells it through ``cache_config_info``);
+- ``engine_setting_mismatch``: kvwatch was given a ``--kv-cache-dtype``, ``--gpu-memory-utilization`` or
+  ``--block-size`` other than the engine's ``cache_config_info`` says it runs (the what-ifs then offer a change the
+  engine already has: FP8 KV as a 2x gain to an engine on FP8);
 - ``block_size_label_stale``: a Mamba hybrid's ``block_size`` label is the size asked for, not the raised one its
   blocks hold (vllm issue 42966): kvwatch counts the blocks at the raised size;
 - ``kv_usage_stuck``: KV usage near 100 % with nothing running: blocks are not being freed (a leak, vllm issue
@@ -22,11 +25,13 @@ once the same condition (:func:`live_finding`, one definition for both) has held
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kvwatch.capacity.memory import GIB
 from kvwatch.capacity.planner import CUDA_GRAPHS_SUBTRACTED_SINCE
+from kvwatch.capacity.units import DTYPE_BYTES
 
 MISMATCH_RATIO = 0.10
 # A cache_config_info whose kv_cache_max_concurrency was rounded (not vLLM's own str()) pins the length to ~0.1 %.
@@ -134,6 +139,48 @@ def max_model_len_mismatch(given: int | None, engine: int | None, source: str) -
         f"the what-if ceilings use {given:,}, "
         f"the advice the engine's {engine:,}; give kvwatch {engine:,}, or leave --max-model-len unset to take the "
         "engine's."))
+
+
+# The deployment settings the engine's cache_config_info also tells: (setting, flag, label).
+ENGINE_TOLD_SETTINGS = (("kv_cache_dtype", "--kv-cache-dtype", "cache_dtype"),
+                        ("gpu_memory_utilization", "--gpu-memory-utilization", "gpu_memory_utilization"),
+                        ("block_size", "--block-size", "block_size"))
+
+
+def _kv_element_bytes(dtype: str) -> int | None:
+    # "auto" is the model's dtype: 2 bytes for the models vLLM serves (an fp32 checkpoint runs as bf16/fp16)
+    return 2 if dtype == "auto" else DTYPE_BYTES.get(dtype)
+
+
+def _same_setting(name: str, given: Any, told: str) -> bool:
+    """Whether a given setting and the engine's label say the same for the plan (KV dtypes: the same size)."""
+    if name == "kv_cache_dtype":
+        a, b = str(given).lower(), told.lower()
+        return a == b or (_kv_element_bytes(a) is not None and _kv_element_bytes(a) == _kv_element_bytes(b))
+    try:
+        return abs(float(given) - float(told)) <= 1e-9 * max(1.0, abs(float(given)))
+    except ValueError:
+        return True  # a label that is no number tells nothing
+
+
+def given_engine_settings(settings: Any) -> dict[str, Any]:
+    """The :data:`ENGINE_TOLD_SETTINGS` passed to kvwatch as a flag or variable (pydantic's ``model_fields_set``)."""
+    return {name: getattr(settings, name) for name, _, _ in ENGINE_TOLD_SETTINGS if name in settings.model_fields_set}
+
+
+def engine_setting_mismatch(given: Mapping[str, Any], cache_config: Mapping[str, str]) -> CapacityFinding | None:
+    """A finding when a setting kvwatch was given (``given``: setting name -> value, only those passed) differs from
+    what the engine's ``cache_config_info`` says it runs (:data:`ENGINE_TOLD_SETTINGS`)."""
+    differ = [f"{flag} {given[name]} where the engine runs {label} {cache_config[label]}"
+              for name, flag, label in ENGINE_TOLD_SETTINGS
+              if name in given and given[name] is not None and cache_config.get(label) not in (None, "", "None")
+              and not _same_setting(name, given[name], cache_config[label])]
+    if not differ:
+        return None
+    return CapacityFinding("engine_setting_mismatch", "warning", (
+        f"kvwatch was given {'; '.join(differ)}. The formula and the what-if ceilings use what kvwatch was given, so "
+        "they describe another deployment (a what-if may offer what the engine already has); give kvwatch the "
+        "engine's values, or leave them unset to take the engine's."))
 
 
 def kv_usage_stuck(usage: float | None, running: float | None, waiting: float | None,

@@ -21,7 +21,15 @@ from types import MappingProxyType
 
 from prometheus_client.core import GaugeMetricFamily
 
-from kvwatch.capacity.findings import LIVE_FINDINGS, SUSTAINED_SECONDS, HeldSince, live_finding, max_model_len_mismatch
+from kvwatch.capacity.findings import (
+    LIVE_FINDINGS,
+    SUSTAINED_SECONDS,
+    HeldSince,
+    engine_setting_mismatch,
+    given_engine_settings,
+    live_finding,
+    max_model_len_mismatch,
+)
 from kvwatch.capacity.series import engine_max_model_len_of, formula_in_engine_terms, max_model_len_of
 from kvwatch.derived import observed_mix_ceiling
 from kvwatch.engines.vllm import override_blocks
@@ -58,6 +66,7 @@ class CapacityAnalyzer:
         # resolver is the sidecar's one, shared with the forecaster's advice (kvwatch.serve.app.run).
         self._capacity = capacity or CapacityResolver(settings)
         self._max_model_len = settings.max_model_len  # as given (None: the engine's is taken, see sidecar_capacity)
+        self._given = given_engine_settings(settings)  # the others the engine's labels tell, as given
         # A model kvwatch was told of and cannot plan is a setting to fix (a warning); one it guessed from the
         # engine's model name is not.
         self._model_given = settings.model is not None or settings.model_config_path is not None
@@ -85,9 +94,10 @@ class CapacityAnalyzer:
             say, warn = (log.info, log.warning) if loud else (log.debug, log.debug)
             if self._logged == MAX_LOGGED_PLANS + 1:
                 log.info("capacity model: more models than %d, further per-model lines at DEBUG", MAX_LOGGED_PLANS)
-            mismatch = max_model_len_mismatch(self._max_model_len, *engine_max_model_len_of(reading))
-            if mismatch is not None:
-                warn("capacity model for %s: %s", reading.model_name, mismatch.message)
+            for mismatch in (max_model_len_mismatch(self._max_model_len, *engine_max_model_len_of(reading)),
+                             engine_setting_mismatch(self._given, reading.cache_config)):
+                if mismatch is not None:
+                    warn("capacity model for %s: %s", reading.model_name, mismatch.message)
             if capacity is None:
                 (warn if self._model_given else say)("capacity model off for %s: %s", reading.model_name, why)
             else:
