@@ -50,6 +50,14 @@ def test_serve_analyzer_exports_state_and_unknown_for_missing_or_stale_series():
     assert _states(stale, "0")["unknown"] == 1.0 and _states(stale, "1")["unknown"] == 1.0
     assert not any(f.name == "kvwatch_kv_exhaustion_eta_seconds" for f in stale)
     assert list(analyzer.families({}, 600.0 + 7200.0)) == []  # long gone: forgotten
+    # (review, round 21) Missing for longer than stale-after from pages that are read (an engine scaled down, a model
+    # renamed): gone, not exported as unknown for an hour; its forecaster is kept in case it comes back.
+    h0, h1, analyzer = SeriesHistory(), SeriesHistory(), make_analyzer(settings, CapacityResolver(settings))
+    _feed(analyzer, h1, 2.5, 600, 0.5, [0.0], "1")
+    r0 = _feed(analyzer, h0, 0.0, 700, 0.5, [0.0], "0")
+    assert "1" not in {s.labels["engine"] for f in analyzer.families({("m", "0"): r0}, 700.0) for s in f.samples}
+    back = _feed(analyzer, h1, 705.0, 10, 0.5, [6000.0], "1")
+    assert back.result.state == "warming_up" and analyzer._forecasters[("m", "1")].restarts == 0
 
 
 def test_restart_from_history_and_advice_in_bottleneck():

@@ -4,7 +4,9 @@ Plugged in through ``kvwatch.serve.app.ANALYZER_MODULES`` (``make_analyzer(setti
 ``analyze`` feeds the series' reading to its forecaster (the history's restart detection is passed on as
 the restart flag) and ranks fixes while filling or in bottleneck. At scrape time ``families`` exports every
 series kvwatch has seen: fresh results as they are, the others as ``kvwatch_state{state="unknown"} 1``
-(stale data is never ``ok``) until they have been gone for ``FORGET_AFTER_SECONDS``.
+(stale data is never ``ok``); a series missing for longer than stale-after from pages that are read (an engine
+scaled down, a model renamed) is gone and not exported, its forecaster kept until ``FORGET_AFTER_SECONDS`` in case
+it comes back.
 """
 
 from __future__ import annotations
@@ -111,6 +113,8 @@ class ForecastAnalyzer:
                 self._forecasters.pop(key, None)  # the series is gone (model removed, engine scaled down)
                 self._longest.pop(key, None)
                 continue
+            if results and last is not None and now - last > self.params.stale_after_seconds:
+                continue  # missing from pages that are read: gone, not unknown (five ghosts lingered an hour)
             rows.append((key, forecaster.unknown(now), ()))
         return forecast_metric_families(
             ({"model_name": model_name, "engine": engine}, result, advice)
