@@ -734,3 +734,16 @@ def test_a_cache_config_labelled_engine_empty_is_every_engines() -> None:
     both = both.replace(config, config + "\n" + config.replace('engine="0"', 'engine=""'))
     reading = vllm.read(parse(both, vllm.wanted_for(None)), None, timestamp=0.0).readings[0]
     assert reading.num_gpu_blocks == 9271 and reading.cache_config["engine"] == "0"
+
+
+def test_two_configurations_for_one_engine_leave_its_capacity_undetermined_and_say_why() -> None:
+    # A proxy's page of several pods, each with its engine "0": the capacity is unknown, and the poll says why (the
+    # sidecar's history must not fill in the last configuration: review, round 21)
+    text = (FIXTURES / "gen-0.11.0-gptoss-issue28924.prom").read_text()
+    config = next(line for line in text.splitlines() if line.startswith("vllm:cache_config_info{"))
+    poll = vllm.read(parse(text.replace(config, config + "\n" + config.replace('num_gpu_blocks="9271"',
+                                                                             'num_gpu_blocks="9000"')),
+                           vllm.wanted_for(None)), None, timestamp=0.0)
+    assert poll.readings[0].kv_capacity_tokens is None
+    assert [(name, why) for _, name, why in poll.undetermined] == [("kv_capacity_tokens", vllm.CONFLICTING_CONFIGS)]
+    assert vllm.read(parse(text, vllm.wanted_for(None)), None, timestamp=0.0).undetermined == ()

@@ -306,10 +306,13 @@ class History:
     def keys(self) -> Iterable[SeriesKey]:
         return self._series.keys()
 
-    def completed(self, reading: Reading) -> Reading:
-        """:meth:`SeriesHistory.completed` of the reading's series (after :meth:`record`)."""
-        series = self._series.get(reading.key)
-        return series.completed(reading) if series is not None else reading
+    def completed(self, poll: Poll) -> Poll:
+        """``poll`` with each reading :meth:`SeriesHistory.completed` (after :meth:`record`), except where the page
+        holds the configuration and the adapter left it undetermined (two label sets for one engine: unknown)."""
+        undetermined = {key for key, name, _ in poll.undetermined if name == "kv_capacity_tokens"}
+        readings = tuple(self._series[r.key].completed(r) if r.key in self._series and r.key not in undetermined
+                         else r for r in poll.readings)
+        return replace(poll, readings=readings)
 
     def record(self, poll: Poll) -> dict[SeriesKey, str]:
         """Append every reading of ``poll``; returns the series that restarted, with the reason."""

@@ -245,6 +245,10 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     undetermined = tuple((r.key, "kv_usage_ratio", _usage_undetermined(usage, usage_samples, r.key))
                          for r in readings if r.kv_usage_ratio is None and usage_idx.spreads
                          and _disagrees(usage_idx, r.key))
+    # (_cache_configs left these engines' configuration empty: the page holds two for one engine)
+    undetermined += tuple((r.key, "kv_capacity_tokens", CONFLICTING_CONFIGS) for r in readings
+                          if not r.cache_config and _config_for(configs, r.key) == {} and
+                          any(c == {} for c in configs.values()))
     return Poll(timestamp=timestamp, detection=detection, readings=tuple(readings), series_dropped=dropped,
                 undetermined=undetermined)
 
@@ -476,6 +480,10 @@ def _prefix_families(exposition: Exposition, version: str) -> tuple[list[Sample]
     unit = "tokens" if "token" in help_text else "blocks" if "block" in help_text else (
         "tokens" if eras <= TOKEN_PREFIX_ERAS else "blocks" if eras <= BLOCK_PREFIX_ERAS else None)
     return queries, exposition.samples(OLD_PREFIX_HITS), unit
+
+
+CONFLICTING_CONFIGS = ("the page holds two different vllm:cache_config_info label sets for this engine (a proxy's "
+                       "page of several pods?): its capacity is unknown, not one pod's")
 
 
 def _cache_configs(exposition: Exposition) -> dict[str | None, dict[str, str]]:

@@ -339,7 +339,7 @@ class Sidecar:
         implausible = self._count_implausible(poll, previous.health.implausible_total)
         self._log_undetermined(poll)
         restarted = self.history.record(poll)
-        poll = replace(poll, readings=tuple(self.history.completed(r) for r in poll.readings))
+        poll = self.history.completed(poll)
         for key, reason in restarted.items():
             # Each restart is a change of its own (the poll's time tells them apart); a flapping target is still
             # held to the burst.
