@@ -430,6 +430,8 @@ def test_a_warning_that_holds_through_a_re_warm_shows_as_filling_with_its_risk_u
     rewarming = [r for r in after if all(v is None for v in r.risk.values())]
     assert rewarming and {r.state for r in rewarming} == {"filling"}
     assert {r.eta_seconds for r in rewarming} == {None}  # unknown, not +Inf ("no risk within the hour")
+    assert {r.estimates["warm"] for r in rewarming} == {0.0}  # what the alert tells a re-warm by
+    assert after[-1].estimates["warm"] == 1.0
     assert "warming_up" not in {r.state for r in after}
 
 

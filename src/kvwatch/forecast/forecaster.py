@@ -637,6 +637,7 @@ class Forecaster:
             "saturated_sample_fraction": self._detectors.saturated_fraction,
             "minutes_since_restart": (now - self._restart_at) / 60.0 if self._restart_at is not None else None,
             "buckets": float(len(self._buckets)),
+            "warm": 1.0 if warm else 0.0,
         }
         return ForecastResult(
             timestamp=now,

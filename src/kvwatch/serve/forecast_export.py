@@ -66,6 +66,10 @@ INNER_ESTIMATES: tuple[tuple[str, str, str], ...] = (
      "value from the mean prompt+output length (scaled by the running count's dispersion, at most 1)."),
     ("kvwatch_forecast_residence_seconds", "residence_seconds",
      "Mean time a request stays in the engine (e2e latency histogram sum/count; running/rate without it)."),
+    ("kvwatch_forecast_warm", "warm",
+     f"1 once the forecaster's fits are warm and a saturation risk can be computed; 0 while it warms up after a "
+     f"(re)start ({_P.warmup_seconds:g} s, then {_P.min_buckets} fitted minutes) or re-warms after a gap in the polls "
+     "(a filling warning raised before the gap then stands, its risk unknown)."),
     ("kvwatch_forecast_saturated_sample_ratio", "saturated_sample_fraction",
      f"Share of the last {_P.detector.fire_window_seconds / 60:g} minutes' polls that were saturated "
      f"(bottleneck fires at {_P.detector.fire_fraction:g})."),
