@@ -232,3 +232,26 @@ def test_check_says_on_stderr_why_its_advice_has_no_plan_even_without_deployment
     out, err = capsys.readouterr()
     assert "on stderr" in out
     assert "no capacity plan for llama: no preset for model 'llama'" in err, err
+
+
+def test_a_given_setting_the_engine_agrees_with_is_no_mismatch_and_a_mismatch_caveats_every_engine(tmp_path, capsys):
+    # (review, round 21) Granite-4.0-H on a vLLM with PR 42967: the label says the raised 528, kvwatch was given the
+    # 16 vLLM was, and its own plan raises 16 to 528: no mismatch. And a mismatch is the model's, so every
+    # data-parallel engine's advice carries the caveat (engine 1's carried none).
+    from kvwatch.capacity.findings import engine_setting_mismatch
+
+    assert engine_setting_mismatch({"block_size": 16}, {"block_size": "528"}, raised_block_size=528) is None
+    assert engine_setting_mismatch({"block_size": 16}, {"block_size": "528"}) is not None
+    lines = []
+    for line in (FIXTURES / "gen-0.20.2-gptoss-two-groups.prom").read_text().splitlines():
+        lines.append(line)
+        if 'engine="0"' in line:
+            lines.append(line.replace('engine="0"', 'engine="1"'))
+    page = tmp_path / "dp.prom"
+    page.write_text("\n".join(lines).replace('num_gpu_blocks="', 'num_gpu_blocks="2') + "\n")
+    main(["check", "--file", str(page), "--json", "--gpu", "H100", "--gpu-memory-utilization", "0.88"])
+    report = json.loads(capsys.readouterr().out)
+    assert [f["engine"] for f in report["findings"] if f["id"] == "engine_setting_mismatch"] == ["0"]
+    for series in report["series"]:
+        gains = [a for a in series["advice"] if a["action"] in ("quantize_kv_cache", "add_tensor_parallelism")]
+        assert gains and all("does not describe this engine" in a["projected_effect"] for a in gains), series["engine"]

@@ -98,7 +98,7 @@ def test_a_layer_layout_kvwatch_does_not_read_is_named_not_planned_silently(chan
     # (review, round 21) each was planned as full attention in every layer, without a word (Ring-mini-linear: 5x the
     # KV per token of its 4 softmax layers in 20)
     notes = arch_from_config({**LLAMA, **changes}).notes
-    assert any(f"config.json has {named}: a layer layout kvwatch does not read" in n for n in notes), notes
+    assert any(f"config.json has {named}: a layer layout kvwatch did not read" in n for n in notes), notes
 
 
 def test_layout_fields_kvwatch_reads_or_that_change_nothing_give_no_such_note():
@@ -106,4 +106,4 @@ def test_layout_fields_kvwatch_reads_or_that_change_nothing_give_no_such_note():
                      "mamba_d_conv": 4, "mamba_expand": 2},
                     {"model_type": "hunyuan_v1_moe", "use_cla": False, "cla_share_factor": 2}, {}):
         notes = arch_from_config({**LLAMA, **changes}).notes
-        assert not any("a layer layout kvwatch does not read" in n for n in notes), (changes, notes)
+        assert not any("a layer layout kvwatch did not read" in n for n in notes), (changes, notes)

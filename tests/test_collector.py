@@ -329,12 +329,13 @@ def test_a_histogram_kvwatch_cannot_read_is_logged_once_and_the_page_is_up(
         route = respx.get(url)
         sidecar = Sidecar(ServeSettings(target_url=url, poll_interval_seconds=5), fetcher, clock,
                           analyzers=[DemoAnalyzer()])
-        for page in (bad, bad, ""):
+        for page in (bad, "# TYPE other gauge\nother 1\n" + bad, ""):
             route.mock(return_value=httpx.Response(200, text=payload(0) + page))
             state = sidecar.poll()
             assert state.health.up and state.series[("m", "0")].reading.kv_usage_ratio == 0.5
             clock.t += 5.0
-    assert caplog.text.count("vllm:e2e_request_latency_seconds is not read (line 6: negative bucket") == 1
+    # once, though the line moves when a series comes earlier on the page (review, round 21)
+    assert caplog.text.count("vllm:e2e_request_latency_seconds is not read (negative bucket") == 1
     assert "every value it holds is read again" in caplog.text
 
 

@@ -284,10 +284,11 @@ def build_report(poll: Poll, max_model_len: int | None = None,
     stuck = {(f.model_name, f.engine) for f in found if f.id == "request_exceeds_pool"}
     found = [f for f in found if not (f.id == "scheduler_limited" and (f.model_name, f.engine) in stuck)]
     bound = {(f.model_name, f.engine) for f in found if f.id == "kv_bound"}
-    # (per series for capacity_mismatch; the tensor-parallel finding is said once per model, of all its ranks)
-    tp_unlike = {f.model_name for f in found if f.id == "tensor_parallel_mismatch"}
-    mismatched = {(f.model_name, f.engine) for f in found if f.id in ("capacity_mismatch", "engine_setting_mismatch")}
-    mismatched |= {(r.model_name, r.engine) for r in poll.readings if r.model_name in tp_unlike}
+    # (per series for capacity_mismatch; the tensor-parallel and given-settings findings are said once per model, of
+    # all its engines and ranks)
+    unlike = {f.model_name for f in found if f.id in ("tensor_parallel_mismatch", "engine_setting_mismatch")}
+    mismatched = {(f.model_name, f.engine) for f in found if f.id == "capacity_mismatch"}
+    mismatched |= {(r.model_name, r.engine) for r in poll.readings if r.model_name in unlike}
     d = poll.detection
     advice_kind = _advice_kind(d)
     ranks = _ranks_per_model(states, d.engine_kind, stages=OMNI_NOTE in d.version_range)
@@ -399,7 +400,8 @@ def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any], 
         if r.model_name not in refused:  # per model, not per engine
             refused.add(r.model_name)
             found.append(capacity.max_model_len_mismatch(max_model_len, *engine_max_model_len_of(r)))
-            found.append(capacity.engine_setting_mismatch(given or {}, r.cache_config))
+            found.append(capacity.engine_setting_mismatch(given or {}, r.cache_config,
+                                                          capacity.raised_block_size(plan)))
             found += capacity.plan_refusals(plan) if plan is not None and engine_kind == VLLM else []
             found.append(capacity.block_size_label_stale(label_number(r.cache_config.get("block_size")),
                                                          r.block_size))

@@ -524,7 +524,8 @@ class _Parser:
                     raise _err(lineno, problem, line)
                 # Prometheus' scrape stores such a sample as written; kvwatch cannot read the distribution, so
                 # the family is dropped (unknown to the adapters), not the page.
-                self.spoiled.setdefault(target.meta.name, f"line {lineno}: {problem}")
+                # (no line number: the sidecar logs when the set of reasons changes, and lines move every poll)
+                self.spoiled.setdefault(target.meta.name, problem)
                 return
         # A series twice at one time (both without a timestamp, as always in vLLM's payloads) is a contradiction;
         # at two explicit times it is two points (Go's scenario 7 has such a pair), of which kvwatch reads the

@@ -41,7 +41,7 @@ _NO_REASONS: Mapping[str, float] = MappingProxyType({})
 
 # What a reading reads from the engine's KV configuration (cache_config_info), kept through a page without it.
 ENGINE_CONFIG_FIELDS: tuple[str, ...] = ("kv_capacity_tokens", "kv_max_concurrency", "max_model_len", "num_gpu_blocks",
-                                         "block_size")
+                                         "block_size", "gpu_memory_utilization")
 
 
 def _with_known_signals(known: Reading, reading: Reading) -> Reading:

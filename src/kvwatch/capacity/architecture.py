@@ -424,7 +424,7 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
                      f"{attention} attention layers of {num_layers}; {not_modelled}")
     unread = unread_layout_fields(cfg) if layout is None and set(layer_types) == {FULL} else []
     if unread:
-        notes.append(f"config.json has {', '.join(unread)}: a layer layout kvwatch does not read for model_type "
+        notes.append(f"config.json has {', '.join(unread)}: a layer layout kvwatch did not read for model_type "
                      f"{model_type or '(none)'}, so all {num_layers} layers are counted as full attention, which can "
                      "be far off; size it from vLLM's startup log ('GPU KV cache size', --available-kv-gib and "
                      "--kv-bytes-per-token)")

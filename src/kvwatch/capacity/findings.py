@@ -152,8 +152,12 @@ def _kv_element_bytes(dtype: str) -> int | None:
     return 2 if dtype == "auto" else DTYPE_BYTES.get(dtype)
 
 
-def _same_setting(name: str, given: Any, told: str) -> bool:
-    """Whether a given setting and the engine's label say the same for the plan (KV dtypes: the same size)."""
+def _same_setting(name: str, given: Any, told: str, raised_block_size: int | None = None) -> bool:
+    """Whether a given setting and the engine's label say the same for the plan (KV dtypes: the same size; a block
+    size the plan raises, a Mamba hybrid's, the raised one: vLLM's label says it from vllm PR 42967)."""
+    if name == "block_size" and raised_block_size is not None and told in (str(raised_block_size),
+                                                                          f"{raised_block_size}.0"):
+        return True
     if name == "kv_cache_dtype":
         a, b = str(given).lower(), told.lower()
         return a == b or (_kv_element_bytes(a) is not None and _kv_element_bytes(a) == _kv_element_bytes(b))
@@ -163,18 +167,26 @@ def _same_setting(name: str, given: Any, told: str) -> bool:
         return True  # a label that is no number tells nothing
 
 
+def raised_block_size(plan: Any) -> int | None:
+    """The block size a plan raises the one asked for to (a Mamba hybrid's), else None."""
+    layout = getattr(plan, "layout", None)
+    return int(layout.block_size) if layout is not None and layout.block_size_raised else None
+
+
 def given_engine_settings(settings: Any) -> dict[str, Any]:
     """The :data:`ENGINE_TOLD_SETTINGS` passed to kvwatch as a flag or variable (pydantic's ``model_fields_set``)."""
     return {name: getattr(settings, name) for name, _, _ in ENGINE_TOLD_SETTINGS if name in settings.model_fields_set}
 
 
-def engine_setting_mismatch(given: Mapping[str, Any], cache_config: Mapping[str, str]) -> CapacityFinding | None:
+def engine_setting_mismatch(given: Mapping[str, Any], cache_config: Mapping[str, str],
+                            raised_block_size: int | None = None) -> CapacityFinding | None:
     """A finding when a setting kvwatch was given (``given``: setting name -> value, only those passed) differs from
-    what the engine's ``cache_config_info`` says it runs (:data:`ENGINE_TOLD_SETTINGS`)."""
+    what the engine's ``cache_config_info`` says it runs (:data:`ENGINE_TOLD_SETTINGS`). ``raised_block_size``: the
+    block size kvwatch's plan raises the given one to (a Mamba hybrid), None where it raises none."""
     differ = [f"{flag} {given[name]} where the engine runs {label} {cache_config[label]}"
               for name, flag, label in ENGINE_TOLD_SETTINGS
               if name in given and given[name] is not None and cache_config.get(label) not in (None, "", "None")
-              and not _same_setting(name, given[name], cache_config[label])]
+              and not _same_setting(name, given[name], cache_config[label], raised_block_size)]
     if not differ:
         return None
     return CapacityFinding("engine_setting_mismatch", "warning", (

@@ -29,6 +29,7 @@ from kvwatch.capacity.findings import (
     given_engine_settings,
     live_finding,
     max_model_len_mismatch,
+    raised_block_size,
 )
 from kvwatch.capacity.series import engine_max_model_len_of, formula_in_engine_terms, max_model_len_of
 from kvwatch.derived import observed_mix_ceiling
@@ -95,7 +96,8 @@ class CapacityAnalyzer:
             if self._logged == MAX_LOGGED_PLANS + 1:
                 log.info("capacity model: more models than %d, further per-model lines at DEBUG", MAX_LOGGED_PLANS)
             for mismatch in (max_model_len_mismatch(self._max_model_len, *engine_max_model_len_of(reading)),
-                             engine_setting_mismatch(self._given, reading.cache_config)):
+                             engine_setting_mismatch(self._given, reading.cache_config,
+                                                     raised_block_size(capacity.plan if capacity else None))):
                 if mismatch is not None:
                     warn("capacity model for %s: %s", reading.model_name, mismatch.message)
             if capacity is None:
