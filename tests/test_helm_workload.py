@@ -530,3 +530,28 @@ def test_no_container_lists_a_variable_twice() -> None:
     assert "kvwatch.extraEnv sets NODE_IP" in render_fails(
         "--set", "config.model=m", "--set", "config.dcgmUrl=http://$(NODE_IP):9400/metrics",
         "--set-json", 'kvwatch.extraEnv=[{"name":"NODE_IP","value":"10.0.0.1"}]')
+
+
+def test_a_pod_disruption_budget_keeps_vllm_replicas_up_through_a_drain() -> None:
+    # (noticed in round 20, added in round 21) A node drain evicted every vLLM replica at once: the model was offline
+    # for as long as a reload takes. Opt-in, mode 1 only, one of its two bounds.
+    assert not [o for o in render(*MINIMAL) if o["kind"] == "PodDisruptionBudget"]
+    pdb = only(render(*MINIMAL, "--set", "podDisruptionBudget.enabled=true"), "PodDisruptionBudget")
+    validate_object(pdb)
+    pods = only(render(*MINIMAL), "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["maxUnavailable"] == 1 and "minAvailable" not in pdb["spec"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pods.items()
+    half = only(render(*MINIMAL, "--set", "podDisruptionBudget.enabled=true", "--set-string",
+                       "podDisruptionBudget.minAvailable=50%", "--set", "podDisruptionBudget.maxUnavailable=null",
+                       "--set", "podDisruptionBudget.unhealthyPodEvictionPolicy=AlwaysAllow"), "PodDisruptionBudget")
+    validate_object(half)
+    assert half["spec"]["minAvailable"] == "50%" and "maxUnavailable" not in half["spec"]
+    assert half["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    both = render_fails(*MINIMAL, "--set", "podDisruptionBudget.enabled=true", "--set",
+                        "podDisruptionBudget.minAvailable=1")
+    assert "minAvailable or maxUnavailable, not both" in both
+    assert "podDisruptionBudget" in render_fails(*MINIMAL, "--set", "podDisruptionBudget.enabled=true",
+                                                 "--set-string", "podDisruptionBudget.maxUnavailable=half")
+    alone = render("--set", "vllm.enabled=false", "--set", "config.targetUrl=http://vllm:8000/metrics",
+                   "--set", "podDisruptionBudget.enabled=true")
+    assert not [o for o in alone if o["kind"] == "PodDisruptionBudget"]  # kvwatch alone: no vLLM pods to keep
