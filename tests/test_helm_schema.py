@@ -319,3 +319,26 @@ def test_the_vllm_image_tag_is_pinned(tag: str) -> None:
     # (review, round 19) An empty tag rendered "vllm/vllm-openai:" (an invalid image reference the kubelet refuses at
     # pull time); "latest" changes vLLM, and with it the metric names, under a running release.
     assert "schema" in render_fails("--set", "config.model=m", "--set-string", f"vllm.image.tag={tag}")
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("podLabels.team", "ml infra"),  # a blank
+    ("commonLabels.team", "x" * 64),  # past 63 characters
+    ("serviceMonitor.additionalLabels.release", "-prom"),  # not starting with a letter or digit
+    ("nodeSelector.pool", "gpu/h100"),
+])
+def test_a_label_value_kubernetes_refuses_fails_at_install_naming_it(key: str, value: str) -> None:
+    # (noticed in round 20, added in round 21) The chart rendered them and the API server refused the object at
+    # install, one object at a time.
+    from helm_helpers import MINIMAL, render_fails
+
+    message = render_fails(*MINIMAL, "--set-string", f"{key}={value}")
+    assert "/" + key.replace(".", "/") in message and ("does not match pattern" in message or "maxLength" in message)
+
+
+def test_label_keys_kubernetes_takes_are_taken() -> None:
+    from helm_helpers import MINIMAL, render
+
+    objects = render(*MINIMAL, "--set-string", "commonLabels.app\\.kubernetes\\.io/part-of=llm-serving",
+                     "--set-string", "podLabels.team=ml_infra.v2", "--set-string", "podLabels.empty=")
+    assert objects
