@@ -242,15 +242,28 @@ def test_a_given_setting_the_engine_agrees_with_is_no_mismatch_and_a_mismatch_ca
 
     assert engine_setting_mismatch({"block_size": 16}, {"block_size": "528"}, raised_block_size=528) is None
     assert engine_setting_mismatch({"block_size": 16}, {"block_size": "528"}) is not None
+    import re
+
+    from kvwatch.exposition import parse
+    from kvwatch.serve.sidecar_capacity import build_sidecar_capacity
+    from kvwatch.settings import ServeSettings
+
+    text = (FIXTURES / "gen-0.20.2-gptoss-two-groups.prom").read_text()
+    labels = dict(parse(text).samples("vllm:cache_config_info")[0].labels)
+    plan, _ = build_sidecar_capacity(ServeSettings(gpu="H100", gpu_memory_utilization=0.88), "openai/gpt-oss-20b",
+                                     labels)
+    assert plan is not None  # the blocks are the plan's (two engines): the flag is the only difference
+    text = re.sub(r'num_gpu_blocks="\d+"', f'num_gpu_blocks="{2 * plan.plan.num_gpu_blocks}"', text)
     lines = []
-    for line in (FIXTURES / "gen-0.20.2-gptoss-two-groups.prom").read_text().splitlines():
+    for line in text.splitlines():
         lines.append(line)
         if 'engine="0"' in line:
             lines.append(line.replace('engine="0"', 'engine="1"'))
     page = tmp_path / "dp.prom"
-    page.write_text("\n".join(lines).replace('num_gpu_blocks="', 'num_gpu_blocks="2') + "\n")
+    page.write_text("\n".join(lines) + "\n")
     main(["check", "--file", str(page), "--json", "--gpu", "H100", "--gpu-memory-utilization", "0.88"])
     report = json.loads(capsys.readouterr().out)
+    assert not [f for f in report["findings"] if f["id"] == "capacity_mismatch"]
     assert [f["engine"] for f in report["findings"] if f["id"] == "engine_setting_mismatch"] == ["0"]
     for series in report["series"]:
         gains = [a for a in series["advice"] if a["action"] in ("quantize_kv_cache", "add_tensor_parallelism")]

@@ -354,19 +354,21 @@ def test_a_page_without_cache_config_for_a_poll_keeps_the_engines_capacity(no_kv
     config = (f'vllm:cache_config_info{{block_size="16",cache_dtype="auto",{labels.split(",")[0]},'
               'gpu_memory_utilization="0.92",num_gpu_blocks="28000"} 1.0\n')
 
-    def page(with_config: bool) -> str:
+    def page(with_config: bool | None) -> str:  # None: two configurations for the engine (a proxy's page)
+        two = config + config.replace('num_gpu_blocks="28000"', 'num_gpu_blocks="9000"')
         return (f"vllm:kv_cache_usage_perc{{{labels}}} 0.5\nvllm:num_requests_running{{{labels}}} 4\n"
                 f"vllm:num_requests_waiting{{{labels}}} 0\nprocess_start_time_seconds 1.7e9\n"
-                + (config if with_config else ""))
+                + (config if with_config else two if with_config is None else ""))
 
     clock = ManualClock()
     with respx.mock, Fetcher(url, timeout=1.0, max_body_bytes=1 << 20) as fetcher:
         route = respx.get(url)
         sidecar = Sidecar(ServeSettings(target_url=url, poll_interval_seconds=5, gpu="H100"), fetcher, clock)
         capacities = []
-        for with_config in (True, True, False, True):
+        for with_config in (True, True, False, True, None, True):
             route.mock(return_value=httpx.Response(200, text=page(with_config)))
             reading = sidecar.poll().series[("meta-llama/Llama-3.1-8B-Instruct", "0")].reading
             capacities.append((reading.kv_capacity_tokens, reading.capacity_source))
             clock.t += 5.0
-    assert capacities == [(448000.0, None)] * 4
+    # two configurations: unknown, neither one's nor the formula's (a switch to the formula restarted the forecaster)
+    assert capacities == [(448000.0, None)] * 4 + [(None, "undetermined"), (448000.0, None)]

@@ -58,6 +58,13 @@ def test_serve_analyzer_exports_state_and_unknown_for_missing_or_stale_series():
     assert "1" not in {s.labels["engine"] for f in analyzer.families({("m", "0"): r0}, 700.0) for s in f.samples}
     back = _feed(analyzer, h1, 705.0, 10, 0.5, [6000.0], "1")
     assert back.result.state == "warming_up" and analyzer._forecasters[("m", "1")].restarts == 0
+    # Read in every page with its usage unknown for a while, then missing from one: unknown, not gone at once (it
+    # went at once: the forecaster's last sample with a usage was long past; review, round 21)
+    for i in range(40):
+        reading = Reading(model_name="m", engine="1", kv_usage_ratio=None, requests_running=40)
+        h1.append(715.0 + 5 * i, reading)
+        analyzer.analyze(reading.key, h1, reading, 715.0 + 5 * i)
+    assert _states(analyzer.families({("m", "0"): r0}, 915.0 + 5), "1")["unknown"] == 1.0
 
 
 def test_restart_from_history_and_advice_in_bottleneck():

@@ -8,7 +8,7 @@ from types import MappingProxyType
 import pytest
 
 from kvwatch.history import History, SeriesHistory, restart_reason
-from kvwatch.model import Detection, Poll, Reading
+from kvwatch.model import CAPACITY_UNDETERMINED, Detection, Poll, Reading
 
 
 def reading(**fields: object) -> Reading:
@@ -180,6 +180,7 @@ def test_a_page_without_cache_config_keeps_the_processs_engine_configuration() -
     # last configuration's (review, round 21)
     history = History()
     history.record(Poll(0.0, d, (engine,)))
-    torn = Poll(5.0, d, (bare,), undetermined=((bare.key, "kv_capacity_tokens", "two label sets"),))
+    torn_reading = replace(bare, capacity_source=CAPACITY_UNDETERMINED)
+    torn = Poll(5.0, d, (torn_reading,))
     history.record(torn)
-    assert history.completed(torn).readings[0] is bare
+    assert history.completed(torn).readings[0] is torn_reading

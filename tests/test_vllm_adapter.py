@@ -15,7 +15,7 @@ from kvwatch.check import build_report
 from kvwatch.engines import Selector, SourceOverrides, UnrecognisedPayload, vllm
 from kvwatch.engines.detect import read_payload
 from kvwatch.exposition import ParseError, parse
-from kvwatch.model import Poll, Reading
+from kvwatch.model import CAPACITY_UNDETERMINED, Poll, Reading
 from kvwatch.payload import ScrapeError, interpret
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-metrics"
@@ -747,3 +747,14 @@ def test_two_configurations_for_one_engine_leave_its_capacity_undetermined_and_s
     assert poll.readings[0].kv_capacity_tokens is None
     assert [(name, why) for _, name, why in poll.undetermined] == [("kv_capacity_tokens", vllm.CONFLICTING_CONFIGS)]
     assert vllm.read(parse(text, vllm.wanted_for(None)), None, timestamp=0.0).undetermined == ()
+    assert poll.readings[0].capacity_source == CAPACITY_UNDETERMINED  # the formula fills nothing in either
+    # Only the engine the page holds two for: engine 1, without a set of its own, is no conflict (review, round 21)
+    lines = []
+    for line in text.splitlines():
+        lines.append(line)
+        if 'engine="0"' in line and not line.startswith("vllm:cache_config_info"):
+            lines.append(line.replace('engine="0"', 'engine="1"'))
+    page = "\n".join(lines).replace(config, config + "\n" + config.replace('num_gpu_blocks="9271"',
+                                                                          'num_gpu_blocks="9000"')) + "\n"
+    both = vllm.read(parse(page, vllm.wanted_for(None)), None, timestamp=0.0)
+    assert [(key[1], name) for key, name, _ in both.undetermined] == [("0", "kv_capacity_tokens")]

@@ -21,7 +21,7 @@ from itertools import pairwise
 from types import MappingProxyType
 
 from kvwatch.counters import counter_delta, counter_reset
-from kvwatch.model import Poll, Reading, SeriesKey
+from kvwatch.model import CAPACITY_UNDETERMINED, Poll, Reading, SeriesKey
 
 COUNTER_FIELDS: tuple[str, ...] = (
     "preemptions_total", "prompt_tokens_total", "generation_tokens_total", "prefix_cache_queries_total",
@@ -308,10 +308,9 @@ class History:
 
     def completed(self, poll: Poll) -> Poll:
         """``poll`` with each reading :meth:`SeriesHistory.completed` (after :meth:`record`), except where the page
-        holds the configuration and the adapter left it undetermined (two label sets for one engine: unknown)."""
-        undetermined = {key for key, name, _ in poll.undetermined if name == "kv_capacity_tokens"}
-        readings = tuple(self._series[r.key].completed(r) if r.key in self._series and r.key not in undetermined
-                         else r for r in poll.readings)
+        holds two configurations for the engine (the adapter's CAPACITY_UNDETERMINED: unknown, not the last one)."""
+        readings = tuple(self._series[r.key].completed(r) if r.key in self._series
+                         and r.capacity_source != CAPACITY_UNDETERMINED else r for r in poll.readings)
         return replace(poll, readings=readings)
 
     def record(self, poll: Poll) -> dict[SeriesKey, str]:

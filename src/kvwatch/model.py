@@ -30,6 +30,9 @@ def _empty_str() -> Mapping[str, str]:
 
 
 
+# Reading.capacity_source of an engine whose page holds two configurations (kvwatch.engines.vllm._cache_configs).
+CAPACITY_UNDETERMINED = "undetermined"
+
 @dataclass(frozen=True, slots=True)
 class Histogram:
     """One cumulative Prometheus histogram: ascending upper ``bounds`` (the last is ``+Inf``), the cumulative
@@ -76,7 +79,8 @@ class Reading:
     # Capacity, per engine (vLLM sums num_gpu_blocks over data-parallel engines; this is divided back).
     kv_capacity_tokens: float | None = None
     # None: the engine's own figure (or none); "formula": kvwatch's capacity model filled it in
-    # (kvwatch.capacity.series), because the engine reports none.
+    # (kvwatch.capacity.series), because the engine reports none; CAPACITY_UNDETERMINED: the page holds two
+    # configurations for this engine, so its capacity is unknown and the formula fills nothing in.
     capacity_source: str | None = None
     kv_max_concurrency: float | None = None
     # The engine's own max model length where it exports one as a metric (SGLang's context_len; vLLM's comes from

@@ -24,7 +24,7 @@ from kvwatch.capacity.kv import blocks_per_group_tokens, max_concurrency_at_max_
 from kvwatch.capacity.planner import CapacityPlan
 from kvwatch.derived import block_pool
 from kvwatch.engines.vllm import engine_max_model_len, label_number
-from kvwatch.model import VLLM
+from kvwatch.model import CAPACITY_UNDETERMINED, VLLM
 
 SOURCES = ("engine_kv_cache_size_tokens", "engine_num_gpu_blocks", "engine_metric", "formula", "unknown")
 
@@ -154,7 +154,9 @@ def resolve(reading: Any, plan: CapacityPlan | None, kv_groups: int | None = Non
     the model's KV groups when it is known but no plan could be built (no card given)."""
     config = reading.cache_config
     engine_tokens = label_number(config.get("kv_cache_size_tokens"))
-    if reading.capacity_source == "formula" and plan is not None:
+    if reading.capacity_source == CAPACITY_UNDETERMINED:
+        tokens, source = None, "unknown"  # two configurations on the page: neither, nor the formula's
+    elif reading.capacity_source == "formula" and plan is not None:
         tokens, source = float(plan.kv_cache_tokens), "formula"  # filled in before (SeriesCapacity.apply)
     elif engine_tokens is not None and engine_tokens > 0:
         tokens, source = float(engine_tokens), "engine_kv_cache_size_tokens"

@@ -40,7 +40,7 @@ from types import MappingProxyType
 from kvwatch.engines import Selector, SourceOverrides, UnrecognisedPayload
 from kvwatch.engines.series import differing_labels, latency_for, latency_index, sample_named, underscore_escaped
 from kvwatch.exposition import Exposition, Sample
-from kvwatch.model import VLLM, Detection, Poll, Reading, SeriesKey
+from kvwatch.model import CAPACITY_UNDETERMINED, VLLM, Detection, Poll, Reading, SeriesKey
 
 __all__ = ["ERAS", "FAMILIES", "UnrecognisedPayload", "detect", "eras_in_range", "format_range", "possible_eras",
            "read", "wanted_for"]
@@ -153,7 +153,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             "(engine still starting, or renamed: see --usage-metric)"
         )
 
-    configs = _cache_configs(exposition)
+    configs, conflicted = _cache_configs(exposition)
     # vLLM sums num_gpu_blocks over the data-parallel engines a front-end runs, each of which has its own label set;
     # the one engine="" set of a 0.11 development line stands for them all: its engines are the series'. Beside
     # engines' own sets it is none of theirs (each engine has its own blocks).
@@ -196,6 +196,8 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     dropped = max(0, len(ordered) - max_series) if max_series is not None else 0
     for key in ordered[:len(ordered) - dropped]:
         config = _config_for(configs, key)
+        # (the page holds two configurations for this engine: its capacity is unknown, never the formula's either)
+        conflict = (key[1] if key[1] in configs else None) in conflicted
         finished = _by_label(index[SUCCESS], key, "finished_reason", sum)
         capacity, blocks, block_size, concurrency = _capacity(config, n_engines)
         running_now = _combine(running_idx, key, sum)
@@ -226,6 +228,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             block_size=block_size,
             gpu_memory_utilization=label_number(config.get("gpu_memory_utilization")),
             cache_config=MappingProxyType(dict(config)),
+            capacity_source=CAPACITY_UNDETERMINED if conflict else None,
             process_start_time_seconds=process_start,
             latency=latency_for(latency, key),
             lengths=latency_for(lengths, key),
@@ -245,10 +248,8 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     undetermined = tuple((r.key, "kv_usage_ratio", _usage_undetermined(usage, usage_samples, r.key))
                          for r in readings if r.kv_usage_ratio is None and usage_idx.spreads
                          and _disagrees(usage_idx, r.key))
-    # (_cache_configs left these engines' configuration empty: the page holds two for one engine)
     undetermined += tuple((r.key, "kv_capacity_tokens", CONFLICTING_CONFIGS) for r in readings
-                          if not r.cache_config and _config_for(configs, r.key) == {} and
-                          any(c == {} for c in configs.values()))
+                          if r.capacity_source == CAPACITY_UNDETERMINED)
     return Poll(timestamp=timestamp, detection=detection, readings=tuple(readings), series_dropped=dropped,
                 undetermined=undetermined)
 
@@ -486,11 +487,13 @@ CONFLICTING_CONFIGS = ("the page holds two different vllm:cache_config_info labe
                        "page of several pods?): its capacity is unknown, not one pod's")
 
 
-def _cache_configs(exposition: Exposition) -> dict[str | None, dict[str, str]]:
-    """cache_config_info labels per engine (``None`` when vLLM has no engine label). Two different label sets
-    for one engine (a proxy's page of several pods, each with its engine "0") leave that engine's config empty:
-    which pod's blocks belong to which model cannot be told, so its capacity is unknown, not the last pod's."""
+def _cache_configs(exposition: Exposition) -> tuple[dict[str | None, dict[str, str]], set[str | None]]:
+    """(cache_config_info labels per engine (``None`` when vLLM has no engine label), the engines with two). Two
+    different label sets for one engine (a proxy's page of several pods, each with its engine "0") leave that
+    engine's config empty: which pod's blocks belong to which model cannot be told, so its capacity is unknown, not
+    the last pod's."""
     configs: dict[str | None, dict[str, str]] = {}
+    conflicted: set[str | None] = set()
     for s in exposition.samples(CACHE_CONFIG):
         labels = dict(s.labels)
         # (kept in the labels: V1's carry it, V0's never do. A 0.11 development line wrote engine="" on its one
@@ -498,8 +501,10 @@ def _cache_configs(exposition: Exposition) -> dict[str | None, dict[str, str]]:
         engine = labels.get("engine") or None
         labels.pop("model_name", None)
         labels.pop("pid", None)
-        configs[engine] = labels if configs.get(engine, labels) == labels else {}
-    return configs
+        if configs.get(engine, labels) != labels:
+            conflicted.add(engine)
+        configs[engine] = {} if engine in conflicted else labels
+    return configs, conflicted
 
 
 def _config_for(configs: dict[str | None, dict[str, str]], key: SeriesKey) -> dict[str, str]:

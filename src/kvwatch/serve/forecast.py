@@ -61,6 +61,8 @@ class ForecastAnalyzer:
         # The longest request per series, from the length buckets, which are read once a minute (with the latency
         # ones): the advice between those polls uses the last reading, not "unknown".
         self._longest: dict[tuple[str, str], float | None] = {}
+        # When each series was last in a page kvwatch read (its forecaster's last sample may be older: usage unknown).
+        self._seen: dict[tuple[str, str], float] = {}
 
     def _capacity(self, reading: Reading) -> tuple[Reading, CapacityPlan | None]:
         """(the reading with the series' one capacity filled in, the capacity plan for advice or None)."""
@@ -74,8 +76,10 @@ class ForecastAnalyzer:
         if forecaster is None:
             forecaster = Forecaster(self.params)
         self._forecasters[key] = forecaster
+        self._seen[key] = now
         if self.max_series is not None and len(self._forecasters) > self.max_series:
             self._longest.pop(oldest := next(iter(self._forecasters)), None)
+            self._seen.pop(oldest, None)
             del self._forecasters[oldest]
         restarted = history is not None and history.last_restart_timestamp == now
         if reading.lengths or restarted:
@@ -108,10 +112,11 @@ class ForecastAnalyzer:
                 rows.append((key, fresh.result, fresh.advice))
                 continue
             # Not in the latest good poll, or the data is stale: unknown, never ok.
-            last = forecaster.last_timestamp
+            last = self._seen.get(key, forecaster.last_timestamp)
             if last is not None and now - last > FORGET_AFTER_SECONDS:
                 self._forecasters.pop(key, None)  # the series is gone (model removed, engine scaled down)
                 self._longest.pop(key, None)
+                self._seen.pop(key, None)
                 continue
             if results and last is not None and now - last > self.params.stale_after_seconds:
                 continue  # missing from pages that are read: gone, not unknown (five ghosts lingered an hour)
