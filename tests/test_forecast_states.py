@@ -484,6 +484,9 @@ def test_a_warning_holds_across_a_short_gap_and_clears_after_a_long_one():
     assert run(f, stream(ramp, seconds=9300, counters=counters))[-1].state == "filling"
     idle = run(f, stream(lambda t: 0.0, start=9300, seconds=1800, counters=counters))
     assert idle[-1].state == "ok"
+    # (while the warning clears, warm and idle: nothing to project, +Inf; absent only while re-warming: round 21)
+    unbacked = [r.eta_seconds for r in idle if r.state == "filling" and all(v is None for v in r.risk.values())]
+    assert unbacked and set(unbacked) == {math.inf}
 
 
 def test_stale_data_is_unknown_never_ok():

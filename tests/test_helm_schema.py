@@ -303,7 +303,10 @@ def test_sizes_kubernetes_accepts_render() -> None:
                      "vllm.resources.limits.memory=64Gi", "--set", "vllm.modelCache.enabled=true", "--set",
                      "vllm.modelCache.sizeLimit=200Gi", "--set", "kvwatch.resources.requests.cpu=250m",
                      "--set-json", "vllm.resources.limits.cpu=8", "--set-json", "vllm.resources.requests.cpu=null")
-    assert objects
+    pod = next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+    vllm = next(c for c in pod["containers"] if c["name"] == "vllm")
+    assert vllm["resources"]["limits"]["memory"] == "64Gi" and vllm["resources"]["limits"]["cpu"] == 8
+    assert {"name": "model-cache", "emptyDir": {"sizeLimit": "200Gi"}} in pod["volumes"]
 
 
 @pytest.mark.parametrize("key", ["vllm.port", "vllm.resources", "vllm.hfTokenSecret", "vllm.modelCache", "autoscaling"])
@@ -341,4 +344,6 @@ def test_label_keys_kubernetes_takes_are_taken() -> None:
 
     objects = render(*MINIMAL, "--set-string", "commonLabels.app\\.kubernetes\\.io/part-of=llm-serving",
                      "--set-string", "podLabels.team=ml_infra.v2", "--set-string", "podLabels.empty=")
-    assert objects
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    assert deployment["metadata"]["labels"]["app.kubernetes.io/part-of"] == "llm-serving"
+    assert {"team": "ml_infra.v2", "empty": ""}.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()

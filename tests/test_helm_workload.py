@@ -542,14 +542,14 @@ def test_a_pod_disruption_budget_keeps_vllm_replicas_up_through_a_drain() -> Non
     assert pdb["spec"]["maxUnavailable"] == 1 and "minAvailable" not in pdb["spec"]
     assert pdb["spec"]["selector"]["matchLabels"].items() <= pods.items()
     half = only(render(*MINIMAL, "--set", "podDisruptionBudget.enabled=true", "--set-string",
-                       "podDisruptionBudget.minAvailable=50%", "--set", "podDisruptionBudget.maxUnavailable=null",
+                       "podDisruptionBudget.minAvailable=50%",
                        "--set", "podDisruptionBudget.unhealthyPodEvictionPolicy=AlwaysAllow"), "PodDisruptionBudget")
-    validate_object(half)
+    validate_object(half)  # minAvailable wins over the default maxUnavailable (the API server refuses both)
     assert half["spec"]["minAvailable"] == "50%" and "maxUnavailable" not in half["spec"]
     assert half["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
-    both = render_fails(*MINIMAL, "--set", "podDisruptionBudget.enabled=true", "--set",
-                        "podDisruptionBudget.minAvailable=1")
-    assert "minAvailable or maxUnavailable, not both" in both
+    none = only(render(*MINIMAL, "--set", "podDisruptionBudget.enabled=true", "--set",
+                       "podDisruptionBudget.maxUnavailable=0"), "PodDisruptionBudget")
+    assert none["spec"]["maxUnavailable"] == 0  # a value, not unset (helm's default made it 1: final review)
     assert "podDisruptionBudget" in render_fails(*MINIMAL, "--set", "podDisruptionBudget.enabled=true",
                                                  "--set-string", "podDisruptionBudget.maxUnavailable=half")
     alone = render("--set", "vllm.enabled=false", "--set", "config.targetUrl=http://vllm:8000/metrics",

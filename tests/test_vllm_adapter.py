@@ -758,3 +758,7 @@ def test_two_configurations_for_one_engine_leave_its_capacity_undetermined_and_s
                                                                           'num_gpu_blocks="9000"')) + "\n"
     both = vllm.read(parse(page, vllm.wanted_for(None)), None, timestamp=0.0)
     assert [(key[1], name) for key, name, _ in both.undetermined] == [("0", "kv_capacity_tokens")]
+    # with an engine="" set beside: still unknown, not that set's (final review, round 21)
+    shared = page.replace(config, config + "\n" + config.replace('engine="0"', 'engine=""'), 1)
+    torn = vllm.read(parse(shared, vllm.wanted_for(None)), None, timestamp=0.0).readings[0]
+    assert torn.engine == "0" and torn.kv_capacity_tokens is None

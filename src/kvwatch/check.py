@@ -384,7 +384,7 @@ def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any], 
     refusals and the formula are vLLM's sums: not given for SGLang or TensorRT-LLM, which size their pools
     their own way (--mem-fraction-static, free_gpu_memory_fraction)."""
     from kvwatch.capacity import findings as capacity
-    from kvwatch.capacity.series import engine_max_model_len_of, formula_in_engine_terms, max_model_len_of
+    from kvwatch.capacity.series import formula_in_engine_terms, max_model_len_of
     from kvwatch.engines.vllm import label_number, override_blocks
 
     out: list[Finding] = []
@@ -399,9 +399,7 @@ def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any], 
                  for f in capacity.LIVE_FINDINGS]
         if r.model_name not in refused:  # per model, not per engine
             refused.add(r.model_name)
-            found.append(capacity.max_model_len_mismatch(max_model_len, *engine_max_model_len_of(r)))
-            found.append(capacity.engine_setting_mismatch(given or {}, r.cache_config,
-                                                          capacity.raised_block_size(plan)))
+            found += capacity.deployment_mismatches(max_model_len, given or {}, r, plan)
             found += capacity.plan_refusals(plan) if plan is not None and engine_kind == VLLM else []
             found.append(capacity.block_size_label_stale(label_number(r.cache_config.get("block_size")),
                                                          r.block_size))
@@ -602,7 +600,8 @@ def findings(states: Iterable[SeriesState],
                 f"Prefix cache hit ratio is {ratio:.1%}"
                 + (f" (of {r.prefix_cache_unit})" if r.prefix_cache_unit else "") + ": prefix caching will not add "
                 "capacity for this traffic; do not count on it when sizing."), **where))
-        if r.kv_capacity_tokens is None:
+        if r.kv_capacity_tokens is None and "kv_capacity_tokens" not in why.get(r.key, {}):
+            # (an undetermined capacity has its own finding, saying why: not one to estimate with `plan`)
             out.append(Finding("capacity_unknown", "info", (
                 "The engine does not report KV capacity here (vLLM: no kv_cache_size_tokens, or num_gpu_blocks is "
                 "None; SGLang before max_total_num_tokens; TensorRT-LLM without max blocks x tokens per block): "

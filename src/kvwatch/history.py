@@ -130,8 +130,8 @@ class SeriesHistory:
             self._configured = None
         shared = self._shared(reading)
         if self._entries:
-            # Only the newest entry's per-reason counts are read (restart_reason, on the next append); an older
-            # one keeping its own, changed every poll, held a copy per entry (656 MiB from 16 series, review 18).
+            # An entry's per-reason counts go once a newer one comes (restart_reason reads _known's): every entry
+            # keeping its own, changed every poll, held a copy per entry (656 MiB from 16 series, review 18).
             last = self._entries[-1]
             if last.reading.finished_by_reason or last.reading.waiting_by_reason:
                 self._entries[-1] = Entry(last.timestamp, replace(last.reading, finished_by_reason=_NO_REASONS,

@@ -29,9 +29,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvwatch.capacity.kv import UnsizedKvDtype, kv_dtype_bytes
 from kvwatch.capacity.memory import GIB
 from kvwatch.capacity.planner import CUDA_GRAPHS_SUBTRACTED_SINCE
-from kvwatch.capacity.units import DTYPE_BYTES
 
 MISMATCH_RATIO = 0.10
 # A cache_config_info whose kv_cache_max_concurrency was rounded (not vLLM's own str()) pins the length to ~0.1 %.
@@ -149,7 +149,10 @@ ENGINE_TOLD_SETTINGS = (("kv_cache_dtype", "--kv-cache-dtype", "cache_dtype"),
 
 def _kv_element_bytes(dtype: str) -> int | None:
     # "auto" is the model's dtype: 2 bytes for the models vLLM serves (an fp32 checkpoint runs as bf16/fp16)
-    return 2 if dtype == "auto" else DTYPE_BYTES.get(dtype)
+    try:
+        return kv_dtype_bytes(dtype, 2)
+    except UnsizedKvDtype:
+        return None
 
 
 def _same_setting(name: str, given: Any, told: str, raised_block_size: int | None = None) -> bool:
@@ -171,6 +174,18 @@ def raised_block_size(plan: Any) -> int | None:
     """The block size a plan raises the one asked for to (a Mamba hybrid's), else None."""
     layout = getattr(plan, "layout", None)
     return int(layout.block_size) if layout is not None and layout.block_size_raised else None
+
+
+def deployment_mismatches(max_model_len: int | None, given: Mapping[str, Any], reading: Any,
+                          plan: Any) -> list[CapacityFinding]:
+    """The findings of settings kvwatch was given that the engine says it runs otherwise (``max_model_len`` as
+    given; ``given`` from :func:`given_engine_settings`; ``plan`` the reading's model's, or None): serve logs them,
+    check reports them."""
+    from kvwatch.capacity.series import engine_max_model_len_of
+
+    found = (max_model_len_mismatch(max_model_len, *engine_max_model_len_of(reading)),
+             engine_setting_mismatch(given, reading.cache_config, raised_block_size(plan)))
+    return [f for f in found if f is not None]
 
 
 def given_engine_settings(settings: Any) -> dict[str, Any]:

@@ -508,7 +508,9 @@ def _cache_configs(exposition: Exposition) -> tuple[dict[str | None, dict[str, s
 
 
 def _config_for(configs: dict[str | None, dict[str, str]], key: SeriesKey) -> dict[str, str]:
-    return configs.get(key[1]) or configs.get(None) or {}
+    """The engine's own set (empty where the page holds two for it: unknown, not the engine=\"\" one's), else the
+    set without an engine."""
+    return configs[key[1]] if key[1] in configs else configs.get(None) or {}
 
 
 # What Python's str() of an int or a float writes: float() also takes "20_48", " 2048" and full-width digits.

@@ -550,7 +550,7 @@ class Forecaster:
             self._risk_known_at, self._rewarming = now, False
         else:
             self._rewarming = self._rewarming or not warm
-            if self._latch.active and (self._risk_known_at is None or now - self._risk_known_at > p.horizon_seconds):
+            if self._latch.active and not self._warning_stands(now):
                 self._latch.clear()
         idle = self._nothing_to_project(bucket.running_mean, bucket.waiting_max, bucket.u_mean)
         calm = risk < p.risk_off if risk is not None else warm and idle
@@ -603,7 +603,7 @@ class Forecaster:
             risks = {h: (1.0 if r is None else r) for h, r in risks.items()}
         elif risk_now is not None:
             eta = risk_now.eta_seconds()
-        elif state == FILLING:
+        elif state == FILLING and not warm:
             eta = None  # the warning stands through a re-warm; when it would come is unknown until warm
         elif not warm or self._nothing_to_project(sample.running, sample.waiting, sample.kv_usage or 0.0):
             eta = math.inf  # warming up, or a known rate with nothing to project, or an idle engine

@@ -25,13 +25,11 @@ from kvwatch.capacity.findings import (
     LIVE_FINDINGS,
     SUSTAINED_SECONDS,
     HeldSince,
-    engine_setting_mismatch,
+    deployment_mismatches,
     given_engine_settings,
     live_finding,
-    max_model_len_mismatch,
-    raised_block_size,
 )
-from kvwatch.capacity.series import engine_max_model_len_of, formula_in_engine_terms, max_model_len_of
+from kvwatch.capacity.series import formula_in_engine_terms, max_model_len_of
 from kvwatch.derived import observed_mix_ceiling
 from kvwatch.engines.vllm import override_blocks
 from kvwatch.history import SeriesHistory
@@ -95,11 +93,9 @@ class CapacityAnalyzer:
             say, warn = (log.info, log.warning) if loud else (log.debug, log.debug)
             if self._logged == MAX_LOGGED_PLANS + 1:
                 log.info("capacity model: more models than %d, further per-model lines at DEBUG", MAX_LOGGED_PLANS)
-            for mismatch in (max_model_len_mismatch(self._max_model_len, *engine_max_model_len_of(reading)),
-                             engine_setting_mismatch(self._given, reading.cache_config,
-                                                     raised_block_size(capacity.plan if capacity else None))):
-                if mismatch is not None:
-                    warn("capacity model for %s: %s", reading.model_name, mismatch.message)
+            for mismatch in deployment_mismatches(self._max_model_len, self._given, reading,
+                                                  capacity.plan if capacity else None):
+                warn("capacity model for %s: %s", reading.model_name, mismatch.message)
             if capacity is None:
                 (warn if self._model_given else say)("capacity model off for %s: %s", reading.model_name, why)
             else:

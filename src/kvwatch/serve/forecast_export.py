@@ -99,7 +99,8 @@ def forecast_metric_families(
     risk = gauge("kvwatch_kv_saturation_risk",
                  f"Probability that KV usage reaches {_P.risk.threshold:g} of capacity for a sustained stretch "
                  "within the horizon "
-                 "(in bottleneck the model's risk, 1 before it has one; absent while warming up or unknown, and "
+                 "(in bottleneck the model's risk, 1 before it has one; absent while warming up (and while a "
+                 "filling warning stands through a re-warm after a gap) or unknown, and "
                  "while the engine is idle: no arrivals or an empty cache leave nothing to project).",
                  ["horizon"])
     ratio = gauge("kvwatch_kv_usage_forecast_ratio",
