@@ -1238,3 +1238,17 @@ def test_models_without_a_plan_for_one_reason_are_named_on_one_line(tmp_path: Pa
     said = [line for line in capsys.readouterr().err.splitlines() if "no capacity plan" in line]
     assert len(said) == 1 and "no capacity plan for Qwen/Qwen2.5-7B-Instruct, meta-llama/Llama-3.1-8B-Instruct: " \
         "the memory budget needs the GPU" in said[0], said
+
+
+def test_an_engine_with_two_configurations_is_said_unknown_once(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    # (final review, round 21) check said why the capacity is unknown and also "the engine does not report KV
+    # capacity here: use kvwatch plan", which contradicts it (kvwatch refuses the formula there on purpose)
+    text = (FIXTURES / "gen-0.11.0-gptoss-issue28924.prom").read_text()
+    config = next(line for line in text.splitlines() if line.startswith("vllm:cache_config_info{"))
+    payload = tmp_path / "two.prom"
+    payload.write_text(text.replace(config, config + "\n" + config.replace('num_gpu_blocks="9271"',
+                                                                           'num_gpu_blocks="9000"')))
+    main(["check", "--file", str(payload), "--json"])
+    ids = [f["id"] for f in json.loads(capsys.readouterr().out)["findings"]]
+    assert "capacity_unknown" not in ids and "value_unknown" in ids
