@@ -649,7 +649,7 @@ class _Parser:
         return self._metadata(keyword, name, after, line, lineno, stop)
 
     def _comment_careful(self, line: str, lineno: int, stop: int) -> int | None:
-        if self.lenient and line[1:2] not in (" ", "\t"):
+        if self.lenient and metadata_keyword(line) is None:
             return None  # '#TYPE x': Prometheus' scrape (promlex.l) needs a blank after '#', else it is a comment
         body = line[1:].lstrip(" \t")
         keyword, sep, rest = _split_blank(body)
@@ -889,6 +889,15 @@ def _learn_fragments(fragments: list[str]) -> bool:
 
 
 # ---------------------------------------------------------------------- tokens
+
+def metadata_keyword(line: str) -> str | None:
+    """``HELP`` or ``TYPE`` where Prometheus' scrape lexer (promlex.l) reads a ``#`` line as metadata: '#', blanks,
+    the keyword, a blank; None for a plain comment ('#HELP x', '# HELPER x')."""
+    if line[1:2] not in (" ", "\t"):
+        return None
+    keyword, sep, _ = _split_blank(line[1:].lstrip(" \t"))
+    return keyword if sep and keyword in ("HELP", "TYPE") else None
+
 
 def _split_blank(text: str) -> tuple[str, str, str]:
     """Split at the first blank or tab (Go's readTokenUntilWhitespace)."""

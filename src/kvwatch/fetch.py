@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 from kvwatch import __version__
+from kvwatch.exposition import metadata_keyword
 from kvwatch.payload import UNDECLARED_GZIP, ScrapeError
 from kvwatch.settings import redact_url, split_credentials
 
@@ -424,9 +425,7 @@ def _with_bad_comments_replaced(body: bytes) -> str | None:
         if line.isascii() or not any("\udc80" <= c <= "\udcff" for c in line):
             continue
         comment = line.lstrip(" \t")
-        # (HELP and TYPE lines are '#', blanks, the keyword, a blank: '#HELP x' is a comment, as in promlex.l)
-        if not comment.startswith("#") or (comment[1:2] in (" ", "\t") and comment[1:].split(None, 1)[:1] in (
-                ["HELP"], ["TYPE"])):
+        if not comment.startswith("#") or metadata_keyword(comment) is not None:
             return None
     return body.decode("utf-8", errors="replace")
 

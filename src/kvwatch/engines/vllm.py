@@ -197,7 +197,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     for key in ordered[:len(ordered) - dropped]:
         config = _config_for(configs, key)
         # (the page holds two configurations for this engine: its capacity is unknown, never the formula's either)
-        conflict = (key[1] if key[1] in configs else None) in conflicted
+        conflict = _config_key(configs, key) in conflicted
         finished = _by_label(index[SUCCESS], key, "finished_reason", sum)
         capacity, blocks, block_size, concurrency = _capacity(config, n_engines)
         running_now = _combine(running_idx, key, sum)
@@ -507,10 +507,15 @@ def _cache_configs(exposition: Exposition) -> tuple[dict[str | None, dict[str, s
     return configs, conflicted
 
 
+def _config_key(configs: dict[str | None, dict[str, str]], key: SeriesKey) -> str | None:
+    """Which set a series reads: its engine's own, else the one without an engine (None)."""
+    return key[1] if key[1] in configs else None
+
+
 def _config_for(configs: dict[str | None, dict[str, str]], key: SeriesKey) -> dict[str, str]:
-    """The engine's own set (empty where the page holds two for it: unknown, not the engine=\"\" one's), else the
-    set without an engine."""
-    return configs[key[1]] if key[1] in configs else configs.get(None) or {}
+    """The set a series reads (:func:`_config_key`; empty where the page holds two for its engine: unknown, not the
+    engine=\"\" one's)."""
+    return configs.get(_config_key(configs, key)) or {}
 
 
 # What Python's str() of an int or a float writes: float() also takes "20_48", " 2048" and full-width digits.
