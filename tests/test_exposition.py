@@ -98,6 +98,23 @@ def test_a_filtered_parse_takes_escapes_metadata_and_a_last_line_as_prometheus_s
             parse(strict)
 
 
+def test_a_filtered_parse_reads_labels_without_commas_and_refuses_a_nul() -> None:
+    # (round 22, each page scraped by a real Prometheus 2.42) Its scrape parser needs no comma between two labels:
+    # '{a="x" b="y"}' and '{a="x"b="y"}' are stored, up; kvwatch refused the page. A NUL ends Prometheus' read of a
+    # page (nothing after it stored, up 1): kvwatch says the page is broken rather than read half of it.
+    for labels in ('a="x" b="y"', 'a="x"b="y"', 'a="x" ,b="y"'):
+        page = f"# TYPE g gauge\ng{{{labels}}} 1\nh 2\n"
+        read = parse(page, {"g", "h"})
+        assert read.samples("g")[0].labels == {"a": "x", "b": "y"} and read.samples("h")[0].value == 2.0
+        if " ," not in labels:
+            with pytest.raises(ParseError, match="unexpected end of label value"):  # the full parse stays expfmt's
+                parse(page)
+    with pytest.raises(ParseError, match="line 3: expected '=' after label name"):
+        parse('g 1\nh 2\ng{a="x" b} 1\n', {"g", "h"})
+    with pytest.raises(ParseError, match="line 2: invalid metric name"):
+        parse("# TYPE g gauge\n\x00g 1\nh 2\n", {"g", "h"})
+
+
 def test_a_filtered_parse_reads_a_hash_glued_to_help_or_type_as_a_comment() -> None:
     # (review, round 21) Prometheus' scrape lexer (promlex.l) needs a blank after '#' before HELP or TYPE: '#TYPE x
     # bogus' is a comment, the page up; kvwatch refused it ("unknown metric type"), and read '#TYPE a histogram'

@@ -39,7 +39,8 @@ block of an unwanted family (its lines after its TYPE, all starting with its nam
 (prometheus-cpp writes HELP unescaped). A filtered parse also reads what Prometheus' own scrape parser
 (``model/textparse/promlex.l``) reads and ``expfmt`` refuses: a sample line with blanks at its end, a last line
 without its newline, and a backslash before any other character in a label value or HELP text, kept as written
-(the full parse refuses them, as ``expfmt``). A
+(the full parse refuses them, as ``expfmt``), and labels without a comma between them (``{a="1" b="2"}``). A NUL
+byte is an error in both: Prometheus' lexer reads it as the end of the page and stores nothing after it, ``up`` 1. A
 ``name{labels}`` text and a HELP/TYPE line validated once are remembered across parses (bounded caches: a sidecar
 parses the same shape every poll). :func:`parse` never raises anything but :class:`ParseError`.
 """
@@ -812,6 +813,8 @@ class _Parser:
                 if i < n and line[i] == "}":
                     i += 1
                     break
+                if self.lenient and i < n and (line[i] == '"' or _LEGACY_LABEL.match(line, i)):
+                    continue  # Prometheus' scrape (promparse.go's parseLVals) needs no comma between labels
                 raise _err(lineno, "unexpected end of label value", line)
             while i < n and line[i] in " \t":
                 i += 1
