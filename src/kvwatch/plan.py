@@ -39,6 +39,7 @@ from kvwatch.capacity.kv import (
     TOKENS_FROM_CONCURRENCY_SINCE,
     KVLayout,
     blocks_per_group_tokens,
+    in_flight_reserve,
     indexer_bytes_per_layer,
     indexer_layers,
     kv_bytes_per_token_per_layer,
@@ -387,7 +388,7 @@ def _group_caps(layout: KVLayout) -> str:
     """What caps a request's tokens in each kind of group the layout has (the ceiling line's parenthesis)."""
     kinds = {g.kind for g in layout.groups}
     caps = [text for kind, text in ((SLIDING, "sliding groups capped at the window"),
-                                    (CHUNKED, "chunked groups at chunk + in-flight tokens"),
+                                    (CHUNKED, "chunked groups at the chunk"),
                                     (MAMBA, f"{layout.mamba_blocks_per_request} state block(s) per Mamba group"
                                             if layout.mamba_blocks_per_request else
                                             "a state per block in each Mamba group"))
@@ -512,7 +513,11 @@ def render_text(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: floa
                 f"   {_uniform_tokens_line(plan)}"]
     out += ["", "4. Concurrency ceiling"]
     if avg_seq_len and layout.is_hybrid:
-        out.append(f"   at {avg_seq_len:,.0f} tokens per request: {plan.num_gpu_blocks:,} blocks × {layout.block_size}"
+        reserve = in_flight_reserve(layout, avg_seq_len, plan.in_flight_tokens)
+        pool = f"{plan.num_gpu_blocks:,} blocks × {layout.block_size}"
+        if reserve:
+            pool = f"({pool} − {reserve:,.0f} tokens prefill steps hold beyond the windows)"
+        out.append(f"   at {avg_seq_len:,.0f} tokens per request: {pool}"
                    f" ÷ tokens one request holds in all {layout.num_groups} groups ({_group_caps(layout)}) "
                    f"≈ {plan.max_concurrency_at(avg_seq_len):.2f} requests")
     elif avg_seq_len:

@@ -541,13 +541,16 @@ def num_gpu_blocks(available_bytes: float, layout: KVLayout) -> int:
     return int(available_bytes // layout.bytes_per_block_row)
 
 
-def tokens_needed(layout: KVLayout, seq_len: float, in_flight_tokens: int) -> float:
-    """Block-row tokens one request of ``seq_len`` tokens holds, summed over groups (continuous).
+def tokens_needed(layout: KVLayout, seq_len: float) -> float:
+    """Block-row tokens one running request of ``seq_len`` tokens holds, summed over groups (continuous).
 
-    A sliding-window group keeps at most ``window - 1 + in_flight_tokens`` tokens (:func:`in_flight_tokens`) plus
-    one block for a window that does not start on a block boundary, a chunked-local one ``chunk +
-    in_flight_tokens`` (vLLM's ``max_memory_usage_bytes``). Counted in tokens of the layout's ``block_size``: a
-    group with larger blocks (unified pages) spends one block per its own block size.
+    A sliding-window group frees the blocks its window has passed as the request runs (vLLM's
+    ``SlidingWindowManager.get_num_skipped_tokens``: the tokens before ``computed - window + 1``), so it holds at
+    most ``window`` tokens plus one block for a window that does not start on a block boundary; a chunked-local
+    group at most its chunk (``ChunkedLocalAttentionManager`` frees what precedes the current chunk). What a
+    prefill step adds beyond the window is held by the requests being prefilled only: :func:`in_flight_reserve`.
+    Counted in tokens of the layout's ``block_size``: a group with larger blocks (unified pages) spends one block
+    per its own block size.
     """
     total = 0.0
     for group in layout.groups:
@@ -557,16 +560,38 @@ def tokens_needed(layout: KVLayout, seq_len: float, in_flight_tokens: int) -> fl
             continue
         block = layout.group_block_size(group)
         if group.kind == SLIDING and group.sliding_window:
-            cap = group.sliding_window - 1 + in_flight_tokens
-            held = min(seq_len, cap) + block
+            held = min(seq_len, group.sliding_window) + block
         elif group.kind == CHUNKED and group.attention_chunk_size:
-            held = min(seq_len, group.attention_chunk_size + in_flight_tokens)
+            held = min(seq_len, group.attention_chunk_size)
         else:
             held = seq_len
-        # a group with larger blocks (unified pages) spends one block id per `block` tokens: in the layout's
-        # block_size tokens, that is held × block_size ÷ block
-        total += held if block == layout.block_size else held * layout.block_size / block
+        total += _in_layout_blocks(layout, held, block)
     return total
+
+
+def in_flight_reserve(layout: KVLayout, seq_len: float, in_flight_tokens: int) -> float:
+    """Block-row tokens of the pool that prefill steps hold beyond the windows of requests of ``seq_len`` tokens.
+
+    A request being prefilled holds its window (chunk) plus the step's new tokens in each sliding (chunked-local)
+    group, and the new tokens of the steps in flight are at most ``in_flight_tokens`` over all requests (the
+    scheduler's token budget, :func:`in_flight_tokens`), and at most what a request has beyond its window. vLLM's
+    ``max_memory_usage_bytes`` charges them to every request: its worst case at max_model_len (:func:`blocks_needed`),
+    not the running state of many requests.
+    """
+    total = 0.0
+    for group in layout.groups:
+        window = group.sliding_window if group.kind == SLIDING else \
+            group.attention_chunk_size if group.kind == CHUNKED else None
+        if window:
+            total += _in_layout_blocks(layout, min(float(in_flight_tokens), max(0.0, seq_len - window)),
+                                       layout.group_block_size(group))
+    return total
+
+
+def _in_layout_blocks(layout: KVLayout, tokens: float, block: int) -> float:
+    # a group with larger blocks (unified pages) spends one block id per `block` tokens: in the layout's
+    # block_size tokens, that is tokens × block_size ÷ block
+    return tokens if block == layout.block_size else tokens * layout.block_size / block
 
 
 def blocks_needed(layout: KVLayout, seq_len: int, in_flight_tokens: int) -> int:
@@ -587,10 +612,12 @@ def blocks_needed(layout: KVLayout, seq_len: int, in_flight_tokens: int) -> int:
 
 
 def max_concurrency_at(layout: KVLayout, blocks: int, seq_len: float, in_flight_tokens: int) -> float:
-    """How many requests of ``seq_len`` tokens fit: pool tokens ÷ tokens one request holds."""
+    """How many running requests of ``seq_len`` tokens fit: the pool's tokens, less what prefill steps hold beyond
+    the windows, ÷ tokens one request holds (on a model without windows, pool tokens ÷ ``seq_len``)."""
     if seq_len <= 0:
         raise ValueError("sequence length must be positive")
-    return blocks * layout.block_size / tokens_needed(layout, seq_len, in_flight_tokens)
+    pool = blocks * layout.block_size - in_flight_reserve(layout, seq_len, in_flight_tokens)
+    return max(0.0, pool) / tokens_needed(layout, seq_len)
 
 
 def max_concurrency_at_max_model_len(layout: KVLayout, blocks: int, max_model_len: int,
