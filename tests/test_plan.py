@@ -150,6 +150,9 @@ def test_will_not_start_exits_1_with_shortfall(capsys):
     code, out, _ = run(["plan", "--model", "Qwen/Qwen3-32B", "--gpu", "L4"], capsys)
     assert code == 1
     assert "will not start" in out and "short by" in out
+    # (review, round 22) the what-if table's (now) row says so too, as a scenario's row that will not start does
+    (now,) = [line for line in out.splitlines() if line.strip().startswith("(now)")]
+    assert now.endswith("vLLM will not start (the error below)")
 
 
 @pytest.mark.parametrize(("argv", "flag"), [

@@ -538,7 +538,8 @@ def render_text(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: floa
     basis = f"at {avg_seq_len:,.0f} tokens" if avg_seq_len else "at max_model_len"
     out += ["", f"What-if, cheapest first (ceiling {basis}; runs: capped by max_num_seqs):",
             f"   {'scenario':<30} {'KV tokens':>12} {'ceiling':>9} {'runs':>7}  note",
-            f"   {'(now)':<30} {plan.kv_cache_tokens:>12,} {_fmt(ceiling):>9} {_fmt(_runs(ceiling, plan)):>7}"]
+            f"   {'(now)':<30} {plan.kv_cache_tokens:>12,} {_fmt(ceiling):>9} {_fmt(_runs(ceiling, plan)):>7}"
+            + ("  vLLM will not start (the error below)" if plan.errors else "")]
     for s in scenarios:
         tokens = f"{s.kv_cache_tokens:,}" if s.kv_cache_tokens is not None else "-"
         runs = _runs(s.max_concurrency, s.plan)
