@@ -264,3 +264,15 @@ def test_the_halved_max_model_len_shows_no_ceiling_for_requests_longer_than_it()
     assert halved.max_concurrency is None and "longer than --max-model-len 4,096" in halved.note
     fits = {s.name: s for s in whatif_scenarios(spec, avg_seq_len=2000)}["max_model_len_halved"]
     assert fits.max_concurrency is not None and fits.max_concurrency > 0
+
+
+def test_an_mla_plan_says_vllm_raises_its_block_size_on_nvidia() -> None:
+    # (review, round 22) vllm/platforms/cuda.py forces 64 tokens for FlashMLA and 128 for CUTLASS MLA ("Forcing kv
+    # cache block size to 64 for FlashMLA backend." in 0.8.3's and 0.10.1's logs); the plan said 16 without a word
+    spec = DeploymentSpec(arch=resolve_model("deepseek-ai/DeepSeek-V3"), available_kv_bytes=40 * GIB,
+                          tensor_parallel_size=8, max_model_len=10000)
+    (note,) = [n for n in plan_capacity(spec).notes if n.startswith("MLA on NVIDIA GPUs")]
+    assert "from 16 to 64 tokens" in note and "--block-size 64" in note
+    for block_size in (64, 128):
+        assert not [n for n in plan_capacity(replace(spec, block_size=block_size)).notes if n.startswith("MLA on")]
+    assert not [n for n in plan_capacity(llama_h100()).notes if n.startswith("MLA on")]

@@ -317,6 +317,12 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
             notes.append(_hybrid_note(layout, spec.block_size))
         if arch.attention_dims and not arch.is_mla:
             notes.append(_unified_pages_note(arch, layout, tp, kv_bytes, spec.vllm_version))
+        if arch.is_mla and layout.block_size % 64:
+            # vllm/platforms/cuda.py check_and_update_config: FlashMLA, CUTLASS MLA and FlashInfer MLA need these
+            notes.append(f"MLA on NVIDIA GPUs: vLLM raises the block size from {layout.block_size} to 64 tokens for "
+                         "FlashMLA (its default where supported, Hopper) and FlashInfer MLA, or 128 for CUTLASS MLA "
+                         "(Blackwell), logging 'Forcing kv cache block size to ...'; pass --block-size 64 (or 128) "
+                         "for its figures (they differ only by the rounding to whole blocks)")
         errors += [layout.page_refusal] if layout.page_refusal else []
         warnings += [layout.page_warning] if layout.page_warning else []
     if arch is not None and not arch.is_mla and spec.kv_bytes_per_token is None:
