@@ -116,8 +116,15 @@ MUTATIONS = [
     ("the re-warming branch only while re-warming", "(last_over_time(kvwatch_forecast_warm[2m]) == 0)",
      "(last_over_time(kvwatch_forecast_warm[2m]) >= 0)",
      ["only the 30-minute risk with the filling state fires, or filling with the risk unknown"]),
-    ("the bottleneck's longer hold", "keep_firing_for: 5m", "keep_firing_for: 1m",
+    ("the bottleneck's longer hold", "quantile_over_time(0.5, kvwatch_requests_waiting[5m]) > 0",
+     "quantile_over_time(0.5, kvwatch_requests_waiting[2m]) > 0",
      ["a queue that drains between bursts of one saturation pages once"]),
+    ("the bottleneck's hold only while firing",
+     'and on (instance, job, model_name, engine)\n              ALERTS{alertname="KVCacheBottleneck", alertstate="firing"}',
+     "", ["a queue that comes and goes every two minutes never completes the for"]),
+    ("the bottleneck's hold letting go of a restarted engine", 'kvwatch_state{state="warming_up"}[2m]) == 1)\n    ',
+     'kvwatch_state{state="nothing"}[2m]) == 1)\n    ',
+     ["a page about a restarted or replaced engine ends with its last polls"]),
     ("the stall's silence where kvwatch names the cause", 'finding=~"request_exceeds_pool|kv_usage_stuck"',
      'finding=~"nothing"', ["a stall kvwatch has named the cause of pages once"]),
     ("the stall's state read over the window", 'last_over_time(kvwatch_state{state="stalled"}[2m]) == 1)\n'
@@ -312,9 +319,9 @@ def test_e2e_copy_differs_only_in_shorter_for() -> None:
     assert long.keys() == short.keys()
     for name in long:
         assert all(s < lg for s, lg in zip(short[name], long[name], strict=True)), name
-    # the hold through a failed poll is shortened with the `for`s: 1m -> 1s at x60 (KVCacheBottleneck's 5m -> 5s)
+    # the hold through a failed poll is shortened with the `for`s: 1m -> 1s at x60
     held = [line.strip() for line in copy.splitlines() if "keep_firing_for" in line]
-    assert held and set(held) == {"keep_firing_for: 1s", "keep_firing_for: 5s"}
+    assert held and set(held) == {"keep_firing_for: 1s"}
 
 
 def test_every_guarded_alert_holds_through_a_failed_poll() -> None:
@@ -325,9 +332,8 @@ def test_every_guarded_alert_holds_through_a_failed_poll() -> None:
             # (the GPU memory alert's guard is its GPU source's own up: one failed dcgm/NVML read drops the gauges)
             guards = ("(max_over_time(kvwatch_up[2m]) == 1)", "(max_over_time(kvwatch_gpu_source_up[2m]) == 1)")
             if "alert" in rule and any(guard in rule["expr"] for guard in guards):
-                # (KVCacheBottleneck holds longer: a queue that drains between bursts of one saturation, round 21)
-                hold = "5m" if rule["alert"] == "KVCacheBottleneck" else "1m"
-                assert rule.get("keep_firing_for") == hold, rule["alert"]
+                # (KVCacheBottleneck's longer hold is in its expression: it lets go of a crashed engine, round 22)
+                assert rule.get("keep_firing_for") == "1m", rule["alert"]
 
 
 # Gauges kvwatch withdraws when their condition is over, read at the instant beside a hold over the guard's window
