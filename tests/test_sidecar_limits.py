@@ -496,3 +496,37 @@ def test_a_max_series_raised_for_a_target_serving_more_raises_the_page_cap_too()
     assert page.count("\n") > detect.SAMPLES_PER_PAGE
     assert len(interpret(page, None, timestamp=0.0, max_series=1000).readings) == 600
     assert len(interpret(page, None, timestamp=0.0, max_series=64).readings) == 64  # the parse kept 128 of them
+
+
+def test_a_long_comment_line_is_read_without_copies_of_it() -> None:
+    # (review, round 22) Telling a plain comment from HELP/TYPE sliced the line twice and scanned it a character at a
+    # time: a 16 MiB comment held 3 copies of itself beside the text (a 60 MiB page peaked at 275 MB of RSS) and
+    # took seconds. The page text and the line split from it are what a poll of it holds.
+    line = "# " + "x" * (16 << 20)
+    body = FIXTURE + line + "\n"
+    tracemalloc.start()
+    try:
+        poll = interpret(body, None, timestamp=0.0, max_series=64)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert poll.readings
+    assert peak < 1.3 * len(line), f"{peak / 2**20:.1f} MiB held for a {len(line) >> 20} MiB line"
+
+
+def test_the_fetcher_frees_a_bodys_bytes_once_it_is_text() -> None:
+    # (review, round 22) The bytes were copied (bytes(body)) to decode them, and the buffer kept through the parse:
+    # bytes, copy and text together
+    from kvwatch.fetch import Fetcher
+
+    fetcher = Fetcher.__new__(Fetcher)
+    fetcher.url, fetcher.max_body_bytes = "http://vllm:8000/metrics", 64 << 20
+    body = bytearray(FIXTURE.encode()) + bytearray(b"# " + b"x" * (8 << 20) + b"\n")
+    tracemalloc.start()
+    try:
+        text = fetcher._text(body, None)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert text.startswith(FIXTURE) and not body  # the buffer is emptied: only the text is held after it
+    assert peak < 1.2 * len(text), f"{peak / 2**20:.1f} MiB to decode {len(text) >> 20} MiB"

@@ -475,7 +475,9 @@ class TargetSettings(DeploymentSettings):
     max_body_bytes: int = Field(
         16 * 1024 * 1024, ge=1024, le=1024**3,
         description="Largest /metrics body read, at most 1 GiB (the memory guard); larger is an error, and so is "
-                    "one whose text takes more than twice this in memory (characters beyond Latin-1)."
+                    "one whose text takes more than twice this in memory (characters beyond Latin-1). A body at the "
+                    "cap peaks at about twice this plus 40 MB (its bytes and its text, three times with 2-byte "
+                    "characters): keep it under a third of the memory limit."
     )
     usage_metric: str | None = Field(None, description='Override the KV usage source: name or name{label="value"}.')
     running_metric: str | None = Field(None, description="Override the running-requests source metric.")
