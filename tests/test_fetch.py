@@ -750,3 +750,16 @@ def test_a_redirect_that_leads_nowhere_is_a_target_failure_not_internal(raw_serv
     assert info.value.reason == ("connect" if location and followed else "http_status")
     said = "answered HTTP" if not followed else "no such port" if location else "without a Location"
     assert said in str(info.value)
+
+
+def test_a_body_compressed_twice_is_named_as_such(raw_server: Callable) -> None:
+    # (review, round 22) it was reported as "the response did not say so (no Content-Encoding: gzip header)"
+    once = gzip.compress(FIXTURE.encode())
+    for label, body in ((b"gzip", gzip.compress(once)), (b"gzip, gzip", once)):
+        url = raw_server(lambda conn, label=label, body=body: conn.sendall(
+            HEAD_200 + b"Content-Encoding: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % (label, len(body))
+            + body)).url
+        with Fetcher(url, timeout=2.0, max_body_bytes=1 << 20) as fetcher, pytest.raises(ScrapeError) as caught:
+            fetcher.fetch()
+        assert caught.value.reason == "parse" and "gzip twice" in str(caught.value), label
+        assert "did not say so" not in str(caught.value)

@@ -41,6 +41,10 @@ MAX_LABEL_CHARS = 1024
 # A proxy compressed the body without saying so (Content-Encoding).
 UNDECLARED_GZIP = ("the body is gzip-compressed but the response did not say so (no Content-Encoding: gzip "
                    "header): fix the proxy in front of the engine")
+# (review, round 22: a body compressed twice was reported with UNDECLARED_GZIP, sending on-call after a header
+# that was there)
+GZIP_TWICE = ("the body is still gzip-compressed after its Content-Encoding (gzip twice: a proxy compressed a "
+              "compressed body, or a list of codings kvwatch does not read): fix the proxy in front of the engine")
 
 
 def interpret(text: str, overrides: SourceOverrides | None, *, timestamp: float,
