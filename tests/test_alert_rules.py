@@ -120,7 +120,8 @@ MUTATIONS = [
      "quantile_over_time(0.5, kvwatch_requests_waiting[2m]) > 0",
      ["a queue that drains between bursts of one saturation pages once"]),
     ("the bottleneck's hold only while firing",
-     'and on (instance, job, model_name, engine)\n              ALERTS{alertname="KVCacheBottleneck", alertstate="firing"}',
+     'and on (instance, job, model_name, engine)\n'
+     '              ALERTS{alertname="KVCacheBottleneck", alertstate="firing"}',
      "", ["a queue that comes and goes every two minutes never completes the for"]),
     ("the bottleneck's hold letting go of a restarted engine", 'kvwatch_state{state="warming_up"}[2m]) == 1)\n    ',
      'kvwatch_state{state="nothing"}[2m]) == 1)\n    ',
