@@ -340,7 +340,8 @@ def test_every_guarded_alert_holds_through_a_failed_poll() -> None:
 # Gauges kvwatch withdraws when their condition is over, read at the instant beside a hold over the guard's window
 # that applies only while they cannot be read (the clause): held after a recovery, they fired late alerts.
 HELD_WHILE_UNREAD = {
-    "kvwatch_gpu_memory_seconds_to_limit": "unless on (instance, job) (kvwatch_gpu_source_up == 1)",
+    "kvwatch_gpu_memory_seconds_to_limit":
+        "unless on (instance, job, uuid, gpu_instance) kvwatch_gpu_memory_used_bytes",
     "kvwatch_ttft_slo_breach": 'unless on (instance, job, model_name, engine) (kvwatch_state{state="unknown"} == 0)',
 }
 

@@ -105,6 +105,28 @@ def test_a_failed_read_is_counted_and_drops_the_memory_gauges() -> None:
     assert "nvml" not in reasons and {"connect", "timeout", "parse", "no_match"} <= reasons
 
 
+def test_a_gpu_missing_from_one_read_keeps_its_trend() -> None:
+    # (review, round 22) A GPU absent from one read the source answered had its points dropped: its time to the
+    # limit was gone for 2 minutes of new points, and the alert's `for` started again. GPUs gone for good are
+    # forgotten once their points leave the window, at most as many as a read holds.
+    source = ScriptedSource()
+    watcher = GpuWatcher(source)  # type: ignore[arg-type]
+    for minute in range(6):
+        source.next = [gpu(60 + 0.5 * minute, 20 - 0.5 * minute), gpu(40, 40, "GPU-bbbb")]
+        if minute == 4:
+            source.next = source.next[1:]  # GPU-aaaa missing from this read
+        state = watcher.update(watcher.read(), 60.0 * minute, None, None)
+        if minute == 4:
+            assert [r.memory.uuid for r in state.gpus] == ["GPU-bbbb"]
+    aaaa = next(r for r in state.gpus if r.memory.uuid == "GPU-aaaa")
+    assert aaaa.growth_bytes_per_second == pytest.approx(0.5 * GIB / 60)  # at once, from the points before the gap
+    for minute in range(6, 30):  # gone: forgotten after the window
+        source.next = [gpu(40, 40, f"GPU-new{minute}")]
+        watcher.update(watcher.read(), 60.0 * minute, None, None)
+        assert len(watcher._used) <= 2
+    assert ("GPU-aaaa", "") not in watcher._used
+
+
 def test_flat_memory_has_no_time_to_limit() -> None:
     source = ScriptedSource()
     watcher = GpuWatcher(source)  # type: ignore[arg-type]

@@ -158,8 +158,20 @@ class GpuWatcher:
             growth = growth_rate(list(points))
             readings.append(GpuReading(gpu, non_kv_bytes(gpu.used_bytes, kv_pool_bytes, weights_bytes), growth,
                                        seconds_to_limit(gpu.free_bytes, growth)))
+        # A GPU missing from a read keeps its points while they are in the window (dropped at once, its trend took 2
+        # minutes to come back after a one-read gap, and the alert's `for` started again: review, round 22), at most as
+        # many such GPUs as this read has, the most recently seen first.
         seen = {(g.uuid, g.instance) for g in result}
+        missing = []
         for key in [k for k in self._used if k not in seen]:
+            points = self._used[key]
+            while points and points[0][0] < now - self.window:
+                points.popleft()
+            if points:
+                missing.append((points[-1][0], key))
+            else:
+                del self._used[key]
+        for _, key in sorted(missing, reverse=True)[max(len(seen), 1):]:
             del self._used[key]
         self.state = GpuState(previous.source, True, tuple(readings), previous.errors_total, previous.last_error)
         return self.state
