@@ -90,6 +90,14 @@ def test_variables_datasource_namespace_model_pod() -> None:
     # Each variable narrows the next one.
     assert '$namespace' in variables["model"]["query"]["query"]
     assert '$model' in variables["pod"]["query"]["query"]
+    # ... and the model narrows the series without a model_name too, with pod on All (review, round 22: kvwatch_up
+    # of a pod serving another model showed red beside the one picked)
+    other = 'unless on (namespace, pod) max_over_time(kvwatch_kv_usage_ratio{namespace=~"$namespace", ' \
+            'model_name!~"$model"}[$__range])'
+    queries = [t["expr"] for p in panels() for t in p["targets"]]
+    queries += [a["expr"] for a in DASHBOARD["annotations"]["list"] if "expr" in a]
+    for query in queries:
+        assert 'model_name=~"$model"' in query or other in query, query
 
 
 def test_every_query_uses_the_datasource_variable_and_the_filters() -> None:
@@ -280,6 +288,37 @@ def test_the_pod_list_has_sidecars_that_never_read_their_engine(tmp_path: Path) 
     assert re.fullmatch(variable["regex"].strip("/"), 'pod="never-read"').group(1) == "never-read"
 
 
+def test_a_picked_model_narrows_the_health_panel_with_pod_on_all(tmp_path: Path) -> None:
+    # (review, round 22) With pod on All ('.*') the health, GPU and alert panels showed every pod: a pod serving
+    # another model read red ("down") beside the one picked. Evaluated by promtool with model=llama, pod=All.
+    import yaml
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool not found on PATH: run `make tools` (installs Debian's prometheus package)")
+    expr = panel("kvwatch reads vLLM (kvwatch_up)")["targets"][0]["expr"]
+    expr = expr.replace("$namespace", ".*").replace("$model", "llama").replace("$pod", ".*").replace(
+        "$__range", "1h")
+    series = [
+        ('kvwatch_up{namespace="prod", pod="llama-0"}', "1x5"),
+        ('kvwatch_kv_usage_ratio{namespace="prod", pod="llama-0", model_name="llama", engine="0"}', "0.5x5"),
+        ('kvwatch_up{namespace="prod", pod="qwen-0"}', "1 1 0 0 0 0"),  # down now: its usage gone, not its model
+        ('kvwatch_kv_usage_ratio{namespace="prod", pod="qwen-0", model_name="qwen", engine="0"}', "0.5 0.5 stale"),
+        ('kvwatch_up{namespace="prod", pod="never-read"}', "0x5"),
+    ]
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(
+        {"groups": [{"name": "panel", "rules": [{"record": "dashboard:health", "expr": expr}]}]}))
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump({
+        "rule_files": ["rules.yaml"], "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in series],
+                   "promql_expr_test": [{"expr": "dashboard:health", "eval_time": "5m", "exp_samples": [
+                       {"labels": 'dashboard:health{namespace="prod", pod="llama-0"}', "value": 1},
+                       {"labels": 'dashboard:health{namespace="prod", pod="never-read"}', "value": 0},
+                   ]}]}]}))
+    result = subprocess.run([promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_the_thresholds_drawn_and_alerted_are_the_forecasters() -> None:
     # One truth per threshold: the 0.95 the forecaster, the risk and the advice aim at, the 0.90 at which a queue
     # means KV, and the risk at which `filling` starts, are written again in the alert config and the dashboard.
@@ -302,5 +341,10 @@ def test_the_thresholds_drawn_and_alerted_are_the_forecasters() -> None:
     assert len(usage) >= 3 and all(u == {"orange": params.u_busy, "red": params.u_sat} for u in usage)
     risk = panel("KV saturation risk")
     assert lines(risk) == {"red": params.warning.risk_on}
+    # (review, round 22) the alerts' own lines, and the ETA's colours from its own range (none past the hour)
+    assert lines(panel("Preemption rate")) == {"red": config["preemption_storm"]["rate"]}
+    assert lines(panel("Time to GPU memory limit")) == {"green": config["gpu_memory_pressure"]["seconds_to_limit"]}
+    assert lines(panel("Earliest ETA")) == {"orange": 1, "green": 86400}
+    assert "), 86400)" in panel("Earliest ETA")["targets"][0]["expr"]
     assert f"reaches {params.u_sat} of capacity" in risk["description"]
     assert f"at or above {params.warning.risk_on}" in risk["description"]
