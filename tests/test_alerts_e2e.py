@@ -218,7 +218,6 @@ EMPTY_IN_THIS_RUN: list[str] = [
     "panel 'Time to GPU memory limit' A",  # no --dcgm-url or --nvml
     "panel 'KV capacity: engine-reported vs formula' B", "panel 'What-if concurrency ceilings' A",  # no model, card
     "panel 'TTFT objective breach and cause' A",  # no --ttft-slo-seconds
-    "panel 'Series dropped and impossible values' B",  # kvwatch_implausible_values_total: none was
     "panel 'Requests: running and waiting' C",  # vllm:num_requests_waiting_by_reason: vLLM's own series
 ]
 

@@ -305,9 +305,13 @@ def test_a_family_without_samples_is_left_out_whole() -> None:
                                  analyzers=[Sparse()])  # type: ignore[list-item]
     text = generate_latest(make_registry(collector)).decode()
     assert "kvwatch_test_full 1.0" in text and "kvwatch_test_empty" not in text
-    # The health families too: no impossible value served yet, no kvwatch_implausible_values_total (HELP and TYPE
-    # were served with no sample on every scrape).
-    assert "kvwatch_implausible_values" not in text and "kvwatch_scrape_errors_total" in text
+    # The health families have their samples: no impossible value served yet is every field at 0 (review, round 22:
+    # a counter appearing at its first increment starts at 1, and rate() never counted that value).
+    from kvwatch.plausible import CHECKED_FIELDS
+
+    for field in CHECKED_FIELDS:
+        assert f'kvwatch_implausible_values_total{{field="{field}"}} 0.0' in text
+    assert "kvwatch_scrape_errors_total" in text
 
 
 def test_a_histogram_kvwatch_cannot_read_is_logged_once_and_the_page_is_up(

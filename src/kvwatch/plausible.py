@@ -34,6 +34,10 @@ _WHOLE = ("block_size", "max_model_len")  # of _POSITIVE, whole numbers (blocks 
 
 assert set(_COUNTS + _POSITIVE + _BY_LABEL) <= {f.name for f in fields(Reading)} and set(_WHOLE) <= set(_POSITIVE)
 
+CHECKED_FIELDS = ("kv_usage_ratio", *_COUNTS, *_POSITIVE, *_BY_LABEL, "gpu_memory_utilization",
+                  "process_start_time_seconds")
+"""Every field :func:`check_reading` can drop (``kvwatch_implausible_values_total`` exports each from 0)."""
+
 
 def _count_ok(value: float) -> bool:
     return math.isfinite(value) and 0.0 <= value <= MAX_COUNT

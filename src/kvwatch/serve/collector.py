@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from kvwatch import __version__
 from kvwatch.derived import SeriesState
 from kvwatch.payload import REASONS
+from kvwatch.plausible import CHECKED_FIELDS
 from kvwatch.serve.gpu import families as gpu_families
 from kvwatch.serve.state import Analyzer, State
 
@@ -114,10 +115,11 @@ def _health(state: State, polling: bool = True) -> Iterator[Metric]:
     implausible = CounterMetricFamily(
         "kvwatch_implausible_values", "Impossible values the target served (NaN, +-Inf, negative counts, usage "
         "outside 0..1), read as unknown instead, by Reading field; summed over series and polls.", labels=["field"])
-    for name, count in sorted(health.implausible_total.items()):
-        implausible.add_metric([name], float(count))
-    if implausible.samples:  # none until a target serves an impossible value: absent, HELP and TYPE too
-        yield implausible
+    # Every field from 0 (review, round 22): a counter that appears at its first increment starts at 1, and rate()
+    # never counts that first impossible value.
+    for name in sorted({*CHECKED_FIELDS, *health.implausible_total}):
+        implausible.add_metric([name], float(health.implausible_total.get(name, 0)))
+    yield implausible
     if health.last_success_wall_seconds is not None:
         yield GaugeMetricFamily("kvwatch_last_success_timestamp_seconds",
                                 "Unix time (wall clock) of the last successful poll of the target.",
