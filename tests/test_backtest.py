@@ -375,3 +375,46 @@ def test_cli_notes_a_rate_at_the_bound_as_a_unit_mistake(tmp_path, capsys):
                     + "".join(f"{t * 600},m,500,50,550,x\n" for t in range(400)))
     code, out, _ = _cli(["--trace", str(path), "--hours", "0.6", "--profile", "steady"], capsys)
     assert code == 0 and "simulated at the bound, 1000 x" in out and "milliseconds read as seconds" in out
+    # (review, round 22) and a run with nothing to score says why its tables are dashes
+    assert "note: no saturation event after the 30-minute warm-up, so nothing is scored" in out
+
+
+def test_cli_notes_a_mooncake_trace_read_implausibly_dense(tmp_path, capsys):
+    # (review, round 22) A day of Mooncake lines with timestamps in seconds read as 86 s of 232 requests a second,
+    # simulated without a word; a trace under a minute got a hint, one over 16.7 h none.
+    path = tmp_path / "day.jsonl"
+    path.write_text("".join(f'{{"timestamp": {t * 20}, "input_length": 500, "output_length": 50}}\n'
+                            for t in range(4400)))  # 88,000 "ms": 50 requests a second
+    code, out, _ = _cli(["--trace", str(path), "--hours", "0.6", "--profile", "steady"], capsys)
+    assert code == 0 and "requests a second" not in out  # dense, but within what real traces reach
+    path.write_text("".join(f'{{"timestamp": {t * 4}, "input_length": 500, "output_length": 50}}\n'
+                            for t in range(22000)))  # 88,000 "ms": 250 requests a second
+    code, out, _ = _cli(["--trace", str(path), "--hours", "0.6", "--profile", "steady"], capsys)
+    assert code == 0 and "requests a second" in out and "timestamp is in milliseconds" in out
+
+
+def test_a_trace_too_short_gets_the_unit_hint_by_its_format_not_its_name(tmp_path, capsys):
+    # (review, round 22) the hint went by file name: an Azure CSV named .csv.gz got Mooncake's, a Mooncake file
+    # named .json none, and requests all at one time the "seconds" hint
+    import gzip
+
+    mooncake = tmp_path / "m.json"
+    mooncake.write_text("".join(f'{{"timestamp": {t * 1.3}, "input_length": 100, "output_length": 10}}\n'
+                                for t in range(3000)))
+    azure = tmp_path / "a.csv.gz"
+    azure.write_bytes(gzip.compress(("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:17:{t // 10:02d}.{t % 10}000000,100,10\n" for t in range(300))).encode()))
+    same = tmp_path / "same.jsonl"
+    same.write_text('{"timestamp": 0, "input_length": 100, "output_length": 10}\n' * 50)
+    for path, hinted in ((mooncake, True), (azure, False), (same, False)):
+        code, _, err = _cli(["--trace", str(path), "--hours", "0.6"], capsys)
+        assert code == 2 and "bootstraps from at least" in err, err
+        assert ("timestamp is in milliseconds" in err) == hinted, (path.name, err)
+
+
+def test_a_trace_whose_every_row_is_left_out_says_why(tmp_path, capsys):
+    path = tmp_path / "failed.csv"
+    path.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                    + "".join(f"{t * 5},m,100,0,100,x\n" for t in range(50)))
+    code, _, err = _cli(["--trace", str(path), "--hours", "0.6"], capsys)
+    assert code == 2 and "no requests: every row was left out (50 with Response tokens 0 (failed))" in err

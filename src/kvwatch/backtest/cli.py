@@ -22,9 +22,18 @@ from kvwatch.backtest.scenarios import (
     load_trace_head,
     validate,
 )
+from kvwatch.backtest.scoring import WARMUP_SECONDS
 from kvwatch.settings import SettingsError
 from kvwatch.sim.engines_wire import ENGINES
-from kvwatch.sim.traces import TRACE_COLUMNS, TraceError, detect_format, empty_blocks, span_of
+from kvwatch.sim.traces import (
+    DENSE_REQUESTS_PER_SECOND,
+    MOONCAKE_UNIT_HINT,
+    TRACE_COLUMNS,
+    TraceError,
+    detect_format,
+    empty_blocks,
+    span_of,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -133,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
     report["scenario"]["trace_rows_left_out"] = left_out
     report["scenario"]["trace_truncated"] = truncated
     report["scenario"]["trace_hours_read"] = round(span_of(trace) / 3600.0, 2)
+    report["scenario"]["trace_requests_per_second"] = round(len(trace) / span_of(trace), 3)
     block = block_seconds_for(trace)
     empty, blocks = empty_blocks(trace, block)
     report["scenario"]["trace_empty_blocks"] = {"empty": empty, "blocks": blocks}
@@ -206,6 +216,18 @@ def _text(report: dict) -> str:
                      f"{scen['trace_empty_blocks']['blocks']} here: {scen['trace_requests_in_blocks']:,} of the "
                      f"{scen['trace_requests_read']:,} requests read; those after the last whole block are never "
                      "drawn")
+    scored = report["events"] - kv["warmup_events"]
+    if not scored:
+        # (review, round 22: runs of under an hour printed tables of dashes and no word why)
+        lines.append(f"note: no saturation event after the {WARMUP_SECONDS / 60:.0f}-minute warm-up, so nothing is "
+                     "scored (the tables show dashes): a run needs about 2 hours to show an early warning, and a "
+                     "load that saturates (--peak-load, --rate-scale)")
+    read_rate = scen["trace_requests_per_second"]
+    if scen["trace_format"] == "mooncake" and read_rate > DENSE_REQUESTS_PER_SECOND:
+        # (review, round 22: a day in seconds read as 86 s, and nothing said so)
+        lines.append(f"note: the trace reads as {read_rate:,.0f} requests a second over "
+                     f"{scen['trace_hours_read']:g} h: if it is not that dense, its times are in seconds "
+                     f"({MOONCAKE_UNIT_HINT})")
     if scen["rate_scale"] >= MAX_SCALE:
         lines.append(f"note: the trace's rate is so low that it is simulated at the bound, {MAX_SCALE:g} x, over "
                      f"{scen['trace_hours_read']:g} h read: if that span is not the trace's, its times are in another "
