@@ -444,6 +444,27 @@ def test_iteration_stats_scheduled_count_splits_the_active_requests() -> None:
     assert p.detection.running_metric == "inflightBatchingStats.numScheduledRequests"
 
 
+def test_iteration_stats_with_attention_data_parallelism_read_rank_0_in_any_order() -> None:
+    # (review, round 22) With attention DP each iteration is a row per rank (tensorrt_llm's _materialize_frame): rank
+    # 0's active count and KV copied into every row, each rank's own scheduled count, the queue zeroed on ranks but
+    # 0. The last row was read: 14 running and 50 waiting (the queue of 40 lost), 16 and 88 with the rows reversed.
+    import json
+
+    def row(iteration: int, rank: int, scheduled: int) -> dict:
+        return {"iter": iteration, "attentionDpRank": rank, "numActiveRequests": 64,
+                "numQueuedRequests": 40 if rank == 0 else 0,
+                "inflightBatchingStats": {"numScheduledRequests": scheduled},
+                "kvCacheStats": {"maxNumBlocks": 1000, "usedNumBlocks": 980, "tokensPerBlock": 32}}
+
+    rows = [row(99, 0, 10), row(99, 1, 9), row(100, 0, 16), row(100, 1, 14)]
+    for order in (rows, rows[:2] + rows[:1:-1]):
+        (r,) = read_payload(json.dumps(order), timestamp=1.0).readings
+        assert (r.requests_running, r.requests_waiting, r.kv_usage_ratio) == (64, 40, 0.98)
+    # one row per iteration (no attention DP): the split by the scheduled count stands
+    (r,) = read_payload(json.dumps([row(100, 0, 16)]), timestamp=1.0).readings
+    assert (r.requests_running, r.requests_waiting) == (16, 88)
+
+
 def test_trtllm_finished_requests_from_the_iteration_counter_without_per_request_metrics():
     # request_success_total needs return_perf_metrics; num_requests_completed_total comes with the iteration
     # statistics alone (tensorrt_llm/metrics/collector.py): without either the arrival rate is unknown.

@@ -300,9 +300,17 @@ def read_iteration_stats(text: str, *, timestamp: float, model_name: str = "unkn
     if not stats:
         if isinstance(data, list) and not data:
             raise UnrecognisedPayload("TensorRT-LLM iteration statistics: empty list (no iteration since the last "
-                                      "poll; the engine is idle or another reader drained the queue)")
+                                      "poll; the engine is idle or another reader drained the queue: trtllm-serve's "
+                                      "Prometheus collector does on some releases; point kvwatch at its "
+                                      "/prometheus/metrics where the release has it)")
         raise UnrecognisedPayload("JSON payload is not TensorRT-LLM iteration statistics (no kvCacheStats)")
-    last = stats[-1]
+    # With attention data parallelism an iteration is one row per rank (`attentionDpRank`), each a copy of rank 0's
+    # active count and KV beside the rank's own scheduled count, the queue zeroed on every rank but 0
+    # (tensorrt_llm's _materialize_frame). The last row was read: its queue lost, its running count one rank's, and
+    # the answer hung on the rows' order (review, round 22). Rank 0's row of the last iteration is read, unsplit.
+    newest = [it for it in stats if it.get("iter") == stats[-1].get("iter")]
+    attention_dp = len({it.get("attentionDpRank") for it in newest}) > 1
+    last = next((it for it in newest if it.get("attentionDpRank") == 0), stats[-1]) if attention_dp else stats[-1]
     kv = last.get("kvCacheStats") if isinstance(last.get("kvCacheStats"), dict) else {}
 
     def num(source: Mapping[str, Any], name: str) -> float | None:
@@ -317,7 +325,7 @@ def read_iteration_stats(text: str, *, timestamp: float, model_name: str = "unkn
 
     batching = last.get("inflightBatchingStats") if isinstance(last.get("inflightBatchingStats"), dict) else {}
     active, queued, scheduled = (num(last, "numActiveRequests"), num(last, "numQueuedRequests"),
-                                 num(batching, "numScheduledRequests"))
+                                 None if attention_dp else num(batching, "numScheduledRequests"))
     running, waiting, split = _in_batch(active, queued, scheduled)
     reading = _reading(
         (model_name, "0"), None, running, waiting,
