@@ -192,3 +192,17 @@ def test_pipeline_stages_hold_their_share_of_the_whole_models_groups(pp, slots, 
     assert plan.layout.group_size == slots and len(plan.layout.groups) == 7
     assert round(plan.max_concurrency_at_max_model_len, 2) == requests
     assert pp_stage_sizes(62, 4) == [15, 16, 16, 15] and pp_stage_sizes(62, 3) == [21, 21, 20]
+
+
+def test_the_in_flight_budget_beyond_the_windows_counts_every_prompt_it_holds():
+    # (review, round 22) Several prompts are prefilled in one step, each holding its own tokens beyond the window:
+    # a budget of 16,384 tokens is four 4,000-token prompts, 4 × 2,976 beyond a 1,024 window (and 384 of a fifth),
+    # not one prompt's 2,976.
+    from kvwatch.capacity.kv import in_flight_reserve
+
+    g = arch_from_config({"model_type": "gemma2", "num_hidden_layers": 4, "num_attention_heads": 4,
+                          "num_key_value_heads": 1, "hidden_size": 256, "head_dim": 64, "sliding_window": 1024})
+    layout = kv_layout(g, 1, 1, 2, 16, V20)  # one full group, one sliding group
+    assert in_flight_reserve(layout, 4000, 16384) == 4 * 2976 + 384
+    assert in_flight_reserve(layout, 100000, 512) == 512  # a long prompt's chunk: the budget itself
+    assert in_flight_reserve(layout, 1000, 16384) == 0  # within the window: nothing beyond it

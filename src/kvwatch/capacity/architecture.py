@@ -436,7 +436,8 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
     if CHUNKED in layer_types:
         notes.append(f"chunked local attention in {layer_types.count(CHUNKED)} of {num_layers} layers "
                      f"(attention_chunk_size {cfg['attention_chunk_size']}): from vLLM 0.14 these layers form KV "
-                     "groups of their own and hold at most chunk + the in-flight tokens per request; before, vLLM "
+                     "groups of their own and hold a request's current chunk (chunk + the in-flight tokens in "
+                     "vLLM's worst case, at max_model_len); before, vLLM "
                      "disabled its hybrid KV cache manager for them "
                      "(VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE defaulted to 0) and they held every token "
                      "like full attention")
