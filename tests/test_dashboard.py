@@ -92,8 +92,9 @@ def test_variables_datasource_namespace_model_pod() -> None:
     assert '$model' in variables["pod"]["query"]["query"]
     # ... and the model narrows the series without a model_name too, with pod on All (review, round 22: kvwatch_up
     # of a pod serving another model showed red beside the one picked)
-    other = 'unless on (namespace, pod) max_over_time(kvwatch_kv_usage_ratio{namespace=~"$namespace", ' \
-            'model_name!~"$model"}[$__range])'
+    other = ('unless on (instance, job) (max_over_time(kvwatch_kv_usage_ratio{namespace=~"$namespace", '
+             'model_name!~"$model"}[$__range]) unless on (instance, job) max_over_time(kvwatch_kv_usage_ratio'
+             '{namespace=~"$namespace", model_name=~"$model"}[$__range]))')
     queries = [t["expr"] for p in panels() for t in p["targets"]]
     queries += [a["expr"] for a in DASHBOARD["annotations"]["list"] if "expr" in a]
     for query in queries:
@@ -290,7 +291,9 @@ def test_the_pod_list_has_sidecars_that_never_read_their_engine(tmp_path: Path) 
 
 def test_a_picked_model_narrows_the_health_panel_with_pod_on_all(tmp_path: Path) -> None:
     # (review, round 22) With pod on All ('.*') the health, GPU and alert panels showed every pod: a pod serving
-    # another model read red ("down") beside the one picked. Evaluated by promtool with model=llama, pod=All.
+    # another model read red ("down") beside the one picked. Evaluated by promtool with model=llama, pod=All. Matched
+    # by the sidecar (instance, job): outside Kubernetes there is no pod label, and a sidecar that had the model at
+    # any time in the range stays (a first version, on a pod's other model, hid both).
     import yaml
 
     promtool = shutil.which("promtool")
@@ -299,22 +302,33 @@ def test_a_picked_model_narrows_the_health_panel_with_pod_on_all(tmp_path: Path)
     expr = panel("kvwatch reads vLLM (kvwatch_up)")["targets"][0]["expr"]
     expr = expr.replace("$namespace", ".*").replace("$model", "llama").replace("$pod", ".*").replace(
         "$__range", "1h")
+
+    def sidecar(name: str, k8s: bool = True) -> str:
+        return f'instance="{name}:9747", job="kvwatch"' + (f', namespace="prod", pod="{name}"' if k8s else "")
+
     series = [
-        ('kvwatch_up{namespace="prod", pod="llama-0"}', "1x5"),
-        ('kvwatch_kv_usage_ratio{namespace="prod", pod="llama-0", model_name="llama", engine="0"}', "0.5x5"),
-        ('kvwatch_up{namespace="prod", pod="qwen-0"}', "1 1 0 0 0 0"),  # down now: its usage gone, not its model
-        ('kvwatch_kv_usage_ratio{namespace="prod", pod="qwen-0", model_name="qwen", engine="0"}', "0.5 0.5 stale"),
-        ('kvwatch_up{namespace="prod", pod="never-read"}', "0x5"),
+        (f"kvwatch_up{{{sidecar('llama-0')}}}", "1x5"),
+        (f'kvwatch_kv_usage_ratio{{{sidecar("llama-0")}, model_name="llama", engine="0"}}', "0.5x5"),
+        (f"kvwatch_up{{{sidecar('qwen-0')}}}", "1 1 0 0 0 0"),  # down now: its usage gone, not its model
+        (f'kvwatch_kv_usage_ratio{{{sidecar("qwen-0")}, model_name="qwen", engine="0"}}', "0.5 0.5 stale"),
+        (f"kvwatch_up{{{sidecar('never-read')}}}", "0x5"),
+        (f"kvwatch_up{{{sidecar('switched')}}}", "1x5"),  # qwen, then llama from 3m
+        (f'kvwatch_kv_usage_ratio{{{sidecar("switched")}, model_name="qwen", engine="0"}}', "0.5 0.5 stale"),
+        (f'kvwatch_kv_usage_ratio{{{sidecar("switched")}, model_name="llama", engine="0"}}', "_ _ _ 0.5x2"),
+        (f"kvwatch_up{{{sidecar('static-a', k8s=False)}}}", "1x5"),  # a static config: no namespace, no pod
+        (f'kvwatch_kv_usage_ratio{{{sidecar("static-a", k8s=False)}, model_name="llama", engine="0"}}', "0.5x5"),
+        (f"kvwatch_up{{{sidecar('static-b', k8s=False)}}}", "1x5"),
+        (f'kvwatch_kv_usage_ratio{{{sidecar("static-b", k8s=False)}, model_name="qwen", engine="0"}}', "0.5x5"),
     ]
+    kept = [("llama-0", True, 1), ("never-read", True, 0), ("switched", True, 1), ("static-a", False, 1)]
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(
         {"groups": [{"name": "panel", "rules": [{"record": "dashboard:health", "expr": expr}]}]}))
     (tmp_path / "test.yaml").write_text(yaml.safe_dump({
         "rule_files": ["rules.yaml"], "evaluation_interval": "1m",
         "tests": [{"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in series],
                    "promql_expr_test": [{"expr": "dashboard:health", "eval_time": "5m", "exp_samples": [
-                       {"labels": 'dashboard:health{namespace="prod", pod="llama-0"}', "value": 1},
-                       {"labels": 'dashboard:health{namespace="prod", pod="never-read"}', "value": 0},
-                   ]}]}]}))
+                       {"labels": f"dashboard:health{{{sidecar(name, k8s)}}}", "value": value}
+                       for name, k8s, value in kept]}]}]}))
     result = subprocess.run([promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
