@@ -107,23 +107,26 @@ def test_a_failed_read_is_counted_and_drops_the_memory_gauges() -> None:
 
 def test_a_gpu_missing_from_one_read_keeps_its_trend() -> None:
     # (review, round 22) A GPU absent from one read the source answered had its points dropped: its time to the
-    # limit was gone for 2 minutes of new points, and the alert's `for` started again. GPUs gone for good are
-    # forgotten once their points leave the window, at most as many as a read holds.
+    # limit was gone for 2 minutes of new points, and the alert's `for` started again. Three of four missing keep
+    # theirs too (a first fix kept as many as the read listed); GPUs gone for good are forgotten once their points
+    # leave the window, and at most REMEMBERED_GPUS are kept.
+    from kvwatch.serve.gpu import REMEMBERED_GPUS
+
     source = ScriptedSource()
     watcher = GpuWatcher(source)  # type: ignore[arg-type]
+    uuids = ["GPU-aaaa", "GPU-bbbb", "GPU-cccc", "GPU-dddd"]
     for minute in range(6):
-        source.next = [gpu(60 + 0.5 * minute, 20 - 0.5 * minute), gpu(40, 40, "GPU-bbbb")]
+        source.next = [gpu(60 + 0.5 * minute, 20 - 0.5 * minute, uuid) for uuid in uuids]
         if minute == 4:
-            source.next = source.next[1:]  # GPU-aaaa missing from this read
+            source.next = source.next[3:]  # three GPUs missing from this read
         state = watcher.update(watcher.read(), 60.0 * minute, None, None)
         if minute == 4:
-            assert [r.memory.uuid for r in state.gpus] == ["GPU-bbbb"]
-    aaaa = next(r for r in state.gpus if r.memory.uuid == "GPU-aaaa")
-    assert aaaa.growth_bytes_per_second == pytest.approx(0.5 * GIB / 60)  # at once, from the points before the gap
-    for minute in range(6, 30):  # gone: forgotten after the window
-        source.next = [gpu(40, 40, f"GPU-new{minute}")]
+            assert [r.memory.uuid for r in state.gpus] == ["GPU-dddd"]
+    assert [r.growth_bytes_per_second for r in state.gpus] == [pytest.approx(0.5 * GIB / 60)] * 4  # at once
+    for minute in range(6, 30):  # new GPUs every read: the old ones forgotten after the window, at most the cap kept
+        source.next = [gpu(40, 40, f"GPU-new{minute}-{i}") for i in range(10)]
         watcher.update(watcher.read(), 60.0 * minute, None, None)
-        assert len(watcher._used) <= 2
+        assert len(watcher._used) <= REMEMBERED_GPUS
     assert ("GPU-aaaa", "") not in watcher._used
 
 

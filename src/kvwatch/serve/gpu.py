@@ -117,6 +117,11 @@ def describe(match: GpuMatch) -> str:
     return f"pod {match.namespace}/{match.pod}" if match.namespace else f"pod {match.pod} (any namespace)"
 
 
+REMEMBERED_GPUS = 64
+"""The most GPUs whose trend points are kept: a node's 8 GPUs at 7 MIG instances each is 56 (a hostile source
+listing new UUIDs every read must not grow memory)."""
+
+
 class GpuWatcher:
     """Owns the source and each GPU's recent ``(t, used bytes)``; :meth:`update` builds the frozen state."""
 
@@ -159,8 +164,8 @@ class GpuWatcher:
             readings.append(GpuReading(gpu, non_kv_bytes(gpu.used_bytes, kv_pool_bytes, weights_bytes), growth,
                                        seconds_to_limit(gpu.free_bytes, growth)))
         # A GPU missing from a read keeps its points while they are in the window (dropped at once, its trend took 2
-        # minutes to come back after a one-read gap, and the alert's `for` started again: review, round 22), at most as
-        # many such GPUs as this read has, the most recently seen first.
+        # minutes to come back after a one-read gap, and the alert's `for` started again: review, round 22), at most
+        # REMEMBERED_GPUS GPUs in all, the most recently seen first.
         seen = {(g.uuid, g.instance) for g in result}
         missing = []
         for key in [k for k in self._used if k not in seen]:
@@ -171,7 +176,7 @@ class GpuWatcher:
                 missing.append((points[-1][0], key))
             else:
                 del self._used[key]
-        for _, key in sorted(missing, reverse=True)[max(len(seen), 1):]:
+        for _, key in sorted(missing, reverse=True)[max(0, REMEMBERED_GPUS - len(seen)):]:
             del self._used[key]
         self.state = GpuState(previous.source, True, tuple(readings), previous.errors_total, previous.last_error)
         return self.state
