@@ -530,3 +530,19 @@ def test_the_fetcher_frees_a_bodys_bytes_once_it_is_text() -> None:
         tracemalloc.stop()
     assert text.startswith(FIXTURE) and not body  # the buffer is emptied: only the text is held after it
     assert peak < 1.2 * len(text), f"{peak / 2**20:.1f} MiB to decode {len(text) >> 20} MiB"
+
+
+def test_a_bad_byte_in_a_comment_is_read_without_a_copy_of_the_page_per_line() -> None:
+    # (review, round 22) Telling whether undecodable bytes are all in plain comments split the page into lines beside
+    # two decoded texts: 6 times the body. Only their lines are looked at now, in place, one text alive at a time.
+    from kvwatch.fetch import decode_body
+
+    body = bytearray(FIXTURE.encode() + b"# bad \xff comment\n" + (b"# " + b"x" * 100 + b"\n") * 40000)
+    tracemalloc.start()
+    try:
+        text = decode_body(body, None, "http://vllm:8000/metrics")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "bad \ufffd comment" in text
+    assert peak < 4.5 * len(body), f"{peak / len(body):.1f} x the body"

@@ -893,10 +893,10 @@ def _learn_fragments(fragments: list[str]) -> bool:
 
 # ---------------------------------------------------------------------- tokens
 
-def metadata_keyword(line: str) -> str | None:
-    """``HELP`` or ``TYPE`` where Prometheus' scrape lexer (promlex.l) reads a ``#`` line as metadata: '#', blanks,
-    the keyword, a blank; None for a plain comment ('#HELP x', '# HELPER x')."""
-    match = _METADATA_KEYWORD.match(line)  # (matched in place: slices of a 60 MiB comment line peaked at 4x it)
+def metadata_keyword(line: str, pos: int = 0) -> str | None:
+    """``HELP`` or ``TYPE`` where Prometheus' scrape lexer (promlex.l) reads a ``#`` line (at ``pos`` of ``line``)
+    as metadata: '#', blanks, the keyword, a blank; None for a plain comment ('#HELP x', '# HELPER x')."""
+    match = _METADATA_KEYWORD.match(line, pos)  # (matched in place: slices of a 60 MiB comment line peaked at 4x it)
     return match.group(1) if match else None
 
 
