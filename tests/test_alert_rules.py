@@ -119,6 +119,9 @@ MUTATIONS = [
     ("the bottleneck's longer hold", "quantile_over_time(0.5, kvwatch_requests_waiting[5m]) > 0",
      "quantile_over_time(0.5, kvwatch_requests_waiting[2m]) > 0",
      ["a queue that drains between bursts of one saturation pages once"]),
+    ("the bottleneck's hold on preemptions", "quantile_over_time(0.5, kvwatch_preemptions_per_second[5m]) > 0",
+     "quantile_over_time(0.5, kvwatch_preemptions_per_second[5m]) > 99",
+     ["a preemption pause inside one saturation is held"]),
     ("the bottleneck's hold only while firing",
      'and on (instance, job, model_name, engine)\n'
      '              ALERTS{alertname="KVCacheBottleneck", alertstate="firing"}',
