@@ -376,3 +376,25 @@ def test_a_page_without_cache_config_for_a_poll_keeps_the_engines_capacity(no_kv
             clock.t += 5.0
     # two configurations: unknown, neither one's nor the formula's (a switch to the formula restarted the forecaster)
     assert capacities == [(448000.0, None)] * 4 + [(None, "undetermined"), (448000.0, None)]
+
+
+def test_every_field_the_plausibility_check_can_drop_is_exported_from_zero() -> None:
+    # (review, round 22) kvwatch_implausible_values_total is exported from 0 for plausible.CHECKED_FIELDS, a list
+    # written beside the checks themselves: a reading with every value impossible drops exactly those fields.
+    import dataclasses
+    import math
+    from types import MappingProxyType
+
+    from kvwatch.model import Reading
+    from kvwatch.plausible import CHECKED_FIELDS, check_reading
+
+    values: dict[str, object] = {}
+    for f in dataclasses.fields(Reading):
+        if f.name in ("waiting_by_reason", "finished_by_reason"):
+            values[f.name] = MappingProxyType({"x": -1.0})
+        elif f.type in ("float | None", float | None):
+            values[f.name] = math.nan
+    _, dropped = check_reading(Reading("m", **values))  # type: ignore[arg-type]
+    # (more hits than queries is a check of its own)
+    _, more_hits = check_reading(Reading("m", prefix_cache_queries_total=1.0, prefix_cache_hits_total=2.0))
+    assert sorted({name for name, _ in dropped + more_hits}) == sorted(CHECKED_FIELDS)
