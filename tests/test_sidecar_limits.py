@@ -546,3 +546,28 @@ def test_a_bad_byte_in_a_comment_is_read_without_a_copy_of_the_page_per_line() -
         tracemalloc.stop()
     assert "bad \ufffd comment" in text
     assert peak < 4.5 * len(body), f"{peak / len(body):.1f} x the body"
+
+
+def test_a_poll_running_past_the_interval_leaves_its_series_fresh_until_stale_after_its_end(
+        no_kvwatch_env: None) -> None:
+    # (review, round 22) Freshness counted from the start of the last good poll: a poll of 9 s at a 5-s interval
+    # (its next tick skipped, polls starting 10 s apart) left its series stale from 15 s after it began until the
+    # next one ended, kvwatch_state "unknown" and usage absent with kvwatch_up 1: a pending alert's `for` restarted.
+    clock = [0.0]
+
+    class Slow(Served):
+        def fetch(self) -> str:
+            clock[0] += 9.0  # the fetch (and GPU read) take 9 s of poll clock
+            return super().fetch()
+
+    sidecar = Sidecar(ServeSettings(poll_interval_seconds=5.0), Slow(FIXTURE), lambda: clock[0])  # type: ignore
+    stale_after = 15.0  # (3 x the interval, the default)
+    sidecar.poll()  # from 0 to 9
+    clock[0] = 10.0
+    sidecar.poll()  # the next tick (at 10): from 10 to 19
+    for now in (19.0, 24.0, 27.0, 33.9):  # while the second runs, and after it, until 15 s after it ended
+        assert sidecar.state.fresh(now, stale_after), now
+    assert not sidecar.state.fresh(34.1, stale_after)
+    collector = KvwatchCollector(lambda: sidecar.state, now=lambda: 27.0, stale_after=stale_after)
+    text = generate_latest(make_registry(collector)).decode()
+    assert 'kvwatch_kv_usage_ratio{engine="0",model_name="llama"}' in text

@@ -314,8 +314,11 @@ class Sidecar:
             failure = ScrapeError("internal", f"kvwatch failed on this poll: {type(exc).__name__}: {exc}")
             state = self._down_state(failure, previous, now, errors, gpu_read, cause=exc)
         # (measured here, so that it holds the wait for the GPU read too)
-        state = replace(state, finished=self.clock(), health=replace(
-            state.health, scrape_duration_seconds=time.monotonic() - started))
+        finished = self.clock()
+        health = replace(state.health, scrape_duration_seconds=time.monotonic() - started)
+        if health.up and health.last_success_timestamp == now:  # this poll was good
+            health = replace(health, last_success_finished=finished)
+        state = replace(state, finished=finished, health=health)
         self.state = state  # the one atomic swap readers see
         if big:
             release_memory()

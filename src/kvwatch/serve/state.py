@@ -52,7 +52,8 @@ class Health:
     errors_total: Mapping[str, int] = field(default_factory=lambda: MappingProxyType(dict.fromkeys(REASONS, 0)))
     last_error_reason: str | None = None
     last_error: str | None = None
-    last_success_timestamp: float | None = None  # poll clock (accelerated by --clock-speed): staleness
+    last_success_timestamp: float | None = None  # poll clock (accelerated by --clock-speed): when it began
+    last_success_finished: float | None = None  # poll clock: when it ended, what staleness counts from
     # Wall-clock Unix time of the same poll: what kvwatch_last_success_timestamp_seconds exports, since alert
     # rules compare it with Prometheus' time() (the demo's poll clock runs ahead of it).
     last_success_wall_seconds: float | None = None
@@ -80,6 +81,10 @@ class State:
         return last is not None and now - last <= within
 
     def fresh(self, now: float, stale_after: float) -> bool:
-        """Whether derived per-series values may still be exported at ``now``."""
-        last = self.health.last_success_timestamp
+        """Whether derived per-series values may still be exported at ``now``: counted from the end of the last
+        good poll. From its start, a poll running past the interval (the next tick skipped) left its series stale
+        before the next one ended, kvwatch_up 1, every 10 s at a 5-s interval (review, round 22)."""
+        last = self.health.last_success_finished
+        if last is None:
+            last = self.health.last_success_timestamp
         return last is not None and now - last <= stale_after
