@@ -61,10 +61,17 @@ class Entry:
     reading: Reading
 
 
+START_TIME_JITTER = 1.0
+"""Seconds a target's ``process_start_time_seconds`` may move without a restart: exporters that compute it anew
+each scrape (client_golang reads boot time and jiffies every time: prometheus/client_golang#289) wobble by
+milliseconds, and each wobble was a restart, the forecaster warming up for good (review, round 22). No engine
+restarts within a second of its predecessor's start."""
+
+
 def restart_reason(previous: Reading, current: Reading) -> str | None:
     """Why ``current`` looks like a new vLLM process compared with ``previous``, or None."""
     if (previous.process_start_time_seconds is not None and current.process_start_time_seconds is not None
-            and previous.process_start_time_seconds != current.process_start_time_seconds):
+            and abs(previous.process_start_time_seconds - current.process_start_time_seconds) > START_TIME_JITTER):
         return "process_start_time_seconds changed"
     if previous.cache_config and current.cache_config and dict(previous.cache_config) != dict(current.cache_config):
         return "cache_config_info changed"
