@@ -1252,3 +1252,15 @@ def test_an_engine_with_two_configurations_is_said_unknown_once(tmp_path: Path,
     main(["check", "--file", str(payload), "--json"])
     ids = [f["id"] for f in json.loads(capsys.readouterr().out)["findings"]]
     assert "capacity_unknown" not in ids and "value_unknown" in ids
+
+
+def test_the_text_says_when_the_capacity_is_kvwatchs_estimate(capsys: pytest.CaptureFixture[str]) -> None:
+    # (review, round 22) an engine reporting no capacity, with --gpu: the formula's figure read as the engine's own
+    # in the text (only --json's capacity_source said "formula")
+    page = str(FIXTURES / "gen-0.8.5-engine-label.prom")
+    assert main(["check", "--file", page, "--gpu", "H100-80GB"]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("  KV capacity")]
+    assert line.endswith("tokens (kvwatch's estimate from the model and the card: the engine reports none)")
+    assert main(["check", "--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom")]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("  KV capacity")]
+    assert lines and all(x.endswith(" tokens") for x in lines)  # the engine's own: no word

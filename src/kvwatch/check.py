@@ -711,7 +711,10 @@ def render(report: dict[str, Any]) -> str:
         reasons = ", ".join(f"{n:,} for {reason}" for reason, n in s["waiting_by_reason"].items() if n)
         lines.append(f"  queue           {_fmt(running, ',')} running, {_fmt(waiting, ',')} waiting"
                      + (f" ({reasons})" if reasons else ""))
-        lines.append("  KV capacity     " + (f"{capacity:,} tokens" if capacity is not None else "unknown"))
+        # (review, round 22: the formula's figure read as the engine's own; --json said "formula" only)
+        estimated = " (kvwatch's estimate from the model and the card: the engine reports none)" \
+            if s["capacity_source"] == "formula" else ""
+        lines.append("  KV capacity     " + (f"{capacity:,} tokens{estimated}" if capacity is not None else "unknown"))
         mix, worst = s["max_concurrency"], s["max_concurrency_max_model_len"]
         lines.append(f"  max concurrency {_fmt(mix, '.1f')} at the observed mix, {_fmt(worst, '.1f')} at max-model-len"
                      # No request is longer than max-model-len: a mix below it counts KV that no running request
