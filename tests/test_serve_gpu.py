@@ -321,7 +321,7 @@ def test_the_engine_loading_is_no_growth_of_non_kv_memory() -> None:
             assert served.health.up and served.gpu.gpus[0].growth_bytes_per_second == 0.0
             assert served.gpu.gpus[0].seconds_to_limit is None
             # Restarted between two polls, with 8 GiB more (other CUDA graphs): a step, no growth.
-            engine["started"] = 2.0
+            engine["started"] = 1000.0  # (a restart starts later than a second: history.START_TIME_JITTER)
             used[0] += 8.0
             after = poll_for(5, 0.0)
             assert after.gpu.gpus[0].growth_bytes_per_second == 0.0
