@@ -122,3 +122,18 @@ def test_the_longest_request_read_once_a_minute_holds_for_the_polls_between():
     assert advice[-1] and all(a == advice[-1] for a in advice[-10:])
     lower = [a for a in advice[-1] if a.action == "lower_max_model_len"]
     assert lower and lower[0].engine_args == ("--max-model-len", "8192")  # at most 5,500 tokens, with margin
+
+
+def test_a_series_missing_from_one_slow_poll_is_unknown_not_gone():
+    # (review, round 22) "Gone" counted from the page that last had the series to the scrape: polls of 7 s starting
+    # 10 s apart, a scrape at the end of the first poll without engine 1 found it 17 s old and dropped it (gone after
+    # one page) rather than read it unknown. Now it counts between pages: 10 s, within stale-after (15 s).
+    settings = ServeSettings()
+    analyzer = make_analyzer(settings, CapacityResolver(settings))
+    h0, h1 = SeriesHistory(), SeriesHistory()
+    _feed(analyzer, h0, 0.0, 600, 0.5, [0.0], "0")
+    _feed(analyzer, h1, 0.0, 600, 0.5, [0.0], "1")  # both read by the poll that began at 595
+    r0 = _feed(analyzer, h0, 605.0, 5, 0.5, [6000.0], "0")  # the next poll (605) has engine 0 only
+    assert _states(list(analyzer.families({("m", "0"): r0}, 612.1)), "1")["unknown"] == 1.0
+    r0 = _feed(analyzer, h0, 615.0, 5, 0.5, [6100.0], "0")  # a page 20 s after engine 1's last: gone
+    assert "1" not in {s.labels["engine"] for f in analyzer.families({("m", "0"): r0}, 615.5) for s in f.samples}

@@ -106,6 +106,9 @@ class ForecastAnalyzer:
 
     def families(self, results: Mapping[SeriesKey, SeriesForecast], now: float) -> Iterable[Metric]:
         rows = []
+        # When the newest page was read: "gone" counts between pages (poll starts), not to the scrape, which may
+        # come a whole poll's duration after its page's start (review, round 22).
+        newest_page = max(self._seen.values(), default=None)
         for key, forecaster in sorted(list(self._forecasters.items())):
             fresh = results.get(key)
             if fresh is not None:
@@ -118,7 +121,8 @@ class ForecastAnalyzer:
                 self._longest.pop(key, None)
                 self._seen.pop(key, None)
                 continue
-            if results and last is not None and now - last > self.params.stale_after_seconds:
+            if results and last is not None and newest_page is not None and \
+                    newest_page - last > self.params.stale_after_seconds:
                 continue  # missing from pages that are read: gone, not unknown (five ghosts lingered an hour)
             rows.append((key, forecaster.unknown(now), ()))
         return forecast_metric_families(
