@@ -460,6 +460,12 @@ def test_iteration_stats_with_attention_data_parallelism_read_rank_0_in_any_orde
     for order in (rows, rows[:2] + rows[:1:-1]):
         (r,) = read_payload(json.dumps(order), timestamp=1.0).readings
         assert (r.requests_running, r.requests_waiting, r.kv_usage_ratio) == (64, 40, 0.98)
+    # (diff review, round 22) the rank written as digits, and an iteration whose rank-0 row is not (yet) in
+    string_ranks = [{**r, "attentionDpRank": str(r["attentionDpRank"])} for r in rows]
+    (r,) = read_payload(json.dumps(string_ranks), timestamp=1.0).readings
+    assert (r.requests_running, r.requests_waiting) == (64, 40)
+    (r,) = read_payload(json.dumps(rows[:3] + [row(101, 1, 3)]), timestamp=1.0).readings
+    assert (r.requests_running, r.requests_waiting) == (64, 40)  # rank 0's newest row, unsplit
     # one row per iteration (no attention DP): the split by the scheduled count stands
     (r,) = read_payload(json.dumps([row(100, 0, 16)]), timestamp=1.0).readings
     assert (r.requests_running, r.requests_waiting) == (16, 88)

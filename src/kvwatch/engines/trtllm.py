@@ -286,6 +286,14 @@ def looks_like_json(text: str) -> bool:
 MAX_JSON_VALUES = 250_000
 
 
+def _dp_rank(row: Mapping[str, Any]) -> int | None:
+    """A row's ``attentionDpRank`` as a number (written as one, or as its digits), else None."""
+    rank = row.get("attentionDpRank")
+    if isinstance(rank, str) and rank.strip().isdecimal():
+        return int(rank)
+    return rank if isinstance(rank, int) and not isinstance(rank, bool) else None
+
+
 def read_iteration_stats(text: str, *, timestamp: float, model_name: str = "unknown") -> Poll:
     """One :class:`Poll` from trtllm-serve's iteration statistics (``[{"iter": ..., "kvCacheStats": ...}]``);
     ValueError when the text is not JSON, UnrecognisedPayload when it is not iteration statistics, TooLarge when it
@@ -308,9 +316,10 @@ def read_iteration_stats(text: str, *, timestamp: float, model_name: str = "unkn
     # active count and KV beside the rank's own scheduled count, the queue zeroed on every rank but 0
     # (tensorrt_llm's _materialize_frame). The last row was read: its queue lost, its running count one rank's, and
     # the answer hung on the rows' order (review, round 22). Rank 0's row of the last iteration is read, unsplit.
-    newest = [it for it in stats if it.get("iter") == stats[-1].get("iter")]
-    attention_dp = len({it.get("attentionDpRank") for it in newest}) > 1
-    last = next((it for it in newest if it.get("attentionDpRank") == 0), stats[-1]) if attention_dp else stats[-1]
+    attention_dp = any(_dp_rank(it) not in (None, 0) for it in stats)
+    last = stats[-1]
+    if attention_dp:  # rank 0's newest row (a row without an iteration number stands alone)
+        last = next((it for it in reversed(stats) if _dp_rank(it) == 0), last)
     kv = last.get("kvCacheStats") if isinstance(last.get("kvCacheStats"), dict) else {}
 
     def num(source: Mapping[str, Any], name: str) -> float | None:
