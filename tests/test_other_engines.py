@@ -464,7 +464,7 @@ def test_iteration_stats_with_attention_data_parallelism_read_rank_0_in_any_orde
     string_ranks = [{**r, "attentionDpRank": str(r["attentionDpRank"])} for r in rows]
     (r,) = read_payload(json.dumps(string_ranks), timestamp=1.0).readings
     assert (r.requests_running, r.requests_waiting) == (64, 40)
-    (r,) = read_payload(json.dumps(rows[:3] + [row(101, 1, 3)]), timestamp=1.0).readings
+    (r,) = read_payload(json.dumps([*rows[:3], row(101, 1, 3)]), timestamp=1.0).readings
     assert (r.requests_running, r.requests_waiting) == (64, 40)  # rank 0's newest row, unsplit
     # one row per iteration (no attention DP): the split by the scheduled count stands
     (r,) = read_payload(json.dumps([row(100, 0, 16)]), timestamp=1.0).readings
