@@ -321,14 +321,32 @@ def test_a_picked_model_narrows_the_health_panel_with_pod_on_all(tmp_path: Path)
         (f'kvwatch_kv_usage_ratio{{{sidecar("static-b", k8s=False)}, model_name="qwen", engine="0"}}', "0.5x5"),
     ]
     kept = [("llama-0", True, 1), ("never-read", True, 0), ("switched", True, 1), ("static-a", False, 1)]
+    # The alert annotations too: kvwatch's alerts by their sidecar, kube-state-metrics' restart loops by their pod
+    # (their instance and job are kube-state-metrics': matched by the sidecar, none was ever left out).
+    annotation = next(a for a in DASHBOARD["annotations"]["list"] if a.get("name") == "kvwatch alerts")["expr"]
+    annotation = annotation.replace("$namespace", ".*").replace("$model", "llama").replace("$pod", ".*").replace(
+        "$__range", "1h")
+    ksm = 'instance="ksm:8080", job="kube-state-metrics", namespace="prod"'
+    alerts = [
+        (f'ALERTS{{alertname="KVCacheBottleneck", alertstate="firing", {sidecar("llama-0")}}}', True),
+        (f'ALERTS{{alertname="KVCacheBottleneck", alertstate="firing", {sidecar("qwen-0")}}}', False),
+        (f'ALERTS{{alertname="VLLMContainerRestartLoop", alertstate="firing", {ksm}, pod="llama-0"}}', True),
+        (f'ALERTS{{alertname="VLLMContainerRestartLoop", alertstate="firing", {ksm}, pod="qwen-0"}}', False),
+    ]
+    series += [(labels, "1x5") for labels, _ in alerts]
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(
-        {"groups": [{"name": "panel", "rules": [{"record": "dashboard:health", "expr": expr}]}]}))
+        {"groups": [{"name": "panel", "rules": [{"record": "dashboard:health", "expr": expr},
+                                                {"record": "dashboard:alerts", "expr": annotation}]}]}))
     (tmp_path / "test.yaml").write_text(yaml.safe_dump({
         "rule_files": ["rules.yaml"], "evaluation_interval": "1m",
         "tests": [{"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in series],
-                   "promql_expr_test": [{"expr": "dashboard:health", "eval_time": "5m", "exp_samples": [
-                       {"labels": f"dashboard:health{{{sidecar(name, k8s)}}}", "value": value}
-                       for name, k8s, value in kept]}]}]}))
+                   "promql_expr_test": [
+                       {"expr": "dashboard:health", "eval_time": "5m", "exp_samples": [
+                           {"labels": f"dashboard:health{{{sidecar(name, k8s)}}}", "value": value}
+                           for name, k8s, value in kept]},
+                       {"expr": "dashboard:alerts", "eval_time": "5m", "exp_samples": [
+                           {"labels": labels.replace("ALERTS{", "dashboard:alerts{"), "value": 1}
+                           for labels, shown in alerts if shown]}]}]}))
     result = subprocess.run([promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
