@@ -129,6 +129,24 @@ def test_cli_bad_input_exits_2_naming_the_flag(argv, flag, capsys):
     assert flag in err
 
 
+def test_the_plots_legend_sits_beside_its_axes(tmp_path, capsys, monkeypatch):
+    # (review, round 22) in the upper left of the axes it hid the 0.95 line and the usage of the first half hour
+    from matplotlib.figure import Figure
+
+    saved = []
+    savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (saved.append(fig), savefig(fig, *a, **k))[1])
+    code, _, _ = _cli(["--trace", str(packaged_trace("azure_code_sample.csv")), "--hours", "0.6",
+                       "--plot", str(tmp_path / "p.png")], capsys)
+    assert code == 0
+    (fig,) = saved
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()  # (the figure is closed after its save)
+    ax = fig.axes[0]
+    assert ax.get_legend().get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x1
+
+
 def test_plot_without_matplotlib_is_refused_before_the_run(tmp_path, capsys, monkeypatch):
     # matplotlib is the plot extra: a run of hours went by before it said so, with exit 1.
     import sys
