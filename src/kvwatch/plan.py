@@ -39,12 +39,12 @@ from kvwatch.capacity.kv import (
     TOKENS_FROM_CONCURRENCY_SINCE,
     KVLayout,
     blocks_per_group_tokens,
-    in_flight_reserve,
     indexer_bytes_per_layer,
     indexer_layers,
     kv_bytes_per_token_per_layer,
     kv_dtype_bytes,
     layers_on_rank,
+    max_concurrency_terms,
 )
 from kvwatch.capacity.layers import CHUNKED, MAMBA, SLIDING
 from kvwatch.capacity.longcontext import LongContext, long_context
@@ -513,9 +513,9 @@ def render_text(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: floa
                 f"   {_uniform_tokens_line(plan)}"]
     out += ["", "4. Concurrency ceiling"]
     if avg_seq_len and layout.is_hybrid:
-        reserve = in_flight_reserve(layout, avg_seq_len, plan.in_flight_tokens)
+        reserve = max_concurrency_terms(layout, plan.num_gpu_blocks, avg_seq_len, plan.in_flight_tokens)[1]
         pool = f"{plan.num_gpu_blocks:,} blocks × {layout.block_size}"
-        if reserve:
+        if reserve >= 0.5:
             pool = f"({pool} − {reserve:,.0f} tokens prefill steps hold beyond the windows)"
         out.append(f"   at {avg_seq_len:,.0f} tokens per request: {pool}"
                    f" ÷ tokens one request holds in all {layout.num_groups} groups ({_group_caps(layout)}) "

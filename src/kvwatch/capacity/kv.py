@@ -546,7 +546,8 @@ def tokens_needed(layout: KVLayout, seq_len: float) -> float:
 
     A sliding-window group frees the blocks its window has passed as the request runs (vLLM's
     ``SlidingWindowManager.get_num_skipped_tokens``: the tokens before ``computed - window + 1``), so it holds at
-    most ``window`` tokens plus one block for a window that does not start on a block boundary; a chunked-local
+    most ``window`` tokens plus one block for a window that does not start on a block boundary (a request shorter
+    than that, all its tokens, as full attention: a block more there made a window lower the ceiling); a chunked-local
     group at most its chunk (``ChunkedLocalAttentionManager`` frees what precedes the current chunk). What a
     prefill step adds beyond the window is held by the requests being prefilled only: :func:`in_flight_reserve`.
     Counted in tokens of the layout's ``block_size``: a group with larger blocks (unified pages) spends one block
@@ -560,7 +561,7 @@ def tokens_needed(layout: KVLayout, seq_len: float) -> float:
             continue
         block = layout.group_block_size(group)
         if group.kind == SLIDING and group.sliding_window:
-            held = min(seq_len, group.sliding_window) + block
+            held = min(seq_len, group.sliding_window + block)
         elif group.kind == CHUNKED and group.attention_chunk_size:
             held = min(seq_len, group.attention_chunk_size)
         else:
@@ -569,8 +570,9 @@ def tokens_needed(layout: KVLayout, seq_len: float) -> float:
     return total
 
 
-def in_flight_reserve(layout: KVLayout, seq_len: float, in_flight_tokens: int) -> float:
-    """Block-row tokens of the pool that prefill steps hold beyond the windows of requests of ``seq_len`` tokens.
+def in_flight_reserve(layout: KVLayout, seq_len: float, in_flight_tokens: int, requests: float | None = None) -> float:
+    """Block-row tokens of the pool that prefill steps hold beyond the windows of requests of ``seq_len`` tokens
+    (with ``requests``, of that many: at most one prompt's each).
 
     A request being prefilled holds its window (chunk) plus the step's new tokens in each sliding (chunked-local)
     group: at most what it has beyond the window. The new tokens of the steps in flight are at most
@@ -582,13 +584,16 @@ def in_flight_reserve(layout: KVLayout, seq_len: float, in_flight_tokens: int) -
     """
     total = 0.0
     for group in layout.groups:
-        window = group.sliding_window if group.kind == SLIDING else \
-            group.attention_chunk_size if group.kind == CHUNKED else None
-        beyond = seq_len - window if window else 0.0
+        # beyond what a running request holds there (tokens_needed): its window and a block, its chunk
+        steady = group.sliding_window + layout.group_block_size(group) if group.kind == SLIDING and \
+            group.sliding_window else group.attention_chunk_size if group.kind == CHUNKED else None
+        beyond = seq_len - steady if steady else 0.0
         if beyond > 0:
             prompts = math.floor(in_flight_tokens / seq_len)
-            held = prompts * beyond + min(in_flight_tokens - prompts * seq_len, beyond)
-            total += _in_layout_blocks(layout, min(float(in_flight_tokens), held), layout.group_block_size(group))
+            held = min(float(in_flight_tokens), prompts * beyond + min(in_flight_tokens - prompts * seq_len, beyond))
+            if requests is not None:
+                held = min(held, requests * min(float(in_flight_tokens), beyond))
+            total += _in_layout_blocks(layout, held, layout.group_block_size(group))
     return total
 
 
@@ -617,11 +622,24 @@ def blocks_needed(layout: KVLayout, seq_len: int, in_flight_tokens: int) -> int:
 
 def max_concurrency_at(layout: KVLayout, blocks: int, seq_len: float, in_flight_tokens: int) -> float:
     """How many running requests of ``seq_len`` tokens fit: the pool's tokens, less what prefill steps hold beyond
-    the windows, ÷ tokens one request holds (on a model without windows, pool tokens ÷ ``seq_len``)."""
+    the windows, ÷ tokens one request holds (on a model without windows, pool tokens ÷ ``seq_len``). The steps hold
+    no more than the requests there are can (one prompt's overhang each): with fewer requests than the budget's
+    prompts, each is charged its own, vLLM's worst case (the budget taken whole fell below it: review, round 22)."""
     if seq_len <= 0:
         raise ValueError("sequence length must be positive")
-    pool = blocks * layout.block_size - in_flight_reserve(layout, seq_len, in_flight_tokens)
-    return max(0.0, pool) / tokens_needed(layout, seq_len)
+    return max_concurrency_terms(layout, blocks, seq_len, in_flight_tokens)[0]
+
+
+def max_concurrency_terms(layout: KVLayout, blocks: int, seq_len: float,
+                          in_flight_tokens: int) -> tuple[float, float, float]:
+    """(requests, tokens the prefill steps hold beyond the windows then, tokens one request holds) of
+    :func:`max_concurrency_at`, for the plan's walk-through."""
+    pool = blocks * layout.block_size
+    per_request = tokens_needed(layout, seq_len)
+    budget_bound = max(0.0, pool - in_flight_reserve(layout, seq_len, in_flight_tokens)) / per_request
+    each_bound = pool / (per_request + in_flight_reserve(layout, seq_len, in_flight_tokens, requests=1))
+    requests = max(budget_bound, each_bound)
+    return requests, pool - requests * per_request, per_request
 
 
 def max_concurrency_at_max_model_len(layout: KVLayout, blocks: int, max_model_len: int,
