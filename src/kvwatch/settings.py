@@ -476,9 +476,9 @@ class TargetSettings(DeploymentSettings):
         16 * 1024 * 1024, ge=1024, le=1024**3,
         description="Largest /metrics body read, at most 1 GiB (the memory guard); larger is an error, and so is "
                     "one whose text takes more than twice this in memory (characters beyond Latin-1). A body at the "
-                    "cap peaks at about twice this plus 40 MB (its bytes and its text), up to five times with "
-                    "characters beyond Latin-1 or undecodable bytes in comments (a text twice as wide, widened as "
-                    "it is decoded): keep it under a fifth of the memory limit."
+                    "cap peaks at about twice this plus the ~36 MB the sidecar idles at (its bytes and its text), up "
+                    "to five times with characters beyond Latin-1 or undecodable bytes in comments (a text twice as "
+                    "wide, widened as it is decoded): keep it under a fifth of the memory limit."
     )
     usage_metric: str | None = Field(None, description='Override the KV usage source: name or name{label="value"}.')
     running_metric: str | None = Field(None, description="Override the running-requests source metric.")

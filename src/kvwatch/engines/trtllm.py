@@ -315,7 +315,7 @@ def read_iteration_stats(text: str, *, timestamp: float, model_name: str = "unkn
     # With attention data parallelism an iteration is one row per rank (`attentionDpRank`), each a copy of rank 0's
     # active count and KV beside the rank's own scheduled count, the queue zeroed on every rank but 0
     # (tensorrt_llm's _materialize_frame). The last row was read: its queue lost, its running count one rank's, and
-    # the answer hung on the rows' order (review, round 22). Rank 0's row of the last iteration is read, unsplit.
+    # the answer hung on the rows' order (review, round 22). Rank 0's newest row is read, unsplit.
     attention_dp = any(_dp_rank(it) not in (None, 0) for it in stats)
     last = stats[-1]
     if attention_dp:  # rank 0's newest row (a row without an iteration number stands alone)
