@@ -772,3 +772,13 @@ def test_a_counter_read_a_rounding_lower_does_not_start_the_series_over():
     assert forecaster.restarts == 0 and results[-1].state == results[-2].state == "bottleneck"
     dropped = replace(nudged, timestamp=nudged.timestamp + 10, finished_total=0.0)  # a real reset still is one
     assert forecaster.observe(dropped).state == "warming_up" and forecaster.restarts == 1
+
+
+def test_a_load_swinging_within_each_minute_below_saturation_raises_no_warning():
+    # (review, round 22) Usage 0.90 for 20 s, 0.30 for 10 s, polled every 5 s: no poll above 0.90, no queue. The
+    # threshold lowered by the within-minute spread alone (0.28) fell below the minute mean (0.70): risk 1.0, an ETA
+    # of 30 s and `filling` for two and a half hours. It is lowered no more than the polls rise above their mean.
+    results = run(Forecaster(ForecastParams()), stream(lambda t: 0.9 if t % 30 < 20 else 0.3, seconds=3 * 3600,
+                                                       dt=5.0))
+    assert states_between(results, 1800, 3 * 3600) == {"ok"}
+    assert max(r.risk[1800] for r in results if r.risk.get(1800) is not None) < 0.2

@@ -84,6 +84,10 @@ class RiskParams:
     # How the within-minute spread is summarized: "median" of the minutes' own standard deviations (one
     # long request's spike does not lower the threshold for half an hour) or "pooled" (v2).
     within_sd: str = "median"
+    # The threshold is lowered by no more than the polls rise above their minute's mean (the median of the minutes'
+    # max − mean): a load swinging between two levels, 0.90 and 0.30, has a wide spread but no poll above 0.90, and
+    # with the spread alone its threshold fell below its mean, the risk 1.0 for hours (round 22's review). False: v10.
+    within_reach: bool = True
     # Sustained excursions (v4): an event is saturation over most of ``sustain_seconds``, so the process
     # that must cross is the occupancy averaged over that window, whose variance is the minute mean's
     # times g(W/θ)/g(minute/θ) (OU averaging, g(x) = 2(x − 1 + e^(−x))/x²): bursts shorter than the
@@ -286,6 +290,13 @@ def within_minute_sd(window: Sequence[MinuteBucket], how: str = "pooled") -> flo
     return math.sqrt(squares / dof) if dof else 0.0
 
 
+def within_minute_reach(window: Sequence[MinuteBucket]) -> float:
+    """How far the polls rise above their own minute's mean, in KV tokens: the median of the minutes' max − mean."""
+    reach = [(b.u_max - b.u_mean) * b.capacity_tokens for b in window
+             if b.capacity_tokens is not None and b.samples >= 2]
+    return statistics.median(reach) if reach else 0.0
+
+
 def _window_sum(window: Sequence[MinuteBucket], name: str) -> float | None:
     values = [getattr(b, name) for b in window]
     if any(v is None for v in values):
@@ -452,8 +463,10 @@ def estimate_risk(buckets: Sequence[MinuteBucket], demand: DemandEstimate, p: Ri
         if p.floor_by_running_dispersion:
             floor *= running_dispersion(window, averaging)
         size = max(size, floor)
-    c = min(capacity, max(0.5 * capacity,
-                          p.threshold * capacity - p.within_k * within_minute_sd(window, p.within_sd)))
+    lowered = p.within_k * within_minute_sd(window, p.within_sd)
+    if p.within_reach:
+        lowered = min(lowered, within_minute_reach(window))
+    c = min(capacity, max(0.5 * capacity, p.threshold * capacity - lowered))
     if p.dynamics == "ou":
         return _ou_risk(p, demand, c, size, mean0, newest_mean, residence, rho_measured)
     time_scale = residence + p.sustain_seconds
