@@ -575,12 +575,13 @@ def in_flight_reserve(layout: KVLayout, seq_len: float, in_flight_tokens: int, r
     (with ``requests``, of that many: at most one prompt's each).
 
     A request being prefilled holds its window (chunk) plus the step's new tokens in each sliding (chunked-local)
-    group: at most what it has beyond the window. The new tokens of the steps in flight are at most
-    ``in_flight_tokens`` over all requests (the scheduler's token budget, :func:`in_flight_tokens`), which holds
-    most when it is whole prompts: ``floor(budget ÷ L)`` of them, each ``L − window`` beyond the window, and the
-    rest of the budget as part of one more (one request's overhang alone understated it by 4 on Gemma-3 at 4,000
-    tokens: review, round 22). vLLM's ``max_memory_usage_bytes`` charges the budget to every request: its worst
-    case at max_model_len (:func:`blocks_needed`), not the running state of many requests.
+    group: at most what it has beyond what a running one holds there (:func:`tokens_needed`: the window and a block,
+    the chunk). The new tokens of the steps in flight are at most ``in_flight_tokens`` over all requests (the
+    scheduler's token budget, :func:`in_flight_tokens`), which holds most when it is whole prompts:
+    ``floor(budget ÷ L)`` of them, each that far beyond, and the rest of the budget as part of one more (one
+    request's overhang alone understated it by 4 on Gemma-3 at 4,000 tokens: review, round 22). vLLM's
+    ``max_memory_usage_bytes`` charges the budget to every request: its worst case at max_model_len
+    (:func:`blocks_needed`), not the running state of many requests.
     """
     total = 0.0
     for group in layout.groups:
