@@ -128,7 +128,7 @@ def test_sliding_layers_hold_their_window_and_the_in_flight_tokens_once():
     long = max_concurrency_at(layout, 100000, 100000, 512)
     # at 100k tokens the sliding group holds its window and a block, so the ceiling is ~half the all-full one; the
     # tokens prefill steps add beyond the window (at most 512 in all) are taken from the pool once, not per request
-    assert long == pytest.approx((100000 * 16 - 512) / (100000 + 1024 + 16))
+    assert long == pytest.approx((100000 * 16 - 512) / (100000 + 1023 + 16))
     assert short == pytest.approx(100000 * 16 / (1000 + 1000))  # within the window: as full attention
     # vLLM's own worst case at max_model_len still charges every request the step's tokens (its log's figure)
     from kvwatch.capacity.kv import max_concurrency_at_max_model_len
@@ -196,14 +196,14 @@ def test_pipeline_stages_hold_their_share_of_the_whole_models_groups(pp, slots, 
 
 def test_the_in_flight_budget_beyond_the_windows_counts_every_prompt_it_holds():
     # (review, round 22) Several prompts are prefilled in one step, each holding its own tokens beyond the window:
-    # a budget of 16,384 tokens is four 4,000-token prompts, 4 × 2,960 beyond what a running request holds (a 1,024
-    # window and a block), and 384 of a fifth, not one prompt's 2,960.
+    # a budget of 16,384 tokens is four 4,000-token prompts, 4 × 2,961 beyond what a running request holds (1,023 of
+    # its 1,024 window and a block), and 384 of a fifth, not one prompt's 2,961.
     from kvwatch.capacity.kv import in_flight_reserve
 
     g = arch_from_config({"model_type": "gemma2", "num_hidden_layers": 4, "num_attention_heads": 4,
                           "num_key_value_heads": 1, "hidden_size": 256, "head_dim": 64, "sliding_window": 1024})
     layout = kv_layout(g, 1, 1, 2, 16, V20)  # one full group, one sliding group
-    assert in_flight_reserve(layout, 4000, 16384) == 4 * 2960 + 384
+    assert in_flight_reserve(layout, 4000, 16384) == 4 * 2961 + 384
     assert in_flight_reserve(layout, 100000, 512) == 512  # a long prompt's chunk: the budget itself
     assert in_flight_reserve(layout, 1000, 16384) == 0  # within the window: nothing beyond it
 
@@ -223,6 +223,8 @@ def test_a_window_never_lowers_the_ceiling_and_the_mean_never_falls_below_vllms_
         assert max_concurrency_at(layout, 1000, length, 8192) >= max_concurrency_at(full, 1000, length, 8192), length
     from kvwatch.capacity.kv import max_concurrency_at_max_model_len
 
-    for blocks, max_len, in_flight in ((30, 8192, 8192), (300, 8192, 16384), (3000, 32768, 2048), (20, 4096, 512)):
+    # (odd budgets too: window − 1 + budget a whole number of blocks, where a token more per group fell below it)
+    for blocks, max_len, in_flight in ((30, 8192, 8192), (300, 8192, 16384), (3000, 32768, 2048), (20, 4096, 512),
+                                       (10, 4096, 2049), (300, 8192, 8193), (3000, 32768, 1)):
         assert max_concurrency_at(layout, blocks, max_len, in_flight) >= \
             max_concurrency_at_max_model_len(layout, blocks, max_len, in_flight) * (1 - 1e-9), (blocks, max_len)

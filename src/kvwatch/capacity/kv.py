@@ -546,10 +546,10 @@ def tokens_needed(layout: KVLayout, seq_len: float) -> float:
 
     A sliding-window group frees the blocks its window has passed as the request runs (vLLM's
     ``SlidingWindowManager.get_num_skipped_tokens``: the tokens before ``computed - window + 1``), so it holds at
-    most ``window`` tokens plus one block for a window that does not start on a block boundary (a request shorter
-    than that, all its tokens, as full attention: a block more there made a window lower the ceiling); a chunked-local
-    group at most its chunk (``ChunkedLocalAttentionManager`` frees what precedes the current chunk). What a
-    prefill step adds beyond the window is held by the requests being prefilled only: :func:`in_flight_reserve`.
+    most ``window - 1`` tokens and the newest one's block (a window does not start on a block boundary; a request
+    shorter than that, all its tokens, as full attention: a block more there made a window lower the ceiling); a
+    chunked-local group at most its chunk (``ChunkedLocalAttentionManager`` frees what precedes the current chunk).
+    What a prefill step adds beyond the window is held by the requests being prefilled only: :func:`in_flight_reserve`.
     Counted in tokens of the layout's ``block_size``: a group with larger blocks (unified pages) spends one block
     per its own block size.
     """
@@ -561,7 +561,7 @@ def tokens_needed(layout: KVLayout, seq_len: float) -> float:
             continue
         block = layout.group_block_size(group)
         if group.kind == SLIDING and group.sliding_window:
-            held = min(seq_len, group.sliding_window + block)
+            held = min(seq_len, group.sliding_window - 1 + block)
         elif group.kind == CHUNKED and group.attention_chunk_size:
             held = min(seq_len, group.attention_chunk_size)
         else:
@@ -586,7 +586,7 @@ def in_flight_reserve(layout: KVLayout, seq_len: float, in_flight_tokens: int, r
     total = 0.0
     for group in layout.groups:
         # beyond what a running request holds there (tokens_needed): its window and a block, its chunk
-        steady = group.sliding_window + layout.group_block_size(group) if group.kind == SLIDING and \
+        steady = group.sliding_window - 1 + layout.group_block_size(group) if group.kind == SLIDING and \
             group.sliding_window else group.attention_chunk_size if group.kind == CHUNKED else None
         beyond = seq_len - steady if steady else 0.0
         if beyond > 0:
@@ -626,8 +626,6 @@ def max_concurrency_at(layout: KVLayout, blocks: int, seq_len: float, in_flight_
     the windows, ÷ tokens one request holds (on a model without windows, pool tokens ÷ ``seq_len``). The steps hold
     no more than the requests there are can (one prompt's overhang each): with fewer requests than the budget's
     prompts, each is charged its own, vLLM's worst case (the budget taken whole fell below it: review, round 22)."""
-    if seq_len <= 0:
-        raise ValueError("sequence length must be positive")
     return max_concurrency_terms(layout, blocks, seq_len, in_flight_tokens)[0]
 
 
@@ -635,6 +633,9 @@ def max_concurrency_terms(layout: KVLayout, blocks: int, seq_len: float,
                           in_flight_tokens: int) -> tuple[float, float, float]:
     """(requests, tokens the prefill steps hold beyond the windows then, tokens one request holds) of
     :func:`max_concurrency_at`, for the plan's walk-through."""
+    if seq_len <= 0:
+        raise ValueError("sequence length must be positive")
+    in_flight_tokens = max(0, in_flight_tokens)
     pool = blocks * layout.block_size
     per_request = tokens_needed(layout, seq_len)
     budget_bound = max(0.0, pool - in_flight_reserve(layout, seq_len, in_flight_tokens)) / per_request
