@@ -586,3 +586,14 @@ def test_sglang_context_len_against_a_given_max_model_len() -> None:
     p = poll(SGLANG / "v0.3-2024-name-label.prom")
     (finding,) = [f for f in build_report(p, 4096)["findings"] if f["id"] == "max_model_len_mismatch"]
     assert "8,192 (sglang:context_len)" in finding["message"]
+
+
+def test_iteration_stats_from_other_ranks_alone_leave_the_queue_unknown() -> None:
+    # (final diff review, round 22) with attention DP and no rank-0 row on the page, another rank's zeroed queue
+    # read as "no queue"
+    import json
+
+    rows = [{"iter": 7, "attentionDpRank": 1, "numActiveRequests": 4, "numQueuedRequests": 0,
+             "kvCacheStats": {"maxNumBlocks": 100, "usedNumBlocks": 50, "tokensPerBlock": 32}}]
+    (r,) = read_payload(json.dumps(rows), timestamp=1.0).readings
+    assert (r.requests_running, r.requests_waiting) == (4, None)

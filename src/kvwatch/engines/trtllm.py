@@ -317,9 +317,8 @@ def read_iteration_stats(text: str, *, timestamp: float, model_name: str = "unkn
     # (tensorrt_llm's _materialize_frame). The last row was read: its queue lost, its running count one rank's, and
     # the answer hung on the rows' order (review, round 22). Rank 0's newest row is read, unsplit.
     attention_dp = any(_dp_rank(it) not in (None, 0) for it in stats)
-    last = stats[-1]
-    if attention_dp:  # rank 0's newest row (a row without an iteration number stands alone)
-        last = next((it for it in reversed(stats) if _dp_rank(it) == 0), last)
+    rank0 = next((it for it in reversed(stats) if _dp_rank(it) == 0), None) if attention_dp else None
+    last = rank0 if rank0 is not None else stats[-1]
     kv = last.get("kvCacheStats") if isinstance(last.get("kvCacheStats"), dict) else {}
 
     def num(source: Mapping[str, Any], name: str) -> float | None:
@@ -333,7 +332,9 @@ def read_iteration_stats(text: str, *, timestamp: float, model_name: str = "unkn
         return number if math.isfinite(number) else None
 
     batching = last.get("inflightBatchingStats") if isinstance(last.get("inflightBatchingStats"), dict) else {}
-    active, queued, scheduled = (num(last, "numActiveRequests"), num(last, "numQueuedRequests"),
+    active, queued, scheduled = (num(last, "numActiveRequests"),
+                                 # (another rank's queue is 0 whatever waits: unknown without rank 0's row)
+                                 None if attention_dp and rank0 is None else num(last, "numQueuedRequests"),
                                  None if attention_dp else num(batching, "numScheduledRequests"))
     running, waiting, split = _in_batch(active, queued, scheduled)
     reading = _reading(
