@@ -283,6 +283,7 @@ class Sidecar:
         previous = self.state
         errors = dict(previous.health.errors_total)
         big = False
+        good = False
         text = ""
         gpu_read = self._start_gpu_read()
         try:
@@ -300,6 +301,7 @@ class Sidecar:
             state = self._up_state(poll, previous, now, gpu_read)
             if state is None:
                 return previous
+            good = True
         except ScrapeError as exc:
             text = ""
             if self._stopping:
@@ -316,7 +318,7 @@ class Sidecar:
         # (measured here, so that it holds the wait for the GPU read too)
         finished = self.clock()
         health = replace(state.health, scrape_duration_seconds=time.monotonic() - started)
-        if health.up and health.last_success_timestamp == now:  # this poll was good
+        if good:
             health = replace(health, last_success_finished=finished)
         state = replace(state, finished=finished, health=health)
         self.state = state  # the one atomic swap readers see

@@ -2,7 +2,7 @@
 
 It never raises: a bug while building per-series families is logged and the health families are still
 served, so Prometheus keeps seeing ``kvwatch_up``. Derived per-series gauges are left out once the last
-good poll is older than ``stale_after`` seconds (poll clock); health families always stay.
+good poll ended more than ``stale_after`` seconds ago (poll clock, :meth:`State.fresh`); health families always stay.
 Sample timestamps are never attached: kvwatch polls on its own timer and Prometheus stamps on scrape.
 """
 
