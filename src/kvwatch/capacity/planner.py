@@ -318,7 +318,8 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
         if arch.attention_dims and not arch.is_mla:
             notes.append(_unified_pages_note(arch, layout, tp, kv_bytes, spec.vllm_version))
         if arch.is_mla and layout.block_size % 64:
-            # vllm/platforms/cuda.py check_and_update_config: FlashMLA, CUTLASS MLA and FlashInfer MLA need these
+            # vLLM's CUDA platform forces these for FlashMLA, CUTLASS MLA and FlashInfer MLA (docs/capacity.md, "MLA
+            # block size")
             notes.append(f"MLA on NVIDIA GPUs: vLLM raises the block size from {layout.block_size} to 64 tokens for "
                          "FlashMLA (its default where supported, Hopper) and FlashInfer MLA, or 128 for CUTLASS MLA "
                          "(Blackwell), logging 'Forcing kv cache block size to ...'; pass --block-size 64 (or 128) "

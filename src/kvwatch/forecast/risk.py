@@ -70,7 +70,8 @@ class RiskParams:
     threshold: float = 0.95  # the saturation threshold of the polls, a fraction of capacity (the forecaster sets
     # it from ForecastParams.u_sat, the one threshold the demand model, the detector and the advice aim at too)
     # A minute whose mean is within_k within-minute standard deviations below the threshold has polls at it:
-    # the per-minute mean's effective threshold is ``threshold·C − within_k·σ_within`` (tuned, forecasting.md).
+    # the per-minute mean's effective threshold is ``threshold·C − within_k·σ_within`` (tuned, forecasting.md),
+    # lowered no further than the polls reach above their mean (within_reach).
     within_k: float = 1.0
     window_buckets: int = 30  # minutes of polls for the dispersion index and the token inflow
     distribution: str = "gamma"  # "gaussian" or "gamma" (moment-matched)
@@ -293,7 +294,7 @@ def within_minute_sd(window: Sequence[MinuteBucket], how: str = "pooled") -> flo
 def within_minute_reach(window: Sequence[MinuteBucket]) -> float:
     """How far the polls rise above their own minute's mean, in KV tokens: the median of the minutes' max − mean."""
     reach = [(b.u_max - b.u_mean) * b.capacity_tokens for b in window
-             if b.capacity_tokens is not None and b.samples >= 2]
+             if b.capacity_tokens is not None and len(b.usages) >= 2]
     return statistics.median(reach) if reach else 0.0
 
 

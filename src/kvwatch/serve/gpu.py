@@ -118,8 +118,9 @@ def describe(match: GpuMatch) -> str:
 
 
 REMEMBERED_GPUS = 64
-"""The most GPUs whose trend points are kept: a node's 8 GPUs at 7 MIG instances each is 56 (a hostile source
-listing new UUIDs every read must not grow memory)."""
+"""The most GPUs whose trend points are kept, those in the current read counted first (all of them are kept), the
+missing ones after them: a node's 8 GPUs at 7 MIG instances each is 56 (a hostile source listing new UUIDs every
+read must not grow memory)."""
 
 
 class GpuWatcher:
