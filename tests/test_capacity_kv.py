@@ -228,3 +228,13 @@ def test_a_window_never_lowers_the_ceiling_and_the_mean_never_falls_below_vllms_
                                        (10, 4096, 2049), (300, 8192, 8193), (3000, 32768, 1)):
         assert max_concurrency_at(layout, blocks, max_len, in_flight) >= \
             max_concurrency_at_max_model_len(layout, blocks, max_len, in_flight) * (1 - 1e-9), (blocks, max_len)
+
+
+def test_a_request_shorter_than_a_block_holds_a_whole_one_in_each_group():
+    # (review, round 22) the continuous count read 16x as many 1-token requests as the blocks hold (vLLM gives each a
+    # block in every group)
+    g = arch_from_config({"model_type": "gemma2", "num_hidden_layers": 4, "num_attention_heads": 4,
+                          "num_key_value_heads": 1, "hidden_size": 256, "head_dim": 64, "sliding_window": 1024})
+    layout = kv_layout(g, 1, 1, 2, 16, V20)  # two groups
+    assert max_concurrency_at(layout, 1000, 1, 512) == pytest.approx(1000 / 2)
+    assert max_concurrency_at(layout, 1000, 16, 512) == pytest.approx(1000 / 2)

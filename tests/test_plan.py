@@ -413,3 +413,17 @@ def test_cpu_offload_moves_estimated_weights_off_the_gpu(capsys):
                       "--cpu-offload-gb", "12"], capsys)
     assert code == 0
 
+
+
+def test_a_length_under_one_token_is_refused_and_a_sliding_only_model_shows_its_sum(capsys):
+    # (review, round 22) --avg-seq-len 1e-9 printed "at 0 tokens per request ... ≈ 30674285714285.71 requests"; and a
+    # model whose every layer slides (one KV group, no hybrid) printed the plain budget ÷ (L × bytes) sum beside the
+    # window's result (57.67 GiB ÷ (32,768 × 128 KiB) "≈ 110.93", a sum of 14.42)
+    for length in ("1e-9", "0.5"):
+        code, out, err = run(["plan", "--model", "google/gemma-3-27b-it", "--gpu", "H100", "--avg-seq-len", length],
+                             capsys)
+        assert code == 2 and "must be at least 1 token" in err and "--avg-seq-len" in err
+    code, out, _ = run(["plan", "--model", "microsoft/Phi-3-mini-4k-instruct", "--gpu", "H100",
+                        "--avg-seq-len", "4096"], capsys)
+    (line,) = [x for x in out.splitlines() if "tokens per request:" in x]
+    assert code == 0 and "prefill steps hold beyond the windows" in line and "in its one group" in line

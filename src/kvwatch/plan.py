@@ -160,8 +160,9 @@ def build_spec(args: argparse.Namespace) -> DeploymentSpec:
         note = decimal_unit_note(args.kv_bytes_per_token)
         if note:
             print(f"kvwatch plan: note: --kv-bytes-per-token {note}", file=sys.stderr)
-    if args.avg_seq_len is not None and not (math.isfinite(args.avg_seq_len) and args.avg_seq_len > 0):
-        raise SettingsError(f"invalid value {args.avg_seq_len} for --avg-seq-len: must be a positive number of tokens")
+    if args.avg_seq_len is not None and not (math.isfinite(args.avg_seq_len) and args.avg_seq_len >= 1):
+        # (review, round 22: 1e-9 tokens printed "at 0 tokens per request ... ≈ 30674285714285.71 requests")
+        raise SettingsError(f"invalid value {args.avg_seq_len:g} for --avg-seq-len: must be at least 1 token")
     if args.gpus_per_node < 1:
         raise SettingsError(f"invalid value {args.gpus_per_node} for --gpus-per-node: must be at least 1")
     overrides["allow_long_max_model_len"] = bool(getattr(args, "allow_long_max_model_len", False))
@@ -512,13 +513,16 @@ def render_text(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: floa
                 f"{_bytes(plan.kv_bytes_per_token)})) = {plan.num_gpu_blocks:,}",
                 f"   {_uniform_tokens_line(plan)}"]
     out += ["", "4. Concurrency ceiling"]
-    if avg_seq_len and layout.is_hybrid:
+    if avg_seq_len and (layout.is_hybrid or any(g.kind in (SLIDING, CHUNKED) for g in layout.groups)):
+        # (every layer sliding is one group, no hybrid: the plain sum printed beside the window's result)
         reserve = max_concurrency_terms(layout, plan.num_gpu_blocks, avg_seq_len, plan.in_flight_tokens)[1]
         pool = f"{plan.num_gpu_blocks:,} blocks × {layout.block_size}"
         if reserve >= 0.5:
             pool = f"({pool} − {reserve:,.0f} tokens prefill steps hold beyond the windows)"
         out.append(f"   at {avg_seq_len:,.0f} tokens per request: {pool}"
-                   f" ÷ tokens one request holds in all {layout.num_groups} groups ({_group_caps(layout)}) "
+                   f" ÷ tokens one request holds in "
+                   + (f"all {layout.num_groups} groups" if layout.num_groups > 1 else "its one group")
+                   + f" ({_group_caps(layout)}) "
                    f"≈ {plan.max_concurrency_at(avg_seq_len):.2f} requests")
     elif avg_seq_len:
         ceiling = plan.max_concurrency_at(avg_seq_len)

@@ -566,7 +566,8 @@ def tokens_needed(layout: KVLayout, seq_len: float) -> float:
             held = min(seq_len, group.attention_chunk_size)
         else:
             held = seq_len
-        total += _in_layout_blocks(layout, held, block)
+        # at least a block (a request shorter than one holds a whole one: 1-token requests read 16x as many fitting)
+        total += _in_layout_blocks(layout, max(held, block), block)
     return total
 
 
