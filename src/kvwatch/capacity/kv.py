@@ -202,6 +202,11 @@ class KVLayout:
     def is_hybrid(self) -> bool:
         return self.num_groups > 1
 
+    @property
+    def has_windows(self) -> bool:
+        """Whether a group holds a window of each request, not all of it (sliding or chunked-local attention)."""
+        return any(_running_hold(self, g) is not None for g in self.groups)
+
 
 # vLLM's --block-size values (CacheConfig's BlockSize literal: 1..128 in 0.10-era copies, 256 added later).
 VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
@@ -560,15 +565,21 @@ def tokens_needed(layout: KVLayout, seq_len: float) -> float:
                 else seq_len
             continue
         block = layout.group_block_size(group)
-        if group.kind == SLIDING and group.sliding_window:
-            held = min(seq_len, group.sliding_window - 1 + block)
-        elif group.kind == CHUNKED and group.attention_chunk_size:
-            held = min(seq_len, group.attention_chunk_size)
-        else:
-            held = seq_len
+        cap = _running_hold(layout, group)
+        held = seq_len if cap is None else min(seq_len, cap)
         # at least a block (a request shorter than one holds a whole one: 1-token requests read 16x as many fitting)
         total += _in_layout_blocks(layout, max(held, block), block)
     return total
+
+
+def _running_hold(layout: KVLayout, group: KVGroup) -> float | None:
+    """The most tokens a running request holds in a windowed group (``window - 1`` and a block; a chunked group's
+    chunk), None where it holds all of its tokens."""
+    if group.kind == SLIDING and group.sliding_window:
+        return group.sliding_window - 1 + layout.group_block_size(group)
+    if group.kind == CHUNKED and group.attention_chunk_size:
+        return group.attention_chunk_size
+    return None
 
 
 def in_flight_reserve(layout: KVLayout, seq_len: float, in_flight_tokens: int, requests: float | None = None) -> float:
@@ -586,9 +597,7 @@ def in_flight_reserve(layout: KVLayout, seq_len: float, in_flight_tokens: int, r
     """
     total = 0.0
     for group in layout.groups:
-        # beyond what a running request holds there (tokens_needed): its window and a block, its chunk
-        steady = group.sliding_window - 1 + layout.group_block_size(group) if group.kind == SLIDING and \
-            group.sliding_window else group.attention_chunk_size if group.kind == CHUNKED else None
+        steady = _running_hold(layout, group)  # beyond what a running request holds there (tokens_needed)
         beyond = seq_len - steady if steady else 0.0
         if beyond > 0:
             prompts = math.floor(in_flight_tokens / seq_len)
