@@ -134,3 +134,15 @@ def test_the_longrope_presets_start_at_their_original_length_like_their_configs(
     code, out, _ = run(["plan", "--model", model, "--gpu", "H100", "--vllm-version", "0.11", "--json"], capsys)
     data = json.loads(out)
     assert data["max_model_len"] == 131072 and not any("LongRoPE" in n for n in data["notes"])
+
+
+def test_a_step_smaller_than_max_num_seqs_is_refused_like_vllm(capsys):
+    # vLLM's SchedulerConfig refuses max_num_batched_tokens < max_num_seqs ("must be greater than or equal to")
+    base = ["plan", "--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "H100", "--max-model-len", "8192", "--json"]
+    code, out, _ = run([*base, "--max-num-batched-tokens", "128", "--max-num-seqs", "256"], capsys)
+    data = json.loads(out)
+    assert code == 1 and not data["will_start"]
+    assert any("max_num_batched_tokens (128) must be greater than or equal to max_num_seqs (256)" in e
+               for e in data["errors"])
+    code, out, _ = run([*base, "--max-num-batched-tokens", "256", "--max-num-seqs", "256"], capsys)
+    assert code == 0 and json.loads(out)["errors"] == []

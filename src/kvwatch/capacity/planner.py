@@ -297,6 +297,10 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
             errors.append(f"vLLM will not start: max_num_batched_tokens ({batched}) is smaller than max_model_len "
                           f"({max_model_len}) with chunked prefill off; raise --max-num-batched-tokens to "
                           f"{max_model_len}, lower --max-model-len, or enable chunked prefill")
+    if batched < seqs:
+        # vLLM's SchedulerConfig._verify_args: every running request needs a token of the step
+        errors.append(f"vLLM will not start: max_num_batched_tokens ({batched}) must be greater than or equal to "
+                      f"max_num_seqs ({seqs}); raise --max-num-batched-tokens or lower --max-num-seqs")
 
     # KV geometry
     if spec.kv_bytes_per_token is not None:
