@@ -206,3 +206,28 @@ def test_a_pool_reported_in_tokens_is_those_tokens_bytes() -> None:
     capacity = resolve(sglang, plan)
     assert capacity.source == "engine_metric" and capacity.pool_source == "engine_tokens"
     assert capacity.pool_bytes == 262_128 * plan.kv_bytes_per_token
+
+
+def test_the_observed_mix_on_a_windowed_model_counts_what_its_layout_holds() -> None:
+    # gpt-oss-20b (12 full and 12 sliding layers, a 128-token window) on vLLM 0.20: the engine's token figure is
+    # blocks // 2 × 16, which charges a request all its tokens in both groups; the sliding group holds its window.
+    from dataclasses import replace
+
+    from kvwatch.capacity import kv
+    from kvwatch.derived import derive
+
+    engine = readings("gen-0.20.2-gptoss-two-groups.prom")[0]
+    finished = replace(engine, kv_usage_ratio=None, request_prompt_tokens_sum=1500.0 * 40,
+                       request_prompt_tokens_count=40.0, request_generation_tokens_sum=500.0 * 40,
+                       request_generation_tokens_count=40.0)  # a 2,000-token mean, no live footprint
+    series = CapacityResolver(ServeSettings(gpu="H100")).series(finished)
+    applied = series.apply(finished)
+    ceiling = derive(applied, None).max_concurrency["observed_mix"]
+    layout = series.plan.layout
+    assert ceiling == pytest.approx(kv.max_concurrency_at(layout, 149506, 2000, series.plan.in_flight_tokens))
+    assert ceiling == pytest.approx(1112.68, abs=0.01) and series.tokens / 2000 == pytest.approx(598.02, abs=0.01)
+    # a model whose layout kvwatch does not know: the engine's figure, as before
+    unknown = replace(finished, model_name="acme/unheard-of")
+    applied = CapacityResolver(ServeSettings(gpu="H100")).series(unknown).apply(unknown)
+    assert applied.windowed_pool is None
+    assert derive(applied, None).max_concurrency["observed_mix"] == pytest.approx(2392096 / 2000)

@@ -79,7 +79,8 @@ def max_concurrency(reading: Reading, mean_tokens: float | None, max_model_len: 
     young requests, which will still grow. Under KV pressure the live one is the smaller, and it is the
     same footprint the advisor's concurrency limit uses. When the block pool is known (:func:`block_pool`),
     the mean request is also counted in whole blocks (``blocks ÷ ceil(mean ÷ block_size)``), and the
-    ceiling never exceeds the number of blocks."""
+    ceiling never exceeds the number of blocks. On a model with windows whose layout kvwatch knows
+    (``Reading.windowed_pool``), the mean request is counted as that layout holds it instead."""
     out: dict[str, float] = {}
     capacity = reading.kv_capacity_tokens
     estimates = []
@@ -89,9 +90,13 @@ def max_concurrency(reading: Reading, mean_tokens: float | None, max_model_len: 
     if usage is not None and usage > LIVE_FOOTPRINT_MIN_USAGE and running and not reading.prefill_server:
         estimates.append(running / usage)
     blocks, block_size = block_pool(reading)
-    if capacity is not None and mean_tokens:
+    if reading.windowed_pool is not None and mean_tokens:
+        # A sliding (chunked) group holds a request's window, not all of it: the engine's token figure charges
+        # every token in every group (gpt-oss-20b at 2,000 tokens: 598 where its blocks hold 1,113).
+        estimates.append(reading.windowed_pool.requests_at(mean_tokens))
+    elif capacity is not None and mean_tokens:
         estimates.append(capacity / mean_tokens)
-    if blocks is not None and block_size and mean_tokens:
+    if blocks is not None and block_size and mean_tokens and reading.windowed_pool is None:
         # A request holds whole blocks: a 287-token request takes one 1024-token block, not 287/1024 of one.
         estimates.append(blocks / math.ceil(mean_tokens / block_size))
     if estimates:

@@ -654,6 +654,22 @@ def max_concurrency_terms(layout: KVLayout, blocks: int, seq_len: float,
     return requests, pool - requests * per_request, per_request
 
 
+@dataclass(frozen=True)
+class WindowedPool:
+    """An engine's block pool as a model's windowed layout fills it (sliding or chunked-local groups, which free
+    what a request's window has passed), for the ceiling at a request size the engine's token figure cannot give:
+    that figure is ``blocks ÷ groups`` or vLLM's concurrency × max_model_len, each request charged all its tokens
+    in every group."""
+
+    layout: KVLayout
+    blocks: int
+    in_flight_tokens: int
+
+    def requests_at(self, seq_len: float) -> float:
+        """Running requests of ``seq_len`` tokens that fit (:func:`max_concurrency_at`)."""
+        return max_concurrency_at(self.layout, self.blocks, seq_len, self.in_flight_tokens)
+
+
 def max_concurrency_at_max_model_len(layout: KVLayout, blocks: int, max_model_len: int,
                                      in_flight_tokens: int) -> float:
     """vLLM's "Maximum concurrency for N tokens per request" (whole blocks per request)."""
