@@ -782,3 +782,16 @@ def test_a_load_swinging_within_each_minute_below_saturation_raises_no_warning()
                                                        dt=5.0))
     assert states_between(results, 1800, 3 * 3600) == {"ok"}
     assert max(r.risk[1800] for r in results if r.risk.get(1800) is not None) < 0.2
+
+
+def test_preemptions_count_across_polls_further_apart_than_stale_after():
+    # A cache preempting at 0.65 polled every 10 s where only every 4th poll succeeds (a /metrics slower than the
+    # interval under load): the 40-s deltas are no rates, but a preemption since the last good poll still is one.
+    def last_state(preemptions_per_second: float) -> str:
+        f = Forecaster(ForecastParams(stale_after_seconds=30.0))
+        results = [f.observe(replace(s, preemptions_total=s.timestamp * preemptions_per_second))
+                   for s in stream(lambda t: 0.65, seconds=3600, dt=40.0)]
+        return results[-1].state
+
+    assert last_state(0.5) == "bottleneck"
+    assert last_state(0.0) == "ok"

@@ -453,7 +453,13 @@ class Forecaster:
     def _flags(self, sample: ForecastSample, deltas: SampleDeltas | None, prev: ForecastSample | None) -> SampleFlags:
         p = self.params
         u = sample.kv_usage or 0.0
-        preempted = bool(deltas and deltas.preemptions)
+        if deltas is not None:
+            preempted = bool(deltas.preemptions)
+        else:
+            # No rate across a gap, but whether a preemption happened since the last good poll still holds: a
+            # /metrics slower than the interval under load (polls failing between) read a preempting cache `ok`.
+            preempted = prev is not None and sample.timestamp - prev.timestamp <= p.split_gap_seconds and bool(
+                counter_delta(prev.preemptions_total, sample.preemptions_total))
         progressed: bool | None = None
         if deltas is not None and (deltas.finished is not None or deltas.generation_tokens is not None):
             # The KV gauge moving is progress too: a long prefill allocates blocks before its first token is
