@@ -466,3 +466,21 @@ def test_a_long_run_of_digits_is_refused_without_backtracking() -> None:
     done = subprocess.run([sys.executable, "-c", code], input="\x00".join(pages), capture_output=True, text=True,
                           timeout=120, check=False)
     assert done.returncode == 0, done.stderr + done.stdout
+
+
+def test_filtered_parse_reads_histogram_parts_typed_on_their_own_as_federate_writes_them() -> None:
+    # Prometheus' /federate types each part of a histogram on its own line ("# TYPE h_bucket untyped"): the
+    # filtered parse skipped those blocks (no wanted name starts with "h_bucket") and lost the histogram, or, for
+    # a part whose samples come back later, the first engine's share of it.
+    text = ('# TYPE h_bucket untyped\nh_bucket{e="0",le="1"} 1\nh_bucket{e="0",le="+Inf"} 2\n'
+            '# TYPE h_count untyped\nh_count{e="0"} 2\n# TYPE h_sum untyped\nh_sum{e="0"} 3\n'
+            'h_bucket{e="1",le="1"} 4\nh_bucket{e="1",le="+Inf"} 5\nh_count{e="1"} 5\nh_sum{e="1"} 6\n'
+            '# TYPE other_bucket untyped\nother_bucket{le="+Inf"} 7\n')
+
+    def samples(exposition) -> set[tuple[str, str, float]]:
+        return {(s.name, str(sorted(s.labels.items())), s.value)
+                for f in exposition.families.values() for s in f.samples if not s.name.startswith("other")}
+
+    filtered = parse(text, wanted={"h"})
+    assert samples(filtered) == samples(parse(text)) and len(samples(filtered)) == 8
+    assert not any(s.name.startswith("other") for f in filtered.families.values() for s in f.samples)

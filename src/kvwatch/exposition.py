@@ -725,11 +725,15 @@ class _Parser:
         return None
 
     def _skippable(self, family: str) -> bool:
-        """True when no wanted name starts with ``family`` (so no wanted sample can hide in its block)."""
+        """True when no wanted name starts with ``family`` (so no wanted sample can hide in its block), and the
+        family is no part of a wanted histogram typed on its own (``x_bucket`` with its own ``# TYPE`` line, as
+        Prometheus' /federate writes them: :meth:`_wanted` reads such parts)."""
         assert self.wanted_set is not None
         known = self.skippable.get(family)
         if known is None:
-            known = not any(w.startswith(family) for w in self.wanted_set)
+            wanted = self.wanted_set
+            known = not any(w.startswith(family) for w in wanted) and not any(
+                family.endswith(p) and family[: -len(p)] in wanted for p in _PARTS)
             _remember(self.skippable, family, known)
         return known
 
