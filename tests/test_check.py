@@ -1264,3 +1264,25 @@ def test_the_text_says_when_the_capacity_is_kvwatchs_estimate(capsys: pytest.Cap
     assert main(["check", "--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom")]) == 0
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("  KV capacity")]
     assert lines and all(x.endswith(" tokens") for x in lines)  # the engine's own: no word
+
+
+def test_a_mamba_hybrid_kvwatch_does_not_know_has_an_unknown_capacity(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # (review, round 23) vLLM pads a Mamba hybrid's state page to the attention page and says so in
+    # cache_config_info (mamba_page_size_padded): its blocks are shared among KV groups, so blocks x block_size
+    # over-states the pool by their number. For a model kvwatch does not know that number is unknown, and so is the
+    # capacity (it read 1,632,000 tokens for a pool of 408,000 on Qwen3-Next's label set); known, it is divided.
+    text = (FIXTURES / "gen-0.20.2-gptoss-two-groups.prom").read_text().replace(
+        'mamba_page_size_padded="None"', 'mamba_page_size_padded="1114112"')
+    unknown = tmp_path / "hybrid.prom"
+    unknown.write_text(text.replace("openai/gpt-oss-20b", "acme/unheard-of-hybrid"))
+    report = check_json(["--file", str(unknown)], capsys)
+    series = report["series"][0]
+    assert (series["kv_capacity_tokens"], series["capacity_source"]) == (None, "unknown")
+    assert series["max_concurrency_max_model_len"] is None and series["kv_used_tokens"] is None
+    ids = [f["id"] for f in report["findings"]]
+    assert "capacity_groups_unknown" in ids and "capacity_unknown" not in ids
+    known = tmp_path / "known.prom"
+    known.write_text(text.replace("openai/gpt-oss-20b", "Qwen/Qwen3-Next-80B-A3B-Instruct"))
+    series = check_json(["--file", str(known)], capsys)["series"][0]
+    assert series["capacity_source"] == "engine_num_gpu_blocks" and series["kv_capacity_tokens"] < 149506 * 16

@@ -45,7 +45,7 @@ from kvwatch.advisor import (
     Advice,
     advise_from_result,
 )
-from kvwatch.derived import SeriesState, derive
+from kvwatch.derived import SeriesState, blocks_shared_by_groups, derive
 from kvwatch.engines import SourceOverrides
 from kvwatch.engines.detect import OMNI_NOTE
 from kvwatch.fetch import CappedBody, Fetcher, decode_body, held_text
@@ -365,15 +365,22 @@ def _groups_unknown(poll: Poll, capacities: Mapping[Any, Any], known_models: set
 
     out: list[Finding] = []
     for r in poll.readings:
-        if (poll.detection.engine_kind == VLLM and capacities[r.key].source == "engine_num_gpu_blocks"
-                and r.model_name not in known_models and r.model_name not in {f.model_name for f in out}
-                and groups_possible(r)):
+        if poll.detection.engine_kind != VLLM or r.model_name in known_models or \
+                r.model_name in {f.model_name for f in out}:
+            continue
+        if capacities[r.key].source == "engine_num_gpu_blocks" and groups_possible(r):
             out.append(Finding("capacity_groups_unknown", "info", (
                 "KV capacity is num_gpu_blocks x block_size, which assumes one KV cache group: on a sliding-window "
                 "or hybrid model (Gemma-2/3, gpt-oss, Mamba hybrids) vLLM (0.9 and later) shares the blocks among "
                 "its groups and the real figure is that divided by their number. kvwatch does not know this model: "
                 "pass --model (a preset) or --model-config (its config.json) to divide them."),
                 r.model_name, r.engine))
+        elif capacities[r.key].source == "unknown" and blocks_shared_by_groups(r.cache_config):
+            out.append(Finding("capacity_groups_unknown", "info", (
+                "KV capacity unknown: vllm:cache_config_info sets mamba_page_size_padded, so this is a Mamba hybrid "
+                "whose blocks vLLM shares among its KV groups, and num_gpu_blocks x block_size over-states the pool "
+                "by their number, which kvwatch does not know for this model: pass --model (a preset) or "
+                "--model-config (its config.json)."), r.model_name, r.engine))
     return out
 
 
@@ -600,7 +607,8 @@ def findings(states: Iterable[SeriesState],
                 f"Prefix cache hit ratio is {ratio:.1%}"
                 + (f" (of {r.prefix_cache_unit})" if r.prefix_cache_unit else "") + ": prefix caching will not add "
                 "capacity for this traffic; do not count on it when sizing."), **where))
-        if r.kv_capacity_tokens is None and "kv_capacity_tokens" not in why.get(r.key, {}):
+        if r.kv_capacity_tokens is None and "kv_capacity_tokens" not in why.get(r.key, {}) and \
+                not (r.num_gpu_blocks and blocks_shared_by_groups(r.cache_config)):  # (capacity_groups_unknown)
             # (an undetermined capacity has its own finding, saying why: not one to estimate with `plan`)
             out.append(Finding("capacity_unknown", "info", (
                 "The engine does not report KV capacity here (vLLM: no kv_cache_size_tokens, or num_gpu_blocks is "

@@ -54,14 +54,23 @@ LIVE_FOOTPRINT_MIN_USAGE = 0.01
 """Below this usage the live KV footprint per running request is a block or two: too coarse to size by."""
 
 
+def blocks_shared_by_groups(config: Mapping[str, str]) -> bool:
+    """Whether the engine's ``cache_config_info`` itself says its blocks are shared among KV groups: a Mamba hybrid
+    whose state pages vLLM pads to the attention page (``mamba_page_size_padded``, set by its
+    HybridAttentionMambaModelConfig, "None" elsewhere). A hybrid needing no padding, or an interleaved
+    sliding-window model, says nothing (vLLM labels ``sliding_window`` only where every layer slides)."""
+    return config.get("mamba_page_size_padded", "None") not in ("None", "", "0")
+
+
 def block_pool(reading: Reading) -> tuple[float | None, float | None]:
     """(blocks, tokens per block) when they describe the token pool, else (None, None).
 
     On hybrid models vLLM rewrites ``block_size`` after KV init to the smallest group's (vllm issue 51163), so
-    ``blocks × block_size`` no longer matches the reported capacity; the block figures are then not used.
+    ``blocks × block_size`` no longer matches the reported capacity; the block figures are then not used, nor
+    where the payload says the blocks are shared among groups (:func:`blocks_shared_by_groups`).
     """
     blocks, size, capacity = reading.num_gpu_blocks, reading.block_size, reading.kv_capacity_tokens
-    if not blocks or not size or blocks <= 0 or size <= 0:
+    if not blocks or not size or blocks <= 0 or size <= 0 or blocks_shared_by_groups(reading.cache_config):
         return None, None
     if capacity is not None and not 0.9 <= blocks * size / capacity <= 1.1:
         return None, None

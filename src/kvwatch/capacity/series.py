@@ -22,7 +22,7 @@ from typing import Any
 
 from kvwatch.capacity.kv import WindowedPool, blocks_per_group_tokens, max_concurrency_at_max_model_len
 from kvwatch.capacity.planner import CapacityPlan
-from kvwatch.derived import block_pool
+from kvwatch.derived import block_pool, blocks_shared_by_groups
 from kvwatch.engines.vllm import engine_max_model_len, label_number
 from kvwatch.model import CAPACITY_UNDETERMINED, VLLM
 
@@ -84,6 +84,8 @@ class SeriesCapacity:
         divided among the model's KV groups (``_engine_block_tokens``), with vLLM's concurrency at max-model-len
         from them where the engine does not report it (:func:`engine_max_concurrency`); other readings are
         unchanged."""
+        if self.source == "unknown" and reading.kv_capacity_tokens is not None:
+            return replace(reading, kv_capacity_tokens=None)  # the adapter's figure, which resolve ruled out
         if reading.kv_capacity_tokens is None and self.tokens is not None:
             # used tokens follow (usage × capacity); the reading remembers that this is the formula's figure
             reading = replace(reading, kv_capacity_tokens=self.tokens, capacity_source="formula")
@@ -178,7 +180,12 @@ def resolve(reading: Any, plan: CapacityPlan | None, kv_groups: int | None = Non
     elif engine_tokens is not None and engine_tokens > 0:
         tokens, source = float(engine_tokens), "engine_kv_cache_size_tokens"
     elif reading.kv_capacity_tokens and label_number(config.get("num_gpu_blocks")):
-        tokens, source = _engine_block_tokens(reading, plan, kv_groups), "engine_num_gpu_blocks"
+        if plan is None and not kv_groups and blocks_shared_by_groups(config):
+            # a Mamba hybrid kvwatch does not know: blocks × block_size over-states by its groups, their number
+            # unknown (check's capacity_groups_unknown says so)
+            tokens, source = None, "unknown"
+        else:
+            tokens, source = _engine_block_tokens(reading, plan, kv_groups), "engine_num_gpu_blocks"
     elif reading.kv_capacity_tokens:  # a capacity the adapter read elsewhere than cache_config_info
         tokens, source = float(reading.kv_capacity_tokens), "engine_metric"
     elif plan is not None and plan.will_start and reading.engine_kind == VLLM:
