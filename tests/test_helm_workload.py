@@ -555,3 +555,27 @@ def test_a_pod_disruption_budget_keeps_vllm_replicas_up_through_a_drain() -> Non
     alone = render("--set", "vllm.enabled=false", "--set", "config.targetUrl=http://vllm:8000/metrics",
                    "--set", "podDisruptionBudget.enabled=true")
     assert not [o for o in alone if o["kind"] == "PodDisruptionBudget"]  # kvwatch alone: no vLLM pods to keep
+
+
+def test_vllm_drains_in_flight_requests_within_the_grace_period() -> None:
+    # (review, round 23) vLLM's --shutdown-timeout defaults to 0, which aborts in-flight requests on SIGTERM: every
+    # rolling update cut generations off. The chart passes one, sleeps before SIGTERM so the pod leaves the Service
+    # first, and refuses a grace period that would kill vLLM mid-drain.
+    vllm = containers(render(*MINIMAL))["vllm"]
+    args = vllm["args"]
+    assert args[args.index("--shutdown-timeout") + 1] == "30"
+    assert vllm["lifecycle"] == {"preStop": {"exec": {"command": ["sleep", "10"]}}}
+    assert "must exceed vllm.preStopSleepSeconds + vllm.shutdownTimeoutSeconds (40)" in render_fails(
+        *MINIMAL, "--set", "terminationGracePeriodSeconds=40")
+    assert "set vllm.shutdownTimeoutSeconds instead" in render_fails(
+        *MINIMAL, "--set-json", 'vllm.extraArgs=["--shutdown-timeout","120"]')
+    plain = containers(render(*MINIMAL, "--set", "vllm.shutdownTimeoutSeconds=null",
+                              "--set", "vllm.preStopSleepSeconds=0"))["vllm"]
+    assert "--shutdown-timeout" not in plain["args"] and "lifecycle" not in plain
+
+
+def test_a_chunked_prefill_flag_in_extra_args_beside_its_value_is_refused() -> None:
+    both = ("--set", "vllm.enableChunkedPrefill=true", "--set-json", 'vllm.extraArgs=["--no-enable-chunked-prefill"]')
+    assert "set vllm.enableChunkedPrefill instead" in render_fails(*MINIMAL, *both)
+    alone = containers(render(*MINIMAL, "--set-json", 'vllm.extraArgs=["--no-enable-chunked-prefill"]'))["vllm"]
+    assert "--no-enable-chunked-prefill" in alone["args"]

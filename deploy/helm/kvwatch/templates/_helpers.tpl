@@ -354,11 +354,20 @@ refuses a probe with two ("may not specify more than 1 handler type"), so the us
 - "--data-parallel-size"
 - {{ include "kvwatch.scalar" . | quote }}
 {{- end }}
+{{- if not (kindIs "invalid" $v.shutdownTimeoutSeconds) }}
+- "--shutdown-timeout"
+- {{ include "kvwatch.scalar" $v.shutdownTimeoutSeconds | quote }}
+{{- end }}
 {{- /* A flag the chart sets from a value, repeated in extraArgs: vLLM takes the last one, so the engine, the probes
 and kvwatch's capacity model would describe different deployments. */ -}}
 {{- $managed := dict "--port" "vllm.port" "--served-model-name" "vllm.servedModelName" "--model" "config.model"
       "-tp" "config.tensorParallelSize" "-pp" "config.pipelineParallelSize"
-      "--data-parallel-size" "vllm.dataParallelSize" "-dp" "vllm.dataParallelSize" }}
+      "--data-parallel-size" "vllm.dataParallelSize" "-dp" "vllm.dataParallelSize"
+      "--shutdown-timeout" "vllm.shutdownTimeoutSeconds" }}
+{{- if not (kindIs "invalid" $v.enableChunkedPrefill) }}
+{{- $_ := set $managed "--enable-chunked-prefill" "vllm.enableChunkedPrefill" }}
+{{- $_ := set $managed "--no-enable-chunked-prefill" "vllm.enableChunkedPrefill" }}
+{{- end }}
 {{- range $key, $flag := $flags }}
 {{- $_ := set $managed $flag (printf "config.%s" $key) }}
 {{- end }}
