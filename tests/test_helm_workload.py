@@ -80,8 +80,9 @@ def test_kvwatch_accepts_the_rendered_env(case: str, monkeypatch: pytest.MonkeyP
 
 
 def test_large_integers_and_set_values_stay_integers() -> None:
-    env = containers(render(*MINIMAL, "--set", "config.maxBodyBytes=67108864", "--set", "config.blockSize=32"))[
-        "kvwatch"]["env"]
+    # (a 64 MiB body cap with the memory it needs: at the default 256Mi limit it is refused, the refusal cases below)
+    env = containers(render(*MINIMAL, "--set", "config.maxBodyBytes=67108864", "--set", "config.blockSize=32",
+                            "--set", "kvwatch.resources.limits.memory=512Mi"))["kvwatch"]["env"]
     rendered = {e["name"]: e["value"] for e in env}
     assert rendered["KVWATCH_MAX_BODY_BYTES"] == "67108864"
     assert rendered["KVWATCH_BLOCK_SIZE"] == "32"
@@ -408,6 +409,10 @@ def test_short_dtype_spellings_reach_vllm_in_its_own() -> None:
     (("--set", "config.pollTimeoutSeconds=6"), "config.pollTimeoutSeconds (6) must be below"),
     (("--set", "config.staleAfterSeconds=1", "--set", "config.pollIntervalSeconds=5"), "must be at least"),
     (("--set", "config.listenAddress=127.0.0.1"), "must not be a loopback address"),
+    (("--set", "config.clockSpeed=100"), "times config.clockSpeed (100) is more than 120 s"),
+    (("--set", "config.maxBodyBytes=67108864"), "more than kvwatch.resources.limits.memory (256Mi)"),
+    (("--set", "config.maxBodyBytes=50000000", "--set", "kvwatch.resources.limits.memory=268435456"),
+     "more than kvwatch.resources.limits.memory (268435456)"),
     (("--set-string", "config.gpu=H101"), 'config.gpu "H101" is no GPU kvwatch knows'),
     (("--set", "vllm.enabled=false", "--set", "config.targetUrl=http://v:8000/metrics", "--set",
       "config.gpuPod=vllm-0", "--set", "config.dcgmUrl=http://$(NODE_IP):9400/metrics"), "kvwatch's own node"),
@@ -579,3 +584,21 @@ def test_a_chunked_prefill_flag_in_extra_args_beside_its_value_is_refused() -> N
     assert "set vllm.enableChunkedPrefill instead" in render_fails(*MINIMAL, *both)
     alone = containers(render(*MINIMAL, "--set-json", 'vllm.extraArgs=["--no-enable-chunked-prefill"]'))["vllm"]
     assert "--no-enable-chunked-prefill" in alone["args"]
+
+
+def test_a_target_url_may_name_a_variable_of_extra_env() -> None:
+    # Kubernetes expands $(VAR) only to variables defined earlier in the container's list: extraEnv came after the
+    # KVWATCH_* ones, so $(VLLM_HOST) reached kvwatch unexpanded and it refused to start (review, round 23).
+    objects = render("--set", "vllm.enabled=false", "--set", "config.targetUrl=http://$(VLLM_HOST):8000/metrics",
+                     "--set-json", 'kvwatch.extraEnv=[{"name":"VLLM_HOST","value":"vllm-0.vllm.inference.svc"}]')
+    names = [e["name"] for e in containers(objects)["kvwatch"]["env"]]
+    assert names.index("VLLM_HOST") < names.index("KVWATCH_TARGET_URL")
+
+
+def test_dashboard_labels_are_held_to_kubernetes_rules() -> None:
+    on = ("--set", "dashboards.enabled=true")
+    assert "values don't meet the specifications" in render_fails(*MINIMAL, *on, "--set", "dashboards.label=a b")
+    assert "values don't meet the specifications" in render_fails(*MINIMAL, *on, "--set", "dashboards.labelValue=x!")
+    configmap = only(render(*MINIMAL, *on, "--set", "dashboards.labelValue=1"), "ConfigMap")
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+

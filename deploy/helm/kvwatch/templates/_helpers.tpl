@@ -182,6 +182,19 @@ vLLM out of its Service, and a watchdog must never stop the serving. */}}
     {{- if and (not (kindIs "invalid" $config.staleAfterSeconds)) (lt (float64 (toString $config.staleAfterSeconds)) $interval) }}
     {{- fail (printf "config.staleAfterSeconds (%v) must be at least config.pollIntervalSeconds (%v): kvwatch refuses to start otherwise" $config.staleAfterSeconds $interval) }}
     {{- end }}
+    {{- if and (not (kindIs "invalid" $config.clockSpeed)) (ne (toString $config.clockSpeed) "") }}
+    {{- if gt (mulf $interval (float64 (toString $config.clockSpeed))) 120.0 }}
+    {{- fail (printf "config.pollIntervalSeconds (%v) times config.clockSpeed (%v) is more than 120 s of the poll clock: kvwatch refuses to start otherwise" $interval $config.clockSpeed) }}
+    {{- end }}
+    {{- end }}
+    {{- $limit := include "kvwatch.bytes" ((($kvwatch.resources | default dict).limits | default dict).memory) }}
+    {{- if $limit }}
+    {{- /* A body at the cap peaks at up to 5x it plus the ~36 MB kvwatch idles at (`kvwatch serve --help`) */}}
+    {{- $body := float64 (toString (default 16777216 $config.maxBodyBytes)) }}
+    {{- if gt (addf (mulf 5 $body) 37748736.0) (float64 $limit) }}
+    {{- fail (printf "config.maxBodyBytes (%v) can take up to 5x that plus ~36 MB of memory on one body, more than kvwatch.resources.limits.memory (%v): the sidecar would be OOM-killed; raise the limit or lower the cap" (default 16777216 $config.maxBodyBytes) $kvwatch.resources.limits.memory) }}
+    {{- end }}
+    {{- end }}
     {{- if has (toString $config.listenAddress) (list "127.0.0.1" "::1" "localhost") }}
     {{- fail "config.listenAddress must not be a loopback address: the kubelet's probes and Prometheus reach kvwatch on the pod IP" }}
     {{- end }}
@@ -226,6 +239,17 @@ vLLM out of its Service, and a watchdog must never stop the serving. */}}
     {{- end }}
     {{- end }}
     {{- end }}
+    {{- with $kvwatch.extraEnv }}
+    {{- /* A name set twice is refused by server-side apply (Helm 4's default). KVWATCH_* the schema keeps out (they
+    are config.*); NODE_IP is the chart's with config.dcgmUrl. Before the KVWATCH_* variables: Kubernetes expands a
+    $(VAR) in config.targetUrl only to variables defined earlier in the list. */}}
+    {{- range . }}
+    {{- if and $config.dcgmUrl (eq (toString .name) "NODE_IP") }}
+    {{- fail "kvwatch.extraEnv sets NODE_IP, which the chart sets itself for config.dcgmUrl's $(NODE_IP): leave it out" }}
+    {{- end }}
+    {{- end }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
     {{- include "kvwatch.env" . | trim | nindent 4 }}
     {{- if $web.secretName }}
     {{- if (.Values.config | default dict).webConfigFile }}
@@ -233,16 +257,6 @@ vLLM out of its Service, and a watchdog must never stop the serving. */}}
     {{- end }}
     - name: KVWATCH_WEB_CONFIG_FILE
       value: {{ printf "/etc/kvwatch/web/%s" ($web.key | default "web-config.yml") | quote }}
-    {{- end }}
-    {{- with $kvwatch.extraEnv }}
-    {{- /* A name set twice is refused by server-side apply (Helm 4's default). KVWATCH_* the schema keeps out (they
-    are config.*); NODE_IP is the chart's with config.dcgmUrl. */}}
-    {{- range . }}
-    {{- if and $config.dcgmUrl (eq (toString .name) "NODE_IP") }}
-    {{- fail "kvwatch.extraEnv sets NODE_IP, which the chart sets itself for config.dcgmUrl's $(NODE_IP): leave it out" }}
-    {{- end }}
-    {{- end }}
-    {{- toYaml . | nindent 4 }}
     {{- end }}
   ports:
     - name: metrics
@@ -494,4 +508,16 @@ share their beginning still differ, and two suffixes of one release too. Call wi
 {{- else }}
 {{- printf "%s-%s-%s" ($full | trunc (int (sub 53 (len .suffix))) | trimSuffix "-") ($full | sha256sum | trunc 8) .suffix }}
 {{- end }}
+{{- end }}
+
+{{/*
+A Kubernetes memory quantity in bytes ("256Mi", "1G", "268435456"), "" when unset or not one of those forms.
+*/}}
+{{- define "kvwatch.bytes" -}}
+{{- $text := toString (. | default "") -}}
+{{- $units := dict "" 1.0 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 -}}
+{{- if regexMatch "^[0-9]+(\\.[0-9]+)?(k|M|G|T|Ki|Mi|Gi|Ti)?$" $text -}}
+{{- $unit := regexFind "[A-Za-z]+$" $text -}}
+{{- mulf (float64 (trimSuffix $unit $text)) (index $units $unit) -}}
+{{- end -}}
 {{- end }}
