@@ -12,6 +12,7 @@ from helm_helpers import (
     CASES,
     CHART,
     MINIMAL,
+    MODEL,
     NAMESPACE,
     only,
     render,
@@ -76,6 +77,13 @@ def test_install_notes_render_for_each_mode(case: str, says: str) -> None:
     notes = install_notes(*values_args(case))
     assert says in notes
     assert "port-forward svc/kvw-kvwatch 9747:9747" in notes
+
+
+def test_install_notes_say_what_the_sidecar_polls_and_who_owns_the_replicas() -> None:
+    notes = install_notes("--set", f"config.model={MODEL}", "--set", "config.targetUrl=http://127.0.0.1:8001/metrics",
+                          "--set", "autoscaling.enabled=true", "--set", "autoscaling.kind=hpa")
+    assert "in the autoscaler's pods" in notes and "polling http://127.0.0.1:8001/metrics" in notes
+    assert "in 1 pod(s)" in install_notes(*MINIMAL)
 
 
 @pytest.mark.parametrize(("args", "says"), [
