@@ -172,7 +172,11 @@ def test_the_config_is_reloaded_when_it_changes(pki: Path, tmp_path: Path, serve
         config.write_text("basic_auth_users: [not, a, mapping\n")  # a broken edit keeps the last good config
         assert httpx.get(url, auth=("a", "two")).status_code == 200
         assert httpx.get(url, auth=("a", "two")).status_code == 200
-    assert sum("not reloaded" in r.getMessage() for r in caplog.records) == 1
+        time.sleep(0.01)
+        config.write_text("basic_auth_users: [1, 2]\n")  # valid YAML of the wrong shape: the same
+        assert httpx.get(url, auth=("a", "two")).status_code == 200
+        assert httpx.get(url, auth=("a", "two")).status_code == 200
+    assert sum("not reloaded" in r.getMessage() for r in caplog.records) == 2
     write_config(tmp_path, tls=True)  # TLS switched on: plain HTTP is refused from the next connection
     assert httpx.get(url).status_code == 400
     context = ssl.create_default_context(cafile=tmp_path / "ca.crt")
@@ -187,6 +191,12 @@ def test_the_config_is_reloaded_when_it_changes(pki: Path, tmp_path: Path, serve
      "cipher_suites"),
     ("basic_auth_users:\n  alice: plaintext\n", "bcrypt"),
     ("basic_auth_user:\n  alice: x\n", "unknown key"),
+    # a value of the wrong shape (review, round 23: tracebacks at start, and every request dropped after a reload)
+    ("basic_auth_users: [1, 2]\n", "basic_auth_users must be a mapping"),
+    ("basic_auth_users: hello\n", "basic_auth_users must be a mapping"),
+    ("http_server_config: {headers: [a, b]}\n", "http_server_config.headers must be a mapping"),
+    ("tls_server_config: {client_auth_type: [x]}\n", "client_auth_type must be a string"),
+    ("tls_server_config: {cert_file: [x], key_file: y}\n", "cert_file must be a string"),
 ])
 def test_unusable_configs_are_refused_naming_what_is_wrong(pki: Path, text: str, complaint: str) -> None:
     config = pki / "bad.yml"

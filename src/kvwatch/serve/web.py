@@ -137,22 +137,32 @@ def load_web_config(path: Path) -> WebConfig:
         tls, files = _tls_context(tls_data, base, path)
         watched += files
     users: dict[str, bytes] = {}
-    for user, hashed in (data.get("basic_auth_users") or {}).items():
+    for user, hashed in _mapping(data.get("basic_auth_users"), "basic_auth_users", path).items():
         text = str(hashed or "")
         if not text.startswith(("$2a$", "$2b$", "$2y$")) or len(text) != 60:
             raise WebConfigError(f"{path}: basic_auth_users.{user} is not a bcrypt hash ($2y$...)")
         users[str(user)] = text.encode()
-    http = data.get("http_server_config") or {}
-    if not isinstance(http, dict):
-        raise WebConfigError(f"{path}: http_server_config must be a mapping")
-    headers = {str(k): str(v) for k, v in (http.get("headers") or {}).items()}
+    http = _mapping(data.get("http_server_config"), "http_server_config", path)
+    headers = {str(k): str(v) for k, v in _mapping(http.get("headers"), "http_server_config.headers", path).items()}
     required = bool(tls_data) and tls_data.get("client_auth_type") == "RequireAndVerifyClientCert"
     return WebConfig(tls=tls, client_cert_required=required, users=users, headers=headers, watched=tuple(watched))
+
+
+def _mapping(value: Any, key: str, path: Path) -> dict[Any, Any]:
+    """``value`` of ``key`` as a mapping ({} when absent): a list or a word there failed with a traceback."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise WebConfigError(f"{path}: {key} must be a mapping")
+    return value
 
 
 def _tls_context(config: Any, base: Path, path: Path) -> tuple[ssl.SSLContext, list[Path]]:
     if not isinstance(config, dict):
         raise WebConfigError(f"{path}: tls_server_config must be a mapping")
+    for key, value in config.items():
+        if key in _TLS_KEYS - {"prefer_server_cipher_suites"} and value is not None and not isinstance(value, str):
+            raise WebConfigError(f"{path}: tls_server_config.{key} must be a string")
     refused = set(config) & _REFUSED_TLS_KEYS
     if refused:
         raise WebConfigError(f"{path}: tls_server_config.{sorted(refused)[0]} is not supported by kvwatch")
@@ -248,6 +258,9 @@ class WebConfigWatcher:
                     config = load_web_config(self.path)
                 except WebConfigError as exc:
                     log.error("web config not reloaded, the last good one stays in force: %s", exc)
+                    self._failed_stamp = stamp
+                except Exception:  # kvwatch's bug, not the file's: still no request may fail on it
+                    log.exception("web config not reloaded, the last good one stays in force")
                     self._failed_stamp = stamp
                 else:
                     self.config = config
