@@ -222,7 +222,7 @@ def test_decimal_unit_note():
     assert note is not None and "800,000 B" in note and "0.0008GiB would be 858,993 B" in note
 
 
-@pytest.mark.parametrize("text", ["", "abc", "12 parsecs", "-3MiB", "0"])
+@pytest.mark.parametrize("text", ["", "abc", "12 parsecs", "-3MiB", "0", "1e400", "1e300GiB", "1025TiB"])
 def test_parse_bytes_rejects(text):
     with pytest.raises(ValueError):
         parse_bytes(text)

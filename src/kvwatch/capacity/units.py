@@ -13,6 +13,7 @@ _BINARY = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 _DECIMAL = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 _UNITS = {"": 1, "b": 1, **_BINARY, **_DECIMAL}
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+MAX_BYTES = float(1 << 50)  # 1 PiB: no GPU budget or per-token size comes near it
 EXAMPLES = "131072, 128KiB, 0.8MiB (= 838,861 B), 0.0008GiB (= 858,993 B)"
 
 # Bytes per element of the dtypes kvwatch sizes (KV cache, Mamba state): fp8 and its variants are stored as uint8
@@ -34,6 +35,8 @@ def parse_bytes(text: str) -> float:
     value = number * _UNITS[unit]
     if value <= 0:
         raise ValueError(f"{text!r} must be positive")
+    if not value <= MAX_BYTES:  # (also inf: 1e400 overflowed later, a traceback)
+        raise ValueError(f"{text!r} is more than 1 PiB")
     return value
 
 
