@@ -21,6 +21,10 @@ FIXTURE = Path(__file__).parent / "fixtures" / "vllm-metrics" / "gen-0.33-dp2-ca
     (["check", "--file", str(FIXTURE), "--nope", "--json", "-x"], ["kvwatch check", "arguments: --nope -x"]),
     (["serve", "--port"], ["kvwatch serve", "--port", "expected one argument"]),
     (["bogus"], ["kvwatch", "bogus"]),
+    # `--file=--`: Python < 3.12's argparse handed the option [] (a traceback in check, plan and backtest)
+    (["check", "--file=--"], ["kvwatch check", "--file", "expected one argument"]),
+    (["plan", "--model", "x", "--plot=--"], ["kvwatch plan", "--plot", "expected one argument"]),
+    (["backtest", "--trace=--"], ["kvwatch backtest", "--trace", "expected one argument"]),
 ])
 def test_usage_errors_are_one_line_naming_the_command(argv: list[str], words: list[str],
                                                       capsys: pytest.CaptureFixture[str]) -> None:

@@ -61,6 +61,12 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.usage_exit(self.prog, message)
 
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        # Python < 3.12 drops the "--" of `--file=--` and hands the option [] unconverted (a traceback later)
+        if action.nargs is None and action.option_strings and arg_strings == ["--"]:
+            self.error(f"argument {'/'.join(action.option_strings)}: expected one argument")
+        return super()._get_values(action, arg_strings)
+
     def usage_exit(self, prog: str, message: str) -> NoReturn:
         if self.json_errors:
             print(usage_error_json(message), flush=True)
