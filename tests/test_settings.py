@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -343,3 +344,36 @@ def test_a_variable_for_a_command_option_says_options_have_none(monkeypatch: pyt
     assert main(["serve"]) == 2
     err = capsys.readouterr().err
     assert "KVWATCH_AVG_SEQ_LEN" in err and "--avg-seq-len is no setting" in err and "[env KVWATCH_" in err
+
+
+@pytest.mark.parametrize("enterable", [True, False])
+def test_a_bearer_token_file_that_cannot_be_read_stops_startup(tmp_path, enterable: bool) -> None:
+    # (review, round 23) a mode-000 token file started, then failed every poll; one in a folder this user may not
+    # enter was a traceback. Root reads both, so as root the check runs as nobody (setpriv), as a pod's user would.
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(dir="/tmp")) if enterable else tmp_path  # (pytest's own are root's, mode 700)
+    try:
+        folder.chmod(0o755 if enterable else 0o700)
+        token = folder / "token"
+        token.write_text("secret\n")
+        token.chmod(0)
+        code = ("from kvwatch.cli import main; raise SystemExit(main(['check', 'http://127.0.0.1:1/metrics', "
+                f"'--bearer-token-file', {str(token)!r}]))")
+        as_root = os.geteuid() == 0
+        prefix = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"] if as_root else []
+        if not as_root and not enterable:
+            folder.chmod(0)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KVWATCH_")}
+        result = subprocess.run([*prefix, sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                                cwd="/", timeout=60)
+    finally:
+        folder.chmod(0o700)
+        if enterable:
+            shutil.rmtree(folder)
+    assert result.returncode == 2, result.stderr
+    assert "--bearer-token-file" in result.stderr and "Permission denied" in result.stderr

@@ -107,8 +107,13 @@ def check_url(v: str) -> str:
 
 def _regular_file(v: Path | None) -> Path | None:
     """``v`` if it is a regular file: a device (/dev/zero), FIFO or folder is named as such, not as missing."""
-    if v is not None and not v.is_file():
-        raise ValueError(f"file {v} does not exist" if not v.exists() else f"{v} is not a regular file")
+    if v is None:
+        return v
+    try:
+        if not v.is_file():
+            raise ValueError(f"file {v} does not exist" if not v.exists() else f"{v} is not a regular file")
+    except OSError as exc:  # a folder on the way this user may not enter
+        raise ValueError(f"cannot read {v}: {exc.strerror or exc}") from None
     return v
 
 
@@ -503,6 +508,17 @@ class TargetSettings(DeploymentSettings):
     @classmethod
     def _readable(cls, v: Path | None) -> Path | None:
         return _regular_file(v)
+
+    @field_validator("bearer_token_file")
+    @classmethod
+    def _token_readable(cls, v: Path | None) -> Path | None:
+        if v is not None:
+            try:  # read now: one that cannot be read failed every poll instead (it is read again on each, to rotate)
+                with v.open("rb"):
+                    pass
+            except OSError as exc:
+                raise ValueError(f"cannot read {v}: {exc.strerror or exc}") from None
+        return v
 
     @field_validator("ca_file")
     @classmethod
