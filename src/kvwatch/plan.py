@@ -116,8 +116,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="Inverse planner: list the deployments that carry N concurrent requests of --avg-seq-len "
                            "tokens, cheapest first (utilization, max-model-len, FP8 KV, FP8 weights, TP within one "
                            "node, then replicas), each with the vLLM arguments to paste.")
-    plan.add_argument("--gpus-per-node", type=int, default=8, metavar="N",
-                      help="Largest tensor parallelism the inverse planner tries (GPUs in one node; default 8).")
     plan.add_argument("--json", action="store_true", help="Print one JSON object instead of the walk-through.")
     plan.add_argument("--plot", metavar="PNG", type=Path,
                       help="Write a PNG of the concurrency ceiling against context length (needs kvwatch[plot]).")
@@ -141,9 +139,8 @@ def _gib_flag(args: argparse.Namespace, name: str) -> float | None:
     return value * GIB
 
 
-def build_spec(args: argparse.Namespace) -> DeploymentSpec:
+def build_spec(args: argparse.Namespace, settings: DeploymentSettings) -> DeploymentSpec:
     """Settings + plan-only overrides -> DeploymentSpec; every failure is a SettingsError naming a flag."""
-    settings = load_settings(DeploymentSettings, args)
     overrides: dict[str, Any] = {}
     for name in _GIB_FLAGS:
         value = _gib_flag(args, name)
@@ -163,8 +160,6 @@ def build_spec(args: argparse.Namespace) -> DeploymentSpec:
     if args.avg_seq_len is not None and not (math.isfinite(args.avg_seq_len) and args.avg_seq_len >= 1):
         # (review, round 22: 1e-9 tokens printed "at 0 tokens per request ... ≈ 30674285714285.71 requests")
         raise SettingsError(f"invalid value {args.avg_seq_len:g} for --avg-seq-len: must be at least 1 token")
-    if args.gpus_per_node < 1:
-        raise SettingsError(f"invalid value {args.gpus_per_node} for --gpus-per-node: must be at least 1")
     overrides["allow_long_max_model_len"] = bool(getattr(args, "allow_long_max_model_len", False))
     overrides["enforce_eager"] = bool(getattr(args, "enforce_eager", False))
     overrides["enable_chunked_prefill"] = bool(getattr(args, "enable_chunked_prefill", True))
@@ -193,9 +188,10 @@ def run(args: argparse.Namespace) -> int:
     if args.list_gpus:
         print("\n".join(preset_data.gpu_names()))
         return 0
-    spec = build_spec(args)
+    settings = load_settings(DeploymentSettings, args)
+    spec = build_spec(args, settings)
     if getattr(args, "target_concurrency", None) is not None:
-        return run_inverse(args, spec)
+        return run_inverse(args, spec, settings.gpus_per_node)
     try:
         plan = plan_capacity(spec)
         scenarios = whatif_scenarios(spec, args.avg_seq_len)
@@ -229,7 +225,7 @@ def _check_avg_seq_len(avg_seq_len: float | None, max_model_len: int | None) -> 
                             "request, or a longer --max-model-len")
 
 
-def run_inverse(args: argparse.Namespace, spec: DeploymentSpec) -> int:
+def run_inverse(args: argparse.Namespace, spec: DeploymentSpec, gpus_per_node: int) -> int:
     """``--target-concurrency``: the options table (or JSON); exit 1 when no option exists."""
     if args.target_concurrency < 1:
         raise SettingsError("invalid value for --target-concurrency: must be at least 1")
@@ -238,7 +234,7 @@ def run_inverse(args: argparse.Namespace, spec: DeploymentSpec) -> int:
     _check_avg_seq_len(args.avg_seq_len, spec.max_model_len)  # without the flag the planner picks a length ≥ it
     model = args.model or (spec.arch.name if spec.arch else None)
     try:
-        result = inverse_plan(spec, args.target_concurrency, args.avg_seq_len, args.gpus_per_node, model,
+        result = inverse_plan(spec, args.target_concurrency, args.avg_seq_len, gpus_per_node, model,
                               max_model_len_given=spec.max_model_len is not None)
     except SpecError as exc:
         raise SettingsError(f"{exc} {exc.plan_hint}".rstrip()) from None

@@ -378,6 +378,9 @@ class DeploymentSettings(_Base):
         None, gt=0, le=1, description="vLLM --gpu-memory-utilization (default: vLLM's, 0.92 in current versions)."
     )
     tensor_parallel_size: int = Field(1, ge=1, le=1024, description="vLLM --tensor-parallel-size.")
+    gpus_per_node: int = Field(8, ge=1, le=1024, description="GPUs in one node: the largest tensor-parallel size "
+                               "kvwatch proposes (plan's inverse planner, the advice of check and serve); beyond "
+                               "it, a replica.")
     pipeline_parallel_size: int = Field(1, ge=1, le=1024, description="vLLM --pipeline-parallel-size.")
     dtype: str = Field("auto", description="vLLM --dtype: auto, bfloat16, float16, float32 (bf16, fp16, fp32).")
     kv_cache_dtype: str = Field(
@@ -468,10 +471,6 @@ def public_name(field: str) -> str:
 
 class TargetSettings(DeploymentSettings):
     """What one poll of vLLM needs: where, how long at most, and how to read it (``serve`` and ``check``)."""
-
-    # Not the capacity model's (plan has no advice): how far the advisor's tensor-parallel fix may go.
-    gpus_per_node: int = Field(8, ge=1, le=1024, description="GPUs in one node: the largest tensor-parallel "
-                               "size the advice proposes (beyond it, it says add a replica).")
 
     target_url: str = Field("http://127.0.0.1:8000/metrics", description="vLLM /metrics URL to poll.")
     poll_timeout_seconds: float | None = Field(
