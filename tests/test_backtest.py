@@ -162,6 +162,10 @@ def test_cli_unreadable_trace_exits_2(tmp_path, capsys):
     bad.write_text("not,a,trace\n1,2,3\n")
     code, _, err = _cli(["--trace", str(bad)], capsys)
     assert code == 2 and "--trace" in err
+    code, _, err = _cli(["--trace", "/dev/null"], capsys)  # a device, not missing (review, round 23)
+    assert code == 2 and "/dev/null: not a regular file" in err
+    code, _, err = _cli(["--trace", str(tmp_path / "missing.csv")], capsys)
+    assert code == 2 and "missing.csv: no such file" in err
 
 
 def test_long_context_shaping_scales_mixes_and_caps_at_max_model_len(conv):

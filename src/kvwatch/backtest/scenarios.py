@@ -190,7 +190,7 @@ def load_trace_head(path: Path, left_out: dict[str, int] | None = None) -> tuple
     if path.is_dir():
         raise ScenarioError(f"--trace {path}: a directory, not a trace file")
     if not path.is_file():
-        raise ScenarioError(f"--trace {path}: no such file")
+        raise ScenarioError(f"--trace {path}: " + ("not a regular file" if path.exists() else "no such file"))
     try:
         requests = read(path, max_requests=MAX_TRACE_REQUESTS + 1, left_out=left_out)
     except (OSError, TraceError, ValueError) as exc:  # the reader's message names the file already
