@@ -241,10 +241,17 @@ def test_plot_writes_png(tmp_path, capsys):
 
 def test_plot_without_matplotlib_is_a_clear_error(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # what Python does when the package is absent
-    code, _, err = run([*TUTORIAL, "--plot", str(tmp_path / "x.png")], capsys)
-    assert code == 1
+    code, out, err = run([*TUTORIAL, "--plot", str(tmp_path / "x.png")], capsys)
+    assert code == 2 and out == ""  # refused before the plan is printed, as backtest does
     assert "kvwatch[plot]" in err
     assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.parametrize(("name", "said"), [("x.jpg", "must end in .png"), ("no/such/dir/x.png", "does not exist"),
+                                            (".", "is a directory")])
+def test_a_plot_path_that_cannot_be_written_is_refused_up_front(tmp_path, capsys, name: str, said: str):
+    code, out, err = run([*TUTORIAL, "--plot", str(tmp_path / name)], capsys)
+    assert code == 2 and out == "" and said in err
 
 
 def test_lists(capsys):

@@ -57,6 +57,7 @@ from kvwatch.settings import (
     SettingsError,
     add_settings_flags,
     load_settings,
+    png_output_path,
 )
 
 JSON_USAGE_ERRORS = True  # kvwatch.cli: with --json, bad usage is also {"error": {"reason": "usage", ...}}
@@ -189,6 +190,8 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(preset_data.gpu_names()))
         return 0
     settings = load_settings(DeploymentSettings, args)
+    if args.plot is not None:
+        args.plot = png_output_path(args.plot)
     spec = build_spec(args, settings)
     if getattr(args, "target_concurrency", None) is not None:
         return run_inverse(args, spec, settings.gpus_per_node)
@@ -208,9 +211,6 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         try:
             write_plot(args.plot, plan, scenarios, args.avg_seq_len)
-        except ImportError:
-            print("kvwatch plan: --plot needs matplotlib: pip install 'kvwatch[plot]'", file=sys.stderr)
-            return 1
         except OSError as exc:
             print(f"kvwatch plan: cannot write {args.plot}: {exc.strerror}", file=sys.stderr)
             return 1

@@ -105,6 +105,22 @@ def check_url(v: str) -> str:
     return v
 
 
+def png_output_path(path: Path) -> Path:
+    """A ``--plot`` PNG path, refused up front (exit 2) rather than after the work it plots: a directory, another
+    suffix, a missing directory, or matplotlib (the plot extra) not installed."""
+    if path.is_dir():
+        raise SettingsError(f"invalid value for --plot: {path} is a directory; name the PNG file")
+    if path.suffix.lower() != ".png":
+        raise SettingsError(f"invalid value for --plot: {path} must end in .png (the plot is a PNG)")
+    if not path.parent.is_dir():
+        raise SettingsError(f"invalid value for --plot: directory {path.parent} does not exist")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise SettingsError("--plot needs matplotlib: pip install 'kvwatch[plot]'") from None
+    return path
+
+
 def _regular_file(v: Path | None) -> Path | None:
     """``v`` if it is a regular file: a device (/dev/zero), FIFO or folder is named as such, not as missing."""
     if v is None:

@@ -23,7 +23,7 @@ from kvwatch.backtest.scenarios import (
     validate,
 )
 from kvwatch.backtest.scoring import WARMUP_SECONDS
-from kvwatch.settings import SettingsError
+from kvwatch.settings import SettingsError, png_output_path
 from kvwatch.sim.engines_wire import ENGINES
 from kvwatch.sim.traces import (
     DENSE_REQUESTS_PER_SECOND,
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from kvwatch.backtest.traces import defaults_for, named
 
     if args.plot is not None:
-        args.plot = _plot_path(args.plot)
+        args.plot = png_output_path(args.plot)
     scenario = Scenario(
         trace_name=args.trace.name,
         profile=args.profile,
@@ -173,21 +173,6 @@ def _defaults_from(rate_given: bool, speedup_given: bool, by_name: bool) -> str:
     if rate_given or speedup_given:
         return f"{'rate' if rate_given else 'engine'} from flags, {'engine' if rate_given else 'rate'} from {default}"
     return default
-
-
-def _plot_path(path: Path) -> Path:
-    """The PNG the plot goes to: refused up front (exit 2) rather than after the whole run."""
-    if path.is_dir():
-        raise SettingsError(f"invalid value for --plot: {path} is a directory; name the PNG file")
-    if path.suffix.lower() != ".png":
-        raise SettingsError(f"invalid value for --plot: {path} must end in .png (the plot is a PNG)")
-    if not path.parent.is_dir():
-        raise SettingsError(f"invalid value for --plot: directory {path.parent} does not exist")
-    try:
-        import matplotlib  # noqa: F401 (the plot extra: missing, the whole run went by before it said so)
-    except ImportError:
-        raise SettingsError("--plot needs matplotlib: pip install 'kvwatch[plot]'") from None
-    return path
 
 
 def _json_number(value: object) -> object:
