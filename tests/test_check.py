@@ -629,6 +629,9 @@ def test_the_metrics_path_hint_only_when_something_answered(capsys: pytest.Captu
 def test_a_bad_url_argument_is_named_as_the_url(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "notaurl"]) == 2
     assert "invalid value 'notaurl' for URL" in capsys.readouterr().err
+    # two different URLs, as the argument and as --target-url: the argument won without a word (review, round 23)
+    assert main(["check", "http://a.invalid/metrics", "--target-url", "http://b.invalid/metrics"]) == 2
+    assert "give the URL once" in capsys.readouterr().err
 
 
 def test_a_capacity_from_blocks_for_a_model_kvwatch_does_not_know_carries_its_caveat(

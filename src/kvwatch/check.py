@@ -97,6 +97,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.url is not None and args.target_url is not None and args.target_url != args.url:
+        return _usage_error("give the URL once, as URL or as --target-url")
     if args.url is not None:
         args.target_url = args.url
     if args.file is not None and args.url is not None:
