@@ -795,3 +795,14 @@ def test_preemptions_count_across_polls_further_apart_than_stale_after():
 
     assert last_state(0.5) == "bottleneck"
     assert last_state(0.0) == "ok"
+
+
+@pytest.mark.parametrize(("low", "high"), [(0.0, 0.8), (0.3, 0.85)])
+def test_a_step_up_to_a_steady_plateau_raises_no_warning(low: float, high: float):
+    # (review, round 23) After the step the 30-minute line reads below the new level, so the shift's fit was set
+    # aside, and with it its spread: the line's residuals across the step read as bursts (a request size of
+    # thousands of tokens) and `filling` stood 10-12 minutes on a plateau nothing saturates.
+    f = Forecaster(ForecastParams(stale_after_seconds=30.0))
+    level = noisy(lambda t: low if t < 3 * 3600 else high, 0.02, seed=5)
+    states = [f.observe(s).state for s in stream(level, seconds=5 * 3600, dt=10.0)]
+    assert "filling" not in states and "bottleneck" not in states

@@ -225,6 +225,10 @@ def _line_fit(buckets: Sequence[MinuteBucket], window_buckets: int, shrink: bool
         # level read from a few minutes after a break would chase every burst (v8 sweep, docs/forecasting.md).
         if fit[1] < level:
             return fit
+        # A level above the line's: the line's level stands (it does not chase a burst), but a step is no noise:
+        # its spread and rho are the shift's, not the line's residuals across the step (a step up to a steady 0.7
+        # read as 30 minutes of bursts: filling for 10 to 30 minutes, review round 23).
+        return min(resid / my if my > 0 else 0.0, fit[0]), max(0.0, level), fit[2], points[-1][1]
     return (resid / my if my > 0 else 0.0), max(0.0, level), rho, points[-1][1]
 
 
