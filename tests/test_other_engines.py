@@ -597,3 +597,16 @@ def test_iteration_stats_from_other_ranks_alone_leave_the_queue_unknown() -> Non
              "kvCacheStats": {"maxNumBlocks": 100, "usedNumBlocks": 50, "tokensPerBlock": 32}}]
     (r,) = read_payload(json.dumps(rows), timestamp=1.0).readings
     assert (r.requests_running, r.requests_waiting) == (4, None)
+
+
+@pytest.mark.parametrize("name", ["gen-rank-labels-dp2.prom", "gen-0.5.23-pd-decode-transfers.prom",
+                                  "v0.4-production-metrics-doc.prom"])
+def test_sglang_families_spelled_with_an_underscore_read_as_with_the_colon(name: str) -> None:
+    # Re-exports that turn SGLang's colon into an underscore (sglang_token_usage: docs/metrics.md) were refused as
+    # no engine's page; the adapter reads them as the colon's, and the detection names the page's own spelling.
+    text = (SGLANG / name).read_text()
+    colon = read_payload(text, timestamp=1.0)
+    underscore = read_payload(text.replace("sglang:", "sglang_"), timestamp=1.0)
+    assert underscore.readings == colon.readings and underscore.readings
+    assert underscore.detection.version_range == f"{colon.detection.version_range} (sglang_ prefix)"
+    assert underscore.detection.usage_metric == colon.detection.usage_metric.replace("sglang:", "sglang_")

@@ -95,6 +95,20 @@ def unprefixed_vllm(text: str) -> str | None:
     return _UNPREFIXED_LINE.sub(r"\1vllm:", text)
 
 
+_SGLANG_UNDERSCORED = re.compile(r"(?m)^((?:# (?:HELP|TYPE|UNIT)[ \t]+)?)sglang_")
+
+
+def underscored_sglang(text: str) -> str | None:
+    """A page of SGLang's families spelled ``sglang_*`` (re-exports that turn the colon into an underscore: llm-d,
+    NVIDIA Dynamo; docs/metrics.md) with the colon put back; None for any other page. (A page whose # TYPE lines say
+    ``sglang:`` is prometheus_client's escaping, which ``series.underscore_escaped`` explains.)"""
+    if "sglang_" not in text or "sglang:" in text:
+        return None
+    if not re.search(r"(?m)^sglang_(?:token_usage|num_running_reqs|num_queue_reqs)[ \t{]", text):
+        return None
+    return _SGLANG_UNDERSCORED.sub(r"\1sglang:", text)
+
+
 def engines_of(exposition: Exposition) -> list[str]:
     """Every engine whose metrics the page holds: ``vllm``, ``sglang``, ``tensorrt-llm``, in that order."""
     claims = ((VLLM, any(name.startswith("vllm:") for name in exposition.names)),
@@ -126,7 +140,8 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
     wanted = wanted_for(overrides, latency=latency, lengths=lengths)
     # (an operator who names the page's own metrics with the override flags reads it as before)
     prefixed = unprefixed_vllm(text) if not (overrides and overrides.names()) else None
-    exposition = parse(text if prefixed is None else prefixed, wanted, limit.admit if limit is not None else None)
+    colons = underscored_sglang(text) if prefixed is None and not (overrides and overrides.names()) else None
+    exposition = parse(prefixed or colons or text, wanted, limit.admit if limit is not None else None)
     spoiled = exposition.spoiled
     pending = _refuse_unmatched(exposition, overrides)
     # (an operator's selectors name the page's own labels, {stage="0"}: then it is read as it is)
@@ -174,6 +189,12 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
         poll = replace(poll, detection=replace(d, version_range=f"{d.version_range} (NIM: no vllm: prefix)", **{
             f: getattr(d, f).replace("vllm:", "") for f in ("usage_metric", "running_metric", "waiting_metric",
                                                              "capacity_metric") if getattr(d, f)}))
+    if colons is not None:
+        d = poll.detection
+        poll = replace(poll, detection=replace(d, version_range=f"{d.version_range} (sglang_ prefix)", **{
+            f: getattr(d, f).replace("sglang:", "sglang_") for f in ("usage_metric", "running_metric",
+                                                                     "waiting_metric", "capacity_metric")
+            if getattr(d, f)}))
     if limit is not None and limit.refused:
         poll = replace(poll, series_dropped=poll.series_dropped + len(limit.refused))
     if spoiled:
