@@ -284,8 +284,25 @@ def test_a_fixs_ceiling_is_the_what_if_gauges_on_a_mamba_hybrid() -> None:
     advice = advise("bottleneck", running=37, capacity_tokens=capacity, capacity_plan=sidecar.plan,
                     concurrency_ceiling=ceiling)
     fp8 = next(a for a in advice if a.action == "quantize_kv_cache")
-    gauge = sidecar.whatif_max_concurrency(capacity / ceiling, capacity)["fp8_kv_cache"]
+    gauge = sidecar.whatif_max_concurrency(capacity / ceiling, ceiling)["fp8_kv_cache"]
     tokens_ratio = sidecar.plan.kv_cache_tokens and next(
         s for s in sidecar.scenarios if s.name == "fp8_kv_cache").kv_cache_tokens / sidecar.plan.kv_cache_tokens
     assert f"from {ceiling:.1f} to {gauge:.1f} concurrent" in fp8.projected_effect
     assert abs(gauge / ceiling - tokens_ratio) > 0.05  # (the case: the ceiling does not follow the tokens)
+
+
+def test_more_tensor_parallelism_that_lowers_the_ceiling_is_not_advised() -> None:
+    # (review, round 23) Gemma-3-1B has one KV head: at TP 2 each GPU keeps a copy, the KV per token does not
+    # shrink, and the ceiling at the observed mix falls (x0.99). The advice said "Raise --tensor-parallel-size from
+    # 1 to 2 ... the ceiling goes from 1535.6 to 1514.0"; it says to add a replica, and why not more TP.
+    from kvwatch.serve.sidecar_capacity import build_sidecar_capacity
+    from kvwatch.settings import ServeSettings
+
+    sidecar, why = build_sidecar_capacity(ServeSettings(gpu="H100"), "google/gemma-3-1b-it")
+    assert sidecar is not None, why
+    capacity = float(sidecar.plan.kv_cache_tokens)
+    advice = advise("bottleneck", running=1500, capacity_tokens=capacity, capacity_plan=sidecar.plan,
+                    concurrency_ceiling=capacity / 1600)
+    tp = next(a for a in advice if a.action == "add_tensor_parallelism")
+    assert tp.message.startswith("Add a replica") and "would not raise this ceiling" in tp.message
+    assert tp.engine_args is None and "1 KV head is replicated" in tp.message

@@ -185,7 +185,7 @@ def test_under_kv_cache_memory_bytes_only_a_smaller_kv_per_token_adds_tokens() -
         assert "--kv-cache-memory-bytes" in by_name[unchanged].note
     assert by_name["fp8_kv_cache"].kv_cache_tokens == 2 * tokens
     assert by_name["tensor_parallel_x2"].kv_cache_tokens == 2 * tokens  # Llama's 8 KV heads split over 2
-    ceilings = capacity.whatif_max_concurrency(4096, tokens)
+    ceilings = capacity.whatif_max_concurrency(4096, tokens / 4096)
     assert ceilings["gpu_memory_utilization_0.95"] == ceilings["fp8_weights"] == tokens / 4096
 
 

@@ -229,5 +229,45 @@ def test_the_observed_mix_on_a_windowed_model_counts_what_its_layout_holds() -> 
     # a model whose layout kvwatch does not know: the engine's figure, as before
     unknown = replace(finished, model_name="acme/unheard-of")
     applied = CapacityResolver(ServeSettings(gpu="H100")).series(unknown).apply(unknown)
-    assert applied.windowed_pool is None
+    assert applied.layout_pool is None
     assert derive(applied, None).max_concurrency["observed_mix"] == pytest.approx(2392096 / 2000)
+
+
+def test_a_mamba_hybrids_observed_mix_and_what_ifs_are_plans_on_the_engines_blocks() -> None:
+    # (review, round 23) Granite-4.0-H: 10 KV groups, most of them Mamba, holding a state per request, not its
+    # tokens. capacity ÷ mean charged every group every token; and the what-ifs were compared at capacity ÷ ceiling,
+    # no request length on such a layout. Both are now the layout's, as plan counts them.
+    from dataclasses import replace
+
+    from kvwatch.derived import ceiling_request_size, derive
+
+    model = "ibm-granite/granite-4.0-h-small"
+    engine = readings("gen-0.20.2-gptoss-two-groups.prom", model)[0]
+    finished = replace(engine, kv_usage_ratio=None, request_prompt_tokens_sum=6000.0 * 40,
+                       request_prompt_tokens_count=40.0, request_generation_tokens_sum=2000.0 * 40,
+                       request_generation_tokens_count=40.0)  # an 8,000-token mean, no live footprint
+    resolver = CapacityResolver(ServeSettings(gpu="H100", tensor_parallel_size=2))
+    series = resolver.series(finished)
+    applied = series.apply(finished)
+    pool = applied.layout_pool
+    assert pool is not None and series.plan.layout.mamba_page_bytes and pool.blocks == 149506
+    ceiling = derive(applied, None).max_concurrency["observed_mix"]
+    assert ceiling == pytest.approx(pool.requests_at(8000)) and ceiling > 1.5 * applied.kv_capacity_tokens / 8000
+    assert ceiling_request_size(applied, ceiling) == pytest.approx(8000, rel=1e-3)
+    capacity = resolver.sidecar(finished)[0]
+    whatif = capacity.whatif_max_concurrency(ceiling_request_size(applied, ceiling), ceiling)
+    fp8 = next(s for s in capacity.scenarios if s.name == "fp8_kv_cache").plan
+    assert whatif["fp8_kv_cache"] == pytest.approx(
+        ceiling * fp8.max_concurrency_at(8000) / capacity.plan.max_concurrency_at(8000), rel=1e-3)
+    # the pool in bytes is still the engine's blocks (the groups share blocks, not bytes)
+    assert series.pool_source == "engine_num_gpu_blocks"
+
+
+def test_what_ifs_are_unknown_where_the_formula_holds_no_request_but_the_engine_does() -> None:
+    # (review, round 23) Llama-4-Maverick at TP 8 on H100s: kvwatch's estimate says no KV fits, the engine holds
+    # 25 requests. The what-ifs read the plan's own ceilings (0 for a change that adds memory, and 0 for the no-op
+    # max_model_len_halved) beside today's 25: no ratio is known, so none is exported.
+    capacity = CapacityResolver(ServeSettings(gpu="H100", tensor_parallel_size=8)).sidecar(
+        readings("gen-0.20.2-gptoss-two-groups.prom", "meta-llama/Llama-4-Maverick-17B-128E-Instruct")[0])[0]
+    assert capacity is not None and capacity.plan.max_concurrency_at(4000) <= 0
+    assert capacity.whatif_max_concurrency(4000, 25.0) == {}

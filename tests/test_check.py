@@ -1289,3 +1289,25 @@ def test_a_mamba_hybrid_kvwatch_does_not_know_has_an_unknown_capacity(
     known.write_text(text.replace("openai/gpt-oss-20b", "Qwen/Qwen3-Next-80B-A3B-Instruct"))
     series = check_json(["--file", str(known)], capsys)["series"][0]
     assert series["capacity_source"] == "engine_num_gpu_blocks" and series["kv_capacity_tokens"] < 149506 * 16
+
+
+def test_a_formula_capacity_has_vllms_max_model_len_ceiling_for_its_layout(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # (review, round 23) No blocks on the page (num_gpu_blocks None): the capacity is the formula's, and its ceiling
+    # at max-model-len was capacity ÷ length, every group charged every token: Gemma-3-27B at 32k read 0.9 beside
+    # the lower-max-model-len advice's "from 2.4". It is vLLM's sum on the formula's blocks, as plan prints.
+    from kvwatch.payload import interpret
+    from kvwatch.serve.sidecar_capacity import CapacityResolver
+    from kvwatch.settings import ServeSettings
+
+    model = "google/gemma-3-27b-it"
+    text = (FIXTURES / "gen-0.9-both-usage-names.prom").read_text().replace('num_gpu_blocks="12000"',
+                                                                           'num_gpu_blocks="None"')
+    payload = tmp_path / "formula.prom"
+    payload.write_text(text.replace(f'model_name="{interpret_names(text)}"', f'model_name="{model}"'))
+    series = check_json(["--file", str(payload), "--gpu", "H100", "--max-model-len", "32768"], capsys)["series"][0]
+    assert series["capacity_source"] == "formula"
+    reading = interpret(payload.read_text(), None, timestamp=0.0).readings[0]
+    plan = CapacityResolver(ServeSettings(gpu="H100", max_model_len=32768)).sidecar(reading)[0].plan
+    assert series["max_concurrency_max_model_len"] == pytest.approx(plan.max_concurrency_at_max_model_len)
+    assert series["max_concurrency_max_model_len"] > 1.5 * series["kv_capacity_tokens"] / 32768

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kvwatch.derived import ceiling_request_size
 from kvwatch.forecast.forecaster import ForecastParams
 from kvwatch.model import SGLANG, TENSORRT_LLM, VLLM, Histogram
 
@@ -152,6 +153,7 @@ def advise(
     max_model_len: int | None = None,
     kv_tokens_per_request: float | None = None,
     concurrency_ceiling: float | None = None,
+    ceiling_request_tokens: float | None = None,
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
     engine_kind: str = VLLM,
     ranks_per_flag: int = 1,
@@ -166,8 +168,9 @@ def advise(
     scenarios size the quantization and tensor-parallel gains, as ratios applied to that pool.
     ``kv_tokens_per_request`` is the live average of KV tokens per running request (the observed mix) and
     ``concurrency_ceiling`` the observed-mix ceiling the caller reports beside the advice: the limit never
-    exceeds the threshold's share of it, and the ceilings in the effects start from it. ``engine_kind`` names
-    the engine whose flags the fixes give; ``ranks_per_flag`` is how many data-parallel ranks of the model one
+    exceeds the threshold's share of it, and the ceilings in the effects start from it, compared at
+    ``ceiling_request_tokens`` (kvwatch.derived.ceiling_request_size; else the pool ÷ the ceiling). ``engine_kind``
+    names the engine whose flags the fixes give; ``ranks_per_flag`` is how many data-parallel ranks of the model one
     server runs (SGLang's dp_rank series): the gateway's limit is the per-rank one times that, and with
     --enable-dp-attention SGLang divides --max-running-requests over them (tp_worker.py), which the payload does
     not say, so the message gives both values and ``engine_args`` the per-rank one. ``pool_blocks``: the engine's
@@ -190,7 +193,7 @@ def advise(
     if ceiling is None and base_tokens and kv_tokens_per_request:
         ceiling = base_tokens / kv_tokens_per_request
     # The request size behind that ceiling, at which a change's ceiling is sized (as serve's what-if gauges are)
-    size = base_tokens / ceiling if base_tokens and ceiling else kv_tokens_per_request
+    size = ceiling_request_tokens or (base_tokens / ceiling if base_tokens and ceiling else kv_tokens_per_request)
 
     def ceiling_gain(changed: CapacityPlan | None) -> float | None:
         if capacity_plan is None or not size:
@@ -382,7 +385,8 @@ def _tensor_parallel_advice(capacity_plan: CapacityPlan | None, plan_tokens: flo
     replicated = ""
     most = max(arch.kv_head_counts)
     if not arch.is_mla and most < nxt:
-        replicated = (f" The model's {most} KV heads are replicated at this size (each GPU keeps one, "
+        replicated = (f" The model's {most} KV head{'s are' if most != 1 else ' is'} replicated at this size (each GPU "
+                      "keeps one, "
                       f"{nxt // most} copies of each), so the KV per token stops shrinking.")
     elif not arch.is_mla and min(arch.kv_head_counts) < nxt:
         replicated = (f" Some layers' {min(arch.kv_head_counts)} KV heads are replicated at this size: only the "
@@ -390,6 +394,12 @@ def _tensor_parallel_advice(capacity_plan: CapacityPlan | None, plan_tokens: flo
     message = (f"Raise {flag} from {tp} to {nxt} ({nxt - tp} more GPU"
                f"{'s' if nxt - tp != 1 else ''} per replica), or add a replica behind the gateway.{replicated}")
     after = tensor_parallel_plan(spec, nxt)
+    gain = ceiling_gain(after) if after is not None else None
+    if gain is not None and gain <= 1.0:
+        # (review, round 23: Gemma-3-1B's one KV head, "raise it to 2 ... the ceiling goes from 1535.6 to 1514.0")
+        return Advice(ADD_TENSOR_PARALLELISM, 0,
+                      f"Add a replica behind the gateway: raising {flag} from {tp} to {nxt} would not raise this "
+                      f"ceiling (x{gain:.2f} at the observed mix).{replicated}", replica)
     if after is not None and plan_tokens:
         effect = _capacity_text(base_tokens, after.kv_cache_tokens / plan_tokens, ceiling, ceiling_gain(after)) + "."
     else:
@@ -465,6 +475,7 @@ def advise_from_result(result: ForecastResult, reading: Reading | None = None, *
         max_model_len=max_model_len,
         kv_tokens_per_request=per_request,
         concurrency_ceiling=concurrency_ceiling,
+        ceiling_request_tokens=ceiling_request_size(reading, concurrency_ceiling) if reading is not None else None,
         gpus_per_node=gpus_per_node,
         engine_kind=engine_kind,
         ranks_per_flag=ranks_per_flag,

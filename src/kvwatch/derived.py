@@ -70,8 +70,10 @@ def block_pool(reading: Reading) -> tuple[float | None, float | None]:
     where the payload says the blocks are shared among groups (:func:`blocks_shared_by_groups`).
     """
     blocks, size, capacity = reading.num_gpu_blocks, reading.block_size, reading.kv_capacity_tokens
-    if not blocks or not size or blocks <= 0 or size <= 0 or blocks_shared_by_groups(reading.cache_config):
+    if not blocks or not size or blocks <= 0 or size <= 0:
         return None, None
+    if capacity is None and blocks_shared_by_groups(reading.cache_config):
+        return None, None  # (a known model's capacity is divided among its groups: the ratio below tells)
     if capacity is not None and not 0.9 <= blocks * size / capacity <= 1.1:
         return None, None
     return blocks, size
@@ -88,8 +90,8 @@ def max_concurrency(reading: Reading, mean_tokens: float | None, max_model_len: 
     young requests, which will still grow. Under KV pressure the live one is the smaller, and it is the
     same footprint the advisor's concurrency limit uses. When the block pool is known (:func:`block_pool`),
     the mean request is also counted in whole blocks (``blocks ÷ ceil(mean ÷ block_size)``), and the
-    ceiling never exceeds the number of blocks. On a model with windows whose layout kvwatch knows
-    (``Reading.windowed_pool``), the mean request is counted as that layout holds it instead."""
+    ceiling never exceeds the number of blocks. On a model whose layout counts by group (several KV groups, a window)
+    and which kvwatch knows (``Reading.layout_pool``), the mean request is counted as that layout holds it instead."""
     out: dict[str, float] = {}
     capacity = reading.kv_capacity_tokens
     estimates = []
@@ -99,13 +101,13 @@ def max_concurrency(reading: Reading, mean_tokens: float | None, max_model_len: 
     if usage is not None and usage > LIVE_FOOTPRINT_MIN_USAGE and running and not reading.prefill_server:
         estimates.append(running / usage)
     blocks, block_size = block_pool(reading)
-    if reading.windowed_pool is not None and mean_tokens:
-        # A sliding (chunked) group holds a request's window, not all of it: the engine's token figure charges
-        # every token in every group (gpt-oss-20b at 2,000 tokens: 598 where its blocks hold 1,113).
-        estimates.append(reading.windowed_pool.requests_at(mean_tokens))
+    if reading.layout_pool is not None and mean_tokens:
+        # A sliding (chunked) group holds a request's window, a Mamba group its state: the engine's token figure
+        # charges every token in every group (gpt-oss-20b at 2,000 tokens: 598 where its blocks hold 1,113).
+        estimates.append(reading.layout_pool.requests_at(mean_tokens))
     elif capacity is not None and mean_tokens:
         estimates.append(capacity / mean_tokens)
-    if blocks is not None and block_size and mean_tokens and reading.windowed_pool is None:
+    if blocks is not None and block_size and mean_tokens and reading.layout_pool is None:
         # A request holds whole blocks: a 287-token request takes one 1024-token block, not 287/1024 of one.
         estimates.append(blocks / math.ceil(mean_tokens / block_size))
     if estimates:
@@ -123,6 +125,18 @@ def max_concurrency(reading: Reading, mean_tokens: float | None, max_model_len: 
         # needs the model's layout (kvwatch.capacity.series.engine_max_concurrency): unknown without it; the blocks
         # alone gave 292 requests of 8,192 tokens for a pool of 1,196,048 tokens.
     return out
+
+
+def ceiling_request_size(reading: Reading, ceiling: float | None) -> float | None:
+    """The request size behind an observed-mix ``ceiling``, at which a change's ceiling is compared (the what-ifs,
+    the advice's effects): capacity ÷ ceiling, or on a layout pool the length of which that layout holds ``ceiling``
+    (capacity ÷ ceiling there is in the engine's token units, no request length: Gemma-3 at an 8,000-token mean read
+    2,548, and its what-ifs 2-7 % off plan's)."""
+    if not ceiling or ceiling <= 0:
+        return None
+    if reading.layout_pool is not None:
+        return reading.layout_pool.length_at(ceiling)
+    return reading.kv_capacity_tokens / ceiling if reading.kv_capacity_tokens else None
 
 
 def observed_mix_ceiling(reading: Reading, history: SeriesHistory | None) -> float | None:

@@ -15,7 +15,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from kvwatch.capacity.kv import WindowedPool
+    from kvwatch.capacity.kv import LayoutPool
 
 SeriesKey = tuple[str, str]
 """``(model_name, engine)``."""
@@ -115,10 +115,11 @@ class Reading:
     # A waiting request holds no KV blocks (vLLM allocates at admission; kvwatch.capacity.findings.kv_usage_stuck):
     # elsewhere a queue may hold KV (an SGLang PD prefill server's transfers, in releases that label it "unified").
     waiting_holds_no_kv: bool = False
-    # The engine's blocks as the model's layout holds them, on a model with sliding or chunked-local groups (set by
-    # kvwatch.capacity.series where kvwatch knows the model and the engine's blocks): the observed-mix ceiling
-    # counts a request's tokens by it (kvwatch.derived.max_concurrency). None elsewhere.
-    windowed_pool: WindowedPool | None = None
+    # The engine's blocks as the model's layout holds them, on a model whose layout counts by group (several KV
+    # groups, a window: kvwatch.capacity.kv.LayoutPool, set by kvwatch.capacity.series where kvwatch knows the model
+    # and the engine's blocks): the observed-mix ceiling counts a request's tokens by it
+    # (kvwatch.derived.max_concurrency). None elsewhere.
+    layout_pool: LayoutPool | None = None
 
     @property
     def key(self) -> SeriesKey:

@@ -509,7 +509,7 @@ def render_text(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: floa
                 f"{_bytes(plan.kv_bytes_per_token)})) = {plan.num_gpu_blocks:,}",
                 f"   {_uniform_tokens_line(plan)}"]
     out += ["", "4. Concurrency ceiling"]
-    if avg_seq_len and (layout.is_hybrid or layout.has_windows):
+    if avg_seq_len and layout.counts_by_group:
         # (every layer sliding is one group, no hybrid: the plain sum printed beside the window's result)
         reserve = max_concurrency_terms(layout, plan.num_gpu_blocks, avg_seq_len, plan.in_flight_tokens)[1]
         pool = f"{plan.num_gpu_blocks:,} blocks × {layout.block_size}"

@@ -207,6 +207,12 @@ class KVLayout:
         """Whether a group holds a window of each request, not all of it (sliding or chunked-local attention)."""
         return any(_running_hold(self, g) is not None for g in self.groups)
 
+    @property
+    def counts_by_group(self) -> bool:
+        """Whether only this layout counts the requests a pool holds: several KV groups (each request holds blocks in
+        every one, a Mamba group its state) or a window; a pool's token figure charges every token everywhere."""
+        return self.is_hybrid or self.has_windows
+
 
 # vLLM's --block-size values (CacheConfig's BlockSize literal: 1..128 in 0.10-era copies, 256 added later).
 VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
@@ -655,11 +661,12 @@ def max_concurrency_terms(layout: KVLayout, blocks: int, seq_len: float,
 
 
 @dataclass(frozen=True)
-class WindowedPool:
-    """An engine's block pool as a model's windowed layout fills it (sliding or chunked-local groups, which free
-    what a request's window has passed), for the ceiling at a request size the engine's token figure cannot give:
-    that figure is ``blocks ÷ groups`` or vLLM's concurrency × max_model_len, each request charged all its tokens
-    in every group."""
+class LayoutPool:
+    """An engine's block pool as a model's layout fills it where that layout counts by group
+    (:attr:`KVLayout.counts_by_group`: sliding or chunked-local groups free what a request's window has passed, a
+    Mamba group holds a state), for the ceiling at a request size the engine's token figure cannot give: that figure
+    is ``blocks ÷ groups`` or vLLM's concurrency × max_model_len, each request charged all its tokens in every
+    group."""
 
     layout: KVLayout
     blocks: int
@@ -668,6 +675,19 @@ class WindowedPool:
     def requests_at(self, seq_len: float) -> float:
         """Running requests of ``seq_len`` tokens that fit (:func:`max_concurrency_at`)."""
         return max_concurrency_at(self.layout, self.blocks, seq_len, self.in_flight_tokens)
+
+    def length_at(self, requests: float) -> float:
+        """The request length of which ``requests`` fit (the inverse of :meth:`requests_at`, which falls as the length
+        grows), to 0.01 % in 1 to 2^24 tokens: the size a change's ceiling is compared at."""
+        low, high = 0.0, 24.0  # log2 of the length
+        if self.requests_at(1.0) <= requests:
+            return 1.0
+        if self.requests_at(2.0 ** high) >= requests:
+            return 2.0 ** high
+        while high - low > 1.5e-4:  # (2^1.5e-4 - 1 ≈ 0.01 %)
+            mid = (low + high) / 2
+            low, high = (mid, high) if self.requests_at(2.0 ** mid) > requests else (low, mid)
+        return 2.0 ** ((low + high) / 2)
 
 
 def max_concurrency_at_max_model_len(layout: KVLayout, blocks: int, max_model_len: int,

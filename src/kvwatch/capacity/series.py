@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kvwatch.capacity.kv import WindowedPool, blocks_per_group_tokens, max_concurrency_at_max_model_len
+from kvwatch.capacity.kv import LayoutPool, blocks_per_group_tokens, max_concurrency_at_max_model_len
 from kvwatch.capacity.planner import CapacityPlan
 from kvwatch.derived import block_pool, blocks_shared_by_groups
 from kvwatch.engines.vllm import engine_max_model_len, label_number
@@ -89,12 +89,17 @@ class SeriesCapacity:
         if reading.kv_capacity_tokens is None and self.tokens is not None:
             # used tokens follow (usage × capacity); the reading remembers that this is the formula's figure
             reading = replace(reading, kv_capacity_tokens=self.tokens, capacity_source="formula")
-            return replace(reading, windowed_pool=windowed_pool(reading, self.plan))
+            concurrency = reading.kv_max_concurrency
+            if concurrency is None and self.plan is not None and self.plan.spec.max_model_len:
+                # vLLM's sum on the formula's blocks: capacity ÷ max_model_len charged every group every token
+                # (Gemma-3 at 32k: 0.9 beside the advice's 2.4)
+                concurrency = self.plan.max_concurrency_at_max_model_len
+            return replace(reading, layout_pool=layout_pool(reading, self.plan), kv_max_concurrency=concurrency)
         block_size = engine_block_size(reading, self.plan)
         if block_size != reading.block_size:  # every consumer counts the blocks at the size they hold
             reading = replace(reading, block_size=block_size)
-        if (pool := windowed_pool(reading, self.plan)) is not None:
-            reading = replace(reading, windowed_pool=pool)
+        if (pool := layout_pool(reading, self.plan)) is not None:
+            reading = replace(reading, layout_pool=pool)
         concurrency = engine_max_concurrency(reading, self.plan)
         if self.source == "engine_num_gpu_blocks" and (self.tokens != reading.kv_capacity_tokens
                                                         or concurrency != reading.kv_max_concurrency):
@@ -125,18 +130,19 @@ def formula_in_engine_terms(plan: CapacityPlan, source: str) -> float:
     return float(plan.kv_cache_tokens)
 
 
-def windowed_pool(reading: Any, plan: CapacityPlan | None) -> WindowedPool | None:
-    """The pool as the model's windowed layout fills it: the engine's blocks where they are counted at the layout's
-    block size, the plan's where the capacity is the formula's; None on a model without windows or blocks."""
-    if plan is None or not plan.layout.has_windows:
-        return None
+def layout_pool(reading: Any, plan: CapacityPlan | None) -> LayoutPool | None:
+    """The pool as the model's layout fills it: the engine's blocks where they are counted at the layout's block
+    size, the plan's where the capacity is the formula's; None where the layout does not count by group (one group,
+    no window: the token figure is right) or without blocks."""
+    if plan is None or not plan.layout.counts_by_group or reading.engine_kind != VLLM:
+        return None  # (vLLM's layout: SGLang and TensorRT-LLM lay out their pools their own way)
     if reading.capacity_source == "formula":
         blocks = plan.num_gpu_blocks
     elif reading.num_gpu_blocks and engine_block_size(reading, plan) == plan.layout.block_size:
         blocks = int(reading.num_gpu_blocks)
     else:
         return None
-    return WindowedPool(plan.layout, blocks, plan.in_flight_tokens) if blocks > 0 else None
+    return LayoutPool(plan.layout, blocks, plan.in_flight_tokens) if blocks > 0 else None
 
 
 def engine_max_concurrency(reading: Any, plan: CapacityPlan | None) -> float | None:

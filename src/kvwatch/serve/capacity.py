@@ -30,7 +30,7 @@ from kvwatch.capacity.findings import (
     live_finding,
 )
 from kvwatch.capacity.series import formula_in_engine_terms, max_model_len_of
-from kvwatch.derived import observed_mix_ceiling
+from kvwatch.derived import ceiling_request_size, observed_mix_ceiling
 from kvwatch.engines.vllm import override_blocks
 from kvwatch.history import SeriesHistory
 from kvwatch.model import Reading, SeriesKey
@@ -113,15 +113,13 @@ class CapacityAnalyzer:
         if capacity is None and series.source == "unknown" and not findings:
             return None
         whatif: dict[str, float] = {}
-        per_request = reading.kv_tokens_per_running_request
         # The request size behind kvwatch_max_concurrency{basis="observed_mix"} (the smaller of the live footprint
         # and the finished mean): a what-if starting from the live footprint alone read above today's ceiling
         # for a change that does nothing at this mix (max_model_len_halved at +7 %).
         headline = observed_mix_ceiling(reading, history)
-        if headline and reading.kv_capacity_tokens:
-            per_request = reading.kv_capacity_tokens / headline
-        if capacity is not None and per_request:
-            whatif = capacity.whatif_max_concurrency(per_request, series.tokens)
+        size = ceiling_request_size(reading, headline) or reading.kv_tokens_per_running_request
+        if capacity is not None and size:
+            whatif = capacity.whatif_max_concurrency(size, headline)
             if override_blocks(reading.cache_config) and headline:
                 # --num-gpu-blocks-override fixes the pool: no scenario adds KV while it is set (kvwatch.advisor)
                 whatif = dict.fromkeys(whatif, headline)

@@ -45,15 +45,16 @@ class SidecarCapacity:
     scenarios: tuple[Scenario, ...]
 
     def whatif_max_concurrency(self, avg_kv_tokens_per_request: float,
-                               capacity_tokens: float | None = None) -> dict[str, float]:
+                               today: float | None = None) -> dict[str, float]:
         """``kvwatch_whatif_max_concurrency{scenario}`` at ``avg_kv_tokens_per_request`` (serve passes the size behind
-        its observed-mix ceiling). The
-        what-ifs scale the pool the series has (``capacity_tokens``, the engine's when it reports one), as
-        ``check``'s advice does; they do not replace it with the formula's: a scenario's ceiling is today's
-        ceiling × the scenario's over the formula's own at the same request size."""
-        if not capacity_tokens or self.plan.max_concurrency_at(avg_kv_tokens_per_request) <= 0:
+        its observed-mix ceiling, kvwatch.derived.ceiling_request_size). The what-ifs scale ``today``'s ceiling (of
+        the pool the series has, the engine's when it reports one), as ``check``'s advice does; they do not replace
+        it with the formula's: a scenario's ceiling is today's × the scenario's over the formula's own at the same
+        request size. Where the formula holds no request at that size, the ratio is unknown and the scenario left
+        out (the plan's own ceilings, 0, read as "no gain" beside an engine holding 25). Without today's ceiling, the
+        plan's own."""
+        if not today:
             return whatif_ceilings(self.scenarios, avg_kv_tokens_per_request)
-        today = capacity_tokens / avg_kv_tokens_per_request
         ratios = {s.name: ceiling_ratio(self.plan, s.plan, avg_kv_tokens_per_request) for s in self.scenarios}
         return {name: today * ratio for name, ratio in ratios.items() if ratio is not None}
 
