@@ -599,6 +599,7 @@ def test_dashboard_labels_are_held_to_kubernetes_rules() -> None:
     on = ("--set", "dashboards.enabled=true")
     assert "values don't meet the specifications" in render_fails(*MINIMAL, *on, "--set", "dashboards.label=a b")
     assert "values don't meet the specifications" in render_fails(*MINIMAL, *on, "--set", "dashboards.labelValue=x!")
+    assert "values don't meet the specifications" in render_fails(*MINIMAL, *on, "--set", "dashboards.labelValue=-1")
     configmap = only(render(*MINIMAL, *on, "--set", "dashboards.labelValue=1"), "ConfigMap")
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
 
