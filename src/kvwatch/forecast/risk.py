@@ -225,11 +225,23 @@ def _line_fit(buckets: Sequence[MinuteBucket], window_buckets: int, shrink: bool
         # level read from a few minutes after a break would chase every burst (v8 sweep, docs/forecasting.md).
         if fit[1] < level:
             return fit
-        # A level above the line's: the line's level stands (it does not chase a burst), but a step is no noise:
-        # its spread and rho are the shift's, not the line's residuals across the step (a step up to a steady 0.7
-        # read as 30 minutes of bursts: filling for 10 to 30 minutes, review round 23).
-        return min(resid / my if my > 0 else 0.0, fit[0]), max(0.0, level), fit[2], points[-1][1]
+        if _flat_after(points, shifted[0]):
+            # A level above the line's, and flat since: the line's level stands (it does not chase a burst), but a
+            # step to a plateau is no noise: its spread and rho are the shift's, not the line's residuals across
+            # the step (a step up to a steady 0.7 read as 30 minutes of bursts: filling for 10-30 minutes, review
+            # round 23). A step that goes on rising keeps the line's: that spread is what warned of it.
+            return min(resid / my if my > 0 else 0.0, fit[0]), max(0.0, level), fit[2], points[-1][1]
     return (resid / my if my > 0 else 0.0), max(0.0, level), rho, points[-1][1]
+
+
+def _flat_after(points: Sequence[tuple[float, float]], k: int) -> bool:
+    """Whether the minutes from a shift at ``k`` on hold no trend: their line's slope shrunk to nothing (as
+    :func:`_shift_fit`'s)."""
+    _, _, sxx, slope, residuals = least_squares(points[k:])
+    if sxx <= 0:
+        return True
+    variance = sum(e * e for e in residuals) / max(1, len(residuals) - 2)
+    return slope * slope_signal_share(slope, variance / sxx, 0.0) <= 0.0
 
 
 def _lag1(points: Sequence[tuple[float, float]], residuals: Sequence[float], squares: float) -> float:
