@@ -26,6 +26,7 @@ from kvwatch.forecast.risk import RiskParams
 from kvwatch.settings import MAX_INTERVAL_SECONDS, MAX_POLL_STEP_SECONDS, MIN_INTERVAL_SECONDS, ServeSettings
 from kvwatch.sim.cli import ClockSpeed, check, check_number
 from kvwatch.sim.engines_wire import ENGINES
+from kvwatch.stop_signals import StopSignals
 
 DEFAULT_SPEED = 30.0
 # The load: one engine of 16,384 blocks (262k tokens, ~250 requests in flight at saturation, so usage is
@@ -272,8 +273,7 @@ def run(args: argparse.Namespace) -> int:
     sim_url = f"http://127.0.0.1:{sim_port}/metrics"
     kvwatch_url = f"http://127.0.0.1:{port}/metrics"
     py = sys.executable
-    stop = threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop = StopSignals((signal.SIGTERM,)).install()  # (Ctrl-C: KeyboardInterrupt, below)
     processes: list[subprocess.Popen] = []
     try:
         simulator = subprocess.Popen([py, "-m", "kvwatch", "simulate", *simulator_argv(args.speed, sim_port,
@@ -286,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
             sim_url, port, args.speed, args.poll_interval_seconds)]))
         print("\n".join(intro(args.speed, sim_url, kvwatch_url, args.engine)), flush=True)
         started = time.monotonic()
-        while not stop.is_set():
+        while stop.received is None:
             elapsed = time.monotonic() - started
             if _exited(processes):
                 return 1
@@ -307,7 +307,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             _stop(processes)
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            stop.restore()
     return 0
 
 

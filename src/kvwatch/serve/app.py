@@ -52,6 +52,7 @@ from kvwatch.serve.sidecar_capacity import CapacityResolver
 from kvwatch.serve.state import Analyzer, State
 from kvwatch.serve.web import MetricsServer, RenderCache, WebConfigError, WebConfigWatcher
 from kvwatch.settings import ServeSettings, SettingsError, add_settings_flags, load_settings, redact_url
+from kvwatch.stop_signals import StopSignals
 
 log = logging.getLogger("kvwatch")
 
@@ -525,9 +526,7 @@ def run(args: argparse.Namespace) -> int:
         # machine does not own and a port in use are all the flags' values, so the refusal names them.
         raise SettingsError(f"cannot listen on --listen-address {settings.listen_address} --port {settings.port}: "
                             f"{exc.strerror or exc}") from None
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = StopSignals().install()  # SIGTERM, SIGINT (a handler setting an Event could deadlock: the module says why)
     # Their default is to die at once, without the shutdown above: a config reloader's SIGHUP restarted the container.
     for sig in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, lambda number, _frame: log.info(
@@ -545,6 +544,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         stop.wait()
     finally:
+        stop.restore()
         _exit_at_deadline(SHUTDOWN_DEADLINE_SECONDS)
         log.info("shutting down")
         stop_polling(poller, sidecar)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import signal
 import sys
 import threading
 import time
@@ -27,6 +26,7 @@ from kvwatch.sim.load import PROFILE_KINDS, LoadGenerator, LoadProfile
 from kvwatch.sim.metrics import MULTIPROCESS_PROFILES, PROFILES, SINGLE_ENGINE_PROFILES
 from kvwatch.sim.server import Feed, SimulationService, TraceFeed, make_server, start_ticker
 from kvwatch.sim.traces import TraceError, load_trace, scale_rate
+from kvwatch.stop_signals import StopSignals
 
 SAMPLE_EVERY_SECONDS = 1.0  # headless statistics sample the engine like a 1 s scrape would
 
@@ -297,25 +297,22 @@ def _serve(service: SimulationService, args: argparse.Namespace) -> int:
         print(f"kvwatch simulate: cannot listen on --listen-address {args.listen_address} --port {args.port}: "
               f"{exc.strerror or exc}", file=sys.stderr)
         return 2
+    signals = StopSignals().install()  # before the line that says it serves: a stop from then on is clean
     host, port = server.server_address[:2]
     print(f"serving http://{f'[{host}]' if ':' in host else host}:{port}/metrics", flush=True)
     speaks = f"vLLM {args.vllm_version}" if args.engine == "vllm" else args.engine
     print(f"{speaks} simulator: {args.data_parallel_size} x {args.num_gpu_blocks} blocks of "
           f"{args.block_size} tokens, speed x{args.speed:g}", file=sys.stderr, flush=True)
-    stop = threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop = threading.Event()  # the ticker's (set from this thread only: kvwatch.stop_signals)
     ticker = start_ticker(service, stop)
     serving = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
     serving.start()
     try:
-        wall_limit = None if args.duration_seconds is None else args.duration_seconds / args.speed
-        stop.wait(wall_limit)
-    except KeyboardInterrupt:
-        pass
+        signals.wait(None if args.duration_seconds is None else args.duration_seconds / args.speed)
     finally:
         stop.set()
         server.shutdown()
         server.server_close()
         ticker.join(timeout=2)
-        signal.signal(signal.SIGTERM, previous)
+        signals.restore()
     return 0
