@@ -199,6 +199,8 @@ def test_simulate_serves_metrics_over_http() -> None:
             return sum(s.value for s in fams["vllm:generation_tokens"].samples if s.name.endswith("_total"))
 
         assert generated(second) > generated(first) > 0  # the clock runs
+        with urllib.request.urlopen(url + "/", timeout=5) as response:  # vLLM serves /metrics/ too
+            assert response.status == 200 and "vllm:kv_cache_usage_perc" in response.read().decode()
         with pytest.raises(urllib.error.HTTPError) as missing:
             urllib.request.urlopen(url.replace("/metrics", "/nope"), timeout=5)
         assert missing.value.code == 404

@@ -96,7 +96,7 @@ def make_server(service: SimulationService, host: str = "127.0.0.1", port: int =
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
-            if path == "/metrics":
+            if path in ("/metrics", "/metrics/"):  # (vLLM's api_server mounts /metrics with a regex for both)
                 self._reply(200, service.metrics_text().encode(), CONTENT_TYPE)
             elif path == "/health":
                 self._reply(200, b"", "text/plain")
