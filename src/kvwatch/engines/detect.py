@@ -16,7 +16,7 @@ UnrecognisedPayload (no engine kvwatch knows).
 from __future__ import annotations
 
 import json
-import re
+from collections.abc import Callable
 from dataclasses import replace
 
 from kvwatch.engines import SourceOverrides, UnrecognisedPayload, sglang, trtllm, vllm
@@ -38,7 +38,7 @@ def wanted_for(overrides: SourceOverrides | None = None, *, latency: bool = True
     buckets (``Reading.lengths``) bound the longest request for the advice (kvwatch.advisor.longest_request_bound)
     and feed v7's request-size tail, and reading them every poll doubled a whole 8-engine page's parse (v7 in
     forecasting.md), so ``serve`` reads them with the latency buckets, once a minute."""
-    names = vllm.wanted_for(overrides) | sglang.FAMILIES | trtllm.FAMILIES
+    names = vllm.wanted_for(overrides) | UNPREFIXED_VLLM | sglang.FAMILIES | UNDERSCORED_SGLANG | trtllm.FAMILIES
     unread = (frozenset() if latency else LATENCY_FAMILIES) | (frozenset() if lengths else vllm.LENGTH_FAMILIES)
     if not unread:
         return names
@@ -46,11 +46,9 @@ def wanted_for(overrides: SourceOverrides | None = None, *, latency: bool = True
     return names | vllm.LENGTH_SUMS if not lengths else names
 
 
-_UNPREFIXED = sorted({f.removeprefix("vllm:") for f in vllm.FAMILIES if f.startswith("vllm:")}, key=len, reverse=True)
-# A line (sample or metadata) of one of vLLM's families without its prefix: the prefix goes after the keyword.
-_UNPREFIXED_LINE = re.compile(r"(?m)^((?:# (?:HELP|TYPE|UNIT)[ \t]+)?)(?=(?:"
-                              + "|".join(map(re.escape, _UNPREFIXED))
-                              + r")(?:_total|_bucket|_sum|_count|_created)?[ \t{])")
+UNPREFIXED_VLLM = frozenset(f.removeprefix("vllm:") for f in vllm.FAMILIES if f.startswith("vllm:"))
+"""vLLM's families as NVIDIA NIM serves them, without ``vllm:``."""
+_PARTS = ("_total", "_bucket", "_sum", "_count", "_created")
 
 
 # vllm-omni's vllm_omni/metrics/stat_logger.py (_rewrite_labelnames): ["model_name", "engine", ...] becomes
@@ -82,31 +80,50 @@ def _staged(sample: Sample) -> Sample:
                   sample.value)
 
 
-def unprefixed_vllm(text: str) -> str | None:
-    """A NIM page (vLLM's families without ``vllm:``) with the prefix put back; None for any other page.
-    (Substring tests first: every poll of every engine passes here.)"""
-    page = f"\n{text[:64]}"
-    if "\nvllm:" in text or "# TYPE vllm:" in text or page.startswith("\nvllm:"):  # (found early on vLLM's page)
-        return None
-    if not ("\nnum_requests_running" in text or page.startswith("\nnum_requests_running")):
-        return None
-    if not re.search(r"(?m)^(?:gpu|kv)_cache_usage_perc[ \t{]", text):
-        return None
-    return _UNPREFIXED_LINE.sub(r"\1vllm:", text)
+def _renamed(exposition: Exposition, rename: Callable[[str], str]) -> Exposition:
+    """``exposition`` with every family and sample name through ``rename``, after the parse: the page's text is not
+    copied (a rewrite of a 58 MiB page before it peaked at 449 MiB: review, round 23)."""
+    families = {rename(name): replace(family, name=rename(family.name), samples=[
+        Sample(rename(s.name), s.labels, s.value) for s in family.samples]) for name, family in
+        exposition.families.items()}
+    return Exposition(families=families, names=frozenset(map(rename, exposition.names)), spoiled=exposition.spoiled)
 
 
-_SGLANG_UNDERSCORED = re.compile(r"(?m)^((?:# (?:HELP|TYPE|UNIT)[ \t]+)?)sglang_")
+def _vllm_prefixed(name: str) -> str:
+    base = next((name[: -len(p)] for p in _PARTS if name.endswith(p) and name[: -len(p)] in UNPREFIXED_VLLM), name)
+    return "vllm:" + name if base in UNPREFIXED_VLLM else name
 
 
-def underscored_sglang(text: str) -> str | None:
-    """A page of SGLang's families spelled ``sglang_*`` (re-exports that turn the colon into an underscore: llm-d,
-    NVIDIA Dynamo; docs/metrics.md) with the colon put back; None for any other page. (A page whose # TYPE lines say
-    ``sglang:`` is prometheus_client's escaping, which ``series.underscore_escaped`` explains.)"""
-    if "sglang_" not in text or "sglang:" in text:
+def unprefixed_vllm(exposition: Exposition) -> Exposition | None:
+    """A NIM page (vLLM's families without ``vllm:``: no ``vllm:`` name, vLLM's running gauge and a KV usage gauge)
+    with the prefix put back; None for any other page."""
+    names = exposition.names
+    if "num_requests_running" not in names or not ({"gpu_cache_usage_perc", "kv_cache_usage_perc"} & names) or \
+            any(n.startswith("vllm:") for n in names):
         return None
-    if not re.search(r"(?m)^sglang_(?:token_usage|num_running_reqs|num_queue_reqs)[ \t{]", text):
+    return _renamed(exposition, _vllm_prefixed)
+
+
+def _underscored(name: str) -> str:
+    return "sglang_" + name.removeprefix("sglang:")
+
+
+UNDERSCORED_SGLANG = frozenset(_underscored(f) for f in sglang.FAMILIES)
+"""SGLang's families as re-exports spell them, ``sglang_*`` (llm-d, NVIDIA Dynamo: docs/metrics.md)."""
+_SGLANG_CORE = tuple(_underscored(f) for f in (sglang.TOKEN_USAGE, sglang.RUNNING, sglang.QUEUE))
+
+
+def underscored_sglang(exposition: Exposition) -> Exposition | None:
+    """A page of SGLang's families spelled ``sglang_*`` with the colon put back, family by family after the parse
+    (the page's text is not copied); None for any other page. (A page whose # TYPE lines say ``sglang:`` is
+    prometheus_client's escaping, which ``series.underscore_escaped`` explains.)"""
+    if any(n.startswith("sglang:") for n in exposition.names) or not any(n in exposition for n in _SGLANG_CORE):
         return None
-    return _SGLANG_UNDERSCORED.sub(r"\1sglang:", text)
+
+    def colon(name: str) -> str:
+        return "sglang:" + name.removeprefix("sglang_") if name.startswith("sglang_") else name
+
+    return _renamed(exposition, colon)
 
 
 def engines_of(exposition: Exposition) -> list[str]:
@@ -138,15 +155,17 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
             raise ParseError("body is JSON nested deeper than kvwatch reads") from None
     limit = SeriesLimit(ADMIT_FACTOR * max_series) if max_series is not None else None
     wanted = wanted_for(overrides, latency=latency, lengths=lengths)
-    # (an operator who names the page's own metrics with the override flags reads it as before)
-    prefixed = unprefixed_vllm(text) if not (overrides and overrides.names()) else None
-    colons = underscored_sglang(text) if prefixed is None and not (overrides and overrides.names()) else None
-    exposition = parse(prefixed or colons or text, wanted, limit.admit if limit is not None else None)
+    exposition = parse(text, wanted, limit.admit if limit is not None else None)
     spoiled = exposition.spoiled
     pending = _refuse_unmatched(exposition, overrides)
-    # (an operator's selectors name the page's own labels, {stage="0"}: then it is read as it is)
-    staged = engines_from_stages(exposition) if not (overrides and overrides.names()) else None
-    exposition = staged or exposition
+    # An operator who names the page's own metrics (or labels, {stage="0"}) with the override flags reads the page as
+    # it is spelled.
+    own_names = bool(overrides and overrides.names())
+    prefixed = unprefixed_vllm(exposition) if not own_names else None
+    exposition = prefixed or exposition
+    staged = engines_from_stages(exposition) if not own_names else None
+    colons = underscored_sglang(exposition) if not own_names else None
+    exposition = staged or colons or exposition
     kinds = engines_of(exposition)
     if len(kinds) > 1:  # one adapter would read its engine's series and the others' would vanish without a word
         raise UnrecognisedPayload(f"this page holds the metrics of {' and '.join(kinds)}: several engines on one "
