@@ -801,11 +801,16 @@ def test_preemptions_count_across_polls_further_apart_than_stale_after():
 def test_a_step_up_to_a_steady_plateau_raises_no_warning(low: float, high: float):
     # (review, round 23) After the step the 30-minute line reads below the new level, so the shift's fit was set
     # aside, and with it its spread: the line's residuals across the step read as bursts (a request size of
-    # thousands of tokens) and `filling` stood 10-12 minutes on a plateau nothing saturates.
-    f = Forecaster(ForecastParams(stale_after_seconds=30.0))
-    level = noisy(lambda t: low if t < 3 * 3600 else high, 0.02, seed=5)
-    states = [f.observe(s).state for s in stream(level, seconds=5 * 3600, dt=10.0)]
-    assert "filling" not in states and "bottleneck" not in states
+    # thousands of tokens) and `filling` stood 9-20 minutes after the step on every one of 20 seeds. A trend since
+    # the shift (two standard errors) keeps the line's spread, and noise makes one now and then: 1 seed in 20 here.
+    warned = 0
+    for seed in range(10):
+        f = Forecaster(ForecastParams(stale_after_seconds=30.0))
+        level = noisy(lambda t: low if t < 3 * 3600 else high, 0.02, seed=seed)
+        states = [f.observe(s).state for s in stream(level, seconds=5 * 3600, dt=10.0)]
+        assert "bottleneck" not in states
+        warned += "filling" in states
+    assert warned <= 1
 
 
 def test_a_step_that_goes_on_rising_keeps_its_warning():

@@ -235,13 +235,22 @@ def _line_fit(buckets: Sequence[MinuteBucket], window_buckets: int, shrink: bool
 
 
 def _flat_after(points: Sequence[tuple[float, float]], k: int) -> bool:
-    """Whether the minutes from a shift at ``k`` on hold no trend: their line's slope shrunk to nothing (as
-    :func:`_shift_fit`'s)."""
-    _, _, sxx, slope, residuals = least_squares(points[k:])
-    if sxx <= 0:
+    """Whether the minutes after a shift at ``k`` hold no clear trend: their line's slope within two standard errors
+    of 0 (the errors inflated by their lag-1 autocorrelation, as :func:`slope_signal_share` does), or falling. The
+    shift's own minute, which mixes both levels, is left out."""
+    after = points[k + 1:]
+    if len(after) < 3:
         return True
-    variance = sum(e * e for e in residuals) / max(1, len(residuals) - 2)
-    return slope * slope_signal_share(slope, variance / sxx, 0.0) <= 0.0
+    _, _, sxx, slope, residuals = least_squares(after)
+    if sxx <= 0 or slope <= 0:
+        return True
+    squares = sum(e * e for e in residuals)
+    variance = squares / max(1, len(residuals) - 2) / sxx
+    return slope_signal_share(slope, variance, _lag1(after, residuals, squares)) < TREND_SIGNAL_SHARE
+
+
+TREND_SIGNAL_SHARE = 0.75
+"""A slope is a trend where it is 2 standard errors from 0 (``1 − 1/t²`` at t = 2)."""
 
 
 def _lag1(points: Sequence[tuple[float, float]], residuals: Sequence[float], squares: float) -> float:
