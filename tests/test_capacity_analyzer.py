@@ -285,3 +285,14 @@ def test_the_formula_gauge_is_in_the_engine_figures_terms() -> None:
     analyzer = CapacityAnalyzer(ServeSettings(gpu="H100", max_model_len=32768))
     engine = 149_506 // 2 * 16
     assert formula(analyzer, r) == pytest.approx(engine, rel=0.001)
+
+
+def test_whatif_ceilings_scale_the_engines_pool_before_any_ceiling() -> None:
+    # (review, round 23) At 1 % usage with no request finished there is no observed-mix ceiling: the what-ifs read
+    # the formula's own ceilings (899.7 for max_model_len_halved beside today's 200 at this pool and mix).
+    analyzer = CapacityAnalyzer(ServeSettings(gpu="H100"))
+    r = reading(kv_capacity_tokens=100_000.0, kv_usage_ratio=0.01, requests_running=2.0)
+    whatif = {s.labels["scenario"]: s.value for s in families(analyzer, r)["kvwatch_whatif_max_concurrency"]}
+    today = r.requests_running / r.kv_usage_ratio  # the pool at the live footprint
+    assert whatif["max_model_len_halved"] == pytest.approx(today)
+    assert whatif["fp8_kv_cache"] == pytest.approx(2 * today, rel=0.01)

@@ -118,8 +118,11 @@ class CapacityAnalyzer:
         # for a change that does nothing at this mix (max_model_len_halved at +7 %).
         headline = observed_mix_ceiling(reading, history)
         size = ceiling_request_size(reading, headline) or reading.kv_tokens_per_running_request
+        # (no ceiling yet, at 1 % usage with no request finished: today's is the pool at the live footprint, which
+        # the what-ifs scale; the plan's own ceilings replaced the engine's pool: review, round 23)
+        today = headline or (reading.kv_capacity_tokens / size if reading.kv_capacity_tokens and size else None)
         if capacity is not None and size:
-            whatif = capacity.whatif_max_concurrency(size, headline)
+            whatif = capacity.whatif_max_concurrency(size, today)
             if override_blocks(reading.cache_config) and headline:
                 # --num-gpu-blocks-override fixes the pool: no scenario adds KV while it is set (kvwatch.advisor)
                 whatif = dict.fromkeys(whatif, headline)

@@ -175,9 +175,10 @@ def _series_families(series: dict) -> Iterator[Metric]:
         "kvwatch_max_concurrency",
         "Concurrent requests the KV cache holds: basis=observed_mix (the smaller of capacity / live KV tokens "
         "per running request and capacity / mean finished request's prompt+output tokens, also in whole blocks, "
-        "or the model's layout's count on the engine's blocks where its KV groups or windows hold a request "
-        "unevenly; never above the block count) or basis=max_model_len (every request at max length: vLLM's "
-        "figure, else its sum on the engine's blocks, else capacity / max length)." + _POLL_NOTE,
+        "or the model's layout's count on the engine's (or the formula's) blocks where its KV groups or windows "
+        "hold a request unevenly; never above the block count) or basis=max_model_len (every request at max "
+        "length: vLLM's figure, else its sum on the engine's or the formula's blocks, else capacity / max "
+        "length)." + _POLL_NOTE,
         labels=[*SERIES_LABELS, "basis"])
     for key, s in series.items():
         for basis, value in sorted(s.max_concurrency.items()):
