@@ -762,3 +762,15 @@ def test_two_configurations_for_one_engine_leave_its_capacity_undetermined_and_s
     shared = page.replace(config, config + "\n" + config.replace('engine="0"', 'engine=""'), 1)
     torn = vllm.read(parse(shared, vllm.wanted_for(None)), None, timestamp=0.0).readings[0]
     assert torn.engine == "0" and torn.kv_capacity_tokens is None
+
+
+def test_a_respelled_page_is_read_with_the_same_filter_and_other_pages_not_at_all() -> None:
+    # (review, round 23) Reading NIM's unprefixed names by adding them to every parse's filter read the latency
+    # histograms a poll leaves out (serve reads them once a minute) on NIM pages, and on any other page parsed a
+    # foreign num_requests_running: two series of it with one label set refused a whole vLLM page as a duplicate.
+    nim = (FIXTURES / "gen-nim-llm.prom").read_text()
+    assert read_payload(nim, timestamp=0.0, latency=False).readings[0].latency == {}
+    assert read_payload(nim, timestamp=0.0).readings[0].latency
+    page = (FIXTURES / "gen-0.33-dp2-capacity-labels.prom").read_text()
+    foreign = '# TYPE num_requests_running gauge\nnum_requests_running{pool="a"} 1\nnum_requests_running{pool="a"} 2\n'
+    assert read_payload(page + foreign, timestamp=0.0).readings == read_payload(page, timestamp=0.0).readings

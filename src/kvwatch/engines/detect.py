@@ -2,9 +2,10 @@
 
 NVIDIA NIM for LLMs serves vLLM's families without the ``vllm:`` prefix (its ``/v1/metrics``): a page with no
 ``vllm:`` at all whose lines start with vLLM's running gauge and a KV usage gauge is read with the prefix put
-back (:func:`unprefixed_vllm`), and the report names the metrics as the page spells them. vLLM-Omni relabels
-every ``vllm:*`` family's ``engine`` into ``stage`` and ``replica`` (one server running an engine per stage,
-each with its own KV cache): such a page is read with ``engine="<stage>.<replica>"`` (:func:`engines_from_stages`).
+back (:func:`page_spelling`, :func:`respelled`; SGLang's families spelled ``sglang_*`` likewise), and the report
+names the metrics as the page spells them. vLLM-Omni relabels every ``vllm:*`` family's ``engine`` into
+``stage`` and ``replica`` (one server running an engine per stage, each with its own KV cache): such a page is
+read with ``engine="<stage>.<replica>"`` (:func:`engines_from_stages`).
 
 First match wins: any ``vllm:*`` family → vLLM; SGLang's scheduler gauges → SGLang; ``trtllm_*``,
 ``trtllm:*`` or Triton's ``nv_trt_llm_*`` families → TensorRT-LLM; a JSON body → TensorRT-LLM iteration
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import replace
+from typing import NamedTuple
 
 from kvwatch.engines import SourceOverrides, UnrecognisedPayload, sglang, trtllm, vllm
 from kvwatch.exposition import Exposition, Family, ParseError, Sample, TooLarge, parse
@@ -38,7 +40,7 @@ def wanted_for(overrides: SourceOverrides | None = None, *, latency: bool = True
     buckets (``Reading.lengths``) bound the longest request for the advice (kvwatch.advisor.longest_request_bound)
     and feed v7's request-size tail, and reading them every poll doubled a whole 8-engine page's parse (v7 in
     forecasting.md), so ``serve`` reads them with the latency buckets, once a minute."""
-    names = vllm.wanted_for(overrides) | UNPREFIXED_VLLM | sglang.FAMILIES | UNDERSCORED_SGLANG | trtllm.FAMILIES
+    names = vllm.wanted_for(overrides) | sglang.FAMILIES | trtllm.FAMILIES
     unread = (frozenset() if latency else LATENCY_FAMILIES) | (frozenset() if lengths else vllm.LENGTH_FAMILIES)
     if not unread:
         return names
@@ -80,13 +82,14 @@ def _staged(sample: Sample) -> Sample:
                   sample.value)
 
 
-def _renamed(exposition: Exposition, rename: Callable[[str], str]) -> Exposition:
-    """``exposition`` with every family and sample name through ``rename``, after the parse: the page's text is not
-    copied (a rewrite of a 58 MiB page before it peaked at 449 MiB: review, round 23)."""
-    families = {rename(name): replace(family, name=rename(family.name), samples=[
-        Sample(rename(s.name), s.labels, s.value) for s in family.samples]) for name, family in
-        exposition.families.items()}
-    return Exposition(families=families, names=frozenset(map(rename, exposition.names)), spoiled=exposition.spoiled)
+class Spelling(NamedTuple):
+    """A re-export's spelling of an engine's family names, read by renaming after the parse (the page's text is not
+    copied: a rewrite of a 58 MiB page peaked at 449 MiB, review round 23)."""
+
+    note: str  # what the report's version_range adds
+    page: Callable[[str], str]  # kvwatch's name -> the page's
+    ours: Callable[[str], str]  # the page's name -> kvwatch's (others unchanged)
+    own_prefix: str  # kvwatch's prefix, which the report's metric names lose again
 
 
 def _vllm_prefixed(name: str) -> str:
@@ -94,36 +97,36 @@ def _vllm_prefixed(name: str) -> str:
     return "vllm:" + name if base in UNPREFIXED_VLLM else name
 
 
-def unprefixed_vllm(exposition: Exposition) -> Exposition | None:
-    """A NIM page (vLLM's families without ``vllm:``: no ``vllm:`` name, vLLM's running gauge and a KV usage gauge)
-    with the prefix put back; None for any other page."""
-    names = exposition.names
-    if "num_requests_running" not in names or not ({"gpu_cache_usage_perc", "kv_cache_usage_perc"} & names) or \
-            any(n.startswith("vllm:") for n in names):
-        return None
-    return _renamed(exposition, _vllm_prefixed)
+NIM = Spelling("NIM: no vllm: prefix", lambda n: n.removeprefix("vllm:"), _vllm_prefixed, "vllm:")
+"""NVIDIA NIM for LLMs: vLLM's families without ``vllm:``."""
+UNDERSCORED_SGLANG = Spelling(
+    "sglang_ prefix", lambda n: "sglang_" + n.removeprefix("sglang:") if n.startswith("sglang:") else n,
+    lambda n: "sglang:" + n.removeprefix("sglang_") if n.startswith("sglang_") else n, "sglang:")
+"""SGLang's families as re-exports spell them, ``sglang_*`` (llm-d, NVIDIA Dynamo: docs/metrics.md). (A page whose
+# TYPE lines say ``sglang:`` is prometheus_client's escaping, which ``series.underscore_escaped`` explains.)"""
+_SGLANG_CORE = tuple(UNDERSCORED_SGLANG.page(f) for f in (sglang.TOKEN_USAGE, sglang.RUNNING, sglang.QUEUE))
 
 
-def _underscored(name: str) -> str:
-    return "sglang_" + name.removeprefix("sglang:")
+def page_spelling(names: frozenset[str]) -> Spelling | None:
+    """The re-export spelling of a page whose family ``names`` (the filtered parse records every one it sees) hold an
+    engine's core gauges in it and none in the engine's own: NIM (vLLM's running gauge and a KV usage gauge
+    unprefixed), or ``sglang_*``; None for any other page."""
+    if "num_requests_running" in names and {"gpu_cache_usage_perc", "kv_cache_usage_perc"} & names and \
+            not any(n.startswith("vllm:") for n in names):
+        return NIM
+    if any(n in names for n in _SGLANG_CORE) and not any(n.startswith("sglang:") for n in names):
+        return UNDERSCORED_SGLANG
+    return None
 
 
-UNDERSCORED_SGLANG = frozenset(_underscored(f) for f in sglang.FAMILIES)
-"""SGLang's families as re-exports spell them, ``sglang_*`` (llm-d, NVIDIA Dynamo: docs/metrics.md)."""
-_SGLANG_CORE = tuple(_underscored(f) for f in (sglang.TOKEN_USAGE, sglang.RUNNING, sglang.QUEUE))
-
-
-def underscored_sglang(exposition: Exposition) -> Exposition | None:
-    """A page of SGLang's families spelled ``sglang_*`` with the colon put back, family by family after the parse
-    (the page's text is not copied); None for any other page. (A page whose # TYPE lines say ``sglang:`` is
-    prometheus_client's escaping, which ``series.underscore_escaped`` explains.)"""
-    if any(n.startswith("sglang:") for n in exposition.names) or not any(n in exposition for n in _SGLANG_CORE):
-        return None
-
-    def colon(name: str) -> str:
-        return "sglang:" + name.removeprefix("sglang_") if name.startswith("sglang_") else name
-
-    return _renamed(exposition, colon)
+def respelled(exposition: Exposition, spelling: Spelling) -> Exposition:
+    """``exposition`` (parsed with the page's names) with every family and sample named as kvwatch's adapters read
+    them."""
+    rename = spelling.ours
+    families = {rename(name): replace(family, name=rename(family.name), samples=[
+        Sample(rename(s.name), s.labels, s.value) for s in family.samples]) for name, family in
+        exposition.families.items()}
+    return Exposition(families=families, names=frozenset(map(rename, exposition.names)), spoiled=exposition.spoiled)
 
 
 def engines_of(exposition: Exposition) -> list[str]:
@@ -156,16 +159,18 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
     limit = SeriesLimit(ADMIT_FACTOR * max_series) if max_series is not None else None
     wanted = wanted_for(overrides, latency=latency, lengths=lengths)
     exposition = parse(text, wanted, limit.admit if limit is not None else None)
-    spoiled = exposition.spoiled
-    pending = _refuse_unmatched(exposition, overrides)
     # An operator who names the page's own metrics (or labels, {stage="0"}) with the override flags reads the page as
     # it is spelled.
     own_names = bool(overrides and overrides.names())
-    prefixed = unprefixed_vllm(exposition) if not own_names else None
-    exposition = prefixed or exposition
+    spelling = page_spelling(exposition.names) if not own_names else None
+    if spelling is not None:  # read again for the page's own names (the same filter, in its spelling)
+        limit = SeriesLimit(ADMIT_FACTOR * max_series) if max_series is not None else None
+        exposition = respelled(parse(text, frozenset(map(spelling.page, wanted)),
+                                     limit.admit if limit is not None else None), spelling)
+    spoiled = exposition.spoiled
+    pending = _refuse_unmatched(exposition, overrides)
     staged = engines_from_stages(exposition) if not own_names else None
-    colons = underscored_sglang(exposition) if not own_names else None
-    exposition = staged or colons or exposition
+    exposition = staged or exposition
     kinds = engines_of(exposition)
     if len(kinds) > 1:  # one adapter would read its engine's series and the others' would vanish without a word
         raise UnrecognisedPayload(f"this page holds the metrics of {' and '.join(kinds)}: several engines on one "
@@ -203,17 +208,11 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
     if staged is not None:
         poll = replace(poll, detection=replace(poll.detection,
                                                version_range=f"{poll.detection.version_range} ({OMNI_NOTE})"))
-    if prefixed is not None:  # the report names the page's own spelling
-        d = poll.detection
-        poll = replace(poll, detection=replace(d, version_range=f"{d.version_range} (NIM: no vllm: prefix)", **{
-            f: getattr(d, f).replace("vllm:", "") for f in ("usage_metric", "running_metric", "waiting_metric",
-                                                             "capacity_metric") if getattr(d, f)}))
-    if colons is not None:
-        d = poll.detection
-        poll = replace(poll, detection=replace(d, version_range=f"{d.version_range} (sglang_ prefix)", **{
-            f: getattr(d, f).replace("sglang:", "sglang_") for f in ("usage_metric", "running_metric",
-                                                                     "waiting_metric", "capacity_metric")
-            if getattr(d, f)}))
+    if spelling is not None:  # the report names the page's own spelling
+        d, theirs = poll.detection, spelling.page(spelling.own_prefix)
+        poll = replace(poll, detection=replace(d, version_range=f"{d.version_range} ({spelling.note})", **{
+            f: getattr(d, f).replace(spelling.own_prefix, theirs) for f in (
+                "usage_metric", "running_metric", "waiting_metric", "capacity_metric") if getattr(d, f)}))
     if limit is not None and limit.refused:
         poll = replace(poll, series_dropped=poll.series_dropped + len(limit.refused))
     if spoiled:
