@@ -544,12 +544,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         stop.wait()
     finally:
-        stop.restore()
         _exit_at_deadline(SHUTDOWN_DEADLINE_SECONDS)
         log.info("shutting down")
         stop_polling(poller, sidecar)
         server.shutdown()
         server.server_close()
+        stop.restore()  # (last: a second signal during the shutdown is recorded, not a kill mid-way)
     return 0
 
 
