@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from kvwatch.capacity import findings
 from kvwatch.history import SeriesHistory
 from kvwatch.model import Reading
@@ -75,18 +77,21 @@ def test_held_since_counts_only_the_unbroken_run_ending_now():
 def test_under_num_gpu_blocks_override_no_what_if_adds_kv():
     # vLLM takes --num-gpu-blocks-override as the pool whatever the memory (may_override_num_blocks): FP8 weights
     # or TP x2 free memory that never reaches the cache, so every scenario's ceiling is today's.
+    # Before any observed-mix ceiling (1 % used, no request finished: review, round 23) too.
     settings = ServeSettings(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100")
     config = {"block_size": "16", "num_gpu_blocks": "4000", "gpu_memory_utilization": "0.9"}
     results = {}
-    for override in ("None", "4000"):
+    for override, usage in (("None", 0.9), ("4000", 0.9), ("4000", 0.01)):
         analyzer = CapacityAnalyzer(settings)
-        r = Reading(model_name="meta-llama/Llama-3.1-8B-Instruct", engine="0", kv_usage_ratio=0.9,
+        r = Reading(model_name="meta-llama/Llama-3.1-8B-Instruct", engine="0", kv_usage_ratio=usage,
                     requests_running=20, requests_waiting=0, kv_capacity_tokens=64_000.0, num_gpu_blocks=4000.0,
                     block_size=16.0, cache_config={**config, "num_gpu_blocks_override": override})
         history = SeriesHistory()
         history.append(0.0, r)
         result = analyzer.analyze(r.key, history, r, 0.0)
         assert result is not None
-        results[override] = dict(result.whatif_max_concurrency)
-    assert results["None"]["fp8_weights"] > results["None"]["gpu_memory_utilization_0.85"]
-    assert len(set(results["4000"].values())) == 1 and results["4000"]["fp8_weights"] < results["None"]["fp8_weights"]
+        results[override, usage] = dict(result.whatif_max_concurrency)
+    assert results["None", 0.9]["fp8_weights"] > results["None", 0.9]["gpu_memory_utilization_0.85"]
+    assert len(set(results["4000", 0.9].values())) == 1
+    assert results["4000", 0.9]["fp8_weights"] < results["None", 0.9]["fp8_weights"]
+    assert results["4000", 0.01] and all(v == pytest.approx(20 / 0.01) for v in results["4000", 0.01].values())

@@ -123,9 +123,9 @@ class CapacityAnalyzer:
         today = headline or (reading.kv_capacity_tokens / size if reading.kv_capacity_tokens and size else None)
         if capacity is not None and size:
             whatif = capacity.whatif_max_concurrency(size, today)
-            if override_blocks(reading.cache_config) and headline:
+            if override_blocks(reading.cache_config) and today:
                 # --num-gpu-blocks-override fixes the pool: no scenario adds KV while it is set (kvwatch.advisor)
-                whatif = dict.fromkeys(whatif, headline)
+                whatif = dict.fromkeys(whatif, today)
         return CapacityResult(formula_in_engine_terms(capacity.plan, series.source) if capacity is not None else None,
                               MappingProxyType(whatif), series.source, series.pool_bytes, series.pool_source,
                               MappingProxyType(findings),
