@@ -21,6 +21,7 @@ Follows vLLM's own arithmetic (``vllm/v1/core/kv_cache_utils.py``, ``kv_cache_in
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -679,15 +680,21 @@ class LayoutPool:
     def length_at(self, requests: float) -> float:
         """The request length of which ``requests`` fit (the inverse of :meth:`requests_at`, which falls as the length
         grows), to 0.01 % in 1 to 2^24 tokens: the size a change's ceiling is compared at."""
-        low, high = 0.0, 24.0  # log2 of the length
-        if self.requests_at(1.0) <= requests:
-            return 1.0
-        if self.requests_at(2.0 ** high) >= requests:
-            return 2.0 ** high
-        while high - low > 1.5e-4:  # (2^1.5e-4 - 1 ≈ 0.01 %)
-            mid = (low + high) / 2
-            low, high = (mid, high) if self.requests_at(2.0 ** mid) > requests else (low, mid)
-        return 2.0 ** ((low + high) / 2)
+        return _length_at(self, requests)
+
+
+@functools.lru_cache(maxsize=256)
+def _length_at(pool: LayoutPool, requests: float) -> float:
+    # (cached: serve's what-ifs and its advice ask for the same pool and ceiling in one poll, ~20 fits each)
+    low, high = 0.0, 24.0  # log2 of the length
+    if pool.requests_at(1.0) <= requests:
+        return 1.0
+    if pool.requests_at(2.0 ** high) >= requests:
+        return 2.0 ** high
+    while high - low > 1.5e-4:  # (2^1.5e-4 - 1 ≈ 0.01 %)
+        mid = (low + high) / 2
+        low, high = (mid, high) if pool.requests_at(2.0 ** mid) > requests else (low, mid)
+    return 2.0 ** ((low + high) / 2)
 
 
 def max_concurrency_at_max_model_len(layout: KVLayout, blocks: int, max_model_len: int,
