@@ -82,10 +82,12 @@ def test_documented_inhibition_mutes_only_the_same_target(tmp_path: Path) -> Non
             # host-b is saturated: its page must get through
             _alert("KVCacheBottleneck", "host-b:9747", **engine),
             _alert("KVCacheExhaustionForecast", "host-b:9747", **engine),
-            # host-c's forecast: host-b's bottleneck is not its own
+            _alert("TTFTObjectiveBreach", "host-b:9747", **engine),  # its runbook: follow KVCacheBottleneck
+            # host-c's forecast and TTFT: host-b's bottleneck is not their own
             _alert("KVCacheExhaustionForecast", "host-c:9747", **engine),
+            _alert("TTFTObjectiveBreach", "host-c:9747", **engine),
         ])
-        states = _states(url, 6)
+        states = _states(url, 8)
     finally:
         am.stop()
     assert states == {
@@ -94,5 +96,7 @@ def test_documented_inhibition_mutes_only_the_same_target(tmp_path: Path) -> Non
         ("VLLMContainerRestartLoop", "host-a:9747"): "active",  # never muted by the warning it causes
         ("KVCacheBottleneck", "host-b:9747"): "active",  # another host's TargetDown mutes nothing here
         ("KVCacheExhaustionForecast", "host-b:9747"): "suppressed",  # the hand-off to its own bottleneck
+        ("TTFTObjectiveBreach", "host-b:9747"): "suppressed",  # one incident, one notification (review, round 24)
         ("KVCacheExhaustionForecast", "host-c:9747"): "active",
+        ("TTFTObjectiveBreach", "host-c:9747"): "active",
     }

@@ -145,11 +145,20 @@ MUTATIONS = [
      ["a slow model load during a rollout does not fire target down"]),
     # A guard or condition of one rule only: the old text takes in the lines around it.
     ("the scheduler alert's guard",
-     '(last_over_time(kvwatch_state{state=~"stalled|bottleneck"}[2m]) == 1)\n          )\n'
+     '(last_over_time(kvwatch_state{state="scheduler_limited"}[2m]) == 1)\n          )\n'
      "          and on (instance, job) (max_over_time(kvwatch_up[2m]) == 1)",
-     '(last_over_time(kvwatch_state{state=~"stalled|bottleneck"}[2m]) == 1)\n          )\n'
+     '(last_over_time(kvwatch_state{state="scheduler_limited"}[2m]) == 1)\n          )\n'
      "          and on (instance, job) (max_over_time(kvwatch_up[2m]) >= 0)",
      ["stale sidecar fires neither stalled nor scheduler-limited"]),
+    ("the scheduler alert following kvwatch's state",
+     '(last_over_time(kvwatch_state{state="scheduler_limited"}[2m]) == 1)',
+     '(last_over_time(kvwatch_state{state=~".+"}[2m]) >= 0)',
+     ["a sleeping engine's queue is not scheduler-limited",
+      "a queue the next prompt does not fit is not scheduler-limited"]),
+    ("the bottleneck's hold on the state below 0.95",
+     'avg_over_time(kvwatch_state{state="bottleneck"}[5m]) >= 0.5',
+     'avg_over_time(kvwatch_state{state="bottleneck"}[5m]) >= 99',
+     ["a long-context bottleneck below 0.95 whose queue drains between bursts pages once"]),
     ("the request-exceeds-pool alert's guard",
      '{finding="request_exceeds_pool"}[2m]) == 1\n          )\n'
      "          and on (instance, job) (max_over_time(kvwatch_up[2m]) == 1)",
