@@ -306,3 +306,28 @@ def test_more_tensor_parallelism_that_lowers_the_ceiling_is_not_advised() -> Non
     tp = next(a for a in advice if a.action == "add_tensor_parallelism")
     assert tp.message.startswith("Add a replica") and "would not raise this ceiling" in tp.message
     assert tp.engine_args is None and "1 KV head is replicated" in tp.message
+
+
+def test_more_tensor_parallelism_that_gains_less_than_a_replica_is_not_advised() -> None:
+    # (review, round 24) Qwen2.5-1.5B has 2 KV heads: from TP 2 to 4 each pair of GPUs keeps a copy, the KV per
+    # token stops shrinking and the ceiling gained x1.05 for 2 more GPUs, where those GPUs as a replica serve x2. The
+    # advice read "Raise --tensor-parallel-size from 2 to 4" with the flag to paste; it says to add a replica.
+    from kvwatch.serve.sidecar_capacity import build_sidecar_capacity
+    from kvwatch.settings import ServeSettings
+
+    sidecar, why = build_sidecar_capacity(ServeSettings(gpu="L4", tensor_parallel_size=2), "Qwen/Qwen2.5-1.5B-Instruct")
+    assert sidecar is not None, why
+    capacity = float(sidecar.plan.kv_cache_tokens)
+    advice = advise("bottleneck", running=80, capacity_tokens=capacity, capacity_plan=sidecar.plan,
+                    concurrency_ceiling=capacity / 1500)
+    tp = next(a for a in advice if a.action == "add_tensor_parallelism")
+    assert tp.message.startswith("Add a replica") and "x2.00 the concurrency" in tp.message, tp.message
+    assert tp.engine_args is None and "2 KV heads are replicated" in tp.message
+    # a model whose KV heads split further keeps the TP advice (Llama-3.1-8B: 8 KV heads, TP 1 -> 2 gains > x2)
+    sidecar, why = build_sidecar_capacity(ServeSettings(gpu="L4"), "meta-llama/Llama-3.1-8B-Instruct")
+    assert sidecar is not None, why
+    capacity = float(sidecar.plan.kv_cache_tokens)
+    advice = advise("bottleneck", running=20, capacity_tokens=capacity, capacity_plan=sidecar.plan,
+                    concurrency_ceiling=capacity / 1500)
+    tp = next(a for a in advice if a.action == "add_tensor_parallelism")
+    assert tp.engine_args == ("--tensor-parallel-size", "2"), tp.message

@@ -396,10 +396,17 @@ def _tensor_parallel_advice(capacity_plan: CapacityPlan | None, plan_tokens: flo
     after = tensor_parallel_plan(spec, nxt)
     gain = ceiling_gain(after) if after is not None else None
     if gain is not None and gain <= 1.0:
-        # (review, round 23: Gemma-3-1B's one KV head, "raise it to 2 ... the ceiling goes from 1535.6 to 1514.0")
+        # (Gemma-3-1B's one KV head: "raise it to 2 ... the ceiling goes from 1535.6 to 1514.0")
         return Advice(ADD_TENSOR_PARALLELISM, 0,
                       f"Add a replica behind the gateway: raising {flag} from {tp} to {nxt} would not raise this "
                       f"ceiling (x{gain:.2f} at the observed mix).{replicated}", replica)
+    if gain is not None and gain < nxt / tp:
+        # The same GPUs as replicas multiply the ceiling by nxt / tp; more TP gains less where KV heads are
+        # replicated or the latent is not split (MLA): a 2-KV-head model at TP 4 gained x1.05 for 2 more GPUs.
+        return Advice(ADD_TENSOR_PARALLELISM, 0,
+                      f"Add a replica behind the gateway: the {nxt - tp} more GPU{'s' if nxt - tp != 1 else ''} "
+                      f"as replicas serve x{nxt / tp:.2f} the concurrency, raising {flag} from {tp} to {nxt} only "
+                      f"x{gain:.2f} at the observed mix.{replicated}", replica)
     if after is not None and plan_tokens:
         effect = _capacity_text(base_tokens, after.kv_cache_tokens / plan_tokens, ceiling, ceiling_gain(after)) + "."
     else:
