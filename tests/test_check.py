@@ -201,6 +201,26 @@ def test_kv_bound_series_gets_the_advisors_fixes_cheapest_first(capsys: pytest.C
     assert limit * per_request <= 0.95 * e0["kv_capacity_tokens"] < (limit + 1) * per_request
 
 
+def test_one_flag_for_every_rank_takes_the_tightest_ranks_limit(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    # (review, round 24) Engine 1 runs 12 requests at 89 %: its own mix fits ~13.5. The advice for KV-bound engine 0
+    # said --max-num-seqs 15, which vLLM applies to each engine: 15 on engine 1 is ~111 % of its cache.
+    page = (FIXTURES / "gen-0.33-dp2-capacity-labels.prom").read_text()
+    page = page.replace('vllm:kv_cache_usage_perc{engine="1",model_name="llama"} 0.5',
+                        'vllm:kv_cache_usage_perc{engine="1",model_name="llama"} 0.89')
+    page = page.replace('vllm:num_requests_running{engine="1",model_name="llama"} 18.0',
+                        'vllm:num_requests_running{engine="1",model_name="llama"} 12.0')
+    (tmp_path / "tight.prom").write_text(page)
+    report = check_json(["--file", str(tmp_path / "tight.prom")], capsys)
+    e0, e1 = report["series"]
+    limit = e0["advice"][0]
+    tight = e1["max_concurrency"]
+    assert tight < e0["max_concurrency"]
+    assert limit["action"] == "limit_concurrency" and limit["concurrency"] == int(0.95 * tight)
+    assert limit["vllm_args"] == ["--max-num-seqs", str(int(0.95 * tight))]
+    assert f"is engine 1's limit (its own mix fits ~{tight:.1f}" in limit["message"]
+
+
 def test_deployment_flags_size_the_quantization_and_tp_advice(capsys: pytest.CaptureFixture[str]) -> None:
     from kvwatch.serve.sidecar_capacity import build_sidecar_capacity
     from kvwatch.settings import ServeSettings

@@ -14,7 +14,7 @@ Pure: the caller passes the forecast's numbers and, when the model is known, the
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -159,7 +159,7 @@ def advise(
     ranks_per_flag: int = 1,
     pool_blocks: float | None = None,
     fixed_blocks: float | None = None,
-    roomiest_rank: tuple[str | None, float] | None = None,
+    other_ranks: Sequence[tuple[str | None, float]] = (),
 ) -> list[Advice]:
     """Ranked fixes for ``state`` (empty unless filling or bottleneck).
 
@@ -176,9 +176,9 @@ def advise(
     not say, so the message gives both values and ``engine_args`` the per-rank one. ``pool_blocks``: the engine's
     own blocks in the plan's block size, for the worst-case ceilings of the max-model-len fix. ``fixed_blocks``: the
     engine's ``--num-gpu-blocks-override``, which fixes the pool: no quantization fix, and a replica or removing the
-    override instead of more tensor parallelism (neither frees KV while it is set). ``roomiest_rank``: (engine,
-    observed-mix ceiling) of the server's other rank with the most room: one flag limits every rank, so the
-    message says what the limit costs a rank whose own mix fits more.
+    override instead of more tensor parallelism (neither frees KV while it is set). ``other_ranks``: (engine,
+    observed-mix ceiling) of the server's other ranks of the model: one flag limits every rank, so the limit is the
+    tightest rank's, and the message says what it costs a rank whose own mix fits more.
     """
     if state not in ADVISE_IN_STATES:
         return []
@@ -210,6 +210,19 @@ def advise(
         now = f"; now {running:.0f} running" if running is not None else ""
         held = f"the KV cache holds ~{ceiling:.1f} at the observed mix{now}" if ceiling else now.lstrip("; ")
         ranks = max(1, ranks_per_flag)
+        ranks_note = ""
+        others = other_ranks if ranks > 1 else ()
+        tightest = min(others, key=lambda rank: rank[1], default=None)
+        roomiest = max(others, key=lambda rank: rank[1], default=None)
+        if tightest is not None and (tight := concurrency_limit(None, tightest[1])) is not None and tight < limit:
+            # one flag limits every rank: this rank's own limit would overfill a rank whose mix fits fewer
+            ranks_note = (f" One flag limits every rank: {tight} is engine {tightest[0]}'s limit (its own mix fits "
+                          f"~{tightest[1]:.1f}; this engine's alone would be {limit}).")
+            limit = tight
+        elif roomiest is not None and (roomy := concurrency_limit(None, roomiest[1])) is not None and roomy > limit:
+            ranks_note = (f" The limit holds engine {roomiest[0]} to {limit} too, though its own mix fits "
+                          f"~{roomiest[1]:.1f} (its limit would be {roomy}): the ranks' request mixes differ, and one "
+                          "flag cannot follow both.")
         gateway = f"{limit} per data-parallel rank ({limit * ranks} for the server's {ranks})" if ranks > 1 \
             else f"{limit}"
         # vLLM's engine cores each schedule their own requests (the flag is per engine); SGLang divides the flag
@@ -217,16 +230,10 @@ def advise(
         dp_attention = "" if ranks == 1 else (
             f"; {flags['concurrency']} applies to each engine" if engine_kind == VLLM else
             f"; with --enable-dp-attention {engine} divides the flag over its {ranks} ranks: pass {limit * ranks} then")
-        roomier = ""
-        if ranks > 1 and roomiest_rank is not None and concurrency_limit(None, roomiest_rank[1]) > limit:
-            other, other_ceiling = roomiest_rank
-            roomier = (f" The limit holds engine {other} to {limit} too, though its own mix fits ~{other_ceiling:.1f} "
-                       f"(its limit would be {concurrency_limit(None, other_ceiling)}): the ranks' request mixes "
-                       "differ, and one flag cannot follow both.")
         out.append(Advice(
             LIMIT_CONCURRENCY, 0,
             f"Limit concurrency to {gateway} at the gateway, or pass {flags['concurrency']} {limit} to {engine}"
-            f"{dp_attention}" + (f" ({held})." if held else ".") + roomier,
+            f"{dp_attention}" + (f" ({held})." if held else ".") + ranks_note,
             f"KV usage stays under {LIMIT_USAGE:.0%} at the observed request mix; excess requests wait at the "
             "gateway instead of being preempted and recomputed.",
             engine_args=_args(flags["concurrency"], limit), concurrency=limit,
@@ -442,7 +449,7 @@ def advise_from_result(result: ForecastResult, reading: Reading | None = None, *
                        max_model_len: int | None = None, concurrency_ceiling: float | None = None,
                        gpus_per_node: int = DEFAULT_GPUS_PER_NODE, engine_kind: str | None = None,
                        ranks_per_flag: int = 1, longest_request_tokens: float | None = None,
-                       roomiest_rank: tuple[str | None, float] | None = None) -> list[Advice]:
+                       other_ranks: Sequence[tuple[str | None, float]] = ()) -> list[Advice]:
     """``advise`` fed from a :class:`kvwatch.forecast.ForecastResult` and core's ``Reading`` (what the
     sidecar, ``kvwatch check`` and the demo call). Lifetime length means come from the reading's histograms, the
     longest request from their buckets, or ``longest_request_tokens`` (the sidecar's last reading of them)."""
@@ -488,5 +495,5 @@ def advise_from_result(result: ForecastResult, reading: Reading | None = None, *
         ranks_per_flag=ranks_per_flag,
         pool_blocks=blocks,
         fixed_blocks=fixed,
-        roomiest_rank=roomiest_rank,
+        other_ranks=other_ranks,
     )

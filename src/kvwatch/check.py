@@ -26,7 +26,7 @@ import sys
 import time
 import zlib
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -305,7 +305,7 @@ def build_report(poll: Poll, max_model_len: int | None = None,
                                     advice(s, poll.timestamp, max_model_len, plans.get(s.reading.model_name),
                                            gpus_per_node=gpus_per_node, engine_kind=advice_kind,
                                            ranks_per_flag=ranks.get(s.reading.model_name, 1),
-                                           roomiest_rank=_roomiest_other_rank(s, states)),
+                                           other_ranks=_other_ranks(s, states)),
                                     (s.reading.model_name, s.reading.engine) in mismatched)
                                 if (s.reading.model_name, s.reading.engine) in bound else [],
                                 capacities[s.reading.key].source)
@@ -434,7 +434,7 @@ def _json_safe(value: Any) -> Any:
 def advice(state: SeriesState, timestamp: float, max_model_len: int | None = None,
            capacity_plan: CapacityPlan | None = None, *, gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
            engine_kind: str = VLLM, ranks_per_flag: int = 1,
-           roomiest_rank: tuple[str | None, float] | None = None) -> list[Advice]:
+           other_ranks: Sequence[tuple[str | None, float]] = ()) -> list[Advice]:
     """The advisor's fixes for a series ``check`` found KV-bound, cheapest first (pure).
 
     One poll has no forecast history: the forecaster's one-sample result supplies the concurrency limit
@@ -452,7 +452,7 @@ def advice(state: SeriesState, timestamp: float, max_model_len: int | None = Non
                               capacity_plan=capacity_plan, max_model_len=max_model_len_of(reading, max_model_len),
                               concurrency_ceiling=state.max_concurrency.get("observed_mix"),
                               gpus_per_node=gpus_per_node, engine_kind=engine_kind, ranks_per_flag=ranks_per_flag,
-                              roomiest_rank=roomiest_rank)
+                              other_ranks=other_ranks)
 
 
 def _advice_kind(detection: Detection) -> str:
@@ -619,11 +619,10 @@ def findings(states: Iterable[SeriesState],
     return sorted(out, key=lambda f: SEVERITIES.index(f.severity))
 
 
-def _roomiest_other_rank(state: SeriesState, states: Iterable[SeriesState]) -> tuple[str | None, float] | None:
-    """(engine, observed-mix ceiling) of the same model's other rank with the most room, if any has a ceiling."""
-    others = [(s.reading.engine, c) for s in states if s.reading.model_name == state.reading.model_name
-              and s.reading.engine != state.reading.engine and (c := s.max_concurrency.get("observed_mix"))]
-    return max(others, key=lambda other: other[1], default=None)
+def _other_ranks(state: SeriesState, states: Iterable[SeriesState]) -> list[tuple[str | None, float]]:
+    """(engine, observed-mix ceiling) of the same model's other ranks that have a ceiling."""
+    return [(s.reading.engine, c) for s in states if s.reading.model_name == state.reading.model_name
+            and s.reading.engine != state.reading.engine and (c := s.max_concurrency.get("observed_mix"))]
 
 
 def _ranks_per_model(states: Iterable[SeriesState], engine_kind: str, *, stages: bool = False) -> Counter[str]:
