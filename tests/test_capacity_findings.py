@@ -42,6 +42,21 @@ def test_mismatch_names_both_numbers_when_the_utilization_was_not_given():
     assert causes.index("--gpu-memory-utilization") < causes.index("CUDA-graph")
 
 
+def test_the_engines_own_utilization_is_a_cause_only_in_the_gaps_direction():
+    # (review, round 24) given 0.8 where the engine runs 0.92, a formula above the engine's pool listed "a lower
+    # --gpu-memory-utilization than kvwatch assumed": the engine's label says the opposite
+    plan = _qwen2_a100(0.8)
+    above = capacity_mismatch(plan.kv_cache_tokens, 93872, plan, engine_utilization=0.92)
+    assert above is not None and "--gpu-memory-utilization" not in above.message.split("Likely causes: ", 1)[1]
+    below = capacity_mismatch(plan.kv_cache_tokens, 93872, plan, engine_utilization=0.25)
+    assert "--gpu-memory-utilization 0.8 given to kvwatch where the engine runs 0.25" in below.message
+    higher = capacity_mismatch(plan.kv_cache_tokens, plan.kv_cache_tokens * 1.5, plan, engine_utilization=0.92)
+    assert "--gpu-memory-utilization 0.8 given to kvwatch where the engine runs 0.92" in higher.message
+    assert "--gpu-memory-utilization" not in capacity_mismatch(
+        plan.kv_cache_tokens, plan.kv_cache_tokens * 1.5, plan, engine_utilization=0.5).message.split(
+        "Likely causes: ", 1)[1]
+
+
 def test_no_mismatch_when_the_plan_describes_the_engine():
     # line 42: the same engine at utilization 0.5 reported 464,848 tokens
     plan = _qwen2_a100(0.5)
