@@ -38,6 +38,15 @@ def test_kvwatch_warns_before_saturation_on_a_ramp(conv):
     assert kv.detect_delays[0] is not None and kv.detect_delays[0] <= 180  # bottleneck within 3 min
 
 
+def test_the_bottleneck_state_is_scored_on_the_events_the_warnings_are(conv):
+    # (review, round 24) A cache saturated from the start: its event falls in the 30-minute warm-up, which every
+    # method's score leaves out, but the bottleneck state counted it (recall 1.0, detected 100 s into the run).
+    result = _run(conv, "steady", 1.3, 1.3, hours=0.75)
+    kv = result.outcomes["kvwatch"]
+    assert result.events and kv.warmup_events == len(result.events)
+    assert kv.detect_delays == []
+
+
 def test_kvwatch_stays_quiet_on_steady_load(conv):
     result = _run(conv, "steady", 0.6, 0.6)
     assert result.events == []
@@ -208,6 +217,12 @@ def test_a_trace_kvwatch_does_not_know_by_name_is_scaled_from_its_content(tmp_pa
     # tuned rate's size, and 16 x was refused as an engine that cannot keep up.
     assert defaults_for(packaged_trace("azure_code_sample.csv"), trace, rate_scale=16.0) == \
         content_defaults(trace, rate_scale=16.0) != (8.0, 8.0)
+    # (review, round 24) Long prompts on a tuned trace keep its rate on an engine sized for them: the real Azure code
+    # trace at --prompt-scale 4 was refused as compute-bound after 50 s of simulating on the tuned 8x engine.
+    rate, engine = defaults_for(packaged_trace("azure_code_sample.csv"), trace, prompt_scale=4.0)
+    assert rate == 8.0 and engine == content_defaults(trace, 4.0, rate_scale=8.0)[1] > 8.0
+    # never slower than the tuned engine (1 % of 16k-128k prompts needs 7.6x here: the tuned 8x stays)
+    assert defaults_for(packaged_trace("azure_code_sample.csv"), trace, long_fraction=0.01) == (8.0, 8.0)
     code, out, _ = _cli(["--trace", str(renamed), "--hours", "0.6", "--json"], capsys)
     scenario = json.loads(out)["scenario"]
     assert code == 0 and scenario["scale_defaults_from"] == "trace content"
@@ -317,6 +332,13 @@ def test_the_report_says_where_each_scale_came_from(rate, speedup, said):
     from kvwatch.backtest.cli import _defaults_from
 
     assert _defaults_from(rate, speedup, True) == said
+
+
+def test_a_named_trace_shaped_long_says_its_engine_came_from_the_content():
+    from kvwatch.backtest.cli import _defaults_from
+
+    assert _defaults_from(False, False, True, shaped=True) == "rate from trace name, engine from trace content"
+    assert _defaults_from(False, True, True, shaped=True) == "engine from flags, rate from trace name"
 
 
 def test_bad_flags_are_refused_before_the_trace_is_read(tmp_path, capsys):

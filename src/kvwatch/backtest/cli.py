@@ -153,8 +153,9 @@ def run(args: argparse.Namespace) -> int:
     # Rows longer than --max-model-len (before --prompt-scale): capped at it, so one outlier cannot size the cache.
     report["scenario"]["trace_requests_capped"] = sum(
         r.prompt_tokens + r.output_tokens > args.max_model_len for r in trace)
-    report["scenario"]["scale_defaults_from"] = _defaults_from(args.rate_scale is not None,
-                                                               args.engine_speedup is not None, named(args.trace))
+    report["scenario"]["scale_defaults_from"] = _defaults_from(
+        args.rate_scale is not None, args.engine_speedup is not None, named(args.trace),
+        shaped=args.prompt_scale != 1.0 or args.long_fraction > 0.0)
     if args.json:
         json.dump(report, sys.stdout, indent=2, default=_json_number)
         sys.stdout.write("\n")
@@ -163,13 +164,16 @@ def run(args: argparse.Namespace) -> int:
     return 1 if plot_failed else 0
 
 
-def _defaults_from(rate_given: bool, speedup_given: bool, by_name: bool) -> str:
+def _defaults_from(rate_given: bool, speedup_given: bool, by_name: bool, *, shaped: bool = False) -> str:
     """Where the rate scale and the engine speedup came from: ``flags``, ``trace name``, ``trace content``, or
-    one from a flag and the other from the trace ("rate from flags, engine from trace content")."""
+    one from a flag and the other from the trace ("rate from flags, engine from trace content"). ``shaped``: long
+    prompts (--prompt-scale, --long-fraction), for which a named trace's engine is sized from its content."""
     # (a rate from the flags sizes the engine from the trace's content, even for a named trace: traces.defaults_for)
     default = "trace name" if by_name and not rate_given else "trace content"
     if rate_given and speedup_given:
         return "flags"
+    if by_name and shaped and not rate_given and not speedup_given:
+        return "rate from trace name, engine from trace content"
     if rate_given or speedup_given:
         return f"{'rate' if rate_given else 'engine'} from flags, {'engine' if rate_given else 'rate'} from {default}"
     return default
