@@ -96,6 +96,25 @@ def test_the_exported_limit_is_the_advices_and_never_above_95_percent_of_the_cei
     assert after.result.state == "bottleneck" and after.advice[0].concurrency == limit
 
 
+def test_without_a_reported_capacity_the_ceiling_alone_sets_the_exported_limit():
+    # (review, round 24) A NIM page reports no KV capacity: the forecaster has no limit of its own, the advice said
+    # "limit concurrency to 23" from the observed-mix ceiling, and kvwatch_recommended_max_concurrency was absent.
+    import math
+    from dataclasses import replace
+
+    analyzer = ForecastAnalyzer()
+    history = SeriesHistory()
+    after = None
+    for i in range(60):
+        now, finished = i * 5.0, 10.0 * i
+        reading = replace(_reading(0.97, finished, waiting=5.0), kv_capacity_tokens=None)
+        history.append(now, reading)
+        after = analyzer.analyze(reading.key, history, reading, now)
+    limit = after.result.recommended_max_concurrency
+    assert after.result.state == "bottleneck" and limit == math.floor(0.95 * 40 / 0.97) == 39
+    assert after.advice[0].concurrency == limit
+
+
 def test_the_longest_request_read_once_a_minute_holds_for_the_polls_between():
     # serve reads the length histograms' buckets with the latency ones, once a minute: the max-model-len fix,
     # sized from them, must not vanish (and its rank flap) on the polls in between.

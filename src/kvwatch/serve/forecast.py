@@ -93,7 +93,9 @@ class ForecastAnalyzer:
             # its running count holds little of its KV (kvwatch.derived.max_concurrency); or none of it, and the
             # advice gives no limit then (a limit on running requests frees no KV held by transfers or a leak)
             result = replace(result, recommended_max_concurrency=None)
-        elif result.recommended_max_concurrency is not None:
+        else:
+            # the ceiling alone bounds it when the forecaster has no figure (no capacity reported: a NIM page read
+            # bottleneck with the advice's limit 23 and no kvwatch_recommended_max_concurrency)
             result = replace(result, recommended_max_concurrency=concurrency_limit(
                 result.recommended_max_concurrency, ceiling))
         advice: tuple[Advice, ...] = ()
