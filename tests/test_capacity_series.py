@@ -271,3 +271,15 @@ def test_what_ifs_are_unknown_where_the_formula_holds_no_request_but_the_engine_
         readings("gen-0.20.2-gptoss-two-groups.prom", "meta-llama/Llama-4-Maverick-17B-128E-Instruct")[0])[0]
     assert capacity is not None and capacity.plan.max_concurrency_at(4000) <= 0
     assert capacity.whatif_max_concurrency(4000, 25.0) == {}
+
+
+def test_the_pool_in_bytes_is_the_engines_blocks_on_a_reading_already_resolved() -> None:
+    # (review, round 24) serve resolves a series on the reading it has already given the engine's capacity: on
+    # gpt-oss (two KV groups) that capacity is blocks x block_size / 2, block_pool's ratio refused the blocks, and
+    # the pool read the formula's 37.5 GB where the engine's 9,271 blocks hold 3.6 (non-KV memory went negative).
+    resolver = CapacityResolver(ServeSettings(gpu="H100"))
+    reading = readings("gen-0.11.0-gptoss-issue28924.prom")[0]
+    first = resolver.series(reading)
+    again = resolver.series(first.apply(reading))
+    assert first.pool_source == again.pool_source == "engine_num_gpu_blocks"
+    assert again.pool_bytes == first.pool_bytes == 9271 * first.plan.layout.bytes_per_block_row

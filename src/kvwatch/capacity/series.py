@@ -203,7 +203,10 @@ def resolve(reading: Any, plan: CapacityPlan | None, kv_groups: int | None = Non
     memory = label_number(config.get("kv_cache_memory_bytes"))
     if memory is not None and memory > 0:
         pool, pool_source = float(memory), "engine_kv_cache_memory_bytes"
-    elif plan is not None and plan.layout.bytes_per_block_row > 0 and block_pool(reading)[0] is not None:
+    elif plan is not None and plan.layout.bytes_per_block_row > 0 and reading.num_gpu_blocks and (
+            block_pool(reading)[0] is not None or source == "engine_num_gpu_blocks"):
+        # (the blocks sized the tokens above: a reading already carrying them divided among KV groups fails
+        # block_pool's ratio, and gpt-oss's pool read the formula's 37.5 GB for the engine's 3.6)
         pool, pool_source = reading.num_gpu_blocks * float(plan.layout.bytes_per_block_row), "engine_num_gpu_blocks"
     elif plan is not None and source == "engine_metric" and tokens and not plan.layout.is_hybrid \
             and plan.kv_bytes_per_token > 0:
