@@ -429,7 +429,7 @@ def test_kimi_linear_is_mla():
 
 @pytest.mark.parametrize(("change", "complaint"), [
     ({"hidden_size": 16}, "head size of 0"),  # hidden / heads rounds to 0: a ZeroDivisionError in plan
-    ({"head_dim": -1}, "head size of -1"),  # printed -4,096 bytes per token
+    ({"head_dim": -1}, "head_dim = -1: it cannot be negative"),  # printed -4,096 bytes per token
     ({"num_hidden_layers": 1e9}, "num_hidden_layers = 1000000000.0"),  # never returned
     ({"num_attention_heads": 0}, "num_attention_heads = 0"),
 ])

@@ -146,6 +146,34 @@ def test_model_config_path(tmp_path, capsys):
     assert json.loads(out)["kv_bytes_per_token"] == 131072
 
 
+_LLAMA_CONFIG = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096,
+                 "vocab_size": 128256, "intermediate_size": 14336, "max_position_embeddings": 8192}
+_DEEPSEEK_V2_LITE = {"model_type": "deepseek_v2", "num_hidden_layers": 27, "num_attention_heads": 16,
+                     "hidden_size": 2048, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "vocab_size": 102400}
+
+
+@pytest.mark.parametrize(("base", "change", "said"), [
+    # (review, round 24) a ZeroDivisionError traceback
+    (_LLAMA_CONFIG, {"max_position_embeddings": -1}, "a length of -1 (max_position_embeddings=-1)"),
+    # planned "-27.46 requests" at a length of -4,096, exit 0
+    (_LLAMA_CONFIG, {"max_position_embeddings": None, "rope_scaling": {"type": "linear", "factor": -2}},
+     "a length of -4096"),
+    (_LLAMA_CONFIG, {"max_position_embeddings": 0}, "a length of 0"),
+    # a traceback, and negative KV bytes per token
+    (_DEEPSEEK_V2_LITE, {"kv_lora_rank": 0, "qk_rope_head_dim": 0}, "kv_lora_rank = 0"),
+    (_DEEPSEEK_V2_LITE, {"kv_lora_rank": -512}, "kv_lora_rank = -512"),
+    # every layer read as sliding (a block more per request)
+    (_LLAMA_CONFIG, {"sliding_window": -1}, "sliding_window = -1: it cannot be negative"),
+    (_LLAMA_CONFIG, {"vocab_size": -5}, "vocab_size = -5: it cannot be negative"),
+])
+def test_a_broken_length_window_or_latent_in_config_json_is_refused_by_name(tmp_path, capsys, base, change, said):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({k: v for k, v in {**base, **change}.items() if v is not None}))
+    code, _, err = run(["plan", "--model-config", str(cfg), "--gpu", "H100", "--max-model-len", "1024"], capsys)
+    assert code == 2 and said in err, err
+    assert "Traceback" not in err
+
+
 def test_will_not_start_exits_1_with_shortfall(capsys):
     code, out, _ = run(["plan", "--model", "Qwen/Qwen3-32B", "--gpu", "L4"], capsys)
     assert code == 1

@@ -107,10 +107,14 @@ def number(value: Any, field: str) -> int:
 
 def first_number(cfg: dict[str, Any], *keys: str, default: int | None = None) -> int | None:
     """The first of ``keys`` that ``cfg`` sets (null, 0 and empty count as unset, like the ``or`` chains this
-    replaces) as a number (:func:`number`); ``default`` when none is."""
+    replaces) as a number (:func:`number`); ``default`` when none is. Every field read so is a size, a count or an
+    offset: a negative one is an ArchitectureError naming it (a sliding_window of -1 made every layer slide)."""
     for key in keys:
         if cfg.get(key):
-            return number(cfg[key], key)
+            value = number(cfg[key], key)
+            if value < 0:
+                raise ArchitectureError(f"config.json has {key} = {cfg[key]!r}: it cannot be negative")
+            return value
     return default
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvwatch.capacity.config_fields import number, real
+from kvwatch.capacity.config_fields import ArchitectureError, number, real
 
 # vLLM's ModelConfig._get_and_verify_max_len (vllm/config): the smallest of these config fields is the model's
 # length, "model_max_length" wins outright, and rope_scaling multiplies it unless the type already extends
@@ -63,6 +63,8 @@ def derived_max_model_len(cfg: dict[str, Any], model_type: str = "", *,
             elif factor != 1.0:
                 how = f"{how} × rope_scaling {rope_type} factor {factor:g}"
                 derived *= factor
+    if derived < 1:  # (a length of -1 divided by zero in the ceiling; a factor of -2 planned -27 requests)
+        raise ArchitectureError(f"config.json gives the model a length of {int(derived)} ({how}): it must be positive")
     return int(derived), how
 
 
