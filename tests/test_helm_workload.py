@@ -595,11 +595,17 @@ def test_a_target_url_may_name_a_variable_of_extra_env() -> None:
     assert names.index("VLLM_HOST") < names.index("KVWATCH_TARGET_URL")
 
 
-def test_dashboard_labels_are_held_to_kubernetes_rules() -> None:
+def test_dashboard_labels_are_held_to_kubernetes_rules(tmp_path: Path) -> None:
     on = ("--set", "dashboards.enabled=true")
     assert "values don't meet the specifications" in render_fails(*MINIMAL, *on, "--set", "dashboards.label=a b")
     assert "values don't meet the specifications" in render_fails(*MINIMAL, *on, "--set", "dashboards.labelValue=x!")
     assert "values don't meet the specifications" in render_fails(*MINIMAL, *on, "--set", "dashboards.labelValue=-1")
     configmap = only(render(*MINIMAL, *on, "--set", "dashboards.labelValue=1"), "ConfigMap")
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    # (review, round 24) a number from a values file is a float64 to helm: it rendered "1.2345678e+07", which no
+    # Kubernetes label value may hold
+    values = tmp_path / "values.yaml"
+    values.write_text("dashboards:\n  enabled: true\n  labelValue: 12345678\n")
+    configmap = only(render(*MINIMAL, "-f", str(values)), "ConfigMap")
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "12345678"
 
