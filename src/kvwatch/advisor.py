@@ -103,10 +103,6 @@ class RequestLengths:
     mean_output_tokens: float
     max_total_tokens: float | None = None
 
-    @property
-    def mean_total_tokens(self) -> float:
-        return self.mean_prompt_tokens + self.mean_output_tokens
-
 
 def _top_bucket_bound(histogram: Histogram) -> float | None:
     """The upper bound of the highest bucket holding a request (no request is longer); None when that is the

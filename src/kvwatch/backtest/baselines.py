@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
 from statistics import NormalDist
 
 
@@ -193,20 +192,6 @@ class HoltBaseline:
         self._level = self.alpha * value + (1 - self.alpha) * (previous + self._trend)
         self._trend = self.beta * (self._level - previous) + (1 - self.beta) * self._trend
         self._condition = self._level + self.horizon_minutes * self._trend >= self.threshold
-
-
-@dataclass(frozen=True)
-class BaselineSpec:
-    name: str
-    description: str
-
-
-BASELINES: tuple[BaselineSpec, ...] = (
-    BaselineSpec("threshold", "usage >= 0.95 for 1m"),
-    BaselineSpec("predict_linear", "predict_linear(usage[30m], 1800) > 0.95"),
-    BaselineSpec("guarded_predict_linear", "usage >= 0.7 and predict_linear(usage[30m], 1800) >= 1 for 5m"),
-    BaselineSpec("holt", "Holt(α=0.3, β=0.1) on 1-min means, 30 min ahead >= 0.95 for 5m"),
-)
 
 
 def make_baselines() -> dict[str, ThresholdBaseline | PredictLinearBaseline | HoltBaseline]:

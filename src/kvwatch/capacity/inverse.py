@@ -44,10 +44,6 @@ class Option:
     def total_gpus(self) -> int:
         return self.gpus_per_replica * self.replicas
 
-    @property
-    def total_concurrency(self) -> float:
-        return self.per_replica * self.replicas
-
 
 @dataclass(frozen=True)
 class InversePlan:

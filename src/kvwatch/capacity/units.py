@@ -49,7 +49,3 @@ def decimal_unit_note(text: str) -> str | None:
     pretty = {"kib": "KiB", "mib": "MiB", "gib": "GiB", "tib": "TiB"}[binary]
     return (f"{text.strip()} is a decimal unit: {number * _DECIMAL[unit]:,.0f} B; kvwatch's budgets are in binary "
             f"units (GiB, like vLLM's logs), where {number:g}{pretty} would be {number * _BINARY[binary]:,.0f} B")
-
-
-def gib(n_bytes: float) -> float:
-    return n_bytes / (1 << 30)

@@ -78,10 +78,6 @@ class MinuteBucket:
         return None if self.capacity_tokens is None else self.u_mean * self.capacity_tokens
 
     @property
-    def k_p90(self) -> float | None:
-        return None if self.capacity_tokens is None else self.u_p90 * self.capacity_tokens
-
-    @property
     def departure_rate(self) -> float | None:
         """Finished requests per second, None when no counter delta covered this minute."""
         if self.finished is None or self.covered_seconds <= 0:

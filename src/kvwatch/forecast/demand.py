@@ -68,10 +68,6 @@ class DemandEstimate:
     knee_elasticity: float = 0.0
 
     @property
-    def significant(self) -> bool:
-        return self.rate_slope_lower > 0.0
-
-    @property
     def demand_tokens(self) -> float:
         return self.rate_level * self.token_seconds_per_request
 

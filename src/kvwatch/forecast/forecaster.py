@@ -189,7 +189,6 @@ class ForecastResult:
     headroom_requests_per_second: float | None
     recommended_max_concurrency: int | None
     estimates: Mapping[str, float | None]
-    warning_raw: bool = False
     # horizon seconds (300, 900, 1800) -> P(KV occupancy reaches the threshold within it); None = unknown
     risk: Mapping[int, float | None] = field(default_factory=lambda: dict.fromkeys(RISK_HORIZONS_SECONDS))
 
@@ -654,7 +653,6 @@ class Forecaster:
             headroom_requests_per_second=demand.headroom_rate if demand else None,
             recommended_max_concurrency=self._recommended_concurrency(sample),
             estimates=estimates,
-            warning_raw=self._raw,
             risk=risks,
         )
 

@@ -22,10 +22,6 @@ class TrendEstimate:
     points: int
     eta_seconds: float  # to the saturation threshold; inf when not rising
 
-    @property
-    def significant(self) -> bool:
-        return self.slope_lower_per_second > 0.0
-
     def forecast(self, horizon_seconds: float) -> float:
         return max(0.0, self.level + self.slope_per_second * horizon_seconds)
 
