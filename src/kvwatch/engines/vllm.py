@@ -627,11 +627,11 @@ FAMILY_EVIDENCE: dict[str, str] = {
 CACHE_LABEL_EVIDENCE: dict[str, str] = {
     "kv_cache_size_tokens": "NNNNNNNNMA",  # between 0.20.2 and 0.25.1
     "kv_cache_max_concurrency": "NNNNNNNNMA",
-    "user_specified_block_size": "NNNNNNNMMM",  # 0.20.2
+    "user_specified_block_size": "NNNNNNNMMM",  # 0.18.0 (read in its released wheel's vllm/config/cache.py)
     # V0's CacheConfig set swap_space_bytes alone; from 0.8.5 (a dataclass) __post_init__ sets it beside swap_space
     # (vllm-project/vllm#28924 quotes a real 0.11.0 line with both): alone, it is V0-or-0.8.4 (V0_SWAP_BYTES_ALONE).
     "swap_space_bytes": "MMMMMMMMNN",
-    "swap_space": "MMMMMMMMNN",  # dropped in 0.20.2
+    "swap_space": "MMMMMMMMNN",  # dropped in 0.18.0
     "cpu_offload_gb": "MMMMMMMMNN",
     "cpu_kvcache_space_bytes": "MNNMMMMMMM",  # 0.9.2
     "kv_cache_memory_bytes": "MNNMMMMMMM",  # 0.10.2

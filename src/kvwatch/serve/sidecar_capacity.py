@@ -141,7 +141,9 @@ def engine_settings(settings: DeploymentSettings,
     version = vllm_version_from_cache_config(cache_config)
     if version is not None:
         overrides["vllm_version"] = version
-        shared = ", which 0.18.0 to 0.20.x share: a 0.18 or 0.19 engine may differ" if version == (0, 20) else ""
+        # (the label set of 0.18.0 on, until kv_cache_size_tokens, somewhere in 0.21-0.25.1: vllm.CACHE_LABEL_EVIDENCE)
+        shared = ", which 0.18.0 to 0.20.x share: a 0.18 or 0.19 engine may differ, and one from 0.21 that does " \
+            "not label kv_cache_size_tokens yet subtracts its CUDA graphs" if version == (0, 20) else ""
         taken.append(f"vLLM {version[0]}.{version[1]}+ rules (from the label set{shared})")
     return (settings.model_copy(update=update) if update else settings), overrides, taken
 
