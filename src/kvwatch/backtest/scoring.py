@@ -27,6 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kvwatch.forecast.robust import quantile
+from kvwatch.forecast.thresholds import BUSY_USAGE, SATURATION_USAGE
 
 LEADS_SECONDS: tuple[int, ...] = (0, 300, 900, 1800)
 QUIET_SECONDS = 600.0  # N: an event needs this long without sustained saturation before its onset
@@ -52,8 +53,8 @@ def saturated_samples(
     waiting: Sequence[float],
     preemptions_total: Sequence[float],
     *,
-    u_sat: float = 0.95,
-    u_busy: float = 0.90,
+    u_sat: float = SATURATION_USAGE,
+    u_busy: float = BUSY_USAGE,
 ) -> list[bool]:
     flags = []
     previous = None

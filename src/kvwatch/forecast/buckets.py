@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from operator import add
 
 from kvwatch.forecast.robust import quantile
+from kvwatch.forecast.thresholds import BUCKET_SECONDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +122,7 @@ def _add_counts(total: tuple[float, ...] | None, bounds: tuple[float, ...] | Non
 class BucketAggregator:
     """Accumulates samples of the current minute; ``add`` returns the previous minute once it closes."""
 
-    def __init__(self, bucket_seconds: float = 60.0) -> None:
+    def __init__(self, bucket_seconds: float = BUCKET_SECONDS) -> None:
         self.bucket_seconds = bucket_seconds
         self._minute: int | None = None
         self._reset_accumulators()

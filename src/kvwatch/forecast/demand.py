@@ -24,11 +24,12 @@ from kvwatch.forecast.robust import (
     quantile,
     theil_sen,
 )
+from kvwatch.forecast.thresholds import BUCKET_SECONDS, SATURATION_USAGE
 
 
 @dataclass(frozen=True)
 class DemandParams:
-    bucket_seconds: float = 60.0
+    bucket_seconds: float = BUCKET_SECONDS
     a_window_buckets: int = 30
     a_halflife_buckets: float = 10.0
     mix_correction: bool = False  # off by default: noisier than it helps on the tuning traces
@@ -45,7 +46,7 @@ class DemandParams:
     knee_elasticity: float = 0.5
     confidence: float = 0.90
     max_horizon_buckets: int = 60
-    u_sat: float = 0.95
+    u_sat: float = SATURATION_USAGE
     # v8: where one shift of level explains the window's rates this many times better than a line
     # (robust.level_shift), the trend is fitted on the rates since it (none before rate_min_points of them): a
     # step in the load, up or down, is not a ramp that goes on. 0: off (v6).

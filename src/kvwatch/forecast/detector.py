@@ -15,6 +15,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kvwatch.forecast.thresholds import SATURATION_USAGE
+
 if TYPE_CHECKING:  # a reading's fields are read; the detector needs no import of it to run
     from kvwatch.model import Reading
 
@@ -70,7 +72,7 @@ class DetectorParams:
     clear_window_seconds: float = 300.0
     clear_fraction: float = 0.2
     stall_seconds: float = 180.0
-    u_sat: float = 0.95
+    u_sat: float = SATURATION_USAGE
 
 
 class _Window:

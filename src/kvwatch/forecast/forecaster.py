@@ -48,6 +48,7 @@ from kvwatch.forecast.risk import (
     with_recurrence,
 )
 from kvwatch.forecast.robust import SlidingTheilSen
+from kvwatch.forecast.thresholds import BUCKET_SECONDS, BUSY_USAGE, SATURATION_USAGE
 from kvwatch.forecast.trend import TrendEstimate, estimate_trend
 
 if TYPE_CHECKING:  # the forecaster reads a Reading's fields; it needs no import of it to run
@@ -60,9 +61,9 @@ HORIZONS_SECONDS: tuple[int, ...] = (600, 1800)
 class ForecastParams:
     """Every knob of the algorithm; defaults are the tuned values (docs/forecasting.md §Parameters)."""
 
-    bucket_seconds: float = 60.0
-    u_sat: float = 0.95  # the saturation threshold forecasts aim at
-    u_busy: float = 0.90  # at or above this, requests waiting mean KV is the limit
+    bucket_seconds: float = BUCKET_SECONDS
+    u_sat: float = SATURATION_USAGE  # the saturation threshold forecasts aim at
+    u_busy: float = BUSY_USAGE  # at or above this, requests waiting mean KV is the limit
     # Below it too when fewer tokens are free than a recent request's prompt (detector.no_room_for_next_request):
     # long contexts fill the cache with a handful of requests (v9).
     room_for_next_request: bool = True

@@ -54,6 +54,7 @@ from operator import add
 from kvwatch.forecast.buckets import MinuteBucket
 from kvwatch.forecast.demand import DemandEstimate
 from kvwatch.forecast.robust import least_squares, level_shift
+from kvwatch.forecast.thresholds import BUCKET_SECONDS, SATURATION_USAGE
 
 RISK_HORIZONS_SECONDS: tuple[int, ...] = (300, 900, 1800)
 _SQRT2 = math.sqrt(2.0)
@@ -67,8 +68,9 @@ def _normal_upper_tail(z: float) -> float:
 
 @dataclass(frozen=True)
 class RiskParams:
-    threshold: float = 0.95  # the saturation threshold of the polls, a fraction of capacity (the forecaster sets
-    # it from ForecastParams.u_sat, the one threshold the demand model, the detector and the advice aim at too)
+    # the saturation threshold of the polls, a fraction of capacity (the forecaster sets it from ForecastParams.u_sat,
+    # the one threshold the demand model, the detector and the advice aim at too)
+    threshold: float = SATURATION_USAGE
     # A minute whose mean is within_k within-minute standard deviations below the threshold has polls at it:
     # the per-minute mean's effective threshold is ``threshold·C − within_k·σ_within`` (tuned, forecasting.md),
     # lowered no further than the polls reach above their mean (within_reach).
@@ -109,7 +111,7 @@ class RiskParams:
     # the onset itself (False, as v10's first version: a saturation reached by a climb was held to the climb).
     recurrence_load_trough: bool = True
     max_horizon_buckets: int = 60
-    bucket_seconds: float = 60.0
+    bucket_seconds: float = BUCKET_SECONDS
     # v5: the worst tail P(K̄_t ≥ c) counts from this projected minute on. The newest minute's own mean (t = 0,
     # no variance left) is a measurement, not a sustained saturation: at 0 (v4) one long request lifting it
     # to c made every horizon's risk 1, and such minutes came true a quarter of the time (tuning set).
