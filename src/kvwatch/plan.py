@@ -48,9 +48,9 @@ from kvwatch.capacity.kv import (
 )
 from kvwatch.capacity.layers import CHUNKED, MAMBA, SLIDING
 from kvwatch.capacity.longcontext import LongContext, long_context
-from kvwatch.capacity.memory import GIB, model_dtype_bytes, parameter_counts, resolve_quantization
+from kvwatch.capacity.memory import model_dtype_bytes, parameter_counts, resolve_quantization
 from kvwatch.capacity.planner import CUDA_GRAPHS_SUBTRACTED_SINCE
-from kvwatch.capacity.units import decimal_unit_note
+from kvwatch.capacity.units import GIB, decimal_unit_note
 from kvwatch.settings import (
     MAX_GPU_MEMORY_GIB,
     DeploymentSettings,

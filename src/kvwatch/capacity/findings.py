@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvwatch.capacity.kv import UnsizedKvDtype, kv_dtype_bytes
-from kvwatch.capacity.memory import GIB
 from kvwatch.capacity.planner import CUDA_GRAPHS_SUBTRACTED_SINCE
+from kvwatch.capacity.units import GIB
 
 MISMATCH_RATIO = 0.10
 # A cache_config_info whose kv_cache_max_concurrency was rounded (not vLLM's own str()) pins the length to ~0.1 %.

@@ -12,10 +12,10 @@ import math
 from kvwatch.capacity import quantization as quant
 from kvwatch.capacity.architecture import ModelArch
 from kvwatch.capacity.quantization import QuantizationError
+from kvwatch.capacity.units import GIB
 
 __all__ = ["QuantizationError"]
 
-GIB = 1 << 30
 
 _DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2, "float32": 4, "fp32": 4,
                 "float": 4}

@@ -14,8 +14,8 @@ from kvwatch.capacity import kv, memory, quantization, support
 from kvwatch.capacity.architecture import ModelArch, tensor_parallel_refusal
 from kvwatch.capacity.layers import MAMBA
 from kvwatch.capacity.mamba import MambaConfigError
-from kvwatch.capacity.memory import GIB
 from kvwatch.capacity.quantization import CHECKPOINT_KV_FP8_SINCE
+from kvwatch.capacity.units import GIB
 
 # The current rules: default utilization 0.92, tokens = concurrency x max_model_len, CUDA graphs subtracted.
 DEFAULT_VLLM_VERSION = (0, 33)

@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kvwatch.capacity.architecture import ArchitectureError, ModelArch, arch_from_config
-
-GIB = 1 << 30
+from kvwatch.capacity.units import GIB
 
 
 class PresetError(LookupError):

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 
-_BINARY = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+GIB = 1 << 30
+_BINARY = {"kib": 1 << 10, "mib": 1 << 20, "gib": GIB, "tib": 1 << 40}
 _DECIMAL = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 _UNITS = {"": 1, "b": 1, **_BINARY, **_DECIMAL}
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from kvwatch.capacity import memory
-from kvwatch.capacity.memory import GIB, QuantizationError
+from kvwatch.capacity.memory import QuantizationError
 from kvwatch.capacity.planner import CapacityPlan, DeploymentSpec, SpecError, plan_capacity
 
 UTILIZATIONS = (0.85, 0.95)
@@ -125,7 +125,7 @@ def _tensor_parallel(spec: DeploymentSpec, tp: int) -> tuple[DeploymentSpec | No
     if spec.non_torch_bytes is not None and spec.tensor_parallel_size == 1:
         changed = replace(changed, non_torch_bytes=float(memory.estimate_non_torch_bytes(tp, 1)))
     if spec.available_kv_bytes is not None and spec.weights_bytes is not None:
-        extra_non_torch = (memory.estimate_non_torch_bytes(tp, 1) - (spec.non_torch_bytes or 0.25 * GIB)
+        extra_non_torch = (memory.estimate_non_torch_bytes(tp, 1) - (spec.non_torch_bytes or memory.NON_TORCH_TP1_BYTES)
                            if spec.tensor_parallel_size == 1 else 0.0)
         changed = replace(changed, available_kv_bytes=spec.available_kv_bytes + spec.weights_bytes * (1 - share)
                           - max(0.0, extra_non_torch))
