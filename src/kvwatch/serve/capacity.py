@@ -35,6 +35,7 @@ from kvwatch.engines.vllm import override_blocks
 from kvwatch.history import SeriesHistory
 from kvwatch.model import Reading, SeriesKey
 from kvwatch.serve.sidecar_capacity import CapacityResolver, SidecarCapacity
+from kvwatch.serve.state import SERIES_LABELS
 from kvwatch.settings import ServeSettings
 
 log = logging.getLogger(__name__)
@@ -163,26 +164,26 @@ class CapacityAnalyzer:
             "estimates, as is the CUDA-graph memory vLLM >= 0.21 subtracts before sizing the cache. In the terms of "
             "kvwatch_kv_capacity_tokens, to compare with it (blocks / KV groups x block size where that comes from "
             "the engine's blocks).",
-            labels=["model_name", "engine"])
+            labels=SERIES_LABELS)
         whatif = GaugeMetricFamily(
             "kvwatch_whatif_max_concurrency",
             "Concurrency ceiling under a what-if scenario, at the request size behind "
             "kvwatch_max_concurrency{basis=\"observed_mix\"} (today's ceiling scaled by the scenario's).",
-            labels=["model_name", "engine", "scenario"])
+            labels=[*SERIES_LABELS, "scenario"])
         source = GaugeMetricFamily(
             "kvwatch_capacity_source_info",
             "Where the series' KV capacity (kvwatch_kv_capacity_tokens, and what the forecaster and advice use) "
             "comes from: engine_kv_cache_size_tokens, engine_num_gpu_blocks (vllm:cache_config_info), engine_metric "
             "(another engine figure: SGLang's max_total_num_tokens, TensorRT-LLM's blocks, vLLM's "
             "num_gpu_blocks_override), formula (kvwatch's capacity model) or unknown. Always 1.",
-            labels=["model_name", "engine", "source"])
+            labels=[*SERIES_LABELS, "source"])
         pool = GaugeMetricFamily(
             "kvwatch_kv_cache_pool_bytes",
             "KV cache pool per GPU in bytes (vLLM logs it as 'Available KV cache memory' but does not export it): "
             "vLLM's kv_cache_memory_bytes when it was given, else the engine's num_gpu_blocks x the capacity "
             "model's bytes per block, else an engine's reported tokens x the model's bytes per token, else the "
             "capacity model's budget; `source` says which.",
-            labels=["model_name", "engine", "source"])
+            labels=[*SERIES_LABELS, "source"])
         finding = GaugeMetricFamily(
             "kvwatch_capacity_finding",
             f"1 when a capacity finding's condition has held on every poll for {SUSTAINED_SECONDS:g} s (poll "
@@ -190,7 +191,7 @@ class CapacityAnalyzer:
             "freed, vllm issue 27073), finding=request_exceeds_pool (requests waiting, nothing running, KV usage "
             "<= 5%: the head of the queue needs more KV than the whole pool, vllm issue 39734). Same conditions "
             "as `kvwatch check`'s findings.",
-            labels=["model_name", "engine", "finding"])
+            labels=[*SERIES_LABELS, "finding"])
         for (model_name, engine), result in sorted(results.items()):
             if result.formula_kv_capacity_tokens is not None:
                 formula.add_metric([model_name, engine], float(result.formula_kv_capacity_tokens))

@@ -21,11 +21,10 @@ from kvwatch.derived import SeriesState
 from kvwatch.payload import REASONS
 from kvwatch.plausible import CHECKED_FIELDS
 from kvwatch.serve.gpu import families as gpu_families
-from kvwatch.serve.state import Analyzer, State
+from kvwatch.serve.state import SERIES_LABELS, Analyzer, State
 
 log = logging.getLogger(__name__)
 
-SERIES_LABELS = ["model_name", "engine"]
 _POLL_NOTE = " kvwatch polls the engine on its own timer (--poll-interval-seconds), not on Prometheus' scrape."
 
 

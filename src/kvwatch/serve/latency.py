@@ -29,6 +29,7 @@ from kvwatch.forecast.detector import no_room_in
 from kvwatch.history import SeriesHistory
 from kvwatch.latency import window_quantiles
 from kvwatch.model import Histogram, Reading, SeriesKey
+from kvwatch.serve.state import SERIES_LABELS
 
 if TYPE_CHECKING:
     from kvwatch.serve.sidecar_capacity import CapacityResolver
@@ -123,15 +124,15 @@ class LatencyAnalyzer:
         latency = GaugeMetricFamily(
             "kvwatch_latency_seconds", "Request latency quantile by kind: ttft (time to first token), itl "
             "(inter-token latency; TensorRT-LLM: time per output token), queue (waiting for the scheduler), "
-            "e2e (end to end)." + _NOTE, labels=["model_name", "engine", "kind", "quantile"])
+            "e2e (end to end)." + _NOTE, labels=[*SERIES_LABELS, "kind", "quantile"])
         aborts = GaugeMetricFamily("kvwatch_requests_aborted_per_second",
                                    "Requests the engine aborted per second (vLLM: finished_reason=abort; SGLang: "
                                    "num_aborted_requests_total). Over the last 5 minutes of kvwatch's polls, from "
-                                   "the engine's counter (poll-clock seconds).", labels=["model_name", "engine"])
+                                   "the engine's counter (poll-clock seconds).", labels=SERIES_LABELS)
         slo = GaugeMetricFamily(
             "kvwatch_ttft_slo_breach", "1 while TTFT p90 exceeds --ttft-slo-seconds; cause=kv_cache when the KV "
             "cache is saturated and queueing dominates TTFT, else cause=other; 0 on both within the objective."
-            + _NOTE, labels=["model_name", "engine", "cause"])
+            + _NOTE, labels=[*SERIES_LABELS, "cause"])
         for key, result in sorted(results.items()):
             for (kind, q), value in sorted(result.quantiles.items()):
                 latency.add_metric([*key, kind, f"{q:g}"], value)

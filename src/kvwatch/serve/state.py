@@ -25,6 +25,9 @@ from kvwatch.model import Detection, Reading, SeriesKey
 from kvwatch.payload import REASONS
 from kvwatch.serve.gpu import GpuState
 
+# The labels of every per-series family kvwatch exports (a model served by one engine of the target).
+SERIES_LABELS = ["model_name", "engine"]
+
 Result = TypeVar("Result")
 
 
