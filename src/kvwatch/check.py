@@ -85,7 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", nargs="?", default=None,
                         help="inference engine /metrics URL: vLLM, SGLang or TensorRT-LLM "
                              "(default: --target-url / KVWATCH_TARGET_URL, "
-                             "http://127.0.0.1:8000/metrics)")
+                             f"{CheckSettings.model_fields['target_url'].default})")
     parser.add_argument("--file", type=Path, default=None, metavar="PATH",
                         help="read a saved /metrics payload instead of fetching ('-' for stdin)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a report")

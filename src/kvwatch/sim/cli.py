@@ -23,7 +23,7 @@ from kvwatch.sim import buckets
 from kvwatch.sim.engine import EngineConfig, EngineSnapshot, Request, Simulator, StepTimeModel
 from kvwatch.sim.engines_wire import ENGINES
 from kvwatch.sim.load import PROFILE_KINDS, LoadGenerator, LoadProfile
-from kvwatch.sim.metrics import MULTIPROCESS_PROFILES, PROFILES, SINGLE_ENGINE_PROFILES
+from kvwatch.sim.metrics import DEFAULT_PROFILE, MULTIPROCESS_PROFILES, PROFILES, SINGLE_ENGINE_PROFILES
 from kvwatch.sim.server import Feed, SimulationService, TraceFeed, make_server, start_ticker
 from kvwatch.sim.traces import TraceError, load_trace, scale_rate
 from kvwatch.stop_signals import StopSignals
@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     eng.add_argument("--engine", choices=ENGINES, default="vllm",
                      help="whose /metrics names to speak: vllm (see --vllm-version), sglang (current collector.py "
                      "names) or tensorrt-llm (trtllm-serve's trtllm_* names; one data-parallel engine)")
-    eng.add_argument("--vllm-version", choices=PROFILES, default="0.33", help="which vLLM's /metrics to speak")
+    eng.add_argument("--vllm-version", choices=PROFILES, default=DEFAULT_PROFILE, help="which vLLM's /metrics to speak")
     eng.add_argument("--num-gpu-blocks", type=int, default=2048, help="KV blocks per engine (like "
                      "--num-gpu-blocks-override)")
     eng.add_argument("--block-size", type=int, default=16, help="tokens per KV block")

@@ -29,6 +29,7 @@ from kvwatch.sim import buckets
 from kvwatch.sim.engine import EngineSnapshot, HistogramSnapshot
 
 PROFILES = ("0.33", "0.10", "0.8", "v0")
+DEFAULT_PROFILE = PROFILES[0]  # the newest vLLM's names
 # Profiles whose labels carry no `engine` (one series per endpoint, so one engine).
 SINGLE_ENGINE_PROFILES = frozenset({"0.8", "v0"})
 # Profiles that can serve /metrics through prometheus_client's multiprocess mode: V1 with --api-server-count > 1,
@@ -202,7 +203,7 @@ class _Config:
     max_num_batched_tokens: int
 
 
-def render(snaps: Sequence[EngineSnapshot], profile: str = "0.33", *, model_name: str = DEFAULT_MODEL_NAME,
+def render(snaps: Sequence[EngineSnapshot], profile: str = DEFAULT_PROFILE, *, model_name: str = DEFAULT_MODEL_NAME,
            multiprocess: bool = False, max_model_len: int = 8192, start_time: float = DEFAULT_START_TIME,
            pid: int = 1, gpu_memory_utilization: float | None = None, enable_prefix_caching: bool = False,
            max_num_seqs: int = 256, max_num_batched_tokens: int = 8192) -> str:
