@@ -20,8 +20,9 @@ from kvwatch.capacity import memory
 from kvwatch.capacity.architecture import tensor_parallel_refusal
 from kvwatch.capacity.memory import QuantizationError
 from kvwatch.capacity.planner import CapacityPlan, DeploymentSpec, SpecError, plan_capacity
+from kvwatch.capacity.whatif import UTILIZATIONS
 
-HIGH_UTILIZATION = 0.95
+HIGH_UTILIZATION = max(UTILIZATIONS)  # the highest utilization the what-ifs try
 MAX_OPTIONS = 10
 # What a change costs in model quality or risk (0 = a restart with another flag).
 _QUALITY_COST = {"gpu_memory_utilization": 0, "max_model_len": 0, "kv_cache_dtype": 1, "quantization": 2,
