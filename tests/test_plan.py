@@ -462,3 +462,13 @@ def test_a_length_under_one_token_is_refused_and_a_sliding_only_model_shows_its_
                         "--avg-seq-len", "4096"], capsys)
     (line,) = [x for x in out.splitlines() if "tokens per request:" in x]
     assert code == 0 and "prefill steps hold beyond the windows" in line and "in its one group" in line
+
+
+def test_a_measured_available_figure_with_pipeline_parallelism_loses_the_last_stages_sampler(capsys):
+    # (review, round 24) calibration row 15: vLLM 0.19 logged 66.54 GiB available on rank 0 and reported 1,075,312
+    # tokens (the tightest stage's pool); --available-kv-gib 66.54 planned 1,090,176 (+1.38 %)
+    code, out, _ = run(["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu-memory-gib", "79.19",
+                        "--gpu-memory-utilization", "0.95", "--pipeline-parallel-size", "2", "--max-model-len", "8192",
+                        "--vllm-version", "0.19", "--available-kv-gib", "66.54", "--json"], capsys)
+    tokens = json.loads(out)["kv_cache_tokens"]
+    assert code == 0 and abs(tokens / 1_075_312 - 1) < 0.002, tokens

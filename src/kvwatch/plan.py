@@ -475,7 +475,12 @@ def render_text(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: floa
     out = [f"kvwatch plan: {name}, TP={spec.tensor_parallel_size} PP={spec.pipeline_parallel_size}, "
            f"vLLM {rules_range(spec.vllm_version)} rules (figures per GPU)", ""]
     out.append("1. KV budget = total × gpu_memory_utilization − weights − activation peak − non-torch − CUDA graphs")
-    if spec.available_kv_bytes is not None:
+    if spec.available_kv_bytes is not None and plan.pp_last_stage_extra_bytes:
+        out += [f"   given       {_g(spec.available_kv_bytes):>12}  (--available-kv-gib: rank 0's)",
+                f"   − sampler   {_g(plan.pp_last_stage_extra_bytes):>12}  (estimated: the last stage's, the "
+                "tightest, whose pool vLLM keeps)",
+                f"   = KV budget                                        = {_g(plan.available_kv_bytes)}"]
+    elif spec.available_kv_bytes is not None:
         out.append(f"   given (--available-kv-gib)                         = {_g(plan.available_kv_bytes)}")
     else:
         out += [

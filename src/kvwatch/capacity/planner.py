@@ -348,6 +348,20 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
         weights, activation, non_torch = spec.weights_bytes, spec.activation_bytes, spec.non_torch_bytes
         if total is not None:
             usable = total * util
+        if pp > 1 and arch is not None:
+            # rank 0 logs its "Available KV cache memory"; the pool is the tightest stage's, the last one's, which
+            # also runs the sampler (as for --activation-gib below: Llama-3.1-8B at PP 2 read 1.4 % too many tokens)
+            pp_extra = float(memory.pp_last_stage_extra_bytes(arch, seqs))
+            available -= pp_extra
+            estimated.append("pp_last_stage_sampler")
+            notes.append(f"pipeline parallelism: --available-kv-gib is read as rank 0's figure (the rank whose log "
+                         f"vLLM prints); the last stage also runs the sampler, so {pp_extra / GIB:.2f} GiB "
+                         f"(max_num_seqs {seqs} × vocab {arch.vocab_size:,} × {memory.SAMPLER_BYTES_PER_LOGIT // 2} "
+                         "B, estimated) is taken from it")
+        elif pp > 1:
+            warnings.append("with pipeline parallelism vLLM sizes KV on the tightest stage; the last stage also runs "
+                            "the sampler, which a rank-0 --available-kv-gib does not include, and without the model "
+                            "(its vocabulary) kvwatch cannot take it off: the pool is overstated")
     else:
         if total is None:
             raise SpecError("the memory budget needs the GPU: pass --gpu NAME or --gpu-memory-gib X",
