@@ -353,7 +353,7 @@ def test_a_header_in_another_case_is_read_and_other_near_misses_say_what_is_wron
     cases = {
         "array.json": (b'[{"timestamp": 0, "input_length": 5, "output_length": 3}]\n', "a JSON array"),
         "semi.csv": (b"TIMESTAMP;ContextTokens;GeneratedTokens\n", "not comma-separated"),
-        "trace.csv.xz": (b"\xfd7zXZ\x00\x00\x04", "xz-compressed: decompress it first"),
+        "trace.csv.xz": (b"\xfd7zXZ\x00\x00\x04", "xz-compressed: decompress it to a file first"),
         "trace.zip": (b"PK\x03\x04\x14\x00", "zip-compressed"),
     }
     for name, (content, said) in cases.items():
@@ -361,6 +361,19 @@ def test_a_header_in_another_case_is_read_and_other_near_misses_say_what_is_wron
         path.write_bytes(content)
         with pytest.raises(TraceError, match=re.escape(said)):
             detect_format(path)
+    # (review, round 24) a tarball of a good trace read as "an Azure CSV header without the column TIMESTAMP"
+    import io
+    import tarfile
+
+    for mode, suffix, said in (("w", "tar", "is a tar archive: extract"), ("w:gz", "tar.gz", "(gzip-compressed)")):
+        archive = tmp_path / f"trace.{suffix}"
+        with tarfile.open(archive, mode) as tar:
+            data = lower.read_bytes()
+            info = tarfile.TarInfo("AzureLLMInferenceTrace_code.csv")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        with pytest.raises(TraceError, match=re.escape(said)):
+            detect_format(archive)
 
 
 def test_an_error_names_the_files_own_line_after_blank_lines_before_the_header(tmp_path: Path) -> None:

@@ -477,8 +477,11 @@ def detect_format(path: str | Path) -> str:
         raise TraceError(f"cannot read trace {path}: {getattr(exc, 'strerror', None) or exc}") from None
     for packing, prefix in _OTHER_COMPRESSION.items():
         if magic.startswith(prefix):
-            raise TraceError(f"trace {path} is {packing}-compressed: decompress it first (kvwatch reads plain and "
-                             "gzip-compressed traces)")
+            raise TraceError(f"trace {path} is {packing}-compressed: decompress it to a file first (kvwatch reads "
+                             "plain and gzip-compressed files)")
+    if start[257:262] == b"ustar":  # a POSIX tar header's magic (read as "a CSV header without TIMESTAMP")
+        raise TraceError(f"trace {path} is a tar archive" + (" (gzip-compressed)" if gzipped else "")
+                         + ": extract the trace from it first (tar xf)")
     first = first.decode("utf-8", errors="replace").lstrip("\ufeff")  # a byte-order mark is not part of line 1
     if not first.strip():
         raise TraceError(f"trace {path} is empty" + (" (after decompressing)" if gzipped else "")
