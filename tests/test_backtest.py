@@ -111,6 +111,13 @@ def test_cli_text_says_how_much_of_the_trace_was_read_and_left_out(tmp_path, cap
     assert f"trace read: {len(rows):,} requests over " in out and "; 7 rows left out (ContextTokens 0)" in out
     assert "note: the bootstrap draws whole 300-s blocks, 1 here: " in out
     assert "polls read straight from the simulator" in out
+    assert "long context" not in out
+    # (review, round 24) the JSON named --prompt-scale and --long-fraction, the text report neither
+    code, out, _ = _cli(["--trace", str(path), "--profile", "steady", "--hours", "0.6", "--start-load", "0.5",
+                         "--peak-load", "0.5", "--rate-scale", "1", "--engine-speedup", "4", "--prompt-scale", "2",
+                         "--long-fraction", "0.01", "--max-model-len", "32768"], capsys)
+    assert code == 0 and "long context: prompts x 2 (--prompt-scale); 1.0% of requests get a 16k-128k-token prompt " \
+        "(--long-fraction); every request capped at --max-model-len 32,768" in out
 
 
 @pytest.mark.parametrize(

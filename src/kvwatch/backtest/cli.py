@@ -14,6 +14,7 @@ from pathlib import Path
 
 from kvwatch.backtest.scenarios import (
     DEFAULT_MAX_MODEL_LEN,
+    LONG_PROMPT_RANGE,
     MAX_SCALE,
     PROFILES,
     Scenario,
@@ -198,6 +199,15 @@ def _text(report: dict) -> str:
         "polls read " + (f"through {scen['engine']}'s /metrics and kvwatch's adapter (--engine)" if scen["engine"]
                          else "straight from the simulator (--engine: through an engine's /metrics)"),
     ]
+    if scen["prompt_scale"] != 1.0 or scen["long_fraction"] > 0.0:
+        # (review, round 24: the JSON said --prompt-scale 4, the text nothing)
+        low, high = LONG_PROMPT_RANGE
+        lines.append("long context: "
+                     + "; ".join(part for part in (
+                         f"prompts x {scen['prompt_scale']:g} (--prompt-scale)" if scen["prompt_scale"] != 1.0 else "",
+                         f"{scen['long_fraction']:.1%} of requests get a {low // 1024}k-{high // 1024}k-token prompt "
+                         "(--long-fraction)" if scen["long_fraction"] > 0.0 else "") if part)
+                     + f"; every request capped at --max-model-len {scen['max_model_len']:,}")
     lines.append(f"trace read: {scen['trace_requests_read']:,} requests over {scen['trace_hours_read']:g} h"
                  + "".join(f"; {count:,} rows left out ({why})" for why, count in scen["trace_rows_left_out"].items()))
     if scen["trace_requests_in_blocks"] < scen["trace_requests_read"]:

@@ -51,7 +51,9 @@ def plot_run(result: RunResult, path: Path) -> None:
     # beside the axes, not over them: upper left hid the 0.95 line and the first half hour (review, round 22)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8)
     s = result.scenario
-    ax.set_title(f"{s.trace_name}: {s.profile} {s.start_load:g}→{s.peak_load:g}, {s.hours:g} h, seed {s.seed}")
+    shaping = "".join((f", prompts ×{s.prompt_scale:g}" if s.prompt_scale != 1.0 else "",
+                       f", {s.long_fraction:.1%} long prompts" if s.long_fraction > 0.0 else ""))
+    ax.set_title(f"{s.trace_name}: {s.profile} {s.start_load:g}→{s.peak_load:g}, {s.hours:g} h, seed {s.seed}{shaping}")
 
     methods = list(tl.warnings)
     for row, method in enumerate(methods):
