@@ -1331,3 +1331,17 @@ def test_a_formula_capacity_has_vllms_max_model_len_ceiling_for_its_layout(
     plan = CapacityResolver(ServeSettings(gpu="H100", max_model_len=32768)).sidecar(reading)[0].plan
     assert series["max_concurrency_max_model_len"] == pytest.approx(plan.max_concurrency_at_max_model_len)
     assert series["max_concurrency_max_model_len"] > 1.5 * series["kv_capacity_tokens"] / 32768
+
+
+def test_a_usage_of_minus_zero_reads_as_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # (review, round 24) a page whose usage gauge is -0.0 printed "KV usage -0.0%"
+    from kvwatch.plausible import check_reading
+
+    reading, dropped = check_reading(Reading(model_name="m", engine="0", kv_usage_ratio=-0.0))
+    assert str(reading.kv_usage_ratio) == "0.0" and dropped == ()
+    page = tmp_path / "m.prom"
+    page.write_text('vllm:kv_cache_usage_perc{engine="0",model_name="m"} -0.0\n'
+                    'vllm:num_requests_running{engine="0",model_name="m"} 0.0\n'
+                    'vllm:num_requests_waiting{engine="0",model_name="m"} 0.0\n')
+    main(["check", "--file", str(page)])
+    assert "-0.0%" not in capsys.readouterr().out

@@ -50,8 +50,8 @@ def check_reading(reading: Reading) -> tuple[Reading, tuple[tuple[str, float], .
     usage = reading.kv_usage_ratio
     if usage is not None:
         if math.isfinite(usage) and -USAGE_TOLERANCE <= usage <= 1.0 + USAGE_TOLERANCE:
-            if not 0.0 <= usage <= 1.0:
-                changes["kv_usage_ratio"] = min(1.0, max(0.0, usage))
+            if not 0.0 <= usage <= 1.0 or math.copysign(1.0, usage) < 0:  # (-0.0 printed "-0.0%")
+                changes["kv_usage_ratio"] = min(1.0, max(0.0, usage)) + 0.0
         else:
             changes["kv_usage_ratio"] = None
             dropped.append(("kv_usage_ratio", usage))
