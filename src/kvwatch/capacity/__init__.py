@@ -1,7 +1,8 @@
 """The KV capacity model: how many concurrent requests a card carries, why, and what each fix buys.
 
-Pure core (``architecture``, ``kv``, ``memory``, ``planner``, ``whatif``) plus presets loaded from
-``kvwatch/data``; the sidecar's use of it lives in :mod:`kvwatch.serve`. See docs/capacity.md.
+Pure core (``architecture``, ``kv``, ``memory``, ``planner``, ``whatif``) plus ``presets``, which reads the files:
+the packaged ones in ``kvwatch/data`` and a user's ``config.json``; the sidecar's use of it lives in
+:mod:`kvwatch.serve`. See docs/capacity.md.
 """
 
 from kvwatch.capacity.architecture import ArchitectureError, ModelArch, arch_from_config

@@ -1,7 +1,8 @@
 """The capacity plan: memory budget -> KV blocks -> tokens -> concurrency ceilings (pure core).
 
 :class:`DeploymentSpec` is everything the sums need; :func:`plan_capacity` does them without I/O.
-``DeploymentSpec.from_settings`` (the shell) resolves presets and config files.
+``DeploymentSpec.from_settings`` resolves presets and config files through :mod:`kvwatch.capacity.presets`,
+the one module of the package that reads files.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ class DeploymentSpec:
 
         Overrides are any field of this class (e.g. ``weights_bytes=...``, ``vllm_version=(0, 19)``).
         """
-        from kvwatch.capacity import presets  # I/O lives in the shell
+        from kvwatch.capacity import presets  # (the file reads: packaged presets, a user's config.json)
 
         arch: ModelArch | None = None
         quantization = settings.quantization

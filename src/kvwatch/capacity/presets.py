@@ -1,4 +1,5 @@
-"""Model and GPU presets: JSON data files shipped in ``kvwatch/data`` (the only I/O in this package).
+"""Model and GPU presets: JSON data files shipped in ``kvwatch/data``, and the user's own ``config.json`` files
+(``--model-config``, or a model path that holds one): the capacity package's only I/O, kept in this module.
 
 ``resolve_model`` accepts a Hugging Face id (case-insensitive), vLLM's ``model_name`` label forms (a
 local path such as ``/models/Llama-3.1-8B-Instruct``, a served alias), a path to a ``config.json``, or an
