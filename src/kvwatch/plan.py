@@ -49,7 +49,7 @@ from kvwatch.capacity.kv import (
 from kvwatch.capacity.layers import CHUNKED, MAMBA, SLIDING
 from kvwatch.capacity.longcontext import LongContext, long_context
 from kvwatch.capacity.memory import model_dtype_bytes, parameter_counts, resolve_quantization
-from kvwatch.capacity.planner import CUDA_GRAPHS_SUBTRACTED_SINCE
+from kvwatch.capacity.planner import CUDA_GRAPHS_SUBTRACTED_SINCE, GRAPH_SUBTRACTING_VLLM, release
 from kvwatch.capacity.units import GIB, decimal_unit_note
 from kvwatch.settings import (
     MAX_GPU_MEMORY_GIB,
@@ -86,9 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     plan.add_argument("--available-kv-gib", metavar="GIB",
                       help="Measured 'Available KV cache memory' per GPU (skips the budget sums).")
     plan.add_argument("--cuda-graph-gib", metavar="GIB",
-                      help="Measured CUDA-graph memory per GPU that vLLM >= 0.21 subtracts before sizing the cache "
-                           "(its memory-profiling line); default: kvwatch's estimate. Not with --non-torch-gib "
-                           "figures that already include it.")
+                      help=f"Measured CUDA-graph memory per GPU that {GRAPH_SUBTRACTING_VLLM} subtracts before "
+                           "sizing the cache (its memory-profiling line); default: kvwatch's estimate. Not with "
+                           "--non-torch-gib figures that already include it.")
     plan.add_argument("--enforce-eager", action="store_true",
                       help="The deployment runs vLLM with --enforce-eager: no CUDA graphs, nothing subtracted.")
     plan.add_argument("--kv-bytes-per-token", metavar="BYTES",
@@ -449,14 +449,14 @@ def _weights_detail(arch: ModelArch | None, plan: CapacityPlan) -> str:
 
 def _cuda_graph_detail(plan: CapacityPlan) -> str:
     if "cuda_graphs" in plan.estimated:
-        return "estimated: vLLM >= 0.21 subtracts it before sizing the cache"
+        return f"estimated: {GRAPH_SUBTRACTING_VLLM} subtracts it before sizing the cache"
     if plan.cuda_graph_bytes:
         return "measured"
     if plan.spec.enforce_eager:
         return "--enforce-eager"
     if plan.spec.vllm_version >= CUDA_GRAPHS_SUBTRACTED_SINCE:
         return "not estimated without the model: pass --cuda-graph-gib"
-    return "not subtracted before vLLM 0.21"
+    return f"not subtracted before vLLM {release(CUDA_GRAPHS_SUBTRACTED_SINCE)}"
 
 
 def _activation_detail(plan: CapacityPlan) -> str:

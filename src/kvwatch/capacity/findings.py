@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvwatch.capacity.kv import UnsizedKvDtype, kv_dtype_bytes
-from kvwatch.capacity.planner import CUDA_GRAPHS_SUBTRACTED_SINCE
+from kvwatch.capacity.planner import CUDA_GRAPHS_SUBTRACTED_SINCE, GRAPH_SUBTRACTING_VLLM
 from kvwatch.capacity.units import GIB
 
 MISMATCH_RATIO = 0.10
@@ -100,7 +100,7 @@ def capacity_mismatch(formula_tokens: float, reported_tokens: float | None,
                   "another process on the GPU at startup (its memory counts against vLLM's profile)",
                   "larger weights (an unquantized or bigger checkpoint) or a longer profiled batch "
                   "(--max-num-batched-tokens)"]
-        graphs = "vLLM >= 0.21 subtracts its CUDA-graph memory before sizing the cache"
+        graphs = f"{GRAPH_SUBTRACTING_VLLM} subtracts its CUDA-graph memory before sizing the cache"
         low, high = CUDA_GRAPH_GIB_RANGE
         if version is not None and version < CUDA_GRAPHS_SUBTRACTED_SINCE:
             causes += others  # (these releases subtract no graph memory)

@@ -23,6 +23,15 @@ DEFAULT_VLLM_VERSION = (0, 33)
 # From 0.21 vLLM subtracts its CUDA-graph memory estimate before sizing the KV cache
 # (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 by default), unless --enforce-eager captures no graphs.
 CUDA_GRAPHS_SUBTRACTED_SINCE = (0, 21)
+
+
+def release(version: tuple[int, int]) -> str:
+    """A vLLM release as its docs write it: (0, 21) -> "0.21"."""
+    return f"{version[0]}.{version[1]}"
+
+
+# The releases every text about that rule names, from the constant (the release was typed into four messages)
+GRAPH_SUBTRACTING_VLLM = f"vLLM >= {release(CUDA_GRAPHS_SUBTRACTED_SINCE)}"
 _OLD_DEFAULT_UTILIZATION_BEFORE = (0, 20)
 
 
@@ -414,8 +423,9 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
                 cuda_graphs = float(memory.estimate_cuda_graph_bytes(arch, pp))
                 estimated.append("cuda_graphs")
             else:
-                notes.append("vLLM >= 0.21 subtracts its CUDA-graph memory before sizing the KV cache; without the "
-                             "model kvwatch cannot estimate it (the calibration logs show 0.5-1.8 GiB per GPU)")
+                notes.append(f"{GRAPH_SUBTRACTING_VLLM} subtracts its CUDA-graph memory before sizing the KV cache; "
+                             "without the model kvwatch cannot estimate it (the calibration logs show 0.5-1.8 GiB per "
+                             "GPU)")
         available = usable - weights - activation - non_torch - cuda_graphs
 
     blocks = kv.num_gpu_blocks(available, layout)

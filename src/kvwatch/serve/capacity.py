@@ -29,6 +29,7 @@ from kvwatch.capacity.findings import (
     given_engine_settings,
     live_finding,
 )
+from kvwatch.capacity.planner import GRAPH_SUBTRACTING_VLLM
 from kvwatch.capacity.series import formula_in_engine_terms, max_model_len_of
 from kvwatch.derived import ceiling_request_size, observed_mix_ceiling
 from kvwatch.engines.vllm import override_blocks
@@ -161,7 +162,8 @@ class CapacityAnalyzer:
             "KV cache capacity in tokens per engine as the capacity model computes it from the model, the GPU and "
             "the deployment flags kvwatch was given, with gpu_memory_utilization, block_size, cache_dtype and the "
             "vLLM version's rules taken from vllm:cache_config_info where not given; weights and activations are "
-            "estimates, as is the CUDA-graph memory vLLM >= 0.21 subtracts before sizing the cache. In the terms of "
+            f"estimates, as is the CUDA-graph memory {GRAPH_SUBTRACTING_VLLM} subtracts before sizing the cache. "
+            "In the terms of "
             "kvwatch_kv_capacity_tokens, to compare with it (blocks / KV groups x block size where that comes from "
             "the engine's blocks).",
             labels=SERIES_LABELS)
