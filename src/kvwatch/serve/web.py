@@ -65,6 +65,7 @@ STALLED_AFTER = 2.0
 taken: five addresses × MAX_PER_CLIENT idle connections held every slot and /healthz from a sixth failed (round 19's
 review). Scrapers and probes send their request at once; only a connection that has sent one keeps its slot."""
 _AUTH_CACHE_SIZE = 256
+BCRYPT_PASSWORD_BYTES = 72  # what bcrypt hashes of a password
 
 # The handshake's check; RequireAndVerifyClientCert's "require" is the handler's (/healthz answers without one).
 CLIENT_AUTH_TYPES = {
@@ -105,7 +106,9 @@ class WebConfig:
             if len(cache) >= _AUTH_CACHE_SIZE:
                 cache.pop(next(iter(cache)))
             try:
-                cache[key] = bcrypt.checkpw(password.encode(), hashed)
+                # bcrypt reads 72 bytes of a password: bcrypt 4 cut a longer one there, bcrypt 5 raises, so one
+                # config file authenticated by the day the image was built. Cut here, as bcrypt always hashed.
+                cache[key] = bcrypt.checkpw(password.encode()[:BCRYPT_PASSWORD_BYTES], hashed)
             except ValueError:  # a malformed hash was refused at load; be safe anyway
                 cache[key] = False
         return cache[key]
