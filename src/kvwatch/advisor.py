@@ -173,8 +173,8 @@ def advise(
     own blocks in the plan's block size, for the worst-case ceilings of the max-model-len fix. ``fixed_blocks``: the
     engine's ``--num-gpu-blocks-override``, which fixes the pool: no quantization fix, and a replica or removing the
     override instead of more tensor parallelism (neither frees KV while it is set). ``other_ranks``: (engine,
-    observed-mix ceiling) of the server's other ranks of the model: one flag limits every rank, so the limit is the
-    tightest rank's, and the message says what it costs a rank whose own mix fits more.
+    observed-mix ceiling) of the server's other ranks of the model: one flag limits every rank, so the message names a
+    rank whose own mix fits fewer (and its limit), else what the limit costs a rank whose own mix fits more.
     """
     if state not in ADVISE_IN_STATES:
         return []
@@ -211,10 +211,10 @@ def advise(
         tightest = min(others, key=lambda rank: rank[1], default=None)
         roomiest = max(others, key=lambda rank: rank[1], default=None)
         if tightest is not None and (tight := concurrency_limit(None, tightest[1])) is not None and tight < limit:
-            # one flag limits every rank: this rank's own limit would overfill a rank whose mix fits fewer
-            ranks_note = (f" One flag limits every rank: {tight} is engine {tightest[0]}'s limit (its own mix fits "
-                          f"~{tightest[1]:.1f}; this engine's alone would be {limit}).")
-            limit = tight
+            # One flag limits every rank: this limit overfills a rank whose mix fits fewer (15 where 13.5 fit). Said,
+            # not applied: one poll's mix of a quiet rank (one long request) cut a busy rank's limit from 15 to 3.
+            ranks_note = (f" One flag limits every rank: engine {tightest[0]}'s own mix fits only ~{tightest[1]:.1f} "
+                          f"(its limit would be {tight}); pass {tight} instead while its requests stay that large.")
         elif roomiest is not None and (roomy := concurrency_limit(None, roomiest[1])) is not None and roomy > limit:
             ranks_note = (f" The limit holds engine {roomiest[0]} to {limit} too, though its own mix fits "
                           f"~{roomiest[1]:.1f} (its limit would be {roomy}): the ranks' request mixes differ, and one "
