@@ -472,3 +472,17 @@ def test_a_measured_available_figure_with_pipeline_parallelism_loses_the_last_st
                         "--vllm-version", "0.19", "--available-kv-gib", "66.54", "--json"], capsys)
     tokens = json.loads(out)["kv_cache_tokens"]
     assert code == 0 and abs(tokens / 1_075_312 - 1) < 0.002, tokens
+
+
+def test_a_pool_vllm_was_given_loses_nothing_with_pipeline_parallelism():
+    # (review, round 24) vLLM's --kv-cache-memory-bytes is every worker's pool as given (no profile): the last stage's
+    # sampler was taken off it as off a logged rank-0 figure (20 GiB planned as 19.14)
+    from kvwatch.capacity.planner import DeploymentSpec, plan_capacity
+    from kvwatch.capacity.presets import match_model
+    from kvwatch.capacity.units import GIB
+
+    spec = DeploymentSpec(arch=match_model("meta-llama/Llama-3.1-8B-Instruct").arch, gpu_memory_bytes=80 * GIB,
+                          pipeline_parallel_size=2, max_model_len=8192, available_kv_bytes=20 * GIB,
+                          kv_pool_fixed=True)
+    plan = plan_capacity(spec)
+    assert plan.available_kv_bytes == 20 * GIB and plan.pp_last_stage_extra_bytes == 0
