@@ -322,7 +322,8 @@ def test_more_tensor_parallelism_that_gains_less_than_a_replica_is_not_advised()
     advice = advise("bottleneck", running=80, capacity_tokens=capacity, capacity_plan=sidecar.plan,
                     concurrency_ceiling=capacity / 1500)
     tp = next(a for a in advice if a.action == "add_tensor_parallelism")
-    assert tp.message.startswith("Add a replica") and "x2.00 the concurrency" in tp.message, tp.message
+    assert tp.message.startswith("Add a replica") and "(2 more GPUs per replica)" in tp.message, tp.message
+    assert "for x2.00 the GPUs" in tp.message
     assert tp.engine_args is None and "2 KV heads are replicated" in tp.message
     # a model whose KV heads split further keeps the TP advice (Llama-3.1-8B: 8 KV heads, TP 1 -> 2 gains > x2)
     sidecar, why = build_sidecar_capacity(ServeSettings(gpu="L4"), "meta-llama/Llama-3.1-8B-Instruct")

@@ -394,8 +394,11 @@ def _tensor_parallel_advice(capacity_plan: CapacityPlan | None, plan_tokens: flo
     elif not arch.is_mla and min(arch.kv_head_counts) < nxt:
         replicated = (f" Some layers' {min(arch.kv_head_counts)} KV heads are replicated at this size: only the "
                       "other layers' KV per token shrinks.")
-    message = (f"Raise {flag} from {tp} to {nxt} ({nxt - tp} more GPU"
-               f"{'s' if nxt - tp != 1 else ''} per replica), or add a replica behind the gateway.{replicated}")
+    elif arch.is_mla:
+        replicated = " Every GPU keeps the whole MLA latent: more TP frees only the weights' share."
+    more = (nxt - tp) * spec.pipeline_parallel_size  # every pipeline stage gets the wider tensor parallelism
+    message = (f"Raise {flag} from {tp} to {nxt} ({more} more GPU"
+               f"{'s' if more != 1 else ''} per replica), or add a replica behind the gateway.{replicated}")
     after = tensor_parallel_plan(spec, nxt)
     gain = ceiling_gain(after) if after is not None else None
     if gain is not None and gain <= 1.0:
@@ -407,9 +410,10 @@ def _tensor_parallel_advice(capacity_plan: CapacityPlan | None, plan_tokens: flo
         # The same GPUs as replicas multiply the ceiling by nxt / tp; more TP gains less where KV heads are
         # replicated or the latent is not split (MLA): a 2-KV-head model at TP 4 gained x1.05 for 2 more GPUs.
         return Advice(ADD_TENSOR_PARALLELISM, 0,
-                      f"Add a replica behind the gateway: the {nxt - tp} more GPU{'s' if nxt - tp != 1 else ''} "
-                      f"as replicas serve x{nxt / tp:.2f} the concurrency, raising {flag} from {tp} to {nxt} only "
-                      f"x{gain:.2f} at the observed mix.{replicated}", replica)
+                      f"Add a replica behind the gateway: raising {flag} from {tp} to {nxt} ({more} more GPU"
+                      f"{'s' if more != 1 else ''} per replica) raises this ceiling x{gain:.2f} at the observed mix "
+                      f"for x{nxt / tp:.2f} the GPUs, where replicas raise it as much as their GPUs.{replicated}",
+                      replica)
     if after is not None and plan_tokens:
         effect = _capacity_text(base_tokens, after.kv_cache_tokens / plan_tokens, ceiling, ceiling_gain(after)) + "."
     else:
