@@ -42,7 +42,7 @@ from pathlib import Path
 from kvwatch.backtest.report import FORECASTERS, MATRIX, NO_SATURATION, case_name, simulations
 from kvwatch.backtest.runner import KVWATCH, RunResult, Simulation, evaluate
 from kvwatch.backtest.scenarios import load_trace, scenario_arrivals
-from kvwatch.backtest.scoring import find_episodes, in_windows, warmup_windows
+from kvwatch.backtest.scoring import find_episodes, scored_events, warmup_windows
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from forecast_sweep import tuning_family  # a sibling script, not part of the package
@@ -59,7 +59,7 @@ def classify(run: RunResult, risk_on: float = 0.7) -> list[str]:
     """One class per scored event of ``run`` (in onset order)."""
     scenario, timeline = run.scenario, run.timeline
     warmup = warmup_windows(scenario.restart_times, scenario.seconds)
-    scored = [e for e in run.events if not in_windows(e.onset, warmup)]
+    scored = scored_events(run.events, warmup)
     active = timeline.warnings[KVWATCH]
     risk = timeline.probabilities[KVWATCH][1800]
     episodes = find_episodes(timeline.times, active)
@@ -111,7 +111,7 @@ def arrivals_table(sims: list[Simulation], forecaster: str, trace: Path) -> str:
                     for r in scenario_arrivals(sim.scenario, requests)]
         run = evaluate(sim, params)
         warmup = warmup_windows(run.scenario.restart_times, run.scenario.seconds)
-        scored = [e for e in run.events if not in_windows(e.onset, warmup)]
+        scored = scored_events(run.events, warmup)
         for event, name in zip(scored, classify(run, params.warning.risk_on), strict=True):
             by_class[name].append(largest_arrival(arrivals, event.onset - LEAD_SECONDS, event.onset) / capacity)
         for _ in range(RANDOM_WINDOWS_PER_RUN):

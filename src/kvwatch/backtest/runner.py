@@ -21,11 +21,11 @@ from kvwatch.backtest.scoring import (
     detection_delays,
     find_episodes,
     find_events,
-    in_windows,
     mask_warmup,
     saturated_samples,
     score_probabilities,
     score_run,
+    scored_events,
     summarize,
     summarize_reliability,
     warmup_windows,
@@ -307,8 +307,7 @@ def evaluate(simulation: Simulation, params: ForecastParams | None = None, *,
         outcome.active_before = active_before_onsets(events, timeline.times, active, warmup)
         if name == KVWATCH:
             # the events the warnings are scored on: one in warm-up counted 100 s into a run as a detection
-            scored = [e for e in events if not in_windows(e.onset, warmup)]
-            outcome.detect_delays = detection_delays(scored, timeline.times, bottleneck)
+            outcome.detect_delays = detection_delays(scored_events(events, warmup), timeline.times, bottleneck)
         outcomes[name] = outcome
     reliability = {
         h: {m: score_probabilities(timeline.times, by_h[h], h, events, end=seconds, warmup=warmup,

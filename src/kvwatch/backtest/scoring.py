@@ -142,6 +142,11 @@ class Outcome:
         )
 
 
+def scored_events(events: Sequence[Event], warmup: Sequence[tuple[float, float]]) -> list[Event]:
+    """The events every method is scored on: those whose onset is outside warm-up."""
+    return [e for e in events if not in_windows(e.onset, warmup)]
+
+
 def in_windows(t: float, windows: Sequence[tuple[float, float]]) -> bool:
     return any(start <= t < end for start, end in windows)
 
@@ -171,7 +176,7 @@ def score_run(
     def during_event(t: float) -> bool:
         return any(e.onset <= t <= e.end for e in events)
 
-    scored = [e for e in events if not in_windows(e.onset, warmup)]
+    scored = scored_events(events, warmup)
     warm_seconds = sum(end - start for start, end in warmup)
     early = [ep for ep in episodes if not during_event(ep.start)]
     outcome = Outcome(late_episodes=len(episodes) - len(early),
