@@ -348,6 +348,17 @@ def test_a_named_trace_shaped_long_says_its_engine_came_from_the_content():
     assert _defaults_from(False, True, True, shaped=True) == "engine from flags, rate from trace name"
 
 
+@pytest.mark.parametrize(("shaping", "said"), [
+    (["--prompt-scale", "4"], "rate from trace name, engine from trace content"),
+    # (review, round 24) 1 % of long prompts needs no faster engine than the tuned one, which is kept: it said
+    # "engine from trace content" all the same
+    (["--long-fraction", "0.01", "--max-model-len", "32768"], "trace name")])
+def test_a_named_trace_shaped_long_says_where_its_engine_came_from(capsys, shaping, said):
+    code, out, _ = _cli(["--trace", str(packaged_trace("azure_code_sample.csv")), "--profile", "steady",
+                         "--hours", "0.6", "--start-load", "0.3", "--peak-load", "0.3", "--json", *shaping], capsys)
+    assert code == 0 and json.loads(out)["scenario"]["scale_defaults_from"] == said
+
+
 def test_bad_flags_are_refused_before_the_trace_is_read(tmp_path, capsys):
     # The trace is read first otherwise: a mistyped --hours waited for a million-row file (and here the file
     # does not even exist, which would have been the message).

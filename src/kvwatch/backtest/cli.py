@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         r.prompt_tokens + r.output_tokens > args.max_model_len for r in trace)
     report["scenario"]["scale_defaults_from"] = _defaults_from(
         args.rate_scale is not None, args.engine_speedup is not None, named(args.trace),
-        shaped=args.prompt_scale != 1.0 or args.long_fraction > 0.0)
+        shaped=speedup != defaults_for(args.trace)[1])  # (a long shaping that needs no faster engine keeps its own)
     if args.json:
         json.dump(report, sys.stdout, indent=2, default=_json_number)
         sys.stdout.write("\n")
@@ -167,8 +167,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _defaults_from(rate_given: bool, speedup_given: bool, by_name: bool, *, shaped: bool = False) -> str:
     """Where the rate scale and the engine speedup came from: ``flags``, ``trace name``, ``trace content``, or
-    one from a flag and the other from the trace ("rate from flags, engine from trace content"). ``shaped``: long
-    prompts (--prompt-scale, --long-fraction), for which a named trace's engine is sized from its content."""
+    one from a flag and the other from the trace ("rate from flags, engine from trace content"). ``shaped``: a named
+    trace's engine sized from its content for long prompts (--prompt-scale, --long-fraction), not its tuned one."""
     # (a rate from the flags sizes the engine from the trace's content, even for a named trace: traces.defaults_for)
     default = "trace name" if by_name and not rate_given else "trace content"
     if rate_given and speedup_given:
