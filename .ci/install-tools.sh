@@ -5,7 +5,7 @@
 set -euo pipefail
 
 need_apt=()
-command -v promtool >/dev/null || need_apt+=(prometheus)
+command -v promtool >/dev/null && command -v prometheus >/dev/null || need_apt+=(prometheus)  # the e2e tests run both
 command -v prometheus-alertmanager >/dev/null || need_apt+=(prometheus-alertmanager)
 if [ ${#need_apt[@]} -gt 0 ]; then
   sudo_cmd=""
