@@ -480,3 +480,14 @@ def test_a_trace_whose_every_row_is_left_out_says_why(tmp_path, capsys):
                     + "".join(f"{t * 5},m,100,0,100,x\n" for t in range(50)))
     code, _, err = _cli(["--trace", str(path), "--hours", "0.6"], capsys)
     assert code == 2 and "no requests: every row was left out (50 with Response tokens 0 (failed))" in err
+
+
+def test_a_packaged_sample_is_named_by_its_file_name(tmp_path, capsys, monkeypatch):
+    # (review, round 24) an installed kvwatch's user got "--trace azure_conv_sample.csv: no such file" and had to
+    # find site-packages; a file of that name in the working directory still wins
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = _cli(["--trace", "azure_code_sample.csv", "--profile", "steady", "--hours", "0.6",
+                         "--start-load", "0.3", "--peak-load", "0.3", "--json"], capsys)
+    assert code == 0 and json.loads(out)["scenario"]["trace_requests_read"] > 0
+    code, _, err = _cli(["--trace", "no_such_sample.csv", "--hours", "0.6"], capsys)
+    assert code == 2 and "no_such_sample.csv: no such file" in err

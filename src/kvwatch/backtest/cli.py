@@ -33,6 +33,8 @@ from kvwatch.sim.traces import (
     TraceError,
     detect_format,
     empty_blocks,
+    packaged_trace,
+    packaged_trace_names,
     span_of,
 )
 
@@ -48,8 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="any file in the Azure CSV format (columns read: TIMESTAMP, ContextTokens, "
                              "GeneratedTokens), the BurstGPT CSV format (Timestamp s, Request tokens, Response "
                              "tokens) or the Mooncake JSONL format (timestamp ms, input_length, output_length, "
-                             "hash_ids), gzip-compressed or not; detected from its content (samples: src/kvwatch/data/"
-                             "traces/ in the repository, kvwatch/data/traces/ in the installed package)")
+                             "hash_ids), gzip-compressed or not; detected from its content; or a packaged sample by "
+                             f"name: {', '.join(packaged_trace_names())}")
     parser.add_argument("--profile", choices=PROFILES, default="ramp",
                         help="ramp: start→peak (after 30 min at start); step: jumps at half time; diurnal: daily "
                              "swing; steady: holds peak; restart: steady with an engine restart at half time; "
@@ -91,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.plot is not None:
         args.plot = png_output_path(args.plot)
+    args.trace = _packaged_or_given(args.trace)
     scenario = Scenario(
         trace_name=args.trace.name,
         profile=args.profile,
@@ -163,6 +166,17 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(_text(report))
     return 1 if plot_failed else 0
+
+
+def _packaged_or_given(path: Path) -> Path:
+    """A bare name that is no file here but one of the packaged samples (azure_conv_sample.csv, ...) names the
+    sample: an installed kvwatch's users need not find site-packages."""
+    if path.exists() or path.parent != Path("."):
+        return path
+    try:
+        return packaged_trace(path.name)
+    except TraceError:
+        return path
 
 
 def _defaults_from(rate_given: bool, speedup_given: bool, by_name: bool, *, shaped: bool = False) -> str:

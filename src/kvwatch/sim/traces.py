@@ -520,6 +520,12 @@ def load_trace(path: str | Path, *, seed: int = 0, max_requests: int | None = No
     return _READERS[kind](Path(path), max_requests=max_requests, left_out=left_out)
 
 
+def packaged_trace_names() -> list[str]:
+    """The trace samples shipped with kvwatch (kvwatch/data/traces/)."""
+    folder = Path(__file__).resolve().parent.parent / "data" / "traces"
+    return sorted(p.name for p in folder.iterdir() if p.suffix in (".csv", ".jsonl"))
+
+
 def packaged_trace(name: str) -> Path:
     """Path of a small trace sample shipped with kvwatch (see kvwatch/data/traces/README.md)."""
     path = Path(__file__).resolve().parent.parent / "data" / "traces" / name
