@@ -161,9 +161,7 @@ def evaluate(rows: Sequence[dict[str, str]]) -> list[RowResult]:
             mode = "logged"
             if plan.pp_last_stage_extra_bytes:
                 mode = "logged + est. PP sampler"
-                # (a rank-0 --available-kv-gib has the same term taken off it: given back, the pool is rank 0's)
-                raw_spec = replace(spec, available_kv_bytes=(total * util - weights - activation - non_torch) * GIB
-                                   + plan.pp_last_stage_extra_bytes)
+                raw_spec = replace(spec, available_kv_bytes=(total * util - weights - activation - non_torch) * GIB)
                 raw = plan_capacity(raw_spec).kv_cache_tokens
             results.append(RowResult(line, row["model"], setting, kind, mode, plan.kv_cache_tokens, actual, raw))
         if spec.gpu_memory_bytes is not None:

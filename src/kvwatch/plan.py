@@ -147,6 +147,8 @@ def build_spec(args: argparse.Namespace, settings: DeploymentSettings) -> Deploy
         value = _gib_flag(args, name)
         if value is not None:
             overrides[name.replace("_gib", "_bytes")] = value
+    if "available_kv_bytes" in overrides:
+        overrides["available_kv_logged_on_rank0"] = True  # vLLM's startup log line, printed by rank 0
     offload = _gib_flag(args, "cpu_offload_gb")
     if offload:
         overrides["cpu_offload_bytes"] = offload

@@ -122,6 +122,9 @@ class DeploymentSpec:
     available_kv_bytes: float | None = None
     # The pool is vLLM's --kv-cache-memory-bytes (it skips profiling): no utilization and no freed memory moves it.
     kv_pool_fixed: bool = False
+    # available_kv_bytes is the "Available KV cache memory" rank 0 logs (kvwatch plan --available-kv-gib), not the
+    # pool: with pipeline parallelism the last stage, which also runs the sampler, has less, and sizes the pool.
+    available_kv_logged_on_rank0: bool = False
     kv_bytes_per_token: float | None = None
 
     @classmethod
@@ -358,8 +361,7 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
         weights, activation, non_torch = spec.weights_bytes, spec.activation_bytes, spec.non_torch_bytes
         if total is not None:
             usable = total * util
-        if pp > 1 and arch is not None and not spec.kv_pool_fixed:
-            # (--kv-cache-memory-bytes is every worker's pool as given: no profile, nothing to take off)
+        if pp > 1 and spec.available_kv_logged_on_rank0 and arch is not None:
             # rank 0 logs its "Available KV cache memory"; the pool is the tightest stage's, the last one's, which
             # also runs the sampler (as for --activation-gib below: Llama-3.1-8B at PP 2 read 1.4 % too many tokens)
             pp_extra = float(memory.pp_last_stage_extra_bytes(arch, seqs))
@@ -369,7 +371,7 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
                          f"vLLM prints); the last stage also runs the sampler, so {pp_extra / GIB:.2f} GiB "
                          f"(max_num_seqs {seqs} × vocab {arch.vocab_size:,} × {memory.SAMPLER_BYTES_PER_LOGIT // 2} "
                          "B, estimated) is taken from it")
-        elif pp > 1 and not spec.kv_pool_fixed:
+        elif pp > 1 and spec.available_kv_logged_on_rank0:
             warnings.append("with pipeline parallelism vLLM sizes KV on the tightest stage; the last stage also runs "
                             "the sampler, which a rank-0 --available-kv-gib does not include, and without the model "
                             "(its vocabulary) kvwatch cannot take it off: the pool is overstated")
