@@ -1348,35 +1348,3 @@ def test_a_usage_of_minus_zero_reads_as_zero(tmp_path: Path, capsys: pytest.Capt
                     'vllm:num_requests_waiting{engine="0",model_name="m"} 0.0\n')
     main(["check", "--file", str(page)])
     assert "-0.0%" not in capsys.readouterr().out
-
-
-def test_model_sizes_only_the_model_named_like_it_on_a_page_of_several(tmp_path: Path,
-                                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    # (review, round 24) Triton's vLLM backend serves two models on one page: --model Llama-3.1-8B sized mistral_7b
-    # as Llama with the whole card to itself (449,872 tokens, source formula), and nothing said so
-    page = (FIXTURES / "gen-triton-vllm-backend.prom").read_text().replace("llama3_8b", "Llama-3.1-8B-Instruct")
-    (tmp_path / "two.prom").write_text(page)
-    argv = ["--file", str(tmp_path / "two.prom"), "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100"]
-    report = check_json(argv, capsys)
-    sizes = {s["model_name"]: (s["kv_capacity_tokens"], s["capacity_source"]) for s in report["series"]}
-    assert sizes["Llama-3.1-8B-Instruct"][1] == "formula" and sizes["Llama-3.1-8B-Instruct"][0] > 0
-    assert sizes["mistral_7b"] == (None, "unknown")
-    # a single-model page keeps --model whatever its model_name says (a served alias)
-    single = check_json(["--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom"), "--model",
-                         "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100"], capsys)
-    assert all(s["model_name"] == "llama" for s in single["series"])
-    assert any("formula" in (s["capacity_source"] or "") or s["kv_capacity_tokens"] for s in single["series"])
-
-
-def test_serve_sizes_only_the_model_named_like_the_flag_on_a_page_of_several() -> None:
-    from kvwatch.serve.sidecar_capacity import CapacityResolver
-    from kvwatch.settings import ServeSettings
-
-    resolver = CapacityResolver(ServeSettings(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100"))
-    llama = Reading(model_name="/models/Llama-3.1-8B-Instruct", engine="0")
-    mistral = Reading(model_name="mistral_7b", engine="0")
-    assert resolver.sidecar(mistral)[0] is not None  # alone on its page: the flag describes it
-    resolver.see_page(["/models/Llama-3.1-8B-Instruct", "mistral_7b"])
-    assert resolver.sidecar(llama)[0] is not None
-    capacity, why = resolver.sidecar(mistral)
-    assert capacity is None and "describes one model: on this page of 2" in why

@@ -246,7 +246,6 @@ def _capacity_plans(settings: CheckSettings,
     kv_groups: dict[str, int] = {}
     unsized: dict[str, list[str]] = {}  # why -> the models (one line for models that share the reason: a card)
     first = {r.model_name: r for r in reversed(poll.readings)}  # the first engine's cache_config_info labels
-    resolver.see_page(first)
     for name in sorted(first):
         capacity, why = resolver.sidecar(first[name])  # the plans serve resolves, the same way
         if capacity is not None:

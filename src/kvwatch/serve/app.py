@@ -352,7 +352,6 @@ class Sidecar:
             self._restart_log.change((key, reason, now), logging.WARNING, "engine series %s/%s restarted: %s",
                                      key[0], key[1], reason)
         series = {}
-        self.capacity.see_page(r.model_name for r in poll.readings)
         for reading in poll.readings:
             if self._stopping:  # up to --max-series analyses: SIGTERM does not wait for them
                 return None

@@ -15,7 +15,7 @@ budget, and the label set says which vLLM version's rules apply (:func:`vllm_ver
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -204,27 +204,16 @@ def model_kv_groups(settings: DeploymentSettings, model_name: str | None = None,
     return len(rank_groups(spec.arch, spec.pipeline_parallel_size, spec.vllm_version)[1]) or None
 
 
-def _named_like(model_name: str, given: str) -> bool:
-    """Whether vLLM's model_name label names the model given to kvwatch: the same id, or the same last path part
-    (a served path /models/Llama-3.1-8B-Instruct for meta-llama/Llama-3.1-8B-Instruct)."""
-    def last(name: str) -> str:
-        return name.strip().rstrip("/").rsplit("/", 1)[-1].lower()
-
-    return model_name.strip().lower() == given.strip().lower() or last(model_name) == last(given)
-
-
 class CapacityResolver:
     """One capacity per series for one set of settings, built once per engine configuration.
 
     ``sidecar(reading)`` is the formula's plan and what-ifs (``build_sidecar_capacity`` with the engine's
     cache_config_info), cached per ``model_name`` and the labels the formula reads; ``series(reading)`` is the
     capacity every consumer uses (kvwatch.capacity.series: the engine's figures first, then that plan).
-    ``see_page(model_names)``: the models one page serves, told before its readings are resolved.
     """
 
     def __init__(self, settings: DeploymentSettings) -> None:
         self._settings = settings
-        self._page: frozenset[str] = frozenset()
         self._cache: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[SidecarCapacity | None, str]] = {}
         self._groups: dict[tuple[str, tuple[tuple[str, str], ...]], int | None] = {}
         # Bounded like serve's series (--max-series); check's settings have no such cap.
@@ -241,33 +230,11 @@ class CapacityResolver:
 
     def sidecar(self, reading: Reading) -> tuple[SidecarCapacity | None, str]:
         """(the formula's plan and what-ifs, why not) for this reading's model and engine configuration."""
-        capacity, why = self._cached(self._cache, reading, build_sidecar_capacity)
-        if capacity is None and self._settings_for(reading.model_name) is not self._settings:
-            given = self._settings.model or self._settings.model_config_path
-            why = (f"{why} (--model/--model-config {given} describes one model: on this page of {len(self._page)} "
-                   "it sizes the one whose model_name is named like it)")
-        return capacity, why
+        return self._cached(self._cache, reading, build_sidecar_capacity)
 
     def kv_groups(self, reading: Reading) -> int | None:
         """The model's KV groups (:func:`model_kv_groups`), cached like the plans."""
         return self._cached(self._groups, reading, model_kv_groups)
-
-    def see_page(self, model_names: Iterable[str]) -> None:
-        """The models the page serves. --model/--model-config describe one model: on a page of several (Triton, a
-        proxy) they apply to the one named like them, the others are sized by their own names (a second model was
-        sized as the first, with the whole card to itself)."""
-        page = frozenset(model_names)
-        if page != self._page:
-            self._page = page
-            self._cache.clear()
-            self._groups.clear()
-
-    def _settings_for(self, model_name: str) -> DeploymentSettings:
-        given = self._settings.model or (str(self._settings.model_config_path.parent)
-                                         if self._settings.model_config_path is not None else None)
-        if given is None or len(self._page) <= 1 or _named_like(model_name, given):
-            return self._settings
-        return self._settings.model_copy(update={"model": None, "model_config_path": None})
 
     def _cached(self, cache: dict[Any, Any], reading: Reading, build: Any) -> Any:
         """``build(settings, model_name, cache_config)`` once per model and engine configuration. Bounded like
@@ -276,7 +243,7 @@ class CapacityResolver:
         if key not in cache:
             if len(cache) >= self._max_plans:
                 del cache[next(iter(cache))]
-            cache[key] = build(self._settings_for(reading.model_name), reading.model_name, reading.cache_config)
+            cache[key] = build(self._settings, reading.model_name, reading.cache_config)
         return cache[key]
 
     def series(self, reading: Reading) -> SeriesCapacity:
