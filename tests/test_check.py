@@ -1348,3 +1348,13 @@ def test_a_usage_of_minus_zero_reads_as_zero(tmp_path: Path, capsys: pytest.Capt
                     'vllm:num_requests_waiting{engine="0",model_name="m"} 0.0\n')
     main(["check", "--file", str(page)])
     assert "-0.0%" not in capsys.readouterr().out
+
+
+def test_model_flags_meeting_a_page_of_several_models_are_said(capsys: pytest.CaptureFixture[str]) -> None:
+    # (review, round 24) Triton's page serves two models: --model sized both as Llama with the whole card, silently
+    main(["check", "--file", str(FIXTURES / "gen-triton-vllm-backend.prom"), "--model",
+          "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100"])
+    assert "describe one model, and this page serves 2 (llama3_8b, mistral_7b)" in capsys.readouterr().err
+    main(["check", "--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom"), "--model",
+          "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100"])  # two engines of one model: nothing to say
+    assert "describe one model" not in capsys.readouterr().err

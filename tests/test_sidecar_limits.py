@@ -571,3 +571,22 @@ def test_a_poll_running_past_the_interval_leaves_its_series_fresh_until_stale_af
     collector = KvwatchCollector(lambda: sidecar.state, now=lambda: 27.0, stale_after=stale_after)
     text = generate_latest(make_registry(collector)).decode()
     assert 'kvwatch_kv_usage_ratio{engine="0",model_name="llama"}' in text
+
+
+def test_model_flags_meeting_a_page_of_several_models_are_warned_once(caplog: pytest.LogCaptureFixture,
+                                                                     no_kvwatch_env: None) -> None:
+    # (review, round 24) --model describes one model; Triton's page served two and both were sized as it, with the
+    # whole card, without a word. kvwatch cannot tell which model_name the flag meant (Triton names models after
+    # folders), so it says so, once, and again when the page serves one model
+    triton = (Path(__file__).parent / "fixtures" / "vllm-metrics" / "gen-triton-vllm-backend.prom").read_text()
+    served = Served(triton)
+    sidecar = Sidecar(ServeSettings(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100"), served,  # type: ignore
+                      time.time)
+    with caplog.at_level(logging.INFO, logger="kvwatch"):
+        sidecar.poll()
+        sidecar.poll()
+        served.body = "\n".join(line for line in triton.splitlines() if "mistral_7b" not in line) + "\n"
+        sidecar.poll()
+    said = [r.getMessage() for r in caplog.records if "describe one model" in r.getMessage()]
+    assert len(said) == 1 and "this page serves 2 (llama3_8b, mistral_7b)" in said[0]
+    assert any("serves one model again" in r.getMessage() for r in caplog.records)

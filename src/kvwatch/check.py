@@ -141,6 +141,11 @@ def run(args: argparse.Namespace) -> int:
                 print(f"kvwatch check: hint: {hint}", file=sys.stderr)
         return 1
     plans, kv_groups, unsized = _capacity_plans(settings, poll)
+    from kvwatch.serve.sidecar_capacity import one_model_flags_note
+
+    shared = one_model_flags_note(settings, (r.model_name for r in poll.readings))
+    if shared:
+        print(f"kvwatch check: note: {shared}", file=sys.stderr)
     from kvwatch.capacity.findings import given_engine_settings
 
     report = build_report(poll, settings.max_model_len, plans, gpus_per_node=settings.gpus_per_node,

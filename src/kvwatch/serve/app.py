@@ -48,7 +48,7 @@ from kvwatch.serve import logs
 from kvwatch.serve.capacity import CapacityAnalyzer, CapacityResult
 from kvwatch.serve.collector import KvwatchCollector, make_registry
 from kvwatch.serve.gpu import DcgmSource, GpuReadError, GpuState, GpuWatcher, NvmlSource
-from kvwatch.serve.sidecar_capacity import CapacityResolver
+from kvwatch.serve.sidecar_capacity import CapacityResolver, one_model_flags_note
 from kvwatch.serve.state import Analyzer, State
 from kvwatch.serve.web import MetricsServer, RenderCache, WebConfigError, WebConfigWatcher
 from kvwatch.settings import ServeSettings, SettingsError, add_settings_flags, load_settings, redact_url
@@ -201,6 +201,7 @@ class Sidecar:
         self._unknown_log = ChangeLog(log, initial=())  # values a page holds but does not determine (Poll.undetermined)
         self._overrun_log = ChangeLog(log, initial="on time")
         self._restart_log = ChangeLog(log)  # a target flapping between two engines "restarts" every poll
+        self._models_log = ChangeLog(log)  # --model/--model-config meeting a page of several models
         self._stop = threading.Event()
         self._capped = False  # whether the last good poll had more series than --max-series
         self._skipped_runs = 0  # runs the poll timer skipped since polls last kept to the interval
@@ -351,6 +352,9 @@ class Sidecar:
             # held to the burst.
             self._restart_log.change((key, reason, now), logging.WARNING, "engine series %s/%s restarted: %s",
                                      key[0], key[1], reason)
+        shared = one_model_flags_note(self.settings, (r.model_name for r in poll.readings))
+        self._models_log.change(shared, logging.WARNING if shared else logging.INFO, "%s",
+                                shared or "the page serves one model again: --model/--model-config describe it")
         series = {}
         for reading in poll.readings:
             if self._stopping:  # up to --max-series analyses: SIGTERM does not wait for them

@@ -15,7 +15,7 @@ budget, and the label set says which vLLM version's rules apply (:func:`vllm_ver
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -202,6 +202,20 @@ def model_kv_groups(settings: DeploymentSettings, model_name: str | None = None,
     if spec.arch is None:
         return None
     return len(rank_groups(spec.arch, spec.pipeline_parallel_size, spec.vllm_version)[1]) or None
+
+
+def one_model_flags_note(settings: DeploymentSettings, model_names: Iterable[str]) -> str | None:
+    """What to say when --model/--model-config, which describe one model, meet a page serving several (Triton's
+    backend, a proxy): every model there is sized as that one, with the whole card, and kvwatch cannot tell which
+    model_name the flags meant (Triton names models after folders: llama3_8b)."""
+    given = settings.model or settings.model_config_path
+    names = sorted(set(model_names))
+    if given is None or len(names) < 2:
+        return None
+    shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+    return (f"--model/--model-config {given} describe one model, and this page serves {len(names)} ({shown}): each is "
+            "sized as that model with the whole card; read the one it describes, and size the others by their own "
+            "kvwatch runs")
 
 
 class CapacityResolver:
