@@ -171,12 +171,9 @@ def run(args: argparse.Namespace) -> int:
 def _packaged_or_given(path: Path) -> Path:
     """A bare name that is no file here but one of the packaged samples (azure_conv_sample.csv, ...) names the
     sample: an installed kvwatch's users need not find site-packages."""
-    if path.exists() or path.parent != Path("."):
-        return path
-    try:
-        return packaged_trace(path.name)
-    except TraceError:
-        return path
+    if path.exists() or path.parent != Path(".") or path.name not in packaged_trace_names():
+        return path  # (not the folder's README.md)
+    return packaged_trace(path.name)
 
 
 def _defaults_from(rate_given: bool, speedup_given: bool, by_name: bool, *, shaped: bool = False) -> str:
@@ -219,8 +216,8 @@ def _text(report: dict) -> str:
         lines.append("long context: "
                      + "; ".join(part for part in (
                          f"prompts x {scen['prompt_scale']:g} (--prompt-scale)" if scen["prompt_scale"] != 1.0 else "",
-                         f"{scen['long_fraction']:.1%} of requests get a {low // 1024}k-{high // 1024}k-token prompt "
-                         "(--long-fraction)" if scen["long_fraction"] > 0.0 else "") if part)
+                         f"{100 * scen['long_fraction']:.3g} % of requests get a {low // 1024}k-{high // 1024}k-token "
+                         "prompt (--long-fraction)" if scen["long_fraction"] > 0.0 else "") if part)
                      + f"; every request capped at --max-model-len {scen['max_model_len']:,}")
     lines.append(f"trace read: {scen['trace_requests_read']:,} requests over {scen['trace_hours_read']:g} h"
                  + "".join(f"; {count:,} rows left out ({why})" for why, count in scen["trace_rows_left_out"].items()))
