@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from kvwatch.advisor import ACTIONS, LIMIT_USAGE, RequestLengths, advise
+from kvwatch.advisor import ACTIONS, LIMIT_USAGE, Advice, RequestLengths, advise
 from kvwatch.capacity import DeploymentSpec, plan_capacity, resolve_model
 
 GIB = 2**30
@@ -333,3 +333,23 @@ def test_more_tensor_parallelism_that_gains_less_than_a_replica_is_not_advised()
                     concurrency_ceiling=capacity / 1500)
     tp = next(a for a in advice if a.action == "add_tensor_parallelism")
     assert tp.engine_args == ("--tensor-parallel-size", "2"), tp.message
+
+
+def test_the_tp_fix_counts_every_pipeline_stages_gpus_and_says_why_mla_gains_little() -> None:
+    # (review, round 24) TP 1 -> 2 at PP 2 adds a GPU to each stage: 2 per replica, where the text said 1; an MLA
+    # model's small gain had no reason given (every GPU keeps the whole latent)
+    from kvwatch.serve.sidecar_capacity import build_sidecar_capacity
+    from kvwatch.settings import ServeSettings
+
+    def tp_advice(model: str, **flags: int) -> Advice:
+        sidecar, why = build_sidecar_capacity(ServeSettings(gpu="H100", **flags), model)
+        assert sidecar is not None, why
+        capacity = float(sidecar.plan.kv_cache_tokens)
+        return next(a for a in advise("bottleneck", running=80, capacity_tokens=capacity,
+                                      capacity_plan=sidecar.plan, concurrency_ceiling=capacity / 1500)
+                    if a.action == "add_tensor_parallelism")
+
+    staged = tp_advice("meta-llama/Llama-3.1-8B-Instruct", pipeline_parallel_size=2)
+    assert "from 1 to 2 (2 more GPUs per replica)" in staged.message
+    mla = tp_advice("deepseek-ai/DeepSeek-V2-Lite-Chat")
+    assert mla.message.startswith("Add a replica") and "Every GPU keeps the whole MLA latent" in mla.message
