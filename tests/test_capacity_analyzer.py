@@ -82,6 +82,20 @@ def test_whatif_ceilings_start_from_the_exported_ceiling_when_finished_requests_
     assert whatif["max_model_len_halved"] == pytest.approx(headline)
 
 
+def test_whatif_ceilings_of_an_engine_whose_pool_kvwatch_cannot_size_are_the_advices() -> None:
+    # (review, round 24) An SGLang engine reports no capacity kvwatch reads (its pool is sized its own way): check's
+    # advice said "the ceiling goes from 31.9 to 63.8" (FP8 KV: today's x the plan's token ratio) and serve exported
+    # no kvwatch_whatif_max_concurrency at all
+    from kvwatch.model import SGLANG
+
+    analyzer = CapacityAnalyzer(ServeSettings(gpu="H100"))
+    sglang = reading(model_name="Qwen/Qwen2.5-7B-Instruct", engine_kind=SGLANG, kv_capacity_tokens=None,
+                     kv_usage_ratio=0.94, requests_running=30.0)
+    whatif = {s.labels["scenario"]: s.value for s in families(analyzer, sglang)["kvwatch_whatif_max_concurrency"]}
+    today = 30.0 / 0.94
+    assert whatif["fp8_kv_cache"] == pytest.approx(2 * today, rel=0.01)
+
+
 def test_unknown_model_or_gpu_exports_no_formula_and_does_not_raise() -> None:
     analyzer = CapacityAnalyzer(ServeSettings(gpu="H100"))
     r = reading(model_name="my-private-finetune")

@@ -123,7 +123,7 @@ class CapacityAnalyzer:
         # (no ceiling yet, at 1 % usage with no request finished: today's is the pool at the live footprint, which
         # the what-ifs scale; the plan's own ceilings replaced the engine's pool: review, round 23)
         today = headline or (reading.kv_capacity_tokens / size if reading.kv_capacity_tokens and size else None)
-        if capacity is not None and size:
+        if capacity is not None and (size or today):
             whatif = capacity.whatif_max_concurrency(size, today)
             if override_blocks(reading.cache_config) and today:
                 # --num-gpu-blocks-override fixes the pool: no scenario adds KV while it is set (kvwatch.advisor)

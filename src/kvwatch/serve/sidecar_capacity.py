@@ -44,7 +44,7 @@ class SidecarCapacity:
     plan: CapacityPlan
     scenarios: tuple[Scenario, ...]
 
-    def whatif_max_concurrency(self, avg_kv_tokens_per_request: float,
+    def whatif_max_concurrency(self, avg_kv_tokens_per_request: float | None,
                                today: float | None = None) -> dict[str, float]:
         """``kvwatch_whatif_max_concurrency{scenario}`` at ``avg_kv_tokens_per_request`` (serve passes the size behind
         its observed-mix ceiling, kvwatch.derived.ceiling_request_size). The what-ifs scale ``today``'s ceiling (of
@@ -52,9 +52,14 @@ class SidecarCapacity:
         it with the formula's: a scenario's ceiling is today's × the scenario's over the formula's own at the same
         request size. Where the formula holds no request at that size, the ratio is unknown and the scenario left
         out (the plan's own ceilings, 0, read as "no gain" beside an engine holding 25). Without today's ceiling, the
-        plan's own."""
+        plan's own. Without the request size (an engine whose pool kvwatch cannot size: SGLang, TensorRT-LLM), today's
+        × the plan's KV tokens ratio, the advice's effects' figure (check said 31.9 -> 63.8, serve exported none)."""
         if not today:
-            return whatif_ceilings(self.scenarios, avg_kv_tokens_per_request)
+            return whatif_ceilings(self.scenarios, avg_kv_tokens_per_request) if avg_kv_tokens_per_request else {}
+        if not avg_kv_tokens_per_request:
+            base = self.plan.kv_cache_tokens
+            return {s.name: today * s.plan.kv_cache_tokens / base for s in self.scenarios
+                    if s.plan is not None and base}
         ratios = {s.name: ceiling_ratio(self.plan, s.plan, avg_kv_tokens_per_request) for s in self.scenarios}
         return {name: today * ratio for name, ratio in ratios.items() if ratio is not None}
 
