@@ -292,19 +292,25 @@ def test_a_fixs_ceiling_is_the_what_if_gauges_on_a_mamba_hybrid() -> None:
     assert abs(gauge / ceiling - tokens_ratio) > 0.05  # (the case: the ceiling does not follow the tokens)
 
 
+def _tp_advice(model: str, running: float, request_tokens: float, **flags: object) -> Advice:
+    """The add_tensor_parallelism advice for ``model`` served with ``flags``, KV-bound at a mix of requests of
+    ``request_tokens`` each."""
+    from kvwatch.serve.sidecar_capacity import build_sidecar_capacity
+    from kvwatch.settings import ServeSettings
+
+    sidecar, why = build_sidecar_capacity(ServeSettings(**flags), model)
+    assert sidecar is not None, why
+    capacity = float(sidecar.plan.kv_cache_tokens)
+    advice = advise("bottleneck", running=running, capacity_tokens=capacity, capacity_plan=sidecar.plan,
+                    concurrency_ceiling=capacity / request_tokens)
+    return next(a for a in advice if a.action == "add_tensor_parallelism")
+
+
 def test_more_tensor_parallelism_that_lowers_the_ceiling_is_not_advised() -> None:
     # (review, round 23) Gemma-3-1B has one KV head: at TP 2 each GPU keeps a copy, the KV per token does not
     # shrink, and the ceiling at the observed mix falls (x0.99). The advice said "Raise --tensor-parallel-size from
     # 1 to 2 ... the ceiling goes from 1535.6 to 1514.0"; it says to add a replica, and why not more TP.
-    from kvwatch.serve.sidecar_capacity import build_sidecar_capacity
-    from kvwatch.settings import ServeSettings
-
-    sidecar, why = build_sidecar_capacity(ServeSettings(gpu="H100"), "google/gemma-3-1b-it")
-    assert sidecar is not None, why
-    capacity = float(sidecar.plan.kv_cache_tokens)
-    advice = advise("bottleneck", running=1500, capacity_tokens=capacity, capacity_plan=sidecar.plan,
-                    concurrency_ceiling=capacity / 1600)
-    tp = next(a for a in advice if a.action == "add_tensor_parallelism")
+    tp = _tp_advice("google/gemma-3-1b-it", 1500, 1600, gpu="H100")
     assert tp.message.startswith("Add a replica") and "would not raise this ceiling" in tp.message
     assert tp.engine_args is None and "1 KV head is replicated" in tp.message
 
@@ -313,43 +319,19 @@ def test_more_tensor_parallelism_that_gains_less_than_a_replica_is_not_advised()
     # (review, round 24) Qwen2.5-1.5B has 2 KV heads: from TP 2 to 4 each pair of GPUs keeps a copy, the KV per
     # token stops shrinking and the ceiling gained x1.05 for 2 more GPUs, where those GPUs as a replica serve x2. The
     # advice read "Raise --tensor-parallel-size from 2 to 4" with the flag to paste; it says to add a replica.
-    from kvwatch.serve.sidecar_capacity import build_sidecar_capacity
-    from kvwatch.settings import ServeSettings
-
-    sidecar, why = build_sidecar_capacity(ServeSettings(gpu="L4", tensor_parallel_size=2), "Qwen/Qwen2.5-1.5B-Instruct")
-    assert sidecar is not None, why
-    capacity = float(sidecar.plan.kv_cache_tokens)
-    advice = advise("bottleneck", running=80, capacity_tokens=capacity, capacity_plan=sidecar.plan,
-                    concurrency_ceiling=capacity / 1500)
-    tp = next(a for a in advice if a.action == "add_tensor_parallelism")
+    tp = _tp_advice("Qwen/Qwen2.5-1.5B-Instruct", 80, 1500, gpu="L4", tensor_parallel_size=2)
     assert tp.message.startswith("Add a replica") and "(2 more GPUs per replica)" in tp.message, tp.message
     assert "for x2.00 the GPUs" in tp.message
     assert tp.engine_args is None and "2 KV heads are replicated" in tp.message
     # a model whose KV heads split further keeps the TP advice (Llama-3.1-8B: 8 KV heads, TP 1 -> 2 gains > x2)
-    sidecar, why = build_sidecar_capacity(ServeSettings(gpu="L4"), "meta-llama/Llama-3.1-8B-Instruct")
-    assert sidecar is not None, why
-    capacity = float(sidecar.plan.kv_cache_tokens)
-    advice = advise("bottleneck", running=20, capacity_tokens=capacity, capacity_plan=sidecar.plan,
-                    concurrency_ceiling=capacity / 1500)
-    tp = next(a for a in advice if a.action == "add_tensor_parallelism")
+    tp = _tp_advice("meta-llama/Llama-3.1-8B-Instruct", 20, 1500, gpu="L4")
     assert tp.engine_args == ("--tensor-parallel-size", "2"), tp.message
 
 
 def test_the_tp_fix_counts_every_pipeline_stages_gpus_and_says_why_mla_gains_little() -> None:
     # (review, round 24) TP 1 -> 2 at PP 2 adds a GPU to each stage: 2 per replica, where the text said 1; an MLA
     # model's small gain had no reason given (every GPU keeps the whole latent)
-    from kvwatch.serve.sidecar_capacity import build_sidecar_capacity
-    from kvwatch.settings import ServeSettings
-
-    def tp_advice(model: str, **flags: int) -> Advice:
-        sidecar, why = build_sidecar_capacity(ServeSettings(gpu="H100", **flags), model)
-        assert sidecar is not None, why
-        capacity = float(sidecar.plan.kv_cache_tokens)
-        return next(a for a in advise("bottleneck", running=80, capacity_tokens=capacity,
-                                      capacity_plan=sidecar.plan, concurrency_ceiling=capacity / 1500)
-                    if a.action == "add_tensor_parallelism")
-
-    staged = tp_advice("meta-llama/Llama-3.1-8B-Instruct", pipeline_parallel_size=2)
+    staged = _tp_advice("meta-llama/Llama-3.1-8B-Instruct", 80, 1500, gpu="H100", pipeline_parallel_size=2)
     assert "from 1 to 2 (2 more GPUs per replica)" in staged.message
-    mla = tp_advice("deepseek-ai/DeepSeek-V2-Lite-Chat")
+    mla = _tp_advice("deepseek-ai/DeepSeek-V2-Lite-Chat", 80, 1500, gpu="H100")
     assert mla.message.startswith("Add a replica") and "Every GPU keeps the whole MLA latent" in mla.message
