@@ -254,6 +254,24 @@ def _arch_or_error(spec: DeploymentSpec, what: str) -> ModelArch:
     return spec.arch
 
 
+def _last_stage_sampler(flag: str, done: str, arch: ModelArch | None, seqs: int, notes: list[str],
+                        warnings: list[str], estimated: list[str]) -> float:
+    """The last pipeline stage's sampler, which a rank-0 figure from vLLM's log (``flag``) lacks: vLLM prints rank 0's
+    profile but sizes the pool on the tightest stage, the last one. Its estimate in bytes, said in ``notes``; 0 with a
+    warning without the model (its vocabulary)."""
+    if arch is None:
+        warnings.append(f"with pipeline parallelism vLLM sizes KV on the tightest stage; the last stage also runs the "
+                        f"sampler, which a rank-0 {flag} does not include, and without the model (its vocabulary) "
+                        "kvwatch cannot count it: the pool is overstated")
+        return 0.0
+    extra = float(memory.pp_last_stage_extra_bytes(arch, seqs))
+    estimated.append("pp_last_stage_sampler")
+    notes.append(f"pipeline parallelism: {flag} is read as rank 0's figure (the rank whose log vLLM prints); the last "
+                 f"stage also runs the sampler, so {extra / GIB:.2f} GiB (max_num_seqs {seqs} × vocab "
+                 f"{arch.vocab_size:,} × {memory.SAMPLER_BYTES_PER_LOGIT // 2} B, estimated) is {done}")
+    return extra
+
+
 def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
     """The whole calculation, step by step as vLLM does it (pure)."""
     tp, pp = spec.tensor_parallel_size, spec.pipeline_parallel_size
@@ -361,20 +379,11 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
         weights, activation, non_torch = spec.weights_bytes, spec.activation_bytes, spec.non_torch_bytes
         if total is not None:
             usable = total * util
-        if pp > 1 and spec.available_kv_logged_on_rank0 and arch is not None:
-            # rank 0 logs its "Available KV cache memory"; the pool is the tightest stage's, the last one's, which
-            # also runs the sampler (as for --activation-gib below: Llama-3.1-8B at PP 2 read 1.4 % too many tokens)
-            pp_extra = float(memory.pp_last_stage_extra_bytes(arch, seqs))
+        if pp > 1 and spec.available_kv_logged_on_rank0:
+            # (Llama-3.1-8B at PP 2 read 1.4 % too many tokens from rank 0's figure)
+            pp_extra = _last_stage_sampler("--available-kv-gib", "taken from it", arch, seqs, notes, warnings,
+                                           estimated)
             available -= pp_extra
-            estimated.append("pp_last_stage_sampler")
-            notes.append(f"pipeline parallelism: --available-kv-gib is read as rank 0's figure (the rank whose log "
-                         f"vLLM prints); the last stage also runs the sampler, so {pp_extra / GIB:.2f} GiB "
-                         f"(max_num_seqs {seqs} × vocab {arch.vocab_size:,} × {memory.SAMPLER_BYTES_PER_LOGIT // 2} "
-                         "B, estimated) is taken from it")
-        elif pp > 1 and spec.available_kv_logged_on_rank0:
-            warnings.append("with pipeline parallelism vLLM sizes KV on the tightest stage; the last stage also runs "
-                            "the sampler, which a rank-0 --available-kv-gib does not include, and without the model "
-                            "(its vocabulary) kvwatch cannot take it off: the pool is overstated")
     else:
         if total is None:
             raise SpecError("the memory budget needs the GPU: pass --gpu NAME or --gpu-memory-gib X",
@@ -396,20 +405,10 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
                 weights -= offloaded
         if spec.activation_bytes is not None:
             activation = float(spec.activation_bytes)
-            if pp > 1 and arch is not None:
-                # vLLM prints rank 0's profile, but sizes the pool on the tightest stage: the last one, which
-                # also runs the sampler. Same term as the calibration uses (docs/capacity.md, section 2).
-                pp_extra = float(memory.pp_last_stage_extra_bytes(arch, seqs))
+            if pp > 1:  # (the same term as the calibration uses: docs/capacity.md, section 2)
+                pp_extra = _last_stage_sampler("--activation-gib", "added for it", arch, seqs, notes, warnings,
+                                               estimated)
                 activation += pp_extra
-                estimated.append("pp_last_stage_sampler")
-                notes.append(f"pipeline parallelism: --activation-gib is read as rank 0's figure (the rank whose "
-                             f"log vLLM prints); the last stage also runs the sampler, so "
-                             f"{pp_extra / GIB:.2f} GiB (max_num_seqs {seqs} × vocab {arch.vocab_size:,} × "
-                             f"{memory.SAMPLER_BYTES_PER_LOGIT // 2} B, estimated) is added for it")
-            elif pp > 1:
-                warnings.append("with pipeline parallelism vLLM sizes KV on the tightest stage; the last stage "
-                                "also runs the sampler, which a rank-0 --activation-gib does not include, and "
-                                "without the model (its vocabulary) kvwatch cannot add it: the pool is overstated")
         else:
             activation = float(memory.estimate_activation_bytes(
                 _arch_or_error(spec, "estimating activations (--activation-gib)"), dtype_bytes, batched, seqs, tp, pp))
