@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvwatch.check import build_report
+from kvwatch.cli import main
 from kvwatch.engines import SourceOverrides, UnrecognisedPayload, sglang
 from kvwatch.engines.detect import read_payload
 from kvwatch.exposition import ParseError, parse
@@ -95,6 +96,24 @@ def test_trtllm_serve_prometheus() -> None:
     assert r.prefix_cache_hit_ratio == pytest.approx(0.2) and r.prefix_cache_unit == "blocks"
     assert dict(r.finished_by_reason) == {"length": 20.0, "stop": 1180.0}
     assert r.preemptions_total is None  # TensorRT-LLM counts none
+
+
+@pytest.mark.parametrize("page", ["prometheus", "json"])
+def test_an_engine_that_names_no_model_is_not_looked_up_as_a_preset(page: str, tmp_path: Path, capsys) -> None:
+    # trtllm-serve labels every series model_name="undefined" (its openai_server.py), and the JSON statistics carry
+    # no name (kvwatch says "unknown"): check answered "no preset for model 'undefined'" (review, round 25).
+    if page == "prometheus":
+        path = tmp_path / "trtllm-serve.prom"
+        path.write_text((TRTLLM / "gen-trtllm-serve.prom").read_text().replace(
+            'model_name="nvidia/Llama-3.1-8B-Instruct-FP8",engine_type="trtllm"',
+            'model_name="undefined",engine_type="undefined"'))
+    else:
+        path = TRTLLM / "trtllm-serve-iteration-stats.json"
+    assert main(["check", "--file", str(path), "--gpu", "H100"]) == 0
+    err = capsys.readouterr().err
+    name = "undefined" if page == "prometheus" else "unknown"
+    assert f"the engine does not name its model (model_name '{name}'): pass --model or --model-config" in err, err
+    assert "no preset" not in err
 
 
 def test_trtllm_colon_prefix_reads_alike() -> None:

@@ -20,6 +20,11 @@ if TYPE_CHECKING:
 SeriesKey = tuple[str, str]
 """``(model_name, engine)``."""
 
+UNNAMED_MODELS = frozenset({"undefined", "unknown"})
+"""``model_name`` values that name no model, so no preset is looked up by them: trtllm-serve labels every series
+``model_name="undefined"`` (``tensorrt_llm/serve/openai_server.py``), and kvwatch calls the one series of
+TensorRT-LLM's JSON iteration statistics, which carry no name, ``unknown``."""
+
 PrefixCacheUnit = Literal["tokens", "blocks"]
 
 

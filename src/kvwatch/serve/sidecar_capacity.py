@@ -28,7 +28,7 @@ from kvwatch.capacity.series import SeriesCapacity
 from kvwatch.capacity.series import resolve as resolve_series
 from kvwatch.capacity.whatif import Scenario, ceiling_ratio, whatif_ceilings, whatif_scenarios
 from kvwatch.engines.vllm import engine_max_model_len, label_number
-from kvwatch.model import Reading
+from kvwatch.model import UNNAMED_MODELS, Reading
 from kvwatch.settings import DeploymentSettings, ServeSettings
 
 # cache_config_info labels the formula reads (a change in any of them means another engine configuration).
@@ -164,6 +164,9 @@ def build_sidecar_capacity(settings: DeploymentSettings, model_name: str | None 
     if settings.model is None and settings.model_config_path is None:
         if not model_name:
             return None, "model unknown: pass --model or --model-config"
+        if model_name in UNNAMED_MODELS:
+            return None, (f"the engine does not name its model (model_name {model_name!r}): pass --model or "
+                          "--model-config")
         settings = settings.model_copy(update={"model": model_name})
     notes: list[str] = []
     taken: list[str] = []
@@ -196,7 +199,7 @@ def model_kv_groups(settings: DeploymentSettings, model_name: str | None = None,
     labels say (no card needed): what divides the engine's blocks when no capacity plan can be built. None when
     the model is not known."""
     if settings.model is None and settings.model_config_path is None:
-        if not model_name:
+        if not model_name or model_name in UNNAMED_MODELS:
             return None
         settings = settings.model_copy(update={"model": model_name})
     version = vllm_version_from_cache_config(cache_config or {})
