@@ -28,7 +28,8 @@ scheduled requests and waiting the active ones not scheduled, plus trtllm-serve'
 without it (or with pipeline parallelism, where an iteration schedules one micro-batch of those in flight),
 running is the active requests and waiting the queue. KV usage is the
 engine's own utilisation gauge (``kv_cache_utilization`` / ``fraction``) when present, else used ÷ max
-blocks; capacity is max blocks × tokens per block. TensorRT-LLM counts no preemptions: unknown.
+blocks; capacity is max blocks × tokens per block. TensorRT-LLM keeps no count of preemptions (its paused
+requests, ``trtllm_num_paused_requests``, are one iteration's, and sit in waiting above): unknown.
 """
 
 from __future__ import annotations
