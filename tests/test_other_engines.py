@@ -520,6 +520,28 @@ def test_a_pd_prefill_servers_running_count_sets_no_concurrency_limit() -> None:
     assert "prefill server" in kv_bound["message"] and "decode" in kv_bound["message"]
 
 
+@pytest.mark.parametrize("queue", ["num_prefill_inflight_queue_reqs", "num_prefill_prealloc_queue_reqs"])
+def test_a_prefill_server_labelled_unified_is_told_by_its_own_queues(queue: str) -> None:
+    # SGLang releases before it labelled the role wrote engine_type="unified" on every server (review, round 25):
+    # a PD prefill server then got the limit of 8 above. Its transfer or bootstrap queue (named prealloc in those
+    # releases) holds requests on a prefill server alone; at 0 it says nothing.
+    unified = (SGLANG / "gen-0.5.23-pd-prefill.prom").read_text().replace('engine_type="prefill"',
+                                                                         'engine_type="unified"')
+    lines = "".join(line + "\n" for line in unified.splitlines() if "num_prefill_" not in line)
+
+    def page(held: int) -> str:
+        return lines + (f"# TYPE sglang:{queue} gauge\n"
+                        f'sglang:{queue}{{engine_type="unified",model_name="Qwen/Qwen3-8B",tp_rank="0"}} {held}\n')
+    (r,) = read_payload(page(40), timestamp=0.0).readings
+    assert r.prefill_server
+    report = build_report(read_payload(page(40), timestamp=0.0))
+    assert not any(a["action"] == "limit_concurrency" for s in report["series"] for a in s["advice"])
+    (r,) = read_payload(page(0), timestamp=0.0).readings
+    assert not r.prefill_server and r.engine_role is None
+    assert any(a["action"] == "limit_concurrency" for s in build_report(read_payload(page(0), timestamp=0.0))["series"]
+               for a in s["advice"])
+
+
 def test_sglang_usage_is_the_fullest_pool_unrounded() -> None:
     # Before 0.5.23 a Mamba hybrid's token_usage was the full-attention pool alone: a full state pool (0.977)
     # behind a 0.12 token pool read as a scheduler limit. 0.5.23's token_usage is the fullest pool rounded to

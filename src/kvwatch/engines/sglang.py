@@ -66,6 +66,12 @@ DECODE_PREALLOC = "sglang:num_decode_prealloc_queue_reqs"
 # that queue staged on the host (metrics_reporter.py: [r for r in transfer_queue if r.host_staged]): read only
 # where the transfer count is absent.
 DECODE_TRANSFER = ("sglang:num_decode_transfer_queue_reqs", "sglang:num_decode_host_receive_queue_reqs")
+# A PD prefill server's requests waiting for their decode server (bootstrap; written "prealloc" in releases before the
+# bootstrap name) and those whose KV it is sending (inflight). Only a prefill server fills them (the scheduler sets
+# them in PREFILL mode alone), which tells such a server where its engine_type says "unified": releases before
+# SGLang labelled the role wrote that on every server (scheduler_metrics_mixin.py's init_metrics).
+PREFILL_QUEUES = ("sglang:num_prefill_inflight_queue_reqs", "sglang:num_prefill_bootstrap_queue_reqs",
+                  "sglang:num_prefill_prealloc_queue_reqs")
 RUNNING_2024 = "sglang:num_requests_running"
 WAITING_2024 = "sglang:num_requests_waiting"
 QUEUE_2024 = "sglang:queue_req"
@@ -96,6 +102,7 @@ LATENCY = {  # kind -> families, newest name first
 
 FAMILIES: frozenset[str] = frozenset({
     TOKEN_USAGE, *POOL_USAGES, MAX_TOTAL_NUM_TOKENS, CONTEXT_LEN, RUNNING, QUEUE, DECODE_PREALLOC, *DECODE_TRANSFER,
+    *PREFILL_QUEUES,
     RUNNING_2024, WAITING_2024, QUEUE_2024, RETRACTED_TOTAL, TOTAL_RETRACTED_GAUGE,
     PROMPT_TOKENS, GENERATION_TOKENS, REALTIME_TOKENS, CACHED_TOKENS, REQUEST_SUCCESS, NUM_REQUESTS,
     PROMPT_HISTOGRAM, GENERATION_HISTOGRAM, PROMPT_HISTOGRAM_2024, GENERATION_HISTOGRAM_2024, PROCESS_START,
@@ -172,6 +179,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     transfer_name = next((name for name in DECODE_TRANSFER if overrides.waiting is None and exposition.samples(name)),
                          None)
     transfer_i = fam(transfer_name) if transfer_name is not None else Index()
+    prefill_queues = [fam(name) for name in PREFILL_QUEUES]
     keys = series_keys((usage_i, running_i, waiting_i, capacity_i))
 
     def tp_ranks(key: SeriesKey) -> int | None:  # every tensor-parallel rank's scheduler exports its gauges
@@ -241,7 +249,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             process_start_time_seconds=process_start,
             latency=latency_for(latency, key),
             requests_aborted_total=aborted.total(key),
-            engine_role=(role := _role(running_i, usage_i, key)),
+            engine_role=(role := _role(running_i, usage_i, key, prefill_queues)),
             # (a PD prefill server decodes nothing: its decode count never moves)
             tokens_counted_every_step=realtime and role != "prefill",
         ))
@@ -257,11 +265,14 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     return Poll(timestamp=timestamp, detection=detection, readings=tuple(readings))
 
 
-def _role(running: Index, usage: Index, key: SeriesKey) -> str | None:
-    """``prefill`` or ``decode`` on a PD-disaggregated server (the scheduler gauges' ``engine_type``), else None."""
+def _role(running: Index, usage: Index, key: SeriesKey, prefill_queues: list[Index]) -> str | None:
+    """``prefill`` or ``decode`` on a PD-disaggregated server (the scheduler gauges' ``engine_type``; where that says
+    nothing, ``prefill`` while a prefill server's own queue holds requests), else None."""
     roles = {s.labels.get("engine_type") for index in (running, usage) for s in index.for_key(key)}
     role = roles.pop() if len(roles) == 1 else None
-    return role if role in ("prefill", "decode") else None
+    if role in ("prefill", "decode"):
+        return role
+    return "prefill" if any((queue.value(key) or 0) > 0 for queue in prefill_queues) else None
 
 
 def _cached_tokens(cached: Index, key: SeriesKey) -> float | None:
