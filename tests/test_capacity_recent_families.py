@@ -76,6 +76,27 @@ def test_longcat_flash_lite_is_mla_with_two_caches_per_layer():
     assert sum(parameter_counts(a)) / 1e9 == pytest.approx(68.5, rel=0.03)
 
 
+def test_longcat_next_reads_as_the_n_gram_model_it_is_built_on():
+    # longcat_next is in vLLM's is_deepseek_mla; its language model is LongCat-Flash-Lite's (the review's config: that
+    # fixture as model_type longcat_next with its two vocabularies). Read as MHA it had 344,064 B/token, 10.7x.
+    cfg = {**config("longcat_flash_lite"), "model_type": "longcat_next", "architectures": ["LongcatNextForCausalLM"],
+           "vocab_size": 282624, "text_vocab_size": 131072}
+    a = arch_from_config(cfg)
+    assert a.is_mla and len(a.kv_cache_layer_types) == 2 * 14
+    assert kv_bytes(cfg, tp=4) == 32_256
+    assert a.extra_embedding_params == 78 * 131072 * 3072  # the text model's vocabulary sizes its n-gram tables
+    assert not any("kv_lora_rank" in note for note in a.notes)
+
+
+def test_an_unknown_type_with_kv_lora_rank_says_vllm_may_cache_a_latent():
+    # a model_type kvwatch does not know is read as MiniCPM3 (per-head K and V): said, not silent (review, round 25)
+    cfg = {**config("longcat_flash_lite"), "model_type": "newcat", "architectures": ["NewcatForCausalLM"]}
+    a = arch_from_config(cfg)
+    assert not a.is_mla
+    (note,) = [n for n in a.notes if "kv_lora_rank" in n]
+    assert "model_type newcat is not one vLLM caches as a latent" in note and "192" in note
+
+
 def test_plamo2_attention_layers_follow_mamba_step():
     # plamo2.py is_mamba: Mamba unless i % mamba_step == mamba_step // 2 (vLLM up to 0.26)
     a = arch_from_config(config("plamo2_1b"))

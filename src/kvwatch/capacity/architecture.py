@@ -50,9 +50,14 @@ _MLA_TYPES = frozenset({
     "axk1", "bailing_hybrid", "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_mtp", "dots3_note", "k3_dspark",
     "glm5_next",
     "glm5_next_text", "glm_moe_dsa", "glm4_moe_lite", "glm4_moe_lite_mtp", "kimi_k2", "kimi_linear", "longcat_flash",
-    "longcat_flash_ngram",
+    "longcat_flash_ngram", "longcat_next",
     "mistral_large_4", "pangu_ultra_moe", "pangu_ultra_moe_mtp", "hy_v4", "hy_v4_mtp",
 })
+# LongCat-Flash, then the two n-gram models built on it (LongCat-Flash-Lite, LongCat-Next's language model).
+_LONGCAT_TYPES = ("longcat_flash", "longcat_flash_ngram", "longcat_next")
+# A kv_lora_rank vLLM decompresses into per-head K and V (vLLM's minicpm3.py): any other type outside _MLA_TYPES is
+# read that way with a note, since vLLM may cache it as a latent.
+_DECOMPRESSED_MLA_TYPES = frozenset({"minicpm3"})
 # Families whose MLPs and experts have an up and a down projection and no gate (relu² in vLLM's nemotron.py and
 # nemotron_h.py: NemotronHMLP, and FusedMoE loading only up_proj/down_proj): two matrices, not three.
 _NON_GATED_MLP_TYPES = frozenset({"nemotron", "nemotron_h"})
@@ -73,7 +78,7 @@ _TIE_DEFAULT_FALSE = frozenset({
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "phi3", "gpt_oss",
     "deepseek_v2", "deepseek_v3", "kimi_k2", "falcon_h1", "glm4", "glm4_moe", "granite", "granitemoe",
     "granitemoehybrid", "jamba", "bamba", "nemotron_h", "minimax", "minimax_text_01", "minimax_m1", "longcat_flash",
-    "longcat_flash_ngram",
+    "longcat_flash_ngram", "longcat_next",
 })
 _TIE_DEFAULT_TRUE = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text", "zamba2"})
 
@@ -379,16 +384,23 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
     layer_types = (layout.types if layout is not None
                    else layer_types_from_config(cfg, num_layers, model_type, architectures))
     notes: list[str] = []
-    if model_type in ("longcat_flash", "longcat_flash_ngram"):
+    if decompressed and model_type not in _DECOMPRESSED_MLA_TYPES:
+        notes.append(f"config.json has kv_lora_rank, and model_type {model_type} is not one vLLM caches as a latent "
+                     f"(MLA): sized as per-head K and V of {decompressed} (qk_nope + qk_rope), as vLLM's MiniCPM3; a "
+                     "vLLM that serves it with MLA caches kv_lora_rank + qk_rope_head_dim per token and layer, far "
+                     "less")
+    if model_type in _LONGCAT_TYPES:
         # Each decoder layer runs two MLA attentions, each with a cache of its own (FlashDecoderLayer in vLLM's
-        # longcat_flash.py; LongCat-Flash-Lite's n-gram model reuses it): 2 x num_hidden_layers KV layers
+        # longcat_flash.py; LongCat-Flash-Lite's n-gram model reuses it, and LongCat-Next's ports build on that
+        # n-gram model): 2 x num_hidden_layers KV layers
         layer_types = tuple(kind for kind in layer_types for _ in range(2))
         notes.append(f"LongCat-Flash: two MLA attentions per decoder layer, so {len(layer_types)} KV layers for "
                      f"{num_layers} decoder layers")
     # LongCat-Flash-Lite's n-gram embeddings: emb_split_num × (emb_neighbor_num − 1) tables of ratio × vocab rows,
     # each hidden / that many wide (modeling_longcat_ngram.py's NgramEmbedding): ratio × vocab × hidden in all
-    ratio = cfg.get("ngram_vocab_size_ratio") if model_type == "longcat_flash_ngram" else None
-    vocab = first_number(cfg, "vocab_size") or 0
+    # (LongCat-Next's vocab_size also counts its image tokens; its text model's, text_vocab_size, sizes the tables)
+    ratio = cfg.get("ngram_vocab_size_ratio") if model_type in _LONGCAT_TYPES[1:] else None
+    vocab = first_number(cfg, *(("text_vocab_size",) if model_type == "longcat_next" else ()), "vocab_size") or 0
     ngram = round(real(ratio, "ngram_vocab_size_ratio") * vocab * hidden) if ratio else 0
     # (Qwen-Omni keeps its encoders in the thinker's config)
     outer = config.get("thinker_config") if isinstance(config.get("thinker_config"), dict) else config
