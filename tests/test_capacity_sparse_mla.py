@@ -78,3 +78,17 @@ def test_the_fp8_what_if_starts_from_the_dtype_vllm_serves():
     assert spec.kv_cache_dtype == "fp8_ds_mla"
     (fp8,) = [s for s in whatif_scenarios(replace(spec, kv_cache_dtype="auto")) if s.name == "fp8_kv_cache"]
     assert "already FP8 (fp8_ds_mla): no gain" in fp8.note
+    assert "the tokens" not in fp8.note
+
+
+def test_the_fp8_what_if_states_the_gain_it_planned():
+    # fp8_ds_mla keeps its rope dims in 16 bits, its scales and the indexer's keys: "about 2x tokens" overstated the
+    # gain (review, round 25); the note gives the planned ratio.
+    from kvwatch.capacity.whatif import whatif_scenarios
+
+    base = _plan("auto", (0, 14), HOPPER)
+    assert base.spec.kv_cache_dtype == "auto"
+    (fp8,) = [s for s in whatif_scenarios(base.spec) if s.name == "fp8_kv_cache"]
+    ratio = fp8.kv_cache_tokens / base.kv_cache_tokens
+    assert 1.5 < ratio < 1.8
+    assert f"x{ratio:.2f} the tokens" in fp8.note and "2x" not in fp8.note
