@@ -131,6 +131,15 @@ def test_0_16_dp2_divides_summed_blocks() -> None:
     assert (e1.kv_usage_ratio, e1.requests_running, e1.requests_waiting) == (0.97, 30.0, 5.0)
 
 
+def test_a_dp_page_missing_an_engines_set_still_divides_the_sum_by_its_engines() -> None:
+    # (review, round 25) engine 1's cache_config_info set missing: the summed 20,000 blocks were engine 0's alone
+    text = "".join(line + "\n" for line in (FIXTURES / "gen-0.16-sleep-state-dp2.prom").read_text().splitlines()
+                   if not (line.startswith("vllm:cache_config_info") and 'engine="1"' in line))
+    e0, e1 = interpret(text, None, timestamp=0.0).readings
+    assert (e0.num_gpu_blocks, e0.kv_capacity_tokens) == (10000.0, 160000.0)
+    assert e1.kv_capacity_tokens is None
+
+
 def test_0_33_capacity_labels_win_and_histograms() -> None:
     poll = read_fixture("gen-0.33-dp2-capacity-labels.prom")
     assert poll.detection.version_range == ">=0.21"

@@ -156,10 +156,13 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     configs, conflicted = _cache_configs(exposition)
     # vLLM sums num_gpu_blocks over the data-parallel engines a front-end runs, each of which has its own label set;
     # the one engine="" set of a 0.11 development line stands for them all: its engines are the series'. Beside
-    # engines' own sets it is none of theirs (each engine has its own blocks).
+    # engines' own sets it is none of theirs (each engine has its own blocks). A page whose engines lack some of
+    # their sets still sums over all of them (one set of two engines' page read the sum as engine 0's: review,
+    # round 25).
     engines_with_sets = len(configs.keys() - {None})
+    page_engines = max(1, len({key[1] for key in keys}))
     shared = not engines_with_sets and None in configs and configs[None].get("engine") == ""
-    n_engines = engines_with_sets or (max(1, len({key[1] for key in keys})) if shared else 1)
+    n_engines = max(engines_with_sets, page_engines) if engines_with_sets else page_engines if shared else 1
     prefix_queries, prefix_hits, prefix_unit = _prefix_families(exposition, detection.version_range)
     process_start = _unlabelled(exposition, PROCESS_START)
 
