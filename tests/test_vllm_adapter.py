@@ -783,3 +783,14 @@ def test_a_respelled_page_is_read_with_the_same_filter_and_other_pages_not_at_al
     page = (FIXTURES / "gen-0.33-dp2-capacity-labels.prom").read_text()
     foreign = '# TYPE num_requests_running gauge\nnum_requests_running{pool="a"} 1\nnum_requests_running{pool="a"} 2\n'
     assert read_payload(page + foreign, timestamp=0.0).readings == read_payload(page, timestamp=0.0).readings
+
+
+def test_blocks_without_a_block_size_name_no_capacity_source_and_the_finding_says_which_is_missing() -> None:
+    # (review, round 25) the detection named num_gpu_blocks x block_size and the finding blamed num_gpu_blocks
+    page = ('vllm:num_requests_running{engine="0",model_name="m"} 3\n'
+            'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25\n'
+            'vllm:cache_config_info{cache_dtype="fp8_e4m3",engine="0",num_gpu_blocks="1000"} 1.0\n')
+    poll = interpret(page, None, timestamp=0.0)
+    assert poll.detection.capacity_metric is None and poll.readings[0].kv_capacity_tokens is None
+    (finding,) = [f for f in build_report(poll)["findings"] if f["id"] == "capacity_unknown"]
+    assert "num_gpu_blocks or block_size is None or absent" in finding["message"]

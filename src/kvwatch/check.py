@@ -618,9 +618,9 @@ def findings(states: Iterable[SeriesState],
                 not (r.num_gpu_blocks and blocks_shared_by_groups(r.cache_config)):  # (capacity_groups_unknown)
             # (an undetermined capacity has its own finding, saying why: not one to estimate with `plan`)
             out.append(Finding("capacity_unknown", "info", (
-                "The engine does not report KV capacity here (vLLM: no kv_cache_size_tokens, or num_gpu_blocks is "
-                "None; SGLang before max_total_num_tokens; TensorRT-LLM without max blocks x tokens per block): "
-                "use `kvwatch plan` with --model and --gpu to estimate it."), **where))
+                "The engine does not report KV capacity here (vLLM: no kv_cache_size_tokens, and num_gpu_blocks or "
+                "block_size is None or absent; SGLang before max_total_num_tokens; TensorRT-LLM without max blocks x "
+                "tokens per block): use `kvwatch plan` with --model and --gpu to estimate it."), **where))
     return sorted(out, key=lambda f: SEVERITIES.index(f.severity))
 
 

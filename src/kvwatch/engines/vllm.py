@@ -243,7 +243,8 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     capacity_name = "vllm:cache_config_info{kv_cache_size_tokens}" if any(
         "kv_cache_size_tokens" in c for c in configs.values()) else (
         "vllm:cache_config_info{num_gpu_blocks x block_size}" if any(
-            label_number(c.get("num_gpu_blocks")) is not None for c in configs.values()) else (
+            label_number(c.get("num_gpu_blocks")) is not None and label_number(c.get("block_size")) is not None
+            for c in configs.values()) else (
             "vllm:cache_config_info{num_gpu_blocks_override x block_size}" if any(
                 override_blocks(c) for c in configs.values()) else None))
     detection = replace(detection, running_metric=str(running) if running_samples else None,
