@@ -794,3 +794,15 @@ def test_blocks_without_a_block_size_name_no_capacity_source_and_the_finding_say
     assert poll.detection.capacity_metric is None and poll.readings[0].kv_capacity_tokens is None
     (finding,) = [f for f in build_report(poll)["findings"] if f["id"] == "capacity_unknown"]
     assert "num_gpu_blocks or block_size is None or absent" in finding["message"]
+
+
+def test_a_usage_family_declared_without_a_sample_is_unknown_for_that_reason() -> None:
+    # (review, round 25) the finding said "No KV usage metric found: pass --usage-metric", which names the same one
+    page = ("# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
+            "# TYPE vllm:kv_cache_usage_perc gauge\n"
+            'vllm:num_requests_running{engine="0",model_name="m"} 0\n')
+    poll = interpret(page, None, timestamp=0.0)
+    assert poll.readings[0].kv_usage_ratio is None
+    (finding,) = [f for f in build_report(poll)["findings"] if f["id"] == "usage_unknown"]
+    assert "vllm:kv_cache_usage_perc is declared with no sample" in finding["message"]
+    assert "No KV usage metric found" not in finding["message"]

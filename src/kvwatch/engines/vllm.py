@@ -254,6 +254,11 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
                          and _disagrees(usage_idx, r.key))
     undetermined += tuple((r.key, "kv_capacity_tokens", CONFLICTING_CONFIGS) for r in readings
                           if r.capacity_source == CAPACITY_UNDETERMINED)
+    declared = next((name for name in (KV_USAGE, GPU_CACHE_USAGE) if name in exposition), None)
+    if usage is None and declared is not None:  # (--usage-metric would not help: the name is right)
+        undetermined += tuple((r.key, "kv_usage_ratio", f"KV usage is unknown: {declared} is declared with no "
+                               "sample (not set yet by the exporter, or the page was cut short); --usage-metric would "
+                               "name the same metric") for r in readings)
     return Poll(timestamp=timestamp, detection=detection, readings=tuple(readings), series_dropped=dropped,
                 undetermined=undetermined)
 
