@@ -407,6 +407,13 @@ def test_crlf_line_endings_are_refused_and_named() -> None:
             parse(text)
 
 
+def test_a_byte_order_mark_is_refused_and_named() -> None:
+    # (review, round 25) a fetched body starting with one read "invalid metric name" and nothing more
+    for text in ("\ufeff# HELP a x\n# TYPE a gauge\na 1\n", "\ufeffa 1\n"):
+        with pytest.raises(ParseError, match="byte-order mark"):
+            parse(text)
+
+
 def test_a_line_of_many_labels_reads_every_one_up_to_the_cap_on_either_path() -> None:
     # (Its time, once quadratic in the line's length, is measured in benchmarks/bench_parser.py.)
     from kvwatch.exposition import MAX_LABELS_PER_SAMPLE as most

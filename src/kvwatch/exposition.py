@@ -238,6 +238,8 @@ def _err(lineno: int, msg: str, line: str | None = None) -> ParseError:
     where = f": {line[:80]!r}" if line is not None else ""
     if line is not None and line.endswith("\r"):  # Prometheus refuses it too, but the cause is worth naming
         where += " (CRLF line endings: the exposition format ends lines with LF alone)"
+    if line is not None and line.startswith("\ufeff"):  # (`check --file` strips one; a fetched body keeps it)
+        where += " (a UTF-8 byte-order mark before the first line: the exposition format has none)"
     return ParseError(f"line {lineno}: {msg}{where}")
 
 
