@@ -234,6 +234,24 @@ def test_unknown_payload_names_all_three_engines() -> None:
     assert "sglang" in str(info.value) and "nv_trt_llm" in str(info.value)
 
 
+@pytest.mark.parametrize(("page", "named"), [
+    ("# TYPE tgi_queue_size gauge\ntgi_queue_size 3\ntgi_batch_current_size 8\n", "Hugging Face TGI"),
+    ("llamacpp:kv_cache_usage_ratio 0.63\nllamacpp:requests_processing 2\nllamacpp:requests_deferred 1\n",
+     "llama.cpp's server"),
+])
+def test_an_engine_without_an_adapter_is_named(page: str, named: str) -> None:
+    # (review, round 25) the message listed the engines kvwatch reads and asked whether this was an engine's page
+    with pytest.raises(ScrapeError) as info:
+        interpret(page, None, timestamp=1.0)
+    assert info.value.reason == "unrecognised" and f"this page is {named}" in str(info.value)
+    if named.startswith("llama.cpp"):  # and the flags it names read it
+        overrides = SourceOverrides.from_strings(usage="llamacpp:kv_cache_usage_ratio",
+                                                 running="llamacpp:requests_processing",
+                                                 waiting="llamacpp:requests_deferred")
+        (r,) = interpret(page, overrides, timestamp=1.0).readings
+        assert (r.kv_usage_ratio, r.requests_running, r.requests_waiting) == (0.63, 2.0, 1.0)
+
+
 def test_overrides_apply_to_sglang() -> None:
     overrides = SourceOverrides.from_strings(waiting="sglang:num_running_reqs")
     p = poll(SGLANG / "v0.4-production-metrics-doc.prom", overrides)

@@ -136,6 +136,16 @@ def engines_of(exposition: Exposition) -> list[str]:
     return [kind for kind, claimed in claims if claimed]
 
 
+# Engines kvwatch has no adapter for, by their metrics' prefix: named when a page has them alone.
+# (its metrics, then how far the override flags get: llama.cpp's server documents its gauges in tools/server's README)
+FOREIGN_ENGINES = (
+    ("tgi_", "Hugging Face TGI's (tgi_*)", "kvwatch knows no KV-usage gauge of it, which a diagnosis needs"),
+    ("llamacpp:", "llama.cpp's server (llamacpp:*)",
+     "--usage-metric llamacpp:kv_cache_usage_ratio --running-metric llamacpp:requests_processing --waiting-metric "
+     "llamacpp:requests_deferred read it where the build exports them, and the advice is then worded for vLLM"),
+)
+
+
 def read_payload(text: str, overrides: SourceOverrides | None = None, *, timestamp: float,
                  max_series: int | None = None, latency: bool = True, lengths: bool = False) -> Poll:
     """One :class:`Poll` from a ``/metrics`` body of any supported engine, with at most ``max_series``
@@ -200,6 +210,10 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
                                       "replica on the node's page), which kvwatch reads only through --usage-metric, "
                                       "--running-metric and --waiting-metric, one replica at a time (e.g. "
                                       "ray_vllm_kv_cache_usage_perc{ReplicaId=\"...\"}); capacity then stays unknown")
+        for prefix, engine, how in FOREIGN_ENGINES:
+            if any(n.startswith(prefix) for n in exposition.names):
+                raise UnrecognisedPayload(f"this page is {engine}, an engine kvwatch has no adapter for (it reads "
+                                          f"vLLM, SGLang and TensorRT-LLM): {how}")
         raise UnrecognisedPayload("no vllm:*, sglang:*, trtllm_*/trtllm:* or nv_trt_llm_* metrics in the payload "
                                   "(is the target an inference engine's /metrics endpoint? A vLLM started with "
                                   "--disable-log-stats exports none of its own)")
