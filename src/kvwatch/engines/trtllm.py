@@ -303,7 +303,12 @@ def read_iteration_stats(text: str, *, timestamp: float, model_name: str = "unkn
     if values > MAX_JSON_VALUES:
         raise TooLarge(f"JSON body with about {values:,} values: more than TensorRT-LLM's iteration statistics hold "
                        f"({MAX_JSON_VALUES:,} at most), not read")
-    data: Any = json.loads(text)
+    try:
+        data: Any = json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except ValueError:  # an integer past Python's 4,300 digits (a review's page: counted as a kvwatch bug)
+        raise json.JSONDecodeError("a number of more digits than any count has", text, 0) from None
     iterations = data if isinstance(data, list) else [data]
     stats = [it for it in iterations if isinstance(it, dict) and ("kvCacheStats" in it or "numActiveRequests" in it)]
     if not stats:
