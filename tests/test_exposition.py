@@ -423,6 +423,14 @@ def test_an_unread_familys_escapes_are_not_resolved_and_long_escaped_texts_read_
     assert long.samples("vllm:x")[0].labels["l"] == "\n" * n + "b"
 
 
+def test_a_timestamp_past_64_bits_is_refused_with_its_line_however_long() -> None:
+    # (review, round 25) 5,000 digits: int() raised past Python's digit limit, "cannot parse exposition: ValueError"
+    for stamp in ("1" * 5000, "9223372036854775808"):
+        with pytest.raises(ParseError, match=r"line 2: timestamp .* is out of the 64-bit range"):
+            parse(f"x 1\ny 1 {stamp}\n")
+    assert parse("x 1 00000000000000000000001\n").samples("x")
+
+
 def test_a_byte_order_mark_is_refused_and_named() -> None:
     # (review, round 25) a fetched body starting with one read "invalid metric name" and nothing more
     for text in ("\ufeff# HELP a x\n# TYPE a gauge\na 1\n", "\ufeffa 1\n"):

@@ -573,8 +573,11 @@ class _Parser:
             stamp = stamp.partition(" # ")[0]
             if _GO_FLOAT.fullmatch(stamp) and not stamp.lower().lstrip("+-").startswith(("inf", "nan")):
                 return float(stamp)
-        elif _INT64.fullmatch(stamp) and -(2**63) <= int(stamp) < 2**63:
-            return int(stamp)
+        elif _INT64.fullmatch(stamp):
+            # (the length first: int() of a number past 4,300 digits raises, "cannot parse" without a line number)
+            if len(stamp.lstrip("+-0")) <= 19 and -(2**63) <= int(stamp) < 2**63:
+                return int(stamp)
+            raise _err(lineno, f"timestamp {stamp[:40]!r} is out of the 64-bit range", line)
         if " " in stamp or "\t" in stamp:
             raise _err(lineno, "spurious string after timestamp", line)
         raise _err(lineno, f"expected integer as timestamp, got {stamp[:40]!r}", line)
