@@ -41,6 +41,22 @@ def test_flag_beats_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (s.poll_interval_seconds, s.clock_speed, s.stale_after_seconds) == (3.0, 10.0, 9.0)
 
 
+@pytest.mark.parametrize(("variable", "value", "flag", "given"), [
+    ("KVWATCH_PORT", "abc", "--port", "18085"),
+    ("KVWATCH_POLL_INTERVAL_SECONDS", "0", "--poll-interval-seconds", "1"),
+])
+def test_a_bad_variable_is_refused_though_its_flag_wins(monkeypatch: pytest.MonkeyPatch, variable: str, value: str,
+                                                         flag: str, given: str) -> None:
+    # (review, round 25) the variable was never read when the flag was given, so its typo waited for the day the
+    # flag is dropped from the manifest
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SettingsError, match=f"invalid value '{value}' for {variable}: .*{flag} is given too"):
+        settings_from([flag, given])
+    monkeypatch.setenv(variable, "7")  # a good one beside the flag: the flag wins
+    assert getattr(settings_from([flag, given]), "port" if flag == "--port" else "poll_interval_seconds") == float(
+        given)
+
+
 def test_override_selectors_accepted() -> None:
     s = settings_from(["--usage-metric", 'gpu_cache_usage_sys{kind="gpu"}', "--waiting-metric", "q"])
     assert s.usage_metric == 'gpu_cache_usage_sys{kind="gpu"}' and s.waiting_metric == "q"

@@ -302,8 +302,9 @@ class _Base:
         object.__setattr__(self, "model_fields_set", set(values))
         self._after()
 
-    def _convert(self, name: str, info: FieldInfo, value: Any) -> Any:
-        checks = self._validators.get(name, [])
+    @classmethod
+    def _convert(cls, name: str, info: FieldInfo, value: Any) -> Any:
+        checks = cls._validators.get(name, [])
         given = value  # what a message shows: the input (after "before" validators), as pydantic did
         try:
             for mode, check in checks:
@@ -754,10 +755,18 @@ def load_settings(settings_cls: type[_Base], args: argparse.Namespace | None = N
                                 "their case): keep one")
         environ[upper] = value
     values = dict(flags)
-    for name in settings_cls.model_fields:
+    for name, info in settings_cls.model_fields.items():
         variable = env_name(public_name(name))
         if name not in values and variable in environ and (environ[variable] or name != "model_config_path"):
             values[name] = environ[variable]  # an empty KVWATCH_MODEL_CONFIG means "none", as it always has
+        elif name in flags and environ.get(variable):
+            # the flag wins, but a bad variable beside it is refused too: it would take over once the flag is dropped
+            try:
+                settings_cls._convert(name, info, environ[variable])
+            except _Invalid as exc:
+                raise SettingsError(_blame(name, {}, f"{exc.message} (refused though "
+                                                     f"{flag_name(public_name(name))} is given too)",
+                                           exc.value)) from None
     try:
         return settings_cls(**values)
     except _Invalid as exc:
