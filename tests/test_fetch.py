@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import base64
 import gzip
+import itertools
 import os
 import socket
+import struct
 import threading
 import time
 import tracemalloc
@@ -518,22 +520,40 @@ def test_a_byte_that_is_not_utf8_in_a_comment_is_read_as_prometheus_reads_it() -
 
 def test_a_redirect_to_another_host_is_followed_and_said_once(raw_server: Callable,
                                                                caplog: pytest.LogCaptureFixture) -> None:
-    # Followed, as Prometheus follows it, but that host's page is then reported as this target's: it was silent
+    # Followed, as Prometheus follows it, but that host's page is then reported as this target's: it was silent.
+    # Another port on the same host is another server too (it was silent until round 25's review); another path
+    # on the same one is not.
     body = FIXTURE.encode()
-    final = raw_server(lambda conn: conn.sendall(
-        HEAD_200 + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body))
+    page = HEAD_200 + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body
+    final = raw_server(lambda conn: conn.sendall(page))
     elsewhere = final.url.replace("127.0.0.1", "localhost")
-    for location, said in ((final.url, False), (elsewhere, True)):
+
+    def redirect(where: str) -> bytes:
+        return (b"HTTP/1.1 307 Temporary Redirect\r\nLocation: %s\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                % where.encode())
+    for location, said in (("/moved", False), (final.url, True), (elsewhere, True)):
         caplog.clear()
-        redirecting = raw_server(lambda conn, where=location: conn.sendall(
-            b"HTTP/1.1 307 Temporary Redirect\r\nLocation: %s\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-            % where.encode()))
+        answers = itertools.cycle([redirect(location), page])  # (/moved is this server: its next answer)
+        redirecting = raw_server(lambda conn, answers=answers: conn.sendall(next(answers)))
         with caplog.at_level("WARNING", logger="kvwatch.fetch"), \
                 Fetcher(redirecting.url, timeout=2.0, max_body_bytes=1 << 20) as fetcher:
             for _ in range(2):
                 assert len(interpret(fetcher.fetch(), None, timestamp=1.0).readings) == 2
         warnings = [r.getMessage() for r in caplog.records if "redirects to another host" in r.getMessage()]
         assert len(warnings) == (1 if said else 0), warnings
+
+
+def test_a_connection_reset_is_named(raw_server: Callable) -> None:
+    # (review, round 25) httpx's ReadError for a reset carries no text: the log read "ReadError: " and nothing more
+    def reset(conn: socket.socket) -> None:
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close sends an RST
+
+    with Fetcher(raw_server(reset).url, timeout=2.0, max_body_bytes=1 << 20) as fetcher, \
+            pytest.raises(ScrapeError) as info:
+        fetcher.fetch()
+    assert info.value.reason == "connect"
+    message = str(info.value).split(": ", 2)[-1]
+    assert message.strip() and not message.rstrip().endswith(":"), str(info.value)
 
 
 def test_a_redirects_body_is_never_read(raw_server: Callable) -> None:

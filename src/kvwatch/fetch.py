@@ -245,11 +245,11 @@ class Fetcher:
                 from None
         except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
             if not in_body:
-                raise ScrapeError("connect", f"{self.url}: {type(exc).__name__}: {exc}") from None
+                raise ScrapeError("connect", f"{self.url}: {type(exc).__name__}: {_why(exc)}") from None
             # The target answered 200, then the body broke off (truncated, bad chunked encoding).
-            raise ScrapeError("parse", f"{self.url}: incomplete body ({type(exc).__name__}: {exc})") from None
+            raise ScrapeError("parse", f"{self.url}: incomplete body ({type(exc).__name__}: {_why(exc)})") from None
         except (httpx.HTTPError, OSError, ValueError) as exc:  # transport, TLS and URL failures alike
-            raise ScrapeError("connect", f"{self.url}: {type(exc).__name__}: {exc}") from None
+            raise ScrapeError("connect", f"{self.url}: {type(exc).__name__}: {_why(exc)}") from None
 
     async def _send(self, url: httpx.URL, headers: dict[str, str], auth: httpx.Auth | None) -> httpx.Response:
         """The response's head (its body still to read), sent again once on a new connection when a kept-alive one
@@ -285,10 +285,10 @@ class Fetcher:
         return held_text(text, size, self.max_body_bytes, self.url)
 
     def _note_redirect(self, response: httpx.Response, hops: int) -> None:
-        """A redirect to another host is followed, as Prometheus follows it, and said once per place: its page is
-        then reported as this target's (it was followed without a word)."""
-        final = response.url
-        if not hops or final.host == httpx.URL(self._request_url).host:
+        """A redirect to another host or port is followed, as Prometheus follows it, and said once per place: its
+        page is then reported as this target's (it was followed without a word; another port was until round 25)."""
+        final, asked = response.url, httpx.URL(self._request_url)
+        if not hops or (final.scheme, final.host, final.port) == (asked.scheme, asked.host, asked.port):
             return
         place = redact_url(str(final.copy_with(query=None)))
         if place != self._redirected_to:
@@ -473,3 +473,13 @@ def decode_body(body: bytes | bytearray, charset: str | None, source: str, said_
         where = f"{source}: " if source else ""
         raise ScrapeError("parse", f"{where}line {line}: invalid {exc.encoding} ({exc.reason} at byte "
                                    f"{exc.start:,})") from None
+
+
+def _why(exc: BaseException) -> str:
+    """An exception's text, else its cause's: httpx's ReadError for a connection reset says nothing itself."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if str(seen):
+            return str(seen)
+        seen = seen.__cause__ or seen.__context__
+    return "the connection was closed or reset"
