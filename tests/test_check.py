@@ -1358,3 +1358,18 @@ def test_model_flags_meeting_a_page_of_several_models_are_said(capsys: pytest.Ca
     main(["check", "--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom"), "--model",
           "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100"])  # two engines of one model: nothing to say
     assert "describe one model" not in capsys.readouterr().err
+
+
+def test_check_reads_at_most_max_series_and_says_how_many_it_left_out(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    # (review, round 25) a page of 273,000 model names ran for over 10 minutes: check read every one
+    page = tmp_path / "models.prom"
+    page.write_text("".join(f'vllm:num_requests_running{{engine="0",model_name="m{i}"}} 1\n'
+                            f'vllm:kv_cache_usage_perc{{engine="0",model_name="m{i}"}} 0.5\n' for i in range(100)))
+    assert main(["check", "--file", str(page), "--json", "--max-series", "3"]) == 0
+    out, err = capsys.readouterr()
+    report = json.loads(out)
+    assert len(report["series"]) == 3 and report["series_dropped"] == 97
+    assert "97 (model_name, engine) series more than --max-series 3, left out" in err
+    assert main(["check", "--file", str(page), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["series_dropped"] == 100 - 64

@@ -118,7 +118,10 @@ def run(args: argparse.Namespace) -> int:
     now = time.time()
     try:
         text = _file_text(saved, settings.max_body_bytes, str(args.file)) if saved is not None else _fetch(settings)
-        poll = interpret(text, overrides, timestamp=now)
+        poll = interpret(text, overrides, timestamp=now, max_series=settings.max_series)
+        if poll.series_dropped:
+            print(f"kvwatch check: note: the page has {poll.series_dropped:,} (model_name, engine) series more than "
+                  f"--max-series {settings.max_series}, left out (series_dropped in --json)", file=sys.stderr)
         if saved is not None and text and not text.endswith("\n"):
             # Read as Prometheus reads it; a file cut short (an interrupted curl > file) would end so too.
             name = "standard input" if str(args.file) == "-" else args.file
@@ -306,6 +309,7 @@ def build_report(poll: Poll, max_model_len: int | None = None,
         "running_metric": d.running_metric,
         "waiting_metric": d.waiting_metric,
         "capacity_metric": d.capacity_metric,
+        "series_dropped": poll.series_dropped,
         "series": [_series_json(s, _plan_caveat(
                                     advice(s, poll.timestamp, max_model_len, plans.get(s.reading.model_name),
                                            gpus_per_node=gpus_per_node, engine_kind=advice_kind,

@@ -547,6 +547,18 @@ class TargetSettings(DeploymentSettings):
         return v
 
 
+    # 64: a vLLM pod exports 1-8 series (one model name, one engine per data-parallel rank on the node), so
+    # 8x headroom. Each series kept costs memory (history, forecaster, capacity state), and the cap is what
+    # bounds a label explosion: at 1000 it peaked at ~76 MB, over the 64 MB budget (docs/reliability.md). check
+    # reads no more either: a page of 273,000 model names ran for over 10 minutes (review, round 25).
+    max_series: int = Field(
+        64, ge=1, le=1_000_000,
+        description="Most (model_name, engine) series kvwatch reads from a page (a vLLM pod has 1-8); a target "
+        "serving more has the rest dropped (serve counts them in kvwatch_series_dropped_total, one warning; "
+        "check says how many)."
+    )
+
+
 class CheckSettings(TargetSettings):
     """``kvwatch check``: one poll, so no interval, port or log level to validate."""
 
@@ -575,14 +587,6 @@ class ServeSettings(TargetSettings):
     web_config_file: Path | None = Field(
         None, description="Prometheus exporter-toolkit web config (the YAML node_exporter's --web.config.file "
         "reads): TLS and bcrypt basic auth for kvwatch's own endpoint; re-read when it changes."
-    )
-    # 64: a vLLM pod exports 1-8 series (one model name, one engine per data-parallel rank on the node), so
-    # 8x headroom. Each series kept costs memory (history, forecaster, capacity state), and the cap is what
-    # bounds a label explosion: at 1000 it peaked at ~76 MB, over the 64 MB budget (docs/reliability.md).
-    max_series: int = Field(
-        64, ge=1, le=1_000_000,
-        description="Most (model_name, engine) series kvwatch polls and exports (a vLLM pod has 1-8); a target "
-        "serving more has the rest dropped (counted in kvwatch_series_dropped_total, one warning)."
     )
     log_level: LogLevel = Field("INFO", description="Log level.")
     ttft_slo_seconds: float | None = Field(
