@@ -1373,3 +1373,18 @@ def test_check_reads_at_most_max_series_and_says_how_many_it_left_out(tmp_path: 
     assert "97 (model_name, engine) series more than --max-series 3, left out" in err
     assert main(["check", "--file", str(page), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["series_dropped"] == 100 - 64
+
+
+def test_a_full_cache_with_no_queue_count_says_the_bottleneck_cannot_be_told() -> None:
+    # (round 24's note) usage 97 % with no waiting family raised no finding: kv_bound needs a waiting request
+    from kvwatch.payload import interpret
+
+    page = ('vllm:kv_cache_usage_perc{engine="0",model_name="m"} %s\n'
+            'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="1000"} 1\n')
+    for usage, severity in (("0.97", "warning"), ("0.40", "info")):
+        found = {f["id"]: f for f in build_report(interpret(page % usage, None, timestamp=0.0))["findings"]}
+        assert found["queue_unknown"]["severity"] == severity
+        assert ("may be the bottleneck" in found["queue_unknown"]["message"]) == (severity == "warning")
+    with_queue = page % "0.97" + 'vllm:num_requests_waiting{engine="0",model_name="m"} 0\n'
+    report = build_report(interpret(with_queue, None, timestamp=0.0))
+    assert "queue_unknown" not in {f["id"] for f in report["findings"]}

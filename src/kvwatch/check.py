@@ -5,7 +5,8 @@ Findings follow the troubleshooting checklist (stable ids, see docs/metrics.md):
 ``scheduler_limited`` (a standing queue while KV < 0.9 has room for the next prompt), ``preemptions``
 (any preemption, or SGLang retraction, since the engine started), ``prefix_cache_ineffective`` (prefix
 caching on, hit ratio < 10 %),
-``capacity_unknown`` and ``usage_unknown`` (kvwatch cannot read them from this engine), ``capacity_groups_unknown``
+``capacity_unknown``, ``usage_unknown`` and ``queue_unknown`` (kvwatch cannot read them from this engine; without a
+waiting count no ``kv_bound`` can be told), ``capacity_groups_unknown``
 (a capacity from vLLM's blocks for a model kvwatch does not know: its KV groups may share them), and the capacity
 findings ``kv_usage_stuck``, ``request_exceeds_pool``, ``vllm_will_not_start``, ``capacity_mismatch``
 (kvwatch.capacity.findings). A ``kv_bound``
@@ -587,6 +588,14 @@ def findings(states: Iterable[SeriesState],
                 "not help. "
                 "One poll: watch kvwatch_state{state=\"scheduler_limited\"} (kvwatch serve) to see it persist."),
                 **where))
+        elif r.requests_waiting is None and "requests_waiting" not in why.get(r.key, {}) and not r.prefill_server:
+            # (a 97 % full cache with no queue count raised no finding at all: kv_bound needs a waiting request)
+            full = _waits_for_kv(r, usage)
+            out.append(Finding("queue_unknown", "warning" if full else "info", (
+                "The payload has no count of waiting requests, so kvwatch cannot tell whether requests wait for the "
+                "KV cache" + (f", which is {usage:.1%} full: it may be the bottleneck" if full else "")
+                + ". Pass --waiting-metric (and --running-metric) with the names the engine or its proxy exports, "
+                "if it has them."), **where))
         for name, reason in sorted(why.get(r.key, {}).items()):
             if name != "kv_usage_ratio":  # (usage has its own finding above)
                 out.append(Finding("value_unknown", "warning", reason, **where))
