@@ -187,6 +187,16 @@ def test_queue_at_low_usage_is_scheduler_limited_not_kv():
     assert "bottleneck" not in {r.state for r in results}
 
 
+@pytest.mark.parametrize(("waiting", "limited"), [(3.0, False), (40.0, True)])
+def test_a_few_arrivals_waiting_beside_hundreds_running_are_no_scheduler_limit(waiting: float, limited: bool):
+    # (review, round 25) at hundreds of requests a second a few arrivals wait for the next step at nearly every poll:
+    # 0.55 of a 680k-token cache read scheduler_limited for 35 minutes, and it hid a ramp's warning. The queue must
+    # stand as check's scheduler_limited reads it: 2 requests and a tenth of the running ones (here 300).
+    samples = [replace(s, running=300.0) for s in stream(lambda t: 0.55, waiting=lambda t: waiting, seconds=1800)]
+    states = [r.state for r in run(Forecaster(), samples)]
+    assert (states[-1] == "scheduler_limited") == limited and ("scheduler_limited" in states) == limited
+
+
 def test_a_queue_beside_a_full_cache_as_often_as_with_room_is_not_scheduler_limited():
     # A standing queue at 0.4 is scheduler_limited; then usage swings, every other poll 0.93 (a queue there waits
     # for KV) and 0.80 (room by the mean prompt). The scheduler cannot be the limit while the cache is as often:
@@ -196,7 +206,7 @@ def test_a_queue_beside_a_full_cache_as_often_as_with_room_is_not_scheduler_limi
         counters: dict[str, float] = {}  # one engine throughout (counters carried on: no restart)
         limited = stream(lambda t: 0.4, waiting=lambda t: 5.0, seconds=1200, counters=counters)
         swinging = stream(lambda t: 0.93 if int(t / 10) % high_every == 0 else 0.80, start=1200,
-                          waiting=lambda t: 5.0, seconds=900, counters=counters)
+                          waiting=lambda t: 10.0, seconds=900, counters=counters)  # (a standing queue beside 80)
         return run(Forecaster(), [*limited, *swinging])
 
     every_other = then(2)
@@ -218,7 +228,7 @@ def test_a_queue_the_next_request_does_not_fit_waits_for_kv_below_090(prompt_tok
     from kvwatch.backtest.report import FORECASTERS
 
     def polls():
-        return _with_prompts(stream(lambda t: 0.85, waiting=lambda t: 3.0, seconds=1800), prompt_tokens)
+        return _with_prompts(stream(lambda t: 0.85, waiting=lambda t: 10.0, seconds=1800), prompt_tokens)
 
     assert run(Forecaster(), polls())[-1].state == state
     assert run(Forecaster(FORECASTERS["v8"]), polls())[-1].state == "scheduler_limited"  # v8 said so of both

@@ -52,6 +52,7 @@ from kvwatch.engines.detect import OMNI_NOTE
 from kvwatch.fetch import CappedBody, Fetcher, decode_body, held_text
 from kvwatch.forecast import Forecaster, ForecastParams, ForecastSample
 from kvwatch.forecast.detector import no_room_in
+from kvwatch.forecast.thresholds import standing_queue
 from kvwatch.model import SGLANG, TENSORRT_LLM, VLLM, Detection, Poll, Reading
 from kvwatch.payload import ScrapeError, interpret
 from kvwatch.settings import CheckSettings, SettingsError, add_settings_flags, load_settings, redact_url
@@ -64,10 +65,6 @@ if TYPE_CHECKING:  # the capacity model loads only when a plan is built
 KV_BOUND_USAGE = ForecastParams().u_busy
 PREFIX_HIT_RATIO_LOW = 0.10
 PREFIX_MIN_QUERIES = 1000  # fewer queried tokens/blocks than this says nothing about the hit ratio
-# One poll cannot see a queue persist: a standing queue is at least this many requests and this share of the
-# running ones (a request or two arriving between scheduler steps wait for a moment at any load).
-SCHEDULER_QUEUE_MIN_WAITING = 2
-SCHEDULER_QUEUE_MIN_SHARE = 0.1
 SEVERITIES = ("critical", "warning", "info")  # most severe first
 JSON_USAGE_ERRORS = True  # kvwatch.cli: with --json, bad usage is also {"error": {"reason": "usage", ...}}
 GZIP_MAGIC = b"\x1f\x8b"
@@ -687,13 +684,10 @@ def _waits_for_kv(r: Reading, usage: float) -> bool:
 
 
 def _standing_queue(r: Reading) -> bool:
-    """Requests waiting for scheduling capacity in a queue one poll can trust (see SCHEDULER_QUEUE_MIN_*);
+    """Requests waiting for scheduling capacity in a queue one poll can trust (kvwatch.forecast.thresholds);
     requests deferred for a LoRA slot or a KV transfer are not helped by --max-num-seqs
     (Reading.requests_waiting_for_capacity)."""
-    waiting = r.requests_waiting_for_capacity
-    if not waiting or r.requests_running is None:  # the queue's share of the running requests is unknown
-        return False
-    return waiting >= max(SCHEDULER_QUEUE_MIN_WAITING, SCHEDULER_QUEUE_MIN_SHARE * r.requests_running)
+    return standing_queue(r.requests_waiting_for_capacity, r.requests_running)
 
 
 def _plural(n: float, noun: str) -> str:

@@ -48,7 +48,7 @@ from kvwatch.forecast.risk import (
     with_recurrence,
 )
 from kvwatch.forecast.robust import SlidingTheilSen
-from kvwatch.forecast.thresholds import BUCKET_SECONDS, BUSY_USAGE, SATURATION_USAGE
+from kvwatch.forecast.thresholds import BUCKET_SECONDS, BUSY_USAGE, SATURATION_USAGE, standing_queue
 from kvwatch.forecast.trend import TrendEstimate, estimate_trend
 
 if TYPE_CHECKING:  # the forecaster reads a Reading's fields; it needs no import of it to run
@@ -478,7 +478,10 @@ class Forecaster:
             waiting=sample.waiting,
             running=sample.running,
             saturated=u >= p.u_sat or waits_for_kv or preempted,
-            queued_below_kv_limit=queued >= 1 and not waits_for_kv and not sample.prefill_server,
+            # (a queue one poll can trust, as check's scheduler_limited reads it: at hundreds of requests a second a
+            # few arrivals wait at nearly every poll, and 0.55 of a 680k-token cache read scheduler_limited)
+            queued_below_kv_limit=standing_queue(queued, sample.running) and not waits_for_kv
+            and not sample.prefill_server,
             progressed=progressed,
             stalls_without_queue=sample.tokens_counted_every_step,
         )

@@ -1,7 +1,22 @@
 """The figures every part of the forecaster shares, written once: the usage forecasts aim at, the usage from which a
 queue means the KV cache is the limit, and the length of the buckets the polls are summarised in. ForecastParams
-hands them to its parts; these are only their defaults."""
+hands them to its parts; these are only their defaults. And the queue one poll can trust, which ``kvwatch check``'s
+``scheduler_limited`` finding and the sidecar's state both read."""
 
 SATURATION_USAGE = 0.95
 BUSY_USAGE = 0.90
 BUCKET_SECONDS = 60.0
+
+# One poll cannot see a queue persist: a standing queue is at least this many requests and this share of the running
+# ones (a request or two arriving between scheduler steps wait for a moment at any load; at hundreds of requests a
+# second a few wait at nearly every poll of a healthy engine, which read scheduler_limited: review, round 25).
+STANDING_QUEUE_MIN_WAITING = 2
+STANDING_QUEUE_MIN_SHARE = 0.1
+
+
+def standing_queue(waiting: float | None, running: float | None) -> bool:
+    """Whether ``waiting`` requests beside ``running`` ones are a queue one poll can trust (False with either
+    unknown: the queue's share of the running requests is not known)."""
+    if not waiting or running is None:
+        return False
+    return waiting >= max(STANDING_QUEUE_MIN_WAITING, STANDING_QUEUE_MIN_SHARE * running)
