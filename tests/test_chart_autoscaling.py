@@ -39,10 +39,12 @@ def test_keda_scaled_object_targets_the_vllm_deployment_with_stabilization() -> 
 
 
 def test_hpa_and_adapter_rules_share_the_queries() -> None:
+    # (the names carry the namespace: prometheus-adapter keys external metrics by name alone, and two releases of
+    # one name in two namespaces read each other's load: review, round 25)
     objects = render(*HPA)
     hpa, rules = only(objects, "HorizontalPodAutoscaler"), only(objects, "ConfigMap")
     names = [m["external"]["metric"]["name"] for m in hpa["spec"]["metrics"]]
-    assert names == ["kvw_kvwatch_kv_demand_replicas", "kvw_kvwatch_kv_exhaustion_replicas"]
+    assert names == ["inference_kvw_kvwatch_kv_demand_replicas", "inference_kvw_kvwatch_kv_exhaustion_replicas"]
     assert hpa["spec"]["metrics"][0]["external"]["target"] == {"type": "AverageValue", "averageValue": "0.75"}
     external = yaml.safe_load(rules["data"]["external-rules.yaml"])["externalRules"]
     assert [r["name"]["as"] for r in external] == names
@@ -264,6 +266,9 @@ def test_another_target_kind_needs_a_series_selector() -> None:
     args = (*MINIMAL, "--set", "autoscaling.enabled=true", "--set", "autoscaling.prometheusAddress=http://p:9090",
             "--set", "deployment.enabled=false", "--set", "autoscaling.scaleTargetRef.name=vllm",
             "--set", "autoscaling.scaleTargetRef.kind=Rollout")
+    # (review, round 25) without its apiVersion the autoscaler looks the kind up in the core group and never scales
+    assert "autoscaling.scaleTargetRef.apiVersion is required for kind Rollout" in render_fails(*args)
+    args += ("--set", "autoscaling.scaleTargetRef.apiVersion=argoproj.io/v1alpha1")
     assert "set autoscaling.seriesSelector" in render_fails(*args)
     render(*args, "--set", r'autoscaling.seriesSelector=namespace="llm"\, pod=~"vllm-.*"')
 

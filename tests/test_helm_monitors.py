@@ -147,6 +147,29 @@ def test_sidecar_monitors_add_no_vllm_target(case: str) -> None:
                 assert "vllm_target" not in relabel({}, endpoint.get("relabelings", []))
 
 
+def test_objects_placed_in_a_shared_namespace_carry_the_release_namespace() -> None:
+    # (review, round 25) releases "llama" in staging and in prod both wrote monitoring/llama-kvwatch (the monitor, the
+    # rule) and monitoring/llama-kvwatch-dashboard: the second install failed, a kubectl apply overwrote the first
+    placed = ("--set", "serviceMonitor.enabled=true", "--set", "serviceMonitor.namespace=monitoring",
+              "--set", "prometheusRule.enabled=true", "--set", "prometheusRule.namespace=monitoring",
+              "--set", "dashboards.enabled=true", "--set", "dashboards.namespace=monitoring")
+
+    def names(namespace: str, *args: str) -> set[tuple[str, str, str]]:
+        result = run_helm("template", "llama", str(CHART), "--namespace", namespace, *MINIMAL, *args)
+        assert result.returncode == 0, result.stderr
+        objects = [o for o in yaml.safe_load_all(result.stdout) if o]
+        return {(o["kind"], o["metadata"]["namespace"], o["metadata"]["name"]) for o in objects
+                if o["kind"] in ("ServiceMonitor", "PrometheusRule", "ConfigMap")}
+
+    staging, prod = names("staging", *placed), names("prod", *placed)
+    assert not staging & prod and ("ServiceMonitor", "monitoring", "llama-kvwatch-staging") in staging
+    assert ("ConfigMap", "monitoring", "llama-kvwatch-prod-dashboard") in prod
+    assert all(len(name) <= 63 for _, _, name in names("n" * 63, *placed))
+    # in the release's own namespace the names are as they were
+    own = names("staging", "--set", "serviceMonitor.enabled=true", "--set", "dashboards.enabled=true")
+    assert {("ServiceMonitor", "staging", "llama-kvwatch"), ("ConfigMap", "staging", "llama-kvwatch-dashboard")} <= own
+
+
 def test_both_monitors_at_once_are_refused() -> None:
     stderr = render_fails(*MINIMAL, "--set", "serviceMonitor.enabled=true", "--set", "podMonitor.enabled=true")
     assert "not both" in stderr

@@ -79,6 +79,16 @@ def test_install_notes_render_for_each_mode(case: str, says: str) -> None:
     assert "port-forward svc/kvw-kvwatch 9747:9747" in notes
 
 
+@pytest.mark.parametrize(("args", "curl"), [
+    ((), "curl -s http://127.0.0.1:9747/metrics"),
+    (("-f", str(CHART / "ci" / "web-config-values.yaml")), "curl -sk -u <user> https://127.0.0.1:9747/metrics"),
+    (("--set", "webConfig.secretName=web"), "curl -s -u <user> http://127.0.0.1:9747/metrics"),
+])
+def test_install_notes_curl_the_way_kvwatch_serves(args: tuple[str, ...], curl: str) -> None:
+    # (review, round 25) plain http against a TLS listener with basic auth
+    assert curl in install_notes("--set", "config.model=m", *args)
+
+
 def test_install_notes_say_what_the_sidecar_polls_and_who_owns_the_replicas() -> None:
     notes = install_notes("--set", f"config.model={MODEL}", "--set", "config.targetUrl=http://127.0.0.1:8001/metrics",
                           "--set", "autoscaling.enabled=true", "--set", "autoscaling.kind=hpa")

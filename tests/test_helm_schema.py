@@ -18,6 +18,7 @@ from helm_helpers import (
     KUBERNETES_VERSION,
     MINIMAL,
     SYNC,
+    containers,
     merged_values,
     only,
     render,
@@ -62,6 +63,7 @@ def test_schema_rejects_typos_and_bad_values(flag: str, culprit: str) -> None:
     ("kvwatch.livenessProbe.httpGet.prot=metrics", "/kvwatch/livenessProbe/httpGet", "prot"),
     ("vllm.resources.request.cpu=8", "/vllm/resources", "request"),
     ("vllm.securityContext.capabilities.add=SYS_ADMIN", "/vllm/securityContext/capabilities/add", "array"),
+    ("imagePullSecrets[0].nmae=regcred", "/imagePullSecrets/0", "nmae"),  # (review, round 25: an open object)
 ])
 def test_schema_rejects_typos_inside_kubernetes_objects(flag: str, where: str, culprit: str) -> None:
     """Probes, resources, security contexts and the strategy are rendered verbatim: without a closed schema a
@@ -315,6 +317,16 @@ def test_a_key_the_templates_need_set_to_null_fails_naming_it(key: str) -> None:
     # (review, round 19). Helm deletes a key set to null: the schema requires these.
     error = render_fails("--set", "config.model=m", "--set", f"{key}=null")
     assert f"missing property '{key.rsplit('.', 1)[-1]}'" in error
+
+
+def test_an_all_digit_image_tag_renders_as_written(tmp_path) -> None:
+    # (review, round 25) a build number as the tag was refused (a number, not a string); from a values file Helm reads
+    # it as a float, which toString printed as 2.0250601e+07
+    values = tmp_path / "tags.yaml"
+    values.write_text("kvwatch:\n  image:\n    tag: 20250601\nvllm:\n  image:\n    tag: 20250602\n")
+    images = {name: c["image"] for name, c in containers(render(*MINIMAL, "-f", str(values))).items()}
+    assert images["kvwatch"].endswith(":20250601") and images["vllm"].endswith(":20250602")
+    assert containers(render(*MINIMAL, "--set", "kvwatch.image.tag=2"))["kvwatch"]["image"].endswith(":2")
 
 
 @pytest.mark.parametrize("tag", ["", "latest"])

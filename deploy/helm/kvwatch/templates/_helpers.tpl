@@ -164,7 +164,7 @@ vLLM out of its Service, and a watchdog must never stop the serving. */}}
 {{- $tag := $image.tag | default $appVersion }}
 {{- if not $tag }}{{ fail "kvwatch.image.tag is required when the chart's appVersion is not available" }}{{ end }}
 - name: kvwatch
-  image: {{ printf "%s:%s" (required "kvwatch.image.repository is required" $image.repository) (toString $tag) | quote }}
+  image: {{ printf "%s:%s" (required "kvwatch.image.repository is required" $image.repository) (include "kvwatch.scalar" $tag) | quote }}
   imagePullPolicy: {{ $image.pullPolicy | default "IfNotPresent" }}
   args:
     - serve
@@ -508,6 +508,25 @@ share their beginning still differ, and two suffixes of one release too. Call wi
 {{- else }}
 {{- printf "%s-%s-%s" ($full | trunc (int (sub 53 (len .suffix))) | trimSuffix "-") ($full | sha256sum | trunc 8) .suffix }}
 {{- end }}
+{{- end }}
+
+{{/*
+The name of an object that may sit in another namespace (the monitors', the rule's and the dashboard's `namespace`):
+there the release's namespace joins it, or two releases of one name in two namespaces wrote the same object (review,
+round 25). A long namespace is cut to 12 characters and 8 of its hash.
+*/}}
+{{- define "kvwatch.placedName" -}}
+{{- $suffix := .suffix | default "" -}}
+{{- $ns := .root.Release.Namespace -}}
+{{- if and .namespace (ne .namespace $ns) -}}
+{{- if gt (len $ns) 20 -}}{{- $ns = printf "%s%s" ($ns | trunc 12) ($ns | sha256sum | trunc 8) -}}{{- end -}}
+{{- $suffix = printf "%s-%s" $ns $suffix | trimSuffix "-" -}}
+{{- end -}}
+{{- if $suffix -}}
+{{- include "kvwatch.suffixedName" (dict "root" .root "suffix" $suffix) -}}
+{{- else -}}
+{{- include "kvwatch.fullname" .root -}}
+{{- end -}}
 {{- end }}
 
 {{/*
