@@ -429,6 +429,7 @@ def test_a_timestamp_past_64_bits_is_refused_with_its_line_however_long() -> Non
         with pytest.raises(ParseError, match=r"line 2: timestamp .* is out of the 64-bit range"):
             parse(f"x 1\ny 1 {stamp}\n")
     assert parse("x 1 00000000000000000000001\n").samples("x")
+    assert parse(f"x 1 {'0' * 5000}1\ny 1 -{'0' * 5000}5\n").samples("y")  # leading zeros, as Go's ParseInt reads
 
 
 def test_a_byte_order_mark_is_refused_and_named() -> None:

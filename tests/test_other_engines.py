@@ -545,7 +545,8 @@ def test_a_pd_prefill_servers_running_count_sets_no_concurrency_limit() -> None:
     assert "prefill server" in kv_bound["message"] and "decode" in kv_bound["message"]
 
 
-@pytest.mark.parametrize("queue", ["num_prefill_inflight_queue_reqs", "num_prefill_prealloc_queue_reqs"])
+@pytest.mark.parametrize("queue", ["num_prefill_inflight_queue_reqs", "num_prefill_bootstrap_queue_reqs",
+                                   "num_prefill_prealloc_queue_reqs"])
 def test_a_prefill_server_labelled_unified_is_told_by_its_own_queues(queue: str) -> None:
     # SGLang releases before it labelled the role wrote engine_type="unified" on every server (review, round 25):
     # a PD prefill server then got the limit of 8 above. Its transfer or bootstrap queue (named prealloc in those
@@ -676,3 +677,16 @@ def test_sglang_families_spelled_with_an_underscore_read_as_with_the_colon(name:
     assert underscore.readings == colon.readings and underscore.readings
     assert underscore.detection.version_range == f"{colon.detection.version_range} (sglang_ prefix)"
     assert underscore.detection.usage_metric == colon.detection.usage_metric.replace("sglang:", "sglang_")
+
+
+def test_an_index_label_of_thousands_of_digits_is_no_internal_error() -> None:
+    # (review, round 25) int() of a 5,000-digit engine label raised past Python's digit limit: reason "internal"
+    huge = "1" * 5000
+    page = (f'vllm:num_requests_running{{engine="{huge}",model_name="m"}} 1\n'
+            'vllm:num_requests_running{engine="0",model_name="m"} 1\n')
+    with pytest.raises(ScrapeError) as info:
+        interpret(page, None, timestamp=1.0)
+    assert info.value.reason == "too_large"  # the label's length, said as such
+    from kvwatch.engines.series import decimal_index
+
+    assert [decimal_index(t) for t in ("0042", "²", huge, " 7 ", "x")] == [42, None, None, 7, None]

@@ -574,9 +574,11 @@ class _Parser:
             if _GO_FLOAT.fullmatch(stamp) and not stamp.lower().lstrip("+-").startswith(("inf", "nan")):
                 return float(stamp)
         elif _INT64.fullmatch(stamp):
-            # (the length first: int() of a number past 4,300 digits raises, "cannot parse" without a line number)
-            if len(stamp.lstrip("+-0")) <= 19 and -(2**63) <= int(stamp) < 2**63:
-                return int(stamp)
+            # (the length first, its leading zeros gone: int() of a number past 4,300 digits raises, "cannot parse"
+            # without a line number)
+            sign, digits = ("-" if stamp[0] == "-" else ""), stamp.lstrip("+-").lstrip("0") or "0"
+            if len(digits) <= 19 and -(2**63) <= (value := int(sign + digits)) < 2**63:
+                return value
             raise _err(lineno, f"timestamp {stamp[:40]!r} is out of the 64-bit range", line)
         if " " in stamp or "\t" in stamp:
             raise _err(lineno, "spurious string after timestamp", line)

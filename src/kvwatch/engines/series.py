@@ -150,6 +150,23 @@ def histogram_samples(exposition: Exposition, family: str) -> list[Sample]:
     return exposition.samples(family) or [s for part in HISTOGRAM_PARTS for s in exposition.samples(family + part)]
 
 
+def decimal_index(text: str) -> int | None:
+    """``text`` as a count or index where it is one (an engine, a rank, a parallel size: at most 18 digits once its
+    leading zeros are gone; int() of a label of thousands of digits raised past Python's limit, an internal error:
+    review, round 25), else None."""
+    digits = text.strip()
+    if not digits.isdecimal():
+        return None
+    digits = digits.lstrip("0") or "0"
+    return int(digits) if len(digits) <= 18 else None
+
+
+def engine_order(key: SeriesKey) -> tuple[str, int, str]:
+    """A series' place: by model, then by engine index (engine "10" after "9"), a non-index engine last."""
+    index = decimal_index(key[1])
+    return (key[0], 1 << 62 if index is None else index, key[1])
+
+
 def series_keys(indexes: Iterable[Index], default_engine: str = "0") -> list[SeriesKey]:
     """Every series the indexes name, sorted; a sample without a model label joins the named series."""
     partial = {k for index in indexes for k in index.partial_keys()}
@@ -159,7 +176,7 @@ def series_keys(indexes: Iterable[Index], default_engine: str = "0") -> list[Ser
         models = ["unknown"]
     keys = {(m, e) for m in models for e in engines
             if any((pm in (m, None)) and (pe in (e, None)) for pm, pe in partial)}
-    return sorted(keys, key=lambda k: (k[0], int(k[1]) if k[1].isdecimal() else 1 << 30, k[1]))
+    return sorted(keys, key=engine_order)
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:

@@ -45,6 +45,7 @@ from kvwatch.engines import Selector, SourceOverrides, UnrecognisedPayload
 from kvwatch.engines.series import (
     Index,
     KeyOf,
+    decimal_index,
     finished_by_reason,
     latency_for,
     latency_index,
@@ -265,7 +266,7 @@ def _pipelined(exposition: Exposition, info: str) -> bool:
     """True when trtllm-serve's parallel config info says pipeline parallelism (one micro-batch per iteration)."""
     for sample in exposition.samples(info):
         size = sample.labels.get("pipeline_parallel_size") or sample.labels.get("pp_size")
-        if size is not None and size.strip().isdigit() and int(size) > 1:
+        if size is not None and (decimal_index(size) or 0) > 1:
             return True
     return False
 
@@ -290,8 +291,8 @@ MAX_JSON_VALUES = 250_000
 def _dp_rank(row: Mapping[str, Any]) -> int | None:
     """A row's ``attentionDpRank`` as a number (written as one, or as its digits), else None."""
     rank = row.get("attentionDpRank")
-    if isinstance(rank, str) and rank.strip().isdecimal():
-        return int(rank)
+    if isinstance(rank, str):
+        return decimal_index(rank)
     return rank if isinstance(rank, int) and not isinstance(rank, bool) else None
 
 

@@ -38,7 +38,14 @@ from dataclasses import replace
 from types import MappingProxyType
 
 from kvwatch.engines import Selector, SourceOverrides, UnrecognisedPayload
-from kvwatch.engines.series import differing_labels, latency_for, latency_index, sample_named, underscore_escaped
+from kvwatch.engines.series import (
+    differing_labels,
+    engine_order,
+    latency_for,
+    latency_index,
+    sample_named,
+    underscore_escaped,
+)
 from kvwatch.exposition import Exposition, Sample
 from kvwatch.model import CAPACITY_UNDETERMINED, VLLM, Detection, Poll, Reading, SeriesKey
 
@@ -195,7 +202,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     transfers_in_queue = not exposition.samples(WAITING_BY_REASON) and any(
         name.startswith(NIXL_PREFIX) for name in exposition.names)
     readings = []
-    ordered = sorted(keys, key=_sort_key)
+    ordered = sorted(keys, key=engine_order)
     dropped = max(0, len(ordered) - max_series) if max_series is not None else 0
     for key in ordered[:len(ordered) - dropped]:
         config = _config_for(configs, key)
@@ -246,7 +253,8 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             label_number(c.get("num_gpu_blocks")) is not None and label_number(c.get("block_size")) is not None
             for c in configs.values()) else (
             "vllm:cache_config_info{num_gpu_blocks_override x block_size}" if any(
-                override_blocks(c) for c in configs.values()) else None))
+                override_blocks(c) and label_number(c.get("block_size")) is not None for c in configs.values())
+            else None))
     detection = replace(detection, running_metric=str(running) if running_samples else None,
                         waiting_metric=str(waiting) if waiting_samples else None, capacity_metric=capacity_name)
     undetermined = tuple((r.key, "kv_usage_ratio", _usage_undetermined(usage, usage_samples, r.key))
@@ -316,9 +324,6 @@ def _series_keys(groups: Iterable[list[Sample]]) -> set[SeriesKey]:
     return {("unknown", k[1]) for k in keys}
 
 
-def _sort_key(key: SeriesKey) -> tuple[str, int, str]:
-    engine = key[1]
-    return (key[0], int(engine) if engine.isdecimal() else 1 << 30, engine)
 
 
 class _Index(dict[tuple[str | None, str | None], list[Sample]]):
