@@ -1386,5 +1386,8 @@ def test_a_full_cache_with_no_queue_count_says_the_bottleneck_cannot_be_told() -
         assert found["queue_unknown"]["severity"] == severity
         assert ("may be the bottleneck" in found["queue_unknown"]["message"]) == (severity == "warning")
     with_queue = page % "0.97" + 'vllm:num_requests_waiting{engine="0",model_name="m"} 0\n'
+    impossible = build_report(interpret(with_queue.replace("} 0\n", "} -4\n"), None, timestamp=0.0))
+    ids = {f["id"] for f in impossible["findings"]}  # a count the page has, impossible: said so, not "no count"
+    assert "implausible_values" in ids and "queue_unknown" not in ids
     report = build_report(interpret(with_queue, None, timestamp=0.0))
     assert "queue_unknown" not in {f["id"] for f in report["findings"]}

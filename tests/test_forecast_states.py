@@ -195,6 +195,9 @@ def test_a_few_arrivals_waiting_beside_hundreds_running_are_no_scheduler_limit(w
     samples = [replace(s, running=300.0) for s in stream(lambda t: 0.55, waiting=lambda t: waiting, seconds=1800)]
     states = [r.state for r in run(Forecaster(), samples)]
     assert (states[-1] == "scheduler_limited") == limited and ("scheduler_limited" in states) == limited
+    # a page without a running count (its 0 in the sample is no count): no queue's share is known, none stands
+    unknown = [replace(s, running=0.0, running_known=False) for s in samples]
+    assert "scheduler_limited" not in {r.state for r in run(Forecaster(), unknown)}
 
 
 def test_a_queue_beside_a_full_cache_as_often_as_with_room_is_not_scheduler_limited():
@@ -721,14 +724,16 @@ def test_a_sample_pickled_before_a_field_was_added_unpickles_with_its_default():
     from dataclasses import fields
 
     sample = ForecastSample(timestamp=1.0, kv_usage=0.5, waiting=3.0, waiting_for_capacity=2.0, asleep=True,
-                            prefill_server=True, tokens_counted_every_step=True, prefix_cache_hit_ratio=0.4)
-    added = ("waiting_for_capacity", "asleep", "prefill_server", "tokens_counted_every_step", "prefix_cache_hit_ratio")
+                            prefill_server=True, tokens_counted_every_step=True, prefix_cache_hit_ratio=0.4,
+                            running_known=False)
+    added = ("waiting_for_capacity", "asleep", "prefill_server", "tokens_counted_every_step", "prefix_cache_hit_ratio",
+             "running_known")
     assert tuple(f.name for f in fields(sample))[-len(added):] == added
     old_state = [getattr(sample, f.name) for f in fields(sample)][:-len(added)]  # as written before they were
     restored = ForecastSample.__new__(ForecastSample)
     restored.__setstate__(old_state)
     assert restored == replace(sample, waiting_for_capacity=None, asleep=False, prefill_server=False,
-                               tokens_counted_every_step=False, prefix_cache_hit_ratio=None)
+                               tokens_counted_every_step=False, prefix_cache_hit_ratio=None, running_known=True)
 
 
 def test_scheduler_limited_band_holds_between_half_and_as_many_saturated_polls():

@@ -792,6 +792,9 @@ def test_blocks_without_a_block_size_name_no_capacity_source_and_the_finding_say
             'vllm:cache_config_info{cache_dtype="fp8_e4m3",engine="0",num_gpu_blocks="1000"} 1.0\n')
     poll = interpret(page, None, timestamp=0.0)
     assert poll.detection.capacity_metric is None and poll.readings[0].kv_capacity_tokens is None
+    overridden = interpret(page.replace('num_gpu_blocks="1000"', 'num_gpu_blocks="1000",num_gpu_blocks_override="500"'),
+                           None, timestamp=0.0)
+    assert overridden.detection.capacity_metric is None
     (finding,) = [f for f in build_report(poll)["findings"] if f["id"] == "capacity_unknown"]
     assert "num_gpu_blocks or block_size is None or absent" in finding["message"]
 

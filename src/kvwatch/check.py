@@ -585,7 +585,8 @@ def findings(states: Iterable[SeriesState],
                 "not help. "
                 "One poll: watch kvwatch_state{state=\"scheduler_limited\"} (kvwatch serve) to see it persist."),
                 **where))
-        elif r.requests_waiting is None and "requests_waiting" not in why.get(r.key, {}) and not r.prefill_server:
+        elif r.requests_waiting is None and "requests_waiting" not in why.get(r.key, {}) | bad and \
+                not r.prefill_server:
             # (a 97 % full cache with no queue count raised no finding at all: kv_bound needs a waiting request)
             full = _waits_for_kv(r, usage)
             out.append(Finding("queue_unknown", "warning" if full else "info", (

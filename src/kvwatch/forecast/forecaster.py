@@ -118,6 +118,9 @@ class ForecastSample:
     tokens_counted_every_step: bool = False
     # Reading.prefix_cached_share: a waiting prompt needs KV only for what the prefix cache does not hold (v9).
     prefix_cache_hit_ratio: float | None = None
+    # False where the page has no running count (``running`` is then 0): no queue's share of it is known, so no
+    # queue stands (kvwatch.forecast.thresholds.standing_queue, as check reads it).
+    running_known: bool = True
 
     def __setstate__(self, state: Sequence[Any]) -> None:
         """Unpickle by field order, the fields a pickle predates at their defaults (benchmarks/ keeps simulated
@@ -138,6 +141,7 @@ class ForecastSample:
             prefill_server=reading.prefill_server,
             tokens_counted_every_step=reading.tokens_counted_every_step,
             prefix_cache_hit_ratio=reading.prefix_cached_share,
+            running_known=reading.requests_running is not None,
             capacity_tokens=_capacity_of(reading),
             running=reading.requests_running or 0.0,
             waiting=reading.requests_waiting or 0.0,
@@ -480,7 +484,8 @@ class Forecaster:
             saturated=u >= p.u_sat or waits_for_kv or preempted,
             # (a queue one poll can trust, as check's scheduler_limited reads it: at hundreds of requests a second a
             # few arrivals wait at nearly every poll, and 0.55 of a 680k-token cache read scheduler_limited)
-            queued_below_kv_limit=standing_queue(queued, sample.running) and not waits_for_kv
+            queued_below_kv_limit=standing_queue(queued, sample.running if sample.running_known else None)
+            and not waits_for_kv
             and not sample.prefill_server,
             progressed=progressed,
             stalls_without_queue=sample.tokens_counted_every_step,
