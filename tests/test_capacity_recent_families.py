@@ -95,6 +95,9 @@ def test_an_unknown_type_with_kv_lora_rank_says_vllm_may_cache_a_latent():
     assert not a.is_mla
     (note,) = [n for n in a.notes if "kv_lora_rank" in n]
     assert "model_type newcat is not one vLLM caches as a latent" in note and "192" in note
+    # a head_dim given is the size used, and the one quoted
+    (note,) = [n for n in arch_from_config({**cfg, "head_dim": 128}).notes if "kv_lora_rank" in n]
+    assert "K and V of 128" in note
 
 
 def test_plamo2_attention_layers_follow_mamba_step():

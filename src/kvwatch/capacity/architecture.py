@@ -384,11 +384,10 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
     layer_types = (layout.types if layout is not None
                    else layer_types_from_config(cfg, num_layers, model_type, architectures))
     notes: list[str] = []
-    if decompressed and model_type not in _DECOMPRESSED_MLA_TYPES:
+    if kv_lora_rank is not None and not is_mla and model_type not in _DECOMPRESSED_MLA_TYPES:
         notes.append(f"config.json has kv_lora_rank, and model_type {model_type} is not one vLLM caches as a latent "
-                     f"(MLA): sized as per-head K and V of {decompressed} (qk_nope + qk_rope), as vLLM's MiniCPM3; a "
-                     "vLLM that serves it with MLA caches kv_lora_rank + qk_rope_head_dim per token and layer, far "
-                     "less")
+                     f"(MLA): sized as per-head K and V of {head_dim}, as vLLM's MiniCPM3; a vLLM that serves it with "
+                     "MLA caches kv_lora_rank + qk_rope_head_dim per token and layer, far less")
     if model_type in _LONGCAT_TYPES:
         # Each decoder layer runs two MLA attentions, each with a cache of its own (FlashDecoderLayer in vLLM's
         # longcat_flash.py; LongCat-Flash-Lite's n-gram model reuses it, and LongCat-Next's ports build on that
