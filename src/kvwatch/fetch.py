@@ -222,7 +222,7 @@ class Fetcher:
                         if declared.isdecimal() and int(declared) <= REDIRECT_BODY_BYTES and \
                                 not response.headers.get("Content-Encoding"):
                             await response.aread()  # a small body read keeps the connection for the next poll
-                        if (url.scheme, url.host, url.port) != (origin.scheme, origin.host, origin.port):
+                        if not _same_origin(url, origin):
                             # credentials go to the target's origin only, as httpx's own following does
                             auth, headers = None, {k: v for k, v in headers.items() if k != "Authorization"}
                         continue
@@ -288,7 +288,7 @@ class Fetcher:
         """A redirect to another host or port is followed, as Prometheus follows it, and said once per place: its
         page is then reported as this target's (it was followed without a word; another port was until round 25)."""
         final, asked = response.url, httpx.URL(self._request_url)
-        if not hops or (final.scheme, final.host, final.port) == (asked.scheme, asked.host, asked.port):
+        if not hops or _same_origin(final, asked):
             return
         place = redact_url(str(final.copy_with(query=None)))
         if place != self._redirected_to:
@@ -473,6 +473,11 @@ def decode_body(body: bytes | bytearray, charset: str | None, source: str, said_
         where = f"{source}: " if source else ""
         raise ScrapeError("parse", f"{where}line {line}: invalid {exc.encoding} ({exc.reason} at byte "
                                    f"{exc.start:,})") from None
+
+
+def _same_origin(a: httpx.URL, b: httpx.URL) -> bool:
+    """One server: the same scheme, host and port (httpx's port is None for the scheme's default)."""
+    return (a.scheme, a.host, a.port) == (b.scheme, b.host, b.port)
 
 
 def _why(exc: BaseException) -> str:
