@@ -546,7 +546,6 @@ class TargetSettings(DeploymentSettings):
                 raise ValueError(f"not a PEM CA bundle: {exc}") from None
         return v
 
-
     # 64: a vLLM pod exports 1-8 series (one model name, one engine per data-parallel rank on the node), so
     # 8x headroom. Each series kept costs memory (history, forecaster, capacity state), and the cap is what
     # bounds a label explosion: at 1000 it peaked at ~76 MB, over the 64 MB budget (docs/reliability.md). check
