@@ -1391,3 +1391,17 @@ def test_a_full_cache_with_no_queue_count_says_the_bottleneck_cannot_be_told() -
     assert "implausible_values" in ids and "queue_unknown" not in ids
     report = build_report(interpret(with_queue, None, timestamp=0.0))
     assert "queue_unknown" not in {f["id"] for f in report["findings"]}
+
+
+@pytest.mark.parametrize(("usage", "waiting", "kv_bound"), [("0.91", 1, False), ("0.91", 40, True), ("0.96", 1, True)])
+def test_a_few_arrivals_waiting_beside_hundreds_running_below_the_saturation_are_not_kv_bound(
+        usage: str, waiting: int, kv_bound: bool) -> None:
+    # (review, round 25) a critical "the KV cache is the bottleneck" for one request beside 300 running at 0.91
+    from kvwatch.payload import interpret
+
+    page = (f'vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} {usage}\n'
+            'vllm:num_requests_running{engine="0",model_name="m"} 300\n'
+            f'vllm:num_requests_waiting{{engine="0",model_name="m"}} {waiting}\n'
+            'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="40000"} 1\n')
+    ids = {f["id"] for f in build_report(interpret(page, None, timestamp=0.0))["findings"]}
+    assert ("kv_bound" in ids) == kv_bound and "scheduler_limited" not in ids

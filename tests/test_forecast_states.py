@@ -365,10 +365,22 @@ def test_a_gap_in_the_polls_is_no_window_of_data():
     assert results[-1].state != "bottleneck"
 
 
+@pytest.mark.parametrize(("usage", "waiting", "bottleneck"), [
+    (0.92, 3.0, False),  # a few arrivals beside 300 running below the saturation: the next step admits them
+    (0.92, 40.0, True),  # a standing queue from 0.90
+    (0.96, 1.0, True),  # at the saturation any queue
+])
+def test_a_queue_waits_for_kv_from_090_only_where_it_stands(usage: float, waiting: float, bottleneck: bool):
+    # (review, round 25) one request waiting beside 300 running at 0.91 read as a full cache: check's critical
+    # kv_bound and serve's bottleneck alike; below 0.95 the queue must stand (check's rule), or the next prompt not fit
+    samples = [replace(s, running=300.0) for s in stream(lambda t: usage, waiting=lambda t: waiting, seconds=1200)]
+    assert (run(Forecaster(), samples)[-1].state == "bottleneck") == bottleneck
+
+
 def test_a_deferred_queue_is_not_a_saturation_in_serve_either():
     # check's kv_bound counts only requests waiting for capacity; the forecaster's saturated polls now do too.
     samples = [replace(s, waiting_for_capacity=0.0) for s in
-               stream(lambda t: 0.92, waiting=lambda t: 6.0, seconds=1200)]
+               stream(lambda t: 0.92, waiting=lambda t: 12.0, seconds=1200)]  # (a standing queue beside 92)
     assert run(Forecaster(), samples)[-1].state != "bottleneck"
     assert run(Forecaster(), [replace(s, waiting_for_capacity=None) for s in samples])[-1].state == "bottleneck"
 

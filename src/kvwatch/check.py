@@ -1,7 +1,8 @@
 """``kvwatch check [URL] [--file PATH] [--json]``: one poll, then a diagnosis a person can act on.
 
 Findings follow the troubleshooting checklist (stable ids, see docs/metrics.md):
-``kv_bound`` (a queue at KV ≥ 0.90, or below with fewer tokens free than a mean prompt needs),
+``kv_bound`` (a queue at KV ≥ 0.95, a standing one from 0.90, or below with fewer tokens free than a mean prompt
+needs: kvwatch.forecast.thresholds.queue_waits_for_kv, the sidecar's rule),
 ``scheduler_limited`` (a standing queue while KV < 0.9 has room for the next prompt), ``preemptions``
 (any preemption, or SGLang retraction, since the engine started), ``prefix_cache_ineffective`` (prefix
 caching on, hit ratio < 10 %),
@@ -52,7 +53,7 @@ from kvwatch.engines.detect import OMNI_NOTE
 from kvwatch.fetch import CappedBody, Fetcher, decode_body, held_text
 from kvwatch.forecast import Forecaster, ForecastParams, ForecastSample
 from kvwatch.forecast.detector import no_room_in
-from kvwatch.forecast.thresholds import standing_queue
+from kvwatch.forecast.thresholds import queue_waits_for_kv, standing_queue
 from kvwatch.model import SGLANG, TENSORRT_LLM, VLLM, Detection, Poll, Reading
 from kvwatch.payload import ScrapeError, interpret
 from kvwatch.settings import CheckSettings, SettingsError, add_settings_flags, load_settings, redact_url
@@ -550,7 +551,7 @@ def findings(states: Iterable[SeriesState],
         elif usage is None:
             out.append(Finding("usage_unknown", "warning", "No KV usage metric found: pass --usage-metric with the "
                                "name your engine (or proxy) exports.", **where))
-        elif waiting > 0 and _waits_for_kv(r, usage) and not leaking(r):
+        elif queue_waits_for_kv(usage, waiting, r.requests_running, no_room=no_room_in(r, usage)) and not leaking(r):
             # Nothing running on an engine whose queue may hold KV (kvwatch.capacity.findings.kv_usage_stuck): a
             # PD prefill server's transfers, or a leak; the payload cannot tell which, so the message says both.
             fixes = "The advisor's fixes for this series follow, cheapest first (\"advice\" in --json)."
@@ -677,10 +678,11 @@ def _free_tokens(r: Reading, usage: float) -> float:
 
 
 def _waits_for_kv(r: Reading, usage: float) -> bool:
-    """The forecaster's rule for a queue (kvwatch.forecast): it waits for KV at ``u_busy`` (0.90) used, and below
-    that when fewer tokens are free than a mean prompt needs (detector.no_room_for_next_request). One poll has only
-    the mean since the engine started; serve's state takes the last 30 minutes', so after a change of mix the two
-    can differ (the message says which mean it used)."""
+    """Whether the cache is full enough that a queue there may wait for KV: ``u_busy`` (0.90) used, or fewer tokens
+    free than a mean prompt needs (detector.no_room_for_next_request): no scheduler limit then, and preemptions are
+    current (kv_bound itself asks queue_waits_for_kv, which also weighs the queue). One poll has only the mean since
+    the engine started; serve's state takes the last 30 minutes', so after a change of mix the two can differ (the
+    message says which mean it used)."""
     return usage >= KV_BOUND_USAGE or no_room_in(r, usage)
 
 

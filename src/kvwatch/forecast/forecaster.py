@@ -48,7 +48,13 @@ from kvwatch.forecast.risk import (
     with_recurrence,
 )
 from kvwatch.forecast.robust import SlidingTheilSen
-from kvwatch.forecast.thresholds import BUCKET_SECONDS, BUSY_USAGE, SATURATION_USAGE, standing_queue
+from kvwatch.forecast.thresholds import (
+    BUCKET_SECONDS,
+    BUSY_USAGE,
+    SATURATION_USAGE,
+    queue_waits_for_kv,
+    standing_queue,
+)
 from kvwatch.forecast.trend import TrendEstimate, estimate_trend
 
 if TYPE_CHECKING:  # the forecaster reads a Reading's fields; it needs no import of it to run
@@ -473,9 +479,11 @@ class Forecaster:
         if sample.asleep:  # a queue an operator put to sleep is neither a stall nor a scheduler limit
             return SampleFlags(sample.timestamp, u, 0.0, False, False, None)
         queued = sample.waiting if sample.waiting_for_capacity is None else sample.waiting_for_capacity
-        waits_for_kv = queued >= 1 and (u >= p.u_busy or (
-            p.room_for_next_request and no_room_for_next_request(u, sample.capacity_tokens, self._prompt_mean(sample),
-                                                                 sample.prefix_cache_hit_ratio)))
+        running = sample.running if sample.running_known else None
+        waits_for_kv = queue_waits_for_kv(
+            u, queued, running, saturation=p.u_sat, busy=p.u_busy,
+            no_room=queued >= 1 and p.room_for_next_request and no_room_for_next_request(
+                u, sample.capacity_tokens, self._prompt_mean(sample), sample.prefix_cache_hit_ratio))
         return SampleFlags(
             timestamp=sample.timestamp,
             usage=u,
@@ -484,7 +492,7 @@ class Forecaster:
             saturated=u >= p.u_sat or waits_for_kv or preempted,
             # (a queue one poll can trust, as check's scheduler_limited reads it: at hundreds of requests a second a
             # few arrivals wait at nearly every poll, and 0.55 of a 680k-token cache read scheduler_limited)
-            queued_below_kv_limit=standing_queue(queued, sample.running if sample.running_known else None)
+            queued_below_kv_limit=standing_queue(queued, running)
             and not waits_for_kv
             and not sample.prefill_server,
             progressed=progressed,

@@ -20,3 +20,13 @@ def standing_queue(waiting: float | None, running: float | None) -> bool:
     if not waiting or running is None:
         return False
     return waiting >= max(STANDING_QUEUE_MIN_WAITING, STANDING_QUEUE_MIN_SHARE * running)
+
+
+def queue_waits_for_kv(usage: float, waiting: float | None, running: float | None, *, no_room: bool,
+                       saturation: float = SATURATION_USAGE, busy: float = BUSY_USAGE) -> bool:
+    """Whether the requests waiting wait for the KV cache: any queue at ``saturation`` used, a standing one from
+    ``busy`` (below the saturation a few arrivals waiting for the next step fit: one request beside 300 running at
+    0.91 read as a full cache; review, round 25), and any where the next prompt does not fit (``no_room``)."""
+    if not waiting or waiting < 1:
+        return False
+    return usage >= saturation or (usage >= busy and standing_queue(waiting, running)) or no_room
