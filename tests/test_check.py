@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -710,6 +711,12 @@ def test_a_sleeping_engine_gets_no_kv_diagnosis(tmp_path: Path, capsys: pytest.C
     (message,) = [f["message"] for f in report["findings"] if f["id"] == "engine_asleep" and f["engine"] == "0"]
     assert "paused (vLLM's sleep level 0: its KV cache is kept) or has released its KV cache" in message
     assert report["series"][0]["sleep_state"] == "asleep"
+    # the summary's capacity and ceilings are the pool it gets back, not room now (review, round 26)
+    assert main(["check", "--file", str(tmp_path / "asleep.prom")]) == 0
+    engine0_text = capsys.readouterr().out.split("engine 1:")[0]
+    assert re.search(r"KV capacity +[\d,]+ tokens once awake \(the engine is asleep: weights_offloaded\)",
+                     engine0_text)
+    assert re.search(r"max concurrency .* at max-model-len once awake", engine0_text)
 
 
 def test_a_queue_of_deferred_requests_is_not_kv_bound(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -738,9 +738,14 @@ def render(report: dict[str, Any]) -> str:
         # (review, round 22: the formula's figure read as the engine's own; --json said "formula" only)
         estimated = " (kvwatch's estimate from the model and the card: the engine reports none)" \
             if s["capacity_source"] == "formula" else ""
-        lines.append("  KV capacity     " + (f"{capacity:,} tokens{estimated}" if capacity is not None else "unknown"))
+        # (review, round 26: "740 more fit" stood above a finding that the sleeping engine's cache is released)
+        asleep = f" once awake (the engine is asleep: {s['sleep_state']})" \
+            if s["sleep_state"] not in (None, "awake") else ""
+        lines.append("  KV capacity     " + (f"{capacity:,} tokens{estimated}{asleep}" if capacity is not None
+                                             else "unknown"))
         mix, worst = s["max_concurrency"], s["max_concurrency_max_model_len"]
         lines.append(f"  max concurrency {_fmt(mix, '.1f')} at the observed mix, {_fmt(worst, '.1f')} at max-model-len"
+                     + asleep
                      # No request is longer than max-model-len: a mix below it counts KV that no running request
                      # holds (a request waiting with its KV, transfers), which the limit must leave room for.
                      + (" (the mix is below it: KV held by no running request counts against it)"
