@@ -276,3 +276,32 @@ def test_an_mla_plan_says_vllm_raises_its_block_size_on_nvidia() -> None:
     for block_size in (64, 128):
         assert not [n for n in plan_capacity(replace(spec, block_size=block_size)).notes if n.startswith("MLA on")]
     assert not [n for n in plan_capacity(llama_h100()).notes if n.startswith("MLA on")]
+
+
+def test_fp8_weights_what_if_reads_the_weights_as_priced_not_the_schemes_nominal_bytes() -> None:
+    # (review, round 26) experts_int8 on a dense model leaves its weights in bf16, yet the what-if said "already
+    # experts_int8: no gain" where --quantization fp8 planned directly gives 11.8 % more tokens
+    dense = llama_h100(quantization="experts_int8")
+    fp8 = {s.name: s for s in whatif_scenarios(dense)}["fp8_weights"]
+    direct = plan_capacity(llama_h100(quantization="fp8"))
+    assert "no gain" not in fp8.note
+    assert fp8.kv_cache_tokens == direct.kv_cache_tokens > plan_capacity(dense).kv_cache_tokens
+    already = {s.name: s for s in whatif_scenarios(llama_h100(quantization="fp8"))}["fp8_weights"]
+    assert "already fp8: no gain" in already.note
+    awq = {s.name: s for s in whatif_scenarios(llama_h100(quantization="awq"))}["fp8_weights"]
+    assert "no gain" in awq.note  # 4-bit weights: FP8 would take more
+
+
+def test_a_measured_pool_with_a_known_model_re_budgets_fp8_and_tp_from_the_weights_estimate() -> None:
+    # (review, round 26) --model with --available-kv-gib left both rows blank, asking for "--weights-gib or --model"
+    measured = llama_h100(available_kv_bytes=58.11 * GIB)
+    rows = {s.name: s for s in whatif_scenarios(measured)}
+    weights = estimate_weights_bytes(measured.arch, 2, None, 1, 1)
+    told = replace(measured, weights_bytes=weights)
+    for name in ("fp8_weights", "tensor_parallel_x2"):
+        assert rows[name].kv_cache_tokens is not None, rows[name].note
+        assert f"weights {weights / GIB:.2f} GiB per GPU, estimated from the model" in rows[name].note
+        assert rows[name].kv_cache_tokens == {s.name: s for s in whatif_scenarios(told)}[name].kv_cache_tokens
+    no_model = {s.name: s for s in whatif_scenarios(replace(measured, arch=None, kv_bytes_per_token=131072))}
+    assert no_model["fp8_weights"].kv_cache_tokens is None
+    assert "--weights-gib, or --model" in no_model["fp8_weights"].note

@@ -79,26 +79,47 @@ def _weights_ratio(spec: DeploymentSpec, quantization: str, dtype_bytes: int) ->
     return after / now if now else 1.0
 
 
+def _weights(spec: DeploymentSpec) -> tuple[float | None, str]:
+    """Today's weights per GPU: measured (``--weights-gib``), else kvwatch's estimate from the model where it is
+    known (a measured KV pool needs no weights to plan, but FP8 and TP re-budget it by what they free: review,
+    round 26, asked for ``--model`` with ``--model`` given), with a note saying it is an estimate."""
+    if spec.weights_bytes is not None:
+        return spec.weights_bytes, ""
+    if spec.arch is None:
+        return None, ""
+    try:
+        weights = memory.estimate_weights_bytes(
+            spec.arch, memory.model_dtype_bytes(spec.dtype, spec.arch), spec.quantization,
+            spec.tensor_parallel_size, spec.pipeline_parallel_size, compute_capability=spec.gpu_compute_capability)
+    except QuantizationError:
+        return None, ""
+    return float(weights), f" (weights {weights / 2**30:.2f} GiB per GPU, estimated from the model)"
+
+
 def _fp8_weights(spec: DeploymentSpec, base: CapacityPlan) -> tuple[DeploymentSpec | None, str]:
     dtype_bytes = memory.model_dtype_bytes(spec.dtype, spec.arch)
     try:
         current = memory.resolve_quantization(spec.quantization, spec.arch)
     except QuantizationError as exc:
         return None, f"cannot price today's weights: {exc}"
-    if current is not None and current.bytes_per_param <= 1.0:
+    # Where the model is known, the weights as priced decide, not the scheme's nominal bytes: experts_int8 on a
+    # dense model leaves its weights in the model dtype (review, round 26: "already experts_int8: no gain" beside
+    # bf16-priced weights that FP8 would shrink by 11.8 % of the plan's tokens).
+    ratio = _weights_ratio(spec, "fp8", dtype_bytes)
+    if current is not None and (ratio >= 1.0 if spec.arch is not None else current.bytes_per_param <= 1.0):
         return replace(spec), f"weights are already {current.scheme}: no gain"
     if spec.kv_pool_fixed:
         return replace(spec), f"{FIXED_POOL}: the memory FP8 weights free stays unused unless it is raised"
-    ratio = _weights_ratio(spec, "fp8", dtype_bytes)
     changed = replace(spec, quantization="fp8")
-    if spec.weights_bytes is not None:
-        saved = spec.weights_bytes * (1 - ratio)
-        changed = replace(changed, weights_bytes=spec.weights_bytes - saved)
+    weights, estimated = _weights(spec)
+    if weights is not None and (spec.weights_bytes is not None or spec.available_kv_bytes is not None):
+        saved = weights * (1 - ratio)
+        changed = replace(changed, weights_bytes=weights - saved)
         if spec.available_kv_bytes is not None:
             changed = replace(changed, available_kv_bytes=spec.available_kv_bytes + saved)
     elif spec.available_kv_bytes is not None:
-        return None, "needs the weights (--weights-gib or --model) to know what FP8 frees"
-    return changed, "frees weight memory for KV (quantization does not shrink the KV cache itself)"
+        return None, "needs the weights (--weights-gib, or --model for kvwatch's estimate) to know what FP8 frees"
+    return changed, f"frees weight memory for KV (quantization does not shrink the KV cache itself){estimated}"
 
 
 def _tp_x2(spec: DeploymentSpec, base: CapacityPlan) -> tuple[DeploymentSpec | None, str]:
@@ -118,16 +139,18 @@ def _tensor_parallel(spec: DeploymentSpec, tp: int) -> tuple[DeploymentSpec | No
         return changed, (f"{times} the GPUs per replica; {FIXED_POOL} on each, so only "
                          f"{'the KV per token split' if split else 'a KV split, which this model does not get,'} "
                          "adds tokens")
-    if spec.available_kv_bytes is not None and spec.weights_bytes is None:
-        return None, "needs the weights (--weights-gib or --model) to re-budget a measured KV pool"
-    if spec.weights_bytes is not None:
-        changed = replace(changed, weights_bytes=spec.weights_bytes * share)
+    weights, estimated = _weights(spec) if spec.available_kv_bytes is not None else (spec.weights_bytes, "")
+    if spec.available_kv_bytes is not None and weights is None:
+        return None, ("needs the weights (--weights-gib, or --model for kvwatch's estimate) to re-budget a measured "
+                      "KV pool")
+    if weights is not None:
+        changed = replace(changed, weights_bytes=weights * share)
     if spec.non_torch_bytes is not None and spec.tensor_parallel_size == 1:
         changed = replace(changed, non_torch_bytes=float(memory.estimate_non_torch_bytes(tp, 1)))
-    if spec.available_kv_bytes is not None and spec.weights_bytes is not None:
+    if spec.available_kv_bytes is not None and weights is not None:
         extra_non_torch = (memory.estimate_non_torch_bytes(tp, 1) - (spec.non_torch_bytes or memory.NON_TORCH_TP1_BYTES)
                            if spec.tensor_parallel_size == 1 else 0.0)
-        changed = replace(changed, available_kv_bytes=spec.available_kv_bytes + spec.weights_bytes * (1 - share)
+        changed = replace(changed, available_kv_bytes=spec.available_kv_bytes + weights * (1 - share)
                           - max(0.0, extra_non_torch))
     if spec.kv_bytes_per_token is not None:
         heads_note = ""
@@ -135,7 +158,8 @@ def _tensor_parallel(spec: DeploymentSpec, tp: int) -> tuple[DeploymentSpec | No
             changed = replace(changed, kv_bytes_per_token=spec.kv_bytes_per_token * share)
         else:
             heads_note = "; KV heads already replicated"
-        return changed, f"{times} the GPUs per replica: {part} the weights and KV per token on each{heads_note}"
+        return changed, (f"{times} the GPUs per replica: {part} the weights and KV per token on each{heads_note}"
+                         f"{estimated}")
     arch = spec.arch
     if arch is not None and arch.is_mla:
         kv_note = "MLA KV is not split by TP, so only the freed weight memory helps"
@@ -147,7 +171,7 @@ def _tensor_parallel(spec: DeploymentSpec, tp: int) -> tuple[DeploymentSpec | No
                    "are replicated)")
     else:
         kv_note = f"{part} the KV heads per GPU"
-    return changed, f"{times} the GPUs per replica: {part} the weights per GPU; {kv_note}"
+    return changed, f"{times} the GPUs per replica: {part} the weights per GPU; {kv_note}{estimated}"
 
 
 def tensor_parallel_plan(spec: DeploymentSpec, tp: int) -> CapacityPlan | None:
