@@ -3,8 +3,8 @@
 
 `alerts/config.yaml` holds every knob once (selectors, thresholds, windows, `for` durations, the phrases the
 alert texts repeat); `alerts/rules.in.yaml` holds the rules, naming knobs as `${name}`, `${name|minutes}`
-("5m" -> "5 minutes") or `${name|percent}` (0.9 -> "90%"), where `name` is a dotted path into the config
-(`${bottleneck.usage}`). Phrases may name other knobs. Lines starting with ``#%`` are notes for the template's
+("5m" -> "5 minutes"), `${name|seconds}` ("2m" -> "120") or `${name|percent}` (0.9 -> "90%"), where `name` is a
+dotted path into the config (`${bottleneck.usage}`). Phrases may name other knobs. Lines starting with ``#%`` are notes for the template's
 reader and are not copied. The output is the template with the knobs filled in,
 comments kept, written to `alerts/kvwatch-rules.yaml` and to the Helm chart's copy
 (`deploy/helm/kvwatch/files/kvwatch-rules.yaml`; Helm reads only files inside the chart).
@@ -53,6 +53,14 @@ def minutes(value: Any) -> str:
     return f"{count} {unit}{'' if count == 1 else 's'}"
 
 
+def seconds(value: Any) -> str:
+    """A Prometheus duration of one unit in seconds, for arithmetic on timestamps: "2m" -> "120"."""
+    match = _DURATION.match(str(value))
+    if match is None:
+        raise ConfigError(f"{value!r} is not a one-unit duration such as 5m")
+    return str(int(match[1]) * {"s": 1, "m": 60, "h": 3600}[match[2]])
+
+
 def percent(value: Any) -> str:
     """A ratio as a whole percentage: 0.9 -> "90%"."""
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -60,7 +68,7 @@ def percent(value: Any) -> str:
     return f"{value * 100:g}%"
 
 
-FILTERS = {"minutes": minutes, "percent": percent}
+FILTERS = {"minutes": minutes, "seconds": seconds, "percent": percent}
 
 
 def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -57,7 +57,8 @@ CONSTANT_VALUE = {("KvwatchTargetDown", "start"), ("KvwatchAbsent", None), ("KVC
 # Labels besides severity: KvwatchTargetDown is two rules (promtool's lint refuses two with equal labels).
 EXTRA_LABELS = {"KvwatchTargetDown": {"since"}}
 CHART_VALUES = ROOT / "deploy" / "helm" / "kvwatch" / "values.yaml"
-GUARD = re.compile(r"\)\s*and on \(instance, job\) \(max_over_time\(kvwatch_up\[2m\]\) == 1\)\s*$")
+GUARD = re.compile(r"\)\s*and on \(instance, job\) \(max_over_time\(kvwatch_up\[2m\]\) == 1 or time\(\) - "
+                   r"max_over_time\(kvwatch_last_success_timestamp_seconds\[2m\]\) < 120\)\s*$")
 RECORD_NAME = re.compile(r"^[a-z_]+:[a-z0-9_]+:[a-z0-9_]+$")
 
 
@@ -93,10 +94,13 @@ def test_promtool_unit_tests_pass() -> None:
 
 # (what the mutation breaks, old text, new text, promtool cases that must then fail)
 MUTATIONS = [
-    ("the kvwatch_up guard", "(max_over_time(kvwatch_up[2m]) == 1)", "(max_over_time(kvwatch_up[2m]) >= 0)",
+    ("the kvwatch_up guard", "(max_over_time(kvwatch_up[2m]) == 1 or", "(max_over_time(kvwatch_up[2m]) >= 0 or",
      ["stale sidecar with a high forecast does not fire"]),
-    ("the guard's window", "(max_over_time(kvwatch_up[2m]) == 1)", "(kvwatch_up == 1)",
+    ("the guard's window", "(max_over_time(kvwatch_up[2m]) == 1 or", "(kvwatch_up == 1 or",
      ["one failed poll in ten does not hold back the pages"]),
+    ("the guard's last good poll", "kvwatch_last_success_timestamp_seconds[2m]) < 120)",
+     "kvwatch_last_success_timestamp_seconds[2m]) < 0)",
+     ["five polls in six timing out do not hold back the page"]),
     ("the guard's two scrapes", "kvwatch_up[2m]", "kvwatch_up[1m]",
      ["one failed scrape at a one-minute interval does not restart the for"]),
     ("the storm's preemptions throughout", "min_over_time(kvwatch_preemptions_per_second[5m]) > 0",
@@ -146,9 +150,9 @@ MUTATIONS = [
     # A guard or condition of one rule only: the old text takes in the lines around it.
     ("the scheduler alert's guard",
      '(last_over_time(kvwatch_state{state="scheduler_limited"}[2m]) == 1)\n          )\n'
-     "          and on (instance, job) (max_over_time(kvwatch_up[2m]) == 1)",
+     "          and on (instance, job) (max_over_time(kvwatch_up[2m]) == 1 or",
      '(last_over_time(kvwatch_state{state="scheduler_limited"}[2m]) == 1)\n          )\n'
-     "          and on (instance, job) (max_over_time(kvwatch_up[2m]) >= 0)",
+     "          and on (instance, job) (max_over_time(kvwatch_up[2m]) >= 0 or",
      ["stale sidecar fires neither stalled nor scheduler-limited"]),
     ("the scheduler alert following kvwatch's state",
      '(last_over_time(kvwatch_state{state="scheduler_limited"}[2m]) == 1)',
@@ -161,9 +165,9 @@ MUTATIONS = [
      ["a long-context bottleneck below 0.95 whose queue drains between bursts pages once"]),
     ("the request-exceeds-pool alert's guard",
      '{finding="request_exceeds_pool"}[2m]) == 1\n          )\n'
-     "          and on (instance, job) (max_over_time(kvwatch_up[2m]) == 1)",
+     "          and on (instance, job) (max_over_time(kvwatch_up[2m]) == 1 or",
      '{finding="request_exceeds_pool"}[2m]) == 1\n          )\n'
-     "          and on (instance, job) (max_over_time(kvwatch_up[2m]) >= 0)",
+     "          and on (instance, job) (max_over_time(kvwatch_up[2m]) >= 0 or",
      ["no capacity alert while kvwatch is down"]),
     ("target down since start's silence after a good poll",
      "last_over_time(kvwatch_up[2m]) == 0\n"
@@ -348,7 +352,7 @@ def test_every_guarded_alert_holds_through_a_failed_poll() -> None:
     for group in yaml.safe_load(RULES.read_text())["groups"]:
         for rule in group["rules"]:
             # (the GPU memory alert's guard is its GPU source's own up: one failed dcgm/NVML read drops the gauges)
-            guards = ("(max_over_time(kvwatch_up[2m]) == 1)", "(max_over_time(kvwatch_gpu_source_up[2m]) == 1)")
+            guards = ("(max_over_time(kvwatch_up[2m]) == 1 or", "(max_over_time(kvwatch_gpu_source_up[2m]) == 1)")
             if "alert" in rule and any(guard in rule["expr"] for guard in guards):
                 # (KVCacheBottleneck's longer hold is in its expression: it lets go of a crashed engine, round 22)
                 assert rule.get("keep_firing_for") == "1m", rule["alert"]
