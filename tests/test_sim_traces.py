@@ -445,6 +445,36 @@ def test_mooncake_times_cut_to_the_minute_spread_over_the_minute() -> None:
     assert max(r.arrival_time % 3 for r in three) <= 3.0
 
 
+def test_mooncake_times_fine_enough_to_be_distinct_are_kept() -> None:
+    # (review, round 26) millisecond-precise times were each moved by up to 3 s, reordering them, without a word
+    times = [0, 95, 104, 106, 194, 1200, 2500, 2600, 4000, 4100]
+    lines = "".join(f'{{"timestamp": {t}, "input_length": 10, "output_length": 5}}\n' for t in times)
+    assert [r.arrival_time for r in read_mooncake_jsonl(lines, seed=5)] == pytest.approx([t / 1000 for t in times])
+    assert "moved by a random part of the step" in TRACE_COLUMNS["mooncake"]["timestamp"]
+    assert "moved by a random part of the step" in TRACE_COLUMNS["azure"]["TIMESTAMP"]
+
+
+@pytest.mark.parametrize(("value", "said"), [("12.7", "not a whole number of tokens: '12.7'"),
+                                             ("0.5", "not a whole number of tokens: '0.5'")])
+def test_a_fractional_token_count_is_an_error_not_cut(value: str, said: str) -> None:
+    # (review, round 26) 12.7 read as 12 and 0.5 was left out as "ContextTokens 0", which the file never held
+    text = ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.98,100,10\n"
+            f"2023-11-16 18:17:04.98,{value},10\n")
+    with pytest.raises(TraceError, match=f"line 3: ContextTokens: {re.escape(said)}"):
+        read_azure_csv(text)
+    assert read_azure_csv(text.replace(value, "12.0"))[1].prompt_tokens == 12
+    with pytest.raises(TraceError, match="not a whole number"):
+        read_mooncake_jsonl('{"timestamp": 0, "input_length": 10, "output_length": 2.5}\n')
+
+
+def test_a_header_naming_a_read_column_twice_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "twice.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens,ContextTokens\n2023-11-16 18:17:03.98,100,10,7\n")
+    for read in (detect_format, read_azure_csv):
+        with pytest.raises(TraceError, match="line 1: the header names ContextTokens twice"):
+            read(path)
+
+
 def test_an_empty_trace_or_an_unknown_first_line_is_named(tmp_path: Path) -> None:
     # Every such file got one generic "not an Azure CSV ... nor a Mooncake JSONL"
     for name, content in (("empty.csv", b""), ("bom.csv", b"\xef\xbb\xbf\n\n"), ("empty.csv.gz", gzip.compress(b""))):

@@ -93,6 +93,9 @@ def _csv_columns(header: str, wanted: tuple[str, ...]) -> list[int] | None:
     missing."""
     names = [c.strip().lower() for c in next(csv.reader([header.lstrip("\ufeff")]), [])]
     keys = [w.lower() for w in wanted]
+    twice = [w for w, k in zip(wanted, keys, strict=True) if names.count(k) > 1]
+    if twice:  # the first of two was read without a word (review, round 26)
+        raise ValueError(f"the header names {', '.join(twice)} twice: which one is meant?")
     return [names.index(k) for k in keys] if all(k in names for k in keys) else None
 
 
@@ -110,8 +113,12 @@ def _number(value: object) -> float:
 
 
 def _tokens(value: object) -> int:
-    """A token count: a finite number, read as an integer (1e400 or NaN is an error, not an OverflowError)."""
-    return int(_number(value))
+    """A token count: a finite whole number (1e400 or NaN is an error, not an OverflowError; 12.7 is one too: it
+    was cut to 12 without a word, and 0.5 left out as "0": review, round 26)."""
+    number = _number(value)
+    if not number.is_integer():
+        raise ValueError(f"not a whole number of tokens: {value!r}")
+    return int(number)
 
 
 def _column(name: str, parse: Callable[[Any], Any], value: object) -> Any:
@@ -185,7 +192,10 @@ def _read_csv(source: str | Path, columns: tuple[str, str, str], time: Callable[
         if line.strip():
             header = line
             break
-    where = _csv_columns(header, columns) if header is not None else None
+    try:
+        where = _csv_columns(header, columns) if header is not None else None
+    except ValueError as exc:
+        raise TraceError(f"{name}: line {header_line}: {exc}") from None
     if where is None:
         raise TraceError(f"{name}: line {max(1, header_line)} must be a header with the columns {','.join(columns)}")
     fields = len(next(csv.reader([header]), []))
@@ -301,7 +311,9 @@ def read_mooncake_jsonl(source: str | Path, *, jitter_seconds: float = MOONCAKE_
     raw.sort(key=lambda r: r[0])
     t0 = raw[0][0]
     quantum = _quantum([t for t, _, _, _ in raw])
-    if jitter_seconds > 0 and quantum is not None and quantum > 1.5 * jitter_seconds:
+    if quantum is None:  # times fine enough to be distinct are kept as they are (review, round 26: they were moved)
+        jitter_seconds = 0.0
+    elif jitter_seconds > 0 and quantum > 1.5 * jitter_seconds:
         jitter_seconds = quantum
     out = []
     for t, prompt, output, hashes in raw:
@@ -433,17 +445,19 @@ def block_bootstrap(requests: Sequence[Request], duration: float, *, block_secon
     return out
 
 
-# The columns each format's reader uses (everything else in a row is ignored).
+# The columns each format's reader uses (everything else in a row is ignored); token counts are whole numbers.
+_SPREAD = (f"; where {QUANTIZED_SHARE:g} or more rows share a time on average (a trace cut to the second or minute), "
+           "each is moved by a random part of the step between times")
 TRACE_COLUMNS: dict[str, dict[str, str]] = {
-    "azure": {"TIMESTAMP": "arrival time (ISO 8601)",
+    "azure": {"TIMESTAMP": f"arrival time (ISO 8601){_SPREAD}",
               "ContextTokens": "prompt tokens (0: an empty prompt vLLM refuses, left out)",
               "GeneratedTokens": "output tokens (0 counts as 1)"},
-    "burstgpt": {"Timestamp": "arrival time in seconds",
+    "burstgpt": {"Timestamp": f"arrival time in seconds{_SPREAD}",
                  "Request tokens": "prompt tokens (0: an empty prompt vLLM refuses, left out)",
                  "Response tokens": "output tokens (0: a failed request, left out)"},
-    "mooncake": {"timestamp": "arrival time in milliseconds",
+    "mooncake": {"timestamp": f"arrival time in milliseconds{_SPREAD} (at least {MOONCAKE_JITTER_SECONDS:g} s)",
                  "input_length": "prompt tokens (0: an empty prompt vLLM refuses, left out)",
-                 "output_length": "output tokens",
+                 "output_length": "output tokens (0 counts as 1)",
                  "hash_ids": "512-token prefix block hashes (kvwatch simulate's prefix caching; the backtest "
                              "simulates none)"},
 }
@@ -492,8 +506,11 @@ def detect_format(path: str | Path) -> str:
         raise TraceError(f"{path}: a JSON array; kvwatch reads Mooncake traces as JSON lines, one object per line "
                          "with timestamp, input_length, output_length (jq -c '.[]' turns one into the other)")
     for kind, header in (("azure", AZURE_HEADER), ("burstgpt", BURSTGPT_HEADER)):
-        if _csv_columns(first, header) is not None:
-            return kind
+        try:
+            if _csv_columns(first, header) is not None:
+                return kind
+        except ValueError as exc:
+            raise TraceError(f"{path}: line 1: {exc}") from None
     names = {c.strip().lower() for c in next(csv.reader([first]), [])}
     if len(names) <= 1 and any(sep in first for sep in (";", "\t", "|")):
         raise TraceError(f"{path}: line 1 is not comma-separated; kvwatch reads CSV with commas (columns "
