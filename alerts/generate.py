@@ -4,8 +4,8 @@
 `alerts/config.yaml` holds every knob once (selectors, thresholds, windows, `for` durations, the phrases the
 alert texts repeat); `alerts/rules.in.yaml` holds the rules, naming knobs as `${name}`, `${name|minutes}`
 ("5m" -> "5 minutes"), `${name|seconds}` ("2m" -> "120") or `${name|percent}` (0.9 -> "90%"), where `name` is a
-dotted path into the config (`${bottleneck.usage}`). Phrases may name other knobs. Lines starting with ``#%`` are notes for the template's
-reader and are not copied. The output is the template with the knobs filled in,
+dotted path into the config (`${bottleneck.usage}`). Phrases may name other knobs. Lines starting with ``#%`` are
+notes for the template's reader and are not copied. The output is the template with the knobs filled in,
 comments kept, written to `alerts/kvwatch-rules.yaml` and to the Helm chart's copy
 (`deploy/helm/kvwatch/files/kvwatch-rules.yaml`; Helm reads only files inside the chart).
 
