@@ -187,6 +187,19 @@ def test_queue_at_low_usage_is_scheduler_limited_not_kv():
     assert "bottleneck" not in {r.state for r in results}
 
 
+def test_a_standing_warning_outranks_a_scheduler_limit():
+    # (review, round 26) a queue with room (max_num_seqs reached) on a ramp the forecast warns of read
+    # scheduler_limited: the forecast alert resolved, and the advice (raise --max-num-seqs) fills the cache sooner
+    def ramp() -> Callable[[float], float]:
+        return noisy(lambda t: min(1.0, 0.4 + 0.6 * t / 7200), 0.02, seed=1)
+    first = next(r.timestamp for r in run(Forecaster(), stream(ramp(), seconds=7800)) if r.state == "filling")
+    queued = run(Forecaster(), stream(ramp(), waiting=lambda t: 30.0 if t >= first + 60 else 0.0, seconds=7800))
+    assert states_between(queued, first + 60, 6000) == {"filling"}
+    # and without the warning the same queue is the scheduler's
+    assert run(Forecaster(), stream(lambda t: 0.4, waiting=lambda t: 30.0, seconds=1800))[-1].state == \
+        "scheduler_limited"
+
+
 @pytest.mark.parametrize(("waiting", "limited"), [(3.0, False), (40.0, True)])
 def test_a_few_arrivals_waiting_beside_hundreds_running_are_no_scheduler_limit(waiting: float, limited: bool):
     # (review, round 25) at hundreds of requests a second a few arrivals wait for the next step at nearly every poll:

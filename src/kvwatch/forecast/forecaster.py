@@ -600,12 +600,14 @@ class Forecaster:
             return STALLED
         if d.bottleneck:
             return BOTTLENECK
-        if d.scheduler_limited:
-            return SCHEDULER_LIMITED
         if self._warning_stands(now):
             # (also while re-warming after a gap: the warning stands, its risk unknown until warm; shown as
-            # warming_up, it resolved the alert minutes before the saturation it had predicted: review, round 21)
+            # warming_up, it resolved the alert minutes before the saturation it had predicted: review, round 21).
+            # Before scheduler_limited: a queue with room now does not make a forecast saturation less likely,
+            # and its advice (raise --max-num-seqs) would fill the cache sooner (review, round 26).
             return FILLING
+        if d.scheduler_limited:
+            return SCHEDULER_LIMITED
         if not self._warm(now):
             return WARMING_UP
         return OK
