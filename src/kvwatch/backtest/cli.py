@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         validate(scenario)  # the flags first: a bad --hours must not wait for a million-row trace to be read
         left_out: dict[str, int] = {}
-        trace, truncated = load_trace_head(args.trace, left_out)
+        trace, truncated = load_trace_head(args.trace, left_out, max_model_len=args.max_model_len)
         trace_format = detect_format(args.trace)
     except (ScenarioError, TraceError) as exc:
         raise SettingsError(str(exc)) from None
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     # packaged samples span just under 10 minutes, so one 5-minute block, half their requests).
     report["scenario"]["trace_requests_in_blocks"] = sum(r.arrival_time < blocks * block for r in trace)
     report["scenario"]["trace_block_seconds"] = block
-    # Rows longer than --max-model-len (before --prompt-scale): capped at it, so one outlier cannot size the cache.
+    # Rows longer than --max-model-len (before --prompt-scale) whose prompt fits: capped at it (shape_lengths).
     report["scenario"]["trace_requests_capped"] = sum(
         r.prompt_tokens + r.output_tokens > args.max_model_len for r in trace)
     report["scenario"]["scale_defaults_from"] = _defaults_from(
@@ -249,7 +249,7 @@ def _text(report: dict) -> str:
     if scen["trace_requests_capped"]:
         lines.append(f"note: {scen['trace_requests_capped']:,} of the {scen['trace_requests_read']:,} requests read "
                      f"are longer than --max-model-len {scen['max_model_len']:,} as the trace has them, and are capped "
-                     "at it (vLLM would refuse them)")
+                     "at it: the output kept, the prompt shortened to fit (vLLM would stop the output at the limit)")
     gaps = scen["trace_empty_blocks"]
     if gaps["empty"]:
         lines.append(f"note: {gaps['empty']:,} of the trace's {gaps['blocks']:,} 5-minute blocks are gaps in its "

@@ -178,9 +178,12 @@ def load_trace(path: Path) -> list[Request]:
     return load_trace_head(path)[0]
 
 
-def load_trace_head(path: Path, left_out: dict[str, int] | None = None) -> tuple[list[Request], bool]:
+def load_trace_head(path: Path, left_out: dict[str, int] | None = None, *,
+                    max_model_len: int | None = None) -> tuple[list[Request], bool]:
     """(the trace's first MAX_TRACE_REQUESTS requests in file order, whether it had more); ``left_out`` counts
-    the rows the reader left out, by reason (an empty prompt, a failed request). The bootstrap draws
+    the rows the reader left out, by reason (an empty prompt, a failed request, and with ``max_model_len`` a
+    prompt vLLM refuses: as long as the limit or longer, which capped made a request of the whole cache that
+    sized the simulated one six times too large: review, round 26). The bootstrap draws
     5-minute blocks from them: a week-long trace held whole would take gigabytes (~340 B a request), and a
     million requests are its first hours at the Azure 2024 traces' rates (about 10 h of code at 28 requests/s,
     6 h of conversation at 45); the report says how many hours were read."""
@@ -198,6 +201,12 @@ def load_trace_head(path: Path, left_out: dict[str, int] | None = None) -> tuple
     truncated = len(requests) > MAX_TRACE_REQUESTS
     if truncated:
         requests = sorted(requests, key=lambda r: r.arrival_time)[:MAX_TRACE_REQUESTS]
+    if max_model_len is not None:
+        kept = [r for r in requests if r.prompt_tokens < max_model_len]
+        if len(kept) < len(requests) and left_out is not None:
+            why = f"prompt of --max-model-len {max_model_len:,} tokens or more: vLLM refuses it"
+            left_out[why] = left_out.get(why, 0) + len(requests) - len(kept)
+        requests = kept
     span = span_of(requests)
     if len(requests) < 10 or span < MIN_BLOCK_SECONDS:
         hint = ""
