@@ -467,6 +467,22 @@ def test_a_fractional_token_count_is_an_error_not_cut(value: str, said: str) -> 
         read_mooncake_jsonl('{"timestamp": 0, "input_length": 10, "output_length": 2.5}\n')
 
 
+def test_a_quoted_field_over_several_lines_is_one_row_and_later_errors_name_the_files_line() -> None:
+    # (review, round 26) a CSV writer's prompt column with a line end inside quotes was refused on the next line
+    header = "TIMESTAMP,ContextTokens,GeneratedTokens,prompt\n"
+    rows = ('2023-11-16 18:17:03.98,100,10,"line one\nline two, with comma"\n'
+            '2023-11-16 18:17:04.98,200,20,plain\n')
+    requests = read_azure_csv(header + rows)
+    assert [(r.prompt_tokens, r.output_tokens) for r in requests] == [(100, 10), (200, 20)]
+    with pytest.raises(TraceError, match="line 5: ContextTokens"):
+        read_azure_csv(header + rows + "2023-11-16 18:17:05.98,x,20,plain\n")
+    with pytest.raises(TraceError, match=r"line 2: a quoted field opened here is not closed$"):
+        read_azure_csv(header + '2023-11-16 18:17:03.98,100,10,"never closed\n2023-11-16 18:17:04.98,x\n')
+    stray = header + '2023-11-16 18:17:03.98,100,10,"stray\n' + "2023-11-16 18:17:04.98,200,20,plain\n" * 2000
+    with pytest.raises(TraceError, match="line 2: a quoted field opened here is not closed within 1,000 lines"):
+        read_azure_csv(stray)
+
+
 def test_a_header_naming_a_read_column_twice_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "twice.csv"
     path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens,ContextTokens\n2023-11-16 18:17:03.98,100,10,7\n")

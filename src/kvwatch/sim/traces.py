@@ -200,10 +200,24 @@ def _read_csv(source: str | Path, columns: tuple[str, str, str], time: Callable[
         raise TraceError(f"{name}: line {max(1, header_line)} must be a header with the columns {','.join(columns)}")
     fields = len(next(csv.reader([header]), []))
     rows: list[tuple[float, int, int]] = []
-    for number, line in enumerate(lines, start=header_line + 1):  # error messages name the file's own line
+    numbered = enumerate(lines, start=header_line + 1)  # error messages name the file's own line
+    for number, line in numbered:
         if not line.strip():
             continue
-        parts = line.split(",") if '"' not in line else next(csv.reader([line]), [])  # the 2023 files: no quotes
+        if '"' in line:
+            # a quoted field may hold line ends (a CSV writer's prompt text): it runs on to the quote that closes
+            # it (review, round 26: refused as "expected at least 3 columns" on the next line)
+            joined = 0
+            while line.count('"') % 2:
+                more = next(numbered, None)
+                joined += 1
+                if more is None or joined > MAX_QUOTED_LINES:  # (a stray quote must not read the file into one row)
+                    raise TraceError(f"{name}: line {number}: a quoted field opened here is not closed"
+                                     + ("" if more is None else f" within {MAX_QUOTED_LINES:,} lines"))
+                line += "\n" + more[1]
+            parts = next(csv.reader([line]), [])
+        else:
+            parts = line.split(",")  # the 2023 files: no quotes
         try:
             if len(parts) > fields:  # read by position, its columns would be the wrong ones
                 raise ValueError(f"{len(parts)} fields where the header has {fields} (an unquoted comma?)")
@@ -234,6 +248,7 @@ def _read_csv(source: str | Path, columns: tuple[str, str, str], time: Callable[
     return spread_quantized([(t - t0, p, o) for t, p, o in rows])
 
 
+MAX_QUOTED_LINES = 1000  # the lines one quoted CSV field may run over (a prompt's text)
 QUANTIZED_SHARE = 2.0  # rows per distinct timestamp at which a CSV trace's times read as quantized
 
 
