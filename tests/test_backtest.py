@@ -161,6 +161,7 @@ def test_the_plots_legend_sits_beside_its_axes(tmp_path, capsys, monkeypatch):
     renderer = FigureCanvasAgg(fig).get_renderer()  # (the figure is closed after its save)
     ax = fig.axes[0]
     assert ax.get_legend().get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x1
+    assert ": ramp 0.5→1.3, 0.6 h" in ax.get_title()
 
 
 def test_plot_without_matplotlib_is_refused_before_the_run(tmp_path, capsys, monkeypatch):
@@ -414,12 +415,14 @@ def test_the_report_counts_the_requests_capped_at_max_model_len(tmp_path, capsys
     code, out, _ = _cli(args, capsys)
     assert code == 0
     assert "trace read: 1,188 requests over" in out
+    assert " steady at 0.5 for 0.6 h " in out.splitlines()[0]  # a steady run holds the peak (it read "0.5->0.5")
     assert "12 rows left out (prompt of --max-model-len 32,768 tokens or more: vLLM refuses it)" in out
     assert "note: 12 of the 1,188 requests read are longer than --max-model-len 32,768 as the trace has them" in out
     code, out, _ = _cli([*args, "--json"], capsys)
     scenario = json.loads(out)["scenario"]
     assert scenario["trace_rows_left_out"] == {"prompt of --max-model-len 32,768 tokens or more: vLLM refuses it": 12}
     assert scenario["trace_requests_capped"] == 12
+    assert scenario["load"] == "at 0.5"
 
 
 def test_a_tuned_name_on_another_format_takes_the_contents_defaults(tmp_path):

@@ -199,7 +199,7 @@ def _text(report: dict) -> str:
     scen = report["scenario"]
     kv = report["methods"]["kvwatch"]
     lines = [
-        f"{scen['trace']} {scen['profile']} {scen['start_load']:g}->{scen['peak_load']:g} for {report['hours']:g} h "
+        f"{scen['trace']} {scen['profile']} {scen['load']} for {report['hours']:g} h "
         f"(seed {scen['seed']}, {scen['requests']} requests, capacity {scen['capacity_tokens']:.0f} tokens): "
         f"{report['events']} saturation event(s), {kv['warmup_events']} of them in a warm-up (not scored); "
         f"{kv['monitored_hours']:.1f} monitored hours",

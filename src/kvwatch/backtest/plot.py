@@ -53,7 +53,7 @@ def plot_run(result: RunResult, path: Path) -> None:
     s = result.scenario
     shaping = "".join((f", prompts ×{s.prompt_scale:g}" if s.prompt_scale != 1.0 else "",
                        f", {100 * s.long_fraction:.3g} % long prompts" if s.long_fraction > 0.0 else ""))
-    ax.set_title(f"{s.trace_name}: {s.profile} {s.start_load:g}→{s.peak_load:g}, {s.hours:g} h, seed {s.seed}{shaping}")
+    ax.set_title(f"{s.trace_name}: {s.profile} {s.load_text.replace('->', '→')}, {s.hours:g} h, seed {s.seed}{shaping}")
 
     methods = list(tl.warnings)
     for row, method in enumerate(methods):

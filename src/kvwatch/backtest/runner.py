@@ -206,6 +206,7 @@ class RunResult:
                 "seed": self.scenario.seed,
                 "start_load": self.scenario.start_load,
                 "peak_load": self.scenario.peak_load,
+                "load": self.scenario.load_text,
                 "rate_scale": self.scenario.rate_scale,
                 "engine_speedup": self.scenario.engine_speedup,
                 "capacity_tokens": self.calibration.capacity_tokens,

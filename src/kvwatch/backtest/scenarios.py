@@ -102,6 +102,14 @@ class Scenario:
         return self.load_at(t) * (self.length_scale_after_shift ** 2 if grown else 1.0)
 
     @property
+    def load_text(self) -> str:
+        """The load as the report and the plot title say it: steady and restart hold the peak alone (``0.5->1.3`` read
+        as a ramp on a steady run: review, round 26)."""
+        if self.profile in ("steady", "restart"):
+            return f"at {self.peak_load:g}"
+        return f"{self.start_load:g}->{self.peak_load:g}"
+
+    @property
     def ramp_lead_in(self) -> float:
         """``ramp`` holds ``start_load`` this long first: 30 minutes, at most a fifth of the run."""
         return min(RAMP_LEAD_IN_SECONDS, 0.2 * self.seconds)
