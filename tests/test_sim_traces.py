@@ -483,6 +483,14 @@ def test_a_quoted_field_over_several_lines_is_one_row_and_later_errors_name_the_
         read_azure_csv(stray)
 
 
+def test_a_binary_file_is_named_as_one(tmp_path: Path) -> None:
+    # (review, round 26) a Parquet file was "not comma-separated" (a tab byte in its header)
+    path = tmp_path / "trace.parquet"
+    path.write_bytes(b"PAR1\x00\x15\x04\x00" + bytes(range(256)) * 4)
+    with pytest.raises(TraceError, match="is a binary file: kvwatch reads CSV or JSON-lines text"):
+        detect_format(path)
+
+
 def test_a_header_naming_a_read_column_twice_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "twice.csv"
     path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens,ContextTokens\n2023-11-16 18:17:03.98,100,10,7\n")

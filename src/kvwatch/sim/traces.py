@@ -511,6 +511,9 @@ def detect_format(path: str | Path) -> str:
     if start[257:262] == b"ustar":  # a POSIX tar header's magic (read as "a CSV header without TIMESTAMP")
         raise TraceError(f"trace {path} is a tar archive" + (" (gzip-compressed)" if gzipped else "")
                          + ": extract the trace from it first (tar xf)")
+    if b"\x00" in start[:4096]:  # no text trace holds a NUL byte (a Parquet file read as "not comma-separated")
+        raise TraceError(f"trace {path} is a binary file" + (" (after decompressing)" if gzipped else "")
+                         + ": kvwatch reads CSV or JSON-lines text (export Parquet or Arrow to CSV first)")
     first = first.decode("utf-8", errors="replace").lstrip("\ufeff")  # a byte-order mark is not part of line 1
     if not first.strip():
         raise TraceError(f"trace {path} is empty" + (" (after decompressing)" if gzipped else "")
