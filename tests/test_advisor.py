@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from kvwatch.advisor import ACTIONS, LIMIT_USAGE, Advice, RequestLengths, advise
+from kvwatch.advisor import ACTIONS, LIMIT_USAGE, Advice, advise
 from kvwatch.capacity import DeploymentSpec, plan_capacity, resolve_model
 
 GIB = 2**30
@@ -18,7 +18,7 @@ def llama_plan():
     return plan_capacity(DeploymentSpec(arch=arch, gpu_memory_bytes=80 * GIB, gpu_name="H100", max_model_len=32768))
 
 
-CHAT = RequestLengths(mean_prompt_tokens=1155, mean_output_tokens=211, max_total_tokens=5_000)
+CHAT = 5_000  # the longest request so far, prompt + output tokens (the length histograms' buckets)
 
 
 @pytest.mark.parametrize("state", ["ok", "warming_up", "scheduler_limited", "stalled", "unknown"])
@@ -49,7 +49,7 @@ def test_no_capacity_fix_for_a_leak_but_for_an_idle_moment(llama_plan):
 
 def test_all_five_fixes_cheapest_first_with_the_model_known(llama_plan):
     advice = advise("bottleneck", recommended_max_concurrency=120, running=150, capacity_plan=llama_plan,
-                    request_lengths=CHAT, max_model_len=32768, kv_tokens_per_request=1300)
+                    longest_request_tokens=CHAT, max_model_len=32768, kv_tokens_per_request=1300)
     assert [a.action for a in advice] == list(ACTIONS)
     assert [a.rank for a in advice] == [1, 2, 3, 4, 5]
     limit, lower, quantize, kv_fp8, tp = advice
@@ -67,17 +67,16 @@ def test_all_five_fixes_cheapest_first_with_the_model_known(llama_plan):
 
 
 def test_max_model_len_not_lowered_when_requests_use_it_or_the_longest_is_unknown():
-    advice = advise("filling", recommended_max_concurrency=10, request_lengths=CHAT, max_model_len=4096,
+    advice = advise("filling", recommended_max_concurrency=10, longest_request_tokens=CHAT, max_model_len=4096,
                     capacity_tokens=50_000)
     assert "lower_max_model_len" not in [a.action for a in advice]
-    measured = RequestLengths(1155, 211, max_total_tokens=1500)
-    lowered = advise("filling", request_lengths=measured, max_model_len=4096, capacity_tokens=50_000)
+    lowered = advise("filling", longest_request_tokens=1500, max_model_len=4096, capacity_tokens=50_000)
     assert [a.action for a in lowered] == ["lower_max_model_len", "add_tensor_parallelism"]
     assert "to 2048" in lowered[0].message
-    # Means alone say nothing of the tail: 4 x the mean (5,464) proposed 8,192 where requests of 20k ran.
-    means_only = RequestLengths(1155, 211)
+    # Means alone say nothing of the tail (4 x the mean, 5,464, proposed 8,192 where requests of 20k ran): without
+    # the longest request from the buckets nothing is proposed.
     assert "lower_max_model_len" not in [a.action for a in advise(
-        "filling", request_lengths=means_only, max_model_len=32768, capacity_tokens=50_000)]
+        "filling", longest_request_tokens=None, max_model_len=32768, capacity_tokens=50_000)]
 
 
 def test_the_longest_request_is_bounded_by_the_highest_occupied_buckets():
@@ -204,8 +203,7 @@ def test_the_max_model_len_fix_sizes_its_effect_with_the_models_groups():
 
     plan = plan_capacity(DeploymentSpec(arch=resolve_model("openai/gpt-oss-20b"), gpu_memory_bytes=80 * GIB,
                                         gpu_name="H100", max_model_len=32768))
-    lengths = RequestLengths(1155, 211, max_total_tokens=5_000)
-    (lower,) = [a for a in advise("bottleneck", capacity_plan=plan, request_lengths=lengths, max_model_len=32768)
+    (lower,) = [a for a in advise("bottleneck", capacity_plan=plan, longest_request_tokens=5_000, max_model_len=32768)
                 if a.action == "lower_max_model_len"]
     now = max_concurrency_at_max_model_len(plan.layout, plan.num_gpu_blocks, 32768, plan.in_flight_tokens)
     after = max_concurrency_at_max_model_len(plan.layout, plan.num_gpu_blocks, 8192, plan.in_flight_tokens)

@@ -94,16 +94,6 @@ class Advice:
                 "vllm_args": listed(self.vllm_args), "concurrency": self.concurrency}
 
 
-@dataclass(frozen=True)
-class RequestLengths:
-    """Observed request lengths (from the length histograms); ``max_total_tokens``: at most this many tokens in
-    any request so far, from the buckets (:func:`longest_request_bound`); None when they do not tell it."""
-
-    mean_prompt_tokens: float
-    mean_output_tokens: float
-    max_total_tokens: float | None = None
-
-
 def _top_bucket_bound(histogram: Histogram) -> float | None:
     """The upper bound of the highest bucket holding a request (no request is longer); None when that is the
     ``+Inf`` bucket or there are no buckets."""
@@ -145,7 +135,7 @@ def advise(
     running: float | None = None,
     capacity_tokens: float | None = None,
     capacity_plan: CapacityPlan | None = None,
-    request_lengths: RequestLengths | None = None,
+    longest_request_tokens: float | None = None,
     max_model_len: int | None = None,
     kv_tokens_per_request: float | None = None,
     concurrency_ceiling: float | None = None,
@@ -235,9 +225,8 @@ def advise(
             engine_args=_args(flags["concurrency"], limit), concurrency=limit,
         ))
 
-    lowered = _lower_max_model_len(max_model_len, request_lengths)
-    if lowered is not None and max_model_len is not None and request_lengths is not None and \
-            request_lengths.max_total_tokens is not None:
+    lowered = _lower_max_model_len(max_model_len, longest_request_tokens)
+    if lowered is not None and max_model_len is not None and longest_request_tokens is not None:
         now_ceiling, new_ceiling = _worst_case_ceilings(capacity_plan, pool_blocks, base_tokens, max_model_len,
                                                         lowered)
         factor = new_ceiling / now_ceiling if now_ceiling else max_model_len / lowered
@@ -247,7 +236,7 @@ def advise(
         out.append(Advice(
             LOWER_MAX_MODEL_LEN, 0,
             f"Lower {flags['max_model_len']} from {max_model_len} to {lowered}: no request since the engine "
-            f"started was longer than {request_lengths.max_total_tokens:,.0f} tokens (the length histograms' "
+            f"started was longer than {longest_request_tokens:,.0f} tokens (the length histograms' "
             "buckets); a longer one would then be refused.",
             f"The worst-case concurrency ceiling rises {factor:.1f}x{worst}; the KV pool itself is unchanged, "
             "so usage at today's mix does not drop.",
@@ -432,12 +421,12 @@ def _whatif(capacity_plan: CapacityPlan | None) -> dict[str, Any]:
         return {}  # a plan the what-if math cannot vary: advise without those numbers
 
 
-def _lower_max_model_len(max_model_len: int | None, lengths: RequestLengths | None) -> int | None:
-    """A power of two with 25 % margin over the longest observed request, if well below the setting; None when
-    the longest request is not known (a guess from the mean would cut off the tail)."""
-    if not max_model_len or lengths is None or not lengths.max_total_tokens:
+def _lower_max_model_len(max_model_len: int | None, longest: float | None) -> int | None:
+    """A power of two with 25 % margin over the longest observed request (prompt + output, at most this many tokens:
+    :func:`longest_request_bound`), if well below the setting; None when the longest request is not known (a guess
+    from the mean would cut off the tail)."""
+    if not max_model_len or not longest:
         return None
-    longest = lengths.max_total_tokens
     if longest > MAX_MODEL_LEN_SLACK * max_model_len:
         return None
     proposed = 2 ** math.ceil(math.log2(max(longest * 1.25, 16)))
@@ -451,21 +440,18 @@ def advise_from_result(result: ForecastResult, reading: Reading | None = None, *
                        ranks_per_flag: int = 1, longest_request_tokens: float | None = None,
                        other_ranks: Sequence[tuple[str | None, float]] = ()) -> list[Advice]:
     """``advise`` fed from a :class:`kvwatch.forecast.ForecastResult` and core's ``Reading`` (what the
-    sidecar, ``kvwatch check`` and the demo call). Lifetime length means come from the reading's histograms, the
-    longest request from their buckets, or ``longest_request_tokens`` (the sidecar's last reading of them)."""
+    sidecar, ``kvwatch check`` and the demo call). The longest request comes from the reading's length histograms'
+    buckets, or ``longest_request_tokens`` (the sidecar's last reading of them) where this reading has none."""
     from kvwatch.capacity.findings import leaking
 
     if engine_kind is None:  # whose flags: the reading's engine (check names Triton's backend apart)
         engine_kind = reading.engine_kind if reading is not None else VLLM
     if reading is not None and leaking(reading):
         return []  # a full cache no request holds: no capacity fix applies (kvwatch.capacity.findings.leaking)
-    lengths = None
-    if reading is not None:
-        p_sum, p_count = reading.request_prompt_tokens_sum, reading.request_prompt_tokens_count
-        g_sum, g_count = reading.request_generation_tokens_sum, reading.request_generation_tokens_count
-        if p_sum is not None and p_count and g_sum is not None and g_count:
-            longest = longest_request_bound(reading.lengths) if reading.lengths else longest_request_tokens
-            lengths = RequestLengths(p_sum / p_count, g_sum / g_count, longest)
+    if reading is not None and reading.lengths:
+        longest = longest_request_bound(reading.lengths)
+    else:
+        longest = longest_request_tokens  # the sidecar's last reading of the buckets, where this one has none
     running = reading.requests_running if reading is not None else None
     capacity = reading.kv_capacity_tokens if reading is not None else None
     per_request = result.estimates.get("tokens_per_running_request")
@@ -485,7 +471,7 @@ def advise_from_result(result: ForecastResult, reading: Reading | None = None, *
         running=running,
         capacity_tokens=capacity or result.estimates.get("capacity_tokens"),
         capacity_plan=capacity_plan,
-        request_lengths=lengths,
+        longest_request_tokens=longest,
         max_model_len=max_model_len,
         kv_tokens_per_request=per_request,
         concurrency_ceiling=concurrency_ceiling,
