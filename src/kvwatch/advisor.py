@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvwatch.derived import ceiling_request_size
-from kvwatch.forecast.forecaster import ForecastParams
+from kvwatch.forecast.thresholds import SATURATION_USAGE
 from kvwatch.model import SGLANG, TENSORRT_LLM, VLLM, Histogram
 
 if TYPE_CHECKING:  # types only: the advisor loads neither the capacity model nor the forecaster
@@ -39,7 +39,7 @@ ADVISE_IN_STATES: frozenset[str] = frozenset({"filling", "bottleneck"})
 # Lower --max-model-len only when the longest observed request is below this share of it.
 MAX_MODEL_LEN_SLACK = 0.5
 # The concurrency limit keeps KV usage under the forecaster's saturation threshold.
-LIMIT_USAGE = ForecastParams().u_sat
+LIMIT_USAGE = SATURATION_USAGE
 DEFAULT_GPUS_PER_NODE = 8
 # Triton's TensorRT-LLM backend: the same engine, but configured in the engine build (trtllm-build) and the model's
 # config.pbtxt, not by launch flags (kvwatch.check picks it for version_range "triton-backend*").

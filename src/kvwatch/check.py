@@ -51,9 +51,9 @@ from kvwatch.derived import SeriesState, blocks_shared_by_groups, derive
 from kvwatch.engines import SourceOverrides
 from kvwatch.engines.detect import OMNI_NOTE
 from kvwatch.fetch import CappedBody, Fetcher, decode_body, held_text
-from kvwatch.forecast import Forecaster, ForecastParams, ForecastSample
+from kvwatch.forecast import Forecaster, ForecastSample
 from kvwatch.forecast.detector import no_room_in
-from kvwatch.forecast.thresholds import queue_waits_for_kv, standing_queue
+from kvwatch.forecast.thresholds import BUSY_USAGE, queue_waits_for_kv, standing_queue
 from kvwatch.model import SGLANG, TENSORRT_LLM, VLLM, Detection, Poll, Reading
 from kvwatch.payload import ScrapeError, interpret
 from kvwatch.settings import CheckSettings, SettingsError, add_settings_flags, load_settings, redact_url
@@ -63,7 +63,7 @@ if TYPE_CHECKING:  # the capacity model loads only when a plan is built
 
 # The forecaster's thresholds, so that check and serve call the same polls KV-bound: usage at u_busy (0.90) with a
 # queue is saturated there (vLLM rarely reads above ~0.95 when full), and below it a queue is the scheduler's.
-KV_BOUND_USAGE = ForecastParams().u_busy
+KV_BOUND_USAGE = BUSY_USAGE
 PREFIX_HIT_RATIO_LOW = 0.10
 PREFIX_MIN_QUERIES = 1000  # fewer queried tokens/blocks than this says nothing about the hit ratio
 SEVERITIES = ("critical", "warning", "info")  # most severe first

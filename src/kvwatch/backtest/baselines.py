@@ -11,6 +11,8 @@ import math
 from collections import deque
 from statistics import NormalDist
 
+from kvwatch.forecast.thresholds import SATURATION_USAGE
+
 
 class ForDuration:
     """Prometheus ``for:``: true once the condition has held continuously for ``seconds``."""
@@ -33,7 +35,7 @@ class ForDuration:
 class ThresholdBaseline:
     """Static threshold: ``usage >= threshold for: 1m``."""
 
-    def __init__(self, threshold: float = 0.95, for_seconds: float = 60.0) -> None:
+    def __init__(self, threshold: float = SATURATION_USAGE, for_seconds: float = 60.0) -> None:
         self.threshold = threshold
         self._for = ForDuration(for_seconds)
 
@@ -102,7 +104,7 @@ class PredictLinearProbability:
     """``predict_linear(usage[30m], h)`` turned into a probability: the chance the fitted line plus Gaussian
     residual noise is at or above the threshold at ``h`` (the reference forecast of the calibration table)."""
 
-    def __init__(self, window_seconds: float = 1800.0, threshold: float = 0.95) -> None:
+    def __init__(self, window_seconds: float = 1800.0, threshold: float = SATURATION_USAGE) -> None:
         self.threshold = threshold
         self._fit = LinearFit(window_seconds)
 
@@ -128,7 +130,7 @@ class PredictLinearBaseline:
         self,
         window_seconds: float = 1800.0,
         horizon_seconds: float = 1800.0,
-        threshold: float = 0.95,
+        threshold: float = SATURATION_USAGE,
         level_floor: float | None = None,
         for_seconds: float = 0.0,
     ) -> None:
@@ -158,7 +160,7 @@ class HoltBaseline:
         alpha: float = 0.3,
         beta: float = 0.1,
         horizon_minutes: float = 30.0,
-        threshold: float = 0.95,
+        threshold: float = SATURATION_USAGE,
         for_seconds: float = 300.0,
         bucket_seconds: float = 60.0,
     ) -> None:
@@ -197,8 +199,8 @@ class HoltBaseline:
 def make_baselines() -> dict[str, ThresholdBaseline | PredictLinearBaseline | HoltBaseline]:
     """Fresh instances of every baseline, keyed like the JSON output."""
     return {
-        "threshold": ThresholdBaseline(0.95, for_seconds=60.0),
-        "predict_linear": PredictLinearBaseline(1800.0, 1800.0, 0.95),
+        "threshold": ThresholdBaseline(SATURATION_USAGE, for_seconds=60.0),
+        "predict_linear": PredictLinearBaseline(1800.0, 1800.0, SATURATION_USAGE),
         "guarded_predict_linear": PredictLinearBaseline(1800.0, 1800.0, 1.0, level_floor=0.7, for_seconds=300.0),
         "holt": HoltBaseline(),
     }

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from kvwatch.backtest.runner import KVWATCH, RunResult
 from kvwatch.backtest.scoring import find_episodes
+from kvwatch.forecast.thresholds import SATURATION_USAGE
 from kvwatch.settings import SettingsError
 
 
@@ -38,7 +39,7 @@ def plot_run(result: RunResult, path: Path) -> None:
     if not all(math.isnan(v) for v in risk):
         ax.plot(minutes[:len(risk)], risk, lw=1.4, color="tab:green", label="kvwatch saturation risk within 30 min")
     ax.plot(minutes, load, lw=1.0, ls=":", color="k", label="offered KV demand (scenario)")
-    ax.axhline(0.95, color="tab:red", lw=0.8, ls="--", label="saturation threshold 0.95")
+    ax.axhline(SATURATION_USAGE, color="tab:red", lw=0.8, ls="--", label=f"saturation threshold {SATURATION_USAGE:g}")
     for i, event in enumerate(result.events):
         ax.axvspan(event.onset / 60, event.end / 60, color="tab:red", alpha=0.12,
                    label="saturation event" if i == 0 else None)

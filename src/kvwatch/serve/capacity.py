@@ -22,7 +22,9 @@ from types import MappingProxyType
 from prometheus_client.core import GaugeMetricFamily
 
 from kvwatch.capacity.findings import (
+    EMPTY_USAGE,
     LIVE_FINDINGS,
+    STUCK_USAGE,
     SUSTAINED_SECONDS,
     HeldSince,
     deployment_mismatches,
@@ -189,10 +191,10 @@ class CapacityAnalyzer:
         finding = GaugeMetricFamily(
             "kvwatch_capacity_finding",
             f"1 when a capacity finding's condition has held on every poll for {SUSTAINED_SECONDS:g} s (poll "
-            "clock), else 0: finding=kv_usage_stuck (KV usage >= 95% with nothing running: blocks not "
+            f"clock), else 0: finding=kv_usage_stuck (KV usage >= {STUCK_USAGE:.0%} with nothing running: blocks not "
             "freed, vllm issue 27073), finding=request_exceeds_pool (requests waiting, nothing running, KV usage "
-            "<= 5%: the head of the queue needs more KV than the whole pool, vllm issue 39734). Same conditions "
-            "as `kvwatch check`'s findings.",
+            f"<= {EMPTY_USAGE:.0%}: the head of the queue needs more KV than the whole pool, vllm issue 39734). "
+            "Same conditions as `kvwatch check`'s findings.",
             labels=[*SERIES_LABELS, "finding"])
         for (model_name, engine), result in sorted(results.items()):
             if result.formula_kv_capacity_tokens is not None:
