@@ -14,7 +14,7 @@ import pytest
 from kvwatch.check import build_report, findings
 from kvwatch.cli import main
 from kvwatch.derived import derive
-from kvwatch.model import Reading
+from kvwatch.model import VLLM, Detection, Poll, Reading
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-metrics"
 
@@ -711,6 +711,8 @@ def test_a_sleeping_engine_gets_no_kv_diagnosis(tmp_path: Path, capsys: pytest.C
     (message,) = [f["message"] for f in report["findings"] if f["id"] == "engine_asleep" and f["engine"] == "0"]
     assert "paused (vLLM's sleep level 0: its KV cache is kept) or has released its KV cache" in message
     assert report["series"][0]["sleep_state"] == "asleep"
+    assert main(["check", "--file", str(tmp_path / "paused.prom")]) == 0
+    assert "tokens once awake (the engine is asleep)\n" in capsys.readouterr().out  # not "asleep: asleep"
     # the summary's capacity and ceilings are the pool it gets back, not room now (review, round 26)
     assert main(["check", "--file", str(tmp_path / "asleep.prom")]) == 0
     engine0_text = capsys.readouterr().out.split("engine 1:")[0]
@@ -897,6 +899,33 @@ def test_scheduler_limited_names_the_limit_the_given_max_num_seqs_points_at(
     assert "raise --max-num-batched-tokens" in message("--max-num-seqs", "256")
     assert "at --max-num-seqs 12: raise --max-num-seqs" in message("--max-num-seqs", "12")
     assert "Raise --max-num-seqs or --max-num-batched-tokens" in message()
+    # a margin of one request at a small cap: 7 running of --max-num-seqs 8 is at it (0.9 x 8 = 7.2 called 7 "well
+    # under": review, round 26)
+    seven = derive(Reading("m", kv_usage_ratio=0.5, requests_running=7.0, requests_waiting=3.0,
+                           kv_capacity_tokens=1000.0), None)
+    (limited,) = findings([seven], max_num_seqs=8)
+    assert "7 requests run, at --max-num-seqs 8: raise --max-num-seqs" in limited.message
+
+
+@pytest.mark.parametrize(("usage", "found"), [(0.30, "queue_not_admitted"), (0.04, "request_exceeds_pool"),
+                                               (0.97, "kv_usage_stuck")])
+def test_a_queue_with_nothing_running_is_no_scheduler_limit(usage: float, found: str) -> None:
+    # (review, round 26) 40 waiting beside 0 running at 30 % were told "raise --max-num-seqs": no cap holds back a
+    # queue while nothing runs (a stall, blocks no running request holds, or a head request larger than what is free)
+    reading = Reading("m", kv_usage_ratio=usage, requests_running=0.0, requests_waiting=40.0,
+                      kv_capacity_tokens=100_000.0, waiting_holds_no_kv=True)  # (vLLM's: a waiting request holds none)
+    report = build_report(Poll(0.0, Detection(VLLM, "0.20+", "vllm:kv_cache_usage_perc"), (reading,)))
+    ids_found = [f["id"] for f in report["findings"]]
+    assert found in ids_found and "scheduler_limited" not in ids_found
+    if found == "queue_not_admitted":
+        (message,) = [f["message"] for f in report["findings"] if f["id"] == found]
+        assert "40 requests wait and none runs while KV is 30.0% used" in message
+        assert "needs more than the 70,000 tokens free" in message
+    else:  # request_exceeds_pool says more of a near-empty cache, kv_usage_stuck of a full one
+        assert "queue_not_admitted" not in ids_found
+    running = derive(Reading("m", kv_usage_ratio=0.30, requests_running=12.0, requests_waiting=40.0,
+                             kv_capacity_tokens=100_000.0), None)
+    assert [f.id for f in findings([running])] == ["scheduler_limited"]
 
 
 @pytest.mark.parametrize(("flag", "value"), [("--usage-metric", "nonexist"),

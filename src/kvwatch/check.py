@@ -291,7 +291,8 @@ def build_report(poll: Poll, max_model_len: int | None = None,
     found += _tensor_parallel_unlike_the_plan(poll.readings, plans)
     found.sort(key=lambda f: _SEVERITY_ORDER[f.severity])
     stuck = {(f.model_name, f.engine) for f in found if f.id == "request_exceeds_pool"}
-    found = [f for f in found if not (f.id == "scheduler_limited" and (f.model_name, f.engine) in stuck)]
+    found = [f for f in found
+             if not (f.id in ("scheduler_limited", "queue_not_admitted") and (f.model_name, f.engine) in stuck)]
     bound = {(f.model_name, f.engine) for f in found if f.id == "kv_bound"}
     # (per series for capacity_mismatch; the tensor-parallel and given-settings findings are said once per model, of
     # all its engines and ranks)
@@ -578,6 +579,18 @@ def findings(states: Iterable[SeriesState],
                 message = (f"KV cache is {usage:.1%} full with {_requests(waiting)} waiting: the KV cache is the "
                            f"bottleneck. {fixes}")
             out.append(Finding("kv_bound", "critical", message, **where))
+        elif r.requests_running == 0 and _standing_queue(r) and not r.prefill_server and not leaking(r):
+            # No scheduler cap holds back a queue while nothing runs (review, round 26: "raise --max-num-seqs" was
+            # said of 40 waiting beside 0 running at 30 %); at 5 % or less request_exceeds_pool says more, and a full
+            # cache no request holds is kv_usage_stuck's.
+            free = f" than the {_free_tokens(r, usage):,.0f} tokens free" if r.kv_capacity_tokens else " than is free"
+            out.append(Finding("queue_not_admitted", "warning", (
+                f"{_requests(waiting)} {_verb(waiting)} and none runs while KV is {usage:.1%} used: no scheduler "
+                "cap holds them back, as nothing runs. The engine core may be stalled (kvwatch serve's state "
+                "`stalled` tells over 3 minutes), blocks may be held by no running request (a leak, or a "
+                f"PD-disaggregated server's KV transfers), or the request at the head of the queue needs more{free}. "
+                "Look at the engine's log; if it persists, cancel the request at the head or restart the engine."),
+                **where))
         elif not _waits_for_kv(r, usage) and _standing_queue(r) and not r.prefill_server:
             out.append(Finding("scheduler_limited", "warning", (
                 f"{_requests(waiting)} {_verb(waiting)} while KV is only {usage:.1%} used: the scheduler limits, "
@@ -665,7 +678,8 @@ def _scheduler_fix(running: float | None, max_num_seqs: int | None, flags: Mappi
         return (f"{_requests(running)} {_run(running)} on this rank: under {concurrency} {max_num_seqs}, but at "
                 f"the {max_num_seqs // ranks} each of its {ranks} ranks gets with --enable-dp-attention (the payload "
                 f"does not say which runs): raise {concurrency} if it is on, else {budget} (token budget){sglang}")
-    if max_num_seqs and running is not None and running < SCHEDULER_CAP_SHARE * max_num_seqs:
+    if max_num_seqs and running is not None and running < min(SCHEDULER_CAP_SHARE * max_num_seqs, max_num_seqs - 1):
+        # (a margin of at least one request: 7 running of --max-num-seqs 8 was "well under" it: review, round 26)
         return (f"{_requests(running)} {_run(running)}, well under {concurrency} {max_num_seqs}, so that cap is "
                 f"not it: raise {budget} (token budget){sglang}")
     if max_num_seqs and running is not None:
@@ -739,8 +753,9 @@ def render(report: dict[str, Any]) -> str:
         estimated = " (kvwatch's estimate from the model and the card: the engine reports none)" \
             if s["capacity_source"] == "formula" else ""
         # (review, round 26: "740 more fit" stood above a finding that the sleeping engine's cache is released)
-        asleep = f" once awake (the engine is asleep: {s['sleep_state']})" \
-            if s["sleep_state"] not in (None, "awake") else ""
+        sleep = s["sleep_state"]
+        asleep = "" if sleep in (None, "awake") else \
+            " once awake (the engine is asleep" + ("" if sleep == "asleep" else f": {sleep}") + ")"
         lines.append("  KV capacity     " + (f"{capacity:,} tokens{estimated}{asleep}" if capacity is not None
                                              else "unknown"))
         mix, worst = s["max_concurrency"], s["max_concurrency_max_model_len"]
