@@ -200,6 +200,13 @@ def test_a_standing_warning_outranks_a_scheduler_limit():
         "scheduler_limited"
 
 
+def test_a_queue_with_nothing_running_is_no_scheduler_limit():
+    # (review, round 26) no scheduler cap holds a queue back while nothing runs: a stall, blocks no running request
+    # holds, or a head request larger than what is free (check's queue_not_admitted); it read scheduler_limited
+    samples = [replace(s, running=0.0) for s in stream(lambda t: 0.4, waiting=lambda t: 30.0, seconds=1800)]
+    assert "scheduler_limited" not in {r.state for r in run(Forecaster(), samples)}
+
+
 @pytest.mark.parametrize(("waiting", "limited"), [(3.0, False), (40.0, True)])
 def test_a_few_arrivals_waiting_beside_hundreds_running_are_no_scheduler_limit(waiting: float, limited: bool):
     # (review, round 25) at hundreds of requests a second a few arrivals wait for the next step at nearly every poll:

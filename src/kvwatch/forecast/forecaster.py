@@ -491,8 +491,10 @@ class Forecaster:
             running=sample.running,
             saturated=u >= p.u_sat or waits_for_kv or preempted,
             # (a queue one poll can trust, as check's scheduler_limited reads it: at hundreds of requests a second a
-            # few arrivals wait at nearly every poll, and 0.55 of a 680k-token cache read scheduler_limited)
+            # few arrivals wait at nearly every poll, and 0.55 of a 680k-token cache read scheduler_limited; and
+            # something running: no scheduler cap holds a queue back while nothing runs, check's queue_not_admitted)
             queued_below_kv_limit=standing_queue(queued, running)
+            and bool(running)
             and not waits_for_kv
             and not sample.prefill_server,
             progressed=progressed,
