@@ -145,17 +145,17 @@ def test_live_url(live_target: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert report["version_range"] == "0.11" and report["series"][0]["kv_usage_ratio"] == 0.1
 
 
-def test_unreachable_url_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+def test_unreachable_url_exits_3(capsys: pytest.CaptureFixture[str]) -> None:
     with ThreadingHTTPServer(("127.0.0.1", 0), _Handler) as probe:
         port = probe.server_address[1]  # closed right after: nothing listens there
-    assert main(["check", f"http://127.0.0.1:{port}/metrics", "--json"]) == 1
+    assert main(["check", f"http://127.0.0.1:{port}/metrics", "--json"]) == 3
     assert json.loads(capsys.readouterr().out)["error"]["reason"] == "connect"
 
 
 def test_garbage_file_exits_1_and_missing_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     garbage = tmp_path / "page.html"
     garbage.write_text("<html>nope</html>")
-    assert main(["check", "--file", str(garbage)]) == 1
+    assert main(["check", "--file", str(garbage)]) == 3
     assert "parse" in capsys.readouterr().err
     assert main(["check", "--file", str(tmp_path / "missing.prom")]) == 2
     assert "--file" in capsys.readouterr().err
@@ -361,8 +361,8 @@ def _fetch_timeouts(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 def test_check_has_a_short_default_timeout_and_honours_the_flag(monkeypatch: pytest.MonkeyPatch,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     seen = _fetch_timeouts(monkeypatch)
-    assert main(["check", "http://127.0.0.1:9/metrics"]) == 1
-    assert main(["check", "http://127.0.0.1:9/metrics", "--poll-timeout-seconds", "30"]) == 1
+    assert main(["check", "http://127.0.0.1:9/metrics"]) == 3
+    assert main(["check", "http://127.0.0.1:9/metrics", "--poll-timeout-seconds", "30"]) == 3
     assert seen == [5.0, 30.0]
 
 
@@ -471,15 +471,15 @@ def test_a_url_without_metrics_gets_a_hint(live_target: str, capsys: pytest.Capt
     # Something answers at the root with a page that is no payload: the hint names the /metrics path.
     _Handler.body = b"<html>an API server's index page</html>"
     root = live_target.removesuffix("/metrics")
-    assert main(["check", root, "--json"]) == 1
+    assert main(["check", root, "--json"]) == 3
     error = json.loads(capsys.readouterr().out)["error"]
     hint = f"vLLM and SGLang serve their metrics at /metrics: try {root}/metrics"
     assert error["reason"] == "parse" and error["hint"] == hint
-    assert main(["check", root + "/"]) == 1
+    assert main(["check", root + "/"]) == 3
     assert f"hint: {hint}" in capsys.readouterr().err
-    assert main(["check", root + "/health"]) == 1  # another endpoint is replaced, not extended
+    assert main(["check", root + "/health"]) == 3  # another endpoint is replaced, not extended
     assert f"hint: {hint}" in capsys.readouterr().err
-    assert main(["check", live_target, "--json"]) == 1
+    assert main(["check", live_target, "--json"]) == 3
     assert "hint" not in json.loads(capsys.readouterr().out)["error"]
 
 
@@ -624,7 +624,7 @@ def test_a_gzip_payload_file_is_inflated_within_the_body_limit(tmp_path: Path,
     for name, (data, reason, said) in cases.items():
         path = tmp_path / f"{name}.gz"
         path.write_bytes(data)
-        assert main(["check", "--file", str(path), "--json", "--max-body-bytes", "1048576"]) == 1, name
+        assert main(["check", "--file", str(path), "--json", "--max-body-bytes", "1048576"]) == 3, name
         error = json.loads(capsys.readouterr().out)["error"]
         assert error["reason"] == reason and said in error["message"], name
 
@@ -645,7 +645,7 @@ def test_a_payload_saved_on_windows_reads_as_saved_on_linux(tmp_path: Path,
 
 def test_the_metrics_path_hint_only_when_something_answered(capsys: pytest.CaptureFixture[str]) -> None:
     # Port 9 on loopback refuses: the path is not what is wrong, so no /metrics hint.
-    assert main(["check", "http://127.0.0.1:9/", "--json", "--poll-timeout-seconds", "2"]) == 1
+    assert main(["check", "http://127.0.0.1:9/", "--json", "--poll-timeout-seconds", "2"]) == 3
     error = json.loads(capsys.readouterr().out)["error"]
     assert error["reason"] == "connect" and "hint" not in error
 
@@ -738,7 +738,7 @@ def test_a_queue_of_deferred_requests_is_not_kv_bound(tmp_path: Path, capsys: py
 def test_deeply_nested_json_is_a_parse_error_without_a_traceback(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
-    assert main(["check", "--file", str(tmp_path / "deep.json"), "--json"]) == 1
+    assert main(["check", "--file", str(tmp_path / "deep.json"), "--json"]) == 3
     captured = capsys.readouterr()
     assert json.loads(captured.out)["error"]["reason"] == "parse"
     assert "Traceback" not in captured.err
@@ -934,7 +934,7 @@ def test_a_source_metric_that_matches_nothing_is_refused_naming_the_flag(
         flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
     # A typo silently dropped the engine's own metric: "KV usage from nonexist", then "pass --usage-metric".
     path = str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom")
-    assert main(["check", "--file", path, flag, value]) == 1
+    assert main(["check", "--file", path, flag, value]) == 3
     err = capsys.readouterr().err
     assert f"{flag} {value} matches no sample in the payload" in err
     assert main(["check", "--file", path, flag, value.replace("waitin", "waiting").replace("nonexist",
@@ -959,7 +959,7 @@ def test_a_source_metric_declared_but_not_set_yet_is_unknown_not_a_refusal(
 
 def test_a_source_metric_cannot_apply_to_json_iteration_statistics(capsys: pytest.CaptureFixture[str]) -> None:
     stats = Path(__file__).parent / "fixtures" / "tensorrt-llm-metrics" / "trtllm-serve-iteration-stats.json"
-    assert main(["check", "--file", str(stats), "--usage-metric", "foo"]) == 1
+    assert main(["check", "--file", str(stats), "--usage-metric", "foo"]) == 3
     assert "JSON iteration statistics" in capsys.readouterr().err
 
 
@@ -969,7 +969,7 @@ def test_a_page_without_engine_metrics_names_disable_log_stats(tmp_path: Path,
     page = tmp_path / "no-stats.prom"
     page.write_text('process_start_time_seconds 1.7e+09\nhttp_requests_total{handler="/v1/completions",'
                     'method="POST",status="2xx"} 12.0\n')
-    assert main(["check", "--file", str(page)]) == 1
+    assert main(["check", "--file", str(page)]) == 3
     assert "--disable-log-stats" in capsys.readouterr().err
 
 
@@ -1082,11 +1082,11 @@ def test_a_plain_file_or_stdin_is_held_to_the_body_limit(tmp_path: Path, monkeyp
     path = tmp_path / "metrics.prom"
     path.write_bytes(plain)
     limit = str(len(plain) - 1)
-    assert main(["check", "--file", str(path), "--json", "--max-body-bytes", limit]) == 1
+    assert main(["check", "--file", str(path), "--json", "--max-body-bytes", limit]) == 3
     error = json.loads(capsys.readouterr().out)["error"]
     assert error["reason"] == "too_large" and "--max-body-bytes" in error["message"]
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(plain)))
-    assert main(["check", "--file", "-", "--json", "--max-body-bytes", limit]) == 1
+    assert main(["check", "--file", "-", "--json", "--max-body-bytes", limit]) == 3
     assert json.loads(capsys.readouterr().out)["error"]["reason"] == "too_large"
     assert main(["check", "--file", str(path), "--json", "--max-body-bytes", str(len(plain))]) == 0
 
@@ -1167,7 +1167,7 @@ def test_a_saved_page_widened_by_one_character_is_held_as_a_live_one(tmp_path: P
     plain = (FIXTURES / "gen-0.9-both-usage-names.prom").read_bytes()
     page = tmp_path / "m.prom"
     page.write_bytes("# \N{GRINNING FACE} wide\n".encode() + plain)
-    assert main(["check", "--file", str(page), "--json", "--max-body-bytes", str(len(plain) + 1024)]) == 1
+    assert main(["check", "--file", str(page), "--json", "--max-body-bytes", str(len(plain) + 1024)]) == 3
     error = json.loads(capsys.readouterr().out)["error"]
     assert error["reason"] == "too_large" and "over twice --max-body-bytes" in error["message"]
 

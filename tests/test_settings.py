@@ -177,7 +177,7 @@ def test_check_names_the_target_without_its_password(capsys: pytest.CaptureFixtu
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    assert main(["check", f"http://kv:hunter2@127.0.0.1:{port}/metrics", "--json"]) == 1
+    assert main(["check", f"http://kv:hunter2@127.0.0.1:{port}/metrics", "--json"]) == 3
     out = capsys.readouterr()
     assert "hunter2" not in out.out + out.err and '"reason": "connect"' in out.out and "***@127.0.0.1" in out.out
 

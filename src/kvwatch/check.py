@@ -13,8 +13,9 @@ findings ``kv_usage_stuck``, ``request_exceeds_pool``, ``vllm_will_not_start``, 
 (kvwatch.capacity.findings). A ``kv_bound``
 series also gets the advisor's fixes, cheapest first (``advice``; the deployment flags ``--model``,
 ``--gpu``, ``--tensor-parallel-size``, ``--gpus-per-node`` ... size the quantization and tensor-parallel gains).
-Exit codes: 0 when the payload was read (whatever the findings, unless ``--fail-on``), 1 when it could not be
-or when ``--fail-on SEVERITY`` is given and a finding at or above it exists, 2 bad usage.
+Exit codes: 0 when the payload was read (whatever the findings, unless ``--fail-on``), 1 when ``--fail-on
+SEVERITY`` is given and a finding at or above it exists, 2 bad usage, 3 when the payload could not be read (a
+script tells a broken target from findings; it was 1 before round 26).
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a report")
     parser.add_argument("--fail-on", choices=("info", "warning", "critical"), default=None, metavar="SEVERITY",
                         help="exit 1 when a finding at or above SEVERITY (info, warning, critical) exists, "
-                             "for CI jobs and cron (default: exit 0 whatever the findings)")
+                             "for CI jobs and cron (default: exit 0 whatever the findings; a payload that cannot "
+                             "be read exits 3)")
     # The model/deployment flags (shared with plan and serve) let the advice size quantization and TP.
     add_settings_flags(parser, CheckSettings)
 
@@ -141,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
                   f"kvwatch check: cannot read {source} ({exc.reason}): {exc}", file=sys.stderr)
             if hint:
                 print(f"kvwatch check: hint: {hint}", file=sys.stderr)
-        return 1
+        return EXIT_UNREAD
     plans, kv_groups, unsized = _capacity_plans(settings, poll)
     from kvwatch.serve.sidecar_capacity import one_model_flags_note
 
@@ -360,6 +362,7 @@ def _plan_caveat(fixes: list[Advice], mismatched: bool) -> list[Advice]:
 # A running count below this share of --max-num-seqs is not held back by that cap (a few requests finish
 # between the scheduler's steps and the poll).
 SCHEDULER_CAP_SHARE = 0.9
+EXIT_UNREAD = 3  # the payload could not be read (1 is --fail-on's findings, 2 bad usage)
 
 
 def _groups_unknown(poll: Poll, capacities: Mapping[Any, Any], known_models: set[str]) -> list[Finding]:

@@ -4,7 +4,8 @@ Each subcommand module exposes ``add_arguments(parser)`` and ``run(args) -> int`
 command's module is imported, so ``kvwatch plan`` never pays for the HTTP stack and one command's
 import error cannot break another; ``kvwatch --help`` imports neither the settings layer nor
 ``importlib.metadata`` (the version is a constant of the package, ``kvwatch.__version__``). Exit codes: 0 ok,
-2 bad usage or config, 1 runtime failure.
+2 bad usage or config, 1 runtime failure (``check``: 1 for ``--fail-on``'s findings, 3 for a payload it cannot
+read).
 """
 
 from __future__ import annotations
