@@ -1441,3 +1441,15 @@ def test_a_few_arrivals_waiting_beside_hundreds_running_below_the_saturation_are
             'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="40000"} 1\n')
     ids = {f["id"] for f in build_report(interpret(page, None, timestamp=0.0))["findings"]}
     assert ("kv_bound" in ids) == kv_bound and "scheduler_limited" not in ids
+
+
+def test_a_usage_beside_a_threshold_is_printed_on_its_own_side_of_it() -> None:
+    # (review, round 26) 0.8999 read "KV is only 90.0% used: the scheduler limits" beside 0.90's critical kv_bound
+    from kvwatch.capacity.units import percent
+
+    assert [percent(x) for x in (0.8999, 0.9, 0.9499999, 0.95, 0.0500001, 0.55, 0.123)] == [
+        "89.99%", "90.0%", "94.99999%", "95.0%", "5.00001%", "55.0%", "12.3%"]
+    near = derive(Reading("m", kv_usage_ratio=0.8999, requests_running=20.0, requests_waiting=5.0,
+                          kv_capacity_tokens=100_000.0), None)
+    (limited,) = findings([near])
+    assert limited.id == "scheduler_limited" and "while KV is only 89.99% used" in limited.message

@@ -518,6 +518,7 @@ def findings(states: Iterable[SeriesState],
     impossible values dropped to unknown (:mod:`kvwatch.plausible`); ``engine_kind`` names whose flags the
     messages give; ``max_num_seqs`` (given to kvwatch) tells which scheduler limit a standing queue hits."""
     from kvwatch.capacity.findings import leaking
+    from kvwatch.capacity.units import percent
 
     states = list(states)
     ranks = _ranks_per_model(states, engine_kind)
@@ -560,26 +561,26 @@ def findings(states: Iterable[SeriesState],
             # PD prefill server's transfers, or a leak; the payload cannot tell which, so the message says both.
             fixes = "The advisor's fixes for this series follow, cheapest first (\"advice\" in --json)."
             if r.prefill_server:
-                message = (f"KV cache is {usage:.1%} full with {_requests(waiting)} waiting on this PD prefill "
+                message = (f"KV cache is {percent(usage)} full with {_requests(waiting)} waiting on this PD prefill "
                            "server: its KV is held by requests whose KV is still being sent to the decode servers, "
                            "so prefill waits for the decode side (more or faster decode servers, or a faster KV "
                            f"transfer); no concurrency limit follows from its running count. {fixes}")
             elif r.requests_running == 0:
-                message = (f"KV cache is {usage:.1%} full with {_requests(waiting)} waiting and nothing running. On a "
-                           "PD-disaggregated server these are its KV transfers (a prefill server's outgoing, a decode "
-                           "server's incoming) and the KV cache is the bottleneck. "
+                message = (f"KV cache is {percent(usage)} full with {_requests(waiting)} waiting and nothing running. "
+                           "On a PD-disaggregated server these are its KV transfers (a prefill server's outgoing, a "
+                           "decode server's incoming) and the KV cache is the bottleneck. "
                            f"{fixes} On any other server finished requests' blocks are not being freed (a KV "
                            "leak: restart the engine), and those fixes would not help.")
             elif usage < KV_BOUND_USAGE:
                 mean, cached = r.mean_prompt_tokens or 0.0, r.prefix_cached_share or 0.0
-                message = (f"KV cache is {usage:.1%} full with {_requests(waiting)} waiting, and the "
+                message = (f"KV cache is {percent(usage)} full with {_requests(waiting)} waiting, and the "
                            f"{_free_tokens(r, usage):,.0f} tokens free are fewer than the {mean * (1 - cached):,.0f} "
                            f"a mean prompt needs (the mean since the engine started: {mean:,.0f} tokens"
                            + (f", {cached:.0%} of them from the prefix cache" if cached else "") + "): the next "
                            "request does not fit, so the KV cache is the bottleneck (a higher concurrency limit "
                            f"would not start it). {fixes}")
             else:
-                message = (f"KV cache is {usage:.1%} full with {_requests(waiting)} waiting: the KV cache is the "
+                message = (f"KV cache is {percent(usage)} full with {_requests(waiting)} waiting: the KV cache is the "
                            f"bottleneck. {fixes}")
             out.append(Finding("kv_bound", "critical", message, **where))
         elif r.requests_running == 0 and _standing_queue(r) and not r.prefill_server and not leaking(r):
@@ -588,7 +589,7 @@ def findings(states: Iterable[SeriesState],
             # cache no request holds is kv_usage_stuck's.
             free = f" than the {_free_tokens(r, usage):,.0f} tokens free" if r.kv_capacity_tokens else " than is free"
             out.append(Finding("queue_not_admitted", "warning", (
-                f"{_requests(waiting)} {_verb(waiting)} and none runs while KV is {usage:.1%} used: no scheduler "
+                f"{_requests(waiting)} {_verb(waiting)} and none runs while KV is {percent(usage)} used: no scheduler "
                 "cap holds them back, as nothing runs. The engine core may be stalled (kvwatch serve's state "
                 "`stalled` tells over 3 minutes), blocks may be held by no running request (a leak, or a "
                 f"PD-disaggregated server's KV transfers), or the request at the head of the queue needs more{free}. "
@@ -596,7 +597,7 @@ def findings(states: Iterable[SeriesState],
                 **where))
         elif not _waits_for_kv(r, usage) and _standing_queue(r) and not r.prefill_server:
             out.append(Finding("scheduler_limited", "warning", (
-                f"{_requests(waiting)} {_verb(waiting)} while KV is only {usage:.1%} used: the scheduler limits, "
+                f"{_requests(waiting)} {_verb(waiting)} while KV is only {percent(usage)} used: the scheduler limits, "
                 f"not KV. {_scheduler_fix(r.requests_running, max_num_seqs, flags, engine_kind, ranks[r.model_name])}"
                 "; more KV would "
                 "not help. "
@@ -608,7 +609,7 @@ def findings(states: Iterable[SeriesState],
             full = _waits_for_kv(r, usage)
             out.append(Finding("queue_unknown", "warning" if full else "info", (
                 "The payload has no count of waiting requests, so kvwatch cannot tell whether requests wait for the "
-                "KV cache" + (f", which is {usage:.1%} full: it may be the bottleneck" if full else "")
+                "KV cache" + (f", which is {percent(usage)} full: it may be the bottleneck" if full else "")
                 + ". Pass --waiting-metric (and --running-metric) with the names the engine or its proxy exports, "
                 "if it has them."), **where))
         for name, reason in sorted(why.get(r.key, {}).items()):
@@ -629,7 +630,7 @@ def findings(states: Iterable[SeriesState],
             if thrashing:
                 now = "Lower concurrency or free KV memory."
             else:
-                full = f"The cache is {usage:.1%} full now" if usage is not None else "KV usage is unknown now"
+                full = f"The cache is {percent(usage)} full now" if usage is not None else "KV usage is unknown now"
                 now = f"{full}: one poll cannot tell whether it goes on; kvwatch serve's " \
                       "kvwatch_preemptions_per_second does."
             out.append(Finding("preemptions", "warning" if thrashing else "info", (
@@ -639,7 +640,7 @@ def findings(states: Iterable[SeriesState],
         if r.prefix_caching_enabled is not False and ratio is not None and ratio < PREFIX_HIT_RATIO_LOW and \
                 (r.prefix_cache_queries_total or 0) >= PREFIX_MIN_QUERIES:
             out.append(Finding("prefix_cache_ineffective", "info", (
-                f"Prefix cache hit ratio is {ratio:.1%}"
+                f"Prefix cache hit ratio is {percent(ratio)}"
                 + (f" (of {r.prefix_cache_unit})" if r.prefix_cache_unit else "") + ": prefix caching will not add "
                 "capacity for this traffic; do not count on it when sizing."), **where))
         if r.kv_capacity_tokens is None and "kv_capacity_tokens" not in why.get(r.key, {}) and \
@@ -740,12 +741,14 @@ def _shown(text: str) -> str:
 
 
 def render(report: dict[str, Any]) -> str:
+    from kvwatch.capacity.units import percent
+
     lines = [f"Detected: {report['engine_kind']} {report['version_range']}, KV usage from "
              f"{report['usage_metric'] or 'nothing (no usage metric found)'}"]
     for s in report["series"]:
         lines.append(f"\n{_shown(s['model_name'])} engine {_shown(s['engine'])}:")
         usage, used, capacity = s["kv_usage_ratio"], s["kv_used_tokens"], s["kv_capacity_tokens"]
-        lines.append(f"  KV usage        {_fmt(usage, '.1%')}"
+        lines.append(f"  KV usage        {'unknown' if usage is None else percent(usage)}"
                      + (f" ({used:,} of {capacity:,} tokens)" if used is not None and capacity is not None else ""))
         running, waiting = s["requests_running"], s["requests_waiting"]
         # (vLLM's reasons: "capacity" read as the cache's size, not as what the requests wait for)

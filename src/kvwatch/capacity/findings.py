@@ -31,7 +31,7 @@ from typing import Any
 
 from kvwatch.capacity.kv import UnsizedKvDtype, kv_dtype_bytes
 from kvwatch.capacity.planner import CUDA_GRAPHS_SUBTRACTED_SINCE, GRAPH_SUBTRACTING_VLLM
-from kvwatch.capacity.units import GIB
+from kvwatch.capacity.units import GIB, percent
 
 MISMATCH_RATIO = 0.10
 # A cache_config_info whose kv_cache_max_concurrency was rounded (not vLLM's own str()) pins the length to ~0.1 %.
@@ -234,7 +234,7 @@ def kv_usage_stuck(usage: float | None, running: float | None, waiting: float | 
     transfer = (" (On a PD-disaggregated decode server, requests waiting for their KV transfer hold blocks too: "
                 "there a short spell is normal.)" if waiting and deferred is None else "")
     return CapacityFinding("kv_usage_stuck", "critical", (
-        f"KV cache is {usage:.1%} used with no request running{queue}: finished requests' blocks are not "
+        f"KV cache is {percent(usage)} used with no request running{queue}: finished requests' blocks are not "
         "being freed (a KV leak, as in vllm issue 27073, after over-long requests were rejected). Prefix-cache "
         "blocks do not count as usage, so this is not caching, and limiting concurrency or adding capacity does "
         f"not help. If it persists, restart the engine and report the engine's version.{transfer}"))
@@ -250,7 +250,7 @@ def request_exceeds_pool(usage: float | None, running: float | None, waiting: fl
     for_room = waiting - deferred if waiting and deferred else waiting
     if not for_room or running is None or running or usage is None or usage > EMPTY_USAGE:
         return None
-    queued = f"{for_room:g} requests wait for room while nothing runs and KV is {usage:.1%} used"
+    queued = f"{for_room:g} requests wait for room while nothing runs and KV is {percent(usage)} used"
     if capacity_tokens and max_model_len and max_model_len <= capacity_tokens:
         return CapacityFinding("request_exceeds_pool", "critical", (
             f"{queued}, yet by kvwatch's figures a --max-model-len request ({max_model_len:,} tokens) fits the "

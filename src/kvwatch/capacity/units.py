@@ -1,4 +1,5 @@
-"""Byte quantities with units (pure): ``131072``, ``128KiB``, ``0.8MiB`` (838,861 B), ``0.0008GiB`` (858,993 B).
+"""Byte quantities with units (pure): ``131072``, ``128KiB``, ``0.8MiB`` (838,861 B), ``0.0008GiB`` (858,993 B);
+and ratios as the percentages kvwatch prints (:func:`percent`).
 
 KiB/MiB/GiB/TiB are binary (2^10 ...), the units of vLLM's logs and of every budget kvwatch prints; kB/MB/
 GB/TB are decimal (10^3 ...). A decimal unit next to a GiB budget is usually a slip (a tutorial's "GB" that
@@ -50,3 +51,14 @@ def decimal_unit_note(text: str) -> str | None:
     pretty = {"kib": "KiB", "mib": "MiB", "gib": "GiB", "tib": "TiB"}[binary]
     return (f"{text.strip()} is a decimal unit: {number * _DECIMAL[unit]:,.0f} B; kvwatch's budgets are in binary "
             f"units (GiB, like vLLM's logs), where {number:g}{pretty} would be {number * _BINARY[binary]:,.0f} B")
+
+
+def percent(ratio: float) -> str:
+    """``ratio`` as a percentage with one decimal, or as many more (up to six) as keep a value off a multiple of 5 %
+    it is not: kvwatch's rules sit there (5 %, 10 %, 90 %, 95 %), and 0.8999 printed "90.0 %" in a finding that
+    said it was under 90 % while 0.90 was critical (review, round 26)."""
+    for digits in range(1, 7):
+        shown = round(ratio * 100, digits)
+        if abs(shown - ratio * 100) < 1e-9 or round(shown, 9) % 5 != 0:  # (0.55 x 100 is 55.00000000000001)
+            break
+    return f"{ratio:.{digits}%}"
