@@ -299,6 +299,9 @@ def build_report(poll: Poll, max_model_len: int | None = None,
     # (per series for capacity_mismatch; the tensor-parallel and given-settings findings are said once per model, of
     # all its engines and ranks)
     unlike = {f.model_name for f in found if f.id in ("tensor_parallel_mismatch", "engine_setting_mismatch")}
+    # A TP fix sized from the TP kvwatch was given, where the payload shows more ranks, pasted the size the server
+    # already runs ("raise --tp-size from 1 to 2" on two tp_ranks: review, round 26): the finding says what to pass.
+    more_ranks = {f.model_name for f in found if f.id == "tensor_parallel_mismatch"}
     mismatched = {(f.model_name, f.engine) for f in found if f.id == "capacity_mismatch"}
     mismatched |= {(r.model_name, r.engine) for r in poll.readings if r.model_name in unlike}
     d = poll.detection
@@ -317,7 +320,8 @@ def build_report(poll: Poll, max_model_len: int | None = None,
                                            gpus_per_node=gpus_per_node, engine_kind=advice_kind,
                                            ranks_per_flag=ranks.get(s.reading.model_name, 1),
                                            other_ranks=_other_ranks(s, states)),
-                                    (s.reading.model_name, s.reading.engine) in mismatched)
+                                    (s.reading.model_name, s.reading.engine) in mismatched,
+                                    without_tp=s.reading.model_name in more_ranks)
                                 if (s.reading.model_name, s.reading.engine) in bound else [],
                                 capacities[s.reading.key].source)
                    for s in states],
@@ -349,9 +353,14 @@ def _tensor_parallel_unlike_the_plan(readings: Iterable[Reading], plans: Mapping
     return out
 
 
-def _plan_caveat(fixes: list[Advice], mismatched: bool) -> list[Advice]:
+def _plan_caveat(fixes: list[Advice], mismatched: bool, *, without_tp: bool = False) -> list[Advice]:
     """The plan-sized gains, marked where the plan does not describe the engine (``capacity_mismatch``,
-    ``tensor_parallel_mismatch``): advice never quotes a figure without what the report says of its source."""
+    ``tensor_parallel_mismatch``): advice never quotes a figure without what the report says of its source.
+    ``without_tp``: the payload shows more tensor-parallel ranks than the plan, so no TP fix (its size is the
+    plan's), and the rest ranked again."""
+    if without_tp:
+        kept = [a for a in fixes if a.action != ADD_TENSOR_PARALLELISM]
+        fixes = [replace(a, rank=i) for i, a in enumerate(kept, start=1)] if len(kept) < len(fixes) else fixes
     if not mismatched:
         return fixes
     sized = (QUANTIZE_WEIGHTS, QUANTIZE_KV_CACHE, ADD_TENSOR_PARALLELISM)
