@@ -33,7 +33,8 @@ def test_mismatch_names_both_numbers_when_the_utilization_was_not_given():
     assert finding is not None and finding.id == "capacity_mismatch"
     assert f"{plan.kv_cache_tokens:,}" in finding.message and "93,872" in finding.message
     assert "--gpu-memory-utilization" in finding.message
-    assert "the formula is" in finding.message and "higher" in finding.message  # "+243 %" said neither
+    # "+243 %" said neither the side nor the size; "4586% higher" (review, round 26) is read as a ratio
+    assert "the formula is 11.2 times the engine's" in finding.message
     # vLLM 0.10 subtracts no CUDA-graph memory before sizing the cache: not a cause there.
     assert "CUDA-graph" not in finding.message
     # From 0.21 it does, but tens of GiB missing are not the graphs (0.5-1.8 GiB): not the first cause named.
@@ -169,7 +170,8 @@ def test_a_max_model_len_other_than_the_engines_is_a_warning(capsys):
     assert main(["check", "--file", str(path), "--json", "--max-model-len", "32768"]) == 0
     found = [f for f in json.loads(capsys.readouterr().out)["findings"] if f["id"] == "max_model_len_mismatch"]
     assert len(found) == 1 and found[0]["severity"] == "warning"  # once per model, not per engine
-    assert "--max-model-len 32,768, but the engine runs 8,192" in found[0]["message"]
+    assert "--max-model-len 32768, but the engine runs 8,192" in found[0]["message"]
+    assert "give kvwatch --max-model-len 8192," in found[0]["message"]  # (a flag to paste: "8,192" was not one)
     for agreeing in ([], ["--max-model-len", "8192"]):
         assert main(["check", "--file", str(path), "--json", *agreeing]) == 0
         assert "max_model_len_mismatch" not in {f["id"] for f in json.loads(capsys.readouterr().out)["findings"]}

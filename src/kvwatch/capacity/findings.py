@@ -119,7 +119,8 @@ def capacity_mismatch(formula_tokens: float, reported_tokens: float | None,
     causes.append("--model/--gpu/--tensor-parallel-size/--dtype not describing this deployment")
     return CapacityFinding("capacity_mismatch", "warning", (
         f"The capacity formula says {formula_tokens:,.0f} KV tokens, the engine reports {reported_tokens:,.0f} "
-        f"(the formula is {abs(gap):.0%} {'higher' if gap > 0 else 'lower'}"
+        + (f"(the formula is {abs(gap):.0%} {'higher' if gap > 0 else 'lower'}" if abs(gap) < 1 else
+           f"(the formula is {formula_tokens / reported_tokens:.1f} times the engine's")
         + (f", with the engine's own --gpu-memory-utilization {engine_utilization:g}" if utilization_known else "")
         + f"). Likely causes: {'; '.join(causes)}. The engine's figure is the one kvwatch uses."))
 
@@ -143,10 +144,10 @@ def max_model_len_mismatch(given: int | None, engine: int | None, source: str) -
     if not given or not engine or abs(given / engine - 1) <= MAX_MODEL_LEN_TOLERANCE:
         return None
     return CapacityFinding("max_model_len_mismatch", "warning", (
-        f"kvwatch was given --max-model-len {given:,}, but the engine runs {engine:,} ({source}). The formula and "
+        f"kvwatch was given --max-model-len {given}, but the engine runs {engine:,} ({source}). The formula and "
         f"the what-if ceilings use {given:,}, "
-        f"the advice the engine's {engine:,}; give kvwatch {engine:,}, or leave --max-model-len unset to take the "
-        "engine's."))
+        f"the advice the engine's {engine:,}; give kvwatch --max-model-len {engine}, or leave it unset to "
+        "take the engine's."))
 
 
 # The deployment settings the engine's cache_config_info also tells: (setting, flag, label).
