@@ -1134,11 +1134,12 @@ def test_more_tensor_parallel_ranks_on_the_page_than_planned_is_said(capsys: pyt
     report = check_json(["--file", path, "--gpu", "H100"], capsys)
     finding = next(f for f in report["findings"] if f["id"] == "tensor_parallel_mismatch")
     assert "shows 2 tensor-parallel ranks" in finding["message"] and "--tensor-parallel-size 1" in finding["message"]
-    # (review, round 26) with the caveat it still pasted "--tp-size 2", the size the server runs: no TP fix now, the
-    # others ranked again
+    # (review, round 26) with the caveat it still pasted "--tp-size 2", the size the server runs: a replica now, or the
+    # size to tell kvwatch
     advice = report["series"][0]["advice"]
-    assert "add_tensor_parallelism" not in [a["action"] for a in advice]
-    assert [a["rank"] for a in advice] == list(range(1, len(advice) + 1))
+    (scale_out,) = [a for a in advice if a["action"] == "add_tensor_parallelism"]
+    assert scale_out["engine_args"] is None and "--tensor-parallel-size 2 (the ranks" in scale_out["message"]
+    assert scale_out["message"].startswith("Add a replica behind the gateway")
     effects = {a["action"]: a["projected_effect"] for a in advice}
     assert "does not describe this engine" in effects["quantize_weights"]
     agreeing = check_json(["--file", path, "--gpu", "H100", "--tensor-parallel-size", "2"], capsys)
@@ -1149,8 +1150,8 @@ def test_more_tensor_parallel_ranks_on_the_page_than_planned_is_said(capsys: pyt
     dp2 = str(FIXTURES.parent / "sglang-metrics" / "gen-rank-labels-dp2.prom")
     ranks = check_json(["--file", dp2, "--gpu", "H100"], capsys)
     assert "tensor_parallel_mismatch" in [f["id"] for f in ranks["findings"]]
-    assert any(s["advice"] for s in ranks["series"])
-    assert not [a for s in ranks["series"] for a in s["advice"] if a["action"] == "add_tensor_parallelism"]
+    scale_outs = [a for s in ranks["series"] for a in s["advice"] if a["action"] == "add_tensor_parallelism"]
+    assert scale_outs and all(a["engine_args"] is None for a in scale_outs)
 
 
 def test_a_pd_decode_server_before_0_20_is_no_leak_when_its_page_shows_kv_transfers(
