@@ -478,6 +478,11 @@ def test_a_quoted_field_over_several_lines_is_one_row_and_later_errors_name_the_
         read_azure_csv(header + rows + "2023-11-16 18:17:05.98,x,20,plain\n")
     with pytest.raises(TraceError, match=r"line 2: a quoted field opened here is not closed$"):
         read_azure_csv(header + '2023-11-16 18:17:03.98,100,10,"never closed\n2023-11-16 18:17:04.98,x\n')
+    # a quote inside an unquoted field is text, as csv reads it (it ran the rows together, then a traceback: diff
+    # review, round 26)
+    screens = read_azure_csv(header + '2023-11-16 18:17:03.98,100,10,a 5" screen\n'
+                             '2023-11-16 18:17:04.98,200,20,a 7" one\n2023-11-16 18:17:05.98,300,30,plain\n')
+    assert [r.prompt_tokens for r in screens] == [100, 200, 300]
     stray = header + '2023-11-16 18:17:03.98,100,10,"stray\n' + "2023-11-16 18:17:04.98,200,20,plain\n" * 2000
     with pytest.raises(TraceError, match="line 2: a quoted field opened here is not closed within 1,000 lines"):
         read_azure_csv(stray)

@@ -208,14 +208,17 @@ def _read_csv(source: str | Path, columns: tuple[str, str, str], time: Callable[
             # a quoted field may hold line ends (a CSV writer's prompt text): it runs on to the quote that closes
             # it (review, round 26: refused as "expected at least 3 columns" on the next line)
             joined = 0
-            while line.count('"') % 2:
+            while _ends_in_quoted_field(line):
                 more = next(numbered, None)
                 joined += 1
                 if more is None or joined > MAX_QUOTED_LINES:  # (a stray quote must not read the file into one row)
                     raise TraceError(f"{name}: line {number}: a quoted field opened here is not closed"
                                      + ("" if more is None else f" within {MAX_QUOTED_LINES:,} lines"))
                 line += "\n" + more[1]
-            parts = next(csv.reader([line]), [])
+            try:
+                parts = next(csv.reader([line]), [])
+            except csv.Error as exc:
+                raise TraceError(f"{name}: line {number}: {exc}: {line[:80]!r}") from None
         else:
             parts = line.split(",")  # the 2023 files: no quotes
         try:
@@ -249,6 +252,27 @@ def _read_csv(source: str | Path, columns: tuple[str, str, str], time: Callable[
 
 
 MAX_QUOTED_LINES = 1000  # the lines one quoted CSV field may run over (a prompt's text)
+
+
+def _ends_in_quoted_field(line: str) -> bool:
+    """Whether a CSV line ends inside a quoted field, so the row goes on: a quote opens one only at a field's start
+    (csv's rule; a stray one inside a field, ``a 5" screen``, is text: diff review, round 26), ``""`` inside it is a
+    quote, and a lone one closes it."""
+    quoted, at_start = False, True
+    i = 0
+    while i < len(line):
+        char = line[i]
+        if quoted:
+            if char == '"':
+                if line[i + 1:i + 2] == '"':
+                    i += 1
+                else:
+                    quoted = False
+        elif char == '"' and at_start:
+            quoted = True
+        at_start = not quoted and char == ","
+        i += 1
+    return quoted
 QUANTIZED_SHARE = 2.0  # rows per distinct timestamp at which a CSV trace's times read as quantized
 
 
