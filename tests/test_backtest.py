@@ -196,6 +196,12 @@ def test_long_context_shaping_scales_mixes_and_caps_at_max_model_len(conv):
     assert 0.15 < len(long) / len(mixed) < 0.25
     assert all(r.prompt_tokens + r.output_tokens <= 131072 for r in long)
     assert shape_lengths(trace, base, seed=1) == list(trace)  # no shaping: the trace itself
+    # a prompt vLLM refuses is left out on every path (the matrix's too, not only the CLI's: diff review, round 26);
+    # one that fits with an output that does not is capped
+    refused = replace(trace[0], prompt_tokens=40_000)
+    fits = replace(trace[1], prompt_tokens=30_000, output_tokens=5_000)
+    shaped = shape_lengths([refused, fits, *trace[2:]], replace(base, max_model_len=32768), seed=1)
+    assert len(shaped) == len(trace) - 1 and shaped[0].prompt_tokens + shaped[0].output_tokens == 32768
 
 
 def test_burst_shapes_last_seconds_or_minutes():

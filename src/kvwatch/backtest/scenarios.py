@@ -149,9 +149,17 @@ def validate(scenario: Scenario) -> None:
         raise ScenarioError("--max-model-len must be at least 2")
 
 
+def refused(request: Request, max_model_len: int) -> bool:
+    """vLLM refuses a prompt of ``max_model_len`` tokens or more (as the trace has it, before any shaping): such a row
+    is left out, where capped it made a request of the whole cache that sized the simulated one six times too large
+    (review, round 26)."""
+    return request.prompt_tokens >= max_model_len
+
+
 def shape_lengths(requests: Sequence[Request], scenario: Scenario, seed: int) -> list[Request]:
-    """Apply ``prompt_scale`` and the ``long_fraction`` mixture; prompt + output capped at ``max_model_len``
-    (always: vLLM refuses a longer request, so a trace's outlier must not set the simulated cache's size)."""
+    """Leave out the prompts vLLM refuses (:func:`refused`), apply ``prompt_scale`` and the ``long_fraction``
+    mixture; prompt + output capped at ``max_model_len`` (always, so a trace's outlier cannot set the simulated
+    cache's size)."""
     limit = scenario.max_model_len
     if scenario.prompt_scale == 1.0 and scenario.long_fraction == 0.0 and \
             all(r.prompt_tokens + r.output_tokens <= limit for r in requests):
@@ -160,6 +168,8 @@ def shape_lengths(requests: Sequence[Request], scenario: Scenario, seed: int) ->
     lo, hi = math.log(LONG_PROMPT_RANGE[0]), math.log(LONG_PROMPT_RANGE[1])
     out = []
     for r in requests:
+        if refused(r, limit):
+            continue
         prompt = r.prompt_tokens * scenario.prompt_scale
         if scenario.long_fraction and rng.random() < scenario.long_fraction:
             prompt = math.exp(rng.uniform(lo, hi))
@@ -209,8 +219,8 @@ def load_trace_head(path: Path, left_out: dict[str, int] | None = None, *,
     truncated = len(requests) > MAX_TRACE_REQUESTS
     if truncated:
         requests = sorted(requests, key=lambda r: r.arrival_time)[:MAX_TRACE_REQUESTS]
-    if max_model_len is not None:
-        kept = [r for r in requests if r.prompt_tokens < max_model_len]
+    if max_model_len is not None:  # (counted here for the report; shape_lengths leaves them out on every path)
+        kept = [r for r in requests if not refused(r, max_model_len)]
         if len(kept) < len(requests) and left_out is not None:
             why = f"prompt of --max-model-len {max_model_len:,} tokens or more: vLLM refuses it"
             left_out[why] = left_out.get(why, 0) + len(requests) - len(kept)
