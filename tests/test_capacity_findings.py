@@ -35,6 +35,9 @@ def test_mismatch_names_both_numbers_when_the_utilization_was_not_given():
     assert "--gpu-memory-utilization" in finding.message
     # "+243 %" said neither the side nor the size; "4586% higher" (review, round 26) is read as a ratio
     assert "the formula is 11.2 times the engine's" in finding.message
+    # beside the 10 % it fires above, "10% higher" read as no mismatch at all (diff review, round 26)
+    near = capacity_mismatch(plan.kv_cache_tokens, plan.kv_cache_tokens / 1.1004, plan)
+    assert near is not None and "(the formula is 10.04% higher" in near.message
     # vLLM 0.10 subtracts no CUDA-graph memory before sizing the cache: not a cause there.
     assert "CUDA-graph" not in finding.message
     # From 0.21 it does, but tens of GiB missing are not the graphs (0.5-1.8 GiB): not the first cause named.

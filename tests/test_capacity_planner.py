@@ -302,6 +302,8 @@ def test_a_measured_pool_with_a_known_model_re_budgets_fp8_and_tp_from_the_weigh
         assert rows[name].kv_cache_tokens is not None, rows[name].note
         assert f"weights {weights / GIB:.2f} GiB per GPU, estimated from the model" in rows[name].note
         assert rows[name].kv_cache_tokens == {s.name: s for s in whatif_scenarios(told)}[name].kv_cache_tokens
+    formula = {s.name: s for s in whatif_scenarios(llama_h100())}  # (the estimate is the plan's own there: no note)
+    assert "estimated from the model" not in formula["fp8_weights"].note + formula["tensor_parallel_x2"].note
     no_model = {s.name: s for s in whatif_scenarios(replace(measured, arch=None, kv_bytes_per_token=131072))}
     assert no_model["fp8_weights"].kv_cache_tokens is None
     assert "--weights-gib, or --model" in no_model["fp8_weights"].note

@@ -14,7 +14,7 @@ import pytest
 from kvwatch.check import build_report, findings
 from kvwatch.cli import main
 from kvwatch.derived import derive
-from kvwatch.model import VLLM, Detection, Poll, Reading
+from kvwatch.model import SGLANG, VLLM, Detection, Poll, Reading
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-metrics"
 
@@ -906,6 +906,12 @@ def test_scheduler_limited_names_the_limit_the_given_max_num_seqs_points_at(
                            kv_capacity_tokens=1000.0), None)
     (limited,) = findings([seven], max_num_seqs=8)
     assert "7 requests run, at --max-num-seqs 8: raise --max-num-seqs" in limited.message
+    # and on an SGLang rank of two sharing a cap of 8 (4 each with --enable-dp-attention), 3 running may be at it
+    from kvwatch.advisor import ENGINE_FLAGS
+    from kvwatch.check import _scheduler_fix
+
+    assert "on this rank: under --max-running-requests 8, but at the 4 each" in _scheduler_fix(
+        3.0, 8, ENGINE_FLAGS[SGLANG], SGLANG, ranks=2)
 
 
 @pytest.mark.parametrize(("usage", "found"), [(0.30, "queue_not_admitted"), (0.04, "request_exceeds_pool"),

@@ -691,8 +691,9 @@ def _scheduler_fix(running: float | None, max_num_seqs: int | None, flags: Mappi
     does not say): when the running count is near that share, either may hold requests back."""
     sglang = " or lower --schedule-conservativeness" if engine_kind == SGLANG else ""
     concurrency, budget = flags["concurrency"], flags["token_budget"]
+    share = max_num_seqs / ranks if max_num_seqs else 0.0
     if engine_kind == SGLANG and max_num_seqs and ranks > 1 and running is not None and \
-            SCHEDULER_CAP_SHARE * max_num_seqs / ranks <= running <= max_num_seqs / ranks:
+            min(SCHEDULER_CAP_SHARE * share, share - 1) <= running <= share:  # (a margin of one request, as below)
         return (f"{_requests(running)} {_run(running)} on this rank: under {concurrency} {max_num_seqs}, but at "
                 f"the {max_num_seqs // ranks} each of its {ranks} ranks gets with --enable-dp-attention (the payload "
                 f"does not say which runs): raise {concurrency} if it is on, else {budget} (token budget){sglang}")

@@ -119,7 +119,7 @@ def capacity_mismatch(formula_tokens: float, reported_tokens: float | None,
     causes.append("--model/--gpu/--tensor-parallel-size/--dtype not describing this deployment")
     return CapacityFinding("capacity_mismatch", "warning", (
         f"The capacity formula says {formula_tokens:,.0f} KV tokens, the engine reports {reported_tokens:,.0f} "
-        + (f"(the formula is {abs(gap):.0%} {'higher' if gap > 0 else 'lower'}" if abs(gap) < 1 else
+        + (f"(the formula is {percent(abs(gap))} {'higher' if gap > 0 else 'lower'}" if abs(gap) < 1 else
            f"(the formula is {formula_tokens / reported_tokens:.1f} times the engine's")
         + (f", with the engine's own --gpu-memory-utilization {engine_utilization:g}" if utilization_known else "")
         + f"). Likely causes: {'; '.join(causes)}. The engine's figure is the one kvwatch uses."))

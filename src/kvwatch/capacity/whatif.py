@@ -111,8 +111,8 @@ def _fp8_weights(spec: DeploymentSpec, base: CapacityPlan) -> tuple[DeploymentSp
     if spec.kv_pool_fixed:
         return replace(spec), f"{FIXED_POOL}: the memory FP8 weights free stays unused unless it is raised"
     changed = replace(spec, quantization="fp8")
-    weights, estimated = _weights(spec)
-    if weights is not None and (spec.weights_bytes is not None or spec.available_kv_bytes is not None):
+    weights, estimated = _weights(spec) if spec.available_kv_bytes is not None else (spec.weights_bytes, "")
+    if weights is not None:
         saved = weights * (1 - ratio)
         changed = replace(changed, weights_bytes=weights - saved)
         if spec.available_kv_bytes is not None:

@@ -537,7 +537,8 @@ def detect_format(path: str | Path) -> str:
                          + ": extract the trace from it first (tar xf)")
     if b"\x00" in start[:4096]:  # no text trace holds a NUL byte (a Parquet file read as "not comma-separated")
         raise TraceError(f"trace {path} is a binary file" + (" (after decompressing)" if gzipped else "")
-                         + ": kvwatch reads CSV or JSON-lines text (export Parquet or Arrow to CSV first)")
+                         + ": kvwatch reads CSV or JSON-lines text in UTF-8 (export Parquet or Arrow to CSV, save "
+                         "UTF-16 text as UTF-8)")
     first = first.decode("utf-8", errors="replace").lstrip("\ufeff")  # a byte-order mark is not part of line 1
     if not first.strip():
         raise TraceError(f"trace {path} is empty" + (" (after decompressing)" if gzipped else "")
