@@ -3,7 +3,8 @@
 Findings follow the troubleshooting checklist (stable ids, see docs/metrics.md):
 ``kv_bound`` (a queue at KV ≥ 0.95, a standing one from 0.90, or below with fewer tokens free than a mean prompt
 needs: kvwatch.forecast.thresholds.queue_waits_for_kv, the sidecar's rule),
-``scheduler_limited`` (a standing queue while KV < 0.9 has room for the next prompt), ``preemptions``
+``scheduler_limited`` (a standing queue while KV < 0.9 has room for the next prompt and something runs),
+``queue_not_admitted`` (a standing queue while nothing runs: a stall, held blocks or a head too large), ``preemptions``
 (any preemption, or SGLang retraction, since the engine started), ``prefix_cache_ineffective`` (prefix
 caching on, hit ratio < 10 %),
 ``capacity_unknown``, ``usage_unknown`` and ``queue_unknown`` (kvwatch cannot read them from this engine; without a
