@@ -332,7 +332,7 @@ def test_the_sidecar_logs_its_capacity_model_once(no_kvwatch_env: None, caplog: 
         for _ in range(3):
             sidecar.poll()
     messages = [r.getMessage() for r in caplog.records]
-    assert sum("capacity model for llama: kvwatch was given --max-model-len 4,096" in m for m in messages) == 1
+    assert sum("capacity model for llama: kvwatch was given --max-model-len 4096," in m for m in messages) == 1
     assert sum(m.startswith("capacity model for llama: from vllm:cache_config_info") for m in messages) == 1
     # a setting other than the engine's, once too (review, round 21: the what-ifs went stale without a word)
     assert sum("capacity model for llama: kvwatch was given --kv-cache-dtype fp8 where the engine runs cache_dtype "
