@@ -302,8 +302,8 @@ def build_report(poll: Poll, max_model_len: int | None = None,
     unlike = {f.model_name for f in found if f.id in ("tensor_parallel_mismatch", "engine_setting_mismatch")}
     # A TP fix sized from the TP kvwatch was given, where the payload shows more ranks, pasted the size the server
     # already runs ("raise --tp-size from 1 to 2" on two tp_ranks: review, round 26): the finding says what to pass.
-    more_ranks = {r.model_name: r.tensor_parallel_ranks for r in poll.readings
-                  if r.model_name in {f.model_name for f in found if f.id == "tensor_parallel_mismatch"}}
+    tp_unlike = {f.model_name for f in found if f.id == "tensor_parallel_mismatch"}
+    more_ranks = {r.model_name: r.tensor_parallel_ranks for r in poll.readings if r.model_name in tp_unlike}
     mismatched = {(f.model_name, f.engine) for f in found if f.id == "capacity_mismatch"}
     mismatched |= {(r.model_name, r.engine) for r in poll.readings if r.model_name in unlike}
     d = poll.detection

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from kvwatch.capacity import memory
 from kvwatch.capacity.memory import QuantizationError
 from kvwatch.capacity.planner import CapacityPlan, DeploymentSpec, SpecError, plan_capacity
+from kvwatch.capacity.units import GIB
 
 UTILIZATIONS = (0.85, 0.95)
 
@@ -80,20 +81,19 @@ def _weights_ratio(spec: DeploymentSpec, quantization: str, dtype_bytes: int) ->
 
 
 def _weights(spec: DeploymentSpec) -> tuple[float | None, str]:
-    """Today's weights per GPU: measured (``--weights-gib``), else kvwatch's estimate from the model where it is
-    known (a measured KV pool needs no weights to plan, but FP8 and TP re-budget it by what they free: review,
-    round 26, asked for ``--model`` with ``--model`` given), with a note saying it is an estimate."""
-    if spec.weights_bytes is not None:
+    """Today's weights per GPU as a what-if re-budgets them: measured (``--weights-gib``); for a measured KV pool,
+    which needs no weights to plan, kvwatch's estimate from the model where it is known, with a note saying so (FP8
+    and TP re-budget the pool by what they free: review, round 26, asked for ``--model`` with ``--model`` given);
+    else None (the changed plan estimates them itself)."""
+    if spec.weights_bytes is not None or spec.available_kv_bytes is None or spec.arch is None:
         return spec.weights_bytes, ""
-    if spec.arch is None:
-        return None, ""
     try:
         weights = memory.estimate_weights_bytes(
             spec.arch, memory.model_dtype_bytes(spec.dtype, spec.arch), spec.quantization,
             spec.tensor_parallel_size, spec.pipeline_parallel_size, compute_capability=spec.gpu_compute_capability)
     except QuantizationError:
         return None, ""
-    return float(weights), f" (weights {weights / 2**30:.2f} GiB per GPU, estimated from the model)"
+    return float(weights), f" (weights {weights / GIB:.2f} GiB per GPU, estimated from the model)"
 
 
 def _fp8_weights(spec: DeploymentSpec, base: CapacityPlan) -> tuple[DeploymentSpec | None, str]:
@@ -111,7 +111,7 @@ def _fp8_weights(spec: DeploymentSpec, base: CapacityPlan) -> tuple[DeploymentSp
     if spec.kv_pool_fixed:
         return replace(spec), f"{FIXED_POOL}: the memory FP8 weights free stays unused unless it is raised"
     changed = replace(spec, quantization="fp8")
-    weights, estimated = _weights(spec) if spec.available_kv_bytes is not None else (spec.weights_bytes, "")
+    weights, estimated = _weights(spec)
     if weights is not None:
         saved = weights * (1 - ratio)
         changed = replace(changed, weights_bytes=weights - saved)
@@ -139,7 +139,7 @@ def _tensor_parallel(spec: DeploymentSpec, tp: int) -> tuple[DeploymentSpec | No
         return changed, (f"{times} the GPUs per replica; {FIXED_POOL} on each, so only "
                          f"{'the KV per token split' if split else 'a KV split, which this model does not get,'} "
                          "adds tokens")
-    weights, estimated = _weights(spec) if spec.available_kv_bytes is not None else (spec.weights_bytes, "")
+    weights, estimated = _weights(spec)
     if spec.available_kv_bytes is not None and weights is None:
         return None, ("needs the weights (--weights-gib, or --model for kvwatch's estimate) to re-budget a measured "
                       "KV pool")

@@ -324,8 +324,6 @@ def _series_keys(groups: Iterable[list[Sample]]) -> set[SeriesKey]:
     return {("unknown", k[1]) for k in keys}
 
 
-
-
 class _Index(dict[tuple[str | None, str | None], list[Sample]]):
     """Samples by (model_name, engine); ``partial`` when some sample lacks one of the two labels; ``spreads``: the
     groups holding a series whose ``pid`` copies differ (:func:`_dedupe`), by how far (largest minus smallest)."""

@@ -273,6 +273,8 @@ def _ends_in_quoted_field(line: str) -> bool:
         at_start = not quoted and char == ","
         i += 1
     return quoted
+
+
 QUANTIZED_SHARE = 2.0  # rows per distinct timestamp at which a CSV trace's times read as quantized
 
 
