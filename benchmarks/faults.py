@@ -87,7 +87,7 @@ def _duplicates() -> bytes:
 
 def _escapes() -> bytes:
     """The good page and one line of a family kvwatch does not read whose label is 7 MiB of escaped backslashes
-    (14 MiB of text, under the default cap): until round 25 every escape was resolved, one list entry each."""
+    (14 MiB of text, under the default cap): resolving every escape would take one list entry each."""
     return PAYLOAD + b'unread_family{label="' + b"\\\\" * (7 << 20) + b'"} 1\n'
 
 

@@ -38,7 +38,7 @@ VERSIONS: dict[str, ForecastParams] = {
     "ratio 2": _v8_with(2.0),
     "ratio 4": _v8_with(4.0),
     "constant after the shift": _v8_with(post_line=False),
-    # Round 19: the recurrence counts an onset only while the load is at least this share of the onset's.
+    # The recurrence counts an onset only while the load is at least this share of the onset's.
     **{f"recurrence at ≥ {r:g} of the load": replace(
         FORECASTERS["v9"], risk=replace(FORECASTERS["v9"].risk, recurrence_load_ratio=r)) for r in (0.5, 0.8)},
     "the window's mean at the onset, not the lowest": replace(
@@ -50,7 +50,7 @@ Shape = Callable[[float], float]
 
 def _climbing_bursts(base: float, period: float, ramp: float, start: float = 1800.0, length: float = 600.0) -> Shape:
     """``base``, climbing over ``ramp`` seconds to 0.95 before each saturation of ``length`` seconds every
-    ``period`` from ``start`` (a review's shape, round 19)."""
+    ``period`` from ``start``."""
     def usage(t: float) -> float:
         if t < start - ramp:
             return base
@@ -71,7 +71,7 @@ SHAPES: dict[str, tuple[Shape, float]] = {  # usage at time t, noise sd
     "step 0.3 -> 0.8, then a ramp to 1.0 in 30 min": (
         (lambda t: 0.3 if t < STEP else min(1.0, 0.8 + 0.2 * (t - STEP) / 1800)), 0.02),
     "square 0.3 / 0.85, period 60 min": ((lambda t: 0.85 if t % 3600 >= 1800 else 0.3), 0.01),
-    # Round 19: saturations that stop because the load went away (the end of a busy day).
+    # Saturations that stop because the load went away (the end of a busy day).
     "0.7, saturated 5 of every 25 min, then 0.3 from 2.5 h": (
         (lambda t: 0.3 if t >= 9000 else 1.0 if t >= 1800 and (t - 1800) % 1500 < 300 else 0.7), 0.02),
     "0.7, saturated 5 of every 25 min, then 0.55 from 2.5 h": (

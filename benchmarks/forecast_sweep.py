@@ -8,8 +8,8 @@ simulations of the tuning trace, the 15 runs v5 was tuned on and the whole tunin
 v8's (a shift of level is no trend), ``--round v7`` (the default) v7's (the
 request-size tail from the length histograms' buckets), ``--round v6`` the v6 one, ``--round threshold`` v6's
 warning threshold and first-warning hold (the trade between recall and false alarms), ``--round recurrence`` v10's
-(the recurrence follows the load), ``--round within`` round 20's (the threshold's offset by the within-minute
-spread); all but v6 on the whole family only.
+(the recurrence follows the load), ``--round within`` the threshold's offset by the within-minute
+spread; all but v6 on the whole family only.
 
 Only the tuning trace is read: the held-out traces are scored by benchmarks/forecast_matrix.py, once.
 """
@@ -81,7 +81,7 @@ THRESHOLD_VARIANTS: dict[str, ForecastParams] = {
     **{f"risk ≥ {on} for {hold} min": _variant(V6, warning={"risk_on": on, "warn_for_buckets": hold})
        for on in (0.6, 0.5) for hold in (3, 5, 8)},
 }
-# v8 (round 12): a shift of level in the last 30 minute means (the risk's level and spread) and in the last 60
+# v8: a shift of level in the last 30 minute means (the risk's level and spread) and in the last 60
 # minutes' arrival rates (no rate trend) where one shift explains them `ratio` times better than a line.
 V8_VARIANTS: dict[str, ForecastParams] = {
     "v6": V6,
@@ -92,7 +92,7 @@ V8_VARIANTS: dict[str, ForecastParams] = {
     "ratio 3, a constant after the shift": _variant(V6, risk={"shift_ratio": 3.0, "shift_post_line": False},
                                                     demand={"shift_ratio": 3.0}),
 }
-# v9 (round 13): a queue with fewer free tokens than a recent prompt waits for KV (bottleneck, not
+# v9: a queue with fewer free tokens than a recent prompt waits for KV (bottleneck, not
 # scheduler_limited), and the size floor scaled by the running count's dispersion (a fixed number in flight).
 V8 = FORECASTERS["v8"]
 V9_VARIANTS: dict[str, ForecastParams] = {
@@ -101,9 +101,10 @@ V9_VARIANTS: dict[str, ForecastParams] = {
     "floor × running dispersion": _variant(V8, risk={"floor_by_running_dispersion": True}),
     "both (v9)": FORECASTERS["v9"],
 }
-# Round 19: a recurrence that follows the load: an onset counts only while the risk window's mean usage is at least
-# this share of the load it came at (a compressed day kept `filling` on after the load fell away): the lowest window
-# mean of the 30 minute closes before it (v10), or the window's mean at the onset (as v10's first version did).
+# --round recurrence, a recurrence that follows the load: an onset counts only while the risk window's mean usage
+# is at least this share of the load it came at (a compressed day kept `filling` on after the load fell away): the
+# lowest window mean of the 30 minute closes before it (v10), or the window's mean at the onset (as v10's first
+# version did).
 V9 = FORECASTERS["v9"]
 RECURRENCE_VARIANTS: dict[str, ForecastParams] = {
     "v9": V9,
@@ -112,7 +113,7 @@ RECURRENCE_VARIANTS: dict[str, ForecastParams] = {
     **{f"the window's mean at the onset, not the lowest, {r:g}": _variant(
         V9, risk={"recurrence_load_ratio": r, "recurrence_load_trough": False}) for r in (0.7, 0.9)},
 }
-# Round 20: the threshold's offset by the within-minute spread (a reviewer's bursty climbs: the 5-minute ETA ran tens of
+# --round within: the threshold's offset by the within-minute spread (bursty climbs: the 5-minute ETA ran tens of
 # minutes short where polls spread 0.08-0.10 inside the minute, and a plateau 0.02 sd below 0.95 never cleared).
 V10 = FORECASTERS["v10"]
 WITHIN_VARIANTS: dict[str, ForecastParams] = {

@@ -270,7 +270,7 @@ def test_advice_from_a_reading_names_that_engines_flags_unless_told_otherwise() 
 
 
 def test_a_fixs_ceiling_is_the_what_if_gauges_on_a_mamba_hybrid() -> None:
-    # (review, round 20) On Granite-4.0-H an FP8 KV cache halves the attention pages, not the Mamba state pages: the
+    # On Granite-4.0-H an FP8 KV cache halves the attention pages, not the Mamba state pages: the
     # tokens grow x1.53, the ceiling at the observed mix less. check's advice applied the tokens' ratio to the ceiling
     # (40.4 -> 61.7) while serve's kvwatch_whatif_max_concurrency said 51.9: one figure now, from the same ratio.
     from kvwatch.serve.sidecar_capacity import build_sidecar_capacity
@@ -305,7 +305,7 @@ def _tp_advice(model: str, running: float, request_tokens: float, **flags: objec
 
 
 def test_more_tensor_parallelism_that_lowers_the_ceiling_is_not_advised() -> None:
-    # (review, round 23) Gemma-3-1B has one KV head: at TP 2 each GPU keeps a copy, the KV per token does not
+    # Gemma-3-1B has one KV head: at TP 2 each GPU keeps a copy, the KV per token does not
     # shrink, and the ceiling at the observed mix falls (x0.99). The advice said "Raise --tensor-parallel-size from
     # 1 to 2 ... the ceiling goes from 1535.6 to 1514.0"; it says to add a replica, and why not more TP.
     tp = _tp_advice("google/gemma-3-1b-it", 1500, 1600, gpu="H100")
@@ -314,7 +314,7 @@ def test_more_tensor_parallelism_that_lowers_the_ceiling_is_not_advised() -> Non
 
 
 def test_more_tensor_parallelism_that_gains_less_than_a_replica_is_not_advised() -> None:
-    # (review, round 24) Qwen2.5-1.5B has 2 KV heads: from TP 2 to 4 each pair of GPUs keeps a copy, the KV per
+    # Qwen2.5-1.5B has 2 KV heads: from TP 2 to 4 each pair of GPUs keeps a copy, the KV per
     # token stops shrinking and the ceiling gained x1.05 for 2 more GPUs, where those GPUs as a replica serve x2. The
     # advice read "Raise --tensor-parallel-size from 2 to 4" with the flag to paste; it says to add a replica.
     tp = _tp_advice("Qwen/Qwen2.5-1.5B-Instruct", 80, 1500, gpu="L4", tensor_parallel_size=2)
@@ -327,7 +327,7 @@ def test_more_tensor_parallelism_that_gains_less_than_a_replica_is_not_advised()
 
 
 def test_the_tp_fix_counts_every_pipeline_stages_gpus_and_says_why_mla_gains_little() -> None:
-    # (review, round 24) TP 1 -> 2 at PP 2 adds a GPU to each stage: 2 per replica, where the text said 1; an MLA
+    # TP 1 -> 2 at PP 2 adds a GPU to each stage: 2 per replica, where the text said 1; an MLA
     # model's small gain had no reason given (every GPU keeps the whole latent)
     staged = _tp_advice("meta-llama/Llama-3.1-8B-Instruct", 80, 1500, gpu="H100", pipeline_parallel_size=2)
     assert "from 1 to 2 (2 more GPUs per replica)" in staged.message

@@ -96,7 +96,7 @@ def test_documented_inhibition_mutes_only_the_same_target(tmp_path: Path) -> Non
         ("VLLMContainerRestartLoop", "host-a:9747"): "active",  # never muted by the warning it causes
         ("KVCacheBottleneck", "host-b:9747"): "active",  # another host's TargetDown mutes nothing here
         ("KVCacheExhaustionForecast", "host-b:9747"): "suppressed",  # the hand-off to its own bottleneck
-        ("TTFTObjectiveBreach", "host-b:9747"): "suppressed",  # one incident, one notification (review, round 24)
+        ("TTFTObjectiveBreach", "host-b:9747"): "suppressed",  # one incident, one notification
         ("KVCacheExhaustionForecast", "host-c:9747"): "active",
         ("TTFTObjectiveBreach", "host-c:9747"): "active",
     }

@@ -354,7 +354,7 @@ def test_every_guarded_alert_holds_through_a_failed_poll() -> None:
             # (the GPU memory alert's guard is its GPU source's own up: one failed dcgm/NVML read drops the gauges)
             guards = ("(max_over_time(kvwatch_up[2m]) == 1 or", "(max_over_time(kvwatch_gpu_source_up[2m]) == 1)")
             if "alert" in rule and any(guard in rule["expr"] for guard in guards):
-                # (KVCacheBottleneck's longer hold is in its expression: it lets go of a crashed engine, round 22)
+                # (KVCacheBottleneck's longer hold is in its expression: it lets go of a crashed engine)
                 assert rule.get("keep_firing_for") == "1m", rule["alert"]
 
 
@@ -369,7 +369,7 @@ HELD_WHILE_UNREAD = {
 
 def test_every_alert_reads_kvwatchs_gauges_over_the_guards_window() -> None:
     # A failed Prometheus scrape of the sidecar marks every series stale; a gauge read at the instant then restarted
-    # the `for` (review, round 21: one failed scrape in 4 kept VLLMEngineStalled from ever firing). Every kvwatch
+    # the `for` (one failed scrape in 4 kept VLLMEngineStalled from ever firing). Every kvwatch
     # series an alert reads is read over a range (last_over_time, or the window functions), or is one of
     # HELD_WHILE_UNREAD with its hold and its clause.
     selector = re.compile(r"\b(kvwatch_[a-z_]+)(\{[^}]*\})?(.)?")

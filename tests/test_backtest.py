@@ -39,7 +39,7 @@ def test_kvwatch_warns_before_saturation_on_a_ramp(conv):
 
 
 def test_the_bottleneck_state_is_scored_on_the_events_the_warnings_are(conv):
-    # (review, round 24) A cache saturated from the start: its event falls in the 30-minute warm-up, which every
+    # A cache saturated from the start: its event falls in the 30-minute warm-up, which every
     # method's score leaves out, but the bottleneck state counted it (recall 1.0, detected 100 s into the run).
     result = _run(conv, "steady", 1.3, 1.3, hours=0.75)
     kv = result.outcomes["kvwatch"]
@@ -112,7 +112,7 @@ def test_cli_text_says_how_much_of_the_trace_was_read_and_left_out(tmp_path, cap
     assert "note: the bootstrap draws whole 300-s blocks, 1 here: " in out
     assert "polls read straight from the simulator" in out
     assert "long context" not in out
-    # (review, round 24) the JSON named --prompt-scale and --long-fraction, the text report neither
+    # the JSON named --prompt-scale and --long-fraction, the text report neither
     code, out, _ = _cli(["--trace", str(path), "--profile", "steady", "--hours", "0.6", "--start-load", "0.5",
                          "--peak-load", "0.5", "--rate-scale", "1", "--engine-speedup", "4", "--prompt-scale", "2",
                          "--long-fraction", "0.01", "--max-model-len", "32768"], capsys)
@@ -146,7 +146,7 @@ def test_cli_bad_input_exits_2_naming_the_flag(argv, flag, capsys):
 
 
 def test_the_plots_legend_sits_beside_its_axes(tmp_path, capsys, monkeypatch):
-    # (review, round 22) in the upper left of the axes it hid the 0.95 line and the usage of the first half hour
+    # in the upper left of the axes it hid the 0.95 line and the usage of the first half hour
     from matplotlib.figure import Figure
 
     saved = []
@@ -179,7 +179,7 @@ def test_cli_unreadable_trace_exits_2(tmp_path, capsys):
     bad.write_text("not,a,trace\n1,2,3\n")
     code, _, err = _cli(["--trace", str(bad)], capsys)
     assert code == 2 and "--trace" in err
-    code, _, err = _cli(["--trace", "/dev/null"], capsys)  # a device, not missing (review, round 23)
+    code, _, err = _cli(["--trace", "/dev/null"], capsys)  # a device, not missing
     assert code == 2 and "/dev/null: not a regular file" in err
     code, _, err = _cli(["--trace", str(tmp_path / "missing.csv")], capsys)
     assert code == 2 and "missing.csv: no such file" in err
@@ -196,7 +196,7 @@ def test_long_context_shaping_scales_mixes_and_caps_at_max_model_len(conv):
     assert 0.15 < len(long) / len(mixed) < 0.25
     assert all(r.prompt_tokens + r.output_tokens <= 131072 for r in long)
     assert shape_lengths(trace, base, seed=1) == list(trace)  # no shaping: the trace itself
-    # a prompt vLLM refuses is left out on every path (the matrix's too, not only the CLI's: diff review, round 26);
+    # a prompt vLLM refuses is left out on every path (the matrix's too, not only the CLI's);
     # one that fits with an output that does not is capped
     refused = replace(trace[0], prompt_tokens=40_000)
     fits = replace(trace[1], prompt_tokens=30_000, output_tokens=5_000)
@@ -231,7 +231,7 @@ def test_a_trace_kvwatch_does_not_know_by_name_is_scaled_from_its_content(tmp_pa
     # tuned rate's size, and 16 x was refused as an engine that cannot keep up.
     assert defaults_for(packaged_trace("azure_code_sample.csv"), trace, rate_scale=16.0) == \
         content_defaults(trace, rate_scale=16.0) != (8.0, 8.0)
-    # (review, round 24) Long prompts on a tuned trace keep its rate on an engine sized for them: the real Azure code
+    # Long prompts on a tuned trace keep its rate on an engine sized for them: the real Azure code
     # trace at --prompt-scale 4 was refused as compute-bound after 50 s of simulating on the tuned 8x engine.
     rate, engine = defaults_for(packaged_trace("azure_code_sample.csv"), trace, prompt_scale=4.0)
     assert rate == 8.0 and engine == content_defaults(trace, 4.0, rate_scale=8.0)[1] > 8.0
@@ -304,7 +304,7 @@ def _uniform_trace(rate: float, prompt: int, output: int, n: int = 2000):
 
 
 def test_content_defaults_stay_inside_the_engines_limits_and_the_flags_bounds():
-    # Found by a review on traces kvwatch had never seen: 20k-token outputs were refused as compute-bound after
+    # On traces kvwatch had never seen: 20k-token outputs were refused as compute-bound after
     # simulating the whole run (the step's fixed cost and the sequence cap bound decoding, whatever the speedup);
     # a trace of one request per 2 minutes was refused for a --rate-scale nobody passed; a 200-requests/s one ran at
     # its full rate (1.8 million requests in 3 hours), and a 10x prompt scale asked for a speedup over the bound.
@@ -357,7 +357,7 @@ def test_a_named_trace_shaped_long_says_its_engine_came_from_the_content():
 
 @pytest.mark.parametrize(("shaping", "said"), [
     (["--prompt-scale", "4"], "rate from trace name, engine from trace content"),
-    # (review, round 24) 1 % of long prompts needs no faster engine than the tuned one, which is kept: it said
+    # 1 % of long prompts needs no faster engine than the tuned one, which is kept: it said
     # "engine from trace content" all the same
     (["--long-fraction", "0.01", "--max-model-len", "32768"], "trace name")])
 def test_a_named_trace_shaped_long_says_where_its_engine_came_from(capsys, shaping, said):
@@ -394,7 +394,7 @@ def test_the_report_lists_hash_ids_only_when_the_trace_has_them(tmp_path, capsys
 
 
 def test_the_report_says_how_much_of_a_gapped_trace_holds_requests(tmp_path, capsys):
-    # (review, round 13) ten minutes, then ten more a day later: 92 % of the blocks were silence to the bootstrap.
+    # ten minutes, then ten more a day later: 92 % of the blocks were silence to the bootstrap.
     rows = [f"2023-11-{16 + day} 18:{i // 60:02d}:{i % 60:02d}.5,{300 + i % 700},{20 + i % 90}\n"
             for day in (0, 1) for i in range(0, 600, 2) for _ in range(3)]
     trace = tmp_path / "gapped.csv"
@@ -408,8 +408,8 @@ def test_the_report_says_how_much_of_a_gapped_trace_holds_requests(tmp_path, cap
 
 
 def test_the_report_counts_the_requests_capped_at_max_model_len(tmp_path, capsys):
-    # (review, round 13) six 10,000,000-token prompts were capped at --max-model-len without a word of how many.
-    # (review, round 26) vLLM refuses such a prompt, and capped it was a request of the whole cache that sized the
+    # six 10,000,000-token prompts were capped at --max-model-len without a word of how many.
+    # vLLM refuses such a prompt, and capped it was a request of the whole cache that sized the
     # simulated cache: left out now; a prompt that fits with an output that does not is capped, and counted.
     def row(i: int) -> str:
         prompt, output = {0: (10_000_000, 40), 50: (30_000, 5_000)}.get(i % 100, (300 + i % 700, 40))
@@ -456,12 +456,12 @@ def test_cli_notes_a_rate_at_the_bound_as_a_unit_mistake(tmp_path, capsys):
                     + "".join(f"{t * 600},m,500,50,550,x\n" for t in range(400)))
     code, out, _ = _cli(["--trace", str(path), "--hours", "0.6", "--profile", "steady"], capsys)
     assert code == 0 and "simulated at the bound, 1000 x" in out and "milliseconds read as seconds" in out
-    # (review, round 22) and a run with nothing to score says why its tables are dashes
+    # and a run with nothing to score says why its tables are dashes
     assert "note: no saturation event after the 30-minute warm-up, so nothing is scored" in out
 
 
 def test_cli_notes_a_mooncake_trace_read_implausibly_dense(tmp_path, capsys):
-    # (review, round 22) A day of Mooncake lines with timestamps in seconds read as 86 s of 232 requests a second,
+    # A day of Mooncake lines with timestamps in seconds read as 86 s of 232 requests a second,
     # simulated without a word; a trace under a minute got a hint, one over 16.7 h none.
     path = tmp_path / "day.jsonl"
     path.write_text("".join(f'{{"timestamp": {t * 20}, "input_length": 500, "output_length": 50}}\n'
@@ -475,7 +475,7 @@ def test_cli_notes_a_mooncake_trace_read_implausibly_dense(tmp_path, capsys):
 
 
 def test_a_trace_too_short_gets_the_unit_hint_by_its_format_not_its_name(tmp_path, capsys):
-    # (review, round 22) the hint went by file name: an Azure CSV named .csv.gz got Mooncake's, a Mooncake file
+    # the hint went by file name: an Azure CSV named .csv.gz got Mooncake's, a Mooncake file
     # named .json none, and requests all at one time the "seconds" hint
     import gzip
 
@@ -502,7 +502,7 @@ def test_a_trace_whose_every_row_is_left_out_says_why(tmp_path, capsys):
 
 
 def test_a_packaged_sample_is_named_by_its_file_name(tmp_path, capsys, monkeypatch):
-    # (review, round 24) an installed kvwatch's user got "--trace azure_conv_sample.csv: no such file" and had to
+    # an installed kvwatch's user got "--trace azure_conv_sample.csv: no such file" and had to
     # find site-packages; a file of that name in the working directory still wins
     monkeypatch.chdir(tmp_path)
     code, out, _ = _cli(["--trace", "azure_code_sample.csv", "--profile", "steady", "--hours", "0.6",

@@ -83,7 +83,7 @@ def test_whatif_ceilings_start_from_the_exported_ceiling_when_finished_requests_
 
 
 def test_whatif_ceilings_of_an_engine_whose_pool_kvwatch_cannot_size_are_the_advices() -> None:
-    # (review, round 24) An SGLang engine reports no capacity kvwatch reads (its pool is sized its own way): check's
+    # An SGLang engine reports no capacity kvwatch reads (its pool is sized its own way): check's
     # advice said "the ceiling goes from 31.9 to 63.8" (FP8 KV: today's x the plan's token ratio) and serve exported
     # no kvwatch_whatif_max_concurrency at all
     from kvwatch.model import SGLANG
@@ -157,7 +157,7 @@ def test_version_rules_follow_the_label_set() -> None:
         swap_space="0.0", swap_space_bytes="0.0", cpu_offload_gb="0.0", kv_cache_memory_bytes="None",
         engine="0")) == (0, 10)
     # ... and so does the V0 engine to 0.10 (VLLM_USE_V1=0), whose labels carry no engine: it shares no blocks among
-    # KV groups, whatever CacheConfig's fields say (review, round 20: gemma-2 read at half its capacity).
+    # KV groups, whatever CacheConfig's fields say (gemma-2 read at half its capacity).
     assert vllm_version_from_cache_config(cache_config(
         swap_space="0.0", swap_space_bytes="0.0", cpu_offload_gb="0.0", kv_cache_memory_bytes="None")) == (0, 8)
     assert vllm_version_from_cache_config(cache_config()) is None
@@ -185,7 +185,7 @@ def test_kv_cache_memory_bytes_label_replaces_the_budget() -> None:
 
 
 def test_under_kv_cache_memory_bytes_only_a_smaller_kv_per_token_adds_tokens() -> None:
-    # (review, round 18) vLLM takes --kv-cache-memory-bytes as the pool whatever the utilization or the memory the
+    # vLLM takes --kv-cache-memory-bytes as the pool whatever the utilization or the memory the
     # weights leave (vllm/v1/worker/gpu_worker.py): the utilization what-ifs read 44.75 and 28.9 against 40 today
     from kvwatch.serve.sidecar_capacity import build_sidecar_capacity
 
@@ -286,7 +286,7 @@ def test_the_plan_cache_tells_engines_apart_by_every_label_the_formula_reads() -
 
 
 def test_the_formula_gauge_is_in_the_engine_figures_terms() -> None:
-    # (review, round 20) check compares the engine's blocks // groups x block_size with the formula in those terms;
+    # check compares the engine's blocks // groups x block_size with the formula in those terms;
     # serve exported the formula's 0.20 figure, int(concurrency x max_model_len): gpt-oss-20b read +59 % above the
     # engine (1,906,985 vs 1,196,048) where the formula's blocks were the engine's within one. One figure for both.
     from pathlib import Path
@@ -302,7 +302,7 @@ def test_the_formula_gauge_is_in_the_engine_figures_terms() -> None:
 
 
 def test_whatif_ceilings_scale_the_engines_pool_before_any_ceiling() -> None:
-    # (review, round 23) At 1 % usage with no request finished there is no observed-mix ceiling: the what-ifs read
+    # At 1 % usage with no request finished there is no observed-mix ceiling: the what-ifs read
     # the formula's own ceilings (899.7 for max_model_len_halved beside today's 200 at this pool and mix).
     analyzer = CapacityAnalyzer(ServeSettings(gpu="H100"))
     r = reading(kv_capacity_tokens=100_000.0, kv_usage_ratio=0.01, requests_running=2.0)

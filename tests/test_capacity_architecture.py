@@ -528,7 +528,7 @@ def test_nemotron_nas_block_configs_set_the_kv_heads_the_attention_layers_and_th
 def test_rnj1_chunked_attention_layers_slide_and_its_other_layers_are_global():
     # Rnj-1 ships a gemma3_text config; vLLM's rnj1.py gives each chunked_attention layer a sliding window of
     # sliding_window tokens and every other layer none. kvwatch read chunked_attention as global: 10.00 requests of
-    # 32k where vLLM's sums give 13.47 (round 13's review, vLLM 0.32's source).
+    # 32k where vLLM's sums give 13.47 (vLLM 0.32's source).
     from kvwatch.capacity import planner
     from kvwatch.capacity.memory import GIB
 
@@ -562,6 +562,6 @@ def test_hy_v4_is_mla_and_an_unmodelled_kv_layout_is_said_plainly():
     [loops] = warnings(["IQuestLoopCoderForCausalLM"])
     assert "one attention layer per loop" in loops and "--available-kv-gib" in loops
     assert warnings(["DeepseekV4ForCausalLM"]) and warnings(["LlamaForCausalLM"]) == []
-    # MiniMax-M3's index-key side cache (round 15's review): read as plain attention without a word before
+    # MiniMax-M3's index-key side cache: read as plain attention without a word before
     [index] = warnings(["MiniMaxM3ForCausalLM"])
     assert "index-key side cache" in index

@@ -33,9 +33,9 @@ def test_mismatch_names_both_numbers_when_the_utilization_was_not_given():
     assert finding is not None and finding.id == "capacity_mismatch"
     assert f"{plan.kv_cache_tokens:,}" in finding.message and "93,872" in finding.message
     assert "--gpu-memory-utilization" in finding.message
-    # "+243 %" said neither the side nor the size; "4586% higher" (review, round 26) is read as a ratio
+    # "+243 %" said neither the side nor the size; "4586% higher" is read as a ratio
     assert "the formula is 11.2 times the engine's" in finding.message
-    # beside the 10 % it fires above, "10% higher" read as no mismatch at all (diff review, round 26)
+    # beside the 10 % it fires above, "10% higher" read as no mismatch at all
     near = capacity_mismatch(plan.kv_cache_tokens, plan.kv_cache_tokens / 1.1004, plan)
     assert near is not None and "(the formula is 10.04% higher" in near.message
     # vLLM 0.10 subtracts no CUDA-graph memory before sizing the cache: not a cause there.
@@ -47,7 +47,7 @@ def test_mismatch_names_both_numbers_when_the_utilization_was_not_given():
 
 
 def test_the_engines_own_utilization_is_a_cause_only_in_the_gaps_direction():
-    # (review, round 24) given 0.8 where the engine runs 0.92, a formula above the engine's pool listed "a lower
+    # given 0.8 where the engine runs 0.92, a formula above the engine's pool listed "a lower
     # --gpu-memory-utilization than kvwatch assumed": the engine's label says the opposite
     plan = _qwen2_a100(0.8)
     above = capacity_mismatch(plan.kv_cache_tokens, 93872, plan, engine_utilization=0.92)
@@ -99,7 +99,7 @@ def test_stuck_usage_and_a_request_bigger_than_the_pool():
 
 
 def test_request_exceeds_pool_counts_only_requests_waiting_for_room_and_claims_no_cause_its_figures_deny() -> None:
-    # (review, round 18) 30 requests deferred for a LoRA slot or a KV transfer were "a head request larger than the
+    # 30 requests deferred for a LoRA slot or a KV transfer were "a head request larger than the
     # pool", critical; and with a pool holding 13 max-length requests it still said the head needs more than the pool
     assert request_exceeds_pool(0.0, 0, 30, deferred=30.0) is None
     assert live_finding("request_exceeds_pool", 0.0, 0, 30, deferred=30.0) is None  # serve's and check's path
@@ -181,7 +181,7 @@ def test_a_max_model_len_other_than_the_engines_is_a_warning(capsys):
 
 
 def test_a_setting_other_than_the_engines_is_a_warning_and_the_advice_says_so(capsys):
-    # (review, round 21) kvwatch given --kv-cache-dtype auto for an engine on fp8: the what-ifs offered FP8 KV as a
+    # kvwatch given --kv-cache-dtype auto for an engine on fp8: the what-ifs offered FP8 KV as a
     # 2x gain to an engine that has it, with no word that the flags describe another deployment.
     path = FIXTURES / "gen-0.20.2-gptoss-two-groups.prom"  # cache_dtype "auto", gpu_memory_utilization "0.9"
     assert main(["check", "--file", str(path), "--json", "--gpu", "H100", "--kv-cache-dtype", "fp8",
@@ -246,7 +246,7 @@ def test_the_missing_memory_is_the_pools_share_in_every_layout():
 
 def test_check_says_on_stderr_why_its_advice_has_no_plan_even_without_deployment_flags(capsys):
     # The tensor-parallel advice without a plan says "why it could not is on stderr"; check printed the reason
-    # only when a deployment flag was given, so stderr was empty (review, round 19).
+    # only when a deployment flag was given, so stderr was empty.
     path = FIXTURES / "gen-0.33-dp2-capacity-labels.prom"
     assert main(["check", "--file", str(path)]) == 0
     out, err = capsys.readouterr()
@@ -255,7 +255,7 @@ def test_check_says_on_stderr_why_its_advice_has_no_plan_even_without_deployment
 
 
 def test_a_given_setting_the_engine_agrees_with_is_no_mismatch_and_a_mismatch_caveats_every_engine(tmp_path, capsys):
-    # (review, round 21) Granite-4.0-H on a vLLM with PR 42967: the label says the raised 528, kvwatch was given the
+    # Granite-4.0-H on a vLLM with PR 42967: the label says the raised 528, kvwatch was given the
     # 16 vLLM was, and its own plan raises 16 to 528: no mismatch. And a mismatch is the model's, so every
     # data-parallel engine's advice carries the caveat (engine 1's carried none).
     from kvwatch.capacity.findings import engine_setting_mismatch

@@ -96,7 +96,7 @@ def test_a_length_it_picks_fits_four_requests_as_the_plans_own_warning_asks(caps
 
 
 def test_gpus_per_node_is_one_setting_for_plan_as_for_check_and_serve(monkeypatch, capsys):
-    # (review, round 23) plan had a --gpus-per-node of its own and ignored KVWATCH_GPUS_PER_NODE (and a bad one)
+    # plan had a --gpus-per-node of its own and ignored KVWATCH_GPUS_PER_NODE (and a bad one)
     argv = ["plan", "--model", "meta-llama/Llama-3.1-70B-Instruct", "--gpu", "H100", "--target-concurrency", "64",
             "--avg-seq-len", "8192", "--json"]
     monkeypatch.setenv("KVWATCH_GPUS_PER_NODE", "2")

@@ -181,8 +181,8 @@ def test_pipeline_stages_hold_their_share_of_the_whole_models_groups(pp, slots, 
     # vLLM groups the whole model's layers (Gemma-3-27B: 10 full, 52 sliding -> 7 groups of 10, the sliding ones
     # dealt round-robin) and each stage holds its share of every group; its block row is its largest share
     # (get_kv_cache_configs in vllm/v1/core/kv_cache_utils.py, 0.11-0.32). kvwatch grouped the first stage's layers
-    # on their own: at PP 3 and 4, 4.69 and 5.00 requests of 32k where a reviewer's sums of vLLM's give 3.51 and
-    # 3.81 (round 13); PP 1 and 2 matched and still do.
+    # on their own: at PP 3 and 4, 4.69 and 5.00 requests of 32k where vLLM's sums give 3.51 and
+    # 3.81; PP 1 and 2 matched and still do.
     from kvwatch.capacity import planner
     from kvwatch.capacity.memory import GIB
 
@@ -195,7 +195,7 @@ def test_pipeline_stages_hold_their_share_of_the_whole_models_groups(pp, slots, 
 
 
 def test_the_in_flight_budget_beyond_the_windows_counts_every_prompt_it_holds():
-    # (review, round 22) Several prompts are prefilled in one step, each holding its own tokens beyond the window:
+    # Several prompts are prefilled in one step, each holding its own tokens beyond the window:
     # a budget of 16,384 tokens is four 4,000-token prompts, 4 × 2,961 beyond what a running request holds (1,023 of
     # its 1,024 window and a block), and 384 of a fifth, not one prompt's 2,961.
     from kvwatch.capacity.kv import in_flight_reserve
@@ -209,7 +209,7 @@ def test_the_in_flight_budget_beyond_the_windows_counts_every_prompt_it_holds():
 
 
 def test_a_window_never_lowers_the_ceiling_and_the_mean_never_falls_below_vllms_worst_case():
-    # (review, round 22) A request shorter than the window was charged a block more per sliding group than under full
+    # A request shorter than the window was charged a block more per sliding group than under full
     # attention (Mistral-7B-v0.1 at 100 tokens: 4,099 where v0.3 without a window read 4,754); and with fewer requests
     # fitting than the in-flight budget holds prompts, the budget taken whole put the ceiling at max_model_len under
     # vLLM's own (gemma-2-9b on an L4: 0.101 where vLLM says 0.326).
@@ -231,7 +231,7 @@ def test_a_window_never_lowers_the_ceiling_and_the_mean_never_falls_below_vllms_
 
 
 def test_a_request_shorter_than_a_block_holds_a_whole_one_in_each_group():
-    # (review, round 22) the continuous count read 16x as many 1-token requests as the blocks hold (vLLM gives each a
+    # the continuous count read 16x as many 1-token requests as the blocks hold (vLLM gives each a
     # block in every group)
     g = arch_from_config({"model_type": "gemma2", "num_hidden_layers": 4, "num_attention_heads": 4,
                           "num_key_value_heads": 1, "hidden_size": 256, "head_dim": 64, "sliding_window": 1024})

@@ -203,7 +203,7 @@ def test_lfm2_short_convolution_state_pages_are_modelled():
 
 
 def test_a_state_dtype_spelled_as_torch_names_it_is_read_and_an_unknown_one_refused() -> None:
-    # (review, round 18) the KV dtype table became strict, and a config's "torch.float32" (or any other spelling)
+    # the KV dtype table became strict, and a config's "torch.float32" (or any other spelling)
     # escaped the planner as a traceback
     import json
     from pathlib import Path

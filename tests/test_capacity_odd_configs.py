@@ -95,7 +95,7 @@ def test_exaone4_letter_pattern_without_a_window_is_all_global():
     ({"model_type": "hunyuan_v1_moe", "use_cla": True, "cla_share_factor": 2}, "use_cla"),
 ])
 def test_a_layer_layout_kvwatch_does_not_read_is_named_not_planned_silently(changes, named):
-    # (review, round 21) each was planned as full attention in every layer, without a word (Ring-mini-linear: 5x the
+    # each was planned as full attention in every layer, without a word (Ring-mini-linear: 5x the
     # KV per token of its 4 softmax layers in 20)
     notes = arch_from_config({**LLAMA, **changes}).notes
     assert any(f"config.json has {named}: a layer layout kvwatch did not read" in n for n in notes), notes

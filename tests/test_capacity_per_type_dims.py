@@ -221,7 +221,7 @@ def test_tensor_parallel_must_suit_every_layer_types_kv_heads():
 
 
 # Figures of other models, computed with the code before per-type dims (20 GiB of KV, an H100's batch limits); the
-# sliding-window models' ceilings at 3,000 tokens since round 22 (a sliding group holds window − 1 tokens and a
+# sliding-window models' ceilings at 3,000 tokens (a sliding group holds window − 1 tokens and a
 # block, and the in-flight budget is taken once, as whole prompts beyond that: gemma-3's 8,192 tokens are 2 prompts
 # and 2,192 tokens, 3 × 1,961 beyond 1,023 + 16, (262,144 − 6 × 5,883) ÷ (3,000 + 6 × 1,039); gpt-oss's 16,384 are 5
 # prompts and 1,384 tokens beyond 127 + 16, (582,528 − (5 × 2,857 + 1,384)) ÷ (3,000 + 143)).
@@ -355,7 +355,7 @@ def test_prefill_attention_flops_use_each_layer_types_head_sizes():
 def test_a_pipeline_stage_without_a_full_layer_still_gets_the_whole_models_pages():
     # vLLM unifies the page sizes of the whole model's specs; kvwatch read the first stage's layer types only, so at
     # PP 12 (no full layer in the first 5) the full group kept block size 16 and the plan 7.40 requests where the
-    # whole model's pages give 11.73 (round 13's review). The bytes per token are the widest stage's layers, group by
+    # whole model's pages give 11.73. The bytes per token are the widest stage's layers, group by
     # group (at PP 8 one full and six sliding: 8,192 + 6 x 16,384).
     arch = arch_from_config(GEMMA4_31B)
     pp12 = kv.kv_layout(arch, 1, 12, 2, 16, (0, 20))

@@ -75,7 +75,7 @@ def test_budget_too_small_for_one_max_model_len_request():
 
 def test_a_length_past_the_models_gets_one_fix_where_the_models_own_length_fits_the_memory():
     # Asked for 500,000 tokens of a 131,072-token model on an H100: "lower to at most 131072" and a memory error
-    # saying "lower to about 449872", which vLLM refuses too (review, round 19). The model's length fits the
+    # saying "lower to about 449872", which vLLM refuses too. The model's length fits the
     # pool, so the length refusal is the whole fix; where it does not fit either, the memory's length is smaller.
     plan = plan_capacity(llama_h100(max_model_len=500_000))
     assert len(plan.errors) == 1 and "at most 131072" in plan.errors[0], plan.errors
@@ -145,13 +145,13 @@ def test_missing_inputs_name_the_flags():
 
 @pytest.mark.parametrize("dtype", ["nvfp4", "fp8_per_token_head", "turboquant_k8v4", "a_future_one"])
 def test_a_kv_cache_dtype_without_known_bytes_is_refused_not_planned_as_the_models(dtype: str):
-    # (review, round 18) any unknown name was sized as the model's dtype; fp8_per_token_head passed as plain fp8
+    # any unknown name was sized as the model's dtype; fp8_per_token_head passed as plain fp8
     with pytest.raises(SpecError, match=f"KV cache dtype {dtype} is one kvwatch cannot size"):
         plan_capacity(llama_h100(kv_cache_dtype=dtype))
 
 
 def test_a_max_model_len_within_one_block_is_not_halved_into_a_larger_one():
-    # (review, round 18) --max-model-len 8 with 16-token blocks proposed "--max-model-len 16" as the halving
+    # --max-model-len 8 with 16-token blocks proposed "--max-model-len 16" as the halving
     halved = {s.name: s for s in whatif_scenarios(llama_h100(max_model_len=8))}["max_model_len_halved"]
     assert halved.kv_cache_tokens is None and halved.plan is None and "within one block" in halved.note
 
@@ -267,7 +267,7 @@ def test_the_halved_max_model_len_shows_no_ceiling_for_requests_longer_than_it()
 
 
 def test_an_mla_plan_says_vllm_raises_its_block_size_on_nvidia() -> None:
-    # (review, round 22) vllm/platforms/cuda.py forces 64 tokens for FlashMLA and 128 for CUTLASS MLA ("Forcing kv
+    # vllm/platforms/cuda.py forces 64 tokens for FlashMLA and 128 for CUTLASS MLA ("Forcing kv
     # cache block size to 64 for FlashMLA backend." in 0.8.3's and 0.10.1's logs); the plan said 16 without a word
     spec = DeploymentSpec(arch=resolve_model("deepseek-ai/DeepSeek-V3"), available_kv_bytes=40 * GIB,
                           tensor_parallel_size=8, max_model_len=10000)
@@ -279,7 +279,7 @@ def test_an_mla_plan_says_vllm_raises_its_block_size_on_nvidia() -> None:
 
 
 def test_fp8_weights_what_if_reads_the_weights_as_priced_not_the_schemes_nominal_bytes() -> None:
-    # (review, round 26) experts_int8 on a dense model leaves its weights in bf16, yet the what-if said "already
+    # experts_int8 on a dense model leaves its weights in bf16, yet the what-if said "already
     # experts_int8: no gain" where --quantization fp8 planned directly gives 11.8 % more tokens
     dense = llama_h100(quantization="experts_int8")
     fp8 = {s.name: s for s in whatif_scenarios(dense)}["fp8_weights"]
@@ -293,7 +293,7 @@ def test_fp8_weights_what_if_reads_the_weights_as_priced_not_the_schemes_nominal
 
 
 def test_a_measured_pool_with_a_known_model_re_budgets_fp8_and_tp_from_the_weights_estimate() -> None:
-    # (review, round 26) --model with --available-kv-gib left both rows blank, asking for "--weights-gib or --model"
+    # --model with --available-kv-gib left both rows blank, asking for "--weights-gib or --model"
     measured = llama_h100(available_kv_bytes=58.11 * GIB)
     rows = {s.name: s for s in whatif_scenarios(measured)}
     weights = estimate_weights_bytes(measured.arch, 2, None, 1, 1)

@@ -1,4 +1,4 @@
-"""Configs of recent models that kvwatch read wrong (round 15's review; tests/fixtures/model-configs/README.md says
+"""Configs of recent models that kvwatch read wrong (tests/fixtures/model-configs/README.md says
 where each file comes from): each is read as vLLM's model file reads it."""
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def test_longcat_flash_lite_is_mla_with_two_caches_per_layer():
 
 
 def test_longcat_next_reads_as_the_n_gram_model_it_is_built_on():
-    # longcat_next is in vLLM's is_deepseek_mla; its language model is LongCat-Flash-Lite's (the review's config: that
+    # longcat_next is in vLLM's is_deepseek_mla; its language model is LongCat-Flash-Lite's (the config: that
     # fixture as model_type longcat_next with its two vocabularies). Read as MHA it had 344,064 B/token, 10.7x.
     cfg = {**config("longcat_flash_lite"), "model_type": "longcat_next", "architectures": ["LongcatNextForCausalLM"],
            "vocab_size": 282624, "text_vocab_size": 131072}
@@ -89,7 +89,7 @@ def test_longcat_next_reads_as_the_n_gram_model_it_is_built_on():
 
 
 def test_an_unknown_type_with_kv_lora_rank_says_vllm_may_cache_a_latent():
-    # a model_type kvwatch does not know is read as MiniCPM3 (per-head K and V): said, not silent (review, round 25)
+    # a model_type kvwatch does not know is read as MiniCPM3 (per-head K and V): said, not silent
     cfg = {**config("longcat_flash_lite"), "model_type": "newcat", "architectures": ["NewcatForCausalLM"]}
     a = arch_from_config(cfg)
     assert not a.is_mla

@@ -234,7 +234,7 @@ def test_the_observed_mix_on_a_windowed_model_counts_what_its_layout_holds() -> 
 
 
 def test_a_mamba_hybrids_observed_mix_and_what_ifs_are_plans_on_the_engines_blocks() -> None:
-    # (review, round 23) Granite-4.0-H: 10 KV groups, most of them Mamba, holding a state per request, not its
+    # Granite-4.0-H: 10 KV groups, most of them Mamba, holding a state per request, not its
     # tokens. capacity ÷ mean charged every group every token; and the what-ifs were compared at capacity ÷ ceiling,
     # no request length on such a layout. Both are now the layout's, as plan counts them.
     from dataclasses import replace
@@ -264,7 +264,7 @@ def test_a_mamba_hybrids_observed_mix_and_what_ifs_are_plans_on_the_engines_bloc
 
 
 def test_what_ifs_are_unknown_where_the_formula_holds_no_request_but_the_engine_does() -> None:
-    # (review, round 23) Llama-4-Maverick at TP 8 on H100s: kvwatch's estimate says no KV fits, the engine holds
+    # Llama-4-Maverick at TP 8 on H100s: kvwatch's estimate says no KV fits, the engine holds
     # 25 requests. The what-ifs read the plan's own ceilings (0 for a change that adds memory, and 0 for the no-op
     # max_model_len_halved) beside today's 25: no ratio is known, so none is exported.
     capacity = CapacityResolver(ServeSettings(gpu="H100", tensor_parallel_size=8)).sidecar(
@@ -274,7 +274,7 @@ def test_what_ifs_are_unknown_where_the_formula_holds_no_request_but_the_engine_
 
 
 def test_the_pool_in_bytes_is_the_engines_blocks_on_a_reading_already_resolved() -> None:
-    # (review, round 24) serve resolves a series on the reading it has already given the engine's capacity: on
+    # serve resolves a series on the reading it has already given the engine's capacity: on
     # gpt-oss (two KV groups) that capacity is blocks x block_size / 2, block_pool's ratio refused the blocks, and
     # the pool read the formula's 37.5 GB where the engine's 9,271 blocks hold 3.6 (non-KV memory went negative).
     resolver = CapacityResolver(ServeSettings(gpu="H100"))

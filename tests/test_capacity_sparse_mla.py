@@ -83,7 +83,7 @@ def test_the_fp8_what_if_starts_from_the_dtype_vllm_serves():
 
 def test_the_fp8_what_if_states_the_gain_it_planned():
     # fp8_ds_mla keeps its rope dims in 16 bits, its scales and the indexer's keys: "about 2x tokens" overstated the
-    # gain (review, round 25); the note gives the planned ratio.
+    # gain; the note gives the planned ratio.
     from kvwatch.capacity.whatif import whatif_scenarios
 
     base = _plan("auto", (0, 14), HOPPER)

@@ -40,7 +40,7 @@ def test_keda_scaled_object_targets_the_vllm_deployment_with_stabilization() -> 
 
 def test_hpa_and_adapter_rules_share_the_queries() -> None:
     # (the names carry the namespace: prometheus-adapter keys external metrics by name alone, and two releases of
-    # one name in two namespaces read each other's load: review, round 25)
+    # one name in two namespaces read each other's load)
     objects = render(*HPA)
     hpa, rules = only(objects, "HorizontalPodAutoscaler"), only(objects, "ConfigMap")
     names = [m["external"]["metric"]["name"] for m in hpa["spec"]["metrics"]]
@@ -137,8 +137,8 @@ def test_queries_compute_replicas_in_promtool(tmp_path: Path) -> None:
 @pytest.mark.parametrize("replicas", [1, 9, 10, 11, 19, 20, 99])
 def test_the_forecast_asks_for_more_than_the_hpa_tolerance_at_any_replica_count(tmp_path: Path, replicas: int) -> None:
     # The HPA (and KEDA's) leaves the replicas alone while |metric / (target × replicas) − 1| ≤ 0.1 (Kubernetes'
-    # default tolerance): "replicas + 1" was within it from 11 replicas on, so the forecast never added a pod there
-    # (review, round 19). The metric is evaluated by promtool and put through that rule.
+    # default tolerance): "replicas + 1" was within it from 11 replicas on, so the forecast never added a pod there.
+    # The metric is evaluated by promtool and put through that rule.
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.fail("promtool not found on PATH: run `make tools`")
@@ -266,7 +266,7 @@ def test_another_target_kind_needs_a_series_selector() -> None:
     args = (*MINIMAL, "--set", "autoscaling.enabled=true", "--set", "autoscaling.prometheusAddress=http://p:9090",
             "--set", "deployment.enabled=false", "--set", "autoscaling.scaleTargetRef.name=vllm",
             "--set", "autoscaling.scaleTargetRef.kind=Rollout")
-    # (review, round 25) without its apiVersion the autoscaler looks the kind up in the core group and never scales
+    # without its apiVersion the autoscaler looks the kind up in the core group and never scales
     assert "autoscaling.scaleTargetRef.apiVersion is required for kind Rollout" in render_fails(*args)
     args += ("--set", "autoscaling.scaleTargetRef.apiVersion=argoproj.io/v1alpha1")
     assert "set autoscaling.seriesSelector" in render_fails(*args)
@@ -280,7 +280,7 @@ def test_another_target_kind_needs_a_series_selector() -> None:
 ])
 def test_a_target_named_alone_gets_its_kind_and_api_version(autoscaler: str, kind: str | None,
                                                             api_version: str) -> None:
-    # (review, round 18) scaleTargetRef {name} alone: the HPA lacked kind (refused), and without apiVersion its
+    # scaleTargetRef {name} alone: the HPA lacked kind (refused), and without apiVersion its
     # controller looks the kind up in the core group and never scales; KEDA's apps/v1 default is wrong for an LWS
     args = [*MINIMAL, "--set", "autoscaling.enabled=true", "--set", f"autoscaling.kind={autoscaler}",
             "--set", "autoscaling.prometheusAddress=http://p:9090", "--set", "deployment.enabled=false",
@@ -297,7 +297,7 @@ def test_a_target_named_alone_gets_its_kind_and_api_version(autoscaler: str, kin
 
 
 def test_the_hpa_and_keda_targets_are_the_same_number() -> None:
-    # (review, round 19) The HPA's target was printed as whole millis: 0.8125 became 812m for the HPA and 0.8125 for
+    # The HPA's target was printed as whole millis: 0.8125 became 812m for the HPA and 0.8125 for
     # KEDA. The value goes to both as written (a valid Kubernetes quantity: the API server stores 812500u).
     import re
 

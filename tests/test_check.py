@@ -193,7 +193,7 @@ def test_kv_bound_series_gets_the_advisors_fixes_cheapest_first(capsys: pytest.C
     limit = fixes[0]["concurrency"]
     assert fixes[0]["vllm_args"] == fixes[0]["engine_args"] == ["--max-num-seqs", str(limit)]
     assert f"to {limit} per data-parallel rank" in fixes[0]["message"]
-    # (review, round 18) one flag limits both engines: engine 1's own mix fits ~36, and the message says what the
+    # one flag limits both engines: engine 1's own mix fits ~36, and the message says what the
     # limit costs it instead of leaving it to be found in production
     assert f"holds engine 1 to {limit} too, though its own mix fits ~36.0" in fixes[0]["message"]
     # Without the model the TP size cannot be named: no flag to paste, a replica instead.
@@ -204,9 +204,9 @@ def test_kv_bound_series_gets_the_advisors_fixes_cheapest_first(capsys: pytest.C
 
 def test_one_flag_for_every_rank_names_a_tighter_rank_and_its_limit(tmp_path: Path,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    # (review, round 24) Engine 1 runs 12 requests at 89 %: its own mix fits ~13.5. The advice for KV-bound engine 0
+    # Engine 1 runs 12 requests at 89 %: its own mix fits ~13.5. The advice for KV-bound engine 0
     # said --max-num-seqs 15, which vLLM applies to each engine (15 on engine 1 is ~111 % of its cache), and named no
-    # tighter rank. It names it and its limit; the limit stays engine 0's own (a second review: one poll's mix of a
+    # tighter rank. It names it and its limit; the limit stays engine 0's own (one poll's mix of a
     # quiet rank running one long request cut a busy rank's limit from 15 to 3 when it was applied).
     page = (FIXTURES / "gen-0.33-dp2-capacity-labels.prom").read_text()
     page = page.replace('vllm:kv_cache_usage_perc{engine="1",model_name="llama"} 0.5',
@@ -256,7 +256,7 @@ def test_deployment_flags_size_the_quantization_and_tp_advice(capsys: pytest.Cap
 @pytest.mark.parametrize("dtype", ["nvfp4", "fp8_per_token_head", "int4_per_token_head"])
 def test_a_kv_cache_dtype_kvwatch_cannot_size_gets_no_plan_and_no_fp8_advice(
         dtype: str, tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
-    # (review, round 18) vLLM 0.33's smaller KV dtypes were planned as bf16 (the label was dropped as unknown): an
+    # vLLM 0.33's smaller KV dtypes were planned as bf16 (the label was dropped as unknown): an
     # nvfp4 cache was told an FP8 one doubles it (it halves it) and capacity_mismatch blamed an FP8 cache
     page = tmp_path / "metrics.prom"
     page.write_text((FIXTURES / "gen-0.33-dp2-capacity-labels.prom").read_text()
@@ -654,7 +654,7 @@ def test_the_metrics_path_hint_only_when_something_answered(capsys: pytest.Captu
 def test_a_bad_url_argument_is_named_as_the_url(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "notaurl"]) == 2
     assert "invalid value 'notaurl' for URL" in capsys.readouterr().err
-    # two different URLs, as the argument and as --target-url: the argument won without a word (review, round 23)
+    # two different URLs, as the argument and as --target-url: the argument won without a word
     assert main(["check", "http://a.invalid/metrics", "--target-url", "http://b.invalid/metrics"]) == 2
     assert "give the URL once" in capsys.readouterr().err
 
@@ -714,7 +714,7 @@ def test_a_sleeping_engine_gets_no_kv_diagnosis(tmp_path: Path, capsys: pytest.C
     assert report["series"][0]["sleep_state"] == "asleep"
     assert main(["check", "--file", str(tmp_path / "paused.prom")]) == 0
     assert "tokens once awake (the engine is asleep)\n" in capsys.readouterr().out  # not "asleep: asleep"
-    # the summary's capacity and ceilings are the pool it gets back, not room now (review, round 26)
+    # the summary's capacity and ceilings are the pool it gets back, not room now
     assert main(["check", "--file", str(tmp_path / "asleep.prom")]) == 0
     engine0_text = capsys.readouterr().out.split("engine 1:")[0]
     assert re.search(r"KV capacity +[\d,]+ tokens once awake \(the engine is asleep: weights_offloaded\)",
@@ -856,7 +856,7 @@ def test_a_two_group_model_on_a_0_18_to_0_20_page_is_read_in_its_own_terms(capsy
 
 
 def test_a_real_0_11_cache_config_is_read_as_0_11_with_its_kv_groups(capsys: pytest.CaptureFixture[str]) -> None:
-    # (review, round 20) Every CacheConfig from 0.8.5 to 0.19 carries swap_space_bytes beside swap_space (its
+    # Every CacheConfig from 0.8.5 to 0.19 carries swap_space_bytes beside swap_space (its
     # __post_init__ sets it; vllm-project/vllm#28924's real 0.11.0 line). kvwatch read that label as V0's: the
     # version range came out "unknown", capacity used pre-0.9 rules, and gpt-oss-20b's two KV groups were ignored
     # (9,271 blocks x 16 = 148,336 tokens, twice the truth).
@@ -901,7 +901,7 @@ def test_scheduler_limited_names_the_limit_the_given_max_num_seqs_points_at(
     assert "at --max-num-seqs 12: raise --max-num-seqs" in message("--max-num-seqs", "12")
     assert "Raise --max-num-seqs or --max-num-batched-tokens" in message()
     # a margin of one request at a small cap: 7 running of --max-num-seqs 8 is at it (0.9 x 8 = 7.2 called 7 "well
-    # under": review, round 26)
+    # under")
     seven = derive(Reading("m", kv_usage_ratio=0.5, requests_running=7.0, requests_waiting=3.0,
                            kv_capacity_tokens=1000.0), None)
     (limited,) = findings([seven], max_num_seqs=8)
@@ -917,7 +917,7 @@ def test_scheduler_limited_names_the_limit_the_given_max_num_seqs_points_at(
 @pytest.mark.parametrize(("usage", "found"), [(0.30, "queue_not_admitted"), (0.04, "request_exceeds_pool"),
                                                (0.97, "kv_usage_stuck")])
 def test_a_queue_with_nothing_running_is_no_scheduler_limit(usage: float, found: str) -> None:
-    # (review, round 26) 40 waiting beside 0 running at 30 % were told "raise --max-num-seqs": no cap holds back a
+    # 40 waiting beside 0 running at 30 % were told "raise --max-num-seqs": no cap holds back a
     # queue while nothing runs (a stall, blocks no running request holds, or a head request larger than what is free)
     reading = Reading("m", kv_usage_ratio=usage, requests_running=0.0, requests_waiting=40.0,
                       kv_capacity_tokens=100_000.0, waiting_holds_no_kv=True)  # (vLLM's: a waiting request holds none)
@@ -1140,7 +1140,7 @@ def test_more_tensor_parallel_ranks_on_the_page_than_planned_is_said(capsys: pyt
     report = check_json(["--file", path, "--gpu", "H100"], capsys)
     finding = next(f for f in report["findings"] if f["id"] == "tensor_parallel_mismatch")
     assert "shows 2 tensor-parallel ranks" in finding["message"] and "--tensor-parallel-size 1" in finding["message"]
-    # (review, round 26) with the caveat it still pasted "--tp-size 2", the size the server runs: a replica now, or the
+    # with the caveat it still pasted "--tp-size 2", the size the server runs: a replica now, or the
     # size to tell kvwatch
     advice = report["series"][0]["advice"]
     (scale_out,) = [a for a in advice if a["action"] == "add_tensor_parallelism"]
@@ -1234,7 +1234,7 @@ def test_preemptions_warn_with_kv_bound_when_the_next_prompt_does_not_fit(
 
 def test_a_mamba_hybrids_stale_block_size_label_is_not_its_blocks_size(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # (review, round 20; vllm issue 42966) From 0.20 vLLM's worker raises a Mamba hybrid's block size so an attention
+    # (vllm issue 42966) From 0.20 vLLM's worker raises a Mamba hybrid's block size so an attention
     # page holds a Mamba state (Granite-4.0-H: 16 -> 528) and, before vllm PR 42967, cache_config_info kept 16 while
     # num_gpu_blocks counts the raised blocks. kvwatch multiplied by the label: a pool 33x too small, and a
     # capacity_mismatch blaming another process on the GPU.
@@ -1262,7 +1262,7 @@ def test_a_mamba_hybrids_stale_block_size_label_is_not_its_blocks_size(
 
 def test_a_v0_engine_on_a_0_9_to_0_10_label_set_shares_no_blocks_among_kv_groups(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # (review, round 20) The V0 engine (VLLM_USE_V1=0, to 0.10) writes the 0.8.5+ CacheConfig (swap_space beside
+    # The V0 engine (VLLM_USE_V1=0, to 0.10) writes the 0.8.5+ CacheConfig (swap_space beside
     # swap_space_bytes, cpu_kvcache_space_bytes from 0.9) but no engine label, and every block holds every layer.
     # Read with 0.9's rules, gemma-2's two KV groups halved its capacity.
     text = (FIXTURES / "neuron-v0-block1024.prom").read_text()
@@ -1289,7 +1289,7 @@ def test_a_file_ending_mid_line_is_read_with_a_note(tmp_path: Path, capsys: pyte
 
 def test_a_histogram_kvwatch_cannot_read_is_named_and_the_page_read(tmp_path: Path,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    # (review, round 20) Prometheus stores le="abc" as written; check refused the page ("parse") and said nothing
+    # Prometheus stores le="abc" as written; check refused the page ("parse") and said nothing
     # of its KV usage.
     payload = tmp_path / "le.prom"
     text = (FIXTURES / "gen-0.11-kv-only.prom").read_text()
@@ -1303,7 +1303,7 @@ def test_a_histogram_kvwatch_cannot_read_is_named_and_the_page_read(tmp_path: Pa
 
 def test_models_without_a_plan_for_one_reason_are_named_on_one_line(tmp_path: Path,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    # (review, round 21) three models, one line each saying the same "the memory budget needs the GPU"
+    # three models, one line each saying the same "the memory budget needs the GPU"
     lines = []
     for model in ("meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-7B-Instruct"):
         labels = f'engine="0",model_name="{model}"'
@@ -1319,7 +1319,7 @@ def test_models_without_a_plan_for_one_reason_are_named_on_one_line(tmp_path: Pa
 
 def test_an_engine_with_two_configurations_is_said_unknown_once(tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    # (final review, round 21) check said why the capacity is unknown and also "the engine does not report KV
+    # check said why the capacity is unknown and also "the engine does not report KV
     # capacity here: use kvwatch plan", which contradicts it (kvwatch refuses the formula there on purpose)
     text = (FIXTURES / "gen-0.11.0-gptoss-issue28924.prom").read_text()
     config = next(line for line in text.splitlines() if line.startswith("vllm:cache_config_info{"))
@@ -1332,7 +1332,7 @@ def test_an_engine_with_two_configurations_is_said_unknown_once(tmp_path: Path,
 
 
 def test_the_text_says_when_the_capacity_is_kvwatchs_estimate(capsys: pytest.CaptureFixture[str]) -> None:
-    # (review, round 22) an engine reporting no capacity, with --gpu: the formula's figure read as the engine's own
+    # an engine reporting no capacity, with --gpu: the formula's figure read as the engine's own
     # in the text (only --json's capacity_source said "formula")
     page = str(FIXTURES / "gen-0.8.5-engine-label.prom")
     assert main(["check", "--file", page, "--gpu", "H100-80GB"]) == 0
@@ -1345,7 +1345,7 @@ def test_the_text_says_when_the_capacity_is_kvwatchs_estimate(capsys: pytest.Cap
 
 def test_a_mamba_hybrid_kvwatch_does_not_know_has_an_unknown_capacity(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # (review, round 23) vLLM pads a Mamba hybrid's state page to the attention page and says so in
+    # vLLM pads a Mamba hybrid's state page to the attention page and says so in
     # cache_config_info (mamba_page_size_padded): its blocks are shared among KV groups, so blocks x block_size
     # over-states the pool by their number. For a model kvwatch does not know that number is unknown, and so is the
     # capacity (it read 1,632,000 tokens for a pool of 408,000 on Qwen3-Next's label set); known, it is divided.
@@ -1367,7 +1367,7 @@ def test_a_mamba_hybrid_kvwatch_does_not_know_has_an_unknown_capacity(
 
 def test_a_formula_capacity_has_vllms_max_model_len_ceiling_for_its_layout(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # (review, round 23) No blocks on the page (num_gpu_blocks None): the capacity is the formula's, and its ceiling
+    # No blocks on the page (num_gpu_blocks None): the capacity is the formula's, and its ceiling
     # at max-model-len was capacity ÷ length, every group charged every token: Gemma-3-27B at 32k read 0.9 beside
     # the lower-max-model-len advice's "from 2.4". It is vLLM's sum on the formula's blocks, as plan prints.
     from kvwatch.payload import interpret
@@ -1388,7 +1388,7 @@ def test_a_formula_capacity_has_vllms_max_model_len_ceiling_for_its_layout(
 
 
 def test_a_usage_of_minus_zero_reads_as_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # (review, round 24) a page whose usage gauge is -0.0 printed "KV usage -0.0%"
+    # a page whose usage gauge is -0.0 printed "KV usage -0.0%"
     from kvwatch.plausible import check_reading
 
     reading, dropped = check_reading(Reading(model_name="m", engine="0", kv_usage_ratio=-0.0))
@@ -1402,7 +1402,7 @@ def test_a_usage_of_minus_zero_reads_as_zero(tmp_path: Path, capsys: pytest.Capt
 
 
 def test_model_flags_meeting_a_page_of_several_models_are_said(capsys: pytest.CaptureFixture[str]) -> None:
-    # (review, round 24) Triton's page serves two models: --model sized both as Llama with the whole card, silently
+    # Triton's page serves two models: --model sized both as Llama with the whole card, silently
     main(["check", "--file", str(FIXTURES / "gen-triton-vllm-backend.prom"), "--model",
           "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100"])
     assert "describe one model, and this page serves 2 (llama3_8b, mistral_7b)" in capsys.readouterr().err
@@ -1413,7 +1413,7 @@ def test_model_flags_meeting_a_page_of_several_models_are_said(capsys: pytest.Ca
 
 def test_check_reads_at_most_max_series_and_says_how_many_it_left_out(tmp_path: Path,
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    # (review, round 25) a page of 273,000 model names ran for over 10 minutes: check read every one
+    # a page of 273,000 model names ran for over 10 minutes: check read every one
     page = tmp_path / "models.prom"
     page.write_text("".join(f'vllm:num_requests_running{{engine="0",model_name="m{i}"}} 1\n'
                             f'vllm:kv_cache_usage_perc{{engine="0",model_name="m{i}"}} 0.5\n' for i in range(100)))
@@ -1427,7 +1427,7 @@ def test_check_reads_at_most_max_series_and_says_how_many_it_left_out(tmp_path: 
 
 
 def test_a_full_cache_with_no_queue_count_says_the_bottleneck_cannot_be_told() -> None:
-    # (round 24's note) usage 97 % with no waiting family raised no finding: kv_bound needs a waiting request
+    # usage 97 % with no waiting family raised no finding: kv_bound needs a waiting request
     from kvwatch.payload import interpret
 
     page = ('vllm:kv_cache_usage_perc{engine="0",model_name="m"} %s\n'
@@ -1447,7 +1447,7 @@ def test_a_full_cache_with_no_queue_count_says_the_bottleneck_cannot_be_told() -
 @pytest.mark.parametrize(("usage", "waiting", "kv_bound"), [("0.91", 1, False), ("0.91", 40, True), ("0.96", 1, True)])
 def test_a_few_arrivals_waiting_beside_hundreds_running_below_the_saturation_are_not_kv_bound(
         usage: str, waiting: int, kv_bound: bool) -> None:
-    # (review, round 25) a critical "the KV cache is the bottleneck" for one request beside 300 running at 0.91
+    # a critical "the KV cache is the bottleneck" for one request beside 300 running at 0.91
     from kvwatch.payload import interpret
 
     page = (f'vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} {usage}\n'
@@ -1459,7 +1459,7 @@ def test_a_few_arrivals_waiting_beside_hundreds_running_below_the_saturation_are
 
 
 def test_a_usage_beside_a_threshold_is_printed_on_its_own_side_of_it() -> None:
-    # (review, round 26) 0.8999 read "KV is only 90.0% used: the scheduler limits" beside 0.90's critical kv_bound
+    # 0.8999 read "KV is only 90.0% used: the scheduler limits" beside 0.90's critical kv_bound
     from kvwatch.capacity.units import percent
 
     assert [percent(x) for x in (0.8999, 0.9, 0.9499999, 0.95, 0.0500001, 0.55, 0.123)] == [

@@ -93,7 +93,7 @@ def test_stale_state_keeps_only_health() -> None:
 
 
 def test_up_is_0_once_no_poll_has_finished_for_stale_after() -> None:
-    # The last poll succeeded, then polling stopped (a poll thread blocked in a log call, round 19's review): up stayed
+    # The last poll succeeded, then polling stopped (a poll thread blocked in a log call): up stayed
     # 1 for as long as the process lived.
     assert value(scrape(KvwatchCollector(lambda: state_at(1000.0), now=lambda: 1015.0, stale_after=15.0)),
                  "kvwatch_up") == 1.0
@@ -206,8 +206,8 @@ def test_every_per_series_help_says_kvwatch_polls_on_its_own_timer() -> None:
 
 def test_a_failure_inside_kvwatch_is_counted_and_reported_down_not_a_frozen_up(
         no_kvwatch_env: None, caplog: pytest.LogCaptureFixture) -> None:
-    # An exception outside the ScrapeError path (here the history refusing a poll whose clock did not advance; a
-    # review met it with --clock-speed 1e-9, and a charset=idna body) was logged by the poller's catch-all: the
+    # An exception outside the ScrapeError path (here the history refusing a poll whose clock did not advance,
+    # met with --clock-speed 1e-9, and a charset=idna body) was logged by the poller's catch-all: the
     # state was never replaced, kvwatch_up stayed 1 and no error was counted, so KvwatchTargetDown never fired.
     import httpx
     import respx
@@ -231,7 +231,7 @@ def test_a_failure_inside_kvwatch_is_counted_and_reported_down_not_a_frozen_up(
         clock.t += 5.0
         assert sidecar.poll().health.up
         # A charset that is no text encoding (undefined, idna) or decodes in quadratic time (punycode) is read as
-        # UTF-8, as Prometheus reads every body (round 18: punycode held the fetcher's loop for minutes).
+        # UTF-8, as Prometheus reads every body (punycode held the fetcher's loop for minutes).
         for charset in ("undefined", "punycode"):
             route.mock(return_value=httpx.Response(200, content=payload(0).encode(),
                                                    headers={"Content-Type": f"text/plain; charset={charset}"}))
@@ -305,8 +305,8 @@ def test_a_family_without_samples_is_left_out_whole() -> None:
                                  analyzers=[Sparse()])  # type: ignore[list-item]
     text = generate_latest(make_registry(collector)).decode()
     assert "kvwatch_test_full 1.0" in text and "kvwatch_test_empty" not in text
-    # The health families have their samples: no impossible value served yet is every field at 0 (review, round 22:
-    # a counter appearing at its first increment starts at 1, and rate() never counted that value).
+    # The health families have their samples: no impossible value served yet is every field at 0 (a
+    # counter appearing at its first increment starts at 1, and rate() never counts that value).
     from kvwatch.plausible import CHECKED_FIELDS
 
     for field in CHECKED_FIELDS:
@@ -316,7 +316,7 @@ def test_a_family_without_samples_is_left_out_whole() -> None:
 
 def test_a_histogram_kvwatch_cannot_read_is_logged_once_and_the_page_is_up(
         no_kvwatch_env: None, caplog: pytest.LogCaptureFixture) -> None:
-    # (review, round 20) Prometheus stores a negative bucket as written (up 1); the sidecar was down ("parse").
+    # Prometheus stores a negative bucket as written (up 1); the sidecar was down ("parse").
     import httpx
     import respx
 
@@ -338,13 +338,13 @@ def test_a_histogram_kvwatch_cannot_read_is_logged_once_and_the_page_is_up(
             state = sidecar.poll()
             assert state.health.up and state.series[("m", "0")].reading.kv_usage_ratio == 0.5
             clock.t += 5.0
-    # once, though the line moves when a series comes earlier on the page (review, round 21)
+    # once, though the line moves when a series comes earlier on the page
     assert caplog.text.count("vllm:e2e_request_latency_seconds is not read (negative bucket") == 1
     assert "every value it holds is read again" in caplog.text
 
 
 def test_a_page_without_cache_config_for_a_poll_keeps_the_engines_capacity(no_kvwatch_env: None) -> None:
-    # (review, round 21) The capacity went from the engine's 448,000 tokens to the formula's 449,872 for that poll,
+    # The capacity went from the engine's 448,000 tokens to the formula's 449,872 for that poll,
     # and the forecaster, reading a new capacity as a restart, cleared a `filling` warning.
     import httpx
     import respx
@@ -379,7 +379,7 @@ def test_a_page_without_cache_config_for_a_poll_keeps_the_engines_capacity(no_kv
 
 
 def test_every_field_the_plausibility_check_can_drop_is_exported_from_zero() -> None:
-    # (review, round 22) kvwatch_implausible_values_total is exported from 0 for plausible.CHECKED_FIELDS, a list
+    # kvwatch_implausible_values_total is exported from 0 for plausible.CHECKED_FIELDS, a list
     # written beside the checks themselves: a reading with every value impossible drops exactly those fields.
     import dataclasses
     import math

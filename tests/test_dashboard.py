@@ -90,7 +90,7 @@ def test_variables_datasource_namespace_model_pod() -> None:
     # Each variable narrows the next one.
     assert '$namespace' in variables["model"]["query"]["query"]
     assert '$model' in variables["pod"]["query"]["query"]
-    # ... and the model narrows the series without a model_name too, with pod on All (review, round 22: kvwatch_up
+    # ... and the model narrows the series without a model_name too, with pod on All (kvwatch_up
     # of a pod serving another model showed red beside the one picked)
     other = ('unless on (instance, job) (max_over_time(kvwatch_kv_usage_ratio{namespace=~"$namespace", '
              'model_name!~"$model"}[$__range]) unless on (instance, job) max_over_time(kvwatch_kv_usage_ratio'
@@ -290,7 +290,7 @@ def test_the_pod_list_has_sidecars_that_never_read_their_engine(tmp_path: Path) 
 
 
 def test_a_picked_model_narrows_the_health_panel_with_pod_on_all(tmp_path: Path) -> None:
-    # (review, round 22) With pod on All ('.*') the health, GPU and alert panels showed every pod: a pod serving
+    # With pod on All ('.*') the health, GPU and alert panels showed every pod: a pod serving
     # another model read red ("down") beside the one picked. Evaluated by promtool with model=llama, pod=All. Matched
     # by the sidecar (instance, job): outside Kubernetes there is no pod label, and a sidecar that had the model at
     # any time in the range stays (a first version, on a pod's other model, hid both).
@@ -373,7 +373,7 @@ def test_the_thresholds_drawn_and_alerted_are_the_forecasters() -> None:
     assert len(usage) >= 3 and all(u == {"orange": params.u_busy, "red": params.u_sat} for u in usage)
     risk = panel("KV saturation risk")
     assert lines(risk) == {"red": params.warning.risk_on}
-    # (review, round 22) the alerts' own lines, and the ETA's colours from its own range (none past the hour)
+    # the alerts' own lines, and the ETA's colours from its own range (none past the hour)
     assert lines(panel("Preemption rate")) == {"red": config["preemption_storm"]["rate"]}
     assert lines(panel("Time to GPU memory limit")) == {"green": config["gpu_memory_pressure"]["seconds_to_limit"]}
     assert lines(panel("Earliest ETA")) == {"orange": 1, "green": 86400}

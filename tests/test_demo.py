@@ -163,7 +163,7 @@ def test_status_line_reads_kvwatch_metrics() -> None:
     assert "waiting for the first good poll" in demo.status_line(
         '# TYPE kvwatch_up gauge\nkvwatch_up{model_name="m",engine="0"} 0\n', 1.0)
     # After good polls, a failed one is not "waiting for the first" (an overloaded simulator missing the demo's
-    # short poll timeout read so, review round 19)
+    # short poll timeout read so)
     failed = ('# TYPE kvwatch_up gauge\nkvwatch_up 0\n# TYPE kvwatch_last_success_timestamp_seconds gauge\n'
               'kvwatch_last_success_timestamp_seconds 1000.0\n')
     line = demo.status_line(failed, 126.0, 30.0, now=1012.4)
@@ -265,7 +265,7 @@ def test_demo_runs_both_processes_says_the_clock_is_accelerated_and_stops_them()
     (["--status-interval-seconds", "0"], "--status-interval-seconds"),
     (["--duration-seconds", "inf"], "--duration-seconds"),
     (["--port", "70000"], "--port"),
-    # round 13: serve refused the poll interval (10 / 0.0001 s), naming a flag the user never passed
+    # serve refused the poll interval (10 / 0.0001 s), naming a flag the user never passed
     (["--clock-speed", "0.0001"], "--clock-speed"),
     (["--port", "9747", "--sim-port", "9747"], "--port"),  # "Address already in use" from a child process
 ])

@@ -81,7 +81,7 @@ def test_a_filtered_parse_reads_what_prometheus_scrape_accepts() -> None:
 
 
 def test_a_filtered_parse_takes_escapes_metadata_and_a_last_line_as_prometheus_scrape_does() -> None:
-    # (review, round 20, each page scraped by a real Prometheus 2.42: up, every sample stored) A label value or HELP
+    # (each page scraped by a real Prometheus 2.42: up, every sample stored) A label value or HELP
     # with an escape other than \\ \" \n keeps it as written; a second HELP or TYPE of a family, or a TYPE after
     # its samples, is not read; a page without a newline after its last line is read. kvwatch refused each whole.
     page = ('# HELP a matches \\d+ requests\n# TYPE a gauge\na{path="C:\\models\\m"} 1\n'
@@ -99,7 +99,7 @@ def test_a_filtered_parse_takes_escapes_metadata_and_a_last_line_as_prometheus_s
 
 
 def test_a_filtered_parse_reads_labels_without_commas_and_refuses_a_nul() -> None:
-    # (round 22, each page scraped by a real Prometheus 2.42) Its scrape parser needs no comma between two labels:
+    # (each page scraped by a real Prometheus 2.42) Its scrape parser needs no comma between two labels:
     # '{a="x" b="y"}' and '{a="x"b="y"}' are stored, up; kvwatch refused the page. A NUL ends Prometheus' read of a
     # page (nothing after it stored, up 1): kvwatch says the page is broken rather than read half of it.
     for labels in ('a="x" b="y"', 'a="x"b="y"', 'a="x" ,b="y"'):
@@ -116,7 +116,7 @@ def test_a_filtered_parse_reads_labels_without_commas_and_refuses_a_nul() -> Non
 
 
 def test_a_filtered_parse_reads_a_hash_glued_to_help_or_type_as_a_comment() -> None:
-    # (review, round 21) Prometheus' scrape lexer (promlex.l) needs a blank after '#' before HELP or TYPE: '#TYPE x
+    # Prometheus' scrape lexer (promlex.l) needs a blank after '#' before HELP or TYPE: '#TYPE x
     # bogus' is a comment, the page up; kvwatch refused it ("unknown metric type"), and read '#TYPE a histogram'
     # before a gauge's own TYPE line as the family's type. expfmt (the full parse) skips no blank and reads it.
     page = "#TYPE a bogus\n#HELP a not this\n# TYPE a gauge\n# HELP a this\na 1\n#TYPE b histogram\nb 2\n"
@@ -130,7 +130,7 @@ def test_a_filtered_parse_reads_a_hash_glued_to_help_or_type_as_a_comment() -> N
 
 
 def test_a_filtered_parse_drops_a_distribution_it_cannot_read_and_keeps_the_page() -> None:
-    # (review, round 20; Prometheus 2.42 scraped each page, up, the samples stored as written) A histogram with
+    # (Prometheus 2.42 scraped each page, up, the samples stored as written) A histogram with
     # le="abc" or a negative count, a summary with quantile="x": kvwatch refused the whole page, KV usage with it.
     gauge = "# TYPE g gauge\ng 1\n"
     pages = {
@@ -408,7 +408,7 @@ def test_crlf_line_endings_are_refused_and_named() -> None:
 
 
 def test_an_unread_familys_escapes_are_not_resolved_and_long_escaped_texts_read_whole() -> None:
-    # (review, round 25) an unread family's label went through the escape-resolving path (memory: one list entry
+    # an unread family's label went through the escape-resolving path (memory: one list entry
     # per escape, 154 MB for a 16 MiB label); skipped now, like its other lines, unvalidated.
     page = 'junk{l="x\\"} 1\n# TYPE vllm:x gauge\nvllm:x{l="a\\\\b"} 2\n'  # (junk's quote never closes)
     with pytest.raises(ParseError, match="unescaped new-line"):
@@ -424,7 +424,7 @@ def test_an_unread_familys_escapes_are_not_resolved_and_long_escaped_texts_read_
 
 
 def test_a_timestamp_past_64_bits_is_refused_with_its_line_however_long() -> None:
-    # (review, round 25) 5,000 digits: int() raised past Python's digit limit, "cannot parse exposition: ValueError"
+    # 5,000 digits: int() raised past Python's digit limit, "cannot parse exposition: ValueError"
     for stamp in ("1" * 5000, "9223372036854775808"):
         with pytest.raises(ParseError, match=r"line 2: timestamp .* is out of the 64-bit range"):
             parse(f"x 1\ny 1 {stamp}\n")
@@ -433,7 +433,7 @@ def test_a_timestamp_past_64_bits_is_refused_with_its_line_however_long() -> Non
 
 
 def test_a_byte_order_mark_is_refused_and_named() -> None:
-    # (review, round 25) a fetched body starting with one read "invalid metric name" and nothing more
+    # a fetched body starting with one read "invalid metric name" and nothing more
     for text in ("\ufeff# HELP a x\n# TYPE a gauge\na 1\n", "\ufeffa 1\n"):
         with pytest.raises(ParseError, match="byte-order mark"):
             parse(text)
@@ -449,7 +449,7 @@ def test_a_line_of_many_labels_reads_every_one_up_to_the_cap_on_either_path() ->
     # On the fast path more label names than its cache holds cleared it while they were learnt: a KeyError.
     page = "".join("y{" + ",".join(f'k{line}_{i}="v"' for i in range(most)) + "} 1\n" for line in range(20))
     assert [len(s.labels) for s in parse(page).samples("y")] == [most] * 20
-    # (review, round 18) one line of 1.37M labels took 478 MiB to be refused as unrecognised
+    # one line of 1.37M labels took 478 MiB to be refused as unrecognised
     for wide in (line.replace('"q.name"="w"', 'a="b",c="d"'), "z{" + ",".join(f'k{i}="v"' for i in range(most + 1))
                  + "} 1\n"):
         with pytest.raises(TooLarge, match=f"more than {most} labels on one sample"):
@@ -475,7 +475,7 @@ def test_a_page_merged_from_two_repeats_metadata_and_a_filtered_parse_takes_it()
     glued = "# TYPE u gauge\nu 0.5\n"  # two scrapes glued: the same series twice is still refused
     with pytest.raises(ParseError, match="duplicate"):
         parse(glued + glued.replace("0.5", "0.99"), {"u"})
-    # The same family described two ways: Prometheus' scrape reads on (review, round 20), and the first one stands.
+    # The same family described two ways: Prometheus' scrape reads on, and the first one stands.
     assert parse(merged.replace("# HELP u usage", "# HELP u usage\n# HELP u other"), {"u"}).get("u").help == "usage"
 
 

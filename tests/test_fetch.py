@@ -101,7 +101,7 @@ def test_urls_are_redacted_up_to_their_last_at_sign() -> None:
     # An @ in a later path segment or a query is no credential: the host stays (a first cut named the wrong one).
     for plain in ("http://vllm:8000/metrics?token=a@b", "http://vllm:8000/users/me@x/metrics"):
         assert redact_url(plain) == plain
-    # (review) digits then '?' parse as host and port: the password was kept whole; and the fallback cut at the
+    # digits then '?' parse as host and port: the password was kept whole; and the fallback cut at the
     # last @ named the query's host
     assert redact_url("http://admin:1234?s3cret@vllm:8000/metrics") == "http://***@vllm:8000/metrics"
     assert redact_url("http://u:p#x@host/m?q=a@b") == "http://***@host/m?q=a@b"
@@ -256,7 +256,7 @@ def test_body_that_breaks_off_after_200_is_a_parse_error(raw_server: Callable, a
 @pytest.mark.parametrize("framing", ["length", "chunked", "close"])
 def test_a_last_line_without_its_newline_is_read_where_the_body_is_known_whole(raw_server: Callable,
                                                                                 framing: str) -> None:
-    # (review, round 20) Prometheus reads a page whose last line has no newline ("\n".join(lines) in a custom
+    # Prometheus reads a page whose last line has no newline ("\n".join(lines) in a custom
     # exporter or proxy); kvwatch refused it on every poll. Where only the connection's closing ends the body,
     # nothing shows it was not cut mid-line (0.95 read as 0.9): that one is still an incomplete body.
     body = FIXTURE.rstrip("\n").encode()
@@ -436,7 +436,7 @@ def test_gzip_body_cut_short_is_a_parse_error() -> None:
 
 
 def test_a_content_encoding_other_than_gzip_is_read_as_the_bytes_it_is(raw_server: Callable) -> None:
-    # (review, round 21) Prometheus 2.42 decodes gzip only and reads any other encoding's bytes as they are: a plain
+    # Prometheus 2.42 decodes gzip only and reads any other encoding's bytes as they are: a plain
     # page labelled UTF-8, none, br or deflate is up there; kvwatch refused it ("unsupported Content-Encoding").
     def serving(label: bytes, body: bytes) -> str:
         return raw_server(lambda conn: conn.sendall(HEAD_200 + b"Content-Encoding: %s\r\nContent-Length: %d\r\n"
@@ -503,12 +503,12 @@ def test_a_byte_that_is_not_utf8_is_a_parse_error_not_a_replacement_character() 
 
 @respx.mock
 def test_a_byte_that_is_not_utf8_in_a_comment_is_read_as_prometheus_reads_it() -> None:
-    # (review, round 20) Prometheus 2.42's scrape skips a plain comment unread (up 1) and fails on a HELP text or a
+    # Prometheus 2.42's scrape skips a plain comment unread (up 1) and fails on a HELP text or a
     # label value that is not UTF-8; kvwatch refused the first page too.
     comment = b"# built on h\xf4te-7\n" + FIXTURE.encode()
     respx.get(URL).mock(return_value=httpx.Response(200, content=comment))
     assert fetch_and_read().readings
-    # '#HELP x' (no blank after '#') is a comment to Prometheus' scrape too (promlex.l; review, round 21)
+    # '#HELP x' (no blank after '#') is a comment to Prometheus' scrape too (promlex.l)
     respx.get(URL).mock(return_value=httpx.Response(200, content=b"#HELP x h\xf4te\n" + comment))
     assert fetch_and_read().readings
     for bad in (b"# HELP x h\xf4te\n", b"#\tTYPE x \xf4\n", b"x{a=\"\xf4\"} 1\n"):
@@ -521,7 +521,7 @@ def test_a_byte_that_is_not_utf8_in_a_comment_is_read_as_prometheus_reads_it() -
 def test_a_redirect_to_another_host_is_followed_and_said_once(raw_server: Callable,
                                                                caplog: pytest.LogCaptureFixture) -> None:
     # Followed, as Prometheus follows it, but that host's page is then reported as this target's: it was silent.
-    # Another port on the same host is another server too (it was silent until round 25's review); another path
+    # Another port on the same host is another server too; another path
     # on the same one is not.
     body = FIXTURE.encode()
     page = HEAD_200 + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body
@@ -544,7 +544,7 @@ def test_a_redirect_to_another_host_is_followed_and_said_once(raw_server: Callab
 
 
 def test_a_connection_reset_is_named(raw_server: Callable) -> None:
-    # (review, round 25) httpx's ReadError for a reset carries no text: the log read "ReadError: " and nothing more
+    # httpx's ReadError for a reset carries no text: the log read "ReadError: " and nothing more
     def reset(conn: socket.socket) -> None:
         conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close sends an RST
 
@@ -724,7 +724,7 @@ def test_bytes_past_the_declared_length_do_not_fail_the_next_poll(raw_server: Ca
 
 
 def test_a_charset_python_decodes_in_quadratic_time_is_read_as_utf8() -> None:
-    # (review, round 18) charset=punycode: 2 MB of "-baba..." took minutes to decode on the fetcher's event loop, and
+    # charset=punycode: 2 MB of "-baba..." took minutes to decode on the fetcher's event loop, and
     # every later poll timed out until the decode ended; Prometheus reads every body as UTF-8
     from kvwatch.fetch import decode_body
 
@@ -734,7 +734,7 @@ def test_a_charset_python_decodes_in_quadratic_time_is_read_as_utf8() -> None:
 
 
 def test_cookies_a_target_sets_are_never_sent_back() -> None:
-    # (review, round 18) a target setting 20 new cookies an answer: the request's headers grew past 16 KiB within
+    # a target setting 20 new cookies an answer: the request's headers grew past 16 KiB within
     # 20 s, and a server refusing such headers (uvicorn: 431) failed every poll from then on
     sent: list[str | None] = []
 
@@ -760,7 +760,7 @@ def test_cookies_a_target_sets_are_never_sent_back() -> None:
 ])
 def test_a_redirect_that_leads_nowhere_is_a_target_failure_not_internal(raw_server: Callable, status: bytes,
                                                                         location: bytes | None) -> None:
-    # (review, round 18) KeyError 'Location' and OverflowError from the socket: counted "internal", with a traceback
+    # KeyError 'Location' and OverflowError from the socket: counted "internal", with a traceback
     where = b"Location: %s\r\n" % location if location else b""
     server = raw_server(lambda conn: conn.sendall(
         b"HTTP/1.1 %s\r\n%sContent-Length: 0\r\nConnection: close\r\n\r\n" % (status, where)))
@@ -773,7 +773,7 @@ def test_a_redirect_that_leads_nowhere_is_a_target_failure_not_internal(raw_serv
 
 
 def test_a_body_compressed_twice_is_named_as_such(raw_server: Callable) -> None:
-    # (review, round 22) it was reported as "the response did not say so (no Content-Encoding: gzip header)"
+    # it was reported as "the response did not say so (no Content-Encoding: gzip header)"
     once = gzip.compress(FIXTURE.encode())
     for label, body in ((b"gzip", gzip.compress(once)), (b"gzip, gzip", once)):
         url = raw_server(lambda conn, label=label, body=body: conn.sendall(

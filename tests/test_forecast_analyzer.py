@@ -50,7 +50,7 @@ def test_serve_analyzer_exports_state_and_unknown_for_missing_or_stale_series():
     assert _states(stale, "0")["unknown"] == 1.0 and _states(stale, "1")["unknown"] == 1.0
     assert not any(f.name == "kvwatch_kv_exhaustion_eta_seconds" for f in stale)
     assert list(analyzer.families({}, 600.0 + 7200.0)) == []  # long gone: forgotten
-    # (review, round 21) Missing for longer than stale-after from pages that are read (an engine scaled down, a model
+    # Missing for longer than stale-after from pages that are read (an engine scaled down, a model
     # renamed): gone, not exported as unknown for an hour; its forecaster is kept in case it comes back.
     h0, h1, analyzer = SeriesHistory(), SeriesHistory(), make_analyzer(settings, CapacityResolver(settings))
     _feed(analyzer, h1, 2.5, 600, 0.5, [0.0], "1")
@@ -59,7 +59,7 @@ def test_serve_analyzer_exports_state_and_unknown_for_missing_or_stale_series():
     back = _feed(analyzer, h1, 705.0, 10, 0.5, [6000.0], "1")
     assert back.result.state == "warming_up" and analyzer._forecasters[("m", "1")].restarts == 0
     # Read in every page with its usage unknown for a while, then missing from one: unknown, not gone at once (it
-    # went at once: the forecaster's last sample with a usage was long past; review, round 21)
+    # went at once: the forecaster's last sample with a usage was long past)
     for i in range(40):
         reading = Reading(model_name="m", engine="1", kv_usage_ratio=None, requests_running=40)
         h1.append(715.0 + 5 * i, reading)
@@ -97,7 +97,7 @@ def test_the_exported_limit_is_the_advices_and_never_above_95_percent_of_the_cei
 
 
 def test_without_a_reported_capacity_the_ceiling_alone_sets_the_exported_limit():
-    # (review, round 24) A NIM page reports no KV capacity: the forecaster has no limit of its own, the advice said
+    # A NIM page reports no KV capacity: the forecaster has no limit of its own, the advice said
     # "limit concurrency to 23" from the observed-mix ceiling, and kvwatch_recommended_max_concurrency was absent.
     import math
     from dataclasses import replace
@@ -144,7 +144,7 @@ def test_the_longest_request_read_once_a_minute_holds_for_the_polls_between():
 
 
 def test_a_series_missing_from_one_slow_poll_is_unknown_not_gone():
-    # (review, round 22) "Gone" counted from the page that last had the series to the scrape: polls of 7 s starting
+    # "Gone" counted from the page that last had the series to the scrape: polls of 7 s starting
     # 10 s apart, a scrape at the end of the first poll without engine 1 found it 17 s old and dropped it (gone after
     # one page) rather than read it unknown. Now it counts between pages: 10 s, within stale-after (15 s).
     settings = ServeSettings()

@@ -192,7 +192,7 @@ def test_the_residence_is_measured_when_the_e2e_histogram_comes_once_a_minute(e2
 
 def test_a_shift_of_level_only_ever_lowers_the_level_v6_would_read():
     # v8 restarts the fit after a shift only where that reads lower than v6's shrunk line; compared with the
-    # unshrunk line it raised the level above v6's in about 0.5 % of random steps (a reviewer's 20,000 cases).
+    # unshrunk line it raised the level above v6's in about 0.5 % of random steps (in 20,000 cases).
     import random
     from types import SimpleNamespace
 
@@ -212,7 +212,7 @@ def test_a_shift_of_level_only_ever_lowers_the_level_v6_would_read():
 
 
 def test_the_gamma_tail_at_a_tiny_variance_is_the_gaussian_not_an_overflow() -> None:
-    # (review, round 18) shape = mean^2/var near 1e22: the log-density lost every digit (9.5e10 for 397) and, at a
+    # shape = mean^2/var near 1e22: the log-density lost every digit (9.5e10 for 397) and, at a
     # variance of 1e-12, math.exp overflowed out of the risk model
     import math
 

@@ -188,7 +188,7 @@ def test_queue_at_low_usage_is_scheduler_limited_not_kv():
 
 
 def test_a_standing_warning_outranks_a_scheduler_limit():
-    # (review, round 26) a queue with room (max_num_seqs reached) on a ramp the forecast warns of read
+    # a queue with room (max_num_seqs reached) on a ramp the forecast warns of read
     # scheduler_limited: the forecast alert resolved, and the advice (raise --max-num-seqs) fills the cache sooner
     def ramp() -> Callable[[float], float]:
         return noisy(lambda t: min(1.0, 0.4 + 0.6 * t / 7200), 0.02, seed=1)
@@ -201,7 +201,7 @@ def test_a_standing_warning_outranks_a_scheduler_limit():
 
 
 def test_a_queue_with_nothing_running_is_no_scheduler_limit():
-    # (review, round 26) no scheduler cap holds a queue back while nothing runs: a stall, blocks no running request
+    # no scheduler cap holds a queue back while nothing runs: a stall, blocks no running request
     # holds, or a head request larger than what is free (check's queue_not_admitted); it read scheduler_limited
     samples = [replace(s, running=0.0) for s in stream(lambda t: 0.4, waiting=lambda t: 30.0, seconds=1800)]
     assert "scheduler_limited" not in {r.state for r in run(Forecaster(), samples)}
@@ -209,7 +209,7 @@ def test_a_queue_with_nothing_running_is_no_scheduler_limit():
 
 @pytest.mark.parametrize(("waiting", "limited"), [(3.0, False), (40.0, True)])
 def test_a_few_arrivals_waiting_beside_hundreds_running_are_no_scheduler_limit(waiting: float, limited: bool):
-    # (review, round 25) at hundreds of requests a second a few arrivals wait for the next step at nearly every poll:
+    # at hundreds of requests a second a few arrivals wait for the next step at nearly every poll:
     # 0.55 of a 680k-token cache read scheduler_limited for 35 minutes, and it hid a ramp's warning. The queue must
     # stand as check's scheduler_limited reads it: 2 requests and a tenth of the running ones (here 300).
     samples = [replace(s, running=300.0) for s in stream(lambda t: 0.55, waiting=lambda t: waiting, seconds=1800)]
@@ -223,7 +223,7 @@ def test_a_few_arrivals_waiting_beside_hundreds_running_are_no_scheduler_limit(w
 def test_a_queue_beside_a_full_cache_as_often_as_with_room_is_not_scheduler_limited():
     # A standing queue at 0.4 is scheduler_limited; then usage swings, every other poll 0.93 (a queue there waits
     # for KV) and 0.80 (room by the mean prompt). The scheduler cannot be the limit while the cache is as often:
-    # a higher --max-num-seqs would preempt (a reviewer's agentic simulation: 20-36 % of its polls read
+    # a higher --max-num-seqs would preempt (an agentic simulation: 20-36 % of its polls read
     # scheduler_limited, every one of them with the head of the queue waiting for KV).
     def then(high_every: int) -> list[ForecastResult]:
         counters: dict[str, float] = {}  # one engine throughout (counters carried on: no restart)
@@ -391,7 +391,7 @@ def test_a_gap_in_the_polls_is_no_window_of_data():
     (0.96, 1.0, True),  # at the saturation any queue
 ])
 def test_a_queue_waits_for_kv_from_090_only_where_it_stands(usage: float, waiting: float, bottleneck: bool):
-    # (review, round 25) one request waiting beside 300 running at 0.91 read as a full cache: check's critical
+    # one request waiting beside 300 running at 0.91 read as a full cache: check's critical
     # kv_bound and serve's bottleneck alike; below 0.95 the queue must stand (check's rule), or the next prompt not fit
     samples = [replace(s, running=300.0) for s in stream(lambda t: usage, waiting=lambda t: waiting, seconds=1200)]
     assert (run(Forecaster(), samples)[-1].state == "bottleneck") == bottleneck
@@ -465,7 +465,7 @@ def test_gap_splits_fit_windows_and_drops_rates_across_it():
 
 
 def test_a_warning_that_holds_through_a_re_warm_shows_as_filling_with_its_risk_unknown():
-    # (review, round 21) The latch held across a 6-minute gap, but the state read warming_up for the 15 minutes of
+    # The latch held across a 6-minute gap, but the state read warming_up for the 15 minutes of
     # re-warming: the early-warning alert resolved and fired again 23 minutes later for the same saturation.
     ramp = noisy(lambda t: min(1.0, 0.4 + 0.6 * t / 12000), 0.02, seed=1)
     f = Forecaster()
@@ -481,7 +481,7 @@ def test_a_warning_that_holds_through_a_re_warm_shows_as_filling_with_its_risk_u
 
 
 def test_a_warning_holds_across_a_short_gap_and_clears_after_a_long_one():
-    # (review, round 20) A 6-minute gap in the polls during `filling` re-warms the fits; the minutes without a risk
+    # A 6-minute gap in the polls during `filling` re-warms the fits; the minutes without a risk
     # counted as calm, so the warning cleared (ok) before the saturation it had predicted came. A risk unknown is no
     # calm minute; a gap longer than the warning horizon ends the warning (what it warned of is past).
     ramp = noisy(lambda t: min(1.0, 0.4 + 0.6 * t / 12000), 0.02, seed=1)
@@ -503,7 +503,7 @@ def test_a_warning_holds_across_a_short_gap_and_clears_after_a_long_one():
         after = [r for start in starts[:-1] for r in run(f, stream(lambda t: 0.3, start=start, seconds=10,
                                                                       counters=counters))]
         after += run(f, stream(lambda t: 0.3, start=starts[-1], seconds=2400, counters=counters))
-        # (the warning stands while a risk backed it within its horizon, re-warming or not: round 21)
+        # (the warning stands while a risk backed it within its horizon, re-warming or not)
         assert "filling" not in {r.state for r in after if r.timestamp > 9300 + 1800 + 60}, len(starts)
     # Only a re-warming lets a first calm minute drop the warning: with 120-s polls every minute close is 2 minutes
     # from the last, and a dip of the load cleared the warning at once, 25 minutes before the saturation it foresaw.
@@ -523,13 +523,13 @@ def test_a_warning_holds_across_a_short_gap_and_clears_after_a_long_one():
                                                                          counters=counters)))
     assert "ok" not in {r.state for r in unknown}
     # Without a gap, traffic that stops leaves no risk to compute (nothing arrives): those minutes are calm, and the
-    # warning clears (its first version held `filling` on an idle engine for good; review, round 20).
+    # warning clears (its first version held `filling` on an idle engine for good).
     f = Forecaster()
     counters = {}
     assert run(f, stream(ramp, seconds=9300, counters=counters))[-1].state == "filling"
     idle = run(f, stream(lambda t: 0.0, start=9300, seconds=1800, counters=counters))
     assert idle[-1].state == "ok"
-    # (while the warning clears, warm and idle: nothing to project, +Inf; absent only while re-warming: round 21)
+    # (while the warning clears, warm and idle: nothing to project, +Inf; absent only while re-warming)
     unbacked = [r.eta_seconds for r in idle if r.state == "filling" and all(v is None for v in r.risk.values())]
     assert unbacked and set(unbacked) == {math.inf}
 
@@ -655,7 +655,7 @@ def _warned_five_minutes_ahead(results: list[ForecastResult]) -> tuple[int, int]
 def test_saturations_reached_by_a_climb_keep_their_recurrence_between_bursts():
     # Hourly: 0.3, a 20-minute climb to 0.95, 10 minutes saturated. v10's first version held each onset to the
     # window's mean at the onset, climb included (0.54), and the trough between bursts (0.30) fell below 0.7 of it:
-    # a warning 5 minutes ahead of at most one later saturation (review, round 19). The load an onset came at is the
+    # a warning 5 minutes ahead of at most one later saturation. The load an onset came at is the
     # lowest window mean of the 30 minutes before it.
     def usage(t: float) -> float:
         phase = (t - 1800) % 3600
@@ -674,7 +674,7 @@ def test_saturations_reached_by_a_climb_keep_their_recurrence_between_bursts():
 def test_a_cache_saturated_from_the_start_counts_its_onsets_at_a_lower_load():
     # Saturated for its first 5 minutes (a restart under load refills the cache at once), then 0.55 saturated 5 of
     # every 25 minutes. The first onset's window held 1-2 saturated minutes, and a load of 0.55 never reached 0.7 of
-    # it (review, round 19): until a full hour of window means has been seen, an onset counts at any load, as in v9.
+    # it: until a full hour of window means has been seen, an onset counts at any load, as in v9.
     usage = lambda t: 1.0 if t < 300 or (t >= 1800 and (t - 1800) % 1500 < 300) else 0.55  # noqa: E731
     samples = list(stream(noisy(usage, 0.02, seed=1), seconds=3 * 3600))
     assert _warned_five_minutes_ahead(run(Forecaster(), samples)) == \
@@ -793,7 +793,7 @@ def test_scheduler_limited_band_holds_between_half_and_as_many_saturated_polls()
 
 
 def test_raw_polls_are_kept_for_the_minutes_that_read_them_only() -> None:
-    # (review, round 18) every bucket of two hours kept every poll: 26 MB a series at 0.01-s polls and rising. The
+    # every bucket of two hours kept every poll: 26 MB a series at 0.01-s polls and rising. The
     # burst quantile and the within-minute spread read the last 30 minutes; a bucket older keeps its summary.
     forecaster = Forecaster()
     results = [forecaster.observe(s) for s in stream(lambda t: 0.5 + 0.1 * math.sin(t / 97.0), seconds=90 * 60,
@@ -808,7 +808,7 @@ def test_raw_polls_are_kept_for_the_minutes_that_read_them_only() -> None:
 
 
 def test_a_counter_read_a_rounding_lower_does_not_start_the_series_over():
-    # A float sum over several processes can read a rounding lower (review, round 19): the forecaster started over,
+    # A float sum over several processes can read a rounding lower: the forecaster started over,
     # clearing its bottleneck and warnings for a 15-minute warm-up.
     samples = list(stream(lambda t: 0.97, seconds=1800))
     last = samples[-1]
@@ -822,7 +822,7 @@ def test_a_counter_read_a_rounding_lower_does_not_start_the_series_over():
 
 
 def test_a_load_swinging_within_each_minute_below_saturation_raises_no_warning():
-    # (review, round 22) Usage 0.90 for 20 s, 0.30 for 10 s, polled every 5 s: no poll above 0.90, no queue. The
+    # Usage 0.90 for 20 s, 0.30 for 10 s, polled every 5 s: no poll above 0.90, no queue. The
     # threshold lowered by the within-minute spread alone (0.28) fell below the minute mean (0.70): risk 1.0, an ETA
     # of 30 s and `filling` for two and a half hours. It is lowered no more than the polls rise above their mean.
     results = run(Forecaster(ForecastParams()), stream(lambda t: 0.9 if t % 30 < 20 else 0.3, seconds=3 * 3600,
@@ -846,7 +846,7 @@ def test_preemptions_count_across_polls_further_apart_than_stale_after():
 
 @pytest.mark.parametrize(("low", "high"), [(0.0, 0.8), (0.3, 0.85)])
 def test_a_step_up_to_a_steady_plateau_raises_no_warning(low: float, high: float):
-    # (review, round 23) After the step the 30-minute line reads below the new level, so the shift's fit was set
+    # After the step the 30-minute line reads below the new level, so the shift's fit was set
     # aside, and with it its spread: the line's residuals across the step read as bursts (a request size of
     # thousands of tokens) and `filling` stood 9-20 minutes after the step on every one of 20 seeds. A trend since
     # the shift (two standard errors) keeps the line's spread, and noise makes one now and then: 1 seed in 20 here.
@@ -861,7 +861,7 @@ def test_a_step_up_to_a_steady_plateau_raises_no_warning(low: float, high: float
 
 
 def test_a_step_that_goes_on_rising_keeps_its_warning():
-    # (review, round 23) Where the minutes after a shift hold a trend, the line's spread stands: lending a step's
+    # Where the minutes after a shift hold a trend, the line's spread stands: lending a step's
     # spread to every step cut this warning from 3.5 minutes ahead of the saturation to 0.5.
     f = Forecaster(ForecastParams(stale_after_seconds=30.0))
     start = 3 * 3600

@@ -148,7 +148,7 @@ def test_sidecar_monitors_add_no_vllm_target(case: str) -> None:
 
 
 def test_objects_placed_in_a_shared_namespace_carry_the_release_namespace() -> None:
-    # (review, round 25) releases "llama" in staging and in prod both wrote monitoring/llama-kvwatch (the monitor, the
+    # releases "llama" in staging and in prod both wrote monitoring/llama-kvwatch (the monitor, the
     # rule) and monitoring/llama-kvwatch-dashboard: the second install failed, a kubectl apply overwrote the first
     placed = ("--set", "serviceMonitor.enabled=true", "--set", "serviceMonitor.namespace=monitoring",
               "--set", "prometheusRule.enabled=true", "--set", "prometheusRule.namespace=monitoring",
@@ -246,7 +246,7 @@ def test_tls_without_the_web_config_secret_fails_instead_of_https_probes_on_plai
 
 @pytest.mark.parametrize("monitor", ["serviceMonitor", "podMonitor"])
 def test_https_scrapes_without_a_tls_config_fail_instead_of_a_target_down_for_good(monitor: str) -> None:
-    # (review, round 18) scheme https with no tlsConfig: Prometheus checks the certificate against the system roots
+    # scheme https with no tlsConfig: Prometheus checks the certificate against the system roots
     # and the pod's IP, so every scrape failed and KvwatchAbsent fired
     args = ["--set", "config.model=Qwen/Qwen3-8B", "--set", "webConfig.secretName=kvwatch-web",
             "--set", "webConfig.tls=true", "--set", f"{monitor}.enabled=true"]

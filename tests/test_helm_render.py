@@ -85,7 +85,7 @@ def test_install_notes_render_for_each_mode(case: str, says: str) -> None:
     (("--set", "webConfig.secretName=web"), "curl -s -u <user> http://127.0.0.1:9747/metrics"),
 ])
 def test_install_notes_curl_the_way_kvwatch_serves(args: tuple[str, ...], curl: str) -> None:
-    # (review, round 25) plain http against a TLS listener with basic auth
+    # plain http against a TLS listener with basic auth
     assert curl in install_notes("--set", "config.model=m", *args)
 
 
@@ -153,7 +153,7 @@ def test_no_rendered_map_writes_a_key_twice(args: list[str]) -> None:
 
 
 def test_a_model_cache_claim_without_enabled_fails_instead_of_mounting_nothing() -> None:
-    # (review, round 21) docs/deploy.md named existingClaim alone; the chart rendered no volume, no HF_HOME, no error.
+    # docs/deploy.md named existingClaim alone; the chart rendered no volume, no HF_HOME, no error.
     from helm_helpers import render, render_fails
 
     message = render_fails(*MINIMAL, "--set", "vllm.modelCache.existingClaim=weights")

@@ -37,13 +37,13 @@ from kvwatch.settings import ServeSettings
     ("config.logLevel=LOUD", "logLevel"),
     ("config.targetUrl=localhost:8000", "targetUrl"),
     ("config.gpuMemoryUtilization=1.5", "gpuMemoryUtilization"),
-    # kvwatch refuses these at start: the chart rendered them, and the sidecar crash-looped (round 13)
+    # kvwatch refuses these at start: the chart rendered them, and the sidecar crash-looped
     ("config.dcgmUrl=bad", "dcgmUrl"),
     ("config.gpuUuids=abc", "gpuUuids"),
     ("config.usageMetric=x{y", "usageMetric"),
     ("config.quantization=bogus", "quantization"),
     ("config.gpuPod=vllm-0", "config.gpuPod and config.gpuNamespace need config.dcgmUrl"),
-    # (review, round 13) vLLM took the last --tensor-parallel-size: 2 GPUs' worth of engine on a 1-GPU pod
+    # vLLM took the last --tensor-parallel-size: 2 GPUs' worth of engine on a 1-GPU pod
     ("vllm.extraArgs={--tensor-parallel-size=2}", "vllm.extraArgs has --tensor-parallel-size: set "
                                                   "config.tensorParallelSize instead"),
     ("vllm.extraArgs={--port,9000}", "vllm.extraArgs has --port: set vllm.port instead"),
@@ -63,7 +63,7 @@ def test_schema_rejects_typos_and_bad_values(flag: str, culprit: str) -> None:
     ("kvwatch.livenessProbe.httpGet.prot=metrics", "/kvwatch/livenessProbe/httpGet", "prot"),
     ("vllm.resources.request.cpu=8", "/vllm/resources", "request"),
     ("vllm.securityContext.capabilities.add=SYS_ADMIN", "/vllm/securityContext/capabilities/add", "array"),
-    ("imagePullSecrets[0].nmae=regcred", "/imagePullSecrets/0", "nmae"),  # (review, round 25: an open object)
+    ("imagePullSecrets[0].nmae=regcred", "/imagePullSecrets/0", "nmae"),  # (an open object)
 ])
 def test_schema_rejects_typos_inside_kubernetes_objects(flag: str, where: str, culprit: str) -> None:
     """Probes, resources, security contexts and the strategy are rendered verbatim: without a closed schema a
@@ -223,7 +223,7 @@ def test_labels_may_not_redefine_the_selector_labels() -> None:
 
 
 def test_part_of_is_a_default_a_platform_may_replace() -> None:
-    # (review, round 18) refused as a selector label, which it is not (the selectors are name and instance)
+    # refused as a selector label, which it is not (the selectors are name and instance)
     objects = render("--set", "config.model=m", "--set-json", 'commonLabels={"app.kubernetes.io/part-of":"llm"}')
     deployment = only(objects, "Deployment")
     for labels in (deployment["metadata"]["labels"], deployment["spec"]["template"]["metadata"]["labels"]):
@@ -296,7 +296,7 @@ def test_every_number_takes_the_decimal_string_helm_set_passes() -> None:
                                   "vllm.modelCache.sizeLimit=100 Gi", "kvwatch.resources.requests.cpu=half"])
 def test_a_size_the_api_server_would_refuse_is_refused_at_render(flag: str) -> None:
     # "16GB" rendered, linted and validated, and the API server refused it: quantities must match apimachinery's
-    # regular expression (B is no suffix). Review, round 19.
+    # regular expression (B is no suffix).
     assert "does not match" in render_fails("--set", "config.model=m", "--set", flag)
 
 
@@ -313,14 +313,14 @@ def test_sizes_kubernetes_accepts_render() -> None:
 
 @pytest.mark.parametrize("key", ["vllm.port", "vllm.resources", "vllm.hfTokenSecret", "vllm.modelCache", "autoscaling"])
 def test_a_key_the_templates_need_set_to_null_fails_naming_it(key: str) -> None:
-    # `--set vllm.port=null` rendered `port: <nil>` through lint; the maps failed with a nil-pointer template error
-    # (review, round 19). Helm deletes a key set to null: the schema requires these.
+    # `--set vllm.port=null` rendered `port: <nil>` through lint; the maps failed with a nil-pointer template error.
+    # Helm deletes a key set to null: the schema requires these.
     error = render_fails("--set", "config.model=m", "--set", f"{key}=null")
     assert f"missing property '{key.rsplit('.', 1)[-1]}'" in error
 
 
 def test_an_all_digit_image_tag_renders_as_written(tmp_path) -> None:
-    # (review, round 25) a build number as the tag was refused (a number, not a string); from a values file Helm reads
+    # a build number as the tag was refused (a number, not a string); from a values file Helm reads
     # it as a float, which toString printed as 2.0250601e+07
     values = tmp_path / "tags.yaml"
     values.write_text("kvwatch:\n  image:\n    tag: 20250601\nvllm:\n  image:\n    tag: 20250602\n")
@@ -331,7 +331,7 @@ def test_an_all_digit_image_tag_renders_as_written(tmp_path) -> None:
 
 @pytest.mark.parametrize("tag", ["", "latest"])
 def test_the_vllm_image_tag_is_pinned(tag: str) -> None:
-    # (review, round 19) An empty tag rendered "vllm/vllm-openai:" (an invalid image reference the kubelet refuses at
+    # An empty tag rendered "vllm/vllm-openai:" (an invalid image reference the kubelet refuses at
     # pull time); "latest" changes vLLM, and with it the metric names, under a running release.
     assert "schema" in render_fails("--set", "config.model=m", "--set-string", f"vllm.image.tag={tag}")
 
@@ -343,7 +343,7 @@ def test_the_vllm_image_tag_is_pinned(tag: str) -> None:
     ("nodeSelector.pool", "gpu/h100"),
 ])
 def test_a_label_value_kubernetes_refuses_fails_at_install_naming_it(key: str, value: str) -> None:
-    # (noticed in round 20, added in round 21) The chart rendered them and the API server refused the object at
+    # The chart rendered them and the API server refused the object at
     # install, one object at a time.
     from helm_helpers import MINIMAL, render_fails
 

@@ -478,7 +478,7 @@ def test_the_documented_openshift_security_context_keeps_the_rest_of_restricted(
 
 
 def test_large_numbers_in_extra_args_reach_vllm_as_integers() -> None:
-    # (review, round 18) Helm reads YAML numbers as floats: 10000000 rendered "1e+07", which vLLM's int flags refuse
+    # Helm reads YAML numbers as floats: 10000000 rendered "1e+07", which vLLM's int flags refuse
     values = '["--long-prefill-token-threshold", 10000000, "--kv-cache-memory-bytes", 21474836480, "--x", 0.5]'
     args = containers(render(*MINIMAL, "--set-json", f"vllm.extraArgs={values}"))["vllm"]["args"]
     assert args[-6:] == ["--long-prefill-token-threshold", "10000000", "--kv-cache-memory-bytes", "21474836480",
@@ -486,7 +486,7 @@ def test_large_numbers_in_extra_args_reach_vllm_as_integers() -> None:
 
 
 def test_a_recreate_strategy_and_a_probe_of_another_kind_render_what_the_api_server_accepts() -> None:
-    # (review, round 18) Helm merges user maps into the defaults: Recreate kept the default rollingUpdate ("may not
+    # Helm merges user maps into the defaults: Recreate kept the default rollingUpdate ("may not
     # be specified when strategy type is 'Recreate'") and a tcpSocket probe kept the default httpGet ("may not
     # specify more than 1 handler type"); the schemas pass both, the API server refuses them
     objects = render(*MINIMAL, "--set", "vllm.updateStrategy.type=Recreate",
@@ -508,7 +508,7 @@ def test_a_recreate_strategy_and_a_probe_of_another_kind_render_what_the_api_ser
 
 
 def test_runtime_class_and_topology_spread_reach_the_pod() -> None:
-    # (review, round 18) the closed schema refused runtimeClassName, which k3s-style GPU nodes need (no NVIDIA
+    # the closed schema refused runtimeClassName, which k3s-style GPU nodes need (no NVIDIA
     # runtime by default: vLLM sees no GPU), and topologySpreadConstraints
     spread = '[{"maxSkew":1,"topologyKey":"topology.kubernetes.io/zone","whenUnsatisfiable":"ScheduleAnyway"}]'
     objects = render(*MINIMAL, "--set", "runtimeClassName=nvidia", "--set-json", f"topologySpreadConstraints={spread}")
@@ -522,7 +522,7 @@ def test_runtime_class_and_topology_spread_reach_the_pod() -> None:
 
 def test_no_container_lists_a_variable_twice() -> None:
     # vllm.env naming HF_HOME beside vllm.modelCache rendered HF_HOME twice, which server-side apply (Helm 4's default
-    # install) refuses ("duplicate entries for key"); the user's value wins now. Review, round 19.
+    # install) refuses ("duplicate entries for key"); the user's value wins.
     objects = render("--set", "config.model=m", "--set", "vllm.modelCache.enabled=true",
                      "--set", "vllm.hfTokenSecret.name=hf",
                      "--set-json", 'vllm.env=[{"name":"HF_HOME","value":"/cache/hf"},{"name":"HF_TOKEN","value":"t"}]')
@@ -538,7 +538,7 @@ def test_no_container_lists_a_variable_twice() -> None:
 
 
 def test_a_pod_disruption_budget_keeps_vllm_replicas_up_through_a_drain() -> None:
-    # (noticed in round 20, added in round 21) A node drain evicted every vLLM replica at once: the model was offline
+    # A node drain evicted every vLLM replica at once: the model was offline
     # for as long as a reload takes. Opt-in, mode 1 only, one of its two bounds.
     assert not [o for o in render(*MINIMAL) if o["kind"] == "PodDisruptionBudget"]
     pdb = only(render(*MINIMAL, "--set", "podDisruptionBudget.enabled=true"), "PodDisruptionBudget")
@@ -554,7 +554,7 @@ def test_a_pod_disruption_budget_keeps_vllm_replicas_up_through_a_drain() -> Non
     assert half["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
     none = only(render(*MINIMAL, "--set", "podDisruptionBudget.enabled=true", "--set",
                        "podDisruptionBudget.maxUnavailable=0"), "PodDisruptionBudget")
-    assert none["spec"]["maxUnavailable"] == 0  # a value, not unset (helm's default made it 1: final review)
+    assert none["spec"]["maxUnavailable"] == 0  # a value, not unset (helm's default makes it 1)
     assert "podDisruptionBudget" in render_fails(*MINIMAL, "--set", "podDisruptionBudget.enabled=true",
                                                  "--set-string", "podDisruptionBudget.maxUnavailable=half")
     alone = render("--set", "vllm.enabled=false", "--set", "config.targetUrl=http://vllm:8000/metrics",
@@ -563,7 +563,7 @@ def test_a_pod_disruption_budget_keeps_vllm_replicas_up_through_a_drain() -> Non
 
 
 def test_vllm_drains_in_flight_requests_within_the_grace_period() -> None:
-    # (review, round 23) vLLM's --shutdown-timeout defaults to 0, which aborts in-flight requests on SIGTERM: every
+    # vLLM's --shutdown-timeout defaults to 0, which aborts in-flight requests on SIGTERM: every
     # rolling update cut generations off. The chart passes one, sleeps before SIGTERM so the pod leaves the Service
     # first, and refuses a grace period that would kill vLLM mid-drain.
     vllm = containers(render(*MINIMAL))["vllm"]
@@ -588,7 +588,7 @@ def test_a_chunked_prefill_flag_in_extra_args_beside_its_value_is_refused() -> N
 
 def test_a_target_url_may_name_a_variable_of_extra_env() -> None:
     # Kubernetes expands $(VAR) only to variables defined earlier in the container's list: extraEnv came after the
-    # KVWATCH_* ones, so $(VLLM_HOST) reached kvwatch unexpanded and it refused to start (review, round 23).
+    # KVWATCH_* ones, so $(VLLM_HOST) reached kvwatch unexpanded and it refused to start.
     objects = render("--set", "vllm.enabled=false", "--set", "config.targetUrl=http://$(VLLM_HOST):8000/metrics",
                      "--set-json", 'kvwatch.extraEnv=[{"name":"VLLM_HOST","value":"vllm-0.vllm.inference.svc"}]')
     names = [e["name"] for e in containers(objects)["kvwatch"]["env"]]
@@ -602,7 +602,7 @@ def test_dashboard_labels_are_held_to_kubernetes_rules(tmp_path: Path) -> None:
     assert "values don't meet the specifications" in render_fails(*MINIMAL, *on, "--set", "dashboards.labelValue=-1")
     configmap = only(render(*MINIMAL, *on, "--set", "dashboards.labelValue=1"), "ConfigMap")
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
-    # (review, round 24) a number from a values file is a float64 to helm: it rendered "1.2345678e+07", which no
+    # a number from a values file is a float64 to helm: it rendered "1.2345678e+07", which no
     # Kubernetes label value may hold
     values = tmp_path / "values.yaml"
     values.write_text("dashboards:\n  enabled: true\n  labelValue: 12345678\n")

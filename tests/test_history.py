@@ -82,7 +82,7 @@ def test_restart_reasons() -> None:
     base = reading(process_start_time_seconds=1.0, cache_config=MappingProxyType({"num_gpu_blocks": "100"}))
     assert restart_reason(base, base) is None
     assert restart_reason(base, reading(process_start_time_seconds=61.0)) == "process_start_time_seconds changed"
-    # (review, round 22) an exporter computing the start time each scrape wobbles by milliseconds: no restart (each
+    # an exporter computing the start time each scrape wobbles by milliseconds: no restart (each
     # one was, and the forecaster never left its warm-up)
     for wobble in (1.003, 0.998, 1.9):
         assert restart_reason(base, reading(process_start_time_seconds=wobble)) is None
@@ -127,7 +127,7 @@ def test_entries_share_what_did_not_change_since_the_previous_poll() -> None:
 def test_a_counter_a_rounding_lower_is_no_restart() -> None:
     # vLLM's multiprocess mode sums one file per API server, and a float sum in another order can read a rounding
     # lower: 199999.99999999997 after 200000.0 was "request_prompt_tokens_sum went down", a restart that reset the
-    # forecaster and cleared its warnings (review, round 19). A real drop is still one, however small.
+    # forecaster and cleared its warnings. A real drop is still one, however small.
     from kvwatch.counters import counter_delta, histogram_delta
 
     assert counter_delta(200000.0, 199999.99999999997) == 0.0
@@ -142,7 +142,7 @@ def test_a_counter_a_rounding_lower_is_no_restart() -> None:
 
 
 def test_a_restart_is_told_against_each_signals_last_known_value() -> None:
-    # (review, round 21) One page with only the gauges (a transitional page, an override-only target) between two
+    # One page with only the gauges (a transitional page, an override-only target) between two
     # engines: each signal was compared with the previous poll's only, so the next engine's start (counters from 0,
     # a new start time, 4x the blocks) went unseen and its forecast mixed both engines' history.
     config = MappingProxyType({"num_gpu_blocks": "2048", "block_size": "16"})
@@ -162,7 +162,7 @@ def test_a_restart_is_told_against_each_signals_last_known_value() -> None:
 
 
 def test_a_page_without_cache_config_keeps_the_processs_engine_configuration() -> None:
-    # (review, round 21) One page without vllm:cache_config_info took the capacity from the engine's blocks to the
+    # One page without vllm:cache_config_info took the capacity from the engine's blocks to the
     # formula's (448,000 -> 449,872 tokens): the forecaster read a new capacity as a restart and cleared its warning.
     d = Detection("vllm", "0.12-0.2x", "vllm:kv_cache_usage_perc")
     config = MappingProxyType({"num_gpu_blocks": "28000", "block_size": "16"})
@@ -181,7 +181,7 @@ def test_a_page_without_cache_config_keeps_the_processs_engine_configuration() -
     assert history.record(Poll(10.0, d, (restarted,))) != {}
     assert history.completed(Poll(10.0, d, (restarted,))).readings[0] is restarted
     # Two label sets for one engine on the page (a proxy of several pods): unknown, as the adapter said, not the
-    # last configuration's (review, round 21)
+    # last configuration's
     history = History()
     history.record(Poll(0.0, d, (engine,)))
     torn_reading = replace(bare, capacity_source=CAPACITY_UNDETERMINED)

@@ -29,7 +29,7 @@ def test_quantile_interpolates_like_histogram_quantile() -> None:
 
 
 def test_a_malformed_histogram_gets_prometheus_answer() -> None:
-    # (review, round 13) what promql's bucketQuantile gives, on histograms no prometheus_client emits but a
+    # what promql's bucketQuantile gives, on histograms no prometheus_client emits but a
     # re-exporter or a hand-written exporter behind --*-metric overrides can.
     assert quantile(0.5, Histogram((INF,), (10.0,), 10.0, 5.0)) is None  # one bucket: NaN there (kvwatch said 0 s)
     assert quantile(0.5, Histogram((0.1, 1.0, INF), (100.0, 100.0, 10.0), 10.0, 5.0)) == pytest.approx(0.05)

@@ -101,7 +101,7 @@ def test_trtllm_serve_prometheus() -> None:
 @pytest.mark.parametrize("page", ["prometheus", "json"])
 def test_an_engine_that_names_no_model_is_not_looked_up_as_a_preset(page: str, tmp_path: Path, capsys) -> None:
     # trtllm-serve labels every series model_name="undefined" (its openai_server.py), and the JSON statistics carry
-    # no name (kvwatch says "unknown"): check answered "no preset for model 'undefined'" (review, round 25).
+    # no name (kvwatch says "unknown"): check answered "no preset for model 'undefined'".
     if page == "prometheus":
         path = tmp_path / "trtllm-serve.prom"
         path.write_text((TRTLLM / "gen-trtllm-serve.prom").read_text().replace(
@@ -133,7 +133,7 @@ def test_trtllm_serve_usage_falls_back_to_blocks() -> None:
 
 @pytest.mark.parametrize(("fixture", "version_range", "family"), [
     ("triton-backend-readme.prom", "triton-backend", "nv_trt_llm_kv_cache_block_metrics"),
-    # (review, round 18) Triton 23.11 named the families *_statistics: its page was refused as "no nv_trt_llm_*"
+    # Triton 23.11 named the families *_statistics: its page was refused as "no nv_trt_llm_*"
     ("triton-23.11-backend-readme.prom", "triton-backend-23.11", "nv_trt_llm_kv_cache_block_statistics"),
 ])
 def test_triton_readme_examples_have_no_waiting_and_usage_from_blocks(fixture: str, version_range: str,
@@ -171,7 +171,7 @@ def test_a_triton_page_without_the_families_kvwatch_reads_is_refused_naming_them
     'trtllm_prompt_cached_tokens_total{model_name="undefined",engine_type="undefined"} 0.0\n',
 ])
 def test_a_trtllm_serve_page_without_gauges_says_the_cause_is_unknown(page: str) -> None:
-    # (review, round 18) it said "this trtllm-serve exports latency only; a newer one": a guess, and for a fresh
+    # it said "this trtllm-serve exports latency only; a newer one": a guess, and for a fresh
     # server's page, which holds no latency histogram, doubly wrong
     with pytest.raises(UnrecognisedPayload) as refused:
         read_payload(page, timestamp=1.0)
@@ -206,7 +206,7 @@ def test_an_integer_past_a_floats_range_in_iteration_stats_is_unknown() -> None:
 
 
 def test_an_integer_past_pythons_digit_limit_in_iteration_stats_is_unknown_too() -> None:
-    # (review, round 25) int() of 5,000 digits raised past Python's limit: counted as reason="internal", a traceback
+    # int() of 5,000 digits raised past Python's limit: counted as reason="internal", a traceback
     text = '[{"iter": 1, "numActiveRequests": 2, "kvCacheStats": {"maxNumBlocks": %s, "usedNumBlocks": 3, ' \
            '"tokensPerBlock": 32}}]' % ("1" * 5000)
     (r,) = interpret(text, None, timestamp=1.0).readings
@@ -248,7 +248,7 @@ def test_unknown_payload_names_all_three_engines() -> None:
      "llama.cpp's server"),
 ])
 def test_an_engine_without_an_adapter_is_named(page: str, named: str) -> None:
-    # (review, round 25) the message listed the engines kvwatch reads and asked whether this was an engine's page
+    # the message listed the engines kvwatch reads and asked whether this was an engine's page
     with pytest.raises(ScrapeError) as info:
         interpret(page, None, timestamp=1.0)
     assert info.value.reason == "unrecognised" and f"this page is {named}" in str(info.value)
@@ -368,7 +368,7 @@ def test_unknown_counts_and_a_prefill_server_raise_no_stuck_or_stuck_queue_findi
 def test_sglang_tokenizer_counters_split_by_streaming_and_priority_add_up() -> None:
     # SGLang 0.5.2x splits the tokenizer's request counters and latency histograms by is_streaming, and priority
     # scheduling by each request's priority: disjoint parts, of which the maximum was read (60 % of the prompt
-    # tokens, a hit ratio above 1 in the reviewer's page, the TTFT of the streaming part alone). The scheduler's
+    # tokens, a hit ratio above 1 on such a page, the TTFT of the streaming part alone). The scheduler's
     # gauges (tensor-parallel copies; the total under priority="") still combine by maximum.
     (reading,) = poll(SGLANG / "gen-0.5.23-is-streaming-priority.prom").readings
     assert (reading.requests_running, reading.requests_waiting, reading.kv_usage_ratio) == (40.0, 3.0, 0.5)
@@ -399,7 +399,7 @@ def test_sglang_length_histograms_are_read_on_a_page_without_type_lines():
 
 
 def test_a_page_with_two_engines_metrics_is_refused_naming_both() -> None:
-    # (review, round 13) a vLLM page with an SGLang server's gauges appended: the vLLM adapter read its series and
+    # a vLLM page with an SGLang server's gauges appended: the vLLM adapter read its series and
     # the SGLang engine, 99 % full with 30 waiting, vanished without a word while kvwatch_up stayed 1.
     vllm_page = (FIXTURES / "vllm-metrics" / "gen-0.11-kv-only.prom").read_text()
     sglang_page = (SGLANG / "gen-rank-labels-dp2.prom").read_text()
@@ -490,7 +490,7 @@ def test_iteration_stats_scheduled_count_splits_the_active_requests() -> None:
 
 
 def test_iteration_stats_with_attention_data_parallelism_read_rank_0_in_any_order() -> None:
-    # (review, round 22) With attention DP each iteration is a row per rank (tensorrt_llm's _materialize_frame): rank
+    # With attention DP each iteration is a row per rank (tensorrt_llm's _materialize_frame): rank
     # 0's active count and KV copied into every row, each rank's own scheduled count, the queue zeroed on ranks but
     # 0. The last row was read: 14 running and 50 waiting (the queue of 40 lost), 16 and 88 with the rows reversed.
     import json
@@ -505,7 +505,7 @@ def test_iteration_stats_with_attention_data_parallelism_read_rank_0_in_any_orde
     for order in (rows, rows[:2] + rows[:1:-1]):
         (r,) = read_payload(json.dumps(order), timestamp=1.0).readings
         assert (r.requests_running, r.requests_waiting, r.kv_usage_ratio) == (64, 40, 0.98)
-    # (diff review, round 22) the rank written as digits, and an iteration whose rank-0 row is not (yet) in
+    # the rank written as digits, and an iteration whose rank-0 row is not (yet) in
     string_ranks = [{**r, "attentionDpRank": str(r["attentionDpRank"])} for r in rows]
     (r,) = read_payload(json.dumps(string_ranks), timestamp=1.0).readings
     assert (r.requests_running, r.requests_waiting) == (64, 40)
@@ -549,7 +549,7 @@ def test_a_pd_prefill_servers_running_count_sets_no_concurrency_limit() -> None:
 @pytest.mark.parametrize("queue", ["num_prefill_inflight_queue_reqs", "num_prefill_bootstrap_queue_reqs",
                                    "num_prefill_prealloc_queue_reqs"])
 def test_a_prefill_server_labelled_unified_is_told_by_its_own_queues(queue: str) -> None:
-    # SGLang releases before it labelled the role wrote engine_type="unified" on every server (review, round 25):
+    # SGLang releases before it labelled the role wrote engine_type="unified" on every server:
     # a PD prefill server then got the limit of 8 above. Its transfer or bootstrap queue (named prealloc in those
     # releases) holds requests on a prefill server alone; at 0 it says nothing.
     unified = (SGLANG / "gen-0.5.23-pd-prefill.prom").read_text().replace('engine_type="prefill"',
@@ -657,7 +657,7 @@ def test_sglang_context_len_against_a_given_max_model_len() -> None:
 
 
 def test_iteration_stats_from_other_ranks_alone_leave_the_queue_unknown() -> None:
-    # (final diff review, round 22) with attention DP and no rank-0 row on the page, another rank's zeroed queue
+    # with attention DP and no rank-0 row on the page, another rank's zeroed queue
     # read as "no queue"
     import json
 
@@ -681,7 +681,7 @@ def test_sglang_families_spelled_with_an_underscore_read_as_with_the_colon(name:
 
 
 def test_an_index_label_of_thousands_of_digits_is_no_internal_error() -> None:
-    # (review, round 25) int() of a 5,000-digit engine label raised past Python's digit limit: reason "internal"
+    # int() of a 5,000-digit engine label raised past Python's digit limit: reason "internal"
     huge = "1" * 5000
     page = (f'vllm:num_requests_running{{engine="{huge}",model_name="m"}} 1\n'
             'vllm:num_requests_running{engine="0",model_name="m"} 1\n')

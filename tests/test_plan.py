@@ -153,7 +153,7 @@ _DEEPSEEK_V2_LITE = {"model_type": "deepseek_v2", "num_hidden_layers": 27, "num_
 
 
 @pytest.mark.parametrize(("base", "change", "said"), [
-    # (review, round 24) a ZeroDivisionError traceback
+    # a ZeroDivisionError traceback
     (_LLAMA_CONFIG, {"max_position_embeddings": -1}, "a length of -1 (max_position_embeddings=-1)"),
     # planned "-27.46 requests" at a length of -4,096, exit 0
     (_LLAMA_CONFIG, {"max_position_embeddings": None, "rope_scaling": {"type": "linear", "factor": -2}},
@@ -178,7 +178,7 @@ def test_will_not_start_exits_1_with_shortfall(capsys):
     code, out, _ = run(["plan", "--model", "Qwen/Qwen3-32B", "--gpu", "L4"], capsys)
     assert code == 1
     assert "will not start" in out and "short by" in out
-    # (review, round 22) the what-if table's (now) row says so too, as a scenario's row that will not start does
+    # the what-if table's (now) row says so too, as a scenario's row that will not start does
     (now,) = [line for line in out.splitlines() if line.strip().startswith("(now)")]
     assert now.endswith("vLLM will not start (the error below)")
 
@@ -209,7 +209,7 @@ def test_will_not_start_exits_1_with_shortfall(capsys):
     (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--avg-seq-len", "200000"], "--avg-seq-len"),
     (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--max-model-len", "8192",
       "--avg-seq-len", "20000", "--target-concurrency", "10"], "--avg-seq-len"),
-    # NaN and inf passed `< 0`: a traceback from the block count, or a plan with the weights at 0 (round 13)
+    # NaN and inf passed `< 0`: a traceback from the block count, or a plan with the weights at 0
     *[(["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "L4", f"--{flag}", value], f"--{flag}")
       for flag in ("weights-gib", "activation-gib", "non-torch-gib", "cuda-graph-gib", "available-kv-gib",
                    "cpu-offload-gb") for value in ("nan", "inf", "1e308")],
@@ -451,7 +451,7 @@ def test_cpu_offload_moves_estimated_weights_off_the_gpu(capsys):
 
 
 def test_a_length_under_one_token_is_refused_and_a_sliding_only_model_shows_its_sum(capsys):
-    # (review, round 22) --avg-seq-len 1e-9 printed "at 0 tokens per request ... ≈ 30674285714285.71 requests"; and a
+    # --avg-seq-len 1e-9 printed "at 0 tokens per request ... ≈ 30674285714285.71 requests"; and a
     # model whose every layer slides (one KV group, no hybrid) printed the plain budget ÷ (L × bytes) sum beside the
     # window's result (57.67 GiB ÷ (32,768 × 128 KiB) "≈ 110.93", a sum of 14.42)
     for length in ("1e-9", "0.5"):
@@ -465,7 +465,7 @@ def test_a_length_under_one_token_is_refused_and_a_sliding_only_model_shows_its_
 
 
 def test_a_measured_available_figure_with_pipeline_parallelism_loses_the_last_stages_sampler(capsys):
-    # (review, round 24) calibration row 15: vLLM 0.19 logged 66.54 GiB available on rank 0 and reported 1,075,312
+    # calibration row 15: vLLM 0.19 logged 66.54 GiB available on rank 0 and reported 1,075,312
     # tokens (the tightest stage's pool); --available-kv-gib 66.54 planned 1,090,176 (+1.38 %)
     code, out, _ = run(["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu-memory-gib", "79.19",
                         "--gpu-memory-utilization", "0.95", "--pipeline-parallel-size", "2", "--max-model-len", "8192",
@@ -475,7 +475,7 @@ def test_a_measured_available_figure_with_pipeline_parallelism_loses_the_last_st
 
 
 def test_a_pool_vllm_was_given_loses_nothing_with_pipeline_parallelism():
-    # (review, round 24) vLLM's --kv-cache-memory-bytes is every worker's pool as given (no profile): the last stage's
+    # vLLM's --kv-cache-memory-bytes is every worker's pool as given (no profile): the last stage's
     # sampler was taken off it as off a logged rank-0 figure (20 GiB planned as 19.14)
     from kvwatch.capacity.planner import DeploymentSpec, plan_capacity
     from kvwatch.capacity.presets import match_model

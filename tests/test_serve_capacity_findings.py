@@ -77,7 +77,7 @@ def test_held_since_counts_only_the_unbroken_run_ending_now():
 def test_under_num_gpu_blocks_override_no_what_if_adds_kv():
     # vLLM takes --num-gpu-blocks-override as the pool whatever the memory (may_override_num_blocks): FP8 weights
     # or TP x2 free memory that never reaches the cache, so every scenario's ceiling is today's.
-    # Before any observed-mix ceiling (1 % used, no request finished: review, round 23) too.
+    # Before any observed-mix ceiling (1 % used, no request finished) too.
     settings = ServeSettings(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100")
     config = {"block_size": "16", "num_gpu_blocks": "4000", "gpu_memory_utilization": "0.9"}
     results = {}

@@ -371,7 +371,7 @@ def test_sighup_is_logged_and_ignored_not_fatal(target: Target) -> None:
 def test_a_log_pipe_nobody_reads_stops_neither_the_polls_nor_sigterm() -> None:
     """A container runtime that stops reading the log pipe (a collector fallen behind): the pipe fills, and a
     StreamHandler blocked the thread that logged. The poll thread stopped on an "is down" line, kvwatch_up froze at
-    1 and SIGTERM hung on "shutting down" (review, round 19). Here the pipe is full but for a few hundred bytes and
+    1 and SIGTERM hung on "shutting down". Here the pipe is full but for a few hundred bytes and
     the target flips between a payload and a 502 page every half second: every flip is a line to log."""
     import fcntl
 

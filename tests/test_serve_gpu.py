@@ -100,13 +100,13 @@ def test_a_failed_read_is_counted_and_drops_the_memory_gauges() -> None:
     assert samples[("kvwatch_gpu_source_up", ("dcgm",))] == 0.0
     assert samples[("kvwatch_gpu_source_errors_total", ("dcgm", "timeout"))] == 1.0
     assert not any(name.startswith("kvwatch_gpu_memory") for name, _ in samples)
-    # each source exports the reasons it can fail for: dcgm-exporter never fails in NVML (review, round 19)
+    # each source exports the reasons it can fail for: dcgm-exporter never fails in NVML
     reasons = {labels[1] for name, labels in samples if name == "kvwatch_gpu_source_errors_total"}
     assert "nvml" not in reasons and {"connect", "timeout", "parse", "no_match"} <= reasons
 
 
 def test_a_gpu_missing_from_one_read_keeps_its_trend() -> None:
-    # (review, round 22) A GPU absent from one read the source answered had its points dropped: its time to the
+    # A GPU absent from one read the source answered had its points dropped: its time to the
     # limit was gone for 2 minutes of new points, and the alert's `for` started again. Three of four missing keep
     # theirs too (a first fix kept as many as the read listed); GPUs gone for good are forgotten once their points
     # leave the window, and at most REMEMBERED_GPUS are kept.
@@ -258,7 +258,7 @@ def test_a_gpu_read_that_never_returns_stops_neither_the_polls_nor_the_exit(capl
             assert all(s.health.up for s in states)  # the engine's polls go on
             assert [s.gpu.up for s in states] == [False, False, False]
             assert states[-1].gpu.errors_total["timeout"] == 3
-            # the poll's duration holds the wait for the GPU read (it left that out: 0.0x s, review round 20)
+            # the poll's duration holds the wait for the GPU read (it left that out: 0.0x s)
             assert all(s.health.scrape_duration_seconds >= 0.5 for s in states)
             assert calls == ["read", "read"]  # one read at a time: the hung one is not queued behind
             assert any("GPU memory source failing" in r.getMessage() for r in caplog.records)

@@ -47,7 +47,7 @@ def test_flag_beats_variable(monkeypatch: pytest.MonkeyPatch) -> None:
 ])
 def test_a_bad_variable_is_refused_though_its_flag_wins(monkeypatch: pytest.MonkeyPatch, variable: str, value: str,
                                                          flag: str, given: str) -> None:
-    # (review, round 25) the variable was never read when the flag was given, so its typo waited for the day the
+    # the variable was never read when the flag was given, so its typo waited for the day the
     # flag is dropped from the manifest
     monkeypatch.setenv(variable, value)
     with pytest.raises(SettingsError, match=f"invalid value '{value}' for {variable}: .*{flag} is given too"):
@@ -86,15 +86,15 @@ def test_override_selectors_accepted() -> None:
     (["--target-url", "http://:8000/metrics"], "--target-url"),
     (["--target-url", "http://vllm:99999/metrics"], "--target-url"),
     (["--gpu", "H101"], "--gpu"),  # no such card: --gpu-memory-gib names one kvwatch has no preset for
-    # (review, round 10) a clock too slow to advance between polls; sums that overflow; not an address at all
+    # a clock too slow to advance between polls; sums that overflow; not an address at all
     (["--clock-speed", "1e-9"], "--clock-speed"),
     (["--gpu-memory-gib", "1e300"], "--gpu-memory-gib"),
     (["--listen-address", "not a host"], "--listen-address"),
     (["--listen-address", ""], "--listen-address"),
-    # (review, round 13) read only with dcgm-exporter: accepted silently without it
+    # read only with dcgm-exporter: accepted silently without it
     (["--gpu-pod", "vllm-0"], "--gpu-pod"),
     (["--gpu-namespace", "llm"], "--gpu-namespace"),
-    # (review, round 15) refused by the planner only at the first poll, as a warning; the memory guard switched off
+    # refused by the planner only at the first poll, as a warning; the memory guard switched off
     (["--block-size", "24"], "--block-size"),
     (["--block-size", "1000000000000000"], "--block-size"),
     (["--tensor-parallel-size", "1000000000"], "--tensor-parallel-size"),
@@ -264,7 +264,7 @@ def test_a_typo_that_looks_like_no_service_link_is_still_refused(monkeypatch: py
 ])
 def test_files_that_cannot_be_what_the_flag_names_stop_startup(flag: str, content: str | None, said: str,
                                                                tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
-    # (review, round 16) a config.json that is no JSON was a warning at the first good poll, a device named "does
+    # a config.json that is no JSON was a warning at the first good poll, a device named "does
     # not exist", and a FIFO as --web-config-file hung the start silently, before SIGTERM was handled
     import os
 
@@ -281,7 +281,7 @@ def test_files_that_cannot_be_what_the_flag_names_stop_startup(flag: str, conten
 @pytest.mark.parametrize("where", ["port in use", "address not on this machine", "variable"])
 def test_an_address_it_cannot_listen_on_stops_startup_naming_the_flags(where: str, monkeypatch: pytest.MonkeyPatch,
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    # (round 18) bind failures were logged and exited 1 without naming a flag, or the variable the value came from
+    # bind failures were logged and exited 1 without naming a flag, or the variable the value came from
     import socket
 
     with socket.socket() as taken:
@@ -308,7 +308,7 @@ def test_an_address_it_cannot_listen_on_stops_startup_naming_the_flags(where: st
 def test_a_poll_step_the_forecaster_cannot_work_with_stops_startup(argv: list[str], variables: dict[str, str],
                                                                     said: str, monkeypatch: pytest.MonkeyPatch,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    # (review, round 18) polls 240 s apart (or 5 s at --clock-speed 100) left the forecaster warming_up for good, its
+    # polls 240 s apart (or 5 s at --clock-speed 100) left the forecaster warming_up for good, its
     # ETA +Inf with the cache full, and nothing said
     for name, value in variables.items():
         monkeypatch.setenv(name, value)
@@ -320,7 +320,7 @@ def test_a_poll_step_the_forecaster_cannot_work_with_stops_startup(argv: list[st
 
 def test_a_switch_refused_beside_another_setting_is_named_without_a_value(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    # `--nvml --dcgm-url ...` read "invalid value 'true' for --nvml", a value nobody typed (review, round 19).
+    # `--nvml --dcgm-url ...` read "invalid value 'true' for --nvml", a value nobody typed.
     common = ["--dcgm-url", "http://dcgm:9400/metrics", "--gpu-pod", "p", "--target-url", "http://127.0.0.1:1/metrics"]
     assert main(["serve", "--nvml", *common]) == 2
     assert "kvwatch serve: --nvml cannot be used with --dcgm-url: pick one GPU source" in capsys.readouterr().err
@@ -330,13 +330,13 @@ def test_a_switch_refused_beside_another_setting_is_named_without_a_value(
 
 
 def test_a_target_on_port_0_is_refused_at_startup(capsys: pytest.CaptureFixture[str]) -> None:
-    # It was accepted, and every poll failed with "connect" (review, round 19): no server listens on port 0.
+    # It was accepted, and every poll failed with "connect": no server listens on port 0.
     assert main(["serve", "--target-url", "http://127.0.0.1:0/metrics"]) == 2
     assert "for --target-url: port 0 is no port a server listens on" in capsys.readouterr().err
 
 
 def test_a_web_config_file_that_is_no_yaml_is_refused_in_one_line(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
-    # YAML's own message spans five lines with a caret under the text (review, round 19); kvwatch's refusals are one.
+    # YAML's own message spans five lines with a caret under the text; kvwatch's refusals are one.
     path = tmp_path / "web.yml"
     path.write_text("tls_server_config:\n  cert_file: [unclosed\n")
     assert main(["serve", "--target-url", "http://127.0.0.1:1/metrics", "--web-config-file", str(path)]) == 2
@@ -345,7 +345,7 @@ def test_a_web_config_file_that_is_no_yaml_is_refused_in_one_line(tmp_path, caps
 
 
 def test_a_refused_log_level_is_quoted_as_given(capsys: pytest.CaptureFixture[str]) -> None:
-    # (review, round 19) --log-level loud was refused as 'LOUD', a value the user never wrote.
+    # --log-level loud was refused as 'LOUD', a value the user never wrote.
     assert main(["serve", "--log-level", "loud"]) == 2
     err = capsys.readouterr().err
     assert "'loud'" in err and "LOUD" not in err and "DEBUG, INFO, WARNING, ERROR" in err
@@ -354,7 +354,7 @@ def test_a_refused_log_level_is_quoted_as_given(capsys: pytest.CaptureFixture[st
 
 def test_a_variable_for_a_command_option_says_options_have_none(monkeypatch: pytest.MonkeyPatch,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    # (review, round 19) KVWATCH_AVG_SEQ_LEN, after plan's --avg-seq-len: "no such setting" alone left the user to
+    # KVWATCH_AVG_SEQ_LEN, after plan's --avg-seq-len: "no such setting" alone left the user to
     # guess why a flag has no variable.
     monkeypatch.setenv("KVWATCH_AVG_SEQ_LEN", "2000")
     assert main(["serve"]) == 2
@@ -364,7 +364,7 @@ def test_a_variable_for_a_command_option_says_options_have_none(monkeypatch: pyt
 
 @pytest.mark.parametrize("enterable", [True, False])
 def test_a_bearer_token_file_that_cannot_be_read_stops_startup(tmp_path, enterable: bool) -> None:
-    # (review, round 23) a mode-000 token file started, then failed every poll; one in a folder this user may not
+    # a mode-000 token file started, then failed every poll; one in a folder this user may not
     # enter was a traceback. Root reads both, so as root the check runs as nobody (setpriv), as a pod's user would.
     import os
     import shutil

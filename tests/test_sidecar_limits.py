@@ -334,7 +334,7 @@ def test_the_sidecar_logs_its_capacity_model_once(no_kvwatch_env: None, caplog: 
     messages = [r.getMessage() for r in caplog.records]
     assert sum("capacity model for llama: kvwatch was given --max-model-len 4096," in m for m in messages) == 1
     assert sum(m.startswith("capacity model for llama: from vllm:cache_config_info") for m in messages) == 1
-    # a setting other than the engine's, once too (review, round 21: the what-ifs went stale without a word)
+    # a setting other than the engine's, once too (the what-ifs went stale without a word)
     assert sum("capacity model for llama: kvwatch was given --kv-cache-dtype fp8 where the engine runs cache_dtype "
                "auto" in m for m in messages) == 1
 
@@ -400,7 +400,7 @@ def test_a_server_with_many_tenant_labels_reads_within_the_cap() -> None:
 
 def test_the_latency_log_keeps_at_most_its_series_when_labels_churn() -> None:
     # Model names new every poll grew LatencyAnalyzer's per-series log by ~850 bytes a series ever seen (a
-    # reviewer's target: 36 to 150 MiB in 90 s at 64 new names a poll, kvwatch_up 1, nothing said).
+    # target churning names: 36 to 150 MiB in 90 s at 64 new names a poll, kvwatch_up 1, nothing said).
     from kvwatch.history import SeriesHistory
     from kvwatch.model import Histogram
     from kvwatch.serve.latency import LatencyAnalyzer, make_analyzer
@@ -432,7 +432,7 @@ def test_the_parsers_caches_hold_no_long_lines_across_polls() -> None:
 
 
 def test_many_series_under_the_per_series_cap_are_too_large_together() -> None:
-    # (review, round 18) 336,000 samples over 128 series, each under SAMPLES_PER_SERIES: 277 MiB at the parse's peak,
+    # 336,000 samples over 128 series, each under SAMPLES_PER_SERIES: 277 MiB at the parse's peak,
     # then refused as unrecognised
     per_series = detect.SAMPLES_PER_PAGE // 100 + 1
     rows = "".join(f'vllm:num_requests_running{{engine="{e}",x="{i}"}} 1\n'
@@ -443,7 +443,7 @@ def test_many_series_under_the_per_series_cap_are_too_large_together() -> None:
 
 
 def test_a_reason_label_with_more_values_than_an_engine_has_is_too_large() -> None:
-    # (review, round 18) 5,000 finished_reason values per series, counts moving every poll: 656 MiB, kvwatch_up 1
+    # 5,000 finished_reason values per series, counts moving every poll: 656 MiB, kvwatch_up 1
     def page(reasons: int) -> str:
         rows = "".join(f'vllm:request_success_total{{engine="0",finished_reason="r{i}",model_name="m"}} {i}\n'
                        for i in range(reasons))
@@ -471,7 +471,7 @@ def test_only_the_newest_entry_keeps_its_per_reason_counts() -> None:
 
 
 def test_a_failure_message_quoting_a_huge_label_is_cut() -> None:
-    # (review, round 18) a duplicate series with a 1 MiB label made each warning a 1 MiB log line
+    # a duplicate series with a 1 MiB label made each warning a 1 MiB log line
     label = "v" * 2**20
     page = (f'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name="m",x="{label}"}} 1\n'
             f'vllm:num_requests_running{{model_name="m",x="{label}"}} 2\n')
@@ -481,7 +481,7 @@ def test_a_failure_message_quoting_a_huge_label_is_cut() -> None:
 
 
 def test_a_max_series_raised_for_a_target_serving_more_raises_the_page_cap_too() -> None:
-    # (review, round 18) 600 real series of ~125 samples each (75,000) were refused at a fixed 65,536 cap although
+    # 600 real series of ~125 samples each (75,000) were refused at a fixed 65,536 cap although
     # --max-series 1000 admitted them, as docs/reliability.md tells such an operator to do
     bounds = [f"{0.01 * 1.06 ** i:.6g}" for i in range(120)] + ["+Inf"]
     lines = ["# TYPE vllm:kv_cache_usage_perc gauge", "# TYPE vllm:num_requests_running gauge",
@@ -499,7 +499,7 @@ def test_a_max_series_raised_for_a_target_serving_more_raises_the_page_cap_too()
 
 
 def test_a_long_comment_line_is_read_without_copies_of_it() -> None:
-    # (review, round 22) Telling a plain comment from HELP/TYPE sliced the line twice and scanned it a character at a
+    # Telling a plain comment from HELP/TYPE sliced the line twice and scanned it a character at a
     # time: a 16 MiB comment held 3 copies of itself beside the text (a 60 MiB page peaked at 275 MB of RSS) and
     # took seconds. The page text and the line split from it are what a poll of it holds.
     line = "# " + "x" * (16 << 20)
@@ -515,7 +515,7 @@ def test_a_long_comment_line_is_read_without_copies_of_it() -> None:
 
 
 def test_the_fetcher_frees_a_bodys_bytes_once_it_is_text() -> None:
-    # (review, round 22) The bytes were copied (bytes(body)) to decode them, and the buffer kept through the parse:
+    # The bytes were copied (bytes(body)) to decode them, and the buffer kept through the parse:
     # bytes, copy and text together
     from kvwatch.fetch import Fetcher
 
@@ -533,7 +533,7 @@ def test_the_fetcher_frees_a_bodys_bytes_once_it_is_text() -> None:
 
 
 def test_a_bad_byte_in_a_comment_is_read_without_a_copy_of_the_page_per_line() -> None:
-    # (review, round 22) Telling whether undecodable bytes are all in plain comments split the page into lines beside
+    # Telling whether undecodable bytes are all in plain comments split the page into lines beside
     # two decoded texts: 6 times the body. Only their lines are looked at now, in place, one text alive at a time.
     from kvwatch.fetch import decode_body
 
@@ -550,7 +550,7 @@ def test_a_bad_byte_in_a_comment_is_read_without_a_copy_of_the_page_per_line() -
 
 def test_a_poll_running_past_the_interval_leaves_its_series_fresh_until_stale_after_its_end(
         no_kvwatch_env: None) -> None:
-    # (review, round 22) Freshness counted from the start of the last good poll: a poll of 9 s at a 5-s interval
+    # Freshness counted from the start of the last good poll: a poll of 9 s at a 5-s interval
     # (its next tick skipped, polls starting 10 s apart) left its series stale from 15 s after it began until the
     # next one ended, kvwatch_state "unknown" and usage absent with kvwatch_up 1: a pending alert's `for` restarted.
     clock = [0.0]
@@ -575,7 +575,7 @@ def test_a_poll_running_past_the_interval_leaves_its_series_fresh_until_stale_af
 
 def test_model_flags_meeting_a_page_of_several_models_are_warned_once(caplog: pytest.LogCaptureFixture,
                                                                      no_kvwatch_env: None) -> None:
-    # (review, round 24) --model describes one model; Triton's page served two and both were sized as it, with the
+    # --model describes one model; Triton's page served two and both were sized as it, with the
     # whole card, without a word. kvwatch cannot tell which model_name the flag meant (Triton names models after
     # folders), so it says so, once, and again when the page serves one model
     triton = (Path(__file__).parent / "fixtures" / "vllm-metrics" / "gen-triton-vllm-backend.prom").read_text()

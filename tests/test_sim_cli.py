@@ -285,7 +285,7 @@ def test_a_port_in_use_stops_the_simulator_naming_the_flags() -> None:
 
 
 def test_the_simulator_listens_on_an_ipv6_address() -> None:
-    # (review, round 18) --listen-address ::1 failed: "Address family for hostname not supported"
+    # --listen-address ::1 failed: "Address family for hostname not supported"
     proc = subprocess.Popen([sys.executable, "-m", "kvwatch", "simulate", "--listen-address", "::1", "--port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     try:

@@ -214,7 +214,7 @@ def test_gzip_compressed_traces_read_like_the_plain_files(tmp_path: Path) -> Non
     ('{"timestamp": 0, "input_length": true, "output_length": 3}\n', "not a number"),
     ('{"ts": 0, "input_length": 5}\n', "no timestamp, output_length (a Mooncake line has"),
     ("Timestamp,Request tokens,Response tokens\ninf,5,3\n", "arrival time must be a finite number"),
-    # (review, round 13) negative counts were dropped rows, BurstGPT's even before the check ran
+    # negative counts were dropped rows, BurstGPT's even before the check ran
     ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,-5,402\n", "token counts cannot be negative"),
     ("Timestamp,Request tokens,Response tokens\n100,-40,-7\n", "token counts cannot be negative"),
     ('{"timestamp": 0, "input_length": -5, "output_length": 3}\n', "lengths cannot be negative"),
@@ -307,7 +307,7 @@ def test_a_byte_that_is_not_utf8_in_a_column_not_read_is_harmless_and_names_its_
 
 
 def test_times_cut_to_the_minute_are_spread_over_it_and_fine_times_are_kept(tmp_path: Path) -> None:
-    # (review, round 13) an Azure trace with minute timestamps replayed each minute's requests at one instant: the
+    # an Azure trace with minute timestamps replayed each minute's requests at one instant: the
     # simulated capacity and every method's lead changed (kvwatch's median lead 6.5 -> 26.2 min).
     path = tmp_path / "minutes.csv"
     path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
@@ -322,7 +322,7 @@ def test_times_cut_to_the_minute_are_spread_over_it_and_fine_times_are_kept(tmp_
 
 
 def test_the_bootstrap_and_the_rate_skip_a_gap_in_the_trace() -> None:
-    # (review, round 13) two hours a day apart: 92 % of the blocks were empty, the bootstrap drew mostly silence and
+    # two hours a day apart: 92 % of the blocks were empty, the bootstrap drew mostly silence and
     # the rate over the whole span read 12x too low, so "load 1.0" filled a seventh of the cache.
     from kvwatch.backtest.traces import content_defaults
 
@@ -345,7 +345,7 @@ def test_the_bootstrap_and_the_rate_skip_a_gap_in_the_trace() -> None:
 
 
 def test_a_header_in_another_case_is_read_and_other_near_misses_say_what_is_wrong(tmp_path: Path) -> None:
-    # (review, round 13) each of these got the same "not an Azure CSV, a BurstGPT CSV nor a Mooncake JSONL" line.
+    # each of these got the same "not an Azure CSV, a BurstGPT CSV nor a Mooncake JSONL" line.
     lower = tmp_path / "lower.csv"
     lower.write_text("timestamp,contexttokens,generatedtokens\n2023-11-16 18:15:46.5,100,10\n"
                      "2023-11-16 18:15:47.5,200,20\n")
@@ -361,7 +361,7 @@ def test_a_header_in_another_case_is_read_and_other_near_misses_say_what_is_wron
         path.write_bytes(content)
         with pytest.raises(TraceError, match=re.escape(said)):
             detect_format(path)
-    # (review, round 24) a tarball of a good trace read as "an Azure CSV header without the column TIMESTAMP"
+    # a tarball of a good trace read as "an Azure CSV header without the column TIMESTAMP"
     import io
     import tarfile
 
@@ -377,7 +377,7 @@ def test_a_header_in_another_case_is_read_and_other_near_misses_say_what_is_wron
 
 
 def test_an_error_names_the_files_own_line_after_blank_lines_before_the_header(tmp_path: Path) -> None:
-    # (review, round 13) two blank lines before the header: an error on line 5 was reported on line 3.
+    # two blank lines before the header: an error on line 5 was reported on line 3.
     path = tmp_path / "blank.csv"
     path.write_text("\n\nTIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.5,100,10\nnot a time,5,5\n")
     with pytest.raises(TraceError, match="line 5: "):
@@ -446,7 +446,7 @@ def test_mooncake_times_cut_to_the_minute_spread_over_the_minute() -> None:
 
 
 def test_mooncake_times_fine_enough_to_be_distinct_are_kept() -> None:
-    # (review, round 26) millisecond-precise times were each moved by up to 3 s, reordering them, without a word
+    # millisecond-precise times were each moved by up to 3 s, reordering them, without a word
     times = [0, 95, 104, 106, 194, 1200, 2500, 2600, 4000, 4100]
     lines = "".join(f'{{"timestamp": {t}, "input_length": 10, "output_length": 5}}\n' for t in times)
     assert [r.arrival_time for r in read_mooncake_jsonl(lines, seed=5)] == pytest.approx([t / 1000 for t in times])
@@ -457,7 +457,7 @@ def test_mooncake_times_fine_enough_to_be_distinct_are_kept() -> None:
 @pytest.mark.parametrize(("value", "said"), [("12.7", "not a whole number of tokens: '12.7'"),
                                              ("0.5", "not a whole number of tokens: '0.5'")])
 def test_a_fractional_token_count_is_an_error_not_cut(value: str, said: str) -> None:
-    # (review, round 26) 12.7 read as 12 and 0.5 was left out as "ContextTokens 0", which the file never held
+    # 12.7 read as 12 and 0.5 was left out as "ContextTokens 0", which the file never held
     text = ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.98,100,10\n"
             f"2023-11-16 18:17:04.98,{value},10\n")
     with pytest.raises(TraceError, match=f"line 3: ContextTokens: {re.escape(said)}"):
@@ -468,7 +468,7 @@ def test_a_fractional_token_count_is_an_error_not_cut(value: str, said: str) -> 
 
 
 def test_a_quoted_field_over_several_lines_is_one_row_and_later_errors_name_the_files_line() -> None:
-    # (review, round 26) a CSV writer's prompt column with a line end inside quotes was refused on the next line
+    # a CSV writer's prompt column with a line end inside quotes was refused on the next line
     header = "TIMESTAMP,ContextTokens,GeneratedTokens,prompt\n"
     rows = ('2023-11-16 18:17:03.98,100,10,"line one\nline two, with comma"\n'
             '2023-11-16 18:17:04.98,200,20,plain\n')
@@ -478,8 +478,7 @@ def test_a_quoted_field_over_several_lines_is_one_row_and_later_errors_name_the_
         read_azure_csv(header + rows + "2023-11-16 18:17:05.98,x,20,plain\n")
     with pytest.raises(TraceError, match=r"line 2: a quoted field opened here is not closed$"):
         read_azure_csv(header + '2023-11-16 18:17:03.98,100,10,"never closed\n2023-11-16 18:17:04.98,x\n')
-    # a quote inside an unquoted field is text, as csv reads it (it ran the rows together, then a traceback: diff
-    # review, round 26)
+    # a quote inside an unquoted field is text, as csv reads it (it ran the rows together, then a traceback)
     screens = read_azure_csv(header + '2023-11-16 18:17:03.98,100,10,a 5" screen\n'
                              '2023-11-16 18:17:04.98,200,20,a 7" one\n2023-11-16 18:17:05.98,300,30,plain\n')
     assert [r.prompt_tokens for r in screens] == [100, 200, 300]
@@ -489,7 +488,7 @@ def test_a_quoted_field_over_several_lines_is_one_row_and_later_errors_name_the_
 
 
 def test_a_binary_file_is_named_as_one(tmp_path: Path) -> None:
-    # (review, round 26) a Parquet file was "not comma-separated" (a tab byte in its header)
+    # a Parquet file was "not comma-separated" (a tab byte in its header)
     path = tmp_path / "trace.parquet"
     path.write_bytes(b"PAR1\x00\x15\x04\x00" + bytes(range(256)) * 4)
     with pytest.raises(TraceError, match="is a binary file: kvwatch reads CSV or JSON-lines text"):

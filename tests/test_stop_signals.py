@@ -27,7 +27,7 @@ def test_a_signal_ends_the_wait_and_the_previous_handlers_come_back() -> None:
 @pytest.mark.parametrize("command", [["simulate", "--port", "0"],
                                      ["serve", "--target-url", "http://127.0.0.1:9/metrics", "--port", "0"]])
 def test_sigint_and_sigterm_together_stop_the_process(command: list[str]) -> None:
-    # (review, round 23) A Ctrl-C on `kvwatch demo` sends both to its children milliseconds apart; a handler that set
+    # A Ctrl-C on `kvwatch demo` sends both to its children milliseconds apart; a handler that set
     # a threading.Event could deadlock the main thread inside Event.wait, and the demo killed them after 5 s.
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVWATCH_")}
     for first, second in ((signal.SIGINT, signal.SIGTERM), (signal.SIGTERM, signal.SIGINT)):

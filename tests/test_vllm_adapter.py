@@ -132,7 +132,7 @@ def test_0_16_dp2_divides_summed_blocks() -> None:
 
 
 def test_a_dp_page_missing_an_engines_set_still_divides_the_sum_by_its_engines() -> None:
-    # (review, round 25) engine 1's cache_config_info set missing: the summed 20,000 blocks were engine 0's alone
+    # engine 1's cache_config_info set missing: the summed 20,000 blocks were engine 0's alone
     text = "".join(line + "\n" for line in (FIXTURES / "gen-0.16-sleep-state-dp2.prom").read_text().splitlines()
                    if not (line.startswith("vllm:cache_config_info") and 'engine="1"' in line))
     e0, e1 = interpret(text, None, timestamp=0.0).readings
@@ -678,7 +678,7 @@ def test_nim_read_through_the_override_flags_reads_as_before() -> None:
 
 
 def test_vllm_omni_stages_are_engines_each_with_its_own_pool(capsys: pytest.CaptureFixture[str]) -> None:
-    # (review, round 18) vLLM-Omni relabels engine into stage + replica: one server's page was refused as "several
+    # vLLM-Omni relabels engine into stage + replica: one server's page was refused as "several
     # servers", and the workaround's selectors lost each stage's capacity
     from kvwatch.cli import main
 
@@ -702,8 +702,8 @@ def test_vllm_omni_stages_are_engines_each_with_its_own_pool(capsys: pytest.Capt
 
 
 def test_a_block_count_label_python_would_read_but_vllm_never_writes_is_unknown() -> None:
-    # float() reads "20_48", " 2048" and full-width digits, and 12.5 blocks were a capacity of 100 tokens (review,
-    # round 19). vLLM writes str() of an int or float; a fraction of a block is impossible and counted.
+    # float() reads "20_48", " 2048" and full-width digits, and 12.5 blocks were a capacity of 100 tokens.
+    # vLLM writes str() of an int or float; a fraction of a block is impossible and counted.
     assert [vllm.label_number(t) for t in ("2048", "0.9", "1e3", "-1", ".5")] == [2048.0, 0.9, 1000.0, -1.0, 0.5]
     assert [vllm.label_number(t) for t in ("20_48", " 2048", "２０４８", "inf", "nan", "abc", "None", "")] == [None] * 8
     from kvwatch.plausible import check_reading
@@ -712,7 +712,7 @@ def test_a_block_count_label_python_would_read_but_vllm_never_writes_is_unknown(
     assert checked.block_size is None and checked.max_model_len is None  # (a NaN length is no crash either)
     assert [name for name, _ in dropped] == ["block_size", "max_model_len"]
     text = (FIXTURES / "gen-0.16-sleep-state-dp2.prom").read_text()
-    for garbage in ("abc", "inf", "12.5"):  # read as absent, uncounted, before (review, round 19)
+    for garbage in ("abc", "inf", "12.5"):  # read as absent, uncounted, before
         poll = interpret(text.replace('num_gpu_blocks="20000"', f'num_gpu_blocks="{garbage}"'), None, timestamp=0.0)
         assert all(r.num_gpu_blocks is None and r.kv_capacity_tokens is None for r in poll.readings)
         assert {name for _, name, _ in poll.implausible} == {"num_gpu_blocks", "kv_capacity_tokens"}
@@ -729,7 +729,7 @@ def test_a_cache_config_labelled_engine_empty_is_every_engines() -> None:
     reading = vllm.read(parse(text, vllm.wanted_for(None)), None, timestamp=0.0).readings[0]
     assert reading.num_gpu_blocks == 9271 and reading.cache_config["engine"] == ""
     # With data parallelism that one set carries every engine's blocks summed (vLLM's front-end sums them): each
-    # engine gets its share, not the total (review, round 20: twice the capacity on two engines).
+    # engine gets its share, not the total (twice the capacity on two engines).
     lines = []
     for line in text.replace('num_gpu_blocks="9271"', 'num_gpu_blocks="18542"').splitlines():
         lines.append(line)
@@ -737,7 +737,7 @@ def test_a_cache_config_labelled_engine_empty_is_every_engines() -> None:
             lines.append(line.replace('engine="0"', 'engine="1"'))
     readings = vllm.read(parse("\n".join(lines) + "\n", vllm.wanted_for(None)), None, timestamp=0.0).readings
     assert [(r.engine, r.num_gpu_blocks) for r in readings] == [("0", 9271), ("1", 9271)]
-    # Beside an engine's own set it is nobody's share: engine 0's blocks were halved (review, round 20).
+    # Beside an engine's own set it is nobody's share: engine 0's blocks were halved.
     both = (FIXTURES / "gen-0.11.0-gptoss-issue28924.prom").read_text()
     config = next(line for line in both.splitlines() if line.startswith("vllm:cache_config_info{"))
     both = both.replace(config, config + "\n" + config.replace('engine="0"', 'engine=""'))
@@ -747,7 +747,7 @@ def test_a_cache_config_labelled_engine_empty_is_every_engines() -> None:
 
 def test_two_configurations_for_one_engine_leave_its_capacity_undetermined_and_say_why() -> None:
     # A proxy's page of several pods, each with its engine "0": the capacity is unknown, and the poll says why (the
-    # sidecar's history must not fill in the last configuration: review, round 21)
+    # sidecar's history must not fill in the last configuration)
     text = (FIXTURES / "gen-0.11.0-gptoss-issue28924.prom").read_text()
     config = next(line for line in text.splitlines() if line.startswith("vllm:cache_config_info{"))
     poll = vllm.read(parse(text.replace(config, config + "\n" + config.replace('num_gpu_blocks="9271"',
@@ -757,7 +757,7 @@ def test_two_configurations_for_one_engine_leave_its_capacity_undetermined_and_s
     assert [(name, why) for _, name, why in poll.undetermined] == [("kv_capacity_tokens", vllm.CONFLICTING_CONFIGS)]
     assert vllm.read(parse(text, vllm.wanted_for(None)), None, timestamp=0.0).undetermined == ()
     assert poll.readings[0].capacity_source == CAPACITY_UNDETERMINED  # the formula fills nothing in either
-    # Only the engine the page holds two for: engine 1, without a set of its own, is no conflict (review, round 21)
+    # Only the engine the page holds two for: engine 1, without a set of its own, is no conflict
     lines = []
     for line in text.splitlines():
         lines.append(line)
@@ -767,14 +767,14 @@ def test_two_configurations_for_one_engine_leave_its_capacity_undetermined_and_s
                                                                           'num_gpu_blocks="9000"')) + "\n"
     both = vllm.read(parse(page, vllm.wanted_for(None)), None, timestamp=0.0)
     assert [(key[1], name) for key, name, _ in both.undetermined] == [("0", "kv_capacity_tokens")]
-    # with an engine="" set beside: still unknown, not that set's (final review, round 21)
+    # with an engine="" set beside: still unknown, not that set's
     shared = page.replace(config, config + "\n" + config.replace('engine="0"', 'engine=""'), 1)
     torn = vllm.read(parse(shared, vllm.wanted_for(None)), None, timestamp=0.0).readings[0]
     assert torn.engine == "0" and torn.kv_capacity_tokens is None
 
 
 def test_a_respelled_page_is_read_with_the_same_filter_and_other_pages_not_at_all() -> None:
-    # (review, round 23) Reading NIM's unprefixed names by adding them to every parse's filter read the latency
+    # Reading NIM's unprefixed names by adding them to every parse's filter read the latency
     # histograms a poll leaves out (serve reads them once a minute) on NIM pages, and on any other page parsed a
     # foreign num_requests_running: two series of it with one label set refused a whole vLLM page as a duplicate.
     nim = (FIXTURES / "gen-nim-llm.prom").read_text()
@@ -786,7 +786,7 @@ def test_a_respelled_page_is_read_with_the_same_filter_and_other_pages_not_at_al
 
 
 def test_blocks_without_a_block_size_name_no_capacity_source_and_the_finding_says_which_is_missing() -> None:
-    # (review, round 25) the detection named num_gpu_blocks x block_size and the finding blamed num_gpu_blocks
+    # the detection named num_gpu_blocks x block_size and the finding blamed num_gpu_blocks
     page = ('vllm:num_requests_running{engine="0",model_name="m"} 3\n'
             'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25\n'
             'vllm:cache_config_info{cache_dtype="fp8_e4m3",engine="0",num_gpu_blocks="1000"} 1.0\n')
@@ -800,7 +800,7 @@ def test_blocks_without_a_block_size_name_no_capacity_source_and_the_finding_say
 
 
 def test_a_usage_family_declared_without_a_sample_is_unknown_for_that_reason() -> None:
-    # (review, round 25) the finding said "No KV usage metric found: pass --usage-metric", which names the same one
+    # the finding said "No KV usage metric found: pass --usage-metric", which names the same one
     page = ("# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
             "# TYPE vllm:kv_cache_usage_perc gauge\n"
             'vllm:num_requests_running{engine="0",model_name="m"} 0\n')

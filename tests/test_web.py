@@ -135,7 +135,7 @@ def test_client_certificates_are_required_when_configured(pki: Path, tmp_path: P
     context = ssl.create_default_context(cafile=pki / "ca.crt")
     without = httpx.get(url, verify=context)
     assert without.status_code == 403 and "kvwatch_up" not in without.text
-    # (review, round 18) the kubelet's HTTPS probe sends no certificate: a handshake that required one failed every
+    # the kubelet's HTTPS probe sends no certificate: a handshake that required one failed every
     # probe, and the chart's sidecar was restarted in a loop (and vLLM's pod left its Service)
     health = httpx.get(f"https://localhost:{server.port}/healthz", verify=context)
     assert health.status_code == 200 and health.text == "ok\n"
@@ -191,7 +191,7 @@ def test_the_config_is_reloaded_when_it_changes(pki: Path, tmp_path: Path, serve
      "cipher_suites"),
     ("basic_auth_users:\n  alice: plaintext\n", "bcrypt"),
     ("basic_auth_user:\n  alice: x\n", "unknown key"),
-    # a value of the wrong shape (review, round 23: tracebacks at start, and every request dropped after a reload)
+    # a value of the wrong shape (tracebacks at start, and every request dropped after a reload)
     ("basic_auth_users: [1, 2]\n", "basic_auth_users must be a mapping"),
     ("basic_auth_users: hello\n", "basic_auth_users must be a mapping"),
     ("http_server_config: {headers: [a, b]}\n", "http_server_config.headers must be a mapping"),
@@ -335,7 +335,7 @@ def test_connections_past_the_cap_wait_briefly_then_are_closed(serve, monkeypatc
 
 
 def test_one_client_cannot_hold_every_connection(serve, monkeypatch: pytest.MonkeyPatch) -> None:
-    # (review, round 13) 128 half-sent requests from one client held every slot, and /healthz (the kubelet's
+    # 128 half-sent requests from one client held every slot, and /healthz (the kubelet's
     # liveness probe) and /metrics failed for everyone until they timed out. A client gets MAX_PER_CLIENT at once;
     # another address is still served.
     from kvwatch.serve import web
@@ -354,7 +354,7 @@ def test_one_client_cannot_hold_every_connection(serve, monkeypatch: pytest.Monk
 @pytest.mark.parametrize("tls", [False, True])
 def test_stalled_connections_give_way_to_a_new_client(pki: Path, serve, monkeypatch: pytest.MonkeyPatch,
                                                       tls: bool) -> None:
-    # (review, round 19) five addresses × MAX_PER_CLIENT idle connections held all 128 slots, and /healthz from a
+    # five addresses × MAX_PER_CLIENT idle connections held all 128 slots, and /healthz from a
     # sixth failed 23 times in 30. With every slot taken, a newcomer takes the slot of a connection that has sent no
     # request for STALLED_AFTER seconds: before a TLS handshake and in the middle of one too.
     from kvwatch.serve import web
@@ -473,7 +473,7 @@ def test_an_inline_certificate_serves_tls_with_no_writable_temporary_directory(
 
 def test_healthz_fails_with_its_reason_once_polling_stopped() -> None:
     # /healthz said 200 while the process served, whatever its polls did: a stalled poll thread was never restarted
-    # by the liveness probe (round 19's note). The server asks why it would fail; None is healthy.
+    # by the liveness probe. The server asks why it would fail; None is healthy.
     registry = CollectorRegistry()
     why: list[str | None] = [None]
     server = MetricsServer(("127.0.0.1", 0), RenderCache(registry, lambda: (1,)), WebConfigWatcher(None),
@@ -517,7 +517,7 @@ def test_polls_stalled_counts_from_the_last_finished_poll_good_or_bad() -> None:
 
 
 def test_a_poll_running_to_its_timeout_is_no_stall() -> None:
-    # (review, round 20) The rule first counted from when the last poll began: with --stale-after-seconds near the
+    # The rule first counted from when the last poll began: with --stale-after-seconds near the
     # interval and a target that never answers (each poll runs to its timeout), /healthz was 503 for most of every
     # interval, and the liveness probe could restart kvwatch for vLLM's outage. It counts from when a poll ended.
     from kvwatch.serve.state import State
@@ -528,7 +528,7 @@ def test_a_poll_running_to_its_timeout_is_no_stall() -> None:
 
 
 def test_the_polling_window_outlasts_the_longest_poll_at_the_tightest_settings() -> None:
-    # (review, round 20) A poll is its fetch and its GPU read, each up to --poll-timeout-seconds, and a poll longer
+    # A poll is its fetch and its GPU read, each up to --poll-timeout-seconds, and a poll longer
     # than the interval skips a tick: at --stale-after-seconds = the interval, polls of a target that never answers
     # beside a hung NVML read ended 2 intervals apart, past stale-after + one timeout, and /healthz flapped 503.
     from kvwatch.serve.app import polling_window
@@ -536,13 +536,13 @@ def test_the_polling_window_outlasts_the_longest_poll_at_the_tightest_settings()
 
     tight = ServeSettings(poll_interval_seconds=0.5, poll_timeout_seconds=0.4, stale_after_seconds=0.5)
     # Two poll ends are at most a skipped tick's interval plus the next poll's fetch and GPU read apart (plus its
-    # parse): the window was stale-after + one timeout (0.9 s) and the reviewer's polls ended 1.0 s apart.
+    # parse): the window was stale-after + one timeout (0.9 s) and polls ended 1.0 s apart.
     assert polling_window(tight) >= 2 * 0.5 + 2 * 0.4
     assert polling_window(ServeSettings(clock_speed=10.0)) == 10 * polling_window(ServeSettings())
 
 
 def test_a_password_longer_than_bcrypt_reads_is_checked_on_its_first_72_bytes(tmp_path: Path, serve) -> None:
-    # (review, round 24) bcrypt reads 72 bytes: bcrypt 4 cut an 80-byte password there and let it in, bcrypt 5 raises
+    # bcrypt reads 72 bytes: bcrypt 4 cut an 80-byte password there and let it in, bcrypt 5 raises
     # and the same config file answered 401, by the day the image was built. kvwatch cuts it as bcrypt always hashed.
     long = "p" * 72 + "-and-more"
     server = serve(write_config(tmp_path, tls=False, users={"prometheus": long[:72]}))

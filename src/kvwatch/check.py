@@ -16,7 +16,7 @@ series also gets the advisor's fixes, cheapest first (``advice``; the deployment
 ``--gpu``, ``--tensor-parallel-size``, ``--gpus-per-node`` ... size the quantization and tensor-parallel gains).
 Exit codes: 0 when the payload was read (whatever the findings, unless ``--fail-on``), 1 when ``--fail-on
 SEVERITY`` is given and a finding at or above it exists, 2 bad usage, 3 when the payload could not be read (a
-script tells a broken target from findings; it was 1 before round 26).
+script tells a broken target from findings).
 """
 
 from __future__ import annotations
@@ -301,7 +301,7 @@ def build_report(poll: Poll, max_model_len: int | None = None,
     # all its engines and ranks)
     unlike = {f.model_name for f in found if f.id in ("tensor_parallel_mismatch", "engine_setting_mismatch")}
     # A TP fix sized from the TP kvwatch was given, where the payload shows more ranks, pasted the size the server
-    # already runs ("raise --tp-size from 1 to 2" on two tp_ranks: review, round 26): the finding says what to pass.
+    # already runs ("raise --tp-size from 1 to 2" on two tp_ranks): the finding says what to pass.
     tp_unlike = {f.model_name for f in found if f.id == "tensor_parallel_mismatch"}
     more_ranks = {r.model_name: r.tensor_parallel_ranks for r in poll.readings if r.model_name in tp_unlike}
     mismatched = {(f.model_name, f.engine) for f in found if f.id == "capacity_mismatch"}
@@ -599,7 +599,7 @@ def findings(states: Iterable[SeriesState],
                            f"bottleneck. {fixes}")
             out.append(Finding("kv_bound", "critical", message, **where))
         elif r.requests_running == 0 and _standing_queue(r) and not r.prefill_server and not leaking(r):
-            # No scheduler cap holds back a queue while nothing runs (review, round 26: "raise --max-num-seqs" was
+            # No scheduler cap holds back a queue while nothing runs ("raise --max-num-seqs" was
             # said of 40 waiting beside 0 running at 30 %); at 5 % or less request_exceeds_pool says more, and a full
             # cache no request holds is kv_usage_stuck's.
             free = f" than the {_free_tokens(r, usage):,.0f} tokens free" if r.kv_capacity_tokens else " than is free"
@@ -699,7 +699,7 @@ def _scheduler_fix(running: float | None, max_num_seqs: int | None, flags: Mappi
                 f"the {max_num_seqs // ranks} each of its {ranks} ranks gets with --enable-dp-attention (the payload "
                 f"does not say which runs): raise {concurrency} if it is on, else {budget} (token budget){sglang}")
     if max_num_seqs and running is not None and running < min(SCHEDULER_CAP_SHARE * max_num_seqs, max_num_seqs - 1):
-        # (a margin of at least one request: 7 running of --max-num-seqs 8 was "well under" it: review, round 26)
+        # (a margin of at least one request: 7 running of --max-num-seqs 8 would read "well under" it)
         return (f"{_requests(running)} {_run(running)}, well under {concurrency} {max_num_seqs}, so that cap is "
                 f"not it: raise {budget} (token budget){sglang}")
     if max_num_seqs and running is not None:
@@ -771,10 +771,10 @@ def render(report: dict[str, Any]) -> str:
         reasons = ", ".join(f"{n:,} for {reason}" for reason, n in s["waiting_by_reason"].items() if n)
         lines.append(f"  queue           {_fmt(running, ',')} running, {_fmt(waiting, ',')} waiting"
                      + (f" ({reasons})" if reasons else ""))
-        # (review, round 22: the formula's figure read as the engine's own; --json said "formula" only)
+        # (the formula's figure read as the engine's own; --json said "formula" only)
         estimated = " (kvwatch's estimate from the model and the card: the engine reports none)" \
             if s["capacity_source"] == "formula" else ""
-        # (review, round 26: "740 more fit" stood above a finding that the sleeping engine's cache is released)
+        # ("740 more fit" stood above a finding that the sleeping engine's cache is released)
         sleep = s["sleep_state"]
         asleep = "" if sleep in (None, "awake") else \
             " once awake (the engine is asleep" + ("" if sleep == "asleep" else f": {sleep}") + ")"

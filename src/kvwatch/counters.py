@@ -13,7 +13,7 @@ from operator import sub
 
 # A float counter summed over several processes (vLLM's multiprocess mode sums one file per API server) can read
 # a rounding lower from one poll to the next, summed in another order: 199999.99999999997 after 200000.0 reset
-# the forecaster and cleared its warnings (review, round 19). A decrease within this share of the value is rounding.
+# the forecaster and cleared its warnings. A decrease within this share of the value is rounding.
 ROUNDING = 1e-9
 
 

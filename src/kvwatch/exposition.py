@@ -73,7 +73,7 @@ class TooLarge(ParseError):
 # Each name costs the parse its metadata whatever is kept: 500,000 names in a 16 MiB body took ~300 MB.
 MAX_FAMILIES = 20_000
 # Labels one sample may carry: vLLM's widest, cache_config_info, has 26. One line of 1.37M labels took 478 MiB
-# (review, round 18); Prometheus' scrape config has label_limit for the same reason.
+# to be refused; Prometheus' scrape config has label_limit for the same reason.
 MAX_LABELS_PER_SAMPLE = 256
 
 
@@ -708,7 +708,7 @@ class _Parser:
         if self.lenient and (meta.help if keyword == "HELP" else meta.type) is not None:
             # A page merged from two (KServe's queue-proxy merges its own with the model server's) repeats a
             # family's HELP and TYPE, process_* for one. Prometheus' scrape reads a second HELP or TYPE, or a TYPE
-            # after the family's samples, without complaint (review, round 20): a filtered parse keeps the first
+            # after the family's samples, without complaint: a filtered parse keeps the first
             # and reads on (two scrapes glued together are still refused where a series has two values; exact
             # copies are one sample, a page served twice over). An unread family's lines are skipped unvalidated.
             if self.wanted_set is not None and meta.family is None and self._skippable(meta.name):
@@ -922,7 +922,7 @@ _METADATA_KEYWORD = re.compile(r"#[ \t]+(HELP|TYPE)[ \t]")
 
 def _split_blank(text: str) -> tuple[str, str, str]:
     """Split at the first blank or tab (Go's readTokenUntilWhitespace). Searched in C: a character loop took a
-    second a MiB of a comment line without a blank (review, round 22)."""
+    second a MiB of a comment line without a blank."""
     i = text.find(" ")
     tab = text.find("\t", 0, i if i >= 0 else len(text))
     if tab >= 0:
@@ -1013,7 +1013,7 @@ def _unescape(text: str, lineno: int, line: str, lenient: bool = False) -> str:
 
 class _Pieces:
     """A string built piece by piece, joined every ``FLUSH`` pieces: a list of one entry per character or escape
-    cost 8 bytes each, 128 MB for a 16 MiB text of backslashes (the review's page, 234 MB at the default cap)."""
+    cost 8 bytes each, 128 MB for a 16 MiB text of backslashes (234 MB for one at the default cap)."""
 
     FLUSH = 65536
 

@@ -103,7 +103,7 @@ class Fetcher:
 
     def _new_client(self) -> httpx.AsyncClient:
         # No cookies kept, as Prometheus keeps none: a target setting new ones every answer grew the request's
-        # headers until it answered 431 to every poll (review, round 18).
+        # headers until it answered 431 to every poll.
         no_cookies = http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
         return httpx.AsyncClient(
             timeout=httpx.Timeout(self.timeout),
@@ -276,7 +276,7 @@ class Fetcher:
 
     def _text(self, body: bytearray, charset: str | None, said_gzip: bool = False) -> str:
         """The body as text, its bytes freed as soon as it is decoded: a copy of them (``bytes(body)``) and the buffer
-        held on through the parse made the sidecar's peak about 3.4 × the body (review, round 22)."""
+        held on through the parse made the sidecar's peak about 3.4 × the body."""
         size = len(body)
         try:
             text = decode_body(body, charset, self.url, said_gzip)
@@ -286,7 +286,8 @@ class Fetcher:
 
     def _note_redirect(self, response: httpx.Response, hops: int) -> None:
         """A redirect to another host or port is followed, as Prometheus follows it, and said once per place: its
-        page is then reported as this target's (it was followed without a word; another port was until round 25)."""
+        page is then reported as this target's (followed without a word, a
+        page from another place reads as the target's own)."""
         final, asked = response.url, httpx.URL(self._request_url)
         if not hops or _same_origin(final, asked):
             return
@@ -382,7 +383,7 @@ class CappedBody:
 def _decompressor(content_encoding: str) -> Any:
     """A zlib decompressor for a gzip body (kvwatch asks for gzip only); None for any other ``Content-Encoding``,
     whose bytes are read as they are, as Prometheus reads them: servers that label a plain page ``UTF-8``, ``none``
-    or ``deflate`` were refused (review, round 21), and a body really compressed otherwise fails its parse."""
+    or ``deflate`` were refused, and a body really compressed otherwise fails its parse."""
     if content_encoding.strip().lower() in ("gzip", "x-gzip"):
         return zlib.decompressobj(16 + zlib.MAX_WBITS)
     return None
@@ -419,7 +420,7 @@ def held_text(text: str, body_bytes: int, max_body_bytes: int, source: str) -> s
 
 # Charsets a body is read in when declared; any other is read as UTF-8, the text format's, as Prometheus reads every
 # body whatever it declares. Python decodes some codecs in time quadratic in the size (punycode: 8 s for 320 KB,
-# on the fetcher's loop, which held every later poll; review, round 18).
+# on the fetcher's loop, which held every later poll).
 # (UTF-16 and UTF-8 with a BOM too: check --file reads a page saved on Windows in them, told by the BOM.)
 DECLARED_CHARSETS = frozenset({"utf-8", "utf8", "utf-8-sig", "utf-16", "us-ascii", "ascii", "iso-8859-1", "latin-1",
                                "latin1"})
@@ -437,7 +438,7 @@ def _with_bad_comments_replaced(body: bytes | bytearray) -> str | None:
 def _only_in_plain_comments(text: str) -> bool:
     """Whether every undecodable byte of ``text`` (surrogate-escaped) is in a plain comment line. Only the lines
     holding one are looked at, in place (split into lines, with a second text alive, the page took 6 times its
-    size: review, round 22)."""
+    size)."""
     checked_to = -1
     for bad in _UNDECODABLE.finditer(text):
         if bad.start() < checked_to:

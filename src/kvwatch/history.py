@@ -64,7 +64,7 @@ class Entry:
 START_TIME_JITTER = 1.0
 """Seconds a target's ``process_start_time_seconds`` may move without a restart: exporters that compute it anew
 each scrape (client_golang reads boot time and jiffies every time: prometheus/client_golang#289) wobble by
-milliseconds, and each wobble was a restart, the forecaster warming up for good (review, round 22). No engine
+milliseconds, and each wobble was a restart, the forecaster warming up for good. No engine
 restarts within a second of its predecessor's start."""
 
 
@@ -138,7 +138,7 @@ class SeriesHistory:
         shared = self._shared(reading)
         if self._entries:
             # An entry's per-reason counts go once a newer one comes (restart_reason reads _known's): every entry
-            # keeping its own, changed every poll, held a copy per entry (656 MiB from 16 series, review 18).
+            # keeping its own, changed every poll, held a copy per entry (656 MiB from 16 series).
             last = self._entries[-1]
             if last.reading.finished_by_reason or last.reading.waiting_by_reason:
                 self._entries[-1] = Entry(last.timestamp, replace(last.reading, finished_by_reason=_NO_REASONS,
@@ -161,7 +161,7 @@ class SeriesHistory:
     def completed(self, reading: Reading) -> Reading:
         """``reading`` (this series' newest) with the engine configuration it lacks at this process's last one: a
         page without ``cache_config_info`` for a poll made the capacity the formula's, and the forecaster took
-        the change for a restart and cleared its warning (review, round 21)."""
+        the change for a restart and cleared its warning."""
         configured = self._configured
         if configured is None or reading.cache_config:
             return reading

@@ -19,7 +19,7 @@ REASONS: tuple[str, ...] = ("connect", "timeout", "http_status", "too_large", "p
 
 
 # A failure's message quotes what it found (a duplicate series' labels, the labels two copies differ in): a 1 MiB
-# label made every warning a 1 MiB log line (5 MB of log in 30 s, review round 18).
+# label made every warning a 1 MiB log line (5 MB of log in 30 s).
 MAX_MESSAGE_CHARS = 1000
 
 
@@ -41,7 +41,7 @@ MAX_LABEL_CHARS = 1024
 # A proxy compressed the body without saying so (Content-Encoding).
 UNDECLARED_GZIP = ("the body is gzip-compressed but the response did not say so (no Content-Encoding: gzip "
                    "header): fix the proxy in front of the engine")
-# (review, round 22: a body compressed twice was reported with UNDECLARED_GZIP, sending on-call after a header
+# (a body compressed twice was reported with UNDECLARED_GZIP, sending on-call after a header
 # that was there)
 GZIP_TWICE = ("the body is still gzip-compressed after its Content-Encoding (gzip twice: a proxy compressed a "
               "compressed body, or a list of codings kvwatch does not read): fix the proxy in front of the engine")

@@ -161,7 +161,7 @@ def build_spec(args: argparse.Namespace, settings: DeploymentSettings) -> Deploy
         if note:
             print(f"kvwatch plan: note: --kv-bytes-per-token {note}", file=sys.stderr)
     if args.avg_seq_len is not None and not (math.isfinite(args.avg_seq_len) and args.avg_seq_len >= 1):
-        # (review, round 22: 1e-9 tokens printed "at 0 tokens per request ... ≈ 30674285714285.71 requests")
+        # (1e-9 tokens printed "at 0 tokens per request ... ≈ 30674285714285.71 requests")
         raise SettingsError(f"invalid value {args.avg_seq_len:g} for --avg-seq-len: must be at least 1 token")
     overrides["allow_long_max_model_len"] = bool(getattr(args, "allow_long_max_model_len", False))
     overrides["enforce_eager"] = bool(getattr(args, "enforce_eager", False))

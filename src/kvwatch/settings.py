@@ -27,7 +27,7 @@ MIN_INTERVAL_SECONDS = 0.01
 MAX_INTERVAL_SECONDS = 3600.0
 # The longest poll step (interval x clock speed) the forecaster works with: it fits minute buckets (15 of them in its
 # 45-minute trend window) and takes 2-minute medians for the bottleneck. At 240 s it never left warming_up, and its
-# ETA read +Inf with the cache full (review, round 18; docs/forecasting.md, "In the sidecar").
+# ETA read +Inf with the cache full (docs/forecasting.md, "In the sidecar").
 MAX_POLL_STEP_SECONDS = 120.0
 MAX_STALE_AFTER_SECONDS = 86400.0
 MAX_CLOCK_SPEED = 10000.0
@@ -549,7 +549,7 @@ class TargetSettings(DeploymentSettings):
     # 64: a vLLM pod exports 1-8 series (one model name, one engine per data-parallel rank on the node), so
     # 8x headroom. Each series kept costs memory (history, forecaster, capacity state), and the cap is what
     # bounds a label explosion: at 1000 it peaked at ~76 MB, over the 64 MB budget (docs/reliability.md). check
-    # reads no more either: a page of 273,000 model names ran for over 10 minutes (review, round 25).
+    # reads no more either: a page of 273,000 model names ran for over 10 minutes.
     max_series: int = Field(
         64, ge=1, le=1_000_000,
         description="Most (model_name, engine) series kvwatch reads from a page (a vLLM pod has 1-8); a target "

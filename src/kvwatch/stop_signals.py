@@ -3,7 +3,7 @@
 A handler that calls ``threading.Event.set()`` can hang the process: Python runs the handler in the main thread
 between two bytecodes, and when that thread is inside ``Event.wait`` holding the event's own lock, ``set`` waits for
 that lock forever. SIGINT and SIGTERM a few milliseconds apart (a Ctrl-C on ``kvwatch demo``, which also stops its
-children) hung ``simulate`` and ``serve`` in 1 of 3 to 8 tries (review, round 23). Here the handler only stores the
+children) hung ``simulate`` and ``serve`` in 1 of 3 to 8 tries. Here the handler only stores the
 signal's number, which takes no lock, and the main thread looks at it every ``tick`` seconds.
 """
 

@@ -211,7 +211,7 @@ def _text(report: dict) -> str:
                          else "straight from the simulator (--engine: through an engine's /metrics)"),
     ]
     if scen["prompt_scale"] != 1.0 or scen["long_fraction"] > 0.0:
-        # (review, round 24: the JSON said --prompt-scale 4, the text nothing)
+        # (the JSON said --prompt-scale 4, the text nothing)
         low, high = LONG_PROMPT_RANGE
         lines.append("long context: "
                      + "; ".join(part for part in (
@@ -228,13 +228,13 @@ def _text(report: dict) -> str:
                      "drawn")
     scored = report["events"] - kv["warmup_events"]
     if not scored:
-        # (review, round 22: runs of under an hour printed tables of dashes and no word why)
+        # (runs of under an hour printed tables of dashes and no word why)
         lines.append(f"note: no saturation event after the {WARMUP_SECONDS / 60:.0f}-minute warm-up, so nothing is "
                      "scored (the tables show dashes): a run needs about 2 hours to show an early warning, and a "
                      "load that saturates (--peak-load, --rate-scale)")
     read_rate = scen["trace_requests_per_second"]
     if scen["trace_format"] == "mooncake" and read_rate > DENSE_REQUESTS_PER_SECOND:
-        # (review, round 22: a day in seconds read as 86 s, and nothing said so)
+        # (a day in seconds read as 86 s, and nothing said so)
         lines.append(f"note: the trace reads as {read_rate:,.0f} requests a second over "
                      f"{scen['trace_hours_read']:g} h: if it is not that dense, its times are in seconds "
                      f"({MOONCAKE_UNIT_HINT})")

@@ -49,7 +49,7 @@ def plot_run(result: RunResult, path: Path) -> None:
     ax.set_ylabel("fraction of KV capacity / probability")
     ax.set_ylim(0, top)
     ax.set_xlim(0, result.scenario.seconds / 60.0)
-    # beside the axes, not over them: upper left hid the 0.95 line and the first half hour (review, round 22)
+    # beside the axes, not over them: upper left hid the 0.95 line and the first half hour
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8)
     s = result.scenario
     shaping = "".join((f", prompts ×{s.prompt_scale:g}" if s.prompt_scale != 1.0 else "",

@@ -104,7 +104,7 @@ class Scenario:
     @property
     def load_text(self) -> str:
         """The load as the report and the plot title say it: steady and restart hold the peak alone (``0.5->1.3`` read
-        as a ramp on a steady run: review, round 26)."""
+        as a ramp on a steady run)."""
         if self.profile in ("steady", "restart"):
             return f"at {self.peak_load:g}"
         return f"{self.start_load:g}->{self.peak_load:g}"
@@ -151,8 +151,7 @@ def validate(scenario: Scenario) -> None:
 
 def refused(request: Request, max_model_len: int) -> bool:
     """vLLM refuses a prompt of ``max_model_len`` tokens or more (as the trace has it, before any shaping): such a row
-    is left out, where capped it made a request of the whole cache that sized the simulated one six times too large
-    (review, round 26)."""
+    is left out, where capped it made a request of the whole cache that sized the simulated one six times too large."""
     return request.prompt_tokens >= max_model_len
 
 
@@ -201,7 +200,7 @@ def load_trace_head(path: Path, left_out: dict[str, int] | None = None, *,
     """(the trace's first MAX_TRACE_REQUESTS requests in file order, whether it had more); ``left_out`` counts
     the rows the reader left out, by reason (an empty prompt, a failed request, and with ``max_model_len`` a
     prompt vLLM refuses: as long as the limit or longer, which capped made a request of the whole cache that
-    sized the simulated one six times too large: review, round 26). The bootstrap draws
+    sized the simulated one six times too large). The bootstrap draws
     5-minute blocks from them: a week-long trace held whole would take gigabytes (~340 B a request), and a
     million requests are its first hours at the Azure 2024 traces' rates (about 10 h of code at 28 requests/s,
     6 h of conversation at 45); the report says how many hours were read."""
@@ -228,7 +227,7 @@ def load_trace_head(path: Path, left_out: dict[str, int] | None = None, *,
     span = span_of(requests)
     if len(requests) < 10 or span < MIN_BLOCK_SECONDS:
         hint = ""
-        # (not for requests at one time, spread by the reader's jitter: review, round 22)
+        # (not for requests at one time, spread by the reader's jitter)
         if len(requests) >= 10 and MOONCAKE_JITTER_SECONDS < span < MIN_BLOCK_SECONDS and \
                 detect_format(path) == "mooncake":
             hint = f" ({MOONCAKE_UNIT_HINT})"

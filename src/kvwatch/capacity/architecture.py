@@ -536,7 +536,7 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
 
 # config.json fields that lay out a model's layers differently (some layers without KV, windowed, or sharing
 # another's), where kvwatch reads them only for the model types it knows (kvwatch.capacity.layers): on another type
-# they mean a layout kvwatch does not model (review, round 21: Ring-mini-linear's layer_group_size, RecurrentGemma's
+# they mean a layout kvwatch does not model (Ring-mini-linear's layer_group_size, RecurrentGemma's
 # block_types, Hunyuan's use_cla were planned as plain attention in every layer without a word).
 UNREAD_LAYOUT_FIELDS = ("layer_group_size", "block_types", "attention_window_size", "use_cla", "full_attn_idxs",
                         "layers_block_type", "layer_block_type", "hybrid_override_pattern", "attn_layer_indices",

@@ -598,7 +598,7 @@ def in_flight_reserve(layout: KVLayout, seq_len: float, in_flight_tokens: int, r
     the chunk). The new tokens of the steps in flight are at most ``in_flight_tokens`` over all requests (the
     scheduler's token budget, :func:`in_flight_tokens`), which holds most when it is whole prompts:
     ``floor(budget ÷ L)`` of them, each that far beyond, and the rest of the budget as part of one more (one
-    request's overhang alone understated it by 4 on Gemma-3 at 4,000 tokens: review, round 22). vLLM's
+    request's overhang alone understated it by 4 on Gemma-3 at 4,000 tokens). vLLM's
     ``max_memory_usage_bytes`` charges the budget to every request: its worst case at max_model_len
     (:func:`blocks_needed`), not the running state of many requests.
     """
@@ -642,7 +642,7 @@ def max_concurrency_at(layout: KVLayout, blocks: int, seq_len: float, in_flight_
     """How many running requests of ``seq_len`` tokens fit: the pool's tokens, less what prefill steps hold beyond
     the windows, ÷ tokens one request holds (on a model without windows, pool tokens ÷ ``seq_len``). The steps hold
     no more than the requests there are can (one prompt's overhang each): with fewer requests than the budget's
-    prompts, each is charged its own, vLLM's worst case (the budget taken whole fell below it: review, round 22)."""
+    prompts, each is charged its own, vLLM's worst case (the budget taken whole fell below it)."""
     return max_concurrency_terms(layout, blocks, seq_len, in_flight_tokens)[0]
 
 

@@ -89,7 +89,7 @@ def dropped_warning(architectures: Iterable[str], version: tuple[int, int]) -> s
 UNMODELLED: dict[str, str] = {
     "DeepseekV4ForCausalLM": "compressed MLA states, a sliding-window cache, the compressor's state and an indexer "
                              "(vllm/model_executor/models/deepseek_v4/attention.py)",
-    # (round 15's review) MiniMaxM3IndexerCache: an MLA-style spec of one bf16 index_head_dim vector per token,
+    # MiniMaxM3IndexerCache: an MLA-style spec of one bf16 index_head_dim vector per token,
     # not split by TP, beside each sparse layer's KV (+12.5 % of those layers at TP 1, +50 % at TP 4)
     "MiniMaxM3ForCausalLM": "an index-key side cache beside the sparse attention layers' KV (index_head_dim values "
                             "per token and layer, not split by tensor parallelism; "

@@ -56,7 +56,7 @@ def decimal_unit_note(text: str) -> str | None:
 def percent(ratio: float) -> str:
     """``ratio`` as a percentage with one decimal, or as many more (up to six) as keep a value off a multiple of 5 %
     it is not: kvwatch's rules sit there (5 %, 10 %, 90 %, 95 %), and 0.8999 printed "90.0 %" in a finding that
-    said it was under 90 % while 0.90 was critical (review, round 26)."""
+    said it was under 90 % while 0.90 was critical."""
     for digits in range(1, 7):
         shown = round(ratio * 100, digits)
         if abs(shown - ratio * 100) < 1e-9 or round(shown, 9) % 5 != 0:  # (0.55 x 100 is 55.00000000000001)

@@ -37,7 +37,7 @@ def ceiling_ratio(base: CapacityPlan, changed: CapacityPlan | None, avg_kv_token
     """How a change moves the concurrency ceiling at a request size: ``changed``'s ceiling over ``base``'s. The one
     figure for the advice's "the ceiling goes from ... to ..." and ``kvwatch_whatif_max_concurrency``: where the KV
     tokens and the ceiling do not scale alike (a Mamba hybrid's state pages keep their dtype under an FP8 KV cache),
-    the tokens' ratio overstated the ceiling's (round 20's review: x1.53 said, x1.28 exported)."""
+    the tokens' ratio overstated the ceiling's (x1.53 said, x1.28 exported)."""
     if changed is None or avg_kv_tokens_per_request <= 0:
         return None
     now = base.max_concurrency_at(avg_kv_tokens_per_request)
@@ -83,7 +83,7 @@ def _weights_ratio(spec: DeploymentSpec, quantization: str, dtype_bytes: int) ->
 def _weights(spec: DeploymentSpec) -> tuple[float | None, str]:
     """Today's weights per GPU as a what-if re-budgets them: measured (``--weights-gib``); for a measured KV pool,
     which needs no weights to plan, kvwatch's estimate from the model where it is known, with a note saying so (FP8
-    and TP re-budget the pool by what they free: review, round 26, asked for ``--model`` with ``--model`` given);
+    and TP re-budget the pool by what they free; without it a what-if asked for ``--model`` with ``--model`` given);
     else None (the changed plan estimates them itself)."""
     if spec.weights_bytes is not None or spec.available_kv_bytes is None or spec.arch is None:
         return spec.weights_bytes, ""
@@ -103,7 +103,7 @@ def _fp8_weights(spec: DeploymentSpec, base: CapacityPlan) -> tuple[DeploymentSp
     except QuantizationError as exc:
         return None, f"cannot price today's weights: {exc}"
     # Where the model is known, the weights as priced decide, not the scheme's nominal bytes: experts_int8 on a
-    # dense model leaves its weights in the model dtype (review, round 26: "already experts_int8: no gain" beside
+    # dense model leaves its weights in the model dtype ("already experts_int8: no gain" beside
     # bf16-priced weights that FP8 would shrink by 11.8 % of the plan's tokens).
     ratio = _weights_ratio(spec, "fp8", dtype_bytes)
     if current is not None and (ratio >= 1.0 if spec.arch is not None else current.bytes_per_param <= 1.0):

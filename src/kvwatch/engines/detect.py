@@ -84,7 +84,7 @@ def _staged(sample: Sample) -> Sample:
 
 class Spelling(NamedTuple):
     """A re-export's spelling of an engine's family names, read by renaming after the parse (the page's text is not
-    copied: a rewrite of a 58 MiB page peaked at 449 MiB, review round 23)."""
+    copied: a rewrite of a 58 MiB page peaked at 449 MiB)."""
 
     note: str  # what the report's version_range adds
     page: Callable[[str], str]  # kvwatch's name -> the page's
@@ -295,7 +295,7 @@ ADMIT_FACTOR = 2
 # parse refuses such a page having grown by 25 MB (docs/reliability.md).
 SAMPLES_PER_SERIES = 32_768
 # And all of them together: 128 series (twice --max-series) under that cap each held 8.4M samples, 277 MiB at the
-# parse's peak (review, round 18). 64 full series of an engine's page hold about 10,000; a --max-series raised for a
+# parse's peak. 64 full series of an engine's page hold about 10,000; a --max-series raised for a
 # target that serves more raises it too, by SAMPLES_PER_ADMITTED_SERIES a series the parse keeps (a vLLM series
 # holds 119-143).
 SAMPLES_PER_PAGE = 65_536

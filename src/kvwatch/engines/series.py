@@ -152,8 +152,8 @@ def histogram_samples(exposition: Exposition, family: str) -> list[Sample]:
 
 def decimal_index(text: str) -> int | None:
     """``text`` as a count or index where it is one (an engine, a rank, a parallel size: at most 18 digits once its
-    leading zeros are gone; int() of a label of thousands of digits raised past Python's limit, an internal error:
-    review, round 25), else None."""
+    leading zeros are gone; int() of a label of thousands of digits raised past Python's limit, an internal error),
+    else None."""
     digits = text.strip()
     if not digits.isdecimal():
         return None

@@ -305,7 +305,7 @@ def read_iteration_stats(text: str, *, timestamp: float, model_name: str = "unkn
         raise TooLarge(f"JSON body with about {values:,} values: more than TensorRT-LLM's iteration statistics hold "
                        f"({MAX_JSON_VALUES:,} at most), not read")
     # (an integer of more digits than any count has is read as a float, infinite past its range and then unknown:
-    # int() of one past Python's 4,300 digits raised, counted as a kvwatch bug; review, round 25)
+    # int() of one past Python's 4,300 digits raised, counted as a kvwatch bug)
     data: Any = json.loads(text, parse_int=lambda digits: int(digits) if len(digits) <= 20 else float(digits))
     iterations = data if isinstance(data, list) else [data]
     stats = [it for it in iterations if isinstance(it, dict) and ("kvCacheStats" in it or "numActiveRequests" in it)]
@@ -319,7 +319,7 @@ def read_iteration_stats(text: str, *, timestamp: float, model_name: str = "unkn
     # With attention data parallelism an iteration is one row per rank (`attentionDpRank`), each a copy of rank 0's
     # active count and KV beside the rank's own scheduled count, the queue zeroed on every rank but 0
     # (tensorrt_llm's _materialize_frame). The last row was read: its queue lost, its running count one rank's, and
-    # the answer hung on the rows' order (review, round 22). Rank 0's newest row is read, unsplit.
+    # the answer hung on the rows' order. Rank 0's newest row is read, unsplit.
     attention_dp = any(_dp_rank(it) not in (None, 0) for it in stats)
     rank0 = next((it for it in reversed(stats) if _dp_rank(it) == 0), None) if attention_dp else None
     last = rank0 if rank0 is not None else stats[-1]

@@ -164,8 +164,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     # vLLM sums num_gpu_blocks over the data-parallel engines a front-end runs, each of which has its own label set;
     # the one engine="" set of a 0.11 development line stands for them all: its engines are the series'. Beside
     # engines' own sets it is none of theirs (each engine has its own blocks). A page whose engines lack some of
-    # their sets still sums over all of them (one set of two engines' page read the sum as engine 0's: review,
-    # round 25).
+    # their sets still sums over all of them (one set of two engines' page read the sum as engine 0's).
     engines_with_sets = len(configs.keys() - {None})
     page_engines = max(1, len({key[1] for key in keys}))
     shared = not engines_with_sets and None in configs and configs[None].get("engine") == ""

@@ -330,8 +330,8 @@ class Forecaster:
     def _onset_load(self) -> float:
         """The load an onset came at: the lowest of the risk window's mean usage over the last 30 minute closes,
         so a saturation reached by a climb is held to the load it climbed from (the mean just before it, climb
-        included, put the troughs between hourly ramped bursts below the gate: no warning before any of them,
-        review round 19). 0, counting whatever the load (as v9), until 30 minute closes with a full window have been
+        included, put the troughs between hourly ramped bursts below the gate: no warning before any of them).
+        0, counting whatever the load (as v9), until 30 minute closes with a full window have been
         seen since the (re)start or gap, an hour: a cache that saturates at once after a restart has no load of its
         own yet."""
         if len(self._window_loads) < self.params.risk.window_buckets:
@@ -515,7 +515,7 @@ class Forecaster:
         p = self.params
         self._buckets.append(bucket)
         # The raw polls are read over the last 30 minutes only (the burst quantile, the within-minute spread): an
-        # older bucket keeping them held every poll of 2 hours (26 MB a series at 0.01-s polls; review, round 18).
+        # older bucket keeping them held every poll of 2 hours (26 MB a series at 0.01-s polls).
         oldest_read = bucket.minute - max(p.risk.window_buckets, p.demand.burst_window_buckets)
         for i, old in enumerate(self._buckets):
             if old.minute > oldest_read:
@@ -562,7 +562,7 @@ class Forecaster:
 
     def _update_latch(self, now: float, warm: bool, risk: float | None, bucket: MinuteBucket,
                       saturated: bool) -> None:
-        """The warning's hysteresis, and what a minute without a risk means to it (review, round 20). Re-warming
+        """The warning's hysteresis, and what a minute without a risk means to it. Re-warming
         after a gap is neither calm nor high (counted calm, it cleared a warning minutes before the saturation it
         had predicted); the warning is dropped once no risk has backed it for its horizon, and on the first warm
         minute whose risk has fallen below risk_off. A warm minute with nothing to project (an idle engine) is
@@ -604,9 +604,9 @@ class Forecaster:
             return BOTTLENECK
         if self._warning_stands(now):
             # (also while re-warming after a gap: the warning stands, its risk unknown until warm; shown as
-            # warming_up, it resolved the alert minutes before the saturation it had predicted: review, round 21).
+            # warming_up, it resolved the alert minutes before the saturation it had predicted).
             # Before scheduler_limited: a queue with room now does not make a forecast saturation less likely,
-            # and its advice (raise --max-num-seqs) would fill the cache sooner (review, round 26).
+            # and its advice (raise --max-num-seqs) would fill the cache sooner.
             return FILLING
         if d.scheduler_limited:
             return SCHEDULER_LIMITED

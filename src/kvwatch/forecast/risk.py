@@ -89,7 +89,7 @@ class RiskParams:
     within_sd: str = "median"
     # The threshold is lowered by no more than the polls rise above their minute's mean (the median of the minutes'
     # max − mean): a load swinging between two levels, 0.90 and 0.30, has a wide spread but no poll above 0.90, and
-    # with the spread alone its threshold fell below its mean, the risk 1.0 for hours (round 22's review). False: v10.
+    # with the spread alone its threshold fell below its mean, the risk 1.0 for hours. False: v10.
     within_reach: bool = True
     # Sustained excursions (v4): an event is saturation over most of ``sustain_seconds``, so the process
     # that must cross is the occupancy averaged over that window, whose variance is the minute mean's
@@ -103,7 +103,7 @@ class RiskParams:
     recurrence_quiet_seconds: float = 600.0
     # An onset counts toward the recurrence only while the window's mean usage is at least this share of the load
     # the onset came at (recurrence_load_trough): after the load has fallen away the old saturations say nothing
-    # about the next (a compressed day kept `filling` on to the end with usage at 0.10–0.44, round 15's review).
+    # about the next (a compressed day kept `filling` on to the end with usage at 0.10–0.44).
     # 0: off (v9). 0.7 (v10): the tuning family scores as v9 from 0.5 to 0.85 (0.9: Brier 0.0001 worse at 5 and
     # 30 minutes), and 0.7 leaves room on both sides; docs/forecasting.md, v10.
     recurrence_load_ratio: float = 0.7
@@ -141,7 +141,7 @@ class RiskParams:
     # v9: the floor is Poisson shot noise, whose count of requests in flight is Poisson (variance = mean). Scaled
     # by the measured ratio (running_dispersion, at most 1): a gateway or max-num-seqs that keeps a fixed number
     # of long requests in flight has a steady count, and its occupancy is steady too (4.5 hours of `filling` at a
-    # flat 0.88, round 13's review). False: v8.
+    # flat 0.88). False: v8.
     floor_by_running_dispersion: bool = True
     tail_window_buckets: int = 30  # minutes of bucket deltas the request-size tail is estimated over
     count_dispersion_power: float = 1.0  # "tail-burst": the tail times (count dispersion) ** this
@@ -185,7 +185,7 @@ def _tail_and_density(c: float, mean: float, var: float, distribution: str) -> t
         return (1.0 if mean >= c else 0.0), 0.0
     # Past a shape of 1e6 the gamma's skewness (2/sqrt(shape)) is under 0.002: it is the Gaussian, whose density
     # stays exact where the gamma's log-density, a difference of terms near shape, lost every digit (and overflowed
-    # at a variance of 1e-12; review, round 18).
+    # at a variance of 1e-12).
     if distribution == "gaussian" or mean * mean > 1e6 * var:
         sd = math.sqrt(var)
         z = (c - mean) / sd
@@ -230,8 +230,8 @@ def _line_fit(buckets: Sequence[MinuteBucket], window_buckets: int, shrink: bool
         if _flat_after(points, shifted[0]):
             # A level above the line's, and flat since: the line's level stands (it does not chase a burst), but a
             # step to a plateau is no noise: its spread and rho are the shift's, not the line's residuals across
-            # the step (a step up to a steady 0.7 read as 30 minutes of bursts: filling for 10-30 minutes, review
-            # round 23). A step that goes on rising keeps the line's: that spread is what warned of it.
+            # the step (a step up to a steady 0.7 read as 30 minutes of bursts: filling for 10-30 minutes).
+            # A step that goes on rising keeps the line's: that spread is what warned of it.
             return min(resid / my if my > 0 else 0.0, fit[0]), max(0.0, level), fit[2], points[-1][1]
     return (resid / my if my > 0 else 0.0), max(0.0, level), rho, points[-1][1]
 

@@ -9,7 +9,7 @@ BUCKET_SECONDS = 60.0
 
 # One poll cannot see a queue persist: a standing queue is at least this many requests and this share of the running
 # ones (a request or two arriving between scheduler steps wait for a moment at any load; at hundreds of requests a
-# second a few wait at nearly every poll of a healthy engine, which read scheduler_limited: review, round 25).
+# second a few wait at nearly every poll of a healthy engine, which read scheduler_limited).
 STANDING_QUEUE_MIN_WAITING = 2
 STANDING_QUEUE_MIN_SHARE = 0.1
 
@@ -26,7 +26,7 @@ def queue_waits_for_kv(usage: float, waiting: float | None, running: float | Non
                        saturation: float = SATURATION_USAGE, busy: float = BUSY_USAGE) -> bool:
     """Whether the requests waiting wait for the KV cache: any queue at ``saturation`` used, a standing one from
     ``busy`` (below the saturation a few arrivals waiting for the next step fit: one request beside 300 running at
-    0.91 read as a full cache; review, round 25), and any where the next prompt does not fit (``no_room``)."""
+    0.91 read as a full cache), and any where the next prompt does not fit (``no_room``)."""
     if not waiting or waiting < 1:
         return False
     return usage >= saturation or (usage >= busy and standing_queue(waiting, running)) or no_room

@@ -559,7 +559,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _exit_at_deadline(seconds: float) -> None:
     """Past ``seconds``, every thread's stack to stderr, then exit 1. A Python thread dumps them holding the GIL:
-    faulthandler's own watchdog reads the other threads' frames without it (a CI run of round 20 ended with a
+    faulthandler's own watchdog reads the other threads' frames without it (a CI run ended with a
     segfault, -11, when it alone dumped: the likeliest cause, not reproduced). That watchdog stays,
     BACKSTOP_SECONDS later, for an exit the GIL never lets the Python thread reach."""
     last_words = logs.nonblocking_stderr()  # (writes fail rather than wait on a full pipe)
@@ -580,8 +580,7 @@ def _exit_at_deadline(seconds: float) -> None:
 def polling_window(settings: ServeSettings) -> float:
     """How far apart (poll clock) polls may end while polling goes on: an interval (<= stale-after) plus the longest
     poll, its fetch and its GPU read each up to the poll timeout, and its parse and analysis (an interval's margin).
-    Past that, polling stopped (kvwatch_up 0, /healthz 503); less flapped with polls that ran to their timeouts
-    (round 20's review)."""
+    Past that, polling stopped (kvwatch_up 0, /healthz 503); less flapped with polls that ran to their timeouts."""
     stale_after = float(settings.stale_after_seconds or 0)
     longest_poll = 2 * float(settings.poll_timeout_seconds or 0) + settings.poll_interval_seconds
     return (stale_after + longest_poll) * settings.clock_speed

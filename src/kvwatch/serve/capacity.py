@@ -123,7 +123,7 @@ class CapacityAnalyzer:
         headline = observed_mix_ceiling(reading, history)
         size = ceiling_request_size(reading, headline) or reading.kv_tokens_per_running_request
         # (no ceiling yet, at 1 % usage with no request finished: today's is the pool at the live footprint, which
-        # the what-ifs scale; the plan's own ceilings replaced the engine's pool: review, round 23)
+        # the what-ifs scale; the plan's own ceilings replaced the engine's pool)
         today = headline or (reading.kv_capacity_tokens / size if reading.kv_capacity_tokens and size else None)
         if capacity is not None and (size or today):
             whatif = capacity.whatif_max_concurrency(size, today)

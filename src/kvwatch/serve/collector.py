@@ -50,7 +50,7 @@ class KvwatchCollector(Collector):
             yield from _build_info()
             return
         # No poll at all (good or bad) for stale_after: polling itself stopped, and the last poll's "up" is no
-        # news (a log call blocked on a full pipe held the poll thread with kvwatch_up frozen at 1, round 19).
+        # news (a log call blocked on a full pipe held the poll thread with kvwatch_up frozen at 1).
         polling = state.polling(now, self._polling_within)
         yield from _health(state, polling)
         try:
@@ -114,7 +114,7 @@ def _health(state: State, polling: bool = True) -> Iterator[Metric]:
     implausible = CounterMetricFamily(
         "kvwatch_implausible_values", "Impossible values the target served (NaN, +-Inf, negative counts, usage "
         "outside 0..1), read as unknown instead, by Reading field; summed over series and polls.", labels=["field"])
-    # Every field from 0 (review, round 22): a counter that appears at its first increment starts at 1, and rate()
+    # Every field from 0: a counter that appears at its first increment starts at 1, and rate()
     # never counts that first impossible value.
     for name in sorted({*CHECKED_FIELDS, *health.implausible_total}):
         implausible.add_metric([name], float(health.implausible_total.get(name, 0)))

@@ -109,7 +109,7 @@ class ForecastAnalyzer:
     def families(self, results: Mapping[SeriesKey, SeriesForecast], now: float) -> Iterable[Metric]:
         rows = []
         # When the newest page was read: "gone" counts between pages (poll starts), not to the scrape, which may
-        # come a whole poll's duration after its page's start (review, round 22).
+        # come a whole poll's duration after its page's start.
         newest_page = max(self._seen.values(), default=None)
         for key, forecaster in sorted(list(self._forecasters.items())):
             fresh = results.get(key)

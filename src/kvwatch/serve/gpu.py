@@ -165,7 +165,7 @@ class GpuWatcher:
             readings.append(GpuReading(gpu, non_kv_bytes(gpu.used_bytes, kv_pool_bytes, weights_bytes), growth,
                                        seconds_to_limit(gpu.free_bytes, growth)))
         # A GPU missing from a read keeps its points while they are in the window (dropped at once, its trend took 2
-        # minutes to come back after a one-read gap, and the alert's `for` started again: review, round 22), at most
+        # minutes to come back after a one-read gap, and the alert's `for` started again), at most
         # REMEMBERED_GPUS GPUs in all, the most recently seen first.
         seen = {(g.uuid, g.instance) for g in result}
         missing = []

@@ -2,7 +2,7 @@
 
 A container runtime whose log pipe is not read (a collector that fell behind) fills it, and a plain
 StreamHandler then blocks the thread that logs: the poll thread stopped polling with ``kvwatch_up`` frozen,
-and SIGTERM hung on "shutting down" (review, round 19). Records go to a bounded queue instead, written out by
+and SIGTERM hung on "shutting down". Records go to a bounded queue instead, written out by
 one daemon thread with ``os.write`` (no Python buffer or lock another thread could wait on at exit); when the
 queue is full a record is dropped and counted, and the next record that gets through says how many were.
 """

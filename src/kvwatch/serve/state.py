@@ -86,7 +86,7 @@ class State:
     def fresh(self, now: float, stale_after: float) -> bool:
         """Whether derived per-series values may still be exported at ``now``: counted from the end of the last
         good poll. From its start, a poll running past the interval (the next tick skipped) left its series stale
-        before the next one ended, kvwatch_up 1, every 10 s at a 5-s interval (review, round 22)."""
+        before the next one ended, kvwatch_up 1, every 10 s at a 5-s interval."""
         last = self.health.last_success_finished
         if last is None:
             last = self.health.last_success_timestamp

@@ -57,13 +57,13 @@ MAX_CONNECTIONS = 128
 every 8 s held 1,504 threads and 76 MB, over the memory budget."""
 MAX_PER_CLIENT = 32
 """Connections one client address may hold at once: 128 half-sent requests from one client held every slot, and
-the kubelet's /healthz probe and Prometheus' scrape failed until they timed out (round 13's review)."""
+the kubelet's /healthz probe and Prometheus' scrape failed until they timed out."""
 SLOT_WAIT_SECONDS = 0.5
 """How long a new connection may wait for a slot before it is closed (serve_forever's poll interval)."""
 STALLED_AFTER = 2.0
 """Seconds a connection may go without a complete request head before a newcomer may take its slot when all are
-taken: five addresses × MAX_PER_CLIENT idle connections held every slot and /healthz from a sixth failed (round 19's
-review). Scrapers and probes send their request at once; only a connection that has sent one keeps its slot."""
+taken: five addresses × MAX_PER_CLIENT idle connections held every slot and /healthz from a sixth failed.
+Scrapers and probes send their request at once; only a connection that has sent one keeps its slot."""
 _AUTH_CACHE_SIZE = 256
 BCRYPT_PASSWORD_BYTES = 72  # what bcrypt hashes of a password
 

@@ -94,7 +94,7 @@ def _csv_columns(header: str, wanted: tuple[str, ...]) -> list[int] | None:
     names = [c.strip().lower() for c in next(csv.reader([header.lstrip("\ufeff")]), [])]
     keys = [w.lower() for w in wanted]
     twice = [w for w, k in zip(wanted, keys, strict=True) if names.count(k) > 1]
-    if twice:  # the first of two was read without a word (review, round 26)
+    if twice:  # else the first of two would be read without a word
         raise ValueError(f"the header names {', '.join(twice)} twice: which one is meant?")
     return [names.index(k) for k in keys] if all(k in names for k in keys) else None
 
@@ -114,7 +114,7 @@ def _number(value: object) -> float:
 
 def _tokens(value: object) -> int:
     """A token count: a finite whole number (1e400 or NaN is an error, not an OverflowError; 12.7 is one too: it
-    was cut to 12 without a word, and 0.5 left out as "0": review, round 26)."""
+    was cut to 12 without a word, and 0.5 left out as "0")."""
     number = _number(value)
     if not number.is_integer():
         raise ValueError(f"not a whole number of tokens: {value!r}")
@@ -156,7 +156,7 @@ MAX_SPAN_SECONDS = 400 * 86400.0  # longer than any published trace (BurstGPT: 1
 
 
 def _all_left_out(left_out: dict[str, int]) -> str:
-    """What the rows of a trace without a request were, when the reader left them all out (review, round 22: a
+    """What the rows of a trace without a request were, when the reader left them all out (a
     trace of failed requests read as "no requests", its rows unmentioned)."""
     if not left_out:
         return ""
@@ -206,7 +206,7 @@ def _read_csv(source: str | Path, columns: tuple[str, str, str], time: Callable[
             continue
         if '"' in line:
             # a quoted field may hold line ends (a CSV writer's prompt text): it runs on to the quote that closes
-            # it (review, round 26: refused as "expected at least 3 columns" on the next line)
+            # it (refused as "expected at least 3 columns" on the next line)
             joined = 0
             while _ends_in_quoted_field(line):
                 more = next(numbered, None)
@@ -256,7 +256,7 @@ MAX_QUOTED_LINES = 1000  # the lines one quoted CSV field may run over (a prompt
 
 def _ends_in_quoted_field(line: str) -> bool:
     """Whether a CSV line ends inside a quoted field, so the row goes on: a quote opens one only at a field's start
-    (csv's rule; a stray one inside a field, ``a 5" screen``, is text: diff review, round 26), ``""`` inside it is a
+    (csv's rule; a stray one inside a field, ``a 5" screen``, is text), ``""`` inside it is a
     quote, and a lone one closes it."""
     quoted, at_start = False, True
     i = 0
@@ -352,7 +352,7 @@ def read_mooncake_jsonl(source: str | Path, *, jitter_seconds: float = MOONCAKE_
     raw.sort(key=lambda r: r[0])
     t0 = raw[0][0]
     quantum = _quantum([t for t, _, _, _ in raw])
-    if quantum is None:  # times fine enough to be distinct are kept as they are (review, round 26: they were moved)
+    if quantum is None:  # times fine enough to be distinct are kept as they are (jitter would move them)
         jitter_seconds = 0.0
     elif jitter_seconds > 0 and quantum > 1.5 * jitter_seconds:
         jitter_seconds = quantum

@@ -512,8 +512,8 @@ share their beginning still differ, and two suffixes of one release too. Call wi
 
 {{/*
 The name of an object that may sit in another namespace (the monitors', the rule's and the dashboard's `namespace`):
-there the release's namespace joins it, or two releases of one name in two namespaces wrote the same object (review,
-round 25). A long namespace is cut to 12 characters and 8 of its hash.
+there the release's namespace joins it, or two releases of one name in two namespaces wrote the same object.
+A long namespace is cut to 12 characters and 8 of its hash.
 */}}
 {{- define "kvwatch.placedName" -}}
 {{- $suffix := .suffix | default "" -}}
