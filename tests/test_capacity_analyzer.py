@@ -139,7 +139,8 @@ def test_flags_win_over_the_engines_labels() -> None:
 
 
 def test_version_rules_follow_the_label_set() -> None:
-    from kvwatch.serve.sidecar_capacity import build_sidecar_capacity, vllm_version_from_cache_config
+    from kvwatch.engines.vllm import vllm_version_from_cache_config
+    from kvwatch.serve.sidecar_capacity import build_sidecar_capacity
 
     old = cache_config(gpu_memory_utilization="0.9", swap_space="4", cpu_offload_gb="0",
                        kv_offloading_backend="None")

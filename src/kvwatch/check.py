@@ -384,7 +384,7 @@ def _groups_unknown(poll: Poll, capacities: Mapping[Any, Any], known_models: set
     """``capacity_groups_unknown``, once per model: the capacity is vLLM's blocks × block size for a model kvwatch
     does not know, so it cannot tell whether the blocks are shared among KV groups (kvwatch.capacity.series)."""
     from kvwatch.capacity.kv import HYBRID_GROUPING_SINCE
-    from kvwatch.serve.sidecar_capacity import vllm_version_from_cache_config
+    from kvwatch.engines.vllm import vllm_version_from_cache_config
 
     def groups_possible(reading: Reading) -> bool:  # vLLM >= 0.9: the hybrid allocator shares the blocks
         version = vllm_version_from_cache_config(reading.cache_config)

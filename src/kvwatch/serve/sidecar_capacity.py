@@ -9,7 +9,7 @@ and non-torch memory are always estimates there. What the engine does tell is us
 ``vllm:cache_config_info`` (:func:`engine_settings`) fill in ``gpu_memory_utilization``, ``block_size`` and
 ``cache_dtype`` when kvwatch was not given them, and ``max_model_len`` (kvwatch.engines.vllm.engine_max_model_len:
 vLLM >= 0.20) too, ``kv_cache_memory_bytes`` (vLLM skipped profiling and used that pool) replaces the memory
-budget, and the label set says which vLLM version's rules apply (:func:`vllm_version_from_cache_config`). A
+budget, and the label set says which vLLM version's rules apply (kvwatch.engines.vllm.vllm_version_from_cache_config). A
 ``--max-model-len`` that differs from the engine's is kept (the capacity analyzer warns about it).
 """
 
@@ -27,18 +27,13 @@ from kvwatch.capacity.presets import PresetError
 from kvwatch.capacity.series import SeriesCapacity
 from kvwatch.capacity.series import resolve as resolve_series
 from kvwatch.capacity.whatif import Scenario, ceiling_ratio, whatif_ceilings, whatif_scenarios
-from kvwatch.engines.vllm import engine_max_model_len, label_number
+from kvwatch.engines.vllm import VERSION_LABELS, engine_max_model_len, label_number, vllm_version_from_cache_config
 from kvwatch.model import UNNAMED_MODELS, Reading
 from kvwatch.settings import DeploymentSettings, ServeSettings
 
 # cache_config_info labels the formula reads (a change in any of them means another engine configuration).
 ENGINE_LABELS = ("gpu_memory_utilization", "block_size", "cache_dtype", "kv_cache_memory_bytes",
                  "enable_prefix_caching", "mamba_cache_mode")
-# Labels whose presence tells the vLLM version (vllm_version_from_cache_config).
-VERSION_LABELS = ("kv_cache_size_tokens", "kv_cache_max_concurrency", "user_specified_block_size",
-                  "swap_space_bytes", "cpu_offload_gb", "swap_space", "kv_offloading_backend", "mamba_block_size",
-                  "kv_cache_memory_bytes", "kv_sharing_fast_prefill", "cpu_kvcache_space_bytes", "prefix_match_unit",
-                  "cache_hit_alignment_tokens", "engine")
 @dataclass(frozen=True)
 class SidecarCapacity:
     plan: CapacityPlan
@@ -62,45 +57,6 @@ class SidecarCapacity:
                     if s.plan is not None and base}
         ratios = {s.name: ceiling_ratio(self.plan, s.plan, avg_kv_tokens_per_request) for s in self.scenarios}
         return {name: today * ratio for name, ratio in ratios.items() if ratio is not None}
-
-
-def vllm_version_from_cache_config(labels: Mapping[str, str]) -> tuple[int, int] | None:
-    """The vLLM version whose capacity rules apply, from the ``cache_config_info`` label set; None if unknown.
-
-    ``CacheConfig`` gained and lost fields over time (docs/capacity.md, section 5, read in the released wheels):
-    ``cache_hit_alignment_tokens`` from 0.32.0, ``prefix_match_unit`` from 0.26.0, ``kv_cache_size_tokens``
-    from ~0.25 (the adapter reports ``>=0.21``), ``user_specified_block_size`` from 0.18.0, when ``cpu_offload_gb``
-    and ``swap_space`` were dropped (0.18-0.20.x share that set: kvwatch applies 0.20's rules to it, and compares
-    an engine's blocks with the formula's in blocks, whose rule did not change); ``kv_offloading_backend``/
-    ``mamba_block_size`` appeared in 0.12,
-    ``kv_cache_memory_bytes``/``kv_sharing_fast_prefill`` in 0.10.2, ``cpu_kvcache_space_bytes`` in 0.9 and
-    ``swap_space_bytes`` without ``swap_space`` is V0's. The adapter's detected range (``0.12-0.25``) spans several
-    rule changes.
-    """
-    if "cache_hit_alignment_tokens" in labels:  # in CacheConfig from 0.32.0
-        return (0, 32)
-    if "prefix_match_unit" in labels:  # in CacheConfig from 0.26.0
-        return (0, 26)
-    if "kv_cache_size_tokens" in labels or "kv_cache_max_concurrency" in labels:
-        return (0, 25)
-    if "user_specified_block_size" in labels:  # 0.18.0 to 0.20.x
-        return (0, 20)
-    if "swap_space_bytes" in labels and "swap_space" not in labels:  # (0.8.5 to 0.19 set both)
-        return (0, 7)
-    if "cpu_offload_gb" in labels or "swap_space" in labels:
-        if "kv_offloading_backend" in labels or "mamba_block_size" in labels:
-            return (0, 12)
-        if "engine" not in labels:
-            # V1 adds an engine label to cache_config_info (its index, or "" on a 0.11 development line); the V0
-            # engine (to 0.10, VLLM_USE_V1=0) never does, and shares no blocks among KV groups: its rules are 0.8's
-            # whatever CacheConfig's fields say.
-            return (0, 8)
-        if "kv_cache_memory_bytes" in labels or "kv_sharing_fast_prefill" in labels:
-            return (0, 10)
-        if "cpu_kvcache_space_bytes" in labels:
-            return (0, 9)
-        return (0, 8)
-    return None
 
 
 def engine_settings(settings: DeploymentSettings,
