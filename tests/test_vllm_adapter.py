@@ -560,6 +560,10 @@ def test_prometheus_clients_underscore_escaped_openmetrics_gets_its_own_message(
           'vllm_num_requests_running{engine="0",model_name="m"} 3.0\n# EOF\n')
     with pytest.raises(UnrecognisedPayload, match="named vllm_\\* while their # TYPE lines say vllm:\\*"):
         vllm.read(parse(om), None, timestamp=100.0)
+    # The "values" escaping (U__, _ as __, : as _3a_) said "renamed: see --usage-metric" instead
+    values = om.replace("vllm_num_requests_running", "U__vllm_3a_num__requests__running")
+    with pytest.raises(UnrecognisedPayload, match=r"named U__vllm_3a_\* while .* with value escaping"):
+        vllm.read(parse(values), None, timestamp=100.0)
 
 
 @pytest.mark.parametrize("engine", ["²", "١"])  # a superscript (isdigit, not int) and an Arabic-Indic digit

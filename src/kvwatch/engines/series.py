@@ -15,6 +15,7 @@ Triton's ``version``) are other engines: :func:`refuse_several_servers` refuses 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -281,11 +282,31 @@ def latency_for(index: LatencyIndex, key: SeriesKey) -> MappingProxyType[str, Hi
 
 
 def underscore_escaped(exposition: Exposition, prefix: str) -> str | None:
-    """Why a page whose samples are named ``vllm_*``/``sglang_*`` under ``# TYPE vllm:*``/``sglang:*`` lines has none
-    of the names an adapter reads, or None: prometheus_client's OpenMetrics output with underscore escaping."""
+    """Why a page whose samples are named ``vllm_*`` (or ``U__vllm_3a_*``) under ``# TYPE vllm:*`` lines has none
+    of the names an adapter reads, or None: prometheus_client's OpenMetrics output with underscore (or value)
+    escaping of the names."""
     escaped = prefix.replace(":", "_")
-    if not any(n.startswith(escaped) and prefix + n[len(escaped):] in exposition.names for n in exposition.names):
+    if any(n.startswith(escaped) and prefix + n[len(escaped):] in exposition.names for n in exposition.names):
+        scheme, shown = "underscore", escaped
+    elif any((name := _unescape_values(n)) is not None and name.startswith(prefix) and name in exposition.names
+             for n in exposition.names):
+        scheme, shown = "value", "U__" + prefix.replace("_", "__").replace(":", "_3a_")
+    else:
         return None
-    return (f"the samples are named {escaped}* while their # TYPE lines say {prefix}*: prometheus_client's OpenMetrics "
-            "output with underscore escaping, served when the request asks for application/openmetrics-text; "
+    return (f"the samples are named {shown}* while their # TYPE lines say {prefix}*: prometheus_client's OpenMetrics "
+            f"output with {scheme} escaping, served when the request asks for application/openmetrics-text; "
             "fetch /metrics without that Accept header (kvwatch's own requests ask for the text format)")
+
+
+_VALUE_ESCAPE = re.compile(r"__|_([0-9a-fA-F]{1,6})_")
+
+
+def _unescape_values(name: str) -> str | None:
+    """A name under OpenMetrics' "values" escaping (``U__``, ``_`` as ``__``, another character as ``_<hex>_``),
+    decoded; None for any other name."""
+    if not name.startswith("U__"):
+        return None
+    try:
+        return _VALUE_ESCAPE.sub(lambda m: "_" if m.group(1) is None else chr(int(m.group(1), 16)), name[3:])
+    except ValueError:  # (past chr's range)
+        return None
