@@ -109,6 +109,16 @@ def test_a_low_max_series_keeps_the_capacity_of_the_series_it_exports() -> None:
     assert capped.readings[0].num_gpu_blocks == everything.readings[0].num_gpu_blocks
 
 
+def test_the_series_with_kv_usage_are_kept_ahead_of_a_label_explosion() -> None:
+    # 70 model names without a usage gauge ("a00", ...) sorted ahead of the engine's own and pushed it past
+    # --max-series: its KV usage was gone while kvwatch_up read 1.
+    junk = "".join(f'vllm:num_requests_running{{engine="0",model_name="a{i:02d}"}} 1\n' for i in range(70))
+    poll = read_payload(FIXTURE.replace("# EOF\n", "") + junk, timestamp=0.0, max_series=64)
+    own = {r.key for r in read_payload(FIXTURE, timestamp=0.0).readings}  # (llama, engines 0 and 1)
+    assert own <= {r.key for r in poll.readings if r.kv_usage_ratio is not None}
+    assert len(poll.readings) == 64 and poll.series_dropped == len(own) + 70 - 64
+
+
 def test_partial_label_sets_are_bounded_too() -> None:
     # A payload inventing engines without a model name (cache_config_info{engine="N"} for 5,000 values) keeps
     # at most the cap's number of them, and they are not counted as dropped series.

@@ -363,7 +363,9 @@ class SeriesLimit:
 
 
 def _capped(poll: Poll, max_series: int | None) -> Poll:
+    """At most ``max_series`` readings, those with a KV usage first (as vllm.read keeps them), in adapter order."""
     if max_series is None or len(poll.readings) <= max_series:
         return poll
-    return replace(poll, readings=poll.readings[:max_series],
+    kept = {id(r) for r in sorted(poll.readings, key=lambda r: r.kv_usage_ratio is None)[:max_series]}
+    return replace(poll, readings=[r for r in poll.readings if id(r) in kept],
                    series_dropped=poll.series_dropped + len(poll.readings) - max_series)

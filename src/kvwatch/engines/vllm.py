@@ -140,7 +140,8 @@ def _usage_name(exposition: Exposition, overrides: SourceOverrides) -> str | Non
 def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, timestamp: float,
          max_series: int | None = None) -> Poll:
     """One :class:`Poll` from a parsed vLLM payload: a Reading per ``(model_name, engine)``, for the first
-    ``max_series`` of them in (model_name, engine) order; the rest are counted in ``Poll.series_dropped``."""
+    ``max_series`` of them, those with a KV usage sample first, each group in (model_name, engine) order; the rest
+    are counted in ``Poll.series_dropped``."""
     overrides = overrides or SourceOverrides()
     detection = detect(exposition, overrides)
     usage = overrides.usage or _first_present(exposition, KV_USAGE, GPU_CACHE_USAGE)
@@ -201,7 +202,9 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     transfers_in_queue = not exposition.samples(WAITING_BY_REASON) and any(
         name.startswith(NIXL_PREFIX) for name in exposition.names)
     readings = []
-    ordered = sorted(keys, key=engine_order)
+    # The series with a KV usage sample first: a label explosion's model names ("a1", "a2", ...) sorted ahead of the
+    # engine's own and pushed it past --max-series, its usage gone while kvwatch_up read 1.
+    ordered = sorted(keys, key=lambda key: (not (usage_idx.get(key) or _for_key(usage_idx, key)), engine_order(key)))
     dropped = max(0, len(ordered) - max_series) if max_series is not None else 0
     for key in ordered[:len(ordered) - dropped]:
         config = _config_for(configs, key)
@@ -649,9 +652,6 @@ CACHE_LABEL_EVIDENCE: dict[str, str] = {
     "kv_offloading_backend": "NNNNNMMMMM",  # 0.12
 }
 V0_SWAP_BYTES_ALONE = "MMNNNNNNNN"  # swap_space_bytes without swap_space: CacheConfig before the 0.8.5 dataclass
-# Samples of these families carry an ``engine`` label in every V1 from 0.8.5 and in no earlier vLLM.
-ENGINE_LABELLED: tuple[str, ...] = (KV_USAGE, GPU_CACHE_USAGE, RUNNING, WAITING, WAITING_BY_REASON, PREEMPTIONS,
-                                    SUCCESS, PROMPT_TOKENS, GENERATION_TOKENS, PREFIX_QUERIES, PREFIX_HITS,
 
 # Labels whose presence tells the vLLM version (vllm_version_from_cache_config).
 VERSION_LABELS = ("kv_cache_size_tokens", "kv_cache_max_concurrency", "user_specified_block_size",
@@ -699,6 +699,9 @@ def vllm_version_from_cache_config(labels: Mapping[str, str]) -> tuple[int, int]
     return None
 
 
+# Samples of these families carry an ``engine`` label in every V1 from 0.8.5 and in no earlier vLLM.
+ENGINE_LABELLED: tuple[str, ...] = (KV_USAGE, GPU_CACHE_USAGE, RUNNING, WAITING, WAITING_BY_REASON, PREEMPTIONS,
+                                    SUCCESS, PROMPT_TOKENS, GENERATION_TOKENS, PREFIX_QUERIES, PREFIX_HITS,
                                     OLD_PREFIX_QUERIES, OLD_PREFIX_HITS, SLEEP_STATE)
 V0_ERAS = frozenset({"v0"})
 V1_ERAS = frozenset(ERA_NAMES) - V0_ERAS
