@@ -543,6 +543,20 @@ def test_a_redirect_to_another_host_is_followed_and_said_once(raw_server: Callab
         assert len(warnings) == (1 if said else 0), warnings
 
 
+def test_a_failure_after_a_redirect_names_the_place_that_answered(raw_server: Callable) -> None:
+    # "http://target/metrics answered HTTP 500" when the target had answered 302 and the other server 500
+    failing = raw_server(lambda conn: conn.sendall(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n"
+                                                   b"Connection: close\r\n\r\n"))
+    redirecting = raw_server(lambda conn: conn.sendall(
+        b"HTTP/1.1 302 Found\r\nLocation: %s?token=x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        % failing.url.encode()))
+    with Fetcher(redirecting.url, timeout=2.0, max_body_bytes=1 << 20) as fetcher, \
+            pytest.raises(ScrapeError) as info:
+        fetcher.fetch()
+    assert info.value.reason == "http_status"
+    assert str(info.value).endswith(f"{redirecting.url} redirects to {failing.url}, which answered HTTP 500")
+
+
 def test_a_connection_reset_is_named(raw_server: Callable) -> None:
     # httpx's ReadError for a reset carries no text: the log read "ReadError: " and nothing more
     def reset(conn: socket.socket) -> None:
