@@ -747,6 +747,17 @@ def test_a_charset_python_decodes_in_quadratic_time_is_read_as_utf8() -> None:
     assert decode_body("é".encode("latin-1"), "ISO-8859-1", "") == "é"  # a declared Latin-1 page is still read so
 
 
+@pytest.mark.parametrize("charset", ["utf-16", "ISO-8859-1", "latin1"])
+def test_a_utf8_page_under_another_declared_charset_is_read_as_utf8(charset: str) -> None:
+    # Prometheus reads every body as UTF-8. Declared UTF-16, a UTF-8 page failed as a line of mojibake ("invalid
+    # metric name"); declared Latin-1, a model name beyond ASCII was garbled with kvwatch_up at 1.
+    from kvwatch.fetch import decode_body
+
+    page = 'vllm:num_requests_running{model_name="模型-é"} 1\n'
+    assert decode_body(page.encode(), charset, "") == page
+    assert decode_body(page.encode("utf-16"), "utf-16", "") == page  # (with its BOM, UTF-16 is read as declared)
+
+
 def test_cookies_a_target_sets_are_never_sent_back() -> None:
     # a target setting 20 new cookies an answer: the request's headers grew past 16 KiB within
     # 20 s, and a server refusing such headers (uvicorn: 431) failed every poll from then on

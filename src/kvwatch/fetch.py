@@ -9,6 +9,7 @@ request, not just each socket read.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import concurrent.futures
 import http.cookiejar
 import logging
@@ -427,6 +428,8 @@ def held_text(text: str, body_bytes: int, max_body_bytes: int, source: str) -> s
 # (UTF-16 and UTF-8 with a BOM too: check --file reads a page saved on Windows in them, told by the BOM.)
 DECLARED_CHARSETS = frozenset({"utf-8", "utf8", "utf-8-sig", "utf-16", "us-ascii", "ascii", "iso-8859-1", "latin-1",
                                "latin1"})
+LATIN_1 = frozenset({"iso-8859-1", "latin-1", "latin1"})
+UTF16_BOMS = (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
 
 
 def _with_bad_comments_replaced(body: bytes | bytearray) -> str | None:
@@ -463,8 +466,16 @@ def decode_body(body: bytes | bytearray, charset: str | None, source: str, said_
     """A body as text in its declared charset when that is one of :data:`DECLARED_CHARSETS`, else as UTF-8. A byte
     the charset cannot read is a ``parse`` error, as Prometheus' parser makes it, never a replacement character in
     a label. ``said_gzip``: the response's Content-Encoding named gzip (a gzip body then is one compressed twice)."""
-    if charset is None or charset.strip().lower() not in DECLARED_CHARSETS:
-        charset = "utf-8"
+    charset = (charset or "").strip().lower()
+    if charset not in DECLARED_CHARSETS or (charset == "utf-16" and not body.startswith(UTF16_BOMS)):
+        charset = "utf-8"  # (UTF-16 without its BOM is a UTF-8 page mislabelled: it read as a line of mojibake)
+    elif charset in LATIN_1:
+        # UTF-8 first: a server that labels all text Latin-1 (HTTP/1.1's old default) serving vLLM's UTF-8 garbled a
+        # model name beyond ASCII while kvwatch_up read 1. A body that is no UTF-8 is read as declared.
+        try:
+            return body.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
     try:
         return body.decode(charset)
     except UnicodeDecodeError as exc:
