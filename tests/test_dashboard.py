@@ -223,6 +223,9 @@ def test_pods_are_told_apart_by_namespace_and_stats_show_the_current_value() -> 
             for group in re.findall(r"by \(([^)]*)\)", expr):
                 labels = [g.strip() for g in group.split(",")]
                 assert "pod" not in labels or "namespace" in labels, (p["title"], expr)
+                # Outside Kubernetes there is no pod label: "max by (namespace, pod, ...)" merged two static
+                # sidecars into one row, where a stale one's "unknown" hid the other's bottleneck.
+                assert "pod" not in labels or "instance" in labels, (p["title"], expr)
         if p["type"] == "stat":
             assert all(t.get("instant") and not t.get("range") for t in p["targets"]), p["title"]
     annotation = next(a for a in DASHBOARD["annotations"]["list"] if a.get("expr"))
@@ -334,9 +337,16 @@ def test_a_picked_model_narrows_the_health_panel_with_pod_on_all(tmp_path: Path)
         (f'ALERTS{{alertname="VLLMContainerRestartLoop", alertstate="firing", {ksm}, pod="qwen-0"}}', False),
     ]
     series += [(labels, "1x5") for labels, _ in alerts]
+    # Prometheus' own up: a sidecar it cannot scrape has no kvwatch_up at all, only the "not scraped" row
+    not_scraped = panel("kvwatch reads vLLM (kvwatch_up)")["targets"][1]["expr"]
+    not_scraped = not_scraped.replace("$namespace", ".*").replace("$model", "llama").replace("$pod", ".*").replace(
+        "$__range", "1h")
+    series += [(f"up{{{sidecar('llama-0')}}}", "1x5"), (f"up{{{sidecar('gone')}}}", "0x5"),
+               (f"up{{{sidecar('qwen-0')}}}", "1 1 0 0 0 0")]  # (down, but it served another model)
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(
         {"groups": [{"name": "panel", "rules": [{"record": "dashboard:health", "expr": expr},
-                                                {"record": "dashboard:alerts", "expr": annotation}]}]}))
+                                                {"record": "dashboard:alerts", "expr": annotation},
+                                                {"record": "dashboard:not_scraped", "expr": not_scraped}]}]}))
     (tmp_path / "test.yaml").write_text(yaml.safe_dump({
         "rule_files": ["rules.yaml"], "evaluation_interval": "1m",
         "tests": [{"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in series],
@@ -346,9 +356,19 @@ def test_a_picked_model_narrows_the_health_panel_with_pod_on_all(tmp_path: Path)
                            for name, k8s, value in kept]},
                        {"expr": "dashboard:alerts", "eval_time": "5m", "exp_samples": [
                            {"labels": labels.replace("ALERTS{", "dashboard:alerts{"), "value": 1}
-                           for labels, shown in alerts if shown]}]}]}))
+                           for labels, shown in alerts if shown]},
+                       {"expr": "dashboard:not_scraped", "eval_time": "5m", "exp_samples": [
+                           {"labels": f"dashboard:not_scraped{{{sidecar('gone')}}}", "value": -1}]}]}]}))
     result = subprocess.run([promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_error_panels_draw_only_what_is_not_zero() -> None:
+    # Every reason and field is exported from 0: 22 flat lines a sidecar buried the one rising, mid-incident.
+    for title in ("Poll errors by reason", "GPU source errors by reason", "Series dropped and impossible values"):
+        p = panel(title)
+        assert all(t["expr"].endswith(" > 0") for t in p["targets"]), title
+        assert p["fieldConfig"]["defaults"]["noValue"], title
 
 
 def test_the_thresholds_drawn_and_alerted_are_the_forecasters() -> None:
