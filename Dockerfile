@@ -1,6 +1,7 @@
 # kvwatch sidecar image.
 #   docker build -t REGISTRY/kvwatch:0.1.0 .
 #   docker run --rm -p 9747:9747 -e KVWATCH_TARGET_URL=http://HOST:8000/metrics REGISTRY/kvwatch:0.1.0
+#   docker build --build-arg KVWATCH_EXTRAS=nvml -t REGISTRY/kvwatch:0.1.0-nvml .   (for config.nvml / --nvml)
 # Two stages: the first builds the wheel and a venv (pip, build tools); the second only copies the venv, so
 # the final image holds no compiler, no pip cache and no source tree. Both stages use the same pinned base,
 # so the venv's interpreter symlink (/usr/local/bin/python3) is valid in the final stage.
@@ -14,7 +15,9 @@ COPY pyproject.toml README.md LICENSE ./
 COPY src ./src
 RUN pip wheel --no-deps --wheel-dir /wheels /src
 RUN python -m venv /opt/kvwatch
-RUN /opt/kvwatch/bin/pip install /wheels/*.whl
+# Optional extras of pyproject.toml, comma-separated (nvml: read GPU memory through NVML)
+ARG KVWATCH_EXTRAS=""
+RUN /opt/kvwatch/bin/pip install "$(ls /wheels/*.whl)${KVWATCH_EXTRAS:+[$KVWATCH_EXTRAS]}"
 
 FROM python:3.12.12-slim-bookworm AS runtime
 LABEL org.opencontainers.image.title="kvwatch" \

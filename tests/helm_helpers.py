@@ -33,6 +33,9 @@ CASES = ["default", *(p.name for p in CI_VALUES)]
 # values.yaml names no model (kvwatch alone must not inherit one): the smallest mode-1 install is this.
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 MINIMAL = ("--set", f"config.model={MODEL}")
+# values.yaml names no kvwatch image either (none is published): run_helm names this one in every render, before the
+# test's own flags, so a test may replace it or unset it (`--set kvwatch.image.repository=`).
+IMAGE = "registry.example.com/ml/kvwatch"
 
 # config key -> vLLM flag, for the keys the chart passes to both containers.
 VLLM_FLAGS = {
@@ -69,6 +72,10 @@ def helm_binary() -> str:
 
 
 def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
+    # (this chart, or a copy of it; not a parent chart, whose kvwatch values sit one level down)
+    if args and args[0] in ("template", "lint", "install") and any(
+            Path(a).name == CHART.name and (Path(a) / "Chart.yaml").is_file() for a in args):
+        args = (args[0], "--set", f"kvwatch.image.repository={IMAGE}", *args[1:])
     return subprocess.run([helm_binary(), *args], capture_output=True, text=True, timeout=60, check=False)
 
 

@@ -15,6 +15,7 @@ from helm_helpers import (
     CASES,
     CHART,
     CONFIG_KEYS,
+    IMAGE,
     KUBERNETES_VERSION,
     MINIMAL,
     SYNC,
@@ -105,7 +106,9 @@ def test_kubernetes_objects_in_values_use_the_generated_closed_definitions() -> 
         ("vllm", "updateStrategy"): "apps.v1.DeploymentStrategy",
     }
     for (section, key), kind in refs.items():
-        assert props[section]["properties"][key] == {"$ref": f"#/definitions/io.k8s.api.{kind}"}, (section, key)
+        value, ref = props[section]["properties"][key], {"$ref": f"#/definitions/io.k8s.api.{kind}"}
+        # (or the definition and more: kvwatch's probes are held to its /healthz too)
+        assert value == ref or value.get("allOf", [None])[0] == ref, (section, key)
     assert props["podSecurityContext"] == {"$ref": "#/definitions/io.k8s.api.core.v1.PodSecurityContext"}
     probe = schema["definitions"]["io.k8s.api.core.v1.Probe"]
     assert probe["additionalProperties"] is False and "failureThreshold" in probe["properties"]
@@ -327,6 +330,39 @@ def test_an_all_digit_image_tag_renders_as_written(tmp_path) -> None:
     images = {name: c["image"] for name, c in containers(render(*MINIMAL, "-f", str(values))).items()}
     assert images["kvwatch"].endswith(":20250601") and images["vllm"].endswith(":20250602")
     assert containers(render(*MINIMAL, "--set", "kvwatch.image.tag=2"))["kvwatch"]["image"].endswith(":2")
+
+
+def test_the_kvwatch_image_must_be_named() -> None:
+    # No registry publishes a kvwatch image: a default of "kvwatch" rendered docker.io/library/kvwatch, which does
+    # not pull, and a pod whose sidecar cannot start keeps vLLM out of its Service too.
+    error = render_fails(*MINIMAL, "--set", "kvwatch.image.repository=")
+    assert "kvwatch.image.repository is required" in error and "Dockerfile" in error
+
+
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+
+
+def test_a_digest_pins_each_image() -> None:
+    # The digest in the tag rendered "repo:sha256:...", an image name the kubelet refuses (InvalidImageName).
+    images = {name: c["image"] for name, c in containers(render(
+        *MINIMAL, "--set", f"kvwatch.image.digest={DIGEST}", "--set", f"vllm.image.digest={DIGEST}")).items()}
+    assert images == {"kvwatch": f"{IMAGE}@{DIGEST}", "vllm": f"vllm/vllm-openai@{DIGEST}"}
+
+
+@pytest.mark.parametrize("flag", [
+    f"kvwatch.image.tag={DIGEST}", f"vllm.image.tag={DIGEST}", "kvwatch.image.tag=0.1.0@" + DIGEST,
+    "kvwatch.image.digest=0123abcd", "vllm.image.digest=sha256:XYZ", "kvwatch.image.tag=:0.1.0",
+])
+def test_image_references_the_kubelet_would_refuse_are_refused(flag: str) -> None:
+    assert "schema" in render_fails(*MINIMAL, "--set-string", flag)
+
+
+@pytest.mark.parametrize("probe", ["livenessProbe", "readinessProbe"])
+def test_a_kvwatch_probe_on_another_path_is_refused(probe: str) -> None:
+    # vLLM's /health is a 404 on kvwatch's port: the liveness probe restarted the sidecar forever, and while it
+    # waited in back-off the pod (vLLM's too) was not Ready.
+    assert "schema" in render_fails(*MINIMAL, "--set", f"kvwatch.{probe}.httpGet.path=/health")
+    assert render(*MINIMAL, "--set", f"kvwatch.{probe}.httpGet.path=/healthz")
 
 
 @pytest.mark.parametrize("tag", ["", "latest"])

@@ -17,6 +17,7 @@ from helm_helpers import (
     CASES,
     CHART,
     CONFIG_KEYS,
+    IMAGE,
     MINIMAL,
     NAMESPACE,
     ROOT,
@@ -181,7 +182,7 @@ def test_kvwatch_container_is_restricted_and_probed_on_its_metrics_port(case: st
     assert sc["capabilities"] == {"drop": ["ALL"]}
     assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
     assert kvwatch["resources"]["limits"]["memory"]
-    assert kvwatch["image"] == f"kvwatch:{yaml.safe_load((CHART / 'Chart.yaml').read_text())['appVersion']}"
+    assert kvwatch["image"] == f"{IMAGE}:{yaml.safe_load((CHART / 'Chart.yaml').read_text())['appVersion']}"
 
 
 def test_shared_memory_and_model_cache_volumes() -> None:
@@ -266,6 +267,7 @@ def test_named_sidecar_template_embeds_in_another_chart(tmp_path: Path) -> None:
         "dependencies:\n  - name: kvwatch\n    version: 0.1.0\n")
     (parent / "values.yaml").write_text(
         "kvwatch:\n  deployment:\n    enabled: false\n  config:\n    model: Qwen/Qwen3-8B\n    maxNumSeqs: 64\n"
+        "  kvwatch:\n    image:\n      repository: registry.example.com/ml/kvwatch\n"
         "  podMonitor:\n    enabled: true\n    selector:\n      app: my-vllm\n"
         "    tlsConfig:\n      ca: {secret: {name: kvwatch-web, key: ca.crt}}\n      serverName: kvwatch\n"
         "  webConfig:\n    secretName: kvwatch-web\n    tls: true\n")
@@ -413,6 +415,11 @@ def test_short_dtype_spellings_reach_vllm_in_its_own() -> None:
     (("--set", "config.maxBodyBytes=67108864"), "more than kvwatch.resources.limits.memory (256Mi)"),
     (("--set", "config.maxBodyBytes=50000000", "--set", "kvwatch.resources.limits.memory=268435456"),
      "more than kvwatch.resources.limits.memory (268435456)"),
+    # 10,000 series at ~40 KB each are ~400 MB: a cap the default 256Mi cannot hold
+    (("--set", "config.maxSeries=10000"), "config.maxSeries (10000) can take"),
+    (("--set", "config.tlsVerify=false"), "config.tlsVerify applies to an https:// config.targetUrl only"),
+    (("--set", "vllm.enabled=false", "--set", "config.targetUrl=https://v:8000/metrics", "--set",
+      "config.caFile=/etc/ca.pem", "--set", "config.tlsVerify=false"), "config.caFile cannot be used with"),
     (("--set-string", "config.gpu=H101"), 'config.gpu "H101" is no GPU kvwatch knows'),
     (("--set", "vllm.enabled=false", "--set", "config.targetUrl=http://v:8000/metrics", "--set",
       "config.gpuPod=vllm-0", "--set", "config.dcgmUrl=http://$(NODE_IP):9400/metrics"), "kvwatch's own node"),

@@ -6,6 +6,7 @@ import argparse
 import socket
 from pathlib import Path
 
+import certifi
 import pytest
 
 from kvwatch.cli import main
@@ -19,6 +20,9 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
         if key.startswith("KVWATCH_"):
             monkeypatch.delenv(key)
+
+
+CA_BUNDLE = certifi.where()
 
 
 def settings_from(argv: list[str]) -> ServeSettings:
@@ -189,10 +193,25 @@ def test_variables_are_read_case_insensitively_by_public_name_and_marked_as_give
     monkeypatch.setenv("kvwatch_port", "0")
     monkeypatch.setenv("KVWATCH_TLS_VERIFY", "false")
     monkeypatch.setenv("KVWATCH_MODEL_CONFIG", "")
-    s = settings_from([])
+    s = settings_from(["--target-url", "https://vllm:8000/metrics"])
     assert (s.port, s.tls_verify, s.model_config_path) == (0, False, None)
     assert {"port", "tls_verify"} <= s.model_fields_set and "model_config_path" not in s.model_fields_set
     assert "poll_interval_seconds" not in s.model_fields_set
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--target-url", "https://vllm/metrics", "--ca-file", CA_BUNDLE, "--tls-verify", "false"],
+     "--ca-file: cannot be used with --tls-verify false"),
+    (["--ca-file", CA_BUNDLE], "--ca-file: applies to an https:// target only; the default --target-url is plain http"),
+    (["--target-url", "http://vllm/metrics", "--tls-verify", "false"],
+     "--tls-verify applies to an https:// target only; --target-url is plain http"),
+])
+def test_tls_flags_that_contradict_or_do_nothing_stop_startup(flags: list[str], said: str) -> None:
+    # A CA bundle beside --tls-verify false, or either for a plain-http target, started without a word.
+    with pytest.raises(SettingsError) as info:
+        settings_from(flags)
+    assert said in str(info.value)
+    assert settings_from(["--target-url", "https://vllm/metrics", "--ca-file", CA_BUNDLE]).ca_file
 
 
 def test_serve_loads_neither_pydantic_nor_a_scheduler_library() -> None:

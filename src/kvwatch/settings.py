@@ -505,8 +505,10 @@ class TargetSettings(DeploymentSettings):
     running_metric: str | None = Field(None, description="Override the running-requests source metric.")
     waiting_metric: str | None = Field(None, description="Override the waiting-requests source metric.")
     bearer_token_file: Path | None = Field(None, description="File holding a bearer token sent to the target.")
-    ca_file: Path | None = Field(None, description="CA bundle to verify the target's TLS certificate.")
-    tls_verify: bool = Field(True, description="Verify the target's TLS certificate (false to skip).")
+    ca_file: Path | None = Field(None, description="CA bundle to verify the target's TLS certificate (an https "
+                                 "target only; not with --tls-verify false).")
+    tls_verify: bool = Field(True, description="Verify the target's TLS certificate (false to skip; an https target "
+                             "only).")
 
     @field_validator("usage_metric", "running_metric", "waiting_metric")
     @classmethod
@@ -546,15 +548,24 @@ class TargetSettings(DeploymentSettings):
                 raise ValueError(f"not a PEM CA bundle: {exc}") from None
         return v
 
+    def _after(self) -> None:
+        # Flags that contradict each other or do nothing stop startup, as a flag of a wrong value does.
+        if self.ca_file is not None and not self.tls_verify:
+            raise _FieldError("ca_file", "cannot be used with {tls_verify} false: a bundle to verify the target "
+                              "with, and no verification")
+        if (self.ca_file is not None or not self.tls_verify) and not self.target_url.lower().startswith("https:"):
+            field = "ca_file" if self.ca_file is not None else "tls_verify"
+            raise _FieldError(field, "applies to an https:// target only; {target_url} is plain http")
+
     # 64: a vLLM pod exports 1-8 series (one model name, one engine per data-parallel rank on the node), so
     # 8x headroom. Each series kept costs memory (history, forecaster, capacity state), and the cap is what
     # bounds a label explosion: at 1000 it peaked at ~76 MB, over the 64 MB budget (docs/reliability.md). check
     # reads no more either: a page of 273,000 model names ran for over 10 minutes.
     max_series: int = Field(
-        64, ge=1, le=1_000_000,
+        64, ge=1, le=10_000,
         description="Most (model_name, engine) series kvwatch reads from a page (a vLLM pod has 1-8); a target "
         "serving more has the rest dropped (serve counts them in kvwatch_series_dropped_total, one warning; "
-        "check says how many)."
+        "check says how many). Each series kept costs ~40 KB of memory; at most 10000."
     )
 
 
@@ -661,6 +672,7 @@ class ServeSettings(TargetSettings):
         return ",".join(u.strip() for u in v.split(",") if u.strip())
 
     def _after(self) -> None:
+        super()._after()
         if self.dcgm_url is not None and self.nvml:
             raise _FieldError("nvml", "cannot be used with {dcgm_url}: pick one GPU source")
         if self.dcgm_url is not None and not (self.gpu_pod or self.gpu_uuids):

@@ -66,6 +66,17 @@ duplicate); the selector labels are always the chart's.
 A values scalar as text. Helm reads YAML numbers as float64, so 16777216 would print as 1.6777216e+07,
 which kvwatch's settings (and vLLM's argparse) reject: whole numbers print as integers.
 */}}
+{{- /* An image reference: repository@digest when a digest is given (the tag is then left out: the digest names
+the image), else repository:tag. (list repository tag digest) */}}
+{{- define "kvwatch.imageRef" -}}
+{{- $repository := index . 0 }}{{ $tag := index . 1 }}{{ $digest := index . 2 -}}
+{{- if $digest -}}
+{{- printf "%s@%s" $repository $digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repository (include "kvwatch.scalar" $tag) -}}
+{{- end -}}
+{{- end }}
+
 {{- define "kvwatch.scalar" -}}
 {{- /* (within 2^53: past it a float64 holds no exact integer, and int64 wraps past 2^63) */ -}}
 {{- if and (kindIs "float64" .) (eq (floor .) .) (lt . 9007199254740992.0) (gt . -9007199254740992.0) -}}
@@ -162,9 +173,12 @@ vLLM out of its Service, and a watchdog must never stop the serving. */}}
 {{- fail (printf "kvwatch's port (config.port, default 9747) and vllm.port are both %s: the containers share the pod's network, so one of them could not listen; change one" (include "kvwatch.metricsPort" .)) }}
 {{- end }}
 {{- $tag := $image.tag | default $appVersion }}
-{{- if not $tag }}{{ fail "kvwatch.image.tag is required when the chart's appVersion is not available" }}{{ end }}
+{{- if and (not $tag) (not $image.digest) }}{{ fail "kvwatch.image.tag (or kvwatch.image.digest) is required when the chart's appVersion is not available" }}{{ end }}
+{{- /* No default: no registry publishes a kvwatch image, and an image that cannot be pulled keeps the pod, vLLM's
+too, out of its Service. */}}
+{{- $repository := required "kvwatch.image.repository is required: the registry path of the image built from the repository's Dockerfile (docs/deploy.md)" $image.repository }}
 - name: kvwatch
-  image: {{ printf "%s:%s" (required "kvwatch.image.repository is required" $image.repository) (include "kvwatch.scalar" $tag) | quote }}
+  image: {{ include "kvwatch.imageRef" (list $repository $tag $image.digest) | quote }}
   imagePullPolicy: {{ $image.pullPolicy | default "IfNotPresent" }}
   args:
     - serve
@@ -189,14 +203,24 @@ vLLM out of its Service, and a watchdog must never stop the serving. */}}
     {{- end }}
     {{- $limit := include "kvwatch.bytes" ((($kvwatch.resources | default dict).limits | default dict).memory) }}
     {{- if $limit }}
-    {{- /* A body at the cap peaks at up to 5x it plus the ~36 MB kvwatch idles at (`kvwatch serve --help`) */}}
+    {{- /* A body at the cap peaks at up to 5x it plus the ~36 MB kvwatch idles at (`kvwatch serve --help`), and each
+    series kept costs ~40 KB (docs/reliability.md, "label explosion") */}}
     {{- $body := float64 (toString (default 16777216 $config.maxBodyBytes)) }}
-    {{- if gt (addf (mulf 5 $body) 37748736.0) (float64 $limit) }}
-    {{- fail (printf "config.maxBodyBytes (%v) can take up to 5x that plus ~36 MB of memory on one body, more than kvwatch.resources.limits.memory (%v): the sidecar would be OOM-killed; raise the limit or lower the cap" (default 16777216 $config.maxBodyBytes) $kvwatch.resources.limits.memory) }}
+    {{- $series := float64 (toString (default 64 $config.maxSeries)) }}
+    {{- if gt (addf (mulf 5 $body) (mulf 40960 $series) 37748736.0) (float64 $limit) }}
+    {{- fail (printf "config.maxBodyBytes (%v) and config.maxSeries (%v) can take up to 5x the body plus ~40 KB a series plus ~36 MB of memory, more than kvwatch.resources.limits.memory (%v): the sidecar would be OOM-killed; raise the limit or lower the caps" (default 16777216 $config.maxBodyBytes) (default 64 $config.maxSeries) $kvwatch.resources.limits.memory) }}
     {{- end }}
     {{- end }}
     {{- if has (toString $config.listenAddress) (list "127.0.0.1" "::1" "localhost") }}
     {{- fail "config.listenAddress must not be a loopback address: the kubelet's probes and Prometheus reach kvwatch on the pod IP" }}
+    {{- end }}
+    {{- $caFile := and (not (kindIs "invalid" $config.caFile)) (ne (toString $config.caFile) "") }}
+    {{- $noVerify := eq (toString $config.tlsVerify) "false" }}
+    {{- if and $caFile $noVerify }}
+    {{- fail "config.caFile cannot be used with config.tlsVerify false: kvwatch refuses to start otherwise" }}
+    {{- end }}
+    {{- if and (or $caFile $noVerify) (not (hasPrefix "https:" (lower (toString ($config.targetUrl | default ""))))) }}
+    {{- fail (printf "config.%s applies to an https:// config.targetUrl only (beside vLLM, kvwatch polls it over plain http): kvwatch refuses to start otherwise" (ternary "caFile" "tlsVerify" $caFile)) }}
     {{- end }}
     {{- if not (kindIs "invalid" $config.gpu) }}
     {{- /* Normalized as kvwatch.capacity.presets._gpu_key does; _gpus.tpl is written by scripts/sync_chart_files.py. */}}
