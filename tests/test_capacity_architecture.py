@@ -65,6 +65,18 @@ def test_hybrid_mamba_is_detected_and_says_what_is_not_modelled():
     assert granite.is_hybrid_mamba and len(granite.attention_layer_types) == 4
 
 
+def test_a_hybrid_layout_the_file_leaves_to_its_class_takes_the_class_default() -> None:
+    # vLLM reads transformers' config class, which fills these: without them every layer was sized as attention,
+    # 4-8x the KV per token, with a note claiming the state pages were modelled.
+    qwen = _preset_config("Qwen/Qwen3-Next-80B-A3B-Instruct")
+    stripped = {k: v for k, v in qwen.items() if k not in ("full_attention_interval", "layer_types")}
+    assert arch_from_config(stripped).layer_types == arch_from_config(qwen).layer_types
+    assert arch_from_config(stripped).layer_types.count(FULL) == qwen["num_hidden_layers"] // 4
+    jamba = {k: v for k, v in JAMBA_V01.items() if k not in ("attn_layer_period", "attn_layer_offset")}
+    assert arch_from_config(jamba).layer_types == arch_from_config(JAMBA_V01).layer_types
+    assert [i for i, t in enumerate(arch_from_config(jamba).layer_types) if t == FULL] == [4, 12, 20, 28]
+
+
 BAMBA_9B = {"model_type": "bamba", "num_hidden_layers": 32, "attn_layer_indices": [9, 18, 27],
             "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096, "intermediate_size": 14336,
             "vocab_size": 128256, "mamba_expand": 2, "tie_word_embeddings": False}

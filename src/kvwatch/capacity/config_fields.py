@@ -23,6 +23,10 @@ CONFIG_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
                     "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
                     "max_position_embeddings": 131_072, "sliding_window": 4096, "sliding_window_pattern": 6,
                     "tie_word_embeddings": True},
+    # The hybrids' layouts where the file leaves them to the class (vLLM reads the transformers config, which fills
+    # them): without them every layer was sized as attention, 4-8x the KV per token (Qwen3NextConfig, JambaConfig).
+    "qwen3_next": {"full_attention_interval": 4},
+    "jamba": {"attn_layer_period": 8, "attn_layer_offset": 4},
 }
 
 
