@@ -168,8 +168,7 @@ def advise(
     """
     if state not in ADVISE_IN_STATES:
         return []
-    flags, engine = ENGINE_FLAGS.get(engine_kind, ENGINE_FLAGS[VLLM]), ENGINE_NAMES.get(engine_kind, engine_kind)
-    whatif = _whatif(capacity_plan)
+    flags = ENGINE_FLAGS.get(engine_kind, ENGINE_FLAGS[VLLM])
     plan_tokens = float(capacity_plan.kv_cache_tokens) if capacity_plan is not None and \
         capacity_plan.kv_cache_tokens else None
     # The engine's pool, else the plan's: vLLM's sums, so not for SGLang or TensorRT-LLM, which size their pools their
@@ -189,62 +188,92 @@ def advise(
         return ceiling_ratio(capacity_plan, changed, size)
 
     out: list[Advice] = []
-
     # (with nothing running, a limit on running requests frees none of the KV held: transfers, or a leak)
     limit = concurrency_limit(recommended_max_concurrency, ceiling) if running != 0 else None
     if limit is not None:
-        now = f"; now {running:.0f} running" if running is not None else ""
-        held = f"the KV cache holds ~{ceiling:.1f} at the observed mix{now}" if ceiling else now.lstrip("; ")
-        ranks = max(1, ranks_per_flag)
-        ranks_note = ""
-        others = other_ranks if ranks > 1 else ()
-        tightest = min(others, key=lambda rank: rank[1], default=None)
-        roomiest = max(others, key=lambda rank: rank[1], default=None)
-        if tightest is not None and (tight := concurrency_limit(None, tightest[1])) is not None and tight < limit:
-            # One flag limits every rank: this limit overfills a rank whose mix fits fewer (15 where 13.5 fit). Said,
-            # not applied: one poll's mix of a quiet rank (one long request) cut a busy rank's limit from 15 to 3.
-            ranks_note = (f" One flag limits every rank: engine {tightest[0]}'s own mix fits only ~{tightest[1]:.1f} "
-                          f"(its limit would be {tight}); pass {tight} instead while its requests stay that large.")
-        elif roomiest is not None and (roomy := concurrency_limit(None, roomiest[1])) is not None and roomy > limit:
-            ranks_note = (f" The limit holds engine {roomiest[0]} to {limit} too, though its own mix fits "
-                          f"~{roomiest[1]:.1f} (its limit would be {roomy}): the ranks' request mixes differ, and one "
-                          "flag cannot follow both.")
-        gateway = f"{limit} per data-parallel rank ({limit * ranks} for the server's {ranks})" if ranks > 1 \
-            else f"{limit}"
-        # vLLM's engine cores each schedule their own requests (the flag is per engine); SGLang divides the flag
-        # over its ranks only with --enable-dp-attention, which the payload does not say.
-        dp_attention = "" if ranks == 1 else (
-            f"; {flags['concurrency']} applies to each engine" if engine_kind == VLLM else
-            f"; with --enable-dp-attention {engine} divides the flag over its {ranks} ranks: pass {limit * ranks} then")
-        out.append(Advice(
-            LIMIT_CONCURRENCY, 0,
-            f"Limit concurrency to {gateway} at the gateway, or pass {flags['concurrency']} {limit} to {engine}"
-            f"{dp_attention}" + (f" ({held})." if held else ".") + ranks_note,
-            f"KV usage stays under {LIMIT_USAGE:.0%} at the observed request mix; excess requests wait at the "
-            "gateway instead of being preempted and recomputed.",
-            engine_args=_args(flags["concurrency"], limit), concurrency=limit,
-        ))
-
+        out.append(_limit_advice(limit, running, ceiling, engine_kind, ranks_per_flag, other_ranks))
     lowered = _lower_max_model_len(max_model_len, longest_request_tokens)
     if lowered is not None and max_model_len is not None and longest_request_tokens is not None:
-        now_ceiling, new_ceiling = _worst_case_ceilings(capacity_plan, pool_blocks, base_tokens, max_model_len,
-                                                        lowered)
-        factor = new_ceiling / now_ceiling if now_ceiling else max_model_len / lowered
-        worst = ""
-        if now_ceiling:
-            worst = f" (from {now_ceiling:.1f} to {new_ceiling:.1f} requests of full length)"
-        out.append(Advice(
-            LOWER_MAX_MODEL_LEN, 0,
-            f"Lower {flags['max_model_len']} from {max_model_len} to {lowered}: no request since the engine "
-            f"started was longer than {longest_request_tokens:,.0f} tokens (the length histograms' "
-            "buckets); a longer one would then be refused.",
-            f"The worst-case concurrency ceiling rises {factor:.1f}x{worst}; the KV pool itself is unchanged, "
-            "so usage at today's mix does not drop.",
-            engine_args=_args(flags["max_model_len"], lowered),
-        ))
+        out.append(_max_model_len_advice(max_model_len, lowered, longest_request_tokens, flags["max_model_len"],
+                                         _worst_case_ceilings(capacity_plan, pool_blocks, base_tokens, max_model_len,
+                                                              lowered)))
+    if not fixed_blocks:  # (while --num-gpu-blocks-override fixes the pool, neither quantization adds KV)
+        out += _quantization_advice(capacity_plan, _whatif(capacity_plan), plan_tokens, base_tokens, ceiling,
+                                    engine_kind, ceiling_gain)
 
-    # (while --num-gpu-blocks-override fixes the pool, neither quantization adds KV)
-    quantized = whatif.get("fp8_weights") if not fixed_blocks else None
+    if fixed_blocks:
+        out.append(_fixed_pool_advice(fixed_blocks, base_tokens, ceiling))
+    else:
+        out.append(_tensor_parallel_advice(capacity_plan, plan_tokens, base_tokens, ceiling, gpus_per_node,
+                                           flags["tensor_parallel"] or "--tensor-parallel-size", ceiling_gain))
+    launched = engine_kind not in CONFIGURED_NOT_LAUNCHED
+    return [Advice(a.action, rank, a.message, a.projected_effect, a.engine_args if launched else None,
+                   a.concurrency, engine_kind) for rank, a in enumerate(out, 1)]
+
+
+def _limit_advice(limit: int, running: float | None, ceiling: float | None, engine_kind: str, ranks_per_flag: int,
+                  other_ranks: Sequence[tuple[str | None, float]]) -> Advice:
+    """Limit concurrency to ``limit`` (per data-parallel rank where one server runs ``ranks_per_flag`` of them; see
+    :func:`advise` for ``other_ranks``)."""
+    flags, engine = ENGINE_FLAGS.get(engine_kind, ENGINE_FLAGS[VLLM]), ENGINE_NAMES.get(engine_kind, engine_kind)
+    now = f"; now {running:.0f} running" if running is not None else ""
+    held = f"the KV cache holds ~{ceiling:.1f} at the observed mix{now}" if ceiling else now.lstrip("; ")
+    ranks = max(1, ranks_per_flag)
+    ranks_note = ""
+    others = other_ranks if ranks > 1 else ()
+    tightest = min(others, key=lambda rank: rank[1], default=None)
+    roomiest = max(others, key=lambda rank: rank[1], default=None)
+    if tightest is not None and (tight := concurrency_limit(None, tightest[1])) is not None and tight < limit:
+        # One flag limits every rank: this limit overfills a rank whose mix fits fewer (15 where 13.5 fit). Said,
+        # not applied: one poll's mix of a quiet rank (one long request) cut a busy rank's limit from 15 to 3.
+        ranks_note = (f" One flag limits every rank: engine {tightest[0]}'s own mix fits only ~{tightest[1]:.1f} "
+                      f"(its limit would be {tight}); pass {tight} instead while its requests stay that large.")
+    elif roomiest is not None and (roomy := concurrency_limit(None, roomiest[1])) is not None and roomy > limit:
+        ranks_note = (f" The limit holds engine {roomiest[0]} to {limit} too, though its own mix fits "
+                      f"~{roomiest[1]:.1f} (its limit would be {roomy}): the ranks' request mixes differ, and one "
+                      "flag cannot follow both.")
+    gateway = f"{limit} per data-parallel rank ({limit * ranks} for the server's {ranks})" if ranks > 1 \
+        else f"{limit}"
+    # vLLM's engine cores each schedule their own requests (the flag is per engine); SGLang divides the flag
+    # over its ranks only with --enable-dp-attention, which the payload does not say.
+    dp_attention = "" if ranks == 1 else (
+        f"; {flags['concurrency']} applies to each engine" if engine_kind == VLLM else
+        f"; with --enable-dp-attention {engine} divides the flag over its {ranks} ranks: pass {limit * ranks} then")
+    return Advice(
+        LIMIT_CONCURRENCY, 0,
+        f"Limit concurrency to {gateway} at the gateway, or pass {flags['concurrency']} {limit} to {engine}"
+        f"{dp_attention}" + (f" ({held})." if held else ".") + ranks_note,
+        f"KV usage stays under {LIMIT_USAGE:.0%} at the observed request mix; excess requests wait at the "
+        "gateway instead of being preempted and recomputed.",
+        engine_args=_args(flags["concurrency"], limit), concurrency=limit,
+    )
+
+
+def _max_model_len_advice(max_model_len: int, lowered: int, longest: float, flag: str | None,
+                          ceilings: tuple[float | None, float | None]) -> Advice:
+    """Lower ``max_model_len`` to ``lowered`` (``flag``: the engine's), with the worst-case ceilings before and after
+    (:func:`_worst_case_ceilings`)."""
+    now_ceiling, new_ceiling = ceilings
+    factor = new_ceiling / now_ceiling if now_ceiling else max_model_len / lowered
+    worst = f" (from {now_ceiling:.1f} to {new_ceiling:.1f} requests of full length)" if now_ceiling else ""
+    return Advice(
+        LOWER_MAX_MODEL_LEN, 0,
+        f"Lower {flag} from {max_model_len} to {lowered}: no request since the engine "
+        f"started was longer than {longest:,.0f} tokens (the length histograms' "
+        "buckets); a longer one would then be refused.",
+        f"The worst-case concurrency ceiling rises {factor:.1f}x{worst}; the KV pool itself is unchanged, "
+        "so usage at today's mix does not drop.",
+        engine_args=_args(flag, lowered),
+    )
+
+
+def _quantization_advice(capacity_plan: CapacityPlan | None, whatif: Mapping[str, Any], plan_tokens: float | None,
+                         base_tokens: float | None, ceiling: float | None, engine_kind: str,
+                         ceiling_gain: Callable[[CapacityPlan | None], float | None]) -> list[Advice]:
+    """FP8 weights, then an FP8 KV cache, each where the plan's what-if gains tokens."""
+    flags, engine = ENGINE_FLAGS.get(engine_kind, ENGINE_FLAGS[VLLM]), ENGINE_NAMES.get(engine_kind, engine_kind)
+    out: list[Advice] = []
+    quantized = whatif.get("fp8_weights")
     if quantized is not None and plan_tokens and quantized.kv_cache_tokens and \
             quantized.kv_cache_tokens > plan_tokens:
         gain = quantized.kv_cache_tokens / plan_tokens
@@ -258,8 +287,9 @@ def advise(
         ))
     # Its own fix, not a side note of the weights' (it vanished with them: weights already FP8, say), and often
     # the larger gain: one byte per KV element instead of the model's two.
-    kv_fp8 = whatif.get("fp8_kv_cache") if not fixed_blocks else None
-    if kv_fp8 is not None and plan_tokens and kv_fp8.kv_cache_tokens and kv_fp8.kv_cache_tokens > plan_tokens:
+    kv_fp8 = whatif.get("fp8_kv_cache")
+    if capacity_plan is not None and kv_fp8 is not None and plan_tokens and kv_fp8.kv_cache_tokens and \
+            kv_fp8.kv_cache_tokens > plan_tokens:
         from kvwatch.capacity.whatif import kv_element_bytes
 
         out.append(Advice(
@@ -270,15 +300,7 @@ def advise(
             _capacity_text(base_tokens, kv_fp8.kv_cache_tokens / plan_tokens, ceiling, ceiling_gain(kv_fp8.plan)) + ".",
             engine_args=FP8_KV_CACHE_ARGS.get(engine_kind),
         ))
-
-    if fixed_blocks:
-        out.append(_fixed_pool_advice(fixed_blocks, base_tokens, ceiling))
-    else:
-        out.append(_tensor_parallel_advice(capacity_plan, plan_tokens, base_tokens, ceiling, gpus_per_node,
-                                           flags["tensor_parallel"] or "--tensor-parallel-size", ceiling_gain))
-    launched = engine_kind not in CONFIGURED_NOT_LAUNCHED
-    return [Advice(a.action, rank, a.message, a.projected_effect, a.engine_args if launched else None,
-                   a.concurrency, engine_kind) for rank, a in enumerate(out, 1)]
+    return out
 
 
 def concurrency_limit(recommended: int | None, ceiling: float | None) -> int | None:
