@@ -307,3 +307,15 @@ def test_a_measured_pool_with_a_known_model_re_budgets_fp8_and_tp_from_the_weigh
     no_model = {s.name: s for s in whatif_scenarios(replace(measured, arch=None, kv_bytes_per_token=131072))}
     assert no_model["fp8_weights"].kv_cache_tokens is None
     assert "--weights-gib, or --model" in no_model["fp8_weights"].note
+
+
+def test_a_weights_estimate_that_cannot_stand_beside_the_measured_pool_re_budgets_nothing() -> None:
+    # DeepSeek-V3 on one H100 beside a measured 40 GiB: TP x2 "freed" half of the 634 GiB estimate, 5.4M tokens
+    # on an 80 GB card. The two together past the card: the estimate is wrong for this server, so no row.
+    deepseek = replace(llama_h100(), arch=resolve_model("deepseek-ai/DeepSeek-V3"), available_kv_bytes=40 * GIB,
+                       max_model_len=4096)
+    rows = {s.name: s for s in whatif_scenarios(deepseek)}
+    assert rows["tensor_parallel_x2"].kv_cache_tokens is None
+    assert "do not fit the 79 GiB card: pass --weights-gib" in rows["tensor_parallel_x2"].note
+    told = {s.name: s for s in whatif_scenarios(replace(deepseek, weights_bytes=30 * GIB))}
+    assert told["tensor_parallel_x2"].kv_cache_tokens  # (measured weights are taken as they are)

@@ -84,7 +84,9 @@ def _weights(spec: DeploymentSpec) -> tuple[float | None, str]:
     """Today's weights per GPU as a what-if re-budgets them: measured (``--weights-gib``); for a measured KV pool,
     which needs no weights to plan, kvwatch's estimate from the model where it is known, with a note saying so (FP8
     and TP re-budget the pool by what they free; without it a what-if asked for ``--model`` with ``--model`` given);
-    else None (the changed plan estimates them itself)."""
+    else None (the changed plan estimates them itself), with why when the estimate cannot stand beside the measured
+    pool: the two together past the card (DeepSeek-V3 on one H100 beside 40 GiB measured: TP x2 'freed' half of
+    634 GiB, 5.4M tokens on an 80 GB card)."""
     if spec.weights_bytes is not None or spec.available_kv_bytes is None or spec.arch is None:
         return spec.weights_bytes, ""
     try:
@@ -93,6 +95,11 @@ def _weights(spec: DeploymentSpec) -> tuple[float | None, str]:
             spec.tensor_parallel_size, spec.pipeline_parallel_size, compute_capability=spec.gpu_compute_capability)
     except QuantizationError:
         return None, ""
+    card = spec.gpu_memory_bytes
+    if card and weights + spec.available_kv_bytes > card:
+        return None, (f"kvwatch's estimate of the weights ({weights / GIB:.1f} GiB per GPU) and the measured KV pool "
+                      f"({spec.available_kv_bytes / GIB:.1f} GiB) do not fit the {card / GIB:.0f} GiB card: pass "
+                      "--weights-gib from vLLM's log")
     return float(weights), f" (weights {weights / GIB:.2f} GiB per GPU, estimated from the model)"
 
 
@@ -118,7 +125,8 @@ def _fp8_weights(spec: DeploymentSpec, base: CapacityPlan) -> tuple[DeploymentSp
         if spec.available_kv_bytes is not None:
             changed = replace(changed, available_kv_bytes=spec.available_kv_bytes + saved)
     elif spec.available_kv_bytes is not None:
-        return None, "needs the weights (--weights-gib, or --model for kvwatch's estimate) to know what FP8 frees"
+        return None, estimated or ("needs the weights (--weights-gib, or --model for kvwatch's estimate) to know what "
+                                   "FP8 frees")
     return changed, f"frees weight memory for KV (quantization does not shrink the KV cache itself){estimated}"
 
 
@@ -141,8 +149,8 @@ def _tensor_parallel(spec: DeploymentSpec, tp: int) -> tuple[DeploymentSpec | No
                          "adds tokens")
     weights, estimated = _weights(spec)
     if spec.available_kv_bytes is not None and weights is None:
-        return None, ("needs the weights (--weights-gib, or --model for kvwatch's estimate) to re-budget a measured "
-                      "KV pool")
+        return None, estimated or ("needs the weights (--weights-gib, or --model for kvwatch's estimate) to re-budget "
+                                   "a measured KV pool")
     if weights is not None:
         changed = replace(changed, weights_bytes=weights * share)
     if spec.non_torch_bytes is not None and spec.tensor_parallel_size == 1:
