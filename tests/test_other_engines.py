@@ -596,6 +596,23 @@ def test_a_pd_decode_servers_transfers_are_deferred_not_a_leak() -> None:
     assert "kv_usage_stuck" not in {f["id"] for f in build_report(p)["findings"]}
 
 
+@pytest.mark.parametrize(("usage", "likely"), [(0.88, "likely KV"), (0.30, "likely the request slots")])
+def test_a_pd_decode_servers_queue_for_room_below_090_is_no_scheduler_limit(usage: float, likely: str) -> None:
+    # 120 running, 14 in the prealloc queue at 0.88 was scheduler_limited: "raise --max-running-requests, more KV
+    # would not help", where SGLang reserves 512 decode tokens a running request (61,440 > the 36,000 free) and
+    # admits a transferred request only beside them.
+    from kvwatch.payload import interpret
+
+    labels = 'engine_type="decode",model_name="m",pp_rank="0",tp_rank="0"'
+    text = "".join(f"sglang:{name}{{{labels}}} {value}\n" for name, value in (
+        ("token_usage", usage), ("num_running_reqs", 120), ("num_queue_reqs", 0), ("max_total_num_tokens", 300000),
+        ("num_decode_prealloc_queue_reqs", 14), ("num_decode_transfer_queue_reqs", 6)))
+    findings = {f["id"]: f for f in build_report(interpret(text, None, timestamp=0.0))["findings"]}
+    assert "scheduler_limited" not in findings
+    message = findings["decode_admission_waiting"]["message"]
+    assert "14 requests wait to be admitted" in message and likely in message
+
+
 def test_sglang_context_len_is_the_engines_max_model_len() -> None:
     # SGLang exports its --context-length (sglang:context_len, static): the ceiling at max-model-len is the pool
     # over it, where it read "unknown" on every SGLang page, and the max-model-len advice starts from it.

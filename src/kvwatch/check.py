@@ -4,7 +4,9 @@ Findings follow the troubleshooting checklist (stable ids, see docs/metrics.md):
 ``kv_bound`` (a queue at KV ≥ 0.95, a standing one from 0.90, or below with fewer tokens free than a mean prompt
 needs: kvwatch.forecast.thresholds.queue_waits_for_kv, the sidecar's rule),
 ``scheduler_limited`` (a standing queue while KV < 0.9 has room for the next prompt and something runs),
-``queue_not_admitted`` (a standing queue while nothing runs: a stall, held blocks or a head too large), ``preemptions``
+``queue_not_admitted`` (a standing queue while nothing runs: a stall, held blocks or a head too large),
+``decode_admission_waiting`` (an SGLang PD decode server's queue for room below 0.90: KV reserve or slots),
+``preemptions``
 (any preemption, or SGLang retraction, since the engine started), ``prefix_cache_ineffective`` (prefix
 caching on, hit ratio < 10 %),
 ``capacity_unknown``, ``usage_unknown`` and ``queue_unknown`` (kvwatch cannot read them from this engine; without a
@@ -610,6 +612,9 @@ def findings(states: Iterable[SeriesState],
                 f"PD-disaggregated server's KV transfers), or the request at the head of the queue needs more{free}. "
                 "Look at the engine's log; if it persists, cancel the request at the head or restart the engine."),
                 **where))
+        elif r.engine_role == "decode" and r.engine_kind == SGLANG and not _waits_for_kv(r, usage) and \
+                _standing_queue(r):
+            out.append(Finding("decode_admission_waiting", "warning", _decode_admission(r, usage, waiting), **where))
         elif not _waits_for_kv(r, usage) and _standing_queue(r) and not r.prefill_server:
             out.append(Finding("scheduler_limited", "warning", (
                 f"{_requests(waiting)} {_verb(waiting)} while KV is only {percent(usage)} used: the scheduler limits, "
@@ -709,6 +714,31 @@ def _scheduler_fix(running: float | None, max_num_seqs: int | None, flags: Mappi
 
 def _free_tokens(r: Reading, usage: float) -> float:
     return (1.0 - usage) * (r.kv_capacity_tokens or 0.0)
+
+
+SGLANG_DECODE_RESERVE_TOKENS = 512  # SGLang's --num-reserved-decode-tokens default (server_args.py)
+
+
+def _decode_admission(r: Reading, usage: float, waiting: float) -> str:
+    """An SGLang PD decode server's queue for room below the KV-bound line: its prealloc queue admits a transferred
+    request only when its tokens fit beside the room reserved for each running request's decode, and a request slot
+    is free (disaggregation/decode.py). Which of the two holds it the payload does not say: scheduler_limited's
+    "raise --max-running-requests, more KV would not help" adds reservations where the reserve is what is full."""
+    from kvwatch.capacity.units import percent  # (lazy: check loads the capacity model only where it sizes something)
+
+    text = (f"{_requests(waiting)} {_verb(waiting)} to be admitted on this PD decode server while KV is "
+            f"{percent(usage)} used. A decode server admits a transferred request only when its tokens fit beside the "
+            "room reserved for each running request's decode (--num-reserved-decode-tokens) and a request slot is "
+            "free (--max-running-requests); the payload does not say which holds them.")
+    running = r.requests_running or 0.0
+    if r.kv_capacity_tokens and running:
+        reserved, free = running * SGLANG_DECODE_RESERVE_TOKENS, _free_tokens(r, usage)
+        text += (f" At the default reserve of {SGLANG_DECODE_RESERVE_TOKENS} tokens, the {_requests(running)} running "
+                 f"hold back {reserved:,.0f} tokens, " + (
+                     f"more than the {free:,.0f} free: likely KV (add KV to this server, or lower the reserve)."
+                     if reserved > free else
+                     f"fewer than the {free:,.0f} free: likely the request slots (raise --max-running-requests)."))
+    return text
 
 
 def _waits_for_kv(r: Reading, usage: float) -> bool:
