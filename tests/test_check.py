@@ -651,6 +651,21 @@ def test_the_metrics_path_hint_only_when_something_answered(capsys: pytest.Captu
     assert error["reason"] == "connect" and "hint" not in error
 
 
+def test_a_first_run_with_nothing_listening_at_the_default_is_told_what_to_pass(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # A bare `kvwatch check` with no vLLM on :8000 printed a ConnectError and nothing else; a URL given is not
+    # second-guessed.
+    monkeypatch.delenv("KVWATCH_TARGET_URL", raising=False)
+    import socket
+
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", 8000)) != 0, "something listens on 127.0.0.1:8000, the default target"
+    assert main(["check", "--json", "--poll-timeout-seconds", "2"]) == 3
+    assert "Pass its /metrics URL" in json.loads(capsys.readouterr().out)["error"]["hint"]
+    assert main(["check", "http://127.0.0.1:9/metrics", "--json", "--poll-timeout-seconds", "2"]) == 3
+    assert "hint" not in json.loads(capsys.readouterr().out)["error"]
+
+
 def test_a_bad_url_argument_is_named_as_the_url(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "notaurl"]) == 2
     assert "invalid value 'notaurl' for URL" in capsys.readouterr().err

@@ -112,7 +112,7 @@ def test_demo_scenario_warns_filling_with_an_eta_minutes_before_the_bottleneck()
     assert eta is not None, filling_line
     predicted = first["filling"] + float(eta.group(1)) * 60
     assert abs(predicted - first["bottleneck"]) <= 10 * 60, (filling_line, first)  # an ETA worth reading
-    assert "forecast in 30 min" in filling_line and "fix: limit concurrency to" in filling_line, filling_line
+    assert "demand in 30 min" in filling_line and "fix: limit concurrency to" in filling_line, filling_line
 
     bottleneck_line = next(line for t, line in lines if t == first["bottleneck"])
     assert "ETA now" in bottleneck_line and "fix: limit concurrency to" in bottleneck_line, bottleneck_line
@@ -147,7 +147,7 @@ def test_status_line_reads_kvwatch_metrics() -> None:
     line = demo.status_line(text, 12.0, speed=30.0)
     assert line.startswith("[  12s | sim   6.0 min]")
     assert "usage 87.3%" in line and "running   41" in line and "waiting    3" in line
-    assert "ETA 9.0 min" in line and "state filling" in line and "forecast in 30 min 123%" in line
+    assert "ETA 9.0 min" in line and "state filling" in line and "demand in 30 min 123%" in line
     assert "fix: limit concurrency to 44" in line
     quantize_first = text.replace('action="limit_concurrency"} 1', 'action="limit_concurrency"} 3').replace(
         'action="add_tensor_parallelism"} 2', 'action="add_tensor_parallelism"} 1')
@@ -319,15 +319,37 @@ def test_demo_and_simulate_name_the_clock_as_serve_does_and_keep_speed_as_an_ali
         assert "--clock-speed" in text and "--speed is a deprecated alias" in " ".join(text.split()), command
 
 
-def test_a_short_demo_whose_simulator_cannot_listen_fails() -> None:
-    # The simulator dies at once on a busy port; a run shorter than the first status check used to exit 0.
+@pytest.mark.parametrize("flag", ["--sim-port", "--port"])
+def test_a_demo_port_in_use_is_refused_before_anything_starts(flag: str) -> None:
+    # A taken --sim-port printed both URLs and "starting kvwatch ...", kvwatch polled the other server (404), and
+    # the demo ended with exit 1 and a line about the simulator's own --port.
     import socket
 
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
-        result = subprocess.run(
-            [sys.executable, "-m", "kvwatch", "demo", "--sim-port", str(busy.getsockname()[1]), "--port", "0",
-             "--duration-seconds", "3"], capture_output=True, text=True, timeout=60, env=ENV)
-    assert result.returncode == 1 and "the simulator exited with code 2" in result.stderr
-    assert "cannot listen on" in result.stderr and "the demo's --sim-port" in result.stderr
+        port = busy.getsockname()[1]
+        other = "--port" if flag == "--sim-port" else "--sim-port"
+        result = subprocess.run([sys.executable, "-m", "kvwatch", "demo", flag, str(port), other, "0",
+                                 "--duration-seconds", "3"], capture_output=True, text=True, timeout=60, env=ENV)
+    assert result.returncode == 2 and result.stdout == "", result.stdout
+    assert f"for {flag}: 127.0.0.1:{port} is in use" in result.stderr
+    assert f"DEMO_ARGS='{flag} 0'" in result.stderr
+
+
+def test_a_child_that_exits_is_named_and_only_a_bad_setting_gets_the_port_hint(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # A short run whose simulator dies must not report success; the hint about its --port only for exit 2 (a stop by
+    # SIGINT reaching the simulator alone read "exited with code 0 (its --port is the demo's --sim-port)").
+    for code, hinted in ((2, True), (0, False)):
+        child = subprocess.Popen([sys.executable, "-c", f"raise SystemExit({code})"])
+        child.wait(timeout=30)
+        running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            assert demo._exited([child, running])
+        finally:
+            running.kill()
+            running.wait()
+        said = capsys.readouterr().err
+        assert f"kvwatch demo: the simulator exited with code {code}" in said
+        assert ("the demo's --sim-port" in said) is hinted

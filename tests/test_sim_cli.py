@@ -297,3 +297,9 @@ def test_the_simulator_listens_on_an_ipv6_address() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def test_no_serve_without_a_duration_names_what_is_missing(capsys: pytest.CaptureFixture[str]) -> None:
+    # "invalid value None for --duration-seconds": None was never given
+    assert main(["simulate", "--no-serve"]) == 2
+    assert "kvwatch simulate: --no-serve needs --duration-seconds" in capsys.readouterr().err

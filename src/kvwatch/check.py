@@ -95,7 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fail-on", choices=("info", "warning", "critical"), default=None, metavar="SEVERITY",
                         help="exit 1 when a finding at or above SEVERITY (info, warning, critical) exists, "
                              "for CI jobs and cron (default: exit 0 whatever the findings; a payload that cannot "
-                             "be read exits 3)")
+                             "be read exits 3, a --file that cannot be opened 2)")
     # The model/deployment flags (shared with plan and serve) let the advice size quantization and TP.
     add_settings_flags(parser, CheckSettings)
 
@@ -138,6 +138,9 @@ def run(args: argparse.Namespace) -> int:
         # The path matters only when something answered there (a wrong port refuses whatever the path).
         answered = exc.reason in ("http_status", "parse", "unrecognised")
         hint = _url_hint(settings.target_url) if args.file is None and answered else None
+        if args.file is None and exc.reason == "connect" and "target_url" not in settings.model_fields_set:
+            # (nothing given, nothing listening at the default: the first run of a newcomer)
+            hint = "is vLLM running there? Pass its /metrics URL: kvwatch check http://HOST:PORT/metrics"
         if args.json:
             error = {"reason": exc.reason, "message": str(exc), "source": source}
             print(json.dumps({"error": {**error, **({"hint": hint} if hint else {})}}))

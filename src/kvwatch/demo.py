@@ -23,7 +23,13 @@ from typing import IO
 
 from kvwatch.exposition import ParseError, parse
 from kvwatch.forecast.risk import RiskParams
-from kvwatch.settings import MAX_INTERVAL_SECONDS, MAX_POLL_STEP_SECONDS, MIN_INTERVAL_SECONDS, ServeSettings
+from kvwatch.settings import (
+    MAX_INTERVAL_SECONDS,
+    MAX_POLL_STEP_SECONDS,
+    MIN_INTERVAL_SECONDS,
+    ServeSettings,
+    SettingsError,
+)
 from kvwatch.sim.cli import ClockSpeed, check, check_number
 from kvwatch.sim.engines_wire import ENGINES
 from kvwatch.stop_signals import StopSignals
@@ -173,7 +179,7 @@ def status_line(text: str, elapsed: float, speed: float = 1.0, sim_seconds: floa
                                if math.isinf(soonest) else "now" if soonest <= 0 else f"{soonest / 60:.1f} min"))
     forecast = worst("kvwatch_kv_usage_forecast_ratio", horizon="30m")
     if forecast is not None:
-        parts.append(f"forecast in 30 min {forecast:4.0%}")
+        parts.append(f"demand in 30 min {forecast:4.0%}")  # (of the cache: past 100 % where it outgrows it)
     # Each fix has a rank (1 = cheapest first) while filling or in bottleneck, else 0: show the first.
     advice = sorted((s for s in exp.samples("kvwatch_recommendation") if s.value >= 1), key=lambda s: s.value)
     if advice:
@@ -266,8 +272,24 @@ def check_flags(args: argparse.Namespace) -> None:
               f"{step:g} s of the poll clock: at most {MAX_POLL_STEP_SECONDS:g}", args.poll_interval_seconds)
 
 
+def _check_free(flag: str, port: int) -> None:
+    """SettingsError naming ``flag`` when its port is taken on 127.0.0.1: the child said so only after the URLs were
+    printed and the other had started (a taken --sim-port read as kvwatch's target answering 404)."""
+    if not port:
+        return
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (as the servers bind: a closing socket is no owner)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise SettingsError(f"invalid value {port} for {flag}: 127.0.0.1:{port} is in use ({exc.strerror}); pass "
+                                f"{flag} 0 for a free port (make demo DEMO_ARGS='{flag} 0')") from None
+
+
 def run(args: argparse.Namespace) -> int:
     check_flags(args)
+    _check_free("--sim-port", args.sim_port)
+    _check_free("--port", args.port)
     sim_port = args.sim_port or _free_port()
     port = args.port or _free_port()
     sim_url = f"http://127.0.0.1:{sim_port}/metrics"
@@ -313,10 +335,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _exited(processes: list[subprocess.Popen]) -> bool:  # type: ignore[type-arg]
     """Whether the simulator or kvwatch has exited on its own (said on stderr)."""
-    # A child names its own flags; the demo's --sim-port is the simulator's --port.
-    ports = {"simulator": " (its --port is the demo's --sim-port)", "kvwatch": ""}
-    for proc, name in zip(processes, ("simulator", "kvwatch"), strict=True):
+    # A child names its own flags (exit 2: a bad setting); the demo's --sim-port is the simulator's --port.
+    ports = {"the simulator": " (its --port is the demo's --sim-port)", "kvwatch serve": ""}
+    for proc, name in zip(processes, ports, strict=True):
         if proc.poll() is not None:
-            print(f"kvwatch demo: the {name} exited with code {proc.returncode}{ports[name]}", file=sys.stderr)
+            hint = ports[name] if proc.returncode == 2 else ""
+            print(f"kvwatch demo: {name} exited with code {proc.returncode}{hint}", file=sys.stderr)
             return True
     return False

@@ -185,8 +185,8 @@ def build(args: argparse.Namespace, warn: Callable[[str], None] | None = None) -
     check_number(args.step_prefill_token_ms, "--step-prefill-token-ms", 0, MAX_STEP_TOKEN_MS)
     if args.duration_seconds is not None:
         check_number(args.duration_seconds, "--duration-seconds", 0, 1e12, low_open=True)
-    check(not (args.no_serve and args.duration_seconds is None), "--duration-seconds", "required with --no-serve",
-           None)
+    if args.no_serve and args.duration_seconds is None:  # (not "invalid value None": nothing was given)
+        raise SettingsError("--no-serve needs --duration-seconds (the simulated seconds to run)")
     check(args.data_parallel_size == 1 or args.vllm_version not in SINGLE_ENGINE_PROFILES, "--data-parallel-size",
            f"vLLM {args.vllm_version} has no engine label, so it serves one engine", args.data_parallel_size)
     check(not args.multiprocess or args.vllm_version in MULTIPROCESS_PROFILES, "--multiprocess",
