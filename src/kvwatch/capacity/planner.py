@@ -333,7 +333,51 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
         errors.append(f"vLLM will not start: max_num_batched_tokens ({batched}) must be greater than or equal to "
                       f"max_num_seqs ({seqs}); raise --max-num-batched-tokens or lower --max-num-seqs")
 
-    # KV geometry
+    layout, per_token = _kv_geometry(spec, arch, kv_bytes, dtype_bytes, notes, warnings, errors)
+    budget = _memory_budget(spec, util, dtype_bytes, batched, seqs, notes, warnings, estimated)
+    weights, activation, non_torch, usable = budget.weights, budget.activation, budget.non_torch, budget.usable
+    available, cuda_graphs, pp_extra = budget.available, budget.cuda_graphs, budget.pp_extra
+
+    blocks = kv.num_gpu_blocks(available, layout)
+    in_flight = kv.in_flight_tokens(batched, pp, spec.vllm_version)
+    tokens = kv.reported_kv_cache_tokens(layout, blocks, max_model_len, in_flight, spec.vllm_version)
+    if available <= 0:
+        errors.append(f"vLLM will not start: no memory left for the KV cache "
+                      f"(short by {-available / GIB:.2f} GiB per GPU)")
+    elif max_model_len and blocks < kv.blocks_needed(layout, max_model_len, in_flight) and (
+            longest_accepted is None or blocks < kv.blocks_needed(layout, longest_accepted, in_flight)):
+        # (Where the model's own longest length fits, lowering to it, the refusal above, is the whole fix.)
+        need = kv.blocks_needed(layout, max_model_len, in_flight) * layout.bytes_per_block_row
+        errors.append(f"vLLM will not start: one {max_model_len}-token request needs {need / GIB:.2f} GiB of KV "
+                      f"but only {available / GIB:.2f} GiB is available (short by {(need - available) / GIB:.2f} "
+                      f"GiB); lower --max-model-len to about {_fitting_len(layout, blocks, in_flight)}")
+    if [e for e in estimated if e not in ("pp_last_stage_sampler", "cuda_graphs")]:
+        warnings.append(f"estimated (not measured): {', '.join(estimated)}; pass --weights-gib/--activation-gib/"
+                        "--non-torch-gib from vLLM's startup log for exact figures")
+    if layout.is_hybrid and spec.vllm_version >= kv.TOKENS_FROM_CONCURRENCY_SINCE:
+        notes.append("hybrid (sliding-window, chunked or Mamba) model: vLLM derives 'KV cache size' from "
+                     "max_model_len, so it is not a byte-linear capacity")
+    elif layout.is_hybrid:
+        notes.append(f"hybrid (sliding-window, chunked or Mamba) model: vLLM before 0.20 reports 'KV cache size' as "
+                     f"blocks // {layout.num_groups} groups × block size, which counts one group's tokens; the "
+                     "ceiling counts what each group holds (a sliding group only its window), so it can exceed "
+                     "that figure ÷ max_model_len")
+    return CapacityPlan(
+        spec=spec, total_memory_bytes=total, gpu_memory_utilization=util, usable_bytes=usable,
+        weights_bytes=weights, activation_bytes=activation, non_torch_bytes=non_torch,
+        pp_last_stage_extra_bytes=pp_extra, cuda_graph_bytes=cuda_graphs,
+        available_kv_bytes=available, kv_bytes_per_token=per_token, layout=layout, num_gpu_blocks=blocks,
+        kv_cache_tokens=tokens, max_model_len=max_model_len, max_num_batched_tokens=batched,
+        in_flight_tokens=in_flight, max_num_seqs=seqs,
+        estimated=tuple(estimated), warnings=tuple(warnings), errors=tuple(errors), notes=tuple(notes),
+    )
+
+
+def _kv_geometry(spec: DeploymentSpec, arch: ModelArch | None, kv_bytes: int, dtype_bytes: int, notes: list[str],
+                 warnings: list[str], errors: list[str]) -> tuple[kv.KVLayout, float]:
+    """The KV layout (groups, block size, page bytes) and the KV bytes per token, as vLLM lays the pool out; what it
+    notes, warns of or refuses added to ``notes``, ``warnings`` and ``errors``."""
+    tp, pp = spec.tensor_parallel_size, spec.pipeline_parallel_size
     if spec.kv_bytes_per_token is not None:
         layout = kv.uniform_layout(round(spec.kv_bytes_per_token), spec.block_size)
         per_token = float(spec.kv_bytes_per_token)
@@ -369,8 +413,29 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
         elif fewest < tp:
             notes.append(f"TP={tp} exceeds the {fewest} KV heads of some layers: theirs are replicated, so more TP "
                          f"shrinks the KV per token only in the layers with more (up to TP={most})")
+    return layout, per_token
 
-    # Memory budget
+
+@dataclass(frozen=True)
+class _Budget:
+    """Per GPU: the memory vLLM can use, what it spends before the KV cache, and what is left for it."""
+
+    available: float
+    usable: float | None = None
+    weights: float | None = None
+    activation: float | None = None
+    non_torch: float | None = None
+    cuda_graphs: float = 0.0
+    pp_extra: float = 0.0
+
+
+def _memory_budget(spec: DeploymentSpec, util: float, dtype_bytes: int, batched: int, seqs: int, notes: list[str],
+                   warnings: list[str], estimated: list[str]) -> _Budget:
+    """The KV budget per GPU: a measured ``--available-kv-gib`` (less the last pipeline stage's sampler where rank
+    0 logged it), else the card × utilization less weights, activation peak, non-torch memory and, from vLLM 0.21,
+    CUDA graphs, each measured where given and estimated (and named in ``estimated``) where not."""
+    tp, pp = spec.tensor_parallel_size, spec.pipeline_parallel_size
+    arch, total = spec.arch, spec.gpu_memory_bytes
     weights = activation = non_torch = usable = None
     cuda_graphs = 0.0
     pp_extra = 0.0
@@ -429,40 +494,8 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
                              "without the model kvwatch cannot estimate it (the calibration logs show 0.5-1.8 GiB per "
                              "GPU)")
         available = usable - weights - activation - non_torch - cuda_graphs
-
-    blocks = kv.num_gpu_blocks(available, layout)
-    in_flight = kv.in_flight_tokens(batched, pp, spec.vllm_version)
-    tokens = kv.reported_kv_cache_tokens(layout, blocks, max_model_len, in_flight, spec.vllm_version)
-    if available <= 0:
-        errors.append(f"vLLM will not start: no memory left for the KV cache "
-                      f"(short by {-available / GIB:.2f} GiB per GPU)")
-    elif max_model_len and blocks < kv.blocks_needed(layout, max_model_len, in_flight) and (
-            longest_accepted is None or blocks < kv.blocks_needed(layout, longest_accepted, in_flight)):
-        # (Where the model's own longest length fits, lowering to it, the refusal above, is the whole fix.)
-        need = kv.blocks_needed(layout, max_model_len, in_flight) * layout.bytes_per_block_row
-        errors.append(f"vLLM will not start: one {max_model_len}-token request needs {need / GIB:.2f} GiB of KV "
-                      f"but only {available / GIB:.2f} GiB is available (short by {(need - available) / GIB:.2f} "
-                      f"GiB); lower --max-model-len to about {_fitting_len(layout, blocks, in_flight)}")
-    if [e for e in estimated if e not in ("pp_last_stage_sampler", "cuda_graphs")]:
-        warnings.append(f"estimated (not measured): {', '.join(estimated)}; pass --weights-gib/--activation-gib/"
-                        "--non-torch-gib from vLLM's startup log for exact figures")
-    if layout.is_hybrid and spec.vllm_version >= kv.TOKENS_FROM_CONCURRENCY_SINCE:
-        notes.append("hybrid (sliding-window, chunked or Mamba) model: vLLM derives 'KV cache size' from "
-                     "max_model_len, so it is not a byte-linear capacity")
-    elif layout.is_hybrid:
-        notes.append(f"hybrid (sliding-window, chunked or Mamba) model: vLLM before 0.20 reports 'KV cache size' as "
-                     f"blocks // {layout.num_groups} groups × block size, which counts one group's tokens; the "
-                     "ceiling counts what each group holds (a sliding group only its window), so it can exceed "
-                     "that figure ÷ max_model_len")
-    return CapacityPlan(
-        spec=spec, total_memory_bytes=total, gpu_memory_utilization=util, usable_bytes=usable,
-        weights_bytes=weights, activation_bytes=activation, non_torch_bytes=non_torch,
-        pp_last_stage_extra_bytes=pp_extra, cuda_graph_bytes=cuda_graphs,
-        available_kv_bytes=available, kv_bytes_per_token=per_token, layout=layout, num_gpu_blocks=blocks,
-        kv_cache_tokens=tokens, max_model_len=max_model_len, max_num_batched_tokens=batched,
-        in_flight_tokens=in_flight, max_num_seqs=seqs,
-        estimated=tuple(estimated), warnings=tuple(warnings), errors=tuple(errors), notes=tuple(notes),
-    )
+    return _Budget(available=available, usable=usable, weights=weights, activation=activation, non_torch=non_torch,
+                   cuda_graphs=cuda_graphs, pp_extra=pp_extra)
 
 
 def _check_parallelism_and_dtype(spec: DeploymentSpec, arch: ModelArch) -> None:
