@@ -64,6 +64,10 @@ def test_a_page_served_four_times_over_reads_as_once(tmp_path: Path, capsys: pyt
 def test_scheduler_limited_and_capacity_unknown(capsys: pytest.CaptureFixture[str]) -> None:
     report = check_json(["--file", str(FIXTURES / "gen-0.8.5-engine-label.prom")], capsys)
     assert ids(report) == [("scheduler_limited", "0"), ("preemptions", "0"), ("capacity_unknown", "0")]
+    # Beside preemptions since the start, "more KV would not help" is not said flatly: one poll cannot see the cache
+    # swing full between polls.
+    limited = next(f["message"] for f in report["findings"] if f["id"] == "scheduler_limited")
+    assert "more KV would not help, unless the" in limited and "kvwatch_preemptions_per_second" in limited
 
 
 def test_healthy_payload_has_no_findings(capsys: pytest.CaptureFixture[str]) -> None:

@@ -622,9 +622,12 @@ def findings(states: Iterable[SeriesState],
             out.append(Finding("scheduler_limited", "warning", (
                 f"{_requests(waiting)} {_verb(waiting)} while KV is only {percent(usage)} used: the scheduler limits, "
                 f"not KV. {_scheduler_fix(r.requests_running, max_num_seqs, flags, engine_kind, ranks[r.model_name])}"
-                "; more KV would "
-                "not help. "
-                "One poll: watch kvwatch_state{state=\"scheduler_limited\"} (kvwatch serve) to see it persist."),
+                "; more KV would not help"
+                # (a lifetime count: at 0.885 beside preemptions the cache may swing full between polls)
+                + (f", unless the {_plural(r.preemptions_total, 'preemption')} since the engine started go on "
+                   "(kvwatch serve's kvwatch_preemptions_per_second): then KV is full between polls"
+                   if r.preemptions_total else "")
+                + ". One poll: watch kvwatch_state{state=\"scheduler_limited\"} (kvwatch serve) to see it persist."),
                 **where))
         elif r.requests_waiting is None and "requests_waiting" not in why.get(r.key, {}) | bad and \
                 not r.prefill_server:
