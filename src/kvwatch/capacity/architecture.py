@@ -27,6 +27,7 @@ from kvwatch.capacity.layers import (
     NO_KV,
     SLIDING,
     AttentionDims,
+    Layout,
     attention_dims_by_type,
     hybrid_layout,
     kv_shared_layer_count,
@@ -328,28 +329,7 @@ def arch_from_config(config: dict[str, Any], name: str = "custom", source: str |
 
 
 def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> ModelArch:
-    cfg = text_config(config)
-    if str(cfg.get("model_type") or "").lower() == "dbrx":
-        # DbrxConfig names its sizes its own way and nests the experts' (vLLM's dbrx.py reads config.ffn_config)
-        ffn = cfg.get("ffn_config") if isinstance(cfg.get("ffn_config"), dict) else {}
-        cfg = {"num_hidden_layers": cfg.get("n_layers"), "num_attention_heads": cfg.get("n_heads"),
-               "num_local_experts": ffn.get("moe_num_experts"), "num_experts_per_tok": ffn.get("moe_top_k"),
-               "moe_intermediate_size": ffn.get("ffn_hidden_size"), **cfg}
-    for key in ("intermediate_size", "moe_intermediate_size", "num_shared_expert", "moe_num_experts",
-                "moe_layer_start_index", "moe_layer_end_index"):
-        sizes = cfg.get(key)
-        if isinstance(sizes, list) and sizes:
-            if len(sizes) == cfg.get("num_hidden_layers"):
-                # Gemma 3n gives one MLP width per layer, Hunyuan-A13B one expert width and shared-expert count:
-                # the weights sum over layers, so the mean is the per-layer figure
-                cfg = {**cfg, key: sum(real(s, key) for s in sizes) / len(sizes)}
-            elif key.startswith("moe_"):
-                # ERNIE-4.5-VL: [text, vision] experts (ernie45_vl_moe.py); the text model's are counted
-                cfg = {**cfg, key: sizes[0]}
-    model_type = str(cfg.get("model_type") or config.get("model_type") or "").lower()
-    blocks = nas_blocks(cfg)
-    if blocks is not None and cfg.get("intermediate_size") is None:
-        cfg = {**cfg, "intermediate_size": nas_intermediate_size(blocks, require(cfg, "hidden_size", "n_embd"))}
+    cfg, model_type = _normalized_config(config)
     num_layers = require(cfg, "num_hidden_layers", "n_layer", "num_layers")
     if model_type in _ATTENTION_FREE_TYPES and not cfg.get("num_attention_heads"):
         raise ArchitectureError(f"{model_type} is an attention-free (pure Mamba) model: it holds a fixed state per "
@@ -416,42 +396,9 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         raise ArchitectureError("MLA config.json needs kv_lora_rank and qk_rope_head_dim")
     # A layout field naming no Mamba / linear layer (MiniMax-M2's all-ones attn_type_list) is plain attention.
     is_hybrid = (layout.mamba_layers > 0) if layout is not None else model_type in HYBRID_MAMBA_TYPES
-    attention = sum(1 for t in layer_types if t not in NO_KV)
     dims = mamba_dims_from_config(cfg, model_type, hidden) if is_hybrid else None
-    not_modelled = ("its Mamba state pages and vLLM's page-size unification are modelled from "
-                    f"{dims.source}" if dims is not None else
-                    "the config has no Mamba state dimensions kvwatch reads, so vLLM's state pages and the "
-                    "page-size unification are NOT modelled and vLLM reports fewer tokens")
-    if is_hybrid and layout is None:
-        notes.append(f"{model_type} is a hybrid Mamba model but its layer layout was not recognised (no layer_types, "
-                     "layers_block_type, attn_type_list, attn_layer_indices, attn_layer_period or "
-                     f"hybrid_override_pattern): all {num_layers} layers are counted as attention, which overstates "
-                     f"the KV per token; {not_modelled}")
-    elif layout is not None and is_hybrid and attention == num_layers:
-        notes.append(f"hybrid model ({layout.source}): every one of the {num_layers} layers has attention and a "
-                     f"Mamba mixer, so all are counted for the KV cache; {not_modelled}")
-    elif layout is not None and is_hybrid:
-        notes.append(f"hybrid Mamba/linear-attention model ({layout.source}): the KV cache is counted for its "
-                     f"{attention} attention layers of {num_layers}; {not_modelled}")
-    unread = unread_layout_fields(cfg) if layout is None and set(layer_types) == {FULL} else []
-    if unread:
-        notes.append(f"config.json has {', '.join(unread)}: a layer layout kvwatch did not read for model_type "
-                     f"{model_type or '(none)'}, so all {num_layers} layers are counted as full attention, which can "
-                     "be far off; size it from vLLM's startup log ('GPU KV cache size', --available-kv-gib and "
-                     "--kv-bytes-per-token)")
     kv_shared = kv_shared_layer_count(cfg, num_layers, model_type)
-    if kv_shared:
-        notes.append(f"KV sharing (num_kv_shared_layers): the last {kv_shared} of {num_layers} layers reuse earlier "
-                     "layers' KV cache and hold none of their own, so the KV is counted for the first "
-                     f"{num_layers - kv_shared} (the weights for all)")
-    if CHUNKED in layer_types:
-        notes.append(f"chunked local attention in {layer_types.count(CHUNKED)} of {num_layers} layers "
-                     f"(attention_chunk_size {cfg['attention_chunk_size']}): from vLLM 0.14 these layers form KV "
-                     "groups of their own and hold a request's current chunk (chunk + the in-flight tokens in "
-                     "vLLM's worst case, at max_model_len); before, vLLM "
-                     "disabled its hybrid KV cache manager for them "
-                     "(VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE defaulted to 0) and they held every token "
-                     "like full attention")
+    notes += _layout_notes(cfg, model_type, num_layers, layer_types, layout, is_hybrid, dims, kv_shared)
     num_experts = first_number(cfg, "num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts",
                          default=0) or 0
     tie = cfg.get("tie_word_embeddings")
@@ -532,6 +479,76 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         architectures=architectures,
         mamba_ssm_cache_dtype=_ssm_state_dtype(cfg) if is_hybrid else None,
     )
+
+
+def _normalized_config(config: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """(the text model's config with its sizes in the usual names and per-layer lists as their mean, model_type)."""
+    cfg = text_config(config)
+    if str(cfg.get("model_type") or "").lower() == "dbrx":
+        # DbrxConfig names its sizes its own way and nests the experts' (vLLM's dbrx.py reads config.ffn_config)
+        ffn = cfg.get("ffn_config") if isinstance(cfg.get("ffn_config"), dict) else {}
+        cfg = {"num_hidden_layers": cfg.get("n_layers"), "num_attention_heads": cfg.get("n_heads"),
+               "num_local_experts": ffn.get("moe_num_experts"), "num_experts_per_tok": ffn.get("moe_top_k"),
+               "moe_intermediate_size": ffn.get("ffn_hidden_size"), **cfg}
+    for key in ("intermediate_size", "moe_intermediate_size", "num_shared_expert", "moe_num_experts",
+                "moe_layer_start_index", "moe_layer_end_index"):
+        sizes = cfg.get(key)
+        if isinstance(sizes, list) and sizes:
+            if len(sizes) == cfg.get("num_hidden_layers"):
+                # Gemma 3n gives one MLP width per layer, Hunyuan-A13B one expert width and shared-expert count:
+                # the weights sum over layers, so the mean is the per-layer figure
+                cfg = {**cfg, key: sum(real(s, key) for s in sizes) / len(sizes)}
+            elif key.startswith("moe_"):
+                # ERNIE-4.5-VL: [text, vision] experts (ernie45_vl_moe.py); the text model's are counted
+                cfg = {**cfg, key: sizes[0]}
+    model_type = str(cfg.get("model_type") or config.get("model_type") or "").lower()
+    blocks = nas_blocks(cfg)
+    if blocks is not None and cfg.get("intermediate_size") is None:
+        cfg = {**cfg, "intermediate_size": nas_intermediate_size(blocks, require(cfg, "hidden_size", "n_embd"))}
+    return cfg, model_type
+
+
+def _layout_notes(cfg: dict[str, Any], model_type: str, num_layers: int, layer_types: tuple[str, ...],
+                  layout: Layout | None, is_hybrid: bool, dims: MambaDims | None, kv_shared: int) -> list[str]:
+    """What the layer layout leaves out or approximates, said: a hybrid's state pages (``dims``: its state
+    dimensions, None where the config has none), a layout kvwatch did not read, KV sharing and chunked local
+    attention."""
+    notes: list[str] = []
+    attention = sum(1 for t in layer_types if t not in NO_KV)
+    not_modelled = ("its Mamba state pages and vLLM's page-size unification are modelled from "
+                    f"{dims.source}" if dims is not None else
+                    "the config has no Mamba state dimensions kvwatch reads, so vLLM's state pages and the "
+                    "page-size unification are NOT modelled and vLLM reports fewer tokens")
+    if is_hybrid and layout is None:
+        notes.append(f"{model_type} is a hybrid Mamba model but its layer layout was not recognised (no layer_types, "
+                     "layers_block_type, attn_type_list, attn_layer_indices, attn_layer_period or "
+                     f"hybrid_override_pattern): all {num_layers} layers are counted as attention, which overstates "
+                     f"the KV per token; {not_modelled}")
+    elif layout is not None and is_hybrid and attention == num_layers:
+        notes.append(f"hybrid model ({layout.source}): every one of the {num_layers} layers has attention and a "
+                     f"Mamba mixer, so all are counted for the KV cache; {not_modelled}")
+    elif layout is not None and is_hybrid:
+        notes.append(f"hybrid Mamba/linear-attention model ({layout.source}): the KV cache is counted for its "
+                     f"{attention} attention layers of {num_layers}; {not_modelled}")
+    unread = unread_layout_fields(cfg) if layout is None and set(layer_types) == {FULL} else []
+    if unread:
+        notes.append(f"config.json has {', '.join(unread)}: a layer layout kvwatch did not read for model_type "
+                     f"{model_type or '(none)'}, so all {num_layers} layers are counted as full attention, which can "
+                     "be far off; size it from vLLM's startup log ('GPU KV cache size', --available-kv-gib and "
+                     "--kv-bytes-per-token)")
+    if kv_shared:
+        notes.append(f"KV sharing (num_kv_shared_layers): the last {kv_shared} of {num_layers} layers reuse earlier "
+                     "layers' KV cache and hold none of their own, so the KV is counted for the first "
+                     f"{num_layers - kv_shared} (the weights for all)")
+    if CHUNKED in layer_types:
+        notes.append(f"chunked local attention in {layer_types.count(CHUNKED)} of {num_layers} layers "
+                     f"(attention_chunk_size {cfg['attention_chunk_size']}): from vLLM 0.14 these layers form KV "
+                     "groups of their own and hold a request's current chunk (chunk + the in-flight tokens in "
+                     "vLLM's worst case, at max_model_len); before, vLLM "
+                     "disabled its hybrid KV cache manager for them "
+                     "(VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE defaulted to 0) and they held every token "
+                     "like full attention")
+    return notes
 
 
 # config.json fields that lay out a model's layers differently (some layers without KV, windowed, or sharing
