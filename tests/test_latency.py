@@ -3,8 +3,10 @@ gauges and the TTFT objective's cause, for every engine's wire names."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 from types import MappingProxyType
+from typing import Any
 
 import pytest
 
@@ -91,6 +93,9 @@ def test_analyzer_quantiles_from_each_engine(engine: str) -> None:
     assert {"kvwatch_latency_seconds", "kvwatch_ttft_slo_breach"} <= set(families)
     breach = {s.labels["cause"]: s.value for s in families["kvwatch_ttft_slo_breach"].samples}
     assert breach == {"kv_cache": 1.0, "other": 0.0}
+    # As Prometheus' own linter reads them: a gauge with a "quantile" label (reserved for summaries) was refused.
+    assert {s.labels["percentile"] for s in families["kvwatch_latency_seconds"].samples} == {"50", "90", "99"}
+    _promtool_check_metrics(families.values())
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "tensorrt-llm"])
@@ -151,3 +156,23 @@ def test_sidecar_reads_latency_once_per_edge_and_quantiles_span_the_edges() -> N
     assert expected and dict(results[420].quantiles) == expected
     # Before a second edge there is no window: no quantile.
     assert results[5] is None or not results[5].quantiles
+
+
+def _promtool_check_metrics(families: Iterable[Any]) -> None:
+    import shutil
+    import subprocess
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool not found on PATH: run `make tools` (installs Debian's prometheus package)"
+
+    class Families:
+        def collect(self) -> Iterable[Any]:
+            return families
+
+    registry = CollectorRegistry()
+    registry.register(Families())  # type: ignore[arg-type]
+    result = subprocess.run([promtool, "check", "metrics"], input=generate_latest(registry).decode(),
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr

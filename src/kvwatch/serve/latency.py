@@ -124,7 +124,7 @@ class LatencyAnalyzer:
         latency = GaugeMetricFamily(
             "kvwatch_latency_seconds", "Request latency quantile by kind: ttft (time to first token), itl "
             "(inter-token latency; TensorRT-LLM: time per output token), queue (waiting for the scheduler), "
-            "e2e (end to end)." + _NOTE, labels=[*SERIES_LABELS, "kind", "quantile"])
+            "e2e (end to end); percentile 50, 90 or 99." + _NOTE, labels=[*SERIES_LABELS, "kind", "percentile"])
         aborts = GaugeMetricFamily("kvwatch_requests_aborted_per_second",
                                    "Requests the engine aborted per second (vLLM: finished_reason=abort; SGLang: "
                                    "num_aborted_requests_total). Over the last 5 minutes of kvwatch's polls, from "
@@ -135,7 +135,8 @@ class LatencyAnalyzer:
             + _NOTE, labels=[*SERIES_LABELS, "cause"])
         for key, result in sorted(results.items()):
             for (kind, q), value in sorted(result.quantiles.items()):
-                latency.add_metric([*key, kind, f"{q:g}"], value)
+                # ("percentile", not "quantile": Prometheus reserves that label for summaries, promtool check metrics)
+                latency.add_metric([*key, kind, f"{q * 100:g}"], value)
             if result.aborted_per_second is not None:
                 aborts.add_metric(list(key), result.aborted_per_second)
             if result.slo_known:
