@@ -290,8 +290,7 @@ class Fetcher:
 
     def _note_redirect(self, response: httpx.Response, hops: int) -> None:
         """A redirect to another host or port is followed, as Prometheus follows it, and said once per place: its
-        page is then reported as this target's (followed without a word, a
-        page from another place reads as the target's own)."""
+        page is then reported as this target's (followed without a word, it would read as the target's own)."""
         final, asked = response.url, httpx.URL(self._request_url)
         if not hops or _same_origin(final, asked):
             return
