@@ -60,7 +60,7 @@ def main() -> int:
     parser.add_argument("--every", type=float, default=20.0, help="wall seconds between samples")
     args = parser.parse_args()
     compile_kvwatch()
-    demo = subprocess.Popen([sys.executable, "-m", "kvwatch", "demo", "--speed", str(args.speed), "--port", "0",
+    demo = subprocess.Popen([sys.executable, "-m", "kvwatch", "demo", "--clock-speed", str(args.speed), "--port", "0",
                              "--sim-port", "0", "--status-interval-seconds", "60",
                              "--duration-seconds", str(args.minutes * 60)], stdout=subprocess.DEVNULL)
     started = time.monotonic()
