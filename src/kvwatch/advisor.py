@@ -61,6 +61,13 @@ ENGINE_FLAGS: dict[str, dict[str, str | None]] = {
     TRITON_TENSORRT_LLM: {"concurrency": "max_batch_size", "max_model_len": "max_seq_len", "quantization": None,
                           "tensor_parallel": "tp_size", "token_budget": "max_num_tokens"},
 }
+
+
+def engine_flags(engine_kind: str) -> dict[str, str | None]:
+    """The engine's launch flags for what a fix changes (vLLM's for an engine kvwatch has none for)."""
+    return ENGINE_FLAGS.get(engine_kind, ENGINE_FLAGS[VLLM])
+
+
 # How each engine is told to keep its KV cache in FP8, and the flags for it (None: no launch flag).
 FP8_KV_CACHE = {VLLM: "--kv-cache-dtype fp8", SGLANG: "--kv-cache-dtype fp8_e4m3",
                 TENSORRT_LLM: "kv_cache_config.dtype: fp8 in trtllm-serve's options YAML, --config or "
@@ -168,7 +175,7 @@ def advise(
     """
     if state not in ADVISE_IN_STATES:
         return []
-    flags = ENGINE_FLAGS.get(engine_kind, ENGINE_FLAGS[VLLM])
+    flags = engine_flags(engine_kind)
     plan_tokens = float(capacity_plan.kv_cache_tokens) if capacity_plan is not None and \
         capacity_plan.kv_cache_tokens else None
     # The engine's pool, else the plan's: vLLM's sums, so not for SGLang or TensorRT-LLM, which size their pools their
@@ -215,7 +222,7 @@ def _limit_advice(limit: int, running: float | None, ceiling: float | None, engi
                   other_ranks: Sequence[tuple[str | None, float]]) -> Advice:
     """Limit concurrency to ``limit`` (per data-parallel rank where one server runs ``ranks_per_flag`` of them; see
     :func:`advise` for ``other_ranks``)."""
-    flags, engine = ENGINE_FLAGS.get(engine_kind, ENGINE_FLAGS[VLLM]), ENGINE_NAMES.get(engine_kind, engine_kind)
+    flags, engine = engine_flags(engine_kind), ENGINE_NAMES.get(engine_kind, engine_kind)
     now = f"; now {running:.0f} running" if running is not None else ""
     held = f"the KV cache holds ~{ceiling:.1f} at the observed mix{now}" if ceiling else now.lstrip("; ")
     ranks = max(1, ranks_per_flag)
@@ -271,7 +278,7 @@ def _quantization_advice(capacity_plan: CapacityPlan | None, whatif: Mapping[str
                          base_tokens: float | None, ceiling: float | None, engine_kind: str,
                          ceiling_gain: Callable[[CapacityPlan | None], float | None]) -> list[Advice]:
     """FP8 weights, then an FP8 KV cache, each where the plan's what-if gains tokens."""
-    flags, engine = ENGINE_FLAGS.get(engine_kind, ENGINE_FLAGS[VLLM]), ENGINE_NAMES.get(engine_kind, engine_kind)
+    flags, engine = engine_flags(engine_kind), ENGINE_NAMES.get(engine_kind, engine_kind)
     out: list[Advice] = []
     quantized = whatif.get("fp8_weights")
     if quantized is not None and plan_tokens and quantized.kv_cache_tokens and \

@@ -43,13 +43,13 @@ from prometheus_client.utils import floatToGoString
 from kvwatch.advisor import (
     ADD_TENSOR_PARALLELISM,
     DEFAULT_GPUS_PER_NODE,
-    ENGINE_FLAGS,
     ENGINE_NAMES,
     QUANTIZE_KV_CACHE,
     QUANTIZE_WEIGHTS,
     TRITON_TENSORRT_LLM,
     Advice,
     advise_from_result,
+    engine_flags,
 )
 from kvwatch.derived import SeriesState, blocks_shared_by_groups, derive
 from kvwatch.engines import SourceOverrides
@@ -542,7 +542,7 @@ def findings(states: Iterable[SeriesState],
 
     states = list(states)
     ranks = _ranks_per_model(states, engine_kind)
-    flags = ENGINE_FLAGS.get(engine_kind, ENGINE_FLAGS[VLLM])
+    flags = engine_flags(engine_kind)
     dropped: dict[tuple[str, str], dict[str, float]] = {}
     for key, name, value in implausible:
         dropped.setdefault(key, {})[name] = value

@@ -335,8 +335,7 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
 
     layout, per_token = _kv_geometry(spec, arch, kv_bytes, dtype_bytes, notes, warnings, errors)
     budget = _memory_budget(spec, util, dtype_bytes, batched, seqs, notes, warnings, estimated)
-    weights, activation, non_torch, usable = budget.weights, budget.activation, budget.non_torch, budget.usable
-    available, cuda_graphs, pp_extra = budget.available, budget.cuda_graphs, budget.pp_extra
+    available = budget.available
 
     blocks = kv.num_gpu_blocks(available, layout)
     in_flight = kv.in_flight_tokens(batched, pp, spec.vllm_version)
@@ -363,9 +362,9 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
                      "ceiling counts what each group holds (a sliding group only its window), so it can exceed "
                      "that figure ÷ max_model_len")
     return CapacityPlan(
-        spec=spec, total_memory_bytes=total, gpu_memory_utilization=util, usable_bytes=usable,
-        weights_bytes=weights, activation_bytes=activation, non_torch_bytes=non_torch,
-        pp_last_stage_extra_bytes=pp_extra, cuda_graph_bytes=cuda_graphs,
+        spec=spec, total_memory_bytes=total, gpu_memory_utilization=util, usable_bytes=budget.usable,
+        weights_bytes=budget.weights, activation_bytes=budget.activation, non_torch_bytes=budget.non_torch,
+        pp_last_stage_extra_bytes=budget.pp_extra, cuda_graph_bytes=budget.cuda_graphs,
         available_kv_bytes=available, kv_bytes_per_token=per_token, layout=layout, num_gpu_blocks=blocks,
         kv_cache_tokens=tokens, max_model_len=max_model_len, max_num_batched_tokens=batched,
         in_flight_tokens=in_flight, max_num_seqs=seqs,
