@@ -32,10 +32,11 @@ import sys
 import time
 import zlib
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from prometheus_client.utils import floatToGoString
@@ -58,7 +59,7 @@ from kvwatch.fetch import CappedBody, Fetcher, decode_body, held_text
 from kvwatch.forecast import Forecaster, ForecastSample
 from kvwatch.forecast.detector import no_room_in
 from kvwatch.forecast.thresholds import BUSY_USAGE, queue_waits_for_kv, standing_queue
-from kvwatch.model import SGLANG, TENSORRT_LLM, VLLM, Detection, Poll, Reading
+from kvwatch.model import SGLANG, TENSORRT_LLM, VLLM, Detection, Poll, Reading, SeriesKey
 from kvwatch.payload import ScrapeError, interpret
 from kvwatch.settings import CheckSettings, SettingsError, add_settings_flags, load_settings, redact_url
 
@@ -536,147 +537,211 @@ def findings(states: Iterable[SeriesState],
              undetermined: Iterable[tuple[tuple[str, str], str, str]] = ()) -> list[Finding]:
     """Checklist findings per series, most severe first (pure). ``implausible`` is the poll's list of
     impossible values dropped to unknown (:mod:`kvwatch.plausible`); ``engine_kind`` names whose flags the
-    messages give; ``max_num_seqs`` (given to kvwatch) tells which scheduler limit a standing queue hits."""
-    from kvwatch.capacity.findings import leaking
-    from kvwatch.capacity.units import percent
-
+    messages give; ``max_num_seqs`` (given to kvwatch) tells which scheduler limit a standing queue hits.
+    Each series gets at most one headline finding (:func:`_headline`), then the context beside it (:func:`_context`)."""
     states = list(states)
     ranks = _ranks_per_model(states, engine_kind)
     flags = engine_flags(engine_kind)
-    dropped: dict[tuple[str, str], dict[str, float]] = {}
-    for key, name, value in implausible:
-        dropped.setdefault(key, {})[name] = value
-    why: dict[tuple[str, str], dict[str, str]] = {}  # ``undetermined``: why a value the payload holds is unknown
-    for key, name, reason in undetermined:
-        why.setdefault(key, {})[name] = reason
+    dropped = _per_series(implausible)
+    why = _per_series(undetermined)  # ``undetermined``: why a value the payload holds is unknown
     out: list[Finding] = []
     for s in states:
         r = s.reading
-        where = {"model_name": r.model_name, "engine": r.engine}
-        usage, waiting = r.kv_usage_ratio, r.requests_waiting_for_capacity or 0.0
-        bad = dropped.get(r.key, {})
-        if r.asleep and r.sleep_state == "asleep":
-            # awake 0 with neither level: vLLM's sleep level 0 (scheduling paused, the KV kept) or
-            # /release_kv_cache_memory (the KV freed, the weights kept) write the same labels (its record_sleep_state)
-            out.append(Finding("engine_asleep", "info", (
-                "The engine is paused (vLLM's sleep level 0: its KV cache is kept) or has released its KV cache "
-                "(release_kv_cache_memory); the page cannot say which. Requests wait until it is woken up "
-                "(POST /wake_up), so no KV diagnosis is made for it."), **where))
-        elif r.asleep:
-            out.append(Finding("engine_asleep", "info", (
-                f"The engine is in vLLM's sleep mode ({r.sleep_state}): its KV cache is released and requests wait "
-                "until it is woken up (POST /wake_up), so no KV diagnosis is made for it."), **where))
-        elif "kv_usage_ratio" in bad:
-            out.append(Finding("usage_unknown", "warning", (
-                f"KV usage reads {floatToGoString(bad['kv_usage_ratio'])} this poll, which no KV cache can be "
-                "(usage is 0..1): kvwatch cannot tell how full the KV cache is. Look at the engine (is it serving?), "
-                "or point --usage-metric at a metric that has a value."), **where))
-        elif usage is None and "kv_usage_ratio" in why.get(r.key, {}):
-            out.append(Finding("usage_unknown", "warning", why[r.key]["kv_usage_ratio"], **where))
-        elif usage is None:
-            out.append(Finding("usage_unknown", "warning", "No KV usage metric found: pass --usage-metric with the "
-                               "name your engine (or proxy) exports.", **where))
-        elif queue_waits_for_kv(usage, waiting, r.requests_running, no_room=no_room_in(r, usage)) and not leaking(r):
-            # Nothing running on an engine whose queue may hold KV (kvwatch.capacity.findings.kv_usage_stuck): a
-            # PD prefill server's transfers, or a leak; the payload cannot tell which, so the message says both.
-            fixes = "The advisor's fixes for this series follow, cheapest first (\"advice\" in --json)."
-            if r.prefill_server:
-                message = (f"KV cache is {percent(usage)} full with {_requests(waiting)} waiting on this PD prefill "
-                           "server: its KV is held by requests whose KV is still being sent to the decode servers, "
-                           "so prefill waits for the decode side (more or faster decode servers, or a faster KV "
-                           f"transfer); no concurrency limit follows from its running count. {fixes}")
-            elif r.requests_running == 0:
-                message = (f"KV cache is {percent(usage)} full with {_requests(waiting)} waiting and nothing running. "
-                           "On a PD-disaggregated server these are its KV transfers (a prefill server's outgoing, a "
-                           "decode server's incoming) and the KV cache is the bottleneck. "
-                           f"{fixes} On any other server finished requests' blocks are not being freed (a KV "
-                           "leak: restart the engine), and those fixes would not help.")
-            elif usage < KV_BOUND_USAGE:
-                mean, cached = r.mean_prompt_tokens or 0.0, r.prefix_cached_share or 0.0
-                message = (f"KV cache is {percent(usage)} full with {_requests(waiting)} waiting, and the "
-                           f"{_free_tokens(r, usage):,.0f} tokens free are fewer than the {mean * (1 - cached):,.0f} "
-                           f"a mean prompt needs (the mean since the engine started: {mean:,.0f} tokens"
-                           + (f", {cached:.0%} of them from the prefix cache" if cached else "") + "): the next "
-                           "request does not fit, so the KV cache is the bottleneck (a higher concurrency limit "
-                           f"would not start it). {fixes}")
-            else:
-                message = (f"KV cache is {percent(usage)} full with {_requests(waiting)} waiting: the KV cache is the "
-                           f"bottleneck. {fixes}")
-            out.append(Finding("kv_bound", "critical", message, **where))
-        elif r.requests_running == 0 and _standing_queue(r) and not r.prefill_server and not leaking(r):
-            # No scheduler cap holds back a queue while nothing runs ("raise --max-num-seqs" was
-            # said of 40 waiting beside 0 running at 30 %); at 5 % or less request_exceeds_pool says more, and a full
-            # cache no request holds is kv_usage_stuck's.
-            free = f" than the {_free_tokens(r, usage):,.0f} tokens free" if r.kv_capacity_tokens else " than is free"
-            out.append(Finding("queue_not_admitted", "warning", (
-                f"{_requests(waiting)} {_verb(waiting)} and none runs while KV is {percent(usage)} used: no scheduler "
-                "cap holds them back, as nothing runs. The engine core may be stalled (kvwatch serve's state "
-                "`stalled` tells over 3 minutes), blocks may be held by no running request (a leak, or a "
-                f"PD-disaggregated server's KV transfers), or the request at the head of the queue needs more{free}. "
-                "Look at the engine's log; if it persists, cancel the request at the head or restart the engine."),
-                **where))
-        elif r.engine_role == "decode" and r.engine_kind == SGLANG and not _waits_for_kv(r, usage) and \
-                _standing_queue(r):
-            out.append(Finding("decode_admission_waiting", "warning", _decode_admission(r, usage, waiting), **where))
-        elif not _waits_for_kv(r, usage) and _standing_queue(r) and not r.prefill_server:
-            out.append(Finding("scheduler_limited", "warning", (
-                f"{_requests(waiting)} {_verb(waiting)} while KV is only {percent(usage)} used: the scheduler limits, "
-                f"not KV. {_scheduler_fix(r.requests_running, max_num_seqs, flags, engine_kind, ranks[r.model_name])}"
-                "; more KV would not help"
-                # (a lifetime count: at 0.885 beside preemptions the cache may swing full between polls)
-                + (f", unless the {_plural(r.preemptions_total, 'preemption')} since the engine started go on "
-                   "(kvwatch serve's kvwatch_preemptions_per_second): then KV is full between polls"
-                   if r.preemptions_total else "")
-                + ". One poll: watch kvwatch_state{state=\"scheduler_limited\"} (kvwatch serve) to see it persist."),
-                **where))
-        elif r.requests_waiting is None and "requests_waiting" not in why.get(r.key, {}) | bad and \
-                not r.prefill_server:
-            # (a 97 % full cache with no queue count raised no finding at all: kv_bound needs a waiting request)
-            full = _waits_for_kv(r, usage)
-            out.append(Finding("queue_unknown", "warning" if full else "info", (
-                "The payload has no count of waiting requests, so kvwatch cannot tell whether requests wait for the "
-                "KV cache" + (f", which is {percent(usage)} full: it may be the bottleneck" if full else "")
-                + ". Pass --waiting-metric (and --running-metric) with the names the engine or its proxy exports, "
-                "if it has them."), **where))
-        for name, reason in sorted(why.get(r.key, {}).items()):
-            if name != "kv_usage_ratio":  # (usage has its own finding above)
-                out.append(Finding("value_unknown", "warning", reason, **where))
-        others = sorted(n for n in bad if n != "kv_usage_ratio")
-        if others:
-            out.append(Finding("implausible_values", "warning", (
-                "Impossible values ignored (read as unknown): "
-                + ", ".join(f"{n} = {floatToGoString(bad[n])}" for n in others)
-                + ". Counts cannot be negative, infinite or NaN: the target is not serving sane metrics."),
-                **where))
-        if r.preemptions_total:
-            # A lifetime count: one poll cannot tell whether the thrash goes on, unless the cache is full now (the
-            # rule kv_bound uses: then it warns beside it); else it is context, or `--fail-on warning` failed every
-            # cron run until the engine restarted.
-            thrashing = usage is not None and _waits_for_kv(r, usage)
-            if thrashing:
-                now = "Lower concurrency or free KV memory."
-            else:
-                full = f"The cache is {percent(usage)} full now" if usage is not None else "KV usage is unknown now"
-                now = f"{full}: one poll cannot tell whether it goes on; kvwatch serve's " \
-                      "kvwatch_preemptions_per_second does."
-            out.append(Finding("preemptions", "warning" if thrashing else "info", (
-                f"{_plural(r.preemptions_total, 'preemption')} since the engine started: requests are evicted and "
-                f"recomputed (KV thrash). {now}"), **where))
-        ratio = r.prefix_cache_hit_ratio
-        if r.prefix_caching_enabled is not False and ratio is not None and ratio < PREFIX_HIT_RATIO_LOW and \
-                (r.prefix_cache_queries_total or 0) >= PREFIX_MIN_QUERIES:
-            out.append(Finding("prefix_cache_ineffective", "info", (
-                f"Prefix cache hit ratio is {percent(ratio)}"
-                + (f" (of {r.prefix_cache_unit})" if r.prefix_cache_unit else "") + ": prefix caching will not add "
-                "capacity for this traffic; do not count on it when sizing."), **where))
-        if r.kv_capacity_tokens is None and "kv_capacity_tokens" not in why.get(r.key, {}) and \
-                not (r.num_gpu_blocks and blocks_shared_by_groups(r.cache_config)):  # (capacity_groups_unknown)
-            # (an undetermined capacity has its own finding, saying why: not one to estimate with `plan`)
-            out.append(Finding("capacity_unknown", "info", (
-                "The engine does not report KV capacity here (vLLM: no kv_cache_size_tokens, and num_gpu_blocks or "
-                "block_size is None or absent; SGLang before max_total_num_tokens; TensorRT-LLM without max blocks x "
-                "tokens per block): use `kvwatch plan` with --model and --gpu to estimate it."), **where))
+        bad, unknown = dropped.get(r.key, {}), why.get(r.key, {})
+        # (built only if the headline is scheduler_limited)
+        scheduler_fix = partial(_scheduler_fix, r.requests_running, max_num_seqs, flags, engine_kind,
+                                ranks[r.model_name])
+        headline = _headline(r, bad, unknown, scheduler_fix)
+        if headline is not None:
+            out.append(headline)
+        out.extend(_context(r, bad, unknown))
     return sorted(out, key=lambda f: SEVERITIES.index(f.severity))
+
+
+_V = TypeVar("_V")
+
+
+def _per_series(values: Iterable[tuple[SeriesKey, str, _V]]) -> dict[SeriesKey, dict[str, _V]]:
+    """``(series key, name, value)`` triples as ``{series key: {name: value}}``."""
+    out: dict[SeriesKey, dict[str, _V]] = {}
+    for key, name, value in values:
+        out.setdefault(key, {})[name] = value
+    return out
+
+
+def _finding(r: Reading, finding_id: str, severity: str, message: str) -> Finding:
+    return Finding(finding_id, severity, message, model_name=r.model_name, engine=r.engine)
+
+
+def _headline(r: Reading, bad: Mapping[str, float], unknown: Mapping[str, str],
+              scheduler_fix: Callable[[], str]) -> Finding | None:
+    """The finding that says what holds a series back, or None: the first check that holds wins. A sleeping engine,
+    or a KV usage kvwatch cannot read, gets no KV diagnosis; else the queue is diagnosed. ``bad``: the series'
+    impossible values dropped to unknown; ``unknown``: why values the payload holds are unknown;
+    ``scheduler_fix``: scheduler_limited's advice (:func:`_scheduler_fix`)."""
+    from kvwatch.capacity.findings import leaking
+
+    if r.asleep:
+        return _finding(r, "engine_asleep", "info", _asleep_message(r))
+    usage, waiting = r.kv_usage_ratio, r.requests_waiting_for_capacity or 0.0
+    if usage is None or "kv_usage_ratio" in bad:
+        return _finding(r, "usage_unknown", "warning", _usage_unknown_message(bad, unknown))
+    if queue_waits_for_kv(usage, waiting, r.requests_running, no_room=no_room_in(r, usage)) and not leaking(r):
+        return _finding(r, "kv_bound", "critical", _kv_bound_message(r, usage, waiting))
+    if r.requests_running == 0 and _standing_queue(r) and not r.prefill_server and not leaking(r):
+        # No scheduler cap holds back a queue while nothing runs ("raise --max-num-seqs" was
+        # said of 40 waiting beside 0 running at 30 %); at 5 % or less request_exceeds_pool says more, and a full
+        # cache no request holds is kv_usage_stuck's.
+        return _finding(r, "queue_not_admitted", "warning", _queue_not_admitted_message(r, usage, waiting))
+    if r.engine_role == "decode" and r.engine_kind == SGLANG and not _waits_for_kv(r, usage) and \
+            _standing_queue(r):
+        return _finding(r, "decode_admission_waiting", "warning", _decode_admission(r, usage, waiting))
+    if not _waits_for_kv(r, usage) and _standing_queue(r) and not r.prefill_server:
+        return _finding(r, "scheduler_limited", "warning",
+                        _scheduler_limited_message(r, usage, waiting, scheduler_fix()))
+    if r.requests_waiting is None and "requests_waiting" not in unknown and "requests_waiting" not in bad and \
+            not r.prefill_server:
+        # (a 97 % full cache with no queue count raised no finding at all: kv_bound needs a waiting request)
+        full = _waits_for_kv(r, usage)
+        return _finding(r, "queue_unknown", "warning" if full else "info", _queue_unknown_message(usage, full))
+    return None
+
+
+def _asleep_message(r: Reading) -> str:
+    if r.sleep_state == "asleep":
+        # awake 0 with neither level: vLLM's sleep level 0 (scheduling paused, the KV kept) or
+        # /release_kv_cache_memory (the KV freed, the weights kept) write the same labels (its record_sleep_state)
+        return ("The engine is paused (vLLM's sleep level 0: its KV cache is kept) or has released its KV cache "
+                "(release_kv_cache_memory); the page cannot say which. Requests wait until it is woken up "
+                "(POST /wake_up), so no KV diagnosis is made for it.")
+    return (f"The engine is in vLLM's sleep mode ({r.sleep_state}): its KV cache is released and requests wait "
+            "until it is woken up (POST /wake_up), so no KV diagnosis is made for it.")
+
+
+def _usage_unknown_message(bad: Mapping[str, float], unknown: Mapping[str, str]) -> str:
+    """Why the KV usage is unknown: an impossible reading, a reason the payload gave, or no usage metric."""
+    if "kv_usage_ratio" in bad:
+        return (f"KV usage reads {floatToGoString(bad['kv_usage_ratio'])} this poll, which no KV cache can be "
+                "(usage is 0..1): kvwatch cannot tell how full the KV cache is. Look at the engine (is it serving?), "
+                "or point --usage-metric at a metric that has a value.")
+    if "kv_usage_ratio" in unknown:
+        return unknown["kv_usage_ratio"]
+    return "No KV usage metric found: pass --usage-metric with the name your engine (or proxy) exports."
+
+
+def _kv_bound_message(r: Reading, usage: float, waiting: float) -> str:
+    """kv_bound's message: on a PD prefill server, with nothing running, below the KV-bound line (the next prompt
+    does not fit), or at it."""
+    from kvwatch.capacity.units import percent
+
+    # Nothing running on an engine whose queue may hold KV (kvwatch.capacity.findings.kv_usage_stuck): a
+    # PD prefill server's transfers, or a leak; the payload cannot tell which, so the message says both.
+    fixes = "The advisor's fixes for this series follow, cheapest first (\"advice\" in --json)."
+    if r.prefill_server:
+        return (f"KV cache is {percent(usage)} full with {_requests(waiting)} waiting on this PD prefill "
+                "server: its KV is held by requests whose KV is still being sent to the decode servers, "
+                "so prefill waits for the decode side (more or faster decode servers, or a faster KV "
+                f"transfer); no concurrency limit follows from its running count. {fixes}")
+    if r.requests_running == 0:
+        return (f"KV cache is {percent(usage)} full with {_requests(waiting)} waiting and nothing running. "
+                "On a PD-disaggregated server these are its KV transfers (a prefill server's outgoing, a "
+                "decode server's incoming) and the KV cache is the bottleneck. "
+                f"{fixes} On any other server finished requests' blocks are not being freed (a KV "
+                "leak: restart the engine), and those fixes would not help.")
+    if usage < KV_BOUND_USAGE:
+        mean, cached = r.mean_prompt_tokens or 0.0, r.prefix_cached_share or 0.0
+        return (f"KV cache is {percent(usage)} full with {_requests(waiting)} waiting, and the "
+                f"{_free_tokens(r, usage):,.0f} tokens free are fewer than the {mean * (1 - cached):,.0f} "
+                f"a mean prompt needs (the mean since the engine started: {mean:,.0f} tokens"
+                + (f", {cached:.0%} of them from the prefix cache" if cached else "") + "): the next "
+                "request does not fit, so the KV cache is the bottleneck (a higher concurrency limit "
+                f"would not start it). {fixes}")
+    return (f"KV cache is {percent(usage)} full with {_requests(waiting)} waiting: the KV cache is the "
+            f"bottleneck. {fixes}")
+
+
+def _queue_not_admitted_message(r: Reading, usage: float, waiting: float) -> str:
+    from kvwatch.capacity.units import percent
+
+    free = f" than the {_free_tokens(r, usage):,.0f} tokens free" if r.kv_capacity_tokens else " than is free"
+    return (f"{_requests(waiting)} {_verb(waiting)} and none runs while KV is {percent(usage)} used: no scheduler "
+            "cap holds them back, as nothing runs. The engine core may be stalled (kvwatch serve's state "
+            "`stalled` tells over 3 minutes), blocks may be held by no running request (a leak, or a "
+            f"PD-disaggregated server's KV transfers), or the request at the head of the queue needs more{free}. "
+            "Look at the engine's log; if it persists, cancel the request at the head or restart the engine.")
+
+
+def _scheduler_limited_message(r: Reading, usage: float, waiting: float, fix: str) -> str:
+    from kvwatch.capacity.units import percent
+
+    return (f"{_requests(waiting)} {_verb(waiting)} while KV is only {percent(usage)} used: the scheduler limits, "
+            f"not KV. {fix}"
+            "; more KV would not help"
+            # (a lifetime count: at 0.885 beside preemptions the cache may swing full between polls)
+            + (f", unless the {_plural(r.preemptions_total, 'preemption')} since the engine started go on "
+               "(kvwatch serve's kvwatch_preemptions_per_second): then KV is full between polls"
+               if r.preemptions_total else "")
+            + ". One poll: watch kvwatch_state{state=\"scheduler_limited\"} (kvwatch serve) to see it persist.")
+
+
+def _queue_unknown_message(usage: float, full: bool) -> str:
+    from kvwatch.capacity.units import percent
+
+    return ("The payload has no count of waiting requests, so kvwatch cannot tell whether requests wait for the "
+            "KV cache" + (f", which is {percent(usage)} full: it may be the bottleneck" if full else "")
+            + ". Pass --waiting-metric (and --running-metric) with the names the engine or its proxy exports, "
+            "if it has them.")
+
+
+def _context(r: Reading, bad: Mapping[str, float], unknown: Mapping[str, str]) -> Iterator[Finding]:
+    """The findings beside a series' headline, in this order: values unknown (and why), impossible values ignored,
+    preemptions, an ineffective prefix cache, no KV capacity reported."""
+    from kvwatch.capacity.units import percent
+
+    for name, reason in sorted(unknown.items()):
+        if name != "kv_usage_ratio":  # (usage has its own finding: the headline usage_unknown)
+            yield _finding(r, "value_unknown", "warning", reason)
+    others = sorted(n for n in bad if n != "kv_usage_ratio")
+    if others:
+        yield _finding(r, "implausible_values", "warning", (
+            "Impossible values ignored (read as unknown): "
+            + ", ".join(f"{n} = {floatToGoString(bad[n])}" for n in others)
+            + ". Counts cannot be negative, infinite or NaN: the target is not serving sane metrics."))
+    if r.preemptions_total:
+        yield _preemptions(r, r.preemptions_total)
+    ratio = r.prefix_cache_hit_ratio
+    if r.prefix_caching_enabled is not False and ratio is not None and ratio < PREFIX_HIT_RATIO_LOW and \
+            (r.prefix_cache_queries_total or 0) >= PREFIX_MIN_QUERIES:
+        yield _finding(r, "prefix_cache_ineffective", "info", (
+            f"Prefix cache hit ratio is {percent(ratio)}"
+            + (f" (of {r.prefix_cache_unit})" if r.prefix_cache_unit else "") + ": prefix caching will not add "
+            "capacity for this traffic; do not count on it when sizing."))
+    if r.kv_capacity_tokens is None and "kv_capacity_tokens" not in unknown and \
+            not (r.num_gpu_blocks and blocks_shared_by_groups(r.cache_config)):  # (capacity_groups_unknown)
+        # (an undetermined capacity has its own finding, saying why: not one to estimate with `plan`)
+        yield _finding(r, "capacity_unknown", "info", (
+            "The engine does not report KV capacity here (vLLM: no kv_cache_size_tokens, and num_gpu_blocks or "
+            "block_size is None or absent; SGLang before max_total_num_tokens; TensorRT-LLM without max blocks x "
+            "tokens per block): use `kvwatch plan` with --model and --gpu to estimate it."))
+
+
+def _preemptions(r: Reading, preemptions: float) -> Finding:
+    from kvwatch.capacity.units import percent
+
+    usage = r.kv_usage_ratio
+    # A lifetime count: one poll cannot tell whether the thrash goes on, unless the cache is full now (the
+    # rule kv_bound uses: then it warns beside it); else it is context, or `--fail-on warning` failed every
+    # cron run until the engine restarted.
+    thrashing = usage is not None and _waits_for_kv(r, usage)
+    if thrashing:
+        now = "Lower concurrency or free KV memory."
+    else:
+        full = f"The cache is {percent(usage)} full now" if usage is not None else "KV usage is unknown now"
+        now = f"{full}: one poll cannot tell whether it goes on; kvwatch serve's " \
+              "kvwatch_preemptions_per_second does."
+    return _finding(r, "preemptions", "warning" if thrashing else "info", (
+        f"{_plural(preemptions, 'preemption')} since the engine started: requests are evicted and "
+        f"recomputed (KV thrash). {now}"))
 
 
 def _other_ranks(state: SeriesState, states: Iterable[SeriesState]) -> list[tuple[str | None, float]]:
