@@ -606,6 +606,13 @@ def test_scheduler_limited_names_the_engines_own_budget_flags() -> None:
     assert "--max-running-requests or --max-prefill-tokens" in messages["sglang"]
     assert "--schedule-conservativeness" in messages["sglang"]
     assert "--max_batch_size or --max_num_tokens" in messages["tensorrt-llm"]
+    # With the running cap given (TensorRT-LLM has no data-parallel ranks to share it: a division by zero crashed
+    # check here).
+    fixes = {kind: next(f.message for f in findings([waiting], engine_kind=kind, max_num_seqs=64)
+                        if f.id == "scheduler_limited") for kind in ("vllm", "sglang", "tensorrt-llm")}
+    assert "10 requests run, well under --max_batch_size 64, so that cap is not it: raise --max_num_tokens" \
+        in fixes["tensorrt-llm"]
+    assert "well under --max-num-seqs 64" in fixes["vllm"]
 
 
 def test_a_gzip_payload_file_is_inflated_within_the_body_limit(tmp_path: Path,

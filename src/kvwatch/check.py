@@ -548,9 +548,9 @@ def findings(states: Iterable[SeriesState],
     for s in states:
         r = s.reading
         bad, unknown = dropped.get(r.key, {}), why.get(r.key, {})
-        # (built only if the headline is scheduler_limited)
+        # (built only if the headline is scheduler_limited; an engine kind without data-parallel ranks has 0: one)
         scheduler_fix = partial(_scheduler_fix, r.requests_running, max_num_seqs, flags, engine_kind,
-                                ranks[r.model_name])
+                                ranks[r.model_name] or 1)
         headline = _headline(r, bad, unknown, scheduler_fix)
         if headline is not None:
             out.append(headline)
