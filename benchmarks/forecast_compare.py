@@ -1,5 +1,6 @@
-"""Two forecaster versions on the same (cached) simulations, per row, in the format of docs/forecasting.md's
-Results tables ("A [B]"): recall at 5 and 15 minutes, warning on 5 minutes before, false alarms, Brier.
+"""Two forecaster versions on the same (cached) simulations, per row, in the format of
+docs/forecasting-history.md's tables ("A [B]"): recall at 5 and 15 minutes, warning on 5 minutes before, false
+alarms, Brier.
 
     .venv/bin/python benchmarks/forecast_compare.py AzureLLMInferenceTrace_code.csv --cache-dir /tmp/kvwatch-bt \
         --seeds 500,501,502 --versions v7,v6 [--no-saturation]

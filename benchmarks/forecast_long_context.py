@@ -1,6 +1,6 @@
 """Long-context streams the trace simulations lack, through the pure forecaster per version: a cache of a few
 hundred thousand tokens holding 2-10 requests of 16k-128k tokens. The figures of the v9 section of
-docs/forecasting.md come from here.
+docs/forecasting-history.md come from here.
 
     .venv/bin/python benchmarks/forecast_long_context.py [--versions v9,v8] [--scenarios hol,gateway,...]
 

@@ -1,7 +1,7 @@
 """The issue-14 backtest matrix in one command: 3 trace families × 7 profiles × 3 seeds, plus the
 long-context and generalization tuning rows on the tuning trace and, per family, steady 0.7 in a cache
 twice as large (NO_SATURATION: 3 × 9 h, the false alarms per day where nothing saturates). Prints the
-markdown tables of docs/forecasting.md.
+markdown tables of docs/forecasting-history.md (earlier rounds) and docs/forecasting.md.
 
     .venv/bin/python benchmarks/forecast_matrix.py CONV.csv CODE.csv MOONCAKE.jsonl --cache-dir /tmp/kvwatch-bt
 

@@ -1,6 +1,6 @@
 """Synthetic load shapes the trace simulations lack (steps to a plateau, a dip, a step then a ramp), run through
 the pure forecaster per version: minutes of ``filling``, the warning's lead on saturation, and ``filling`` long
-after the last saturation. The figures of the v8 and v10 sweeps in docs/forecasting.md come from here.
+after the last saturation. The figures of the v8 and v10 sweeps in docs/forecasting-history.md come from here.
 
     .venv/bin/python benchmarks/forecast_shapes.py [--versions v10,v9]
     .venv/bin/python benchmarks/forecast_shapes.py --versions "v8,ratio 2,ratio 4,constant after the shift"
@@ -32,7 +32,7 @@ def _v8_with(ratio: float | None = None, post_line: bool = True) -> ForecastPara
     return replace(v8, risk=risk, demand=replace(v8.demand, **({"shift_ratio": ratio} if ratio else {})))
 
 
-# v8's sweep on these shapes (docs/forecasting.md): the versions, and v8 with one thing changed.
+# v8's sweep on these shapes (docs/forecasting-history.md): the versions, and v8 with one thing changed.
 VERSIONS: dict[str, ForecastParams] = {
     **FORECASTERS,
     "ratio 2": _v8_with(2.0),

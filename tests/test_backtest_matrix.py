@@ -64,10 +64,10 @@ def test_the_no_saturation_rows_monitor_a_day_so_false_alarms_per_day_are_counte
 
 
 def test_the_matrix_can_score_v6_and_v5_on_the_same_simulations():
-    # docs/forecasting.md compares v10 with v9, v9 with v8, v8 with v6, and v6 with v5, on the same simulations: v9
-    # is the defaults without v10's recurrence that follows the load, v8 is v9 without its room for the next
-    # request and floor by the running count's dispersion, v6 is v8 without the shift of level; v5 is v6 with the
-    # line read as fitted and the first warning after 2 raw minutes.
+    # docs/forecasting-history.md compares v10 with v9, v9 with v8, v8 with v6, and v6 with v5, on the same
+    # simulations: v9 is the defaults without v10's recurrence that follows the load, v8 is v9 without its room for
+    # the next request and floor by the running count's dispersion, v6 is v8 without the shift of level; v5 is v6
+    # with the line read as fitted and the first warning after 2 raw minutes.
     from dataclasses import replace
 
     from kvwatch.backtest.report import FORECASTERS

@@ -26,7 +26,7 @@ from kvwatch.forecast.risk import RiskParams
 
 METHODS: tuple[str, ...] = (KVWATCH, "threshold", "predict_linear", "guarded_predict_linear", "holt")
 
-# The forecaster's versions the matrix can score on the same simulations (docs/forecasting.md, Results):
+# The forecaster's versions the matrix can score on the same simulations (docs/forecasting-history.md):
 # the defaults (v10: the recurrence counts a saturation only while the load it came at is still there), v9 (without
 # that: a queue with less than a recent prompt free waits for KV, and the size floor scaled by the running count's
 # dispersion), v8 (without those: a shift of level is no trend), v6 (without that either), v7 (v6

@@ -205,7 +205,7 @@ class WarningParams:
     risk_off: float = 0.2
     # v6: 3 (v5: 2). The first warning needs the 30-minute risk at or above ``risk_on`` for 3 minutes in a row;
     # with the shrunk level (RiskParams.level_shrink) it no longer fires on a risk that touches 0.7 for two
-    # minutes on a steady load (docs/forecasting.md, v6 sweep). The re-arm after a saturation is unchanged.
+    # minutes on a steady load (docs/forecasting-history.md, v6 sweep). The re-arm after a saturation is unchanged.
     warn_for_buckets: int = 3
     clear_for_buckets: int = 10
     # v5: a minute in sustained saturation (the forecast came true, ``bottleneck`` speaks for it) ends the

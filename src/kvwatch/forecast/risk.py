@@ -105,7 +105,7 @@ class RiskParams:
     # the onset came at (recurrence_load_trough): after the load has fallen away the old saturations say nothing
     # about the next (a compressed day kept `filling` on to the end with usage at 0.10–0.44).
     # 0: off (v9). 0.7 (v10): the tuning family scores as v9 from 0.5 to 0.85 (0.9: Brier 0.0001 worse at 5 and
-    # 30 minutes), and 0.7 leaves room on both sides; docs/forecasting.md, v10.
+    # 30 minutes), and 0.7 leaves room on both sides; docs/forecasting-history.md, v10.
     recurrence_load_ratio: float = 0.7
     # The load an onset came at: the lowest window mean of the last 30 minute closes (True), or the window's mean at
     # the onset itself (False, as v10's first version: a saturation reached by a climb was held to the climb).
@@ -135,7 +135,7 @@ class RiskParams:
     # v8: where one shift of level explains the last 30 minute means this many times better than the line
     # (robust.level_shift), the level is the mean after it (never above the line) and the spread the one around
     # the two levels: a step up to a flat plateau read as a steep line overshot the plateau, and the step counted
-    # as noise (30 minutes of `filling` on a flat cache). 0: off (v6). 3 (tuned: docs/forecasting.md, v8).
+    # as noise (30 minutes of `filling` on a flat cache). 0: off (v6). 3 (tuned: docs/forecasting-history.md, v8).
     shift_ratio: float = 3.0
     shift_post_line: bool = True  # after the shift a line of its own, not a constant (a step, then a ramp)
     # v9: the floor is Poisson shot noise, whose count of requests in flight is Poisson (variance = mean). Scaled
@@ -224,7 +224,7 @@ def _line_fit(buckets: Sequence[MinuteBucket], window_buckets: int, shrink: bool
     if shifted is not None:
         fit = _shift_fit(points, shifted[0], shift_post_line)
         # Only where it lowers the level: after a late step (or a burst) a line reads below the new level, and a
-        # level read from a few minutes after a break would chase every burst (v8 sweep, docs/forecasting.md).
+        # level read from a few minutes after a break would chase every burst (v8 sweep, docs/forecasting-history.md).
         if fit[1] < level:
             return fit
         if _flat_after(points, shifted[0]):
