@@ -53,8 +53,8 @@ def main() -> int:
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     parser.add_argument("--held-out-seeds", default=None,
                         help="seeds for the held-out traces (default: --seeds); fresh ones once a seed was seen")
-    parser.add_argument("--forecaster", choices=sorted(FORECASTERS), default="v10",
-                        help="the version to score (default v10, the current defaults; older ones for comparison)")
+    parser.add_argument("--forecaster", choices=sorted(FORECASTERS), default="v11",
+                        help="the version to score (default v11, the current defaults; older ones for comparison)")
     parser.add_argument("--held-out-only", action="store_true",
                         help="score only the held-out traces (the tuning tables need the tuning simulations)")
     args = parser.parse_args()

@@ -131,7 +131,7 @@ def main() -> int:
     parser.add_argument("trace", type=Path, help="a trace: the tuning CSV, or a held-out trace with --seeds")
     parser.add_argument("--cache-dir", type=Path, default=None, help="the simulations' cache (as forecast_matrix.py)")
     parser.add_argument("--seeds", default=None, help="comma-separated seeds of the matrix (a held-out trace)")
-    parser.add_argument("--forecaster", choices=sorted(FORECASTERS), default="v10")
+    parser.add_argument("--forecaster", choices=sorted(FORECASTERS), default="v11")
     parser.add_argument("--arrivals", action="store_true",
                         help="also the largest single arrival before each onset, per class, against random windows")
     args = parser.parse_args()

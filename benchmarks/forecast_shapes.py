@@ -2,7 +2,7 @@
 the pure forecaster per version: minutes of ``filling``, the warning's lead on saturation, and ``filling`` long
 after the last saturation. The figures of the v8 and v10 sweeps in docs/forecasting-history.md come from here.
 
-    .venv/bin/python benchmarks/forecast_shapes.py [--versions v10,v9]
+    .venv/bin/python benchmarks/forecast_shapes.py [--versions v11,v10]
     .venv/bin/python benchmarks/forecast_shapes.py --versions "v8,ratio 2,ratio 4,constant after the shift"
 
 The v10 sweep adds "recurrence at ≥ 0.5 of the load" and "recurrence at ≥ 0.8 of the load" beside v9 and v10 (0.7).
@@ -125,7 +125,7 @@ def summary(params: ForecastParams, usage: Shape, sd: float) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--versions", default="v10,v9", help="comma-separated: " + ", ".join(VERSIONS))
+    parser.add_argument("--versions", default="v11,v10", help="comma-separated: " + ", ".join(VERSIONS))
     versions = parser.parse_args().versions.split(",")
     print("| shape | " + " | ".join(versions) + " |")
     print("|---|" + "---|" * len(versions))

@@ -1,5 +1,6 @@
-"""The tuning sweeps of docs/forecasting.md in one command: every variant scored on the same (cached)
-simulations of the tuning trace, the 15 runs v5 was tuned on and the whole tuning family (41 runs).
+"""The tuning sweeps of docs/forecasting-history.md (summed up in docs/forecasting.md's Parameters table) in one
+command: every variant scored on the same (cached) simulations of the tuning trace, the 15 runs v5 was tuned on and
+the whole tuning family (41 runs).
 
     .venv/bin/python benchmarks/forecast_sweep.py AzureLLMInferenceTrace_conv.csv --cache-dir /tmp/kvwatch-bt \
         [--round v6|v7|v8|v9|threshold|recurrence|within]
@@ -35,6 +36,7 @@ from kvwatch.backtest.report import (
 from kvwatch.backtest.runner import KVWATCH, Simulation
 from kvwatch.backtest.scoring import summarize
 from kvwatch.forecast import ForecastParams
+from kvwatch.forecast.calibration import CalibrationParams
 
 V5 = FORECASTERS["v5"]
 
@@ -120,9 +122,20 @@ WITHIN_VARIANTS: dict[str, ForecastParams] = {
     "v10 (k = 1)": V10,
     **{f"k = {k:g}": _variant(V10, risk={"within_k": k}) for k in (0.5, 1.5, 2.0, 3.0)},
 }
+# --round calibration (v11): the risk's log-odds shifted by what the series' own forecasts came to
+# (forecast/calibration.py), by the prior's standard deviation of the shift.
+CALIBRATION_VARIANTS: dict[str, ForecastParams] = {
+    "v10 (off)": V10,
+    **{f"self-calibration, prior sd {sd:g}": replace(V10, calibration=CalibrationParams(prior_sd=sd))
+       for sd in (0.5, 1.0, 2.0)},
+    "self-calibration, prior sd 1, forecasts of the last 2 hours": replace(
+        V10, calibration=CalibrationParams(prior_sd=1.0, window_seconds=7200.0)),
+    **{f"self-calibration, prior sd {sd:g}, the warning on the model's risk": replace(
+        V10, calibration=CalibrationParams(prior_sd=sd, drives_warning=False)) for sd in (0.5, 1.0)},
+}
 ROUNDS = {"v6": V6_VARIANTS, "v7": V7_VARIANTS, "v8": V8_VARIANTS, "v9": V9_VARIANTS, "threshold": THRESHOLD_VARIANTS,
-          "recurrence": RECURRENCE_VARIANTS, "within": WITHIN_VARIANTS}
-FAMILY_ONLY = ("v7", "v8", "v9", "threshold", "recurrence", "within")
+          "recurrence": RECURRENCE_VARIANTS, "within": WITHIN_VARIANTS, "calibration": CALIBRATION_VARIANTS}
+FAMILY_ONLY = ("v7", "v8", "v9", "threshold", "recurrence", "within", "calibration")
 # The runs v5 was tuned on (docs/forecasting-history.md, "v5"), by row label and seed.
 V5_SET = {("step", 0), ("diurnal", 0), ("mixshift", 0), ("steady 0.7", 0), ("steady 0.9", 0), ("restart", 0),
           ("large-cache steady 0.7", 0), ("long-mix steady 0.7", 0), ("prompt×4 steady 0.7", 0),

@@ -64,17 +64,20 @@ def test_the_no_saturation_rows_monitor_a_day_so_false_alarms_per_day_are_counte
 
 
 def test_the_matrix_can_score_v6_and_v5_on_the_same_simulations():
-    # docs/forecasting-history.md compares v10 with v9, v9 with v8, v8 with v6, and v6 with v5, on the same
-    # simulations: v9 is the defaults without v10's recurrence that follows the load, v8 is v9 without its room for
-    # the next request and floor by the running count's dispersion, v6 is v8 without the shift of level; v5 is v6
-    # with the line read as fitted and the first warning after 2 raw minutes.
+    # docs/forecasting.md compares v11 with v10, forecasting-history.md v10 with v9, v9 with v8, v8 with v6, and v6
+    # with v5, on the same simulations: v10 is the defaults without v11's self-calibration, v9 is v10 without its
+    # recurrence that follows the load, v8 is v9 without its room for the next request and floor by the running
+    # count's dispersion, v6 is v8 without the shift of level; v5 is v6 with the line read as fitted and the first
+    # warning after 2 raw minutes.
     from dataclasses import replace
 
     from kvwatch.backtest.report import FORECASTERS
     from kvwatch.forecast import ForecastParams
 
-    v10, v9, v8, v6, v5 = (FORECASTERS[v] for v in ("v10", "v9", "v8", "v6", "v5"))
-    assert v10 == ForecastParams() and v10.risk.recurrence_load_ratio == 0.7
+    v11, v10, v9, v8, v6, v5 = (FORECASTERS[v] for v in ("v11", "v10", "v9", "v8", "v6", "v5"))
+    assert v11 == ForecastParams() and v11.calibration.prior_sd == 1.0 and not v11.calibration.drives_warning
+    assert replace(v10, calibration=v11.calibration) == v11 and v10.calibration.prior_sd == 0.0
+    assert v10.risk.recurrence_load_ratio == 0.7
     assert replace(v9, risk=replace(v9.risk, recurrence_load_ratio=0.7)) == v10
     assert v9.room_for_next_request and v9.risk.floor_by_running_dispersion
     assert replace(v8, room_for_next_request=True, risk=replace(v8.risk, floor_by_running_dispersion=True)) == v9

@@ -870,3 +870,19 @@ def test_a_step_that_goes_on_rising_keeps_its_warning():
     for s in stream(level, seconds=4 * 3600, dt=10.0):
         first.setdefault(f.observe(s).state, s.timestamp)
     assert first["bottleneck"] - first["filling"] >= 180
+
+
+def test_a_risk_that_keeps_not_coming_true_is_published_lower_while_the_warning_is_v10s():
+    # Each poll an independent draw around 0.90 (sd 0.04): the model reads a high risk for hours and no sustained
+    # saturation comes (docs/forecasting.md, Limits). v11 learns that from its own forecasts' outcomes and publishes
+    # a lower risk and a later ETA; the warning still follows the model's risk, as v10's does.
+    jitter = noisy(lambda t: 0.90, 0.04, seed=3)
+    v10 = run(Forecaster(FORECASTERS["v10"]), stream(jitter, seconds=6 * 3600))
+    jitter = noisy(lambda t: 0.90, 0.04, seed=3)
+    v11 = run(Forecaster(), stream(jitter, seconds=6 * 3600))
+    assert [r.state for r in v11] == [r.state for r in v10]
+    assert "bottleneck" not in {r.state for r in v10}
+    late = [(a, b) for a, b in zip(v10, v11, strict=True) if a.timestamp >= 4 * 3600 and a.risk[1800] is not None]
+    assert sum(b.risk[900] for _, b in late) < 0.5 * sum(a.risk[900] for a, _ in late)
+    assert sum(b.risk[1800] for _, b in late) < 0.8 * sum(a.risk[1800] for a, _ in late)
+    assert sum(b.eta_seconds > a.eta_seconds for a, b in late) > 0.9 * len(late)

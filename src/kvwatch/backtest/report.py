@@ -20,31 +20,36 @@ from kvwatch.backtest.scenarios import DEFAULT_MAX_MODEL_LEN, Scenario, load_tra
 from kvwatch.backtest.scoring import Outcome, Reliability, pool, summarize
 from kvwatch.backtest.traces import defaults_for, named
 from kvwatch.forecast import ForecastParams
+from kvwatch.forecast.calibration import CalibrationParams
 from kvwatch.forecast.demand import DemandParams
 from kvwatch.forecast.detector import WarningParams
 from kvwatch.forecast.risk import RiskParams
 
 METHODS: tuple[str, ...] = (KVWATCH, "threshold", "predict_linear", "guarded_predict_linear", "holt")
 
-# The forecaster's versions the matrix can score on the same simulations (docs/forecasting-history.md):
-# the defaults (v10: the recurrence counts a saturation only while the load it came at is still there), v9 (without
-# that: a queue with less than a recent prompt free waits for KV, and the size floor scaled by the running count's
-# dispersion), v8 (without those: a shift of level is no trend), v6 (without that either), v7 (v6
-# with the size floor from the length
-# buckets' tail plus the arrivals' clustering: tried, not the default) and v5 (v6 with the 30-minute line read as
-# fitted and the first warning after 2 raw minutes).
+# The forecaster's versions the matrix can score on the same simulations (docs/forecasting.md and
+# docs/forecasting-history.md): the defaults (v11: the published risk self-calibrated against the series' own
+# outcomes), v10 (without that: the recurrence counts a saturation only while the load it came at is still there), v9
+# (without that: a queue with less than a recent prompt free waits for KV, and the size floor scaled by the running
+# count's dispersion), v8 (without those: a shift of level is no trend), v6 (without that either), v7 (v6 with the
+# size floor from the length buckets' tail plus the arrivals' clustering: tried, not the default) and v5 (v6 with the
+# 30-minute line read as fitted and the first warning after 2 raw minutes).
 _V9_RISK = RiskParams(recurrence_load_ratio=0.0)
 _V8_RISK = replace(_V9_RISK, floor_by_running_dispersion=False)
 _V6_RISK = replace(_V8_RISK, shift_ratio=0.0)
+_NO_CALIBRATION = CalibrationParams(prior_sd=0.0)
 FORECASTERS: dict[str, ForecastParams] = {
-    "v10": ForecastParams(),
-    "v9": ForecastParams(risk=_V9_RISK),
-    "v8": ForecastParams(risk=_V8_RISK, room_for_next_request=False),
-    "v6": ForecastParams(risk=_V6_RISK, demand=DemandParams(shift_ratio=0.0), room_for_next_request=False),
+    "v11": ForecastParams(),
+    "v10": ForecastParams(calibration=_NO_CALIBRATION),
+    "v9": ForecastParams(risk=_V9_RISK, calibration=_NO_CALIBRATION),
+    "v8": ForecastParams(risk=_V8_RISK, room_for_next_request=False, calibration=_NO_CALIBRATION),
+    "v6": ForecastParams(risk=_V6_RISK, demand=DemandParams(shift_ratio=0.0), room_for_next_request=False,
+                         calibration=_NO_CALIBRATION),
     "v7": ForecastParams(risk=replace(_V6_RISK, size_floor_from="tail-cluster"), demand=DemandParams(shift_ratio=0.0),
-                         room_for_next_request=False),
+                         room_for_next_request=False, calibration=_NO_CALIBRATION),
     "v5": ForecastParams(risk=replace(_V6_RISK, level_shrink=False), demand=DemandParams(shift_ratio=0.0),
-                         warning=WarningParams(warn_for_buckets=2), room_for_next_request=False),
+                         warning=WarningParams(warn_for_buckets=2), room_for_next_request=False,
+                         calibration=_NO_CALIBRATION),
 }
 
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvwatch.counters import counter_delta, counter_reset, histogram_delta
 from kvwatch.forecast.buckets import BucketAggregator, MinuteBucket, SampleDeltas
+from kvwatch.forecast.calibration import CalibrationParams, SelfCalibration
 from kvwatch.forecast.demand import DemandEstimate, DemandModel, DemandParams
 from kvwatch.forecast.detector import (
     BOTTLENECK,
@@ -85,6 +86,7 @@ class ForecastParams:
     detector: DetectorParams = field(default_factory=DetectorParams)
     warning: WarningParams = field(default_factory=WarningParams)
     risk: RiskParams = field(default_factory=RiskParams)
+    calibration: CalibrationParams = field(default_factory=CalibrationParams)
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +249,8 @@ class Forecaster:
         self._aggregator = BucketAggregator(self.params.bucket_seconds)
         self._detectors = ReactiveDetectors(_detector_params(self.params))
         self._latch = WarningLatch(self.params.warning)
+        # Outlives restarts and gaps (it learns the traffic, not the process); a clock stepped back clears it.
+        self._calibration = SelfCalibration(self.params.calibration, self.params.bucket_seconds)
         self._risk_known_at: float | None = None  # the last minute close with a risk: what backs a warning in force
         self._rewarming = False  # a minute closed not warm since the last one with a risk (a gap's re-warming)
         self._buckets: deque[MinuteBucket] = deque(maxlen=self.params.history_buckets)
@@ -292,6 +296,7 @@ class Forecaster:
             return self._last
         if clock_back:
             self._start_over(sample.timestamp, counted=False)
+            self._calibration.clear()
             prev = None
         elif prev is None or sample.restarted or self._is_restart(prev, sample):
             self._start_over(sample.timestamp, counted=prev is not None)
@@ -306,6 +311,8 @@ class Forecaster:
             self._on_minute(closed)
         self._detectors.update(self._flags(sample, deltas, prev))
         self._saturated_minute |= self._detectors.bottleneck
+        if self._calibration.enabled:
+            self._calibration.observe(sample.timestamp, self._detectors.sustained)
         self._track_onsets(sample.timestamp)
         self._previous = sample
         self._last = self._result(sample)
@@ -552,8 +559,12 @@ class Forecaster:
             onsets = self._onsets_at_this_load() if window > 0 else 0
             observed = min(window, max(0.0, now - self._restart_at))
             self._risk = with_recurrence(self._risk, onsets, observed, window)
-        driver = self._risk if p.warning.with_recurrence else excursion
         warm = self._warm(now)
+        model = self._risk
+        if model is not None and warm and self._calibration.enabled:
+            self._calibration.record(now, model)  # the model's risk: what δ is fitted to
+            self._risk = self._calibration.apply(model)
+        driver = (self._risk if p.calibration.drives_warning else model) if p.warning.with_recurrence else excursion
         risk = driver.at(p.warning.horizon_seconds) if driver is not None and warm else None
         self._raw = risk is not None and risk >= p.warning.risk_on
         # The bottleneck polls since the last minute closed (this minute's, give or take the closing poll).
