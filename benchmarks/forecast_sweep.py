@@ -130,8 +130,8 @@ CALIBRATION_VARIANTS: dict[str, ForecastParams] = {
        for sd in (0.5, 1.0, 2.0)},
     "self-calibration, prior sd 1, forecasts of the last 2 hours": replace(
         V10, calibration=CalibrationParams(prior_sd=1.0, window_seconds=7200.0)),
-    **{f"self-calibration, prior sd {sd:g}, the warning on the model's risk": replace(
-        V10, calibration=CalibrationParams(prior_sd=sd, drives_warning=False)) for sd in (0.5, 1.0)},
+    **{f"self-calibration, prior sd {sd:g}, the warning on the calibrated risk": replace(
+        V10, calibration=CalibrationParams(prior_sd=sd, drives_warning=True)) for sd in (0.5, 1.0, 2.0)},
 }
 ROUNDS = {"v6": V6_VARIANTS, "v7": V7_VARIANTS, "v8": V8_VARIANTS, "v9": V9_VARIANTS, "threshold": THRESHOLD_VARIANTS,
           "recurrence": RECURRENCE_VARIANTS, "within": WITHIN_VARIANTS, "calibration": CALIBRATION_VARIANTS}

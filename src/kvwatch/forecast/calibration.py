@@ -33,15 +33,15 @@ _BIN_WIDTH = 2 * _LOGIT_LIMIT / _BINS
 @dataclass(frozen=True)
 class CalibrationParams:
     # The prior's standard deviation of δ (log-odds); 0: off (v10). 1 (v11): on the 41 tuning runs the Brier score
-    # at 5 / 15 / 30 minutes 0.0296 / 0.0687 / 0.1030 against v10's 0.0297 / 0.0708 / 0.1079 (0.5: 0.0295 / 0.0698 /
-    # 0.1054; 2: 0.0308 / 0.0698 / 0.1047; 1 over 2 hours of forecasts, not 6: 0.0299 / 0.0695 / 0.1043).
+    # at 5 / 15 / 30 minutes 0.0297 / 0.0686 / 0.1030 against v10's 0.0297 / 0.0708 / 0.1079 (0.5: 0.0296 / 0.0697 /
+    # 0.1054; 2: 0.0305 / 0.0694 / 0.1047; 1 over 2 hours of forecasts, not 6: 0.0300 / 0.0694 / 0.1044).
     prior_sd: float = 1.0
     window_seconds: float = 6 * 3600.0  # forecasts whose horizon ended within this long are counted
     quiet_seconds: float = 600.0  # after a saturation ends, this long is not scored (the scorer's rule)
     newton_steps: int = 3
     # The warning reads the calibrated risk (True) or the model's (False, v11). Its thresholds were tuned on the
-    # model's; read on the calibrated risk they warned less well on the tuning runs (on 5 minutes before 0.62 against
-    # 0.65, false alarms 11 against 8, at a prior sd of 1), and on the model's it warns exactly as v10.
+    # model's; read on the calibrated risk (prior sd 1) they raised 11 false alarms against 8 on the tuning runs (recall
+    # at 5 minutes 0.52 against 0.51, on 5 minutes before 0.63 against 0.65); on the model's it warns exactly as v10.
     drives_warning: bool = False
 
 
@@ -93,15 +93,26 @@ class _Horizon:
 
 
 class SelfCalibration:
-    """Records the published risks, learns their outcomes, and shifts new risks' log-odds by ``δ(h)``."""
+    """Records the model's risks, learns their outcomes, and shifts new risks' log-odds by ``δ(h)``.
 
-    def __init__(self, params: CalibrationParams, bucket_seconds: float,
-                 horizons: Sequence[int] = RISK_HORIZONS_SECONDS) -> None:
+    Outcomes follow the scorer's events: a sustained saturation (the detector's, over ``event_window_seconds``)
+    starts at the first saturated poll of the window that made it sustained and ends at its last saturated poll. A
+    forecast is scored once ``event_window_seconds`` and a minute past its horizon have been seen (a saturation
+    starting just before the horizon ends is known only when it has been sustained), and dropped where a gap in the
+    polls of over ``max_gap_seconds`` falls before that: its horizon was not seen, so whether it came true is not
+    known."""
+
+    def __init__(self, params: CalibrationParams, bucket_seconds: float, *, event_window_seconds: float,
+                 max_gap_seconds: float, horizons: Sequence[int] = RISK_HORIZONS_SECONDS) -> None:
         self.params = params
         self.bucket_seconds = bucket_seconds
+        self.event_window_seconds = event_window_seconds
+        self.max_gap_seconds = max_gap_seconds
         self._horizons = [_Horizon(float(h)) for h in horizons]
-        self._saturations: deque[list[float]] = deque()  # [start, last saturated poll] of sustained saturation
-        self._saturated = False
+        self._saturations: deque[list[float]] = deque()  # [first, last] saturated poll of each sustained saturation
+        self._in_saturation = False
+        self._saturated_polls: deque[float] = deque()  # the saturated polls of the last event window
+        self._last_poll: float | None = None
 
     @property
     def enabled(self) -> bool:
@@ -111,23 +122,37 @@ class SelfCalibration:
         for h in self._horizons:
             h.clear()
         self._saturations.clear()
-        self._saturated = False
+        self._saturated_polls.clear()
+        self._in_saturation = False
+        self._last_poll = None
 
-    def observe(self, now: float, sustained: bool) -> None:
-        """Each poll: whether the series is in sustained saturation (the detector's, as the recurrence reads it)."""
-        if sustained:
-            if self._saturated:
-                self._saturations[-1][1] = now
-            else:
-                self._saturations.append([now, now])
-        self._saturated = sustained
+    def observe(self, now: float, saturated: bool, sustained: bool) -> None:
+        """Each poll: whether it was saturated, and whether the detector reads sustained saturation."""
+        if self._last_poll is not None and now - self._last_poll > self.max_gap_seconds:
+            for h in self._horizons:
+                h.pending.clear()  # their horizons were not seen
+            self._saturated_polls.clear()
+            self._in_saturation = False
+        self._last_poll = now
+        if saturated:
+            self._saturated_polls.append(now)
+        while self._saturated_polls and self._saturated_polls[0] <= now - self.event_window_seconds:
+            self._saturated_polls.popleft()
+        if sustained and not self._in_saturation:
+            polls = self._saturated_polls
+            self._saturations.append([polls[0], polls[-1]] if polls else [now, now])
+            self._prune(now)
+        elif sustained and saturated:
+            self._saturations[-1][1] = now
+        self._in_saturation = sustained
 
     def record(self, now: float, risk: RiskEstimate) -> None:
-        """At a minute's close, with the risk before calibration: score what has matured, record the new risk,
-        and refit each horizon's shift."""
+        """At a minute's close, with the model's risk: score what has matured, record the new risk, and refit each
+        horizon's shift."""
         p = self.params
+        seen = now - self.event_window_seconds - self.bucket_seconds  # outcomes are known up to here
         for h in self._horizons:
-            while h.pending and h.pending[0][0] + h.seconds <= now:
+            while h.pending and h.pending[0][0] + h.seconds <= seen:
                 made, i = h.pending.popleft()
                 if self._during_or_after_saturation(made):
                     continue
@@ -139,15 +164,21 @@ class SelfCalibration:
                 (h.hits if came_true else h.misses)[i] -= 1
             h.pending.append((now, min(_BINS - 1, int((_logit(risk.at(h.seconds)) + _LOGIT_LIMIT) / _BIN_WIDTH))))
             h.fit(p.prior_sd, min(1.0, self.bucket_seconds / h.seconds), p.newton_steps)
+        self._prune(now)
+
+    def _prune(self, now: float) -> None:
+        """Forget saturations no pending forecast can meet (made at most the longest horizon and the lag ago)."""
         oldest = min((h.pending[0][0] for h in self._horizons if h.pending), default=now)
-        while self._saturations and self._saturations[0][1] + p.quiet_seconds < oldest:
+        while len(self._saturations) > 1 and self._saturations[0][1] + self.params.quiet_seconds < oldest:
             self._saturations.popleft()
 
     def _during_or_after_saturation(self, t: float) -> bool:
-        return any(start <= t <= last + self.params.quiet_seconds for start, last in self._saturations)
+        """The scorer does not score a forecast made during a saturation or within ``quiet_seconds`` after it."""
+        return any(first <= t <= last + self.params.quiet_seconds for first, last in self._saturations)
 
     def _saturation_within(self, start: float, end: float) -> bool:
-        return any(s <= end and last > start for s, last in self._saturations)
+        """A saturation is in progress at some time in ``(start, end]`` (scoring.outcome_within)."""
+        return any(first <= end and last > start for first, last in self._saturations)
 
     def shifts(self) -> tuple[float, ...]:
         """``δ`` per horizon (RISK_HORIZONS_SECONDS), log-odds."""

@@ -249,8 +249,11 @@ class Forecaster:
         self._aggregator = BucketAggregator(self.params.bucket_seconds)
         self._detectors = ReactiveDetectors(_detector_params(self.params))
         self._latch = WarningLatch(self.params.warning)
-        # Outlives restarts and gaps (it learns the traffic, not the process); a clock stepped back clears it.
-        self._calibration = SelfCalibration(self.params.calibration, self.params.bucket_seconds)
+        # Outlives restarts and gaps (it learns the traffic, not the process); a clock stepped back over the split gap
+        # clears it.
+        self._calibration = SelfCalibration(self.params.calibration, self.params.bucket_seconds,
+                                            event_window_seconds=self.params.detector.fire_window_seconds,
+                                            max_gap_seconds=self.params.stale_after_seconds)
         self._risk_known_at: float | None = None  # the last minute close with a risk: what backs a warning in force
         self._rewarming = False  # a minute closed not warm since the last one with a risk (a gap's re-warming)
         self._buckets: deque[MinuteBucket] = deque(maxlen=self.params.history_buckets)
@@ -309,10 +312,11 @@ class Forecaster:
         )
         if closed is not None:
             self._on_minute(closed)
-        self._detectors.update(self._flags(sample, deltas, prev))
+        flags = self._flags(sample, deltas, prev)
+        self._detectors.update(flags)
         self._saturated_minute |= self._detectors.bottleneck
         if self._calibration.enabled:
-            self._calibration.observe(sample.timestamp, self._detectors.sustained)
+            self._calibration.observe(sample.timestamp, flags.saturated, self._detectors.sustained)
         self._track_onsets(sample.timestamp)
         self._previous = sample
         self._last = self._result(sample)
