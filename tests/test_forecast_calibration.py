@@ -135,3 +135,16 @@ def test_saturations_are_forgotten_even_without_forecasts() -> None:
         on = t % 3600 < 300
         cal.observe(t, on, on)
     assert len(cal._saturations) <= 2
+
+
+def test_saturations_are_forgotten_while_no_forecast_is_made() -> None:
+    # Warm for an hour, then no forecast recorded again (a restart loop never warms up) while saturations go on:
+    # the pending forecasts leave the window unscored, and the saturations with them.
+    cal = calibration()
+    for k in range(3 * 24 * 360):
+        t = 10.0 * k
+        on = t % 900 < 200
+        cal.observe(t, on, on)
+        if t < 3600 and t % MINUTE == 0:
+            cal.record(t, curve(0.5))
+    assert len(cal._saturations) <= 2

@@ -167,7 +167,11 @@ class SelfCalibration:
         self._prune(now)
 
     def _prune(self, now: float) -> None:
-        """Forget saturations no pending forecast can meet (made at most the longest horizon and the lag ago)."""
+        """Forget forecasts that would leave the window as soon as they were scored (none is scored while the
+        forecaster is not warm: a restart loop), and saturations no pending forecast can meet."""
+        for h in self._horizons:
+            while h.pending and h.pending[0][0] + h.seconds < now - self.params.window_seconds:
+                h.pending.popleft()
         oldest = min((h.pending[0][0] for h in self._horizons if h.pending), default=now)
         while len(self._saturations) > 1 and self._saturations[0][1] + self.params.quiet_seconds < oldest:
             self._saturations.popleft()
