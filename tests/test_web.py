@@ -582,3 +582,25 @@ def test_idle_connections_reopened_as_fast_as_they_close_give_way_within_a_fract
     assert newcomer.get(f"http://127.0.0.1:{server.port}/healthz", timeout=5.0).status_code == 200
     for s in idle:
         s.close()
+
+
+def test_a_connection_whose_request_waits_unread_is_not_taken_for_an_idle_one() -> None:
+    # A loaded node or a throttled container may not run a connection's thread within STALLED_AFTER: a client that
+    # has sent its request is no idle one, and its slot must not go to a newcomer.
+    from kvwatch.serve import web
+
+    quiet_server, quiet_client = socket.socketpair()
+    spoken_server, spoken_client = socket.socketpair()
+    try:
+        spoken_client.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+        quiet = web._Connection("127.0.0.2", quiet_server, time.monotonic())
+        spoken = web._Connection("127.0.0.3", spoken_server, time.monotonic())
+        assert web._silent(quiet)
+        assert _eventually(lambda: not web._silent(spoken))
+        spoken_server.recv(1024)  # its thread read the request (and, say, waits for the rest): silent again
+        assert web._silent(spoken)
+        quiet_server.close()
+        assert not web._silent(quiet)  # closed meanwhile: its thread frees the slot, no victim needed
+    finally:
+        for s in (quiet_server, quiet_client, spoken_server, spoken_client):
+            s.close()

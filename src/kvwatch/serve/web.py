@@ -29,6 +29,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import select
 import socket
 import ssl
 import tempfile
@@ -373,7 +374,7 @@ class MetricsServer(ThreadingHTTPServer):
         now = time.monotonic()
         with self._per_client_lock:
             stalled = [c for c in self._connections.values()
-                       if not c.head_read and not c.evicted and now - c.opened >= STALLED_AFTER]
+                       if not c.head_read and not c.evicted and now - c.opened >= STALLED_AFTER and _silent(c)]
             if not stalled:
                 return
             victim = max(stalled, key=lambda c: (self._per_client[c.host], -c.opened))
@@ -457,6 +458,21 @@ class MetricsServer(ThreadingHTTPServer):
 def _host(client_address: Any) -> str:
     """The address a connection came from, the key of MAX_PER_CLIENT."""
     return str(client_address[0]) if client_address else ""
+
+
+def _silent(connection: _Connection) -> bool:
+    """Nothing waits to be read on the connection: its client has sent nothing its thread has not read. A client
+    whose request waits for a thread the CPU has not run yet (a loaded node, a throttled container: 100 ms is one CFS
+    period, as long as STALLED_AFTER) is no idle one, and must not lose its slot to a newcomer."""
+    sock = connection.socket
+    try:
+        if isinstance(sock, ssl.SSLSocket) and sock.pending():
+            return False  # decrypted bytes its thread has not read
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        return not poller.poll(0)
+    except (OSError, ValueError):  # closed meanwhile: its thread is freeing the slot
+        return False
 
 
 def _shut(connection: _Connection) -> None:
