@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from kvwatch.forecast.calibration import CalibrationParams, SelfCalibration
 from kvwatch.forecast.risk import RiskEstimate
 
@@ -122,29 +124,22 @@ def test_forecasts_whose_horizon_a_gap_hides_are_not_scored() -> None:
         cal.observe(t, False, False)
         if t % MINUTE == 0:
             cal.record(t, curve(0.5))
-    horizon = cal._horizons[2]  # 30 minutes
-    scored_until = max(made for made, _, _ in horizon.scored) - 1800.0
-    assert scored_until < 3600.0 - 1800.0
+    horizon = cal._horizons[2]  # 30 minutes: scored entries are (made + 30 min, bin, came true)
+    last_made = max(end for end, _, _ in horizon.scored) - 1800.0
+    assert last_made < 3600.0 - 1800.0
 
 
-def test_saturations_are_forgotten_even_without_forecasts() -> None:
-    # No risk (no demand model): record never runs, and a week of hourly saturations must not pile up.
+@pytest.mark.parametrize(("days", "every", "lasting", "warm_until"), [
+    (7, 3600, 300, 0),  # no risk at all (no demand model): record never runs
+    (3, 900, 200, 3600),  # warm for an hour, then never again (a restart loop): the pending forecasts go unscored
+])
+def test_saturations_are_forgotten_while_no_forecast_is_scored(days: int, every: int, lasting: int,
+                                                               warm_until: int) -> None:
     cal = calibration()
-    for k in range(7 * 24 * 360):
+    for k in range(days * 24 * 360):
         t = 10.0 * k
-        on = t % 3600 < 300
+        on = t % every < lasting
         cal.observe(t, on, on)
-    assert len(cal._saturations) <= 2
-
-
-def test_saturations_are_forgotten_while_no_forecast_is_made() -> None:
-    # Warm for an hour, then no forecast recorded again (a restart loop never warms up) while saturations go on:
-    # the pending forecasts leave the window unscored, and the saturations with them.
-    cal = calibration()
-    for k in range(3 * 24 * 360):
-        t = 10.0 * k
-        on = t % 900 < 200
-        cal.observe(t, on, on)
-        if t < 3600 and t % MINUTE == 0:
+        if t < warm_until and t % MINUTE == 0:
             cal.record(t, curve(0.5))
     assert len(cal._saturations) <= 2
