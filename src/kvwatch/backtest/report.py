@@ -37,19 +37,19 @@ METHODS: tuple[str, ...] = (KVWATCH, "threshold", "predict_linear", "guarded_pre
 _V9_RISK = RiskParams(recurrence_load_ratio=0.0)
 _V8_RISK = replace(_V9_RISK, floor_by_running_dispersion=False)
 _V6_RISK = replace(_V8_RISK, shift_ratio=0.0)
-_NO_CALIBRATION = CalibrationParams(prior_sd=0.0)
+_BEFORE_V11: dict[str, ForecastParams] = {
+    "v10": ForecastParams(),
+    "v9": ForecastParams(risk=_V9_RISK),
+    "v8": ForecastParams(risk=_V8_RISK, room_for_next_request=False),
+    "v6": ForecastParams(risk=_V6_RISK, demand=DemandParams(shift_ratio=0.0), room_for_next_request=False),
+    "v7": ForecastParams(risk=replace(_V6_RISK, size_floor_from="tail-cluster"), demand=DemandParams(shift_ratio=0.0),
+                         room_for_next_request=False),
+    "v5": ForecastParams(risk=replace(_V6_RISK, level_shrink=False), demand=DemandParams(shift_ratio=0.0),
+                         warning=WarningParams(warn_for_buckets=2), room_for_next_request=False),
+}
 FORECASTERS: dict[str, ForecastParams] = {
     "v11": ForecastParams(),
-    "v10": ForecastParams(calibration=_NO_CALIBRATION),
-    "v9": ForecastParams(risk=_V9_RISK, calibration=_NO_CALIBRATION),
-    "v8": ForecastParams(risk=_V8_RISK, room_for_next_request=False, calibration=_NO_CALIBRATION),
-    "v6": ForecastParams(risk=_V6_RISK, demand=DemandParams(shift_ratio=0.0), room_for_next_request=False,
-                         calibration=_NO_CALIBRATION),
-    "v7": ForecastParams(risk=replace(_V6_RISK, size_floor_from="tail-cluster"), demand=DemandParams(shift_ratio=0.0),
-                         room_for_next_request=False, calibration=_NO_CALIBRATION),
-    "v5": ForecastParams(risk=replace(_V6_RISK, level_shrink=False), demand=DemandParams(shift_ratio=0.0),
-                         warning=WarningParams(warn_for_buckets=2), room_for_next_request=False,
-                         calibration=_NO_CALIBRATION),
+    **{name: replace(p, calibration=CalibrationParams(prior_sd=0.0)) for name, p in _BEFORE_V11.items()},
 }
 
 
