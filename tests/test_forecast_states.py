@@ -588,6 +588,21 @@ def test_non_finite_inputs_are_unknown_not_a_nan_risk():
     assert all(v is None or 0.0 <= v <= 1.0 for r in run(Forecaster(), odd) for v in r.risk.values())
 
 
+@pytest.mark.parametrize("field_name, value", [("kv_usage", 1e200), ("kv_usage", -3.0), ("running", 1e300),
+                                               ("finished_total", 1e300), ("capacity_tokens", -5.0)])
+def test_impossible_numbers_fed_directly_are_unknown_not_an_overflow(field_name: str, value: float):
+    # The sidecar drops them first (kvwatch.plausible); fed to the pure forecaster, a usage of 1e200 every 50th poll
+    # raised OverflowError from the minute's spread.
+    ramp = noisy(lambda t: min(1.0, 0.4 + 0.6 * t / 7200), 0.02, seed=1)
+    samples = [replace(s, **{field_name: value}) if i % 50 == 7 else s
+               for i, s in enumerate(stream(ramp, seconds=5400))]
+    results = run(Forecaster(), samples)
+    assert all(v is None or 0.0 <= v <= 1.0 for r in results for v in r.risk.values())
+    assert results[-1].state == "filling"
+    if field_name == "kv_usage":
+        assert results[57].state == "unknown"
+
+
 def test_the_eta_is_unknown_when_busy_with_no_risk_behind_it():
     # Without a finished-request counter there is no arrival rate and no risk: +Inf claimed a calm hour while the
     # cache climbed to full. Idle (nothing running, an empty cache) is still +Inf: nothing is filling it.

@@ -39,8 +39,16 @@ CHECKED_FIELDS = ("kv_usage_ratio", *_COUNTS, *_POSITIVE, *_BY_LABEL, "gpu_memor
 """Every field :func:`check_reading` can drop (``kvwatch_implausible_values_total`` exports each from 0)."""
 
 
-def _count_ok(value: float) -> bool:
+def is_count(value: float) -> bool:
+    """A number a count of requests, tokens or blocks (or a counter of them) can be."""
     return math.isfinite(value) and 0.0 <= value <= MAX_COUNT
+
+
+def usage_or_none(usage: float) -> float | None:
+    """A KV usage share clamped to 0..1 when it is a hair outside (rounding); None when no usage can be it."""
+    if not (math.isfinite(usage) and -USAGE_TOLERANCE <= usage <= 1.0 + USAGE_TOLERANCE):
+        return None
+    return min(1.0, max(0.0, usage)) + 0.0  # (+ 0.0: -0.0 printed "-0.0%")
 
 
 def check_reading(reading: Reading) -> tuple[Reading, tuple[tuple[str, float], ...]]:
@@ -49,15 +57,15 @@ def check_reading(reading: Reading) -> tuple[Reading, tuple[tuple[str, float], .
     dropped: list[tuple[str, float]] = []
     usage = reading.kv_usage_ratio
     if usage is not None:
-        if math.isfinite(usage) and -USAGE_TOLERANCE <= usage <= 1.0 + USAGE_TOLERANCE:
-            if not 0.0 <= usage <= 1.0 or math.copysign(1.0, usage) < 0:  # (-0.0 printed "-0.0%")
-                changes["kv_usage_ratio"] = min(1.0, max(0.0, usage)) + 0.0
-        else:
+        checked = usage_or_none(usage)
+        if checked is None:
             changes["kv_usage_ratio"] = None
             dropped.append(("kv_usage_ratio", usage))
+        elif checked != usage or math.copysign(1.0, usage) < 0:
+            changes["kv_usage_ratio"] = checked
     for name in _COUNTS:
         value = getattr(reading, name)
-        if value is not None and not _count_ok(value):
+        if value is not None and not is_count(value):
             changes[name] = None
             dropped.append((name, value))
     hits = changes.get("prefix_cache_hits_total", reading.prefix_cache_hits_total)
@@ -68,12 +76,12 @@ def check_reading(reading: Reading) -> tuple[Reading, tuple[tuple[str, float], .
     for name in _POSITIVE:
         value = getattr(reading, name)
         whole = name not in _WHOLE or value is None or not math.isfinite(value) or value.is_integer()
-        if value is not None and not (_count_ok(value) and value > 0 and whole):
+        if value is not None and not (is_count(value) and value > 0 and whole):
             changes[name] = None
             dropped.append((name, value))
     for name in _BY_LABEL:
         values = getattr(reading, name)
-        bad = [k for k, v in values.items() if not _count_ok(v)]
+        bad = [k for k, v in values.items() if not is_count(v)]
         if bad:
             changes[name] = MappingProxyType({k: v for k, v in values.items() if k not in bad})
             dropped.append((name, values[bad[0]]))

@@ -57,6 +57,7 @@ from kvwatch.forecast.thresholds import (
     standing_queue,
 )
 from kvwatch.forecast.trend import TrendEstimate, estimate_trend
+from kvwatch.plausible import is_count, usage_or_none
 
 if TYPE_CHECKING:  # the forecaster reads a Reading's fields; it needs no import of it to run
     from kvwatch.model import Reading
@@ -221,21 +222,27 @@ _COUNTERS = (
 # NaN, kvwatch.engines.series.histograms) is unknown, as a missing one is: carried into a sum it made every risk
 # NaN, and a NaN risk never reaches the warning's level (the early warning was off for good).
 _OPTIONAL_NUMBERS = tuple(f.name for f in fields(ForecastSample)
-                          if f.name not in ("timestamp", "running", "waiting") and f.type == "float | None")
+                          if f.name not in ("timestamp", "kv_usage", "running", "waiting") and f.type == "float | None")
 
 
-def _finite(sample: ForecastSample) -> ForecastSample:
-    """``sample`` with every non-finite number unknown (running and waiting: none counted)."""
+def _plausible(sample: ForecastSample) -> ForecastSample:
+    """``sample`` with every number no vLLM page can hold unknown (running and waiting: none counted), as the
+    sidecar's kvwatch.plausible drops them before a poll reaches here: fed a usage of 1e200 directly, the
+    minute's spread overflowed."""
     bad: dict[str, Any] = {name: None for name in _OPTIONAL_NUMBERS
-                           if (v := getattr(sample, name)) is not None and not math.isfinite(v)}
+                           if (v := getattr(sample, name)) is not None and not is_count(v)}
+    if sample.kv_usage is not None:
+        usage = usage_or_none(sample.kv_usage)
+        if usage != sample.kv_usage:
+            bad["kv_usage"] = usage
     for name in ("running", "waiting"):
-        if not math.isfinite(getattr(sample, name)):
+        if not is_count(getattr(sample, name)):
             bad[name] = 0.0
     for kind in ("prompt", "generation"):
         counts = getattr(sample, f"{kind}_length_cumulative")
         bounds = getattr(sample, f"{kind}_length_bounds")
-        # Counts finite, bounds numbers (the last is +Inf by definition): else the histogram is unknown, whole.
-        if (counts is not None and not all(map(math.isfinite, counts))) or (
+        # Counts counts, bounds numbers (the last is +Inf by definition): else the histogram is unknown, whole.
+        if (counts is not None and not all(map(is_count, counts))) or (
                 bounds is not None and any(math.isnan(b) for b in bounds)):
             bad[f"{kind}_length_cumulative"] = bad[f"{kind}_length_bounds"] = None
     return replace(sample, **bad) if bad else sample
@@ -288,7 +295,7 @@ class Forecaster:
         prev = self._previous
         if not math.isfinite(sample.timestamp):  # no time, no place in the series: ignored like an old sample
             return self._last or self._unknown(prev.timestamp if prev is not None else 0.0)
-        sample = _finite(sample)
+        sample = _plausible(sample)
         # A clock stepped back further than a gap that splits the series: the series starts over at the new time
         # (ignoring every sample until the old time came back froze the last result for as long).
         clock_back = prev is not None and sample.timestamp < prev.timestamp - self.params.split_gap_seconds
