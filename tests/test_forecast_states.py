@@ -440,6 +440,27 @@ def test_restart_warms_up_and_the_returning_traffic_is_not_a_warning():
     assert after[-1].state == "ok"
 
 
+def test_a_counter_halved_for_one_poll_while_the_others_rise_is_no_restart():
+    # Round 27's reviewer: finished_total halved for one poll during a warned ramp read as a restart, warming_up from
+    # 83 to 114 minutes while usage climbed to 0.90. vLLM's counters start again from zero together.
+    ramp = noisy(lambda t: min(1.0, 0.4 + 0.6 * t / 7200), 0.02, seed=1)
+    samples = list(stream(ramp, seconds=7800))
+    clean = run(Forecaster(), samples)
+    glitch = 83 * 6
+    assert clean[glitch].state == "filling"
+    samples[glitch] = replace(samples[glitch], finished_total=samples[glitch].finished_total / 2)
+    f = Forecaster()
+    results = run(f, samples)
+    assert f.restarts == 0
+    assert [r.state for r in results] == [r.state for r in clean]
+    rates = [r.request_rate_per_second for r in results[glitch:glitch + 12] if r.request_rate_per_second]
+    assert max(rates) < 1.2 * clean[glitch].request_rate_per_second  # no rate counted from zero either
+    # Every counter from zero at once is still a restart.
+    g = Forecaster()
+    run(g, samples[:glitch] + list(stream(ramp, start=glitch * 10.0, seconds=600, counters={})))
+    assert g.restarts == 1
+
+
 def test_a_restart_flag_or_capacity_change_resets():
     f = Forecaster()
     samples = list(stream(lambda t: 0.6, seconds=2400))

@@ -600,3 +600,27 @@ def test_model_flags_meeting_a_page_of_several_models_are_warned_once(caplog: py
     said = [r.getMessage() for r in caplog.records if "describe one model" in r.getMessage()]
     assert len(said) == 1 and "this page serves 2 (llama3_8b, mistral_7b)" in said[0]
     assert any("serves one model again" in r.getMessage() for r in caplog.records)
+
+
+def test_a_counter_that_went_down_alone_is_counted_as_impossible_not_a_restart(
+        no_kvwatch_env: None, caplog: pytest.LogCaptureFixture) -> None:
+    # The page's process_start_time_seconds is unchanged, so the engine did not restart: its preemption counter
+    # halved for a poll is a broken read (unknown, counted), not "preemptions_total went down".
+    preempted = 'vllm:num_preemptions_total{engine="0",model_name="llama"} '
+    sidecar = Sidecar(ServeSettings(), Served(FIXTURE), time.time)  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="kvwatch"):
+        sidecar.poll()
+        sidecar.fetcher.body = FIXTURE.replace(preempted + "42.0", preempted + "21.0")
+        sidecar.poll()
+        sidecar.fetcher.body = FIXTURE
+        sidecar.poll()
+    assert not [r for r in caplog.records if "restarted" in r.getMessage()]
+    assert scrape(sidecar)[("kvwatch_implausible_values_total", (("field", "preemptions_total"),))] == 1
+    assert sidecar.history[("llama", "0")].restarts == 0
+    # A new start time with the counters down is a restart, as before.
+    with caplog.at_level(logging.WARNING, logger="kvwatch"):
+        sidecar.fetcher.body = FIXTURE.replace(preempted + "42.0", preempted + "1.0").replace(
+            "process_start_time_seconds 1.79e+09", "process_start_time_seconds 1.8e+09")
+        sidecar.poll()
+    assert sidecar.history[("llama", "0")].restarts == 1
+    assert scrape(sidecar)[("kvwatch_implausible_values_total", (("field", "preemptions_total"),))] == 1

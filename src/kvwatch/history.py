@@ -3,8 +3,9 @@
 One :class:`SeriesHistory` per ``(model_name, engine)``, a ring of the last ``max_samples`` polls (and, when
 ``keep_seconds`` is given, of those polls no older than that: the longest window a reader asks for). Rates
 follow Prometheus' ``rate()``: a counter that goes down was reset, and its new value is the increase since
-the reset. A restart of vLLM is recognised when any counter goes down, ``process_start_time_seconds``
-changes, or ``vllm:cache_config_info`` changes (a new KV configuration), each against its last known value (a page
+the reset, unless it went down alone (:meth:`History.screen`: a broken read, unknown for that poll). A restart
+of vLLM is recognised when a counter goes down otherwise, ``process_start_time_seconds`` changes, or
+``vllm:cache_config_info`` changes (a new KV configuration), each against its last known value (a page
 without one of them for a poll forgot it: the next engine's start went unseen); it is counted and stamped so that
 analyzers can discard what came before (``samples(since_restart=True)``). Within one process the engine's KV
 configuration cannot change, so a page without ``cache_config_info`` keeps the last one (:meth:`History.completed`).
@@ -20,7 +21,7 @@ from dataclasses import dataclass, replace
 from itertools import pairwise
 from types import MappingProxyType
 
-from kvwatch.counters import counter_delta, counter_reset
+from kvwatch.counters import broken_decreases, counter_delta, counter_reset
 from kvwatch.model import CAPACITY_UNDETERMINED, Poll, Reading, SeriesKey
 
 COUNTER_FIELDS: tuple[str, ...] = (
@@ -157,6 +158,33 @@ class SeriesHistory:
             totals.append(timestamp, step)
             self._last_value[name] = value
         return reason
+
+    def screen(self, reading: Reading) -> tuple[Reading, tuple[tuple[str, float], ...]]:
+        """``reading`` with each counter whose decrease is a broken read (:func:`kvwatch.counters.broken_decreases`)
+        unknown, and (field, value) of each; before :meth:`append`. Their last values are forgotten, so the next
+        read is the counter's new baseline, neither a decrease again nor an increase counted from zero."""
+        known = self._known
+        if known is None:
+            return reading, ()
+        reads = {name: (before, now) for name in COUNTER_FIELDS
+                 if (before := getattr(known, name)) is not None and (now := getattr(reading, name)) is not None}
+        reasons = set(known.finished_by_reason) & set(reading.finished_by_reason)
+        reads.update({f"finished_by_reason/{r}": (known.finished_by_reason[r], reading.finished_by_reason[r])
+                      for r in reasons})
+        a, b = known.process_start_time_seconds, reading.process_start_time_seconds
+        same_process = a is not None and b is not None and abs(a - b) <= START_TIME_JITTER
+        broken = broken_decreases(reads, same_process=same_process)
+        if not broken:
+            return reading, ()
+        changes: dict[str, object] = {}
+        dropped: list[tuple[str, float]] = []
+        for name in broken:
+            field = name.partition("/")[0]
+            dropped.append((field, reads[name][1]))
+            changes[field] = _NO_REASONS if field == "finished_by_reason" else None
+            self._last_value.pop(field, None)
+        self._known = replace(known, **changes)
+        return replace(reading, **changes), tuple(dropped)
 
     def completed(self, reading: Reading) -> Reading:
         """``reading`` (this series' newest) with the engine configuration it lacks at this process's last one: a
@@ -319,6 +347,21 @@ class History:
         readings = tuple(self._series[r.key].completed(r) if r.key in self._series
                          and r.capacity_source != CAPACITY_UNDETERMINED else r for r in poll.readings)
         return replace(poll, readings=readings)
+
+    def screen(self, poll: Poll) -> Poll:
+        """``poll`` with :meth:`SeriesHistory.screen` applied to each reading of a series already seen (before
+        :meth:`record`); ``implausible`` lists the counters dropped."""
+        readings = []
+        implausible = list(poll.implausible)
+        for reading in poll.readings:
+            series = self._series.get(reading.key)
+            if series is not None:
+                reading, dropped = series.screen(reading)
+                implausible.extend((reading.key, name, value) for name, value in dropped)
+            readings.append(reading)
+        if len(implausible) == len(poll.implausible):
+            return poll
+        return replace(poll, readings=tuple(readings), implausible=tuple(implausible))
 
     def record(self, poll: Poll) -> dict[SeriesKey, str]:
         """Append every reading of ``poll``; returns the series that restarted, with the reason."""

@@ -343,6 +343,7 @@ class Sidecar:
     def _up_state(self, poll: Poll, previous: State, now: float, gpu_read: GpuRead | None) -> State | None:
         """The state of a good poll; None when SIGTERM came while its series were analysed."""
         poll, dropped = self._cap(poll)
+        poll = self.history.screen(poll)
         implausible = self._count_implausible(poll, previous.health.implausible_total)
         self._log_undetermined(poll)
         restarted = self.history.record(poll)
