@@ -922,3 +922,6 @@ def test_a_risk_that_keeps_not_coming_true_is_published_lower_while_the_warning_
     assert sum(b.risk[900] for _, b in late) < 0.5 * sum(a.risk[900] for a, _ in late)
     assert sum(b.risk[1800] for _, b in late) < 0.8 * sum(a.risk[1800] for a, _ in late)
     assert sum(b.eta_seconds > a.eta_seconds for a, b in late) > 0.9 * len(late)
+    # What the warning reads is exported beside it (kvwatch_forecast_warning_risk): the model's 30-minute risk, v10's.
+    assert all(b.estimates["warning_risk"] == pytest.approx(a.risk[1800]) for a, b in late)
+    assert any(b.state == "filling" and b.risk[1800] < 0.7 <= b.estimates["warning_risk"] for _, b in late)

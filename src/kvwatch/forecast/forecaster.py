@@ -284,6 +284,7 @@ class Forecaster:
         self._demand: DemandEstimate | None = None
         self._risk: RiskEstimate | None = None
         self._raw = False
+        self._warning_risk: float | None = None  # what the warning read at the last minute's close
         self._last: ForecastResult | None = None
         self.restarts = 0
         # Onsets of sustained saturation (after a quiet stretch), for the risk's recurrence.
@@ -426,6 +427,7 @@ class Forecaster:
         self._trend = self._demand = None
         self._risk = None
         self._raw = False
+        self._warning_risk = None
         self._recent_prompt_mean = None
         self._window_load = None
         self._window_loads.clear()
@@ -588,6 +590,7 @@ class Forecaster:
             self._risk = self._calibration.apply(model)
         driver = (self._risk if p.calibration.drives_warning else model) if p.warning.with_recurrence else excursion
         risk = driver.at(p.warning.horizon_seconds) if driver is not None and warm else None
+        self._warning_risk = risk
         self._raw = risk is not None and risk >= p.warning.risk_on
         # The bottleneck polls since the last minute closed (this minute's, give or take the closing poll).
         saturated, self._saturated_minute = self._saturated_minute, False
@@ -697,6 +700,7 @@ class Forecaster:
             "minutes_since_restart": (now - self._restart_at) / 60.0 if self._restart_at is not None else None,
             "buckets": float(len(self._buckets)),
             "warm": 1.0 if warm else 0.0,
+            "warning_risk": self._warning_risk,
         }
         return ForecastResult(
             timestamp=now,

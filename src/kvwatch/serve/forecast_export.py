@@ -70,6 +70,14 @@ INNER_ESTIMATES: tuple[tuple[str, str, str], ...] = (
      f"1 once the forecaster's fits are warm and a saturation risk can be computed; 0 while it warms up after a "
      f"(re)start ({_P.warmup_seconds:g} s, then {_P.min_buckets} fitted minutes) or re-warms after a gap in the polls "
      "(a filling warning raised before the gap then stands, its risk unknown)."),
+    ("kvwatch_forecast_warning_risk", "warning_risk",
+     f"The saturation risk the filling warning reads, at its {_P.warning.horizon_seconds / 60:g}-minute horizon: "
+     "the model's, before the self-calibration kvwatch_kv_saturation_risk publishes (the two differ where this "
+     "series' forecasts have long come true more or less often than said). filling comes on after "
+     f"{_P.warning.warn_for_buckets} minutes in a row at or above {_P.warning.risk_on:g} "
+     f"({_P.warning.rearm_for_buckets} after a saturation, which ends it) and clears after "
+     f"{_P.warning.clear_for_buckets} in a row below {_P.warning.risk_off:g}; recomputed at each minute's close, "
+     "absent while warming up."),
     ("kvwatch_forecast_saturated_sample_ratio", "saturated_sample_fraction",
      f"Share of the last {_P.detector.fire_window_seconds / 60:g} minutes' polls that were saturated "
      f"(bottleneck fires at {_P.detector.fire_fraction:g})."),
