@@ -327,11 +327,7 @@ def test_a_connection_past_the_cap_waits_for_a_working_one_to_finish(monkeypatch
 
     monkeypatch.setattr(web, "MAX_CONNECTIONS", 1)
     monkeypatch.setattr(web, "CLIENT_TIMEOUT", 30.0)
-    registry = CollectorRegistry()
-    blocking = _BlockingCollector()
-    registry.register(blocking)  # type: ignore[arg-type]
-    server = MetricsServer(("127.0.0.1", 0), RenderCache(registry, lambda: (object(),)), WebConfigWatcher(None))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server, blocking = _serving_blocked_scrapes()
     port = server.server_address[1]
     stopped = False
     try:
@@ -432,17 +428,23 @@ class _BlockingCollector:
         yield from ()
 
 
+def _serving_blocked_scrapes() -> tuple[MetricsServer, _BlockingCollector]:
+    """A running server whose /metrics scrapes wait for the collector's release (each holds its slot meanwhile)."""
+    registry = CollectorRegistry()
+    blocking = _BlockingCollector()
+    registry.register(blocking)  # type: ignore[arg-type]
+    server = MetricsServer(("127.0.0.1", 0), RenderCache(registry, lambda: (object(),)), WebConfigWatcher(None))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, blocking
+
+
 def test_a_connection_that_sent_its_request_keeps_its_slot(monkeypatch: pytest.MonkeyPatch) -> None:
     # Only a connection that has sent no request head may be evicted: scrapes being answered keep their slots.
     from kvwatch.serve import web
 
     monkeypatch.setattr(web, "MAX_CONNECTIONS", 2)
     monkeypatch.setattr(web, "STALLED_AFTER", 0.0)
-    registry = CollectorRegistry()
-    blocking = _BlockingCollector()
-    registry.register(blocking)  # type: ignore[arg-type]
-    server = MetricsServer(("127.0.0.1", 0), RenderCache(registry, lambda: (object(),)), WebConfigWatcher(None))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server, blocking = _serving_blocked_scrapes()
     port = server.server_address[1]
     try:
         working = []
