@@ -192,26 +192,15 @@ def test_a_page_without_cache_config_keeps_the_processs_engine_configuration() -
     assert history.completed(torn).readings[0] is torn_reading
 
 
-def test_broken_decreases_are_the_ones_that_went_down_alone() -> None:
-    from kvwatch.counters import broken_decreases
-
-    rising = {"a": (100.0, 50.0), "b": (10.0, 12.0), "c": (5.0, 6.0)}
-    assert broken_decreases(rising) == ("a",)  # one down, two up: a broken read
-    assert broken_decreases({"a": (100.0, 1.0), "b": (10.0, 2.0), "c": (5.0, 6.0)}) == ()  # most went down: restart
-    assert broken_decreases({"a": (100.0, 50.0), "b": (10.0, 10.0)}) == ()  # nothing rose to tell: a restart
-    assert broken_decreases({"a": (100.0, 50.0), "b": (10.0, 10.0)}, same_process=True) == ("a",)
-    assert broken_decreases({"a": (100.0, 100.0), "b": (10.0, 11.0)}) == ()  # nothing went down
-
-
-def test_a_counter_that_went_down_alone_is_unknown_for_that_poll_not_a_restart() -> None:
-    # A finished counter halved for one poll while the others rose was "request_success_total went down": a restart,
-    # the forecast cleared into 30 minutes of warm-up, and the rate counted the halved value from zero.
+def test_a_counter_that_went_down_within_one_process_is_unknown_for_that_poll_not_a_restart() -> None:
+    # A finished counter halved for one poll, the start time unchanged, was "request_success_total went down": a
+    # restart, the forecast cleared into 30 minutes of warm-up, and the rate counted the halved value from zero.
     history = History()
 
-    def poll(t: float, finished: float, step: float) -> Poll:
+    def poll(t: float, finished: float, step: float, start: float | None = 1000.0) -> Poll:
         return Poll(timestamp=t, detection=DETECTION, readings=(reading(
             kv_usage_ratio=0.5, finished_by_reason={"stop": finished}, preemptions_total=step,
-            prompt_tokens_total=100 * step, generation_tokens_total=50 * step),))
+            prompt_tokens_total=100 * step, generation_tokens_total=50 * step, process_start_time_seconds=start),))
 
     for i, finished in enumerate([1000.0, 1010.0, 510.0, 1030.0, 1040.0]):
         screened = history.screen(poll(10.0 * i, finished, float(i)))
@@ -223,13 +212,25 @@ def test_a_counter_that_went_down_alone_is_unknown_for_that_poll_not_a_restart()
     # A counter that stays at its lower value is its new baseline after one poll (no decrease again, no jump).
     history.record(history.screen(poll(50.0, 1050.0, 5.0)))
     low = reading(kv_usage_ratio=0.5, finished_by_reason={"stop": 1060.0}, preemptions_total=6.0,
-                  prompt_tokens_total=100.0, generation_tokens_total=300.0)
+                  prompt_tokens_total=100.0, generation_tokens_total=300.0, process_start_time_seconds=1000.0)
     first = history.screen(Poll(timestamp=60.0, detection=DETECTION, readings=(low,)))
     assert first.implausible == (((("m", "0"), "prompt_tokens_total", 100.0),)) and history.record(first) == {}
     again = history.screen(Poll(timestamp=70.0, detection=DETECTION, readings=(
         replace(low, prompt_tokens_total=110.0, preemptions_total=7.0, generation_tokens_total=350.0),)))
     assert again.implausible == () and history.record(again) == {}
     assert history[("m", "0")].increase("prompt_tokens_total", window=20.0) == (0.0, 20.0)
-    # Every counter down at once is still a restart.
-    restart = history.screen(poll(80.0, 3.0, 0.0))
-    assert restart.implausible == () and history.record(restart) == {("m", "0"): "preemptions_total went down"}
+    # A new start time: a restart, and the new process's counts are no impossible values.
+    restart = history.screen(poll(80.0, 3.0, 0.0, start=2000.0))
+    assert restart.implausible == ()
+    assert history.record(restart) == {("m", "0"): "process_start_time_seconds changed"}
+
+
+def test_without_a_start_time_any_counter_going_down_is_a_restart() -> None:
+    # Nothing on such a page tells a broken read from a new process (counters that were 0 rise after a restart too).
+    history = History()
+    for t, finished, prompt in [(0.0, 10.0, 5000.0), (10.0, 12.0, 300.0)]:
+        screened = history.screen(Poll(timestamp=t, detection=DETECTION, readings=(
+            reading(finished_by_reason={"stop": finished}, prompt_tokens_total=prompt),)))
+        assert screened.implausible == ()
+        restarted = history.record(screened)
+    assert restarted == {("m", "0"): "prompt_tokens_total went down"}

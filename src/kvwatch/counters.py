@@ -8,7 +8,7 @@ buckets both take deltas through :func:`counter_delta`; a histogram's cumulative
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from operator import sub
 
 # A float counter summed over several processes (vLLM's multiprocess mode sums one file per API server) can read
@@ -28,19 +28,6 @@ def counter_delta(previous: float | None, current: float | None) -> float | None
     if previous is None or current is None:
         return None
     return current if counter_reset(previous, current) else max(0.0, current - previous)
-
-
-def broken_decreases(reads: Mapping[str, tuple[float, float]], *, same_process: bool = False) -> tuple[str, ...]:
-    """The counters of ``reads`` (name -> (previous, current) of one series) whose decrease is a broken read, not
-    a reset: those that went down while more counters went up, or while ``same_process`` (its start time
-    unchanged). vLLM's counters start again from zero together, so one halved for a poll while the others rose
-    is no restart; read as one, it cleared the forecast into 30 minutes of warm-up (docs/reliability.md). ()
-    when the decreases, if any, are a restart's."""
-    down = tuple(name for name, (previous, current) in reads.items() if counter_reset(previous, current))
-    if not down:
-        return ()
-    up = sum(1 for previous, current in reads.values() if current > previous + ROUNDING * max(1.0, abs(previous)))
-    return down if same_process or up > len(down) else ()
 
 
 def histogram_delta(previous: Sequence[float] | None, current: Sequence[float] | None) -> tuple[float, ...] | None:

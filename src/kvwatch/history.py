@@ -3,8 +3,8 @@
 One :class:`SeriesHistory` per ``(model_name, engine)``, a ring of the last ``max_samples`` polls (and, when
 ``keep_seconds`` is given, of those polls no older than that: the longest window a reader asks for). Rates
 follow Prometheus' ``rate()``: a counter that goes down was reset, and its new value is the increase since
-the reset, unless it went down alone (:meth:`History.screen`: a broken read, unknown for that poll). A restart
-of vLLM is recognised when a counter goes down otherwise, ``process_start_time_seconds`` changes, or
+the reset, unless the page says the process is the same (:meth:`History.screen`: a broken read, unknown for that
+poll). A restart of vLLM is recognised when a counter goes down otherwise, ``process_start_time_seconds`` changes, or
 ``vllm:cache_config_info`` changes (a new KV configuration), each against its last known value (a page
 without one of them for a poll forgot it: the next engine's start went unseen); it is counted and stamped so that
 analyzers can discard what came before (``samples(since_restart=True)``). Within one process the engine's KV
@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from itertools import pairwise
 from types import MappingProxyType
 
-from kvwatch.counters import broken_decreases, counter_delta, counter_reset
+from kvwatch.counters import counter_delta, counter_reset
 from kvwatch.model import CAPACITY_UNDETERMINED, Poll, Reading, SeriesKey
 
 COUNTER_FIELDS: tuple[str, ...] = (
@@ -84,6 +84,16 @@ def restart_reason(previous: Reading, current: Reading) -> str | None:
         if counter_reset(previous.finished_by_reason[reason], current.finished_by_reason[reason]):
             return "request_success_total went down"
     return None
+
+
+def _same_process(previous: Reading, current: Reading) -> bool:
+    """Both readings tell of one process: each has ``process_start_time_seconds``, within START_TIME_JITTER of the
+    other's, and ``cache_config_info``, where both have it, is the same."""
+    a, b = previous.process_start_time_seconds, current.process_start_time_seconds
+    if a is None or b is None or abs(a - b) > START_TIME_JITTER:
+        return False
+    return not (previous.cache_config and current.cache_config
+                and dict(previous.cache_config) != dict(current.cache_config))
 
 
 class SeriesHistory:
@@ -160,20 +170,23 @@ class SeriesHistory:
         return reason
 
     def screen(self, reading: Reading) -> tuple[Reading, tuple[tuple[str, float], ...]]:
-        """``reading`` with each counter whose decrease is a broken read (:func:`kvwatch.counters.broken_decreases`)
-        unknown, and (field, value) of each; before :meth:`append`. Their last values are forgotten, so the next
-        read is the counter's new baseline, neither a decrease again nor an increase counted from zero."""
+        """``reading`` with each counter that went down within one process unknown, and (field, value) of each;
+        before :meth:`append`. One process: ``process_start_time_seconds`` is on both pages and unchanged, and so is
+        ``cache_config_info``. vLLM's counters go down only when a new process starts them from zero, so such a
+        decrease is a broken read (an exporter or a proxy), not a restart: read as one, a finished counter halved
+        for one poll cleared a warned ramp's forecast into 30 minutes of warm-up. Without the start time nothing
+        tells the two apart, and any decrease is a restart (:func:`restart_reason`). The counters' last values are
+        forgotten, so the next read is each one's new baseline, neither a decrease again nor an increase counted
+        from zero."""
         known = self._known
-        if known is None:
+        if known is None or not _same_process(known, reading):
             return reading, ()
         reads = {name: (before, now) for name in COUNTER_FIELDS
                  if (before := getattr(known, name)) is not None and (now := getattr(reading, name)) is not None}
         reasons = set(known.finished_by_reason) & set(reading.finished_by_reason)
         reads.update({f"finished_by_reason/{r}": (known.finished_by_reason[r], reading.finished_by_reason[r])
                       for r in reasons})
-        a, b = known.process_start_time_seconds, reading.process_start_time_seconds
-        same_process = a is not None and b is not None and abs(a - b) <= START_TIME_JITTER
-        broken = broken_decreases(reads, same_process=same_process)
+        broken = [name for name, (before, now) in reads.items() if counter_reset(before, now)]
         if not broken:
             return reading, ()
         changes: dict[str, object] = {}

@@ -27,7 +27,7 @@ MAX_COUNT = float(2**53)
 _COUNTS = ("requests_running", "requests_waiting", "requests_swapped", "preemptions_total", "prompt_tokens_total",
            "generation_tokens_total", "prefix_cache_queries_total", "prefix_cache_hits_total",
            "request_prompt_tokens_sum", "request_prompt_tokens_count", "request_generation_tokens_sum",
-           "request_generation_tokens_count")
+           "request_generation_tokens_count", "requests_aborted_total")
 _POSITIVE = ("kv_capacity_tokens", "kv_max_concurrency", "num_gpu_blocks", "block_size", "max_model_len")
 _BY_LABEL = ("waiting_by_reason", "finished_by_reason")
 _WHOLE = ("block_size", "max_model_len")  # of _POSITIVE, whole numbers (blocks per engine may not be: a DP total ÷ n)

@@ -4,7 +4,7 @@ Pure and clock-free: every call carries its own timestamp, so tests and the back
 milliseconds and the sidecar feeds it from its poll loop. One ``Forecaster`` per (model_name, engine).
 
 Hygiene rules (see docs/forecasting.md):
-- a restart (the sample's flag, a counter going down other than alone, or a capacity change) clears all estimator
+- a restart (the sample's flag, any counter going down, or a capacity change) clears all estimator
   state and starts a warm-up during which only the reactive states may fire; kvwatch's own start counts
   as a restart, because it has no history;
 - no sample for longer than ``stale_after_seconds`` (or a sample without usage) means ``unknown``;
@@ -21,7 +21,7 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from itertools import zip_longest
 from typing import TYPE_CHECKING, Any
 
-from kvwatch.counters import broken_decreases, counter_delta, counter_reset, histogram_delta
+from kvwatch.counters import counter_delta, counter_reset, histogram_delta
 from kvwatch.forecast.buckets import BucketAggregator, MinuteBucket, SampleDeltas
 from kvwatch.forecast.calibration import CalibrationParams, SelfCalibration
 from kvwatch.forecast.demand import DemandEstimate, DemandModel, DemandParams
@@ -248,15 +248,6 @@ def _plausible(sample: ForecastSample) -> ForecastSample:
     return replace(sample, **bad) if bad else sample
 
 
-def _without_broken_counters(prev: ForecastSample, cur: ForecastSample) -> ForecastSample:
-    """``cur`` with each counter that went down alone unknown (:func:`kvwatch.counters.broken_decreases`, as the
-    sidecar's history screens a page): no restart, no delta this poll, and the next read is its new baseline."""
-    reads = {name: (before, now) for name in _COUNTERS
-             if (before := getattr(prev, name)) is not None and (now := getattr(cur, name)) is not None}
-    broken = broken_decreases(reads)
-    return replace(cur, **dict.fromkeys(broken)) if broken else cur
-
-
 class Forecaster:
     """Forecast, bottleneck and state machine for one (model_name, engine) series."""
 
@@ -314,8 +305,6 @@ class Forecaster:
         if sample.kv_usage is None or not math.isfinite(sample.kv_usage):
             self._last = self._unknown(sample.timestamp)
             return self._last
-        if prev is not None and not clock_back and not sample.restarted:
-            sample = _without_broken_counters(prev, sample)
         if clock_back:
             self._start_over(sample.timestamp, counted=False)
             self._calibration.clear()

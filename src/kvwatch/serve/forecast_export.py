@@ -76,8 +76,9 @@ INNER_ESTIMATES: tuple[tuple[str, str, str], ...] = (
      "series' forecasts have long come true more or less often than said). filling comes on after "
      f"{_P.warning.warn_for_buckets} minutes in a row at or above {_P.warning.risk_on:g} "
      f"({_P.warning.rearm_for_buckets} after a saturation, which ends it) and clears after "
-     f"{_P.warning.clear_for_buckets} in a row below {_P.warning.risk_off:g}; recomputed at each minute's close, "
-     "absent while warming up."),
+     f"{_P.warning.clear_for_buckets} in a row below {_P.warning.risk_off:g} (an idle minute counts as one), at "
+     f"once when the first warm minute after a re-warm reads below {_P.warning.risk_off:g}, or once no risk has "
+     "backed it for its horizon; recomputed at each minute's close, absent while warming up."),
     ("kvwatch_forecast_saturated_sample_ratio", "saturated_sample_fraction",
      f"Share of the last {_P.detector.fire_window_seconds / 60:g} minutes' polls that were saturated "
      f"(bottleneck fires at {_P.detector.fire_fraction:g})."),
