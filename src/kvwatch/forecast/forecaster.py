@@ -241,7 +241,7 @@ def _plausible(sample: ForecastSample) -> ForecastSample:
     for kind in ("prompt", "generation"):
         counts = getattr(sample, f"{kind}_length_cumulative")
         bounds = getattr(sample, f"{kind}_length_bounds")
-        # Counts counts, bounds numbers (the last is +Inf by definition): else the histogram is unknown, whole.
+        # Bucket counts are counts, bounds numbers (the last +Inf by definition): else the histogram is unknown, whole.
         if (counts is not None and not all(map(is_count, counts))) or (
                 bounds is not None and any(math.isnan(b) for b in bounds)):
             bad[f"{kind}_length_cumulative"] = bad[f"{kind}_length_bounds"] = None
