@@ -75,7 +75,7 @@ def test_the_matrix_can_score_v6_and_v5_on_the_same_simulations():
     from kvwatch.forecast import ForecastParams
 
     v11, v10, v9, v8, v6, v5 = (FORECASTERS[v] for v in ("v11", "v10", "v9", "v8", "v6", "v5"))
-    assert v11 == ForecastParams() and v11.calibration.prior_sd == 1.0 and not v11.calibration.drives_warning
+    assert v11 == ForecastParams() and v11.calibration.prior_sd == 1.0 and v11.calibration.warning_reads == "model"
     assert replace(v10, calibration=v11.calibration) == v11 and v10.calibration.prior_sd == 0.0
     assert v10.risk.recurrence_load_ratio == 0.7
     assert replace(v9, risk=replace(v9.risk, recurrence_load_ratio=0.7)) == v10

@@ -926,3 +926,21 @@ def test_a_risk_that_keeps_not_coming_true_is_published_lower_while_the_warning_
     # What the warning reads is exported beside it (kvwatch_forecast_warning_risk): the model's 30-minute risk, v10's.
     assert all(b.estimates["warning_risk"] == pytest.approx(a.risk[1800]) for a, b in late)
     assert any(b.state == "filling" and b.risk[1800] < 0.7 <= b.estimates["warning_risk"] for _, b in late)
+
+
+@pytest.mark.parametrize("reads", ["calibrated", "higher", "lower"])
+def test_the_warning_can_read_the_calibrated_risk_or_the_higher_or_lower_of_the_two(reads: str):
+    # CalibrationParams.warning_reads (round 29's sweep; v11 reads the model's). Where the model's risk keeps not
+    # coming true, the calibrated one is the lower: reading it, or the lower of the two, warns less; the higher warns
+    # as the model's does.
+    from kvwatch.forecast.calibration import CalibrationParams
+
+    def filling_minutes(params: ForecastParams) -> int:
+        jitter = noisy(lambda t: 0.90, 0.04, seed=3)
+        return sum(r.state == "filling" for r in run(Forecaster(params), stream(jitter, seconds=6 * 3600))) // 6
+
+    model = filling_minutes(ForecastParams())
+    other = filling_minutes(replace(ForecastParams(), calibration=CalibrationParams(warning_reads=reads)))
+    assert (other == model) if reads == "higher" else (other < model)
+    with pytest.raises(ValueError, match="warning_reads"):
+        CalibrationParams(warning_reads="both")

@@ -7,7 +7,7 @@ forecaster records the model's risk 5, 15 and 30 minutes ahead, and once a horiz
 sustained saturation came within it. The shift ``δ`` of the log-odds that makes the recent forecasts match their
 outcomes on average (recalibration in the large: a logistic intercept), under a normal prior around 0 with
 standard deviation ``prior_sd``, is added to the model's log-odds to give the published risk (and the ETA read from
-it). The warning reads the model's risk unless ``drives_warning``.
+it). The warning reads the model's risk (``warning_reads``).
 
 Forecasts a minute apart over a 30-minute horizon share most of their outcome, so each pair weighs
 ``minute / horizon`` (about one independent outcome per horizon of forecasts): with little history the prior
@@ -28,6 +28,9 @@ from kvwatch.forecast.risk import RISK_HORIZONS_SECONDS, RiskEstimate
 _LOGIT_LIMIT = 8.0  # |log-odds| of recorded risks is capped here (risks of exactly 0 or 1 carry no odds)
 _BINS = 64  # recorded log-odds are kept as counts in bins of width 2·_LOGIT_LIMIT/_BINS (0.25)
 _BIN_WIDTH = 2 * _LOGIT_LIMIT / _BINS
+# CalibrationParams.warning_reads: the warning's risk from (the model's, the calibrated one).
+WARNING_READS = {"model": lambda model, calibrated: model, "calibrated": lambda model, calibrated: calibrated,
+                 "higher": max, "lower": min}
 
 
 @dataclass(frozen=True)
@@ -39,10 +42,16 @@ class CalibrationParams:
     window_seconds: float = 6 * 3600.0  # forecasts whose horizon ended within this long are counted
     quiet_seconds: float = 600.0  # after a saturation ends, this long is not scored (the scorer's rule)
     newton_steps: int = 3
-    # The warning reads the calibrated risk (True) or the model's (False, v11). Its thresholds were tuned on the
-    # model's; read on the calibrated risk (prior sd 1) they raised 11 false alarms against 8 on the tuning runs (recall
-    # at 5 minutes 0.52 against 0.51, on 5 minutes before 0.63 against 0.65); on the model's it warns exactly as v10.
-    drives_warning: bool = False
+    # What the warning reads: the model's risk ("model", v11: it warns exactly as v10), the calibrated one
+    # ("calibrated"), or the higher or lower of the two ("higher", "lower"). On the 41 tuning runs (recall at 5
+    # minutes, on 5 minutes before, false alarms; `forecast_sweep.py --round warning`): model 0.51 / 0.65 / 8,
+    # calibrated 0.52 / 0.63 / 11 (at an on-level of 0.75: 0.46 / 0.58 / 8), higher 0.54 / 0.66 / 10, lower 0.49 /
+    # 0.62 / 9: none is at least as good on all three.
+    warning_reads: str = "model"
+
+    def __post_init__(self) -> None:
+        if self.warning_reads not in WARNING_READS:
+            raise ValueError(f"warning_reads must be one of {sorted(WARNING_READS)}, not {self.warning_reads!r}")
 
 
 def _logit(p: float) -> float:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvwatch.counters import counter_delta, counter_reset, histogram_delta
 from kvwatch.forecast.buckets import BucketAggregator, MinuteBucket, SampleDeltas
-from kvwatch.forecast.calibration import CalibrationParams, SelfCalibration
+from kvwatch.forecast.calibration import WARNING_READS, CalibrationParams, SelfCalibration
 from kvwatch.forecast.demand import DemandEstimate, DemandModel, DemandParams
 from kvwatch.forecast.detector import (
     BOTTLENECK,
@@ -577,8 +577,10 @@ class Forecaster:
         if model is not None and warm and self._calibration.enabled:
             self._calibration.record(now, model)  # the model's risk: what δ is fitted to
             self._risk = self._calibration.apply(model)
-        driver = (self._risk if p.calibration.drives_warning else model) if p.warning.with_recurrence else excursion
+        driver = model if p.warning.with_recurrence else excursion
         risk = driver.at(p.warning.horizon_seconds) if driver is not None and warm else None
+        if risk is not None and p.warning.with_recurrence and self._risk is not model:  # (calibrated)
+            risk = WARNING_READS[p.calibration.warning_reads](risk, self._risk.at(p.warning.horizon_seconds))
         self._warning_risk = risk
         self._raw = risk is not None and risk >= p.warning.risk_on
         # The bottleneck polls since the last minute closed (this minute's, give or take the closing poll).
