@@ -71,11 +71,9 @@ restarts within a second of its predecessor's start."""
 
 def restart_reason(previous: Reading, current: Reading) -> str | None:
     """Why ``current`` looks like a new vLLM process compared with ``previous``, or None."""
-    if (previous.process_start_time_seconds is not None and current.process_start_time_seconds is not None
-            and abs(previous.process_start_time_seconds - current.process_start_time_seconds) > START_TIME_JITTER):
-        return "process_start_time_seconds changed"
-    if previous.cache_config and current.cache_config and dict(previous.cache_config) != dict(current.cache_config):
-        return "cache_config_info changed"
+    reason = _new_process_reason(previous, current)
+    if reason is not None:
+        return reason
     for name in COUNTER_FIELDS:
         before, now = getattr(previous, name), getattr(current, name)
         if before is not None and now is not None and counter_reset(before, now):
@@ -86,14 +84,21 @@ def restart_reason(previous: Reading, current: Reading) -> str | None:
     return None
 
 
+def _new_process_reason(previous: Reading, current: Reading) -> str | None:
+    """The process's own signs of a restart: its start time moved, or its KV configuration changed."""
+    if (previous.process_start_time_seconds is not None and current.process_start_time_seconds is not None
+            and abs(previous.process_start_time_seconds - current.process_start_time_seconds) > START_TIME_JITTER):
+        return "process_start_time_seconds changed"
+    if previous.cache_config and current.cache_config and dict(previous.cache_config) != dict(current.cache_config):
+        return "cache_config_info changed"
+    return None
+
+
 def _same_process(previous: Reading, current: Reading) -> bool:
-    """Both readings tell of one process: each has ``process_start_time_seconds``, within START_TIME_JITTER of the
-    other's, and ``cache_config_info``, where both have it, is the same."""
-    a, b = previous.process_start_time_seconds, current.process_start_time_seconds
-    if a is None or b is None or abs(a - b) > START_TIME_JITTER:
-        return False
-    return not (previous.cache_config and current.cache_config
-                and dict(previous.cache_config) != dict(current.cache_config))
+    """Both readings tell of one process: each has ``process_start_time_seconds``, and neither it (beyond
+    START_TIME_JITTER) nor ``cache_config_info`` changed."""
+    return (previous.process_start_time_seconds is not None and current.process_start_time_seconds is not None
+            and _new_process_reason(previous, current) is None)
 
 
 class SeriesHistory:

@@ -577,10 +577,12 @@ class Forecaster:
         if model is not None and warm and self._calibration.enabled:
             self._calibration.record(now, model)  # the model's risk: what δ is fitted to
             self._risk = self._calibration.apply(model)
-        driver = model if p.warning.with_recurrence else excursion
-        risk = driver.at(p.warning.horizon_seconds) if driver is not None and warm else None
-        if risk is not None and p.warning.with_recurrence and self._risk is not model:  # (calibrated)
-            risk = WARNING_READS[p.calibration.warning_reads](risk, self._risk.at(p.warning.horizon_seconds))
+        horizon = p.warning.horizon_seconds
+        risk = None
+        if warm and p.warning.with_recurrence and model is not None and self._risk is not None:
+            risk = WARNING_READS[p.calibration.warning_reads](model.at(horizon), self._risk.at(horizon))
+        elif warm and not p.warning.with_recurrence and excursion is not None:
+            risk = excursion.at(horizon)
         self._warning_risk = risk
         self._raw = risk is not None and risk >= p.warning.risk_on
         # The bottleneck polls since the last minute closed (this minute's, give or take the closing poll).
