@@ -7,7 +7,7 @@ from types import MappingProxyType
 
 import pytest
 
-from kvwatch.history import History, SeriesHistory, restart_reason
+from kvwatch.history import BROKEN_READ_HOLD_SECONDS, History, SeriesHistory, restart_reason
 from kvwatch.model import CAPACITY_UNDETERMINED, Detection, Poll, Reading
 
 DETECTION = Detection("vllm", "0.12-0.2x", "vllm:kv_cache_usage_perc")
@@ -209,20 +209,39 @@ def test_a_counter_that_went_down_within_one_process_is_unknown_for_that_poll_no
         assert (dict(reasons) == {} if i == 2 else reasons["stop"] == finished)
         assert screened.implausible == (((("m", "0"), "finished_by_reason", 510.0),) if i == 2 else ())
     assert history[("m", "0")].restarts == 0
-    # A counter that stays at its lower value is its new baseline after one poll (no decrease again, no jump).
+    # A counter that stays lower is unknown for BROKEN_READ_HOLD_SECONDS, then read from its new level: no decrease,
+    # no restart, no jump.
     history.record(history.screen(poll(50.0, 1050.0, 5.0)))
-    low = reading(kv_usage_ratio=0.5, finished_by_reason={"stop": 1060.0}, preemptions_total=6.0,
-                  prompt_tokens_total=100.0, generation_tokens_total=300.0, process_start_time_seconds=1000.0)
-    first = history.screen(Poll(timestamp=60.0, detection=DETECTION, readings=(low,)))
-    assert first.implausible == (((("m", "0"), "prompt_tokens_total", 100.0),)) and history.record(first) == {}
-    again = history.screen(Poll(timestamp=70.0, detection=DETECTION, readings=(
-        replace(low, prompt_tokens_total=110.0, preemptions_total=7.0, generation_tokens_total=350.0),)))
-    assert again.implausible == () and history.record(again) == {}
-    assert history[("m", "0")].increase("prompt_tokens_total", window=20.0) == (0.0, 20.0)
+
+    def low(t: float, prompt: float) -> Poll:
+        return Poll(timestamp=t, detection=DETECTION, readings=(reading(
+            kv_usage_ratio=0.5, finished_by_reason={"stop": 1000.0 + t}, preemptions_total=t / 10,
+            prompt_tokens_total=prompt, generation_tokens_total=5 * t, process_start_time_seconds=1000.0),))
+
+    for t in (60.0, 70.0, 110.0):
+        held = history.screen(low(t, 100.0))
+        assert held.implausible == ((("m", "0"), "prompt_tokens_total", 100.0),) and history.record(held) == {}
+    level = history.screen(low(60.0 + BROKEN_READ_HOLD_SECONDS, 100.0))
+    assert level.implausible == () and history.record(level) == {}
+    assert history.record(history.screen(low(130.0, 110.0))) == {}
+    assert history[("m", "0")].increase("prompt_tokens_total", window=10.0) == (10.0, 10.0)
+    assert history[("m", "0")].restarts == 0
     # A new start time: a restart, and the new process's counts are no impossible values.
-    restart = history.screen(poll(80.0, 3.0, 0.0, start=2000.0))
+    restart = history.screen(poll(140.0, 3.0, 0.0, start=2000.0))
     assert restart.implausible == ()
     assert history.record(restart) == {("m", "0"): "process_start_time_seconds changed"}
+
+
+def test_a_broken_read_over_several_polls_counts_only_what_the_counter_rose_when_it_returns() -> None:
+    # Forgotten at the first lower read, the counter's second lower read became its baseline, and its return to the
+    # true value was counted as one increase of the whole way back up (480 prompt tokens in 10 s instead of 20).
+    history = History()
+    for t, prompt in [(50.0, 500.0), (60.0, 100.0), (70.0, 100.0), (80.0, 520.0)]:
+        screened = history.screen(Poll(timestamp=t, detection=DETECTION, readings=(
+            reading(prompt_tokens_total=prompt, process_start_time_seconds=1000.0),)))
+        assert screened.implausible == (((("m", "0"), "prompt_tokens_total", 100.0),) if prompt == 100.0 else ())
+        assert history.record(screened) == {}
+    assert history[("m", "0")].increase("prompt_tokens_total", window=30.0) == (20.0, 30.0)
 
 
 def test_without_a_start_time_any_counter_going_down_is_a_restart() -> None:

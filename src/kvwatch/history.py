@@ -94,6 +94,13 @@ def _new_process_reason(previous: Reading, current: Reading) -> str | None:
     return None
 
 
+BROKEN_READ_HOLD_SECONDS = 60.0
+"""How long a counter may read below its last value within one process and still be a broken read (unknown, its
+last value kept, so its return counts only what it really rose). One that stays lower this long is at a new level
+(a summing proxy that lost a worker for good) and is read from there: held for ever, its rates would stay unknown
+until it climbed past the old value. A minute outlasts a proxy's failed read of one worker page for a few polls."""
+
+
 def _same_process(previous: Reading, current: Reading) -> bool:
     """Both readings tell of one process: each has ``process_start_time_seconds``, and neither it (beyond
     START_TIME_JITTER) nor ``cache_config_info`` changed."""
@@ -125,6 +132,7 @@ class SeriesHistory:
         # with a cache_config (what a page without one keeps).
         self._known: Reading | None = None
         self._configured: Reading | None = None
+        self._below_since: dict[str, float] = {}  # per counter read below its last value: the first such poll's time
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -174,35 +182,47 @@ class SeriesHistory:
             self._last_value[name] = value
         return reason
 
-    def screen(self, reading: Reading) -> tuple[Reading, tuple[tuple[str, float], ...]]:
+    def screen(self, timestamp: float, reading: Reading) -> tuple[Reading, tuple[tuple[str, float], ...]]:
         """``reading`` with each counter that went down within one process unknown, and (field, value) of each;
         before :meth:`append`. One process: ``process_start_time_seconds`` is on both pages and unchanged, and so is
         ``cache_config_info``. vLLM's counters go down only when a new process starts them from zero, so such a
         decrease is a broken read (an exporter or a proxy), not a restart: read as one, a finished counter halved
         for one poll cleared a warned ramp's forecast into 30 minutes of warm-up. Without the start time nothing
-        tells the two apart, and any decrease is a restart (:func:`restart_reason`). The counters' last values are
-        forgotten, so the next read is each one's new baseline, neither a decrease again nor an increase counted
-        from zero."""
+        tells the two apart, and any decrease is a restart (:func:`restart_reason`). The counter's last value is
+        kept, so a read that returns counts only what the counter rose (forgotten at the first lower read, the
+        second became the baseline and the return counted the whole way back up); one lower for
+        BROKEN_READ_HOLD_SECONDS is read from its new level, neither a decrease nor an increase."""
         known = self._known
         if known is None or not _same_process(known, reading):
+            self._below_since.clear()
             return reading, ()
         reads = {name: (before, now) for name in COUNTER_FIELDS
                  if (before := getattr(known, name)) is not None and (now := getattr(reading, name)) is not None}
         reasons = set(known.finished_by_reason) & set(reading.finished_by_reason)
         reads.update({f"finished_by_reason/{r}": (known.finished_by_reason[r], reading.finished_by_reason[r])
                       for r in reasons})
-        broken = [name for name, (before, now) in reads.items() if counter_reset(before, now)]
+        broken = {name for name, (before, now) in reads.items() if counter_reset(before, now)}
+        for name in [n for n in self._below_since if n in reads and n not in broken]:
+            del self._below_since[name]  # back at or above its last value
         if not broken:
             return reading, ()
         changes: dict[str, object] = {}
         dropped: list[tuple[str, float]] = []
-        for name in broken:
-            field = name.partition("/")[0]
-            dropped.append((field, reads[name][1]))
-            changes[field] = _NO_REASONS if field == "finished_by_reason" else None
-            self._last_value.pop(field, None)
-        self._known = replace(known, **changes)
-        return replace(reading, **changes), tuple(dropped)
+        for name in sorted(broken):
+            field, _, reason = name.partition("/")
+            now = reads[name][1]
+            if timestamp - self._below_since.setdefault(name, timestamp) < BROKEN_READ_HOLD_SECONDS:
+                dropped.append((field, now))
+                changes[field] = _NO_REASONS if reason else None
+            elif reason:  # its new level: the last value moves down to it
+                known = replace(known, finished_by_reason=MappingProxyType({**known.finished_by_reason, reason: now}))
+                del self._below_since[name]
+            else:
+                known = replace(known, **{field: now})
+                self._last_value[field] = now
+                del self._below_since[name]
+        self._known = known
+        return (replace(reading, **changes) if changes else reading), tuple(dropped)
 
     def completed(self, reading: Reading) -> Reading:
         """``reading`` (this series' newest) with the engine configuration it lacks at this process's last one: a
@@ -374,7 +394,7 @@ class History:
         for reading in poll.readings:
             series = self._series.get(reading.key)
             if series is not None:
-                reading, dropped = series.screen(reading)
+                reading, dropped = series.screen(poll.timestamp, reading)
                 implausible.extend((reading.key, name, value) for name, value in dropped)
             readings.append(reading)
         if len(implausible) == len(poll.implausible):
