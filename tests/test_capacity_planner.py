@@ -67,6 +67,38 @@ def test_negative_budget_says_will_not_start_with_shortfall():
     assert "short by" in plan.errors[0] and "will not start" in plan.errors[0]
 
 
+def test_halving_max_model_len_on_a_sliding_window_model_does_not_claim_half_per_request():
+    # gpt-oss's sliding layers hold their 128-token window at any length: the ceiling beside the note rose 1.5x
+    # (kvwatch plan --model openai/gpt-oss-20b --gpu H100 --max-model-len 32768), not the 2x "needs half" said.
+    spec = llama_h100(arch=resolve_model("openai/gpt-oss-20b"), max_model_len=32768, vllm_version=(0, 20))
+    rows = {s.name: s for s in whatif_scenarios(spec)}
+    base = plan_capacity(spec)
+    halved = rows["max_model_len_halved"]
+    assert halved.plan is not None
+    assert halved.max_concurrency is not None
+    assert 1.0 < halved.max_concurrency / base.max_concurrency_at_max_model_len < 1.9  # (the column it stands beside)
+    assert "needs half" not in halved.note and "not half" in halved.note
+    dense = {s.name: s for s in whatif_scenarios(llama_h100())}["max_model_len_halved"]
+    assert dense.note.endswith("each worst-case request needs half")
+
+
+def test_a_utilization_row_at_todays_setting_says_it_changes_nothing():
+    # At --gpu-memory-utilization 0.95 its row read "--gpu-memory-utilization 0.95 (now 0.95)", a fix in a table
+    # ranked cheapest first that changes nothing.
+    base = plan_capacity(llama_h100(gpu_memory_utilization=0.95))
+    rows = {s.name: s for s in whatif_scenarios(llama_h100(gpu_memory_utilization=0.95))}
+    assert rows["gpu_memory_utilization_0.95"].kv_cache_tokens == base.kv_cache_tokens
+    assert rows["gpu_memory_utilization_0.95"].note == "--gpu-memory-utilization 0.95 is the current setting: no change"
+    assert rows["gpu_memory_utilization_0.85"].note == "--gpu-memory-utilization 0.85 (now 0.95)"
+
+
+def test_no_memory_left_exactly_is_no_negative_shortfall():
+    # --available-kv-gib 0 printed "short by -0.00 GiB per GPU"
+    plan = plan_capacity(llama_h100(available_kv_bytes=0))
+    assert not plan.will_start
+    assert plan.errors[0] == "vLLM will not start: no memory left for the KV cache"
+
+
 def test_budget_too_small_for_one_max_model_len_request():
     plan = plan_capacity(llama_h100(available_kv_bytes=2 * GIB, max_model_len=32768))
     assert not plan.will_start

@@ -341,8 +341,9 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
     in_flight = kv.in_flight_tokens(batched, pp, spec.vllm_version)
     tokens = kv.reported_kv_cache_tokens(layout, blocks, max_model_len, in_flight, spec.vllm_version)
     if available <= 0:
-        errors.append(f"vLLM will not start: no memory left for the KV cache "
-                      f"(short by {-available / GIB:.2f} GiB per GPU)")
+        # (none left exactly, as --available-kv-gib 0 says, is no shortfall: "short by -0.00 GiB" was printed)
+        short = f" (short by {-available / GIB:.2f} GiB per GPU)" if -available / GIB >= 0.005 else ""
+        errors.append(f"vLLM will not start: no memory left for the KV cache{short}")
     elif max_model_len and blocks < kv.blocks_needed(layout, max_model_len, in_flight) and (
             longest_accepted is None or blocks < kv.blocks_needed(layout, longest_accepted, in_flight)):
         # (Where the model's own longest length fits, lowering to it, the refusal above, is the whole fix.)

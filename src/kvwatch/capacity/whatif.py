@@ -200,15 +200,23 @@ def whatif_scenarios(spec: DeploymentSpec, avg_seq_len: float | None = None) -> 
     candidates: list[tuple[str, DeploymentSpec | None, str]] = []
     for util in UTILIZATIONS:
         changed, why = _utilization(spec, base, util)
-        candidates.append((f"gpu_memory_utilization_{util:.2f}", changed,
-                           why or f"--gpu-memory-utilization {util:.2f} (now {base.gpu_memory_utilization:.2f})"))
+        now = f"{base.gpu_memory_utilization:.2f}"
+        # (a row of today's setting stays, as fp8_kv_cache's does where the cache is FP8: the scenarios are fixed)
+        setting = (f"--gpu-memory-utilization {now} is the current setting: no change" if f"{util:.2f}" == now else
+                   f"--gpu-memory-utilization {util:.2f} (now {now})")
+        candidates.append((f"gpu_memory_utilization_{util:.2f}", changed, why or setting))
     if base.max_model_len and base.max_model_len <= spec.block_size:
         candidates.append(("max_model_len_halved", None, f"--max-model-len {base.max_model_len} is within one block "
                            f"of {spec.block_size} tokens: halving it frees nothing"))
     elif base.max_model_len:
         half = max(spec.block_size, base.max_model_len // 2)
+        # On a hybrid (sliding-window, chunked or Mamba) model a request's windowed layers hold their window whatever
+        # its length, so halving it does not halve what it needs; and vLLM from 0.20 reports such a pool's tokens
+        # from max-model-len (the planner's note), so that column moves though the pool does not.
+        need = ("each worst-case request needs less, though not half (its windowed or state layers do not shrink "
+                "with it)" if base.layout.is_hybrid else "each worst-case request needs half")
         candidates.append(("max_model_len_halved", replace(spec, max_model_len=half),
-                           f"--max-model-len {half}: the V1 pool is unchanged; each worst-case request needs half"))
+                           f"--max-model-len {half}: the V1 pool is unchanged; {need}"))
     else:
         candidates.append(("max_model_len_halved", None, "needs --max-model-len"))
     already_fp8 = base.spec.kv_cache_dtype.startswith("fp8")  # (the dtype vLLM serves: DeepSeek-V3.2's auto may be)
