@@ -313,8 +313,17 @@ def test_gpu_presets():
     assert resolve_gpu("H100").total_memory_bytes == pytest.approx(79.19 * (1 << 30), rel=1e-6)
     assert resolve_gpu("nvidia a100-sxm4-80gb").name == "A100-80GB"
     for name in ["A10G", "L4", "L40S", "A100-40GB", "A100-80GB", "H100", "H200", "B200", "RTX 3090", "RTX 4090",
-                 "T4", "V100", "MI300X"]:
+                 "T4", "V100-16GB", "Tesla V100-SXM2-32GB", "MI300X"]:
         assert resolve_gpu(name).source
+    # The names nvidia-smi and DCGM's modelName give (and ROCm's for the MI300X)
+    for name, preset in [("NVIDIA A100 80GB PCIe", "A100-80GB"), ("Tesla V100-SXM2-16GB", "V100-16GB"),
+                         ("Tesla V100-PCIE-32GB", "V100-32GB"), ("AMD Instinct MI300X", "MI300X"),
+                         ("NVIDIA A100-SXM4-40GB", "A100-40GB"), ("NVIDIA H100 80GB HBM3", "H100-80GB")]:
+        assert resolve_gpu(name).name == preset, name
+    # Made in two sizes: "A100" was the 40 GB card, and an 80 GB fleet was planned at half its memory.
+    for name in ["A100", "nvidia a100", "V100", "Tesla V100"]:
+        with pytest.raises(PresetError, match="made in two memory sizes"):
+            resolve_gpu(name)
     assert len(gpu_names()) >= 13
     with pytest.raises(PresetError, match="--gpu-memory-gib"):
         resolve_gpu("Voodoo2")

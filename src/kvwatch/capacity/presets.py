@@ -338,8 +338,18 @@ def gpu_keys() -> list[str]:
     return sorted(_gpus())
 
 
+AMBIGUOUS_GPUS = {"a100": ("A100-40GB", "A100-80GB"), "teslaa100": ("A100-40GB", "A100-80GB"),
+                  "v100": ("V100-16GB", "V100-32GB"), "teslav100": ("V100-16GB", "V100-32GB")}
+"""Names of cards made in two memory sizes: "A100" was the 40 GB card, and on an 80 GB fleet plan and serve
+sized the KV cache from half the memory without a word."""
+
+
 def resolve_gpu(name: str) -> GpuPreset:
-    preset = _gpus().get(_gpu_key(name))
+    key = _gpu_key(name)
+    if key in AMBIGUOUS_GPUS:
+        raise PresetError(f"GPU {name!r} is made in two memory sizes: give {' or '.join(AMBIGUOUS_GPUS[key])} "
+                          "(or --gpu-memory-gib X)")
+    preset = _gpus().get(key)
     if preset is None:
         raise PresetError(f"unknown GPU {name!r}; use --gpu-memory-gib X or one of: {', '.join(gpu_names())}")
     return preset
