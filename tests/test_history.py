@@ -244,6 +244,45 @@ def test_a_broken_read_over_several_polls_counts_only_what_the_counter_rose_when
     assert history[("m", "0")].increase("prompt_tokens_total", window=30.0) == (20.0, 30.0)
 
 
+def test_a_held_counter_stays_held_on_a_page_without_the_start_time() -> None:
+    # Compared with its kept value, a held counter on a page that lacked process_start_time_seconds for a poll made
+    # a restart, the forecaster's state cleared (a reviewer's case: 1000, 100, 110, 120 without the start time, 1040).
+    history = History()
+    for t, prompt, start in [(0.0, 1000.0, 1000.0), (10.0, 100.0, 1000.0), (20.0, 110.0, 1000.0), (30.0, 120.0, None),
+                             (40.0, 1040.0, 1000.0)]:
+        screened = history.screen(Poll(timestamp=t, detection=DETECTION, readings=(
+            reading(prompt_tokens_total=prompt, process_start_time_seconds=start),)))
+        assert history.record(screened) == {}, t
+    assert history[("m", "0")].restarts == 0
+    assert history[("m", "0")].increase("prompt_tokens_total", window=40.0) == (40.0, 40.0)
+
+
+def test_a_lasting_drop_counts_what_the_counter_rose_at_its_new_level_during_the_hold() -> None:
+    # A counter rising 1 a second that drops by 500 for good: the held minute's rise at the new level was counted as
+    # nothing, and the 300 s rate read 0.78 instead of about 1.
+    history = History()
+    for t in range(0, 310, 10):
+        value = t - 500.0 * (t >= 100) + 1000.0
+        screened = history.screen(Poll(timestamp=float(t), detection=DETECTION, readings=(
+            reading(prompt_tokens_total=value, process_start_time_seconds=1000.0),)))
+        assert history.record(screened) == {}
+    assert history[("m", "0")].increase("prompt_tokens_total", window=300.0) == (290.0, 300.0)  # (one poll's: lost)
+
+
+def test_a_reason_that_leaves_the_page_mid_hold_is_held_anew_when_it_comes_back_low() -> None:
+    # Its hold's clock kept running while it was away: back low more than a minute after its first low read, it was
+    # taken at once as its new level, uncounted.
+    history = History()
+    pages = [(0.0, {"stop": 1000.0, "length": 500.0}), (10.0, {"stop": 1010.0, "length": 100.0}),
+             (20.0, {"stop": 1020.0}), (80.0, {"stop": 1080.0, "length": 520.0}),
+             (90.0, {"stop": 1090.0, "length": 100.0})]
+    for t, finished in pages:
+        screened = history.screen(Poll(timestamp=t, detection=DETECTION, readings=(
+            reading(finished_by_reason=finished, process_start_time_seconds=1000.0),)))
+        history.record(screened)
+    assert screened.implausible == ((("m", "0"), "finished_by_reason", 100.0),)
+
+
 def test_without_a_start_time_any_counter_going_down_is_a_restart() -> None:
     # Nothing on such a page tells a broken read from a new process (counters that were 0 rise after a restart too).
     history = History()

@@ -132,7 +132,8 @@ class SeriesHistory:
         # with a cache_config (what a page without one keeps).
         self._known: Reading | None = None
         self._configured: Reading | None = None
-        self._below_since: dict[str, float] = {}  # per counter read below its last value: the first such poll's time
+        # Per counter read below its last value: the first such poll's time and value
+        self._below_since: dict[str, tuple[float, float]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -191,19 +192,30 @@ class SeriesHistory:
         tells the two apart, and any decrease is a restart (:func:`restart_reason`). The counter's last value is
         kept, so a read that returns counts only what the counter rose (forgotten at the first lower read, the
         second became the baseline and the return counted the whole way back up); one lower for
-        BROKEN_READ_HOLD_SECONDS is read from its new level, neither a decrease nor an increase."""
+        BROKEN_READ_HOLD_SECONDS is read from its new level, no decrease, what it rose there since its first lower
+        read counted. A page without the start time keeps a hold (a new start time or configuration ends it)."""
         known = self._known
-        if known is None or not _same_process(known, reading):
-            self._below_since.clear()
+        held = self._below_since
+        if known is None:
             return reading, ()
+        only: set[str] | None = None
+        if not _same_process(known, reading):
+            # A page without the start time tells nothing new mid-hold: the held counters stay held (compared with
+            # their kept values they made a restart). A new start time or configuration ends every hold.
+            if not held or _new_process_reason(known, reading) is not None:
+                held.clear()
+                return reading, ()
+            only = set(held)
         reads = {name: (before, now) for name in COUNTER_FIELDS
                  if (before := getattr(known, name)) is not None and (now := getattr(reading, name)) is not None}
         reasons = set(known.finished_by_reason) & set(reading.finished_by_reason)
         reads.update({f"finished_by_reason/{r}": (known.finished_by_reason[r], reading.finished_by_reason[r])
                       for r in reasons})
+        if only is not None:
+            reads = {name: read for name, read in reads.items() if name in only}
         broken = {name for name, (before, now) in reads.items() if counter_reset(before, now)}
-        for name in [n for n in self._below_since if n in reads and n not in broken]:
-            del self._below_since[name]  # back at or above its last value
+        for name in [n for n in held if n not in broken]:
+            del held[name]  # back at or above its last value, or not read this poll (a reason's value goes with it)
         if not broken:
             return reading, ()
         changes: dict[str, object] = {}
@@ -211,16 +223,18 @@ class SeriesHistory:
         for name in sorted(broken):
             field, _, reason = name.partition("/")
             now = reads[name][1]
-            if timestamp - self._below_since.setdefault(name, timestamp) < BROKEN_READ_HOLD_SECONDS:
+            since, first = held.setdefault(name, (timestamp, now))
+            if timestamp - since < BROKEN_READ_HOLD_SECONDS:
                 dropped.append((field, now))
                 changes[field] = _NO_REASONS if reason else None
-            elif reason:  # its new level: the last value moves down to it
+                continue
+            del held[name]  # its new level: the last value moves down to it
+            if reason:
                 known = replace(known, finished_by_reason=MappingProxyType({**known.finished_by_reason, reason: now}))
-                del self._below_since[name]
             else:
                 known = replace(known, **{field: now})
-                self._last_value[field] = now
-                del self._below_since[name]
+                # What it rose at its new level during the hold counts (from its first lower read), not nothing
+                self._last_value[field] = min(first, now)
         self._known = known
         return (replace(reading, **changes) if changes else reading), tuple(dropped)
 
