@@ -7,8 +7,9 @@ seconds in all and never a traceback in the log; at most ``MAX_CONNECTIONS`` are
 ``MAX_PER_CLIENT`` of them to one client address. When every slot is taken, a new connection takes the slot of one
 that has not sent its request for ``STALLED_AFTER`` seconds (from the address holding the most), so a few addresses
 holding idle connections cannot lock out Prometheus or the kubelet's probe; with none stalled, it waits for a slot.
-On Linux a connection is accepted only once its client has sent something, or after ``DEFER_ACCEPT_SECONDS`` of
-silence (TCP_DEFER_ACCEPT), so a client slow to send its request is never the idle connection a newcomer evicts.
+On Linux a connection is accepted only once its client has sent something, or after about 3 s of silence
+(TCP_DEFER_ACCEPT, ``DEFER_ACCEPT_SECONDS``), so a client slow to send its request is not taken for an idle one
+unless it stays silent that long.
 
 ``--web-config-file`` reads the Prometheus exporter-toolkit web configuration (the file node_exporter's
 ``--web.config.file`` reads): ``tls_server_config`` (``cert_file``/``key_file`` or inline ``cert``/``key``,
