@@ -444,8 +444,9 @@ def test_config_gpu_is_matched_as_kvwatch_matches_it(gpu: str) -> None:
 
 
 def test_an_empty_config_string_is_unset_as_everywhere_else_in_the_chart(monkeypatch: pytest.MonkeyPatch) -> None:
-    # `--set config.caFile=` rendered KVWATCH_CA_FILE="", which kvwatch refuses at start ("file . does not exist"):
-    # a crash-looping sidecar takes vLLM out of its Service. With dcgmUrl, gpuPod "" also rendered twice.
+    # `--set config.caFile=` rendered KVWATCH_CA_FILE="", which kvwatch refused at start ("file . does not exist"),
+    # as it still refuses KVWATCH_LISTEN_ADDRESS="": a crash-looping sidecar takes vLLM out of its Service. With
+    # dcgmUrl, gpuPod "" also rendered twice.
     args = [*MINIMAL, "--set", "config.caFile=", "--set", "config.listenAddress=", "--set", "config.gpuPod=",
             "--set", "config.dcgmUrl=http://$(NODE_IP):9400/metrics"]
     env = containers(render(*args))["kvwatch"]["env"]

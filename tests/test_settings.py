@@ -412,3 +412,45 @@ def test_a_bearer_token_file_that_cannot_be_read_stops_startup(tmp_path, enterab
             shutil.rmtree(folder)
     assert result.returncode == 2, result.stderr
     assert "--bearer-token-file" in result.stderr and "Permission denied" in result.stderr
+
+
+def test_blanks_around_a_variable_are_no_part_of_its_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    # " 2 " was read for a number, while " info " and " http://... " were refused
+    monkeypatch.setenv("KVWATCH_LOG_LEVEL", " info ")
+    monkeypatch.setenv("KVWATCH_TARGET_URL", " http://10.0.0.7:8000/metrics\n")
+    monkeypatch.setenv("KVWATCH_LISTEN_ADDRESS", " 127.0.0.1 ")
+    monkeypatch.setenv("KVWATCH_POLL_INTERVAL_SECONDS", " 2 ")
+    s = settings_from([])
+    assert (s.log_level, s.target_url, s.listen_address, s.poll_interval_seconds) == (
+        "INFO", "http://10.0.0.7:8000/metrics", "127.0.0.1", 2.0)
+
+
+def test_an_empty_variable_of_a_setting_that_may_be_unset_is_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    # KVWATCH_MODEL= was taken as a model named "" (serve then asked for --model), KVWATCH_GPU= was refused
+    for variable in ("KVWATCH_MODEL", "KVWATCH_GPU", "KVWATCH_QUANTIZATION", "KVWATCH_WEB_CONFIG_FILE"):
+        monkeypatch.setenv(variable, " ")
+    s = settings_from([])
+    assert (s.model, s.gpu, s.quantization, s.web_config_file) == (None, None, None, None)
+    # One with a default is refused: a broken template's KVWATCH_TARGET_URL= must not poll the default target
+    monkeypatch.setenv("KVWATCH_TARGET_URL", "")
+    with pytest.raises(SettingsError, match="KVWATCH_TARGET_URL"):
+        settings_from([])
+
+
+@pytest.mark.parametrize("flag", ["--model", "--gpu", "--quantization", "--web-config-file", "--model-config",
+                                  "--target-url"])
+def test_a_flag_typed_empty_is_refused_naming_it(flag: str) -> None:
+    # --model '' was taken as a model named "" (serve started); an empty path read as "." ("--web-config-file: . is
+    # not a regular file")
+    with pytest.raises(SettingsError, match=f"^invalid value '' for {flag}: Input should not be empty$"):
+        settings_from([flag, ""])
+
+
+@pytest.mark.parametrize("argv", [["backtest", "--trace", ""], ["check", "--file", ""], ["plan", "--plot", " "]])
+def test_an_empty_path_flag_is_refused_not_read_as_the_current_directory(argv: list[str],
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    # "--trace ''" was reported as "--trace .: a directory, not a trace file"
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2
+    assert f"argument {argv[1]}: should not be empty" in capsys.readouterr().err

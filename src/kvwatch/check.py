@@ -61,7 +61,14 @@ from kvwatch.forecast.detector import no_room_in
 from kvwatch.forecast.thresholds import BUSY_USAGE, queue_waits_for_kv, standing_queue
 from kvwatch.model import SGLANG, TENSORRT_LLM, VLLM, Detection, Poll, Reading, SeriesKey
 from kvwatch.payload import ScrapeError, interpret
-from kvwatch.settings import CheckSettings, SettingsError, add_settings_flags, load_settings, redact_url
+from kvwatch.settings import (
+    CheckSettings,
+    SettingsError,
+    add_settings_flags,
+    load_settings,
+    path_argument,
+    redact_url,
+)
 
 if TYPE_CHECKING:  # the capacity model loads only when a plan is built
     from kvwatch.capacity.planner import CapacityPlan
@@ -90,7 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="inference engine /metrics URL: vLLM, SGLang or TensorRT-LLM "
                              "(default: --target-url / KVWATCH_TARGET_URL, "
                              f"{CheckSettings.model_fields['target_url'].default})")
-    parser.add_argument("--file", type=Path, default=None, metavar="PATH",
+    parser.add_argument("--file", type=path_argument, default=None, metavar="PATH",
                         help="read a saved /metrics payload instead of fetching ('-' for stdin)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a report")
     parser.add_argument("--fail-on", choices=("info", "warning", "critical"), default=None, metavar="SEVERITY",

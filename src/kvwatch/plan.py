@@ -57,6 +57,7 @@ from kvwatch.settings import (
     SettingsError,
     add_settings_flags,
     load_settings,
+    path_argument,
     png_output_path,
 )
 
@@ -118,7 +119,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "tokens, cheapest first (utilization, max-model-len, FP8 KV, FP8 weights, TP within one "
                            "node, then replicas), each with the vLLM arguments to paste.")
     plan.add_argument("--json", action="store_true", help="Print one JSON object instead of the walk-through.")
-    plan.add_argument("--plot", metavar="PNG", type=Path,
+    plan.add_argument("--plot", metavar="PNG", type=path_argument,
                       help="Write a PNG of the concurrency ceiling against context length (needs kvwatch[plot]).")
     plan.add_argument("--list-models", action="store_true", help="List the model presets and exit.")
     plan.add_argument("--list-gpus", action="store_true", help="List the GPU presets and exit.")

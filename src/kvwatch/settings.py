@@ -105,6 +105,14 @@ def check_url(v: str) -> str:
     return v
 
 
+def path_argument(text: str) -> Path:
+    """argparse's ``type`` for a path flag: an empty one is refused (Path("") is ".", and "--trace ''" was reported
+    as "--trace .: a directory")."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("should not be empty")
+    return Path(text)
+
+
 def png_output_path(path: Path) -> Path:
     """A ``--plot`` PNG path, refused up front (exit 2) rather than after the work it plots: a directory, another
     suffix, a missing directory, or matplotlib (the plot extra) not installed."""
@@ -319,6 +327,9 @@ class _Base:
                     choices = [repr(a) for a in args]
                     raise ValueError(f"Input should be {', '.join(choices[:-1])} or {choices[-1]}")
             else:
+                if kind in (str, Path) and isinstance(value, str) and not value.strip():
+                    # (a flag typed empty: --model '' was taken as a model named "", and an empty path read as ".")
+                    raise ValueError("Input should not be empty")
                 value = _CONVERTERS[kind](value)
             if info.gt is not None and not value > info.gt:
                 raise ValueError(f"Input should be greater than {_bound(info.gt)}")
@@ -772,8 +783,12 @@ def load_settings(settings_cls: type[_Base], args: argparse.Namespace | None = N
     values = dict(flags)
     for name, info in settings_cls.model_fields.items():
         variable = env_name(public_name(name))
-        if name not in values and variable in environ and (environ[variable] or name != "model_config_path"):
-            values[name] = environ[variable]  # an empty KVWATCH_MODEL_CONFIG means "none", as it always has
+        if name not in values and variable in environ and (environ[variable] or info.default is not None):
+            # An empty variable of a setting that may be unset is unset (a compose file's ${GPU} with GPU unset; the
+            # chart leaves out empty keys), as an empty KVWATCH_MODEL_CONFIG always was: KVWATCH_MODEL= was taken
+            # as a model named "", KVWATCH_GPU= refused. One with a default is refused: KVWATCH_TARGET_URL= from a
+            # broken template must not poll the default target.
+            values[name] = environ[variable]
         elif name in flags and environ.get(variable):
             # the flag wins, but a bad variable beside it is refused too: it would take over once the flag is dropped
             try:
@@ -808,7 +823,9 @@ _SERVICE_PORT = re.compile(rf"{ENV_PREFIX}(\w+_)?PORT")
 def _setting_variables() -> list[tuple[str, str, str]]:
     """The environment's KVWATCH_* variables as (name, upper-case name, value), Kubernetes' service links left out:
     what load_settings reads, and what messages may say a value came from."""
-    return [(key, key.upper(), value) for key, value in os.environ.items()
+    # Blanks around a value are no part of it (a template's or a YAML block's): " info " was refused where " 2 " was
+    # read.
+    return [(key, key.upper(), value.strip()) for key, value in os.environ.items()
             if key.upper().startswith(ENV_PREFIX) and not _service_link(key.upper(), value)]
 
 
@@ -845,7 +862,7 @@ def name_variables(message: str, args: argparse.Namespace) -> str:
     """``message`` with each flag it names that was not on the command line but came from its variable followed by
     that variable: checks past the settings (the planner's) name flags, and `KVWATCH_TENSOR_PARALLEL_SIZE=3` was
     reported as "--tensor-parallel-size", which the user never typed."""
-    # An empty value gave nothing: an empty KVWATCH_MODEL_CONFIG is "none", any other is refused naming the variable.
+    # An empty variable gave nothing (load_settings: unset, or refused naming the variable).
     environ = {upper for _, upper, value in _setting_variables() if value}
     for cls in (ServeSettings, CheckSettings):
         for field in cls.model_fields:

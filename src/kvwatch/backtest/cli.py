@@ -24,7 +24,7 @@ from kvwatch.backtest.scenarios import (
     validate,
 )
 from kvwatch.backtest.scoring import WARMUP_SECONDS
-from kvwatch.settings import SettingsError, png_output_path
+from kvwatch.settings import SettingsError, path_argument, png_output_path
 from kvwatch.sim.engines_wire import ENGINES
 from kvwatch.sim.traces import (
     DENSE_REQUESTS_PER_SECOND,
@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "score early warnings against the simulated saturation events. Load is offered KV demand as a "
         "fraction of the simulated capacity (1.0: mean demand equals the cache)."
     )
-    parser.add_argument("--trace", type=Path, required=True,
+    parser.add_argument("--trace", type=path_argument, required=True,
                         help="any file in the Azure CSV format (columns read: TIMESTAMP, ContextTokens, "
                              "GeneratedTokens), the BurstGPT CSV format (Timestamp s, Request tokens, Response "
                              "tokens) or the Mooncake JSONL format (timestamp ms, input_length, output_length, "
@@ -80,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="read each poll through this engine's /metrics names and kvwatch's adapter "
                              "(default: straight from the simulator)")
     parser.add_argument("--json", action="store_true", help="print the scores as JSON")
-    parser.add_argument("--plot", type=Path, default=None, metavar="PNG",
+    parser.add_argument("--plot", type=path_argument, default=None, metavar="PNG",
                         help="draw the timeline to this .png file (its path is printed on stderr)")
 
 

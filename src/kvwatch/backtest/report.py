@@ -24,6 +24,7 @@ from kvwatch.forecast.calibration import CalibrationParams
 from kvwatch.forecast.demand import DemandParams
 from kvwatch.forecast.detector import WarningParams
 from kvwatch.forecast.risk import RiskParams
+from kvwatch.settings import path_argument
 
 METHODS: tuple[str, ...] = (KVWATCH, "threshold", "predict_linear", "guarded_predict_linear", "holt")
 
@@ -256,8 +257,8 @@ def table(trace_name: str, results: Pooled, methods: Sequence[str] = METHODS) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvwatch.backtest.report", description=__doc__)
-    parser.add_argument("traces", nargs="+", type=Path, help="full trace files (Azure CSV or Mooncake JSONL)")
-    parser.add_argument("--cache-dir", type=Path, default=None, help="keep simulations here between runs")
+    parser.add_argument("traces", nargs="+", type=path_argument, help="full trace files (Azure CSV or Mooncake JSONL)")
+    parser.add_argument("--cache-dir", type=path_argument, default=None, help="keep simulations here between runs")
     parser.add_argument("--profiles", default=None,
                         help="comma-separated subset of the matrix's rows (e.g. 'ramp,steady 0.7')")
     parser.add_argument("--seeds", default=None, help="comma-separated seeds instead of each row's (0,1,2)")

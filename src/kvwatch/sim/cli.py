@@ -15,10 +15,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
-from kvwatch.settings import SettingsError
+from kvwatch.settings import SettingsError, path_argument
 from kvwatch.sim import buckets
 from kvwatch.sim.engine import EngineConfig, EngineSnapshot, Request, Simulator, StepTimeModel
 from kvwatch.sim.engines_wire import ENGINES
@@ -94,7 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="mean prompt length (at most --max-model-len)")
     load.add_argument("--output-tokens", type=float, default=200.0,
                       help="mean output length (at most --max-model-len)")
-    load.add_argument("--trace", type=Path, default=None,
+    load.add_argument("--trace", type=path_argument, default=None,
                       help="replay a trace instead (Azure or BurstGPT CSV, Mooncake JSONL, detected from the "
                       "content; gzip is fine); loops when it ends; "
                       "requests longer than --max-model-len are rejected (a warning at startup says how many)")

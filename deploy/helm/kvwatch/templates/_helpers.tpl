@@ -126,7 +126,8 @@ notes): without a user:password in it, which kvwatch itself never shows (docs/re
 
 {{- define "kvwatch.env" -}}
 {{- /* An empty string is unset, as everywhere else in the chart (`--set config.caFile=` gives ""): kvwatch
-would refuse KVWATCH_CA_FILE="" and, a container of vLLM's pod, take vLLM out of its Service. */}}
+refuses an empty variable of a setting with a default (KVWATCH_LISTEN_ADDRESS="") and, a container of vLLM's pod,
+would take vLLM out of its Service. */}}
 {{- $config := dict }}
 {{- range $key, $value := (.Values.config | default dict) }}
 {{- if not (eq (toString $value) "") }}
