@@ -337,6 +337,17 @@ def test_a_demo_port_in_use_is_refused_before_anything_starts(flag: str) -> None
     assert f"DEMO_ARGS='{flag} 0'" in result.stderr
 
 
+@pytest.mark.parametrize(("variable", "value"), [("KVWATCH_FOO", "1"), ("KVWATCH_POLL_TIMEOUT_SECONDS", "9")])
+def test_a_bad_kvwatch_variable_stops_the_demo_before_anything_starts(variable: str, value: str) -> None:
+    # The demo passes its environment to serve, which said so after the simulator had started: its banner on stdout,
+    # three lines on stderr and exit 1.
+    result = subprocess.run([sys.executable, "-m", "kvwatch", "demo", "--sim-port", "0", "--port", "0",
+                             "--duration-seconds", "3"], capture_output=True, text=True, timeout=60,
+                            env={**ENV, variable: value})
+    assert result.returncode == 2 and result.stdout == "", result.stdout
+    assert variable in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
 def test_a_child_that_exits_is_named_and_only_a_bad_setting_gets_the_port_hint(
         capsys: pytest.CaptureFixture[str]) -> None:
     # A short run whose simulator dies must not report success; the hint about its --port only for exit 2 (a stop by

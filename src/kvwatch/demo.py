@@ -286,6 +286,16 @@ def _check_free(flag: str, port: int) -> None:
                                 f"{flag} 0 for a free port (make demo DEMO_ARGS='{flag} 0')") from None
 
 
+def _check_serve(argv: list[str]) -> None:
+    """SettingsError as ``kvwatch serve`` with ``argv`` would stop (the demo passes it its environment): a bad
+    KVWATCH_* variable was said by serve after the simulator had started, in three lines, exit 1."""
+    from kvwatch.serve.app import add_arguments, checked_settings
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    checked_settings(parser.parse_args(argv))
+
+
 def run(args: argparse.Namespace) -> int:
     check_flags(args)
     _check_free("--sim-port", args.sim_port)
@@ -294,6 +304,7 @@ def run(args: argparse.Namespace) -> int:
     port = args.port or _free_port()
     sim_url = f"http://127.0.0.1:{sim_port}/metrics"
     kvwatch_url = f"http://127.0.0.1:{port}/metrics"
+    _check_serve(serve_argv(sim_url, port, args.speed, args.poll_interval_seconds))
     py = sys.executable
     stop = StopSignals((signal.SIGTERM,)).install()  # (Ctrl-C: KeyboardInterrupt, below)
     processes: list[subprocess.Popen] = []

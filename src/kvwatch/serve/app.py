@@ -50,7 +50,7 @@ from kvwatch.serve.collector import KvwatchCollector, make_registry
 from kvwatch.serve.gpu import DcgmSource, GpuReadError, GpuState, GpuWatcher, NvmlSource
 from kvwatch.serve.sidecar_capacity import CapacityResolver, one_model_flags_note
 from kvwatch.serve.state import Analyzer, State
-from kvwatch.serve.web import MetricsServer, RenderCache, WebConfigError, WebConfigWatcher
+from kvwatch.serve.web import MetricsServer, RenderCache, WebConfigError, WebConfigWatcher, load_web_config
 from kvwatch.settings import ServeSettings, SettingsError, add_settings_flags, load_settings, redact_url
 from kvwatch.stop_signals import StopSignals
 
@@ -484,17 +484,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_settings_flags(parser, ServeSettings)
 
 
-def run(args: argparse.Namespace) -> int:
+def checked_settings(args: argparse.Namespace) -> ServeSettings:
+    """The settings of ``args`` and the environment, with every check serve makes before it starts anything
+    (SettingsError names the flag or variable); ``kvwatch demo`` makes them before it starts the simulator."""
     settings: ServeSettings = load_settings(ServeSettings, args)
+    try:
+        SourceOverrides.from_settings(settings)  # fail at startup, not at the first poll
+    except ValueError as exc:
+        raise SettingsError(f"invalid source-metric override: {exc}") from None
+    if settings.web_config_file is not None:
+        try:
+            load_web_config(settings.web_config_file)
+        except WebConfigError as exc:
+            raise SettingsError(f"invalid --web-config-file: {exc}") from None
+    return settings
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = checked_settings(args)
     logs.setup(settings.log_level)
     if settings.log_level != "DEBUG":
         # Their INFO lines repeat every poll; kvwatch logs only changes.
         for noisy in ("httpx", "httpcore"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
-    try:
-        SourceOverrides.from_settings(settings)  # fail at startup, not at the first poll
-    except ValueError as exc:
-        raise SettingsError(f"invalid source-metric override: {exc}") from None
     tune_malloc()
     clock = Clock(settings.clock_speed)
     fetcher = Fetcher(settings.target_url, timeout=float(settings.poll_timeout_seconds or 1.0),
