@@ -493,6 +493,13 @@ def test_a_trace_too_short_gets_the_unit_hint_by_its_format_not_its_name(tmp_pat
         assert ("timestamp is in milliseconds" in err) == hinted, (path.name, err)
 
 
+def test_a_trace_emptied_by_max_model_len_says_so(capsys):
+    # "--trace ...: 0 requests over 0 s" blamed the trace for what --max-model-len 3 had left out
+    code, _, err = _cli(["--trace", "azure_code_sample.csv", "--hours", "0.6", "--max-model-len", "3"], capsys)
+    assert code == 2 and "0 requests over 0 s" in err
+    assert "of its requests left out: a prompt of --max-model-len 3 tokens or more" in err
+
+
 def test_a_trace_whose_every_row_is_left_out_says_why(tmp_path, capsys):
     path = tmp_path / "failed.csv"
     path.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"

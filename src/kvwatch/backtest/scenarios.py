@@ -218,8 +218,10 @@ def load_trace_head(path: Path, left_out: dict[str, int] | None = None, *,
     truncated = len(requests) > MAX_TRACE_REQUESTS
     if truncated:
         requests = sorted(requests, key=lambda r: r.arrival_time)[:MAX_TRACE_REQUESTS]
+    refused_here = 0
     if max_model_len is not None:  # (counted here for the report; shape_lengths leaves them out on every path)
         kept = [r for r in requests if not refused(r, max_model_len)]
+        refused_here = len(requests) - len(kept)
         if len(kept) < len(requests) and left_out is not None:
             why = f"prompt of --max-model-len {max_model_len:,} tokens or more: vLLM refuses it"
             left_out[why] = left_out.get(why, 0) + len(requests) - len(kept)
@@ -231,6 +233,9 @@ def load_trace_head(path: Path, left_out: dict[str, int] | None = None, *,
         if len(requests) >= 10 and MOONCAKE_JITTER_SECONDS < span < MIN_BLOCK_SECONDS and \
                 detect_format(path) == "mooncake":
             hint = f" ({MOONCAKE_UNIT_HINT})"
+        if refused_here:  # (the trace was long enough: the limit left too little of it)
+            hint += (f" ({refused_here:,} of its requests left out: a prompt of --max-model-len {max_model_len:,} "
+                     "tokens or more, which vLLM refuses)")
         raise ScenarioError(f"--trace {path}: {len(requests)} requests over {span:.0f} s; a backtest bootstraps "
                             f"from at least 10 requests over {MIN_BLOCK_SECONDS:.0f} s{hint}")
     return requests, truncated
