@@ -193,7 +193,11 @@ def test_the_config_is_reloaded_when_it_changes(pki: Path, tmp_path: Path, serve
 
 
 @pytest.mark.parametrize(("text", "complaint"), [
-    ("tls_server_config:\n  cert_file: missing.crt\n  key_file: missing.key\n", "tls_server_config"),
+    # (ssl's "[Errno 2] No such file or directory" named no file)
+    ("tls_server_config:\n  cert_file: missing.crt\n  key_file: missing.key\n",
+     "tls_server_config.cert_file .*missing.crt: no such file"),
+    ("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  client_ca_file: nope.crt\n",
+     "tls_server_config.client_ca_file .*nope.crt: no such file"),
     ("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  client_auth_type: RequireAnyClientCert\n",
      "RequireAnyClientCert"),
     ("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  cipher_suites: [TLS_AES_128_GCM_SHA256]\n",

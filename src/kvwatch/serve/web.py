@@ -206,6 +206,10 @@ def _tls_context(config: Any, base: Path, path: Path) -> tuple[ssl.SSLContext, l
     cert_file, key_file = config.get("cert_file"), config.get("key_file")
     if (config.get("cert") and cert_file) or (config.get("key") and key_file):
         raise WebConfigError(f"{path}: give tls_server_config cert or cert_file (key or key_file), not both")
+    for key_name in ("cert_file", "key_file", "client_ca_file"):  # (ssl's own error names no file)
+        named = config.get(key_name)
+        if named and not (base / named).is_file():
+            raise WebConfigError(f"{path}: tls_server_config.{key_name} {base / named}: no such file")
     try:
         if cert_file and key_file:
             cert, key = base / cert_file, base / key_file
