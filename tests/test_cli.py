@@ -25,6 +25,9 @@ FIXTURE = Path(__file__).parent / "fixtures" / "vllm-metrics" / "gen-0.33-dp2-ca
     (["check", "--file=--"], ["kvwatch check", "--file", "expected one argument"]),
     (["plan", "--model", "x", "--plot=--"], ["kvwatch plan", "--plot", "expected one argument"]),
     (["backtest", "--trace=--"], ["kvwatch backtest", "--trace", "expected one argument"]),
+    # an abbreviated flag was taken for the one it begins (serve --por 0 listened on a free port)
+    (["check", "--fil", str(FIXTURE)], ["kvwatch check", "unrecognized argument: --fil"]),
+    (["plan", "--model", "x", "--max-model", "8192"], ["kvwatch plan", "--max-model"]),
 ])
 def test_usage_errors_are_one_line_naming_the_command(argv: list[str], words: list[str],
                                                       capsys: pytest.CaptureFixture[str]) -> None:

@@ -82,14 +82,17 @@ def _json_errors(command: str | None, argv: Sequence[str]) -> bool:
 
 
 def build_parser(command: str | None = None, *, json_errors: bool = False) -> Parser:
+    # No abbreviated flags (argparse's default takes --por for --port): a typo is refused, as a misspelt KVWATCH_*
+    # variable is, and a new flag can never make an old command line ambiguous.
     parser = Parser(
         prog="kvwatch",
         description="KV-cache watchdog for vLLM: exporter, exhaustion forecaster and alerting sidecar.",
+        allow_abbrev=False,
     )
     parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text, allow_abbrev=False)
         if name == command:
             importlib.import_module(module).add_arguments(p)
             parser.json_errors = p.json_errors = json_errors
