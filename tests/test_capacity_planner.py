@@ -80,6 +80,11 @@ def test_halving_max_model_len_on_a_sliding_window_model_does_not_claim_half_per
     assert "needs half" not in halved.note and "not half" in halved.note
     dense = {s.name: s for s in whatif_scenarios(llama_h100())}["max_model_len_halved"]
     assert dense.note.endswith("each worst-case request needs half")
+    # Within its window a sliding-window model's request does need half (gemma-2's 4096: the ceiling doubles)
+    within = llama_h100(arch=resolve_model("google/gemma-2-9b-it"), max_model_len=4096)
+    halved = {s.name: s for s in whatif_scenarios(within)}["max_model_len_halved"]
+    assert halved.note.endswith("each worst-case request needs half")
+    assert halved.max_concurrency == pytest.approx(2 * plan_capacity(within).max_concurrency_at_max_model_len, rel=0.01)
 
 
 def test_a_utilization_row_at_todays_setting_says_it_changes_nothing():

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from kvwatch.capacity import memory
+from kvwatch.capacity import kv, memory
 from kvwatch.capacity.memory import QuantizationError
 from kvwatch.capacity.planner import CapacityPlan, DeploymentSpec, SpecError, plan_capacity
 from kvwatch.capacity.units import GIB
@@ -210,11 +210,14 @@ def whatif_scenarios(spec: DeploymentSpec, avg_seq_len: float | None = None) -> 
                            f"of {spec.block_size} tokens: halving it frees nothing"))
     elif base.max_model_len:
         half = max(spec.block_size, base.max_model_len // 2)
-        # On a hybrid (sliding-window, chunked or Mamba) model a request's windowed layers hold their window whatever
-        # its length, so halving it does not halve what it needs; and vLLM from 0.20 reports such a pool's tokens
-        # from max-model-len (the planner's note), so that column moves though the pool does not.
-        need = ("each worst-case request needs less, though not half (its windowed or state layers do not shrink "
-                "with it)" if base.layout.is_hybrid else "each worst-case request needs half")
+        # On a hybrid (sliding-window, chunked or Mamba) model past its window a request's windowed layers hold
+        # their window whatever its length, so halving it does not halve what it needs (within the window it does:
+        # gemma-2 at 4096); and vLLM from 0.20 reports such a pool's tokens from max-model-len (the planner's note),
+        # so that column moves though the pool does not.
+        full_need = kv.blocks_needed(base.layout, base.max_model_len, base.in_flight_tokens)
+        halves = kv.blocks_needed(base.layout, half, base.in_flight_tokens) <= 0.55 * full_need
+        need = ("each worst-case request needs half" if halves else "each worst-case request needs less, though "
+                "not half (its windowed or state layers do not shrink with it)")
         candidates.append(("max_model_len_halved", replace(spec, max_model_len=half),
                            f"--max-model-len {half}: the V1 pool is unchanged; {need}"))
     else:
