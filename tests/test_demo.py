@@ -348,6 +348,19 @@ def test_a_bad_kvwatch_variable_stops_the_demo_before_anything_starts(variable: 
     assert variable in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
+def test_a_refused_variable_beside_a_flag_the_demo_passes_serve_is_not_said_to_have_set_it() -> None:
+    # Checked in the demo's process, the message was annotated from the demo's flags: "--target-url (from
+    # KVWATCH_TARGET_URL) is plain http", where the plain-http URL was the demo's own simulator's.
+    import certifi
+
+    env = {**ENV, "KVWATCH_TARGET_URL": "https://example.com/metrics", "KVWATCH_CA_FILE": certifi.where()}
+    result = subprocess.run([sys.executable, "-m", "kvwatch", "demo", "--sim-port", "0", "--port", "0",
+                             "--duration-seconds", "3"], capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 2 and result.stdout == "", result.stdout
+    assert "for KVWATCH_CA_FILE: applies to an https:// target only; --target-url is plain http" in result.stderr
+    assert "(from KVWATCH_TARGET_URL)" not in result.stderr and "its own --target-url" in result.stderr
+
+
 def test_a_child_that_exits_is_named_and_only_a_bad_setting_gets_the_port_hint(
         capsys: pytest.CaptureFixture[str]) -> None:
     # A short run whose simulator dies must not report success; the hint about its --port only for exit 2 (a stop by

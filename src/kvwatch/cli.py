@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = sys.modules.get("kvwatch.settings")
         if settings is None or not isinstance(exc, settings.SettingsError):
             raise
-        message = settings.name_variables(str(exc), args)
+        message = str(exc) if exc.sources_named else settings.name_variables(str(exc), args)
         if json_errors:
             print(usage_error_json(message))
         print(f"kvwatch {args.command}: {message}", file=sys.stderr)

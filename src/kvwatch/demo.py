@@ -290,10 +290,21 @@ def _check_serve(argv: list[str]) -> None:
     """SettingsError as ``kvwatch serve`` with ``argv`` would stop (the demo passes it its environment): a bad
     KVWATCH_* variable was said by serve after the simulator had started, in three lines, exit 1."""
     from kvwatch.serve.app import add_arguments, checked_settings
+    from kvwatch.settings import name_variables
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    checked_settings(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    try:
+        checked_settings(args)
+    except SettingsError as exc:
+        # Which values came from variables, told by serve's own arguments: told by the demo's, a flag the demo
+        # passes (--target-url, its poll interval) was said to come from a variable the demo had overridden.
+        own = ", ".join(a for a in argv if a.startswith("--"))
+        refused = SettingsError(f"the kvwatch serve it starts (with this environment and its own {own}) refuses: "
+                                f"{name_variables(str(exc), args)}")
+        refused.sources_named = True
+        raise refused from None
 
 
 def run(args: argparse.Namespace) -> int:

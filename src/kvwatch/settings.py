@@ -159,7 +159,10 @@ LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
 
 
 class SettingsError(ValueError):
-    """A setting has a bad value; ``str()`` is a one-line message naming the flag or variable."""
+    """A setting has a bad value; ``str()`` is a one-line message naming the flag or variable. ``sources_named``:
+    the message says already where each value came from (:func:`name_variables` is not to run on it again)."""
+
+    sources_named = False
 
 
 def flag_name(field: str) -> str:
