@@ -829,7 +829,7 @@ def _setting_variables() -> list[tuple[str, str, str]]:
     # Blanks around a value are no part of it (a template's or a YAML block's): " info " was refused where " 2 " was
     # read.
     return [(key, key.upper(), value.strip()) for key, value in os.environ.items()
-            if key.upper().startswith(ENV_PREFIX) and not _service_link(key.upper(), value)]
+            if key.upper().startswith(ENV_PREFIX) and not _service_link(key.upper(), value.strip())]
 
 
 def _service_link(name: str, value: str) -> bool:
