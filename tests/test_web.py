@@ -3,6 +3,7 @@ plain HTTP refused under TLS, render caching and quiet client disconnects."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import socket
@@ -451,15 +452,26 @@ def _serving_blocked_scrapes() -> tuple[MetricsServer, _BlockingCollector]:
     return server, blocking
 
 
-def test_a_connection_that_sent_its_request_keeps_its_slot(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Only a connection that has sent no request head may be evicted: scrapes being answered keep their slots.
+@contextlib.contextmanager
+def _two_slots_blocked_scrapes(monkeypatch: pytest.MonkeyPatch, stalled_after: float) -> Iterator:
+    """(port, collector) of a running server with 2 slots whose /metrics scrapes wait for the collector's release;
+    released and shut down on leaving."""
     from kvwatch.serve import web
 
     monkeypatch.setattr(web, "MAX_CONNECTIONS", 2)
-    monkeypatch.setattr(web, "STALLED_AFTER", 0.0)
+    monkeypatch.setattr(web, "STALLED_AFTER", stalled_after)
     server, blocking = _serving_blocked_scrapes()
-    port = server.server_address[1]
     try:
+        yield server.server_address[1], blocking
+    finally:
+        blocking.release.set()
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_connection_that_sent_its_request_keeps_its_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Only a connection that has sent no request head may be evicted: scrapes being answered keep their slots.
+    with _two_slots_blocked_scrapes(monkeypatch, stalled_after=0.0) as (port, blocking):
         working = []
         for _ in range(2):
             s = socket.create_connection(("127.0.0.1", port), timeout=10.0)
@@ -470,23 +482,13 @@ def test_a_connection_that_sent_its_request_keeps_its_slot(monkeypatch: pytest.M
         for s in working:
             assert s.recv(12) == b"HTTP/1.0 200"
             s.close()
-    finally:
-        blocking.release.set()
-        server.shutdown()
-        server.server_close()
 
 
 def test_a_client_slow_to_send_its_request_is_not_taken_for_an_idle_one(monkeypatch: pytest.MonkeyPatch) -> None:
     # A client that a busy CPU kept from sending its request for STALLED_AFTER after connecting had already been
     # accepted, and a newcomer finding every slot taken evicted it as idle: 1 of 500 concurrent scrapes failed in a
     # CI run. The kernel now hands kvwatch a connection once its client has sent something (TCP_DEFER_ACCEPT).
-    from kvwatch.serve import web
-
-    monkeypatch.setattr(web, "MAX_CONNECTIONS", 2)
-    monkeypatch.setattr(web, "STALLED_AFTER", 0.1)
-    server, blocking = _serving_blocked_scrapes()
-    port = server.server_address[1]
-    try:
+    with _two_slots_blocked_scrapes(monkeypatch, stalled_after=0.1) as (port, blocking):
         slow = socket.create_connection(("127.0.0.1", port), timeout=10.0)  # connected; its request comes later
         time.sleep(0.3)
         working = socket.create_connection(("127.0.0.1", port), timeout=10.0)
@@ -500,10 +502,6 @@ def test_a_client_slow_to_send_its_request_is_not_taken_for_an_idle_one(monkeypa
         assert working.recv(12) == b"HTTP/1.0 200"
         for s in (slow, working, newcomer):
             s.close()
-    finally:
-        blocking.release.set()
-        server.shutdown()
-        server.server_close()
 
 
 def _closed_by_server(s: socket.socket) -> bool:
