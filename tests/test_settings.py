@@ -265,6 +265,8 @@ def test_kubernetes_service_links_of_a_service_named_kvwatch_are_no_settings(mon
     assert settings.port == 9747  # the default: the link's KVWATCH_PORT is not a port setting
     monkeypatch.setenv("KVWATCH_PORT", "9999")
     assert load_settings(ServeSettings).port == 9999  # a real setting still is one
+    monkeypatch.setenv("KVWATCH_PORT", " tcp://10.0.0.1:9747")  # (told by its stripped value, as settings read it)
+    assert load_settings(ServeSettings).port == 9747
 
 
 def test_a_typo_that_looks_like_no_service_link_is_still_refused(monkeypatch: pytest.MonkeyPatch,
