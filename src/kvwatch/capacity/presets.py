@@ -310,10 +310,14 @@ def resolve_model(name_or_config: str | Path | dict[str, Any]) -> ModelArch:
 
 
 @lru_cache(maxsize=1)
+def _gpu_data() -> dict[str, Any]:
+    return json.loads((_data_dir() / "gpus.json").read_text(encoding="utf-8"))
+
+
+@lru_cache(maxsize=1)
 def _gpus() -> dict[str, GpuPreset]:
-    data = json.loads((_data_dir() / "gpus.json").read_text(encoding="utf-8"))
     out: dict[str, GpuPreset] = {}
-    for gpu in data["gpus"]:
+    for gpu in _gpu_data()["gpus"]:
         cc = gpu.get("compute_capability")
         capability = (int(cc.split(".")[0]), int(cc.split(".")[1])) if cc else None
         preset = GpuPreset(gpu["name"], round(gpu["total_gib"] * GIB), gpu["source"], capability,
@@ -338,16 +342,16 @@ def gpu_keys() -> list[str]:
     return sorted(_gpus())
 
 
-AMBIGUOUS_GPUS = {"a100": ("A100-40GB", "A100-80GB"), "teslaa100": ("A100-40GB", "A100-80GB"),
-                  "v100": ("V100-16GB", "V100-32GB"), "teslav100": ("V100-16GB", "V100-32GB")}
-"""Names of cards made in two memory sizes: "A100" was the 40 GB card, and on an 80 GB fleet plan and serve
-sized the KV cache from half the memory without a word."""
+@lru_cache(maxsize=1)
+def _ambiguous_gpus() -> dict[str, list[str]]:
+    """gpus.json's names of cards made in two memory sizes, by normalized name: the presets each may be."""
+    return {_gpu_key(name): presets for name, presets in _gpu_data()["ambiguous"].items() if not name.startswith("_")}
 
 
 def resolve_gpu(name: str) -> GpuPreset:
     key = _gpu_key(name)
-    if key in AMBIGUOUS_GPUS:
-        raise PresetError(f"GPU {name!r} is made in two memory sizes: give {' or '.join(AMBIGUOUS_GPUS[key])} "
+    if key in _ambiguous_gpus():
+        raise PresetError(f"GPU {name!r} is made in two memory sizes: give {' or '.join(_ambiguous_gpus()[key])} "
                           "(or --gpu-memory-gib X)")
     preset = _gpus().get(key)
     if preset is None:
