@@ -234,7 +234,7 @@ def test_a_counter_that_went_down_within_one_process_is_unknown_for_that_poll_no
 
 def test_a_broken_read_over_several_polls_counts_only_what_the_counter_rose_when_it_returns() -> None:
     # Forgotten at the first lower read, the counter's second lower read became its baseline, and its return to the
-    # true value was counted as one increase of the whole way back up (480 prompt tokens in 10 s instead of 20).
+    # true value was counted as one increase of the whole way back up (420 prompt tokens in 10 s instead of 20).
     history = History()
     for t, prompt in [(50.0, 500.0), (60.0, 100.0), (70.0, 100.0), (80.0, 520.0)]:
         screened = history.screen(Poll(timestamp=t, detection=DETECTION, readings=(
