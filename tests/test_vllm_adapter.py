@@ -158,6 +158,25 @@ def test_0_33_capacity_labels_win_and_histograms() -> None:
     assert e1.lengths["prompt"].cumulative == (0.0, 0.0) and "generation" not in e1.lengths
 
 
+def test_a_page_merged_with_kserves_queue_proxy_reads_the_engines_start_in_either_order() -> None:
+    # The proxy's own process_start_time_seconds is unlabelled, the server's carries the revision's labels: the
+    # proxy's block last used to be read as the engine's start (a restart seen, or one hidden).
+    text = (FIXTURES / "gen-0.33-dp2-capacity-labels.prom").read_text()
+    engines = text.replace("process_start_time_seconds 1.79e+09",
+                           'process_start_time_seconds{revision_name="r1"} 1.79e+09')
+    proxy = ("# HELP process_start_time_seconds Start time.\n# TYPE process_start_time_seconds gauge\n"
+             "process_start_time_seconds 1.5e+09\n")
+    wanted = vllm.wanted_for(None)
+    for page in (proxy + engines, engines + proxy):
+        poll = vllm.read(parse(page, wanted), None, timestamp=100.0)
+        assert [r.process_start_time_seconds for r in poll.readings] == [1.79e9, 1.79e9]
+    # two labelled copies that disagree say nothing of the engine's start
+    both = engines.replace('{revision_name="r1"} 1.79e+09',
+                           '{revision_name="r1"} 1.79e+09\nprocess_start_time_seconds{revision_name="r2"} 1.8e+09')
+    assert {r.process_start_time_seconds for r in vllm.read(parse(both, wanted), None, timestamp=100.0).readings} \
+        == {None}
+
+
 def test_the_sidecar_skips_the_length_buckets_unless_asked() -> None:
     from kvwatch.engines.detect import wanted_for
 

@@ -171,7 +171,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     shared = not engines_with_sets and None in configs and configs[None].get("engine") == ""
     n_engines = max(engines_with_sets, page_engines) if engines_with_sets else page_engines if shared else 1
     prefix_queries, prefix_hits, prefix_unit = _prefix_families(exposition, detection.version_range)
-    process_start = _unlabelled(exposition, PROCESS_START)
+    process_start = _process_start(exposition)
 
     prompt_sum, prompt_count, generation_sum, generation_count = (
         sample_named(exposition, family, family + suffix)
@@ -477,9 +477,14 @@ def _sleep_state(states: Mapping[str, float]) -> str | None:
     return "asleep" if states.get("awake") == 0 else None
 
 
-def _unlabelled(exposition: Exposition, name: str) -> float | None:
-    samples = exposition.samples(name)
-    return samples[-1].value if samples else None
+def _process_start(exposition: Exposition) -> float | None:
+    """The engine's process start time. On a page merged from two (KServe's queue-proxy: its own unlabelled, the
+    server's labelled) the labelled copies, whatever the order; copies that disagree leave it unknown."""
+    samples = exposition.samples(PROCESS_START)
+    if len(samples) > 1:
+        samples = [s for s in samples if s.labels]
+    values = {s.value for s in samples}
+    return values.pop() if len(values) == 1 else None
 
 
 def _prefix_families(exposition: Exposition, version: str) -> tuple[list[Sample], list[Sample], str | None]:
