@@ -120,9 +120,10 @@ def test_human_report(capsys: pytest.CaptureFixture[str]) -> None:
 
 class _Handler(BaseHTTPRequestHandler):
     body = b""
+    status = 200
 
     def do_GET(self) -> None:
-        self.send_response(200)
+        self.send_response(self.status)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
         self.end_headers()
         self.wfile.write(self.body)
@@ -133,7 +134,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def live_target() -> Iterator[str]:
-    _Handler.body = (FIXTURES / "gen-0.11-kv-only.prom").read_bytes()
+    _Handler.body, _Handler.status = (FIXTURES / "gen-0.11-kv-only.prom").read_bytes(), 200
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -473,7 +474,7 @@ def test_argument_errors_without_json_print_nothing_on_stdout(capsys: pytest.Cap
 
 def test_a_url_without_metrics_gets_a_hint(live_target: str, capsys: pytest.CaptureFixture[str]) -> None:
     # Something answers at the root with a page that is no payload: the hint names the /metrics path.
-    _Handler.body = b"<html>an API server's index page</html>"
+    _Handler.body = b"<html>an API server's index page</html>\n"
     root = live_target.removesuffix("/metrics")
     assert main(["check", root, "--json"]) == 3
     error = json.loads(capsys.readouterr().out)["error"]
@@ -485,6 +486,26 @@ def test_a_url_without_metrics_gets_a_hint(live_target: str, capsys: pytest.Capt
     assert f"hint: {hint}" in capsys.readouterr().err
     assert main(["check", live_target, "--json"]) == 3
     assert "hint" not in json.loads(capsys.readouterr().out)["error"]
+
+
+def test_the_metrics_path_hint_only_for_an_answer_that_is_no_metrics_page(
+        live_target: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # A page broken on its third line, or an engine's 500, came from the right path: the hint sent users to
+    # /chunked/metrics for a body cut short.
+    elsewhere = live_target.removesuffix("/metrics") + "/stats"
+    page = (FIXTURES / "gen-0.11-kv-only.prom").read_text().splitlines()
+    broken = 'vllm:num_requests_running{engine="0" 4.0'
+    _Handler.body = "".join(f"{line}\n" for line in [*page[:2], broken, *page[2:]]).encode()
+    assert main(["check", elsewhere, "--json"]) == 3
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert error["reason"] == "parse" and error["message"].startswith("line 3:") and "hint" not in error
+    _Handler.status = 500
+    assert main(["check", elsewhere, "--json"]) == 3
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert error["reason"] == "http_status" and "hint" not in error
+    _Handler.status = 404
+    assert main(["check", elsewhere, "--json"]) == 3
+    assert json.loads(capsys.readouterr().out)["error"]["hint"].endswith(f"try {elsewhere}/metrics")
 
 
 def test_one_waiting_request_at_low_usage_is_not_scheduler_limited() -> None:

@@ -143,9 +143,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"kvwatch check: note: {why}", file=sys.stderr)
     except ScrapeError as exc:
         source = str(args.file) if args.file is not None else redact_url(settings.target_url)
-        # The path matters only when something answered there (a wrong port refuses whatever the path).
-        answered = exc.reason in ("http_status", "parse", "unrecognised")
-        hint = _url_hint(settings.target_url) if args.file is None and answered else None
+        hint = _url_hint(settings.target_url) if args.file is None and _another_page(exc) else None
         if args.file is None and exc.reason == "connect" and "target_url" not in settings.model_fields_set:
             # (nothing given, nothing listening at the default: the first run of a newcomer)
             hint = "is vLLM running there? Pass its /metrics URL: kvwatch check http://HOST:PORT/metrics"
@@ -194,6 +192,14 @@ def _usage_error(message: str) -> int:
 
 # An engine's other endpoints, which a /metrics URL is often confused with: the hint replaces them.
 _OTHER_ENDPOINTS = ("/health", "/ping", "/version", "/v1/models", "/v1", "/docs")
+
+
+def _another_page(failure: ScrapeError) -> bool:
+    """Whether the target answered with something other than a metrics page: no such path, or a body that is no
+    exposition from its first line (HTML, JSON). A wrong port refuses whatever the path; a body cut short, an
+    engine's 500 or a page broken further down came from the right place."""
+    return failure.reason == "unrecognised" or failure.status in (404, 405) or (
+        failure.reason == "parse" and str(failure).startswith("line 1:"))
 
 
 def _url_hint(url: str) -> str | None:

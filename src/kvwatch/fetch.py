@@ -231,7 +231,8 @@ class Fetcher:
                         # (after a redirect the place that answered is named: the target itself answered 302)
                         where = f"{self.url} redirects to {redact_url(str(response.url.copy_with(query=None)))}, " \
                             "which" if hops else self.url
-                        raise ScrapeError("http_status", f"{where} answered HTTP {response.status_code}")
+                        raise ScrapeError("http_status", f"{where} answered HTTP {response.status_code}",
+                                          response.status_code)
                     self._note_redirect(response, hops)
                     declared = response.headers.get("Content-Length")
                     if declared and declared.isdecimal() and int(declared) > self.max_body_bytes and \

@@ -26,12 +26,13 @@ MAX_MESSAGE_CHARS = 1000
 class ScrapeError(Exception):
     """One failed poll; ``reason`` is one of :data:`REASONS`; the message at most :data:`MAX_MESSAGE_CHARS`."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: str, message: str, status: int | None = None) -> None:
         assert reason in REASONS, reason
         if len(message) > MAX_MESSAGE_CHARS:
             message = f"{message[:MAX_MESSAGE_CHARS]}... ({len(message):,} characters, cut)"
         super().__init__(message)
         self.reason = reason
+        self.status = status  # an http_status failure's HTTP status
 
 
 # The longest model_name or engine label read (Prometheus' label_value_length_limit refuses a scrape alike): a
