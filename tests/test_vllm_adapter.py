@@ -419,7 +419,8 @@ FIXTURE_ERAS = {
     "v0-engine-qwenvl.prom": "v0",
     "v0.10.0-glm45-deprecated-and-new.prom": "0.9-0.10",
     "v1-0.8-early-model-name-only.prom": "0.7.3-0.8.4",
-    "gen-triton-vllm-backend.prom": "v0",  # Triton's backend copies V0's names and help texts, whatever vLLM runs
+    # Triton's backend copies V0's names and help texts, whatever vLLM runs: detected as unknown (any era holds)
+    "gen-triton-vllm-backend.prom": "v0",
 }
 NOT_AN_ENGINE = {"gen-production-stack-router.prom"}  # a router's page: refused (see below)
 # NIM's page: vLLM's families without the prefix, of no one vLLM version (test_nim_serves_vllms_families_...)
@@ -536,6 +537,8 @@ def test_tritons_vllm_backend_names_the_model_in_its_model_label() -> None:
     assert (llama.kv_usage_ratio, llama.requests_running, llama.requests_waiting, llama.preemptions_total) == \
         (0.98, 30.0, 9.0, 14.0)
     assert by_model["mistral_7b"].requests_running == 2.0
+    # V0's HELP texts are the backend's own, whatever vLLM runs behind it: no version is told ("v0" before)
+    assert poll.detection.version_range == "unknown"
 
 
 def test_a_router_page_of_several_backends_is_refused_not_summed() -> None:

@@ -721,7 +721,16 @@ def _eras(row: str, marks: str) -> frozenset[str]:
 
 def possible_eras(exposition: Exposition) -> frozenset[str]:
     """Every era that could have written ``exposition`` (empty when none could: not a vLLM we know)."""
+    if _tritons_backend(exposition):
+        return frozenset(ERA_NAMES)
     return _eras_of(*_evidence(exposition))
+
+
+def _tritons_backend(exposition: Exposition) -> bool:
+    """Whether Triton's vLLM backend wrote the page (series labelled ``{model, version}``, no ``model_name``): it
+    defines the families itself, with V0's names and HELP texts whatever vLLM it runs, so they tell no version."""
+    return any("version" in s.labels and "model" in s.labels and "model_name" not in s.labels
+               for name in (RUNNING, WAITING) for s in exposition.samples(name))
 
 
 def _evidence(exposition: Exposition) -> tuple[frozenset[str], bool, frozenset[str] | None, bool | None,
