@@ -625,6 +625,16 @@ def test_impossible_numbers_fed_directly_are_unknown_not_an_overflow(field_name:
         assert results[57].state == "unknown"
 
 
+def test_length_sums_that_stay_zero_are_unknown_not_a_division_by_zero():
+    # An exporter's stub writing request_prompt_tokens_sum 0 while its _count rises made the mean request's
+    # footprint 0: ZeroDivisionError at every minute after warm-up, and the sidecar never warm.
+    ramp = noisy(lambda t: min(1.0, 0.4 + 0.6 * t / 7200), 0.02, seed=1)
+    samples = [replace(s, request_prompt_tokens_sum=0.0, request_generation_tokens_sum=0.0)
+               for s in stream(ramp, seconds=5400)]
+    results = run(Forecaster(), samples)
+    assert results[-1].state == "filling" and 0.0 < results[-1].risk[1800] <= 1.0
+
+
 def test_the_eta_is_unknown_when_busy_with_no_risk_behind_it():
     # Without a finished-request counter there is no arrival rate and no risk: +Inf claimed a calm hour while the
     # cache climbed to full. Idle (nothing running, an empty cache) is still +Inf: nothing is filling it.

@@ -131,7 +131,8 @@ def _mean_lengths(buckets: Sequence[MinuteBucket]) -> tuple[float, float] | None
         pc += b.request_prompt_count or 0.0
         gs += b.request_generation_sum or 0.0
         gc += b.request_generation_count or 0.0
-    if pc <= 0 or gc <= 0:
+    if pc <= 0 or gc <= 0 or ps <= 0:
+        # (no prompt is empty, vLLM refuses one: a prompt sum of 0 over finished requests is an exporter's stub)
         return None
     return ps / pc, gs / gc
 
