@@ -643,6 +643,10 @@ def test_the_eta_is_unknown_when_busy_with_no_risk_behind_it():
     assert blind[-1].state == "ok" and blind[-1].eta_seconds is None and blind[-1].risk[1800] is None
     idle = run(Forecaster(), [replace(s, running=0.0) for s in stream(lambda t: 0.0, seconds=3600)])
     assert idle[-1].eta_seconds == math.inf
+    # A rate, but no running count and no e2e histogram: how long a request holds its KV is unknown, so is the
+    # risk, and so the ETA (+Inf claimed "not within 30 minutes" at 0.87 and climbing).
+    no_running = run(Forecaster(), [replace(s, running=0.0, running_known=False) for s in stream(ramp, seconds=6000)])
+    assert no_running[-1].state == "ok" and no_running[-1].eta_seconds is None and no_running[-1].risk[1800] is None
 
 
 def test_without_capacity_only_the_trend_forecaster_runs():

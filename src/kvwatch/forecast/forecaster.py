@@ -46,6 +46,8 @@ from kvwatch.forecast.risk import (
     RiskParams,
     estimate_risk,
     mean_prompt,
+    residence_seconds,
+    risk_window,
     with_recurrence,
 )
 from kvwatch.forecast.robust import SlidingTheilSen
@@ -80,6 +82,8 @@ class ForecastParams:
     level_buckets: int = 5
     min_buckets: int = 15
     warmup_seconds: float = 900.0
+    # 3 × the poll interval, as the sidecar sets it (kvwatch.serve.forecast): the default suits 10-s polls. Polls
+    # further apart than it are gaps, with no counter rates and so no risk: pass it for slower polls.
     stale_after_seconds: float = 30.0
     split_gap_seconds: float = 300.0
     history_buckets: int = 120
@@ -274,6 +278,7 @@ class Forecaster:
         self._trend: TrendEstimate | None = None
         self._demand: DemandEstimate | None = None
         self._risk: RiskEstimate | None = None
+        self._residence_unknown = False  # a rate to project, but how long a request stays unknown (no risk)
         self._raw = False
         self._warning_risk: float | None = None  # what the warning read at the last minute's close
         self._last: ForecastResult | None = None
@@ -415,6 +420,7 @@ class Forecaster:
         self._demand_model = DemandModel(_demand_params(self.params))
         self._trend = self._demand = None
         self._risk = None
+        self._residence_unknown = False
         self._raw = False
         self._warning_risk = None
         self._recent_prompt_mean = None
@@ -565,6 +571,10 @@ class Forecaster:
         )
         risk_params = replace(p.risk, bucket_seconds=p.bucket_seconds, threshold=p.u_sat)
         self._risk = estimate_risk(fit_buckets, self._demand, risk_params) if self._demand is not None else None
+        # (no e2e histogram and no running count: Little's law has nothing to divide, so no risk, yet work to project)
+        self._residence_unknown = self._risk is None and self._demand is not None and \
+            self._demand.rate_level > 0 and residence_seconds(risk_window(fit_buckets, risk_params),
+                                                              self._demand.rate_level) is None
         now = bucket.minute * p.bucket_seconds + p.bucket_seconds
         excursion = self._risk
         if self._risk is not None and self._restart_at is not None:
@@ -708,10 +718,12 @@ class Forecaster:
         )
 
     def _nothing_to_project(self, running: float, waiting: float, usage: float) -> bool:
-        """Without a risk: the demand model has a rate (and a capacity), so the risk model found nothing to
-        project (no arrivals, an empty cache, a level fitted at or below 0 after a drop), or the engine is idle.
-        Otherwise (no rate: no finished-request counter, no capacity) nothing backs a time."""
-        return self._demand is not None or (running < 1 and waiting < 1 and usage < 0.05)
+        """Without a risk: the demand model has a rate (and a capacity) and how long requests stay is known, so the
+        risk model found nothing to project (no arrivals, an empty cache, a level fitted at or below 0 after a
+        drop), or the engine is idle. Otherwise (no rate: no finished-request counter, no capacity; or neither an
+        e2e histogram nor a running count) nothing backs a time."""
+        return (self._demand is not None and not self._residence_unknown) or (
+            running < 1 and waiting < 1 and usage < 0.05)
 
     def _recommended_concurrency(self, sample: ForecastSample) -> int | None:
         """From the 30-minute mix when fitted, else from this poll (a bottleneck right after a restart)."""

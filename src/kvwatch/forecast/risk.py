@@ -449,10 +449,24 @@ def mean_residence(window: Sequence[MinuteBucket]) -> float | None:
     return sum(b.e2e_sum for b in carried) / count
 
 
+def residence_seconds(window: Sequence[MinuteBucket], rate_level: float) -> float | None:
+    """How long a request holds its KV: the e2e histogram's mean, else Little's law (requests in flight over the
+    arrival rate); None when neither is known (no histogram, and no running count or no rate)."""
+    residence = mean_residence(window)
+    if residence is None and window and rate_level > 0:
+        residence = sum(b.running_mean for b in window) / len(window) / rate_level
+    return residence if residence is not None and residence > 0 else None
+
+
+def risk_window(buckets: Sequence[MinuteBucket], p: RiskParams) -> list[MinuteBucket]:
+    """The minutes the risk's moments are measured over (the newest ``window_buckets``)."""
+    newest = buckets[-1].minute
+    return [b for b in buckets if b.minute > newest - p.window_buckets]
+
+
 def estimate_risk(buckets: Sequence[MinuteBucket], demand: DemandEstimate, p: RiskParams) -> RiskEstimate | None:
     """The risk curve for the next ``max_horizon_buckets`` minutes (None while a moment is unknown)."""
-    newest = buckets[-1].minute
-    window = [b for b in buckets if b.minute > newest - p.window_buckets]
+    window = risk_window(buckets, p)
     capacity = demand.capacity_tokens
     fit = _line_fit(buckets, p.window_buckets, p.level_shrink, p.level_shrink_autocorrelation, p.shift_ratio,
                     p.shift_post_line)
@@ -461,17 +475,13 @@ def estimate_risk(buckets: Sequence[MinuteBucket], demand: DemandEstimate, p: Ri
     size, mean0, rho_measured, newest_mean = fit
     if mean0 <= 0:
         return None  # an empty cache: nothing to project (the risk is unknown, not 0)
-    residence = mean_residence(window)
+    residence = residence_seconds(window, demand.rate_level)
     if residence is None:
-        # Without the e2e histogram: Little's law, requests in flight over the arrival rate.
-        running = [b.running_mean for b in window]
-        residence = (sum(running) / len(running)) / demand.rate_level if running else None
-    if residence is None or residence <= 0:
         return None
     footprint = None
     if p.size_floor_from.startswith("tail"):
         tail_window = window if p.tail_window_buckets == p.window_buckets else [
-            b for b in buckets if b.minute > newest - p.tail_window_buckets]
+            b for b in buckets if b.minute > buckets[-1].minute - p.tail_window_buckets]
         footprint = tail_size(tail_window, "tail-d" if p.size_floor_from == "tail-d" else "tail")
     if footprint is None:
         footprint = mean_footprint(window)

@@ -104,8 +104,9 @@ def forecast_metric_families(
                 "bottleneck, +Inf when it does not, while warming up or with nothing to project (idle); absent "
                 "when unknown (also while a warning stands through a re-warm after a gap), and when the engine "
                 "is busy with no arrival rate or capacity to project from (no finished-request counter, no KV "
-                "capacity, or no request finished yet after an idle spell). Recomputed each minute: on a steady "
-                "load a median wait, not a countdown (it need not fall by a minute a minute).")
+                "capacity, or no request finished yet after an idle spell), or how long a request holds its KV "
+                "is unknown (no running-requests gauge and no e2e latency histogram). Recomputed each minute: "
+                "on a steady load a median wait, not a countdown (it need not fall by a minute a minute).")
     risk = gauge("kvwatch_kv_saturation_risk",
                  f"Probability that KV usage reaches {_P.risk.threshold:g} of capacity for a sustained stretch "
                  "within the horizon, self-calibrated against how this series' forecasts of the last 6 hours "
