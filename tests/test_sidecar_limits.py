@@ -310,6 +310,28 @@ def test_a_model_name_longer_than_any_real_one_is_too_large() -> None:
     assert caught.value.reason == "too_large" and "model_name label of 1,025 characters" in str(caught.value)
 
 
+def test_an_outsized_config_or_reason_label_is_left_out_and_no_message_quotes_megabytes() -> None:
+    # A 7 MB cache_dtype new every poll was kept in each history entry (+6.7 MB of RSS a poll, kvwatch_up 1); a
+    # disagreeing pid copy's 2 MB label made a 4 MB warning line.
+    from kvwatch.payload import MAX_LABEL_CHARS, MAX_MESSAGE_CHARS
+
+    fixtures = Path(__file__).parent / "fixtures" / "vllm-metrics"
+    huge = "x" * (MAX_LABEL_CHARS + 1)
+    page = (fixtures / "gen-0.11-kv-only.prom").read_text().replace('cache_dtype="auto"', f'cache_dtype="{huge}"')
+    page += (f"# TYPE vllm:num_requests_waiting_by_reason gauge\nvllm:num_requests_waiting_by_reason{{engine=\"0\","
+             f'model_name="m",reason="{huge}"}} 2\nvllm:num_requests_waiting_by_reason{{engine="0",model_name="m",'
+             'reason="capacity"} 1\n')
+    poll = interpret(page, None, timestamp=0.0)
+    (r,) = poll.readings
+    assert "cache_dtype" not in r.cache_config and r.cache_config["num_gpu_blocks"] == "1000"
+    assert dict(r.waiting_by_reason) == {"capacity": 1.0} and r.kv_usage_ratio == 0.1
+    assert {field for _, field, _ in poll.undetermined} == {"cache_config", "waiting_by_reason"}
+    pid = (fixtures / "gen-0.11.0-multiproc-pid-disagree.prom").read_text()
+    pid = pid.replace('pid="18257"', f'pid="{huge * 2000}"')
+    poll = interpret(pid, None, timestamp=0.0)
+    assert poll.undetermined and all(len(why) < MAX_MESSAGE_CHARS + 100 for _, _, why in poll.undetermined)
+
+
 def test_a_value_the_page_does_not_determine_is_logged_once_not_counted(no_kvwatch_env: None,
                                                                       caplog: pytest.LogCaptureFixture) -> None:
     # An override whose labelled gauge has no sample yet: unknown, not implausible, and the sidecar says why once.

@@ -7,10 +7,14 @@ does no I/O: :mod:`kvwatch.fetch` gets the body, this reads it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import replace
+from types import MappingProxyType
+
 from kvwatch.engines import SourceOverrides, UnrecognisedPayload
 from kvwatch.engines.detect import read_payload
 from kvwatch.exposition import ParseError, TooLarge
-from kvwatch.model import Poll
+from kvwatch.model import Poll, Reading
 from kvwatch.plausible import check_poll
 
 # ``internal``: kvwatch's own code failed on this poll (a bug meeting this input): counted, and the target reported
@@ -23,14 +27,19 @@ REASONS: tuple[str, ...] = ("connect", "timeout", "http_status", "too_large", "p
 MAX_MESSAGE_CHARS = 1000
 
 
+def cut(message: str) -> str:
+    """``message`` at most :data:`MAX_MESSAGE_CHARS` long, saying so when it was cut."""
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    return f"{message[:MAX_MESSAGE_CHARS]}... ({len(message):,} characters, cut)"
+
+
 class ScrapeError(Exception):
     """One failed poll; ``reason`` is one of :data:`REASONS`; the message at most :data:`MAX_MESSAGE_CHARS`."""
 
     def __init__(self, reason: str, message: str, status: int | None = None) -> None:
         assert reason in REASONS, reason
-        if len(message) > MAX_MESSAGE_CHARS:
-            message = f"{message[:MAX_MESSAGE_CHARS]}... ({len(message):,} characters, cut)"
-        super().__init__(message)
+        super().__init__(cut(message))
         self.reason = reason
         self.status = status  # an http_status failure's HTTP status
 
@@ -68,9 +77,41 @@ def interpret(text: str, overrides: SourceOverrides | None, *, timestamp: float,
         raise ScrapeError("unrecognised", str(exc)) from None
     except Exception as exc:  # an adapter bug must cost one poll, not the sidecar (the cause keeps the traceback)
         raise ScrapeError("internal", f"adapter error: {type(exc).__name__}: {exc}") from exc
+    return _bounded(poll)
+
+
+def _bounded(poll: Poll) -> Poll:
+    """The poll with no label value past :data:`MAX_LABEL_CHARS` and no message past :data:`MAX_MESSAGE_CHARS`.
+    A series' own name that long fails the poll (kvwatch repeats it in every series it exports). A longer
+    cache_config_info or reason label is left out, unknown: a 7 MB cache_dtype new every poll was kept in each
+    history entry (+6.7 MB a poll), and a disagreeing pid copy's 2 MB label filled a warning line."""
+    readings, dropped = [], []
     for reading in poll.readings:
         for label, value in (("model_name", reading.model_name), ("engine", reading.engine)):
             if len(value) > MAX_LABEL_CHARS:
                 raise ScrapeError("too_large", f"a {label} label of {len(value):,} characters (at most "
                                                f"{MAX_LABEL_CHARS:,}): kvwatch repeats it in every series it exports")
-    return poll
+        bounded, why = _bounded_labels(reading)
+        readings.append(bounded)
+        dropped += [((reading.model_name, reading.engine), field_name, reason) for field_name, reason in why]
+    undetermined = tuple((key, field_name, cut(why)) for key, field_name, why in (*poll.undetermined, *dropped))
+    return replace(poll, readings=tuple(readings), undetermined=undetermined, unread=tuple(map(cut, poll.unread)))
+
+
+def _bounded_labels(reading: Reading) -> tuple[Reading, list[tuple[str, str]]]:
+    """``reading`` without cache_config_info label values or reason label values past :data:`MAX_LABEL_CHARS`,
+    and for each left out, its field and why."""
+    why: list[tuple[str, str]] = []
+    config = {k: v for k, v in reading.cache_config.items() if max(len(k), len(v)) <= MAX_LABEL_CHARS}
+    if len(config) < len(reading.cache_config):
+        why.append(("cache_config", f"cache_config_info labels of over {MAX_LABEL_CHARS:,} characters left out"))
+    by_reason: dict[str, Mapping[str, float]] = {}
+    for field_name in ("waiting_by_reason", "finished_by_reason"):
+        counts: Mapping[str, float] = getattr(reading, field_name)
+        kept = {k: v for k, v in counts.items() if len(k) <= MAX_LABEL_CHARS}
+        if len(kept) < len(counts):
+            by_reason[field_name] = MappingProxyType(kept)
+            why.append((field_name, f"reason labels of over {MAX_LABEL_CHARS:,} characters left out"))
+    if not why:
+        return reading, why
+    return replace(reading, cache_config=MappingProxyType(config), **by_reason), why
