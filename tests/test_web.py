@@ -248,6 +248,21 @@ def test_a_state_is_rendered_once_however_many_scrape_it() -> None:
     assert len(calls) == 2
 
 
+def test_the_render_cache_keeps_a_few_content_types_and_an_odd_version_gets_the_text_format() -> None:
+    # prometheus_client echoes Accept's version into the content type: a client inventing one per request kept a
+    # body each (296 MB of RSS), and "version=abc" raised TypeError (no answer, a traceback logged per request).
+    from kvwatch.serve.web import MAX_RENDERED_TYPES
+
+    registry = CollectorRegistry()
+    Gauge("kvwatch_up", "x", registry=registry).set(1)
+    cache = RenderCache(registry, lambda: (1,))
+    for i in range(100):
+        cache.body(f"application/openmetrics-text; version=1.0.{i}")
+    assert len(cache._bodies) == MAX_RENDERED_TYPES
+    body, content_type = cache.body("application/openmetrics-text; version=abc")
+    assert content_type.startswith("text/plain; version=0.0.4") and b"kvwatch_up 1.0" in body
+
+
 def test_a_new_state_is_rendered_even_where_an_old_one_lived() -> None:
     # The cache compared id(state): once the cached State was freed, CPython handed its address to a later
     # State and the older poll's body was served (up to 3 % of scrapes when Prometheus scraped less often than
