@@ -113,7 +113,8 @@ def test_openmetrics_cases(case: Path) -> None:
 _names = st.from_regex(r"[a-zA-Z_:][a-zA-Z0-9_:]{0,12}", fullmatch=True).filter(lambda n: not n.startswith("__"))
 _label_names = st.from_regex(r"[a-zA-Z][a-zA-Z0-9_]{0,8}", fullmatch=True)
 # Any Unicode but lone surrogates (not encodable as UTF-8, which the exposition is).
-_texts = st.text(st.characters(blacklist_categories=("Cs",)), max_size=16)
+# (no NUL: Prometheus' lexer ends a page there, and kvwatch refuses one: test_exposition's NUL test)
+_texts = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=16)
 _floats = st.floats(allow_nan=True, allow_infinity=True)
 
 

@@ -40,7 +40,8 @@ block of an unwanted family (its lines after its TYPE, all starting with its nam
 (``model/textparse/promlex.l``) reads and ``expfmt`` refuses: a sample line with blanks at its end, a last line
 without its newline, and a backslash before any other character in a label value or HELP text, kept as written
 (the full parse refuses them, as ``expfmt``), and labels without a comma between them (``{a="1" b="2"}``). A NUL
-byte is an error in both: Prometheus' lexer reads it as the end of the page and stores nothing after it, ``up`` 1. A
+byte anywhere is an error in both: Prometheus' lexer reads it as the end of the page and stores nothing after it,
+``up`` 1. A
 ``name{labels}`` text and a HELP/TYPE line validated once are remembered across parses (bounded caches: a sidecar
 parses the same shape every poll). :func:`parse` never raises anything but :class:`ParseError`.
 """
@@ -262,6 +263,10 @@ class _Parser:
                 text.encode("utf-8")
             except UnicodeEncodeError as exc:
                 raise _err(text.count("\n", 0, exc.start) + 1, "invalid UTF-8 (lone surrogate)") from None
+        if (nul := text.find("\x00")) >= 0:
+            # Prometheus' lexer ends the page there; a NUL kept in a model name also ended its read of kvwatch's own
+            # page, where it was exported.
+            raise _err(text.count("\n", 0, nul) + 1, "a NUL byte: Prometheus reads the page only up to it")
         self.text = text
         self.metas: dict[str, _Meta] = {}
         self.families: dict[str, Family] = {}
