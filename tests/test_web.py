@@ -589,21 +589,22 @@ def test_polls_stalled_counts_from_the_last_finished_poll_good_or_bad() -> None:
     from kvwatch.settings import ServeSettings
 
     url = "http://vllm.test/metrics"
-    # (a polling window of 5 + 2 x 2.5 + 5 = 15 s)
-    settings = ServeSettings(target_url=url, poll_interval_seconds=5, poll_timeout_seconds=2.5, stale_after_seconds=5)
+    # (a polling window of 5 + 2 x 2.5 + 5 s + 1 s for the 1 MiB body cap = 16 s)
+    settings = ServeSettings(target_url=url, poll_interval_seconds=5, poll_timeout_seconds=2.5, stale_after_seconds=5,
+                             max_body_bytes=1 << 20)
     t = [1000.0]
     with respx.mock, Fetcher(url, timeout=1.0, max_body_bytes=1 << 20) as fetcher:
         respx.get(url).mock(return_value=httpx.Response(503))  # a target that is down: polls still finish
         sidecar = Sidecar(settings, fetcher, lambda: t[0])
         stalled = polls_stalled(sidecar, lambda: t[0], settings)
-        t[0] += 15.0
+        t[0] += 16.0
         assert stalled() is None  # (from the start before the first poll)
         t[0] += 1.0
         assert "polling stopped" in (stalled() or "")
         assert not sidecar.poll().health.up
         assert stalled() is None
-        t[0] += 16.0
-        assert "no poll has ended for 15 s" in (stalled() or "")
+        t[0] += 17.0
+        assert "no poll has ended for 16 s" in (stalled() or "")
 
 
 def test_a_poll_running_to_its_timeout_is_no_stall() -> None:
@@ -629,6 +630,10 @@ def test_the_polling_window_outlasts_the_longest_poll_at_the_tightest_settings()
     # parse): the window was stale-after + one timeout (0.9 s) and polls ended 1.0 s apart.
     assert polling_window(tight) >= 2 * 0.5 + 2 * 0.4
     assert polling_window(ServeSettings(clock_speed=10.0)) == 10 * polling_window(ServeSettings())
+    # The parse of a body at the cap too: a valid 64 MiB NIM page took 41.5 s to read, and /healthz answered 503
+    # (for 15 s of every poll) where the window left 28 s at any cap.
+    big = ServeSettings(max_body_bytes=64 << 20)
+    assert polling_window(big) - polling_window(ServeSettings()) == 48 and polling_window(big) > 41.5 + 5
 
 
 def test_a_password_longer_than_bcrypt_reads_is_checked_on_its_first_72_bytes(tmp_path: Path, serve) -> None:

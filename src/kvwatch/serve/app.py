@@ -590,12 +590,19 @@ def _exit_at_deadline(seconds: float) -> None:
     faulthandler.dump_traceback_later(seconds + BACKSTOP_SECONDS, exit=True, file=last_words)
 
 
+# The parse's allowance in the polling window, per MiB of --max-body-bytes: a NIM page at the 16 MiB cap (read
+# twice) took 10 s on 2 cores, one at 64 MiB 41.5 s, and /healthz answered 503 for 15 s of every such poll.
+PARSE_SECONDS_PER_MIB = 1.0
+
+
 def polling_window(settings: ServeSettings) -> float:
     """How far apart (poll clock) polls may end while polling goes on: an interval (<= stale-after) plus the longest
-    poll, its fetch and its GPU read each up to the poll timeout, and its parse and analysis (an interval's margin).
-    Past that, polling stopped (kvwatch_up 0, /healthz 503); less flapped with polls that ran to their timeouts."""
+    poll, its fetch and its GPU read each up to the poll timeout, the parse of a body at the cap, and its analysis
+    (an interval's margin). Past that, polling stopped (kvwatch_up 0, /healthz 503); less flapped with polls that ran
+    to their timeouts."""
     stale_after = float(settings.stale_after_seconds or 0)
-    longest_poll = 2 * float(settings.poll_timeout_seconds or 0) + settings.poll_interval_seconds
+    parse = settings.max_body_bytes / 2**20 * PARSE_SECONDS_PER_MIB
+    longest_poll = 2 * float(settings.poll_timeout_seconds or 0) + parse + settings.poll_interval_seconds
     return (stale_after + longest_poll) * settings.clock_speed
 
 
@@ -612,7 +619,7 @@ def polls_stalled(sidecar: Sidecar, clock: Callable[[], float],
         if sidecar.state.polling(clock(), within, started):
             return None
         return (f"no poll has ended for {within_seconds:g} s (--stale-after-seconds + 2 x --poll-timeout-seconds + "
-                "--poll-interval-seconds): polling stopped\n")
+                "a second per MiB of --max-body-bytes + --poll-interval-seconds): polling stopped\n")
 
     return stalled
 

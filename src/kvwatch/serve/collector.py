@@ -94,8 +94,8 @@ def _health(state: State, polling: bool = True) -> Iterator[Metric]:
     yield GaugeMetricFamily(
         "kvwatch_up",
         "1 if the last poll fetched and recognised a vLLM, SGLang or TensorRT-LLM payload, else 0 (0 too once no "
-        "poll has ended for --stale-after-seconds + 2 x --poll-timeout-seconds + --poll-interval-seconds: polling "
-        "stopped)." + _POLL_NOTE,
+        "poll has ended for --stale-after-seconds + 2 x --poll-timeout-seconds + a second per MiB of "
+        "--max-body-bytes + --poll-interval-seconds: polling stopped)." + _POLL_NOTE,
         value=1.0 if health.up and polling else 0.0)
     if health.scrape_duration_seconds is not None:
         yield GaugeMetricFamily("kvwatch_scrape_duration_seconds",
