@@ -235,3 +235,39 @@ def test_a_quantization_config_in_the_text_config_prices_the_weights(tmp_path):
                                                                         rel=0.05)
     assert estimate_weights_bytes(arch, 2, None, 1, 1) < 0.6 * estimate_weights_bytes(
         resolve_model(str(config_file(tmp_path, {}))), 2, None, 1, 1)
+
+
+BLOCK_FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": [128, 128]}
+# Qwen3-30B-A3B-FP8's shape (config.json): 128 experts of width 768
+QWEN3_MOE_FP8 = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+                 "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
+                 "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+                 "max_position_embeddings": 40960, "vocab_size": 151936, "torch_dtype": "bfloat16",
+                 "quantization_config": BLOCK_FP8}
+
+
+def test_block_fp8_weights_split_into_partial_blocks_do_not_load(tmp_path, capsys):
+    # vLLM's fp8.py: "The output_size of gate's and up's weight = 192 is not divisible by weight quantization
+    # block_n = 128". A dense MLP split so is refused; experts load with --enable-expert-parallel, which the plan
+    # names (the inverse planner ranked TP=4 of Qwen3-30B-A3B-FP8 first, a deployment that crashed at load).
+    dense = tmp_path / "dense.json"  # Qwen3-4B-FP8's MLP: 9728 wide, 76 blocks, 9.5 a GPU at TP=8
+    dense.write_text(json.dumps({**LLAMA_8B, "intermediate_size": 9728, "quantization_config": BLOCK_FP8}))
+    code, _, err = plan_json(["--model-config", str(dense), "--gpu", "H100", "--tensor-parallel-size", "8"], capsys)
+    assert code == 2 and "1216 of the MLP's intermediate width 9728" in err and "weight_block_size" in err
+    assert plan_json(["--model-config", str(dense), "--gpu", "H100", "--tensor-parallel-size", "4"], capsys)[0] == 0
+    moe = tmp_path / "moe.json"
+    moe.write_text(json.dumps(QWEN3_MOE_FP8))
+    code, plan, _ = plan_json(["--model-config", str(moe), "--gpu", "H100", "--tensor-parallel-size", "4"], capsys)
+    assert code == 0 and plan["will_start"]
+    assert any(w.startswith("--enable-expert-parallel needed: at TP=4 each GPU would hold 192")
+               for w in plan["warnings"])
+    code, plan, _ = plan_json(["--model-config", str(moe), "--gpu", "H100", "--tensor-parallel-size", "2"], capsys)
+    assert not any("expert-parallel" in w for w in plan["warnings"])  # 384: three whole blocks a GPU
+    (x2,) = [s for s in plan["scenarios"] if s["name"] == "tensor_parallel_x2"]
+    assert "with --enable-expert-parallel" in x2["note"]
+    code, plan, _ = plan_json(["--model-config", str(moe), "--gpu", "L40S", "--target-concurrency", "200",
+                               "--avg-seq-len", "8192", "--max-model-len", "32768"], capsys)
+    assert plan["options"]
+    for option in plan["options"]:
+        tp = next(int(a.split("=")[1]) for a in option["vllm_args"] if a.startswith("--tensor-parallel-size="))
+        assert ("--enable-expert-parallel" in option["vllm_args"]) == (tp >= 4), option["vllm_args"]

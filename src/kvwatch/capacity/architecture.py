@@ -176,6 +176,9 @@ class ModelArch:
     # The checkpoint's quant_method as vLLM names it ("fp8", "modelopt", "compressed-tensors", "mxfp4", ...); a
     # preset's only when its scheme is one (mxfp4): the GPU capability vLLM needs depends on it.
     checkpoint_quant_method: str | None = None
+    # A block-quantized FP8 checkpoint's weight blocks [n, k] (quantization_config.weight_block_size: DeepSeek-V3,
+    # Qwen3-*-FP8): every GPU's share of a split weight must hold whole blocks (block_quant_split).
+    weight_block_size: tuple[int, int] | None = None
     from_config_file: bool = False  # built from a user's config.json (--model-config), not a preset
     model_type: str = ""  # config.json's model_type (of the text model), lower case
     architectures: tuple[str, ...] = ()  # config.json's architectures (vLLM picks its model class by these)
@@ -262,7 +265,9 @@ def tensor_parallel_refusal(arch: ModelArch, tp: int) -> str | None:
     The size must divide the attention heads ("Total number of attention heads (28) must be divisible by tensor
     parallel size (3)"), and the model's QKV projection asserts that the KV heads divide the size or the size
     divides them (beyond the KV head count each head is replicated: vllm/model_executor/models/llama.py). MLA
-    caches one latent shared by all heads, so its KV heads do not constrain the size."""
+    caches one latent shared by all heads, so its KV heads do not constrain the size. A block-FP8 checkpoint's dense
+    MLP must split into whole weight blocks (:func:`block_quant_split`; experts that do not are a warning naming
+    --enable-expert-parallel, under which they load)."""
     if arch.num_attention_heads % tp:
         return f"vLLM requires it to divide the model's {arch.num_attention_heads} attention heads"
     for kv in () if arch.is_mla else arch.kv_head_counts:  # (Gemma 4 asserts it for each layer type's heads)
@@ -270,6 +275,33 @@ def tensor_parallel_refusal(arch: ModelArch, tp: int) -> str | None:
             which = "" if len(arch.kv_head_counts) == 1 else " (on some of its layers)"
             return (f"vLLM requires it to divide the model's {kv} KV heads{which}, or to be a multiple of them (each "
                     "head is then replicated)")
+    split = block_quant_split(arch, tp)
+    if split is not None and not split[1]:  # (experts kept whole by expert parallelism load: a note, not a refusal)
+        return f"vLLM refuses to load it: {split[0]}"
+    return None
+
+
+def block_quant_split(arch: ModelArch, tp: int) -> tuple[str, bool] | None:
+    """Why vLLM cannot load a block-quantized FP8 checkpoint split over ``tp`` GPUs, and whether
+    ``--enable-expert-parallel`` lifts it; None when the split holds whole blocks. Each GPU's share of the MLP's
+    intermediate width must be a multiple of the block ("The output_size of gate's and up's weight = 192 is not
+    divisible by weight quantization block_n = 128": vLLM's fp8.py create_weights, Qwen3-235B-A22B-FP8 at TP 8).
+    With expert parallelism each expert stays whole on one GPU, so only a dense MLP's width then counts."""
+    if arch.weight_block_size is None or tp <= 1:
+        return None
+    block = arch.weight_block_size[0]
+    experts = arch.num_experts > 0 and arch.moe_intermediate_size > 0
+    width, what = (arch.moe_intermediate_size, "each expert's") if experts else (arch.intermediate_size, "the MLP's")
+    if not width or (width % tp == 0 and width // tp % block == 0):
+        return None
+    return (f"each GPU would hold {width / tp:g} of {what} intermediate width {width}, not a whole number of the "
+            f"FP8 checkpoint's {block}-wide weight blocks (quantization_config.weight_block_size)", experts)
+
+
+def _weight_blocks(qc: dict[str, Any] | None) -> tuple[int, int] | None:
+    blocks = qc.get("weight_block_size") if qc else None
+    if isinstance(blocks, list) and len(blocks) == 2 and all(type(b) is int and b > 0 for b in blocks):
+        return blocks[0], blocks[1]
     return None
 
 
@@ -473,6 +505,7 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         checkpoint_kv_cache=checkpoint_kv_cache_dtype(qc) if qc else None,
         checkpoint_quant_method=(str(qc.get("quant_method") or "") or None) if qc else (
             "mxfp4" if config.get("checkpoint_quantization") == "mxfp4" else None),
+        weight_block_size=_weight_blocks(qc),
         source=source,
         notes=tuple(notes),
         model_type=model_type,

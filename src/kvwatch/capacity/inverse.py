@@ -17,9 +17,9 @@ import math
 from dataclasses import dataclass, replace
 
 from kvwatch.capacity import memory
-from kvwatch.capacity.architecture import tensor_parallel_refusal
+from kvwatch.capacity.architecture import block_quant_split, tensor_parallel_refusal
 from kvwatch.capacity.memory import QuantizationError
-from kvwatch.capacity.planner import CapacityPlan, DeploymentSpec, SpecError, plan_capacity
+from kvwatch.capacity.planner import EXPERT_PARALLEL_FLAG, CapacityPlan, DeploymentSpec, SpecError, plan_capacity
 from kvwatch.capacity.whatif import UTILIZATIONS
 
 HIGH_UTILIZATION = max(UTILIZATIONS)  # the highest utilization the what-ifs try
@@ -58,6 +58,8 @@ def vllm_args(spec: DeploymentSpec, model: str | None) -> tuple[str, ...]:
     """The flags that make vLLM run ``spec`` (``--flag=value`` strings, ready for a shell or a pod's args)."""
     args = [f"--model={model}"] if model else []
     args.append(f"--tensor-parallel-size={spec.tensor_parallel_size}")
+    if spec.arch is not None and (split := block_quant_split(spec.arch, spec.tensor_parallel_size)) and split[1]:
+        args.append(EXPERT_PARALLEL_FLAG)  # (FP8 experts whose blocks a TP split would cut: plan_capacity's warning)
     if spec.pipeline_parallel_size > 1:
         args.append(f"--pipeline-parallel-size={spec.pipeline_parallel_size}")
     if spec.gpu_memory_utilization is not None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kvwatch.capacity import kv, memory, quantization, support
-from kvwatch.capacity.architecture import ModelArch, tensor_parallel_refusal
+from kvwatch.capacity.architecture import ModelArch, block_quant_split, tensor_parallel_refusal
 from kvwatch.capacity.layers import MAMBA
 from kvwatch.capacity.mamba import MambaConfigError
 from kvwatch.capacity.quantization import CHECKPOINT_KV_FP8_SINCE
@@ -413,7 +413,13 @@ def _kv_geometry(spec: DeploymentSpec, arch: ModelArch | None, kv_bytes: int, dt
         elif fewest < tp:
             notes.append(f"TP={tp} exceeds the {fewest} KV heads of some layers: theirs are replicated, so more TP "
                          f"shrinks the KV per token only in the layers with more (up to TP={most})")
+    if arch is not None and (split := block_quant_split(arch, tp)) is not None and split[1]:
+        warnings.append(f"{EXPERT_PARALLEL_FLAG} needed: at TP={tp} {split[0]}, and vLLM refuses to load it so; with "
+                        f"{EXPERT_PARALLEL_FLAG} each expert stays whole on one GPU (the KV cache is split as planned)")
     return layout, per_token
+
+
+EXPERT_PARALLEL_FLAG = "--enable-expert-parallel"
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from kvwatch.capacity import kv, memory
+from kvwatch.capacity.architecture import block_quant_split
 from kvwatch.capacity.memory import QuantizationError
-from kvwatch.capacity.planner import CapacityPlan, DeploymentSpec, SpecError, plan_capacity
+from kvwatch.capacity.planner import EXPERT_PARALLEL_FLAG, CapacityPlan, DeploymentSpec, SpecError, plan_capacity
 from kvwatch.capacity.units import GIB
 
 UTILIZATIONS = (0.85, 0.95)
@@ -135,7 +136,15 @@ def _tp_x2(spec: DeploymentSpec, base: CapacityPlan) -> tuple[DeploymentSpec | N
 
 
 def _tensor_parallel(spec: DeploymentSpec, tp: int) -> tuple[DeploymentSpec | None, str]:
-    """``spec`` re-sharded over ``tp`` GPUs per replica (weights and, up to the KV head count, KV split)."""
+    """``spec`` re-sharded over ``tp`` GPUs per replica (weights and, up to the KV head count, KV split), and what
+    changes, naming the flag vLLM then needs to load block-FP8 experts (the plan's warning)."""
+    changed, how = _resharded(spec, tp)
+    if spec.arch is not None and (split := block_quant_split(spec.arch, tp)) is not None and split[1]:
+        how += f"; with {EXPERT_PARALLEL_FLAG} (its FP8 experts split {tp} ways would cut their weight blocks)"
+    return changed, how
+
+
+def _resharded(spec: DeploymentSpec, tp: int) -> tuple[DeploymentSpec | None, str]:
     share = spec.tensor_parallel_size / tp  # what one GPU keeps of today's per-GPU weights
     doubled = tp == 2 * spec.tensor_parallel_size
     times, part = ("twice", "half") if doubled else (f"{tp / spec.tensor_parallel_size:g}x", "less")
