@@ -281,6 +281,9 @@ def tensor_parallel_refusal(arch: ModelArch, tp: int) -> str | None:
     return None
 
 
+DEFAULT_VOCAB_SIZE = 32_000
+
+
 def block_quant_split(arch: ModelArch, tp: int) -> tuple[str, bool] | None:
     """Why vLLM cannot load a block-quantized FP8 checkpoint split over ``tp`` GPUs, and whether
     ``--enable-expert-parallel`` lifts it; None when the split holds whole blocks. Each GPU's share of the MLP's
@@ -440,6 +443,13 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         tie, tie_note = _default_tie(model_type)
         if tie_note:
             notes.append(tie_note)
+    # (ChatGLM's config names it padded_vocab_size, which vLLM's ChatGLMConfig reads as vocab_size)
+    vocab = first_number(cfg, "vocab_size", "padded_vocab_size") or first_number(config, "vocab_size",
+                                                                                 "padded_vocab_size")
+    if vocab is None:
+        vocab = DEFAULT_VOCAB_SIZE
+        notes.append(f"config.json has no vocab_size: {DEFAULT_VOCAB_SIZE:,} assumed (transformers' LlamaConfig "
+                     "default); the embedding weights and the sampler's memory follow it")
     qc = quantization_config_of(config)
     # (a preset has no quantization config: its own scheme as is)
     quant_scheme, quant_source = scheme_from_config(qc) if qc else (config.get("checkpoint_quantization"), None)
@@ -456,7 +466,7 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         num_kv_heads=kv_heads,
         head_dim=head_dim,
         hidden_size=hidden,
-        vocab_size=first_number(cfg, "vocab_size") or first_number(config, "vocab_size", default=32000) or 32000,
+        vocab_size=vocab,
         # Llama-4: dense layers use intermediate_size_mlp, experts (and the shared expert) intermediate_size
         intermediate_size=first_number(cfg, "intermediate_size_mlp", "intermediate_size", "ffn_hidden_size")
         or 4 * hidden,
