@@ -118,3 +118,10 @@ def test_the_vocabulary_is_chatglms_padded_one_or_an_assumption_said_aloud():
     bare = arch_from_config(base)
     assert bare.vocab_size == 32_000 and any(n.startswith("config.json has no vocab_size: 32,000 assumed")
                                              for n in bare.notes)
+
+
+@pytest.mark.parametrize("kv_heads", [6, 64])
+def test_kv_heads_that_do_not_group_the_heads_are_refused_naming_them(kv_heads):
+    # vLLM asserts num_heads % num_kv_heads == 0; 6 KV heads for 32 heads were planned at 110,592 B a token.
+    with pytest.raises(ArchitectureError, match=f"{kv_heads} KV heads for 32 attention heads"):
+        arch_from_config({**LLAMA, "num_key_value_heads": kv_heads})

@@ -374,6 +374,10 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
     kv_heads = _total_kv_heads(cfg, heads, model_type)
     kv_lora_rank = cfg.get("kv_lora_rank")
     is_mla = model_type in _MLA_TYPES
+    if not is_mla and (kv_heads > heads or heads % kv_heads):
+        # (vLLM's Attention asserts num_heads % num_kv_heads == 0: each KV head serves a whole group of heads)
+        raise ArchitectureError(f"config.json gives {kv_heads} KV heads for {heads} attention heads "
+                                "(num_key_value_heads or its like): the heads must be a whole multiple of them")
     # Zamba2's shared attention works on 2 x hidden: attention_head_dim = 2 * hidden / heads. MiniCPM3 has MLA's
     # projections but caches per-head K and V of qk_nope + qk_rope (vLLM's minicpm3.py: Attention(..., qk_head_dim)).
     decompressed = ((first_number(cfg, "qk_nope_head_dim") or 0) + (first_number(cfg, "qk_rope_head_dim") or 0)
