@@ -344,9 +344,10 @@ def test_json_counts_and_bytes_are_integers_and_every_plan_says_will_start(capsy
     ("Qwen/Qwen3-8B", "whatever", "Qwen/Qwen3-8B"),  # a hub id
     (None, "my-model", "my-model"),
     (None, "models--Qwen--Qwen3-8B/snapshots/0123abcd", "Qwen/Qwen3-8B"),  # the Hugging Face cache
+    (None, "configs/qwen3-30b-fp8.json", "qwen3-30b-fp8"),  # a saved file of its own name ("configs" before)
 ])
 def test_model_config_shows_the_models_name_not_its_folder(tmp_path, capsys, name_or_path, folder, shown):
-    cfg = tmp_path / folder / "config.json"
+    cfg = tmp_path / folder / "config.json" if not folder.endswith(".json") else tmp_path / folder
     cfg.parent.mkdir(parents=True)
     config = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096,
               "vocab_size": 128256, "intermediate_size": 14336, "max_position_embeddings": 8192}

@@ -287,7 +287,8 @@ def load_config_file(path: str | Path) -> ModelArch:
 
 def config_model_name(data: dict[str, Any], path: Path) -> str:
     """The model's name for a config.json: a hub id (``org/name``) when the file or its cache folder tells it,
-    else the last part of a local path, never a folder path or a cache hash."""
+    else the last part of a local path (the file's own name when it is not config.json), never a folder path or a
+    cache hash."""
     for parent in path.resolve().parents:  # the Hugging Face cache: .../models--org--name/snapshots/<hash>/
         if parent.name.startswith("models--"):
             return parent.name[len("models--"):].replace("--", "/")
@@ -296,6 +297,8 @@ def config_model_name(data: dict[str, Any], path: Path) -> str:
         return given  # a hub id, as transformers writes it when loading from the hub
     if given:
         return Path(given.rstrip("/\\")).name or "custom"
+    if path.name != "config.json":  # a file saved under a name of its own: that name, not its folder's
+        return path.stem or "custom"
     return path.resolve().parent.name or "custom"
 
 
