@@ -85,6 +85,12 @@ def test_halving_max_model_len_on_a_sliding_window_model_does_not_claim_half_per
     halved = {s.name: s for s in whatif_scenarios(within)}["max_model_len_halved"]
     assert halved.note.endswith("each worst-case request needs half")
     assert halved.max_concurrency == pytest.approx(2 * plan_capacity(within).max_concurrency_at_max_model_len, rel=0.01)
+    # Llama-4 Scout's chunked layers hold their chunk at any length: 0.535 of the blocks, the ceiling x1.87, was
+    # "needs half"
+    scout = llama_h100(arch=resolve_model("meta-llama/Llama-4-Scout-17B-16E-Instruct"), max_model_len=1_048_576,
+                       tensor_parallel_size=8)
+    halved = {s.name: s for s in whatif_scenarios(scout)}["max_model_len_halved"]
+    assert "not half" in halved.note
 
 
 def test_a_utilization_row_at_todays_setting_says_it_changes_nothing():
