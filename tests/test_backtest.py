@@ -131,6 +131,7 @@ def test_cli_text_says_how_much_of_the_trace_was_read_and_left_out(tmp_path, cap
         (["--long-fraction", "1.5"], "--long-fraction"),
         (["--max-model-len", "1"], "--max-model-len"),
         (["--hours", "0.5"], "--hours"),  # nothing is scored in the first 30 minutes
+        (["--profile", "restart", "--hours", "1"], "--hours"),  # the restart's warm-up covered the second half
         (["--hours", "inf"], "--hours"),
         (["--rate-scale", "inf"], "--rate-scale"),
         (["--engine-speedup", "inf"], "--engine-speedup"),

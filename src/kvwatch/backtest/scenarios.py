@@ -135,6 +135,10 @@ def validate(scenario: Scenario) -> None:
     if not WARMUP_HOURS < scenario.hours <= MAX_HOURS:
         raise ScenarioError(f"--hours must be in ({WARMUP_HOURS:g}, {MAX_HOURS:g}]: every method's first 30 minutes "
                             "are a warm-up nothing is scored in, and a week of polls takes minutes to simulate")
+    if scenario.profile == "restart" and scenario.hours <= 2 * WARMUP_HOURS:
+        # (the restart at half time starts a second warm-up: at 1 hour both halves are warm-ups, nothing scored)
+        raise ScenarioError(f"--profile restart needs --hours above {2 * WARMUP_HOURS:g}: the engine restarts at half "
+                            "time and every method warms up again for 30 minutes, so a shorter run has nothing scored")
     if not (0 < scenario.start_load <= 5 and 0 < scenario.peak_load <= 5):
         raise ScenarioError("--start-load and --peak-load must be in (0, 5]")
     if not 0 < scenario.rate_scale <= MAX_SCALE:
