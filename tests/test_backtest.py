@@ -461,6 +461,14 @@ def test_cli_notes_a_rate_at_the_bound_as_a_unit_mistake(tmp_path, capsys):
     assert "note: no saturation event after the 30-minute warm-up, so nothing is scored" in out
 
 
+def test_a_run_saturated_from_its_warm_up_is_told_to_lower_the_load_not_raise_it(capsys):
+    # The only event began in the warm-up and lasted: the note said to raise --peak-load.
+    code, out, _ = _cli(["--trace", str(packaged_trace("azure_conv_sample.csv")), "--hours", "0.6", "--profile",
+                         "steady", "--peak-load", "2"], capsys)
+    assert code == 0 and "saturation began during the warm-up" in out and "lower --peak-load" in out
+    assert "a load that saturates (--peak-load" not in out
+
+
 def test_cli_notes_a_mooncake_trace_read_implausibly_dense(tmp_path, capsys):
     # A day of Mooncake lines with timestamps in seconds read as 86 s of 232 requests a second,
     # simulated without a word; a trace under a minute got a hint, one over 16.7 h none.

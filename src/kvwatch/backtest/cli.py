@@ -227,7 +227,13 @@ def _text(report: dict) -> str:
                      f"{scen['trace_requests_read']:,} requests read; those after the last whole block are never "
                      "drawn")
     scored = report["events"] - kv["warmup_events"]
-    if not scored:
+    if not scored and kv["warmup_events"]:
+        # (a cache saturated from its first minutes was told to raise the load)
+        lines.append(f"note: no saturation event after the {WARMUP_SECONDS / 60:.0f}-minute warm-up, so nothing is "
+                     "scored (the tables show dashes): saturation began during the warm-up and no new event followed "
+                     "(one needs 10 minutes unsaturated first), so the load saturates from the start: lower "
+                     "--peak-load or --rate-scale, or use --profile ramp")
+    elif not scored:
         # (runs of under an hour printed tables of dashes and no word why)
         lines.append(f"note: no saturation event after the {WARMUP_SECONDS / 60:.0f}-minute warm-up, so nothing is "
                      "scored (the tables show dashes): a run needs about 2 hours to show an early warning, and a "
