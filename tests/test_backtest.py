@@ -461,6 +461,19 @@ def test_cli_notes_a_rate_at_the_bound_as_a_unit_mistake(tmp_path, capsys):
     assert "note: no saturation event after the 30-minute warm-up, so nothing is scored" in out
 
 
+def test_the_reported_trace_rate_leaves_out_gaps_in_the_collection_as_its_sizing_does(tmp_path, capsys):
+    # Two 20-minute spells of a request a second, three hours apart: the report said 0.1 a second (the gap counted)
+    # while the defaults were sized at 1.
+    path = tmp_path / "gap.csv"
+    times = [*range(1200), *range(12_000, 13_200)]
+    path.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                    + "".join(f"{t},m,500,50,550,x\n" for t in times))
+    code, out, _ = _cli(["--trace", str(path), "--hours", "0.6", "--profile", "steady", "--json"], capsys)
+    scenario = json.loads(out)["scenario"]
+    assert code == 0 and scenario["trace_empty_blocks"]["empty"] > 0
+    assert scenario["trace_requests_per_second"] == pytest.approx(1.0, rel=0.1)
+
+
 def test_a_run_saturated_from_its_warm_up_is_told_to_lower_the_load_not_raise_it(capsys):
     # The only event began in the warm-up and lasted: the note said to raise --peak-load.
     code, out, _ = _cli(["--trace", str(packaged_trace("azure_conv_sample.csv")), "--hours", "0.6", "--profile",

@@ -31,6 +31,7 @@ from kvwatch.sim.traces import (
     MOONCAKE_UNIT_HINT,
     TRACE_COLUMNS,
     TraceError,
+    active_seconds,
     detect_format,
     empty_blocks,
     packaged_trace,
@@ -146,7 +147,8 @@ def run(args: argparse.Namespace) -> int:
     report["scenario"]["trace_rows_left_out"] = left_out
     report["scenario"]["trace_truncated"] = truncated
     report["scenario"]["trace_hours_read"] = round(span_of(trace) / 3600.0, 2)
-    report["scenario"]["trace_requests_per_second"] = round(len(trace) / span_of(trace), 3)
+    # (over its blocks outside gaps: the rate the trace's defaults are sized from, traces.content_defaults)
+    report["scenario"]["trace_requests_per_second"] = round(len(trace) / active_seconds(trace), 3)
     block = block_seconds_for(trace)
     empty, blocks = empty_blocks(trace, block)
     report["scenario"]["trace_empty_blocks"] = {"empty": empty, "blocks": blocks}
