@@ -173,6 +173,9 @@ def test_azure_columns_are_read_by_name_and_times_may_name_a_zone(tmp_path: Path
     other = read_azure_csv("GeneratedTokens,NumImages,TIMESTAMP,ContextTokens\n"
                            "0,2,2023-11-16T18:15:46.68Z,100\n5,0,2023-11-16 19:15:47.1234567+01:00,200\n")
     assert other == plain
+    # an hours-only zone, as PostgreSQL writes it (refused as "not an ISO 8601 time")
+    assert read_azure_csv("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68+00,100,0\n"
+                          "2023-11-16 20:15:47.1234567+02,200,5\n") == plain
     assert [(r.arrival_time, r.prompt_tokens, r.output_tokens) for r in plain] == [
         (0.0, 100, 1), (pytest.approx(0.4434567), 200, 5)]
     path = tmp_path / "multimodal.csv"

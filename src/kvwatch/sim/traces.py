@@ -73,7 +73,7 @@ def _stream(path: Path, gzipped: bool) -> Iterator[str]:
                          f"cannot read trace {path}: {exc}") from None
 
 
-_ISO_TIME = re.compile(r"\s*(\d{4}-\d\d-\d\d[T ]\d\d:\d\d(?::\d\d)?)(\.\d+)?\s*(Z|[+-]\d\d:?\d\d)?\s*")
+_ISO_TIME = re.compile(r"\s*(\d{4}-\d\d-\d\d[T ]\d\d:\d\d(?::\d\d)?)(\.\d+)?\s*(Z|[+-]\d\d(?::?\d\d)?)?\s*")
 
 
 def _parse_azure_time(value: str) -> float:
@@ -84,6 +84,8 @@ def _parse_azure_time(value: str) -> float:
     if match is None:
         raise ValueError(f"not an ISO 8601 time: {value.strip()!r}")
     stamp, frac, zone = match.groups()
+    if zone is not None and len(zone) == 3:  # hours only, as PostgreSQL writes it ("+00")
+        zone += ":00"
     seconds = datetime.fromisoformat(stamp + ("+00:00" if zone in ("Z", None) else zone)).timestamp()
     return seconds + (float(frac) if frac else 0.0)
 
