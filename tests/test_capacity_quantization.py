@@ -271,3 +271,8 @@ def test_block_fp8_weights_split_into_partial_blocks_do_not_load(tmp_path, capsy
     for option in plan["options"]:
         tp = next(int(a.split("=")[1]) for a in option["vllm_args"] if a.startswith("--tensor-parallel-size="))
         assert ("--enable-expert-parallel" in option["vllm_args"]) == (tp >= 4), option["vllm_args"]
+    # A shared expert is split whatever the experts' parallelism (vLLM issue 42384: DeepSeek-V4-Pro's shared_experts
+    # at TP 16 with --enable-expert-parallel): one 512 wide is 64 a GPU at TP=8, refused, not "needs the flag".
+    moe.write_text(json.dumps({**QWEN3_MOE_FP8, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512}))
+    code, _, err = plan_json(["--model-config", str(moe), "--gpu", "H100", "--tensor-parallel-size", "8"], capsys)
+    assert code == 2 and "64 of the shared experts' intermediate width 512" in err

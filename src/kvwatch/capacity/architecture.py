@@ -286,19 +286,35 @@ DEFAULT_VOCAB_SIZE = 32_000
 
 def block_quant_split(arch: ModelArch, tp: int) -> tuple[str, bool] | None:
     """Why vLLM cannot load a block-quantized FP8 checkpoint split over ``tp`` GPUs, and whether
-    ``--enable-expert-parallel`` lifts it; None when the split holds whole blocks. Each GPU's share of the MLP's
+    ``--enable-expert-parallel`` lifts it; None when the split holds whole blocks. Each GPU's share of an MLP's
     intermediate width must be a multiple of the block ("The output_size of gate's and up's weight = 192 is not
     divisible by weight quantization block_n = 128": vLLM's fp8.py create_weights, Qwen3-235B-A22B-FP8 at TP 8).
-    With expert parallelism each expert stays whole on one GPU, so only a dense MLP's width then counts."""
+    Expert parallelism keeps each routed expert whole on one GPU; shared experts and dense layers are still split
+    (DeepSeek's shared experts are one MLP of their summed width), so those must split whole either way."""
     if arch.weight_block_size is None or tp <= 1:
         return None
     block = arch.weight_block_size[0]
-    experts = arch.num_experts > 0 and arch.moe_intermediate_size > 0
-    width, what = (arch.moe_intermediate_size, "each expert's") if experts else (arch.intermediate_size, "the MLP's")
-    if not width or (width % tp == 0 and width // tp % block == 0):
-        return None
-    return (f"each GPU would hold {width / tp:g} of {what} intermediate width {width}, not a whole number of the "
-            f"FP8 checkpoint's {block}-wide weight blocks (quantization_config.weight_block_size)", experts)
+    if not (arch.num_experts > 0 and arch.moe_intermediate_size > 0):
+        split_anyway = [("the MLP's", arch.intermediate_size)]
+        routed = 0
+    else:
+        shared = (arch.shared_expert_intermediate_size * max(1, arch.num_shared_experts)
+                  if arch.shared_expert_intermediate_size else arch.num_shared_experts * arch.moe_intermediate_size)
+        dense = arch.intermediate_size if arch.first_k_dense_layers or arch.dense_mlp_layers else 0
+        split_anyway = [("the shared experts'", shared), ("the dense layers' MLP's", dense)]
+        routed = arch.moe_intermediate_size
+
+    def cut(what: str, width: int) -> str | None:
+        if not width or (width % tp == 0 and width // tp % block == 0):
+            return None
+        return (f"each GPU would hold {width / tp:g} of {what} intermediate width {width}, not a whole number of the "
+                f"FP8 checkpoint's {block}-wide weight blocks (quantization_config.weight_block_size)")
+
+    for what, width in split_anyway:
+        if (why := cut(what, width)) is not None:
+            return why, False
+    why = cut("each expert's", routed)
+    return (why, True) if why is not None else None
 
 
 def _weight_blocks(qc: dict[str, Any] | None) -> tuple[int, int] | None:
@@ -507,7 +523,9 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         moe_layers=moe_layer_count(cfg, num_layers, num_experts, layout),
         dense_mlp_layers=layout.dense_mlp_layers if layout is not None else None,
         gated_mlp=model_type not in _NON_GATED_MLP_TYPES,
-        shared_expert_intermediate_size=first_number(cfg, "moe_shared_expert_intermediate_size", default=0) or 0,
+        # (Qwen2-MoE and Qwen3-Next name it shared_expert_intermediate_size: one shared expert of that width)
+        shared_expert_intermediate_size=first_number(cfg, "moe_shared_expert_intermediate_size",
+                                                     "shared_expert_intermediate_size", default=0) or 0,
         extra_embedding_params=ngram,
         mamba_layers=layout.mamba_layers if layout is not None else 0,
         mamba_inner_size=_mamba_inner_size(cfg, hidden) if is_hybrid and layout is not None else 0,
