@@ -91,6 +91,10 @@ def test_halving_max_model_len_on_a_sliding_window_model_does_not_claim_half_per
                        tensor_parallel_size=8)
     halved = {s.name: s for s in whatif_scenarios(scout)}["max_model_len_halved"]
     assert "not half" in halved.note
+    # An odd number of blocks halves to one over half, on a model with no windowed layers to blame
+    for max_len, block in ((400, 16), (720, 16), (1600, 64), (11520, 256)):
+        short = {s.name: s for s in whatif_scenarios(llama_h100(max_model_len=max_len, block_size=block))}
+        assert short["max_model_len_halved"].note.endswith("each worst-case request needs half"), (max_len, block)
 
 
 def test_a_utilization_row_at_todays_setting_says_it_changes_nothing():

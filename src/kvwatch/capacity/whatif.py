@@ -224,9 +224,9 @@ def whatif_scenarios(spec: DeploymentSpec, avg_seq_len: float | None = None) -> 
         # gemma-2 at 4096); and vLLM from 0.20 reports such a pool's tokens from max-model-len (the planner's note),
         # so that column moves though the pool does not.
         full_need = kv.blocks_needed(base.layout, base.max_model_len, base.in_flight_tokens)
-        # (0.51: a length of odd blocks halves to one block over half; Llama-4 Scout's chunked layers, at 0.535 of
-        # the blocks, are not half)
-        halves = kv.blocks_needed(base.layout, half, base.in_flight_tokens) <= 0.51 * full_need
+        # (within a block per KV group of half: an odd number of blocks halves to one over half; Llama-4 Scout's
+        # chunked layers, at 0.535 of the blocks, are not half)
+        halves = kv.blocks_needed(base.layout, half, base.in_flight_tokens) <= full_need / 2 + len(base.layout.groups)
         need = ("each worst-case request needs half" if halves else "each worst-case request needs less, though "
                 "not half (its windowed or state layers do not shrink with it)")
         candidates.append(("max_model_len_halved", replace(spec, max_model_len=half),
