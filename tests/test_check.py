@@ -490,15 +490,20 @@ def test_a_url_without_metrics_gets_a_hint(live_target: str, capsys: pytest.Capt
 
 def test_the_metrics_path_hint_only_for_an_answer_that_is_no_metrics_page(
         live_target: str, capsys: pytest.CaptureFixture[str]) -> None:
-    # A page broken on its third line, or an engine's 500, came from the right path: the hint sent users to
-    # /chunked/metrics for a body cut short.
+    # A body cut short, or an engine's 500, came from the right path: the hint sent users to /chunked/metrics for a
+    # body cut short. A whole body that is no exposition still gets it, whatever line it breaks on.
     elsewhere = live_target.removesuffix("/metrics") + "/stats"
-    page = (FIXTURES / "gen-0.11-kv-only.prom").read_text().splitlines()
-    broken = 'vllm:num_requests_running{engine="0" 4.0'
-    _Handler.body = "".join(f"{line}\n" for line in [*page[:2], broken, *page[2:]]).encode()
+    _Handler.body = (FIXTURES / "gen-0.11-kv-only.prom").read_bytes().rstrip(b"\n")  # ends mid-line, no length
     assert main(["check", elsewhere, "--json"]) == 3
     error = json.loads(capsys.readouterr().out)["error"]
-    assert error["reason"] == "parse" and error["message"].startswith("line 3:") and "hint" not in error
+    assert error["reason"] == "parse" and "incomplete body" in error["message"] and "hint" not in error
+    _Handler.body = b"\n<html>an index page after a blank line</html>\n"
+    assert main(["check", elsewhere, "--json"]) == 3
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert error["message"].startswith("line 2:") and error["hint"].endswith(f"try {elsewhere}/metrics")
+    _Handler.body = b"# HELP x caf\xe9\nx 1\n"  # Latin-1 bytes: no UTF-8 page
+    assert main(["check", elsewhere, "--json"]) == 3
+    assert "hint" in json.loads(capsys.readouterr().out)["error"]
     _Handler.status = 500
     assert main(["check", elsewhere, "--json"]) == 3
     error = json.loads(capsys.readouterr().out)["error"]

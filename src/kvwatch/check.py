@@ -195,11 +195,11 @@ _OTHER_ENDPOINTS = ("/health", "/ping", "/version", "/v1/models", "/v1", "/docs"
 
 
 def _another_page(failure: ScrapeError) -> bool:
-    """Whether the target answered with something other than a metrics page: no such path, or a body that is no
-    exposition from its first line (HTML, JSON). A wrong port refuses whatever the path; a body cut short, an
-    engine's 500 or a page broken further down came from the right place."""
+    """Whether the target may have answered with something other than a metrics page: no such path, or a whole
+    body that is no exposition (HTML, JSON). A wrong port refuses whatever the path; a body cut short or
+    compressed unannounced, or an engine's 500, came from the right place."""
     return failure.reason == "unrecognised" or failure.status in (404, 405) or (
-        failure.reason == "parse" and str(failure).startswith("line 1:"))
+        failure.reason == "parse" and failure.content)
 
 
 def _url_hint(url: str) -> str | None:

@@ -487,7 +487,7 @@ def decode_body(body: bytes | bytearray, charset: str | None, source: str, said_
         line = body.count(b"\n", 0, exc.start) + 1
         where = f"{source}: " if source else ""
         raise ScrapeError("parse", f"{where}line {line}: invalid {exc.encoding} ({exc.reason} at byte "
-                                   f"{exc.start:,})") from None
+                                   f"{exc.start:,})", content=True) from None
 
 
 def _same_origin(a: httpx.URL, b: httpx.URL) -> bool:

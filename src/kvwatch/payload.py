@@ -37,11 +37,13 @@ def cut(message: str) -> str:
 class ScrapeError(Exception):
     """One failed poll; ``reason`` is one of :data:`REASONS`; the message at most :data:`MAX_MESSAGE_CHARS`."""
 
-    def __init__(self, reason: str, message: str, status: int | None = None) -> None:
+    def __init__(self, reason: str, message: str, status: int | None = None, *, content: bool = False) -> None:
         assert reason in REASONS, reason
         super().__init__(cut(message))
         self.reason = reason
         self.status = status  # an http_status failure's HTTP status
+        # a parse failure of the text itself (not of its transfer: a body cut short, compression)
+        self.content = content
 
 
 # The longest model_name or engine label read (Prometheus' label_value_length_limit refuses a scrape alike): a
@@ -72,7 +74,7 @@ def interpret(text: str, overrides: SourceOverrides | None, *, timestamp: float,
     except TooLarge as exc:
         raise ScrapeError("too_large", str(exc)) from None
     except ParseError as exc:
-        raise ScrapeError("parse", str(exc)) from None
+        raise ScrapeError("parse", str(exc), content=True) from None
     except UnrecognisedPayload as exc:
         raise ScrapeError("unrecognised", str(exc)) from None
     except Exception as exc:  # an adapter bug must cost one poll, not the sidecar (the cause keeps the traceback)
