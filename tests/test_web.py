@@ -254,13 +254,22 @@ def test_the_render_cache_keeps_a_few_content_types_and_an_odd_version_gets_the_
     from kvwatch.serve.web import MAX_RENDERED_TYPES
 
     registry = CollectorRegistry()
-    Gauge("kvwatch_up", "x", registry=registry).set(1)
+    renders: list[int] = []
+
+    class Counting:
+        def collect(self):
+            renders.append(1)
+            yield from Gauge("kvwatch_up", "x", registry=None).collect()
+
+    registry.register(Counting())  # type: ignore[arg-type]
     cache = RenderCache(registry, lambda: (1,))
+    cache.body("")  # the real scraper's type, asked for between the inventions: kept, never rendered again
     for i in range(100):
         cache.body(f"application/openmetrics-text; version=1.0.{i}")
-    assert len(cache._bodies) == MAX_RENDERED_TYPES
+        cache.body("")
+    assert len(cache._bodies) == MAX_RENDERED_TYPES and len(renders) == 1 + 100
     body, content_type = cache.body("application/openmetrics-text; version=abc")
-    assert content_type.startswith("text/plain; version=0.0.4") and b"kvwatch_up 1.0" in body
+    assert content_type.startswith("text/plain; version=0.0.4") and b"kvwatch_up 0.0" in body
 
 
 def test_a_new_state_is_rendered_even_where_an_old_one_lived() -> None:

@@ -327,13 +327,14 @@ class RenderCache:
             encoder, content_type = choose_encoder("")
         with self._lock:
             version = self._version()
-            cached = self._bodies.get(content_type)
+            cached = self._bodies.pop(content_type, None)  # (put back last: the dict's order is by last use)
             if cached is not None and len(cached[0]) == len(version) and all(
                     a is b for a, b in zip(cached[0], version, strict=True)):
+                self._bodies[content_type] = cached
                 return cached[1], content_type
             body = encoder(self._registry)
-            if content_type not in self._bodies and len(self._bodies) >= MAX_RENDERED_TYPES:
-                del self._bodies[next(iter(self._bodies))]  # the oldest type asked for
+            if len(self._bodies) >= MAX_RENDERED_TYPES:
+                del self._bodies[next(iter(self._bodies))]  # the type asked for least recently
             self._bodies[content_type] = (version, body)
             return body, content_type
 
