@@ -708,3 +708,18 @@ def test_an_index_label_of_thousands_of_digits_is_no_internal_error() -> None:
     from kvwatch.engines.series import decimal_index
 
     assert [decimal_index(t) for t in ("0042", "²", huge, " 7 ", "x")] == [42, None, None, 7, None]
+
+
+def test_a_prefill_and_a_decode_sglang_server_on_one_page_are_refused_not_merged() -> None:
+    # One SGLang server has one engine_type (its disaggregation mode). Merged, the page read as an engine of the
+    # decode server's usage (0.9) and running (80), the prefill server's queue (10) and pool (500,000 tokens).
+    page = "".join(
+        f'sglang:{name}{{model_name="m",engine_type="{role}",tp_rank="0",pp_rank="0"}} {value}\n'
+        for name, prefill, decode in (("token_usage", 0.1, 0.9), ("num_running_reqs", 3, 80),
+                                      ("num_queue_reqs", 10, 0), ("max_total_num_tokens", 500000, 300000))
+        for role, value in (("prefill", prefill), ("decode", decode)))
+    with pytest.raises(UnrecognisedPayload, match="differ in engine_type: this page holds several servers"):
+        read_payload(page, timestamp=1.0)
+    one = "".join(line + "\n" for line in page.splitlines() if "decode" in line)
+    (r,) = read_payload(one, timestamp=1.0).readings
+    assert (r.kv_usage_ratio, r.requests_running, r.requests_waiting) == (0.9, 80.0, 0.0)

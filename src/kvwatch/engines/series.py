@@ -109,14 +109,14 @@ def differing_labels(samples: Sequence[Sample], among: Iterable[str] | None = No
     return [k for k in names if len({s.labels.get(k) for s in samples}) > 1]
 
 
-def refuse_several_servers(indexes: Iterable[tuple[str, Index]]) -> None:
-    """UnrecognisedPayload when copies of one series differ in a :data:`SERVER_LABELS` label: their maximum
-    made up an engine (one worker's usage beside another's running count)."""
+def refuse_several_servers(indexes: Iterable[tuple[str, Index]], labels: frozenset[str] = SERVER_LABELS) -> None:
+    """UnrecognisedPayload when copies of one series differ in a server label (``labels``, default
+    :data:`SERVER_LABELS`): their maximum made up an engine (one worker's usage beside another's running count)."""
     for name, index in indexes:
         for (model, engine), group in index.by_key.items():
             if len(group) < 2:
                 continue
-            differing = differing_labels(group, SERVER_LABELS)
+            differing = differing_labels(group, labels)
             if differing:
                 raise UnrecognisedPayload(
                     f"{name} has samples for one engine (model {model or '?'}, engine {engine or '?'}) that differ in "

@@ -33,6 +33,7 @@ from types import MappingProxyType
 
 from kvwatch.engines import Selector, SourceOverrides, UnrecognisedPayload
 from kvwatch.engines.series import (
+    SERVER_LABELS,
     Index,
     KeyOf,
     finished_by_reason,
@@ -174,7 +175,10 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
 
     usage_i, running_i, waiting_i, capacity_i = idx(usage), idx(running), idx(waiting), idx(capacity)
     pools = {name: fam(name) for name in POOL_USAGES if overrides.usage is None and exposition.samples(name)}
-    refuse_several_servers(((str(usage), usage_i), (str(running), running_i), (str(waiting), waiting_i)))
+    # (one SGLang server has one engine_type, its disaggregation mode: a prefill and a decode server's copies on one
+    # page were merged into an engine of the decode's usage and the prefill's queue and pool)
+    refuse_several_servers(((str(usage), usage_i), (str(running), running_i), (str(waiting), waiting_i)),
+                           SERVER_LABELS | {"engine_type"})
     prealloc_i = fam(DECODE_PREALLOC) if overrides.waiting is None else Index()
     transfer_name = next((name for name in DECODE_TRANSFER if overrides.waiting is None and exposition.samples(name)),
                          None)
