@@ -217,8 +217,12 @@ MUTATIONS = [
      "and on (instance, job) (kvwatch_up == 0)", ["target down warns through failed scrapes of the sidecar"]),
     ("the GPU source's guard over the window", "(max_over_time(kvwatch_gpu_source_up[2m]) == 1)",
      "(kvwatch_gpu_source_up == 1)", ["GPU memory pressure warns through failed GPU reads and failed scrapes"]),
-    ("kvwatch's restart count", '{container=~"kvwatch"}[30m]) >= 3', '{container=~"kvwatch"}[30m]) > 3',
-     ["kvwatch restarting 3 times in 30 minutes fires, 2 times does not"]),
+    ("kvwatch's restart count", '{container=~"kvwatch"}[2h]) >= 3', '{container=~"kvwatch"}[2h]) > 3',
+     ["kvwatch restarting 3 times fires, and resolves half an hour after the last"]),
+    ("vLLM's restart count over 30 minutes (a slow loop)", '{container=~"vllm"}[2h]) >= 3',
+     '{container=~"vllm"}[30m]) >= 3', ["a slow crash loop, a restart every 15 minutes, fires"]),
+    ("the last restart within 30 minutes", '{container=~"kvwatch"}[30m]) > 0', '{container=~"kvwatch"}[30m]) >= 0',
+     ["kvwatch restarting 3 times fires, and resolves half an hour after the last"]),
 ]
 
 
