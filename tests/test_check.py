@@ -186,7 +186,7 @@ def _advice(report: dict) -> dict[str, list[str]]:
 def test_kv_bound_series_gets_the_advisors_fixes_cheapest_first(capsys: pytest.CaptureFixture[str]) -> None:
     report = check_json(["--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom")], capsys)
     # Engine 0 is KV-bound; engine 1 (50 %, no queue) gets no advice. Without the model, no quantization.
-    assert _advice(report) == {"0": ["limit_concurrency", "add_tensor_parallelism"], "1": []}
+    assert _advice(report) == {"0": ["limit_concurrency", "add_replica"], "1": []}
     fixes = report["series"][0]["advice"]
     assert [a["rank"] for a in fixes] == [1, 2]
     assert all(set(a) == {"action", "rank", "message", "projected_effect", "engine_args", "vllm_args",
@@ -313,7 +313,7 @@ def test_unusable_deployment_flags_are_explained_and_advice_still_comes(capsys: 
                  "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--tensor-parallel-size", "3", "--json"]) == 0
     captured = capsys.readouterr()
     assert "no capacity plan for llama" in captured.err and "--tensor-parallel-size" in captured.err
-    assert _advice(json.loads(captured.out))["0"] == ["limit_concurrency", "add_tensor_parallelism"]
+    assert _advice(json.loads(captured.out))["0"] == ["limit_concurrency", "add_replica"]
 
 
 @pytest.mark.parametrize(("flags", "named"), [(["--model", "no/such-model"], "--model"), (["--gpu", "H101"], "--gpu")])
@@ -1195,7 +1195,7 @@ def test_more_tensor_parallel_ranks_on_the_page_than_planned_is_said(capsys: pyt
     # with the caveat it still pasted "--tp-size 2", the size the server runs: a replica now, or the
     # size to tell kvwatch
     advice = report["series"][0]["advice"]
-    (scale_out,) = [a for a in advice if a["action"] == "add_tensor_parallelism"]
+    (scale_out,) = [a for a in advice if a["action"] == "add_replica"]
     assert scale_out["engine_args"] is None and "--tensor-parallel-size 2 (the ranks" in scale_out["message"]
     assert scale_out["message"].startswith("Add a replica behind the gateway")
     effects = {a["action"]: a["projected_effect"] for a in advice}
@@ -1208,7 +1208,7 @@ def test_more_tensor_parallel_ranks_on_the_page_than_planned_is_said(capsys: pyt
     dp2 = str(FIXTURES.parent / "sglang-metrics" / "gen-rank-labels-dp2.prom")
     ranks = check_json(["--file", dp2, "--gpu", "H100"], capsys)
     assert "tensor_parallel_mismatch" in [f["id"] for f in ranks["findings"]]
-    scale_outs = [a for s in ranks["series"] for a in s["advice"] if a["action"] == "add_tensor_parallelism"]
+    scale_outs = [a for s in ranks["series"] for a in s["advice"] if a["action"] == "add_replica"]
     assert scale_outs and all(a["engine_args"] is None for a in scale_outs)
 
 

@@ -77,7 +77,7 @@ def test_restart_from_history_and_advice_in_bottleneck():
     assert history.restarts == 1
     assert after.result.state == "bottleneck"
     assert after.advice[0].action == "limit_concurrency"
-    assert after.advice[-1].action == "add_tensor_parallelism"
+    assert after.advice[-1].action == "add_replica"
 
 
 def test_the_exported_limit_is_the_advices_and_never_above_95_percent_of_the_ceiling_shown():

@@ -87,7 +87,7 @@ def test_one_family_per_name_across_series_and_recommendation_ranks():
     recs = {(s.labels["engine"], s.labels["action"]): s.value
             for f in families if f.name == "kvwatch_recommendation" for s in f.samples}
     assert recs[("1", "limit_concurrency")] == 1.0
-    assert recs[("1", "add_tensor_parallelism")] == 2.0
+    assert recs[("1", "add_replica")] == 2.0 and recs[("1", "add_tensor_parallelism")] == 0.0
     assert recs[("1", "quantize_weights")] == 0.0
     eta = {s.labels["engine"]: s.value for f in families if f.name == "kvwatch_kv_exhaustion_eta_seconds"
            for s in f.samples}

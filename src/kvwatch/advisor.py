@@ -33,8 +33,11 @@ LOWER_MAX_MODEL_LEN = "lower_max_model_len"
 QUANTIZE_WEIGHTS = "quantize_weights"
 QUANTIZE_KV_CACHE = "quantize_kv_cache"
 ADD_TENSOR_PARALLELISM = "add_tensor_parallelism"
+# The last fix when more tensor parallelism cannot help (no size vLLM accepts fits the node, it would not raise the
+# ceiling, or --num-gpu-blocks-override fixes the pool): labelled add_tensor_parallelism, it named a fix doing nothing.
+ADD_REPLICA = "add_replica"
 ACTIONS: tuple[str, ...] = (LIMIT_CONCURRENCY, LOWER_MAX_MODEL_LEN, QUANTIZE_WEIGHTS, QUANTIZE_KV_CACHE,
-                            ADD_TENSOR_PARALLELISM)
+                            ADD_TENSOR_PARALLELISM, ADD_REPLICA)
 ADVISE_IN_STATES: frozenset[str] = frozenset({"filling", "bottleneck"})
 # Lower --max-model-len only when the longest observed request is below this share of it.
 MAX_MODEL_LEN_SLACK = 0.5
@@ -365,7 +368,7 @@ def _fixed_pool_advice(fixed_blocks: float, base_tokens: float | None, ceiling: 
                + (f"{base_tokens:,.0f}-token KV pool" if base_tokens else "KV pool")
                + (f" doubles the ceiling for this traffic (from {ceiling:.1f} to {2 * ceiling:.1f} concurrent "
                   "requests)" if ceiling else " doubles the capacity for this traffic") + ".")
-    return Advice(ADD_TENSOR_PARALLELISM, 0,
+    return Advice(ADD_REPLICA, 0,
                   f"Add a replica behind the gateway, or remove --num-gpu-blocks-override ({fixed_blocks:,.0f} blocks) "
                   "so that vLLM sizes the pool from the GPU memory: while it is set, quantized weights or more tensor "
                   "parallelism add no KV.",
@@ -385,7 +388,7 @@ def _tensor_parallel_advice(capacity_plan: CapacityPlan | None, plan_tokens: flo
     spec = getattr(capacity_plan, "spec", None)
     arch = getattr(spec, "arch", None)
     if spec is None or arch is None:
-        return Advice(ADD_TENSOR_PARALLELISM, 0,
+        return Advice(ADD_REPLICA, 0,
                       f"Add a replica behind the gateway, or raise {flag} to a size that divides "
                       "the model's attention heads (kvwatch names it once it can plan the deployment, which needs "
                       "the model, from --model, --model-config or a preset matching model_name, the card, --gpu or "
@@ -395,7 +398,7 @@ def _tensor_parallel_advice(capacity_plan: CapacityPlan | None, plan_tokens: flo
     tp = spec.tensor_parallel_size
     nxt = next_tensor_parallel_size(arch, tp, gpus_per_node)
     if nxt is None:
-        return Advice(ADD_TENSOR_PARALLELISM, 0,
+        return Advice(ADD_REPLICA, 0,
                       f"Add a replica behind the gateway: no tensor-parallel size above {tp} that vLLM accepts for "
                       f"this model (it must divide the {arch.num_attention_heads} attention heads, and divide or be a "
                       f"multiple of the {'/'.join(map(str, arch.kv_head_counts))} KV heads) fits one "
@@ -421,13 +424,13 @@ def _tensor_parallel_advice(capacity_plan: CapacityPlan | None, plan_tokens: flo
     gain = ceiling_gain(after) if after is not None else None
     if gain is not None and gain <= 1.0:
         # (Gemma-3-1B's one KV head: "raise it to 2 ... the ceiling goes from 1535.6 to 1514.0")
-        return Advice(ADD_TENSOR_PARALLELISM, 0,
+        return Advice(ADD_REPLICA, 0,
                       f"Add a replica behind the gateway: raising {flag} from {tp} to {nxt} would not raise this "
                       f"ceiling (x{gain:.2f} at the observed mix).{replicated}", replica)
     if gain is not None and gain < nxt / tp:
         # The same GPUs as replicas multiply the ceiling by nxt / tp; more TP gains less where KV heads are
         # replicated or the latent is not split (MLA): a 2-KV-head model at TP 4 gained x1.05 for 2 more GPUs.
-        return Advice(ADD_TENSOR_PARALLELISM, 0,
+        return Advice(ADD_REPLICA, 0,
                       f"Add a replica behind the gateway: raising {flag} from {tp} to {nxt} ({more} more GPU"
                       f"{'s' if more != 1 else ''} per replica) raises this ceiling x{gain:.2f} at the observed mix "
                       f"for x{nxt / tp:.2f} the GPUs, where replicas raise it as much as their GPUs.{replicated}",

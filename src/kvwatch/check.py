@@ -42,6 +42,7 @@ from urllib.parse import urlsplit, urlunsplit
 from prometheus_client.utils import floatToGoString
 
 from kvwatch.advisor import (
+    ADD_REPLICA,
     ADD_TENSOR_PARALLELISM,
     DEFAULT_GPUS_PER_NODE,
     ENGINE_NAMES,
@@ -380,7 +381,7 @@ def _plan_caveat(fixes: list[Advice], mismatched: bool, *, shown_ranks: int | No
     ``shown_ranks``: the payload shows this many tensor-parallel ranks, more than the plan, so a TP fix sized from the
     plan (a flag to paste) becomes a replica, or the size to tell kvwatch."""
     if shown_ranks:
-        fixes = [Advice(ADD_TENSOR_PARALLELISM, a.rank,
+        fixes = [Advice(ADD_REPLICA, a.rank,
                         f"Add a replica behind the gateway, or pass kvwatch --tensor-parallel-size {shown_ranks} (the "
                         "ranks this server shows) to size a larger tensor-parallel fix.",
                         "A second engine with the same KV pool doubles the capacity for this traffic.",
@@ -388,7 +389,7 @@ def _plan_caveat(fixes: list[Advice], mismatched: bool, *, shown_ranks: int | No
                  if a.action == ADD_TENSOR_PARALLELISM and a.engine_args else a for a in fixes]
     if not mismatched:
         return fixes
-    sized = (QUANTIZE_WEIGHTS, QUANTIZE_KV_CACHE, ADD_TENSOR_PARALLELISM)
+    sized = (QUANTIZE_WEIGHTS, QUANTIZE_KV_CACHE, ADD_TENSOR_PARALLELISM, ADD_REPLICA)
     return [replace(a, projected_effect=a.projected_effect + PLAN_CAVEAT)
             if a.action in sized and re.search(r"\bx\d", a.projected_effect) else a for a in fixes]
 
