@@ -157,8 +157,9 @@ def test_state_timeline_maps_every_state() -> None:
 
 
 def test_earliest_eta_maps_what_kvwatch_exports() -> None:
-    """kvwatch exports the ETA as 0 in bottleneck, +Inf when the risk reaches 0.5 within no hour (also while
-    warming up) and nothing while unknown: the stat maps 0, the 24-h cap and no value, and the docs say which."""
+    """kvwatch exports the ETA as 0 in bottleneck, +Inf when the risk reaches 0.5 within no hour (or the engine is
+    idle) and nothing while unknown (also while warming up): the stat maps 0, the 24-h cap and no value, and the docs
+    say which."""
     p = panel("Earliest ETA")
     assert p["targets"][0]["expr"].startswith("clamp_max(min(kvwatch_kv_exhaustion_eta_seconds{")
     defaults = p["fieldConfig"]["defaults"]
@@ -168,10 +169,10 @@ def test_earliest_eta_maps_what_kvwatch_exports() -> None:
             texts.update({float(k): v["text"] for k, v in mapping["options"].items()})
         else:
             texts[float(mapping["options"]["from"])] = mapping["options"]["result"]["text"]
-    assert texts == {0.0: "saturated", 86400.0: "none within 1 h (or warming up)"}
+    assert texts == {0.0: "saturated", 86400.0: "none within 1 h"}
     assert defaults["noValue"] == "unknown"
     doc = DOC[DOC.index("**Earliest ETA**"):].split("\n- ", 1)[0]
-    assert '"none within 1 h (or warming up)" when no engine\'s saturation risk reaches 0.5 within 60 minutes' in \
+    assert '"none within 1 h" when no engine\'s saturation risk reaches 0.5 within 60 minutes' in \
         " ".join(doc.split())
     assert "can show while the state is still `ok`" in doc
     assert "unknown" in doc and "absent" in doc

@@ -82,9 +82,13 @@ def states_between(results: list[ForecastResult], t0: float, t1: float) -> set[s
 
 
 def test_kvwatch_start_is_a_warm_up():
+    # While warming up a busy cache's ETA is unknown, as its risk is: +Inf said "not within the hour" 35 minutes
+    # before a saturation. An idle one's is +Inf: nothing fills it.
     results = run(Forecaster(), stream(lambda t: 0.6, seconds=1200))
     assert {r.state for r in results} == {"warming_up"}
-    assert all(r.eta_seconds == math.inf for r in results)
+    assert all(r.eta_seconds is None and r.risk[1800] is None for r in results)
+    idle = run(Forecaster(), [replace(s, running=0.0) for s in stream(lambda t: 0.0, seconds=600)])
+    assert all(r.eta_seconds == math.inf for r in idle)
 
 
 def test_slow_ramp_warns_well_before_saturation():

@@ -252,6 +252,11 @@ def _plausible(sample: ForecastSample) -> ForecastSample:
     return replace(sample, **bad) if bad else sample
 
 
+def _idle(running: float, waiting: float, usage: float) -> bool:
+    """Nothing running or waiting and the cache all but empty: nothing fills it."""
+    return running < 1 and waiting < 1 and usage < 0.05
+
+
 class Forecaster:
     """Forecast, bottleneck and state machine for one (model_name, engine) series."""
 
@@ -670,10 +675,13 @@ class Forecaster:
             eta = risk_now.eta_seconds()
         elif state == FILLING and not warm:
             eta = None  # the warning stands through a re-warm; when it would come is unknown until warm
-        elif not warm or self._nothing_to_project(sample.running, sample.waiting, sample.kv_usage or 0.0):
-            eta = math.inf  # warming up, or a known rate with nothing to project, or an idle engine
+        elif _idle(sample.running, sample.waiting, sample.kv_usage or 0.0) or (
+                warm and self._nothing_to_project(sample.running, sample.waiting, sample.kv_usage or 0.0)):
+            eta = math.inf  # a known rate with nothing to project, or an idle engine
         else:
-            eta = None  # warm and busy with no rate to project (no finished-request counter, no capacity): unknown
+            # busy and warming up (+Inf claimed "not within the hour" 35 minutes before a saturation), or warm with
+            # no rate to project (no finished-request counter, no capacity): unknown
+            eta = None
         ratios: dict[int, float | None] = {}
         for horizon in HORIZONS_SECONDS:
             if demand is not None:
@@ -722,8 +730,7 @@ class Forecaster:
         risk model found nothing to project (no arrivals, an empty cache, a level fitted at or below 0 after a
         drop), or the engine is idle. Otherwise (no rate: no finished-request counter, no capacity; or neither an
         e2e histogram nor a running count) nothing backs a time."""
-        return (self._demand is not None and not self._residence_unknown) or (
-            running < 1 and waiting < 1 and usage < 0.05)
+        return (self._demand is not None and not self._residence_unknown) or _idle(running, waiting, usage)
 
     def _recommended_concurrency(self, sample: ForecastSample) -> int | None:
         """From the 30-minute mix when fitted, else from this poll (a bottleneck right after a restart)."""

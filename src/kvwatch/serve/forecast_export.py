@@ -101,8 +101,9 @@ def forecast_metric_families(
 
     eta = gauge("kvwatch_kv_exhaustion_eta_seconds",
                 f"First time the saturation risk reaches 0.5 (within {_P.risk.max_horizon_buckets} minutes): 0 in "
-                "bottleneck, +Inf when it does not, while warming up or with nothing to project (idle); absent "
-                "when unknown (also while a warning stands through a re-warm after a gap), and when the engine "
+                "bottleneck, +Inf when it does not or with nothing to project (idle); absent when unknown (also "
+                "while warming up with work in the cache, and while a warning stands through a re-warm after a "
+                "gap), and when the engine "
                 "is busy with no arrival rate or capacity to project from (no finished-request counter, no KV "
                 "capacity, or no request finished yet after an idle spell), or how long a request holds its KV "
                 "is unknown (no running-requests gauge and no e2e latency histogram). Recomputed each minute: "
