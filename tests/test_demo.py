@@ -160,6 +160,10 @@ def test_status_line_reads_kvwatch_metrics() -> None:
     assert "ETA none within 1 h" in demo.status_line(calm, 12.0, 30.0)
     cold = text.replace("} 540", "} +Inf").replace('state="filling"} 1', 'state="scheduler_limited"} 1')
     assert "ETA not yet (warming up)" in demo.status_line(cold, 12.0, 30.0)
+    # a busy cache warming up exports no ETA (unknown): still "not yet", not nothing
+    warming = "".join(f"{line}\n" for line in text.splitlines() if "exhaustion_eta" not in line).replace(
+        'state="filling"} 1', 'state="warming_up"} 1')
+    assert "ETA not yet (warming up)" in demo.status_line(warming, 12.0, 30.0)
     assert "waiting for the first good poll" in demo.status_line(
         '# TYPE kvwatch_up gauge\nkvwatch_up{model_name="m",engine="0"} 0\n', 1.0)
     # After good polls, a failed one is not "waiting for the first" (an overloaded simulator missing the demo's

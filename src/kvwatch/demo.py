@@ -177,6 +177,8 @@ def status_line(text: str, elapsed: float, speed: float = 1.0, sim_seconds: floa
         hours = RiskParams().max_horizon_buckets * RiskParams().bucket_seconds / 3600  # (the ETA's horizon)
         parts.append("ETA " + ((f"none within {hours:g} h" if warm else "not yet (warming up)")
                                if math.isinf(soonest) else "now" if soonest <= 0 else f"{soonest / 60:.1f} min"))
+    elif "warming_up" in states:
+        parts.append("ETA not yet (warming up)")  # (absent while a busy cache's forecaster warms up: unknown)
     forecast = worst("kvwatch_kv_usage_forecast_ratio", horizon="30m")
     if forecast is not None:
         parts.append(f"demand in 30 min {forecast:4.0%}")  # (of the cache: past 100 % where it outgrows it)
