@@ -229,9 +229,9 @@ def test_bad_web_config_stops_serve_with_exit_2(pki: Path, capsys: pytest.Captur
     assert "--web-config-file" in capsys.readouterr().err
 
 
-def test_a_state_is_rendered_once_however_many_scrape_it() -> None:
-    calls = []
-    registry = CollectorRegistry()
+def _counting_registry(**kwargs: bool) -> tuple[CollectorRegistry, list[int]]:
+    """A registry of one kvwatch_up gauge, and the list that grows by one each time it is rendered."""
+    registry, calls = CollectorRegistry(**kwargs), []
 
     class Counting:
         def collect(self):
@@ -239,6 +239,11 @@ def test_a_state_is_rendered_once_however_many_scrape_it() -> None:
             yield from Gauge("kvwatch_up", "x", registry=None).collect()
 
     registry.register(Counting())  # type: ignore[arg-type]
+    return registry, calls
+
+
+def test_a_state_is_rendered_once_however_many_scrape_it() -> None:
+    registry, calls = _counting_registry()
     state = [object()]
     cache = RenderCache(registry, lambda: (state[0], True))
     bodies = {cache.body("")[0] for _ in range(50)}
@@ -253,15 +258,7 @@ def test_the_render_cache_keeps_a_few_content_types_and_an_odd_version_gets_the_
     # body each (296 MB of RSS), and "version=abc" raised TypeError (no answer, a traceback logged per request).
     from kvwatch.serve.web import MAX_RENDERED_TYPES
 
-    registry = CollectorRegistry()
-    renders: list[int] = []
-
-    class Counting:
-        def collect(self):
-            renders.append(1)
-            yield from Gauge("kvwatch_up", "x", registry=None).collect()
-
-    registry.register(Counting())  # type: ignore[arg-type]
+    registry, renders = _counting_registry()
     cache = RenderCache(registry, lambda: (1,))
     cache.body("")  # the real scraper's type, asked for between the inventions: kept, never rendered again
     for i in range(100):
@@ -276,15 +273,7 @@ def test_a_new_state_is_rendered_even_where_an_old_one_lived() -> None:
     # The cache compared id(state): once the cached State was freed, CPython handed its address to a later
     # State and the older poll's body was served (up to 3 % of scrapes when Prometheus scraped less often than
     # kvwatch polled). Equal-looking states that are different objects must each be rendered.
-    registry = CollectorRegistry(auto_describe=False)
-    calls: list[int] = []
-
-    class Counting:
-        def collect(self):
-            calls.append(1)
-            yield from Gauge("kvwatch_up", "x", registry=None).collect()
-
-    registry.register(Counting())  # type: ignore[arg-type]
+    registry, calls = _counting_registry(auto_describe=False)
     current: list[object] = [object()]
     cache = RenderCache(registry, lambda: (current[0], True))
     for _ in range(200):
