@@ -45,9 +45,9 @@ from kvwatch.forecast.risk import (
     RiskEstimate,
     RiskParams,
     estimate_risk,
+    last_minutes,
     mean_prompt,
     residence_seconds,
-    risk_window,
     with_recurrence,
 )
 from kvwatch.forecast.robust import SlidingTheilSen
@@ -578,8 +578,8 @@ class Forecaster:
         self._risk = estimate_risk(fit_buckets, self._demand, risk_params) if self._demand is not None else None
         # (no e2e histogram and no running count: Little's law has nothing to divide, so no risk, yet work to project)
         self._residence_unknown = self._risk is None and self._demand is not None and \
-            self._demand.rate_level > 0 and residence_seconds(risk_window(fit_buckets, risk_params),
-                                                              self._demand.rate_level) is None
+            self._demand.rate_level > 0 and residence_seconds(
+                last_minutes(fit_buckets, risk_params.window_buckets), self._demand.rate_level) is None
         now = bucket.minute * p.bucket_seconds + p.bucket_seconds
         excursion = self._risk
         if self._risk is not None and self._restart_at is not None:
@@ -675,9 +675,9 @@ class Forecaster:
             eta = risk_now.eta_seconds()
         elif state == FILLING and not warm:
             eta = None  # the warning stands through a re-warm; when it would come is unknown until warm
-        elif _idle(sample.running, sample.waiting, sample.kv_usage or 0.0) or (
-                warm and self._nothing_to_project(sample.running, sample.waiting, sample.kv_usage or 0.0)):
-            eta = math.inf  # a known rate with nothing to project, or an idle engine
+        elif (warm or _idle(sample.running, sample.waiting, sample.kv_usage or 0.0)) and \
+                self._nothing_to_project(sample.running, sample.waiting, sample.kv_usage or 0.0):
+            eta = math.inf  # a known rate with nothing to project, or an idle engine (warming up or not)
         else:
             # busy and warming up (+Inf claimed "not within the hour" 35 minutes before a saturation), or warm with
             # no rate to project (no finished-request counter, no capacity): unknown

@@ -458,15 +458,15 @@ def residence_seconds(window: Sequence[MinuteBucket], rate_level: float) -> floa
     return residence if residence is not None and residence > 0 else None
 
 
-def risk_window(buckets: Sequence[MinuteBucket], p: RiskParams) -> list[MinuteBucket]:
-    """The minutes the risk's moments are measured over (the newest ``window_buckets``)."""
+def last_minutes(buckets: Sequence[MinuteBucket], count: int) -> list[MinuteBucket]:
+    """The buckets of the newest ``count`` minutes (the risk's moments are measured over ``window_buckets``)."""
     newest = buckets[-1].minute
-    return [b for b in buckets if b.minute > newest - p.window_buckets]
+    return [b for b in buckets if b.minute > newest - count]
 
 
 def estimate_risk(buckets: Sequence[MinuteBucket], demand: DemandEstimate, p: RiskParams) -> RiskEstimate | None:
     """The risk curve for the next ``max_horizon_buckets`` minutes (None while a moment is unknown)."""
-    window = risk_window(buckets, p)
+    window = last_minutes(buckets, p.window_buckets)
     capacity = demand.capacity_tokens
     fit = _line_fit(buckets, p.window_buckets, p.level_shrink, p.level_shrink_autocorrelation, p.shift_ratio,
                     p.shift_post_line)
@@ -480,8 +480,8 @@ def estimate_risk(buckets: Sequence[MinuteBucket], demand: DemandEstimate, p: Ri
         return None
     footprint = None
     if p.size_floor_from.startswith("tail"):
-        tail_window = window if p.tail_window_buckets == p.window_buckets else [
-            b for b in buckets if b.minute > buckets[-1].minute - p.tail_window_buckets]
+        tail_window = window if p.tail_window_buckets == p.window_buckets else last_minutes(
+            buckets, p.tail_window_buckets)
         footprint = tail_size(tail_window, "tail-d" if p.size_floor_from == "tail-d" else "tail")
     if footprint is None:
         footprint = mean_footprint(window)
