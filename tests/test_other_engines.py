@@ -665,6 +665,14 @@ def test_sglang_edges_of_the_pools_queues_and_counters() -> None:
     proxy = "process_start_time_seconds 1.7e9\n"
     (r,) = read_payload(proxy + _sglang_page(token_usage=0.5, num_running_reqs=4), timestamp=1.0).readings
     assert r.process_start_time_seconds is None
+    # two labelled copies that disagree are two processes: unknown, not the last line's
+    servers = ('process_start_time_seconds{dp_rank="0",model_name="m"} 1.7e9\n'
+               'process_start_time_seconds{dp_rank="1",model_name="m"} 1.8e9\n')
+    (r,) = read_payload(servers + _sglang_page(token_usage=0.5, num_running_reqs=4), timestamp=1.0).readings
+    assert r.process_start_time_seconds is None
+    (r,) = read_payload(servers.replace("1.8e9", "1.7e9") + _sglang_page(token_usage=0.5, num_running_reqs=4),
+                        timestamp=1.0).readings
+    assert r.process_start_time_seconds == 1.7e9
 
 
 def test_sglang_context_len_against_a_given_max_model_len() -> None:

@@ -215,9 +215,10 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
         Index.of(sample_named(exposition, family, family + suffix), key_of)
         for family in (prompt_hist, generation_hist) for suffix in ("_sum", "_count"))
     # (only a sample with the server's model label: on a page merged from two, KServe's queue-proxy, an unlabelled
-    # one is the proxy's process; SGLang's multiprocess registry writes none of its own)
-    starts = [s for s in exposition.samples(PROCESS_START) if "model_name" in s.labels or "name" in s.labels]
-    process_start = starts[-1].value if starts else None
+    # one is the proxy's process; SGLang's multiprocess registry writes none of its own. Copies that disagree are
+    # two processes: unknown, as on vLLM's page, rather than whichever line came last)
+    starts = {s.value for s in exposition.samples(PROCESS_START) if "model_name" in s.labels or "name" in s.labels}
+    process_start = starts.pop() if len(starts) == 1 else None
 
     readings = []
     for key in keys:
