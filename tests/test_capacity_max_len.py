@@ -42,9 +42,15 @@ pytestmark = pytest.mark.usefixtures("no_kvwatch_env")
     # mosaicml/mpt-7b: max_seq_len; THUDM/chatglm2-6b: seq_length 32768
     ({"model_type": "mpt", "max_seq_len": 2048}, 2048, "max_seq_len"),
     ({"model_type": "chatglm", "seq_length": 32768}, 32768, "seq_length"),
-    # the smallest of several fields wins; no field at all: vLLM assumes 2048
+    # the smallest of several fields wins; no field at all: the config class's default, which vLLM reads off the
+    # transformers config (Qwen2Config 32,768, MistralConfig 131,072, GemmaConfig 8,192; a partial Paligemma or
+    # Llava text_config was planned at 2,048 and refused at 8,192), unknown for a class kvwatch does not know
     ({"max_position_embeddings": 8192, "n_positions": 4096}, 4096, "n_positions"),
-    ({"model_type": "x"}, 2048, "assumes 2048"),
+    ({"model_type": "qwen2"}, 32768, "the default of qwen2's config class"),
+    ({"model_type": "mistral"}, 131072, "config.json leaves it out"),
+    ({"model_type": "gemma"}, 8192, "max_position_embeddings=8192"),
+    ({"model_type": "llama", "rope_scaling": {"type": "dynamic", "factor": 2.0}}, 4096, "factor 2"),
+    ({"model_type": "x"}, None, "does not know the default of transformers' config class for model_type 'x'"),
 ])
 def test_derived_max_model_len_follows_vllm(config, expected, how):
     length, text = derived_max_model_len(config, config.get("model_type", ""))

@@ -113,11 +113,14 @@ def test_the_vocabulary_is_chatglms_padded_one_or_an_assumption_said_aloud():
     # GLM-4-9B-chat's config.json names it padded_vocab_size (151,552): read as 32,000, the weights lost 1 B
     # parameters and the sampler 1.6 GiB, and the plan gave 6.6 % more KV tokens, saying nothing.
     base = {k: v for k, v in LLAMA.items() if k != "vocab_size"}
-    glm = arch_from_config({**base, "padded_vocab_size": 151_552})
+    glm = arch_from_config({**base, "model_type": "chatglm", "padded_vocab_size": 151_552})
     assert glm.vocab_size == 151_552 and not any("vocab_size" in n for n in glm.notes)
-    bare = arch_from_config(base)
+    bare = arch_from_config({**base, "model_type": "some_new_type"})
     assert bare.vocab_size == 32_000 and any(n.startswith("config.json has no vocab_size: 32,000 assumed")
                                              for n in bare.notes)
+    # a class kvwatch knows fills it, as transformers does for vLLM (LlamaConfig's 32,000), and says so
+    llama = arch_from_config(base)
+    assert llama.vocab_size == 32_000 and any(n.startswith("config.json leaves out vocab_size") for n in llama.notes)
 
 
 @pytest.mark.parametrize("kv_heads", [6, 64])
@@ -125,3 +128,17 @@ def test_kv_heads_that_do_not_group_the_heads_are_refused_naming_them(kv_heads):
     # vLLM asserts num_heads % num_kv_heads == 0; 6 KV heads for 32 heads were planned at 110,592 B a token.
     with pytest.raises(ArchitectureError, match=f"{kv_heads} KV heads for 32 attention heads"):
         arch_from_config({**LLAMA, "num_key_value_heads": kv_heads})
+
+
+def test_a_partial_llava_text_config_is_filled_from_llamas_class_defaults():
+    # llava-hf/llava-1.5-7b-hf names only its text model's vocabulary and length; vLLM builds a LlamaConfig from it
+    # (32 layers, 32 heads, KV heads = heads, head_dim 128). kvwatch refused it: "no num_hidden_layers".
+    llava = {"model_type": "llava", "text_config": {"max_position_embeddings": 4096, "model_type": "llama",
+                                                    "vocab_size": 32064},
+             "vision_config": {"model_type": "clip_vision_model", "hidden_size": 1024, "num_hidden_layers": 24}}
+    arch = arch_from_config(llava)
+    assert (arch.num_layers, arch.num_attention_heads, arch.num_kv_heads, arch.head_dim, arch.vocab_size) == (
+        32, 32, 32, 128, 32064)
+    assert arch.derived_max_model_len == 4096
+    assert any(n.startswith("config.json leaves out hidden_size, intermediate_size, num_hidden_layers, "
+                            "num_attention_heads: llama's config class fills") for n in arch.notes)

@@ -156,7 +156,7 @@ _DEEPSEEK_V2_LITE = {"model_type": "deepseek_v2", "num_hidden_layers": 27, "num_
     # a ZeroDivisionError traceback
     (_LLAMA_CONFIG, {"max_position_embeddings": -1}, "a length of -1 (max_position_embeddings=-1)"),
     # planned "-27.46 requests" at a length of -4,096, exit 0
-    (_LLAMA_CONFIG, {"max_position_embeddings": None, "rope_scaling": {"type": "linear", "factor": -2}},
+    (_LLAMA_CONFIG, {"max_position_embeddings": 2048, "rope_scaling": {"type": "linear", "factor": -2}},
      "a length of -4096"),
     (_LLAMA_CONFIG, {"max_position_embeddings": 0}, "a length of 0"),
     # a traceback, and negative KV bytes per token

@@ -18,7 +18,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvwatch.capacity.config_fields import ArchitectureError, first_number, number, positive, real, require, text_config
+from kvwatch.capacity.config_fields import (
+    ArchitectureError,
+    class_defaults_used,
+    first_number,
+    language_part,
+    number,
+    positive,
+    real,
+    require,
+    text_config,
+)
 from kvwatch.capacity.layers import (
     CHUNKED,
     FULL,
@@ -38,7 +48,13 @@ from kvwatch.capacity.layers import (
     swa_pattern,
 )
 from kvwatch.capacity.mamba import MambaConfigError, MambaDims, mamba_dims_from_config
-from kvwatch.capacity.max_len import LONGROPE_DEFAULT_SINCE, YARN_UNSCALED_SINCE, derived_max_model_len, rope_scaling
+from kvwatch.capacity.max_len import (
+    LONGROPE_DEFAULT_SINCE,
+    MAX_LEN_KEYS,
+    YARN_UNSCALED_SINCE,
+    derived_max_model_len,
+    rope_scaling,
+)
 from kvwatch.capacity.quantization import QuantizationError, checkpoint_kv_cache_dtype, scheme_from_config
 from kvwatch.capacity.units import DTYPE_BYTES
 
@@ -474,6 +490,14 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
     # (a preset has no quantization config: its own scheme as is)
     quant_scheme, quant_source = scheme_from_config(qc) if qc else (config.get("checkpoint_quantization"), None)
     max_len, max_len_how = derived_max_model_len(cfg, model_type)
+    if max_len is None:
+        notes.append(f"the model's maximum length is unknown: {max_len_how} (vLLM takes that default, or 2048 for a "
+                     "class without one): pass --max-model-len; whether vLLM accepts it is not checked")
+    elif not any(cfg.get(key) for key in MAX_LEN_KEYS):
+        notes.append(f"the model's maximum length: {max_len_how} (vLLM reads the config through transformers)")
+    if filled := class_defaults_used(language_part(config)):
+        notes.append(f"config.json leaves out {', '.join(filled)}: {model_type}'s config class fills "
+                     f"{', '.join(f'{k}={v}' for k, v in filled.items())}, as vLLM reads it through transformers")
     before = derived_max_model_len(cfg, model_type, version=(0, 29))
     scaling = rope_scaling(cfg)
     longrope = scaling is not None and scaling[1] in ("longrope", "su")

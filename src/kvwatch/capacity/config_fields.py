@@ -21,31 +21,60 @@ class ArchitectureError(ValueError):
 CONFIG_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma3_text": {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
                     "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
-                    "max_position_embeddings": 131_072, "sliding_window": 4096, "sliding_window_pattern": 6,
-                    "tie_word_embeddings": True},
+                    "sliding_window": 4096, "sliding_window_pattern": 6, "tie_word_embeddings": True},
     # The hybrids' layouts where the file leaves them to the class (vLLM reads the transformers config, which fills
     # them): without them every layer was sized as attention, 4-8x the KV per token (Qwen3NextConfig, JambaConfig).
     "qwen3_next": {"full_attention_interval": 4},
     "jamba": {"attn_layer_period": 8, "attn_layer_offset": 4},
+    # LlamaConfig (models/llama/configuration_llama.py): Llava-1.5's text_config names only its vocabulary and
+    # length, and vLLM builds a LlamaConfig from it (num_key_value_heads unset: the attention heads, head_dim
+    # hidden / heads), so kvwatch refused a model vLLM serves.
+    "llama": {"vocab_size": 32_000, "hidden_size": 4096, "intermediate_size": 11_008, "num_hidden_layers": 32,
+              "num_attention_heads": 32},
+}
+
+# max_position_embeddings of transformers' config classes (models/<type>/configuration_<type>.py), by model_type:
+# vLLM's _get_and_verify_max_len reads the length off the config object, so a config.json that leaves it out gets
+# its class's default. vLLM's own fallback of 2048 is for a class with no length field at all; for a model_type
+# not listed here kvwatch does not know which applies and leaves the model's length unknown (max_len.py).
+CLASS_MAX_POSITION_EMBEDDINGS: dict[str, int] = {
+    "llama": 2048, "mistral": 131_072, "mixtral": 131_072, "mistral3": 131_072, "qwen2": 32_768, "qwen2_moe": 32_768,
+    "qwen3": 32_768, "qwen3_moe": 32_768, "qwen3_next": 32_768, "gemma": 8192, "gemma2": 8192,
+    "gemma3_text": 131_072, "phi": 2048, "phi3": 4096, "phimoe": 131_072, "deepseek_v2": 2048, "deepseek_v3": 4096,
+    "falcon": 2048, "gpt_neox": 2048, "starcoder2": 4096, "olmo": 2048, "olmo2": 2048, "cohere": 8192,
+    "granite": 2048, "granitemoe": 2048, "gpt_bigcode": 1024, "gpt2": 1024, "mpt": 2048, "dbrx": 2048,
+    "glm": 131_072, "glm4": 131_072, "exaone4": 2048, "stablelm": 4096, "persimmon": 16_384, "jetmoe": 4096,
+    "nemotron": 4096, "gpt_oss": 131_072, "llama4_text": 131_072, "smollm3": 32_768, "ernie4_5": 131_072,
+    "hunyuan_v1_dense": 2048,
 }
 
 
 def text_config(config: dict[str, Any]) -> dict[str, Any]:
     """The language-model part of a (possibly multimodal) config; top-level keys fill gaps, and the defaults of
     its transformers config class fill what the file leaves out (:data:`CONFIG_CLASS_DEFAULTS`)."""
+    cfg = language_part(config)
+    return {**cfg, **class_defaults_used(cfg)}
+
+
+def class_defaults_used(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The defaults of ``cfg``'s config class (:data:`CONFIG_CLASS_DEFAULTS`) for the fields it leaves out."""
+    defaults = CONFIG_CLASS_DEFAULTS.get(str(cfg.get("model_type") or ""), {})
+    return {key: value for key, value in defaults.items() if cfg.get(key) is None}
+
+
+def language_part(config: dict[str, Any]) -> dict[str, Any]:
+    """The language-model part of a (possibly multimodal) config, as its file gives it (no class defaults)."""
     thinker = config.get("thinker_config")
     if isinstance(thinker, dict):  # Qwen2.5/3-Omni: the thinker's text_config is the LLM (vLLM's get_hf_text_config)
         config = {**{k: v for k, v in config.items() if not isinstance(v, dict)}, **thinker}
-    cfg = config
     for key in ("text_config", "llm_config", "language_config"):
         nested = config.get(key)
         if isinstance(nested, dict) and ("num_hidden_layers" in nested or "hidden_size" in nested
                                          or nested.get("model_type") in CONFIG_CLASS_DEFAULTS):
             cfg = {k: v for k, v in config.items() if not isinstance(v, dict)}
             cfg.update({k: v for k, v in nested.items() if v is not None})  # (null: not given)
-            break
-    defaults = CONFIG_CLASS_DEFAULTS.get(str(cfg.get("model_type") or ""))
-    return {**defaults, **{k: v for k, v in cfg.items() if v is not None}} if defaults else cfg
+            return cfg
+    return config
 
 
 # Past these no released model goes; a config beyond them is broken (num_hidden_layers 1e9 never returned).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvwatch.capacity.config_fields import ArchitectureError, number, real
+from kvwatch.capacity.config_fields import CLASS_MAX_POSITION_EMBEDDINGS, ArchitectureError, number, real
 
 # vLLM's ModelConfig._get_and_verify_max_len (vllm/config): the smallest of these config fields is the model's
 # length, "model_max_length" wins outright, and rope_scaling multiplies it unless the type already extends
@@ -12,8 +12,6 @@ from kvwatch.capacity.config_fields import ArchitectureError, number, real
 MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
                 "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
 _ROPE_TYPES_NOT_SCALED = frozenset({"su", "longrope", "llama3"})
-VLLM_DEFAULT_MAX_LEN = 2048  # what vLLM assumes (with a warning) when no field is there
-
 
 YARN_UNSCALED_SINCE = (0, 30)  # YaRN's max_position_embeddings is the scaled length already (before: original × factor)
 LONGROPE_DEFAULT_SINCE = (0, 12)  # LongRoPE's default --max-model-len is original_max_position_embeddings
@@ -29,14 +27,15 @@ def rope_scaling(cfg: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
 
 
 def derived_max_model_len(cfg: dict[str, Any], model_type: str = "", *,
-                          version: tuple[int, int] | None = None) -> tuple[int, str]:
+                          version: tuple[int, int] | None = None) -> tuple[int | None, str]:
     """(the longest --max-model-len vLLM accepts without VLLM_ALLOW_LONG_MAX_MODEL_LEN, how it was derived).
 
     Follows vLLM's ``_get_and_verify_max_len``: the smallest of :data:`MAX_LEN_KEYS`, ``model_max_length``
     taking precedence, then the RoPE scaling factor (dynamic/linear: ``max_len × factor``; llama3/longrope/su:
     no change, their max_position_embeddings is already the extended length; YaRN: no change from vLLM 0.30
     (``version`` None: the current rules), ``original_max_position_embeddings × factor`` before). The sliding
-    window only limits it under ``--disable-sliding-window``, which kvwatch does not model.
+    window only limits it under ``--disable-sliding-window``, which kvwatch does not model. With no length field,
+    the config class's default (:data:`CLASS_MAX_POSITION_EMBEDDINGS`), or None (unknown) for a class not listed.
     """
     derived: float = float("inf")
     key: str | None = None
@@ -46,9 +45,16 @@ def derived_max_model_len(cfg: dict[str, Any], model_type: str = "", *,
             derived, key = float(value), name
     if isinstance(cfg.get("model_max_length"), (int, float)) and cfg["model_max_length"]:
         derived, key = float(cfg["model_max_length"]), "model_max_length"
-    how = f"{key}={int(derived)}" if key else f"no length field in config.json: vLLM assumes {VLLM_DEFAULT_MAX_LEN}"
-    if key is None:
-        derived = float(VLLM_DEFAULT_MAX_LEN)
+    if key is not None:
+        how = f"{key}={int(derived)}"
+    else:
+        default = CLASS_MAX_POSITION_EMBEDDINGS.get(model_type)
+        if default is None:
+            return None, (f"config.json has no length field ({', '.join(MAX_LEN_KEYS[:3])}, ...) and kvwatch does "
+                          f"not know the default of transformers' config class for model_type "
+                          f"{model_type or '(none)'!r}")
+        derived, how = float(default), (f"max_position_embeddings={default}, the default of {model_type}'s config "
+                                        "class: config.json leaves it out")
     scaling = rope_scaling(cfg)
     yarn_unscaled = version is None or version >= YARN_UNSCALED_SINCE
     if scaling is not None and "gemma3" not in model_type:
