@@ -248,6 +248,10 @@ def test_a_monitor_without_the_charts_workload_needs_a_selector(monitor: str) ->
     ("gpu_uuids", ["GPU-1", " GPU-1 , MIG-2,", ",GPU-a,,GPU-b"], ["abc", "GPU-1,x", ",", "GPU-1 2"]),
     ("usage_metric", ["vllm:kv_cache_usage_perc", ' vllm:x{a="b", c="d\\"e"} ', "x{}"],
      ["x{y", "9x", 'x{a=b}', "x y"]),
+    # a port past 65535 or 0, and an address with a port: the chart rendered them, and kvwatch exited at start
+    ("target_url", ["http://h:9400/metrics", "http://[fd00::1]:9400/metrics", "https://u:p@ss@h/m", "http://h:65535"],
+     ["http://h:94000/metrics", "http://h:0/metrics", "http://h:65536/", "http://h:9400:1/"]),
+    ("listen_address", ["0.0.0.0", "::", "fe80::1", "kvwatch.local"], ["0.0.0.0:9747", "localhost:80"]),
     # gguf & co.: methods vLLM takes and kvwatch cannot price (the capacity model is then off), not typos
     ("quantization", ["fp8", "FP8", "compressed-tensors", "compressed_tensors", "w4a16", "none", " awq ", "gguf",
                       "Quark"], ["bogus", "fp8x", "int"]),

@@ -415,6 +415,13 @@ def test_short_dtype_spellings_reach_vllm_in_its_own() -> None:
     (("--set", "config.maxBodyBytes=67108864"), "more than kvwatch.resources.limits.memory (256Mi)"),
     (("--set", "config.maxBodyBytes=50000000", "--set", "kvwatch.resources.limits.memory=268435456"),
      "more than kvwatch.resources.limits.memory (268435456)"),
+    # a plain number in a values file (a float64, whose text is 5e+07) skipped the check
+    (("--set-json", "kvwatch.resources.limits.memory=50000000"),
+     "more than kvwatch.resources.limits.memory (50000000)"),
+    # a decimal given with --set is a string, which the schema's bounds do not see: rendered, then refused by kvwatch
+    (("--set", "config.pollIntervalSeconds=0.001"), "config.pollIntervalSeconds (0.001) must be at least 0.01"),
+    (("--set", "config.ttftSloSeconds=5000.5"), "config.ttftSloSeconds (5000.5) must be"),
+    (("--set", "config.staleAfterSeconds=0.0"), "config.staleAfterSeconds (0.0) must be above 0"),
     # 10,000 series at ~40 KB each are ~400 MB: a cap the default 256Mi cannot hold
     (("--set", "config.maxSeries=10000"), "config.maxSeries (10000) can take"),
     (("--set", "config.tlsVerify=false"), "config.tlsVerify applies to an https:// config.targetUrl only"),

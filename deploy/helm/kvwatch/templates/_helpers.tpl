@@ -190,6 +190,16 @@ too, out of its Service. */}}
     {{- if and $config.nvml $config.dcgmUrl }}
     {{- fail "set config.nvml or config.dcgmUrl, not both: kvwatch reads GPU memory from one source" }}
     {{- end }}
+    {{- /* (a decimal given with --set is a string, whose bounds the schema does not check) */}}
+    {{- range $key, $bounds := include "kvwatch.numberBounds" . | fromJson }}
+    {{- $value := index $config $key }}
+    {{- if kindIs "string" $value }}
+    {{- $number := float64 $value }}
+    {{- if or (and (hasKey $bounds "minimum") (lt $number $bounds.minimum)) (and (hasKey $bounds "exclusiveMinimum") (le $number $bounds.exclusiveMinimum)) (and (hasKey $bounds "maximum") (gt $number $bounds.maximum)) (and (hasKey $bounds "exclusiveMaximum") (ge $number $bounds.exclusiveMaximum)) }}
+    {{- fail (printf "config.%s (%s) must be %s: kvwatch refuses to start otherwise" $key $value $bounds.says) }}
+    {{- end }}
+    {{- end }}
+    {{- end }}
     {{- $interval := float64 (toString (default 5 $config.pollIntervalSeconds)) }}
     {{- if and (not (kindIs "invalid" $config.pollTimeoutSeconds)) (ge (float64 (toString $config.pollTimeoutSeconds)) $interval) }}
     {{- fail (printf "config.pollTimeoutSeconds (%v) must be below config.pollIntervalSeconds (%v): kvwatch refuses to start otherwise" $config.pollTimeoutSeconds $interval) }}
@@ -209,7 +219,7 @@ too, out of its Service. */}}
     {{- $body := float64 (toString (default 16777216 $config.maxBodyBytes)) }}
     {{- $series := float64 (toString (default 64 $config.maxSeries)) }}
     {{- if gt (addf (mulf 5 $body) (mulf 40960 $series) 37748736.0) (float64 $limit) }}
-    {{- fail (printf "config.maxBodyBytes (%v) and config.maxSeries (%v) can take up to 5x the body plus ~40 KB a series plus ~36 MB of memory, more than kvwatch.resources.limits.memory (%v): the sidecar would be OOM-killed; raise the limit or lower the caps" (default 16777216 $config.maxBodyBytes) (default 64 $config.maxSeries) $kvwatch.resources.limits.memory) }}
+    {{- fail (printf "config.maxBodyBytes (%v) and config.maxSeries (%v) can take up to 5x the body plus ~40 KB a series plus ~36 MB of memory, more than kvwatch.resources.limits.memory (%v): the sidecar would be OOM-killed; raise the limit or lower the caps" (default 16777216 $config.maxBodyBytes) (default 64 $config.maxSeries) (include "kvwatch.scalar" $kvwatch.resources.limits.memory)) }}
     {{- end }}
     {{- end }}
     {{- if has (toString $config.listenAddress) (list "127.0.0.1" "::1" "localhost") }}
@@ -558,7 +568,8 @@ A long namespace is cut to 12 characters and 8 of its hash.
 A Kubernetes memory quantity in bytes ("256Mi", "1G", "268435456"), "" when unset or not one of those forms.
 */}}
 {{- define "kvwatch.bytes" -}}
-{{- $text := toString (. | default "") -}}
+{{- /* (through kvwatch.scalar: a plain number in a values file is a float64, whose toString is 5e+07) */ -}}
+{{- $text := include "kvwatch.scalar" (. | default "") -}}
 {{- $units := dict "" 1.0 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 -}}
 {{- if regexMatch "^[0-9]+(\\.[0-9]+)?(k|M|G|T|Ki|Mi|Gi|Ti)?$" $text -}}
 {{- $unit := regexFind "[A-Za-z]+$" $text -}}
