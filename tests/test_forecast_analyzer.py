@@ -156,3 +156,7 @@ def test_a_series_missing_from_one_slow_poll_is_unknown_not_gone():
     assert _states(list(analyzer.families({("m", "0"): r0}, 612.1)), "1")["unknown"] == 1.0
     r0 = _feed(analyzer, h0, 615.0, 5, 0.5, [6100.0], "0")  # a page 20 s after engine 1's last: gone
     assert "1" not in {s.labels["engine"] for f in analyzer.families({("m", "0"): r0}, 615.5) for s in f.samples}
+    # the target then goes down (no results: every series unknown): engine 1, judged gone, stays gone, where it came
+    # back as unknown at every outage for an hour (a removed model in the state panel and its recording rule)
+    assert _states(list(analyzer.families({}, 640.0)), "0")["unknown"] == 1.0
+    assert "1" not in {s.labels["engine"] for f in analyzer.families({}, 640.0) for s in f.samples}

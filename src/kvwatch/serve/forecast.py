@@ -123,9 +123,11 @@ class ForecastAnalyzer:
                 self._longest.pop(key, None)
                 self._seen.pop(key, None)
                 continue
-            if results and last is not None and newest_page is not None and \
+            if last is not None and newest_page is not None and \
                     newest_page - last > self.params.stale_after_seconds:
-                continue  # missing from pages that are read: gone, not unknown (five ghosts lingered an hour)
+                # missing from pages that are read: gone, not unknown (five ghosts lingered an hour), and still gone
+                # while the target is down or stale (no results: they came back as unknown at every outage)
+                continue
             rows.append((key, forecaster.unknown(now), ()))
         return forecast_metric_families(
             ({"model_name": model_name, "engine": engine}, result, advice)
