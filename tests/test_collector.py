@@ -398,3 +398,29 @@ def test_every_field_the_plausibility_check_can_drop_is_exported_from_zero() -> 
     # (more hits than queries is a check of its own)
     _, more_hits = check_reading(Reading("m", prefix_cache_queries_total=1.0, prefix_cache_hits_total=2.0))
     assert sorted({name for name, _ in dropped + more_hits}) == sorted(CHECKED_FIELDS)
+
+
+def test_a_page_without_a_usage_metric_is_up_with_a_warning(no_kvwatch_env: None,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    # An engine restarted on a version that renames its usage gauge to a name kvwatch does not know: kvwatch_up 1,
+    # state unknown and every KV alert blind, and the only log line was INFO "usage from None".
+    import httpx
+    import respx
+
+    from kvwatch.fetch import Fetcher
+    from kvwatch.serve.app import Sidecar
+    from kvwatch.settings import ServeSettings
+
+    url = "http://vllm.test/metrics"
+    clock = ManualClock()
+    with respx.mock, Fetcher(url, timeout=1.0, max_body_bytes=1 << 20) as fetcher, caplog.at_level(logging.INFO):
+        route = respx.get(url)
+        sidecar = Sidecar(ServeSettings(target_url=url, poll_interval_seconds=5), fetcher, clock,
+                          analyzers=[DemoAnalyzer()])
+        for text in (payload(0), payload(0).replace("kv_cache_usage_perc", "kv_cache_utilization"), payload(0)):
+            route.mock(return_value=httpx.Response(200, text=text))
+            assert sidecar.poll().health.up
+            clock.t += 5.0
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING and "no KV usage metric" in r.getMessage()]
+    assert len(warned) == 1 and "--usage-metric" in warned[0].getMessage()
+    assert caplog.text.count("usage from vllm:kv_cache_usage_perc") == 2  # (up with it, before and after: INFO)

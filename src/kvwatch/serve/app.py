@@ -368,8 +368,16 @@ class Sidecar:
         state = State(timestamp=now, health=health, detection=poll.detection, series=MappingProxyType(series),
                       gpu=self._gpu_state(gpu_read, now, series, engine_restarted=bool(restarted)))
         d = poll.detection
-        self._status_log.change(("up", d), logging.INFO, "target %s is up: %s %s, usage from %s, %d series",
-                                self.target, d.engine_kind, d.version_range, d.usage_metric, len(series))
+        if d.usage_metric is None:
+            # (a page read, but no KV usage on it: every KV state, risk and alert is blind while kvwatch_up reads 1,
+            # as after an engine upgrade that renames the gauge again; `kvwatch check` says usage_unknown)
+            self._status_log.change(("up", d), logging.WARNING, "target %s is up: %s %s, but no KV usage metric was "
+                                    "found on its page (%d series): pass --usage-metric with the name it exports; "
+                                    "until then kvwatch cannot tell how full the KV cache is",
+                                    self.target, d.engine_kind, d.version_range, len(series))
+        else:
+            self._status_log.change(("up", d), logging.INFO, "target %s is up: %s %s, usage from %s, %d series",
+                                    self.target, d.engine_kind, d.version_range, d.usage_metric, len(series))
         return state
 
     def _cap(self, poll: Poll) -> tuple[Poll, int]:
