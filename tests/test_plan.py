@@ -217,6 +217,11 @@ def test_will_not_start_exits_1_with_shortfall(capsys):
     (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "L4", "--vllm-version=-1"], "--vllm-version"),
     (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "L4", "--vllm-version", ""], "--vllm-version"),
     (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "L4", "--gpus-per-node", "0"], "--gpus-per-node"),
+    # contradictions that were taken without a word: the measured CUDA graphs dropped, the plot not drawn (exit 0)
+    (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "L4", "--enforce-eager", "--cuda-graph-gib", "2"],
+     "--cuda-graph-gib"),
+    (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--target-concurrency", "5", "--avg-seq-len",
+      "100", "--plot", "/tmp/kvwatch-never-drawn.png"], "--plot"),
 ])
 def test_bad_input_exits_2_naming_the_flag(argv, flag, capsys):
     code, out, err = run(["plan", *argv], capsys)

@@ -166,6 +166,10 @@ def build_spec(args: argparse.Namespace, settings: DeploymentSettings) -> Deploy
         raise SettingsError(f"invalid value {args.avg_seq_len:g} for --avg-seq-len: must be at least 1 token")
     overrides["allow_long_max_model_len"] = bool(getattr(args, "allow_long_max_model_len", False))
     overrides["enforce_eager"] = bool(getattr(args, "enforce_eager", False))
+    if overrides["enforce_eager"] and getattr(args, "cuda_graph_gib", None):
+        # (--enforce-eager captures no CUDA graphs: the measured figure was dropped without a word)
+        raise SettingsError("--enforce-eager and --cuda-graph-gib contradict each other: an eager engine captures "
+                            "no CUDA graphs; pass one")
     overrides["enable_chunked_prefill"] = bool(getattr(args, "enable_chunked_prefill", True))
     overrides["enable_prefix_caching"] = getattr(args, "enable_prefix_caching", None)
     try:
@@ -197,6 +201,8 @@ def run(args: argparse.Namespace) -> int:
         args.plot = png_output_path(args.plot)
     spec = build_spec(args, settings)
     if getattr(args, "target_concurrency", None) is not None:
+        if args.plot is not None:  # (it was ignored: exit 0 and no file)
+            raise SettingsError("--plot draws one deployment's plan: it cannot be used with --target-concurrency")
         return run_inverse(args, spec, settings.gpus_per_node)
     try:
         plan = plan_capacity(spec)
