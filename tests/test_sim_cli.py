@@ -64,6 +64,9 @@ def test_headless_trace_replay_with_rate_scale(capsys: pytest.CaptureFixture[str
     (["--vllm-version", "v0", "--data-parallel-size", "2"], "--data-parallel-size"),
     (["--trace", "/nonexistent.csv"], "--trace"),
     (["--rate-scale", "5"], "--rate-scale"),  # without --trace it was silently ignored
+    (["--block-size", "7"], "--block-size"),  # (vLLM's sizes only, as serve and plan take)
+    (["--listen-address", " "], "--listen-address"),  # an empty one listened on every interface
+    (["--restart-at-seconds", "5,30"], "--restart-at-seconds"),  # after the run's end: taken, and never restarted
 ])
 def test_bad_flags_exit_2_naming_the_flag(args: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--no-serve", "--duration-seconds", "10", *args]) == 2

@@ -154,7 +154,13 @@ def build(args: argparse.Namespace, warn: Callable[[str], None] | None = None) -
     ``--max-model-len`` will reject).
     """
     check(args.num_gpu_blocks >= 2, "--num-gpu-blocks", "must be >= 2", args.num_gpu_blocks)
-    check(args.block_size >= 1, "--block-size", "must be >= 1", args.block_size)
+    from kvwatch.capacity.kv import VLLM_BLOCK_SIZES  # (the one list: serve and plan refuse any other too)
+
+    check(args.block_size in VLLM_BLOCK_SIZES, "--block-size",
+          f"vLLM takes {', '.join(map(str, VLLM_BLOCK_SIZES))}", args.block_size)
+    # (an empty address listened on every interface, where serve refuses it)
+    check(bool(args.listen_address.strip()), "--listen-address", "must be an IP address or a host name",
+          args.listen_address)
     check(1 <= args.data_parallel_size <= MAX_DATA_PARALLEL, "--data-parallel-size",
            f"must be 1..{MAX_DATA_PARALLEL}", args.data_parallel_size)
     check(args.max_num_seqs >= 1, "--max-num-seqs", "must be >= 1", args.max_num_seqs)
@@ -184,6 +190,9 @@ def build(args: argparse.Namespace, warn: Callable[[str], None] | None = None) -
     check_number(args.step_prefill_token_ms, "--step-prefill-token-ms", 0, MAX_STEP_TOKEN_MS)
     if args.duration_seconds is not None:
         check_number(args.duration_seconds, "--duration-seconds", 0, 1e12, low_open=True)
+        late = [t for t in args.restart_at_seconds if t >= args.duration_seconds]
+        check(not late, "--restart-at-seconds", f"comes after --duration-seconds {args.duration_seconds:g}: the run "
+              "ends first", ",".join(f"{t:g}" for t in late))  # (it was taken, and never restarted)
     if args.no_serve and args.duration_seconds is None:  # (not "invalid value None": nothing was given)
         raise SettingsError("--no-serve needs --duration-seconds (the simulated seconds to run)")
     check(args.data_parallel_size == 1 or args.vllm_version not in SINGLE_ENGINE_PROFILES, "--data-parallel-size",
