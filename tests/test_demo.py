@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from prometheus_client.exposition import generate_latest
@@ -381,3 +382,17 @@ def test_a_child_that_exits_is_named_and_only_a_bad_setting_gets_the_port_hint(
         said = capsys.readouterr().err
         assert f"kvwatch demo: the simulator exited with code {code}" in said
         assert ("the demo's --sim-port" in said) is hinted
+
+
+def test_a_web_config_the_demo_cannot_read_through_stops_it_before_anything_starts(tmp_path: Path) -> None:
+    # The demo passes its environment to serve: with basic auth from KVWATCH_WEB_CONFIG_FILE every status line read
+    # "starting kvwatch" until the end, exit 0 (the demo reads serve's /metrics over plain HTTP, no password).
+    import bcrypt
+
+    config = tmp_path / "web.yml"
+    config.write_text(f"basic_auth_users:\n  u: {bcrypt.hashpw(b'p', bcrypt.gensalt(rounds=4)).decode()}\n")
+    result = subprocess.run([sys.executable, "-m", "kvwatch", "demo", "--sim-port", "0", "--port", "0",
+                             "--duration-seconds", "3"], capture_output=True, text=True, timeout=60,
+                            env={**ENV, "KVWATCH_WEB_CONFIG_FILE": str(config)})
+    assert result.returncode == 2 and result.stdout == "", result.stdout
+    assert "KVWATCH_WEB_CONFIG_FILE" in result.stderr and "unset it for the demo" in result.stderr

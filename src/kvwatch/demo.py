@@ -298,7 +298,7 @@ def _check_serve(argv: list[str]) -> None:
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:
-        checked_settings(args)
+        settings = checked_settings(args)
     except SettingsError as exc:
         # Which values came from variables, told by serve's own arguments: told by the demo's, a flag the demo
         # passes (--target-url, its poll interval) was said to come from a variable the demo had overridden.
@@ -307,6 +307,14 @@ def _check_serve(argv: list[str]) -> None:
                                 f"{name_variables(str(exc), args)}")
         refused.sources_named = True
         raise refused from None
+    if settings.web_config_file is not None:
+        from kvwatch.serve.web import load_web_config
+
+        web = load_web_config(settings.web_config_file)
+        if web.tls is not None or web.users:  # (every status line read "starting kvwatch", then exit 0)
+            raise SettingsError(f"KVWATCH_WEB_CONFIG_FILE={settings.web_config_file} puts TLS or a password on the "
+                                "kvwatch serve the demo starts, whose /metrics the demo reads over plain HTTP: "
+                                "unset it for the demo")
 
 
 def run(args: argparse.Namespace) -> int:
