@@ -703,9 +703,15 @@ def test_a_first_run_with_nothing_listening_at_the_default_is_told_what_to_pass(
     assert "hint" not in json.loads(capsys.readouterr().out)["error"]
 
 
-def test_a_bad_url_argument_is_named_as_the_url(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_bad_url_argument_is_named_as_the_url(capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     assert main(["check", "notaurl"]) == 2
     assert "invalid value 'notaurl' for URL" in capsys.readouterr().err
+    # a bad KVWATCH_TARGET_URL beside the argument: the user typed no --target-url
+    monkeypatch.setenv("KVWATCH_TARGET_URL", "bad")
+    assert main(["check", "http://127.0.0.1:9/metrics"]) == 2
+    assert "for KVWATCH_TARGET_URL" in (err := capsys.readouterr().err) and "though URL is given" in err, err
+    monkeypatch.delenv("KVWATCH_TARGET_URL")
     # two different URLs, as the argument and as --target-url: the argument won without a word
     assert main(["check", "http://a.invalid/metrics", "--target-url", "http://b.invalid/metrics"]) == 2
     assert "give the URL once" in capsys.readouterr().err

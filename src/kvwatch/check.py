@@ -124,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         message = str(exc)
         if args.url is not None:  # the URL came as the argument, not as --target-url: name what was typed
-            message = message.replace("for --target-url", "for URL")
+            message = message.replace("for --target-url", "for URL").replace("though --target-url is given",
+                                                                              "though URL is given")
         return _usage_error(message)
     except ValueError as exc:
         return _usage_error(f"invalid source-metric override: {exc}")
