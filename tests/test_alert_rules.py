@@ -33,6 +33,7 @@ ALERTS = {
     "KVWatchGPUMemoryPressure": "warning",
     "KvwatchTargetDown": "warning",
     "KvwatchAbsent": "warning",
+    "KvwatchUsageUnknown": "warning",
     "VLLMContainerRestartLoop": "critical",
     "KvwatchRestartLoop": "warning",
     "KVCacheLeakSuspected": "critical",
@@ -47,13 +48,13 @@ DERIVED = re.compile(
 )
 # Health alerts: one per target, and no series carries a model_name once polls fail (documented exception).
 # Per-GPU alerts: a GPU's series carries no model_name (kvwatch cannot tell data-parallel engines' GPUs apart).
-NO_MODEL = {"KvwatchTargetDown", "KvwatchAbsent", "VLLMContainerRestartLoop", "KvwatchRestartLoop",
-            "KVWatchGPUMemoryPressure"}
+NO_MODEL = {"KvwatchTargetDown", "KvwatchAbsent", "KvwatchUsageUnknown", "VLLMContainerRestartLoop",
+            "KvwatchRestartLoop", "KVWatchGPUMemoryPressure"}
 # Read from kube-state-metrics' series, which never carry the vllm_target label kvwatch's monitors add.
 KUBE_STATE = {"VLLMContainerRestartLoop", "KvwatchRestartLoop"}
 # Rules whose value is a constant (kvwatch_up == 0, up == 0, absent() == 1, a flag): their text cannot quote it.
-CONSTANT_VALUE = {("KvwatchTargetDown", "start"), ("KvwatchAbsent", None), ("KVCacheLeakSuspected", None),
-                  ("VLLMRequestExceedsPool", None), ("TTFTObjectiveBreach", None)}
+CONSTANT_VALUE = {("KvwatchTargetDown", "start"), ("KvwatchAbsent", None), ("KvwatchUsageUnknown", None),
+                  ("KVCacheLeakSuspected", None), ("VLLMRequestExceedsPool", None), ("TTFTObjectiveBreach", None)}
 # Labels besides severity: KvwatchTargetDown is two rules (promtool's lint refuses two with equal labels).
 EXTRA_LABELS = {"KvwatchTargetDown": {"since"}}
 CHART_VALUES = ROOT / "deploy" / "helm" / "kvwatch" / "values.yaml"
