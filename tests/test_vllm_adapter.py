@@ -143,6 +143,12 @@ def test_a_dp_page_missing_an_engines_set_still_divides_the_sum_by_its_engines()
 def test_0_33_capacity_labels_win_and_histograms() -> None:
     poll = read_fixture("gen-0.33-dp2-capacity-labels.prom")
     assert poll.detection.version_range == ">=0.21"
+    # CacheConfig's prefix_match_unit (from 0.26.0) or cache_hit_alignment_tokens (0.32.0) on the page: the range
+    # narrows to the era the capacity rules were already read for (it said ">=0.21")
+    for label in ("prefix_match_unit", "cache_hit_alignment_tokens"):
+        text = (FIXTURES / "gen-0.33-dp2-capacity-labels.prom").read_text().replace(
+            "vllm:cache_config_info{", f'vllm:cache_config_info{{{label}="16",')
+        assert interpret(text, None, timestamp=0.0).detection.version_range == ">=0.26", label
     e0, e1 = poll.readings
     assert (e0.kv_capacity_tokens, e0.kv_max_concurrency, e0.num_gpu_blocks) == (163840.0, 20.0, 10240.0)
     assert dict(e0.waiting_by_reason) == {"capacity": 3.0, "deferred": 1.0}

@@ -655,6 +655,10 @@ CACHE_LABEL_EVIDENCE: dict[str, str] = {
     "cpu_kvcache_space_bytes": "MNNMMMMMMM",  # 0.9.2
     "kv_cache_memory_bytes": "MNNMMMMMMM",  # 0.10.2
     "kv_offloading_backend": "NNNNNMMMMM",  # 0.12
+    # CacheConfig's fields from 0.26.0 and 0.32.0 (vllm_version_from_cache_config; they set the capacity rules too):
+    # present, the page is 0.26 or later, which the range said ">=0.21" of. ("M": nothing is said of their absence.)
+    "prefix_match_unit": "NNNNNNNNNM",
+    "cache_hit_alignment_tokens": "NNNNNNNNNM",
 }
 V0_SWAP_BYTES_ALONE = "MMNNNNNNNN"  # swap_space_bytes without swap_space: CacheConfig before the 0.8.5 dataclass
 
