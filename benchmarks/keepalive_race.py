@@ -63,6 +63,12 @@ def main() -> int:
     parser.add_argument("--past-ms", type=float, nargs="+", default=[0.0, 1.0, 2.0, 3.0, 5.0],
                         help="how far past the 1-s keep-alive each interval is, in ms (default 0 1 2 3 5)")
     args = parser.parse_args()
+    import importlib.util
+
+    if importlib.util.find_spec("uvicorn") is None:  # (it failed 10 s later with ConnectionRefusedError)
+        print("keepalive_race.py needs uvicorn (vLLM's own HTTP server), which kvwatch does not depend on: "
+              f"{Path(sys.executable).parent}/pip install uvicorn", file=sys.stderr)
+        return 2
     port = free_port()
     server = subprocess.Popen([sys.executable, "-c", SERVER, str(port), str(FIXTURE)])
     try:
