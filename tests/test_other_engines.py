@@ -651,6 +651,15 @@ def test_sglang_edges_of_the_pools_queues_and_counters() -> None:
                                      num_decode_transfer_queue_reqs=3, num_decode_host_receive_queue_reqs=2),
                         timestamp=1.0).readings
     assert (r.requests_waiting, r.requests_waiting_deferred) == (3, 3)
+    # requests waiting for their grammar to compile are outside num_queue_reqs: waiting, not for KV room (as vLLM
+    # counts its requests waiting for their FSM); 25 read as nothing waiting
+    (r,) = read_payload(_sglang_page(token_usage=0.3, num_running_reqs=10, num_queue_reqs=0,
+                                     num_grammar_queue_reqs=25), timestamp=1.0).readings
+    assert (r.requests_waiting, r.requests_waiting_deferred, r.requests_waiting_for_capacity) == (25, 25, 0)
+    (r,) = read_payload(_sglang_page(token_usage=0.3, num_running_reqs=10, num_queue_reqs=4,
+                                     num_decode_transfer_queue_reqs=3, num_grammar_queue_reqs=2),
+                        timestamp=1.0).readings
+    assert (r.requests_waiting, r.requests_waiting_deferred, r.requests_waiting_for_capacity) == (9, 5, 4)
     # a NaN full-pool gauge does not hide token_usage: the largest of what is known
     (r,) = read_payload(_sglang_page(token_usage=0.5, full_token_usage="NaN", mamba_usage=0.3, num_running_reqs=4),
                         timestamp=1.0).readings

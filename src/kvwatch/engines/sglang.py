@@ -67,6 +67,10 @@ DECODE_PREALLOC = "sglang:num_decode_prealloc_queue_reqs"
 # that queue staged on the host (metrics_reporter.py: [r for r in transfer_queue if r.host_staged]): read only
 # where the transfer count is absent.
 DECODE_TRANSFER = ("sglang:num_decode_transfer_queue_reqs", "sglang:num_decode_host_receive_queue_reqs")
+# Structured-output requests waiting for their grammar to compile (observability/metrics_collector.py: "The number of
+# requests in the grammar waiting queue"), outside num_queue_reqs until it is: waiting, as vLLM counts its requests
+# waiting for their FSM, and, as there, not for KV room ("deferred").
+GRAMMAR_QUEUE = "sglang:num_grammar_queue_reqs"
 # A PD prefill server's requests waiting for their decode server (bootstrap; written "prealloc" in releases before the
 # bootstrap name) and those whose KV it is sending (inflight). Only a prefill server fills them (the scheduler sets
 # them in PREFILL mode alone), which tells such a server where its engine_type says "unified": releases before
@@ -103,6 +107,7 @@ LATENCY = {  # kind -> families, newest name first
 
 FAMILIES: frozenset[str] = frozenset({
     TOKEN_USAGE, *POOL_USAGES, MAX_TOTAL_NUM_TOKENS, CONTEXT_LEN, RUNNING, QUEUE, DECODE_PREALLOC, *DECODE_TRANSFER,
+    GRAMMAR_QUEUE,
     *PREFILL_QUEUES,
     RUNNING_2024, WAITING_2024, QUEUE_2024, RETRACTED_TOTAL, TOTAL_RETRACTED_GAUGE,
     PROMPT_TOKENS, GENERATION_TOKENS, REALTIME_TOKENS, CACHED_TOKENS, REQUEST_SUCCESS, NUM_REQUESTS,
@@ -183,6 +188,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     transfer_name = next((name for name in DECODE_TRANSFER if overrides.waiting is None and exposition.samples(name)),
                          None)
     transfer_i = fam(transfer_name) if transfer_name is not None else Index()
+    grammar_i = fam(GRAMMAR_QUEUE) if overrides.waiting is None else Index()
     prefill_queues = [fam(name) for name in PREFILL_QUEUES]
     keys = series_keys((usage_i, running_i, waiting_i, capacity_i))
 
@@ -233,9 +239,9 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
             kv_usage_ratio=_fullest(usage_i.value(key), {name: i.value(key) for name, i in pools.items()}),
             requests_running=running_i.value(key),
             requests_waiting=_add(for_room := _add(waiting_i.value(key), prealloc_i.value(key)),
-                                  transferring := transfer_i.value(key)),
-            waiting_by_reason=MappingProxyType({"capacity": for_room, "deferred": transferring})
-            if transferring is not None and for_room is not None else MappingProxyType({}),
+                                  deferred := _add(transfer_i.value(key), grammar_i.value(key))),
+            waiting_by_reason=MappingProxyType({"capacity": for_room, "deferred": deferred})
+            if deferred is not None and for_room is not None else MappingProxyType({}),
             preemptions_total=retracted.value(key),
             finished_by_reason=MappingProxyType(finished_by_reason(success, finished, key)),
             prompt_tokens_total=queries,
@@ -290,8 +296,8 @@ def _cached_tokens(cached: Index, key: SeriesKey) -> float | None:
 
 
 def _add(queued: float | None, preallocating: float | None) -> float | None:
-    """Two parts of a queue added (the scheduler's queue and a PD decode server's preallocating, or those and its
-    transfers); one unknown part: the other."""
+    """Two parts of a queue added (the scheduler's queue and a PD decode server's preallocating, or those and the
+    requests waiting for something else: transfers, grammars); one unknown part: the other."""
     if preallocating is None:
         return queued
     return preallocating if queued is None else queued + preallocating
