@@ -693,6 +693,11 @@ def test_pages_kvwatch_cannot_read_say_what_they_are() -> None:
            'ray_vllm_num_requests_running{ReplicaId="a",engine="0",model_name="q"} 18.0\n')
     with pytest.raises(ScrapeError, match="Ray Serve"):
         interpret(ray, None, timestamp=0.0)
+    # SGLang through Ray (its observability/ray_wrappers.py) was "no vllm:*, sglang:* ... metrics in the payload"
+    ray_sglang = 'ray_sglang_num_running_reqs{ReplicaId="a",model_name="q",tp_rank="0"} 18.0\n'
+    with pytest.raises(ScrapeError, match=r"ray_sglang_\* metrics: sglang's metrics re-exported by Ray Serve.*"
+                                          r"ray_sglang_token_usage"):
+        interpret(ray_sglang, None, timestamp=0.0)
     sglang = ('# HELP sglang:num_running_reqs The number of running requests.\n# TYPE sglang:num_running_reqs gauge\n'
               'sglang_num_running_reqs{model_name="Qwen3",tp_rank="0"} 5.0\n# EOF\n')
     with pytest.raises(ScrapeError, match=r"named sglang_\* while their # TYPE lines say sglang:\*"):

@@ -203,13 +203,15 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
                                       "reads (" + ", ".join(f"{r}, {b}" for _, r, b in trtllm.TRITON_GENERATIONS)
                                       + "); --usage-metric, --running-metric and --waiting-metric can name what "
                                       "the page has")
-        if any(n.startswith("ray_vllm_") for n in exposition.names):
-            # vllm/v1/metrics/ray_wrappers.py: vLLM's metrics through Ray's exporter, ":" made "_", one series per
-            # replica and worker on a node's page
-            raise UnrecognisedPayload("ray_vllm_* metrics: vLLM's metrics re-exported by Ray Serve (one set per "
-                                      "replica on the node's page), which kvwatch reads only through --usage-metric, "
-                                      "--running-metric and --waiting-metric, one replica at a time (e.g. "
-                                      "ray_vllm_kv_cache_usage_perc{ReplicaId=\"...\"}); capacity then stays unknown")
+        for engine, usage in (("vllm", "kv_cache_usage_perc"), ("sglang", "token_usage")):
+            if any(n.startswith(f"ray_{engine}_") for n in exposition.names):
+                # vllm/v1/metrics/ray_wrappers.py, sglang's observability/ray_wrappers.py: the engine's metrics
+                # through Ray's exporter, ":" made "_", one series per replica and worker on a node's page
+                raise UnrecognisedPayload(
+                    f"ray_{engine}_* metrics: {engine}'s metrics re-exported by Ray Serve (one set per replica on the "
+                    "node's page), which kvwatch reads only through --usage-metric, --running-metric and "
+                    f"--waiting-metric, one replica at a time (e.g. ray_{engine}_{usage}{{ReplicaId=\"...\"}}); "
+                    "capacity then stays unknown")
         for prefix, engine, how in FOREIGN_ENGINES:
             if any(n.startswith(prefix) for n in exposition.names):
                 raise UnrecognisedPayload(f"this page is {engine}, an engine kvwatch has no adapter for (it reads "
