@@ -49,10 +49,12 @@ CHART_BOUNDS: dict[str, dict[str, Any]] = {"port": {
 # An http(s) URL whose port, if any, is 1-65535 (kvwatch checks the rest at start; $(VAR) hosts are Kubernetes' to
 # expand): a port of 80000 or 0 rendered, and the sidecar exited at start.
 PORT = "0*(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
-URL_PATTERN = f"^https?://([^/\\s]*@)?(\\[[^\\]/\\s]*\\]|[^/\\s:@\\[]+)(:{PORT})?([/?#]|$)"
+# (a $(VAR) port is Kubernetes' to expand, as a $(VAR) host is: docs/deploy.md)
+URL_PATTERN = f"^https?://([^/\\s]*@)?(\\[[^\\]/\\s]*\\]|[^/\\s:@\\[]+)(:({PORT}|\\$\\([A-Za-z_][A-Za-z0-9_]*\\)))?([/?#]|$)"
 # An address to listen on without a port (config.port is the port): an IPv6 address (two colons or more), an IPv4
 # address, a host name, or "" (unset, as everywhere in the chart). "0.0.0.0:9747" rendered, and the sidecar exited.
-LISTEN_ADDRESS = "^(([0-9A-Fa-f.]*:){2,}[0-9A-Fa-f.]*|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|)$"
+# (kvwatch.settings.check_listen_address without its length lookahead, which Go's RE2 lacks; an IPv6 zone: %eth0)
+LISTEN_ADDRESS = "^(([0-9A-Fa-f.]*:){2,}[0-9A-Fa-f.]*(%[A-Za-z0-9._-]+)?|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|)$"
 RATIO = "^(0*\\.[0-9]*[1-9][0-9]*|0*1(\\.0*)?)$"  # a decimal in (0, 1]: 0.9, .5, 1, 1.0
 DECIMAL = "^[0-9]*\\.?[0-9]+([eE][-+]?[0-9]+)?$"  # a non-negative decimal, as `helm --set` passes it
 # Kubernetes version of the definitions: the one tests/helm_helpers.py validates rendered objects with.

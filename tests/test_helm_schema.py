@@ -251,7 +251,7 @@ def test_a_monitor_without_the_charts_workload_needs_a_selector(monitor: str) ->
     # a port past 65535 or 0, and an address with a port: the chart rendered them, and kvwatch exited at start
     ("target_url", ["http://h:9400/metrics", "http://[fd00::1]:9400/metrics", "https://u:p@ss@h/m", "http://h:65535"],
      ["http://h:94000/metrics", "http://h:0/metrics", "http://h:65536/", "http://h:9400:1/"]),
-    ("listen_address", ["0.0.0.0", "::", "fe80::1", "kvwatch.local"], ["0.0.0.0:9747", "localhost:80"]),
+    ("listen_address", ["0.0.0.0", "::", "fe80::1", "fe80::1%eth0", "kvwatch.local"], ["0.0.0.0:9747", "localhost:80"]),
     # gguf & co.: methods vLLM takes and kvwatch cannot price (the capacity model is then off), not typos
     ("quantization", ["fp8", "FP8", "compressed-tensors", "compressed_tensors", "w4a16", "none", " awq ", "gguf",
                       "Quark"], ["bogus", "fp8x", "int"]),
@@ -275,6 +275,13 @@ def test_the_charts_patterns_are_the_settings_own(field: str, good: list[str], b
         with pytest.raises((ValueError, SettingsError)):
             ServeSettings(**{field: value})
         assert key in render_fails(*MINIMAL, "--set-json", f"config.{key}={json.dumps(value)}")
+
+
+def test_a_url_port_kubernetes_expands_renders() -> None:
+    # docs/deploy.md: a $(VAR) in targetUrl is Kubernetes' to expand, port included (the port pattern refused it)
+    env = containers(render("--set", "config.model=m", "--set", "vllm.enabled=false", "--set",
+                            "config.targetUrl=http://vllm:$(VLLM_PORT)/metrics"))["kvwatch"]["env"]
+    assert {e["name"]: e.get("value") for e in env}["KVWATCH_TARGET_URL"] == "http://vllm:$(VLLM_PORT)/metrics"
 
 
 def test_every_number_takes_the_decimal_string_helm_set_passes() -> None:

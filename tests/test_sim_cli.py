@@ -66,6 +66,7 @@ def test_headless_trace_replay_with_rate_scale(capsys: pytest.CaptureFixture[str
     (["--rate-scale", "5"], "--rate-scale"),  # without --trace it was silently ignored
     (["--block-size", "7"], "--block-size"),  # (vLLM's sizes only, as serve and plan take)
     (["--listen-address", " "], "--listen-address"),  # an empty one listened on every interface
+    (["--listen-address", "a b"], "--listen-address"),  # (serve's own check)
     (["--restart-at-seconds", "5,30"], "--restart-at-seconds"),  # after the run's end: taken, and never restarted
 ])
 def test_bad_flags_exit_2_naming_the_flag(args: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -306,3 +307,8 @@ def test_no_serve_without_a_duration_names_what_is_missing(capsys: pytest.Captur
     # "invalid value None for --duration-seconds": None was never given
     assert main(["simulate", "--no-serve"]) == 2
     assert "kvwatch simulate: --no-serve needs --duration-seconds" in capsys.readouterr().err
+
+
+def test_a_restart_at_the_runs_last_second_is_taken() -> None:
+    # (restarts run up to and including the simulated time reached, and a run ends at --duration-seconds)
+    _build("--no-serve", "--duration-seconds", "30", "--restart-at-seconds", "10,30")

@@ -82,6 +82,16 @@ def redact_url(url: str) -> str:
     return url if at == -1 else f"{scheme}://***@{rest[at + 1:]}"
 
 
+def check_listen_address(v: str) -> str:
+    """An address to listen on (serve's and simulate's), or ValueError saying what it must be."""
+    try:
+        ipaddress.ip_address(v)  # IPv4 or IPv6 ("::" listens on both where the system allows)
+    except ValueError:
+        if not re.fullmatch(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?", v):
+            raise ValueError("must be an IP address (0.0.0.0, ::, 127.0.0.1) or a host name") from None
+    return v
+
+
 def check_url(v: str) -> str:
     """An http(s) URL with a host, or ValueError saying what is wrong."""
     if any(c.isspace() or not c.isprintable() for c in v):
@@ -644,12 +654,7 @@ class ServeSettings(TargetSettings):
     @field_validator("listen_address")
     @classmethod
     def _listen_address(cls, v: str) -> str:
-        try:
-            ipaddress.ip_address(v)  # IPv4 or IPv6 ("::" listens on both where the system allows)
-        except ValueError:
-            if not re.fullmatch(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?", v):
-                raise ValueError("must be an IP address (0.0.0.0, ::, 127.0.0.1) or a host name") from None
-        return v
+        return check_listen_address(v)
 
     @field_validator("web_config_file")
     @classmethod

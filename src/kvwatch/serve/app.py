@@ -368,7 +368,7 @@ class Sidecar:
         state = State(timestamp=now, health=health, detection=poll.detection, series=MappingProxyType(series),
                       gpu=self._gpu_state(gpu_read, now, series, engine_restarted=bool(restarted)))
         d = poll.detection
-        if d.usage_metric is None:
+        if not d.usage_metric:  # (None or "", which kvwatch_source_info exports as "" alike)
             # (a page read, but no KV usage on it: every KV state, risk and alert is blind while kvwatch_up reads 1,
             # as after an engine upgrade that renames the gauge again; `kvwatch check` says usage_unknown)
             self._status_log.change(("up", d), logging.WARNING, "target %s is up: %s %s, but no KV usage metric was "

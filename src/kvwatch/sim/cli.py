@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kvwatch.settings import SettingsError, path_argument
+from kvwatch.settings import SettingsError, check_listen_address, path_argument
 from kvwatch.sim import buckets
 from kvwatch.sim.engine import EngineConfig, EngineSnapshot, Request, Simulator, StepTimeModel
 from kvwatch.sim.engines_wire import ENGINES
@@ -62,7 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     eng.add_argument("--vllm-version", choices=PROFILES, default=DEFAULT_PROFILE, help="which vLLM's /metrics to speak")
     eng.add_argument("--num-gpu-blocks", type=int, default=2048, help="KV blocks per engine (like "
                      "--num-gpu-blocks-override)")
-    eng.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    eng.add_argument("--block-size", type=int, default=16, help="tokens per KV block: 1, 8, 16, 32, 64, 128 or 256, "
+                     "vLLM's sizes")
     eng.add_argument("--data-parallel-size", type=int, default=1, help="data-parallel engines behind the endpoint")
     eng.add_argument("--max-num-seqs", type=int, default=256, help="most requests running at once per engine")
     eng.add_argument("--max-num-batched-tokens", type=int, default=8192, help="token budget of one step")
@@ -158,9 +159,10 @@ def build(args: argparse.Namespace, warn: Callable[[str], None] | None = None) -
 
     check(args.block_size in VLLM_BLOCK_SIZES, "--block-size",
           f"vLLM takes {', '.join(map(str, VLLM_BLOCK_SIZES))}", args.block_size)
-    # (an empty address listened on every interface, where serve refuses it)
-    check(bool(args.listen_address.strip()), "--listen-address", "must be an IP address or a host name",
-          args.listen_address)
+    try:  # (serve's check: an empty address listened on every interface)
+        check_listen_address(args.listen_address)
+    except ValueError as exc:
+        check(False, "--listen-address", str(exc), args.listen_address)
     check(1 <= args.data_parallel_size <= MAX_DATA_PARALLEL, "--data-parallel-size",
            f"must be 1..{MAX_DATA_PARALLEL}", args.data_parallel_size)
     check(args.max_num_seqs >= 1, "--max-num-seqs", "must be >= 1", args.max_num_seqs)
@@ -190,7 +192,7 @@ def build(args: argparse.Namespace, warn: Callable[[str], None] | None = None) -
     check_number(args.step_prefill_token_ms, "--step-prefill-token-ms", 0, MAX_STEP_TOKEN_MS)
     if args.duration_seconds is not None:
         check_number(args.duration_seconds, "--duration-seconds", 0, 1e12, low_open=True)
-        late = [t for t in args.restart_at_seconds if t >= args.duration_seconds]
+        late = [t for t in args.restart_at_seconds if t > args.duration_seconds]  # (one at the end still happens)
         check(not late, "--restart-at-seconds", f"comes after --duration-seconds {args.duration_seconds:g}: the run "
               "ends first", ",".join(f"{t:g}" for t in late))  # (it was taken, and never restarted)
     if args.no_serve and args.duration_seconds is None:  # (not "invalid value None": nothing was given)
