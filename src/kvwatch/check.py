@@ -63,6 +63,7 @@ from kvwatch.forecast.thresholds import BUSY_USAGE, queue_waits_for_kv, standing
 from kvwatch.model import SGLANG, TENSORRT_LLM, VLLM, Detection, Poll, Reading, SeriesKey
 from kvwatch.payload import ScrapeError, interpret
 from kvwatch.settings import (
+    REFUSED_BESIDE,
     CheckSettings,
     SettingsError,
     add_settings_flags,
@@ -124,8 +125,8 @@ def run(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         message = str(exc)
         if args.url is not None:  # the URL came as the argument, not as --target-url: name what was typed
-            message = message.replace("for --target-url", "for URL").replace("though --target-url is given",
-                                                                              "though URL is given")
+            message = message.replace("for --target-url", "for URL").replace(
+                REFUSED_BESIDE.format(flag="--target-url"), REFUSED_BESIDE.format(flag="URL"))
         return _usage_error(message)
     except ValueError as exc:
         return _usage_error(f"invalid source-metric override: {exc}")

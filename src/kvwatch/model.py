@@ -141,7 +141,8 @@ class Reading:
     @property
     def requests_waiting_deferred(self) -> float | None:
         """Requests waiting for something other than room (vLLM >= 0.20's ``deferred``: a LoRA slot or a KV
-        transfer, whose blocks may already be allocated); None when the engine does not split its queue."""
+        transfer, whose blocks may already be allocated; SGLang's KV transfer and grammar queues); None when the
+        engine does not split its queue."""
         return self.waiting_by_reason.get("deferred", 0.0) if self.waiting_by_reason else None
 
     @property

@@ -82,6 +82,10 @@ def redact_url(url: str) -> str:
     return url if at == -1 else f"{scheme}://***@{rest[at + 1:]}"
 
 
+# A bad variable beside the flag that overrides it (load_settings); `kvwatch check` names its URL argument in it.
+REFUSED_BESIDE = "refused though {flag} is given too"
+
+
 def check_listen_address(v: str) -> str:
     """An address to listen on (serve's and simulate's), or ValueError saying what it must be."""
     try:
@@ -802,8 +806,8 @@ def load_settings(settings_cls: type[_Base], args: argparse.Namespace | None = N
             try:
                 settings_cls._convert(name, info, environ[variable])
             except _Invalid as exc:
-                raise SettingsError(_blame(name, {}, f"{exc.message} (refused though "
-                                                     f"{flag_name(public_name(name))} is given too)",
+                raise SettingsError(_blame(name, {}, f"{exc.message} ("
+                                                     f"{REFUSED_BESIDE.format(flag=flag_name(public_name(name)))})",
                                            exc.value)) from None
     try:
         return settings_cls(**values)

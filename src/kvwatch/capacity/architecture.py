@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvwatch.capacity.config_fields import (
+    CONFIG_CLASS_DEFAULTS,
     ArchitectureError,
     class_defaults_used,
     first_number,
@@ -297,7 +298,7 @@ def tensor_parallel_refusal(arch: ModelArch, tp: int) -> str | None:
     return None
 
 
-DEFAULT_VOCAB_SIZE = 32_000
+DEFAULT_VOCAB_SIZE = CONFIG_CLASS_DEFAULTS["llama"]["vocab_size"]  # (transformers' LlamaConfig: the note says so)
 
 
 def block_quant_split(arch: ModelArch, tp: int) -> tuple[str, bool] | None:

@@ -26,14 +26,16 @@ CONFIG_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
     # them): without them every layer was sized as attention, 4-8x the KV per token (Qwen3NextConfig, JambaConfig).
     "qwen3_next": {"full_attention_interval": 4},
     "jamba": {"attn_layer_period": 8, "attn_layer_offset": 4},
-    # LlamaConfig (models/llama/configuration_llama.py): Llava-1.5's text_config names only its vocabulary and
+    # LlamaConfig (transformers' src/transformers/models/llama/configuration_llama.py; its length, 2048, is in
+    # CLASS_MAX_POSITION_EMBEDDINGS below with every class's): Llava-1.5's text_config names only its vocabulary and
     # length, and vLLM builds a LlamaConfig from it (num_key_value_heads unset: the attention heads, head_dim
     # hidden / heads), so kvwatch refused a model vLLM serves.
     "llama": {"vocab_size": 32_000, "hidden_size": 4096, "intermediate_size": 11_008, "num_hidden_layers": 32,
               "num_attention_heads": 32},
 }
 
-# max_position_embeddings of transformers' config classes (models/<type>/configuration_<type>.py), by model_type:
+# max_position_embeddings of transformers' config classes (transformers' src/transformers/models/<type>/
+# configuration_<type>.py), by model_type (their other defaults, where kvwatch needs them: CONFIG_CLASS_DEFAULTS):
 # vLLM's _get_and_verify_max_len reads the length off the config object, so a config.json that leaves it out gets
 # its class's default. vLLM's own fallback of 2048 is for a class with no length field at all; for a model_type
 # not listed here kvwatch does not know which applies and leaves the model's length unknown (max_len.py).

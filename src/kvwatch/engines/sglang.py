@@ -67,9 +67,9 @@ DECODE_PREALLOC = "sglang:num_decode_prealloc_queue_reqs"
 # that queue staged on the host (metrics_reporter.py: [r for r in transfer_queue if r.host_staged]): read only
 # where the transfer count is absent.
 DECODE_TRANSFER = ("sglang:num_decode_transfer_queue_reqs", "sglang:num_decode_host_receive_queue_reqs")
-# Structured-output requests waiting for their grammar to compile (observability/metrics_collector.py: "The number of
-# requests in the grammar waiting queue"), outside num_queue_reqs until it is: waiting, as vLLM counts its requests
-# waiting for their FSM, and, as there, not for KV room ("deferred").
+# Structured-output requests waiting for their grammar to compile (SGLang's python/sglang/srt/observability/
+# metrics_collector.py: "The number of requests in the grammar waiting queue"), outside num_queue_reqs until it is:
+# waiting, as vLLM counts its requests waiting for their FSM, and, as there, not for KV room ("deferred").
 GRAMMAR_QUEUE = "sglang:num_grammar_queue_reqs"
 # A PD prefill server's requests waiting for their decode server (bootstrap; written "prealloc" in releases before the
 # bootstrap name) and those whose KV it is sending (inflight). Only a prefill server fills them (the scheduler sets
