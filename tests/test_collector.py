@@ -268,8 +268,8 @@ def test_an_adapter_bug_is_internal_with_its_traceback(no_kvwatch_env: None, cap
     assert caplog.text.count("Traceback") == 1 and "KeyError: 'a bug'" in caplog.text
 
 
-def test_every_restart_of_a_series_is_logged(no_kvwatch_env: None, caplog: pytest.LogCaptureFixture) -> None:
-    # The restart line's status was (series, reason), the same every time: only the first restart was ever logged.
+def poll_pages(texts: Iterable[str], caplog: pytest.LogCaptureFixture) -> list[State]:
+    """A sidecar polling each page in turn, 5 s apart, logging at INFO into ``caplog``."""
     import httpx
     import respx
 
@@ -279,14 +279,21 @@ def test_every_restart_of_a_series_is_logged(no_kvwatch_env: None, caplog: pytes
 
     url = "http://vllm.test/metrics"
     clock = ManualClock()
+    states = []
     with respx.mock, Fetcher(url, timeout=1.0, max_body_bytes=1 << 20) as fetcher, caplog.at_level(logging.INFO):
         route = respx.get(url)
         sidecar = Sidecar(ServeSettings(target_url=url, poll_interval_seconds=5), fetcher, clock,
                           analyzers=[DemoAnalyzer()])
-        for preemptions in (50, 0, 50, 0, 50, 0):  # a counter going down is a restart
-            route.mock(return_value=httpx.Response(200, text=payload(preemptions)))
-            sidecar.poll()
+        for text in texts:
+            route.mock(return_value=httpx.Response(200, text=text))
+            states.append(sidecar.poll())
             clock.t += 5.0
+    return states
+
+
+def test_every_restart_of_a_series_is_logged(no_kvwatch_env: None, caplog: pytest.LogCaptureFixture) -> None:
+    # The restart line's status was (series, reason), the same every time: only the first restart was ever logged.
+    poll_pages((payload(preemptions) for preemptions in (50, 0, 50, 0, 50, 0)), caplog)  # (counters going down)
     assert caplog.text.count("restarted") == 3
 
 
@@ -404,23 +411,8 @@ def test_a_page_without_a_usage_metric_is_up_with_a_warning(no_kvwatch_env: None
                                                              caplog: pytest.LogCaptureFixture) -> None:
     # An engine restarted on a version that renames its usage gauge to a name kvwatch does not know: kvwatch_up 1,
     # state unknown and every KV alert blind, and the only log line was INFO "usage from None".
-    import httpx
-    import respx
-
-    from kvwatch.fetch import Fetcher
-    from kvwatch.serve.app import Sidecar
-    from kvwatch.settings import ServeSettings
-
-    url = "http://vllm.test/metrics"
-    clock = ManualClock()
-    with respx.mock, Fetcher(url, timeout=1.0, max_body_bytes=1 << 20) as fetcher, caplog.at_level(logging.INFO):
-        route = respx.get(url)
-        sidecar = Sidecar(ServeSettings(target_url=url, poll_interval_seconds=5), fetcher, clock,
-                          analyzers=[DemoAnalyzer()])
-        for text in (payload(0), payload(0).replace("kv_cache_usage_perc", "kv_cache_utilization"), payload(0)):
-            route.mock(return_value=httpx.Response(200, text=text))
-            assert sidecar.poll().health.up
-            clock.t += 5.0
+    renamed = payload(0).replace("kv_cache_usage_perc", "kv_cache_utilization")
+    assert all(state.health.up for state in poll_pages((payload(0), renamed, payload(0)), caplog))
     warned = [r for r in caplog.records if r.levelno == logging.WARNING and "no KV usage metric" in r.getMessage()]
     assert len(warned) == 1 and "--usage-metric" in warned[0].getMessage()
     assert caplog.text.count("usage from vllm:kv_cache_usage_perc") == 2  # (up with it, before and after: INFO)
