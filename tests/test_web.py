@@ -187,10 +187,21 @@ def test_the_config_is_reloaded_when_it_changes(pki: Path, tmp_path: Path, serve
         assert httpx.get(url, auth=("a", "two")).status_code == 200
         assert httpx.get(url, auth=("a", "two")).status_code == 200
     assert sum("not reloaded" in r.getMessage() for r in caplog.records) == 2
+    time.sleep(0.01)
+    with caplog.at_level(logging.ERROR, logger="kvwatch"):
+        config.write_text("")  # emptied (a rewrite caught half-way): basic auth stays on, where it went off
+        assert httpx.get(url).status_code == 401
+    assert "would turn basic auth off" in caplog.text
     write_config(tmp_path, tls=True)  # TLS switched on: plain HTTP is refused from the next connection
     assert httpx.get(url).status_code == 400
     context = ssl.create_default_context(cafile=tmp_path / "ca.crt")
-    assert httpx.get(f"https://localhost:{server.port}/metrics", verify=context).status_code == 200
+    https = f"https://localhost:{server.port}/metrics"
+    assert httpx.get(https, verify=context).status_code == 200
+    time.sleep(0.01)
+    with caplog.at_level(logging.ERROR, logger="kvwatch"):
+        config.write_text("")  # and never off again by a reload: it served /metrics in the clear
+        assert httpx.get(https, verify=context).status_code == 200
+    assert "it turns TLS off" in caplog.text
 
 
 @pytest.mark.parametrize(("text", "complaint"), [
@@ -657,6 +668,8 @@ def test_a_flood_of_wrong_passwords_keeps_the_good_one_cached(monkeypatch: pytes
     checked = []
     monkeypatch.setattr(bcrypt, "checkpw", lambda *args: checked.append(args) or False)
     assert config.check_password("prom", "secret", cache) and not checked  # (from the cache: no bcrypt)
+    # an unknown user pays for a bcrypt check too: answered at once, user names could be told by timing (21 vs 91 ms)
+    assert not config.check_password("nobody", "secret", cache) and len(checked) == 1
 
 
 def test_idle_connections_reopened_as_fast_as_they_close_give_way_within_a_fraction_of_a_second(

@@ -117,6 +117,11 @@ class WebConfig:
         paid for bcrypt again (median 6 ms to 69 ms, 1.07 s at worst)."""
         hashed = self.users.get(user)
         if hashed is None:
+            # (an unknown user answered at once and a known one after bcrypt: user names could be told by timing;
+            # exporter-toolkit checks a fixed hash then too)
+            import bcrypt
+
+            bcrypt.checkpw(password.encode()[:BCRYPT_PASSWORD_BYTES], _UNKNOWN_USER_HASH)
             return False
         key = hashlib.sha256(b"\0".join((user.encode(), password.encode(), hashed))).digest()
         if key in cache:
@@ -256,6 +261,21 @@ def _load_inline(context: ssl.SSLContext, cert: str, key: str) -> None:
         context.load_cert_chain(pem)
 
 
+# A bcrypt hash (cost 10, of no password anyone uses) checked for an unknown user, as long as a real one takes.
+_UNKNOWN_USER_HASH = b"$2b$10$1jOvvxhJQZXJThSVy97Bs.A4dhYfx4agj0lDySPPh4voDs8GOqdB."
+
+
+def reload_refusal(running: WebConfig, new: WebConfig) -> str | None:
+    """Why ``new`` may not replace the ``running`` configuration on a reload, or None. A reload never drops to
+    plain HTTP (exporter-toolkit's TLS listener cannot either), and a file with nothing in it (a rewrite caught
+    half-way: `cat > web.yml`) does not turn basic auth off: an empty file served /metrics in the clear."""
+    if running.tls is not None and new.tls is None:
+        return "it turns TLS off, which a reload may not (a file being rewritten?): restart kvwatch to serve plain HTTP"
+    if running.users and not (new.tls or new.users or new.headers):
+        return "it is empty and would turn basic auth off (a file being rewritten?): restart kvwatch to drop it"
+    return None
+
+
 class WebConfigWatcher:
     """The current web configuration, re-read when the file or any file it names changes."""
 
@@ -292,6 +312,11 @@ class WebConfigWatcher:
                     log.exception("web config not reloaded, the last good one stays in force")
                     self._failed_stamp = stamp
                 else:
+                    refusal = reload_refusal(self.config, config)
+                    if refusal is not None:
+                        log.error("web config not reloaded, the last good one stays in force: %s", refusal)
+                        self._failed_stamp = stamp
+                        return self.config
                     self.config = config
                     self.auth_cache = {}
                     self._stamp = self._stamps()
