@@ -466,6 +466,18 @@ def test_argument_errors_with_json_print_a_json_error_too(flags: list[str], name
     assert named in captured.err
 
 
+def test_a_stray_argument_is_echoed_with_its_url_redacted(capsys: pytest.CaptureFixture[str]) -> None:
+    # `kvwatch serve URL` (a URL given as check takes it) or a misspelt flag printed the password to the log
+    with pytest.raises(SystemExit):
+        main(["serve", "http://alice:S3cretPW@vllm:8000/metrics"])
+    err = capsys.readouterr().err
+    assert "S3cretPW" not in err and "http://***@vllm:8000/metrics" in err
+    with pytest.raises(SystemExit):
+        main(["check", "--json", "--targeturl=http://alice:S3cretPW@vllm:8000/metrics"])
+    captured = capsys.readouterr()
+    assert "S3cretPW" not in captured.out + captured.err and "--targeturl=http://***@vllm" in captured.out
+
+
 def test_argument_errors_without_json_print_nothing_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["check", "--file", str(FIXTURES / "gen-0.9-both-usage-names.prom"), "--fail-on", "loud"])
@@ -486,6 +498,11 @@ def test_a_url_without_metrics_gets_a_hint(live_target: str, capsys: pytest.Capt
     assert f"hint: {hint}" in capsys.readouterr().err
     assert main(["check", live_target, "--json"]) == 3
     assert "hint" not in json.loads(capsys.readouterr().out)["error"]
+    # credentials in the URL are redacted in the hint, as in the source (it printed the password)
+    with_password = root.replace("http://", "http://alice:S3cretPW@")
+    assert main(["check", with_password, "--json"]) == 3
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert "S3cretPW" not in json.dumps(error) and error["hint"].endswith("try http://***@" + root[7:] + "/metrics")
 
 
 def test_the_metrics_path_hint_only_for_an_answer_that_is_no_metrics_page(

@@ -146,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"kvwatch check: note: {why}", file=sys.stderr)
     except ScrapeError as exc:
         source = str(args.file) if args.file is not None else redact_url(settings.target_url)
-        hint = _url_hint(settings.target_url) if args.file is None and _another_page(exc) else None
+        # (the URL it suggests is the given one's, credentials redacted like the source's: it printed the password)
+        hint = _url_hint(redact_url(settings.target_url)) if args.file is None and _another_page(exc) else None
         if args.file is None and exc.reason == "connect" and "target_url" not in settings.model_fields_set:
             # (nothing given, nothing listening at the default: the first run of a newcomer)
             hint = "is vLLM running there? Pass its /metrics URL: kvwatch check http://HOST:PORT/metrics"

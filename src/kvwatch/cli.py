@@ -69,6 +69,12 @@ class Parser(argparse.ArgumentParser):
         return super()._get_values(action, arg_strings)
 
     def usage_exit(self, prog: str, message: str) -> NoReturn:
+        if "://" in message:  # (a stray or misspelt argument was echoed whole: a URL's password with it)
+            import re
+
+            from kvwatch.settings import redact_url
+
+            message = re.sub(r"[A-Za-z][A-Za-z0-9+.-]*://\S+", lambda m: redact_url(m.group()), message)
         if self.json_errors:
             print(usage_error_json(message), flush=True)
         self.exit(2, f"{prog}: {message} (see {prog} --help)\n")
