@@ -40,3 +40,26 @@ def test_the_writer_writes_whole_lines_to_its_descriptor_without_a_lock() -> Non
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+def test_a_messages_control_characters_are_escaped_and_a_traceback_keeps_its_lines() -> None:
+    # A model name from the target's page (a label) with a newline forged a log line of its own, and a terminal
+    # escape in it drove whoever tailed the log.
+    read_end, write_end = os.pipe()
+    try:
+        writer = StderrWriter(write_end)
+        try:
+            raise ValueError("boom")
+        except ValueError as exc:
+            error = exc
+        writer.handle(logging.makeLogRecord({
+            "name": "kvwatch", "levelname": "ERROR", "levelno": logging.ERROR,
+            "msg": "capacity model for %s", "args": ('evil"} 1\nINJECTED 42\x1b[2J é',),
+            "exc_info": (ValueError, error, error.__traceback__)}))
+        text = os.read(read_end, 10_000).decode()
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    first, *rest = text.splitlines()
+    assert first.endswith('capacity model for evil"} 1\\x0aINJECTED 42\\x1b[2J é')
+    assert rest[0] == "Traceback (most recent call last):" and rest[-1] == "ValueError: boom"

@@ -13,6 +13,7 @@ import logging
 import logging.handlers
 import os
 import queue
+import re
 import sys
 from typing import TextIO
 
@@ -39,6 +40,18 @@ class DroppingQueueHandler(logging.handlers.QueueHandler):
             self.dropped += 1
 
 
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+class EscapingFormatter(logging.Formatter):
+    """A log line's message with its control characters escaped (``\x0a``): a label the target sets (a model name
+    holding a newline or a terminal escape) forged log lines or drove the terminal. Tracebacks keep their lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", record.message)
+        return super().formatMessage(record)
+
+
 class StderrWriter(logging.Handler):
     """Writes formatted records to file descriptor 2 from the queue's one thread: no lock (a lock held by a
     write blocked on a full pipe would stall ``logging.shutdown`` at exit) and no buffer to flush."""
@@ -46,7 +59,7 @@ class StderrWriter(logging.Handler):
     def __init__(self, fd: int = 2) -> None:
         super().__init__()
         self.fd = fd
-        self.setFormatter(logging.Formatter(FORMAT))
+        self.setFormatter(EscapingFormatter(FORMAT))
 
     def createLock(self) -> None:
         self.lock = None  # only the queue's thread writes
