@@ -407,14 +407,37 @@ def test_one_client_cannot_hold_every_connection(serve, monkeypatch: pytest.Monk
     from kvwatch.serve import web
 
     monkeypatch.setattr(web, "MAX_PER_CLIENT", 2)
+    monkeypatch.setattr(web, "STALLED_AFTER", 60.0)  # (not yet stalled: see below)
     server = serve(None)
     holding = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(2)]
     assert _eventually(lambda: _refused(f"http://127.0.0.1:{server.port}/healthz"))
     other = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"))
     assert other.get(f"http://127.0.0.1:{server.port}/healthz", timeout=5.0).status_code == 200
+    # Its own connections that have sent nothing for STALLED_AFTER give way to its next one: 32 of them, dripping a
+    # byte a second, locked the node's kubelet (the same address) out of /healthz while slots were free.
+    monkeypatch.setattr(web, "STALLED_AFTER", 0.2)
+    time.sleep(0.3)
+    assert httpx.get(f"http://127.0.0.1:{server.port}/healthz", timeout=5.0).status_code == 200
+    for s in holding:
+        s.settimeout(5.0)
+    assert any(_closed_by_server(s) for s in holding)
     for s in holding:
         s.close()
     assert _eventually(lambda: not _refused(f"http://127.0.0.1:{server.port}/healthz"))
+
+
+def test_a_request_head_over_its_budget_is_refused(serve) -> None:
+    # The standard library caps a header line (64 KiB) and their count (100), not the block: 32 connections holding
+    # 99 lines of 64 KB took the sidecar from 38 to 241 MB. A head over MAX_HEAD_BYTES is refused, as Go refuses one
+    # over its 1 MiB.
+    from kvwatch.serve import web
+
+    server = serve(None)
+    url = f"http://127.0.0.1:{server.port}/healthz"
+    line = "x" * 4000
+    assert httpx.get(url, headers={f"X-{i}": line for i in range(12)}, timeout=5.0).status_code == 200
+    big = {f"X-{i}": line for i in range(web.MAX_HEAD_BYTES // 4000 + 1)}
+    assert httpx.get(url, headers=big, timeout=5.0).status_code == 431
 
 
 @pytest.mark.parametrize("tls", [False, True])

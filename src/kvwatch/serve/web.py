@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import http.client
 import logging
 import os
 import select
@@ -59,6 +60,9 @@ LISTEN_BACKLOG = 1024
 MAX_CONNECTIONS = 128
 """Connections served at once (a thread each); more wait in the backlog. 1,500 clients trickling a header byte
 every 8 s held 1,504 threads and 76 MB, over the memory budget."""
+MAX_HEAD_BYTES = 64 * 1024
+"""A request's line and headers together (a scrape's are under 1 KiB; a bearer token a few KiB): more is refused
+with 431, as Go's net/http refuses a head over its 1 MiB default (here 128 connections × 64 KiB is 8 MiB)."""
 MAX_PER_CLIENT = 32
 """Connections one client address may hold at once: 128 half-sent requests from one client held every slot, and
 the kubelet's /healthz probe and Prometheus' scrape failed until they timed out."""
@@ -404,7 +408,9 @@ class MetricsServer(ThreadingHTTPServer):
         # One client may hold at most MAX_PER_CLIENT connections: more are closed at once, without a thread.
         host = _host(client_address)
         with self._per_client_lock:
-            crowded = self._per_client[host] >= MAX_PER_CLIENT
+            # (its own stalled connections give way: 32 of them, dripping a byte a second, locked the node's
+            # kubelet out of /healthz from the same address while slots were free)
+            crowded = self._per_client[host] >= MAX_PER_CLIENT and self._end_stalled(host) is None
             if not crowded:
                 self._per_client[host] += 1
         if crowded:
@@ -441,16 +447,25 @@ class MetricsServer(ThreadingHTTPServer):
     def _evict_stalled(self) -> None:
         """Every slot is taken: end the oldest connection that has sent no request for STALLED_AFTER seconds, from
         the address holding the most (its thread then frees the slot)."""
-        now = time.monotonic()
         with self._per_client_lock:
-            stalled = [c for c in self._connections.values()
-                       if not c.head_read and not c.evicted and now - c.opened >= STALLED_AFTER and _silent(c)]
-            if not stalled:
-                return
-            victim = max(stalled, key=lambda c: (self._per_client[c.host], -c.opened))
-            victim.evicted = True
-            _shut(victim)
-        log.debug("all %d connection slots taken: closed a stalled connection from %s", MAX_CONNECTIONS, victim.host)
+            victim = self._end_stalled(None)
+        if victim is not None:
+            log.debug("all %d connection slots taken: closed a stalled connection from %s", MAX_CONNECTIONS,
+                      victim.host)
+
+    def _end_stalled(self, host: str | None) -> _Connection | None:
+        """End the oldest connection (of ``host``, or of the address holding the most) that has sent no request for
+        STALLED_AFTER seconds, and return it; None if there is none. Called with the per-client lock held."""
+        now = time.monotonic()
+        stalled = [c for c in self._connections.values()
+                   if (host is None or c.host == host) and not c.head_read and not c.evicted
+                   and now - c.opened >= STALLED_AFTER and _silent(c)]
+        if not stalled:
+            return None
+        victim = max(stalled, key=lambda c: (self._per_client[c.host], -c.opened))
+        victim.evicted = True
+        _shut(victim)
+        return victim
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
@@ -553,6 +568,22 @@ def _shut(connection: _Connection) -> None:
         socket.socket.shutdown(connection.socket, socket.SHUT_RDWR)
 
 
+class _HeadBudget:
+    """The request's reader while its headers are read, refusing (431, as an over-long header line is) once they
+    pass their share of MAX_HEAD_BYTES. The standard library caps a line (64 KiB) and the count (100), not the block:
+    32 held connections of 99 lines of 64 KB took the sidecar from 38 to 241 MB, most of it kept after they left."""
+
+    def __init__(self, inner: Any, budget: int) -> None:
+        self.inner, self.budget = inner, budget
+
+    def readline(self, limit: int = -1) -> bytes:
+        line = self.inner.readline(limit if 0 <= limit <= self.budget else self.budget + 1)
+        self.budget -= len(line)
+        if self.budget < 0:
+            raise http.client.LineTooLong(f"request head over {MAX_HEAD_BYTES} bytes")
+        return line
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: MetricsServer
     timeout = CLIENT_TIMEOUT
@@ -564,7 +595,12 @@ class _Handler(BaseHTTPRequestHandler):
         super().__init__(request, client_address, server)
 
     def parse_request(self) -> bool:
-        parsed = super().parse_request()  # (reads the request line and every header)
+        rfile = self.rfile
+        self.rfile = _HeadBudget(rfile, MAX_HEAD_BYTES - len(self.raw_requestline))  # type: ignore[assignment]
+        try:
+            parsed = super().parse_request()  # (reads the request line and every header)
+        finally:
+            self.rfile = rfile
         if parsed and self.tracked is not None:
             self.tracked.head_read = True
         return parsed
