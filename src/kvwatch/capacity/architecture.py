@@ -51,9 +51,9 @@ from kvwatch.capacity.layers import (
 from kvwatch.capacity.mamba import MambaConfigError, MambaDims, mamba_dims_from_config
 from kvwatch.capacity.max_len import (
     LONGROPE_DEFAULT_SINCE,
-    MAX_LEN_KEYS,
     YARN_UNSCALED_SINCE,
     derived_max_model_len,
+    length_field,
     rope_scaling,
 )
 from kvwatch.capacity.quantization import QuantizationError, checkpoint_kv_cache_dtype, scheme_from_config
@@ -494,7 +494,7 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
     if max_len is None:
         notes.append(f"the model's maximum length is unknown: {max_len_how} (vLLM takes that default, or 2048 for a "
                      "class without one): pass --max-model-len; whether vLLM accepts it is not checked")
-    elif not any(cfg.get(key) for key in MAX_LEN_KEYS):
+    elif length_field(cfg) is None:
         notes.append(f"the model's maximum length: {max_len_how} (vLLM reads the config through transformers)")
     if filled := class_defaults_used(language_part(config)):
         notes.append(f"config.json leaves out {', '.join(filled)}: {model_type}'s config class fills "

@@ -26,6 +26,19 @@ def rope_scaling(cfg: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
     return rope, str(rope.get("rope_type") or rope.get("type") or "default")
 
 
+def length_field(cfg: dict[str, Any]) -> tuple[str, float] | None:
+    """(the config.json field vLLM takes the model's length from, its value), None when the file names none: the
+    smallest of :data:`MAX_LEN_KEYS`, ``model_max_length`` taking precedence."""
+    found: tuple[str, float] | None = None
+    for name in MAX_LEN_KEYS:
+        value = cfg.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and (found is None or value < found[1]):
+            found = (name, float(value))
+    if isinstance(cfg.get("model_max_length"), (int, float)) and cfg["model_max_length"]:
+        found = ("model_max_length", float(cfg["model_max_length"]))
+    return found
+
+
 def derived_max_model_len(cfg: dict[str, Any], model_type: str = "", *,
                           version: tuple[int, int] | None = None) -> tuple[int | None, str]:
     """(the longest --max-model-len vLLM accepts without VLLM_ALLOW_LONG_MAX_MODEL_LEN, how it was derived).
@@ -37,15 +50,9 @@ def derived_max_model_len(cfg: dict[str, Any], model_type: str = "", *,
     window only limits it under ``--disable-sliding-window``, which kvwatch does not model. With no length field,
     the config class's default (:data:`CLASS_MAX_POSITION_EMBEDDINGS`), or None (unknown) for a class not listed.
     """
-    derived: float = float("inf")
-    key: str | None = None
-    for name in MAX_LEN_KEYS:
-        value = cfg.get(name)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < derived:
-            derived, key = float(value), name
-    if isinstance(cfg.get("model_max_length"), (int, float)) and cfg["model_max_length"]:
-        derived, key = float(cfg["model_max_length"]), "model_max_length"
-    if key is not None:
+    field = length_field(cfg)
+    if field is not None:
+        key, derived = field
         how = f"{key}={int(derived)}"
     else:
         default = CLASS_MAX_POSITION_EMBEDDINGS.get(model_type)

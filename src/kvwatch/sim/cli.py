@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kvwatch.capacity.kv import VLLM_BLOCK_SIZES  # (the one list: serve and plan refuse any other too)
 from kvwatch.settings import SettingsError, check_listen_address, path_argument
 from kvwatch.sim import buckets
 from kvwatch.sim.engine import EngineConfig, EngineSnapshot, Request, Simulator, StepTimeModel
@@ -62,8 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     eng.add_argument("--vllm-version", choices=PROFILES, default=DEFAULT_PROFILE, help="which vLLM's /metrics to speak")
     eng.add_argument("--num-gpu-blocks", type=int, default=2048, help="KV blocks per engine (like "
                      "--num-gpu-blocks-override)")
-    eng.add_argument("--block-size", type=int, default=16, help="tokens per KV block: 1, 8, 16, 32, 64, 128 or 256, "
-                     "vLLM's sizes")
+    eng.add_argument("--block-size", type=int, default=16,
+                     help=f"tokens per KV block: {', '.join(map(str, VLLM_BLOCK_SIZES))} (vLLM's sizes)")
     eng.add_argument("--data-parallel-size", type=int, default=1, help="data-parallel engines behind the endpoint")
     eng.add_argument("--max-num-seqs", type=int, default=256, help="most requests running at once per engine")
     eng.add_argument("--max-num-batched-tokens", type=int, default=8192, help="token budget of one step")
@@ -155,8 +156,6 @@ def build(args: argparse.Namespace, warn: Callable[[str], None] | None = None) -
     ``--max-model-len`` will reject).
     """
     check(args.num_gpu_blocks >= 2, "--num-gpu-blocks", "must be >= 2", args.num_gpu_blocks)
-    from kvwatch.capacity.kv import VLLM_BLOCK_SIZES  # (the one list: serve and plan refuse any other too)
-
     check(args.block_size in VLLM_BLOCK_SIZES, "--block-size",
           f"vLLM takes {', '.join(map(str, VLLM_BLOCK_SIZES))}", args.block_size)
     try:  # (serve's check: an empty address listened on every interface)
