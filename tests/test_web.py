@@ -440,6 +440,34 @@ def test_a_request_head_over_its_budget_is_refused(serve) -> None:
     assert httpx.get(url, headers=big, timeout=5.0).status_code == 431
 
 
+def _exchange(port: int, request: bytes) -> bytes:
+    """Send raw bytes and read the answer until the server closes; a socket timeout (the server waiting) raises."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5.0) as s:
+        s.sendall(request)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_an_absolute_form_request_target_is_served_like_its_path(serve) -> None:
+    # RFC 9112 section 3.2.2: a server must accept "GET http://host:port/metrics", as proxies send it; it was a 404.
+    server = serve(None)
+    for target, status, text in ((f"http://127.0.0.1:{server.port}/metrics?x=1", b"200", b"kvwatch_up 1.0"),
+                                 ("HTTP://kvwatch/healthz", b"200", b"ok\n"), ("http://kvwatch", b"404", b"not found")):
+        answer = _exchange(server.port, f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        assert answer.split(b" ")[1] == status and text in answer, target
+
+
+def test_an_http_0_9_request_is_refused_at_once(serve) -> None:
+    # Its request line has no version and no headers follow: waiting for them held the connection for CLIENT_TIMEOUT.
+    server = serve(None)
+    for line in (b"GET /metrics\r\n", b"GET /metrics\n"):
+        answer = _exchange(server.port, line)  # (a wait would raise socket.timeout after 5 s)
+        assert answer.startswith(b"HTTP/1.0 400 ") and b"kvwatch_up" not in answer
+    assert httpx.get(f"http://127.0.0.1:{server.port}/metrics").status_code == 200
+
+
 @pytest.mark.parametrize("tls", [False, True])
 def test_stalled_connections_give_way_to_a_new_client(pki: Path, serve, monkeypatch: pytest.MonkeyPatch,
                                                       tls: bool, accepted_at_once) -> None:

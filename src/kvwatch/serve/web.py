@@ -541,6 +541,14 @@ def _host(client_address: Any) -> str:
     return str(client_address[0]) if client_address else ""
 
 
+def _target_path(target: str) -> str:
+    """The path a request line's target names, query left off. A server must accept the absolute form
+    (``http://host:port/metrics``, RFC 9112 section 3.2.2), which proxies and some probes send."""
+    if target[:1] != "/" and "://" in target:
+        target = "/" + target.split("://", 1)[1].partition("/")[2]
+    return target.split("?", 1)[0]
+
+
 def _silent(connection: _Connection) -> bool:
     """Nothing waits to be read on the connection: its client has sent nothing its thread has not read. A client
     whose request waits for a thread the CPU has not run yet (a loaded node, a throttled container: 100 ms is one CFS
@@ -591,6 +599,14 @@ class _Handler(BaseHTTPRequestHandler):
         super().__init__(request, client_address, server)
 
     def parse_request(self) -> bool:
+        if len(self.raw_requestline.split()) == 2:
+            # An HTTP/0.9 request line: BaseHTTPRequestHandler would wait for headers such a client never sends, and
+            # hold the connection for CLIENT_TIMEOUT. Refused at once, as Go's net/http refuses a malformed line.
+            self.close_connection, self.command = True, None
+            self.requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
+            self.request_version = "HTTP/1.0"  # (so the refusal carries a status line)
+            self.send_error(400, "HTTP/0.9 is not served")
+            return False
         rfile = self.rfile
         self.rfile = _HeadBudget(rfile, MAX_HEAD_BYTES - len(self.raw_requestline))  # type: ignore[assignment]
         try:
@@ -607,7 +623,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.do_GET()
 
     def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
+        path = _target_path(self.path)
         if path == "/healthz":
             why = self.server.stalled()
             self._reply(503 if why else 200, "text/plain; charset=utf-8", why.encode() if why else b"ok\n")
