@@ -320,15 +320,36 @@ def test_current_rules_subtract_the_cuda_graph_memory(capsys):
 
 def test_header_and_json_state_the_rules_applied(capsys):
     base = ["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--max-model-len", "8192"]
-    for extra, rules in (([], ">=0.32"), (["--vllm-version", "0.27"], "0.26-0.31"),
-                         (["--vllm-version", "0.20"], "0.20"), (["--vllm-version", "0.12"], "0.9-0.13"),
-                         (["--vllm-version", "0.8"], "<0.9")):
+    for extra, rules in (([], ">=0.32"), (["--vllm-version", "0.27"], "0.26-0.27"),
+                         (["--vllm-version", "0.29"], "0.28-0.29"), (["--vllm-version", "0.20"], "0.20"),
+                         (["--vllm-version", "0.12"], "0.12-0.13"), (["--vllm-version", "0.8"], "<0.9")):
         _, out, _ = run([*base, *extra], capsys)
         assert out.splitlines()[0].endswith(f"vLLM {rules} rules (figures per GPU)"), out.splitlines()[0]
         _, out, _ = run([*base, *extra, "--json"], capsys)
         assert json.loads(out)["vllm_rules"] == rules
     _, out, _ = run(base, capsys)
     assert "vLLM 0.20 rules" not in out  # the default is every current vLLM, not 0.20 alone
+
+
+def test_the_rules_range_never_spans_a_version_the_capacity_model_reads() -> None:
+    # plan named vLLM 0.29 "0.26-0.31 rules" though the model's rules change at 0.28 and 0.30: its list of changes
+    # was kept by hand beside some 25 *_SINCE/*_BEFORE versions. Every one in kvwatch.capacity must be in it.
+    import importlib
+    import pkgutil
+
+    import kvwatch.capacity
+    from kvwatch.capacity.rules import RULE_CHANGES
+
+    versions = {}
+    for info in pkgutil.iter_modules(kvwatch.capacity.__path__):
+        module = importlib.import_module(f"kvwatch.capacity.{info.name}")
+        for name, value in vars(module).items():
+            if name.rstrip("_").upper() == name and ("_SINCE" in name or "_BEFORE" in name):
+                for version in value.values() if isinstance(value, dict) else [value]:
+                    if isinstance(version, tuple):  # (a size such as MLA_HYBRID_ALIGNMENT_BEFORE_0_20 is none)
+                        versions[f"{info.name}.{name}"] = version
+    assert len(versions) >= 25
+    assert {name: v for name, v in versions.items() if v not in RULE_CHANGES} == {}
 
 
 def test_json_counts_and_bytes_are_integers_and_every_plan_says_will_start(capsys):

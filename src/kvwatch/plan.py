@@ -30,12 +30,6 @@ from kvwatch.capacity import presets as preset_data
 from kvwatch.capacity.architecture import ModelArch
 from kvwatch.capacity.inverse import InversePlan, inverse_plan
 from kvwatch.capacity.kv import (
-    CHUNKED_HYBRID_SINCE,
-    HYBRID_GROUPING_SINCE,
-    HYBRID_PREFIX_CACHING_SINCE,
-    IN_FLIGHT_TOKENS_SINCE,
-    MAMBA_CHECKPOINT_BLOCK_SINCE,
-    NEMOTRON_SSM_FP32_SINCE,
     TOKENS_FROM_CONCURRENCY_SINCE,
     KVLayout,
     blocks_per_group_tokens,
@@ -50,6 +44,7 @@ from kvwatch.capacity.layers import CHUNKED, MAMBA, SLIDING
 from kvwatch.capacity.longcontext import LongContext, long_context
 from kvwatch.capacity.memory import model_dtype_bytes, parameter_counts, resolve_quantization
 from kvwatch.capacity.planner import CUDA_GRAPHS_SUBTRACTED_SINCE, GRAPH_SUBTRACTING_VLLM, release
+from kvwatch.capacity.rules import rules_range
 from kvwatch.capacity.units import GIB, decimal_unit_note
 from kvwatch.settings import (
     MAX_GPU_MEMORY_GIB,
@@ -357,27 +352,6 @@ def _long_context_dict(lc: LongContext | None) -> dict[str, Any] | None:
 def _whole(n: float | None) -> int | None:
     """Bytes as a JSON integer (the sums are in float; a fraction of a byte means nothing)."""
     return None if n is None else round(n)
-
-
-# Versions at which a rule the capacity model follows changes (kvwatch.capacity.kv and planner).
-RULE_CHANGES: tuple[tuple[int, int], ...] = tuple(sorted({
-    HYBRID_GROUPING_SINCE, CHUNKED_HYBRID_SINCE, TOKENS_FROM_CONCURRENCY_SINCE, NEMOTRON_SSM_FP32_SINCE,
-    CUDA_GRAPHS_SUBTRACTED_SINCE, IN_FLIGHT_TOKENS_SINCE, HYBRID_PREFIX_CACHING_SINCE, MAMBA_CHECKPOINT_BLOCK_SINCE}))
-
-
-def rules_range(version: tuple[int, int]) -> str:
-    """The vLLM releases whose capacity rules are the ones applied for ``version`` (``>=0.32``, ``0.9-0.13``)."""
-    lower = [c for c in RULE_CHANGES if c <= version]
-    upper = [c for c in RULE_CHANGES if c > version]
-    lo, hi = (max(lower) if lower else None), (min(upper) if upper else None)
-    if lo is None and hi is not None:
-        return f"<{hi[0]}.{hi[1]}"
-    if hi is None and lo is not None:
-        return f">={lo[0]}.{lo[1]}"
-    assert lo is not None and hi is not None
-    last = f"{hi[0]}.{hi[1] - 1}"
-    first = f"{lo[0]}.{lo[1]}"
-    return first if first == last else f"{first}-{last}"
 
 
 def _g(n_bytes: float | None) -> str:

@@ -32,7 +32,7 @@ def release(version: tuple[int, int]) -> str:
 
 # The releases every text about that rule names, from the constant (the release was typed into four messages)
 GRAPH_SUBTRACTING_VLLM = f"vLLM >= {release(CUDA_GRAPHS_SUBTRACTED_SINCE)}"
-_OLD_DEFAULT_UTILIZATION_BEFORE = (0, 20)
+OLD_DEFAULT_UTILIZATION_BEFORE = (0, 20)
 
 
 class SpecError(ValueError):
@@ -62,7 +62,7 @@ def parse_version(text: str | None) -> tuple[int, int]:
 
 def default_gpu_memory_utilization(version: tuple[int, int]) -> float:
     """vLLM's default --gpu-memory-utilization: 0.9 up to 0.16, 0.92 from 0.20."""
-    return 0.92 if version >= _OLD_DEFAULT_UTILIZATION_BEFORE else 0.9
+    return 0.92 if version >= OLD_DEFAULT_UTILIZATION_BEFORE else 0.9
 
 
 class DeploymentOptions(Protocol):
