@@ -14,6 +14,8 @@ import random
 import time
 from pathlib import Path
 
+from pytest_benchmark.fixture import BenchmarkFixture
+
 from kvwatch.backtest.runner import calibrate, evaluate, simulate
 from kvwatch.backtest.scenarios import Scenario, load_trace
 from kvwatch.backtest.traces import defaults_for
@@ -61,7 +63,7 @@ def backtest_day(trace_path: Path, hours: float = 24.0) -> dict[str, float]:
             "requests": float(simulation.requests), "polls": float(len(simulation.samples))}
 
 
-def test_forecaster_day(benchmark):  # pytest-benchmark
+def test_forecaster_day(benchmark: BenchmarkFixture) -> None:  # pytest-benchmark
     samples = day_of_polls()
     benchmark.pedantic(forecaster_day, args=(samples,), rounds=3, iterations=1)
 

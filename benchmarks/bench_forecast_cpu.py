@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import time
 
+from pytest_benchmark.fixture import BenchmarkFixture
+
 from kvwatch.backtest.runner import calibrate, simulate
 from kvwatch.backtest.scenarios import Scenario, load_trace
 from kvwatch.forecast import Forecaster, ForecastParams, ForecastSample
@@ -46,7 +48,8 @@ def per_poll_cpu(samples: list[ForecastSample], params: ForecastParams | None = 
     return sum(costs) / len(costs), sum(closing) / len(closing), max(costs)
 
 
-def test_forecaster_observe_day(benchmark):  # pytest-benchmark: wall time of a day of polls, one series
+def test_forecaster_observe_day(benchmark: BenchmarkFixture) -> None:
+    """pytest-benchmark: wall time of a day of polls, one series."""
     samples = polls(6.0)
 
     def run() -> None:

@@ -15,6 +15,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from pytest_benchmark.fixture import BenchmarkFixture
+
 from kvwatch.sim.engine import EngineConfig, Request, Simulator
 from kvwatch.sim.metrics import render
 from kvwatch.sim.traces import block_bootstrap, packaged_trace, read_azure_csv, scale_rate
@@ -53,12 +55,12 @@ def day_of_load() -> list[Request]:
     return scale_rate(block_bootstrap(sample, 24 * HOUR, block_seconds=300, seed=1), 1.3, seed=1)
 
 
-def test_replay_one_hour(benchmark) -> None:  # type: ignore[no-untyped-def]
+def test_replay_one_hour(benchmark: BenchmarkFixture) -> None:
     requests = hour_of_azure_conv(None)
     benchmark.pedantic(replay, args=(requests, HOUR), rounds=3, iterations=1)
 
 
-def test_render_033(benchmark) -> None:  # type: ignore[no-untyped-def]
+def test_render_033(benchmark: BenchmarkFixture) -> None:
     sim = Simulator(CONFIG)
     sim.submit(hour_of_azure_conv(None))
     sim.run_until(600.0)

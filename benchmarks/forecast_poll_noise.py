@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from collections.abc import Sequence
 from itertools import pairwise
 from pathlib import Path
 
 from forecast_sweep import tuning_family
 
 from kvwatch.backtest.report import case_name
+from kvwatch.forecast.forecaster import ForecastSample
 from kvwatch.forecast.robust import least_squares
 
 WINDOW = 30  # minutes, the risk's window
 
 
-def minutes(samples) -> list[list[float]]:
+def minutes(samples: Sequence[ForecastSample]) -> list[list[float]]:
     """The polls' usage per minute (minutes with at least 3 polls)."""
     by_minute: dict[int, list[float]] = {}
     for s in samples:

@@ -804,14 +804,15 @@ def _free_tokens(r: Reading, usage: float) -> float:
     return (1.0 - usage) * (r.kv_capacity_tokens or 0.0)
 
 
-SGLANG_DECODE_RESERVE_TOKENS = 512  # SGLang's --num-reserved-decode-tokens default (server_args.py)
+SGLANG_DECODE_RESERVE_TOKENS = 512  # SGLang's --num-reserved-decode-tokens default (its srt/server_args.py)
 
 
 def _decode_admission(r: Reading, usage: float, waiting: float) -> str:
     """An SGLang PD decode server's queue for room below the KV-bound line: its prealloc queue admits a transferred
-    request only when its tokens fit beside the room reserved for each running request's decode, and a request slot
-    is free (disaggregation/decode.py). Which of the two holds it the payload does not say: scheduler_limited's
-    "raise --max-running-requests, more KV would not help" adds reservations where the reserve is what is full."""
+    request only when its tokens fit beside the room reserved for each running request's decode, and a request slot is
+    free (SGLang's srt/disaggregation/decode.py). Which of the two holds it the payload does not say:
+    scheduler_limited's "raise --max-running-requests, more KV would not help" adds reservations where the reserve is
+    what is full."""
     from kvwatch.capacity.units import percent  # (lazy: check loads the capacity model only where it sizes something)
 
     text = (f"{_requests(waiting)} {_verb(waiting)} to be admitted on this PD decode server while KV is "

@@ -1,6 +1,7 @@
 """The KV capacity model: how many concurrent requests a card carries, why, and what each fix buys.
 
-Pure core (``architecture``, ``kv``, ``memory``, ``planner``, ``whatif``) plus ``presets``, which reads the files:
+Pure core (every module but one: ``architecture``, ``kv``, ``memory``, ``planner``, ``whatif``, ``findings``,
+``rules`` and the rest) plus ``presets``, which reads the files:
 the packaged ones in ``kvwatch/data`` and a user's ``config.json``; the sidecar's use of it lives in
 :mod:`kvwatch.serve`. See docs/capacity.md.
 """

@@ -24,12 +24,12 @@ from kvwatch.capacity.kv import LayoutPool, blocks_per_group_tokens, max_concurr
 from kvwatch.capacity.planner import CapacityPlan
 from kvwatch.derived import block_pool, blocks_shared_by_groups
 from kvwatch.engines.vllm import engine_max_model_len, label_number
-from kvwatch.model import CAPACITY_UNDETERMINED, VLLM
+from kvwatch.model import CAPACITY_UNDETERMINED, VLLM, Reading
 
 SOURCES = ("engine_kv_cache_size_tokens", "engine_num_gpu_blocks", "engine_metric", "formula", "unknown")
 
 
-def max_model_len_of(reading: Any, given: int | None) -> int | None:
+def max_model_len_of(reading: Reading, given: int | None) -> int | None:
     """The ``--max-model-len`` a series runs: the engine's own where it says (vLLM >= 0.25 tells it through
     cache_config_info: kvwatch.engines.vllm.engine_max_model_len; SGLang exports its context length as a metric,
     ``Reading.max_model_len``), else the one kvwatch was given, else None
@@ -45,7 +45,7 @@ def max_model_len_of(reading: Any, given: int | None) -> int | None:
 VLLM_MAX_MODEL_LEN_SOURCE = "vllm:cache_config_info: kv_cache_size_tokens / kv_cache_max_concurrency"
 
 
-def engine_max_model_len_of(reading: Any) -> tuple[int | None, str]:
+def engine_max_model_len_of(reading: Reading) -> tuple[int | None, str]:
     """The engine's own max model length and where it comes from: vLLM's cache_config_info labels, else a metric
     the engine exports (SGLang's context_len, ``Reading.max_model_len``); (None, "") when it says neither."""
     engine = engine_max_model_len(reading.cache_config)
@@ -79,7 +79,7 @@ class SeriesCapacity:
     def formula_tokens(self) -> int | None:
         return self.plan.kv_cache_tokens if self.plan is not None else None
 
-    def apply(self, reading: Any) -> Any:
+    def apply(self, reading: Reading) -> Reading:
         """The reading with this capacity: filled in where the engine reported none, and the engine's blocks
         divided among the model's KV groups (``_engine_block_tokens``), with vLLM's concurrency at max-model-len
         from them where the engine does not report it (:func:`engine_max_concurrency`); other readings are
@@ -107,7 +107,7 @@ class SeriesCapacity:
         return reading
 
 
-def engine_block_size(reading: Any, plan: CapacityPlan | None) -> float | None:
+def engine_block_size(reading: Reading, plan: CapacityPlan | None) -> float | None:
     """The tokens one of the engine's blocks holds: its ``block_size`` label, except where that label is stale. On a
     Mamba hybrid vLLM raises the block size so that an attention page holds a Mamba state; from 0.20 the worker does
     it and, until vllm PR 42967 (May 2026), ``cache_config_info`` kept the size asked for (vllm issue 42966:
@@ -130,7 +130,7 @@ def formula_in_engine_terms(plan: CapacityPlan, source: str) -> float:
     return float(plan.kv_cache_tokens)
 
 
-def layout_pool(reading: Any, plan: CapacityPlan | None) -> LayoutPool | None:
+def layout_pool(reading: Reading, plan: CapacityPlan | None) -> LayoutPool | None:
     """The pool as the model's layout fills it: the engine's blocks where they are counted at the layout's block
     size, the plan's where the capacity is the formula's; None where the layout does not count by group (one group,
     no window: the token figure is right) or without blocks."""
@@ -145,7 +145,7 @@ def layout_pool(reading: Any, plan: CapacityPlan | None) -> LayoutPool | None:
     return LayoutPool(plan.layout, blocks, plan.in_flight_tokens) if blocks > 0 else None
 
 
-def engine_max_concurrency(reading: Any, plan: CapacityPlan | None) -> float | None:
+def engine_max_concurrency(reading: Reading, plan: CapacityPlan | None) -> float | None:
     """vLLM's "Maximum concurrency for max_model_len tokens per request" from the engine's own blocks and the
     model's layout (kvwatch.capacity.kv.max_concurrency_at_max_model_len: whole blocks in every KV group, a
     sliding group holding its window): on a sliding-window or hybrid model ``blocks ÷ ceil(len ÷ block_size)``
@@ -160,7 +160,7 @@ def engine_max_concurrency(reading: Any, plan: CapacityPlan | None) -> float | N
                                             plan.in_flight_tokens)
 
 
-def _engine_block_tokens(reading: Any, plan: CapacityPlan | None, kv_groups: int | None) -> float:
+def _engine_block_tokens(reading: Reading, plan: CapacityPlan | None, kv_groups: int | None) -> float:
     """The engine's pool in tokens from its blocks. The adapter's ``blocks × block_size`` is right for one KV
     group; a sliding-window or hybrid model's groups (interleaved layers, Mamba layers) share the pool, and
     vLLM 0.9-0.19 reports ``blocks // groups × block_size`` (kvwatch.capacity.kv.reported_kv_cache_tokens).
@@ -174,7 +174,7 @@ def _engine_block_tokens(reading: Any, plan: CapacityPlan | None, kv_groups: int
     return float(blocks_per_group_tokens(int(reading.num_gpu_blocks), groups, int(block_size)))
 
 
-def resolve(reading: Any, plan: CapacityPlan | None, kv_groups: int | None = None) -> SeriesCapacity:
+def resolve(reading: Reading, plan: CapacityPlan | None, kv_groups: int | None = None) -> SeriesCapacity:
     """The capacity of one series: the engine's figures first, then the plan (docstring above). ``kv_groups``:
     the model's KV groups when it is known but no plan could be built (no card given)."""
     config = reading.cache_config

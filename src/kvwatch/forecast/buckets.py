@@ -1,11 +1,11 @@
 """Per-minute aggregation of 5-/10-s samples, with counter-reset handling and gap splitting.
 
-Forecasts are fitted on one point per minute: p90 of usage tracks the peaks that cause saturation
-while averaging out 10-s jitter, and counter deltas over a minute give rates that are not dominated by
-the batching noise of single polls. Counter deltas follow :func:`kvwatch.counters.counter_delta`. Each
-sample-to-sample delta belongs to the bucket of the later sample; deltas across a gap longer than
-``max_delta_seconds`` are dropped (their rate is unknowable), so a bucket's rates are sums over the time
-its deltas actually cover.
+Forecasts are fitted on one point per minute: p90 of usage tracks the peaks that cause saturation while averaging out
+10-s jitter, and counter deltas over a minute give rates that are not dominated by the batching noise of single polls.
+Counter deltas follow :func:`kvwatch.counters.counter_delta`. Each sample-to-sample delta belongs to the bucket of the
+later sample; deltas across a gap longer than ``ForecastParams.stale_after_seconds`` (kvwatch.forecast.forecaster)
+are dropped (their rate is unknowable), so a bucket's rates are sums over the time its deltas actually
+cover.
 """
 
 from __future__ import annotations

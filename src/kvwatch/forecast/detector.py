@@ -2,10 +2,10 @@
 
 Reactive states (bottleneck, scheduler_limited, stalled) are judged on the raw samples of the last few
 minutes, with fire/clear hysteresis so one sample cannot flap them. The early warning (``filling``) is
-judged once per minute from the saturation risk and needs ``warn_for`` consecutive minutes at or above
-``risk_on`` to fire and ``clear_for`` consecutive minutes below ``risk_off`` to clear. It is about the *next*
+judged once per minute from the saturation risk and needs ``warn_for_buckets`` consecutive minutes at or above
+``risk_on`` to fire and ``clear_for_buckets`` consecutive minutes below ``risk_off`` to clear. It is about the *next*
 saturation (v5): a minute with sustained saturation (the ``bottleneck`` state) disarms it, so once that
-saturation is over it warns again only after a fresh run of ``rearm_for`` minutes at or above ``risk_on``.
+saturation is over it warns again only after a fresh run of ``rearm_for_buckets`` minutes at or above ``risk_on``.
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ class WarningParams:
     clear_for_buckets: int = 10
     # v5: a minute in sustained saturation (the forecast came true, ``bottleneck`` speaks for it) ends the
     # warning; afterwards it fires again only after this many fresh minutes at or above ``risk_on``. False: v4's
-    # latch, which stayed on through repeated saturations until ``clear_for`` calm minutes.
+    # latch, which stayed on through repeated saturations until ``clear_for_buckets`` calm minutes.
     rearm: bool = True
     rearm_for_buckets: int = 2
     # True (v5): the warning follows the exported risk, recurrence included (the series' own recent
@@ -220,9 +220,10 @@ class WarningParams:
 
 
 class WarningLatch:
-    """``filling`` fires after ``warn_for`` raw minutes in a row, clears after ``clear_for`` calm minutes.
+    """``filling`` fires after ``warn_for_buckets`` raw minutes in a row, clears after ``clear_for_buckets`` calm
+    minutes.
 
-    With ``rearm``, a saturated minute clears it and the next warning needs ``rearm_for`` raw minutes counted
+    With ``rearm``, a saturated minute clears it and the next warning needs ``rearm_for_buckets`` raw minutes counted
     from after the saturation: one warning episode per forecast saturation, not one for a whole overloaded
     afternoon (docs/forecasting.md, "Decision rules")."""
 

@@ -7,7 +7,7 @@ answers, so a vLLM outage never restarts kvwatch too; 503 once no poll has ended
 the longest poll (:func:`polling_window`: a stalled poll thread, restarted by the liveness probe). Logs only changes
 (target up/down, detected generation, restarts).
 
-Analyzers (capacity model, forecaster, advisor) plug in through :data:`ANALYZER_MODULES`: each module
+Analyzers (capacity model, forecaster with the advisor, latency) plug in through :data:`ANALYZER_MODULES`: each module
 exposes ``make_analyzer(settings: ServeSettings, capacity: CapacityResolver) -> Analyzer | None`` (see
 :mod:`kvwatch.serve.state`); ``capacity`` is the sidecar's one resolver of each series' KV capacity.
 

@@ -1,15 +1,14 @@
 """The capacity model inside ``serve``: the formula's KV capacity beside vLLM's, and what-if ceilings.
 
-Exports, per (``model_name``, ``engine``), when the model and the card are known:
-``kvwatch_formula_kv_capacity_tokens`` (what the formula says vLLM should have, from kvwatch's settings plus
-the engine's own ``cache_config_info`` values for what was not given; a large gap to
-``kvwatch_kv_capacity_tokens`` means the settings kvwatch was given do not match the engine) and
-``kvwatch_whatif_max_concurrency{scenario}`` (each scenario's ceiling at the live average KV tokens per
-running request). For every series whose capacity is known by any means: ``kvwatch_capacity_source_info{source}``
-(the engine's figures first, then the formula: kvwatch.capacity.series) and ``kvwatch_kv_cache_pool_bytes``.
-For every series whose usage, running and waiting are known: ``kvwatch_capacity_finding{finding}``, 1 once a
-finding's condition (kvwatch.capacity.findings.live_finding, the same as ``check``'s) has held on every poll for
-SUSTAINED_SECONDS of the poll clock, else 0.
+Exports, per (``model_name``, ``engine``), when the model and the card are known: ``kvwatch_formula_kv_capacity_tokens``
+(what the formula says vLLM should have, from kvwatch's settings plus the engine's own ``cache_config_info`` values for
+what was not given; a large gap to ``kvwatch_kv_capacity_tokens`` means the settings kvwatch was given do not match the
+engine) and ``kvwatch_whatif_max_concurrency{scenario}`` (each scenario's ceiling: today's observed-mix ceiling × the
+scenario's over the formula's own at its request size, kvwatch.derived.ceiling_request_size). For every series whose
+capacity is known by any means: ``kvwatch_capacity_source_info{source}`` (the engine's figures first, then the formula:
+kvwatch.capacity.series) and ``kvwatch_kv_cache_pool_bytes``. For every series whose usage, running and waiting are
+known: ``kvwatch_capacity_finding{finding}``, 1 once a finding's condition (kvwatch.capacity.findings.live_finding, the
+same as ``check``'s) has held on every poll for SUSTAINED_SECONDS of the poll clock, else 0.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ vLLM's; SGLang's coarser set keeps only the shared bounds, so its quantiles are 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
@@ -97,7 +97,7 @@ def render_sglang(snaps: Sequence[EngineSnapshot], *, model_name: str) -> str:
         labels = {"model_name": model_name, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0"}
         return {**labels, "dp_rank": str(s.engine)} if with_dp else labels
 
-    def per(fn):  # type: ignore[no-untyped-def]
+    def per(fn: Callable[[EngineSnapshot], float]) -> list[tuple[dict[str, str], float]]:
         return [(sched(s), fn(s)) for s in snaps]
 
     tok = {"model_name": model_name}

@@ -15,7 +15,7 @@ unconditionally, so the ``v0`` profile has them (see ``_render_v0``).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -271,7 +271,7 @@ def _render_v1(b: _Builder, snaps: Sequence[EngineSnapshot], profile: str, c: _C
     def base(s: EngineSnapshot) -> dict[str, str]:
         return {"model_name": model_name, "engine": str(s.engine)} if with_engine else {"model_name": model_name}
 
-    def per(fn):  # type: ignore[no-untyped-def]
+    def per(fn: Callable[[EngineSnapshot], float]) -> list[tuple[dict[str, str], float]]:
         return [(base(s), fn(s)) for s in snaps]
 
     ttft, tpot, latency = _BUCKETS[profile]
