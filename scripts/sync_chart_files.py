@@ -89,12 +89,14 @@ def config_schema() -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "src"))
     from kvwatch.capacity.kv import VLLM_BLOCK_SIZES
     from kvwatch.capacity.quantization import name_pattern
+    from kvwatch.engines import RENAMES_PATTERN
     from kvwatch.settings import GPU_UUIDS_PATTERN, KV_CACHE_DTYPES, SELECTOR_PATTERN, ServeSettings, public_name
 
     patterns = {"target_url": URL_PATTERN, "dcgm_url": URL_PATTERN, "gpu_uuids": GPU_UUIDS_PATTERN,
                 "listen_address": LISTEN_ADDRESS,
                 "quantization": name_pattern(),
-                **dict.fromkeys(("usage_metric", "running_metric", "waiting_metric"), SELECTOR_PATTERN)}
+                **dict.fromkeys(("usage_metric", "running_metric", "waiting_metric"), SELECTOR_PATTERN),
+                "rename_metrics": RENAMES_PATTERN}
 
     fields = ServeSettings.json_schema()
     properties: dict[str, Any] = {}

@@ -1039,6 +1039,31 @@ def test_a_source_metric_declared_but_not_set_yet_is_unknown_not_a_refusal(
     assert "matches no sample in this payload yet" in unknown["message"]
 
 
+def test_rename_metrics_reads_a_proxys_names_for_any_family(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Only usage, running and waiting could be named: a proxy's renamed preemption counter and cache_config_info
+    # left kvwatch_up 1, preemptions unknown and the preemption alerts silent, without a word.
+    text = (FIXTURES / "gen-0.33-dp2-capacity-labels.prom").read_text()
+    own = check_json(["--file", str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom")], capsys)["series"]
+    page = tmp_path / "proxy.prom"
+    page.write_text(text.replace("vllm:num_preemptions", "proxy_preemptions").replace("vllm:cache_config_info",
+                                                                                        "proxy_cache_config_info")
+                    .replace("vllm:kv_cache_usage_perc", "proxy_kv_usage"))
+    plain = check_json(["--file", str(page)], capsys)
+    assert plain["series"][0]["preemptions_total"] is None and plain["series"][0]["kv_capacity_tokens"] is None
+    renames = ("proxy_preemptions=vllm:num_preemptions, proxy_cache_config_info=vllm:cache_config_info,"
+               "proxy_kv_usage=vllm:kv_cache_usage_perc")
+    report = check_json(["--file", str(page), "--rename-metrics", renames], capsys)
+    assert report["series"] == own
+    assert report["usage_metric"] == "proxy_kv_usage" and "proxy_cache_config_info" in report["capacity_metric"]
+    for bad, why in (("proxy_preemption_total=vllm:num_preemptions_total", "the payload has no proxy_preemption_total"),
+                     ("proxy_kv_usage=vllm:num_requests_running", "the payload has vllm:num_requests_running too")):
+        assert main(["check", "--file", str(page), "--rename-metrics", bad]) == 3
+        assert why in capsys.readouterr().err
+    for bad in ("a=b,a=c", "a=a", "a", "a=b=c", "a=b,b=c"):
+        assert main(["check", "--file", str(page), "--rename-metrics", bad]) == 2
+        assert "--rename-metrics" in capsys.readouterr().err
+
+
 def test_a_source_metric_cannot_apply_to_json_iteration_statistics(capsys: pytest.CaptureFixture[str]) -> None:
     stats = Path(__file__).parent / "fixtures" / "tensorrt-llm-metrics" / "trtllm-serve-iteration-stats.json"
     assert main(["check", "--file", str(stats), "--usage-metric", "foo"]) == 3

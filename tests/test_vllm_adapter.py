@@ -846,3 +846,16 @@ def test_a_usage_family_declared_without_a_sample_is_unknown_for_that_reason() -
     (finding,) = [f for f in build_report(poll)["findings"] if f["id"] == "usage_unknown"]
     assert "vllm:kv_cache_usage_perc is declared with no sample" in finding["message"]
     assert "No KV usage metric found" not in finding["message"]
+
+
+def test_a_renamed_histogram_is_read_whole_under_the_engines_name() -> None:
+    # --rename-metrics names a family: its _bucket, _sum and _count samples follow it.
+    from kvwatch.engines.detect import read_payload
+
+    text = (FIXTURES / "gen-0.20.2-gptoss-two-groups.prom").read_text()
+    own = read_payload(text, timestamp=0.0).readings
+    proxied = text.replace("vllm:time_to_first_token_seconds", "proxy_ttft")
+    assert "ttft" not in read_payload(proxied, timestamp=0.0).readings[0].latency
+    renamed = read_payload(proxied, SourceOverrides.from_strings(renames="proxy_ttft=vllm:time_to_first_token_seconds"),
+                           timestamp=0.0)
+    assert renamed.readings == own and "ttft" in own[0].latency

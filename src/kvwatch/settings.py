@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, get_args
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from kvwatch.engines import parse_renames
+
 ENV_PREFIX = "KVWATCH_"
 MIN_INTERVAL_SECONDS = 0.01
 MAX_INTERVAL_SECONDS = 3600.0
@@ -532,6 +534,10 @@ class TargetSettings(DeploymentSettings):
     usage_metric: str | None = Field(None, description='Override the KV usage source: name or name{label="value"}.')
     running_metric: str | None = Field(None, description="Override the running-requests source metric.")
     waiting_metric: str | None = Field(None, description="Override the waiting-requests source metric.")
+    rename_metrics: str | None = Field(
+        None, description="Read a family of the page under the engine's name, for any metric the three overrides "
+                          "do not cover: PAGE_NAME=ENGINE_NAME pairs separated by commas "
+                          "(proxy_preemptions_total=vllm:num_preemptions_total).")
     bearer_token_file: Path | None = Field(None, description="File holding a bearer token sent to the target.")
     ca_file: Path | None = Field(None, description="CA bundle to verify the target's TLS certificate (an https "
                                  "target only; not with --tls-verify false).")
@@ -544,6 +550,12 @@ class TargetSettings(DeploymentSettings):
         if v is not None and not _SELECTOR.match(v):
             raise ValueError('must be a metric name or name{label="value"}')
         return v.strip() if v else v
+
+    @field_validator("rename_metrics")
+    @classmethod
+    def _renames(cls, v: str | None) -> str | None:
+        parse_renames(v)  # (raises ValueError naming what is wrong)
+        return v.strip() if v else None
 
     @field_validator("target_url")
     @classmethod

@@ -54,6 +54,32 @@ class Selector:
         return f"{self.name}{{{inner}}}"
 
 
+_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+RENAMES_PATTERN = rf"^\s*{_NAME}\s*=\s*{_NAME}\s*(?:,\s*{_NAME}\s*=\s*{_NAME}\s*)*$"
+"""``--rename-metrics``: ``PAGE_NAME=ENGINE_NAME[,...]`` (the chart's schema checks the same)."""
+
+
+def parse_renames(text: str | None) -> MappingProxyType[str, str]:
+    """``--rename-metrics``' pairs, the page's name -> the engine's: ``proxy_preemptions_total=
+    vllm:num_preemptions_total``. A name on either side twice, or a pair naming one name twice, is refused."""
+    if not text or not text.strip():
+        return MappingProxyType({})
+    if not re.fullmatch(RENAMES_PATTERN, text):
+        raise ValueError("must be PAGE_NAME=ENGINE_NAME pairs separated by commas, each a metric name "
+                         f"(proxy_preemptions_total=vllm:num_preemptions_total): {text!r}")
+    renames: dict[str, str] = {}
+    for pair in text.split(","):
+        page, engine = (part.strip() for part in pair.split("="))
+        if page == engine:
+            raise ValueError(f"{page}={engine} renames a metric to itself")
+        if page in renames or engine in renames.values():
+            raise ValueError(f"{page}={engine}: {page if page in renames else engine} is named twice")
+        renames[page] = engine
+    if clash := set(renames) & set(renames.values()):
+        raise ValueError(f"{min(clash)} is renamed and a rename's target: the pairs are read at once, not in turn")
+    return MappingProxyType(renames)
+
+
 class OverrideOptions(Protocol):
     """What :meth:`SourceOverrides.from_settings` reads: kvwatch.settings' ``TargetSettings`` options (the
     settings layer sits above the core, so the core names only the fields)."""
@@ -61,25 +87,30 @@ class OverrideOptions(Protocol):
     usage_metric: str | None
     running_metric: str | None
     waiting_metric: str | None
+    rename_metrics: str | None
 
 
 @dataclass(frozen=True)
 class SourceOverrides:
-    """Operator-chosen source metrics; each wins over the auto-detected name when set."""
+    """Operator-chosen source metrics; each wins over the auto-detected name when set. ``renames`` (the page's name
+    -> the engine's) reads any family of the page under the engine's name, for every metric the three selectors
+    do not cover (a proxy's ``proxy_preemptions_total`` as ``vllm:num_preemptions_total``)."""
 
     usage: Selector | None = None
     running: Selector | None = None
     waiting: Selector | None = None
+    renames: MappingProxyType[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
     def from_strings(cls, usage: str | None = None, running: str | None = None,
-                     waiting: str | None = None) -> SourceOverrides:
-        return cls(*(Selector.parse(v) if v else None for v in (usage, running, waiting)))
+                     waiting: str | None = None, renames: str | None = None) -> SourceOverrides:
+        return cls(*(Selector.parse(v) if v else None for v in (usage, running, waiting)), parse_renames(renames))
 
     @classmethod
     def from_settings(cls, settings: OverrideOptions) -> SourceOverrides:
         """From kvwatch.settings' ``TargetSettings`` (``check`` and ``serve``)."""
-        return cls.from_strings(settings.usage_metric, settings.running_metric, settings.waiting_metric)
+        return cls.from_strings(settings.usage_metric, settings.running_metric, settings.waiting_metric,
+                                settings.rename_metrics)
 
     def names(self) -> set[str]:
         return {s.name for s in (self.usage, self.running, self.waiting) if s is not None}

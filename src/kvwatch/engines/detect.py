@@ -16,8 +16,10 @@ UnrecognisedPayload (no engine kvwatch knows).
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -51,6 +53,7 @@ def wanted_for(overrides: SourceOverrides | None = None, *, latency: bool = True
 UNPREFIXED_VLLM = frozenset(f.removeprefix("vllm:") for f in vllm.FAMILIES if f.startswith("vllm:"))
 """vLLM's families as NVIDIA NIM serves them, without ``vllm:``."""
 _PARTS = ("_total", "_bucket", "_sum", "_count", "_created")
+_NAMES = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")  # the metric names in a Detection's text ("max(a, b)", "a + b")
 
 
 # vllm-omni's vllm_omni/metrics/stat_logger.py (_rewrite_labelnames): ["model_name", "engine", ...] becomes
@@ -129,6 +132,41 @@ def respelled(exposition: Exposition, spelling: Spelling) -> Exposition:
     return Exposition(families=families, names=frozenset(map(rename, exposition.names)), spoiled=exposition.spoiled)
 
 
+def _part_renamed(renames: Mapping[str, str], name: str) -> str:
+    """``name`` under ``renames``: a family's, or one of its samples' (``_bucket``, ``_total``, ...)."""
+    if name in renames:
+        return renames[name]
+    for part in _PARTS:
+        if name.endswith(part) and name[: -len(part)] in renames:
+            return renames[name[: -len(part)]] + part
+    return name
+
+
+def _mentions(exposition: Exposition, name: str) -> bool:
+    """The page names ``name`` as a family or a sample, or a family whose samples it names (``x_total``, ``x``)."""
+    return any(f in exposition for f in vllm.families_of(name)) or any(name + p in exposition for p in _PARTS)
+
+
+def operator_spelling(renames: Mapping[str, str]) -> Spelling:
+    """``--rename-metrics``' pairs (the page's name -> the engine's) as a :class:`Spelling`."""
+    back = {engine: page for page, engine in renames.items()}
+    return Spelling("--rename-metrics", functools.partial(_part_renamed, back),
+                    functools.partial(_part_renamed, renames), "")
+
+
+def _renamed(exposition: Exposition, renames: Mapping[str, str]) -> Exposition:
+    """The page read under the operator's renames; a name the page never mentions, or a page holding a family under
+    both names, stops the read naming the flag (a typo would leave the engine's own metric read without a word)."""
+    for page, engine in renames.items():
+        if not _mentions(exposition, page):
+            raise UnrecognisedPayload(f"--rename-metrics {page}={engine}: the payload has no {page} (no sample, no "
+                                      "# TYPE or # HELP line): check the name")
+        if _mentions(exposition, engine):
+            raise UnrecognisedPayload(f"--rename-metrics {page}={engine}: the payload has {engine} too, and kvwatch "
+                                      "does not guess which of the two to read")
+    return respelled(exposition, operator_spelling(renames))
+
+
 def engines_of(exposition: Exposition) -> list[str]:
     """Every engine whose metrics the page holds: ``vllm``, ``sglang``, ``tensorrt-llm``, in that order."""
     claims = ((VLLM, any(name.startswith("vllm:") for name in exposition.names)),
@@ -156,22 +194,27 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
     series (:class:`SeriesLimit`): beyond that, the exported series are the adapter's first among the first
     ones in payload order."""
     if trtllm.looks_like_json(text):
-        if overrides is not None and overrides.names():
+        if overrides is not None and (overrides.names() or overrides.renames):
             raise UnrecognisedPayload("the target serves TensorRT-LLM's JSON iteration statistics, which have no "
-                                      "metric names: --usage-metric, --running-metric and --waiting-metric name "
-                                      "Prometheus samples and cannot apply")
+                                      "metric names: --usage-metric, --running-metric, --waiting-metric and "
+                                      "--rename-metrics name Prometheus samples and cannot apply")
         try:
             return _capped(trtllm.read_iteration_stats(text, timestamp=timestamp), max_series)
         except json.JSONDecodeError as exc:
             raise ParseError(f"body starts like JSON but is not: {exc}") from None
         except RecursionError:
             raise ParseError("body is JSON nested deeper than kvwatch reads") from None
+    renames = overrides.renames if overrides is not None else {}
     limit = SeriesLimit(ADMIT_FACTOR * max_series) if max_series is not None else None
     wanted = wanted_for(overrides, latency=latency, lengths=lengths)
+    if renames:
+        wanted = wanted | frozenset(map(operator_spelling(renames).page, wanted))
     exposition = parse(text, wanted, limit.admit if limit is not None else None)
+    if renames:
+        exposition = _renamed(exposition, renames)
     # An operator who names the page's own metrics (or labels, {stage="0"}) with the override flags reads the page as
     # it is spelled.
-    own_names = bool(overrides and overrides.names())
+    own_names = bool(overrides and (overrides.names() or renames))
     spelling = page_spelling(exposition.names) if not own_names else None
     if spelling is not None:  # read again for the page's own names (the same filter, in its spelling)
         limit = SeriesLimit(ADMIT_FACTOR * max_series) if max_series is not None else None
@@ -229,6 +272,10 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
         poll = replace(poll, detection=replace(d, version_range=f"{d.version_range} ({spelling.note})", **{
             f: getattr(d, f).replace(spelling.own_prefix, theirs) for f in (
                 "usage_metric", "running_metric", "waiting_metric", "capacity_metric") if getattr(d, f)}))
+    if renames:  # the report names the page's metrics, as an override's do
+        d, page = poll.detection, operator_spelling(renames).page
+        poll = replace(poll, detection=replace(d, **{f: _NAMES.sub(lambda m: page(m.group()), getattr(d, f)) for f in (
+            "usage_metric", "running_metric", "waiting_metric", "capacity_metric") if getattr(d, f)}))
     if limit is not None and limit.refused:
         poll = replace(poll, series_dropped=poll.series_dropped + len(limit.refused))
     if spoiled:
