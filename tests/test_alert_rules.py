@@ -30,7 +30,7 @@ ALERTS = {
     "VLLMSchedulerLimited": "info",
     "VLLMEngineStalled": "critical",
     "TTFTObjectiveBreach": "warning",
-    "KVWatchGPUMemoryPressure": "warning",
+    "VLLMGPUMemoryPressure": "warning",
     "KvwatchTargetDown": "warning",
     "KvwatchAbsent": "warning",
     "KvwatchUsageUnknown": "warning",
@@ -49,7 +49,7 @@ DERIVED = re.compile(
 # Health alerts: one per target, and no series carries a model_name once polls fail (documented exception).
 # Per-GPU alerts: a GPU's series carries no model_name (kvwatch cannot tell data-parallel engines' GPUs apart).
 NO_MODEL = {"KvwatchTargetDown", "KvwatchAbsent", "KvwatchUsageUnknown", "VLLMContainerRestartLoop",
-            "KvwatchRestartLoop", "KVWatchGPUMemoryPressure"}
+            "KvwatchRestartLoop", "VLLMGPUMemoryPressure"}
 # Read from kube-state-metrics' series, which never carry the vllm_target label kvwatch's monitors add.
 KUBE_STATE = {"VLLMContainerRestartLoop", "KvwatchRestartLoop"}
 # Rules whose value is a constant (kvwatch_up == 0, up == 0, absent() == 1, a flag): their text cannot quote it.

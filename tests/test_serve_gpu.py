@@ -270,7 +270,7 @@ def test_a_gpu_read_that_never_returns_stops_neither_the_polls_nor_the_exit(capl
 
 def test_the_engine_loading_is_no_growth_of_non_kv_memory() -> None:
     # vLLM serves /metrics only once its weights, KV pool and CUDA graphs are allocated: while its polls fail, the
-    # GPU fills with them. That load was fitted as growth, and KVWatchGPUMemoryPressure fired on every start.
+    # GPU fills with them. That load was fitted as growth, and VLLMGPUMemoryPressure fired on every start.
     import http.server
     import threading
 
