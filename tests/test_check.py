@@ -910,6 +910,20 @@ def test_a_model_name_with_a_newline_stays_on_its_lines_in_the_text_report(tmp_p
     assert "m\\n  [critical] kv_bound (x/0): fake engine 0:" in out
 
 
+def test_a_model_name_with_control_characters_stays_on_its_line_on_stderr(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    # The report escaped it, but the notes on stderr ("no capacity plan for ...") printed the newline and the
+    # terminal escape raw.
+    name = "m\\nFAKE\x1b[2J"
+    payload = tmp_path / "control.prom"
+    payload.write_text("".join(f'{family}{{engine="0",model_name="{name}"}} {value}\n' for family, value in (
+        ("vllm:kv_cache_usage_perc", 0.5), ("vllm:num_requests_running", 3), ("vllm:num_requests_waiting", 0))))
+    assert main(["check", "--file", str(payload), "--gpu", "H100"]) == 0
+    err = capsys.readouterr().err
+    assert "no capacity plan for m\\nFAKE\\x1b[2J" in err and "\x1b" not in err
+    assert not any(line.startswith("FAKE") for line in err.splitlines())
+
+
 def test_a_two_group_model_on_a_0_18_to_0_20_page_is_read_in_its_own_terms(capsys: pytest.CaptureFixture[str]) -> None:
     # gpt-oss-20b on vLLM 0.20.2 (12 full + 12 sliding layers, 2 KV groups). Its label set is 0.18-0.20.x's; the
     # engine's figure comes from its blocks (149,506 // 2 groups x 16). The formula's was compared in 0.20's

@@ -61,5 +61,5 @@ def test_a_messages_control_characters_are_escaped_and_a_traceback_keeps_its_lin
         os.close(read_end)
         os.close(write_end)
     first, *rest = text.splitlines()
-    assert first.endswith('capacity model for evil"} 1\\x0aINJECTED 42\\x1b[2J é')
+    assert first.endswith('capacity model for evil"} 1\\nINJECTED 42\\x1b[2J é')
     assert rest[0] == "Traceback (most recent call last):" and rest[-1] == "ValueError: boom"

@@ -56,6 +56,7 @@ from kvwatch.advisor import (
 from kvwatch.derived import SeriesState, blocks_shared_by_groups, derive
 from kvwatch.engines import SourceOverrides
 from kvwatch.engines.detect import OMNI_NOTE
+from kvwatch.exposition import printable
 from kvwatch.fetch import CappedBody, Fetcher, decode_body, held_text
 from kvwatch.forecast import Forecaster, ForecastSample
 from kvwatch.forecast.detector import no_room_in
@@ -135,15 +136,15 @@ def run(args: argparse.Namespace) -> int:
         text = _file_text(saved, settings.max_body_bytes, str(args.file)) if saved is not None else _fetch(settings)
         poll = interpret(text, overrides, timestamp=now, max_series=settings.max_series)
         if poll.series_dropped:
-            print(f"kvwatch check: note: the page has {poll.series_dropped:,} (model_name, engine) series more than "
-                  f"--max-series {settings.max_series}, left out (series_dropped in --json)", file=sys.stderr)
+            _note(f"kvwatch check: note: the page has {poll.series_dropped:,} (model_name, engine) series more than "
+                  f"--max-series {settings.max_series}, left out (series_dropped in --json)")
         if saved is not None and text and not text.endswith("\n"):
             # Read as Prometheus reads it; a file cut short (an interrupted curl > file) would end so too.
             name = "standard input" if str(args.file) == "-" else args.file
-            print(f"kvwatch check: note: {name} ends without a newline after its last line, read as written: "
-                  "if the file was cut short, that line's value may be cut too", file=sys.stderr)
+            _note(f"kvwatch check: note: {name} ends without a newline after its last line, read as written: "
+                  "if the file was cut short, that line's value may be cut too")
         for why in poll.unread:
-            print(f"kvwatch check: note: {why}", file=sys.stderr)
+            _note(f"kvwatch check: note: {why}")
     except ScrapeError as exc:
         source = str(args.file) if args.file is not None else redact_url(settings.target_url)
         # (the URL it suggests is the given one's, credentials redacted like the source's: it printed the password)
@@ -155,17 +156,17 @@ def run(args: argparse.Namespace) -> int:
             error = {"reason": exc.reason, "message": str(exc), "source": source}
             print(json.dumps({"error": {**error, **({"hint": hint} if hint else {})}}))
         else:
-            print(f"kvwatch check: {exc.reason}: {exc}" if args.file is None else
-                  f"kvwatch check: cannot read {source} ({exc.reason}): {exc}", file=sys.stderr)
+            _note(f"kvwatch check: {exc.reason}: {exc}" if args.file is None else
+                  f"kvwatch check: cannot read {source} ({exc.reason}): {exc}")
             if hint:
-                print(f"kvwatch check: hint: {hint}", file=sys.stderr)
+                _note(f"kvwatch check: hint: {hint}")
         return EXIT_UNREAD
     plans, kv_groups, unsized = _capacity_plans(settings, poll)
     from kvwatch.serve.sidecar_capacity import one_model_flags_note
 
     shared = one_model_flags_note(settings, (r.model_name for r in poll.readings))
     if shared:
-        print(f"kvwatch check: note: {shared}", file=sys.stderr)
+        _note(f"kvwatch check: note: {shared}")
     from kvwatch.capacity.findings import given_engine_settings
 
     report = build_report(poll, settings.max_model_len, plans, gpus_per_node=settings.gpus_per_node,
@@ -177,8 +178,7 @@ def run(args: argparse.Namespace) -> int:
         # The deployment flags were meant for the advice, or advice was given without a plan (it says the reason
         # is on stderr): say why there is none.
         for reason in unsized:
-            print(f"kvwatch check: no capacity plan for {reason}; advice without quantization and TP sizes",
-                  file=sys.stderr)
+            _note(f"kvwatch check: no capacity plan for {reason}; advice without quantization and TP sizes")
     print(json.dumps(report, indent=2, allow_nan=False) if args.json else render(report))
     return 1 if args.fail_on is not None and fails(report, args.fail_on) else 0
 
@@ -866,13 +866,9 @@ def _fmt(value: Any, spec: str = "g") -> str:
     return "unknown" if value is None else format(value, spec)
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def _shown(text: str) -> str:
-    """Scraped text on one line: control characters escaped (a model name with a newline in it split the report,
-    and could have faked a finding line)."""
-    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+def _note(text: str) -> None:
+    """A line on stderr: its scraped parts (model names, label values in a refusal) on that one line."""
+    print(printable(text), file=sys.stderr)
 
 
 def render(report: dict[str, Any]) -> str:
@@ -881,7 +877,7 @@ def render(report: dict[str, Any]) -> str:
     lines = [f"Detected: {report['engine_kind']} {report['version_range']}, KV usage from "
              f"{report['usage_metric'] or 'nothing (no usage metric found)'}"]
     for s in report["series"]:
-        lines.append(f"\n{_shown(s['model_name'])} engine {_shown(s['engine'])}:")
+        lines.append(f"\n{printable(s['model_name'])} engine {printable(s['engine'])}:")
         usage, used, capacity = s["kv_usage_ratio"], s["kv_used_tokens"], s["kv_capacity_tokens"]
         lines.append(f"  KV usage        {'unknown' if usage is None else percent(usage)}"
                      + (f" ({used:,} of {capacity:,} tokens)" if used is not None and capacity is not None else ""))
@@ -908,13 +904,13 @@ def render(report: dict[str, Any]) -> str:
                         if mix is not None and worst is not None and mix < worst else ""))
     lines.append("\nFindings:" if report["findings"] else "\nFindings: none, nothing to fix.")
     for f in report["findings"]:
-        lines.append(f"  [{f['severity']}] {f['id']} ({_shown(f['model_name'])}/{_shown(f['engine'])}): "
-                     f"{_shown(f['message'])}")
+        lines.append(f"  [{f['severity']}] {f['id']} ({printable(f['model_name'])}/{printable(f['engine'])}): "
+                     f"{printable(f['message'])}")
     for s in report["series"]:
         if s["advice"]:
-            lines.append(f"\nFixes for {_shown(s['model_name'])} engine {_shown(s['engine'])}, cheapest first:")
+            lines.append(f"\nFixes for {printable(s['model_name'])} engine {printable(s['engine'])}, cheapest first:")
             for a in s["advice"]:
-                lines.append(f"  {a['rank']}. {_shown(a['message'])}")
+                lines.append(f"  {a['rank']}. {printable(a['message'])}")
                 if a["engine_args"]:
                     engine = ENGINE_NAMES.get(report["engine_kind"], report["engine_kind"])
                     lines.append(f"     {engine} flags: {' '.join(a['engine_args'])}")

@@ -61,6 +61,16 @@ def _same(a: float, b: float) -> bool:
     return a == b or (a != a and b != b)
 
 
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """Scraped text (a label value, a message quoting one) fit for one line of a terminal or a log: its control
+    characters escaped as Python writes them (``\\n``, ``\\x1b``). A model name holding a newline split the report
+    and forged log lines; a terminal escape in it drove whoever read them."""
+    return _CONTROLS.sub(lambda m: repr(m.group())[1:-1], text)
+
+
 class ParseError(ValueError):
     """The text is not a valid Prometheus exposition (the message names the line)."""
 

@@ -13,9 +13,10 @@ import logging
 import logging.handlers
 import os
 import queue
-import re
 import sys
 from typing import TextIO
+
+from kvwatch.exposition import printable
 
 QUEUE_RECORDS = 1_000  # about 0.6 MB of waiting records (6 MB at 10,000, tracemalloc)
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -40,15 +41,13 @@ class DroppingQueueHandler(logging.handlers.QueueHandler):
             self.dropped += 1
 
 
-_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
 class EscapingFormatter(logging.Formatter):
-    """A log line's message with its control characters escaped (``\x0a``): a label the target sets (a model name
-    holding a newline or a terminal escape) forged log lines or drove the terminal. Tracebacks keep their lines."""
+    """A log line's message with its control characters escaped (kvwatch.exposition.printable): a label the target
+    sets (a model name holding a newline or a terminal escape) forged log lines or drove the terminal. Tracebacks keep
+    their lines."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        record.message = _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", record.message)
+        record.message = printable(record.message)
         return super().formatMessage(record)
 
 
