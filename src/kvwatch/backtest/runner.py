@@ -35,7 +35,7 @@ from kvwatch.forecast.detector import BOTTLENECK, FILLING
 from kvwatch.forecast.risk import RISK_HORIZONS_SECONDS
 from kvwatch.sim.buckets import build_1_2_5_buckets
 from kvwatch.sim.engine import EngineConfig, EngineSnapshot, Request, Simulator, StepTimeModel
-from kvwatch.sim.traces import block_bootstrap, scale_rate
+from kvwatch.sim.traces import block_bootstrap, scale_rate, span_of
 
 POLL_SECONDS = 10.0
 BLOCK_SIZE = 16
@@ -50,6 +50,26 @@ class Calibration:
     mean_demand_tokens: float
     capacity_tokens: float
     num_gpu_blocks: int
+
+
+MAX_REQUESTS = 5_000_000
+"""Requests one run may hold at once (the bootstrapped trace and its arrivals, or the calibration hour's), ~340 B
+each: about 1.7 GB. --rate-scale 1000 on the conversation sample built 17 million for the calibration hour and died
+of a MemoryError after gigabytes; --hours 168 at the conversation trace's default rate needs about as many."""
+
+
+def check_size(scenario: Scenario, trace: Sequence[Request]) -> None:
+    """Refuse, naming the flags, a run whose arrivals would not fit :data:`MAX_REQUESTS` (estimated from the trace's
+    rate and the profile's load minute by minute, before anything is built)."""
+    rate = len(trace) / max(span_of(trace), 1.0)
+    arrivals = rate * scenario.rate_scale * 60.0 * sum(scenario.load_at(60.0 * m + 30.0)
+                                                      for m in range(math.ceil(scenario.seconds / 60.0)))
+    held = max(rate * scenario.seconds + arrivals, rate * CALIBRATION_SECONDS * (1.0 + scenario.rate_scale))
+    if held > MAX_REQUESTS:
+        raise ScenarioError(
+            f"this run would hold about {held / 1e6:,.0f} million requests at once ({held * 340 / 1e9:,.1f} GB; at "
+            f"most {MAX_REQUESTS / 1e6:g} million): lower --rate-scale (now {scenario.rate_scale:g}), --peak-load or "
+            "--hours")
 
 
 MAX_NUM_SEQS = 4096  # the simulated engine's sequence cap: the KV cache, not this, should be the binding limit
@@ -136,6 +156,7 @@ def simulate(scenario: Scenario, trace: Sequence[Request], *, calibration: Calib
              engine: str | None = None) -> Simulation:
     """``engine`` (vllm, sglang, tensorrt-llm): read each poll through that engine's wire names and kvwatch's
     adapter, as ``kvwatch serve`` would, instead of straight from the simulator's snapshot."""
+    check_size(scenario, trace)
     calibration = calibration or calibrate(trace, scenario.rate_scale, scenario.seed, speedup=scenario.engine_speedup,
                                            lengths=scenario)
     requests = scenario_arrivals(scenario, trace)
