@@ -511,7 +511,10 @@ def test_a_trace_too_short_gets_the_unit_hint_by_its_format_not_its_name(tmp_pat
         f"2023-11-16 18:17:{t // 10:02d}.{t % 10}000000,100,10\n" for t in range(300))).encode()))
     same = tmp_path / "same.jsonl"
     same.write_text('{"timestamp": 0, "input_length": 100, "output_length": 10}\n' * 50)
-    for path, hinted in ((mooncake, True), (azure, False), (same, False)):
+    seconds = tmp_path / "seconds.jsonl"  # 25 minutes in seconds: 1.5 s read as milliseconds, under the jitter's 3 s
+    seconds.write_text("".join(f'{{"timestamp": {t}, "input_length": 1000, "output_length": 100}}\n'
+                               for t in range(0, 1500)))
+    for path, hinted in ((mooncake, True), (azure, False), (same, False), (seconds, True)):
         code, _, err = _cli(["--trace", str(path), "--hours", "0.6"], capsys)
         assert code == 2 and "bootstraps from at least" in err, err
         assert ("timestamp is in milliseconds" in err) == hinted, (path.name, err)
@@ -520,7 +523,7 @@ def test_a_trace_too_short_gets_the_unit_hint_by_its_format_not_its_name(tmp_pat
 def test_a_trace_emptied_by_max_model_len_says_so(capsys):
     # "--trace ...: 0 requests over 0 s" blamed the trace for what --max-model-len 3 had left out
     code, _, err = _cli(["--trace", "azure_code_sample.csv", "--hours", "0.6", "--max-model-len", "3"], capsys)
-    assert code == 2 and "0 requests over 0 s" in err
+    assert code == 2 and "0 requests over 0.0 s" in err
     assert "of its requests left out: a prompt of --max-model-len 3 tokens or more" in err
 
 
@@ -542,3 +545,14 @@ def test_a_packaged_sample_is_named_by_its_file_name(tmp_path, capsys, monkeypat
     for name in ("no_such_sample.csv", "README.md"):  # (the samples' folder holds a README.md too)
         code, _, err = _cli(["--trace", name, "--hours", "0.6"], capsys)
         assert code == 2 and f"{name}: no such file" in err
+
+
+def test_a_trace_shorter_than_a_block_is_said_to_repeat(tmp_path, capsys):
+    # 3 minutes of requests became every 5-minute block the bootstrap drew: one block, replayed 40 times an hour
+    rows = [f"2023-11-16 18:{17 + t // 120:02d}:{(t // 2) % 60:02d}.{(t % 2) * 5}000000,500,50" for t in range(360)]
+    trace = tmp_path / "short.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    code, out, _ = _cli(["--trace", str(trace), "--hours", "0.6"], capsys)
+    assert code == 0 and "note: the trace makes one block of 180 s" in out and "every draw repeats it whole" in out
+    code, out, _ = _cli(["--trace", "azure_code_sample.csv", "--hours", "0.6"], capsys)
+    assert code == 0 and "makes one block" not in out

@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from kvwatch.backtest.scenarios import (
+    BLOCK_SECONDS,
     DEFAULT_MAX_MODEL_LEN,
     LONG_PROMPT_RANGE,
     MAX_SCALE,
@@ -228,6 +229,11 @@ def _text(report: dict) -> str:
                      f"{scen['trace_empty_blocks']['blocks']} here: {scen['trace_requests_in_blocks']:,} of the "
                      f"{scen['trace_requests_read']:,} requests read; those after the last whole block are never "
                      "drawn")
+    elif scen["trace_empty_blocks"]["blocks"] == 1:
+        # (a 3-minute trace replayed its one block 40 times over an hour, and nothing said so)
+        lines.append(f"note: the trace makes one block of {scen['trace_block_seconds']:,.0f} s, shorter than the "
+                     f"bootstrap's {BLOCK_SECONDS:g}-s ones: every draw repeats it whole, so the arrivals repeat with "
+                     "that period (a longer trace gives the bootstrap blocks to choose from)")
     scored = report["events"] - kv["warmup_events"]
     if not scored and kv["warmup_events"]:
         # (a cache saturated from its first minutes was told to raise the load)

@@ -21,10 +21,10 @@ from pathlib import Path
 from kvwatch.backtest.scoring import WARMUP_SECONDS
 from kvwatch.sim.engine import Request
 from kvwatch.sim.traces import (
-    MOONCAKE_JITTER_SECONDS,
     MOONCAKE_UNIT_HINT,
     block_bootstrap,
     detect_format,
+    read_mooncake_jsonl,
     scale_rate,
     span_of,
 )
@@ -233,14 +233,17 @@ def load_trace_head(path: Path, left_out: dict[str, int] | None = None, *,
     span = span_of(requests)
     if len(requests) < 10 or span < MIN_BLOCK_SECONDS:
         hint = ""
-        # (not for requests at one time, spread by the reader's jitter)
-        if len(requests) >= 10 and MOONCAKE_JITTER_SECONDS < span < MIN_BLOCK_SECONDS and \
-                detect_format(path) == "mooncake":
+        # (not for requests at one time, which the reader's jitter spreads over a few seconds: their times read
+        # without it are all one; times in seconds read ~1.5 s for 25 minutes and got no hint below the jitter's 3 s)
+        if len(requests) >= 10 and span < MIN_BLOCK_SECONDS and detect_format(path) == "mooncake" and \
+                max(r.arrival_time for r in read_mooncake_jsonl(path, jitter_seconds=0.0,
+                                                               max_requests=MAX_TRACE_REQUESTS)) > 0:
             hint = f" ({MOONCAKE_UNIT_HINT})"
         if refused_here:  # (the trace was long enough: the limit left too little of it)
             hint += (f" ({refused_here:,} of its requests left out: a prompt of --max-model-len {max_model_len:,} "
                      "tokens or more, which vLLM refuses)")
-        raise ScenarioError(f"--trace {path}: {len(requests)} requests over {span:.0f} s; a backtest bootstraps "
+        shown = f"{span:.1f}" if span < 10 else f"{span:,.0f}"
+        raise ScenarioError(f"--trace {path}: {len(requests)} requests over {shown} s; a backtest bootstraps "
                             f"from at least 10 requests over {MIN_BLOCK_SECONDS:.0f} s{hint}")
     return requests, truncated
 
