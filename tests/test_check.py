@@ -1582,3 +1582,19 @@ def test_a_usage_beside_a_threshold_is_printed_on_its_own_side_of_it() -> None:
                           kv_capacity_tokens=100_000.0), None)
     (limited,) = findings([near])
     assert limited.id == "scheduler_limited" and "while KV is only 89.99% used" in limited.message
+
+
+def test_the_limit_is_not_one_under_95_percent_of_the_ceiling_by_float_rounding(tmp_path: Path,
+                                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    # 24 running at 0.95: the ceiling is 24 / 0.95 = 25.26 and 95 % of it 24, but 0.95 * 24 / 0.95 = 23.999... read 23.
+    text = (FIXTURES / "gen-0.9-both-usage-names.prom").read_text()
+    text = re.sub(r"} 0\.25$", "} 0.95", text, flags=re.M)
+    text = re.sub(r"(num_requests_running\{[^}]*\}) 20\.0", r"\1 24.0", text)
+    text = re.sub(r"(num_requests_waiting\{[^}]*\}) 0\.0", r"\1 5.0", text)
+    page = tmp_path / "full.prom"
+    page.write_text(text)
+    report = check_json(["--file", str(page)], capsys)
+    (series,) = report["series"]
+    assert (series["kv_usage_ratio"], series["requests_running"]) == (0.95, 24.0)
+    (limit,) = [a for a in series["advice"] if a["action"] == "limit_concurrency"]
+    assert "Limit concurrency to 24 " in limit["message"]

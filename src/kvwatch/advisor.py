@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvwatch.derived import ceiling_request_size
-from kvwatch.forecast.thresholds import SATURATION_USAGE
+from kvwatch.forecast.thresholds import SATURATION_USAGE, whole_requests
 from kvwatch.model import SGLANG, TENSORRT_LLM, VLLM, Histogram
 
 if TYPE_CHECKING:  # types only: the advisor loads neither the capacity model nor the forecaster
@@ -320,7 +320,7 @@ def concurrency_limit(recommended: int | None, ceiling: float | None) -> int | N
     poll's mix), which bounds it alone when the forecaster has no figure yet."""
     if ceiling is None or ceiling <= 0:
         return recommended
-    capped = max(1, math.floor(LIMIT_USAGE * ceiling))
+    capped = whole_requests(LIMIT_USAGE * ceiling)
     return capped if recommended is None else min(recommended, capped)
 
 

@@ -24,7 +24,7 @@ from kvwatch.forecast.robust import (
     quantile,
     theil_sen,
 )
-from kvwatch.forecast.thresholds import BUCKET_SECONDS, SATURATION_USAGE
+from kvwatch.forecast.thresholds import BUCKET_SECONDS, SATURATION_USAGE, whole_requests
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ class DemandEstimate:
     def recommended_max_concurrency(self) -> int | None:
         if not self.tokens_per_running_request:
             return None
-        return max(1, math.floor(self.u_sat * self.capacity_tokens / self.tokens_per_running_request))
+        return whole_requests(self.u_sat * self.capacity_tokens / self.tokens_per_running_request)
 
 
 def burst_factor(buckets: Sequence[MinuteBucket], window_buckets: int, q: float) -> float:

@@ -57,6 +57,7 @@ from kvwatch.forecast.thresholds import (
     SATURATION_USAGE,
     queue_waits_for_kv,
     standing_queue,
+    whole_requests,
 )
 from kvwatch.forecast.trend import TrendEstimate, estimate_trend
 from kvwatch.plausible import is_count, usage_or_none
@@ -738,7 +739,7 @@ class Forecaster:
             return self._demand.recommended_max_concurrency
         u, capacity = sample.kv_usage or 0.0, sample.capacity_tokens
         if capacity and u >= 0.05 and sample.running >= 1:
-            return max(1, math.floor(self.params.u_sat * sample.running / u))
+            return whole_requests(self.params.u_sat * sample.running / u)
         return None
 
     def _unknown(self, now: float) -> ForecastResult:

@@ -1,7 +1,9 @@
 """The figures every part of the forecaster shares, written once: the usage forecasts aim at, the usage from which a
 queue means the KV cache is the limit, and the length of the buckets the polls are summarised in. ForecastParams
 hands them to its parts; these are only their defaults. And the queue one poll can trust, which ``kvwatch check``'s
-``scheduler_limited`` finding and the sidecar's state both read."""
+``scheduler_limited`` finding and the sidecar's state both read; and how a limit in whole requests is rounded."""
+
+import math
 
 SATURATION_USAGE = 0.95
 BUSY_USAGE = 0.90
@@ -30,3 +32,10 @@ def queue_waits_for_kv(usage: float, waiting: float | None, running: float | Non
     if not waiting or waiting < 1:
         return False
     return usage >= saturation or (usage >= busy and standing_queue(waiting, running)) or no_room
+
+
+def whole_requests(room: float) -> int:
+    """A concurrency limit from ``room`` (requests, a float): floored, at least 1, but never below a whole number the
+    float arithmetic left a hair under it (0.95 × 24 / 0.95 is 23.999...: the limit read 23 beside a ceiling whose
+    95 % is 24, and 24 requests of that size fill exactly 95 % of the cache)."""
+    return max(1, math.floor(room * (1.0 + 1e-9)))
