@@ -1584,8 +1584,8 @@ def test_a_usage_beside_a_threshold_is_printed_on_its_own_side_of_it() -> None:
     assert limited.id == "scheduler_limited" and "while KV is only 89.99% used" in limited.message
 
 
-def test_the_limit_is_not_one_under_95_percent_of_the_ceiling_by_float_rounding(tmp_path: Path,
-                                                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_limit_is_not_one_under_95_percent_of_the_ceiling_by_float_rounding(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # 24 running at 0.95: the ceiling is 24 / 0.95 = 25.26 and 95 % of it 24, but 0.95 * 24 / 0.95 = 23.999... read 23.
     text = (FIXTURES / "gen-0.9-both-usage-names.prom").read_text()
     text = re.sub(r"} 0\.25$", "} 0.95", text, flags=re.M)
@@ -1598,3 +1598,16 @@ def test_the_limit_is_not_one_under_95_percent_of_the_ceiling_by_float_rounding(
     assert (series["kv_usage_ratio"], series["requests_running"]) == (0.95, 24.0)
     (limit,) = [a for a in series["advice"] if a["action"] == "limit_concurrency"]
     assert "Limit concurrency to 24 " in limit["message"]
+
+
+@pytest.mark.parametrize("capture", ["gen-0.5.23-pd-prefill.prom", "gen-0.5.23-pd-decode-transfers.prom"])
+def test_preemptions_never_advise_a_concurrency_limit_that_frees_no_kv(capture: str,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    # "Lower concurrency" stood beside kv_bound's "no concurrency limit follows" on a PD prefill server, and beside
+    # an advice that gives no limit with nothing running.
+    report = check_json(["--file", str(Path(__file__).parent / "fixtures" / "sglang-metrics" / capture)], capsys)
+    (preemptions,) = [f for f in report["findings"] if f["id"] == "preemptions"]
+    assert preemptions["severity"] == "warning"
+    message = preemptions["message"]
+    assert "Lower concurrency" not in message and ("would not free it" in message or "would free none" in message)
+    assert not any(a["action"] == "limit_concurrency" for s in report["series"] for a in s["advice"])

@@ -750,7 +750,13 @@ def _preemptions(r: Reading, preemptions: float) -> Finding:
     # rule kv_bound uses: then it warns beside it); else it is context, or `--fail-on warning` failed every
     # cron run until the engine restarted.
     thrashing = usage is not None and _waits_for_kv(r, usage)
-    if thrashing:
+    if thrashing and r.prefill_server:  # ("lower concurrency" beside kv_bound's "no concurrency limit follows")
+        now = ("On this PD prefill server its KV is held for the transfers to the decode servers: a concurrency limit "
+               "would not free it; more or faster decode servers, or a faster KV transfer, would.")
+    elif thrashing and r.requests_running == 0:  # (the advisor gives no limit then: it would free none of the KV)
+        now = ("With nothing running, a concurrency limit would free none of the KV held: KV transfers hold it (a "
+               "PD-disaggregated server), or it leaked (restart the engine).")
+    elif thrashing:
         now = "Lower concurrency or free KV memory."
     else:
         full = f"The cache is {percent(usage)} full now" if usage is not None else "KV usage is unknown now"
