@@ -193,11 +193,11 @@ MUTATIONS = [
      "              )\n              + last_over_time(kvwatch_requests_running[2m])",
      "last_over_time(kvwatch_requests_waiting[2m]) + last_over_time(kvwatch_requests_running[2m])",
      ["a stalled engine without a waiting gauge pages for its running requests, one with none in flight does not"]),
-    ("the GPU memory horizon", "kvwatch_gpu_memory_seconds_to_limit < 1800\n",
-     "kvwatch_gpu_memory_seconds_to_limit < 3600\n",
+    ("the GPU memory horizon", "kvwatch_gpu_memory_limit_eta_seconds < 1800\n",
+     "kvwatch_gpu_memory_limit_eta_seconds < 3600\n",
      ["just below 30 minutes to the limit fires, 30 minutes does not"]),
-    ("the GPU memory horizon's strict bound", "kvwatch_gpu_memory_seconds_to_limit < 1800\n",
-     "kvwatch_gpu_memory_seconds_to_limit <= 1800\n",
+    ("the GPU memory horizon's strict bound", "kvwatch_gpu_memory_limit_eta_seconds < 1800\n",
+     "kvwatch_gpu_memory_limit_eta_seconds <= 1800\n",
      ["just below 30 minutes to the limit fires, 30 minutes does not"]),
     ("the GPU gauge held only while the GPU is not read",
      "unless on (instance, job, uuid, gpu_instance) kvwatch_gpu_memory_used_bytes",
@@ -366,7 +366,7 @@ def test_every_guarded_alert_holds_through_a_failed_poll() -> None:
 # Gauges kvwatch withdraws when their condition is over, read at the instant beside a hold over the guard's window
 # that applies only while they cannot be read (the clause): held after a recovery, they fired late alerts.
 HELD_WHILE_UNREAD = {
-    "kvwatch_gpu_memory_seconds_to_limit":
+    "kvwatch_gpu_memory_limit_eta_seconds":
         "unless on (instance, job, uuid, gpu_instance) kvwatch_gpu_memory_used_bytes",
     "kvwatch_ttft_slo_breach": 'unless on (instance, job, model_name, engine) (kvwatch_state{state="unknown"} == 0)',
 }

@@ -101,8 +101,8 @@ def test_forecast_help_numbers_are_the_parameters(exported: dict[str, str]) -> N
     assert f"last {p.demand.burst_window_buckets} minutes" in burst
     assert f"over the last {p.trend_window_buckets} minutes" in exported["kvwatch_forecast_usage_slope_per_second"]
     assert f"{p.trend_confidence:.0%} confidence" in exported["kvwatch_forecast_usage_slope_lower_per_second"]
-    assert f"{p.demand.confidence:.0%} confidence" in exported["kvwatch_forecast_request_rate_slope_lower"]
-    assert f"last {p.demand.rate_window_buckets} minutes" in exported["kvwatch_forecast_request_rate_slope"]
+    assert f"{p.demand.confidence:.0%} confidence" in exported["kvwatch_forecast_request_rate_slope_lower_per_second"]
+    assert f"last {p.demand.rate_window_buckets} minutes" in exported["kvwatch_forecast_request_rate_slope_per_second"]
     assert f"last {p.level_buckets} " in exported["kvwatch_forecast_usage_level_ratio"]
     assert ("mix-corrected" in exported["kvwatch_forecast_token_seconds_per_request"]) == p.demand.mix_correction
     # The three the issue found wrong: p90 (is 0.98), 30 min (is 45), 80 % (is 90 %).

@@ -73,7 +73,7 @@ def test_growth_time_to_limit_and_non_kv_from_successive_reads() -> None:
     assert reading.seconds_to_limit == pytest.approx(18 * GIB / (0.5 * GIB / 60))  # 36 minutes
     samples = exported(state)
     assert samples[("kvwatch_gpu_memory_used_bytes", ("GPU-aaaa", ""))] == 62 * GIB
-    assert samples[("kvwatch_gpu_memory_seconds_to_limit", ("GPU-aaaa", ""))] == pytest.approx(2160.0)
+    assert samples[("kvwatch_gpu_memory_limit_eta_seconds", ("GPU-aaaa", ""))] == pytest.approx(2160.0)
     assert samples[("kvwatch_gpu_source_up", ("dcgm",))] == 1.0
 
 

@@ -96,7 +96,7 @@ def test_serve_joins_dcgm_exporter(node: Node) -> None:
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     a, b = {"uuid": "GPU-aaaa", "gpu_instance": ""}, {"uuid": "GPU-bbbb", "gpu_instance": ""}
     try:
-        wait_for(lambda: get(scrape(port), "kvwatch_gpu_memory_seconds_to_limit", **a) is not None,
+        wait_for(lambda: get(scrape(port), "kvwatch_gpu_memory_limit_eta_seconds", **a) is not None,
                  "a memory trend", timeout=30)
         s = scrape(port)
         assert get(s, "kvwatch_up") == 1.0 and get(s, "kvwatch_gpu_source_up", source="dcgm") == 1.0
@@ -119,9 +119,9 @@ def test_serve_joins_dcgm_exporter(node: Node) -> None:
         growth = get(s, "kvwatch_gpu_non_kv_memory_growth_bytes_per_second", **a)
         assert growth == pytest.approx(STEP_MIB * MIB / (POLL * SPEED), rel=0.2)
         free = get(s, "kvwatch_gpu_memory_free_bytes", **a)
-        assert get(s, "kvwatch_gpu_memory_seconds_to_limit", **a) == pytest.approx(free / growth)
+        assert get(s, "kvwatch_gpu_memory_limit_eta_seconds", **a) == pytest.approx(free / growth)
         assert get(s, "kvwatch_gpu_non_kv_memory_growth_bytes_per_second", **b) == pytest.approx(0.0, abs=1e-6)
-        assert get(s, "kvwatch_gpu_memory_seconds_to_limit", **b) is None  # flat: no horizon
+        assert get(s, "kvwatch_gpu_memory_limit_eta_seconds", **b) is None  # flat: no horizon
 
         node.dcgm_status = 500  # the exporter fails; the engine's poll must not
         wait_for(lambda: (get(scrape(port), "kvwatch_gpu_source_errors_total", source="dcgm",

@@ -40,10 +40,10 @@ INNER_ESTIMATES: tuple[tuple[str, str, str], ...] = (
     ("kvwatch_forecast_burst_factor", "burst_factor",
      f"Ratio of the {_ordinal(_P.demand.burst_quantile)} percentile of the KV usage polls of the last "
      f"{_P.demand.burst_window_buckets} minutes to their mean (how far bursts rise above the mean, at least 1)."),
-    ("kvwatch_forecast_request_rate_slope", "request_rate_slope",
+    ("kvwatch_forecast_request_rate_slope_per_second", "request_rate_slope",
      f"Theil-Sen slope of the arrival rate over the last {_P.demand.rate_window_buckets} minutes (since a shift "
      "of level in them: 0 until 10 minutes follow it), requests per second per second."),
-    ("kvwatch_forecast_request_rate_slope_lower", "request_rate_slope_lower",
+    ("kvwatch_forecast_request_rate_slope_lower_per_second", "request_rate_slope_lower",
      f"Lower bound of the {_P.demand.confidence:.0%} confidence interval of the arrival-rate slope "
      "(above 0: significantly rising)."),
     ("kvwatch_forecast_usage_level_ratio", "usage_level",
@@ -134,7 +134,7 @@ def forecast_metric_families(
                            ["action"])
     etas = gauge("kvwatch_forecast_eta_seconds", "ETA of each forecaster alone (+Inf: not rising).", ["method"])
     inner = {key: gauge(name, doc) for name, key, doc in INNER_ESTIMATES}
-    restart = gauge("kvwatch_forecast_seconds_since_restart", RESTART_HELP)
+    restart = gauge("kvwatch_forecast_since_restart_seconds", RESTART_HELP)
 
     for labels, result, advice in items:
         values = [labels[n] for n in label_names]

@@ -219,7 +219,7 @@ def families(state: GpuState) -> Iterator[Metric]:
         "growth": GaugeMetricFamily("kvwatch_gpu_non_kv_memory_growth_bytes_per_second",
                                     "Growth of non-KV memory on each GPU, bytes per second." + _WINDOW_NOTE,
                                     labels=GPU_LABELS),
-        "eta": GaugeMetricFamily("kvwatch_gpu_memory_seconds_to_limit",
+        "eta": GaugeMetricFamily("kvwatch_gpu_memory_limit_eta_seconds",
                                  "Seconds until the framebuffer is full at the current non-KV growth (free ÷ "
                                  "growth): the CUDA out-of-memory horizon. Absent while memory does not grow.",
                                  labels=GPU_LABELS),
