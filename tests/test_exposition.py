@@ -523,3 +523,13 @@ def test_filtered_parse_reads_histogram_parts_typed_on_their_own_as_federate_wri
     filtered = parse(text, wanted={"h"})
     assert samples(filtered) == samples(parse(text)) and len(samples(filtered)) == 8
     assert not any(s.name.startswith("other") for f in filtered.families.values() for s in f.samples)
+
+
+def test_a_bad_metadata_line_of_an_unwanted_family_fails_every_parse_not_only_the_first() -> None:
+    # The first filtered parse refused the line (as Prometheus does) but cached it, and the next took it for one
+    # already checked: the same page failed once and then read, and check disagreed with serve.
+    body = ("# HELP otel_scope_info_history_test Scope\n# TYPE otel_scope_info_history_test unknown\n"
+            'otel_scope_info_history_test{otel_scope_name="x"} 1\nvllm:num_requests_running 3\n')
+    for _ in range(3):
+        with pytest.raises(ParseError, match="unknown metric type"):
+            parse(body, frozenset({"vllm:num_requests_running"}))

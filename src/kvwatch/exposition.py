@@ -672,10 +672,13 @@ class _Parser:
             if not sep or not _valid_name(name) or "\t" in name:
                 return self._comment_careful(line, lineno, stop)
             after = " " + after
-            _remember(_COMMENTS, line, (keyword, name, after))
         else:
             return self._comment_careful(line, lineno, stop)
-        return self._metadata(keyword, name, after, line, lineno, stop)
+        skip_to = self._metadata(keyword, name, after, line, lineno, stop)
+        # Remembered once it passed: a line refused here (an unknown TYPE) and then cached would be taken, in the
+        # next poll of an unwanted family, for one already checked, and the same page would fail once and then read.
+        _remember(_COMMENTS, line, (keyword, name, after))
+        return skip_to
 
     def _comment_careful(self, line: str, lineno: int, stop: int) -> int | None:
         if self.lenient and metadata_keyword(line) is None:
