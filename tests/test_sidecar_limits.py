@@ -109,6 +109,26 @@ def test_a_low_max_series_keeps_the_capacity_of_the_series_it_exports() -> None:
     assert capped.readings[0].num_gpu_blocks == everything.readings[0].num_gpu_blocks
 
 
+def test_a_low_max_series_divides_the_summed_blocks_by_every_engine_on_the_page() -> None:
+    # vLLM sums num_gpu_blocks over its data-parallel engines; with --max-series 1 the cap kept 2 of 4 engines' label
+    # sets and the sum was divided by 2: each engine read twice its capacity, without a word.
+    engines = range(4)
+    text = "".join(f'vllm:{family}{{engine="{i}",model_name="m"}} {value}\n' for family, value in (
+        ("num_requests_running", 3), ("num_requests_waiting", 1), ("kv_cache_usage_perc", 0.5)) for i in engines)
+    text += "".join(f'vllm:cache_config_info{{block_size="16",engine="{i}",num_gpu_blocks="16000"}} 1\n'
+                    for i in engines)
+    for cap in (64, 2, 1):
+        poll = read_payload(text, timestamp=0.0, max_series=cap)
+        assert {(r.num_gpu_blocks, r.kv_capacity_tokens) for r in poll.readings} == {(4000, 64000)}, cap
+    # Past what the cap counts, the page's engines and so each one's share are unknown, never a guess.
+    many = range(detect.MAX_COUNTED_ENGINES + 10)
+    text = "".join(f'vllm:{family}{{engine="{i}",model_name="m"}} {value}\n' for family, value in (
+        ("num_requests_running", 3), ("kv_cache_usage_perc", 0.5)) for i in many)
+    text += "".join(f'vllm:cache_config_info{{block_size="16",engine="{i}",num_gpu_blocks="16000"}} 1\n' for i in many)
+    poll = read_payload(text, timestamp=0.0, max_series=2)
+    assert [(r.num_gpu_blocks, r.kv_capacity_tokens) for r in poll.readings] == [(None, None)] * 2
+
+
 def test_the_series_with_kv_usage_are_kept_ahead_of_a_label_explosion() -> None:
     # 70 model names without a usage gauge ("a00", ...) sorted ahead of the engine's own and pushed it past
     # --max-series: its KV usage was gone while kvwatch_up read 1.

@@ -263,7 +263,8 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
                                   "(is the target an inference engine's /metrics endpoint? A vLLM started with "
                                   "--disable-log-stats exports none of its own)")
     else:
-        poll = vllm.read(exposition, overrides, timestamp=timestamp, max_series=max_series)
+        poll = vllm.read(exposition, overrides, timestamp=timestamp, max_series=max_series,
+                         refused_engines=limit.refused_engines if limit is not None else set())
     if staged is not None:
         poll = replace(poll, detection=replace(poll.detection,
                                                version_range=f"{poll.detection.version_range} ({OMNI_NOTE})"))
@@ -351,6 +352,11 @@ SAMPLES_PER_PAGE = 65_536
 SAMPLES_PER_ADMITTED_SERIES = 256
 
 
+MAX_COUNTED_ENGINES = 4096
+"""Engines of refused series the page's engine count remembers (vLLM's data parallelism runs a few to a few hundred);
+past it the count, and with it the capacity vLLM sums over them, is unknown."""
+
+
 class SeriesLimit:
     """The parse's series cap (:func:`kvwatch.exposition.parse`'s ``admit``): samples of the first ``limit``
     series in payload order are kept, samples of any later series are refused, so that a payload with 50,000
@@ -366,13 +372,15 @@ class SeriesLimit:
     would be a guess; so does a page with more kept samples in all than :data:`SAMPLES_PER_PAGE` or
     :data:`SAMPLES_PER_ADMITTED_SERIES` a series the parse keeps, whichever is more."""
 
-    __slots__ = ("admitted", "limit", "most", "partial", "refused", "samples", "total")
+    __slots__ = ("admitted", "limit", "most", "partial", "refused", "refused_engines", "samples", "total")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.admitted: set[tuple[str | None, str | None]] = set()
         self.partial: set[tuple[str | None, str | None]] = set()
         self.refused: set[int] = set()
+        # The engine labels of refused samples, for the page's engine count (None: more than MAX_COUNTED_ENGINES)
+        self.refused_engines: set[str] | None = set()
         self.samples: dict[tuple[str | None, str | None], int] = {}
         self.total = 0
         self.most = max(SAMPLES_PER_PAGE, SAMPLES_PER_ADMITTED_SERIES * limit)
@@ -388,13 +396,24 @@ class SeriesLimit:
                 self.partial.add(series)
                 self._count(series)
                 return True
+            self._note_engine(series[1])
             return False
         if len(self.admitted) < self.limit:
             self.admitted.add(series)
             self._count(series)
             return True
         self.refused.add(hash(series))
+        self._note_engine(series[1])
         return False
+
+    def _note_engine(self, engine: str | None) -> None:
+        """A refused sample's engine: vLLM sums num_gpu_blocks over the page's engines, refused ones included
+        (with --max-series 1 four engines' sum was divided by the 2 kept: twice each engine's capacity)."""
+        if engine is not None and self.refused_engines is not None and engine not in self.refused_engines:
+            if len(self.refused_engines) >= MAX_COUNTED_ENGINES:
+                self.refused_engines = None  # more than the bound: the page's engine count is unknown
+            else:
+                self.refused_engines.add(engine)
 
     def _count(self, series: tuple[str | None, str | None]) -> None:
         count = self.samples.get(series, 0) + 1

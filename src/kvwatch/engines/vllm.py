@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import replace
 from types import MappingProxyType
 
@@ -138,10 +138,12 @@ def _usage_name(exposition: Exposition, overrides: SourceOverrides) -> str | Non
 
 
 def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, timestamp: float,
-         max_series: int | None = None) -> Poll:
+         max_series: int | None = None, refused_engines: Collection[str] | None = frozenset()) -> Poll:
     """One :class:`Poll` from a parsed vLLM payload: a Reading per ``(model_name, engine)``, for the first
     ``max_series`` of them, those with a KV usage sample first, each group in (model_name, engine) order; the rest
-    are counted in ``Poll.series_dropped``."""
+    are counted in ``Poll.series_dropped``. ``refused_engines``: the engines of the series the parse's cap left out
+    (kvwatch.engines.detect.SeriesLimit), which the page's engine count includes; None: too many to count, so the
+    capacity vLLM sums over them is unknown."""
     overrides = overrides or SourceOverrides()
     detection = detect(exposition, overrides)
     usage = overrides.usage or _first_present(exposition, KV_USAGE, GPU_CACHE_USAGE)
@@ -166,10 +168,14 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     # the one engine="" set of a 0.11 development line stands for them all: its engines are the series'. Beside
     # engines' own sets it is none of theirs (each engine has its own blocks). A page whose engines lack some of
     # their sets still sums over all of them (one set of two engines' page read the sum as engine 0's).
+    # (those the series cap left out count too; 0: too many to count, and a sum over them cannot be divided)
     engines_with_sets = len(configs.keys() - {None})
-    page_engines = max(1, len({key[1] for key in keys}))
+    page_engines = 0 if refused_engines is None else max(1, len({key[1] for key in keys} | set(refused_engines)))
     shared = not engines_with_sets and None in configs and configs[None].get("engine") == ""
-    n_engines = max(engines_with_sets, page_engines) if engines_with_sets else page_engines if shared else 1
+    if engines_with_sets:
+        n_engines = max(engines_with_sets, page_engines) if page_engines else 0
+    else:
+        n_engines = page_engines if shared else 1
     prefix_queries, prefix_hits, prefix_unit = _prefix_families(exposition, detection.version_range)
     process_start = _process_start(exposition)
 
@@ -587,7 +593,7 @@ def _capacity(config: dict[str, str], n_engines: int) -> tuple[float | None, flo
     labels before the engine core reports it) a ``--num-gpu-blocks-override`` is the count: vLLM takes it as is
     (``may_override_num_blocks``), per engine."""
     total_blocks = _count_label(config.get("num_gpu_blocks"))
-    blocks = total_blocks / n_engines if total_blocks is not None else override_blocks(config)
+    blocks = (total_blocks / n_engines if n_engines else None) if total_blocks is not None else override_blocks(config)
     block_size = _count_label(config.get("block_size"))
     capacity = label_number(config.get("kv_cache_size_tokens"))
     if capacity is None and blocks is not None and block_size is not None:
