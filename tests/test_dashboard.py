@@ -378,12 +378,13 @@ def test_the_thresholds_drawn_and_alerted_are_the_forecasters() -> None:
     import yaml
 
     from kvwatch.advisor import LIMIT_USAGE
+    from kvwatch.capacity.findings import STUCK_USAGE
     from kvwatch.forecast import ForecastParams
     from kvwatch.serve.latency import KV_SATURATED
 
     params = ForecastParams()
     config = yaml.safe_load((ROOT / "alerts" / "config.yaml").read_text())
-    assert config["bottleneck"]["usage"] == params.u_sat == LIMIT_USAGE == KV_SATURATED
+    assert config["bottleneck"]["usage"] == params.u_sat == LIMIT_USAGE == KV_SATURATED == STUCK_USAGE
     assert config["scheduler_limited"]["usage_below"] == params.u_busy
     def lines(p: dict) -> dict[str, float]:
         steps = p.get("fieldConfig", {}).get("defaults", {}).get("thresholds", {}).get("steps", [])

@@ -32,12 +32,13 @@ from typing import Any
 from kvwatch.capacity.kv import UnsizedKvDtype, kv_dtype_bytes
 from kvwatch.capacity.planner import CUDA_GRAPHS_SUBTRACTED_SINCE, GRAPH_SUBTRACTING_VLLM, CapacityPlan
 from kvwatch.capacity.units import GIB, percent
+from kvwatch.forecast.thresholds import SATURATION_USAGE
 from kvwatch.model import Reading
 
 MISMATCH_RATIO = 0.10
 # A cache_config_info whose kv_cache_max_concurrency was rounded (not vLLM's own str()) pins the length to ~0.1 %.
 MAX_MODEL_LEN_TOLERANCE = 0.005
-STUCK_USAGE = 0.95
+STUCK_USAGE = SATURATION_USAGE  # full, as everywhere else (the VLLMRequestExceedsPool alert reads the same)
 EMPTY_USAGE = 0.05
 # What vLLM >= 0.21 subtracts for CUDA graphs before sizing the cache, per GPU, as the calibration logs print
 # it ("cuda_graph est/actual", tests/fixtures/calibration/vllm_kv_capacity.csv): measured 0.51 to 1.79 GiB (the
