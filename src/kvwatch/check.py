@@ -60,7 +60,7 @@ from kvwatch.exposition import printable
 from kvwatch.fetch import CappedBody, Fetcher, decode_body, held_text
 from kvwatch.forecast import Forecaster, ForecastSample
 from kvwatch.forecast.detector import no_room_in
-from kvwatch.forecast.thresholds import BUSY_USAGE, queue_waits_for_kv, standing_queue
+from kvwatch.forecast.thresholds import BUSY_USAGE, SATURATION_USAGE, queue_waits_for_kv, standing_queue
 from kvwatch.model import SGLANG, TENSORRT_LLM, VLLM, Detection, Poll, Reading, SeriesKey
 from kvwatch.payload import ScrapeError, interpret
 from kvwatch.settings import (
@@ -319,7 +319,7 @@ def build_report(poll: Poll, max_model_len: int | None = None,
     stuck = {(f.model_name, f.engine) for f in found if f.id == "request_exceeds_pool"}
     found = [f for f in found
              if not (f.id in ("scheduler_limited", "queue_not_admitted") and (f.model_name, f.engine) in stuck)]
-    bound = {(f.model_name, f.engine) for f in found if f.id == "kv_bound"}
+    bound = {(f.model_name, f.engine) for f in found if f.id in ("kv_bound", "kv_full")}
     # (per series for capacity_mismatch; the tensor-parallel and given-settings findings are said once per model, of
     # all its engines and ranks)
     unlike = {f.model_name for f in found if f.id in ("tensor_parallel_mismatch", "engine_setting_mismatch")}
@@ -605,6 +605,10 @@ def _headline(r: Reading, bad: Mapping[str, float], unknown: Mapping[str, str],
         return _finding(r, "usage_unknown", "warning", _usage_unknown_message(bad, unknown))
     if queue_waits_for_kv(usage, waiting, r.requests_running, no_room=no_room_in(r, usage)) and not leaking(r):
         return _finding(r, "kv_bound", "critical", _kv_bound_message(r, usage, waiting))
+    if usage >= SATURATION_USAGE and r.requests_running and not r.prefill_server and r.requests_waiting is not None:
+        # (check said "nothing to fix" at 97 % with no queue while serve read the same page as `bottleneck` and
+        # advised a limit: the forecaster's saturated poll is usage at the line, queue or not)
+        return _finding(r, "kv_full", "warning", _kv_full_message(usage))
     if r.requests_running == 0 and _standing_queue(r) and not r.prefill_server and not leaking(r):
         # No scheduler cap holds back a queue while nothing runs ("raise --max-num-seqs" was
         # said of 40 waiting beside 0 running at 30 %); at 5 % or less request_exceeds_pool says more, and a full
@@ -675,6 +679,15 @@ def _kv_bound_message(r: Reading, usage: float, waiting: float) -> str:
                 f"would not start it). {fixes}")
     return (f"KV cache is {percent(usage)} full with {_requests(waiting)} waiting: the KV cache is the "
             f"bottleneck. {fixes}")
+
+
+def _kv_full_message(usage: float) -> str:
+    from kvwatch.capacity.units import percent
+
+    return (f"KV cache is {percent(usage)} full and no request waits for it yet: the running requests' growing "
+            "outputs and the next arrivals need blocks it does not have, so the engine will queue or preempt (kv_bound "
+            "then). kvwatch serve reads such a poll as saturated, and `bottleneck` once it lasts. The advisor's fixes "
+            "for this series follow, cheapest first (\"advice\" in --json).")
 
 
 def _queue_not_admitted_message(r: Reading, usage: float, waiting: float) -> str:
