@@ -513,3 +513,19 @@ def test_a_pool_vllm_was_given_loses_nothing_with_pipeline_parallelism():
                           kv_pool_fixed=True)
     plan = plan_capacity(spec)
     assert plan.available_kv_bytes == 20 * GIB and plan.pp_last_stage_extra_bytes == 0
+
+
+def test_a_profile_run_past_the_activation_fit_is_flagged(capsys):
+    # V0 without chunked prefill profiled all 29,000 tokens: vLLM logged 2.99 GiB of activation (calibration row 46)
+    # against kvwatch's 0.93, and refused to start where the plan said it would; the plan now says its estimate is
+    # outside what it was fitted on. Within the fit (chunked prefill, 8,192 tokens), no such warning.
+    base = ["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu-memory-gib", "23.58",
+            "--gpu-memory-utilization", "0.9", "--max-model-len", "29000", "--json"]
+    old = json.loads(run([*base, "--vllm-version", "0.6", "--no-enable-chunked-prefill"], capsys)[1])
+    assert any("fitted on profile runs of at most 8,192 tokens" in w and "--activation-gib" in w
+               for w in old["warnings"])
+    current = json.loads(run(base, capsys)[1])
+    assert not any("fitted on profile runs" in w for w in current["warnings"])
+    measured = json.loads(run([*base, "--vllm-version", "0.6", "--no-enable-chunked-prefill", "--activation-gib",
+                               "2.99"], capsys)[1])
+    assert not any("fitted on profile runs" in w for w in measured["warnings"])

@@ -24,6 +24,7 @@ _DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2, "f
 SAMPLER_BYTES_PER_LOGIT = 14  # dummy sampler run: fp32 logits for max_num_seqs rows + ~2.5 working copies
 HIDDEN_COPIES = 2  # live hidden-state-sized buffers per batched token during the profile forward pass
 ACTIVATION_BASE_BYTES = 64 << 20
+ACTIVATION_FIT_MAX_TOKENS = 8192  # the largest profile run (max_num_batched_tokens) among the logs fitted
 NON_TORCH_TP1_BYTES = int(0.25 * GIB)  # CUDA context, cuBLAS workspaces
 NON_TORCH_MULTI_GPU_BYTES = int(2.1 * GIB)  # + NCCL buffers / custom all-reduce at TP >= 2
 
