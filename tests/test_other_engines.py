@@ -740,3 +740,21 @@ def test_a_prefill_and_a_decode_sglang_server_on_one_page_are_refused_not_merged
     one = "".join(line + "\n" for line in page.splitlines() if "decode" in line)
     (r,) = read_payload(one, timestamp=1.0).readings
     assert (r.kv_usage_ratio, r.requests_running, r.requests_waiting) == (0.9, 80.0, 0.0)
+
+
+def test_a_zero_pool_from_tensorrt_llm_names_no_capacity_source_and_no_flag_json_refuses() -> None:
+    # maxNumBlocks 0 is dropped as implausible, but the report still named kvCacheStats as the capacity's source, and
+    # check's usage_unknown said to pass --usage-metric, which read_payload refuses for JSON.
+    stats = ('[{"iter":5,"numActiveRequests":3,"numQueuedRequests":0,"kvCacheStats":{"maxNumBlocks":0,'
+             '"freeNumBlocks":0,"usedNumBlocks":0,"tokensPerBlock":32}}]')
+    poll = interpret(stats, None, timestamp=0.0)
+    assert poll.detection.capacity_metric is None and poll.readings[0].kv_capacity_tokens is None
+    report = build_report(poll, None)
+    (unknown,) = [f for f in report["findings"] if f["id"] == "usage_unknown"]
+    assert "cannot apply to JSON" in unknown["message"] and "pass --usage-metric" not in unknown["message"]
+    page = (FIXTURES / "tensorrt-llm-metrics" / "gen-trtllm-serve.prom").read_text()
+    zero = "\n".join(line.rsplit(" ", 1)[0] + " 0" if line.startswith("trtllm_kv_cache_max_blocks") else line
+                     for line in page.splitlines()) + "\n"
+    assert zero != page
+    assert interpret(page, None, timestamp=0.0).detection.capacity_metric is not None
+    assert interpret(zero, None, timestamp=0.0).detection.capacity_metric is None

@@ -650,6 +650,7 @@ def _usage_unknown_message(bad: Mapping[str, float], unknown: Mapping[str, str])
     return "No KV usage metric found: pass --usage-metric with the name your engine (or proxy) exports."
 
 
+
 def _kv_bound_message(r: Reading, usage: float, waiting: float) -> str:
     """kv_bound's message: on a PD prefill server, with nothing running, below the KV-bound line (the next prompt
     does not fit), or at it."""
@@ -736,7 +737,8 @@ def _context(r: Reading, bad: Mapping[str, float], unknown: Mapping[str, str]) -
         yield _finding(r, "implausible_values", "warning", (
             "Impossible values ignored (read as unknown): "
             + ", ".join(f"{n} = {floatToGoString(bad[n])}" for n in others)
-            + ". Counts cannot be negative, infinite or NaN: the target is not serving sane metrics."))
+            + ". Counts cannot be negative, infinite or NaN, and a pool, its blocks or a length cannot be 0 (or a "
+            "fraction where whole): the target is not serving sane metrics."))
     if r.preemptions_total:
         yield _preemptions(r, r.preemptions_total)
     ratio = r.prefix_cache_hit_ratio

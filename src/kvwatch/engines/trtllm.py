@@ -174,7 +174,7 @@ def _read_serve(exposition: Exposition, p: str, overrides: SourceOverrides, time
     detection = Detection(
         engine_kind=TENSORRT_LLM, version_range="trtllm-serve" if p == "trtllm_" else "trtllm-serve-colon",
         usage_metric=usage_name, running_metric=running_name, waiting_metric=waiting_name,
-        capacity_metric=capacity_name)
+        capacity_metric=capacity_name if any(r.kv_capacity_tokens for r in readings) else None)
     return Poll(timestamp=timestamp, detection=detection, readings=tuple(readings))
 
 
@@ -219,7 +219,8 @@ def _read_triton(exposition: Exposition, overrides: SourceOverrides, timestamp: 
                                               str(waiting) if waiting and not split else None, str(scheduled), split)
     detection = Detection(
         engine_kind=TENSORRT_LLM, version_range=version_range, usage_metric=usage_name,
-        running_metric=running_name, waiting_metric=waiting_name, capacity_metric=capacity_name)
+        running_metric=running_name, waiting_metric=waiting_name,
+        capacity_metric=capacity_name if any(r.kv_capacity_tokens for r in readings) else None)
     return Poll(timestamp=timestamp, detection=detection, readings=tuple(readings))
 
 
@@ -353,6 +354,11 @@ def read_iteration_stats(text: str, *, timestamp: float, model_name: str = "unkn
         usage_metric="kvCacheStats.usedNumBlocks / maxNumBlocks" if reading.kv_usage_ratio is not None else None,
         running_metric=running_name if reading.requests_running is not None else None,
         waiting_metric=waiting_name if reading.requests_waiting is not None else None,
-        capacity_metric="kvCacheStats.maxNumBlocks x tokensPerBlock" if reading.kv_capacity_tokens is not None
-        else None)
-    return Poll(timestamp=timestamp, detection=detection, readings=(reading,))
+        capacity_metric="kvCacheStats.maxNumBlocks x tokensPerBlock" if reading.kv_capacity_tokens else None)
+    # (--usage-metric cannot apply to JSON: check's usage_unknown said to pass it, and read_payload refuses it)
+    why = None if reading.kv_usage_ratio is not None else (
+        "No KV usage in the iteration statistics (kvCacheStats without usedNumBlocks, or maxNumBlocks not above 0), "
+        "and --usage-metric cannot apply to JSON: point kvwatch at trtllm-serve's /prometheus/metrics if it has "
+        "the KV gauges.")
+    return Poll(timestamp=timestamp, detection=detection, readings=(reading,),
+                undetermined=((reading.key, "kv_usage_ratio", why),) if why else ())
