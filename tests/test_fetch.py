@@ -808,3 +808,24 @@ def test_a_body_compressed_twice_is_named_as_such(raw_server: Callable) -> None:
             fetcher.fetch()
         assert caught.value.reason == "parse" and "gzip twice" in str(caught.value), label
         assert "did not say so" not in str(caught.value)
+
+
+def test_an_undecodable_body_is_refused_without_holding_a_copy_of_it() -> None:
+    # Raised inside the except block, the error kept the UnicodeDecodeError as its __context__, and that a copy of the
+    # whole body: a 16 MiB page with one bad byte took the sidecar past 360 MB in a minute of failed polls.
+    from kvwatch.fetch import decode_body
+
+    for body in (b"vllm:x 1\n" * 1000 + b"\xff\n", b"\x1f\x8b" + b"\xff" * 100):
+        with pytest.raises(ScrapeError) as raised:
+            decode_body(body, None, "t")
+        error: BaseException | None = raised.value
+        while error is not None:
+            assert not isinstance(error, UnicodeDecodeError)
+            error = error.__context__ or error.__cause__
+    # (so a JSON body that is no JSON: the JSONDecodeError's .doc is the whole body)
+    from kvwatch.engines.detect import read_payload
+    from kvwatch.exposition import ParseError
+
+    with pytest.raises(ParseError) as refused:
+        read_payload('[{"iter": ' + "x" * 1000, timestamp=0.0)
+    assert refused.value.__context__ is None

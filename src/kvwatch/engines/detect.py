@@ -201,9 +201,11 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
         try:
             return _capped(trtllm.read_iteration_stats(text, timestamp=timestamp), max_series)
         except json.JSONDecodeError as exc:
-            raise ParseError(f"body starts like JSON but is not: {exc}") from None
+            why = f"body starts like JSON but is not: {exc}"
         except RecursionError:
-            raise ParseError("body is JSON nested deeper than kvwatch reads") from None
+            why = "body is JSON nested deeper than kvwatch reads"
+        # (raised past the except block: as its __context__, the JSONDecodeError kept the whole body, its .doc)
+        raise ParseError(why)
     renames = overrides.renames if overrides is not None else {}
     limit = SeriesLimit(ADMIT_FACTOR * max_series) if max_series is not None else None
     wanted = wanted_for(overrides, latency=latency, lengths=lengths)

@@ -308,7 +308,7 @@ class Sidecar:
             text = ""
             if self._stopping:
                 return previous
-            big = big or exc.reason == "too_large"
+            big = big or exc.reason in ("too_large", "parse")  # (a body read whole, then refused: a large one too)
             state = self._down_state(exc, previous, now, errors, gpu_read,
                                      cause=exc.__cause__ if exc.reason == "internal" else None)
         except Exception as exc:  # kvwatch's own bug meeting this input: counted and reported down, never frozen
