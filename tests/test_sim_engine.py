@@ -316,3 +316,15 @@ def test_per_request_tpot_is_zero_for_a_single_output_token() -> None:
     assert snap.requests_completed == 2 and tpot.count == 2  # vLLM observes every finished request
     decode_step = STEP.duration(0, 1)
     assert tpot.sum == pytest.approx(0.0 + decode_step)  # 0 for the 1-token request, the decode step for the other
+
+
+def test_a_request_back_after_a_preemption_is_no_prefix_cache_query() -> None:
+    # vLLM records a re-admission after preemption in its preempted_* stats, left out of vllm:prefix_cache_queries and
+    # _hits; counted, its own surviving blocks raised the hit rate under pressure.
+    config = EngineConfig(num_gpu_blocks=120, enable_prefix_caching=True, step=STEP)
+    sim = Simulator(config)
+    sim.submit([Request(0.01 * i, 512, 400, hash_ids=(i,)) for i in range(4)])
+    sim.run_until(300.0)
+    (snap,) = sim.snapshot()
+    assert snap.preemptions_total > 0 and snap.requests_completed == 4
+    assert snap.prefix_cache_queries_tokens == 4 * 512  # each request's first admission only

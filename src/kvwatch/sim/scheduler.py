@@ -219,7 +219,9 @@ class EngineCore:
                 req.registered = hits
                 req.held = hits + need
                 req.computed = computed
-                if req.prefix_keys or cfg.enable_prefix_caching:
+                # (a request back after a preemption is vLLM's preempted_* stats, left out of the hit-rate counters:
+                # its own surviving blocks made the hit rate look better under pressure)
+                if (req.prefix_keys or cfg.enable_prefix_caching) and not req.num_preemptions:
                     stats.prefix_query(req.prompt + req.generated, computed, (req.prompt + req.generated) // bs,
                                        hits)
                 if req.first_scheduled is None:
