@@ -962,3 +962,28 @@ def test_the_warning_can_read_the_calibrated_risk_or_the_higher_or_lower_of_the_
     assert (other == model) if reads == "higher" else (other < model)
     with pytest.raises(ValueError, match="warning_reads"):
         CalibrationParams(warning_reads="both")
+
+
+def test_a_warning_dropped_for_want_of_a_risk_does_not_come_back_with_the_next_risk() -> None:
+    # Asleep from 3600 s to 7190 s holding 0.9 of the KV (no risk while asleep), `filling` was dropped 30 minutes after
+    # its last risk, then came back at the next minute close, whose risk returned at 0.035: the latch was cleared
+    # only at a close without a risk, and the returning risk re-backed it.
+    from collections import defaultdict
+
+    rng, counters, forecaster = random.Random(1), defaultdict(float), Forecaster()
+    states = []
+    for i in range(1080):
+        t = i * 10.0
+        asleep = 3600 <= t < 7190
+        u = 0.9 if asleep else min(1.0, max(0.0, 0.6 + rng.gauss(0, 0.03)))
+        if not asleep:
+            counters["finished"] += u * 100_000 / 2000 * 10
+        done = counters["finished"]
+        result = forecaster.observe(ForecastSample(
+            timestamp=1000 + t, kv_usage=u, capacity_tokens=100_000.0, running=0.0 if asleep else u * 100,
+            waiting=3.0 if asleep else 0.0, preemptions_total=0.0, finished_total=done,
+            request_prompt_tokens_sum=done * 800, request_prompt_tokens_count=done,
+            request_generation_tokens_sum=done * 200, request_generation_tokens_count=done, asleep=asleep))
+        states.append((result.timestamp, result.state, result.estimates.get("warning_risk")))
+    dropped = next(t for t, state, _ in states if t > 7190 + 1000 and state == "ok")
+    assert [(t, risk) for t, state, risk in states if t > dropped and state == "filling"] == []

@@ -613,6 +613,10 @@ class Forecaster:
         minute whose risk has fallen below risk_off. A warm minute with nothing to project (an idle engine) is
         calm; one whose rate or capacity is unknown is neither."""
         p = self.params.warning
+        if self._latch.active and self._risk_known_at is not None and not self._warning_stands(now):
+            # (whatever this minute brings: the state read `ok` from the poll past the horizon, and a risk back at
+            # this close re-backed the old warning, `filling` again at a warning risk of 0.035)
+            self._latch.clear()
         if risk is not None:
             if self._latch.active and self._rewarming and risk < p.risk_off:
                 self._latch.clear()  # back after re-warming, and what it warned of has not come
