@@ -112,8 +112,8 @@ def forecast_metric_families(
                  f"Probability that KV usage reaches {_P.risk.threshold:g} of capacity for a sustained stretch "
                  "within the horizon, self-calibrated against how this series' forecasts of the last 6 hours "
                  "came true "
-                 "(in bottleneck the model's risk, 1 before it has one; absent while warming up (and while a "
-                 "filling warning stands through a re-warm after a gap) or unknown, and "
+                 "(in bottleneck the published risk, not 1; 1 before the model has one; absent while warming up "
+                 "(and while a filling warning stands through a re-warm after a gap) or unknown, and "
                  "while the engine is idle: no arrivals or an empty cache leave nothing to project).",
                  ["horizon"])
     ratio = gauge("kvwatch_kv_usage_forecast_ratio",
