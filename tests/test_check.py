@@ -1071,7 +1071,11 @@ def test_rename_metrics_reads_a_proxys_names_for_any_family(tmp_path: Path, caps
     assert report["series"] == own
     assert report["usage_metric"] == "proxy_kv_usage" and "proxy_cache_config_info" in report["capacity_metric"]
     for bad, why in (("proxy_preemption_total=vllm:num_preemptions_total", "the payload has no proxy_preemption_total"),
-                     ("proxy_kv_usage=vllm:num_requests_running", "the payload has vllm:num_requests_running too")):
+                     ("proxy_kv_usage=vllm:num_requests_running", "the payload has vllm:num_requests_running too"),
+                     # an engine-side typo, or a family on one side and a sample on the other, read nothing silently
+                     ("proxy_preemptions_total=vllm:num_preemption_total", "kvwatch reads no vllm:num_preemption"),
+                     ("proxy_preemptions_total=vllm:num_preemptions", "one name ends in a sample's suffix"),
+                     ("proxy_preemptions=vllm:num_preemptions_total", "one name ends in a sample's suffix")):
         assert main(["check", "--file", str(page), "--rename-metrics", bad]) == 3
         assert why in capsys.readouterr().err
     for bad in ("a=b,a=c", "a=a", "a", "a=b=c", "a=b,b=c"):

@@ -154,17 +154,33 @@ def operator_spelling(renames: Mapping[str, str]) -> Spelling:
                     functools.partial(_part_renamed, renames), "")
 
 
-def _renamed(exposition: Exposition, renames: Mapping[str, str]) -> Exposition:
-    """The page read under the operator's renames; a name the page never mentions, or a page holding a family under
-    both names, stops the read naming the flag (a typo would leave the engine's own metric read without a word)."""
+def _part(name: str) -> str:
+    """The sample suffix ``name`` ends in (``_total``, ``_bucket``, ...), or ""."""
+    return next((part for part in _PARTS if name.endswith(part)), "")
+
+
+def _renamed(exposition: Exposition, renames: Mapping[str, str], spelling: Spelling,
+             read: frozenset[str]) -> Exposition:
+    """The page read under the operator's renames (``spelling``); a pair naming a family on one side and a sample on
+    the other, an engine name kvwatch does not ``read``, a name the page never mentions, or a page holding a family
+    under both names stops the read naming the flag (a typo would leave the engine's own metric unread without a
+    word: the preemption counter unknown, its alerts silent, kvwatch_up 1)."""
     for page, engine in renames.items():
+        if _part(page) != _part(engine):
+            raise UnrecognisedPayload(
+                f"--rename-metrics {page}={engine}: one name ends in a sample's suffix ({', '.join(_PARTS)}) and the "
+                "other does not: name both families or both samples (proxy_preemptions_total="
+                "vllm:num_preemptions_total)")
+        if not any(f in read for f in vllm.families_of(engine)) and not any(engine + p in read for p in _PARTS):
+            raise UnrecognisedPayload(f"--rename-metrics {page}={engine}: kvwatch reads no {engine}: name one of the "
+                                      "engine's metrics it reads (docs/metrics.md)")
         if not _mentions(exposition, page):
             raise UnrecognisedPayload(f"--rename-metrics {page}={engine}: the payload has no {page} (no sample, no "
                                       "# TYPE or # HELP line): check the name")
         if _mentions(exposition, engine):
             raise UnrecognisedPayload(f"--rename-metrics {page}={engine}: the payload has {engine} too, and kvwatch "
                                       "does not guess which of the two to read")
-    return respelled(exposition, operator_spelling(renames))
+    return respelled(exposition, spelling)
 
 
 def engines_of(exposition: Exposition) -> list[str]:
@@ -207,13 +223,14 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
         # (raised past the except block: as its __context__, the JSONDecodeError kept the whole body, its .doc)
         raise ParseError(why)
     renames = overrides.renames if overrides is not None else {}
+    operator = operator_spelling(renames) if renames else None
     limit = SeriesLimit(ADMIT_FACTOR * max_series) if max_series is not None else None
     wanted = wanted_for(overrides, latency=latency, lengths=lengths)
-    if renames:
-        wanted = wanted | frozenset(map(operator_spelling(renames).page, wanted))
+    if operator is not None:
+        wanted = wanted | frozenset(map(operator.page, wanted))
     exposition = parse(text, wanted, limit.admit if limit is not None else None)
-    if renames:
-        exposition = _renamed(exposition, renames)
+    if operator is not None:
+        exposition = _renamed(exposition, renames, operator, wanted_for(overrides, latency=True, lengths=True))
     # An operator who names the page's own metrics (or labels, {stage="0"}) with the override flags reads the page as
     # it is spelled.
     own_names = bool(overrides and (overrides.names() or renames))
@@ -275,8 +292,8 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
         poll = replace(poll, detection=replace(d, version_range=f"{d.version_range} ({spelling.note})", **{
             f: getattr(d, f).replace(spelling.own_prefix, theirs) for f in (
                 "usage_metric", "running_metric", "waiting_metric", "capacity_metric") if getattr(d, f)}))
-    if renames:  # the report names the page's metrics, as an override's do
-        d, page = poll.detection, operator_spelling(renames).page
+    if operator is not None:  # the report names the page's metrics, as an override's do
+        d, page = poll.detection, operator.page
         poll = replace(poll, detection=replace(d, **{f: _NAMES.sub(lambda m: page(m.group()), getattr(d, f)) for f in (
             "usage_metric", "running_metric", "waiting_metric", "capacity_metric") if getattr(d, f)}))
     if limit is not None and limit.refused:
