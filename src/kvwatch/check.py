@@ -608,7 +608,9 @@ def _headline(r: Reading, bad: Mapping[str, float], unknown: Mapping[str, str],
     if usage >= SATURATION_USAGE and r.requests_running and not r.prefill_server and r.requests_waiting is not None:
         # (check said "nothing to fix" at 97 % with no queue while serve read the same page as `bottleneck` and
         # advised a limit: the forecaster's saturated poll is usage at the line, queue or not)
-        return _finding(r, "kv_full", "warning", _kv_full_message(usage))
+        # info: one poll of a full cache with nothing waiting is a well-used GPU too (`--fail-on warning` would fail
+        # a cron run at every busy minute); the fixes are for when it lasts
+        return _finding(r, "kv_full", "info", _kv_full_message(usage))
     if r.requests_running == 0 and _standing_queue(r) and not r.prefill_server and not leaking(r):
         # No scheduler cap holds back a queue while nothing runs ("raise --max-num-seqs" was
         # said of 40 waiting beside 0 running at 30 %); at 5 % or less request_exceeds_pool says more, and a full
@@ -648,7 +650,6 @@ def _usage_unknown_message(bad: Mapping[str, float], unknown: Mapping[str, str])
     if "kv_usage_ratio" in unknown:
         return unknown["kv_usage_ratio"]
     return "No KV usage metric found: pass --usage-metric with the name your engine (or proxy) exports."
-
 
 
 def _kv_bound_message(r: Reading, usage: float, waiting: float) -> str:
