@@ -51,6 +51,8 @@ class _Now:
 class _SimulatorEndpoint:
     """What kvwatch's fetcher gets from the simulator's GET /metrics at the current simulated time."""
 
+    last_body_bytes = 0
+
     def __init__(self, service: SimulationService) -> None:
         self.service = service
 

@@ -114,6 +114,8 @@ def test_a_poll_without_latency_reads_everything_else(engine: str) -> None:
 class _Endpoint:
     """The simulator's /metrics at the test's clock (what the sidecar's fetcher would get)."""
 
+    last_body_bytes = 0
+
     def __init__(self) -> None:
         self.sim = Simulator(EngineConfig(num_gpu_blocks=200), seed=2)
         self.sim.submit([Request(arrival_time=i * 0.05, prompt_tokens=150, output_tokens=300) for i in range(9000)])

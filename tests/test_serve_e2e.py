@@ -226,6 +226,8 @@ def test_a_stuck_shutdown_dumps_every_thread_and_exits_at_the_deadline(target: T
 class _SlowThenFast:
     """A fetcher whose first polls overrun the interval, then keep to it."""
 
+    last_body_bytes = 0
+
     def __init__(self, slow_polls: int, seconds: float) -> None:
         self.slow_polls, self.seconds, self.calls = slow_polls, seconds, 0
         self.done = threading.Event()

@@ -41,6 +41,8 @@ def label_explosion(models: int) -> str:
 class Served:
     """The fetcher's place in the sidecar: returns whatever body the test sets (or raises its ScrapeError)."""
 
+    last_body_bytes = 0
+
     def __init__(self, body: str | ScrapeError) -> None:
         self.body = body
 

@@ -96,6 +96,7 @@ class Fetcher:
         self._client = self._new_client()
         self._closed = False
         self._redirected_to: str | None = None  # the other host a redirect last led to (logged once per change)
+        self.last_body_bytes = 0  # the last body read whole, in bytes (serve frees memory after a large one)
         self._lock = threading.Lock()  # a request is submitted before close() or not at all
         self._loop = asyncio.new_event_loop()
         self._loop.set_default_executor(DaemonThreads("kvwatch-resolve"))  # (getaddrinfo runs there)
@@ -240,6 +241,7 @@ class Fetcher:
                         raise ScrapeError("too_large", f"body of {declared} bytes exceeds {self.max_body_bytes}")
                     in_body = True
                     body = await self._read_capped(response)
+                    self.last_body_bytes = len(body)
                 finally:
                     await response.aclose()
                 return self._text(body, response.charset_encoding,

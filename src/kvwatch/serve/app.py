@@ -308,7 +308,9 @@ class Sidecar:
             text = ""
             if self._stopping:
                 return previous
-            big = big or exc.reason in ("too_large", "parse")  # (a body read whole, then refused: a large one too)
+            # (a large body read whole and then refused as unreadable held its copies too)
+            big = big or exc.reason == "too_large" or (
+                exc.reason == "parse" and self.fetcher.last_body_bytes > RELEASE_AFTER_BYTES)
             state = self._down_state(exc, previous, now, errors, gpu_read,
                                      cause=exc.__cause__ if exc.reason == "internal" else None)
         except Exception as exc:  # kvwatch's own bug meeting this input: counted and reported down, never frozen
