@@ -67,7 +67,7 @@ def check_size(scenario: Scenario, trace: Sequence[Request]) -> None:
     held = max(rate * scenario.seconds + arrivals, rate * CALIBRATION_SECONDS * (1.0 + scenario.rate_scale))
     if held > MAX_REQUESTS:
         raise ScenarioError(
-            f"this run would hold about {held / 1e6:,.0f} million requests at once ({held * 340 / 1e9:,.1f} GB; at "
+            f"this run would hold about {held / 1e6:,.1f} million requests at once ({held * 340 / 1e9:,.1f} GB; at "
             f"most {MAX_REQUESTS / 1e6:g} million): lower --rate-scale (now {scenario.rate_scale:g}), --peak-load or "
             "--hours")
 
