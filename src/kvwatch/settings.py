@@ -535,8 +535,8 @@ class TargetSettings(DeploymentSettings):
     running_metric: str | None = Field(None, description="Override the running-requests source metric.")
     waiting_metric: str | None = Field(None, description="Override the waiting-requests source metric.")
     rename_metrics: str | None = Field(
-        None, description="Read a family of the page under the engine's name, for any metric the three overrides "
-                          "do not cover: PAGE_NAME=ENGINE_NAME pairs separated by commas "
+        None, description="Read a family of the page under the engine's name (any family kvwatch reads, the three "
+                          "gauges above included): PAGE_NAME=ENGINE_NAME pairs separated by commas "
                           "(proxy_preemptions_total=vllm:num_preemptions_total).")
     bearer_token_file: Path | None = Field(None, description="File holding a bearer token sent to the target.")
     ca_file: Path | None = Field(None, description="CA bundle to verify the target's TLS certificate (an https "

@@ -489,7 +489,7 @@ def _memory_budget(spec: DeploymentSpec, util: float, dtype_bytes: int, batched:
                     f"the activation estimate ({activation / GIB:.2f} GiB) is fitted on profile runs of at most "
                     f"{memory.ACTIVATION_FIT_MAX_TOKENS:,} tokens; this one runs {batched:,} at once, where a V0 "
                     "profile of Llama-3.1-8B without chunked prefill took about 110 KB a token, several times the "
-                    "estimate's (2.99 GiB at 29,000 tokens: tests/fixtures/calibration/vllm_kv_capacity.csv): the KV "
+                    "estimate's (2.99 GiB at 29,000 tokens: docs/capacity.md, calibration row 46): the KV "
                     "figures may be too high and vLLM may refuse to start; pass the activation vLLM logs "
                     "(--activation-gib)")
         if spec.non_torch_bytes is not None:

@@ -93,8 +93,8 @@ class OverrideOptions(Protocol):
 @dataclass(frozen=True)
 class SourceOverrides:
     """Operator-chosen source metrics; each wins over the auto-detected name when set. ``renames`` (the page's name
-    -> the engine's) reads any family of the page under the engine's name, for every metric the three selectors
-    do not cover (a proxy's ``proxy_preemptions_total`` as ``vllm:num_preemptions_total``)."""
+    -> the engine's) reads any family of the page under the engine's name, the selectors' gauges included (a
+    proxy's ``proxy_preemptions_total`` as ``vllm:num_preemptions_total``)."""
 
     usage: Selector | None = None
     running: Selector | None = None

@@ -168,14 +168,15 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     # the one engine="" set of a 0.11 development line stands for them all: its engines are the series'. Beside
     # engines' own sets it is none of theirs (each engine has its own blocks). A page whose engines lack some of
     # their sets still sums over all of them (one set of two engines' page read the sum as engine 0's).
-    # (those the series cap left out count too; 0: too many to count, and a sum over them cannot be divided)
+    # (those the series cap left out count too; None: too many to count, and a sum over them cannot be divided)
     engines_with_sets = len(configs.keys() - {None})
-    page_engines = 0 if refused_engines is None else max(1, len({key[1] for key in keys} | set(refused_engines)))
+    page_engines = None if refused_engines is None else max(1, len({key[1] for key in keys} | set(refused_engines)))
     shared = not engines_with_sets and None in configs and configs[None].get("engine") == ""
+    n_engines: int | None = 1
     if engines_with_sets:
-        n_engines = max(engines_with_sets, page_engines) if page_engines else 0
-    else:
-        n_engines = page_engines if shared else 1
+        n_engines = None if page_engines is None else max(engines_with_sets, page_engines)
+    elif shared:
+        n_engines = page_engines
     prefix_queries, prefix_hits, prefix_unit = _prefix_families(exposition, detection.version_range)
     process_start = _process_start(exposition)
 
@@ -587,13 +588,16 @@ def override_blocks(config: Mapping[str, str]) -> float | None:
     return value if value is not None and value > 0 else None
 
 
-def _capacity(config: dict[str, str], n_engines: int) -> tuple[float | None, float | None, float | None,
+def _capacity(config: dict[str, str], n_engines: int | None) -> tuple[float | None, float | None, float | None,
                                                                float | None]:
     """(capacity tokens, gpu blocks, block size, max concurrency), all per engine. Without ``num_gpu_blocks`` (0.8.x
     labels before the engine core reports it) a ``--num-gpu-blocks-override`` is the count: vLLM takes it as is
     (``may_override_num_blocks``), per engine."""
     total_blocks = _count_label(config.get("num_gpu_blocks"))
-    blocks = (total_blocks / n_engines if n_engines else None) if total_blocks is not None else override_blocks(config)
+    if total_blocks is None:
+        blocks = override_blocks(config)
+    else:  # (n_engines None: the page's engines are too many to count, so each one's share is unknown)
+        blocks = total_blocks / n_engines if n_engines is not None else None
     block_size = _count_label(config.get("block_size"))
     capacity = label_number(config.get("kv_cache_size_tokens"))
     if capacity is None and blocks is not None and block_size is not None:

@@ -613,7 +613,7 @@ class Forecaster:
         minute whose risk has fallen below risk_off. A warm minute with nothing to project (an idle engine) is
         calm; one whose rate or capacity is unknown is neither."""
         p = self.params.warning
-        if self._latch.active and self._risk_known_at is not None and not self._warning_stands(now):
+        if self._latch.active and not self._warning_stands(now):
             # (whatever this minute brings: the state read `ok` from the poll past the horizon, and a risk back at
             # this close re-backed the old warning, `filling` again at a warning risk of 0.035)
             self._latch.clear()
@@ -623,8 +623,6 @@ class Forecaster:
             self._risk_known_at, self._rewarming = now, False
         else:
             self._rewarming = self._rewarming or not warm
-            if self._latch.active and not self._warning_stands(now):
-                self._latch.clear()
         idle = self._nothing_to_project(bucket.running_mean, bucket.waiting_max, bucket.u_mean)
         calm = risk < p.risk_off if risk is not None else warm and idle
         self._latch.update(self._raw, calm, saturated)
