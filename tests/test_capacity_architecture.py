@@ -588,3 +588,6 @@ def test_hy_v4_is_mla_and_an_unmodelled_kv_layout_is_said_plainly():
     # MiniMax-M3's index-key side cache: read as plain attention without a word before
     [index] = warnings(["MiniMaxM3ForCausalLM"])
     assert "index-key side cache" in index
+    # Phi-4-mini-flash (SambaY, served until 0.10.2): its layout was read as 32 windowed layers, 3.6x vLLM's bytes
+    [sambay] = warnings(["Phi4FlashForCausalLM"])
+    assert "kv_sharing_target_layer_name" in sambay

@@ -97,6 +97,11 @@ UNMODELLED: dict[str, str] = {
     "MiniMaxM3VLForConditionalGeneration": "an index-key side cache beside the sparse attention layers' KV "
                                            "(index_head_dim values per token and layer, not split by tensor "
                                            "parallelism; vllm/model_executor/models/minimax_m3/common/indexer.py)",
+    # (served until 0.10.2, LAST_SERVED_IN above: the plan its dropped-architecture warning points at read every
+    # layer as a 512-token window, 3.6x vLLM's KV bytes a token)
+    "Phi4FlashForCausalLM": "a Mamba state in every mb_per_layer-th layer, sliding-window attention in the first "
+                            "half's other layers, one full-attention layer whose KV the later attention layers share "
+                            "(kv_sharing_target_layer_name; vllm/model_executor/models/phi4flash.py)",
     "IQuestLoopCoderForCausalLM": "one attention layer per loop (loop_num, 2 when unset), the loops after the first "
                                   "with a sliding window of loop_window_size (vllm/model_executor/models/"
                                   "iquest_loopcoder.py): 80 layers hold about a third of the tokens kvwatch says",
