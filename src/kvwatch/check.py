@@ -652,6 +652,9 @@ def _usage_unknown_message(bad: Mapping[str, float], unknown: Mapping[str, str])
     return "No KV usage metric found: pass --usage-metric with the name your engine (or proxy) exports."
 
 
+_FIXES_FOLLOW = "The advisor's fixes for this series follow, cheapest first (\"advice\" in --json)."
+
+
 def _kv_bound_message(r: Reading, usage: float, waiting: float) -> str:
     """kv_bound's message: on a PD prefill server, with nothing running, below the KV-bound line (the next prompt
     does not fit), or at it."""
@@ -659,7 +662,7 @@ def _kv_bound_message(r: Reading, usage: float, waiting: float) -> str:
 
     # Nothing running on an engine whose queue may hold KV (kvwatch.capacity.findings.kv_usage_stuck): a
     # PD prefill server's transfers, or a leak; the payload cannot tell which, so the message says both.
-    fixes = "The advisor's fixes for this series follow, cheapest first (\"advice\" in --json)."
+    fixes = _FIXES_FOLLOW
     if r.prefill_server:
         return (f"KV cache is {percent(usage)} full with {_requests(waiting)} waiting on this PD prefill "
                 "server: its KV is held by requests whose KV is still being sent to the decode servers, "
@@ -688,8 +691,7 @@ def _kv_full_message(usage: float) -> str:
 
     return (f"KV cache is {percent(usage)} full and no request waits for it yet: the running requests' growing "
             "outputs and the next arrivals need blocks it does not have, so the engine will queue or preempt (kv_bound "
-            "then). kvwatch serve reads such a poll as saturated, and `bottleneck` once it lasts. The advisor's fixes "
-            "for this series follow, cheapest first (\"advice\" in --json).")
+            f"then). kvwatch serve reads such a poll as saturated, and `bottleneck` once it lasts. {_FIXES_FOLLOW}")
 
 
 def _queue_not_admitted_message(r: Reading, usage: float, waiting: float) -> str:

@@ -182,14 +182,13 @@ def _same_setting(name: str, given: Any, told: str, raised_block_size: int | Non
         return True  # a label that is no number tells nothing
 
 
-def raised_block_size(plan: CapacityPlan) -> int | None:
-    """The block size a plan raises the one asked for to (a Mamba hybrid's), else None."""
-    layout = getattr(plan, "layout", None)
-    return int(layout.block_size) if layout is not None and layout.block_size_raised else None
+def raised_block_size(plan: CapacityPlan | None) -> int | None:
+    """The block size a plan raises the one asked for to (a Mamba hybrid's), else None (no plan, or none raised)."""
+    return int(plan.layout.block_size) if plan is not None and plan.layout.block_size_raised else None
 
 
 def deployment_mismatches(max_model_len: int | None, given: Mapping[str, Any], reading: Reading,
-                          plan: CapacityPlan) -> list[CapacityFinding]:
+                          plan: CapacityPlan | None) -> list[CapacityFinding]:
     """The findings of settings kvwatch was given that the engine says it runs otherwise (``max_model_len`` as
     given; ``given`` from :func:`given_engine_settings`; ``plan`` the reading's model's, or None): serve logs them,
     check reports them."""

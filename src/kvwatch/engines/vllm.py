@@ -588,8 +588,8 @@ def override_blocks(config: Mapping[str, str]) -> float | None:
     return value if value is not None and value > 0 else None
 
 
-def _capacity(config: dict[str, str], n_engines: int | None) -> tuple[float | None, float | None, float | None,
-                                                               float | None]:
+def _capacity(config: dict[str, str],
+              n_engines: int | None) -> tuple[float | None, float | None, float | None, float | None]:
     """(capacity tokens, gpu blocks, block size, max concurrency), all per engine. Without ``num_gpu_blocks`` (0.8.x
     labels before the engine core reports it) a ``--num-gpu-blocks-override`` is the count: vLLM takes it as is
     (``may_override_num_blocks``), per engine."""
