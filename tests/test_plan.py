@@ -352,6 +352,15 @@ def test_the_rules_range_never_spans_a_version_the_capacity_model_reads() -> Non
     assert {name: v for name, v in versions.items() if v not in RULE_CHANGES} == {}
 
 
+def test_a_rules_range_ending_at_a_major_release_names_no_minus_one_release() -> None:
+    from kvwatch.capacity.rules import rules_range
+
+    changes = ((0, 28), (0, 30), (1, 0), (1, 2))
+    assert rules_range((0, 31), changes) == ">=0.30,<1.0"  # was "0.30-1.-1"
+    assert rules_range((1, 1), changes) == "1.0-1.1"
+    assert rules_range((0, 28), changes) == "0.28-0.29"
+
+
 def test_json_counts_and_bytes_are_integers_and_every_plan_says_will_start(capsys):
     _, out, _ = run([*TUTORIAL, "--json"], capsys)
     data = json.loads(out)

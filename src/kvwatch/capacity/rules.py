@@ -19,16 +19,18 @@ RULE_CHANGES: tuple[tuple[int, int], ...] = tuple(sorted({
 }))
 
 
-def rules_range(version: tuple[int, int]) -> str:
+def rules_range(version: tuple[int, int], changes: tuple[tuple[int, int], ...] = RULE_CHANGES) -> str:
     """The vLLM releases whose capacity rules are the ones applied for ``version`` (``>=0.32``, ``0.26-0.27``)."""
-    lower = [c for c in RULE_CHANGES if c <= version]
-    upper = [c for c in RULE_CHANGES if c > version]
+    lower = [c for c in changes if c <= version]
+    upper = [c for c in changes if c > version]
     lo, hi = (max(lower) if lower else None), (min(upper) if upper else None)
     if lo is None and hi is not None:
         return f"<{hi[0]}.{hi[1]}"
     if hi is None and lo is not None:
         return f">={lo[0]}.{lo[1]}"
     assert lo is not None and hi is not None
-    last = f"{hi[0]}.{hi[1] - 1}"
     first = f"{lo[0]}.{lo[1]}"
+    if hi[1] == 0:  # the release before a x.0 is not x.-1, and its number cannot be known
+        return f">={first},<{hi[0]}.0"
+    last = f"{hi[0]}.{hi[1] - 1}"
     return first if first == last else f"{first}-{last}"
