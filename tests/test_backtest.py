@@ -4,6 +4,7 @@ quiet on steady load. Also the ``kvwatch backtest`` CLI contract (JSON shape, ex
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -146,6 +147,14 @@ def test_cli_bad_input_exits_2_naming_the_flag(argv, flag, capsys):
     code, _, err = _cli([*base, *argv], capsys)
     assert code == 2
     assert flag in err
+
+
+def test_a_run_too_large_to_hold_says_how_large_in_millions_and_gigabytes(capsys):
+    argv = ["--trace", str(packaged_trace("azure_code_sample.csv")), "--rate-scale", "1000", "--engine-speedup", "1000"]
+    code, _, err = _cli(argv, capsys)
+    assert code == 2
+    assert re.search(r"about \d+\.\d million requests at once \(\d+\.\d GB; at most 5 million\)", err), err
+
 
 
 def test_the_plots_legend_sits_beside_its_axes(tmp_path, capsys, monkeypatch):

@@ -1628,5 +1628,7 @@ def test_a_full_cache_with_no_queue_is_a_finding_with_the_sidecars_fixes(tmp_pat
         page.write_text(re.sub(r"} 0\.25$", f"}} {usage}", text, flags=re.M))
         report = check_json(["--file", str(page)], capsys)
         assert [f["id"] for f in report["findings"] if f["id"].startswith("kv_")] == expected
+        # info, not warning: nothing waits, so nobody is hurt yet (kv_bound, with a queue, is the warning)
+        assert [f["severity"] for f in report["findings"] if f["id"] == "kv_full"] == ["info"] * len(expected)
         (series,) = report["series"]
         assert [a["action"] for a in series["advice"]][:1] == (["limit_concurrency"] if expected else [])
