@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from types import MappingProxyType
 
 import pytest
 
 from kvwatch.history import BROKEN_READ_HOLD_SECONDS, History, SeriesHistory, restart_reason
-from kvwatch.model import CAPACITY_UNDETERMINED, Detection, Poll, Reading
+from kvwatch.model import CAPACITY_UNDETERMINED, Detection, Histogram, Poll, Reading
 
 DETECTION = Detection("vllm", "0.12-0.2x", "vllm:kv_cache_usage_perc")
 
@@ -281,6 +282,34 @@ def test_a_reason_that_leaves_the_page_mid_hold_is_held_anew_when_it_comes_back_
             reading(finished_by_reason=finished, process_start_time_seconds=1000.0),)))
         history.record(screened)
     assert screened.implausible == ((("m", "0"), "finished_by_reason", 100.0),)
+
+
+def _e2e_page(t: float, total: float, seconds: float, start: float | None = 1000.0) -> Poll:
+    """A 10-s poll; the e2e histogram (``total`` requests, ``seconds`` summed) on one poll a minute (as serve)."""
+    latency = {} if t % 60 else {"e2e": Histogram((10.0, math.inf), (total, total), total, seconds)}
+    return Poll(timestamp=t, detection=DETECTION, readings=(reading(
+        prompt_tokens_total=t, latency=MappingProxyType(latency), process_start_time_seconds=start),))
+
+
+def test_an_e2e_histogram_read_lower_within_one_process_is_held_like_a_counter() -> None:
+    # Its _sum and _count halved for one read reached the forecaster: the residence went 20x off for half an hour,
+    # and nothing was counted as implausible.
+    history = History()
+    for t, total, seconds, dropped in [(0.0, 1000.0, 20_000.0, False), (60.0, 500.0, 10_000.0, True),
+                                       (120.0, 1100.0, 22_000.0, False), (180.0, 1200.0, 12_000.0, True),
+                                       (240.0, 1300.0, 13_000.0, False), (300.0, 1400.0, 14_000.0, False)]:
+        # (a sum alone lower at 180 s, and still lower a minute later: its new level, BROKEN_READ_HOLD_SECONDS)
+        edge = history.screen(_e2e_page(t, total, seconds))
+        assert edge.implausible == (((("m", "0"), "latency", total),) if dropped else ()), t
+        assert ("e2e" in edge.readings[0].latency) is not dropped
+        assert history.record(edge) == {}
+        assert history.record(history.screen(_e2e_page(t + 10.0, total, seconds))) == {}  # a poll between reads
+    assert history[("m", "0")].restarts == 0
+    # a restart on a page without the start time (vLLM's multiprocess mode): any decrease is one
+    history = History()
+    for t, total in [(0.0, 1000.0), (60.0, 10.0)]:
+        restarted = history.record(history.screen(_e2e_page(t, total, 20.0 * total, start=None)))
+    assert restarted == {("m", "0"): "the e2e latency histogram went down"}
 
 
 def test_without_a_start_time_any_counter_going_down_is_a_restart() -> None:

@@ -22,13 +22,17 @@ from itertools import pairwise
 from types import MappingProxyType
 
 from kvwatch.counters import counter_delta, counter_reset
-from kvwatch.model import CAPACITY_UNDETERMINED, Poll, Reading, SeriesKey
+from kvwatch.model import CAPACITY_UNDETERMINED, Histogram, Poll, Reading, SeriesKey
 
 COUNTER_FIELDS: tuple[str, ...] = (
     "preemptions_total", "prompt_tokens_total", "generation_tokens_total", "prefix_cache_queries_total",
     "prefix_cache_hits_total", "request_prompt_tokens_sum", "request_prompt_tokens_count",
     "request_generation_tokens_sum", "request_generation_tokens_count", "requests_aborted_total",
 )
+
+SCREENED_FIELDS: tuple[str, ...] = (*COUNTER_FIELDS, "finished_by_reason", "latency")
+"""Every Reading field :meth:`SeriesHistory.screen` can drop (``kvwatch_implausible_values_total`` exports each
+from 0)."""
 
 DEFAULT_MAX_SAMPLES = 720  # a cap per series (an hour of 5-s polls); the sidecar keeps only what its windows read
 
@@ -53,6 +57,8 @@ def _with_known_signals(known: Reading, reading: Reading) -> Reading:
         fields["cache_config"] = known.cache_config
     if not reading.finished_by_reason and known.finished_by_reason:
         fields["finished_by_reason"] = known.finished_by_reason
+    if set(known.latency) - set(reading.latency):  # (kvwatch serve reads the latency histograms once a minute)
+        fields["latency"] = MappingProxyType({**known.latency, **reading.latency})
     return replace(reading, **fields) if fields else reading
 
 
@@ -81,7 +87,15 @@ def restart_reason(previous: Reading, current: Reading) -> str | None:
     for reason in set(previous.finished_by_reason) & set(current.finished_by_reason):
         if counter_reset(previous.finished_by_reason[reason], current.finished_by_reason[reason]):
             return "request_success_total went down"
+    for kind in set(previous.latency) & set(current.latency):
+        if _histogram_went_down(previous.latency[kind], current.latency[kind]):
+            return f"the {kind} latency histogram went down"
     return None
+
+
+def _histogram_went_down(previous: Histogram, current: Histogram) -> bool:
+    """A latency histogram's ``_count`` or ``_sum`` is lower: the histogram is one counter (both reset together)."""
+    return counter_reset(previous.count, current.count) or counter_reset(previous.sum, current.sum)
 
 
 def _new_process_reason(previous: Reading, current: Reading) -> str | None:
@@ -211,17 +225,37 @@ class SeriesHistory:
         reasons = set(known.finished_by_reason) & set(reading.finished_by_reason)
         reads.update({f"finished_by_reason/{r}": (known.finished_by_reason[r], reading.finished_by_reason[r])
                       for r in reasons})
+        # A latency histogram is one counter: its _count and _sum (the e2e one is the forecaster's residence)
+        histograms = {f"latency/{kind}": (known.latency[kind], reading.latency[kind])
+                      for kind in set(known.latency) & set(reading.latency)}
         if only is not None:
             reads = {name: read for name, read in reads.items() if name in only}
+            histograms = {name: read for name, read in histograms.items() if name in only}
         broken = {name for name, (before, now) in reads.items() if counter_reset(before, now)}
-        for name in [n for n in held if n not in broken]:
-            del held[name]  # back at or above its last value, or not read this poll (a reason's value goes with it)
+        broken |= {name for name, (before, now) in histograms.items() if _histogram_went_down(before, now)}
+        for name in [n for n in held if n not in broken and (n in reads or n in histograms
+                                                             or not n.startswith("latency/"))]:
+            # back at or above its last value, or not read this poll (a reason's value goes with it); a latency
+            # histogram's hold outlives the polls between its reads
+            del held[name]
         if not broken:
             return reading, ()
         changes: dict[str, object] = {}
         dropped: list[tuple[str, float]] = []
+        latency = dict(reading.latency)
         for name in sorted(broken):
             field, _, reason = name.partition("/")
+            if field == "latency":
+                histogram = histograms[name][1]
+                since, _ = held.setdefault(name, (timestamp, histogram.count))
+                if timestamp - since < BROKEN_READ_HOLD_SECONDS:
+                    dropped.append((field, histogram.count))
+                    del latency[reason]
+                    changes[field] = MappingProxyType(latency)
+                else:
+                    del held[name]
+                    known = replace(known, latency=MappingProxyType({**known.latency, reason: histogram}))
+                continue
             now = reads[name][1]
             since, first = held.setdefault(name, (timestamp, now))
             if timestamp - since < BROKEN_READ_HOLD_SECONDS:

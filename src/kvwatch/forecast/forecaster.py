@@ -465,11 +465,17 @@ class Forecaster:
         """The e2e latency histogram's sum and count deltas since the last poll that read it. ``kvwatch serve``
         reads the latency histograms once a minute (kvwatch.latency.EDGE_SECONDS), the backtest every poll: a
         delta between consecutive polls only would leave the sidecar's risk without the measured residence
-        (Little's law instead), unlike the backtest it was scored by."""
+        (Little's law instead), unlike the backtest it was scored by. The histogram is one counter: when its sum or
+        its count went down (a restart between two reads that nothing else showed, or a broken read the sidecar
+        took for a new level), this read tells nothing of the interval; taking the lower field's whole value as the
+        delta mixed the engine's lifetime into the 30-minute residence (20x off for half an hour)."""
         if cur.e2e_latency_seconds_sum is None or cur.e2e_latency_seconds_count is None:
             return None, None
         last, self._e2e_last = self._e2e_last, cur
-        if last is None:
+        if last is None or last.e2e_latency_seconds_sum is None or last.e2e_latency_seconds_count is None:
+            return None, None
+        if (counter_reset(last.e2e_latency_seconds_sum, cur.e2e_latency_seconds_sum)
+                or counter_reset(last.e2e_latency_seconds_count, cur.e2e_latency_seconds_count)):
             return None, None
         return (counter_delta(last.e2e_latency_seconds_sum, cur.e2e_latency_seconds_sum),
                 counter_delta(last.e2e_latency_seconds_count, cur.e2e_latency_seconds_count))

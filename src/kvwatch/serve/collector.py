@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from kvwatch import __version__
 from kvwatch.derived import SeriesState
+from kvwatch.history import SCREENED_FIELDS
 from kvwatch.payload import REASONS
 from kvwatch.plausible import CHECKED_FIELDS
 from kvwatch.serve.gpu import families as gpu_families
@@ -116,7 +117,7 @@ def _health(state: State, polling: bool = True) -> Iterator[Metric]:
         "outside 0..1), read as unknown instead, by Reading field; summed over series and polls.", labels=["field"])
     # Every field from 0: a counter that appears at its first increment starts at 1, and rate()
     # never counts that first impossible value.
-    for name in sorted({*CHECKED_FIELDS, *health.implausible_total}):
+    for name in sorted({*CHECKED_FIELDS, *SCREENED_FIELDS, *health.implausible_total}):
         implausible.add_metric([name], float(health.implausible_total.get(name, 0)))
     yield implausible
     if health.last_success_wall_seconds is not None:
