@@ -425,7 +425,9 @@ def test_a_knob_changes_every_place_that_quotes_it(tmp_path: Path) -> None:
     assert "< 0.85)" in limited["expr"] and limited["for"] == "15m"
     text = " ".join(limited["annotations"]["description"].split())
     assert "for 15 minutes while its KV cache stayed below 85%" in text
-    assert rules["KvwatchAbsent"]["expr"].startswith('up{job="kvwatch-sidecar"} == 0')
+    absent = rules["KvwatchAbsent"]["expr"]
+    assert 'up{job="kvwatch-sidecar"} == 0' in absent and 'avg_over_time(up{job="kvwatch-sidecar"}[10m])' in absent
+    assert 'absent(kvwatch_build_info{job="kvwatch-sidecar"}) unless on () up{job="kvwatch-sidecar"}' in absent
 
 
 def test_generator_refuses_unknown_and_unused_knobs(tmp_path: Path) -> None:
