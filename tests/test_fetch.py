@@ -111,6 +111,15 @@ def test_urls_are_redacted_up_to_their_last_at_sign() -> None:
     with pytest.raises(ValueError) as caught:  # the port error quoted "pa", the password's first half
         check_url("http://user:pa#ss@127.0.0.1:1/metrics")
     assert "pa'" not in str(caught.value) and "percent-encode" in str(caught.value)
+    # A password of digits then '/', '?' or '#' parses as host and port: every poll went to that "host", the rest of
+    # the password in its path, while the logs named the host after the '@'. Refused, not the password quoted.
+    for url in ("http://localhost:18804/ssSECRET@127.0.0.1:18801/metrics", "http://admin:1234?s3cret@vllm:8000/m",
+                "http://u:12#x@vllm/metrics"):
+        with pytest.raises(ValueError, match="percent-encode") as caught:
+            check_url(url)
+        assert "SECRET" not in str(caught.value) and "s3cret" not in str(caught.value)
+    for url in ("http://vllm:8000/metrics?token=a@b", "http://vllm:8000/users/me@x/metrics", "http://u:p@ss@h/m"):
+        assert check_url(url) == url
 
 
 @respx.mock
