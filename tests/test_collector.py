@@ -291,6 +291,33 @@ def poll_pages(texts: Iterable[str], caplog: pytest.LogCaptureFixture) -> list[S
     return states
 
 
+def test_a_new_cause_of_an_outage_is_logged_and_a_moving_number_is_not(no_kvwatch_env: None,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    # The down line's status was its reason alone: a 503 while vLLM loaded, then a 401 after an auth change, read
+    # "answered HTTP 503" in the log for good (and a deleted, then empty, token file logged only the first).
+    import httpx
+    import respx
+
+    from kvwatch.fetch import Fetcher
+    from kvwatch.serve.app import Sidecar
+    from kvwatch.settings import ServeSettings
+
+    url = "http://vllm.test/metrics"
+    clock = ManualClock()
+    answers = [httpx.Response(503), httpx.Response(503), httpx.Response(401), httpx.Response(401),
+               *(httpx.Response(200, content=b"vllm:x 1\n" * lines + b"\xff\n") for lines in (3, 7))]
+    with respx.mock, Fetcher(url, timeout=1.0, max_body_bytes=1 << 20) as fetcher, caplog.at_level(logging.INFO):
+        route = respx.get(url)
+        sidecar = Sidecar(ServeSettings(target_url=url, poll_interval_seconds=5), fetcher, clock,
+                          analyzers=[DemoAnalyzer()])
+        for answer in answers:
+            route.mock(return_value=answer)
+            sidecar.poll()
+            clock.t += 5.0
+    downs = [line for line in caplog.text.splitlines() if "is down" in line]
+    assert ["HTTP 503" in downs[0], "HTTP 401" in downs[1], "(parse)" in downs[2], len(downs)] == [True] * 3 + [3]
+
+
 def test_every_restart_of_a_series_is_logged(no_kvwatch_env: None, caplog: pytest.LogCaptureFixture) -> None:
     # The restart line's status was (series, reason), the same every time: only the first restart was ever logged.
     poll_pages((payload(preemptions) for preemptions in (50, 0, 50, 0, 50, 0)), caplog)  # (counters going down)

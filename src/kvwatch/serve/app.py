@@ -26,6 +26,7 @@ import functools
 import importlib
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -117,6 +118,13 @@ def release_memory() -> None:
 
 
 GpuRead = concurrent.futures.Future[list[GpuMemory] | GpuReadError]  # a GPU read running beside the poll
+
+
+def _cause(exc: ScrapeError) -> str:
+    """A failure's message without its numbers (a line or a size that moves every poll), an HTTP status kept: a
+    change of cause within one reason is logged (a 503 while loading, then a 401 after an auth change, read 503 for
+    good), one that only moves a number is not."""
+    return str(exc) if exc.reason == "http_status" else re.sub(r"\d+", "#", str(exc))
 
 
 class ChangeLog:
@@ -337,7 +345,7 @@ class Sidecar:
         errors[exc.reason] += 1
         health = replace(previous.health, up=False, errors_total=MappingProxyType(errors), last_error_reason=exc.reason,
                          last_error=str(exc), polls_total=previous.health.polls_total + 1)
-        self._status_log.change(("down", exc.reason), logging.ERROR if cause else logging.WARNING,
+        self._status_log.change(("down", exc.reason, _cause(exc)), logging.ERROR if cause else logging.WARNING,
                                 "target %s is down (%s): %s", self.target, exc.reason, exc, exc_info=cause)
         return replace(previous, timestamp=now, health=health,
                        gpu=self._gpu_state(gpu_read, now, {}, engine_serving=False))
