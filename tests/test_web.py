@@ -280,6 +280,18 @@ def test_the_render_cache_keeps_a_few_content_types_and_an_odd_version_gets_the_
     assert content_type.startswith("text/plain; version=0.0.4") and b"kvwatch_up 0.0" in body
 
 
+def test_openmetrics_asked_to_escape_values_keeps_kvwatchs_names() -> None:
+    # prometheus_client wrote U__kvwatch__up under "# TYPE kvwatch_up" for escaping=values (Prometheus 3's
+    # metric_name_escaping_scheme: values): such a job stored no kvwatch_* series, and every alert went silent.
+    registry, _ = _counting_registry()
+    cache = RenderCache(registry, lambda: (1,))
+    for accept in ("application/openmetrics-text;version=1.0.0;escaping=values",
+                   "application/openmetrics-text; version=1.0.0; escaping=values; q=0.6,text/plain;q=0.5"):
+        body, content_type = cache.body(accept)
+        assert content_type.startswith("application/openmetrics-text") and "escaping=underscores" in content_type
+        assert b"\nkvwatch_up 0.0" in body and b"U__" not in body
+
+
 def test_a_new_state_is_rendered_even_where_an_old_one_lived() -> None:
     # The cache compared id(state): once the cached State was freed, CPython handed its address to a later
     # State and the older poll's body was served (up to 3 % of scrapes when Prometheus scraped less often than

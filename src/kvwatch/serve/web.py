@@ -33,6 +33,7 @@ import hashlib
 import http.client
 import logging
 import os
+import re
 import select
 import socket
 import ssl
@@ -329,6 +330,7 @@ class WebConfigWatcher:
 # escapings); prometheus_client echoes the Accept header's version into the type, and a client sending a new one
 # per request kept a body each (296 MB of RSS after 17,000 requests).
 MAX_RENDERED_TYPES = 8
+_VALUES_ESCAPING = re.compile(r"escaping\s*=\s*values\b", re.IGNORECASE)
 
 
 class RenderCache:
@@ -346,6 +348,10 @@ class RenderCache:
         self._bodies: dict[str, tuple[tuple[object, ...], bytes]] = {}
 
     def body(self, accept: str) -> tuple[bytes, str]:
+        # Every kvwatch name is a legacy one, the same under each escaping, but prometheus_client 0.26's OpenMetrics
+        # writer escapes "values" whatever the name (U__kvwatch__up beside "# TYPE kvwatch_up"): a Prometheus 3 job
+        # asking for it stored no kvwatch_* series at all. "underscores" leaves legacy names as they are.
+        accept = _VALUES_ESCAPING.sub("escaping=underscores", accept)
         try:
             encoder, content_type = choose_encoder(accept)
         except (TypeError, ValueError):  # a version it cannot compare ("version=abc"): the text format, as for none
