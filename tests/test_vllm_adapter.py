@@ -360,6 +360,11 @@ def test_selector_parsing() -> None:
     assert s.matches({"a": "1", "b": 'q"x', "c": "z"}) and not s.matches({"a": "1"})
     with pytest.raises(ValueError):
         Selector.parse("not a name{")
+    # The exposition format's escapes: "\n" is a new-line (it stayed two characters, so such a value could never be
+    # picked), and the selector written back (logs, kvwatch_source_info) reads as itself.
+    for text, value in (('m{gpu="a\\nb"}', "a\nb"), ('m{gpu="x\\\\"}', "x\\"), ('m{gpu="q\\"q"}', 'q"q')):
+        s = Selector.parse(text)
+        assert s.labels["gpu"] == value and Selector.parse(str(s)) == s and str(s) == text
 
 
 _VLLM_NAMES = sorted(vllm.FAMILIES)

@@ -19,6 +19,15 @@ class UnrecognisedPayload(ValueError):
 
 _SELECTOR = re.compile(r'^\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?:\{(.*)\})?\s*$', re.S)
 _MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+# A label value's escapes, as in the exposition format and PromQL: a "\n" stayed two characters, so no value
+# with a new-line could be picked, and the selector echoed in logs and kvwatch_source_info could not be pasted back.
+_ESCAPE = re.compile(r"\\(.)", re.S)
+_ESCAPES = {"n": "\n", "\\": "\\", '"': '"'}
+
+
+def _escaped(value: str) -> str:
+    """``value`` written back as a selector's label value (what :meth:`Selector.parse` reads as it)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 @dataclass(frozen=True)
@@ -40,7 +49,7 @@ class Selector:
             m = _MATCHER.match(body, pos)
             if not m:
                 raise ValueError(f"bad label matcher in {text!r}")
-            labels[m.group(1)] = m.group(2).replace('\\"', '"').replace("\\\\", "\\")
+            labels[m.group(1)] = _ESCAPE.sub(lambda e: _ESCAPES.get(e.group(1), e.group(0)), m.group(2))
             pos = m.end()
         return cls(match.group(1), MappingProxyType(labels))
 
@@ -50,7 +59,7 @@ class Selector:
     def __str__(self) -> str:
         if not self.labels:
             return self.name
-        inner = ",".join(f'{k}="{v}"' for k, v in self.labels.items())
+        inner = ",".join(f'{k}="{_escaped(v)}"' for k, v in self.labels.items())
         return f"{self.name}{{{inner}}}"
 
 
