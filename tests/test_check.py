@@ -108,7 +108,7 @@ def test_observed_mix_is_the_smaller_estimate() -> None:
 
 def test_kv_bound_needs_a_queue() -> None:
     full_no_queue = derive(Reading("m", kv_usage_ratio=0.99, requests_waiting=0.0, kv_capacity_tokens=1.0), None)
-    assert [f.id for f in findings([full_no_queue])] == []
+    assert [f.id for f in findings([full_no_queue])] == ["running_unknown"]  # (a full cache, held or leaked)
 
 
 def test_human_report(capsys: pytest.CaptureFixture[str]) -> None:
@@ -1561,6 +1561,25 @@ def test_a_full_cache_with_no_queue_count_says_the_bottleneck_cannot_be_told() -
     assert "implausible_values" in ids and "queue_unknown" not in ids
     report = build_report(interpret(with_queue, None, timestamp=0.0))
     assert "queue_unknown" not in {f["id"] for f in report["findings"]}
+
+
+def test_a_full_cache_with_no_running_count_says_the_bottleneck_cannot_be_told() -> None:
+    # 93 % full with 5 waiting and no running family read "Findings: none, nothing to fix" (a standing queue needs
+    # the running count), and so did 97 % with none waiting (kv_full needs it too)
+    from kvwatch.payload import interpret
+
+    page = ('vllm:kv_cache_usage_perc{engine="0",model_name="m"} %s\n'
+            'vllm:num_requests_waiting{engine="0",model_name="m"} %s\n'
+            'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="1000"} 1\n')
+    for usage, waiting, severity in (("0.93", "5", "warning"), ("0.97", "0", "warning"), ("0.40", "0", "info")):
+        found = {f["id"]: f for f in build_report(interpret(page % (usage, waiting), None, timestamp=0.0))["findings"]}
+        assert found["running_unknown"]["severity"] == severity, usage
+        assert ("may be the bottleneck" in found["running_unknown"]["message"]) == (severity == "warning")
+    # at 0.95 a queue is kv_bound whatever runs; with the running count there, no such finding
+    found = build_report(interpret(page % ("0.97", "5"), None, timestamp=0.0))["findings"]
+    assert "kv_bound" in {f["id"] for f in found} and "running_unknown" not in {f["id"] for f in found}
+    running = page % ("0.93", "5") + 'vllm:num_requests_running{engine="0",model_name="m"} 24\n'
+    assert "running_unknown" not in {f["id"] for f in build_report(interpret(running, None, timestamp=0.0))["findings"]}
 
 
 @pytest.mark.parametrize(("usage", "waiting", "kv_bound"), [("0.91", 1, False), ("0.91", 40, True), ("0.96", 1, True)])

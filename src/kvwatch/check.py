@@ -9,8 +9,9 @@ needs: kvwatch.forecast.thresholds.queue_waits_for_kv, the sidecar's rule),
 ``preemptions``
 (any preemption, or SGLang retraction, since the engine started), ``prefix_cache_ineffective`` (prefix
 caching on, hit ratio < 10 %),
-``capacity_unknown``, ``usage_unknown`` and ``queue_unknown`` (kvwatch cannot read them from this engine; without a
-waiting count no ``kv_bound`` can be told), ``capacity_groups_unknown``
+``capacity_unknown``, ``usage_unknown``, ``queue_unknown`` and ``running_unknown`` (kvwatch cannot read them from
+this engine; without a waiting count no ``kv_bound`` can be told, without a running count no standing queue or
+``kv_full``), ``capacity_groups_unknown``
 (a capacity from vLLM's blocks for a model kvwatch does not know: its KV groups may share them), and the capacity
 findings ``kv_usage_stuck``, ``request_exceeds_pool``, ``vllm_will_not_start``, ``capacity_mismatch``
 (kvwatch.capacity.findings). A ``kv_bound``
@@ -627,6 +628,12 @@ def _headline(r: Reading, bad: Mapping[str, float], unknown: Mapping[str, str],
         # (a 97 % full cache with no queue count raised no finding at all: kv_bound needs a waiting request)
         full = _waits_for_kv(r, usage)
         return _finding(r, "queue_unknown", "warning" if full else "info", _queue_unknown_message(usage, full))
+    if r.requests_running is None and "requests_running" not in unknown and "requests_running" not in bad and \
+            not r.prefill_server:
+        # (93 % full with 5 waiting, or 97 % with none, and no running family read "nothing to fix": a standing queue
+        # and kv_full need the running count)
+        full = usage >= SATURATION_USAGE or (waiting >= 1 and usage >= BUSY_USAGE)
+        return _finding(r, "running_unknown", "warning" if full else "info", _running_unknown_message(usage, full))
     return None
 
 
@@ -725,6 +732,15 @@ def _queue_unknown_message(usage: float, full: bool) -> str:
             "KV cache" + (f", which is {percent(usage)} full: it may be the bottleneck" if full else "")
             + ". Pass --waiting-metric (and --running-metric) with the names the engine or its proxy exports, "
             "if it has them.")
+
+
+def _running_unknown_message(usage: float, full: bool) -> str:
+    from kvwatch.capacity.units import percent
+
+    return ("The payload has no count of running requests, so kvwatch cannot tell a standing queue from arrivals the "
+            "next step admits, nor a full cache its requests hold from one no request holds (a leak)"
+            + (f": at {percent(usage)} full, the KV cache may be the bottleneck" if full else "")
+            + ". Pass --running-metric with the name the engine or its proxy exports, if it has one.")
 
 
 def _context(r: Reading, bad: Mapping[str, float], unknown: Mapping[str, str]) -> Iterator[Finding]:
