@@ -187,11 +187,10 @@ def _length_delta(prev_bounds: tuple[float, ...] | None, prev: tuple[float, ...]
 
 
 def _capacity_of(reading: Reading) -> float | None:
-    if reading.kv_capacity_tokens:
-        return float(reading.kv_capacity_tokens)
-    if reading.num_gpu_blocks and reading.block_size:
-        return float(reading.num_gpu_blocks) * float(reading.block_size)
-    return None
+    """The series' capacity, as kvwatch.capacity.series resolved it: none where it left it unknown (blocks × block
+    size of a Mamba hybrid overstate the pool by its KV groups, and the risk and ETA were computed against that
+    while every gauge of capacity read unknown)."""
+    return float(reading.kv_capacity_tokens) if reading.kv_capacity_tokens else None
 
 
 @dataclass(frozen=True)
