@@ -333,3 +333,23 @@ def test_the_tp_fix_counts_every_pipeline_stages_gpus_and_says_why_mla_gains_lit
     assert "from 1 to 2 (2 more GPUs per replica)" in staged.message
     mla = _tp_advice("deepseek-ai/DeepSeek-V2-Lite-Chat", 80, 1500, gpu="H100")
     assert mla.message.startswith("Add a replica") and "Every GPU keeps the whole MLA latent" in mla.message
+
+
+def test_a_server_showing_more_tensor_parallel_ranks_than_planned_gets_a_replica_in_the_sidecar_too(llama_plan):
+    # check turned the TP fix into a replica on a page of two tp_ranks planned at TP 1; the sidecar, calling the
+    # advisor directly, still ranked "raise --tp-size from 1 to 2", the size the server runs.
+    from kvwatch.advisor import ADD_REPLICA, ADD_TENSOR_PARALLELISM, advise_from_result
+    from kvwatch.forecast import ForecastResult
+    from kvwatch.model import SGLANG, Reading
+
+    result = ForecastResult(timestamp=0.0, state="bottleneck", eta_seconds=0.0, forecast_ratio={},
+                            request_rate_per_second=1.0, headroom_requests_per_second=0.0,
+                            recommended_max_concurrency=60, estimates={"capacity_tokens": 80_000.0})
+    for ranks, action in ((2, ADD_REPLICA), (1, ADD_TENSOR_PARALLELISM), (None, ADD_TENSOR_PARALLELISM)):
+        reading = Reading(model_name="m", engine_kind=SGLANG, kv_usage_ratio=0.97, requests_running=40,
+                          requests_waiting=5, tensor_parallel_ranks=ranks)
+        fixes = advise_from_result(result, reading, capacity_plan=llama_plan)
+        last = fixes[-1]
+        assert last.action == action, ranks
+        assert (last.engine_args is None) == (action == ADD_REPLICA)
+        assert [a.rank for a in fixes] == list(range(1, len(fixes) + 1))

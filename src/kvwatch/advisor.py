@@ -497,7 +497,8 @@ def advise_from_result(result: ForecastResult, reading: Reading | None = None, *
     from kvwatch.engines.vllm import override_blocks
 
     fixed = override_blocks(reading.cache_config) if reading is not None and engine_kind == VLLM else None
-    return advise(
+    shown = reading.tensor_parallel_ranks if reading is not None else None
+    fixes = advise(
         result.state,
         recommended_max_concurrency=recommended,
         running=running,
@@ -515,3 +516,19 @@ def advise_from_result(result: ForecastResult, reading: Reading | None = None, *
         fixed_blocks=fixed,
         other_ranks=other_ranks,
     )
+    if capacity_plan is not None and shown and shown > capacity_plan.spec.tensor_parallel_size:
+        return as_shown_ranks(fixes, shown)
+    return fixes
+
+
+def as_shown_ranks(fixes: Sequence[Advice], shown_ranks: int) -> list[Advice]:
+    """``fixes`` for a server whose payload shows ``shown_ranks`` tensor-parallel ranks (SGLang's tp_rank copies),
+    more than the plan kvwatch was given: a TP fix sized from the plan (a flag to paste) would raise the size "from"
+    one the server does not run ("raise --tp-size from 1 to 2" on two tp_ranks), so it becomes a replica, or the size
+    to tell kvwatch (check's ``tensor_parallel_mismatch`` says so; the sidecar ranked the TP fix)."""
+    return [Advice(ADD_REPLICA, a.rank,
+                   f"Add a replica behind the gateway, or pass kvwatch --tensor-parallel-size {shown_ranks} (the "
+                   "ranks this server shows) to size a larger tensor-parallel fix.",
+                   "A second engine with the same KV pool doubles the capacity for this traffic.",
+                   engine_kind=a.engine_kind)
+            if a.action == ADD_TENSOR_PARALLELISM and a.engine_args else a for a in fixes]

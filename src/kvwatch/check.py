@@ -324,10 +324,6 @@ def build_report(poll: Poll, max_model_len: int | None = None,
     # (per series for capacity_mismatch; the tensor-parallel and given-settings findings are said once per model, of
     # all its engines and ranks)
     unlike = {f.model_name for f in found if f.id in ("tensor_parallel_mismatch", "engine_setting_mismatch")}
-    # A TP fix sized from the TP kvwatch was given, where the payload shows more ranks, pasted the size the server
-    # already runs ("raise --tp-size from 1 to 2" on two tp_ranks): the finding says what to pass.
-    tp_unlike = {f.model_name for f in found if f.id == "tensor_parallel_mismatch"}
-    more_ranks = {r.model_name: r.tensor_parallel_ranks for r in poll.readings if r.model_name in tp_unlike}
     mismatched = {(f.model_name, f.engine) for f in found if f.id == "capacity_mismatch"}
     mismatched |= {(r.model_name, r.engine) for r in poll.readings if r.model_name in unlike}
     d = poll.detection
@@ -346,8 +342,7 @@ def build_report(poll: Poll, max_model_len: int | None = None,
                                            gpus_per_node=gpus_per_node, engine_kind=advice_kind,
                                            ranks_per_flag=ranks.get(s.reading.model_name, 1),
                                            other_ranks=_other_ranks(s, states)),
-                                    (s.reading.model_name, s.reading.engine) in mismatched,
-                                    shown_ranks=more_ranks.get(s.reading.model_name))
+                                    (s.reading.model_name, s.reading.engine) in mismatched)
                                 if (s.reading.model_name, s.reading.engine) in bound else [],
                                 capacities[s.reading.key].source)
                    for s in states],
@@ -379,18 +374,10 @@ def _tensor_parallel_unlike_the_plan(readings: Iterable[Reading], plans: Mapping
     return out
 
 
-def _plan_caveat(fixes: list[Advice], mismatched: bool, *, shown_ranks: int | None = None) -> list[Advice]:
+def _plan_caveat(fixes: list[Advice], mismatched: bool) -> list[Advice]:
     """The plan-sized gains, marked where the plan does not describe the engine (``capacity_mismatch``,
-    ``tensor_parallel_mismatch``): advice never quotes a figure without what the report says of its source.
-    ``shown_ranks``: the payload shows this many tensor-parallel ranks, more than the plan, so a TP fix sized from the
-    plan (a flag to paste) becomes a replica, or the size to tell kvwatch."""
-    if shown_ranks:
-        fixes = [Advice(ADD_REPLICA, a.rank,
-                        f"Add a replica behind the gateway, or pass kvwatch --tensor-parallel-size {shown_ranks} (the "
-                        "ranks this server shows) to size a larger tensor-parallel fix.",
-                        "A second engine with the same KV pool doubles the capacity for this traffic.",
-                        engine_kind=a.engine_kind)
-                 if a.action == ADD_TENSOR_PARALLELISM and a.engine_args else a for a in fixes]
+    ``tensor_parallel_mismatch``): advice never quotes a figure without what the report says of its source. (A TP
+    fix where the payload shows more ranks than the plan is the advisor's: kvwatch.advisor.as_shown_ranks.)"""
     if not mismatched:
         return fixes
     sized = (QUANTIZE_WEIGHTS, QUANTIZE_KV_CACHE, ADD_TENSOR_PARALLELISM, ADD_REPLICA)
