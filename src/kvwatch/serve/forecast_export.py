@@ -127,7 +127,8 @@ def forecast_metric_families(
                      "Additional arrival rate before bursts reach the saturation threshold (negative: over), "
                      "estimated from the last 30 minutes: early in a saturation it can still read positive.")
     concurrency = gauge("kvwatch_recommended_max_concurrency",
-                        "Gateway concurrency limit that keeps KV usage under the threshold at the observed mix "
+                        "Concurrency limit per engine that keeps its KV usage under the threshold at the observed "
+                        "mix; a data-parallel pod's gateway limit is the smallest engine's times its engines "
                         "(absent on a PD prefill server, and while KV is held with nothing running).")
     recommendation = gauge("kvwatch_recommendation",
                            "Advisor: rank of each fix (1 = cheapest first) while filling or in bottleneck, else 0.",
