@@ -1253,6 +1253,23 @@ def test_gains_sized_by_a_plan_the_engine_contradicts_say_so(capsys: pytest.Capt
     assert "does not describe" not in effects["limit_concurrency"]  # (measured on the engine, not planned)
 
 
+def test_a_full_rank_beside_an_idle_one_says_the_load_is_not_spread(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    # engine 1 at 97 % with 5 waiting beside engine 0 at 20 %: check advised a limit for the server's 2 and a replica
+    # while half the pod's KV sat idle
+    path = str(FIXTURES / "gen-0.16-sleep-state-dp2.prom")
+    report = check_json(["--file", path], capsys)
+    (finding,) = [f for f in report["findings"] if f["id"] == "unbalanced_ranks"]
+    assert (finding["engine"], finding["severity"]) == ("1", "warning")
+    assert "engine 0 of the same server uses 20.0% of its KV cache" in finding["message"]
+    # ranks loaded alike (engine 0 at 60 %): none
+    balanced = tmp_path / "balanced.prom"
+    text = (FIXTURES / "gen-0.16-sleep-state-dp2.prom").read_text()
+    balanced.write_text(re.sub(r'(kv_cache_usage_perc\{[^}]*engine="0"[^}]*\}) 0\.2\b', r"\1 0.6", text))
+    assert balanced.read_text() != text
+    assert "unbalanced_ranks" not in [f["id"] for f in check_json(["--file", str(balanced)], capsys)["findings"]]
+
+
 def test_more_tensor_parallel_ranks_on_the_page_than_planned_is_said(capsys: pytest.CaptureFixture[str]) -> None:
     # An SGLang server whose scheduler gauges come from tp_rank 0 and 1 was told "Raise --tp-size from 1 to 2".
     path = str(FIXTURES.parent / "sglang-metrics" / "gen-0.5.2-total-retracted-tp2.prom")

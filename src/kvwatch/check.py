@@ -9,6 +9,7 @@ needs: kvwatch.forecast.thresholds.queue_waits_for_kv, the sidecar's rule),
 ``preemptions``
 (any preemption, or SGLang retraction, since the engine started), ``prefix_cache_ineffective`` (prefix
 caching on, hit ratio < 10 %),
+``unbalanced_ranks`` (a full data-parallel rank beside one under half used),
 ``capacity_unknown``, ``usage_unknown``, ``queue_unknown`` and ``running_unknown`` (kvwatch cannot read them from
 this engine; without a waiting count no ``kv_bound`` can be told, without a running count no standing queue or
 ``kv_full``), ``capacity_groups_unknown``
@@ -316,6 +317,8 @@ def build_report(poll: Poll, max_model_len: int | None = None,
         states, plans, max_model_len, capacities, poll.detection.engine_kind, given or {})
     found += _groups_unknown(poll, capacities, set(plans) | set(groups))
     found += _tensor_parallel_unlike_the_plan(poll.readings, plans)
+    found += _unbalanced_ranks(states, found, _ranks_per_model(states, poll.detection.engine_kind,
+                                                               stages=OMNI_NOTE in poll.detection.version_range))
     found.sort(key=lambda f: _SEVERITY_ORDER[f.severity])
     stuck = {(f.model_name, f.engine) for f in found if f.id == "request_exceeds_pool"}
     found = [f for f in found
@@ -354,6 +357,35 @@ def build_report(poll: Poll, max_model_len: int | None = None,
 _SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 PLAN_CAVEAT = (" (The ratio is kvwatch's plan's, and the findings say that plan does not describe this engine: "
                "check the flags kvwatch was given before counting on it.)")
+
+
+UNBALANCED_IDLE_USAGE = 0.5
+"""A data-parallel rank this empty beside a full one of the same server is room the gateway's load does not reach."""
+
+
+def _unbalanced_ranks(states: Sequence[SeriesState], found: Iterable[Finding],
+                      ranks: Mapping[str, int]) -> list[Finding]:
+    """``unbalanced_ranks``, once per model: a data-parallel rank is full (``kv_bound``/``kv_full``) while another
+    of the same server has its KV cache under half used. A fix for more capacity (a replica, more GPUs) was advised
+    while half the pod's KV sat idle: the requests are not spread (vLLM's DP load balancing, session affinity)."""
+    full = {(f.model_name, f.engine) for f in found if f.id in ("kv_bound", "kv_full")}
+    out: list[Finding] = []
+    for model in sorted({m for m, e in full if ranks.get(m, 1) > 1}):
+        mine = [s.reading for s in states if s.reading.model_name == model]
+        idle = [r for r in mine if r.kv_usage_ratio is not None and r.kv_usage_ratio < UNBALANCED_IDLE_USAGE]
+        if not idle:
+            continue
+        from kvwatch.capacity.units import percent
+
+        hot = next(r for r in mine if (r.model_name, r.engine) in full)
+        emptiest = min(idle, key=lambda r: r.kv_usage_ratio or 0.0)
+        out.append(Finding("unbalanced_ranks", "warning", (
+            f"Engine {printable(hot.engine)} is full while engine {printable(emptiest.engine)} of the same server "
+            f"uses {percent(emptiest.kv_usage_ratio or 0.0)} of its KV cache: the requests are not spread over the "
+            "data-parallel ranks (vLLM's DP load balancing, or session affinity pinning them), so the server has "
+            "room the gateway's load does not reach. Look at that before adding capacity: the limits and fixes "
+            "below assume ranks loaded alike."), model, hot.engine))
+    return out
 
 
 def _tensor_parallel_unlike_the_plan(readings: Iterable[Reading], plans: Mapping[str, Any]) -> list[Finding]:
