@@ -989,17 +989,3 @@ def test_a_warning_dropped_for_want_of_a_risk_does_not_come_back_with_the_next_r
         states.append((result.timestamp, result.state, result.estimates.get("warning_risk")))
     dropped = next(t for t, state, _ in states if t > 7190 + 1000 and state == "ok")
     assert [(t, risk) for t, state, risk in states if t > dropped and state == "filling"] == []
-
-
-def test_warm_reads_0_while_no_risk_can_be_computed():
-    # Warm by time and fits, but with no finished-request counter (or no capacity) there is no rate to project: the
-    # exported warm read 1 beside state ok, and the early warning was off for good while every signal looked healthy.
-    def without(field: str):
-        return [replace(s, **{field: None}) for s in stream(noisy(lambda t: 0.6, 0.02), seconds=3600)]
-
-    full = run(Forecaster(), stream(noisy(lambda t: 0.6, 0.02), seconds=3600))
-    assert full[-1].estimates["warm"] == 1.0 and full[-1].risk[1800] is not None
-    for field in ("finished_total", "capacity_tokens"):
-        last = run(Forecaster(), without(field))[-1]
-        assert last.risk[1800] is None and last.estimates["buckets"] >= 15, field
-        assert last.estimates["warm"] == 0.0, field

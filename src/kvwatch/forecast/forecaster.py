@@ -718,11 +718,7 @@ class Forecaster:
             "saturated_sample_fraction": self._detectors.saturated_fraction,
             "minutes_since_restart": (now - self._restart_at) / 60.0 if self._restart_at is not None else None,
             "buckets": float(len(self._buckets)),
-            # warm and a risk can be computed: warm without a rate, a capacity or a residence to project from (no
-            # finished-request counter, a capacity kvwatch cannot read) read 1 beside state ok, the early warning
-            # off for good while every signal looked healthy
-            "warm": 1.0 if warm and self._nothing_to_project(sample.running, sample.waiting, sample.kv_usage or 0.0)
-            else 0.0,
+            "warm": 1.0 if warm else 0.0,
             "warning_risk": self._warning_risk,
         }
         return ForecastResult(

@@ -69,8 +69,7 @@ INNER_ESTIMATES: tuple[tuple[str, str, str], ...] = (
     ("kvwatch_forecast_warm", "warm",
      f"1 once the forecaster's fits are warm and a saturation risk can be computed; 0 while it warms up after a "
      f"(re)start ({_P.warmup_seconds:g} s, then {_P.min_buckets} fitted minutes) or re-warms after a gap in the polls "
-     "(a filling warning raised before the gap then stands, its risk unknown), and while the page gives no rate, "
-     "capacity or residence to project from (no early warning then, only bottleneck)."),
+     "(a filling warning raised before the gap then stands, its risk unknown)."),
     ("kvwatch_forecast_warning_risk", "warning_risk",
      f"The saturation risk the filling warning reads, at its {_P.warning.horizon_seconds / 60:g}-minute horizon: "
      "the model's, before the self-calibration kvwatch_kv_saturation_risk publishes (the two differ where this "
