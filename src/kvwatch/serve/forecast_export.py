@@ -67,7 +67,8 @@ INNER_ESTIMATES: tuple[tuple[str, str, str], ...] = (
     ("kvwatch_forecast_residence_seconds", "residence_seconds",
      "Mean time a request stays in the engine (e2e latency histogram sum/count; running/rate without it)."),
     ("kvwatch_forecast_warm", "warm",
-     f"1 once the forecaster's fits are warm and a saturation risk can be computed; 0 while it warms up after a "
+     f"1 once the forecaster's fits are warm (the risk needs a rate, a capacity and a residence too: absent without "
+     f"them, no early warning then); 0 while it warms up after a "
      f"(re)start ({_P.warmup_seconds:g} s, then {_P.min_buckets} fitted minutes) or re-warms after a gap in the polls "
      "(a filling warning raised before the gap then stands, its risk unknown)."),
     ("kvwatch_forecast_warning_risk", "warning_risk",
