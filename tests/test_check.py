@@ -1253,6 +1253,18 @@ def test_gains_sized_by_a_plan_the_engine_contradicts_say_so(capsys: pytest.Capt
     assert "does not describe" not in effects["limit_concurrency"]  # (measured on the engine, not planned)
 
 
+def test_a_pd_decode_server_full_of_incoming_transfers_is_kv_full_as_serve_reads_it(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # 97 % full, nothing running, 120 requests in KV transfer: serve read it as saturated (bottleneck, its fixes
+    # ranked, KVCacheBottleneck paging) while check said nothing of the KV
+    path = str(FIXTURES.parent / "sglang-metrics" / "gen-0.5.23-pd-decode-transfers.prom")
+    report = check_json(["--file", path, "--gpu", "H100"], capsys)
+    (full,) = [f for f in report["findings"] if f["id"] == "kv_full"]
+    assert "nothing running and 120 requests in KV transfer" in full["message"]
+    actions = [a["action"] for a in report["series"][0]["advice"]]
+    assert actions[:2] == ["quantize_weights", "quantize_kv_cache"] and "limit_concurrency" not in actions
+
+
 def test_a_full_rank_beside_an_idle_one_says_the_load_is_not_spread(tmp_path: Path,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     # engine 1 at 97 % with 5 waiting beside engine 0 at 20 %: check advised a limit for the server's 2 and a replica

@@ -625,12 +625,17 @@ def _headline(r: Reading, bad: Mapping[str, float], unknown: Mapping[str, str],
         return _finding(r, "usage_unknown", "warning", _usage_unknown_message(bad, unknown))
     if queue_waits_for_kv(usage, waiting, r.requests_running, no_room=no_room_in(r, usage)) and not leaking(r):
         return _finding(r, "kv_bound", "critical", _kv_bound_message(r, usage, waiting))
-    if usage >= SATURATION_USAGE and r.requests_running and not r.prefill_server and r.requests_waiting is not None:
+    in_transfer = r.requests_running == 0 and (r.requests_waiting_deferred or 0) > 0 and not leaking(r)
+    if usage >= SATURATION_USAGE and (r.requests_running or in_transfer) and not r.prefill_server and \
+            r.requests_waiting is not None:
         # (check said "nothing to fix" at 97 % with no queue while serve read the same page as `bottleneck` and
         # advised a limit: the forecaster's saturated poll is usage at the line, queue or not)
         # info: one poll of a full cache with nothing waiting is a well-used GPU too (`--fail-on warning` would fail
         # a cron run at every busy minute); the fixes are for when it lasts
-        return _finding(r, "kv_full", "info", _kv_full_message(usage))
+        # (nothing running, and requests in KV transfer holding it: a PD decode server's incoming transfers, which
+        # serve read as saturated too, `bottleneck` and its fixes, while check said nothing of the KV)
+        return _finding(r, "kv_full", "info", _kv_full_message(usage, r.requests_waiting_deferred if in_transfer
+                                                               else None))
     if r.requests_running == 0 and _standing_queue(r) and not r.prefill_server and not leaking(r):
         # No scheduler cap holds back a queue while nothing runs ("raise --max-num-seqs" was
         # said of 40 waiting beside 0 running at 30 %); at 5 % or less request_exceeds_pool says more, and a full
@@ -712,12 +717,18 @@ def _kv_bound_message(r: Reading, usage: float, waiting: float) -> str:
             f"bottleneck. {fixes}")
 
 
-def _kv_full_message(usage: float) -> str:
+def _kv_full_message(usage: float, in_transfer: float | None = None) -> str:
     from kvwatch.capacity.units import percent
 
+    serve = f"kvwatch serve reads such a poll as saturated, and `bottleneck` once it lasts. {_FIXES_FOLLOW}"
+    if in_transfer:
+        return (f"KV cache is {percent(usage)} full with nothing running and {_requests(in_transfer)} in KV "
+                "transfer (deferred): on a PD decode server its incoming transfers hold it, so new transfers wait for "
+                "room and the prefill side waits for this server (more or faster decode servers, a faster KV "
+                f"transfer, or more KV per server); no concurrency limit frees it. {serve}")
     return (f"KV cache is {percent(usage)} full and no request waits for it yet: the running requests' growing "
             "outputs and the next arrivals need blocks it does not have, so the engine will queue or preempt (kv_bound "
-            f"then). kvwatch serve reads such a poll as saturated, and `bottleneck` once it lasts. {_FIXES_FOLLOW}")
+            f"then). {serve}")
 
 
 def _queue_not_admitted_message(r: Reading, usage: float, waiting: float) -> str:
