@@ -311,3 +311,20 @@ def test_whatif_ceilings_scale_the_engines_pool_before_any_ceiling() -> None:
     today = r.requests_running / r.kv_usage_ratio  # the pool at the live footprint
     assert whatif["max_model_len_halved"] == pytest.approx(today)
     assert whatif["fp8_kv_cache"] == pytest.approx(2 * today, rel=0.01)
+
+
+def test_vllms_refusals_are_logged_only_where_vllm_serves(caplog) -> None:
+    # An 80B model on one H100: vLLM would not start. On an SGLang page serving it (with its own pool) the log read
+    # "vLLM will not start" beside the engine serving it; check says that only of vLLM pages.
+    import logging
+
+    from kvwatch.model import SGLANG
+
+    model = "Qwen/Qwen3-Next-80B-A3B-Instruct"
+    for kind, logged in ((SGLANG, False), ("vllm", True)):
+        caplog.clear()
+        analyzer = CapacityAnalyzer(ServeSettings(gpu="H100"))
+        r = replace(reading(), model_name=model, engine_kind=kind)
+        with caplog.at_level(logging.INFO, logger="kvwatch"):
+            analyzer.analyze(r.key, None, r, 0.0)  # type: ignore[arg-type]
+        assert any("will not start" in rec.getMessage() for rec in caplog.records) == logged, kind

@@ -35,7 +35,7 @@ from kvwatch.capacity.series import formula_in_engine_terms, max_model_len_of
 from kvwatch.derived import ceiling_request_size, observed_mix_ceiling
 from kvwatch.engines.vllm import override_blocks
 from kvwatch.history import SeriesHistory
-from kvwatch.model import Reading, SeriesKey
+from kvwatch.model import VLLM, Reading, SeriesKey
 from kvwatch.serve.sidecar_capacity import CapacityResolver, SidecarCapacity
 from kvwatch.serve.state import SERIES_LABELS
 from kvwatch.settings import ServeSettings
@@ -102,7 +102,9 @@ class CapacityAnalyzer:
             if capacity is None:
                 (warn if self._model_given else say)("capacity model off for %s: %s", reading.model_name, why)
             else:
-                for error in capacity.plan.errors:  # e.g. a --max-model-len vLLM refuses: the settings are wrong
+                # e.g. a --max-model-len vLLM refuses: the settings are wrong; vLLM's refusals only where vLLM serves
+                # (an SGLang page read "vLLM will not start" beside the engine serving it, as check never says)
+                for error in capacity.plan.errors if reading.engine_kind == VLLM else ():
                     warn("capacity model for %s: %s", reading.model_name, error)
                 say("capacity model for %s: %s", reading.model_name,
                     "; ".join(n for n in capacity.plan.notes if "cache_config_info" in n) or "kvwatch's settings")
