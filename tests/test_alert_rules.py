@@ -427,7 +427,7 @@ def test_a_knob_changes_every_place_that_quotes_it(tmp_path: Path) -> None:
     assert "for 15 minutes while its KV cache stayed below 85%" in text
     absent = rules["KvwatchAbsent"]["expr"]
     assert 'up{job="kvwatch-sidecar"} == 0' in absent and 'avg_over_time(up{job="kvwatch-sidecar"}[10m])' in absent
-    assert 'absent(kvwatch_build_info{job="kvwatch-sidecar"}) unless on () up{job="kvwatch-sidecar"}' in absent
+    assert 'absent(kvwatch_build_info{job="kvwatch-sidecar"}) unless on () (up{job="kvwatch-sidecar"} == 0)' in absent
 
 
 def test_generator_refuses_unknown_and_unused_knobs(tmp_path: Path) -> None:
