@@ -114,9 +114,12 @@ def check_url(v: str) -> str:
         raise ValueError("must be an http:// or https:// URL with a host")
     if urlsplit(redact_url(v)).hostname != parts.hostname:
         # http://u:12/ss@host parses as host u, port 12: every poll went to u with a password's end in its path,
-        # while the logs (redact_url hides all to that @, as a password) named host
-        raise ValueError(f"reads as host {parts.hostname!r} with an '@' after it: in a user name or password, "
-                         "percent-encode '/', '#', '?' and '@'")
+        # while the logs (redact_url hides all to that @, as a password) named host. The text cannot tell that from
+        # an '@' in a first path segment or a query right after the host (vllm:8000/@team): both are refused, and
+        # the message says how to write either.
+        raise ValueError(f"reads as host {parts.hostname!r} with an '@' after it, which the logs would take for the "
+                         "end of a password: in a user name or password, percent-encode '/', '#', '?' and '@'; in "
+                         "a path or query, write '@' as %40")
     if parts.port == 0:  # no server listens on port 0: every poll would fail with "connect"
         raise ValueError("port 0 is no port a server listens on")
     if not re.fullmatch(r"[A-Za-z0-9._:%-]+", parts.hostname):
