@@ -276,3 +276,38 @@ def test_block_fp8_weights_split_into_partial_blocks_do_not_load(tmp_path, capsy
     moe.write_text(json.dumps({**QWEN3_MOE_FP8, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512}))
     code, _, err = plan_json(["--model-config", str(moe), "--gpu", "H100", "--tensor-parallel-size", "8"], capsys)
     assert code == 2 and "64 of the shared experts' intermediate width 512" in err
+
+
+def test_gptq_and_awq_weights_split_into_partial_groups_do_not_load(tmp_path, capsys):
+    # vLLM's awq.py/gptq.py create_weights: "The input size is not aligned with the quantized weight shape. This can be
+    # caused by too large tensor parallel size". Qwen2.5-14B-AWQ's MLP (13824 wide, groups of 128) at TP 8: 1728 a GPU
+    # read "will start" with 353 requests.
+    qwen14 = {**LLAMA_8B, "model_type": "qwen2", "hidden_size": 5120, "intermediate_size": 13824,
+              "num_attention_heads": 40, "num_key_value_heads": 8, "num_hidden_layers": 48, "vocab_size": 152064}
+    for qc in ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm"},
+               {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False}):
+        path = tmp_path / f"{qc['quant_method']}.json"
+        path.write_text(json.dumps({**qwen14, "quantization_config": qc}))
+        code, _, err = plan_json(["--model-config", str(path), "--gpu", "H100", "--tensor-parallel-size", "8"], capsys)
+        assert code == 2 and "1728 of the MLP's intermediate width 13824" in err and "group_size" in err
+        assert plan_json(["--model-config", str(path), "--gpu", "H100", "--tensor-parallel-size", "4"], capsys)[0] == 0
+    per_channel = tmp_path / "per_channel.json"  # group_size -1: one scale per output channel, any split loads
+    per_channel.write_text(json.dumps({**qwen14, "quantization_config": {"quant_method": "gptq", "bits": 4,
+                                                                          "group_size": -1}}))
+    code, _, err = plan_json(["--model-config", str(per_channel), "--gpu", "H100", "--tensor-parallel-size", "8"],
+                             capsys)
+    assert code == 0, err
+
+
+def test_an_mlp_without_a_gate_is_two_matrices():
+    # StarCoder2-15B (c_fc, c_proj) priced with a gate read 21.7 B parameters, and "vLLM will not start" on an L40S
+    from kvwatch.capacity.memory import parameter_counts
+
+    starcoder2 = {"model_type": "starcoder2", "architectures": ["Starcoder2ForCausalLM"], "hidden_size": 6144,
+                  "intermediate_size": 24576, "num_hidden_layers": 40, "num_attention_heads": 48,
+                  "num_key_value_heads": 4, "vocab_size": 49152, "max_position_embeddings": 16384,
+                  "torch_dtype": "bfloat16", "tie_word_embeddings": False}
+    from kvwatch.capacity.architecture import arch_from_config
+
+    total = sum(parameter_counts(arch_from_config(starcoder2)))
+    assert total / 1e9 == pytest.approx(16.0, abs=0.4)  # published: 15.96 B (bigcode/starcoder2-15b)

@@ -78,7 +78,12 @@ _LONGCAT_TYPES = ("longcat_flash", "longcat_flash_ngram", "longcat_next")
 _DECOMPRESSED_MLA_TYPES = frozenset({"minicpm3"})
 # Families whose MLPs and experts have an up and a down projection and no gate (relu² in vLLM's nemotron.py and
 # nemotron_h.py: NemotronHMLP, and FusedMoE loading only up_proj/down_proj): two matrices, not three.
-_NON_GATED_MLP_TYPES = frozenset({"nemotron", "nemotron_h"})
+# So are the GPT-2-style MLPs of these (an fc in and an fc out: vLLM's starcoder2.py c_fc/c_proj, falcon.py
+# dense_h_to_4h/dense_4h_to_h, phi.py fc1/fc2, gpt_neox, gpt_bigcode, gpt2, gpt_j, opt, bloom, mpt, persimmon):
+# priced as gated, StarCoder2-15B read 21.7 B parameters and "vLLM will not start" on an L40S where it starts.
+_NON_GATED_MLP_TYPES = frozenset({"nemotron", "nemotron_h", "starcoder2", "falcon", "refinedweb", "refinedwebmodel",
+                                  "phi", "gpt_neox", "gpt_bigcode", "gpt2", "gptj", "opt", "bloom", "mpt",
+                                  "persimmon"})
 # Top-level model_type values of multimodal models whose preset or config.json may omit the encoder's config.
 _MULTIMODAL_TYPES = frozenset({
     "gemma3", "gemma3n", "gemma4", "llama4", "mistral3", "phi3_v", "phi4mm", "qwen2_vl", "qwen2_5_vl", "qwen3_vl",
@@ -196,6 +201,9 @@ class ModelArch:
     # A block-quantized FP8 checkpoint's weight blocks [n, k] (quantization_config.weight_block_size: DeepSeek-V3,
     # Qwen3-*-FP8): every GPU's share of a split weight must hold whole blocks (block_quant_split).
     weight_block_size: tuple[int, int] | None = None
+    # A GPTQ/AWQ checkpoint's quantization group (quantization_config.group_size; None: per channel, -1): every
+    # GPU's share of a row-split weight's input must hold whole groups (group_quant_split).
+    weight_group_size: int | None = None
     from_config_file: bool = False  # built from a user's config.json (--model-config), not a preset
     model_type: str = ""  # config.json's model_type (of the text model), lower case
     architectures: tuple[str, ...] = ()  # config.json's architectures (vLLM picks its model class by these)
@@ -295,6 +303,26 @@ def tensor_parallel_refusal(arch: ModelArch, tp: int) -> str | None:
     split = block_quant_split(arch, tp)
     if split is not None and not split[1]:  # (experts kept whole by expert parallelism load: a note, not a refusal)
         return f"vLLM refuses to load it: {split[0]}"
+    cut = group_quant_split(arch, tp)
+    if cut is not None:
+        return f"vLLM refuses to load it: {cut}"
+    return None
+
+
+def group_quant_split(arch: ModelArch, tp: int) -> str | None:
+    """Why vLLM cannot load a GPTQ/AWQ checkpoint split over ``tp`` GPUs, or None: a row-parallel weight's input
+    per GPU (the MLP's down projection: intermediate ÷ tp; the attention output: heads × head size ÷ tp) must be a
+    whole number of quantization groups ("The input size is not aligned with the quantized weight shape. This can be
+    caused by too large tensor parallel size": vLLM's awq.py/gptq.py create_weights; the Marlin kernels' "is not
+    divisible by group_size"). Qwen2.5-14B-AWQ at TP 8: 13824 ÷ 8 = 1728, not a multiple of 128."""
+    group = arch.weight_group_size
+    if not group or tp <= 1:
+        return None
+    for what, width in (("the MLP's intermediate width", 0 if arch.num_experts else arch.intermediate_size),
+                        ("the attention output's width", arch.num_attention_heads * arch.head_dim)):
+        if width and (width % tp or width // tp % group):
+            return (f"each GPU would take {width / tp:g} of {what} {width} as a row-split input, not a whole number "
+                    f"of the checkpoint's {group}-wide quantization groups (quantization_config.group_size)")
     return None
 
 
@@ -339,6 +367,15 @@ def _weight_blocks(qc: dict[str, Any] | None) -> tuple[int, int] | None:
     if isinstance(blocks, list) and len(blocks) == 2 and all(type(b) is int and b > 0 for b in blocks):
         return blocks[0], blocks[1]
     return None
+
+
+def _weight_groups(qc: dict[str, Any] | None) -> int | None:
+    """A GPTQ/AWQ checkpoint's quantization group size (None for per-channel, -1, and for other methods)."""
+    method = str(qc.get("quant_method") or "").lower() if qc else ""
+    if not qc or method not in ("gptq", "awq", "gptq_marlin", "awq_marlin"):
+        return None
+    group = qc.get("group_size", qc.get("q_group_size"))
+    return group if type(group) is int and group > 0 else None
 
 
 def _total_kv_heads(cfg: dict[str, Any], heads: int, model_type: str) -> int:
@@ -563,6 +600,7 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         checkpoint_quant_method=(str(qc.get("quant_method") or "") or None) if qc else (
             "mxfp4" if config.get("checkpoint_quantization") == "mxfp4" else None),
         weight_block_size=_weight_blocks(qc),
+        weight_group_size=_weight_groups(qc),
         source=source,
         notes=tuple(notes),
         model_type=model_type,
