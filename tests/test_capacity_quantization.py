@@ -311,3 +311,20 @@ def test_an_mlp_without_a_gate_is_two_matrices():
 
     total = sum(parameter_counts(arch_from_config(starcoder2)))
     assert total / 1e9 == pytest.approx(16.0, abs=0.4)  # published: 15.96 B (bigcode/starcoder2-15b)
+
+
+def test_minicpm3s_low_rank_attention_is_priced_by_its_projections():
+    # MLA's projections with K and V cached per head (vLLM's minicpm3.py): priced as 96-wide q/k/v/o of 40 + 40 heads,
+    # MiniCPM3-4B read 5.67 B parameters (3 GiB less KV a GPU); its KV per token was and is per-head K and V of 96
+    from kvwatch.capacity.architecture import arch_from_config
+    from kvwatch.capacity.memory import parameter_counts
+
+    minicpm3 = {"architectures": ["MiniCPM3ForCausalLM"], "model_type": "minicpm3", "hidden_size": 2560,
+                "intermediate_size": 6400, "num_hidden_layers": 62, "num_attention_heads": 40,
+                "num_key_value_heads": 40, "q_lora_rank": 768, "kv_lora_rank": 256, "qk_nope_head_dim": 64,
+                "qk_rope_head_dim": 32, "vocab_size": 73448, "max_position_embeddings": 32768,
+                "torch_dtype": "bfloat16"}
+    arch = arch_from_config(minicpm3)
+    # q_a 2560x768, q_b 768x40x96, kv_a 2560x(256+32), kv_b 256x40x(64+64), o 40x64x2560
+    assert arch.attention_params_per_layer == 2560 * 768 + 768 * 40 * 96 + 2560 * 288 + 256 * 40 * 128 + 2560 * 2560
+    assert sum(parameter_counts(arch)) / 1e9 < 4.5 and arch.head_dim == 96

@@ -87,6 +87,8 @@ def _attention_params(arch: ModelArch, layer_type: str) -> int:
     into V (attention_k_eq_v) and have no v_proj; it is counted anyway (under 0.4 % of Gemma 4 31B).
     """
     h = arch.hidden_size
+    if arch.attention_params_per_layer is not None:
+        return arch.attention_params_per_layer
     if arch.is_mla:
         attn = h * (arch.num_attention_heads * 192 + int(arch.kv_lora_rank or 0) + int(arch.qk_rope_head_dim or 0))
         return attn + int(arch.kv_lora_rank or 0) * arch.num_attention_heads * 256 + arch.num_attention_heads * 128 * h
