@@ -328,3 +328,17 @@ def test_minicpm3s_low_rank_attention_is_priced_by_its_projections():
     # q_a 2560x768, q_b 768x40x96, kv_a 2560x(256+32), kv_b 256x40x(64+64), o 40x64x2560
     assert arch.attention_params_per_layer == 2560 * 768 + 768 * 40 * 96 + 2560 * 288 + 256 * 40 * 128 + 2560 * 2560
     assert sum(parameter_counts(arch)) / 1e9 < 4.5 and arch.head_dim == 96
+
+
+def test_cross_attention_layers_are_named_in_a_note():
+    # Llama-3.2-Vision's 8 cross-attention layers were read silently as self-attention layers
+    from kvwatch.capacity.architecture import arch_from_config
+
+    text = {"model_type": "mllama_text_model", "hidden_size": 4096, "intermediate_size": 14336,
+            "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+            "max_position_embeddings": 131072, "cross_attention_layers": [3, 8, 13, 18, 23, 28, 33, 38]}
+    arch = arch_from_config({"architectures": ["MllamaForConditionalGeneration"], "model_type": "mllama",
+                             "text_config": text, "torch_dtype": "bfloat16"})
+    assert any(n.startswith("8 of the 40 layers are cross-attention layers") for n in arch.notes)
+    plain = {k: v for k, v in text.items() if k != "cross_attention_layers"}
+    assert not any("cross-attention" in n for n in arch_from_config({"model_type": "llama", **plain}).notes)

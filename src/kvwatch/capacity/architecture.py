@@ -495,6 +495,13 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         notes.append(f"config.json has kv_lora_rank, and model_type {model_type} is not one vLLM caches as a latent "
                      f"(MLA): sized as per-head K and V of {head_dim}, as vLLM's MiniCPM3; a vLLM that serves it with "
                      "MLA caches kv_lora_rank + qk_rope_head_dim per token and layer, far less")
+    cross = cfg.get("cross_attention_layers")
+    if isinstance(cross, list) and cross:
+        # (Llama-3.2-Vision: its text config lists them among num_hidden_layers; read silently as self-attention)
+        notes.append(f"{len(cross)} of the {num_layers} layers are cross-attention layers over the image encoder's "
+                     "tokens (cross_attention_layers): counted here as self-attention on every token, as vLLM V0's "
+                     "blocks count them; an image request's encoder KV (cross-attention blocks of its own) is not "
+                     "counted, so image traffic fits fewer requests than this")
     if model_type in _LONGCAT_TYPES:
         # Each decoder layer runs two MLA attentions, each with a cache of its own (FlashDecoderLayer in vLLM's
         # longcat_flash.py; LongCat-Flash-Lite's n-gram model reuses it, and LongCat-Next's ports build on that
