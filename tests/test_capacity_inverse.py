@@ -84,6 +84,18 @@ def test_no_option_has_a_tensor_parallel_size_vllm_refuses(capsys):
     assert {o["tensor_parallel_size"] for o in data["options"]} <= {1, 2}
 
 
+def test_the_given_tensor_parallel_size_is_no_floor_and_one_vllm_refuses_is_refused(monkeypatch, capsys):
+    # The given size was a floor: the sidecar's KVWATCH_TENSOR_PARALLEL_SIZE=2 hid every one-GPU deployment, and a
+    # size vLLM refuses (3: Llama's 32 heads) listed 4 GPUs at TP 4 first, exit 0, where plain plan exits 2.
+    base = [*ROW8, "--target-concurrency", "8"]
+    monkeypatch.setenv("KVWATCH_TENSOR_PARALLEL_SIZE", "2")
+    code, data = inverse(base, capsys)
+    assert code == 0 and data["options"][0]["total_gpus"] == 1 and data["options"][0]["tensor_parallel_size"] == 1
+    monkeypatch.delenv("KVWATCH_TENSOR_PARALLEL_SIZE")
+    assert main([*base, "--tensor-parallel-size", "3"]) == 2
+    assert "invalid value 3 for --tensor-parallel-size" in capsys.readouterr().err
+
+
 def test_a_length_it_picks_fits_four_requests_as_the_plans_own_warning_asks(capsys):
     # Llama-4-Scout's 10M tokens do not start on 4 H100s; the longest length that does (2.8M) left room for one
     # request, and that option's own plan then warned. The inverse planner picks the length at which 4 fit.

@@ -80,9 +80,13 @@ def vllm_args(spec: DeploymentSpec, model: str | None) -> tuple[str, ...]:
 
 
 def _tp_candidates(spec: DeploymentSpec, gpus_per_node: int) -> list[int]:
+    """Every power of two vLLM accepts for the model up to a node, from 1: the given size was a floor (the sidecar's
+    KVWATCH_TENSOR_PARALLEL_SIZE=2 hid every one-GPU deployment) and one vLLM refuses (3) was let through."""
+    if spec.arch is not None and (refusal := tensor_parallel_refusal(spec.arch, spec.tensor_parallel_size)):
+        raise SpecError(f"invalid value {spec.tensor_parallel_size} for --tensor-parallel-size: {refusal}")
     out, tp = [], 1
     while tp <= gpus_per_node:
-        if tp >= spec.tensor_parallel_size and (spec.arch is None or tensor_parallel_refusal(spec.arch, tp) is None):
+        if spec.arch is None or tensor_parallel_refusal(spec.arch, tp) is None:
             out.append(tp)
         tp *= 2
     return out or [spec.tensor_parallel_size]
