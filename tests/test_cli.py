@@ -63,3 +63,44 @@ def test_top_level_help_imports_no_settings_layer_and_version_is_lazy() -> None:
     version_out = subprocess.run([sys.executable, "-m", "kvwatch", "--version"], check=True, capture_output=True,
                                  text=True).stdout
     assert version_out == f"kvwatch {version('kvwatch')}\n" == f"kvwatch {kvwatch.__version__}\n"
+
+
+def test_kvwatchs_own_failure_exits_4_not_1_and_says_so_in_json(monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    # (Standing in for a bug no test knows yet.) An OverflowError on a 1e308 capacity label exited 1 with a traceback:
+    # 1 is check's "a finding at or above --fail-on" and plan's "vLLM will not start", and --json printed nothing.
+    import json
+
+    from kvwatch import check
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise OverflowError("int too large to convert to float")
+
+    monkeypatch.setattr(check, "build_report", broken)
+    page = Path(__file__).parent / "fixtures" / "vllm-metrics" / "gen-0.33-dp2-capacity-labels.prom"
+    assert main(["check", "--file", str(page), "--json", "--fail-on", "critical"]) == 4
+    out, err = capsys.readouterr()
+    assert json.loads(out)["error"]["reason"] == "internal"
+    assert "Traceback" in err and "kvwatch check: kvwatch failed on this input (OverflowError" in err
+
+
+def test_a_1e308_capacity_label_or_a_length_beyond_any_model_is_no_overflow(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    page = Path(__file__).parent / "fixtures" / "vllm-metrics" / "gen-0.33-dp2-capacity-labels.prom"
+    huge = tmp_path / "huge.prom"
+    huge.write_text(__import__("re").sub(r'kv_cache_size_tokens="\d+"', 'kv_cache_size_tokens="1e308"',
+                                         page.read_text()))
+    assert huge.read_text() != page.read_text()
+    code = main(["check", "--file", str(huge), "--json", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu",
+                 "H100"])
+    assert code == 0, capsys.readouterr().err
+    capsys.readouterr()
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32,
+                                  "num_key_value_heads": 8, "hidden_size": 4096, "intermediate_size": 14336,
+                                  "vocab_size": 128256, "max_position_embeddings": 131072,
+                                  "rope_scaling": {"rope_type": "linear", "factor": 1e300}}))
+    assert main(["plan", "--model-config", str(config), "--gpu", "H100"]) == 2
+    assert "more than any model holds" in capsys.readouterr().err

@@ -20,7 +20,7 @@ series also gets the advisor's fixes, cheapest first (``advice``; the deployment
 ``--gpu``, ``--tensor-parallel-size``, ``--gpus-per-node`` ... size the quantization and tensor-parallel gains).
 Exit codes: 0 when the payload was read (whatever the findings, unless ``--fail-on``), 1 when ``--fail-on
 SEVERITY`` is given and a finding at or above it exists, 2 bad usage, 3 when the payload could not be read (a
-script tells a broken target from findings).
+script tells a broken target from findings), 4 when kvwatch itself failed (kvwatch.cli.EXIT_INTERNAL).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import importlib
 import json
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -31,6 +32,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 EXIT_BROKEN_PIPE = 128 + 13  # what the shell reports for a process killed by SIGPIPE
+# kvwatch's own bug meeting this input: not 1, which check's --fail-on and plan's "will not start" mean (an overflow
+# on a 1e308 capacity label exited 1 with a traceback: a CI job on --fail-on critical read a critical finding)
+EXIT_INTERNAL = 4
 
 
 class _Version(argparse.Action):
@@ -137,7 +141,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # that never imported it cannot raise its SettingsError.
         settings = sys.modules.get("kvwatch.settings")
         if settings is None or not isinstance(exc, settings.SettingsError):
-            raise
+            traceback.print_exc()
+            if json_errors:
+                print(json.dumps({"error": {"reason": "internal",
+                                            "message": f"kvwatch failed: {type(exc).__name__}: {exc}"}}))
+            print(f"kvwatch {args.command}: kvwatch failed on this input ({type(exc).__name__}: {exc}); "
+                  "please report it with the traceback above", file=sys.stderr)
+            return EXIT_INTERNAL
         message = str(exc) if exc.sources_named else settings.name_variables(str(exc), args)
         if json_errors:
             print(usage_error_json(message))

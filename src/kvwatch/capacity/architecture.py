@@ -447,7 +447,7 @@ def arch_from_config(config: dict[str, Any], name: str = "custom", source: str |
         raise
     except (MambaConfigError, QuantizationError) as exc:  # (both name the field)
         raise ArchitectureError(str(exc)) from None
-    except (TypeError, ValueError, ZeroDivisionError) as exc:  # a field of the wrong type or value ("bits": "4bit")
+    except (TypeError, ValueError, ZeroDivisionError, OverflowError) as exc:  # a field of the wrong type or value
         raise ArchitectureError(f"config.json has a value kvwatch cannot read: {type(exc).__name__}: {exc}") from None
 
 

@@ -18,6 +18,10 @@ LONGROPE_DEFAULT_SINCE = (0, 12)  # LongRoPE's default --max-model-len is origin
 _YARN_TYPES = frozenset({"yarn", "deepseek_yarn", "deepseek_llama_scaling"})
 
 
+MAX_LENGTH = 2**40
+"""A model length kvwatch reads from a config (a trillion tokens, a thousand times today's longest): above it the
+config is broken, and the KV sums of one such request overflow a float."""
+
 def rope_scaling(cfg: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
     """(the RoPE scaling block, its type) of a config; None without one (transformers v5 renamed the key)."""
     rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")
@@ -78,6 +82,9 @@ def derived_max_model_len(cfg: dict[str, Any], model_type: str = "", *,
                 derived *= factor
     if derived < 1:  # (a length of -1 divided by zero in the ceiling; a factor of -2 planned -27 requests)
         raise ArchitectureError(f"config.json gives the model a length of {int(derived)} ({how}): it must be positive")
+    if not derived <= MAX_LENGTH:  # (a factor of 1e300: the plan's sums of its KV overflowed a float; inf, NaN)
+        raise ArchitectureError(f"config.json gives the model a length of {derived:g} tokens ({how}): more than any "
+                                f"model holds (at most {MAX_LENGTH:,})")
     return int(derived), how
 
 

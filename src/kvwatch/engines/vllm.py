@@ -48,6 +48,7 @@ from kvwatch.engines.series import (
 )
 from kvwatch.exposition import Exposition, Sample
 from kvwatch.model import CAPACITY_UNDETERMINED, VLLM, Detection, Poll, Reading, SeriesKey
+from kvwatch.plausible import MAX_COUNT
 
 __all__ = ["ERAS", "FAMILIES", "UnrecognisedPayload", "detect", "eras_in_range", "format_range", "possible_eras",
            "read", "wanted_for"]
@@ -570,10 +571,11 @@ def engine_max_model_len(config: Mapping[str, str]) -> int | None:
     """The engine's ``--max-model-len``, from ``cache_config_info``: vLLM (>= 0.25, the versions that label
     ``kv_cache_size_tokens``) computes ``kv_cache_size_tokens = int(kv_cache_max_concurrency × max_model_len)``
     (docs/capacity.md, section 5), so the length is the smallest integer at or above tokens ÷ concurrency.
-    None when either label is missing, or below one request (then the division does not pin one length)."""
+    None when either label is missing, or below one request (then the division does not pin one length), or the
+    tokens no count can be (above 2^53: a 1e308 label made a 1e308-token length, and the plan's sums overflowed)."""
     tokens = label_number(config.get("kv_cache_size_tokens"))
     concurrency = label_number(config.get("kv_cache_max_concurrency"))
-    if tokens is None or concurrency is None or tokens <= 0 or concurrency < 1:
+    if tokens is None or concurrency is None or tokens <= 0 or concurrency < 1 or tokens > MAX_COUNT:
         return None
     length = tokens / concurrency
     nearest = round(length)
