@@ -1070,13 +1070,17 @@ def test_rename_metrics_reads_a_proxys_names_for_any_family(tmp_path: Path, caps
     report = check_json(["--file", str(page), "--rename-metrics", renames], capsys)
     assert report["series"] == own
     assert report["usage_metric"] == "proxy_kv_usage" and "proxy_cache_config_info" in report["capacity_metric"]
+    # what the page decides: the target's (exit 3)
     for bad, why in (("proxy_preemption_total=vllm:num_preemptions_total", "the payload has no proxy_preemption_total"),
-                     ("proxy_kv_usage=vllm:num_requests_running", "the payload has vllm:num_requests_running too"),
-                     # an engine-side typo, or a family on one side and a sample on the other, read nothing silently
-                     ("proxy_preemptions_total=vllm:num_preemption_total", "kvwatch reads no vllm:num_preemption"),
+                     ("proxy_kv_usage=vllm:num_requests_running", "the payload has vllm:num_requests_running too")):
+        assert main(["check", "--file", str(page), "--rename-metrics", bad]) == 3
+        assert why in capsys.readouterr().err
+    # an engine-side typo, or a family on one side and a sample on the other, read nothing silently; whatever the
+    # page, so a bad value (exit 2, also for serve at startup), not an unreadable target (3: a script blamed vLLM)
+    for bad, why in (("proxy_preemptions_total=vllm:num_preemption_total", "kvwatch reads no vllm:num_preemption"),
                      ("proxy_preemptions_total=vllm:num_preemptions", "one name ends in a sample's suffix"),
                      ("proxy_preemptions=vllm:num_preemptions_total", "one name ends in a sample's suffix")):
-        assert main(["check", "--file", str(page), "--rename-metrics", bad]) == 3
+        assert main(["check", "--file", str(page), "--rename-metrics", bad]) == 2
         assert why in capsys.readouterr().err
     for bad in ("a=b,a=c", "a=a", "a", "a=b=c", "a=b,b=c"):
         assert main(["check", "--file", str(page), "--rename-metrics", bad]) == 2

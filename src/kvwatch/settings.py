@@ -562,7 +562,11 @@ class TargetSettings(DeploymentSettings):
     @field_validator("rename_metrics")
     @classmethod
     def _renames(cls, v: str | None) -> str | None:
-        parse_renames(v)  # (raises ValueError naming what is wrong)
+        from kvwatch.engines.detect import refused_rename
+
+        for page, engine in parse_renames(v).items():  # (raises ValueError naming what is wrong)
+            if (why := refused_rename(page, engine)) is not None:
+                raise ValueError(why.removeprefix("--rename-metrics "))
         return v.strip() if v else None
 
     @field_validator("target_url")

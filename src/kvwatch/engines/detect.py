@@ -159,6 +159,21 @@ def _part(name: str) -> str:
     return next((part for part in _PARTS if name.endswith(part)), "")
 
 
+def refused_rename(page: str, engine: str, read: frozenset[str] | None = None) -> str | None:
+    """Why ``--rename-metrics PAGE=ENGINE`` can name no metric kvwatch reads, whatever the page: a family on one side
+    and a sample on the other, or an engine name kvwatch does not ``read`` (by default every adapter's); None when it
+    can. The settings refuse it at startup (exit 2: a payload-free typo read as an unreadable target, exit 3)."""
+    if _part(page) != _part(engine):
+        return (f"--rename-metrics {page}={engine}: one name ends in a sample's suffix ({', '.join(_PARTS)}) and the "
+                "other does not: name both families or both samples (proxy_preemptions_total="
+                "vllm:num_preemptions_total)")
+    read = read if read is not None else wanted_for(latency=True, lengths=True)
+    if not any(f in read for f in vllm.families_of(engine)) and not any(engine + p in read for p in _PARTS):
+        return (f"--rename-metrics {page}={engine}: kvwatch reads no {engine}: name one of the engine's metrics it "
+                "reads (docs/metrics.md)")
+    return None
+
+
 def _renamed(exposition: Exposition, renames: Mapping[str, str], spelling: Spelling,
              read: frozenset[str]) -> Exposition:
     """The page read under the operator's renames (``spelling``); a pair naming a family on one side and a sample on
@@ -166,14 +181,8 @@ def _renamed(exposition: Exposition, renames: Mapping[str, str], spelling: Spell
     under both names stops the read naming the flag (a typo would leave the engine's own metric unread without a
     word: the preemption counter unknown, its alerts silent, kvwatch_up 1)."""
     for page, engine in renames.items():
-        if _part(page) != _part(engine):
-            raise UnrecognisedPayload(
-                f"--rename-metrics {page}={engine}: one name ends in a sample's suffix ({', '.join(_PARTS)}) and the "
-                "other does not: name both families or both samples (proxy_preemptions_total="
-                "vllm:num_preemptions_total)")
-        if not any(f in read for f in vllm.families_of(engine)) and not any(engine + p in read for p in _PARTS):
-            raise UnrecognisedPayload(f"--rename-metrics {page}={engine}: kvwatch reads no {engine}: name one of the "
-                                      "engine's metrics it reads (docs/metrics.md)")
+        if (why := refused_rename(page, engine, read)) is not None:
+            raise UnrecognisedPayload(why)
         if not _mentions(exposition, page):
             raise UnrecognisedPayload(f"--rename-metrics {page}={engine}: the payload has no {page} (no sample, no "
                                       "# TYPE or # HELP line): check the name")
