@@ -185,6 +185,8 @@ def test_will_not_start_exits_1_with_shortfall(capsys):
 
 @pytest.mark.parametrize(("argv", "flag"), [
     (["--kv-bytes-per-token", "lots"], "--kv-bytes-per-token"),
+    # 0.4 rounded to 0 B a token: "0 tokens of KV cache", will_start true, exit 0
+    (["--gpu-memory-gib", "80", "--weights-gib", "1", "--kv-bytes-per-token", "0.4"], "--kv-bytes-per-token"),
     (["--weights-gib", "x"], "--weights-gib"),
     (["--model", "acme/Nope-1B", "--gpu", "H100"], "--model"),
     (["--model", "Qwen/Qwen3-8B", "--gpu", "Voodoo2"], "--gpu"),

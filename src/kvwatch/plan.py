@@ -153,6 +153,9 @@ def build_spec(args: argparse.Namespace, settings: DeploymentSettings) -> Deploy
             overrides["kv_bytes_per_token"] = parse_bytes(args.kv_bytes_per_token)
         except ValueError as exc:
             raise SettingsError(f"invalid value for --kv-bytes-per-token: {exc}") from None
+        if overrides["kv_bytes_per_token"] < 1:  # (0.4 rounded to 0 B: "0 tokens, will start")
+            raise SettingsError(f"invalid value for --kv-bytes-per-token: {args.kv_bytes_per_token!r} is less than a "
+                                "byte a token")
         note = decimal_unit_note(args.kv_bytes_per_token)
         if note:
             print(f"kvwatch plan: note: --kv-bytes-per-token {note}", file=sys.stderr)
