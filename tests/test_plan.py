@@ -294,6 +294,9 @@ def test_lists(capsys):
     assert code == 0 and "meta-llama/Llama-3.1-8B-Instruct" in out.splitlines()
     code, out, _ = run(["plan", "--list-gpus"], capsys)
     assert code == 0 and "H100-80GB" in out.splitlines()
+    # with --json, a JSON list (it printed the text lines, which json.loads refuses)
+    code, out, _ = run(["plan", "--list-gpus", "--json"], capsys)
+    assert code == 0 and "H100-80GB" in json.loads(out)
 
 
 def test_help_lists_plan_flags(capsys):

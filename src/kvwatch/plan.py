@@ -188,11 +188,9 @@ def build_spec(args: argparse.Namespace, settings: DeploymentSettings) -> Deploy
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.list_models:
-        print("\n".join(preset_data.preset_names()))
-        return 0
-    if args.list_gpus:
-        print("\n".join(preset_data.gpu_names()))
+    if args.list_models or args.list_gpus:  # (with --json a JSON list: a script asked for one format)
+        names = preset_data.preset_names() if args.list_models else preset_data.gpu_names()
+        print(json.dumps(list(names)) if args.json else "\n".join(names))
         return 0
     settings = load_settings(DeploymentSettings, args)
     if args.plot is not None:
