@@ -515,3 +515,25 @@ def test_an_empty_trace_or_an_unknown_first_line_is_named(tmp_path: Path) -> Non
     (tmp_path / "comment.csv").write_text("# exported 2024-05-01\nTIMESTAMP,ContextTokens,GeneratedTokens\n")
     with pytest.raises(TraceError, match=r"line 1 \('# exported 2024-05-01'\)"):
         detect_format(tmp_path / "comment.csv")
+
+
+def test_a_file_longer_than_what_is_read_must_be_in_time_order(tmp_path: Path) -> None:
+    # 3 million shuffled rows read their first million in file order: the whole week thinned 3x, a rate 3x too low
+    # reported as "the first 175 h". A file read whole may be in any order (it is sorted).
+    head, *rows = packaged_trace("azure_conv_sample.csv").read_text().splitlines()
+    shuffled = rows[:]
+    random.Random(1).shuffle(shuffled)
+    csv_path = tmp_path / "shuffled.csv"
+    csv_path.write_text("\n".join([head, *shuffled]) + "\n")
+    with pytest.raises(TraceError, match=r"line \d+: an arrival earlier than the row before it.*sort the file"):
+        read_azure_csv(csv_path, max_requests=100)
+    assert len(read_azure_csv(csv_path)) == len(rows)
+    in_order = tmp_path / "sorted.csv"
+    in_order.write_text("\n".join([head, *rows]) + "\n")
+    assert len(read_azure_csv(in_order, max_requests=100)) == 100
+    lines = packaged_trace("mooncake_conversation_sample.jsonl").read_text().splitlines()
+    jsonl = tmp_path / "shuffled.jsonl"
+    jsonl.write_text("\n".join([lines[-1], *lines[:-1]]) + "\n")  # the last arrival first
+    with pytest.raises(TraceError, match=r"line 2: an arrival earlier"):
+        read_mooncake_jsonl(jsonl, max_requests=100)
+    assert len(read_mooncake_jsonl(jsonl, max_requests=len(lines))) == len(lines)
