@@ -212,8 +212,11 @@ def test_long_context_shaping_scales_mixes_and_caps_at_max_model_len(conv):
     # one that fits with an output that does not is capped
     refused = replace(trace[0], prompt_tokens=40_000)
     fits = replace(trace[1], prompt_tokens=30_000, output_tokens=5_000)
-    shaped = shape_lengths([refused, fits, *trace[2:]], replace(base, max_model_len=32768), seed=1)
-    assert len(shaped) == len(trace) - 1 and shaped[0].prompt_tokens + shaped[0].output_tokens == 32768
+    # an output no server of the limit generates (1e9 tokens: capped, it sized the simulated cache 18x too large)
+    endless = replace(trace[2], output_tokens=10**9)
+    shaped = shape_lengths([refused, fits, endless, *trace[3:]], replace(base, max_model_len=32768), seed=1)
+    assert len(shaped) == len(trace) - 2 and shaped[0].prompt_tokens + shaped[0].output_tokens == 32768
+    assert shaped[0].output_tokens == 5_000  # the output kept, the prompt shortened, as the report says
 
 
 def test_burst_shapes_last_seconds_or_minutes():
@@ -533,7 +536,7 @@ def test_a_trace_emptied_by_max_model_len_says_so(capsys):
     # "--trace ...: 0 requests over 0 s" blamed the trace for what --max-model-len 3 had left out
     code, _, err = _cli(["--trace", "azure_code_sample.csv", "--hours", "0.6", "--max-model-len", "3"], capsys)
     assert code == 2 and "0 requests over 0.0 s" in err
-    assert "of its requests left out: a prompt of --max-model-len 3 tokens or more" in err
+    assert "of its requests left out: a prompt or an output of --max-model-len 3 tokens or more" in err
 
 
 def test_a_trace_whose_every_row_is_left_out_says_why(tmp_path, capsys):

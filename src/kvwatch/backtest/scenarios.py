@@ -154,9 +154,20 @@ def validate(scenario: Scenario) -> None:
 
 
 def refused(request: Request, max_model_len: int) -> bool:
-    """vLLM refuses a prompt of ``max_model_len`` tokens or more (as the trace has it, before any shaping): such a row
-    is left out, where capped it made a request of the whole cache that sized the simulated one six times too large."""
-    return request.prompt_tokens >= max_model_len
+    """A row no server of ``max_model_len`` serves (as the trace has it, before any shaping), left out: vLLM refuses a
+    prompt of that many tokens or more, and no such server generates an output that long (prompt + output fit the
+    limit). Capped, each made a request of the whole cache: one prompt sized the simulated cache six times too large,
+    one output of 1e9 tokens 18 times."""
+    return refusal(request, max_model_len) is not None
+
+
+def refusal(request: Request, max_model_len: int) -> str | None:
+    """Why :func:`refused` leaves ``request`` out (the report's reason), or None."""
+    if request.prompt_tokens >= max_model_len:
+        return f"prompt of --max-model-len {max_model_len:,} tokens or more: vLLM refuses it"
+    if request.output_tokens >= max_model_len:
+        return f"output of --max-model-len {max_model_len:,} tokens or more: no server with that limit generates it"
+    return None
 
 
 def shape_lengths(requests: Sequence[Request], scenario: Scenario, seed: int) -> list[Request]:
@@ -224,11 +235,14 @@ def load_trace_head(path: Path, left_out: dict[str, int] | None = None, *,
         requests = sorted(requests, key=lambda r: r.arrival_time)[:MAX_TRACE_REQUESTS]
     refused_here = 0
     if max_model_len is not None:  # (counted here for the report; shape_lengths leaves them out on every path)
-        kept = [r for r in requests if not refused(r, max_model_len)]
+        kept = []
+        for r in requests:
+            why = refusal(r, max_model_len)
+            if why is None:
+                kept.append(r)
+            elif left_out is not None:
+                left_out[why] = left_out.get(why, 0) + 1
         refused_here = len(requests) - len(kept)
-        if len(kept) < len(requests) and left_out is not None:
-            why = f"prompt of --max-model-len {max_model_len:,} tokens or more: vLLM refuses it"
-            left_out[why] = left_out.get(why, 0) + len(requests) - len(kept)
         requests = kept
     span = span_of(requests)
     if len(requests) < 10 or span < MIN_BLOCK_SECONDS:
@@ -240,8 +254,8 @@ def load_trace_head(path: Path, left_out: dict[str, int] | None = None, *,
                                                                max_requests=MAX_TRACE_REQUESTS)) > 0:
             hint = f" ({MOONCAKE_UNIT_HINT})"
         if refused_here:  # (the trace was long enough: the limit left too little of it)
-            hint += (f" ({refused_here:,} of its requests left out: a prompt of --max-model-len {max_model_len:,} "
-                     "tokens or more, which vLLM refuses)")
+            hint += (f" ({refused_here:,} of its requests left out: a prompt or an output of --max-model-len "
+                     f"{max_model_len:,} tokens or more, which no such server serves)")
         shown = f"{span:.1f}" if span < 10 else f"{span:,.0f}"
         raise ScenarioError(f"--trace {path}: {len(requests)} requests over {shown} s; a backtest bootstraps "
                             f"from at least 10 requests over {MIN_BLOCK_SECONDS:.0f} s{hint}")
