@@ -568,3 +568,19 @@ def test_a_trace_shorter_than_a_block_is_said_to_repeat(tmp_path, capsys):
     assert code == 0 and "note: the trace makes one block of 180 s" in out and "every draw repeats it whole" in out
     code, out, _ = _cli(["--trace", "azure_code_sample.csv", "--hours", "0.6"], capsys)
     assert code == 0 and "makes one block" not in out
+
+
+def test_a_trace_simulated_far_above_the_tuned_rates_says_its_times_may_be_in_another_unit(tmp_path, capsys):
+    # A BurstGPT file with millisecond timestamps ran at 418 x without a word (the note came only at the 1000 x bound);
+    # here the conversation sample stretched 50 x: about 200 x.
+    from datetime import datetime
+
+    head, *rows = packaged_trace("azure_conv_sample.csv").read_text().splitlines()
+    fmt = "%Y-%m-%d %H:%M:%S.%f"
+    t0 = datetime.strptime(rows[0].split(",")[0][:26], fmt)
+    stretched = [f"{(t0 + (datetime.strptime(ts[:26], fmt) - t0) * 50).strftime(fmt)}0,{p},{o}"
+                 for ts, p, o in (row.split(",") for row in rows)]
+    path = tmp_path / "slow.csv"
+    path.write_text("\n".join([head, *stretched]) + "\n")
+    code, out, _ = _cli(["--trace", str(path), "--hours", "0.6"], capsys)
+    assert code == 0 and re.search(r"note: the trace's rate is simulated at \d+(\.\d+)? x to fill the cache", out)
