@@ -175,6 +175,13 @@ def test_status_line_reads_kvwatch_metrics() -> None:
               'kvwatch_last_success_timestamp_seconds 1000.0\n')
     line = demo.status_line(failed, 126.0, 30.0, now=1012.4)
     assert "did not answer kvwatch's last poll, the last good one 12 s ago" in line and "first" not in line, line
+    # while the last good poll's figures are fresh (exported), they are shown, the failed poll beside them: one
+    # missed poll hid a bottleneck's whole line (every line at x100)
+    fresh = text.replace('kvwatch_up{model_name="m",engine="0"} 1', 'kvwatch_up{model_name="m",engine="0"} 0') + (
+        "\n# TYPE kvwatch_last_success_timestamp_seconds gauge\nkvwatch_last_success_timestamp_seconds 1000.0\n")
+    line = demo.status_line(fresh, 126.0, 30.0, now=1001.0)
+    assert "usage 87.3%" in line and "state filling" in line, line
+    assert line.endswith("did not answer kvwatch's last poll, the last good one 1 s ago (kvwatch's log says why)")
 
 
 def test_status_line_stamps_the_simulators_own_clock_when_known() -> None:

@@ -149,13 +149,16 @@ def status_line(text: str, elapsed: float, speed: float = 1.0, sim_seconds: floa
         found = values(name, **labels)
         return max(found) if found else None
 
+    failed = ""
     if not total("kvwatch_up"):
         last = worst("kvwatch_last_success_timestamp_seconds")
         if last is None:
             return f"{stamp} waiting for the first good poll of the simulator"
         # An overloaded simulator can miss the demo's short poll timeout: not the same as never having answered.
         ago = "" if now is None else f", the last good one {max(0.0, now - last):.0f} s ago"
-        return f"{stamp} the simulator did not answer kvwatch's last poll{ago} (kvwatch's log says why)"
+        failed = f"the simulator did not answer kvwatch's last poll{ago} (kvwatch's log says why)"
+        if not values("kvwatch_kv_usage_ratio"):  # (stale: kvwatch withdrew the figures)
+            return f"{stamp} {failed}"
     parts = [stamp]
     usage = worst("kvwatch_kv_usage_ratio")
     parts.append("usage " + ("  n/a" if usage is None else f"{usage:5.1%}"))
@@ -189,6 +192,8 @@ def status_line(text: str, elapsed: float, speed: float = 1.0, sim_seconds: floa
         limit = worst("kvwatch_recommended_max_concurrency")
         parts.append(f"fix: limit concurrency to {limit:.0f}" if action == "limit_concurrency" and limit else
                      "fix: " + action.replace("_", " "))
+    if failed:  # (the last good poll's figures, still fresh: one missed poll hid a bottleneck's whole line)
+        parts.append(failed)
     return " | ".join([" ".join(parts[:2]), *parts[2:]])
 
 
