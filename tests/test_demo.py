@@ -273,6 +273,7 @@ def test_demo_runs_both_processes_says_the_clock_is_accelerated_and_stops_them()
     (["--clock-speed", "nan"], "--clock-speed"),
     (["--clock-speed", "1e9"], "--clock-speed"),
     (["--clock-speed", "2000"], "--clock-speed"),  # kvwatch would poll every 0.005 s, below serve's 0.01 s floor
+    (["--clock-speed", "100"], "--clock-speed"),  # the saturated simulator missed every poll (0.08 s each)
     (["--speed", "2000"], "--clock-speed"),  # the deprecated alias is checked as the flag it stands for
     (["--poll-interval-seconds", "inf"], "--poll-interval-seconds"),
     (["--status-interval-seconds", "inf"], "--status-interval-seconds"),
@@ -301,7 +302,7 @@ def test_the_slowest_demo_speed_gives_serve_a_valid_interval() -> None:
     # With its own poll interval any speed above 0 runs, within serve's poll step (the demo says so, not serve).
     demo.check_flags(_parse(demo.add_arguments, ["--clock-speed", "0.0001", "--poll-interval-seconds", "5"]))
     with pytest.raises(SettingsError, match="--poll-interval-seconds"):
-        demo.check_flags(_parse(demo.add_arguments, ["--clock-speed", "100", "--poll-interval-seconds", "5"]))
+        demo.check_flags(_parse(demo.add_arguments, ["--clock-speed", "50", "--poll-interval-seconds", "5"]))
 
 
 def test_the_fastest_demo_speed_gives_serve_a_valid_interval() -> None:
