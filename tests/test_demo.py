@@ -10,12 +10,14 @@ analyzers) polling it every 10 simulated seconds, its collector rendered to the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import os
 import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -266,6 +268,40 @@ def test_demo_runs_both_processes_says_the_clock_is_accelerated_and_stops_them()
     assert "filling" in lines[4] and "bottleneck" in lines[4]
     # kvwatch polled the simulator and the status line read kvwatch's /metrics: still warming up this early.
     assert any("usage" in line and "state warming_up" in line for line in lines[5:]), result.stdout
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGHUP])
+def test_neither_child_outlives_a_demo_killed_or_hung_up(how: signal.Signals) -> None:
+    # SIGKILL (an OOM kill) or SIGHUP (a closed terminal) sent to the demo alone left both children running, holding
+    # ports 8000 and 9747 for the next `make demo`
+    proc = subprocess.Popen([sys.executable, "-m", "kvwatch", "demo", "--sim-port", "0", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        for _ in range(5):  # the intro's lines: both children started
+            proc.stdout.readline()
+        children = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+        assert len(children) == 2
+        proc.send_signal(how)
+        proc.wait(timeout=20)
+        deadline = time.monotonic() + 15
+        while any(Path(f"/proc/{c}").exists() and "Z" not in _state(c) for c in children) and \
+                time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [c for c in children if Path(f"/proc/{c}").exists() and "Z" not in _state(c)], children
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # (the group outlives the demo while a child is left)
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+def _state(pid: int) -> str:
+    """A process's state letter (Z: a zombie, which holds no port), "" once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return ""
 
 
 @pytest.mark.parametrize(("args", "flag"), [

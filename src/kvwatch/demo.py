@@ -335,17 +335,20 @@ def run(args: argparse.Namespace) -> int:
     kvwatch_url = f"http://127.0.0.1:{port}/metrics"
     _check_serve(serve_argv(sim_url, port, args.speed, args.poll_interval_seconds))
     py = sys.executable
-    stop = StopSignals((signal.SIGTERM,)).install()  # (Ctrl-C: KeyboardInterrupt, below)
+    # (Ctrl-C: KeyboardInterrupt, below; SIGHUP: the terminal closed, which left both children holding the ports)
+    stop = StopSignals((signal.SIGTERM, signal.SIGHUP)).install()
     processes: list[subprocess.Popen] = []
+    die_with_demo = _parent_death_signal()
     try:
+        # (both started before the clock's reader thread: a preexec_fn is safe only while no other thread runs)
         simulator = subprocess.Popen([py, "-m", "kvwatch", "simulate", *simulator_argv(args.speed, sim_port,
                                                                                      args.seed, args.engine)],
-                                     stdout=subprocess.PIPE, text=True)
+                                     stdout=subprocess.PIPE, text=True, preexec_fn=die_with_demo)
         processes.append(simulator)
+        processes.append(subprocess.Popen([py, "-m", "kvwatch", "serve", *serve_argv(
+            sim_url, port, args.speed, args.poll_interval_seconds)], preexec_fn=die_with_demo))
         assert simulator.stdout is not None
         sim_clock = SimulatorClock(simulator.stdout, args.speed)
-        processes.append(subprocess.Popen([py, "-m", "kvwatch", "serve", *serve_argv(
-            sim_url, port, args.speed, args.poll_interval_seconds)]))
         print("\n".join(intro(args.speed, sim_url, kvwatch_url, args.engine)), flush=True)
         started = time.monotonic()
         while stop.received is None:
@@ -371,6 +374,25 @@ def run(args: argparse.Namespace) -> int:
         finally:
             stop.restore()
     return 0
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A child's ``preexec_fn`` that has Linux send it SIGTERM when the demo dies, however (an OOM kill, SIGKILL):
+    both children outlived such a demo, holding ports 8000 and 9747, and the next ``make demo`` found them in use.
+    None elsewhere (the demo stops its children on every signal it can catch)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # (looked up here: the child only calls it)
+
+    def die_with_parent() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+
+    return die_with_parent
 
 
 def _exited(processes: list[subprocess.Popen]) -> bool:  # type: ignore[type-arg]
