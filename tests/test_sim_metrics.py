@@ -221,6 +221,9 @@ def test_process_start_time_moves_on_restart() -> None:
 
     def start() -> float:
         fams = _families(render(sim.snapshot(), "0.33", start_time=1_000_000.0))
+        # every counter's _created is the process's start too (it kept the first one's through a restart)
+        created = {s.value for f in fams.values() for s in f.samples if s.name.endswith("_created")}
+        assert created == {fams["process_start_time_seconds"].samples[0].value}, created
         return fams["process_start_time_seconds"].samples[0].value
 
     assert start() == 1_000_000.0

@@ -224,7 +224,9 @@ def render(snaps: Sequence[EngineSnapshot], profile: str = DEFAULT_PROFILE, *, m
         raise ValueError("max_model_len, max_num_seqs and max_num_batched_tokens must be >= 1")
     config = _Config(model_name, max_model_len, gpu_memory_utilization, enable_prefix_caching, start_time,
                      max_num_seqs, max_num_batched_tokens)
-    b = _Builder(profile, multiprocess, start_time, pid)
+    # (*_created is when the counter was made: the latest restart's start, as process_start_time_seconds says; it kept
+    # the first start's through a restart, so a reader of _created saw no reset)
+    b = _Builder(profile, multiprocess, start_time + max(s.started_at for s in snaps), pid)
     if not multiprocess:  # the default registry's collectors; a multiprocess registry has only vLLM's families
         _render_runtime(b, snaps, start_time)
     if profile == "v0":
