@@ -394,6 +394,10 @@ def test_a_timestamp_far_from_the_rest_is_refused_not_allocated() -> None:
     for far in ("9999-11-16 18:00:00.0000000", "2124-11-16 18:00:00.0000000"):
         with pytest.raises(TraceError, match="a timestamp far from the rest"):
             read_azure_csv("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows + f"{far},100,10\n")
+    # the odd row named by its time, also when it is the earliest (a null date written as 1970: the message named
+    # the normal rows, "before the arrival 19,678 days after the first")
+    with pytest.raises(TraceError, match=r"with 1 arrival on its far side, from 1970-01-01 00:00:00 UTC"):
+        read_azure_csv("TIMESTAMP,ContextTokens,GeneratedTokens\n1970-01-01 00:00:00.0000000,100,10\n" + rows)
     burst = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n" + "".join(
         f"{t},m,100,10,110,x\n" for t in range(30)) + "1e300,m,100,10,110,x\n"
     with pytest.raises(TraceError, match="far from the rest"):

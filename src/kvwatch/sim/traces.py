@@ -29,7 +29,7 @@ import re
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timezone
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -170,15 +170,29 @@ def _checked_span(times: Sequence[float], name: str) -> None:
     typed 9999-, or milliseconds among seconds, made the gap bookkeeping allocate gigabytes, or overflow."""
     first, last = min(times), max(times)
     if last - first > MAX_SPAN_SECONDS:
-        gap, at = max((b - a, b) for a, b in pairwise(sorted(times)))
+        ordered = sorted(times)
+        gap, cut = max((b - a, i) for i, (a, b) in enumerate(pairwise(ordered), start=1))
+        # The fewer arrivals on one side of the widest gap are the odd ones: named by their time, which the file
+        # holds as written (the side "before the arrival N days after the first" named the normal data when the
+        # stray row was the earliest)
+        few = ordered[:cut] if cut <= len(ordered) - cut else ordered[cut:]
 
         def days(seconds: float) -> str:
             return f"{seconds / 86400:,.0f}" if seconds < 1e12 else f"{seconds / 86400:.3g}"
 
-        raise TraceError(f"{name}: the requests span {days(last - first)} days, the widest gap {days(gap)} days "
-                         f"(before the arrival {days(at - first)} days after the first): a timestamp far from the rest "
-                         f"(a typo in a date, milliseconds among seconds?); a trace may span at most "
+        raise TraceError(f"{name}: the requests span {days(last - first)} days, the widest gap {days(gap)} days, "
+                         f"with {len(few):,} arrival{'s' if len(few) > 1 else ''} on its far side, from "
+                         f"{_when(few[0])}: a timestamp far from the rest (a typo in a date, a null date written as "
+                         f"1970, milliseconds among seconds?); a trace may span at most "
                          f"{MAX_SPAN_SECONDS / 86400:.0f} days")
+
+
+def _when(t: float) -> str:
+    """An arrival time as a reader finds it in the file: a UTC date where it is one, else the number."""
+    try:
+        return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") + f" ({t:g} s)"
+    except (OverflowError, OSError, ValueError):
+        return f"{t:g} s"
 
 
 def _read_csv(source: str | Path, columns: tuple[str, str, str], time: Callable[[str], float],
