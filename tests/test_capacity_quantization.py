@@ -311,6 +311,18 @@ def test_an_mlp_without_a_gate_is_two_matrices():
 
     total = sum(parameter_counts(arch_from_config(starcoder2)))
     assert total / 1e9 == pytest.approx(16.0, abs=0.4)  # published: 15.96 B (bigcode/starcoder2-15b)
+    # Arcee's AFM (relu²) and Apertus (xIELU): up and down, no gate; priced as gated, Apertus-8B read 10.9 B and
+    # "vLLM will not start" on an L4
+    apertus = {"architectures": ["ApertusForCausalLM"], "model_type": "apertus", "hidden_size": 4096,
+               "intermediate_size": 21504, "num_hidden_layers": 32, "num_attention_heads": 32,
+               "num_key_value_heads": 8, "vocab_size": 131072, "tie_word_embeddings": False,
+               "max_position_embeddings": 65536, "torch_dtype": "bfloat16"}
+    assert sum(parameter_counts(arch_from_config(apertus))) / 1e9 == pytest.approx(8.05, abs=0.2)  # published
+    afm = {"architectures": ["ArceeForCausalLM"], "model_type": "arcee", "hidden_size": 2560,
+           "intermediate_size": 18432, "num_hidden_layers": 36, "num_attention_heads": 20, "num_key_value_heads": 4,
+           "head_dim": 128, "vocab_size": 128004, "tie_word_embeddings": False, "max_position_embeddings": 65536,
+           "torch_dtype": "bfloat16"}
+    assert sum(parameter_counts(arch_from_config(afm))) / 1e9 == pytest.approx(4.6, abs=0.2)  # AFM-4.5B
 
 
 def test_minicpm3s_low_rank_attention_is_priced_by_its_projections():

@@ -79,11 +79,12 @@ _DECOMPRESSED_MLA_TYPES = frozenset({"minicpm3"})
 # Families whose MLPs and experts have an up and a down projection and no gate (relu² in vLLM's nemotron.py and
 # nemotron_h.py: NemotronHMLP, and FusedMoE loading only up_proj/down_proj): two matrices, not three.
 # So are the GPT-2-style MLPs of these (an fc in and an fc out: vLLM's starcoder2.py c_fc/c_proj, falcon.py
-# dense_h_to_4h/dense_4h_to_h, phi.py fc1/fc2, gpt_neox, gpt_bigcode, gpt2, gpt_j, opt, bloom, mpt, persimmon):
+# dense_h_to_4h/dense_4h_to_h, phi.py fc1/fc2, gpt_neox, gpt_bigcode, gpt2, gpt_j, opt, bloom, mpt, persimmon), and
+# the up/down MLPs of Arcee's AFM (arcee.py, relu²) and Apertus (xIELU):
 # priced as gated, StarCoder2-15B read 21.7 B parameters and "vLLM will not start" on an L40S where it starts.
 _NON_GATED_MLP_TYPES = frozenset({"nemotron", "nemotron_h", "starcoder2", "falcon", "refinedweb", "refinedwebmodel",
                                   "phi", "gpt_neox", "gpt_bigcode", "gpt2", "gptj", "opt", "bloom", "mpt",
-                                  "persimmon"})
+                                  "persimmon", "arcee", "apertus"})
 # Top-level model_type values of multimodal models whose preset or config.json may omit the encoder's config.
 _MULTIMODAL_TYPES = frozenset({
     "gemma3", "gemma3n", "gemma4", "llama4", "mistral3", "phi3_v", "phi4mm", "qwen2_vl", "qwen2_5_vl", "qwen3_vl",

@@ -25,6 +25,7 @@ from kvwatch.capacity.planner import CapacityPlan
 from kvwatch.derived import block_pool, blocks_shared_by_groups
 from kvwatch.engines.vllm import engine_max_model_len, label_number
 from kvwatch.model import CAPACITY_UNDETERMINED, VLLM, Reading
+from kvwatch.plausible import MAX_COUNT
 
 SOURCES = ("engine_kv_cache_size_tokens", "engine_num_gpu_blocks", "engine_metric", "formula", "unknown")
 
@@ -183,7 +184,8 @@ def resolve(reading: Reading, plan: CapacityPlan | None, kv_groups: int | None =
         tokens, source = None, "unknown"  # two configurations on the page: neither, nor the formula's
     elif reading.capacity_source == "formula" and plan is not None:
         tokens, source = float(plan.kv_cache_tokens), "formula"  # filled in before (SeriesCapacity.apply)
-    elif engine_tokens is not None and engine_tokens > 0:
+    elif engine_tokens is not None and 0 < engine_tokens <= MAX_COUNT:
+        # (above 2^53 no count: implausible_values says it is ignored, and it was the capacity all the same)
         tokens, source = float(engine_tokens), "engine_kv_cache_size_tokens"
     elif reading.kv_capacity_tokens and label_number(config.get("num_gpu_blocks")):
         if plan is None and not kv_groups and blocks_shared_by_groups(config):
