@@ -1082,6 +1082,11 @@ def test_rename_metrics_reads_a_proxys_names_for_any_family(tmp_path: Path, caps
                      ("proxy_preemptions=vllm:num_preemptions_total", "one name ends in a sample's suffix")):
         assert main(["check", "--file", str(page), "--rename-metrics", bad]) == 2
         assert why in capsys.readouterr().err
+    # what an --usage-metric override names is read too: renaming the page's gauge to it is no typo
+    usage = page.read_text().replace("proxy_kv_usage", "proxy_kv")
+    page.write_text(usage)
+    assert main(["check", "--file", str(page), "--usage-metric", "my_kv", "--rename-metrics", "proxy_kv=my_kv"]) == 0
+    capsys.readouterr()
     for bad in ("a=b,a=c", "a=a", "a", "a=b=c", "a=b,b=c"):
         assert main(["check", "--file", str(page), "--rename-metrics", bad]) == 2
         assert "--rename-metrics" in capsys.readouterr().err

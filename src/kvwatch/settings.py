@@ -562,11 +562,7 @@ class TargetSettings(DeploymentSettings):
     @field_validator("rename_metrics")
     @classmethod
     def _renames(cls, v: str | None) -> str | None:
-        from kvwatch.engines.detect import refused_rename
-
-        for page, engine in parse_renames(v).items():  # (raises ValueError naming what is wrong)
-            if (why := refused_rename(page, engine)) is not None:
-                raise ValueError(why.removeprefix("--rename-metrics "))
+        parse_renames(v)  # (raises ValueError naming what is wrong; what no page can make right: _after)
         return v.strip() if v else None
 
     @field_validator("target_url")
@@ -602,12 +598,31 @@ class TargetSettings(DeploymentSettings):
 
     def _after(self) -> None:
         # Flags that contradict each other or do nothing stop startup, as a flag of a wrong value does.
+        self._check_renames()
         if self.ca_file is not None and not self.tls_verify:
             raise _FieldError("ca_file", "cannot be used with {tls_verify} false: a bundle to verify the target "
                               "with, and no verification")
         if (self.ca_file is not None or not self.tls_verify) and not self.target_url.lower().startswith("https:"):
             field = "ca_file" if self.ca_file is not None else "tls_verify"
             raise _FieldError(field, "applies to an https:// target only; {target_url} is plain http")
+
+    def _check_renames(self) -> None:
+        """A --rename-metrics pair that names no metric kvwatch reads, whatever the page (kvwatch.engines.detect.
+        refused_rename), against what it reads with this poll's overrides: a payload-free typo was an unreadable
+        target (exit 3) and serve started; a rename to an --usage-metric's name was refused before the overrides
+        counted."""
+        from kvwatch.engines import Selector
+        from kvwatch.engines.detect import refused_rename, wanted_for
+
+        renames = parse_renames(self.rename_metrics)
+        overrides = {Selector.parse(v).name for v in (self.usage_metric, self.running_metric, self.waiting_metric)
+                     if v}
+        read = wanted_for(latency=True, lengths=True) | overrides
+        for page, engine in renames.items():
+            if (why := refused_rename(page, engine, read)) is not None:
+                # (one pair: the value quoted before the message names it already)
+                raise _FieldError("rename_metrics", why.removeprefix(
+                    f"--rename-metrics {page}={engine}: " if len(renames) == 1 else "--rename-metrics "))
 
     # 64: a vLLM pod exports 1-8 series (one model name, one engine per data-parallel rank on the node), so
     # 8x headroom. Each series kept costs memory (history, forecaster, capacity state), and the cap is what
