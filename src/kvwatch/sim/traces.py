@@ -262,7 +262,7 @@ def _read_csv(source: str | Path, columns: tuple[str, str, str], time: Callable[
         rows.append((t, prompt, output))
         if max_rows is not None and len(rows) >= max_rows:
             if unordered is not None and any(rest.strip() for _, rest in numbered):
-                raise TraceError(_unordered_head(name, unordered, max_rows))
+                raise TraceError(_unordered_head(name, unordered))
             break
     if not rows:
         raise TraceError(f"{name}: no requests{_all_left_out(left_out)}")
@@ -272,11 +272,11 @@ def _read_csv(source: str | Path, columns: tuple[str, str, str], time: Callable[
     return spread_quantized([(t - t0, p, o) for t, p, o in rows])
 
 
-def _unordered_head(name: str, line: int, limit: int) -> str:
+def _unordered_head(name: str, line: int) -> str:
     """A file longer than the rows read whose rows are not in time order: its first rows are not its first hours
     (3 million shuffled rows read 1 million over the whole week: a rate 3x too low, said to be "the first 175 h")."""
-    return (f"{name}: line {line}: an arrival earlier than the row before it, in a file of more than {limit:,} rows, "
-            "more than kvwatch reads: its first rows are not its first hours; sort the file by time")
+    return (f"{name}: line {line}: an arrival earlier than the row before it, in a file longer than kvwatch reads: "
+            "its first rows are not its first hours; sort the file by time")
 
 
 MAX_QUOTED_LINES = 1000  # the lines one quoted CSV field may run over (a prompt's text)
@@ -347,10 +347,11 @@ def read_mooncake_jsonl(source: str | Path, *, jitter_seconds: float = MOONCAKE_
     rng = random.Random(seed)
     raw: list[tuple[float, int, int, tuple[int, ...]]] = []
     unordered: int | None = None  # the first line whose arrival is earlier than the line before it
-    for number, line in enumerate(lines, start=1):
+    numbered = enumerate(lines, start=1)
+    for number, line in numbered:
         if max_requests is not None and len(raw) >= max_requests:
-            if unordered is not None and line.strip():
-                raise TraceError(_unordered_head(name, unordered, max_requests))
+            if unordered is not None and (line.strip() or any(rest.strip() for _, rest in numbered)):
+                raise TraceError(_unordered_head(name, unordered))
             break
         if not line.strip():
             continue
