@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -353,3 +354,18 @@ def test_a_server_showing_more_tensor_parallel_ranks_than_planned_gets_a_replica
         assert last.action == action, ranks
         assert (last.engine_args is None) == (action == ADD_REPLICA)
         assert [a.rank for a in fixes] == list(range(1, len(fixes) + 1))
+
+
+def test_no_tp_flag_is_sized_from_a_plan_that_leaves_no_kv_cache(capsys: pytest.CaptureFixture[str]) -> None:
+    # A serving engine whose plan at the given TP has no KV cache (an 80B model on one H100: kvwatch was not told its
+    # TP): the fix read "Raise --tp-size from 1 to 2", pasteable, where TP 2 leaves no KV cache either
+    import json
+
+    from kvwatch.cli import main
+
+    page = Path(__file__).parent / "fixtures" / "sglang-metrics" / "gen-0.5-mamba-hybrid-full-pool-only.prom"
+    assert main(["check", "--file", str(page), "--gpu", "H100", "--json"]) == 0
+    fixes = json.loads(capsys.readouterr().out)["series"][0]["advice"]
+    assert not [a for a in fixes if a["action"] == "add_tensor_parallelism"]
+    (replica,) = [a for a in fixes if a["action"] == "add_replica"]
+    assert replica["engine_args"] is None and "pass kvwatch the --tp-size this server runs" in replica["message"]

@@ -396,6 +396,14 @@ def _tensor_parallel_advice(capacity_plan: CapacityPlan | None, plan_tokens: flo
                       "log).",
                       replica)
     tp = spec.tensor_parallel_size
+    if capacity_plan is not None and not capacity_plan.kv_cache_tokens:
+        # The engine serves, and the plan at this size leaves no memory for a KV cache: it does not describe this
+        # server, so a flag sized from it is a guess (an 80B model: "raise --tp-size from 1 to 2", where TP 2 has
+        # no KV cache either)
+        return Advice(ADD_REPLICA, 0,
+                      f"Add a replica behind the gateway, or pass kvwatch the {flag} this server runs: kvwatch's plan "
+                      f"at {tp} leaves no memory for a KV cache, so it does not describe this server and cannot size "
+                      "more tensor parallelism.", replica)
     nxt = next_tensor_parallel_size(arch, tp, gpus_per_node)
     if nxt is None:
         return Advice(ADD_REPLICA, 0,
