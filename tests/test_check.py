@@ -1689,3 +1689,13 @@ def test_a_full_cache_with_no_queue_is_a_finding_with_the_sidecars_fixes(tmp_pat
         assert [f["severity"] for f in report["findings"] if f["id"] == "kv_full"] == ["info"] * len(expected)
         (series,) = report["series"]
         assert [a["action"] for a in series["advice"]][:1] == (["limit_concurrency"] if expected else [])
+
+
+def test_capacity_unknown_speaks_of_the_engine_on_the_page(capsys: pytest.CaptureFixture[str]) -> None:
+    # It listed vLLM's, SGLang's and TensorRT-LLM's cases on every page, and sent an SGLang page (with --model and
+    # --gpu given) to `kvwatch plan`, whose vLLM sums kvwatch does not take for SGLang's pool
+    path = str(FIXTURES.parent / "sglang-metrics" / "gen-0.5.2-total-retracted-tp2.prom")
+    report = check_json(["--file", path, "--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "H100"], capsys)
+    (unknown,) = {f["message"] for f in report["findings"] if f["id"] == "capacity_unknown"}
+    assert unknown.startswith("The engine does not report KV capacity here (SGLang before max_total_num_tokens)")
+    assert "vLLM:" not in unknown and "TensorRT-LLM" not in unknown and "use `kvwatch plan`" not in unknown

@@ -800,10 +800,23 @@ def _context(r: Reading, bad: Mapping[str, float], unknown: Mapping[str, str]) -
     if r.kv_capacity_tokens is None and "kv_capacity_tokens" not in unknown and \
             not (r.num_gpu_blocks and blocks_shared_by_groups(r.cache_config)):  # (capacity_groups_unknown)
         # (an undetermined capacity has its own finding, saying why: not one to estimate with `plan`)
-        yield _finding(r, "capacity_unknown", "info", (
-            "The engine does not report KV capacity here (vLLM: no kv_cache_size_tokens, and num_gpu_blocks or "
-            "block_size is None or absent; SGLang before max_total_num_tokens; TensorRT-LLM without max blocks x "
-            "tokens per block): use `kvwatch plan` with --model and --gpu to estimate it."))
+        yield _finding(r, "capacity_unknown", "info", _capacity_unknown_message(r.engine_kind))
+
+
+def _capacity_unknown_message(engine_kind: str) -> str:
+    """capacity_unknown's message for the engine on the page (it listed all three engines' cases on each, and sent an
+    SGLang page's reader to `kvwatch plan`, whose vLLM sums kvwatch itself does not take for SGLang's pool)."""
+    if engine_kind == SGLANG:
+        return ("The engine does not report KV capacity here (SGLang before max_total_num_tokens): the KV usage is its "
+                "own, so the usage findings and alerts hold, but the used tokens and the ceilings are unknown; "
+                "kvwatch's capacity model is vLLM's sums and does not size SGLang's pool.")
+    if engine_kind == TENSORRT_LLM:
+        return ("The engine does not report KV capacity here (TensorRT-LLM without its max blocks and tokens per "
+                "block): the KV usage is its own, so the usage findings and alerts hold, but the used tokens and the "
+                "ceilings are unknown; kvwatch's capacity model is vLLM's sums and does not size TensorRT-LLM's pool.")
+    return ("The engine does not report KV capacity here (no kv_cache_size_tokens, and num_gpu_blocks or block_size is "
+            "None or absent): kvwatch's capacity model estimates it with --model (or a preset matching model_name) "
+            "and --gpu; where they were given, the findings or the notes on stderr say why it could not.")
 
 
 def _preemptions(r: Reading, preemptions: float) -> Finding:
