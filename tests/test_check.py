@@ -1699,3 +1699,16 @@ def test_capacity_unknown_speaks_of_the_engine_on_the_page(capsys: pytest.Captur
     (unknown,) = {f["message"] for f in report["findings"] if f["id"] == "capacity_unknown"}
     assert unknown.startswith("The engine does not report KV capacity here (SGLang before max_total_num_tokens)")
     assert "vLLM:" not in unknown and "TensorRT-LLM" not in unknown and "use `kvwatch plan`" not in unknown
+
+
+def test_capacity_mismatch_is_said_once_per_model_and_only_of_causes_the_page_allows(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # The same paragraph printed for each data-parallel rank; and a page detected as vLLM 0.11 was told "vLLM >= 0.21
+    # subtracts its CUDA-graph memory", the plan's default rules being newer than the page
+    dp2 = str(FIXTURES / "gen-0.16-sleep-state-dp2.prom")
+    report = check_json(["--file", dp2, "--model", "Qwen/Qwen3-8B", "--gpu", "H100"], capsys)
+    assert [f["engine"] for f in report["findings"] if f["id"] == "capacity_mismatch"] == ["0"]
+    old = str(FIXTURES / "gen-0.11-kv-only.prom")
+    report = check_json(["--file", old, "--model", "Qwen/Qwen3-8B", "--gpu", "H100"], capsys)
+    (mismatch,) = [f["message"] for f in report["findings"] if f["id"] == "capacity_mismatch"]
+    assert "subtracts its CUDA-graph memory" not in mismatch and "another process on the GPU" in mismatch

@@ -314,7 +314,8 @@ def build_report(poll: Poll, max_model_len: int | None = None,
               for applied in (capacities[r.key].apply(r) for r in poll.readings)]
     found = findings(states, poll.implausible, _advice_kind(poll.detection), max_num_seqs,
                      undetermined=poll.undetermined) + _capacity_findings(
-        states, plans, max_model_len, capacities, poll.detection.engine_kind, given or {})
+        states, plans, max_model_len, capacities, poll.detection.engine_kind, given or {},
+        poll.detection.version_range)
     found += _groups_unknown(poll, capacities, set(plans) | set(groups))
     found += _tensor_parallel_unlike_the_plan(poll.readings, plans)
     found += _unbalanced_ranks(states, found, _ranks_per_model(states, poll.detection.engine_kind,
@@ -458,7 +459,7 @@ def _groups_unknown(poll: Poll, capacities: Mapping[Any, Any], known_models: set
 
 def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any], max_model_len: int | None,
                        capacities: Mapping[Any, Any], engine_kind: str = VLLM,
-                       given: Mapping[str, Any] | None = None) -> list[Finding]:
+                       given: Mapping[str, Any] | None = None, version_range: str = "") -> list[Finding]:
     """kvwatch.capacity.findings per series: refused settings, formula vs engine, a leak, a request too big. The
     refusals and the formula are vLLM's sums: not given for SGLang or TensorRT-LLM, which size their pools
     their own way (--mem-fraction-static, free_gpu_memory_fraction)."""
@@ -468,6 +469,8 @@ def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any], 
 
     out: list[Finding] = []
     refused: set[str] = set()
+    said: set[tuple[str, str]] = set()  # (model, message): the same mismatch of every data-parallel rank said once
+    page_at_most = _range_upper(version_range)
     for s in states:
         r = s.reading
         plan = plans.get(r.model_name)
@@ -483,11 +486,22 @@ def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any], 
             found.append(capacity.block_size_label_stale(label_number(r.cache_config.get("block_size")),
                                                          r.block_size))
         if plan is not None and engine_kind == VLLM:
-            found.append(capacity.capacity_mismatch(formula_in_engine_terms(plan, capacities[r.key].source),
-                                                    r.kv_capacity_tokens, plan, override_blocks(r.cache_config),
-                                                    label_number(r.cache_config.get("gpu_memory_utilization"))))
+            mismatch = capacity.capacity_mismatch(formula_in_engine_terms(plan, capacities[r.key].source),
+                                                  r.kv_capacity_tokens, plan, override_blocks(r.cache_config),
+                                                  label_number(r.cache_config.get("gpu_memory_utilization")),
+                                                  page_at_most=page_at_most)
+            if mismatch is not None and (r.model_name, mismatch.message) not in said:
+                said.add((r.model_name, mismatch.message))
+                found.append(mismatch)
         out += [Finding(f.id, f.severity, f.message, r.model_name, r.engine) for f in found if f is not None]
     return out
+
+
+def _range_upper(version_range: str) -> tuple[int, int] | None:
+    """The newest vLLM release a detected generation can be ("0.9-0.11" and "0.11": 0.11), or None when it is open
+    (">=0.26", "0.12-0.2x") or not one of vLLM's version numbers."""
+    match = re.fullmatch(r"(?:\d+\.\d+-)?(\d+)\.(\d+)", version_range.strip())
+    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def _json_safe(value: Any) -> Any:

@@ -65,11 +65,13 @@ def plan_refusals(plan: CapacityPlan) -> list[CapacityFinding]:
 
 def capacity_mismatch(formula_tokens: float, reported_tokens: float | None,
                       plan: CapacityPlan | None = None, override_blocks: float | None = None,
-                      engine_utilization: float | None = None) -> CapacityFinding | None:
+                      engine_utilization: float | None = None,
+                      page_at_most: tuple[int, int] | None = None) -> CapacityFinding | None:
     """A finding when the formula and the engine's pool differ by more than :data:`MISMATCH_RATIO`;
     ``override_blocks``: the engine's --num-gpu-blocks-override, which sizes the pool instead of the memory;
     ``engine_utilization``: the engine's own --gpu-memory-utilization (``vllm:cache_config_info``), which rules
-    that cause out when the plan used it."""
+    that cause out when the plan used it; ``page_at_most``: the newest release the page's metric names allow (a
+    page detected as 0.11 was told of 0.21's CUDA-graph subtraction, the plan's default rules being newer)."""
     if not reported_tokens or reported_tokens <= 0 or formula_tokens <= 0:
         return None
     gap = formula_tokens / reported_tokens - 1
@@ -105,7 +107,8 @@ def capacity_mismatch(formula_tokens: float, reported_tokens: float | None,
                   "(--max-num-batched-tokens)"]
         graphs = f"{GRAPH_SUBTRACTING_VLLM} subtracts its CUDA-graph memory before sizing the cache"
         low, high = CUDA_GRAPH_GIB_RANGE
-        if version is not None and version < CUDA_GRAPHS_SUBTRACTED_SINCE:
+        if (version is not None and version < CUDA_GRAPHS_SUBTRACTED_SINCE) or (
+                page_at_most is not None and page_at_most < CUDA_GRAPHS_SUBTRACTED_SINCE):
             causes += others  # (these releases subtract no graph memory)
         elif missing_gib is not None and low <= missing_gib <= high:
             causes += [f"{graphs} ({missing_gib:.2f} GiB per GPU is missing, within the 0.5-1.8 GiB the logs show)",
