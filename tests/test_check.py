@@ -867,6 +867,9 @@ def test_triton_backend_advice_names_its_build_settings_and_no_launch_flags(
     assert all(a["engine_args"] is None for a in fixes)
     assert "max_batch_size" in fixes[0]["message"] and "config.pbtxt" in fixes[0]["message"]
     assert "--max_batch_size" not in json.dumps(report)
+    # the place in a clause of its own, not nested in the engine's name in every sentence that names it
+    text = " ".join(a["message"] for a in fixes)
+    assert "backend (in the engine build" not in text and ") (" not in text, text
 
 
 def test_more_prefix_cache_hits_than_queries_is_implausible() -> None:

@@ -48,7 +48,9 @@ DEFAULT_GPUS_PER_NODE = 8
 # config.pbtxt, not by launch flags (kvwatch.check picks it for version_range "triton-backend*").
 TRITON_TENSORRT_LLM = "tensorrt-llm-triton"
 ENGINE_NAMES = {VLLM: "vLLM", SGLANG: "SGLang", TENSORRT_LLM: "TensorRT-LLM",
-                TRITON_TENSORRT_LLM: "Triton's TensorRT-LLM backend (in the engine build and its config.pbtxt)"}
+                TRITON_TENSORRT_LLM: "Triton's TensorRT-LLM backend"}
+# Where a kind whose settings are no flags takes them (its name carried this, nested in every sentence naming it)
+SETTINGS_PLACE = {TRITON_TENSORRT_LLM: "in the engine build and its config.pbtxt"}
 # Kinds whose settings are no command-line flags: their fixes carry no engine_args.
 CONFIGURED_NOT_LAUNCHED = frozenset({TRITON_TENSORRT_LLM})
 # Each engine's own launch flag for what a fix changes (from each engine's server-argument reference:
@@ -75,7 +77,7 @@ def engine_flags(engine_kind: str) -> dict[str, str | None]:
 FP8_KV_CACHE = {VLLM: "--kv-cache-dtype fp8", SGLANG: "--kv-cache-dtype fp8_e4m3",
                 TENSORRT_LLM: "kv_cache_config.dtype: fp8 in trtllm-serve's options YAML, --config or "
                               "--extra_llm_api_options",
-                TRITON_TENSORRT_LLM: "an FP8 KV cache built into the engine (trtllm-build with an FP8 KV cache)"}
+                TRITON_TENSORRT_LLM: "an engine built with an FP8 KV cache, trtllm-build"}
 FP8_KV_CACHE_ARGS: dict[str, tuple[str, ...] | None] = {VLLM: ("--kv-cache-dtype", "fp8"),
                                                         SGLANG: ("--kv-cache-dtype", "fp8_e4m3")}
 
@@ -251,7 +253,9 @@ def _limit_advice(limit: int, running: float | None, ceiling: float | None, engi
         f"; with --enable-dp-attention {engine} divides the flag over its {ranks} ranks: pass {limit * ranks} then")
     return Advice(
         LIMIT_CONCURRENCY, 0,
-        f"Limit concurrency to {gateway} at the gateway, or pass {flags['concurrency']} {limit} to {engine}"
+        f"Limit concurrency to {gateway} at the gateway, or "
+        + (f"set {flags['concurrency']} {limit} {SETTINGS_PLACE[engine_kind]} of {engine}"
+           if engine_kind in SETTINGS_PLACE else f"pass {flags['concurrency']} {limit} to {engine}") +
         f"{dp_attention}" + (f" ({held})." if held else ".") + ranks_note,
         f"KV usage stays under {LIMIT_USAGE:.0%} at the observed request mix; excess requests wait at the "
         "gateway instead of being preempted and recomputed.",
