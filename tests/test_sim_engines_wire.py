@@ -46,6 +46,21 @@ def test_trtllm_wire_reads_back() -> None:
         render_trtllm(_snapshots(2), model_name="m")
 
 
+def test_sglang_histograms_carry_every_one_of_sglangs_default_bounds() -> None:
+    # Only the bounds vLLM's histograms shared were recorded: queue and e2e stopped at 60 s, TTFT at 80 s, and kvwatch
+    # read p50, p90 and p99 all as 60 s on a saturated demo (SGLang's own go to 3000, 2400 and 400 s)
+    from kvwatch.exposition import parse
+    from kvwatch.sim.buckets import SGLANG_E2E, SGLANG_ITL, SGLANG_QUEUE, SGLANG_TTFT
+
+    page = parse(render_sglang(_snapshots(), model_name="m"))
+    for family, bounds in (("sglang:queue_time_seconds", SGLANG_QUEUE), ("sglang:e2e_request_latency_seconds",
+                                                                           SGLANG_E2E),
+                           ("sglang:time_to_first_token_seconds", SGLANG_TTFT),
+                           ("sglang:inter_token_latency_seconds", SGLANG_ITL)):
+        les = [float(s.labels["le"]) for s in page.samples(family) if s.name.endswith("_bucket")]
+        assert les == [*map(float, bounds), float("inf")], family
+
+
 def test_render_any_keeps_vllm_the_default() -> None:
     snaps = _snapshots()
     assert read_payload(render_any(snaps, model_name="m"), timestamp=0.0).detection.engine_kind == "vllm"

@@ -29,6 +29,19 @@ ITL_SECONDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 REQUEST_LATENCY_SECONDS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                            120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 ITERATION_TOKENS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+# SGLang's TokenizerMetricsCollector defaults (python/sglang/srt/metrics/collector.py), recorded beside vLLM's so
+# that its page renders its own bounds (kvwatch.sim.engines_wire; TensorRT-LLM's MetricsCollector uses vLLM's).
+SGLANG_TTFT = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
+SGLANG_ITL = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080, 0.100,
+              0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000)
+SGLANG_E2E = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800, 2400)
+SGLANG_QUEUE = (0.0, 0.1, 0.2, 0.5, 1, 2, 3, 4, 5, 10, 15, 20, 30, 40, 50, 60, 70, 80, 90, 100, 200, 300, 400, 500,
+                600, 700, 800, 900, 1000, 1200, 1400, 1600, 1800, 2000, 2500, 3000)
+
+
+def union(*bounds: tuple[float, ...]) -> tuple[float, ...]:
+    """Every bound of each set, ascending (what one recorded histogram must hold to render each engine's)."""
+    return tuple(sorted({float(b) for group in bounds for b in group}))
 # V0 and V1 up to 0.8.x used the CUDA-graph capture sizes instead (build_cudagraph_buckets in V1), which
 # depend on the engine's limits; see the two functions below (vllm/config.py VllmConfig._set_cudagraph_sizes).
 _V0_CAPTURE_CANDIDATES = (1, 2, 4, *range(8, 8 * 1024 + 1, 8))

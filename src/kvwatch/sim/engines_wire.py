@@ -13,8 +13,8 @@ names differ, so kvwatch's adapters, the demo and the end-to-end tests can run a
 - ``tensorrt-llm``: trtllm-serve's ``tensorrt_llm/metrics/collector.py`` names (``trtllm_`` prefix, labels
   ``model_name`` and ``engine_type="trtllm"``); one engine only (trtllm-serve exposes no rank label).
 
-Histogram bounds are each engine's defaults where the simulator records that bound (TensorRT-LLM's equal
-vLLM's; SGLang's coarser set keeps only the shared bounds, so its quantiles are coarser, never wrong).
+Histogram bounds are each engine's defaults: the simulator records every bound of each (TensorRT-LLM's equal vLLM's;
+SGLang's sub-second steps and its queue and e2e bounds past 60 s were left out, and a quantile past 60 s read 60).
 """
 
 from __future__ import annotations
@@ -25,18 +25,11 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
+from kvwatch.sim.buckets import SGLANG_E2E, SGLANG_ITL, SGLANG_QUEUE, SGLANG_TTFT
 from kvwatch.sim.engine import EngineSnapshot, HistogramSnapshot
 from kvwatch.sim.metrics import render
 
 ENGINES = ("vllm", "sglang", "tensorrt-llm")
-
-# SGLang's TokenizerMetricsCollector defaults (collector.py), and TensorRT-LLM's MetricsCollector defaults.
-SGLANG_TTFT = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
-SGLANG_ITL = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080, 0.100,
-              0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000)
-SGLANG_E2E = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800, 2400)
-SGLANG_QUEUE = (0.0, 0.1, 0.2, 0.5, 1, 2, 3, 4, 5, 10, 15, 20, 30, 40, 50, 60, 70, 80, 90, 100, 200, 300, 400, 500,
-                600, 700, 800, 900, 1000, 1200, 1400, 1600, 1800, 2000, 2500, 3000)
 
 
 class _Families:

@@ -58,11 +58,11 @@ class Histogram:
 
 
 HISTOGRAMS: dict[str, tuple[float, ...]] = {
-    "time_to_first_token_seconds": buckets.TTFT_SECONDS,
-    "inter_token_latency_seconds": buckets.ITL_SECONDS,
+    "time_to_first_token_seconds": buckets.union(buckets.TTFT_SECONDS, buckets.SGLANG_TTFT),
+    "inter_token_latency_seconds": buckets.union(buckets.ITL_SECONDS, buckets.SGLANG_ITL),
     "request_time_per_output_token_seconds": buckets.ITL_SECONDS,
-    "e2e_request_latency_seconds": buckets.REQUEST_LATENCY_SECONDS,
-    "request_queue_time_seconds": buckets.REQUEST_LATENCY_SECONDS,
+    "e2e_request_latency_seconds": buckets.union(buckets.REQUEST_LATENCY_SECONDS, buckets.SGLANG_E2E),
+    "request_queue_time_seconds": buckets.union(buckets.REQUEST_LATENCY_SECONDS, buckets.SGLANG_QUEUE),
     "request_inference_time_seconds": buckets.REQUEST_LATENCY_SECONDS,
     "request_prefill_time_seconds": buckets.REQUEST_LATENCY_SECONDS,
     "request_decode_time_seconds": buckets.REQUEST_LATENCY_SECONDS,
