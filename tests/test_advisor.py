@@ -368,4 +368,6 @@ def test_no_tp_flag_is_sized_from_a_plan_that_leaves_no_kv_cache(capsys: pytest.
     fixes = json.loads(capsys.readouterr().out)["series"][0]["advice"]
     assert not [a for a in fixes if a["action"] == "add_tensor_parallelism"]
     (replica,) = [a for a in fixes if a["action"] == "add_replica"]
-    assert replica["engine_args"] is None and "pass kvwatch the --tp-size this server runs" in replica["message"]
+    # (kvwatch's own flag: it has no --tp-size)
+    assert replica["engine_args"] is None
+    assert "pass kvwatch --tensor-parallel-size with the --tp-size this server runs" in replica["message"]

@@ -1711,6 +1711,10 @@ def test_capacity_mismatch_is_said_once_per_model_and_only_of_causes_the_page_al
     dp2 = str(FIXTURES / "gen-0.16-sleep-state-dp2.prom")
     report = check_json(["--file", dp2, "--model", "Qwen/Qwen3-8B", "--gpu", "H100"], capsys)
     assert [f["engine"] for f in report["findings"] if f["id"] == "capacity_mismatch"] == ["0"]
+    # every rank's fixes still carry the caveat (engine 1, the full one, lost it when only engine 0's was kept)
+    (full,) = [s for s in report["series"] if s["advice"]]
+    assert all("does not describe this engine" in a["projected_effect"] for a in full["advice"]
+               if a["action"] in ("quantize_weights", "add_tensor_parallelism")), full["advice"]
     old = str(FIXTURES / "gen-0.11-kv-only.prom")
     report = check_json(["--file", old, "--model", "Qwen/Qwen3-8B", "--gpu", "H100"], capsys)
     (mismatch,) = [f["message"] for f in report["findings"] if f["id"] == "capacity_mismatch"]

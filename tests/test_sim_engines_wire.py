@@ -61,6 +61,20 @@ def test_sglang_histograms_carry_every_one_of_sglangs_default_bounds() -> None:
         assert les == [*map(float, bounds), float("inf")], family
 
 
+def test_trtllm_histograms_carry_its_defaults_which_are_vllms() -> None:
+    # Recording SGLang's bounds too put them on the trtllm-serve page (139 bucket lines for 87, a le="0.0" bucket)
+    from kvwatch.exposition import parse
+    from kvwatch.sim.buckets import ITL_SECONDS, REQUEST_LATENCY_SECONDS, TTFT_SECONDS
+
+    page = parse(render_trtllm(_snapshots(), model_name="m"))
+    for family, bounds in (("trtllm_e2e_request_latency_seconds", REQUEST_LATENCY_SECONDS),
+                           ("trtllm_time_to_first_token_seconds", TTFT_SECONDS),
+                           ("trtllm_time_per_output_token_seconds", ITL_SECONDS),
+                           ("trtllm_request_queue_time_seconds", REQUEST_LATENCY_SECONDS)):
+        les = [float(s.labels["le"]) for s in page.samples(family) if s.name.endswith("_bucket")]
+        assert les == [*map(float, bounds), float("inf")], family
+
+
 def test_render_any_keeps_vllm_the_default() -> None:
     snaps = _snapshots()
     assert read_payload(render_any(snaps, model_name="m"), timestamp=0.0).detection.engine_kind == "vllm"

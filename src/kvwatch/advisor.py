@@ -405,9 +405,9 @@ def _tensor_parallel_advice(capacity_plan: CapacityPlan | None, plan_tokens: flo
         # server, so a flag sized from it is a guess (an 80B model: "raise --tp-size from 1 to 2", where TP 2 has
         # no KV cache either)
         return Advice(ADD_REPLICA, 0,
-                      f"Add a replica behind the gateway, or pass kvwatch the {flag} this server runs: kvwatch's plan "
-                      f"at {tp} leaves no memory for a KV cache, so it does not describe this server and cannot size "
-                      "more tensor parallelism.", replica)
+                      f"Add a replica behind the gateway, or pass kvwatch --tensor-parallel-size with the {flag} this "
+                      f"server runs: kvwatch's plan at {tp} leaves no memory for a KV cache, so it does not describe "
+                      "this server and cannot size more tensor parallelism.", replica)
     nxt = next_tensor_parallel_size(arch, tp, gpus_per_node)
     if nxt is None:
         return Advice(ADD_REPLICA, 0,

@@ -330,6 +330,17 @@ def build_report(poll: Poll, max_model_len: int | None = None,
     unlike = {f.model_name for f in found if f.id in ("tensor_parallel_mismatch", "engine_setting_mismatch")}
     mismatched = {(f.model_name, f.engine) for f in found if f.id == "capacity_mismatch"}
     mismatched |= {(r.model_name, r.engine) for r in poll.readings if r.model_name in unlike}
+    # The same mismatch of every data-parallel rank is said once (the same paragraph per rank); every rank's fixes
+    # still carry its caveat (``mismatched``, above)
+    said: set[tuple[str, str]] = set()
+    once: list[Finding] = []
+    for f in found:
+        if f.id == "capacity_mismatch":
+            if (f.model_name, f.message) in said:
+                continue
+            said.add((f.model_name, f.message))
+        once.append(f)
+    found = once
     d = poll.detection
     advice_kind = _advice_kind(d)
     ranks = _ranks_per_model(states, d.engine_kind, stages=OMNI_NOTE in d.version_range)
@@ -469,7 +480,6 @@ def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any], 
 
     out: list[Finding] = []
     refused: set[str] = set()
-    said: set[tuple[str, str]] = set()  # (model, message): the same mismatch of every data-parallel rank said once
     page_at_most = _range_upper(version_range)
     for s in states:
         r = s.reading
@@ -486,13 +496,10 @@ def _capacity_findings(states: Iterable[SeriesState], plans: Mapping[str, Any], 
             found.append(capacity.block_size_label_stale(label_number(r.cache_config.get("block_size")),
                                                          r.block_size))
         if plan is not None and engine_kind == VLLM:
-            mismatch = capacity.capacity_mismatch(formula_in_engine_terms(plan, capacities[r.key].source),
-                                                  r.kv_capacity_tokens, plan, override_blocks(r.cache_config),
-                                                  label_number(r.cache_config.get("gpu_memory_utilization")),
-                                                  page_at_most=page_at_most)
-            if mismatch is not None and (r.model_name, mismatch.message) not in said:
-                said.add((r.model_name, mismatch.message))
-                found.append(mismatch)
+            found.append(capacity.capacity_mismatch(formula_in_engine_terms(plan, capacities[r.key].source),
+                                                    r.kv_capacity_tokens, plan, override_blocks(r.cache_config),
+                                                    label_number(r.cache_config.get("gpu_memory_utilization")),
+                                                    page_at_most=page_at_most))
         out += [Finding(f.id, f.severity, f.message, r.model_name, r.engine) for f in found if f is not None]
     return out
 
@@ -828,8 +835,8 @@ def _capacity_unknown_message(engine_kind: str) -> str:
         return ("The engine does not report KV capacity here (TensorRT-LLM without its max blocks and tokens per "
                 "block): the KV usage is its own, so the usage findings and alerts hold, but the used tokens and the "
                 "ceilings are unknown; kvwatch's capacity model is vLLM's sums and does not size TensorRT-LLM's pool.")
-    return ("The engine does not report KV capacity here (no kv_cache_size_tokens, and num_gpu_blocks or block_size is "
-            "None or absent): kvwatch's capacity model estimates it with --model (or a preset matching model_name) "
+    return ("The engine does not report a usable KV capacity here (no kv_cache_size_tokens, num_gpu_blocks and "
+            "block_size it can read, or one implausible_values names): kvwatch's capacity model estimates it with --model (or a preset matching model_name) "
             "and --gpu; where they were given, the findings or the notes on stderr say why it could not.")
 
 

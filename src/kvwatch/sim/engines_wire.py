@@ -25,7 +25,15 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
-from kvwatch.sim.buckets import SGLANG_E2E, SGLANG_ITL, SGLANG_QUEUE, SGLANG_TTFT
+from kvwatch.sim.buckets import (
+    ITL_SECONDS,
+    REQUEST_LATENCY_SECONDS,
+    SGLANG_E2E,
+    SGLANG_ITL,
+    SGLANG_QUEUE,
+    SGLANG_TTFT,
+    TTFT_SECONDS,
+)
 from kvwatch.sim.engine import EngineSnapshot, HistogramSnapshot
 from kvwatch.sim.metrics import render
 
@@ -138,18 +146,19 @@ def render_trtllm(snaps: Sequence[EngineSnapshot], *, model_name: str) -> str:
     used = round(s.kv_usage * max_blocks)
     f.counter("trtllm_request_success", "Count of successfully processed requests.",
               [({**b, "finished_reason": r}, v) for r, v in sorted(s.finished_by_reason.items())])
-    for name, help_text, key in (
+    # (trtllm-serve's defaults equal vLLM's: named, not the recorded bounds, which hold SGLang's too)
+    for name, help_text, key, bounds in (
         ("trtllm_e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.",
-         "e2e_request_latency_seconds"),
+         "e2e_request_latency_seconds", REQUEST_LATENCY_SECONDS),
         ("trtllm_time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-         "time_to_first_token_seconds"),
+         "time_to_first_token_seconds", TTFT_SECONDS),
         ("trtllm_time_per_output_token_seconds", "Histogram of time per output token in seconds.",
-         "request_time_per_output_token_seconds"),
+         "request_time_per_output_token_seconds", ITL_SECONDS),
         ("trtllm_request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
-         "request_queue_time_seconds"),
+         "request_queue_time_seconds", REQUEST_LATENCY_SECONDS),
     ):
         hist = s.histograms[key]
-        f.histogram(name, help_text, hist.bounds, [(b, hist)])
+        f.histogram(name, help_text, bounds, [(b, hist)])
     f.counter("trtllm_prompt_tokens", "Cumulative number of prompt (input) tokens processed.",
               [(b, s.prompt_tokens_total)])
     f.counter("trtllm_generation_tokens", "Cumulative number of generation (output) tokens produced.",
