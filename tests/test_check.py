@@ -108,7 +108,8 @@ def test_observed_mix_is_the_smaller_estimate() -> None:
 
 def test_kv_bound_needs_a_queue() -> None:
     full_no_queue = derive(Reading("m", kv_usage_ratio=0.99, requests_waiting=0.0, kv_capacity_tokens=1.0), None)
-    assert [f.id for f in findings([full_no_queue])] == ["running_unknown"]  # (a full cache, held or leaked)
+    # (a full cache, held or leaked: kv_full, as serve reads it, saying the running count is missing)
+    assert [f.id for f in findings([full_no_queue])] == ["kv_full"]
 
 
 def test_human_report(capsys: pytest.CaptureFixture[str]) -> None:
@@ -1612,10 +1613,15 @@ def test_a_full_cache_with_no_running_count_says_the_bottleneck_cannot_be_told()
     page = ('vllm:kv_cache_usage_perc{engine="0",model_name="m"} %s\n'
             'vllm:num_requests_waiting{engine="0",model_name="m"} %s\n'
             'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="1000"} 1\n')
-    for usage, waiting, severity in (("0.93", "5", "warning"), ("0.97", "0", "warning"), ("0.40", "0", "info")):
+    for usage, waiting, severity in (("0.93", "5", "warning"), ("0.40", "0", "info")):
         found = {f["id"]: f for f in build_report(interpret(page % (usage, waiting), None, timestamp=0.0))["findings"]}
         assert found["running_unknown"]["severity"] == severity, usage
         assert ("may be the bottleneck" in found["running_unknown"]["message"]) == (severity == "warning")
+    # 97 % with none waiting: kv_full with its fixes, as serve reads the poll (saturated: bottleneck, fixes ranked),
+    # the missing count said in it; a warning without fixes before
+    report = build_report(interpret(page % ("0.97", "0"), None, timestamp=0.0))
+    (full,) = [f for f in report["findings"] if f["id"] == "kv_full"]
+    assert "no running count" in full["message"] and report["series"][0]["advice"]
     # at 0.95 a queue is kv_bound whatever runs; with the running count there, no such finding
     found = build_report(interpret(page % ("0.97", "5"), None, timestamp=0.0))["findings"]
     assert "kv_bound" in {f["id"] for f in found} and "running_unknown" not in {f["id"] for f in found}

@@ -647,8 +647,9 @@ def _headline(r: Reading, bad: Mapping[str, float], unknown: Mapping[str, str],
     if queue_waits_for_kv(usage, waiting, r.requests_running, no_room=no_room_in(r, usage)) and not leaking(r):
         return _finding(r, "kv_bound", "critical", _kv_bound_message(r, usage, waiting))
     in_transfer = r.requests_running == 0 and (r.requests_waiting_deferred or 0) > 0 and not leaking(r)
-    if usage >= SATURATION_USAGE and (r.requests_running or in_transfer) and not r.prefill_server and \
-            r.requests_waiting is not None:
+    # (no running count: serve reads such a poll as saturated too, and ranked its fixes where check gave none)
+    if usage >= SATURATION_USAGE and (r.requests_running or in_transfer or r.requests_running is None) and \
+            not r.prefill_server and r.requests_waiting is not None:
         # (check said "nothing to fix" at 97 % with no queue while serve read the same page as `bottleneck` and
         # advised a limit: the forecaster's saturated poll is usage at the line, queue or not)
         # info: one poll of a full cache with nothing waiting is a well-used GPU too (`--fail-on warning` would fail
@@ -656,7 +657,7 @@ def _headline(r: Reading, bad: Mapping[str, float], unknown: Mapping[str, str],
         # (nothing running, and requests in KV transfer holding it: a PD decode server's incoming transfers, which
         # serve read as saturated too, `bottleneck` and its fixes, while check said nothing of the KV)
         return _finding(r, "kv_full", "info", _kv_full_message(usage, r.requests_waiting_deferred if in_transfer
-                                                               else None))
+                                                               else None, running_unknown=r.requests_running is None))
     if r.requests_running == 0 and _standing_queue(r) and not r.prefill_server and not leaking(r):
         # No scheduler cap holds back a queue while nothing runs ("raise --max-num-seqs" was
         # said of 40 waiting beside 0 running at 30 %); at 5 % or less request_exceeds_pool says more, and a full
@@ -675,9 +676,9 @@ def _headline(r: Reading, bad: Mapping[str, float], unknown: Mapping[str, str],
         return _finding(r, "queue_unknown", "warning" if full else "info", _queue_unknown_message(usage, full))
     if r.requests_running is None and "requests_running" not in unknown and "requests_running" not in bad and \
             not r.prefill_server:
-        # (93 % full with 5 waiting, or 97 % with none, and no running family read "nothing to fix": a standing queue
-        # and kv_full need the running count)
-        full = usage >= SATURATION_USAGE or (waiting >= 1 and usage >= BUSY_USAGE)
+        # (93 % full with 5 waiting and no running family read "nothing to fix": a standing queue needs the running
+        # count; from 0.95 it is kv_bound or kv_full, above)
+        full = waiting >= 1 and usage >= BUSY_USAGE
         return _finding(r, "running_unknown", "warning" if full else "info", _running_unknown_message(usage, full))
     return None
 
@@ -738,7 +739,7 @@ def _kv_bound_message(r: Reading, usage: float, waiting: float) -> str:
             f"bottleneck. {fixes}")
 
 
-def _kv_full_message(usage: float, in_transfer: float | None = None) -> str:
+def _kv_full_message(usage: float, in_transfer: float | None = None, *, running_unknown: bool = False) -> str:
     from kvwatch.capacity.units import percent
 
     serve = f"kvwatch serve reads such a poll as saturated, and `bottleneck` once it lasts. {_FIXES_FOLLOW}"
@@ -747,9 +748,11 @@ def _kv_full_message(usage: float, in_transfer: float | None = None) -> str:
                 "transfer (deferred): on a PD decode server its incoming transfers hold it, so new transfers wait for "
                 "room and the prefill side waits for this server (more or faster decode servers, a faster KV "
                 f"transfer, or more KV per server); no concurrency limit frees it. {serve}")
+    unknown = (" (The page has no running count: a full cache no request holds, a leak, would read the same; "
+               "pass --running-metric if the engine or its proxy exports one.)" if running_unknown else "")
     return (f"KV cache is {percent(usage)} full and no request waits for it yet: the running requests' growing "
             "outputs and the next arrivals need blocks it does not have, so the engine will queue or preempt (kv_bound "
-            f"then). {serve}")
+            f"then). {serve}{unknown}")
 
 
 def _queue_not_admitted_message(r: Reading, usage: float, waiting: float) -> str:
@@ -829,12 +832,14 @@ def _capacity_unknown_message(engine_kind: str) -> str:
     SGLang page's reader to `kvwatch plan`, whose vLLM sums kvwatch itself does not take for SGLang's pool)."""
     if engine_kind == SGLANG:
         return ("The engine does not report KV capacity here (SGLang before max_total_num_tokens): the KV usage is its "
-                "own, so the usage findings and alerts hold, but the used tokens and the ceilings are unknown; "
-                "kvwatch's capacity model is vLLM's sums and does not size SGLang's pool.")
+                "own, so the usage findings and alerts hold, and so do the observed-mix ceiling and the limit, but the "
+                "used tokens and the max-model-len ceiling are unknown; kvwatch's capacity model is vLLM's sums and "
+                "does not size SGLang's pool.")
     if engine_kind == TENSORRT_LLM:
         return ("The engine does not report KV capacity here (TensorRT-LLM without its max blocks and tokens per "
-                "block): the KV usage is its own, so the usage findings and alerts hold, but the used tokens and the "
-                "ceilings are unknown; kvwatch's capacity model is vLLM's sums and does not size TensorRT-LLM's pool.")
+                "block): the KV usage is its own, so the usage findings and alerts hold, and so do the observed-mix "
+                "ceiling and the limit, but the used tokens and the max-model-len ceiling are unknown; kvwatch's "
+                "capacity model is vLLM's sums and does not size TensorRT-LLM's pool.")
     return ("The engine does not report a usable KV capacity here (no kv_cache_size_tokens, num_gpu_blocks and "
             "block_size it can read, or one implausible_values names): kvwatch's capacity model estimates it with "
             "--model (or a preset matching model_name) and --gpu; where they were given, the findings or the notes on "
