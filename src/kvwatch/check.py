@@ -840,10 +840,10 @@ def _capacity_unknown_message(engine_kind: str) -> str:
                 "block): the KV usage is its own, so the usage findings and alerts hold, and so do the observed-mix "
                 "ceiling and the limit, but the used tokens and the max-model-len ceiling are unknown; kvwatch's "
                 "capacity model is vLLM's sums and does not size TensorRT-LLM's pool.")
-    return ("The engine does not report a usable KV capacity here (no kv_cache_size_tokens, num_gpu_blocks and "
-            "block_size it can read, or one implausible_values names): kvwatch's capacity model estimates it with "
-            "--model (or a preset matching model_name) and --gpu; where they were given, the findings or the notes on "
-            "stderr say why it could not.")
+    return ("The engine does not report a usable KV capacity here (no kv_cache_size_tokens, and num_gpu_blocks or "
+            "block_size is None or absent, or one implausible_values names): kvwatch's capacity model estimates it "
+            "with --model (or a preset matching model_name) and --gpu; where they were given, the findings or the "
+            "notes on stderr say why it could not.")
 
 
 def _preemptions(r: Reading, preemptions: float) -> Finding:
