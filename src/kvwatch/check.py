@@ -318,8 +318,9 @@ def build_report(poll: Poll, max_model_len: int | None = None,
         poll.detection.version_range)
     found += _groups_unknown(poll, capacities, set(plans) | set(groups))
     found += _tensor_parallel_unlike_the_plan(poll.readings, plans)
-    found += _unbalanced_ranks(states, found, _ranks_per_model(states, poll.detection.engine_kind,
-                                                               stages=OMNI_NOTE in poll.detection.version_range))
+    d = poll.detection
+    ranks = _ranks_per_model(states, d.engine_kind, stages=OMNI_NOTE in d.version_range)
+    found += _unbalanced_ranks(states, found, ranks)
     found.sort(key=lambda f: _SEVERITY_ORDER[f.severity])
     stuck = {(f.model_name, f.engine) for f in found if f.id == "request_exceeds_pool"}
     found = [f for f in found
@@ -341,9 +342,7 @@ def build_report(poll: Poll, max_model_len: int | None = None,
             said.add((f.model_name, f.message))
         once.append(f)
     found = once
-    d = poll.detection
     advice_kind = _advice_kind(d)
-    ranks = _ranks_per_model(states, d.engine_kind, stages=OMNI_NOTE in d.version_range)
     report = {
         "engine_kind": d.engine_kind,
         "version_range": d.version_range,
@@ -830,16 +829,14 @@ def _context(r: Reading, bad: Mapping[str, float], unknown: Mapping[str, str]) -
 def _capacity_unknown_message(engine_kind: str) -> str:
     """capacity_unknown's message for the engine on the page (it listed all three engines' cases on each, and sent an
     SGLang page's reader to `kvwatch plan`, whose vLLM sums kvwatch itself does not take for SGLang's pool)."""
-    if engine_kind == SGLANG:
-        return ("The engine does not report KV capacity here (SGLang before max_total_num_tokens): the KV usage is its "
-                "own, so the usage findings and alerts hold, and so do the observed-mix ceiling and the limit, but the "
-                "used tokens and the max-model-len ceiling are unknown; kvwatch's capacity model is vLLM's sums and "
-                "does not size SGLang's pool.")
-    if engine_kind == TENSORRT_LLM:
-        return ("The engine does not report KV capacity here (TensorRT-LLM without its max blocks and tokens per "
-                "block): the KV usage is its own, so the usage findings and alerts hold, and so do the observed-mix "
-                "ceiling and the limit, but the used tokens and the max-model-len ceiling are unknown; kvwatch's "
-                "capacity model is vLLM's sums and does not size TensorRT-LLM's pool.")
+    own_pool = {SGLANG: ("SGLang", "before max_total_num_tokens"),
+                TENSORRT_LLM: ("TensorRT-LLM", "without its max blocks and tokens per block")}
+    if engine_kind in own_pool:
+        engine, when = own_pool[engine_kind]
+        return (f"The engine does not report KV capacity here ({engine} {when}): the KV usage is its own, so the "
+                "usage findings and alerts hold, and so do the observed-mix ceiling and the limit, but the used tokens "
+                f"and the max-model-len ceiling are unknown; kvwatch's capacity model is vLLM's sums and does not size "
+                f"{engine}'s pool.")
     return ("The engine does not report a usable KV capacity here (no kv_cache_size_tokens, and num_gpu_blocks or "
             "block_size is None or absent, or one implausible_values names): kvwatch's capacity model estimates it "
             "with --model (or a preset matching model_name) and --gpu; where they were given, the findings or the "

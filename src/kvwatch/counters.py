@@ -22,6 +22,11 @@ def counter_reset(previous: float, current: float) -> bool:
     return current < previous - ROUNDING * max(1.0, abs(previous))
 
 
+def sum_count_reset(previous_sum: float, previous_count: float, current_sum: float, current_count: float) -> bool:
+    """A histogram's ``_sum`` and ``_count`` are one counter: reset when either went down."""
+    return counter_reset(previous_sum, current_sum) or counter_reset(previous_count, current_count)
+
+
 def counter_delta(previous: float | None, current: float | None) -> float | None:
     """Increase of a counter between two reads, like ``rate()``: a decrease is a reset to zero (a rounding one,
     no increase)."""

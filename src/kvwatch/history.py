@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from itertools import pairwise
 from types import MappingProxyType
 
-from kvwatch.counters import counter_delta, counter_reset
+from kvwatch.counters import counter_delta, counter_reset, sum_count_reset
 from kvwatch.model import CAPACITY_UNDETERMINED, Histogram, Poll, Reading, SeriesKey
 
 COUNTER_FIELDS: tuple[str, ...] = (
@@ -94,8 +94,8 @@ def restart_reason(previous: Reading, current: Reading) -> str | None:
 
 
 def _histogram_went_down(previous: Histogram, current: Histogram) -> bool:
-    """A latency histogram's ``_count`` or ``_sum`` is lower: the histogram is one counter (both reset together)."""
-    return counter_reset(previous.count, current.count) or counter_reset(previous.sum, current.sum)
+    """A latency histogram's ``_count`` or ``_sum`` is lower (kvwatch.counters.sum_count_reset)."""
+    return sum_count_reset(previous.sum, previous.count, current.sum, current.count)
 
 
 def _new_process_reason(previous: Reading, current: Reading) -> str | None:

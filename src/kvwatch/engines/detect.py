@@ -159,15 +159,15 @@ def _part(name: str) -> str:
     return next((part for part in _PARTS if name.endswith(part)), "")
 
 
-def refused_rename(page: str, engine: str, read: frozenset[str] | None = None) -> str | None:
+def refused_rename(page: str, engine: str, read: frozenset[str]) -> str | None:
     """Why ``--rename-metrics PAGE=ENGINE`` can name no metric kvwatch reads, whatever the page: a family on one side
-    and a sample on the other, or an engine name kvwatch does not ``read`` (by default every adapter's); None when it
-    can. The settings refuse it at startup (exit 2: a payload-free typo read as an unreadable target, exit 3)."""
+    and a sample on the other, or an engine name kvwatch does not ``read`` (every adapter's families and the
+    overrides'); None when it can. The settings refuse it at startup (exit 2: a payload-free typo read as an
+    unreadable target, exit 3)."""
     if _part(page) != _part(engine):
         return (f"--rename-metrics {page}={engine}: one name ends in a sample's suffix ({', '.join(_PARTS)}) and the "
                 "other does not: name both families or both samples (proxy_preemptions_total="
                 "vllm:num_preemptions_total)")
-    read = read if read is not None else wanted_for(latency=True, lengths=True)
     if not any(f in read for f in vllm.families_of(engine)) and not any(engine + p in read for p in _PARTS):
         return (f"--rename-metrics {page}={engine}: kvwatch reads no {engine}: name one of the engine's metrics it "
                 "reads (docs/metrics.md)")

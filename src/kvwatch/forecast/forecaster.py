@@ -21,7 +21,7 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from itertools import zip_longest
 from typing import TYPE_CHECKING, Any
 
-from kvwatch.counters import counter_delta, counter_reset, histogram_delta
+from kvwatch.counters import counter_delta, counter_reset, histogram_delta, sum_count_reset
 from kvwatch.forecast.buckets import BucketAggregator, MinuteBucket, SampleDeltas
 from kvwatch.forecast.calibration import WARNING_READS, CalibrationParams, SelfCalibration
 from kvwatch.forecast.demand import DemandEstimate, DemandModel, DemandParams
@@ -473,8 +473,8 @@ class Forecaster:
         last, self._e2e_last = self._e2e_last, cur
         if last is None or last.e2e_latency_seconds_sum is None or last.e2e_latency_seconds_count is None:
             return None, None
-        if (counter_reset(last.e2e_latency_seconds_sum, cur.e2e_latency_seconds_sum)
-                or counter_reset(last.e2e_latency_seconds_count, cur.e2e_latency_seconds_count)):
+        if sum_count_reset(last.e2e_latency_seconds_sum, last.e2e_latency_seconds_count,
+                           cur.e2e_latency_seconds_sum, cur.e2e_latency_seconds_count):
             return None, None
         return (counter_delta(last.e2e_latency_seconds_sum, cur.e2e_latency_seconds_sum),
                 counter_delta(last.e2e_latency_seconds_count, cur.e2e_latency_seconds_count))
