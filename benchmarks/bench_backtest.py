@@ -1,6 +1,6 @@
 """Backtest benchmark: the forecaster alone over a day of polls, and a whole 24-hour backtest.
 
-Target (issue 5): a 24-hour backtest finishes in a few minutes on one core.
+Target: a 24-hour backtest finishes in a few minutes on one core.
 
     .venv/bin/python benchmarks/bench_backtest.py                      # packaged 10-min sample, bootstrapped
     .venv/bin/python benchmarks/bench_backtest.py --trace PATH/AzureLLMInferenceTrace_conv.csv

@@ -1,4 +1,4 @@
-"""CPU cost of the forecast per poll per series (issue 14 target: at most 1 ms).
+"""CPU cost of the forecast per poll per series (target: at most 1 ms).
 
 Feeds one series 24 h of 10-s polls taken from a simulated Azure-conversation stream (the packaged sample,
 block-bootstrapped, at load 0.7, so every histogram and counter the risk reads is present) and measures

@@ -1,6 +1,6 @@
 """Simulator benchmark: headless replay of one hour of the Azure conversation trace at native rate.
 
-Target (issue 3): >= 600x faster than real time on one core. Also: a 24 h block-bootstrapped run sampled
+Target: >= 600x faster than real time on one core. Also: a 24 h block-bootstrapped run sampled
 every 5 s (what a forecast backtest does) and the cost of rendering one /metrics body.
 
     .venv/bin/python benchmarks/bench_sim.py                        # the packaged 10-min sample, bootstrapped to 1 h

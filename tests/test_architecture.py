@@ -114,7 +114,7 @@ ROOT = SRC.parents[1]
 
 @pytest.mark.parametrize("folder", ["src", "benchmarks", "tools", "scripts", "alerts", "tests"])
 def test_every_file_says_first_what_it_is_for(folder: str) -> None:
-    """Issue 11's "every file's first lines say what it is for": a module docstring, in every Python file."""
+    """Every file's first lines say what it is for: a module docstring, in every Python file."""
     silent = [str(p.relative_to(ROOT)) for p in sorted((ROOT / folder).rglob("*.py"))
               if not ast.get_docstring(ast.parse(p.read_text(), filename=str(p)))]
     assert silent == []

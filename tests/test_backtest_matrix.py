@@ -13,7 +13,7 @@ from kvwatch.sim.traces import packaged_trace
 
 def test_ci_slice_is_deterministic_and_reports_calibration():
     trace = packaged_trace("azure_conv_sample.csv")
-    sims = simulations(trace, CI_SLICE[:1], None)
+    sims = simulations(trace, CI_SLICE, None)
     result = pooled(sims)
     kv = result.outcomes["all"]["kvwatch"]
     assert kv.leads == pooled(sims).outcomes["all"]["kvwatch"].leads

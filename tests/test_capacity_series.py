@@ -11,7 +11,7 @@ import pytest
 
 from kvwatch.capacity.series import resolve
 from kvwatch.cli import main
-from kvwatch.payload import interpret
+from kvwatch.payload import ScrapeError, interpret
 from kvwatch.serve import capacity as capacity_module
 from kvwatch.serve import forecast as forecast_module
 from kvwatch.serve.sidecar_capacity import CapacityResolver
@@ -283,3 +283,22 @@ def test_the_pool_in_bytes_is_the_engines_blocks_on_a_reading_already_resolved()
     again = resolver.series(first.apply(reading))
     assert first.pool_source == again.pool_source == "engine_num_gpu_blocks"
     assert again.pool_bytes == first.pool_bytes == 9271 * first.plan.layout.bytes_per_block_row
+
+
+
+def test_every_capacity_source_is_in_the_metrics_reference_and_every_resolved_one_is_known() -> None:
+    from kvwatch.capacity.series import SOURCES
+
+    reference = (Path(__file__).parents[1] / "docs" / "metrics.md").read_text()
+    row = next(line for line in reference.splitlines() if line.startswith("| `kvwatch_capacity_source_info"))
+    for source in SOURCES:
+        assert f"`{source}`" in row, source
+    resolved = set()
+    for page in sorted(FIXTURES.glob("*.prom")):
+        try:
+            readings = interpret(page.read_text(), None, timestamp=0.0).readings
+        except ScrapeError:
+            continue  # the pages kvwatch refuses (an aggregated proxy page)
+        resolved.update(resolve(reading, None).source for reading in readings)
+    assert resolved <= set(SOURCES)
+    assert {"engine_kv_cache_size_tokens", "engine_num_gpu_blocks"} <= resolved

@@ -109,7 +109,7 @@ def test_history_tracks_series_and_forgets_gone_ones() -> None:
 
 def test_entries_share_what_did_not_change_since_the_previous_poll() -> None:
     """Each poll parses new strings and mappings; the ring keeps one copy of those that did not change
-    (sidecar memory, issue 11) and the new object of those that did."""
+    (sidecar memory, docs/performance.md) and the new object of those that did."""
     history = SeriesHistory()
 
     def parsed(waiting: float) -> Reading:  # as a fresh parse makes them: equal, not identical

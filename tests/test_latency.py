@@ -178,3 +178,12 @@ def _promtool_check_metrics(families: Iterable[Any]) -> None:
     result = subprocess.run([promtool, "check", "metrics"], input=generate_latest(registry).decode(),
                             capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_engine_reads_only_the_documented_latency_kinds() -> None:
+    from kvwatch.engines import sglang, trtllm, vllm
+    from kvwatch.latency import KINDS
+
+    assert set(vllm.LATENCY) == set(KINDS)
+    for engine in (sglang, trtllm):
+        assert set(engine.LATENCY) <= set(KINDS), engine.__name__

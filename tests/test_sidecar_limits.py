@@ -79,7 +79,7 @@ def test_series_beyond_max_series_are_dropped_counted_and_warned_once(caplog: py
 
 
 def test_the_parse_keeps_samples_of_at_most_twice_max_series_series() -> None:
-    # Memory under a label explosion is bounded by --max-series, not by the body (issue 15): the parse refuses
+    # Memory under a label explosion is bounded by --max-series, not by the body: the parse refuses
     # the samples of series beyond ADMIT_FACTOR * max_series instead of materialising all 100,000.
     kept: list[int] = []
     real_parse = detect.parse
@@ -233,7 +233,7 @@ def test_history_keeps_at_most_max_series_when_labels_churn() -> None:
 
 def test_history_of_max_series_series_costs_what_their_readings_hold() -> None:
     """1000 series (a --max-series well above the default) of a label explosion report no counters: their
-    history must not hold a running-total ring per counter anyway (~600 bytes each, ~9 MB for 1000 series; issue 15).
+    history must not hold a running-total ring per counter anyway (~600 bytes each, ~9 MB for 1000 series).
 
     Measured in a fresh interpreter: in this process, threads left by other tests (servers winding down) allocate
     in kvwatch's code in the same window (a full run once read 3.4 MB against 1.25 MB alone)."""

@@ -601,8 +601,7 @@ class _Parser:
 
     def _target(self, name: str, lineno: int, line: str) -> _Target | None:
         """Which family samples called ``name`` join (Go's setOrCreateCurrentMF), once per name."""
-        meta = self._meta_for(name, create=True)
-        assert meta is not None
+        meta = self._meta_for(name)
         if meta.type is None:
             meta.type = "untyped"
         family_name = meta.name
@@ -639,7 +638,8 @@ class _Parser:
             return bool(self.predicate(family_name)) or (base is not None and bool(self.predicate(base)))
         return True
 
-    def _meta_for(self, name: str, *, create: bool) -> _Meta | None:
+    def _meta_for(self, name: str) -> _Meta:
+        """The family metadata ``name`` belongs to (a histogram's or summary's part joins its base), created if new."""
         metas = self.metas
         meta = metas.get(name)
         if meta is not None:
@@ -653,8 +653,6 @@ class _Parser:
                     continue
                 if self.openmetrics or (base.type == "summary" and suffix != "_bucket") or base.type in _HISTOGRAMS:
                     return base
-        if not create:
-            return None
         if len(metas) >= MAX_FAMILIES:
             raise TooLarge(f"more than {MAX_FAMILIES:,} metric families (at {name!r}): not one engine's /metrics")
         meta = _Meta(name)
@@ -712,13 +710,12 @@ class _Parser:
                     base = self.metas.get(name)
                     name += suffix
                     if base is not None and base.help is not None and name not in self.metas:
-                        self._meta_for(name, create=True).help = base.help  # type: ignore[union-attr]
+                        self._meta_for(name).help = base.help
                     break
                 if declared is not None and declared.type == kind:
                     name += suffix
                     break
-        meta = self._meta_for(name, create=True)
-        assert meta is not None
+        meta = self._meta_for(name)
         self.names.add(meta.name)
         text = after.lstrip(" \t")
         if not text:

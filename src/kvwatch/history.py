@@ -136,7 +136,7 @@ class SeriesHistory:
         # Per counter: (timestamp, reset-adjusted running total) of each entry where it is reported, so an
         # increase over a window is one subtraction, not a walk over every sample kept (CPU per poll grew
         # with the history at fast poll intervals; docs/reliability.md). Made at a counter's first value:
-        # most series report few counters (issue 15).
+        # most series report few counters (memory under many series, docs/reliability.md).
         self._totals: dict[str, _Totals] = {}
         self._last_value: dict[str, float] = {}
         self.restarts = 0
@@ -298,7 +298,7 @@ class SeriesHistory:
         """``reading`` with the fields equal to the previous entry's pointing at that entry's objects.
 
         Each poll parses new strings and mappings (the engine's cache_config labels alone are ~1 KB), so a
-        ring of 720 readings would hold 720 equal copies; this keeps one (sidecar RSS, issue 11)."""
+        ring of 720 readings would hold 720 equal copies; this keeps one (sidecar RSS, docs/performance.md)."""
         if not self._entries:
             return reading
         previous = self._entries[-1].reading
@@ -377,7 +377,7 @@ class SeriesHistory:
 
 class _Totals:
     """One counter's (timestamp, running total) points as two float arrays: 16 bytes a point instead of a
-    ~100-byte tuple in a deque (15 counters x 720 polls: ~0.2 MB a series instead of ~1.1; issue 11)."""
+    ~100-byte tuple in a deque (15 counters x 720 polls: ~0.2 MB a series instead of ~1.1; docs/performance.md)."""
 
     __slots__ = ("sums", "times")
 

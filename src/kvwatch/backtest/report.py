@@ -105,18 +105,15 @@ GENERALIZATION: tuple[Case, ...] = (
     # where "warning on 5 minutes before" is scored.
     Case("small-cache steady 0.7", "steady", 8.0, 0.7, 0.7, seeds=(10, 11, 12), rate_factor=0.5, speedup_factor=0.5),
 )
-# Steady 0.7 where nothing saturates (issue 14's false-alarm target): the same mean load 0.7 in a cache
+# Steady 0.7 where nothing saturates (the false-alarm target: at most 0.5 a day): the same mean load 0.7 in a cache
 # twice as large relative to one request (rate and engine × 2: twice the requests in flight, so the
 # relative spread of the occupancy is about 1/√2 of the matrix's steady 0.7). 3 seeds × 9 h, less a
 # 30-minute warm-up each: 25.5 monitored hours, over the 24 a rate per day needs.
 NO_SATURATION: tuple[Case, ...] = (
     Case("large-cache steady 0.7", "steady", 9.0, 0.7, 0.7, rate_factor=2.0, speedup_factor=2.0),
 )
-# CI's deterministic slice (tests/test_backtest_matrix.py): one short ramp and one short steady run.
-CI_SLICE: tuple[Case, ...] = (
-    Case("ramp", "ramp", 2.0, 0.4, 1.2, seeds=(0,)),
-    Case("steady 0.6", "steady", 2.0, 0.6, 0.6, seeds=(0,)),
-)
+# CI's deterministic slice (tests/test_backtest_matrix.py): one short ramp that saturates.
+CI_SLICE: tuple[Case, ...] = (Case("ramp", "ramp", 2.0, 0.4, 1.2, seeds=(0,)),)
 
 
 # Bump when scenario generation or the simulator changes, so cached simulations are not reused.

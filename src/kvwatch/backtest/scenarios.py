@@ -33,7 +33,7 @@ PROFILES: tuple[str, ...] = ("ramp", "step", "diurnal", "steady", "restart", "mi
 BLOCK_SECONDS = 300.0
 DAY_SECONDS = 86400.0
 RAMP_LEAD_IN_SECONDS = 1800.0
-# Burst shapes (tuning, issue 14): the forecast must tell bursts that last seconds, which do not make a
+# Burst shapes (tuning): the forecast must tell bursts that last seconds, which do not make a
 # sustained saturation, from bursts that last minutes, which do. (burst seconds, period seconds, extra load)
 BURST_SHORT = (20.0, 120.0, 0.5)  # on a ramp from start to peak: spikes of +0.5 for 20 s every 2 minutes
 BURST_LONG = (600.0, 2700.0, None)  # from start up to peak for 10 minutes every 45 minutes
@@ -60,7 +60,7 @@ class Scenario:
     peak_load: float
     rate_scale: float = 1.0
     engine_speedup: float = 1.0
-    # Long-context stress (tuning scenarios, issue 14): prompts × prompt_scale, and a share of requests
+    # Long-context stress (tuning scenarios): prompts × prompt_scale, and a share of requests
     # whose prompt is replaced by a log-uniform 16k–128k one; prompt + output never exceed max_model_len.
     prompt_scale: float = 1.0
     long_fraction: float = 0.0

@@ -202,7 +202,7 @@ def active_before_onsets(events: Sequence[Event], times: Sequence[float], active
                          warmup: Sequence[tuple[float, float]] = (), *, seconds: float = 300.0) -> list[bool]:
     """Per scored event: was the warning on at every poll of the ``seconds`` before its onset?
 
-    The steady-load criterion of issue 14 ("warning active ≥ 5 min before"): unlike the lead, a warning that
+    The steady-load criterion (docs/forecasting.md, "warning active ≥ 5 min before"): unlike the lead, a warning that
     began more than an hour earlier and is still on counts.
     """
     out = []

@@ -388,7 +388,7 @@ past it the count, and with it the capacity vLLM sums over them, is unknown."""
 class SeriesLimit:
     """The parse's series cap (:func:`kvwatch.exposition.parse`'s ``admit``): samples of the first ``limit``
     series in payload order are kept, samples of any later series are refused, so that a payload with 50,000
-    label sets costs memory for ``limit`` of them, not for all (issue 15). A series is the engine-neutral
+    label sets costs memory for ``limit`` of them, not for all (docs/reliability.md). A series is the engine-neutral
     ``(model, engine)`` pair of the adapters: ``model_name`` (SGLang 2024: ``name``; Triton: ``model``) and
     ``engine`` (SGLang: ``dp_rank``). Samples with neither label (process gauges) are always kept. Samples
     with one of the two (vLLM's per-engine ``cache_config_info`` has no model; its admission rejections no

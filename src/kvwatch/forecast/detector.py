@@ -87,7 +87,7 @@ class _Window:
 
     STRETCH = 4.0
 
-    # Slots: three windows per series, up to --max-series of them (memory under a label explosion, issue 15).
+    # Slots: three windows per series, up to --max-series of them (memory under a label explosion, docs/reliability.md).
     __slots__ = ("flags", "idle", "progress", "queued", "saturated", "seconds")
 
     def __init__(self, seconds: float) -> None:
