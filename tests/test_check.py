@@ -106,6 +106,30 @@ def test_observed_mix_is_the_smaller_estimate() -> None:
     assert "observed_mix" not in derive(idle, None).max_concurrency
 
 
+def _finished_mean_2000(usage: float, running: float) -> Reading:
+    return Reading("m", kv_usage_ratio=usage, requests_running=running, kv_capacity_tokens=100000.0,
+                   requests_waiting=5.0, request_prompt_tokens_sum=1500.0, request_prompt_tokens_count=1.0,
+                   request_generation_tokens_sum=500.0, request_generation_tokens_count=1.0)
+
+
+def test_a_cache_at_least_half_full_is_sized_by_its_live_footprint() -> None:
+    # Shared prefixes and part-decoded requests: 120 requests hold 96 % of a pool the finished mean (2,000 tokens)
+    # says holds 50. The cache's own measure wins, and the limit follows it instead of cutting 120 to 47.
+    state = derive(_finished_mean_2000(0.96, 120.0), None)
+    assert state.max_concurrency["observed_mix"] == pytest.approx(125.0)
+    assert state.concurrency_headroom == pytest.approx(min(125.0 - 120.0, 0.04 * 125.0))
+    from kvwatch.advisor import concurrency_limit
+    assert concurrency_limit(None, state.max_concurrency["observed_mix"]) == 118
+
+
+def test_a_ceiling_below_half_full_is_never_below_what_runs() -> None:
+    # 40 running at 0.3: the finished mean's 50 stands (the requests are young and will grow)...
+    assert derive(_finished_mean_2000(0.3, 40.0), None).max_concurrency["observed_mix"] == 50.0
+    # ...but 60 running at 0.45 are held with room left: not a ceiling of 50 and a negative headroom.
+    state = derive(_finished_mean_2000(0.45, 60.0), None)
+    assert state.max_concurrency["observed_mix"] == 60.0 and state.concurrency_headroom == 0.0
+
+
 def test_kv_bound_needs_a_queue() -> None:
     full_no_queue = derive(Reading("m", kv_usage_ratio=0.99, requests_waiting=0.0, kv_capacity_tokens=1.0), None)
     # (a full cache, held or leaked: kv_full, as serve reads it, saying the running count is missing)

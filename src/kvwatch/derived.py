@@ -52,6 +52,10 @@ def mean_request_tokens(reading: Reading, history: SeriesHistory | None = None,
 
 LIVE_FOOTPRINT_MIN_USAGE = 0.01
 """Below this usage the live KV footprint per running request is a block or two: too coarse to size by."""
+LIVE_FOOTPRINT_TRUSTED_USAGE = 0.5
+"""From this usage on, the observed-mix ceiling is the live footprint's alone: what a cache this full holds per
+running request is the mix's own measure (shared prefixes counted once, requests part-way through decoding), where
+the mean finished request counts every prompt whole (600 requests running at 0.96 read 250 from it)."""
 
 
 def blocks_shared_by_groups(config: Mapping[str, str]) -> bool:
@@ -83,12 +87,13 @@ def max_concurrency(reading: Reading, mean_tokens: float | None, max_model_len: 
     """Concurrency ceilings by basis: ``observed_mix`` and ``max_model_len`` (vLLM's own figure when reported,
     else blocks per request at max length).
 
-    ``observed_mix`` is the smaller of two estimates, whichever are known: capacity ÷ the live footprint
-    (KV tokens in use ÷ running requests, i.e. running ÷ usage) and capacity ÷ the mean finished request
-    (prompt + output tokens). Neither alone is conservative: the finished mean under-weights long requests,
-    which stay in flight longest and so dominate what the cache holds; the live footprint under-counts
-    young requests, which will still grow. Under KV pressure the live one is the smaller, and it is the
-    same footprint the advisor's concurrency limit uses. When the block pool is known (:func:`block_pool`),
+    ``observed_mix`` is capacity ÷ the live footprint (KV tokens in use ÷ running requests, i.e. running ÷ usage)
+    once usage is at least :data:`LIVE_FOOTPRINT_TRUSTED_USAGE`: the cache's own measure of its mix, the
+    footprint the advisor's concurrency limit uses. Below that it is the smaller of the estimates that are
+    known, the live one and capacity ÷ the mean finished request (prompt + output tokens), but never below the
+    requests running: the finished mean under-weights long requests, which stay in flight longest, and counts
+    shared prefixes once per request; the live footprint under-counts young requests, which will still grow.
+    When the block pool is known (:func:`block_pool`),
     the mean request is also counted in whole blocks (``blocks ÷ ceil(mean ÷ block_size)``), and the
     ceiling never exceeds the number of blocks. On a model whose layout counts by group (several KV groups, a window)
     and which kvwatch knows (``Reading.layout_pool``), the mean request is counted as that layout holds it instead."""
@@ -98,8 +103,10 @@ def max_concurrency(reading: Reading, mean_tokens: float | None, max_model_len: 
     usage, running = reading.kv_usage_ratio, reading.requests_running
     # A PD prefill server's KV is held mostly by requests whose KV is still being sent to a decode server, which
     # its running count (0, or from SGLang 0.5.23 the current forward batch) does not hold: no live footprint.
+    live = None
     if usage is not None and usage > LIVE_FOOTPRINT_MIN_USAGE and running and not reading.prefill_server:
-        estimates.append(running / usage)
+        live = running / usage
+        estimates.append(live)
     blocks, block_size = block_pool(reading)
     if reading.layout_pool is not None and mean_tokens:
         # A sliding (chunked) group holds a request's window, a Mamba group its state: the engine's token figure
@@ -111,8 +118,13 @@ def max_concurrency(reading: Reading, mean_tokens: float | None, max_model_len: 
         # A request holds whole blocks: a 287-token request takes one 1024-token block, not 287/1024 of one.
         estimates.append(blocks / math.ceil(mean_tokens / block_size))
     if estimates:
+        ceiling = min(estimates)
+        if live is not None and usage is not None and usage >= LIVE_FOOTPRINT_TRUSTED_USAGE:
+            ceiling = live  # a cache this full measures its own mix, shared prefixes and growing requests included
+        elif live is not None:
+            ceiling = max(ceiling, float(running or 0))  # it holds them now, with room left
         # Every running request holds at least one block, so no basis can exceed the block count.
-        out["observed_mix"] = min(min(estimates), blocks) if blocks is not None else min(estimates)
+        out["observed_mix"] = min(ceiling, blocks) if blocks is not None else ceiling
     if reading.kv_max_concurrency is not None:
         out["max_model_len"] = reading.kv_max_concurrency
     elif max_model_len:
