@@ -313,6 +313,26 @@ def test_connection_closed_before_any_answer_is_still_connect(raw_server: Callab
     assert info.value.reason == "connect"
 
 
+def test_proxy_variables_are_ignored_as_prometheus_ignores_them(raw_server: Callable,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # A proxy a cluster injects into every pod, which answers nothing useful: the sidecar's loopback target is
+    # read directly all the same, and so is the demo's own status page.
+    def page(conn: socket.socket) -> None:
+        body = FIXTURE.encode()
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+
+    proxy = raw_server(lambda conn: conn.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n"))
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, proxy.url.removesuffix("/metrics"))
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    target = raw_server(page)
+    with Fetcher(target.url, timeout=2.0, max_body_bytes=1 << 20) as fetcher:
+        assert len(interpret(fetcher.fetch(), None, timestamp=1.0).readings) == 2
+    from kvwatch.demo import _fetch
+    assert _fetch(target.url) == FIXTURE
+
+
 def test_ca_file_goes_in_as_an_ssl_context_not_a_deprecated_path() -> None:
     import ssl
     import warnings

@@ -117,9 +117,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # its own loopback ports: never a proxy
+
+
 def _fetch(url: str, timeout: float = 2.0) -> str | None:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with _DIRECT.open(url, timeout=timeout) as response:
             return response.read().decode()
     except (OSError, ValueError):
         return None

@@ -107,7 +107,11 @@ class Fetcher:
         # No cookies kept, as Prometheus keeps none: a target setting new ones every answer grew the request's
         # headers until it answered 431 to every poll.
         no_cookies = http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
+        # trust_env off: no HTTP(S)_PROXY/ALL_PROXY or .netrc, as Prometheus (proxy_from_environment defaults to
+        # false). A cluster that injects a proxy into every pod sent the sidecar's 127.0.0.1 polls to it (httpx's
+        # NO_PROXY matches neither CIDRs nor localhost for 127.0.0.1), and every poll failed as "connect".
         return httpx.AsyncClient(
+            trust_env=False,
             timeout=httpx.Timeout(self.timeout),
             cookies=no_cookies,
             verify=self._verify,
