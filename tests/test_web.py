@@ -220,6 +220,14 @@ def test_the_config_is_reloaded_when_it_changes(pki: Path, tmp_path: Path, serve
     ("basic_auth_users: [1, 2]\n", "basic_auth_users must be a mapping"),
     ("basic_auth_users: hello\n", "basic_auth_users must be a mapping"),
     ("http_server_config: {headers: [a, b]}\n", "http_server_config.headers must be a mapping"),
+    # as exporter-toolkit: its five headers only, its values where it checks them, and no other key
+    ("http_server_config:\n  header: {X-Frame-Options: deny}\n", "unknown key.*http_server_config.header\\b"),
+    ("http_server_config: {http2: maybe}\n", "http2 must be true or false"),
+    ("http_server_config: {headers: {X-Note: hi}}\n", "'X-Note' can not be configured"),
+    ("http_server_config: {headers: {X-Frame-Options: allow}}\n", "X-Frame-Options must be one of deny, sameorigin"),
+    # a block scalar's value ends in a newline: written as it was, it ended the response's headers early
+    ("http_server_config:\n  headers:\n    Content-Security-Policy: |\n      default-src 'none'\n",
+     "Content-Security-Policy must be one line"),
     ("tls_server_config: {client_auth_type: [x]}\n", "client_auth_type must be a string"),
     ("tls_server_config: {cert_file: [x], key_file: y}\n", "cert_file must be a string"),
 ])

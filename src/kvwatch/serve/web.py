@@ -14,16 +14,17 @@ unless it stays silent that long.
 ``--web-config-file`` reads the Prometheus exporter-toolkit web configuration (the file node_exporter's
 ``--web.config.file`` reads): ``tls_server_config`` (``cert_file``/``key_file`` or inline ``cert``/``key``,
 ``client_ca_file``, ``client_auth_type``, ``min_version``/``max_version``), ``basic_auth_users`` (bcrypt hashes) and
-``http_server_config.headers``. Like the toolkit it is re-read when it changes (checked on each connection, with the
-files it names), so rotated certificates and passwords need no restart; a bad edit keeps the last good configuration
-and is logged once. With TLS on, a plain-HTTP request gets a 400 and no metrics. Basic auth guards /metrics;
-/healthz answers without it (kubelet probes send no credentials, and it tells nothing but whether the process serves
-and its polls finish: 503 with why once they stopped). So does ``client_auth_type`` RequireAndVerifyClientCert: the
-handshake verifies a certificate when one is sent and /metrics answers 403 without one, but /healthz answers (the
-kubelet's HTTPS probe sends none: the exporter-toolkit's handshake failure failed every probe and restarted the
-container). Not supported, and refused at startup rather than ignored: ``client_auth_type``
-RequestClientCert/RequireAnyClientCert (Python's ssl cannot request a client certificate without verifying it),
-``cipher_suites``, ``curve_preferences``, ``client_allowed_sans`` and ``rate_limit``."""
+``http_server_config.headers`` (the toolkit's five headers; ``http2`` is accepted and HTTP/1.1 served). Like the
+toolkit it is re-read when it changes (checked on each connection, with the files it names), so rotated certificates
+and passwords need no restart; a bad edit keeps the last good configuration and is logged once. With TLS on, a
+plain-HTTP request gets a 400 and no metrics. Basic auth guards /metrics; /healthz answers without it (kubelet
+probes send no credentials, and it tells nothing but whether the process serves and its polls finish: 503 with why
+once they stopped). So does ``client_auth_type`` RequireAndVerifyClientCert: the handshake verifies a certificate
+when one is sent and /metrics answers 403 without one, but /healthz answers (the kubelet's HTTPS probe sends none:
+the exporter-toolkit's handshake failure failed every probe and restarted the container). Not supported, and refused
+at startup rather than ignored: ``client_auth_type`` RequestClientCert/RequireAnyClientCert (Python's ssl cannot
+request a client certificate without verifying it), ``cipher_suites``, ``curve_preferences``,
+``client_allowed_sans`` and ``rate_limit``."""
 
 from __future__ import annotations
 
@@ -173,10 +174,44 @@ def load_web_config(path: Path) -> WebConfig:
         if not text.startswith(("$2a$", "$2b$", "$2y$")) or len(text) != 60:
             raise WebConfigError(f"{path}: basic_auth_users.{user} is not a bcrypt hash ($2y$...)")
         users[str(user)] = text.encode()
-    http = _mapping(data.get("http_server_config"), "http_server_config", path)
-    headers = {str(k): str(v) for k, v in _mapping(http.get("headers"), "http_server_config.headers", path).items()}
+    headers = _headers(_mapping(data.get("http_server_config"), "http_server_config", path), path)
     required = bool(tls_data) and tls_data.get("client_auth_type") == "RequireAndVerifyClientCert"
     return WebConfig(tls=tls, client_cert_required=required, users=users, headers=headers, watched=tuple(watched))
+
+
+# The headers exporter-toolkit lets a web config add, with the values it allows where it checks them (its
+# extraHTTPHeaders; None: any value). Any other header is refused there, and here.
+EXTRA_HTTP_HEADERS: dict[str, tuple[str, ...] | None] = {
+    "Strict-Transport-Security": None,
+    "X-Content-Type-Options": ("nosniff",),
+    "X-Frame-Options": ("deny", "sameorigin"),
+    "X-XSS-Protection": None,
+    "Content-Security-Policy": None,
+}
+
+
+def _headers(http: dict[Any, Any], path: Path) -> dict[str, str]:
+    """``http_server_config``'s headers, checked as exporter-toolkit checks them; a value with a line break (a YAML
+    block scalar ends in one) is refused too: written as it is, it ended the response's headers early, and
+    Prometheus could read no /metrics answer."""
+    unknown = set(http) - {"headers", "http2"}
+    if unknown:
+        raise WebConfigError(f"{path}: unknown key(s) {', '.join(f'http_server_config.{k}' for k in sorted(unknown))}")
+    if "http2" in http and not isinstance(http["http2"], bool):
+        raise WebConfigError(f"{path}: http_server_config.http2 must be true or false")
+    headers = {}
+    for name, value in _mapping(http.get("headers"), "http_server_config.headers", path).items():
+        if name not in EXTRA_HTTP_HEADERS:
+            raise WebConfigError(f"{path}: HTTP header {name!r} can not be configured (one of "
+                                 f"{', '.join(EXTRA_HTTP_HEADERS)})")
+        allowed = EXTRA_HTTP_HEADERS[name]
+        if not isinstance(value, str) or any(c in value for c in "\r\n\0"):
+            raise WebConfigError(f"{path}: http_server_config.headers.{name} must be one line of text")
+        if allowed is not None and value not in allowed:
+            raise WebConfigError(f"{path}: http_server_config.headers.{name} must be one of {', '.join(allowed)}, "
+                                 f"not {value!r}")
+        headers[name] = value
+    return headers
 
 
 def _mapping(value: Any, key: str, path: Path) -> dict[Any, Any]:
