@@ -182,6 +182,15 @@ def test_unreachable_url_exits_3(capsys: pytest.CaptureFixture[str]) -> None:
     assert json.loads(capsys.readouterr().out)["error"]["reason"] == "connect"
 
 
+@pytest.mark.parametrize("target", [["http://127.0.0.1:1/metrics"], ["--target-url", "http://127.0.0.1:1/metrics"]])
+def test_a_file_and_a_url_are_refused_however_the_url_is_given(target: list[str],
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    # --target-url beside --file was ignored: a script believed a live engine was checked when a saved file was
+    page = str(FIXTURES / "gen-0.33-dp2-capacity-labels.prom")
+    assert main(["check", "--file", page, *target]) == 2
+    assert "or --file, not both" in capsys.readouterr().err
+
+
 def test_garbage_file_exits_1_and_missing_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     garbage = tmp_path / "page.html"
     garbage.write_text("<html>nope</html>")

@@ -44,6 +44,7 @@ from kvwatch.settings import ServeSettings
     ("config.usageMetric=x{y", "usageMetric"),
     ("config.quantization=bogus", "quantization"),
     ("config.gpuPod=vllm-0", "config.gpuPod and config.gpuNamespace need config.dcgmUrl"),
+    ("config.gpuUuids=GPU-1", "config.gpuUuids needs a GPU source"),
     # vLLM took the last --tensor-parallel-size: 2 GPUs' worth of engine on a 1-GPU pod
     ("vllm.extraArgs={--tensor-parallel-size=2}", "vllm.extraArgs has --tensor-parallel-size: set "
                                                   "config.tensorParallelSize instead"),

@@ -98,6 +98,9 @@ def test_override_selectors_accepted() -> None:
     # read only with dcgm-exporter: accepted silently without it
     (["--gpu-pod", "vllm-0"], "--gpu-pod"),
     (["--gpu-namespace", "llm"], "--gpu-namespace"),
+    (["--gpu-uuids", "GPU-1"], "--gpu-uuids"),  # with no GPU source: no GPU memory read, nothing said
+    # the URL's basic auth replaced the bearer token's Authorization header
+    (["--target-url", "http://u:p@vllm:8000/metrics", "--bearer-token-file", __file__], "--bearer-token-file"),
     # refused by the planner only at the first poll, as a warning; the memory guard switched off
     (["--block-size", "24"], "--block-size"),
     (["--block-size", "1000000000000000"], "--block-size"),

@@ -118,8 +118,8 @@ def run(args: argparse.Namespace) -> int:
         return _usage_error("give the URL once, as URL or as --target-url")
     if args.url is not None:
         args.target_url = args.url
-    if args.file is not None and args.url is not None:
-        return _usage_error("give either URL or --file, not both")
+    if args.file is not None and args.target_url is not None:  # (a URL given is --target-url by now)
+        return _usage_error(f"give either {'URL' if args.url is not None else '--target-url'} or --file, not both")
     try:
         settings: CheckSettings = load_settings(CheckSettings, args)
         _check_model_preset(settings.model)

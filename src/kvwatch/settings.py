@@ -605,6 +605,11 @@ class TargetSettings(DeploymentSettings):
         if (self.ca_file is not None or not self.tls_verify) and not self.target_url.lower().startswith("https:"):
             field = "ca_file" if self.ca_file is not None else "tls_verify"
             raise _FieldError(field, "applies to an https:// target only; {target_url} is plain http")
+        if self.bearer_token_file is not None and split_credentials(self.target_url)[1] is not None:
+            # Both set an Authorization header: the URL's basic auth replaced the token, unsaid (Prometheus refuses
+            # a scrape config with both).
+            raise _FieldError("bearer_token_file", "cannot be used with credentials in {target_url} (user:password@): "
+                              "pick one")
 
     def _check_renames(self) -> None:
         """A --rename-metrics pair that names no metric kvwatch reads, whatever the page (kvwatch.engines.detect.
@@ -741,6 +746,8 @@ class ServeSettings(TargetSettings):
             # dcgm-exporter lists every GPU of the node: without a key, which are the engine's is unknown.
             raise _FieldError("dcgm_url", "needs --gpu-pod (KVWATCH_GPU_POD) or --gpu-uuids (KVWATCH_GPU_UUIDS) "
                               "to tell the engine's GPUs from the node's others")
+        if self.gpu_uuids and self.dcgm_url is None and not self.nvml:
+            raise _FieldError("gpu_uuids", "needs a GPU source: --dcgm-url (KVWATCH_DCGM_URL) or --nvml (KVWATCH_NVML)")
         for field in ("gpu_pod", "gpu_namespace"):  # dcgm-exporter's pod mapping: nothing else reads them
             if getattr(self, field) and self.dcgm_url is None:
                 raise _FieldError(field, "needs --dcgm-url (KVWATCH_DCGM_URL): only dcgm-exporter labels GPUs with "

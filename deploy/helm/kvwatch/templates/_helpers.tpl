@@ -250,6 +250,9 @@ too, out of its Service. */}}
         fieldRef:
           fieldPath: status.hostIP
     {{- end }}
+    {{- if and $config.gpuUuids (not $config.dcgmUrl) (not $config.nvml) }}
+    {{- fail "config.gpuUuids needs a GPU source, config.dcgmUrl or config.nvml: kvwatch refuses to start without one" }}
+    {{- end }}
     {{- if and (or $config.gpuPod $config.gpuNamespace) (not $config.dcgmUrl) }}
     {{- fail "config.gpuPod and config.gpuNamespace need config.dcgmUrl: only dcgm-exporter labels GPUs with their pod" }}
     {{- end }}
