@@ -302,6 +302,41 @@ def test_tp_scenario_for_mla_keeps_kv_per_token():
     assert tp16.kv_cache_tokens > base.kv_cache_tokens  # freed weight memory still helps
 
 
+def test_tp_scenario_scales_a_given_kv_bytes_per_token_as_the_model_splits_it():
+    # DeepSeek-V2-Lite given its 31,104 B a token: MLA KV is not split by TP, and the given figure was halved (454
+    # requests where the TP-2 plan says 227); Llama-70B at TP 8 has its 8 KV heads replicated past it.
+    def tp2(model: str, tp: int, kv_bytes: int | None) -> tuple[float, str]:
+        spec = DeploymentSpec(arch=resolve_model(model), gpu_memory_bytes=79.19 * GIB, tensor_parallel_size=tp,
+                              max_model_len=8192, kv_bytes_per_token=kv_bytes)
+        row = {s.name: s for s in whatif_scenarios(spec)}["tensor_parallel_x2"]
+        return row.plan.kv_bytes_per_token, row.note
+
+    lite = "deepseek-ai/DeepSeek-V2-Lite-Chat"
+    assert tp2(lite, 1, 31104)[0] == tp2(lite, 1, None)[0] == 31104
+    assert "MLA KV is not split" in tp2(lite, 1, 31104)[1]
+    assert tp2("meta-llama/Llama-3.1-70B-Instruct", 8, 40960)[0] == 40960
+    assert tp2("meta-llama/Llama-3.1-8B-Instruct", 1, 131072)[0] == 65536
+    # without the model the split is an assumption, and the note says so
+    bare = DeploymentSpec(arch=None, gpu_memory_bytes=79.19 * GIB, weights_bytes=29.3 * GIB, max_model_len=8192,
+                          activation_bytes=2 * GIB, non_torch_bytes=0.25 * GIB, cuda_graph_bytes=0.8 * GIB,
+                          kv_bytes_per_token=31104)
+    rows = {s.name: s for s in whatif_scenarios(bare)}
+    assert "if the model's KV heads split" in rows["tensor_parallel_x2"].note
+    assert "assumes 16-bit weights" in rows["fp8_weights"].note
+
+
+def test_fp8_weights_promise_nothing_when_the_measured_weights_look_quantized_already():
+    # RedHat's FP8 Llama-3.3-70B at TP 2 planned as its bf16 base with vLLM's measured 33.88 GiB: +44 % promised
+    spec = DeploymentSpec(arch=resolve_model("meta-llama/Llama-3.3-70B-Instruct"), gpu_memory_bytes=79.19 * GIB,
+                          tensor_parallel_size=2, max_model_len=8192, weights_bytes=33.88 * GIB)
+    base = plan_capacity(spec)
+    row = {s.name: s for s in whatif_scenarios(spec)}["fp8_weights"]
+    assert row.kv_cache_tokens == base.kv_cache_tokens and "look quantized already" in row.note
+    as_bf16 = replace(spec, weights_bytes=65.7 * GIB)
+    row = {s.name: s for s in whatif_scenarios(as_bf16)}["fp8_weights"]
+    assert row.kv_cache_tokens > 2 * plan_capacity(as_bf16).kv_cache_tokens
+
+
 def test_the_halved_max_model_len_shows_no_ceiling_for_requests_longer_than_it():
     # At --avg-seq-len 6000 and --max-model-len 8192 the halved scenario showed 65.8 requests of 6,000 tokens under
     # --max-model-len 4096, which the base plan itself refuses.

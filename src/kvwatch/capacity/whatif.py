@@ -118,6 +118,9 @@ def _fp8_weights(spec: DeploymentSpec, base: CapacityPlan) -> tuple[DeploymentSp
         return replace(spec), f"weights are already {current.scheme}: no gain"
     if spec.kv_pool_fixed:
         return replace(spec), f"{FIXED_POOL}: the memory FP8 weights free stays unused unless it is raised"
+    quantized_already = _measured_weights_look_quantized(spec, dtype_bytes)
+    if quantized_already:
+        return replace(spec), quantized_already
     changed = replace(spec, quantization="fp8")
     weights, estimated = _weights(spec)
     if weights is not None:
@@ -128,7 +131,33 @@ def _fp8_weights(spec: DeploymentSpec, base: CapacityPlan) -> tuple[DeploymentSp
     elif spec.available_kv_bytes is not None:
         return None, estimated or ("needs the weights (--weights-gib, or --model for kvwatch's estimate) to know what "
                                    "FP8 frees")
-    return changed, f"frees weight memory for KV (quantization does not shrink the KV cache itself){estimated}"
+    assumed = "; assumes 16-bit weights: pass --quantization if they are not" if spec.arch is None and \
+        current is None and spec.weights_bytes is not None else ""
+    return changed, f"frees weight memory for KV (quantization does not shrink the KV cache itself){estimated}{assumed}"
+
+
+QUANTIZED_LOOK = 0.6
+"""Measured weights at most this share of kvwatch's estimate for the model's dtype are already 8-bit or smaller
+(bf16 to FP8 leaves about 0.52 of them: embeddings and the head stay 16-bit)."""
+
+
+def _measured_weights_look_quantized(spec: DeploymentSpec, dtype_bytes: int) -> str:
+    """Why FP8 weights would gain nothing when ``--weights-gib`` is a fraction of what the model weighs unquantized
+    (a FP8 checkpoint planned as its bf16 base: +44 % of the concurrency promised, and nothing to gain), else ''."""
+    if spec.weights_bytes is None or spec.arch is None or spec.quantization is not None:
+        return ""
+    try:
+        estimate = memory.estimate_weights_bytes(
+            spec.arch, dtype_bytes, None, spec.tensor_parallel_size, spec.pipeline_parallel_size,
+            compute_capability=spec.gpu_compute_capability)
+    except QuantizationError:
+        return ""
+    if not estimate or spec.weights_bytes > QUANTIZED_LOOK * estimate:
+        return ""
+    share = spec.weights_bytes / estimate
+    return (f"the measured weights ({spec.weights_bytes / GIB:.2f} GiB per GPU) are {share:.0%} of the model's at "
+            f"{dtype_bytes} bytes a parameter ({estimate / GIB:.2f} GiB): they look quantized already, so no gain "
+            "is shown (pass --quantization with the checkpoint's scheme)")
 
 
 def _tp_x2(spec: DeploymentSpec, base: CapacityPlan) -> tuple[DeploymentSpec | None, str]:
@@ -149,10 +178,11 @@ def _resharded(spec: DeploymentSpec, tp: int) -> tuple[DeploymentSpec | None, st
     doubled = tp == 2 * spec.tensor_parallel_size
     times, part = ("twice", "half") if doubled else (f"{tp / spec.tensor_parallel_size:g}x", "less")
     changed = replace(spec, tensor_parallel_size=tp)
+    kv_share = _kv_share(spec, tp)
     if spec.kv_pool_fixed:  # each GPU keeps its pool in bytes: only the KV per token is split
         split = spec.arch is None or (not spec.arch.is_mla and max(spec.arch.kv_head_counts) >= tp)
         if spec.kv_bytes_per_token is not None and split:
-            changed = replace(changed, kv_bytes_per_token=spec.kv_bytes_per_token * share)
+            changed = replace(changed, kv_bytes_per_token=spec.kv_bytes_per_token * kv_share)
         return changed, (f"{times} the GPUs per replica; {FIXED_POOL} on each, so only "
                          f"{'the KV per token split' if split else 'a KV split, which this model does not get,'} "
                          "adds tokens")
@@ -170,13 +200,18 @@ def _resharded(spec: DeploymentSpec, tp: int) -> tuple[DeploymentSpec | None, st
         changed = replace(changed, available_kv_bytes=spec.available_kv_bytes + weights * (1 - share)
                           - max(0.0, extra_non_torch))
     if spec.kv_bytes_per_token is not None:
-        heads_note = ""
-        if spec.arch is None or max(spec.arch.kv_head_counts) >= tp:
-            changed = replace(changed, kv_bytes_per_token=spec.kv_bytes_per_token * share)
+        changed = replace(changed, kv_bytes_per_token=spec.kv_bytes_per_token * kv_share)
+        if spec.arch is None:
+            kv_note = (f"{part} the KV per token if the model's KV heads split (not for MLA, nor past as many ranks "
+                       "as KV heads: pass --model to know)")
+        elif kv_share == 1:
+            kv_note = "the KV per token unchanged (MLA KV is not split by TP)" if spec.arch.is_mla else \
+                "the KV per token unchanged (KV heads already replicated)"
+        elif kv_share == share:
+            kv_note = f"{part} the KV per token"
         else:
-            heads_note = "; KV heads already replicated"
-        return changed, (f"{times} the GPUs per replica: {part} the weights and KV per token on each{heads_note}"
-                         f"{estimated}")
+            kv_note = f"{kv_share:.2g}x the KV per token (some layers' KV heads are replicated)"
+        return changed, f"{times} the GPUs per replica: {part} the weights per GPU; {kv_note}{estimated}"
     arch = spec.arch
     if arch is not None and arch.is_mla:
         kv_note = "MLA KV is not split by TP, so only the freed weight memory helps"
@@ -189,6 +224,21 @@ def _resharded(spec: DeploymentSpec, tp: int) -> tuple[DeploymentSpec | None, st
     else:
         kv_note = f"{part} the KV heads per GPU"
     return changed, f"{times} the GPUs per replica: {part} the weights per GPU; {kv_note}{estimated}"
+
+
+def _kv_share(spec: DeploymentSpec, tp: int) -> float:
+    """How much of a rank's KV per token is left at ``tp`` ranks (a given --kv-bytes-per-token scales by it): the
+    model's own per-layer sum at both sizes (MLA KV is not split, heads fewer than the ranks are replicated); without
+    the model, the ranks' ratio."""
+    arch = spec.arch
+    if arch is None:
+        return spec.tensor_parallel_size / tp
+
+    def per_token(ranks: int) -> int:
+        types = arch.attention_layer_types or (None,)
+        return sum(kv.kv_bytes_per_token_per_layer(arch, ranks, 1, layer_type=t) for t in types)
+
+    return per_token(tp) / per_token(spec.tensor_parallel_size)
 
 
 def tensor_parallel_plan(spec: DeploymentSpec, tp: int) -> CapacityPlan | None:
