@@ -1039,6 +1039,9 @@ def test_scheduler_limited_names_the_limit_the_given_max_num_seqs_points_at(
 
     assert "on this rank: under --max-running-requests 8, but at the 4 each" in _scheduler_fix(
         3.0, 8, ENGINE_FLAGS[SGLANG], SGLANG, ranks=2)
+    # 256 running under a --max-num-seqs 128 kvwatch was given: not "at" it; the flag is not the engine's
+    over = _scheduler_fix(256.0, 128, ENGINE_FLAGS[VLLM], VLLM)
+    assert "more than the --max-num-seqs 128 kvwatch was given" in over and "at --max-num-seqs" not in over
 
 
 @pytest.mark.parametrize(("usage", "found"), [(0.30, "queue_not_admitted"), (0.04, "request_exceeds_pool"),

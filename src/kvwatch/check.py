@@ -892,6 +892,10 @@ def _scheduler_fix(running: float | None, max_num_seqs: int | None, flags: Mappi
     does not say): when the running count is near that share, either may hold requests back."""
     sglang = " or lower --schedule-conservativeness" if engine_kind == SGLANG else ""
     concurrency, budget = flags["concurrency"], flags["token_budget"]
+    if max_num_seqs and running is not None and running > max_num_seqs:
+        return (f"{_requests(running)} {_run(running)}, more than the {concurrency} {max_num_seqs} kvwatch was given, "
+                f"so the engine does not run with it (give kvwatch the engine's value): raise {concurrency} or "
+                f"{budget} (token budget){sglang}")
     share = max_num_seqs / ranks if max_num_seqs else 0.0
     if engine_kind == SGLANG and max_num_seqs and ranks > 1 and running is not None and \
             min(SCHEDULER_CAP_SHARE * share, share - 1) <= running <= share:  # (a margin of one request, as below)
