@@ -67,6 +67,20 @@ def test_all_five_fixes_cheapest_first_with_the_model_known(llama_plan):
     assert lower.vllm_args == ("--max-model-len", "8192") and quantize.vllm_args == ("--quantization", "fp8")
 
 
+def test_an_unknown_pool_is_not_quoted_from_the_plan(llama_plan):
+    # A page of two pods' cache_config_info sets leaves the engine's capacity unknown (check says so): the fixes
+    # quoted the plan's pool as the engine's ("KV capacity 1,038,496 -> 1,152,304 tokens"). Ratios only, then.
+    advice = advise("bottleneck", recommended_max_concurrency=120, running=150, capacity_plan=llama_plan,
+                    max_model_len=32768, kv_tokens_per_request=1300)
+    quantize, kv_fp8 = [a for a in advice if a.action in ("quantize_weights", "quantize_kv_cache")]
+    for fix in (quantize, kv_fp8):
+        assert "pool size is unknown" in fix.projected_effect and " tokens (x" not in fix.projected_effect
+    known = advise("bottleneck", recommended_max_concurrency=120, running=150, capacity_plan=llama_plan,
+                   max_model_len=32768, kv_tokens_per_request=1300, capacity_tokens=400_000.0)
+    assert "KV capacity 400,000 -> 800,0" in [a for a in known if a.action == "quantize_kv_cache"][
+        0].projected_effect
+
+
 def test_max_model_len_not_lowered_when_requests_use_it_or_the_longest_is_unknown():
     advice = advise("filling", recommended_max_concurrency=10, longest_request_tokens=CHAT, max_model_len=4096,
                     capacity_tokens=50_000)

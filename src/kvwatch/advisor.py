@@ -183,9 +183,10 @@ def advise(
     flags = engine_flags(engine_kind)
     plan_tokens = float(capacity_plan.kv_cache_tokens) if capacity_plan is not None and \
         capacity_plan.kv_cache_tokens else None
-    # The engine's pool, else the plan's: vLLM's sums, so not for SGLang or TensorRT-LLM, which size their pools their
-    # own way (their gains are then the plan's ratios alone, and their capacity stays unknown).
-    base_tokens = capacity_tokens or (plan_tokens if engine_kind == VLLM else None)
+    # The engine's pool (the formula's where the engine reports none and kvwatch.capacity.series took it), never the
+    # plan's beside a capacity left unknown on purpose (two pods' cache_config_info sets on one page, SGLang's and
+    # TensorRT-LLM's pools): the gains are then the plan's ratios alone.
+    base_tokens = capacity_tokens
     ceiling = concurrency_ceiling
     if ceiling is None and base_tokens and kv_tokens_per_request:
         ceiling = base_tokens / kv_tokens_per_request
