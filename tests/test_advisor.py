@@ -77,8 +77,8 @@ def test_an_unknown_pool_is_not_quoted_from_the_plan(llama_plan):
         assert "pool size is unknown" in fix.projected_effect and " tokens (x" not in fix.projected_effect
     known = advise("bottleneck", recommended_max_concurrency=120, running=150, capacity_plan=llama_plan,
                    max_model_len=32768, kv_tokens_per_request=1300, capacity_tokens=400_000.0)
-    assert "KV capacity 400,000 -> 800,0" in [a for a in known if a.action == "quantize_kv_cache"][
-        0].projected_effect
+    kv_fp8 = next(a for a in known if a.action == "quantize_kv_cache")
+    assert "KV capacity 400,000 -> 800,0" in kv_fp8.projected_effect
 
 
 def test_max_model_len_not_lowered_when_requests_use_it_or_the_longest_is_unknown():
