@@ -267,15 +267,18 @@ def test_the_charts_patterns_are_the_settings_own(field: str, good: list[str], b
     key = next(k for k, f in CONFIG_KEYS.items() if f == field)
     config = json.loads((CHART / "values.schema.json").read_text())["properties"]["config"]["properties"]
     pattern = re.compile(config[key]["pattern"])
+    # (GPU UUIDs select among a GPU source's GPUs: without one both refuse them whatever they are)
+    source: dict[str, Any] = {"nvml": True} if field == "gpu_uuids" else {}
+    with_source = ["--set", "config.nvml=true"] if source else []
     for value in good:
         assert pattern.match(value), value
-        ServeSettings(**{field: value})
-        render(*MINIMAL, "--set-json", f"config.{key}={json.dumps(value)}")
+        ServeSettings(**{field: value}, **source)
+        render(*MINIMAL, *with_source, "--set-json", f"config.{key}={json.dumps(value)}")
     for value in bad:
         assert not pattern.match(value), value
         with pytest.raises((ValueError, SettingsError)):
-            ServeSettings(**{field: value})
-        assert key in render_fails(*MINIMAL, "--set-json", f"config.{key}={json.dumps(value)}")
+            ServeSettings(**{field: value}, **source)
+        assert key in render_fails(*MINIMAL, *with_source, "--set-json", f"config.{key}={json.dumps(value)}")
 
 
 def test_a_url_port_kubernetes_expands_renders() -> None:
