@@ -624,3 +624,37 @@ def test_dashboard_labels_are_held_to_kubernetes_rules(tmp_path: Path) -> None:
     configmap = only(render(*MINIMAL, "-f", str(values)), "ConfigMap")
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "12345678"
 
+
+
+@pytest.mark.parametrize(("renames", "waiting_metric"), [
+    ("a_total=vllm:num_preemptions_total,b=vllm:cache_config_info", None),  # docs/deploy.md's example, right
+    ("a=vllm:num_preemptions_total", None),  # a family for a sample: the docs' old example
+    ("p_total=vllm:num_preemption_total", None),  # a typo: kvwatch reads no such metric
+    ("x=x", None),
+    ("a_total=vllm:num_preemptions_total,a_total=vllm:prompt_tokens_total", None),
+    ("proxy_hist_bucket=vllm:e2e_request_latency_seconds_bucket", None),
+    ("sglang_q=sglang:num_queue_reqs", None),
+    ("q=proxy_queue", "proxy_queue_count"),  # an override's family is read too
+    ("q=proxy_queue_x", "proxy_queue_count"),
+])
+def test_the_chart_refuses_a_rename_exactly_when_kvwatch_would(renames: str, waiting_metric: str | None,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # The chart rendered any NAME=NAME pair: a pair kvwatch refuses exited 2 at every start, and the crash-looping
+    # sidecar kept the vLLM pod out of its Service.
+    from kvwatch.settings import SettingsError
+
+    args = [*MINIMAL, "--set-string", f"config.renameMetrics={renames.replace(',', chr(92) + ',')}"]
+    if waiting_metric:
+        args += ["--set", f"config.waitingMetric={waiting_metric}"]
+    result = run_helm("template", "kvw", str(CHART), *args)
+    monkeypatch.setenv("KVWATCH_RENAME_METRICS", renames)
+    if waiting_metric:
+        monkeypatch.setenv("KVWATCH_WAITING_METRIC", waiting_metric)
+    try:
+        load_settings(ServeSettings)
+        accepted = True
+    except SettingsError:
+        accepted = False
+    assert (result.returncode == 0) == accepted, result.stderr
+    if not accepted:
+        assert "config.renameMetrics" in result.stderr

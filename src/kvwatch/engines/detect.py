@@ -159,6 +159,15 @@ def _part(name: str) -> str:
     return next((part for part in _PARTS if name.endswith(part)), "")
 
 
+def rename_targets(read: frozenset[str]) -> frozenset[str]:
+    """Every engine name a ``--rename-metrics`` pair may name when kvwatch reads ``read``: a family read, one of its
+    samples (``x_total``, ``x_bucket``, ...), or a family whose sample is read (the Helm chart checks pairs against
+    this list at render: scripts/sync_chart_files.py)."""
+    samples = {name + suffix for name in read for suffix in vllm.SAMPLE_SUFFIXES}
+    families = {name[: -len(part)] for name in read for part in _PARTS if name.endswith(part) and len(name) > len(part)}
+    return frozenset(read) | samples | families
+
+
 def refused_rename(page: str, engine: str, read: frozenset[str]) -> str | None:
     """Why ``--rename-metrics PAGE=ENGINE`` can name no metric kvwatch reads, whatever the page: a family on one side
     and a sample on the other, or an engine name kvwatch does not ``read`` (every adapter's families and the
@@ -168,7 +177,7 @@ def refused_rename(page: str, engine: str, read: frozenset[str]) -> str | None:
         return (f"--rename-metrics {page}={engine}: one name ends in a sample's suffix ({', '.join(_PARTS)}) and the "
                 "other does not: name both families or both samples (proxy_preemptions_total="
                 "vllm:num_preemptions_total)")
-    if not any(f in read for f in vllm.families_of(engine)) and not any(engine + p in read for p in _PARTS):
+    if engine not in rename_targets(read):
         return (f"--rename-metrics {page}={engine}: kvwatch reads no {engine}: name one of the engine's metrics it "
                 "reads (docs/metrics.md)")
     return None

@@ -250,6 +250,45 @@ too, out of its Service. */}}
         fieldRef:
           fieldPath: status.hostIP
     {{- end }}
+    {{- with $config.renameMetrics }}
+    {{- /* kvwatch's own refusals (kvwatch.engines.parse_renames, refused_rename), at render: it would exit 2 at every start. */}}
+    {{- $targets := include "kvwatch.renameTargets" $ | fromJsonArray }}
+    {{- $suffixes := include "kvwatch.sampleParts" $ | fromJsonArray }}
+    {{- range (list $config.usageMetric $config.runningMetric $config.waitingMetric) }}
+    {{- if . }}
+    {{- /* an override's name is read too, as rename_targets counts it: its samples, and its family */}}
+    {{- $name := regexReplaceAll "\\{.*$" (toString .) "" | trim }}
+    {{- $targets = append $targets $name }}
+    {{- range include "kvwatch.sampleSuffixes" $ | fromJsonArray }}{{- $targets = append $targets (printf "%s%s" $name .) }}{{- end }}
+    {{- range $suffixes }}{{- if hasSuffix . $name }}{{- $targets = append $targets (trimSuffix . $name) }}{{- end }}{{- end }}
+    {{- end }}
+    {{- end }}
+    {{- $seen := list }}
+    {{- range $pair := splitList "," (toString .) }}
+    {{- $names := splitList "=" $pair }}
+    {{- $page := first $names | trim }}
+    {{- $engine := last $names | trim }}
+    {{- $pageSuffix := "" }}
+    {{- $engineSuffix := "" }}
+    {{- range $suffixes }}
+    {{- if and (not $pageSuffix) (hasSuffix . $page) }}{{- $pageSuffix = . }}{{- end }}
+    {{- if and (not $engineSuffix) (hasSuffix . $engine) }}{{- $engineSuffix = . }}{{- end }}
+    {{- end }}
+    {{- if eq $page $engine }}
+    {{- fail (printf "config.renameMetrics: %s renames a metric to itself" (trim $pair)) }}
+    {{- end }}
+    {{- if or (has $page $seen) (has $engine $seen) }}
+    {{- fail (printf "config.renameMetrics: %s: %s is named twice" (trim $pair) (ternary $page $engine (has $page $seen))) }}
+    {{- end }}
+    {{- $seen = append (append $seen $page) $engine }}
+    {{- if ne $pageSuffix $engineSuffix }}
+    {{- fail (printf "config.renameMetrics: %s: one name ends in a sample's suffix (%s) and the other does not: name both families or both samples (proxy_preemptions_total=vllm:num_preemptions_total)" (trim $pair) (join ", " $suffixes)) }}
+    {{- end }}
+    {{- if not (has $engine $targets) }}
+    {{- fail (printf "config.renameMetrics: %s: kvwatch reads no %s: name one of the engine's metrics it reads (docs/metrics.md)" (trim $pair) $engine) }}
+    {{- end }}
+    {{- end }}
+    {{- end }}
     {{- if and $config.gpuUuids (not $config.dcgmUrl) (not $config.nvml) }}
     {{- fail "config.gpuUuids needs a GPU source, config.dcgmUrl or config.nvml: kvwatch refuses to start without one" }}
     {{- end }}
