@@ -45,6 +45,10 @@ from kvwatch.settings import ServeSettings
     ("config.quantization=bogus", "quantization"),
     ("config.gpuPod=vllm-0", "config.gpuPod and config.gpuNamespace need config.dcgmUrl"),
     ("config.gpuUuids=GPU-1", "config.gpuUuids needs a GPU source"),
+    # a tag inside the repository rendered "r/kvwatch:0.1.0:0.1.0": the kubelet's InvalidImageName
+    ("kvwatch.image.repository=registry.example.com/ml/kvwatch:0.1.0", "put those in kvwatch.image.tag"),
+    ("vllm.image.repository=vllm/vllm-openai:v0.11.0", "vllm.image.repository \"vllm/vllm-openai:v0.11.0\" is no"),
+    ("kvwatch.image.repository=Registry/KVWatch", "is no image name"),
     # vLLM took the last --tensor-parallel-size: 2 GPUs' worth of engine on a 1-GPU pod
     ("vllm.extraArgs={--tensor-parallel-size=2}", "vllm.extraArgs has --tensor-parallel-size: set "
                                                   "config.tensorParallelSize instead"),

@@ -69,7 +69,12 @@ which kvwatch's settings (and vLLM's argparse) reject: whole numbers print as in
 {{- /* An image reference: repository@digest when a digest is given (the tag is then left out: the digest names
 the image), else repository:tag. (list repository tag digest) */}}
 {{- define "kvwatch.imageRef" -}}
-{{- $repository := index . 0 }}{{ $tag := index . 1 }}{{ $digest := index . 2 -}}
+{{- $repository := index . 0 }}{{ $tag := index . 1 }}{{ $digest := index . 2 }}{{ $key := index . 3 -}}
+{{- /* The name part of an image reference (the distribution reference grammar): a repository with a tag in it
+rendered "r/kvwatch:0.1.0:0.1.0", which the API server takes and the kubelet refuses (InvalidImageName). */ -}}
+{{- if not (regexMatch `^([a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?)*(:[0-9]+)?/)?[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)*$` (toString $repository)) -}}
+{{- fail (printf "%s.repository %q is no image name: lower-case path components, a registry host[:port]/ first if any, and no :tag or @digest (put those in %s.tag or %s.digest)" $key (toString $repository) $key $key) -}}
+{{- end -}}
 {{- if $digest -}}
 {{- printf "%s@%s" $repository $digest -}}
 {{- else -}}
@@ -179,7 +184,7 @@ vLLM out of its Service, and a watchdog must never stop the serving. */}}
 too, out of its Service. */}}
 {{- $repository := required "kvwatch.image.repository is required: the registry path of the image built from the repository's Dockerfile (docs/deploy.md)" $image.repository }}
 - name: kvwatch
-  image: {{ include "kvwatch.imageRef" (list $repository $tag $image.digest) | quote }}
+  image: {{ include "kvwatch.imageRef" (list $repository $tag $image.digest "kvwatch.image") | quote }}
   imagePullPolicy: {{ $image.pullPolicy | default "IfNotPresent" }}
   args:
     - serve
