@@ -55,7 +55,8 @@ LIVE_FOOTPRINT_MIN_USAGE = 0.01
 LIVE_FOOTPRINT_TRUSTED_USAGE = 0.5
 """From this usage on, the observed-mix ceiling is the live footprint's alone: what a cache this full holds per
 running request is the mix's own measure (shared prefixes counted once, requests part-way through decoding), where
-the mean finished request counts every prompt whole (600 requests running at 0.96 read 250 from it)."""
+the mean finished request counts every prompt whole (600 requests running at 0.96 read 250 from it). Below it the
+live footprint weighs in proportion to the usage against the other estimates (young requests will still grow)."""
 
 
 def blocks_shared_by_groups(config: Mapping[str, str]) -> bool:
@@ -89,10 +90,10 @@ def max_concurrency(reading: Reading, mean_tokens: float | None, max_model_len: 
 
     ``observed_mix`` is capacity ÷ the live footprint (KV tokens in use ÷ running requests, i.e. running ÷ usage)
     once usage is at least :data:`LIVE_FOOTPRINT_TRUSTED_USAGE`: the cache's own measure of its mix, the
-    footprint the advisor's concurrency limit uses. Below that it is the smaller of the estimates that are
-    known, the live one and capacity ÷ the mean finished request (prompt + output tokens), but never below the
-    requests running: the finished mean under-weights long requests, which stay in flight longest, and counts
-    shared prefixes once per request; the live footprint under-counts young requests, which will still grow.
+    footprint the advisor's concurrency limit uses. Below that it is a blend, weighted by usage ÷ 0.5, of the live
+    one and the smallest of the estimates that are known (the live one, capacity ÷ the mean finished request, its
+    count in whole blocks): the finished mean under-weights long requests, which stay in flight longest, and counts
+    a shared prefix once per request; the live footprint under-counts young requests, which will still grow.
     When the block pool is known (:func:`block_pool`),
     the mean request is also counted in whole blocks (``blocks ÷ ceil(mean ÷ block_size)``), and the
     ceiling never exceeds the number of blocks. On a model whose layout counts by group (several KV groups, a window)
@@ -119,10 +120,11 @@ def max_concurrency(reading: Reading, mean_tokens: float | None, max_model_len: 
         estimates.append(blocks / math.ceil(mean_tokens / block_size))
     if estimates:
         ceiling = min(estimates)
-        if live is not None and usage is not None and usage >= LIVE_FOOTPRINT_TRUSTED_USAGE:
-            ceiling = live  # a cache this full measures its own mix, shared prefixes and growing requests included
-        elif live is not None:
-            ceiling = max(ceiling, float(running or 0))  # it holds them now, with room left
+        if live is not None and usage is not None:
+            # The live footprint weighs in with the usage, alone from half full on: continuous, so a load hovering
+            # about half full does not flip its headroom, and below half full never under twice the running count.
+            weight = min(1.0, usage / LIVE_FOOTPRINT_TRUSTED_USAGE)
+            ceiling = weight * live + (1.0 - weight) * ceiling
         # Every running request holds at least one block, so no basis can exceed the block count.
         out["observed_mix"] = min(ceiling, blocks) if blocks is not None else ceiling
     if reading.kv_max_concurrency is not None:
