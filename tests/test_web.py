@@ -238,6 +238,13 @@ def test_unusable_configs_are_refused_naming_what_is_wrong(pki: Path, text: str,
         load_web_config(config)
 
 
+def test_a_header_value_yaml_reads_as_a_number_is_its_text(pki: Path) -> None:
+    # X-XSS-Protection: 0 (OWASP's advice) is a YAML integer; exporter-toolkit reads it as "0", and kvwatch refused it
+    config = pki / "xss.yml"
+    config.write_text("http_server_config:\n  headers:\n    X-XSS-Protection: 0\n    X-Frame-Options: deny\n")
+    assert load_web_config(config).headers == {"X-XSS-Protection": "0", "X-Frame-Options": "deny"}
+
+
 def test_bad_web_config_stops_serve_with_exit_2(pki: Path, capsys: pytest.CaptureFixture[str],
                                                  no_kvwatch_env: None) -> None:
     from kvwatch.cli import main

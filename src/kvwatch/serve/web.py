@@ -205,6 +205,10 @@ def _headers(http: dict[Any, Any], path: Path) -> dict[str, str]:
             raise WebConfigError(f"{path}: HTTP header {name!r} can not be configured (one of "
                                  f"{', '.join(EXTRA_HTTP_HEADERS)})")
         allowed = EXTRA_HTTP_HEADERS[name]
+        if isinstance(value, bool):  # (before int: YAML's true is a bool; Go's yaml reads the scalar as text)
+            value = "true" if value else "false"
+        elif isinstance(value, (int, float)):  # X-XSS-Protection: 0, the value OWASP recommends, is a YAML integer
+            value = str(value)
         if not isinstance(value, str) or any(c in value for c in "\r\n\0"):
             raise WebConfigError(f"{path}: http_server_config.headers.{name} must be one line of text")
         if allowed is not None and value not in allowed:
