@@ -49,6 +49,8 @@ from kvwatch.settings import ServeSettings
     ("kvwatch.image.repository=registry.example.com/ml/kvwatch:0.1.0", "put those in kvwatch.image.tag"),
     ("vllm.image.repository=vllm/vllm-openai:v0.11.0", "vllm.image.repository \"vllm/vllm-openai:v0.11.0\" is no"),
     ("kvwatch.image.repository=Registry/KVWatch", "is no image name"),
+    ("config.bearerTokenFile=/t,config.targetUrl=http://u:p@127.0.0.1:8000/metrics",
+     "config.bearerTokenFile cannot be used with credentials in config.targetUrl"),
     # vLLM took the last --tensor-parallel-size: 2 GPUs' worth of engine on a 1-GPU pod
     ("vllm.extraArgs={--tensor-parallel-size=2}", "vllm.extraArgs has --tensor-parallel-size: set "
                                                   "config.tensorParallelSize instead"),
@@ -58,6 +60,15 @@ from kvwatch.settings import ServeSettings
 def test_schema_rejects_typos_and_bad_values(flag: str, culprit: str) -> None:
     stderr = render_fails(*MINIMAL, "--set", flag)
     assert culprit in stderr
+
+
+@pytest.mark.parametrize("repository", ["nvcr.io/nvidia/tritonserver", "localhost:5000/x", "my.registry:443/team/img",
+                                        "[2001:db8::1]:5000/team/img", "ghcr.io/a__b/c-d.e"])
+def test_image_names_of_every_registry_form_render(repository: str) -> None:
+    (deployment,) = [o for o in render(*MINIMAL, "--set", f"kvwatch.image.repository={repository}")
+                     if o["kind"] == "Deployment"]
+    images = [c["image"] for c in deployment["spec"]["template"]["spec"]["containers"]]
+    assert any(image.startswith(f"{repository}:") for image in images)
 
 
 @pytest.mark.parametrize(("flag", "where", "culprit"), [

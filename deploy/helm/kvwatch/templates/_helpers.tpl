@@ -72,7 +72,7 @@ the image), else repository:tag. (list repository tag digest) */}}
 {{- $repository := index . 0 }}{{ $tag := index . 1 }}{{ $digest := index . 2 }}{{ $key := index . 3 -}}
 {{- /* The name part of an image reference (the distribution reference grammar): a repository with a tag in it
 rendered "r/kvwatch:0.1.0:0.1.0", which the API server takes and the kubelet refuses (InvalidImageName). */ -}}
-{{- if not (regexMatch `^([a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?)*(:[0-9]+)?/)?[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)*$` (toString $repository)) -}}
+{{- if not (regexMatch `^(([a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?)*|\[[a-fA-F0-9:]+\])(:[0-9]+)?/)?[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)*$` (toString $repository)) -}}
 {{- fail (printf "%s.repository %q is no image name: lower-case path components, a registry host[:port]/ first if any, and no :tag or @digest (put those in %s.tag or %s.digest)" $key (toString $repository) $key $key) -}}
 {{- end -}}
 {{- if $digest -}}
@@ -293,6 +293,9 @@ too, out of its Service. */}}
     {{- fail (printf "config.renameMetrics: %s: kvwatch reads no %s: name one of the engine's metrics it reads (docs/metrics.md)" (trim $pair) $engine) }}
     {{- end }}
     {{- end }}
+    {{- end }}
+    {{- if and $config.bearerTokenFile (regexMatch `^[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#]*@` (toString $config.targetUrl)) }}
+    {{- fail "config.bearerTokenFile cannot be used with credentials in config.targetUrl (user:password@): kvwatch refuses both at start, pick one" }}
     {{- end }}
     {{- if and $config.gpuUuids (not $config.dcgmUrl) (not $config.nvml) }}
     {{- fail "config.gpuUuids needs a GPU source, config.dcgmUrl or config.nvml: kvwatch refuses to start without one" }}
