@@ -316,6 +316,14 @@ def test_tp_scenario_scales_a_given_kv_bytes_per_token_as_the_model_splits_it():
     assert "MLA KV is not split" in tp2(lite, 1, 31104)[1]
     assert tp2("meta-llama/Llama-3.1-70B-Instruct", 8, 40960)[0] == 40960
     assert tp2("meta-llama/Llama-3.1-8B-Instruct", 1, 131072)[0] == 65536
+    # the bytes are given, the model is known: a size vLLM refuses is refused all the same (phi-4's 10 KV heads at
+    # TP 4 showed a ceiling where the same plan without the bytes said vLLM refuses it)
+    phi = DeploymentSpec(arch=resolve_model("microsoft/phi-4"), gpu_memory_bytes=79.19 * GIB, tensor_parallel_size=2,
+                         max_model_len=8192, kv_bytes_per_token=102400)
+    row = {s.name: s for s in whatif_scenarios(phi)}["tensor_parallel_x2"]
+    assert row.kv_cache_tokens is None and "invalid value 4 for --tensor-parallel-size" in row.note
+    with pytest.raises(SpecError, match="invalid value 4"):
+        plan_capacity(replace(phi, tensor_parallel_size=4))
     # without the model the split is an assumption, and the note says so
     bare = DeploymentSpec(arch=None, gpu_memory_bytes=79.19 * GIB, weights_bytes=29.3 * GIB, max_model_len=8192,
                           activation_bytes=2 * GIB, non_torch_bytes=0.25 * GIB, cuda_graph_bytes=0.8 * GIB,

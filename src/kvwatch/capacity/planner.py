@@ -379,6 +379,8 @@ def _kv_geometry(spec: DeploymentSpec, arch: ModelArch | None, kv_bytes: int, dt
     notes, warns of or refuses added to ``notes``, ``warnings`` and ``errors``."""
     tp, pp = spec.tensor_parallel_size, spec.pipeline_parallel_size
     if spec.kv_bytes_per_token is not None:
+        if spec.arch is not None:  # (the bytes are given; the model still decides which sizes vLLM accepts)
+            _check_parallelism_and_dtype(spec, spec.arch)
         layout = kv.uniform_layout(round(spec.kv_bytes_per_token), spec.block_size)
         per_token = float(spec.kv_bytes_per_token)
     else:
