@@ -56,6 +56,14 @@ def test_headless_trace_replay_with_rate_scale(capsys: pytest.CaptureFixture[str
     assert summary["requests_submitted"] > 0 and summary["requests_completed"] > 0
 
 
+def test_a_packaged_trace_is_named_by_its_file_name_as_backtest_names_it(tmp_path, monkeypatch,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    # The README's backtest line names a sample; simulate said "No such file or directory" for the same name
+    monkeypatch.chdir(tmp_path)
+    code = main(["simulate", "--no-serve", "--json", "--duration-seconds", "60", "--trace", "azure_conv_sample.csv"])
+    assert code == 0 and json.loads(capsys.readouterr().out)["requests_submitted"] > 0
+
+
 @pytest.mark.parametrize(("args", "flag"), [
     (["--num-gpu-blocks", "1"], "--num-gpu-blocks"),
     (["--clock-speed", "0"], "--clock-speed"),

@@ -10,7 +10,6 @@ import json
 import math
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 from kvwatch.backtest.scenarios import (
     BLOCK_SECONDS,
@@ -35,7 +34,7 @@ from kvwatch.sim.traces import (
     active_seconds,
     detect_format,
     empty_blocks,
-    packaged_trace,
+    packaged_or_given,
     packaged_trace_names,
     span_of,
 )
@@ -95,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.plot is not None:
         args.plot = png_output_path(args.plot)
-    args.trace = _packaged_or_given(args.trace)
+    args.trace = packaged_or_given(args.trace)
     scenario = Scenario(
         trace_name=args.trace.name,
         profile=args.profile,
@@ -169,14 +168,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(_text(report))
     return 1 if plot_failed else 0
-
-
-def _packaged_or_given(path: Path) -> Path:
-    """A bare name that is no file here but one of the packaged samples (azure_conv_sample.csv, ...) names the
-    sample: an installed kvwatch's users need not find site-packages."""
-    if path.exists() or path.parent != Path(".") or path.name not in packaged_trace_names():
-        return path  # (not the folder's README.md)
-    return packaged_trace(path.name)
 
 
 SLOW_TRACE_SCALE = 100.0

@@ -25,7 +25,7 @@ from kvwatch.sim.engines_wire import ENGINES
 from kvwatch.sim.load import PROFILE_KINDS, LoadGenerator, LoadProfile
 from kvwatch.sim.metrics import DEFAULT_PROFILE, MULTIPROCESS_PROFILES, PROFILES, SINGLE_ENGINE_PROFILES
 from kvwatch.sim.server import Feed, SimulationService, TraceFeed, make_server, start_ticker
-from kvwatch.sim.traces import TraceError, load_trace, scale_rate
+from kvwatch.sim.traces import TraceError, load_trace, packaged_or_given, packaged_trace_names, scale_rate
 from kvwatch.stop_signals import StopSignals
 
 SAMPLE_EVERY_SECONDS = 1.0  # headless statistics sample the engine like a 1 s scrape would
@@ -97,7 +97,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="mean output length (at most --max-model-len)")
     load.add_argument("--trace", type=path_argument, default=None,
                       help="replay a trace instead (Azure or BurstGPT CSV, Mooncake JSONL, detected from the "
-                      "content; gzip is fine); loops when it ends; "
+                      "content; gzip is fine; or a packaged sample by name: "
+                      f"{', '.join(packaged_trace_names())}); loops when it ends; "
                       "requests longer than --max-model-len are rejected (a warning at startup says how many)")
     load.add_argument("--rate-scale", type=float, default=1.0,
                       help="with --trace: arrival-rate multiplier (at most 1000)")
@@ -214,7 +215,7 @@ def build(args: argparse.Namespace, warn: Callable[[str], None] | None = None) -
     feed: Feed
     if args.trace is not None:
         try:
-            requests = load_trace(args.trace, seed=args.seed)
+            requests = load_trace(packaged_or_given(args.trace), seed=args.seed)
         except TraceError as exc:
             raise SettingsError(f"invalid value for --trace: {exc}") from None
         if args.rate_scale != 1.0:

@@ -622,6 +622,15 @@ def packaged_trace_names() -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.suffix in (".csv", ".jsonl"))
 
 
+def packaged_or_given(path: Path) -> Path:
+    """A bare name that is no file here but one of the packaged samples (azure_conv_sample.csv, ...) names the
+    sample, for ``backtest --trace`` and ``simulate --trace`` alike: an installed kvwatch's users need not find
+    site-packages."""
+    if path.exists() or path.parent != Path(".") or path.name not in packaged_trace_names():
+        return path  # (not the folder's README.md)
+    return packaged_trace(path.name)
+
+
 def packaged_trace(name: str) -> Path:
     """Path of a small trace sample shipped with kvwatch (see kvwatch/data/traces/README.md)."""
     path = Path(__file__).resolve().parent.parent / "data" / "traces" / name
