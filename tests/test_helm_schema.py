@@ -399,7 +399,8 @@ def test_a_kvwatch_probe_on_another_path_is_refused(probe: str) -> None:
 def test_the_vllm_image_tag_is_pinned(tag: str) -> None:
     # An empty tag rendered "vllm/vllm-openai:" (an invalid image reference the kubelet refuses at
     # pull time); "latest" changes vLLM, and with it the metric names, under a running release.
-    assert "schema" in render_fails("--set", "config.model=m", "--set-string", f"vllm.image.tag={tag}")
+    said = render_fails("--set", "config.model=m", "--set-string", f"vllm.image.tag={tag}")
+    assert ("schema" if not tag else "vllm.image.tag latest is refused: pin a vLLM version") in said
 
 
 @pytest.mark.parametrize(("key", "value"), [

@@ -75,6 +75,9 @@ rendered "r/kvwatch:0.1.0:0.1.0", which the API server takes and the kubelet ref
 {{- if not (regexMatch `^(([a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?)*|\[[a-fA-F0-9:]+\])(:[0-9]+)?/)?[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)*$` (toString $repository)) -}}
 {{- fail (printf "%s.repository %q is no image name: lower-case path components, a registry host[:port]/ first if any, and no :tag or @digest (put those in %s.tag or %s.digest)" $key (toString $repository) $key $key) -}}
 {{- end -}}
+{{- if and (eq $key "vllm.image") (not $digest) (eq (toString $tag) "latest") -}}
+{{- fail "vllm.image.tag latest is refused: pin a vLLM version (kvwatch reads each version's metric names, and latest changes them under a running release)" -}}
+{{- end -}}
 {{- if $digest -}}
 {{- printf "%s@%s" $repository $digest -}}
 {{- else -}}
