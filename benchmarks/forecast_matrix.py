@@ -5,8 +5,9 @@ markdown tables of docs/forecasting-history.md (earlier rounds) and docs/forecas
 
     .venv/bin/python benchmarks/forecast_matrix.py CONV.csv CODE.csv MOONCAKE.jsonl --cache-dir /tmp/kvwatch-bt
 
-``--forecaster v5`` scores the previous version on the same (cached) simulations; ``--forecaster v7`` the
-request-size tail from the length buckets (tried, not the default: docs/forecasting.md).
+The default scores the current forecaster (v11, self-calibrated); ``--forecaster v10`` the same risk without the
+self-calibration, ``v5`` to ``v9`` earlier versions on the same (cached) simulations (``v7``: the request-size tail
+from the length buckets, tried, not the default: docs/forecasting.md).
 
 CONV is the tuning trace (Azure 2023 conversation); CODE (Azure 2023 code) and MOONCAKE (Mooncake
 conversation) are held out. The traces are not in the repository (see src/kvwatch/data/traces/README.md

@@ -265,8 +265,8 @@ def _lag1(points: Sequence[tuple[float, float]], residuals: Sequence[float], squ
 def _shift_fit(points: Sequence[tuple[float, float]], k: int,
                post_line: bool) -> tuple[float, float, float, float]:
     """_line_fit's figures around a shift of level at ``k``: the mean before it, and after it the mean or
-    (``post_line``) a line of its own read at the newest minute, its slope shrunk as the 30-minute line's is (a
-    step followed by a ramp keeps the ramp)."""
+    (``post_line``) a line of its own read at the newest minute, its slope shrunk by ``1 - 1/t²`` as the 30-minute
+    line's is, without its autocorrelation inflation (a step followed by a ramp keeps the ramp)."""
     ys = [y for _, y in points]
     n = len(ys)
     before = sum(ys[:k]) / k
