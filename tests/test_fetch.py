@@ -98,13 +98,19 @@ def test_urls_are_redacted_up_to_their_last_at_sign() -> None:
     assert redact_url("http://user:1234/secret@host/metrics") == "http://***@host/metrics"
     assert redact_url("http://kv%40user:s3cr%3At@10.0.0.1:8000/metrics") == "http://***@10.0.0.1:8000/metrics"
     assert redact_url("http://10.0.0.1:8000/metrics") == "http://10.0.0.1:8000/metrics"
-    # An @ in a later path segment or a query is no credential: the host stays (a first cut named the wrong one).
-    for plain in ("http://vllm:8000/metrics?token=a@b", "http://vllm:8000/users/me@x/metrics"):
-        assert redact_url(plain) == plain
+    # An @ in a later path segment or a query is no credential: the host stays (a first cut named the wrong one); a
+    # query's values are masked all the same (a proxy's ?token= went to every log line and check's JSON)
+    assert redact_url("http://vllm:8000/users/me@x/metrics") == "http://vllm:8000/users/me@x/metrics"
+    assert redact_url("http://vllm:8000/metrics?token=a@b") == "http://vllm:8000/metrics?token=***"
+    assert redact_url("http://vllm/m?token=T0K&name=x#f") == "http://vllm/m?token=***&name=***#f"
+    # text that is no URL, as a refused value is quoted: its credentials too
+    for text, shown in (("u:NoSchemePW@127.0.0.1:18002/metrics", "***@127.0.0.1:18002/metrics"),
+                        ("//u:pw@h/m", "//***@h/m"), ("http:/u:pw@h/m", "http:/***@h/m")):
+        assert redact_url(text) == shown
     # digits then '?' parse as host and port: the password was kept whole; and the fallback cut at the
     # last @ named the query's host
     assert redact_url("http://admin:1234?s3cret@vllm:8000/metrics") == "http://***@vllm:8000/metrics"
-    assert redact_url("http://u:p#x@host/m?q=a@b") == "http://***@host/m?q=a@b"
+    assert redact_url("http://u:p#x@host/m?q=a@b") == "http://***@host/m?q=***"
     assert redact_url("http://u:p@ss@host/m") == "http://***@host/m"
     from kvwatch.settings import check_url
 

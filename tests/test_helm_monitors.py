@@ -123,10 +123,10 @@ def test_mode_2_monitors_label_kvwatchs_series_with_the_vllm_it_watches(monitor:
     rules = (ROOT / "alerts" / "kvwatch-rules.yaml").read_text()
     assert rules.count("$labels.vllm_target") >= 8, "the alert texts name the watched vLLM where the label is set"
     # A '$' in the URL would be a regex group reference in the replacement: it is escaped.
-    odd = render("--set", "vllm.enabled=false", "--set", "config.targetUrl=http://vllm-0:8000/metrics?x=$1",
+    odd = render("--set", "vllm.enabled=false", "--set", "config.targetUrl=http://vllm-0:8000/x$1/metrics?t=$2",
                  "--set", f"{monitor}.enabled=true")
     labels = relabel({}, only(odd, kind)["spec"][key][0]["relabelings"])
-    assert labels["vllm_target"] == "http://vllm-0:8000/metrics?x=$1"
+    assert labels["vllm_target"] == "http://vllm-0:8000/x$1/metrics?t=***"  # (a query's values masked: ?token=)
     # A user:password in the URL (kvwatch reads it, never shows it) went into every series, alert text and the
     # install notes.
     secret = "http://scraper:s3cr3t@p@ss@vllm-0:8000/metrics"

@@ -94,6 +94,11 @@ def test_install_notes_say_what_the_sidecar_polls_and_who_owns_the_replicas() ->
                           "--set", "autoscaling.enabled=true", "--set", "autoscaling.kind=hpa")
     assert "in the autoscaler's pods" in notes and "polling http://127.0.0.1:8001/metrics" in notes
     assert "in 1 pod(s)" in install_notes(*MINIMAL)
+    # the sidecar's notes printed the URL as given, password and token: mode 2's hid them
+    notes = install_notes("--set", f"config.model={MODEL}", "--set-string",
+                          "config.targetUrl=http://svc:NotesPW@127.0.0.1:8001/metrics?token=NQTOKEN")
+    assert "polling http://127.0.0.1:8001/metrics?token=***." in notes
+    assert "NotesPW" not in notes and "NQTOKEN" not in notes
 
 
 @pytest.mark.parametrize(("args", "says"), [

@@ -72,16 +72,39 @@ def redact_url(url: str) -> str:
     authority early, so the parsed URL has no password while its text holds one. Up to the first ``/`` the text is
     the authority, and everything to its last ``@`` goes (``http://u:p?ss@host``); ``http://u:12/ss@host`` parses
     as host ``u``, port 12, so an ``@`` in the first path segment goes too. An ``@`` later in a path or in a query
-    (``/users/me@x``, ``?to=a@b``) is no credential and stays."""
+    (``/users/me@x``) is no credential and stays. The query's values go too (``?token=***``): a proxy's token is
+    often passed there. Text that is no URL (``u:pw@host/metrics``, ``http:/u:pw@host``), as a refused value is
+    quoted, loses everything before the first ``@``'s authority."""
     scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return url
+    if not sep:
+        return _redact_query(_redact_unparsed(url))
     slash = rest.find("/")
     at = rest.rfind("@", 0, len(rest) if slash == -1 else slash)
     if at == -1 and slash != -1:
         segment = re.split(r"[/?#]", rest[slash + 1:], maxsplit=1)[0]
         at = rest.rfind("@", slash + 1, slash + 1 + len(segment))
-    return url if at == -1 else f"{scheme}://***@{rest[at + 1:]}"
+    return _redact_query(url if at == -1 else f"{scheme}://***@{rest[at + 1:]}")
+
+
+def _redact_unparsed(text: str) -> str:
+    """:func:`redact_url` of a text without ``://``: a scheme and slashes kept, the rest to the last ``@`` before the
+    first slash after the first ``@`` masked."""
+    first = text.find("@")
+    if first == -1:
+        return text
+    end = re.search(r"[/\\]", text[first:])
+    at = text.rfind("@", 0, first + end.start() if end else len(text))
+    kept = re.match(r"([A-Za-z][A-Za-z0-9+.-]*:(?=[/\\]))?[/\\]*", text)
+    start = kept.end() if kept else 0
+    return text if at < start else f"{text[:start]}***@{text[at + 1:]}"
+
+
+def _redact_query(url: str) -> str:
+    head, sep, query = url.partition("?")
+    if not sep:
+        return url
+    query, hash_sep, fragment = query.partition("#")
+    return head + sep + re.sub(r"=[^&;]*", "=***", query) + hash_sep + fragment
 
 
 # A bad variable beside the flag that overrides it (load_settings); `kvwatch check` names its URL argument in it.

@@ -128,8 +128,14 @@ config.targetUrl as shown outside the pod (the vllm_target label every series an
 notes): without a user:password in it, which kvwatch itself never shows (docs/reliability.md).
 */}}
 {{- define "kvwatch.shownTargetUrl" -}}
-{{- /* up to the authority's last "@", as kvwatch reads it (a password may hold an "@") */ -}}
-{{- regexReplaceAll "://[^/]*@" (toString .Values.config.targetUrl) "://" -}}
+{{- /* up to the authority's last "@", as kvwatch reads it (a password may hold an "@"), and the query's values (a
+proxy's ?token=), as kvwatch.settings.redact_url shows a URL */ -}}
+{{- $url := regexReplaceAll "://[^/]*@" (toString .Values.config.targetUrl) "://" -}}
+{{- $query := regexFind "\\?[^#]*" $url -}}
+{{- if $query -}}
+{{- $url = replace $query (regexReplaceAll "=[^&;]*" $query "=***") $url -}}
+{{- end -}}
+{{- $url -}}
 {{- end }}
 
 {{- define "kvwatch.env" -}}
