@@ -283,7 +283,7 @@ def test_a_typo_that_looks_like_no_service_link_is_still_refused(monkeypatch: py
 @pytest.mark.parametrize(("flag", "content", "said"), [
     ("--model-config", "not json", "is not valid JSON"),
     ("--model-config", "[1, 2]", "not an object"),
-    ("--bearer-token-file", None, "is not a regular file"),
+    ("--bearer-token-file", None, "the path is not a regular file"),
     ("--web-config-file", None, "is not a regular file"),
 ])
 def test_files_that_cannot_be_what_the_flag_names_stop_startup(flag: str, content: str | None, said: str,
@@ -417,6 +417,15 @@ def test_a_bearer_token_file_that_cannot_be_read_stops_startup(tmp_path, enterab
             shutil.rmtree(folder)
     assert result.returncode == 2, result.stderr
     assert "--bearer-token-file" in result.stderr and "Permission denied" in result.stderr
+
+
+def test_a_token_given_for_its_files_path_is_not_quoted(monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    # KVWATCH_BEARER_TOKEN_FILE=<the token itself>: the refusal quoted it twice, into the pod's log
+    monkeypatch.setenv("KVWATCH_BEARER_TOKEN_FILE", "eyJhbGciOiJSUzI1NiJ9.TOKENVALUE.sig")
+    assert main(["check", "http://127.0.0.1:9/metrics"]) == 2
+    err = capsys.readouterr().err
+    assert "KVWATCH_BEARER_TOKEN_FILE" in err and "no such file" in err and "TOKENVALUE" not in err
 
 
 def test_blanks_around_a_variable_are_no_part_of_its_value(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -593,7 +593,7 @@ class TargetSettings(DeploymentSettings):
     def _url(cls, v: str) -> str:
         return check_url(v)
 
-    @field_validator("bearer_token_file", "ca_file")
+    @field_validator("ca_file")
     @classmethod
     def _readable(cls, v: Path | None) -> Path | None:
         return _regular_file(v)
@@ -601,12 +601,17 @@ class TargetSettings(DeploymentSettings):
     @field_validator("bearer_token_file")
     @classmethod
     def _token_readable(cls, v: Path | None) -> Path | None:
+        # Not quoted: a token given where its file's path belongs (KVWATCH_BEARER_TOKEN_FILE=eyJ...) went to the log.
         if v is not None:
             try:  # read now: one that cannot be read failed every poll instead (it is read again on each, to rotate)
+                if not v.exists():
+                    raise ValueError("no such file (a token given in place of its file's path?)")
+                if not v.is_file():
+                    raise ValueError("the path is not a regular file")
                 with v.open("rb"):
                     pass
-            except OSError as exc:
-                raise ValueError(f"cannot read {v}: {exc.strerror or exc}") from None
+            except OSError as exc:  # (a folder on the way this user may not enter, a mode-000 file)
+                raise ValueError(f"cannot read the file: {exc.strerror or exc}") from None
         return v
 
     @field_validator("ca_file")
@@ -928,12 +933,15 @@ def _source(field: str, flags: dict[str, Any]) -> str:
     return f"the default {flag_name(pub)}"
 
 
+_UNQUOTED = frozenset({"bearer_token_file"})  # a refused value may be the secret itself, not its path
+
+
 def _blame(field: str, flags: dict[str, Any], msg: str, value: Any = None) -> str:
     pub = public_name(field)
     source = _source(field, flags)
     if isinstance(value, str) and "@" in value:
         value = redact_url(value)  # a rejected --target-url may still carry a password
-    shown = "" if value is None or isinstance(value, dict) else f" {value!r}"
+    shown = "" if value is None or isinstance(value, dict) or field in _UNQUOTED else f" {value!r}"
     if source.startswith("the default "):  # (a cross-field check can refuse a default beside another's value)
         return f"invalid value{shown} (the default) for {flag_name(pub)}: {msg}"
     return f"invalid value{shown} for {source}: {msg}"
