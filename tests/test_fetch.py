@@ -864,3 +864,11 @@ def test_an_undecodable_body_is_refused_without_holding_a_copy_of_it() -> None:
     with pytest.raises(ParseError) as refused:
         read_payload('[{"iter": ' + "x" * 1000, timestamp=0.0)
     assert refused.value.__context__ is None
+
+
+def test_a_redirect_that_leads_nowhere_is_named_without_its_credentials(raw_server: Callable) -> None:
+    server = raw_server(lambda conn: conn.sendall(b"HTTP/1.1 302 Found\r\nLocation: http://ru:RedirPW@localhost:99999/m"
+                                                  b"\r\nContent-Length: 0\r\n\r\n"))
+    with Fetcher(server.url, timeout=2.0, max_body_bytes=4096) as fetcher, pytest.raises(ScrapeError) as info:
+        fetcher.fetch()
+    assert "no such port" in str(info.value) and "RedirPW" not in str(info.value)

@@ -788,3 +788,17 @@ def test_a_connection_whose_request_waits_unread_is_not_taken_for_an_idle_one() 
     finally:
         for s in (quiet_server, quiet_client, spoken_server, spoken_client):
             s.close()
+
+
+def test_an_unknown_user_costs_what_a_known_one_does_and_the_answer_names_no_python(tmp_path: Path, serve) -> None:
+    # The decoy hash an unknown user is checked against was cost 10 beside cost-12 users: 4x faster, so a user name
+    # could be told by time. And every answer's Server header named the Python version, unauthenticated.
+    config = tmp_path / "web.yml"
+    strong = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=12)).decode()
+    weak = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=4)).decode()
+    config.write_text(f"basic_auth_users:\n  alice: {strong}\n  bob: {weak}\n")
+    decoy = load_web_config(config).decoy_hash
+    assert decoy.startswith(b"$2b$12$") and not bcrypt.checkpw(b"pw", decoy)
+    server = serve(write_config(tmp_path, tls=False, users={"prometheus": PASSWORD}))
+    denied = httpx.get(f"http://127.0.0.1:{server.port}/metrics", auth=("nobody", "x"))
+    assert denied.status_code == 401 and denied.headers["Server"] == "kvwatch" and "Python" not in str(denied.headers)

@@ -132,9 +132,10 @@ class Fetcher:
         try:
             target = response.url.join(location)
         except (httpx.InvalidURL, ValueError) as exc:
-            raise ScrapeError("connect", f"{self.url} redirects to {location[:200]!r}, not a URL: {exc}") from None
+            shown = redact_url(location[:200])
+            raise ScrapeError("connect", f"{self.url} redirects to {shown!r}, not a URL: {exc}") from None
         if target.port is not None and not 0 < target.port < 65536:  # (the socket raised OverflowError: internal)
-            raise ScrapeError("connect", f"{self.url} redirects to {location[:200]!r}: no such port")
+            raise ScrapeError("connect", f"{self.url} redirects to {redact_url(location[:200])!r}: no such port")
         if not self._tls and target.scheme == "https":
             raise ScrapeError("connect", f"{self.url} redirects to https: give the https URL as the target, so "
                               "that its certificate is verified")

@@ -117,6 +117,13 @@ class WebConfig:
     headers: dict[str, str] = field(default_factory=dict)
     watched: tuple[Path, ...] = ()  # the config and every file it names, for reloads
 
+    @property
+    def decoy_hash(self) -> bytes:
+        """The hash an unknown user is checked against: at the highest cost among the users', so that a known user
+        cannot be told by time (a fixed cost 10 beside cost-12 hashes answered an unknown name 4x faster)."""
+        cost = max((int(h[4:6]) for h in self.users.values()), default=10)
+        return _UNKNOWN_USER_HASH[:4] + b"%02d" % cost + _UNKNOWN_USER_HASH[6:]
+
     def check_password(self, user: str, password: str, cache: dict[bytes, bool]) -> bool:
         """bcrypt is slow by design (~50-100 ms at cost 10): each good (user, password, hash) is checked once. Only
         good ones are kept: a flood of wrong passwords pushed Prometheus' out of the cache, and every real scrape
@@ -132,7 +139,7 @@ class WebConfig:
             # config file authenticated by the day the image was built. Cut here, as bcrypt always hashed. An
             # unknown user is checked against a fixed hash, and refused, as long as a known one takes (answered
             # at once, user names could be told by timing; exporter-toolkit does the same).
-            good = bcrypt.checkpw(password.encode()[:BCRYPT_PASSWORD_BYTES], hashed or _UNKNOWN_USER_HASH)
+            good = bcrypt.checkpw(password.encode()[:BCRYPT_PASSWORD_BYTES], hashed or self.decoy_hash)
             good = good and hashed is not None
         except ValueError:  # a malformed hash was refused at load; be safe anyway
             good = False
@@ -301,7 +308,8 @@ def _load_inline(context: ssl.SSLContext, cert: str, key: str) -> None:
         context.load_cert_chain(pem)
 
 
-# A bcrypt hash (cost 10, of no password anyone uses) checked for an unknown user, as long as a real one takes.
+# A bcrypt hash (of no password anyone uses) checked for an unknown user, as long as a real one takes: its cost
+# is raised to the users' (WebConfig.decoy_hash; a hash with another cost fails the check all the same).
 _UNKNOWN_USER_HASH = b"$2b$10$1jOvvxhJQZXJThSVy97Bs.A4dhYfx4agj0lDySPPh4voDs8GOqdB."
 
 
@@ -636,6 +644,8 @@ class _HeadBudget:
 class _Handler(BaseHTTPRequestHandler):
     server: MetricsServer
     timeout = CLIENT_TIMEOUT
+    server_version = "kvwatch"  # (BaseHTTP/0.6 Python/3.x told every unauthenticated client the Python version)
+    sys_version = ""
 
     def __init__(self, request: Any, client_address: Any, server: MetricsServer, config: WebConfig,
                  connection: _Connection | None) -> None:
