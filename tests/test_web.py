@@ -243,6 +243,9 @@ def test_a_header_value_yaml_reads_as_a_number_is_its_text(pki: Path) -> None:
     config = pki / "xss.yml"
     config.write_text("http_server_config:\n  headers:\n    X-XSS-Protection: 0\n    X-Frame-Options: deny\n")
     assert load_web_config(config).headers == {"X-XSS-Protection": "0", "X-Frame-Options": "deny"}
+    # as written, as Go's yaml reads it: 010 is no 8, yes no true
+    config.write_text("http_server_config:\n  headers:\n    X-XSS-Protection: 010\n    Content-Security-Policy: yes\n")
+    assert load_web_config(config).headers == {"X-XSS-Protection": "010", "Content-Security-Policy": "yes"}
 
 
 def test_bad_web_config_stops_serve_with_exit_2(pki: Path, capsys: pytest.CaptureFixture[str],
@@ -799,6 +802,13 @@ def test_an_unknown_user_costs_what_a_known_one_does_and_the_answer_names_no_pyt
     config.write_text(f"basic_auth_users:\n  alice: {strong}\n  bob: {weak}\n")
     decoy = load_web_config(config).decoy_hash
     assert decoy.startswith(b"$2b$12$") and not bcrypt.checkpw(b"pw", decoy)
+    # a cost bcrypt refuses loaded, and made the decoy raise: an unknown user answered at once
+    config.write_text(f"basic_auth_users:\n  alice: {strong}\n  eve: {strong[:4]}99{strong[6:]}\n")
+    with pytest.raises(WebConfigError, match="eve is not a bcrypt hash"):
+        load_web_config(config)
     server = serve(write_config(tmp_path, tls=False, users={"prometheus": PASSWORD}))
     denied = httpx.get(f"http://127.0.0.1:{server.port}/metrics", auth=("nobody", "x"))
     assert denied.status_code == 401 and denied.headers["Server"] == "kvwatch" and "Python" not in str(denied.headers)
+    with socket.create_connection(("127.0.0.1", server.port)) as raw:  # (httpx strips a trailing blank)
+        raw.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert b"\r\nServer: kvwatch\r\n" in raw.recv(4096)

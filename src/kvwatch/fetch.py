@@ -132,10 +132,10 @@ class Fetcher:
         try:
             target = response.url.join(location)
         except (httpx.InvalidURL, ValueError) as exc:
-            shown = redact_url(location[:200])
+            shown = redact_url(location)[:200]  # (redacted first: a cut before the @ left a long password whole)
             raise ScrapeError("connect", f"{self.url} redirects to {shown!r}, not a URL: {exc}") from None
         if target.port is not None and not 0 < target.port < 65536:  # (the socket raised OverflowError: internal)
-            raise ScrapeError("connect", f"{self.url} redirects to {redact_url(location[:200])!r}: no such port")
+            raise ScrapeError("connect", f"{self.url} redirects to {redact_url(location)[:200]!r}: no such port")
         if not self._tls and target.scheme == "https":
             raise ScrapeError("connect", f"{self.url} redirects to https: give the https URL as the target, so "
                               "that its certificate is verified")
@@ -509,7 +509,9 @@ def _why(exc: BaseException) -> str:
     """An exception's text, else its cause's: httpx's ReadError for a connection reset says nothing itself."""
     seen: BaseException | None = exc
     while seen is not None:
-        if str(seen):
-            return str(seen)
+        if text := str(seen):
+            if "location header" in text.lower():  # httpx quotes a piece of it ("Invalid port: 'Pa'"): a password's
+                return "a redirect's Location header is no valid URL"
+            return re.sub(r"[A-Za-z][A-Za-z0-9+.-]*://\S+", lambda m: redact_url(m.group()), text)
         seen = seen.__cause__ or seen.__context__
     return "the connection was closed or reset"

@@ -119,8 +119,9 @@ class WebConfig:
 
     @property
     def decoy_hash(self) -> bytes:
-        """The hash an unknown user is checked against: at the highest cost among the users', so that a known user
-        cannot be told by time (a fixed cost 10 beside cost-12 hashes answered an unknown name 4x faster)."""
+        """The hash an unknown user is checked against: at the highest cost among the users', as exporter-toolkit's,
+        so that the users at that cost cannot be told by time (a fixed cost 10 beside cost-12 hashes answered an
+        unknown name 4x faster); a user whose hash has a lower cost still answers faster."""
         cost = max((int(h[4:6]) for h in self.users.values()), default=10)
         return _UNKNOWN_USER_HASH[:4] + b"%02d" % cost + _UNKNOWN_USER_HASH[6:]
 
@@ -155,7 +156,11 @@ def load_web_config(path: Path) -> WebConfig:
     import yaml
 
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text()
+        data = yaml.safe_load(text) or {}
+        # Every scalar as written, for the headers: Go's yaml reads a header value as its text (010, yes), where
+        # safe_load's 8 and True would be sent as 8 and true.
+        raw = yaml.load(text, Loader=yaml.BaseLoader) or {}
     except (OSError, yaml.YAMLError) as exc:
         mark = getattr(exc, "problem_mark", None)  # YAML's message spans lines, with the text and a caret
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
@@ -178,10 +183,14 @@ def load_web_config(path: Path) -> WebConfig:
     users: dict[str, bytes] = {}
     for user, hashed in _mapping(data.get("basic_auth_users"), "basic_auth_users", path).items():
         text = str(hashed or "")
-        if not text.startswith(("$2a$", "$2b$", "$2y$")) or len(text) != 60:
-            raise WebConfigError(f"{path}: basic_auth_users.{user} is not a bcrypt hash ($2y$...)")
+        if not re.fullmatch(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}", text):
+            # (a cost outside bcrypt's 04-31 loaded, and its ValueError at every check answered at once: no decoy)
+            raise WebConfigError(f"{path}: basic_auth_users.{user} is not a bcrypt hash ($2y$10$...)")
         users[str(user)] = text.encode()
-    headers = _headers(_mapping(data.get("http_server_config"), "http_server_config", path), path)
+    http = _mapping(data.get("http_server_config"), "http_server_config", path)
+    raw_http = raw.get("http_server_config") if isinstance(raw, dict) else None
+    raw_headers = raw_http.get("headers") if isinstance(raw_http, dict) else None
+    headers = _headers(http, raw_headers if isinstance(raw_headers, dict) else {}, path)
     required = bool(tls_data) and tls_data.get("client_auth_type") == "RequireAndVerifyClientCert"
     return WebConfig(tls=tls, client_cert_required=required, users=users, headers=headers, watched=tuple(watched))
 
@@ -197,7 +206,7 @@ EXTRA_HTTP_HEADERS: dict[str, tuple[str, ...] | None] = {
 }
 
 
-def _headers(http: dict[Any, Any], path: Path) -> dict[str, str]:
+def _headers(http: dict[Any, Any], written: dict[Any, Any], path: Path) -> dict[str, str]:
     """``http_server_config``'s headers, checked as exporter-toolkit checks them; a value with a line break (a YAML
     block scalar ends in one) is refused too: written as it is, it ended the response's headers early, and
     Prometheus could read no /metrics answer."""
@@ -212,10 +221,8 @@ def _headers(http: dict[Any, Any], path: Path) -> dict[str, str]:
             raise WebConfigError(f"{path}: HTTP header {name!r} can not be configured (one of "
                                  f"{', '.join(EXTRA_HTTP_HEADERS)})")
         allowed = EXTRA_HTTP_HEADERS[name]
-        if isinstance(value, bool):  # (before int: YAML's true is a bool; Go's yaml reads the scalar as text)
-            value = "true" if value else "false"
-        elif isinstance(value, (int, float)):  # X-XSS-Protection: 0, the value OWASP recommends, is a YAML integer
-            value = str(value)
+        if isinstance(value, (bool, int, float)) and isinstance(written.get(name), str):
+            value = written[name]  # X-XSS-Protection: 0 (OWASP's advice) is a YAML integer: its text is the value
         if not isinstance(value, str) or any(c in value for c in "\r\n\0"):
             raise WebConfigError(f"{path}: http_server_config.headers.{name} must be one line of text")
         if allowed is not None and value not in allowed:
@@ -644,8 +651,9 @@ class _HeadBudget:
 class _Handler(BaseHTTPRequestHandler):
     server: MetricsServer
     timeout = CLIENT_TIMEOUT
-    server_version = "kvwatch"  # (BaseHTTP/0.6 Python/3.x told every unauthenticated client the Python version)
-    sys_version = ""
+
+    def version_string(self) -> str:
+        return "kvwatch"  # (BaseHTTP/0.6 Python/3.x told every unauthenticated client the Python version)
 
     def __init__(self, request: Any, client_address: Any, server: MetricsServer, config: WebConfig,
                  connection: _Connection | None) -> None:
