@@ -68,16 +68,15 @@ def test_whatif_ceilings_scale_the_engines_pool_not_the_formulas() -> None:
 
 def test_whatif_ceilings_start_from_the_exported_ceiling_when_finished_requests_set_it() -> None:
     # A finished request averages 40,000 tokens, a running one holds 10,000 (400,000 × 0.25 ÷ 10): the finished
-    # mean weighs half in kvwatch_max_concurrency{observed_mix} at a quarter full (kvwatch.derived), and the what-ifs
-    # must start from that ceiling, not from the live footprint's (max_model_len_halved read 7 % above the ceiling on
-    # a live demo).
+    # mean sets kvwatch_max_concurrency{observed_mix} (the smaller estimate), and the what-ifs must start from that
+    # ceiling, not from the live footprint's (max_model_len_halved read 7 % above the ceiling on a live demo).
     from kvwatch.derived import max_concurrency
 
     analyzer = CapacityAnalyzer(ServeSettings(gpu="H100"))
     r = reading(kv_usage_ratio=0.25, request_prompt_tokens_sum=30_000.0, request_prompt_tokens_count=1.0,
                 request_generation_tokens_sum=10_000.0, request_generation_tokens_count=1.0)
     headline = max_concurrency(r, 40_000.0, None)["observed_mix"]
-    assert headline == pytest.approx(0.5 * 400_000 / 40_000 + 0.5 * r.requests_running / r.kv_usage_ratio)
+    assert headline == pytest.approx(400_000 / 40_000)
     assert headline < r.requests_running / r.kv_usage_ratio
     whatif = {s.labels["scenario"]: s.value for s in families(analyzer, r)["kvwatch_whatif_max_concurrency"]}
     assert whatif["max_model_len_halved"] == pytest.approx(headline)

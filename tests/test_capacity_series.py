@@ -219,7 +219,8 @@ def test_the_observed_mix_on_a_windowed_model_counts_what_its_layout_holds() -> 
     engine = readings("gen-0.20.2-gptoss-two-groups.prom")[0]
     finished = replace(engine, kv_usage_ratio=None, request_prompt_tokens_sum=1500.0 * 40,
                        request_prompt_tokens_count=40.0, request_generation_tokens_sum=500.0 * 40,
-                       request_generation_tokens_count=40.0)  # a 2,000-token mean, no live footprint
+                       request_generation_tokens_count=40.0,  # a 2,000-token mean, no live footprint,
+                       prefix_cache_queries_total=None, prefix_cache_hits_total=None)  # nor any prefix-cache hit
     series = CapacityResolver(ServeSettings(gpu="H100")).series(finished)
     applied = series.apply(finished)
     ceiling = derive(applied, None).max_concurrency["observed_mix"]
@@ -245,7 +246,8 @@ def test_a_mamba_hybrids_observed_mix_and_what_ifs_are_plans_on_the_engines_bloc
     engine = readings("gen-0.20.2-gptoss-two-groups.prom", model)[0]
     finished = replace(engine, kv_usage_ratio=None, request_prompt_tokens_sum=6000.0 * 40,
                        request_prompt_tokens_count=40.0, request_generation_tokens_sum=2000.0 * 40,
-                       request_generation_tokens_count=40.0)  # an 8,000-token mean, no live footprint
+                       request_generation_tokens_count=40.0,  # an 8,000-token mean, no live footprint,
+                       prefix_cache_queries_total=None, prefix_cache_hits_total=None)  # nor any prefix-cache hit
     resolver = CapacityResolver(ServeSettings(gpu="H100", tensor_parallel_size=2))
     series = resolver.series(finished)
     applied = series.apply(finished)

@@ -96,45 +96,37 @@ def test_observed_mix_ceiling_agrees_with_the_advice_on_a_kv_bound_series(capsys
     assert 0 <= e0["concurrency_headroom"] < 1.0
 
 
-def test_a_young_cache_is_sized_mostly_by_the_finished_mean() -> None:
+def test_observed_mix_is_the_smaller_estimate() -> None:
     young = Reading("m", kv_usage_ratio=0.05, requests_running=10.0, kv_capacity_tokens=100000.0,
                     request_prompt_tokens_sum=1500.0, request_prompt_tokens_count=1.0,
                     request_generation_tokens_sum=500.0, request_generation_tokens_count=1.0)
-    # Live footprint says 200 (requests still young); the finished mean, 2000 tokens, says 50; at 5 % usage the live
-    # one weighs 0.05 / 0.5 = 0.1: 0.1 x 200 + 0.9 x 50
-    assert derive(young, None).max_concurrency["observed_mix"] == pytest.approx(65.0)
+    # Live footprint says 200 (requests still young); the finished mean, 2000 tokens, says 50.
+    assert derive(young, None).max_concurrency["observed_mix"] == 50.0
     idle = Reading("m", kv_usage_ratio=0.0, requests_running=0.0, kv_capacity_tokens=100000.0)
     assert "observed_mix" not in derive(idle, None).max_concurrency
 
 
-def _finished_mean_2000(usage: float, running: float) -> Reading:
+def _finished_mean_2000(usage: float, running: float, prefix_hits: float | None = None) -> Reading:
     return Reading("m", kv_usage_ratio=usage, requests_running=running, kv_capacity_tokens=100000.0,
                    requests_waiting=5.0, request_prompt_tokens_sum=1500.0, request_prompt_tokens_count=1.0,
-                   request_generation_tokens_sum=500.0, request_generation_tokens_count=1.0)
+                   request_generation_tokens_sum=500.0, request_generation_tokens_count=1.0,
+                   prefix_cache_queries_total=None if prefix_hits is None else 1000.0,
+                   prefix_cache_hits_total=prefix_hits)
 
 
-def test_a_cache_at_least_half_full_is_sized_by_its_live_footprint() -> None:
-    # Shared prefixes and part-decoded requests: 120 requests hold 96 % of a pool the finished mean (2,000 tokens)
-    # says holds 50. The cache's own measure wins, and the limit follows it instead of cutting 120 to 47.
-    state = derive(_finished_mean_2000(0.96, 120.0), None)
-    assert state.max_concurrency["observed_mix"] == pytest.approx(125.0)
-    assert state.concurrency_headroom == pytest.approx(min(125.0 - 120.0, 0.04 * 125.0))
+def test_the_finished_mean_counts_only_the_prompt_the_prefix_cache_did_not_serve() -> None:
+    # 120 requests hold 96 % of a pool the whole finished mean (2,000 tokens) says holds 50: a shared system prompt
+    # is held once for all. At a hit ratio of 0.9 a request holds 1,500 x 0.1 + 500 = 650 of its own: 153.8, and the
+    # live footprint's 125 is the smaller; the limit follows it instead of cutting 120 to 47.
+    shared = derive(_finished_mean_2000(0.96, 120.0, prefix_hits=900.0), None)
+    assert shared.max_concurrency["observed_mix"] == pytest.approx(125.0)
     from kvwatch.advisor import concurrency_limit
-    assert concurrency_limit(None, state.max_concurrency["observed_mix"]) == 118
-
-
-def test_below_half_full_the_live_footprint_weighs_in_with_the_usage() -> None:
-    # 40 running at 0.3: the live footprint says 133 (young requests, or shared prefixes), the finished mean 50;
-    # at weight 0.3 / 0.5 = 0.6 the ceiling is 0.6 x 133.3 + 0.4 x 50 = 100
-    assert derive(_finished_mean_2000(0.3, 40.0), None).max_concurrency["observed_mix"] == pytest.approx(100.0)
-    # never under twice the running count below half full (a 45 %-full cache's limit cut its 60 running to 53)
-    state = derive(_finished_mean_2000(0.45, 60.0), None)
-    assert state.max_concurrency["observed_mix"] == pytest.approx(0.9 * 60 / 0.45 + 0.1 * 50)
-    assert state.max_concurrency["observed_mix"] >= 2 * 60
-    # and continuous at half full: a load hovering there does not flip its headroom (62 to 124 before)
-    below = derive(_finished_mean_2000(0.499, 62.0), None).max_concurrency["observed_mix"]
-    at = derive(_finished_mean_2000(0.5, 62.0), None).max_concurrency["observed_mix"]
-    assert at == pytest.approx(124.0) and below == pytest.approx(at, rel=0.01)
+    assert concurrency_limit(None, shared.max_concurrency["observed_mix"]) == 118
+    assert shared.mean_request_tokens == 2000.0  # (the reported mean request is still prompt + output)
+    # without prefix hits the whole mean stands, and young requests that will outgrow the cache read negative
+    young = derive(_finished_mean_2000(0.3, 60.0, prefix_hits=0.0), None)
+    assert young.max_concurrency["observed_mix"] == 50.0 and young.concurrency_headroom == -10.0
+    assert derive(_finished_mean_2000(0.3, 60.0), None).max_concurrency["observed_mix"] == 50.0
 
 
 def test_kv_bound_needs_a_queue() -> None:

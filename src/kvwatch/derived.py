@@ -32,9 +32,8 @@ class SeriesState:
     extra: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
 
-def mean_request_tokens(reading: Reading, history: SeriesHistory | None = None,
-                        window: float = RATE_WINDOW_SECONDS) -> float | None:
-    """Mean KV footprint of a finished request (prompt + generated tokens), recent window first, else lifetime."""
+def _mean_parts(reading: Reading, history: SeriesHistory | None, window: float) -> tuple[float, float] | None:
+    """Mean prompt and mean generated tokens of a finished request, recent window first, else lifetime."""
     if history is not None:
         parts = [history.increase(f, window) for f in (
             "request_prompt_tokens_sum", "request_prompt_tokens_count",
@@ -42,23 +41,36 @@ def mean_request_tokens(reading: Reading, history: SeriesHistory | None = None,
         if all(p is not None for p in parts):
             p_sum, p_count, g_sum, g_count = (p[0] for p in parts)  # type: ignore[index]
             if p_count > 0 and g_count > 0:
-                return p_sum / p_count + g_sum / g_count
+                return p_sum / p_count, g_sum / g_count
     if reading.request_prompt_tokens_count and reading.request_generation_tokens_count and \
             reading.request_prompt_tokens_sum is not None and reading.request_generation_tokens_sum is not None:
-        return (reading.request_prompt_tokens_sum / reading.request_prompt_tokens_count
-                + reading.request_generation_tokens_sum / reading.request_generation_tokens_count)
+        return (reading.request_prompt_tokens_sum / reading.request_prompt_tokens_count,
+                reading.request_generation_tokens_sum / reading.request_generation_tokens_count)
     return None
+
+
+def mean_request_tokens(reading: Reading, history: SeriesHistory | None = None,
+                        window: float = RATE_WINDOW_SECONDS) -> float | None:
+    """Mean size of a finished request (prompt + generated tokens), recent window first, else lifetime."""
+    parts = _mean_parts(reading, history, window)
+    return sum(parts) if parts is not None else None
+
+
+def mean_request_kv_tokens(reading: Reading, history: SeriesHistory | None = None,
+                           window: float = RATE_WINDOW_SECONDS) -> float | None:
+    """The KV a finished request held of its own: its prompt less the share the prefix cache served
+    (``Reading.prefix_cached_share``, the figure the forecaster discounts waiting prompts by), plus its generated
+    tokens. A shared system prompt is held once for every request that reads it: counted whole per request, 600
+    requests running at 0.96 of a pool read a ceiling of 250 and the advice cut them to 236."""
+    parts = _mean_parts(reading, history, window)
+    if parts is None:
+        return None
+    prompt, generated = parts
+    return prompt * (1.0 - (reading.prefix_cached_share or 0.0)) + generated
 
 
 LIVE_FOOTPRINT_MIN_USAGE = 0.01
 """Below this usage the live KV footprint per running request is a block or two: too coarse to size by."""
-LIVE_FOOTPRINT_TRUSTED_USAGE = 0.5
-"""From this usage on, the observed-mix ceiling is the live footprint's alone: what a cache this full holds per
-running request is the mix's own measure (shared prefixes counted once, requests part-way through decoding), where
-the mean finished request counts every prompt whole (600 requests running at 0.96 read 250 from it). Below it the
-live footprint weighs in proportion to the usage against the other estimates (young requests will still grow)."""
-
-
 def blocks_shared_by_groups(config: Mapping[str, str]) -> bool:
     """Whether the engine's ``cache_config_info`` itself says its blocks are shared among KV groups: a Mamba hybrid
     whose state pages vLLM pads to the attention page (``mamba_page_size_padded``, set by its
@@ -88,26 +100,25 @@ def max_concurrency(reading: Reading, mean_tokens: float | None, max_model_len: 
     """Concurrency ceilings by basis: ``observed_mix`` and ``max_model_len`` (vLLM's own figure when reported,
     else blocks per request at max length).
 
-    ``observed_mix`` is capacity ÷ the live footprint (KV tokens in use ÷ running requests, i.e. running ÷ usage)
-    once usage is at least :data:`LIVE_FOOTPRINT_TRUSTED_USAGE`: the cache's own measure of its mix, the
-    footprint the advisor's concurrency limit uses. Below that it is a blend, weighted by usage ÷ 0.5, of the live
-    one and the smallest of the estimates that are known (the live one, capacity ÷ the mean finished request, its
-    count in whole blocks): the finished mean under-weights long requests, which stay in flight longest, and counts
-    a shared prefix once per request; the live footprint under-counts young requests, which will still grow.
-    When the block pool is known (:func:`block_pool`),
-    the mean request is also counted in whole blocks (``blocks ÷ ceil(mean ÷ block_size)``), and the
-    ceiling never exceeds the number of blocks. On a model whose layout counts by group (several KV groups, a window)
-    and which kvwatch knows (``Reading.layout_pool``), the mean request is counted as that layout holds it instead."""
+    ``observed_mix`` is the smaller of two estimates, whichever are known: capacity ÷ the live footprint
+    (KV tokens in use ÷ running requests, i.e. running ÷ usage) and capacity ÷ ``mean_tokens``, the KV a finished
+    request held of its own (:func:`mean_request_kv_tokens`: prompt less its prefix-cached share, plus output).
+    Neither alone is conservative: the finished mean under-weights long requests, which stay in flight longest and
+    so dominate what the cache holds; the live footprint under-counts young requests, which will still grow (on a
+    ramp of long outputs it read 67-85 where 52 ran without preemption, and the finished mean 50). Under KV
+    pressure the live one is mostly the smaller, and it is the same footprint the advisor's concurrency limit uses.
+    When the block pool is known (:func:`block_pool`), the mean request is also counted in whole blocks
+    (``blocks ÷ ceil(mean ÷ block_size)``), and the ceiling never exceeds the number of blocks. On a model whose
+    layout counts by group (several KV groups, a window) and which kvwatch knows (``Reading.layout_pool``), the
+    mean request is counted as that layout holds it instead."""
     out: dict[str, float] = {}
     capacity = reading.kv_capacity_tokens
     estimates = []
     usage, running = reading.kv_usage_ratio, reading.requests_running
     # A PD prefill server's KV is held mostly by requests whose KV is still being sent to a decode server, which
     # its running count (0, or from SGLang 0.5.23 the current forward batch) does not hold: no live footprint.
-    live = None
     if usage is not None and usage > LIVE_FOOTPRINT_MIN_USAGE and running and not reading.prefill_server:
-        live = running / usage
-        estimates.append(live)
+        estimates.append(running / usage)
     blocks, block_size = block_pool(reading)
     if reading.layout_pool is not None and mean_tokens:
         # A sliding (chunked) group holds a request's window, a Mamba group its state: the engine's token figure
@@ -119,14 +130,8 @@ def max_concurrency(reading: Reading, mean_tokens: float | None, max_model_len: 
         # A request holds whole blocks: a 287-token request takes one 1024-token block, not 287/1024 of one.
         estimates.append(blocks / math.ceil(mean_tokens / block_size))
     if estimates:
-        ceiling = min(estimates)
-        if live is not None and usage is not None:
-            # The live footprint weighs in with the usage, alone from half full on: continuous, so a load hovering
-            # about half full does not flip its headroom, and below half full never under twice the running count.
-            weight = min(1.0, usage / LIVE_FOOTPRINT_TRUSTED_USAGE)
-            ceiling = weight * live + (1.0 - weight) * ceiling
         # Every running request holds at least one block, so no basis can exceed the block count.
-        out["observed_mix"] = min(ceiling, blocks) if blocks is not None else ceiling
+        out["observed_mix"] = min(min(estimates), blocks) if blocks is not None else min(estimates)
     if reading.kv_max_concurrency is not None:
         out["max_model_len"] = reading.kv_max_concurrency
     elif max_model_len:
@@ -156,14 +161,14 @@ def ceiling_request_size(reading: Reading, ceiling: float | None) -> float | Non
 def observed_mix_ceiling(reading: Reading, history: SeriesHistory | None) -> float | None:
     """``kvwatch_max_concurrency{basis="observed_mix"}`` of this poll (what the advice's limit and the what-ifs
     start from)."""
-    return max_concurrency(reading, mean_request_tokens(reading, history), None).get("observed_mix")
+    return max_concurrency(reading, mean_request_kv_tokens(reading, history), None).get("observed_mix")
 
 
 def derive(reading: Reading, history: SeriesHistory | None, max_model_len: int | None = None,
            extra: Mapping[str, Any] | None = None) -> SeriesState:
     """The exported view of one series (history may be None for a one-shot ``kvwatch check``)."""
     mean_tokens = mean_request_tokens(reading, history)
-    ceilings = max_concurrency(reading, mean_tokens, max_model_len)
+    ceilings = max_concurrency(reading, mean_request_kv_tokens(reading, history), max_model_len)
     headroom = None
     if "observed_mix" in ceilings and reading.requests_running is not None:
         ceiling, usage = ceilings["observed_mix"], reading.kv_usage_ratio

@@ -118,8 +118,8 @@ class CapacityAnalyzer:
         if capacity is None and series.source == "unknown" and not findings:
             return None
         whatif: dict[str, float] = {}
-        # The request size behind kvwatch_max_concurrency{basis="observed_mix"} (the live footprint, blended below
-        # half full with the finished mean): a what-if starting from the live footprint alone
+        # The request size behind kvwatch_max_concurrency{basis="observed_mix"} (the smaller of the live footprint
+        # and the finished mean, net of the prefix cache): a what-if starting from the live footprint alone
         # read above today's ceiling for a change that does nothing at this mix (max_model_len_halved at +7 %).
         headline = observed_mix_ceiling(reading, history)
         size = ceiling_request_size(reading, headline) or reading.kv_tokens_per_running_request

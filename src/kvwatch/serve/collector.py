@@ -173,13 +173,12 @@ def _series_families(series: dict) -> Iterator[Metric]:
             yield family
     ceiling = GaugeMetricFamily(
         "kvwatch_max_concurrency",
-        "Concurrent requests the KV cache holds: basis=observed_mix (capacity / live KV tokens per running "
-        "request from a usage of 0.5 on; below it blended, weighted by usage / 0.5, with the smaller of that and "
-        "capacity / mean finished request's prompt+output tokens, also in whole blocks, or the model's layout's "
-        "count on the engine's (or the formula's) blocks where its KV groups or windows hold a request unevenly; "
-        "never above the block count) or basis=max_model_len (every request at max "
-        "length: vLLM's figure, else its sum on the engine's or the formula's blocks, else capacity / max "
-        "length)." + _POLL_NOTE,
+        "Concurrent requests the KV cache holds: basis=observed_mix (the smaller of capacity / live KV tokens "
+        "per running request and capacity / mean finished request's own KV: prompt less its prefix-cached share, "
+        "plus output; also in whole blocks, or the model's layout's count on the engine's (or the formula's) "
+        "blocks where its KV groups or windows hold a request unevenly; never above the block count) or "
+        "basis=max_model_len (every request at max length: vLLM's figure, else its sum on the engine's or the "
+        "formula's blocks, else capacity / max length)." + _POLL_NOTE,
         labels=[*SERIES_LABELS, "basis"])
     for key, s in series.items():
         for basis, value in sorted(s.max_concurrency.items()):
