@@ -71,6 +71,8 @@ def mean_request_kv_tokens(reading: Reading, history: SeriesHistory | None = Non
 
 LIVE_FOOTPRINT_MIN_USAGE = 0.01
 """Below this usage the live KV footprint per running request is a block or two: too coarse to size by."""
+
+
 def blocks_shared_by_groups(config: Mapping[str, str]) -> bool:
     """Whether the engine's ``cache_config_info`` itself says its blocks are shared among KV groups: a Mamba hybrid
     whose state pages vLLM pads to the attention page (``mamba_page_size_padded``, set by its
