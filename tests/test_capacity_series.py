@@ -287,7 +287,6 @@ def test_the_pool_in_bytes_is_the_engines_blocks_on_a_reading_already_resolved()
     assert again.pool_bytes == first.pool_bytes == 9271 * first.plan.layout.bytes_per_block_row
 
 
-
 def test_every_capacity_source_is_in_the_metrics_reference_and_every_resolved_one_is_known() -> None:
     from kvwatch.capacity.series import SOURCES
 

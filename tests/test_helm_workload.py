@@ -625,7 +625,6 @@ def test_dashboard_labels_are_held_to_kubernetes_rules(tmp_path: Path) -> None:
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "12345678"
 
 
-
 @pytest.mark.parametrize(("renames", "waiting_metric"), [
     ("a_total=vllm:num_preemptions_total,b=vllm:cache_config_info", None),  # docs/deploy.md's example, right
     ("a=vllm:num_preemptions_total", None),  # a family for a sample: the docs' old example

@@ -161,7 +161,7 @@ def advise(
 ) -> list[Advice]:
     """Ranked fixes for ``state`` (empty unless filling or bottleneck).
 
-    ``capacity_tokens`` is the engine's KV pool when known (else the plan's figure is used);
+    ``capacity_tokens`` is the engine's KV pool when known (else unknown: the plan's gains are then ratios alone);
     ``capacity_plan`` is a :class:`kvwatch.capacity.CapacityPlan` when the model is known: its what-if
     scenarios size the quantization and tensor-parallel gains, as ratios applied to that pool.
     ``kv_tokens_per_request`` is the live average of KV tokens per running request (the observed mix) and
