@@ -183,15 +183,15 @@ def advise(
     flags = engine_flags(engine_kind)
     plan_tokens = float(capacity_plan.kv_cache_tokens) if capacity_plan is not None and \
         capacity_plan.kv_cache_tokens else None
-    # The engine's pool (the formula's where the engine reports none and kvwatch.capacity.series took it), never the
-    # plan's beside a capacity left unknown on purpose (two pods' cache_config_info sets on one page, SGLang's and
-    # TensorRT-LLM's pools): the gains are then the plan's ratios alone.
-    base_tokens = capacity_tokens
+    # capacity_tokens: the engine's pool (the formula's where the engine reports none and kvwatch.capacity.series took
+    # it), never the plan's beside a capacity left unknown on purpose (two pods' cache_config_info sets on one page,
+    # SGLang's and TensorRT-LLM's pools): the gains are then the plan's ratios alone.
     ceiling = concurrency_ceiling
-    if ceiling is None and base_tokens and kv_tokens_per_request:
-        ceiling = base_tokens / kv_tokens_per_request
+    if ceiling is None and capacity_tokens and kv_tokens_per_request:
+        ceiling = capacity_tokens / kv_tokens_per_request
     # The request size behind that ceiling, at which a change's ceiling is sized (as serve's what-if gauges are)
-    size = ceiling_request_tokens or (base_tokens / ceiling if base_tokens and ceiling else kv_tokens_per_request)
+    size = ceiling_request_tokens or (
+        capacity_tokens / ceiling if capacity_tokens and ceiling else kv_tokens_per_request)
 
     def ceiling_gain(changed: CapacityPlan | None) -> float | None:
         if capacity_plan is None or not size:
@@ -208,16 +208,16 @@ def advise(
     lowered = _lower_max_model_len(max_model_len, longest_request_tokens)
     if lowered is not None and max_model_len is not None and longest_request_tokens is not None:
         out.append(_max_model_len_advice(max_model_len, lowered, longest_request_tokens, flags["max_model_len"],
-                                         _worst_case_ceilings(capacity_plan, pool_blocks, base_tokens, max_model_len,
-                                                              lowered)))
+                                         _worst_case_ceilings(capacity_plan, pool_blocks, capacity_tokens,
+                                                              max_model_len, lowered)))
     if not fixed_blocks:  # (while --num-gpu-blocks-override fixes the pool, neither quantization adds KV)
-        out += _quantization_advice(capacity_plan, _whatif(capacity_plan), plan_tokens, base_tokens, ceiling,
+        out += _quantization_advice(capacity_plan, _whatif(capacity_plan), plan_tokens, capacity_tokens, ceiling,
                                     engine_kind, ceiling_gain)
 
     if fixed_blocks:
-        out.append(_fixed_pool_advice(fixed_blocks, base_tokens, ceiling))
+        out.append(_fixed_pool_advice(fixed_blocks, capacity_tokens, ceiling))
     else:
-        out.append(_tensor_parallel_advice(capacity_plan, plan_tokens, base_tokens, ceiling, gpus_per_node,
+        out.append(_tensor_parallel_advice(capacity_plan, plan_tokens, capacity_tokens, ceiling, gpus_per_node,
                                            flags["tensor_parallel"] or "--tensor-parallel-size", ceiling_gain))
     launched = engine_kind not in CONFIGURED_NOT_LAUNCHED
     return [Advice(a.action, rank, a.message, a.projected_effect, a.engine_args if launched else None,

@@ -62,7 +62,10 @@ def mean_request_kv_tokens(reading: Reading, history: SeriesHistory | None = Non
     (``Reading.prefix_cached_share``, the figure the forecaster discounts waiting prompts by), plus its generated
     tokens. A shared system prompt is held once for every request that reads it: counted whole per request, 600
     requests running at 0.96 of a pool read a ceiling of 250 and the advice cut them to 236."""
-    parts = _mean_parts(reading, history, window)
+    return _kv_tokens(reading, _mean_parts(reading, history, window))
+
+
+def _kv_tokens(reading: Reading, parts: tuple[float, float] | None) -> float | None:
     if parts is None:
         return None
     prompt, generated = parts
@@ -169,8 +172,9 @@ def observed_mix_ceiling(reading: Reading, history: SeriesHistory | None) -> flo
 def derive(reading: Reading, history: SeriesHistory | None, max_model_len: int | None = None,
            extra: Mapping[str, Any] | None = None) -> SeriesState:
     """The exported view of one series (history may be None for a one-shot ``kvwatch check``)."""
-    mean_tokens = mean_request_tokens(reading, history)
-    ceilings = max_concurrency(reading, mean_request_kv_tokens(reading, history), max_model_len)
+    parts = _mean_parts(reading, history, RATE_WINDOW_SECONDS)  # (once: both means are read from it)
+    mean_tokens = sum(parts) if parts is not None else None
+    ceilings = max_concurrency(reading, _kv_tokens(reading, parts), max_model_len)
     headroom = None
     if "observed_mix" in ceilings and reading.requests_running is not None:
         ceiling, usage = ceilings["observed_mix"], reading.kv_usage_ratio

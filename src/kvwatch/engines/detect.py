@@ -159,6 +159,7 @@ def _part(name: str) -> str:
     return next((part for part in _PARTS if name.endswith(part)), "")
 
 
+@functools.cache  # (one read set a run: refused_rename asks for every pair on every poll)
 def rename_targets(read: frozenset[str]) -> frozenset[str]:
     """Every engine name a ``--rename-metrics`` pair may name when kvwatch reads ``read``: a family read, one of its
     samples (``x_total``, ``x_bucket``, ...), or a family whose sample is read (the Helm chart checks pairs against
