@@ -758,3 +758,54 @@ def test_a_zero_pool_from_tensorrt_llm_names_no_capacity_source_and_no_flag_json
     assert zero != page
     assert interpret(page, None, timestamp=0.0).detection.capacity_metric is not None
     assert interpret(zero, None, timestamp=0.0).detection.capacity_metric is None
+
+
+def _counters_unsuffixed(text: str) -> str:
+    """``text`` with every counter family declared and sampled without ``_total`` (an OpenTelemetry collector's
+    Prometheus exporter with ``add_metric_suffixes: false``)."""
+    declared = (line.split()[2:] for line in text.splitlines() if line.startswith("# TYPE "))
+    counters = {words[0] for words in declared if words[1:] == ["counter"] and words[0].endswith("_total")}
+    out = []
+    for line in text.splitlines(keepends=True):
+        for name in counters:
+            if line.startswith((f"# HELP {name} ", f"# TYPE {name} ", f"{name}{{", f"{name} ")):
+                line = line.replace(name, name.removesuffix("_total"), 1)
+                break
+        out.append(line)
+    return "".join(out)
+
+
+COUNTER_PAGES = sorted(p for d in ("vllm-metrics", "sglang-metrics", "tensorrt-llm-metrics")
+                       for p in (FIXTURES / d).glob("*.prom") if "_total counter" in p.read_text())
+
+
+@pytest.mark.parametrize("path", COUNTER_PAGES, ids=lambda p: p.name)
+def test_counters_declared_without_total_read_as_the_engines_own(path: Path) -> None:
+    # They were left unread without a word: no preemptions, no finished requests, no token rates.
+    text = path.read_text()
+    unsuffixed = _counters_unsuffixed(text)
+    assert unsuffixed != text and "_total counter" not in unsuffixed
+    try:
+        own = read_payload(text, timestamp=1.0)
+    except UnrecognisedPayload as refused:  # a page refused (a router's) is refused alike
+        with pytest.raises(UnrecognisedPayload, match="aggregates several servers"):
+            read_payload(unsuffixed, timestamp=1.0)
+        assert "aggregates several servers" in str(refused)
+        return
+    stripped = read_payload(unsuffixed, timestamp=1.0)
+    assert stripped.readings == own.readings
+    assert stripped.detection == own.detection
+
+
+def test_a_counter_read_by_its_own_name_and_a_page_with_both_spellings_keep_theirs() -> None:
+    base = (SGLANG / "gen-0.5.2-total-retracted-tp2.prom").read_text()
+    own = read_payload(base, timestamp=1.0)
+    # A lifetime total typed counter by a re-export is still read under its own name, not as "..._total".
+    retyped = base.replace("# TYPE sglang:total_retracted_reqs gauge", "# TYPE sglang:total_retracted_reqs counter")
+    assert retyped != base
+    assert [r.preemptions_total for r in read_payload(retyped, timestamp=1.0).readings] == \
+        [r.preemptions_total for r in own.readings] != [None] * len(own.readings)
+    # A page with both spellings of a counter keeps the engine's own ``_total`` family.
+    assert "# TYPE sglang:num_requests_total counter" in base
+    both = base + '# TYPE sglang:num_requests counter\nsglang:num_requests{model_name="x"} 99\n'
+    assert read_payload(both, timestamp=1.0).readings == own.readings

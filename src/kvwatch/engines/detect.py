@@ -132,6 +132,31 @@ def respelled(exposition: Exposition, spelling: Spelling) -> Exposition:
     return Exposition(families=families, names=frozenset(map(rename, exposition.names)), spoiled=exposition.spoiled)
 
 
+def with_unsuffixed_counters(wanted: frozenset[str]) -> frozenset[str]:
+    """``wanted`` and each ``x_total`` in it as ``x``: the names :func:`counters_suffixed` reads."""
+    return wanted | {name.removesuffix("_total") for name in wanted if name.endswith("_total")}
+
+
+def counters_suffixed(exposition: Exposition, wanted: frozenset[str]) -> Exposition:
+    """``exposition`` with each counter family that ``wanted`` names ``x_total`` but the page declares without the
+    suffix (``# TYPE vllm:num_preemptions counter`` and samples so named: what an OpenTelemetry collector's Prometheus
+    exporter writes with ``add_metric_suffixes`` off) keyed and named ``x_total``, as the engines' own pages and
+    kvwatch's adapters name counters; a page that also has ``x_total`` keeps its own, and a counter read by its own
+    name (SGLang's ``sglang:total_retracted_reqs``) stays. (Left unread, they meant no preemptions and no request
+    rate, without a word.)"""
+    unsuffixed = [f for f in exposition if f.type == "counter" and f.name + "_total" in wanted
+                  and f.name not in wanted and f.name + "_total" not in exposition.families]
+    if not unsuffixed:
+        return exposition
+    families = dict(exposition.families)
+    for family in unsuffixed:
+        name = family.name + "_total"
+        del families[family.name]
+        families[name] = replace(family, name=name, samples=[Sample(name, s.labels, s.value) for s in family.samples])
+    return Exposition(families=families, names=exposition.names | {f.name + "_total" for f in unsuffixed},
+                      spoiled=exposition.spoiled)
+
+
 def _part_renamed(renames: Mapping[str, str], name: str) -> str:
     """``name`` under ``renames``: a family's, or one of its samples' (``_bucket``, ``_total``, ...)."""
     if name in renames:
@@ -247,7 +272,8 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
     wanted = wanted_for(overrides, latency=latency, lengths=lengths)
     if operator is not None:
         wanted = wanted | frozenset(map(operator.page, wanted))
-    exposition = parse(text, wanted, limit.admit if limit is not None else None)
+    exposition = counters_suffixed(parse(text, with_unsuffixed_counters(wanted),
+                                         limit.admit if limit is not None else None), wanted)
     if operator is not None:
         exposition = _renamed(exposition, renames, operator, wanted_for(overrides, latency=True, lengths=True))
     # An operator who names the page's own metrics (or labels, {stage="0"}) with the override flags reads the page as
@@ -256,8 +282,10 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
     spelling = page_spelling(exposition.names) if not own_names else None
     if spelling is not None:  # read again for the page's own names (the same filter, in its spelling)
         limit = SeriesLimit(ADMIT_FACTOR * max_series) if max_series is not None else None
-        exposition = respelled(parse(text, frozenset(map(spelling.page, wanted)),
-                                     limit.admit if limit is not None else None), spelling)
+        page_wanted = frozenset(map(spelling.page, wanted))
+        exposition = respelled(counters_suffixed(parse(text, with_unsuffixed_counters(page_wanted),
+                                                       limit.admit if limit is not None else None), page_wanted),
+                               spelling)
     spoiled = exposition.spoiled
     pending = _refuse_unmatched(exposition, overrides)
     staged = engines_from_stages(exposition) if not own_names else None
