@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from kvwatch.check import build_report
 from kvwatch.engines import Selector, SourceOverrides, UnrecognisedPayload, vllm
-from kvwatch.engines.detect import read_payload
+from kvwatch.engines.detect import page_spelling, read_payload
 from kvwatch.exposition import ParseError, parse
 from kvwatch.model import CAPACITY_UNDETERMINED, Poll, Reading
 from kvwatch.payload import ScrapeError, interpret
@@ -688,6 +688,23 @@ def test_nim_serves_vllms_families_without_the_prefix() -> None:
     vllm_page = (FIXTURES / "gen-0.33-dp2-capacity-labels.prom").read_text()
     assert interpret(vllm_page + "# a comment: num_requests_running\n", None, timestamp=0.0).detection == interpret(
         vllm_page, None, timestamp=0.0).detection
+
+
+@pytest.mark.parametrize("name", ["gen-0.33-dp2-capacity-labels.prom", "gen-0.11.0-gptoss-issue28924.prom",
+                                  "v0-engine-qwenvl.prom"])
+def test_vllms_families_with_underscores_for_colons_read_as_vllms(name: str) -> None:
+    # An OpenTelemetry collector's or Grafana Alloy's Prometheus exporter writes vllm:x as vllm_x (so does vLLM's own
+    # OpenTelemetry naming, vllm/v1/metrics/ray_wrappers.py). It was refused: "no vllm:* ... metrics in the payload
+    # (... --disable-log-stats ...)", the wrong thing to look at.
+    text = (FIXTURES / name).read_text()
+    underscored = text.replace("vllm:", "vllm_")
+    own, read = interpret(text, None, timestamp=0.0), interpret(underscored, None, timestamp=0.0)
+    assert read.readings == own.readings
+    assert read.detection.version_range == f"{own.detection.version_range} (vllm_ prefix)"
+    assert read.detection.usage_metric == own.detection.usage_metric.replace("vllm:", "vllm_")
+    # prometheus_client's underscore escaping (samples vllm_x under # TYPE vllm:x) keeps its own message.
+    escaped = "# TYPE vllm:num_requests_running gauge\nvllm_num_requests_running 3\n"
+    assert page_spelling(parse(escaped).names) is None
 
 
 def test_pages_kvwatch_cannot_read_say_what_they_are() -> None:

@@ -2,10 +2,10 @@
 
 NVIDIA NIM for LLMs serves vLLM's families without the ``vllm:`` prefix (its ``/v1/metrics``): a page with no
 ``vllm:`` at all whose lines start with vLLM's running gauge and a KV usage gauge is read with the prefix put
-back (:func:`page_spelling`, :func:`respelled`; SGLang's families spelled ``sglang_*`` likewise), and the report
-names the metrics as the page spells them. vLLM-Omni relabels every ``vllm:*`` family's ``engine`` into
-``stage`` and ``replica`` (one server running an engine per stage, each with its own KV cache): such a page is
-read with ``engine="<stage>.<replica>"`` (:func:`engines_from_stages`).
+back (:func:`page_spelling`, :func:`respelled`; vLLM's and SGLang's families spelled ``vllm_*`` and ``sglang_*``
+likewise), and the report names the metrics as the page spells them. vLLM-Omni relabels every ``vllm:*`` family's
+``engine`` into ``stage`` and ``replica`` (one server running an engine per stage, each with its own KV cache): such
+a page is read with ``engine="<stage>.<replica>"`` (:func:`engines_from_stages`).
 
 First match wins: any ``vllm:*`` family → vLLM; SGLang's scheduler gauges → SGLang; ``trtllm_*``,
 ``trtllm:*`` or Triton's ``nv_trt_llm_*`` families → TensorRT-LLM; a JSON body → TensorRT-LLM iteration
@@ -108,17 +108,26 @@ UNDERSCORED_SGLANG = Spelling(
 """SGLang's families as re-exports spell them, ``sglang_*`` (llm-d, NVIDIA Dynamo: docs/metrics.md). (A page whose
 # TYPE lines say ``sglang:`` is prometheus_client's escaping, which ``series.underscore_escaped`` explains.)"""
 _SGLANG_CORE = tuple(UNDERSCORED_SGLANG.page(f) for f in (sglang.TOKEN_USAGE, sglang.RUNNING, sglang.QUEUE))
+UNDERSCORED_VLLM = Spelling(
+    "vllm_ prefix", lambda n: "vllm_" + n.removeprefix("vllm:") if n.startswith("vllm:") else n,
+    lambda n: "vllm:" + n.removeprefix("vllm_") if n.startswith("vllm_") else n, "vllm:")
+"""vLLM's families with ``:`` written ``_``, as an OpenTelemetry collector's or Grafana Alloy's Prometheus exporter
+writes them, and vLLM's own OpenTelemetry names (``_get_sanitized_opentelemetry_name`` in
+vllm/v1/metrics/ray_wrappers.py)."""
 
 
 def page_spelling(names: frozenset[str]) -> Spelling | None:
     """The re-export spelling of a page whose family ``names`` (the filtered parse records every one it sees) hold an
     engine's core gauges in it and none in the engine's own: NIM (vLLM's running gauge and a KV usage gauge
-    unprefixed), or ``sglang_*``; None for any other page."""
+    unprefixed), ``sglang_*`` or ``vllm_*``; None for any other page."""
     if "num_requests_running" in names and {"gpu_cache_usage_perc", "kv_cache_usage_perc"} & names and \
             not any(n.startswith("vllm:") for n in names):
         return NIM
     if any(n in names for n in _SGLANG_CORE) and not any(n.startswith("sglang:") for n in names):
         return UNDERSCORED_SGLANG
+    if "vllm_num_requests_running" in names and {"vllm_gpu_cache_usage_perc", "vllm_kv_cache_usage_perc"} & names \
+            and not any(n.startswith("vllm:") for n in names):
+        return UNDERSCORED_VLLM
     return None
 
 
