@@ -15,6 +15,7 @@ from kvwatch.check import build_report, findings
 from kvwatch.cli import main
 from kvwatch.derived import derive
 from kvwatch.model import SGLANG, VLLM, Detection, Poll, Reading
+from kvwatch.payload import interpret
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-metrics"
 
@@ -915,6 +916,26 @@ def test_more_prefix_cache_hits_than_queries_is_implausible() -> None:
     assert dropped == (("prefix_cache_hits_total", 150_000.0),)
     fine = Reading("m", kv_usage_ratio=0.5, prefix_cache_queries_total=100_000.0, prefix_cache_hits_total=100_000.0)
     assert check_reading(fine) == (fine, ())
+
+
+@pytest.mark.parametrize("count", [1e-320, 0.5, 100.25])
+def test_a_request_length_histograms_count_that_is_no_whole_number_is_implausible(count: float) -> None:
+    # A count of requests is whole: 1e-320 made the mean request infinitely long and the ceiling an internal error
+    # (check answered reason "internal"); 0.5 read a mean request of 400,500 tokens and a ceiling of 0.41.
+    from kvwatch.plausible import check_reading
+
+    reading = Reading("m", kv_usage_ratio=0.5, request_prompt_tokens_sum=400.0, request_prompt_tokens_count=count,
+                      request_generation_tokens_sum=300.0, request_generation_tokens_count=count)
+    checked, dropped = check_reading(reading)
+    assert checked.request_prompt_tokens_count is None and checked.request_generation_tokens_count is None
+    assert dropped == (("request_prompt_tokens_count", count), ("request_generation_tokens_count", count))
+    page = (FIXTURES / "gen-0.33-dp2-capacity-labels.prom").read_text()
+    line = 'vllm:request_prompt_tokens_count{engine="0",model_name="llama"} 100.0'
+    assert line in page
+    report = build_report(interpret(page.replace(line, line.replace("100.0", repr(count))), None, timestamp=0.0))
+    (series, *_) = report["series"]
+    assert series["mean_request_tokens"] is None and series["max_concurrency"] > 1
+    assert "implausible_values" in [f["id"] for f in report["findings"]]
 
 
 def test_an_unknown_running_count_is_no_standing_queue() -> None:

@@ -31,8 +31,12 @@ _COUNTS = ("requests_running", "requests_waiting", "requests_swapped", "preempti
 _POSITIVE = ("kv_capacity_tokens", "kv_max_concurrency", "num_gpu_blocks", "block_size", "max_model_len")
 _BY_LABEL = ("waiting_by_reason", "finished_by_reason")
 _WHOLE = ("block_size", "max_model_len")  # of _POSITIVE, whole numbers (blocks per engine may not be: a DP total ÷ n)
+# Of _COUNTS, whole numbers: a histogram's count of requests (1e-320 made the mean request infinitely long, and the
+# concurrency ceiling an internal error). Running and waiting may not be (Triton's waiting fraction).
+_WHOLE_COUNTS = ("request_prompt_tokens_count", "request_generation_tokens_count")
 
 assert set(_COUNTS + _POSITIVE + _BY_LABEL) <= {f.name for f in fields(Reading)} and set(_WHOLE) <= set(_POSITIVE)
+assert set(_WHOLE_COUNTS) <= set(_COUNTS)
 
 CHECKED_FIELDS = ("kv_usage_ratio", *_COUNTS, *_POSITIVE, *_BY_LABEL, "gpu_memory_utilization",
                   "process_start_time_seconds")
@@ -65,7 +69,7 @@ def check_reading(reading: Reading) -> tuple[Reading, tuple[tuple[str, float], .
             changes["kv_usage_ratio"] = checked
     for name in _COUNTS:
         value = getattr(reading, name)
-        if value is not None and not is_count(value):
+        if value is not None and not (is_count(value) and (name not in _WHOLE_COUNTS or value.is_integer())):
             changes[name] = None
             dropped.append((name, value))
     hits = changes.get("prefix_cache_hits_total", reading.prefix_cache_hits_total)
