@@ -216,3 +216,35 @@ def test_a_state_dtype_spelled_as_torch_names_it_is_read_and_an_unknown_one_refu
     assert arch_from_config({**config, "mamba_ssm_cache_dtype": "torch.float32"}) == plain
     with pytest.raises(ArchitectureError, match="mamba_ssm_cache_dtype 'weird4'"):
         arch_from_config({**config, "mamba_ssm_cache_dtype": "weird4"})
+
+
+def _qwen35_27b(**text: object) -> dict:
+    """Qwen3.5-27B's config.json as published (text model; 64 layers, every fourth full attention)."""
+    layer_types = ["linear_attention"] * 3 + ["full_attention"]
+    return {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5", "text_config": {
+        "model_type": "qwen3_5_text", "hidden_size": 5120, "num_hidden_layers": 64, "num_attention_heads": 24,
+        "num_key_value_heads": 4, "head_dim": 256, "intermediate_size": 17408, "vocab_size": 248320,
+        "max_position_embeddings": 262144, "full_attention_interval": 4, "layer_types": layer_types * 16,
+        "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16,
+        "linear_num_value_heads": 48, "linear_value_head_dim": 128, "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False, "mamba_ssm_dtype": "float32", **text}}
+
+
+def test_a_gated_delta_net_and_gated_attention_are_counted_as_vllm_builds_them() -> None:
+    # vLLM's qwen3_next.py: Qwen3NextAttention's qkv_proj holds the queries twice (attn_output_gate, on by default),
+    # QwenGatedDeltaNetAttention projects in to q, k (key heads), v, z (value heads), b and a (one per value head) and
+    # out from v. kvwatch counted 3 × hidden × inner and no gate: 25.36 B parameters where vLLM loads 26.90 B, the KV
+    # pool 2.9 GiB too large on one H100.
+    from kvwatch.capacity.architecture import arch_from_config
+    from kvwatch.capacity.memory import parameter_counts
+
+    h = 5120
+    full = h * 24 * 256 * 2 + h * 4 * 256 * 2 + 24 * 256 * h  # q and its gate, k and v, o
+    gdn = h * (2 * 16 * 128 + 2 * 48 * 128 + 2 * 48) + 48 * 128 * h
+    mlp = 3 * h * 17408
+    embed, linear, experts = parameter_counts(arch_from_config(_qwen35_27b()))
+    assert (embed, linear, experts) == (248320 * h * 2, 16 * full + 48 * gdn + 64 * mlp, 0)
+    assert round((embed + linear) / 1e9, 2) == 26.89
+    # A config that turns the gate off loses the gate's projection only.
+    _, ungated, _ = parameter_counts(arch_from_config(_qwen35_27b(attn_output_gate=False)))
+    assert linear - ungated == 16 * h * 24 * 256

@@ -209,6 +209,9 @@ class ModelArch:
     # (MiniCPM3: low-rank q and kv projections, K and V decompressed per head: decompressed_mla_params); None: from
     # the heads and head sizes.
     attention_params_per_layer: int | None = None
+    # Attention that projects an output gate as wide as its queries (Qwen3-Next's and Qwen3.5's attn_output_gate,
+    # which vLLM's Qwen3NextAttention reads as on unless the config says false).
+    attention_output_gate: bool = False
     from_config_file: bool = False  # built from a user's config.json (--model-config), not a preset
     model_type: str = ""  # config.json's model_type (of the text model), lower case
     architectures: tuple[str, ...] = ()  # config.json's architectures (vLLM picks its model class by these)
@@ -628,6 +631,8 @@ def _arch_from_config(config: dict[str, Any], name: str, source: str | None) -> 
         weight_block_size=_weight_blocks(qc),
         weight_group_size=_weight_groups(qc),
         attention_params_per_layer=decompressed_mla_params(cfg, hidden, heads) if decompressed else None,
+        attention_output_gate=model_type.startswith(("qwen3_next", "qwen3_5"))
+        and cfg.get("attn_output_gate") is not False,
         source=source,
         notes=tuple(notes),
         model_type=model_type,

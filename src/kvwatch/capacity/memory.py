@@ -11,6 +11,7 @@ import math
 
 from kvwatch.capacity import quantization as quant
 from kvwatch.capacity.architecture import ModelArch
+from kvwatch.capacity.mamba import GATED_DELTA_NET
 from kvwatch.capacity.quantization import QuantizationError
 from kvwatch.capacity.units import GIB
 
@@ -53,7 +54,8 @@ def parameter_counts(arch: ModelArch) -> tuple[int, int, int]:
     Attention projections for attention layers only; an MLP for layers without an MoE (all of them in a dense
     model; Jamba's non-expert layers), gated (3 matrices) unless ``arch.gated_mlp`` is False (2); experts for MoE
     layers; Mamba / linear-attention mixers as
-    ``3 × hidden × inner`` (in and out projections, the small convolution and SSM parameters ignored).
+    ``3 × hidden × inner`` (in and out projections, the small convolution and SSM parameters ignored), a gated delta
+    net's as vLLM builds it (:func:`_mixer_params`).
 
     When the preset records the model's published total, the linear part is scaled to match it.
     """
@@ -64,7 +66,7 @@ def parameter_counts(arch: ModelArch) -> tuple[int, int, int]:
     if arch.num_experts:
         moe_layers = arch.moe_layers if arch.moe_layers is not None else arch.num_layers - arch.first_k_dense_layers
     dense_mlp_layers = arch.dense_mlp_layers if arch.dense_mlp_layers is not None else arch.num_layers - moe_layers
-    mamba = arch.mamba_layers * 3 * h * arch.mamba_inner_size  # in_proj (2 x inner) + out_proj, roughly
+    mamba = arch.mamba_layers * _mixer_params(arch)
     matrices = 3 if arch.gated_mlp else 2
     dense = attention + dense_mlp_layers * matrices * h * arch.intermediate_size + mamba
     experts = 0
@@ -77,6 +79,21 @@ def parameter_counts(arch: ModelArch) -> tuple[int, int, int]:
         scale = (arch.num_parameters - embed) / max(1, implied - embed)
         dense, experts = int(dense * scale), int(experts * scale)
     return embed, dense, experts
+
+
+def _mixer_params(arch: ModelArch) -> int:
+    """One Mamba / linear-attention layer's projection parameters.
+
+    A gated delta net (Qwen3-Next, Qwen3.5: vLLM's ``QwenGatedDeltaNetAttention``) projects the hidden state to its
+    queries and keys (the key heads), its values and output gate (the value heads), and a decay and a beta per value
+    head, and back from the values: 1.5 B parameters more than ``3 × hidden × inner`` on Qwen3.5-27B's 48 such layers.
+    Others: in_proj (2 × inner) + out_proj, roughly.
+    """
+    h, d = arch.hidden_size, arch.mamba_dims
+    if d is not None and d.kind == GATED_DELTA_NET:
+        keys, values = d.num_k_heads * d.head_k_dim, d.num_heads * d.head_dim
+        return h * (2 * keys + 2 * values + 2 * d.num_heads) + values * h
+    return 3 * h * arch.mamba_inner_size
 
 
 def _attention_params(arch: ModelArch, layer_type: str) -> int:
@@ -93,7 +110,9 @@ def _attention_params(arch: ModelArch, layer_type: str) -> int:
         attn = h * (arch.num_attention_heads * 192 + int(arch.kv_lora_rank or 0) + int(arch.qk_rope_head_dim or 0))
         return attn + int(arch.kv_lora_rank or 0) * arch.num_attention_heads * 256 + arch.num_attention_heads * 128 * h
     d = arch.kv_dims(layer_type)
-    return h * (arch.num_attention_heads + d.num_kv_heads) * (d.head_dim + d.v_head_dim)
+    # Qwen3-Next's attention (Qwen3.5's too) projects a gate as wide as its queries (attn_output_gate, on by default)
+    gate = h * arch.num_attention_heads * d.head_dim if arch.attention_output_gate else 0
+    return h * (arch.num_attention_heads + d.num_kv_heads) * (d.head_dim + d.v_head_dim) + gate
 
 
 def _round_up(n: int, multiple: int) -> int:
