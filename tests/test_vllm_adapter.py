@@ -568,6 +568,28 @@ def test_a_federated_page_of_two_pods_is_refused_naming_the_label() -> None:
         vllm.read(parse(text), None, timestamp=100.0)
 
 
+@pytest.mark.parametrize(("extra", "missing"), [
+    ('vllm:num_requests_running{model_name="llama"} 34', "engine"),
+    ('vllm:num_requests_running{engine="",model_name="llama"} 7', "engine"),
+    ('vllm:num_requests_running{engine="1"} 5', "model_name"),
+    ('vllm:num_requests_running{engine="0",model_name=""} 5', "model_name"),
+    ('vllm:num_requests_running 5', "model_name or engine"),
+])
+def test_a_gauge_copy_without_model_name_or_engine_beside_labelled_ones_is_refused(extra: str, missing: str) -> None:
+    # The copy applied to every series: 34 running without engine read 50 and 52 for engines of 16 and 18, up 1.
+    page = (FIXTURES / "gen-0.33-dp2-capacity-labels.prom").read_text()
+    line = next(x for x in page.splitlines() if x.startswith('vllm:num_requests_running{engine="1",model_name="ll'))
+    with pytest.raises(UnrecognisedPayload, match=f"vllm:num_requests_running has samples without {missing} beside "
+                                                  "samples with it"):
+        read_payload(page.replace(line, f"{line}\n{extra}"), timestamp=0.0)
+    # A family with the label on none of its samples still applies to every series (a proxy's renamed gauge).
+    alone = ("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 3\n"
+             "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 1\n"
+             "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.5\n")
+    (reading,) = read_payload(alone, timestamp=0.0).readings
+    assert (reading.requests_running, reading.requests_waiting, reading.kv_usage_ratio) == (3, 1, 0.5)
+
+
 @pytest.mark.parametrize(("states", "expected"), [
     ({"awake": 1.0, "weights_offloaded": 0.0, "discard_all": 0.0}, "awake"),
     ({"awake": 0.0, "weights_offloaded": 1.0, "discard_all": 0.0}, "weights_offloaded"),

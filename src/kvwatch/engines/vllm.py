@@ -375,9 +375,13 @@ def _refuse_aggregated(gauges: Iterable[tuple[Selector | str | None, _Index, str
     """One engine has one sample of each gauge (``pid`` copies already collapsed). Several that differ in another
     label (``instance``, a router's ``server``) are several servers on one page, a federated or router /metrics:
     no figure of it describes one engine (summed running over one pod's usage made a ceiling twice too high), so
-    the page is refused with the label that tells them apart. An operator's override that selects several
-    samples is told to narrow its selector instead."""
+    the page is refused with the label that tells them apart. So is a sample without ``model_name`` or ``engine``
+    (or with it empty) beside samples that have it: it would apply to each of them (a copy without ``engine`` of
+    34 running was added to both engines' 16 and 18, with ``kvwatch_up`` 1). An operator's override that selects
+    several samples is told to narrow its selector instead."""
     for selector, index, flag in gauges:
+        if index.partial:
+            _refuse_partial_beside_labelled(selector, index, flag)
         for (model, engine), group in index.items():
             if len(group) < 2:
                 continue
@@ -392,6 +396,25 @@ def _refuse_aggregated(gauges: Iterable[tuple[Selector | str | None, _Index, str
                 f"(model_name={model or '?'}, engine={engine or '?'}) that differ in "
                 f"{', '.join(differing) or 'nothing'}: this page aggregates several servers (federated, router or "
                 "proxy /metrics); point kvwatch at one vLLM server's /metrics")
+
+
+def _refuse_partial_beside_labelled(selector: Selector | str | None, index: _Index, flag: str | bool) -> None:
+    """Refuses a gauge whose samples without ``model_name`` or ``engine`` would join a series that has a sample of
+    its own (:func:`_for_key` reads every group that applies to a series): ``(m, None)`` beside ``(m, "1")``, or
+    ``(None, None)`` beside anything. A family with the label on none of its samples joins without a word."""
+    keys = list(index)
+    for i, (model, engine) in enumerate(keys):
+        for other_model, other_engine in keys[i + 1:]:
+            if (model is None or other_model is None or model == other_model) and \
+                    (engine is None or other_engine is None or engine == other_engine):
+                pairs = (("model_name", model, other_model), ("engine", engine, other_engine))
+                missing = [label for label, a, b in pairs if (a is None) != (b is None)]
+                where = f"{flag} {selector}" if flag else str(selector)
+                raise UnrecognisedPayload(
+                    f"{where} has samples without {' or '.join(missing)} beside samples with it "
+                    f"({model or other_model or '?'}, engine {engine or other_engine or '?'}): they would be counted "
+                    "into every engine's figure; this page aggregates (a proxy's or a gateway's /metrics), point "
+                    "kvwatch at one vLLM server's /metrics" + (", or narrow the selector" if flag else ""))
 
 
 def _for_key(index: _Index, key: SeriesKey) -> list[Sample]:
