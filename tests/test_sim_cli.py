@@ -103,7 +103,7 @@ def _build(*argv: str, warn=None):  # type: ignore[no-untyped-def]
     (["--step-fixed-ms", "inf"], "--step-fixed-ms"),
     (["--step-decode-token-ms", "nan"], "--step-decode-token-ms"),
     (["--step-prefill-token-ms=-inf"], "--step-prefill-token-ms"),
-    (["--period-seconds", "inf"], "--period-seconds"),
+    (["--profile", "ramp", "--period-seconds", "inf"], "--period-seconds"),
     (["--profile", "bursty", "--period-seconds", "1e-300"], "--period-seconds"),
     (["--data-parallel-size", "100000"], "--data-parallel-size"),
     (["--max-model-len", "200000000", "--num-gpu-blocks", "20000000"], "--max-model-len"),
@@ -111,6 +111,15 @@ def _build(*argv: str, warn=None):  # type: ignore[no-untyped-def]
 def test_non_finite_and_out_of_range_numbers_are_flag_errors(args: list[str], flag: str) -> None:
     with pytest.raises(SettingsError, match=f"for {flag}: must be"):
         _build(*args)
+
+
+@pytest.mark.parametrize("args", [["--rate", "1", "--rate-end", "20"], ["--period-seconds", "300"]])
+def test_a_profiles_shape_without_a_profile_is_a_flag_error(args: list[str]) -> None:
+    # The constant profile took them and changed nothing but the random draws: --rate 1 --rate-end 20 ran flat at 1.
+    with pytest.raises(SettingsError, match=f"for {args[-2]}: shapes a profile: add --profile ramp"):
+        _build(*args)
+    assert main(["simulate", "--no-serve", "--duration-seconds", "10", *args]) == 2
+    assert _build("--profile", "ramp", *args) is not None
 
 
 def test_infinite_rate_scale_is_a_flag_error_not_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:

@@ -89,8 +89,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     load.add_argument("--rate", type=float, default=2.0,
                       help="requests per second (start of the profile; at most 10000)")
     load.add_argument("--rate-end", type=float, default=None, help="the profile's other rate (ramp end, step, peak)")
-    load.add_argument("--period-seconds", type=float, default=600.0,
-                      help="ramp length, step time, diurnal period or mean burst cycle (simulated seconds)")
+    load.add_argument("--period-seconds", type=float, default=None,
+                      help="ramp length, step time, diurnal period or mean burst cycle (simulated seconds; "
+                      f"default {DEFAULT_PERIOD_SECONDS:g})")
     load.add_argument("--prompt-tokens", type=float, default=1000.0,
                       help="mean prompt length (at most --max-model-len)")
     load.add_argument("--output-tokens", type=float, default=200.0,
@@ -119,6 +120,7 @@ def _times(text: str) -> tuple[float, ...]:
 # a step longer than any real one), so they are flag errors rather than long runs.
 MAX_SPEED = 10_000.0  # the engine simulates ~1,000-4,000x real time; beyond this it could never keep up
 MAX_RATE = 10_000.0  # requests per simulated second
+DEFAULT_PERIOD_SECONDS = 600.0  # the profile's time scale when --period-seconds is not given
 MAX_RATE_SCALE = 1_000.0  # copies of the trace superposed
 MAX_STEP_FIXED_MS = 60_000.0
 MAX_STEP_TOKEN_MS = 1_000.0
@@ -174,6 +176,14 @@ def build(args: argparse.Namespace, warn: Callable[[str], None] | None = None) -
     check_number(args.rate, "--rate", 0, MAX_RATE)
     if args.rate_end is not None:
         check_number(args.rate_end, "--rate-end", 0, MAX_RATE)
+    # The constant profile has no other rate and no period: taken, they changed nothing but the random draws, and a
+    # run meant to fill the cache ran flat.
+    for flag, value in (("--rate-end", args.rate_end), ("--period-seconds", args.period_seconds)):
+        check(args.profile != "constant" or args.trace is not None or value is None, flag,
+              "shapes a profile: add --profile ramp, step, diurnal or bursty (the default, constant, holds --rate)",
+              value)
+    if args.period_seconds is None:
+        args.period_seconds = DEFAULT_PERIOD_SECONDS
     # Below a second, the bursty profile would flip between burst and calm ~10^k times a simulated second.
     check_number(args.period_seconds, "--period-seconds", 1, 1e9)
     # Means above max_model_len make no sense (sizes are capped below it) and overflow the lognormal draw. With
