@@ -530,6 +530,8 @@ def test_a_url_without_metrics_gets_a_hint(live_target: str, capsys: pytest.Capt
     assert f"hint: {hint}" in capsys.readouterr().err
     assert main(["check", root + "/health"]) == 3  # another endpoint is replaced, not extended
     assert f"hint: {hint}" in capsys.readouterr().err
+    assert main(["check", root + "/metric"]) == 3  # so is a misspelt /metrics (it said "try .../metric/metrics")
+    assert f"hint: {hint}" in capsys.readouterr().err
     assert main(["check", live_target, "--json"]) == 3
     assert "hint" not in json.loads(capsys.readouterr().out)["error"]
     # credentials in the URL are redacted in the hint, as in the source (it printed the password)
@@ -551,7 +553,9 @@ def test_the_metrics_path_hint_only_for_an_answer_that_is_no_metrics_page(
     _Handler.body = b"\n<html>an index page after a blank line</html>\n"
     assert main(["check", elsewhere, "--json"]) == 3
     error = json.loads(capsys.readouterr().out)["error"]
-    assert error["message"].startswith("line 2:") and error["hint"].endswith(f"try {elsewhere}/metrics")
+    root = live_target.removesuffix("/metrics")
+    assert error["message"].startswith("line 2:") and error["hint"].endswith(
+        f"try {root}/metrics (or {elsewhere}/metrics where the engine is served under /stats)")
     _Handler.body = b"# HELP x caf\xe9\nx 1\n"  # Latin-1 bytes: no UTF-8 page
     assert main(["check", elsewhere, "--json"]) == 3
     assert "hint" in json.loads(capsys.readouterr().out)["error"]
@@ -561,7 +565,8 @@ def test_the_metrics_path_hint_only_for_an_answer_that_is_no_metrics_page(
     assert error["reason"] == "http_status" and "hint" not in error
     _Handler.status = 404
     assert main(["check", elsewhere, "--json"]) == 3
-    assert json.loads(capsys.readouterr().out)["error"]["hint"].endswith(f"try {elsewhere}/metrics")
+    hint = json.loads(capsys.readouterr().out)["error"]["hint"]
+    assert hint.endswith(f"or {elsewhere}/metrics where the engine is served under /stats)")
 
 
 def test_one_waiting_request_at_low_usage_is_not_scheduler_limited() -> None:

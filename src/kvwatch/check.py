@@ -214,9 +214,17 @@ def _url_hint(url: str) -> str | None:
     path = parts.path.rstrip("/")
     if path.endswith("/metrics"):
         return None
-    base = next((path[: -len(e)] for e in _OTHER_ENDPOINTS if path.endswith(e)), path)
-    fixed = urlunsplit((parts.scheme, parts.netloc, base + "/metrics", parts.query, ""))
-    return f"vLLM and SGLang serve their metrics at /metrics: try {fixed}"
+    base = next((path[: -len(e)] for e in _OTHER_ENDPOINTS if path.endswith(e)), None)
+    parent, _, last = path.rpartition("/")
+    if base is None and last.lower().startswith(("metric", "metrcs", "metics")):
+        base = parent  # a misspelt /metrics ("/metric" became "/metric/metrics", which answered 404 too)
+    def url(at: str) -> str:
+        return urlunsplit((parts.scheme, parts.netloc, at + "/metrics", parts.query, ""))
+    if base is not None or not path:
+        return f"vLLM and SGLang serve their metrics at /metrics: try {url(base or '')}"
+    # Another path: the root's /metrics, or the path's where a gateway mounts the engine under it.
+    return f"vLLM and SGLang serve their metrics at /metrics: try {url('')} (or {url(path)} where the engine is " \
+        f"served under {path})"
 
 
 def _check_model_preset(model: str | None) -> None:
