@@ -57,8 +57,9 @@ URL_PATTERN = f"^https?://([^/\\s]*@)?(\\[[^\\]/\\s]*\\]|[^/\\s:@\\[]+)(:({PORT}
 # address, a host name, or "" (unset, as everywhere in the chart). "0.0.0.0:9747" rendered, and the sidecar exited.
 # (kvwatch.settings.check_listen_address without its length lookahead, which Go's RE2 lacks; an IPv6 zone: %eth0)
 LISTEN_ADDRESS = "^(([0-9A-Fa-f.]*:){2,}[0-9A-Fa-f.]*(%[A-Za-z0-9._-]+)?|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|)$"
-RATIO = "^(0*\\.[0-9]*[1-9][0-9]*|0*1(\\.0*)?)$"  # a decimal in (0, 1]: 0.9, .5, 1, 1.0
-DECIMAL = "^[0-9]*\\.?[0-9]+([eE][-+]?[0-9]+)?$"  # a non-negative decimal, as `helm --set` passes it
+# A decimal, as `helm --set` passes it; its bounds are the chart helper's to check (templates/_bounds.tpl), which
+# names the key and its range in words (a pattern of the range itself answered "1.5 does not match pattern ...").
+DECIMAL = "^[-+]?[0-9]*\\.?[0-9]+([eE][-+]?[0-9]+)?$"
 # Kubernetes version of the definitions: the one tests/helm_helpers.py validates rendered objects with.
 KUBERNETES_VERSION = "1.35"
 KUBERNETES_TYPES = (
@@ -121,11 +122,9 @@ def config_schema() -> dict[str, Any]:
         elif branch["type"] == "number":
             # `helm --set config.x=0.9` passes the string "0.9" (Helm types only integers, booleans and null on
             # the command line): accept a decimal string too. The number branch keeps the bounds in the schema,
-            # the chart's helper checks a string against them (templates/_bounds.tpl), and a ratio in (0, 1]
-            # (gpuMemoryUtilization) is checked by its pattern too.
+            # the chart's helper checks a string against them (templates/_bounds.tpl).
             prop["type"] = ["number", "string", "null"]
-            ratio = branch.get("exclusiveMinimum") == 0 and branch.get("maximum") == 1
-            prop["pattern"] = RATIO if ratio else DECIMAL
+            prop["pattern"] = DECIMAL
         properties[camel(public_name(field))] = prop
     return properties
 

@@ -99,8 +99,11 @@ def test_decimals_given_with_plain_set_pass_the_schema_and_reach_both_containers
     env = {e["name"]: e["value"] for e in containers(objects)["kvwatch"]["env"]}
     assert (env["KVWATCH_GPU_MEMORY_UTILIZATION"], env["KVWATCH_POLL_INTERVAL_SECONDS"]) == ("0.9", "2.5")
     assert vllm_flags(containers(objects)["vllm"]["args"])["--gpu-memory-utilization"] == "0.9"
-    for bad in ("abc", "-0.9"):
-        assert "/config/gpuMemoryUtilization" in render_fails(*MINIMAL, "--set", f"config.gpuMemoryUtilization={bad}")
+    assert "/config/gpuMemoryUtilization" in render_fails(*MINIMAL, "--set", "config.gpuMemoryUtilization=abc")
+    # A decimal out of range is named with its range in words (it was "'1.5' does not match pattern '^(0*\.[0-9]*...").
+    for bad in ("-0.9", "1.5", "0.0"):
+        assert f"config.gpuMemoryUtilization ({bad}) must be above 0 and at most 1" in render_fails(
+            *MINIMAL, "--set", f"config.gpuMemoryUtilization={bad}")
     # JSON numbers keep the schema's bounds.
     assert "/config/gpuMemoryUtilization" in render_fails(*MINIMAL, "--set-json", "config.gpuMemoryUtilization=1.5")
     assert "/config/gpuMemoryUtilization" in render_fails(*MINIMAL, "--set", "config.gpuMemoryUtilization=0")
