@@ -55,8 +55,9 @@ KUBE_STATE = {"VLLMContainerRestartLoop", "KvwatchRestartLoop"}
 # Rules whose value is a constant (kvwatch_up == 0, up == 0, absent() == 1, a flag): their text cannot quote it.
 CONSTANT_VALUE = {("KvwatchTargetDown", "start"), ("KvwatchAbsent", None), ("KvwatchUsageUnknown", None),
                   ("KVCacheLeakSuspected", None), ("VLLMRequestExceedsPool", None), ("TTFTObjectiveBreach", None)}
-# Labels besides severity: KvwatchTargetDown is two rules (promtool's lint refuses two with equal labels).
-EXTRA_LABELS = {"KvwatchTargetDown": {"since"}}
+# Labels besides severity: KvwatchTargetDown and KvwatchUsageUnknown are two rules each (promtool's lint refuses two
+# with equal labels).
+EXTRA_LABELS = {"KvwatchTargetDown": {"since"}, "KvwatchUsageUnknown": {"usage"}}
 CHART_VALUES = ROOT / "deploy" / "helm" / "kvwatch" / "values.yaml"
 GUARD = re.compile(r"\)\s*and on \(instance, job\) \(max_over_time\(kvwatch_up\[2m\]\) == 1 or time\(\) - "
                    r"max_over_time\(kvwatch_last_success_timestamp_seconds\[2m\]\) < 120\)\s*$")
@@ -184,15 +185,21 @@ MUTATIONS = [
     ("the bottleneck state held through the window", 'min_over_time(kvwatch_state{state="bottleneck"}[2m])',
      'max_over_time(kvwatch_state{state="bottleneck"}[2m])',
      ["below 0.95 a bottleneck state without a queue or not held through the window does not fire"]),
-    ("the stall's requests in flight", "+ last_over_time(kvwatch_requests_running[2m])\n            ) > 0",
-     "+ last_over_time(kvwatch_requests_running[2m])\n            ) >= 0",
+    ("the stall's requests in flight", "* 0\n              )\n            ) > 0",
+     "* 0\n              )\n            ) >= 0",
      ["a stalled engine without a waiting gauge pages for its running requests, one with none in flight does not"]),
     ("the stall's missing waiting gauge counted as 0",
      "(\n                last_over_time(kvwatch_requests_waiting[2m])\n"
      "                or on (instance, job, model_name, engine) last_over_time(kvwatch_requests_running[2m]) * 0\n"
-     "              )\n              + last_over_time(kvwatch_requests_running[2m])",
-     "last_over_time(kvwatch_requests_waiting[2m]) + last_over_time(kvwatch_requests_running[2m])",
+     "              )\n              +",
+     "last_over_time(kvwatch_requests_waiting[2m]) +",
      ["a stalled engine without a waiting gauge pages for its running requests, one with none in flight does not"]),
+    ("the stall's missing running gauge counted as 0",
+     "+ (\n                last_over_time(kvwatch_requests_running[2m])\n"
+     "                or on (instance, job, model_name, engine) last_over_time(kvwatch_requests_waiting[2m]) * 0\n"
+     "              )",
+     "+ last_over_time(kvwatch_requests_running[2m])",
+     ["a stalled engine without a running gauge pages for its waiting requests"]),
     ("the GPU memory horizon", "kvwatch_gpu_memory_limit_eta_seconds < 1800\n",
      "kvwatch_gpu_memory_limit_eta_seconds < 3600\n",
      ["just below 30 minutes to the limit fires, 30 minutes does not"]),
