@@ -129,7 +129,8 @@ def test_sliding_layers_hold_their_window_and_the_in_flight_tokens_once():
     # at 100k tokens the sliding group holds its window and a block, so the ceiling is ~half the all-full one; the
     # tokens prefill steps add beyond the window (at most 512 in all) are taken from the pool once, not per request
     assert long == pytest.approx((100000 * 16 - 512) / (100000 + 1023 + 16))
-    assert short == pytest.approx(100000 * 16 / (1000 + 1000))  # within the window: as full attention
+    # within the window: as full attention, whole blocks of its 1,000 tokens (63 of 16) in each group
+    assert short == pytest.approx(100000 * 16 / (1008 + 1008))
     # vLLM's own worst case at max_model_len still charges every request the step's tokens (its log's figure)
     from kvwatch.capacity.kv import max_concurrency_at_max_model_len
     assert max_concurrency_at_max_model_len(layout, 100000, 100000, 512) == \
@@ -238,3 +239,21 @@ def test_a_request_shorter_than_a_block_holds_a_whole_one_in_each_group():
     layout = kv_layout(g, 1, 1, 2, 16, V20)  # two groups
     assert max_concurrency_at(layout, 1000, 1, 512) == pytest.approx(1000 / 2)
     assert max_concurrency_at(layout, 1000, 16, 512) == pytest.approx(1000 / 2)
+
+
+def test_a_plans_ceiling_counts_whole_blocks_as_the_sidecar_does():
+    # A request holds whole blocks. plan counted 300 tokens as 300 (1,499 requests of 300 in 1,757 blocks of 256)
+    # where the engine's blocks hold 878 of them, the figure check and the sidecar read from the same pool.
+    from kvwatch.derived import derive
+    from kvwatch.model import Reading
+
+    layout = kv_layout(llama8b(), tp=1, pp=1, kv_bytes=2, block_size=256, version=V20)
+    assert max_concurrency_at(layout, 1757, 300, 0) == pytest.approx(1757 / 2)
+    engine = Reading("m", kv_usage_ratio=0.5, kv_capacity_tokens=1757 * 256.0, num_gpu_blocks=1757.0,
+                     block_size=256.0, request_prompt_tokens_sum=2000.0, request_prompt_tokens_count=10.0,
+                     request_generation_tokens_sum=1000.0, request_generation_tokens_count=10.0)
+    assert derive(engine, None).max_concurrency["observed_mix"] == pytest.approx(1757 / 2)
+    # At 16-token blocks a 3,000-token request holds 188 of them, 3,008 tokens; 4,096 tokens are 256 blocks exactly.
+    layout = kv_layout(llama8b(), tp=1, pp=1, kv_bytes=2, block_size=16, version=V20)
+    assert max_concurrency_at(layout, 40960, 3000, 0) == pytest.approx(40960 * 16 / 3008)
+    assert max_concurrency_at(layout, 40960, 4096, 0) == pytest.approx(40960 * 16 / 4096)

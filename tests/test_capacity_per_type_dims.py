@@ -221,18 +221,21 @@ def test_tensor_parallel_must_suit_every_layer_types_kv_heads():
 
 
 # Figures of other models, computed with the code before per-type dims (20 GiB of KV, an H100's batch limits); the
-# sliding-window models' ceilings at 3,000 tokens (a sliding group holds window − 1 tokens and a
-# block, and the in-flight budget is taken once, as whole prompts beyond that: gemma-3's 8,192 tokens are 2 prompts
-# and 2,192 tokens, 3 × 1,961 beyond 1,023 + 16, (262,144 − 6 × 5,883) ÷ (3,000 + 6 × 1,039); gpt-oss's 16,384 are 5
-# prompts and 1,384 tokens beyond 127 + 16, (582,528 − (5 × 2,857 + 1,384)) ÷ (3,000 + 143)).
+# ceilings at 3,000 tokens count whole blocks where a group holds all of a request's tokens (188 of 16, 3,008 tokens,
+# Llama-4-Scout's chunked groups too: 3,495,248 ÷ (4 × 3,008); 6 of 528 on Granite, 12 of 272 on Qwen3-Next:
+# 1,747,600 ÷ (3,264 + 3 × 272)), and the sliding-window models' (a
+# sliding group holds window − 1 tokens and a block, and the in-flight budget is taken once, as whole prompts beyond
+# that: gemma-3's 8,192 tokens are 2 prompts and 2,192 tokens, 3 × 1,961 beyond 1,023 + 16, (262,144 − 6 × 5,883) ÷
+# (3,008 + 6 × 1,039); gpt-oss's 16,384 are 5 prompts and 1,384 tokens beyond 127 + 16, (582,528 − (5 × 2,857 +
+# 1,384)) ÷ (3,008 + 143)).
 UNCHANGED = [
-    ("google/gemma-3-27b-it", 1, 1, (0, 20), 131072, 507904, 16, 16384, 184270, 1.405869, 24.566385),
-    ("openai/gpt-oss-120b", 1, 1, (0, 33), 131072, 73728, 16, 36408, 517297, 3.946667, 180.356029),
-    ("meta-llama/Llama-3.1-8B-Instruct", 2, 2, (0, 19), 32768, 32768, 16, 40960, 655360, 20.0, 218.453333),
-    ("ibm-granite/granite-4.0-h-small", 1, 1, (0, 32), 131072, 16384, 528, 2482, 1178698, 8.992754, 75.944367),
+    ("google/gemma-3-27b-it", 1, 1, (0, 20), 131072, 507904, 16, 16384, 184270, 1.405869, 24.54512),
+    ("openai/gpt-oss-120b", 1, 1, (0, 33), 131072, 73728, 16, 36408, 517297, 3.946667, 179.898128),
+    ("meta-llama/Llama-3.1-8B-Instruct", 2, 2, (0, 19), 32768, 32768, 16, 40960, 655360, 20.0, 217.87234),
+    ("ibm-granite/granite-4.0-h-small", 1, 1, (0, 32), 131072, 16384, 528, 2482, 1178698, 8.992754, 75.212121),
     ("meta-llama/Llama-4-Scout-17B-16E-Instruct", 8, 1, (0, 14), 1000000, 24576, 16, 218453, 873808, 3.331498,
-     291.270667),
-    ("Qwen/Qwen3-Next-80B-A3B-Instruct", 4, 1, (0, 20), 262144, 12288, 272, 6425, 1741753, 6.644261, 457.966457),
+     290.496011),
+    ("Qwen/Qwen3-Next-80B-A3B-Instruct", 4, 1, (0, 20), 262144, 12288, 272, 6425, 1741753, 6.644261, 428.333333),
 ]
 
 

@@ -39,6 +39,7 @@ from kvwatch.capacity.kv import (
     kv_dtype_bytes,
     layers_on_rank,
     max_concurrency_terms,
+    tokens_needed,
 )
 from kvwatch.capacity.layers import CHUNKED, MAMBA, SLIDING
 from kvwatch.capacity.longcontext import LongContext, long_context
@@ -511,8 +512,10 @@ def render_text(plan: CapacityPlan, scenarios: list[Scenario], avg_seq_len: floa
                    f"≈ {plan.max_concurrency_at(avg_seq_len):.2f} requests")
     elif avg_seq_len:
         ceiling = plan.max_concurrency_at(avg_seq_len)
-        out.append(f"   at {avg_seq_len:,.0f} tokens per request: {_g(plan.available_kv_bytes)} ÷ "
-                   f"({avg_seq_len:,.0f} × {_bytes(plan.kv_bytes_per_token)}) ≈ {ceiling:.2f} requests")
+        held = tokens_needed(layout, avg_seq_len)  # a request holds whole blocks
+        blocks = f" ({held:,.0f} in whole {layout.block_size}-token blocks)" if held != avg_seq_len else ""
+        out.append(f"   at {avg_seq_len:,.0f} tokens per request{blocks}: {_g(plan.available_kv_bytes)} ÷ "
+                   f"({held:,.0f} × {_bytes(plan.kv_bytes_per_token)}) ≈ {ceiling:.2f} requests")
     if plan.max_concurrency_at_max_model_len is not None:
         out.append(f"   at max_model_len {plan.max_model_len:,}: {plan.max_concurrency_at_max_model_len:.2f} requests "
                    "(vLLM's 'Maximum concurrency')")

@@ -554,7 +554,7 @@ def num_gpu_blocks(available_bytes: float, layout: KVLayout) -> int:
 
 
 def tokens_needed(layout: KVLayout, seq_len: float) -> float:
-    """Block-row tokens one running request of ``seq_len`` tokens holds, summed over groups (continuous).
+    """Block-row tokens one running request of ``seq_len`` tokens holds, summed over groups, in whole blocks.
 
     A sliding-window group frees the blocks its window has passed as the request runs (vLLM's
     ``SlidingWindowManager.get_num_skipped_tokens``: the tokens before ``computed - window + 1``), so it holds at
@@ -573,9 +573,12 @@ def tokens_needed(layout: KVLayout, seq_len: float) -> float:
             continue
         block = layout.group_block_size(group)
         cap = _running_hold(layout, group)
-        held = seq_len if cap is None else min(seq_len, cap)
-        # at least a block (a request shorter than one holds a whole one: 1-token requests read 16x as many fitting)
-        total += _in_layout_blocks(layout, max(held, block), block)
+        # A group holding all of a request's tokens holds whole blocks of them (a request shorter than one a whole
+        # one: 1-token requests read 16x as many fitting; at a hybrid's 784-token blocks a 1,000-token request
+        # holds 1,568, not 1,000), as the sidecar's ceiling counts them (kvwatch.derived); a windowed group holds no
+        # more than its window's hold, whose newest block is in it already.
+        held = math.ceil(seq_len / block) * block
+        total += _in_layout_blocks(layout, held if cap is None else min(held, cap), block)
     return total
 
 
@@ -694,7 +697,9 @@ def _length_at(pool: LayoutPool, requests: float) -> float:
     while high - low > 1.5e-4:  # (2^1.5e-4 - 1 ≈ 0.01 %)
         mid = (low + high) / 2
         low, high = (mid, high) if pool.requests_at(2.0 ** mid) > requests else (low, mid)
-    return 2.0 ** ((low + high) / 2)
+    # The longer end: a request holds whole blocks, so as many fit at every length of a block's step, and the midpoint
+    # of a step's edge fell on either side of it (a ceiling read back at the step below, one block shorter).
+    return 2.0 ** high
 
 
 def max_concurrency_at_max_model_len(layout: KVLayout, blocks: int, max_model_len: int,
