@@ -892,8 +892,16 @@ def test_sglang_data_parallel_advice_names_the_servers_total_and_dp_attentions_v
     (limit,) = [a for a in report["series"][1]["advice"] if a["action"] == "limit_concurrency"]
     n = limit["concurrency"]
     assert limit["engine_args"] == ["--max-running-requests", str(n)]
-    assert f"{n} per data-parallel rank ({2 * n} for the server's 2)" in limit["message"]
-    assert f"with --enable-dp-attention SGLang divides the flag over its 2 ranks: pass {2 * n} then" in limit["message"]
+    # The server's total is the tightest rank's limit times the ranks, as docs/runbooks.md builds it from the
+    # sidecar's kvwatch_recommended_max_concurrency (this rank's 55 × 2 = 110 overfilled engine 0, whose limit is 50).
+    from kvwatch.advisor import concurrency_limit
+
+    smallest = concurrency_limit(None, report["series"][0]["max_concurrency"])  # engine 0's (it gets no advice)
+    assert smallest is not None and smallest < n
+    total = f"{n} per data-parallel rank ({2 * smallest} for the server's 2, by engine 0's {smallest})"
+    assert total in limit["message"]
+    assert f"with --enable-dp-attention SGLang divides the flag over its 2 ranks: pass {2 * smallest} then" in \
+        limit["message"]
 
 
 def test_triton_backend_advice_names_its_build_settings_and_no_launch_flags(

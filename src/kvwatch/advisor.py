@@ -236,7 +236,9 @@ def _limit_advice(limit: int, running: float | None, ceiling: float | None, engi
     others = other_ranks if ranks > 1 else ()
     tightest = min(others, key=lambda rank: rank[1], default=None)
     roomiest = max(others, key=lambda rank: rank[1], default=None)
+    smallest = limit  # the tightest rank's limit: the server's total at the gateway is that times the ranks
     if tightest is not None and (tight := concurrency_limit(None, tightest[1])) is not None and tight < limit:
+        smallest = tight
         # One flag limits every rank: this limit overfills a rank whose mix fits fewer (15 where 13.5 fit). Said,
         # not applied: one poll's mix of a quiet rank (one long request) cut a busy rank's limit from 15 to 3.
         ranks_note = (f" One flag limits every rank: engine {tightest[0]}'s own mix fits only ~{tightest[1]:.1f} "
@@ -245,13 +247,16 @@ def _limit_advice(limit: int, running: float | None, ceiling: float | None, engi
         ranks_note = (f" The limit holds engine {roomiest[0]} to {limit} too, though its own mix fits "
                       f"~{roomiest[1]:.1f} (its limit would be {roomy}): the ranks' request mixes differ, and one "
                       "flag cannot follow both.")
-    gateway = f"{limit} per data-parallel rank ({limit * ranks} for the server's {ranks})" if ranks > 1 \
-        else f"{limit}"
+    # (the server's total is the smallest rank's limit times the ranks, as docs/runbooks.md builds it from
+    # kvwatch_recommended_max_concurrency: this rank's limit times them overfilled the tightest rank)
+    tightest_says = f", by engine {tightest[0]}'s {smallest}" if smallest < limit and tightest is not None else ""
+    gateway = f"{limit} per data-parallel rank ({smallest * ranks} for the server's {ranks}{tightest_says})" \
+        if ranks > 1 else f"{limit}"
     # vLLM's engine cores each schedule their own requests (the flag is per engine); SGLang divides the flag
     # over its ranks only with --enable-dp-attention, which the payload does not say.
     dp_attention = "" if ranks == 1 else (
         f"; {flags['concurrency']} applies to each engine" if engine_kind == VLLM else
-        f"; with --enable-dp-attention {engine} divides the flag over its {ranks} ranks: pass {limit * ranks} then")
+        f"; with --enable-dp-attention {engine} divides the flag over its {ranks} ranks: pass {smallest * ranks} then")
     return Advice(
         LIMIT_CONCURRENCY, 0,
         f"Limit concurrency to {gateway} at the gateway, or "
