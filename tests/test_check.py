@@ -817,6 +817,11 @@ def test_a_sleeping_engine_gets_no_kv_diagnosis(tmp_path: Path, capsys: pytest.C
     assert "engine_asleep" in engine0
     assert not {"request_exceeds_pool", "scheduler_limited", "kv_bound"} & set(engine0)
     assert report["series"][0]["sleep_state"] == "weights_offloaded"
+    # Engine 1 is kv_bound beside it: a rank asleep has no room to offer, so that is no unbalanced_ranks (it sent
+    # on-call to DP load balancing for a rank put to sleep). Awake and as empty, it is one.
+    assert "kv_bound" in [i for i, e in ids(report) if e == "1"]
+    assert "unbalanced_ranks" not in [i for i, _ in ids(report)]
+    assert "unbalanced_ranks" in [i for i, _ in ids(check_json(["--file", str(tmp_path / "awake.prom")], capsys))]
     # awake 0 alone: vLLM's sleep level 0 (paused, the KV kept) or release_kv_cache_memory write it; "its KV cache is
     # released" was said beside a usage of 60 % (vllm/v1/metrics/loggers.py, record_sleep_state)
     paused = text.replace('vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="awake"} 1.0',

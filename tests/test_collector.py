@@ -443,3 +443,43 @@ def test_a_page_without_a_usage_metric_is_up_with_a_warning(no_kvwatch_env: None
     warned = [r for r in caplog.records if r.levelno == logging.WARNING and "no KV usage metric" in r.getMessage()]
     assert len(warned) == 1 and "--usage-metric" in warned[0].getMessage()
     assert caplog.text.count("usage from vllm:kv_cache_usage_perc") == 2  # (up with it, before and after: INFO)
+
+
+def test_an_asleep_engine_is_exported_as_such_and_adds_no_headroom() -> None:
+    # vLLM's sleep mode: the rules need to know (a sleeping engine at 0.97 with a queue paged KVCacheBottleneck), and
+    # a released cache is no room for the fleet's headroom sum. An unknown usage is no room either: "ceiling -
+    # running" was exported uncapped.
+    page = (Path(__file__).parent / "fixtures" / "vllm-metrics" / "gen-0.16-sleep-state-dp2.prom").read_text()
+    page = page.replace('vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="awake"} 1.0',
+                        'vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="awake"} 0.0')
+    page = page.replace('vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.97',
+                        'vllm:kv_cache_usage_perc{engine="1",model_name="m"} NaN')
+    from kvwatch.plausible import check_poll
+
+    poll = check_poll(vllm.read(parse(page), timestamp=1000.0))
+    series = {r.key: derive(r, None) for r in poll.readings}
+    state = State(timestamp=1000.0, health=Health(up=True, last_success_timestamp=1000.0,
+                                                  last_success_wall_seconds=1000.0, scrape_duration_seconds=0.01),
+                  detection=poll.detection, series=series)
+    samples = scrape(KvwatchCollector(lambda: state, now=lambda: 1001.0, stale_after=15.0))
+    e0, e1 = {"model_name": "m", "engine": "0"}, {"model_name": "m", "engine": "1"}
+    assert (value(samples, "kvwatch_engine_asleep", **e0), value(samples, "kvwatch_engine_asleep", **e1)) == (1.0, 0.0)
+    assert "observed_mix" in series[("m", "0")].max_concurrency
+    assert value(samples, "kvwatch_concurrency_headroom", **e0) is None  # asleep
+    # Usage unknown (NaN) beside a finished mean that gives a ceiling: no headroom (it was 27.6 of 30.6).
+    from dataclasses import replace
+
+    unknown = replace(poll.readings[1], request_prompt_tokens_sum=800.0 * 50, request_prompt_tokens_count=50.0,
+                      request_generation_tokens_sum=200.0 * 50, request_generation_tokens_count=50.0)
+    assert unknown.kv_usage_ratio is None and derive(unknown, None).max_concurrency["observed_mix"] > 30
+    assert derive(unknown, None).concurrency_headroom is None
+    # Awake with a known usage: the headroom is there.
+    awake = {r.key: derive(r, None) for r in vllm.read(parse(FIXTURE), timestamp=1000.0).readings}
+    assert all(s.concurrency_headroom is not None for s in awake.values())
+    # A page that does not say whether it sleeps (vLLM before 0.12) exports no kvwatch_engine_asleep.
+    old = vllm.read(parse((Path(__file__).parent / "fixtures" / "vllm-metrics" / "gen-0.11-kv-only.prom").read_text()),
+                    timestamp=1000.0)
+    assert all(r.sleep_state is None for r in old.readings)
+    before = replace(state, detection=old.detection, series={r.key: derive(r, None) for r in old.readings})
+    assert not any(name == "kvwatch_engine_asleep"
+                   for name, _ in scrape(KvwatchCollector(lambda: before, now=lambda: 1001.0, stale_after=15.0)))

@@ -422,6 +422,19 @@ def test_an_engine_put_to_sleep_is_neither_stalled_nor_scheduler_limited():
     assert run(Forecaster(), awake)[-1].state == "stalled"  # the same polls without the sleep state: a stall
 
 
+def test_an_engine_asleep_with_a_full_cache_has_no_risk_and_no_warning():
+    # Sleep level 0 keeps the KV: a sleeping engine at 0.97 with 5 waiting read filling at a risk of 0.999 and an
+    # ETA of 42 s, and the alerts paged for an engine paused on purpose. Its state is unknown until it wakes.
+    samples = [replace(s, asleep=s.timestamp >= 3600) for s in
+               stream(lambda t: 0.6 if t < 3600 else 0.97, waiting=lambda t: 0.0 if t < 3600 else 5.0,
+                      progressing=lambda t: t < 3600, seconds=7200)]
+    late = [r for r in run(Forecaster(), samples) if r.timestamp >= 3600]
+    assert late and {r.state for r in late} == {"unknown"}
+    assert all(r.eta_seconds is None and all(v is None for v in r.risk.values()) for r in late)
+    awake = [replace(s, asleep=False) for s in samples]  # the same polls from an engine awake: a real saturation
+    assert {r.state for r in run(Forecaster(), awake) if r.timestamp >= 3900} & {"bottleneck", "stalled"}
+
+
 def test_a_prefill_servers_queue_is_not_a_scheduler_limit():
     # SGLang's PD prefill loop never enters its running batch: requests queue, forward and leave. A standing
     # queue at low KV is its normal work, not --max-running-requests.

@@ -391,7 +391,9 @@ def _unbalanced_ranks(states: Sequence[SeriesState], found: Iterable[Finding],
     out: list[Finding] = []
     for model in sorted({m for m, e in full if ranks.get(m, 1) > 1}):
         mine = [s.reading for s in states if s.reading.model_name == model]
-        idle = [r for r in mine if r.kv_usage_ratio is not None and r.kv_usage_ratio < UNBALANCED_IDLE_USAGE]
+        # (an asleep rank has no room to offer: engine_asleep speaks for it)
+        idle = [r for r in mine if r.kv_usage_ratio is not None and r.kv_usage_ratio < UNBALANCED_IDLE_USAGE
+                and not r.asleep]
         if not idle:
             continue
         from kvwatch.capacity.units import percent

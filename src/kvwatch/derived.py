@@ -176,13 +176,15 @@ def derive(reading: Reading, history: SeriesHistory | None, max_model_len: int |
     mean_tokens = sum(parts) if parts is not None else None
     ceilings = max_concurrency(reading, _kv_tokens(reading, parts), max_model_len)
     headroom = None
-    if "observed_mix" in ceilings and reading.requests_running is not None:
-        ceiling, usage = ceilings["observed_mix"], reading.kv_usage_ratio
-        headroom = ceiling - reading.requests_running
-        if usage is not None and 0.0 <= usage <= 1.0:
-            # No more requests fit than the free tokens hold, at the ceiling's request size: KV held by no running
-            # request (a PD server's transfers, a leak) left "ceiling - 0" for a cache 97 % full.
-            headroom = min(headroom, (1.0 - usage) * ceiling)
+    usage = reading.kv_usage_ratio
+    # Room needs a known fill, and an engine awake to take requests: without the usage, "ceiling - running" was
+    # exported uncapped (27.6 of 30.6 for an engine whose usage read NaN), and an asleep engine's into the fleet's sum.
+    if "observed_mix" in ceilings and reading.requests_running is not None and usage is not None \
+            and 0.0 <= usage <= 1.0 and not reading.asleep:
+        ceiling = ceilings["observed_mix"]
+        # No more requests fit than the free tokens hold, at the ceiling's request size: KV held by no running
+        # request (a PD server's transfers, a leak) left "ceiling - 0" for a cache 97 % full.
+        headroom = min(ceiling - reading.requests_running, (1.0 - usage) * ceiling)
     rate = history.rate("preemptions_total", RATE_WINDOW_SECONDS) if history is not None else None
     return SeriesState(
         reading=reading,

@@ -312,7 +312,10 @@ class Forecaster:
         clock_back = prev is not None and sample.timestamp < prev.timestamp - self.params.split_gap_seconds
         if prev is not None and sample.timestamp <= prev.timestamp and not clock_back:
             return self._last or self._unknown(sample.timestamp)  # duplicate or out of order: ignore
-        if sample.kv_usage is None or not math.isfinite(sample.kv_usage):
+        if sample.kv_usage is None or not math.isfinite(sample.kv_usage) or sample.asleep:
+            # (asleep: an engine an operator put to sleep holds a frozen or released cache and a queue waiting for
+            # its wake-up; fed to the risk, a sleeping engine at 0.97 read filling at a risk of 0.999 with an ETA of
+            # 42 s. Its state is unknown until it wakes, and the fits start afresh after a sleep past the split gap.)
             self._last = self._unknown(sample.timestamp)
             return self._last
         if clock_back:
@@ -513,8 +516,6 @@ class Forecaster:
             # counted, and a decode grows its blocks; a hung engine freezes every gauge at its last value.
             progressed = (bool(deltas.finished) or bool(deltas.generation_tokens) or bool(deltas.prompt_tokens)
                           or (prev is not None and prev.kv_usage != sample.kv_usage))
-        if sample.asleep:  # a queue an operator put to sleep is neither a stall nor a scheduler limit
-            return SampleFlags(sample.timestamp, u, 0.0, False, False, None)
         queued = sample.waiting if sample.waiting_for_capacity is None else sample.waiting_for_capacity
         running = sample.running if sample.running_known else None
         waits_for_kv = queue_waits_for_kv(

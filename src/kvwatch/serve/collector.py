@@ -164,8 +164,13 @@ def _series_families(series: dict) -> Iterator[Metric]:
          "Preemptions (SGLang: retractions) per second over the last minute of polls.",
          lambda s: s.preemptions_per_second),
         ("kvwatch_concurrency_headroom", "Concurrency ceiling at the observed request mix minus running requests, "
-         "at most the free KV tokens' worth of such requests.",
+         "at most the free KV tokens' worth of such requests (absent while the usage is unknown or the engine "
+         "asleep).",
          lambda s: s.concurrency_headroom),
+        ("kvwatch_engine_asleep", "1 while the engine is in vLLM's sleep mode (vllm:engine_sleep_state: its KV cache "
+         "paused or released on purpose, requests waiting for POST /wake_up; kvwatch_state reads unknown), 0 awake; "
+         "absent where the engine does not say.",
+         lambda s: (1.0 if s.reading.asleep else 0.0) if s.reading.sleep_state is not None else None),
     ]
     for name, help_text, value in specs:
         family = _gauge(name, help_text + _POLL_NOTE, series, value)
