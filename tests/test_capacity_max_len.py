@@ -152,3 +152,20 @@ def test_a_step_smaller_than_max_num_seqs_is_refused_like_vllm(capsys):
                for e in data["errors"])
     code, out, _ = run([*base, "--max-num-batched-tokens", "256", "--max-num-seqs", "256"], capsys)
     assert code == 0 and json.loads(out)["errors"] == []
+
+
+def test_a_small_step_without_max_num_seqs_lowers_vllms_default_rather_than_refusing(capsys):
+    # vLLM's EngineArgs._set_default_args: max_num_seqs defaults to min(the card's default, max_num_batched_tokens).
+    # A step of 512 was refused against the H100's 1,024 ("vLLM will not start"), and the inverse planner found none.
+    base = ["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--max-model-len", "8192"]
+    code, out, _ = run([*base, "--max-num-batched-tokens", "512", "--json"], capsys)
+    data = json.loads(out)
+    assert code == 0 and data["will_start"] and data["errors"] == [] and data["max_num_seqs"] == 512
+    code, out, _ = run([*base, "--max-num-batched-tokens", "512", "--target-concurrency", "20",
+                        "--avg-seq-len", "4096", "--json"], capsys)
+    assert code == 0 and json.loads(out)["options"]
+    # The card's default above a larger step stays; one given is still checked.
+    code, out, _ = run([*base, "--max-num-batched-tokens", "4096", "--json"], capsys)
+    assert json.loads(out)["max_num_seqs"] == 1024
+    code, out, _ = run([*base, "--max-num-batched-tokens", "512", "--max-num-seqs", "1024", "--json"], capsys)
+    assert code == 1 and not json.loads(out)["will_start"]

@@ -300,7 +300,6 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
     util = spec.gpu_memory_utilization or default_gpu_memory_utilization(spec.vllm_version)
     total = spec.gpu_memory_bytes
     batched_default, seqs_default = memory.default_batch_limits(total or 80 * GIB, spec.gpu_name)
-    seqs = spec.max_num_seqs or seqs_default
     max_model_len = spec.max_model_len or (arch.default_len(spec.vllm_version) if arch else None)
     longest = arch.derived_len(spec.vllm_version)[0] if arch else None
     if not spec.max_model_len and max_model_len and longest and max_model_len < longest:
@@ -328,6 +327,10 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
             errors.append(f"vLLM will not start: max_num_batched_tokens ({batched}) is smaller than max_model_len "
                           f"({max_model_len}) with chunked prefill off; raise --max-num-batched-tokens to "
                           f"{max_model_len}, lower --max-model-len, or enable chunked prefill")
+    # vLLM's EngineArgs._set_default_args: the default max_num_seqs is at most the step's tokens (a step of 512
+    # tokens runs 512 sequences; refused against the card's default of 1,024, a deployment that starts read "vLLM will
+    # not start" and the inverse planner found none)
+    seqs = spec.max_num_seqs or min(seqs_default, batched)
     if batched < seqs:
         # vLLM's SchedulerConfig._verify_args: every running request needs a token of the step
         errors.append(f"vLLM will not start: max_num_batched_tokens ({batched}) must be greater than or equal to "
