@@ -488,6 +488,11 @@ def test_cpu_offload_moves_estimated_weights_off_the_gpu(capsys):
     code, _, _ = run(["plan", "--model", "Qwen/Qwen2.5-14B-Instruct", "--gpu", "L4", "--max-model-len", "8192",
                       "--cpu-offload-gb", "12"], capsys)
     assert code == 0
+    # Only the decoder layers go (vLLM offloads what make_layers builds): the embeddings and the LM head, 2 × 128,256
+    # × 4,096 × 2 B, stay on the GPU however much is offloaded (all 15 GiB read as offloaded before).
+    embeddings = 2 * 128256 * 4096 * 2
+    for gib in ("14", "20"):
+        assert plan("--cpu-offload-gb", gib)["weights_bytes"] == pytest.approx(embeddings, rel=1e-9)
 
 
 

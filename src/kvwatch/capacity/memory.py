@@ -136,6 +136,11 @@ def mxfp4_moe_padding(hidden: int, intermediate_per_rank: int,
     return _round_up(hidden, 256), _round_up(intermediate_per_rank, 64)
 
 
+def embedding_bytes(arch: ModelArch, dtype_bytes: int, tp: int, pp: int) -> float:
+    """The embeddings' and LM head's share of :func:`estimate_weights_bytes` per GPU (always in the model dtype)."""
+    return parameter_counts(arch)[0] * dtype_bytes / (tp * pp)
+
+
 def estimate_weights_bytes(arch: ModelArch, dtype_bytes: int, quantization: str | None, tp: int, pp: int,
                            compute_capability: tuple[int, int] | None = None) -> int:
     """Weights per GPU: parameters × bytes per parameter, split over TP and PP ranks.

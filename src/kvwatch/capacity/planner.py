@@ -475,9 +475,14 @@ def _memory_budget(spec: DeploymentSpec, util: float, dtype_bytes: int, batched:
             if spec.cpu_offload_bytes:
                 # --cpu-offload-gb moves up to that much of each GPU's weights to CPU memory (vllm/config/offload.py:
                 # "a virtual way to increase the GPU memory size"); a measured --weights-gib already excludes it.
-                offloaded = min(weights, spec.cpu_offload_bytes)
+                # Only the decoder layers' (vLLM offloads what make_layers builds, maybe_offload_to_cpu): the
+                # embeddings and the LM head stay on the GPU (2 GiB of Llama-3.1-8B's were counted offloaded).
+                arch = _arch_or_error(spec, "estimating weights (--weights-gib)")
+                layers = max(0.0, weights - memory.embedding_bytes(arch, dtype_bytes, tp, pp))
+                offloaded = min(layers, spec.cpu_offload_bytes)
                 notes.append(f"--cpu-offload-gb: {offloaded / GIB:.2f} GiB of the {weights / GIB:.2f} GiB of weights "
-                             "per GPU are in CPU memory, so the KV budget gains it")
+                             "per GPU are in CPU memory (the decoder layers' only: the embeddings and the LM head "
+                             "stay), so the KV budget gains it")
                 weights -= offloaded
         if spec.activation_bytes is not None:
             activation = float(spec.activation_bytes)
