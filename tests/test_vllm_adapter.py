@@ -724,6 +724,16 @@ def test_vllms_families_with_underscores_for_colons_read_as_vllms(name: str) -> 
     assert read.readings == own.readings
     assert read.detection.version_range == f"{own.detection.version_range} (vllm_ prefix)"
     assert read.detection.usage_metric == own.detection.usage_metric.replace("vllm:", "vllm_")
+    # An operator's selector in the page's spelling narrows that gauge and reads the rest of the page as well: it
+    # turned the spelling off, the queue, the capacity and the counters were lost, and "no count of waiting
+    # requests" was said of a page that has one.
+    ours = SourceOverrides.from_strings(usage='vllm:kv_cache_usage_perc{engine="0"}')
+    theirs = SourceOverrides.from_strings(usage='vllm_kv_cache_usage_perc{engine="0"}')
+    if "vllm:kv_cache_usage_perc" in text:
+        narrowed, read_narrowed = interpret(text, ours, timestamp=0.0), interpret(underscored, theirs, timestamp=0.0)
+        assert read_narrowed.readings == narrowed.readings
+        assert read_narrowed.detection.usage_metric == 'vllm_kv_cache_usage_perc{engine="0"}'
+        assert any(r.requests_waiting is not None and r.kv_capacity_tokens for r in read_narrowed.readings)
     # prometheus_client's underscore escaping (samples vllm_x under # TYPE vllm:x) keeps its own message.
     escaped = "# TYPE vllm:num_requests_running gauge\nvllm_num_requests_running 3\n"
     assert page_spelling(parse(escaped).names) is None

@@ -8,7 +8,8 @@ picks one from the payload.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Protocol
 
@@ -123,3 +124,8 @@ class SourceOverrides:
 
     def names(self) -> set[str]:
         return {s.name for s in (self.usage, self.running, self.waiting) if s is not None}
+
+    def respelled(self, rename: Callable[[str], str]) -> SourceOverrides:
+        """The selectors with their metric names passed through ``rename`` (labels kept)."""
+        return replace(self, **{f: Selector(rename(s.name), s.labels) for f in ("usage", "running", "waiting")
+                                if (s := getattr(self, f)) is not None})

@@ -288,7 +288,13 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
     # An operator who names the page's own metrics (or labels, {stage="0"}) with the override flags reads the page as
     # it is spelled.
     own_names = bool(overrides and (overrides.names() or renames))
-    spelling = page_spelling(exposition.names) if not own_names else None
+    spelling = page_spelling(exposition.names) if not renames else None
+    if spelling is not None and overrides is not None and overrides.names():
+        # The selectors name the page's spelling (vllm_kv_cache_usage_perc{engine="0"}, NIM's gpu_cache_usage_perc):
+        # read in kvwatch's with the rest of the page (read as spelled, the queue, the capacity and the counters were
+        # lost, and "no count of waiting requests" was said of a page that has one).
+        overrides = overrides.respelled(spelling.ours)
+        wanted = wanted_for(overrides, latency=latency, lengths=lengths)
     if spelling is not None:  # read again for the page's own names (the same filter, in its spelling)
         limit = SeriesLimit(ADMIT_FACTOR * max_series) if max_series is not None else None
         page_wanted = frozenset(map(spelling.page, wanted))
