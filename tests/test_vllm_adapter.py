@@ -641,11 +641,21 @@ def test_an_override_selecting_several_samples_is_told_to_narrow_its_selector() 
 def test_a_waiting_override_replaces_vllms_split_of_its_queue_too() -> None:
     # The operator's queue metric (a gateway's) is not vLLM's: vLLM's capacity/deferred split of its own queue
     # read beside it said "5 requests waiting" while the waiting count shown was the override's (or unknown).
-    text = (FIXTURES / "gen-0.33-dp2-capacity-labels.prom").read_text() + 'gateway_queue{model_name="llama"} 9\n'
+    page = (FIXTURES / "gen-0.33-dp2-capacity-labels.prom").read_text()
+    text = page + 'gateway_queue{engine="0",model_name="llama"} 9\ngateway_queue{engine="1",model_name="llama"} 2\n'
     poll = vllm.read(parse(text), SourceOverrides.from_strings(waiting="gateway_queue"), timestamp=0.0)
     r = next(r for r in poll.readings if r.engine == "0")
     assert r.requests_waiting == 9.0 and dict(r.waiting_by_reason) == {}
     assert r.requests_waiting_for_capacity == 9.0
+    # One queue for the whole model on a page of two engines cannot be split over them: unknown for each, with why
+    # (it was counted as each engine's: 9 waiting on both).
+    poll = vllm.read(parse(page + 'gateway_queue{model_name="llama"} 9\n'),
+                     SourceOverrides.from_strings(waiting="gateway_queue"), timestamp=0.0)
+    assert [r.requests_waiting for r in poll.readings] == [None, None]
+    assert {(key, field) for key, field, _ in poll.undetermined} == {
+        (("llama", "0"), "requests_waiting"), (("llama", "1"), "requests_waiting")}
+    assert all("gateway_queue has no engine label while the page has engines 0, 1" in why
+               for *_, why in poll.undetermined)
 
 
 def test_the_capacity_metric_names_the_label_the_capacity_came_from() -> None:

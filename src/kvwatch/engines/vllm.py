@@ -199,6 +199,13 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
     _refuse_aggregated(((usage, usage_idx, overrides.usage is not None and "--usage-metric"),
                         (running, running_idx, overrides.running is not None and "--running-metric"),
                         (waiting, waiting_idx, overrides.waiting is not None and "--waiting-metric")))
+    unsplit = {}
+    for field, selector, gauge in (("kv_usage_ratio", usage, usage_idx), ("requests_running", running, running_idx),
+                                   ("requests_waiting", waiting, waiting_idx)):
+        why = _unsplittable(selector, gauge, keys)
+        if why is not None:
+            gauge.clear()  # (unknown for each series: one figure for several cannot be split over them)
+            unsplit[field] = why
     prompt_sum, prompt_count, generation_sum, generation_count = (
         _split(x) for x in (prompt_sum, prompt_count, generation_sum, generation_count))
     queries_idx, hits_idx = _split(prefix_queries), _split(prefix_hits)
@@ -272,6 +279,7 @@ def read(exposition: Exposition, overrides: SourceOverrides | None = None, *, ti
                          and _disagrees(usage_idx, r.key))
     undetermined += tuple((r.key, "kv_capacity_tokens", CONFLICTING_CONFIGS) for r in readings
                           if r.capacity_source == CAPACITY_UNDETERMINED)
+    undetermined += tuple((r.key, field, why) for field, why in unsplit.items() for r in readings)
     declared = next((name for name in (KV_USAGE, GPU_CACHE_USAGE) if name in exposition), None)
     if usage is None and declared is not None:  # (--usage-metric would not help: the name is right)
         undetermined += tuple((r.key, "kv_usage_ratio", f"KV usage is unknown: {declared} is declared with no "
@@ -415,6 +423,22 @@ def _refuse_partial_beside_labelled(selector: Selector | str | None, index: _Ind
                     f"({model or other_model or '?'}, engine {engine or other_engine or '?'}): they would be counted "
                     "into every engine's figure; this page aggregates (a proxy's or a gateway's /metrics), point "
                     "kvwatch at one vLLM server's /metrics" + (", or narrow the selector" if flag else ""))
+
+
+def _unsplittable(selector: Selector | str | None, index: _Index, keys: Iterable[SeriesKey]) -> str | None:
+    """Why a gauge without ``engine`` (or ``model_name``) on any sample cannot be read on a page whose other gauges
+    have several engines (models), or None: its one figure would count for each of them (a gateway's 34 running,
+    --running-metric router_running, read 34 on both engines of 16 and 18, the ceiling doubled)."""
+    if not index:
+        return None
+    for label, position in (("engine", 1), ("model_name", 0)):
+        values = sorted({key[position] for key in keys})
+        if len(values) > 1 and all(k[position] is None for k in index):
+            return (f"{selector} has no {label} label while the page has {label}s {', '.join(values)}: one figure for "
+                    "all of them cannot be split, so it is unknown for each (a gateway's count, or a proxy that "
+                    "dropped the label); point kvwatch at one vLLM server's /metrics, or name a gauge that has the "
+                    "label")
+    return None
 
 
 def _for_key(index: _Index, key: SeriesKey) -> list[Sample]:
