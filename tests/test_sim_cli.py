@@ -122,6 +122,17 @@ def test_a_profiles_shape_without_a_profile_is_a_flag_error(args: list[str]) -> 
     assert _build("--profile", "ramp", *args) is not None
 
 
+@pytest.mark.parametrize(("args", "flag"), [(["--profile", "ramp"], "--profile"), (["--rate", "3"], "--rate"),
+                                             (["--rate-end", "50"], "--rate-end"),
+                                             (["--period-seconds", "10"], "--period-seconds")])
+def test_the_synthetic_loads_flags_beside_a_trace_are_flag_errors(args: list[str], flag: str) -> None:
+    # The trace gives the arrivals: --profile ramp --rate-end 50 --period-seconds 10 ran the trace unchanged, exit 0.
+    trace = str(packaged_trace("azure_conv_sample.csv"))
+    with pytest.raises(SettingsError, match=f"for {flag}: shapes the synthetic load, which --trace replaces"):
+        _build("--trace", trace, *args)
+    assert _build("--trace", trace, "--rate-scale", "2") is not None
+
+
 def test_infinite_rate_scale_is_a_flag_error_not_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:
     trace = str(packaged_trace("azure_conv_sample.csv"))
     for value in ("inf", "nan", "5000"):

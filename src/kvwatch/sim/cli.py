@@ -86,8 +86,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     load = parser.add_argument_group("load")
     load.add_argument("--profile", choices=PROFILE_KINDS, default="constant", help="arrival-rate shape")
-    load.add_argument("--rate", type=float, default=2.0,
-                      help="requests per second (start of the profile; at most 10000)")
+    load.add_argument("--rate", type=float, default=None,
+                      help=f"requests per second (start of the profile; default {DEFAULT_RATE:g}, at most 10000)")
     load.add_argument("--rate-end", type=float, default=None, help="the profile's other rate (ramp end, step, peak)")
     load.add_argument("--period-seconds", type=float, default=None,
                       help="ramp length, step time, diurnal period or mean burst cycle (simulated seconds; "
@@ -121,6 +121,7 @@ def _times(text: str) -> tuple[float, ...]:
 MAX_SPEED = 10_000.0  # the engine simulates ~1,000-4,000x real time; beyond this it could never keep up
 MAX_RATE = 10_000.0  # requests per simulated second
 DEFAULT_PERIOD_SECONDS = 600.0  # the profile's time scale when --period-seconds is not given
+DEFAULT_RATE = 2.0  # requests per second when --rate is not given
 MAX_RATE_SCALE = 1_000.0  # copies of the trace superposed
 MAX_STEP_FIXED_MS = 60_000.0
 MAX_STEP_TOKEN_MS = 1_000.0
@@ -173,13 +174,21 @@ def build(args: argparse.Namespace, warn: Callable[[str], None] | None = None) -
            args.max_model_len)
     _fits_one_request(args)
     check_number(args.speed, "--clock-speed", 0, MAX_SPEED, low_open=True)
+    # A trace gives the arrivals (--rate-scale scales them): the profile's flags were taken and changed nothing.
+    if args.trace is not None:
+        for flag, value in (("--profile", args.profile if args.profile != "constant" else None), ("--rate", args.rate),
+                            ("--rate-end", args.rate_end), ("--period-seconds", args.period_seconds)):
+            check(value is None, flag, "shapes the synthetic load, which --trace replaces: --rate-scale scales the "
+                  "trace's rate", value)
+    if args.rate is None:
+        args.rate = DEFAULT_RATE
     check_number(args.rate, "--rate", 0, MAX_RATE)
     if args.rate_end is not None:
         check_number(args.rate_end, "--rate-end", 0, MAX_RATE)
     # The constant profile has no other rate and no period: taken, they changed nothing but the random draws, and a
     # run meant to fill the cache ran flat.
     for flag, value in (("--rate-end", args.rate_end), ("--period-seconds", args.period_seconds)):
-        check(args.profile != "constant" or args.trace is not None or value is None, flag,
+        check(args.profile != "constant" or value is None, flag,
               "shapes a profile: add --profile ramp, step, diurnal or bursty (the default, constant, holds --rate)",
               value)
     if args.period_seconds is None:
