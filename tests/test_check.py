@@ -822,6 +822,15 @@ def test_a_sleeping_engine_gets_no_kv_diagnosis(tmp_path: Path, capsys: pytest.C
     assert "kv_bound" in [i for i, e in ids(report) if e == "1"]
     assert "unbalanced_ranks" not in [i for i, _ in ids(report)]
     assert "unbalanced_ranks" in [i for i, _ in ids(check_json(["--file", str(tmp_path / "awake.prom")], capsys))]
+    # Nor does its frozen mix set the server's gateway total: one quiet request on the sleeping rank read "(8 for the
+    # server's 2, by engine 0's 4)" where the awake rank's limit is 29 (serve exports no limit for it either).
+    quiet = asleep.replace('running{engine="0",model_name="m"} 0.0', 'running{engine="0",model_name="m"} 1.0')
+    quiet = quiet.replace('perc{engine="0",model_name="m"} 0.0', 'perc{engine="0",model_name="m"} 0.2')
+    (tmp_path / "quiet.prom").write_text(quiet)
+    (advice,) = [a for s in check_json(["--file", str(tmp_path / "quiet.prom")], capsys)["series"] if s["engine"] == "1"
+                 for a in s["advice"] if a["action"] == "limit_concurrency"]
+    n = advice["concurrency"]
+    assert f"{n} per data-parallel rank ({2 * n} for the server's 2)" in advice["message"]
     # awake 0 alone: vLLM's sleep level 0 (paused, the KV kept) or release_kv_cache_memory write it; "its KV cache is
     # released" was said beside a usage of 60 % (vllm/v1/metrics/loggers.py, record_sleep_state)
     paused = text.replace('vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="awake"} 1.0',

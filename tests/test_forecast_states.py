@@ -435,6 +435,21 @@ def test_an_engine_asleep_with_a_full_cache_has_no_risk_and_no_warning():
     assert {r.state for r in run(Forecaster(), awake) if r.timestamp >= 3900} & {"bottleneck", "stalled"}
 
 
+def test_a_warning_does_not_outlive_a_sleep():
+    # Put to sleep while filling, woken 10 minutes later with an empty cache: the warning stood through the re-warm
+    # as if the sleep were a gap in the polls, and the alert fired on the empty cache ("re-warming after a gap").
+    ramp = noisy(lambda t: min(1.0, 0.4 + 0.6 * t / 7200), 0.02, seed=1)
+    warned_at = next(r.timestamp for r in run(Forecaster(), stream(ramp, seconds=7800)) if r.state == "filling")
+    wake, counters = warned_at + 600, {}  # (the counters carry on: no restart)
+    slept = [replace(s, asleep=s.timestamp > warned_at) for s in stream(ramp, seconds=wake, counters=counters)] + list(
+        stream(lambda t: 0.02, start=wake, seconds=1800, counters=counters))
+    after = [r.state for r in run(Forecaster(), slept) if r.timestamp >= wake]
+    assert after and "filling" not in after
+    # Without the sleep state the same silence is a gap in the polls, through which the warning stands (by design).
+    gap = [s for s in slept if not s.asleep]
+    assert "filling" in [r.state for r in run(Forecaster(), gap) if wake <= r.timestamp < wake + 300]
+
+
 def test_a_prefill_servers_queue_is_not_a_scheduler_limit():
     # SGLang's PD prefill loop never enters its running batch: requests queue, forward and leave. A standing
     # queue at low KV is its normal work, not --max-running-requests.

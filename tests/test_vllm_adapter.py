@@ -744,6 +744,9 @@ def test_vllms_families_with_underscores_for_colons_read_as_vllms(name: str) -> 
         assert read_narrowed.readings == narrowed.readings
         assert read_narrowed.detection.usage_metric == 'vllm_kv_cache_usage_perc{engine="0"}'
         assert any(r.requests_waiting is not None and r.kv_capacity_tokens for r in read_narrowed.readings)
+        # A typo is named as typed (it read "vllm:kv_cache_usage_percX", a name the operator never wrote).
+        with pytest.raises(UnrecognisedPayload, match=r"--usage-metric vllm_kv_cache_usage_percX matches no sample"):
+            read_payload(underscored, SourceOverrides.from_strings(usage="vllm_kv_cache_usage_percX"), timestamp=0.0)
     # prometheus_client's underscore escaping (samples vllm_x under # TYPE vllm:x) keeps its own message.
     escaped = "# TYPE vllm:num_requests_running gauge\nvllm_num_requests_running 3\n"
     assert page_spelling(parse(escaped).names) is None

@@ -879,9 +879,11 @@ def _preemptions(r: Reading, preemptions: float) -> Finding:
 
 
 def _other_ranks(state: SeriesState, states: Iterable[SeriesState]) -> list[tuple[str | None, float]]:
-    """(engine, observed-mix ceiling) of the same model's other ranks that have a ceiling."""
+    """(engine, observed-mix ceiling) of the same model's other ranks that have a ceiling and are awake (an asleep
+    rank's frozen mix set the server's gateway total; serve exports no limit for it either)."""
     return [(s.reading.engine, c) for s in states if s.reading.model_name == state.reading.model_name
-            and s.reading.engine != state.reading.engine and (c := s.max_concurrency.get("observed_mix"))]
+            and s.reading.engine != state.reading.engine and not s.reading.asleep
+            and (c := s.max_concurrency.get("observed_mix"))]
 
 
 def _ranks_per_model(states: Iterable[SeriesState], engine_kind: str, *, stages: bool = False) -> Counter[str]:

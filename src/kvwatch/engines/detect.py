@@ -288,6 +288,7 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
     # An operator who names the page's own metrics (or labels, {stage="0"}) with the override flags reads the page as
     # it is spelled.
     own_names = bool(overrides and (overrides.names() or renames))
+    given = overrides
     spelling = page_spelling(exposition.names) if not renames else None
     if spelling is not None and overrides is not None and overrides.names():
         # The selectors name the page's spelling (vllm_kv_cache_usage_perc{engine="0"}, NIM's gpu_cache_usage_perc):
@@ -302,7 +303,7 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
                                                        limit.admit if limit is not None else None), page_wanted),
                                spelling)
     spoiled = exposition.spoiled
-    pending = _refuse_unmatched(exposition, overrides)
+    pending = _refuse_unmatched(exposition, overrides, given)
     staged = engines_from_stages(exposition) if not own_names else None
     exposition = staged or exposition
     kinds = engines_of(exposition)
@@ -390,26 +391,29 @@ def _refuse_many_reasons(poll: Poll) -> None:
 OVERRIDE_FLAGS = (("usage", "--usage-metric"), ("running", "--running-metric"), ("waiting", "--waiting-metric"))
 
 
-def _refuse_unmatched(exposition: Exposition, overrides: SourceOverrides | None) -> list[tuple[str, str]]:
+def _refuse_unmatched(exposition: Exposition, overrides: SourceOverrides | None,
+                      given: SourceOverrides | None = None) -> list[tuple[str, str]]:
     """An operator's source metric whose name the payload never mentions stops the read, naming the flag: a typo
     used to drop the engine's own metric without a word ("KV usage from nonexist", then "pass --usage-metric").
     One whose family is there without a matching sample is read as unknown, not refused: prometheus_client shows
     a labelled gauge only once it is set (a proxy before its first request), and refusing would take the whole
-    engine down; returned as (field, why) for the report."""
+    engine down; returned as (field, why) for the report. The messages name each selector as ``given`` (the
+    operator's spelling, where a re-spelled page's selectors are read in kvwatch's)."""
     pending: list[tuple[str, str]] = []
     for field, flag in OVERRIDE_FLAGS:
         selector = getattr(overrides, field) if overrides is not None else None
         if selector is None:
             continue
+        shown = getattr(given or overrides, field)
         samples = exposition.samples(selector.name) or [
             s for family in exposition for s in family.samples if s.name == selector.name]
         if any(selector.matches(s.labels) for s in samples):
             continue
         if not samples and not any(f in exposition for f in vllm.families_of(selector.name)):
-            raise UnrecognisedPayload(f"{flag} {selector} matches no sample in the payload, and no family of that "
+            raise UnrecognisedPayload(f"{flag} {shown} matches no sample in the payload, and no family of that "
                                       "name is declared: check the metric name (without the flag kvwatch reads the "
                                       "engine's own metric)")
-        pending.append((field, f"{flag} {selector} matches no sample in this payload yet (its family is there: a "
+        pending.append((field, f"{flag} {shown} matches no sample in this payload yet (its family is there: a "
                                "labelled gauge appears once it is set), so that value is unknown"))
     return pending
 

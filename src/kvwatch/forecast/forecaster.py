@@ -315,7 +315,12 @@ class Forecaster:
         if sample.kv_usage is None or not math.isfinite(sample.kv_usage) or sample.asleep:
             # (asleep: an engine an operator put to sleep holds a frozen or released cache and a queue waiting for
             # its wake-up; fed to the risk, a sleeping engine at 0.97 read filling at a risk of 0.999 with an ETA of
-            # 42 s. Its state is unknown until it wakes, and the fits start afresh after a sleep past the split gap.)
+            # 42 s. Its state is unknown until it wakes, and the fits start afresh after a sleep past the split gap.
+            # A warning from before the sleep does not outlive it: the sleep is no gap in the polls through which
+            # it would stand, and on waking it fired on an empty cache, "re-warming after a gap in its polls".)
+            if sample.asleep:
+                self._latch.clear()
+                self._risk_known_at = None
             self._last = self._unknown(sample.timestamp)
             return self._last
         if clock_back:
