@@ -86,7 +86,8 @@ def _mixer_params(arch: ModelArch) -> int:
 
     A gated delta net (Qwen3-Next, Qwen3.5: vLLM's ``QwenGatedDeltaNetAttention``) projects the hidden state to its
     queries and keys (the key heads), its values and output gate (the value heads), and a decay and a beta per value
-    head, and back from the values: 1.5 B parameters more than ``3 × hidden × inner`` on Qwen3.5-27B's 48 such layers.
+    head, and back from the values: 1.0 B parameters more than ``3 × hidden × inner`` on Qwen3.5-27B's 48 such layers
+    (its attention's output gate, :func:`_attention_params`, another 0.5 B).
     Others: in_proj (2 × inner) + out_proj, roughly.
     """
     h, d = arch.hidden_size, arch.mamba_dims

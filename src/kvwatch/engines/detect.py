@@ -286,7 +286,7 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
     if operator is not None:
         exposition = _renamed(exposition, renames, operator, wanted_for(overrides, latency=True, lengths=True))
     # An operator who names the page's own metrics (or labels, {stage="0"}) with the override flags reads the page as
-    # it is spelled.
+    # it is labelled (no vLLM-Omni stages made engines), and with --rename-metrics as it is spelled.
     own_names = bool(overrides and (overrides.names() or renames))
     given = overrides
     spelling = page_spelling(exposition.names) if not renames else None
