@@ -425,8 +425,10 @@ def test_short_dtype_spellings_reach_vllm_in_its_own() -> None:
     (("--set", "config.pollIntervalSeconds=0.001"), "config.pollIntervalSeconds (0.001) must be at least 0.01"),
     (("--set", "config.ttftSloSeconds=5000.5"), "config.ttftSloSeconds (5000.5) must be"),
     (("--set", "config.staleAfterSeconds=0.0"), "config.staleAfterSeconds (0.0) must be above 0"),
-    # 10,000 series at ~40 KB each are ~400 MB: a cap the default 256Mi cannot hold
+    # 10,000 series at ~0.9 MB each once warm are ~9 GB: a cap the default 256Mi cannot hold; nor 1,000 (~0.9 GB),
+    # which the check passed at ~40 KB a series (docs/performance.md, "Memory per series")
     (("--set", "config.maxSeries=10000"), "config.maxSeries (10000) can take"),
+    (("--set", "config.maxSeries=1000"), "config.maxSeries (1000) can take"),
     (("--set", "config.tlsVerify=false"), "config.tlsVerify applies to an https:// config.targetUrl only"),
     (("--set", "vllm.enabled=false", "--set", "config.targetUrl=https://v:8000/metrics", "--set",
       "config.caFile=/etc/ca.pem", "--set", "config.tlsVerify=false"), "config.caFile cannot be used with"),

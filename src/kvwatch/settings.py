@@ -665,7 +665,8 @@ class TargetSettings(DeploymentSettings):
         64, ge=1, le=10_000,
         description="Most (model_name, engine) series kvwatch reads from a page (a vLLM pod has 1-8); a target "
         "serving more has the rest dropped (serve counts them in kvwatch_series_dropped_total, one warning; "
-        "check says how many). Each series kept costs ~40 KB of memory; at most 10000."
+        "check says how many). Each series kept costs ~0.9 MB of memory once its forecaster holds two hours of "
+        "polls (docs/performance.md); at most 10000."
     )
 
 

@@ -229,11 +229,11 @@ too, out of its Service. */}}
     {{- $limit := include "kvwatch.bytes" ((($kvwatch.resources | default dict).limits | default dict).memory) }}
     {{- if $limit }}
     {{- /* A body at the cap peaks at up to 5x it plus the ~36 MB kvwatch idles at (`kvwatch serve --help`), and each
-    series kept costs ~40 KB (docs/reliability.md, "label explosion") */}}
+    series kept ~0.9 MB once warm (docs/performance.md, "Memory per series": 900 KiB) */}}
     {{- $body := float64 (toString (default 16777216 $config.maxBodyBytes)) }}
     {{- $series := float64 (toString (default 64 $config.maxSeries)) }}
-    {{- if gt (addf (mulf 5 $body) (mulf 40960 $series) 37748736.0) (float64 $limit) }}
-    {{- fail (printf "config.maxBodyBytes (%v) and config.maxSeries (%v) can take up to 5x the body plus ~40 KB a series plus ~36 MB of memory, more than kvwatch.resources.limits.memory (%v): the sidecar would be OOM-killed; raise the limit or lower the caps" (default 16777216 $config.maxBodyBytes) (default 64 $config.maxSeries) (include "kvwatch.scalar" $kvwatch.resources.limits.memory)) }}
+    {{- if gt (addf (mulf 5 $body) (mulf 921600 $series) 37748736.0) (float64 $limit) }}
+    {{- fail (printf "config.maxBodyBytes (%v) and config.maxSeries (%v) can take up to 5x the body plus ~0.9 MB a series plus ~36 MB of memory, more than kvwatch.resources.limits.memory (%v): the sidecar would be OOM-killed; raise the limit or lower the caps" (default 16777216 $config.maxBodyBytes) (default 64 $config.maxSeries) (include "kvwatch.scalar" $kvwatch.resources.limits.memory)) }}
     {{- end }}
     {{- end }}
     {{- if has (toString $config.listenAddress) (list "127.0.0.1" "::1" "localhost") }}
