@@ -1,10 +1,11 @@
-"""Memory of each series the sidecar keeps, once warm: ``kvwatch serve`` polls a page of N steady vLLM 0.33 series
-(8 engines per model, usage a random walk, rising counters, six histograms) until its forecasters hold their two hours
-of minute buckets, and the process's RSS is sampled every 10 s. Run it for two series counts: the difference of their
-steady RSS over the difference of the counts is what one series costs (docs/performance.md, "Memory per series").
+"""Memory of each series the sidecar keeps, once warm: ``kvwatch serve`` polls a page of N steady vLLM series (the
+families kvwatch reads, which it reads as vLLM 0.11; 8 engines per model, usage a random walk, rising counters, six
+histograms) until its forecasters hold their two hours of minute buckets, and the process's RSS is sampled every 10 s.
+Run it for two series counts: the difference of their steady RSS over the difference of the counts is what one series
+costs (docs/performance.md, "Memory per series").
 
 At ``--clock-speed 20`` and ``--poll-interval-seconds 0.25`` each poll is 5 simulated seconds (the default interval)
-and 6 wall minutes are 2 simulated hours; the last third of the samples is the steady state.
+and 6 wall minutes are 2 simulated hours; the steady state is the median of the samples past 2 simulated hours.
 
     .venv/bin/python benchmarks/series_memory.py --series 8 --minutes 7
     .venv/bin/python benchmarks/series_memory.py --series 64 --minutes 7
@@ -31,7 +32,7 @@ BOUNDS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
 
 
 class Page:
-    """N series of a vLLM 0.33 page that move a little at every fetch."""
+    """N series of a vLLM page that move a little at every fetch."""
 
     def __init__(self, series: int, seed: int = 0) -> None:
         self.rng = random.Random(seed)
@@ -119,20 +120,22 @@ def main() -> None:
                               "--poll-interval-seconds", str(args.poll_interval_seconds),
                               "--poll-timeout-seconds", str(0.96 * args.poll_interval_seconds)],
                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    samples: list[float] = []
+    samples: list[tuple[float, float]] = []  # (simulated hours, RSS MB)
     started = time.monotonic()
     try:
         while time.monotonic() - started < args.minutes * 60:
             time.sleep(10)
-            samples.append(rss_mb(child.pid))
             simulated = (time.monotonic() - started) * args.clock_speed / 3600
-            print(f"{time.monotonic() - started:6.0f} s  {simulated:5.2f} simulated h  RSS {samples[-1]:6.1f} MB",
+            samples.append((simulated, rss_mb(child.pid)))
+            print(f"{time.monotonic() - started:6.0f} s  {simulated:5.2f} simulated h  RSS {samples[-1][1]:6.1f} MB",
                   flush=True)
     finally:
         child.terminate()
         child.wait(10)
-    steady = samples[len(samples) * 2 // 3:]
-    print(f"series {args.series}: steady RSS (median of the last third) {statistics.median(steady):.1f} MB")
+    steady = [rss for hours, rss in samples if hours >= 2.0]
+    if not steady:
+        sys.exit(f"no sample past 2 simulated hours: raise --minutes above {120 / args.clock_speed:.0f}")
+    print(f"series {args.series}: steady RSS (median past 2 simulated hours) {statistics.median(steady):.1f} MB")
 
 
 if __name__ == "__main__":

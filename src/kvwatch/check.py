@@ -218,13 +218,15 @@ def _url_hint(url: str) -> str | None:
     parent, _, last = path.rpartition("/")
     if base is None and last.lower().startswith(("metric", "metrcs", "metics")):
         base = parent  # a misspelt /metrics ("/metric" became "/metric/metrics", which answered 404 too)
-    def url(at: str) -> str:
-        return urlunsplit((parts.scheme, parts.netloc, at + "/metrics", parts.query, ""))
+
+    def metrics_at(prefix: str) -> str:
+        return urlunsplit((parts.scheme, parts.netloc, prefix + "/metrics", parts.query, ""))
+
     if base is not None or not path:
-        return f"vLLM and SGLang serve their metrics at /metrics: try {url(base or '')}"
+        return f"vLLM and SGLang serve their metrics at /metrics: try {metrics_at(base or '')}"
     # Another path: the root's /metrics, or the path's where a gateway mounts the engine under it.
-    return f"vLLM and SGLang serve their metrics at /metrics: try {url('')} (or {url(path)} where the engine is " \
-        f"served under {path})"
+    return f"vLLM and SGLang serve their metrics at /metrics: try {metrics_at('')} (or {metrics_at(path)} where the " \
+        f"engine is served under {path})"
 
 
 def _check_model_preset(model: str | None) -> None:

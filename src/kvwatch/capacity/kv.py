@@ -643,7 +643,8 @@ def blocks_needed(layout: KVLayout, seq_len: int, in_flight_tokens: int) -> int:
 
 def max_concurrency_at(layout: KVLayout, blocks: int, seq_len: float, in_flight_tokens: int) -> float:
     """How many running requests of ``seq_len`` tokens fit: the pool's tokens, less what prefill steps hold beyond
-    the windows, ÷ tokens one request holds (on a model without windows, pool tokens ÷ ``seq_len``). The steps hold
+    the windows, ÷ tokens one request holds (on a model without windows, pool tokens ÷ ``seq_len`` in whole blocks,
+    :func:`tokens_needed`). The steps hold
     no more than the requests there are can (one prompt's overhang each): with fewer requests than the budget's
     prompts, each is charged its own, vLLM's worst case (the budget taken whole fell below it)."""
     return max_concurrency_terms(layout, blocks, seq_len, in_flight_tokens)[0]
@@ -697,8 +698,9 @@ def _length_at(pool: LayoutPool, requests: float) -> float:
     while high - low > 1.5e-4:  # (2^1.5e-4 - 1 ≈ 0.01 %)
         mid = (low + high) / 2
         low, high = (mid, high) if pool.requests_at(2.0 ** mid) > requests else (low, mid)
-    # The longer end: a request holds whole blocks, so as many fit at every length of a block's step, and the midpoint
-    # of a step's edge fell on either side of it (a ceiling read back at the step below, one block shorter).
+    # The bracket's upper end, where no more than ``requests`` fit: a request holds whole blocks, so as many fit at
+    # every length of a block's step, and the upper end is the step's shortest length (just past the previous block
+    # edge); the midpoint of that edge fell on either side of it (a ceiling read back at the step below).
     return 2.0 ** high
 
 

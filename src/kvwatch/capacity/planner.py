@@ -477,8 +477,8 @@ def _memory_budget(spec: DeploymentSpec, util: float, dtype_bytes: int, batched:
                 # "a virtual way to increase the GPU memory size"); a measured --weights-gib already excludes it.
                 # Only the decoder layers' (vLLM offloads what make_layers builds, maybe_offload_to_cpu): the
                 # embeddings and the LM head stay on the GPU (2 GiB of Llama-3.1-8B's were counted offloaded).
-                arch = _arch_or_error(spec, "estimating weights (--weights-gib)")
-                layers = max(0.0, weights - memory.embedding_bytes(arch, dtype_bytes, tp, pp))
+                layers = max(0.0, weights - memory.embedding_bytes(
+                    _arch_or_error(spec, "estimating weights (--weights-gib)"), dtype_bytes, tp, pp))
                 offloaded = min(layers, spec.cpu_offload_bytes)
                 notes.append(f"--cpu-offload-gb: {offloaded / GIB:.2f} GiB of the {weights / GIB:.2f} GiB of weights "
                              "per GPU are in CPU memory (the decoder layers' only: the embeddings and the LM head "

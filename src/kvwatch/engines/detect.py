@@ -392,7 +392,7 @@ OVERRIDE_FLAGS = (("usage", "--usage-metric"), ("running", "--running-metric"), 
 
 
 def _refuse_unmatched(exposition: Exposition, overrides: SourceOverrides | None,
-                      given: SourceOverrides | None = None) -> list[tuple[str, str]]:
+                      given: SourceOverrides | None) -> list[tuple[str, str]]:
     """An operator's source metric whose name the payload never mentions stops the read, naming the flag: a typo
     used to drop the engine's own metric without a word ("KV usage from nonexist", then "pass --usage-metric").
     One whose family is there without a matching sample is read as unknown, not refused: prometheus_client shows
