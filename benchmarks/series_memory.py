@@ -17,7 +17,6 @@ import argparse
 import math
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,6 +24,9 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from soak import free_port
+from soak_rss import rss_mb
 
 LATENCY = ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds", "vllm:request_queue_time_seconds",
            "vllm:e2e_request_latency_seconds", "vllm:request_prompt_tokens", "vllm:request_generation_tokens")
@@ -92,19 +94,6 @@ def serve_page(page: Page) -> int:
     return server.server_address[1]
 
 
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return math.nan
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--series", type=int, default=8)
@@ -126,7 +115,7 @@ def main() -> None:
         while time.monotonic() - started < args.minutes * 60:
             time.sleep(10)
             simulated = (time.monotonic() - started) * args.clock_speed / 3600
-            samples.append((simulated, rss_mb(child.pid)))
+            samples.append((simulated, rss_mb(child.pid) or math.nan))
             print(f"{time.monotonic() - started:6.0f} s  {simulated:5.2f} simulated h  RSS {samples[-1][1]:6.1f} MB",
                   flush=True)
     finally:
