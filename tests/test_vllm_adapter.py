@@ -752,6 +752,26 @@ def test_vllms_families_with_underscores_for_colons_read_as_vllms(name: str) -> 
     assert page_spelling(parse(escaped).names) is None
 
 
+@pytest.mark.parametrize("name", ["gen-0.11.0-gptoss-issue28924.prom", "gen-0.33-dp2-capacity-labels.prom",
+                                  "gen-triton-vllm-backend.prom"])
+@pytest.mark.parametrize("scraper_labels", [False, True])
+def test_labels_a_scraper_renamed_to_exported_are_the_engines(name: str, scraper_labels: bool) -> None:
+    # A Prometheus (or Alloy) that scrapes the page again with target labels of the same names keeps the engine's as
+    # exported_engine / exported_model_name (honor_labels: false). Read as they were, gpt-oss's model was "unknown"
+    # and its capacity twice as large with no finding, and a data-parallel page was refused as "several servers".
+    import re
+
+    text = (FIXTURES / name).read_text()
+    renamed = re.sub(r'([{,])(engine|model_name|model)="', r'\1exported_\2="', text)
+    assert renamed != text
+    if scraper_labels:  # the scraper's own labels of the names it renamed, on every series
+        clashing = sorted(set(re.findall(r'exported_(engine|model_name|model)="', renamed)))
+        added = "".join(f'{label}="scraper-{label}",' for label in clashing)
+        renamed = re.sub(r'^([a-z_:]+)\{', r'\1{' + added, renamed, flags=re.MULTILINE)
+    own, read = interpret(text, None, timestamp=0.0), interpret(renamed, None, timestamp=0.0)
+    assert read.readings == own.readings and read.detection == own.detection
+
+
 def test_pages_kvwatch_cannot_read_say_what_they_are() -> None:
     # Ray Serve re-exports vLLM's metrics as ray_vllm_* (vllm/v1/metrics/ray_wrappers.py sanitises ":" to "_"), one
     # set per replica; SGLang's page in OpenMetrics with underscore escaping names its samples sglang_*. Both were

@@ -76,6 +76,34 @@ def engines_from_stages(exposition: Exposition) -> Exposition | None:
     return Exposition(families=families, names=exposition.names)
 
 
+# The labels the adapters key a series on: a scraper whose own target labels clash with them (honor_labels: false)
+# keeps the engine's values as exported_<label>, and its own under the name.
+SERIES_LABELS = ("engine", "model_name", "model", "dp_rank")
+_EXPORTED = tuple(f"exported_{label}" for label in SERIES_LABELS)
+
+
+def scraper_labels_undone(exposition: Exposition) -> Exposition:
+    """``exposition`` with each ``exported_<label>`` of :data:`SERIES_LABELS` read as ``<label>`` (the engine's value,
+    in place of the scraper's): a page scraped again by a Prometheus, Alloy or agent that adds target labels of those
+    names keeps the engine's as ``exported_engine``/``exported_model_name``. Read as they were, the model was
+    "unknown" (a gpt-oss page's two KV groups lost: its capacity read twice as large, with no finding) and a
+    data-parallel page was refused as several servers."""
+    if not any(k in _EXPORTED for family in exposition for sample in family.samples[:1] for k in sample.labels):
+        return exposition
+    families = {name: replace(family, samples=[_unexported(s) for s in family.samples])
+                for name, family in exposition.families.items()}
+    return Exposition(families=families, names=exposition.names, spoiled=exposition.spoiled)
+
+
+def _unexported(sample: Sample) -> Sample:
+    labels = sample.labels
+    if not any(k in _EXPORTED for k in labels):
+        return sample
+    kept = {k: v for k, v in labels.items() if k not in SERIES_LABELS or f"exported_{k}" not in labels}
+    return Sample(sample.name, {(k.removeprefix("exported_") if k in _EXPORTED else k): v for k, v in kept.items()},
+                  sample.value)
+
+
 def _staged(sample: Sample) -> Sample:
     labels = sample.labels
     if "engine" in labels or not all(k in labels for k in STAGE_LABELS):
@@ -302,6 +330,7 @@ def read_payload(text: str, overrides: SourceOverrides | None = None, *, timesta
         exposition = respelled(counters_suffixed(parse(text, with_unsuffixed_counters(page_wanted),
                                                        limit.admit if limit is not None else None), page_wanted),
                                spelling)
+    exposition = scraper_labels_undone(exposition)
     spoiled = exposition.spoiled
     pending = _refuse_unmatched(exposition, overrides, given)
     staged = engines_from_stages(exposition) if not own_names else None
