@@ -169,6 +169,7 @@ def respelled(exposition: Exposition, spelling: Spelling) -> Exposition:
     return Exposition(families=families, names=frozenset(map(rename, exposition.names)), spoiled=exposition.spoiled)
 
 
+@functools.cache  # (one filter a run: built anew every poll it took 8 µs, 4 % of a small page's parse)
 def with_unsuffixed_counters(wanted: frozenset[str]) -> frozenset[str]:
     """``wanted`` and each ``x_total`` in it as ``x``: the names :func:`counters_suffixed` reads."""
     return wanted | {name.removesuffix("_total") for name in wanted if name.endswith("_total")}
