@@ -139,7 +139,7 @@ def test_kv_bound_needs_a_queue() -> None:
 def test_human_report(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "--file", str(FIXTURES / "gen-0.16-sleep-state-dp2.prom")]) == 0
     out = capsys.readouterr().out
-    assert "Detected: vllm 0.12-0.25" in out and "m engine 1:" in out and "kv_bound" in out
+    assert "Detected: vllm 0.11-0.25" in out and "m engine 1:" in out and "kv_bound" in out
     assert "160,000 tokens" in out
 
 

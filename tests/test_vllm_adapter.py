@@ -98,6 +98,20 @@ def test_0_11() -> None:
     assert read_fixture("gen-0.11-kv-only.prom").detection.version_range == "0.11"
 
 
+def test_0_11_1_sets_the_sleep_gauge_and_the_new_cache_labels() -> None:
+    # 0.11.1 sets engine_sleep_state unconditionally and its CacheConfig has kv_offloading_backend and
+    # mamba_block_size (both read in its wheel): its page was detected as 0.12-0.20, and with the hidden
+    # deprecated gauge (--show-hidden-metrics-for-version=0.10, which points it at 0.9-0.11) as unknown.
+    poll = read_fixture("gen-0.11.1-sleep-state.prom")
+    assert "0.11" in vllm.eras_in_range(poll.detection.version_range)
+    assert only(poll).sleep_state == "awake"
+    text = (FIXTURES / "gen-0.11.1-sleep-state.prom").read_text()
+    hidden = ("# HELP vllm:gpu_cache_usage_perc GPU KV-cache usage. 1 means 100 percent usage.DEPRECATED: Use "
+              "vllm:kv_cache_usage_perc instead.\n# TYPE vllm:gpu_cache_usage_perc gauge\n"
+              'vllm:gpu_cache_usage_perc{engine="0",model_name="Qwen/Qwen3-8B"} 0.42\n')
+    assert interpret(hidden + text, None, timestamp=0.0).detection.version_range == "0.11"
+
+
 def test_a_filtered_payload_proves_nothing_by_what_it_lacks() -> None:
     # A federated or gateway-filtered page of three gauges from a vLLM 0.33 lacks sleep state and the rest only
     # because it was cut: read as a whole page it was confidently "0.11".
@@ -123,7 +137,7 @@ def test_0_9_0_and_0_9_1_emit_only_the_gpu_usage_name() -> None:
 
 def test_0_16_dp2_divides_summed_blocks() -> None:
     poll = read_fixture("gen-0.16-sleep-state-dp2.prom")
-    assert poll.detection.version_range == "0.12-0.25"
+    assert poll.detection.version_range == "0.11-0.25"  # sleep state and its labels: 0.11.1 writes them too
     e0, e1 = poll.readings
     assert (e0.engine, e1.engine) == ("0", "1")
     # num_gpu_blocks=20000 is the sum over 2 engines: 10000 blocks × 16 tokens each.
@@ -416,6 +430,7 @@ def test_a_payload_of_override_samples_alone_is_recognised() -> None:
 # The vLLM release (era) each fixture comes from: its first comment line, or the help texts it matches.
 FIXTURE_ERAS = {
     "gen-0.11-kv-only.prom": "0.11",
+    "gen-0.11.1-sleep-state.prom": "0.11",
     "gen-0.16-sleep-state-dp2.prom": "0.14-0.16",
     "gen-0.33-dp2-capacity-labels.prom": "0.26+",
     "gen-0.8.5-engine-label.prom": "0.8.5-0.8.x",

@@ -110,7 +110,7 @@ class Reading:
     tensor_parallel_ranks: int | None = None
     # A prefill-disaggregated server's role ("prefill" or "decode", SGLang's engine_type label); None: unified.
     engine_role: str | None = None
-    # vLLM's sleep mode (vllm:engine_sleep_state, 0.12+): "awake", "weights_offloaded" (level 1), "discard_all"
+    # vLLM's sleep mode (vllm:engine_sleep_state, 0.11.1+): "awake", "weights_offloaded" (level 1), "discard_all"
     # (level 2), "asleep" (awake = 0, level not said); None when the engine does not say.
     sleep_state: str | None = None
     # The engine counts tokens while requests run (vLLM every scheduler step; SGLang with realtime_tokens_total every

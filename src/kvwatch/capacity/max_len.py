@@ -14,7 +14,8 @@ MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_le
 _ROPE_TYPES_NOT_SCALED = frozenset({"su", "longrope", "llama3"})
 
 YARN_UNSCALED_SINCE = (0, 30)  # YaRN's max_position_embeddings is the scaled length already (before: original × factor)
-LONGROPE_DEFAULT_SINCE = (0, 12)  # LongRoPE's default --max-model-len is original_max_position_embeddings
+LONGROPE_DEFAULT_SINCE = (0, 12)  # LongRoPE's default --max-model-len is original_max_position_embeddings (0.11.1 on:
+# its cache_config_info reads as 0.12, vllm_version_from_cache_config)
 _YARN_TYPES = frozenset({"yarn", "deepseek_yarn", "deepseek_llama_scaling"})
 
 

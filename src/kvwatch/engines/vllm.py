@@ -691,7 +691,8 @@ FAMILY_EVIDENCE: dict[str, str] = {
     OLD_PREFIX_HITS: "NMMMMNNNNN",
     PREFIX_QUERIES: "NNNMMMMMMM",
     PREFIX_HITS: "NNNMMMMMMM",
-    SLEEP_STATE: "NNNNNAAAAA",  # added in 0.12
+    # Set unconditionally from 0.11.1 (vllm PR 27867; absent from the 0.11.0 wheel, present in 0.11.1's loggers.py)
+    SLEEP_STATE: "NNNNMAAAAA",
     WAITING_BY_REASON: "NNNNNNNMMM",  # first in 0.20.0 (absent from the 0.19.0 wheel), so "may" for the 0.17-0.20 era
     "vllm:inter_token_latency_seconds": "NNNMMMMMMM",  # 0.10.1/0.10.2
     "vllm:request_time_per_output_token_seconds": "NNNNMMMMMM",  # 0.11
@@ -713,7 +714,7 @@ CACHE_LABEL_EVIDENCE: dict[str, str] = {
     "cpu_offload_gb": "MMMMMMMMNN",
     "cpu_kvcache_space_bytes": "MNNMMMMMMM",  # 0.9.2
     "kv_cache_memory_bytes": "MNNMMMMMMM",  # 0.10.2
-    "kv_offloading_backend": "NNNNNMMMMM",  # 0.12
+    "kv_offloading_backend": "NNNNMMMMMM",  # 0.11.1 (in its wheel's vllm/config/cache.py, not in 0.11.0's)
     # CacheConfig's fields from 0.26.0 and 0.32.0 (vllm_version_from_cache_config; they set the capacity rules too):
     # present, the page is 0.26 or later, which the range said ">=0.21" of. ("M": nothing is said of their absence.)
     "prefix_match_unit": "NNNNNNNNNM",
@@ -736,7 +737,7 @@ def vllm_version_from_cache_config(labels: Mapping[str, str]) -> tuple[int, int]
     from ~0.25 (the adapter reports ``>=0.21``), ``user_specified_block_size`` from 0.18.0, when ``cpu_offload_gb``
     and ``swap_space`` were dropped (0.18-0.20.x share that set: kvwatch applies 0.20's rules to it, and compares
     an engine's blocks with the formula's in blocks, whose rule did not change); ``kv_offloading_backend``/
-    ``mamba_block_size`` appeared in 0.12,
+    ``mamba_block_size`` appeared in 0.11.1 (0.12's rules apply to it: LongRoPE's default length came with it),
     ``kv_cache_memory_bytes``/``kv_sharing_fast_prefill`` in 0.10.2, ``cpu_kvcache_space_bytes`` in 0.9 and
     ``swap_space_bytes`` without ``swap_space`` is V0's. Finer than the eras the payload is detected in
     (:data:`CACHE_LABEL_EVIDENCE`): the detected range ``0.12-0.25`` spans several changes of the capacity rules.
