@@ -64,11 +64,34 @@ def test_a_page_served_four_times_over_reads_as_once(tmp_path: Path, capsys: pyt
 
 def test_scheduler_limited_and_capacity_unknown(capsys: pytest.CaptureFixture[str]) -> None:
     report = check_json(["--file", str(FIXTURES / "gen-0.8.5-engine-label.prom")], capsys)
-    assert ids(report) == [("scheduler_limited", "0"), ("preemptions", "0"), ("capacity_unknown", "0")]
+    # num_gpu_blocks "None": whether the next prompt fits in the free half cannot be told, nor so whether the
+    # scheduler or the KV cache holds the queue (it said "scheduler_limited: more KV would not help")
+    assert ids(report) == [("queue_cause_unknown", "0"), ("preemptions", "0"), ("capacity_unknown", "0")]
+    unknown = next(f["message"] for f in report["findings"] if f["id"] == "queue_cause_unknown")
+    assert "cannot tell why" in unknown and "Pass --gpu" in unknown
+    report = check_json(["--file", str(FIXTURES / "gen-0.8.5-engine-label.prom"), "--gpu", "H100"], capsys)
+    assert ids(report)[0] == ("scheduler_limited", "0")  # the capacity from the plan: the next prompt fits
     # Beside preemptions since the start, "more KV would not help" is not said flatly: one poll cannot see the cache
     # swing full between polls.
     limited = next(f["message"] for f in report["findings"] if f["id"] == "scheduler_limited")
     assert "more KV would not help, unless the" in limited and "kvwatch_preemptions_per_second" in limited
+
+
+def test_a_long_context_queue_without_a_capacity_is_no_scheduler_limit() -> None:
+    # One request running at 0.40 and five waiting, mean prompt 25,000 tokens, capacity unknown: it said
+    # "scheduler_limited: raise --max-num-seqs, more KV would not help"; in a 32,320-token pool the 19,392 free
+    # tokens do not hold the next prompt (kv_bound, critical).
+    def reading(capacity: float | None) -> Reading:
+        return Reading("m", kv_usage_ratio=0.4, requests_running=1.0, requests_waiting=5.0,
+                       kv_capacity_tokens=capacity, request_prompt_tokens_sum=2_500_000.0,
+                       request_prompt_tokens_count=100.0)
+
+    (unknown,) = [f for f in findings([derive(reading(None), None)]) if f.severity != "info"]
+    assert unknown.id == "queue_cause_unknown" and unknown.severity == "warning"
+    assert "mean prompt since the engine started: 25,000 tokens" in unknown.message
+    assert "more KV would not help" not in unknown.message
+    (bound,) = [f for f in findings([derive(reading(32_320.0), None)]) if f.severity != "info"]
+    assert bound.id == "kv_bound" and "19,392 tokens free" in bound.message
 
 
 def test_healthy_payload_has_no_findings(capsys: pytest.CaptureFixture[str]) -> None:
@@ -1067,7 +1090,7 @@ def test_scheduler_limited_names_the_limit_the_given_max_num_seqs_points_at(
     path = str(FIXTURES / "gen-0.8.5-engine-label.prom")
 
     def message(*flags: str) -> str:
-        report = check_json(["--file", path, *flags], capsys)
+        report = check_json(["--file", path, "--gpu", "H100", *flags], capsys)  # (the page has no capacity)
         return next(f["message"] for f in report["findings"] if f["id"] == "scheduler_limited")
 
     assert "well under --max-num-seqs 256" in message("--max-num-seqs", "256")
@@ -1225,6 +1248,7 @@ def test_scheduler_limited_on_sglang_ranks_names_the_dp_attention_share(
                 f"{value}\n")
 
     text = "".join(row("num_running_reqs", r, v) + row("token_usage", r, u) + row("num_queue_reqs", r, w)
+                   + row("max_total_num_tokens", r, 500_000)
                    for r, v, u, w in (("0", 120, 0.3, 30), ("1", 57, 0.5, 0)))
     page = tmp_path / "sglang-dp2.prom"
     page.write_text(text)

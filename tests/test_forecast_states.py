@@ -191,6 +191,14 @@ def test_queue_at_low_usage_is_scheduler_limited_not_kv():
     assert "bottleneck" not in {r.state for r in results}
 
 
+def test_a_queue_without_a_known_capacity_is_no_scheduler_limit():
+    # below 0.9 a queue waits for KV when the next prompt does not fit in the free tokens, which no one can tell
+    # without the capacity (vLLM 0.8's num_gpu_blocks "None"): check says queue_cause_unknown, and it read
+    # scheduler_limited (VLLMSchedulerLimited: "more KV would not help")
+    samples = [replace(s, capacity_tokens=None) for s in stream(lambda t: 0.4, waiting=lambda t: 5.0, seconds=1800)]
+    assert "scheduler_limited" not in {r.state for r in run(Forecaster(), samples)}
+
+
 def test_a_standing_warning_outranks_a_scheduler_limit():
     # a queue with room (max_num_seqs reached) on a ramp the forecast warns of read
     # scheduler_limited: the forecast alert resolved, and the advice (raise --max-num-seqs) fills the cache sooner

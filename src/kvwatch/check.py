@@ -5,6 +5,8 @@ Findings follow the troubleshooting checklist (stable ids, see docs/metrics.md):
 needs: kvwatch.forecast.thresholds.queue_waits_for_kv, the sidecar's rule),
 ``scheduler_limited`` (a standing queue while KV < 0.9 has room for the next prompt and something runs),
 ``queue_not_admitted`` (a standing queue while nothing runs: a stall, held blocks or a head too large),
+``queue_cause_unknown`` (a standing queue below 0.9 with the KV capacity unknown: whether the next prompt fits, and
+so whether the scheduler or the KV cache holds it, cannot be told),
 ``decode_admission_waiting`` (an SGLang PD decode server's queue for room below 0.90: KV reserve or slots),
 ``preemptions``
 (any preemption, or SGLang retraction, since the engine started), ``prefix_cache_ineffective`` (prefix
@@ -677,6 +679,11 @@ def _headline(r: Reading, bad: Mapping[str, float], unknown: Mapping[str, str],
     if r.engine_role == "decode" and r.engine_kind == SGLANG and not _waits_for_kv(r, usage) and \
             _standing_queue(r):
         return _finding(r, "decode_admission_waiting", "warning", _decode_admission(r, usage, waiting))
+    if not _waits_for_kv(r, usage) and _standing_queue(r) and not r.prefill_server and not r.kv_capacity_tokens:
+        # Below 0.9 a queue waits for KV when the next prompt does not fit in the free tokens, which the page cannot
+        # say without the capacity: "raise --max-num-seqs, more KV would not help" was said of one request running
+        # at 0.40 with 25,000-token prompts, kv_bound once the capacity was known.
+        return _finding(r, "queue_cause_unknown", "warning", _queue_cause_unknown_message(r, usage, waiting))
     if not _waits_for_kv(r, usage) and _standing_queue(r) and not r.prefill_server:
         return _finding(r, "scheduler_limited", "warning",
                         _scheduler_limited_message(r, usage, waiting, scheduler_fix()))
@@ -775,6 +782,18 @@ def _queue_not_admitted_message(r: Reading, usage: float, waiting: float) -> str
             "`stalled` tells over 3 minutes), blocks may be held by no running request (a leak, or a "
             f"PD-disaggregated server's KV transfers), or the request at the head of the queue needs more{free}. "
             "Look at the engine's log; if it persists, cancel the request at the head or restart the engine.")
+
+
+def _queue_cause_unknown_message(r: Reading, usage: float, waiting: float) -> str:
+    from kvwatch.capacity.units import percent
+
+    mean = r.mean_prompt_tokens
+    prompt = f" (the mean prompt since the engine started: {mean:,.0f} tokens)" if mean else ""
+    return (f"{_requests(waiting)} {_verb(waiting)} while KV is {percent(usage)} used, and kvwatch cannot tell "
+            "why: the KV cache's size is unknown, and below 90 % a queue waits for KV when the free tokens are "
+            f"fewer than the next prompt needs{prompt}. If it fits, the scheduler limits (--max-num-seqs, "
+            "--max-num-batched-tokens); if not, the KV cache does. Pass --gpu (and --model if the page does not "
+            "name it) so that kvwatch computes the capacity.")
 
 
 def _scheduler_limited_message(r: Reading, usage: float, waiting: float, fix: str) -> str:

@@ -536,10 +536,13 @@ class Forecaster:
             # (a queue one poll can trust, as check's scheduler_limited reads it: at hundreds of requests a second a
             # few arrivals wait at nearly every poll, and 0.55 of a 680k-token cache read scheduler_limited; and
             # something running: no scheduler cap holds a queue back while nothing runs, check's queue_not_admitted)
+            # (and a known capacity: below u_busy a queue waits for KV when the next prompt does not fit in the free
+            # tokens, which no one can tell without it; check says queue_cause_unknown)
             queued_below_kv_limit=standing_queue(queued, running)
             and bool(running)
             and not waits_for_kv
-            and not sample.prefill_server,
+            and not sample.prefill_server
+            and bool(sample.capacity_tokens),
             progressed=progressed,
             stalls_without_queue=sample.tokens_counted_every_step,
         )
