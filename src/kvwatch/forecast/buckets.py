@@ -11,6 +11,7 @@ cover.
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import add
@@ -69,10 +70,12 @@ class MinuteBucket:
     e2e_sum: float | None = None  # e2e latency histogram delta: seconds and requests
     e2e_count: float | None = None
     # Requests finished this minute per length bucket (cumulative at each upper bound, the last +Inf), v7.
+    # BucketAggregator keeps the counts as doubles in an array and one bounds tuple for the minutes that share it:
+    # two hours of these were most of a series' memory as tuples of float objects (docs/performance.md).
     prompt_length_bounds: tuple[float, ...] | None = None
-    prompt_length_counts: tuple[float, ...] | None = None
+    prompt_length_counts: Sequence[float] | None = None
     generation_length_bounds: tuple[float, ...] | None = None
-    generation_length_counts: tuple[float, ...] | None = None
+    generation_length_counts: Sequence[float] | None = None
 
     @property
     def k_mean(self) -> float | None:
@@ -105,9 +108,9 @@ def _add(total: float | None, value: float | None) -> float | None:
     return value if total is None else total + value
 
 
-def _add_counts(total: tuple[float, ...] | None, bounds: tuple[float, ...] | None,
-                counts: tuple[float, ...] | None, new_bounds: tuple[float, ...] | None
-                ) -> tuple[tuple[float, ...] | None, tuple[float, ...] | None]:
+def _add_counts(total: Sequence[float] | None, bounds: tuple[float, ...] | None,
+                counts: Sequence[float] | None, new_bounds: tuple[float, ...] | None
+                ) -> tuple[tuple[float, ...] | None, Sequence[float] | None]:
     """(bounds, summed bucket counts) after adding one poll's deltas; bounds that change within the minute
     make the minute's counts unknown."""
     if counts is None or new_bounds is None:
@@ -119,12 +122,18 @@ def _add_counts(total: tuple[float, ...] | None, bounds: tuple[float, ...] | Non
     return bounds, tuple(map(add, total, counts))
 
 
+def _compact(counts: Sequence[float] | None) -> Sequence[float] | None:
+    """The same doubles, 8 bytes each rather than a float object each."""
+    return None if counts is None else array("d", counts)
+
+
 class BucketAggregator:
     """Accumulates samples of the current minute; ``add`` returns the previous minute once it closes."""
 
     def __init__(self, bucket_seconds: float = BUCKET_SECONDS) -> None:
         self.bucket_seconds = bucket_seconds
         self._minute: int | None = None
+        self._shared_bounds: dict[tuple[float, ...], tuple[float, ...]] = {}
         self._reset_accumulators()
 
     def _reset_accumulators(self) -> None:
@@ -145,9 +154,9 @@ class BucketAggregator:
         self._e2e_sum: float | None = None
         self._e2e_count: float | None = None
         self._prompt_bounds: tuple[float, ...] | None = None
-        self._prompt_counts: tuple[float, ...] | None = None
+        self._prompt_counts: Sequence[float] | None = None
         self._gen_bounds: tuple[float, ...] | None = None
-        self._gen_counts: tuple[float, ...] | None = None
+        self._gen_counts: Sequence[float] | None = None
 
     def minute_of(self, timestamp: float) -> int:
         return math.floor(timestamp / self.bucket_seconds)
@@ -196,6 +205,14 @@ class BucketAggregator:
         self._minute = None
         self._reset_accumulators()
 
+    def _shared(self, bounds: tuple[float, ...] | None) -> tuple[float, ...] | None:
+        """The first equal bounds tuple this aggregator closed a minute with (each poll parses its own)."""
+        if bounds is None:
+            return None
+        if len(self._shared_bounds) > 8:  # bounds that keep changing are a page's fault; keep a few
+            self._shared_bounds.clear()
+        return self._shared_bounds.setdefault(bounds, bounds)
+
     def _close(self) -> MinuteBucket | None:
         if self._minute is None or not self._usages:
             return None
@@ -223,10 +240,10 @@ class BucketAggregator:
             generation_tokens=self._gen_tokens,
             e2e_sum=self._e2e_sum,
             e2e_count=self._e2e_count,
-            prompt_length_bounds=self._prompt_bounds,
-            prompt_length_counts=self._prompt_counts,
-            generation_length_bounds=self._gen_bounds,
-            generation_length_counts=self._gen_counts,
+            prompt_length_bounds=self._shared(self._prompt_bounds),
+            prompt_length_counts=_compact(self._prompt_counts),
+            generation_length_bounds=self._shared(self._gen_bounds),
+            generation_length_counts=_compact(self._gen_counts),
         )
         self._reset_accumulators()
         return bucket
