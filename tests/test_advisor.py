@@ -62,6 +62,9 @@ def test_all_five_fixes_cheapest_first_with_the_model_known(llama_plan):
     # No request longer than 5,000 tokens -> 8192 with margin: the worst-case ceiling rises 4x.
     assert "to 8192" in lower.message and "4.0x" in lower.projected_effect
     assert "longer than 5,000 tokens" in lower.message
+    # (the pool is unchanged on V1 only: the V0 engine without chunked prefill grows it, which it said it did not)
+    assert "With chunked prefill on (vLLM V1) the KV pool itself is unchanged" in lower.projected_effect
+    assert "the pool grows a little" in lower.projected_effect
     assert "x1.1" in quantize.projected_effect  # FP8 weights free ~7.5 GB of an 80 GB card for KV
     assert "x2" in tp.projected_effect and tp.vllm_args == ("--tensor-parallel-size", "2")
     assert lower.vllm_args == ("--max-model-len", "8192") and quantize.vllm_args == ("--quantization", "fp8")

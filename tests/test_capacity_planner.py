@@ -67,6 +67,17 @@ def test_negative_budget_says_will_not_start_with_shortfall():
     assert "short by" in plan.errors[0] and "will not start" in plan.errors[0]
 
 
+def test_halving_max_model_len_without_chunked_prefill_grows_the_pool_and_says_so():
+    # A step holds a whole max-model-len prompt with chunked prefill off, so the profiling peak halves too: the row's
+    # pool grew while its note said "the V1 pool is unchanged"
+    spec = llama_h100(max_model_len=32768, enable_chunked_prefill=False, vllm_version=(0, 6))
+    halved = {s.name: s for s in whatif_scenarios(spec)}["max_model_len_halved"]
+    assert halved.plan is not None and halved.plan.kv_cache_tokens > plan_capacity(spec).kv_cache_tokens
+    assert "the pool grows" in halved.note and "unchanged" not in halved.note
+    on = {s.name: s for s in whatif_scenarios(replace(spec, enable_chunked_prefill=True))}["max_model_len_halved"]
+    assert "the pool is unchanged" in on.note
+
+
 def test_halving_max_model_len_on_a_sliding_window_model_does_not_claim_half_per_request():
     # gpt-oss's sliding layers hold their 128-token window at any length: the ceiling beside the note rose 1.5x
     # (kvwatch plan --model openai/gpt-oss-20b --gpu H100 --max-model-len 32768), not the 2x "needs half" said.

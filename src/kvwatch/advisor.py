@@ -281,8 +281,9 @@ def _max_model_len_advice(max_model_len: int, lowered: int, longest: float, flag
         f"Lower {flag} from {max_model_len} to {lowered}: no request since the engine "
         f"started was longer than {longest:,.0f} tokens (the length histograms' "
         "buckets); a longer one would then be refused.",
-        f"The worst-case concurrency ceiling rises {factor:.1f}x{worst}; the KV pool itself is unchanged, "
-        "so usage at today's mix does not drop.",
+        f"The worst-case concurrency ceiling rises {factor:.1f}x{worst}. With chunked prefill on (vLLM V1) the KV "
+        "pool itself is unchanged, so usage at today's mix does not drop; with it off (the V0 engine's default up "
+        "to 32K tokens) a step holds a whole prompt, so the profiling peak shrinks and the pool grows a little.",
         engine_args=_args(flag, lowered),
     )
 

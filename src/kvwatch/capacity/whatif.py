@@ -277,10 +277,14 @@ def whatif_scenarios(spec: DeploymentSpec, avg_seq_len: float | None = None) -> 
         # (within a block per KV group of half: an odd number of blocks halves to one over half; Llama-4 Scout's
         # chunked layers, at 0.535 of the blocks, are not half)
         halves = kv.blocks_needed(base.layout, half, base.in_flight_tokens) <= full_need / 2 + len(base.layout.groups)
+        # (with chunked prefill off a step holds a whole max-model-len prompt: its profiling peak halves too)
+        pool = ("the pool is unchanged" if spec.enable_chunked_prefill else
+                "with chunked prefill off a step holds a whole prompt, so the profiling peak shrinks and the pool "
+                "grows")
         need = ("each worst-case request needs half" if halves else "each worst-case request needs less, though "
                 "not half (its windowed or state layers do not shrink with it)")
         candidates.append(("max_model_len_halved", replace(spec, max_model_len=half),
-                           f"--max-model-len {half}: the V1 pool is unchanged; {need}"))
+                           f"--max-model-len {half}: {pool}; {need}"))
     else:
         candidates.append(("max_model_len_halved", None, "needs --max-model-len"))
     already_fp8 = base.spec.kv_cache_dtype.startswith("fp8")  # (the dtype vLLM serves: DeepSeek-V3.2's auto may be)
