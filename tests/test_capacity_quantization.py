@@ -180,6 +180,16 @@ def test_a_scheme_the_gpu_cannot_run_will_not_start(tmp_path, capsys):
                                 capsys)
     fp8_weights = {s["name"]: s for s in v100["scenarios"]}["fp8_weights"]
     assert "will not start" in fp8_weights["note"]
+    # An explicit --dtype bfloat16 needs 8.0 (vLLM's check_if_supports_dtype; auto picks float16 there): planned
+    # as if it started
+    assert v100["errors"] == []
+    code, explicit, _ = plan_json(["--model-config", str(bf16), "--gpu", "V100-32GB", "--max-model-len", "4096",
+                                   "--dtype", "bfloat16"], capsys)
+    assert code == 1 and any("--dtype bfloat16 needs a GPU of compute capability 8.0 or more (V100-32GB has 7.0); "
+                             "pass --dtype half" in e for e in explicit["errors"])
+    code, _, _ = plan_json(["--model-config", str(bf16), "--gpu", "A100-80GB", "--max-model-len", "4096",
+                            "--dtype", "bfloat16"], capsys)
+    assert code == 0
 
 
 def test_modelopts_hf_quant_config_beside_the_config_and_the_older_compression_config_are_read(tmp_path, capsys):

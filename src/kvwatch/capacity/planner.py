@@ -314,6 +314,11 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
     refusal = quantization.capability_refusal(method, spec.vllm_version, spec.gpu_compute_capability, spec.gpu_name)
     if refusal:
         errors.append(refusal)
+    capability = spec.gpu_compute_capability
+    if spec.dtype.lower() in ("bfloat16", "bf16") and capability is not None and capability < (8, 0):
+        # vLLM's platform check_if_supports_dtype at worker start (--dtype auto picks float16 there instead)
+        errors.append(f"vLLM will not start: --dtype bfloat16 needs a GPU of compute capability 8.0 or more "
+                      f"({spec.gpu_name or 'this GPU'} has {capability[0]}.{capability[1]}); pass --dtype half")
     for warning in (support.dropped_warning(arch.architectures, spec.vllm_version),
                     support.unmodelled_warning(arch.architectures)) if arch else ():
         if warning:
