@@ -86,8 +86,10 @@ def test_rows_without_a_token_count_are_checked_for_budget_and_verdict(budgets):
     # subtract the CUDA-graph estimate, which its 2.14 GiB shortfall did not leave room for)
     assert {b.line for b in budgets if b.estimated_starts != b.logged_starts} == {46, 52, 55}
     assert not by_line[36].estimated_starts  # the 70B FP8 on one H100 is called a failed start
-    # the v0.19 sweep: budgets within 0.3 GiB; the version-unknown llm-d-benchmark rows: within 5 GiB
-    assert all(abs(b.available_error_gib) <= 0.3 for b in budgets if 2 <= b.line <= 32 and b.line not in (15,))
+    # the v0.19 sweep: budgets within 0.3 GiB; the version-unknown llm-d-benchmark rows: within 5 GiB. (Not the PP
+    # rows: their logged figure is rank 0's, the estimate the last stage's, which also runs the sampler.)
+    assert all(abs(b.available_error_gib) <= 0.3 for b in budgets if 2 <= b.line <= 32 and b.line not in (15, 16))
+    assert all(-0.8 <= by_line[line].available_error_gib <= -0.7 for line in (15, 16))
     assert all(abs(by_line[line].available_error_gib) <= 5.0 for line in range(33, 41))
     table = render_budgets(budgets)
     assert table.count("\n| ") == len(budgets)

@@ -67,6 +67,25 @@ def test_negative_budget_says_will_not_start_with_shortfall():
     assert "short by" in plan.errors[0] and "will not start" in plan.errors[0]
 
 
+def test_pipeline_stages_hold_a_whole_vocabulary_matrix_at_each_end():
+    # vLLM builds the embeddings on the first stage and the LM head on the last (the embeddings again where they are
+    # tied): Llama-3.1-8B at PP 4 logged 4.26 GiB on rank 0 (calibration row 16), kvwatch said 3.74 with everything
+    # divided by the stages; Gemma-3-27B's tied 2.63 GiB matrix counted a quarter at each.
+    from kvwatch.capacity import memory
+
+    llama = resolve_model("meta-llama/Llama-3.1-8B-Instruct")
+    at_pp4 = memory.estimate_weights_bytes(llama, 2, None, 1, 4) / GIB
+    assert at_pp4 == pytest.approx(4.26, abs=0.05)
+    assert memory.estimate_weights_bytes(llama, 2, None, 1, 1) / GIB == pytest.approx(14.96, abs=0.01)
+    gemma = resolve_model("google/gemma-3-27b-it")
+    matrix = gemma.vocab_size * gemma.hidden_size * 2
+    layers = memory.estimate_weights_bytes(gemma, 2, None, 1, 1) - memory.embedding_bytes(gemma, 2, 1, 1)
+    heaviest = memory.estimate_weights_bytes(gemma, 2, None, 1, 4)
+    assert gemma.num_layers == 62  # stages of 15, 16, 16 and 15 layers; the ends each hold a whole matrix
+    assert heaviest >= matrix + layers * 15 // 62 - 1
+    assert memory.embedding_bytes(gemma, 2, 1, 4) >= matrix  # (what --cpu-offload-gb leaves on the stage)
+
+
 def test_halving_max_model_len_without_chunked_prefill_grows_the_pool_and_says_so():
     # A step holds a whole max-model-len prompt with chunked prefill off, so the profiling peak halves too: the row's
     # pool grew while its note said "the V1 pool is unchanged"

@@ -429,7 +429,9 @@ def _weights_detail(arch: ModelArch | None, plan: CapacityPlan) -> str:
     resolved = resolve_quantization(plan.spec.quantization, arch)
     quant = resolved.how if resolved else plan.spec.dtype
     offload = ", minus --cpu-offload-gb" if plan.spec.cpu_offload_bytes else ""
-    return f"estimated: {(embed + dense + experts) / 1e9:.2f} B params, {quant}, / TP×PP{offload}"
+    split = ("/ TP, the heaviest pipeline stage's (a vocabulary matrix at each end)"
+             if plan.spec.pipeline_parallel_size > 1 else "/ TP")
+    return f"estimated: {(embed + dense + experts) / 1e9:.2f} B params, {quant}, {split}{offload}"
 
 
 def _cuda_graph_detail(plan: CapacityPlan) -> str:

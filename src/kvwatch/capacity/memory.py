@@ -138,13 +138,35 @@ def mxfp4_moe_padding(hidden: int, intermediate_per_rank: int,
 
 
 def embedding_bytes(arch: ModelArch, dtype_bytes: int, tp: int, pp: int) -> float:
-    """The embeddings' and LM head's share of :func:`estimate_weights_bytes` per GPU (always in the model dtype)."""
-    return parameter_counts(arch)[0] * dtype_bytes / (tp * pp)
+    """The embeddings' and LM head's share of :func:`estimate_weights_bytes` per GPU (always in the model dtype):
+    with pipeline parallelism, the heaviest stage's."""
+    if pp <= 1:
+        return parameter_counts(arch)[0] * dtype_bytes / tp
+    return _heaviest_stage(arch, 0.0, dtype_bytes, pp)[1] / tp
+
+
+def _heaviest_stage(arch: ModelArch, layer_bytes: float, dtype_bytes: int, pp: int) -> tuple[float, float]:
+    """(bytes, of which embeddings) of the heaviest pipeline stage before the TP split, ``layer_bytes`` being the
+    decoder layers' whole. vLLM splits the layers as :func:`kvwatch.capacity.kv.pp_stage_sizes` says and builds the
+    embeddings on the first stage (with whatever else the config counts there, a vision tower) and the LM head on
+    the last (the embeddings again there where they are tied): each end holds a whole vocabulary matrix, which
+    splitting everything over the stages put a quarter of on each at PP 4 (Llama-3.1-8B: 3.74 GiB a stage where
+    vLLM logged 4.26; Gemma-3-27B's tied 2.63 GiB matrix counted 0.66)."""
+    from kvwatch.capacity.kv import pp_stage_sizes
+
+    matrix = arch.vocab_size * arch.hidden_size * dtype_bytes
+    extra = arch.extra_embedding_params * dtype_bytes
+    sizes = pp_stage_sizes(arch.num_layers, pp)
+    per_layer = layer_bytes / max(1, arch.num_layers)
+    stages = [(n * per_layer + (matrix + extra if i == 0 else 0.0) + (matrix if i == pp - 1 else 0.0),
+               (matrix + extra if i == 0 else 0.0) + (matrix if i == pp - 1 else 0.0)) for i, n in enumerate(sizes)]
+    return max(stages)
 
 
 def estimate_weights_bytes(arch: ModelArch, dtype_bytes: int, quantization: str | None, tp: int, pp: int,
                            compute_capability: tuple[int, int] | None = None) -> int:
-    """Weights per GPU: parameters × bytes per parameter, split over TP and PP ranks.
+    """Weights per GPU: parameters × bytes per parameter, split over TP ranks and, with pipeline parallelism, the
+    heaviest stage's (:func:`_heaviest_stage`).
 
     Embeddings and the LM head stay in the model dtype under every quantization method here. MXFP4 experts
     are priced at the padded sizes vLLM allocates on this GPU (:func:`mxfp4_moe_padding`).
@@ -159,8 +181,9 @@ def estimate_weights_bytes(arch: ModelArch, dtype_bytes: int, quantization: str 
         per_rank = max(1, arch.moe_intermediate_size // tp)
         h_pad, i_pad = mxfp4_moe_padding(arch.hidden_size, per_rank, compute_capability)
         expert_bytes *= (h_pad * i_pad) / (arch.hidden_size * per_rank)
-    total = embed * dtype_bytes + dense_bytes + expert_bytes
-    return int(total / (tp * pp))
+    if pp > 1:
+        return int(_heaviest_stage(arch, dense_bytes + expert_bytes, dtype_bytes, pp)[0] / tp)
+    return int((embed * dtype_bytes + dense_bytes + expert_bytes) / tp)
 
 
 # vLLM >= 0.21 subtracts its CUDA-graph memory estimate (``profile_cudagraph_memory``, gpu_worker.py) before sizing

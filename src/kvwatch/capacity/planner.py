@@ -303,8 +303,9 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
     max_model_len = spec.max_model_len or (arch.default_len(spec.vllm_version) if arch else None)
     longest = arch.derived_len(spec.vllm_version)[0] if arch else None
     if not spec.max_model_len and max_model_len and longest and max_model_len < longest:
-        notes.append(f"max_model_len {max_model_len:,}: with no --max-model-len, vLLM >= 0.12 starts a LongRoPE model "
-                     f"at its original_max_position_embeddings; pass --max-model-len {longest} for its full context")
+        notes.append(f"max_model_len {max_model_len:,}: with no --max-model-len, vLLM >= 0.11.1 starts a LongRoPE "
+                     f"model at its original_max_position_embeddings; pass --max-model-len {longest} for its full "
+                     "context")
     length_errors = _max_len_errors(spec, arch, warnings)
     errors += length_errors
     # The longest --max-model-len vLLM accepts for this model, where the one asked for is refused: the memory
