@@ -12,7 +12,7 @@ import pytest
 
 from kvwatch.engines.detect import read_payload
 from kvwatch.history import History
-from kvwatch.latency import EDGE_SECONDS, delta, quantile, window_quantiles
+from kvwatch.latency import EDGE_SECONDS, delta, quantile, window_means, window_quantiles
 from kvwatch.model import Histogram
 from kvwatch.serve.latency import LatencyAnalyzer, classify
 from kvwatch.sim.engine import EngineConfig, Request, Simulator
@@ -65,6 +65,32 @@ def test_slo_cause() -> None:
     # Below 0.95 with no room for the next prompt (long contexts, v9): the KV cache, as kvwatch_state says.
     assert classify(q, 0.85, 2.0, no_room=True) == (True, "kv_cache")
     assert classify({}, 0.99, 5.0) == (False, None)
+
+
+def test_slo_cause_compares_the_mean_waits_not_p90s_of_different_buckets() -> None:
+    # vLLM's TTFT buckets (.., 160, 640, ..) and queue-time buckets (.., 120, 240, 480, ..) differ: waits of 170-220 s
+    # read a TTFT p90 of 592 s beside a queue p90 of 228 s, and a TTFT that was 99.9 % waiting was "other".
+    ttft_bounds = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                   40.0, 80.0, 160.0, 640.0, 2560.0, INF)
+    queue_bounds = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                    480.0, 960.0, 1920.0, 7680.0, INF)
+
+    def histogram(bounds: tuple[float, ...], values: list[float]) -> Histogram:
+        return Histogram(bounds, tuple(float(sum(v <= b for v in values)) for b in bounds), float(len(values)),
+                         float(sum(values)))
+
+    waits = [170 + i * 0.5 for i in range(100)]
+    old = {"ttft": histogram(ttft_bounds, []), "queue": histogram(queue_bounds, [])}
+    new = {"ttft": histogram(ttft_bounds, [w + 0.2 for w in waits]), "queue": histogram(queue_bounds, waits)}
+    q = window_quantiles(old, new)
+    assert q[("ttft", 0.9)] > 2 * q[("queue", 0.9)]  # the p90s alone say "other"
+    assert classify(q, 0.98, 2.0) == (True, "other")
+    means = window_means(old, new)
+    assert means["queue"] == pytest.approx(194.75) and means["ttft"] == pytest.approx(194.95)
+    assert classify(q, 0.98, 2.0, means=means) == (True, "kv_cache")
+    # a prefill-bound TTFT stays "other" by the means too
+    fast = {"ttft": histogram(ttft_bounds, [w + 0.2 for w in waits]), "queue": histogram(queue_bounds, [1.0] * 100)}
+    assert classify(q, 0.98, 2.0, means=window_means(old, fast)) == (True, "other")
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "tensorrt-llm"])

@@ -68,6 +68,17 @@ def quantile(q: float, hist: Histogram) -> float | None:
     return start + (end - start) * (rank / count) if count > 0 else None
 
 
+def window_means(old: Mapping[str, Histogram], new: Mapping[str, Histogram]) -> dict[str, float]:
+    """``{kind: seconds}``: the mean over the window between two readings' histograms (``_sum``/``_count``
+    deltas), where a request was observed."""
+    out: dict[str, float] = {}
+    for kind, hist in new.items():
+        window = delta(old.get(kind), hist)
+        if window is not None and window.count > 0 and math.isfinite(window.sum) and window.sum >= 0:
+            out[kind] = window.sum / window.count
+    return out
+
+
 def window_quantiles(old: Mapping[str, Histogram], new: Mapping[str, Histogram],
                      quantiles: Sequence[float] = QUANTILES) -> dict[tuple[str, float], float]:
     """``{(kind, q): seconds}`` over the window between two readings' histograms (only answerable ones)."""

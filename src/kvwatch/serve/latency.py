@@ -8,9 +8,12 @@ oldest and newest poll in the window that read them: the sidecar reads the bucke
 minute). ``--ttft-slo-seconds`` adds ``kvwatch_ttft_slo_breach{cause}``:
 1 while TTFT p90 exceeds the objective, with ``cause="kv_cache"`` when the KV cache is saturated
 (median usage over the window's polls >= 0.95, KVCacheBottleneck's threshold; one poll's usage swings by
-several points on a full cache) and requests wait (queue-time p90 is at least half of TTFT p90: the time goes to waiting
-for KV room, and more KV or less load fixes it), else ``cause="other"`` (prefill compute, long prompts,
-the scheduler's budget: more KV would not help). 0 on both while within the objective.
+several points on a full cache) and requests wait (the mean queue time is at least half of the mean TTFT over the
+window: the time goes to waiting for KV room, and more KV or less load fixes it), else ``cause="other"`` (prefill
+compute, long prompts, the scheduler's budget: more KV would not help). 0 on both while within the objective.
+The share compares means, not the p90s: vLLM's TTFT and queue-time histograms have different buckets, and waits of
+160-300 s read a TTFT p90 of 592 s (its bucket 160-640) beside a queue p90 of 228 s (120-240, 240-480), "other"
+for a TTFT that was 99.9 % waiting. Without both means, the p90s.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from prometheus_client.core import GaugeMetricFamily
 from kvwatch.forecast import ForecastParams
 from kvwatch.forecast.detector import no_room_in
 from kvwatch.history import SeriesHistory
-from kvwatch.latency import window_quantiles
+from kvwatch.latency import window_means, window_quantiles
 from kvwatch.model import Histogram, Reading, SeriesKey
 from kvwatch.serve.state import SERIES_LABELS
 
@@ -50,18 +53,23 @@ class SeriesLatency:
 
 
 def classify(quantiles: Mapping[tuple[str, float], float], usage: float | None,
-             slo_seconds: float, *, no_room: bool = False) -> tuple[bool, str | None]:
+             slo_seconds: float, *, no_room: bool = False,
+             means: Mapping[str, float] | None = None) -> tuple[bool, str | None]:
     """(known, cause): whether TTFT p90 is known, and ``kv_cache``/``other`` when it breaks the objective. The cache
     is full at KV_SATURATED, or below it with no room for the next prompt (``no_room``: the forecaster's rule,
-    kvwatch.forecast.detector.no_room_for_next_request)."""
+    kvwatch.forecast.detector.no_room_for_next_request); waiting dominates where the window's mean queue time is at
+    least QUEUE_SHARE of its mean TTFT (``means``, :func:`kvwatch.latency.window_means`; else the p90s)."""
     ttft = quantiles.get(("ttft", 0.9))
     if ttft is None:
         return False, None
     if ttft <= slo_seconds:
         return True, None
-    queue = quantiles.get(("queue", 0.9))
+    if means and "queue" in means and means.get("ttft"):
+        queue, first_token = means["queue"], means["ttft"]
+    else:
+        queue, first_token = quantiles.get(("queue", 0.9)), ttft
     full = usage is not None and (usage >= KV_SATURATED or no_room)
-    kv_bound = full and queue is not None and queue >= QUEUE_SHARE * ttft
+    kv_bound = full and queue is not None and queue >= QUEUE_SHARE * first_token
     return True, "kv_cache" if kv_bound else "other"
 
 
@@ -117,7 +125,8 @@ class LatencyAnalyzer:
             usages = [e.reading.kv_usage_ratio for e in entries if e.reading.kv_usage_ratio is not None]
             usage = statistics.median(usages) if usages else None
             no_room = usage is not None and no_room_in(reading, usage)
-            known, cause = classify(quantiles, usage, self.ttft_slo_seconds, no_room=no_room)
+            known, cause = classify(quantiles, usage, self.ttft_slo_seconds, no_room=no_room,
+                                    means=window_means(edges[0][1], edges[-1][1]))
         return SeriesLatency(MappingProxyType(quantiles), aborted, cause, known)
 
     def families(self, results: Mapping[SeriesKey, SeriesLatency], now: float) -> Iterable[GaugeMetricFamily]:
