@@ -231,6 +231,10 @@ def test_simulate_serves_metrics_over_http() -> None:
             return sum(s.value for s in fams["vllm:generation_tokens"].samples if s.name.endswith("_total"))
 
         assert generated(second) > generated(first) > 0  # the clock runs
+        # The process started now, as vLLM's says: every simulator said 1.75e9, so a killed and restarted one read as
+        # counters going down under one start (impossible values), never as a restart.
+        started = families["process_start_time_seconds"].samples[0].value
+        assert abs(started - time.time()) < 120
         with urllib.request.urlopen(url + "/", timeout=5) as response:  # vLLM serves /metrics/ too
             assert response.status == 200 and "vllm:kv_cache_usage_perc" in response.read().decode()
         with pytest.raises(urllib.error.HTTPError) as missing:

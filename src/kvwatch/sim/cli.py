@@ -274,6 +274,11 @@ def too_long_for(requests: Sequence[Request], max_model_len: int) -> tuple[int, 
 def run(args: argparse.Namespace) -> int:
     simulator, feed, render_options = build(args, warn=lambda line: print(f"kvwatch simulate: {line}",
                                                                          file=sys.stderr, flush=True))
+    if not args.no_serve and args.engine == "vllm":
+        # A served process starts now, as vLLM's process_start_time_seconds says: a fixed start shared by every
+        # simulator made a killed and restarted one look like counters going down under one start (read as
+        # impossible values, the forecaster kept its history). Headless runs keep the fixed one (deterministic).
+        render_options = {**render_options, "start_time": round(time.time(), 2)}
     service = SimulationService(simulator, feed, render_options, speed=args.speed, restarts=args.restart_at_seconds)
     if args.no_serve:
         return _headless(service, args)
