@@ -6,6 +6,7 @@ import json
 import re
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -89,7 +90,11 @@ def test_a_long_context_queue_without_a_capacity_is_no_scheduler_limit() -> None
     (unknown,) = [f for f in findings([derive(reading(None), None)]) if f.severity != "info"]
     assert unknown.id == "queue_cause_unknown" and unknown.severity == "warning"
     assert "mean prompt since the engine started: 25,000 tokens" in unknown.message
-    assert "more KV would not help" not in unknown.message
+    assert "more KV would not help" not in unknown.message and "Pass --gpu" in unknown.message
+    # kvwatch's capacity model does not size SGLang's pool: no --gpu to ask for there
+    (sglang,) = [f for f in findings([derive(replace(reading(None), engine_kind=SGLANG), None)])
+                 if f.severity != "info"]
+    assert sglang.id == "queue_cause_unknown" and "--gpu" not in sglang.message
     (bound,) = [f for f in findings([derive(reading(32_320.0), None)]) if f.severity != "info"]
     assert bound.id == "kv_bound" and "19,392 tokens free" in bound.message
 
@@ -1813,7 +1818,8 @@ def test_capacity_unknown_speaks_of_the_engine_on_the_page(capsys: pytest.Captur
     path = str(FIXTURES.parent / "sglang-metrics" / "gen-0.5.2-total-retracted-tp2.prom")
     report = check_json(["--file", path, "--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "H100"], capsys)
     (unknown,) = {f["message"] for f in report["findings"] if f["id"] == "capacity_unknown"}
-    assert unknown.startswith("The engine does not report KV capacity here (SGLang before max_total_num_tokens)")
+    assert unknown.startswith("The engine does not report KV capacity here (SGLang without max_total_num_tokens: "
+                              "early 2025, 0.5.2-0.5.5)")
     assert "vLLM:" not in unknown and "TensorRT-LLM" not in unknown and "use `kvwatch plan`" not in unknown
 
 

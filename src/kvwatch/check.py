@@ -791,9 +791,10 @@ def _queue_cause_unknown_message(r: Reading, usage: float, waiting: float) -> st
     prompt = f" (the mean prompt since the engine started: {mean:,.0f} tokens)" if mean else ""
     return (f"{_requests(waiting)} {_verb(waiting)} while KV is {percent(usage)} used, and kvwatch cannot tell "
             "why: the KV cache's size is unknown, and below 90 % a queue waits for KV when the free tokens are "
-            f"fewer than the next prompt needs{prompt}. If it fits, the scheduler limits (--max-num-seqs, "
-            "--max-num-batched-tokens); if not, the KV cache does. Pass --gpu (and --model if the page does not "
-            "name it) so that kvwatch computes the capacity.")
+            f"fewer than the next prompt needs{prompt}. If it fits, the scheduler limits; if not, the KV cache does. "
+            + ("Pass --gpu (and --model if the page does not name it) so that kvwatch computes the capacity."
+               if r.engine_kind == VLLM else "kvwatch's capacity model is vLLM's sums and does not size this engine's "
+               "pool: its startup log gives the pool's size."))
 
 
 def _scheduler_limited_message(r: Reading, usage: float, waiting: float, fix: str) -> str:
@@ -860,7 +861,7 @@ def _context(r: Reading, bad: Mapping[str, float], unknown: Mapping[str, str]) -
 def _capacity_unknown_message(engine_kind: str) -> str:
     """capacity_unknown's message for the engine on the page (it listed all three engines' cases on each, and sent an
     SGLang page's reader to `kvwatch plan`, whose vLLM sums kvwatch itself does not take for SGLang's pool)."""
-    own_pool = {SGLANG: ("SGLang", "before max_total_num_tokens"),
+    own_pool = {SGLANG: ("SGLang", "without max_total_num_tokens: early 2025, 0.5.2-0.5.5"),
                 TENSORRT_LLM: ("TensorRT-LLM", "without its max blocks and tokens per block")}
     if engine_kind in own_pool:
         engine, when = own_pool[engine_kind]

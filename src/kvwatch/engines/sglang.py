@@ -10,7 +10,8 @@ them per generation and tests/fixtures/sglang-metrics/README.md names the source
 2. ``model-name-label``: ``sglang:num_running_reqs`` / ``sglang:num_queue_reqs`` with only ``model_name``
    (early 2025): no capacity gauge, so capacity is unknown.
 3. ``rank-labels``: scheduler gauges carry ``engine_type``, ``tp_rank``, ``pp_rank`` (and ``dp_rank`` with
-   data-parallel attention) and ``sglang:max_total_num_tokens`` reports the KV pool size in tokens.
+   data-parallel attention) and ``sglang:max_total_num_tokens`` reports the KV pool size in tokens (not in
+   0.5.2-0.5.5, whose metrics/collector.py has no such gauge: capacity unknown there too).
 
 Series: the model is ``model_name`` (or 2024's ``name``); the engine is ``dp_rank`` (``"0"`` without it).
 Tokenizer-side families (prompt/generation/cached tokens, requests, latency and length histograms) carry no rank
