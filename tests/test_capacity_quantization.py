@@ -364,3 +364,18 @@ def test_cross_attention_layers_are_named_in_a_note():
     assert any(n.startswith("8 of the 40 layers are cross-attention layers") for n in arch.notes)
     plain = {k: v for k, v in text.items() if k != "cross_attention_layers"}
     assert not any("cross-attention" in n for n in arch_from_config({"model_type": "llama", **plain}).notes)
+
+
+def test_a_quantization_method_the_checkpoint_was_not_made_with_is_refused(tmp_path, capsys):
+    # vLLM's ModelConfig._verify_quantization refuses a --quantization of another method than the checkpoint's
+    # quant_method; kvwatch priced an AWQ checkpoint as FP8 weights, and gpt-oss (mxfp4) as 20.56 GiB of FP8.
+    awq = config_file(tmp_path, {"quant_method": "awq", "bits": 4, "group_size": 128})
+    for other in ("fp8", "gptq", "compressed-tensors"):
+        code, data, err = plan_json(["--model-config", str(awq), "--gpu", "L40S", "--quantization", other], capsys)
+        assert code == 2 and data["error"]["reason"] == "usage", other
+        assert f"--quantization {other}: the checkpoint is quantized with awq" in data["error"]["message"]
+    for same in ("awq", "awq_marlin", "w4a16"):  # its own loaders, and kvwatch's scheme names, are taken
+        code, _, _ = plan_json(["--model-config", str(awq), "--gpu", "L40S", "--quantization", same], capsys)
+        assert code == 0, same
+    code, data, _ = plan_json(["--model", "openai/gpt-oss-20b", "--gpu", "H100", "--quantization", "fp8"], capsys)
+    assert code == 2 and "quantized with mxfp4" in data["error"]["message"]

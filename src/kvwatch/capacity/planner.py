@@ -289,6 +289,9 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
         spec = replace(spec, kv_cache_dtype=served)
         notes += [why] if why else []
     quantization.check_name(spec.quantization)
+    mismatch = quantization.method_mismatch(spec.quantization, arch.checkpoint_quant_method if arch else None)
+    if mismatch:
+        raise SpecError(mismatch)
     if spec.block_size not in kv.VLLM_BLOCK_SIZES:
         raise SpecError(f"invalid value {spec.block_size} for --block-size: vLLM accepts "
                         f"{', '.join(map(str, kv.VLLM_BLOCK_SIZES))}")

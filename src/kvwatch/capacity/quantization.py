@@ -105,6 +105,39 @@ def scheme_bytes(scheme: str) -> float | None:
     return None
 
 
+# vLLM's method families: a checkpoint of one is loaded by any of its names (awq_marlin is AWQ's faster kernel), and
+# ModelConfig._verify_quantization refuses a --quantization of another family ("Quantization method specified in the
+# model config (X) does not match the quantization method specified in the `quantization` argument (Y)"). Names that
+# override across families on some platforms (marlin, moe_wna16, ipex, bitblas, petit_nvfp4, ...) are in none: not
+# judged.
+_FAMILIES: tuple[frozenset[str], ...] = (
+    frozenset({"awq", "awq_marlin", "auto_awq"}),
+    frozenset({"gptq", "gptq_marlin", "gptq_marlin_24", "gptq_bitblas", "auto_gptq"}),
+    frozenset({"fp8"}),
+    frozenset({"fbgemm_fp8"}),
+    frozenset({"mxfp4", "gpt_oss_mxfp4"}),
+    frozenset({"compressed_tensors"}),
+    frozenset({"modelopt", "modelopt_fp4", "modelopt_mixed", "modelopt_mxfp8"}),
+    frozenset({"bitsandbytes"}),
+    frozenset({"gguf"}),
+)
+
+
+def method_mismatch(user: str | None, checkpoint_method: str | None) -> str | None:
+    """vLLM's refusal of ``--quantization`` ``user`` for a checkpoint quantized with ``checkpoint_method`` (its
+    config's ``quant_method``), or None: either unknown, the same family, or a name not judged."""
+    if not user or not checkpoint_method or normalise(user) in {"", "none"}:
+        return None
+    u, m = normalise(user), normalise(checkpoint_method)
+    family_u = next((f for f in _FAMILIES if u in f), None)
+    family_m = next((f for f in _FAMILIES if m in f), None)
+    if family_u is None or family_m is None or family_u is family_m:
+        return None
+    return (f"--quantization {user}: the checkpoint is quantized with {checkpoint_method} (its quant_method), and vLLM "
+            f"refuses another method for it (\"does not match the quantization method specified\"); pass "
+            f"--quantization {checkpoint_method} or leave it out")
+
+
 def check_name(user: str | None, *, vllm_methods: bool = False) -> None:
     """Raise :class:`QuantizationError` when ``--quantization`` is neither a scheme nor a method kvwatch prices
     (with ``vllm_methods``: nor any method vLLM takes, :data:`VLLM_METHODS`)."""
