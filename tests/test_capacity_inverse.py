@@ -116,3 +116,13 @@ def test_gpus_per_node_is_one_setting_for_plan_as_for_check_and_serve(monkeypatc
     assert {o["tensor_parallel_size"] for o in json.loads(capsys.readouterr().out)["options"]} <= {1, 2}
     monkeypatch.setenv("KVWATCH_GPUS_PER_NODE", "abc")
     assert main(argv) == 2 and "KVWATCH_GPUS_PER_NODE" in capsys.readouterr().err
+
+
+def test_why_nothing_starts_names_each_tp_once_with_the_settings_it_was_tried_at(capsys):
+    # each TP read twice with different shortfalls and nothing to say which --gpu-memory-utilization each was
+    code, data = inverse(["plan", "--model", "deepseek-ai/DeepSeek-V3", "--gpu", "H100-80GB",
+                          "--target-concurrency", "64", "--avg-seq-len", "8192", "--json"], capsys)
+    assert code == 1 and data["options"] == [] and data["why_not"].startswith("no setting starts: ")
+    reasons = data["why_not"].removeprefix("no setting starts: ").split("; ")
+    assert [r.split(",")[0].split(":")[0] for r in reasons] == ["TP=1", "TP=2", "TP=4", "TP=8"]
+    assert all("--gpu-memory-utilization 0.95" in r for r in reasons)  # the most generous tried: the closest miss

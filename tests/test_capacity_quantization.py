@@ -371,7 +371,7 @@ def test_a_quantization_method_the_checkpoint_was_not_made_with_is_refused(tmp_p
     # quant_method; kvwatch priced an AWQ checkpoint as FP8 weights, and gpt-oss (mxfp4) as 20.56 GiB of FP8.
     awq = config_file(tmp_path, {"quant_method": "awq", "bits": 4, "group_size": 128})
     for other in ("fp8", "gptq", "compressed-tensors"):
-        code, data, err = plan_json(["--model-config", str(awq), "--gpu", "L40S", "--quantization", other], capsys)
+        code, data, _ = plan_json(["--model-config", str(awq), "--gpu", "L40S", "--quantization", other], capsys)
         assert code == 2 and data["error"]["reason"] == "usage", other
         assert f"--quantization {other}: the checkpoint is quantized with awq" in data["error"]["message"]
     for same in ("awq", "awq_marlin", "w4a16"):  # its own loaders, and kvwatch's scheme names, are taken

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from kvwatch.capacity import memory
+from kvwatch.capacity import memory, quantization
 from kvwatch.capacity.architecture import block_quant_split, tensor_parallel_refusal
 from kvwatch.capacity.memory import QuantizationError
 from kvwatch.capacity.planner import EXPERT_PARALLEL_FLAG, CapacityPlan, DeploymentSpec, SpecError, plan_capacity
@@ -126,8 +126,10 @@ def inverse_plan(spec: DeploymentSpec, target_concurrency: int, avg_seq_len: flo
                         "--available-kv-gib do not follow: leave them out")
     utils = sorted({spec.gpu_memory_utilization or 0.0, HIGH_UTILIZATION})
     kv_dtypes = [spec.kv_cache_dtype] + ([] if spec.kv_cache_dtype.startswith("fp8") else ["fp8"])
-    quants = [spec.quantization] + ([] if _already_fp8_weights(spec) else ["fp8"])
-    reasons: list[str] = []
+    # (not FP8 weights for a checkpoint of another method: vLLM refuses it, quantization.method_mismatch)
+    quants = [spec.quantization] + ([] if _already_fp8_weights(spec) or quantization.method_mismatch(
+        "fp8", spec.arch.checkpoint_quant_method if spec.arch else None) else ["fp8"])
+    reasons: dict[int, str] = {}  # per TP, the last failure: the most generous settings tried (the closest miss)
     options: dict[tuple[object, ...], Option] = {}
     for tp in _tp_candidates(spec, gpus_per_node):
         for util in utils:
@@ -135,15 +137,21 @@ def inverse_plan(spec: DeploymentSpec, target_concurrency: int, avg_seq_len: flo
                 for quant in quants:
                     candidate = replace(spec, tensor_parallel_size=tp, gpu_memory_utilization=util or None,
                                         kv_cache_dtype=kv_dtype, quantization=quant)
+                    # (a reason names the settings it was tried at: TP=8 read twice, 10.96 and 8.59 GiB short)
+                    label = ", ".join([f"TP={tp}"] + [
+                        f"{flag} {value}" for flag, value, base in (
+                            ("--gpu-memory-utilization", f"{util:.2f}" if util else "default", utils[0]),
+                            ("--kv-cache-dtype", kv_dtype, kv_dtypes[0]), ("--quantization", quant, quants[0]))
+                        if value != base and not (flag == "--gpu-memory-utilization" and util == base)])
                     option = _option(spec, candidate, target_concurrency, avg_seq_len, model_name,
-                                     max_model_len_given, reasons)
+                                     max_model_len_given, reasons, label)
                     if option is not None:
                         key = (tp, util, kv_dtype, quant)
                         options[key] = option
     ranked = sorted(options.values(), key=lambda o: (o.total_gpus, _quality(o), len(o.changes), -o.per_replica))
     why = None
     if not ranked:
-        why = ("no setting starts: " + "; ".join(dict.fromkeys(reasons))) if reasons else "no setting starts"
+        why = ("no setting starts: " + "; ".join(reasons.values())) if reasons else "no setting starts"
     return InversePlan(target_concurrency, avg_seq_len, tuple(ranked[:MAX_OPTIONS]), why)
 
 
@@ -152,7 +160,7 @@ def _quality(option: Option) -> int:
 
 
 def _option(base: DeploymentSpec, spec: DeploymentSpec, target: int, avg_seq_len: float, model: str | None,
-            length_given: bool, reasons: list[str]) -> Option | None:
+            length_given: bool, reasons: dict[int, str], label: str) -> Option | None:
     try:
         plan = plan_capacity(spec)
         if plan.errors and not length_given and plan.max_model_len and plan.num_gpu_blocks > 0 and \
@@ -162,14 +170,14 @@ def _option(base: DeploymentSpec, spec: DeploymentSpec, target: int, avg_seq_len
                 spec = replace(spec, max_model_len=shorter)
                 plan = plan_capacity(spec)
     except (SpecError, QuantizationError) as exc:
-        reasons.append(f"TP={spec.tensor_parallel_size}: {exc}")
+        reasons[spec.tensor_parallel_size] = f"{label}: {exc}"
         return None
     if plan.errors:
-        reasons.append(f"TP={spec.tensor_parallel_size}: {plan.errors[0]}")
+        reasons[spec.tensor_parallel_size] = f"{label}: {plan.errors[0]}"
         return None
     per_replica = plan.running_limit_at(avg_seq_len)
     if per_replica < 1:
-        reasons.append(f"TP={spec.tensor_parallel_size}: fewer than one {avg_seq_len:,.0f}-token request fits")
+        reasons[spec.tensor_parallel_size] = f"{label}: fewer than one {avg_seq_len:,.0f}-token request fits"
         return None
     replicas = math.ceil(target / math.floor(per_replica))
     changes = tuple(name for name in ("gpu_memory_utilization", "max_model_len", "kv_cache_dtype", "quantization",
