@@ -174,6 +174,10 @@ def test_the_plots_legend_sits_beside_its_axes(tmp_path, capsys, monkeypatch):
     ax = fig.axes[0]
     assert ax.get_legend().get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x1
     assert ": ramp 0.5→1.3, 0.6 h" in ax.get_title()
+    # every line inside the axes, and a line clipped at the top visibly below the frame (it ran along it, hidden)
+    top = ax.get_ylim()[1]
+    highest = max(max(y for y in line.get_ydata() if y == y) for line in ax.get_lines() if len(line.get_ydata()))
+    assert highest < top
 
 
 def test_plot_without_matplotlib_is_refused_before_the_run(tmp_path, capsys, monkeypatch):

@@ -47,7 +47,7 @@ def plot_run(result: RunResult, path: Path) -> None:
     for i, restart in enumerate(result.scenario.restart_times):
         ax.axvline(restart / 60, color="tab:purple", lw=1.0, ls="-.", label="engine restart" if i == 0 else None)
     ax.set_ylabel("fraction of KV capacity / probability")
-    ax.set_ylim(0, top)
+    ax.set_ylim(0, top * 1.03)  # the clipped forecast runs just under the frame, not hidden on it
     ax.set_xlim(0, result.scenario.seconds / 60.0)
     # beside the axes, not over them: upper left hid the 0.95 line and the first half hour
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8)
