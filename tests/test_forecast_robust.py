@@ -148,7 +148,7 @@ def test_length_bucket_deltas_per_minute_and_across_a_reset():
         f.observe(sample(t, cumulative, cumulative[-1]))
     minutes = list(f._buckets)  # the closed minutes (private: what risk.py reads)
     assert [m.minute for m in minutes] == [1]  # the restart dropped minute 0 with the rest of the state
-    assert minutes[0].prompt_length_counts == (1.0, 1.0, 1.0)  # not 1 - 12 per bucket, nor the pre-reset counts
+    assert tuple(minutes[0].prompt_length_counts) == (1.0, 1.0, 1.0)  # not 1 - 12 per bucket, nor the pre-reset counts
     assert minutes[0].generation_length_bounds == bounds
 
 
@@ -170,8 +170,8 @@ def test_length_buckets_read_once_a_minute_still_sum_per_minute():
     minutes = list(f._buckets)
     assert [m.minute for m in minutes] == [0, 1, 2]
     assert minutes[0].prompt_length_counts is None  # the first read has nothing to subtract
-    assert minutes[1].prompt_length_counts == (6.0, 12.0)  # t = 110 minus t = 50
-    assert minutes[2].generation_length_counts == (6.0, 12.0)  # t = 170 minus t = 110
+    assert tuple(minutes[1].prompt_length_counts) == (6.0, 12.0)  # t = 110 minus t = 50
+    assert tuple(minutes[2].generation_length_counts) == (6.0, 12.0)  # t = 170 minus t = 110
 
 
 def _fits_equal(a: object, b: object) -> bool:
