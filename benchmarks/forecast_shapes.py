@@ -43,6 +43,9 @@ VERSIONS: dict[str, ForecastParams] = {
         FORECASTERS["v9"], risk=replace(FORECASTERS["v9"].risk, recurrence_load_ratio=r)) for r in (0.5, 0.8)},
     "the window's mean at the onset, not the lowest": replace(
         FORECASTERS["v10"], risk=replace(FORECASTERS["v10"].risk, recurrence_load_trough=False)),
+    # A fall of level read from the 1st (v11, round 37), the 2nd or not before the shift's 5th minute after it.
+    **{("v11 without the fall" if m == 0 else f"v11 with a fall read after {m} min"): replace(
+        FORECASTERS["v11"], risk=replace(FORECASTERS["v11"].risk, fall_min_buckets=m)) for m in (0, 2)},
 }
 
 Shape = Callable[[float], float]
@@ -65,6 +68,9 @@ SHAPES: dict[str, tuple[Shape, float]] = {  # usage at time t, noise sd
     **{f"step {lo:.1f} -> {hi:.1f}, noise {sd}": ((lambda t, lo=lo, hi=hi: lo if t < STEP else hi), sd)
        for lo, hi in ((0.0, 0.6), (0.2, 0.6), (0.3, 0.7), (0.4, 0.8)) for sd in (0.0, 0.02)},
     "0.7 with a 5-minute drop to 0": ((lambda t: 0.0 if STEP <= t < STEP + 300 else 0.7), 0.02),
+    # Traffic that falls for good from a high, unsaturated load (a batch job ending).
+    **{f"fall {hi} -> {lo}, noise {sd}": ((lambda t, hi=hi, lo=lo: hi if t < STEP else lo), sd)
+       for hi, lo in ((0.9, 0.2), (0.85, 0.4)) for sd in (0.0, 0.02)},
     "ramp 0.4 -> 1.0 over 2 h": ((lambda t: min(1.0, 0.4 + 0.6 * t / 7200)), 0.02),
     "step 0.3 -> 0.75, then a ramp to 1.0 in 60 min": (
         (lambda t: 0.3 if t < STEP else min(1.0, 0.75 + 0.25 * (t - STEP) / 3600)), 0.02),

@@ -154,10 +154,16 @@ WARNING_VARIANTS: dict[str, ForecastParams] = {
     "the higher of the two, on 0.7": _reads("higher"),
     "the lower of the two, on 0.7": _reads("lower"),
 }
+# A fall of level read from 1 or 2 minutes after it (RiskParams.fall_min_buckets; v11 waits for the shift's 5).
+FALL_VARIANTS: dict[str, ForecastParams] = {
+    "v11 without it (0)": _variant(V11, risk={"fall_min_buckets": 0}),
+    **{f"a fall read after {m} min{' (v11)' if m == V11.risk.fall_min_buckets else ''}": _variant(
+        V11, risk={"fall_min_buckets": m}) for m in (1, 2, 3)},
+}
 ROUNDS = {"v6": V6_VARIANTS, "v7": V7_VARIANTS, "v8": V8_VARIANTS, "v9": V9_VARIANTS, "threshold": THRESHOLD_VARIANTS,
           "recurrence": RECURRENCE_VARIANTS, "within": WITHIN_VARIANTS, "calibration": CALIBRATION_VARIANTS,
-          "warning": WARNING_VARIANTS}
-FAMILY_ONLY = ("v7", "v8", "v9", "threshold", "recurrence", "within", "calibration", "warning")
+          "warning": WARNING_VARIANTS, "fall": FALL_VARIANTS}
+FAMILY_ONLY = ("v7", "v8", "v9", "threshold", "recurrence", "within", "calibration", "warning", "fall")
 # The runs v5 was tuned on (docs/forecasting-history.md, "v5"), by row label and seed.
 V5_SET = {("step", 0), ("diurnal", 0), ("mixshift", 0), ("steady 0.7", 0), ("steady 0.9", 0), ("restart", 0),
           ("large-cache steady 0.7", 0), ("long-mix steady 0.7", 0), ("prompt×4 steady 0.7", 0),

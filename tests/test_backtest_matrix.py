@@ -76,7 +76,10 @@ def test_the_matrix_can_score_v6_and_v5_on_the_same_simulations():
 
     v11, v10, v9, v8, v6, v5 = (FORECASTERS[v] for v in ("v11", "v10", "v9", "v8", "v6", "v5"))
     assert v11 == ForecastParams() and v11.calibration.prior_sd == 1.0 and v11.calibration.warning_reads == "model"
-    assert replace(v10, calibration=v11.calibration) == v11 and v10.calibration.prior_sd == 0.0
+    # v11 also reads a fall of level at once (round 37); v10 and earlier do not
+    assert (v11.risk.fall_min_buckets, v10.risk.fall_min_buckets) == (1, 0)
+    assert replace(v10, calibration=v11.calibration, risk=replace(v10.risk, fall_min_buckets=1)) == v11
+    assert v10.calibration.prior_sd == 0.0
     assert v10.risk.recurrence_load_ratio == 0.7
     assert replace(v9, risk=replace(v9.risk, recurrence_load_ratio=0.7)) == v10
     assert v9.room_for_next_request and v9.risk.floor_by_running_dispersion

@@ -103,6 +103,16 @@ def test_slow_ramp_warns_well_before_saturation():
     assert first_warning.forecast_ratio[1800] > first_warning.forecast_ratio[600]
 
 
+@pytest.mark.parametrize(("high", "low", "sigma"), [(0.9, 0.2, 0.0), (0.9, 0.2, 0.02), (0.9, 0.1, 0.01)])
+def test_load_that_falls_for_good_raises_no_warning(high: float, low: float, sigma: float):
+    # A batch job ends: 0.9 for two hours, then 0.2. The fall counted as noise until a shift could be read five
+    # minutes after it, the level still near 0.9: risk 0.92 within 30 minutes, `filling` for 11 minutes.
+    results = run(Forecaster(), stream(noisy(lambda t: high if t < 7200 else low, sigma, seed=3), seconds=9000))
+    after = [r for r in results if r.timestamp >= 7200]
+    assert "filling" not in {r.state for r in after}
+    assert max(r.risk[1800] or 0.0 for r in after) < 0.5
+
+
 def test_a_step_up_to_a_flat_plateau_is_no_warning():
     # v8: a batch job doubles the load and it stays flat at 0.8. v6 drew a steep line through the step, read it
     # above the plateau, counted the step as noise and projected the arrival rate's "trend": 30 minutes of

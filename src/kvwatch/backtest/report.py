@@ -34,12 +34,14 @@ METHODS: tuple[str, ...] = (KVWATCH, "threshold", "predict_linear", "guarded_pre
 # (without that: a queue with less than a recent prompt free waits for KV, and the size floor scaled by the running
 # count's dispersion), v8 (without those: a shift of level is no trend), v6 (without that either), v7 (v6 with the
 # size floor from the length buckets' tail plus the arrivals' clustering: tried, not the default) and v5 (v6 with the
-# 30-minute line read as fitted and the first warning after 2 raw minutes).
-_V9_RISK = RiskParams(recurrence_load_ratio=0.0)
+# 30-minute line read as fitted and the first warning after 2 raw minutes). v11 also reads a fall of level from the
+# first minute after it (round 37, RiskParams.fall_min_buckets); the earlier versions do not.
+_V10_RISK = RiskParams(fall_min_buckets=0)
+_V9_RISK = replace(_V10_RISK, recurrence_load_ratio=0.0)
 _V8_RISK = replace(_V9_RISK, floor_by_running_dispersion=False)
 _V6_RISK = replace(_V8_RISK, shift_ratio=0.0)
 _BEFORE_V11: dict[str, ForecastParams] = {
-    "v10": ForecastParams(),
+    "v10": ForecastParams(risk=_V10_RISK),
     "v9": ForecastParams(risk=_V9_RISK),
     "v8": ForecastParams(risk=_V8_RISK, room_for_next_request=False),
     "v6": ForecastParams(risk=_V6_RISK, demand=DemandParams(shift_ratio=0.0), room_for_next_request=False),

@@ -138,6 +138,10 @@ class RiskParams:
     # as noise (30 minutes of `filling` on a flat cache). 0: off (v6). 3 (tuned: docs/forecasting-history.md, v8).
     shift_ratio: float = 3.0
     shift_post_line: bool = True  # after the shift a line of its own, not a constant (a step, then a ramp)
+    # A fall of level read from fewer minutes after it than a shift needs (0: off): traffic that falls from 0.9 to
+    # 0.2 counted the step as noise until five minutes after it, the level near the old one: risk 0.92 at 30
+    # minutes, `filling` for 11 minutes after the load fell (a review's synthetic step down).
+    fall_min_buckets: int = 1
     # v9: the floor is Poisson shot noise, whose count of requests in flight is Poisson (variance = mean). Scaled
     # by the measured ratio (running_dispersion, at most 1): a gateway or max-num-seqs that keeps a fixed number
     # of long requests in flight has a steady count, and its occupancy is steady too (4.5 hours of `filling` at a
@@ -200,7 +204,7 @@ def _tail_and_density(c: float, mean: float, var: float, distribution: str) -> t
 
 def _line_fit(buckets: Sequence[MinuteBucket], window_buckets: int, shrink: bool = False,
               autocorrelated: bool = True, shift_ratio: float = 0.0, shift_post_line: bool = True,
-              shift_min_buckets: int = 5) -> tuple[float, float, float, float] | None:
+              shift_min_buckets: int = 5, fall_min_buckets: int = 0) -> tuple[float, float, float, float] | None:
     """(dispersion index, line at the newest minute, lag-1 autocorrelation of the residuals, newest mean).
 
     ``shrink``: the slope is multiplied by ``max(0, 1 − 1/t²)`` before the line is read at the newest minute
@@ -220,7 +224,16 @@ def _line_fit(buckets: Sequence[MinuteBucket], window_buckets: int, shrink: bool
     if shrink and sxx > 0:
         slope *= slope_signal_share(slope, resid / sxx, rho if autocorrelated else 0.0)
     level = my + slope * (points[-1][0] - mx)  # the line at the newest minute: follows a ramp, not a burst
-    shifted = level_shift([y for _, y in points], squares, shift_ratio, shift_min_buckets) if shift_ratio else None
+    ys = [y for _, y in points]
+    shifted = level_shift(ys, squares, shift_ratio, shift_min_buckets) if shift_ratio else None
+    if shifted is None and shift_ratio and 0 < fall_min_buckets < shift_min_buckets:
+        # A fall read sooner than a shift: only downward (the level after it below the mean before it), its level
+        # the mean of the few minutes since (no line through two points), and only where that lowers the level.
+        fallen = level_shift(ys, squares, shift_ratio, fall_min_buckets)
+        if fallen is not None and fallen[1] < sum(ys[:fallen[0]]) / fallen[0]:
+            fit = _shift_fit(points, fallen[0], False)
+            if fit[1] < level:
+                return fit
     if shifted is not None:
         fit = _shift_fit(points, shifted[0], shift_post_line)
         # Only where it lowers the level: after a late step (or a burst) a line reads below the new level, and a
@@ -469,7 +482,7 @@ def estimate_risk(buckets: Sequence[MinuteBucket], demand: DemandEstimate, p: Ri
     window = last_minutes(buckets, p.window_buckets)
     capacity = demand.capacity_tokens
     fit = _line_fit(buckets, p.window_buckets, p.level_shrink, p.level_shrink_autocorrelation, p.shift_ratio,
-                    p.shift_post_line)
+                    p.shift_post_line, fall_min_buckets=p.fall_min_buckets)
     if capacity <= 0 or demand.rate_level <= 0 or fit is None:
         return None
     size, mean0, rho_measured, newest_mean = fit
