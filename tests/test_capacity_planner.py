@@ -95,6 +95,11 @@ def test_halving_max_model_len_without_chunked_prefill_grows_the_pool_and_says_s
     assert "the pool grows" in halved.note and "unchanged" not in halved.note
     on = {s.name: s for s in whatif_scenarios(replace(spec, enable_chunked_prefill=True))}["max_model_len_halved"]
     assert "the pool is unchanged" in on.note
+    # ... unless --max-num-batched-tokens fixes the profiled step: the pool stays, and the note said it grew
+    pinned = replace(spec, max_num_batched_tokens=32768)
+    halved = {s.name: s for s in whatif_scenarios(pinned)}["max_model_len_halved"]
+    assert halved.plan is not None and halved.plan.num_gpu_blocks == plan_capacity(pinned).num_gpu_blocks
+    assert "the pool is unchanged" in halved.note and "grows" not in halved.note
 
 
 def test_halving_max_model_len_on_a_sliding_window_model_does_not_claim_half_per_request():

@@ -277,14 +277,22 @@ def whatif_scenarios(spec: DeploymentSpec, avg_seq_len: float | None = None) -> 
         # (within a block per KV group of half: an odd number of blocks halves to one over half; Llama-4 Scout's
         # chunked layers, at 0.535 of the blocks, are not half)
         halves = kv.blocks_needed(base.layout, half, base.in_flight_tokens) <= full_need / 2 + len(base.layout.groups)
-        # (with chunked prefill off a step holds a whole max-model-len prompt: its profiling peak halves too)
-        pool = ("the pool is unchanged" if spec.enable_chunked_prefill else
-                "with chunked prefill off a step holds a whole prompt, so the profiling peak shrinks and the pool "
-                "grows")
+        # With chunked prefill off a step holds a whole max-model-len prompt, so its profiling peak halves too,
+        # unless --max-num-batched-tokens or a measured activation fixes it: the note follows the pool planned.
+        halved = replace(spec, max_model_len=half)
+        try:
+            grows = plan_capacity(halved).num_gpu_blocks > base.num_gpu_blocks
+        except SpecError:
+            grows = False
+        if grows:
+            pool = ("with chunked prefill off a step holds a whole prompt, so the profiling peak shrinks and the pool "
+                    "grows" if not spec.enable_chunked_prefill else "the pool grows")
+        else:
+            pool = "the pool is unchanged" + ("" if spec.enable_chunked_prefill else " (the profiled step is fixed "
+                                              "here by --max-num-batched-tokens or the measured activation)")
         need = ("each worst-case request needs half" if halves else "each worst-case request needs less, though "
                 "not half (its windowed or state layers do not shrink with it)")
-        candidates.append(("max_model_len_halved", replace(spec, max_model_len=half),
-                           f"--max-model-len {half}: {pool}; {need}"))
+        candidates.append(("max_model_len_halved", halved, f"--max-model-len {half}: {pool}; {need}"))
     else:
         candidates.append(("max_model_len_halved", None, "needs --max-model-len"))
     already_fp8 = base.spec.kv_cache_dtype.startswith("fp8")  # (the dtype vLLM serves: DeepSeek-V3.2's auto may be)
