@@ -46,6 +46,14 @@ def test_mismatch_names_both_numbers_when_the_utilization_was_not_given():
     assert causes.index("--gpu-memory-utilization") < causes.index("CUDA-graph")
 
 
+def test_a_formula_below_the_engine_names_pipeline_parallelism():
+    # a PP 2 page checked without --pipeline-parallel-size read 56 % low, and the causes named every flag but that one
+    plan = _qwen2_a100(None)
+    causes = capacity_mismatch(plan.kv_cache_tokens, plan.kv_cache_tokens * 2.3, plan).message.split(
+        "Likely causes: ", 1)[1]
+    assert "more tensor or pipeline parallelism" in causes and "--pipeline-parallel-size" in causes
+
+
 def test_the_engines_own_utilization_is_a_cause_only_in_the_gaps_direction():
     # given 0.8 where the engine runs 0.92, a formula above the engine's pool listed "a lower
     # --gpu-memory-utilization than kvwatch assumed": the engine's label says the opposite

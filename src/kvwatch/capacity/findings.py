@@ -121,8 +121,10 @@ def capacity_mismatch(formula_tokens: float, reported_tokens: float | None,
     else:
         causes += [*utilization,
                    "an FP8 KV cache (--kv-cache-dtype fp8) or quantized weights kvwatch was not told about",
-                   "a smaller model, more tensor parallelism, or --kv-cache-memory-bytes"]
-    causes.append("--model/--gpu/--tensor-parallel-size/--dtype not describing this deployment")
+                   "a smaller model, more tensor or pipeline parallelism, or --kv-cache-memory-bytes"]
+    # (a PP 2 page checked without --pipeline-parallel-size read 56 % low and named every flag but that one)
+    causes.append("--model/--gpu/--tensor-parallel-size/--pipeline-parallel-size/--dtype not describing this "
+                  "deployment")
     return CapacityFinding("capacity_mismatch", "warning", (
         f"The capacity formula says {formula_tokens:,.0f} KV tokens, the engine reports {reported_tokens:,.0f} "
         + (f"(the formula is {percent(abs(gap))} {'higher' if gap > 0 else 'lower'}" if abs(gap) < 1 else
