@@ -624,14 +624,22 @@ A long namespace is cut to 12 characters and 8 of its hash.
 {{- end }}
 
 {{/*
-A Kubernetes memory quantity in bytes ("256Mi", "1G", "268435456"), "" when unset or not one of those forms.
+A Kubernetes memory quantity in bytes ("256Mi", "1G", "2e9", ".5Gi", "268435456": Kubernetes' quantity grammar, its
+binary, decimal and exponent suffixes), "" when unset; a render failure when set and not a quantity (the memory check
+was skipped without a word for "2e9").
 */}}
 {{- define "kvwatch.bytes" -}}
 {{- /* (through kvwatch.scalar: a plain number in a values file is a float64, whose toString is 5e+07) */ -}}
 {{- $text := include "kvwatch.scalar" (. | default "") -}}
-{{- $units := dict "" 1.0 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 -}}
-{{- if regexMatch "^[0-9]+(\\.[0-9]+)?(k|M|G|T|Ki|Mi|Gi|Ti)?$" $text -}}
+{{- $units := dict "" 1.0 "n" 1e-9 "u" 1e-6 "m" 1e-3 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "E" 1e18 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 -}}
+{{- if $text -}}
+{{- if regexMatch "^([0-9]+(\\.[0-9]*)?|\\.[0-9]+)[eE][-+]?[0-9]+$" $text -}}
+{{- float64 $text -}}
+{{- else if regexMatch "^([0-9]+(\\.[0-9]*)?|\\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?$" $text -}}
 {{- $unit := regexFind "[A-Za-z]+$" $text -}}
 {{- mulf (float64 (trimSuffix $unit $text)) (index $units $unit) -}}
+{{- else -}}
+{{- fail (printf "kvwatch.resources.limits.memory (%s) is not a Kubernetes memory quantity (e.g. 256Mi, 1G, 2e9)" $text) -}}
+{{- end -}}
 {{- end -}}
 {{- end }}
