@@ -69,7 +69,7 @@ def test_scheduler_limited_and_capacity_unknown(capsys: pytest.CaptureFixture[st
     # scheduler or the KV cache holds the queue (it said "scheduler_limited: more KV would not help")
     assert ids(report) == [("queue_cause_unknown", "0"), ("preemptions", "0"), ("capacity_unknown", "0")]
     unknown = next(f["message"] for f in report["findings"] if f["id"] == "queue_cause_unknown")
-    assert "cannot tell why" in unknown and "Pass --gpu" in unknown
+    assert "cannot tell why" in unknown and "estimates it with --gpu and the model" in unknown
     report = check_json(["--file", str(FIXTURES / "gen-0.8.5-engine-label.prom"), "--gpu", "H100"], capsys)
     assert ids(report)[0] == ("scheduler_limited", "0")  # the capacity from the plan: the next prompt fits
     # Beside preemptions since the start, "more KV would not help" is not said flatly: one poll cannot see the cache
@@ -90,7 +90,8 @@ def test_a_long_context_queue_without_a_capacity_is_no_scheduler_limit() -> None
     (unknown,) = [f for f in findings([derive(reading(None), None)]) if f.severity != "info"]
     assert unknown.id == "queue_cause_unknown" and unknown.severity == "warning"
     assert "mean prompt since the engine started: 25,000 tokens" in unknown.message
-    assert "more KV would not help" not in unknown.message and "Pass --gpu" in unknown.message
+    assert "more KV would not help" not in unknown.message and "--gpu and the model" in unknown.message
+    assert "where they were given, the notes on stderr say why" in unknown.message  # (not "pass --gpu" if it was)
     # kvwatch's capacity model does not size SGLang's pool: no --gpu to ask for there
     (sglang,) = [f for f in findings([derive(replace(reading(None), engine_kind=SGLANG), None)])
                  if f.severity != "info"]

@@ -792,7 +792,8 @@ def _queue_cause_unknown_message(r: Reading, usage: float, waiting: float) -> st
     return (f"{_requests(waiting)} {_verb(waiting)} while KV is {percent(usage)} used, and kvwatch cannot tell "
             "why: the KV cache's size is unknown, and below 90 % a queue waits for KV when the free tokens are "
             f"fewer than the next prompt needs{prompt}. If it fits, the scheduler limits; if not, the KV cache does. "
-            + ("Pass --gpu (and --model if the page does not name it) so that kvwatch computes the capacity."
+            + ("kvwatch's capacity model estimates it with --gpu and the model (--model, --model-config, or a preset "
+               "matching model_name); where they were given, the notes on stderr say why it could not."
                if r.engine_kind == VLLM else "kvwatch's capacity model is vLLM's sums and does not size this engine's "
                "pool: its startup log gives the pool's size."))
 
