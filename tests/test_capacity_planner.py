@@ -444,3 +444,20 @@ def test_a_weights_estimate_that_cannot_stand_beside_the_measured_pool_re_budget
     assert "do not fit the 79 GiB card: pass --weights-gib" in rows["tensor_parallel_x2"].note
     told = {s.name: s for s in whatif_scenarios(replace(deepseek, weights_bytes=30 * GIB))}
     assert told["tensor_parallel_x2"].kv_cache_tokens  # (measured weights are taken as they are)
+
+
+def test_vllm_0_34_measures_its_own_pool_and_the_plan_says_its_sums_are_0_33s():
+    # 0.34.0's extensible KV cache sizes the pool from memory measured after warm-up (utilization 1.0 unless given,
+    # blocks of 64): the plan for 0.34 was 0.33's, byte for byte, without a word
+    from kvwatch.capacity.findings import vllm_refusals
+
+    spec = llama_h100(vllm_version=(0, 34))
+    plan = plan_capacity(spec)
+    assert plan.pool_measured_by_engine and any("extensible KV cache" in w for w in plan.warnings)
+    assert not plan_capacity(llama_h100(vllm_version=(0, 33))).pool_measured_by_engine
+    assert not plan_capacity(replace(spec, available_kv_bytes=50 * GIB)).pool_measured_by_engine  # measured: its own
+    # its memory refusals are not vLLM's there (a serving engine read "will not start"); the others are
+    short = plan_capacity(replace(spec, gpu_memory_bytes=16 * GIB))
+    assert short.memory_errors and short.errors and vllm_refusals(short) == ()
+    old = plan_capacity(replace(spec, gpu_memory_bytes=16 * GIB, vllm_version=(0, 33)))
+    assert vllm_refusals(old) == old.errors != ()

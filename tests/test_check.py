@@ -1839,3 +1839,26 @@ def test_capacity_mismatch_is_said_once_per_model_and_only_of_causes_the_page_al
     report = check_json(["--file", old, "--model", "Qwen/Qwen3-8B", "--gpu", "H100"], capsys)
     (mismatch,) = [f["message"] for f in report["findings"] if f["id"] == "capacity_mismatch"]
     assert "subtracts its CUDA-graph memory" not in mismatch and "another process on the GPU" in mismatch
+
+
+def test_a_vllm_0_34_pool_measured_by_the_engine_is_not_judged_by_0_33s_sums(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # vLLM 0.34's extensible KV cache sizes the pool from measured memory at utilization 1.0: 0.33's sums said a
+    # serving Qwen2.5-32B "will not start" and its 41,024 tokens were "21 % above the formula".
+    from kvwatch.engines.vllm import vllm_version_from_cache_config
+
+    path = str(FIXTURES / "gen-0.34-extensible-kv.prom")
+    poll = interpret((FIXTURES / "gen-0.34-extensible-kv.prom").read_text(), None, timestamp=0.0)
+    assert vllm_version_from_cache_config(poll.readings[0].cache_config) == (0, 34)
+    report = check_json(["--file", path, "--model", "Qwen/Qwen2.5-32B-Instruct", "--gpu", "H100",
+                         "--max-model-len", "32768"], capsys)
+    found = {f["id"] for f in report["findings"]}
+    assert "kv_bound" in found and not found & {"capacity_mismatch", "vllm_will_not_start"}
+    assert report["series"][0]["kv_capacity_tokens"] == 41024
+    # the same settings under 0.33's rules (the label set without the 0.34 field) are judged as before
+    old = tmp_path / "as-0.33.prom"
+    old.write_text((FIXTURES / "gen-0.34-extensible-kv.prom").read_text().replace(
+        'enable_extensible_kv_cache="True",', ""))
+    report = check_json(["--file", str(old), "--model", "Qwen/Qwen2.5-32B-Instruct", "--gpu", "H100",
+                         "--max-model-len", "32768"], capsys)
+    assert {"vllm_will_not_start", "capacity_mismatch"} & {f["id"] for f in report["findings"]}

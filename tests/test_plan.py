@@ -325,8 +325,9 @@ def test_current_rules_subtract_the_cuda_graph_memory(capsys):
 
 def test_header_and_json_state_the_rules_applied(capsys):
     base = ["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--max-model-len", "8192"]
-    for extra, rules in (([], ">=0.32"), (["--vllm-version", "0.27"], "0.26-0.27"),
-                         (["--vllm-version", "0.29"], "0.28-0.29"), (["--vllm-version", "0.20"], "0.20"),
+    for extra, rules in (([], "0.32-0.33"), (["--vllm-version", "0.34"], ">=0.34"),
+                         (["--vllm-version", "0.27"], "0.26-0.27"), (["--vllm-version", "0.29"], "0.28-0.29"),
+                         (["--vllm-version", "0.20"], "0.20"),
                          (["--vllm-version", "0.12"], "0.12-0.13"), (["--vllm-version", "0.8"], "<0.9")):
         _, out, _ = run([*base, *extra], capsys)
         assert out.splitlines()[0].endswith(f"vLLM {rules} rules (figures per GPU)"), out.splitlines()[0]

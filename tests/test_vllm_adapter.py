@@ -433,6 +433,7 @@ FIXTURE_ERAS = {
     "gen-0.11.1-sleep-state.prom": "0.11",
     "gen-0.16-sleep-state-dp2.prom": "0.14-0.16",
     "gen-0.33-dp2-capacity-labels.prom": "0.26+",
+    "gen-0.34-extensible-kv.prom": "0.26+",
     "gen-0.8.5-engine-label.prom": "0.8.5-0.8.x",
     "gen-0.9-both-usage-names.prom": "0.9-0.10",
     "gen-multiprocess-pid.prom": "0.9-0.10",

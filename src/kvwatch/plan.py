@@ -95,7 +95,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     plan.add_argument("--vllm-version", metavar="X.Y",
                       help="vLLM version whose rules to follow (default utilization, how the token count is "
                            "reported, what sliding-window and chunked layers hold per request, hybrid grouping, "
-                           "Mamba state blocks and dtype); default: the current release (0.33, the >=0.32 rules).")
+                           "Mamba state blocks and dtype); default: 0.33 (the 0.32-0.33 rules), the newest whose "
+                           "sums kvwatch models (0.34 sizes its KV cache from memory it measures: its plan says "
+                           "so).")
     plan.add_argument("--allow-long-max-model-len", action="store_true",
                       help="The deployment sets VLLM_ALLOW_LONG_MAX_MODEL_LEN=1: a --max-model-len past the model's "
                            "length (max_position_embeddings with RoPE scaling) is a warning, not a refusal.")

@@ -57,10 +57,17 @@ class CapacityFinding:
 
 
 def plan_refusals(plan: CapacityPlan) -> list[CapacityFinding]:
-    """The plan's errors: vLLM would not start with the settings kvwatch was given."""
+    """The plan's errors: vLLM would not start with the settings kvwatch was given (not those of its memory sums
+    where vLLM measures the pool itself: a serving 0.34 engine was told it would not start)."""
     return [CapacityFinding("vllm_will_not_start", "warning", f"With the deployment settings kvwatch was given: "
                             f"{error}. Either the settings are not the engine's, or a restart with them will fail.")
-            for error in plan.errors]
+            for error in vllm_refusals(plan)]
+
+
+def vllm_refusals(plan: CapacityPlan) -> tuple[str, ...]:
+    """The plan's errors that are vLLM's: all but its memory budget's where the engine measures its pool
+    (CapacityPlan.pool_measured_by_engine)."""
+    return tuple(e for e in plan.errors if not (plan.pool_measured_by_engine and e in plan.memory_errors))
 
 
 def capacity_mismatch(formula_tokens: float, reported_tokens: float | None,

@@ -60,6 +60,14 @@ def parse_version(text: str | None) -> tuple[int, int]:
         raise SpecError(f"invalid vLLM version {text!r} (expected e.g. 0.19.0)") from None
 
 
+# vLLM 0.34.0's extensible KV cache (CacheConfig.enable_extensible_kv_cache, on by default on CUDA and ROCm, off with
+# --kv-cache-memory-bytes or --num-gpu-blocks-override) sizes the pool from memory measured after warm-up, at
+# --gpu-memory-utilization 1.0 unless one is given, less a margin for the activation and CUDA-graph peaks, in blocks of
+# 64 by default (read in the 0.34.0 wheel: vllm/config/cache.py, vllm/v1/worker/gpu_worker.py). kvwatch does not model
+# it: its sums stay 0.33's, and say so.
+EXTENSIBLE_KV_SINCE = (0, 34)
+
+
 def default_gpu_memory_utilization(version: tuple[int, int]) -> float:
     """vLLM's default --gpu-memory-utilization: 0.9 up to 0.16, 0.92 from 0.20."""
     return 0.92 if version >= OLD_DEFAULT_UTILIZATION_BEFORE else 0.9
@@ -207,6 +215,10 @@ class CapacityPlan:
     pp_last_stage_extra_bytes: float = 0.0  # the last PP stage's sampler, added to a measured rank-0 activation
     cuda_graph_bytes: float = 0.0  # subtracted before sizing the cache (vLLM >= 0.21 without --enforce-eager)
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # vLLM >= 0.34's extensible KV cache sizes the pool from memory it measures after warm-up (EXTENSIBLE_KV_SINCE):
+    # these sums are 0.33's, so the pool and the memory refusals below (memory_errors) are not vLLM's there.
+    pool_measured_by_engine: bool = False
+    memory_errors: tuple[str, ...] = ()  # the errors of the memory budget (no KV left, a request that does not fit)
 
     @property
     def will_start(self) -> bool:
@@ -352,17 +364,28 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
     blocks = kv.num_gpu_blocks(available, layout)
     in_flight = kv.in_flight_tokens(batched, pp, spec.vllm_version)
     tokens = kv.reported_kv_cache_tokens(layout, blocks, max_model_len, in_flight, spec.vllm_version)
+    memory_errors: list[str] = []
     if available <= 0:
         # (none left exactly, as --available-kv-gib 0 says, is no shortfall: "short by -0.00 GiB" was printed)
         short = f" (short by {-available / GIB:.2f} GiB per GPU)" if -available / GIB >= 0.005 else ""
-        errors.append(f"vLLM will not start: no memory left for the KV cache{short}")
+        memory_errors.append(f"vLLM will not start: no memory left for the KV cache{short}")
     elif max_model_len and blocks < kv.blocks_needed(layout, max_model_len, in_flight) and (
             longest_accepted is None or blocks < kv.blocks_needed(layout, longest_accepted, in_flight)):
         # (Where the model's own longest length fits, lowering to it, the refusal above, is the whole fix.)
         need = kv.blocks_needed(layout, max_model_len, in_flight) * layout.bytes_per_block_row
-        errors.append(f"vLLM will not start: one {max_model_len}-token request needs {need / GIB:.2f} GiB of KV "
-                      f"but only {available / GIB:.2f} GiB is available (short by {(need - available) / GIB:.2f} "
-                      f"GiB); lower --max-model-len to about {_fitting_len(layout, blocks, in_flight)}")
+        memory_errors.append(f"vLLM will not start: one {max_model_len}-token request needs {need / GIB:.2f} GiB of "
+                             f"KV but only {available / GIB:.2f} GiB is available (short by "
+                             f"{(need - available) / GIB:.2f} GiB); lower --max-model-len to about "
+                             f"{_fitting_len(layout, blocks, in_flight)}")
+    errors += memory_errors
+    measured_by_engine = (spec.vllm_version >= EXTENSIBLE_KV_SINCE and spec.available_kv_bytes is None
+                          and not spec.kv_pool_fixed)
+    if measured_by_engine:
+        warnings.append(f"vLLM {release(EXTENSIBLE_KV_SINCE)}+ sizes the KV cache from memory it measures after "
+                        "warm-up (its extensible KV cache, on by default on CUDA and ROCm), at "
+                        "--gpu-memory-utilization 1.0 unless one is given and in blocks of 64 by default: these "
+                        "figures are 0.33's sums, which kvwatch has not calibrated against it (the pool is likely "
+                        "larger); pass --available-kv-gib from the engine's log for its own")
     if [e for e in estimated if e not in ("pp_last_stage_sampler", "cuda_graphs")]:
         warnings.append(f"estimated (not measured): {', '.join(estimated)}; pass --weights-gib/--activation-gib/"
                         "--non-torch-gib from vLLM's startup log for exact figures")
@@ -382,6 +405,7 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
         kv_cache_tokens=tokens, max_model_len=max_model_len, max_num_batched_tokens=batched,
         in_flight_tokens=in_flight, max_num_seqs=seqs,
         estimated=tuple(estimated), warnings=tuple(warnings), errors=tuple(errors), notes=tuple(notes),
+        pool_measured_by_engine=measured_by_engine, memory_errors=tuple(memory_errors),
     )
 
 

@@ -719,6 +719,7 @@ CACHE_LABEL_EVIDENCE: dict[str, str] = {
     # present, the page is 0.26 or later, which the range said ">=0.21" of. ("M": nothing is said of their absence.)
     "prefix_match_unit": "NNNNNNNNNM",
     "cache_hit_alignment_tokens": "NNNNNNNNNM",
+    "enable_extensible_kv_cache": "NNNNNNNNNM",  # 0.34.0 (read in its wheel's vllm/config/cache.py)
 }
 V0_SWAP_BYTES_ALONE = "MMNNNNNNNN"  # swap_space_bytes without swap_space: CacheConfig before the 0.8.5 dataclass
 
@@ -726,13 +727,14 @@ V0_SWAP_BYTES_ALONE = "MMNNNNNNNN"  # swap_space_bytes without swap_space: Cache
 VERSION_LABELS = ("kv_cache_size_tokens", "kv_cache_max_concurrency", "user_specified_block_size",
                   "swap_space_bytes", "cpu_offload_gb", "swap_space", "kv_offloading_backend", "mamba_block_size",
                   "kv_cache_memory_bytes", "kv_sharing_fast_prefill", "cpu_kvcache_space_bytes", "prefix_match_unit",
-                  "cache_hit_alignment_tokens", "engine")
+                  "cache_hit_alignment_tokens", "enable_extensible_kv_cache", "engine")
 
 
 def vllm_version_from_cache_config(labels: Mapping[str, str]) -> tuple[int, int] | None:
     """The vLLM version whose capacity rules apply, from the ``cache_config_info`` label set; None if unknown.
 
     ``CacheConfig`` gained and lost fields over time (docs/capacity.md, section 5, read in the released wheels):
+    ``enable_extensible_kv_cache`` from 0.34.0,
     ``cache_hit_alignment_tokens`` from 0.32.0, ``prefix_match_unit`` from 0.26.0, ``kv_cache_size_tokens``
     from ~0.25 (the adapter reports ``>=0.21``), ``user_specified_block_size`` from 0.18.0, when ``cpu_offload_gb``
     and ``swap_space`` were dropped (0.18-0.20.x share that set: kvwatch applies 0.20's rules to it, and compares
@@ -742,6 +744,8 @@ def vllm_version_from_cache_config(labels: Mapping[str, str]) -> tuple[int, int]
     ``swap_space_bytes`` without ``swap_space`` is V0's. Finer than the eras the payload is detected in
     (:data:`CACHE_LABEL_EVIDENCE`): the detected range ``0.12-0.25`` spans several changes of the capacity rules.
     """
+    if "enable_extensible_kv_cache" in labels:  # in CacheConfig from 0.34.0 (its extensible KV cache)
+        return (0, 34)
     if "cache_hit_alignment_tokens" in labels:  # in CacheConfig from 0.32.0
         return (0, 32)
     if "prefix_match_unit" in labels:  # in CacheConfig from 0.26.0

@@ -29,6 +29,7 @@ from kvwatch.capacity.findings import (
     deployment_mismatches,
     given_engine_settings,
     live_finding,
+    vllm_refusals,
 )
 from kvwatch.capacity.planner import GRAPH_SUBTRACTING_VLLM
 from kvwatch.capacity.series import formula_in_engine_terms, max_model_len_of
@@ -104,7 +105,7 @@ class CapacityAnalyzer:
             else:
                 # e.g. a --max-model-len vLLM refuses: the settings are wrong; vLLM's refusals only where vLLM serves
                 # (an SGLang page read "vLLM will not start" beside the engine serving it, as check never says)
-                for error in capacity.plan.errors if reading.engine_kind == VLLM else ():
+                for error in vllm_refusals(capacity.plan) if reading.engine_kind == VLLM else ():
                     warn("capacity model for %s: %s", reading.model_name, error)
                 say("capacity model for %s: %s", reading.model_name,
                     "; ".join(n for n in capacity.plan.notes if "cache_config_info" in n) or "kvwatch's settings")
@@ -131,7 +132,9 @@ class CapacityAnalyzer:
             if override_blocks(reading.cache_config) and today:
                 # --num-gpu-blocks-override fixes the pool: no scenario adds KV while it is set (kvwatch.advisor)
                 whatif = dict.fromkeys(whatif, today)
-        return CapacityResult(formula_in_engine_terms(capacity.plan, series.source) if capacity is not None else None,
+        # (no formula figure where vLLM >= 0.34 measures its pool: 0.33's sums are not its, planner.EXTENSIBLE_KV_SINCE)
+        formula = capacity is not None and not capacity.plan.pool_measured_by_engine
+        return CapacityResult(formula_in_engine_terms(capacity.plan, series.source) if formula else None,
                               MappingProxyType(whatif), series.source, series.pool_bytes, series.pool_source,
                               MappingProxyType(findings),
                               capacity.plan.weights_bytes if capacity is not None else None)
