@@ -1862,3 +1862,10 @@ def test_a_vllm_0_34_pool_measured_by_the_engine_is_not_judged_by_0_33s_sums(
     report = check_json(["--file", str(old), "--model", "Qwen/Qwen2.5-32B-Instruct", "--gpu", "H100",
                          "--max-model-len", "32768"], capsys)
     assert {"vllm_will_not_start", "capacity_mismatch"} & {f["id"] for f in report["findings"]}
+    # ... and so is a 0.34 engine whose extensible cache is off (it says so): its classic sums are vLLM's again
+    off = tmp_path / "off.prom"
+    off.write_text((FIXTURES / "gen-0.34-extensible-kv.prom").read_text().replace(
+        'enable_extensible_kv_cache="True"', 'enable_extensible_kv_cache="False"'))
+    report = check_json(["--file", str(off), "--model", "Qwen/Qwen2.5-32B-Instruct", "--gpu", "H100",
+                         "--max-model-len", "32768"], capsys)
+    assert {"vllm_will_not_start", "capacity_mismatch"} & {f["id"] for f in report["findings"]}

@@ -130,6 +130,9 @@ class DeploymentSpec:
     available_kv_bytes: float | None = None
     # The pool is vLLM's --kv-cache-memory-bytes (it skips profiling): no utilization and no freed memory moves it.
     kv_pool_fixed: bool = False
+    # vLLM >= 0.34's extensible KV cache (EXTENSIBLE_KV_SINCE): None, its default (on); False where the engine says it
+    # is off (its cache_config_info, or a --num-gpu-blocks-override, which turns it off)
+    extensible_kv_cache: bool | None = None
     # available_kv_bytes is the "Available KV cache memory" rank 0 logs (kvwatch plan --available-kv-gib), not the
     # pool: with pipeline parallelism the last stage, which also runs the sampler, has less, and sizes the pool.
     available_kv_logged_on_rank0: bool = False
@@ -379,7 +382,7 @@ def plan_capacity(spec: DeploymentSpec) -> CapacityPlan:
                              f"{_fitting_len(layout, blocks, in_flight)}")
     errors += memory_errors
     measured_by_engine = (spec.vllm_version >= EXTENSIBLE_KV_SINCE and spec.available_kv_bytes is None
-                          and not spec.kv_pool_fixed)
+                          and not spec.kv_pool_fixed and spec.extensible_kv_cache is not False)
     if measured_by_engine:
         warnings.append(f"vLLM {release(EXTENSIBLE_KV_SINCE)}+ sizes the KV cache from memory it measures after "
                         "warm-up (its extensible KV cache, on by default on CUDA and ROCm), at "

@@ -27,7 +27,13 @@ from kvwatch.capacity.presets import PresetError
 from kvwatch.capacity.series import SeriesCapacity
 from kvwatch.capacity.series import resolve as resolve_series
 from kvwatch.capacity.whatif import Scenario, ceiling_ratio, whatif_ceilings, whatif_scenarios
-from kvwatch.engines.vllm import VERSION_LABELS, engine_max_model_len, label_number, vllm_version_from_cache_config
+from kvwatch.engines.vllm import (
+    VERSION_LABELS,
+    engine_max_model_len,
+    label_number,
+    override_blocks,
+    vllm_version_from_cache_config,
+)
 from kvwatch.model import UNNAMED_MODELS, Reading
 from kvwatch.settings import DeploymentSettings, ServeSettings
 
@@ -93,6 +99,10 @@ def engine_settings(settings: DeploymentSettings,
         overrides["available_kv_bytes"] = pool
         overrides["kv_pool_fixed"] = True
         taken.append(f"kv_cache_memory_bytes {pool:,.0f} (vLLM skipped profiling)")
+    # vLLM 0.34's extensible KV cache, off where the engine says so or a --num-gpu-blocks-override sets the pool: then
+    # its classic sums apply, and their checks with them (planner.EXTENSIBLE_KV_SINCE)
+    if (cache_config.get("enable_extensible_kv_cache") or "").lower() == "false" or override_blocks(cache_config):
+        overrides["extensible_kv_cache"] = False
     caching = (cache_config.get("enable_prefix_caching") or "").lower()
     if caching in ("true", "false"):
         overrides["enable_prefix_caching"] = caching == "true"
