@@ -424,6 +424,7 @@ def test_short_dtype_spellings_reach_vllm_in_its_own() -> None:
     # ... and so did a quantity in exponent form or with a leading point, which Kubernetes takes
     (("--set", "kvwatch.resources.limits.memory=1e8"), "more than kvwatch.resources.limits.memory (1e8)"),
     (("--set", "kvwatch.resources.limits.memory=.1Gi"), "more than kvwatch.resources.limits.memory (.1Gi)"),
+    (("--set-string", "kvwatch.resources.limits.memory=+100Mi"), "more than kvwatch.resources.limits.memory (+100Mi)"),
     # a decimal given with --set is a string, which the schema's bounds do not see: rendered, then refused by kvwatch
     (("--set", "config.pollIntervalSeconds=0.001"), "config.pollIntervalSeconds (0.001) must be at least 0.01"),
     (("--set", "config.ttftSloSeconds=5000.5"), "config.ttftSloSeconds (5000.5) must be"),

@@ -630,7 +630,7 @@ was skipped without a word for "2e9").
 */}}
 {{- define "kvwatch.bytes" -}}
 {{- /* (through kvwatch.scalar: a plain number in a values file is a float64, whose toString is 5e+07) */ -}}
-{{- $text := include "kvwatch.scalar" (. | default "") -}}
+{{- $text := trimPrefix "+" (include "kvwatch.scalar" (. | default "")) -}}
 {{- $units := dict "" 1.0 "n" 1e-9 "u" 1e-6 "m" 1e-3 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "E" 1e18 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 -}}
 {{- if $text -}}
 {{- if regexMatch "^([0-9]+(\\.[0-9]*)?|\\.[0-9]+)[eE][-+]?[0-9]+$" $text -}}
