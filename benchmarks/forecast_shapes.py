@@ -72,6 +72,10 @@ SHAPES: dict[str, tuple[Shape, float]] = {  # usage at time t, noise sd
     **{f"fall {hi} -> {lo}, noise {sd}": ((lambda t, hi=hi, lo=lo: hi if t < STEP else lo), sd)
        for hi, lo in ((0.9, 0.2), (0.85, 0.4)) for sd in (0.0, 0.02)},
     "ramp 0.4 -> 1.0 over 2 h": ((lambda t: min(1.0, 0.4 + 0.6 * t / 7200)), 0.02),
+    # ... and a 20-minute ramp whose engine drains for one minute (to 0.2) 13 or 14 minutes in
+    **{f"ramp 0.76 -> 1.0 in 20 min, drained for a minute at its {m}th, noise 0.04": (
+        (lambda t, m=m: 0.2 if STEP + m * 60 <= t < STEP + m * 60 + 60
+         else 0.76 if t < STEP else min(1.0, 0.76 + 0.24 * (t - STEP) / 1200)), 0.04) for m in (13, 14)},
     "step 0.3 -> 0.75, then a ramp to 1.0 in 60 min": (
         (lambda t: 0.3 if t < STEP else min(1.0, 0.75 + 0.25 * (t - STEP) / 3600)), 0.02),
     "step 0.3 -> 0.8, then a ramp to 1.0 in 30 min": (

@@ -617,10 +617,11 @@ class Forecaster:
         self._raw = risk is not None and risk >= p.warning.risk_on
         # The bottleneck polls since the last minute closed (this minute's, give or take the closing poll).
         saturated, self._saturated_minute = self._saturated_minute, False
-        self._update_latch(now, warm, risk, bucket, saturated)
+        self._update_latch(now, warm, risk, bucket, saturated,
+                           hold=excursion is not None and excursion.level_from_fall)
 
     def _update_latch(self, now: float, warm: bool, risk: float | None, bucket: MinuteBucket,
-                      saturated: bool) -> None:
+                      saturated: bool, hold: bool = False) -> None:
         """The warning's hysteresis, and what a minute without a risk means to it. Re-warming
         after a gap is neither calm nor high (counted calm, it cleared a warning minutes before the saturation it
         had predicted); the warning is dropped once no risk has backed it for its horizon, and on the first warm
@@ -639,7 +640,7 @@ class Forecaster:
             self._rewarming = self._rewarming or not warm
         idle = self._nothing_to_project(bucket.running_mean, bucket.waiting_max, bucket.u_mean)
         calm = risk < p.risk_off if risk is not None else warm and idle
-        self._latch.update(self._raw, calm, saturated)
+        self._latch.update(self._raw, calm, saturated, hold=hold)
 
     def _warning_stands(self, now: float) -> bool:
         """The warning is on, and a risk has backed it within its horizon (past that, what it warned of is past:

@@ -160,6 +160,9 @@ class RiskEstimate:
     size_tokens: float  # s = E[S²·D]/E[S·D]
     residence_seconds: float  # τ, the occupancy's time scale
     bucket_seconds: float
+    # The level is a fall's, read from its first minutes (RiskParams.fall_min_buckets): the warning neither counts
+    # the minute towards `filling` nor lets it reset a run under way (a one-minute drain on a ramp lost the warning).
+    level_from_fall: bool = False
 
     def at(self, horizon_seconds: float) -> float:
         """Risk of reaching the threshold within ``horizon_seconds`` (interpolated between minutes)."""
@@ -204,8 +207,9 @@ def _tail_and_density(c: float, mean: float, var: float, distribution: str) -> t
 
 def _line_fit(buckets: Sequence[MinuteBucket], window_buckets: int, shrink: bool = False,
               autocorrelated: bool = True, shift_ratio: float = 0.0, shift_post_line: bool = True,
-              shift_min_buckets: int = 5, fall_min_buckets: int = 0) -> tuple[float, float, float, float] | None:
-    """(dispersion index, line at the newest minute, lag-1 autocorrelation of the residuals, newest mean).
+              shift_min_buckets: int = 5, fall_min_buckets: int = 0) -> tuple[float, float, float, float, bool] | None:
+    """(dispersion index, line at the newest minute, lag-1 autocorrelation of the residuals, newest mean, whether
+    the level is a fall's read sooner than a shift: ``fall_min_buckets``, RiskEstimate.level_from_fall).
 
     ``shrink``: the slope is multiplied by ``max(0, 1 − 1/t²)`` before the line is read at the newest minute
     (``RiskParams.level_shrink``). ``shift_ratio`` (v8): where one shift of level explains the minutes that many
@@ -233,20 +237,20 @@ def _line_fit(buckets: Sequence[MinuteBucket], window_buckets: int, shrink: bool
         if fallen is not None and fallen[1] < sum(ys[:fallen[0]]) / fallen[0]:
             fit = _shift_fit(points, fallen[0], False)
             if fit[1] < level:
-                return fit
+                return (*fit, True)
     if shifted is not None:
         fit = _shift_fit(points, shifted[0], shift_post_line)
         # Only where it lowers the level: after a late step (or a burst) a line reads below the new level, and a
         # level read from a few minutes after a break would chase every burst (v8 sweep, docs/forecasting-history.md).
         if fit[1] < level:
-            return fit
+            return (*fit, False)
         if _flat_after(points, shifted[0]):
             # A level above the line's, and flat since: the line's level stands (it does not chase a burst), but a
             # step to a plateau is no noise: its spread and rho are the shift's, not the line's residuals across
             # the step (a step up to a steady 0.7 read as 30 minutes of bursts: filling for 10-30 minutes).
             # A step that goes on rising keeps the line's: that spread is what warned of it.
-            return min(resid / my if my > 0 else 0.0, fit[0]), max(0.0, level), fit[2], points[-1][1]
-    return (resid / my if my > 0 else 0.0), max(0.0, level), rho, points[-1][1]
+            return min(resid / my if my > 0 else 0.0, fit[0]), max(0.0, level), fit[2], points[-1][1], False
+    return (resid / my if my > 0 else 0.0), max(0.0, level), rho, points[-1][1], False
 
 
 def _flat_after(points: Sequence[tuple[float, float]], k: int) -> bool:
@@ -485,7 +489,7 @@ def estimate_risk(buckets: Sequence[MinuteBucket], demand: DemandEstimate, p: Ri
                     p.shift_post_line, fall_min_buckets=p.fall_min_buckets)
     if capacity <= 0 or demand.rate_level <= 0 or fit is None:
         return None
-    size, mean0, rho_measured, newest_mean = fit
+    size, mean0, rho_measured, newest_mean, fell = fit
     if mean0 <= 0:
         return None  # an empty cache: nothing to project (the risk is unknown, not 0)
     residence = residence_seconds(window, demand.rate_level)
@@ -519,14 +523,16 @@ def estimate_risk(buckets: Sequence[MinuteBucket], demand: DemandEstimate, p: Ri
         lowered = min(lowered, within_minute_reach(window))
     c = min(capacity, max(0.5 * capacity, p.threshold * capacity - lowered))
     if p.dynamics == "ou":
-        return _ou_risk(p, demand, c, size, mean0, newest_mean, residence, rho_measured)
+        estimate = _ou_risk(p, demand, c, size, mean0, newest_mean, residence, rho_measured)
+        return replace(estimate, level_from_fall=True) if fell and estimate is not None else estimate
     time_scale = residence + p.sustain_seconds
 
     def stationary(seconds: float, mean: float, var: float, knee: float) -> tuple[float, float]:
         tail, density = _tail_and_density(c, mean, var, p.distribution)
         return tail, p.flux_scale * math.sqrt(var) * density / (time_scale * knee)
 
-    return _integrate(p, demand, size, mean0, residence, stationary)
+    estimate = _integrate(p, demand, size, mean0, residence, stationary)
+    return replace(estimate, level_from_fall=True) if fell else estimate
 
 
 def _integrate(p: RiskParams, demand: DemandEstimate, size: float, mean0: float, residence: float,
