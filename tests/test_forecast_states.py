@@ -141,6 +141,21 @@ def test_a_one_minute_drain_on_a_ramp_keeps_the_warning(seed: int, dip_minute: i
     assert lead(True) >= lead(False) - 1.0 > 0
 
 
+@pytest.mark.parametrize("sigma", [0.0, 0.02])
+def test_a_standing_warning_clears_after_a_fall_for_good_as_soon_as_before(sigma: float):
+    # The minutes read as a fall count for nothing towards a warning, but a standing one counts them calm as usual:
+    # held there too, it cleared 3 minutes later (13.8 minutes after the load fell instead of 10.8).
+    fall = 7200.0 + 30 * 60
+
+    def level(t: float) -> float:
+        return 0.6 if t < 7200 else min(0.93, 0.6 + 0.33 * (t - 7200) / 1200) if t < fall else 0.2
+
+    results = run(Forecaster(), stream(noisy(level, sigma, seed=2), seconds=fall + 1800))
+    assert any(r.state == "filling" for r in results if fall - 60 <= r.timestamp < fall)
+    last = max(r.timestamp for r in results if r.timestamp >= fall and r.state == "filling")
+    assert last - fall < 11 * 60
+
+
 def test_a_step_up_to_a_flat_plateau_is_no_warning():
     # v8: a batch job doubles the load and it stays flat at 0.8. v6 drew a steep line through the step, read it
     # above the plateau, counted the step as noise and projected the arrival rate's "trend": 30 minutes of

@@ -242,17 +242,18 @@ class WarningLatch:
     def update(self, raw: bool, calm: bool, saturated: bool = False, hold: bool = False) -> bool:
         """``raw``: the risk is at or above ``risk_on``; ``calm``: below ``risk_off``, or nothing to forecast from
         (not while re-warming: that is neither);
-        ``saturated``: the series was in sustained saturation during this minute; ``hold``: the minute counts for
-        nothing, neither a run towards firing nor one towards clearing (a level read from a fall's first minutes,
-        RiskEstimate.level_from_fall: a one-minute drain on a ramp reset the run and the warning came too late)."""
+        ``saturated``: the series was in sustained saturation during this minute; ``hold``: while no warning
+        stands, the minute neither adds to nor resets the run towards one (a level read from a fall's first minutes,
+        RiskEstimate.level_from_fall: a one-minute drain on a ramp reset the run and the warning came too late); a
+        standing warning counts it as any other minute (held, a fall for good cleared it 3 minutes later)."""
         p = self.params
         if saturated and p.rearm:
             self.active = False
             self._raw_run = self._calm_run = 0
             self._after_saturation = True
             return False
-        if hold:
-            return self.active
+        if hold and not self.active:
+            return False
         self._raw_run = self._raw_run + 1 if raw else 0
         if not self.active:
             needed = p.rearm_for_buckets if self._after_saturation else p.warn_for_buckets
