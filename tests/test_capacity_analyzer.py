@@ -328,3 +328,19 @@ def test_vllms_refusals_are_logged_only_where_vllm_serves(caplog) -> None:
         with caplog.at_level(logging.INFO, logger="kvwatch"):
             analyzer.analyze(r.key, None, r, 0.0)  # type: ignore[arg-type]
         assert any("will not start" in rec.getMessage() for rec in caplog.records) == logged, kind
+
+
+def test_a_vllm_0_34_engine_restarted_with_an_override_gets_the_classic_sums():
+    # The sidecar's plan per engine configuration did not know num_gpu_blocks_override: an engine restarted with one
+    # kept the cached plan of its extensible KV cache (no formula figure, no memory refusals).
+    from pathlib import Path
+
+    from kvwatch.payload import interpret
+    from kvwatch.serve.sidecar_capacity import CapacityResolver
+
+    page = (Path(__file__).parent / "fixtures" / "vllm-metrics" / "gen-0.34-extensible-kv.prom").read_text()
+    resolver = CapacityResolver(ServeSettings(model="Qwen/Qwen2.5-32B-Instruct", gpu="H100", max_model_len=32768))
+    for text, measured in ((page, True), (page.replace('num_gpu_blocks_override="None"',
+                                                       'num_gpu_blocks_override="641"'), False)):
+        capacity, _ = resolver.sidecar(interpret(text, None, timestamp=0.0).readings[0])
+        assert capacity is not None and capacity.plan.pool_measured_by_engine is measured

@@ -39,7 +39,7 @@ from kvwatch.settings import DeploymentSettings, ServeSettings
 
 # cache_config_info labels the formula reads (a change in any of them means another engine configuration).
 ENGINE_LABELS = ("gpu_memory_utilization", "block_size", "cache_dtype", "kv_cache_memory_bytes",
-                 "enable_prefix_caching", "mamba_cache_mode")
+                 "enable_prefix_caching", "mamba_cache_mode", "num_gpu_blocks_override")
 @dataclass(frozen=True)
 class SidecarCapacity:
     plan: CapacityPlan
