@@ -1847,25 +1847,23 @@ def test_a_vllm_0_34_pool_measured_by_the_engine_is_not_judged_by_0_33s_sums(
     # serving Qwen2.5-32B "will not start" and its 41,024 tokens were "21 % above the formula".
     from kvwatch.engines.vllm import vllm_version_from_cache_config
 
-    path = str(FIXTURES / "gen-0.34-extensible-kv.prom")
-    poll = interpret((FIXTURES / "gen-0.34-extensible-kv.prom").read_text(), None, timestamp=0.0)
+    page = (FIXTURES / "gen-0.34-extensible-kv.prom").read_text()
+    poll = interpret(page, None, timestamp=0.0)
     assert vllm_version_from_cache_config(poll.readings[0].cache_config) == (0, 34)
-    report = check_json(["--file", path, "--model", "Qwen/Qwen2.5-32B-Instruct", "--gpu", "H100",
-                         "--max-model-len", "32768"], capsys)
-    found = {f["id"] for f in report["findings"]}
+
+    def check_page(text: str) -> tuple[set[str], dict]:
+        path = tmp_path / "page.prom"
+        path.write_text(text)
+        report = check_json(["--file", str(path), "--model", "Qwen/Qwen2.5-32B-Instruct", "--gpu", "H100",
+                             "--max-model-len", "32768"], capsys)
+        return {f["id"] for f in report["findings"]}, report
+
+    found, report = check_page(page)
     assert "kv_bound" in found and not found & {"capacity_mismatch", "vllm_will_not_start"}
     assert report["series"][0]["kv_capacity_tokens"] == 41024
     # the same settings under 0.33's rules (the label set without the 0.34 field) are judged as before
-    old = tmp_path / "as-0.33.prom"
-    old.write_text((FIXTURES / "gen-0.34-extensible-kv.prom").read_text().replace(
-        'enable_extensible_kv_cache="True",', ""))
-    report = check_json(["--file", str(old), "--model", "Qwen/Qwen2.5-32B-Instruct", "--gpu", "H100",
-                         "--max-model-len", "32768"], capsys)
-    assert {"vllm_will_not_start", "capacity_mismatch"} & {f["id"] for f in report["findings"]}
+    assert {"vllm_will_not_start", "capacity_mismatch"} & check_page(
+        page.replace('enable_extensible_kv_cache="True",', ""))[0]
     # ... and so is a 0.34 engine whose extensible cache is off (it says so): its classic sums are vLLM's again
-    off = tmp_path / "off.prom"
-    off.write_text((FIXTURES / "gen-0.34-extensible-kv.prom").read_text().replace(
-        'enable_extensible_kv_cache="True"', 'enable_extensible_kv_cache="False"'))
-    report = check_json(["--file", str(off), "--model", "Qwen/Qwen2.5-32B-Instruct", "--gpu", "H100",
-                         "--max-model-len", "32768"], capsys)
-    assert {"vllm_will_not_start", "capacity_mismatch"} & {f["id"] for f in report["findings"]}
+    assert {"vllm_will_not_start", "capacity_mismatch"} & check_page(
+        page.replace('enable_extensible_kv_cache="True"', 'enable_extensible_kv_cache="False"'))[0]
