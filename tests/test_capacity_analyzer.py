@@ -344,3 +344,7 @@ def test_a_vllm_0_34_engine_restarted_with_an_override_gets_the_classic_sums():
                                                        'num_gpu_blocks_override="641"'), False)):
         capacity, _ = resolver.sidecar(interpret(text, None, timestamp=0.0).readings[0])
         assert capacity is not None and capacity.plan.pool_measured_by_engine is measured
+        # the scenarios that change the memory left are 0.33's sums' to size: not exported for a measured pool
+        whatif = capacity.whatif_max_concurrency(2500.0, 16.4)
+        assert ("fp8_weights" in whatif) is not measured and ("tensor_parallel_x2" in whatif) is not measured
+        assert "fp8_kv_cache" in whatif

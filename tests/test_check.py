@@ -1861,6 +1861,12 @@ def test_a_vllm_0_34_pool_measured_by_the_engine_is_not_judged_by_0_33s_sums(
     found, report = check_page(page)
     assert "kv_bound" in found and not found & {"capacity_mismatch", "vllm_will_not_start"}
     assert report["series"][0]["kv_capacity_tokens"] == 41024
+    # what frees memory adds to the measured pool: 0.33's ratios scaled it (FP8 weights x4.68, TP x2 x9.27); an FP8
+    # KV cache still halves the bytes a token takes, x2.00
+    effects = {a["action"]: a["projected_effect"] for a in report["series"][0]["advice"]}
+    assert effects["quantize_weights"].startswith("More KV capacity by what it frees")
+    assert effects["add_tensor_parallelism"].startswith("More KV capacity by what it frees")
+    assert "(x2.00)" in effects["quantize_kv_cache"]
     # the same settings under 0.33's rules (the label set without the 0.34 field) are judged as before
     assert {"vllm_will_not_start", "capacity_mismatch"} & check_page(
         page.replace('enable_extensible_kv_cache="True",', ""))[0]

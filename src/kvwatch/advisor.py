@@ -300,9 +300,11 @@ def _quantization_advice(capacity_plan: CapacityPlan | None, whatif: Mapping[str
         gain = quantized.kv_cache_tokens / plan_tokens
         how = (f"{flags['quantization']} fp8" if flags["quantization"] else
                f"serve an FP8-quantized checkpoint: {engine} takes the quantization from the checkpoint")
+        measured = capacity_plan is not None and capacity_plan.pool_measured_by_engine
         out.append(Advice(
             QUANTIZE_WEIGHTS, 0,
             f"Quantize the weights to FP8 ({how}): frees GPU memory for the KV cache.",
+            MEASURED_POOL_EFFECT if measured else
             _capacity_text(base_tokens, gain, ceiling, ceiling_gain(quantized.plan)) + ".",
             engine_args=_args(flags["quantization"], "fp8"),
         ))
@@ -322,6 +324,12 @@ def _quantization_advice(capacity_plan: CapacityPlan | None, whatif: Mapping[str
             engine_args=FP8_KV_CACHE_ARGS.get(engine_kind),
         ))
     return out
+
+
+# Where vLLM >= 0.34 measures its own pool (CapacityPlan.pool_measured_by_engine), memory freed by a change adds to
+# that pool; kvwatch's sums are 0.33's and scaled it by their own ratio (FP8 weights x4.68 on a full card).
+MEASURED_POOL_EFFECT = ("More KV capacity by what it frees; vLLM >= 0.34 sizes its pool from memory it measures, which "
+                        "kvwatch's sums (0.33's) do not size.")
 
 
 def concurrency_limit(recommended: int | None, ceiling: float | None) -> int | None:
@@ -439,6 +447,9 @@ def _tensor_parallel_advice(capacity_plan: CapacityPlan | None, plan_tokens: flo
     more = (nxt - tp) * spec.pipeline_parallel_size  # every pipeline stage gets the wider tensor parallelism
     message = (f"Raise {flag} from {tp} to {nxt} ({more} more GPU"
                f"{'s' if more != 1 else ''} per replica), or add a replica behind the gateway.{replicated}")
+    if capacity_plan is not None and capacity_plan.pool_measured_by_engine:
+        return Advice(ADD_TENSOR_PARALLELISM, 0, message, f"{MEASURED_POOL_EFFECT} {replica}",
+                      engine_args=(flag, str(nxt)))
     after = tensor_parallel_plan(spec, nxt)
     gain = ceiling_gain(after) if after is not None else None
     if gain is not None and gain <= 1.0:

@@ -253,6 +253,12 @@ def tensor_parallel_plan(spec: DeploymentSpec, tp: int) -> CapacityPlan | None:
     return plan if plan.kv_cache_tokens else None
 
 
+# The scenarios that change the memory left for the KV cache: where vLLM >= 0.34 measures its own pool
+# (CapacityPlan.pool_measured_by_engine) kvwatch's 0.33 sums do not size them (serve leaves them out there).
+MEMORY_SCENARIOS = frozenset({"gpu_memory_utilization_0.85", "gpu_memory_utilization_0.95", "fp8_weights",
+                              "tensor_parallel_x2"})
+
+
 def whatif_scenarios(spec: DeploymentSpec, avg_seq_len: float | None = None) -> list[Scenario]:
     """Utilization 0.85 and 0.95, max-model-len halved, FP8 KV cache, FP8 weights, TP x2 (in that order)."""
     base = plan_capacity(spec)

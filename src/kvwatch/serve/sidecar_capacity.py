@@ -26,7 +26,7 @@ from kvwatch.capacity.planner import CapacityPlan, DeploymentSpec, SpecError, pl
 from kvwatch.capacity.presets import PresetError
 from kvwatch.capacity.series import SeriesCapacity
 from kvwatch.capacity.series import resolve as resolve_series
-from kvwatch.capacity.whatif import Scenario, ceiling_ratio, whatif_ceilings, whatif_scenarios
+from kvwatch.capacity.whatif import MEMORY_SCENARIOS, Scenario, ceiling_ratio, whatif_ceilings, whatif_scenarios
 from kvwatch.engines.vllm import (
     VERSION_LABELS,
     engine_max_model_len,
@@ -55,13 +55,16 @@ class SidecarCapacity:
         out (the plan's own ceilings, 0, read as "no gain" beside an engine holding 25). Without today's ceiling, the
         plan's own. Without the request size (an engine whose pool kvwatch cannot size: SGLang, TensorRT-LLM), today's
         × the plan's KV tokens ratio, the advice's effects' figure (check said 31.9 -> 63.8, serve exported none)."""
+        scenarios = self.scenarios
+        if self.plan.pool_measured_by_engine:  # (vLLM >= 0.34: freed memory adds to a pool 0.33's sums do not size)
+            scenarios = tuple(s for s in scenarios if s.name not in MEMORY_SCENARIOS)
         if not today:
-            return whatif_ceilings(self.scenarios, avg_kv_tokens_per_request) if avg_kv_tokens_per_request else {}
+            return whatif_ceilings(scenarios, avg_kv_tokens_per_request) if avg_kv_tokens_per_request else {}
         if not avg_kv_tokens_per_request:
             base = self.plan.kv_cache_tokens
-            return {s.name: today * s.plan.kv_cache_tokens / base for s in self.scenarios
+            return {s.name: today * s.plan.kv_cache_tokens / base for s in scenarios
                     if s.plan is not None and base}
-        ratios = {s.name: ceiling_ratio(self.plan, s.plan, avg_kv_tokens_per_request) for s in self.scenarios}
+        ratios = {s.name: ceiling_ratio(self.plan, s.plan, avg_kv_tokens_per_request) for s in scenarios}
         return {name: today * ratio for name, ratio in ratios.items() if ratio is not None}
 
 
