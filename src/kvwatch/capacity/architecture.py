@@ -138,7 +138,7 @@ class ModelArch:
     max_len_source: str | None = None
     # The same under vLLM < 0.30's rules, where they differ (YaRN scaled original × factor); see max_len_for.
     derived_max_model_len_before_0_30: tuple[int, str] | None = None
-    # LongRoPE (Phi-3/3.5/4-mini 128k): vLLM ≥ 0.12 defaults --max-model-len to original_max_position_embeddings.
+    # LongRoPE (Phi-3/3.5/4-mini 128k): vLLM ≥ 0.11.1 defaults --max-model-len to original_max_position_embeddings.
     longrope_default_len: int | None = None
     model_max_length: int | None = None  # config.json's own override ceiling (Command-R style)
     # One entry per decoder layer: FULL, SLIDING or MAMBA.

@@ -12,7 +12,7 @@ several points on a full cache) and requests wait (the mean queue time is at lea
 window: the time goes to waiting for KV room, and more KV or less load fixes it), else ``cause="other"`` (prefill
 compute, long prompts, the scheduler's budget: more KV would not help). 0 on both while within the objective.
 The share compares means, not the p90s: vLLM's TTFT and queue-time histograms have different buckets, and waits of
-160-300 s read a TTFT p90 of 592 s (its bucket 160-640) beside a queue p90 of 228 s (120-240, 240-480), "other"
+170-220 s read a TTFT p90 of 592 s (its bucket 160-640) beside a queue p90 of 228 s (120-240, 240-480), "other"
 for a TTFT that was 99.9 % waiting. Without both means, the p90s.
 """
 
