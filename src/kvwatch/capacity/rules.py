@@ -20,7 +20,8 @@ RULE_CHANGES: tuple[tuple[int, int], ...] = tuple(sorted({
 
 
 def rules_range(version: tuple[int, int], changes: tuple[tuple[int, int], ...] = RULE_CHANGES) -> str:
-    """The vLLM releases whose capacity rules are the ones applied for ``version`` (``0.32-0.33``, ``>=0.34``, ``0.26-0.27``)."""
+    """The vLLM releases whose capacity rules are the ones applied for ``version`` (``0.32-0.33``, ``>=0.34``,
+    ``0.26-0.27``)."""
     lower = [c for c in changes if c <= version]
     upper = [c for c in changes if c > version]
     lo, hi = (max(lower) if lower else None), (min(upper) if upper else None)
