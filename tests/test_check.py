@@ -1867,6 +1867,14 @@ def test_a_vllm_0_34_pool_measured_by_the_engine_is_not_judged_by_0_33s_sums(
     assert effects["quantize_weights"].startswith("More KV capacity by what it frees")
     assert effects["add_tensor_parallelism"].startswith("More KV capacity by what it frees")
     assert "(x2.00)" in effects["quantize_kv_cache"]
+    # ... but a model whose one KV head is replicated at TP 2 still gets the replica: more TP frees only a little
+    # of its weights (it said "raise --tensor-parallel-size" on the measured pool alone)
+    gemma = tmp_path / "gemma.prom"
+    gemma.write_text(page.replace("Qwen/Qwen2.5-32B-Instruct", "google/gemma-3-1b-it"))
+    report = check_json(["--file", str(gemma), "--model", "google/gemma-3-1b-it", "--gpu", "H100",
+                         "--max-model-len", "32768"], capsys)
+    actions = [a["action"] for a in report["series"][0]["advice"]]
+    assert "add_replica" in actions and "add_tensor_parallelism" not in actions
     # the same settings under 0.33's rules (the label set without the 0.34 field) are judged as before
     assert {"vllm_will_not_start", "capacity_mismatch"} & check_page(
         page.replace('enable_extensible_kv_cache="True",', ""))[0]

@@ -447,9 +447,6 @@ def _tensor_parallel_advice(capacity_plan: CapacityPlan | None, plan_tokens: flo
     more = (nxt - tp) * spec.pipeline_parallel_size  # every pipeline stage gets the wider tensor parallelism
     message = (f"Raise {flag} from {tp} to {nxt} ({more} more GPU"
                f"{'s' if more != 1 else ''} per replica), or add a replica behind the gateway.{replicated}")
-    if capacity_plan is not None and capacity_plan.pool_measured_by_engine:
-        return Advice(ADD_TENSOR_PARALLELISM, 0, message, f"{MEASURED_POOL_EFFECT} {replica}",
-                      engine_args=(flag, str(nxt)))
     after = tensor_parallel_plan(spec, nxt)
     gain = ceiling_gain(after) if after is not None else None
     if gain is not None and gain <= 1.0:
@@ -465,7 +462,11 @@ def _tensor_parallel_advice(capacity_plan: CapacityPlan | None, plan_tokens: flo
                       f"{'s' if more != 1 else ''} per replica) raises this ceiling x{gain:.2f} at the observed mix "
                       f"for x{nxt / tp:.2f} the GPUs, where replicas raise it as much as their GPUs.{replicated}",
                       replica)
-    if after is not None and plan_tokens:
+    if capacity_plan is not None and capacity_plan.pool_measured_by_engine:
+        # (after the replica's tests: 0.33's ratio overstates a measured pool's gain, so one below them stands; one
+        # above them is no size for it)
+        effect = f"{MEASURED_POOL_EFFECT} {replica}"
+    elif after is not None and plan_tokens:
         effect = _capacity_text(base_tokens, after.kv_cache_tokens / plan_tokens, ceiling, ceiling_gain(after)) + "."
     else:
         effect = "More KV capacity once the weights are split (the capacity model cannot size it here). " + replica
