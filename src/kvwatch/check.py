@@ -680,12 +680,12 @@ def _headline(r: Reading, bad: Mapping[str, float], unknown: Mapping[str, str],
     if r.engine_role == "decode" and r.engine_kind == SGLANG and not _waits_for_kv(r, usage) and \
             _standing_queue(r):
         return _finding(r, "decode_admission_waiting", "warning", _decode_admission(r, usage, waiting))
-    if not _waits_for_kv(r, usage) and _standing_queue(r) and not r.prefill_server and not r.kv_capacity_tokens:
-        # Below 0.9 a queue waits for KV when the next prompt does not fit in the free tokens, which the page cannot
-        # say without the capacity: "raise --max-num-seqs, more KV would not help" was said of one request running
-        # at 0.40 with 25,000-token prompts, kv_bound once the capacity was known.
-        return _finding(r, "queue_cause_unknown", "warning", _queue_cause_unknown_message(r, usage, waiting))
     if not _waits_for_kv(r, usage) and _standing_queue(r) and not r.prefill_server:
+        if not r.kv_capacity_tokens:
+            # Below 0.9 a queue waits for KV when the next prompt does not fit in the free tokens, which the page
+            # cannot say without the capacity: "raise --max-num-seqs, more KV would not help" was said of one request
+            # running at 0.40 with 25,000-token prompts, kv_bound once the capacity was known.
+            return _finding(r, "queue_cause_unknown", "warning", _queue_cause_unknown_message(r, usage, waiting))
         return _finding(r, "scheduler_limited", "warning",
                         _scheduler_limited_message(r, usage, waiting, scheduler_fix()))
     if r.requests_waiting is None and "requests_waiting" not in unknown and "requests_waiting" not in bad and \

@@ -138,11 +138,14 @@ def inverse_plan(spec: DeploymentSpec, target_concurrency: int, avg_seq_len: flo
                     candidate = replace(spec, tensor_parallel_size=tp, gpu_memory_utilization=util or None,
                                         kv_cache_dtype=kv_dtype, quantization=quant)
                     # (a reason names the settings it was tried at: TP=8 read twice, 10.96 and 8.59 GiB short)
-                    label = ", ".join([f"TP={tp}"] + [
-                        f"{flag} {value}" for flag, value, base in (
-                            ("--gpu-memory-utilization", f"{util:.2f}" if util else "default", utils[0]),
-                            ("--kv-cache-dtype", kv_dtype, kv_dtypes[0]), ("--quantization", quant, quants[0]))
-                        if value != base and not (flag == "--gpu-memory-utilization" and util == base)])
+                    tried = [f"TP={tp}"]
+                    if util != utils[0]:
+                        tried.append(f"--gpu-memory-utilization {util:.2f}")
+                    if kv_dtype != kv_dtypes[0]:
+                        tried.append(f"--kv-cache-dtype {kv_dtype}")
+                    if quant != quants[0]:
+                        tried.append(f"--quantization {quant}")
+                    label = ", ".join(tried)
                     option = _option(spec, candidate, target_concurrency, avg_seq_len, model_name,
                                      max_model_len_given, reasons, label)
                     if option is not None:

@@ -263,6 +263,7 @@ def whatif_scenarios(spec: DeploymentSpec, avg_seq_len: float | None = None) -> 
     """Utilization 0.85 and 0.95, max-model-len halved, FP8 KV cache, FP8 weights, TP x2 (in that order)."""
     base = plan_capacity(spec)
     candidates: list[tuple[str, DeploymentSpec | None, str]] = []
+    planned: dict[str, CapacityPlan] = {}  # the rows whose plan a note needed already
     for util in UTILIZATIONS:
         changed, why = _utilization(spec, base, util)
         now = f"{base.gpu_memory_utilization:.2f}"
@@ -287,7 +288,8 @@ def whatif_scenarios(spec: DeploymentSpec, avg_seq_len: float | None = None) -> 
         # unless --max-num-batched-tokens or a measured activation fixes it: the note follows the pool planned.
         halved = replace(spec, max_model_len=half)
         try:
-            grows = plan_capacity(halved).num_gpu_blocks > base.num_gpu_blocks
+            planned["max_model_len_halved"] = plan_capacity(halved)  # (the row's own plan, below)
+            grows = planned["max_model_len_halved"].num_gpu_blocks > base.num_gpu_blocks
         except SpecError:
             grows = False
         if grows:
@@ -323,7 +325,7 @@ def whatif_scenarios(spec: DeploymentSpec, avg_seq_len: float | None = None) -> 
             out.append(Scenario(name, None, None, note))
             continue
         try:
-            plan = plan_capacity(changed)
+            plan = planned.get(name) or plan_capacity(changed)
         except SpecError as exc:
             out.append(Scenario(name, None, None, str(exc)))
             continue
